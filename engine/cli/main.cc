@@ -1,0 +1,2 @@
+// The `switchyard` command: dispatches to subcommands.
+int main() { return 0; }

@@ -1,0 +1,54 @@
+#include "engine/core/device_context.h"
+
+#ifdef SY_HAVE_CUDA
+#include "engine/core/cuda_check.h"
+#endif
+
+namespace switchyard {
+
+std::unique_ptr<DeviceContext> DeviceContext::Create(Device device) {
+  std::unique_ptr<DeviceContext> ctx(new DeviceContext(device));
+  if (device.is_cuda()) {
+#ifdef SY_HAVE_CUDA
+    SY_CUDA_CHECK(cudaSetDevice(device.index));
+    cudaStream_t stream;
+    SY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cublasHandle_t handle;
+    SY_CUBLAS_CHECK(cublasCreate(&handle));
+    SY_CUBLAS_CHECK(cublasSetStream(handle, stream));
+    ctx->stream_ = stream;
+    ctx->cublas_ = handle;
+#else
+    SY_LOG(FATAL) << "DeviceContext on " << device.ToString()
+                  << " in a build without the CUDA backend";
+#endif
+  }
+  return ctx;
+}
+
+DeviceContext::~DeviceContext() {
+#ifdef SY_HAVE_CUDA
+  if (device_.is_cuda()) {
+    workspace_ = Tensor();
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+#endif
+}
+
+void* DeviceContext::Workspace(size_t bytes) {
+  if (!workspace_.defined() || workspace_.nbytes() < bytes) {
+    // The old block returns to the (stream-ordered) caching allocator; the CPU frees it.
+    workspace_ = Tensor::Empty({static_cast<int64_t>(bytes)}, DType::kU8, device_);
+  }
+  return workspace_.raw_data();
+}
+
+void DeviceContext::Synchronize() {
+#ifdef SY_HAVE_CUDA
+  if (device_.is_cuda()) SY_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+#endif
+}
+
+}  // namespace switchyard

@@ -1,0 +1,43 @@
+// DeviceContext: what a kernel needs to run on one device, passed explicitly (no globals):
+// the stream that orders its work, the cuBLAS handle bound to that stream, and a growing
+// scratch workspace. On the CPU the stream and handle are null.
+#pragma once
+
+#include <memory>
+
+#include "engine/core/device.h"
+#include "engine/core/tensor.h"
+
+namespace switchyard {
+
+class DeviceContext {
+ public:
+  // A context on `device`. For CUDA: a new non-blocking stream and a cuBLAS handle on it.
+  static std::unique_ptr<DeviceContext> Create(Device device);
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  Device device() const { return device_; }
+  // cudaStream_t and cublasHandle_t as opaque pointers (null on the CPU); the CUDA backend
+  // casts them (kernels/cuda/common.cuh).
+  void* stream() const { return stream_; }
+  void* cublas() const { return cublas_; }
+
+  // Scratch memory of at least `bytes`, valid until the next call. Work already queued on
+  // the stream that uses the old workspace is ordered before any reuse.
+  void* Workspace(size_t bytes);
+
+  // Waits for all work queued on the stream (no-op on the CPU).
+  void Synchronize();
+
+ private:
+  explicit DeviceContext(Device device) : device_(device) {}
+
+  Device device_;
+  void* stream_ = nullptr;
+  void* cublas_ = nullptr;
+  Tensor workspace_;
+};
+
+}  // namespace switchyard

@@ -1,0 +1,149 @@
+#include "engine/core/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "engine/core/device_context.h"
+
+#ifdef SY_HAVE_CUDA
+#include "engine/core/cuda_check.h"
+#endif
+
+namespace switchyard {
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const Shape& shape) {
+  std::ostringstream out;
+  out << '(';
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << ')';
+  return out.str();
+}
+
+Buffer::Buffer(Allocator* allocator, size_t bytes)
+    : allocator_(allocator),
+      data_(bytes ? allocator->Allocate(bytes) : nullptr),
+      bytes_(bytes),
+      device_(allocator->device()) {}
+
+Buffer::Buffer(void* external, size_t bytes, Device device)
+    : allocator_(nullptr), data_(external), bytes_(bytes), device_(device) {}
+
+Buffer::~Buffer() {
+  if (allocator_ != nullptr && data_ != nullptr) allocator_->Deallocate(data_, bytes_);
+}
+
+Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) SY_CHECK_GE(d, 0) << "negative dimension in " << ShapeString(shape);
+  size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
+  return Tensor(std::make_shared<Buffer>(GetAllocator(device), bytes), 0, shape, dtype);
+}
+
+Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device, DeviceContext* ctx) {
+  Tensor t = Empty(shape, dtype, device);
+  t.SetZero(ctx);
+  return t;
+}
+
+Tensor Tensor::Wrap(void* data, const Shape& shape, DType dtype, Device device) {
+  size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
+  return Tensor(std::make_shared<Buffer>(data, bytes, device), 0, shape, dtype);
+}
+
+int64_t Tensor::dim(int i) const {
+  int n = ndim();
+  if (i < 0) i += n;
+  SY_CHECK(i >= 0 && i < n) << "dim " << i << " of a " << n << "-d tensor";
+  return shape_[i];
+}
+
+int64_t Tensor::row_size() const {
+  if (ndim() <= 1) return 1;
+  int64_t n = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) n *= shape_[i];
+  return n;
+}
+
+void* Tensor::raw_data() const {
+  SY_CHECK(defined()) << "raw_data() of an undefined tensor";
+  char* base = static_cast<char*>(buffer_->data());
+  return base == nullptr ? nullptr : base + offset_ * static_cast<int64_t>(SizeOf(dtype_));
+}
+
+Tensor Tensor::Slice(int64_t begin, int64_t end) const {
+  SY_CHECK_GE(ndim(), 1) << "Slice of a 0-d tensor";
+  SY_CHECK(0 <= begin && begin <= end && end <= shape_[0])
+      << "Slice [" << begin << ", " << end << ") of " << ShapeString(shape_);
+  Shape shape = shape_;
+  shape[0] = end - begin;
+  return Tensor(buffer_, offset_ + begin * row_size(), std::move(shape), dtype_);
+}
+
+Tensor Tensor::Reshape(const Shape& shape) const {
+  SY_CHECK_EQ(NumElements(shape), numel())
+      << "Reshape " << ShapeString(shape_) << " -> " << ShapeString(shape);
+  return Tensor(buffer_, offset_, shape, dtype_);
+}
+
+Tensor Tensor::View(const Shape& shape, int64_t element_offset) const {
+  SY_CHECK(element_offset >= 0 && element_offset + NumElements(shape) <= numel())
+      << "View " << ShapeString(shape) << " at offset " << element_offset << " of "
+      << ShapeString(shape_);
+  return Tensor(buffer_, offset_ + element_offset, shape, dtype_);
+}
+
+Tensor Tensor::Clone(DeviceContext* ctx) const { return To(device(), ctx); }
+
+Tensor Tensor::To(Device device, DeviceContext* ctx) const {
+  Tensor out = Empty(shape_, dtype_, device);
+  out.CopyFrom(*this, ctx);
+  return out;
+}
+
+void Tensor::CopyFrom(const Tensor& src, DeviceContext* ctx) {
+  SY_CHECK_EQ(src.dtype(), dtype_) << "CopyFrom between dtypes " << DTypeName(src.dtype())
+                                   << " and " << DTypeName(dtype_);
+  SY_CHECK_EQ(src.numel(), numel()) << "CopyFrom " << ShapeString(src.shape()) << " into "
+                                    << ShapeString(shape_);
+  size_t bytes = nbytes();
+  if (bytes == 0 || raw_data() == src.raw_data()) return;
+  if (device().is_cpu() && src.device().is_cpu()) {
+    std::memmove(raw_data(), src.raw_data(), bytes);
+    return;
+  }
+#ifdef SY_HAVE_CUDA
+  cudaStream_t stream = ctx ? static_cast<cudaStream_t>(ctx->stream()) : nullptr;
+  SY_CUDA_CHECK(cudaMemcpyAsync(raw_data(), src.raw_data(), bytes, cudaMemcpyDefault, stream));
+  if (device().is_cpu()) SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+#else
+  SY_LOG(FATAL) << "copy involving a CUDA tensor in a build without the CUDA backend";
+#endif
+}
+
+void Tensor::SetZero(DeviceContext* ctx) {
+  size_t bytes = nbytes();
+  if (bytes == 0) return;
+  if (device().is_cpu()) {
+    std::memset(raw_data(), 0, bytes);
+    return;
+  }
+#ifdef SY_HAVE_CUDA
+  cudaStream_t stream = ctx ? static_cast<cudaStream_t>(ctx->stream()) : nullptr;
+  SY_CUDA_CHECK(cudaMemsetAsync(raw_data(), 0, bytes, stream));
+#endif
+}
+
+std::string Tensor::DebugString() const {
+  if (!defined()) return "Tensor(undefined)";
+  std::ostringstream out;
+  out << "Tensor(" << DTypeName(dtype_) << ", " << ShapeString(shape_) << ", "
+      << device().ToString() << ")";
+  return out.str();
+}
+
+}  // namespace switchyard

@@ -1,0 +1,37 @@
+#include "kernels/random.h"
+
+namespace switchyard::kernels::cpu {
+namespace {
+
+// Writes f(global_index) into out (f32 or bf16).
+template <typename F>
+void FillFloat(Tensor& out, int64_t first_index, F f) {
+  const int64_t n = out.numel();
+  if (out.dtype() == DType::kF32) {
+    float* p = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) p[i] = f(static_cast<uint64_t>(first_index + i));
+  } else {
+    SY_CHECK(out.dtype() == DType::kBF16) << "random fill of " << DTypeName(out.dtype());
+    BFloat16* p = out.data<BFloat16>();
+    for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(f(static_cast<uint64_t>(first_index + i)));
+  }
+}
+
+}  // namespace
+
+void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi) {
+  FillFloat(out, first_index, [&](uint64_t i) { return lo + (hi - lo) * UniformAt(key, i); });
+}
+
+void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std) {
+  FillFloat(out, first_index, [&](uint64_t i) { return mean + std * NormalAt(key, i); });
+}
+
+void FillRandomBits(Tensor& out, RngKey key, int64_t first_index) {
+  int32_t* p = out.data<int32_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    p[i] = static_cast<int32_t>(RandomBitsAt(key, static_cast<uint64_t>(first_index + i)));
+  }
+}
+
+}  // namespace switchyard::kernels::cpu

@@ -1,0 +1,27 @@
+// Device dispatch shared by every kernel family: kernels/<family>.h declares the op and
+// its cpu:: and cuda:: implementations; kernels/<family>.cc picks one by the output
+// tensor's device. In a build without the CUDA backend the cuda:: branch is compiled out
+// and a CUDA tensor is a fatal error.
+#pragma once
+
+#include "engine/core/check.h"
+#include "engine/core/device_context.h"
+
+#ifdef SY_HAVE_CUDA
+#define SY_CUDA_BRANCH(call) call
+#else
+#define SY_CUDA_BRANCH(call) \
+  SY_LOG(FATAL) << "CUDA tensor in a build without the CUDA backend"
+#endif
+
+// Runs `call_cpu` for a host tensor `out`, else `call_cuda` with a matching `ctx`.
+#define SY_DISPATCH_DEVICE(out, ctx, call_cpu, call_cuda)                              \
+  do {                                                                                 \
+    if ((out).device().is_cpu()) {                                                     \
+      call_cpu;                                                                        \
+    } else {                                                                           \
+      SY_CHECK((ctx) != nullptr && (ctx)->device() == (out).device())                  \
+          << "a CUDA kernel needs the DeviceContext of " << (out).device().ToString(); \
+      SY_CUDA_BRANCH(call_cuda);                                                       \
+    }                                                                                  \
+  } while (0)
