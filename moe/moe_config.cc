@@ -1,0 +1,82 @@
+#include "moe/moe_config.h"
+
+namespace switchyard::moe {
+
+StatusOr<Activation> ParseActivation(const std::string& name) {
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "relu") return Activation::kRelu;
+  if (name == "swiglu") return Activation::kSwiglu;
+  return InvalidArgument("moe.activation='", name, "' is not one of gelu, relu, swiglu");
+}
+
+StatusOr<SecondExpertPolicy> ParseSecondExpertPolicy(const std::string& name) {
+  if (name == "all") return SecondExpertPolicy::kAll;
+  if (name == "random") return SecondExpertPolicy::kRandom;
+  return InvalidArgument("moe.second_expert_policy='", name, "' is not one of all, random");
+}
+
+StatusOr<DropPolicy> ParseDropPolicy(const std::string& name) {
+  if (name == "position") return DropPolicy::kPosition;
+  if (name == "probability") return DropPolicy::kProbability;
+  return InvalidArgument("moe.drop_policy='", name, "' is not one of position, probability");
+}
+
+const char* ActivationName(Activation a) {
+  switch (a) {
+    case Activation::kGelu: return "gelu";
+    case Activation::kRelu: return "relu";
+    case Activation::kSwiglu: return "swiglu";
+  }
+  return "?";
+}
+
+const char* SecondExpertPolicyName(SecondExpertPolicy p) {
+  return p == SecondExpertPolicy::kAll ? "all" : "random";
+}
+
+const char* DropPolicyName(DropPolicy p) {
+  return p == DropPolicy::kPosition ? "position" : "probability";
+}
+
+Status MoEConfig::Validate() const {
+  if (d_model <= 0) return InvalidArgument("model.d_model=", d_model, " must be positive");
+  if (num_experts <= 0) return InvalidArgument("moe.num_experts=", num_experts, " must be positive");
+  if (top_k <= 0) return InvalidArgument("moe.top_k=", top_k, " must be positive");
+  if (top_k > num_experts) {
+    return InvalidArgument("moe.top_k=", top_k, " exceeds moe.num_experts=", num_experts);
+  }
+  if (d_expert <= 0) return InvalidArgument("moe.d_expert=", d_expert, " must be positive");
+  if (second_expert_policy == SecondExpertPolicy::kRandom && top_k != 2) {
+    return InvalidArgument("moe.second_expert_policy=random needs moe.top_k=2, got ", top_k);
+  }
+  if (!(jitter_eps >= 0.0f && jitter_eps < 1.0f)) {
+    return InvalidArgument("moe.jitter_eps=", jitter_eps, " must be in [0, 1)");
+  }
+  if (!(expert_bias_rate >= 0.0f)) {
+    return InvalidArgument("moe.expert_bias_rate=", expert_bias_rate, " must be >= 0");
+  }
+  if (capacity_factor != capacity_factor) return InvalidArgument("moe.capacity_factor is NaN");
+  if (eval_capacity_factor != eval_capacity_factor) {
+    return InvalidArgument("moe.eval_capacity_factor is NaN");
+  }
+  if (!(aux_loss_coef >= 0.0f)) {
+    return InvalidArgument("moe.aux_loss_coef=", aux_loss_coef, " must be >= 0");
+  }
+  if (!(z_loss_coef >= 0.0f)) {
+    return InvalidArgument("moe.z_loss_coef=", z_loss_coef, " must be >= 0");
+  }
+  if (num_shared_experts < 0) {
+    return InvalidArgument("moe.num_shared_experts=", num_shared_experts, " must be >= 0");
+  }
+  if (d_shared < 0) return InvalidArgument("moe.d_shared=", d_shared, " must be >= 0");
+  return OkStatus();
+}
+
+StatusOr<int64_t> MoEConfig::ExpertsPerRank(int64_t ep) const {
+  if (ep <= 0 || num_experts % ep != 0) {
+    return InvalidArgument("moe.num_experts=", num_experts, " is not divisible by parallel.ep=", ep);
+  }
+  return num_experts / ep;
+}
+
+}  // namespace switchyard::moe
