@@ -1,0 +1,219 @@
+#include "engine/train/config.h"
+
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+namespace switchyard::train {
+namespace {
+
+// One settable, printable key of a section.
+struct Field {
+  std::string key;
+  std::function<Status(const YAML::Node&, const std::string& where)> set;
+  std::function<std::string()> show;
+};
+
+std::string Scalar(const YAML::Node& node) {
+  return node.IsScalar() ? node.Scalar() : std::string(node.IsSequence() ? "[...]" : "{...}");
+}
+
+template <typename T>
+Field Bind(const std::string& key, T* ptr) {
+  Field f;
+  f.key = key;
+  f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
+    const std::string text = Scalar(node);
+    try {
+      if constexpr (std::is_same_v<T, bool>) {
+        *ptr = node.as<bool>();
+      } else if constexpr (std::is_same_v<T, std::string>) {
+        if (!node.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
+        *ptr = node.Scalar();
+      } else if constexpr (std::is_integral_v<T>) {
+        *ptr = node.as<T>();
+      } else {
+        *ptr = node.as<T>();
+      }
+    } catch (const YAML::Exception&) {
+      const char* kind = std::is_same_v<T, bool>          ? "true or false"
+                         : std::is_same_v<T, std::string> ? "a string"
+                         : std::is_integral_v<T>          ? "an integer"
+                                                          : "a number";
+      return InvalidArgument(where, ": expected ", kind, ", got '", text, "'");
+    }
+    return OkStatus();
+  };
+  f.show = [ptr]() {
+    std::ostringstream out;
+    if constexpr (std::is_same_v<T, bool>) {
+      out << (*ptr ? "true" : "false");
+    } else {
+      out.precision(std::numeric_limits<float>::max_digits10);
+      out << *ptr;
+    }
+    return out.str();
+  };
+  return f;
+}
+
+template <typename E>
+Field BindEnum(const std::string& key, E* ptr, StatusOr<E> (*parse)(const std::string&),
+               const char* (*name)(E)) {
+  Field f;
+  f.key = key;
+  f.set = [ptr, parse](const YAML::Node& node, const std::string& where) -> Status {
+    if (!node.IsScalar()) return InvalidArgument(where, ": expected a name, got '", Scalar(node), "'");
+    auto value = parse(node.Scalar());
+    if (!value.ok()) return value.status();
+    *ptr = *value;
+    return OkStatus();
+  };
+  f.show = [ptr, name]() { return std::string(name(*ptr)); };
+  return f;
+}
+
+struct Section {
+  std::string name;
+  std::vector<Field> fields;
+};
+
+// The key tables: the single list of what a config may contain.
+std::vector<Section> Sections(Config& c) {
+  moe::MoEConfig& m = c.moe;
+  ParallelConfig& p = c.parallel;
+  return {
+      {"model", {Bind("d_model", &c.model.d_model)}},
+      {"moe",
+       {Bind("num_experts", &m.num_experts), Bind("top_k", &m.top_k),
+        Bind("d_expert", &m.d_expert),
+        BindEnum("activation", &m.activation, moe::ParseActivation, moe::ActivationName),
+        Bind("bias", &m.bias), Bind("normalize_gates", &m.normalize_gates),
+        BindEnum("second_expert_policy", &m.second_expert_policy, moe::ParseSecondExpertPolicy,
+                 moe::SecondExpertPolicyName),
+        Bind("jitter_eps", &m.jitter_eps), Bind("expert_bias_rate", &m.expert_bias_rate),
+        Bind("capacity_factor", &m.capacity_factor),
+        Bind("eval_capacity_factor", &m.eval_capacity_factor),
+        BindEnum("drop_policy", &m.drop_policy, moe::ParseDropPolicy, moe::DropPolicyName),
+        Bind("aux_loss_coef", &m.aux_loss_coef), Bind("z_loss_coef", &m.z_loss_coef),
+        Bind("num_shared_experts", &m.num_shared_experts), Bind("d_shared", &m.d_shared),
+        Bind("seed", &m.seed)}},
+      {"parallel",
+       {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
+        Bind("pp", &p.pp), Bind("zero_stage", &p.zero_stage), Bind("order", &p.order)}},
+  };
+}
+
+Status Apply(Config& config, const YAML::Node& root, const std::string& source) {
+  if (!root || root.IsNull()) return OkStatus();
+  if (!root.IsMap()) return InvalidArgument(source, ": the top level must be a mapping of sections");
+  std::vector<Section> sections = Sections(config);
+  for (const auto& entry : root) {
+    const std::string name = entry.first.as<std::string>();
+    auto section = std::find_if(sections.begin(), sections.end(),
+                                [&](const Section& s) { return s.name == name; });
+    if (section == sections.end()) return InvalidArgument(source, ": unknown section '", name, "'");
+    if (entry.second.IsNull()) continue;
+    if (!entry.second.IsMap()) return InvalidArgument(source, ": section '", name, "' must be a mapping");
+    for (const auto& kv : entry.second) {
+      const std::string key = kv.first.as<std::string>();
+      auto field = std::find_if(section->fields.begin(), section->fields.end(),
+                                [&](const Field& f) { return f.key == key; });
+      if (field == section->fields.end()) {
+        return InvalidArgument(source, ": unknown key '", name, ".", key, "'");
+      }
+      Status s = field->set(kv.second, StrCat(name, ".", key));
+      if (!s.ok()) return InvalidArgument(source, ": ", s.message());
+    }
+  }
+  return OkStatus();
+}
+
+// "moe.top_k=2" -> a YAML tree {moe: {top_k: 2}}.
+StatusOr<YAML::Node> OverrideNode(const std::string& text) {
+  const size_t eq = text.find('=');
+  const size_t dot = text.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 ||
+      dot + 1 == eq) {
+    return InvalidArgument("--set '", text, "': expected section.key=value");
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument("--set '", text, "': bad value: ", e.msg);
+  }
+  YAML::Node root;
+  root[text.substr(0, dot)][text.substr(dot + 1, eq - dot - 1)] = value;
+  return root;
+}
+
+}  // namespace
+
+Status Config::Validate(int world) const {
+  if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
+  SY_RETURN_IF_ERROR(moe.Validate());
+  const ParallelConfig& p = parallel;
+  for (auto [name, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"ep", p.ep},
+                         {"pp", p.pp}}) {
+    if (v < 1) return InvalidArgument("parallel.", name, "=", v, " must be >= 1");
+  }
+  if (p.etp < 0) return InvalidArgument("parallel.etp=", p.etp, " must be >= 0 (0: same as tp)");
+  if (p.zero_stage < 0 || p.zero_stage > 3) {
+    return InvalidArgument("parallel.zero_stage=", p.zero_stage, " must be 0, 1, 2 or 3");
+  }
+  SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
+  if (world > 0) {
+    const int64_t etp = p.etp > 0 ? p.etp : p.tp;
+    if (world % (int64_t{p.tp} * p.cp * p.pp) != 0) {
+      return InvalidArgument("world size ", world, " is not divisible by tp*cp*pp = ", p.tp, "*",
+                             p.cp, "*", p.pp);
+    }
+    if (world % (etp * p.ep * p.pp) != 0) {
+      return InvalidArgument("world size ", world, " is not divisible by etp*ep*pp = ", etp, "*",
+                             p.ep, "*", p.pp);
+    }
+  }
+  return OkStatus();
+}
+
+std::string Config::ToYaml() const {
+  Config copy = *this;
+  std::ostringstream out;
+  for (const Section& s : Sections(copy)) {
+    out << s.name << ":\n";
+    for (const Field& f : s.fields) out << "  " << f.key << ": " << f.show() << "\n";
+  }
+  return out.str();
+}
+
+StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
+                             const std::vector<std::string>& overrides) {
+  Config config;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
+  }
+  SY_RETURN_IF_ERROR(Apply(config, root, source));
+  for (const std::string& text : overrides) {
+    SY_ASSIGN_OR_RETURN(YAML::Node node, OverrideNode(text));
+    SY_RETURN_IF_ERROR(Apply(config, node, "--set"));
+  }
+  config.moe.d_model = config.model.d_model;
+  return config;
+}
+
+StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) return NotFound(path, ": cannot open config file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseConfig(text.str(), path, overrides);
+}
+
+}  // namespace switchyard::train

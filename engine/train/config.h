@@ -1,0 +1,52 @@
+// The run configuration: YAML files in configs/ parsed into typed sections, with
+// `--set section.key=value` overrides, validated in one place. Every error is one line
+// naming the file, the key and the bad value:
+//   configs/x.yaml: moe.top_k: expected an integer, got 'two'
+//   configs/x.yaml: unknown key 'moe.topk'
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "moe/moe_config.h"
+
+namespace switchyard::train {
+
+// model: the decoder's sizes (MODEL.md section 1). Grows with the model.
+struct ModelConfig {
+  int64_t d_model = 0;  // hidden size d; required
+};
+
+// parallel: the layout over the world; dp (and edp) is what remains.
+struct ParallelConfig {
+  int tp = 1;          // tensor parallel
+  int cp = 1;          // context parallel
+  int ep = 1;          // expert parallel
+  int etp = 0;         // tensor parallel inside each expert; 0 means the same as tp
+  int pp = 1;          // pipeline stages
+  int zero_stage = 0;  // ZeRO stage 0-3
+  std::string order = "tp-cp-ep-dp-pp";  // mesh axis order, first fastest
+};
+
+struct Config {
+  ModelConfig model;
+  moe::MoEConfig moe;  // moe.d_model mirrors model.d_model
+  ParallelConfig parallel;
+
+  // Sections and fields together, plus what the world size allows ("parallel.ep=3 does
+  // not divide ..."). world <= 0 skips the layout checks.
+  Status Validate(int world = 0) const;
+  // The resolved config as YAML, every key with its value (defaults included).
+  std::string ToYaml() const;
+};
+
+// Parses YAML text; `source` names it in errors (a path or "<string>"). Overrides are
+// "section.key=value" strings applied on top of the text, in order.
+StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
+                             const std::vector<std::string>& overrides = {});
+// Reads and parses a file.
+StatusOr<Config> LoadConfig(const std::string& path,
+                            const std::vector<std::string>& overrides = {});
+
+}  // namespace switchyard::train
