@@ -1,2 +1,73 @@
-// The `switchyard` command: dispatches to subcommands.
-int main() { return 0; }
+// The `switchyard` command: looks the subcommand up in kCommands and runs it.
+//   switchyard <command> [flags]      switchyard help [command]      switchyard --help
+// Adding a subcommand is one line in kCommands (and its Run function in commands.h).
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/cli/args.h"
+#include "engine/cli/commands.h"
+
+namespace switchyard::cli {
+namespace {
+
+struct Command {
+  std::string_view name;
+  std::string_view summary;  // one line for `switchyard --help`
+  int (*run)(const std::vector<std::string>& args);
+};
+
+constexpr Command kCommands[] = {
+    {"mesh", "print the process groups of a parallel layout (dense and expert views)", RunMesh},
+};
+
+const Command* FindCommand(std::string_view name) {
+  for (const Command& command : kCommands) {
+    if (command.name == name) return &command;
+  }
+  return nullptr;
+}
+
+void PrintUsage() {
+  std::printf("usage: switchyard <command> [flags]\n\n"
+              "Switchyard, a Mixture-of-Experts training engine. Run one rank as\n"
+              "`switchyard <command>` and several as `mpirun -np N switchyard <command>`.\n\n"
+              "commands:\n");
+  for (const Command& command : kCommands) {
+    std::printf("  %-10.*s %.*s\n", static_cast<int>(command.name.size()), command.name.data(),
+                static_cast<int>(command.summary.size()), command.summary.data());
+  }
+  std::printf("\n`switchyard <command> --help` describes a command's flags.\n");
+}
+
+int Main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    return UsageError("switchyard", "no command given; run `switchyard --help` for the list");
+  }
+  const std::string& name = args[0];
+  if (name == "--help" || name == "-h" || name == "help") {
+    if (name == "help" && args.size() > 1) {
+      const Command* command = FindCommand(args[1]);
+      if (command == nullptr) {
+        return UsageError("switchyard", "unknown command \"" + args[1] +
+                                            "\"; run `switchyard --help` for the list");
+      }
+      return command->run({"--help"});
+    }
+    PrintUsage();
+    return kExitOk;
+  }
+  const Command* command = FindCommand(name);
+  if (command == nullptr) {
+    return UsageError("switchyard",
+                      "unknown command \"" + name + "\"; run `switchyard --help` for the list");
+  }
+  return command->run(std::vector<std::string>(args.begin() + 1, args.end()));
+}
+
+}  // namespace
+}  // namespace switchyard::cli
+
+int main(int argc, char** argv) { return switchyard::cli::Main(argc, argv); }

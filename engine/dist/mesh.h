@@ -61,7 +61,7 @@ struct MeshSizes {
   int ep = 1;  // expert parallel ranks: the experts are split over them
   // Tensor parallel ranks of each expert; unset (the default) means the same as tp, as in
   // Megatron-LM's --expert-tensor-parallel-size.
-  std::optional<int> etp;
+  std::optional<int> etp = std::nullopt;
   int pp = 1;  // pipeline stages
 };
 

@@ -1,0 +1,69 @@
+// A small flag parser shared by the subcommands: "--name value" and "--name=value",
+// integer, string and boolean (no value) flags, required flags, and a usage text built
+// from the declarations. Errors are one line naming the flag and the value.
+//
+//   FlagSet flags("switchyard mesh", "Prints the process groups of a layout.");
+//   int world = 0;
+//   flags.AddInt("world", &world, "number of ranks", /*required=*/true);
+//   if (Status s = flags.Parse(args); !s.ok()) ...
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/status.h"
+
+namespace switchyard::cli {
+
+// Exit statuses of every subcommand.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // the command ran and failed
+inline constexpr int kExitUsage = 2;    // bad flags or an impossible request
+
+class FlagSet {
+ public:
+  // `command` prefixes messages ("switchyard mesh"); `summary` heads the usage text.
+  FlagSet(std::string command, std::string summary);
+
+  // Declares --name. The pointee keeps its value (the default) unless the flag is given.
+  void AddInt(std::string name, int* value, std::string help, bool required = false);
+  void AddString(std::string name, std::string* value, std::string help, bool required = false);
+  // A switch: "--name" sets *value to true; it takes no value.
+  void AddBool(std::string name, bool* value, std::string help);
+
+  // Parses `args` (without the program and subcommand names). "--help" / "-h" sets
+  // help_requested() and stops. Errors: unknown flag, missing value, a value that is not an
+  // integer, a value given to a switch, a positional argument, a missing required flag.
+  Status Parse(const std::vector<std::string>& args);
+
+  bool help_requested() const { return help_requested_; }
+  // Whether --name appeared on the command line.
+  bool IsSet(std::string_view name) const;
+  // "usage: switchyard mesh --world N [--tp N] ...", the summary and one line per flag.
+  std::string Usage() const;
+
+ private:
+  enum class Kind { kInt, kString, kBool };
+  struct Flag {
+    std::string name;
+    Kind kind;
+    void* value;
+    std::string help;
+    bool required;
+    bool set = false;
+  };
+
+  Flag* Find(std::string_view name);
+  Status Assign(Flag& flag, const std::string& value);
+
+  std::string command_;
+  std::string summary_;
+  std::vector<Flag> flags_;
+  bool help_requested_ = false;
+};
+
+// Prints "<command>: error: <message>" as one line to stderr and returns kExitUsage.
+int UsageError(std::string_view command, std::string_view message);
+
+}  // namespace switchyard::cli

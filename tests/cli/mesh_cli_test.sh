@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# `switchyard mesh`: the JSON of Megatron-LM's 16-rank example (tp=2, pp=4), both flag
+# spellings, and usage errors (one line on stderr, nothing on stdout, exit status 2).
+# Usage: mesh_cli_test.sh path/to/switchyard
+set -u
+bin="$1"
+failures=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+expected='{"dense":{"tp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"cp":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"dp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]},"expert":{"etp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"ep":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"edp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]}}'
+
+# expect_ok NAME EXPECTED_STDOUT ARGS...: exit 0, exact stdout, empty stderr.
+expect_ok() {
+  local name="$1" want="$2"; shift 2
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq 0 ]] || fail "$name: exit status $rc, want 0 ($(cat "$tmp/err"))"
+  [[ "$(cat "$tmp/out")" == "$want" ]] || fail "$name: stdout differs:
+  got:  $(cat "$tmp/out")
+  want: $want"
+  [[ ! -s "$tmp/err" ]] || fail "$name: unexpected stderr: $(cat "$tmp/err")"
+}
+
+# expect_usage_error NAME MESSAGE_SUBSTRING ARGS...: exit 2, no stdout, exactly one
+# stderr line starting with "switchyard mesh: error: " (or "switchyard: error: ").
+expect_usage_error() {
+  local name="$1" want="$2"; shift 2
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq 2 ]] || fail "$name: exit status $rc, want 2"
+  [[ ! -s "$tmp/out" ]] || fail "$name: unexpected stdout: $(head -c 200 "$tmp/out")"
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  [[ $lines -eq 1 ]] || fail "$name: $lines stderr lines, want 1: $(cat "$tmp/err")"
+  grep -Eq '^switchyard( mesh)?: error: ' "$tmp/err" || fail "$name: bad prefix: $(cat "$tmp/err")"
+  grep -qF -- "$want" "$tmp/err" || fail "$name: stderr lacks '$want': $(cat "$tmp/err")"
+}
+
+expect_ok "json" "$expected" mesh --world 16 --tp 2 --pp 4 --json
+expect_ok "json, --flag=value" "$expected" mesh --world=16 --tp=2 --pp=4 --json
+expect_ok "json, flags in any order" "$expected" mesh --json --pp 4 --world 16 --tp=2
+expect_ok "json, explicit defaults" "$expected" mesh --world 16 --tp 2 --pp 4 --cp 1 --ep 1 \
+  --etp 2 --order tp-cp-ep-dp-pp --json
+
+# The table names every group of both views.
+"$bin" mesh --world 16 --tp 2 --pp 4 >"$tmp/table" 2>&1 || fail "table: exit status $?"
+for want in "dense view" "expert view" "[0, 4, 8, 12] [1, 5, 9, 13] [2, 6, 10, 14] [3, 7, 11, 15]" \
+            "[0, 2] [1, 3] [4, 6] [5, 7] [8, 10] [9, 11] [12, 14] [13, 15]" \
+            "rank 5: TP(1/2) CP(0/1) DP(0/2) PP(1/4) | ETP(1/2) EP(0/1) EDP(0/2)"; do
+  grep -qF -- "$want" "$tmp/table" || fail "table lacks '$want'"
+done
+
+expect_usage_error "indivisible world" "world size 12 is not divisible by tp*cp*pp = 2*1*8 = 16" \
+  mesh --world 12 --tp 2 --pp 8
+expect_usage_error "indivisible expert world" "etp*ep*pp = 1*8*1 = 8" mesh --world 12 --ep 8
+expect_usage_error "bad order" 'unknown axis "xx"' mesh --world 8 --order tp-cp-xx-dp-pp
+expect_usage_error "size below one" "tp must be >= 1, got 0" mesh --world 8 --tp 0
+expect_usage_error "unknown flag" "unknown flag --foo" mesh --world 8 --foo 3
+expect_usage_error "missing value" "--tp needs a value" mesh --world 8 --tp
+expect_usage_error "missing value before flag" "--tp needs a value" mesh --world 8 --tp --pp 2
+expect_usage_error "not an integer" '--tp expects an integer, got "two"' mesh --world 8 --tp two
+expect_usage_error "not an integer (=)" '--pp expects an integer, got "2x"' mesh --world 8 --pp=2x
+expect_usage_error "missing --world" "--world is required" mesh --tp 2
+expect_usage_error "value for a switch" "--json takes no value" mesh --world 8 --json=yes
+expect_usage_error "unknown command" 'unknown command "bogus"' bogus
+expect_usage_error "no command" "no command given"
+
+"$bin" --help >"$tmp/out" 2>&1 && grep -q "mesh" "$tmp/out" || fail "--help does not list mesh"
+"$bin" mesh --help >"$tmp/out" 2>&1 && grep -q -- "--world" "$tmp/out" || fail "mesh --help"
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all switchyard mesh checks passed"
