@@ -1,0 +1,61 @@
+// The router's auxiliary losses for one routing group (../shared/MODEL.md section 2), as
+// pure functions returning the loss and accumulating its gradient.
+//
+// Load balancing, Switch Transformer (Fedus et al. 2021, arXiv 2101.03961, eq. 4-6),
+// normalised for top-k:
+//   f_i = (top-k assignments to expert i) / (T * k)        (eq. 5, constant for the gradient)
+//   P_i = (1 / T) * sum_t probs[t, i]                       (eq. 6)
+//   aux = coef * E * sum_i f_i * P_i                        (eq. 4)
+//   d aux / d probs[t, i] = coef * E * f_i / T
+// Balanced routing (f_i = P_i = 1/E) gives aux = coef.
+// f counts every top-k assignment BEFORE anything removes it: capacity dropping, and also
+// GShard's random second-expert policy (treated like a drop, as the GShard/mesh-tensorflow
+// gating computes the balancing statistics before its random removal).
+//
+// Router z-loss, ST-MoE (Zoph et al. 2022, arXiv 2202.08906, eq. 5):
+//   z = coef * (1 / T) * sum_t (logsumexp_i logits[t, i])^2
+//   d z / d logits[t, i] = coef * (2 / T) * lse_t * softmax(logits_t)_i
+//
+// When a group's tokens are split over ranks (MODEL.md section 4), each rank computes the
+// sums of its piece (LoadBalanceSumsOf), the pieces are summed (all-reduce), and every rank
+// evaluates the loss from the group's sums and the gradient for its own rows; the z-loss
+// takes the group's token count so that the pieces' values add up to the group's.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace switchyard::moe {
+
+// The sums the load-balancing loss needs, over a group or a piece of one; add pieces
+// element-wise to get the group's.
+struct LoadBalanceSums {
+  std::vector<int64_t> assignments;  // (E) top-k assignments per expert, before any removal
+  std::vector<float> prob_sums;      // (E) sum over the tokens of probs[:, i] (accumulated in
+                                     // double, stored f32 so an f32 all-reduce can add pieces)
+  int64_t tokens = 0;                // T
+};
+
+// Sums of probs (T, E) f32 and indices (T, k) i32.
+LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices);
+
+// aux = coef * E * sum_i f_i P_i from the group's sums.
+float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, float coef);
+
+// dprobs (T_piece, E) += grad * coef * E * f_i / T, with f and T those of the whole group.
+void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
+                               Tensor& dprobs);
+
+// One whole group: returns aux; when dprobs (T, E) is given, adds grad * d aux / d probs.
+float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, float grad,
+                        Tensor* dprobs);
+
+// Returns z for logits (T, E) f32; when dlogits (T, E) is given, adds grad * dz / dlogits.
+// group_tokens: the group's token count when logits hold one piece of it (the result is
+// then that piece's share of z); 0 means logits are the whole group.
+float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits,
+            int64_t group_tokens = 0);
+
+}  // namespace switchyard::moe

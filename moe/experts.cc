@@ -1,0 +1,262 @@
+// The experts (moe/experts.h): grouped expert MLPs over contiguous row blocks, CPU through
+// kernels/gemm.h and kernels/activation.h.
+#include "moe/experts.h"
+
+#include <utility>
+
+#include "engine/core/philox.h"
+#include "kernels/activation.h"
+#include "kernels/gemm.h"
+#include "kernels/random.h"
+
+namespace switchyard::moe {
+namespace {
+
+bool IsSwiglu(const ExpertsOptions& o) { return o.activation == Activation::kSwiglu; }
+
+// The shapes of every parameter under `o`; empty where the parameter does not exist.
+struct ParamShapes {
+  Shape w1, w2, w3, b1, b2;
+};
+
+ParamShapes ShapesOf(const ExpertsOptions& o) {
+  const int64_t l = o.num_local, d = o.d_model, f = o.d_hidden;
+  ParamShapes s{{l, d, f}, {l, f, d}, {}, {}, {}};
+  if (IsSwiglu(o)) s.w3 = {l, d, f};
+  if (o.bias) {
+    s.b1 = {l, f};
+    s.b2 = {l, d};
+  }
+  return s;
+}
+
+// Checks one loaded parameter: absent when `shape` is empty, else that shape in f32 on
+// `device`.
+Status CheckParam(const char* name, const Tensor& t, const Shape& shape, Device device) {
+  if (shape.empty()) {
+    if (t.defined())
+      return InvalidArgument("experts.", name, " given but not used by these options");
+    return OkStatus();
+  }
+  if (!t.defined())
+    return InvalidArgument("experts.", name, " is missing; expected ", ShapeString(shape));
+  if (t.shape() != shape) {
+    return InvalidArgument("experts.", name, " has shape ", ShapeString(t.shape()), ", expected ",
+                           ShapeString(shape));
+  }
+  if (t.dtype() != DType::kF32) {
+    return InvalidArgument("experts.", name, " is ", DTypeName(t.dtype()), ", expected f32");
+  }
+  if (t.device() != device) {
+    return InvalidArgument("experts.", name, " is on ", t.device(), ", expected ", device);
+  }
+  return OkStatus();
+}
+
+Tensor ZerosOrUndefined(const Shape& shape, Device device, DeviceContext* ctx) {
+  return shape.empty() ? Tensor() : Tensor::Zeros(shape, DType::kF32, device, ctx);
+}
+
+}  // namespace
+
+Status ExpertsOptions::Validate() const {
+  if (d_model <= 0) return InvalidArgument("experts.d_model=", d_model, " must be > 0");
+  if (d_hidden <= 0) return InvalidArgument("experts.d_hidden=", d_hidden, " must be > 0");
+  if (first < 0) return InvalidArgument("experts.first=", first, " must be >= 0");
+  if (num_local < 1) return InvalidArgument("experts.num_local=", num_local, " must be >= 1");
+  return OkStatus();
+}
+
+ExpertsOptions RoutedExpertsOptions(const MoEConfig& config, int64_t first, int64_t num_local,
+                                    Device device) {
+  SY_CHECK(first >= 0 && num_local >= 1 && first + num_local <= config.num_experts)
+      << "experts [" << first << ", " << first + num_local << ") of " << config.num_experts;
+  return ExpertsOptions{.d_model = config.d_model,
+                        .d_hidden = config.d_expert,
+                        .activation = config.activation,
+                        .bias = config.bias,
+                        .first = first,
+                        .num_local = num_local,
+                        .device = device};
+}
+
+ExpertsOptions SharedExpertsOptions(const MoEConfig& config, Device device) {
+  SY_CHECK_GT(config.num_shared_experts, 0) << "SharedExpertsOptions without shared experts";
+  return ExpertsOptions{.d_model = config.d_model,
+                        .d_hidden = config.num_shared_experts * config.shared_hidden(),
+                        .activation = config.activation,
+                        .bias = config.bias,
+                        .first = 0,
+                        .num_local = 1,
+                        .device = device};
+}
+
+Experts::Experts(const ExpertsOptions& options, DeviceContext* ctx)
+    : Experts(options, ExpertsParams{}, ctx) {
+  const ParamShapes s = ShapesOf(options);
+  const Device dev = options.device;
+  w1_ = ZerosOrUndefined(s.w1, dev, ctx);
+  w2_ = ZerosOrUndefined(s.w2, dev, ctx);
+  w3_ = ZerosOrUndefined(s.w3, dev, ctx);
+  b1_ = ZerosOrUndefined(s.b1, dev, ctx);
+  b2_ = ZerosOrUndefined(s.b2, dev, ctx);
+}
+
+Experts::Experts(const ExpertsOptions& options, ExpertsParams params, DeviceContext* ctx)
+    : options_(options),
+      w1_(std::move(params.w1)),
+      w2_(std::move(params.w2)),
+      w3_(std::move(params.w3)),
+      b1_(std::move(params.b1)),
+      b2_(std::move(params.b2)) {
+  SY_CHECK_OK(options.Validate());
+  const ParamShapes s = ShapesOf(options);
+  const Device dev = options.device;
+  grad_w1_ = ZerosOrUndefined(s.w1, dev, ctx);
+  grad_w2_ = ZerosOrUndefined(s.w2, dev, ctx);
+  grad_w3_ = ZerosOrUndefined(s.w3, dev, ctx);
+  grad_b1_ = ZerosOrUndefined(s.b1, dev, ctx);
+  grad_b2_ = ZerosOrUndefined(s.b2, dev, ctx);
+}
+
+Experts Experts::Init(const ExpertsOptions& options, uint64_t seed, const std::string& name,
+                      float std, DeviceContext* ctx) {
+  Experts experts(options, ctx);
+  // Element offset of the first local expert in the global (E, ., .) tensor; w1, w2 and
+  // w3 all hold d * f elements per expert.
+  const int64_t offset = options.first * options.d_model * options.d_hidden;
+  kernels::FillNormal(experts.w1_, RngKey{seed, StreamId(name + ".w1")}, offset, 0.0f, std, ctx);
+  kernels::FillNormal(experts.w2_, RngKey{seed, StreamId(name + ".w2")}, offset, 0.0f, std, ctx);
+  if (IsSwiglu(options)) {
+    kernels::FillNormal(experts.w3_, RngKey{seed, StreamId(name + ".w3")}, offset, 0.0f, std, ctx);
+  }
+  return experts;
+}
+
+StatusOr<Experts> Experts::FromTensors(const ExpertsOptions& options, ExpertsParams params,
+                                       DeviceContext* ctx) {
+  SY_RETURN_IF_ERROR(options.Validate());
+  const ParamShapes s = ShapesOf(options);
+  SY_RETURN_IF_ERROR(CheckParam("w1", params.w1, s.w1, options.device));
+  SY_RETURN_IF_ERROR(CheckParam("w2", params.w2, s.w2, options.device));
+  SY_RETURN_IF_ERROR(CheckParam("w3", params.w3, s.w3, options.device));
+  SY_RETURN_IF_ERROR(CheckParam("b1", params.b1, s.b1, options.device));
+  SY_RETURN_IF_ERROR(CheckParam("b2", params.b2, s.b2, options.device));
+  return Experts(options, std::move(params), ctx);
+}
+
+ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> rows_per_expert,
+                                    DeviceContext* ctx) const {
+  const int64_t d = options_.d_model, f = options_.d_hidden;
+  SY_CHECK(x.ndim() == 2 && x.dim(1) == d)
+      << "Experts::Forward: x " << ShapeString(x.shape()) << " for d_model=" << d;
+  SY_CHECK_EQ(static_cast<int64_t>(rows_per_expert.size()), options_.num_local)
+      << "Experts::Forward: one row count per local expert";
+  const int64_t r = x.dim(0);
+  const Device dev = x.device();
+
+  ExpertsActivations acts;
+  acts.x = x;
+  acts.rows.assign(rows_per_expert.begin(), rows_per_expert.end());
+  const std::span<const int64_t> rows(acts.rows);
+
+  acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+  kernels::GroupedGemm(x, rows, w1_, /*trans_w=*/false, acts.a, 1.0f, 0.0f, ctx);
+  if (options_.bias) kernels::GroupedAddBias(acts.a, rows, b1_, ctx);
+
+  acts.h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+  switch (options_.activation) {
+    case Activation::kGelu:
+      kernels::GeluForward(acts.a, acts.h, ctx);
+      break;
+    case Activation::kRelu:
+      kernels::ReluForward(acts.a, acts.h, ctx);
+      break;
+    case Activation::kSwiglu:
+      acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+      kernels::GroupedGemm(x, rows, w3_, /*trans_w=*/false, acts.b, 1.0f, 0.0f, ctx);
+      kernels::SwigluForward(acts.a, acts.b, acts.h, ctx);
+      break;
+  }
+
+  acts.y = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
+  kernels::GroupedGemm(acts.h, rows, w2_, /*trans_w=*/false, acts.y, 1.0f, 0.0f, ctx);
+  if (options_.bias) kernels::GroupedAddBias(acts.y, rows, b2_, ctx);
+  return acts;
+}
+
+Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx) {
+  SY_CHECK(acts.y.defined() && dy.shape() == acts.y.shape())
+      << "Experts::Backward: dy " << ShapeString(dy.shape()) << " for y "
+      << ShapeString(acts.y.shape());
+  const int64_t r = dy.dim(0), d = options_.d_model, f = options_.d_hidden;
+  const Device dev = dy.device();
+  const std::span<const int64_t> rows(acts.rows);
+
+  // y = h @ W2 + b2.
+  if (options_.bias) kernels::GroupedBiasGrad(dy, rows, grad_b2_, /*beta=*/1.0f, ctx);
+  kernels::GroupedGemmWeightGrad(acts.h, dy, rows, grad_w2_, 1.0f, /*beta=*/1.0f, ctx);
+  Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
+  kernels::GroupedGemm(dy, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx);
+
+  // h = act(a), or silu(a) * b.
+  Tensor db;
+  switch (options_.activation) {
+    case Activation::kGelu:
+      kernels::GeluBackward(acts.a, da, da, ctx);
+      break;
+    case Activation::kRelu:
+      kernels::ReluBackward(acts.a, da, da, ctx);
+      break;
+    case Activation::kSwiglu:
+      db = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+      kernels::SwigluBackward(acts.a, acts.b, da, da, db, ctx);
+      break;
+  }
+
+  // a = x @ W1 + b1 (and b = x @ W3).
+  if (options_.bias) kernels::GroupedBiasGrad(da, rows, grad_b1_, /*beta=*/1.0f, ctx);
+  kernels::GroupedGemmWeightGrad(acts.x, da, rows, grad_w1_, 1.0f, /*beta=*/1.0f, ctx);
+  Tensor dx = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
+  kernels::GroupedGemm(da, rows, w1_, /*trans_w=*/true, dx, 1.0f, 0.0f, ctx);
+  if (db.defined()) {
+    kernels::GroupedGemmWeightGrad(acts.x, db, rows, grad_w3_, 1.0f, /*beta=*/1.0f, ctx);
+    kernels::GroupedGemm(db, rows, w3_, /*trans_w=*/true, dx, 1.0f, /*beta=*/1.0f, ctx);
+  }
+  return dx;
+}
+
+void Experts::ZeroGrad(DeviceContext* ctx) {
+  for (Tensor* g : {&grad_w1_, &grad_w2_, &grad_w3_, &grad_b1_, &grad_b2_}) {
+    if (g->defined()) g->SetZero(ctx);
+  }
+}
+
+std::vector<NamedParameter> Experts::Parameters() const {
+  std::vector<NamedParameter> out;
+  auto add = [&](const char* name, const Tensor& value, const Tensor& grad) {
+    if (value.defined()) out.push_back({name, value, grad});
+  };
+  add("w1", w1_, grad_w1_);
+  add("w2", w2_, grad_w2_);
+  add("w3", w3_, grad_w3_);
+  add("b1", b1_, grad_b1_);
+  add("b2", b2_, grad_b2_);
+  return out;
+}
+
+DenseMlp::DenseMlp(Experts experts) : experts_(std::move(experts)) {
+  SY_CHECK_EQ(experts_.options().num_local, 1) << "a DenseMlp is one expert";
+}
+
+ExpertsActivations DenseMlp::Forward(const Tensor& x, DeviceContext* ctx) const {
+  SY_CHECK_EQ(x.ndim(), 2) << "DenseMlp::Forward: x " << ShapeString(x.shape());
+  const int64_t rows[1] = {x.dim(0)};
+  return experts_.Forward(x, rows, ctx);
+}
+
+Tensor DenseMlp::Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx) {
+  return experts_.Backward(acts, dy, ctx);
+}
+
+}  // namespace switchyard::moe

@@ -1,0 +1,83 @@
+// The MoE router for one routing group of T tokens (../shared/MODEL.md section 2), as pure
+// functions: forward, backward, and the aux-loss-free expert-bias update. No hidden state:
+// everything the backward needs is in RouterOutput. The MoE layer loops over groups.
+//
+//   x       = h * noise                    (T, d)  noise ~ U[1-eps, 1+eps], training only
+//   logits  = x @ Wr                       (T, E)  fp32
+//   probs   = softmax(logits)              (T, E)
+//   indices = top-k of probs (+ b)         (T, k)  ties to the smaller expert index
+//   gates   = probs[indices] (/ their sum) (T, k)  always from the unbiased probs
+//   keep    = GShard random second choice  (T, k)  u < 2 * p2 / (p1 + p2)
+//
+// Randomness (philox.h) is keyed by (seed, stream, element): the streams are named by what
+// they are for, the layer and the step (JitterRngKey, SecondExpertRngKey), and the element
+// is the token's GLOBAL index (times d, plus j, for the jitter), so a token's noise does not
+// depend on the group it is routed in or on which rank routes it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/core/philox.h"
+#include "engine/core/tensor.h"
+#include "moe/moe_config.h"
+
+namespace switchyard::moe {
+
+// What a routing group's random draws are keyed by.
+struct RouterRng {
+  uint64_t seed = 0;        // MoEConfig::seed
+  int64_t step = 0;         // optimizer step
+  int64_t layer = 0;        // layer id
+  int64_t first_token = 0;  // global index of the group's first token
+};
+
+// Stream of the jitter noise: StreamId("layers.<layer>.moe.router.jitter.step.<step>").
+// Element global_token * d + j is the noise of feature j of that token.
+RngKey JitterRngKey(uint64_t seed, int64_t step, int64_t layer);
+// Stream of the random second-expert draw:
+// StreamId("layers.<layer>.moe.router.second_expert.step.<step>"); element = global token.
+RngKey SecondExpertRngKey(uint64_t seed, int64_t step, int64_t layer);
+
+// Everything the router produces for one group; the backward reads it back.
+struct RouterOutput {
+  Tensor input;    // (T, d) f32: the router input x = h * noise; shares h when no jitter
+  Tensor noise;    // (T, d) f32: the jitter noise; undefined when no jitter was applied
+  Tensor logits;   // (T, E) f32
+  Tensor probs;    // (T, E) f32
+  Tensor indices;  // (T, k) i32: chosen experts, best first
+  Tensor gates;    // (T, k) f32: NOT masked by `keep`; the combine uses capacity's mask
+  Tensor keep;     // (T, k) u8: 0 where the random policy removed the second choice
+};
+
+// Routes one group. h: (T, d) f32; wr: (d, E) f32; expert_bias: (E) f32 or undefined
+// (added to probs for the choice only). Jitter applies when training && jitter_eps > 0.
+// The random second-expert policy applies in training and in evaluation alike (MODEL.md
+// only makes the jitter training-only); it is keyed by the step either way.
+RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expert_bias,
+                           const MoEConfig& config, bool training, const RouterRng& rng);
+
+// The router's backward for one group. Returns dlogits (T, E) and accumulates
+//   dh  (T, d) += (dlogits @ Wr^T) * noise      (noise = 1 without jitter)
+//   dwr (d, E) += x^T @ dlogits
+// dgates (T, k): dLoss/dgates, the gates as RouterForward returned them (the layer passes
+// zero for assignments that did not reach an expert). dprobs (T, E) (the load-balancing
+// loss's) and dlogits_extra (T, E) (the z-loss's) are optional extra gradients; pass
+// undefined tensors to leave them out. With normalize_gates, g_j = p_j / S, S = sum_l p_l:
+//   dp_j = (dg_j - sum_l dg_l g_l) / S.
+Tensor RouterBackward(const RouterOutput& out, const Tensor& wr, const MoEConfig& config,
+                      const Tensor& dgates, const Tensor& dprobs, const Tensor& dlogits_extra,
+                      Tensor& dh, Tensor& dwr);
+
+// Top-k assignments per expert, (E), counting every (token, slot) of `indices` (T, k)
+// whatever later removes it (random policy, capacity). Adds into `counts`.
+void CountAssignments(const Tensor& indices, std::span<int64_t> counts);
+
+// DeepSeek-V3 aux-loss-free balancing (arXiv 2412.19437, section 2.1.2), after each
+// optimizer step: b_i += rate * sign(mean_j c_j - c_i), sign(0) = 0. counts (E) are the
+// tokens routed to each expert in the step (top-k assignments), summed over the whole
+// data-parallel world. The sign is taken exactly, on sum_j c_j - E * c_i. bias: (E) f32, CPU.
+void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate);
+
+}  // namespace switchyard::moe

@@ -1,0 +1,164 @@
+// kernels/gemm.h against naive triple loops in double: every transpose combination with
+// alpha and beta, the grouped products with an empty group, and k = 0.
+#include "kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/core/philox.h"
+#include "kernels/random.h"
+
+namespace switchyard::kernels {
+namespace {
+
+// f32 sums of at most a few dozen products of O(1) values: a few ulps of the largest term.
+constexpr double kAbsTol = 1e-5;
+constexpr double kRelTol = 1e-5;
+
+Tensor RandomTensor(const Shape& shape, uint64_t stream) {
+  Tensor t = Tensor::Empty(shape, DType::kF32);
+  FillUniform(t, RngKey{7, stream}, 0, -1.0f, 1.0f);
+  return t;
+}
+
+// Element-wise |got - want| <= abs + rel * |want|; reports the worst element.
+void ExpectClose(const Tensor& got, const std::vector<double>& want, const std::string& what) {
+  std::vector<float> g = got.ToVector<float>();
+  ASSERT_EQ(g.size(), want.size()) << what;
+  double worst = 0.0;  // fraction of the tolerance used
+  size_t worst_i = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double used = std::abs(g[i] - want[i]) / (kAbsTol + kRelTol * std::abs(want[i]));
+    if (used > worst) worst = used, worst_i = i;
+  }
+  EXPECT_LE(worst, 1.0) << what << ": element " << worst_i << " is " << g[worst_i] << ", expected "
+                        << want[worst_i];
+}
+
+// a[i, j] of a row-major (rows, cols) matrix stored transposed or not.
+double At(const std::vector<float>& m, int64_t cols, bool trans, int64_t i, int64_t j) {
+  return trans ? m[j * cols + i] : m[i * cols + j];
+}
+
+TEST(GemmTest, AllTransposesWithAlphaBeta) {
+  const int64_t m = 5, n = 7, k = 3;
+  const float alpha = 0.75f, beta = -0.5f;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Tensor a = RandomTensor(ta ? Shape{k, m} : Shape{m, k}, 1);
+      Tensor b = RandomTensor(tb ? Shape{n, k} : Shape{k, n}, 2);
+      Tensor c = RandomTensor({m, n}, 3);
+      const std::vector<float> av = a.ToVector<float>(), bv = b.ToVector<float>(),
+                               c0 = c.ToVector<float>();
+      std::vector<double> want(m * n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0.0;
+          for (int64_t p = 0; p < k; ++p) {
+            acc += At(av, a.dim(1), ta, i, p) * At(bv, b.dim(1), tb, p, j);
+          }
+          want[i * n + j] = alpha * acc + beta * c0[i * n + j];
+        }
+      }
+      Gemm(a, ta, b, tb, c, alpha, beta);
+      ExpectClose(c, want, "trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb));
+    }
+  }
+}
+
+TEST(GemmTest, BetaZeroIgnoresNaNInOutput) {
+  Tensor a = RandomTensor({2, 3}, 4), b = RandomTensor({3, 2}, 5);
+  Tensor c = Tensor::FromVector<float>({NAN, NAN, NAN, NAN}, {2, 2});
+  Gemm(a, false, b, false, c);
+  for (float v : c.ToVector<float>()) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(GemmTest, EmptyInnerDimensionScalesByBeta) {
+  Tensor a = Tensor::Empty({3, 0}, DType::kF32), b = Tensor::Empty({0, 2}, DType::kF32);
+  Tensor c = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  Gemm(a, false, b, false, c, 1.0f, 0.5f);
+  EXPECT_EQ(c.ToVector<float>(), (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
+  Gemm(a, false, b, false, c, 1.0f, 0.0f);
+  EXPECT_EQ(c.ToVector<float>(), std::vector<float>(6, 0.0f));
+}
+
+TEST(GroupedGemmTest, MatchesPerGroupLoopWithEmptyGroup) {
+  const std::vector<int64_t> rows = {2, 0, 3, 1};
+  const int64_t g = 4, r = 6, k = 4, n = 5;
+  const float alpha = 1.5f, beta = 0.25f;
+  for (bool trans_w : {false, true}) {
+    Tensor x = RandomTensor({r, k}, 10);
+    Tensor w = RandomTensor(trans_w ? Shape{g, n, k} : Shape{g, k, n}, 11);
+    Tensor out = RandomTensor({r, n}, 12);
+    const std::vector<float> xv = x.ToVector<float>(), wv = w.ToVector<float>(),
+                             o0 = out.ToVector<float>();
+    std::vector<double> want(r * n);
+    int64_t row = 0;
+    for (int64_t e = 0; e < g; ++e) {
+      const std::vector<float> we(wv.begin() + e * k * n, wv.begin() + (e + 1) * k * n);
+      for (int64_t end = row + rows[e]; row < end; ++row) {
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0.0;
+          for (int64_t p = 0; p < k; ++p)
+            acc += xv[row * k + p] * At(we, trans_w ? k : n, trans_w, p, j);
+          want[row * n + j] = alpha * acc + beta * o0[row * n + j];
+        }
+      }
+    }
+    GroupedGemm(x, rows, w, trans_w, out, alpha, beta);
+    ExpectClose(out, want, "trans_w=" + std::to_string(trans_w));
+  }
+}
+
+TEST(GroupedGemmTest, WeightGradMatchesPerGroupLoop) {
+  const std::vector<int64_t> rows = {3, 0, 2};
+  const int64_t g = 3, r = 5, k = 4, n = 3;
+  const float alpha = 0.5f, beta = 1.0f;
+  Tensor x = RandomTensor({r, k}, 20), dy = RandomTensor({r, n}, 21);
+  Tensor dw = RandomTensor({g, k, n}, 22);
+  const std::vector<float> xv = x.ToVector<float>(), dyv = dy.ToVector<float>(),
+                           dw0 = dw.ToVector<float>();
+  std::vector<double> want(g * k * n);
+  int64_t begin = 0;
+  for (int64_t e = 0; e < g; ++e) {
+    for (int64_t p = 0; p < k; ++p) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int64_t row = begin; row < begin + rows[e]; ++row)
+          acc += xv[row * k + p] * dyv[row * n + j];
+        const int64_t i = (e * k + p) * n + j;
+        want[i] = alpha * acc + beta * dw0[i];  // the empty group keeps beta * dw
+      }
+    }
+    begin += rows[e];
+  }
+  GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta);
+  ExpectClose(dw, want, "GroupedGemmWeightGrad");
+}
+
+TEST(GroupedGemmTest, EmptyGroupWeightGradWithBetaZeroIsZero) {
+  const std::vector<int64_t> rows = {0, 2};
+  Tensor x = RandomTensor({2, 3}, 30), dy = RandomTensor({2, 2}, 31);
+  Tensor dw = Tensor::FromVector<float>(std::vector<float>(12, NAN), {2, 3, 2});
+  GroupedGemmWeightGrad(x, dy, rows, dw);
+  std::vector<float> v = dw.ToVector<float>();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(v[i], 0.0f) << i;
+  for (int i = 6; i < 12; ++i) EXPECT_TRUE(std::isfinite(v[i])) << i;
+}
+
+TEST(GroupedGemmTest, NoRowsAtAll) {
+  const std::vector<int64_t> rows = {0, 0};
+  Tensor x = Tensor::Empty({0, 3}, DType::kF32), w = RandomTensor({2, 3, 4}, 40);
+  Tensor out = Tensor::Empty({0, 4}, DType::kF32);
+  GroupedGemm(x, rows, w, false, out);
+  Tensor dw = RandomTensor({2, 3, 4}, 41);
+  const std::vector<float> before = dw.ToVector<float>();
+  GroupedGemmWeightGrad(x, out, rows, dw, 1.0f, 1.0f);
+  EXPECT_EQ(dw.ToVector<float>(), before);
+}
+
+}  // namespace
+}  // namespace switchyard::kernels

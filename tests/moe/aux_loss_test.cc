@@ -1,0 +1,250 @@
+// The auxiliary losses (moe/aux_loss.h): balanced routing gives exactly aux_loss_coef,
+// hand-computed aux and z on two tokens, pieces of a split group adding up to the group,
+// and the gradient of aux + z + sum(gates * c) with respect to Wr and h through the whole
+// router (jitter, softmax, gate normalisation, z-loss) against central finite differences
+// of a double-precision reference with the routing choices held fixed.
+#include "moe/aux_loss.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "moe/router.h"
+
+namespace switchyard::moe {
+namespace {
+
+TEST(AuxLossTest, BalancedRoutingGivesTheCoefficient) {
+  const int64_t T = 8, E = 4, k = 2;
+  std::vector<float> probs(T * E, 0.25f);
+  std::vector<int32_t> idx(T * k);
+  for (int64_t t = 0; t < T; ++t) {
+    idx[2 * t] = static_cast<int32_t>(t % E);
+    idx[2 * t + 1] = static_cast<int32_t>((t + 1) % E);
+  }
+  const float coef = 0.01f;
+  Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
+  const float aux = LoadBalancingLoss(Tensor::FromVector(probs, {T, E}),
+                                      Tensor::FromVector(idx, {T, k}), coef, 1.0f, &dprobs);
+  EXPECT_EQ(aux, coef);
+  // d aux / d probs[t, i] = coef * E * f_i / T = 0.01 * 4 * 0.25 / 8.
+  for (float v : dprobs.ToVector<float>()) EXPECT_FLOAT_EQ(v, 0.01f * 4 * 0.25f / 8);
+}
+
+TEST(AuxLossTest, TwoTokensByHand) {
+  // probs: t0 (0.75, 0.25) from logits (ln 3, 0); t1 (0.5, 0.5) from (0, 0). Both choose
+  // expert 0 (t1 by the tie rule): f = (1, 0), P = (0.625, 0.375).
+  const float coef = 0.1f;
+  Tensor probs = Tensor::FromVector(std::vector<float>{0.75f, 0.25f, 0.5f, 0.5f}, {2, 2});
+  Tensor idx = Tensor::FromVector(std::vector<int32_t>{0, 0}, {2, 1});
+  Tensor dprobs = Tensor::Zeros({2, 2}, DType::kF32);
+  // aux = coef * E * (1 * 0.625 + 0 * 0.375) = 1.25 coef.
+  EXPECT_FLOAT_EQ(LoadBalancingLoss(probs, idx, coef, 2.0f, &dprobs), 1.25f * coef);
+  // grad * coef * E * f_i / T = 2 * 0.1 * 2 * (1, 0) / 2.
+  EXPECT_EQ(dprobs.ToVector<float>(), (std::vector<float>{0.2f, 0.0f, 0.2f, 0.0f}));
+
+  // z = coef * ((ln 4)^2 + (ln 2)^2) / 2 = 2.5 coef (ln 2)^2.
+  const float ln2 = std::log(2.0f), ln3 = std::log(3.0f);
+  Tensor logits = Tensor::FromVector(std::vector<float>{ln3, 0.0f, 0.0f, 0.0f}, {2, 2});
+  Tensor dlogits = Tensor::Zeros({2, 2}, DType::kF32);
+  EXPECT_NEAR(ZLoss(logits, coef, 1.0f, &dlogits), 2.5 * coef * ln2 * ln2, 1e-7);
+  // dz/dlogits[t] = coef * 2 * lse_t / T * softmax_t: t0 0.1 ln 4 (0.75, 0.25), t1 0.1 ln 2 (0.5,
+  // 0.5).
+  const std::vector<float> dl = dlogits.ToVector<float>();
+  const std::vector<double> expected = {0.1 * 2 * ln2 * 0.75, 0.1 * 2 * ln2 * 0.25, 0.1 * ln2 * 0.5,
+                                        0.1 * ln2 * 0.5};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(dl[i], expected[i], 1e-7) << i;
+}
+
+TEST(AuxLossTest, SplitGroupPiecesAddUpToTheGroup) {
+  const int64_t T = 9, E = 3, k = 2;
+  std::vector<float> logits(T * E);
+  for (int64_t i = 0; i < T * E; ++i) logits[i] = 3.0f * UniformAt({5, 6}, i) - 1.5f;
+  MoEConfig config;
+  config.d_model = E;
+  config.num_experts = E;
+  config.top_k = k;
+  // Identity router: h = logits, Wr = I.
+  std::vector<float> eye(E * E, 0.0f);
+  for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
+  RouterOutput r =
+      RouterForward(Tensor::FromVector(logits, {T, E}), Tensor::FromVector(eye, {E, E}), Tensor(),
+                    config, false, RouterRng{});
+  Tensor whole_dp = Tensor::Zeros({T, E}, DType::kF32);
+  Tensor whole_dl = Tensor::Zeros({T, E}, DType::kF32);
+  const float aux = LoadBalancingLoss(r.probs, r.indices, 0.3f, 1.0f, &whole_dp);
+  const float z = ZLoss(r.logits, 0.2f, 1.0f, &whole_dl);
+
+  const std::vector<int64_t> cuts = {0, 4, 9};
+  LoadBalanceSums group;
+  group.assignments.assign(E, 0);
+  group.prob_sums.assign(E, 0.0f);
+  double z_sum = 0.0;
+  Tensor dp = Tensor::Zeros({T, E}, DType::kF32);
+  Tensor dl = Tensor::Zeros({T, E}, DType::kF32);
+  for (int p = 0; p < 2; ++p) {
+    LoadBalanceSums s = LoadBalanceSumsOf(r.probs.Slice(cuts[p], cuts[p + 1]),
+                                          r.indices.Slice(cuts[p], cuts[p + 1]));
+    for (int64_t e = 0; e < E; ++e) {
+      group.assignments[e] += s.assignments[e];
+      group.prob_sums[e] += s.prob_sums[e];
+    }
+    group.tokens += s.tokens;
+    Tensor piece_dl = dl.Slice(cuts[p], cuts[p + 1]);
+    z_sum += ZLoss(r.logits.Slice(cuts[p], cuts[p + 1]), 0.2f, 1.0f, &piece_dl, T);
+  }
+  EXPECT_FLOAT_EQ(LoadBalancingLossFromSums(group, k, 0.3f), aux);
+  EXPECT_FLOAT_EQ(static_cast<float>(z_sum), z);
+  for (int p = 0; p < 2; ++p) {
+    Tensor piece = dp.Slice(cuts[p], cuts[p + 1]);
+    LoadBalancingLossBackward(group, k, 0.3f, 1.0f, piece);
+  }
+  EXPECT_EQ(dp.ToVector<float>(), whole_dp.ToVector<float>());
+  EXPECT_EQ(dl.ToVector<float>(), whole_dl.ToVector<float>());
+}
+
+// The loss aux + z + sum(gates * c) of one group in double, with the expert choices (and
+// the jitter noise) held fixed; checks that the choices it would make agree.
+struct Reference {
+  int64_t T, d, E, k;
+  bool normalize;
+  float aux_coef, z_coef;
+  std::vector<double> noise;  // (T, d), ones without jitter
+  std::vector<int32_t> idx;   // (T, k)
+  std::vector<double> c;      // (T, k)
+
+  double Loss(const std::vector<double>& h, const std::vector<double>& wr,
+              double* aux_out = nullptr, double* z_out = nullptr,
+              std::vector<double>* gates_out = nullptr) const {
+    std::vector<double> prob_sum(E, 0.0);
+    std::vector<int64_t> counts(E, 0);
+    double z = 0.0, gate_term = 0.0;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> l(E, 0.0);
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t j = 0; j < d; ++j) l[e] += h[t * d + j] * noise[t * d + j] * wr[j * E + e];
+      }
+      const double m = *std::max_element(l.begin(), l.end());
+      double s = 0.0;
+      for (double v : l) s += std::exp(v - m);
+      const double lse = m + std::log(s);
+      z += lse * lse;
+      std::vector<double> p(E);
+      for (int64_t e = 0; e < E; ++e) {
+        p[e] = std::exp(l[e] - lse);
+        prob_sum[e] += p[e];
+      }
+      // The routing must be the fixed one.
+      std::vector<int32_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+      double gsum = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        EXPECT_EQ(order[j], idx[t * k + j]) << "perturbation changed the routing";
+        gsum += p[idx[t * k + j]];
+        ++counts[idx[t * k + j]];
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        const double g = p[idx[t * k + j]] / (normalize ? gsum : 1.0);
+        gate_term += g * c[t * k + j];
+        if (gates_out) gates_out->push_back(g);
+      }
+    }
+    double aux = 0.0;
+    for (int64_t e = 0; e < E; ++e) {
+      aux += static_cast<double>(counts[e]) / (T * k) * prob_sum[e] / T;
+    }
+    aux *= aux_coef * E;
+    z *= static_cast<double>(z_coef) / T;
+    if (aux_out) *aux_out = aux;
+    if (z_out) *z_out = z;
+    return aux + z + gate_term;
+  }
+};
+
+TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
+  const int64_t T = 7, d = 5, E = 6, k = 2;
+  // Tolerance for analytic (fp32) vs central difference (fp64, step 1e-5: truncation
+  // ~1e-10, round-off ~1e-11): |a - fd| <= 2e-6 + 1e-4 |fd|.
+  const double kAtol = 2e-6, kRtol = 1e-4, kStep = 1e-5;
+  for (bool normalize : {false, true}) {
+    for (float jitter : {0.0f, 0.2f}) {
+      SCOPED_TRACE(testing::Message() << "normalize_gates=" << normalize << " jitter=" << jitter);
+      MoEConfig config;
+      config.d_model = d;
+      config.num_experts = E;
+      config.top_k = k;
+      config.d_expert = 4;
+      config.normalize_gates = normalize;
+      config.jitter_eps = jitter;
+      config.aux_loss_coef = 0.3f;
+      config.z_loss_coef = 0.05f;
+      std::vector<float> h(T * d), wr(d * E), c(T * k);
+      for (int64_t i = 0; i < T * d; ++i) h[i] = 2.0f * UniformAt({1, 1}, i) - 1.0f;
+      for (int64_t i = 0; i < d * E; ++i) wr[i] = 2.0f * (2.0f * UniformAt({1, 2}, i) - 1.0f);
+      for (int64_t i = 0; i < T * k; ++i) c[i] = 2.0f * UniformAt({1, 3}, i) - 1.0f;
+      Tensor ht = Tensor::FromVector(h, {T, d});
+      Tensor wrt = Tensor::FromVector(wr, {d, E});
+      RouterOutput out = RouterForward(ht, wrt, Tensor(), config, /*training=*/true,
+                                       RouterRng{config.seed, 3, 1, 40});
+      ASSERT_EQ(out.noise.defined(), jitter > 0.0f);
+
+      Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
+      Tensor dlogits = Tensor::Zeros({T, E}, DType::kF32);
+      const float aux =
+          LoadBalancingLoss(out.probs, out.indices, config.aux_loss_coef, 1.0f, &dprobs);
+      const float z = ZLoss(out.logits, config.z_loss_coef, 1.0f, &dlogits);
+      Tensor dh = Tensor::Zeros({T, d}, DType::kF32);
+      Tensor dwr = Tensor::Zeros({d, E}, DType::kF32);
+      RouterBackward(out, wrt, config, Tensor::FromVector(c, {T, k}), dprobs, dlogits, dh, dwr);
+
+      Reference ref{T, d, E, k, normalize, config.aux_loss_coef, config.z_loss_coef, {}, {}, {}};
+      ref.noise.assign(T * d, 1.0);
+      if (out.noise.defined()) {
+        const std::vector<float> n = out.noise.ToVector<float>();
+        ref.noise.assign(n.begin(), n.end());
+      }
+      ref.idx = out.indices.ToVector<int32_t>();
+      ref.c.assign(c.begin(), c.end());
+      std::vector<double> hd(h.begin(), h.end()), wd(wr.begin(), wr.end());
+
+      // The forward agrees with the reference.
+      double ref_aux, ref_z;
+      std::vector<double> ref_gates;
+      ref.Loss(hd, wd, &ref_aux, &ref_z, &ref_gates);
+      EXPECT_NEAR(aux, ref_aux, 1e-6 * std::abs(ref_aux) + 1e-7);
+      EXPECT_NEAR(z, ref_z, 1e-6 * std::abs(ref_z) + 1e-7);
+      const std::vector<float> gates = out.gates.ToVector<float>();
+      for (int64_t i = 0; i < T * k; ++i) EXPECT_NEAR(gates[i], ref_gates[i], 1e-6);
+
+      double worst = 0.0;  // largest fraction of the tolerance used
+      auto check = [&](std::vector<double>& x, const std::vector<float>& analytic,
+                       const char* what) {
+        for (size_t i = 0; i < x.size(); ++i) {
+          const double saved = x[i];
+          x[i] = saved + kStep;
+          const double up = ref.Loss(hd, wd);
+          x[i] = saved - kStep;
+          const double down = ref.Loss(hd, wd);
+          x[i] = saved;
+          const double fd = (up - down) / (2 * kStep);
+          const double tol = kAtol + kRtol * std::abs(fd);
+          worst = std::max(worst, std::abs(analytic[i] - fd) / tol);
+          EXPECT_NEAR(analytic[i], fd, tol) << what << "[" << i << "]";
+        }
+      };
+      check(wd, dwr.ToVector<float>(), "dWr");
+      check(hd, dh.ToVector<float>(), "dh");
+      std::printf("normalize_gates=%d jitter=%.1f: gradients used %.1f%% of the tolerance\n",
+                  normalize, jitter, 100.0 * worst);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchyard::moe
