@@ -30,6 +30,9 @@ int64_t ExpertCapacity(double capacity_factor, int64_t tokens, int64_t top_k, in
       << "ExpertCapacity(T=" << tokens << ", k=" << top_k << ", E=" << num_experts << ")";
   if (!(capacity_factor > 0.0)) return kDropless;
   const double x = capacity_factor * static_cast<double>(tokens * top_k) / num_experts;
+  // No expert can receive more than every assignment of the group; capping here also keeps
+  // huge factors (1e30) from overflowing the conversion to int64.
+  if (x >= static_cast<double>(tokens * top_k)) return tokens * top_k;
   const double n = std::round(x);
   if (std::abs(x - n) <= 1e-6 * x) return static_cast<int64_t>(n);
   return static_cast<int64_t>(std::ceil(x));

@@ -41,7 +41,8 @@ inline constexpr int64_t kDropless = -1;
 // C = ceil(cf * T * k / E), or kDropless when cf <= 0. Computed in double as
 // cf * (T * k) / E; a result within a relative 1e-6 of an integer n is taken as exactly n
 // before the ceil, because cf arrives as a float (1.1f is 1.10000002...) and the intended
-// decimal value times T*k/E can be an integer (1.1 * 10 / 11 = 1, not 2). T = 0 gives 0.
+// decimal value times T*k/E can be an integer (1.1 * 10 / 11 = 1, not 2). T = 0 gives 0;
+// C is capped at T * k.
 int64_t ExpertCapacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t num_experts);
 
 // The admission of one group (or of one piece of it, under offsets).

@@ -1,5 +1,7 @@
 #include "moe/moe_config.h"
 
+#include <cmath>
+
 namespace switchyard::moe {
 
 StatusOr<Activation> ParseActivation(const std::string& name) {
@@ -55,9 +57,14 @@ Status MoEConfig::Validate() const {
   if (!(expert_bias_rate >= 0.0f)) {
     return InvalidArgument("moe.expert_bias_rate=", expert_bias_rate, " must be >= 0");
   }
-  if (capacity_factor != capacity_factor) return InvalidArgument("moe.capacity_factor is NaN");
-  if (eval_capacity_factor != eval_capacity_factor) {
-    return InvalidArgument("moe.eval_capacity_factor is NaN");
+  // NaN and +-inf are not capacities (<= 0 already means dropless; inf would overflow C).
+  if (!std::isfinite(capacity_factor)) {
+    return InvalidArgument("moe.capacity_factor=", capacity_factor,
+                           " must be a finite number (<= 0 means dropless)");
+  }
+  if (!std::isfinite(eval_capacity_factor)) {
+    return InvalidArgument("moe.eval_capacity_factor=", eval_capacity_factor,
+                           " must be a finite number (<= 0 means dropless)");
   }
   if (!(aux_loss_coef >= 0.0f)) {
     return InvalidArgument("moe.aux_loss_coef=", aux_loss_coef, " must be >= 0");

@@ -15,10 +15,16 @@ void MoEStats::Add(const MoEStats& o) {
     tokens_per_expert.assign(o.tokens_per_expert.size(), 0);
     tokens_per_expert_kept.assign(o.tokens_per_expert_kept.size(), 0);
   }
-  SY_CHECK_EQ(tokens_per_expert.size(), o.tokens_per_expert.size());
-  for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
-    tokens_per_expert[e] += o.tokens_per_expert[e];
-    tokens_per_expert_kept[e] += o.tokens_per_expert_kept[e];
+  // A default-constructed MoEStats (no experts yet) adds nothing.
+  if (!o.tokens_per_expert.empty()) {
+    SY_CHECK(tokens_per_expert.size() == o.tokens_per_expert.size() &&
+             o.tokens_per_expert_kept.size() == o.tokens_per_expert.size())
+        << "MoEStats::Add: " << o.tokens_per_expert.size() << " experts into "
+        << tokens_per_expert.size();
+    for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
+      tokens_per_expert[e] += o.tokens_per_expert[e];
+      tokens_per_expert_kept[e] += o.tokens_per_expert_kept[e];
+    }
   }
   tokens += o.tokens;
   assignments += o.assignments;

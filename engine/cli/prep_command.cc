@@ -1,0 +1,131 @@
+// `switchyard prep`: turns text files (by default Debian's fortune files in several
+// languages) into a SentencePiece tokenizer, token shards and index.json, then prints
+// documents and tokens per label and split. See engine/train/data/prep.h and docs/data.md.
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/cli/args.h"
+#include "engine/cli/commands.h"
+#include "engine/train/data/prep.h"
+
+namespace switchyard::cli {
+namespace {
+
+constexpr char kCommand[] = "switchyard prep";
+
+// Flags that take a value; needed to tell "--vocab 100" from a file named "100".
+constexpr const char* kValueFlags[] = {"out",   "vocab",        "val-fraction",       "seed",
+                                       "label", "shard-tokens", "max-docs-per-label", "fortunes"};
+
+bool TakesValue(const std::string& arg) {
+  if (arg.find('=') != std::string::npos) return false;
+  for (const char* name : kValueFlags) {
+    if (arg == std::string("--") + name) return true;
+  }
+  return false;
+}
+
+// Splits args into flags (for FlagSet) and file names; "--" ends the flags.
+void SplitArgs(const std::vector<std::string>& args, std::vector<std::string>* flags,
+               std::vector<std::string>* files) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      files->insert(files->end(), args.begin() + i + 1, args.end());
+      return;
+    }
+    if (arg.rfind("--", 0) == 0 || arg == "-h") {
+      flags->push_back(arg);
+      if (TakesValue(arg) && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+        flags->push_back(args[++i]);
+      }
+      continue;
+    }
+    files->push_back(arg);
+  }
+}
+
+Status ParseDouble(const std::string& flag, const std::string& text, double* value) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, error] = std::from_chars(text.data(), end, *value);
+  if (text.empty() || error != std::errc() || ptr != end) {
+    return InvalidArgument("--", flag, " expects a number, got \"", text, "\"");
+  }
+  return OkStatus();
+}
+
+Status ParseUnsigned(const std::string& flag, const std::string& text, uint64_t* value) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, error] = std::from_chars(text.data(), end, *value);
+  if (text.empty() || error != std::errc() || ptr != end) {
+    return InvalidArgument("--", flag, " expects a non-negative integer, got \"", text, "\"");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+int RunPrep(const std::vector<std::string>& args) {
+  data::PrepOptions options;
+  std::string val_fraction = "0.05", seed = "0";
+  int max_docs = 0;
+  int shard_tokens = static_cast<int>(options.shard_tokens);
+  FlagSet flags(kCommand,
+                "Trains a SentencePiece BPE tokenizer on text files and writes token shards and\n"
+                "index.json into --out. FILEs are split into documents at lines holding only "
+                "\"%\"\n(fortune files) or else at blank lines; a file's label is its stem "
+                "(de.txt -> de)\nunless --label is given. Without FILEs it reads Debian's "
+                "fortune files in several\nlanguages from /usr/share/games/fortunes "
+                "(bash scripts/setup.sh installs them).\nusage: switchyard prep --out DIR "
+                "[flags] [FILE ...]. See docs/data.md.");
+  flags.AddString("out", &options.out_dir, "output folder", /*required=*/true);
+  flags.AddInt("vocab", &options.vocab_size, "vocabulary size (default 2000)");
+  flags.AddString("val-fraction", &val_fraction,
+                  "expected share of documents in validation (default 0.05)");
+  flags.AddString("seed", &seed, "seed of the split, the sampling and the tokenizer (default 0)");
+  flags.AddInt("max-docs-per-label", &max_docs,
+               "keep at most N documents per label, a seeded sample (default 0: all)");
+  flags.AddString("label", &options.label, "label of every FILE (default: each file's stem)");
+  flags.AddInt("shard-tokens", &shard_tokens, "tokens per shard at most (default 16777216)");
+  flags.AddString(
+      "fortunes", &options.fortune_root,
+      "the fortune folder read when no FILE is given (default /usr/share/games/fortunes)");
+  flags.AddBool("force", &options.force, "replace a previous prep output in --out");
+
+  std::vector<std::string> flag_args;
+  SplitArgs(args, &flag_args, &options.files);
+  if (Status status = flags.Parse(flag_args); !status.ok()) {
+    return UsageError(kCommand, std::string(status.message()));
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return kExitOk;
+  }
+  Status status = ParseDouble("val-fraction", val_fraction, &options.val_fraction);
+  if (status.ok()) status = ParseUnsigned("seed", seed, &options.seed);
+  options.max_docs_per_label = max_docs;
+  options.shard_tokens = shard_tokens;
+  if (status.ok()) status = options.Validate();
+  if (!status.ok()) return UsageError(kCommand, std::string(status.message()));
+
+  const auto start = std::chrono::steady_clock::now();
+  StatusOr<data::Index> index = data::Prepare(options, [](const std::string& line) {
+    std::printf("prep: %s\n", line.c_str());
+    std::fflush(stdout);
+  });
+  if (!index.ok()) {
+    std::fprintf(stderr, "%s: error: %s\n", kCommand,
+                 std::string(index.status().message()).c_str());
+    return kExitFailure;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("\n%s", data::SummaryTable(*index).c_str());
+  std::printf("wrote %s in %.1f s\n", options.out_dir.c_str(), seconds);
+  return kExitOk;
+}
+
+}  // namespace switchyard::cli

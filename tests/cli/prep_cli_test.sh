@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# `switchyard prep` on a small two-language corpus: the summary table and the files, two
+# runs giving identical bytes, --force, and errors (one line on stderr, nothing on stdout;
+# exit status 2 for bad flags, 1 for a failed run).
+# Usage: prep_cli_test.sh path/to/switchyard
+set -u
+bin="$1"
+failures=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# A tiny corpus: en.txt in fortune format, de.txt in paragraphs.
+mkdir -p "$tmp/corpus"
+for i in $(seq 1 30); do
+  printf 'the cat %d sat on the mat\nand the dog ran away\n%%\n' "$i" >>"$tmp/corpus/en.txt"
+  printf 'der hund %d lief weit weg\nund die katze schlief\n\n' "$i" >>"$tmp/corpus/de.txt"
+done
+corpus=("$tmp/corpus/en.txt" "$tmp/corpus/de.txt")
+
+# expect_error NAME STATUS MESSAGE_SUBSTRING ARGS...: that exit status, exactly one
+# stderr line starting with "switchyard prep: error: ", and no stdout unless the run got
+# past reading the corpus (STATUS 1 after progress lines: set ALLOW_PROGRESS=1).
+expect_error() {
+  local name="$1" want_rc="$2" want="$3"; shift 3
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq $want_rc ]] || fail "$name: exit status $rc, want $want_rc ($(cat "$tmp/err"))"
+  if [[ "${ALLOW_PROGRESS:-0}" == 1 ]]; then
+    grep -qv '^prep: ' "$tmp/out" && fail "$name: unexpected stdout: $(head -c 300 "$tmp/out")"
+  else
+    [[ ! -s "$tmp/out" ]] || fail "$name: unexpected stdout: $(head -c 300 "$tmp/out")"
+  fi
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  [[ $lines -eq 1 ]] || fail "$name: $lines stderr lines, want 1: $(cat "$tmp/err")"
+  grep -q '^switchyard prep: error: ' "$tmp/err" || fail "$name: bad prefix: $(cat "$tmp/err")"
+  grep -qF -- "$want" "$tmp/err" || fail "$name: stderr lacks '$want': $(cat "$tmp/err")"
+}
+
+# A run: exit 0, the summary on stdout, the files in --out.
+"$bin" prep --out "$tmp/a" --vocab 100 --val-fraction 0.2 --seed 3 "${corpus[@]}" \
+  >"$tmp/summary" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 0 ]] || fail "prep: exit status $rc ($(cat "$tmp/err"))"
+[[ ! -s "$tmp/err" ]] || fail "prep: unexpected stderr: $(cat "$tmp/err")"
+grep -Eq '^label +train docs +train tokens +val docs +val tokens$' "$tmp/summary" ||
+  fail "summary lacks its header: $(cat "$tmp/summary")"
+for label in en de all; do
+  grep -Eq "^$label +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+$" "$tmp/summary" ||
+    fail "summary lacks row $label"
+done
+# 30 documents per label, split between train and val.
+for label in en de; do
+  docs=$(awk -v l="$label" '$1 == l { print $2 + $4 }' "$tmp/summary")
+  [[ "$docs" == 30 ]] || fail "$label: $docs documents, want 30"
+done
+grep -q "wrote $tmp/a" "$tmp/summary" || fail "summary lacks the output folder"
+for file in index.json tokenizer.model train-00000.bin val-00000.bin; do
+  [[ -f "$tmp/a/$file" ]] || fail "missing $file"
+done
+[[ "$(head -c 8 "$tmp/a/train-00000.bin")" == "SYTOKENS" ]] || fail "shard magic"
+grep -q '"labels": \["de","en"\]' "$tmp/a/index.json" || fail "index labels"
+
+# The same inputs give the same bytes; flags and files may come in any order.
+"$bin" prep "${corpus[@]}" --seed=3 --vocab=100 --out "$tmp/b" --val-fraction 0.2 >/dev/null 2>&1 ||
+  fail "second run failed"
+for file in "$tmp"/a/*; do
+  cmp -s "$file" "$tmp/b/$(basename "$file")" || fail "$(basename "$file") differs between runs"
+done
+
+# An existing output is replaced only with --force; a failed run leaves it alone.
+expect_error "no --force" 1 "already holds a prep output (index.json); pass --force" \
+  prep --out "$tmp/a" --vocab 100 --seed 4 "${corpus[@]}"
+cmp -s "$tmp/a/index.json" "$tmp/b/index.json" || fail "a refused run changed the output"
+"$bin" prep --out "$tmp/a" --vocab 100 --seed 4 --force "${corpus[@]}" >/dev/null 2>&1 ||
+  fail "--force run failed"
+cmp -s "$tmp/a/index.json" "$tmp/b/index.json" && fail "--force did not replace the output"
+ls -d "$tmp"/a.* >/dev/null 2>&1 && fail "temporary folders left behind: $(ls -d "$tmp"/a.*)"
+
+mkdir -p "$tmp/mine" && echo keep >"$tmp/mine/notes.txt"
+expect_error "unrelated folder" 1 "is not empty and holds no prep output" \
+  prep --out "$tmp/mine" --force --vocab 100 "${corpus[@]}"
+expect_error "missing fortunes" 1 "bash scripts/setup.sh" \
+  prep --out "$tmp/c" --fortunes "$tmp/no-fortunes"
+expect_error "missing file" 1 "$tmp/nope.txt: no such file" prep --out "$tmp/c" "$tmp/nope.txt"
+ALLOW_PROGRESS=1 expect_error "vocabulary too small" 1 "distinct characters" \
+  prep --out "$tmp/c" --vocab 10 "${corpus[@]}"
+[[ ! -e "$tmp/c" ]] || fail "a failed run created its output folder"
+
+expect_error "unknown flag" 2 "unknown flag --vocabulary" prep --out "$tmp/c" --vocabulary 100
+expect_error "missing --out" 2 "--out is required" prep "${corpus[@]}"
+expect_error "bad fraction" 2 "--val-fraction must be in [0, 1), got 1.5" \
+  prep --out "$tmp/c" --val-fraction 1.5
+expect_error "not a number" 2 '--val-fraction expects a number, got "lots"' \
+  prep --out "$tmp/c" --val-fraction lots
+expect_error "bad seed" 2 '--seed expects a non-negative integer, got "-1"' \
+  prep --out "$tmp/c" --seed=-1
+expect_error "missing value" 2 "--vocab needs a value" prep --out "$tmp/c" --vocab
+
+"$bin" --help >"$tmp/out" 2>&1 && grep -q "prep" "$tmp/out" || fail "--help does not list prep"
+"$bin" prep --help >"$tmp/out" 2>&1 && grep -q -- "--val-fraction" "$tmp/out" || fail "prep --help"
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all switchyard prep checks passed"
