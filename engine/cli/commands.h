@@ -12,4 +12,14 @@ namespace switchyard::cli {
 // [--json]: prints every group of the dense and expert views of a layout.
 int RunMesh(const std::vector<std::string>& args);
 
+// switchyard prep --out DIR [--vocab N] [--val-fraction F] [--seed S] [--max-docs-per-label N]
+// [--label S] [--shard-tokens N] [--fortunes DIR] [--force] [FILE ...]: trains a tokenizer
+// and writes token shards and index.json (default corpus: the fortune files); docs/data.md.
+int RunPrep(const std::vector<std::string>& args);
+
+// switchyard moe-layer --config FILE --input FILE --out FILE [--mode train|eval] [--step N]
+// [--layer N] [--set section.key=value ...]: forward and backward of one MoE layer on the
+// tensors of a safetensors file (any number of ranks under mpirun); see docs/moe-layer.md.
+int RunMoeLayer(const std::vector<std::string>& args);
+
 }  // namespace switchyard::cli

@@ -20,6 +20,9 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"mesh", "print the process groups of a parallel layout (dense and expert views)", RunMesh},
+    {"prep", "train a tokenizer on text files and write token shards (fortunes by default)",
+     RunPrep},
+    {"moe-layer", "forward and backward of one MoE layer on tensors from a file", RunMoeLayer},
 };
 
 const Command* FindCommand(std::string_view name) {

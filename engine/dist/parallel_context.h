@@ -1,0 +1,46 @@
+// ParallelContext: the communicators of one rank's groups in both views of the Mesh, built
+// once at start-up and handed to the modules that need them (no globals).
+//
+//   dense view:  tp, cp, dp, pp, and dp_cp (dense gradients are reduced over dp x cp)
+//   expert view: etp, ep (the token all-to-all), edp (expert gradients are reduced here)
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/dist/communicator.h"
+#include "engine/dist/mesh.h"
+
+namespace switchyard::dist {
+
+class ParallelContext {
+ public:
+  // Splits `world` (whose ranks are the mesh's ranks) into every group above. Collective
+  // over world: every rank calls it with the same mesh. An error when the mesh is for
+  // another world size.
+  static StatusOr<std::unique_ptr<ParallelContext>> Create(Communicator& world, const Mesh& mesh);
+
+  const Mesh& mesh() const { return mesh_; }
+  int rank() const { return rank_; }
+
+  Communicator& tp() const { return *tp_; }
+  Communicator& cp() const { return *cp_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& pp() const { return *pp_; }
+  Communicator& dp_cp() const { return *dp_cp_; }
+  Communicator& etp() const { return *etp_; }
+  Communicator& ep() const { return *ep_; }
+  Communicator& edp() const { return *edp_; }
+
+  // The mesh's one-line description of this rank.
+  std::string Describe() const { return mesh_.Describe(rank_); }
+
+ private:
+  ParallelContext(const Mesh& mesh, int rank) : mesh_(mesh), rank_(rank) {}
+
+  Mesh mesh_;
+  int rank_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, etp_, ep_, edp_;
+};
+
+}  // namespace switchyard::dist

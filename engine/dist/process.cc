@@ -1,0 +1,98 @@
+#include "engine/dist/process.h"
+
+#include "engine/core/check.h"
+#include "engine/core/device_context.h"
+#include "engine/core/logging.h"
+
+#ifdef SY_HAVE_MPI
+#include "engine/dist/mpi_check.h"
+#include "engine/dist/mpi_communicator.h"
+#endif
+#ifdef SY_HAVE_NCCL
+#include "engine/dist/nccl_communicator.h"
+#endif
+
+namespace switchyard::dist {
+
+#ifdef SY_HAVE_MPI
+
+namespace {
+
+bool MpiActive() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+}  // namespace
+
+Status InitProcess(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    const int err = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    if (err != MPI_SUCCESS) {
+      return Internal("MPI_Init_thread failed: ", internal::MpiErrorString(err));
+    }
+    if (provided < MPI_THREAD_FUNNELED) {
+      return FailedPrecondition("MPI provides thread level ", provided,
+                                ", below MPI_THREAD_FUNNELED");
+    }
+  }
+  // Errors come back to SY_MPI_CHECK, which prints rank, file:line and the call before
+  // aborting; communicators duplicated or split from the world inherit the handler.
+  SY_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  SetLogRank(WorldRank());
+  return OkStatus();
+}
+
+void FinalizeProcess() {
+  if (MpiActive()) MPI_Finalize();
+}
+
+int WorldRank() {
+  if (!MpiActive()) return 0;
+  int rank = 0;
+  SY_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  return rank;
+}
+
+int WorldSize() {
+  if (!MpiActive()) return 1;
+  int size = 1;
+  SY_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  return size;
+}
+
+#else  // !SY_HAVE_MPI
+
+Status InitProcess(int* argc, char*** argv) {
+  SetLogRank(0);
+  return OkStatus();
+}
+
+void FinalizeProcess() {}
+int WorldRank() { return 0; }
+int WorldSize() { return 1; }
+
+#endif  // SY_HAVE_MPI
+
+std::unique_ptr<Communicator> WorldCommunicator(Device device, DeviceContext* ctx) {
+  SY_CHECK(device.is_cpu() || (ctx != nullptr && ctx->device() == device))
+      << "WorldCommunicator on " << device.ToString() << " needs that device's DeviceContext";
+  if (WorldSize() == 1) return MakeLocalCommunicator(device, 0, ctx);
+#ifdef SY_HAVE_MPI
+  if (device.is_cpu()) return MpiCommunicator::Duplicate(MPI_COMM_WORLD);
+#ifdef SY_HAVE_NCCL
+  return CreateNcclCommunicator(MPI_COMM_WORLD, ctx);
+#else
+  SY_LOG(FATAL) << "WorldCommunicator on " << device.ToString()
+                << " needs NCCL; this build has none";
+#endif
+#endif
+  return nullptr;  // unreachable: WorldSize() is 1 without MPI
+}
+
+}  // namespace switchyard::dist
