@@ -1,0 +1,132 @@
+// Attention (dense/attention.h): projections through dense::Linear, then kernels/rope.h and
+// kernels/attention.h on the (B, S, H, hd) views of the projections (no copies).
+#include "dense/attention.h"
+
+#include <utility>
+
+#include "kernels/attention.h"
+#include "kernels/rope.h"
+
+namespace switchyard::dense {
+namespace {
+
+// One projection's options; checks `o` first, since the shapes are computed from it.
+LinearOptions Projection(const AttentionOptions& o, int64_t in, int64_t out) {
+  SY_CHECK_OK(o.Validate());
+  return LinearOptions{.in = in, .out = out, .bias = o.bias, .device = o.device};
+}
+
+// (B, S, H * hd) as (B, S, H, hd).
+Tensor Heads(const Tensor& t, int64_t heads, int64_t hd) {
+  return t.Reshape({t.dim(0), t.dim(1), heads, hd});
+}
+
+}  // namespace
+
+Status AttentionOptions::Validate() const {
+  if (d_model <= 0) return InvalidArgument("attention.d_model=", d_model, " must be > 0");
+  if (n_heads <= 0) return InvalidArgument("attention.n_heads=", n_heads, " must be > 0");
+  if (d_model % n_heads != 0) {
+    return InvalidArgument("attention.n_heads=", n_heads,
+                           " does not divide attention.d_model=", d_model);
+  }
+  if (n_kv_heads < 0) return InvalidArgument("attention.n_kv_heads=", n_kv_heads, " must be >= 0");
+  if (n_heads % kv_heads() != 0) {
+    return InvalidArgument("attention.n_kv_heads=", n_kv_heads,
+                           " does not divide attention.n_heads=", n_heads);
+  }
+  if (rope && head_dim() % 2 != 0) {
+    return InvalidArgument("attention.rope needs an even head_dim; d_model / n_heads = ",
+                           head_dim());
+  }
+  if (rope && !(rope_base > 0.0f)) {
+    return InvalidArgument("attention.rope_base=", rope_base, " must be > 0");
+  }
+  return OkStatus();
+}
+
+Attention::Attention(const AttentionOptions& options, DeviceContext* ctx)
+    : Attention(
+          options,
+          Linear(Projection(options, options.d_model, options.n_heads * options.head_dim()), ctx),
+          Linear(Projection(options, options.d_model, options.kv_heads() * options.head_dim()),
+                 ctx),
+          Linear(Projection(options, options.d_model, options.kv_heads() * options.head_dim()),
+                 ctx),
+          Linear(Projection(options, options.n_heads * options.head_dim(), options.d_model), ctx)) {
+}
+
+Attention::Attention(const AttentionOptions& options, Linear q, Linear k, Linear v, Linear o)
+    : options_(options), q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), o_(std::move(o)) {}
+
+Attention Attention::Init(const AttentionOptions& options, uint64_t seed, const std::string& name,
+                          float std, float out_std, DeviceContext* ctx) {
+  const int64_t d = options.d_model, hd = options.head_dim();
+  return Attention(
+      options,
+      Linear::Init(Projection(options, d, options.n_heads * hd), seed, name + ".q", std, ctx),
+      Linear::Init(Projection(options, d, options.kv_heads() * hd), seed, name + ".k", std, ctx),
+      Linear::Init(Projection(options, d, options.kv_heads() * hd), seed, name + ".v", std, ctx),
+      Linear::Init(Projection(options, options.n_heads * hd, d), seed, name + ".o", out_std, ctx));
+}
+
+AttentionActivations Attention::Forward(const Tensor& x, DeviceContext* ctx) const {
+  SY_CHECK(x.ndim() == 3 && x.dim(2) == options_.d_model)
+      << "Attention::Forward: x " << ShapeString(x.shape()) << ", expected (B, S, "
+      << options_.d_model << ")";
+  const int64_t b = x.dim(0), s = x.dim(1), hq = options_.n_heads, hkv = options_.kv_heads(),
+                hd = options_.head_dim();
+  AttentionActivations acts;
+  acts.q = q_.Forward(x, ctx);
+  acts.k = k_.Forward(x, ctx);
+  acts.v = v_.Forward(x, ctx);
+  Tensor q = Heads(acts.q.y, hq, hd), k = Heads(acts.k.y, hkv, hd), v = Heads(acts.v.y, hkv, hd);
+  if (options_.rope) {
+    kernels::RopeForward(q, q, options_.rope_base, 0, ctx);
+    kernels::RopeForward(k, k, options_.rope_base, 0, ctx);
+  }
+  Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
+  acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
+  kernels::AttentionForward(q, k, v, a, acts.lse, ctx);
+  acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
+  return acts;
+}
+
+Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy, DeviceContext* ctx) {
+  const Tensor& x = acts.q.x;
+  const int64_t b = x.dim(0), s = x.dim(1), hq = options_.n_heads, hkv = options_.kv_heads(),
+                hd = options_.head_dim();
+  const Tensor da = o_.Backward(acts.o, dy, ctx);  // (B, S, Hq * hd)
+  Tensor dq = Tensor::Empty({b, s, hq * hd}, DType::kF32, x.device());
+  Tensor dk = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
+  Tensor dv = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
+  Tensor dq4 = Heads(dq, hq, hd), dk4 = Heads(dk, hkv, hd), dv4 = Heads(dv, hkv, hd);
+  kernels::AttentionBackward(Heads(acts.q.y, hq, hd), Heads(acts.k.y, hkv, hd),
+                             Heads(acts.v.y, hkv, hd), acts.lse, Heads(da, hq, hd), dq4, dk4, dv4,
+                             ctx);
+  if (options_.rope) {
+    kernels::RopeBackward(dq4, dq4, options_.rope_base, 0, ctx);
+    kernels::RopeBackward(dk4, dk4, options_.rope_base, 0, ctx);
+  }
+  // x feeds all three projections: dx = dq Wq^T + dk Wk^T + dv Wv^T.
+  Tensor dx = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  q_.BackwardInto(acts.q, dq, dx, 0.0f, ctx);
+  k_.BackwardInto(acts.k, dk, dx, 1.0f, ctx);
+  v_.BackwardInto(acts.v, dv, dx, 1.0f, ctx);
+  return dx;
+}
+
+void Attention::ZeroGrad(DeviceContext* ctx) {
+  for (Linear* l : {&q_, &k_, &v_, &o_}) l->ZeroGrad(ctx);
+}
+
+std::vector<NamedParameter> Attention::Parameters() const {
+  std::vector<NamedParameter> out;
+  AppendPrefixed("q", q_.Parameters(), out);
+  AppendPrefixed("k", k_.Parameters(), out);
+  AppendPrefixed("v", v_.Parameters(), out);
+  AppendPrefixed("o", o_.Parameters(), out);
+  return out;
+}
+
+}  // namespace switchyard::dense

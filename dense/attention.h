@@ -1,0 +1,84 @@
+// The attention block of the decoder (MODEL.md section 1), x (B, S, d) -> y (B, S, d):
+//   q = x Wq (+ bq)  (B, S, Hq * hd)      k = x Wk (+ bk), v = x Wv (+ bv)  (B, S, Hkv * hd)
+//   q, k <- RoPE(q), RoPE(k)               when rope (kernels/rope.h, positions 0..S-1)
+//   a = causal GQA attention(q, k, v)      (B, S, Hq, hd)  (kernels/attention.h)
+//   y = a Wo (+ bo)                        Wo (Hq * hd, d)
+// with Hq = n_heads, Hkv = n_kv_heads (default n_heads), hd = d / n_heads, scale 1/sqrt(hd).
+// Four separate Linear projections ("q", "k", "v", "o"), as Llama stores them, so that a
+// tensor-parallel split by heads slices each one on its own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dense/linear.h"
+#include "dense/parameter.h"
+#include "engine/core/device_context.h"
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
+
+namespace switchyard::dense {
+
+struct AttentionOptions {
+  int64_t d_model = 0;     // d; required, a multiple of n_heads
+  int64_t n_heads = 0;     // Hq; required
+  int64_t n_kv_heads = 0;  // Hkv; 0 means n_heads; must divide n_heads
+  bool bias = false;       // biases on the four projections
+  bool rope = false;       // rotary positions on q and k (position = rope)
+  float rope_base = 10000.0f;
+  Device device = Device::Cpu();
+
+  int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  // Names the field and the value it rejects ("attention.n_kv_heads=3 does not divide
+  // attention.n_heads=4").
+  Status Validate() const;
+};
+
+// What Backward needs from one Forward.
+struct AttentionActivations {
+  LinearActivations q, k, v;  // q.x = k.x = v.x = x (B, S, d); q.y (B, S, Hq * hd) and
+                              // k.y (B, S, Hkv * hd) hold q and k AFTER RoPE (rotated in place)
+  Tensor lse;                 // (B, Hq, S) from kernels::AttentionForward
+  LinearActivations o;        // o.x the attention output (B, S, Hq * hd), o.y = y (B, S, d)
+
+  // The block's output y (B, S, d).
+  const Tensor& y() const { return o.y; }
+};
+
+class Attention {
+ public:
+  // Projections allocated and zeroed. Checks Validate().
+  explicit Attention(const AttentionOptions& options, DeviceContext* ctx = nullptr);
+  // Each projection from Linear::Init under name + ".q" (".k", ".v", ".o"): weights
+  // N(0, std^2), the output projection N(0, out_std^2) (GPT-2 scales it by 1/sqrt(2 L)),
+  // biases zero.
+  static Attention Init(const AttentionOptions& options, uint64_t seed, const std::string& name,
+                        float std = 0.02f, float out_std = 0.02f, DeviceContext* ctx = nullptr);
+
+  Attention(Attention&&) = default;
+  Attention& operator=(Attention&&) = default;
+
+  // x (B, S, d) -> acts.y() (B, S, d).
+  AttentionActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr) const;
+  // dy (B, S, d). Adds into every projection's gradients; returns dx (B, S, d).
+  Tensor Backward(const AttentionActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
+  void ZeroGrad(DeviceContext* ctx = nullptr);
+
+  const AttentionOptions& options() const { return options_; }
+  Linear& q() { return q_; }
+  Linear& k() { return k_; }
+  Linear& v() { return v_; }
+  Linear& o() { return o_; }
+  // "q.weight", ("q.bias",) "k.weight", ..., "o.weight" (, "o.bias").
+  std::vector<NamedParameter> Parameters() const;
+
+ private:
+  Attention(const AttentionOptions& options, Linear q, Linear k, Linear v, Linear o);
+
+  AttentionOptions options_;
+  Linear q_, k_, v_, o_;
+};
+
+}  // namespace switchyard::dense

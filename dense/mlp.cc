@@ -1,0 +1,119 @@
+// Mlp (dense/mlp.h): dense::Linear for the products, kernels/activation.h in between.
+#include "dense/mlp.h"
+
+#include <utility>
+
+#include "kernels/activation.h"
+
+namespace switchyard::dense {
+namespace {
+
+bool IsSwiglu(const MlpOptions& o) { return o.activation == Activation::kSwiglu; }
+
+// The options of one projection; checks `o` first, since the shapes come from it.
+LinearOptions Projection(const MlpOptions& o, int64_t in, int64_t out, bool bias) {
+  SY_CHECK_OK(o.Validate());
+  return LinearOptions{.in = in, .out = out, .bias = bias, .device = o.device};
+}
+LinearOptions W1(const MlpOptions& o) { return Projection(o, o.d_model, o.d_hidden, o.bias); }
+LinearOptions W2(const MlpOptions& o) { return Projection(o, o.d_hidden, o.d_model, o.bias); }
+LinearOptions W3(const MlpOptions& o) { return Projection(o, o.d_model, o.d_hidden, false); }
+
+}  // namespace
+
+StatusOr<Activation> ParseActivation(const std::string& name) {
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "relu") return Activation::kRelu;
+  if (name == "swiglu") return Activation::kSwiglu;
+  return InvalidArgument("activation=\"", name, "\" is not one of gelu, relu, swiglu");
+}
+
+const char* ActivationName(Activation activation) {
+  switch (activation) {
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kSwiglu:
+      return "swiglu";
+  }
+  return "?";
+}
+
+Status MlpOptions::Validate() const {
+  if (d_model <= 0) return InvalidArgument("mlp.d_model=", d_model, " must be > 0");
+  if (d_hidden <= 0) return InvalidArgument("mlp.d_hidden=", d_hidden, " must be > 0");
+  return OkStatus();
+}
+
+Mlp::Mlp(const MlpOptions& options, DeviceContext* ctx)
+    : Mlp(options, Linear(W1(options), ctx), Linear(W2(options), ctx),
+          IsSwiglu(options) ? std::optional<Linear>(Linear(W3(options), ctx)) : std::nullopt) {}
+
+Mlp::Mlp(const MlpOptions& options, Linear w1, Linear w2, std::optional<Linear> w3)
+    : options_(options), w1_(std::move(w1)), w2_(std::move(w2)), w3_(std::move(w3)) {}
+
+Mlp Mlp::Init(const MlpOptions& options, uint64_t seed, const std::string& name, float std,
+              float out_std, DeviceContext* ctx) {
+  return Mlp(options, Linear::Init(W1(options), seed, name + ".w1", std, ctx),
+             Linear::Init(W2(options), seed, name + ".w2", out_std, ctx),
+             IsSwiglu(options)
+                 ? std::optional<Linear>(Linear::Init(W3(options), seed, name + ".w3", std, ctx))
+                 : std::nullopt);
+}
+
+MlpActivations Mlp::Forward(const Tensor& x, DeviceContext* ctx) const {
+  MlpActivations acts;
+  acts.fc1 = w1_.Forward(x, ctx);  // a (..., f)
+  Tensor h = Tensor::Empty(acts.fc1.y.shape(), DType::kF32, x.device());
+  switch (options_.activation) {
+    case Activation::kGelu:
+      kernels::GeluForward(acts.fc1.y, h, ctx);
+      break;
+    case Activation::kRelu:
+      kernels::ReluForward(acts.fc1.y, h, ctx);
+      break;
+    case Activation::kSwiglu:
+      acts.fc3 = w3_->Forward(x, ctx);  // b (..., f)
+      kernels::SwigluForward(acts.fc1.y, acts.fc3.y, h, ctx);
+      break;
+  }
+  acts.fc2 = w2_.Forward(h, ctx);
+  return acts;
+}
+
+Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy, DeviceContext* ctx) {
+  Tensor da = w2_.Backward(acts.fc2, dy, ctx);  // dh (..., f), then da in place
+  Tensor db;
+  switch (options_.activation) {
+    case Activation::kGelu:
+      kernels::GeluBackward(acts.fc1.y, da, da, ctx);
+      break;
+    case Activation::kRelu:
+      kernels::ReluBackward(acts.fc1.y, da, da, ctx);
+      break;
+    case Activation::kSwiglu:
+      db = Tensor::Empty(da.shape(), DType::kF32, da.device());
+      kernels::SwigluBackward(acts.fc1.y, acts.fc3.y, da, da, db, ctx);
+      break;
+  }
+  Tensor dx = w1_.Backward(acts.fc1, da, ctx);
+  if (db.defined()) w3_->BackwardInto(acts.fc3, db, dx, 1.0f, ctx);
+  return dx;
+}
+
+void Mlp::ZeroGrad(DeviceContext* ctx) {
+  w1_.ZeroGrad(ctx);
+  w2_.ZeroGrad(ctx);
+  if (w3_) w3_->ZeroGrad(ctx);
+}
+
+std::vector<NamedParameter> Mlp::Parameters() const {
+  std::vector<NamedParameter> out;
+  AppendPrefixed("w1", w1_.Parameters(), out);
+  AppendPrefixed("w2", w2_.Parameters(), out);
+  if (w3_) AppendPrefixed("w3", w3_->Parameters(), out);
+  return out;
+}
+
+}  // namespace switchyard::dense

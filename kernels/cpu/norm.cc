@@ -1,0 +1,164 @@
+// CPU reference implementation of kernels/norm.h: one pass per row, statistics in double.
+// Every row of x is read before the same row of y is written, so y may alias x (and dx dy).
+#include "kernels/norm.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_check.h"
+
+namespace switchyard::kernels {
+namespace {
+
+using cpu::CheckCpuF32;
+
+// Rows N of a (..., d) tensor after checking its last dimension.
+int64_t RowsOf(const Tensor& x, int64_t d, const char* op) {
+  SY_CHECK(x.ndim() >= 1 && x.dim(-1) == d)
+      << op << ": x " << ShapeString(x.shape()) << " for a weight of " << d;
+  return d == 0 ? 0 : x.numel() / d;
+}
+
+void CheckVector(const Tensor& t, int64_t n, const char* op, const char* what) {
+  CheckCpuF32(t, op, what);
+  SY_CHECK(t.numel() == n) << op << ": " << what << " " << ShapeString(t.shape()) << ", expected "
+                           << n << " elements";
+}
+
+void CheckSameShape(const Tensor& a, const Tensor& b, const char* op, const char* what) {
+  CheckCpuF32(b, op, what);
+  SY_CHECK(a.shape() == b.shape()) << op << ": " << what << " " << ShapeString(b.shape())
+                                   << ", expected " << ShapeString(a.shape());
+}
+
+}  // namespace
+
+void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                      Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx) {
+  constexpr const char* kOp = "LayerNormForward";
+  CheckCpuF32(x, kOp, "x");
+  CheckCpuF32(weight, kOp, "weight");
+  const int64_t d = weight.numel();
+  const int64_t n = RowsOf(x, d, kOp);
+  if (bias.defined()) CheckVector(bias, d, kOp, "bias");
+  CheckSameShape(x, y, kOp, "y");
+  CheckVector(mean, n, kOp, "mean");
+  CheckVector(rstd, n, kOp, "rstd");
+  const float* w = weight.data<float>();
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  float* pm = mean.data<float>();
+  float* pr = rstd.data<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x.data<float>() + r * d;
+    float* yr = y.data<float>() + r * d;
+    double sum = 0.0;
+    for (int64_t j = 0; j < d; ++j) sum += xr[j];
+    const double mu = sum / static_cast<double>(d);
+    double var = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      const double c = xr[j] - mu;
+      var += c * c;
+    }
+    var /= static_cast<double>(d);
+    const float m = static_cast<float>(mu);
+    const float s = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+    for (int64_t j = 0; j < d; ++j) {
+      const float v = (xr[j] - m) * s * w[j];
+      yr[j] = b ? v + b[j] : v;
+    }
+    pm[r] = m;
+    pr[r] = s;
+  }
+}
+
+void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
+                       Tensor& dbias, DeviceContext* ctx) {
+  constexpr const char* kOp = "LayerNormBackward";
+  CheckCpuF32(x, kOp, "x");
+  CheckCpuF32(weight, kOp, "weight");
+  const int64_t d = weight.numel();
+  const int64_t n = RowsOf(x, d, kOp);
+  CheckVector(mean, n, kOp, "mean");
+  CheckVector(rstd, n, kOp, "rstd");
+  CheckSameShape(x, dy, kOp, "dy");
+  CheckSameShape(x, dx, kOp, "dx");
+  CheckVector(dweight, d, kOp, "dweight");
+  if (dbias.defined()) CheckVector(dbias, d, kOp, "dbias");
+  const float* w = weight.data<float>();
+  float* dw = dweight.data<float>();
+  float* db = dbias.defined() ? dbias.data<float>() : nullptr;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x.data<float>() + r * d;
+    const float* dyr = dy.data<float>() + r * d;
+    float* dxr = dx.data<float>() + r * d;
+    const float m = mean.data<float>()[r], s = rstd.data<float>()[r];
+    double sum_g = 0.0, sum_gx = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      const float xhat = (xr[j] - m) * s;
+      const float g = dyr[j] * w[j];
+      sum_g += g;
+      sum_gx += static_cast<double>(g) * xhat;
+      dw[j] += dyr[j] * xhat;
+      if (db) db[j] += dyr[j];
+    }
+    const float mean_g = static_cast<float>(sum_g / static_cast<double>(d));
+    const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(d));
+    for (int64_t j = 0; j < d; ++j) {
+      const float xhat = (xr[j] - m) * s;
+      dxr[j] = s * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
+    }
+  }
+}
+
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
+                    DeviceContext* ctx) {
+  constexpr const char* kOp = "RmsNormForward";
+  CheckCpuF32(x, kOp, "x");
+  CheckCpuF32(weight, kOp, "weight");
+  const int64_t d = weight.numel();
+  const int64_t n = RowsOf(x, d, kOp);
+  CheckSameShape(x, y, kOp, "y");
+  CheckVector(rstd, n, kOp, "rstd");
+  const float* w = weight.data<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x.data<float>() + r * d;
+    float* yr = y.data<float>() + r * d;
+    double ss = 0.0;
+    for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const float s =
+        static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
+    for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * s * w[j];
+    rstd.data<float>()[r] = s;
+  }
+}
+
+void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                     Tensor& dx, Tensor& dweight, DeviceContext* ctx) {
+  constexpr const char* kOp = "RmsNormBackward";
+  CheckCpuF32(x, kOp, "x");
+  CheckCpuF32(weight, kOp, "weight");
+  const int64_t d = weight.numel();
+  const int64_t n = RowsOf(x, d, kOp);
+  CheckVector(rstd, n, kOp, "rstd");
+  CheckSameShape(x, dy, kOp, "dy");
+  CheckSameShape(x, dx, kOp, "dx");
+  CheckVector(dweight, d, kOp, "dweight");
+  const float* w = weight.data<float>();
+  float* dw = dweight.data<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x.data<float>() + r * d;
+    const float* dyr = dy.data<float>() + r * d;
+    float* dxr = dx.data<float>() + r * d;
+    const float s = rstd.data<float>()[r];
+    double sum_gx = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      sum_gx += static_cast<double>(dyr[j]) * w[j] * xr[j];
+      dw[j] += dyr[j] * xr[j] * s;
+    }
+    const float c = static_cast<float>(sum_gx / static_cast<double>(d)) * s * s;
+    for (int64_t j = 0; j < d; ++j) dxr[j] = s * (dyr[j] * w[j] - xr[j] * c);
+  }
+}
+
+}  // namespace switchyard::kernels

@@ -1,0 +1,34 @@
+// Embedding lookups (MODEL.md section 1: x0 = wte[tokens] + wpe[positions]): gather rows of
+// a table by id, and the backward scatter-add, where a row used by several tokens receives
+// the sum of their gradients; plus the learned position table added by sequence index.
+//
+// Shapes: ids (N) i32 — any shape, read flat; table, dtable (V, d); out, dout (N, d) — or
+// any shape (..., d) with N rows. Tables and activations f32, contiguous. An id outside
+// [0, V) is a fatal check naming it (the data loader validates tokens against the
+// vocabulary first). The CPU implementation is kernels/cpu/embedding.cc; a CUDA tensor is a
+// fatal check until the CUDA backend lands.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
+
+namespace switchyard::kernels {
+
+// out[i, :] = table[ids[i], :].
+void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out,
+                      DeviceContext* ctx = nullptr);
+// dtable[ids[i], :] += dout[i, :] for every i (accumulates; repeated ids sum).
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable,
+                       DeviceContext* ctx = nullptr);
+
+// Learned positions: x (B, S, d)[b, s, :] += wpe (S_max, d)[position_offset + s, :].
+// Checks position_offset + S <= S_max.
+void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset = 0,
+                          DeviceContext* ctx = nullptr);
+// dwpe[position_offset + s, :] += sum over b of dx (B, S, d)[b, s, :] (accumulates).
+void PositionEmbeddingBackward(const Tensor& dx, Tensor& dwpe, int64_t position_offset = 0,
+                               DeviceContext* ctx = nullptr);
+
+}  // namespace switchyard::kernels

@@ -1,0 +1,42 @@
+// Normalisation over the last dimension (MODEL.md section 1, `norm`):
+//   layernorm (Ba et al. 2016):  y = (x - mean) * rstd * weight + bias,
+//                                mean = (1/d) sum x, rstd = 1 / sqrt((1/d) sum (x - mean)^2 + eps)
+//   rmsnorm (Zhang & Sennrich 2019): y = x * rstd * weight, rstd = 1 / sqrt((1/d) sum x^2 + eps)
+// The variance is the biased one (divide by d), as in PyTorch. Forward keeps mean and rstd
+// per row for Backward; row statistics are accumulated in double.
+//
+// Shapes: x, y, dy, dx (N, d) — any tensor whose last dimension is d is read as N = numel / d
+// rows; weight, bias (d); mean, rstd (N). All f32, contiguous. The CPU implementation is
+// kernels/cpu/norm.cc; a CUDA tensor is a fatal check until the CUDA backend lands.
+#pragma once
+
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
+
+namespace switchyard::kernels {
+
+// y = layernorm(x) with weight and bias (bias may be an undefined tensor: no bias).
+// Writes mean and rstd (N). y may be the same tensor as x.
+void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                      Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx = nullptr);
+
+// With xhat = (x - mean) * rstd and g = dy * weight:
+//   dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))       (written)
+//   dweight += sum over rows of dy * xhat, dbias += sum over rows of dy   (accumulated)
+// dbias may be undefined (no bias). dx may be the same tensor as dy.
+void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
+                       Tensor& dbias, DeviceContext* ctx = nullptr);
+
+// y = rmsnorm(x) with weight; writes rstd (N). y may be the same tensor as x.
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
+                    DeviceContext* ctx = nullptr);
+
+// With g = dy * weight:
+//   dx = rstd * (g - x * rstd^2 * mean_j(g * x))      (written)
+//   dweight += sum over rows of dy * x * rstd          (accumulated)
+// dx may be the same tensor as dy.
+void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                     Tensor& dx, Tensor& dweight, DeviceContext* ctx = nullptr);
+
+}  // namespace switchyard::kernels
