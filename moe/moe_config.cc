@@ -43,6 +43,7 @@ const char* DropPolicyName(DropPolicy p) {
 Status MoEConfig::Validate() const {
   if (d_model <= 0) return InvalidArgument("model.d_model=", d_model, " must be positive");
   if (num_experts <= 0) return InvalidArgument("moe.num_experts=", num_experts, " must be positive");
+  if (layer_freq <= 0) return InvalidArgument("moe.layer_freq=", layer_freq, " must be >= 1");
   if (top_k <= 0) return InvalidArgument("moe.top_k=", top_k, " must be positive");
   if (top_k > num_experts) {
     return InvalidArgument("moe.top_k=", top_k, " exceeds moe.num_experts=", num_experts);

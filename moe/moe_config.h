@@ -23,6 +23,7 @@ const char* DropPolicyName(DropPolicy p);
 struct MoEConfig {
   int64_t d_model = 0;            // d; required
   int64_t num_experts = 8;        // E
+  int64_t layer_freq = 2;         // layer i is MoE iff i % layer_freq == layer_freq - 1
   int64_t top_k = 1;              // k, 1 <= k <= E
   int64_t d_expert = 0;           // f, each expert's hidden size; required
   Activation activation = Activation::kGelu;
@@ -44,6 +45,8 @@ struct MoEConfig {
   Status Validate() const;
   // Experts per rank for an ep-way split; an error when E % ep != 0.
   StatusOr<int64_t> ExpertsPerRank(int64_t ep) const;
+  // Whether decoder layer i is an MoE layer (MODEL.md section 1).
+  bool IsMoeLayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }
 };
 

@@ -1,0 +1,115 @@
+// The decoder of ../shared/MODEL.md section 1, assembled from dense and MoE layers:
+//
+//   x0 = wte[tokens] (+ wpe[positions])
+//   for block i: x = x + Attention_i(Norm1_i(x)); x = x + FFN_i(Norm2_i(x))
+//                (FFN_i is MoE iff moe.IsMoeLayer(i), else a dense MLP)
+//   logits = NormF(x) @ head   (head = wte^T when tie_embeddings)
+//
+// Every parameter is registered under a stable name (docs/model.md lists them). Forward
+// keeps what Backward needs in a DecoderActivations the caller holds (one per micro-batch).
+//
+// Losses: the cross-entropy is summed here and scaled by the caller's ce_grad_scale (1 / the
+// number of targets in the global batch); each MoE layer's aux and z losses are per routing
+// group (one micro-batch of one data-parallel replica) and scaled by aux_grad_scale (1 / the
+// number of routing groups in the global batch), so that summing gradients over the
+// data-parallel world gives the gradient of MODEL.md's total loss.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dense/attention.h"
+#include "dense/embedding.h"
+#include "dense/linear.h"
+#include "dense/mlp.h"
+#include "dense/norm.h"
+#include "engine/dist/communicator.h"
+#include "engine/model/model_config.h"
+#include "engine/model/parameter_registry.h"
+#include "moe/moe_layer.h"
+
+namespace switchyard::model {
+
+// One micro-batch.
+struct DecoderInput {
+  Tensor tokens;   // (B, S) i32
+  Tensor targets;  // (B, S) i32; -1 masks a position
+  int64_t first_token = 0;  // global index of tokens[0, 0] (keys routing noise)
+  int64_t step = 0;
+  bool training = true;
+  // Gradient scales; only used when training (backward).
+  float ce_grad_scale = 0.0f;
+  float aux_grad_scale = 0.0f;
+};
+
+// One block's activations.
+struct BlockActivations {
+  Tensor x_in;  // (B, S, d) the block input (the residual stream)
+  dense::NormActivations norm1, norm2;
+  dense::AttentionActivations attn;
+  Tensor x_mid;  // x_in + attention
+  std::optional<dense::MlpActivations> mlp;
+  std::optional<moe::MoEForward> moe;
+};
+
+struct DecoderActivations {
+  dense::EmbeddingActivations embed;
+  std::vector<BlockActivations> blocks;
+  dense::NormActivations norm_f;
+  Tensor dlogits;   // (B*S, V) the cross-entropy gradient, when training
+  std::optional<dense::LinearActivations> head;  // untied head only
+};
+
+// What a forward reports.
+struct DecoderOutput {
+  double ce_sum = 0;        // sum of -log p(target) over this micro-batch's targets
+  int64_t ce_count = 0;     // targets counted
+  double aux_sum = 0;       // sum over MoE layers of this micro-batch's aux (one group each)
+  double z_sum = 0;
+  std::vector<moe::MoEStats> moe_stats;  // per MoE layer, this rank's sums
+  DecoderActivations acts;
+};
+
+class Decoder {
+ public:
+  // Builds and initialises every layer from the counter-based generator (weights normal
+  // with model.init_std, keyed by parameter name and global index — the same model on any
+  // layout). ep: the expert-parallel communicator (size 1 is fine); kept by the decoder.
+  static StatusOr<std::unique_ptr<Decoder>> Create(const ModelConfig& model,
+                                                   const moe::MoEConfig& moe, uint64_t seed,
+                                                   dist::Communicator* ep);
+
+  DecoderOutput Forward(const DecoderInput& input);
+  // Adds every parameter's gradient (the registry's grads).
+  void Backward(const DecoderInput& input, DecoderOutput& out);
+
+  ParameterRegistry& registry() { return registry_; }
+  const ModelConfig& config() const { return model_; }
+  const moe::MoEConfig& moe_config() const { return moe_; }
+  // The MoE layers in depth order (layer ids in moe_layer_ids()).
+  std::vector<moe::MoELayer*> moe_layers();
+  const std::vector<int64_t>& moe_layer_ids() const { return moe_ids_; }
+
+ private:
+  struct Block {
+    dense::Norm norm1, norm2;
+    dense::Attention attn;
+    std::optional<dense::Mlp> mlp;
+    std::optional<moe::MoELayer> moe;
+  };
+  Decoder(const ModelConfig& model, const moe::MoEConfig& moe) : model_(model), moe_(moe) {}
+  void Register();
+
+  ModelConfig model_;
+  moe::MoEConfig moe_;
+  std::optional<dense::Embedding> embed_;
+  std::vector<Block> blocks_;
+  std::optional<dense::Norm> norm_f_;
+  std::optional<dense::Linear> head_;
+  std::vector<int64_t> moe_ids_;
+  ParameterRegistry registry_;
+};
+
+}  // namespace switchyard::model

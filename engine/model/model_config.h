@@ -1,0 +1,37 @@
+// The decoder's sizes and choices (../shared/MODEL.md section 1); the `model` section of a
+// config. The MoE layers' settings are moe::MoEConfig (the `moe` section).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace switchyard::model {
+
+struct ModelConfig {
+  int64_t vocab_size = 0;     // V; required; at least the tokenizer's vocabulary
+  int64_t seq_len = 0;        // S, tokens per sequence (and S_max of learned positions)
+  int64_t d_model = 0;        // d
+  int64_t n_layers = 0;       // L
+  int64_t n_heads = 0;        // query heads
+  int64_t n_kv_heads = 0;     // key/value heads; 0 means n_heads (fewer: grouped-query)
+  int64_t d_ff = 0;           // hidden size of the dense MLPs; 0 means 4 * d_model
+  std::string norm = "layernorm";     // layernorm | rmsnorm
+  float norm_eps = 1e-5f;
+  std::string position = "learned";   // learned | rope
+  float rope_base = 10000.0f;
+  std::string activation = "gelu";    // dense MLP: gelu (tanh) | relu | swiglu
+  bool bias = true;                   // linear layers carry biases
+  bool tie_embeddings = true;         // head = wte^T
+  float init_std = 0.02f;             // normal init of every weight matrix
+  bool scaled_init = false;           // GPT-2: output projections use init_std / sqrt(2 L)
+
+  // Names the key and the value it rejects ("model.n_heads=3 does not divide ...").
+  Status Validate() const;
+  int64_t ff_hidden() const { return d_ff > 0 ? d_ff : 4 * d_model; }
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
+};
+
+}  // namespace switchyard::model
