@@ -85,10 +85,19 @@ struct Section {
 std::vector<Section> Sections(Config& c) {
   moe::MoEConfig& m = c.moe;
   ParallelConfig& p = c.parallel;
+  TrainConfig& t = c.train;
   return {
-      {"model", {Bind("d_model", &c.model.d_model)}},
+      {"model",
+       {Bind("vocab_size", &c.model.vocab_size), Bind("seq_len", &c.model.seq_len),
+        Bind("d_model", &c.model.d_model), Bind("n_layers", &c.model.n_layers),
+        Bind("n_heads", &c.model.n_heads), Bind("n_kv_heads", &c.model.n_kv_heads),
+        Bind("d_ff", &c.model.d_ff), Bind("norm", &c.model.norm),
+        Bind("norm_eps", &c.model.norm_eps), Bind("position", &c.model.position),
+        Bind("rope_base", &c.model.rope_base), Bind("activation", &c.model.activation),
+        Bind("bias", &c.model.bias), Bind("tie_embeddings", &c.model.tie_embeddings),
+        Bind("init_std", &c.model.init_std), Bind("scaled_init", &c.model.scaled_init)}},
       {"moe",
-       {Bind("num_experts", &m.num_experts), Bind("top_k", &m.top_k),
+       {Bind("num_experts", &m.num_experts), Bind("layer_freq", &m.layer_freq), Bind("top_k", &m.top_k),
         Bind("d_expert", &m.d_expert),
         BindEnum("activation", &m.activation, moe::ParseActivation, moe::ActivationName),
         Bind("bias", &m.bias), Bind("normalize_gates", &m.normalize_gates),
@@ -104,6 +113,13 @@ std::vector<Section> Sections(Config& c) {
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
         Bind("pp", &p.pp), Bind("zero_stage", &p.zero_stage), Bind("order", &p.order)}},
+      {"train",
+       {BindEnum("optimizer", &t.optimizer, ParseOptimizerKind, OptimizerKindName),
+        Bind("lr", &t.lr), Bind("min_lr", &t.min_lr), Bind("warmup_steps", &t.warmup_steps),
+        Bind("max_steps", &t.max_steps), Bind("weight_decay", &t.weight_decay),
+        Bind("beta1", &t.beta1), Bind("beta2", &t.beta2), Bind("eps", &t.eps),
+        Bind("momentum", &t.momentum), Bind("grad_clip", &t.grad_clip),
+        Bind("bucket_mb", &t.bucket_mb)}},
   };
 }
 
@@ -166,6 +182,7 @@ Status Config::Validate(int world) const {
     return InvalidArgument("parallel.zero_stage=", p.zero_stage, " must be 0, 1, 2 or 3");
   }
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
+  SY_RETURN_IF_ERROR(train.Validate());
   if (world > 0) {
     const int64_t etp = p.etp > 0 ? p.etp : p.tp;
     if (world % (int64_t{p.tp} * p.cp * p.pp) != 0) {
@@ -205,6 +222,7 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
     SY_RETURN_IF_ERROR(Apply(config, node, "--set"));
   }
   config.moe.d_model = config.model.d_model;
+  if (config.train.min_lr == -1.0f) config.train.min_lr = config.train.resolved_min_lr();
   return config;
 }
 

@@ -9,14 +9,11 @@
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/model/model_config.h"
+#include "engine/train/train_config.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::train {
-
-// model: the decoder's sizes (MODEL.md section 1). Grows with the model.
-struct ModelConfig {
-  int64_t d_model = 0;  // hidden size d; required
-};
 
 // parallel: the layout over the world; dp (and edp) is what remains.
 struct ParallelConfig {
@@ -30,9 +27,10 @@ struct ParallelConfig {
 };
 
 struct Config {
-  ModelConfig model;
+  model::ModelConfig model;
   moe::MoEConfig moe;  // moe.d_model mirrors model.d_model
   ParallelConfig parallel;
+  TrainConfig train;   // optimizer, LR schedule, clipping, gradient buckets
 
   // Sections and fields together, plus what the world size allows ("parallel.ep=3 does
   // not divide ..."). world <= 0 skips the layout checks.

@@ -81,5 +81,122 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
   EXPECT_EQ(missing.status().message(), "/nonexistent/c.yaml: cannot open config file");
 }
 
+// ---- train: optimizer, schedule, clipping, buckets -------------------------------------
+
+TEST(ConfigTest, TrainDefaults) {
+  auto c = ParseConfig("", "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const TrainConfig& t = c->train;
+  EXPECT_EQ(t.optimizer, OptimizerKind::kAdamW);
+  EXPECT_FLOAT_EQ(t.lr, 3e-4f);
+  EXPECT_FLOAT_EQ(t.min_lr, 3e-5f);  // unset: resolved to 0.1 * lr
+  EXPECT_EQ(t.warmup_steps, 0);
+  EXPECT_EQ(t.max_steps, 1000);
+  EXPECT_FLOAT_EQ(t.weight_decay, 0.1f);
+  EXPECT_FLOAT_EQ(t.beta1, 0.9f);
+  EXPECT_FLOAT_EQ(t.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(t.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(t.momentum, 0.9f);
+  EXPECT_FLOAT_EQ(t.grad_clip, 1.0f);
+  EXPECT_FLOAT_EQ(t.bucket_mb, 25.0f);
+  EXPECT_EQ(t.bucket_bytes(), 25 * 1024 * 1024);
+  EXPECT_TRUE(t.Validate().ok());
+  // A TrainConfig built in code keeps -1 and resolves it when asked.
+  TrainConfig code;
+  EXPECT_FLOAT_EQ(code.min_lr, -1.0f);
+  EXPECT_FLOAT_EQ(code.schedule().min_lr, 3e-5f);
+  EXPECT_TRUE(code.Validate().ok());
+}
+
+TEST(ConfigTest, TrainKeysParseAndFeedTheOptimizerAndSchedule) {
+  auto c = ParseConfig(R"(
+train:
+  optimizer: sgd
+  lr: 1.0e-2
+  min_lr: 0
+  warmup_steps: 100
+  max_steps: 2000
+  weight_decay: 0.01
+  beta1: 0.8
+  beta2: 0.999
+  eps: 1.0e-6
+  momentum: 0.5
+  grad_clip: 0
+  bucket_mb: 0.5
+)", "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const TrainConfig& t = c->train;
+  EXPECT_TRUE(t.Validate().ok());
+  EXPECT_EQ(t.optimizer, OptimizerKind::kSgd);
+  EXPECT_FLOAT_EQ(t.min_lr, 0.0f);  // 0 is 0: decay to zero
+  EXPECT_EQ(t.bucket_bytes(), 512 * 1024);
+  const OptimizerOptions o = t.optimizer_options();
+  EXPECT_EQ(o.kind, OptimizerKind::kSgd);
+  EXPECT_FLOAT_EQ(o.weight_decay, 0.01f);
+  EXPECT_FLOAT_EQ(o.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(o.beta2, 0.999f);
+  EXPECT_FLOAT_EQ(o.eps, 1e-6f);
+  EXPECT_FLOAT_EQ(o.momentum, 0.5f);
+  const LrSchedule s = t.schedule();
+  EXPECT_FLOAT_EQ(s.lr, 1e-2f);
+  EXPECT_FLOAT_EQ(s.min_lr, 0.0f);
+  EXPECT_EQ(s.warmup_steps, 100);
+  EXPECT_EQ(s.max_steps, 2000);
+  EXPECT_FLOAT_EQ(s.LrAt(99), 1e-2f);
+  EXPECT_FLOAT_EQ(s.LrAt(2000), 0.0f);
+}
+
+TEST(ConfigTest, TrainMinLrFollowsOverriddenLrAndRoundTrips) {
+  auto c = ParseConfig("train:\n  lr: 1.0e-3\n", "x.yaml", {"train.lr=0.02"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->train.lr, 0.02f);
+  EXPECT_FLOAT_EQ(c->train.min_lr, 0.002f);
+  const std::string yaml = c->ToYaml();
+  EXPECT_NE(yaml.find("train:\n  optimizer: adamw\n  lr: 0.0199999996\n"), std::string::npos)
+      << yaml;
+  auto again = ParseConfig(yaml, "resolved");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToYaml(), yaml);
+  EXPECT_FLOAT_EQ(again->train.min_lr, 0.002f);
+}
+
+TEST(ConfigTest, BadTrainKeysNameTheKeyAndValue) {
+  auto parse_error = [](const std::string& yaml) {
+    auto c = ParseConfig(yaml, "x.yaml");
+    return c.ok() ? std::string() : std::string(c.status().message());
+  };
+  EXPECT_EQ(parse_error("train:\n  optimizer: adam\n"),
+            "x.yaml: train.optimizer='adam' is not one of adamw, sgd");
+  EXPECT_EQ(parse_error("train:\n  lr: fast\n"), "x.yaml: train.lr: expected a number, got 'fast'");
+  EXPECT_EQ(parse_error("train:\n  warmup_steps: 1.5\n"),
+            "x.yaml: train.warmup_steps: expected an integer, got '1.5'");
+  EXPECT_EQ(parse_error("train:\n  learning_rate: 1\n"), "x.yaml: unknown key 'train.learning_rate'");
+
+  auto invalid = [](std::vector<std::string> overrides) {
+    auto c = ParseConfig("", "x.yaml", overrides);
+    if (!c.ok()) return std::string(c.status().message());
+    Status s = c->train.Validate();
+    return s.ok() ? std::string() : std::string(s.message());
+  };
+  EXPECT_EQ(invalid({"train.lr=0"}), "train.lr=0 must be > 0");
+  EXPECT_EQ(invalid({"train.lr=0.1", "train.min_lr=0.5"}),
+            "train.min_lr=0.5 must be in [0, train.lr=0.1] (or -1: 0.1 * lr)");
+  EXPECT_EQ(invalid({"train.min_lr=-2"}),
+            "train.min_lr=-2 must be in [0, train.lr=0.0003] (or -1: 0.1 * lr)");
+  EXPECT_EQ(invalid({"train.warmup_steps=-1"}), "train.warmup_steps=-1 must be >= 0");
+  EXPECT_EQ(invalid({"train.max_steps=0"}), "train.max_steps=0 must be >= 1");
+  EXPECT_EQ(invalid({"train.warmup_steps=20", "train.max_steps=10"}),
+            "train.warmup_steps=20 exceeds train.max_steps=10");
+  EXPECT_EQ(invalid({"train.weight_decay=-0.1"}), "train.weight_decay=-0.1 must be >= 0");
+  EXPECT_EQ(invalid({"train.beta1=-0.5"}), "train.beta1=-0.5 must be in [0, 1)");
+  EXPECT_EQ(invalid({"train.beta2=1"}), "train.beta2=1 must be in [0, 1)");
+  EXPECT_EQ(invalid({"train.momentum=1.5"}), "train.momentum=1.5 must be in [0, 1)");
+  EXPECT_EQ(invalid({"train.eps=0"}), "train.eps=0 must be > 0");
+  EXPECT_EQ(invalid({"train.grad_clip=-1"}), "train.grad_clip=-1 must be >= 0 (0: no clipping)");
+  EXPECT_EQ(invalid({"train.bucket_mb=0"}), "train.bucket_mb=0 must be in (0, 1e6]");
+  // Config::Validate checks the train section too.
+  EXPECT_EQ(Error(kYaml, {"train.beta2=1"}), "train.beta2=1 must be in [0, 1)");
+}
+
 }  // namespace
 }  // namespace switchyard::train

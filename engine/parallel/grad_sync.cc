@@ -1,0 +1,204 @@
+#include "engine/parallel/grad_sync.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "engine/core/check.h"
+
+namespace switchyard::parallel {
+
+using model::GradGroup;
+using model::Parameter;
+
+struct GradSync::Bucket {
+  std::vector<size_t> params;    // registry indices, packing order
+  std::vector<int64_t> offsets;  // element offset of each parameter in flat
+  DType dtype = DType::kF32;
+  int64_t elements = 0;
+  Tensor flat;                   // (elements,) on the communicator's device
+  int pending = 0;               // parameters not yet marked this step
+  bool launched = false;
+  std::unique_ptr<dist::Work> work;
+};
+
+struct GradSync::Group {
+  GradGroup kind = GradGroup::kDense;
+  dist::Communicator* comm = nullptr;
+  std::vector<Bucket> buckets;
+  size_t next_launch = 0;  // buckets [0, next_launch) are in flight or done this step
+};
+
+namespace {
+
+const char* GroupName(GradGroup g) { return g == GradGroup::kDense ? "dense" : "expert"; }
+
+}  // namespace
+
+GradSync::GradSync(model::ParameterRegistry& registry, const dist::ParallelContext& pc,
+                   int64_t bucket_bytes, DeviceContext* ctx)
+    : GradSync(registry, pc.dp_cp(), pc.edp(), bucket_bytes, ctx) {}
+
+GradSync::GradSync(model::ParameterRegistry& registry, dist::Communicator& dense,
+                   dist::Communicator& expert, int64_t bucket_bytes, DeviceContext* ctx)
+    : registry_(registry), ctx_(ctx), bucket_bytes_(bucket_bytes) {
+  SY_CHECK(bucket_bytes_ > 0) << "GradSync: bucket_bytes " << bucket_bytes_;
+  const std::vector<Parameter>& params = registry_.params();
+  where_.assign(params.size(), {-1, -1});
+  marked_.assign(params.size(), false);
+  for (auto [kind, comm] : {std::pair<GradGroup, dist::Communicator*>{GradGroup::kDense, &dense},
+                            {GradGroup::kExpert, &expert}}) {
+    if (comm->size() == 1) continue;
+    auto group = std::make_unique<Group>();
+    group->kind = kind;
+    group->comm = comm;
+    const int slot = static_cast<int>(groups_.size());
+    // The open (still filling) bucket of each dtype, as an index into group->buckets.
+    std::vector<std::pair<DType, size_t>> open;
+    for (size_t i = params.size(); i-- > 0;) {
+      const Parameter& p = params[i];
+      if (!p.trainable || p.group != kind) continue;
+      SY_CHECK(p.grad.defined()) << "GradSync: " << p.name << " has no gradient";
+      SY_CHECK(p.grad.device() == comm->device())
+          << "GradSync: " << p.name << "'s gradient is on " << p.grad.device() << ", the "
+          << GroupName(kind) << " communicator on " << comm->device();
+      const DType dtype = p.grad.dtype();
+      const int64_t bytes = p.grad.numel() * static_cast<int64_t>(SizeOf(dtype));
+      auto it = std::find_if(open.begin(), open.end(), [&](auto& o) { return o.first == dtype; });
+      if (it != open.end()) {
+        const Bucket& b = group->buckets[it->second];
+        if (b.elements * static_cast<int64_t>(SizeOf(dtype)) + bytes > bucket_bytes_) {
+          open.erase(it);
+          it = open.end();
+        }
+      }
+      if (it == open.end()) {
+        group->buckets.emplace_back();
+        group->buckets.back().dtype = dtype;
+        open.emplace_back(dtype, group->buckets.size() - 1);
+        it = open.end() - 1;
+      }
+      Bucket& b = group->buckets[it->second];
+      where_[i] = {slot, static_cast<int>(it->second)};
+      b.params.push_back(i);
+      b.offsets.push_back(b.elements);
+      b.elements += p.grad.numel();
+    }
+    for (Bucket& b : group->buckets) {
+      b.flat = Tensor::Empty({b.elements}, b.dtype, comm->device());
+      b.pending = static_cast<int>(b.params.size());
+    }
+    groups_.push_back(std::move(group));
+  }
+}
+
+GradSync::~GradSync() {
+  // Complete anything still in flight before the buffers go away.
+  for (auto& g : groups_)
+    for (Bucket& b : g->buckets)
+      if (b.work) b.work->Wait();
+}
+
+void GradSync::Launch(Bucket& b) {
+  std::vector<Parameter>& params = registry_.params();
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const Tensor& grad = params[b.params[j]].grad;
+    b.flat.View({grad.numel()}, b.offsets[j]).CopyFrom(grad, ctx_);
+  }
+  b.launched = true;
+}
+
+void GradSync::Unpack(Bucket& b) {
+  std::vector<Parameter>& params = registry_.params();
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    Tensor& grad = params[b.params[j]].grad;
+    grad.CopyFrom(b.flat.View(grad.shape(), b.offsets[j]), ctx_);
+  }
+}
+
+void GradSync::LaunchReady(Group& g) {
+  while (g.next_launch < g.buckets.size() && g.buckets[g.next_launch].pending == 0) {
+    Bucket& b = g.buckets[g.next_launch++];
+    Launch(b);
+    b.work = g.comm->AllReduceAsync(b.flat, dist::ReduceOp::kSum);
+  }
+}
+
+void GradSync::MarkReady(size_t index) {
+  SY_CHECK(index < where_.size()) << "GradSync::MarkReady(" << index << "): the registry had "
+                                  << where_.size() << " parameters";
+  SY_CHECK(!marked_[index]) << "GradSync::MarkReady: " << registry_.params()[index].name
+                            << " marked twice in one step";
+  marked_[index] = true;
+  in_step_ = true;
+  const auto [slot, bucket] = where_[index];
+  if (slot < 0) return;
+  Group& g = *groups_[slot];
+  Bucket& b = g.buckets[bucket];
+  SY_CHECK(!b.launched) << "GradSync::MarkReady: " << registry_.params()[index].name
+                        << "'s bucket was already launched";
+  if (--b.pending == 0) LaunchReady(g);
+}
+
+void GradSync::Finish() {
+  for (auto& g : groups_) {
+    for (size_t i = g->next_launch; i < g->buckets.size(); ++i) g->buckets[i].pending = 0;
+    LaunchReady(*g);
+  }
+  for (auto& g : groups_) {
+    for (Bucket& b : g->buckets) {
+      b.work->Wait();
+      b.work.reset();
+      Unpack(b);
+      b.launched = false;
+      b.pending = static_cast<int>(b.params.size());
+    }
+    g->next_launch = 0;
+  }
+  marked_.assign(marked_.size(), false);
+  in_step_ = false;
+}
+
+void GradSync::SyncAll() {
+  SY_CHECK(!in_step_) << "GradSync::SyncAll between MarkReady and Finish";
+  for (auto& g : groups_) {
+    for (Bucket& b : g->buckets) {
+      Launch(b);
+      g->comm->AllReduce(b.flat, dist::ReduceOp::kSum);
+      Unpack(b);
+      b.launched = false;
+    }
+  }
+}
+
+std::vector<GradSync::BucketInfo> GradSync::Buckets() const {
+  std::vector<BucketInfo> out;
+  for (const auto& g : groups_) {
+    for (const Bucket& b : g->buckets) {
+      out.push_back({.group = g->kind,
+                     .params = b.params,
+                     .elements = b.elements,
+                     .bytes = b.elements * static_cast<int64_t>(SizeOf(b.dtype))});
+    }
+  }
+  return out;
+}
+
+std::string GradSync::Summary() const {
+  std::ostringstream out;
+  int64_t bytes = 0, count = 0;
+  std::ostringstream parts;
+  for (const auto& g : groups_) {
+    if (&g != &groups_.front()) parts << ", ";
+    parts << GroupName(g->kind) << " " << g->buckets.size() << " over " << g->comm->size()
+          << " ranks";
+    count += static_cast<int64_t>(g->buckets.size());
+    for (const Bucket& b : g->buckets) bytes += b.elements * static_cast<int64_t>(SizeOf(b.dtype));
+  }
+  out.precision(3);
+  out << "grad sync: " << count << " bucket" << (count == 1 ? "" : "s");
+  if (!groups_.empty()) out << " (" << parts.str() << ")";
+  out << ", " << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB";
+  return out.str();
+}
+
+}  // namespace switchyard::parallel

@@ -1,0 +1,98 @@
+// Data-parallel gradient synchronisation in buckets (PyTorch DDP's Reducer, Megatron's
+// DistributedDataParallel without ZeRO): after backward, every gradient becomes the SUM of
+// its replicas' gradients:
+//   kDense  grads (attention, embeddings, norms, router, dense MLPs) over dp x cp
+//   kExpert grads (routed experts, sharded over ep)                  over edp
+// The trainer scales the loss by 1 / (the number of micro-batches of the global batch), so
+// the sum is the gradient of the global-batch mean. A group of size 1 has nothing to do:
+// its parameters get no bucket and cost nothing.
+//
+// Buckets: the trainable parameters of each group are packed, in REVERSE registration
+// order (the order backward produces their gradients), into flat buffers of at most
+// bucket_bytes (default 25 MiB, DDP's bucket_cap_mb); a parameter larger than that gets a
+// bucket of its own. Buckets never mix groups or dtypes. Each bucket is one all-reduce.
+//
+// Overlap with backward:
+//   for each micro-batch's backward, on the last micro-batch only:
+//     ... as soon as parameter i's gradient is final: sync.MarkReady(i);
+//   sync.Finish();   // waits, writes the sums back into the grads
+// A bucket is packed and its AllReduceAsync launched when all its parameters are ready;
+// buckets of one group launch in bucket order (a ready bucket waits for the ones before
+// it), so every rank issues the collectives of a communicator in the same order whatever
+// order its backward marks parameters in. Finish() launches whatever was not launched —
+// a parameter never marked is reduced as it stands (e.g. its zeroed gradient) — waits for
+// every bucket, copies back and resets for the next step. SyncAll() is the synchronous
+// path: every bucket packed, all-reduced (blocking) and copied back, in bucket order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "engine/dist/communicator.h"
+#include "engine/dist/parallel_context.h"
+#include "engine/model/parameter_registry.h"
+
+namespace switchyard::parallel {
+
+// PyTorch DDP's default bucket_cap_mb = 25.
+inline constexpr int64_t kDefaultBucketBytes = int64_t{25} * 1024 * 1024;
+
+class GradSync {
+ public:
+  // dense: the group kDense gradients are summed over (ParallelContext::dp_cp()); expert:
+  // the group of kExpert gradients (ParallelContext::edp()). Both on the device of the
+  // gradients; ctx orders the pack/unpack copies of device tensors. The registry, the
+  // communicators and ctx must outlive the GradSync, and the registry keep its parameter
+  // list. bucket_bytes > 0.
+  GradSync(model::ParameterRegistry& registry, dist::Communicator& dense,
+           dist::Communicator& expert, int64_t bucket_bytes = kDefaultBucketBytes,
+           DeviceContext* ctx = nullptr);
+  // The same with dense = pc.dp_cp() and expert = pc.edp().
+  GradSync(model::ParameterRegistry& registry, const dist::ParallelContext& pc,
+           int64_t bucket_bytes = kDefaultBucketBytes, DeviceContext* ctx = nullptr);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // Parameter `index` (into registry.params()) has its final gradient of this step. Each
+  // parameter at most once per step; parameters with no bucket (not trainable, or in a
+  // group of size 1) are accepted and ignored.
+  void MarkReady(size_t index);
+  // Completes the step (see the file comment). Every rank of a group must call it.
+  void Finish();
+  // Synchronous all-reduce of every bucket; not between MarkReady and Finish.
+  void SyncAll();
+
+  // Introspection (tests, logging).
+  struct BucketInfo {
+    model::GradGroup group;
+    std::vector<size_t> params;  // registry indices, in packing order
+    int64_t elements = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<BucketInfo> Buckets() const;
+  // "grad sync: 3 buckets (dense 2 over 4 ranks, expert 1 over 2 ranks), 1.5 MiB".
+  std::string Summary() const;
+
+ private:
+  struct Bucket;
+  struct Group;
+
+  void Launch(Bucket& b);
+  void Unpack(Bucket& b);
+  void LaunchReady(Group& g);
+
+  model::ParameterRegistry& registry_;
+  DeviceContext* ctx_;
+  int64_t bucket_bytes_;
+  std::vector<std::unique_ptr<Group>> groups_;  // dense, expert (only those of size > 1)
+  // For each registry index: {group slot, bucket index} or {-1, -1} when not synced.
+  std::vector<std::pair<int, int>> where_;
+  std::vector<bool> marked_;
+  bool in_step_ = false;  // MarkReady since the last Finish
+};
+
+}  // namespace switchyard::parallel

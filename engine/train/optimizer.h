@@ -1,0 +1,82 @@
+// The optimizer over a ParameterRegistry: AdamW (the default) or SGD with momentum, one
+// fused kernel per parameter (kernels/optimizer.h has the formulas).
+//
+// State lives beside each trainable parameter with the SAME shape and sharding (a slice of
+// an expert's exp_avg is held where that slice of the expert is), so State() describes it
+// as parameters the checkpoint code saves and loads like the model's:
+//   "optimizer.exp_avg.<param>", "optimizer.exp_avg_sq.<param>"   (AdamW)
+//   "optimizer.momentum.<param>"                                    (SGD, momentum != 0)
+//   "optimizer.step"            the number of updates taken, a 0-d i64 host tensor
+// Parameters with trainable == false are skipped (no state, never updated); weight decay
+// applies only where Parameter::weight_decay is true.
+//
+//   Optimizer opt(model.registry(), config.train.optimizer_options());
+//   ... backward, grad sync, clip ...
+//   opt.Step(schedule.LrAt(opt.step()));
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "engine/core/status.h"
+#include "engine/model/parameter_registry.h"
+
+namespace switchyard::train {
+
+enum class OptimizerKind { kAdamW, kSgd };
+
+// "adamw", "sgd".
+StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
+const char* OptimizerKindName(OptimizerKind kind);
+
+// Hyper-parameters other than the learning rate (which the schedule gives per step).
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  float weight_decay = 0.1f;  // AdamW: decoupled; SGD: L2 added to the gradient (PyTorch)
+  float beta1 = 0.9f;         // AdamW
+  float beta2 = 0.95f;        // AdamW
+  float eps = 1e-8f;          // AdamW
+  float momentum = 0.9f;      // SGD; 0: plain SGD, no buffer
+};
+
+class Optimizer {
+ public:
+  // Allocates zeroed state for every trainable parameter of `registry`, on the parameter's
+  // device. The registry must outlive the optimizer and keep its parameter list.
+  Optimizer(model::ParameterRegistry& registry, const OptimizerOptions& options,
+            DeviceContext* ctx = nullptr);
+
+  // One update of every trainable parameter from its grad with learning rate `lr`; then
+  // step() grows by one. AdamW's bias correction uses t = step() + 1 (before the update).
+  void Step(float lr);
+
+  // Updates taken so far (0 before the first Step); read from the "optimizer.step" tensor,
+  // so loading a checkpoint into State() restores it.
+  int64_t step() const;
+  void set_step(int64_t step);
+
+  // The state as parameters (see the file comment): value shares storage with the state,
+  // so writing into it (a checkpoint load) sets the state. trainable = false,
+  // weight_decay = false, grad undefined; name, global_shape, shard_dim, shard_offset and
+  // group are those of the owning parameter ("optimizer.step": kDense, unsharded).
+  std::vector<model::Parameter> State() const;
+
+  const OptimizerOptions& options() const { return options_; }
+
+ private:
+  struct Slot {
+    size_t param;          // index into registry_.params()
+    Tensor exp_avg;        // AdamW m; SGD momentum buffer (undefined when momentum == 0)
+    Tensor exp_avg_sq;     // AdamW v; undefined for SGD
+  };
+
+  model::ParameterRegistry& registry_;
+  OptimizerOptions options_;
+  DeviceContext* ctx_;
+  std::vector<Slot> slots_;
+  Tensor step_;  // 0-d i64 on the host
+};
+
+}  // namespace switchyard::train

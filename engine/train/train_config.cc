@@ -1,0 +1,54 @@
+#include "engine/train/train_config.h"
+
+#include <cmath>
+
+namespace switchyard::train {
+
+Status TrainConfig::Validate() const {
+  if (!(lr > 0.0f) || !std::isfinite(lr)) return InvalidArgument("train.lr=", lr, " must be > 0");
+  if (min_lr != -1.0f && !(min_lr >= 0.0f && min_lr <= lr)) {
+    return InvalidArgument("train.min_lr=", min_lr, " must be in [0, train.lr=", lr,
+                           "] (or -1: 0.1 * lr)");
+  }
+  if (warmup_steps < 0) return InvalidArgument("train.warmup_steps=", warmup_steps, " must be >= 0");
+  if (max_steps < 1) return InvalidArgument("train.max_steps=", max_steps, " must be >= 1");
+  if (warmup_steps > max_steps) {
+    return InvalidArgument("train.warmup_steps=", warmup_steps, " exceeds train.max_steps=",
+                           max_steps);
+  }
+  if (!(weight_decay >= 0.0f)) {
+    return InvalidArgument("train.weight_decay=", weight_decay, " must be >= 0");
+  }
+  for (auto [key, v] : {std::pair<const char*, float>{"beta1", beta1}, {"beta2", beta2},
+                        {"momentum", momentum}}) {
+    if (!(v >= 0.0f && v < 1.0f)) return InvalidArgument("train.", key, "=", v, " must be in [0, 1)");
+  }
+  if (!(eps > 0.0f)) return InvalidArgument("train.eps=", eps, " must be > 0");
+  if (!(grad_clip >= 0.0f)) {
+    return InvalidArgument("train.grad_clip=", grad_clip, " must be >= 0 (0: no clipping)");
+  }
+  if (!(bucket_mb > 0.0f && bucket_mb <= 1e6f) || bucket_bytes() < 1) {
+    return InvalidArgument("train.bucket_mb=", bucket_mb, " must be in (0, 1e6]");
+  }
+  return OkStatus();
+}
+
+OptimizerOptions TrainConfig::optimizer_options() const {
+  return {.kind = optimizer,
+          .weight_decay = weight_decay,
+          .beta1 = beta1,
+          .beta2 = beta2,
+          .eps = eps,
+          .momentum = momentum};
+}
+
+LrSchedule TrainConfig::schedule() const {
+  return {.lr = lr, .min_lr = resolved_min_lr(), .warmup_steps = warmup_steps,
+          .max_steps = max_steps};
+}
+
+int64_t TrainConfig::bucket_bytes() const {
+  return static_cast<int64_t>(std::llround(static_cast<double>(bucket_mb) * 1024.0 * 1024.0));
+}
+
+}  // namespace switchyard::train

@@ -1,0 +1,40 @@
+// The `train` section of a config: the optimizer, the learning-rate schedule, gradient
+// clipping and the data-parallel gradient buckets. Defaults follow Megatron-LM / nanoGPT
+// GPT pre-training (AdamW, beta2 0.95, weight decay 0.1, clip 1.0, DDP's 25 MB buckets).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/status.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/schedule.h"
+
+namespace switchyard::train {
+
+struct TrainConfig {
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // adamw | sgd
+  float lr = 3e-4f;            // peak learning rate
+  // Final learning rate of the cosine decay. -1 (the default) means 0.1 * lr (nanoGPT,
+  // Chinchilla); ParseConfig writes the resolved value. 0 decays to zero (Megatron's and
+  // torchtitan's default).
+  float min_lr = -1.0f;
+  int64_t warmup_steps = 0;    // linear warmup steps (schedule.h has the exact formula)
+  int64_t max_steps = 1000;    // optimizer steps of the run; the cosine ends here
+  float weight_decay = 0.1f;   // AdamW decoupled decay; SGD L2; only where a parameter decays
+  float beta1 = 0.9f;          // AdamW
+  float beta2 = 0.95f;         // AdamW
+  float eps = 1e-8f;           // AdamW
+  float momentum = 0.9f;       // SGD; 0 = plain SGD
+  float grad_clip = 1.0f;      // max global gradient norm; 0 = no clipping
+  float bucket_mb = 25.0f;     // data-parallel gradient bucket size in MiB (DDP bucket_cap_mb)
+
+  // Names the key and the value it rejects ("train.beta2=1 must be in [0, 1)").
+  Status Validate() const;
+  // min_lr with -1 resolved to 0.1 * lr.
+  float resolved_min_lr() const { return min_lr == -1.0f ? 0.1f * lr : min_lr; }
+  OptimizerOptions optimizer_options() const;
+  LrSchedule schedule() const;
+  int64_t bucket_bytes() const;
+};
+
+}  // namespace switchyard::train

@@ -1,0 +1,333 @@
+// The optimizer, the LR schedule and gradient clipping on one rank, against the formulas
+// recomputed here in double:
+//  - AdamW over several steps vs PyTorch's torch.optim.AdamW update (decoupled decay,
+//    bias-corrected moments, eps outside the sqrt); step 1's bias correction in closed form
+//    (mhat = g, vhat = g^2); no decay where Parameter::weight_decay is false; parameters
+//    with trainable = false untouched and without state; State() names, sharding and
+//    shared storage; the step count.
+//  - SGD with momentum (and coupled L2 decay) vs torch.optim.SGD's formula.
+//  - The schedule at step 0, mid-warmup, the end of warmup, mid-cosine, max_steps, after.
+//  - The global norm and clipping vs a hand computation.
+// Tolerance: the kernels compute in f32, the reference in double; parameters stay O(1) and
+// the comparison allows 2e-6 relative plus 1e-7 absolute per element.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <numbers>
+#include <vector>
+
+#include "engine/train/clip.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/schedule.h"
+#include "kernels/optimizer.h"
+
+namespace switchyard::train {
+namespace {
+
+using model::GradGroup;
+using model::Parameter;
+using model::ParameterRegistry;
+
+constexpr double kRtol = 2e-6;
+constexpr double kAtol = 1e-7;
+
+// Adds a parameter holding `value` with a zero gradient of the same shape.
+void AddParam(ParameterRegistry& reg, const std::string& name, const std::vector<float>& value,
+              bool weight_decay = true, bool trainable = true) {
+  const Shape shape = {static_cast<int64_t>(value.size())};
+  Parameter p{.name = name, .global_shape = shape, .trainable = trainable,
+              .weight_decay = weight_decay, .value = Tensor::FromVector(value, shape),
+              .grad = Tensor()};
+  if (trainable) p.grad = Tensor::Zeros(shape, DType::kF32);
+  reg.Add(std::move(p));
+}
+
+void SetGrad(ParameterRegistry& reg, const std::string& name, const std::vector<float>& g) {
+  reg.Find(name)->grad.CopyFrom(Tensor::FromVector(g, {static_cast<int64_t>(g.size())}));
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<double>& want,
+                const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double used = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = kRtol * std::abs(want[i]) + kAtol;
+    used = std::max(used, std::abs(got[i] - want[i]) / tol);
+    EXPECT_NEAR(got[i], want[i], tol) << what << "[" << i << "]";
+  }
+  std::printf("    %-24s tolerance used %.3f\n", what.c_str(), used);
+}
+
+// PyTorch's AdamW (torch/optim/adamw.py, single-tensor path) in double.
+struct RefAdamW {
+  double lr, beta1, beta2, eps, wd;
+  std::vector<double> p, m, v;
+  int64_t t = 0;
+
+  void Step(const std::vector<float>& g) {
+    ++t;
+    const double bc1 = 1 - std::pow(beta1, t), bc2 = 1 - std::pow(beta2, t);
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i] *= 1 - lr * wd;
+      m[i] = beta1 * m[i] + (1 - beta1) * g[i];
+      v[i] = beta2 * v[i] + (1 - beta2) * double(g[i]) * g[i];
+      const double mhat = m[i] / bc1, vhat = v[i] / bc2;
+      p[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+    }
+  }
+};
+
+// The gradient of step s (1-based) of the AdamW / SGD tests: mixed signs and sizes.
+std::vector<float> GradAt(int s, size_t n, float scale) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = scale * static_cast<float>(std::sin(0.7 * s + 1.3 * i) * (1.0 + 0.5 * i));
+  }
+  return g;
+}
+
+TEST(OptimizerTest, AdamWMatchesPyTorchFormulaOverSeveralSteps) {
+  ParameterRegistry reg;
+  const std::vector<float> w0 = {0.5f, -1.25f, 2.0f, 0.0f, -0.03f};
+  const std::vector<float> b0 = {0.1f, -0.2f, 0.3f};
+  AddParam(reg, "w", w0, /*weight_decay=*/true);
+  AddParam(reg, "norm.weight", b0, /*weight_decay=*/false);
+  OptimizerOptions opt{.kind = OptimizerKind::kAdamW, .weight_decay = 0.1f, .beta1 = 0.9f,
+                       .beta2 = 0.95f, .eps = 1e-8f};
+  Optimizer optimizer(reg, opt);
+  RefAdamW rw{.lr = 0, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .wd = 0.1f,
+              .p = {w0.begin(), w0.end()}, .m = std::vector<double>(w0.size()),
+              .v = std::vector<double>(w0.size())};
+  RefAdamW rb = rw;
+  rb.wd = 0.0;  // weight_decay = false
+  rb.p = {b0.begin(), b0.end()};
+  rb.m = rb.v = std::vector<double>(b0.size());
+  const float lrs[] = {1e-2f, 3e-2f, 2e-2f, 5e-3f, 1e-2f};
+  for (int s = 1; s <= 5; ++s) {
+    const float lr = lrs[s - 1];
+    std::vector<float> gw = GradAt(s, w0.size(), s == 3 ? 1e-4f : 1.0f);  // tiny grads too
+    std::vector<float> gb = GradAt(s + 10, b0.size(), 0.5f);
+    SetGrad(reg, "w", gw);
+    SetGrad(reg, "norm.weight", gb);
+    EXPECT_EQ(optimizer.step(), s - 1);
+    optimizer.Step(lr);
+    EXPECT_EQ(optimizer.step(), s);
+    rw.lr = rb.lr = lr;
+    rw.Step(gw);
+    rb.Step(gb);
+  }
+  ExpectNear(reg.Find("w")->value.ToVector<float>(), rw.p, "adamw w");
+  ExpectNear(reg.Find("norm.weight")->value.ToVector<float>(), rb.p, "adamw no-decay");
+  std::vector<model::Parameter> state = optimizer.State();
+  ASSERT_EQ(state.size(), 5u);  // exp_avg, exp_avg_sq of two parameters, and the step
+  ExpectNear(state[0].value.ToVector<float>(), rw.m, "adamw exp_avg w");
+  ExpectNear(state[1].value.ToVector<float>(), rw.v, "adamw exp_avg_sq w");
+  ExpectNear(state[2].value.ToVector<float>(), rb.m, "adamw exp_avg b");
+  ExpectNear(state[3].value.ToVector<float>(), rb.v, "adamw exp_avg_sq b");
+}
+
+TEST(OptimizerTest, AdamWStepOneIsBiasCorrected) {
+  // t = 1: mhat = g and vhat = g^2, so p1 = p0 * (1 - lr * wd) - lr * g / (|g| + eps).
+  ParameterRegistry reg;
+  const std::vector<float> p0 = {1.0f, -2.0f, 0.25f, 3.0f};
+  const std::vector<float> g = {0.3f, -4.0f, 1e-3f, 0.0f};
+  AddParam(reg, "p", p0);
+  SetGrad(reg, "p", g);
+  Optimizer optimizer(reg, {.kind = OptimizerKind::kAdamW, .weight_decay = 0.5f,
+                            .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-8f});
+  const double lr = 0.1;
+  optimizer.Step(static_cast<float>(lr));
+  std::vector<double> want(p0.size());
+  for (size_t i = 0; i < p0.size(); ++i) {
+    want[i] = p0[i] * (1 - lr * 0.5) - lr * g[i] / (std::abs(double(g[i])) + 1e-8);
+  }
+  // 1 - 0.05 = 0.95: the decayed values and a step of almost exactly lr * sign(g).
+  EXPECT_NEAR(want[0], 0.95 - 0.1, 1e-7);
+  EXPECT_NEAR(want[3], 3.0 * 0.95, 1e-12);  // g = 0: decay only
+  ExpectNear(reg.Find("p")->value.ToVector<float>(), want, "adamw step 1");
+}
+
+TEST(OptimizerTest, NonTrainableParametersAreSkipped) {
+  ParameterRegistry reg;
+  AddParam(reg, "a", {1.0f, 2.0f});
+  AddParam(reg, "expert_bias", {0.5f, -0.5f, 0.25f}, /*weight_decay=*/false, /*trainable=*/false);
+  AddParam(reg, "c", {3.0f});
+  SetGrad(reg, "a", {1.0f, 1.0f});
+  SetGrad(reg, "c", {-1.0f});
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    Optimizer optimizer(reg, {.kind = kind});
+    optimizer.Step(0.1f);
+    EXPECT_EQ(reg.Find("expert_bias")->value.ToVector<float>(),
+              (std::vector<float>{0.5f, -0.5f, 0.25f}));
+    EXPECT_NE(reg.Find("a")->value.ToVector<float>()[0], 1.0f);
+    for (const Parameter& s : optimizer.State()) {
+      EXPECT_EQ(s.name.find("expert_bias"), std::string::npos) << s.name;
+    }
+  }
+}
+
+TEST(OptimizerTest, StateIsShardedLikeItsParameterAndSharesStorage) {
+  ParameterRegistry reg;
+  // An expert weight slice: experts [2, 4) of 4, each (3,).
+  Parameter w{.name = "layers.0.moe.experts.w1", .global_shape = {4, 3}, .shard_dim = 0,
+              .shard_offset = 2, .group = GradGroup::kExpert,
+              .value = Tensor::Zeros({2, 3}, DType::kF32),
+              .grad = Tensor::Zeros({2, 3}, DType::kF32)};
+  reg.Add(w);
+  AddParam(reg, "ln.bias", {0.0f, 0.0f}, /*weight_decay=*/false);
+
+  Optimizer adamw(reg, {.kind = OptimizerKind::kAdamW});
+  std::vector<Parameter> state = adamw.State();
+  ASSERT_EQ(state.size(), 5u);
+  const char* names[] = {"optimizer.exp_avg.layers.0.moe.experts.w1",
+                         "optimizer.exp_avg_sq.layers.0.moe.experts.w1",
+                         "optimizer.exp_avg.ln.bias", "optimizer.exp_avg_sq.ln.bias",
+                         "optimizer.step"};
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_EQ(state[i].name, names[i]);
+    EXPECT_FALSE(state[i].trainable);
+    EXPECT_FALSE(state[i].grad.defined());
+  }
+  EXPECT_EQ(state[0].global_shape, (Shape{4, 3}));
+  EXPECT_EQ(state[0].shard_dim, 0);
+  EXPECT_EQ(state[0].shard_offset, 2);
+  EXPECT_EQ(state[0].group, GradGroup::kExpert);
+  EXPECT_EQ(state[0].value.shape(), (Shape{2, 3}));
+  EXPECT_EQ(state[2].shard_dim, -1);
+  EXPECT_EQ(state[4].value.dtype(), DType::kI64);
+  EXPECT_EQ(state[4].value.ndim(), 0);
+  // A checkpoint load writes into the state: the optimizer sees it.
+  *state[4].value.data<int64_t>() = 41;
+  EXPECT_EQ(adamw.step(), 41);
+  state[0].value.CopyFrom(Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3}));
+  EXPECT_EQ(adamw.State()[0].value.ToVector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  // A registry round trip: the state parameters register like the model's.
+  ParameterRegistry ckpt;
+  for (Parameter& s : state) ckpt.Add(s);
+  EXPECT_EQ(ckpt.params().size(), 5u);
+
+  Optimizer sgd(reg, {.kind = OptimizerKind::kSgd, .momentum = 0.9f});
+  std::vector<Parameter> sgd_state = sgd.State();
+  ASSERT_EQ(sgd_state.size(), 3u);
+  EXPECT_EQ(sgd_state[0].name, "optimizer.momentum.layers.0.moe.experts.w1");
+  EXPECT_EQ(sgd_state[1].name, "optimizer.momentum.ln.bias");
+  Optimizer plain(reg, {.kind = OptimizerKind::kSgd, .momentum = 0.0f});
+  EXPECT_EQ(plain.State().size(), 1u);  // the step only
+}
+
+TEST(OptimizerTest, SgdWithMomentumMatchesTheFormula) {
+  ParameterRegistry reg;
+  const std::vector<float> w0 = {0.5f, -1.0f, 2.0f};
+  const std::vector<float> b0 = {0.25f, 0.75f};
+  AddParam(reg, "w", w0, /*weight_decay=*/true);
+  AddParam(reg, "b", b0, /*weight_decay=*/false);
+  const double mu = 0.9, wd = 0.01;
+  Optimizer optimizer(reg, {.kind = OptimizerKind::kSgd, .weight_decay = float(wd),
+                            .momentum = float(mu)});
+  std::vector<double> pw(w0.begin(), w0.end()), pb(b0.begin(), b0.end());
+  std::vector<double> bw(w0.size(), 0.0), bb(b0.size(), 0.0);
+  for (int s = 1; s <= 4; ++s) {
+    const double lr = 0.05 * s;
+    std::vector<float> gw = GradAt(s, w0.size(), 1.0f), gb = GradAt(s + 3, b0.size(), 2.0f);
+    SetGrad(reg, "w", gw);
+    SetGrad(reg, "b", gb);
+    optimizer.Step(static_cast<float>(lr));
+    // torch.optim.SGD: d = g + wd * p; buf = mu * buf + d (buf = d at the first step);
+    // p -= lr * buf.
+    for (size_t i = 0; i < pw.size(); ++i) {
+      const double d = gw[i] + wd * pw[i];
+      bw[i] = s == 1 ? d : mu * bw[i] + d;
+      pw[i] -= lr * bw[i];
+    }
+    for (size_t i = 0; i < pb.size(); ++i) {
+      const double d = gb[i];
+      bb[i] = s == 1 ? d : mu * bb[i] + d;
+      pb[i] -= lr * bb[i];
+    }
+  }
+  ExpectNear(reg.Find("w")->value.ToVector<float>(), pw, "sgd w");
+  ExpectNear(reg.Find("b")->value.ToVector<float>(), pb, "sgd no-decay");
+  ExpectNear(optimizer.State()[0].value.ToVector<float>(), bw, "sgd momentum w");
+  EXPECT_EQ(optimizer.step(), 4);
+}
+
+TEST(OptimizerTest, PlainSgdHasNoBuffer) {
+  ParameterRegistry reg;
+  AddParam(reg, "w", {1.0f, -2.0f});
+  SetGrad(reg, "w", {0.5f, 0.25f});
+  Optimizer optimizer(reg, {.kind = OptimizerKind::kSgd, .weight_decay = 0.0f, .momentum = 0.0f});
+  optimizer.Step(0.1f);
+  optimizer.Step(0.1f);
+  ExpectNear(reg.Find("w")->value.ToVector<float>(), {1.0 - 0.1, -2.0 - 0.05}, "plain sgd");
+}
+
+TEST(OptimizerTest, ParsesKindNames) {
+  EXPECT_EQ(*ParseOptimizerKind("adamw"), OptimizerKind::kAdamW);
+  EXPECT_EQ(*ParseOptimizerKind("sgd"), OptimizerKind::kSgd);
+  EXPECT_EQ(ParseOptimizerKind("adam").status().message(),
+            "train.optimizer='adam' is not one of adamw, sgd");
+  EXPECT_STREQ(OptimizerKindName(OptimizerKind::kSgd), "sgd");
+}
+
+TEST(ScheduleTest, WarmupCosineConstant) {
+  const LrSchedule s{.lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 10, .max_steps = 110};
+  EXPECT_FLOAT_EQ(s.LrAt(0), 0.1f);   // (0 + 1) / 10: the first update is not at lr 0
+  EXPECT_FLOAT_EQ(s.LrAt(4), 0.5f);   // mid-warmup
+  EXPECT_FLOAT_EQ(s.LrAt(9), 1.0f);   // the last warmup step reaches lr
+  EXPECT_FLOAT_EQ(s.LrAt(10), 1.0f);  // the cosine starts at lr
+  EXPECT_FLOAT_EQ(s.LrAt(60), 0.55f); // halfway: (lr + min_lr) / 2
+  const double q = 0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * 25 / 100));
+  EXPECT_FLOAT_EQ(s.LrAt(35), static_cast<float>(q));
+  EXPECT_FLOAT_EQ(s.LrAt(110), 0.1f);  // max_steps: min_lr
+  EXPECT_FLOAT_EQ(s.LrAt(111), 0.1f);  // and constant after
+  EXPECT_FLOAT_EQ(s.LrAt(100000), 0.1f);
+  // Monotone: up through warmup, down through the decay.
+  for (int64_t i = 1; i < 10; ++i) EXPECT_GT(s.LrAt(i), s.LrAt(i - 1));
+  for (int64_t i = 11; i <= 110; ++i) EXPECT_LT(s.LrAt(i), s.LrAt(i - 1));
+}
+
+TEST(ScheduleTest, NoWarmupAndNoDecayPhase) {
+  const LrSchedule no_warmup{.lr = 2.0f, .min_lr = 0.0f, .warmup_steps = 0, .max_steps = 4};
+  EXPECT_FLOAT_EQ(no_warmup.LrAt(0), 2.0f);
+  EXPECT_FLOAT_EQ(no_warmup.LrAt(2), 1.0f);
+  EXPECT_FLOAT_EQ(no_warmup.LrAt(4), 0.0f);
+  const LrSchedule warmup_only{.lr = 1.0f, .min_lr = 0.25f, .warmup_steps = 4, .max_steps = 4};
+  EXPECT_FLOAT_EQ(warmup_only.LrAt(3), 1.0f);
+  EXPECT_FLOAT_EQ(warmup_only.LrAt(4), 0.25f);
+}
+
+TEST(ClipTest, GlobalNormAndClippingOnOneRank) {
+  ParameterRegistry reg;
+  AddParam(reg, "a", {0.0f, 0.0f});
+  AddParam(reg, "frozen", {0.0f}, false, /*trainable=*/false);
+  Parameter e{.name = "experts.w", .global_shape = {4}, .shard_dim = 0, .shard_offset = 0,
+              .group = GradGroup::kExpert, .value = Tensor::Zeros({4}, DType::kF32),
+              .grad = Tensor::FromVector<float>({1, 2, 2, 0}, {4})};
+  reg.Add(e);
+  SetGrad(reg, "a", {3.0f, 4.0f});
+  // sqrt(9 + 16 + 1 + 4 + 4) = sqrt(34).
+  EXPECT_DOUBLE_EQ(GlobalGradNorm(reg, {}), std::sqrt(34.0));
+  // Below the threshold (and max_norm 0 = off): unchanged.
+  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 10.0, {}), std::sqrt(34.0));
+  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 0.0, {}), std::sqrt(34.0));
+  EXPECT_EQ(reg.Find("a")->grad.ToVector<float>(), (std::vector<float>{3.0f, 4.0f}));
+  // Above: every grad scaled by max_norm / (norm + 1e-6).
+  const double norm = ClipGradNorm(reg, 2.0, {});
+  EXPECT_DOUBLE_EQ(norm, std::sqrt(34.0));
+  const double scale = 2.0 / (std::sqrt(34.0) + 1e-6);
+  ExpectNear(reg.Find("a")->grad.ToVector<float>(), {3 * scale, 4 * scale}, "clipped a");
+  ExpectNear(reg.Find("experts.w")->grad.ToVector<float>(), {scale, 2 * scale, 2 * scale, 0},
+             "clipped experts");
+  EXPECT_NEAR(GlobalGradNorm(reg, {}), 2.0, 1e-6);
+}
+
+TEST(OptimizerKernelTest, SumSquaresAndScale) {
+  Tensor t = Tensor::FromVector<float>({1, -2, 3}, {3});
+  EXPECT_DOUBLE_EQ(kernels::SumSquares(t), 14.0);
+  kernels::ScaleInPlace(t, 0.5f);
+  EXPECT_EQ(t.ToVector<float>(), (std::vector<float>{0.5f, -1.0f, 1.5f}));
+}
+
+}  // namespace
+}  // namespace switchyard::train
