@@ -20,6 +20,7 @@ int RunPrep(const std::vector<std::string>& args);
 // switchyard moe-layer --config FILE --input FILE --out FILE [--mode train|eval] [--step N]
 // [--layer N] [--set section.key=value ...]: forward and backward of one MoE layer on the
 // tensors of a safetensors file (any number of ranks under mpirun); see docs/moe-layer.md.
+int RunTrain(const std::vector<std::string>& args);
 int RunMoeLayer(const std::vector<std::string>& args);
 
 }  // namespace switchyard::cli

@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"mesh", "print the process groups of a parallel layout (dense and expert views)", RunMesh},
     {"prep", "train a tokenizer on text files and write token shards (fortunes by default)",
      RunPrep},
+    {"train", "train a model from a config (one rank, or many under mpirun)", RunTrain},
     {"moe-layer", "forward and backward of one MoE layer on tensors from a file", RunMoeLayer},
 };
 

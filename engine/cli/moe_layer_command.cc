@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/cli/args.h"
+#include "engine/cli/common.h"
 #include "engine/cli/commands.h"
 #include "engine/core/safetensors.h"
 #include "engine/dist/communicator.h"
@@ -35,23 +36,10 @@ using dist::ReduceOp;
 constexpr char kCommand[] = "switchyard moe-layer";
 constexpr int64_t kMaxGroupLines = 32;  // per-group summary lines printed at most
 
-void PrintError(const std::string& message) {
-  std::fprintf(stderr, "%s: error: %s\n", kCommand, message.c_str());
-  std::fflush(stderr);
-}
+void PrintError(const std::string& message) { cli::PrintError(kCommand, message); }
 
-// Collective over `world`: returns kExitOk when every rank's `status` is OK; otherwise
-// every rank returns the exit code of the lowest failing rank, which alone prints its
-// message. Codes are kExitFailure or kExitUsage.
 int Agree(Communicator& world, const Status& status, int code) {
-  const int64_t none = int64_t{world.size()} * 4;
-  const int64_t mine = status.ok() ? none : int64_t{world.rank()} * 4 + code;
-  Tensor t = Tensor::FromVector<int64_t>({mine}, {1});
-  world.AllReduce(t, ReduceOp::kMin);
-  const int64_t first = t.data<int64_t>()[0];
-  if (first == none) return kExitOk;
-  if (first / 4 == world.rank()) PrintError(std::string(status.message()));
-  return static_cast<int>(first % 4);
+  return cli::Agree(world, status, code, kCommand);
 }
 
 // ---- Flags ---------------------------------------------------------------------------
@@ -67,20 +55,8 @@ struct Flags {
 };
 
 Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
-  // --set repeats, which FlagSet does not support: take those out first.
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--set") {
-      if (i + 1 == args.size() || args[i + 1].rfind("--", 0) == 0) {
-        return InvalidArgument("--set needs a value (section.key=value)");
-      }
-      f->overrides.push_back(args[++i]);
-    } else if (args[i].rfind("--set=", 0) == 0) {
-      f->overrides.push_back(args[i].substr(6));
-    } else {
-      rest.push_back(args[i]);
-    }
-  }
+  std::vector<std::string> rest = args;
+  SY_ASSIGN_OR_RETURN(f->overrides, TakeOverrides(rest));
   FlagSet flags(kCommand,
                 "Runs forward and backward of one MoE layer on the tensors of a safetensors\n"
                 "file and writes y, every gradient, the aux and z losses and the routing counts\n"

@@ -26,10 +26,16 @@ struct ParallelConfig {
   std::string order = "tp-cp-ep-dp-pp";  // mesh axis order, first fastest
 };
 
+// data: where `switchyard prep` wrote the token shards.
+struct DataConfig {
+  std::string dir = "data/fortunes";  // relative to the working directory
+};
+
 struct Config {
   model::ModelConfig model;
   moe::MoEConfig moe;  // moe.d_model mirrors model.d_model
   ParallelConfig parallel;
+  DataConfig data;
   TrainConfig train;   // optimizer, LR schedule, clipping, gradient buckets
 
   // Sections and fields together, plus what the world size allows ("parallel.ep=3 does

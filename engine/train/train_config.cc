@@ -5,6 +5,14 @@
 namespace switchyard::train {
 
 Status TrainConfig::Validate() const {
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"micro_batch_size", micro_batch_size},
+                        {"grad_accum", grad_accum}}) {
+    if (v < 1) return InvalidArgument("train.", key, "=", v, " must be >= 1");
+  }
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"eval_every", eval_every},
+                        {"eval_batches", eval_batches}, {"checkpoint_every", checkpoint_every}}) {
+    if (v < 0) return InvalidArgument("train.", key, "=", v, " must be >= 0");
+  }
   if (!(lr > 0.0f) || !std::isfinite(lr)) return InvalidArgument("train.lr=", lr, " must be > 0");
   if (min_lr != -1.0f && !(min_lr >= 0.0f && min_lr <= lr)) {
     return InvalidArgument("train.min_lr=", min_lr, " must be in [0, train.lr=", lr,

@@ -26,6 +26,12 @@ struct TrainConfig {
   float eps = 1e-8f;           // AdamW
   float momentum = 0.9f;       // SGD; 0 = plain SGD
   float grad_clip = 1.0f;      // max global gradient norm; 0 = no clipping
+  int64_t micro_batch_size = 4;  // sequences per micro-batch (one routing group)
+  int64_t grad_accum = 1;        // micro-batches per step on each data-parallel rank
+  uint64_t seed = 1234;          // initial weights, data order, routing noise
+  int64_t eval_every = 50;       // validation every N steps (and at the end); 0 = off
+  int64_t eval_batches = 8;      // validation micro-batches per rank
+  int64_t checkpoint_every = 0;  // save every N steps; 0 = only at the end (and on SIGTERM)
   float bucket_mb = 25.0f;     // data-parallel gradient bucket size in MiB (DDP bucket_cap_mb)
 
   // Names the key and the value it rejects ("train.beta2=1 must be in [0, 1)").

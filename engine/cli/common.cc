@@ -1,0 +1,43 @@
+#include "engine/cli/common.h"
+
+#include <cstdio>
+
+#include "engine/cli/args.h"
+
+namespace switchyard::cli {
+
+StatusOr<std::vector<std::string>> TakeOverrides(std::vector<std::string>& args) {
+  std::vector<std::string> overrides, rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--set") {
+      if (i + 1 == args.size() || args[i + 1].rfind("--", 0) == 0) {
+        return InvalidArgument("--set needs a value (section.key=value)");
+      }
+      overrides.push_back(args[++i]);
+    } else if (args[i].rfind("--set=", 0) == 0) {
+      overrides.push_back(args[i].substr(6));
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  args = std::move(rest);
+  return overrides;
+}
+
+void PrintError(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "%s: error: %s\n", command.c_str(), message.c_str());
+  std::fflush(stderr);
+}
+
+int Agree(dist::Communicator& world, const Status& status, int code, const std::string& command) {
+  const int64_t none = int64_t{world.size()} * 4;
+  const int64_t mine = status.ok() ? none : int64_t{world.rank()} * 4 + code;
+  Tensor t = Tensor::FromVector<int64_t>({mine}, {1});
+  world.AllReduce(t, dist::ReduceOp::kMin);
+  const int64_t first = t.data<int64_t>()[0];
+  if (first == none) return kExitOk;
+  if (first / 4 == world.rank()) PrintError(command, std::string(status.message()));
+  return static_cast<int>(first % 4);
+}
+
+}  // namespace switchyard::cli

@@ -1,0 +1,25 @@
+// Pieces shared by the multi-rank subcommands (train, eval, moe-layer).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/dist/communicator.h"
+
+namespace switchyard::cli {
+
+// Removes every "--set X" / "--set=X" from args and returns the X's in order (config
+// overrides "section.key=value"); FlagSet does not take repeated flags.
+StatusOr<std::vector<std::string>> TakeOverrides(std::vector<std::string>& args);
+
+// Collective over `world`: returns kExitOk when every rank's `status` is OK; otherwise
+// every rank returns the exit code of the lowest failing rank, which alone prints
+// "<command>: error: <message>" (so a multi-rank failure is one line and no rank hangs
+// in a later collective). code: kExitFailure or kExitUsage.
+int Agree(dist::Communicator& world, const Status& status, int code, const std::string& command);
+
+// Prints "<command>: error: <message>" to stderr.
+void PrintError(const std::string& command, const std::string& message);
+
+}  // namespace switchyard::cli

@@ -1,0 +1,100 @@
+// `switchyard train --config FILE [--out DIR] [--steps N] [--resume DIR] [--set k=v ...]
+//                   [--dry-run]`: trains a model from a config on one rank or under mpirun.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/cli/args.h"
+#include "engine/cli/commands.h"
+#include "engine/cli/common.h"
+#include "engine/dist/process.h"
+#include "engine/train/dry_run.h"
+#include "engine/train/trainer.h"
+
+namespace switchyard::cli {
+namespace {
+
+constexpr char kCommand[] = "switchyard train";
+
+struct Flags {
+  std::string config, out, resume;
+  int steps = 0;
+  bool dry_run = false, help = false;
+  std::vector<std::string> overrides;
+  std::string usage;
+};
+
+Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
+  std::vector<std::string> rest = args;
+  SY_ASSIGN_OR_RETURN(f->overrides, TakeOverrides(rest));
+  FlagSet flags(kCommand,
+                "Trains the model of a config on the data of data.dir (see `switchyard prep`),\n"
+                "printing a line per step, writing DIR/metrics.jsonl and checkpoints into DIR.\n"
+                "Launch many ranks with `mpirun -np N`; the layout comes from the config's\n"
+                "parallel section (data parallelism is what remains).");
+  flags.AddString("config", &f->config, "YAML config (configs/*.yaml)", true);
+  flags.AddString("out", &f->out, "output directory: metrics.jsonl and step-* checkpoints "
+                                  "(default runs/<config name>)");
+  flags.AddInt("steps", &f->steps, "run at most N steps in this invocation (default: to "
+                                   "train.max_steps)");
+  flags.AddString("resume", &f->resume, "continue from a checkpoint: a step-* directory or an "
+                                        "output directory (its latest); any layout");
+  flags.AddBool("dry-run", &f->dry_run, "print parameter counts, FLOPs per token and memory per "
+                                        "rank, then exit");
+  std::string unused;
+  flags.AddString("set", &unused, "section.key=value config override; repeatable");
+  f->usage = flags.Usage();
+  SY_RETURN_IF_ERROR(flags.Parse(rest));
+  f->help = flags.help_requested();
+  if (f->steps < 0) return InvalidArgument("--steps=", f->steps, " must be >= 1");
+  if (f->out.empty()) {
+    std::string stem = f->config.substr(f->config.find_last_of('/') + 1);
+    stem = stem.substr(0, stem.find('.'));
+    f->out = "runs/" + stem;
+  }
+  return OkStatus();
+}
+
+int Run(const std::vector<std::string>& args) {
+  auto world = dist::WorldCommunicator();
+  Flags f;
+  if (int rc = Agree(*world, ParseFlags(args, &f), kExitUsage, kCommand); rc != kExitOk) return rc;
+  if (f.help) {
+    if (world->rank() == 0) std::printf("%s", f.usage.c_str());
+    return kExitOk;
+  }
+  auto config = train::LoadConfig(f.config, f.overrides);
+  if (int rc = Agree(*world, config.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
+  if (f.dry_run) {
+    Status valid = config->Validate(world->size());
+    if (valid.ok()) valid = config->model.Validate();
+    if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
+    if (world->rank() == 0) std::printf("%s", train::DryRunReport(*config, world->size()).c_str());
+    return kExitOk;
+  }
+  if (world->rank() == 0) {
+    std::printf("resolved config (%s):\n%s\n", f.config.c_str(), config->ToYaml().c_str());
+  }
+  auto trainer = train::Trainer::Create(*config, f.out, *world);
+  if (int rc = Agree(*world, trainer.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
+  if (!f.resume.empty()) {
+    Status s = (*trainer)->Resume(f.resume);
+    if (int rc = Agree(*world, s, kExitFailure, kCommand); rc != kExitOk) return rc;
+  }
+  Status s = (*trainer)->Run(f.steps);
+  return Agree(*world, s, kExitFailure, kCommand);
+}
+
+}  // namespace
+
+int RunTrain(const std::vector<std::string>& args) {
+  if (Status s = dist::InitProcess(nullptr, nullptr); !s.ok()) {
+    PrintError(kCommand, std::string(s.message()));
+    return kExitFailure;
+  }
+  const int rc = Run(args);
+  dist::FinalizeProcess();
+  return rc;
+}
+
+}  // namespace switchyard::cli

@@ -1,0 +1,34 @@
+// `switchyard train --dry-run`: what a config costs before anything is allocated —
+// parameter counts (total, and active per token), training FLOPs per token, and the memory
+// each rank needs under the config's layout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/train/config.h"
+
+namespace switchyard::train {
+
+struct ModelCost {
+  int64_t total_params = 0;      // every trainable parameter, experts included
+  int64_t active_params = 0;     // used by one token: dense + router + k experts + shared
+  int64_t embedding_params = 0;  // wte (+ wpe); the lookup does no matrix product
+  int64_t expert_params = 0;     // all routed experts
+  // Training FLOPs per token: 6 * (active matrix parameters, the head included, the
+  // embedding lookup excluded) + 12 * L * S * (n_heads * head_dim) for attention scores and
+  // values (Kaplan et al. 2020; PaLM's 6N + 12LHQT), causal masking not subtracted.
+  double flops_per_token = 0;
+  // Bytes per rank: fp32 weights + gradients + optimizer state (AdamW: 2, SGD: 1 per
+  // element), with the routed experts split over ep; and the activations one micro-batch
+  // keeps for backward (an estimate from the tensors the layers store).
+  double param_bytes_per_rank = 0;
+  double activation_bytes_per_rank = 0;
+};
+
+ModelCost EstimateCost(const Config& config);
+
+// The human-readable report: sizes, layout, counts, FLOPs and memory.
+std::string DryRunReport(const Config& config, int world);
+
+}  // namespace switchyard::train

@@ -1,0 +1,156 @@
+#include "engine/train/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace switchyard::train {
+namespace {
+
+std::string Format(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+}  // namespace
+
+std::string ProgressLine(const StepMetrics& m) {
+  std::ostringstream out;
+  out << "step " << m.step << " | loss " << Format("%.4f", m.loss) << " (ce "
+      << Format("%.4f", m.ce_loss) << " aux " << Format("%.4f", m.aux_loss) << " z "
+      << Format("%.4f", m.z_loss) << ") | lr " << Format("%.2e", m.lr) << " | gnorm "
+      << Format("%.3f", m.grad_norm) << " | " << Format("%.0f", m.tokens_per_s) << " tok/s";
+  if (!m.moe.empty()) {
+    double dropped = 0, lo = 1, hi = 0;
+    for (const moe::MoEStats& s : m.moe) {
+      dropped += s.dropped_fraction();
+      lo = std::min(lo, s.min_load_share());
+      hi = std::max(hi, s.max_load_share());
+    }
+    out << " | dropped " << Format("%.1f", 100 * dropped / m.moe.size()) << "% | load min "
+        << Format("%.1f", 100 * lo) << "% max " << Format("%.1f", 100 * hi) << "%";
+  }
+  return out.str();
+}
+
+std::string MetricsJson(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  j["ce_loss"] = m.ce_loss;
+  j["aux_loss"] = m.aux_loss;
+  j["z_loss"] = m.z_loss;
+  j["lr"] = m.lr;
+  j["grad_norm"] = m.grad_norm;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["step_s"] = m.step_s;
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < m.moe.size(); ++i) {
+    const moe::MoEStats& s = m.moe[i];
+    nlohmann::ordered_json l;
+    l["layer"] = m.moe_layer_ids[i];
+    l["tokens_per_expert"] = s.tokens_per_expert;
+    l["tokens_per_expert_kept"] = s.tokens_per_expert_kept;
+    l["dropped_frac"] = s.dropped_fraction();
+    l["router_entropy"] = s.router_entropy();
+    l["aux"] = s.aux_mean();
+    l["z"] = s.z_mean();
+    l["min_load"] = s.min_load_share();
+    l["max_load"] = s.max_load_share();
+    layers.push_back(l);
+  }
+  j["moe"] = layers;
+  return j.dump();
+}
+
+StatusOr<JsonlWriter> JsonlWriter::Open(const std::string& path, bool append) {
+  JsonlWriter w;
+  w.out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (!w.out_) return FailedPrecondition(path, ": cannot open for writing");
+  return w;
+}
+
+void JsonlWriter::Write(const std::string& line) {
+  out_ << line << '\n';
+  out_.flush();
+}
+
+RoutingByLabel::RoutingByLabel(std::vector<std::string> labels, std::vector<int64_t> layer_ids,
+                               int64_t num_experts)
+    : labels_(std::move(labels)), layer_ids_(std::move(layer_ids)), num_experts_(num_experts) {
+  counts_.assign(layer_ids_.size(), std::vector<int64_t>(labels_.size() * num_experts_, 0));
+}
+
+void RoutingByLabel::Add(size_t layer, const Tensor& indices, const Tensor& labels) {
+  const int64_t t = indices.dim(0), k = indices.dim(1);
+  SY_CHECK_EQ(labels.numel(), t) << "one label per routed token";
+  const int32_t* ip = indices.data<int32_t>();
+  const int32_t* lp = labels.data<int32_t>();
+  std::vector<int64_t>& c = counts_[layer];
+  for (int64_t i = 0; i < t; ++i) {
+    if (lp[i] < 0 || lp[i] >= static_cast<int32_t>(labels_.size())) continue;
+    for (int64_t j = 0; j < k; ++j) ++c[lp[i] * num_experts_ + ip[i * k + j]];
+  }
+}
+
+void RoutingByLabel::AllReduce(dist::Communicator& comm) {
+  for (std::vector<int64_t>& c : counts_) {
+    Tensor t = Tensor::FromVector(c, {static_cast<int64_t>(c.size())});
+    comm.AllReduce(t, dist::ReduceOp::kSum);
+    c = t.ToVector<int64_t>();
+  }
+}
+
+std::string RoutingByLabel::Table() const {
+  std::ostringstream out;
+  for (size_t l = 0; l < layer_ids_.size(); ++l) {
+    out << "routing by language, layer " << layer_ids_[l]
+        << " (% of each language's assignments per expert)\n  lang  ";
+    for (int64_t e = 0; e < num_experts_; ++e) out << Format("%6.0f", double(e));
+    out << "   top\n";
+    for (size_t lab = 0; lab < labels_.size(); ++lab) {
+      const int64_t* row = counts_[l].data() + lab * num_experts_;
+      int64_t total = 0, best = 0;
+      for (int64_t e = 0; e < num_experts_; ++e) {
+        total += row[e];
+        if (row[e] > row[best]) best = e;
+      }
+      if (total == 0) continue;
+      char name[16];
+      std::snprintf(name, sizeof(name), "  %-5s ", labels_[lab].c_str());
+      out << name;
+      for (int64_t e = 0; e < num_experts_; ++e) out << Format("%6.1f", 100.0 * row[e] / total);
+      out << "   e" << best << "\n";
+    }
+  }
+  return out.str();
+}
+
+std::string LoadBalanceSummary(const std::vector<int64_t>& layer_ids,
+                               const std::vector<moe::MoEStats>& stats) {
+  std::ostringstream out;
+  out << "load balance (whole run, every data-parallel rank)\n"
+      << "  layer  dropped  entropy/lnE   min load  max load    cv   tokens per expert (% of kept)\n";
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const moe::MoEStats& s = stats[i];
+    const auto& kept = s.tokens_per_expert_kept;
+    double total = 0, sq = 0;
+    for (int64_t c : kept) total += c;
+    const double mean = kept.empty() ? 0 : total / kept.size();
+    for (int64_t c : kept) sq += (c - mean) * (c - mean);
+    const double cv = mean > 0 ? std::sqrt(sq / kept.size()) / mean : 0;
+    const double max_entropy = kept.empty() ? 1 : std::log(static_cast<double>(kept.size()));
+    out << Format("  %5.0f", double(layer_ids[i])) << Format("  %6.2f%%", 100 * s.dropped_fraction())
+        << Format("  %11.3f", s.router_entropy() / max_entropy)
+        << Format("   %6.2f%%", 100 * s.min_load_share()) << Format("  %6.2f%%", 100 * s.max_load_share())
+        << Format("  %5.2f", cv) << "  ";
+    for (int64_t c : kept) out << Format(" %.1f", total > 0 ? 100.0 * c / total : 0.0);
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace switchyard::train

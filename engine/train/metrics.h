@@ -1,0 +1,71 @@
+// What a training run shows and writes: the per-step progress line, one JSON object per
+// step in metrics.jsonl, the load-balance summary per MoE layer, and the routing-by-label
+// (language) table that shows which experts each language's tokens go to.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "moe/moe_layer.h"
+
+namespace switchyard::train {
+
+// One step's numbers, already reduced over the data-parallel world.
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0, ce_loss = 0, aux_loss = 0, z_loss = 0;  // aux/z: summed over MoE layers
+  double lr = 0, grad_norm = 0, tokens_per_s = 0, step_s = 0;
+  std::vector<int64_t> moe_layer_ids;
+  std::vector<moe::MoEStats> moe;  // per MoE layer, reduced over the dp world
+};
+
+// "step 12 | loss 5.1234 (ce 5.1100 aux 0.0123 z 0.0011) | lr 3.0e-04 | 12345 tok/s |
+//  dropped 1.2% | load min 8.1% max 16.2%"
+std::string ProgressLine(const StepMetrics& m);
+
+// One line of JSON with step, loss, ce_loss, aux_loss, z_loss, lr, grad_norm, tokens_per_s,
+// and per MoE layer ("moe": [{"layer", "tokens_per_expert", "tokens_per_expert_kept",
+// "dropped_frac", "router_entropy", "aux", "z", "min_load", "max_load"}]).
+std::string MetricsJson(const StepMetrics& m);
+
+// Appends lines to a file, flushing each (so a killed run keeps what it logged).
+class JsonlWriter {
+ public:
+  static StatusOr<JsonlWriter> Open(const std::string& path, bool append);
+  void Write(const std::string& line);
+
+ private:
+  std::ofstream out_;
+};
+
+// Counts of top-k assignments by (label, expert) for each MoE layer.
+class RoutingByLabel {
+ public:
+  RoutingByLabel(std::vector<std::string> labels, std::vector<int64_t> layer_ids,
+                 int64_t num_experts);
+  // indices: (T, k) i32 router choices of one layer (by position in layer_ids);
+  // labels: (T) label ids of the same tokens.
+  void Add(size_t layer, const Tensor& indices, const Tensor& labels);
+  // Sums over the ranks of comm (every rank ends with the totals).
+  void AllReduce(dist::Communicator& comm);
+  // Per layer: rows = labels, columns = experts, each cell the share (%) of that label's
+  // assignments sent to that expert, and the label's most-used expert.
+  std::string Table() const;
+  const std::vector<int64_t>& counts(size_t layer) const { return counts_[layer]; }
+
+ private:
+  std::vector<std::string> labels_;
+  std::vector<int64_t> layer_ids_;
+  int64_t num_experts_;
+  std::vector<std::vector<int64_t>> counts_;  // per layer: (labels, E)
+};
+
+// Per MoE layer: tokens per expert (share of kept assignments), dropped fraction, router
+// entropy (and its maximum ln E), least/most loaded expert and the coefficient of variation.
+std::string LoadBalanceSummary(const std::vector<int64_t>& layer_ids,
+                               const std::vector<moe::MoEStats>& stats);
+
+}  // namespace switchyard::train

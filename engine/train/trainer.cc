@@ -1,0 +1,269 @@
+#include "engine/train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/train/checkpoint.h"
+#include "engine/train/clip.h"
+
+namespace switchyard::train {
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
+
+// Sums doubles over comm. They travel as f32 (hi, lo) pairs: the communicators have no f64.
+std::vector<double> SumDoubles(dist::Communicator& comm, const std::vector<double>& values) {
+  if (comm.size() == 1) return values;
+  std::vector<float> packed;
+  for (double v : values) {
+    float hi = static_cast<float>(v);
+    packed.push_back(hi);
+    packed.push_back(static_cast<float>(v - hi));
+  }
+  Tensor t = Tensor::FromVector(packed, {static_cast<int64_t>(packed.size())});
+  comm.AllReduce(t, dist::ReduceOp::kSum);
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = double(t.data<float>()[2 * i]) + t.data<float>()[2 * i + 1];
+  return out;
+}
+
+// Layouts the dense-parallelism work adds are refused until then, naming the key.
+Status CheckSupportedLayout(const ParallelConfig& p) {
+  for (auto [key, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"pp", p.pp}}) {
+    if (v != 1) {
+      return Unimplemented("parallel.", key, "=", v,
+                           " is not supported by `switchyard train` yet (tensor, context and "
+                           "pipeline parallelism land with the dense-parallelism work); use "
+                           "parallel.ep and data parallelism");
+    }
+  }
+  if (p.etp > 1) return Unimplemented("parallel.etp=", p.etp, " is not supported yet; use 1");
+  if (p.zero_stage != 0) {
+    return Unimplemented("parallel.zero_stage=", p.zero_stage, " is not supported yet; use 0");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const std::string& out_dir,
+                                                   dist::Communicator& world) {
+  SY_RETURN_IF_ERROR(config.Validate(world.size()));
+  SY_RETURN_IF_ERROR(config.model.Validate());
+  SY_RETURN_IF_ERROR(CheckSupportedLayout(config.parallel));
+  std::unique_ptr<Trainer> t(new Trainer(config, out_dir, world));
+  const ParallelConfig& p = config.parallel;
+  SY_ASSIGN_OR_RETURN(dist::Mesh mesh,
+                      dist::Mesh::Create(world.size(), {.tp = p.tp, .cp = p.cp, .ep = p.ep,
+                                                        .etp = p.etp > 0 ? p.etp : p.tp, .pp = p.pp},
+                                         p.order));
+  SY_ASSIGN_OR_RETURN(t->pc_, dist::ParallelContext::Create(world, mesh));
+  SY_ASSIGN_OR_RETURN(t->decoder_, model::Decoder::Create(config.model, config.moe, config.train.seed,
+                                                           &t->pc_->ep()));
+  t->optimizer_ = std::make_unique<Optimizer>(t->decoder_->registry(), config.train.optimizer_options());
+  t->grad_sync_ = std::make_unique<parallel::GradSync>(t->decoder_->registry(), *t->pc_,
+                                                       config.train.bucket_bytes());
+  const int dp = mesh.dp();
+  data::LoaderOptions lo{.dir = config.data.dir,
+                         .seq_len = config.model.seq_len,
+                         .micro_batch_size = config.train.micro_batch_size,
+                         .global_batch_size = dp * config.train.micro_batch_size * config.train.grad_accum,
+                         .dp_rank = mesh.Coord(world.rank(), dist::View::kDense, dist::Axis::kDp),
+                         .dp_size = dp,
+                         .seed = config.train.seed};
+  SY_ASSIGN_OR_RETURN(data::DataLoader loader, data::DataLoader::Open(lo));
+  if (loader.vocab_size() > config.model.vocab_size) {
+    return InvalidArgument("model.vocab_size=", config.model.vocab_size, " is smaller than the ",
+                           loader.vocab_size(), " tokens of the tokenizer in ", config.data.dir);
+  }
+  t->loader_ = std::make_unique<data::DataLoader>(std::move(loader));
+  if (config.train.eval_every > 0 || config.train.eval_batches > 0) {
+    SY_ASSIGN_OR_RETURN(t->val_batches_, t->loader_->ValidationBatches(config.train.eval_batches));
+  }
+  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->decoder_->moe_layer_ids(),
+                                                 config.moe.num_experts);
+  if (t->is_root()) {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec) return FailedPrecondition(out_dir, ": cannot create the output directory (", ec.message(), ")");
+  }
+  return t;
+}
+
+Status Trainer::Resume(const std::string& path) {
+  std::vector<model::Parameter> state = optimizer_->State();
+  SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck,
+                      LoadCheckpoint(path, decoder_->registry(), &state, world_));
+  step_ = ck.step;
+  if (is_root()) {
+    std::printf("resumed from %s at step %lld (saved with world %d, ep %d, dp %d)\n", ck.dir.c_str(),
+                static_cast<long long>(step_), ck.layout.world, ck.layout.ep, ck.layout.dp);
+  }
+  return OkStatus();
+}
+
+StepMetrics Trainer::TrainStep(bool record_routing) {
+  const auto start = std::chrono::steady_clock::now();
+  const TrainConfig& tc = config_.train;
+  const dist::Mesh& mesh = pc_->mesh();
+  const int64_t seq = config_.model.seq_len;
+  const int64_t global_batch = int64_t{mesh.dp()} * tc.micro_batch_size * tc.grad_accum;
+  const int64_t global_groups = int64_t{mesh.dp()} * tc.grad_accum;
+  model::ParameterRegistry& reg = decoder_->registry();
+  reg.ZeroGrad();
+
+  const size_t n_moe = decoder_->moe_layer_ids().size();
+  std::vector<moe::MoEStats> stats(n_moe);
+  double ce_sum = 0, aux_sum = 0, z_sum = 0;
+  for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+    data::Batch batch = loader_->GetBatch(step_, micro);
+    model::DecoderInput in{.tokens = batch.inputs, .targets = batch.targets,
+                           .first_token = batch.sequences[0] * seq, .step = step_, .training = true,
+                           .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
+                           .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
+    model::DecoderOutput out = decoder_->Forward(in);
+    decoder_->Backward(in, out);
+    ce_sum += out.ce_sum;
+    aux_sum += out.aux_sum;
+    z_sum += out.z_sum;
+    size_t layer = 0;
+    for (const model::BlockActivations& b : out.acts.blocks) {
+      if (!b.moe) continue;
+      stats[layer].Add(b.moe->stats);
+      if (record_routing) {
+        routing_->Add(layer, b.moe->acts.router[0].indices, batch.labels.Reshape({batch.labels.numel()}));
+      }
+      ++layer;
+    }
+  }
+  grad_sync_->SyncAll();
+  const double norm = ClipGradNorm(reg, tc.grad_clip, NormGroupsOf(*pc_));
+  const float lr = tc.schedule().LrAt(optimizer_->step());
+  optimizer_->Step(lr);
+
+  // Reduce the step's numbers over the data-parallel world (every rank: dense view dp x cp).
+  dist::Communicator& dpc = pc_->dp_cp();
+  for (moe::MoEStats& s : stats) s.AllReduce(dpc);
+  std::vector<double> sums = SumDoubles(dpc, {ce_sum, aux_sum, z_sum});
+  // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
+  size_t layer = 0;
+  for (moe::MoELayer* m : decoder_->moe_layers()) {
+    if (config_.moe.expert_bias_rate > 0) {
+      Tensor bias = m->expert_bias();
+      moe::UpdateExpertBias(bias, stats[layer].tokens_per_expert, config_.moe.expert_bias_rate);
+    }
+    ++layer;
+  }
+
+  StepMetrics m;
+  m.step = step_;
+  m.ce_loss = sums[0] / static_cast<double>(global_batch * seq);
+  m.aux_loss = sums[1] / static_cast<double>(global_groups);
+  m.z_loss = sums[2] / static_cast<double>(global_groups);
+  m.loss = m.ce_loss + m.aux_loss + m.z_loss;
+  m.lr = lr;
+  m.grad_norm = norm;
+  m.moe_layer_ids = decoder_->moe_layer_ids();
+  m.moe = std::move(stats);
+  m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.tokens_per_s = static_cast<double>(global_batch * seq) / m.step_s;
+  return m;
+}
+
+double Trainer::Validate() {
+  double ce = 0;
+  int64_t count = 0;
+  for (const data::Batch& batch : val_batches_) {
+    model::DecoderInput in{.tokens = batch.inputs, .targets = batch.targets,
+                           .first_token = batch.sequences[0] * config_.model.seq_len,
+                           .step = step_, .training = false};
+    model::DecoderOutput out = decoder_->Forward(in);
+    ce += out.ce_sum;
+    count += out.ce_count;
+  }
+  std::vector<double> sums = SumDoubles(pc_->dp_cp(), {ce, static_cast<double>(count)});
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+Status Trainer::Save() {
+  nlohmann::json state;
+  state["step"] = step_;
+  state["seed"] = config_.train.seed;
+  state["data_position"] = {{"next_step", step_}, {"micro_batches_per_step", config_.train.grad_accum}};
+  state["loss"] = losses_.empty() ? 0.0 : losses_.back();
+  CheckpointContents contents{.params = &decoder_->registry(), .optimizer_state = optimizer_->State(),
+                              .trainer_state_json = state.dump(), .config_yaml = config_.ToYaml()};
+  SY_RETURN_IF_ERROR(SaveCheckpoint(out_dir_, step_, contents, world_, pc_->mesh()));
+  if (is_root()) std::printf("saved checkpoint %s/%s\n", out_dir_.c_str(), StepDirName(step_).c_str());
+  return OkStatus();
+}
+
+Status Trainer::Run(int64_t steps) {
+  const TrainConfig& tc = config_.train;
+  const int64_t end = steps > 0 ? std::min(tc.max_steps, step_ + steps) : tc.max_steps;
+  const int64_t routing_from = step_ + (end - step_) / 2;  // the second half of this run
+  if (is_root()) {
+    SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_ > 0));
+    metrics_.emplace(std::move(w));
+    std::printf("%s\n", pc_->mesh().Summary().c_str());
+    std::printf("parameters: %lld (registry), steps %lld -> %lld, global batch %lld x %lld tokens\n",
+                static_cast<long long>(decoder_->registry().GlobalElements()),
+                static_cast<long long>(step_), static_cast<long long>(end),
+                static_cast<long long>(int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum),
+                static_cast<long long>(config_.model.seq_len));
+    std::fflush(stdout);
+  }
+  g_signal.store(0);
+  auto old_term = std::signal(SIGTERM, OnStopSignal);
+  auto old_int = std::signal(SIGINT, OnStopSignal);
+  bool stopped = false;
+  while (step_ < end) {
+    StepMetrics m = TrainStep(step_ >= routing_from);
+    losses_.push_back(m.loss);
+    if (run_stats_.empty()) run_stats_.resize(m.moe.size());
+    for (size_t i = 0; i < m.moe.size(); ++i) run_stats_[i].Add(m.moe[i]);
+    if (is_root()) {
+      std::printf("%s\n", ProgressLine(m).c_str());
+      std::fflush(stdout);
+      metrics_->Write(MetricsJson(m));
+    }
+    ++step_;
+    if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || step_ == end) && !val_batches_.empty()) {
+      const double val = Validate();
+      if (is_root()) {
+        std::printf("validation after step %lld | loss %.4f | perplexity %.2f\n",
+                    static_cast<long long>(step_ - 1), val, std::exp(val));
+        nlohmann::json j{{"step", step_ - 1}, {"val_loss", val}};
+        metrics_->Write(j.dump());
+      }
+    }
+    // Every rank stops at the same step when any of them was signalled.
+    Tensor flag = Tensor::FromVector<int32_t>({g_signal.load() != 0 ? 1 : 0}, {1});
+    world_.AllReduce(flag, dist::ReduceOp::kMax);
+    stopped = flag.data<int32_t>()[0] != 0;
+    const bool periodic = tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0;
+    if (stopped || periodic || step_ == end) SY_RETURN_IF_ERROR(Save());
+    if (stopped) break;
+  }
+  std::signal(SIGTERM, old_term);
+  std::signal(SIGINT, old_int);
+  routing_->AllReduce(pc_->dp_cp());
+  if (is_root()) {
+    if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
+                             g_signal.load(), static_cast<long long>(step_ - 1), out_dir_.c_str());
+    if (!run_stats_.empty()) {
+      std::printf("\n%s\n%s", LoadBalanceSummary(decoder_->moe_layer_ids(), run_stats_).c_str(),
+                  routing_->Table().c_str());
+    }
+    std::fflush(stdout);
+  }
+  return OkStatus();
+}
+
+}  // namespace switchyard::train

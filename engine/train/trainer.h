@@ -1,0 +1,75 @@
+// The training loop (`switchyard train`): one rank or many under mpirun. Each step:
+//
+//   for each micro-batch of this data-parallel rank (train.grad_accum of them):
+//       forward + backward of the decoder (routing group = the micro-batch)
+//   all-reduce gradients (dense over dp x cp, experts over edp; in buckets)
+//   clip by the global norm, AdamW/SGD update, expert-bias update (aux-loss-free)
+//   log (progress line, metrics.jsonl), validate every train.eval_every steps,
+//   checkpoint every train.checkpoint_every steps, at the end, and on SIGTERM/SIGINT.
+//
+// Losses follow MODEL.md: the cross-entropy is the mean over every target of the global
+// batch, each MoE layer adds the mean over routing groups of (aux + z). Gradients of each
+// rank are pre-scaled by those global counts so the all-reduce SUM is the exact gradient.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/dist/parallel_context.h"
+#include "engine/model/decoder.h"
+#include "engine/parallel/grad_sync.h"
+#include "engine/train/config.h"
+#include "engine/train/data/loader.h"
+#include "engine/train/metrics.h"
+#include "engine/train/optimizer.h"
+
+namespace switchyard::train {
+
+class Trainer {
+ public:
+  // Validates the config for this world (layouts the dense-parallelism work adds — tp, cp,
+  // pp, etp > 1 — are rejected clearly), builds the mesh, the model, the optimizer and the
+  // data loader. Collective over world.
+  static StatusOr<std::unique_ptr<Trainer>> Create(const Config& config,
+                                                   const std::string& out_dir,
+                                                   dist::Communicator& world);
+
+  // Loads a checkpoint (a step directory, or an output directory: its latest), saved under
+  // any layout; training continues at the step after it.
+  Status Resume(const std::string& path);
+
+  // Trains until train.max_steps, or for at most `steps` more steps when steps > 0. Stops
+  // early (saving a checkpoint) when SIGTERM or SIGINT arrives.
+  Status Run(int64_t steps);
+
+  int64_t step() const { return step_; }
+  // Losses of the steps run so far (reduced over the data-parallel world), for tests.
+  const std::vector<double>& losses() const { return losses_; }
+  model::Decoder& decoder() { return *decoder_; }
+
+ private:
+  Trainer(const Config& config, const std::string& out_dir, dist::Communicator& world)
+      : config_(config), out_dir_(out_dir), world_(world) {}
+  StepMetrics TrainStep(bool record_routing);
+  double Validate();
+  Status Save();
+  bool is_root() const { return world_.rank() == 0; }
+
+  Config config_;
+  std::string out_dir_;
+  dist::Communicator& world_;
+  std::unique_ptr<dist::ParallelContext> pc_;
+  std::unique_ptr<model::Decoder> decoder_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<parallel::GradSync> grad_sync_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::vector<data::Batch> val_batches_;
+  std::unique_ptr<RoutingByLabel> routing_;
+  std::vector<moe::MoEStats> run_stats_;  // per MoE layer, summed over the run
+  int64_t step_ = 0;                      // the next step to run
+  std::vector<double> losses_;
+  std::optional<JsonlWriter> metrics_;
+};
+
+}  // namespace switchyard::train
