@@ -18,6 +18,7 @@ namespace switchyard::cli {
 namespace {
 
 using dist::Axis;
+using dist::FormatGroup;
 using dist::Mesh;
 using dist::View;
 
@@ -26,14 +27,6 @@ constexpr Axis kDenseAxes[] = {Axis::kTp, Axis::kCp, Axis::kDp, Axis::kPp};
 constexpr Axis kExpertAxes[] = {Axis::kTp, Axis::kEp, Axis::kDp, Axis::kPp};
 constexpr size_t kLineWidth = 100;
 
-std::string FormatGroup(const std::vector<int>& group) {
-  std::string out = "[";
-  for (size_t i = 0; i < group.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(group[i]);
-  }
-  return out + "]";
-}
 
 // One view as rows "  axis  size  groups", groups wrapped under the groups column.
 std::string ViewTable(const Mesh& mesh, View view, std::span<const Axis> axes) {

@@ -27,15 +27,6 @@ std::string Lower(std::string_view text) {
   return out;
 }
 
-// "[0, 2, 4]"
-std::string FormatGroup(const std::vector<int>& group) {
-  std::string out = "[";
-  for (size_t i = 0; i < group.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(group[i]);
-  }
-  return out + "]";
-}
 
 // Parses "tp-cp-ep-dp-pp" (any permutation of the five names) into axes, fastest first.
 StatusOr<AxisOrder> ParseOrder(std::string_view order) {
@@ -73,6 +64,15 @@ StatusOr<AxisOrder> ParseOrder(std::string_view order) {
 }
 
 }  // namespace
+
+std::string FormatGroup(const std::vector<int>& group) {
+  std::string out = "[";
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(group[i]);
+  }
+  return out + "]";
+}
 
 std::string_view AxisName(Axis axis, View view) {
   return view == View::kDense ? kDenseNames[Index(axis)] : kExpertNames[Index(axis)];

@@ -156,4 +156,7 @@ class Mesh {
   std::array<int, kNumAxes> expert_sizes_;   // indexed by Axis
 };
 
+// "[0, 2, 4]": a rank list as the mesh prints it.
+std::string FormatGroup(const std::vector<int>& group);
+
 }  // namespace switchyard::dist
