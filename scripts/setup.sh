@@ -14,6 +14,7 @@ packages=(
   libopenblas-dev libyaml-cpp-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br
+  python3 python3-numpy
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -23,4 +23,9 @@ int RunPrep(const std::vector<std::string>& args);
 int RunTrain(const std::vector<std::string>& args);
 int RunMoeLayer(const std::vector<std::string>& args);
 
+// switchyard eval --checkpoint DIR [--data DIR] [--batches N] [--json] [--set k=v ...]:
+// validation loss, perplexity and per-MoE-layer routing statistics of a checkpoint in eval
+// mode (one rank, or many under mpirun).
+int RunEval(const std::vector<std::string>& args);
+
 }  // namespace switchyard::cli

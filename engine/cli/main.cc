@@ -23,6 +23,7 @@ constexpr Command kCommands[] = {
     {"prep", "train a tokenizer on text files and write token shards (fortunes by default)",
      RunPrep},
     {"train", "train a model from a config (one rank, or many under mpirun)", RunTrain},
+    {"eval", "validation loss, perplexity and routing statistics of a checkpoint", RunEval},
     {"moe-layer", "forward and backward of one MoE layer on tensors from a file", RunMoeLayer},
 };
 

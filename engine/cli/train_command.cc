@@ -1,6 +1,7 @@
 // `switchyard train --config FILE [--out DIR] [--steps N] [--resume DIR] [--set k=v ...]
 //                   [--dry-run]`: trains a model from a config on one rank or under mpirun.
 #include <cstdio>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ constexpr char kCommand[] = "switchyard train";
 struct Flags {
   std::string config, out, resume;
   int steps = 0;
+  int world = 0;  // --world, for --dry-run
   bool dry_run = false, help = false;
   std::vector<std::string> overrides;
   std::string usage;
@@ -41,18 +43,30 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                                         "output directory (its latest); any layout");
   flags.AddBool("dry-run", &f->dry_run, "print parameter counts, FLOPs per token and memory per "
                                         "rank, then exit");
+  flags.AddInt("world", &f->world, "with --dry-run: the number of ranks to plan for (default: "
+                                   "the ranks launched, or on one rank the smallest world "
+                                   "the layout allows)");
   std::string unused;
   flags.AddString("set", &unused, "section.key=value config override; repeatable");
   f->usage = flags.Usage();
   SY_RETURN_IF_ERROR(flags.Parse(rest));
   f->help = flags.help_requested();
   if (f->steps < 0) return InvalidArgument("--steps=", f->steps, " must be >= 1");
+  if (f->world < 0) return InvalidArgument("--world=", f->world, " must be >= 1");
+  if (flags.IsSet("world") && !f->dry_run) return InvalidArgument("--world needs --dry-run");
   if (f->out.empty()) {
     std::string stem = f->config.substr(f->config.find_last_of('/') + 1);
     stem = stem.substr(0, stem.find('.'));
     f->out = "runs/" + stem;
   }
   return OkStatus();
+}
+
+// The fewest ranks a layout runs on: a multiple of both tp*cp*pp and etp*ep*pp.
+int SmallestWorld(const train::ParallelConfig& p) {
+  const int dense = p.tp * p.cp * p.pp;
+  const int expert = (p.etp > 0 ? p.etp : p.tp) * p.ep * p.pp;
+  return std::lcm(dense, expert);
 }
 
 int Run(const std::vector<std::string>& args) {
@@ -66,10 +80,13 @@ int Run(const std::vector<std::string>& args) {
   auto config = train::LoadConfig(f.config, f.overrides);
   if (int rc = Agree(*world, config.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
   if (f.dry_run) {
-    Status valid = config->Validate(world->size());
+    const int planned = f.world > 0 ? f.world
+                        : world->size() > 1 ? world->size()
+                                            : SmallestWorld(config->parallel);
+    Status valid = config->Validate(planned);
     if (valid.ok()) valid = config->model.Validate();
     if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
-    if (world->rank() == 0) std::printf("%s", train::DryRunReport(*config, world->size()).c_str());
+    if (world->rank() == 0) std::printf("%s", train::DryRunReport(*config, planned).c_str());
     return kExitOk;
   }
   if (world->rank() == 0) {

@@ -1,0 +1,166 @@
+#include "engine/train/evaluator.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+namespace switchyard::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Sums doubles over comm as f32 (hi, lo) pairs (the communicators have no f64), exactly as
+// the trainer reduces its validation sums, so both print the same loss.
+std::vector<double> SumDoubles(dist::Communicator& comm, const std::vector<double>& values) {
+  if (comm.size() == 1) return values;
+  std::vector<float> packed;
+  for (double v : values) {
+    const float hi = static_cast<float>(v);
+    packed.push_back(hi);
+    packed.push_back(static_cast<float>(v - hi));
+  }
+  Tensor t = Tensor::FromVector(packed, {static_cast<int64_t>(packed.size())});
+  comm.AllReduce(t, dist::ReduceOp::kSum);
+  std::vector<double> out(values.size());
+  const float* p = t.data<float>();
+  for (size_t i = 0; i < values.size(); ++i) out[i] = double(p[2 * i]) + p[2 * i + 1];
+  return out;
+}
+
+// The layouts `switchyard train` supports (trainer.cc refuses the others the same way).
+Status CheckSupportedLayout(const ParallelConfig& p) {
+  for (auto [key, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"pp", p.pp}}) {
+    if (v != 1) {
+      return Unimplemented("parallel.", key, "=", v,
+                           " is not supported by `switchyard eval` yet (tensor, context and "
+                           "pipeline parallelism land with the dense-parallelism work); pass "
+                           "--set parallel.", key, "=1");
+    }
+  }
+  if (p.etp > 1) return Unimplemented("parallel.etp=", p.etp, " is not supported yet; use 1");
+  return OkStatus();
+}
+
+StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path, ": cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batch>& batches,
+                           int64_t step, dist::Communicator& dp_cp) {
+  const int64_t seq = decoder.config().seq_len;
+  const size_t n_moe = decoder.moe_layer_ids().size();
+  EvalResult r;
+  r.step = step;
+  r.batches = static_cast<int64_t>(batches.size());
+  r.moe_layer_ids = decoder.moe_layer_ids();
+  r.moe.resize(n_moe);
+  double ce = 0;
+  int64_t count = 0, sequences = 0;
+  for (const data::Batch& batch : batches) {
+    model::DecoderInput in{.tokens = batch.inputs, .targets = batch.targets,
+                           .first_token = batch.sequences[0] * seq, .step = step,
+                           .training = false};
+    model::DecoderOutput out = decoder.Forward(in);
+    ce += out.ce_sum;
+    count += out.ce_count;
+    sequences += batch.inputs.dim(0);
+    for (size_t l = 0; l < n_moe; ++l) r.moe[l].Add(out.moe_stats[l]);
+  }
+  // The same reduction as Trainer::Validate for the loss; the rest beside it.
+  const std::vector<double> sums = SumDoubles(dp_cp, {ce, static_cast<double>(count)});
+  r.ce_sum = sums[0];
+  r.targets = static_cast<int64_t>(sums[1] + 0.5);
+  r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  Tensor ints = Tensor::FromVector<int64_t>({sequences}, {1});
+  if (dp_cp.size() > 1) dp_cp.AllReduce(ints, dist::ReduceOp::kSum);
+  r.sequences = ints.data<int64_t>()[0];
+  for (moe::MoEStats& s : r.moe) {
+    if (s.tokens_per_expert.empty()) {  // no batch: keep the per-expert vectors sized
+      s.tokens_per_expert.assign(decoder.moe_config().num_experts, 0);
+      s.tokens_per_expert_kept.assign(decoder.moe_config().num_experts, 0);
+    }
+    s.AllReduce(dp_cp);
+    r.aux_loss += s.aux_mean();
+    r.z_loss += s.z_mean();
+  }
+  return r;
+}
+
+StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,
+                                                const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return NotFound(path, ": no such checkpoint (the path does not exist)");
+  if (!fs::is_directory(path, ec)) return FailedPrecondition(path, ": not a checkpoint directory");
+  CheckpointConfig out;
+  out.dir = path;
+  if (!fs::exists(fs::path(path) / kModelIndexFile, ec) &&
+      !fs::exists(fs::path(path) / kConfigFile, ec)) {
+    SY_ASSIGN_OR_RETURN(std::optional<std::string> latest, LatestCheckpoint(path));
+    if (!latest) {
+      return NotFound(path, ": not a checkpoint (no ", kConfigFile, ", no ", kLatestFile,
+                      " file); pass a step-* directory or a training output directory");
+    }
+    out.dir = *latest;
+    if (!fs::is_directory(out.dir, ec)) {
+      return NotFound(path, "/", kLatestFile, " names ", out.dir, ", which does not exist");
+    }
+  }
+  const std::string config_path = (fs::path(out.dir) / kConfigFile).string();
+  if (!fs::exists(config_path, ec)) {
+    return FailedPrecondition(out.dir, ": incomplete checkpoint (no ", kConfigFile, ")");
+  }
+  SY_ASSIGN_OR_RETURN(std::string text, ReadText(config_path));
+  SY_ASSIGN_OR_RETURN(out.config, ParseConfig(text, config_path, overrides));
+  return out;
+}
+
+StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
+                                                       dist::Communicator& world) {
+  SY_RETURN_IF_ERROR(config.Validate(world.size()));
+  SY_RETURN_IF_ERROR(config.model.Validate());
+  SY_RETURN_IF_ERROR(CheckSupportedLayout(config.parallel));
+  std::unique_ptr<Evaluator> ev(new Evaluator(config, world));
+  const ParallelConfig& p = config.parallel;
+  SY_ASSIGN_OR_RETURN(dist::Mesh mesh,
+                      dist::Mesh::Create(world.size(),
+                                         {.tp = p.tp, .cp = p.cp, .ep = p.ep,
+                                          .etp = p.etp > 0 ? p.etp : p.tp, .pp = p.pp},
+                                         p.order));
+  SY_ASSIGN_OR_RETURN(ev->pc_, dist::ParallelContext::Create(world, mesh));
+  SY_ASSIGN_OR_RETURN(ev->decoder_, model::Decoder::Create(config.model, config.moe,
+                                                           config.train.seed, &ev->pc_->ep()));
+  const int dp = mesh.dp();
+  const TrainConfig& tc = config.train;
+  data::LoaderOptions lo{.dir = config.data.dir,
+                         .seq_len = config.model.seq_len,
+                         .micro_batch_size = tc.micro_batch_size,
+                         .global_batch_size = dp * tc.micro_batch_size * tc.grad_accum,
+                         .dp_rank = mesh.Coord(world.rank(), dist::View::kDense, dist::Axis::kDp),
+                         .dp_size = dp,
+                         .seed = tc.seed};
+  SY_ASSIGN_OR_RETURN(data::DataLoader loader, data::DataLoader::Open(lo));
+  if (loader.vocab_size() > config.model.vocab_size) {
+    return InvalidArgument("model.vocab_size=", config.model.vocab_size, " is smaller than the ",
+                           loader.vocab_size(), " tokens of the tokenizer in ", config.data.dir);
+  }
+  ev->loader_ = std::make_unique<data::DataLoader>(std::move(loader));
+  return ev;
+}
+
+StatusOr<LoadedCheckpoint> Evaluator::Load(const std::string& path) {
+  return LoadCheckpoint(path, decoder_->registry(), /*optimizer_state=*/nullptr, world_);
+}
+
+StatusOr<EvalResult> Evaluator::Run(int64_t max_batches, int64_t step) {
+  SY_ASSIGN_OR_RETURN(std::vector<data::Batch> batches, loader_->ValidationBatches(max_batches));
+  return EvaluateBatches(*decoder_, batches, step, pc_->dp_cp());
+}
+
+}  // namespace switchyard::train

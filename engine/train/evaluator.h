@@ -1,0 +1,101 @@
+// Evaluation of a trained model (`switchyard eval`): the mean validation cross-entropy and
+// every MoE layer's routing statistics (MODEL.md section 3) in eval mode — capacity from
+// moe.eval_capacity_factor, no jitter — on one rank or many under mpirun.
+//
+//   SY_ASSIGN_OR_RETURN(CheckpointConfig cc, ReadCheckpointConfig(path, overrides));
+//   SY_ASSIGN_OR_RETURN(auto ev, Evaluator::Create(cc.config, *world));
+//   SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck, ev->Load(cc.dir));
+//   SY_ASSIGN_OR_RETURN(EvalResult r, ev->Run(cc.config.train.eval_batches, ck.step));
+//
+// The numbers are those of the trainer's validation (Trainer::Validate): the same
+// validation micro-batches (train.eval_batches per data-parallel rank, data/loader.h), the
+// same forward at the checkpoint's step (which keys the random second-expert draws), the
+// same reduction. So evaluating the checkpoint a run saved at step N under the run's
+// layout reproduces the validation loss it printed after its last step.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/dist/communicator.h"
+#include "engine/dist/parallel_context.h"
+#include "engine/model/decoder.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/config.h"
+#include "engine/train/data/loader.h"
+#include "moe/moe_layer.h"
+
+namespace switchyard::train {
+
+// What an evaluation reports, reduced over the whole data-parallel world.
+struct EvalResult {
+  int64_t step = 0;       // the step the forward ran at (the checkpoint's step)
+  int64_t batches = 0;    // validation micro-batches per data-parallel rank
+  int64_t sequences = 0;  // sequences evaluated, every rank
+  int64_t targets = 0;    // target tokens scored, every rank
+  double ce_sum = 0;      // sum of -log p(target) over them
+  double loss = 0;        // ce_sum / targets: the mean validation cross-entropy
+  // Summed over MoE layers, each the mean over routing groups (as in the training loss).
+  double aux_loss = 0, z_loss = 0;
+  std::vector<int64_t> moe_layer_ids;
+  std::vector<moe::MoEStats> moe;  // per MoE layer, summed over every rank and batch
+
+  double perplexity() const { return std::exp(loss); }
+};
+
+// Eval-mode forward of `batches` (this rank's validation micro-batches) at `step`, the sums
+// reduced over dp_cp (the dense data-parallel x context-parallel group). Collective over
+// dp_cp. The computation of Trainer::Validate, with routing statistics added.
+EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batch>& batches,
+                           int64_t step, dist::Communicator& dp_cp);
+
+// A checkpoint's step directory and the config saved with it.
+struct CheckpointConfig {
+  std::string dir;  // the step directory
+  Config config;    // its config.yaml, with the overrides applied
+};
+
+// Resolves `path` (a step directory, or an output directory: its `latest`) and parses the
+// config.yaml saved there with `overrides` ("section.key=value") on top. Errors: the path
+// does not exist, is not a checkpoint, has no latest, or the step directory lacks
+// config.yaml (one line naming the path); a config error names the file and the key.
+StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,
+                                                const std::vector<std::string>& overrides = {});
+
+// The model of a config on this world's layout, its weights from a checkpoint, and the
+// validation split of data.dir. No optimizer state is allocated.
+class Evaluator {
+ public:
+  // Validates the config for this world (layouts `switchyard train` does not support yet —
+  // tp, cp, pp, etp > 1 — are refused the same way), builds the mesh and the model (fresh
+  // weights until Load) and opens data.dir. Collective over world.
+  static StatusOr<std::unique_ptr<Evaluator>> Create(const Config& config,
+                                                     dist::Communicator& world);
+
+  // Loads the model weights of a checkpoint saved under any layout (`path`: a step
+  // directory or an output directory). Collective; the same Status on every rank.
+  StatusOr<LoadedCheckpoint> Load(const std::string& path);
+
+  // Evaluates up to max_batches (<= 0: every) validation micro-batches per data-parallel
+  // rank at `step`. Errors: a validation split too short for one micro-batch per rank.
+  // Collective.
+  StatusOr<EvalResult> Run(int64_t max_batches, int64_t step);
+
+  model::Decoder& decoder() { return *decoder_; }
+  const dist::Mesh& mesh() const { return pc_->mesh(); }
+  const data::DataLoader& loader() const { return *loader_; }
+
+ private:
+  Evaluator(const Config& config, dist::Communicator& world) : config_(config), world_(world) {}
+
+  Config config_;
+  dist::Communicator& world_;
+  std::unique_ptr<dist::ParallelContext> pc_;
+  std::unique_ptr<model::Decoder> decoder_;
+  std::unique_ptr<data::DataLoader> loader_;
+};
+
+}  // namespace switchyard::train

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# `switchyard eval` end to end: prep a tiny corpus, train a tiny MoE model a few steps with
+# the CLI, then evaluate its checkpoints. The loss must be the validation loss training
+# printed (and wrote to metrics.jsonl) at that step — the same batches, the same forward —
+# and --json must parse with consistent routing statistics. Errors are one line on stderr
+# with exit status 1 (missing or corrupt checkpoint or data) or 2 (bad flags or layout).
+# With an mpirun launcher (tests/dist): train under 2 ranks with ep=2 and evaluate under 2
+# ranks (identical loss) and under 1 rank with --set parallel.ep=1 (the same sequences).
+# Usage: eval_cli_test.sh path/to/switchyard [path/to/mpirun_test.sh]
+set -u
+bin="$1"
+mpirun_sh="${2:-}"
+failures=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# py PROGRAM: runs a python3 program given as a string.
+py() { python3 -c "$1"; }
+
+# A tiny two-language corpus and its token shards.
+mkdir -p "$tmp/corpus"
+for i in $(seq 1 150); do
+  printf 'the cat %d sat on the mat and the dog ran away from it\n%%\n' "$i" >>"$tmp/corpus/en.txt"
+  printf 'der hund %d lief weit weg und die katze schlief im haus\n\n' "$i" >>"$tmp/corpus/de.txt"
+done
+"$bin" prep --out "$tmp/data" --vocab 120 --val-fraction 0.2 --seed 1 \
+  "$tmp/corpus/en.txt" "$tmp/corpus/de.txt" >"$tmp/prep.out" 2>&1 ||
+  { echo "FAIL: prep: $(cat "$tmp/prep.out")"; exit 1; }
+
+# Two MoE layers of 4 experts (top-2, GShard's random second choice, so the step keys the
+# eval-mode routing too), capacity 1.0 in training and 1.5 in eval so that something drops.
+cat >"$tmp/tiny.yaml" <<EOF
+model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32}
+moe:
+  num_experts: 4
+  layer_freq: 1
+  top_k: 2
+  d_expert: 16
+  normalize_gates: true
+  second_expert_policy: random
+  jitter_eps: 0.01
+  capacity_factor: 1.0
+  eval_capacity_factor: 1.5
+  z_loss_coef: 0.001
+train:
+  lr: 0.01
+  warmup_steps: 1
+  max_steps: 6
+  micro_batch_size: 2
+  eval_every: 3
+  eval_batches: 2
+  checkpoint_every: 3
+data:
+  dir: $tmp/data
+EOF
+
+"$bin" train --config "$tmp/tiny.yaml" --out "$tmp/run" >"$tmp/train.out" 2>&1 ||
+  { echo "FAIL: train: $(tail -5 "$tmp/train.out")"; exit 1; }
+[[ -d "$tmp/run/step-00000003" && -d "$tmp/run/step-00000006" ]] ||
+  { echo "FAIL: train saved no step-3/step-6 checkpoints: $(ls "$tmp/run")"; exit 1; }
+
+# The validation loss training printed / logged after step N-1 (checkpoint step N).
+printed_val() { sed -n "s/^validation after step $(($1 - 1)) | loss \([0-9.]*\) .*/\1/p" "$tmp/train.out"; }
+logged_val() {
+  py "import json
+for line in open('$tmp/run/metrics.jsonl'):
+    d = json.loads(line)
+    if 'val_loss' in d and d['step'] == $(($1 - 1)): print(repr(d['val_loss']))"
+}
+
+# --- The report: the output directory means its latest (step 6).
+"$bin" eval --checkpoint "$tmp/run" >"$tmp/eval.out" 2>"$tmp/eval.err"
+rc=$?
+[[ $rc -eq 0 ]] || fail "eval: exit status $rc ($(cat "$tmp/eval.err"))"
+[[ ! -s "$tmp/eval.err" ]] || fail "eval: unexpected stderr: $(cat "$tmp/eval.err")"
+grep -q "^checkpoint $tmp/run/step-00000006 (step 6," "$tmp/eval.out" ||
+  fail "eval report lacks the checkpoint line: $(head -3 "$tmp/eval.out")"
+got=$(sed -n 's/^validation loss \([0-9.]*\) | perplexity .*/\1/p' "$tmp/eval.out")
+want=$(printed_val 6)
+[[ -n "$want" && "$got" == "$want" ]] ||
+  fail "eval loss '$got' != training's printed validation loss '$want' at step 5"
+for layer in 0 1; do
+  grep -Eq "^ +$layer +[0-9.]+% +[0-9.]+ +[0-9.]+ +[0-9.]+% +[0-9.]+% +( [0-9]+){4}$" "$tmp/eval.out" ||
+    fail "eval report lacks the routing row of layer $layer: $(cat "$tmp/eval.out")"
+done
+
+# --- JSON: one object, the exact logged loss, consistent statistics. Step 3 and step 6.
+for step in 3 6; do
+  dir="$tmp/run/step-0000000$step"
+  "$bin" eval --checkpoint "$dir" --json >"$tmp/eval$step.json" 2>"$tmp/eval.err"
+  rc=$?
+  [[ $rc -eq 0 ]] || { fail "eval --json step $step: exit status $rc ($(cat "$tmp/eval.err"))"; continue; }
+  want=$(logged_val "$step")
+  check=$(py "import json, math
+lines = open('$tmp/eval$step.json').read().splitlines()
+assert len(lines) == 1, 'want one line of JSON, got %d' % len(lines)
+d = json.loads(lines[0])
+errs = []
+if d['step'] != $step: errs.append('step %r' % d['step'])
+if d['checkpoint'] != '$dir': errs.append('checkpoint %r' % d['checkpoint'])
+if d['world'] != 1 or d['ep'] != 1 or d['dp'] != 1: errs.append('layout')
+if d['loss'] != float('$want'): errs.append('loss %r != logged val_loss $want' % d['loss'])
+if abs(d['perplexity'] - math.exp(d['loss'])) > 1e-9 * d['perplexity']: errs.append('perplexity')
+if d['batches'] != 2 or d['sequences'] != 4 or d['tokens'] != 64: errs.append('counts %r %r %r' % (d['batches'], d['sequences'], d['tokens']))
+if d['eval_capacity_factor'] != 1.5: errs.append('eval_capacity_factor')
+if [l['layer'] for l in d['moe']] != [0, 1]: errs.append('moe layers')
+for l in d['moe']:
+    if len(l['tokens_per_expert']) != 4 or len(l['tokens_per_expert_kept']) != 4: errs.append('E')
+    if l['tokens'] != 64 or l['assignments'] != 128: errs.append('tokens %r' % l)
+    if sum(l['tokens_per_expert']) != 128: errs.append('before-drop counts')
+    if any(k > b for k, b in zip(l['tokens_per_expert_kept'], l['tokens_per_expert'])): errs.append('kept > assigned')
+    if abs(l['dropped_frac'] - l['dropped'] / 128) > 1e-12: errs.append('dropped_frac')
+    if not (0 < l['router_entropy'] <= math.log(4) + 1e-9): errs.append('entropy')
+    if not (0 <= l['min_load'] <= 0.25 <= l['max_load'] <= 1): errs.append('loads')
+print('; '.join(errs) if errs else 'ok')" 2>&1)
+  [[ "$check" == ok ]] || fail "eval --json step $step: $check"
+done
+
+# --- --batches 0: the whole validation split (more sequences than the default 2 x 2).
+"$bin" eval --checkpoint "$tmp/run" --json --batches 0 >"$tmp/all.json" 2>"$tmp/eval.err" ||
+  fail "eval --batches 0: $(cat "$tmp/eval.err")"
+py "import json; d = json.load(open('$tmp/all.json')); assert d['sequences'] > 4 and d['batches'] * 2 == d['sequences'], d" \
+  2>/dev/null || fail "eval --batches 0 did not evaluate the whole split: $(cat "$tmp/all.json")"
+
+# --- --data: the same shards elsewhere give the same loss; the config's data.dir is not read.
+cp -r "$tmp/data" "$tmp/data2"
+"$bin" eval --checkpoint "$tmp/run" --json --data "$tmp/data2" >"$tmp/data2.json" 2>"$tmp/eval.err" ||
+  fail "eval --data: $(cat "$tmp/eval.err")"
+py "import json; a = json.load(open('$tmp/eval6.json')); b = json.load(open('$tmp/data2.json')); assert a['loss'] == b['loss'] and b['data'] == '$tmp/data2'" \
+  2>/dev/null || fail "eval --data gave another loss or data path"
+
+# --- Errors: exactly one stderr line "switchyard eval: error: ...", nothing on stdout.
+expect_error() {
+  local name="$1" want_rc="$2" want="$3"; shift 3
+  "$bin" eval "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq $want_rc ]] || fail "$name: exit status $rc, want $want_rc ($(cat "$tmp/err"))"
+  [[ ! -s "$tmp/out" ]] || fail "$name: unexpected stdout: $(head -c 300 "$tmp/out")"
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  [[ $lines -eq 1 ]] || fail "$name: $lines stderr lines, want 1: $(cat "$tmp/err")"
+  grep -q '^switchyard eval: error: ' "$tmp/err" || fail "$name: bad prefix: $(cat "$tmp/err")"
+  grep -qF -- "$want" "$tmp/err" || fail "$name: stderr lacks '$want': $(cat "$tmp/err")"
+}
+expect_error "no --checkpoint" 2 "--checkpoint" --json
+expect_error "unknown flag" 2 "--bogus" --checkpoint "$tmp/run" --bogus
+expect_error "negative --batches" 2 "--batches=-1" --checkpoint "$tmp/run" --batches -1
+expect_error "a file" 1 "not a checkpoint directory" --checkpoint "$tmp/run/step-00000006/config.yaml"
+expect_error "bad --set" 2 "unknown key 'moe.topk'" --checkpoint "$tmp/run" --set moe.topk=2
+expect_error "missing checkpoint" 1 "$tmp/nope: no such checkpoint" --checkpoint "$tmp/nope"
+mkdir -p "$tmp/empty"
+expect_error "not a checkpoint" 1 "$tmp/empty: not a checkpoint" --checkpoint "$tmp/empty"
+cp -r "$tmp/run/step-00000006" "$tmp/noconfig" && rm "$tmp/noconfig/config.yaml"
+expect_error "no config.yaml" 1 "incomplete checkpoint (no config.yaml)" --checkpoint "$tmp/noconfig"
+cp -r "$tmp/run/step-00000006" "$tmp/truncated"
+head -c 3000 "$tmp/run/step-00000006/model.safetensors" >"$tmp/truncated/model.safetensors"
+expect_error "truncated weights" 1 "model.safetensors" --checkpoint "$tmp/truncated"
+cp -r "$tmp/run/step-00000006" "$tmp/badyaml" && echo "moe: {top_k: two}" >"$tmp/badyaml/config.yaml"
+expect_error "corrupt config.yaml" 1 "moe.top_k: expected an integer, got 'two'" --checkpoint "$tmp/badyaml"
+expect_error "missing data" 1 "$tmp/nodata" --checkpoint "$tmp/run" --data "$tmp/nodata"
+expect_error "layout for 2 ranks" 2 "--set parallel.ep=1" --checkpoint "$tmp/run" --set parallel.ep=2
+expect_error "model mismatch" 1 "layers.0.moe.router.weight" --checkpoint "$tmp/run" --set moe.num_experts=8
+
+# --- Many ranks: train with ep=2 on 2 ranks; evaluate on 2 ranks and on 1.
+if [[ -n "$mpirun_sh" ]]; then
+  bash "$mpirun_sh" 2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/run2" \
+    --set parallel.ep=2 >"$tmp/train2.out" 2>&1 || fail "train on 2 ranks: $(tail -5 "$tmp/train2.out")"
+  want=$(py "import json
+v = [json.loads(l) for l in open('$tmp/run2/metrics.jsonl')]
+print(repr([d['val_loss'] for d in v if 'val_loss' in d][-1]))")
+  bash "$mpirun_sh" 2 "$bin" eval --checkpoint "$tmp/run2" --json >"$tmp/e2.json" 2>"$tmp/eval.err" ||
+    fail "eval on 2 ranks: $(cat "$tmp/eval.err")"
+  py "import json; d = json.load(open('$tmp/e2.json')); assert d['loss'] == float('$want') and d['world'] == 2 and d['ep'] == 2 and d['sequences'] == 8, d" \
+    2>/dev/null || fail "eval on 2 ranks: loss or layout differs from training's ($want): $(cat "$tmp/e2.json")"
+  # One rank, the same 8 sequences (4 micro-batches): equal within f32 reduction order.
+  "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 --batches 4 >"$tmp/e1.json" \
+    2>"$tmp/eval.err" || fail "eval of the 2-rank checkpoint on 1 rank: $(cat "$tmp/eval.err")"
+  py "import json; a = json.load(open('$tmp/e2.json')); b = json.load(open('$tmp/e1.json'))
+assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'])" \
+    2>"$tmp/py.err" || fail "1-rank eval differs from the 2-rank one: $(cat "$tmp/py.err")"
+fi
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "eval CLI: all checks passed"
