@@ -223,6 +223,7 @@ Status Trainer::Run(int64_t steps) {
   auto old_term = std::signal(SIGTERM, OnStopSignal);
   auto old_int = std::signal(SIGINT, OnStopSignal);
   bool stopped = false;
+  int stop_signal = 0;  // the signal any rank received (the largest number)
   while (step_ < end) {
     StepMetrics m = TrainStep(step_ >= routing_from);
     losses_.push_back(m.loss);
@@ -244,9 +245,10 @@ Status Trainer::Run(int64_t steps) {
       }
     }
     // Every rank stops at the same step when any of them was signalled.
-    Tensor flag = Tensor::FromVector<int32_t>({g_signal.load() != 0 ? 1 : 0}, {1});
+    Tensor flag = Tensor::FromVector<int32_t>({g_signal.load()}, {1});
     world_.AllReduce(flag, dist::ReduceOp::kMax);
-    stopped = flag.data<int32_t>()[0] != 0;
+    stop_signal = flag.data<int32_t>()[0];
+    stopped = stop_signal != 0;
     const bool periodic = tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0;
     if (stopped || periodic || step_ == end) SY_RETURN_IF_ERROR(Save());
     if (stopped) break;
@@ -256,7 +258,7 @@ Status Trainer::Run(int64_t steps) {
   routing_->AllReduce(pc_->dp_cp());
   if (is_root()) {
     if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
-                             g_signal.load(), static_cast<long long>(step_ - 1), out_dir_.c_str());
+                             stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());
     if (!run_stats_.empty()) {
       std::printf("\n%s\n%s", LoadBalanceSummary(decoder_->moe_layer_ids(), run_stats_).c_str(),
                   routing_->Table().c_str());

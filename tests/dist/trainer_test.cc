@@ -1,0 +1,415 @@
+// The trainer end to end (run with 1, 2 and 4 ranks) on a tiny MoE decoder
+// (tests/data/train-tiny.yaml: d_model 32, two MoE layers of 8 experts, seq_len 16) and a
+// small three-language corpus that the test writes and prepares itself (vocabulary 256):
+//
+//  - LossFalls: 40 steps (dp = world, global batch 16 x 16 tokens) bring the loss from
+//    about ln(256) to well below it.
+//  - LayoutInvariance (MODEL.md section 4): with the same global batch (16) and micro-batch
+//    size (4), one rank with grad_accum 4 (the reference, trained by rank 0 on a local
+//    communicator) and the world's layouts (dp = R with grad_accum 4 / R; ep = 2; ep = 4
+//    on 4 ranks) give the same per-step losses to a relative 1e-5, every rank's parameter
+//    slices (dense replicas, expert shards, the expert bias) match the reference's
+//    checkpoint, and the saved optimizer state matches too. Four variants: top-1 with
+//    capacity drops and jitter (the config), top-2 with normalised gates, swiglu, expert
+//    biases and a random second choice, aux-loss-free balancing (expert_bias_rate > 0)
+//    with stronger jitter, a shared expert and dropless routing, and SGD without clipping
+//    (AdamW hides a wrong gradient scale; SGD does not).
+//
+// The CLI side (resume, SIGTERM, bad inputs) is tests/cli/train_cli_test.sh.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/safetensors.h"
+#include "engine/dist/communicator.h"
+#include "engine/dist/process.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/config.h"
+#include "engine/train/data/prep.h"
+#include "engine/train/trainer.h"
+
+#ifndef SY_TRAIN_TINY_CONFIG
+#error "SY_TRAIN_TINY_CONFIG (the path of tests/data/train-tiny.yaml) must be defined"
+#endif
+
+namespace switchyard::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kGlobalMicroBatches = 4;  // global batch 16 = 4 micro-batches of 4
+constexpr int kVocab = 256;
+
+// Sends stdout (the trainer's progress lines and tables) to /dev/null while alive. Only
+// around trainer calls: gtest reports failures on stdout.
+class QuietStdout {
+ public:
+  QuietStdout() {
+    std::fflush(stdout);
+    saved_ = ::dup(1);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::close(null);
+  }
+  ~QuietStdout() {
+    std::fflush(stdout);
+    ::dup2(saved_, 1);
+    ::close(saved_);
+  }
+
+ private:
+  int saved_ = -1;
+};
+
+// Three "languages" of templated two-line documents in fortune format: learnable, with
+// enough repetition that a tiny model's loss falls within a few dozen steps.
+void WriteCorpus(const fs::path& dir) {
+  struct Lang {
+    const char* file;
+    std::vector<const char*> subjects, verbs;
+    const char* line1;  // subject, verb, count
+    const char* line2;  // verb
+    int shift;
+  };
+  const Lang langs[] = {
+      {"en.txt", {"the cat", "the dog", "a bird", "my friend", "the old man"},
+       {"sat", "ran", "sang", "slept", "jumped"}, "%s %s on the mat %d times\n",
+       "and then it %s again\n%%\n", 2},
+      {"de.txt", {"der hund", "die katze", "ein vogel", "mein freund", "der alte"},
+       {"lief", "sang", "schlief", "sprang", "sass"}, "%s %s auf der matte %d mal\n",
+       "und dann %s es wieder\n%%\n", 3},
+      {"fr.txt", {"le chat", "le chien", "un oiseau", "mon ami", "le vieux"},
+       {"dort", "chante", "court", "saute", "mange"}, "%s %s sur le tapis %d fois\n",
+       "et puis il %s encore\n%%\n", 1},
+  };
+  for (const Lang& lang : langs) {
+    std::ofstream out(dir / lang.file);
+    char line[256];
+    for (int i = 0; i < 120; ++i) {
+      std::snprintf(line, sizeof(line), lang.line1, lang.subjects[i % 5], lang.verbs[i % 5], i % 7);
+      out << line;
+      std::snprintf(line, sizeof(line), lang.line2, lang.verbs[(i + lang.shift) % 5]);
+      out << line;
+    }
+  }
+}
+
+// Relative error of got against want (absolute below 1e-12).
+double RelErr(double got, double want) {
+  return std::abs(got - want) / std::max(std::abs(want), 1e-12);
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    world_ = dist::WorldCommunicator();
+    // One directory for every rank: rank 0's pid names it; rank 0 prepares the data.
+    Tensor pid = Tensor::FromVector<int64_t>({static_cast<int64_t>(::getpid())}, {1});
+    world_->Broadcast(pid, 0);
+    root_ = (fs::path(::testing::TempDir()) /
+             ("sy_trainer_" + std::to_string(pid.ToVector<int64_t>()[0])))
+                .string();
+    int32_t ok = 1;
+    if (world_->rank() == 0) {
+      fs::remove_all(root_);
+      fs::create_directories(fs::path(root_) / "corpus");
+      WriteCorpus(fs::path(root_) / "corpus");
+      data::PrepOptions options;
+      options.out_dir = data_dir();
+      for (const char* f : {"de.txt", "en.txt", "fr.txt"}) {
+        options.files.push_back((fs::path(root_) / "corpus" / f).string());
+      }
+      options.vocab_size = kVocab;
+      auto index = data::Prepare(options);
+      if (!index.ok()) {
+        std::fprintf(stderr, "prep failed: %s\n", std::string(index.status().message()).c_str());
+        ok = 0;
+      }
+    }
+    Tensor flag = Tensor::FromVector<int32_t>({ok}, {1});
+    world_->Broadcast(flag, 0);
+    prepared_ = flag.ToVector<int32_t>()[0] == 1;
+  }
+  static void TearDownTestSuite() {
+    world_->Barrier();
+    if (world_->rank() == 0) fs::remove_all(root_);
+    world_.reset();
+  }
+  void SetUp() override { ASSERT_TRUE(prepared_) << "data preparation failed on rank 0"; }
+
+  static std::string data_dir() { return (fs::path(root_) / "data").string(); }
+  static std::string dir(const std::string& name) { return (fs::path(root_) / name).string(); }
+  int R() const { return world_->size(); }
+  bool is_root() const { return world_->rank() == 0; }
+
+  // The tiny config with the test's data and `overrides` applied.
+  static Config TinyConfig(std::vector<std::string> overrides) {
+    overrides.push_back("data.dir=" + data_dir());
+    auto config = LoadConfig(SY_TRAIN_TINY_CONFIG, overrides);
+    SY_CHECK_OK(config.status());
+    return *config;
+  }
+
+  // Creates a trainer on `comm` and runs `steps` steps (0: to train.max_steps); quiet.
+  static StatusOr<std::unique_ptr<Trainer>> Train(const Config& config, const std::string& out,
+                                                  dist::Communicator& comm, int64_t steps = 0) {
+    QuietStdout quiet;
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, out, comm));
+    SY_RETURN_IF_ERROR(trainer->Run(steps));
+    return trainer;
+  }
+
+  static std::unique_ptr<dist::Communicator> world_;
+  static std::string root_;
+  static bool prepared_;
+};
+
+std::unique_ptr<dist::Communicator> TrainerTest::world_;
+std::string TrainerTest::root_;
+bool TrainerTest::prepared_ = false;
+
+TEST_F(TrainerTest, LossFalls) {
+  const Config config =
+      TinyConfig({"train.grad_accum=" + std::to_string(kGlobalMicroBatches / R())});
+  auto trainer = Train(config, dir("loss_falls"), *world_);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const std::vector<double>& losses = (*trainer)->losses();
+  ASSERT_EQ(losses.size(), 40u);
+  for (double l : losses) ASSERT_TRUE(std::isfinite(l)) << l;
+  const double ln_v = std::log(double{kVocab});
+  double tail = 0;
+  for (size_t i = losses.size() - 5; i < losses.size(); ++i) tail += losses[i] / 5;
+  EXPECT_NEAR(losses[0], ln_v, 0.5) << "the initial loss should be about ln(vocab)";
+  EXPECT_LT(tail, 0.5 * losses[0]) << "the loss did not fall: " << losses[0] << " -> " << tail;
+  EXPECT_LT(tail, ln_v - 2.0);
+  EXPECT_EQ((*trainer)->step(), 40);
+  if (is_root()) {
+    std::printf("[ info     ] loss %.4f -> %.4f (mean of the last 5 of 40 steps), ln(V) %.4f\n",
+                losses[0], tail, ln_v);
+  }
+}
+
+// ||got - want|| / ||want|| (Frobenius) of a tensor.
+struct TensorDiff {
+  std::string name;
+  double rel = 0;
+};
+
+// got: this rank's slice (shard_dim, shard_offset) of the whole tensor `want`.
+TensorDiff CompareSlice(const std::string& name, const Tensor& got, const Tensor& want,
+                        int shard_dim, int64_t shard_offset) {
+  TensorDiff d{name, 0};
+  const Shape& g = want.shape();
+  const Shape& l = got.shape();
+  if (got.dtype() != DType::kF32 || want.dtype() != DType::kF32 || g.size() != l.size()) {
+    d.rel = INFINITY;
+    return d;
+  }
+  int64_t outer = 1, inner = 1;
+  const int dim = shard_dim >= 0 ? shard_dim : 0;
+  for (int i = 0; i < dim; ++i) outer *= g[i];
+  for (size_t i = dim + 1; i < g.size(); ++i) inner *= g[i];
+  const int64_t gd = g.empty() ? 1 : g[dim], ld = l.empty() ? 1 : l[dim];
+  const int64_t offset = shard_dim >= 0 ? shard_offset : 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (g[i] != l[i] && (static_cast<int>(i) != shard_dim || offset + l[i] > g[i])) {
+      d.rel = INFINITY;  // not a slice of the whole tensor
+      return d;
+    }
+  }
+  const float* a = got.data<float>();
+  const float* b = want.data<float>();
+  double diff2 = 0, want2 = 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < ld; ++i) {
+      for (int64_t k = 0; k < inner; ++k) {
+        const double x = a[(o * ld + i) * inner + k];
+        const double y = b[(o * gd + offset + i) * inner + k];
+        diff2 += (x - y) * (x - y);
+        want2 += y * y;
+        if (!std::isfinite(x)) diff2 = INFINITY;
+      }
+    }
+  }
+  d.rel = diff2 == 0 ? 0.0 : std::sqrt(diff2 / std::max(want2, 1e-60));
+  return d;
+}
+
+// The key bias of attention has an exactly zero gradient (softmax is invariant to adding
+// q . b_k to every score of a query), so what it gets is rounding noise, which Adam
+// normalises into lr-sized steps of a random sign: its values (and moments) are not
+// comparable across reduction orders, and they do not change the outputs. Skipped.
+bool NoiseDriven(const std::string& name) {
+  const std::string suffix = "attn.k.bias";
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Every tensor of two safetensors files: the same names, shapes and dtypes; f32 values
+// within `tol` (relative norm), others (the optimizer's step count) equal.
+void ExpectFilesClose(const std::string& got_path, const std::string& want_path, double tol,
+                      const std::string& what, double* worst) {
+  auto got = ReadSafetensors(got_path);
+  auto want = ReadSafetensors(want_path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->tensors.size(), want->tensors.size()) << what;
+  for (const auto& [name, w] : want->tensors) {
+    auto it = got->tensors.find(name);
+    ASSERT_NE(it, got->tensors.end()) << what << ": " << name << " missing";
+    const Tensor& g = it->second;
+    ASSERT_EQ(g.shape(), w.shape()) << what << ": " << name;
+    ASSERT_EQ(g.dtype(), w.dtype()) << what << ": " << name;
+    if (w.dtype() != DType::kF32) {
+      EXPECT_EQ(std::memcmp(g.raw_data(), w.raw_data(), w.nbytes()), 0) << what << ": " << name;
+      continue;
+    }
+    if (NoiseDriven(name)) continue;
+    const TensorDiff d = CompareSlice(name, g, w, -1, 0);
+    *worst = std::max(*worst, d.rel);
+    EXPECT_LE(d.rel, tol) << what << ": " << name << " differs by " << d.rel << " (relative norm)";
+  }
+}
+
+struct Variant {
+  std::string name;
+  std::vector<std::string> overrides;
+  bool expect_drops;
+};
+
+std::vector<Variant> Variants() {
+  return {
+      {"top1_capacity_jitter", {}, true},
+      {"top2_normalized_swiglu_random",
+       {"moe.top_k=2", "moe.normalize_gates=true", "moe.activation=swiglu", "moe.bias=true",
+        "moe.second_expert_policy=random"},
+       true},
+      {"expert_bias_jitter_shared_dropless",
+       {"moe.expert_bias_rate=0.01", "moe.aux_loss_coef=0", "moe.jitter_eps=0.05",
+        "moe.num_shared_experts=1", "moe.capacity_factor=0"},
+       false},
+      // SGD without clipping: unlike AdamW, sensitive to the scale of every gradient
+      // (a dp average instead of a sum, a micro-batch count instead of a global one).
+      {"sgd_unclipped", {"train.optimizer=sgd", "train.lr=0.3", "train.grad_clip=0"}, true},
+  };
+}
+
+TEST_F(TrainerTest, LayoutInvariance) {
+  if (R() == 1) GTEST_SKIP() << "needs 2 or 4 ranks (the reference is one rank)";
+  constexpr int64_t kSteps = 8;
+  constexpr double kLossTol = 1e-5;
+  // Final weights and optimizer moments, ||got - want|| / ||want|| per tensor: observed up
+  // to 1e-5 with AdamW under ep (an element whose gradient is near AdamW's eps turns a
+  // rounding difference into a visible step), 6e-7 with SGD; a wrong gradient scale, a
+  // missed all-reduce or a misplaced expert shard gives 1e-2 or more.
+  constexpr double kWeightTol = 1e-4;
+  std::vector<int> eps = {1, 2};
+  if (R() == 4) eps.push_back(4);
+  const std::string steps = "train.max_steps=" + std::to_string(kSteps);
+
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
+    // The reference: one rank, grad_accum 4, trained by rank 0 alone.
+    std::vector<std::string> ref_overrides = v.overrides;
+    ref_overrides.push_back(steps);
+    ref_overrides.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches));
+    const std::string ref_dir = dir("ref_" + v.name);
+    std::vector<double> ref_losses;
+    if (is_root()) {
+      auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
+      auto ref = Train(TinyConfig(ref_overrides), ref_dir, *local);
+      EXPECT_TRUE(ref.ok()) << ref.status();
+      if (ref.ok()) ref_losses = (*ref)->losses();
+      EXPECT_EQ(ref_losses.size(), size_t{kSteps});
+      // The variant exercises what it says: tokens over capacity are dropped or not.
+      double dropped = 0;
+      std::ifstream metrics(ref_dir + "/metrics.jsonl");
+      for (std::string line; std::getline(metrics, line);) {
+        auto j = nlohmann::json::parse(line);
+        for (const auto& layer : j["moe"]) dropped += layer["dropped_frac"].get<double>();
+      }
+      if (v.expect_drops) {
+        EXPECT_GT(dropped, 0) << "the reference dropped no token";
+      } else {
+        EXPECT_EQ(dropped, 0) << "dropless routing dropped tokens";
+      }
+    }
+    world_->Barrier();
+    const std::string ref_ckpt = ref_dir + "/" + StepDirName(kSteps);
+
+    for (int ep : eps) {
+      const std::string layout = "world " + std::to_string(R()) + ", ep " + std::to_string(ep);
+      SCOPED_TRACE(layout);
+      std::vector<std::string> overrides = v.overrides;
+      overrides.push_back(steps);
+      overrides.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches / R()));
+      overrides.push_back("parallel.ep=" + std::to_string(ep));
+      const std::string out = dir(v.name + "_ep" + std::to_string(ep));
+      auto trainer = Train(TinyConfig(overrides), out, *world_);
+      // Every rank gets the same status (Create and Run are collective).
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+
+      // Every rank: each of its parameter slices against the reference's whole tensors
+      // (replicas of dense weights on every dp rank, expert shards on every ep rank).
+      auto want = ReadSafetensors(ref_ckpt + "/" + kModelFile);
+      EXPECT_TRUE(want.ok()) << want.status();
+      double worst_param = 0;
+      if (want.ok()) {
+        for (const model::Parameter& p : (*trainer)->decoder().registry().params()) {
+          if (NoiseDriven(p.name)) continue;
+          auto it = want->tensors.find(p.name);
+          if (it == want->tensors.end()) {
+            ADD_FAILURE() << p.name << " is not in the reference checkpoint";
+            continue;
+          }
+          const TensorDiff d =
+              CompareSlice(p.name, p.value, it->second, p.shard_dim, p.shard_offset);
+          worst_param = std::max(worst_param, d.rel);
+          EXPECT_LE(d.rel, kWeightTol) << "rank " << world_->rank() << ": " << p.name
+                                       << " differs from the reference by " << d.rel
+                                       << " (relative norm)";
+        }
+      }
+
+      if (is_root()) {
+        const std::vector<double>& losses = (*trainer)->losses();
+        EXPECT_EQ(losses.size(), ref_losses.size());
+        double worst_loss = 0;
+        for (size_t s = 0; s < std::min(losses.size(), ref_losses.size()); ++s) {
+          const double rel = RelErr(losses[s], ref_losses[s]);
+          worst_loss = std::max(worst_loss, rel);
+          EXPECT_LE(rel, kLossTol) << "step " << s << ": loss " << losses[s] << " vs "
+                                   << ref_losses[s] << " on one rank";
+        }
+        // The saved checkpoints (gathered whole) and the optimizer state agree as well.
+        double worst_saved = 0;
+        const std::string ckpt = out + "/" + StepDirName(kSteps);
+        ExpectFilesClose(ckpt + "/" + kModelFile, ref_ckpt + "/" + kModelFile, kWeightTol,
+                         "model", &worst_saved);
+        ExpectFilesClose(ckpt + "/" + kOptimizerFile, ref_ckpt + "/" + kOptimizerFile,
+                         kWeightTol, "optimizer", &worst_saved);
+        std::printf("[ info     ] %s, %s: %zu steps, loss %.4f -> %.4f, max rel diff vs 1 rank: "
+                    "loss %.2e, weights %.2e, checkpoint %.2e\n",
+                    v.name.c_str(), layout.c_str(), losses.size(), losses.front(), losses.back(),
+                    worst_loss, worst_param, worst_saved);
+        std::fflush(stdout);
+      }
+      world_->Barrier();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchyard::train
