@@ -10,6 +10,7 @@
 
 #include "engine/train/checkpoint.h"
 #include "engine/train/clip.h"
+#include "engine/train/evaluator.h"
 
 namespace switchyard::train {
 namespace {
@@ -177,18 +178,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
 }
 
 double Trainer::Validate() {
-  double ce = 0;
-  int64_t count = 0;
-  for (const data::Batch& batch : val_batches_) {
-    model::DecoderInput in{.tokens = batch.inputs, .targets = batch.targets,
-                           .first_token = batch.sequences[0] * config_.model.seq_len,
-                           .step = step_, .training = false};
-    model::DecoderOutput out = decoder_->Forward(in);
-    ce += out.ce_sum;
-    count += out.ce_count;
-  }
-  std::vector<double> sums = SumDoubles(pc_->dp_cp(), {ce, static_cast<double>(count)});
-  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  return EvaluateBatches(*decoder_, val_batches_, step_, pc_->dp_cp()).loss;
 }
 
 Status Trainer::Save() {
