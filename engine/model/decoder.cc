@@ -205,7 +205,11 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   return out;
 }
 
-void Decoder::Backward(const DecoderInput& in, DecoderOutput& out) {
+void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
+                       const std::function<void(const std::string& prefix)>& on_done) {
+  auto done = [&](const std::string& prefix) {
+    if (on_done) on_done(prefix);
+  };
   DecoderActivations& acts = out.acts;
   SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
   const int64_t n = acts.dlogits.dim(0), d = model_.d_model;
@@ -218,7 +222,9 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out) {
     Tensor grad_wte = embed_->grad_wte();
     kernels::Gemm(acts.dlogits, true, acts.norm_f.y.Reshape({n, d}), false, grad_wte, 1.0f, 1.0f);
   }
+  if (head_) done("head");
   Tensor dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()));
+  done("norm_f");
   const float aux_scale[1] = {in.aux_grad_scale};
   for (int64_t i = static_cast<int64_t>(blocks_.size()) - 1; i >= 0; --i) {
     Block& b = blocks_[i];
@@ -235,8 +241,10 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out) {
     Tensor dnorm1 = b.attn.Backward(ba.attn, dmid);
     dx = dmid;
     AddInto(dx, b.norm1.Backward(ba.norm1, dnorm1));
+    done(StrCat("layers.", i));
   }
   embed_->Backward(acts.embed, dx);
+  done("embed");
 }
 
 }  // namespace switchyard::model

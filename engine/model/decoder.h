@@ -15,6 +15,7 @@
 // data-parallel world gives the gradient of MODEL.md's total loss.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,8 +83,12 @@ class Decoder {
                                                    dist::Communicator* ep);
 
   DecoderOutput Forward(const DecoderInput& input);
-  // Adds every parameter's gradient (the registry's grads).
-  void Backward(const DecoderInput& input, DecoderOutput& out);
+  // Adds every parameter's gradient (the registry's grads). on_done, when given, is called
+  // with the name prefix of each part as soon as its gradients are final for this
+  // micro-batch — "head" / "norm_f", then "layers.<L-1>" down to "layers.0", then "embed"
+  // — so data-parallel gradient buckets can be all-reduced while backward continues.
+  void Backward(const DecoderInput& input, DecoderOutput& out,
+                const std::function<void(const std::string& prefix)>& on_done = nullptr);
 
   ParameterRegistry& registry() { return registry_; }
   const ModelConfig& config() const { return model_; }

@@ -70,6 +70,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   t->optimizer_ = std::make_unique<Optimizer>(t->decoder_->registry(), config.train.optimizer_options());
   t->grad_sync_ = std::make_unique<parallel::GradSync>(t->decoder_->registry(), *t->pc_,
                                                        config.train.bucket_bytes());
+  const auto& params = t->decoder_->registry().params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].name;
+    const size_t dot = name.rfind("layers.", 0) == 0 ? name.find('.', 7) : name.find('.');
+    t->part_params_[name.substr(0, dot)].push_back(i);
+  }
   const int dp = mesh.dp();
   data::LoaderOptions lo{.dir = config.data.dir,
                          .seq_len = config.model.seq_len,
@@ -129,7 +135,14 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
                            .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
                            .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
     model::DecoderOutput out = decoder_->Forward(in);
-    decoder_->Backward(in, out);
+    if (micro + 1 < tc.grad_accum) {
+      decoder_->Backward(in, out);
+    } else {
+      // The last micro-batch: each part's gradient bucket goes out as soon as it is final.
+      decoder_->Backward(in, out, [&](const std::string& part) {
+        for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
+      });
+    }
     ce_sum += out.ce_sum;
     aux_sum += out.aux_sum;
     z_sum += out.z_sum;
@@ -143,7 +156,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
       ++layer;
     }
   }
-  grad_sync_->SyncAll();
+  grad_sync_->Finish();
   const double norm = ClipGradNorm(reg, tc.grad_clip, NormGroupsOf(*pc_));
   const float lr = tc.schedule().LrAt(optimizer_->step());
   optimizer_->Step(lr);

@@ -12,6 +12,7 @@
 // rank are pre-scaled by those global counts so the all-reduce SUM is the exact gradient.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,8 @@ class Trainer {
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<parallel::GradSync> grad_sync_;
+  // Registry indices of each part Decoder::Backward reports ("layers.3", "embed", ...).
+  std::map<std::string, std::vector<size_t>> part_params_;
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<data::Batch> val_batches_;
   std::unique_ptr<RoutingByLabel> routing_;
