@@ -8,6 +8,8 @@
 #  - cross-layout resume: a checkpoint saved under -np 2 (dp=2, ep=2) resumed on one rank
 #    and under -np 4 (ep=4): the losses of steps 6..11 within a relative 1e-5 of the
 #    uninterrupted runs;
+#  - a rank dies (SIGKILL under -np 2): mpirun ends the job non-zero, no hang, and the last
+#    checkpoint resumes;
 #  - SIGTERM: a 300-step run (one rank; -np 2 with only one rank signalled) stops after
 #    the step it was in, exits 0, saves that step (latest, trainer_state.json), and
 #    --resume finishes with exactly the losses and weights of an uninterrupted run;
@@ -293,6 +295,42 @@ sigterm_case() {
 }
 sigterm_case 1 1
 sigterm_case 2 2
+
+# ---- a rank dies ---------------------------------------------------------------------------
+# SIGKILL one rank of a -np 2 run mid-training: the other must not hang; mpirun ends the job
+# with a non-zero status and the last good checkpoint stays loadable.
+rank_death_case() {
+  local out="$tmp/death" pid target i died
+  set_cfg 2 2
+  bash "$mpirun_wrapper" 2 "$bin" train "${cfg[@]}" "${long[@]}" --set train.checkpoint_every=2 \
+    --out "$out" >"$tmp/death.out" 2>"$tmp/death.err" &
+  pid=$!
+  running=$pid
+  for ((i = 0; i < 1200; ++i)); do
+    [[ -f $out/latest && $(wc -l <"$out/metrics.jsonl") -ge 5 ]] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  target=$(rank_pids "$pid" | tail -1)
+  [[ -n $target ]] || fail "rank death: no rank process under mpirun $pid"
+  kill -KILL "$target"
+  for ((i = 0; i < 1200; ++i)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    fail "rank death: the surviving rank still runs 60 s after its peer was killed"
+    kill_tree "$pid"
+  fi
+  wait "$pid"
+  died=$?
+  running=""
+  [[ $died -ne 0 ]] || fail "rank death: mpirun exited 0 after a rank was killed"
+  train_ok "rank death: the last checkpoint resumes" 1 1 --out "$tmp/death-resumed" \
+    --resume "$out" --steps 1
+  echo "--- rank death: mpirun exited $died, $(cat "$out/latest") resumes ($SECONDS s)"
+}
+rank_death_case
 
 # ---- bad inputs ---------------------------------------------------------------------------
 good="$tmp/straight-np1-ep1"  # a finished run: step-00000012, latest, metrics.jsonl
