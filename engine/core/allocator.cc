@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
+#include <unordered_map>
 
 #include "engine/core/check.h"
 
@@ -10,33 +12,81 @@ namespace switchyard {
 namespace {
 
 constexpr size_t kCpuAlignment = 64;
+// Blocks of at least this size are cached: glibc serves them with fresh mmap'ed pages, and
+// first-touch page faults then dominate phases that allocate their outputs each call (the
+// MoE dispatcher's exchanges measured 1.7-3.6x slower than raw MPI at 16-32 MiB).
+constexpr size_t kCacheMin = size_t{256} << 10;
+constexpr size_t kCacheGranule = size_t{4} << 10;
+constexpr size_t kCacheLimit = size_t{2} << 30;  // cached bytes kept at most
 
 class CpuAllocator final : public Allocator {
  public:
   void* Allocate(size_t bytes) override {
-    size_t rounded = std::max<size_t>(kCpuAlignment, (bytes + kCpuAlignment - 1) /
-                                                         kCpuAlignment * kCpuAlignment);
-    void* ptr = std::aligned_alloc(kCpuAlignment, rounded);
-    SY_CHECK(ptr != nullptr) << "host out of memory allocating " << bytes << " bytes";
     std::lock_guard<std::mutex> lock(mu_);
     stats_.in_use += bytes;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
+    if (bytes < kCacheMin) return AllocateBlock(std::max(kCpuAlignment, Round(bytes, kCpuAlignment)));
+    const size_t size = Round(bytes, kCacheGranule);
+    // Reuse the smallest cached block that fits and wastes at most half of itself.
+    auto it = free_.lower_bound(size);
+    void* ptr = nullptr;
+    size_t block = size;
+    if (it != free_.end() && it->first <= 2 * size) {
+      block = it->first;
+      ptr = it->second;
+      free_.erase(it);
+      stats_.cached -= block;
+    } else {
+      ptr = AllocateBlock(size);
+    }
+    blocks_[ptr] = block;
     return ptr;
   }
+
   void Deallocate(void* ptr, size_t bytes) override {
-    std::free(ptr);
     std::lock_guard<std::mutex> lock(mu_);
     stats_.in_use -= bytes;
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) {
+      std::free(ptr);
+      return;
+    }
+    const size_t block = it->second;
+    blocks_.erase(it);
+    free_.emplace(block, ptr);
+    stats_.cached += block;
+    while (stats_.cached > kCacheLimit) {  // drop the largest cached blocks first
+      auto largest = std::prev(free_.end());
+      stats_.cached -= largest->first;
+      std::free(largest->second);
+      free_.erase(largest);
+    }
   }
+
   Device device() const override { return Device::Cpu(); }
   Stats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
   }
+  void EmptyCache() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, ptr] : free_) std::free(ptr);
+    free_.clear();
+    stats_.cached = 0;
+  }
 
  private:
+  static size_t Round(size_t n, size_t to) { return (n + to - 1) / to * to; }
+  static void* AllocateBlock(size_t size) {
+    void* ptr = std::aligned_alloc(kCpuAlignment, size);
+    SY_CHECK(ptr != nullptr) << "host out of memory allocating " << size << " bytes";
+    return ptr;
+  }
+
   mutable std::mutex mu_;
   Stats stats_;
+  std::multimap<size_t, void*> free_;            // cached blocks by size
+  std::unordered_map<void*, size_t> blocks_;     // live cacheable block -> its size
 };
 
 }  // namespace

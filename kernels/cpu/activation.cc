@@ -54,10 +54,11 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = x.numel();
+  // 0.5 (1 + tanh u) = sigmoid(2 u): one expf instead of a tanhf (about 3x cheaper here).
   for (int64_t i = 0; i < n; ++i) {
     const float v = px[i];
     const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-    py[i] = 0.5f * v * (1.0f + std::tanh(u));
+    py[i] = v / (1.0f + std::exp(-2.0f * u));
   }
 }
 
@@ -70,10 +71,11 @@ void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* 
   for (int64_t i = 0; i < n; ++i) {
     const float v = px[i];
     const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-    const float t = std::tanh(u);
-    // d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx.
+    // With s = sigmoid(2 u) = 0.5 (1 + tanh u) and 1 - tanh^2 u = 4 s (1 - s):
+    // d/dx [x s] = s + 2 x s (1 - s) du/dx.
+    const float s = 1.0f / (1.0f + std::exp(-2.0f * u));
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    pdx[i] = pdy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    pdx[i] = pdy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
   }
 }
 

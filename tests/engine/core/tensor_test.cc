@@ -83,3 +83,26 @@ TEST(TensorDeathTest, MisuseIsAnInvariantViolation) {
 
 }  // namespace
 }  // namespace switchyard
+
+namespace switchyard {
+namespace {
+
+TEST(CpuAllocatorTest, ReusesLargeFreedBlocks) {
+  Allocator* cpu = GetAllocator(Device::Cpu());
+  cpu->EmptyCache();
+  void* first;
+  {
+    Tensor t = Tensor::Empty({1 << 20}, DType::kF32);  // 4 MiB: cached on free
+    first = t.raw_data();
+  }
+  EXPECT_GE(cpu->stats().cached, size_t{4} << 20);
+  Tensor again = Tensor::Empty({(1 << 20) - 1000}, DType::kF32);  // fits the cached block
+  EXPECT_EQ(again.raw_data(), first);
+  EXPECT_EQ(cpu->stats().cached, 0u);
+  Tensor bigger = Tensor::Empty({3 << 20}, DType::kF32);  // 12 MiB: too big, a new block
+  EXPECT_NE(bigger.raw_data(), first);
+  cpu->EmptyCache();
+}
+
+}  // namespace
+}  // namespace switchyard
