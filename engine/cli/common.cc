@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "engine/cli/args.h"
+#include "engine/dist/process.h"
 
 namespace switchyard::cli {
 
@@ -22,6 +23,17 @@ StatusOr<std::vector<std::string>> TakeOverrides(std::vector<std::string>& args)
   }
   args = std::move(rest);
   return overrides;
+}
+
+int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),
+                 const std::vector<std::string>& args) {
+  if (Status s = dist::InitProcess(nullptr, nullptr); !s.ok()) {
+    PrintError(command, std::string(s.message()));
+    return kExitFailure;
+  }
+  const int rc = run(args);
+  dist::FinalizeProcess();
+  return rc;
 }
 
 void PrintError(const std::string& command, const std::string& message) {

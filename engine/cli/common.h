@@ -19,6 +19,12 @@ StatusOr<std::vector<std::string>> TakeOverrides(std::vector<std::string>& args)
 // in a later collective). code: kExitFailure or kExitUsage.
 int Agree(dist::Communicator& world, const Status& status, int code, const std::string& command);
 
+// Starts the process (MPI under mpirun), runs `run(args)`, finalizes, and returns its exit
+// code; a failed start is one error line and kExitFailure. Every communicator `run` made
+// must be gone when it returns.
+int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),
+                 const std::vector<std::string>& args);
+
 // Prints "<command>: error: <message>" to stderr.
 void PrintError(const std::string& command, const std::string& message);
 

@@ -22,6 +22,7 @@
 #include "engine/cli/common.h"
 #include "engine/dist/process.h"
 #include "engine/train/evaluator.h"
+#include "engine/train/metrics.h"
 
 namespace switchyard::cli {
 namespace {
@@ -121,21 +122,7 @@ std::string Json(const train::EvalResult& r, const train::LoadedCheckpoint& ck,
   j["eval_s"] = seconds;
   nlohmann::ordered_json layers = nlohmann::ordered_json::array();
   for (size_t i = 0; i < r.moe.size(); ++i) {
-    const moe::MoEStats& s = r.moe[i];
-    nlohmann::ordered_json l;
-    l["layer"] = r.moe_layer_ids[i];
-    l["tokens"] = s.tokens;
-    l["assignments"] = s.assignments;
-    l["tokens_per_expert"] = s.tokens_per_expert;
-    l["tokens_per_expert_kept"] = s.tokens_per_expert_kept;
-    l["dropped"] = s.dropped();
-    l["dropped_frac"] = s.dropped_fraction();
-    l["router_entropy"] = s.router_entropy();
-    l["aux"] = s.aux_mean();
-    l["z"] = s.z_mean();
-    l["min_load"] = s.min_load_share();
-    l["max_load"] = s.max_load_share();
-    layers.push_back(l);
+    layers.push_back(train::MoEStatsJson(r.moe_layer_ids[i], r.moe[i]));
   }
   j["moe"] = layers;
   return j.dump();
@@ -197,13 +184,7 @@ int Run(const std::vector<std::string>& args) {
 }  // namespace
 
 int RunEval(const std::vector<std::string>& args) {
-  if (Status s = dist::InitProcess(nullptr, nullptr); !s.ok()) {
-    PrintError(kCommand, std::string(s.message()));
-    return kExitFailure;
-  }
-  const int rc = Run(args);
-  dist::FinalizeProcess();
-  return rc;
+  return RunInProcess(kCommand, Run, args);
 }
 
 }  // namespace switchyard::cli

@@ -394,13 +394,7 @@ int Run(const std::vector<std::string>& args) {
 }  // namespace
 
 int RunMoeLayer(const std::vector<std::string>& args) {
-  if (Status s = dist::InitProcess(nullptr, nullptr); !s.ok()) {
-    PrintError(std::string(s.message()));
-    return kExitFailure;
-  }
-  const int rc = Run(args);  // every communicator is gone when it returns
-  dist::FinalizeProcess();
-  return rc;
+  return RunInProcess(kCommand, Run, args);
 }
 
 }  // namespace switchyard::cli

@@ -105,13 +105,7 @@ int Run(const std::vector<std::string>& args) {
 }  // namespace
 
 int RunTrain(const std::vector<std::string>& args) {
-  if (Status s = dist::InitProcess(nullptr, nullptr); !s.ok()) {
-    PrintError(kCommand, std::string(s.message()));
-    return kExitFailure;
-  }
-  const int rc = Run(args);
-  dist::FinalizeProcess();
-  return rc;
+  return RunInProcess(kCommand, Run, args);
 }
 
 }  // namespace switchyard::cli

@@ -36,6 +36,23 @@ std::string ProgressLine(const StepMetrics& m) {
   return out.str();
 }
 
+nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& s) {
+  nlohmann::ordered_json l;
+  l["layer"] = layer;
+  l["tokens"] = s.tokens;
+  l["assignments"] = s.assignments;
+  l["tokens_per_expert"] = s.tokens_per_expert;
+  l["tokens_per_expert_kept"] = s.tokens_per_expert_kept;
+  l["dropped"] = s.dropped();
+  l["dropped_frac"] = s.dropped_fraction();
+  l["router_entropy"] = s.router_entropy();
+  l["aux"] = s.aux_mean();
+  l["z"] = s.z_mean();
+  l["min_load"] = s.min_load_share();
+  l["max_load"] = s.max_load_share();
+  return l;
+}
+
 std::string MetricsJson(const StepMetrics& m) {
   nlohmann::ordered_json j;
   j["step"] = m.step;
@@ -48,20 +65,7 @@ std::string MetricsJson(const StepMetrics& m) {
   j["tokens_per_s"] = m.tokens_per_s;
   j["step_s"] = m.step_s;
   nlohmann::ordered_json layers = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < m.moe.size(); ++i) {
-    const moe::MoEStats& s = m.moe[i];
-    nlohmann::ordered_json l;
-    l["layer"] = m.moe_layer_ids[i];
-    l["tokens_per_expert"] = s.tokens_per_expert;
-    l["tokens_per_expert_kept"] = s.tokens_per_expert_kept;
-    l["dropped_frac"] = s.dropped_fraction();
-    l["router_entropy"] = s.router_entropy();
-    l["aux"] = s.aux_mean();
-    l["z"] = s.z_mean();
-    l["min_load"] = s.min_load_share();
-    l["max_load"] = s.max_load_share();
-    layers.push_back(l);
-  }
+  for (size_t i = 0; i < m.moe.size(); ++i) layers.push_back(MoEStatsJson(m.moe_layer_ids[i], m.moe[i]));
   j["moe"] = layers;
   return j.dump();
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/core/status.h"
 #include "moe/moe_layer.h"
 
@@ -25,6 +27,11 @@ struct StepMetrics {
 // "step 12 | loss 5.1234 (ce 5.1100 aux 0.0123 z 0.0011) | lr 3.0e-04 | 12345 tok/s |
 //  dropped 1.2% | load min 8.1% max 16.2%"
 std::string ProgressLine(const StepMetrics& m);
+
+// One MoE layer's statistics as JSON: layer, tokens, assignments, tokens_per_expert (before
+// dropping), tokens_per_expert_kept, dropped, dropped_frac, router_entropy, aux, z,
+// min_load, max_load (shares of kept assignments).
+nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& stats);
 
 // One line of JSON with step, loss, ce_loss, aux_loss, z_loss, lr, grad_norm, tokens_per_s,
 // and per MoE layer ("moe": [{"layer", "tokens_per_expert", "tokens_per_expert_kept",
