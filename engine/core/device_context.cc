@@ -45,6 +45,12 @@ void* DeviceContext::Workspace(size_t bytes) {
   return workspace_.raw_data();
 }
 
+void DeviceContext::set_matmul_dtype(DType dtype) {
+  SY_CHECK(dtype == DType::kF32 || dtype == DType::kBF16)
+      << "matrix products read f32 or bf16 inputs, not " << DTypeName(dtype);
+  matmul_dtype_ = dtype;
+}
+
 void DeviceContext::Synchronize() {
 #ifdef SY_HAVE_CUDA
   if (device_.is_cuda()) SY_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));

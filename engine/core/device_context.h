@@ -31,6 +31,13 @@ class DeviceContext {
   // Waits for all work queued on the stream (no-op on the CPU).
   void Synchronize();
 
+  // The element type matrix products read their inputs in (mixed precision, MODEL.md
+  // section 1): kF32 (the default) or kBF16, where kernels::Gemm and the grouped GEMMs round
+  // both operands to bf16 and accumulate in f32 into an f32 output — on the CPU too, so the
+  // CPU reference of a bf16 run rounds exactly as the GPU does. A null context means kF32.
+  DType matmul_dtype() const { return matmul_dtype_; }
+  void set_matmul_dtype(DType dtype);
+
  private:
   explicit DeviceContext(Device device) : device_(device) {}
 
@@ -38,6 +45,7 @@ class DeviceContext {
   void* stream_ = nullptr;
   void* cublas_ = nullptr;
   Tensor workspace_;
+  DType matmul_dtype_ = DType::kF32;
 };
 
 }  // namespace switchyard
