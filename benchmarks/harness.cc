@@ -12,11 +12,13 @@
 #include "engine/dist/process.h"
 #include "kernels/gemm.h"
 
+#ifdef SY_HAVE_BLAS
 extern "C" {
 // OpenBLAS's own thread controls (cblas-openblas.h); the benchmarks link OpenBLAS.
 int openblas_get_num_threads(void);
 void openblas_set_num_threads(int num_threads);
 }
+#endif
 
 namespace switchyard::bench {
 
@@ -430,9 +432,13 @@ int Harness::Finish(const Table& table, int64_t wrong, nlohmann::json extra) {
 
 // ---- BLAS -------------------------------------------------------------------------------
 
+#ifdef SY_HAVE_BLAS
 int BlasThreads() { return openblas_get_num_threads(); }
-
 void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
+#else
+int BlasThreads() { return 1; }  // the built-in sgemm is single-threaded
+void SetBlasThreads(int) {}
+#endif
 
 std::function<void()> MakeSgemmOp(int64_t n) {
   auto buffers = std::make_shared<std::vector<float>>(3 * n * n, 0.0f);

@@ -1,1 +1,122 @@
-// placeholder: filled in by the CUDA-backend work
+// Argument checks and device dispatch for kernels/activation.h.
+#include "kernels/activation.h"
+
+#include <initializer_list>
+#include <utility>
+
+#include "kernels/dispatch.h"
+
+namespace switchyard::kernels {
+namespace {
+
+using Named = std::pair<const Tensor*, const char*>;
+
+// `t` is defined, f32 and on `device` (the output's).
+void CheckF32On(const Tensor& t, Device device, const char* op, const char* what) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
+                                 << " but the output is on " << device;
+  SY_CHECK(t.dtype() == DType::kF32)
+      << op << ": " << what << " is " << DTypeName(t.dtype()) << ", expected f32";
+}
+
+// Every tensor f32 on the device of `out` with the shape of `out`.
+void CheckElementwise(const char* op, const Tensor& out, std::initializer_list<Named> tensors) {
+  SY_CHECK(out.defined()) << op << ": the output is undefined";
+  for (const auto& [t, what] : tensors) {
+    CheckF32On(*t, out.device(), op, what);
+    SY_CHECK(t->shape() == out.shape()) << op << ": " << what << " " << ShapeString(t->shape())
+                                        << ", output " << ShapeString(out.shape());
+  }
+}
+
+// rowwise (R, n) against a per-group bias (G, n) and rows (G counts summing to R).
+// `out` is whichever of the two the op writes.
+void CheckGroupedBias(const char* op, const Tensor& rowwise, std::span<const int64_t> rows,
+                      const Tensor& bias, const Tensor& out) {
+  SY_CHECK(out.defined()) << op << ": the output is undefined";
+  CheckF32On(rowwise, out.device(), op, "the row tensor");
+  CheckF32On(bias, out.device(), op, "the bias");
+  SY_CHECK(rowwise.ndim() == 2 && bias.ndim() == 2 &&
+           bias.dim(0) == static_cast<int64_t>(rows.size()) && bias.dim(1) == rowwise.dim(1))
+      << op << " shapes: rows-tensor " << ShapeString(rowwise.shape()) << ", bias "
+      << ShapeString(bias.shape()) << ", " << rows.size() << " groups";
+  int64_t total = 0;
+  for (int64_t r : rows) {
+    SY_CHECK_GE(r, 0) << op << ": negative group size";
+    total += r;
+  }
+  SY_CHECK_EQ(total, rowwise.dim(0)) << op << ": rows do not cover the tensor";
+}
+
+}  // namespace
+
+void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
+  CheckElementwise("GeluForward", y, {{&x, "x"}, {&y, "y"}});
+  SY_DISPATCH_DEVICE(y, ctx, cpu::GeluForward(x, y), cuda::GeluForward(x, y, ctx));
+}
+
+void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
+  CheckElementwise("GeluBackward", dx, {{&x, "x"}, {&dy, "dy"}, {&dx, "dx"}});
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackward(x, dy, dx), cuda::GeluBackward(x, dy, dx, ctx));
+}
+
+void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
+  CheckElementwise("ReluForward", y, {{&x, "x"}, {&y, "y"}});
+  SY_DISPATCH_DEVICE(y, ctx, cpu::ReluForward(x, y), cuda::ReluForward(x, y, ctx));
+}
+
+void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
+  CheckElementwise("ReluBackward", dx, {{&x, "x"}, {&dy, "dy"}, {&dx, "dx"}});
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::ReluBackward(x, dy, dx), cuda::ReluBackward(x, dy, dx, ctx));
+}
+
+void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) {
+  CheckElementwise("SwigluForward", out, {{&a, "a"}, {&b, "b"}, {&out, "out"}});
+  SY_DISPATCH_DEVICE(out, ctx, cpu::SwigluForward(a, b, out), cuda::SwigluForward(a, b, out, ctx));
+}
+
+void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db,
+                    DeviceContext* ctx) {
+  CheckElementwise("SwigluBackward", da,
+                   {{&a, "a"}, {&b, "b"}, {&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
+      << "SwigluBackward: da and db are the same memory";
+  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackward(a, b, dout, da, db),
+                     cuda::SwigluBackward(a, b, dout, da, db, ctx));
+}
+
+void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx) {
+  SY_CHECK(out.defined() && bias.defined()) << "AddBias: undefined tensor";
+  SY_CHECK_EQ(bias.ndim(), 1) << "AddBias: bias " << ShapeString(bias.shape());
+  SY_CHECK_EQ(out.ndim(), 2) << "AddBias: out " << ShapeString(out.shape());
+  const int64_t rows[1] = {out.dim(0)};
+  CheckGroupedBias("AddBias", out, rows, bias.Reshape({1, bias.dim(0)}), out);
+  SY_DISPATCH_DEVICE(out, ctx, cpu::AddBias(out, bias), cuda::AddBias(out, bias, ctx));
+}
+
+void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
+  SY_CHECK(dy.defined() && dbias.defined()) << "BiasGrad: undefined tensor";
+  SY_CHECK_EQ(dbias.ndim(), 1) << "BiasGrad: dbias " << ShapeString(dbias.shape());
+  SY_CHECK_EQ(dy.ndim(), 2) << "BiasGrad: dy " << ShapeString(dy.shape());
+  const int64_t rows[1] = {dy.dim(0)};
+  CheckGroupedBias("BiasGrad", dy, rows, dbias.Reshape({1, dbias.dim(0)}), dbias);
+  SY_DISPATCH_DEVICE(dbias, ctx, cpu::BiasGrad(dy, dbias, beta),
+                     cuda::BiasGrad(dy, dbias, beta, ctx));
+}
+
+void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
+                    DeviceContext* ctx) {
+  CheckGroupedBias("GroupedAddBias", out, rows, bias, out);
+  SY_DISPATCH_DEVICE(out, ctx, cpu::GroupedAddBias(out, rows, bias),
+                     cuda::GroupedAddBias(out, rows, bias, ctx));
+}
+
+void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,
+                     DeviceContext* ctx) {
+  CheckGroupedBias("GroupedBiasGrad", dy, rows, dbias, dbias);
+  SY_DISPATCH_DEVICE(dbias, ctx, cpu::GroupedBiasGrad(dy, rows, dbias, beta),
+                     cuda::GroupedBiasGrad(dy, rows, dbias, beta, ctx));
+}
+
+}  // namespace switchyard::kernels

@@ -11,9 +11,13 @@
 // instead of B Hq S^2.
 //
 // Shapes (all f32, contiguous): q, out, dq (B, S, Hq, hd); k, v, dk, dv (B, S, Hkv, hd);
-// lse (B, Hq, S). Every matrix product is one cpu::Sgemm per (batch, head) straight on the
-// (B, S, H, hd) layout (leading dimension H * hd). The CPU implementation is
-// kernels/cpu/attention.cc; a CUDA tensor is a fatal check until the CUDA backend lands.
+// lse (B, Hq, S). Every matrix product reads the (B, S, H, hd) layout in place (leading
+// dimension H * hd), so no head is ever copied out. The CPU implementation
+// (kernels/cpu/attention.cc) is one cpu::Sgemm per (batch, head); the CUDA one
+// (kernels/cuda/attention.cu) is cuBLAS strided-batched GEMMs over the batch, one call per
+// query head, with the (S, S) score matrices of a chunk of the batch in stream-ordered
+// scratch, and row kernels for the causal softmax. Attention is f32 on both devices: its
+// products run in f32 whatever DeviceContext::matmul_dtype says (the scores feed an exp).
 #pragma once
 
 #include "engine/core/device_context.h"
@@ -31,5 +35,20 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
 void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                        DeviceContext* ctx = nullptr);
+
+// The implementations, after kernels/attention.cc has checked the arguments.
+namespace cpu {
+void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);
+void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+}  // namespace cpu
+
+namespace cuda {
+void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                      DeviceContext* ctx);
+void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                       DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

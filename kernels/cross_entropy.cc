@@ -1,1 +1,84 @@
-// placeholder: filled in by the CUDA-backend work
+// Argument checks and device dispatch for kernels/cross_entropy.h. The targets' values are
+// checked against the vocabulary by the implementations.
+#include "kernels/cross_entropy.h"
+
+#include "kernels/dispatch.h"
+
+namespace switchyard::kernels {
+namespace {
+
+// `t` is defined, of `dtype` and on `device`; `owner` names the tensor whose device rules.
+void CheckOn(const Tensor& t, DType dtype, Device device, const char* op, const char* what,
+             const char* owner) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device() << " but "
+                                 << owner << " is on " << device;
+  SY_CHECK(t.dtype() == dtype) << op << ": " << what << " is " << DTypeName(t.dtype())
+                               << ", expected " << DTypeName(dtype);
+}
+
+// logits (N, V) f32 with V >= 1 and targets (N) i32 on `device`, and dlogits (if given)
+// shaped like the logits.
+void CheckArgs(const Tensor& logits, const Tensor& targets, const Tensor* dlogits, Device device,
+               const char* op) {
+  const char* owner = dlogits ? "dlogits" : "logits";
+  if (dlogits) CheckOn(*dlogits, DType::kF32, device, op, "dlogits", owner);
+  CheckOn(logits, DType::kF32, device, op, "logits", owner);
+  CheckOn(targets, DType::kI32, device, op, "targets", owner);
+  SY_CHECK(logits.ndim() >= 1 && logits.dim(-1) >= 1)
+      << op << ": logits " << ShapeString(logits.shape()) << " need a vocabulary dimension";
+  const int64_t n = logits.numel() / logits.dim(-1);
+  SY_CHECK_EQ(targets.numel(), n) << op << ": targets " << ShapeString(targets.shape())
+                                  << " for logits " << ShapeString(logits.shape());
+  if (dlogits) {
+    SY_CHECK(dlogits->shape() == logits.shape())
+        << op << ": dlogits " << ShapeString(dlogits->shape()) << ", logits "
+        << ShapeString(logits.shape());
+  }
+}
+
+}  // namespace
+
+int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext* ctx) {
+  SY_CHECK(targets.defined()) << "CountTargets: targets is undefined";
+  CheckOn(targets, DType::kI32, targets.device(), "CountTargets", "targets", "targets");
+  int64_t count = 0;
+  SY_DISPATCH_DEVICE(targets, ctx, count = cpu::CountTargets(targets, ignore_index),
+                     count = cuda::CountTargets(targets, ignore_index, ctx));
+  return count;
+}
+
+CrossEntropySums CrossEntropyForward(const Tensor& logits, const Tensor& targets,
+                                     int32_t ignore_index, DeviceContext* ctx) {
+  constexpr const char* kOp = "CrossEntropyForward";
+  SY_CHECK(logits.defined()) << kOp << ": logits is undefined";
+  CheckArgs(logits, targets, nullptr, logits.device(), kOp);
+  CrossEntropySums sums;
+  SY_DISPATCH_DEVICE(
+      logits, ctx, sums = cpu::CrossEntropy(logits, targets, nullptr, 0.0, ignore_index, kOp),
+      sums = cuda::CrossEntropy(logits, targets, nullptr, 0.0, ignore_index, kOp, ctx));
+  return sums;
+}
+
+CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor& targets,
+                                             Tensor& dlogits, double grad_scale,
+                                             int32_t ignore_index, DeviceContext* ctx) {
+  constexpr const char* kOp = "CrossEntropyForwardBackward";
+  SY_CHECK(dlogits.defined()) << kOp << ": dlogits is undefined";
+  CheckArgs(logits, targets, &dlogits, dlogits.device(), kOp);
+  CrossEntropySums sums;
+  SY_DISPATCH_DEVICE(
+      dlogits, ctx,
+      sums = cpu::CrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, kOp),
+      sums = cuda::CrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, kOp, ctx));
+  return sums;
+}
+
+double CrossEntropyMean(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
+                        int32_t ignore_index, DeviceContext* ctx) {
+  const int64_t count = CountTargets(targets, ignore_index, ctx);
+  const double scale = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+  return CrossEntropyForwardBackward(logits, targets, dlogits, scale, ignore_index, ctx).Mean();
+}
+
+}  // namespace switchyard::kernels

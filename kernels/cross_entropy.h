@@ -11,9 +11,11 @@
 // (CrossEntropyMean is the one-batch shortcut).
 //
 // Shapes: logits, dlogits (N, V) f32 — or any (..., V); targets (N) i32 — any shape with N
-// elements. A target outside [0, V) other than ignore_index is a fatal check. The CPU
-// implementation is kernels/cpu/cross_entropy.cc; a CUDA tensor is a fatal check until the
-// CUDA backend lands.
+// elements. A target outside [0, V) other than ignore_index is a fatal check. The public ops
+// check the arguments (kernels/cross_entropy.cc) and run kernels/cpu/cross_entropy.cc (the
+// reference) or kernels/cuda/cross_entropy.cu: one block per row, per-row losses summed on
+// the device in double in a fixed order, then one device->host copy of (loss_sum, count,
+// first bad row), which synchronises the stream — the ops return host values.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +36,9 @@ struct CrossEntropySums {
   double Mean() const { return count > 0 ? loss_sum / static_cast<double>(count) : 0.0; }
 };
 
-// Number of targets != ignore_index.
-int64_t CountTargets(const Tensor& targets, int32_t ignore_index = kIgnoreIndex);
+// Number of targets != ignore_index (on CUDA: a device count, then one synchronising copy).
+int64_t CountTargets(const Tensor& targets, int32_t ignore_index = kIgnoreIndex,
+                     DeviceContext* ctx = nullptr);
 
 // The loss sums without a gradient.
 CrossEntropySums CrossEntropyForward(const Tensor& logits, const Tensor& targets,
@@ -53,5 +56,20 @@ CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor&
 // 1 / count). All targets ignored: returns 0 and dlogits = 0.
 double CrossEntropyMean(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
                         int32_t ignore_index = kIgnoreIndex, DeviceContext* ctx = nullptr);
+
+// The implementations on checked shapes (the targets are checked against V here); dlogits
+// null: no gradient. `op` names the public op in the message about a bad target.
+namespace cpu {
+int64_t CountTargets(const Tensor& targets, int32_t ignore_index);
+CrossEntropySums CrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
+                              double grad_scale, int32_t ignore_index, const char* op);
+}  // namespace cpu
+
+namespace cuda {
+int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext* ctx);
+CrossEntropySums CrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
+                              double grad_scale, int32_t ignore_index, const char* op,
+                              DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

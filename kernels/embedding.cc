@@ -1,1 +1,78 @@
-// placeholder: filled in by the CUDA-backend work
+// Argument checks and device dispatch for kernels/embedding.h. The ids' values are checked
+// against the table by the implementations (on CUDA without a per-id host round trip).
+#include "kernels/embedding.h"
+
+#include "kernels/dispatch.h"
+
+namespace switchyard::kernels {
+namespace {
+
+// `t` is defined, of `dtype` and on `device` (the output's).
+void CheckOn(const Tensor& t, DType dtype, Device device, const char* op, const char* what) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
+                                 << " but the output is on " << device;
+  SY_CHECK(t.dtype() == dtype) << op << ": " << what << " is " << DTypeName(t.dtype())
+                               << ", expected " << DTypeName(dtype);
+}
+
+// ids (N) i32, table (V, d) and rows (N, d) f32, all on `device`.
+void CheckLookup(const Tensor& ids, const Tensor& table, const Tensor& rows, Device device,
+                 const char* op, const char* table_name, const char* rows_name) {
+  CheckOn(ids, DType::kI32, device, op, "ids");
+  CheckOn(table, DType::kF32, device, op, table_name);
+  CheckOn(rows, DType::kF32, device, op, rows_name);
+  SY_CHECK_EQ(table.ndim(), 2) << op << ": " << table_name << " is (V, d), got "
+                               << ShapeString(table.shape());
+  const int64_t d = table.dim(1), n = ids.numel();
+  SY_CHECK(rows.ndim() >= 1 && rows.dim(-1) == d && rows.numel() == n * d)
+      << op << ": " << rows_name << " " << ShapeString(rows.shape()) << " for " << n
+      << " ids and rows of " << d;
+}
+
+// x (B, S, d) against wpe (S_max, d) at the offset, both on `device`.
+void CheckPositions(const Tensor& x, const Tensor& wpe, int64_t offset, Device device,
+                    const char* op) {
+  CheckOn(x, DType::kF32, device, op, "x");
+  CheckOn(wpe, DType::kF32, device, op, "wpe");
+  SY_CHECK(x.ndim() == 3 && wpe.ndim() == 2 && x.dim(2) == wpe.dim(1))
+      << op << ": x " << ShapeString(x.shape()) << " is (B, S, d), wpe " << ShapeString(wpe.shape())
+      << " is (S_max, d)";
+  SY_CHECK(offset >= 0 && offset + x.dim(1) <= wpe.dim(0))
+      << op << ": positions [" << offset << ", " << offset + x.dim(1)
+      << ") exceed S_max=" << wpe.dim(0);
+}
+
+}  // namespace
+
+void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, DeviceContext* ctx) {
+  SY_CHECK(out.defined()) << "EmbeddingForward: out is undefined";
+  CheckLookup(ids, table, out, out.device(), "EmbeddingForward", "table", "out");
+  SY_DISPATCH_DEVICE(out, ctx, cpu::EmbeddingForward(ids, table, out),
+                     cuda::EmbeddingForward(ids, table, out, ctx));
+}
+
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, DeviceContext* ctx) {
+  SY_CHECK(dtable.defined()) << "EmbeddingBackward: dtable is undefined";
+  CheckLookup(ids, dtable, dout, dtable.device(), "EmbeddingBackward", "dtable", "dout");
+  SY_DISPATCH_DEVICE(dtable, ctx, cpu::EmbeddingBackward(ids, dout, dtable),
+                     cuda::EmbeddingBackward(ids, dout, dtable, ctx));
+}
+
+void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset,
+                          DeviceContext* ctx) {
+  SY_CHECK(x.defined()) << "AddPositionEmbedding: x is undefined";
+  CheckPositions(x, wpe, position_offset, x.device(), "AddPositionEmbedding");
+  SY_DISPATCH_DEVICE(x, ctx, cpu::AddPositionEmbedding(x, wpe, position_offset),
+                     cuda::AddPositionEmbedding(x, wpe, position_offset, ctx));
+}
+
+void PositionEmbeddingBackward(const Tensor& dx, Tensor& dwpe, int64_t position_offset,
+                               DeviceContext* ctx) {
+  SY_CHECK(dwpe.defined()) << "PositionEmbeddingBackward: dwpe is undefined";
+  CheckPositions(dx, dwpe, position_offset, dwpe.device(), "PositionEmbeddingBackward");
+  SY_DISPATCH_DEVICE(dwpe, ctx, cpu::PositionEmbeddingBackward(dx, dwpe, position_offset),
+                     cuda::PositionEmbeddingBackward(dx, dwpe, position_offset, ctx));
+}
+
+}  // namespace switchyard::kernels

@@ -5,8 +5,12 @@
 // Shapes: ids (N) i32 — any shape, read flat; table, dtable (V, d); out, dout (N, d) — or
 // any shape (..., d) with N rows. Tables and activations f32, contiguous. An id outside
 // [0, V) is a fatal check naming it (the data loader validates tokens against the
-// vocabulary first). The CPU implementation is kernels/cpu/embedding.cc; a CUDA tensor is a
-// fatal check until the CUDA backend lands.
+// vocabulary first). The public ops check the arguments (kernels/embedding.cc) and run
+// kernels/cpu/embedding.cc (the reference) or kernels/cuda/embedding.cu. On CUDA the id
+// check costs one 8-byte device->host copy per lookup (a stream synchronisation): the
+// kernels record the first bad position on the device and the op reads it back. The CUDA
+// backward sorts the ids (stable) and sums each id's rows in the CPU's order, so both
+// devices give bit-identical dtable.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +34,22 @@ void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset 
 // dwpe[position_offset + s, :] += sum over b of dx (B, S, d)[b, s, :] (accumulates).
 void PositionEmbeddingBackward(const Tensor& dx, Tensor& dwpe, int64_t position_offset = 0,
                                DeviceContext* ctx = nullptr);
+
+// The implementations on checked shapes (the ids are checked against V here).
+namespace cpu {
+void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out);
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset);
+void PositionEmbeddingBackward(const Tensor& dx, Tensor& dwpe, int64_t position_offset);
+}  // namespace cpu
+
+namespace cuda {
+void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, DeviceContext* ctx);
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, DeviceContext* ctx);
+void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset,
+                          DeviceContext* ctx);
+void PositionEmbeddingBackward(const Tensor& dx, Tensor& dwpe, int64_t position_offset,
+                               DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

@@ -1,22 +1,52 @@
+// Device dispatch for kernels/gemm.h: argument checks (the same on every device), the
+// resolved matmul precision, then the CPU or CUDA implementation.
 #include "kernels/gemm.h"
+
+#include <initializer_list>
+
+#include "kernels/dispatch.h"
 
 namespace switchyard::kernels {
 namespace {
 
-void CheckCpuF32(const Tensor& t, const char* what) {
-  SY_CHECK(t.device().is_cpu()) << what << " on " << t.device()
-                                << ": CUDA matrix products land with the CUDA backend";
-  SY_CHECK_EQ(t.dtype(), DType::kF32) << what;
+// Defined, 2-d or 3-d as `ndim` says, on `device`, f32 (or bf16 when `bf16_ok`).
+void CheckOperand(const Tensor& t, int ndim, bool bf16_ok, Device device, const char* op,
+                  const char* what) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
+                                 << " but the output is on " << device;
+  SY_CHECK(t.dtype() == DType::kF32 || (bf16_ok && t.dtype() == DType::kBF16))
+      << op << ": " << what << " is " << DTypeName(t.dtype()) << ", expected f32"
+      << (bf16_ok ? " or bf16" : "");
+  SY_CHECK_EQ(t.ndim(), ndim) << op << ": " << what << " is " << ndim << "-d, got "
+                              << ShapeString(t.shape());
+}
+
+// The precision the products run in: the context's, or bf16 when an operand is bf16.
+DType MatmulDType(const Tensor& a, const Tensor& b, DeviceContext* ctx) {
+  if (a.dtype() == DType::kBF16 || b.dtype() == DType::kBF16) return DType::kBF16;
+  return ctx ? ctx->matmul_dtype() : DType::kF32;
+}
+
+// rows[g] >= 0 and they sum to `total`.
+void CheckRows(std::span<const int64_t> rows, int64_t total, const char* op) {
+  int64_t sum = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    SY_CHECK_GE(rows[g], 0) << op << ": group " << g << " has " << rows[g] << " rows";
+    sum += rows[g];
+  }
+  SY_CHECK_EQ(sum, total) << op << ": rows sum to " << sum << " but x has " << total << " rows";
 }
 
 }  // namespace
 
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
           float beta, DeviceContext* ctx) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&a, &b, &c}) {
-    CheckCpuF32(*t, "Gemm");
-    SY_CHECK_EQ(t->ndim(), 2) << "Gemm operands are 2-d, got " << ShapeString(t->shape());
-  }
+  constexpr const char* kOp = "Gemm";
+  SY_CHECK(c.defined()) << kOp << ": c is undefined";
+  CheckOperand(c, 2, false, c.device(), kOp, "c");
+  CheckOperand(a, 2, true, c.device(), kOp, "a");
+  CheckOperand(b, 2, true, c.device(), kOp, "b");
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
   const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
@@ -24,50 +54,48 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   SY_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n)
       << "Gemm shapes: a " << ShapeString(a.shape()) << (trans_a ? "^T" : "") << ", b "
       << ShapeString(b.shape()) << (trans_b ? "^T" : "") << ", c " << ShapeString(c.shape());
-  cpu::Sgemm(trans_a, trans_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),
-             b.dim(1), beta, c.data<float>(), n);
+  const DType dtype = MatmulDType(a, b, ctx);
+  SY_DISPATCH_DEVICE(c, ctx, cpu::Gemm(a, trans_a, b, trans_b, c, alpha, beta, dtype),
+                     cuda::Gemm(a, trans_a, b, trans_b, c, alpha, beta, dtype, ctx));
 }
 
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha, float beta, DeviceContext* ctx) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &out}) CheckCpuF32(*t, "GroupedGemm");
-  SY_CHECK(x.ndim() == 2 && w.ndim() == 3 && out.ndim() == 2 &&
-           w.dim(0) == static_cast<int64_t>(rows.size()))
+  constexpr const char* kOp = "GroupedGemm";
+  SY_CHECK(out.defined()) << kOp << ": out is undefined";
+  CheckOperand(out, 2, false, out.device(), kOp, "out");
+  CheckOperand(x, 2, true, out.device(), kOp, "x");
+  CheckOperand(w, 3, true, out.device(), kOp, "w");
+  SY_CHECK(w.dim(0) == static_cast<int64_t>(rows.size()) && out.dim(0) == x.dim(0))
       << "GroupedGemm shapes: x " << ShapeString(x.shape()) << ", w " << ShapeString(w.shape())
       << ", out " << ShapeString(out.shape()) << ", " << rows.size() << " groups";
   const int64_t k = x.dim(1), n = out.dim(1);
   SY_CHECK(trans_w ? (w.dim(1) == n && w.dim(2) == k) : (w.dim(1) == k && w.dim(2) == n))
       << "GroupedGemm: w " << ShapeString(w.shape()) << (trans_w ? "^T" : "") << " for k=" << k
       << ", n=" << n;
-  int64_t begin = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    const int64_t r = rows[g];
-    SY_CHECK(r >= 0 && begin + r <= x.dim(0)) << "GroupedGemm: rows exceed x";
-    cpu::Sgemm(false, trans_w, r, n, k, alpha, x.data<float>() + begin * k, k,
-               w.data<float>() + static_cast<int64_t>(g) * k * n, trans_w ? k : n, beta,
-               out.data<float>() + begin * n, n);
-    begin += r;
-  }
-  SY_CHECK_EQ(begin, x.dim(0)) << "GroupedGemm: rows do not cover x";
+  CheckRows(rows, x.dim(0), kOp);
+  const DType dtype = MatmulDType(x, w, ctx);
+  SY_DISPATCH_DEVICE(out, ctx, cpu::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype),
+                     cuda::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, ctx));
 }
 
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
                            Tensor& dw, float alpha, float beta, DeviceContext* ctx) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &dy, &dw}) CheckCpuF32(*t, "GroupedGemmWeightGrad");
+  constexpr const char* kOp = "GroupedGemmWeightGrad";
+  SY_CHECK(dw.defined()) << kOp << ": dw is undefined";
+  CheckOperand(dw, 3, false, dw.device(), kOp, "dw");
+  CheckOperand(x, 2, true, dw.device(), kOp, "x");
+  CheckOperand(dy, 2, true, dw.device(), kOp, "dy");
   const int64_t k = x.dim(1), n = dy.dim(1);
-  SY_CHECK(x.ndim() == 2 && dy.ndim() == 2 && dw.ndim() == 3 && x.dim(0) == dy.dim(0) &&
-           dw.dim(0) == static_cast<int64_t>(rows.size()) && dw.dim(1) == k && dw.dim(2) == n)
+  SY_CHECK(x.dim(0) == dy.dim(0) && dw.dim(0) == static_cast<int64_t>(rows.size()) &&
+           dw.dim(1) == k && dw.dim(2) == n)
       << "GroupedGemmWeightGrad shapes: x " << ShapeString(x.shape()) << ", dy "
-      << ShapeString(dy.shape()) << ", dw " << ShapeString(dw.shape());
-  int64_t begin = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    const int64_t r = rows[g];
-    cpu::Sgemm(true, false, k, n, r, alpha, x.data<float>() + begin * k, k,
-               dy.data<float>() + begin * n, n, beta,
-               dw.data<float>() + static_cast<int64_t>(g) * k * n, n);
-    begin += r;
-  }
-  SY_CHECK_EQ(begin, x.dim(0)) << "GroupedGemmWeightGrad: rows do not cover x";
+      << ShapeString(dy.shape()) << ", dw " << ShapeString(dw.shape()) << ", " << rows.size()
+      << " groups";
+  CheckRows(rows, x.dim(0), kOp);
+  const DType dtype = MatmulDType(x, dy, ctx);
+  SY_DISPATCH_DEVICE(dw, ctx, cpu::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype),
+                     cuda::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, ctx));
 }
 
 }  // namespace switchyard::kernels

@@ -1,6 +1,18 @@
 // Matrix products. Row-major throughout; `x @ W` with W stored (in, out) as in MODEL.md.
-// The CPU implementation calls OpenBLAS sgemm (f32); the CUDA one (cuBLAS, bf16 inputs with
-// f32 accumulation) lands with the CUDA backend.
+// The CPU implementation calls OpenBLAS sgemm (kernels/cpu/gemm.cc); the CUDA one cuBLAS
+// (kernels/cuda/gemm.cu, cublasGemmEx; row-major C = op(A) op(B) is computed as the
+// column-major C^T = op(B)^T op(A)^T, so no data is ever transposed).
+//
+// Precision (MODEL.md section 1, DeviceContext::matmul_dtype): the output c is always f32.
+//  - kF32 (the default, and a null context): f32 inputs, f32 products and sums (cuBLAS
+//    CUBLAS_COMPUTE_32F, no TF32), so the GPU matches the CPU to f32 rounding.
+//  - kBF16: both operands are rounded to bf16 (round to nearest even, engine/core/dtype.h)
+//    and the products are summed in f32. The CPU rounds copies of the operands and calls
+//    sgemm, so it is the exact-rounding reference of the GPU's bf16 mode; the two differ
+//    only in summation order.
+// Operands may also be bf16 tensors already (weights kept in bf16): they are read as they
+// are, and a product with any bf16 operand runs in bf16 mode whatever the context says
+// (the other operand is rounded too).
 #pragma once
 
 #include <cstdint>
@@ -13,30 +25,53 @@ namespace switchyard::kernels {
 
 // c (m, n) = alpha * op(a) @ op(b) + beta * c, where op(a) is (m, k) — a is (m, k), or
 // (k, m) when trans_a — and op(b) is (k, n) — b is (k, n), or (n, k) when trans_b.
-// All three are 2-d contiguous f32 tensors on the same device.
+// a and b: 2-d f32 or bf16; c: 2-d f32; all on one device. k = 0 gives c = beta * c; beta = 0
+// never reads c (NaN in c is overwritten).
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           float alpha = 1.0f, float beta = 0.0f, DeviceContext* ctx = nullptr);
 
 // Grouped products over contiguous row blocks, one weight matrix per group (the expert
-// GEMMs). Rows of x are split into consecutive blocks of rows[g] rows (sum = x.dim(0)).
+// GEMMs). Rows of x are split into consecutive blocks of rows[g] rows (sum = x.dim(0));
+// `rows` is on the host.
 //   out[block g] (rows[g], n) = alpha * x[block g] (rows[g], k) @ op(w[g]) + beta * out[block g]
-// w: (G, k, n), or (G, n, k) when trans_w. Groups with zero rows are skipped.
+// w: (G, k, n), or (G, n, k) when trans_w. Groups with zero rows are skipped. x and w: f32
+// or bf16; out: f32.
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha = 1.0f, float beta = 0.0f,
                  DeviceContext* ctx = nullptr);
 
 // Grouped weight gradients: for every group g,
 //   dw[g] (k, n) = alpha * x[block g]^T (k, rows[g]) @ dy[block g] (rows[g], n) + beta * dw[g]
-// x: (R, k), dy: (R, n), dw: (G, k, n). A group with zero rows gets dw[g] = beta * dw[g].
+// x: (R, k), dy: (R, n) (f32 or bf16), dw: (G, k, n) f32. A group with zero rows gets
+// dw[g] = beta * dw[g].
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
                            Tensor& dw, float alpha = 1.0f, float beta = 0.0f,
                            DeviceContext* ctx = nullptr);
 
+// The implementations, after kernels/gemm.cc has checked the arguments. `matmul_dtype` is
+// the resolved precision: kBF16 when the context asks for it or an operand is bf16.
 namespace cpu {
+void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+          float beta, DType matmul_dtype);
+void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha, float beta, DType matmul_dtype);
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
+                           Tensor& dw, float alpha, float beta, DType matmul_dtype);
+
 // Plain row-major sgemm on raw pointers (leading dimensions in elements).
 void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc);
 }  // namespace cpu
+
+namespace cuda {
+void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+          float beta, DType matmul_dtype, DeviceContext* ctx);
+void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha, float beta, DType matmul_dtype, DeviceContext* ctx);
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
+                           Tensor& dw, float alpha, float beta, DType matmul_dtype,
+                           DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

@@ -1,1 +1,194 @@
-// placeholder: filled in by the CUDA-backend work
+// Argument checks and device dispatch for kernels/moe_routing.h.
+#include "kernels/moe_routing.h"
+
+#include "kernels/dispatch.h"
+
+namespace switchyard::kernels {
+namespace {
+
+// `t` is defined, of `dtype`, on `device` (the output's) and of `shape`.
+void CheckLike(const Tensor& t, DType dtype, Device device, const Shape& shape, const char* op,
+               const char* what) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
+                                 << " but the output is on " << device;
+  SY_CHECK(t.dtype() == dtype) << op << ": " << what << " is " << DTypeName(t.dtype())
+                               << ", expected " << DTypeName(dtype);
+  SY_CHECK(t.shape() == shape) << op << ": " << what << " " << ShapeString(t.shape())
+                               << ", expected " << ShapeString(shape);
+}
+
+// `t` is a defined 2-d tensor of `dtype` (its shape is what the op derives T, E or k from).
+void CheckMatrix(const Tensor& t, DType dtype, const char* op, const char* what) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.dtype() == dtype) << op << ": " << what << " is " << DTypeName(t.dtype())
+                               << ", expected " << DTypeName(dtype);
+  SY_CHECK(t.ndim() == 2) << op << ": " << what << " must be 2-d, got "
+                          << ShapeString(t.shape());
+}
+
+}  // namespace
+
+void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
+                RngKey second_key, int64_t first_token, Tensor& probs, Tensor& indices,
+                Tensor& gates, Tensor& keep, DeviceContext* ctx) {
+  constexpr const char* kOp = "RouterTopK";
+  CheckMatrix(logits, DType::kF32, kOp, "logits");
+  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  const Device dev = indices.device();
+  const int64_t T = logits.dim(0), E = logits.dim(1), k = indices.dim(1);
+  SY_CHECK(k >= 1 && k <= E) << kOp << ": top_k=" << k << " for " << E << " experts";
+  SY_CHECK(!random_second || k == 2) << kOp << ": the random second expert needs top_k=2, got "
+                                     << k;
+  CheckLike(logits, DType::kF32, dev, {T, E}, kOp, "logits");
+  CheckLike(indices, DType::kI32, dev, {T, k}, kOp, "indices");
+  CheckLike(probs, DType::kF32, dev, {T, E}, kOp, "probs");
+  CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
+  CheckLike(keep, DType::kU8, dev, {T, k}, kOp, "keep");
+  if (bias.defined()) CheckLike(bias, DType::kF32, dev, {E}, kOp, "expert bias");
+  SY_DISPATCH_DEVICE(indices, ctx,
+                     cpu::RouterTopK(logits, bias, normalize, random_second, second_key,
+                                     first_token, probs, indices, gates, keep),
+                     cuda::RouterTopK(logits, bias, normalize, random_second, second_key,
+                                      first_token, probs, indices, gates, keep, ctx));
+}
+
+void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tensor& gates,
+                          const Tensor& dgates, const Tensor& dprobs,
+                          const Tensor& dlogits_extra, bool normalize, Tensor& dlogits,
+                          DeviceContext* ctx) {
+  constexpr const char* kOp = "RouterBackwardLogits";
+  CheckMatrix(dlogits, DType::kF32, kOp, "dlogits");
+  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  const Device dev = dlogits.device();
+  const int64_t T = dlogits.dim(0), E = dlogits.dim(1), k = indices.dim(1);
+  CheckLike(probs, DType::kF32, dev, {T, E}, kOp, "probs");
+  CheckLike(indices, DType::kI32, dev, {T, k}, kOp, "indices");
+  CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
+  CheckLike(dgates, DType::kF32, dev, {T, k}, kOp, "dgates");
+  if (dprobs.defined()) CheckLike(dprobs, DType::kF32, dev, {T, E}, kOp, "dprobs");
+  if (dlogits_extra.defined()) {
+    CheckLike(dlogits_extra, DType::kF32, dev, {T, E}, kOp, "dlogits_extra");
+  }
+  SY_DISPATCH_DEVICE(dlogits, ctx,
+                     cpu::RouterBackwardLogits(probs, indices, gates, dgates, dprobs,
+                                               dlogits_extra, normalize, dlogits),
+                     cuda::RouterBackwardLogits(probs, indices, gates, dgates, dprobs,
+                                                dlogits_extra, normalize, dlogits, ctx));
+}
+
+void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num_experts,
+                          Tensor& counts, DeviceContext* ctx) {
+  constexpr const char* kOp = "CountSlotAssignments";
+  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  SY_CHECK(num_experts >= 1) << kOp << ": num_experts=" << num_experts;
+  SY_CHECK(counts.defined()) << kOp << ": counts is undefined";
+  const Device dev = counts.device();
+  const int64_t T = indices.dim(0), k = indices.dim(1);
+  CheckLike(indices, DType::kI32, dev, {T, k}, kOp, "indices");
+  CheckLike(counts, DType::kI64, dev, {k * num_experts + 1}, kOp, "counts");
+  if (keep.defined()) CheckLike(keep, DType::kU8, dev, {T, k}, kOp, "keep");
+  SY_DISPATCH_DEVICE(counts, ctx, cpu::CountSlotAssignments(indices, keep, num_experts, counts),
+                     cuda::CountSlotAssignments(indices, keep, num_experts, counts, ctx));
+}
+
+void ProbColumnSums(const Tensor& probs, Tensor& sums, DeviceContext* ctx) {
+  constexpr const char* kOp = "ProbColumnSums";
+  CheckMatrix(probs, DType::kF32, kOp, "probs");
+  SY_CHECK(sums.defined()) << kOp << ": sums is undefined";
+  const Device dev = sums.device();
+  CheckLike(probs, DType::kF32, dev, probs.shape(), kOp, "probs");
+  CheckLike(sums, DType::kF32, dev, {probs.dim(1)}, kOp, "sums");
+  SY_DISPATCH_DEVICE(sums, ctx, cpu::ProbColumnSums(probs, sums),
+                     cuda::ProbColumnSums(probs, sums, ctx));
+}
+
+void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext* ctx) {
+  constexpr const char* kOp = "AddColumnConstants";
+  CheckMatrix(x, DType::kF32, kOp, "x");
+  SY_CHECK(static_cast<int64_t>(column.size()) == x.dim(1))
+      << kOp << ": " << column.size() << " column values for x " << ShapeString(x.shape());
+  SY_DISPATCH_DEVICE(x, ctx, cpu::AddColumnConstants(x, column),
+                     cuda::AddColumnConstants(x, column, ctx));
+}
+
+namespace {
+
+void CheckZLoss(const Tensor& logits, int64_t group_tokens, const Tensor* dlogits,
+                const char* op) {
+  CheckMatrix(logits, DType::kF32, op, "logits");
+  SY_CHECK(group_tokens <= 0 || group_tokens >= logits.dim(0))
+      << op << ": group_tokens=" << group_tokens << " < the " << logits.dim(0)
+      << " rows of logits";
+  if (dlogits != nullptr) {
+    SY_CHECK(dlogits->defined()) << op << ": dlogits is undefined";
+    CheckLike(logits, DType::kF32, dlogits->device(), dlogits->shape(), op, "logits");
+    CheckLike(*dlogits, DType::kF32, dlogits->device(), logits.shape(), op, "dlogits");
+  }
+}
+
+}  // namespace
+
+float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_tokens,
+                  Tensor* dlogits, DeviceContext* ctx) {
+  CheckZLoss(logits, group_tokens, dlogits, "RouterZLoss");
+  float z = 0.0f;
+  SY_DISPATCH_DEVICE(logits, ctx, z = cpu::RouterZLoss(logits, coef, grad, group_tokens, dlogits),
+                     z = cuda::RouterZLoss(logits, coef, grad, group_tokens, dlogits,
+                                           /*want_value=*/true, ctx));
+  return z;
+}
+
+void RouterZLossBackward(const Tensor& logits, float coef, float grad, int64_t group_tokens,
+                         Tensor& dlogits, DeviceContext* ctx) {
+  CheckZLoss(logits, group_tokens, &dlogits, "RouterZLossBackward");
+  SY_DISPATCH_DEVICE(dlogits, ctx, cpu::RouterZLoss(logits, coef, grad, group_tokens, &dlogits),
+                     cuda::RouterZLoss(logits, coef, grad, group_tokens, &dlogits,
+                                       /*want_value=*/false, ctx));
+}
+
+void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,
+                      DeviceContext* ctx) {
+  constexpr const char* kOp = "UpdateExpertBias";
+  SY_CHECK(bias.defined()) << kOp << ": bias is undefined";
+  CheckLike(bias, DType::kF32, bias.device(), {bias.numel()}, kOp, "bias");
+  SY_CHECK(static_cast<int64_t>(counts.size()) == bias.numel())
+      << kOp << ": " << counts.size() << " counts for " << bias.numel() << " experts";
+  SY_DISPATCH_DEVICE(bias, ctx, cpu::UpdateExpertBias(bias, counts, rate),
+                     cuda::UpdateExpertBias(bias, counts, rate, ctx));
+}
+
+AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                                 int64_t num_experts, int64_t capacity, AdmissionOrder order,
+                                 std::span<const int64_t> offsets, Tensor& kept,
+                                 Tensor& position, DeviceContext* ctx) {
+  constexpr const char* kOp = "AdmitAssignments";
+  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  SY_CHECK(num_experts >= 1) << kOp << ": num_experts=" << num_experts;
+  SY_CHECK(kept.defined()) << kOp << ": kept is undefined";
+  const Device dev = kept.device();
+  const Shape shape = indices.shape();
+  const int64_t k = indices.dim(1);
+  CheckLike(indices, DType::kI32, dev, shape, kOp, "indices");
+  CheckLike(kept, DType::kU8, dev, shape, kOp, "kept");
+  CheckLike(position, DType::kI64, dev, shape, kOp, "position");
+  if (keep.defined()) CheckLike(keep, DType::kU8, dev, shape, kOp, "keep");
+  if (order == AdmissionOrder::kPosition) {
+    SY_CHECK(offsets.empty() || static_cast<int64_t>(offsets.size()) == k * num_experts)
+        << kOp << ": " << offsets.size() << " offsets for k*E=" << k * num_experts;
+  } else {
+    SY_CHECK(offsets.empty())
+        << "drop_policy=probability across split groups needs the whole group's gates";
+    CheckLike(gates, DType::kF32, dev, shape, kOp, "gates");
+  }
+  AdmissionCounts counts;
+  SY_DISPATCH_DEVICE(kept, ctx,
+                     counts = cpu::AdmitAssignments(indices, gates, keep, num_experts, capacity,
+                                                    order, offsets, kept, position),
+                     counts = cuda::AdmitAssignments(indices, gates, keep, num_experts,
+                                                     capacity, order, offsets, kept, position,
+                                                     ctx));
+  return counts;
+}
+
+}  // namespace switchyard::kernels

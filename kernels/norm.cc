@@ -1,1 +1,102 @@
-// placeholder: filled in by the CUDA-backend work
+// Argument checks and device dispatch for kernels/norm.h.
+#include "kernels/norm.h"
+
+#include "kernels/dispatch.h"
+
+namespace switchyard::kernels {
+namespace {
+
+// `t` is defined, f32 and on `device` (the output's).
+void CheckF32On(const Tensor& t, Device device, const char* op, const char* what) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
+                                 << " but the output is on " << device;
+  SY_CHECK(t.dtype() == DType::kF32)
+      << op << ": " << what << " is " << DTypeName(t.dtype()) << ", expected f32";
+}
+
+// x is (..., d) for the weight's d; returns the row count N.
+int64_t CheckRows(const Tensor& x, const Tensor& weight, Device device, const char* op) {
+  CheckF32On(x, device, op, "x");
+  CheckF32On(weight, device, op, "weight");
+  const int64_t d = weight.numel();
+  SY_CHECK(x.ndim() >= 1 && x.dim(-1) == d)
+      << op << ": x " << ShapeString(x.shape()) << " for a weight of " << d;
+  return d == 0 ? 0 : x.numel() / d;
+}
+
+void CheckVector(const Tensor& t, int64_t n, Device device, const char* op, const char* what) {
+  CheckF32On(t, device, op, what);
+  SY_CHECK(t.numel() == n) << op << ": " << what << " " << ShapeString(t.shape()) << ", expected "
+                           << n << " elements";
+}
+
+void CheckSameShape(const Tensor& x, const Tensor& t, Device device, const char* op,
+                    const char* what) {
+  CheckF32On(t, device, op, what);
+  SY_CHECK(x.shape() == t.shape()) << op << ": " << what << " " << ShapeString(t.shape())
+                                   << ", expected " << ShapeString(x.shape());
+}
+
+}  // namespace
+
+void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                      Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx) {
+  constexpr const char* kOp = "LayerNormForward";
+  SY_CHECK(y.defined()) << kOp << ": y is undefined";
+  const Device dev = y.device();
+  const int64_t n = CheckRows(x, weight, dev, kOp);
+  if (bias.defined()) CheckVector(bias, weight.numel(), dev, kOp, "bias");
+  CheckSameShape(x, y, dev, kOp, "y");
+  CheckVector(mean, n, dev, kOp, "mean");
+  CheckVector(rstd, n, dev, kOp, "rstd");
+  SY_DISPATCH_DEVICE(y, ctx, cpu::LayerNormForward(x, weight, bias, eps, y, mean, rstd),
+                     cuda::LayerNormForward(x, weight, bias, eps, y, mean, rstd, ctx));
+}
+
+void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
+                       Tensor& dbias, DeviceContext* ctx) {
+  constexpr const char* kOp = "LayerNormBackward";
+  SY_CHECK(dx.defined()) << kOp << ": dx is undefined";
+  const Device dev = dx.device();
+  const int64_t n = CheckRows(x, weight, dev, kOp);
+  const int64_t d = weight.numel();
+  CheckVector(mean, n, dev, kOp, "mean");
+  CheckVector(rstd, n, dev, kOp, "rstd");
+  CheckSameShape(x, dy, dev, kOp, "dy");
+  CheckSameShape(x, dx, dev, kOp, "dx");
+  CheckVector(dweight, d, dev, kOp, "dweight");
+  if (dbias.defined()) CheckVector(dbias, d, dev, kOp, "dbias");
+  SY_DISPATCH_DEVICE(
+      dx, ctx, cpu::LayerNormBackward(x, weight, mean, rstd, dy, dx, dweight, dbias),
+      cuda::LayerNormBackward(x, weight, mean, rstd, dy, dx, dweight, dbias, ctx));
+}
+
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
+                    DeviceContext* ctx) {
+  constexpr const char* kOp = "RmsNormForward";
+  SY_CHECK(y.defined()) << kOp << ": y is undefined";
+  const Device dev = y.device();
+  const int64_t n = CheckRows(x, weight, dev, kOp);
+  CheckSameShape(x, y, dev, kOp, "y");
+  CheckVector(rstd, n, dev, kOp, "rstd");
+  SY_DISPATCH_DEVICE(y, ctx, cpu::RmsNormForward(x, weight, eps, y, rstd),
+                     cuda::RmsNormForward(x, weight, eps, y, rstd, ctx));
+}
+
+void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                     Tensor& dx, Tensor& dweight, DeviceContext* ctx) {
+  constexpr const char* kOp = "RmsNormBackward";
+  SY_CHECK(dx.defined()) << kOp << ": dx is undefined";
+  const Device dev = dx.device();
+  const int64_t n = CheckRows(x, weight, dev, kOp);
+  CheckVector(rstd, n, dev, kOp, "rstd");
+  CheckSameShape(x, dy, dev, kOp, "dy");
+  CheckSameShape(x, dx, dev, kOp, "dx");
+  CheckVector(dweight, weight.numel(), dev, kOp, "dweight");
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight),
+                     cuda::RmsNormBackward(x, weight, rstd, dy, dx, dweight, ctx));
+}
+
+}  // namespace switchyard::kernels

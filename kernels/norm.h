@@ -6,8 +6,10 @@
 // per row for Backward; row statistics are accumulated in double.
 //
 // Shapes: x, y, dy, dx (N, d) — any tensor whose last dimension is d is read as N = numel / d
-// rows; weight, bias (d); mean, rstd (N). All f32, contiguous. The CPU implementation is
-// kernels/cpu/norm.cc; a CUDA tensor is a fatal check until the CUDA backend lands.
+// rows; weight, bias (d); mean, rstd (N). All f32, contiguous, on one device. The public
+// ops check the arguments (kernels/norm.cc) and run kernels/cpu/norm.cc (the reference) or
+// kernels/cuda/norm.cu, which reduces each row in double as well and sums dweight / dbias
+// over rows in a fixed order (deterministic, no atomics).
 #pragma once
 
 #include "engine/core/device_context.h"
@@ -38,5 +40,29 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 // dx may be the same tensor as dy.
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                      Tensor& dx, Tensor& dweight, DeviceContext* ctx = nullptr);
+
+// The implementations behind the ops above, on checked arguments.
+namespace cpu {
+void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                      Tensor& y, Tensor& mean, Tensor& rstd);
+void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
+                       Tensor& dbias);
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd);
+void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                     Tensor& dx, Tensor& dweight);
+}  // namespace cpu
+
+namespace cuda {
+void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                      Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx);
+void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
+                       Tensor& dbias, DeviceContext* ctx);
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
+                    DeviceContext* ctx);
+void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                     Tensor& dx, Tensor& dweight, DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

@@ -15,12 +15,22 @@
 //   b <- momentum * b + d          (b starts at 0, so the first step has b = d)
 //   p <- p - lr * b                (momentum == 0: p <- p - lr * d, no buffer)
 //
-// Shapes: p, g, m, v, b are f32 tensors of one shape (any), contiguous. The CPU
-// implementation is kernels/cpu/optimizer.cc; a CUDA tensor is a fatal check until the CUDA
-// backend lands.
+// Shapes: p, g, m, v, b are f32 tensors of one shape (any), contiguous, on one device. The
+// CPU reference is kernels/cpu/optimizer.cc, the CUDA implementation
+// kernels/cuda/optimizer.cu. Both evaluate each element's update with the same f32
+// operations in the same order (no fused multiply-add) from the same host-formed scalars
+// (AdamWScalarsOf), so the CUDA updates equal the CPU's bit for bit.
+//
+// The *Many variants apply one op to a list of tensors (the trainer's whole parameter set):
+// on CUDA a "multi-tensor apply" — the tensors are cut into chunks, one table of chunk
+// descriptors is copied to the device, and one kernel launch covers every chunk — with the
+// same per-element results as the single-tensor ops. The tensors of one list live on one
+// device, and those a call writes must not share memory with one another.
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
@@ -41,15 +51,70 @@ struct AdamWStep {
 void AdamWUpdate(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                  const AdamWStep& hp, DeviceContext* ctx = nullptr);
 
+// One parameter of AdamWUpdateMany: the four tensors of AdamWUpdate and its weight decay.
+struct AdamWTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  float weight_decay = 0.0f;
+};
+
+// AdamWUpdate on every entry, with hp except that each entry's own weight_decay replaces
+// hp.weight_decay (ignored). Equal, element for element, to calling AdamWUpdate per entry.
+void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp,
+                     DeviceContext* ctx = nullptr);
+
+// The scalars of one AdamW update, formed in double on the host and rounded to f32 once:
+// p <- p * decay - step_size * m / (sqrt(v) / bc2_sqrt + eps), with
+// decay = 1 - lr * weight_decay, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t).
+// Shared by the CPU and CUDA implementations so both round identically.
+struct AdamWScalars {
+  float decay = 1.0f;
+  float step_size = 0.0f;
+  float bc2_sqrt = 1.0f;
+};
+AdamWScalars AdamWScalarsOf(const AdamWStep& hp, float weight_decay);
+
 // One SGD update. momentum_buf (b) is required when momentum != 0 and ignored (may be
 // undefined) when momentum == 0.
-void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr,
-               float momentum, float weight_decay, DeviceContext* ctx = nullptr);
+void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+               float weight_decay, DeviceContext* ctx = nullptr);
 
-// sum_i t[i]^2, accumulated in double (f32 tensor). The result is on the host.
+// sum_i t[i]^2, accumulated in double (f32 tensor). The result is on the host (on CUDA the
+// call waits for the stream). The CUDA sum adds in another order than the CPU's sequential
+// one, so the two agree to double rounding (about 1e-16 n relative), not bit for bit; each
+// is deterministic.
 double SumSquares(const Tensor& t, DeviceContext* ctx = nullptr);
+
+// SumSquares of every tensor, in order, on the host (on CUDA: one launch and one copy back).
+std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContext* ctx = nullptr);
 
 // t <- scale * t (f32 tensor), in place.
 void ScaleInPlace(Tensor& t, float scale, DeviceContext* ctx = nullptr);
+
+// ScaleInPlace on every tensor.
+void ScaleMany(std::span<Tensor> tensors, float scale, DeviceContext* ctx = nullptr);
+
+namespace cpu {
+void AdamWUpdate(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                 const AdamWStep& hp);
+void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp);
+void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+               float weight_decay);
+double SumSquares(const Tensor& t);
+std::vector<double> SumSquaresMany(std::span<const Tensor> tensors);
+void ScaleInPlace(Tensor& t, float scale);
+void ScaleMany(std::span<Tensor> tensors, float scale);
+}  // namespace cpu
+
+namespace cuda {
+void AdamWUpdate(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                 const AdamWStep& hp, DeviceContext* ctx);
+void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp, DeviceContext* ctx);
+void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+               float weight_decay, DeviceContext* ctx);
+double SumSquares(const Tensor& t, DeviceContext* ctx);
+std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContext* ctx);
+void ScaleInPlace(Tensor& t, float scale, DeviceContext* ctx);
+void ScaleMany(std::span<Tensor> tensors, float scale, DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

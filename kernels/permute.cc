@@ -1,1 +1,127 @@
-// placeholder: filled in by the CUDA-backend work
+// Argument checks and device dispatch for kernels/permute.h.
+#include "kernels/permute.h"
+
+#include "kernels/dispatch.h"
+
+namespace switchyard::kernels {
+namespace {
+
+// t is defined, of `dtype`, `ndim`-d, and on `device` (the output's).
+void CheckTensor(const Tensor& t, DType dtype, int ndim, Device device, const char* op,
+                 const char* what) {
+  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
+  SY_CHECK(t.dtype() == dtype && t.ndim() == ndim)
+      << op << ": " << what << " must be " << ndim << "-d " << DTypeName(dtype) << ", got "
+      << t.DebugString();
+  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
+                                 << " but the output is on " << device;
+}
+
+}  // namespace
+
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse, DeviceContext* ctx) {
+  constexpr const char* kOp = "SortAssignments";
+  SY_CHECK(slot.defined()) << kOp << ": slot is undefined";
+  const Device dev = slot.device();
+  CheckTensor(experts, DType::kI32, 2, dev, kOp, "experts");
+  CheckTensor(kept, DType::kU8, 2, dev, kOp, "kept");
+  SY_CHECK(kept.shape() == experts.shape())
+      << kOp << ": kept " << ShapeString(kept.shape()) << " vs experts "
+      << ShapeString(experts.shape());
+  SY_CHECK_GE(experts.dim(1), 1) << kOp << ": k must be >= 1";
+  SY_CHECK(num_experts >= 1 && num_experts < (int64_t{1} << 30))
+      << kOp << ": num_experts=" << num_experts;
+  const int64_t n = experts.numel();
+  SY_CHECK_LT(n, int64_t{1} << 31) << kOp << ": " << n << " assignments (at most 2^31 - 1)";
+  auto check_out = [&](const Tensor& t, const char* what) {
+    CheckTensor(t, DType::kI64, 1, dev, kOp, what);
+    SY_CHECK_EQ(t.numel(), n) << kOp << ": " << what << " needs N * k entries";
+  };
+  check_out(token, "token");
+  check_out(slot, "slot");
+  check_out(inverse, "inverse");
+  std::vector<int64_t> counts;
+  SY_DISPATCH_DEVICE(
+      slot, ctx, counts = cpu::SortAssignments(experts, kept, num_experts, token, slot, inverse),
+      counts = cuda::SortAssignments(experts, kept, num_experts, token, slot, inverse, ctx));
+  return counts;
+}
+
+void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx) {
+  constexpr const char* kOp = "GatherRows";
+  SY_CHECK(dst.defined()) << kOp << ": dst is undefined";
+  CheckTensor(dst, DType::kF32, 2, dst.device(), kOp, "dst");
+  CheckTensor(src, DType::kF32, 2, dst.device(), kOp, "src");
+  CheckTensor(index, DType::kI64, 1, dst.device(), kOp, "index");
+  SY_CHECK(src.dim(1) == dst.dim(1) && index.dim(0) == dst.dim(0))
+      << kOp << ": src " << ShapeString(src.shape()) << ", index " << ShapeString(index.shape())
+      << ", dst " << ShapeString(dst.shape());
+  SY_DISPATCH_DEVICE(dst, ctx, cpu::GatherRows(src, index, dst),
+                     cuda::GatherRows(src, index, dst, ctx));
+}
+
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx) {
+  constexpr const char* kOp = "ScatterAddRows";
+  SY_CHECK(dh.defined()) << kOp << ": dh is undefined";
+  CheckTensor(dh, DType::kF32, 2, dh.device(), kOp, "dh");
+  CheckTensor(drows, DType::kF32, 2, dh.device(), kOp, "drows");
+  CheckTensor(inverse, DType::kI64, 2, dh.device(), kOp, "inverse");
+  SY_CHECK(drows.dim(1) == dh.dim(1) && inverse.dim(0) == dh.dim(0))
+      << kOp << ": drows " << ShapeString(drows.shape()) << ", inverse "
+      << ShapeString(inverse.shape()) << ", dh " << ShapeString(dh.shape());
+  SY_DISPATCH_DEVICE(dh, ctx, cpu::ScatterAddRows(drows, inverse, dh),
+                     cuda::ScatterAddRows(drows, inverse, dh, ctx));
+}
+
+void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
+             Tensor& y, DeviceContext* ctx) {
+  constexpr const char* kOp = "Combine";
+  SY_CHECK(y.defined()) << kOp << ": y is undefined";
+  CheckTensor(y, DType::kF32, 2, y.device(), kOp, "y");
+  CheckTensor(out, DType::kF32, 2, y.device(), kOp, "out");
+  CheckTensor(gates, DType::kF32, 2, y.device(), kOp, "gates");
+  CheckTensor(inverse, DType::kI64, 2, y.device(), kOp, "inverse");
+  SY_CHECK(out.dim(1) == y.dim(1) && gates.dim(0) == y.dim(0) && inverse.shape() == gates.shape())
+      << kOp << ": out " << ShapeString(out.shape()) << ", gates " << ShapeString(gates.shape())
+      << ", inverse " << ShapeString(inverse.shape()) << ", y " << ShapeString(y.shape());
+  if (extra.defined()) {
+    CheckTensor(extra, DType::kF32, 2, y.device(), kOp, "extra");
+    SY_CHECK(extra.shape() == y.shape())
+        << kOp << ": extra " << ShapeString(extra.shape()) << " vs y " << ShapeString(y.shape());
+  }
+  SY_DISPATCH_DEVICE(y, ctx, cpu::Combine(out, gates, inverse, extra, y),
+                     cuda::Combine(out, gates, inverse, extra, y, ctx));
+}
+
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
+                     Tensor& dout, Tensor& dgates, DeviceContext* ctx) {
+  constexpr const char* kOp = "CombineBackward";
+  SY_CHECK(dout.defined()) << kOp << ": dout is undefined";
+  const Device dev = dout.device();
+  CheckTensor(dout, DType::kF32, 2, dev, kOp, "dout");
+  CheckTensor(dgates, DType::kF32, 2, dev, kOp, "dgates");
+  CheckTensor(dy, DType::kF32, 2, dev, kOp, "dy");
+  CheckTensor(out, DType::kF32, 2, dev, kOp, "out");
+  CheckTensor(gates, DType::kF32, 2, dev, kOp, "gates");
+  CheckTensor(slot, DType::kI64, 1, dev, kOp, "slot");
+  SY_CHECK(out.shape() == dout.shape() && dy.dim(1) == out.dim(1) &&
+           gates.shape() == dgates.shape() && gates.dim(0) == dy.dim(0) &&
+           slot.dim(0) == out.dim(0))
+      << kOp << ": dy " << ShapeString(dy.shape()) << ", out " << ShapeString(out.shape())
+      << ", gates " << ShapeString(gates.shape()) << ", slot " << ShapeString(slot.shape())
+      << ", dout " << ShapeString(dout.shape()) << ", dgates " << ShapeString(dgates.shape());
+  SY_DISPATCH_DEVICE(dout, ctx, cpu::CombineBackward(dy, out, gates, slot, dout, dgates),
+                     cuda::CombineBackward(dy, out, gates, slot, dout, dgates, ctx));
+}
+
+double EntropySum(const Tensor& probs, DeviceContext* ctx) {
+  SY_CHECK(probs.defined() && probs.dtype() == DType::kF32)
+      << "EntropySum: probs must be f32, got " << probs.DebugString();
+  double sum = 0;
+  SY_DISPATCH_DEVICE(probs, ctx, sum = cpu::EntropySum(probs), sum = cuda::EntropySum(probs, ctx));
+  return sum;
+}
+
+}  // namespace switchyard::kernels

@@ -8,8 +8,10 @@
 // original RoFormer.) The token at sequence index s has pos = position_offset + s. Angles,
 // cos and sin are evaluated in double and rounded to f32.
 //
-// Shapes: x, y, dy, dx (B, S, H, hd), f32, contiguous. The CPU implementation is
-// kernels/cpu/rope.cc; a CUDA tensor is a fatal check until the CUDA backend lands.
+// Shapes: x, y, dy, dx (B, S, H, hd), f32, contiguous. The public ops check the arguments
+// (kernels/rope.cc) and run kernels/cpu/rope.cc (the reference) or kernels/cuda/rope.cu,
+// which evaluates the same double-precision angles, so both round cos and sin alike (up to
+// the last-ulp accuracy of each libm).
 #pragma once
 
 #include <cstdint>
@@ -28,5 +30,16 @@ void RopeForward(const Tensor& x, Tensor& y, float base = kRopeBase, int64_t pos
 // dx = rotate^T(dy), the rotation by the opposite angle; dx may be the same tensor as dy.
 void RopeBackward(const Tensor& dy, Tensor& dx, float base = kRopeBase, int64_t position_offset = 0,
                   DeviceContext* ctx = nullptr);
+
+// The implementations on checked arguments: y = x rotated by sign * angle (sign = +1 for
+// the forward pass, -1 for the backward).
+namespace cpu {
+void RopeRotate(const Tensor& x, Tensor& y, float base, int64_t position_offset, float sign);
+}  // namespace cpu
+
+namespace cuda {
+void RopeRotate(const Tensor& x, Tensor& y, float base, int64_t position_offset, float sign,
+                DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

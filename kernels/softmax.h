@@ -3,9 +3,9 @@
 //   y[r, j] = exp(x[r, j] - max_r) / sum_k exp(x[r, k] - max_r)
 // and the backward pass of a row with output y and upstream gradient dy:
 //   dx[r, j] = y[r, j] * (dy[r, j] - sum_k dy[r, k] y[r, k]).
-// Any tensor whose last dimension is C is read as N = numel / C rows. The CPU
-// implementation is kernels/cpu/softmax.cc; a CUDA tensor is a fatal check until the CUDA
-// backend lands.
+// Any tensor whose last dimension is C is read as N = numel / C rows. The public ops check
+// the arguments (kernels/softmax.cc) and run kernels/cpu/softmax.cc (the reference) or
+// kernels/cuda/softmax.cu (one block per row, sums in double as on the CPU).
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,19 @@ void SoftmaxForward(const Tensor& x, Tensor& y, DeviceContext* ctx = nullptr);
 void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx, DeviceContext* ctx = nullptr);
 
 namespace cpu {
+// The ops above on checked arguments.
+void SoftmaxForward(const Tensor& x, Tensor& y);
+void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx);
 // One row of n >= 1 values: y = softmax(x), returns logsumexp(x) = max + log(sum exp(x - max))
 // (sums in double). y may equal x.
 float SoftmaxRow(const float* x, float* y, int64_t n);
 // One row: dx = y * (dy - sum(dy * y)) (sum in double). dx may equal dy.
 void SoftmaxRowBackward(const float* y, const float* dy, float* dx, int64_t n);
 }  // namespace cpu
+
+namespace cuda {
+void SoftmaxForward(const Tensor& x, Tensor& y, DeviceContext* ctx);
+void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx, DeviceContext* ctx);
+}  // namespace cuda
 
 }  // namespace switchyard::kernels

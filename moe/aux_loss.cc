@@ -2,37 +2,61 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
-#include "moe/router.h"
+#include "kernels/moe_routing.h"
 
 namespace switchyard::moe {
 namespace {
 
-void CheckCpu(const Tensor& t, DType dtype, const char* what) {
+// `t` is a defined 2-d tensor of `dtype`.
+void CheckMatrix(const Tensor& t, DType dtype, const char* what) {
   SY_CHECK(t.defined()) << what << " is undefined";
-  SY_CHECK(t.device().is_cpu()) << what << " on " << t.device()
-                                << ": the CUDA aux losses land with the CUDA backend";
   SY_CHECK_EQ(t.dtype(), dtype) << what;
   SY_CHECK_EQ(t.ndim(), 2) << what << " " << ShapeString(t.shape());
 }
 
 }  // namespace
 
-LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices) {
-  CheckCpu(probs, DType::kF32, "aux probs");
-  CheckCpu(indices, DType::kI32, "aux indices");
-  const int64_t T = probs.dim(0), E = probs.dim(1);
+LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices,
+                                  DeviceContext* ctx) {
+  CheckMatrix(probs, DType::kF32, "aux probs");
+  CheckMatrix(indices, DType::kI32, "aux indices");
+  const int64_t T = probs.dim(0), E = probs.dim(1), k = indices.dim(1);
   SY_CHECK_EQ(indices.dim(0), T) << "aux indices";
+  const Device dev = probs.device();
+  SY_CHECK(indices.device() == dev) << "aux indices on " << indices.device() << ", probs on "
+                                    << dev;
   LoadBalanceSums sums;
   sums.tokens = T;
   sums.assignments.assign(E, 0);
-  CountAssignments(indices, sums.assignments);
-  std::vector<double> prob_sums(E, 0.0);
-  const float* p = probs.data<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) prob_sums[e] += p[t * E + e];
+  sums.prob_sums.assign(E, 0.0f);
+  if (E == 0) {
+    SY_CHECK_EQ(indices.numel(), 0) << "aux indices for 0 experts";
+    return sums;
   }
-  sums.prob_sums.assign(prob_sums.begin(), prob_sums.end());
+  // The slot counts (k * E + 1) i64 and the prob sums (E) f32 side by side in one buffer, so
+  // that a CUDA call copies them back at once.
+  const int64_t count_bytes = (k * E + 1) * 8;
+  Tensor packed = Tensor::Empty({count_bytes + E * 4}, DType::kU8, dev);
+  auto* base = static_cast<char*>(packed.raw_data());
+  Tensor counts = Tensor::Wrap(base, {k * E + 1}, DType::kI64, dev);
+  Tensor prob_sums = Tensor::Wrap(base + count_bytes, {E}, DType::kF32, dev);
+  kernels::CountSlotAssignments(indices, Tensor(), E, counts, ctx);
+  kernels::ProbColumnSums(probs, prob_sums, ctx);
+  Tensor host = packed;
+  if (!dev.is_cpu()) {
+    host = Tensor::Empty(packed.shape(), DType::kU8);
+    host.CopyFrom(packed, ctx);  // the one device->host copy; waits for ctx's stream
+  }
+  const auto* h = static_cast<const char*>(host.raw_data());
+  std::vector<int64_t> c(k * E + 1);
+  std::memcpy(c.data(), h, count_bytes);
+  SY_CHECK_EQ(c[k * E], 0) << "expert indices outside [0, " << E << ")";
+  for (int64_t j = 0; j < k; ++j) {
+    for (int64_t e = 0; e < E; ++e) sums.assignments[e] += c[j * E + e];
+  }
+  std::memcpy(sums.prob_sums.data(), h + count_bytes, E * 4);
   return sums;
 }
 
@@ -49,8 +73,8 @@ float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, flo
 }
 
 void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
-                               Tensor& dprobs) {
-  CheckCpu(dprobs, DType::kF32, "aux dprobs");
+                               Tensor& dprobs, DeviceContext* ctx) {
+  CheckMatrix(dprobs, DType::kF32, "aux dprobs");
   const int64_t E = static_cast<int64_t>(group.assignments.size());
   SY_CHECK_EQ(dprobs.dim(1), E) << "aux dprobs";
   if (group.tokens == 0) return;
@@ -60,52 +84,32 @@ void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, floa
     const double f = group.assignments[e] / (T * top_k);
     col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
   }
-  float* dp = dprobs.data<float>();
-  for (int64_t t = 0; t < dprobs.dim(0); ++t) {
-    for (int64_t e = 0; e < E; ++e) dp[t * E + e] += col[e];
-  }
+  kernels::AddColumnConstants(dprobs, col, ctx);
 }
 
 float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, float grad,
-                        Tensor* dprobs) {
-  const LoadBalanceSums sums = LoadBalanceSumsOf(probs, indices);
+                        Tensor* dprobs, DeviceContext* ctx) {
+  const LoadBalanceSums sums = LoadBalanceSumsOf(probs, indices, ctx);
   const int64_t k = indices.dim(1);
   if (dprobs != nullptr) {
     SY_CHECK_EQ(dprobs->dim(0), probs.dim(0)) << "aux dprobs";
-    LoadBalancingLossBackward(sums, k, coef, grad, *dprobs);
+    LoadBalancingLossBackward(sums, k, coef, grad, *dprobs, ctx);
   }
   return LoadBalancingLossFromSums(sums, k, coef);
 }
 
-float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits, int64_t group_tokens) {
-  CheckCpu(logits, DType::kF32, "z-loss logits");
-  const int64_t T = logits.dim(0), E = logits.dim(1);
-  const int64_t n = group_tokens > 0 ? group_tokens : T;
-  SY_CHECK_GE(n, T) << "z-loss group_tokens";
-  float* dl = nullptr;
-  if (dlogits != nullptr) {
-    CheckCpu(*dlogits, DType::kF32, "z-loss dlogits");
-    SY_CHECK(dlogits->dim(0) == T && dlogits->dim(1) == E) << "z-loss dlogits";
-    dl = dlogits->data<float>();
-  }
-  if (T == 0) return 0.0f;
-  const float* lp = logits.data<float>();
-  double total = 0.0;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* l = lp + t * E;
-    const double m = *std::max_element(l, l + E);
-    double sum = 0.0;
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - m);
-    const double lse = m + std::log(sum);
-    total += lse * lse;
-    if (dl != nullptr) {
-      const double scale = static_cast<double>(grad) * coef * 2.0 * lse / n;
-      for (int64_t e = 0; e < E; ++e) {
-        dl[t * E + e] += static_cast<float>(scale * std::exp(l[e] - m) / sum);
-      }
-    }
-  }
-  return static_cast<float>(coef * total / n);
+float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits, int64_t group_tokens,
+            DeviceContext* ctx) {
+  CheckMatrix(logits, DType::kF32, "z-loss logits");
+  if (dlogits != nullptr) CheckMatrix(*dlogits, DType::kF32, "z-loss dlogits");
+  return kernels::RouterZLoss(logits, coef, grad, group_tokens, dlogits, ctx);
+}
+
+void ZLossBackward(const Tensor& logits, float coef, float grad, Tensor& dlogits,
+                   int64_t group_tokens, DeviceContext* ctx) {
+  CheckMatrix(logits, DType::kF32, "z-loss logits");
+  CheckMatrix(dlogits, DType::kF32, "z-loss dlogits");
+  kernels::RouterZLossBackward(logits, coef, grad, group_tokens, dlogits, ctx);
 }
 
 }  // namespace switchyard::moe

@@ -20,11 +20,17 @@
 // sums of its piece (LoadBalanceSumsOf), the pieces are summed (all-reduce), and every rank
 // evaluates the loss from the group's sums and the gradient for its own rows; the z-loss
 // takes the group's token count so that the pieces' values add up to the group's.
+//
+// Devices: the tensors of a call are on the CPU or all on ctx's CUDA device (ctx required
+// for CUDA tensors). The losses and LoadBalanceSums are host values: on CUDA they are
+// computed on the device and copied back with one small device->host copy (which
+// synchronises ctx's stream); gradients are accumulated in place on the tensors' device.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
 
 namespace switchyard::moe {
@@ -39,23 +45,29 @@ struct LoadBalanceSums {
 };
 
 // Sums of probs (T, E) f32 and indices (T, k) i32.
-LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices);
+LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices,
+                                  DeviceContext* ctx = nullptr);
 
 // aux = coef * E * sum_i f_i P_i from the group's sums.
 float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, float coef);
 
 // dprobs (T_piece, E) += grad * coef * E * f_i / T, with f and T those of the whole group.
 void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
-                               Tensor& dprobs);
+                               Tensor& dprobs, DeviceContext* ctx = nullptr);
 
 // One whole group: returns aux; when dprobs (T, E) is given, adds grad * d aux / d probs.
 float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, float grad,
-                        Tensor* dprobs);
+                        Tensor* dprobs, DeviceContext* ctx = nullptr);
 
 // Returns z for logits (T, E) f32; when dlogits (T, E) is given, adds grad * dz / dlogits.
 // group_tokens: the group's token count when logits hold one piece of it (the result is
 // then that piece's share of z); 0 means logits are the whole group.
 float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits,
-            int64_t group_tokens = 0);
+            int64_t group_tokens = 0, DeviceContext* ctx = nullptr);
+
+// ZLoss's gradient alone: dlogits (T, E) += grad * dz / dlogits, the same values, without
+// computing the loss (so on CUDA without waiting for the stream). For the backward pass.
+void ZLossBackward(const Tensor& logits, float coef, float grad, Tensor& dlogits,
+                   int64_t group_tokens = 0, DeviceContext* ctx = nullptr);
 
 }  // namespace switchyard::moe

@@ -24,12 +24,19 @@
 // exclusive_prefix is that of the earlier pieces (exclusive scan in token order); see
 // PositionOffsets. The result equals admitting the whole group at once. `probability`
 // needs every gate of the group: gather the group first (offsets are rejected for it).
+//
+// Devices: the tensors of a call are on the CPU or all on ctx's CUDA device (ctx required
+// for CUDA tensors); Admission's kept/position are allocated on that device. Offsets and
+// the host results (Admission's counts/dropped/removed, SlotExpertCounts) are host values:
+// on CUDA they are computed on the device and copied back with one small device->host
+// copy (which synchronises ctx's stream).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
 #include "moe/moe_config.h"
 
@@ -63,11 +70,11 @@ struct Admission {
 // offsets from PositionOffsets for a later piece of a split group (`position` only).
 Admission AdmitToCapacity(const Tensor& indices, const Tensor& gates, const Tensor& keep,
                           int64_t num_experts, int64_t capacity, DropPolicy policy,
-                          std::span<const int64_t> offsets = {});
+                          std::span<const int64_t> offsets = {}, DeviceContext* ctx = nullptr);
 
 // (k * E) counts of assignments with keep = 1, by slot j and expert e (index j * E + e).
 std::vector<int64_t> SlotExpertCounts(const Tensor& indices, const Tensor& keep,
-                                      int64_t num_experts);
+                                      int64_t num_experts, DeviceContext* ctx = nullptr);
 
 // (k * E) priority offsets of a piece: exclusive_prefix[j][e] + sum_{j' < j} total[j'][e],
 // both (k * E) SlotExpertCounts sums (of the earlier pieces, and of the whole group).

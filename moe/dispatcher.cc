@@ -1,18 +1,31 @@
+// The token dispatcher (moe/dispatcher.h): the plan's bookkeeping on host counts, the row
+// phases through kernels/permute.h, the exchanges through the ep communicator.
 #include "moe/dispatcher.h"
 
 #include <cstring>
 
 #include "engine/core/check.h"
+#include "kernels/permute.h"
 
 namespace switchyard::moe {
 namespace {
 
-void CheckRows(const Tensor& t, int64_t rows, const char* what) {
-  SY_CHECK(t.device().is_cpu() && t.dtype() == DType::kF32 && t.ndim() == 2 && t.dim(0) == rows)
-      << what << ": expected f32 (" << rows << ", d) on the host, got " << t.DebugString();
+void CheckRows(const Tensor& t, int64_t rows, const DispatchPlan& plan, const char* what) {
+  SY_CHECK(t.defined() && t.dtype() == DType::kF32 && t.ndim() == 2 && t.dim(0) == rows)
+      << what << ": expected f32 (" << rows << ", d), got " << t.DebugString();
+  SY_CHECK(t.device() == plan.device())
+      << what << ": rows on " << t.device() << " for a dispatch plan on " << plan.device();
 }
 
-// Copies row blocks between two (., d) tensors: for every (src_begin, dst_begin, count).
+// The communicator moves tensors of its own device only; say so before it does.
+void CheckCommunicatorDevice(const Tensor& rows, const dist::Communicator& ep, const char* what) {
+  SY_CHECK(rows.device() == ep.device())
+      << what << ": the ep communicator (" << ep.backend() << ", " << ep.device()
+      << ") cannot exchange rows on " << rows.device() << " over " << ep.size()
+      << " ranks; CUDA rows need the NCCL communicator, host rows the MPI one";
+}
+
+// Copies row blocks between two (., d) host tensors: for every (src_begin, dst_begin, count).
 struct Block {
   int64_t src, dst, rows;
 };
@@ -47,47 +60,112 @@ std::vector<Block> RegroupBlocks(const DispatchPlan& plan, bool inverse) {
   return blocks;
 }
 
+// The row permutation of the blocks: on the host block copies; on a device one gather
+// with the (R) source row of every destination row, built on the host and copied over.
+Tensor PermuteBlocks(const Tensor& src, const DispatchPlan& plan, bool inverse,
+                     DeviceContext* ctx) {
+  const std::vector<Block> blocks = RegroupBlocks(plan, inverse);
+  Tensor out = Tensor::Empty(src.shape(), DType::kF32, src.device());
+  if (src.device().is_cpu()) {
+    CopyBlocks(src, out, blocks);
+    return out;
+  }
+  std::vector<int64_t> index(src.dim(0));
+  for (const Block& b : blocks)
+    for (int64_t r = 0; r < b.rows; ++r) index[b.dst + r] = b.src + r;
+  Tensor device_index = Tensor::FromVector(index, {src.dim(0)}).To(src.device(), ctx);
+  kernels::GatherRows(src, device_index, out, ctx);
+  return out;
+}
+
 }  // namespace
 
-DispatchPlan::DispatchPlan(const std::vector<int32_t>& experts, const std::vector<uint8_t>& kept,
-                           int64_t num_tokens, int64_t top_k, int64_t num_experts,
+DispatchPlan::DispatchPlan(int64_t num_tokens, int64_t top_k, int64_t num_experts,
                            int64_t ep_size)
     : num_tokens_(num_tokens), top_k_(top_k), num_experts_(num_experts), ep_size_(ep_size) {
   SY_CHECK(ep_size > 0 && num_experts % ep_size == 0)
       << "num_experts=" << num_experts << " over ep=" << ep_size;
-  SY_CHECK_EQ(static_cast<int64_t>(experts.size()), num_tokens * top_k);
-  SY_CHECK_EQ(experts.size(), kept.size());
-  // Counting sort by expert keeps (token, slot) order inside each expert.
-  send_per_expert_.assign(num_experts, 0);
-  for (size_t i = 0; i < experts.size(); ++i) {
-    if (!kept[i]) continue;
-    SY_CHECK(experts[i] >= 0 && experts[i] < num_experts) << "expert index " << experts[i];
-    ++send_per_expert_[experts[i]];
-  }
-  std::vector<int64_t> next(num_experts, 0);
-  int64_t total = 0;
-  for (int64_t e = 0; e < num_experts; ++e) next[e] = total, total += send_per_expert_[e];
-  token_.resize(total);
-  slot_.resize(total);
-  for (size_t i = 0; i < experts.size(); ++i) {
-    if (!kept[i]) continue;
-    int64_t a = next[experts[i]]++;
-    token_[a] = static_cast<int64_t>(i) / top_k;
-    slot_[a] = static_cast<int64_t>(i);
-  }
-  const int64_t el = num_experts / ep_size;
-  send_rows_.assign(ep_size, 0);
-  for (int64_t e = 0; e < num_experts; ++e) send_rows_[e / el] += send_per_expert_[e];
 }
 
-void DispatchPlan::ExchangeCounts(dist::Communicator& ep) {
+DispatchPlan::DispatchPlan(const std::vector<int32_t>& experts, const std::vector<uint8_t>& kept,
+                           int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                           int64_t ep_size)
+    : DispatchPlan(num_tokens, top_k, num_experts, ep_size) {
+  SY_CHECK_EQ(static_cast<int64_t>(experts.size()), num_tokens * top_k);
+  SY_CHECK_EQ(experts.size(), kept.size());
+  Init(Tensor::FromVector(experts, {num_tokens, top_k}),
+       Tensor::FromVector(kept, {num_tokens, top_k}), nullptr);
+}
+
+DispatchPlan DispatchPlan::Build(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                                 int64_t ep_size, DeviceContext* ctx) {
+  SY_CHECK(experts.defined() && experts.ndim() == 2)
+      << "DispatchPlan: experts must be (N, k), got " << experts.DebugString();
+  DispatchPlan plan(experts.dim(0), experts.dim(1), num_experts, ep_size);
+  plan.Init(experts, kept, ctx);
+  return plan;
+}
+
+void DispatchPlan::Init(const Tensor& experts, const Tensor& kept, DeviceContext* ctx) {
+  const int64_t nk = num_tokens_ * top_k_;
+  const Device dev = experts.device();
+  Tensor token = Tensor::Empty({nk}, DType::kI64, dev);
+  Tensor slot = Tensor::Empty({nk}, DType::kI64, dev);
+  Tensor inverse = Tensor::Empty({nk}, DType::kI64, dev);
+  send_per_expert_ =
+      kernels::SortAssignments(experts, kept, num_experts_, token, slot, inverse, ctx);
+  int64_t total = 0;
+  for (int64_t c : send_per_expert_) total += c;
+  // The kept assignments are the first A of the sorted order.
+  token_tensor_ = token.Slice(0, total);
+  slot_tensor_ = slot.Slice(0, total);
+  inverse_ = inverse.Reshape({num_tokens_, top_k_});
+  if (dev.is_cpu()) {
+    const int64_t* tp = token.data<int64_t>();
+    const int64_t* sp = slot.data<int64_t>();
+    token_.assign(tp, tp + total);
+    slot_.assign(sp, sp + total);
+  }
+  const int64_t el = num_experts_ / ep_size_;
+  send_rows_.assign(ep_size_, 0);
+  for (int64_t e = 0; e < num_experts_; ++e) send_rows_[e / el] += send_per_expert_[e];
+}
+
+const std::vector<int64_t>& DispatchPlan::token() const {
+  SY_CHECK(device().is_cpu()) << "DispatchPlan::token(): the plan lives on " << device()
+                              << "; read token_tensor()";
+  return token_;
+}
+
+const std::vector<int64_t>& DispatchPlan::slot() const {
+  SY_CHECK(device().is_cpu()) << "DispatchPlan::slot(): the plan lives on " << device()
+                              << "; read slot_tensor()";
+  return slot_;
+}
+
+void DispatchPlan::ExchangeCounts(dist::Communicator& ep, DeviceContext* ctx) {
   SY_CHECK_EQ(ep.size(), ep_size_) << "plan built for a different ep group";
   const int64_t el = experts_per_rank();
-  // Row d of the send matrix holds this rank's counts for rank d's local experts.
-  Tensor send = Tensor::FromVector(send_per_expert_, {ep_size_, el});
-  Tensor recv = Tensor::Empty({ep_size_, el}, DType::kI64);
-  ep.AllToAll(send, recv);
-  recv_per_source_expert_ = recv.ToVector<int64_t>();
+  if (ep_size_ == 1) {
+    recv_per_source_expert_ = send_per_expert_;  // this rank is the whole group
+  } else {
+    // Row d of the send matrix holds this rank's counts for rank d's local experts.
+    Tensor send = Tensor::FromVector(send_per_expert_, {ep_size_, el});
+    if (ep.device().is_cpu()) {
+      Tensor recv = Tensor::Empty({ep_size_, el}, DType::kI64);
+      ep.AllToAll(send, recv);
+      recv_per_source_expert_ = recv.ToVector<int64_t>();
+    } else {
+      SY_CHECK(ctx != nullptr && ctx->device() == ep.device())
+          << "ExchangeCounts over a communicator on " << ep.device()
+          << " needs that device's DeviceContext";
+      Tensor send_dev = send.To(ep.device(), ctx);
+      Tensor recv_dev = Tensor::Empty({ep_size_, el}, DType::kI64, ep.device());
+      ep.AllToAll(send_dev, recv_dev);
+      Tensor recv = recv_dev.To(Device::Cpu(), ctx);  // waits for the stream
+      recv_per_source_expert_ = recv.ToVector<int64_t>();
+    }
+  }
   recv_rows_.assign(ep_size_, 0);
   rows_per_local_expert_.assign(el, 0);
   num_received_ = 0;
@@ -102,100 +180,84 @@ void DispatchPlan::ExchangeCounts(dist::Communicator& ep) {
   exchanged_ = true;
 }
 
-Tensor Permute(const Tensor& h, const DispatchPlan& plan) {
-  CheckRows(h, plan.num_tokens(), "Permute input");
-  const int64_t d = h.dim(1);
-  Tensor rows = Tensor::Empty({plan.num_assignments(), d}, DType::kF32);
-  const float* src = h.data<float>();
-  float* dst = rows.data<float>();
-  for (int64_t a = 0; a < plan.num_assignments(); ++a) {
-    std::memcpy(dst + a * d, src + plan.token()[a] * d, sizeof(float) * d);
-  }
+Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx) {
+  CheckRows(h, plan.num_tokens(), plan, "Permute input");
+  Tensor rows = Tensor::Empty({plan.num_assignments(), h.dim(1)}, DType::kF32, h.device());
+  kernels::GatherRows(h, plan.token_tensor(), rows, ctx);
   return rows;
 }
 
-void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh) {
-  CheckRows(drows, plan.num_assignments(), "ScatterAdd input");
-  CheckRows(dh, plan.num_tokens(), "ScatterAdd output");
-  const int64_t d = dh.dim(1);
-  const float* src = drows.data<float>();
-  float* dst = dh.data<float>();
-  for (int64_t a = 0; a < plan.num_assignments(); ++a) {
-    float* row = dst + plan.token()[a] * d;
-    const float* g = src + a * d;
-    for (int64_t j = 0; j < d; ++j) row[j] += g[j];
-  }
+void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh, DeviceContext* ctx) {
+  CheckRows(drows, plan.num_assignments(), plan, "ScatterAdd input");
+  CheckRows(dh, plan.num_tokens(), plan, "ScatterAdd output");
+  kernels::ScatterAddRows(drows, plan.inverse(), dh, ctx);
 }
 
-Tensor ExchangeRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep) {
+Tensor ExchangeRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep,
+                    DeviceContext* ctx) {
   SY_CHECK(plan.exchanged()) << "ExchangeCounts must run before ExchangeRows";
-  CheckRows(rows, plan.num_assignments(), "ExchangeRows input");
-  Tensor recv = Tensor::Empty({plan.num_received(), rows.dim(1)}, DType::kF32);
+  CheckRows(rows, plan.num_assignments(), plan, "ExchangeRows input");
+  SY_CHECK_EQ(ep.size(), plan.ep_size()) << "plan built for a different ep group";
+  if (plan.ep_size() == 1) return rows;
+  CheckCommunicatorDevice(rows, ep, "ExchangeRows");
+  Tensor recv = Tensor::Empty({plan.num_received(), rows.dim(1)}, DType::kF32, rows.device());
   ep.AllToAllV(rows, plan.send_rows(), recv, plan.recv_rows());
   return recv;
 }
 
-Tensor ReturnRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep) {
+Tensor ReturnRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep,
+                  DeviceContext* ctx) {
   SY_CHECK(plan.exchanged()) << "ExchangeCounts must run before ReturnRows";
-  CheckRows(rows, plan.num_received(), "ReturnRows input");
-  Tensor back = Tensor::Empty({plan.num_assignments(), rows.dim(1)}, DType::kF32);
+  CheckRows(rows, plan.num_received(), plan, "ReturnRows input");
+  SY_CHECK_EQ(ep.size(), plan.ep_size()) << "plan built for a different ep group";
+  if (plan.ep_size() == 1) return rows;
+  CheckCommunicatorDevice(rows, ep, "ReturnRows");
+  Tensor back = Tensor::Empty({plan.num_assignments(), rows.dim(1)}, DType::kF32, rows.device());
   ep.AllToAllV(rows, plan.recv_rows(), back, plan.send_rows());
   return back;
 }
 
-Tensor Regroup(const Tensor& recv, const DispatchPlan& plan) {
-  CheckRows(recv, plan.num_received(), "Regroup input");
-  Tensor out = Tensor::Empty(recv.shape(), DType::kF32);
-  CopyBlocks(recv, out, RegroupBlocks(plan, /*inverse=*/false));
-  return out;
+Tensor Regroup(const Tensor& recv, const DispatchPlan& plan, DeviceContext* ctx) {
+  SY_CHECK(plan.exchanged()) << "ExchangeCounts must run before Regroup / Ungroup";
+  CheckRows(recv, plan.num_received(), plan, "Regroup input");
+  if (plan.ep_size() == 1) return recv;  // one source: already grouped by local expert
+  return PermuteBlocks(recv, plan, /*inverse=*/false, ctx);
 }
 
-Tensor Ungroup(const Tensor& grouped, const DispatchPlan& plan) {
-  CheckRows(grouped, plan.num_received(), "Ungroup input");
-  Tensor out = Tensor::Empty(grouped.shape(), DType::kF32);
-  CopyBlocks(grouped, out, RegroupBlocks(plan, /*inverse=*/true));
-  return out;
+Tensor Ungroup(const Tensor& grouped, const DispatchPlan& plan, DeviceContext* ctx) {
+  SY_CHECK(plan.exchanged()) << "ExchangeCounts must run before Regroup / Ungroup";
+  CheckRows(grouped, plan.num_received(), plan, "Ungroup input");
+  if (plan.ep_size() == 1) return grouped;
+  return PermuteBlocks(grouped, plan, /*inverse=*/true, ctx);
 }
 
-Tensor Combine(const Tensor& out, const Tensor& gates, const DispatchPlan& plan) {
-  CheckRows(out, plan.num_assignments(), "Combine input");
-  SY_CHECK_EQ(gates.numel(), plan.num_tokens() * plan.top_k()) << "Combine gates";
-  const int64_t d = out.dim(1);
-  Tensor y = Tensor::Zeros({plan.num_tokens(), d}, DType::kF32);
-  const float* o = out.data<float>();
-  const float* g = gates.data<float>();
-  float* dst = y.data<float>();
-  for (int64_t a = 0; a < plan.num_assignments(); ++a) {
-    const float w = g[plan.slot()[a]];
-    float* row = dst + plan.token()[a] * d;
-    for (int64_t j = 0; j < d; ++j) row[j] += w * o[a * d + j];
-  }
+Tensor Combine(const Tensor& out, const Tensor& gates, const DispatchPlan& plan,
+               const Tensor& extra, DeviceContext* ctx) {
+  CheckRows(out, plan.num_assignments(), plan, "Combine input");
+  SY_CHECK(gates.defined() && gates.numel() == plan.num_tokens() * plan.top_k())
+      << "Combine gates: expected (" << plan.num_tokens() << ", " << plan.top_k() << "), got "
+      << gates.DebugString();
+  Tensor y = Tensor::Empty({plan.num_tokens(), out.dim(1)}, DType::kF32, out.device());
+  kernels::Combine(out, gates.Reshape({plan.num_tokens(), plan.top_k()}), plan.inverse(), extra,
+                   y, ctx);
   return y;
 }
 
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates,
-                     const DispatchPlan& plan, Tensor& dout, Tensor& dgates) {
-  CheckRows(dy, plan.num_tokens(), "CombineBackward dy");
-  CheckRows(out, plan.num_assignments(), "CombineBackward out");
-  CheckRows(dout, plan.num_assignments(), "CombineBackward dout");
-  SY_CHECK_EQ(dgates.numel(), plan.num_tokens() * plan.top_k()) << "CombineBackward dgates";
-  const int64_t d = dy.dim(1);
-  const float* g = gates.data<float>();
-  const float* dyp = dy.data<float>();
-  const float* o = out.data<float>();
-  float* dop = dout.data<float>();
-  float* dg = dgates.data<float>();
-  std::memset(dg, 0, sizeof(float) * dgates.numel());
-  for (int64_t a = 0; a < plan.num_assignments(); ++a) {
-    const float w = g[plan.slot()[a]];
-    const float* row = dyp + plan.token()[a] * d;
-    double dot = 0;
-    for (int64_t j = 0; j < d; ++j) {
-      dop[a * d + j] = w * row[j];
-      dot += static_cast<double>(row[j]) * o[a * d + j];
-    }
-    dg[plan.slot()[a]] = static_cast<float>(dot);
-  }
+                     const DispatchPlan& plan, Tensor& dout, Tensor& dgates,
+                     DeviceContext* ctx) {
+  CheckRows(dy, plan.num_tokens(), plan, "CombineBackward dy");
+  CheckRows(out, plan.num_assignments(), plan, "CombineBackward out");
+  CheckRows(dout, plan.num_assignments(), plan, "CombineBackward dout");
+  const Shape gate_shape = {plan.num_tokens(), plan.top_k()};
+  SY_CHECK(gates.defined() && gates.numel() == plan.num_tokens() * plan.top_k())
+      << "CombineBackward gates: expected " << ShapeString(gate_shape) << ", got "
+      << gates.DebugString();
+  SY_CHECK(dgates.defined() && dgates.numel() == plan.num_tokens() * plan.top_k())
+      << "CombineBackward dgates: expected " << ShapeString(gate_shape) << ", got "
+      << dgates.DebugString();
+  Tensor dg = dgates.Reshape(gate_shape);
+  kernels::CombineBackward(dy, out, gates.Reshape(gate_shape), plan.slot_tensor(), dout, dg, ctx);
 }
 
 }  // namespace switchyard::moe

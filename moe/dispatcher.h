@@ -15,11 +15,22 @@
 // received by this rank's experts. Global expert e lives on ep rank e / E_l as local expert
 // e % E_l (E_l = E / ep). Backward of each phase is its mirror: Permute <-> ScatterAdd,
 // ExchangeRows <-> ReturnRows, Regroup <-> Ungroup, Combine -> CombineBackward.
+//
+// Devices: a plan lives on the device of the routing it is built from (the host
+// constructor: the CPU; DispatchPlan::Build: its tensors' device), and every phase runs on
+// the rows' device, which must be the plan's; ctx is required for CUDA tensors. The row
+// phases are kernels (kernels/permute.h). Building a plan copies the (E) per-expert counts
+// to the host (one small device->host copy per plan on CUDA): the all_to_all_v splits and
+// the grouped expert GEMMs need them there. With ep = 1 the exchanges do not touch the
+// communicator (the rows are returned as they are, and Regroup / Ungroup are the
+// identity); with ep > 1 the communicator must live on the rows' device (NCCL for CUDA
+// rows, MPI for host rows).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
 #include "engine/dist/communicator.h"
 
@@ -29,9 +40,14 @@ namespace switchyard::moe {
 class DispatchPlan {
  public:
   // experts: (N, k) global expert of every assignment; kept: (N, k) 1 to dispatch, 0 for
-  // a dropped assignment. Assignments are ordered by expert, then token, then slot.
+  // a dropped assignment. Assignments are ordered by expert, then token, then slot. A host
+  // plan.
   DispatchPlan(const std::vector<int32_t>& experts, const std::vector<uint8_t>& kept,
                int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t ep_size);
+  // The same from tensors on the CPU or on ctx's CUDA device: experts (N, k) i32, kept
+  // (N, k) u8. The plan's tensors live on that device.
+  static DispatchPlan Build(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                            int64_t ep_size, DeviceContext* ctx = nullptr);
 
   int64_t num_tokens() const { return num_tokens_; }
   int64_t top_k() const { return top_k_; }
@@ -39,10 +55,18 @@ class DispatchPlan {
   int64_t ep_size() const { return ep_size_; }
   int64_t experts_per_rank() const { return num_experts_ / ep_size_; }
   // A: assignments this rank dispatches.
-  int64_t num_assignments() const { return static_cast<int64_t>(token_.size()); }
+  int64_t num_assignments() const { return token_tensor_.numel(); }
+  // Where the plan's tensors live.
+  Device device() const { return inverse_.device(); }
   // For permuted row a: its token (row of h) and its flat slot t * k + j (row of gates).
-  const std::vector<int64_t>& token() const { return token_; }
-  const std::vector<int64_t>& slot() const { return slot_; }
+  // Host copies, for a host plan only (fatal on a CUDA plan: use the tensors below).
+  const std::vector<int64_t>& token() const;
+  const std::vector<int64_t>& slot() const;
+  // The same as (A) i64 tensors on device(), and the inverse map (N, k) i64: for every
+  // slot its permuted row a, or -1 when dropped.
+  const Tensor& token_tensor() const { return token_tensor_; }
+  const Tensor& slot_tensor() const { return slot_tensor_; }
+  const Tensor& inverse() const { return inverse_; }
   // (E) rows this rank sends to each global expert.
   const std::vector<int64_t>& send_per_expert() const { return send_per_expert_; }
   // (ep) rows this rank sends to each ep rank.
@@ -56,11 +80,17 @@ class DispatchPlan {
   const std::vector<int64_t>& rows_per_local_expert() const { return rows_per_local_expert_; }
   int64_t num_received() const { return num_received_; }
 
-  // Phase 2: all_to_all of the per-expert counts over the ep group.
-  void ExchangeCounts(dist::Communicator& ep);
+  // Phase 2: all_to_all of the per-expert counts over the ep group (none for ep = 1). A
+  // communicator on a CUDA device exchanges them through device memory, ordered on ctx.
+  void ExchangeCounts(dist::Communicator& ep, DeviceContext* ctx = nullptr);
 
  private:
+  DispatchPlan(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t ep_size);
+  // Sorts experts (N, k) i32 / kept (N, k) u8 and fills everything but the exchange.
+  void Init(const Tensor& experts, const Tensor& kept, DeviceContext* ctx);
+
   int64_t num_tokens_, top_k_, num_experts_, ep_size_;
+  Tensor token_tensor_, slot_tensor_, inverse_;
   std::vector<int64_t> token_, slot_, send_per_expert_, send_rows_;
   bool exchanged_ = false;
   std::vector<int64_t> recv_per_source_expert_, recv_rows_, rows_per_local_expert_;
@@ -68,27 +98,36 @@ class DispatchPlan {
 };
 
 // Phase 1. rows[a] = h[plan.token()[a]]; h: (N, d) -> (A, d).
-Tensor Permute(const Tensor& h, const DispatchPlan& plan);
+Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx = nullptr);
 // Backward of Permute: dh[plan.token()[a]] += drows[a]; drows: (A, d), dh: (N, d).
-void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh);
+// Deterministic on every device (per token, its rows in increasing a).
+void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh,
+                DeviceContext* ctx = nullptr);
 
 // Phase 3. (A, d) in expert order -> (R, d) ordered by (source rank, local expert).
-Tensor ExchangeRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep);
+// ep = 1: returns `rows` itself.
+Tensor ExchangeRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep,
+                    DeviceContext* ctx = nullptr);
 // The reverse exchange: (R, d) ordered by (source, local expert) -> (A, d) in expert order.
-Tensor ReturnRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep);
+// ep = 1: returns `rows` itself.
+Tensor ReturnRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep,
+                  DeviceContext* ctx = nullptr);
 
 // Phase 4. (source, local expert) order -> (local expert, source) order, so each local
-// expert's rows are contiguous (rows_per_local_expert() of them).
-Tensor Regroup(const Tensor& recv, const DispatchPlan& plan);
-// The inverse permutation of Regroup.
-Tensor Ungroup(const Tensor& grouped, const DispatchPlan& plan);
+// expert's rows are contiguous (rows_per_local_expert() of them). ep = 1: returns `recv`.
+Tensor Regroup(const Tensor& recv, const DispatchPlan& plan, DeviceContext* ctx = nullptr);
+// The inverse permutation of Regroup. ep = 1: returns `grouped`.
+Tensor Ungroup(const Tensor& grouped, const DispatchPlan& plan, DeviceContext* ctx = nullptr);
 
 // y (N, d) = sum over a of gates[slot[a]] * out[a] (rows: (A, d) in expert order; gates:
-// (N, k) f32). Tokens with no kept assignment get zero.
-Tensor Combine(const Tensor& out, const Tensor& gates, const DispatchPlan& plan);
+// (N, k) f32), plus `extra` (N, d) when defined (the shared experts' output, added last).
+// Tokens with no kept assignment get zero (or extra).
+Tensor Combine(const Tensor& out, const Tensor& gates, const DispatchPlan& plan,
+               const Tensor& extra = Tensor(), DeviceContext* ctx = nullptr);
 // Backward of Combine: dout[a] = gates[slot[a]] * dy[token[a]] and
 // dgates[slot[a]] = dot(dy[token[a]], out[a]) (zero for dropped slots).
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates,
-                     const DispatchPlan& plan, Tensor& dout, Tensor& dgates);
+                     const DispatchPlan& plan, Tensor& dout, Tensor& dgates,
+                     DeviceContext* ctx = nullptr);
 
 }  // namespace switchyard::moe

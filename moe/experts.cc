@@ -1,5 +1,5 @@
-// The experts (moe/experts.h): grouped expert MLPs over contiguous row blocks, CPU through
-// kernels/gemm.h and kernels/activation.h.
+// The experts (moe/experts.h): grouped expert MLPs over contiguous row blocks, through
+// kernels/gemm.h and kernels/activation.h on the experts' device.
 #include "moe/experts.h"
 
 #include <utility>
@@ -110,6 +110,8 @@ Experts::Experts(const ExpertsOptions& options, ExpertsParams params, DeviceCont
       b1_(std::move(params.b1)),
       b2_(std::move(params.b2)) {
   SY_CHECK_OK(options.Validate());
+  SY_CHECK(options.device.is_cpu() || (ctx != nullptr && ctx->device() == options.device))
+      << "experts on " << options.device << " need that device's DeviceContext";
   const ParamShapes s = ShapesOf(options);
   const Device dev = options.device;
   grad_w1_ = ZerosOrUndefined(s.w1, dev, ctx);
@@ -152,6 +154,8 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
       << "Experts::Forward: x " << ShapeString(x.shape()) << " for d_model=" << d;
   SY_CHECK_EQ(static_cast<int64_t>(rows_per_expert.size()), options_.num_local)
       << "Experts::Forward: one row count per local expert";
+  SY_CHECK(x.device() == options_.device)
+      << "Experts::Forward: x on " << x.device() << ", the experts on " << options_.device;
   const int64_t r = x.dim(0);
   const Device dev = x.device();
 

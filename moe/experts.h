@@ -11,6 +11,10 @@
 // caller keeps it), so several micro-batches can be in flight at once. Backward adds the
 // parameter gradients into the grad tensors (+=) and returns dx; ZeroGrad clears them.
 //
+// Devices: parameters, gradients and activations live on options.device; every call runs
+// its kernels on ctx's stream (ctx required on CUDA, may be null on the CPU). The row
+// counts per expert are host values.
+//
 // Dense MLPs reuse the same code: a DenseMlp is an Experts with num_local = 1 and all rows
 // in its one group. Shared experts (DeepSeek; num_shared_experts copies of hidden
 // d_shared, all applied to every token and summed) are ONE DenseMlp of hidden

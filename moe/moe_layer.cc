@@ -1,9 +1,9 @@
 #include "moe/moe_layer.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
+#include <string>
 
+#include "kernels/permute.h"
 #include "kernels/random.h"
 
 namespace switchyard::moe {
@@ -34,14 +34,27 @@ void MoEStats::Add(const MoEStats& o) {
   groups += o.groups;
 }
 
-void MoEStats::AllReduce(dist::Communicator& comm) {
+void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
   if (comm.size() == 1) return;
+  // Host tensors for a host communicator; a device one reduces copies on its device.
+  auto all_reduce = [&](Tensor& t) {
+    if (comm.device().is_cpu()) {
+      comm.AllReduce(t, dist::ReduceOp::kSum);
+      return;
+    }
+    SY_CHECK(ctx != nullptr && ctx->device() == comm.device())
+        << "MoEStats::AllReduce over a communicator on " << comm.device()
+        << " needs that device's DeviceContext";
+    Tensor on_device = t.To(comm.device(), ctx);
+    comm.AllReduce(on_device, dist::ReduceOp::kSum);
+    t.CopyFrom(on_device, ctx);  // waits for the stream
+  };
   const size_t e = tokens_per_expert.size();
   std::vector<int64_t> ints(tokens_per_expert);
   ints.insert(ints.end(), tokens_per_expert_kept.begin(), tokens_per_expert_kept.end());
   ints.insert(ints.end(), {tokens, assignments, groups});
   Tensor it = Tensor::FromVector(ints, {static_cast<int64_t>(ints.size())});
-  comm.AllReduce(it, dist::ReduceOp::kSum);
+  all_reduce(it);
   // Floating sums travel as f32 pairs (hi, lo) so that the f64 totals lose nothing that
   // matters for reporting; the communicator has no f64.
   std::vector<float> floats;
@@ -51,7 +64,7 @@ void MoEStats::AllReduce(dist::Communicator& comm) {
     floats.push_back(static_cast<float>(v - hi));
   }
   Tensor ft = Tensor::FromVector(floats, {static_cast<int64_t>(floats.size())});
-  comm.AllReduce(ft, dist::ReduceOp::kSum);
+  all_reduce(ft);
   const int64_t* ip = it.data<int64_t>();
   std::copy(ip, ip + e, tokens_per_expert.begin());
   std::copy(ip + e, ip + 2 * e, tokens_per_expert_kept.begin());
@@ -103,9 +116,20 @@ double MoEStats::mean_load_share() const {
 
 // ---- MoELayer ------------------------------------------------------------------------
 
+namespace {
+
+// ctx is required for work on a CUDA device, and must be that device's.
+void CheckContext(Device device, DeviceContext* ctx, const char* what) {
+  SY_CHECK(device.is_cpu() || (ctx != nullptr && ctx->device() == device))
+      << what << ": the layer lives on " << device << " and needs that device's DeviceContext"
+      << (ctx ? StrCat(", got one for ", ctx->device().ToString()) : std::string(", got none"));
+}
+
+}  // namespace
+
 MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep,
                    Tensor router_weight, Experts experts, std::optional<DenseMlp> shared,
-                   Tensor expert_bias)
+                   Tensor expert_bias, DeviceContext* ctx)
     : config_(config),
       layer_id_(layer_id),
       ep_(ep),
@@ -122,34 +146,53 @@ MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator
       << ") do not match ep rank " << ep_->rank() << " of " << ep_->size();
   SY_CHECK(router_weight_.shape() == (Shape{config_.d_model, config_.num_experts}))
       << "router weight " << ShapeString(router_weight_.shape());
-  grad_router_weight_ = Tensor::Zeros(router_weight_.shape(), DType::kF32);
+  const Device dev = router_weight_.device();
+  SY_CHECK(experts_.options().device == dev &&
+           (!shared_ || shared_->experts().options().device == dev) &&
+           (!expert_bias_.defined() || expert_bias_.device() == dev))
+      << "MoE layer parameters on several devices: router weight on " << dev << ", experts on "
+      << experts_.options().device
+      << (shared_ ? StrCat(", shared experts on ", shared_->experts().options().device.ToString())
+                  : std::string())
+      << (expert_bias_.defined() ? StrCat(", expert bias on ", expert_bias_.device().ToString())
+                                 : std::string());
+  CheckContext(dev, ctx, "MoELayer");
+  grad_router_weight_ = Tensor::Zeros(router_weight_.shape(), DType::kF32, dev, ctx);
   SY_CHECK(config_.num_shared_experts == 0 || shared_.has_value())
       << "the config asks for shared experts";
 }
 
 MoELayer MoELayer::Init(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep,
-                        uint64_t seed, float std) {
+                        uint64_t seed, float std, DeviceContext* ctx) {
   const std::string name = StrCat("layers.", layer_id, ".moe");
+  const Device dev = ctx != nullptr ? ctx->device() : Device::Cpu();
   const int64_t per_rank = config.ExpertsPerRank(ep->size()).value();
-  Tensor wr = Tensor::Empty({config.d_model, config.num_experts}, DType::kF32);
-  kernels::FillNormal(wr, {seed, StreamId(name + ".router.weight")}, 0, 0.0f, std);
-  Experts experts = Experts::Init(RoutedExpertsOptions(config, ep->rank() * per_rank, per_rank),
-                                  seed, name + ".experts", std);
+  Tensor wr = Tensor::Empty({config.d_model, config.num_experts}, DType::kF32, dev);
+  kernels::FillNormal(wr, {seed, StreamId(name + ".router.weight")}, 0, 0.0f, std, ctx);
+  Experts experts =
+      Experts::Init(RoutedExpertsOptions(config, ep->rank() * per_rank, per_rank, dev), seed,
+                    name + ".experts", std, ctx);
   std::optional<DenseMlp> shared;
   if (config.num_shared_experts > 0) {
-    shared.emplace(Experts::Init(SharedExpertsOptions(config), seed, name + ".shared", std));
+    shared.emplace(
+        Experts::Init(SharedExpertsOptions(config, dev), seed, name + ".shared", std, ctx));
   }
   Tensor bias;
-  if (config.expert_bias_rate > 0) bias = Tensor::Zeros({config.num_experts}, DType::kF32);
-  return MoELayer(config, layer_id, ep, wr, std::move(experts), std::move(shared), bias);
+  if (config.expert_bias_rate > 0) {
+    bias = Tensor::Zeros({config.num_experts}, DType::kF32, dev, ctx);
+  }
+  return MoELayer(config, layer_id, ep, wr, std::move(experts), std::move(shared), bias, ctx);
 }
 
 MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
-                             int64_t first_token) {
+                             int64_t first_token, DeviceContext* ctx) {
   const int64_t n = h.dim(0), d = config_.d_model, e = config_.num_experts, k = config_.top_k;
   SY_CHECK(h.ndim() == 2 && h.dim(1) == d && group_tokens > 0 && n % group_tokens == 0)
       << "MoE input " << ShapeString(h.shape()) << " is not (G * " << group_tokens << ", " << d
       << ")";
+  const Device dev = device();
+  SY_CHECK(h.device() == dev) << "MoE input on " << h.device() << ", the layer on " << dev;
+  CheckContext(dev, ctx, "MoELayer::Forward");
   const int64_t groups = n / group_tokens;
   const double cf = training ? config_.capacity_factor : config_.eval_capacity_factor;
   const int64_t capacity = ExpertCapacity(cf, group_tokens, k, e);
@@ -158,9 +201,10 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   MoEActivations& acts = out.acts;
   acts.groups = groups;
   acts.group_tokens = group_tokens;
-  acts.gates = Tensor::Empty({n, k}, DType::kF32);
-  std::vector<int32_t> experts_all(n * k);
-  std::vector<uint8_t> kept_all(n * k);
+  // Every group's routing, side by side: (N, k) on the layer's device.
+  acts.gates = Tensor::Empty({n, k}, DType::kF32, dev);
+  Tensor experts_all = Tensor::Empty({n, k}, DType::kI32, dev);
+  Tensor kept_all = Tensor::Empty({n, k}, DType::kU8, dev);
   out.stats.tokens_per_expert.assign(e, 0);
   out.stats.tokens_per_expert_kept.assign(e, 0);
   out.groups.tokens_per_expert_kept.assign(groups * e, 0);
@@ -169,15 +213,23 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
     const int64_t t0 = g * group_tokens;
     Tensor hg = h.Slice(t0, t0 + group_tokens);
     RouterRng rng{config_.seed, step, layer_id_, first_token + t0};
-    RouterOutput r = RouterForward(hg, router_weight_, expert_bias_, config_, training, rng);
-    Admission adm = AdmitToCapacity(r.indices, r.gates, r.keep, e, capacity, config_.drop_policy);
-    LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices);
+    RouterOutput r =
+        RouterForward(hg, router_weight_, expert_bias_, config_, training, rng, ctx);
+    Admission adm = AdmitToCapacity(r.indices, r.gates, r.keep, e, capacity, config_.drop_policy,
+                                    {}, ctx);
+    LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
     const float aux = LoadBalancingLossFromSums(lb, k, config_.aux_loss_coef);
-    const float z = ZLoss(r.logits, config_.z_loss_coef, 0.0f, nullptr);
+    // coef 0 gives z = 0 without a pass over the logits (on CUDA, without a wait).
+    const float z = config_.z_loss_coef != 0.0f
+                        ? ZLoss(r.logits, config_.z_loss_coef, 0.0f, nullptr, 0, ctx)
+                        : 0.0f;
 
-    std::memcpy(experts_all.data() + t0 * k, r.indices.data<int32_t>(), sizeof(int32_t) * group_tokens * k);
-    std::memcpy(kept_all.data() + t0 * k, adm.kept.data<uint8_t>(), group_tokens * k);
-    std::memcpy(acts.gates.data<float>() + t0 * k, r.gates.data<float>(), sizeof(float) * group_tokens * k);
+    Tensor experts_g = experts_all.Slice(t0, t0 + group_tokens);
+    Tensor kept_g = kept_all.Slice(t0, t0 + group_tokens);
+    Tensor gates_g = acts.gates.Slice(t0, t0 + group_tokens);
+    experts_g.CopyFrom(r.indices, ctx);
+    kept_g.CopyFrom(adm.kept, ctx);
+    gates_g.CopyFrom(r.gates, ctx);
 
     // Statistics of the group.
     int64_t kept_total = 0;
@@ -187,10 +239,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
       out.groups.tokens_per_expert_kept[g * e + i] = adm.counts_after[i];
       kept_total += adm.counts_after[i];
     }
-    const float* p = r.probs.data<float>();
-    for (int64_t i = 0; i < group_tokens * e; ++i) {
-      if (p[i] > 0) out.stats.entropy_sum -= static_cast<double>(p[i]) * std::log(p[i]);
-    }
+    out.stats.entropy_sum += kernels::EntropySum(r.probs, ctx);
     out.groups.aux.push_back(aux);
     out.groups.z.push_back(z);
     out.groups.dropped.push_back(group_tokens * k - kept_total);
@@ -203,64 +252,63 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   out.stats.assignments = n * k;
   out.stats.groups = groups;
 
-  // Dispatch, experts, combine.
-  acts.plan = std::make_unique<DispatchPlan>(experts_all, kept_all, n, k, e, ep_->size());
+  // Dispatch, experts, combine (+ the shared experts, added in the combine).
+  acts.plan = std::make_unique<DispatchPlan>(
+      DispatchPlan::Build(experts_all, kept_all, e, ep_->size(), ctx));
   DispatchPlan& plan = *acts.plan;
-  plan.ExchangeCounts(*ep_);
-  Tensor grouped = Regroup(ExchangeRows(Permute(h, plan), plan, *ep_), plan);
-  acts.experts = experts_.Forward(grouped, plan.rows_per_local_expert());
-  acts.expert_out = ReturnRows(Ungroup(acts.experts.y, plan), plan, *ep_);
-  out.y = Combine(acts.expert_out, acts.gates, plan);
-  if (shared_) {
-    acts.shared = shared_->Forward(h);
-    float* y = out.y.data<float>();
-    const float* s = acts.shared->y.data<float>();
-    for (int64_t i = 0; i < n * d; ++i) y[i] += s[i];
-  }
+  plan.ExchangeCounts(*ep_, ctx);
+  Tensor grouped =
+      Regroup(ExchangeRows(Permute(h, plan, ctx), plan, *ep_, ctx), plan, ctx);
+  acts.experts = experts_.Forward(grouped, plan.rows_per_local_expert(), ctx);
+  acts.expert_out = ReturnRows(Ungroup(acts.experts.y, plan, ctx), plan, *ep_, ctx);
+  if (shared_) acts.shared = shared_->Forward(h, ctx);
+  out.y = Combine(acts.expert_out, acts.gates, plan, shared_ ? acts.shared->y : Tensor(), ctx);
   return out;
 }
 
 Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::span<const float> daux,
-                          std::span<const float> dz) {
+                          std::span<const float> dz, DeviceContext* ctx) {
   const DispatchPlan& plan = *acts.plan;
   const int64_t n = plan.num_tokens(), d = config_.d_model, k = config_.top_k;
   SY_CHECK(dy.shape() == (Shape{n, d})) << "MoE dy " << ShapeString(dy.shape());
   SY_CHECK(static_cast<int64_t>(daux.size()) == acts.groups &&
            static_cast<int64_t>(dz.size()) == acts.groups)
       << "daux/dz need one value per group (" << acts.groups << ")";
-  Tensor dh = Tensor::Zeros({n, d}, DType::kF32);
-  if (shared_) {
-    Tensor ds = shared_->Backward(*acts.shared, dy);
-    std::memcpy(dh.data<float>(), ds.data<float>(), sizeof(float) * n * d);
-  }
+  const Device dev = device();
+  SY_CHECK(dy.device() == dev) << "MoE dy on " << dy.device() << ", the layer on " << dev;
+  CheckContext(dev, ctx, "MoELayer::Backward");
+  // The shared experts' dx starts dh (it is a fresh tensor); else zeros.
+  Tensor dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
+                      : Tensor::Zeros({n, d}, DType::kF32, dev, ctx);
 
   // Combine's backward, then the dispatch path in reverse.
-  Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32);
-  Tensor dgates = Tensor::Empty({n, k}, DType::kF32);
-  CombineBackward(dy, acts.expert_out, acts.gates, plan, dout, dgates);
-  Tensor dgrouped = Regroup(ExchangeRows(dout, plan, *ep_), plan);
-  Tensor dx = experts_.Backward(acts.experts, dgrouped);
-  ScatterAdd(ReturnRows(Ungroup(dx, plan), plan, *ep_), plan, dh);
+  Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, dev);
+  Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
+  CombineBackward(dy, acts.expert_out, acts.gates, plan, dout, dgates, ctx);
+  Tensor dgrouped = Regroup(ExchangeRows(dout, plan, *ep_, ctx), plan, ctx);
+  Tensor dx = experts_.Backward(acts.experts, dgrouped, ctx);
+  ScatterAdd(ReturnRows(Ungroup(dx, plan, ctx), plan, *ep_, ctx), plan, dh, ctx);
 
   // The router of every group: gates, load balancing and z-loss.
   for (int64_t g = 0; g < acts.groups; ++g) {
     const int64_t t0 = g * acts.group_tokens, t = acts.group_tokens;
     const RouterOutput& r = acts.router[g];
-    Tensor dprobs = Tensor::Zeros({t, config_.num_experts}, DType::kF32);
-    LoadBalancingLossBackward(acts.balance[g], k, config_.aux_loss_coef, daux[g], dprobs);
-    Tensor dlogits = Tensor::Zeros({t, config_.num_experts}, DType::kF32);
-    ZLoss(r.logits, config_.z_loss_coef, dz[g], &dlogits);
+    Tensor dprobs = Tensor::Zeros({t, config_.num_experts}, DType::kF32, dev, ctx);
+    LoadBalancingLossBackward(acts.balance[g], k, config_.aux_loss_coef, daux[g], dprobs, ctx);
+    Tensor dlogits = Tensor::Zeros({t, config_.num_experts}, DType::kF32, dev, ctx);
+    ZLossBackward(r.logits, config_.z_loss_coef, dz[g], dlogits, 0, ctx);
     Tensor dh_g = dh.Slice(t0, t0 + t);
     RouterBackward(r, router_weight_, config_, dgates.Slice(t0, t0 + t), dprobs, dlogits, dh_g,
-                   grad_router_weight_);
+                   grad_router_weight_, ctx);
   }
   return dh;
 }
 
-void MoELayer::ZeroGrad() {
-  grad_router_weight_.SetZero();
-  experts_.ZeroGrad();
-  if (shared_) shared_->experts().ZeroGrad();
+void MoELayer::ZeroGrad(DeviceContext* ctx) {
+  CheckContext(device(), ctx, "MoELayer::ZeroGrad");
+  grad_router_weight_.SetZero(ctx);
+  experts_.ZeroGrad(ctx);
+  if (shared_) shared_->experts().ZeroGrad(ctx);
 }
 
 }  // namespace switchyard::moe

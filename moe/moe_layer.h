@@ -6,6 +6,14 @@
 // Input h: (G * T, d), the G routing groups of T tokens this rank routes, one after the
 // other. Capacity, the aux loss and the z-loss are per group. The experts are split over
 // the ep group: ep rank r holds global experts [r * E_l, (r + 1) * E_l), E_l = E / ep.
+//
+// Devices: the layer's parameters live on one device (Init's ctx's, else the CPU); h, dy
+// and every tensor the layer makes are on it, and every kernel runs on ctx's stream (ctx
+// is required on CUDA, may be null on the CPU). Statistics and per-group values stay host
+// values. Host synchronisations of one CUDA Forward: the router's per-group host results
+// (admission counts, balance sums, aux and z) and the dispatch plan's per-expert counts;
+// Backward waits for nothing. ep = 1 never touches the communicator, so a CUDA layer may
+// hold a host (local) one; ep > 1 on CUDA needs the NCCL communicator.
 #pragma once
 
 #include <memory>
@@ -37,8 +45,9 @@ struct MoEStats {
 
   // Adds another rank's (or group's) sums.
   void Add(const MoEStats& other);
-  // Sums over the ranks of `comm` in place (every rank ends with the totals).
-  void AllReduce(dist::Communicator& comm);
+  // Sums over the ranks of `comm` in place (every rank ends with the totals). A
+  // communicator on a CUDA device reduces through device memory ordered on ctx.
+  void AllReduce(dist::Communicator& comm, DeviceContext* ctx = nullptr);
 
   int64_t dropped() const;                          // assignments - kept
   double dropped_fraction() const;                  // dropped / assignments
@@ -86,29 +95,34 @@ class MoELayer {
  public:
   // ep: the expert-parallel communicator (its size is ep; a size-1 group, e.g.
   // dist::MakeLocalCommunicator(), does no communication). The layer keeps the pointer. Experts get their slice from the ep rank.
+  // All parameters on one device; the router gradient is allocated there (zeroed on
+  // ctx's stream; ctx required on CUDA).
   MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep, Tensor router_weight,
-           Experts experts, std::optional<DenseMlp> shared, Tensor expert_bias);
+           Experts experts, std::optional<DenseMlp> shared, Tensor expert_bias,
+           DeviceContext* ctx = nullptr);
 
   // Fresh weights from the counter-based generator (normal, std), keyed by parameter name
-  // and global index, so every ep layout starts from the same model.
+  // and global index, so every ep layout starts from the same model. With ctx the
+  // parameters live on ctx's device (the same values as on the CPU), else on the CPU.
   static MoELayer Init(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep,
-                       uint64_t seed, float std = 0.02f);
+                       uint64_t seed, float std = 0.02f, DeviceContext* ctx = nullptr);
 
-  // h: (G * T, d) f32. first_token: the global index of h's first token (keys the jitter
-  // and random second-expert draws). training selects capacity_factor vs
-  // eval_capacity_factor and turns jitter on.
+  // h: (G * T, d) f32 on the parameters' device. first_token: the global index of h's
+  // first token (keys the jitter and random second-expert draws). training selects
+  // capacity_factor vs eval_capacity_factor and turns jitter on.
   MoEForward Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
-                     int64_t first_token);
+                     int64_t first_token, DeviceContext* ctx = nullptr);
 
   // dy: (N, d). daux, dz: (G) dLoss/daux and dLoss/dz of each group. Returns dh (N, d)
   // and adds into every parameter gradient.
   Tensor Backward(const MoEActivations& acts, const Tensor& dy, std::span<const float> daux,
-                  std::span<const float> dz);
+                  std::span<const float> dz, DeviceContext* ctx = nullptr);
 
-  void ZeroGrad();
+  void ZeroGrad(DeviceContext* ctx = nullptr);
 
   const MoEConfig& config() const { return config_; }
   int64_t layer_id() const { return layer_id_; }
+  Device device() const { return router_weight_.device(); }
   int64_t first_expert() const { return experts_.options().first; }
   Tensor router_weight() const { return router_weight_; }        // (d, E)
   Tensor grad_router_weight() const { return grad_router_weight_; }

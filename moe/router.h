@@ -13,12 +13,21 @@
 // they are for, the layer and the step (JitterRngKey, SecondExpertRngKey), and the element
 // is the token's GLOBAL index (times d, plus j, for the jitter), so a token's noise does not
 // depend on the group it is routed in or on which rank routes it.
+//
+// Devices: every function below takes its tensors on the CPU or all on ctx's CUDA device
+// (one device per call; ctx is required for CUDA tensors and may be null for CPU ones).
+// Output tensors are allocated on that device. Host-side results (std::span counts) stay
+// host values: on CUDA they are computed on the device and copied back with one small
+// device->host copy (which synchronises ctx's stream); RouterForward and RouterBackward
+// only queue work. The router's matrix products run in f32 whatever ctx's matmul_dtype
+// (MODEL.md section 2: the logits are fp32 on every backend).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
 #include "moe/moe_config.h"
@@ -56,7 +65,8 @@ struct RouterOutput {
 // The random second-expert policy applies in training and in evaluation alike (MODEL.md
 // only makes the jitter training-only); it is keyed by the step either way.
 RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expert_bias,
-                           const MoEConfig& config, bool training, const RouterRng& rng);
+                           const MoEConfig& config, bool training, const RouterRng& rng,
+                           DeviceContext* ctx = nullptr);
 
 // The router's backward for one group. Returns dlogits (T, E) and accumulates
 //   dh  (T, d) += (dlogits @ Wr^T) * noise      (noise = 1 without jitter)
@@ -68,16 +78,20 @@ RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expe
 //   dp_j = (dg_j - sum_l dg_l g_l) / S.
 Tensor RouterBackward(const RouterOutput& out, const Tensor& wr, const MoEConfig& config,
                       const Tensor& dgates, const Tensor& dprobs, const Tensor& dlogits_extra,
-                      Tensor& dh, Tensor& dwr);
+                      Tensor& dh, Tensor& dwr, DeviceContext* ctx = nullptr);
 
 // Top-k assignments per expert, (E), counting every (token, slot) of `indices` (T, k)
-// whatever later removes it (random policy, capacity). Adds into `counts`.
-void CountAssignments(const Tensor& indices, std::span<int64_t> counts);
+// whatever later removes it (random policy, capacity). Adds into `counts` (host); with
+// CUDA indices the per-expert counts are computed on the device and copied back.
+void CountAssignments(const Tensor& indices, std::span<int64_t> counts,
+                      DeviceContext* ctx = nullptr);
 
 // DeepSeek-V3 aux-loss-free balancing (arXiv 2412.19437, section 2.1.2), after each
 // optimizer step: b_i += rate * sign(mean_j c_j - c_i), sign(0) = 0. counts (E) are the
 // tokens routed to each expert in the step (top-k assignments), summed over the whole
-// data-parallel world. The sign is taken exactly, on sum_j c_j - E * c_i. bias: (E) f32, CPU.
-void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate);
+// data-parallel world. The sign is taken exactly, on sum_j c_j - E * c_i. bias: (E) f32 on
+// the CPU or on ctx's CUDA device; counts are host values.
+void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,
+                      DeviceContext* ctx = nullptr);
 
 }  // namespace switchyard::moe

@@ -35,8 +35,8 @@ namespace switchyard::model {
 
 // One micro-batch.
 struct DecoderInput {
-  Tensor tokens;   // (B, S) i32
-  Tensor targets;  // (B, S) i32; -1 masks a position
+  Tensor tokens;   // (B, S) i32, on the decoder's device
+  Tensor targets;  // (B, S) i32, on the decoder's device; -1 masks a position
   int64_t first_token = 0;  // global index of tokens[0, 0] (keys routing noise)
   int64_t step = 0;
   bool training = true;
@@ -78,9 +78,12 @@ class Decoder {
   // Builds and initialises every layer from the counter-based generator (weights normal
   // with model.init_std, keyed by parameter name and global index — the same model on any
   // layout). ep: the expert-parallel communicator (size 1 is fine); kept by the decoder.
+  // ctx: the device every parameter, activation and kernel lives on (null: the CPU); the
+  // decoder keeps it, and the same weights come out on every device.
   static StatusOr<std::unique_ptr<Decoder>> Create(const ModelConfig& model,
                                                    const moe::MoEConfig& moe, uint64_t seed,
-                                                   dist::Communicator* ep);
+                                                   dist::Communicator* ep,
+                                                   DeviceContext* ctx = nullptr);
 
   DecoderOutput Forward(const DecoderInput& input);
   // Adds every parameter's gradient (the registry's grads). on_done, when given, is called
@@ -93,6 +96,8 @@ class Decoder {
   ParameterRegistry& registry() { return registry_; }
   const ModelConfig& config() const { return model_; }
   const moe::MoEConfig& moe_config() const { return moe_; }
+  Device device() const { return ctx_ ? ctx_->device() : Device::Cpu(); }
+  DeviceContext* ctx() const { return ctx_; }
   // The MoE layers in depth order (layer ids in moe_layer_ids()).
   std::vector<moe::MoELayer*> moe_layers();
   const std::vector<int64_t>& moe_layer_ids() const { return moe_ids_; }
@@ -104,11 +109,13 @@ class Decoder {
     std::optional<dense::Mlp> mlp;
     std::optional<moe::MoELayer> moe;
   };
-  Decoder(const ModelConfig& model, const moe::MoEConfig& moe) : model_(model), moe_(moe) {}
+  Decoder(const ModelConfig& model, const moe::MoEConfig& moe, DeviceContext* ctx)
+      : model_(model), moe_(moe), ctx_(ctx) {}
   void Register();
 
   ModelConfig model_;
   moe::MoEConfig moe_;
+  DeviceContext* ctx_;
   std::optional<dense::Embedding> embed_;
   std::vector<Block> blocks_;
   std::optional<dense::Norm> norm_f_;

@@ -34,9 +34,9 @@ const Parameter* ParameterRegistry::Find(const std::string& name) const {
   return nullptr;
 }
 
-void ParameterRegistry::ZeroGrad() {
+void ParameterRegistry::ZeroGrad(DeviceContext* ctx) {
   for (Parameter& p : params_)
-    if (p.grad.defined()) p.grad.SetZero();
+    if (p.grad.defined()) p.grad.SetZero(ctx);
 }
 
 int64_t ParameterRegistry::GlobalElements(bool trainable_only) const {

@@ -44,7 +44,8 @@ class ParameterRegistry {
   Parameter* Find(const std::string& name);
   const Parameter* Find(const std::string& name) const;
   // Sets every gradient to zero.
-  void ZeroGrad();
+  // Zeroes every gradient, ordered on ctx's stream for device tensors.
+  void ZeroGrad(DeviceContext* ctx = nullptr);
   // Elements of the whole model (global shapes, every parameter counted once).
   int64_t GlobalElements(bool trainable_only = true) const;
 

@@ -24,10 +24,19 @@ GradNormGroups NormGroupsOf(const dist::ParallelContext& pc) {
 
 double GlobalGradNorm(const model::ParameterRegistry& registry, const GradNormGroups& groups,
                       DeviceContext* ctx) {
-  double local = 0.0, dense_sharded = 0.0, expert_sharded = 0.0;
+  // Every gradient's sum of squares in one multi-tensor reduction (one copy back on a GPU).
+  std::vector<const model::Parameter*> with_grad;
+  std::vector<Tensor> grads;
   for (const model::Parameter& p : registry.params()) {
     if (!p.trainable || !p.grad.defined()) continue;
-    const double s = kernels::SumSquares(p.grad, ctx);
+    with_grad.push_back(&p);
+    grads.push_back(p.grad);
+  }
+  const std::vector<double> squares = kernels::SumSquaresMany(grads, ctx);
+  double local = 0.0, dense_sharded = 0.0, expert_sharded = 0.0;
+  for (size_t i = 0; i < with_grad.size(); ++i) {
+    const model::Parameter& p = *with_grad[i];
+    const double s = squares[i];
     if (!p.is_sharded()) {
       local += s;
     } else if (p.group == model::GradGroup::kDense) {
@@ -45,9 +54,11 @@ double ClipGradNorm(model::ParameterRegistry& registry, double max_norm,
   const double norm = GlobalGradNorm(registry, groups, ctx);
   if (max_norm > 0.0 && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+    std::vector<Tensor> grads;
     for (model::Parameter& p : registry.params()) {
-      if (p.trainable && p.grad.defined()) kernels::ScaleInPlace(p.grad, scale, ctx);
+      if (p.trainable && p.grad.defined()) grads.push_back(p.grad);
     }
+    kernels::ScaleMany(grads, scale, ctx);
   }
   return norm;
 }

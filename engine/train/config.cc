@@ -124,6 +124,7 @@ std::vector<Section> Sections(Config& c) {
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
         Bind("checkpoint_every", &t.checkpoint_every)}},
       {"data", {Bind("dir", &c.data.dir)}},
+      {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
   };
 }
 
@@ -173,7 +174,18 @@ StatusOr<YAML::Node> OverrideNode(const std::string& text) {
 
 }  // namespace
 
+Status RuntimeConfig::Validate() const {
+  if (auto d = ParseDevice(device); !d.ok()) {
+    return InvalidArgument("runtime.device='", device, "' is not one of cpu, cuda, cuda:N");
+  }
+  if (precision != "fp32" && precision != "bf16") {
+    return InvalidArgument("runtime.precision='", precision, "' is not one of fp32, bf16");
+  }
+  return OkStatus();
+}
+
 Status Config::Validate(int world) const {
+  SY_RETURN_IF_ERROR(runtime.Validate());
   if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
   SY_RETURN_IF_ERROR(moe.Validate());
   const ParallelConfig& p = parallel;

@@ -31,12 +31,23 @@ struct DataConfig {
   std::string dir = "data/fortunes";  // relative to the working directory
 };
 
+// runtime: where the step runs and the element type of its matrix products.
+struct RuntimeConfig {
+  std::string device = "cpu";      // cpu | cuda (each rank: GPU local_rank % GPUs) | cuda:N
+  std::string precision = "fp32";  // fp32 | bf16: the matrix products' input type (f32
+                                   // accumulation, f32 master weights and optimizer state)
+
+  // Names the key and the value it rejects.
+  Status Validate() const;
+};
+
 struct Config {
   model::ModelConfig model;
   moe::MoEConfig moe;  // moe.d_model mirrors model.d_model
   ParallelConfig parallel;
   DataConfig data;
   TrainConfig train;   // optimizer, LR schedule, clipping, gradient buckets
+  RuntimeConfig runtime;
 
   // Sections and fields together, plus what the world size allows ("parallel.ep=3 does
   // not divide ..."). world <= 0 skips the layout checks.

@@ -64,7 +64,10 @@ EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batc
   double ce = 0;
   int64_t count = 0, sequences = 0;
   for (const data::Batch& batch : batches) {
-    model::DecoderInput in{.tokens = batch.inputs, .targets = batch.targets,
+    // Batches come from the loader on the host; the decoder may run on a GPU.
+    const Device device = decoder.device();
+    model::DecoderInput in{.tokens = batch.inputs.To(device, decoder.ctx()),
+                           .targets = batch.targets.To(device, decoder.ctx()),
                            .first_token = batch.sequences[0] * seq, .step = step,
                            .training = false};
     model::DecoderOutput out = decoder.Forward(in);
@@ -134,8 +137,11 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
                                           .etp = p.etp > 0 ? p.etp : p.tp, .pp = p.pp},
                                          p.order));
   SY_ASSIGN_OR_RETURN(ev->pc_, dist::ParallelContext::Create(world, mesh));
+  SY_ASSIGN_OR_RETURN(ev->rt_, MakeRuntime(config.runtime, world, mesh));
   SY_ASSIGN_OR_RETURN(ev->decoder_, model::Decoder::Create(config.model, config.moe,
-                                                           config.train.seed, &ev->pc_->ep()));
+                                                           config.train.seed,
+                                                           &ev->rt_.data_pc(*ev->pc_).ep(),
+                                                           ev->rt_.ctx.get()));
   const int dp = mesh.dp();
   const TrainConfig& tc = config.train;
   data::LoaderOptions lo{.dir = config.data.dir,

@@ -26,6 +26,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/config.h"
 #include "engine/train/data/loader.h"
+#include "engine/train/runtime.h"
 #include "moe/moe_layer.h"
 
 namespace switchyard::train {
@@ -94,6 +95,7 @@ class Evaluator {
   Config config_;
   dist::Communicator& world_;
   std::unique_ptr<dist::ParallelContext> pc_;
+  Runtime rt_;  // runtime.device; outlives the decoder
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<data::DataLoader> loader_;
 };

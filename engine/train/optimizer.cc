@@ -49,18 +49,23 @@ void Optimizer::set_step(int64_t step) {
 void Optimizer::Step(float lr) {
   std::vector<model::Parameter>& params = registry_.params();
   const int64_t t = step() + 1;
+  // AdamW: every parameter in one multi-tensor update (a few launches on a GPU), with the
+  // same per-element arithmetic as one AdamWUpdate per tensor.
+  std::vector<kernels::AdamWTensors> adamw;
   for (Slot& slot : slots_) {
     SY_CHECK(slot.param < params.size()) << "the registry lost parameters after the optimizer was built";
     model::Parameter& p = params[slot.param];
     const float wd = p.weight_decay ? options_.weight_decay : 0.0f;
     if (options_.kind == OptimizerKind::kAdamW) {
-      kernels::AdamWUpdate(p.value, p.grad, slot.exp_avg, slot.exp_avg_sq,
-                           {.lr = lr, .beta1 = options_.beta1, .beta2 = options_.beta2,
-                            .eps = options_.eps, .weight_decay = wd, .step = t},
-                           ctx_);
+      adamw.push_back({p.value, p.grad, slot.exp_avg, slot.exp_avg_sq, wd});
     } else {
       kernels::SgdUpdate(p.value, p.grad, slot.exp_avg, lr, options_.momentum, wd, ctx_);
     }
+  }
+  if (!adamw.empty()) {
+    kernels::AdamWUpdateMany(adamw, {.lr = lr, .beta1 = options_.beta1, .beta2 = options_.beta2,
+                                     .eps = options_.eps, .step = t},
+                             ctx_);
   }
   set_step(t);
 }

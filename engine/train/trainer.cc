@@ -4,6 +4,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -65,11 +66,14 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
                                                         .etp = p.etp > 0 ? p.etp : p.tp, .pp = p.pp},
                                          p.order));
   SY_ASSIGN_OR_RETURN(t->pc_, dist::ParallelContext::Create(world, mesh));
+  SY_ASSIGN_OR_RETURN(t->rt_, MakeRuntime(config.runtime, world, mesh));
+  DeviceContext* ctx = t->rt_.ctx.get();
   SY_ASSIGN_OR_RETURN(t->decoder_, model::Decoder::Create(config.model, config.moe, config.train.seed,
-                                                           &t->pc_->ep()));
-  t->optimizer_ = std::make_unique<Optimizer>(t->decoder_->registry(), config.train.optimizer_options());
-  t->grad_sync_ = std::make_unique<parallel::GradSync>(t->decoder_->registry(), *t->pc_,
-                                                       config.train.bucket_bytes());
+                                                           &t->data_pc().ep(), ctx));
+  t->optimizer_ = std::make_unique<Optimizer>(t->decoder_->registry(),
+                                              config.train.optimizer_options(), ctx);
+  t->grad_sync_ = std::make_unique<parallel::GradSync>(t->decoder_->registry(), t->data_pc(),
+                                                       config.train.bucket_bytes(), ctx);
   const auto& params = t->decoder_->registry().params();
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = params[i].name;
@@ -123,14 +127,16 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t global_batch = int64_t{mesh.dp()} * tc.micro_batch_size * tc.grad_accum;
   const int64_t global_groups = int64_t{mesh.dp()} * tc.grad_accum;
   model::ParameterRegistry& reg = decoder_->registry();
-  reg.ZeroGrad();
+  DeviceContext* ctx = rt_.ctx.get();
+  reg.ZeroGrad(ctx);
 
   const size_t n_moe = decoder_->moe_layer_ids().size();
   std::vector<moe::MoEStats> stats(n_moe);
   double ce_sum = 0, aux_sum = 0, z_sum = 0;
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     data::Batch batch = loader_->GetBatch(step_, micro);
-    model::DecoderInput in{.tokens = batch.inputs, .targets = batch.targets,
+    model::DecoderInput in{.tokens = batch.inputs.To(device(), ctx),
+                           .targets = batch.targets.To(device(), ctx),
                            .first_token = batch.sequences[0] * seq, .step = step_, .training = true,
                            .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
                            .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
@@ -151,13 +157,14 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
       if (!b.moe) continue;
       stats[layer].Add(b.moe->stats);
       if (record_routing) {
-        routing_->Add(layer, b.moe->acts.router[0].indices, batch.labels.Reshape({batch.labels.numel()}));
+        routing_->Add(layer, b.moe->acts.router[0].indices.To(Device::Cpu(), ctx),
+                      batch.labels.Reshape({batch.labels.numel()}));
       }
       ++layer;
     }
   }
   grad_sync_->Finish();
-  const double norm = ClipGradNorm(reg, tc.grad_clip, NormGroupsOf(*pc_));
+  const double norm = ClipGradNorm(reg, tc.grad_clip, NormGroupsOf(data_pc()), ctx);
   const float lr = tc.schedule().LrAt(optimizer_->step());
   optimizer_->Step(lr);
 
@@ -170,7 +177,8 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   for (moe::MoELayer* m : decoder_->moe_layers()) {
     if (config_.moe.expert_bias_rate > 0) {
       Tensor bias = m->expert_bias();
-      moe::UpdateExpertBias(bias, stats[layer].tokens_per_expert, config_.moe.expert_bias_rate);
+      moe::UpdateExpertBias(bias, stats[layer].tokens_per_expert, config_.moe.expert_bias_rate,
+                            ctx);
     }
     ++layer;
   }
@@ -215,6 +223,8 @@ Status Trainer::Run(int64_t steps) {
     SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_ > 0));
     metrics_.emplace(std::move(w));
     std::printf("%s\n", pc_->mesh().Summary().c_str());
+    std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
+                config_.runtime.precision == "bf16" ? "bf16 (f32 accumulation)" : "f32");
     std::printf("parameters: %lld (registry), steps %lld -> %lld, global batch %lld x %lld tokens\n",
                 static_cast<long long>(decoder_->registry().GlobalElements()),
                 static_cast<long long>(step_), static_cast<long long>(end),

@@ -24,6 +24,7 @@
 #include "engine/train/data/loader.h"
 #include "engine/train/metrics.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/runtime.h"
 
 namespace switchyard::train {
 
@@ -48,6 +49,8 @@ class Trainer {
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
   const std::vector<double>& losses() const { return losses_; }
   model::Decoder& decoder() { return *decoder_; }
+  // Where the step runs (runtime.device).
+  Device device() const { return rt_.device(); }
 
  private:
   Trainer(const Config& config, const std::string& out_dir, dist::Communicator& world)
@@ -57,10 +60,14 @@ class Trainer {
   Status Save();
   bool is_root() const { return world_.rank() == 0; }
 
+  // The groups gradients and tokens travel in (runtime.h); pc_ keeps the bookkeeping.
+  dist::ParallelContext& data_pc() { return rt_.data_pc(*pc_); }
+
   Config config_;
   std::string out_dir_;
   dist::Communicator& world_;
-  std::unique_ptr<dist::ParallelContext> pc_;
+  std::unique_ptr<dist::ParallelContext> pc_;  // host groups over world
+  Runtime rt_;  // runtime.device; outlives the decoder, optimizer and gradient sync
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<parallel::GradSync> grad_sync_;

@@ -1,56 +1,21 @@
 // CPU reference implementation of kernels/activation.h: plain loops over f32 elements.
-// Every element is read before it is written, so outputs may alias inputs.
+// Every element is read before it is written, so outputs may alias inputs. Arguments are
+// checked by kernels/activation.cc.
 #include "kernels/activation.h"
 
 #include <cmath>
-#include <initializer_list>
 
-namespace switchyard::kernels {
+namespace switchyard::kernels::cpu {
 namespace {
 
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
-void CheckCpuF32(const Tensor& t, const char* op) {
-  SY_CHECK(t.defined()) << op << ": undefined tensor";
-  SY_CHECK(t.device().is_cpu()) << op << " on " << t.device()
-                                << ": CUDA activation kernels land with the CUDA backend";
-  SY_CHECK_EQ(t.dtype(), DType::kF32) << op;
-}
-
-// Checks that every tensor is host f32 and has the shape of the first.
-void CheckElementwise(const char* op, std::initializer_list<const Tensor*> tensors) {
-  const Tensor& first = **tensors.begin();
-  for (const Tensor* t : tensors) {
-    CheckCpuF32(*t, op);
-    SY_CHECK(t->shape() == first.shape())
-        << op << ": shapes " << ShapeString(first.shape()) << " and " << ShapeString(t->shape());
-  }
-}
-
-// Checks out (R, n) against a per-group bias (G, n) and rows (G counts summing to R).
-void CheckGroupedBias(const char* op, const Tensor& rowwise, std::span<const int64_t> rows,
-                      const Tensor& bias) {
-  CheckCpuF32(rowwise, op);
-  CheckCpuF32(bias, op);
-  SY_CHECK(rowwise.ndim() == 2 && bias.ndim() == 2 &&
-           bias.dim(0) == static_cast<int64_t>(rows.size()) && bias.dim(1) == rowwise.dim(1))
-      << op << " shapes: rows-tensor " << ShapeString(rowwise.shape()) << ", bias "
-      << ShapeString(bias.shape()) << ", " << rows.size() << " groups";
-  int64_t total = 0;
-  for (int64_t r : rows) {
-    SY_CHECK_GE(r, 0) << op << ": negative group size";
-    total += r;
-  }
-  SY_CHECK_EQ(total, rowwise.dim(0)) << op << ": rows do not cover the tensor";
-}
-
 inline float Sigmoid(float a) { return 1.0f / (1.0f + std::exp(-a)); }
 
 }  // namespace
 
-void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
-  CheckElementwise("GeluForward", {&x, &y});
+void GeluForward(const Tensor& x, Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = x.numel();
@@ -62,8 +27,7 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
   }
 }
 
-void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
-  CheckElementwise("GeluBackward", {&x, &dy, &dx});
+void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
@@ -79,16 +43,14 @@ void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* 
   }
 }
 
-void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
-  CheckElementwise("ReluForward", {&x, &y});
+void ReluForward(const Tensor& x, Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = x.numel();
   for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0.0f ? px[i] : 0.0f;
 }
 
-void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
-  CheckElementwise("ReluBackward", {&x, &dy, &dx});
+void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
@@ -96,8 +58,7 @@ void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* 
   for (int64_t i = 0; i < n; ++i) pdx[i] = px[i] > 0.0f ? pdy[i] : 0.0f;
 }
 
-void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) {
-  CheckElementwise("SwigluForward", {&a, &b, &out});
+void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
@@ -108,11 +69,7 @@ void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext*
   }
 }
 
-void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db,
-                    DeviceContext* ctx) {
-  CheckElementwise("SwigluBackward", {&a, &b, &dout, &da, &db});
-  SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
-      << "SwigluBackward: da and db are the same memory";
+void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   const float* pdo = dout.data<float>();
@@ -127,24 +84,18 @@ void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor
   }
 }
 
-void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx) {
-  SY_CHECK_EQ(bias.ndim(), 1) << "AddBias: bias " << ShapeString(bias.shape());
-  SY_CHECK_EQ(out.ndim(), 2) << "AddBias: out " << ShapeString(out.shape());
+void AddBias(Tensor& out, const Tensor& bias) {
   const int64_t rows[1] = {out.dim(0)};
-  GroupedAddBias(out, rows, bias.Reshape({1, bias.dim(0)}), ctx);
+  cpu::GroupedAddBias(out, rows, bias.Reshape({1, bias.dim(0)}));
 }
 
-void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
-  SY_CHECK_EQ(dbias.ndim(), 1) << "BiasGrad: dbias " << ShapeString(dbias.shape());
-  SY_CHECK_EQ(dy.ndim(), 2) << "BiasGrad: dy " << ShapeString(dy.shape());
+void BiasGrad(const Tensor& dy, Tensor& dbias, float beta) {
   const int64_t rows[1] = {dy.dim(0)};
   Tensor grouped = dbias.Reshape({1, dbias.dim(0)});
-  GroupedBiasGrad(dy, rows, grouped, beta, ctx);
+  cpu::GroupedBiasGrad(dy, rows, grouped, beta);
 }
 
-void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
-                    DeviceContext* ctx) {
-  CheckGroupedBias("GroupedAddBias", out, rows, bias);
+void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias) {
   const int64_t n = out.dim(1);
   float* po = out.data<float>();
   const float* pb = bias.data<float>();
@@ -158,9 +109,7 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
   }
 }
 
-void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,
-                     DeviceContext* ctx) {
-  CheckGroupedBias("GroupedBiasGrad", dy, rows, dbias);
+void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta) {
   const int64_t n = dy.dim(1);
   const float* pdy = dy.data<float>();
   float* pdb = dbias.data<float>();
@@ -175,4 +124,4 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
   }
 }
 
-}  // namespace switchyard::kernels
+}  // namespace switchyard::kernels::cpu

@@ -1,38 +1,26 @@
 // CPU reference implementation of kernels/cross_entropy.h: per row one max, one sum of
-// exponentials in double, then (optionally) the gradient written over the row.
+// exponentials in double, then (optionally) the gradient written over the row. Shapes were
+// checked by kernels/cross_entropy.cc; the targets are checked against V here.
 #include "kernels/cross_entropy.h"
 
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/cpu_check.h"
+#include "engine/core/check.h"
 
-namespace switchyard::kernels {
-namespace {
+namespace switchyard::kernels::cpu {
 
-// Checks logits (N, V) and targets (N); returns N.
-int64_t CheckArgs(const Tensor& logits, const Tensor& targets, const char* op) {
-  cpu::CheckCpuF32(logits, op, "logits");
-  cpu::CheckCpu(targets, DType::kI32, op, "targets");
-  SY_CHECK(logits.ndim() >= 1 && logits.dim(-1) >= 1)
-      << op << ": logits " << ShapeString(logits.shape()) << " need a vocabulary dimension";
-  const int64_t n = logits.numel() / logits.dim(-1);
-  SY_CHECK_EQ(targets.numel(), n) << op << ": targets " << ShapeString(targets.shape())
-                                  << " for logits " << ShapeString(logits.shape());
-  return n;
+int64_t CountTargets(const Tensor& targets, int32_t ignore_index) {
+  const int32_t* t = targets.data<int32_t>();
+  int64_t count = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) count += t[i] != ignore_index;
+  return count;
 }
 
-// Sums over the rows; writes dlogits when it is non-null.
-CrossEntropySums Run(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
-                     double grad_scale, int32_t ignore_index, const char* op) {
-  const int64_t n = CheckArgs(logits, targets, op);
+CrossEntropySums CrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
+                              double grad_scale, int32_t ignore_index, const char* op) {
+  const int64_t n = targets.numel();
   const int64_t v = logits.dim(-1);
-  if (dlogits) {
-    cpu::CheckCpuF32(*dlogits, op, "dlogits");
-    SY_CHECK(dlogits->shape() == logits.shape())
-        << op << ": dlogits " << ShapeString(dlogits->shape()) << ", logits "
-        << ShapeString(logits.shape());
-  }
   const int32_t* t = targets.data<int32_t>();
   const float scale = static_cast<float>(grad_scale);
   CrossEntropySums sums;
@@ -63,32 +51,4 @@ CrossEntropySums Run(const Tensor& logits, const Tensor& targets, Tensor* dlogit
   return sums;
 }
 
-}  // namespace
-
-int64_t CountTargets(const Tensor& targets, int32_t ignore_index) {
-  cpu::CheckCpu(targets, DType::kI32, "CountTargets", "targets");
-  const int32_t* t = targets.data<int32_t>();
-  int64_t count = 0;
-  for (int64_t i = 0; i < targets.numel(); ++i) count += t[i] != ignore_index;
-  return count;
-}
-
-CrossEntropySums CrossEntropyForward(const Tensor& logits, const Tensor& targets,
-                                     int32_t ignore_index, DeviceContext* ctx) {
-  return Run(logits, targets, nullptr, 0.0, ignore_index, "CrossEntropyForward");
-}
-
-CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor& targets,
-                                             Tensor& dlogits, double grad_scale,
-                                             int32_t ignore_index, DeviceContext* ctx) {
-  return Run(logits, targets, &dlogits, grad_scale, ignore_index, "CrossEntropyForwardBackward");
-}
-
-double CrossEntropyMean(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
-                        int32_t ignore_index, DeviceContext* ctx) {
-  const int64_t count = CountTargets(targets, ignore_index);
-  const double scale = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
-  return CrossEntropyForwardBackward(logits, targets, dlogits, scale, ignore_index, ctx).Mean();
-}
-
-}  // namespace switchyard::kernels
+}  // namespace switchyard::kernels::cpu

@@ -1,8 +1,66 @@
+// CPU reference implementation of kernels/gemm.h: OpenBLAS sgemm. In bf16 mode the operands
+// are first rounded to bf16-representable f32 values (bf16 tensors are widened), so the
+// products and sums are exactly those of the GPU's bf16 inputs with f32 accumulation, up to
+// summation order. A build without OpenBLAS (SWITCHYARD_BLAS=OFF: the GPU machine's build,
+// whose CPU side is only the tests' reference) uses the blocked loop below instead.
+#ifdef SY_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+#include <algorithm>
+#include <vector>
+
 #include "kernels/gemm.h"
 
-#include <cblas.h>
-
 namespace switchyard::kernels::cpu {
+namespace {
+
+// The f32 values the products read from t: t itself (f32 mode), a copy rounded to bf16
+// (bf16 mode), or t widened (a bf16 tensor). `scratch` owns any copy.
+const float* F32Operand(const Tensor& t, DType matmul_dtype, std::vector<float>& scratch) {
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::kBF16) {
+    const BFloat16* src = t.data<BFloat16>();
+    scratch.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) scratch[i] = static_cast<float>(src[i]);
+    return scratch.data();
+  }
+  const float* src = t.data<float>();
+  if (matmul_dtype != DType::kBF16) return src;
+  scratch.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) scratch[i] = BFloat16::ToFloat(BFloat16::FromFloat(src[i]));
+  return scratch.data();
+}
+
+#ifndef SY_HAVE_BLAS
+// c = alpha * op(a) op(b) + beta * c without BLAS: op(b) is packed row-major into a
+// (k, n) panel once, then each row of c accumulates a row of op(a) times the panel in f32,
+// k in blocks so the panel rows stay in cache. Correct for any sizes; a few GFLOP/s.
+void LoopSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  std::vector<float> panel(static_cast<size_t>(k * n));
+  for (int64_t p = 0; p < k; ++p)
+    for (int64_t j = 0; j < n; ++j) panel[p * n + j] = trans_b ? b[j * ldb + p] : b[p * ldb + j];
+  std::vector<float> acc(static_cast<size_t>(n));
+  constexpr int64_t kBlock = 256;
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t p0 = 0; p0 < k; p0 += kBlock) {
+      const int64_t p1 = std::min(k, p0 + kBlock);
+      for (int64_t p = p0; p < p1; ++p) {
+        const float av = trans_a ? a[p * lda + i] : a[i * lda + p];
+        const float* row = panel.data() + p * n;
+        for (int64_t j = 0; j < n; ++j) acc[j] += av * row[j];
+      }
+    }
+    float* ci = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) ci[j] = alpha * acc[j] + (beta == 0.0f ? 0.0f : beta * ci[j]);
+  }
+}
+#endif
+
+}  // namespace
 
 void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -13,11 +71,56 @@ void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+#ifdef SY_HAVE_BLAS
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
               static_cast<blasint>(ldc));
+#else
+  LoopSgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+          float beta, DType matmul_dtype) {
+  const int64_t m = c.dim(0), n = c.dim(1);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  std::vector<float> a_copy, b_copy;
+  const float* pa = F32Operand(a, matmul_dtype, a_copy);
+  const float* pb = F32Operand(b, matmul_dtype, b_copy);
+  Sgemm(trans_a, trans_b, m, n, k, alpha, pa, a.dim(1), pb, b.dim(1), beta, c.data<float>(), n);
+}
+
+void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha, float beta, DType matmul_dtype) {
+  const int64_t k = x.dim(1), n = out.dim(1);
+  std::vector<float> x_copy, w_copy;
+  const float* px = F32Operand(x, matmul_dtype, x_copy);
+  const float* pw = F32Operand(w, matmul_dtype, w_copy);
+  int64_t begin = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const int64_t r = rows[g];
+    Sgemm(false, trans_w, r, n, k, alpha, px + begin * k, k,
+          pw + static_cast<int64_t>(g) * k * n, trans_w ? k : n, beta,
+          out.data<float>() + begin * n, n);
+    begin += r;
+  }
+}
+
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
+                           Tensor& dw, float alpha, float beta, DType matmul_dtype) {
+  const int64_t k = x.dim(1), n = dy.dim(1);
+  std::vector<float> x_copy, dy_copy;
+  const float* px = F32Operand(x, matmul_dtype, x_copy);
+  const float* pdy = F32Operand(dy, matmul_dtype, dy_copy);
+  int64_t begin = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const int64_t r = rows[g];
+    Sgemm(true, false, k, n, r, alpha, px + begin * k, k, pdy + begin * n, n, beta,
+          dw.data<float>() + static_cast<int64_t>(g) * k * n, n);
+    begin += r;
+  }
 }
 
 }  // namespace switchyard::kernels::cpu

@@ -1,49 +1,22 @@
 // CPU reference implementation of kernels/norm.h: one pass per row, statistics in double.
 // Every row of x is read before the same row of y is written, so y may alias x (and dx dy).
+// The arguments were checked by kernels/norm.cc.
 #include "kernels/norm.h"
 
 #include <cmath>
-#include <vector>
 
-#include "kernels/cpu/cpu_check.h"
-
-namespace switchyard::kernels {
+namespace switchyard::kernels::cpu {
 namespace {
 
-using cpu::CheckCpuF32;
-
-// Rows N of a (..., d) tensor after checking its last dimension.
-int64_t RowsOf(const Tensor& x, int64_t d, const char* op) {
-  SY_CHECK(x.ndim() >= 1 && x.dim(-1) == d)
-      << op << ": x " << ShapeString(x.shape()) << " for a weight of " << d;
-  return d == 0 ? 0 : x.numel() / d;
-}
-
-void CheckVector(const Tensor& t, int64_t n, const char* op, const char* what) {
-  CheckCpuF32(t, op, what);
-  SY_CHECK(t.numel() == n) << op << ": " << what << " " << ShapeString(t.shape()) << ", expected "
-                           << n << " elements";
-}
-
-void CheckSameShape(const Tensor& a, const Tensor& b, const char* op, const char* what) {
-  CheckCpuF32(b, op, what);
-  SY_CHECK(a.shape() == b.shape()) << op << ": " << what << " " << ShapeString(b.shape())
-                                   << ", expected " << ShapeString(a.shape());
-}
+// Rows N of a (..., d) tensor.
+int64_t RowsOf(const Tensor& x, int64_t d) { return d == 0 ? 0 : x.numel() / d; }
 
 }  // namespace
 
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                      Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx) {
-  constexpr const char* kOp = "LayerNormForward";
-  CheckCpuF32(x, kOp, "x");
-  CheckCpuF32(weight, kOp, "weight");
+                      Tensor& y, Tensor& mean, Tensor& rstd) {
   const int64_t d = weight.numel();
-  const int64_t n = RowsOf(x, d, kOp);
-  if (bias.defined()) CheckVector(bias, d, kOp, "bias");
-  CheckSameShape(x, y, kOp, "y");
-  CheckVector(mean, n, kOp, "mean");
-  CheckVector(rstd, n, kOp, "rstd");
+  const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
   float* pm = mean.data<float>();
@@ -73,18 +46,9 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DeviceContext* ctx) {
-  constexpr const char* kOp = "LayerNormBackward";
-  CheckCpuF32(x, kOp, "x");
-  CheckCpuF32(weight, kOp, "weight");
+                       Tensor& dbias) {
   const int64_t d = weight.numel();
-  const int64_t n = RowsOf(x, d, kOp);
-  CheckVector(mean, n, kOp, "mean");
-  CheckVector(rstd, n, kOp, "rstd");
-  CheckSameShape(x, dy, kOp, "dy");
-  CheckSameShape(x, dx, kOp, "dx");
-  CheckVector(dweight, d, kOp, "dweight");
-  if (dbias.defined()) CheckVector(dbias, d, kOp, "dbias");
+  const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
   float* dw = dweight.data<float>();
   float* db = dbias.defined() ? dbias.data<float>() : nullptr;
@@ -111,15 +75,9 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
   }
 }
 
-void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
-                    DeviceContext* ctx) {
-  constexpr const char* kOp = "RmsNormForward";
-  CheckCpuF32(x, kOp, "x");
-  CheckCpuF32(weight, kOp, "weight");
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd) {
   const int64_t d = weight.numel();
-  const int64_t n = RowsOf(x, d, kOp);
-  CheckSameShape(x, y, kOp, "y");
-  CheckVector(rstd, n, kOp, "rstd");
+  const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = x.data<float>() + r * d;
@@ -134,16 +92,9 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DeviceContext* ctx) {
-  constexpr const char* kOp = "RmsNormBackward";
-  CheckCpuF32(x, kOp, "x");
-  CheckCpuF32(weight, kOp, "weight");
+                     Tensor& dx, Tensor& dweight) {
   const int64_t d = weight.numel();
-  const int64_t n = RowsOf(x, d, kOp);
-  CheckVector(rstd, n, kOp, "rstd");
-  CheckSameShape(x, dy, kOp, "dy");
-  CheckSameShape(x, dx, kOp, "dx");
-  CheckVector(dweight, d, kOp, "dweight");
+  const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
   float* dw = dweight.data<float>();
   for (int64_t r = 0; r < n; ++r) {
@@ -161,4 +112,4 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
   }
 }
 
-}  // namespace switchyard::kernels
+}  // namespace switchyard::kernels::cpu

@@ -1,1 +1,144 @@
-// placeholder
+// CPU reference of kernels/permute.h: the loops of the original dispatcher
+// (moe/dispatcher.cc), with the per-token sums in the order that loop used (increasing
+// permuted row), so every result keeps its bits.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "kernels/permute.h"
+
+namespace switchyard::kernels::cpu {
+namespace {
+
+// The kept rows of token t in increasing row order, as (row a, flat slot s) pairs; every
+// row must be below `num_rows`.
+void KeptRowsOf(const int64_t* inverse, int64_t t, int64_t k, int64_t num_rows,
+                std::vector<std::pair<int64_t, int64_t>>& rows) {
+  rows.clear();
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t a = inverse[t * k + j];
+    SY_CHECK_LT(a, num_rows) << "inverse[" << t * k + j << "] is past the permuted rows";
+    if (a >= 0) rows.push_back({a, t * k + j});
+  }
+  std::sort(rows.begin(), rows.end());
+}
+
+}  // namespace
+
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse) {
+  const int64_t n = experts.numel(), k = experts.dim(1);
+  const int32_t* ex = experts.data<int32_t>();
+  const uint8_t* kp = kept.data<uint8_t>();
+  // Counting sort by expert keeps (token, slot) order inside each expert.
+  std::vector<int64_t> counts(num_experts, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!kp[i]) continue;
+    SY_CHECK(ex[i] >= 0 && ex[i] < num_experts)
+        << "expert index " << ex[i] << " of slot " << i << " outside [0, " << num_experts << ")";
+    ++counts[ex[i]];
+  }
+  std::vector<int64_t> next(num_experts, 0);
+  int64_t total = 0;
+  for (int64_t e = 0; e < num_experts; ++e) next[e] = total, total += counts[e];
+  int64_t next_dropped = total;  // the dropped slots follow, in slot order
+  int64_t* tok = token.data<int64_t>();
+  int64_t* sl = slot.data<int64_t>();
+  int64_t* inv = inverse.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t a = kp[i] ? next[ex[i]]++ : next_dropped++;
+    sl[a] = i;
+    tok[a] = i / k;
+    inv[i] = kp[i] ? a : -1;
+  }
+  return counts;
+}
+
+void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst) {
+  const int64_t rows = dst.dim(0), d = dst.dim(1), n = src.dim(0);
+  const float* s = src.data<float>();
+  const int64_t* idx = index.data<int64_t>();
+  float* t = dst.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    SY_CHECK(idx[r] >= 0 && idx[r] < n) << "GatherRows: index " << idx[r] << " of row " << r
+                                        << " outside [0, " << n << ")";
+    if (d) std::memcpy(t + r * d, s + idx[r] * d, sizeof(float) * d);
+  }
+}
+
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh) {
+  const int64_t n = dh.dim(0), d = dh.dim(1), k = inverse.dim(1);
+  const float* src = drows.data<float>();
+  const int64_t* inv = inverse.data<int64_t>();
+  float* dst = dh.data<float>();
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (int64_t t = 0; t < n; ++t) {
+    KeptRowsOf(inv, t, k, drows.dim(0), rows);
+    float* row = dst + t * d;
+    for (const auto& [a, s] : rows) {
+      const float* g = src + a * d;
+      for (int64_t j = 0; j < d; ++j) row[j] += g[j];
+    }
+  }
+}
+
+void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
+             Tensor& y) {
+  const int64_t n = y.dim(0), d = y.dim(1), k = inverse.dim(1);
+  const float* o = out.data<float>();
+  const float* g = gates.data<float>();
+  const int64_t* inv = inverse.data<int64_t>();
+  const float* x = extra.defined() ? extra.data<float>() : nullptr;
+  float* dst = y.data<float>();
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (int64_t t = 0; t < n; ++t) {
+    KeptRowsOf(inv, t, k, out.dim(0), rows);
+    float* row = dst + t * d;
+    std::fill(row, row + d, 0.0f);
+    for (const auto& [a, s] : rows) {
+      const float w = g[s];
+      for (int64_t j = 0; j < d; ++j) row[j] += w * o[a * d + j];
+    }
+    if (x != nullptr) {
+      for (int64_t j = 0; j < d; ++j) row[j] += x[t * d + j];
+    }
+  }
+}
+
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
+                     Tensor& dout, Tensor& dgates) {
+  const int64_t rows = out.dim(0), d = dy.dim(1), k = gates.dim(1), nk = gates.numel();
+  const float* g = gates.data<float>();
+  const float* dyp = dy.data<float>();
+  const float* o = out.data<float>();
+  const int64_t* sl = slot.data<int64_t>();
+  float* dop = dout.data<float>();
+  float* dg = dgates.data<float>();
+  std::memset(dg, 0, sizeof(float) * nk);
+  for (int64_t a = 0; a < rows; ++a) {
+    SY_CHECK(sl[a] >= 0 && sl[a] < nk) << "CombineBackward: slot " << sl[a] << " of row " << a
+                                       << " outside [0, " << nk << ")";
+    const float w = g[sl[a]];
+    const float* row = dyp + (sl[a] / k) * d;
+    double dot = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      dop[a * d + j] = w * row[j];
+      dot += static_cast<double>(row[j]) * o[a * d + j];
+    }
+    dg[sl[a]] = static_cast<float>(dot);
+  }
+}
+
+double EntropySum(const Tensor& probs) {
+  const int64_t n = probs.numel();
+  const float* p = probs.data<float>();
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] > 0) sum -= static_cast<double>(p[i]) * std::log(p[i]);
+  }
+  return sum;
+}
+
+}  // namespace switchyard::kernels::cpu

@@ -1,25 +1,14 @@
 // CPU reference implementation of kernels/rope.h: a (S, hd/2) cos/sin table per call, then
 // one rotation per pair. Each pair is read before it is written, so outputs may alias inputs.
+// The arguments were checked by kernels/rope.cc.
 #include "kernels/rope.h"
 
 #include <cmath>
 #include <vector>
 
-#include "kernels/cpu/cpu_check.h"
+namespace switchyard::kernels::cpu {
 
-namespace switchyard::kernels {
-namespace {
-
-// Rotates every pair of x by sign * angle into y.
-void Rotate(const Tensor& x, Tensor& y, float base, int64_t position_offset, float sign,
-            const char* op) {
-  cpu::CheckCpuF32(x, op, "input");
-  cpu::CheckCpuF32(y, op, "output");
-  SY_CHECK(x.ndim() == 4 && x.dim(3) % 2 == 0)
-      << op << ": input is (B, S, H, hd) with hd even, got " << ShapeString(x.shape());
-  SY_CHECK(x.shape() == y.shape())
-      << op << ": input " << ShapeString(x.shape()) << ", output " << ShapeString(y.shape());
-  SY_CHECK(base > 0.0f) << op << ": base=" << base;
+void RopeRotate(const Tensor& x, Tensor& y, float base, int64_t position_offset, float sign) {
   const int64_t nb = x.dim(0), s = x.dim(1), nh = x.dim(2), hd = x.dim(3), half = hd / 2;
   std::vector<float> cos_table(static_cast<size_t>(s * half)), sin_table(cos_table.size());
   for (int64_t t = 0; t < s; ++t) {
@@ -48,16 +37,4 @@ void Rotate(const Tensor& x, Tensor& y, float base, int64_t position_offset, flo
   }
 }
 
-}  // namespace
-
-void RopeForward(const Tensor& x, Tensor& y, float base, int64_t position_offset,
-                 DeviceContext* ctx) {
-  Rotate(x, y, base, position_offset, 1.0f, "RopeForward");
-}
-
-void RopeBackward(const Tensor& dy, Tensor& dx, float base, int64_t position_offset,
-                  DeviceContext* ctx) {
-  Rotate(dy, dx, base, position_offset, -1.0f, "RopeBackward");
-}
-
-}  // namespace switchyard::kernels
+}  // namespace switchyard::kernels::cpu

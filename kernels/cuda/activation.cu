@@ -1,1 +1,325 @@
-// placeholder
+// CUDA implementation of kernels/activation.h.
+//
+// Elementwise forward/backward: grid-stride kernels, 256 threads per block, GridFor(n)
+// blocks. Each evaluates the CPU reference's expression (kernels/cpu/activation.cc) in the
+// same order with __fmul_rn / __fadd_rn / __fdiv_rn, so nothing is contracted into a
+// fused multiply-add and the only difference from the CPU is expf (CUDA's is within 2 ulp,
+// glibc's within 1). Pointers are not __restrict__: outputs may be the inputs' memory.
+//
+// Bias add over rows: a 2-D grid, blockIdx.y over rows (grid-stride), x over columns; the
+// group of a row is a binary search in the block offsets (G + 1, copied from the host).
+//
+// Bias gradient (column sums, deterministic, no atomics), in two stages:
+//   1. rows are cut into chunks of at most K rows that never cross a group boundary;
+//      a (32, 8) block sums a 32-column tile of one chunk — 8 row lanes, each adding every
+//      8th row in order, then lane 0 adds the 8 lane sums in order — into partial (C, n).
+//   2. one thread per (group, column) adds its group's chunk partials in chunk order and
+//      writes dbias = (beta == 0 ? 0 : beta * dbias) + sum.
+// The order of additions depends only on the shapes and the group sizes, so repeated runs
+// give identical bits.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/cuda/common.cuh"
+
+namespace switchyard::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi), as the CPU
+constexpr float kGeluCubic = 0.044715f;
+
+// ---- elementwise -----------------------------------------------------------------------
+
+// u = sqrt(2/pi) (v + 0.044715 v^3), with the CPU's association ((c v) v) v.
+__device__ __forceinline__ float GeluInner(float v) {
+  const float cubic = __fmul_rn(__fmul_rn(__fmul_rn(kGeluCubic, v), v), v);
+  return __fmul_rn(kSqrt2OverPi, __fadd_rn(v, cubic));
+}
+
+__device__ __forceinline__ float Sigmoid(float a) {
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-a)));
+}
+
+__global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
+  SY_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    // 0.5 (1 + tanh u) = sigmoid(2 u), as the CPU computes it.
+    const float e = expf(__fmul_rn(-2.0f, GeluInner(v)));
+    y[i] = __fdiv_rn(v, __fadd_rn(1.0f, e));
+  }
+}
+
+__global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float e = expf(__fmul_rn(-2.0f, GeluInner(v)));
+    const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
+    // du/dx = sqrt(2/pi) (1 + 3 c v^2), associated as ((3 c) v) v.
+    const float du = __fmul_rn(
+        kSqrt2OverPi, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(__fmul_rn(3.0f, kGeluCubic), v), v)));
+    // s + 2 v s (1 - s) du, associated left to right as on the CPU.
+    const float term =
+        __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(2.0f, v), s), __fsub_rn(1.0f, s)), du);
+    dx[i] = __fmul_rn(dy[i], __fadd_rn(s, term));
+  }
+}
+
+__global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
+  SY_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    y[i] = v > 0.0f ? v : 0.0f;
+  }
+}
+
+__global__ void ReluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+__global__ void SwigluForwardKernel(const float* a, const float* b, float* out, int64_t n) {
+  SY_GRID_STRIDE(i, n) {
+    const float va = a[i];
+    out[i] = __fmul_rn(__fmul_rn(va, Sigmoid(va)), b[i]);
+  }
+}
+
+__global__ void SwigluBackwardKernel(const float* a, const float* b, const float* dout, float* da,
+                                     float* db, int64_t n) {
+  SY_GRID_STRIDE(i, n) {
+    const float va = a[i], vb = b[i], g = dout[i];
+    const float s = Sigmoid(va);
+    // da = g vb s (1 + va (1 - s)), db = g va s, associated as on the CPU.
+    const float dsilu = __fadd_rn(1.0f, __fmul_rn(va, __fsub_rn(1.0f, s)));
+    da[i] = __fmul_rn(__fmul_rn(__fmul_rn(g, vb), s), dsilu);
+    db[i] = __fmul_rn(__fmul_rn(g, va), s);
+  }
+}
+
+// ---- bias over rows ----------------------------------------------------------------------
+
+// The group g of row r: the largest g in [0, groups) with offsets[g] <= r (an empty group
+// shares its offset with the next, so the search lands on the non-empty group holding r).
+// offsets: groups + 1 ascending entries, offsets[groups] = rows; null means one group.
+__device__ __forceinline__ int64_t GroupOfRow(const int64_t* offsets, int64_t groups, int64_t r) {
+  if (offsets == nullptr) return 0;
+  int64_t lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// out (rows, n)[r, :] += bias (G, n)[group of r, :].
+__global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offsets, int64_t groups,
+                              int64_t rows, int64_t n) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* b = bias + GroupOfRow(offsets, groups, r) * n;
+    float* row = out + r * n;
+    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      row[j] = __fadd_rn(row[j], b[j]);
+    }
+  }
+}
+
+constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
+constexpr int kRowLanes = 8;   // row lanes per stage-1 block
+
+// Stage 1: partial (chunks, n)[c, j] = sum of dy[r, j] over the rows of chunk c. Chunk c is
+// rows [bounds[c], bounds[c + 1]); null bounds: rows [c K, min(rows, (c + 1) K)).
+// Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over chunks.
+__global__ void ChunkColumnSumKernel(const float* dy, int64_t n, const int64_t* bounds,
+                                     int64_t rows_per_chunk, int64_t rows, int64_t chunks,
+                                     float* partial) {
+  __shared__ float lane_sums[kRowLanes][kTileCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
+  // The loop bounds depend on blockIdx only, so every thread reaches both barriers.
+  for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+    int64_t r0, r1;
+    if (bounds != nullptr) {
+      r0 = bounds[c];
+      r1 = bounds[c + 1];
+    } else {
+      r0 = c * rows_per_chunk;
+      r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    }
+    float sum = 0.0f;
+    if (j < n) {
+      for (int64_t r = r0 + ty; r < r1; r += kRowLanes) sum = __fadd_rn(sum, dy[r * n + j]);
+    }
+    lane_sums[ty][tx] = sum;
+    __syncthreads();
+    if (ty == 0 && j < n) {
+      float total = lane_sums[0][tx];
+      for (int k = 1; k < kRowLanes; ++k) total = __fadd_rn(total, lane_sums[k][tx]);
+      partial[c * n + j] = total;
+    }
+    __syncthreads();  // lane_sums is rewritten by the next chunk
+  }
+}
+
+// Stage 2: dbias (G, n)[g, j] = (beta == 0 ? 0 : beta * dbias[g, j]) + the sum, in chunk
+// order, of partial[c, j] over group g's chunks [chunk_begin[g], chunk_begin[g + 1]).
+// Null chunk_begin: one group owning all `chunks`.
+__global__ void GroupSumKernel(const float* partial, const int64_t* chunk_begin, int64_t chunks,
+                               int64_t groups, int64_t n, float beta, float* dbias) {
+  SY_GRID_STRIDE(i, groups * n) {
+    const int64_t g = i / n, j = i - g * n;
+    const int64_t c0 = chunk_begin != nullptr ? chunk_begin[g] : 0;
+    const int64_t c1 = chunk_begin != nullptr ? chunk_begin[g + 1] : chunks;
+    float sum = 0.0f;
+    for (int64_t c = c0; c < c1; ++c) sum = __fadd_rn(sum, partial[c * n + j]);
+    const float base = beta == 0.0f ? 0.0f : __fmul_rn(beta, dbias[i]);
+    dbias[i] = __fadd_rn(base, sum);
+  }
+}
+
+// Rows per stage-1 chunk: at least 64 (8 per row lane), more for tall inputs so there are
+// about 1024 chunks at most (plus one per group) and stage 2 stays short.
+int64_t RowsPerChunk(int64_t rows) { return std::max<int64_t>(64, (rows + 1023) / 1024); }
+
+// Copies a host table of int64 to a new device tensor on ctx's stream. The host vector is
+// pageable memory, which cudaMemcpyAsync stages before it returns, so `host` may be freed
+// at once; the device tensor returns to the stream-ordered caching allocator when dropped.
+Tensor ToDevice(const std::vector<int64_t>& host, DeviceContext* ctx) {
+  return Tensor::FromVector(host, {static_cast<int64_t>(host.size())}).To(ctx->device(), ctx);
+}
+
+void LaunchAddBias(Tensor& out, const Tensor& bias, const int64_t* offsets, int64_t groups,
+                   DeviceContext* ctx) {
+  const int64_t rows = out.dim(0), n = out.dim(1);
+  if (rows == 0 || n == 0) return;
+  const int threads = static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kThreads));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 1024)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  AddBiasKernel<<<grid, threads, 0, StreamOf(ctx)>>>(out.data<float>(), bias.data<float>(), offsets,
+                                                     groups, rows, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+// Both stages. bounds/chunk_begin null: one group of `rows` rows in uniform chunks.
+void LaunchBiasGrad(const Tensor& dy, Tensor& dbias, float beta, int64_t groups,
+                    const int64_t* bounds, const int64_t* chunk_begin, int64_t chunks,
+                    int64_t rows_per_chunk, DeviceContext* ctx) {
+  const int64_t rows = dy.dim(0), n = dy.dim(1);
+  if (n == 0 || groups == 0) return;
+  Tensor partial;
+  if (chunks > 0) {
+    partial = Tensor::Empty({chunks, n}, DType::kF32, ctx->device());
+    const dim3 block(kTileCols, kRowLanes);
+    const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols),
+                    static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+    ChunkColumnSumKernel<<<grid, block, 0, StreamOf(ctx)>>>(
+        dy.data<float>(), n, bounds, rows_per_chunk, rows, chunks, partial.data<float>());
+    SY_CUDA_CHECK_LAUNCH();
+  }
+  const int64_t outputs = groups * n;
+  GroupSumKernel<<<GridFor(outputs, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      chunks > 0 ? partial.data<float>() : nullptr, chunk_begin, chunks, groups, n, beta,
+      dbias.data<float>());
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  GeluForwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(x.data<float>(),
+                                                                          y.data<float>(), n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
+  const int64_t n = dx.numel();
+  if (n == 0) return;
+  GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      x.data<float>(), dy.data<float>(), dx.data<float>(), n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  ReluForwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(x.data<float>(),
+                                                                          y.data<float>(), n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
+  const int64_t n = dx.numel();
+  if (n == 0) return;
+  ReluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      x.data<float>(), dy.data<float>(), dx.data<float>(), n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  SwigluForwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), b.data<float>(), out.data<float>(), n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db,
+                    DeviceContext* ctx) {
+  const int64_t n = da.numel();
+  if (n == 0) return;
+  SwigluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), b.data<float>(), dout.data<float>(), da.data<float>(), db.data<float>(), n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx) {
+  LaunchAddBias(out, bias, /*offsets=*/nullptr, /*groups=*/1, ctx);
+}
+
+void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
+  const int64_t rows = dy.dim(0);
+  const int64_t k = RowsPerChunk(rows);
+  LaunchBiasGrad(dy, dbias, beta, /*groups=*/1, /*bounds=*/nullptr, /*chunk_begin=*/nullptr,
+                 /*chunks=*/(rows + k - 1) / k, k, ctx);
+}
+
+void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
+                    DeviceContext* ctx) {
+  if (out.numel() == 0) return;
+  std::vector<int64_t> offsets(rows.size() + 1, 0);
+  for (size_t g = 0; g < rows.size(); ++g) offsets[g + 1] = offsets[g] + rows[g];
+  const Tensor device_offsets = ToDevice(offsets, ctx);
+  LaunchAddBias(out, bias, device_offsets.data<int64_t>(), static_cast<int64_t>(rows.size()), ctx);
+}
+
+void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,
+                     DeviceContext* ctx) {
+  const int64_t groups = static_cast<int64_t>(rows.size());
+  if (groups == 0 || dy.dim(1) == 0) return;
+  const int64_t k = RowsPerChunk(dy.dim(0));
+  // table = [chunk_begin (G + 1) | bounds (C + 1)]: group g owns chunks
+  // [chunk_begin[g], chunk_begin[g + 1]); chunk c is rows [bounds[c], bounds[c + 1]).
+  std::vector<int64_t> chunk_begin(groups + 1, 0), bounds(1, 0);
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t end = row + rows[g];
+    for (; row < end; row = std::min(end, row + k)) bounds.push_back(std::min(end, row + k));
+    chunk_begin[g + 1] = static_cast<int64_t>(bounds.size()) - 1;
+  }
+  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
+  std::vector<int64_t> table(chunk_begin);
+  table.insert(table.end(), bounds.begin(), bounds.end());
+  const Tensor device_table = ToDevice(table, ctx);
+  const int64_t* d_chunk_begin = device_table.data<int64_t>();
+  LaunchBiasGrad(dy, dbias, beta, groups, d_chunk_begin + groups + 1, d_chunk_begin, chunks, k,
+                 ctx);
+}
+
+}  // namespace switchyard::kernels::cuda

@@ -1,1 +1,164 @@
-// placeholder
+// CUDA implementation of kernels/gemm.h on cuBLAS. Row-major c (m, n) = op(a) op(b) is the
+// column-major c^T (n, m) = op(b)^T op(a)^T, and a row-major matrix with leading dimension ld
+// is its own transpose in column-major order with the same ld, so every product is one
+// cublasGemmEx with the operands swapped and no data moved. f32 mode: f32 operands with
+// CUBLAS_COMPUTE_32F (no TF32: the result matches sgemm to f32 rounding). bf16 mode: f32
+// operands are rounded to bf16 copies (stream-ordered temporaries, one per operand per
+// call), then bf16 x bf16 products summed in f32 into the f32 output.
+#include <climits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/gemm.h"
+
+namespace switchyard::kernels::cuda {
+namespace {
+
+// out[i] = bf16(in[i]), round to nearest even.
+__global__ void CastToBf16Kernel(const float* in, __nv_bfloat16* out, int64_t n) {
+  SY_GRID_STRIDE(i, n) { out[i] = ToBf16(in[i]); }
+}
+
+// x[i] = beta * x[i]; beta = 0 writes 0 without reading x (as BLAS does for beta = 0).
+__global__ void ScaleKernel(float* x, int64_t n, float beta) {
+  SY_GRID_STRIDE(i, n) { x[i] = beta == 0.0f ? 0.0f : beta * x[i]; }
+}
+
+// x (n) *= beta on the stream; nothing to do for beta = 1.
+void Scale(float* x, int64_t n, float beta, DeviceContext* ctx) {
+  if (n == 0 || beta == 1.0f) return;
+  ScaleKernel<<<GridFor(n), 256, 0, StreamOf(ctx)>>>(x, n, beta);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+// One GEMM operand as cuBLAS reads it. `holder` keeps a bf16 copy alive until the host
+// leaves the op; the caching allocator orders its reuse after the queued GEMMs (one stream).
+struct Operand {
+  const char* base = nullptr;
+  cudaDataType_t type = CUDA_R_32F;
+  Tensor holder;
+
+  size_t ElementBytes() const { return type == CUDA_R_16BF ? 2 : 4; }
+  // The address of element `offset` (row-major, in elements).
+  const void* At(int64_t offset) const { return base + offset * static_cast<int64_t>(ElementBytes()); }
+};
+
+// t as cuBLAS will read it: as it is (f32 in f32 mode, or already bf16), or a bf16 copy.
+Operand Prepare(const Tensor& t, DType matmul_dtype, DeviceContext* ctx) {
+  Operand op;
+  if (t.dtype() == DType::kBF16) {
+    op.base = static_cast<const char*>(t.raw_data());
+    op.type = CUDA_R_16BF;
+    return op;
+  }
+  SY_CHECK(t.dtype() == DType::kF32) << "GEMM operand of " << DTypeName(t.dtype());
+  if (matmul_dtype != DType::kBF16) {
+    op.base = static_cast<const char*>(t.raw_data());
+    op.type = CUDA_R_32F;
+    return op;
+  }
+  const int64_t n = t.numel();
+  op.holder = Tensor::Empty(t.shape(), DType::kBF16, t.device());
+  op.base = static_cast<const char*>(op.holder.raw_data());
+  op.type = CUDA_R_16BF;
+  CastToBf16Kernel<<<GridFor(n), 256, 0, StreamOf(ctx)>>>(
+      static_cast<const float*>(t.raw_data()), static_cast<__nv_bfloat16*>(op.holder.raw_data()),
+      n);
+  SY_CUDA_CHECK_LAUNCH();
+  return op;
+}
+
+int Int(int64_t v, const char* what) {
+  SY_CHECK(v >= 0 && v <= INT_MAX) << "cuBLAS GEMM: " << what << " = " << v
+                                   << " does not fit a 32-bit int";
+  return static_cast<int>(v);
+}
+
+// Row-major c (m, n) = alpha op(a) op(b) + beta c (m, n, k >= 1; leading dimensions in
+// elements), as the column-major c^T = op(b)^T op(a)^T. a and b of one type (f32 or
+// bf16), c f32, f32 accumulation.
+void RowMajorGemm(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                  int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                  cudaDataType_t type, float beta, float* c, int64_t ldc) {
+  SY_CUBLAS_CHECK(cublasGemmEx(CublasOf(ctx), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, Int(n, "n"), Int(m, "m"),
+                               Int(k, "k"), &alpha, b, type, Int(ldb, "ldb"), a, type,
+                               Int(lda, "lda"), &beta, c, CUDA_R_32F, Int(ldc, "ldc"),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CheckSameType(const Operand& a, const Operand& b) {
+  SY_CHECK(a.type == b.type) << "cuBLAS GEMM operands of different types: an op with a bf16 "
+                                "operand must run in bf16 mode (kernels/gemm.cc resolves it)";
+}
+
+}  // namespace
+
+void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+          float beta, DType matmul_dtype, DeviceContext* ctx) {
+  const int64_t m = c.dim(0), n = c.dim(1);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  if (m == 0 || n == 0) return;
+  float* pc = c.data<float>();
+  if (k == 0) {
+    Scale(pc, m * n, beta, ctx);
+    return;
+  }
+  const Operand pa = Prepare(a, matmul_dtype, ctx), pb = Prepare(b, matmul_dtype, ctx);
+  CheckSameType(pa, pb);
+  RowMajorGemm(ctx, trans_a, trans_b, m, n, k, alpha, pa.base, a.dim(1), pb.base, b.dim(1),
+               pa.type, beta, pc, n);
+}
+
+void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha, float beta, DType matmul_dtype, DeviceContext* ctx) {
+  const int64_t k = x.dim(1), n = out.dim(1);
+  if (x.dim(0) == 0 || n == 0) return;
+  float* po = out.data<float>();
+  if (k == 0) {
+    Scale(po, out.numel(), beta, ctx);
+    return;
+  }
+  // One cast of all of x and all of w per call (not per group).
+  const Operand px = Prepare(x, matmul_dtype, ctx), pw = Prepare(w, matmul_dtype, ctx);
+  CheckSameType(px, pw);
+  int64_t begin = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const int64_t r = rows[g];
+    if (r > 0) {
+      // out[block g] (r, n) = x[block g] (r, k) @ op(w[g]), w[g] (k, n) or (n, k).
+      RowMajorGemm(ctx, false, trans_w, r, n, k, alpha, px.At(begin * k), k,
+                   pw.At(static_cast<int64_t>(g) * k * n), trans_w ? k : n, px.type, beta,
+                   po + begin * n, n);
+    }
+    begin += r;
+  }
+}
+
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
+                           Tensor& dw, float alpha, float beta, DType matmul_dtype,
+                           DeviceContext* ctx) {
+  const int64_t k = x.dim(1), n = dy.dim(1);
+  if (k == 0 || n == 0) return;  // dw is empty
+  float* pdw = dw.data<float>();
+  Operand px, pdy;
+  if (x.dim(0) > 0) {
+    px = Prepare(x, matmul_dtype, ctx);
+    pdy = Prepare(dy, matmul_dtype, ctx);
+    CheckSameType(px, pdy);
+  }
+  int64_t begin = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const int64_t r = rows[g];
+    float* dwg = pdw + static_cast<int64_t>(g) * k * n;
+    if (r == 0) {
+      Scale(dwg, k * n, beta, ctx);  // no rows: dw[g] = beta * dw[g]
+    } else {
+      // dw[g] (k, n) = x[block g]^T (k, r) @ dy[block g] (r, n).
+      RowMajorGemm(ctx, true, false, k, n, r, alpha, px.At(begin * k), k, pdy.At(begin * n), n,
+                   px.type, beta, dwg, n);
+    }
+    begin += r;
+  }
+}
+
+}  // namespace switchyard::kernels::cuda

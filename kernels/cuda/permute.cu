@@ -1,1 +1,441 @@
-// placeholder
+// CUDA kernels of kernels/permute.h.
+//
+//   SortAssignments  keys (expert; E for dropped, E + 1 for an invalid expert) sorted with
+//                    the flat slots as values by cub::DeviceRadixSort::SortPairs (stable,
+//                    bits [0, bits(E + 1)) only); one pass then writes slot, token, the
+//                    inverse map and each key's [begin, end) in the sorted order (segment
+//                    boundaries, no atomics); those 2 (E + 2) integers come back to the
+//                    host as the counts.
+//   GatherRows       ScatterAddRows, Combine: "row kernels", a group of 2^p threads per
+//                    output row (p chosen from the row width, 256 threads per block),
+//                    grid-stride over rows; float4 loads and stores when d % 4 == 0 and
+//                    every row pointer is 16-byte aligned.
+//   CombineBackward  one warp per permuted row: dout row and the dot for the gate.
+//   EntropySum       grid-stride partial sums in double, one per block, added on the host.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/permute.h"
+
+namespace switchyard::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Tokens with at most this many slots sum their rows in increasing row order (the CPU's
+// order); wider tokens in slot order.
+constexpr int kMaxSortedK = 8;
+constexpr int64_t kNoRow = INT64_MAX;
+
+// ---- float / float4 arithmetic, rounded separately (no fused multiply-add) ---------------
+
+__device__ __forceinline__ float Add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float4 Add(float4 a, float4 b) {
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z),
+                     __fadd_rn(a.w, b.w));
+}
+__device__ __forceinline__ float Scale(float w, float b) { return __fmul_rn(w, b); }
+__device__ __forceinline__ float4 Scale(float w, float4 b) {
+  return make_float4(__fmul_rn(w, b.x), __fmul_rn(w, b.y), __fmul_rn(w, b.z), __fmul_rn(w, b.w));
+}
+__device__ __forceinline__ double Dot(float a, float b) {
+  return static_cast<double>(a) * static_cast<double>(b);
+}
+__device__ __forceinline__ double Dot(float4 a, float4 b) {
+  return static_cast<double>(a.x) * b.x + static_cast<double>(a.y) * b.y +
+         static_cast<double>(a.z) * b.z + static_cast<double>(a.w) * b.w;
+}
+template <typename V>
+__device__ __forceinline__ V Zero();
+template <>
+__device__ __forceinline__ float Zero<float>() { return 0.0f; }
+template <>
+__device__ __forceinline__ float4 Zero<float4>() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+
+// Whether rows of d floats at these pointers can move as float4.
+bool CanUseFloat4(int64_t d, std::initializer_list<const void*> ptrs) {
+  if (d % 4 != 0) return false;
+  for (const void* p : ptrs) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// Threads per row (2^log2, at most the block) for rows of `width` vectors, and the grid.
+struct RowLayout {
+  int log2 = 0;
+  unsigned blocks = 1;
+};
+RowLayout LayoutFor(int64_t rows, int64_t width) {
+  RowLayout l;
+  while ((int64_t{1} << l.log2) < width && (1 << l.log2) < kThreads) ++l.log2;
+  l.blocks = GridFor(rows, kThreads >> l.log2);
+  return l;
+}
+
+// The row loop of a row kernel: for (int64_t r : rows of this thread's group), with `lane`
+// the thread's index inside its group and `group` the group size.
+#define SY_ROW_LOOP(r, rows, log2)                                                        \
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> (log2)) +             \
+                   (threadIdx.x >> (log2));                                             \
+       r < (rows); r += static_cast<int64_t>(gridDim.x) * (blockDim.x >> (log2)))
+
+// ---- SortAssignments ------------------------------------------------------------------
+
+__global__ void MakeKeysKernel(const int32_t* __restrict__ experts,
+                               const uint8_t* __restrict__ kept, int64_t n, int32_t num_experts,
+                               uint32_t* __restrict__ keys, int32_t* __restrict__ values) {
+  SY_GRID_STRIDE(i, n) {
+    const int32_t e = experts[i];
+    uint32_t key = static_cast<uint32_t>(e);
+    if (!kept[i]) {
+      key = static_cast<uint32_t>(num_experts);  // dropped: after every expert
+    } else if (e < 0 || e >= num_experts) {
+      key = static_cast<uint32_t>(num_experts) + 1;  // invalid: counted, reported on the host
+    }
+    keys[i] = key;
+    values[i] = static_cast<int32_t>(i);
+  }
+}
+
+// keys/values: sorted. bounds: (2, E + 2) zeroed; row 0 gets each key's first position,
+// row 1 one past its last.
+__global__ void FinishSortKernel(const uint32_t* __restrict__ keys,
+                                 const int32_t* __restrict__ values, int64_t n, int64_t k,
+                                 uint32_t num_experts, int64_t* __restrict__ token,
+                                 int64_t* __restrict__ slot, int64_t* __restrict__ inverse,
+                                 int32_t* __restrict__ bounds) {
+  int32_t* begin = bounds;
+  int32_t* end = bounds + num_experts + 2;
+  SY_GRID_STRIDE(a, n) {
+    const uint32_t key = keys[a];
+    const int64_t s = values[a];
+    slot[a] = s;
+    token[a] = s / k;
+    inverse[s] = key < num_experts ? a : -1;
+    if (a == 0 || keys[a - 1] != key) begin[key] = static_cast<int32_t>(a);
+    if (a == n - 1 || keys[a + 1] != key) end[key] = static_cast<int32_t>(a + 1);
+  }
+}
+
+size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// ---- Row kernels -----------------------------------------------------------------------
+
+template <typename V>
+__global__ void GatherRowsKernel(const V* __restrict__ src, const int64_t* __restrict__ index,
+                                 V* __restrict__ dst, int64_t rows, int64_t width, int log2) {
+  const int64_t group = int64_t{1} << log2, lane = threadIdx.x & (group - 1);
+  SY_ROW_LOOP(r, rows, log2) {
+    const V* in = src + index[r] * width;
+    V* out = dst + r * width;
+    for (int64_t c = lane; c < width; c += group) out[c] = in[c];
+  }
+}
+
+// The kept rows of token t as keys (row << 32 | j), ascending; kNoRow fills the rest. Only
+// static indices into `keys`, so it stays in registers.
+__device__ __forceinline__ void SortedRowsOf(const int64_t* __restrict__ inverse, int64_t t,
+                                             int k, int64_t (&keys)[kMaxSortedK]) {
+#pragma unroll
+  for (int i = 0; i < kMaxSortedK; ++i) {
+    const int64_t a = i < k ? inverse[t * k + i] : -1;
+    keys[i] = a >= 0 ? (a << 32) | i : kNoRow;
+  }
+  // Odd-even transposition sort: kMaxSortedK rounds sort kMaxSortedK keys.
+#pragma unroll
+  for (int round = 0; round < kMaxSortedK; ++round) {
+#pragma unroll
+    for (int i = round & 1; i + 1 < kMaxSortedK; i += 2) {
+      const int64_t x = keys[i], y = keys[i + 1];
+      const int64_t lo = x < y ? x : y, hi = x < y ? y : x;
+      keys[i] = lo;
+      keys[i + 1] = hi;
+    }
+  }
+}
+
+// dh[t] += the token's rows of drows. kSorted: k <= kMaxSortedK, increasing row order.
+template <typename V, bool kSorted>
+__global__ void ScatterAddKernel(const V* __restrict__ drows, const int64_t* __restrict__ inverse,
+                                 V* __restrict__ dh, int64_t tokens, int k, int64_t width,
+                                 int log2) {
+  const int64_t group = int64_t{1} << log2, lane = threadIdx.x & (group - 1);
+  SY_ROW_LOOP(t, tokens, log2) {
+    V* out = dh + t * width;
+    if constexpr (kSorted) {
+      int64_t keys[kMaxSortedK];
+      SortedRowsOf(inverse, t, k, keys);
+      for (int64_t c = lane; c < width; c += group) {
+        V acc = out[c];
+#pragma unroll
+        for (int i = 0; i < kMaxSortedK; ++i) {
+          if (keys[i] == kNoRow) break;
+          acc = Add(acc, drows[(keys[i] >> 32) * width + c]);
+        }
+        out[c] = acc;
+      }
+    } else {
+      for (int64_t c = lane; c < width; c += group) {
+        V acc = out[c];
+        for (int j = 0; j < k; ++j) {
+          const int64_t a = inverse[t * k + j];
+          if (a >= 0) acc = Add(acc, drows[a * width + c]);
+        }
+        out[c] = acc;
+      }
+    }
+  }
+}
+
+// y[t] = sum of gates[s] * out[a] over the token's kept slots (+ extra[t]).
+template <typename V, bool kSorted>
+__global__ void CombineKernel(const V* __restrict__ out, const float* __restrict__ gates,
+                              const int64_t* __restrict__ inverse, const V* __restrict__ extra,
+                              V* __restrict__ y, int64_t tokens, int k, int64_t width, int log2) {
+  const int64_t group = int64_t{1} << log2, lane = threadIdx.x & (group - 1);
+  SY_ROW_LOOP(t, tokens, log2) {
+    V* dst = y + t * width;
+    const V* add = extra != nullptr ? extra + t * width : nullptr;
+    if constexpr (kSorted) {
+      int64_t keys[kMaxSortedK];
+      float w[kMaxSortedK];
+      SortedRowsOf(inverse, t, k, keys);
+#pragma unroll
+      for (int i = 0; i < kMaxSortedK; ++i) {
+        w[i] = keys[i] == kNoRow ? 0.0f : gates[t * k + (keys[i] & 0xffffffff)];
+      }
+      for (int64_t c = lane; c < width; c += group) {
+        V acc = Zero<V>();
+#pragma unroll
+        for (int i = 0; i < kMaxSortedK; ++i) {
+          if (keys[i] == kNoRow) break;
+          acc = Add(acc, Scale(w[i], out[(keys[i] >> 32) * width + c]));
+        }
+        if (add != nullptr) acc = Add(acc, add[c]);
+        dst[c] = acc;
+      }
+    } else {
+      for (int64_t c = lane; c < width; c += group) {
+        V acc = Zero<V>();
+        for (int j = 0; j < k; ++j) {
+          const int64_t a = inverse[t * k + j];
+          if (a >= 0) acc = Add(acc, Scale(gates[t * k + j], out[a * width + c]));
+        }
+        if (add != nullptr) acc = Add(acc, add[c]);
+        dst[c] = acc;
+      }
+    }
+  }
+}
+
+// One warp per permuted row a: dout[a] = w * dy[t], dgates[s] = dot(dy[t], out[a]).
+template <typename V>
+__global__ void CombineBackwardKernel(const V* __restrict__ dy, const V* __restrict__ out,
+                                      const float* __restrict__ gates,
+                                      const int64_t* __restrict__ slot, V* __restrict__ dout,
+                                      float* __restrict__ dgates, int64_t rows, int64_t k,
+                                      int64_t width) {
+  const int lane = threadIdx.x & 31;
+  // Every lane of a warp runs the same iterations (a is the same across the warp), so the
+  // shuffles in WarpSum see the whole warp.
+  SY_ROW_LOOP(a, rows, 5) {
+    const int64_t s = slot[a];
+    const float w = gates[s];
+    const V* g = dy + (s / k) * width;
+    const V* o = out + a * width;
+    V* d = dout + a * width;
+    double dot = 0.0;
+    for (int64_t c = lane; c < width; c += 32) {
+      const V gv = g[c];
+      d[c] = Scale(w, gv);
+      dot += Dot(gv, o[c]);
+    }
+    dot = WarpSum(dot);
+    if (lane == 0) dgates[s] = static_cast<float>(dot);
+  }
+}
+
+__global__ void EntropyKernel(const float* __restrict__ p, int64_t n,
+                              double* __restrict__ partial) {
+  __shared__ double shared[32];
+  double sum = 0.0;
+  SY_GRID_STRIDE(i, n) {
+    const float v = p[i];
+    if (v > 0.0f) sum -= static_cast<double>(v) * static_cast<double>(logf(v));
+  }
+  sum = BlockSum(sum, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// Launches a row kernel as float4 when possible, else float. `launch(V tag, width)`.
+template <typename F>
+void LaunchRows(int64_t d, std::initializer_list<const void*> ptrs, F launch) {
+  if (CanUseFloat4(d, ptrs)) {
+    launch(float4{}, d / 4);
+  } else {
+    launch(float{}, d);
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse, DeviceContext* ctx) {
+  const int64_t n = experts.numel(), k = experts.dim(1);
+  const int32_t e = static_cast<int32_t>(num_experts);
+  std::vector<int64_t> counts(num_experts, 0);
+  if (n == 0) return counts;
+  cudaStream_t stream = StreamOf(ctx);
+  const Device dev = slot.device();
+
+  // Key bits: enough for E + 1.
+  int end_bit = 1;
+  while ((uint64_t{1} << end_bit) <= static_cast<uint64_t>(e) + 1) ++end_bit;
+  const int items = static_cast<int>(n);
+  size_t sort_bytes = 0;
+  SY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), items, 0, end_bit,
+      stream));
+  // Scratch: keys in/out (u32), values in/out (i32), the sort's temporary storage.
+  const size_t vec = AlignUp(sizeof(uint32_t) * n);
+  Tensor scratch =
+      Tensor::Empty({static_cast<int64_t>(4 * vec + AlignUp(sort_bytes))}, DType::kU8, dev);
+  char* base = static_cast<char*>(scratch.raw_data());
+  auto* keys_in = reinterpret_cast<uint32_t*>(base);
+  auto* keys_out = reinterpret_cast<uint32_t*>(base + vec);
+  auto* values_in = reinterpret_cast<int32_t*>(base + 2 * vec);
+  auto* values_out = reinterpret_cast<int32_t*>(base + 3 * vec);
+  void* sort_temp = base + 4 * vec;
+  Tensor bounds = Tensor::Empty({2, num_experts + 2}, DType::kI32, dev);
+
+  MakeKeysKernel<<<GridFor(n), kThreads, 0, stream>>>(experts.data<int32_t>(),
+                                                      kept.data<uint8_t>(), n, e, keys_in,
+                                                      values_in);
+  SY_CUDA_CHECK_LAUNCH();
+  SY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys_in, keys_out,
+                                                values_in, values_out, items, 0, end_bit,
+                                                stream));
+  SY_CUDA_CHECK(cudaMemsetAsync(bounds.raw_data(), 0, bounds.nbytes(), stream));
+  FinishSortKernel<<<GridFor(n), kThreads, 0, stream>>>(
+      keys_out, values_out, n, k, static_cast<uint32_t>(e), token.data<int64_t>(),
+      slot.data<int64_t>(), inverse.data<int64_t>(), bounds.data<int32_t>());
+  SY_CUDA_CHECK_LAUNCH();
+
+  // The one device->host copy of the dispatch: 2 (E + 2) integers (waits for the stream).
+  Tensor host = bounds.To(Device::Cpu(), ctx);
+  const int32_t* begin = host.data<int32_t>();
+  const int32_t* end = begin + num_experts + 2;
+  for (int64_t i = 0; i < num_experts; ++i) counts[i] = end[i] - begin[i];
+  const int64_t invalid = end[num_experts + 1] - begin[num_experts + 1];
+  SY_CHECK_EQ(invalid, 0) << "SortAssignments: " << invalid
+                          << " kept assignments have an expert index outside [0, "
+                          << num_experts << ")";
+  return counts;
+}
+
+void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx) {
+  const int64_t rows = dst.dim(0), d = dst.dim(1);
+  if (rows == 0 || d == 0) return;
+  cudaStream_t stream = StreamOf(ctx);
+  LaunchRows(d, {src.raw_data(), dst.raw_data()}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    const RowLayout l = LayoutFor(rows, width);
+    GatherRowsKernel<V><<<l.blocks, kThreads, 0, stream>>>(
+        static_cast<const V*>(src.raw_data()), index.data<int64_t>(),
+        static_cast<V*>(dst.raw_data()), rows, width, l.log2);
+    SY_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx) {
+  const int64_t tokens = dh.dim(0), d = dh.dim(1);
+  const int k = static_cast<int>(inverse.dim(1));
+  if (tokens == 0 || d == 0 || drows.dim(0) == 0) return;
+  cudaStream_t stream = StreamOf(ctx);
+  LaunchRows(d, {drows.raw_data(), dh.raw_data()}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    const RowLayout l = LayoutFor(tokens, width);
+    auto* in = static_cast<const V*>(drows.raw_data());
+    auto* out = static_cast<V*>(dh.raw_data());
+    if (k <= kMaxSortedK) {
+      ScatterAddKernel<V, true><<<l.blocks, kThreads, 0, stream>>>(
+          in, inverse.data<int64_t>(), out, tokens, k, width, l.log2);
+    } else {
+      ScatterAddKernel<V, false><<<l.blocks, kThreads, 0, stream>>>(
+          in, inverse.data<int64_t>(), out, tokens, k, width, l.log2);
+    }
+    SY_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
+             Tensor& y, DeviceContext* ctx) {
+  const int64_t tokens = y.dim(0), d = y.dim(1);
+  const int k = static_cast<int>(inverse.dim(1));
+  if (tokens == 0 || d == 0) return;
+  cudaStream_t stream = StreamOf(ctx);
+  const void* extra_ptr = extra.defined() ? extra.raw_data() : nullptr;
+  // An empty `out` (nothing kept) has no valid pointer to read; no slot refers to it then.
+  const void* out_ptr = out.numel() > 0 ? out.raw_data() : nullptr;
+  LaunchRows(d, {out_ptr, extra_ptr, y.raw_data()}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    const RowLayout l = LayoutFor(tokens, width);
+    auto* o = static_cast<const V*>(out_ptr);
+    auto* x = static_cast<const V*>(extra_ptr);
+    auto* dst = static_cast<V*>(y.raw_data());
+    if (k <= kMaxSortedK) {
+      CombineKernel<V, true><<<l.blocks, kThreads, 0, stream>>>(
+          o, gates.data<float>(), inverse.data<int64_t>(), x, dst, tokens, k, width, l.log2);
+    } else {
+      CombineKernel<V, false><<<l.blocks, kThreads, 0, stream>>>(
+          o, gates.data<float>(), inverse.data<int64_t>(), x, dst, tokens, k, width, l.log2);
+    }
+    SY_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
+                     Tensor& dout, Tensor& dgates, DeviceContext* ctx) {
+  const int64_t rows = out.dim(0), d = dy.dim(1), k = gates.dim(1);
+  cudaStream_t stream = StreamOf(ctx);
+  if (dgates.numel() > 0) {
+    SY_CUDA_CHECK(cudaMemsetAsync(dgates.raw_data(), 0, dgates.nbytes(), stream));
+  }
+  if (rows == 0) return;
+  LaunchRows(d, {dy.raw_data(), out.raw_data(), dout.raw_data()}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    const unsigned blocks = GridFor(rows, kThreads / 32);
+    CombineBackwardKernel<V><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const V*>(dy.raw_data()), static_cast<const V*>(out.raw_data()),
+        gates.data<float>(), slot.data<int64_t>(), static_cast<V*>(dout.raw_data()),
+        dgates.data<float>(), rows, k, width);
+    SY_CUDA_CHECK_LAUNCH();
+  });
+}
+
+double EntropySum(const Tensor& probs, DeviceContext* ctx) {
+  const int64_t n = probs.numel();
+  if (n == 0) return 0.0;
+  cudaStream_t stream = StreamOf(ctx);
+  const unsigned blocks = std::min<unsigned>(GridFor(n, kThreads), 1024);
+  // One double per block (there is no f64 dtype: 8-byte slots of an i64 tensor).
+  Tensor partial = Tensor::Empty({static_cast<int64_t>(blocks)}, DType::kI64, probs.device());
+  EntropyKernel<<<blocks, kThreads, 0, stream>>>(probs.data<float>(), n,
+                                                 static_cast<double*>(partial.raw_data()));
+  SY_CUDA_CHECK_LAUNCH();
+  // Added on the host in block order: deterministic for a given n.
+  Tensor host = partial.To(Device::Cpu(), ctx);
+  const double* part = static_cast<const double*>(host.raw_data());
+  double sum = 0.0;
+  for (unsigned b = 0; b < blocks; ++b) sum += part[b];
+  return sum;
+}
+
+}  // namespace switchyard::kernels::cuda

@@ -1,1 +1,238 @@
-// placeholder
+// kernels/gemm.h on CUDA (cuBLAS) against the CPU reference (OpenBLAS) on the same random
+// inputs: every transpose combination with alpha and beta, f32 and bf16 mode, operands that
+// are bf16 tensors already, k = 0 and empty outputs, and the grouped products with empty,
+// one-row and uneven groups.
+//
+// Tolerance, per element: |gpu - cpu| <= kRel * (|alpha| sum_p |a_ip| |b_pj| + |beta| |c_ij|).
+// Both sides read the same values (in bf16 mode both round the operands to bf16 the same
+// way, and bf16 x bf16 products are exact in f32), so they differ only in the order of the
+// f32 sums: a random walk of k roundings of ~6e-8 of that magnitude, ~2e-6 for k = 1000.
+// Where the magnitude is 0 (beta = 0 with k = 0) the results must be equal.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "engine/core/philox.h"
+#include "kernels/gemm.h"
+#include "kernels/random.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace switchyard::kernels {
+namespace {
+
+constexpr double kRel = 1e-5;  // of sum |a||b| (+ |beta c|): f32 sums in another order
+
+// Uniform [-1, 1) host values, f32 or bf16.
+Tensor RandomHost(const Shape& shape, uint64_t stream, DType dtype = DType::kF32) {
+  Tensor t = Tensor::Empty(shape, dtype);
+  FillUniform(t, RngKey{31, stream}, 0, -1.0f, 1.0f);
+  return t;
+}
+
+// |t| element-wise (a host copy, same dtype).
+Tensor Abs(const Tensor& t) {
+  Tensor out = t.Clone();
+  if (t.dtype() == DType::kBF16) {
+    BFloat16* p = out.data<BFloat16>();
+    for (int64_t i = 0; i < out.numel(); ++i) p[i].bits &= 0x7fffu;
+  } else {
+    float* p = out.data<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] = std::fabs(p[i]);
+  }
+  return out;
+}
+
+// got (device, read back in ctx's stream order) against want (host) within kRel * mag per
+// element; prints the fraction of the tolerance used.
+void ExpectWithin(const Tensor& got, const Tensor& want, const Tensor& mag, DeviceContext* ctx,
+                  const std::string& what) {
+  const std::vector<float> g = got.To(Device::Cpu(), ctx).ToVector<float>();
+  const std::vector<float> w = want.ToVector<float>(), m = mag.ToVector<float>();
+  ASSERT_EQ(g.size(), w.size()) << what;
+  ASSERT_EQ(m.size(), w.size()) << what;
+  double worst = 0.0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(g[i]) - w[i]);
+    const double tol = kRel * m[i];
+    const double used = err <= tol ? (tol > 0 ? err / tol : 0.0) : INFINITY;  // NaN: INFINITY
+    if (used > worst) worst = used, worst_i = i;
+  }
+  EXPECT_LE(worst, 1.0) << what << ": element " << worst_i << " is " << g[worst_i]
+                        << ", expected " << w[worst_i] << " (magnitude " << m[worst_i] << ")";
+  std::printf("  %-60s tolerance used %.3f\n", what.c_str(), worst);
+}
+
+struct Contexts {
+  std::unique_ptr<DeviceContext> cpu = DeviceContext::Create(Device::Cpu());
+  std::unique_ptr<DeviceContext> gpu = DeviceContext::Create(Device::Cuda(0));
+  explicit Contexts(DType matmul_dtype) {
+    cpu->set_matmul_dtype(matmul_dtype);
+    gpu->set_matmul_dtype(matmul_dtype);
+  }
+  Tensor Up(const Tensor& host) const { return host.To(Device::Cuda(0), gpu.get()); }
+};
+
+// Gemm on the GPU vs the CPU for one shape, every transpose combination.
+void CheckGemm(int64_t m, int64_t n, int64_t k, float alpha, float beta, DType matmul_dtype,
+               DType operand_dtype, uint64_t seed) {
+  Contexts ctx(matmul_dtype);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const std::string what = "Gemm m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                               " k=" + std::to_string(k) + " ta=" + std::to_string(ta) +
+                               " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta) +
+                               " mode=" + std::string(DTypeName(matmul_dtype)) +
+                               " operands=" + std::string(DTypeName(operand_dtype));
+      Tensor a = RandomHost(ta ? Shape{k, m} : Shape{m, k}, seed, operand_dtype);
+      Tensor b = RandomHost(tb ? Shape{n, k} : Shape{k, n}, seed + 1, operand_dtype);
+      Tensor c = RandomHost({m, n}, seed + 2);
+      if (beta == 0.0f) {  // beta = 0 must not read c
+        float* p = c.data<float>();
+        for (int64_t i = 0; i < c.numel(); ++i) p[i] = NAN;
+      }
+      Tensor c_gpu = ctx.Up(c);
+      Gemm(ctx.Up(a), ta, ctx.Up(b), tb, c_gpu, alpha, beta, ctx.gpu.get());
+      Gemm(a, ta, b, tb, c, alpha, beta, ctx.cpu.get());
+      // mag = |alpha| |a| |b| + |beta| |c0| (c0 is NaN only where beta = 0).
+      Tensor mag = beta == 0.0f ? Tensor::Zeros({m, n}, DType::kF32)
+                                : Abs(RandomHost({m, n}, seed + 2));
+      Gemm(Abs(a), ta, Abs(b), tb, mag, std::fabs(alpha), std::fabs(beta), ctx.cpu.get());
+      ExpectWithin(c_gpu, c, mag, ctx.gpu.get(), what);
+    }
+  }
+}
+
+struct GemmShape {
+  int64_t m, n, k;
+};
+// 1 row/column, widths that are not multiples of 32, a long k, and large widths.
+const GemmShape kShapes[] = {{1, 1, 1},   {1, 37, 5},    {33, 1, 70},
+                             {65, 129, 257}, {200, 300, 1000}, {3, 1030, 64}};
+
+TEST(GemmGpuTest, F32MatchesCpuForEveryTranspose) {
+  SY_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const GemmShape& s : kShapes) {
+    CheckGemm(s.m, s.n, s.k, 0.75f, -0.5f, DType::kF32, DType::kF32, seed += 10);
+    CheckGemm(s.m, s.n, s.k, 1.0f, 0.0f, DType::kF32, DType::kF32, seed += 10);
+  }
+}
+
+TEST(GemmGpuTest, Bf16ModeMatchesCpuBf16Mode) {
+  SY_REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (const GemmShape& s : kShapes) {
+    CheckGemm(s.m, s.n, s.k, 0.75f, -0.5f, DType::kBF16, DType::kF32, seed += 10);
+    CheckGemm(s.m, s.n, s.k, 1.0f, 0.0f, DType::kBF16, DType::kF32, seed += 10);
+  }
+}
+
+TEST(GemmGpuTest, Bf16OperandsMatchCpu) {
+  SY_REQUIRE_GPU();
+  // bf16 tensors run in bf16 mode whatever the context says.
+  uint64_t seed = 300;
+  for (const GemmShape& s : kShapes) {
+    CheckGemm(s.m, s.n, s.k, 0.5f, 1.0f, DType::kF32, DType::kBF16, seed += 10);
+    CheckGemm(s.m, s.n, s.k, 1.0f, 0.0f, DType::kBF16, DType::kBF16, seed += 10);
+  }
+}
+
+TEST(GemmGpuTest, OneBf16OperandRoundsTheOther) {
+  SY_REQUIRE_GPU();
+  Contexts ctx(DType::kF32);
+  const int64_t m = 19, n = 45, k = 77;
+  Tensor a = RandomHost({m, k}, 400, DType::kBF16), b = RandomHost({k, n}, 401);
+  Tensor c = Tensor::Zeros({m, n}, DType::kF32), c_gpu = ctx.Up(c);
+  Gemm(ctx.Up(a), false, ctx.Up(b), false, c_gpu, 1.0f, 0.0f, ctx.gpu.get());
+  Gemm(a, false, b, false, c, 1.0f, 0.0f, ctx.cpu.get());
+  Tensor mag = Tensor::Zeros({m, n}, DType::kF32);
+  Gemm(Abs(a), false, Abs(b), false, mag, 1.0f, 0.0f, ctx.cpu.get());
+  ExpectWithin(c_gpu, c, mag, ctx.gpu.get(), "a bf16, b f32");
+}
+
+TEST(GemmGpuTest, EmptyInnerDimensionScalesByBetaAndEmptyOutputsAreNoOps) {
+  SY_REQUIRE_GPU();
+  for (DType mode : {DType::kF32, DType::kBF16}) {
+    CheckGemm(7, 5, 0, 1.0f, 0.5f, mode, DType::kF32, 500);  // c = 0.5 c exactly
+    CheckGemm(7, 5, 0, 1.0f, 0.0f, mode, DType::kF32, 510);  // c = 0 (NaN overwritten)
+    CheckGemm(0, 5, 3, 1.0f, 0.5f, mode, DType::kF32, 520);
+    CheckGemm(4, 0, 3, 1.0f, 0.5f, mode, DType::kF32, 530);
+  }
+}
+
+// GroupedGemm and GroupedGemmWeightGrad on the GPU vs the CPU for one split.
+void CheckGrouped(const std::vector<int64_t>& rows, int64_t k, int64_t n, float alpha,
+                  float beta, DType matmul_dtype, DType operand_dtype, uint64_t seed) {
+  Contexts ctx(matmul_dtype);
+  const int64_t g = static_cast<int64_t>(rows.size());
+  int64_t r = 0;
+  std::string split;
+  for (int64_t x : rows) r += x, split += std::to_string(x) + ",";
+  const std::string tag = " rows=" + split + " k=" + std::to_string(k) + " n=" +
+                          std::to_string(n) + " beta=" + std::to_string(beta) + " mode=" +
+                          std::string(DTypeName(matmul_dtype)) + " operands=" +
+                          std::string(DTypeName(operand_dtype));
+  Tensor x = RandomHost({r, k}, seed, operand_dtype);
+  for (bool trans_w : {false, true}) {
+    Tensor w = RandomHost(trans_w ? Shape{g, n, k} : Shape{g, k, n}, seed + 1, operand_dtype);
+    Tensor out0 = RandomHost({r, n}, seed + 2), out = out0.Clone(), out_gpu = ctx.Up(out0);
+    GroupedGemm(ctx.Up(x), rows, ctx.Up(w), trans_w, out_gpu, alpha, beta, ctx.gpu.get());
+    GroupedGemm(x, rows, w, trans_w, out, alpha, beta, ctx.cpu.get());
+    Tensor mag = Abs(out0);
+    GroupedGemm(Abs(x), rows, Abs(w), trans_w, mag, std::fabs(alpha), std::fabs(beta),
+                ctx.cpu.get());
+    ExpectWithin(out_gpu, out, mag, ctx.gpu.get(),
+                 "GroupedGemm trans_w=" + std::to_string(trans_w) + tag);
+  }
+  Tensor dy = RandomHost({r, n}, seed + 3, operand_dtype);
+  Tensor dw0 = RandomHost({g, k, n}, seed + 4);
+  if (beta == 0.0f) {  // beta = 0 must not read dw, empty groups included
+    float* p = dw0.data<float>();
+    for (int64_t i = 0; i < dw0.numel(); ++i) p[i] = NAN;
+  }
+  Tensor dw = dw0.Clone(), dw_gpu = ctx.Up(dw0);
+  GroupedGemmWeightGrad(ctx.Up(x), ctx.Up(dy), rows, dw_gpu, alpha, beta, ctx.gpu.get());
+  GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, ctx.cpu.get());
+  Tensor mag = beta == 0.0f ? Tensor::Zeros({g, k, n}, DType::kF32) : Abs(dw0);
+  GroupedGemmWeightGrad(Abs(x), Abs(dy), rows, mag, std::fabs(alpha), std::fabs(beta),
+                        ctx.cpu.get());
+  ExpectWithin(dw_gpu, dw, mag, ctx.gpu.get(), "GroupedGemmWeightGrad" + tag);
+}
+
+// Empty groups (first, middle, last), one-row groups and uneven blocks.
+const std::vector<int64_t> kSplits[] = {
+    {0, 1, 17, 0, 64, 3, 0}, {5}, {1, 1, 1, 1}, {0, 0, 130}, {0, 0}, {200, 0, 1, 33}};
+
+TEST(GroupedGemmGpuTest, F32MatchesCpu) {
+  SY_REQUIRE_GPU();
+  uint64_t seed = 600;
+  for (const auto& rows : kSplits) {
+    CheckGrouped(rows, 96, 80, 1.5f, 0.25f, DType::kF32, DType::kF32, seed += 10);
+    CheckGrouped(rows, 33, 129, 1.0f, 0.0f, DType::kF32, DType::kF32, seed += 10);
+    CheckGrouped(rows, 70, 45, 0.5f, 1.0f, DType::kF32, DType::kF32, seed += 10);
+  }
+}
+
+TEST(GroupedGemmGpuTest, Bf16ModeAndBf16OperandsMatchCpu) {
+  SY_REQUIRE_GPU();
+  uint64_t seed = 700;
+  for (const auto& rows : kSplits) {
+    CheckGrouped(rows, 96, 80, 1.5f, 0.25f, DType::kBF16, DType::kF32, seed += 10);
+    CheckGrouped(rows, 33, 129, 1.0f, 0.0f, DType::kBF16, DType::kF32, seed += 10);
+    CheckGrouped(rows, 70, 45, 0.5f, 1.0f, DType::kF32, DType::kBF16, seed += 10);
+  }
+}
+
+TEST(GroupedGemmGpuTest, EmptyInnerDimension) {
+  SY_REQUIRE_GPU();
+  CheckGrouped({2, 0, 3}, 0, 8, 1.0f, 0.5f, DType::kF32, DType::kF32, 800);
+  CheckGrouped({2, 0, 3}, 0, 8, 1.0f, 0.0f, DType::kBF16, DType::kF32, 810);
+}
+
+}  // namespace
+}  // namespace switchyard::kernels

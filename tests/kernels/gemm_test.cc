@@ -1,5 +1,7 @@
 // kernels/gemm.h against naive triple loops in double: every transpose combination with
-// alpha and beta, the grouped products with an empty group, and k = 0.
+// alpha and beta, the grouped products with an empty group, and k = 0. The bf16 mode
+// (DeviceContext::matmul_dtype) is sgemm on operands rounded to bf16, exactly, and bf16
+// operand tensors give the same results as f32 ones in bf16 mode.
 #include "kernels/gemm.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "kernels/random.h"
 
@@ -158,6 +161,85 @@ TEST(GroupedGemmTest, NoRowsAtAll) {
   const std::vector<float> before = dw.ToVector<float>();
   GroupedGemmWeightGrad(x, out, rows, dw, 1.0f, 1.0f);
   EXPECT_EQ(dw.ToVector<float>(), before);
+}
+
+// The values of t rounded to bf16 (round to nearest even), as f32.
+std::vector<float> RoundedToBf16(const Tensor& t) {
+  std::vector<float> v = t.ToVector<float>();
+  for (float& x : v) x = BFloat16::ToFloat(BFloat16::FromFloat(x));
+  return v;
+}
+
+// t converted to a bf16 tensor (the same rounding).
+Tensor ToBf16Tensor(const Tensor& t) {
+  const std::vector<float> v = t.ToVector<float>();
+  std::vector<BFloat16> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = BFloat16(v[i]);
+  return Tensor::FromVector(b, t.shape());
+}
+
+std::unique_ptr<DeviceContext> Bf16Context() {
+  auto ctx = DeviceContext::Create(Device::Cpu());
+  ctx->set_matmul_dtype(DType::kBF16);
+  return ctx;
+}
+
+TEST(GemmBf16Test, Bf16ModeIsSgemmOnRoundedOperandsExactly) {
+  auto ctx = Bf16Context();
+  const int64_t m = 9, n = 11, k = 300;  // long enough that rounding changes the sums
+  const float alpha = 0.75f, beta = -0.5f;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Tensor a = RandomTensor(ta ? Shape{k, m} : Shape{m, k}, 50);
+      Tensor b = RandomTensor(tb ? Shape{n, k} : Shape{k, n}, 51);
+      Tensor c = RandomTensor({m, n}, 52);
+      std::vector<float> want = c.ToVector<float>(), f32 = want;
+      const std::vector<float> ar = RoundedToBf16(a), br = RoundedToBf16(b);
+      cpu::Sgemm(ta, tb, m, n, k, alpha, ar.data(), a.dim(1), br.data(), b.dim(1), beta,
+                 want.data(), n);
+      cpu::Sgemm(ta, tb, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1),
+                 beta, f32.data(), n);
+      Gemm(a, ta, b, tb, c, alpha, beta, ctx.get());
+      EXPECT_EQ(c.ToVector<float>(), want) << "ta=" << ta << " tb=" << tb;
+      EXPECT_NE(c.ToVector<float>(), f32) << "bf16 mode should differ from f32 at k=" << k;
+    }
+  }
+}
+
+TEST(GemmBf16Test, Bf16OperandsEqualBf16Mode) {
+  auto ctx = Bf16Context();
+  const int64_t m = 6, n = 10, k = 40;
+  Tensor a = RandomTensor({m, k}, 60), b = RandomTensor({n, k}, 61);
+  Tensor c_mode = RandomTensor({m, n}, 62), c_bf16 = c_mode.Clone(), c_mixed = c_mode.Clone();
+  Gemm(a, false, b, true, c_mode, 1.25f, 0.5f, ctx.get());
+  Gemm(ToBf16Tensor(a), false, ToBf16Tensor(b), true, c_bf16, 1.25f, 0.5f);  // f32 context
+  Gemm(ToBf16Tensor(a), false, b, true, c_mixed, 1.25f, 0.5f);  // one bf16 operand
+  EXPECT_EQ(c_bf16.ToVector<float>(), c_mode.ToVector<float>());
+  EXPECT_EQ(c_mixed.ToVector<float>(), c_mode.ToVector<float>());
+}
+
+TEST(GemmBf16Test, GroupedBf16OperandsEqualBf16ModeAndRoundedSgemm) {
+  auto ctx = Bf16Context();
+  const std::vector<int64_t> rows = {3, 0, 5, 1};
+  const int64_t g = 4, r = 9, k = 24, n = 7;
+  Tensor x = RandomTensor({r, k}, 70), w = RandomTensor({g, k, n}, 71);
+  Tensor out_mode = RandomTensor({r, n}, 72), out_bf16 = out_mode.Clone();
+  std::vector<float> want = out_mode.ToVector<float>();
+  const std::vector<float> xr = RoundedToBf16(x), wr = RoundedToBf16(w);
+  for (int64_t e = 0, begin = 0; e < g; begin += rows[e], ++e) {
+    cpu::Sgemm(false, false, rows[e], n, k, 1.0f, xr.data() + begin * k, k,
+               wr.data() + e * k * n, n, 0.5f, want.data() + begin * n, n);
+  }
+  GroupedGemm(x, rows, w, false, out_mode, 1.0f, 0.5f, ctx.get());
+  GroupedGemm(ToBf16Tensor(x), rows, ToBf16Tensor(w), false, out_bf16, 1.0f, 0.5f);
+  EXPECT_EQ(out_mode.ToVector<float>(), want);
+  EXPECT_EQ(out_bf16.ToVector<float>(), want);
+
+  Tensor dy = RandomTensor({r, n}, 73);
+  Tensor dw_mode = RandomTensor({g, k, n}, 74), dw_bf16 = dw_mode.Clone();
+  GroupedGemmWeightGrad(x, dy, rows, dw_mode, 1.0f, 1.0f, ctx.get());
+  GroupedGemmWeightGrad(ToBf16Tensor(x), ToBf16Tensor(dy), rows, dw_bf16, 1.0f, 1.0f);
+  EXPECT_EQ(dw_bf16.ToVector<float>(), dw_mode.ToVector<float>());
 }
 
 }  // namespace

@@ -1,0 +1,48 @@
+#include "engine/train/runtime.h"
+
+#include <cstdlib>
+
+#include "engine/dist/process.h"
+
+namespace switchyard::train {
+
+StatusOr<Device> RankDevice(const RuntimeConfig& runtime, int world_rank) {
+  SY_RETURN_IF_ERROR(runtime.Validate());
+  SY_ASSIGN_OR_RETURN(Device device, ParseDevice(runtime.device));
+  if (device.is_cpu()) return device;
+  const int count = CudaDeviceCount();
+  if (count == 0) {
+#ifdef SY_HAVE_CUDA
+    return FailedPrecondition("runtime.device=", runtime.device,
+                              ": no CUDA device is visible on this machine");
+#else
+    return FailedPrecondition("runtime.device=", runtime.device,
+                              ": this build has no CUDA backend (SWITCHYARD_CUDA=OFF or no nvcc)");
+#endif
+  }
+  if (runtime.device == "cuda") {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const int local_rank = local ? std::atoi(local) : world_rank;
+    return Device::Cuda(local_rank % count);
+  }
+  if (device.index >= count) {
+    return FailedPrecondition("runtime.device=", runtime.device, ": only ", count,
+                              " CUDA device(s) visible");
+  }
+  return device;
+}
+
+StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& world,
+                              const dist::Mesh& mesh) {
+  SY_ASSIGN_OR_RETURN(const Device device, RankDevice(runtime, world.rank()));
+  Runtime rt;
+  rt.ctx = DeviceContext::Create(device);
+  rt.ctx->set_matmul_dtype(runtime.precision == "bf16" ? DType::kBF16 : DType::kF32);
+  if (device.is_cuda() && world.size() > 1) {
+    rt.device_world = dist::WorldCommunicator(device, rt.ctx.get());
+    SY_ASSIGN_OR_RETURN(rt.device_pc, dist::ParallelContext::Create(*rt.device_world, mesh));
+  }
+  return rt;
+}
+
+}  // namespace switchyard::train

@@ -1,0 +1,36 @@
+// The runtime section made real: this rank's device and DeviceContext (runtime.device, with
+// runtime.precision's matrix-product dtype), and — for a multi-rank GPU run — the mesh's
+// groups over a device communicator (NCCL) for the tensors that live on the GPU. The host
+// ParallelContext keeps the bookkeeping (losses, statistics, stop flags, checkpoints).
+#pragma once
+
+#include <memory>
+
+#include "engine/core/device_context.h"
+#include "engine/dist/parallel_context.h"
+#include "engine/train/config.h"
+
+namespace switchyard::train {
+
+// runtime.device as this rank's device: "cuda" takes GPU local_rank % GPUs (one rank per
+// GPU under mpirun; OMPI_COMM_WORLD_LOCAL_RANK, else the world rank), "cuda:N" exactly GPU
+// N. Errors name the key when the build has no CUDA backend or no GPU is visible.
+StatusOr<Device> RankDevice(const RuntimeConfig& runtime, int world_rank);
+
+struct Runtime {
+  std::unique_ptr<DeviceContext> ctx;
+  std::unique_ptr<dist::Communicator> device_world;  // GPU and world > 1 only
+  std::unique_ptr<dist::ParallelContext> device_pc;  // likewise
+
+  Device device() const { return ctx->device(); }
+  // The groups device tensors travel in: device_pc when there is one, else `host`.
+  dist::ParallelContext& data_pc(dist::ParallelContext& host) const {
+    return device_pc ? *device_pc : host;
+  }
+};
+
+// Collective over world (the device communicator is created on every rank).
+StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& world,
+                              const dist::Mesh& mesh);
+
+}  // namespace switchyard::train

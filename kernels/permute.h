@@ -1,0 +1,96 @@
+// The token permutation of the MoE dispatcher (moe/dispatcher.h) as kernels: sorting the
+// kept (token, slot) assignments by expert, gathering rows into that order, and the
+// gate-weighted combine back into token order, each with its backward. Rows are f32.
+//
+// Notation: N tokens, k slots per token, flat slot s = t * k + j, E experts, A kept
+// assignments. The permuted order is (expert, token, slot). `inverse` (N, k) maps every
+// flat slot to its permuted row a, or -1 when the assignment was dropped.
+//
+// Numerics. The CPU versions are the reference. Per token, ScatterAddRows and Combine add
+// the token's rows in increasing a (= increasing expert) order, which is the order the
+// dispatcher's original loop over a used; the CUDA versions do the same for k <= 8 with
+// separately rounded multiplies and adds (no fused multiply-add), so for k <= 8 they give
+// the CPU's bits. For k > 8 they add in slot order (deterministic, but a reordering of the
+// float sum). No op uses float atomics; every result is deterministic.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
+
+namespace switchyard::kernels {
+
+// Sorts the assignments by expert, stably (ties stay in token, then slot order).
+//   experts (N, k) i32: global expert of every slot; kept (N, k) u8: nonzero to dispatch.
+// Outputs, all (N * k) i64 on the inputs' device, written whole:
+//   slot[a]    the flat slot of permuted row a: the A kept assignments in (expert, token,
+//              slot) order, then the dropped slots in increasing order
+//   token[a]   slot[a] / k
+//   inverse[s] a for a kept slot s, -1 for a dropped one
+// Returns the (E) kept assignments per expert on the host (A = their sum); on CUDA that is
+// one small device->host copy and a wait for the stream. A kept assignment whose expert is
+// outside [0, E) is a fatal error. CUDA: one stable radix sort (CUB) on the expert keys.
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse, DeviceContext* ctx = nullptr);
+
+// dst[r] = src[index[r]]: src (N, d) f32, index (R) i64 with values in [0, N), dst (R, d)
+// f32. The permute (h -> rows) and any other row permutation (regroup / ungroup). CUDA does
+// not check the index range: the index must come from SortAssignments or be built valid.
+void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst,
+                DeviceContext* ctx = nullptr);
+
+// The backward of the permute: dh[t] += sum of drows[inverse[t, j]] over the kept slots j
+// of token t, in increasing row order. drows (A, d) f32, inverse (N, k) i64, dh (N, d) f32.
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh,
+                    DeviceContext* ctx = nullptr);
+
+// y[t] = sum over the kept slots s = t * k + j of gates[s] * out[inverse[s]], in increasing
+// row order, plus extra[t] when `extra` is defined (added last: the shared experts).
+// out (A, d) f32, gates (N, k) f32, inverse (N, k) i64, extra (N, d) f32 or undefined,
+// y (N, d) f32 (written whole; a token with nothing kept gets zero, or extra[t]).
+void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
+             Tensor& y, DeviceContext* ctx = nullptr);
+
+// The backward of Combine for the A kept rows, t = slot[a] / k:
+//   dout[a] = gates[slot[a]] * dy[t]          (A, d)
+//   dgates[slot[a]] = dot(dy[t], out[a])      (N, k); zero for the dropped slots
+// dy (N, d) f32, out (A, d) f32, gates (N, k) f32, slot (A) i64 (the first A entries of
+// SortAssignments' slot). The dot is accumulated in double on both devices.
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
+                     Tensor& dout, Tensor& dgates, DeviceContext* ctx = nullptr);
+
+// The router-entropy statistic of the MoE layer: sum over the elements of probs (any
+// shape, f32) with p > 0 of -p * log(p), accumulated in double; a host value (on CUDA one
+// small device->host copy and a wait for the stream).
+double EntropySum(const Tensor& probs, DeviceContext* ctx = nullptr);
+
+namespace cpu {
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse);
+void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst);
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh);
+void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
+             Tensor& y);
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
+                     Tensor& dout, Tensor& dgates);
+double EntropySum(const Tensor& probs);
+}  // namespace cpu
+
+namespace cuda {
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse, DeviceContext* ctx);
+void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx);
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx);
+void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
+             Tensor& y, DeviceContext* ctx);
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
+                     Tensor& dout, Tensor& dgates, DeviceContext* ctx);
+double EntropySum(const Tensor& probs, DeviceContext* ctx);
+}  // namespace cuda
+
+}  // namespace switchyard::kernels

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU check in one command, for a machine with an NVIDIA GPU, nvcc, CMake and a C++
+# compiler but no MPI and no Debian libraries (the device machine):
+#   1. builds for the GPU (sm_90 unless CUDA_ARCH says otherwise) without MPI, against the
+#      libraries scripts/gpu_deps.sh packed into .gpu-deps/ (or the system's when absent);
+#   2. runs the GPU tests (ctest -L gpu: every CUDA kernel, the MoE layer and one training
+#      step against the CPU reference, checkpoints across devices);
+#   3. trains configs/switch-tiny.yaml on the GPU for STEPS steps (f32 and bf16 matrix
+#      products), resumes the bf16 run's checkpoint on the CPU for a few steps, and runs the
+#      GPU benchmarks (grouped GEMM vs dense cuBLAS, permute bandwidth);
+#   4. prints a summary table (and writes it, the logs and the benchmark JSON to OUT_DIR).
+# Usage: bash scripts/gpu_deps.sh   (on the Debian machine, once)
+#        bash scripts/gpu_run.sh    (on the GPU machine; OUT_DIR defaults to gpu-run/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT_DIR:-$root/gpu-run}
+steps=${STEPS:-200}
+arch=${CUDA_ARCH:-90}
+build=${BUILD_DIR:-build-gpu}
+mkdir -p "$out"
+summary=()
+row() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
+
+deps="$root/.gpu-deps/root"
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_MPI=OFF -DSWITCHYARD_CUDA=ON
+            -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSWITCHYARD_BLAS=OFF)
+if [ -d "$deps" ]; then
+  multi="$deps/usr/lib/x86_64-linux-gnu"
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$deps/usr;$multi/cmake" -DCMAKE_INCLUDE_PATH="$deps/usr/include"
+               -DCMAKE_LIBRARY_PATH="$multi" -DCMAKE_CXX_FLAGS="-isystem $deps/usr/include")
+  export LD_LIBRARY_PATH="$multi${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export PATH="/usr/local/cuda/bin:$PATH"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+
+echo "== gpu_run: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
+echo "== configure + build ($build, sm_$arch)"
+if cmake -S . -B "$build" "${generator[@]}" "${cmake_args[@]}" >"$out/configure.log" 2>&1 &&
+   cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1; then
+  row "build (sm_$arch, no MPI)" ok "$build"
+else
+  tail -40 "$out/configure.log" "$out/build.log" 2>/dev/null
+  row "build (sm_$arch, no MPI)" FAILED "see $out/build.log"
+  printf '%s\n' "${summary[@]}"
+  exit 1
+fi
+bin="$build/bin"
+
+echo "== GPU tests"
+(cd "$build" && ctest -L gpu --output-on-failure) >"$out/gpu_tests.log" 2>&1
+rc=$?
+passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/gpu_tests.log" | tail -1)
+skipped=$(grep -c '\[  SKIPPED \]' "$out/gpu_tests.log")
+row "ctest -L gpu" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-no summary} ($skipped gtest skips)"
+[ $rc = 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$out/gpu_tests.log" | head -30
+
+echo "== unit tests on this machine's CPU (same build)"
+(cd "$build" && ctest -L unit -E 'cli_|tiny_configs|docs_model' --output-on-failure -j "$(nproc)") >"$out/unit_tests.log" 2>&1
+rc=$?
+passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/unit_tests.log" | tail -1)
+row "ctest -L unit (CPU)" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-no summary}"
+
+data="$root/.gpu-deps/data/fortunes"
+[ -f "$data/index.json" ] || data="$root/data/fortunes"
+if [ ! -f "$data/index.json" ]; then
+  "$bin/switchyard" prep --out "$data" --vocab 2000 >"$out/prep.log" 2>&1 ||
+    row "prep" FAILED "no prepared corpus and prep failed: see $out/prep.log"
+fi
+
+# loss at the first and last step from a metrics.jsonl
+losses() { python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+tps = [r.get("tokens_per_s", 0) for r in rows[len(rows) // 2:]]
+print("loss %.3f -> %.3f over %d steps, %.0f tokens/s" % (rows[0]["loss"], rows[-1]["loss"], len(rows), sum(tps) / max(len(tps), 1)))
+PY
+}
+for precision in fp32 bf16; do
+  run="$out/train-$precision"
+  rm -rf "$run"
+  echo "== train switch-tiny on cuda, $precision, $steps steps"
+  if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$run" \
+       --set runtime.device=cuda --set runtime.precision=$precision --set data.dir="$data" \
+       --set train.max_steps="$steps" --set train.eval_every="$steps" >"$out/train-$precision.log" 2>&1; then
+    row "train cuda $precision" ok "$(losses "$run/metrics.jsonl")"
+  else
+    row "train cuda $precision" FAILED "$(tail -1 "$out/train-$precision.log")"
+  fi
+done
+
+echo "== resume the GPU bf16 checkpoint on the CPU"
+if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$out/train-bf16" --resume "$out/train-bf16" \
+     --set data.dir="$data" --set train.max_steps=$((steps + 10)) --set train.eval_every=0 \
+     >"$out/resume-cpu.log" 2>&1; then
+  row "resume on cpu (+10 steps)" ok "$(grep -o 'resumed from .*' "$out/resume-cpu.log" | head -1)"
+else
+  row "resume on cpu (+10 steps)" FAILED "$(tail -1 "$out/resume-cpu.log")"
+fi
+
+echo "== benchmarks"
+for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf --json $out/permute.json"; do
+  name=${b%% *}
+  if "$bin"/$b >"$out/$name.log" 2>&1; then
+    row "$name" ok "$(grep -iE 'ratio|of peak|summary' "$out/$name.log" | tail -1)"
+  else
+    row "$name" FAILED "$(tail -1 "$out/$name.log")"
+  fi
+done
+
+echo
+echo "== summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+printf '%-34s %-8s %s\n' "check" "result" "detail"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+grep -q FAILED "$out/summary.txt" && exit 1
+exit 0
