@@ -77,8 +77,9 @@ RowLayout LayoutFor(int64_t rows, int64_t width) {
   return l;
 }
 
-// The row loop of a row kernel: for (int64_t r : rows of this thread's group), with `lane`
-// the thread's index inside its group and `group` the group size.
+// The row loop of a row kernel whose rows each get a group of 2^log2 consecutive threads:
+// for (int64_t r : the rows of this thread's group). Every thread of a group, and of a warp
+// when 2^log2 >= 32, runs the same iterations.
 #define SY_ROW_LOOP(r, rows, log2)                                                        \
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> (log2)) +             \
                    (threadIdx.x >> (log2));                                             \

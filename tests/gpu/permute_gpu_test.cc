@@ -260,7 +260,7 @@ TEST(PermuteGpuTest, ScatterAddCombineAndBackwardMatchTheCpu) {
     for (int64_t k : {1, 2, 3, 4}) {
       for (int64_t e : {4, 64, 256}) {
         for (int64_t d : {1, 6, 32, 1000, 4096}) {
-          if (n == 1000 && d == 4096 && e != 64) continue;  // keep the test quick
+          if (n == 1000 && d >= 1000 && e != 64) continue;  // keep the test quick
           for (Pattern p : {Pattern::kRandomDrops, Pattern::kAllDropped, Pattern::kOneExpert}) {
             CompareSums(n, k, e, d, p, seed++, ctx.get());
           }
