@@ -36,7 +36,6 @@ using dist::ReduceOp;
 constexpr char kCommand[] = "switchyard moe-layer";
 constexpr int64_t kMaxGroupLines = 32;  // per-group summary lines printed at most
 
-void PrintError(const std::string& message) { cli::PrintError(kCommand, message); }
 
 int Agree(Communicator& world, const Status& status, int code) {
   return cli::Agree(world, status, code, kCommand);

@@ -143,7 +143,7 @@ void Decoder::Register() {
       if (m.expert_bias().defined()) {
         registry_.Add({.name = name + ".moe.expert_bias", .global_shape = m.expert_bias().shape(),
                        .group = GradGroup::kDense, .trainable = false, .weight_decay = false,
-                       .value = m.expert_bias()});
+                       .value = m.expert_bias(), .grad = Tensor()});
       }
     }
   }
