@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/gpu_timing.h"
 #include "benchmarks/harness.h"
 #include "benchmarks/routing.h"
 #include "engine/core/cuda_check.h"
@@ -45,43 +46,6 @@ namespace {
 // f32 sums of up to ~3e4 products in another order: a random walk of ~1e-5 relative to
 // sum |a||b| at most; an indexing error is O(1) of it.
 constexpr double kCheckRel = 1e-4;
-constexpr int kBlocks = 5;
-
-// Median over kBlocks blocks of the mean milliseconds per call, for each op, with the ops'
-// blocks alternating. Every op runs `warmup` times first.
-std::vector<double> TimeOps(const std::vector<std::function<void()>>& ops, int iters, int warmup,
-                            DeviceContext* ctx) {
-  cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream());
-  for (const auto& op : ops) {
-    for (int i = 0; i < warmup; ++i) op();
-  }
-  cudaEvent_t start, stop;
-  SY_CUDA_CHECK(cudaEventCreate(&start));
-  SY_CUDA_CHECK(cudaEventCreate(&stop));
-  const int blocks = std::clamp(kBlocks, 1, iters);
-  std::vector<std::vector<double>> ms(ops.size());
-  for (int b = 0; b < blocks; ++b) {
-    const int n = (b + 1) * iters / blocks - b * iters / blocks;
-    for (size_t o = 0; o < ops.size(); ++o) {
-      SY_CUDA_CHECK(cudaEventRecord(start, stream));
-      for (int i = 0; i < n; ++i) ops[o]();
-      SY_CUDA_CHECK(cudaEventRecord(stop, stream));
-      SY_CUDA_CHECK(cudaEventSynchronize(stop));
-      float elapsed = 0;
-      SY_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
-      ms[o].push_back(static_cast<double>(elapsed) / n);
-    }
-  }
-  SY_CUDA_CHECK(cudaEventDestroy(start));
-  SY_CUDA_CHECK(cudaEventDestroy(stop));
-  std::vector<double> median;
-  for (auto& v : ms) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    median.push_back(n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-  }
-  return median;
-}
 
 // The values a GEMM reads from t, on the host in f32: bf16 tensors widened, f32 ones
 // rounded to bf16 when `round` (the --cast path), else as they are.
@@ -222,7 +186,7 @@ int Main(int argc, char** argv) {
   double total_grouped = 0, total_dense = 0, total_flop = 0;
   std::vector<double> t_grouped(3), t_dense(3);
   for (int o = 0; o < 3; ++o) {
-    const std::vector<double> t = TimeOps({grouped[o], dense[o]}, iters, warmup, ctx);
+    const std::vector<double> t = TimeGpuOps({grouped[o], dense[o]}, iters, warmup, ctx);
     t_grouped[o] = t[0];
     t_dense[o] = t[1];
   }

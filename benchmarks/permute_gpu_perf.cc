@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/gpu_timing.h"
 #include "benchmarks/harness.h"
 #include "benchmarks/routing.h"
 #include "engine/core/cuda_check.h"
@@ -41,44 +42,6 @@
 
 namespace switchyard::bench {
 namespace {
-
-constexpr int kBlocks = 5;
-
-// Median over kBlocks blocks of the mean microseconds per call of each op; the ops' blocks
-// alternate, and every op runs `warmup` times first.
-std::vector<double> TimeOps(const std::vector<std::function<void()>>& ops, int iters, int warmup,
-                            DeviceContext* ctx) {
-  cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream());
-  for (const auto& op : ops) {
-    for (int i = 0; i < warmup; ++i) op();
-  }
-  cudaEvent_t start, stop;
-  SY_CUDA_CHECK(cudaEventCreate(&start));
-  SY_CUDA_CHECK(cudaEventCreate(&stop));
-  const int blocks = std::clamp(kBlocks, 1, iters);
-  std::vector<std::vector<double>> us(ops.size());
-  for (int b = 0; b < blocks; ++b) {
-    const int n = (b + 1) * iters / blocks - b * iters / blocks;
-    for (size_t o = 0; o < ops.size(); ++o) {
-      SY_CUDA_CHECK(cudaEventRecord(start, stream));
-      for (int i = 0; i < n; ++i) ops[o]();
-      SY_CUDA_CHECK(cudaEventRecord(stop, stream));
-      SY_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      SY_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      us[o].push_back(1e3 * static_cast<double>(ms) / n);
-    }
-  }
-  SY_CUDA_CHECK(cudaEventDestroy(start));
-  SY_CUDA_CHECK(cudaEventDestroy(stop));
-  std::vector<double> median;
-  for (auto& v : us) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    median.push_back(n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-  }
-  return median;
-}
 
 // Values of `got` (any device) that differ from `want` (host): exactly, or beyond
 // 1e-6 (1 + |want|) when `tolerant`.
@@ -217,7 +180,8 @@ int Main(int argc, char** argv) {
        }}};
   std::vector<std::function<void()>> calls;
   for (const Op& op : ops) calls.push_back(op.call);
-  const std::vector<double> us = TimeOps(calls, h.options().iters, h.options().warmup, ctx);
+  std::vector<double> us = TimeGpuOps(calls, h.options().iters, h.options().warmup, ctx);
+  for (double& t : us) t *= 1e3;  // ms -> us
   const double copy_gbs = ops.back().bytes / (us.back() * 1e-6) / 1e9;
 
   // --- correctness: every op once more on fresh outputs, against the CPU ops ---

@@ -1,4 +1,5 @@
 // Argument checks and device dispatch for kernels/activation.h.
+#include "kernels/check.h"
 #include "kernels/activation.h"
 
 #include <initializer_list>
@@ -11,20 +12,11 @@ namespace {
 
 using Named = std::pair<const Tensor*, const char*>;
 
-// `t` is defined, f32 and on `device` (the output's).
-void CheckF32On(const Tensor& t, Device device, const char* op, const char* what) {
-  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
-  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
-                                 << " but the output is on " << device;
-  SY_CHECK(t.dtype() == DType::kF32)
-      << op << ": " << what << " is " << DTypeName(t.dtype()) << ", expected f32";
-}
-
 // Every tensor f32 on the device of `out` with the shape of `out`.
 void CheckElementwise(const char* op, const Tensor& out, std::initializer_list<Named> tensors) {
   SY_CHECK(out.defined()) << op << ": the output is undefined";
   for (const auto& [t, what] : tensors) {
-    CheckF32On(*t, out.device(), op, what);
+    CheckTensorOn(*t, DType::kF32, out.device(), op, what);
     SY_CHECK(t->shape() == out.shape()) << op << ": " << what << " " << ShapeString(t->shape())
                                         << ", output " << ShapeString(out.shape());
   }
@@ -35,8 +27,8 @@ void CheckElementwise(const char* op, const Tensor& out, std::initializer_list<N
 void CheckGroupedBias(const char* op, const Tensor& rowwise, std::span<const int64_t> rows,
                       const Tensor& bias, const Tensor& out) {
   SY_CHECK(out.defined()) << op << ": the output is undefined";
-  CheckF32On(rowwise, out.device(), op, "the row tensor");
-  CheckF32On(bias, out.device(), op, "the bias");
+  CheckTensorOn(rowwise, DType::kF32, out.device(), op, "the row tensor");
+  CheckTensorOn(bias, DType::kF32, out.device(), op, "the bias");
   SY_CHECK(rowwise.ndim() == 2 && bias.ndim() == 2 &&
            bias.dim(0) == static_cast<int64_t>(rows.size()) && bias.dim(1) == rowwise.dim(1))
       << op << " shapes: rows-tensor " << ShapeString(rowwise.shape()) << ", bias "

@@ -1,5 +1,6 @@
 // Argument checks and device dispatch for kernels/cross_entropy.h. The targets' values are
 // checked against the vocabulary by the implementations.
+#include "kernels/check.h"
 #include "kernels/cross_entropy.h"
 
 #include "kernels/dispatch.h"
@@ -7,24 +8,14 @@
 namespace switchyard::kernels {
 namespace {
 
-// `t` is defined, of `dtype` and on `device`; `owner` names the tensor whose device rules.
-void CheckOn(const Tensor& t, DType dtype, Device device, const char* op, const char* what,
-             const char* owner) {
-  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
-  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device() << " but "
-                                 << owner << " is on " << device;
-  SY_CHECK(t.dtype() == dtype) << op << ": " << what << " is " << DTypeName(t.dtype())
-                               << ", expected " << DTypeName(dtype);
-}
-
 // logits (N, V) f32 with V >= 1 and targets (N) i32 on `device`, and dlogits (if given)
 // shaped like the logits.
 void CheckArgs(const Tensor& logits, const Tensor& targets, const Tensor* dlogits, Device device,
                const char* op) {
   const char* owner = dlogits ? "dlogits" : "logits";
-  if (dlogits) CheckOn(*dlogits, DType::kF32, device, op, "dlogits", owner);
-  CheckOn(logits, DType::kF32, device, op, "logits", owner);
-  CheckOn(targets, DType::kI32, device, op, "targets", owner);
+  if (dlogits) CheckTensorOn(*dlogits, DType::kF32, device, op, "dlogits", owner);
+  CheckTensorOn(logits, DType::kF32, device, op, "logits", owner);
+  CheckTensorOn(targets, DType::kI32, device, op, "targets", owner);
   SY_CHECK(logits.ndim() >= 1 && logits.dim(-1) >= 1)
       << op << ": logits " << ShapeString(logits.shape()) << " need a vocabulary dimension";
   const int64_t n = logits.numel() / logits.dim(-1);
@@ -41,7 +32,7 @@ void CheckArgs(const Tensor& logits, const Tensor& targets, const Tensor* dlogit
 
 int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext* ctx) {
   SY_CHECK(targets.defined()) << "CountTargets: targets is undefined";
-  CheckOn(targets, DType::kI32, targets.device(), "CountTargets", "targets", "targets");
+  CheckTensorOn(targets, DType::kI32, targets.device(), "CountTargets", "targets", "targets");
   int64_t count = 0;
   SY_DISPATCH_DEVICE(targets, ctx, count = cpu::CountTargets(targets, ignore_index),
                      count = cuda::CountTargets(targets, ignore_index, ctx));

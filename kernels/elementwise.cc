@@ -1,4 +1,5 @@
 // Argument checks and device dispatch for kernels/elementwise.h.
+#include "kernels/check.h"
 #include "kernels/elementwise.h"
 
 #include <initializer_list>
@@ -9,13 +10,6 @@
 namespace switchyard::kernels {
 namespace {
 
-// Checks that `t` is defined and on `device` (the output's).
-void CheckOn(const Tensor& t, Device device, const char* op, const char* what) {
-  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
-  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
-                                 << " but the output is on " << device;
-}
-
 // Every tensor defined, f32, on the output's device, with the output's shape.
 void CheckF32SameShape(const char* op, const Tensor& out,
                        std::initializer_list<std::pair<const Tensor*, const char*>> inputs) {
@@ -23,7 +17,7 @@ void CheckF32SameShape(const char* op, const Tensor& out,
   SY_CHECK(out.dtype() == DType::kF32)
       << op << ": the output is " << DTypeName(out.dtype()) << ", expected f32";
   for (const auto& [t, what] : inputs) {
-    CheckOn(*t, out.device(), op, what);
+    CheckDefinedOn(*t, out.device(), op, what);
     SY_CHECK(t->dtype() == DType::kF32)
         << op << ": " << what << " is " << DTypeName(t->dtype()) << ", expected f32";
     SY_CHECK(t->shape() == out.shape()) << op << ": " << what << " " << ShapeString(t->shape())
@@ -62,7 +56,7 @@ void Fill(Tensor& t, float value, DeviceContext* ctx) {
 
 void Cast(const Tensor& src, Tensor& dst, DeviceContext* ctx) {
   SY_CHECK(dst.defined()) << "Cast: dst is undefined";
-  CheckOn(src, dst.device(), "Cast", "src");
+  CheckDefinedOn(src, dst.device(), "Cast", "src");
   SY_CHECK(src.numel() == dst.numel())
       << "Cast: src " << ShapeString(src.shape()) << " has " << src.numel() << " elements, dst "
       << ShapeString(dst.shape()) << " has " << dst.numel();

@@ -1,5 +1,6 @@
 // Argument checks and device dispatch for kernels/embedding.h. The ids' values are checked
 // against the table by the implementations (on CUDA without a per-id host round trip).
+#include "kernels/check.h"
 #include "kernels/embedding.h"
 
 #include "kernels/dispatch.h"
@@ -7,21 +8,12 @@
 namespace switchyard::kernels {
 namespace {
 
-// `t` is defined, of `dtype` and on `device` (the output's).
-void CheckOn(const Tensor& t, DType dtype, Device device, const char* op, const char* what) {
-  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
-  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
-                                 << " but the output is on " << device;
-  SY_CHECK(t.dtype() == dtype) << op << ": " << what << " is " << DTypeName(t.dtype())
-                               << ", expected " << DTypeName(dtype);
-}
-
 // ids (N) i32, table (V, d) and rows (N, d) f32, all on `device`.
 void CheckLookup(const Tensor& ids, const Tensor& table, const Tensor& rows, Device device,
                  const char* op, const char* table_name, const char* rows_name) {
-  CheckOn(ids, DType::kI32, device, op, "ids");
-  CheckOn(table, DType::kF32, device, op, table_name);
-  CheckOn(rows, DType::kF32, device, op, rows_name);
+  CheckTensorOn(ids, DType::kI32, device, op, "ids");
+  CheckTensorOn(table, DType::kF32, device, op, table_name);
+  CheckTensorOn(rows, DType::kF32, device, op, rows_name);
   SY_CHECK_EQ(table.ndim(), 2) << op << ": " << table_name << " is (V, d), got "
                                << ShapeString(table.shape());
   const int64_t d = table.dim(1), n = ids.numel();
@@ -33,8 +25,8 @@ void CheckLookup(const Tensor& ids, const Tensor& table, const Tensor& rows, Dev
 // x (B, S, d) against wpe (S_max, d) at the offset, both on `device`.
 void CheckPositions(const Tensor& x, const Tensor& wpe, int64_t offset, Device device,
                     const char* op) {
-  CheckOn(x, DType::kF32, device, op, "x");
-  CheckOn(wpe, DType::kF32, device, op, "wpe");
+  CheckTensorOn(x, DType::kF32, device, op, "x");
+  CheckTensorOn(wpe, DType::kF32, device, op, "wpe");
   SY_CHECK(x.ndim() == 3 && wpe.ndim() == 2 && x.dim(2) == wpe.dim(1))
       << op << ": x " << ShapeString(x.shape()) << " is (B, S, d), wpe " << ShapeString(wpe.shape())
       << " is (S_max, d)";

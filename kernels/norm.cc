@@ -1,4 +1,5 @@
 // Argument checks and device dispatch for kernels/norm.h.
+#include "kernels/check.h"
 #include "kernels/norm.h"
 
 #include "kernels/dispatch.h"
@@ -6,19 +7,10 @@
 namespace switchyard::kernels {
 namespace {
 
-// `t` is defined, f32 and on `device` (the output's).
-void CheckF32On(const Tensor& t, Device device, const char* op, const char* what) {
-  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
-  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
-                                 << " but the output is on " << device;
-  SY_CHECK(t.dtype() == DType::kF32)
-      << op << ": " << what << " is " << DTypeName(t.dtype()) << ", expected f32";
-}
-
 // x is (..., d) for the weight's d; returns the row count N.
 int64_t CheckRows(const Tensor& x, const Tensor& weight, Device device, const char* op) {
-  CheckF32On(x, device, op, "x");
-  CheckF32On(weight, device, op, "weight");
+  CheckTensorOn(x, DType::kF32, device, op, "x");
+  CheckTensorOn(weight, DType::kF32, device, op, "weight");
   const int64_t d = weight.numel();
   SY_CHECK(x.ndim() >= 1 && x.dim(-1) == d)
       << op << ": x " << ShapeString(x.shape()) << " for a weight of " << d;
@@ -26,14 +18,14 @@ int64_t CheckRows(const Tensor& x, const Tensor& weight, Device device, const ch
 }
 
 void CheckVector(const Tensor& t, int64_t n, Device device, const char* op, const char* what) {
-  CheckF32On(t, device, op, what);
+  CheckTensorOn(t, DType::kF32, device, op, what);
   SY_CHECK(t.numel() == n) << op << ": " << what << " " << ShapeString(t.shape()) << ", expected "
                            << n << " elements";
 }
 
 void CheckSameShape(const Tensor& x, const Tensor& t, Device device, const char* op,
                     const char* what) {
-  CheckF32On(t, device, op, what);
+  CheckTensorOn(t, DType::kF32, device, op, what);
   SY_CHECK(x.shape() == t.shape()) << op << ": " << what << " " << ShapeString(t.shape())
                                    << ", expected " << ShapeString(x.shape());
 }

@@ -1,5 +1,6 @@
 // Argument checks and device dispatch for kernels/optimizer.h, and the AdamW scalars both
 // implementations share.
+#include "kernels/check.h"
 #include "kernels/optimizer.h"
 
 #include <cmath>
@@ -9,24 +10,15 @@
 namespace switchyard::kernels {
 namespace {
 
-// `t` is defined, f32 and on `device` (that of the first tensor, the one dispatched on).
-void CheckF32On(const Tensor& t, Device device, const char* op, const char* what) {
-  SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
-  SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
-                                 << " but the first tensor is on " << device;
-  SY_CHECK(t.dtype() == DType::kF32)
-      << op << ": " << what << " is " << DTypeName(t.dtype()) << ", expected f32";
-}
-
 void CheckLike(const Tensor& param, const Tensor& t, const char* op, const char* what) {
-  CheckF32On(t, param.device(), op, what);
+  CheckTensorOn(t, DType::kF32, param.device(), op, what, "the first tensor");
   SY_CHECK(param.shape() == t.shape()) << op << ": " << what << " " << ShapeString(t.shape())
                                        << ", expected " << ShapeString(param.shape());
 }
 
 void CheckAdamW(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, Device device, const char* op) {
-  CheckF32On(param, device, op, "param");
+  CheckTensorOn(param, DType::kF32, device, op, "param", "the first tensor");
   CheckLike(param, grad, op, "grad");
   CheckLike(param, exp_avg, op, "exp_avg");
   CheckLike(param, exp_avg_sq, op, "exp_avg_sq");
@@ -75,7 +67,7 @@ void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr
                float weight_decay, DeviceContext* ctx) {
   constexpr const char* kOp = "SgdUpdate";
   SY_CHECK(param.defined()) << kOp << ": param is undefined";
-  CheckF32On(param, param.device(), kOp, "param");
+  CheckTensorOn(param, DType::kF32, param.device(), kOp, "param", "the first tensor");
   CheckLike(param, grad, kOp, "grad");
   if (momentum != 0.0f) CheckLike(param, momentum_buf, kOp, "momentum_buf");
   SY_DISPATCH_DEVICE(param, ctx,
@@ -85,7 +77,7 @@ void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr
 
 double SumSquares(const Tensor& t, DeviceContext* ctx) {
   SY_CHECK(t.defined()) << "SumSquares: t is undefined";
-  CheckF32On(t, t.device(), "SumSquares", "t");
+  CheckTensorOn(t, DType::kF32, t.device(), "SumSquares", "t", "the first tensor");
   double sum = 0.0;
   SY_DISPATCH_DEVICE(t, ctx, sum = cpu::SumSquares(t), sum = cuda::SumSquares(t, ctx));
   return sum;
@@ -95,7 +87,9 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContex
   if (tensors.empty()) return {};
   const Tensor& first = tensors.front();
   SY_CHECK(first.defined()) << "SumSquaresMany: tensor 0 is undefined";
-  for (const Tensor& t : tensors) CheckF32On(t, first.device(), "SumSquaresMany", "a tensor");
+  for (const Tensor& t : tensors) {
+    CheckTensorOn(t, DType::kF32, first.device(), "SumSquaresMany", "a tensor", "the first tensor");
+  }
   std::vector<double> sums;
   SY_DISPATCH_DEVICE(first, ctx, sums = cpu::SumSquaresMany(tensors),
                      sums = cuda::SumSquaresMany(tensors, ctx));
@@ -104,7 +98,7 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContex
 
 void ScaleInPlace(Tensor& t, float scale, DeviceContext* ctx) {
   SY_CHECK(t.defined()) << "ScaleInPlace: t is undefined";
-  CheckF32On(t, t.device(), "ScaleInPlace", "t");
+  CheckTensorOn(t, DType::kF32, t.device(), "ScaleInPlace", "t", "the first tensor");
   SY_DISPATCH_DEVICE(t, ctx, cpu::ScaleInPlace(t, scale), cuda::ScaleInPlace(t, scale, ctx));
 }
 
@@ -112,7 +106,9 @@ void ScaleMany(std::span<Tensor> tensors, float scale, DeviceContext* ctx) {
   if (tensors.empty()) return;
   const Tensor& first = tensors.front();
   SY_CHECK(first.defined()) << "ScaleMany: tensor 0 is undefined";
-  for (const Tensor& t : tensors) CheckF32On(t, first.device(), "ScaleMany", "a tensor");
+  for (const Tensor& t : tensors) {
+    CheckTensorOn(t, DType::kF32, first.device(), "ScaleMany", "a tensor", "the first tensor");
+  }
   SY_DISPATCH_DEVICE(first, ctx, cpu::ScaleMany(tensors, scale),
                      cuda::ScaleMany(tensors, scale, ctx));
 }
