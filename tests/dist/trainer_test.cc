@@ -3,7 +3,8 @@
 // small three-language corpus that the test writes and prepares itself (vocabulary 256):
 //
 //  - LossFalls: 40 steps (dp = world, global batch 16 x 16 tokens) bring the loss from
-//    about ln(256) to well below it.
+//    about ln(256) to well below it; the same with runtime.precision=bf16 (every matrix
+//    product on bf16-rounded operands).
 //  - LayoutInvariance (MODEL.md section 4): with the same global batch (16) and micro-batch
 //    size (4), one rank with grad_accum 4 (the reference, trained by rank 0 on a local
 //    communicator) and the world's layouts (dp = R with grad_accum 4 / R; ep = 2; ep = 4
@@ -171,6 +172,27 @@ class TrainerTest : public ::testing::Test {
     return trainer;
   }
 
+  // 40 steps of `config`: the loss starts near ln(V) and falls.
+  static void ExpectLossFalls(const Config& config, const std::string& out,
+                                dist::Communicator& world, const char* what) {
+    auto trainer = Train(config, out, world);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const std::vector<double>& losses = (*trainer)->losses();
+    ASSERT_EQ(losses.size(), 40u);
+    for (double l : losses) ASSERT_TRUE(std::isfinite(l)) << l;
+    const double ln_v = std::log(double{kVocab});
+    double tail = 0;
+    for (size_t i = losses.size() - 5; i < losses.size(); ++i) tail += losses[i] / 5;
+    EXPECT_NEAR(losses[0], ln_v, 0.5) << "the initial loss should be about ln(vocab)";
+    EXPECT_LT(tail, 0.5 * losses[0]) << "the loss did not fall: " << losses[0] << " -> " << tail;
+    EXPECT_LT(tail, ln_v - 2.0);
+    EXPECT_EQ((*trainer)->step(), 40);
+    if (world.rank() == 0) {
+      std::printf("[ info     ] %s: loss %.4f -> %.4f (mean of the last 5 of 40 steps), ln(V) %.4f\n",
+                  what, losses[0], tail, ln_v);
+    }
+  }
+
   static std::unique_ptr<dist::Communicator> world_;
   static std::string root_;
   static bool prepared_;
@@ -181,24 +203,16 @@ std::string TrainerTest::root_;
 bool TrainerTest::prepared_ = false;
 
 TEST_F(TrainerTest, LossFalls) {
-  const Config config =
-      TinyConfig({"train.grad_accum=" + std::to_string(kGlobalMicroBatches / R())});
-  auto trainer = Train(config, dir("loss_falls"), *world_);
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
-  const std::vector<double>& losses = (*trainer)->losses();
-  ASSERT_EQ(losses.size(), 40u);
-  for (double l : losses) ASSERT_TRUE(std::isfinite(l)) << l;
-  const double ln_v = std::log(double{kVocab});
-  double tail = 0;
-  for (size_t i = losses.size() - 5; i < losses.size(); ++i) tail += losses[i] / 5;
-  EXPECT_NEAR(losses[0], ln_v, 0.5) << "the initial loss should be about ln(vocab)";
-  EXPECT_LT(tail, 0.5 * losses[0]) << "the loss did not fall: " << losses[0] << " -> " << tail;
-  EXPECT_LT(tail, ln_v - 2.0);
-  EXPECT_EQ((*trainer)->step(), 40);
-  if (is_root()) {
-    std::printf("[ info     ] loss %.4f -> %.4f (mean of the last 5 of 40 steps), ln(V) %.4f\n",
-                losses[0], tail, ln_v);
-  }
+  ExpectLossFalls(TinyConfig({"train.grad_accum=" + std::to_string(kGlobalMicroBatches / R())}),
+                  dir("loss_falls"), *world_, "f32");
+}
+
+// runtime.precision=bf16 on the CPU: every matrix product rounds its operands to bf16 (the
+// GPU's mixed precision, with its exact-rounding CPU reference) and the model still learns.
+TEST_F(TrainerTest, LossFallsWithBf16MatrixProducts) {
+  ExpectLossFalls(TinyConfig({"train.grad_accum=" + std::to_string(kGlobalMicroBatches / R()),
+                              "runtime.precision=bf16"}),
+                  dir("loss_falls_bf16"), *world_, "bf16");
 }
 
 // ||got - want|| / ||want|| (Frobenius) of a tensor.
