@@ -156,7 +156,12 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                        DeviceContext* ctx) {
   const Dims d = DimsOf(q, k);
-  if (d.b == 0 || d.s == 0 || d.hq == 0) return;
+  if (d.b == 0 || d.s == 0) return;
+  if (d.hq == 0) {  // no query head reads k or v: dk = dv = 0 (written, as on the CPU)
+    dk.SetZero(ctx);
+    dv.SetZero(ctx);
+    return;
+  }
   const int64_t s = d.s, hd = d.hd, group = d.group();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const int64_t chunk = ChunkOf(d, 2);

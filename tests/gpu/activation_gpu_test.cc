@@ -232,9 +232,11 @@ TEST(ActivationGpuTest, BiasAddAndGradMatchTheCpu) {
   auto ctx = DeviceContext::Create(kCuda);
   DeviceContext* c = ctx.get();
   // (rows, n): no rows, one element, one wide row, odd sizes, more rows than grid.y
-  // (65535), a tall input (about 1024 chunks of 293 rows), and over a million elements.
-  const std::vector<Shape> shapes = {{0, 5},     {1, 1},     {1, 1000},   {33, 31},
-                                     {1000, 77}, {70000, 3}, {300000, 5}, {1100, 1000}};
+  // (65535), a tall input (about 1024 chunks of 293 rows), over a million elements, and
+  // rows wider than the AddBias grid's x-dimension covers in one pass (1024 x 256 columns).
+  const std::vector<Shape> shapes = {{0, 5},       {1, 1},     {1, 1000},   {33, 31},
+                                     {1000, 77},   {70000, 3}, {300000, 5}, {1100, 1000},
+                                     {3, 300001}};
   uint64_t seed = 400;
   for (const Shape& shape : shapes) {
     const int64_t n = shape[1];

@@ -130,6 +130,8 @@ TEST(AttentionGpuTest, MatchesCpuOnRandomShapes) {
 TEST(AttentionGpuTest, EmptyBatchIsANoOp) {
   SY_REQUIRE_GPU();
   CheckCase({0, 5, 2, 1, 16}, 3000);
+  // No query heads: nothing reads k or v, so dk = dv = 0 (written over the NaN fill).
+  CheckCase({2, 5, 0, 1, 16}, 3010);
 }
 
 TEST(AttentionGpuTest, ChunksTheBatchWhenScoresExceedTheScratchBudget) {

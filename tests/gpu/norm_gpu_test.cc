@@ -204,5 +204,13 @@ TEST(NormGpuTest, ManyRowsSpanSeveralColumnChunks) {
   CheckRmsNorm({1000, 96}, 410);
 }
 
+TEST(NormGpuTest, MoreRowsThanOneGridPass) {
+  SY_REQUIRE_GPU();
+  // The row kernels launch at most 65535 * 16 = 1048560 blocks and stride over the rest;
+  // 1100000 rows also make 4297 column chunks of 256 rows.
+  CheckLayerNorm({1100000, 2}, true, 420);
+  CheckRmsNorm({1100000, 2}, 430);
+}
+
 }  // namespace
 }  // namespace switchyard::kernels

@@ -9,8 +9,9 @@
 //  - ScatterAddRows, Combine, CombineBackward's dout: BIT-IDENTICAL for k <= 8 — per token
 //    the CUDA kernels add the same rows in the same order (increasing permuted row) as the
 //    CPU loop, with separately rounded multiplies and adds (__fmul_rn / __fadd_rn, no FMA).
-//    For k > 8 they add in slot order: |d| <= 1e-6 (1 + |cpu|) (a reordered f32 sum of k
-//    terms of size ~1).
+//    For k > 8 they add in slot order: |d| <= 1e-5 (1 + |cpu|) (a reordered f32 sum of ~k
+//    terms of size ~1 with partial sums up to ~3: each order's roundings are ~1e-7 each,
+//    a few 1e-7 apart in all; 1e-6 would leave only ~3.5 sigma on results near 0).
 //  - CombineBackward's dgates: double dot products summed in another order (lane-strided,
 //    then a warp tree), rounded to f32 once: |d| <= 1e-30 + 1e-6 |cpu| (<= 1 ulp + rounding).
 //  - EntropySum: CUDA logf vs glibc logf (<= 1 ulp each), double sums in another order:
@@ -213,7 +214,7 @@ void CompareSums(int64_t n, int64_t k, int64_t e, int64_t d, Pattern p, uint64_t
     if (exact) {
       ExpectBitEqual(got, want, ctx, name + " " + what);
     } else {
-      ExpectNear(got, want, 1e-6, 1e-6, ctx, name + " " + what);
+      ExpectNear(got, want, 1e-5, 1e-5, ctx, name + " " + what);
     }
   };
 

@@ -71,5 +71,12 @@ TEST(SoftmaxGpuTest, LargeLogitsStayFinite) {
   CheckSoftmax({2, 50257}, 80.0f, 610);
 }
 
+TEST(SoftmaxGpuTest, MoreRowsThanOneGridPass) {
+  SY_REQUIRE_GPU();
+  // The kernels launch at most 65535 * 16 = 1048560 row blocks and stride over the rest:
+  // 1100000 rows make the blocks take a second row.
+  CheckSoftmax({1100000, 2}, 4.0f, 620);
+}
+
 }  // namespace
 }  // namespace switchyard::kernels
