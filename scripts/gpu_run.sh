@@ -4,7 +4,8 @@
 #   1. builds for the GPU (sm_90 unless CUDA_ARCH says otherwise) without MPI, against the
 #      libraries scripts/gpu_deps.sh packed into .gpu-deps/ (or the system's when absent);
 #   2. runs the GPU tests (ctest -L gpu: every CUDA kernel, the MoE layer and one training
-#      step against the CPU reference, checkpoints across devices);
+#      step against the CPU reference, checkpoints across devices), the CPU unit tests, and
+#      `switchyard moe-layer` on the GPU against the CPU (f32 and bf16);
 #   3. trains configs/switch-tiny.yaml on the GPU for STEPS steps (f32 and bf16 matrix
 #      products), resumes the bf16 run's checkpoint on the CPU for a few steps, and runs the
 #      GPU benchmarks (grouped GEMM vs dense cuBLAS, permute bandwidth);
@@ -61,6 +62,29 @@ echo "== unit tests on this machine's CPU (same build)"
 rc=$?
 passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/unit_tests.log" | tail -1)
 row "ctest -L unit (CPU)" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-no summary}"
+
+echo "== one MoE layer, forward + backward: GPU against CPU (switchyard moe-layer)"
+ml="$out/moe-layer"
+mkdir -p "$ml"
+if python3 tests/cli/moe_layer_tool.py make --out "$ml/in.safetensors" --groups 8 --tokens 256 --d 64 \
+     --experts 8 --hidden 128 --activation swiglu --bias --shared-hidden 64 --expert-bias >"$ml/log" 2>&1; then
+  for precision in fp32 bf16; do
+    for device in cpu cuda; do
+      "$bin/switchyard" moe-layer --config configs/moe-layer-example.yaml --input "$ml/in.safetensors" \
+        --out "$ml/$device-$precision.safetensors" --set runtime.device=$device \
+        --set runtime.precision=$precision >>"$ml/log" 2>&1 || echo "moe-layer $device $precision failed" >>"$ml/log"
+    done
+    rtol=1e-5; [ $precision = bf16 ] && rtol=2e-3  # same roundings, another summation order
+    if python3 tests/cli/moe_layer_tool.py compare "$ml/cuda-$precision.safetensors" \
+         "$ml/cpu-$precision.safetensors" --rtol $rtol >"$ml/compare-$precision.log" 2>&1; then
+      row "moe-layer cuda vs cpu, $precision" ok "$(tail -2 "$ml/compare-$precision.log" | head -1)"
+    else
+      row "moe-layer cuda vs cpu, $precision" FAILED "$(grep -E 'FAIL|DIFFER|error' "$ml/compare-$precision.log" "$ml/log" | head -2 | tr '\n' ' ')"
+    fi
+  done
+else
+  row "moe-layer cuda vs cpu" FAILED "moe_layer_tool.py make failed (numpy?): $(tail -1 "$ml/log")"
+fi
 
 data="$root/.gpu-deps/data/fortunes"
 [ -f "$data/index.json" ] || data="$root/data/fortunes"

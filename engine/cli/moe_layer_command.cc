@@ -24,6 +24,7 @@
 #include "engine/dist/parallel_context.h"
 #include "engine/dist/process.h"
 #include "engine/train/config.h"
+#include "engine/train/runtime.h"
 #include "moe/experts.h"
 #include "moe/moe_layer.h"
 
@@ -100,6 +101,10 @@ StatusOr<train::Config> LoadLayerConfig(const Flags& f, int world) {
                            " must be 1 (or 0)");
   }
   SY_RETURN_IF_ERROR(config.Validate(world));
+  if (config.runtime.device != "cpu" && world > 1) {
+    return InvalidArgument("moe-layer runs runtime.device=", config.runtime.device,
+                           " on one rank only (got ", world, " ranks)");
+  }
   return config;
 }
 
@@ -301,6 +306,14 @@ int Run(const std::vector<std::string>& args) {
   dist::ParallelContext& pc = **pc_or;
   Communicator& ep = pc.ep();
   Communicator& edp = pc.edp();
+  // runtime.device / runtime.precision (one rank on a GPU): the layer and its inputs move
+  // there; the results come back to the host before they are gathered and written.
+  StatusOr<train::Runtime> rt = train::MakeRuntime(config->runtime, *world, *mesh);
+  if (int rc = Agree(*world, rt.status(), kExitUsage); rc != kExitOk) return rc;
+  DeviceContext* ctx = rt->ctx.get();
+  const Device device = rt->device();
+  auto on_device = [&](const Tensor& x) { return x.defined() ? x.To(device, ctx) : Tensor(); };
+  auto on_host = [&](const Tensor& x) { return x.To(Device::Cpu(), ctx); };
 
   // This rank's experts: a view of the global tensors, dim 0 [first, first + E_l).
   const int64_t d = c.d_model, e = c.num_experts, t = in.tokens, g = in.groups;
@@ -308,58 +321,62 @@ int Run(const std::vector<std::string>& args) {
   auto rows = [&](const Tensor& all) {
     return all.defined() ? all.Slice(first, first + per_rank) : Tensor();
   };
-  moe::ExpertsParams local{rows(in.experts.w1), rows(in.experts.w2), rows(in.experts.w3),
-                           rows(in.experts.b1), rows(in.experts.b2)};
-  StatusOr<moe::Experts> experts =
-      moe::Experts::FromTensors(moe::RoutedExpertsOptions(c, first, per_rank), local);
+  moe::ExpertsParams local{on_device(rows(in.experts.w1)), on_device(rows(in.experts.w2)),
+                           on_device(rows(in.experts.w3)), on_device(rows(in.experts.b1)),
+                           on_device(rows(in.experts.b2))};
+  StatusOr<moe::Experts> experts = moe::Experts::FromTensors(
+      moe::RoutedExpertsOptions(c, first, per_rank, device), local, ctx);
   std::optional<moe::DenseMlp> shared;
   Status shared_status;
   if (c.num_shared_experts > 0) {
     // The file's 2-d shared tensors as one expert: (d, H) -> (1, d, H), ...
-    auto one = [](const Tensor& x) {
+    auto one = [&](const Tensor& x) {
       if (!x.defined()) return Tensor();
       Shape s = x.shape();
       s.insert(s.begin(), 1);
-      return x.Reshape(s);
+      return on_device(x.Reshape(s));
     };
     StatusOr<moe::Experts> s = moe::Experts::FromTensors(
-        moe::SharedExpertsOptions(c),
+        moe::SharedExpertsOptions(c, device),
         {one(in.shared.w1), one(in.shared.w2), one(in.shared.w3), one(in.shared.b1),
-         one(in.shared.b2)});
+         one(in.shared.b2)},
+        ctx);
     if (s.ok()) shared.emplace(std::move(*s));
     shared_status = s.status();
   }
   Status params_status = experts.ok() ? shared_status : experts.status();
   if (int rc = Agree(*world, params_status, kExitFailure); rc != kExitOk) return rc;
-  moe::MoELayer layer(c, f.layer, &ep, in.router_weight, std::move(*experts), std::move(shared),
-                      in.expert_bias);
+  moe::MoELayer layer(c, f.layer, &ep, on_device(in.router_weight), std::move(*experts),
+                      std::move(shared), on_device(in.expert_bias), ctx);
 
   // This rank's groups [g0, g0 + gl): forward, then backward of
   // L = sum(y * dy) + mean over all G groups of (aux + z).
   const int64_t gl = g / ranks, g0 = rank * gl;
   const bool training = f.mode == "train";
-  Tensor h = in.x.Slice(g0, g0 + gl).Reshape({gl * t, d});
-  Tensor dy = in.dy.Slice(g0, g0 + gl).Reshape({gl * t, d});
-  moe::MoEForward fwd = layer.Forward(h, t, training, f.step, g0 * t);
+  Tensor h = on_device(in.x.Slice(g0, g0 + gl).Reshape({gl * t, d}));
+  Tensor dy = on_device(in.dy.Slice(g0, g0 + gl).Reshape({gl * t, d}));
+  moe::MoEForward fwd = layer.Forward(h, t, training, f.step, g0 * t, ctx);
   const std::vector<float> dloss(gl, 1.0f / static_cast<float>(g));
-  Tensor dh = layer.Backward(fwd.acts, dy, dloss, dloss);
+  Tensor dh = layer.Backward(fwd.acts, dy, dloss, dloss, ctx);
 
   // Whole tensors everywhere (only rank 0 writes them).
   SafetensorsFile out;
-  out.tensors["y"] = Gather(*world, fwd.y).Reshape({g, t, d});
-  out.tensors["grad.x"] = Gather(*world, dh).Reshape({g, t, d});
-  Tensor grad_router = layer.grad_router_weight();
+  out.tensors["y"] = Gather(*world, on_host(fwd.y)).Reshape({g, t, d});
+  out.tensors["grad.x"] = Gather(*world, on_host(dh)).Reshape({g, t, d});
+  Tensor grad_router = on_host(layer.grad_router_weight());
   world->AllReduce(grad_router, ReduceOp::kSum);
   out.tensors["grad.router.weight"] = grad_router;
   for (moe::NamedParameter& param : layer.experts().Parameters()) {
-    edp.AllReduce(param.grad, ReduceOp::kSum);  // same experts, other tokens
-    out.tensors["grad.experts." + param.name] = Gather(ep, param.grad);
+    Tensor grad = on_host(param.grad);
+    edp.AllReduce(grad, ReduceOp::kSum);  // same experts, other tokens
+    out.tensors["grad.experts." + param.name] = Gather(ep, grad);
   }
   if (moe::DenseMlp* mlp = layer.shared()) {
     for (moe::NamedParameter& param : mlp->experts().Parameters()) {
-      world->AllReduce(param.grad, ReduceOp::kSum);
-      Shape s(param.grad.shape().begin() + 1, param.grad.shape().end());
-      out.tensors["grad.shared." + param.name] = param.grad.Reshape(s);
+      Tensor grad = on_host(param.grad);
+      world->AllReduce(grad, ReduceOp::kSum);
+      Shape s(grad.shape().begin() + 1, grad.shape().end());
+      out.tensors["grad.shared." + param.name] = grad.Reshape(s);
     }
   }
   out.tensors["aux_loss"] = Gather(*world, Tensor::FromVector(fwd.groups.aux, {gl}));

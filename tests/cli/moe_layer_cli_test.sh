@@ -153,6 +153,10 @@ expect_error "tp layout" 2 "parallel.tp=2 must be 1" 1 "${common[@]}" "${bad_out
   --set parallel.tp=2
 expect_error "ep does not divide E" 2 "moe.num_experts=8 is not divisible by parallel.ep=3" 3 \
   "${common[@]}" "${bad_out[@]}" --set parallel.ep=3
+expect_error "a GPU run on two ranks" 2 "moe-layer runs runtime.device=cuda on one rank only (got 2 ranks)" 2 \
+  "${common[@]}" "${bad_out[@]}" --set runtime.device=cuda
+expect_error "bad precision" 2 "runtime.precision='half' is not one of fp32, bf16" 1 \
+  "${common[@]}" "${bad_out[@]}" --set runtime.precision=half
 expect_error "missing input file" 1 "nope.safetensors" 1 --config "$config" \
   --input "$tmp/nope.safetensors" "${bad_out[@]}"
 
