@@ -178,8 +178,8 @@ Status RuntimeConfig::Validate() const {
   if (auto d = ParseDevice(device); !d.ok()) {
     return InvalidArgument("runtime.device='", device, "' is not one of cpu, cuda, cuda:N");
   }
-  if (precision != "fp32" && precision != "bf16") {
-    return InvalidArgument("runtime.precision='", precision, "' is not one of fp32, bf16");
+  if (precision != "auto" && precision != "fp32" && precision != "bf16") {
+    return InvalidArgument("runtime.precision='", precision, "' is not one of auto, fp32, bf16");
   }
   return OkStatus();
 }

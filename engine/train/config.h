@@ -34,8 +34,9 @@ struct DataConfig {
 // runtime: where the step runs and the element type of its matrix products.
 struct RuntimeConfig {
   std::string device = "cpu";      // cpu | cuda (each rank: GPU local_rank % GPUs) | cuda:N
-  std::string precision = "fp32";  // fp32 | bf16: the matrix products' input type (f32
-                                   // accumulation, f32 master weights and optimizer state)
+  std::string precision = "auto";  // auto | fp32 | bf16: the matrix products' input type
+                                   // (f32 accumulation, f32 master weights and optimizer
+                                   // state); auto is bf16 on a GPU and fp32 on the CPU
 
   // Names the key and the value it rejects.
   Status Validate() const;

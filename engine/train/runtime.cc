@@ -37,7 +37,9 @@ StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& 
   SY_ASSIGN_OR_RETURN(const Device device, RankDevice(runtime, world.rank()));
   Runtime rt;
   rt.ctx = DeviceContext::Create(device);
-  rt.ctx->set_matmul_dtype(runtime.precision == "bf16" ? DType::kBF16 : DType::kF32);
+  // auto: bf16 on a GPU (DESIGN.md: CUDA computes in bf16), f32 on the CPU.
+  const bool bf16 = runtime.precision == "bf16" || (runtime.precision == "auto" && device.is_cuda());
+  rt.ctx->set_matmul_dtype(bf16 ? DType::kBF16 : DType::kF32);
   if (device.is_cuda() && world.size() > 1) {
     rt.device_world = dist::WorldCommunicator(device, rt.ctx.get());
     SY_ASSIGN_OR_RETURN(rt.device_pc, dist::ParallelContext::Create(*rt.device_world, mesh));

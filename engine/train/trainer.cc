@@ -224,7 +224,7 @@ Status Trainer::Run(int64_t steps) {
     metrics_.emplace(std::move(w));
     std::printf("%s\n", pc_->mesh().Summary().c_str());
     std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
-                config_.runtime.precision == "bf16" ? "bf16 (f32 accumulation)" : "f32");
+                rt_.ctx->matmul_dtype() == DType::kBF16 ? "bf16 (f32 accumulation)" : "f32");
     std::printf("parameters: %lld (registry), steps %lld -> %lld, global batch %lld x %lld tokens\n",
                 static_cast<long long>(decoder_->registry().GlobalElements()),
                 static_cast<long long>(step_), static_cast<long long>(end),

@@ -155,7 +155,7 @@ expect_error "ep does not divide E" 2 "moe.num_experts=8 is not divisible by par
   "${common[@]}" "${bad_out[@]}" --set parallel.ep=3
 expect_error "a GPU run on two ranks" 2 "moe-layer runs runtime.device=cuda on one rank only (got 2 ranks)" 2 \
   "${common[@]}" "${bad_out[@]}" --set runtime.device=cuda
-expect_error "bad precision" 2 "runtime.precision='half' is not one of fp32, bf16" 1 \
+expect_error "bad precision" 2 "runtime.precision='half' is not one of auto, fp32, bf16" 1 \
   "${common[@]}" "${bad_out[@]}" --set runtime.precision=half
 expect_error "missing input file" 1 "nope.safetensors" 1 --config "$config" \
   --input "$tmp/nope.safetensors" "${bad_out[@]}"

@@ -355,7 +355,7 @@ expect_error "ep does not divide the experts" \
   "moe.num_experts=8 is not divisible by parallel.ep=3" 1 "${one[@]}" --set parallel.ep=3
 expect_error "world not divisible by ep" "world size 2 is not divisible by etp*ep*pp = 1*4*1" 2 \
   "${two[@]}" --set parallel.ep=4
-expect_error "unknown precision" "runtime.precision='fp16' is not one of fp32, bf16" 1 "${one[@]}" \
+expect_error "unknown precision" "runtime.precision='fp16' is not one of auto, fp32, bf16" 1 "${one[@]}" \
   --set runtime.precision=fp16
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect_error "cuda without a GPU" "runtime.device=cuda: " 1 "${one[@]}" --set runtime.device=cuda

@@ -208,14 +208,14 @@ TEST(ConfigTest, RuntimeSectionParsesAndNamesBadValues) {
   auto d = ParseConfig("", "x.yaml");
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->runtime.device, "cpu");
-  EXPECT_EQ(d->runtime.precision, "fp32");
-  EXPECT_NE(d->ToYaml().find("runtime:\n  device: cpu\n  precision: fp32\n"), std::string::npos);
+  EXPECT_EQ(d->runtime.precision, "auto");
+  EXPECT_NE(d->ToYaml().find("runtime:\n  device: cpu\n  precision: auto\n"), std::string::npos);
   EXPECT_EQ(Error("", {"runtime.device=gpu"}),
             "runtime.device='gpu' is not one of cpu, cuda, cuda:N");
   EXPECT_EQ(Error("", {"runtime.device=cuda:x"}),
             "runtime.device='cuda:x' is not one of cpu, cuda, cuda:N");
   EXPECT_EQ(Error("", {"runtime.precision=fp16"}),
-            "runtime.precision='fp16' is not one of fp32, bf16");
+            "runtime.precision='fp16' is not one of auto, fp32, bf16");
   EXPECT_EQ(Error("runtime:\n  dtype: bf16\n"), "x.yaml: unknown key 'runtime.dtype'");
 }
 
