@@ -22,6 +22,8 @@ build=${BUILD_DIR:-build-gpu}
 mkdir -p "$out"
 summary=()
 row() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
+# The first error line of a log, else its last line.
+why() { grep -m1 -E 'error|FAILED|Failure' "$1" || tail -1 "$1"; }
 
 deps="$root/.gpu-deps/root"
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_MPI=OFF -DSWITCHYARD_CUDA=ON
@@ -53,8 +55,11 @@ echo "== GPU tests"
 (cd "$build" && ctest -L gpu --output-on-failure) >"$out/gpu_tests.log" 2>&1
 rc=$?
 passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/gpu_tests.log" | tail -1)
-skipped=$(grep -c '\[  SKIPPED \]' "$out/gpu_tests.log")
-row "ctest -L gpu" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-no summary} ($skipped gtest skips)"
+total=$(grep -Eo 'out of [0-9]+' "$out/gpu_tests.log" | tail -1 | grep -Eo '[0-9]+')
+skipped=$(grep -c '\*\*\*Skipped' "$out/gpu_tests.log")
+result=$([ $rc = 0 ] && echo ok || echo FAILED)
+[ $rc = 0 ] && [ "$skipped" = "${total:-x}" ] && result=SKIPPED  # no GPU visible
+row "ctest -L gpu" "$result" "${passed:-no summary} ($skipped skipped)"
 [ $rc = 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$out/gpu_tests.log" | head -30
 
 echo "== unit tests on this machine's CPU (same build)"
@@ -66,8 +71,9 @@ row "ctest -L unit (CPU)" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-
 echo "== one MoE layer, forward + backward: GPU against CPU (switchyard moe-layer)"
 ml="$out/moe-layer"
 mkdir -p "$ml"
-if python3 tests/cli/moe_layer_tool.py make --out "$ml/in.safetensors" --groups 8 --tokens 256 --d 64 \
-     --experts 8 --hidden 128 --activation swiglu --bias --shared-hidden 64 --expert-bias >"$ml/log" 2>&1; then
+# The shapes of configs/moe-layer-example.yaml (d 8, 8 experts of 16, one shared of 16).
+if python3 tests/cli/moe_layer_tool.py make --out "$ml/in.safetensors" --groups 8 --tokens 256 --d 8 \
+     --experts 8 --hidden 16 --activation swiglu --bias --shared-hidden 16 --expert-bias >"$ml/log" 2>&1; then
   for precision in fp32 bf16; do
     for device in cpu cuda; do
       "$bin/switchyard" moe-layer --config configs/moe-layer-example.yaml --input "$ml/in.safetensors" \
@@ -79,7 +85,7 @@ if python3 tests/cli/moe_layer_tool.py make --out "$ml/in.safetensors" --groups 
          "$ml/cpu-$precision.safetensors" --rtol $rtol >"$ml/compare-$precision.log" 2>&1; then
       row "moe-layer cuda vs cpu, $precision" ok "$(tail -2 "$ml/compare-$precision.log" | head -1)"
     else
-      row "moe-layer cuda vs cpu, $precision" FAILED "$(grep -E 'FAIL|DIFFER|error' "$ml/compare-$precision.log" "$ml/log" | head -2 | tr '\n' ' ')"
+      row "moe-layer cuda vs cpu, $precision" FAILED "$(grep -h -m1 -E 'error|DIFFER|FAIL' "$ml/log" "$ml/compare-$precision.log" | head -1)"
     fi
   done
 else
@@ -110,7 +116,7 @@ for precision in fp32 bf16; do
        --set train.max_steps="$steps" --set train.eval_every="$steps" >"$out/train-$precision.log" 2>&1; then
     row "train cuda $precision" ok "$(losses "$run/metrics.jsonl")"
   else
-    row "train cuda $precision" FAILED "$(tail -1 "$out/train-$precision.log")"
+    row "train cuda $precision" FAILED "$(why "$out/train-$precision.log")"
   fi
 done
 
@@ -120,7 +126,7 @@ if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$out/train-b
      >"$out/resume-cpu.log" 2>&1; then
   row "resume on cpu (+10 steps)" ok "$(grep -o 'resumed from .*' "$out/resume-cpu.log" | head -1)"
 else
-  row "resume on cpu (+10 steps)" FAILED "$(tail -1 "$out/resume-cpu.log")"
+  row "resume on cpu (+10 steps)" FAILED "$(why "$out/resume-cpu.log")"
 fi
 
 echo "== benchmarks"
@@ -129,7 +135,7 @@ for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf
   if "$bin"/$b >"$out/$name.log" 2>&1; then
     row "$name" ok "$(grep -iE 'ratio|of peak|summary' "$out/$name.log" | tail -1)"
   else
-    row "$name" FAILED "$(tail -1 "$out/$name.log")"
+    row "$name" FAILED "$(why "$out/$name.log")"
   fi
 done
 
