@@ -38,6 +38,7 @@
 #include "kernels/random.h"
 #include "moe/moe_layer.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/moe/moe_layer_test_util.h"
 
 namespace switchyard::moe {
 namespace {
@@ -131,21 +132,8 @@ std::vector<Case> Cases() {
   return cases;
 }
 
-// Every parameter with its gradient, in a fixed order.
-struct Param {
-  std::string name;
-  Tensor value, grad;
-};
-std::vector<Param> ParamsOf(MoELayer& layer) {
-  std::vector<Param> ps = {{"router.weight", layer.router_weight(), layer.grad_router_weight()}};
-  for (const NamedParameter& p : layer.experts().Parameters())
-    ps.push_back({"experts." + p.name, p.value, p.grad});
-  if (layer.shared()) {
-    for (const NamedParameter& p : layer.shared()->experts().Parameters())
-      ps.push_back({"shared." + p.name, p.value, p.grad});
-  }
-  return ps;
-}
+using testing::Param;
+using testing::ParamsOf;
 
 // A CPU layer with O(1) router logits and non-zero biases (as tests/moe's MakeLayer), and
 // a CUDA layer from Init on ctx whose values are then overwritten by the CPU layer's.

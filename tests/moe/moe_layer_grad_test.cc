@@ -28,26 +28,13 @@ using testing::Config;
 using testing::kDataSeed;
 using testing::MakeLayer;
 using testing::Normal;
+using testing::Param;
+using testing::ParamsOf;
 using testing::Reference;
 using testing::ReferenceForward;
 
 // ---- Gradients vs finite differences ---------------------------------------------------
 
-struct Param {
-  std::string name;
-  Tensor value, grad;
-};
-
-std::vector<Param> AllParams(MoELayer& layer) {
-  std::vector<Param> ps = {{"router.weight", layer.router_weight(), layer.grad_router_weight()}};
-  for (const NamedParameter& p : layer.experts().Parameters())
-    ps.push_back({"experts." + p.name, p.value, p.grad});
-  if (layer.shared()) {
-    for (const NamedParameter& p : layer.shared()->experts().Parameters())
-      ps.push_back({"shared." + p.name, p.value, p.grad});
-  }
-  return ps;
-}
 
 // Everything a perturbation could flip: each token's chosen experts and which of them were
 // kept (as a set: the order inside the top-k does not change the function when k = E).
@@ -200,7 +187,7 @@ TEST_P(MoELayerGradientTest, MatchesFiniteDifferences) {
   const std::vector<int64_t> signature = RoutingSignature(base);
   Tensor dh = layer.Backward(base.acts, dy, daux, dz);
 
-  std::vector<Param> params = AllParams(layer);
+  std::vector<Param> params = ParamsOf(layer);
   params.insert(params.begin(), Param{"h", h, dh});
   const double eps = 2e-3;
   int flips = 0;
@@ -237,10 +224,10 @@ TEST_P(MoELayerGradientTest, MatchesFiniteDifferences) {
   // Gradients accumulate: a second Backward doubles every parameter gradient (up to the
   // rounding of the accumulating GEMMs).
   std::vector<std::vector<float>> once;
-  for (const Param& p : AllParams(layer)) once.push_back(p.grad.ToVector<float>());
+  for (const Param& p : ParamsOf(layer)) once.push_back(p.grad.ToVector<float>());
   layer.Backward(base.acts, dy, daux, dz);
   size_t i = 0;
-  for (const Param& p : AllParams(layer)) {
+  for (const Param& p : ParamsOf(layer)) {
     std::vector<float> twice = p.grad.ToVector<float>();
     for (size_t j = 0; j < twice.size(); ++j)
       ASSERT_NEAR(twice[j], 2 * once[i][j], 1e-5 * std::max(1.0f, std::abs(twice[j])))
@@ -248,7 +235,7 @@ TEST_P(MoELayerGradientTest, MatchesFiniteDifferences) {
     ++i;
   }
   layer.ZeroGrad();
-  for (const Param& p : AllParams(layer)) {
+  for (const Param& p : ParamsOf(layer)) {
     for (float g : p.grad.ToVector<float>()) ASSERT_EQ(g, 0.0f) << p.name << " after ZeroGrad";
   }
 }
@@ -279,7 +266,7 @@ TEST(MoELayerInFlightTest, InterleavedMicroBatchesMatchSequential) {
   MoEForward fb = layer.Forward(hb, T, true, 1, 2 * T);
   Tensor dhb = layer.Backward(fb.acts, dyb, db, db);
   std::vector<std::vector<float>> sequential;
-  for (const Param& p : AllParams(layer)) sequential.push_back(p.grad.ToVector<float>());
+  for (const Param& p : ParamsOf(layer)) sequential.push_back(p.grad.ToVector<float>());
 
   layer.ZeroGrad();
   MoEForward ia = layer.Forward(ha, T, true, 1, 0);
@@ -291,7 +278,7 @@ TEST(MoELayerInFlightTest, InterleavedMicroBatchesMatchSequential) {
   EXPECT_EQ(idha.ToVector<float>(), dha.ToVector<float>());
   EXPECT_EQ(idhb.ToVector<float>(), dhb.ToVector<float>());
   size_t i = 0;
-  for (const Param& p : AllParams(layer)) {
+  for (const Param& p : ParamsOf(layer)) {
     std::vector<float> g = p.grad.ToVector<float>();
     for (size_t j = 0; j < g.size(); ++j)
       EXPECT_NEAR(g[j], sequential[i][j], 1e-5 * std::max(1.0f, std::abs(g[j]))) << p.name << "[" << j << "]";
@@ -307,7 +294,7 @@ TEST(MoELayerInFlightTest, InterleavedMicroBatchesMatchSequential) {
   EXPECT_EQ(empty.stats.dropped(), 0);
   Tensor dh0 = layer.Backward(empty.acts, Tensor::Empty({0, d}, DType::kF32), {}, {});
   EXPECT_EQ(dh0.dim(0), 0);
-  for (const Param& p : AllParams(layer)) {
+  for (const Param& p : ParamsOf(layer)) {
     for (float g : p.grad.ToVector<float>()) ASSERT_EQ(g, 0.0f) << p.name;
   }
 }

@@ -231,4 +231,21 @@ inline Reference ReferenceForward(MoELayer& layer, const Tensor& h, int64_t T, b
 }
 
 
+// Every parameter of the layer with its gradient, in a fixed order: the router weight, the
+// routed experts', then the shared experts'.
+struct Param {
+  std::string name;
+  Tensor value, grad;
+};
+inline std::vector<Param> ParamsOf(MoELayer& layer) {
+  std::vector<Param> ps = {{"router.weight", layer.router_weight(), layer.grad_router_weight()}};
+  for (const NamedParameter& p : layer.experts().Parameters())
+    ps.push_back({"experts." + p.name, p.value, p.grad});
+  if (layer.shared()) {
+    for (const NamedParameter& p : layer.shared()->experts().Parameters())
+      ps.push_back({"shared." + p.name, p.value, p.grad});
+  }
+  return ps;
+}
+
 }  // namespace switchyard::moe::testing
