@@ -186,13 +186,6 @@ __global__ void GroupSumKernel(const float* partial, const int64_t* chunk_begin,
 // about 1024 chunks at most (plus one per group) and stage 2 stays short.
 int64_t RowsPerChunk(int64_t rows) { return std::max<int64_t>(64, (rows + 1023) / 1024); }
 
-// Copies a host table of int64 to a new device tensor on ctx's stream. The host vector is
-// pageable memory, which cudaMemcpyAsync stages before it returns, so `host` may be freed
-// at once; the device tensor returns to the stream-ordered caching allocator when dropped.
-Tensor ToDevice(const std::vector<int64_t>& host, DeviceContext* ctx) {
-  return Tensor::FromVector(host, {static_cast<int64_t>(host.size())}).To(ctx->device(), ctx);
-}
-
 void LaunchAddBias(Tensor& out, const Tensor& bias, const int64_t* offsets, int64_t groups,
                    DeviceContext* ctx) {
   const int64_t rows = out.dim(0), n = out.dim(1);

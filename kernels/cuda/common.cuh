@@ -1,5 +1,6 @@
 // Shared helpers for the CUDA kernels: the context's stream and cuBLAS handle, grid sizes,
-// grid-stride loops, warp/block reductions and bf16 conversions. Every kernel family in
+// grid-stride loops, warp/block reductions, host<->device copies of small tables, scratch
+// memory and bf16 conversions. Every kernel family in
 // kernels/cuda/*.cu includes this and nothing else of the backend's plumbing.
 #pragma once
 
@@ -7,7 +8,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "engine/core/cuda_check.h"
 #include "engine/core/device_context.h"
@@ -80,6 +83,28 @@ __device__ __forceinline__ T BlockMax(T v, T* shared, T lowest) {
   total = WarpMax(total);
   __syncthreads();
   return total;
+}
+
+// Copies a host vector to a new tensor on ctx's device (ordered on its stream; the host
+// memory may go away on return).
+template <typename T>
+inline Tensor ToDevice(const std::vector<T>& host, DeviceContext* ctx) {
+  return Tensor::FromVector(host, {static_cast<int64_t>(host.size())}).To(ctx->device(), ctx);
+}
+
+// The values of a device tensor, copied on ctx's stream after the work queued there (the
+// context's stream does not synchronise with the legacy default stream).
+template <typename T>
+inline std::vector<T> ToHost(const Tensor& t, DeviceContext* ctx) {
+  Tensor host = Tensor::Empty(t.shape(), t.dtype());
+  host.CopyFrom(t, ctx);  // waits for the stream
+  return host.ToVector<T>();
+}
+
+// Bytes of a u8 scratch tensor on ctx's device (at least 1).
+inline Tensor Scratch(size_t bytes, DeviceContext* ctx) {
+  return Tensor::Empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8,
+                       ctx->device());
 }
 
 // Round-to-nearest-even f32 -> bf16, and back, the same rounding as engine/core/dtype.h.
