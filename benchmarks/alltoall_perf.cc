@@ -128,12 +128,7 @@ int Main(int argc, char** argv) {
     return h.Fail(
         StrCat("--experts=", experts, " must be a positive multiple of the ", n, " ranks"));
   }
-  StatusOr<double> skew = ParseDouble("skew", skew_text.empty() ? "0" : skew_text);
-  StatusOr<double> hot_share = ParseDouble("hot_share", hot_share_text);
-  if (!skew.ok()) return h.Fail(Message(skew.status()));
-  if (!hot_share.ok()) return h.Fail(Message(hot_share.status()));
-  StatusOr<RoutingSpec> spec =
-      MakeRoutingSpec(!skew_text.empty(), *skew, hot, *hot_share, experts, seed);
+  StatusOr<RoutingSpec> spec = RoutingSpecFromFlags(skew_text, hot, hot_share_text, experts, seed);
   if (!spec.ok()) return h.Fail(Message(spec.status()));
   const bool uniform = spec->kind == RoutingSpec::Kind::kUniform;
   if (op != "all" && op != "alltoall" && op != "alltoallv") {

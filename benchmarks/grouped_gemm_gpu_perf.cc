@@ -109,12 +109,7 @@ int Main(int argc, char** argv) {
   }
   if (cast != 0 && cast != 1) return h.Fail(StrCat("--cast=", cast, " must be 0 or 1"));
   if (cast && dtype_text != "bf16") return h.Fail("--cast 1 needs --dtype bf16");
-  StatusOr<double> skew = ParseDouble("skew", skew_text.empty() ? "0" : skew_text);
-  if (!skew.ok()) return h.Fail(Message(skew.status()));
-  StatusOr<double> share = ParseDouble("hot_share", hot_share_text);
-  if (!share.ok()) return h.Fail(Message(share.status()));
-  StatusOr<RoutingSpec> spec =
-      MakeRoutingSpec(!skew_text.empty(), *skew, hot, *share, experts, seed);
+  StatusOr<RoutingSpec> spec = RoutingSpecFromFlags(skew_text, hot, hot_share_text, experts, seed);
   if (!spec.ok()) return h.Fail(Message(spec.status()));
   if (!CudaAvailable()) {
     std::fprintf(stderr,

@@ -64,14 +64,9 @@ int Main(int argc, char** argv) {
   if (topk < 1 || topk > experts)
     return h.Fail(StrCat("--topk=", topk, " must be in [1, ", experts, "]"));
   if (gates != "unit" && gates != "mean") return h.Fail("--gates must be unit or mean");
-  StatusOr<double> skew = ParseDouble("skew", skew_text.empty() ? "0" : skew_text);
-  StatusOr<double> share = ParseDouble("hot_share", hot_share_text);
   StatusOr<double> cf = ParseDouble("capacity", capacity_text);
-  for (const auto* v : {&skew, &share, &cf}) {
-    if (!v->ok()) return h.Fail(Message(v->status()));
-  }
-  StatusOr<RoutingSpec> spec =
-      MakeRoutingSpec(!skew_text.empty(), *skew, hot, *share, experts, seed);
+  if (!cf.ok()) return h.Fail(Message(cf.status()));
+  StatusOr<RoutingSpec> spec = RoutingSpecFromFlags(skew_text, hot, hot_share_text, experts, seed);
   if (!spec.ok()) return h.Fail(Message(spec.status()));
 
   // Routing of this rank's tokens, and capacity admission as one group.

@@ -85,14 +85,9 @@ int Main(int argc, char** argv) {
     return h.Fail(StrCat("--experts=", experts, " and --topk=", topk,
                          " need 1 <= topk <= experts"));
   }
-  StatusOr<double> skew = ParseDouble("skew", skew_text.empty() ? "0" : skew_text);
-  StatusOr<double> share = ParseDouble("hot_share", hot_share_text);
   StatusOr<double> cf = ParseDouble("capacity", capacity_text);
-  for (const auto* v : {&skew, &share, &cf}) {
-    if (!v->ok()) return h.Fail(Message(v->status()));
-  }
-  StatusOr<RoutingSpec> spec =
-      MakeRoutingSpec(!skew_text.empty(), *skew, hot, *share, experts, seed);
+  if (!cf.ok()) return h.Fail(Message(cf.status()));
+  StatusOr<RoutingSpec> spec = RoutingSpecFromFlags(skew_text, hot, hot_share_text, experts, seed);
   if (!spec.ok()) return h.Fail(Message(spec.status()));
   if (!CudaAvailable()) {
     std::fprintf(stderr,

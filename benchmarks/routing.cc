@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "benchmarks/harness.h"
 #include "engine/core/check.h"
 
 namespace switchyard::bench {
@@ -60,6 +61,14 @@ StatusOr<RoutingSpec> MakeRoutingSpec(bool skew_given, double skew, int hot, dou
     spec.hot_share = hot_share;
   }
   return spec;
+}
+
+StatusOr<RoutingSpec> RoutingSpecFromFlags(const std::string& skew_text, int hot,
+                                           const std::string& hot_share_text,
+                                           int64_t num_experts, uint64_t seed) {
+  SY_ASSIGN_OR_RETURN(const double skew, ParseDouble("skew", skew_text.empty() ? "0" : skew_text));
+  SY_ASSIGN_OR_RETURN(const double share, ParseDouble("hot_share", hot_share_text));
+  return MakeRoutingSpec(!skew_text.empty(), skew, hot, share, num_experts, seed);
 }
 
 std::vector<double> ExpertWeights(const RoutingSpec& spec) {

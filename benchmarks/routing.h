@@ -36,6 +36,11 @@ struct RoutingSpec {
 // uniform when neither is given. Rejects both at once, s < 0 and shares outside (0, 1].
 StatusOr<RoutingSpec> MakeRoutingSpec(bool skew_given, double skew, int hot, double hot_share,
                                       int64_t num_experts, uint64_t seed);
+// The same from the flags' text as the benchmarks take them (--skew empty: not given);
+// a value that is not a number is an error naming its flag.
+StatusOr<RoutingSpec> RoutingSpecFromFlags(const std::string& skew_text, int hot,
+                                           const std::string& hot_share_text,
+                                           int64_t num_experts, uint64_t seed);
 
 // (E) each expert's probability of being chosen (they sum to 1).
 std::vector<double> ExpertWeights(const RoutingSpec& spec);
