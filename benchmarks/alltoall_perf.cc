@@ -30,6 +30,8 @@ MPI_Datatype MpiType(DType dtype) {
       return MPI_INT64_T;
     case DType::kU8:
       return MPI_UINT8_T;
+    case DType::kF64:
+      return MPI_DOUBLE;
     case DType::kBF16:
     case DType::kF16:
       return MPI_UINT16_T;

@@ -86,6 +86,8 @@ std::string BenchDTypeName(DType dtype) {
       return "int64";
     case DType::kU8:
       return "uint8";
+    case DType::kF64:
+      return "double";
   }
   return "?";
 }

@@ -10,10 +10,14 @@
 namespace switchyard::dense {
 namespace {
 
-// One projection's options; checks `o` first, since the shapes are computed from it.
-LinearOptions Projection(const AttentionOptions& o, int64_t in, int64_t out) {
+// One projection's options; checks `o` first, since the shapes are computed from it. q, k
+// and v are column-parallel, o row-parallel.
+LinearOptions Projection(const AttentionOptions& o, int64_t in, int64_t out,
+                         LinearSplit split = LinearSplit::kColumn) {
   SY_CHECK_OK(o.Validate());
-  return LinearOptions{.in = in, .out = out, .bias = o.bias, .device = o.device};
+  return LinearOptions{.in = in, .out = out, .bias = o.bias, .device = o.device,
+                       .split = o.tp.active() ? split : LinearSplit::kNone,
+                       .tp_rank = o.tp.rank(), .tp_size = o.tp.size()};
 }
 
 // (B, S, H * hd) as (B, S, H, hd).
@@ -39,6 +43,17 @@ Status AttentionOptions::Validate() const {
     return InvalidArgument("attention.rope needs an even head_dim; d_model / n_heads = ",
                            head_dim());
   }
+  const int tp_size = tp.size();
+  if (n_heads % tp_size != 0) {
+    return InvalidArgument("parallel.tp=", tp_size, " does not divide model.n_heads=", n_heads);
+  }
+  if (kv_heads() % tp_size != 0) {
+    return InvalidArgument("parallel.tp=", tp_size, " does not divide model.n_kv_heads=",
+                           kv_heads(), " (grouped-query attention splits the kv heads)");
+  }
+  if (tp.active() && tp.sequence_parallel && seq_len <= 0) {
+    return InvalidArgument("attention.seq_len=", seq_len, " must be > 0 with sequence parallelism");
+  }
   if (rope && !(rope_base > 0.0f)) {
     return InvalidArgument("attention.rope_base=", rope_base, " must be > 0");
   }
@@ -53,7 +68,9 @@ Attention::Attention(const AttentionOptions& options, DeviceContext* ctx)
                  ctx),
           Linear(Projection(options, options.d_model, options.kv_heads() * options.head_dim()),
                  ctx),
-          Linear(Projection(options, options.n_heads * options.head_dim(), options.d_model), ctx)) {
+          Linear(Projection(options, options.n_heads * options.head_dim(), options.d_model,
+                            LinearSplit::kRow),
+                 ctx)) {
 }
 
 Attention::Attention(const AttentionOptions& options, Linear q, Linear k, Linear v, Linear o)
@@ -67,16 +84,22 @@ Attention Attention::Init(const AttentionOptions& options, uint64_t seed, const 
       Linear::Init(Projection(options, d, options.n_heads * hd), seed, name + ".q", std, ctx),
       Linear::Init(Projection(options, d, options.kv_heads() * hd), seed, name + ".k", std, ctx),
       Linear::Init(Projection(options, d, options.kv_heads() * hd), seed, name + ".v", std, ctx),
-      Linear::Init(Projection(options, options.n_heads * hd, d), seed, name + ".o", out_std, ctx));
+      Linear::Init(Projection(options, options.n_heads * hd, d, LinearSplit::kRow), seed,
+                   name + ".o", out_std, ctx));
 }
 
-AttentionActivations Attention::Forward(const Tensor& x, DeviceContext* ctx) const {
-  SY_CHECK(x.ndim() == 3 && x.dim(2) == options_.d_model)
-      << "Attention::Forward: x " << ShapeString(x.shape()) << ", expected (B, S, "
-      << options_.d_model << ")";
-  const int64_t b = x.dim(0), s = x.dim(1), hq = options_.n_heads, hkv = options_.kv_heads(),
-                hd = options_.head_dim();
+AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx) const {
+  const TensorParallel& tp = options_.tp;
+  const bool sp = tp.active() && tp.sequence_parallel;
+  SY_CHECK((sp ? x_in.ndim() == 2 : x_in.ndim() == 3) && x_in.dim(-1) == options_.d_model)
+      << "Attention::Forward: x " << ShapeString(x_in.shape()) << ", expected "
+      << (sp ? "(B*S/tp, " : "(B, S, ") << options_.d_model << ")";
   AttentionActivations acts;
+  acts.x = x_in;
+  Tensor x = EnterTensorParallel(tp, x_in, ctx);
+  if (sp) x = x.Reshape({x.dim(0) / options_.seq_len, options_.seq_len, options_.d_model});
+  const int64_t b = x.dim(0), s = x.dim(1), hq = options_.local_heads(),
+                hkv = options_.local_kv_heads(), hd = options_.head_dim();
   acts.q = q_.Forward(x, ctx);
   acts.k = k_.Forward(x, ctx);
   acts.v = v_.Forward(x, ctx);
@@ -89,13 +112,18 @@ AttentionActivations Attention::Forward(const Tensor& x, DeviceContext* ctx) con
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
   kernels::AttentionForward(q, k, v, a, acts.lse, ctx);
   acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
+  acts.out = LeaveTensorParallel(tp, acts.o.y, ctx);
+  if (sp) acts.out = acts.out.Reshape({acts.out.numel() / options_.d_model, options_.d_model});
   return acts;
 }
 
-Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy, DeviceContext* ctx) {
+Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in,
+                           DeviceContext* ctx) {
+  const TensorParallel& tp = options_.tp;
   const Tensor& x = acts.q.x;
-  const int64_t b = x.dim(0), s = x.dim(1), hq = options_.n_heads, hkv = options_.kv_heads(),
-                hd = options_.head_dim();
+  const int64_t b = x.dim(0), s = x.dim(1), hq = options_.local_heads(),
+                hkv = options_.local_kv_heads(), hd = options_.head_dim();
+  const Tensor dy = LeaveTensorParallelBackward(tp, dy_in, ctx).Reshape(acts.o.y.shape());
   const Tensor da = o_.Backward(acts.o, dy, ctx);  // (B, S, Hq * hd)
   Tensor dq = Tensor::Empty({b, s, hq * hd}, DType::kF32, x.device());
   Tensor dk = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
@@ -113,15 +141,16 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy, D
   q_.BackwardInto(acts.q, dq, dx, 0.0f, ctx);
   k_.BackwardInto(acts.k, dk, dx, 1.0f, ctx);
   v_.BackwardInto(acts.v, dv, dx, 1.0f, ctx);
-  return dx;
+  return EnterTensorParallelBackward(tp, dx.Reshape({x.numel() / options_.d_model, options_.d_model}), ctx)
+      .Reshape(acts.x.shape());
 }
 
 void Attention::ZeroGrad(DeviceContext* ctx) {
   for (Linear* l : {&q_, &k_, &v_, &o_}) l->ZeroGrad(ctx);
 }
 
-std::vector<NamedParameter> Attention::Parameters() const {
-  std::vector<NamedParameter> out;
+std::vector<Parameter> Attention::Parameters() const {
+  std::vector<Parameter> out;
   AppendPrefixed("q", q_.Parameters(), out);
   AppendPrefixed("k", k_.Parameters(), out);
   AppendPrefixed("v", v_.Parameters(), out);

@@ -6,6 +6,12 @@
 // with Hq = n_heads, Hkv = n_kv_heads (default n_heads), hd = d / n_heads, scale 1/sqrt(hd).
 // Four separate Linear projections ("q", "k", "v", "o"), as Llama stores them, so that a
 // tensor-parallel split by heads slices each one on its own.
+//
+// Tensor parallelism (options.tp, Megatron-LM): q, k and v are column-parallel and o is
+// row-parallel, so rank r computes the heads [r*Hq/tp, (r+1)*Hq/tp) and their kv heads
+// [r*Hkv/tp, ...) (tp must divide Hkv). The block enters and leaves the tensor-parallel
+// region once (dense/tp_block.h). With sequence parallelism x and y are this rank's rows
+// of the (B*S, d) token matrix, and seq_len gives S to shape the gathered rows.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +19,7 @@
 #include <vector>
 
 #include "dense/linear.h"
+#include "dense/tp_block.h"
 #include "dense/parameter.h"
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
@@ -28,6 +35,11 @@ struct AttentionOptions {
   bool rope = false;       // rotary positions on q and k (position = rope)
   float rope_base = 10000.0f;
   Device device = Device::Cpu();
+  TensorParallel tp;     // none by default
+  int64_t seq_len = 0;   // S; required with tp.sequence_parallel
+
+  int64_t local_heads() const { return n_heads / tp.size(); }
+  int64_t local_kv_heads() const { return kv_heads() / tp.size(); }
 
   int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
@@ -38,13 +50,15 @@ struct AttentionOptions {
 
 // What Backward needs from one Forward.
 struct AttentionActivations {
+  Tensor x;                   // the block's input as given (this rank's rows under sp)
   LinearActivations q, k, v;  // q.x = k.x = v.x = x (B, S, d); q.y (B, S, Hq * hd) and
                               // k.y (B, S, Hkv * hd) hold q and k AFTER RoPE (rotated in place)
   Tensor lse;                 // (B, Hq, S) from kernels::AttentionForward
   LinearActivations o;        // o.x the attention output (B, S, Hq * hd), o.y = y (B, S, d)
 
-  // The block's output y (B, S, d).
-  const Tensor& y() const { return o.y; }
+  Tensor out;                 // the block's output y (B, S, d), or this rank's rows under sp
+
+  const Tensor& y() const { return out; }
 };
 
 class Attention {
@@ -60,7 +74,8 @@ class Attention {
   Attention(Attention&&) = default;
   Attention& operator=(Attention&&) = default;
 
-  // x (B, S, d) -> acts.y() (B, S, d).
+  // x (B, S, d) -> acts.y() (B, S, d); under sequence parallelism x and y are this rank's
+  // rows (B*S/tp, d).
   AttentionActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr) const;
   // dy (B, S, d). Adds into every projection's gradients; returns dx (B, S, d).
   Tensor Backward(const AttentionActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
@@ -72,7 +87,7 @@ class Attention {
   Linear& v() { return v_; }
   Linear& o() { return o_; }
   // "q.weight", ("q.bias",) "k.weight", ..., "o.weight" (, "o.bias").
-  std::vector<NamedParameter> Parameters() const;
+  std::vector<Parameter> Parameters() const;
 
  private:
   Attention(const AttentionOptions& options, Linear q, Linear k, Linear v, Linear o);

@@ -1,11 +1,13 @@
 // Embedding (dense/embedding.h) over kernels/embedding.h.
 #include "dense/embedding.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "engine/core/philox.h"
 #include "kernels/embedding.h"
 #include "kernels/random.h"
+#include "kernels/vocab_parallel.h"
 
 namespace switchyard::dense {
 namespace {
@@ -22,12 +24,25 @@ Status EmbeddingOptions::Validate() const {
   if (max_positions < 0) {
     return InvalidArgument("embedding.max_positions=", max_positions, " must be >= 0");
   }
+  if (valid_rows() <= 0) {
+    return InvalidArgument("model.vocab_size=", vocab_size, " is too small for tp=", tp.size(),
+                           ": tensor-parallel rank ", tp.rank(), " would hold no vocabulary");
+  }
   return OkStatus();
 }
 
+namespace {
+
+// Under vocabulary parallelism the table has one more row after the rank's rows: a zero
+// row that the other ranks' tokens look up (kernels::VocabShardLocalIds), so the lookup and
+// its deterministic backward are kernels/embedding.h's. Not part of wte() or the parameter.
+int64_t TableRows(const EmbeddingOptions& o) { return o.local_rows() + (o.tp.active() ? 1 : 0); }
+
+}  // namespace
+
 Embedding::Embedding(const EmbeddingOptions& options, DeviceContext* ctx)
     : Embedding(options,
-                EmbeddingParams{Tensor::Zeros({options.vocab_size, options.d_model}, DType::kF32,
+                EmbeddingParams{Tensor::Zeros({TableRows(options), options.d_model}, DType::kF32,
                                               options.device, ctx),
                                 ZerosOrUndefined(options.max_positions > 0,
                                                  {options.max_positions, options.d_model},
@@ -35,10 +50,12 @@ Embedding::Embedding(const EmbeddingOptions& options, DeviceContext* ctx)
                 ctx) {}
 
 Embedding::Embedding(const EmbeddingOptions& options, EmbeddingParams params, DeviceContext* ctx)
-    : options_(options), wte_(std::move(params.wte)), wpe_(std::move(params.wpe)) {
+    : options_(options), table_(std::move(params.wte)), wpe_(std::move(params.wpe)) {
   SY_CHECK_OK(options.Validate());
-  grad_wte_ =
-      Tensor::Zeros({options.vocab_size, options.d_model}, DType::kF32, options.device, ctx);
+  SY_CHECK_EQ(table_.dim(0), TableRows(options)) << "embedding table rows";
+  grad_table_ = Tensor::Zeros(table_.shape(), DType::kF32, options.device, ctx);
+  wte_ = table_.Slice(0, options.local_rows());
+  grad_wte_ = grad_table_.Slice(0, options.local_rows());
   grad_wpe_ = ZerosOrUndefined(options.max_positions > 0, {options.max_positions, options.d_model},
                                options.device, ctx);
 }
@@ -46,18 +63,18 @@ Embedding::Embedding(const EmbeddingOptions& options, EmbeddingParams params, De
 Embedding Embedding::Init(const EmbeddingOptions& options, uint64_t seed, const std::string& name,
                           float std, DeviceContext* ctx) {
   Embedding e(options, ctx);
-  kernels::FillNormal(e.wte_, RngKey{seed, StreamId(name + ".wte")}, 0, 0.0f, std, ctx);
-  if (e.wpe_.defined()) {
-    kernels::FillNormal(e.wpe_, RngKey{seed, StreamId(name + ".wpe")}, 0, 0.0f, std, ctx);
-  }
+  for (Parameter& p : e.Parameters()) parallel::InitNormal(p, seed, std, ctx, name + "." + p.name);
   return e;
 }
 
 StatusOr<Embedding> Embedding::FromTensors(const EmbeddingOptions& options, EmbeddingParams params,
                                            DeviceContext* ctx) {
   SY_RETURN_IF_ERROR(options.Validate());
+  if (options.tp.active()) {
+    return InvalidArgument("embedding: loading a vocabulary-parallel table is not supported");
+  }
   SY_RETURN_IF_ERROR(CheckParameter("embedding.wte", params.wte,
-                                    {options.vocab_size, options.d_model}, options.device));
+                                    {options.local_rows(), options.d_model}, options.device));
   if (options.max_positions > 0) {
     SY_RETURN_IF_ERROR(CheckParameter("embedding.wpe", params.wpe,
                                       {options.max_positions, options.d_model}, options.device));
@@ -72,28 +89,60 @@ EmbeddingActivations Embedding::Forward(const Tensor& tokens, DeviceContext* ctx
                                 << ShapeString(tokens.shape());
   EmbeddingActivations acts;
   acts.tokens = tokens;
-  acts.y =
+  Tensor y =
       Tensor::Empty({tokens.dim(0), tokens.dim(1), options_.d_model}, DType::kF32, tokens.device());
-  kernels::EmbeddingForward(tokens, wte_, acts.y, ctx);
-  if (wpe_.defined()) kernels::AddPositionEmbedding(acts.y, wpe_, 0, ctx);
+  const TensorParallel& tp = options_.tp;
+  if (!tp.active()) {
+    kernels::EmbeddingForward(tokens, wte_, y, ctx);
+    if (wpe_.defined()) kernels::AddPositionEmbedding(y, wpe_, 0, ctx);
+    acts.y = y;
+    return acts;
+  }
+  Tensor local = Tensor::Empty(tokens.shape(), DType::kI32, tokens.device());
+  kernels::VocabShardLocalIds(tokens, options_.vocab_start(), options_.valid_rows(),
+                              static_cast<int32_t>(options_.local_rows()), local, ctx);
+  kernels::EmbeddingForward(local, table_, y, ctx);
+  if (wpe_.defined() && tp.rank() == 0) kernels::AddPositionEmbedding(y, wpe_, 0, ctx);
+  acts.y = LeaveTensorParallel(tp, y.Reshape({y.numel() / options_.d_model, options_.d_model}), ctx);
+  if (!tp.sequence_parallel) acts.y = acts.y.Reshape(y.shape());
   return acts;
 }
 
 void Embedding::Backward(const EmbeddingActivations& acts, const Tensor& dy, DeviceContext* ctx) {
   SY_CHECK(dy.shape() == acts.y.shape()) << "Embedding::Backward: dy " << ShapeString(dy.shape())
                                          << " for y " << ShapeString(acts.y.shape());
-  kernels::EmbeddingBackward(acts.tokens, dy, grad_wte_, ctx);
-  if (grad_wpe_.defined()) kernels::PositionEmbeddingBackward(dy, grad_wpe_, 0, ctx);
+  const TensorParallel& tp = options_.tp;
+  if (!tp.active()) {
+    kernels::EmbeddingBackward(acts.tokens, dy, grad_wte_, ctx);
+    if (grad_wpe_.defined()) kernels::PositionEmbeddingBackward(dy, grad_wpe_, 0, ctx);
+    return;
+  }
+  const Tensor dfull =
+      LeaveTensorParallelBackward(tp, dy.Reshape({dy.numel() / options_.d_model, options_.d_model}), ctx)
+          .Reshape({acts.tokens.dim(0), acts.tokens.dim(1), options_.d_model});
+  Tensor local = Tensor::Empty(acts.tokens.shape(), DType::kI32, acts.tokens.device());
+  kernels::VocabShardLocalIds(acts.tokens, options_.vocab_start(), options_.valid_rows(),
+                              static_cast<int32_t>(options_.local_rows()), local, ctx);
+  kernels::EmbeddingBackward(local, dfull, grad_table_, ctx);
+  if (grad_wpe_.defined() && tp.rank() == 0) kernels::PositionEmbeddingBackward(dfull, grad_wpe_, 0, ctx);
 }
 
 void Embedding::ZeroGrad(DeviceContext* ctx) {
-  grad_wte_.SetZero(ctx);
+  grad_table_.SetZero(ctx);
   if (grad_wpe_.defined()) grad_wpe_.SetZero(ctx);
 }
 
-std::vector<NamedParameter> Embedding::Parameters() const {
-  std::vector<NamedParameter> out = {{"wte", wte_, grad_wte_}};
-  if (wpe_.defined()) out.push_back({"wpe", wpe_, grad_wpe_});
+std::vector<Parameter> Embedding::Parameters() const {
+  const EmbeddingOptions& o = options_;
+  const int64_t valid = o.valid_rows();
+  Parameter wte = Parameter::Dense("wte", wte_.Slice(0, valid), grad_wte_.Slice(0, valid), true);
+  if (o.tp.active()) wte.Split(0, o.vocab_start(), o.vocab_size);
+  std::vector<Parameter> out = {std::move(wte)};
+  if (wpe_.defined()) {
+    Parameter wpe = Parameter::Dense("wpe", wpe_, grad_wpe_, true);
+    if (o.tp.active()) wpe.ReplicatedOver(dist::Axis::kTp, /*grad_summed=*/true);
+    out.push_back(std::move(wpe));
+  }
   return out;
 }
 

@@ -7,6 +7,16 @@
 // With tie_embeddings the LM head is wte^T: the model computes logits = h @ wte^T through
 // kernels::Gemm on wte() and adds the head's gradient into grad_wte() (both handles share the
 // parameter's storage), so one tensor carries both uses.
+//
+// Vocabulary parallelism (options.tp, Megatron-LM's VocabParallelEmbedding): the vocabulary
+// is padded to a multiple of tp (padded_vocab()) and rank r holds the rows
+// [r*Vp/tp, (r+1)*Vp/tp) of wte; each rank looks up the tokens it holds (zeros for the
+// others) and the partial sums leave the tensor-parallel region (all-reduce, or
+// reduce-scatter to the rank's rows under sequence parallelism): exactly one rank
+// contributes each row, so the sum equals the one-rank lookup bit for bit. The padding rows
+// stay zero, are never looked up, and are not part of the parameter (Parameters() lists
+// only the real rows, so checkpoints hold the (V, d) table). wpe is whole on every rank and
+// added by rank 0 before the reduction; its gradient is rank 0's, summed over tp.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +24,7 @@
 #include <vector>
 
 #include "dense/parameter.h"
+#include "dense/tp_block.h"
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
@@ -25,6 +36,16 @@ struct EmbeddingOptions {
   int64_t d_model = 0;        // d; required
   int64_t max_positions = 0;  // S_max of the learned table wpe; 0: no wpe (rope)
   Device device = Device::Cpu();
+  TensorParallel tp;          // vocabulary parallelism; none by default
+
+  // V rounded up to a multiple of tp; the rows this rank holds, the first of them, and how
+  // many of them are real vocabulary (the rest is padding).
+  int64_t padded_vocab() const { return (vocab_size + tp.size() - 1) / tp.size() * tp.size(); }
+  int64_t local_rows() const { return padded_vocab() / tp.size(); }
+  int64_t vocab_start() const { return tp.rank() * local_rows(); }
+  int64_t valid_rows() const {
+    return std::max<int64_t>(0, std::min(local_rows(), vocab_size - vocab_start()));
+  }
 
   // Names the field and the value it rejects ("embedding.vocab_size=0 must be > 0").
   Status Validate() const;
@@ -38,7 +59,7 @@ struct EmbeddingParams {
 // What Backward needs from one Forward.
 struct EmbeddingActivations {
   Tensor tokens;  // (B, S) i32, shared with the caller: keep it unchanged
-  Tensor y;       // (B, S, d)
+  Tensor y;       // (B, S, d); this rank's rows (B*S/tp, d) under sequence parallelism
 };
 
 class Embedding {
@@ -71,13 +92,14 @@ class Embedding {
   Tensor grad_wte() const { return grad_wte_; }
   Tensor grad_wpe() const { return grad_wpe_; }
   // "wte", then "wpe" when it exists.
-  std::vector<NamedParameter> Parameters() const;
+  std::vector<Parameter> Parameters() const;
 
  private:
   Embedding(const EmbeddingOptions& options, EmbeddingParams params, DeviceContext* ctx);
 
   EmbeddingOptions options_;
-  Tensor wte_, wpe_;
+  Tensor table_, grad_table_;  // (local rows [+ 1 zero row under tp], d)
+  Tensor wte_, wpe_;            // wte_: the table's first local_rows() rows
   Tensor grad_wte_, grad_wpe_;
 };
 

@@ -29,28 +29,43 @@ Shape WithLast(Shape shape, int64_t last) {
 Status LinearOptions::Validate() const {
   if (in <= 0) return InvalidArgument("linear.in=", in, " must be > 0");
   if (out <= 0) return InvalidArgument("linear.out=", out, " must be > 0");
+  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
+    return InvalidArgument("linear: tensor-parallel rank ", tp_rank, " of ", tp_size);
+  }
+  if (split == LinearSplit::kColumn && out % tp_size != 0) {
+    return InvalidArgument("linear.out=", out, " is not divisible by tp=", tp_size);
+  }
+  if (split == LinearSplit::kRow && in % tp_size != 0) {
+    return InvalidArgument("linear.in=", in, " is not divisible by tp=", tp_size);
+  }
   return OkStatus();
 }
 
 Linear::Linear(const LinearOptions& options, DeviceContext* ctx)
     : Linear(
           options,
-          LinearParams{Tensor::Zeros({options.in, options.out}, DType::kF32, options.device, ctx),
-                       options.bias ? Tensor::Zeros({options.out}, DType::kF32, options.device, ctx)
+          LinearParams{Tensor::Zeros({options.local_in(), options.local_out()}, DType::kF32,
+                                     options.device, ctx),
+                       options.bias ? Tensor::Zeros({options.local_out()}, DType::kF32,
+                                                    options.device, ctx)
                                     : Tensor()},
           ctx) {}
 
 Linear::Linear(const LinearOptions& options, LinearParams params, DeviceContext* ctx)
     : options_(options), weight_(std::move(params.weight)), bias_(std::move(params.bias)) {
   SY_CHECK_OK(options.Validate());
-  grad_weight_ = Tensor::Zeros({options.in, options.out}, DType::kF32, options.device, ctx);
-  if (options.bias) grad_bias_ = Tensor::Zeros({options.out}, DType::kF32, options.device, ctx);
+  grad_weight_ = Tensor::Zeros({options.local_in(), options.local_out()}, DType::kF32,
+                               options.device, ctx);
+  if (options.bias) {
+    grad_bias_ = Tensor::Zeros({options.local_out()}, DType::kF32, options.device, ctx);
+  }
 }
 
 Linear Linear::Init(const LinearOptions& options, uint64_t seed, const std::string& name, float std,
                     DeviceContext* ctx) {
   Linear linear(options, ctx);
-  kernels::FillNormal(linear.weight_, RngKey{seed, StreamId(name + ".weight")}, 0, 0.0f, std, ctx);
+  Parameter weight = linear.Parameters()[0];
+  parallel::InitNormal(weight, seed, std, ctx, name + ".weight");
   return linear;
 }
 
@@ -58,9 +73,11 @@ StatusOr<Linear> Linear::FromTensors(const LinearOptions& options, LinearParams 
                                      DeviceContext* ctx) {
   SY_RETURN_IF_ERROR(options.Validate());
   SY_RETURN_IF_ERROR(
-      CheckParameter("linear.weight", params.weight, {options.in, options.out}, options.device));
+      CheckParameter("linear.weight", params.weight, {options.local_in(), options.local_out()},
+                     options.device));
   if (options.bias) {
-    SY_RETURN_IF_ERROR(CheckParameter("linear.bias", params.bias, {options.out}, options.device));
+    SY_RETURN_IF_ERROR(
+        CheckParameter("linear.bias", params.bias, {options.local_out()}, options.device));
   } else if (params.bias.defined()) {
     return InvalidArgument("linear.bias given but linear.bias=false");
   }
@@ -68,13 +85,14 @@ StatusOr<Linear> Linear::FromTensors(const LinearOptions& options, LinearParams 
 }
 
 LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx) const {
-  const Tensor x2 = Rows(x, options_.in, "Linear::Forward: x");
+  const int64_t in = options_.local_in(), out = options_.local_out();
+  const Tensor x2 = Rows(x, in, "Linear::Forward: x");
   LinearActivations acts;
   acts.x = x;
-  acts.y = Tensor::Empty(WithLast(x.shape(), options_.out), DType::kF32, x.device());
-  Tensor y2 = acts.y.Reshape({x2.dim(0), options_.out});  // (N, out)
+  acts.y = Tensor::Empty(WithLast(x.shape(), out), DType::kF32, x.device());
+  Tensor y2 = acts.y.Reshape({x2.dim(0), out});  // (N, out)
   kernels::Gemm(x2, false, weight_, false, y2, 1.0f, 0.0f, ctx);
-  if (options_.bias) kernels::AddBias(y2, bias_, ctx);
+  if (adds_bias()) kernels::AddBias(y2, bias_, ctx);
   return acts;
 }
 
@@ -86,16 +104,17 @@ Tensor Linear::Backward(const LinearActivations& acts, const Tensor& dy, DeviceC
 
 void Linear::BackwardInto(const LinearActivations& acts, const Tensor& dy, Tensor& dx, float beta,
                           DeviceContext* ctx) {
-  const Tensor x2 = Rows(acts.x, options_.in, "Linear::Backward: x");
-  const Tensor dy2 = Rows(dy, options_.out, "Linear::Backward: dy");
+  const int64_t in = options_.local_in(), out = options_.local_out();
+  const Tensor x2 = Rows(acts.x, in, "Linear::Backward: x");
+  const Tensor dy2 = Rows(dy, out, "Linear::Backward: dy");
   SY_CHECK_EQ(dy2.dim(0), x2.dim(0)) << "Linear::Backward: dy " << ShapeString(dy.shape())
                                      << " for x " << ShapeString(acts.x.shape());
   SY_CHECK(dx.shape() == acts.x.shape()) << "Linear::Backward: dx " << ShapeString(dx.shape())
                                          << " for x " << ShapeString(acts.x.shape());
   // dW (in, out) += x^T dy; db += column sums of dy; dx = beta dx + dy W^T.
   kernels::Gemm(x2, true, dy2, false, grad_weight_, 1.0f, 1.0f, ctx);
-  if (options_.bias) kernels::BiasGrad(dy2, grad_bias_, /*beta=*/1.0f, ctx);
-  Tensor dx2 = dx.Reshape({x2.dim(0), options_.in});
+  if (adds_bias()) kernels::BiasGrad(dy2, grad_bias_, /*beta=*/1.0f, ctx);
+  Tensor dx2 = dx.Reshape({x2.dim(0), in});
   kernels::Gemm(dy2, false, weight_, true, dx2, 1.0f, beta, ctx);
 }
 
@@ -104,9 +123,22 @@ void Linear::ZeroGrad(DeviceContext* ctx) {
   if (grad_bias_.defined()) grad_bias_.SetZero(ctx);
 }
 
-std::vector<NamedParameter> Linear::Parameters() const {
-  std::vector<NamedParameter> out = {{"weight", weight_, grad_weight_}};
-  if (bias_.defined()) out.push_back({"bias", bias_, grad_bias_});
+bool Linear::adds_bias() const {
+  return options_.bias && (options_.split != LinearSplit::kRow || options_.tp_rank == 0);
+}
+
+std::vector<Parameter> Linear::Parameters() const {
+  const LinearOptions& o = options_;
+  Parameter w = Parameter::Dense("weight", weight_, grad_weight_, /*weight_decay=*/true);
+  if (o.split == LinearSplit::kColumn) w.Split(1, o.tp_rank * o.local_out(), o.out);
+  if (o.split == LinearSplit::kRow) w.Split(0, o.tp_rank * o.local_in(), o.in);
+  std::vector<Parameter> out = {std::move(w)};
+  if (bias_.defined()) {
+    Parameter b = Parameter::Dense("bias", bias_, grad_bias_, /*weight_decay=*/false);
+    if (o.split == LinearSplit::kColumn) b.Split(0, o.tp_rank * o.local_out(), o.out);
+    if (o.split == LinearSplit::kRow) b.ReplicatedOver(dist::Axis::kTp, /*grad_summed=*/true);
+    out.push_back(std::move(b));
+  }
   return out;
 }
 

@@ -1,6 +1,15 @@
 // Linear: y = x @ W + b with W stored (in, out) as in MODEL.md (x (N, in), y (N, out)); any
 // leading dimensions of x are flattened into N. The building block of the attention
-// projections and the dense MLP; the tensor-parallel (column / row) variants will slice it.
+// projections and the dense MLP.
+//
+// Tensor parallelism (Megatron-LM's ColumnParallelLinear / RowParallelLinear): the layer
+// owns its split and describes it in Parameters(); the communication around it (the
+// mappings of engine/parallel/tensor_parallel.h) belongs to the block that uses it, since
+// q, k and v share one gathered input.
+//   kColumn: W (in, out/tp), columns [r*out/tp, (r+1)*out/tp); b split the same way.
+//   kRow:    W (in/tp, out), rows [r*in/tp, ...); y is a partial sum the caller reduces
+//            over tp; b is whole and added by tp rank 0 only, so the reduced sum holds it
+//            once; its gradient (rank 0's) is summed over tp.
 //
 // Forward returns a LinearActivations that the caller keeps (llm.c style, so several
 // micro-batches can be in flight); Backward adds dW = x^T dy and db = column sums of dy into
@@ -18,11 +27,20 @@
 
 namespace switchyard::dense {
 
+// How a Linear's weight is split over the tensor-parallel group.
+enum class LinearSplit { kNone, kColumn, kRow };
+
 struct LinearOptions {
-  int64_t in = 0;     // input features; required
-  int64_t out = 0;    // output features; required
+  int64_t in = 0;     // input features (of the whole layer); required
+  int64_t out = 0;    // output features (of the whole layer); required
   bool bias = false;  // b (out)
   Device device = Device::Cpu();
+  LinearSplit split = LinearSplit::kNone;
+  int tp_rank = 0, tp_size = 1;  // this rank's place in the tensor-parallel group
+
+  // The local weight's shape: (local_in, local_out).
+  int64_t local_in() const { return split == LinearSplit::kRow ? in / tp_size : in; }
+  int64_t local_out() const { return split == LinearSplit::kColumn ? out / tp_size : out; }
 
   // Names the field and the value it rejects ("linear.in=0 must be > 0").
   Status Validate() const;
@@ -43,8 +61,9 @@ class Linear {
  public:
   // Parameters and gradients allocated and zeroed. Checks Validate().
   explicit Linear(const LinearOptions& options, DeviceContext* ctx = nullptr);
-  // weight ~ N(0, std^2) from kernels::FillNormal keyed by RngKey{seed, StreamId(name +
-  // ".weight")} at element offset 0 (element (i, j) is global index i * out + j); bias zero.
+  // weight ~ N(0, std^2) keyed by RngKey{seed, StreamId(name + ".weight")}, element (i, j)
+  // of the whole (in, out) weight at counter index i * out + j, whatever the split
+  // (parallel::FillNormalBox); bias zero.
   static Linear Init(const LinearOptions& options, uint64_t seed, const std::string& name,
                      float std = 0.02f, DeviceContext* ctx = nullptr);
   // Takes (shares, does not copy) the given parameters. Errors name the tensor and what
@@ -74,11 +93,13 @@ class Linear {
   Tensor bias() const { return bias_; }
   Tensor grad_weight() const { return grad_weight_; }
   Tensor grad_bias() const { return grad_bias_; }
-  // "weight", then "bias" when it exists.
-  std::vector<NamedParameter> Parameters() const;
+  // "weight", then "bias" when it exists, each with its box in the whole layer's tensor.
+  std::vector<Parameter> Parameters() const;
 
  private:
   Linear(const LinearOptions& options, LinearParams params, DeviceContext* ctx);
+  // This rank adds (and differentiates) the bias: not on row-parallel ranks other than 0.
+  bool adds_bias() const;
 
   LinearOptions options_;
   Tensor weight_, bias_;

@@ -11,21 +11,30 @@ namespace {
 bool IsSwiglu(const MlpOptions& o) { return o.activation == Activation::kSwiglu; }
 
 // The options of one projection; checks `o` first, since the shapes come from it.
-LinearOptions Projection(const MlpOptions& o, int64_t in, int64_t out, bool bias) {
+LinearOptions Projection(const MlpOptions& o, int64_t in, int64_t out, bool bias,
+                         LinearSplit split) {
   SY_CHECK_OK(o.Validate());
-  return LinearOptions{.in = in, .out = out, .bias = bias, .device = o.device};
+  return LinearOptions{.in = in, .out = out, .bias = bias, .device = o.device,
+                       .split = o.tp.active() ? split : LinearSplit::kNone,
+                       .tp_rank = o.tp.rank(), .tp_size = o.tp.size()};
 }
-LinearOptions W1(const MlpOptions& o) { return Projection(o, o.d_model, o.d_hidden, o.bias); }
-LinearOptions W2(const MlpOptions& o) { return Projection(o, o.d_hidden, o.d_model, o.bias); }
-LinearOptions W3(const MlpOptions& o) { return Projection(o, o.d_model, o.d_hidden, false); }
+LinearOptions W1(const MlpOptions& o) {
+  return Projection(o, o.d_model, o.d_hidden, o.bias, LinearSplit::kColumn);
+}
+LinearOptions W2(const MlpOptions& o) {
+  return Projection(o, o.d_hidden, o.d_model, o.bias, LinearSplit::kRow);
+}
+LinearOptions W3(const MlpOptions& o) {
+  return Projection(o, o.d_model, o.d_hidden, false, LinearSplit::kColumn);
+}
 
 }  // namespace
 
-StatusOr<Activation> ParseActivation(const std::string& name) {
+StatusOr<Activation> ParseActivation(const std::string& name, std::string_view key) {
   if (name == "gelu") return Activation::kGelu;
   if (name == "relu") return Activation::kRelu;
   if (name == "swiglu") return Activation::kSwiglu;
-  return InvalidArgument("activation=\"", name, "\" is not one of gelu, relu, swiglu");
+  return InvalidArgument(key, "='", name, "' is not one of gelu, relu, swiglu");
 }
 
 const char* ActivationName(Activation activation) {
@@ -43,6 +52,10 @@ const char* ActivationName(Activation activation) {
 Status MlpOptions::Validate() const {
   if (d_model <= 0) return InvalidArgument("mlp.d_model=", d_model, " must be > 0");
   if (d_hidden <= 0) return InvalidArgument("mlp.d_hidden=", d_hidden, " must be > 0");
+  if (d_hidden % tp.size() != 0) {
+    return InvalidArgument("parallel.tp=", tp.size(), " does not divide the MLP hidden size ",
+                           d_hidden, " (model.d_ff)");
+  }
   return OkStatus();
 }
 
@@ -62,8 +75,9 @@ Mlp Mlp::Init(const MlpOptions& options, uint64_t seed, const std::string& name,
                  : std::nullopt);
 }
 
-MlpActivations Mlp::Forward(const Tensor& x, DeviceContext* ctx) const {
+MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
   MlpActivations acts;
+  const Tensor x = EnterTensorParallel(options_.tp, x_in, ctx);
   acts.fc1 = w1_.Forward(x, ctx);  // a (..., f)
   Tensor h = Tensor::Empty(acts.fc1.y.shape(), DType::kF32, x.device());
   switch (options_.activation) {
@@ -79,10 +93,12 @@ MlpActivations Mlp::Forward(const Tensor& x, DeviceContext* ctx) const {
       break;
   }
   acts.fc2 = w2_.Forward(h, ctx);
+  acts.out = LeaveTensorParallel(options_.tp, acts.fc2.y, ctx);
   return acts;
 }
 
-Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy, DeviceContext* ctx) {
+Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy_in, DeviceContext* ctx) {
+  const Tensor dy = LeaveTensorParallelBackward(options_.tp, dy_in, ctx);
   Tensor da = w2_.Backward(acts.fc2, dy, ctx);  // dh (..., f), then da in place
   Tensor db;
   switch (options_.activation) {
@@ -99,7 +115,7 @@ Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy, DeviceContext
   }
   Tensor dx = w1_.Backward(acts.fc1, da, ctx);
   if (db.defined()) w3_->BackwardInto(acts.fc3, db, dx, 1.0f, ctx);
-  return dx;
+  return EnterTensorParallelBackward(options_.tp, dx, ctx);
 }
 
 void Mlp::ZeroGrad(DeviceContext* ctx) {
@@ -108,8 +124,8 @@ void Mlp::ZeroGrad(DeviceContext* ctx) {
   if (w3_) w3_->ZeroGrad(ctx);
 }
 
-std::vector<NamedParameter> Mlp::Parameters() const {
-  std::vector<NamedParameter> out;
+std::vector<Parameter> Mlp::Parameters() const {
+  std::vector<Parameter> out;
   AppendPrefixed("w1", w1_.Parameters(), out);
   AppendPrefixed("w2", w2_.Parameters(), out);
   if (w3_) AppendPrefixed("w3", w3_->Parameters(), out);

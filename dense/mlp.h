@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dense/linear.h"
+#include "dense/tp_block.h"
 #include "dense/parameter.h"
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
@@ -23,8 +25,10 @@ namespace switchyard::dense {
 // gelu is the tanh approximation (MODEL.md).
 enum class Activation { kGelu, kRelu, kSwiglu };
 
-// Parses "gelu", "relu" or "swiglu".
-StatusOr<Activation> ParseActivation(const std::string& name);
+// Parses "gelu", "relu" or "swiglu"; the error names `key` ("moe.activation='tanh' is not
+// one of gelu, relu, swiglu"). The one activation enum of dense and MoE layers.
+StatusOr<Activation> ParseActivation(const std::string& name,
+                                     std::string_view key = "activation");
 const char* ActivationName(Activation activation);
 
 struct MlpOptions {
@@ -33,6 +37,10 @@ struct MlpOptions {
   Activation activation = Activation::kGelu;
   bool bias = false;  // b1 (f) and b2 (d)
   Device device = Device::Cpu();
+  // Tensor parallelism (Megatron-LM): W1 and W3 column-parallel (the hidden units
+  // [r*f/tp, (r+1)*f/tp) of each, so swiglu's gate and up halves stay paired), W2
+  // row-parallel. Under sequence parallelism x and y are this rank's rows.
+  TensorParallel tp;
 
   // Names the field and the value it rejects ("mlp.d_hidden=0 must be > 0").
   Status Validate() const;
@@ -43,9 +51,10 @@ struct MlpActivations {
   LinearActivations fc1;  // x -> a = x W1 + b1 (..., f)
   LinearActivations fc3;  // x -> b = x W3 (..., f); swiglu only
   LinearActivations fc2;  // h = act(a) or silu(a) * b (..., f) -> y (..., d)
+  Tensor out;             // y after leaving the tensor-parallel region (= fc2.y without tp)
 
   // The MLP's output y (..., d).
-  const Tensor& y() const { return fc2.y; }
+  const Tensor& y() const { return out; }
 };
 
 class Mlp {
@@ -72,7 +81,7 @@ class Mlp {
   // Only with swiglu.
   Linear& w3() { return *w3_; }
   // "w1.weight", ("w1.bias",) "w2.weight", ("w2.bias",) ("w3.weight" with swiglu).
-  std::vector<NamedParameter> Parameters() const;
+  std::vector<Parameter> Parameters() const;
 
  private:
   Mlp(const MlpOptions& options, Linear w1, Linear w2, std::optional<Linear> w3);

@@ -89,9 +89,9 @@ void Norm::ZeroGrad(DeviceContext* ctx) {
   if (grad_bias_.defined()) grad_bias_.SetZero(ctx);
 }
 
-std::vector<NamedParameter> Norm::Parameters() const {
-  std::vector<NamedParameter> out = {{"weight", weight_, grad_weight_}};
-  if (bias_.defined()) out.push_back({"bias", bias_, grad_bias_});
+std::vector<Parameter> Norm::Parameters() const {
+  std::vector<Parameter> out = {Parameter::Dense("weight", weight_, grad_weight_, false)};
+  if (bias_.defined()) out.push_back(Parameter::Dense("bias", bias_, grad_bias_, false));
   return out;
 }
 

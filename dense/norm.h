@@ -70,7 +70,7 @@ class Norm {
   Tensor grad_weight() const { return grad_weight_; }
   Tensor grad_bias() const { return grad_bias_; }
   // "weight", then "bias" for layernorm.
-  std::vector<NamedParameter> Parameters() const;
+  std::vector<Parameter> Parameters() const;
 
  private:
   Norm(const NormOptions& options, NormParams params, DeviceContext* ctx);

@@ -2,11 +2,6 @@
 
 namespace switchyard::dense {
 
-void AppendPrefixed(const std::string& prefix, const std::vector<NamedParameter>& params,
-                    std::vector<NamedParameter>& out) {
-  for (const NamedParameter& p : params) out.push_back({prefix + "." + p.name, p.value, p.grad});
-}
-
 Status CheckParameter(const std::string& what, const Tensor& t, const Shape& shape, Device device) {
   if (!t.defined()) return InvalidArgument(what, " is missing; expected ", ShapeString(shape));
   if (t.shape() != shape) {

@@ -1,7 +1,8 @@
-// A layer's parameters as a list: each one's name, its value and its gradient (the same
-// idea as moe::NamedParameter). Names are relative to the layer ("weight", "q.bias"); the
-// layer that owns a sub-layer prefixes its name ("o." + "weight"), and the model prefixes
-// the layer's own name, so every parameter ends up with one stable full name.
+// What dense layers share about their parameters. A layer lists its parameters as
+// parallel::Parameter descriptions (engine/parallel/parameter.h: value, gradient and how
+// this rank's box sits in the logical tensor). Names are relative to the layer ("weight",
+// "q.bias"); the layer that owns a sub-layer prefixes its name ("o." + "weight"), and the
+// model prefixes the layer's own name, so every parameter ends up with one stable full name.
 #pragma once
 
 #include <string>
@@ -11,18 +12,12 @@
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
+#include "engine/parallel/parameter.h"
 
 namespace switchyard::dense {
 
-struct NamedParameter {
-  std::string name;
-  Tensor value;
-  Tensor grad;  // same shape, dtype and device as value
-};
-
-// Appends `params` to `out` with each name prefixed by "<prefix>.".
-void AppendPrefixed(const std::string& prefix, const std::vector<NamedParameter>& params,
-                    std::vector<NamedParameter>& out);
+using parallel::AppendPrefixed;
+using parallel::Parameter;
 
 // Checks one loaded parameter: f32, `shape`, on `device`. Errors name `what` (e.g.
 // "linear.weight") and the shape, dtype or device rejected. An undefined tensor is "missing".

@@ -64,6 +64,13 @@ Status ExpertsOptions::Validate() const {
   if (d_hidden <= 0) return InvalidArgument("experts.d_hidden=", d_hidden, " must be > 0");
   if (first < 0) return InvalidArgument("experts.first=", first, " must be >= 0");
   if (num_local < 1) return InvalidArgument("experts.num_local=", num_local, " must be >= 1");
+  if (first + num_local > experts_total()) {
+    return InvalidArgument("experts [", first, ", +", num_local, ") of ", experts_total());
+  }
+  if (hidden_offset < 0 || hidden_offset + d_hidden > hidden_whole()) {
+    return InvalidArgument("experts: hidden units [", hidden_offset, ", +", d_hidden, ") of ",
+                           hidden_whole());
+  }
   return OkStatus();
 }
 
@@ -77,7 +84,8 @@ ExpertsOptions RoutedExpertsOptions(const MoEConfig& config, int64_t first, int6
                         .bias = config.bias,
                         .first = first,
                         .num_local = num_local,
-                        .device = device};
+                        .device = device,
+                        .num_experts = config.num_experts};
 }
 
 ExpertsOptions SharedExpertsOptions(const MoEConfig& config, Device device) {
@@ -124,13 +132,8 @@ Experts::Experts(const ExpertsOptions& options, ExpertsParams params, DeviceCont
 Experts Experts::Init(const ExpertsOptions& options, uint64_t seed, const std::string& name,
                       float std, DeviceContext* ctx) {
   Experts experts(options, ctx);
-  // Element offset of the first local expert in the global (E, ., .) tensor; w1, w2 and
-  // w3 all hold d * f elements per expert.
-  const int64_t offset = options.first * options.d_model * options.d_hidden;
-  kernels::FillNormal(experts.w1_, RngKey{seed, StreamId(name + ".w1")}, offset, 0.0f, std, ctx);
-  kernels::FillNormal(experts.w2_, RngKey{seed, StreamId(name + ".w2")}, offset, 0.0f, std, ctx);
-  if (IsSwiglu(options)) {
-    kernels::FillNormal(experts.w3_, RngKey{seed, StreamId(name + ".w3")}, offset, 0.0f, std, ctx);
+  for (parallel::Parameter& p : experts.Parameters()) {
+    if (p.name[0] == 'w') parallel::InitNormal(p, seed, std, ctx, name + "." + p.name);
   }
   return experts;
 }
@@ -185,7 +188,7 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
 
   acts.y = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
   kernels::GroupedGemm(acts.h, rows, w2_, /*trans_w=*/false, acts.y, 1.0f, 0.0f, ctx);
-  if (options_.bias) kernels::GroupedAddBias(acts.y, rows, b2_, ctx);
+  if (options_.bias && options_.adds_output_bias) kernels::GroupedAddBias(acts.y, rows, b2_, ctx);
   return acts;
 }
 
@@ -198,7 +201,9 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   const std::span<const int64_t> rows(acts.rows);
 
   // y = h @ W2 + b2.
-  if (options_.bias) kernels::GroupedBiasGrad(dy, rows, grad_b2_, /*beta=*/1.0f, ctx);
+  if (options_.bias && options_.adds_output_bias) {
+    kernels::GroupedBiasGrad(dy, rows, grad_b2_, /*beta=*/1.0f, ctx);
+  }
   kernels::GroupedGemmWeightGrad(acts.h, dy, rows, grad_w2_, 1.0f, /*beta=*/1.0f, ctx);
   Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
   kernels::GroupedGemm(dy, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx);
@@ -236,16 +241,22 @@ void Experts::ZeroGrad(DeviceContext* ctx) {
   }
 }
 
-std::vector<NamedParameter> Experts::Parameters() const {
-  std::vector<NamedParameter> out;
-  auto add = [&](const char* name, const Tensor& value, const Tensor& grad) {
-    if (value.defined()) out.push_back({name, value, grad});
+std::vector<parallel::Parameter> Experts::Parameters() const {
+  const ExpertsOptions& o = options_;
+  std::vector<parallel::Parameter> out;
+  // hidden_dim: the dim of the hidden units (-1: none); every tensor has the expert on dim 0.
+  auto add = [&](const char* name, const Tensor& value, const Tensor& grad, int hidden_dim) {
+    if (!value.defined()) return;
+    parallel::Parameter p = parallel::Parameter::Dense(name, value, grad, name[0] == 'w');
+    p.Split(0, o.first, o.experts_total());
+    if (hidden_dim >= 0) p.Split(hidden_dim, o.hidden_offset, o.hidden_whole());
+    out.push_back(std::move(p));
   };
-  add("w1", w1_, grad_w1_);
-  add("w2", w2_, grad_w2_);
-  add("w3", w3_, grad_w3_);
-  add("b1", b1_, grad_b1_);
-  add("b2", b2_, grad_b2_);
+  add("w1", w1_, grad_w1_, 2);
+  add("w2", w2_, grad_w2_, 1);
+  add("w3", w3_, grad_w3_, 2);
+  add("b1", b1_, grad_b1_, 1);
+  add("b2", b2_, grad_b2_, -1);
   return out;
 }
 

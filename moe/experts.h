@@ -33,6 +33,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
+#include "engine/parallel/parameter.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::moe {
@@ -46,6 +47,15 @@ struct ExpertsOptions {
   int64_t first = 0;      // global index of the first local expert
   int64_t num_local = 1;  // experts held here, >= 1
   Device device = Device::Cpu();
+  // The whole layer, for the parameter descriptions: E experts (0: first + num_local), and
+  // with expert tensor parallelism this block's hidden units [hidden_offset, +d_hidden) of
+  // hidden_total (0: d_hidden). Only etp rank 0 adds b2 (the partial outputs are summed).
+  int64_t num_experts = 0;
+  int64_t hidden_offset = 0, hidden_total = 0;
+  bool adds_output_bias = true;
+
+  int64_t experts_total() const { return num_experts > 0 ? num_experts : first + num_local; }
+  int64_t hidden_whole() const { return hidden_total > 0 ? hidden_total : d_hidden; }
 
   // Names the field and the value it rejects ("experts.d_hidden=0 must be > 0").
   Status Validate() const;
@@ -66,13 +76,6 @@ struct ExpertsParams {
   Tensor w1, w2, w3, b1, b2;
 };
 
-// One parameter and its gradient under its short name ("w1", ...); dim 0 is the local
-// expert, global expert = first + index.
-struct NamedParameter {
-  std::string name;
-  Tensor value;
-  Tensor grad;
-};
 
 // What Backward needs from one Forward; R rows, f = d_hidden.
 struct ExpertsActivations {
@@ -88,9 +91,9 @@ class Experts {
  public:
   // Parameters and gradients allocated and zeroed on options.device. Checks Validate().
   explicit Experts(const ExpertsOptions& options, DeviceContext* ctx = nullptr);
-  // Weights drawn from N(0, std^2) with kernels::FillNormal, keyed by
-  // RngKey{seed, StreamId(name + ".w1")} (".w2", ".w3") at element offset first * d * f,
-  // i.e. by global expert index: every ep split of the experts holds the same values as
+  // Weights drawn from N(0, std^2), keyed by RngKey{seed, StreamId(name + ".w1")} (".w2",
+  // ".w3") over the whole (E, d, f) tensor and sliced to this block's box
+  // (parallel::FillNormalBox): every ep / etp split of the experts holds the same values as
   // one object holding all of them. Biases start at zero.
   static Experts Init(const ExpertsOptions& options, uint64_t seed, const std::string& name,
                       float std = 0.02f, DeviceContext* ctx = nullptr);
@@ -126,8 +129,10 @@ class Experts {
   Tensor grad_w3() const { return grad_w3_; }
   Tensor grad_b1() const { return grad_b1_; }
   Tensor grad_b2() const { return grad_b2_; }
-  // The parameters that exist, in the order w1, w2, w3, b1, b2.
-  std::vector<NamedParameter> Parameters() const;
+  // The parameters that exist, in the order w1, w2, w3, b1, b2, as boxes of the whole
+  // layer's tensors (dense view, replicated over dp x cp: the MoE layer sets the view and
+  // axes of routed experts).
+  std::vector<parallel::Parameter> Parameters() const;
 
  private:
   Experts(const ExpertsOptions& options, ExpertsParams params, DeviceContext* ctx);

@@ -5,10 +5,7 @@
 namespace switchyard::moe {
 
 StatusOr<Activation> ParseActivation(const std::string& name) {
-  if (name == "gelu") return Activation::kGelu;
-  if (name == "relu") return Activation::kRelu;
-  if (name == "swiglu") return Activation::kSwiglu;
-  return InvalidArgument("moe.activation='", name, "' is not one of gelu, relu, swiglu");
+  return dense::ParseActivation(name, "moe.activation");
 }
 
 StatusOr<SecondExpertPolicy> ParseSecondExpertPolicy(const std::string& name) {
@@ -21,15 +18,6 @@ StatusOr<DropPolicy> ParseDropPolicy(const std::string& name) {
   if (name == "position") return DropPolicy::kPosition;
   if (name == "probability") return DropPolicy::kProbability;
   return InvalidArgument("moe.drop_policy='", name, "' is not one of position, probability");
-}
-
-const char* ActivationName(Activation a) {
-  switch (a) {
-    case Activation::kGelu: return "gelu";
-    case Activation::kRelu: return "relu";
-    case Activation::kSwiglu: return "swiglu";
-  }
-  return "?";
 }
 
 const char* SecondExpertPolicyName(SecondExpertPolicy p) {

@@ -2,6 +2,8 @@
 // the key and the value it rejects.
 #pragma once
 
+#include "dense/mlp.h"
+
 #include <cstdint>
 #include <string>
 
@@ -9,14 +11,16 @@
 
 namespace switchyard::moe {
 
-enum class Activation { kGelu, kRelu, kSwiglu };  // gelu is the tanh approximation
+// The experts' activation: the dense layers' enum (dense/mlp.h), one for the whole model.
+using dense::Activation;
+using dense::ActivationName;
 enum class SecondExpertPolicy { kAll, kRandom };  // GShard; top-2 only
 enum class DropPolicy { kPosition, kProbability };
 
+// dense::ParseActivation naming the key moe.activation.
 StatusOr<Activation> ParseActivation(const std::string& name);
 StatusOr<SecondExpertPolicy> ParseSecondExpertPolicy(const std::string& name);
 StatusOr<DropPolicy> ParseDropPolicy(const std::string& name);
-const char* ActivationName(Activation a);
 const char* SecondExpertPolicyName(SecondExpertPolicy p);
 const char* DropPolicyName(DropPolicy p);
 

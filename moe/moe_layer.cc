@@ -4,115 +4,10 @@
 #include <string>
 
 #include "kernels/permute.h"
+#include "kernels/elementwise.h"
 #include "kernels/random.h"
 
 namespace switchyard::moe {
-
-// ---- MoEStats ------------------------------------------------------------------------
-
-void MoEStats::Add(const MoEStats& o) {
-  if (tokens_per_expert.empty()) {
-    tokens_per_expert.assign(o.tokens_per_expert.size(), 0);
-    tokens_per_expert_kept.assign(o.tokens_per_expert_kept.size(), 0);
-  }
-  // A default-constructed MoEStats (no experts yet) adds nothing.
-  if (!o.tokens_per_expert.empty()) {
-    SY_CHECK(tokens_per_expert.size() == o.tokens_per_expert.size() &&
-             o.tokens_per_expert_kept.size() == o.tokens_per_expert.size())
-        << "MoEStats::Add: " << o.tokens_per_expert.size() << " experts into "
-        << tokens_per_expert.size();
-    for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
-      tokens_per_expert[e] += o.tokens_per_expert[e];
-      tokens_per_expert_kept[e] += o.tokens_per_expert_kept[e];
-    }
-  }
-  tokens += o.tokens;
-  assignments += o.assignments;
-  entropy_sum += o.entropy_sum;
-  aux_sum += o.aux_sum;
-  z_sum += o.z_sum;
-  groups += o.groups;
-}
-
-void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
-  if (comm.size() == 1) return;
-  // Host tensors for a host communicator; a device one reduces copies on its device.
-  auto all_reduce = [&](Tensor& t) {
-    if (comm.device().is_cpu()) {
-      comm.AllReduce(t, dist::ReduceOp::kSum);
-      return;
-    }
-    SY_CHECK(ctx != nullptr && ctx->device() == comm.device())
-        << "MoEStats::AllReduce over a communicator on " << comm.device()
-        << " needs that device's DeviceContext";
-    Tensor on_device = t.To(comm.device(), ctx);
-    comm.AllReduce(on_device, dist::ReduceOp::kSum);
-    t.CopyFrom(on_device, ctx);  // waits for the stream
-  };
-  const size_t e = tokens_per_expert.size();
-  std::vector<int64_t> ints(tokens_per_expert);
-  ints.insert(ints.end(), tokens_per_expert_kept.begin(), tokens_per_expert_kept.end());
-  ints.insert(ints.end(), {tokens, assignments, groups});
-  Tensor it = Tensor::FromVector(ints, {static_cast<int64_t>(ints.size())});
-  all_reduce(it);
-  // Floating sums travel as f32 pairs (hi, lo) so that the f64 totals lose nothing that
-  // matters for reporting; the communicator has no f64.
-  std::vector<float> floats;
-  for (double v : {entropy_sum, aux_sum, z_sum}) {
-    float hi = static_cast<float>(v);
-    floats.push_back(hi);
-    floats.push_back(static_cast<float>(v - hi));
-  }
-  Tensor ft = Tensor::FromVector(floats, {static_cast<int64_t>(floats.size())});
-  all_reduce(ft);
-  const int64_t* ip = it.data<int64_t>();
-  std::copy(ip, ip + e, tokens_per_expert.begin());
-  std::copy(ip + e, ip + 2 * e, tokens_per_expert_kept.begin());
-  tokens = ip[2 * e];
-  assignments = ip[2 * e + 1];
-  groups = ip[2 * e + 2];
-  const float* fp = ft.data<float>();
-  entropy_sum = double(fp[0]) + fp[1];
-  aux_sum = double(fp[2]) + fp[3];
-  z_sum = double(fp[4]) + fp[5];
-}
-
-int64_t MoEStats::dropped() const {
-  int64_t kept = 0;
-  for (int64_t c : tokens_per_expert_kept) kept += c;
-  return assignments - kept;
-}
-double MoEStats::dropped_fraction() const {
-  return assignments ? static_cast<double>(dropped()) / assignments : 0.0;
-}
-double MoEStats::router_entropy() const { return tokens ? entropy_sum / tokens : 0.0; }
-double MoEStats::aux_mean() const { return groups ? aux_sum / groups : 0.0; }
-double MoEStats::z_mean() const { return groups ? z_sum / groups : 0.0; }
-
-std::vector<int64_t> MoEStats::TokensPerEpRank(int64_t ep) const {
-  const int64_t e = static_cast<int64_t>(tokens_per_expert_kept.size());
-  SY_CHECK(ep > 0 && e % ep == 0) << "E=" << e << " over ep=" << ep;
-  std::vector<int64_t> out(ep, 0);
-  for (int64_t i = 0; i < e; ++i) out[i / (e / ep)] += tokens_per_expert_kept[i];
-  return out;
-}
-
-namespace {
-double Share(const std::vector<int64_t>& counts, bool max) {
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  if (total == 0 || counts.empty()) return 0.0;
-  int64_t pick = max ? *std::max_element(counts.begin(), counts.end())
-                     : *std::min_element(counts.begin(), counts.end());
-  return static_cast<double>(pick) / total;
-}
-}  // namespace
-
-double MoEStats::min_load_share() const { return Share(tokens_per_expert_kept, false); }
-double MoEStats::max_load_share() const { return Share(tokens_per_expert_kept, true); }
-double MoEStats::mean_load_share() const {
-  return tokens_per_expert_kept.empty() ? 0.0 : 1.0 / tokens_per_expert_kept.size();
-}
 
 // ---- MoELayer ------------------------------------------------------------------------
 
@@ -127,12 +22,14 @@ void CheckContext(Device device, DeviceContext* ctx, const char* what) {
 
 }  // namespace
 
-MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep,
+MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
                    Tensor router_weight, Experts experts, std::optional<DenseMlp> shared,
                    Tensor expert_bias, DeviceContext* ctx)
     : config_(config),
       layer_id_(layer_id),
-      ep_(ep),
+      ep_(parallel.ep),
+      tp_(parallel.tp && parallel.tp->size() > 1 ? parallel.tp : nullptr),
+      etp_(parallel.etp && parallel.etp->size() > 1 ? parallel.etp : nullptr),
       router_weight_(std::move(router_weight)),
       expert_bias_(std::move(expert_bias)),
       experts_(std::move(experts)),
@@ -144,6 +41,9 @@ MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator
            experts_.options().first == ep_->rank() * per_rank)
       << "experts [" << experts_.options().first << ", +" << experts_.options().num_local
       << ") do not match ep rank " << ep_->rank() << " of " << ep_->size();
+  SY_CHECK(experts_.options().d_hidden * etp_size() == config_.d_expert)
+      << "experts hold " << experts_.options().d_hidden << " hidden units, d_expert "
+      << config_.d_expert << " over etp " << etp_size();
   SY_CHECK(router_weight_.shape() == (Shape{config_.d_model, config_.num_experts}))
       << "router weight " << ShapeString(router_weight_.shape());
   const Device dev = router_weight_.device();
@@ -162,16 +62,25 @@ MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator
       << "the config asks for shared experts";
 }
 
-MoELayer MoELayer::Init(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep,
+MoELayer MoELayer::Init(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
                         uint64_t seed, float std, DeviceContext* ctx) {
   const std::string name = StrCat("layers.", layer_id, ".moe");
   const Device dev = ctx != nullptr ? ctx->device() : Device::Cpu();
+  dist::Communicator* ep = parallel.ep;
   const int64_t per_rank = config.ExpertsPerRank(ep->size()).value();
   Tensor wr = Tensor::Empty({config.d_model, config.num_experts}, DType::kF32, dev);
   kernels::FillNormal(wr, {seed, StreamId(name + ".router.weight")}, 0, 0.0f, std, ctx);
-  Experts experts =
-      Experts::Init(RoutedExpertsOptions(config, ep->rank() * per_rank, per_rank, dev), seed,
-                    name + ".experts", std, ctx);
+  ExpertsOptions eo = RoutedExpertsOptions(config, ep->rank() * per_rank, per_rank, dev);
+  if (parallel.etp != nullptr && parallel.etp->size() > 1) {
+    const int etp = parallel.etp->size();
+    SY_CHECK(config.d_expert % etp == 0)
+        << "parallel.etp=" << etp << " does not divide moe.d_expert=" << config.d_expert;
+    eo.d_hidden = config.d_expert / etp;
+    eo.hidden_offset = parallel.etp->rank() * eo.d_hidden;
+    eo.hidden_total = config.d_expert;
+    eo.adds_output_bias = parallel.etp->rank() == 0;
+  }
+  Experts experts = Experts::Init(eo, seed, name + ".experts", std, ctx);
   std::optional<DenseMlp> shared;
   if (config.num_shared_experts > 0) {
     shared.emplace(
@@ -181,40 +90,82 @@ MoELayer MoELayer::Init(const MoEConfig& config, int64_t layer_id, dist::Communi
   if (config.expert_bias_rate > 0) {
     bias = Tensor::Zeros({config.num_experts}, DType::kF32, dev, ctx);
   }
-  return MoELayer(config, layer_id, ep, wr, std::move(experts), std::move(shared), bias, ctx);
+  return MoELayer(config, layer_id, parallel, wr, std::move(experts), std::move(shared), bias,
+                  ctx);
 }
 
-MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
-                             int64_t first_token, DeviceContext* ctx) {
-  const int64_t n = h.dim(0), d = config_.d_model, e = config_.num_experts, k = config_.top_k;
-  SY_CHECK(h.ndim() == 2 && h.dim(1) == d && group_tokens > 0 && n % group_tokens == 0)
-      << "MoE input " << ShapeString(h.shape()) << " is not (G * " << group_tokens << ", " << d
-      << ")";
-  const Device dev = device();
-  SY_CHECK(h.device() == dev) << "MoE input on " << h.device() << ", the layer on " << dev;
-  CheckContext(dev, ctx, "MoELayer::Forward");
+std::vector<parallel::Parameter> MoELayer::Parameters() const {
+  using dist::Axis;
+  std::vector<parallel::Parameter> out;
+  // The router and the expert bias are whole on every tp rank; every tp rank computes the
+  // router's whole gradient (it routes the whole group), so it is not summed over tp.
+  parallel::Parameter router =
+      parallel::Parameter::Dense("router.weight", router_weight_, grad_router_weight_, false);
+  if (tp_) router.ReplicatedOver(Axis::kTp, /*grad_summed=*/false);
+  out.push_back(std::move(router));
+  for (parallel::Parameter& p : experts_.Parameters()) {
+    p.name = "experts." + p.name;
+    p.view = dist::View::kExpert;
+    p.replicated = p.grad_sum = parallel::AxisSet{Axis::kDp};  // edp
+    // Under etp the output bias is whole on every etp rank, added by etp rank 0.
+    if (etp_ && p.name == "experts.b2") p.ReplicatedOver(Axis::kTp, /*grad_summed=*/true);
+    out.push_back(std::move(p));
+  }
+  if (shared_) {
+    for (parallel::Parameter& p : shared_->experts().Parameters()) {
+      p.name = "shared." + p.name;
+      // Each tp rank runs the shared experts on its own rows: partial gradients.
+      if (tp_) p.ReplicatedOver(Axis::kTp, /*grad_summed=*/true);
+      out.push_back(std::move(p));
+    }
+  }
+  if (expert_bias_.defined()) {
+    parallel::Parameter b =
+        parallel::Parameter::Dense("expert_bias", expert_bias_, Tensor(), false);
+    b.grad_sum = parallel::AxisSet();
+    if (tp_) b.ReplicatedOver(Axis::kTp, false);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// ---- Forward phases ---------------------------------------------------------------------
+
+Tensor MoELayer::GatherGroup(const Tensor& h, DeviceContext* ctx) const {
+  if (!tp_) return h;
+  Tensor all = Tensor::Empty({h.dim(0) * tp_->size(), h.dim(1)}, DType::kF32, h.device());
+  tp_->AllGather(h, all);
+  return all;
+}
+
+Tensor MoELayer::OwnRows(const Tensor& whole) const {
+  if (!tp_) return whole;
+  const int64_t per = whole.dim(0) / tp_->size();
+  return whole.Slice(tp_rank() * per, (tp_rank() + 1) * per);
+}
+
+void MoELayer::Route(const Tensor& group_h, int64_t group_tokens, bool training, int64_t step,
+                     int64_t first_token, MoEForward& out, DeviceContext* ctx) {
+  const int64_t n = group_h.dim(0), e = config_.num_experts, k = config_.top_k;
   const int64_t groups = n / group_tokens;
   const double cf = training ? config_.capacity_factor : config_.eval_capacity_factor;
   const int64_t capacity = ExpertCapacity(cf, group_tokens, k, e);
-
-  MoEForward out;
+  const Device dev = device();
   MoEActivations& acts = out.acts;
   acts.groups = groups;
   acts.group_tokens = group_tokens;
   // Every group's routing, side by side: (N, k) on the layer's device.
   acts.gates = Tensor::Empty({n, k}, DType::kF32, dev);
-  Tensor experts_all = Tensor::Empty({n, k}, DType::kI32, dev);
-  Tensor kept_all = Tensor::Empty({n, k}, DType::kU8, dev);
+  acts.experts_all = Tensor::Empty({n, k}, DType::kI32, dev);
+  acts.kept_all = Tensor::Empty({n, k}, DType::kU8, dev);
   out.stats.tokens_per_expert.assign(e, 0);
   out.stats.tokens_per_expert_kept.assign(e, 0);
   out.groups.tokens_per_expert_kept.assign(groups * e, 0);
-
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t t0 = g * group_tokens;
-    Tensor hg = h.Slice(t0, t0 + group_tokens);
+    Tensor hg = group_h.Slice(t0, t0 + group_tokens);
     RouterRng rng{config_.seed, step, layer_id_, first_token + t0};
-    RouterOutput r =
-        RouterForward(hg, router_weight_, expert_bias_, config_, training, rng, ctx);
+    RouterOutput r = RouterForward(hg, router_weight_, expert_bias_, config_, training, rng, ctx);
     Admission adm = AdmitToCapacity(r.indices, r.gates, r.keep, e, capacity, config_.drop_policy,
                                     {}, ctx);
     LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
@@ -223,9 +174,8 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
     const float z = config_.z_loss_coef != 0.0f
                         ? ZLoss(r.logits, config_.z_loss_coef, 0.0f, nullptr, 0, ctx)
                         : 0.0f;
-
-    Tensor experts_g = experts_all.Slice(t0, t0 + group_tokens);
-    Tensor kept_g = kept_all.Slice(t0, t0 + group_tokens);
+    Tensor experts_g = acts.experts_all.Slice(t0, t0 + group_tokens);
+    Tensor kept_g = acts.kept_all.Slice(t0, t0 + group_tokens);
     Tensor gates_g = acts.gates.Slice(t0, t0 + group_tokens);
     experts_g.CopyFrom(r.indices, ctx);
     kept_g.CopyFrom(adm.kept, ctx);
@@ -251,19 +201,92 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   out.stats.tokens = n;
   out.stats.assignments = n * k;
   out.stats.groups = groups;
+  // Under tp every rank routed the same whole group: rank 0 reports it.
+  if (tp_ && tp_rank() != 0) {
+    MoEStats none;
+    none.tokens_per_expert.assign(e, 0);
+    none.tokens_per_expert_kept.assign(e, 0);
+    out.stats = none;
+  }
+}
 
-  // Dispatch, experts, combine (+ the shared experts, added in the combine).
-  acts.plan = std::make_unique<DispatchPlan>(
-      DispatchPlan::Build(experts_all, kept_all, e, ep_->size(), ctx));
+Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
+                            DeviceContext* ctx) const {
+  const std::vector<int64_t>& rows = acts.plan->rows_per_local_expert();
+  if (!etp_) {
+    acts.experts = experts_.Forward(grouped, rows, ctx);
+    return acts.experts.y;
+  }
+  acts.etp = MakeEtpPlan(rows, *etp_, device(), ctx);
+  acts.experts = experts_.Forward(EtpGather(grouped, *acts.etp, *etp_, ctx),
+                                  acts.etp->rows_per_expert, ctx);
+  return EtpReduceScatter(acts.experts.y, *acts.etp, *etp_, ctx);
+}
+
+MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
+                             int64_t first_token, DeviceContext* ctx) {
+  const int64_t n = h.dim(0), d = config_.d_model;
+  SY_CHECK(h.ndim() == 2 && h.dim(1) == d && group_tokens > 0 && n % group_tokens == 0)
+      << "MoE input " << ShapeString(h.shape()) << " is not (G * " << group_tokens << ", " << d
+      << ")";
+  SY_CHECK(!tp_ || n == group_tokens) << "MoE layer under tp: one routing group per call";
+  SY_CHECK(h.device() == device()) << "MoE input on " << h.device() << ", the layer on "
+                                   << device();
+  CheckContext(device(), ctx, "MoELayer::Forward");
+  MoEForward out;
+  MoEActivations& acts = out.acts;
+  // 1. Route and admit the whole groups (all tp ranks' rows; identical on every tp rank).
+  Route(GatherGroup(h, ctx), group_tokens * tp_size(), training, step, first_token, out, ctx);
+  // 2. Dispatch this rank's rows over ep.
+  acts.plan = std::make_unique<DispatchPlan>(DispatchPlan::Build(
+      OwnRows(acts.experts_all), OwnRows(acts.kept_all), config_.num_experts, ep_->size(), ctx));
   DispatchPlan& plan = *acts.plan;
   plan.ExchangeCounts(*ep_, ctx);
-  Tensor grouped =
-      Regroup(ExchangeRows(Permute(h, plan, ctx), plan, *ep_, ctx), plan, ctx);
-  acts.experts = experts_.Forward(grouped, plan.rows_per_local_expert(), ctx);
-  acts.expert_out = ReturnRows(Ungroup(acts.experts.y, plan, ctx), plan, *ep_, ctx);
+  Tensor grouped = Regroup(ExchangeRows(Permute(h, plan, ctx), plan, *ep_, ctx), plan, ctx);
+  // 3. The experts (over etp when split).
+  Tensor expert_y = RunExperts(grouped, acts, ctx);
+  // 4. Return and combine (+ the shared experts on this rank's rows).
+  acts.expert_out = ReturnRows(Ungroup(expert_y, plan, ctx), plan, *ep_, ctx);
   if (shared_) acts.shared = shared_->Forward(h, ctx);
-  out.y = Combine(acts.expert_out, acts.gates, plan, shared_ ? acts.shared->y : Tensor(), ctx);
+  out.y = Combine(acts.expert_out, OwnRows(acts.gates), plan,
+                  shared_ ? acts.shared->y : Tensor(), ctx);
   return out;
+}
+
+// ---- Backward phases --------------------------------------------------------------------
+
+Tensor MoELayer::RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped,
+                                    DeviceContext* ctx) {
+  if (!etp_) return experts_.Backward(acts.experts, dgrouped, ctx);
+  const Tensor dx = experts_.Backward(acts.experts, EtpGather(dgrouped, *acts.etp, *etp_, ctx), ctx);
+  return EtpReduceScatter(dx, *acts.etp, *etp_, ctx);
+}
+
+void MoELayer::RouterBackwardAll(const MoEActivations& acts, const Tensor& dgates_own,
+                                 std::span<const float> daux, std::span<const float> dz,
+                                 Tensor& dh, DeviceContext* ctx) {
+  const Device dev = device();
+  const int64_t k = config_.top_k, d = config_.d_model;
+  // The gates' gradients of the whole group (every tp rank's rows).
+  Tensor dgates = dgates_own;
+  Tensor dh_all = dh;
+  if (tp_) {
+    dgates = Tensor::Empty({dgates_own.dim(0) * tp_->size(), k}, DType::kF32, dev);
+    tp_->AllGather(dgates_own, dgates);
+    dh_all = Tensor::Zeros({dgates.dim(0), d}, DType::kF32, dev, ctx);
+  }
+  for (int64_t g = 0; g < acts.groups; ++g) {
+    const int64_t t0 = g * acts.group_tokens, t = acts.group_tokens;
+    const RouterOutput& r = acts.router[g];
+    Tensor dprobs = Tensor::Zeros({t, config_.num_experts}, DType::kF32, dev, ctx);
+    LoadBalancingLossBackward(acts.balance[g], k, config_.aux_loss_coef, daux[g], dprobs, ctx);
+    Tensor dlogits = Tensor::Zeros({t, config_.num_experts}, DType::kF32, dev, ctx);
+    ZLossBackward(r.logits, config_.z_loss_coef, dz[g], dlogits, 0, ctx);
+    Tensor dh_g = dh_all.Slice(t0, t0 + t);
+    RouterBackward(r, router_weight_, config_, dgates.Slice(t0, t0 + t), dprobs, dlogits, dh_g,
+                   grad_router_weight_, ctx);
+  }
+  if (tp_) kernels::Axpy(1.0f, OwnRows(dh_all), dh, ctx);
 }
 
 Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::span<const float> daux,
@@ -280,27 +303,15 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   // The shared experts' dx starts dh (it is a fresh tensor); else zeros.
   Tensor dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
                       : Tensor::Zeros({n, d}, DType::kF32, dev, ctx);
-
   // Combine's backward, then the dispatch path in reverse.
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, dev);
   Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
-  CombineBackward(dy, acts.expert_out, acts.gates, plan, dout, dgates, ctx);
+  CombineBackward(dy, acts.expert_out, OwnRows(acts.gates), plan, dout, dgates, ctx);
   Tensor dgrouped = Regroup(ExchangeRows(dout, plan, *ep_, ctx), plan, ctx);
-  Tensor dx = experts_.Backward(acts.experts, dgrouped, ctx);
+  Tensor dx = RunExpertsBackward(acts, dgrouped, ctx);
   ScatterAdd(ReturnRows(Ungroup(dx, plan, ctx), plan, *ep_, ctx), plan, dh, ctx);
-
   // The router of every group: gates, load balancing and z-loss.
-  for (int64_t g = 0; g < acts.groups; ++g) {
-    const int64_t t0 = g * acts.group_tokens, t = acts.group_tokens;
-    const RouterOutput& r = acts.router[g];
-    Tensor dprobs = Tensor::Zeros({t, config_.num_experts}, DType::kF32, dev, ctx);
-    LoadBalancingLossBackward(acts.balance[g], k, config_.aux_loss_coef, daux[g], dprobs, ctx);
-    Tensor dlogits = Tensor::Zeros({t, config_.num_experts}, DType::kF32, dev, ctx);
-    ZLossBackward(r.logits, config_.z_loss_coef, dz[g], dlogits, 0, ctx);
-    Tensor dh_g = dh.Slice(t0, t0 + t);
-    RouterBackward(r, router_weight_, config_, dgates.Slice(t0, t0 + t), dprobs, dlogits, dh_g,
-                   grad_router_weight_, ctx);
-  }
+  RouterBackwardAll(acts, dgates, daux, dz, dh, ctx);
   return dh;
 }
 

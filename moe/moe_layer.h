@@ -14,6 +14,22 @@
 // (admission counts, balance sums, aux and z) and the dispatch plan's per-expert counts;
 // Backward waits for nothing. ep = 1 never touches the communicator, so a CUDA layer may
 // hold a host (local) one; ep > 1 on CUDA needs the NCCL communicator.
+//
+// Tensor parallelism (MoEParallel::tp, with sequence parallelism in the decoder): each
+// routing group is spread over the tp ranks, rank r holding its rows [r*T/tp, (r+1)*T/tp)
+// (Forward gets G = 1 group of T/tp rows). MODEL.md section 4 keeps the group whole: the
+// router's input rows are all-gathered over tp and every tp rank routes the whole group,
+// exactly as one rank would (top-k, admission in token order or by probability, aux,
+// z, jitter keyed by global token index), then dispatches its own rows. Backward
+// all-gathers the gates' gradients so every tp rank runs the router's backward on the whole
+// group: the router's gradient is then the whole one on every tp rank (replicated over tp,
+// not summed), and each rank keeps its own rows of dh. The shared experts see only a rank's
+// rows (their gradients are summed over tp). Statistics count the whole group on tp rank 0
+// (zeros on the others), so sums over tp x dp are the one-rank numbers.
+//
+// Expert tensor parallelism (MoEParallel::etp, moe/expert_tp.h): each expert's hidden units
+// are split over etp; the rows a rank's experts receive are gathered over etp and the
+// partial outputs reduce-scattered back.
 #pragma once
 
 #include <memory>
@@ -23,44 +39,17 @@
 #include <vector>
 
 #include "engine/dist/communicator.h"
+#include "engine/parallel/parameter.h"
 #include "moe/aux_loss.h"
 #include "moe/capacity.h"
 #include "moe/dispatcher.h"
+#include "moe/expert_tp.h"
 #include "moe/experts.h"
 #include "moe/moe_config.h"
+#include "moe/moe_stats.h"
 #include "moe/router.h"
 
 namespace switchyard::moe {
-
-// Section 3's statistics as sums, so that adding (all-reducing) them over ranks gives the
-// statistics of the whole data-parallel world whatever the layout.
-struct MoEStats {
-  std::vector<int64_t> tokens_per_expert;          // (E) top-k assignments, before dropping
-  std::vector<int64_t> tokens_per_expert_kept;     // (E) assignments the experts processed
-  int64_t tokens = 0;                              // tokens routed
-  int64_t assignments = 0;                         // tokens * k
-  double entropy_sum = 0;                          // sum over tokens of -sum_e p log p
-  double aux_sum = 0, z_sum = 0;                   // sums over groups
-  int64_t groups = 0;
-
-  // Adds another rank's (or group's) sums.
-  void Add(const MoEStats& other);
-  // Sums over the ranks of `comm` in place (every rank ends with the totals). A
-  // communicator on a CUDA device reduces through device memory ordered on ctx.
-  void AllReduce(dist::Communicator& comm, DeviceContext* ctx = nullptr);
-
-  int64_t dropped() const;                          // assignments - kept
-  double dropped_fraction() const;                  // dropped / assignments
-  double router_entropy() const;                    // mean over tokens
-  double aux_mean() const;                          // mean over groups
-  double z_mean() const;
-  // Rows received by each ep rank's experts: sum of kept counts of its experts. (ep)
-  std::vector<int64_t> TokensPerEpRank(int64_t ep) const;
-  // Least, most and mean kept load over the experts, as shares of all kept assignments.
-  double min_load_share() const;
-  double max_load_share() const;
-  double mean_load_share() const;
-};
 
 // Per-group values the layer reports (for `switchyard moe-layer` and tests).
 struct MoEGroupValues {
@@ -75,11 +64,15 @@ struct MoEActivations {
   int64_t groups = 0, group_tokens = 0;
   std::vector<RouterOutput> router;                // per group
   std::vector<LoadBalanceSums> balance;            // per group
-  Tensor gates;                                    // (N, k) router gates, N = G * T
+  Tensor gates;                                    // (N, k) router gates, N = G * T (the
+                                                   // whole groups under tp)
+  Tensor experts_all;                              // (N, k) i32 chosen experts
+  Tensor kept_all;                                 // (N, k) u8 admitted by capacity
   std::unique_ptr<DispatchPlan> plan;
   ExpertsActivations experts;
   Tensor expert_out;                               // (A, d) expert outputs back in expert order
   std::optional<ExpertsActivations> shared;
+  std::optional<EtpPlan> etp;                      // expert tensor parallelism only
 };
 
 struct MoEForward {
@@ -91,6 +84,14 @@ struct MoEForward {
 
 // The layer's parameters: router weight (replicated), local experts, optional shared
 // experts, and the non-learned expert bias of aux-loss-free balancing.
+// The groups a layer communicates in; ep is required (a size-1 group is fine), tp and etp
+// may be null (none).
+struct MoEParallel {
+  dist::Communicator* ep = nullptr;
+  dist::Communicator* tp = nullptr;   // the routing group's rows are split over it
+  dist::Communicator* etp = nullptr;  // each expert's hidden units are split over it
+};
+
 class MoELayer {
  public:
   // ep: the expert-parallel communicator (its size is ep; a size-1 group, e.g.
@@ -99,17 +100,29 @@ class MoELayer {
   // ctx's stream; ctx required on CUDA).
   MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep, Tensor router_weight,
            Experts experts, std::optional<DenseMlp> shared, Tensor expert_bias,
-           DeviceContext* ctx = nullptr);
+           DeviceContext* ctx = nullptr)
+      : MoELayer(config, layer_id, MoEParallel{.ep = ep}, std::move(router_weight),
+                 std::move(experts), std::move(shared), std::move(expert_bias), ctx) {}
+  // The same under tensor and expert tensor parallelism (experts hold this etp rank's
+  // hidden units).
+  MoELayer(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
+           Tensor router_weight, Experts experts, std::optional<DenseMlp> shared,
+           Tensor expert_bias, DeviceContext* ctx = nullptr);
 
   // Fresh weights from the counter-based generator (normal, std), keyed by parameter name
   // and global index, so every ep layout starts from the same model. With ctx the
   // parameters live on ctx's device (the same values as on the CPU), else on the CPU.
   static MoELayer Init(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep,
+                       uint64_t seed, float std = 0.02f, DeviceContext* ctx = nullptr) {
+    return Init(config, layer_id, MoEParallel{.ep = ep}, seed, std, ctx);
+  }
+  static MoELayer Init(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
                        uint64_t seed, float std = 0.02f, DeviceContext* ctx = nullptr);
 
   // h: (G * T, d) f32 on the parameters' device. first_token: the global index of h's
   // first token (keys the jitter and random second-expert draws). training selects
-  // capacity_factor vs eval_capacity_factor and turns jitter on.
+  // capacity_factor vs eval_capacity_factor and turns jitter on. Under tp: G = 1, h is this
+  // rank's T rows of the group of tp * T, and first_token the group's first token.
   MoEForward Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
                      int64_t first_token, DeviceContext* ctx = nullptr);
 
@@ -119,6 +132,11 @@ class MoELayer {
                   std::span<const float> dz, DeviceContext* ctx = nullptr);
 
   void ZeroGrad(DeviceContext* ctx = nullptr);
+
+  // "router.weight", "experts.w1", ..., "shared.w1", ..., "expert_bias": the layer's
+  // parameters as descriptions (routed experts in the expert view, over edp, split over ep
+  // on dim 0 and over etp on the hidden dim).
+  std::vector<parallel::Parameter> Parameters() const;
 
   const MoEConfig& config() const { return config_; }
   int64_t layer_id() const { return layer_id_; }
@@ -132,9 +150,25 @@ class MoELayer {
   DenseMlp* shared() { return shared_ ? &*shared_ : nullptr; }
 
  private:
+  // The phases of Forward and Backward.
+  Tensor GatherGroup(const Tensor& h, DeviceContext* ctx) const;
+  void Route(const Tensor& group_h, int64_t group_tokens, bool training, int64_t step,
+             int64_t first_token, MoEForward& out, DeviceContext* ctx);
+  Tensor OwnRows(const Tensor& whole) const;
+  Tensor RunExperts(const Tensor& grouped, MoEActivations& acts, DeviceContext* ctx) const;
+  Tensor RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped, DeviceContext* ctx);
+  void RouterBackwardAll(const MoEActivations& acts, const Tensor& dgates,
+                         std::span<const float> daux, std::span<const float> dz, Tensor& dh,
+                         DeviceContext* ctx);
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  int etp_size() const { return etp_ ? etp_->size() : 1; }
+
   MoEConfig config_;
   int64_t layer_id_;
   dist::Communicator* ep_;
+  dist::Communicator* tp_ = nullptr;
+  dist::Communicator* etp_ = nullptr;
   Tensor router_weight_, grad_router_weight_, expert_bias_;
   Experts experts_;
   std::optional<DenseMlp> shared_;

@@ -366,13 +366,13 @@ int Run(const std::vector<std::string>& args) {
   Tensor grad_router = on_host(layer.grad_router_weight());
   world->AllReduce(grad_router, ReduceOp::kSum);
   out.tensors["grad.router.weight"] = grad_router;
-  for (moe::NamedParameter& param : layer.experts().Parameters()) {
+  for (parallel::Parameter& param : layer.experts().Parameters()) {
     Tensor grad = on_host(param.grad);
     edp.AllReduce(grad, ReduceOp::kSum);  // same experts, other tokens
     out.tensors["grad.experts." + param.name] = Gather(ep, grad);
   }
   if (moe::DenseMlp* mlp = layer.shared()) {
-    for (moe::NamedParameter& param : mlp->experts().Parameters()) {
+    for (parallel::Parameter& param : mlp->experts().Parameters()) {
       Tensor grad = on_host(param.grad);
       world->AllReduce(grad, ReduceOp::kSum);
       Shape s(grad.shape().begin() + 1, grad.shape().end());

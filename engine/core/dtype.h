@@ -10,13 +10,15 @@
 
 namespace switchyard {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+// kF64 is last so the values of the others stay as they were.
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kF64 };
 
 // Bytes per element.
 size_t SizeOf(DType dtype);
-// "f32", "bf16", "f16", "i32", "i64", "u8".
+// "f32", "bf16", "f16", "i32", "i64", "u8", "f64".
 std::string_view DTypeName(DType dtype);
-// Parses the names above (and "float32", "bfloat16", "int32", "int64", "uint8").
+// Parses the names above (and "float32", "bfloat16", "int32", "int64", "uint8",
+// "float64").
 StatusOr<DType> ParseDType(std::string_view name);
 bool IsFloating(DType dtype);
 inline std::ostream& operator<<(std::ostream& out, DType dtype) {
@@ -55,5 +57,6 @@ template <> constexpr DType DTypeOf<BFloat16>() { return DType::kBF16; }
 template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
 template <> constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
 template <> constexpr DType DTypeOf<uint8_t>() { return DType::kU8; }
+template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
 
 }  // namespace switchyard

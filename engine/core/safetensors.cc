@@ -29,6 +29,7 @@ const char* SafetensorsDType(DType dtype) {
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
     case DType::kU8: return "U8";
+    case DType::kF64: return "F64";
   }
   return "?";
 }

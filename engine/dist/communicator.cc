@@ -2,6 +2,7 @@
 // ToString) and the size-1 local communicator.
 #include "engine/dist/communicator.h"
 
+#include <map>
 #include <numeric>
 #include <sstream>
 
@@ -143,6 +144,86 @@ void CheckAllToAllV(const Tensor& in, std::span<const int64_t> send_rows, const 
       << " rows but receives " << recv_rows[rank] << " from itself";
 }
 
+std::vector<int64_t> CheckRowCounts(std::span<const int64_t> rows, int size,
+                                    std::string_view op) {
+  SY_CHECK(static_cast<int>(rows.size()) == size)
+      << op << " over " << size << " ranks: rows " << CountsString(rows) << " need " << size
+      << " entries";
+  std::vector<int64_t> offsets(size + 1, 0);
+  for (int r = 0; r < size; ++r) {
+    SY_CHECK(rows[r] >= 0) << op << ": negative count in rows " << CountsString(rows);
+    offsets[r + 1] = offsets[r] + rows[r];
+  }
+  return offsets;
+}
+
+std::vector<int64_t> CheckAllGatherV(const Tensor& in, const Tensor& out,
+                                     std::span<const int64_t> rows, int size, int rank) {
+  CheckAtLeast1d(in, "AllGatherV");
+  CheckAtLeast1d(out, "AllGatherV");
+  CheckSameDType(in, out, "AllGatherV");
+  std::vector<int64_t> offsets = CheckRowCounts(rows, size, "AllGatherV");
+  SY_CHECK(out.ndim() == in.ndim() && RowShape(out) == RowShape(in) &&
+           in.dim(0) == rows[rank] && out.dim(0) == offsets[size])
+      << "AllGatherV with rows " << CountsString(rows) << " on rank " << rank << " needs in ("
+      << rows[rank] << ", ...) and out (" << offsets[size] << ", ...) of equal rows, got in "
+      << ShapeString(in.shape()) << " and out " << ShapeString(out.shape());
+  return offsets;
+}
+
+std::vector<int64_t> CheckReduceScatterV(const Tensor& in, const Tensor& out,
+                                         std::span<const int64_t> rows, int size, int rank) {
+  CheckAtLeast1d(in, "ReduceScatterV");
+  CheckAtLeast1d(out, "ReduceScatterV");
+  CheckSameDType(in, out, "ReduceScatterV");
+  std::vector<int64_t> offsets = CheckRowCounts(rows, size, "ReduceScatterV");
+  SY_CHECK(out.ndim() == in.ndim() && RowShape(out) == RowShape(in) &&
+           in.dim(0) == offsets[size] && out.dim(0) == rows[rank])
+      << "ReduceScatterV with rows " << CountsString(rows) << " on rank " << rank
+      << " needs in (" << offsets[size] << ", ...) and out (" << rows[rank]
+      << ", ...) of equal rows, got in " << ShapeString(in.shape()) << " and out "
+      << ShapeString(out.shape());
+  return offsets;
+}
+
+void CheckPeer(int peer, int size, int rank, std::string_view op) {
+  SY_CHECK(peer >= 0 && peer < size && peer != rank)
+      << op << " between rank " << rank << " and rank " << peer << " in a group of " << size;
+}
+
+std::vector<std::pair<size_t, size_t>> CheckBatch(std::span<const P2POp> ops, Device device,
+                                                  int size, int rank) {
+  // Per tag, the indices of the sends to self and of the receives from self, in order.
+  std::map<int, std::pair<std::vector<size_t>, std::vector<size_t>>> self;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    const char* what = op.kind == P2POp::kSend ? "BatchSendRecv send" : "BatchSendRecv recv";
+    CheckTensor(op.tensor, device, what);
+    SY_CHECK(op.peer >= 0 && op.peer < size)
+        << what << " " << i << " with rank " << op.peer << " in a group of " << size;
+    SY_CHECK(op.tag >= 0) << what << " " << i << " has a negative tag " << op.tag;
+    if (op.peer != rank) continue;
+    auto& [sends, recvs] = self[op.tag];
+    (op.kind == P2POp::kSend ? sends : recvs).push_back(i);
+  }
+  std::vector<std::pair<size_t, size_t>> pairs;
+  for (const auto& [tag, lists] : self) {
+    const auto& [sends, recvs] = lists;
+    SY_CHECK(sends.size() == recvs.size())
+        << "BatchSendRecv: rank " << rank << " sends itself " << sends.size()
+        << " messages of tag " << tag << " but receives " << recvs.size();
+    for (size_t k = 0; k < sends.size(); ++k) {
+      const Tensor& from = ops[sends[k]].tensor;
+      const Tensor& to = ops[recvs[k]].tensor;
+      SY_CHECK(from.dtype() == to.dtype() && from.numel() == to.numel())
+          << "BatchSendRecv: rank " << rank << " sends itself " << from.DebugString()
+          << " into " << to.DebugString();
+      pairs.emplace_back(sends[k], recvs[k]);
+    }
+  }
+  return pairs;
+}
+
 std::pair<int, int> CheckSplit(const std::vector<std::vector<int>>& groups, int size,
                                int rank) {
   std::vector<int> seen(size, 0);
@@ -191,6 +272,7 @@ class LocalCommunicator final : public Communicator {
   std::vector<int> world_ranks() const override { return {world_rank_}; }
   Device device() const override { return device_; }
   std::string_view backend() const override { return "local"; }
+  DeviceContext* context() const override { return ctx_; }
 
   void AllReduce(Tensor& t, ReduceOp op) override {
     CheckTensor(t, device_, "AllReduce");
@@ -222,6 +304,20 @@ class LocalCommunicator final : public Communicator {
     internal::CheckAllToAllV(in, send_rows, out, recv_rows, 1, 0);
     internal::CopyIfDistinct(in, out, ctx_);
   }
+  void AllGatherV(const Tensor& in, Tensor& out, std::span<const int64_t> rows) override {
+    CheckTensor(in, device_, "AllGatherV");
+    CheckTensor(out, device_, "AllGatherV");
+    internal::CheckAllGatherV(in, out, rows, 1, 0);
+    internal::CopyIfDistinct(in, out, ctx_);
+  }
+  void ReduceScatterV(const Tensor& in, Tensor& out, std::span<const int64_t> rows,
+                      ReduceOp op) override {
+    CheckTensor(in, device_, "ReduceScatterV");
+    CheckTensor(out, device_, "ReduceScatterV");
+    internal::CheckReduceScatterV(in, out, rows, 1, 0);
+    internal::CheckReduce(in, op);
+    internal::CopyIfDistinct(in, out, ctx_);
+  }
   void Broadcast(Tensor& t, int root) override {
     CheckTensor(t, device_, "Broadcast");
     SY_CHECK_EQ(root, 0) << "Broadcast root outside a group of size 1";
@@ -231,6 +327,22 @@ class LocalCommunicator final : public Communicator {
   }
   void Recv(Tensor& t, int peer, int tag) override {
     SY_LOG(FATAL) << "Recv from rank " << peer << " in a group of size 1";
+  }
+  std::unique_ptr<Work> SendAsync(const Tensor& t, int peer, int tag) override {
+    SY_LOG(FATAL) << "SendAsync to rank " << peer << " in a group of size 1";
+    return nullptr;
+  }
+  std::unique_ptr<Work> RecvAsync(Tensor& t, int peer, int tag) override {
+    SY_LOG(FATAL) << "RecvAsync from rank " << peer << " in a group of size 1";
+    return nullptr;
+  }
+  // Only sends to self, each copied into its matching receive.
+  std::unique_ptr<Work> BatchSendRecv(std::span<const P2POp> ops) override {
+    for (const auto& [send, recv] : internal::CheckBatch(ops, device_, 1, 0)) {
+      Tensor to = ops[recv].tensor;
+      internal::CopyIfDistinct(ops[send].tensor, to, ctx_);
+    }
+    return CompletedWork();
   }
   void Barrier() override {
     if (ctx_ != nullptr) ctx_->Synchronize();

@@ -12,6 +12,8 @@
 //    "synchronous" op returns when the work is queued and later work on that stream sees
 //    its result. Ops on host tensors are complete when they return.
 //  - A group of size 1 does no communication (it copies `in` to `out` where they differ).
+//  - Every backend moves every dtype; reductions take f32, f64, i32, i64 and u8 (NCCL also
+//    bf16 and f16).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine/core/device.h"
@@ -51,6 +54,15 @@ class Work {
 // A Work that is already complete (for groups of size 1).
 std::unique_ptr<Work> CompletedWork();
 
+// One message of Communicator::BatchSendRecv: send `tensor` to `peer`, or receive into it
+// from `peer`. tensor is a handle: a receive writes the caller's memory.
+struct P2POp {
+  enum Kind { kSend, kRecv } kind;
+  Tensor tensor;
+  int peer;
+  int tag = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -64,6 +76,9 @@ class Communicator {
   virtual Device device() const = 0;
   // "local", "mpi" or "nccl".
   virtual std::string_view backend() const = 0;
+  // The context whose stream orders this communicator's device ops; null for host
+  // communicators.
+  virtual DeviceContext* context() const = 0;
 
   // t: any shape; every rank's t becomes the elementwise reduction over the group.
   virtual void AllReduce(Tensor& t, ReduceOp op) = 0;
@@ -82,12 +97,36 @@ class Communicator {
   // on rank s. in: (sum(send_rows), ...), out: (sum(recv_rows), ...), equal row shapes.
   virtual void AllToAllV(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
                          std::span<const int64_t> recv_rows) = 0;
+  // Uneven all-gather. rows[r] (size() entries >= 0, zeros allowed, the same on every
+  // rank) rows come from rank r: in: (rows[me], ...) -> out: (sum(rows), ...), rank r's rows
+  // at [offset_r, offset_r + rows[r]) with offset_r = rows[0] + ... + rows[r-1]. out must
+  // not overlap in. (NCCL: one broadcast per rank with rows, grouped.)
+  virtual void AllGatherV(const Tensor& in, Tensor& out, std::span<const int64_t> rows) = 0;
+  // Uneven reduce-scatter, the mirror of AllGatherV: in: (sum(rows), ...) on every rank ->
+  // out: (rows[me], ...), the reduction over ranks of in's rows [offset_me, offset_me +
+  // rows[me]). out must not overlap in. (NCCL: one reduce per rank with rows, grouped.)
+  virtual void ReduceScatterV(const Tensor& in, Tensor& out, std::span<const int64_t> rows,
+                              ReduceOp op) = 0;
   // t: the same shape on every rank; becomes root's t.
   virtual void Broadcast(Tensor& t, int root) = 0;
   // Point-to-point: Send(t, peer) on one rank matches Recv(t', me) on peer with the same
   // tag (NCCL ignores tags: messages between a pair match in order). Shapes must agree.
   virtual void Send(const Tensor& t, int peer, int tag = 0) = 0;
   virtual void Recv(Tensor& t, int peer, int tag = 0) = 0;
+  // Non-blocking Send and Recv: the message is posted, Wait completes it. A rank may post
+  // its send to the next rank and its receive from the previous one in either order before
+  // waiting for either. NCCL: posted ops are queued and launched together (one NCCL group)
+  // at the first Wait of any of them or before this communicator's next other op, so post
+  // every matching op before waiting or calling a collective.
+  virtual std::unique_ptr<Work> SendAsync(const Tensor& t, int peer, int tag = 0) = 0;
+  virtual std::unique_ptr<Work> RecvAsync(Tensor& t, int peer, int tag = 0) = 0;
+  // Posts every op at once (MPI: Isend/Irecv and one Waitall; NCCL: one group), so ops to
+  // and from any peers in any order cannot deadlock against the peers' batches: a pipeline
+  // stage posts {send to next, recv from prev} as one batch. Between a pair of ranks,
+  // messages of one tag match in posting order (NCCL ignores tags). A send to this rank itself must be matched
+  // by a receive from itself in the same batch (same tag, equal element count and dtype);
+  // on a group of size 1 that is the only kind of op allowed, and it is a copy.
+  virtual std::unique_ptr<Work> BatchSendRecv(std::span<const P2POp> ops) = 0;
   // Returns on every rank once every rank has entered it (device backends: after the
   // caller's stream has drained).
   virtual void Barrier() = 0;
@@ -119,6 +158,12 @@ std::unique_ptr<Communicator> MakeLocalCommunicator(Device device = Device::Cpu(
                                                     int world_rank = 0,
                                                     DeviceContext* ctx = nullptr);
 
+// Every rank's values[i] summed over the group as the pairwise tree in rank order
+// (ordered_sum.h), so the result is bit-identical on every rank and independent of how
+// MPI or NCCL would order a sum. Collective over comm; host or device communicators (the
+// values travel as f64 on comm's device). Defined in ordered_sum.cc.
+std::vector<double> AllReduceDoubles(Communicator& comm, std::span<const double> values);
+
 // Argument checks shared by the backends; each fails with a SY_CHECK naming the shapes.
 namespace internal {
 
@@ -138,6 +183,24 @@ void CheckAllToAll(const Tensor& in, const Tensor& out, int size);
 // itself what it sends itself.
 void CheckAllToAllV(const Tensor& in, std::span<const int64_t> send_rows, const Tensor& out,
                     std::span<const int64_t> recv_rows, int size, int rank);
+// rows: size entries >= 0. Returns the offsets, size + 1 entries (offsets[r] =
+// rows[0] + ... + rows[r-1]).
+std::vector<int64_t> CheckRowCounts(std::span<const int64_t> rows, int size,
+                                    std::string_view op);
+// in: (rows[rank], ...), out: (sum(rows), ...), equal row shapes; returns the offsets.
+std::vector<int64_t> CheckAllGatherV(const Tensor& in, const Tensor& out,
+                                     std::span<const int64_t> rows, int size, int rank);
+// in: (sum(rows), ...), out: (rows[rank], ...), equal row shapes; returns the offsets.
+std::vector<int64_t> CheckReduceScatterV(const Tensor& in, const Tensor& out,
+                                         std::span<const int64_t> rows, int size, int rank);
+// A Send/Recv peer: another rank of the group.
+void CheckPeer(int peer, int size, int rank, std::string_view op);
+// The tensors of ops are defined on `device`, peers in [0, size), tags >= 0, and the sends
+// to `rank` itself pair with its receives from itself (the k-th send of a tag with the
+// k-th receive of that tag; equal dtype and element count). Returns those pairs as
+// (index of the send, index of the receive).
+std::vector<std::pair<size_t, size_t>> CheckBatch(std::span<const P2POp> ops, Device device,
+                                                  int size, int rank);
 // groups partition [0, size); returns {index of rank's group, rank's position in it}.
 std::pair<int, int> CheckSplit(const std::vector<std::vector<int>>& groups, int size,
                                int rank);

@@ -21,6 +21,7 @@ MPI_Datatype ElementType(DType dtype) {
     case DType::kI32: return MPI_INT32_T;
     case DType::kI64: return MPI_INT64_T;
     case DType::kU8: return MPI_UINT8_T;
+    case DType::kF64: return MPI_DOUBLE;
     case DType::kBF16:
     case DType::kF16: return MPI_UINT16_T;
   }
@@ -30,9 +31,9 @@ MPI_Datatype ElementType(DType dtype) {
 
 // The element type for a reduction; MPI has no bf16/f16 arithmetic.
 MPI_Datatype ReduceType(const Tensor& t) {
-  SY_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kI32 ||
-           t.dtype() == DType::kI64 || t.dtype() == DType::kU8)
-      << "MPI reductions support f32, i32, i64 and u8, got " << t.DebugString()
+  SY_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64 ||
+           t.dtype() == DType::kI32 || t.dtype() == DType::kI64 || t.dtype() == DType::kU8)
+      << "MPI reductions support f32, f64, i32, i64 and u8, got " << t.DebugString()
       << " (reduce host tensors in f32)";
   return ElementType(t.dtype());
 }
@@ -53,11 +54,20 @@ int ToCount(int64_t n, std::string_view what) {
   return static_cast<int>(n);
 }
 
-// The kAvg division that follows the MPI sum (f32 is the only floating reduce type).
-void DivideBy(Tensor& t, int size) {
-  float* p = t.data<float>();
-  const float divisor = static_cast<float>(size);
+// The kAvg division that follows the MPI sum (f32 and f64 are the floating reduce types).
+template <typename T>
+void DivideElements(Tensor& t, int size) {
+  T* p = t.data<T>();
+  const T divisor = static_cast<T>(size);
   for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] /= divisor;
+}
+
+void DivideBy(Tensor& t, int size) {
+  if (t.dtype() == DType::kF64) {
+    DivideElements<double>(t, size);
+  } else {
+    DivideElements<float>(t, size);
+  }
 }
 
 bool MpiFinalized() {
@@ -93,12 +103,21 @@ class MpiCommunicator::Request final : public Work {
   void Wait() override {
     if (done_) return;
     if (!requests_.empty()) {
+      std::vector<MPI_Status> statuses(requests_.size());
       SY_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
-                               MPI_STATUSES_IGNORE));
+                               statuses.data()));
+      for (const Receive& r : receives_) {
+        int received = 0;
+        SY_MPI_CHECK(MPI_Get_count(&statuses[r.index], r.type, &received));
+        SY_CHECK_EQ(received, r.rows) << "Recv into " << r.tensor.DebugString()
+                                      << " from rank " << r.peer
+                                      << ": the message is shorter (or not whole rows)";
+      }
     }
     if (finish_) finish_();
     done_ = true;
     requests_.clear();
+    receives_.clear();
     tensors_.clear();
     counts_.clear();
     finish_ = nullptr;
@@ -110,6 +129,10 @@ class MpiCommunicator::Request final : public Work {
     return &requests_.back();
   }
   void Keep(const Tensor& t) { tensors_.push_back(t); }
+  // The last request is a receive of `rows` rows of `type` into t: Wait checks its count.
+  void ExpectRows(const Tensor& t, int rows, MPI_Datatype type, int peer) {
+    receives_.push_back({requests_.size() - 1, rows, type, peer, t});
+  }
   // An int array that must outlive the requests.
   std::vector<int>& Counts(size_t n) {
     counts_.emplace_back(n, 0);
@@ -118,8 +141,17 @@ class MpiCommunicator::Request final : public Work {
   void OnDone(std::function<void()> finish) { finish_ = std::move(finish); }
 
  private:
+  struct Receive {
+    size_t index;  // into requests_
+    int rows;
+    MPI_Datatype type;
+    int peer;
+    Tensor tensor;
+  };
+
   bool done_ = false;
   std::vector<MPI_Request> requests_;
+  std::vector<Receive> receives_;
   std::vector<Tensor> tensors_;
   std::deque<std::vector<int>> counts_;  // a deque: Counts() references stay valid
   std::function<void()> finish_;
@@ -225,6 +257,22 @@ std::unique_ptr<Work> MpiCommunicator::ReduceScatterAsync(const Tensor& in, Tens
   return StartReduceScatter(in, out, op, true);
 }
 
+void MpiCommunicator::ReduceScatterV(const Tensor& in, Tensor& out,
+                                     std::span<const int64_t> rows, ReduceOp op) {
+  CheckTensor(in, device(), "ReduceScatterV");
+  CheckTensor(out, device(), "ReduceScatterV");
+  internal::CheckReduceScatterV(in, out, rows, size_, rank_);
+  internal::CheckReduce(in, op);
+  // Predefined ops need predefined types: counts of elements, not rows.
+  const int64_t row = in.row_size();
+  ToCount(in.numel(), "ReduceScatterV input elements");
+  std::vector<int> counts(size_);
+  for (int r = 0; r < size_; ++r) counts[r] = static_cast<int>(rows[r] * row);
+  SY_MPI_CHECK(MPI_Reduce_scatter(in.raw_data(), out.raw_data(), counts.data(), ReduceType(in),
+                                  MpiOp(op), comm_));
+  if (op == ReduceOp::kAvg) DivideBy(out, size_);
+}
+
 // ---- Data movement ----------------------------------------------------------------------
 
 std::unique_ptr<MpiCommunicator::Request> MpiCommunicator::StartAllGather(const Tensor& in,
@@ -290,6 +338,22 @@ void MpiCommunicator::AllGather(const Tensor& in, Tensor& out) {
   StartAllGather(in, out, false)->Wait();
 }
 
+void MpiCommunicator::AllGatherV(const Tensor& in, Tensor& out,
+                                 std::span<const int64_t> rows) {
+  CheckTensor(in, device(), "AllGatherV");
+  CheckTensor(out, device(), "AllGatherV");
+  std::vector<int64_t> offsets = internal::CheckAllGatherV(in, out, rows, size_, rank_);
+  ToCount(out.dim(0), "AllGatherV output rows");
+  std::vector<int> counts(size_), displs(size_);
+  for (int r = 0; r < size_; ++r) {
+    counts[r] = static_cast<int>(rows[r]);
+    displs[r] = static_cast<int>(offsets[r]);
+  }
+  const MPI_Datatype type = RowType(in);
+  SY_MPI_CHECK(MPI_Allgatherv(in.raw_data(), counts[rank_], type, out.raw_data(), counts.data(),
+                              displs.data(), type, comm_));
+}
+
 void MpiCommunicator::AllToAllV(const Tensor& in, std::span<const int64_t> send_rows,
                                 Tensor& out, std::span<const int64_t> recv_rows) {
   StartAllToAllV(in, send_rows, out, recv_rows, false)->Wait();
@@ -343,6 +407,47 @@ void MpiCommunicator::Recv(Tensor& t, int peer, int tag) {
   SY_MPI_CHECK(MPI_Get_count(&status, type, &received));
   SY_CHECK_EQ(received, rows) << "Recv into " << t.DebugString() << " from rank " << peer
                               << ": the message is shorter (or not whole rows)";
+}
+
+void MpiCommunicator::PostP2P(const P2POp& op, Request& request) {
+  const int rows = ToCount(Rows(op.tensor), "P2P rows");
+  const MPI_Datatype type = RowType(op.tensor);
+  request.Keep(op.tensor);
+  if (op.kind == P2POp::kSend) {
+    SY_MPI_CHECK(MPI_Isend(op.tensor.raw_data(), rows, type, op.peer, op.tag, comm_,
+                           request.NewRequest()));
+  } else {
+    SY_MPI_CHECK(MPI_Irecv(op.tensor.raw_data(), rows, type, op.peer, op.tag, comm_,
+                           request.NewRequest()));
+    request.ExpectRows(op.tensor, rows, type, op.peer);
+  }
+}
+
+std::unique_ptr<Work> MpiCommunicator::SendAsync(const Tensor& t, int peer, int tag) {
+  CheckTensor(t, device(), "SendAsync");
+  internal::CheckPeer(peer, size_, rank_, "SendAsync");
+  SY_CHECK_GE(tag, 0) << "SendAsync tag";
+  auto request = std::make_unique<Request>();
+  PostP2P({P2POp::kSend, t, peer, tag}, *request);
+  return request;
+}
+
+std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
+  CheckTensor(t, device(), "RecvAsync");
+  internal::CheckPeer(peer, size_, rank_, "RecvAsync");
+  SY_CHECK_GE(tag, 0) << "RecvAsync tag";
+  auto request = std::make_unique<Request>();
+  PostP2P({P2POp::kRecv, t, peer, tag}, *request);
+  return request;
+}
+
+// Sends to self are ordinary MPI messages to self; the check only makes every backend
+// accept the same batches.
+std::unique_ptr<Work> MpiCommunicator::BatchSendRecv(std::span<const P2POp> ops) {
+  internal::CheckBatch(ops, device(), size_, rank_);
+  auto request = std::make_unique<Request>();
+  for (const P2POp& op : ops) PostP2P(op, *request);
+  return request;
 }
 
 void MpiCommunicator::Barrier() { SY_MPI_CHECK(MPI_Barrier(comm_)); }

@@ -1,5 +1,5 @@
-// The MPI backend of Communicator: host tensors (f32, i32, i64, u8; bf16 and f16 for the
-// collectives that do not reduce). Messages count rows of a contiguous row datatype, so a
+// The MPI backend of Communicator: host tensors (f32, f64, i32, i64, u8; bf16 and f16 for
+// the collectives that do not reduce). Messages count rows of a contiguous row datatype, so a
 // message may hold up to 2^31-1 rows of any size. Only built with MPI (SY_HAVE_MPI).
 #pragma once
 
@@ -39,6 +39,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> world_ranks() const override { return world_ranks_; }
   Device device() const override { return Device::Cpu(); }
   std::string_view backend() const override { return "mpi"; }
+  DeviceContext* context() const override { return nullptr; }
 
   void AllReduce(Tensor& t, ReduceOp op) override;
   void AllGather(const Tensor& in, Tensor& out) override;
@@ -46,9 +47,18 @@ class MpiCommunicator final : public Communicator {
   void AllToAll(const Tensor& in, Tensor& out) override;
   void AllToAllV(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
                  std::span<const int64_t> recv_rows) override;
+  // MPI_Allgatherv over row datatypes.
+  void AllGatherV(const Tensor& in, Tensor& out, std::span<const int64_t> rows) override;
+  // MPI_Reduce_scatter with element counts.
+  void ReduceScatterV(const Tensor& in, Tensor& out, std::span<const int64_t> rows,
+                      ReduceOp op) override;
   void Broadcast(Tensor& t, int root) override;
   void Send(const Tensor& t, int peer, int tag = 0) override;
   void Recv(Tensor& t, int peer, int tag = 0) override;
+  // MPI_Isend / MPI_Irecv; Wait is MPI_Waitall (and checks a receive got all its rows).
+  std::unique_ptr<Work> SendAsync(const Tensor& t, int peer, int tag = 0) override;
+  std::unique_ptr<Work> RecvAsync(Tensor& t, int peer, int tag = 0) override;
+  std::unique_ptr<Work> BatchSendRecv(std::span<const P2POp> ops) override;
   void Barrier() override;
 
   std::unique_ptr<Work> AllReduceAsync(Tensor& t, ReduceOp op) override;
@@ -75,6 +85,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Request> StartAllGather(const Tensor& in, Tensor& out, bool async);
   std::unique_ptr<Request> StartReduceScatter(const Tensor& in, Tensor& out, ReduceOp op,
                                               bool async);
+  // Posts one MPI_Isend or MPI_Irecv of op's tensor on `request`.
+  void PostP2P(const P2POp& op, Request& request);
   std::unique_ptr<Request> StartAllToAllV(const Tensor& in, std::span<const int64_t> send_rows,
                                           Tensor& out, std::span<const int64_t> recv_rows,
                                           bool async);

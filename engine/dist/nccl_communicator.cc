@@ -3,6 +3,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <memory>
+#include <span>
+#include <vector>
+
 #include "engine/core/check.h"
 #include "engine/core/cuda_check.h"
 #include "engine/core/device_context.h"
@@ -22,6 +26,7 @@ ncclDataType_t NcclType(DType dtype) {
     case DType::kI32: return ncclInt32;
     case DType::kI64: return ncclInt64;
     case DType::kU8: return ncclUint8;
+    case DType::kF64: return ncclFloat64;
   }
   SY_LOG(FATAL) << "no NCCL type for dtype " << static_cast<int>(dtype);
   return ncclFloat32;
@@ -72,6 +77,37 @@ class NcclWork final : public Work {
   bool waited_ = false;
 };
 
+class NcclCommunicator;
+
+// Point-to-point ops posted together and launched as one NCCL group (see SendAsync), with
+// the event recorded after them once launched.
+struct P2PBatch {
+  ~P2PBatch() {
+    if (done != nullptr) cudaEventDestroy(done);
+  }
+  std::vector<P2POp> ops;  // holds the tensors until the batch is destroyed
+  bool launched = false;
+  cudaEvent_t done = nullptr;
+};
+
+// The Work of posted point-to-point ops: Wait launches their batch if it is still pending,
+// then orders the caller's stream after it.
+class NcclP2PWork final : public Work {
+ public:
+  NcclP2PWork(NcclCommunicator* comm, int device, cudaStream_t compute,
+              std::shared_ptr<P2PBatch> batch)
+      : comm_(comm), device_(device), compute_(compute), batch_(std::move(batch)) {}
+  ~NcclP2PWork() override { Wait(); }
+  void Wait() override;
+
+ private:
+  NcclCommunicator* comm_;  // launches a pending batch; a launched one needs no communicator
+  int device_;
+  cudaStream_t compute_;
+  std::shared_ptr<P2PBatch> batch_;
+  bool waited_ = false;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   // Takes ownership of comm.
@@ -92,6 +128,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    LaunchPending();  // a Work outliving the communicator then needs only its event
     cudaSetDevice(ctx_->device().index);
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
@@ -105,6 +142,7 @@ class NcclCommunicator final : public Communicator {
   std::vector<int> world_ranks() const override { return world_ranks_; }
   Device device() const override { return ctx_->device(); }
   std::string_view backend() const override { return "nccl"; }
+  DeviceContext* context() const override { return ctx_; }
 
   void AllReduce(Tensor& t, ReduceOp op) override { Finish(LaunchAllReduce(t, op), false); }
   void AllGather(const Tensor& in, Tensor& out) override {
@@ -123,6 +161,53 @@ class NcclCommunicator final : public Communicator {
   void AllToAllV(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
                  std::span<const int64_t> recv_rows) override {
     Finish(LaunchAllToAllV(in, send_rows, out, recv_rows), false);
+  }
+
+  // One ncclBroadcast per rank that has rows, rooted there, in one group.
+  void AllGatherV(const Tensor& in, Tensor& out, std::span<const int64_t> rows) override {
+    CheckTensor(in, device(), "AllGatherV");
+    CheckTensor(out, device(), "AllGatherV");
+    const std::vector<int64_t> offsets =
+        internal::CheckAllGatherV(in, out, rows, size_, rank_);
+    cudaStream_t stream = Begin();
+    const int64_t row = in.row_size();
+    const size_t elem = SizeOf(in.dtype());
+    char* recv = static_cast<char*>(out.raw_data());
+    SY_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size_; ++r) {
+      if (rows[r] == 0) continue;
+      char* dst = recv + offsets[r] * row * elem;
+      const void* src = r == rank_ ? in.raw_data() : dst;  // only read on the root
+      SY_NCCL_CHECK(ncclBroadcast(src, dst, rows[r] * row, NcclType(in.dtype()), r, comm_,
+                                  stream));
+    }
+    SY_NCCL_CHECK(ncclGroupEnd());
+    Finish({in, out}, false);
+  }
+
+  // One ncclReduce per rank that has rows, rooted there, in one group.
+  void ReduceScatterV(const Tensor& in, Tensor& out, std::span<const int64_t> rows,
+                      ReduceOp op) override {
+    CheckTensor(in, device(), "ReduceScatterV");
+    CheckTensor(out, device(), "ReduceScatterV");
+    const std::vector<int64_t> offsets =
+        internal::CheckReduceScatterV(in, out, rows, size_, rank_);
+    internal::CheckReduce(in, op);
+    cudaStream_t stream = Begin();
+    const int64_t row = in.row_size();
+    const size_t elem = SizeOf(in.dtype());
+    const char* send = static_cast<const char*>(in.raw_data());
+    SY_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size_; ++r) {
+      if (rows[r] == 0) continue;
+      const char* src = send + offsets[r] * row * elem;
+      // recvbuff is only written on the root; elsewhere it is a valid pointer of the size.
+      void* dst = r == rank_ ? out.raw_data() : const_cast<char*>(src);
+      SY_NCCL_CHECK(ncclReduce(src, dst, rows[r] * row, NcclType(in.dtype()), NcclOp(op), r,
+                               comm_, stream));
+    }
+    SY_NCCL_CHECK(ncclGroupEnd());
+    Finish({in, out}, false);
   }
 
   void Broadcast(Tensor& t, int root) override {
@@ -151,6 +236,53 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t stream = Begin();
     SY_NCCL_CHECK(ncclRecv(t.raw_data(), t.numel(), NcclType(t.dtype()), peer, comm_, stream));
     Finish({t}, false);
+  }
+
+  // Queued until a Wait or the next other op launches the pending batch: a lone ncclSend
+  // would block the communication stream, and the receive queued behind it, until the
+  // peer's receive runs.
+  std::unique_ptr<Work> SendAsync(const Tensor& t, int peer, int tag) override {
+    CheckTensor(t, device(), "SendAsync");
+    internal::CheckPeer(peer, size_, rank_, "SendAsync");
+    const P2POp op{P2POp::kSend, t, peer, tag};
+    return Post(std::span<const P2POp>(&op, 1));
+  }
+  std::unique_ptr<Work> RecvAsync(Tensor& t, int peer, int tag) override {
+    CheckTensor(t, device(), "RecvAsync");
+    internal::CheckPeer(peer, size_, rank_, "RecvAsync");
+    const P2POp op{P2POp::kRecv, t, peer, tag};
+    return Post(std::span<const P2POp>(&op, 1));
+  }
+  // The ops join the pending batch, which is launched at once.
+  std::unique_ptr<Work> BatchSendRecv(std::span<const P2POp> ops) override {
+    internal::CheckBatch(ops, device(), size_, rank_);
+    std::unique_ptr<Work> work = Post(ops);
+    LaunchPending();
+    return work;
+  }
+
+  // Launches the pending point-to-point ops, if any, as one group on the communication
+  // stream (ordered after the caller's stream) and records their event.
+  void LaunchPending() {
+    if (pending_ == nullptr) return;
+    std::shared_ptr<P2PBatch> batch = std::move(pending_);  // pending_ is now null
+    cudaStream_t stream = BeginStream();
+    SY_NCCL_CHECK(ncclGroupStart());
+    for (const P2POp& op : batch->ops) {
+      const int64_t n = op.tensor.numel();
+      if (n == 0) continue;  // both sides have the same (empty) shape
+      if (op.kind == P2POp::kSend) {
+        SY_NCCL_CHECK(ncclSend(op.tensor.raw_data(), n, NcclType(op.tensor.dtype()), op.peer,
+                               comm_, stream));
+      } else {
+        SY_NCCL_CHECK(ncclRecv(op.tensor.raw_data(), n, NcclType(op.tensor.dtype()), op.peer,
+                               comm_, stream));
+      }
+    }
+    SY_NCCL_CHECK(ncclGroupEnd());
+    batch->done = NewEvent();
+    SY_CUDA_CHECK(cudaEventRecord(batch->done, stream));
+    batch->launched = true;
   }
 
   void Barrier() override {
@@ -193,8 +325,22 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // Orders the communication stream after the work queued so far on the caller's stream.
+  // Adds ops to the pending batch; the Work shares the batch.
+  std::unique_ptr<Work> Post(std::span<const P2POp> ops) {
+    if (pending_ == nullptr) pending_ = std::make_shared<P2PBatch>();
+    pending_->ops.insert(pending_->ops.end(), ops.begin(), ops.end());
+    return std::make_unique<NcclP2PWork>(this, ctx_->device().index, StreamOf(ctx_), pending_);
+  }
+
+  // Launches the pending point-to-point ops (so every rank issues NCCL ops in the order it
+  // posted them), then orders the communication stream after the caller's stream.
   cudaStream_t Begin() {
+    LaunchPending();
+    return BeginStream();
+  }
+
+  // Orders the communication stream after the work queued so far on the caller's stream.
+  cudaStream_t BeginStream() {
     SY_CUDA_CHECK(cudaSetDevice(ctx_->device().index));
     SY_CUDA_CHECK(cudaEventRecord(ready_, StreamOf(ctx_)));
     SY_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
@@ -308,7 +454,17 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t ready_ = nullptr;    // caller's stream -> communication stream
   cudaEvent_t done_ = nullptr;     // communication stream -> caller's stream (sync ops)
   Tensor barrier_;                 // (1,) f32 scratch for Barrier
+  std::shared_ptr<P2PBatch> pending_;  // posted point-to-point ops not yet launched
 };
+
+void NcclP2PWork::Wait() {
+  if (waited_) return;
+  if (!batch_->launched) comm_->LaunchPending();
+  SY_CUDA_CHECK(cudaSetDevice(device_));
+  SY_CUDA_CHECK(cudaStreamWaitEvent(compute_, batch_->done, 0));
+  batch_.reset();
+  waited_ = true;
+}
 
 }  // namespace
 

@@ -17,9 +17,12 @@ StatusOr<std::unique_ptr<ParallelContext>> ParallelContext::Create(Communicator&
   ctx->dp_ = split(View::kDense, {Axis::kDp});
   ctx->pp_ = split(View::kDense, {Axis::kPp});
   ctx->dp_cp_ = split(View::kDense, {Axis::kDp, Axis::kCp});
+  ctx->dp_cp_tp_ = split(View::kDense, {Axis::kDp, Axis::kCp, Axis::kTp});
   ctx->etp_ = split(View::kExpert, {Axis::kTp});
   ctx->ep_ = split(View::kExpert, {Axis::kEp});
   ctx->edp_ = split(View::kExpert, {Axis::kDp});
+  ctx->edp_etp_ = split(View::kExpert, {Axis::kDp, Axis::kTp});
+  ctx->world_ = &world;
   return ctx;
 }
 

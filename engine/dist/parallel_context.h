@@ -1,8 +1,10 @@
 // ParallelContext: the communicators of one rank's groups in both views of the Mesh, built
 // once at start-up and handed to the modules that need them (no globals).
 //
-//   dense view:  tp, cp, dp, pp, and dp_cp (dense gradients are reduced over dp x cp)
+//   dense view:  tp, cp, dp, pp, dp_cp (dense gradients are reduced over dp x cp) and
+//                dp_cp_tp (also over tp: sequence-parallel norms, the router)
 //   expert view: etp, ep (the token all-to-all), edp (expert gradients are reduced here)
+//                and edp_etp (also over etp: the experts' output bias under etp)
 #pragma once
 
 #include <memory>
@@ -28,9 +30,13 @@ class ParallelContext {
   Communicator& dp() const { return *dp_; }
   Communicator& pp() const { return *pp_; }
   Communicator& dp_cp() const { return *dp_cp_; }
+  Communicator& dp_cp_tp() const { return *dp_cp_tp_; }
   Communicator& etp() const { return *etp_; }
   Communicator& ep() const { return *ep_; }
   Communicator& edp() const { return *edp_; }
+  Communicator& edp_etp() const { return *edp_etp_; }
+  // The communicator the context was created over (it must outlive the context).
+  Communicator& world() const { return *world_; }
 
   // The mesh's one-line description of this rank.
   std::string Describe() const { return mesh_.Describe(rank_); }
@@ -40,7 +46,8 @@ class ParallelContext {
 
   Mesh mesh_;
   int rank_;
-  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, etp_, ep_, edp_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, dp_cp_tp_, etp_, ep_, edp_, edp_etp_;
+  Communicator* world_ = nullptr;
 };
 
 }  // namespace switchyard::dist

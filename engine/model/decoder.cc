@@ -7,6 +7,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/random.h"
+#include "engine/parallel/tensor_parallel.h"
 
 namespace switchyard::model {
 namespace {
@@ -24,131 +25,113 @@ Tensor Sum(const Tensor& a, const Tensor& b, DeviceContext* ctx) {
   return out;
 }
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// AdamW decays matrices (embeddings, projections, expert weights), not biases or norms.
-bool Decays(const std::string& name, const Tensor& value) {
-  return value.ndim() >= 2 && !EndsWith(name, ".b1") && !EndsWith(name, ".b2") &&
-         !EndsWith(name, "bias");
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
                                                    const moe::MoEConfig& moe_in, uint64_t seed,
-                                                   dist::Communicator* ep,
+                                                   const DecoderParallel& parallel,
                                                    DeviceContext* ctx) {
   SY_RETURN_IF_ERROR(model.Validate());
+  SY_CHECK(parallel.ep != nullptr) << "Decoder::Create needs an ep communicator";
   moe::MoEConfig moe = moe_in;
   moe.d_model = model.d_model;
   SY_RETURN_IF_ERROR(moe.Validate());
-  SY_RETURN_IF_ERROR(moe.ExpertsPerRank(ep->size()).status());
+  SY_RETURN_IF_ERROR(moe.ExpertsPerRank(parallel.ep->size()).status());
   SY_ASSIGN_OR_RETURN(dense::NormKind norm_kind, dense::ParseNormKind(model.norm));
   SY_ASSIGN_OR_RETURN(dense::Activation activation, dense::ParseActivation(model.activation));
 
-  std::unique_ptr<Decoder> dec(new Decoder(model, moe, ctx));
+  std::unique_ptr<Decoder> dec(new Decoder(model, moe, parallel, ctx));
+  const dense::TensorParallel tp = dec->tp();
+  if (tp.active() && tp.sequence_parallel && (model.seq_len % tp.size()) != 0) {
+    return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by parallel.tp=",
+                           tp.size(), " (sequence parallelism splits every sequence's tokens)");
+  }
   const Device device = ctx ? ctx->device() : Device::Cpu();
   const float std = model.init_std;
   const float out_std =
       model.scaled_init ? std / std::sqrt(2.0f * static_cast<float>(model.n_layers)) : std;
   dense::EmbeddingOptions eo{.vocab_size = model.vocab_size, .d_model = model.d_model,
                              .max_positions = model.position == "learned" ? model.seq_len : 0,
-                             .device = device};
+                             .device = device, .tp = tp};
+  SY_RETURN_IF_ERROR(eo.Validate());
   dec->embed_.emplace(dense::Embedding::Init(eo, seed, "embed", std, ctx));
   dense::NormOptions no{.kind = norm_kind, .dim = model.d_model, .eps = model.norm_eps,
                         .device = device};
   dense::AttentionOptions ao{.d_model = model.d_model, .n_heads = model.n_heads,
                              .n_kv_heads = model.n_kv_heads, .bias = model.bias,
                              .rope = model.position == "rope", .rope_base = model.rope_base,
-                             .device = device};
+                             .device = device, .tp = tp, .seq_len = model.seq_len};
+  SY_RETURN_IF_ERROR(ao.Validate());
   dense::MlpOptions mo{.d_model = model.d_model, .d_hidden = model.ff_hidden(),
-                       .activation = activation, .bias = model.bias, .device = device};
+                       .activation = activation, .bias = model.bias, .device = device, .tp = tp};
+  const moe::MoEParallel mp{.ep = parallel.ep, .tp = parallel.tp, .etp = parallel.etp};
   for (int64_t i = 0; i < model.n_layers; ++i) {
     const std::string name = StrCat("layers.", i);
     Block block{dense::Norm(no, ctx), dense::Norm(no, ctx),
                 dense::Attention::Init(ao, seed, name + ".attn", std, out_std, ctx), std::nullopt,
                 std::nullopt};
     if (moe.IsMoeLayer(i)) {
-      block.moe.emplace(moe::MoELayer::Init(moe, i, ep, seed, std, ctx));
-      if (out_std != std) {
-        // Scaled residual init of the expert output projections: the same draws as Init,
-        // with the smaller std (keys as in moe/experts.h).
-        moe::Experts& ex = block.moe->experts();
-        Tensor w2 = ex.w2();
-        kernels::FillNormal(w2, {seed, StreamId(name + ".moe.experts.w2")},
-                            ex.options().first * ex.options().d_hidden * model.d_model, 0.0f,
-                            out_std, ctx);
-        if (moe::DenseMlp* shared = block.moe->shared()) {
-          Tensor sw2 = shared->experts().w2();
-          kernels::FillNormal(sw2, {seed, StreamId(name + ".moe.shared.w2")}, 0, 0.0f, out_std,
-                              ctx);
-        }
-      }
+      block.moe.emplace(moe::MoELayer::Init(moe, i, mp, seed, std, ctx));
       dec->moe_ids_.push_back(i);
     } else {
+      SY_RETURN_IF_ERROR(mo.Validate());
       block.mlp.emplace(dense::Mlp::Init(mo, seed, name + ".mlp", std, out_std, ctx));
     }
     dec->blocks_.push_back(std::move(block));
   }
   dec->norm_f_.emplace(no, ctx);
   if (!model.tie_embeddings) {
-    dense::LinearOptions lo{.in = model.d_model, .out = model.vocab_size, .bias = false,
+    // The head's columns are the vocabulary this rank holds (no padding columns).
+    dense::LinearOptions lo{.in = model.d_model, .out = eo.valid_rows(), .bias = false,
                             .device = device};
-    dec->head_.emplace(dense::Linear::Init(lo, seed, "head", std, ctx));
+    dec->head_.emplace(lo, ctx);
   }
-  dec->Register();
+  dec->Register(seed);
+  // Scaled residual init of the expert output projections, and the head: both drawn over
+  // the whole logical tensor and sliced to this rank's box.
+  for (parallel::Parameter& p : dec->registry_.params()) {
+    const bool expert_out = p.name.find(".moe.experts.w2") != std::string::npos ||
+                            p.name.find(".moe.shared.w2") != std::string::npos;
+    if (expert_out && out_std != std) parallel::InitNormal(p, seed, out_std, ctx);
+    if (p.name == "head.weight") parallel::InitNormal(p, seed, std, ctx);
+  }
   return dec;
 }
 
-void Decoder::Register() {
-  auto add_dense = [&](const std::string& prefix, const std::vector<dense::NamedParameter>& ps) {
-    for (const auto& p : ps) {
-      const std::string name = prefix + "." + p.name;
-      registry_.Add({.name = name, .global_shape = p.value.shape(), .group = GradGroup::kDense,
-                     .weight_decay = Decays(name, p.value), .value = p.value, .grad = p.grad});
+void Decoder::Register(uint64_t seed) {
+  const dense::TensorParallel tp = this->tp();
+  auto add = [&](const std::string& prefix, std::vector<parallel::Parameter> ps) {
+    for (parallel::Parameter& p : ps) {
+      p.name = prefix + "." + p.name;
+      registry_.Add(std::move(p));
     }
   };
-  add_dense("embed", embed_->Parameters());
+  // Norm weights are whole on every tp rank; under sequence parallelism each saw only its
+  // rows, so their gradients are summed over tp.
+  auto add_norm = [&](const std::string& prefix, const dense::Norm& norm) {
+    std::vector<parallel::Parameter> ps = norm.Parameters();
+    if (tp.active()) {
+      for (parallel::Parameter& p : ps) p.ReplicatedOver(dist::Axis::kTp, tp.sequence_parallel);
+    }
+    add(prefix, std::move(ps));
+  };
+  add("embed", embed_->Parameters());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& b = blocks_[i];
     const std::string name = StrCat("layers.", i);
-    add_dense(name + ".norm1", b.norm1.Parameters());
-    add_dense(name + ".attn", b.attn.Parameters());
-    add_dense(name + ".norm2", b.norm2.Parameters());
-    if (b.mlp) add_dense(name + ".mlp", b.mlp->Parameters());
-    if (b.moe) {
-      moe::MoELayer& m = *b.moe;
-      registry_.Add({.name = name + ".moe.router.weight",
-                     .global_shape = m.router_weight().shape(), .group = GradGroup::kDense,
-                     .weight_decay = false, .value = m.router_weight(),
-                     .grad = m.grad_router_weight()});
-      for (const moe::NamedParameter& p : m.experts().Parameters()) {
-        const std::string pname = name + ".moe.experts." + p.name;
-        Shape global = p.value.shape();
-        global[0] = moe_.num_experts;
-        registry_.Add({.name = pname, .global_shape = global, .shard_dim = 0,
-                       .shard_offset = m.first_expert(), .group = GradGroup::kExpert,
-                       .weight_decay = Decays(pname, p.value), .value = p.value,
-                       .grad = p.grad});
-      }
-      if (moe::DenseMlp* shared = m.shared()) {
-        for (const moe::NamedParameter& p : shared->experts().Parameters()) {
-          const std::string pname = name + ".moe.shared." + p.name;
-          registry_.Add({.name = pname, .global_shape = p.value.shape(), .group = GradGroup::kDense,
-                         .weight_decay = Decays(pname, p.value), .value = p.value, .grad = p.grad});
-        }
-      }
-      if (m.expert_bias().defined()) {
-        registry_.Add({.name = name + ".moe.expert_bias", .global_shape = m.expert_bias().shape(),
-                       .group = GradGroup::kDense, .trainable = false, .weight_decay = false,
-                       .value = m.expert_bias(), .grad = Tensor()});
-      }
-    }
+    add_norm(name + ".norm1", b.norm1);
+    add(name + ".attn", b.attn.Parameters());
+    add_norm(name + ".norm2", b.norm2);
+    if (b.mlp) add(name + ".mlp", b.mlp->Parameters());
+    if (b.moe) add(name + ".moe", b.moe->Parameters());
   }
-  add_dense("norm_f", norm_f_->Parameters());
-  if (head_) add_dense("head", head_->Parameters());
+  add_norm("norm_f", *norm_f_);
+  if (head_) {
+    std::vector<parallel::Parameter> ps = head_->Parameters();
+    const dense::EmbeddingOptions& eo = embed_->options();
+    if (tp.active()) ps[0].Split(1, eo.vocab_start(), eo.vocab_size);
+    add("head", std::move(ps));
+  }
 }
 
 std::vector<moe::MoELayer*> Decoder::moe_layers() {
@@ -158,12 +141,40 @@ std::vector<moe::MoELayer*> Decoder::moe_layers() {
   return out;
 }
 
+Tensor Decoder::MoeRowsIn(const Tensor& x) const {
+  const int64_t d = model_.d_model;
+  Tensor rows = x.Reshape({x.numel() / d, d});
+  const dense::TensorParallel tp = this->tp();
+  if (!tp.active() || tp.sequence_parallel) return rows;
+  // Every tp rank holds all rows: each routes its own block of them.
+  const int64_t per = rows.dim(0) / tp.size();
+  return rows.Slice(tp.rank() * per, (tp.rank() + 1) * per);
+}
+
+Tensor Decoder::MoeRowsOut(const Tensor& y, const Shape& shape) const {
+  const dense::TensorParallel tp = this->tp();
+  if (!tp.active() || tp.sequence_parallel) return y.Reshape(shape);
+  Tensor all = Tensor::Empty(shape, DType::kF32, y.device());
+  Tensor rows = all.Reshape({all.numel() / model_.d_model, model_.d_model});
+  tp.comm->AllGather(y, rows);
+  return all;
+}
+
+Tensor Decoder::MoeRowsOutBackward(const Tensor& dy) const { return MoeRowsIn(dy); }
+
+Tensor Decoder::MoeRowsInBackward(const Tensor& dh, const Shape& shape) const {
+  return MoeRowsOut(dh, shape);
+}
+
 DecoderOutput Decoder::Forward(const DecoderInput& in) {
   const int64_t batch = in.tokens.dim(0), seq = in.tokens.dim(1), d = model_.d_model;
   const int64_t n = batch * seq;
   SY_CHECK(in.tokens.dtype() == DType::kI32 && in.targets.shape() == in.tokens.shape())
       << "tokens " << in.tokens.DebugString() << ", targets " << in.targets.DebugString();
   SY_CHECK_LE(seq, model_.seq_len) << "sequence longer than model.seq_len";
+  const dense::TensorParallel tp = this->tp();
+  SY_CHECK(!(tp.active() && tp.sequence_parallel) || seq == model_.seq_len)
+      << "sequence parallelism needs sequences of model.seq_len=" << model_.seq_len;
   SY_CHECK(in.tokens.device() == device() && in.targets.device() == device())
       << "tokens on " << in.tokens.device() << ", targets on " << in.targets.device()
       << ": the decoder runs on " << device();
@@ -171,7 +182,8 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   DecoderOutput out;
   DecoderActivations& acts = out.acts;
   acts.embed = embed_->Forward(in.tokens, ctx);
-  Tensor x = acts.embed.y;  // (B, S, d)
+  Tensor x = acts.embed.y;  // (B, S, d), or this rank's rows (N/tp, d) under sp
+  const int64_t moe_rows = tp.active() ? n / tp.size() : n;
   for (Block& b : blocks_) {
     BlockActivations ba;
     ba.x_in = x;
@@ -184,35 +196,41 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
       ba.mlp = b.mlp->Forward(ba.norm2.y, ctx);
       ffn = ba.mlp->y();
     } else {
-      ba.moe = b.moe->Forward(ba.norm2.y.Reshape({n, d}), n, in.training, in.step, in.first_token,
-                              ctx);
-      ffn = ba.moe->y;
-      out.aux_sum += ba.moe->stats.aux_sum;
-      out.z_sum += ba.moe->stats.z_sum;
+      ba.moe = b.moe->Forward(MoeRowsIn(ba.norm2.y), moe_rows, in.training, in.step,
+                              in.first_token, ctx);
+      ffn = MoeRowsOut(ba.moe->y, x.shape());
+      for (float a : ba.moe->groups.aux) out.aux_sum += a;
+      for (float z : ba.moe->groups.z) out.z_sum += z;
       out.moe_stats.push_back(ba.moe->stats);
     }
     x = Sum(ba.x_mid, ffn, ctx);
     acts.blocks.push_back(std::move(ba));
   }
   acts.norm_f = norm_f_->Forward(x, ctx);
-  Tensor hidden = acts.norm_f.y.Reshape({n, d});
-  Tensor logits;
+  acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)
+                     .Reshape({n, d});
+  const dense::EmbeddingOptions& eo = embed_->options();
+  Tensor logits;  // (N, this rank's vocabulary columns)
   if (head_) {
-    acts.head = head_->Forward(hidden, ctx);
+    acts.head = head_->Forward(acts.head_in, ctx);
     logits = acts.head->y;
   } else {
-    logits = Tensor::Empty({n, model_.vocab_size}, DType::kF32, device());
-    kernels::Gemm(hidden, false, embed_->wte(), true, logits, 1.0f, 0.0f, ctx);
+    logits = Tensor::Empty({n, eo.local_rows()}, DType::kF32, device());
+    kernels::Gemm(acts.head_in, false, embed_->wte(), true, logits, 1.0f, 0.0f, ctx);
   }
   Tensor targets = in.targets.Reshape({n});
   kernels::CrossEntropySums ce;
-  if (in.training) {
+  if (tp.active()) {
+    ce = parallel::VocabParallelCrossEntropy(logits, targets, eo.vocab_start(), eo.valid_rows(),
+                                             *tp.comm, in.training ? &logits : nullptr,
+                                             in.ce_grad_scale, ctx);
+  } else if (in.training) {
     ce = kernels::CrossEntropyForwardBackward(logits, targets, logits, in.ce_grad_scale,
                                               kernels::kIgnoreIndex, ctx);
-    acts.dlogits = logits;
   } else {
     ce = kernels::CrossEntropyForward(logits, targets, kernels::kIgnoreIndex, ctx);
   }
+  if (in.training) acts.dlogits = logits;
   out.ce_sum = ce.loss_sum;
   out.ce_count = ce.count;
   return out;
@@ -226,18 +244,19 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   DecoderActivations& acts = out.acts;
   SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
   const int64_t n = acts.dlogits.dim(0), d = model_.d_model;
+  const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
-  Tensor dhidden;
+  Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
   if (head_) {
     dhidden = head_->Backward(*acts.head, acts.dlogits, ctx);
   } else {
     dhidden = Tensor::Empty({n, d}, DType::kF32, device());
     kernels::Gemm(acts.dlogits, false, embed_->wte(), false, dhidden, 1.0f, 0.0f, ctx);
     Tensor grad_wte = embed_->grad_wte();
-    kernels::Gemm(acts.dlogits, true, acts.norm_f.y.Reshape({n, d}), false, grad_wte, 1.0f, 1.0f,
-                  ctx);
+    kernels::Gemm(acts.dlogits, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
   }
   if (head_) done("head");
+  dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);
   Tensor dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()), ctx);
   done("norm_f");
   const float aux_scale[1] = {in.aux_grad_scale};
@@ -248,8 +267,8 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     if (b.mlp) {
       dnorm2 = b.mlp->Backward(*ba.mlp, dx, ctx);
     } else {
-      dnorm2 = b.moe->Backward(ba.moe->acts, dx.Reshape({n, d}), aux_scale, aux_scale, ctx)
-                   .Reshape(dx.shape());
+      Tensor dh = b.moe->Backward(ba.moe->acts, MoeRowsOutBackward(dx), aux_scale, aux_scale, ctx);
+      dnorm2 = MoeRowsInBackward(dh, dx.shape());
     }
     Tensor dmid = dx;  // the residual path
     AddInto(dmid, b.norm2.Backward(ba.norm2, dnorm2, ctx), ctx);

@@ -5,6 +5,15 @@
 //                (FFN_i is MoE iff moe.IsMoeLayer(i), else a dense MLP)
 //   logits = NormF(x) @ head   (head = wte^T when tie_embeddings)
 //
+// Tensor parallelism (DecoderParallel::tp, Megatron-LM): attention split by heads, dense MLPs
+// by hidden units, the embedding and the head by vocabulary (padded to a multiple of tp),
+// with the vocabulary-parallel cross-entropy, so the full logits never exist on one rank.
+// With sequence parallelism the residual stream, the norms and the MoE layers hold this
+// rank's rows [r*N/tp, (r+1)*N/tp) of the micro-batch's N = B*S tokens; without it every tp
+// rank holds all rows and each MoE layer routes this rank's rows (the routing group stays
+// the whole micro-batch, moe/moe_layer.h). Norm weights are replicated over tp (their
+// gradients summed over tp under sequence parallelism).
+//
 // Every parameter is registered under a stable name (docs/model.md lists them). Forward
 // keeps what Backward needs in a DecoderActivations the caller holds (one per micro-batch).
 //
@@ -28,7 +37,7 @@
 #include "dense/norm.h"
 #include "engine/dist/communicator.h"
 #include "engine/model/model_config.h"
-#include "engine/model/parameter_registry.h"
+#include "engine/parallel/parameter.h"
 #include "moe/moe_layer.h"
 
 namespace switchyard::model {
@@ -59,7 +68,8 @@ struct DecoderActivations {
   dense::EmbeddingActivations embed;
   std::vector<BlockActivations> blocks;
   dense::NormActivations norm_f;
-  Tensor dlogits;   // (B*S, V) the cross-entropy gradient, when training
+  Tensor head_in;   // (B*S, d) the head's input (gathered over tp under sequence parallelism)
+  Tensor dlogits;   // (B*S, V/tp) the cross-entropy gradient (this rank's vocabulary), when training
   std::optional<dense::LinearActivations> head;  // untied head only
 };
 
@@ -73,6 +83,14 @@ struct DecoderOutput {
   DecoderActivations acts;
 };
 
+// The groups a decoder's layers communicate in. ep is required (a size-1 group is fine).
+struct DecoderParallel {
+  dist::Communicator* ep = nullptr;   // expert parallel: the token all-to-all
+  dist::Communicator* tp = nullptr;   // dense tensor parallel; null: none
+  bool sequence_parallel = false;     // only with tp of size > 1
+  dist::Communicator* etp = nullptr;  // expert tensor parallel; null: none
+};
+
 class Decoder {
  public:
   // Builds and initialises every layer from the counter-based generator (weights normal
@@ -82,8 +100,15 @@ class Decoder {
   // decoder keeps it, and the same weights come out on every device.
   static StatusOr<std::unique_ptr<Decoder>> Create(const ModelConfig& model,
                                                    const moe::MoEConfig& moe, uint64_t seed,
-                                                   dist::Communicator* ep,
+                                                   const DecoderParallel& parallel,
                                                    DeviceContext* ctx = nullptr);
+  // Expert parallelism only.
+  static StatusOr<std::unique_ptr<Decoder>> Create(const ModelConfig& model,
+                                                   const moe::MoEConfig& moe, uint64_t seed,
+                                                   dist::Communicator* ep,
+                                                   DeviceContext* ctx = nullptr) {
+    return Create(model, moe, seed, DecoderParallel{.ep = ep}, ctx);
+  }
 
   DecoderOutput Forward(const DecoderInput& input);
   // Adds every parameter's gradient (the registry's grads). on_done, when given, is called
@@ -93,7 +118,7 @@ class Decoder {
   void Backward(const DecoderInput& input, DecoderOutput& out,
                 const std::function<void(const std::string& prefix)>& on_done = nullptr);
 
-  ParameterRegistry& registry() { return registry_; }
+  parallel::ParameterRegistry& registry() { return registry_; }
   const ModelConfig& config() const { return model_; }
   const moe::MoEConfig& moe_config() const { return moe_; }
   Device device() const { return ctx_ ? ctx_->device() : Device::Cpu(); }
@@ -109,19 +134,31 @@ class Decoder {
     std::optional<dense::Mlp> mlp;
     std::optional<moe::MoELayer> moe;
   };
-  Decoder(const ModelConfig& model, const moe::MoEConfig& moe, DeviceContext* ctx)
-      : model_(model), moe_(moe), ctx_(ctx) {}
-  void Register();
+  Decoder(const ModelConfig& model, const moe::MoEConfig& moe, const DecoderParallel& parallel,
+          DeviceContext* ctx)
+      : model_(model), moe_(moe), parallel_(parallel), ctx_(ctx) {}
+  void Register(uint64_t seed);
+  dense::TensorParallel tp() const {
+    return {.comm = parallel_.tp, .sequence_parallel = parallel_.sequence_parallel};
+  }
+  // The MoE layer's input rows on this rank from the norm's output, and its output rows
+  // back in the residual stream's layout (only differ with tp and no sequence parallelism).
+  Tensor MoeRowsIn(const Tensor& x) const;
+  Tensor MoeRowsOut(const Tensor& y, const Shape& shape) const;
+  // Their backward.
+  Tensor MoeRowsOutBackward(const Tensor& dy) const;
+  Tensor MoeRowsInBackward(const Tensor& dh, const Shape& shape) const;
 
   ModelConfig model_;
   moe::MoEConfig moe_;
+  DecoderParallel parallel_;
   DeviceContext* ctx_;
   std::optional<dense::Embedding> embed_;
   std::vector<Block> blocks_;
   std::optional<dense::Norm> norm_f_;
-  std::optional<dense::Linear> head_;
+  std::optional<dense::Linear> head_;  // untied: (d, this rank's vocabulary columns)
   std::vector<int64_t> moe_ids_;
-  ParameterRegistry registry_;
+  parallel::ParameterRegistry registry_;
 };
 
 }  // namespace switchyard::model

@@ -4,11 +4,12 @@
 #include <sstream>
 
 #include "engine/core/check.h"
+#include "engine/dist/ordered_sum.h"
 
 namespace switchyard::parallel {
 
-using model::GradGroup;
-using model::Parameter;
+using dist::Axis;
+using dist::View;
 
 struct GradSync::Bucket {
   std::vector<size_t> params;    // registry indices, packing order
@@ -22,7 +23,8 @@ struct GradSync::Bucket {
 };
 
 struct GradSync::Group {
-  GradGroup kind = GradGroup::kDense;
+  View view = View::kDense;
+  AxisSet axes;
   dist::Communicator* comm = nullptr;
   std::vector<Bucket> buckets;
   size_t next_launch = 0;  // buckets [0, next_launch) are in flight or done this step
@@ -30,37 +32,67 @@ struct GradSync::Group {
 
 namespace {
 
-const char* GroupName(GradGroup g) { return g == GradGroup::kDense ? "dense" : "expert"; }
+std::string GroupName(View view, AxisSet axes) {
+  return StrCat(view == View::kDense ? "dense" : "expert", " over ", axes.ToString(view));
+}
 
 }  // namespace
 
-GradSync::GradSync(model::ParameterRegistry& registry, const dist::ParallelContext& pc,
-                   int64_t bucket_bytes, DeviceContext* ctx)
-    : GradSync(registry, pc.dp_cp(), pc.edp(), bucket_bytes, ctx) {}
+dist::Communicator& GroupOf(const dist::ParallelContext& pc, View view, AxisSet axes) {
+  if (view == View::kDense) {
+    if (axes == AxisSet{Axis::kDp, Axis::kCp}) return pc.dp_cp();
+    if (axes == AxisSet{Axis::kDp, Axis::kCp, Axis::kTp}) return pc.dp_cp_tp();
+    if (axes == AxisSet{Axis::kTp}) return pc.tp();
+  } else {
+    if (axes == AxisSet{Axis::kDp}) return pc.edp();
+    if (axes == AxisSet{Axis::kDp, Axis::kTp}) return pc.edp_etp();
+    if (axes == AxisSet{Axis::kTp}) return pc.etp();
+  }
+  SY_CHECK(false) << "no communicator for the " << (view == View::kDense ? "dense" : "expert")
+                  << " axes " << axes.ToString(view);
+  return pc.world();
+}
 
-GradSync::GradSync(model::ParameterRegistry& registry, dist::Communicator& dense,
-                   dist::Communicator& expert, int64_t bucket_bytes, DeviceContext* ctx)
+GradSync::GradSync(ParameterRegistry& registry, const dist::ParallelContext& pc,
+                   int64_t bucket_bytes, DeviceContext* ctx)
+    : GradSync(
+          registry, [&pc](View view, AxisSet axes) -> dist::Communicator& {
+            return parallel::GroupOf(pc, view, axes);
+          },
+          bucket_bytes, ctx) {}
+
+GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of, int64_t bucket_bytes,
+                   DeviceContext* ctx)
     : registry_(registry), ctx_(ctx), bucket_bytes_(bucket_bytes) {
   SY_CHECK(bucket_bytes_ > 0) << "GradSync: bucket_bytes " << bucket_bytes_;
   const std::vector<Parameter>& params = registry_.params();
   where_.assign(params.size(), {-1, -1});
   marked_.assign(params.size(), false);
-  for (auto [kind, comm] : {std::pair<GradGroup, dist::Communicator*>{GradGroup::kDense, &dense},
-                            {GradGroup::kExpert, &expert}}) {
+  // The distinct (view, axes) of the trainable parameters, in first-seen order.
+  std::vector<std::pair<View, AxisSet>> kinds;
+  for (const Parameter& p : params) {
+    if (!p.trainable || p.grad_sum.empty()) continue;
+    if (std::find(kinds.begin(), kinds.end(), std::pair{p.view, p.grad_sum}) == kinds.end()) {
+      kinds.emplace_back(p.view, p.grad_sum);
+    }
+  }
+  for (auto [view, axes] : kinds) {
+    dist::Communicator* comm = &group_of(view, axes);
     if (comm->size() == 1) continue;
     auto group = std::make_unique<Group>();
-    group->kind = kind;
+    group->view = view;
+    group->axes = axes;
     group->comm = comm;
     const int slot = static_cast<int>(groups_.size());
     // The open (still filling) bucket of each dtype, as an index into group->buckets.
     std::vector<std::pair<DType, size_t>> open;
     for (size_t i = params.size(); i-- > 0;) {
       const Parameter& p = params[i];
-      if (!p.trainable || p.group != kind) continue;
+      if (!p.trainable || p.view != view || !(p.grad_sum == axes)) continue;
       SY_CHECK(p.grad.defined()) << "GradSync: " << p.name << " has no gradient";
       SY_CHECK(p.grad.device() == comm->device())
           << "GradSync: " << p.name << "'s gradient is on " << p.grad.device() << ", the "
-          << GroupName(kind) << " communicator on " << comm->device();
+          << GroupName(view, axes) << " communicator on " << comm->device();
       const DType dtype = p.grad.dtype();
       const int64_t bytes = p.grad.numel() * static_cast<int64_t>(SizeOf(dtype));
       auto it = std::find_if(open.begin(), open.end(), [&](auto& o) { return o.first == dtype; });
@@ -119,7 +151,7 @@ void GradSync::LaunchReady(Group& g) {
   while (g.next_launch < g.buckets.size() && g.buckets[g.next_launch].pending == 0) {
     Bucket& b = g.buckets[g.next_launch++];
     Launch(b);
-    b.work = g.comm->AllReduceAsync(b.flat, dist::ReduceOp::kSum);
+    b.work = dist::OrderedAllReduceAsync(*g.comm, b.flat);
   }
 }
 
@@ -163,7 +195,7 @@ void GradSync::SyncAll() {
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) {
       Launch(b);
-      g->comm->AllReduce(b.flat, dist::ReduceOp::kSum);
+      dist::OrderedAllReduce(*g->comm, b.flat);
       Unpack(b);
       b.launched = false;
     }
@@ -174,7 +206,8 @@ std::vector<GradSync::BucketInfo> GradSync::Buckets() const {
   std::vector<BucketInfo> out;
   for (const auto& g : groups_) {
     for (const Bucket& b : g->buckets) {
-      out.push_back({.group = g->kind,
+      out.push_back({.view = g->view,
+                     .axes = g->axes,
                      .params = b.params,
                      .elements = b.elements,
                      .bytes = b.elements * static_cast<int64_t>(SizeOf(b.dtype))});
@@ -189,8 +222,8 @@ std::string GradSync::Summary() const {
   std::ostringstream parts;
   for (const auto& g : groups_) {
     if (&g != &groups_.front()) parts << ", ";
-    parts << GroupName(g->kind) << " " << g->buckets.size() << " over " << g->comm->size()
-          << " ranks";
+    parts << GroupName(g->view, g->axes) << ": " << g->buckets.size() << " on "
+          << g->comm->size() << " ranks";
     count += static_cast<int64_t>(g->buckets.size());
     for (const Bucket& b : g->buckets) bytes += b.elements * static_cast<int64_t>(SizeOf(b.dtype));
   }

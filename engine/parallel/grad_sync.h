@@ -1,8 +1,13 @@
 // Data-parallel gradient synchronisation in buckets (PyTorch DDP's Reducer, Megatron's
 // DistributedDataParallel without ZeRO): after backward, every gradient becomes the SUM of
-// its replicas' gradients:
-//   kDense  grads (attention, embeddings, norms, router, dense MLPs) over dp x cp
-//   kExpert grads (routed experts, sharded over ep)                  over edp
+// its replicas' gradients over the axes its description names (Parameter::grad_sum):
+//   dense parameters                                   over dp x cp
+//   sequence-parallel norms, the router, row biases    over dp x cp x tp
+//   routed experts (sharded over ep, maybe etp)        over edp
+//   the experts' output bias under etp                 over edp x etp
+// Sums are ordered (dist::OrderedAllReduce): the pairwise tree over the group's ranks in
+// rank order, so with data-parallel ranks holding consecutive micro-batches the sum is the
+// one a single rank gets from the same tree over its micro-batches.
 // The trainer scales the loss by 1 / (the number of micro-batches of the global batch), so
 // the sum is the gradient of the global-batch mean. A group of size 1 has nothing to do:
 // its parameters get no bucket and cost nothing.
@@ -26,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,25 +39,29 @@
 #include "engine/core/device_context.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/parallel_context.h"
-#include "engine/model/parameter_registry.h"
+#include "engine/parallel/parameter.h"
 
 namespace switchyard::parallel {
+
+// The communicator of pc over `axes` of `view`: the groups a parameter description can
+// name (dense: dp x cp, with tp, tp alone; expert: edp, with etp, etp alone). Others are a
+// programming error.
+dist::Communicator& GroupOf(const dist::ParallelContext& pc, dist::View view, AxisSet axes);
 
 // PyTorch DDP's default bucket_cap_mb = 25.
 inline constexpr int64_t kDefaultBucketBytes = int64_t{25} * 1024 * 1024;
 
 class GradSync {
  public:
-  // dense: the group kDense gradients are summed over (ParallelContext::dp_cp()); expert:
-  // the group of kExpert gradients (ParallelContext::edp()). Both on the device of the
-  // gradients; ctx orders the pack/unpack copies of device tensors. The registry, the
-  // communicators and ctx must outlive the GradSync, and the registry keep its parameter
-  // list. bucket_bytes > 0.
-  GradSync(model::ParameterRegistry& registry, dist::Communicator& dense,
-           dist::Communicator& expert, int64_t bucket_bytes = kDefaultBucketBytes,
-           DeviceContext* ctx = nullptr);
-  // The same with dense = pc.dp_cp() and expert = pc.edp().
-  GradSync(model::ParameterRegistry& registry, const dist::ParallelContext& pc,
+  // group_of(view, axes): the communicator over those axes of this rank's mesh (on the
+  // device of the gradients); ctx orders the pack/unpack copies of device tensors. The
+  // registry, the communicators and ctx must outlive the GradSync, and the registry keep
+  // its parameter list. bucket_bytes > 0.
+  using GroupResolver = std::function<dist::Communicator&(dist::View, AxisSet)>;
+  GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
+           int64_t bucket_bytes = kDefaultBucketBytes, DeviceContext* ctx = nullptr);
+  // The same with the groups of pc (GroupOf below).
+  GradSync(ParameterRegistry& registry, const dist::ParallelContext& pc,
            int64_t bucket_bytes = kDefaultBucketBytes, DeviceContext* ctx = nullptr);
   ~GradSync();
   GradSync(const GradSync&) = delete;
@@ -68,7 +78,8 @@ class GradSync {
 
   // Introspection (tests, logging).
   struct BucketInfo {
-    model::GradGroup group;
+    dist::View view;
+    AxisSet axes;  // the gradient is summed over these
     std::vector<size_t> params;  // registry indices, in packing order
     int64_t elements = 0;
     int64_t bytes = 0;
@@ -85,10 +96,10 @@ class GradSync {
   void Unpack(Bucket& b);
   void LaunchReady(Group& g);
 
-  model::ParameterRegistry& registry_;
+  ParameterRegistry& registry_;
   DeviceContext* ctx_;
   int64_t bucket_bytes_;
-  std::vector<std::unique_ptr<Group>> groups_;  // dense, expert (only those of size > 1)
+  std::vector<std::unique_ptr<Group>> groups_;  // one per (view, axes) of size > 1
   // For each registry index: {group slot, bucket index} or {-1, -1} when not synced.
   std::vector<std::pair<int, int>> where_;
   std::vector<bool> marked_;

@@ -1,5 +1,7 @@
 #include "engine/train/checkpoint.h"
 
+#include "engine/core/file.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -38,15 +40,6 @@ constexpr const char* kReservedKeys[] = {"format", "format_version", "switchyard
 Tensor OnHost(const Tensor& t) { return t.device().is_cpu() ? t : t.To(Device::Cpu()); }
 
 // ---- Files --------------------------------------------------------------------------------
-
-StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return DataLoss(path, ": read failed");
-  return s.str();
-}
 
 Status FsyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -343,8 +336,8 @@ StatusOr<StepFiles> ReadStepDir(const std::string& dir, bool want_optimizer) {
 
 // Every parameter of this rank has a tensor of its global shape and dtype.
 Status CheckOwn(const std::map<std::string, Tensor>& tensors,
-                const std::vector<model::Parameter>& params, const std::string& path) {
-  for (const model::Parameter& p : params) {
+                const std::vector<parallel::Parameter>& params, const std::string& path) {
+  for (const parallel::Parameter& p : params) {
     auto it = tensors.find(p.name);
     if (it == tensors.end()) {
       return NotFound(path, ": no tensor '", p.name, "' for the registered parameter ",
@@ -372,15 +365,15 @@ Status CheckKnown(const std::map<std::string, Tensor>& tensors,
   return OkStatus();
 }
 
-void CopyIn(const std::map<std::string, Tensor>& tensors, std::vector<model::Parameter>& params) {
-  for (model::Parameter& p : params) {
+void CopyIn(const std::map<std::string, Tensor>& tensors, std::vector<parallel::Parameter>& params) {
+  for (parallel::Parameter& p : params) {
     const Tensor& whole = tensors.at(p.name);
-    if (!p.is_sharded()) {
+    if (p.is_whole()) {
       p.value.CopyFrom(whole);
       continue;
     }
     Tensor part = Tensor::Empty(p.value.shape(), p.value.dtype());
-    CopySlice(whole, part, p.shard_dim, p.shard_offset, /*paste=*/false);
+    CopyBox(whole, part, p.offset, /*paste=*/false);
     p.value.CopyFrom(part);
   }
 }
@@ -422,15 +415,15 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
 
   // 2. Whole tensors on rank 0: its own slices copied, the others received in plan order.
   std::vector<const Tensor*> own;  // indexed like LocalSlices
-  for (const model::Parameter& p : contents.params->params()) own.push_back(&p.value);
-  for (const model::Parameter& p : contents.optimizer_state) own.push_back(&p.value);
+  for (const parallel::Parameter& p : contents.params->params()) own.push_back(&p.value);
+  for (const parallel::Parameter& p : contents.optimizer_state) own.push_back(&p.value);
   SafetensorsFile files[2];
   files[kModelTensors].metadata["format"] = "pt";
   for (const GatherItem& t : plan) {
     Tensor whole = me == 0 ? Tensor::Empty(t.global, t.dtype) : Tensor();
     for (const GatherPiece& piece : t.pieces) {
-      const Shape shape = SliceShape(t.global, t.shard_dim, t.shard_dim < 0 ? 0 : piece.len);
-      if (NumElements(shape) == 0 || (me != 0 && piece.rank != me)) continue;
+      const Shape& shape = piece.size;
+      if ((NumElements(shape) == 0 && !shape.empty()) || (me != 0 && piece.rank != me)) continue;
       Tensor part;
       if (piece.rank == me) {
         part = OnHost(*own[piece.index]);
@@ -442,10 +435,10 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
         part = Tensor::Empty(shape, t.dtype);
         world.Recv(part, piece.rank);
       }
-      if (t.shard_dim < 0) {
+      if (shape == t.global) {
         whole.CopyFrom(part);
       } else {
-        CopySlice(whole, part, t.shard_dim, piece.offset, /*paste=*/true);
+        CopyBox(whole, part, piece.offset, /*paste=*/true);
       }
     }
     if (me == 0) files[t.file].tensors.emplace(t.name, std::move(whole));
@@ -460,13 +453,13 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
   return AgreeOnStatus(written, world);
 }
 
-StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, model::ParameterRegistry& params,
-                                          std::vector<model::Parameter>* optimizer_state,
+StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::ParameterRegistry& params,
+                                          std::vector<parallel::Parameter>* optimizer_state,
                                           dist::Communicator& world) {
   SY_CHECK(world.device().is_cpu())
       << "LoadCheckpoint agrees over a host communicator, not " << world.ToString();
-  const std::vector<model::Parameter> none;
-  const std::vector<model::Parameter>& optimizer = optimizer_state ? *optimizer_state : none;
+  const std::vector<parallel::Parameter> none;
+  const std::vector<parallel::Parameter>& optimizer = optimizer_state ? *optimizer_state : none;
   StatusOr<StepFiles> files = [&]() -> StatusOr<StepFiles> {
     SY_ASSIGN_OR_RETURN(std::string dir, ResolveStepDir(path));
     SY_ASSIGN_OR_RETURN(StepFiles f, ReadStepDir(dir, optimizer_state != nullptr));

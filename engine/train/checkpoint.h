@@ -31,7 +31,7 @@
 #include "engine/core/status.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/mesh.h"
-#include "engine/model/parameter_registry.h"
+#include "engine/parallel/parameter.h"
 
 namespace switchyard::train {
 
@@ -50,10 +50,10 @@ inline constexpr const char* kLatestFile = "latest";
 // own optimizer state (its slices); trainer_state_json and config_yaml are taken from world
 // rank 0.
 struct CheckpointContents {
-  const model::ParameterRegistry* params = nullptr;  // required
+  const parallel::ParameterRegistry* params = nullptr;  // required
   // Optimizer state as parameters ("optimizer.exp_avg.<param>", sharded like <param>; 0-d
   // scalars such as "optimizer.step"); saved to optimizer.safetensors. May be empty.
-  std::vector<model::Parameter> optimizer_state;
+  std::vector<parallel::Parameter> optimizer_state;
   // A JSON object (tokens seen, data position, RNG state, last loss, ...); "" means {}.
   // The saver adds "format", "format_version", "switchyard_version", "step" and "layout";
   // the object must not hold those keys (except "step" with this step's value).
@@ -90,15 +90,15 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
 
 // Loads a checkpoint into whatever layout the registries describe: `path` is a step
 // directory, or an out directory (its `latest` is loaded). Every rank reads the files and
-// copies its slice (shard_dim / shard_offset) of each tensor into value; optimizer_state
+// copies its box (the description's offset and size) of each tensor into value; optimizer_state
 // (null: the optimizer is not loaded) likewise from optimizer.safetensors. Collective over
 // `world`; returns the same Status on every rank and changes no value unless it succeeds.
 // Errors: a missing path; an out directory without `latest`; an incomplete checkpoint (a
 // .tmp directory, no index, a missing file); a truncated or corrupt file; a tensor missing
 // for a registered parameter, or one that no rank registered; a shape or dtype mismatch;
 // a format newer than this build.
-StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, model::ParameterRegistry& params,
-                                          std::vector<model::Parameter>* optimizer_state,
+StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::ParameterRegistry& params,
+                                          std::vector<parallel::Parameter>* optimizer_state,
                                           dist::Communicator& world);
 
 // The step directory `<out_dir>/latest` names, or nullopt when out_dir has no `latest`

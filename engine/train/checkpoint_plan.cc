@@ -59,64 +59,68 @@ Status AgreeOnStatus(const Status& local, dist::Communicator& world) {
   return OkStatus();
 }
 
-// ---- Slices -------------------------------------------------------------------------------
+// ---- Boxes --------------------------------------------------------------------------------
 
-Shape SliceShape(const Shape& global, int dim, int64_t len) {
-  Shape s = global;
-  if (dim >= 0) s[dim] = len;
-  return s;
-}
-
-// Copies between `part` (the slice [offset, offset + part.dim(dim)) of `whole` along dim)
-// and `whole`: into whole when `paste`, out of it otherwise. Host tensors, any dtype.
-void CopySlice(const Tensor& whole, const Tensor& part, int dim, int64_t offset, bool paste) {
+// Copies between `part`, the box of `whole` starting at `offset` (part.shape() its size),
+// and `whole`: into whole when `paste`, out of it otherwise. Host tensors, any dtype; runs
+// along the last dim are copied at once.
+void CopyBox(const Tensor& whole, const Tensor& part, const std::vector<int64_t>& offset,
+             bool paste) {
   const Shape& g = whole.shape();
-  int64_t outer = 1, inner = static_cast<int64_t>(SizeOf(whole.dtype()));
-  for (int i = 0; i < dim; ++i) outer *= g[i];
-  for (int i = dim + 1; i < static_cast<int>(g.size()); ++i) inner *= g[i];
-  const int64_t len = part.dim(dim);
+  const int nd = static_cast<int>(g.size());
+  const int64_t elem = static_cast<int64_t>(SizeOf(whole.dtype()));
+  if (part.numel() == 0) return;
+  if (nd == 0) {
+    std::memcpy(paste ? whole.raw_data() : part.raw_data(),
+                paste ? part.raw_data() : whole.raw_data(), static_cast<size_t>(elem));
+    return;
+  }
+  auto off = [&](int d) { return offset.empty() ? int64_t{0} : offset[d]; };
+  std::vector<int64_t> stride(nd, 1);
+  for (int d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * g[d + 1];
+  const int64_t run = part.dim(nd - 1);
+  const int64_t runs = part.numel() / run;
+  std::vector<int64_t> idx(nd - 1, 0);
   char* w = static_cast<char*>(whole.raw_data());
   char* p = static_cast<char*>(part.raw_data());
-  for (int64_t o = 0; o < outer; ++o) {
-    char* wo = w + (o * g[dim] + offset) * inner;
-    char* po = p + o * len * inner;
-    if (paste) {
-      std::memcpy(wo, po, static_cast<size_t>(len * inner));
-    } else {
-      std::memcpy(po, wo, static_cast<size_t>(len * inner));
+  for (int64_t r = 0; r < runs; ++r) {
+    int64_t at = off(nd - 1);
+    for (int d = 0; d < nd - 1; ++d) at += (idx[d] + off(d)) * stride[d];
+    char* wo = w + at * elem;
+    char* po = p + r * run * elem;
+    std::memcpy(paste ? wo : po, paste ? po : wo, static_cast<size_t>(run * elem));
+    for (int d = nd - 2; d >= 0; --d) {
+      if (++idx[d] < part.dim(d)) break;
+      idx[d] = 0;
     }
   }
 }
 
 // ---- Who holds what -----------------------------------------------------------------------
 
-// This rank's slices, model parameters first; index i is what Send/copy use. Checks what
+// This rank's boxes, model parameters first; index i is what Send/copy use. Checks what
 // the registry does not (optimizer entries are not registered).
-StatusOr<std::vector<SliceEntry>> LocalSlices(const std::vector<model::Parameter>& params,
-                                              const std::vector<model::Parameter>& optimizer) {
+StatusOr<std::vector<SliceEntry>> LocalSlices(const std::vector<parallel::Parameter>& params,
+                                              const std::vector<parallel::Parameter>& optimizer) {
   std::vector<SliceEntry> out;
   std::set<std::string> seen[2];
   for (int file : {kModelTensors, kOptimizerTensors}) {
-    for (const model::Parameter& p : file == kModelTensors ? params : optimizer) {
+    for (const parallel::Parameter& p : file == kModelTensors ? params : optimizer) {
       if (!seen[file].insert(p.name).second) {
         return InvalidArgument("checkpoint: '", p.name, "' is listed twice");
       }
       if (!p.value.defined()) return InvalidArgument("checkpoint: '", p.name, "' has no value");
-      SliceEntry e{file, p.name, p.value.dtype(), p.global_shape, p.shard_dim, 0, 0};
-      if (p.is_sharded()) {
-        if (p.shard_dim >= static_cast<int>(p.global_shape.size()) ||
-            p.value.ndim() != static_cast<int>(p.global_shape.size())) {
-          return InvalidArgument("checkpoint: '", p.name, "': shard_dim ", p.shard_dim, " of ",
-                                 ShapeString(p.global_shape));
-        }
-        e.offset = p.shard_offset;
-        e.len = p.value.dim(p.shard_dim);
+      const int nd = static_cast<int>(p.global_shape.size());
+      SliceEntry e{file, p.name, p.value.dtype(), p.global_shape, {}, p.value.shape()};
+      e.offset.assign(nd, 0);
+      bool inside = p.value.ndim() == nd && (p.offset.empty() || static_cast<int>(p.offset.size()) == nd);
+      for (int d = 0; inside && d < nd; ++d) {
+        e.offset[d] = p.OffsetAt(d);
+        inside = e.offset[d] >= 0 && e.offset[d] + e.size[d] <= p.global_shape[d];
       }
-      if (p.value.shape() != SliceShape(p.global_shape, e.shard_dim, e.len) || e.offset < 0 ||
-          (e.shard_dim >= 0 && e.offset + e.len > p.global_shape[e.shard_dim])) {
+      if (!inside) {
         return InvalidArgument("checkpoint: '", p.name, "': value ", ShapeString(p.value.shape()),
-                               " at offset ", e.offset, " is not a slice of ",
-                               ShapeString(p.global_shape), " along dim ", e.shard_dim);
+                               " is not a box of ", ShapeString(p.global_shape));
       }
       out.push_back(std::move(e));
     }
@@ -127,8 +131,7 @@ StatusOr<std::vector<SliceEntry>> LocalSlices(const std::vector<model::Parameter
 std::string SerializeSlices(const std::vector<SliceEntry>& entries) {
   json j = json::array();
   for (const SliceEntry& e : entries) {
-    j.push_back(
-        {e.file, e.name, SafetensorsDType(e.dtype), e.global, e.shard_dim, e.offset, e.len});
+    j.push_back({e.file, e.name, SafetensorsDType(e.dtype), e.global, e.offset, e.size});
   }
   return j.dump();
 }
@@ -140,14 +143,15 @@ std::vector<SliceEntry> DeserializeSlices(const std::string& text) {
   for (const json& e : j) {
     out.push_back({e[0].get<int>(), e[1].get<std::string>(),
                    ParseSafetensorsDType(e[2].get<std::string>()).value(), e[3].get<Shape>(),
-                   e[4].get<int>(), e[5].get<int64_t>(), e[6].get<int64_t>()});
+                   e[4].get<std::vector<int64_t>>(), e[5].get<Shape>()});
   }
   return out;
 }
 
-// Which rank sends which slice of every tensor: a whole copy from the lowest rank that has
-// one, otherwise slices along shard_dim that tile it, lowest rank first. Every rank
-// computes the same plan from the same gathered entries (sorted by file, then name).
+// Which rank sends which box of every tensor: a whole copy from the lowest rank that has
+// one, otherwise the distinct boxes (lowest rank first for each), which must tile the
+// tensor: disjoint, and together as many elements as the whole. Every rank computes the
+// same plan from the same gathered entries (sorted by file, then name).
 StatusOr<std::vector<GatherItem>> PlanGather(const std::vector<std::vector<SliceEntry>>& per_rank) {
   struct Holder {
     int rank, index;
@@ -160,10 +164,18 @@ StatusOr<std::vector<GatherItem>> PlanGather(const std::vector<std::vector<Slice
       holders[{e.file, e.name}].push_back({r, i, &e});
     }
   }
+  auto overlap = [](const SliceEntry& a, const SliceEntry& b) {
+    for (size_t d = 0; d < a.global.size(); ++d) {
+      if (a.offset[d] + a.size[d] <= b.offset[d] || b.offset[d] + b.size[d] <= a.offset[d]) {
+        return false;
+      }
+    }
+    return true;
+  };
   std::vector<GatherItem> plan;
   for (const auto& [key, hs] : holders) {
     const SliceEntry& first = *hs[0].e;
-    GatherItem t{key.first, key.second, first.dtype, first.global, -1, {}};
+    GatherItem t{key.first, key.second, first.dtype, first.global, {}};
     for (const Holder& h : hs) {
       if (h.e->dtype != first.dtype || h.e->global != first.global) {
         return InvalidArgument("checkpoint: '", key.second, "' is ", DTypeName(first.dtype), " ",
@@ -173,32 +185,36 @@ StatusOr<std::vector<GatherItem>> PlanGather(const std::vector<std::vector<Slice
       }
     }
     auto whole =
-        std::find_if(hs.begin(), hs.end(), [](const Holder& h) { return h.e->shard_dim < 0; });
+        std::find_if(hs.begin(), hs.end(), [](const Holder& h) { return h.e->size == h.e->global; });
     if (whole != hs.end()) {
-      t.pieces.push_back({whole->rank, whole->index, 0, 0});
+      t.pieces.push_back({whole->rank, whole->index, whole->e->offset, whole->e->size});
       plan.push_back(std::move(t));
       continue;
     }
-    t.shard_dim = first.shard_dim;
+    std::vector<const Holder*> distinct;
+    int64_t covered = 0;
     for (const Holder& h : hs) {
-      if (h.e->shard_dim != t.shard_dim) {
-        return InvalidArgument("checkpoint: '", key.second, "' is split along dim ", t.shard_dim,
-                               " on rank ", hs[0].rank, " but along dim ", h.e->shard_dim,
-                               " on rank ", h.rank);
+      if (NumElements(h.e->size) == 0) continue;
+      bool same = false;
+      for (const Holder* d : distinct) {
+        if (d->e->offset == h.e->offset && d->e->size == h.e->size) {
+          same = true;
+          break;
+        }
+        if (overlap(*d->e, *h.e)) {
+          return InvalidArgument("checkpoint: the boxes of '", key.second, "' held by ranks ",
+                                 d->rank, " and ", h.rank, " overlap without being equal");
+        }
       }
+      if (same) continue;
+      distinct.push_back(&h);
+      covered += NumElements(h.e->size);
+      t.pieces.push_back({h.rank, h.index, h.e->offset, h.e->size});
     }
-    const int64_t extent = t.global[t.shard_dim];
-    for (int64_t cursor = 0; cursor < extent;) {
-      auto next = std::find_if(hs.begin(), hs.end(), [&](const Holder& h) {
-        return h.e->offset == cursor && h.e->len > 0;
-      });
-      if (next == hs.end()) {
-        return InvalidArgument("checkpoint: the slices of '", key.second, "' ",
-                               ShapeString(t.global), " along dim ", t.shard_dim,
-                               " leave a gap at index ", cursor);
-      }
-      t.pieces.push_back({next->rank, next->index, cursor, next->e->len});
-      cursor += next->e->len;
+    if (covered != NumElements(t.global)) {
+      return InvalidArgument("checkpoint: the boxes of '", key.second, "' ",
+                             ShapeString(t.global), " cover ", covered, " of its ",
+                             NumElements(t.global), " elements");
     }
     plan.push_back(std::move(t));
   }

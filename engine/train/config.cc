@@ -112,7 +112,8 @@ std::vector<Section> Sections(Config& c) {
         Bind("seed", &m.seed)}},
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
-        Bind("pp", &p.pp), Bind("zero_stage", &p.zero_stage), Bind("order", &p.order)}},
+        Bind("pp", &p.pp), Bind("zero_stage", &p.zero_stage), Bind("order", &p.order),
+        Bind("sequence_parallel", &p.sequence_parallel)}},
       {"train",
        {BindEnum("optimizer", &t.optimizer, ParseOptimizerKind, OptimizerKindName),
         Bind("lr", &t.lr), Bind("min_lr", &t.min_lr), Bind("warmup_steps", &t.warmup_steps),
@@ -199,8 +200,40 @@ Status Config::Validate(int world) const {
   }
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
   SY_RETURN_IF_ERROR(train.Validate());
+  if (p.tp > 1 && p.sequence_parallel && model.seq_len % p.tp != 0) {
+    return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by parallel.tp=",
+                           p.tp, " (sequence parallelism splits every sequence; or set "
+                           "parallel.sequence_parallel=false)");
+  }
+  if (p.tp > 1 && model.n_heads % p.tp != 0) {
+    return InvalidArgument("parallel.tp=", p.tp, " does not divide model.n_heads=", model.n_heads);
+  }
+  const int64_t kv_heads = model.n_kv_heads > 0 ? model.n_kv_heads : model.n_heads;
+  if (p.tp > 1 && kv_heads % p.tp != 0) {
+    return InvalidArgument("parallel.tp=", p.tp, " does not divide model.n_kv_heads=", kv_heads,
+                           " (the kv heads are split over tp)");
+  }
+  if (p.tp > 1 && model.ff_hidden() % p.tp != 0 && moe.layer_freq != 1) {
+    return InvalidArgument("parallel.tp=", p.tp, " does not divide the dense MLP hidden size ",
+                           model.ff_hidden(), " (model.d_ff)");
+  }
+  const int64_t etp = p.etp > 0 ? p.etp : p.tp;
+  if (etp > 1 && moe.d_expert % etp != 0) {
+    return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", moe.d_expert,
+                           p.etp > 0 ? "" : " (etp defaults to tp; set parallel.etp)");
+  }
+  if (p.tp > 1 && moe.num_shared_experts > 0 &&
+      (moe.num_shared_experts * moe.shared_hidden()) % p.tp != 0) {
+    return InvalidArgument("parallel.tp=", p.tp, " does not divide the shared experts' hidden size ",
+                           moe.num_shared_experts * moe.shared_hidden());
+  }
+  if (world == 1 && (int64_t{p.tp} * p.cp * p.pp > 1 || etp * p.ep > 1)) {
+    return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
+                           " etp=", etp, " needs ", std::max<int64_t>(int64_t{p.tp} * p.cp * p.pp, etp * p.ep * p.pp),
+                           " or more ranks, but this is one process; launch with mpirun -np N "
+                           "switchyard ... (N a multiple of tp*cp*pp and of etp*ep*pp)");
+  }
   if (world > 0) {
-    const int64_t etp = p.etp > 0 ? p.etp : p.tp;
     if (world % (int64_t{p.tp} * p.cp * p.pp) != 0) {
       return InvalidArgument("world size ", world, " is not divisible by tp*cp*pp = ", p.tp, "*",
                              p.cp, "*", p.pp);
@@ -209,6 +242,24 @@ Status Config::Validate(int world) const {
       return InvalidArgument("world size ", world, " is not divisible by etp*ep*pp = ", etp, "*",
                              p.ep, "*", p.pp);
     }
+  }
+  return OkStatus();
+}
+
+dist::MeshSizes ParallelConfig::MeshSizes() const {
+  return {.tp = tp, .cp = cp, .ep = ep, .etp = etp > 0 ? etp : tp, .pp = pp};
+}
+
+Status ParallelConfig::CheckSupported() const {
+  for (auto [key, v] : {std::pair<const char*, int>{"cp", cp}, {"pp", pp}}) {
+    if (v != 1) {
+      return Unimplemented("parallel.", key, "=", v,
+                           " is not supported yet (context and pipeline parallelism are the next "
+                           "dense-parallelism steps); use tp, etp, ep and data parallelism");
+    }
+  }
+  if (zero_stage != 0) {
+    return Unimplemented("parallel.zero_stage=", zero_stage, " is not supported yet; use 0");
   }
   return OkStatus();
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/dist/mesh.h"
 #include "engine/model/model_config.h"
 #include "engine/train/train_config.h"
 #include "moe/moe_config.h"
@@ -17,13 +18,22 @@ namespace switchyard::train {
 
 // parallel: the layout over the world; dp (and edp) is what remains.
 struct ParallelConfig {
-  int tp = 1;          // tensor parallel
+  int tp = 1;          // tensor parallel: attention heads, MLP hidden units, vocabulary
   int cp = 1;          // context parallel
   int ep = 1;          // expert parallel
   int etp = 0;         // tensor parallel inside each expert; 0 means the same as tp
   int pp = 1;          // pipeline stages
   int zero_stage = 0;  // ZeRO stage 0-3
   std::string order = "tp-cp-ep-dp-pp";  // mesh axis order, first fastest
+  // With tp > 1: norms, the residual stream and the MoE layers work on sequence shards
+  // (Megatron-LM requires it with MoE); all-gather / reduce-scatter replace the all-reduces.
+  bool sequence_parallel = true;
+
+  // The mesh sizes (etp 0 means tp).
+  dist::MeshSizes MeshSizes() const;
+  // The one check of what `switchyard train` and `eval` run today: an error naming the key
+  // of a parallelism that is not built yet (it shrinks as each one lands).
+  Status CheckSupported() const;
 };
 
 // data: where `switchyard prep` wrote the token shards.

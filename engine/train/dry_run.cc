@@ -1,5 +1,7 @@
 #include "engine/train/dry_run.h"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <sstream>
 
@@ -89,6 +91,62 @@ ModelCost EstimateCost(const Config& c) {
   return cost;
 }
 
+RankParams EstimateRankParams(const Config& c, const dist::Mesh& mesh, int rank) {
+  const model::ModelConfig& m = c.model;
+  const moe::MoEConfig& e = c.moe;
+  const int64_t tp = mesh.tp(), etp = mesh.etp(), ep = mesh.ep();
+  const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
+  const int64_t d = m.d_model, hd = m.head_dim(), hq = m.n_heads, hkv = m.kv_heads();
+  const int64_t mats = m.activation == "swiglu" ? 3 : 2;
+  const int64_t emats = e.activation == moe::Activation::kSwiglu ? 3 : 2;
+  const int64_t norm = m.norm == "layernorm" ? 2 * d : d;
+  // Vocabulary rows of this tp rank: V padded to a multiple of tp, the padding left out.
+  const int64_t rows = (m.vocab_size + tp - 1) / tp;
+  const int64_t vocab = std::max<int64_t>(0, std::min(rows, m.vocab_size - tp_rank * rows));
+  RankParams r;
+  // With tp = 1 nothing is replicated over tp: what is whole counts as dense.
+  int64_t& shared_tp = tp > 1 ? r.replicated : r.dense;
+  r.dense += vocab * d * (m.tie_embeddings ? 1 : 2);
+  if (m.position == "learned") shared_tp += m.seq_len * d;
+  shared_tp += norm;  // norm_f
+  for (int64_t i = 0; i < m.n_layers; ++i) {
+    shared_tp += 2 * norm;
+    r.dense += (d * hq * hd + 2 * d * hkv * hd + hq * hd * d) / tp;
+    if (m.bias) {
+      r.dense += (hq * hd + 2 * hkv * hd) / tp;  // q, k, v biases (column-parallel)
+      shared_tp += d;                              // o bias (row-parallel: whole)
+    }
+    if (e.IsMoeLayer(i)) {
+      shared_tp += d * e.num_experts;  // router
+      const int64_t shared_h = e.num_shared_experts * e.shared_hidden();
+      if (shared_h > 0) shared_tp += emats * d * shared_h + (e.bias ? shared_h + d : 0);
+      const int64_t local = e.num_experts / ep;
+      r.expert += local * (emats * d * e.d_expert / etp + (e.bias ? e.d_expert / etp : 0));
+      if (e.bias) (etp > 1 ? r.replicated : r.expert) += local * d;  // b2
+    } else {
+      r.dense += mats * d * m.ff_hidden() / tp + (m.bias ? m.ff_hidden() / tp : 0);
+      if (m.bias) shared_tp += d;  // w2 bias
+    }
+  }
+  return r;
+}
+
+RankParams CountRankParams(const parallel::ParameterRegistry& registry) {
+  RankParams r;
+  for (const parallel::Parameter& p : registry.params()) {
+    if (!p.trainable) continue;
+    const int64_t n = p.value.numel();
+    if (p.replicated.Has(dist::Axis::kTp)) {
+      r.replicated += n;
+    } else if (p.view == dist::View::kExpert) {
+      r.expert += n;
+    } else {
+      r.dense += n;
+    }
+  }
+  return r;
+}
+
 std::string DryRunReport(const Config& c, int world) {
   ModelCost cost = EstimateCost(c);
   const int64_t dp = world / (c.parallel.tp * c.parallel.cp * c.parallel.pp);
@@ -109,6 +167,38 @@ std::string DryRunReport(const Config& c, int world) {
       << "  memory / rank, activations of one micro-batch   "
       << Bytes(cost.activation_bytes_per_rank) << " (estimate, micro_batch_size "
       << c.train.micro_batch_size << ")\n";
+  auto mesh = dist::Mesh::Create(world, c.parallel.MeshSizes(), c.parallel.order);
+  if (!mesh.ok()) {
+    out << "  per-rank table: " << mesh.status().message() << "\n";
+    return out.str();
+  }
+  // Ranks with equal holdings share a row.
+  const double state = c.train.optimizer == OptimizerKind::kAdamW ? 2 : 1;
+  std::vector<std::pair<RankParams, std::vector<int>>> rows;
+  for (int r = 0; r < world; ++r) {
+    const RankParams p = EstimateRankParams(c, *mesh, r);
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& row) { return row.first == p; });
+    if (it == rows.end()) {
+      rows.push_back({p, {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  out << "  parameters held per rank (elements; bytes = f32 weights + gradients + optimizer "
+         "state):\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "    %-22s %12s %12s %12s %12s %12s\n", "ranks", "dense",
+                "replicated", "expert", "total", "bytes");
+  out << line;
+  for (const auto& [p, ranks] : rows) {
+    std::string who = dist::FormatGroup(ranks);
+    if (who.size() > 22) who = who.substr(0, 19) + "...";
+    std::snprintf(line, sizeof(line), "    %-22s %12lld %12lld %12lld %12lld %12s\n", who.c_str(),
+                  static_cast<long long>(p.dense), static_cast<long long>(p.replicated),
+                  static_cast<long long>(p.expert), static_cast<long long>(p.total()),
+                  Bytes(4.0 * p.total() * (2 + state)).c_str());
+    out << line;
+  }
   return out.str();
 }
 

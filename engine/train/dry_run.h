@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/dist/mesh.h"
+#include "engine/parallel/parameter.h"
 #include "engine/train/config.h"
 
 namespace switchyard::train {
@@ -28,7 +30,30 @@ struct ModelCost {
 
 ModelCost EstimateCost(const Config& config);
 
-// The human-readable report: sizes, layout, counts, FLOPs and memory.
+// The trainable parameter elements one rank holds, by group (the parameter descriptions'
+// terms, engine/parallel/parameter.h):
+//   dense       dense-view boxes that no other tensor-parallel rank holds (split over tp,
+//               or everything dense when tp = 1)
+//   replicated  boxes whose copies live on several tensor-parallel ranks (norm weights,
+//               the router, row-parallel biases, wpe and the shared experts under tp; the
+//               experts' output bias under etp)
+//   expert      routed-expert boxes (split over ep, and over etp on the hidden dim)
+struct RankParams {
+  int64_t dense = 0, replicated = 0, expert = 0;
+  int64_t total() const { return dense + replicated + expert; }
+  bool operator==(const RankParams&) const = default;
+};
+
+// From the config and the rank's place in the mesh (no model is built, so it works for any
+// size): what the layers' splits put on `rank`.
+RankParams EstimateRankParams(const Config& config, const dist::Mesh& mesh, int rank);
+// The same counted from a built model's descriptions (the test that the two agree keeps the
+// estimate honest).
+RankParams CountRankParams(const parallel::ParameterRegistry& registry);
+
+// The human-readable report: sizes, layout, counts, FLOPs, memory, and a table of the
+// parameter elements and bytes (weights + gradients + optimizer state, f32) every rank of
+// the layout holds, by group.
 std::string DryRunReport(const Config& config, int world);
 
 }  // namespace switchyard::train

@@ -1,5 +1,8 @@
 #include "engine/train/evaluator.h"
 
+#include "engine/core/file.h"
+#include "engine/dist/ordered_sum.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,50 +13,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Sums doubles over comm as f32 (hi, lo) pairs (the communicators have no f64), exactly as
-// the trainer reduces its validation sums, so both print the same loss.
-std::vector<double> SumDoubles(dist::Communicator& comm, const std::vector<double>& values) {
-  if (comm.size() == 1) return values;
-  std::vector<float> packed;
-  for (double v : values) {
-    const float hi = static_cast<float>(v);
-    packed.push_back(hi);
-    packed.push_back(static_cast<float>(v - hi));
-  }
-  Tensor t = Tensor::FromVector(packed, {static_cast<int64_t>(packed.size())});
-  comm.AllReduce(t, dist::ReduceOp::kSum);
-  std::vector<double> out(values.size());
-  const float* p = t.data<float>();
-  for (size_t i = 0; i < values.size(); ++i) out[i] = double(p[2 * i]) + p[2 * i + 1];
-  return out;
-}
-
-// The layouts `switchyard train` supports (trainer.cc refuses the others the same way).
-Status CheckSupportedLayout(const ParallelConfig& p) {
-  for (auto [key, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"pp", p.pp}}) {
-    if (v != 1) {
-      return Unimplemented("parallel.", key, "=", v,
-                           " is not supported by `switchyard eval` yet (tensor, context and "
-                           "pipeline parallelism land with the dense-parallelism work); pass "
-                           "--set parallel.", key, "=1");
-    }
-  }
-  if (p.etp > 1) return Unimplemented("parallel.etp=", p.etp, " is not supported yet; use 1");
-  return OkStatus();
-}
-
-StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batch>& batches,
-                           int64_t step, dist::Communicator& dp_cp) {
+                           int64_t step, const dist::ParallelContext& pc) {
+  dist::Communicator& dp_cp = pc.dp_cp();
   const int64_t seq = decoder.config().seq_len;
   const size_t n_moe = decoder.moe_layer_ids().size();
   EvalResult r;
@@ -77,7 +41,8 @@ EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batc
     for (size_t l = 0; l < n_moe; ++l) r.moe[l].Add(out.moe_stats[l]);
   }
   // The same reduction as Trainer::Validate for the loss; the rest beside it.
-  const std::vector<double> sums = SumDoubles(dp_cp, {ce, static_cast<double>(count)});
+  const double local_sums[2] = {ce, static_cast<double>(count)};
+  const std::vector<double> sums = dist::AllReduceDoubles(dp_cp, local_sums);
   r.ce_sum = sums[0];
   r.targets = static_cast<int64_t>(sums[1] + 0.5);
   r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
@@ -89,7 +54,7 @@ EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batc
       s.tokens_per_expert.assign(decoder.moe_config().num_experts, 0);
       s.tokens_per_expert_kept.assign(decoder.moe_config().num_experts, 0);
     }
-    s.AllReduce(dp_cp);
+    s.AllReduce(pc.dp_cp_tp());  // each tp rank counted the rows it routed
     r.aux_loss += s.aux_mean();
     r.z_loss += s.z_mean();
   }
@@ -119,7 +84,7 @@ StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,
   if (!fs::exists(config_path, ec)) {
     return FailedPrecondition(out.dir, ": incomplete checkpoint (no ", kConfigFile, ")");
   }
-  SY_ASSIGN_OR_RETURN(std::string text, ReadText(config_path));
+  SY_ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
   SY_ASSIGN_OR_RETURN(out.config, ParseConfig(text, config_path, overrides));
   return out;
 }
@@ -128,20 +93,13 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
                                                        dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
-  SY_RETURN_IF_ERROR(CheckSupportedLayout(config.parallel));
+  SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
   std::unique_ptr<Evaluator> ev(new Evaluator(config, world));
   const ParallelConfig& p = config.parallel;
-  SY_ASSIGN_OR_RETURN(dist::Mesh mesh,
-                      dist::Mesh::Create(world.size(),
-                                         {.tp = p.tp, .cp = p.cp, .ep = p.ep,
-                                          .etp = p.etp > 0 ? p.etp : p.tp, .pp = p.pp},
-                                         p.order));
+  SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
   SY_ASSIGN_OR_RETURN(ev->pc_, dist::ParallelContext::Create(world, mesh));
   SY_ASSIGN_OR_RETURN(ev->rt_, MakeRuntime(config.runtime, world, mesh));
-  SY_ASSIGN_OR_RETURN(ev->decoder_, model::Decoder::Create(config.model, config.moe,
-                                                           config.train.seed,
-                                                           &ev->rt_.data_pc(*ev->pc_).ep(),
-                                                           ev->rt_.ctx.get()));
+  SY_ASSIGN_OR_RETURN(ev->decoder_, MakeDecoder(config, ev->rt_, *ev->pc_));
   const int dp = mesh.dp();
   const TrainConfig& tc = config.train;
   data::LoaderOptions lo{.dir = config.data.dir,
@@ -166,7 +124,7 @@ StatusOr<LoadedCheckpoint> Evaluator::Load(const std::string& path) {
 
 StatusOr<EvalResult> Evaluator::Run(int64_t max_batches, int64_t step) {
   SY_ASSIGN_OR_RETURN(std::vector<data::Batch> batches, loader_->ValidationBatches(max_batches));
-  return EvaluateBatches(*decoder_, batches, step, pc_->dp_cp());
+  return EvaluateBatches(*decoder_, batches, step, *pc_);
 }
 
 }  // namespace switchyard::train

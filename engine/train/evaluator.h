@@ -48,10 +48,11 @@ struct EvalResult {
 };
 
 // Eval-mode forward of `batches` (this rank's validation micro-batches) at `step`, the sums
-// reduced over dp_cp (the dense data-parallel x context-parallel group). Collective over
-// dp_cp. The computation of Trainer::Validate, with routing statistics added.
+// reduced over the data-parallel world of pc (losses over dp x cp, routing statistics also
+// over tp). Collective over pc's world. The computation of Trainer::Validate, with routing
+// statistics added.
 EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batch>& batches,
-                           int64_t step, dist::Communicator& dp_cp);
+                           int64_t step, const dist::ParallelContext& pc);
 
 // A checkpoint's step directory and the config saved with it.
 struct CheckpointConfig {

@@ -19,13 +19,13 @@ const char* OptimizerKindName(OptimizerKind kind) {
   return "?";
 }
 
-Optimizer::Optimizer(model::ParameterRegistry& registry, const OptimizerOptions& options,
+Optimizer::Optimizer(parallel::ParameterRegistry& registry, const OptimizerOptions& options,
                      DeviceContext* ctx)
     : registry_(registry), options_(options), ctx_(ctx) {
   const bool adamw = options_.kind == OptimizerKind::kAdamW;
-  const std::vector<model::Parameter>& params = registry_.params();
+  const std::vector<parallel::Parameter>& params = registry_.params();
   for (size_t i = 0; i < params.size(); ++i) {
-    const model::Parameter& p = params[i];
+    const parallel::Parameter& p = params[i];
     if (!p.trainable) continue;
     Slot slot;
     slot.param = i;
@@ -47,14 +47,14 @@ void Optimizer::set_step(int64_t step) {
 }
 
 void Optimizer::Step(float lr) {
-  std::vector<model::Parameter>& params = registry_.params();
+  std::vector<parallel::Parameter>& params = registry_.params();
   const int64_t t = step() + 1;
   // AdamW: every parameter in one multi-tensor update (a few launches on a GPU), with the
   // same per-element arithmetic as one AdamWUpdate per tensor.
   std::vector<kernels::AdamWTensors> adamw;
   for (Slot& slot : slots_) {
     SY_CHECK(slot.param < params.size()) << "the registry lost parameters after the optimizer was built";
-    model::Parameter& p = params[slot.param];
+    parallel::Parameter& p = params[slot.param];
     const float wd = p.weight_decay ? options_.weight_decay : 0.0f;
     if (options_.kind == OptimizerKind::kAdamW) {
       adamw.push_back({p.value, p.grad, slot.exp_avg, slot.exp_avg_sq, wd});
@@ -70,34 +70,32 @@ void Optimizer::Step(float lr) {
   set_step(t);
 }
 
-std::vector<model::Parameter> Optimizer::State() const {
-  const std::vector<model::Parameter>& params = registry_.params();
-  std::vector<model::Parameter> state;
-  auto add = [&](const model::Parameter& owner, const char* what, const Tensor& value) {
+std::vector<parallel::Parameter> Optimizer::State() const {
+  const std::vector<parallel::Parameter>& params = registry_.params();
+  std::vector<parallel::Parameter> state;
+  auto add = [&](const parallel::Parameter& owner, const char* what, const Tensor& value) {
     if (!value.defined()) return;
-    state.push_back({.name = StrCat("optimizer.", what, ".", owner.name),
-                     .global_shape = owner.global_shape,
-                     .shard_dim = owner.shard_dim,
-                     .shard_offset = owner.shard_offset,
-                     .group = owner.group,
-                     .trainable = false,
-                     .weight_decay = false,
-                     .value = value,
-                     .grad = Tensor()});
+    // The state has its parameter's layout: the same box of the same logical tensor.
+    parallel::Parameter p = owner;
+    p.name = StrCat("optimizer.", what, ".", owner.name);
+    p.grad_sum = parallel::AxisSet();
+    p.trainable = false;
+    p.weight_decay = false;
+    p.value = value;
+    p.grad = Tensor();
+    state.push_back(std::move(p));
   };
   const bool adamw = options_.kind == OptimizerKind::kAdamW;
   for (const Slot& slot : slots_) {
-    const model::Parameter& owner = params[slot.param];
+    const parallel::Parameter& owner = params[slot.param];
     add(owner, adamw ? "exp_avg" : "momentum", slot.exp_avg);
     add(owner, "exp_avg_sq", slot.exp_avg_sq);
   }
-  state.push_back({.name = "optimizer.step",
-                   .global_shape = {},
-                   .group = model::GradGroup::kDense,
-                   .trainable = false,
-                   .weight_decay = false,
-                   .value = step_,
-                   .grad = Tensor()});
+  parallel::Parameter step = parallel::Parameter::Dense("optimizer.step", step_, Tensor(), false);
+  step.replicated = parallel::AxisSet{dist::Axis::kTp, dist::Axis::kCp, dist::Axis::kEp,
+                                      dist::Axis::kDp};
+  step.grad_sum = parallel::AxisSet();
+  state.push_back(std::move(step));
   return state;
 }
 

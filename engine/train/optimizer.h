@@ -21,7 +21,7 @@
 
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
-#include "engine/model/parameter_registry.h"
+#include "engine/parallel/parameter.h"
 
 namespace switchyard::train {
 
@@ -45,7 +45,7 @@ class Optimizer {
  public:
   // Allocates zeroed state for every trainable parameter of `registry`, on the parameter's
   // device. The registry must outlive the optimizer and keep its parameter list.
-  Optimizer(model::ParameterRegistry& registry, const OptimizerOptions& options,
+  Optimizer(parallel::ParameterRegistry& registry, const OptimizerOptions& options,
             DeviceContext* ctx = nullptr);
 
   // One update of every trainable parameter from its grad with learning rate `lr`; then
@@ -59,9 +59,9 @@ class Optimizer {
 
   // The state as parameters (see the file comment): value shares storage with the state,
   // so writing into it (a checkpoint load) sets the state. trainable = false,
-  // weight_decay = false, grad undefined; name, global_shape, shard_dim, shard_offset and
-  // group are those of the owning parameter ("optimizer.step": kDense, unsharded).
-  std::vector<model::Parameter> State() const;
+  // weight_decay = false, grad undefined; the layout (global shape, box, view, replicated
+  // axes) is that of the owning parameter ("optimizer.step": whole, replicated everywhere).
+  std::vector<parallel::Parameter> State() const;
 
   const OptimizerOptions& options() const { return options_; }
 
@@ -72,7 +72,7 @@ class Optimizer {
     Tensor exp_avg_sq;     // AdamW v; undefined for SGD
   };
 
-  model::ParameterRegistry& registry_;
+  parallel::ParameterRegistry& registry_;
   OptimizerOptions options_;
   DeviceContext* ctx_;
   std::vector<Slot> slots_;

@@ -47,4 +47,16 @@ StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& 
   return rt;
 }
 
+StatusOr<std::unique_ptr<model::Decoder>> MakeDecoder(const Config& config, const Runtime& rt,
+                                                      dist::ParallelContext& host_pc) {
+  dist::ParallelContext& pc = rt.data_pc(host_pc);
+  const ParallelConfig& p = config.parallel;
+  const model::DecoderParallel parallel{.ep = &pc.ep(),
+                                        .tp = &pc.tp(),
+                                        .sequence_parallel = p.tp > 1 && p.sequence_parallel,
+                                        .etp = &pc.etp()};
+  return model::Decoder::Create(config.model, config.moe, config.train.seed, parallel,
+                                rt.ctx.get());
+}
+
 }  // namespace switchyard::train

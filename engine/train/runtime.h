@@ -8,6 +8,7 @@
 
 #include "engine/core/device_context.h"
 #include "engine/dist/parallel_context.h"
+#include "engine/model/decoder.h"
 #include "engine/train/config.h"
 
 namespace switchyard::train {
@@ -32,5 +33,10 @@ struct Runtime {
 // Collective over world (the device communicator is created on every rank).
 StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& world,
                               const dist::Mesh& mesh);
+
+// The decoder of `config` on this rank: its layers communicate in the device groups of rt
+// (tp with sequence parallelism as configured, ep, etp). Used by training and evaluation.
+StatusOr<std::unique_ptr<model::Decoder>> MakeDecoder(const Config& config, const Runtime& rt,
+                                                      dist::ParallelContext& host_pc);
 
 }  // namespace switchyard::train

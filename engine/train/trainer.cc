@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/dist/ordered_sum.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/clip.h"
 #include "engine/train/evaluator.h"
@@ -19,57 +20,20 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
 
-// Sums doubles over comm. They travel as f32 (hi, lo) pairs: the communicators have no f64.
-std::vector<double> SumDoubles(dist::Communicator& comm, const std::vector<double>& values) {
-  if (comm.size() == 1) return values;
-  std::vector<float> packed;
-  for (double v : values) {
-    float hi = static_cast<float>(v);
-    packed.push_back(hi);
-    packed.push_back(static_cast<float>(v - hi));
-  }
-  Tensor t = Tensor::FromVector(packed, {static_cast<int64_t>(packed.size())});
-  comm.AllReduce(t, dist::ReduceOp::kSum);
-  std::vector<double> out(values.size());
-  for (size_t i = 0; i < values.size(); ++i) out[i] = double(t.data<float>()[2 * i]) + t.data<float>()[2 * i + 1];
-  return out;
-}
-
-// Layouts the dense-parallelism work adds are refused until then, naming the key.
-Status CheckSupportedLayout(const ParallelConfig& p) {
-  for (auto [key, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"pp", p.pp}}) {
-    if (v != 1) {
-      return Unimplemented("parallel.", key, "=", v,
-                           " is not supported by `switchyard train` yet (tensor, context and "
-                           "pipeline parallelism land with the dense-parallelism work); use "
-                           "parallel.ep and data parallelism");
-    }
-  }
-  if (p.etp > 1) return Unimplemented("parallel.etp=", p.etp, " is not supported yet; use 1");
-  if (p.zero_stage != 0) {
-    return Unimplemented("parallel.zero_stage=", p.zero_stage, " is not supported yet; use 0");
-  }
-  return OkStatus();
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const std::string& out_dir,
                                                    dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
-  SY_RETURN_IF_ERROR(CheckSupportedLayout(config.parallel));
+  SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
   std::unique_ptr<Trainer> t(new Trainer(config, out_dir, world));
   const ParallelConfig& p = config.parallel;
-  SY_ASSIGN_OR_RETURN(dist::Mesh mesh,
-                      dist::Mesh::Create(world.size(), {.tp = p.tp, .cp = p.cp, .ep = p.ep,
-                                                        .etp = p.etp > 0 ? p.etp : p.tp, .pp = p.pp},
-                                         p.order));
+  SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
   SY_ASSIGN_OR_RETURN(t->pc_, dist::ParallelContext::Create(world, mesh));
   SY_ASSIGN_OR_RETURN(t->rt_, MakeRuntime(config.runtime, world, mesh));
   DeviceContext* ctx = t->rt_.ctx.get();
-  SY_ASSIGN_OR_RETURN(t->decoder_, model::Decoder::Create(config.model, config.moe, config.train.seed,
-                                                           &t->data_pc().ep(), ctx));
+  SY_ASSIGN_OR_RETURN(t->decoder_, MakeDecoder(config, t->rt_, *t->pc_));
   t->optimizer_ = std::make_unique<Optimizer>(t->decoder_->registry(),
                                               config.train.optimizer_options(), ctx);
   t->grad_sync_ = std::make_unique<parallel::GradSync>(t->decoder_->registry(), t->data_pc(),
@@ -108,7 +72,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
 }
 
 Status Trainer::Resume(const std::string& path) {
-  std::vector<model::Parameter> state = optimizer_->State();
+  std::vector<parallel::Parameter> state = optimizer_->State();
   SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck,
                       LoadCheckpoint(path, decoder_->registry(), &state, world_));
   step_ = ck.step;
@@ -126,7 +90,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t seq = config_.model.seq_len;
   const int64_t global_batch = int64_t{mesh.dp()} * tc.micro_batch_size * tc.grad_accum;
   const int64_t global_groups = int64_t{mesh.dp()} * tc.grad_accum;
-  model::ParameterRegistry& reg = decoder_->registry();
+  parallel::ParameterRegistry& reg = decoder_->registry();
   DeviceContext* ctx = rt_.ctx.get();
   reg.ZeroGrad(ctx);
 
@@ -156,7 +120,8 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
     for (const model::BlockActivations& b : out.acts.blocks) {
       if (!b.moe) continue;
       stats[layer].Add(b.moe->stats);
-      if (record_routing) {
+      // Under tp every tp rank routed the whole group: tp rank 0 records it.
+      if (record_routing && pc_->tp().rank() == 0) {
         routing_->Add(layer, b.moe->acts.router[0].indices.To(Device::Cpu(), ctx),
                       batch.labels.Reshape({batch.labels.numel()}));
       }
@@ -164,14 +129,16 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
     }
   }
   grad_sync_->Finish();
-  const double norm = ClipGradNorm(reg, tc.grad_clip, NormGroupsOf(data_pc()), ctx);
+  const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx);
   const float lr = tc.schedule().LrAt(optimizer_->step());
   optimizer_->Step(lr);
 
-  // Reduce the step's numbers over the data-parallel world (every rank: dense view dp x cp).
-  dist::Communicator& dpc = pc_->dp_cp();
-  for (moe::MoEStats& s : stats) s.AllReduce(dpc);
-  std::vector<double> sums = SumDoubles(dpc, {ce_sum, aux_sum, z_sum});
+  // Reduce the step's numbers over the data-parallel world: the losses over dp x cp (every
+  // tp rank holds the same sums), the routing statistics also over tp (each tp rank counts
+  // the rows it routed). Ordered f64 sums: the numbers do not depend on the layout.
+  for (moe::MoEStats& s : stats) s.AllReduce(pc_->dp_cp_tp());
+  const double local_sums[3] = {ce_sum, aux_sum, z_sum};
+  std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
   // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
   size_t layer = 0;
   for (moe::MoELayer* m : decoder_->moe_layers()) {
@@ -199,7 +166,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
 }
 
 double Trainer::Validate() {
-  return EvaluateBatches(*decoder_, val_batches_, step_, pc_->dp_cp()).loss;
+  return EvaluateBatches(*decoder_, val_batches_, step_, *pc_).loss;
 }
 
 Status Trainer::Save() {
@@ -268,7 +235,7 @@ Status Trainer::Run(int64_t steps) {
   }
   std::signal(SIGTERM, old_term);
   std::signal(SIGINT, old_int);
-  routing_->AllReduce(pc_->dp_cp());
+  routing_->AllReduce(pc_->dp_cp_tp());
   if (is_root()) {
     if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
                              stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());

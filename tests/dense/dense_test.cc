@@ -37,8 +37,8 @@ constexpr double kFdAbsTol = 1e-4, kFdRelTol = 1e-3;
 
 // Overwrites every parameter with O(scale) uniform values (0.02 would make every gradient
 // tiny), keyed by stream.
-void Randomize(const std::vector<NamedParameter>& params, uint64_t stream, float scale) {
-  for (const NamedParameter& p : params) {
+void Randomize(const std::vector<Parameter>& params, uint64_t stream, float scale) {
+  for (const Parameter& p : params) {
     Tensor v = p.value;
     v.CopyFrom(RandomTensor(v.shape(), stream++, -scale, scale));
   }
@@ -48,21 +48,21 @@ void Randomize(const std::vector<NamedParameter>& params, uint64_t stream, float
 // L = sum(forward() * dy). The gradients must hold exactly one backward's worth.
 void CheckGradients(const std::string& name, const std::function<Tensor()>& forward,
                     const std::vector<float>& dy, Tensor x, const Tensor& dx,
-                    const std::vector<NamedParameter>& params) {
+                    const std::vector<Parameter>& params) {
   auto loss = [&] { return Dot(forward(), dy); };
   if (x.defined()) {
     ExpectClose(dx.ToVector<float>(), NumericGradient(x, loss, kStep), kFdAbsTol, kFdRelTol,
                 name + " dx");
   }
-  for (const NamedParameter& p : params) {
+  for (const Parameter& p : params) {
     ExpectClose(p.grad.ToVector<float>(), NumericGradient(p.value, loss, kStep), kFdAbsTol,
                 kFdRelTol, name + " d" + p.name);
   }
 }
 
-std::vector<std::string> Names(const std::vector<NamedParameter>& params) {
+std::vector<std::string> Names(const std::vector<Parameter>& params) {
   std::vector<std::string> out;
-  for (const NamedParameter& p : params) out.push_back(p.name);
+  for (const Parameter& p : params) out.push_back(p.name);
   return out;
 }
 
@@ -163,7 +163,7 @@ TEST(NormLayerTest, ForwardAndGradients) {
     const std::string name = NormKindName(kind);
     Norm norm(NormOptions{.kind = kind, .dim = kD});
     // The standard initialisation first: weight one, bias zero.
-    for (const NamedParameter& p : norm.Parameters()) {
+    for (const Parameter& p : norm.Parameters()) {
       const float want = p.name == "weight" ? 1.0f : 0.0f;
       EXPECT_EQ(p.value.ToVector<float>(), std::vector<float>(kD, want)) << name << " " << p.name;
     }
@@ -396,7 +396,7 @@ TEST(InitTest, KeyedByNameAndSeedWithStdAndZeroBiases) {
   Mlp a = Mlp::Init(o, 1234, "layers.0.mlp"), b = Mlp::Init(o, 1234, "layers.0.mlp");
   Mlp other_name = Mlp::Init(o, 1234, "layers.1.mlp"),
       other_seed = Mlp::Init(o, 99, "layers.0.mlp");
-  const std::vector<NamedParameter> pa = a.Parameters(), pb = b.Parameters(),
+  const std::vector<Parameter> pa = a.Parameters(), pb = b.Parameters(),
                                     pn = other_name.Parameters(), ps = other_seed.Parameters();
   EXPECT_EQ(Names(pa), (std::vector<std::string>{"w1.weight", "w1.bias", "w2.weight", "w2.bias",
                                                  "w3.weight"}));

@@ -36,8 +36,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using model::GradGroup;
-using model::Parameter;
-using model::ParameterRegistry;
+using parallel::Parameter;
+using parallel::ParameterRegistry;
 
 constexpr int64_t kExperts = 8, kD = 4, kF = 6, kVocab = 16, kLayers = 2;
 

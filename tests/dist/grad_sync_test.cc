@@ -40,8 +40,8 @@ using dist::MeshSizes;
 using dist::ParallelContext;
 using dist::View;
 using model::GradGroup;
-using model::Parameter;
-using model::ParameterRegistry;
+using parallel::Parameter;
+using parallel::ParameterRegistry;
 
 constexpr int64_t kExperts = 8;  // divisible by ep = 1, 2, 4, 8
 

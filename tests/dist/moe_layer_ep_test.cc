@@ -219,8 +219,8 @@ void CheckLayout(const Case& c, dist::Communicator& world, dist::Communicator& e
   // Init is layout independent: my slice equals the one-rank model's.
   EXPECT_EQ(layer.router_weight().ToVector<float>(), ref.router_weight().ToVector<float>());
   {
-    std::vector<NamedParameter> mine = layer.experts().Parameters();
-    std::vector<NamedParameter> all = ref.experts().Parameters();
+    std::vector<parallel::Parameter> mine = layer.experts().Parameters();
+    std::vector<parallel::Parameter> all = ref.experts().Parameters();
     EXPECT_EQ(mine.size(), all.size());
     for (size_t i = 0; i < std::min(mine.size(), all.size()); ++i) {
       EXPECT_EQ(mine[i].value.ToVector<float>(),
@@ -228,8 +228,8 @@ void CheckLayout(const Case& c, dist::Communicator& world, dist::Communicator& e
           << "experts." << mine[i].name << " slice [" << first << ", +" << per_rank << ")";
     }
     if (layer.shared()) {
-      std::vector<NamedParameter> s = layer.shared()->experts().Parameters();
-      std::vector<NamedParameter> rs = ref.shared()->experts().Parameters();
+      std::vector<parallel::Parameter> s = layer.shared()->experts().Parameters();
+      std::vector<parallel::Parameter> rs = ref.shared()->experts().Parameters();
       for (size_t i = 0; i < s.size(); ++i)
         EXPECT_EQ(s[i].value.ToVector<float>(), rs[i].value.ToVector<float>()) << "shared." << s[i].name;
     }
@@ -261,16 +261,16 @@ void CheckLayout(const Case& c, dist::Communicator& world, dist::Communicator& e
   ExpectClose(Summed(layer.grad_router_weight(), world), ref.grad_router_weight(), 1e-5, 1e-6,
               "router.weight grad");
   {
-    std::vector<NamedParameter> mine = layer.experts().Parameters();
-    std::vector<NamedParameter> all = ref.experts().Parameters();
+    std::vector<parallel::Parameter> mine = layer.experts().Parameters();
+    std::vector<parallel::Parameter> all = ref.experts().Parameters();
     for (size_t i = 0; i < mine.size(); ++i) {
       Tensor g = edp ? Summed(mine[i].grad, *edp) : mine[i].grad;
       ExpectClose(g, all[i].grad.Slice(first, first + per_rank), 1e-5, 1e-6,
                   "experts." + mine[i].name + " grad");
     }
     if (layer.shared()) {
-      std::vector<NamedParameter> s = layer.shared()->experts().Parameters();
-      std::vector<NamedParameter> rs = ref.shared()->experts().Parameters();
+      std::vector<parallel::Parameter> s = layer.shared()->experts().Parameters();
+      std::vector<parallel::Parameter> rs = ref.shared()->experts().Parameters();
       for (size_t i = 0; i < s.size(); ++i)
         ExpectClose(Summed(s[i].grad, world), rs[i].grad, 1e-5, 1e-6, "shared." + s[i].name + " grad");
     }

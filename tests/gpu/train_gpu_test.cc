@@ -202,7 +202,7 @@ TEST_F(TrainGpuTest, CheckpointsCrossBetweenGpuAndCpu) {
     ASSERT_TRUE(SaveCheckpoint(out, 1, contents, *host_world, *mesh).ok());
 
     Optimizer to_opt(to.decoder->registry(), config_.train.optimizer_options(), to.ctx.get());
-    std::vector<model::Parameter> state = to_opt.State();
+    std::vector<parallel::Parameter> state = to_opt.State();
     auto loaded = LoadCheckpoint(out, to.decoder->registry(), &state, *host_world);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_EQ(to_opt.step(), 1);
@@ -213,7 +213,7 @@ TEST_F(TrainGpuTest, CheckpointsCrossBetweenGpuAndCpu) {
       EXPECT_EQ(tp[i].value.ToVector<float>(), fp[i].value.ToVector<float>())
           << fp[i].name << (gpu_first ? " GPU -> CPU" : " CPU -> GPU");
     }
-    const std::vector<model::Parameter> from_state = opt.State();
+    const std::vector<parallel::Parameter> from_state = opt.State();
     for (size_t i = 0; i + 1 < state.size(); ++i) {  // the last entry is the step counter
       EXPECT_EQ(state[i].value.ToVector<float>(), from_state[i].value.ToVector<float>())
           << state[i].name;

@@ -191,7 +191,7 @@ TEST(ExpertsTest, GradientsMatchFiniteDifferences) {
       Tensor dx = e.Backward(acts, dy);
       ExpectClose(dx.ToVector<float>(), FiniteDifference(e, x, x, kRows, dyv), kFdAbsTol, kFdRelTol,
                   name + " dx");
-      for (const NamedParameter& p : e.Parameters()) {
+      for (const parallel::Parameter& p : e.Parameters()) {
         ExpectClose(p.grad.ToVector<float>(), FiniteDifference(e, p.value, x, kRows, dyv),
                     kFdAbsTol, kFdRelTol, name + " d" + p.name);
       }
@@ -214,7 +214,7 @@ TEST(ExpertsTest, GradientsAccumulateAcrossMicroBatchesInFlight) {
     for (auto [x, rows, dy] : {std::tuple{xa, kRows, dya}, std::tuple{xb, rows_b, dyb}}) {
       e.ZeroGrad();
       e.Backward(e.Forward(x, rows), dy);
-      for (const NamedParameter& p : e.Parameters()) alone.push_back(p.grad.ToVector<float>());
+      for (const parallel::Parameter& p : e.Parameters()) alone.push_back(p.grad.ToVector<float>());
     }
     // Both in flight, backward in reverse order.
     e.ZeroGrad();
@@ -222,7 +222,7 @@ TEST(ExpertsTest, GradientsAccumulateAcrossMicroBatchesInFlight) {
     ExpertsActivations b = e.Forward(xb, rows_b);
     e.Backward(b, dyb);
     e.Backward(a, dya);
-    const std::vector<NamedParameter> params = e.Parameters();
+    const std::vector<parallel::Parameter> params = e.Parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const std::vector<float> got = params[i].grad.ToVector<float>();
       std::vector<double> want(got.size());
@@ -239,7 +239,7 @@ TEST(ExpertsTest, ZeroGradClearsEveryGradient) {
   Tensor x = RandomTensor({kR, kD}, 30, 1.0f);
   e.Backward(e.Forward(x, kRows), RandomTensor({kR, kD}, 31, 1.0f));
   e.ZeroGrad();
-  for (const NamedParameter& p : e.Parameters()) {
+  for (const parallel::Parameter& p : e.Parameters()) {
     for (float v : p.grad.ToVector<float>()) ASSERT_EQ(v, 0.0f) << p.name;
   }
 }
@@ -252,7 +252,7 @@ TEST(ExpertsTest, NoRowsAtAll) {
     EXPECT_EQ(acts.y.shape(), (Shape{0, kD}));
     Tensor dx = e.Backward(acts, Tensor::Empty({0, kD}, DType::kF32));
     EXPECT_EQ(dx.shape(), (Shape{0, kD}));
-    for (const NamedParameter& p : e.Parameters()) {
+    for (const parallel::Parameter& p : e.Parameters()) {
       for (float v : p.grad.ToVector<float>()) ASSERT_EQ(v, 0.0f) << p.name;
     }
   }
@@ -264,7 +264,7 @@ TEST(ExpertsTest, InitDoesNotDependOnTheSplit) {
     Experts whole = Experts::Init(Options(act, true, 0, num), 1234, "layers.2.moe.experts");
     Experts lo = Experts::Init(Options(act, true, 0, num / 2), 1234, "layers.2.moe.experts");
     Experts hi = Experts::Init(Options(act, true, num / 2, num / 2), 1234, "layers.2.moe.experts");
-    const std::vector<NamedParameter> pw = whole.Parameters(), pl = lo.Parameters(),
+    const std::vector<parallel::Parameter> pw = whole.Parameters(), pl = lo.Parameters(),
                                       ph = hi.Parameters();
     ASSERT_EQ(pw.size(), act == Activation::kSwiglu ? 5u : 4u);
     for (size_t i = 0; i < pw.size(); ++i) {
@@ -338,7 +338,7 @@ TEST(ExpertsTest, FromTensorsRejectsWhatDoesNotFit) {
 TEST(ExpertsTest, ParameterNamesFollowTheOptions) {
   auto names = [](Activation act, bool bias) {
     std::vector<std::string> out;
-    for (const NamedParameter& p : Experts(Options(act, bias)).Parameters()) out.push_back(p.name);
+    for (const parallel::Parameter& p : Experts(Options(act, bias)).Parameters()) out.push_back(p.name);
     return out;
   };
   EXPECT_EQ(names(Activation::kGelu, false), (std::vector<std::string>{"w1", "w2"}));

@@ -239,10 +239,10 @@ struct Param {
 };
 inline std::vector<Param> ParamsOf(MoELayer& layer) {
   std::vector<Param> ps = {{"router.weight", layer.router_weight(), layer.grad_router_weight()}};
-  for (const NamedParameter& p : layer.experts().Parameters())
+  for (const parallel::Parameter& p : layer.experts().Parameters())
     ps.push_back({"experts." + p.name, p.value, p.grad});
   if (layer.shared()) {
-    for (const NamedParameter& p : layer.shared()->experts().Parameters())
+    for (const parallel::Parameter& p : layer.shared()->experts().Parameters())
       ps.push_back({"shared." + p.name, p.value, p.grad});
   }
   return ps;

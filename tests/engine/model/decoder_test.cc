@@ -12,6 +12,9 @@
 namespace switchyard::model {
 namespace {
 
+using parallel::Parameter;
+using parallel::ParameterRegistry;
+
 struct Case {
   const char* name;
   ModelConfig model;
@@ -134,7 +137,8 @@ TEST(DecoderTest, RegistryNamesAndShapes) {
   const Parameter* w1 = reg.Find("layers.1.moe.experts.w1");
   ASSERT_NE(w1, nullptr);
   EXPECT_EQ(w1->global_shape, (Shape{4, 8, 6}));
-  EXPECT_EQ(w1->group, GradGroup::kExpert);
+  EXPECT_EQ(w1->view, dist::View::kExpert);
+  EXPECT_EQ(w1->grad_sum, parallel::AxisSet{dist::Axis::kDp});
   EXPECT_EQ(reg.Find("layers.1.moe.router.weight")->global_shape, (Shape{8, 4}));
   EXPECT_EQ(reg.Find("head.weight"), nullptr);  // tied
   EXPECT_FALSE(reg.Find("layers.0.norm1.weight")->weight_decay);

@@ -36,19 +36,19 @@ class CheckpointUnitTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("sy_ckpt_unit_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     world_ = dist::MakeLocalCommunicator();
-    model::Parameter w;
+    parallel::Parameter w;
     w.name = "w";
     w.global_shape = {2, 3};
     w.value = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
     w.grad = Tensor::Zeros({2, 3}, DType::kF32);
     params_.Add(w);
-    model::Parameter b;
+    parallel::Parameter b;
     b.name = "b";
     b.global_shape = {3};
     b.value = Tensor::FromVector<float>({7, 8, 9}, {3});
     b.grad = Tensor::Zeros({3}, DType::kF32);
     params_.Add(b);
-    model::Parameter step;
+    parallel::Parameter step;
     step.name = "optimizer.step";
     step.trainable = false;
     step.value = Tensor::FromVector<int64_t>({12}, {});
@@ -71,8 +71,8 @@ class CheckpointUnitTest : public ::testing::Test {
 
   fs::path dir_;
   std::unique_ptr<dist::Communicator> world_;
-  model::ParameterRegistry params_;
-  std::vector<model::Parameter> optimizer_;
+  parallel::ParameterRegistry params_;
+  std::vector<parallel::Parameter> optimizer_;
 };
 
 TEST_F(CheckpointUnitTest, StepDirectoryNames) {

@@ -25,9 +25,8 @@
 namespace switchyard::train {
 namespace {
 
-using model::GradGroup;
-using model::Parameter;
-using model::ParameterRegistry;
+using parallel::Parameter;
+using parallel::ParameterRegistry;
 
 constexpr double kRtol = 2e-6;
 constexpr double kAtol = 1e-7;
@@ -36,10 +35,9 @@ constexpr double kAtol = 1e-7;
 void AddParam(ParameterRegistry& reg, const std::string& name, const std::vector<float>& value,
               bool weight_decay = true, bool trainable = true) {
   const Shape shape = {static_cast<int64_t>(value.size())};
-  Parameter p{.name = name, .global_shape = shape, .trainable = trainable,
-              .weight_decay = weight_decay, .value = Tensor::FromVector(value, shape),
-              .grad = Tensor()};
-  if (trainable) p.grad = Tensor::Zeros(shape, DType::kF32);
+  Parameter p = Parameter::Dense(name, Tensor::FromVector(value, shape),
+                                 trainable ? Tensor::Zeros(shape, DType::kF32) : Tensor(),
+                                 weight_decay);
   reg.Add(std::move(p));
 }
 
@@ -119,7 +117,7 @@ TEST(OptimizerTest, AdamWMatchesPyTorchFormulaOverSeveralSteps) {
   }
   ExpectNear(reg.Find("w")->value.ToVector<float>(), rw.p, "adamw w");
   ExpectNear(reg.Find("norm.weight")->value.ToVector<float>(), rb.p, "adamw no-decay");
-  std::vector<model::Parameter> state = optimizer.State();
+  std::vector<parallel::Parameter> state = optimizer.State();
   ASSERT_EQ(state.size(), 5u);  // exp_avg, exp_avg_sq of two parameters, and the step
   ExpectNear(state[0].value.ToVector<float>(), rw.m, "adamw exp_avg w");
   ExpectNear(state[1].value.ToVector<float>(), rw.v, "adamw exp_avg_sq w");
@@ -170,10 +168,9 @@ TEST(OptimizerTest, NonTrainableParametersAreSkipped) {
 TEST(OptimizerTest, StateIsShardedLikeItsParameterAndSharesStorage) {
   ParameterRegistry reg;
   // An expert weight slice: experts [2, 4) of 4, each (3,).
-  Parameter w{.name = "layers.0.moe.experts.w1", .global_shape = {4, 3}, .shard_dim = 0,
-              .shard_offset = 2, .group = GradGroup::kExpert,
-              .value = Tensor::Zeros({2, 3}, DType::kF32),
-              .grad = Tensor::Zeros({2, 3}, DType::kF32)};
+  Parameter w = Parameter::Expert("layers.0.moe.experts.w1", Tensor::Zeros({2, 3}, DType::kF32),
+                                  Tensor::Zeros({2, 3}, DType::kF32), true);
+  w.Split(0, 2, 4);
   reg.Add(w);
   AddParam(reg, "ln.bias", {0.0f, 0.0f}, /*weight_decay=*/false);
 
@@ -190,11 +187,12 @@ TEST(OptimizerTest, StateIsShardedLikeItsParameterAndSharesStorage) {
     EXPECT_FALSE(state[i].grad.defined());
   }
   EXPECT_EQ(state[0].global_shape, (Shape{4, 3}));
-  EXPECT_EQ(state[0].shard_dim, 0);
-  EXPECT_EQ(state[0].shard_offset, 2);
-  EXPECT_EQ(state[0].group, GradGroup::kExpert);
+  EXPECT_EQ(state[0].offset, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(state[0].view, dist::View::kExpert);
+  EXPECT_EQ(state[0].replicated, parallel::AxisSet{dist::Axis::kDp});
+  EXPECT_TRUE(state[0].grad_sum.empty());
   EXPECT_EQ(state[0].value.shape(), (Shape{2, 3}));
-  EXPECT_EQ(state[2].shard_dim, -1);
+  EXPECT_TRUE(state[2].is_whole());
   EXPECT_EQ(state[4].value.dtype(), DType::kI64);
   EXPECT_EQ(state[4].value.ndim(), 0);
   // A checkpoint load writes into the state: the optimizer sees it.
@@ -301,25 +299,27 @@ TEST(ClipTest, GlobalNormAndClippingOnOneRank) {
   ParameterRegistry reg;
   AddParam(reg, "a", {0.0f, 0.0f});
   AddParam(reg, "frozen", {0.0f}, false, /*trainable=*/false);
-  Parameter e{.name = "experts.w", .global_shape = {4}, .shard_dim = 0, .shard_offset = 0,
-              .group = GradGroup::kExpert, .value = Tensor::Zeros({4}, DType::kF32),
-              .grad = Tensor::FromVector<float>({1, 2, 2, 0}, {4})};
-  reg.Add(e);
+  reg.Add(Parameter::Expert("experts.w", Tensor::Zeros({4}, DType::kF32),
+                            Tensor::FromVector<float>({1, 2, 2, 0}, {4}), true));
+  auto world = dist::MakeLocalCommunicator();
+  auto pc = dist::ParallelContext::Create(*world, dist::Mesh::Create(1, {}).value());
+  ASSERT_TRUE(pc.ok()) << pc.status();
+  const dist::ParallelContext& one = **pc;
   SetGrad(reg, "a", {3.0f, 4.0f});
   // sqrt(9 + 16 + 1 + 4 + 4) = sqrt(34).
-  EXPECT_DOUBLE_EQ(GlobalGradNorm(reg, {}), std::sqrt(34.0));
+  EXPECT_DOUBLE_EQ(GlobalGradNorm(reg, one), std::sqrt(34.0));
   // Below the threshold (and max_norm 0 = off): unchanged.
-  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 10.0, {}), std::sqrt(34.0));
-  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 0.0, {}), std::sqrt(34.0));
+  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 10.0, one), std::sqrt(34.0));
+  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 0.0, one), std::sqrt(34.0));
   EXPECT_EQ(reg.Find("a")->grad.ToVector<float>(), (std::vector<float>{3.0f, 4.0f}));
   // Above: every grad scaled by max_norm / (norm + 1e-6).
-  const double norm = ClipGradNorm(reg, 2.0, {});
+  const double norm = ClipGradNorm(reg, 2.0, one);
   EXPECT_DOUBLE_EQ(norm, std::sqrt(34.0));
   const double scale = 2.0 / (std::sqrt(34.0) + 1e-6);
   ExpectNear(reg.Find("a")->grad.ToVector<float>(), {3 * scale, 4 * scale}, "clipped a");
   ExpectNear(reg.Find("experts.w")->grad.ToVector<float>(), {scale, 2 * scale, 2 * scale, 0},
              "clipped experts");
-  EXPECT_NEAR(GlobalGradNorm(reg, {}), 2.0, 1e-6);
+  EXPECT_NEAR(GlobalGradNorm(reg, one), 2.0, 1e-6);
 }
 
 TEST(OptimizerKernelTest, SumSquaresAndScale) {

@@ -1,0 +1,19 @@
+#include "engine/core/file.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace switchyard {
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) return DataLoss(path, ": read failed");
+  return s.str();
+}
+
+}  // namespace switchyard

@@ -1,0 +1,162 @@
+#include "engine/dist/ordered_sum.h"
+
+#include "engine/core/check.h"
+#include "kernels/elementwise.h"
+
+namespace switchyard::dist {
+namespace {
+
+// out = a + b elementwise: kernels::Add for f32 (any device), a host loop for f64. out may
+// be a or b.
+void AddInto(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) {
+  if (out.dtype() == DType::kF32) {
+    kernels::Add(a, b, out, ctx);
+    return;
+  }
+  SY_CHECK(out.device().is_cpu()) << "a tree sum of f64 tensors runs on the host, got "
+                                  << out.DebugString();
+  const double* x = a.data<double>();
+  const double* y = b.data<double>();
+  double* z = out.data<double>();
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) z[i] = x[i] + y[i];
+}
+
+// The tree over the size() equal pieces of `pieces` ((size * c,) on comm's device), in
+// order: (c,), a new tensor. f64 on a device is summed on the host.
+Tensor TreeOfPieces(const Tensor& pieces, int size, int64_t c, DeviceContext* ctx) {
+  const bool on_host = pieces.device().is_cpu() || pieces.dtype() == DType::kF32;
+  const Tensor source = on_host ? pieces : pieces.To(Device::Cpu(), ctx);
+  TreeAccumulator tree(on_host ? ctx : nullptr);
+  for (int s = 0; s < size; ++s) tree.Add(source.Slice(s * c, (s + 1) * c));
+  Tensor sum = tree.Result();
+  return on_host ? sum : sum.To(pieces.device(), ctx);
+}
+
+// The near-equal cut of n elements into `size` chunks: the first n % size one longer.
+std::vector<int64_t> Chunks(int64_t n, int size) {
+  std::vector<int64_t> chunks(size, n / size);
+  for (int j = 0; j < n % size; ++j) ++chunks[j];
+  return chunks;
+}
+
+// An ordered all-reduce with its all-to-all in flight (see OrderedAllReduce).
+class OrderedAllReduceWork final : public Work {
+ public:
+  OrderedAllReduceWork(Communicator& comm, const Tensor& t, DeviceContext* ctx)
+      : comm_(comm), flat_(t.Reshape({t.numel()})), ctx_(ctx) {
+    const int size = comm.size();
+    chunks_ = Chunks(flat_.numel(), size);
+    mine_ = chunks_[comm.rank()];
+    const std::vector<int64_t> from_each(size, mine_);
+    // (size * mine_,): rank s's chunk `rank` at [s * mine_, (s + 1) * mine_).
+    pieces_ = Tensor::Empty({size * mine_}, t.dtype(), t.device());
+    exchange_ = comm.AllToAllVAsync(flat_, chunks_, pieces_, from_each);
+  }
+  ~OrderedAllReduceWork() override { Wait(); }
+
+  void Wait() override {
+    if (done_) return;
+    done_ = true;
+    exchange_->Wait();
+    exchange_.reset();
+    Tensor sum = mine_ > 0 ? TreeOfPieces(pieces_, comm_.size(), mine_, ctx_)
+                           : Tensor::Empty({0}, flat_.dtype(), flat_.device());
+    comm_.AllGatherV(sum, flat_, chunks_);
+    pieces_ = Tensor();
+  }
+
+ private:
+  Communicator& comm_;
+  Tensor flat_;  // (numel,) view of the caller's t
+  DeviceContext* ctx_;
+  std::vector<int64_t> chunks_;  // elements of each rank's chunk
+  int64_t mine_ = 0;             // chunks_[rank]
+  Tensor pieces_;
+  std::unique_ptr<Work> exchange_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+// ---- TreeAccumulator --------------------------------------------------------------------
+
+Tensor TreeAccumulator::TakeBuffer(const Tensor& like) {
+  if (!spare_.empty() && (spare_.back().shape() != like.shape() ||
+                          spare_.back().dtype() != like.dtype() ||
+                          spare_.back().device() != like.device())) {
+    spare_.clear();  // leaves of another shape since the last Reset
+  }
+  if (spare_.empty()) return Tensor::Empty(like.shape(), like.dtype(), like.device());
+  Tensor buffer = std::move(spare_.back());
+  spare_.pop_back();
+  return buffer;
+}
+
+void TreeAccumulator::Add(const Tensor& leaf) {
+  SY_CHECK(leaf.defined() && (leaf.dtype() == DType::kF32 ||
+                              (leaf.dtype() == DType::kF64 && leaf.device().is_cpu())))
+      << "TreeAccumulator sums f32 tensors (f64 on the host), got " << leaf.DebugString();
+  if (!stack_.empty()) {
+    const Tensor& first = stack_.front().value;
+    SY_CHECK(leaf.shape() == first.shape() && leaf.dtype() == first.dtype() &&
+             leaf.device() == first.device())
+        << "TreeAccumulator: leaf " << leaf.DebugString() << " after " << first.DebugString();
+  }
+  Node node{0, TakeBuffer(leaf)};
+  node.value.CopyFrom(leaf, ctx_);
+  while (!stack_.empty() && stack_.back().level == node.level) {
+    Node lower = std::move(stack_.back());
+    stack_.pop_back();
+    AddInto(lower.value, node.value, lower.value, ctx_);
+    spare_.push_back(std::move(node.value));
+    node = Node{lower.level + 1, std::move(lower.value)};
+  }
+  stack_.push_back(std::move(node));
+  ++count_;
+}
+
+Tensor TreeAccumulator::Result() const {
+  SY_CHECK(!stack_.empty()) << "TreeAccumulator::Result with no leaf";
+  const Tensor& top = stack_.back().value;
+  if (stack_.size() == 1) return top.Clone(ctx_);
+  // Fold from the top: sum = node[k-1] + sum, right to left.
+  Tensor sum = Tensor::Empty(top.shape(), top.dtype(), top.device());
+  AddInto(stack_[stack_.size() - 2].value, top, sum, ctx_);
+  for (size_t i = stack_.size() - 2; i-- > 0;) AddInto(stack_[i].value, sum, sum, ctx_);
+  return sum;
+}
+
+void TreeAccumulator::Reset() {
+  for (Node& node : stack_) spare_.push_back(std::move(node.value));
+  stack_.clear();
+  count_ = 0;
+}
+
+// ---- Over ranks -------------------------------------------------------------------------
+
+void OrderedAllReduce(Communicator& comm, Tensor& t, DeviceContext* ctx) {
+  OrderedAllReduceAsync(comm, t, ctx)->Wait();
+}
+
+std::unique_ptr<Work> OrderedAllReduceAsync(Communicator& comm, Tensor& t, DeviceContext* ctx) {
+  internal::CheckTensor(t, comm.device(), "OrderedAllReduce");
+  SY_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64)
+      << "OrderedAllReduce sums f32 or f64, got " << t.DebugString();
+  if (comm.size() == 1 || t.numel() == 0) return CompletedWork();
+  return std::make_unique<OrderedAllReduceWork>(comm, t, ctx != nullptr ? ctx : comm.context());
+}
+
+std::vector<double> AllReduceDoubles(Communicator& comm, std::span<const double> values) {
+  std::vector<double> sums(values.begin(), values.end());
+  if (comm.size() == 1 || sums.empty()) return sums;
+  Tensor t = Tensor::FromVector(sums, {static_cast<int64_t>(sums.size())});
+  if (comm.device().is_cpu()) {
+    OrderedAllReduce(comm, t);
+    return t.ToVector<double>();
+  }
+  Tensor on_device = t.To(comm.device(), comm.context());
+  OrderedAllReduce(comm, on_device);
+  return on_device.To(Device::Cpu(), comm.context()).ToVector<double>();
+}
+
+}  // namespace switchyard::dist

@@ -1,0 +1,101 @@
+#include "moe/expert_tp.h"
+
+#include "engine/core/check.h"
+#include "engine/dist/ordered_sum.h"
+#include "kernels/permute.h"
+
+namespace switchyard::moe {
+namespace {
+
+Tensor IndexTensor(const std::vector<int64_t>& index, Device device, DeviceContext* ctx) {
+  Tensor host = Tensor::FromVector(index, {static_cast<int64_t>(index.size())});
+  return device.is_cpu() ? host : host.To(device, ctx);
+}
+
+// out[i] = in[index[i]] for rows.
+Tensor Gather(const Tensor& in, const Tensor& index, DeviceContext* ctx) {
+  Tensor out = Tensor::Empty({index.numel(), in.dim(1)}, in.dtype(), in.device());
+  if (index.numel() > 0) kernels::GatherRows(in, index, out, ctx);
+  return out;
+}
+
+}  // namespace
+
+EtpPlan MakeEtpPlan(std::span<const int64_t> rows_per_local_expert, dist::Communicator& etp,
+                    Device device, DeviceContext* ctx) {
+  const int n = etp.size();
+  const int64_t l = static_cast<int64_t>(rows_per_local_expert.size());
+  Tensor mine = Tensor::FromVector(
+      std::vector<int64_t>(rows_per_local_expert.begin(), rows_per_local_expert.end()), {1, l});
+  Tensor all = Tensor::Empty({n, l}, DType::kI64);
+  // The counts are host values: a host communicator gathers them directly, a device one
+  // through device memory.
+  if (etp.device().is_cpu()) {
+    etp.AllGather(mine, all);
+  } else {
+    Tensor on = Tensor::Empty({n, l}, DType::kI64, etp.device());
+    etp.AllGather(mine.To(etp.device(), ctx), on);
+    all = on.To(Device::Cpu(), ctx);
+  }
+  const int64_t* c = all.data<int64_t>();
+  EtpPlan plan;
+  plan.rows_of_rank.assign(n, 0);
+  plan.rows_per_expert.assign(l, 0);
+  std::vector<int64_t> rank_start(n, 0);
+  int64_t total = 0;
+  for (int s = 0; s < n; ++s) {
+    rank_start[s] = total;
+    for (int64_t e = 0; e < l; ++e) {
+      plan.rows_of_rank[s] += c[s * l + e];
+      plan.rows_per_expert[e] += c[s * l + e];
+    }
+    total += plan.rows_of_rank[s];
+  }
+  std::vector<int64_t> to_em, to_rm(total);
+  to_em.reserve(total);
+  for (int64_t e = 0; e < l; ++e) {
+    for (int s = 0; s < n; ++s) {
+      int64_t at = rank_start[s];
+      for (int64_t j = 0; j < e; ++j) at += c[s * l + j];
+      for (int64_t i = 0; i < c[s * l + e]; ++i) {
+        to_rm[at + i] = static_cast<int64_t>(to_em.size());
+        to_em.push_back(at + i);
+      }
+    }
+  }
+  plan.to_expert_major = IndexTensor(to_em, device, ctx);
+  plan.to_rank_major = IndexTensor(to_rm, device, ctx);
+  return plan;
+}
+
+Tensor EtpGather(const Tensor& x, const EtpPlan& plan, dist::Communicator& etp,
+                 DeviceContext* ctx) {
+  const int n = etp.size();
+  const int64_t r = x.dim(0), d = x.dim(1);
+  SY_CHECK_EQ(r, plan.rows_of_rank[etp.rank()]) << "EtpGather: rows of this rank";
+  // My rows to every etp rank (an all-gather of uneven blocks).
+  Tensor send = Tensor::Empty({r * n, d}, x.dtype(), x.device());
+  for (int s = 0; s < n; ++s) send.Slice(s * r, (s + 1) * r).CopyFrom(x, ctx);
+  const std::vector<int64_t> send_rows(n, r);
+  int64_t total = 0;
+  for (int64_t c : plan.rows_of_rank) total += c;
+  Tensor all = Tensor::Empty({total, d}, x.dtype(), x.device());
+  etp.AllToAllV(send, send_rows, all, plan.rows_of_rank);
+  return Gather(all, plan.to_expert_major, ctx);
+}
+
+Tensor EtpReduceScatter(const Tensor& y, const EtpPlan& plan, dist::Communicator& etp,
+                        DeviceContext* ctx) {
+  const int n = etp.size();
+  const int64_t r = plan.rows_of_rank[etp.rank()], d = y.dim(1);
+  Tensor rank_major = Gather(y, plan.to_rank_major, ctx);
+  // Each owner's block back to it; every rank's partial sums of my rows, in rank order.
+  const std::vector<int64_t> recv_rows(n, r);
+  Tensor parts = Tensor::Empty({r * n, d}, y.dtype(), y.device());
+  etp.AllToAllV(rank_major, plan.rows_of_rank, parts, recv_rows);
+  dist::TreeAccumulator sum(ctx);
+  for (int s = 0; s < n; ++s) sum.Add(parts.Slice(s * r, (s + 1) * r));
+  return sum.Result();
+}
+
+}  // namespace switchyard::moe

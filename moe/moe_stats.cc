@@ -1,0 +1,122 @@
+#include "moe/moe_stats.h"
+
+#include <algorithm>
+
+#include "engine/core/check.h"
+#include "engine/core/tensor.h"
+#include "engine/dist/ordered_sum.h"
+
+namespace switchyard::moe {
+
+void MoEStats::Add(const MoEStats& o) {
+  if (tokens_per_expert.empty()) {
+    tokens_per_expert.assign(o.tokens_per_expert.size(), 0);
+    tokens_per_expert_kept.assign(o.tokens_per_expert_kept.size(), 0);
+  }
+  // A default-constructed MoEStats (no experts yet) adds nothing.
+  if (!o.tokens_per_expert.empty()) {
+    SY_CHECK(tokens_per_expert.size() == o.tokens_per_expert.size() &&
+             o.tokens_per_expert_kept.size() == o.tokens_per_expert.size())
+        << "MoEStats::Add: " << o.tokens_per_expert.size() << " experts into "
+        << tokens_per_expert.size();
+    for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
+      tokens_per_expert[e] += o.tokens_per_expert[e];
+      tokens_per_expert_kept[e] += o.tokens_per_expert_kept[e];
+    }
+  }
+  tokens += o.tokens;
+  assignments += o.assignments;
+  entropy_sum += o.entropy_sum;
+  aux_sum += o.aux_sum;
+  z_sum += o.z_sum;
+  groups += o.groups;
+}
+
+void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
+  if (comm.size() == 1) return;
+  // Host tensors for a host communicator; a device one reduces copies on its device.
+  auto all_reduce = [&](Tensor& t) {
+    if (comm.device().is_cpu()) {
+      comm.AllReduce(t, dist::ReduceOp::kSum);
+      return;
+    }
+    SY_CHECK(ctx != nullptr && ctx->device() == comm.device())
+        << "MoEStats::AllReduce over a communicator on " << comm.device()
+        << " needs that device's DeviceContext";
+    Tensor on_device = t.To(comm.device(), ctx);
+    comm.AllReduce(on_device, dist::ReduceOp::kSum);
+    t.CopyFrom(on_device, ctx);  // waits for the stream
+  };
+  const size_t e = tokens_per_expert.size();
+  std::vector<int64_t> ints(tokens_per_expert);
+  ints.insert(ints.end(), tokens_per_expert_kept.begin(), tokens_per_expert_kept.end());
+  ints.insert(ints.end(), {tokens, assignments, groups});
+  Tensor it = Tensor::FromVector(ints, {static_cast<int64_t>(ints.size())});
+  all_reduce(it);
+  // Floating sums: exact ordered f64 sums over a host communicator (the same totals on
+  // any layout); over a device one as f32 (hi, lo) pairs.
+  double sums[3] = {entropy_sum, aux_sum, z_sum};
+  if (comm.device().is_cpu()) {
+    const std::vector<double> total = dist::AllReduceDoubles(comm, sums);
+    std::copy(total.begin(), total.end(), sums);
+  } else {
+    std::vector<float> floats;
+    for (double v : sums) {
+      float hi = static_cast<float>(v);
+      floats.push_back(hi);
+      floats.push_back(static_cast<float>(v - hi));
+    }
+    Tensor ft = Tensor::FromVector(floats, {static_cast<int64_t>(floats.size())});
+    all_reduce(ft);
+    const float* fp = ft.data<float>();
+    for (int i = 0; i < 3; ++i) sums[i] = double(fp[2 * i]) + fp[2 * i + 1];
+  }
+  const int64_t* ip = it.data<int64_t>();
+  std::copy(ip, ip + e, tokens_per_expert.begin());
+  std::copy(ip + e, ip + 2 * e, tokens_per_expert_kept.begin());
+  tokens = ip[2 * e];
+  assignments = ip[2 * e + 1];
+  groups = ip[2 * e + 2];
+  entropy_sum = sums[0];
+  aux_sum = sums[1];
+  z_sum = sums[2];
+}
+
+int64_t MoEStats::dropped() const {
+  int64_t kept = 0;
+  for (int64_t c : tokens_per_expert_kept) kept += c;
+  return assignments - kept;
+}
+double MoEStats::dropped_fraction() const {
+  return assignments ? static_cast<double>(dropped()) / assignments : 0.0;
+}
+double MoEStats::router_entropy() const { return tokens ? entropy_sum / tokens : 0.0; }
+double MoEStats::aux_mean() const { return groups ? aux_sum / groups : 0.0; }
+double MoEStats::z_mean() const { return groups ? z_sum / groups : 0.0; }
+
+std::vector<int64_t> MoEStats::TokensPerEpRank(int64_t ep) const {
+  const int64_t e = static_cast<int64_t>(tokens_per_expert_kept.size());
+  SY_CHECK(ep > 0 && e % ep == 0) << "E=" << e << " over ep=" << ep;
+  std::vector<int64_t> out(ep, 0);
+  for (int64_t i = 0; i < e; ++i) out[i / (e / ep)] += tokens_per_expert_kept[i];
+  return out;
+}
+
+namespace {
+double Share(const std::vector<int64_t>& counts, bool max) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (total == 0 || counts.empty()) return 0.0;
+  int64_t pick = max ? *std::max_element(counts.begin(), counts.end())
+                     : *std::min_element(counts.begin(), counts.end());
+  return static_cast<double>(pick) / total;
+}
+}  // namespace
+
+double MoEStats::min_load_share() const { return Share(tokens_per_expert_kept, false); }
+double MoEStats::max_load_share() const { return Share(tokens_per_expert_kept, true); }
+double MoEStats::mean_load_share() const {
+  return tokens_per_expert_kept.empty() ? 0.0 : 1.0 / tokens_per_expert_kept.size();
+}
+
+}  // namespace switchyard::moe
