@@ -120,7 +120,7 @@ std::vector<Section> Sections(Config& c) {
         Bind("max_steps", &t.max_steps), Bind("weight_decay", &t.weight_decay),
         Bind("beta1", &t.beta1), Bind("beta2", &t.beta2), Bind("eps", &t.eps),
         Bind("momentum", &t.momentum), Bind("grad_clip", &t.grad_clip),
-        Bind("bucket_mb", &t.bucket_mb), Bind("micro_batch_size", &t.micro_batch_size),
+        Bind("bucket_mb", &t.bucket_mb), Bind("ordered_grad_accum", &t.ordered_grad_accum), Bind("micro_batch_size", &t.micro_batch_size),
         Bind("grad_accum", &t.grad_accum), Bind("seed", &t.seed),
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
         Bind("checkpoint_every", &t.checkpoint_every)}},

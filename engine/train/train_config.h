@@ -33,6 +33,11 @@ struct TrainConfig {
   int64_t eval_batches = 8;      // validation micro-batches per rank
   int64_t checkpoint_every = 0;  // save every N steps; 0 = only at the end (and on SIGTERM)
   float bucket_mb = 25.0f;     // data-parallel gradient bucket size in MiB (DDP bucket_cap_mb)
+  // Sum the micro-batches' gradients in the canonical tree order (engine/dist/ordered_sum.h):
+  // with grad_accum a power of two, dp ranks x grad_accum equal one rank with dp x grad_accum
+  // micro-batches bit for bit. Costs up to log2(grad_accum) + 1 extra gradient copies and
+  // the overlap of the last backward with the gradient sync; false accumulates in place.
+  bool ordered_grad_accum = true;
 
   // Names the key and the value it rejects ("train.beta2=1 must be in [0, 1)").
   Status Validate() const;

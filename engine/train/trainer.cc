@@ -20,6 +20,30 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
 
+// Every trainable gradient, packed into one flat f32 tensor (registry order), and back.
+Tensor PackGrads(const parallel::ParameterRegistry& reg, DeviceContext* ctx) {
+  int64_t total = 0;
+  for (const parallel::Parameter& p : reg.params())
+    if (p.trainable) total += p.grad.numel();
+  Tensor flat = Tensor::Empty({total}, DType::kF32, reg.params().front().grad.device());
+  int64_t at = 0;
+  for (const parallel::Parameter& p : reg.params()) {
+    if (!p.trainable) continue;
+    flat.View({p.grad.numel()}, at).CopyFrom(p.grad.Reshape({p.grad.numel()}), ctx);
+    at += p.grad.numel();
+  }
+  return flat;
+}
+
+void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceContext* ctx) {
+  int64_t at = 0;
+  for (parallel::Parameter& p : reg.params()) {
+    if (!p.trainable) continue;
+    p.grad.CopyFrom(flat.View(p.grad.shape(), at), ctx);
+    at += p.grad.numel();
+  }
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const std::string& out_dir,
@@ -96,7 +120,11 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
 
   const size_t n_moe = decoder_->moe_layer_ids().size();
   std::vector<moe::MoEStats> stats(n_moe);
-  double ce_sum = 0, aux_sum = 0, z_sum = 0;
+  // Per micro-batch sums, added in the tree order below (as the ranks' sums are).
+  std::vector<double> ce_sums, aux_sums, z_sums;
+  // Ordered accumulation: each micro-batch's gradient alone, summed in the tree order.
+  const bool tree = tc.ordered_grad_accum && tc.grad_accum > 1;
+  dist::TreeAccumulator grads(ctx);
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     data::Batch batch = loader_->GetBatch(step_, micro);
     model::DecoderInput in{.tokens = batch.inputs.To(device(), ctx),
@@ -104,8 +132,9 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
                            .first_token = batch.sequences[0] * seq, .step = step_, .training = true,
                            .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
                            .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
+    if (tree && micro > 0) reg.ZeroGrad(ctx);
     model::DecoderOutput out = decoder_->Forward(in);
-    if (micro + 1 < tc.grad_accum) {
+    if (tree || micro + 1 < tc.grad_accum) {
       decoder_->Backward(in, out);
     } else {
       // The last micro-batch: each part's gradient bucket goes out as soon as it is final.
@@ -113,9 +142,10 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
         for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
       });
     }
-    ce_sum += out.ce_sum;
-    aux_sum += out.aux_sum;
-    z_sum += out.z_sum;
+    if (tree) grads.Add(PackGrads(reg, ctx));
+    ce_sums.push_back(out.ce_sum);
+    aux_sums.push_back(out.aux_sum);
+    z_sums.push_back(out.z_sum);
     size_t layer = 0;
     for (const model::BlockActivations& b : out.acts.blocks) {
       if (!b.moe) continue;
@@ -128,7 +158,15 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
       ++layer;
     }
   }
-  grad_sync_->Finish();
+  if (tree) {
+    UnpackGrads(grads.Result(), reg, ctx);
+    grad_sync_->SyncAll();
+  } else {
+    grad_sync_->Finish();
+  }
+  const double ce_sum = dist::TreeSumDoubles(ce_sums);
+  const double aux_sum = dist::TreeSumDoubles(aux_sums);
+  const double z_sum = dist::TreeSumDoubles(z_sums);
   const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx);
   const float lr = tc.schedule().LrAt(optimizer_->step());
   optimizer_->Step(lr);
