@@ -8,6 +8,9 @@
 #  - cross-layout resume: a checkpoint saved under -np 2 (dp=2, ep=2) resumed on one rank
 #    and under -np 4 (ep=4): the losses of steps 6..11 within a relative 1e-5 of the
 #    uninterrupted runs;
+#  - tensor parallelism across layouts: 6 steps under (tp 2, ep 2) on 4 ranks resumed under
+#    (tp 1, ep 4), and (etp 2, ep 2): the losses of the 1-rank run within 1e-5, and the
+#    checkpoints evaluate to the same loss on 1 rank and under (tp 2, ep 2);
 #  - a rank dies (SIGKILL under -np 2): mpirun ends the job non-zero, no hang, and the last
 #    checkpoint resumes;
 #  - SIGTERM: a 300-step run (one rank; -np 2 with only one rank signalled) stops after
@@ -16,7 +19,8 @@
 #  - bad inputs: exactly one "switchyard train: error:" line naming the problem, a
 #    non-zero exit, and the existing checkpoints unchanged (checksums before/after):
 #    unknown keys, a wrong type, ep not dividing the experts, a world ep does not divide,
-#    parallel.tp=2, a missing data dir, a truncated checkpoint, another model's checkpoint,
+#    parallel.cp=2, tp on one process, tp not dividing n_heads, etp not dividing d_expert,
+#    seq_len not divisible by tp, a world tp does not divide, a missing data dir, a truncated checkpoint, another model's checkpoint,
 #    a missing checkpoint, a bad --steps;
 #  - optional: the loss falls on the fortune corpus when it is installed.
 # Usage: train_cli_test.sh path/to/switchyard path/to/scripts/mpirun_test.sh
@@ -231,6 +235,43 @@ compare_losses "np 2 ep 2 -> np 4 ep 4" 1e-5 "$tmp/x4/metrics.jsonl" \
 compare_losses "np 2 ep 2 -> np 4 ep 4 (vs np 2)" 1e-5 "$tmp/x4/metrics.jsonl" \
   "$tmp/straight-np2-ep2/metrics.jsonl" 6 11
 
+# ---- tensor and expert tensor parallelism across layouts ---------------------------------
+# 6 steps under (tp 2, ep 2) on 4 ranks (dp 2), resumed under (tp 1, ep 4), and the step-12
+# checkpoint evaluated on 1 rank and on 2 under (tp 2, ep 2): the losses follow the 1-rank
+# run, and both evaluations give the same loss.
+train_ok "np 4 tp 2 ep 2: 6 steps" 4 2 "${steps12[@]}" --set parallel.tp=2 \
+  --set train.grad_accum=2 --out "$tmp/tp" --steps 6
+grep -q "^world 4: tp 2 x cp 1 x dp 2" "$tmp/out" || fail "tp 2: no 'world 4: tp 2 ...' line"
+train_ok "np 4 tp 2 ep 2 -> tp 1 ep 4: 6 more" 4 4 "${steps12[@]}" --out "$tmp/tp" \
+  --resume "$tmp/tp"
+compare_losses "tp 2 ep 2 then tp 1 ep 4 vs 1 rank" 1e-5 "$tmp/tp/metrics.jsonl" \
+  "$tmp/straight-np1-ep1/metrics.jsonl" 0 11
+train_ok "np 4 tp 1 etp 2 ep 2: 12 steps" 4 2 "${steps12[@]}" --set parallel.etp=2 \
+  --out "$tmp/etp"
+compare_losses "etp 2 ep 2 vs 1 rank" 1e-5 "$tmp/etp/metrics.jsonl" \
+  "$tmp/straight-np1-ep1/metrics.jsonl" 0 11
+eval_loss() {  # eval_loss NP ARGS...: the loss `switchyard eval --json` prints
+  local np="$1"; shift
+  if [[ $np -eq 1 ]]; then
+    timeout 300 "$bin" eval --json "$@" >"$tmp/eval.json" 2>"$tmp/eval.err"
+  else
+    timeout 300 bash "$mpirun_wrapper" "$np" "$bin" eval --json "$@" >"$tmp/eval.json" \
+      2>"$tmp/eval.err"
+  fi || fail "eval $*: $(tail -3 "$tmp/eval.err")"
+  $python -c 'import json,sys; print(repr(json.loads(open(sys.argv[1]).read())["loss"]))' \
+    "$tmp/eval.json"
+}
+for run_dir in tp etp; do
+  # The same data-parallel size (1), so both see the same validation batches.
+  one_rank=$(eval_loss 1 --checkpoint "$tmp/$run_dir" --set parallel.tp=1 --set parallel.etp=0 \
+    --set parallel.ep=1)
+  two=$(eval_loss 2 --checkpoint "$tmp/$run_dir" --set parallel.tp=2 --set parallel.etp=1 \
+    --set parallel.ep=2)
+  $python -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(b))' \
+    "$two" "$one_rank" || fail "eval of the $run_dir checkpoint: $two under tp 2 vs $one_rank on 1 rank"
+  echo "    eval of the $run_dir checkpoint: 1 rank $one_rank, np 2 tp 2 ep 2 $two"
+done
+
 # ---- SIGTERM ------------------------------------------------------------------------------
 long=(--set train.max_steps=300)
 # sigterm_case NP EP: start a 300-step run, SIGTERM it (one rank only under mpirun) once it
@@ -360,8 +401,18 @@ expect_error "unknown precision" "runtime.precision='fp16' is not one of auto, f
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect_error "cuda without a GPU" "runtime.device=cuda: " 1 "${one[@]}" --set runtime.device=cuda
 fi
-expect_error "tp=2 unsupported" "parallel.tp=2 is not supported by \`switchyard train\` yet" 2 \
-  "${two[@]}" --set parallel.tp=2
+expect_error "cp=2 unsupported" "parallel.cp=2 is not supported yet" 2 "${two[@]}" \
+  --set parallel.cp=2
+expect_error "tp on one process" "this is one process; launch with mpirun -np N" 1 "${one[@]}" \
+  --set parallel.tp=2
+expect_error "tp not dividing n_heads" "parallel.tp=4 does not divide model.n_heads=2" 4 \
+  "${base[@]}" --set train.grad_accum=4 --set parallel.tp=4
+expect_error "etp not dividing d_expert" "parallel.etp=3 does not divide moe.d_expert=32" 1 \
+  "${one[@]}" --set parallel.etp=3
+expect_error "seq_len not divisible by tp" "model.seq_len=15 is not divisible by parallel.tp=2" 2 \
+  "${two[@]}" --set parallel.tp=2 --set model.seq_len=15
+expect_error "world not divisible by tp" "world size 2 is not divisible by tp*cp*pp = 4*1*1" 2 \
+  "${two[@]}" --set parallel.tp=4 --set model.n_heads=4
 expect_error "missing data dir" "$tmp/no-data/index.json: cannot open" 1 "${one[@]}" \
   --set "data.dir=$tmp/no-data"
 expect_error "truncated checkpoint" "$tmp/corrupt/step-00000012/model.safetensors" 1 "${one[@]}" \
