@@ -2,6 +2,10 @@
 // kernels/attention.h on the (B, S, H, hd) views of the projections (no copies).
 #include "dense/attention.h"
 
+#include <vector>
+
+#include "kernels/permute.h"
+
 #include <utility>
 
 #include "kernels/attention.h"
@@ -23,6 +27,41 @@ LinearOptions Projection(const AttentionOptions& o, int64_t in, int64_t out,
 // (B, S, H * hd) as (B, S, H, hd).
 Tensor Heads(const Tensor& t, int64_t heads, int64_t hd) {
   return t.Reshape({t.dim(0), t.dim(1), heads, hd});
+}
+
+// Head `head` of all (B, S, H * hd) as a new (B, S, hd) tensor.
+Tensor SelectHead(const Tensor& all, int64_t heads, int64_t head, int64_t hd, DeviceContext* ctx) {
+  const int64_t rows = all.numel() / (heads * hd);
+  std::vector<int64_t> index(rows);
+  for (int64_t i = 0; i < rows; ++i) index[i] = i * heads + head;
+  Tensor idx = Tensor::FromVector(index, {rows});
+  if (!all.device().is_cpu()) idx = idx.To(all.device(), ctx);
+  Tensor out = Tensor::Empty({all.dim(0), all.dim(1), hd}, DType::kF32, all.device());
+  Tensor out_rows = out.Reshape({rows, hd});
+  kernels::GatherRows(all.Reshape({rows * heads, hd}), idx, out_rows, ctx);
+  return out;
+}
+
+// The inverse: one head's (B, S, hd) placed at `head` of a (B, S, H * hd) of zeros.
+Tensor ExpandHead(const Tensor& one, int64_t heads, int64_t head, int64_t hd, DeviceContext* ctx) {
+  const int64_t rows = one.numel() / hd;
+  // Source rows: the head's rows, then one zero row every other head reads.
+  Tensor src = Tensor::Zeros({rows + 1, hd}, DType::kF32, one.device(), ctx);
+  src.Slice(0, rows).CopyFrom(one.Reshape({rows, hd}), ctx);
+  std::vector<int64_t> index(rows * heads);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t h = 0; h < heads; ++h) index[i * heads + h] = h == head ? i : rows;
+  Tensor idx = Tensor::FromVector(index, {rows * heads});
+  if (!one.device().is_cpu()) idx = idx.To(one.device(), ctx);
+  Tensor out = Tensor::Empty({one.dim(0), one.dim(1), heads * hd}, DType::kF32, one.device());
+  Tensor out_rows = out.Reshape({rows * heads, hd});
+  kernels::GatherRows(src, idx, out_rows, ctx);
+  return out;
+}
+
+// k and v are column-parallel, or whole on every rank when the kv heads are replicated.
+LinearSplit KvSplit(const AttentionOptions& o) {
+  return o.kv_replicated() ? LinearSplit::kNone : LinearSplit::kColumn;
 }
 
 }  // namespace
@@ -47,9 +86,9 @@ Status AttentionOptions::Validate() const {
   if (n_heads % tp_size != 0) {
     return InvalidArgument("parallel.tp=", tp_size, " does not divide model.n_heads=", n_heads);
   }
-  if (kv_heads() % tp_size != 0) {
-    return InvalidArgument("parallel.tp=", tp_size, " does not divide model.n_kv_heads=",
-                           kv_heads(), " (grouped-query attention splits the kv heads)");
+  if (kv_heads() % tp_size != 0 && tp_size % kv_heads() != 0) {
+    return InvalidArgument("parallel.tp=", tp_size, " and model.n_kv_heads=", kv_heads(),
+                           ": tp must divide the kv heads or be a multiple of them");
   }
   if (tp.active() && tp.sequence_parallel && seq_len <= 0) {
     return InvalidArgument("attention.seq_len=", seq_len, " must be > 0 with sequence parallelism");
@@ -64,9 +103,11 @@ Attention::Attention(const AttentionOptions& options, DeviceContext* ctx)
     : Attention(
           options,
           Linear(Projection(options, options.d_model, options.n_heads * options.head_dim()), ctx),
-          Linear(Projection(options, options.d_model, options.kv_heads() * options.head_dim()),
+          Linear(Projection(options, options.d_model, options.kv_heads() * options.head_dim(),
+                            KvSplit(options)),
                  ctx),
-          Linear(Projection(options, options.d_model, options.kv_heads() * options.head_dim()),
+          Linear(Projection(options, options.d_model, options.kv_heads() * options.head_dim(),
+                            KvSplit(options)),
                  ctx),
           Linear(Projection(options, options.n_heads * options.head_dim(), options.d_model,
                             LinearSplit::kRow),
@@ -82,8 +123,10 @@ Attention Attention::Init(const AttentionOptions& options, uint64_t seed, const 
   return Attention(
       options,
       Linear::Init(Projection(options, d, options.n_heads * hd), seed, name + ".q", std, ctx),
-      Linear::Init(Projection(options, d, options.kv_heads() * hd), seed, name + ".k", std, ctx),
-      Linear::Init(Projection(options, d, options.kv_heads() * hd), seed, name + ".v", std, ctx),
+      Linear::Init(Projection(options, d, options.kv_heads() * hd, KvSplit(options)), seed,
+                   name + ".k", std, ctx),
+      Linear::Init(Projection(options, d, options.kv_heads() * hd, KvSplit(options)), seed,
+                   name + ".v", std, ctx),
       Linear::Init(Projection(options, options.n_heads * hd, d, LinearSplit::kRow), seed,
                    name + ".o", out_std, ctx));
 }
@@ -103,7 +146,15 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx) 
   acts.q = q_.Forward(x, ctx);
   acts.k = k_.Forward(x, ctx);
   acts.v = v_.Forward(x, ctx);
-  Tensor q = Heads(acts.q.y, hq, hd), k = Heads(acts.k.y, hkv, hd), v = Heads(acts.v.y, hkv, hd);
+  acts.k_heads = acts.k.y;
+  acts.v_heads = acts.v.y;
+  if (options_.kv_replicated()) {
+    const int64_t all = options_.kv_heads(), head = tp.rank() * all / tp.size();
+    acts.k_heads = SelectHead(acts.k.y, all, head, hd, ctx);
+    acts.v_heads = SelectHead(acts.v.y, all, head, hd, ctx);
+  }
+  Tensor q = Heads(acts.q.y, hq, hd), k = Heads(acts.k_heads, hkv, hd),
+         v = Heads(acts.v_heads, hkv, hd);
   if (options_.rope) {
     kernels::RopeForward(q, q, options_.rope_base, 0, ctx);
     kernels::RopeForward(k, k, options_.rope_base, 0, ctx);
@@ -129,12 +180,18 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
   Tensor dk = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
   Tensor dv = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
   Tensor dq4 = Heads(dq, hq, hd), dk4 = Heads(dk, hkv, hd), dv4 = Heads(dv, hkv, hd);
-  kernels::AttentionBackward(Heads(acts.q.y, hq, hd), Heads(acts.k.y, hkv, hd),
-                             Heads(acts.v.y, hkv, hd), acts.lse, Heads(da, hq, hd), dq4, dk4, dv4,
-                             ctx);
+  kernels::AttentionBackward(Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
+                             Heads(acts.v_heads, hkv, hd), acts.lse, Heads(da, hq, hd), dq4, dk4,
+                             dv4, ctx);
   if (options_.rope) {
     kernels::RopeBackward(dq4, dq4, options_.rope_base, 0, ctx);
     kernels::RopeBackward(dk4, dk4, options_.rope_base, 0, ctx);
+  }
+  if (options_.kv_replicated()) {
+    // This rank's kv head's gradient, zero for the others: summed over tp, the whole one.
+    const int64_t all = options_.kv_heads(), head = tp.rank() * all / tp.size();
+    dk = ExpandHead(dk, all, head, hd, ctx);
+    dv = ExpandHead(dv, all, head, hd, ctx);
   }
   // x feeds all three projections: dx = dq Wq^T + dk Wk^T + dv Wv^T.
   Tensor dx = Tensor::Empty(x.shape(), DType::kF32, x.device());
@@ -152,8 +209,13 @@ void Attention::ZeroGrad(DeviceContext* ctx) {
 std::vector<Parameter> Attention::Parameters() const {
   std::vector<Parameter> out;
   AppendPrefixed("q", q_.Parameters(), out);
-  AppendPrefixed("k", k_.Parameters(), out);
-  AppendPrefixed("v", v_.Parameters(), out);
+  for (const char* name : {"k", "v"}) {
+    std::vector<Parameter> ps = (name[0] == 'k' ? k_ : v_).Parameters();
+    if (options_.kv_replicated()) {
+      for (Parameter& p : ps) p.ReplicatedOver(dist::Axis::kTp, /*grad_summed=*/true);
+    }
+    AppendPrefixed(name, std::move(ps), out);
+  }
   AppendPrefixed("o", o_.Parameters(), out);
   return out;
 }

@@ -9,8 +9,11 @@
 //
 // Tensor parallelism (options.tp, Megatron-LM): q, k and v are column-parallel and o is
 // row-parallel, so rank r computes the heads [r*Hq/tp, (r+1)*Hq/tp) and their kv heads
-// [r*Hkv/tp, ...) (tp must divide Hkv). The block enters and leaves the tensor-parallel
-// region once (dense/tp_block.h). With sequence parallelism x and y are this rank's rows
+// [r*Hkv/tp, ...). When tp does not divide Hkv (grouped-query attention with few kv heads,
+// tp a multiple of Hkv), the kv heads are replicated as in Megatron-LM: every rank holds
+// the whole Wk and Wv (their gradients summed over tp), projects all kv heads and keeps the
+// one its query heads use, kv head r*Hkv/tp. The block enters and leaves the
+// tensor-parallel region once (dense/tp_block.h). With sequence parallelism x and y are this rank's rows
 // of the (B*S, d) token matrix, and seq_len gives S to shape the gathered rows.
 #pragma once
 
@@ -39,7 +42,9 @@ struct AttentionOptions {
   int64_t seq_len = 0;   // S; required with tp.sequence_parallel
 
   int64_t local_heads() const { return n_heads / tp.size(); }
-  int64_t local_kv_heads() const { return kv_heads() / tp.size(); }
+  // Whether every tp rank holds all kv heads (tp does not divide them).
+  bool kv_replicated() const { return tp.active() && kv_heads() % tp.size() != 0; }
+  int64_t local_kv_heads() const { return kv_replicated() ? 1 : kv_heads() / tp.size(); }
 
   int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
@@ -53,6 +58,8 @@ struct AttentionActivations {
   Tensor x;                   // the block's input as given (this rank's rows under sp)
   LinearActivations q, k, v;  // q.x = k.x = v.x = x (B, S, d); q.y (B, S, Hq * hd) and
                               // k.y (B, S, Hkv * hd) hold q and k AFTER RoPE (rotated in place)
+  Tensor k_heads, v_heads;    // (B, S, local kv heads * hd) what attention read (k after
+                              // RoPE); k.y / v.y themselves unless the kv heads are replicated
   Tensor lse;                 // (B, Hq, S) from kernels::AttentionForward
   LinearActivations o;        // o.x the attention output (B, S, Hq * hd), o.y = y (B, S, d)
 

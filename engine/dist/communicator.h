@@ -123,9 +123,9 @@ class Communicator {
   // Posts every op at once (MPI: Isend/Irecv and one Waitall; NCCL: one group), so ops to
   // and from any peers in any order cannot deadlock against the peers' batches: a pipeline
   // stage posts {send to next, recv from prev} as one batch. Between a pair of ranks,
-  // messages of one tag match in posting order (NCCL ignores tags). A send to this rank itself must be matched
-  // by a receive from itself in the same batch (same tag, equal element count and dtype);
-  // on a group of size 1 that is the only kind of op allowed, and it is a copy.
+  // messages of one tag match in posting order (NCCL ignores tags). A send to this rank
+  // itself must be matched by a receive from itself in the same batch (same tag, equal
+  // element count and dtype); on a group of size 1 that is the only op allowed: a copy.
   virtual std::unique_ptr<Work> BatchSendRecv(std::span<const P2POp> ops) = 0;
   // Returns on every rank once every rank has entered it (device backends: after the
   // caller's stream has drained).

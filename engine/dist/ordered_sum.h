@@ -14,7 +14,8 @@
 // log2(A), and the counter over the D subtrees is the counter over D leaves). So dp ranks
 // that each sum their micro-batches' gradients with TreeAccumulator, followed by
 // OrderedAllReduce over dp, equal one rank summing all dp * A micro-batches.
-// (tests/dist/ordered_sum_test.cc checks it for D in 1..12 and A in 1..16.)
+// (tests/dist/ordered_sum_test.cc checks it bitwise for D in {1, 2, 3, 5, 6, 7, 8, 12} and
+// A in {1, 2, 4, 8, 16}, and that ranks of 3 leaves break it.)
 //
 //   PairwiseTreeSum    the tree over values of any type with +
 //   TreeAccumulator    the tree over tensors added one at a time (at most log2(M) + 1 live)

@@ -209,9 +209,10 @@ Status Config::Validate(int world) const {
     return InvalidArgument("parallel.tp=", p.tp, " does not divide model.n_heads=", model.n_heads);
   }
   const int64_t kv_heads = model.n_kv_heads > 0 ? model.n_kv_heads : model.n_heads;
-  if (p.tp > 1 && kv_heads % p.tp != 0) {
-    return InvalidArgument("parallel.tp=", p.tp, " does not divide model.n_kv_heads=", kv_heads,
-                           " (the kv heads are split over tp)");
+  if (p.tp > 1 && kv_heads % p.tp != 0 && p.tp % kv_heads != 0) {
+    return InvalidArgument("parallel.tp=", p.tp, " and model.n_kv_heads=", kv_heads,
+                           ": tp must divide the kv heads (they are split) or be a multiple of "
+                           "them (they are replicated)");
   }
   if (p.tp > 1 && model.ff_hidden() % p.tp != 0 && moe.layer_freq != 1) {
     return InvalidArgument("parallel.tp=", p.tp, " does not divide the dense MLP hidden size ",

@@ -111,10 +111,15 @@ RankParams EstimateRankParams(const Config& c, const dist::Mesh& mesh, int rank)
   shared_tp += norm;  // norm_f
   for (int64_t i = 0; i < m.n_layers; ++i) {
     shared_tp += 2 * norm;
-    r.dense += (d * hq * hd + 2 * d * hkv * hd + hq * hd * d) / tp;
+    // k and v are split with the heads, or whole on every rank when tp does not divide
+    // the kv heads (replicated, dense/attention.h).
+    const bool kv_whole = tp > 1 && hkv % tp != 0;
+    r.dense += (d * hq * hd + hq * hd * d) / tp;
+    (kv_whole ? r.replicated : r.dense) += 2 * d * hkv * hd / (kv_whole ? 1 : tp);
     if (m.bias) {
-      r.dense += (hq * hd + 2 * hkv * hd) / tp;  // q, k, v biases (column-parallel)
-      shared_tp += d;                              // o bias (row-parallel: whole)
+      r.dense += hq * hd / tp;                                  // q bias (column-parallel)
+      (kv_whole ? r.replicated : r.dense) += 2 * hkv * hd / (kv_whole ? 1 : tp);
+      shared_tp += d;                                           // o bias (row-parallel: whole)
     }
     if (e.IsMoeLayer(i)) {
       shared_tp += d * e.num_experts;  // router

@@ -46,6 +46,8 @@ class Trainer {
   Status Run(int64_t steps);
 
   int64_t step() const { return step_; }
+  // The host groups of this rank (benchmarks read their traffic).
+  const dist::ParallelContext& parallel_context() const { return *pc_; }
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
   const std::vector<double>& losses() const { return losses_; }
   model::Decoder& decoder() { return *decoder_; }

@@ -451,6 +451,8 @@ std::vector<Layout> TensorParallelLayouts() {
       {"tp2_dp2_etp1_ep2", 4, 2, {}, {"parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
       {"tp1_etp2_ep2", 4, 4, {}, {"parallel.tp=1", "parallel.etp=2", "parallel.ep=2"}},
       {"tp2_dp2_mixtral", 4, 2, mixtral, {"parallel.tp=2"}},
+      // 2 kv heads over tp 4: every rank holds both and uses the one its query heads need.
+      {"tp4_mixtral_kv_replicated", 4, 1, mixtral, {"parallel.tp=4"}},
       {"tp2_ep4_dp4", 8, 4, {}, {"parallel.tp=2", "parallel.etp=1", "parallel.ep=4"}},
   };
 }
