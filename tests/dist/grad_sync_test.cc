@@ -39,7 +39,6 @@ using dist::Mesh;
 using dist::MeshSizes;
 using dist::ParallelContext;
 using dist::View;
-using model::GradGroup;
 using parallel::Parameter;
 using parallel::ParameterRegistry;
 
@@ -59,7 +58,7 @@ std::vector<int64_t> GlobalIndices(const Parameter& p) {
   for (int64_t n = 0; n < p.value.numel(); ++n) {
     int64_t g = 0;
     for (size_t d = 0; d < local.size(); ++d) {
-      const int64_t i = idx[d] + (static_cast<int>(d) == p.shard_dim ? p.shard_offset : 0);
+      const int64_t i = idx[d] + p.OffsetAt(static_cast<int>(d));
       g = g * global[d] + i;
     }
     out[n] = g;
@@ -76,44 +75,52 @@ struct Model {
   std::vector<int> pid;  // per registry index: the key of GradValue
 };
 
-// A registry for this rank; tp shards dense weights, ep the experts.
+// A registry for this rank, described as the layers describe theirs: tp splits dense
+// weights (vocabulary rows, columns, rows), ep and etp the experts on two dims at once;
+// sequence-parallel norms and row biases are replicated over tp with their gradients summed
+// over it, the router and a norm without sequence parallelism replicated over tp without.
 Model MakeModel(const ParallelContext& pc) {
   const int tp = pc.tp().size(), tr = pc.tp().rank();
   const int ep = pc.ep().size(), er = pc.ep().rank();
+  const int etp = pc.etp().size(), etr = pc.etp().rank();
   Model m;
   int next_pid = 1;
-  auto add = [&](const std::string& name, Shape global, int shard_dim, int shards, int index,
-                 GradGroup group, bool trainable = true) {
+  // split: {dim, parts, index} pairs; each splits dim into `parts` and keeps part `index`.
+  struct Cut {
+    int dim, parts, index;
+  };
+  auto add = [&](const std::string& name, Shape global, bool expert, std::vector<Cut> cuts,
+                 int tp_copies = 0, bool trainable = true) {
     Shape local = global;
-    int64_t offset = 0;
-    if (shards > 1) {
-      local[shard_dim] = global[shard_dim] / shards;
-      offset = local[shard_dim] * index;
-    } else {
-      shard_dim = -1;
-    }
-    Parameter p{.name = name, .global_shape = global, .shard_dim = shard_dim,
-                .shard_offset = offset, .group = group, .trainable = trainable,
-                .weight_decay = trainable, .value = Tensor::Zeros(local, DType::kF32),
-                .grad = Tensor()};
-    if (trainable) p.grad = Tensor::Zeros(local, DType::kF32);
+    for (const Cut& c : cuts) local[c.dim] = global[c.dim] / c.parts;
+    Tensor value = Tensor::Zeros(local, DType::kF32);
+    Tensor grad = trainable ? Tensor::Zeros(local, DType::kF32) : Tensor();
+    Parameter p = expert ? Parameter::Expert(name, value, grad, trainable)
+                         : Parameter::Dense(name, value, grad, trainable);
+    for (const Cut& c : cuts) p.Split(c.dim, local[c.dim] * c.index, global[c.dim]);
+    // tp_copies: 0 none, 1 replicated over (e)tp with summed gradients, 2 without.
+    if (tp_copies > 0) p.ReplicatedOver(Axis::kTp, tp_copies == 1);
     m.registry.Add(std::move(p));
     m.pid.push_back(next_pid++);
   };
-  add("wte", {12, 3}, 0, tp, tr, GradGroup::kDense);            // vocab parallel
-  add("ln1.weight", {5}, -1, 1, 0, GradGroup::kDense);          // replicated over tp
-  add("attn.w_qkv", {6, 4}, 1, tp, tr, GradGroup::kDense);      // column parallel
-  add("moe.router", {4, kExperts}, -1, 1, 0, GradGroup::kDense);
-  add("moe.expert_bias", {kExperts}, -1, 1, 0, GradGroup::kDense, /*trainable=*/false);
-  add("moe.experts.w1", {kExperts, 3, 5}, 0, ep, er, GradGroup::kExpert);
-  add("moe.experts.w2", {kExperts, 5, 3}, 0, ep, er, GradGroup::kExpert);
-  add("attn.w_out", {4, 6}, 0, tp, tr, GradGroup::kDense);      // row parallel
-  add("head", {3, 7}, -1, 1, 0, GradGroup::kDense);
+  add("wte", {12, 3}, false, {{0, tp, tr}});                        // vocab parallel
+  add("ln1.weight", {5}, false, {}, 1);                            // sequence parallel
+  add("ln2.weight", {5}, false, {}, 2);                            // no sequence parallel
+  add("attn.w_qkv", {6, 4}, false, {{1, tp, tr}});                 // column parallel
+  add("moe.router", {4, kExperts}, false, {}, 2);                  // whole routing group
+  add("moe.expert_bias", {kExperts}, false, {}, 2, /*trainable=*/false);
+  add("moe.experts.w1", {kExperts, 3, 4}, true, {{0, ep, er}, {2, etp, etr}});
+  add("moe.experts.w2", {kExperts, 4, 3}, true, {{0, ep, er}, {1, etp, etr}});
+  add("moe.experts.b2", {kExperts, 3}, true, {{0, ep, er}}, 1);    // added by etp rank 0
+  add("attn.w_out", {4, 6}, false, {{0, tp, tr}});                 // row parallel
+  add("attn.b_out", {6}, false, {}, 1);                            // row-parallel bias
+  add("head", {3, 7}, false, {}, 2);
   return m;
 }
 
-Communicator& GroupOf(const ParallelContext& pc, GradGroup g) {
-  return g == GradGroup::kDense ? pc.dp_cp() : pc.edp();
+// The group a parameter's gradient is summed over.
+Communicator& GroupOf(const ParallelContext& pc, const Parameter& p) {
+  return parallel::GroupOf(pc, p.view, p.grad_sum);
 }
 
 // Writes this rank's (unsynced) gradients; `salt` changes them from step to step.
@@ -121,7 +128,8 @@ void FillGrads(Model& m, const ParallelContext& pc, int salt) {
   for (size_t i = 0; i < m.registry.params().size(); ++i) {
     Parameter& p = m.registry.params()[i];
     if (!p.trainable) continue;
-    const int replica = GroupOf(pc, p.group).rank();
+    // Copies that are not summed (replicated without grad_sum) hold equal gradients.
+    const int replica = GroupOf(pc, p).rank();
     std::vector<float> g;
     for (int64_t j : GlobalIndices(p)) g.push_back(GradValue(m.pid[i] + salt, j, replica));
     p.grad.CopyFrom(Tensor::FromVector(g, p.grad.shape()));
@@ -137,7 +145,7 @@ std::vector<Tensor> PerTensorAllReduce(const Model& m, const ParallelContext& pc
       continue;
     }
     Tensor t = p.grad.Clone();
-    GroupOf(pc, p.group).AllReduce(t, dist::ReduceOp::kSum);
+    GroupOf(pc, p).AllReduce(t, dist::ReduceOp::kSum);
     out.push_back(t);
   }
   return out;
@@ -152,7 +160,7 @@ void ExpectSynced(const Model& m, const ParallelContext& pc, const std::vector<T
       EXPECT_FALSE(p.grad.defined());
       continue;
     }
-    const int replicas = GroupOf(pc, p.group).size();
+    const int replicas = GroupOf(pc, p).size();
     std::vector<float> got = p.grad.ToVector<float>(), want = ref[i].ToVector<float>();
     std::vector<int64_t> global = GlobalIndices(p);
     int64_t bad = 0;
@@ -175,16 +183,18 @@ double WholeNorm(const Model& m, const ParallelContext& pc, int salt) {
   for (size_t i = 0; i < m.registry.params().size(); ++i) {
     const Parameter& p = m.registry.params()[i];
     if (!p.trainable) continue;
-    const int replicas = GroupOf(pc, p.group).size();
+    const int replicas = GroupOf(pc, p).size();
     std::vector<float> g(NumElements(p.global_shape));
     for (int64_t j = 0; j < static_cast<int64_t>(g.size()); ++j) {
       for (int d = 0; d < replicas; ++d) g[j] += GradValue(m.pid[i] + salt, j, d);
     }
-    whole.Add({.name = p.name, .global_shape = p.global_shape, .group = p.group,
-               .value = Tensor::Zeros(p.global_shape, DType::kF32),
-               .grad = Tensor::FromVector(g, p.global_shape)});
+    whole.Add(Parameter::Dense(p.name, Tensor::Zeros(p.global_shape, DType::kF32),
+                               Tensor::FromVector(g, p.global_shape), true));
   }
-  return train::GlobalGradNorm(whole, {});
+  auto one = dist::MakeLocalCommunicator();
+  auto pc1 = ParallelContext::Create(*one, Mesh::Create(1, {}).value());
+  SY_CHECK_OK(pc1.status());
+  return train::GlobalGradNorm(whole, **pc1);
 }
 
 struct Layout {
@@ -198,7 +208,9 @@ std::vector<Layout> Layouts(int world) {
   if (world >= 4) {
     out.push_back({"tp=2,ep=2,etp=1", {.tp = 2, .ep = 2, .etp = 1}});
     out.push_back({"cp=2,ep=world/2", {.cp = 2, .ep = world / 2}});
+    out.push_back({"tp=1,ep=2,etp=2", {.tp = 1, .ep = 2, .etp = 2}});
   }
+  if (world >= 8) out.push_back({"tp=2,ep=2,etp=2", {.tp = 2, .ep = 2, .etp = 2}});
   return out;
 }
 
@@ -229,16 +241,25 @@ TEST_F(GradSyncTest, BucketsMatchPerTensorAllReduce) {
       for (const auto& b : buckets) {
         EXPECT_TRUE(b.bytes <= cap || b.params.size() == 1) << b.bytes;
         for (size_t i : b.params) {
-          EXPECT_EQ(m.registry.params()[i].group, b.group);
+          EXPECT_EQ(m.registry.params()[i].view, b.view);
+          EXPECT_EQ(m.registry.params()[i].grad_sum, b.axes);
           packed.push_back(i);
         }
       }
+      // One group per (view, axes) of size > 1, in first-registered order; inside each,
+      // reverse registration order.
+      std::vector<std::pair<View, AxisSet>> kinds;
+      for (const Parameter& p : m.registry.params()) {
+        if (!p.trainable || p.grad_sum.empty()) continue;
+        if (std::find(kinds.begin(), kinds.end(), std::pair{p.view, p.grad_sum}) == kinds.end())
+          kinds.emplace_back(p.view, p.grad_sum);
+      }
       std::vector<size_t> want;
-      for (GradGroup g : {GradGroup::kDense, GradGroup::kExpert}) {
-        if (GroupOf(pc, g).size() == 1) continue;
+      for (auto [view, axes] : kinds) {
+        if (parallel::GroupOf(pc, view, axes).size() == 1) continue;
         for (size_t i = m.registry.params().size(); i-- > 0;) {
           const Parameter& p = m.registry.params()[i];
-          if (p.trainable && p.group == g) want.push_back(i);
+          if (p.trainable && p.view == view && p.grad_sum == axes) want.push_back(i);
         }
       }
       EXPECT_EQ(packed, want);
@@ -298,8 +319,7 @@ TEST_F(GradSyncTest, GlobalNormOfShardedGradsEqualsTheWholeModelNorm) {
     FillGrads(m, pc, 5);
     sync.SyncAll();
 
-    const train::GradNormGroups groups = train::NormGroupsOf(pc);
-    const double norm = train::GlobalGradNorm(m.registry, groups);
+    const double norm = train::GlobalGradNorm(m.registry, pc);
     const double whole = WholeNorm(m, pc, 5);
     EXPECT_GT(whole, 10.0);
     EXPECT_NEAR(norm, whole, 1e-6 * whole);
@@ -311,7 +331,7 @@ TEST_F(GradSyncTest, GlobalNormOfShardedGradsEqualsTheWholeModelNorm) {
     for (const Parameter& p : m.registry.params())
       before.push_back(p.trainable ? p.grad.ToVector<float>() : std::vector<float>{});
     const double max_norm = whole / 2;
-    EXPECT_NEAR(train::ClipGradNorm(m.registry, max_norm, groups), whole, 1e-6 * whole);
+    EXPECT_NEAR(train::ClipGradNorm(m.registry, max_norm, pc), whole, 1e-6 * whole);
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));
     for (size_t i = 0; i < before.size(); ++i) {
       const Parameter& p = m.registry.params()[i];
@@ -325,7 +345,7 @@ TEST_F(GradSyncTest, GlobalNormOfShardedGradsEqualsTheWholeModelNorm) {
         }
       }
     }
-    EXPECT_NEAR(train::GlobalGradNorm(m.registry, groups), max_norm, 1e-5 * max_norm);
+    EXPECT_NEAR(train::GlobalGradNorm(m.registry, pc), max_norm, 1e-5 * max_norm);
   }
 }
 
