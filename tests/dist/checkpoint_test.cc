@@ -35,30 +35,30 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using model::GradGroup;
 using parallel::Parameter;
 using parallel::ParameterRegistry;
 
 constexpr int64_t kExperts = 8, kD = 4, kF = 6, kVocab = 16, kLayers = 2;
 
-// How one rank holds the model: its slice index of `split` along sharded dims, and its
-// pipeline stage.
+// How one rank holds the model: its part of `split` (ep) and of `etp_split` (the experts'
+// hidden dim), and its pipeline stage.
 struct Holding {
   int split = 1, index = 0;
   int stages = 1, stage = 0;
+  int etp_split = 1, etp_index = 0;
 };
 
 Holding HoldingOf(const dist::Mesh& mesh, int rank) {
   const dist::PipelineNeighbors pipe = mesh.PipelineOf(rank);
   return {mesh.ep(), mesh.Coord(rank, dist::View::kExpert, dist::Axis::kEp), pipe.num_stages,
-          pipe.stage};
+          pipe.stage, mesh.etp(), mesh.Coord(rank, dist::View::kExpert, dist::Axis::kTp)};
 }
 
 struct Spec {
   std::string name;
   Shape global;
-  int shard_dim = -1;  // split over the ep group along this dim
-  GradGroup group = GradGroup::kDense;
+  int shard_dim = -1;   // split over the ep group along this dim
+  int hidden_dim = -1;  // split over the etp group along this dim (experts)
   bool trainable = true;
   DType dtype = DType::kF32;
 };
@@ -72,10 +72,10 @@ std::vector<Spec> Specs(int stages, int stage) {
     const std::string p = "layers." + std::to_string(l) + ".";
     out.push_back({p + "norm.weight", {kD}});
     out.push_back({p + "moe.router.weight", {kExperts, kD}});
-    out.push_back({p + "moe.expert_bias", {kExperts}, -1, GradGroup::kDense, false});
-    out.push_back({p + "moe.experts.w1", {kExperts, kD, kF}, 0, GradGroup::kExpert});
-    out.push_back({p + "moe.experts.b1", {kExperts, kF}, 0, GradGroup::kExpert});
-    out.push_back({p + "moe.experts.w2", {kExperts, kF, kD}, 0, GradGroup::kExpert});
+    out.push_back({p + "moe.expert_bias", {kExperts}, -1, -1, false});
+    out.push_back({p + "moe.experts.w1", {kExperts, kD, kF}, 0, 2});
+    out.push_back({p + "moe.experts.b1", {kExperts, kF}, 0, 1});
+    out.push_back({p + "moe.experts.w2", {kExperts, kF, kD}, 0, 1});
   }
   if (stage == stages - 1) out.push_back({"lm_head.weight", {kD, kVocab}, 1});
   return out;
@@ -94,13 +94,19 @@ uint32_t Bits(const std::string& name, int64_t global_index, uint32_t salt) {
   return Mix(std::hash<std::string>{}(name) ^ (uint64_t(global_index) << 20) ^ salt);
 }
 
-// The global flat index of local element j of a slice [offset, offset + len) along dim.
-int64_t GlobalIndex(const Shape& global, int dim, int64_t offset, int64_t len, int64_t j) {
-  if (dim < 0) return j;
-  int64_t inner = 1;
-  for (size_t i = dim + 1; i < global.size(); ++i) inner *= global[i];
-  const int64_t o = j / (len * inner), k = (j / inner) % len, in = j % inner;
-  return (o * global[dim] + offset + k) * inner + in;
+// The global flat index of local element j of parameter p's box.
+int64_t GlobalIndex(const Parameter& p, int64_t j) {
+  const Shape& local = p.value.shape();
+  int64_t g = 0, rest = j;
+  std::vector<int64_t> idx(local.size());
+  for (int d = static_cast<int>(local.size()) - 1; d >= 0; --d) {
+    idx[d] = rest % local[d];
+    rest /= local[d];
+  }
+  for (size_t d = 0; d < local.size(); ++d) {
+    g = g * p.global_shape[d] + idx[d] + p.OffsetAt(static_cast<int>(d));
+  }
+  return g;
 }
 
 struct Model {
@@ -109,31 +115,26 @@ struct Model {
 };
 
 Parameter MakeParameter(const Spec& s, const Holding& h, uint32_t salt, bool zero) {
-  Parameter p;
-  p.name = s.name;
-  p.global_shape = s.global;
-  p.group = s.group;
-  p.trainable = s.trainable;
   Shape local = s.global;
-  int64_t len = 0;
-  if (s.shard_dim >= 0 && h.split > 1) {
-    len = s.global[s.shard_dim] / h.split;
-    p.shard_dim = s.shard_dim;
-    p.shard_offset = h.index * len;
-    local[s.shard_dim] = len;
+  if (s.shard_dim >= 0) local[s.shard_dim] /= h.split;
+  if (s.hidden_dim >= 0) local[s.hidden_dim] /= h.etp_split;
+  Tensor value = Tensor::Zeros(local, s.dtype);
+  Tensor grad = s.trainable ? Tensor::Zeros(local, s.dtype) : Tensor();
+  Parameter p = s.shard_dim >= 0 && s.hidden_dim >= 0
+                    ? Parameter::Expert(s.name, value, grad, s.trainable)
+                    : Parameter::Dense(s.name, value, grad, s.trainable);
+  if (s.shard_dim >= 0) p.Split(s.shard_dim, h.index * local[s.shard_dim], s.global[s.shard_dim]);
+  if (s.hidden_dim >= 0) {
+    p.Split(s.hidden_dim, h.etp_index * local[s.hidden_dim], s.global[s.hidden_dim]);
   }
-  p.value = Tensor::Zeros(local, s.dtype);
   if (!zero) {
     if (s.dtype == DType::kI64) {
       p.value.data<int64_t>()[0] = 100 + salt;
     } else {
       uint32_t* v = static_cast<uint32_t*>(p.value.raw_data());
-      for (int64_t j = 0; j < p.value.numel(); ++j) {
-        v[j] = Bits(s.name, GlobalIndex(s.global, p.shard_dim, p.shard_offset, len, j), salt);
-      }
+      for (int64_t j = 0; j < p.value.numel(); ++j) v[j] = Bits(s.name, GlobalIndex(p, j), salt);
     }
   }
-  if (p.trainable) p.grad = Tensor::Zeros(local, s.dtype);
   return p;
 }
 
@@ -152,7 +153,7 @@ Model MakeModel(const Holding& h, uint32_t salt, bool zero = false,
       state.push_back(o);
     }
   }
-  state.push_back({"optimizer.step", {}, -1, GradGroup::kDense, false, DType::kI64});
+  state.push_back({"optimizer.step", {}, -1, -1, false, DType::kI64});
   specs.insert(specs.end(), state.begin(), state.end());
   if (edit) edit(specs);
   Model m;
@@ -179,12 +180,10 @@ void ExpectModel(const Model& m, uint32_t salt, const std::string& what) {
       EXPECT_EQ(p->value.data<int64_t>()[0], 100 + salt) << what << ": " << p->name;
       continue;
     }
-    const int64_t len = p->is_sharded() ? p->value.dim(p->shard_dim) : 0;
     const uint32_t* v = static_cast<const uint32_t*>(p->value.raw_data());
     int64_t bad = 0;
     for (int64_t j = 0; j < p->value.numel(); ++j) {
-      const uint32_t want =
-          Bits(p->name, GlobalIndex(p->global_shape, p->shard_dim, p->shard_offset, len, j), salt);
+      const uint32_t want = Bits(p->name, GlobalIndex(*p, j), salt);
       if (v[j] != want && bad++ == 0) {
         ADD_FAILURE() << what << ": " << p->name << "[" << j << "] bits " << std::hex << v[j]
                       << ", want " << want;
@@ -334,6 +333,23 @@ TEST_F(CheckpointTest, SavedUnderEp1LoadsUnderEpHalfAndEpWorld) {
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     ExpectModel(m, 2, "ep=" + std::to_string(ep) + " from ep=1");
     EXPECT_EQ(loaded->layout.ep, 1);
+  }
+}
+
+// Experts split on two dims at once (ep on dim 0, etp on the hidden dim) save as whole
+// tensors and load under other splits and whole, bit for bit.
+TEST_F(CheckpointTest, ExpertsSplitOverEpAndEtpMoveAcrossLayouts) {
+  if (R_ < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int etp = 2, ep = R_ / 2;
+  const Model saved = MakeModel(HoldingFor({.tp = 1, .ep = ep, .etp = etp}), 11);
+  ASSERT_TRUE(Save(dir_, 7, saved, {.tp = 1, .ep = ep, .etp = etp}).ok());
+  for (dist::MeshSizes sizes : {dist::MeshSizes{.ep = 1}, dist::MeshSizes{.ep = R_},
+                                dist::MeshSizes{.tp = 1, .ep = 1, .etp = R_}}) {
+    Model m = MakeModel(HoldingFor(sizes), 0, true);
+    auto loaded = Load(dir_, m);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectModel(m, 11, "ep " + std::to_string(sizes.ep) + " from ep " + std::to_string(ep) +
+                           " x etp 2");
   }
 }
 
