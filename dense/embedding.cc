@@ -31,18 +31,10 @@ Status EmbeddingOptions::Validate() const {
   return OkStatus();
 }
 
-namespace {
-
-// Under vocabulary parallelism the table has one more row after the rank's rows: a zero
-// row that the other ranks' tokens look up (kernels::VocabShardLocalIds), so the lookup and
-// its deterministic backward are kernels/embedding.h's. Not part of wte() or the parameter.
-int64_t TableRows(const EmbeddingOptions& o) { return o.local_rows() + (o.tp.active() ? 1 : 0); }
-
-}  // namespace
 
 Embedding::Embedding(const EmbeddingOptions& options, DeviceContext* ctx)
     : Embedding(options,
-                EmbeddingParams{Tensor::Zeros({TableRows(options), options.d_model}, DType::kF32,
+                EmbeddingParams{Tensor::Zeros({options.local_rows(), options.d_model}, DType::kF32,
                                               options.device, ctx),
                                 ZerosOrUndefined(options.max_positions > 0,
                                                  {options.max_positions, options.d_model},
@@ -50,12 +42,9 @@ Embedding::Embedding(const EmbeddingOptions& options, DeviceContext* ctx)
                 ctx) {}
 
 Embedding::Embedding(const EmbeddingOptions& options, EmbeddingParams params, DeviceContext* ctx)
-    : options_(options), table_(std::move(params.wte)), wpe_(std::move(params.wpe)) {
+    : options_(options), wte_(std::move(params.wte)), wpe_(std::move(params.wpe)) {
   SY_CHECK_OK(options.Validate());
-  SY_CHECK_EQ(table_.dim(0), TableRows(options)) << "embedding table rows";
-  grad_table_ = Tensor::Zeros(table_.shape(), DType::kF32, options.device, ctx);
-  wte_ = table_.Slice(0, options.local_rows());
-  grad_wte_ = grad_table_.Slice(0, options.local_rows());
+  grad_wte_ = Tensor::Zeros(wte_.shape(), DType::kF32, options.device, ctx);
   grad_wpe_ = ZerosOrUndefined(options.max_positions > 0, {options.max_positions, options.d_model},
                                options.device, ctx);
 }
@@ -98,10 +87,7 @@ EmbeddingActivations Embedding::Forward(const Tensor& tokens, DeviceContext* ctx
     acts.y = y;
     return acts;
   }
-  Tensor local = Tensor::Empty(tokens.shape(), DType::kI32, tokens.device());
-  kernels::VocabShardLocalIds(tokens, options_.vocab_start(), options_.valid_rows(),
-                              static_cast<int32_t>(options_.local_rows()), local, ctx);
-  kernels::EmbeddingForward(local, table_, y, ctx);
+  kernels::VocabShardEmbeddingForward(tokens, wte_, options_.vocab_start(), y, ctx);
   if (wpe_.defined() && tp.rank() == 0) kernels::AddPositionEmbedding(y, wpe_, 0, ctx);
   acts.y = LeaveTensorParallel(tp, y.Reshape({y.numel() / options_.d_model, options_.d_model}), ctx);
   if (!tp.sequence_parallel) acts.y = acts.y.Reshape(y.shape());
@@ -120,15 +106,13 @@ void Embedding::Backward(const EmbeddingActivations& acts, const Tensor& dy, Dev
   const Tensor dfull =
       LeaveTensorParallelBackward(tp, dy.Reshape({dy.numel() / options_.d_model, options_.d_model}), ctx)
           .Reshape({acts.tokens.dim(0), acts.tokens.dim(1), options_.d_model});
-  Tensor local = Tensor::Empty(acts.tokens.shape(), DType::kI32, acts.tokens.device());
-  kernels::VocabShardLocalIds(acts.tokens, options_.vocab_start(), options_.valid_rows(),
-                              static_cast<int32_t>(options_.local_rows()), local, ctx);
-  kernels::EmbeddingBackward(local, dfull, grad_table_, ctx);
+  kernels::VocabShardEmbeddingBackward(acts.tokens, dfull, options_.vocab_start(), grad_wte_,
+                                       ctx);
   if (grad_wpe_.defined() && tp.rank() == 0) kernels::PositionEmbeddingBackward(dfull, grad_wpe_, 0, ctx);
 }
 
 void Embedding::ZeroGrad(DeviceContext* ctx) {
-  grad_table_.SetZero(ctx);
+  grad_wte_.SetZero(ctx);
   if (grad_wpe_.defined()) grad_wpe_.SetZero(ctx);
 }
 

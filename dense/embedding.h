@@ -25,6 +25,7 @@
 
 #include "dense/parameter.h"
 #include "dense/tp_block.h"
+#include "engine/parallel/vocab_parallel.h"
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
@@ -40,11 +41,11 @@ struct EmbeddingOptions {
 
   // V rounded up to a multiple of tp; the rows this rank holds, the first of them, and how
   // many of them are real vocabulary (the rest is padding).
-  int64_t padded_vocab() const { return (vocab_size + tp.size() - 1) / tp.size() * tp.size(); }
-  int64_t local_rows() const { return padded_vocab() / tp.size(); }
-  int64_t vocab_start() const { return tp.rank() * local_rows(); }
-  int64_t valid_rows() const {
-    return std::max<int64_t>(0, std::min(local_rows(), vocab_size - vocab_start()));
+  int64_t local_rows() const { return Range().shard_cols; }
+  int64_t vocab_start() const { return Range().start; }
+  int64_t valid_rows() const { return Range().valid_cols; }
+  parallel::VocabRange Range() const {
+    return parallel::VocabRangeOf(vocab_size, tp.size(), tp.rank());
   }
 
   // Names the field and the value it rejects ("embedding.vocab_size=0 must be > 0").
@@ -98,8 +99,7 @@ class Embedding {
   Embedding(const EmbeddingOptions& options, EmbeddingParams params, DeviceContext* ctx);
 
   EmbeddingOptions options_;
-  Tensor table_, grad_table_;  // (local rows [+ 1 zero row under tp], d)
-  Tensor wte_, wpe_;            // wte_: the table's first local_rows() rows
+  Tensor wte_, wpe_;
   Tensor grad_wte_, grad_wpe_;
 };
 

@@ -8,6 +8,7 @@
 #include "kernels/gemm.h"
 #include "kernels/random.h"
 #include "engine/parallel/tensor_parallel.h"
+#include "engine/parallel/vocab_parallel.h"
 
 namespace switchyard::model {
 namespace {
