@@ -154,6 +154,14 @@ RankParams CountRankParams(const parallel::ParameterRegistry& registry) {
 
 std::string DryRunReport(const Config& c, int world) {
   ModelCost cost = EstimateCost(c);
+  // With a valid mesh, the weights per rank are the most any rank of the table holds.
+  auto mesh = dist::Mesh::Create(world, c.parallel.MeshSizes(), c.parallel.order);
+  const double state = c.train.optimizer == OptimizerKind::kAdamW ? 2 : 1;
+  if (mesh.ok()) {
+    int64_t most = 0;
+    for (int r = 0; r < world; ++r) most = std::max(most, EstimateRankParams(c, *mesh, r).total());
+    cost.param_bytes_per_rank = 4.0 * most * (2 + state);
+  }
   const int64_t dp = world / (c.parallel.tp * c.parallel.cp * c.parallel.pp);
   std::ostringstream out;
   out << "dry run: " << c.model.n_layers << " layers, d_model " << c.model.d_model << ", "
@@ -172,13 +180,11 @@ std::string DryRunReport(const Config& c, int world) {
       << "  memory / rank, activations of one micro-batch   "
       << Bytes(cost.activation_bytes_per_rank) << " (estimate, micro_batch_size "
       << c.train.micro_batch_size << ")\n";
-  auto mesh = dist::Mesh::Create(world, c.parallel.MeshSizes(), c.parallel.order);
   if (!mesh.ok()) {
     out << "  per-rank table: " << mesh.status().message() << "\n";
     return out.str();
   }
   // Ranks with equal holdings share a row.
-  const double state = c.train.optimizer == OptimizerKind::kAdamW ? 2 : 1;
   std::vector<std::pair<RankParams, std::vector<int>>> rows;
   for (int r = 0; r < world; ++r) {
     const RankParams p = EstimateRankParams(c, *mesh, r);
