@@ -290,6 +290,56 @@ void ExpectFilesClose(const std::string& got_path, const std::string& want_path,
   }
 }
 
+// How far a layout's run is from the one-rank reference: relative norms, 0 is bit-identical.
+struct Distance {
+  double loss = 0, weights = 0, saved = 0;
+};
+
+// Every rank compares its parameter boxes with the reference checkpoint's whole tensors
+// (replicas of dense weights, tensor-parallel and expert shards); the root compares the
+// per-step losses and the saved model and optimizer files. Returns the worst of each (the
+// weights over every rank; the losses and files on the root). Collective over world.
+Distance CompareWithReference(Trainer& trainer, const std::string& out,
+                              const std::string& ref_ckpt, const std::vector<double>& ref_losses,
+                              int64_t steps, double loss_tol, double weight_tol,
+                              dist::Communicator& world) {
+  Distance d;
+  auto want = ReadSafetensors(ref_ckpt + "/" + kModelFile);
+  EXPECT_TRUE(want.ok()) << want.status();
+  if (want.ok()) {
+    for (const parallel::Parameter& p : trainer.decoder().registry().params()) {
+      if (NoiseDriven(p.name)) continue;
+      auto it = want->tensors.find(p.name);
+      if (it == want->tensors.end()) {
+        ADD_FAILURE() << p.name << " is not in the reference checkpoint";
+        continue;
+      }
+      const TensorDiff diff = CompareBox(p.name, p.value, it->second, p.offset);
+      d.weights = std::max(d.weights, diff.rel);
+      EXPECT_LE(diff.rel, weight_tol) << "rank " << world.rank() << ": " << p.Describe()
+                                      << " differs from the reference by " << diff.rel;
+    }
+  }
+  Tensor worst = Tensor::FromVector<float>({static_cast<float>(d.weights)}, {1});
+  world.AllReduce(worst, dist::ReduceOp::kMax);
+  d.weights = worst.ToVector<float>()[0];
+  if (world.rank() != 0) return d;
+  const std::vector<double>& losses = trainer.losses();
+  EXPECT_EQ(losses.size(), ref_losses.size());
+  for (size_t s = 0; s < std::min(losses.size(), ref_losses.size()); ++s) {
+    const double rel = RelErr(losses[s], ref_losses[s]);
+    d.loss = std::max(d.loss, rel);
+    EXPECT_LE(rel, loss_tol) << "step " << s << ": loss " << losses[s] << " vs " << ref_losses[s]
+                             << " on one rank";
+  }
+  const std::string ckpt = out + "/" + StepDirName(steps);
+  ExpectFilesClose(ckpt + "/" + kModelFile, ref_ckpt + "/" + kModelFile, weight_tol, "model",
+                   &d.saved);
+  ExpectFilesClose(ckpt + "/" + kOptimizerFile, ref_ckpt + "/" + kOptimizerFile, weight_tol,
+                   "optimizer", &d.saved);
+  return d;
+}
+
 struct Variant {
   std::string name;
   std::vector<std::string> overrides;
@@ -368,44 +418,11 @@ TEST_F(TrainerTest, LayoutInvariance) {
       // Every rank gets the same status (Create and Run are collective).
       ASSERT_TRUE(trainer.ok()) << trainer.status();
 
-      // Every rank: each of its parameter slices against the reference's whole tensors
-      // (replicas of dense weights on every dp rank, expert shards on every ep rank).
-      auto want = ReadSafetensors(ref_ckpt + "/" + kModelFile);
-      EXPECT_TRUE(want.ok()) << want.status();
-      double worst_param = 0;
-      if (want.ok()) {
-        for (const parallel::Parameter& p : (*trainer)->decoder().registry().params()) {
-          if (NoiseDriven(p.name)) continue;
-          auto it = want->tensors.find(p.name);
-          if (it == want->tensors.end()) {
-            ADD_FAILURE() << p.name << " is not in the reference checkpoint";
-            continue;
-          }
-          const TensorDiff d = CompareBox(p.name, p.value, it->second, p.offset);
-          worst_param = std::max(worst_param, d.rel);
-          EXPECT_LE(d.rel, kWeightTol) << "rank " << world_->rank() << ": " << p.name
-                                       << " differs from the reference by " << d.rel
-                                       << " (relative norm)";
-        }
-      }
-
+      const Distance d = CompareWithReference(**trainer, out, ref_ckpt, ref_losses, kSteps,
+                                              kLossTol, kWeightTol, *world_);
       if (is_root()) {
         const std::vector<double>& losses = (*trainer)->losses();
-        EXPECT_EQ(losses.size(), ref_losses.size());
-        double worst_loss = 0;
-        for (size_t s = 0; s < std::min(losses.size(), ref_losses.size()); ++s) {
-          const double rel = RelErr(losses[s], ref_losses[s]);
-          worst_loss = std::max(worst_loss, rel);
-          EXPECT_LE(rel, kLossTol) << "step " << s << ": loss " << losses[s] << " vs "
-                                   << ref_losses[s] << " on one rank";
-        }
-        // The saved checkpoints (gathered whole) and the optimizer state agree as well.
-        double worst_saved = 0;
-        const std::string ckpt = out + "/" + StepDirName(kSteps);
-        ExpectFilesClose(ckpt + "/" + kModelFile, ref_ckpt + "/" + kModelFile, kWeightTol,
-                         "model", &worst_saved);
-        ExpectFilesClose(ckpt + "/" + kOptimizerFile, ref_ckpt + "/" + kOptimizerFile,
-                         kWeightTol, "optimizer", &worst_saved);
+        const double worst_loss = d.loss, worst_param = d.weights, worst_saved = d.saved;
         // Pure data parallelism sums the same micro-batch gradients in the same tree order
         // as one rank (engine/dist/ordered_sum.h): bit for bit, losses and weights.
         if (ep == 1) {
@@ -494,41 +511,10 @@ TEST_F(TrainerTest, TensorParallelLayoutsMatchOneRank) {
     auto trainer = Train(TinyConfig(overrides), out, *world_);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
 
-    auto want = ReadSafetensors(ref_ckpt + "/" + kModelFile);
-    EXPECT_TRUE(want.ok()) << want.status();
-    double worst_param = 0;
-    if (want.ok()) {
-      for (const parallel::Parameter& p : (*trainer)->decoder().registry().params()) {
-        if (NoiseDriven(p.name)) continue;
-        auto it = want->tensors.find(p.name);
-        if (it == want->tensors.end()) {
-          ADD_FAILURE() << p.name << " is not in the reference checkpoint";
-          continue;
-        }
-        const TensorDiff d = CompareBox(p.name, p.value, it->second, p.offset);
-        worst_param = std::max(worst_param, d.rel);
-        EXPECT_LE(d.rel, kWeightTol) << "rank " << world_->rank() << ": " << p.Describe()
-                                     << " differs from the reference by " << d.rel;
-      }
-    }
-    Tensor worst = Tensor::FromVector<float>({static_cast<float>(worst_param)}, {1});
-    world_->AllReduce(worst, dist::ReduceOp::kMax);
+    const Distance d = CompareWithReference(**trainer, out, ref_ckpt, ref_losses, kSteps,
+                                            kLossTol, kWeightTol, *world_);
     if (is_root()) {
       const std::vector<double>& losses = (*trainer)->losses();
-      EXPECT_EQ(losses.size(), ref_losses.size());
-      double worst_loss = 0;
-      for (size_t s = 0; s < std::min(losses.size(), ref_losses.size()); ++s) {
-        const double rel = RelErr(losses[s], ref_losses[s]);
-        worst_loss = std::max(worst_loss, rel);
-        EXPECT_LE(rel, kLossTol) << "step " << s << ": loss " << losses[s] << " vs "
-                                 << ref_losses[s] << " on one rank";
-      }
-      double worst_saved = 0;
-      const std::string ckpt = out + "/" + StepDirName(kSteps);
-      ExpectFilesClose(ckpt + "/" + kModelFile, ref_ckpt + "/" + kModelFile, kWeightTol, "model",
-                       &worst_saved);
-      ExpectFilesClose(ckpt + "/" + kOptimizerFile, ref_ckpt + "/" + kOptimizerFile, kWeightTol,
-                       "optimizer", &worst_saved);
       auto show = [](double v) {
         char buf[32];
         if (v == 0) return std::string("bit-identical");
@@ -538,8 +524,8 @@ TEST_F(TrainerTest, TensorParallelLayoutsMatchOneRank) {
       std::printf("[ info     ] %s (world %d): loss %.4f -> %.4f; vs 1 rank: losses %s, "
                   "weights %s, checkpoint %s\n",
                   layout.name.c_str(), R(), losses.empty() ? 0.0 : losses.front(),
-                  losses.empty() ? 0.0 : losses.back(), show(worst_loss).c_str(),
-                  show(worst.ToVector<float>()[0]).c_str(), show(worst_saved).c_str());
+                  losses.empty() ? 0.0 : losses.back(), show(d.loss).c_str(),
+                  show(d.weights).c_str(), show(d.saved).c_str());
       std::fflush(stdout);
     }
     world_->Barrier();

@@ -15,6 +15,7 @@
 
 #include "engine/core/tensor.h"
 #include "engine/dist/communicator.h"
+#include "tests/kernels/grad_check.h"
 #include "engine/dist/process.h"
 #include "kernels/gemm.h"
 
@@ -86,25 +87,9 @@ inline double Dot(const Tensor& a, const Tensor& w) {
   return s;
 }
 
-// Worst |got - want| / (abs_tol + rel_tol |want|) must be <= 1 (NaN fails); world rank 0
-// prints the fraction used.
-template <typename Got, typename Want>
-void ExpectClose(const std::vector<Got>& got, const std::vector<Want>& want, double abs_tol,
-                 double rel_tol, const std::string& what) {
-  EXPECT_EQ(got.size(), want.size()) << what;
-  double worst = 0.0;
-  size_t worst_i = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    const double g = static_cast<double>(got[i]), w = static_cast<double>(want[i]);
-    const double used = std::abs(g - w) / (abs_tol + rel_tol * std::abs(w));
-    if (!(used <= worst)) worst = used, worst_i = i;
-  }
-  EXPECT_LE(worst, 1.0) << what << ": element " << worst_i << " is "
-                        << (worst_i < got.size() ? static_cast<double>(got[worst_i]) : 0.0)
-                        << ", expected "
-                        << (worst_i < want.size() ? static_cast<double>(want[worst_i]) : 0.0);
-  if (dist::WorldRank() == 0) std::printf("  %-58s tolerance used %.3f\n", what.c_str(), worst);
-}
+// Worst |got - want| / (abs_tol + rel_tol |want|) must be <= 1 (NaN fails): the kernels'
+// helper (tests/kernels/grad_check.h), which prints the fraction used.
+using testing::ExpectClose;
 
 inline void ExpectClose(const Tensor& got, const Tensor& want, double abs_tol, double rel_tol,
                         const std::string& what) {
