@@ -1,5 +1,7 @@
 #include "engine/train/config.h"
 
+#include "engine/core/file.h"
+
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -295,11 +297,8 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
 }
 
 StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) return NotFound(path, ": cannot open config file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseConfig(text.str(), path, overrides);
+  SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseConfig(text, path, overrides);
 }
 
 }  // namespace switchyard::train

@@ -458,12 +458,15 @@ std::vector<Layout> TensorParallelLayouts() {
       "moe.normalize_gates=true", "model.tie_embeddings=false"};
   const std::vector<std::string> shared = {"moe.num_shared_experts=1", "moe.top_k=2",
                                            "moe.drop_policy=probability"};
+  const std::vector<std::string> gshard = {"moe.top_k=2", "moe.second_expert_policy=random",
+                                           "moe.expert_bias_rate=0.01", "moe.bias=true"};
   return {
       {"tp2", 2, 1, {}, {"parallel.tp=2"}},
       {"tp2_no_sp", 2, 1, {}, {"parallel.tp=2", "parallel.sequence_parallel=false"}},
       {"tp2_etp1_ep2", 2, 1, {}, {"parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
       {"tp2_mixtral", 2, 1, mixtral, {"parallel.tp=2"}},
       {"tp2_shared_experts", 2, 1, shared, {"parallel.tp=2"}},
+      {"tp2_gshard_expert_bias", 2, 1, gshard, {"parallel.tp=2"}},
       {"tp4", 4, 1, four_heads, {"parallel.tp=4"}},
       {"tp2_dp2_etp1_ep2", 4, 2, {}, {"parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
       {"tp1_etp2_ep2", 4, 4, {}, {"parallel.tp=1", "parallel.etp=2", "parallel.ep=2"}},

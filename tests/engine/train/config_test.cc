@@ -78,7 +78,8 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
   EXPECT_EQ(Error(kYaml, {"moe.nope=2"}), "--set: unknown key 'moe.nope'");
   EXPECT_EQ(Error("model:\n  d_model: 0\n"), "model.d_model=0 must be positive");
   auto missing = LoadConfig("/nonexistent/c.yaml");
-  EXPECT_EQ(missing.status().message(), "/nonexistent/c.yaml: cannot open config file");
+  EXPECT_EQ(missing.status().message(),
+            "/nonexistent/c.yaml: cannot open (No such file or directory)");
 }
 
 // ---- train: optimizer, schedule, clipping, buckets -------------------------------------
