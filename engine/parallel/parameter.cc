@@ -153,6 +153,10 @@ void FillNormalBox(Tensor& box, const Shape& global, const std::vector<int64_t>&
                                                      << " of " << ShapeString(global);
   const RngKey key{seed, StreamId(stream_name)};
   if (box.numel() == 0) return;
+  if (nd == 0) {  // a scalar: the whole tensor
+    kernels::FillNormal(box, key, 0, mean, std, ctx);
+    return;
+  }
   auto off = [&](int d) { return offset.empty() ? int64_t{0} : offset[d]; };
   // The box is a set of runs along its innermost dims that are whole in the global tensor:
   // find the outermost dim from which the box spans the global extents (a contiguous run).

@@ -174,6 +174,19 @@ StatusOr<std::vector<GatherItem>> PlanGather(const std::vector<std::vector<Slice
   };
   std::vector<GatherItem> plan;
   for (const auto& [key, hs] : holders) {
+    // Every box lies inside its tensor (LocalSlices checks its own; a list from another
+    // rank is checked again here before anything is copied).
+    for (const Holder& h : hs) {
+      const SliceEntry& e = *h.e;
+      bool inside = e.offset.size() == e.global.size() && e.size.size() == e.global.size();
+      for (size_t d = 0; inside && d < e.global.size(); ++d) {
+        inside = e.offset[d] >= 0 && e.size[d] >= 0 && e.offset[d] + e.size[d] <= e.global[d];
+      }
+      if (!inside) {
+        return InvalidArgument("checkpoint: rank ", h.rank, "'s box of '", key.second,
+                               "' is not inside ", ShapeString(e.global));
+      }
+    }
     const SliceEntry& first = *hs[0].e;
     GatherItem t{key.first, key.second, first.dtype, first.global, {}};
     for (const Holder& h : hs) {

@@ -1,10 +1,12 @@
 // Checkpoints across layouts (run with 1, 2 and 4 ranks): a model saved under one mesh loads
-// bit-exactly under another. The model is built by hand: replicated dense parameters,
-// experts (E, d, f) split over ep along dim 0, a "column-parallel" weight split over the
-// same group along dim 1, a non-trainable expert bias, two layers that pipeline stages can
-// divide, and a fake Adam state (exp_avg, exp_avg_sq sharded like their parameter, an i64
-// step scalar). Every element's bits are a hash of (name, global index, salt), so a slice
-// in the wrong place, a stale value or a rounding shows up as a wrong bit pattern.
+// bit-exactly under another. The model is built by hand from parameter descriptions
+// (engine/parallel/parameter.h): replicated dense parameters, experts (E, d, f) whose box
+// is split over ep along dim 0 and over etp along the hidden dim at once, a
+// "column-parallel" weight split over the ep group along dim 1, a non-trainable expert
+// bias, two layers that pipeline stages can divide, and a fake Adam state (exp_avg,
+// exp_avg_sq in the boxes of their parameter, an i64 step scalar). Every element's bits are
+// a hash of (name, global index, salt), so a box in the wrong place, a stale value or a
+// rounding shows up as a wrong bit pattern.
 //
 // Also: trainer state and config round trip; `latest` names the newest step; the index
 // lists every tensor with its total size; each broken checkpoint (missing, no latest,
@@ -40,12 +42,11 @@ using parallel::ParameterRegistry;
 
 constexpr int64_t kExperts = 8, kD = 4, kF = 6, kVocab = 16, kLayers = 2;
 
-// How one rank holds the model: its part of `split` (ep) and of `etp_split` (the experts'
-// hidden dim), and its pipeline stage.
+// How one rank holds the model: its ep and etp indices (its box) and its pipeline stage.
 struct Holding {
-  int split = 1, index = 0;
+  int ep = 1, ep_index = 0;
   int stages = 1, stage = 0;
-  int etp_split = 1, etp_index = 0;
+  int etp = 1, etp_index = 0;
 };
 
 Holding HoldingOf(const dist::Mesh& mesh, int rank) {
@@ -57,8 +58,8 @@ Holding HoldingOf(const dist::Mesh& mesh, int rank) {
 struct Spec {
   std::string name;
   Shape global;
-  int shard_dim = -1;   // split over the ep group along this dim
-  int hidden_dim = -1;  // split over the etp group along this dim (experts)
+  int ep_dim = -1;   // split over the ep group along this dim
+  int etp_dim = -1;  // split over the etp group along this dim (experts' hidden dim)
   bool trainable = true;
   DType dtype = DType::kF32;
 };
@@ -116,17 +117,16 @@ struct Model {
 
 Parameter MakeParameter(const Spec& s, const Holding& h, uint32_t salt, bool zero) {
   Shape local = s.global;
-  if (s.shard_dim >= 0) local[s.shard_dim] /= h.split;
-  if (s.hidden_dim >= 0) local[s.hidden_dim] /= h.etp_split;
+  if (s.ep_dim >= 0) local[s.ep_dim] /= h.ep;
+  if (s.etp_dim >= 0) local[s.etp_dim] /= h.etp;
   Tensor value = Tensor::Zeros(local, s.dtype);
   Tensor grad = s.trainable ? Tensor::Zeros(local, s.dtype) : Tensor();
-  Parameter p = s.shard_dim >= 0 && s.hidden_dim >= 0
+  Parameter p = s.ep_dim >= 0 && s.etp_dim >= 0
                     ? Parameter::Expert(s.name, value, grad, s.trainable)
                     : Parameter::Dense(s.name, value, grad, s.trainable);
-  if (s.shard_dim >= 0) p.Split(s.shard_dim, h.index * local[s.shard_dim], s.global[s.shard_dim]);
-  if (s.hidden_dim >= 0) {
-    p.Split(s.hidden_dim, h.etp_index * local[s.hidden_dim], s.global[s.hidden_dim]);
-  }
+  // One box: [ep_index * n, +n) along ep_dim and [etp_index * m, +m) along etp_dim.
+  if (s.ep_dim >= 0) p.Split(s.ep_dim, h.ep_index * local[s.ep_dim], s.global[s.ep_dim]);
+  if (s.etp_dim >= 0) p.Split(s.etp_dim, h.etp_index * local[s.etp_dim], s.global[s.etp_dim]);
   if (!zero) {
     if (s.dtype == DType::kI64) {
       p.value.data<int64_t>()[0] = 100 + salt;
@@ -336,21 +336,40 @@ TEST_F(CheckpointTest, SavedUnderEp1LoadsUnderEpHalfAndEpWorld) {
   }
 }
 
-// Experts split on two dims at once (ep on dim 0, etp on the hidden dim) save as whole
-// tensors and load under other splits and whole, bit for bit.
+// Experts split on two dims at once (ep on dim 0, etp on the hidden dim: with 4 ranks
+// ep 2 x etp 2) save as whole tensors, the same bytes a whole model writes, and load under
+// ep-only (ep 4, etp 1), etp-only and whole layouts, bit for bit; a whole save loads back
+// into the two-dim split.
 TEST_F(CheckpointTest, ExpertsSplitOverEpAndEtpMoveAcrossLayouts) {
-  if (R_ < 2) GTEST_SKIP() << "needs 2 or more ranks";
-  const int etp = 2, ep = R_ / 2;
-  const Model saved = MakeModel(HoldingFor({.tp = 1, .ep = ep, .etp = etp}), 11);
-  ASSERT_TRUE(Save(dir_, 7, saved, {.tp = 1, .ep = ep, .etp = etp}).ok());
+  if (R_ < 2) GTEST_SKIP() << "an etp 2 split needs 2 or more ranks (" << R_ << " here)";
+  const dist::MeshSizes two_dims{.tp = 1, .ep = R_ / 2, .etp = 2};
+  const std::string name = "ep " + std::to_string(R_ / 2) + " x etp 2";
+  const Model saved = MakeModel(HoldingFor(two_dims), 11);
+  ASSERT_TRUE(Save(dir_, 7, saved, two_dims).ok());
   for (dist::MeshSizes sizes : {dist::MeshSizes{.ep = 1}, dist::MeshSizes{.ep = R_},
-                                dist::MeshSizes{.tp = 1, .ep = 1, .etp = R_}}) {
-    Model m = MakeModel(HoldingFor(sizes), 0, true);
+                                dist::MeshSizes{.tp = 1, .ep = 1, .etp = R_}, two_dims}) {
+    const dist::Mesh mesh = MakeMesh(sizes);
+    Model m = MakeModel(HoldingOf(mesh, me_), 0, true);
     auto loaded = Load(dir_, m);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
-    ExpectModel(m, 11, "ep " + std::to_string(sizes.ep) + " from ep " + std::to_string(ep) +
-                           " x etp 2");
+    ExpectModel(m, 11, "ep " + std::to_string(mesh.ep()) + " x etp " + std::to_string(mesh.etp()) +
+                           " from " + name);
   }
+
+  // The files are those a save of the whole model writes, byte for byte.
+  const std::string whole_dir = (fs::path(dir_) / "whole").string();
+  ASSERT_TRUE(Save(whole_dir, 7, MakeModel(HoldingFor({.ep = 1}), 11), {.ep = 1}).ok());
+  if (me_ == 0) {
+    for (const char* f : {kModelFile, kOptimizerFile, kModelIndexFile}) {
+      EXPECT_EQ(ReadText((fs::path(dir_) / "step-00000007" / f).string()),
+                ReadText((fs::path(whole_dir) / "step-00000007" / f).string()))
+          << f << " saved under " << name << " differs from the whole model's";
+    }
+  }
+  // And the whole save loads into the two-dim split.
+  Model m = MakeModel(HoldingFor(two_dims), 0, true);
+  ASSERT_TRUE(Load(whole_dir, m).ok());
+  ExpectModel(m, 11, name + " from ep 1");
 }
 
 TEST_F(CheckpointTest, RoundTripIsBitExactAndSavesAgainIdentically) {
