@@ -174,6 +174,23 @@ class TrainerTest : public ::testing::Test {
     return trainer;
   }
 
+  // The one-rank reference of the layout tests: `overrides` with grad_accum 4 (the global
+  // batch of every layout) for `steps` steps, trained by rank 0 alone into `out`. Its
+  // per-step losses on rank 0 (empty elsewhere).
+  static std::vector<double> TrainReference(std::vector<std::string> overrides,
+                                            const std::string& out, int64_t steps) {
+    overrides.push_back("train.max_steps=" + std::to_string(steps));
+    overrides.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches));
+    std::vector<double> losses;
+    if (world_->rank() != 0) return losses;
+    auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
+    auto ref = Train(TinyConfig(overrides), out, *local);
+    EXPECT_TRUE(ref.ok()) << ref.status();
+    if (ref.ok()) losses = (*ref)->losses();
+    EXPECT_EQ(losses.size(), static_cast<size_t>(steps));
+    return losses;
+  }
+
   // 40 steps of `config`: the loss starts near ln(V) and falls.
   static void ExpectLossFalls(const Config& config, const std::string& out,
                                 dist::Communicator& world, const char* what) {
@@ -379,17 +396,9 @@ TEST_F(TrainerTest, LayoutInvariance) {
   for (const Variant& v : Variants()) {
     SCOPED_TRACE(v.name);
     // The reference: one rank, grad_accum 4, trained by rank 0 alone.
-    std::vector<std::string> ref_overrides = v.overrides;
-    ref_overrides.push_back(steps);
-    ref_overrides.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches));
     const std::string ref_dir = dir("ref_" + v.name);
-    std::vector<double> ref_losses;
+    const std::vector<double> ref_losses = TrainReference(v.overrides, ref_dir, kSteps);
     if (is_root()) {
-      auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
-      auto ref = Train(TinyConfig(ref_overrides), ref_dir, *local);
-      EXPECT_TRUE(ref.ok()) << ref.status();
-      if (ref.ok()) ref_losses = (*ref)->losses();
-      EXPECT_EQ(ref_losses.size(), size_t{kSteps});
       // The variant exercises what it says: tokens over capacity are dropped or not.
       double dropped = 0;
       std::ifstream metrics(ref_dir + "/metrics.jsonl");
@@ -492,17 +501,8 @@ TEST_F(TrainerTest, TensorParallelLayoutsMatchOneRank) {
     if (layout.world != R()) continue;
     ++ran;
     SCOPED_TRACE(layout.name);
-    std::vector<std::string> ref_overrides = layout.model;
-    ref_overrides.push_back(steps);
-    ref_overrides.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches));
     const std::string ref_dir = dir("tpref_" + layout.name);
-    std::vector<double> ref_losses;
-    if (is_root()) {
-      auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
-      auto ref = Train(TinyConfig(ref_overrides), ref_dir, *local);
-      EXPECT_TRUE(ref.ok()) << ref.status();
-      if (ref.ok()) ref_losses = (*ref)->losses();
-    }
+    const std::vector<double> ref_losses = TrainReference(layout.model, ref_dir, kSteps);
     world_->Barrier();
     const std::string ref_ckpt = ref_dir + "/" + StepDirName(kSteps);
 
