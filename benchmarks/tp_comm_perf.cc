@@ -7,17 +7,19 @@
 // accounting: each dense transformer layer does two all-reduces of b s h forward and two
 // backward; sequence parallelism turns each into an all-gather plus a reduce-scatter of the
 // same payload):
-//   sequence parallel:  all-gather      (2 A + 2 M) N h + (2 R) N h + N h (head) + N h (embed bwd)
-//                                       + R N k (the MoE gates' gradients)
+//   sequence parallel:  all-gather      (2 A + 2 M) N h + N h (head) + N h (embed bwd)
+//                                       + R N E (each MoE layer gathers the group's router
+//                                       logits, to route the whole group)
 //                       reduce-scatter  (2 A + 2 M) N h + N h (embed) + N h (head bwd)
 //   without it:         all-reduce      (2 A + 2 M) N h + N h (embed) + N h (head bwd)
-//                       all-gather      R (4 N h + N k) (each MoE layer routes the whole
-//                                       group: inputs and outputs gathered, and back)
+//                       all-gather      R (2 N h + N E) (each MoE layer routes this rank's
+//                                       rows of the group: its outputs gathered forward,
+//                                       its input gradients backward, and the logits)
 //   both:               all-reduce      (3 N + 1) 4 B (the vocabulary-parallel loss: the
 //                                       rows' max and the vocabulary's end, then the sums of
 //                                       exponentials and the target logits)
-// with A attention blocks (every layer), M dense MLPs and R MoE layers (the router's input
-// is all-gathered in forward: R N h, counted in the first line). Payload bytes are what the
+// with A attention blocks (every layer), M dense MLPs and R MoE layers with E experts.
+// Payload bytes are what the
 // caller hands the communicator (all-gather: the gathered output; reduce-scatter: the
 // input); "ring" is what a rank of an n-rank ring sends for them (2 (n-1)/n of an all-reduce
 // payload, (n-1)/n of the others). The measured and analytic payloads must be equal: a
@@ -76,16 +78,16 @@ Volume Analytic(const train::Config& c, int tp) {
   Volume v;
   if (tp == 1) return v;
   const model::ModelConfig& m = c.model;
-  const int64_t n = c.train.micro_batch_size * m.seq_len, h = m.d_model, k = c.moe.top_k;
+  const int64_t n = c.train.micro_batch_size * m.seq_len, h = m.d_model, e = c.moe.num_experts;
   int64_t a = m.n_layers, mlp = 0, moe = 0;
   for (int64_t i = 0; i < m.n_layers; ++i) (c.moe.IsMoeLayer(i) ? moe : mlp) += 1;
-  const int64_t nh = n * h * 4, nk = n * k * 4;
+  const int64_t nh = n * h * 4, ne = n * e * 4;
   if (c.parallel.sequence_parallel) {
-    v.all_gather = (2 * a + 2 * mlp) * nh + moe * nh + nh + nh + moe * nk;
+    v.all_gather = (2 * a + 2 * mlp) * nh + nh + nh + moe * ne;
     v.reduce_scatter = (2 * a + 2 * mlp) * nh + nh + nh;
   } else {
     v.all_reduce = (2 * a + 2 * mlp) * nh + nh + nh;
-    v.all_gather = moe * (2 * nh + nh + nk);
+    v.all_gather = moe * (2 * nh + ne);
   }
   v.all_reduce += (3 * n + 1) * 4;
   const int64_t micro = c.train.grad_accum;

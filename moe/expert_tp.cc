@@ -1,7 +1,6 @@
 #include "moe/expert_tp.h"
 
 #include "engine/core/check.h"
-#include "engine/dist/ordered_sum.h"
 #include "kernels/permute.h"
 
 namespace switchyard::moe {
@@ -70,32 +69,20 @@ EtpPlan MakeEtpPlan(std::span<const int64_t> rows_per_local_expert, dist::Commun
 
 Tensor EtpGather(const Tensor& x, const EtpPlan& plan, dist::Communicator& etp,
                  DeviceContext* ctx) {
-  const int n = etp.size();
-  const int64_t r = x.dim(0), d = x.dim(1);
-  SY_CHECK_EQ(r, plan.rows_of_rank[etp.rank()]) << "EtpGather: rows of this rank";
-  // My rows to every etp rank (an all-gather of uneven blocks).
-  Tensor send = Tensor::Empty({r * n, d}, x.dtype(), x.device());
-  for (int s = 0; s < n; ++s) send.Slice(s * r, (s + 1) * r).CopyFrom(x, ctx);
-  const std::vector<int64_t> send_rows(n, r);
+  SY_CHECK_EQ(x.dim(0), plan.rows_of_rank[etp.rank()]) << "EtpGather: rows of this rank";
   int64_t total = 0;
   for (int64_t c : plan.rows_of_rank) total += c;
-  Tensor all = Tensor::Empty({total, d}, x.dtype(), x.device());
-  etp.AllToAllV(send, send_rows, all, plan.rows_of_rank);
+  Tensor all = Tensor::Empty({total, x.dim(1)}, x.dtype(), x.device());  // rank-major
+  etp.AllGatherV(x, all, plan.rows_of_rank);
   return Gather(all, plan.to_expert_major, ctx);
 }
 
 Tensor EtpReduceScatter(const Tensor& y, const EtpPlan& plan, dist::Communicator& etp,
                         DeviceContext* ctx) {
-  const int n = etp.size();
-  const int64_t r = plan.rows_of_rank[etp.rank()], d = y.dim(1);
   Tensor rank_major = Gather(y, plan.to_rank_major, ctx);
-  // Each owner's block back to it; every rank's partial sums of my rows, in rank order.
-  const std::vector<int64_t> recv_rows(n, r);
-  Tensor parts = Tensor::Empty({r * n, d}, y.dtype(), y.device());
-  etp.AllToAllV(rank_major, plan.rows_of_rank, parts, recv_rows);
-  dist::TreeAccumulator sum(ctx);
-  for (int s = 0; s < n; ++s) sum.Add(parts.Slice(s * r, (s + 1) * r));
-  return sum.Result();
+  Tensor mine = Tensor::Empty({plan.rows_of_rank[etp.rank()], y.dim(1)}, y.dtype(), y.device());
+  etp.ReduceScatterV(rank_major, mine, plan.rows_of_rank, dist::ReduceOp::kSum);
+  return mine;
 }
 
 }  // namespace switchyard::moe

@@ -5,14 +5,16 @@
 //
 // After the ep exchange each rank holds rows grouped by local expert (the same local experts
 // on every etp rank, different rows). Forward:
-//   1. Gather:        every etp rank's rows, all of them on every etp rank (all-to-all of
-//                     uneven blocks), regrouped expert-major: for each local expert the rows
-//                     of etp rank 0, then rank 1, ...
+//   1. Gather:        every etp rank's rows on every etp rank (Communicator::AllGatherV,
+//                     uneven counts, rank-major), regrouped expert-major: for each local
+//                     expert the rows of etp rank 0, then rank 1, ... (the grouped GEMM needs
+//                     each expert's rows contiguous)
 //   2. the experts on this rank's hidden slice: partial outputs of every row
-//   3. ReduceScatter: the rows back in rank-major order, each rank's block to its owner,
-//                     and the etp partial sums added in rank order (a fixed tree)
+//   3. ReduceScatter: the rows back in rank-major order and Communicator::ReduceScatterV
+//                     (sum): each rank gets the etp sum of its own rows' partial outputs
 // Backward runs the same two collectives on the gradients: Gather the output gradient,
-// the experts' backward, ReduceScatter the partial input gradients.
+// the experts' backward, ReduceScatter the partial input gradients. Only etp rank 0 adds the
+// output bias b2 (its gradient is summed over etp by the gradient sync).
 #pragma once
 
 #include <cstdint>

@@ -75,4 +75,11 @@ StatusOr<int64_t> MoEConfig::ExpertsPerRank(int64_t ep) const {
   return num_experts / ep;
 }
 
+StatusOr<int64_t> MoEConfig::ExpertHiddenPerRank(int64_t etp) const {
+  if (etp <= 0 || d_expert % etp != 0) {
+    return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", d_expert);
+  }
+  return d_expert / etp;
+}
+
 }  // namespace switchyard::moe

@@ -49,6 +49,9 @@ struct MoEConfig {
   Status Validate() const;
   // Experts per rank for an ep-way split; an error when E % ep != 0.
   StatusOr<int64_t> ExpertsPerRank(int64_t ep) const;
+  // Each expert's hidden units per rank under expert tensor parallelism (etp ranks split
+  // d_expert); an error naming parallel.etp and moe.d_expert when etp does not divide it.
+  StatusOr<int64_t> ExpertHiddenPerRank(int64_t etp) const;
   // Whether decoder layer i is an MoE layer (MODEL.md section 1).
   bool IsMoeLayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }

@@ -1,7 +1,10 @@
-// The MoE layer (../shared/MODEL.md sections 2 and 3): it only orchestrates
-//   route (per group) -> capacity (per group) -> dispatch over ep -> experts -> combine
-// and the mirror image in Backward. Each phase lives in its own file (router, capacity,
-// aux_loss, dispatcher, experts).
+// The MoE layer (../shared/MODEL.md sections 2 and 3): it only orchestrates, one call per
+// phase,
+//   route (per group) -> admit (per group) -> dispatch over ep -> experts (over etp) ->
+//   combine -> statistics
+// and the mirror image in Backward. Each phase lives in its own file: routing of whole or
+// tp-split groups (group_routing: router, aux_loss, capacity), the dispatcher, the experts
+// (experts, expert_tp) and the statistics (moe_stats).
 //
 // Input h: (G * T, d), the G routing groups of T tokens this rank routes, one after the
 // other. Capacity, the aux loss and the z-loss are per group. The experts are split over
@@ -11,25 +14,34 @@
 // and every tensor the layer makes are on it, and every kernel runs on ctx's stream (ctx
 // is required on CUDA, may be null on the CPU). Statistics and per-group values stay host
 // values. Host synchronisations of one CUDA Forward: the router's per-group host results
-// (admission counts, balance sums, aux and z) and the dispatch plan's per-expert counts;
-// Backward waits for nothing. ep = 1 never touches the communicator, so a CUDA layer may
-// hold a host (local) one; ep > 1 on CUDA needs the NCCL communicator.
+// (admission counts, balance sums, aux and z; under tp also this rank's counts) and the
+// dispatch plan's per-expert counts; Backward waits for nothing. ep = 1 never touches the
+// communicator, so a CUDA layer may hold a host (local) one; ep > 1 on CUDA needs the NCCL
+// communicator.
 //
-// Tensor parallelism (MoEParallel::tp, with sequence parallelism in the decoder): each
-// routing group is spread over the tp ranks, rank r holding its rows [r*T/tp, (r+1)*T/tp)
-// (Forward gets G = 1 group of T/tp rows). MODEL.md section 4 keeps the group whole: the
-// router's input rows are all-gathered over tp and every tp rank routes the whole group,
-// exactly as one rank would (top-k, admission in token order or by probability, aux,
-// z, jitter keyed by global token index), then dispatches its own rows. Backward
-// all-gathers the gates' gradients so every tp rank runs the router's backward on the whole
-// group: the router's gradient is then the whole one on every tp rank (replicated over tp,
-// not summed), and each rank keeps its own rows of dh. The shared experts see only a rank's
-// rows (their gradients are summed over tp). Statistics count the whole group on tp rank 0
-// (zeros on the others), so sums over tp x dp are the one-rank numbers.
+// Tensor (sequence) parallelism, MoEParallel::tp of P > 1 ranks (moe/group_routing.h): each
+// routing group of T tokens is split over the tp ranks, rank r holding its rows
+// [r*T/P, (r+1)*T/P). Forward gets this rank's rows of G groups, (G * T/P, d), with
+// group_tokens = T/P, and first_token = the global index of the first token of group 0
+// (the same on every tp rank): row i of this rank's piece of group g is token
+// first_token + g*T + r*T/P + i. MODEL.md section 4 keeps the group whole: each rank
+// computes the router logits of its rows, the logits (T/P, E) are all-gathered over tp, and
+// every tp rank runs the one-rank routing of the whole group (top-k, admission under either
+// drop policy, aux, z) identically, then dispatches its own rows over ep as without tp (under
+// Megatron's folding the ep group of the expert view contains the tp ranks). Backward: each
+// rank back-propagates only its own rows (the gates of its tokens, the aux and z terms of
+// its rows), so the router's and the shared experts' gradients are partial, summed over tp
+// by the gradient sync (both described ReplicatedOver(kTp, grad_summed = true)). Statistics
+// count this rank's rows; groups, aux and z sums are reported by tp rank 0, so sums over
+// tp x dp are the one-rank numbers. MoEGroupValues are the whole groups', the same on every
+// tp rank.
 //
-// Expert tensor parallelism (MoEParallel::etp, moe/expert_tp.h): each expert's hidden units
-// are split over etp; the rows a rank's experts receive are gathered over etp and the
-// partial outputs reduce-scattered back.
+// Expert tensor parallelism, MoEParallel::etp (moe/expert_tp.h; independent of tp, as in
+// Megatron's MoE parallel folding): each expert's hidden units are split over etp
+// (W1/W3 (E, d, f) on dim 2, W2 (E, f, d) and b1 (E, f) on dim 1; b2 whole, added by etp rank
+// 0 only). The rows a rank's experts receive are all-gathered over etp, the experts run on
+// their hidden slice, and the partial outputs are reduce-scattered back. The shared experts
+// are dense: they follow tp (replicated), not etp.
 #pragma once
 
 #include <memory>
@@ -45,27 +57,22 @@
 #include "moe/dispatcher.h"
 #include "moe/expert_tp.h"
 #include "moe/experts.h"
+#include "moe/group_routing.h"
 #include "moe/moe_config.h"
 #include "moe/moe_stats.h"
 #include "moe/router.h"
 
 namespace switchyard::moe {
 
-// Per-group values the layer reports (for `switchyard moe-layer` and tests).
-struct MoEGroupValues {
-  std::vector<float> aux;                          // (G) aux of each group
-  std::vector<float> z;                            // (G)
-  std::vector<int64_t> tokens_per_expert_kept;     // (G, E) after dropping
-  std::vector<int64_t> dropped;                    // (G) dropped assignments
-};
-
 // What Backward needs from one Forward (kept by the caller; several may be in flight).
+// N: this rank's rows (G * T/P under tp).
 struct MoEActivations {
-  int64_t groups = 0, group_tokens = 0;
-  std::vector<RouterOutput> router;                // per group
-  std::vector<LoadBalanceSums> balance;            // per group
-  Tensor gates;                                    // (N, k) router gates, N = G * T (the
-                                                   // whole groups under tp)
+  int64_t groups = 0;                              // G
+  int64_t group_tokens = 0;                        // T: the whole group's tokens
+  std::vector<RouterOutput> router;                // (G) the whole groups' routing (under tp,
+                                                   // input and noise: this rank's rows)
+  std::vector<LoadBalanceSums> balance;            // (G) the whole groups'
+  Tensor gates;                                    // (N, k) router gates of this rank's rows
   Tensor experts_all;                              // (N, k) i32 chosen experts
   Tensor kept_all;                                 // (N, k) u8 admitted by capacity
   std::unique_ptr<DispatchPlan> plan;
@@ -82,36 +89,39 @@ struct MoEForward {
   MoEActivations acts;
 };
 
-// The layer's parameters: router weight (replicated), local experts, optional shared
-// experts, and the non-learned expert bias of aux-loss-free balancing.
 // The groups a layer communicates in; ep is required (a size-1 group is fine), tp and etp
-// may be null (none).
+// may be null (none). The layer keeps the pointers.
 struct MoEParallel {
-  dist::Communicator* ep = nullptr;
-  dist::Communicator* tp = nullptr;   // the routing group's rows are split over it
+  dist::Communicator* ep = nullptr;   // the experts are split over it (token all-to-all)
+  dist::Communicator* tp = nullptr;   // each routing group's rows are split over it
   dist::Communicator* etp = nullptr;  // each expert's hidden units are split over it
 };
 
+// The layer's parameters: router weight (replicated), local experts, optional shared
+// experts, and the non-learned expert bias of aux-loss-free balancing.
 class MoELayer {
  public:
   // ep: the expert-parallel communicator (its size is ep; a size-1 group, e.g.
-  // dist::MakeLocalCommunicator(), does no communication). The layer keeps the pointer. Experts get their slice from the ep rank.
-  // All parameters on one device; the router gradient is allocated there (zeroed on
-  // ctx's stream; ctx required on CUDA).
+  // dist::MakeLocalCommunicator(), does no communication). The layer keeps the pointer.
+  // `experts` must be ep rank r's slice [r * E_l, +E_l). All parameters on one device; the
+  // router gradient is allocated there (zeroed on ctx's stream; ctx required on CUDA).
   MoELayer(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep, Tensor router_weight,
            Experts experts, std::optional<DenseMlp> shared, Tensor expert_bias,
            DeviceContext* ctx = nullptr)
       : MoELayer(config, layer_id, MoEParallel{.ep = ep}, std::move(router_weight),
                  std::move(experts), std::move(shared), std::move(expert_bias), ctx) {}
-  // The same under tensor and expert tensor parallelism (experts hold this etp rank's
-  // hidden units).
+  // The same under tensor and expert tensor parallelism (`experts` hold this etp rank's
+  // hidden units [etp_rank * f / etp, +f / etp), ExpertsOptions::hidden_offset).
   MoELayer(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
            Tensor router_weight, Experts experts, std::optional<DenseMlp> shared,
            Tensor expert_bias, DeviceContext* ctx = nullptr);
 
   // Fresh weights from the counter-based generator (normal, std), keyed by parameter name
-  // and global index, so every ep layout starts from the same model. With ctx the
-  // parameters live on ctx's device (the same values as on the CPU), else on the CPU.
+  // ("layers.<id>.moe.router.weight", ".moe.experts.w1", ".moe.shared.w1", ...) and global
+  // element index (parallel::FillNormalBox), so every ep / etp / tp layout holds boxes of
+  // the same model. Biases and the expert bias start at zero. With ctx the parameters live
+  // on ctx's device (the same values as on the CPU), else on the CPU. Fails (SY_CHECK) with
+  // MoEConfig's message naming parallel.ep / parallel.etp when they do not divide E / f.
   static MoELayer Init(const MoEConfig& config, int64_t layer_id, dist::Communicator* ep,
                        uint64_t seed, float std = 0.02f, DeviceContext* ctx = nullptr) {
     return Init(config, layer_id, MoEParallel{.ep = ep}, seed, std, ctx);
@@ -121,21 +131,29 @@ class MoELayer {
 
   // h: (G * T, d) f32 on the parameters' device. first_token: the global index of h's
   // first token (keys the jitter and random second-expert draws). training selects
-  // capacity_factor vs eval_capacity_factor and turns jitter on. Under tp: G = 1, h is this
-  // rank's T rows of the group of tp * T, and first_token the group's first token.
+  // capacity_factor vs eval_capacity_factor and turns jitter on. Under tp (P ranks):
+  // h (G * T/P, d) is this rank's rows of each group in turn, group_tokens = T/P (the rows
+  // per group here), and first_token the global index of group 0's first token (the same
+  // on every tp rank). Collective over ep, tp and etp.
   MoEForward Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
                      int64_t first_token, DeviceContext* ctx = nullptr);
 
-  // dy: (N, d). daux, dz: (G) dLoss/daux and dLoss/dz of each group. Returns dh (N, d)
-  // and adds into every parameter gradient.
+  // dy: (N, d). daux, dz: (G) dLoss/daux and dLoss/dz of each group (the same on every tp
+  // rank). Returns dh (N, d) and adds into every parameter gradient (under tp the router's
+  // and shared experts' are this rank's part; under etp b2's is etp rank 0's).
   Tensor Backward(const MoEActivations& acts, const Tensor& dy, std::span<const float> daux,
                   std::span<const float> dz, DeviceContext* ctx = nullptr);
 
   void ZeroGrad(DeviceContext* ctx = nullptr);
 
-  // "router.weight", "experts.w1", ..., "shared.w1", ..., "expert_bias": the layer's
-  // parameters as descriptions (routed experts in the expert view, over edp, split over ep
-  // on dim 0 and over etp on the hidden dim).
+  // The layer's parameters as descriptions, named relative to the layer:
+  //   router.weight (d, E)        dense, no weight decay; under tp ReplicatedOver(kTp, summed)
+  //   experts.w1/w3 (E, d, f)     expert view over edp; Split(0) over ep, Split(2) over etp
+  //   experts.w2 (E, f, d)        Split(0) over ep, Split(1) over etp
+  //   experts.b1 (E, f), b2 (E, d) no weight decay; b1 Split(1) over etp, b2 whole on every
+  //                               etp rank, ReplicatedOver(kTp = etp, summed)
+  //   shared.w1, ... (whole)      dense; under tp ReplicatedOver(kTp, summed)
+  //   expert_bias (E)             dense, not trainable (grad undefined)
   std::vector<parallel::Parameter> Parameters() const;
 
   const MoEConfig& config() const { return config_; }
@@ -150,17 +168,19 @@ class MoELayer {
   DenseMlp* shared() { return shared_ ? &*shared_ : nullptr; }
 
  private:
-  // The phases of Forward and Backward.
-  Tensor GatherGroup(const Tensor& h, DeviceContext* ctx) const;
-  void Route(const Tensor& group_h, int64_t group_tokens, bool training, int64_t step,
-             int64_t first_token, MoEForward& out, DeviceContext* ctx);
-  Tensor OwnRows(const Tensor& whole) const;
+  // The phases of Forward (route and admit are group_routing.h's, statistics
+  // moe_stats.h's) and their mirrors in Backward.
+  // Dispatch: this rank's kept assignments (acts.experts_all, kept_all) over ep; h (N, d)
+  // -> (R, d) rows grouped by local expert. Builds acts.plan.
+  Tensor Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* ctx) const;
+  // Experts: (R, d) -> (R, d), over etp when split.
   Tensor RunExperts(const Tensor& grouped, MoEActivations& acts, DeviceContext* ctx) const;
-  Tensor RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped, DeviceContext* ctx);
-  void RouterBackwardAll(const MoEActivations& acts, const Tensor& dgates,
-                         std::span<const float> daux, std::span<const float> dz, Tensor& dh,
-                         DeviceContext* ctx);
-  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  Tensor RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped,
+                            DeviceContext* ctx);
+  // Combine: the experts' rows back over ep, gate-weighted per token, plus the shared
+  // experts of h: (N, d).
+  Tensor CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
+                        DeviceContext* ctx) const;
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   int etp_size() const { return etp_ ? etp_->size() : 1; }
 

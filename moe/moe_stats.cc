@@ -5,6 +5,7 @@
 #include "engine/core/check.h"
 #include "engine/core/tensor.h"
 #include "engine/dist/ordered_sum.h"
+#include "kernels/permute.h"
 
 namespace switchyard::moe {
 
@@ -117,6 +118,56 @@ double MoEStats::min_load_share() const { return Share(tokens_per_expert_kept, f
 double MoEStats::max_load_share() const { return Share(tokens_per_expert_kept, true); }
 double MoEStats::mean_load_share() const {
   return tokens_per_expert_kept.empty() ? 0.0 : 1.0 / tokens_per_expert_kept.size();
+}
+
+MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t num_experts,
+                      DeviceContext* ctx) {
+  const int64_t e = num_experts, t = routed.local_tokens();
+  const int64_t lo = routed.own_begin(), hi = lo + t;
+  MoEStats s;
+  s.tokens_per_expert.assign(e, 0);
+  s.tokens_per_expert_kept.assign(e, 0);
+  if (routed.tp_size == 1) {
+    // The whole groups are this rank's rows: their counts are at hand.
+    for (int64_t g = 0; g < routed.groups; ++g) {
+      for (int64_t i = 0; i < e; ++i) {
+        s.tokens_per_expert[i] += routed.balance[g].assignments[i];
+        s.tokens_per_expert_kept[i] += routed.admission[g].counts_after[i];
+      }
+    }
+  } else if (own.experts.numel() > 0) {
+    CountAssignments(own.experts, s.tokens_per_expert, ctx);
+    const std::vector<int64_t> slots = SlotExpertCounts(own.experts, own.kept, e, ctx);  // (k, E)
+    for (size_t j = 0; j < slots.size(); ++j) s.tokens_per_expert_kept[j % e] += slots[j];
+  }
+  for (int64_t g = 0; g < routed.groups; ++g) {
+    const Tensor& probs = routed.router[g].probs;
+    s.entropy_sum += kernels::EntropySum(routed.tp_size == 1 ? probs : probs.Slice(lo, hi), ctx);
+  }
+  s.tokens = routed.groups * t;
+  s.assignments = s.tokens * routed.top_k;
+  if (routed.tp_rank == 0) {
+    s.groups = routed.groups;
+    for (int64_t g = 0; g < routed.groups; ++g) {
+      s.aux_sum += routed.aux[g];
+      s.z_sum += routed.z[g];
+    }
+  }
+  return s;
+}
+
+MoEGroupValues GroupValuesOf(const RoutedGroups& routed, int64_t top_k) {
+  MoEGroupValues v;
+  v.aux = routed.aux;
+  v.z = routed.z;
+  for (int64_t g = 0; g < routed.groups; ++g) {
+    const std::vector<int64_t>& kept = routed.admission[g].counts_after;
+    int64_t total = 0;
+    for (int64_t c : kept) total += c;
+    v.tokens_per_expert_kept.insert(v.tokens_per_expert_kept.end(), kept.begin(), kept.end());
+    v.dropped.push_back(routed.group_tokens * top_k - total);
+  }
+  return v;
 }
 
 }  // namespace switchyard::moe

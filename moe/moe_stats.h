@@ -1,6 +1,7 @@
 // The statistics every MoE layer reports per step (../shared/MODEL.md section 3), as sums,
 // so that adding (all-reducing) them over ranks gives the statistics of the whole
-// data-parallel world whatever the layout.
+// data-parallel world whatever the layout; and the last phase of the layer's Forward that
+// makes them from the routing (RoutingStats, GroupValuesOf).
 #pragma once
 
 #include <cstdint>
@@ -8,9 +9,12 @@
 
 #include "engine/core/device_context.h"
 #include "engine/dist/communicator.h"
+#include "moe/group_routing.h"
 
 namespace switchyard::moe {
 
+// One rank's sums. Under tp a rank counts the rows it routed, and tp rank 0 alone the
+// groups and their aux and z (see RoutingStats).
 struct MoEStats {
   std::vector<int64_t> tokens_per_expert;          // (E) top-k assignments, before dropping
   std::vector<int64_t> tokens_per_expert_kept;     // (E) assignments the experts processed
@@ -38,5 +42,24 @@ struct MoEStats {
   double max_load_share() const;
   double mean_load_share() const;
 };
+
+// Per-group values the layer reports (for `switchyard moe-layer` and tests): those of the
+// WHOLE groups, identical on every tp rank.
+struct MoEGroupValues {
+  std::vector<float> aux;                          // (G) aux of each group
+  std::vector<float> z;                            // (G)
+  std::vector<int64_t> tokens_per_expert_kept;     // (G, E) after dropping
+  std::vector<int64_t> dropped;                    // (G) dropped assignments
+};
+
+// The statistics phase of one Forward. Tokens, assignments, per-expert counts (before and
+// after dropping) and the entropy sum are those of this rank's own rows (`own`, OwnRowsOf's;
+// the whole groups without tp); groups, aux_sum and z_sum are counted on tp rank 0 only. So
+// summing the statistics over tp x dp gives the one-rank numbers.
+MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t num_experts,
+                      DeviceContext* ctx = nullptr);
+
+// The whole groups' aux, z, kept counts per expert and dropped assignments.
+MoEGroupValues GroupValuesOf(const RoutedGroups& routed, int64_t top_k);
 
 }  // namespace switchyard::moe

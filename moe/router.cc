@@ -49,25 +49,17 @@ RngKey SecondExpertRngKey(uint64_t seed, int64_t step, int64_t layer) {
   return RngKey{seed, RouterStream("second_expert", step, layer)};
 }
 
-RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expert_bias,
-                           const MoEConfig& config, bool training, const RouterRng& rng,
-                           DeviceContext* ctx) {
+RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& config,
+                          bool training, const RouterRng& rng, DeviceContext* ctx) {
   SY_CHECK(h.defined()) << "router h is undefined";
   const Device dev = h.device();
   CheckOn(h, DType::kF32, dev, "router h");
   CheckOn(wr, DType::kF32, dev, "router Wr");
   SY_CHECK_EQ(h.ndim(), 2) << "router h " << ShapeString(h.shape());
   const int64_t T = h.dim(0), d = h.dim(1);
-  const int64_t E = config.num_experts, k = config.top_k;
+  const int64_t E = config.num_experts;
   SY_CHECK(wr.ndim() == 2 && wr.dim(0) == d && wr.dim(1) == E)
       << "router Wr " << ShapeString(wr.shape()) << " for d=" << d << ", E=" << E;
-  SY_CHECK(k >= 1 && k <= E) << "top_k=" << k << ", E=" << E;
-  if (expert_bias.defined()) {
-    CheckOn(expert_bias, DType::kF32, dev, "router expert bias");
-    SY_CHECK_EQ(expert_bias.numel(), E) << "router expert bias";
-  }
-  const bool random_second = config.second_expert_policy == SecondExpertPolicy::kRandom;
-  SY_CHECK(!random_second || k == 2) << "second_expert_policy=random needs top_k=2, got " << k;
 
   RouterOutput out;
   // x = h * noise, noise element (first_token + t) * d + j.
@@ -81,10 +73,25 @@ RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expe
   } else {
     out.input = h;
   }
-
   out.logits = Tensor::Zeros({T, E}, DType::kF32, dev, ctx);
   if (T > 0 && d > 0) RouterGemm(out.input, false, wr, false, out.logits, 1.0f, 0.0f, ctx);
+  return out;
+}
 
+void RouterChoose(RouterOutput& out, const Tensor& expert_bias, const MoEConfig& config,
+                  const RouterRng& rng, DeviceContext* ctx) {
+  const Device dev = out.logits.device();
+  CheckOn(out.logits, DType::kF32, dev, "router logits");
+  const int64_t T = out.logits.dim(0), E = config.num_experts, k = config.top_k;
+  SY_CHECK(out.logits.ndim() == 2 && out.logits.dim(1) == E)
+      << "router logits " << ShapeString(out.logits.shape()) << " for E=" << E;
+  SY_CHECK(k >= 1 && k <= E) << "top_k=" << k << ", E=" << E;
+  if (expert_bias.defined()) {
+    CheckOn(expert_bias, DType::kF32, dev, "router expert bias");
+    SY_CHECK_EQ(expert_bias.numel(), E) << "router expert bias";
+  }
+  const bool random_second = config.second_expert_policy == SecondExpertPolicy::kRandom;
+  SY_CHECK(!random_second || k == 2) << "second_expert_policy=random needs top_k=2, got " << k;
   out.probs = Tensor::Empty({T, E}, DType::kF32, dev);
   out.indices = Tensor::Empty({T, k}, DType::kI32, dev);
   out.gates = Tensor::Empty({T, k}, DType::kF32, dev);
@@ -93,6 +100,13 @@ RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expe
                       config.normalize_gates, random_second,
                       SecondExpertRngKey(rng.seed, rng.step, rng.layer), rng.first_token,
                       out.probs, out.indices, out.gates, out.keep, ctx);
+}
+
+RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expert_bias,
+                           const MoEConfig& config, bool training, const RouterRng& rng,
+                           DeviceContext* ctx) {
+  RouterOutput out = RouterLogits(h, wr, config, training, rng, ctx);
+  RouterChoose(out, expert_bias, config, rng, ctx);
   return out;
 }
 

@@ -64,9 +64,23 @@ struct RouterOutput {
 // (added to probs for the choice only). Jitter applies when training && jitter_eps > 0.
 // The random second-expert policy applies in training and in evaluation alike (MODEL.md
 // only makes the jitter training-only); it is keyed by the step either way.
+// RouterForward = RouterLogits, then RouterChoose on the same rows.
 RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expert_bias,
                            const MoEConfig& config, bool training, const RouterRng& rng,
                            DeviceContext* ctx = nullptr);
+
+// The first half of RouterForward, for any block of rows (a tp rank's piece of a group):
+// fills input and noise (T, d) and logits (T, E); rng.first_token is the global index of
+// h's first row (keys the jitter).
+RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& config,
+                          bool training, const RouterRng& rng, DeviceContext* ctx = nullptr);
+
+// The second half: probs, indices, gates and keep (T, ...) from out.logits (T, E), which
+// may hold more rows than out.input (a whole group gathered from its pieces).
+// rng.first_token is the global index of the logits' first row (keys the random second
+// expert).
+void RouterChoose(RouterOutput& out, const Tensor& expert_bias, const MoEConfig& config,
+                  const RouterRng& rng, DeviceContext* ctx = nullptr);
 
 // The router's backward for one group. Returns dlogits (T, E) and accumulates
 //   dh  (T, d) += (dlogits @ Wr^T) * noise      (noise = 1 without jitter)

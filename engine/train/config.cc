@@ -225,11 +225,6 @@ Status Config::Validate(int world) const {
     return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", moe.d_expert,
                            p.etp > 0 ? "" : " (etp defaults to tp; set parallel.etp)");
   }
-  if (p.tp > 1 && moe.num_shared_experts > 0 &&
-      (moe.num_shared_experts * moe.shared_hidden()) % p.tp != 0) {
-    return InvalidArgument("parallel.tp=", p.tp, " does not divide the shared experts' hidden size ",
-                           moe.num_shared_experts * moe.shared_hidden());
-  }
   if (world == 1 && (int64_t{p.tp} * p.cp * p.pp > 1 || etp * p.ep > 1)) {
     return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
                            " etp=", etp, " needs ", std::max<int64_t>(int64_t{p.tp} * p.cp * p.pp, etp * p.ep * p.pp),

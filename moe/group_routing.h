@@ -1,0 +1,99 @@
+// The MoE layer's first two phases, route and admit, for G routing groups (MODEL.md
+// sections 2 and 4), whole on this rank or split over a tensor-parallel group.
+//
+// Whole groups (no tp): each group of T tokens is routed by RouterForward, its load-balancing
+// sums, aux and z computed, and its assignments admitted to capacity (AdmitToCapacity), as
+// on one rank.
+//
+// Groups split over tp (P ranks, MODEL.md section 4: the routing group stays whole): tp rank
+// r holds rows [r*T/P, (r+1)*T/P) of every group, and h (G * T/P, d) holds its rows of group
+// 0, then of group 1, ... For each group:
+//   1. this rank's router logits (T/P, E), the jitter keyed by the rows' global tokens
+//   2. all-gather of the logits over tp: the group's (T, E), in token order, bit-identical
+//      on every tp rank
+//   3. the one-rank routing of the whole group from those logits, on every tp rank alike:
+//      top-k (GShard's random second expert keyed by the global token), the load-balancing
+//      sums, aux, z, and capacity admission under either drop policy
+//   4. each rank keeps its own rows of the choices, gates and admission (OwnRowsOf) and
+//      dispatches only those
+// So the kept assignments, gates, aux and z are exactly those of one rank routing the whole
+// group. Communication: one all-gather of (T/P, E) f32 per group in the forward, none in
+// the backward.
+//
+// Backward (RouteGroupsBackward): every term of the router's loss is a sum over rows (the
+// gates of a token; the aux loss's d/dprobs[t, i] = coef * E * f_i / T with the group's
+// constant f and T; the z-loss's per-row term over the group's T), so each tp rank
+// back-propagates its own rows only: into dh of its rows and into a PARTIAL router-weight
+// gradient, which the gradient sync sums over tp (router.weight is described
+// ReplicatedOver(kTp, grad_summed = true)).
+//
+// Devices: as the router's (moe/router.h): every tensor on the CPU or on ctx's CUDA device;
+// admission counts and the losses are host values (one small device->host copy each).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
+#include "engine/dist/communicator.h"
+#include "moe/aux_loss.h"
+#include "moe/capacity.h"
+#include "moe/moe_config.h"
+#include "moe/router.h"
+
+namespace switchyard::moe {
+
+// The routing of G whole groups as this rank sees it.
+struct RoutedGroups {
+  int64_t groups = 0;        // G
+  int64_t group_tokens = 0;  // T: the whole group's tokens (P times this rank's rows)
+  int64_t top_k = 1;         // k
+  int tp_rank = 0, tp_size = 1;
+  Device device = Device::Cpu();  // h's
+  // (G) each whole group's routing: logits, probs (T, E), indices, gates, keep (T, k); under
+  // tp, input and noise hold this rank's rows only (T/P, d).
+  std::vector<RouterOutput> router;
+  std::vector<LoadBalanceSums> balance;  // (G) the whole groups' sums (before dropping)
+  std::vector<float> aux, z;             // (G) the whole groups' losses
+  std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
+
+  int64_t local_tokens() const { return group_tokens / tp_size; }  // T/P
+  int64_t own_begin() const { return tp_rank * local_tokens(); }    // first own row of a group
+};
+
+// Phase 1, route. h: (G * T/P, d) f32, this rank's rows of each group in turn; local_tokens:
+// T/P; wr (d, E); expert_bias (E) or undefined. rng.first_token: the global index of group
+// 0's first token (the same on every tp rank); row i of this rank's piece of group g is
+// token rng.first_token + g * T + tp_rank * T/P + i. tp: null or size 1 for whole groups.
+// Collective over tp.
+RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
+                         const Tensor& expert_bias, const MoEConfig& config, bool training,
+                         const RouterRng& rng, dist::Communicator* tp,
+                         DeviceContext* ctx = nullptr);
+
+// Phase 2, admit: each whole group's assignments to C = ExpertCapacity(capacity_factor, T,
+// k, E) per expert under config.drop_policy (fills routed.admission).
+void AdmitGroups(RoutedGroups& routed, double capacity_factor, const MoEConfig& config,
+                 DeviceContext* ctx = nullptr);
+
+// This rank's rows of the routing, one group after the other: (G * T/P, k) each. What
+// dispatch, combine and the router's backward see.
+struct OwnRouting {
+  Tensor experts;  // i32 chosen experts
+  Tensor gates;    // f32 router gates (not masked)
+  Tensor kept;     // u8 admitted by capacity (and not removed by the random policy)
+};
+OwnRouting OwnRowsOf(const RoutedGroups& routed, DeviceContext* ctx = nullptr);
+
+// Backward of phases 1-2 for this rank's rows. router, balance: (G) as RouteGroups made
+// them; dgates (G * T/P, k): dLoss/dgates of this rank's rows (zero where not kept); daux,
+// dz (G). Adds into dh (G * T/P, d) and dwr (d, E) (this rank's part of the gradient).
+void RouteGroupsBackward(std::span<const RouterOutput> router,
+                         std::span<const LoadBalanceSums> balance, const Tensor& wr,
+                         const MoEConfig& config, const Tensor& dgates,
+                         std::span<const float> daux, std::span<const float> dz, int tp_rank,
+                         Tensor& dh, Tensor& dwr, DeviceContext* ctx = nullptr);
+
+}  // namespace switchyard::moe

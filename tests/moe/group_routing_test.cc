@@ -1,0 +1,186 @@
+// The route / admit phases (moe/group_routing.h) and the statistics phase (moe/moe_stats.h)
+// alone, on one process:
+//   - whole groups: RouteGroups + AdmitGroups equal RouterForward, the aux / z losses and
+//     AdmitToCapacity group by group (bitwise), and OwnRowsOf lays the groups one after the
+//     other;
+//   - RouterLogits on pieces of a group (jitter keyed by the pieces' global tokens) then
+//     RouterChoose on the concatenated logits equal RouterForward on the whole group: what
+//     every tp rank does after the logits' all-gather;
+//   - a group split into P pieces as tp ranks see it: RouteGroupsBackward of each piece sums
+//     to the whole group's backward (dh row blocks, the router gradient), and RoutingStats of
+//     the pieces add up to the whole group's statistics (aux, z and groups counted once).
+// The multi-rank version with a real tp group is tests/dist/moe_layer_tp_test.cc.
+#include "moe/group_routing.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "moe/moe_stats.h"
+#include "tests/moe/moe_layer_test_util.h"
+
+namespace switchyard::moe {
+namespace {
+
+using testing::Config;
+using testing::Normal;
+
+MoEConfig TestConfig() {
+  MoEConfig c = Config(6, 2, Activation::kGelu);
+  c.capacity_factor = 0.75f;
+  c.aux_loss_coef = 0.01f;
+  c.z_loss_coef = 0.001f;
+  c.jitter_eps = 0.1f;
+  c.second_expert_policy = SecondExpertPolicy::kRandom;
+  return c;
+}
+
+template <typename T>
+std::vector<T> Vec(const Tensor& t) {
+  return t.ToVector<T>();
+}
+
+void ExpectNear(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  const std::vector<float> g = Vec<float>(got), w = Vec<float>(want);
+  ASSERT_EQ(g.size(), w.size()) << what;
+  double scale = 0;
+  for (float v : w) scale = std::max(scale, double(std::abs(v)));
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_NEAR(g[i], w[i], tol * (std::abs(w[i]) + scale)) << what << "[" << i << "]";
+  }
+}
+
+TEST(GroupRoutingTest, WholeGroupsAreTheRouterGroupByGroup) {
+  for (DropPolicy policy : {DropPolicy::kPosition, DropPolicy::kProbability}) {
+    MoEConfig c = TestConfig();
+    c.drop_policy = policy;
+    const int64_t G = 3, T = 16, d = c.d_model, E = c.num_experts, k = c.top_k, first = 100;
+    Tensor h = Normal({G * T, d}, 1, 1.0f), wr = Normal({d, E}, 2, 0.8f);
+    Tensor bias = Tensor::FromVector<float>({0.01f, 0.0f, -0.02f, 0.03f, 0.0f, 0.01f}, {E});
+    RoutedGroups routed =
+        RouteGroups(h, T, wr, bias, c, /*training=*/true, RouterRng{c.seed, 5, 2, first}, nullptr);
+    AdmitGroups(routed, c.capacity_factor, c);
+    ASSERT_EQ(routed.groups, G);
+    ASSERT_EQ(routed.group_tokens, T);
+    const OwnRouting own = OwnRowsOf(routed);
+    const int64_t capacity = ExpertCapacity(c.capacity_factor, T, k, E);
+    int64_t dropped = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      RouterOutput r = RouterForward(h.Slice(g * T, (g + 1) * T), wr, bias, c, true,
+                                     RouterRng{c.seed, 5, 2, first + g * T});
+      EXPECT_EQ(Vec<float>(routed.router[g].logits), Vec<float>(r.logits));
+      EXPECT_EQ(Vec<int32_t>(routed.router[g].indices), Vec<int32_t>(r.indices));
+      EXPECT_EQ(Vec<uint8_t>(routed.router[g].keep), Vec<uint8_t>(r.keep));
+      EXPECT_EQ(routed.aux[g], LoadBalancingLoss(r.probs, r.indices, c.aux_loss_coef, 0, nullptr));
+      EXPECT_EQ(routed.z[g], ZLoss(r.logits, c.z_loss_coef, 0, nullptr));
+      Admission a = AdmitToCapacity(r.indices, r.gates, r.keep, E, capacity, policy);
+      EXPECT_EQ(Vec<uint8_t>(routed.admission[g].kept), Vec<uint8_t>(a.kept));
+      dropped += a.dropped;
+      EXPECT_EQ(Vec<int32_t>(own.experts.Slice(g * T, (g + 1) * T)), Vec<int32_t>(r.indices));
+      EXPECT_EQ(Vec<float>(own.gates.Slice(g * T, (g + 1) * T)), Vec<float>(r.gates));
+      EXPECT_EQ(Vec<uint8_t>(own.kept.Slice(g * T, (g + 1) * T)), Vec<uint8_t>(a.kept));
+    }
+    EXPECT_GT(dropped, 0) << "capacity 0.75 should drop";
+    const MoEGroupValues v = GroupValuesOf(routed, k);
+    EXPECT_EQ(v.aux, routed.aux);
+    EXPECT_EQ(v.tokens_per_expert_kept.size(), static_cast<size_t>(G * E));
+  }
+}
+
+// What each tp rank computes: its piece's logits, then the whole group's choice from the
+// gathered logits, equal to one rank routing the whole group.
+TEST(GroupRoutingTest, LogitsOfPiecesThenChooseIsTheWholeGroup) {
+  const MoEConfig c = TestConfig();
+  const int64_t T = 16, P = 4, d = c.d_model, E = c.num_experts, first = 48;
+  Tensor h = Normal({T, d}, 3, 1.0f), wr = Normal({d, E}, 4, 0.8f);
+  const RouterRng rng{c.seed, 7, 1, first};
+  RouterOutput whole = RouterForward(h, wr, Tensor(), c, true, rng);
+  RouterOutput gathered;
+  gathered.logits = Tensor::Empty({T, E}, DType::kF32);
+  for (int64_t r = 0; r < P; ++r) {
+    RouterRng piece_rng = rng;
+    piece_rng.first_token += r * T / P;
+    RouterOutput piece =
+        RouterLogits(h.Slice(r * T / P, (r + 1) * T / P), wr, c, true, piece_rng);
+    EXPECT_EQ(Vec<float>(piece.noise), Vec<float>(whole.noise.Slice(r * T / P, (r + 1) * T / P)))
+        << "jitter of piece " << r;
+    gathered.logits.Slice(r * T / P, (r + 1) * T / P).CopyFrom(piece.logits);
+  }
+  ExpectNear(gathered.logits, whole.logits, 1e-6, "logits");
+  gathered.logits.CopyFrom(whole.logits);  // the choice from the same bits
+  RouterChoose(gathered, Tensor(), c, rng);
+  EXPECT_EQ(Vec<int32_t>(gathered.indices), Vec<int32_t>(whole.indices));
+  EXPECT_EQ(Vec<float>(gathered.gates), Vec<float>(whole.gates));
+  EXPECT_EQ(Vec<uint8_t>(gathered.keep), Vec<uint8_t>(whole.keep));
+}
+
+// The pieces of tp ranks (simulated: the whole groups' routing seen with tp_rank r of P)
+// add up to the whole: own rows, statistics, and the router's backward.
+TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
+  MoEConfig c = TestConfig();
+  const int64_t G = 2, T = 12, P = 3, t = T / P, d = c.d_model, E = c.num_experts;
+  const int64_t k = c.top_k;
+  Tensor h = Normal({G * T, d}, 5, 1.0f), wr = Normal({d, E}, 6, 0.8f);
+  RoutedGroups whole = RouteGroups(h, T, wr, Tensor(), c, true, RouterRng{c.seed, 1, 0, 0},
+                                   nullptr);
+  AdmitGroups(whole, c.capacity_factor, c);
+  const OwnRouting all = OwnRowsOf(whole);
+  const MoEStats want = RoutingStats(whole, all, E);
+  EXPECT_GT(want.dropped(), 0);
+
+  Tensor dgates = Normal({G * T, k}, 7, 1.0f);
+  const std::vector<float> daux = {0.5f, 0.75f}, dz = {0.25f, 2.0f};
+  Tensor dh = Tensor::Zeros({G * T, d}, DType::kF32), dwr = Tensor::Zeros({d, E}, DType::kF32);
+  RouteGroupsBackward(whole.router, whole.balance, wr, c, dgates, daux, dz, 0, dh, dwr);
+
+  MoEStats sum;
+  Tensor dwr_sum = Tensor::Zeros({d, E}, DType::kF32);
+  for (int r = 0; r < P; ++r) {
+    SCOPED_TRACE(StrCat("piece ", r));
+    // Rank r of P: the same whole-group routing, its own rows' router input.
+    RoutedGroups piece = whole;
+    piece.tp_rank = r;
+    piece.tp_size = P;
+    std::vector<int64_t> rows;  // this piece's rows of h, group by group
+    for (int64_t g = 0; g < G; ++g) {
+      piece.router[g].input = whole.router[g].input.Slice(r * t, (r + 1) * t);
+      piece.router[g].noise = whole.router[g].noise.Slice(r * t, (r + 1) * t);
+      for (int64_t i = 0; i < t; ++i) rows.push_back(g * T + r * t + i);
+    }
+    const OwnRouting own = OwnRowsOf(piece);
+    const std::vector<int32_t> all_experts = Vec<int32_t>(all.experts);
+    const std::vector<int32_t> own_experts = Vec<int32_t>(own.experts);
+    const std::vector<uint8_t> all_kept = Vec<uint8_t>(all.kept), own_kept = Vec<uint8_t>(own.kept);
+    Tensor own_dgates = Tensor::Empty({G * t, k}, DType::kF32);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (int64_t j = 0; j < k; ++j) {
+        EXPECT_EQ(own_experts[i * k + j], all_experts[rows[i] * k + j]);
+        EXPECT_EQ(own_kept[i * k + j], all_kept[rows[i] * k + j]);
+      }
+      own_dgates.Slice(i, i + 1).CopyFrom(dgates.Slice(rows[i], rows[i] + 1));
+    }
+    MoEStats s = RoutingStats(piece, own, E);
+    EXPECT_EQ(s.groups, r == 0 ? G : 0);
+    sum.Add(s);
+    Tensor own_dh = Tensor::Zeros({G * t, d}, DType::kF32);
+    RouteGroupsBackward(piece.router, piece.balance, wr, c, own_dgates, daux, dz, r, own_dh,
+                        dwr_sum);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ExpectNear(own_dh.Slice(i, i + 1), dh.Slice(rows[i], rows[i] + 1), 1e-6, "dh row");
+    }
+  }
+  ExpectNear(dwr_sum, dwr, 1e-6, "router weight gradient");
+  EXPECT_EQ(sum.tokens_per_expert, want.tokens_per_expert);
+  EXPECT_EQ(sum.tokens_per_expert_kept, want.tokens_per_expert_kept);
+  EXPECT_EQ(sum.tokens, want.tokens);
+  EXPECT_EQ(sum.assignments, want.assignments);
+  EXPECT_EQ(sum.groups, want.groups);
+  EXPECT_EQ(sum.aux_sum, want.aux_sum);
+  EXPECT_EQ(sum.z_sum, want.z_sum);
+  EXPECT_NEAR(sum.entropy_sum, want.entropy_sum, 1e-6 * want.entropy_sum);
+}
+
+}  // namespace
+}  // namespace switchyard::moe
