@@ -54,24 +54,9 @@ void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
   ints.insert(ints.end(), {tokens, assignments, groups});
   Tensor it = Tensor::FromVector(ints, {static_cast<int64_t>(ints.size())});
   all_reduce(it);
-  // Floating sums: exact ordered f64 sums over a host communicator (the same totals on
-  // any layout); over a device one as f32 (hi, lo) pairs.
-  double sums[3] = {entropy_sum, aux_sum, z_sum};
-  if (comm.device().is_cpu()) {
-    const std::vector<double> total = dist::AllReduceDoubles(comm, sums);
-    std::copy(total.begin(), total.end(), sums);
-  } else {
-    std::vector<float> floats;
-    for (double v : sums) {
-      float hi = static_cast<float>(v);
-      floats.push_back(hi);
-      floats.push_back(static_cast<float>(v - hi));
-    }
-    Tensor ft = Tensor::FromVector(floats, {static_cast<int64_t>(floats.size())});
-    all_reduce(ft);
-    const float* fp = ft.data<float>();
-    for (int i = 0; i < 3; ++i) sums[i] = double(fp[2 * i]) + fp[2 * i + 1];
-  }
+  // Floating sums: exact ordered f64 sums (the same totals on any layout).
+  const double local[3] = {entropy_sum, aux_sum, z_sum};
+  const std::vector<double> sums = dist::AllReduceDoubles(comm, local);
   const int64_t* ip = it.data<int64_t>();
   std::copy(ip, ip + e, tokens_per_expert.begin());
   std::copy(ip + e, ip + 2 * e, tokens_per_expert_kept.begin());

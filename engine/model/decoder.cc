@@ -142,23 +142,20 @@ std::vector<moe::MoELayer*> Decoder::moe_layers() {
   return out;
 }
 
+// Without sequence parallelism every tp rank holds all rows and routes its own block of
+// them: the sequence-parallel scatter in, its backward (an all-gather) out.
 Tensor Decoder::MoeRowsIn(const Tensor& x) const {
   const int64_t d = model_.d_model;
   Tensor rows = x.Reshape({x.numel() / d, d});
   const dense::TensorParallel tp = this->tp();
   if (!tp.active() || tp.sequence_parallel) return rows;
-  // Every tp rank holds all rows: each routes its own block of them.
-  const int64_t per = rows.dim(0) / tp.size();
-  return rows.Slice(tp.rank() * per, (tp.rank() + 1) * per);
+  return parallel::ScatterToSequenceParallelRegion(rows, *tp.comm, ctx_);
 }
 
 Tensor Decoder::MoeRowsOut(const Tensor& y, const Shape& shape) const {
   const dense::TensorParallel tp = this->tp();
   if (!tp.active() || tp.sequence_parallel) return y.Reshape(shape);
-  Tensor all = Tensor::Empty(shape, DType::kF32, y.device());
-  Tensor rows = all.Reshape({all.numel() / model_.d_model, model_.d_model});
-  tp.comm->AllGather(y, rows);
-  return all;
+  return parallel::ScatterToSequenceParallelRegionBackward(y, *tp.comm, ctx_).Reshape(shape);
 }
 
 Tensor Decoder::MoeRowsOutBackward(const Tensor& dy) const { return MoeRowsIn(dy); }

@@ -1,9 +1,10 @@
-// Every Communicator verb on the world and on sub-groups, under mpirun with 2, 4 and 8
+// The Communicator's collectives on the world and on sub-groups, under mpirun with 2, 4 and 8
 // ranks. Each rank fills its tensors from a formula of (rank, index) with integer values,
 // so every expected result is exact; received rows carry (source rank, destination,
 // row index, column) so a row that lands in the wrong place is caught.
 //
 // Between collectives only EXPECT_* (never ASSERT_*): every rank must reach every call.
+// Non-blocking and batched point-to-point and the uneven collectives: p2p_test.cc.
 #include <gtest/gtest.h>
 
 #include <time.h>
@@ -20,62 +21,17 @@
 #include "engine/core/tensor.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/process.h"
+#include "tests/dist/communicator_test_util.h"
 
 namespace switchyard::dist {
 namespace {
 
-// ---- Helpers ----------------------------------------------------------------------------
+using testing_util::Comparable;
+using testing_util::ExpectEach;
+using testing_util::Fill;
+using testing_util::FromCode;
+using testing_util::ThousandTriangle;
 
-// The element value of an integer code: itself, or its low 16 bits for bf16.
-template <typename T>
-T FromCode(int64_t code) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    BFloat16 b;
-    b.bits = static_cast<uint16_t>(code % 65521);
-    return b;
-  } else {
-    return static_cast<T>(code);
-  }
-}
-
-// What ExpectEach compares: the value, or the bits of a bf16.
-template <typename T>
-auto Comparable(T v) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    return v.bits;
-  } else {
-    return v;
-  }
-}
-
-// A host tensor whose element i is FromCode<T>(code(i)).
-template <typename T, typename F>
-Tensor Fill(const Shape& shape, F code) {
-  std::vector<T> values(NumElements(shape));
-  for (size_t i = 0; i < values.size(); ++i) values[i] = FromCode<T>(code(i));
-  return Tensor::FromVector(values, shape);
-}
-
-// Expects element i of t to be FromCode<T>(code(i)); reports the first few that are not.
-template <typename T, typename F>
-void ExpectEach(const Tensor& t, F code, const std::string& what) {
-  std::vector<T> values = t.ToVector<T>();
-  int64_t wrong = 0;
-  std::ostringstream first;
-  for (size_t i = 0; i < values.size(); ++i) {
-    const auto want = Comparable(FromCode<T>(code(i)));
-    const auto got = Comparable(values[i]);
-    if (got != want) {
-      if (wrong < 5) first << " [" << i << "] " << +got << " != " << +want << ";";
-      ++wrong;
-    }
-  }
-  EXPECT_EQ(wrong, 0) << what << ": " << wrong << " of " << values.size()
-                      << " elements wrong:" << first.str();
-}
-
-// 1000 * (0 + 1 + ... + (n-1)).
-int64_t ThousandTriangle(int n) { return 1000LL * n * (n - 1) / 2; }
 
 // The row exchanged by AllToAllV: row j sent from src to dst, column c.
 int64_t RowCode(int src, int dst, int64_t j, int64_t c) {
@@ -418,150 +374,6 @@ TEST_F(CommunicatorTest, AllReduceAndAllGatherF64) {
   world_->ReduceScatter(scatter_in, scattered, ReduceOp::kSum);
   for (int64_t i = 0; i < 2; ++i) {
     EXPECT_EQ(scattered.data<double>()[i], ranks * big + n * (2.0 * r + i)) << i;
-  }
-}
-
-// ---- Non-blocking and batched point-to-point ---------------------------------------------
-
-// Every rank sends to the next and receives from the previous, posting the receive first
-// when recv_first, and waiting in the opposite order to posting.
-void CheckAsyncRing(Communicator& comm, bool recv_first) {
-  const int n = comm.size(), r = comm.rank();
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  Tensor out = Fill<float>({3, 2}, [r](int64_t i) { return r * 100 + i; });
-  Tensor in = Fill<float>({3, 2}, [](int64_t) { return -1; });
-  Tensor out_tagged = Fill<int64_t>({4}, [r](int64_t i) { return r * 10 + i; });
-  Tensor in_tagged = Tensor::Zeros({4}, DType::kI64);
-  std::vector<std::unique_ptr<Work>> works;
-  if (recv_first) {
-    works.push_back(comm.RecvAsync(in_tagged, prev, 7));
-    works.push_back(comm.RecvAsync(in, prev));
-    works.push_back(comm.SendAsync(out, next));
-    works.push_back(comm.SendAsync(out_tagged, next, 7));
-  } else {
-    works.push_back(comm.SendAsync(out, next));
-    works.push_back(comm.SendAsync(out_tagged, next, 7));
-    works.push_back(comm.RecvAsync(in, prev));
-    works.push_back(comm.RecvAsync(in_tagged, prev, 7));
-  }
-  for (int i = static_cast<int>(works.size()) - 1; i >= 0; --i) works[i]->Wait();
-  const std::string what = recv_first ? "receive first" : "send first";
-  ExpectEach<float>(in, [prev](int64_t i) { return prev * 100 + i; }, what);
-  ExpectEach<int64_t>(in_tagged, [prev](int64_t i) { return prev * 10 + i; }, what + " tag 7");
-}
-
-TEST_F(CommunicatorTest, AsyncSendRecvRingInEitherOrder) {
-  CheckAsyncRing(*world_, false);
-  CheckAsyncRing(*world_, true);
-  // Even ranks post sends first, odd ranks receives first.
-  CheckAsyncRing(*world_, rank() % 2 == 1);
-}
-
-// One batch per rank: two tensors to the next rank (tag 1), one to the previous (tag 2), an
-// empty one each way (tag 3) and one to itself (tag 4), with the matching receives, in an
-// order that differs between even and odd ranks.
-TEST_F(CommunicatorTest, BatchSendRecvBothNeighbours) {
-  const int n = size(), r = rank();
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  Tensor fwd_a = Fill<float>({2, 3}, [r](int64_t i) { return r * 100 + i; });
-  Tensor fwd_b = Fill<int64_t>({5}, [r](int64_t i) { return r * 1000 + i; });
-  Tensor bwd = Tensor::FromVector(std::vector<double>{r + 0.25, r + 0.5}, {2});
-  Tensor empty_out = Tensor::Zeros({0, 3}, DType::kF32);
-  Tensor self_out = Fill<int32_t>({3}, [r](int64_t i) { return r * 7 + i; });
-  Tensor from_prev_a = Fill<float>({2, 3}, [](int64_t) { return -1; });
-  Tensor from_prev_b = Tensor::Zeros({5}, DType::kI64);
-  Tensor from_next = Tensor::Zeros({2}, DType::kF64);
-  Tensor empty_in = Tensor::Zeros({0, 3}, DType::kF32);
-  Tensor empty_in2 = Tensor::Zeros({0, 3}, DType::kF32);
-  Tensor self_in = Tensor::Zeros({3}, DType::kI32);
-  std::vector<P2POp> sends = {{P2POp::kSend, fwd_a, next, 1},
-                              {P2POp::kSend, fwd_b, next, 1},
-                              {P2POp::kSend, bwd, prev, 2},
-                              {P2POp::kSend, empty_out, next, 3},
-                              {P2POp::kSend, empty_out, prev, 3},
-                              {P2POp::kSend, self_out, r, 4}};
-  std::vector<P2POp> recvs = {{P2POp::kRecv, from_prev_a, prev, 1},
-                              {P2POp::kRecv, from_prev_b, prev, 1},
-                              {P2POp::kRecv, from_next, next, 2},
-                              {P2POp::kRecv, empty_in, prev, 3},
-                              {P2POp::kRecv, empty_in2, next, 3},
-                              {P2POp::kRecv, self_in, r, 4}};
-  std::vector<P2POp> ops;
-  if (r % 2 == 0) {
-    ops = sends;
-    ops.insert(ops.end(), recvs.begin(), recvs.end());
-  } else {
-    ops = recvs;
-    ops.insert(ops.end(), sends.begin(), sends.end());
-  }
-  world_->BatchSendRecv(ops)->Wait();
-  ExpectEach<float>(from_prev_a, [prev](int64_t i) { return prev * 100 + i; }, "first");
-  ExpectEach<int64_t>(from_prev_b, [prev](int64_t i) { return prev * 1000 + i; }, "second");
-  EXPECT_EQ(from_next.ToVector<double>(), (std::vector<double>{next + 0.25, next + 0.5}));
-  ExpectEach<int32_t>(self_in, [r](int64_t i) { return r * 7 + i; }, "self");
-}
-
-// ---- Uneven all-gather and reduce-scatter --------------------------------------------------
-
-// Rows per rank with zeros: rank 1 (and every third rank after it) contributes none.
-int64_t GatherRows(int r) { return r % 3 == 1 ? 0 : r + 1; }
-
-TEST_F(CommunicatorTest, AllGatherVWithEmptyRanks) {
-  const int n = size(), r = rank();
-  std::vector<int64_t> rows(n), first(n + 1, 0);
-  for (int s = 0; s < n; ++s) {
-    rows[s] = GatherRows(s);
-    first[s + 1] = first[s] + rows[s];
-  }
-  // Rank s's row j, column c: s * 1000 + j * 10 + c.
-  Tensor in = Fill<float>({rows[r], 3}, [r](int64_t i) { return r * 1000 + (i / 3) * 10 + i % 3; });
-  Tensor out = Fill<float>({first[n], 3}, [](int64_t) { return -1; });
-  world_->AllGatherV(in, out, rows);
-  ExpectEach<float>(out, [&](int64_t i) {
-    int s = 0;
-    while (first[s + 1] <= i / 3) ++s;
-    return s * 1000 + (i / 3 - first[s]) * 10 + i % 3;
-  }, "f32 (n, 3)");
-
-  // Only the last rank has rows; 1-d i64.
-  std::vector<int64_t> last_only(n, 0);
-  last_only[n - 1] = 4;
-  Tensor in64 = Fill<int64_t>({r == n - 1 ? 4 : 0}, [r](int64_t i) { return r * 10 + i; });
-  Tensor out64 = Tensor::Zeros({4}, DType::kI64);
-  world_->AllGatherV(in64, out64, last_only);
-  ExpectEach<int64_t>(out64, [n](int64_t i) { return (n - 1) * 10 + i; }, "last only");
-
-  // Nobody has rows.
-  const std::vector<int64_t> none(n, 0);
-  Tensor empty_in = Tensor::Zeros({0, 2}, DType::kF32);
-  Tensor empty_out = Tensor::Zeros({0, 2}, DType::kF32);
-  world_->AllGatherV(empty_in, empty_out, none);
-}
-
-TEST_F(CommunicatorTest, ReduceScatterVWithEmptyRanks) {
-  const int n = size(), r = rank();
-  std::vector<int64_t> rows(n), first(n + 1, 0);
-  for (int s = 0; s < n; ++s) {
-    rows[s] = GatherRows(s);
-    first[s + 1] = first[s] + rows[s];
-  }
-  // in: (sum(rows), 2), element e on rank s = s * 1000 + e; out: rows [first[r], first[r+1]).
-  Tensor in = Fill<float>({first[n], 2}, [r](int64_t e) { return r * 1000 + e; });
-  Tensor sum = Fill<float>({rows[r], 2}, [](int64_t) { return -1; });
-  Tensor max = Fill<float>({rows[r], 2}, [](int64_t) { return -1; });
-  world_->ReduceScatterV(in, sum, rows, ReduceOp::kSum);
-  world_->ReduceScatterV(in, max, rows, ReduceOp::kMax);
-  const int64_t base = first[r] * 2;
-  ExpectEach<float>(sum, [&](int64_t k) { return ThousandTriangle(n) + n * (base + k); }, "sum");
-  ExpectEach<float>(max, [&](int64_t k) { return (n - 1) * 1000 + base + k; }, "max");
-
-  // f64 average, 1-d rows.
-  Tensor in64 = Tensor::Zeros({first[n]}, DType::kF64);
-  for (int64_t e = 0; e < first[n]; ++e) in64.data<double>()[e] = r + e * 0.5;
-  Tensor avg = Tensor::Zeros({rows[r]}, DType::kF64);
-  world_->ReduceScatterV(in64, avg, rows, ReduceOp::kAvg);
-  for (int64_t k = 0; k < rows[r]; ++k) {
-    EXPECT_EQ(avg.data<double>()[k], (n * (n - 1) / 2.0 + n * (first[r] + k) * 0.5) / n) << k;
   }
 }
 
