@@ -75,11 +75,14 @@ Parameter& Parameter::ReplicatedOver(Axis axis, bool grad_summed) {
 
 std::string Parameter::Describe() const {
   std::ostringstream out;
-  out << name << " " << ShapeString(value.shape());
+  out << name << " " << ShapeString(BoxShape());
   if (!is_whole()) {
     out << " of " << ShapeString(global_shape) << " at [";
     for (size_t d = 0; d < global_shape.size(); ++d) out << (d ? ", " : "") << OffsetAt(d);
     out << "]";
+  }
+  if (flat_begin != 0 || flat_end >= 0) {
+    out << ", elements [" << flat_begin << ", " << FlatEnd() << ")" << (flat_value ? " held" : " owned");
   }
   out << ", replicated over " << replicated.ToString(view);
   if (!(grad_sum == replicated)) out << " (gradient summed over " << grad_sum.ToString(view) << ")";
@@ -88,21 +91,24 @@ std::string Parameter::Describe() const {
 
 void Parameter::CheckConsistent() const {
   SY_CHECK(value.defined()) << "parameter '" << name << "' has no value";
-  SY_CHECK(value.ndim() == static_cast<int>(global_shape.size()))
-      << name << ": value " << ShapeString(value.shape()) << " is not a box of "
-      << ShapeString(global_shape);
+  const Shape& box = BoxShape();
+  SY_CHECK(box.size() == global_shape.size())
+      << name << ": box " << ShapeString(box) << " is not a box of " << ShapeString(global_shape);
   SY_CHECK(offset.empty() || offset.size() == global_shape.size())
       << name << ": " << offset.size() << " offsets for " << global_shape.size() << " dims";
   for (size_t d = 0; d < global_shape.size(); ++d) {
-    SY_CHECK(OffsetAt(d) >= 0 && OffsetAt(d) + value.dim(d) <= global_shape[d])
-        << name << ": box [" << OffsetAt(d) << ", +" << value.dim(d) << ") along dim " << d
+    SY_CHECK(OffsetAt(d) >= 0 && OffsetAt(d) + box[d] <= global_shape[d])
+        << name << ": box [" << OffsetAt(d) << ", +" << box[d] << ") along dim " << d
         << " is outside " << ShapeString(global_shape);
   }
   SY_CHECK(grad_sum.SubsetOf(replicated))
       << name << ": gradient summed over " << grad_sum.ToString(view)
       << " but replicated only over " << replicated.ToString(view);
-  SY_CHECK(flat_begin >= 0 && (flat_end < 0 || (flat_begin <= flat_end && flat_end <= value.numel())))
-      << name << ": flat range [" << flat_begin << ", " << flat_end << ") of " << value.numel();
+  SY_CHECK(flat_begin >= 0 && (flat_end < 0 || (flat_begin <= flat_end && flat_end <= NumElements(box))))
+      << name << ": flat range [" << flat_begin << ", " << flat_end << ") of " << NumElements(box);
+  SY_CHECK(!flat_value || (value.ndim() == 1 && value.numel() == FlatEnd() - flat_begin))
+      << name << ": a flat value of elements [" << flat_begin << ", " << FlatEnd()
+      << ") must be 1-D of that length, not " << ShapeString(value.shape());
   SY_CHECK(!trainable || (grad.defined() && grad.shape() == value.shape()))
       << name << ": a trainable parameter needs a gradient of its shape";
 }

@@ -6,6 +6,7 @@
 //
 //   global_shape   the whole logical tensor, e.g. (E, d, f) for an expert weight
 //   offset         per dim, where this rank's box starts; the box's size is value.shape()
+//                  (box_shape when flat_value)
 //                  (experts over ep on dim 0 and over etp on dim 2 is one box)
 //   view           which view of the mesh the axes below refer to (dense or expert)
 //   replicated     the mesh axes over which identical copies of this box live (dense:
@@ -15,8 +16,12 @@
 //                  replicated. Norm weights without sequence parallelism are replicated
 //                  over tp, but every tp rank computes the whole gradient, so tp is not
 //                  summed.
-//   flat_begin/end the elements of the box (flattened, row-major) whose optimizer state
-//                  this rank owns under ZeRO; the whole box without it.
+//   flat_begin/end the elements of the box (flattened, row-major) this rank owns under
+//                  ZeRO (its optimizer state, its gradient shard); the whole box without it.
+//   flat_value     value holds ONLY those elements, as a 1-D tensor, and box_shape gives
+//                  the box's size (ZeRO shards: optimizer state, stage-3 parameters). A
+//                  checkpoint saves and loads such an entry like any box, element range
+//                  and all; false: value is the whole box.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +63,8 @@ struct Parameter {
   AxisSet replicated;  // identical copies live over these axes
   AxisSet grad_sum;    // gradient contributions are summed over these (subset of replicated)
   int64_t flat_begin = 0, flat_end = -1;  // ZeRO: owned elements of the box; -1: to the end
+  bool flat_value = false;   // value holds only [flat_begin, flat_end) of the box (1-D)
+  Shape box_shape;           // the box's size when flat_value (else value.shape())
   bool trainable = true;     // false: persistent state the optimizer skips (expert bias)
   bool weight_decay = true;  // AdamW decays it (matrices, not biases or norm weights)
   Tensor value;              // this rank's box (shares storage with the layer)
@@ -75,8 +82,12 @@ struct Parameter {
   Parameter& ReplicatedOver(dist::Axis axis, bool grad_summed);
 
   int64_t OffsetAt(int dim) const { return offset.empty() ? 0 : offset[dim]; }
-  // value holds the whole global tensor.
-  bool is_whole() const { return value.shape() == global_shape; }
+  // The size of this rank's box: value.shape(), or box_shape when value is a flat range.
+  const Shape& BoxShape() const { return flat_value ? box_shape : value.shape(); }
+  // The end of the owned flat range (flat_end, or the box's element count for -1).
+  int64_t FlatEnd() const { return flat_end < 0 ? NumElements(BoxShape()) : flat_end; }
+  // The box is the whole global tensor.
+  bool is_whole() const { return BoxShape() == global_shape; }
   // "layers.0.attn.q.weight (64, 32) of (64, 64) at [0, 32], over dp,cp".
   std::string Describe() const;
   // Checks the description against value/grad: the box inside global_shape, grad_sum a
