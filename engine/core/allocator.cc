@@ -1,6 +1,8 @@
 #include "engine/core/allocator.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -89,7 +91,56 @@ class CpuAllocator final : public Allocator {
   std::unordered_map<void*, size_t> blocks_;     // live cacheable block -> its size
 };
 
+// Per device (index 0: the host, 1 + i: cuda:i), per kind.
+constexpr int kLedgerDevices = 17;
+struct Ledger {
+  std::array<std::atomic<int64_t>, kMemoryKinds> in_use{};
+  std::array<std::atomic<int64_t>, kMemoryKinds> peak{};
+};
+Ledger& LedgerOf(Device device) {
+  static Ledger ledgers[kLedgerDevices];
+  const int slot = device.is_cpu() ? 0 : 1 + device.index;
+  SY_CHECK(slot >= 0 && slot < kLedgerDevices) << "memory ledger: device " << device;
+  return ledgers[slot];
+}
+
 }  // namespace
+
+const char* MemoryKindName(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kWorkspace: return "workspace";
+    case MemoryKind::kParameters: return "parameters";
+    case MemoryKind::kGradients: return "gradients";
+    case MemoryKind::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
+MemoryUse MemoryUseOf(Device device) {
+  Ledger& l = LedgerOf(device);
+  MemoryUse use;
+  for (int k = 0; k < kMemoryKinds; ++k) {
+    use.in_use[k] = l.in_use[k].load();
+    use.peak[k] = l.peak[k].load();
+  }
+  return use;
+}
+
+void ResetMemoryPeaks(Device device) {
+  Ledger& l = LedgerOf(device);
+  for (int k = 0; k < kMemoryKinds; ++k) l.peak[k].store(l.in_use[k].load());
+}
+
+namespace internal {
+void CountMemory(Device device, MemoryKind kind, int64_t bytes) {
+  Ledger& l = LedgerOf(device);
+  const int k = static_cast<int>(kind);
+  const int64_t now = l.in_use[k].fetch_add(bytes) + bytes;
+  int64_t peak = l.peak[k].load();
+  while (now > peak && !l.peak[k].compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace internal
 
 Allocator* GetAllocator(Device device) {
   if (device.is_cpu()) {

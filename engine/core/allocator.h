@@ -30,6 +30,32 @@ class Allocator {
 // The process-wide allocator of `device` (one per device, created on first use).
 Allocator* GetAllocator(Device device);
 
+// What a buffer's bytes are for, as the memory report splits them (ZeRO paper, section 3:
+// model states = parameters + gradients + optimizer states; the rest is residual memory).
+// A new buffer is kWorkspace (activations, communication buckets, scratch); the trainer
+// tags the persistent model states with Tensor::SetMemoryKind.
+enum class MemoryKind : int { kWorkspace = 0, kParameters, kGradients, kOptimizer };
+inline constexpr int kMemoryKinds = 4;
+// "workspace", "parameters", "gradients", "optimizer".
+const char* MemoryKindName(MemoryKind kind);
+
+// Bytes of live buffers per kind on one device, counted by every Buffer as it allocates,
+// releases, is re-tagged and is freed (exact: the bytes asked of the allocator).
+struct MemoryUse {
+  int64_t in_use[kMemoryKinds] = {};
+  int64_t peak[kMemoryKinds] = {};  // high-water mark of each kind since the last reset
+  int64_t total() const { return in_use[0] + in_use[1] + in_use[2] + in_use[3]; }
+  int64_t model_states() const { return in_use[1] + in_use[2] + in_use[3]; }
+};
+MemoryUse MemoryUseOf(Device device);
+// Peaks restart from the current use (e.g. after the model is built).
+void ResetMemoryPeaks(Device device);
+
+namespace internal {
+// Buffer's bookkeeping: `bytes` of `kind` appear (positive) or go (negative) on device.
+void CountMemory(Device device, MemoryKind kind, int64_t bytes);
+}  // namespace internal
+
 namespace internal {
 // Defined in allocator_cuda.cc when the CUDA backend is built.
 Allocator* GetCudaCachingAllocator(int index);

@@ -29,13 +29,42 @@ Buffer::Buffer(Allocator* allocator, size_t bytes)
     : allocator_(allocator),
       data_(bytes ? allocator->Allocate(bytes) : nullptr),
       bytes_(bytes),
-      device_(allocator->device()) {}
+      device_(allocator->device()) {
+  internal::CountMemory(device_, kind_, static_cast<int64_t>(bytes_));
+}
 
 Buffer::Buffer(void* external, size_t bytes, Device device)
     : allocator_(nullptr), data_(external), bytes_(bytes), device_(device) {}
 
 Buffer::~Buffer() {
-  if (allocator_ != nullptr && data_ != nullptr) allocator_->Deallocate(data_, bytes_);
+  if (allocator_ != nullptr && data_ != nullptr) {
+    allocator_->Deallocate(data_, bytes_);
+    internal::CountMemory(device_, kind_, -static_cast<int64_t>(bytes_));
+  }
+}
+
+void Buffer::Release() {
+  SY_CHECK(allocator_ != nullptr) << "Release() of external memory";
+  if (data_ == nullptr) return;
+  allocator_->Deallocate(data_, bytes_);
+  internal::CountMemory(device_, kind_, -static_cast<int64_t>(bytes_));
+  data_ = nullptr;
+}
+
+void Buffer::Materialize() {
+  SY_CHECK(allocator_ != nullptr) << "Materialize() of external memory";
+  if (data_ != nullptr || bytes_ == 0) return;
+  data_ = allocator_->Allocate(bytes_);
+  internal::CountMemory(device_, kind_, static_cast<int64_t>(bytes_));
+}
+
+void Buffer::SetKind(MemoryKind kind) {
+  if (kind == kind_) return;
+  if (allocator_ != nullptr && data_ != nullptr) {
+    internal::CountMemory(device_, kind_, -static_cast<int64_t>(bytes_));
+    internal::CountMemory(device_, kind, static_cast<int64_t>(bytes_));
+  }
+  kind_ = kind;
 }
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
@@ -71,6 +100,7 @@ int64_t Tensor::row_size() const {
 
 void* Tensor::raw_data() const {
   SY_CHECK(defined()) << "raw_data() of an undefined tensor";
+  SY_CHECK(buffer_->resident()) << "raw_data() of a released buffer (ZeRO frees it between uses)";
   char* base = static_cast<char*>(buffer_->data());
   return base == nullptr ? nullptr : base + offset_ * static_cast<int64_t>(SizeOf(dtype_));
 }

@@ -39,11 +39,25 @@ class Buffer {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
 
+  // ZeRO frees gradients and stage-3 parameters between uses while the layers keep their
+  // tensors: Release() gives the memory back (data() is then null and raw_data() of any
+  // tensor viewing it fails a check) and Materialize() allocates the same number of bytes
+  // again, contents undefined. Both are no-ops when already in that state; allocator-owned
+  // buffers only.
+  void Release();
+  void Materialize();
+  bool resident() const { return data_ != nullptr || bytes_ == 0; }
+
+  // What the bytes are for (allocator.h); re-tagging moves them between the kinds' counts.
+  MemoryKind kind() const { return kind_; }
+  void SetKind(MemoryKind kind);
+
  private:
   Allocator* allocator_;  // null for external memory
   void* data_;
   size_t bytes_;
   Device device_;
+  MemoryKind kind_ = MemoryKind::kWorkspace;
 };
 
 class Tensor {
@@ -105,6 +119,13 @@ class Tensor {
     Tensor host = device().is_cpu() ? *this : To(Device::Cpu());
     const T* p = host.data<T>();
     return std::vector<T>(p, p + numel());
+  }
+
+  // The buffer this tensor views (Buffer::Release/Materialize/SetKind act on it, hence on
+  // every tensor viewing it).
+  Buffer& buffer() const {
+    SY_CHECK(defined()) << "buffer() of an undefined tensor";
+    return *buffer_;
   }
 
   // Whether both tensors view the same buffer.

@@ -32,20 +32,15 @@ Tensor TreeOfPieces(const Tensor& pieces, int size, int64_t c, DeviceContext* ct
   return on_host ? sum : sum.To(pieces.device(), ctx);
 }
 
-// The near-equal cut of n elements into `size` chunks: the first n % size one longer.
-std::vector<int64_t> Chunks(int64_t n, int size) {
-  std::vector<int64_t> chunks(size, n / size);
-  for (int j = 0; j < n % size; ++j) ++chunks[j];
-  return chunks;
-}
 
-// An ordered all-reduce with its all-to-all in flight (see OrderedAllReduce).
+// An ordered all-reduce (or, with `out` defined, reduce-scatter into out) with its
+// all-to-all in flight (see OrderedAllReduce).
 class OrderedAllReduceWork final : public Work {
  public:
-  OrderedAllReduceWork(Communicator& comm, const Tensor& t, DeviceContext* ctx)
-      : comm_(comm), flat_(t.Reshape({t.numel()})), ctx_(ctx) {
+  OrderedAllReduceWork(Communicator& comm, const Tensor& t, DeviceContext* ctx, Tensor out = Tensor())
+      : comm_(comm), flat_(t.Reshape({t.numel()})), ctx_(ctx), out_(std::move(out)) {
     const int size = comm.size();
-    chunks_ = Chunks(flat_.numel(), size);
+    chunks_ = OrderedChunks(flat_.numel(), size);
     mine_ = chunks_[comm.rank()];
     const std::vector<int64_t> from_each(size, mine_);
     // (size * mine_,): rank s's chunk `rank` at [s * mine_, (s + 1) * mine_).
@@ -61,8 +56,12 @@ class OrderedAllReduceWork final : public Work {
     exchange_.reset();
     Tensor sum = mine_ > 0 ? TreeOfPieces(pieces_, comm_.size(), mine_, ctx_)
                            : Tensor::Empty({0}, flat_.dtype(), flat_.device());
-    comm_.AllGatherV(sum, flat_, chunks_);
     pieces_ = Tensor();
+    if (out_.defined()) {
+      if (mine_ > 0) out_.CopyFrom(sum, ctx_);
+      return;
+    }
+    comm_.AllGatherV(sum, flat_, chunks_);
   }
 
  private:
@@ -71,12 +70,19 @@ class OrderedAllReduceWork final : public Work {
   DeviceContext* ctx_;
   std::vector<int64_t> chunks_;  // elements of each rank's chunk
   int64_t mine_ = 0;             // chunks_[rank]
+  Tensor out_;                   // reduce-scatter: (chunks_[rank],)
   Tensor pieces_;
   std::unique_ptr<Work> exchange_;
   bool done_ = false;
 };
 
 }  // namespace
+
+std::vector<int64_t> OrderedChunks(int64_t n, int size) {
+  std::vector<int64_t> chunks(size, n / size);
+  for (int j = 0; j < n % size; ++j) ++chunks[j];
+  return chunks;
+}
 
 // ---- TreeAccumulator --------------------------------------------------------------------
 
@@ -144,6 +150,28 @@ std::unique_ptr<Work> OrderedAllReduceAsync(Communicator& comm, Tensor& t, Devic
       << "OrderedAllReduce sums f32 or f64, got " << t.DebugString();
   if (comm.size() == 1 || t.numel() == 0) return CompletedWork();
   return std::make_unique<OrderedAllReduceWork>(comm, t, ctx != nullptr ? ctx : comm.context());
+}
+
+void OrderedReduceScatter(Communicator& comm, const Tensor& t, Tensor& out, DeviceContext* ctx) {
+  OrderedReduceScatterAsync(comm, t, out, ctx)->Wait();
+}
+
+std::unique_ptr<Work> OrderedReduceScatterAsync(Communicator& comm, const Tensor& t, Tensor& out,
+                                                DeviceContext* ctx) {
+  internal::CheckTensor(t, comm.device(), "OrderedReduceScatter");
+  internal::CheckTensor(out, comm.device(), "OrderedReduceScatter");
+  SY_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64)
+      << "OrderedReduceScatter sums f32 or f64, got " << t.DebugString();
+  SY_CHECK(out.dtype() == t.dtype() && out.numel() == OrderedChunks(t.numel(), comm.size())[comm.rank()])
+      << "OrderedReduceScatter: out " << out.DebugString() << " is not rank " << comm.rank()
+      << "'s chunk of " << t.DebugString();
+  if (comm.size() == 1) {
+    out.CopyFrom(t.Reshape({t.numel()}), ctx != nullptr ? ctx : comm.context());
+    return CompletedWork();
+  }
+  if (t.numel() == 0) return CompletedWork();
+  return std::make_unique<OrderedAllReduceWork>(comm, t, ctx != nullptr ? ctx : comm.context(),
+                                                out.Reshape({out.numel()}));
 }
 
 std::vector<double> AllReduceDoubles(Communicator& comm, std::span<const double> values) {

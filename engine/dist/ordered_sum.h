@@ -22,6 +22,8 @@
 //   OrderedAllReduce   the tree over the ranks of a communicator, in rank order, on every
 //                      rank: an all-to-all of 1/size of the elements, the tree locally, and
 //                      an uneven all-gather (the volume of a ring all-reduce)
+//   OrderedReduceScatter  the same sums, each rank keeping only its chunk (ZeRO-2/3):
+//                      bit-identical to that chunk of OrderedAllReduce
 //   AllReduceDoubles   the tree over ranks of a few doubles (declared in communicator.h)
 #pragma once
 
@@ -108,5 +110,20 @@ void OrderedAllReduce(Communicator& comm, Tensor& t, DeviceContext* ctx = nullpt
 // alive and untouched until then (the Work holds its buffer).
 std::unique_ptr<Work> OrderedAllReduceAsync(Communicator& comm, Tensor& t,
                                             DeviceContext* ctx = nullptr);
+
+// The chunks OrderedAllReduce cuts n elements into over `size` ranks: near-equal, the
+// first n % size one element longer; rank j owns chunk j.
+std::vector<int64_t> OrderedChunks(int64_t n, int size);
+
+// out (chunk comm.rank() of OrderedChunks(t.numel(), size), same dtype, on comm's device)
+// becomes that chunk of the ordered sum over the ranks' t: the bits OrderedAllReduce would
+// leave there. t is not changed. Volume: (size - 1) / size of t each way, half an
+// all-reduce. Collective; a group of size 1 copies.
+void OrderedReduceScatter(Communicator& comm, const Tensor& t, Tensor& out,
+                          DeviceContext* ctx = nullptr);
+// The same with the all-to-all in flight; Wait() sums into out. t and out must stay alive
+// and untouched until then.
+std::unique_ptr<Work> OrderedReduceScatterAsync(Communicator& comm, const Tensor& t, Tensor& out,
+                                                DeviceContext* ctx = nullptr);
 
 }  // namespace switchyard::dist

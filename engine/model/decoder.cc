@@ -179,10 +179,15 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   DeviceContext* ctx = ctx_;
   DecoderOutput out;
   DecoderActivations& acts = out.acts;
+  const int64_t layers = static_cast<int64_t>(blocks_.size());
+  Acquire("embed", layers > 0 ? LayerPart(0) : "norm_f");
   acts.embed = embed_->Forward(in.tokens, ctx);
+  Release("embed");
   Tensor x = acts.embed.y;  // (B, S, d), or this rank's rows (N/tp, d) under sp
   const int64_t moe_rows = tp.active() ? n / tp.size() : n;
-  for (Block& b : blocks_) {
+  for (int64_t i = 0; i < layers; ++i) {
+    Block& b = blocks_[i];
+    Acquire(LayerPart(i), i + 1 < layers ? LayerPart(i + 1) : "norm_f");
     BlockActivations ba;
     ba.x_in = x;
     ba.norm1 = b.norm1.Forward(x, ctx);
@@ -203,8 +208,12 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     }
     x = Sum(ba.x_mid, ffn, ctx);
     acts.blocks.push_back(std::move(ba));
+    Release(LayerPart(i));
   }
+  Acquire("norm_f", HeadPart());
   acts.norm_f = norm_f_->Forward(x, ctx);
+  Release("norm_f");
+  Acquire(HeadPart(), "");
   acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)
                      .Reshape({n, d});
   const dense::EmbeddingOptions& eo = embed_->options();
@@ -228,7 +237,11 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   } else {
     ce = kernels::CrossEntropyForward(logits, targets, kernels::kIgnoreIndex, ctx);
   }
-  if (in.training) acts.dlogits = logits;
+  if (in.training) {
+    acts.dlogits = logits;
+  } else {
+    Release(HeadPart());  // a training forward keeps it for Backward
+  }
   out.ce_sum = ce.loss_sum;
   out.ce_count = ce.count;
   return out;
@@ -244,6 +257,8 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   const int64_t n = acts.dlogits.dim(0), d = model_.d_model;
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
+  const int64_t layers = static_cast<int64_t>(blocks_.size());
+  Acquire(HeadPart(), "norm_f");
   Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
   if (head_) {
     dhidden = head_->Backward(*acts.head, acts.dlogits, ctx);
@@ -254,12 +269,16 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     kernels::Gemm(acts.dlogits, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
   }
   if (head_) done("head");
+  Release(HeadPart());
   dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);
+  Acquire("norm_f", layers > 0 ? LayerPart(layers - 1) : "embed");
   Tensor dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()), ctx);
+  Release("norm_f");
   done("norm_f");
   const float aux_scale[1] = {in.aux_grad_scale};
-  for (int64_t i = static_cast<int64_t>(blocks_.size()) - 1; i >= 0; --i) {
+  for (int64_t i = layers - 1; i >= 0; --i) {
     Block& b = blocks_[i];
+    Acquire(LayerPart(i), i > 0 ? LayerPart(i - 1) : "embed");
     BlockActivations& ba = acts.blocks[i];
     Tensor dnorm2;
     if (b.mlp) {
@@ -273,9 +292,12 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     Tensor dnorm1 = b.attn.Backward(ba.attn, dmid, ctx);
     dx = dmid;
     AddInto(dx, b.norm1.Backward(ba.norm1, dnorm1, ctx), ctx);
-    done(StrCat("layers.", i));
+    Release(LayerPart(i));
+    done(LayerPart(i));
   }
+  Acquire("embed", "");
   embed_->Backward(acts.embed, dx, ctx);
+  Release("embed");
   done("embed");
 }
 

@@ -118,6 +118,17 @@ class Decoder {
   void Backward(const DecoderInput& input, DecoderOutput& out,
                 const std::function<void(const std::string& prefix)>& on_done = nullptr);
 
+  // ZeRO-3 (engine/parallel/zero.h) frees parameters between uses. acquire(part, next) is
+  // called before a part's parameters are read — in Forward and again in Backward — with
+  // the part read after it ("" for none), release(part) after; parts are the prefixes
+  // Backward reports ("embed", "layers.<i>", "norm_f", "head"; with tied embeddings the
+  // head is "embed"). A training Forward keeps the head for Backward.
+  struct ParameterHooks {
+    std::function<void(const std::string& part, const std::string& next)> acquire;
+    std::function<void(const std::string& part)> release;
+  };
+  void set_parameter_hooks(ParameterHooks hooks) { hooks_ = std::move(hooks); }
+
   parallel::ParameterRegistry& registry() { return registry_; }
   const ModelConfig& config() const { return model_; }
   const moe::MoEConfig& moe_config() const { return moe_; }
@@ -148,6 +159,14 @@ class Decoder {
   // Their backward.
   Tensor MoeRowsOutBackward(const Tensor& dy) const;
   Tensor MoeRowsInBackward(const Tensor& dh, const Shape& shape) const;
+  void Acquire(const std::string& part, const std::string& next) const {
+    if (hooks_.acquire) hooks_.acquire(part, next);
+  }
+  void Release(const std::string& part) const {
+    if (hooks_.release) hooks_.release(part);
+  }
+  std::string LayerPart(int64_t i) const { return StrCat("layers.", i); }
+  std::string HeadPart() const { return head_ ? "head" : "embed"; }
 
   ModelConfig model_;
   moe::MoEConfig moe_;
@@ -159,6 +178,7 @@ class Decoder {
   std::optional<dense::Linear> head_;  // untied: (d, this rank's vocabulary columns)
   std::vector<int64_t> moe_ids_;
   parallel::ParameterRegistry registry_;
+  ParameterHooks hooks_;
 };
 
 }  // namespace switchyard::model

@@ -16,7 +16,10 @@ struct GradSync::Bucket {
   std::vector<int64_t> offsets;  // element offset of each parameter in flat
   DType dtype = DType::kF32;
   int64_t elements = 0;
-  Tensor flat;                   // (elements,) on the communicator's device
+  int part = -1;                 // options_.part_of of its parameters, when given
+  int64_t chunk_begin = 0, chunk_elements = 0;  // this rank's chunk
+  Tensor flat;                   // (elements,) on the communicator's device, while in flight
+  Tensor grad_shard;             // reduce_scatter: (chunk_elements,), persistent
   int pending = 0;               // parameters not yet marked this step
   bool launched = false;
   std::unique_ptr<dist::Work> work;
@@ -63,8 +66,15 @@ GradSync::GradSync(ParameterRegistry& registry, const dist::ParallelContext& pc,
 
 GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of, int64_t bucket_bytes,
                    DeviceContext* ctx)
-    : registry_(registry), ctx_(ctx), bucket_bytes_(bucket_bytes) {
-  SY_CHECK(bucket_bytes_ > 0) << "GradSync: bucket_bytes " << bucket_bytes_;
+    : GradSync(registry, group_of, GradSyncOptions{.bucket_bytes = bucket_bytes}, ctx) {}
+
+GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
+                   const GradSyncOptions& options, DeviceContext* ctx)
+    : registry_(registry), ctx_(ctx), options_(options) {
+  SY_CHECK(options_.bucket_bytes > 0) << "GradSync: bucket_bytes " << options_.bucket_bytes;
+  SY_CHECK(options_.part_of.empty() || options_.part_of.size() == registry.params().size())
+      << "GradSync: part_of has " << options_.part_of.size() << " entries for "
+      << registry.params().size() << " parameters";
   const std::vector<Parameter>& params = registry_.params();
   where_.assign(params.size(), {-1, -1});
   marked_.assign(params.size(), false);
@@ -95,10 +105,12 @@ GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of, i
           << GroupName(view, axes) << " communicator on " << comm->device();
       const DType dtype = p.grad.dtype();
       const int64_t bytes = p.grad.numel() * static_cast<int64_t>(SizeOf(dtype));
+      const int part = options_.part_of.empty() ? -1 : options_.part_of[i];
       auto it = std::find_if(open.begin(), open.end(), [&](auto& o) { return o.first == dtype; });
       if (it != open.end()) {
         const Bucket& b = group->buckets[it->second];
-        if (b.elements * static_cast<int64_t>(SizeOf(dtype)) + bytes > bucket_bytes_) {
+        if (b.elements * static_cast<int64_t>(SizeOf(dtype)) + bytes > options_.bucket_bytes ||
+            b.part != part) {
           open.erase(it);
           it = open.end();
         }
@@ -106,6 +118,7 @@ GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of, i
       if (it == open.end()) {
         group->buckets.emplace_back();
         group->buckets.back().dtype = dtype;
+        group->buckets.back().part = part;
         open.emplace_back(dtype, group->buckets.size() - 1);
         it = open.end() - 1;
       }
@@ -116,8 +129,14 @@ GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of, i
       b.elements += p.grad.numel();
     }
     for (Bucket& b : group->buckets) {
-      b.flat = Tensor::Empty({b.elements}, b.dtype, comm->device());
       b.pending = static_cast<int>(b.params.size());
+      const std::vector<int64_t> chunks = dist::OrderedChunks(b.elements, comm->size());
+      for (int r = 0; r < comm->rank(); ++r) b.chunk_begin += chunks[r];
+      b.chunk_elements = chunks[comm->rank()];
+      if (options_.reduce_scatter) {
+        b.grad_shard = Tensor::Zeros({b.chunk_elements}, b.dtype, comm->device(), ctx_);
+        b.grad_shard.buffer().SetKind(MemoryKind::kGradients);
+      }
     }
     groups_.push_back(std::move(group));
   }
@@ -132,6 +151,7 @@ GradSync::~GradSync() {
 
 void GradSync::Launch(Bucket& b) {
   std::vector<Parameter>& params = registry_.params();
+  b.flat = Tensor::Empty({b.elements}, b.dtype, params[b.params[0]].grad.device());
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& grad = params[b.params[j]].grad;
     b.flat.View({grad.numel()}, b.offsets[j]).CopyFrom(grad, ctx_);
@@ -140,18 +160,27 @@ void GradSync::Launch(Bucket& b) {
 }
 
 void GradSync::Unpack(Bucket& b) {
-  std::vector<Parameter>& params = registry_.params();
-  for (size_t j = 0; j < b.params.size(); ++j) {
-    Tensor& grad = params[b.params[j]].grad;
-    grad.CopyFrom(b.flat.View(grad.shape(), b.offsets[j]), ctx_);
+  if (!options_.reduce_scatter) {  // a reduce-scatter's Wait wrote grad_shard
+    std::vector<Parameter>& params = registry_.params();
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      Tensor& grad = params[b.params[j]].grad;
+      grad.CopyFrom(b.flat.View(grad.shape(), b.offsets[j]), ctx_);
+    }
   }
+  b.flat = Tensor();  // the bucket is workspace: only in flight
+}
+
+std::unique_ptr<dist::Work> GradSync::Reduce(Group& g, Bucket& b) {
+  // The sums are ordered on the communicator's own context, as before ZeRO.
+  if (options_.reduce_scatter) return dist::OrderedReduceScatterAsync(*g.comm, b.flat, b.grad_shard);
+  return dist::OrderedAllReduceAsync(*g.comm, b.flat);
 }
 
 void GradSync::LaunchReady(Group& g) {
   while (g.next_launch < g.buckets.size() && g.buckets[g.next_launch].pending == 0) {
     Bucket& b = g.buckets[g.next_launch++];
     Launch(b);
-    b.work = dist::OrderedAllReduceAsync(*g.comm, b.flat);
+    b.work = Reduce(g, b);
   }
 }
 
@@ -195,7 +224,7 @@ void GradSync::SyncAll() {
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) {
       Launch(b);
-      dist::OrderedAllReduce(*g->comm, b.flat);
+      Reduce(*g, b)->Wait();
       Unpack(b);
       b.launched = false;
     }
@@ -208,9 +237,14 @@ std::vector<GradSync::BucketInfo> GradSync::Buckets() const {
     for (const Bucket& b : g->buckets) {
       out.push_back({.view = g->view,
                      .axes = g->axes,
+                     .comm = g->comm,
                      .params = b.params,
+                     .offsets = b.offsets,
                      .elements = b.elements,
-                     .bytes = b.elements * static_cast<int64_t>(SizeOf(b.dtype))});
+                     .bytes = b.elements * static_cast<int64_t>(SizeOf(b.dtype)),
+                     .chunk_begin = b.chunk_begin,
+                     .chunk_elements = b.chunk_elements,
+                     .grad_shard = b.grad_shard});
     }
   }
   return out;

@@ -51,6 +51,18 @@ dist::Communicator& GroupOf(const dist::ParallelContext& pc, dist::View view, Ax
 // PyTorch DDP's default bucket_cap_mb = 25.
 inline constexpr int64_t kDefaultBucketBytes = int64_t{25} * 1024 * 1024;
 
+struct GradSyncOptions {
+  int64_t bucket_bytes = kDefaultBucketBytes;  // > 0
+  // ZeRO-2/3: each bucket is reduce-scattered (dist::OrderedReduceScatter: the bits the
+  // all-reduce would give) and this rank keeps only its chunk — chunk `rank` of
+  // dist::OrderedChunks(bucket elements, group size) — in the bucket's grad_shard; the
+  // parameters' grads are left unsummed. Off: all-reduced back into the grads.
+  bool reduce_scatter = false;
+  // Registry index -> part (a block of the model); when given, a bucket holds parameters
+  // of one part only, so ZeRO-3 can gather a part's parameters bucket by bucket.
+  std::vector<int> part_of;
+};
+
 class GradSync {
  public:
   // group_of(view, axes): the communicator over those axes of this rank's mesh (on the
@@ -60,6 +72,8 @@ class GradSync {
   using GroupResolver = std::function<dist::Communicator&(dist::View, AxisSet)>;
   GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
            int64_t bucket_bytes = kDefaultBucketBytes, DeviceContext* ctx = nullptr);
+  GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
+           const GradSyncOptions& options, DeviceContext* ctx = nullptr);
   // The same with the groups of pc (GroupOf below).
   GradSync(ParameterRegistry& registry, const dist::ParallelContext& pc,
            int64_t bucket_bytes = kDefaultBucketBytes, DeviceContext* ctx = nullptr);
@@ -80,9 +94,14 @@ class GradSync {
   struct BucketInfo {
     dist::View view;
     AxisSet axes;  // the gradient is summed over these
+    dist::Communicator* comm = nullptr;  // the group over axes
     std::vector<size_t> params;  // registry indices, in packing order
+    std::vector<int64_t> offsets;  // where each parameter starts in the bucket (elements)
     int64_t elements = 0;
     int64_t bytes = 0;
+    // This rank's chunk of the bucket (dist::OrderedChunks): what it owns under ZeRO.
+    int64_t chunk_begin = 0, chunk_elements = 0;
+    Tensor grad_shard;  // reduce_scatter: (chunk_elements,) the summed chunk after Finish
   };
   std::vector<BucketInfo> Buckets() const;
   // "grad sync: 3 buckets (dense 2 over 4 ranks, expert 1 over 2 ranks), 1.5 MiB".
@@ -94,11 +113,12 @@ class GradSync {
 
   void Launch(Bucket& b);
   void Unpack(Bucket& b);
+  std::unique_ptr<dist::Work> Reduce(Group& g, Bucket& b);
   void LaunchReady(Group& g);
 
   ParameterRegistry& registry_;
   DeviceContext* ctx_;
-  int64_t bucket_bytes_;
+  GradSyncOptions options_;
   std::vector<std::unique_ptr<Group>> groups_;  // one per (view, axes) of size > 1
   // For each registry index: {group slot, bucket index} or {-1, -1} when not synced.
   std::vector<std::pair<int, int>> where_;

@@ -8,18 +8,43 @@
 
 namespace switchyard::train {
 
-double GlobalGradNorm(const parallel::ParameterRegistry& registry,
-                      const dist::ParallelContext& pc, DeviceContext* ctx) {
-  // The gradients this rank owns, summed in one multi-tensor reduction (one copy back on a
-  // GPU).
+namespace {
+
+// The gradients clipping reads on this rank: the owned elements of each trainable
+// parameter (everything without ZeRO). With `counted_only`, only those this rank counts in
+// the norm (see the header).
+std::vector<Tensor> OwnedGrads(const parallel::ParameterRegistry& registry,
+                               const dist::ParallelContext& pc, const parallel::ZeroShards* zero,
+                               bool counted_only) {
+  const bool sharded = zero != nullptr && zero->stage() > 0;
   std::vector<Tensor> grads;
-  for (const parallel::Parameter& p : registry.params()) {
+  const auto& params = registry.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const parallel::Parameter& p = params[i];
     if (!p.trainable || !p.grad.defined()) continue;
-    const dist::MeshCoords coords = pc.mesh().CoordsOf(pc.rank(), p.view);
-    bool owner = true;
-    for (dist::Axis a : p.replicated.Axes()) owner = owner && coords[static_cast<int>(a)] == 0;
-    if (owner) grads.push_back(p.grad);
+    const Tensor grad = sharded ? zero->OwnedGrad(i) : p.grad;
+    if (grad.numel() == 0) continue;
+    if (counted_only) {
+      const parallel::AxisSet shard = sharded ? zero->ShardAxes(i) : parallel::AxisSet();
+      const dist::MeshCoords coords = pc.mesh().CoordsOf(pc.rank(), p.view);
+      bool owner = true;
+      for (dist::Axis a : p.replicated.Axes())
+        owner = owner && (shard.Has(a) || coords[static_cast<int>(a)] == 0);
+      if (!owner) continue;
+    }
+    grads.push_back(grad);
   }
+  return grads;
+}
+
+}  // namespace
+
+double GlobalGradNorm(const parallel::ParameterRegistry& registry,
+                      const dist::ParallelContext& pc, DeviceContext* ctx,
+                      const parallel::ZeroShards* zero) {
+  // The gradients this rank counts, summed in one multi-tensor reduction (one copy back on
+  // a GPU).
+  std::vector<Tensor> grads = OwnedGrads(registry, pc, zero, /*counted_only=*/true);
   double local = 0.0;
   for (double s : kernels::SumSquaresMany(grads, ctx)) local += s;
   const double mine[1] = {local};
@@ -27,14 +52,12 @@ double GlobalGradNorm(const parallel::ParameterRegistry& registry,
 }
 
 double ClipGradNorm(parallel::ParameterRegistry& registry, double max_norm,
-                    const dist::ParallelContext& pc, DeviceContext* ctx) {
-  const double norm = GlobalGradNorm(registry, pc, ctx);
+                    const dist::ParallelContext& pc, DeviceContext* ctx,
+                    const parallel::ZeroShards* zero) {
+  const double norm = GlobalGradNorm(registry, pc, ctx, zero);
   if (max_norm > 0.0 && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    std::vector<Tensor> grads;
-    for (parallel::Parameter& p : registry.params()) {
-      if (p.trainable && p.grad.defined()) grads.push_back(p.grad);
-    }
+    std::vector<Tensor> grads = OwnedGrads(registry, pc, zero, /*counted_only=*/false);
     kernels::ScaleMany(grads, scale, ctx);
   }
   return norm;

@@ -13,24 +13,32 @@
 // Boxes split over tp, ep, etp or pp are each owned once, so any layout gives the norm of
 // the one-rank model up to the order of the sum. Every rank gets the same norm, so every
 // replica scales identically.
+//
+// Under ZeRO (engine/parallel/zero.h, stage >= 1) each rank reads only the gradient of the
+// elements it owns (ZeroShards::OwnedGrad), partitioned over the parameter's shard axes:
+// the rule's axes are then replicated minus those, and only the owned gradients are scaled
+// (the optimizer reads no other).
 #pragma once
 
 #include "engine/core/device_context.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/parallel/parameter.h"
+#include "engine/parallel/zero.h"
 
 namespace switchyard::train {
 
 // The global L2 norm of the gradients of every trainable parameter. Collective over
 // pc.world() (a host communicator).
 double GlobalGradNorm(const parallel::ParameterRegistry& registry,
-                      const dist::ParallelContext& pc, DeviceContext* ctx = nullptr);
+                      const dist::ParallelContext& pc, DeviceContext* ctx = nullptr,
+                      const parallel::ZeroShards* zero = nullptr);
 
 // Computes the global norm and, when max_norm > 0 and the norm exceeds it, scales every
 // trainable gradient by max_norm / (norm + 1e-6). Returns the norm before clipping.
 // max_norm <= 0: no clipping (the norm is still computed and returned).
 double ClipGradNorm(parallel::ParameterRegistry& registry, double max_norm,
-                    const dist::ParallelContext& pc, DeviceContext* ctx = nullptr);
+                    const dist::ParallelContext& pc, DeviceContext* ctx = nullptr,
+                    const parallel::ZeroShards* zero = nullptr);
 
 }  // namespace switchyard::train

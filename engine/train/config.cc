@@ -114,7 +114,8 @@ std::vector<Section> Sections(Config& c) {
         Bind("seed", &m.seed)}},
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
-        Bind("pp", &p.pp), Bind("zero_stage", &p.zero_stage), Bind("order", &p.order),
+        Bind("pp", &p.pp), Bind("zero_stage", &p.zero_stage),
+        Bind("offload_optimizer", &p.offload_optimizer), Bind("order", &p.order),
         Bind("sequence_parallel", &p.sequence_parallel)}},
       {"train",
        {BindEnum("optimizer", &t.optimizer, ParseOptimizerKind, OptimizerKindName),
@@ -200,6 +201,10 @@ Status Config::Validate(int world) const {
   if (p.zero_stage < 0 || p.zero_stage > 3) {
     return InvalidArgument("parallel.zero_stage=", p.zero_stage, " must be 0, 1, 2 or 3");
   }
+  if (p.offload_optimizer && p.zero_stage == 0) {
+    return InvalidArgument("parallel.offload_optimizer=true needs parallel.zero_stage >= 1 (the "
+                           "offloaded optimizer is the sharded one, as in ZeRO-Offload)");
+  }
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
   SY_RETURN_IF_ERROR(train.Validate());
   if (p.tp > 1 && p.sequence_parallel && model.seq_len % p.tp != 0) {
@@ -255,9 +260,6 @@ Status ParallelConfig::CheckSupported() const {
                            " is not supported yet (context and pipeline parallelism are the next "
                            "dense-parallelism steps); use tp, etp, ep and data parallelism");
     }
-  }
-  if (zero_stage != 0) {
-    return Unimplemented("parallel.zero_stage=", zero_stage, " is not supported yet; use 0");
   }
   return OkStatus();
 }

@@ -23,7 +23,13 @@ struct ParallelConfig {
   int ep = 1;          // expert parallel
   int etp = 0;         // tensor parallel inside each expert; 0 means the same as tp
   int pp = 1;          // pipeline stages
-  int zero_stage = 0;  // ZeRO stage 0-3
+  // ZeRO stage 0-3 (engine/parallel/zero.h, docs/zero.md): 1 shards the optimizer state
+  // over each parameter's data-parallel group (dense: dp x cp; experts: edp), 2 the
+  // gradients too, 3 the parameters too.
+  int zero_stage = 0;
+  // ZeRO-Offload: optimizer state and update on the host (GPU runs; needs zero_stage >= 1;
+  // on the CPU backend accepted and changes nothing).
+  bool offload_optimizer = false;
   std::string order = "tp-cp-ep-dp-pp";  // mesh axis order, first fastest
   // With tp > 1: norms, the residual stream and the MoE layers work on sequence shards
   // (Megatron-LM requires it with MoE); all-gather / reduce-scatter replace the all-reduces.

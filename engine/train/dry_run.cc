@@ -1,6 +1,7 @@
 #include "engine/train/dry_run.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include <cstdio>
 #include <sstream>
@@ -136,6 +137,52 @@ RankParams EstimateRankParams(const Config& c, const dist::Mesh& mesh, int rank)
   return r;
 }
 
+RankMemory PredictRankMemory(const Config& c, const dist::Mesh& mesh, int rank) {
+  const model::ModelConfig& m = c.model;
+  const moe::MoEConfig& e = c.moe;
+  const ParallelConfig& p = c.parallel;
+  const RankParams held = EstimateRankParams(c, mesh, rank);
+  const int stage = p.zero_stage;
+  const double dp_cp = double(mesh.dp()) * mesh.cp(), edp = mesh.edp();
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < m.n_layers; ++i) moe_layers += e.IsMoeLayer(i) ? 1 : 0;
+  const int64_t norm = m.norm == "layernorm" ? 2 * m.d_model : m.d_model;
+  // The replicated elements that are not partitioned over dp x cp x tp: norm weights without
+  // sequence parallelism (each tp rank computes the whole gradient: dp x cp) and the
+  // experts' output bias under etp (edp x etp).
+  const int64_t norms_unsummed =
+      mesh.tp() > 1 && !p.sequence_parallel ? norm * (2 * m.n_layers + 1) : 0;
+  const int64_t b2_etp =
+      e.bias && mesh.etp() > 1 ? moe_layers * (e.num_experts / mesh.ep()) * m.d_model : 0;
+  const int64_t rest = held.replicated - norms_unsummed - b2_etp;
+  // (elements, the size of the group they are partitioned over)
+  const std::pair<double, double> groups[] = {{double(held.dense), dp_cp},
+                                              {double(norms_unsummed), dp_cp},
+                                              {double(rest), dp_cp * mesh.tp()},
+                                              {double(b2_etp), edp * mesh.etp()},
+                                              {double(held.expert), edp}};
+  const double states = c.train.optimizer == OptimizerKind::kAdamW ? 2
+                        : c.train.momentum != 0.0f                  ? 1
+                                                                    : 0;
+  RankMemory r;
+  double total = 0;
+  for (auto [n, group] : groups) {
+    total += n;
+    r.parameters += 4.0 * n / (stage >= 3 ? group : 1);
+    r.gradients += 4.0 * n / (stage >= 2 ? group : 1);
+    r.optimizer += 4.0 * states * n / (stage >= 1 ? group : 1);
+  }
+  // The aux-loss-free expert bias: persistent, not trained, whole on every rank.
+  if (e.expert_bias_rate > 0) r.parameters += 4.0 * moe_layers * e.num_experts;
+  // Workspace: the activations of a micro-batch, every gradient bucket at the sync, the
+  // full gradients of stages 2-3 and two gathered stage-3 parts (the one in use, the next).
+  ModelCost cost = EstimateCost(c);
+  r.workspace = cost.activation_bytes_per_rank + 4.0 * total;
+  if (stage >= 2) r.workspace += 4.0 * total;
+  if (stage >= 3) r.workspace += 2.0 * 4.0 * total / std::max<int64_t>(1, m.n_layers);
+  return r;
+}
+
 RankParams CountRankParams(const parallel::ParameterRegistry& registry) {
   RankParams r;
   for (const parallel::Parameter& p : registry.params()) {
@@ -183,6 +230,34 @@ std::string DryRunReport(const Config& c, int world) {
   if (!mesh.ok()) {
     out << "  per-rank table: " << mesh.status().message() << "\n";
     return out.str();
+  }
+  // Memory under the ZeRO stage: the largest rank, and how many ranks of common memory
+  // sizes the run needs at this layout (the world grown in steps of a whole model replica).
+  RankMemory most;
+  for (int r = 0; r < world; ++r) {
+    const RankMemory rm = PredictRankMemory(c, *mesh, r);
+    if (rm.total() > most.total()) most = rm;
+  }
+  out << "  memory / rank under zero_stage " << c.parallel.zero_stage << " (largest rank): "
+      << "parameters " << Bytes(most.parameters) << ", gradients " << Bytes(most.gradients)
+      << ", optimizer " << Bytes(most.optimizer) << ", workspace ~" << Bytes(most.workspace)
+      << ", total " << Bytes(most.total()) << "\n";
+  const int64_t replica = std::lcm(int64_t{c.parallel.tp} * c.parallel.cp * c.parallel.pp,
+                                   int64_t{c.parallel.etp > 0 ? c.parallel.etp : c.parallel.tp} * c.parallel.ep * c.parallel.pp);
+  for (auto [gib, what] : {std::pair<double, const char*>{24, "24 GiB (this CPU machine)"},
+                           {80, "80 GiB (H100)"}, {141, "141 GiB (H200)"}}) {
+    int64_t need = 0;
+    for (int64_t w = replica; w <= (int64_t{1} << 16) && need == 0; w += replica) {
+      auto wmesh = dist::Mesh::Create(static_cast<int>(w), c.parallel.MeshSizes(), c.parallel.order);
+      if (!wmesh.ok()) continue;
+      double peak = 0;  // ranks differ only within a replica: the first one is enough
+      for (int r = 0; r < std::min<int64_t>(w, replica); ++r)
+        peak = std::max(peak, PredictRankMemory(c, *wmesh, r).total());
+      if (peak <= gib * 1024.0 * 1024.0 * 1024.0) need = w;
+    }
+    out << "    ranks of " << what << ": "
+        << (need > 0 ? StrCat(need) : std::string("more than 65536"))
+        << "\n";
   }
   // Ranks with equal holdings share a row.
   std::vector<std::pair<RankParams, std::vector<int>>> rows;

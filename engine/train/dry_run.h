@@ -51,6 +51,21 @@ RankParams EstimateRankParams(const Config& config, const dist::Mesh& mesh, int 
 // estimate honest).
 RankParams CountRankParams(const parallel::ParameterRegistry& registry);
 
+// The bytes one rank holds under the config's ZeRO stage (docs/zero.md): the model states
+// between steps — the ZeRO paper's formulas with this engine's f32 constants (4 bytes of
+// weights, 4 of gradients, 4 per optimizer state tensor: AdamW 2, SGD with momentum 1),
+// each parameter group partitioned over its own data-parallel group (dense over dp x cp,
+// tp-summed replicas over dp x cp x tp, routed experts over edp) — and an estimate of the
+// workspace peak (activations of the micro-batches in flight, gradient buckets, the full
+// gradients of stages 2-3 during backward, two gathered parts of stage 3).
+struct RankMemory {
+  double parameters = 0, gradients = 0, optimizer = 0;
+  double workspace = 0;
+  double model_states() const { return parameters + gradients + optimizer; }
+  double total() const { return model_states() + workspace; }
+};
+RankMemory PredictRankMemory(const Config& config, const dist::Mesh& mesh, int rank);
+
 // The human-readable report: sizes, layout, counts, FLOPs, memory, and a table of the
 // parameter elements and bytes (weights + gradients + optimizer state, f32) every rank of
 // the layout holds, by group.

@@ -20,8 +20,9 @@ const char* OptimizerKindName(OptimizerKind kind) {
 }
 
 Optimizer::Optimizer(parallel::ParameterRegistry& registry, const OptimizerOptions& options,
-                     DeviceContext* ctx)
-    : registry_(registry), options_(options), ctx_(ctx) {
+                     DeviceContext* ctx, const parallel::ZeroShards* zero)
+    : registry_(registry), options_(options), ctx_(ctx),
+      zero_(zero != nullptr && zero->stage() > 0 ? zero : nullptr) {
   const bool adamw = options_.kind == OptimizerKind::kAdamW;
   const std::vector<parallel::Parameter>& params = registry_.params();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -29,14 +30,31 @@ Optimizer::Optimizer(parallel::ParameterRegistry& registry, const OptimizerOptio
     if (!p.trainable) continue;
     Slot slot;
     slot.param = i;
-    const Device device = p.value.device();
-    if (adamw || options_.momentum != 0.0f) {
-      slot.exp_avg = Tensor::Zeros(p.value.shape(), p.value.dtype(), device, ctx_);
+    // Without ZeRO the state has the parameter's shape; with it, the owned elements (1-D).
+    const Shape shape = zero_ ? Shape{p.FlatEnd() - p.flat_begin} : p.value.shape();
+    const Device device = options_.offload ? Device::Cpu() : p.value.device();
+    auto state = [&] {
+      Tensor t = Tensor::Zeros(shape, p.value.dtype(), device, ctx_);
+      t.buffer().SetKind(MemoryKind::kOptimizer);
+      return t;
+    };
+    if (adamw || options_.momentum != 0.0f) slot.exp_avg = state();
+    if (adamw) slot.exp_avg_sq = state();
+    if (options_.offload) {
+      slot.host_value = state();
+      slot.host_grad = state();
     }
-    if (adamw) slot.exp_avg_sq = Tensor::Zeros(p.value.shape(), p.value.dtype(), device, ctx_);
     slots_.push_back(std::move(slot));
   }
   step_ = Tensor::Zeros({}, DType::kI64);
+}
+
+Tensor Optimizer::Value(const Slot& slot) const {
+  return zero_ ? zero_->OwnedValue(slot.param) : registry_.params()[slot.param].value;
+}
+
+Tensor Optimizer::Grad(const Slot& slot) const {
+  return zero_ ? zero_->OwnedGrad(slot.param) : registry_.params()[slot.param].grad;
 }
 
 int64_t Optimizer::step() const { return *step_.data<int64_t>(); }
@@ -52,20 +70,38 @@ void Optimizer::Step(float lr) {
   // AdamW: every parameter in one multi-tensor update (a few launches on a GPU), with the
   // same per-element arithmetic as one AdamWUpdate per tensor.
   std::vector<kernels::AdamWTensors> adamw;
+  // Offload: the owned gradients come down to the host, the update runs there (no device
+  // context), the new values go back up.
+  DeviceContext* update_ctx = options_.offload ? nullptr : ctx_;
+  std::vector<Tensor> values;
   for (Slot& slot : slots_) {
     SY_CHECK(slot.param < params.size()) << "the registry lost parameters after the optimizer was built";
     parallel::Parameter& p = params[slot.param];
+    Tensor value = Value(slot), grad = Grad(slot);
+    if (value.numel() == 0) continue;  // ZeRO: this rank owns none of it
+    if (options_.offload) {
+      slot.host_value.CopyFrom(value, ctx_);
+      slot.host_grad.CopyFrom(grad, ctx_);
+      values.push_back(value);
+      value = slot.host_value;
+      grad = slot.host_grad;
+    }
     const float wd = p.weight_decay ? options_.weight_decay : 0.0f;
     if (options_.kind == OptimizerKind::kAdamW) {
-      adamw.push_back({p.value, p.grad, slot.exp_avg, slot.exp_avg_sq, wd});
+      adamw.push_back({value, grad, slot.exp_avg, slot.exp_avg_sq, wd});
     } else {
-      kernels::SgdUpdate(p.value, p.grad, slot.exp_avg, lr, options_.momentum, wd, ctx_);
+      kernels::SgdUpdate(value, grad, slot.exp_avg, lr, options_.momentum, wd, update_ctx);
     }
   }
   if (!adamw.empty()) {
     kernels::AdamWUpdateMany(adamw, {.lr = lr, .beta1 = options_.beta1, .beta2 = options_.beta2,
                                      .eps = options_.eps, .step = t},
-                             ctx_);
+                             update_ctx);
+  }
+  if (options_.offload) {
+    size_t k = 0;
+    for (Slot& slot : slots_)
+      if (Value(slot).numel() > 0) values[k++].CopyFrom(slot.host_value, ctx_);
   }
   set_step(t);
 }
@@ -75,8 +111,13 @@ std::vector<parallel::Parameter> Optimizer::State() const {
   std::vector<parallel::Parameter> state;
   auto add = [&](const parallel::Parameter& owner, const char* what, const Tensor& value) {
     if (!value.defined()) return;
-    // The state has its parameter's layout: the same box of the same logical tensor.
+    // The state has its parameter's layout: the same box of the same logical tensor (under
+    // ZeRO only the owned elements of it).
     parallel::Parameter p = owner;
+    if (zero_) {
+      p.box_shape = owner.value.shape();
+      p.flat_value = true;
+    }
     p.name = StrCat("optimizer.", what, ".", owner.name);
     p.grad_sum = parallel::AxisSet();
     p.trainable = false;

@@ -1,5 +1,6 @@
 #include "engine/train/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -58,16 +59,45 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   SY_ASSIGN_OR_RETURN(t->rt_, MakeRuntime(config.runtime, world, mesh));
   DeviceContext* ctx = t->rt_.ctx.get();
   SY_ASSIGN_OR_RETURN(t->decoder_, MakeDecoder(config, t->rt_, *t->pc_));
-  t->optimizer_ = std::make_unique<Optimizer>(t->decoder_->registry(),
-                                              config.train.optimizer_options(), ctx);
-  t->grad_sync_ = std::make_unique<parallel::GradSync>(t->decoder_->registry(), t->data_pc(),
-                                                       config.train.bucket_bytes(), ctx);
-  const auto& params = t->decoder_->registry().params();
+  parallel::ParameterRegistry& reg = t->decoder_->registry();
+  const auto& params = reg.params();
+  std::vector<int> part_of(params.size());
+  std::vector<std::string> part_names;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = params[i].name;
     const size_t dot = name.rfind("layers.", 0) == 0 ? name.find('.', 7) : name.find('.');
-    t->part_params_[name.substr(0, dot)].push_back(i);
+    const std::string part = name.substr(0, dot);
+    auto it = std::find(part_names.begin(), part_names.end(), part);
+    part_of[i] = static_cast<int>(it - part_names.begin());
+    if (it == part_names.end()) part_names.push_back(part);
+    t->part_params_[part].push_back(i);
   }
+  const int stage = p.zero_stage;
+  dist::ParallelContext& data_pc = t->data_pc();
+  t->grad_sync_ = std::make_unique<parallel::GradSync>(
+      reg,
+      [&data_pc](dist::View view, parallel::AxisSet axes) -> dist::Communicator& {
+        return parallel::GroupOf(data_pc, view, axes);
+      },
+      parallel::GradSyncOptions{.bucket_bytes = config.train.bucket_bytes(),
+                                .reduce_scatter = stage >= 2,
+                                .part_of = stage >= 3 ? part_of : std::vector<int>{}},
+      ctx);
+  t->zero_ = std::make_unique<parallel::ZeroShards>(reg, *t->grad_sync_, stage, part_of,
+                                                    part_names, ctx);
+  if (stage >= 3) {
+    parallel::ZeroShards* zero = t->zero_.get();
+    t->decoder_->set_parameter_hooks(
+        {.acquire = [zero](const std::string& part, const std::string& next) { zero->Acquire(part, next); },
+         .release = [zero](const std::string& part) { zero->Release(part); }});
+  }
+  OptimizerOptions oo = config.train.optimizer_options();
+  oo.offload = p.offload_optimizer && !t->device().is_cpu();
+  if (p.offload_optimizer && t->device().is_cpu() && world.rank() == 0) {
+    std::printf("parallel.offload_optimizer: the CPU backend already keeps the optimizer on the "
+                "host; nothing changes\n");
+  }
+  t->optimizer_ = std::make_unique<Optimizer>(reg, oo, ctx, t->zero_.get());
   const int dp = mesh.dp();
   data::LoaderOptions lo{.dir = config.data.dir,
                          .seq_len = config.model.seq_len,
@@ -92,13 +122,56 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
     std::filesystem::create_directories(out_dir, ec);
     if (ec) return FailedPrecondition(out_dir, ": cannot create the output directory (", ec.message(), ")");
   }
+  ResetMemoryPeaks(t->device());  // the workspace peak counts from the first step on
   return t;
+}
+
+parallel::ParameterRegistry Trainer::CheckpointRegistry() const {
+  parallel::ParameterRegistry reg;
+  for (parallel::Parameter& p : zero_->CheckpointParameters()) reg.Add(std::move(p));
+  return reg;
+}
+
+Trainer::Memory Trainer::memory() const {
+  const MemoryUse use = MemoryUseOf(device());
+  auto at = [&](MemoryKind k) { return use.in_use[static_cast<int>(k)]; };
+  return {.parameters = at(MemoryKind::kParameters),
+          .gradients = at(MemoryKind::kGradients),
+          .optimizer = at(MemoryKind::kOptimizer),
+          .workspace_peak = use.peak[static_cast<int>(MemoryKind::kWorkspace)]};
+}
+
+void Trainer::ReportMemory() {
+  const Memory m = memory();
+  const std::vector<int64_t> mine = {m.parameters, m.gradients, m.optimizer, m.workspace_peak};
+  Tensor all = Tensor::Empty({world_.size() * 4}, DType::kI64);
+  world_.AllGather(Tensor::FromVector(mine, {4}), all);
+  if (!is_root()) return;
+  const int64_t* v = all.data<int64_t>();
+  nlohmann::json ranks = nlohmann::json::array();
+  std::printf("memory per rank (zero %d; model states held between steps, workspace peak):\n",
+              config_.parallel.zero_stage);
+  std::printf("  %4s %14s %14s %14s %14s %14s\n", "rank", "parameters", "gradients", "optimizer",
+              "model states", "workspace pk");
+  for (int r = 0; r < world_.size(); ++r) {
+    const int64_t* x = v + 4 * r;
+    std::printf("  %4d %14lld %14lld %14lld %14lld %14lld\n", r, static_cast<long long>(x[0]),
+                static_cast<long long>(x[1]), static_cast<long long>(x[2]),
+                static_cast<long long>(x[0] + x[1] + x[2]), static_cast<long long>(x[3]));
+    ranks.push_back({{"rank", r}, {"parameters", x[0]}, {"gradients", x[1]}, {"optimizer", x[2]},
+                     {"workspace_peak", x[3]}});
+  }
+  std::fflush(stdout);
+  metrics_->Write(nlohmann::json{{"step", step_ - 1},
+                                 {"memory", {{"zero_stage", config_.parallel.zero_stage},
+                                             {"ranks", ranks}}}}
+                      .dump());
 }
 
 Status Trainer::Resume(const std::string& path) {
   std::vector<parallel::Parameter> state = optimizer_->State();
-  SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck,
-                      LoadCheckpoint(path, decoder_->registry(), &state, world_));
+  parallel::ParameterRegistry params = CheckpointRegistry();
+  SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpoint(path, params, &state, world_));
   step_ = ck.step;
   if (is_root()) {
     std::printf("resumed from %s at step %lld (saved with world %d, ep %d, dp %d)\n", ck.dir.c_str(),
@@ -116,6 +189,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t global_groups = int64_t{mesh.dp()} * tc.grad_accum;
   parallel::ParameterRegistry& reg = decoder_->registry();
   DeviceContext* ctx = rt_.ctx.get();
+  zero_->MaterializeGradients();
   reg.ZeroGrad(ctx);
 
   const size_t n_moe = decoder_->moe_layer_ids().size();
@@ -167,9 +241,11 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const double ce_sum = dist::TreeSumDoubles(ce_sums);
   const double aux_sum = dist::TreeSumDoubles(aux_sums);
   const double z_sum = dist::TreeSumDoubles(z_sums);
-  const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx);
+  const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx, zero_.get());
   const float lr = tc.schedule().LrAt(optimizer_->step());
   optimizer_->Step(lr);
+  zero_->GatherUpdatedParameters();
+  zero_->FreeGradients();
 
   // Reduce the step's numbers over the data-parallel world: the losses over dp x cp (every
   // tp rank holds the same sums), the routing statistics also over tp (each tp rank counts
@@ -213,7 +289,8 @@ Status Trainer::Save() {
   state["seed"] = config_.train.seed;
   state["data_position"] = {{"next_step", step_}, {"micro_batches_per_step", config_.train.grad_accum}};
   state["loss"] = losses_.empty() ? 0.0 : losses_.back();
-  CheckpointContents contents{.params = &decoder_->registry(), .optimizer_state = optimizer_->State(),
+  const parallel::ParameterRegistry params = CheckpointRegistry();
+  CheckpointContents contents{.params = &params, .optimizer_state = optimizer_->State(),
                               .trainer_state_json = state.dump(), .config_yaml = config_.ToYaml()};
   SY_RETURN_IF_ERROR(SaveCheckpoint(out_dir_, step_, contents, world_, pc_->mesh()));
   if (is_root()) std::printf("saved checkpoint %s/%s\n", out_dir_.c_str(), StepDirName(step_).c_str());
@@ -253,6 +330,7 @@ Status Trainer::Run(int64_t steps) {
       metrics_->Write(MetricsJson(m));
     }
     ++step_;
+    if (losses_.size() == 1) ReportMemory();  // after the first step: the peaks are in
     if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || step_ == end) && !val_batches_.empty()) {
       const double val = Validate();
       if (is_root()) {

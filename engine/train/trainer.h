@@ -20,6 +20,7 @@
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
 #include "engine/parallel/grad_sync.h"
+#include "engine/parallel/zero.h"
 #include "engine/train/config.h"
 #include "engine/train/data/loader.h"
 #include "engine/train/metrics.h"
@@ -51,6 +52,15 @@ class Trainer {
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
   const std::vector<double>& losses() const { return losses_; }
   model::Decoder& decoder() { return *decoder_; }
+  const parallel::ZeroShards& zero() const { return *zero_; }
+  // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model
+  // states held between steps and the workspace peak over the steps run so far.
+  struct Memory {
+    int64_t parameters = 0, gradients = 0, optimizer = 0;  // bytes held between steps
+    int64_t workspace_peak = 0;  // activations, buckets, gathered ZeRO-3 parts, scratch
+    int64_t model_states() const { return parameters + gradients + optimizer; }
+  };
+  Memory memory() const;
   // Where the step runs (runtime.device).
   Device device() const { return rt_.device(); }
 
@@ -60,6 +70,10 @@ class Trainer {
   StepMetrics TrainStep(bool record_routing);
   double Validate();
   Status Save();
+  // The model's parameters as a checkpoint reads and writes them (ZeroShards).
+  parallel::ParameterRegistry CheckpointRegistry() const;
+  // Logs memory() of every rank once (stdout on rank 0 and metrics.jsonl). Collective.
+  void ReportMemory();
   bool is_root() const { return world_.rank() == 0; }
 
   // The groups gradients and tokens travel in (runtime.h); pc_ keeps the bookkeeping.
@@ -73,6 +87,7 @@ class Trainer {
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<parallel::GradSync> grad_sync_;
+  std::unique_ptr<parallel::ZeroShards> zero_;  // every stage, 0 included (memory tags)
   // Registry indices of each part Decoder::Backward reports ("layers.3", "embed", ...).
   std::map<std::string, std::vector<size_t>> part_params_;
   std::unique_ptr<data::DataLoader> loader_;
