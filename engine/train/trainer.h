@@ -52,7 +52,8 @@ class Trainer {
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
   const std::vector<double>& losses() const { return losses_; }
   model::Decoder& decoder() { return *decoder_; }
-  const parallel::ZeroShards& zero() const { return *zero_; }
+  parallel::ZeroShards& zero() { return *zero_; }
+  const Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model
   // states held between steps and the workspace peak over the steps run so far.
   struct Memory {
