@@ -36,38 +36,15 @@
 #include <vector>
 
 #include "benchmarks/harness.h"
+#include "benchmarks/train_bench.h"
 #include "engine/dist/counting_communicator.h"
 #include "engine/train/config.h"
-#include "engine/train/data/prep.h"
 #include "engine/train/trainer.h"
 
 namespace switchyard::bench {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A synthetic corpus (random words in documents) prepared into `dir`, on rank 0.
-Status MakeData(const std::string& dir, int vocab) {
-  const fs::path text = fs::path(dir) / "corpus";
-  fs::create_directories(text);
-  std::mt19937 rng(7);
-  const char* syllables[] = {"ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "pe", "du"};
-  std::ofstream out(text / "synthetic.txt");
-  for (int doc = 0; doc < 2000; ++doc) {
-    for (int w = 0; w < 60; ++w) {
-      const int n = 1 + static_cast<int>(rng() % 3);
-      for (int s = 0; s < n; ++s) out << syllables[rng() % 10];
-      out << (w % 12 == 11 ? "\n" : " ");
-    }
-    out << "\n%\n";
-  }
-  out.close();
-  data::PrepOptions options;
-  options.out_dir = (fs::path(dir) / "data").string();
-  options.files = {(text / "synthetic.txt").string()};
-  options.vocab_size = vocab;
-  return data::Prepare(options).status();
-}
 
 struct Volume {
   int64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;
@@ -117,15 +94,9 @@ int Main(int argc, char** argv) {
   // Data: the given directory, or a synthetic corpus prepared by rank 0 in a temp dir.
   std::string tmp;
   if (data_dir.empty()) {
-    Tensor pid = Tensor::FromVector<int64_t>({static_cast<int64_t>(::getpid())}, {1});
-    h.world().Broadcast(pid, 0);
-    tmp = (fs::temp_directory_path() / ("sy_tp_comm_" + std::to_string(pid.ToVector<int64_t>()[0])))
-              .string();
-    Status made = OkStatus();
-    if (h.rank() == 0) made = MakeData(tmp, 2000);
-    Tensor ok = Tensor::FromVector<int32_t>({made.ok() ? 1 : 0}, {1});
-    h.world().Broadcast(ok, 0);
-    if (ok.ToVector<int32_t>()[0] == 0) return h.Fail("synthetic data: " + Message(made));
+    auto made = MakeSyntheticData(h.world(), "sy_tp_comm", 2000);
+    if (!made.ok()) return h.Fail(Message(made.status()));
+    tmp = *made;
     data_dir = (fs::path(tmp) / "data").string();
   }
   std::vector<std::string> overrides = {
@@ -146,20 +117,11 @@ int Main(int argc, char** argv) {
   for (int r = 0; r < tp; ++r) all[r] = r;
   dist::CountingCommunicator world(h.world().Split({all}));
   const std::string out = (fs::temp_directory_path() / ("sy_tp_comm_run_" + std::to_string(::getpid()))).string();
-  std::unique_ptr<train::Trainer> trainer;
-  {
-    // The trainer's progress lines would interleave with the table.
-    std::fflush(stdout);
-    const int saved = ::dup(1);
-    std::freopen("/dev/null", "w", stdout);
-    auto created = train::Trainer::Create(*config, out, world);
-    Status ran = created.ok() ? (*created)->Run(1) : created.status();  // warm-up
-    std::fflush(stdout);
-    ::dup2(saved, 1);
-    ::close(saved);
-    if (!ran.ok()) return h.Fail(Message(ran));
-    trainer = std::move(*created);
-  }
+  auto created = train::Trainer::Create(*config, out, world);
+  if (!created.ok()) return h.Fail(Message(created.status()));
+  std::unique_ptr<train::Trainer> trainer = std::move(*created);
+  // The trainer's progress lines would interleave with the table.
+  if (Status ran = RunQuietly(*trainer, 1); !ran.ok()) return h.Fail(Message(ran));  // warm-up
   auto* tp_comm = dynamic_cast<dist::CountingCommunicator*>(&trainer->parallel_context().tp());
   auto* grad_comm =
       dynamic_cast<dist::CountingCommunicator*>(&trainer->parallel_context().dp_cp_tp());
@@ -168,15 +130,9 @@ int Main(int argc, char** argv) {
   for (int64_t s = 0; s < steps; ++s) {
     if (tp_comm) tp_comm->ResetTraffic();
     if (grad_comm) grad_comm->ResetTraffic();
-    std::fflush(stdout);
-    const int saved = ::dup(1);
-    std::freopen("/dev/null", "w", stdout);
     const double t0 = Now();
-    Status ran = trainer->Run(1);
+    Status ran = RunQuietly(*trainer, 1);
     const double t1 = Now();
-    std::fflush(stdout);
-    ::dup2(saved, 1);
-    ::close(saved);
     if (!ran.ok()) return h.Fail(Message(ran));
     step_s.push_back(t1 - t0);
     if (tp_comm) traffic = tp_comm->traffic();

@@ -133,7 +133,7 @@ GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
       const std::vector<int64_t> chunks = dist::OrderedChunks(b.elements, comm->size());
       for (int r = 0; r < comm->rank(); ++r) b.chunk_begin += chunks[r];
       b.chunk_elements = chunks[comm->rank()];
-      if (options_.reduce_scatter) {
+      if (options_.reduce_scatter && options_.persistent_shard) {
         b.grad_shard = Tensor::Zeros({b.chunk_elements}, b.dtype, comm->device(), ctx_);
         b.grad_shard.buffer().SetKind(MemoryKind::kGradients);
       }
@@ -152,6 +152,9 @@ GradSync::~GradSync() {
 void GradSync::Launch(Bucket& b) {
   std::vector<Parameter>& params = registry_.params();
   b.flat = Tensor::Empty({b.elements}, b.dtype, params[b.params[0]].grad.device());
+  if (options_.reduce_scatter && !options_.persistent_shard) {
+    b.grad_shard = Tensor::Empty({b.chunk_elements}, b.dtype, b.flat.device());
+  }
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& grad = params[b.params[j]].grad;
     b.flat.View({grad.numel()}, b.offsets[j]).CopyFrom(grad, ctx_);
@@ -160,12 +163,24 @@ void GradSync::Launch(Bucket& b) {
 }
 
 void GradSync::Unpack(Bucket& b) {
-  if (!options_.reduce_scatter) {  // a reduce-scatter's Wait wrote grad_shard
-    std::vector<Parameter>& params = registry_.params();
+  std::vector<Parameter>& params = registry_.params();
+  if (!options_.reduce_scatter) {
     for (size_t j = 0; j < b.params.size(); ++j) {
       Tensor& grad = params[b.params[j]].grad;
       grad.CopyFrom(b.flat.View(grad.shape(), b.offsets[j]), ctx_);
     }
+  } else if (!options_.persistent_shard) {
+    // Stage 1: the summed chunk goes back into the elements of the grads it covers.
+    const int64_t lo = b.chunk_begin, hi = b.chunk_begin + b.chunk_elements;
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      Tensor grad = params[b.params[j]].grad;
+      const int64_t at = b.offsets[j];
+      const int64_t from = std::max(lo, at), to = std::min(hi, at + grad.numel());
+      if (from >= to) continue;
+      grad.Reshape({grad.numel()}).View({to - from}, from - at)
+          .CopyFrom(b.grad_shard.View({to - from}, from - lo), ctx_);
+    }
+    b.grad_shard = Tensor();
   }
   b.flat = Tensor();  // the bucket is workspace: only in flight
 }

@@ -53,11 +53,13 @@ inline constexpr int64_t kDefaultBucketBytes = int64_t{25} * 1024 * 1024;
 
 struct GradSyncOptions {
   int64_t bucket_bytes = kDefaultBucketBytes;  // > 0
-  // ZeRO-2/3: each bucket is reduce-scattered (dist::OrderedReduceScatter: the bits the
-  // all-reduce would give) and this rank keeps only its chunk — chunk `rank` of
-  // dist::OrderedChunks(bucket elements, group size) — in the bucket's grad_shard; the
-  // parameters' grads are left unsummed. Off: all-reduced back into the grads.
+  // ZeRO: each bucket is reduce-scattered (dist::OrderedReduceScatter: the bits the
+  // all-reduce would give) and this rank gets only its chunk — chunk `rank` of
+  // dist::OrderedChunks(bucket elements, group size): stage 1 copies it back into the
+  // grads' elements it covers (the rest of the grads stay unsummed), stages 2-3
+  // (persistent_shard) keep it in the bucket's grad_shard. Off: all-reduced into the grads.
   bool reduce_scatter = false;
+  bool persistent_shard = false;
   // Registry index -> part (a block of the model); when given, a bucket holds parameters
   // of one part only, so ZeRO-3 can gather a part's parameters bucket by bucket.
   std::vector<int> part_of;
@@ -101,7 +103,7 @@ class GradSync {
     int64_t bytes = 0;
     // This rank's chunk of the bucket (dist::OrderedChunks): what it owns under ZeRO.
     int64_t chunk_begin = 0, chunk_elements = 0;
-    Tensor grad_shard;  // reduce_scatter: (chunk_elements,) the summed chunk after Finish
+    Tensor grad_shard;  // persistent_shard: (chunk_elements,) the summed chunk after Finish
   };
   std::vector<BucketInfo> Buckets() const;
   // "grad sync: 3 buckets (dense 2 over 4 ranks, expert 1 over 2 ranks), 1.5 MiB".

@@ -9,8 +9,10 @@
 // overlaps — one contiguous range, written into its description as flat_begin/flat_end.
 // Parameters without a bucket (a group of size 1, not trainable) are owned whole.
 //
-//   stage 1  optimizer state for the owned range only; after the update each bucket's
-//            chunks are all-gathered so every replica has the new parameters
+//   stage 1  optimizer state for the owned range only; gradients reduce-scattered (the
+//            owned range summed in place), and after the update each bucket's chunks are
+//            all-gathered so every replica has the new parameters: the volume of stage 0's
+//            all-reduce (ZeRO paper, section 7)
 //   stage 2  + gradients reduce-scattered (GradSyncOptions::reduce_scatter): the summed
 //            gradient of the owned range is all that persists; the full gradients are
 //            workspace, materialised for backward and freed after the step
@@ -41,7 +43,8 @@ namespace switchyard::parallel {
 
 class ZeroShards {
  public:
-  // stage 0-3. The GradSync must have been built with reduce_scatter = (stage >= 2) and,
+  // stage 0-3. The GradSync must have been built with reduce_scatter = (stage >= 1),
+  // persistent_shard = (stage >= 2) and,
   // for stage 3, part_of = part_of. part_of: registry index -> part id, part_names[id] the
   // part's name as Decoder reports it ("embed", "layers.3", ...). Sets flat_begin/flat_end
   // of every owned parameter, tags the model states' memory, and for stage 3 moves the

@@ -80,7 +80,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
         return parallel::GroupOf(data_pc, view, axes);
       },
       parallel::GradSyncOptions{.bucket_bytes = config.train.bucket_bytes(),
-                                .reduce_scatter = stage >= 2,
+                                .reduce_scatter = stage >= 1,
+                                .persistent_shard = stage >= 2,
                                 .part_of = stage >= 3 ? part_of : std::vector<int>{}},
       ctx);
   t->zero_ = std::make_unique<parallel::ZeroShards>(reg, *t->grad_sync_, stage, part_of,
