@@ -260,6 +260,35 @@ TEST(OptimizerTest, PlainSgdHasNoBuffer) {
   ExpectNear(reg.Find("w")->value.ToVector<float>(), {1.0 - 0.1, -2.0 - 0.05}, "plain sgd");
 }
 
+// ZeRO-Offload's path (state on the host, owned values and gradients copied there and
+// back) gives the same bits as the update in place, for AdamW and SGD with momentum.
+TEST(OptimizerTest, OffloadedUpdateEqualsTheInPlaceOne) {
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    ParameterRegistry in_place, offloaded;
+    for (ParameterRegistry* reg : {&in_place, &offloaded}) {
+      AddParam(*reg, "w", {0.5f, -1.25f, 2.0f, 0.125f});
+      AddParam(*reg, "b", {0.1f, -0.2f}, /*weight_decay=*/false);
+    }
+    OptimizerOptions options{.kind = kind};
+    Optimizer a(in_place, options);
+    options.offload = true;
+    Optimizer b(offloaded, options);
+    for (int step = 0; step < 3; ++step) {
+      for (ParameterRegistry* reg : {&in_place, &offloaded}) {
+        SetGrad(*reg, "w", {0.3f * step - 0.1f, 0.2f, -0.7f, 1.5f});
+        SetGrad(*reg, "b", {-0.05f, 0.4f * step});
+      }
+      a.Step(1e-2f);
+      b.Step(1e-2f);
+    }
+    for (const char* name : {"w", "b"}) {
+      EXPECT_EQ(in_place.Find(name)->value.ToVector<float>(),
+                offloaded.Find(name)->value.ToVector<float>())
+          << OptimizerKindName(kind) << " " << name;
+    }
+  }
+}
+
 TEST(OptimizerTest, ParsesKindNames) {
   EXPECT_EQ(*ParseOptimizerKind("adamw"), OptimizerKind::kAdamW);
   EXPECT_EQ(*ParseOptimizerKind("sgd"), OptimizerKind::kSgd);
