@@ -14,6 +14,9 @@
 //    first) receive nothing in any step. Stages 2 and 3 finish, their gradient shards are
 //    exactly zero and their weights are AdamW's with a zero gradient (decay only), bit for
 //    bit.
+//  - CheckpointMovesBetweenStagesAndLayouts: on 4 ranks, 3 steps under (dp 4, zero 3, ep 2)
+//    saved, resumed under (dp 2, zero 1) and under one rank (zero 0) for 3 more: the losses
+//    of steps 3-5 equal an uninterrupted one-rank run's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -255,6 +258,57 @@ TEST_F(ZeroTest, ZeroTokenExpertsTakePartAndGetZeroGradients) {
     EXPECT_GT(count.ToVector<int64_t>()[0], 0) << "no idle expert element was checked";
     world_->Barrier();
   }
+}
+
+TEST_F(ZeroTest, CheckpointMovesBetweenStagesAndLayouts) {
+  if (R() != 4) GTEST_SKIP() << "saves under dp 4: needs 4 ranks";
+  constexpr int64_t kTotal = 6, kFirst = 3;
+  constexpr double kLossTol = 1e-5;
+  std::vector<double> want;
+  if (std::unique_ptr<Trainer> ref = TrainReference({}, dir("ck_ref"), kTotal, kMicroBatches))
+    want = ref->losses();
+  const std::string saved = dir("ck_zero3");
+  {
+    auto t = Train(TinyConfig({"parallel.zero_stage=3", "parallel.ep=2", "train.grad_accum=2",
+                               "train.max_steps=" + std::to_string(kTotal)}),
+                   saved, *world_, kFirst);
+    ASSERT_TRUE(t.ok()) << t.status();
+  }
+  // Resumes `saved` with `overrides` on `comm` and trains to the end; the losses of the
+  // resumed steps.
+  auto resume = [&](std::vector<std::string> overrides, const std::string& out,
+                    dist::Communicator& comm) -> std::vector<double> {
+    overrides.push_back("train.max_steps=" + std::to_string(kTotal));
+    QuietStdout quiet;
+    auto t = Trainer::Create(TinyConfig(overrides), out, comm);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return {};
+    Status loaded = (*t)->Resume(saved);
+    EXPECT_TRUE(loaded.ok()) << loaded;
+    EXPECT_EQ((*t)->step(), kFirst);
+    Status ran = (*t)->Run(0);
+    EXPECT_TRUE(ran.ok()) << ran;
+    return (*t)->losses();
+  };
+  std::unique_ptr<dist::Communicator> pair = world_->Split({{0, 1}, {2, 3}});
+  std::vector<double> dp2;
+  if (world_->rank() < 2) dp2 = resume({"parallel.zero_stage=1", "train.grad_accum=4"}, dir("ck_dp2"), *pair);
+  std::vector<double> one;
+  if (is_root()) {
+    auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
+    one = resume({"train.grad_accum=8"}, dir("ck_one"), *local);
+  }
+  if (is_root()) {
+    ASSERT_EQ(want.size(), static_cast<size_t>(kTotal));
+    for (const auto& [what, got] : {std::pair{"dp 2, zero 1", dp2}, {"one rank", one}}) {
+      ASSERT_EQ(got.size(), static_cast<size_t>(kTotal - kFirst)) << what;
+      for (int64_t s = kFirst; s < kTotal; ++s) {
+        EXPECT_LE(RelErr(got[s - kFirst], want[s]), kLossTol)
+            << what << ", step " << s << ": " << got[s - kFirst] << " vs " << want[s];
+      }
+    }
+  }
+  world_->Barrier();
 }
 
 }  // namespace
