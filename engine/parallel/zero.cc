@@ -160,16 +160,23 @@ int ZeroShards::PartId(const std::string& part) const {
 
 void ZeroShards::GatherUpdatedParameters() {
   if (stage_ == 0 || stage_ == 3) return;
+  GatherWhole([this](size_t i) { return OwnedValue(i); },
+              [this](size_t i) { return registry_.params()[i].value; });
+}
+
+void ZeroShards::GatherWhole(const std::function<Tensor(size_t)>& owned_of,
+                             const std::function<Tensor(size_t)>& whole_of) const {
+  if (stage_ == 0) return;
   // Each bucket's owned chunk, packed in bucket order (the parameters' owned ranges, in
   // packing order, are exactly the chunk), then every bucket's all-gather in flight at once.
   Gather g;
   for (int id = 0; id < static_cast<int>(buckets_.size()); ++id) {
-    Bucket& b = buckets_[id];
+    const Bucket& b = buckets_[id];
     Gather::One one{.bucket = id};
     one.send = Tensor::Zeros({b.padded}, DType::kF32, b.info.comm->device(), ctx_);
     int64_t at = 0;
     for (size_t i : b.info.params) {
-      Tensor owned = OwnedValue(i);
+      Tensor owned = owned_of(i);
       if (owned.numel() == 0) continue;
       one.send.View({owned.numel()}, at).CopyFrom(owned, ctx_);
       at += owned.numel();
@@ -183,7 +190,7 @@ void ZeroShards::GatherUpdatedParameters() {
     one.work->Wait();
     const Bucket& b = buckets_[one.bucket];
     for (size_t j = 0; j < b.info.params.size(); ++j) {
-      Tensor value = Flat(registry_.params()[b.info.params[j]].value);
+      Tensor value = Flat(whole_of(b.info.params[j]));
       const int64_t at = b.info.offsets[j], n = value.numel();
       int64_t begin = 0;  // the chunk of rank s covers [begin, begin + chunks[s]) of the bucket
       for (size_t s = 0; s < b.chunks.size(); begin += b.chunks[s], ++s) {

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,11 @@ class ZeroShards {
   // caller zeroes them); after the step's sync, FreeGradients() gives them back.
   void MaterializeGradients();
   void FreeGradients();
+  // Every replica's owned range of per-parameter tensors, all-gathered into whole ones:
+  // owned(i) is parameter i's owned 1-D tensor, whole(i) its box-shaped destination
+  // (written on every rank). Collective over every bucket's group.
+  void GatherWhole(const std::function<Tensor(size_t)>& owned,
+                   const std::function<Tensor(size_t)>& whole) const;
   // Stages 1 and 2: after the optimizer updated the owned ranges, every replica receives
   // the new values (one all-gather per bucket). Stage 3: nothing (the shards are the
   // parameters). Collective over every bucket's group.
