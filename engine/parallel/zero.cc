@@ -158,6 +158,21 @@ int ZeroShards::PartId(const std::string& part) const {
   return it == part_names_.end() ? -1 : static_cast<int>(it - part_names_.begin());
 }
 
+void ZeroShards::Unpack(const Bucket& b, const Tensor& recv,
+                        const std::function<Tensor(size_t)>& whole_of) const {
+  for (size_t j = 0; j < b.info.params.size(); ++j) {
+    Tensor value = Flat(whole_of(b.info.params[j]));
+    const int64_t at = b.info.offsets[j], n = value.numel();
+    int64_t begin = 0;  // the chunk of rank s covers [begin, begin + chunks[s]) of the bucket
+    for (size_t s = 0; s < b.chunks.size(); begin += b.chunks[s], ++s) {
+      const int64_t lo = std::max(at, begin), hi = std::min(at + n, begin + b.chunks[s]);
+      if (lo >= hi) continue;
+      value.View({hi - lo}, lo - at)
+          .CopyFrom(recv.View({hi - lo}, static_cast<int64_t>(s) * b.padded + lo - begin), ctx_);
+    }
+  }
+}
+
 void ZeroShards::GatherUpdatedParameters() {
   if (stage_ == 0 || stage_ == 3) return;
   GatherWhole([this](size_t i) { return OwnedValue(i); },
@@ -188,18 +203,7 @@ void ZeroShards::GatherWhole(const std::function<Tensor(size_t)>& owned_of,
   }
   for (Gather::One& one : g.ones) {
     one.work->Wait();
-    const Bucket& b = buckets_[one.bucket];
-    for (size_t j = 0; j < b.info.params.size(); ++j) {
-      Tensor value = Flat(whole_of(b.info.params[j]));
-      const int64_t at = b.info.offsets[j], n = value.numel();
-      int64_t begin = 0;  // the chunk of rank s covers [begin, begin + chunks[s]) of the bucket
-      for (size_t s = 0; s < b.chunks.size(); begin += b.chunks[s], ++s) {
-        const int64_t lo = std::max(at, begin), hi = std::min(at + n, begin + b.chunks[s]);
-        if (lo >= hi) continue;
-        value.View({hi - lo}, lo - at)
-            .CopyFrom(one.recv.View({hi - lo}, static_cast<int64_t>(s) * b.padded + lo - begin), ctx_);
-      }
-    }
+    Unpack(buckets_[one.bucket], one.recv, whole_of);
   }
 }
 
@@ -224,20 +228,11 @@ void ZeroShards::FinishGather(const std::string& part) {
   std::unique_ptr<Gather> g = std::move(gathers_[id]);
   for (Gather::One& one : g->ones) {
     one.work->Wait();
-    const Bucket& b = buckets_[one.bucket];
-    for (size_t j = 0; j < b.info.params.size(); ++j) {
-      Tensor& value = registry_.params()[b.info.params[j]].value;
+    Unpack(buckets_[one.bucket], one.recv, [this](size_t i) {
+      Tensor& value = registry_.params()[i].value;
       value.buffer().Materialize();
-      Tensor flat = Flat(value);
-      const int64_t at = b.info.offsets[j], n = flat.numel();
-      int64_t begin = 0;
-      for (size_t s = 0; s < b.chunks.size(); begin += b.chunks[s], ++s) {
-        const int64_t lo = std::max(at, begin), hi = std::min(at + n, begin + b.chunks[s]);
-        if (lo >= hi) continue;
-        flat.View({hi - lo}, lo - at)
-            .CopyFrom(one.recv.View({hi - lo}, static_cast<int64_t>(s) * b.padded + lo - begin), ctx_);
-      }
-    }
+      return value;
+    });
   }
   resident_[id] = true;
 }

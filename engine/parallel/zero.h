@@ -107,6 +107,10 @@ class ZeroShards {
   void StartGather(const std::string& part);
   void FinishGather(const std::string& part);
   int PartId(const std::string& part) const;
+  // Copies an all-gather's padded pieces (recv) of bucket b into whole_of(i) of each of its
+  // parameters.
+  void Unpack(const Bucket& b, const Tensor& recv,
+              const std::function<Tensor(size_t)>& whole_of) const;
 
   ParameterRegistry& registry_;
   GradSync& sync_;
