@@ -59,6 +59,18 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                      cuda::Gemm(a, trans_a, b, trans_b, c, alpha, beta, dtype, ctx));
 }
 
+void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx) {
+  constexpr const char* kOp = "RowExactGemm";
+  SY_CHECK(c.defined()) << kOp << ": c is undefined";
+  CheckOperand(c, 2, false, c.device(), kOp, "c");
+  CheckOperand(a, 2, false, c.device(), kOp, "a");
+  CheckOperand(b, 2, false, c.device(), kOp, "b");
+  SY_CHECK(a.dim(1) == b.dim(0) && c.dim(0) == a.dim(0) && c.dim(1) == b.dim(1))
+      << "RowExactGemm shapes: a " << ShapeString(a.shape()) << ", b " << ShapeString(b.shape())
+      << ", c " << ShapeString(c.shape());
+  SY_DISPATCH_DEVICE(c, ctx, cpu::RowExactGemm(a, b, c), cuda::RowExactGemm(a, b, c, ctx));
+}
+
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha, float beta, DeviceContext* ctx) {
   constexpr const char* kOp = "GroupedGemm";

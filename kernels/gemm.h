@@ -48,6 +48,16 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
                            Tensor& dw, float alpha = 1.0f, float beta = 0.0f,
                            DeviceContext* ctx = nullptr);
 
+// c (m, n) = a (m, k) @ b (k, n), f32 only, row by row: c[i][j] is the sum over p = 0, 1,
+// ..., k - 1, in that order, of the f32 products a[i][p] * b[p][j], each product rounded
+// before it is added (no fused multiply-add), starting from +0. So a row's bits depend only
+// on that row of a and on b: not on m, on which other rows share the call, on the CPU's BLAS
+// kernels, or on the device (CPU and CUDA give the same bits). The router's logits use it
+// (MODEL.md section 4: routing is a pure function of the router input), since an optimized
+// sgemm may round a row differently when it is one of 64 rows than when it is one of 16.
+// k = 0 gives zeros.
+void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx = nullptr);
+
 // The implementations, after kernels/gemm.cc has checked the arguments. `matmul_dtype` is
 // the resolved precision: kBF16 when the context asks for it or an operand is bf16.
 namespace cpu {
@@ -57,6 +67,8 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
                  Tensor& out, float alpha, float beta, DType matmul_dtype);
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
                            Tensor& dw, float alpha, float beta, DType matmul_dtype);
+
+void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c);
 
 // Plain row-major sgemm on raw pointers (leading dimensions in elements).
 void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -72,6 +84,7 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
                            Tensor& dw, float alpha, float beta, DType matmul_dtype,
                            DeviceContext* ctx);
+void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

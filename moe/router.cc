@@ -21,8 +21,8 @@ void CheckOn(const Tensor& t, DType dtype, Device device, const char* what) {
   SY_CHECK_EQ(t.dtype(), dtype) << what;
 }
 
-// The router's matrix products in f32 whatever ctx's matmul_dtype (MODEL.md section 2: the
-// logits are computed and kept in fp32 on every backend).
+// The router's backward matrix products in f32 whatever ctx's matmul_dtype (MODEL.md
+// section 2: the router runs in fp32 on every backend). The forward logits are row-exact.
 void RouterGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                 float alpha, float beta, DeviceContext* ctx) {
   if (ctx == nullptr || ctx->matmul_dtype() == DType::kF32) {
@@ -73,8 +73,10 @@ RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& co
   } else {
     out.input = h;
   }
-  out.logits = Tensor::Zeros({T, E}, DType::kF32, dev, ctx);
-  if (T > 0 && d > 0) RouterGemm(out.input, false, wr, false, out.logits, 1.0f, 0.0f, ctx);
+  // Row-exact: a token's logits have the same bits whichever rows share the product (one
+  // rank's whole batch, a tp rank's block, a replica's micro-batch), so its routing does too.
+  out.logits = Tensor::Empty({T, E}, DType::kF32, dev);
+  kernels::RowExactGemm(out.input, wr, out.logits, ctx);
   return out;
 }
 

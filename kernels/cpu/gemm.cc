@@ -92,6 +92,23 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   Sgemm(trans_a, trans_b, m, n, k, alpha, pa, a.dim(1), pb, b.dim(1), beta, c.data<float>(), n);
 }
 
+void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c) {
+  const int64_t m = a.dim(0), k = a.dim(1), n = b.dim(1);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = c.data<float>();
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = pc + i * n;
+    std::fill(ci, ci + n, 0.0f);
+    // Products and sums as separate roundings: the build has -ffp-contract=off.
+    for (int64_t p = 0; p < k; ++p) {
+      const float av = pa[i * k + p];
+      const float* row = pb + p * n;
+      for (int64_t j = 0; j < n; ++j) ci[j] += av * row[j];
+    }
+  }
+}
+
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha, float beta, DType matmul_dtype) {
   const int64_t k = x.dim(1), n = out.dim(1);

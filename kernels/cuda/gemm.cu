@@ -91,7 +91,45 @@ void CheckSameType(const Operand& a, const Operand& b) {
                                 "operand must run in bf16 mode (kernels/gemm.cc resolves it)";
 }
 
+constexpr int kExactTile = 16;
+
+// RowExactGemm: a 16 x 16 tile of c per block (rows along the grid's x), one element per thread, a and b staged
+// through shared memory 16 columns of k at a time; each thread sums its products in
+// ascending p with explicit round-to-nearest multiply and add (no FMA), as the CPU does.
+__global__ void RowExactGemmKernel(const float* a, const float* b, float* c, int64_t m,
+                                   int64_t n, int64_t k) {
+  __shared__ float as[kExactTile][kExactTile];
+  __shared__ float bs[kExactTile][kExactTile + 1];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kExactTile + threadIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * kExactTile + threadIdx.x;
+  float acc = 0.0f;
+  for (int64_t p0 = 0; p0 < k; p0 += kExactTile) {
+    const int64_t pa = p0 + threadIdx.x, pb = p0 + threadIdx.y;
+    as[threadIdx.y][threadIdx.x] = row < m && pa < k ? a[row * k + pa] : 0.0f;
+    bs[threadIdx.y][threadIdx.x] = pb < k && col < n ? b[pb * n + col] : 0.0f;
+    __syncthreads();
+    const int steps = k - p0 < kExactTile ? static_cast<int>(k - p0) : kExactTile;
+    for (int p = 0; p < steps; ++p)
+      acc = __fadd_rn(acc, __fmul_rn(as[threadIdx.y][p], bs[p][threadIdx.x]));
+    __syncthreads();
+  }
+  if (row < m && col < n) c[row * n + col] = acc;
+}
+
 }  // namespace
+
+void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx) {
+  const int64_t m = a.dim(0), k = a.dim(1), n = b.dim(1);
+  if (m == 0 || n == 0) return;
+  SY_CHECK((n + kExactTile - 1) / kExactTile <= 65535)
+      << "RowExactGemm: " << n << " columns exceed the grid's y limit";
+  const dim3 block(kExactTile, kExactTile);
+  const dim3 grid(static_cast<unsigned>((m + kExactTile - 1) / kExactTile),
+                  static_cast<unsigned>((n + kExactTile - 1) / kExactTile));
+  RowExactGemmKernel<<<grid, block, 0, StreamOf(ctx)>>>(a.data<float>(), b.data<float>(),
+                                                        c.data<float>(), m, n, k);
+  SY_CUDA_CHECK_LAUNCH();
+}
 
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
           float beta, DType matmul_dtype, DeviceContext* ctx) {

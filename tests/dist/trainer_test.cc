@@ -464,8 +464,12 @@ std::vector<Layout> TensorParallelLayouts() {
       "model.norm=rmsnorm", "model.position=rope", "model.n_heads=4", "model.n_kv_heads=2",
       "model.activation=swiglu", "model.bias=false", "moe.activation=swiglu", "moe.top_k=2",
       "moe.normalize_gates=true", "model.tie_embeddings=false"};
+  // Seed 2: under the default seed, probability-ordered drops meet an exact near-tie that tp's
+  // reduction order flips on some CPUs' sgemm (OpenBLAS's Zen kernels: losses 4e-7 and
+  // weights 1.05e-4 from one rank, against 2e-9 and 7e-6 at seeds 2 and 3), which MODEL.md
+  // section 4 says to avoid by choosing the input, not by loosening the tolerance.
   const std::vector<std::string> shared = {"moe.num_shared_experts=1", "moe.top_k=2",
-                                           "moe.drop_policy=probability"};
+                                           "moe.drop_policy=probability", "train.seed=2"};
   const std::vector<std::string> gshard = {"moe.top_k=2", "moe.second_expert_policy=random",
                                            "moe.expert_bias_rate=0.01", "moe.bias=true"};
   return {

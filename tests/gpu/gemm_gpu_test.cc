@@ -1,7 +1,7 @@
 // kernels/gemm.h on CUDA (cuBLAS) against the CPU reference (OpenBLAS) on the same random
 // inputs: every transpose combination with alpha and beta, f32 and bf16 mode, operands that
 // are bf16 tensors already, k = 0 and empty outputs, and the grouped products with empty,
-// one-row and uneven groups.
+// one-row and uneven groups. The row-exact product equals the CPU's bit for bit.
 //
 // Tolerance, per element: |gpu - cpu| <= kRel * (|alpha| sum_p |a_ip| |b_pj| + |beta| |c_ij|).
 // Both sides read the same values (in bf16 mode both round the operands to bf16 the same
@@ -226,6 +226,27 @@ TEST(GroupedGemmGpuTest, Bf16ModeAndBf16OperandsMatchCpu) {
     CheckGrouped(rows, 33, 129, 1.0f, 0.0f, DType::kBF16, DType::kF32, seed += 10);
     CheckGrouped(rows, 70, 45, 0.5f, 1.0f, DType::kF32, DType::kBF16, seed += 10);
   }
+}
+
+// RowExactGemm: the CUDA kernel gives the CPU's bits exactly (both sum each element's
+// products in ascending k with separate roundings), for ragged tile edges and k = 0.
+TEST(RowExactGemmGpuTest, BitIdenticalToCpu) {
+  SY_REQUIRE_GPU();
+  Contexts ctx(DType::kF32);
+  uint64_t seed = 900;
+  for (const GemmShape& s : kShapes) {
+    Tensor a = RandomHost({s.m, s.k}, seed += 10), b = RandomHost({s.k, s.n}, seed + 1);
+    Tensor c = Tensor::Empty({s.m, s.n}, DType::kF32);
+    Tensor c_gpu = Tensor::Empty({s.m, s.n}, DType::kF32, Device::Cuda(0));
+    RowExactGemm(a, b, c);
+    RowExactGemm(ctx.Up(a), ctx.Up(b), c_gpu, ctx.gpu.get());
+    EXPECT_EQ(c_gpu.To(Device::Cpu(), ctx.gpu.get()).ToVector<float>(), c.ToVector<float>())
+        << "m=" << s.m << " n=" << s.n << " k=" << s.k;
+  }
+  Tensor z = Tensor::Empty({5, 4}, DType::kF32, Device::Cuda(0));
+  RowExactGemm(Tensor::Empty({5, 0}, DType::kF32, Device::Cuda(0)),
+               Tensor::Empty({0, 4}, DType::kF32, Device::Cuda(0)), z, ctx.gpu.get());
+  EXPECT_EQ(z.To(Device::Cpu(), ctx.gpu.get()).ToVector<float>(), std::vector<float>(20, 0.0f));
 }
 
 TEST(GroupedGemmGpuTest, EmptyInnerDimension) {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/device_context.h"
@@ -86,6 +87,42 @@ TEST(GemmTest, EmptyInnerDimensionScalesByBeta) {
   EXPECT_EQ(c.ToVector<float>(), (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
   Gemm(a, false, b, false, c, 1.0f, 0.0f);
   EXPECT_EQ(c.ToVector<float>(), std::vector<float>(6, 0.0f));
+}
+
+// RowExactGemm is the f32 loop its contract spells out, bit for bit; every row of a call
+// over a block of rows equals that row of the call over all rows (what sgemm does not
+// promise); and it is sgemm's product to f32 rounding.
+TEST(RowExactGemmTest, EachRowIsItsOwnOrderedSumWhateverRowsShareTheCall) {
+  const int64_t m = 70, k = 131, n = 9;
+  Tensor a = RandomTensor({m, k}, 50), b = RandomTensor({k, n}, 51);
+  Tensor c = Tensor::Empty({m, n}, DType::kF32);
+  RowExactGemm(a, b, c);
+  const std::vector<float> av = a.ToVector<float>(), bv = b.ToVector<float>();
+  const std::vector<float> cv = c.ToVector<float>();
+  std::vector<double> want(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      double exact = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const float prod = av[i * k + p] * bv[p * n + j];
+        acc = acc + prod;
+        exact += static_cast<double>(av[i * k + p]) * bv[p * n + j];
+      }
+      ASSERT_EQ(cv[i * n + j], acc) << "row " << i << " column " << j;
+      want[i * n + j] = exact;
+    }
+  }
+  ExpectClose(c, want, "RowExactGemm vs double");
+  for (const auto& [lo, hi] : {std::pair<int64_t, int64_t>{0, 1}, {3, 19}, {16, 70}, {69, 70}}) {
+    Tensor block = Tensor::Empty({hi - lo, n}, DType::kF32);
+    RowExactGemm(a.Slice(lo, hi).Clone(), b, block);
+    EXPECT_EQ(block.ToVector<float>(), c.Slice(lo, hi).ToVector<float>())
+        << "rows [" << lo << ", " << hi << ")";
+  }
+  Tensor empty_k = Tensor::Empty({2, 3}, DType::kF32);
+  RowExactGemm(Tensor::Empty({2, 0}, DType::kF32), Tensor::Empty({0, 3}, DType::kF32), empty_k);
+  EXPECT_EQ(empty_k.ToVector<float>(), std::vector<float>(6, 0.0f)) << "k = 0 gives zeros";
 }
 
 TEST(GroupedGemmTest, MatchesPerGroupLoopWithEmptyGroup) {
