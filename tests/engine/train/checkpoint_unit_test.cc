@@ -1,13 +1,13 @@
 // Checkpoints in one process (a local communicator; runs in builds without MPI too): step
-// directory names, `latest`, a newer format, a corrupt trainer state, an index that
-// disagrees with its file, and a leftover temporary directory that nothing reads. The
-// boxes (engine/train/checkpoint_plan.h): CopyBox out of and into a whole tensor on 0-3
-// dims and every dtype, byte for byte; PlanGather over hand-written slice lists (a tensor
-// split on two dims at once with replicas, a whole copy preferred, empty boxes ignored)
-// and its refusals (boxes that overlap without being equal, boxes that leave a gap, ranks
-// that disagree on a dtype); the slice lists' text round trip; LocalSlices' refusals; and
-// a whole saved tensor loaded into every box of a 2-dim split. The layout cases run under
-// mpirun in tests/dist/checkpoint_test.cc.
+// directory names, `latest`, a newer format (in trainer_state.json or the index), a
+// corrupt trainer state, an index that disagrees with itself or its file (weight_map,
+// total_size, pieces outside their tensor, overlapping or leaving a gap), corrupt files (a
+// piece stored under another shape, an unlisted tensor, offsets past the end, a header
+// length that does not fit or wraps), a format 1 checkpoint, a leftover temporary
+// directory that nothing reads, flat values saved whole and loaded into any range, a whole
+// saved tensor loaded into every box of a 2-dim split, and the index text of a plan parsed
+// back with its refusals. Pieces and plans alone: checkpoint_plan_test.cc; the layout cases
+// run under mpirun in tests/dist/checkpoint_test.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
