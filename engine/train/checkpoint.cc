@@ -388,10 +388,10 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
   // The same plan (or the same error) on every rank.
   SY_ASSIGN_OR_RETURN(std::vector<SaveItem> plan, PlanSave(per_rank));
 
-  // 2. Rank 0 makes the temporary directory, named after its pid.
-  Tensor pid = Tensor::FromVector<int64_t>({static_cast<int64_t>(::getpid())}, {1});
-  world.Broadcast(pid, 0);
-  const std::string tmp = TempDirName(out_dir, step, pid.ToVector<int64_t>()[0]);
+  // 2. Rank 0 makes the temporary directory, named after its pid, in its out_dir; every
+  // rank writes there (rank 0's path is broadcast: the other ranks' out_dir is not used).
+  const std::string tmp = AllGatherStrings(
+      me == 0 ? TempDirName(out_dir, step, ::getpid()) : std::string(), world)[0];
   SY_RETURN_IF_ERROR(AgreeOnStatus(me == 0 ? MakeTempDir(out_dir, tmp) : OkStatus(), world));
 
   // 3. Every rank writes its own pieces, in parallel; nothing travels between ranks.

@@ -94,9 +94,10 @@ struct LoadedCheckpoint {
 // "step-00000100".
 std::string StepDirName(int64_t step);
 
-// Saves step `step` under out_dir (created if needed; every rank must see the same
-// filesystem). Collective over `world`, whose ranks are `mesh`'s ranks: every rank passes
-// its contents and writes its own pieces. Returns the same Status on every rank. Errors
+// Saves step `step` under world rank 0's out_dir (created if needed; the other ranks'
+// out_dir is not used, but every rank must see rank 0's: a shared filesystem). Collective
+// over `world`, whose ranks are `mesh`'s ranks: every rank passes its contents and writes
+// its own pieces. Returns the same Status on every rank. Errors
 // (nothing on disk changes except, at worst, a leftover .step-*.tmp-<pid> directory of a
 // killed save): ranks that disagree on a tensor's kind, global shape or dtype, pieces that
 // overlap without being equal or leave a gap, trainer_state_json that is not a JSON

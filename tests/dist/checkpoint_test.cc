@@ -861,6 +861,23 @@ TEST_F(CheckpointTest, EveryRankWritesItsOwnPiecesInItsOwnFiles) {
                                       FileOf(kOptimizerTensors, 0), kTrainerStateFile}));
 }
 
+// The checkpoint goes under rank 0's out_dir whatever the others pass (a benchmark gives
+// each rank its own scratch directory): they write their files into rank 0's.
+TEST_F(CheckpointTest, EveryRankWritesIntoRankZerosOutDir) {
+  const std::string mine = (fs::path(dir_) / ("rank" + std::to_string(me_))).string();
+  const Model saved = MakeModel(HoldingFor({.ep = R_}), 50);
+  ASSERT_TRUE(Save(mine, 4, saved, {.ep = R_}).ok());
+  const std::string step = (fs::path(dir_) / "rank0" / "step-00000004").string();
+  for (int r = 0; r < R_; ++r) {
+    EXPECT_TRUE(fs::exists(fs::path(step) / FileOf(kModelTensors, r))) << r;
+    if (r > 0) EXPECT_FALSE(fs::exists(fs::path(dir_) / ("rank" + std::to_string(r)))) << r;
+  }
+  Model whole = MakeModel(HoldingFor({.ep = 1}), 0, true);
+  auto loaded = Load(step, whole);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectModel(whole, 50, "saved into rank 0's out_dir");
+}
+
 // ZeRO, owned: replicas hold the whole box but own disjoint ranges of it (flat_end set,
 // flat_value false); each range is written once, by its owner, and every rank loads the
 // whole box back.
