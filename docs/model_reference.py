@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A second implementation of the Switchyard model (docs/model.md), in numpy.
 
-Loads a checkpoint (model.safetensors + config.yaml) and a `switchyard prep` folder and
+Loads a checkpoint (its model tensors, assembled from the pieces its
+model.safetensors.index.json lists, + config.yaml) and a `switchyard prep` folder and
 prints, as one JSON object, the mean validation cross-entropy of the micro-batches that
 `switchyard eval` scores by default (train.eval_batches of them, one data-parallel rank).
 Nothing here imports Switchyard: the file formats and the math are those docs/model.md
@@ -22,9 +23,11 @@ F32 = np.float32
 
 # ---- Files ----------------------------------------------------------------------------
 
+DTYPES = {"F32": "<f4", "I32": "<i4", "I64": "<i8", "U8": "u1", "F64": "<f8"}
+
+
 def load_safetensors(path):
-    """{name: array} from a safetensors file (little-endian; F32, I32, I64, U8)."""
-    dtypes = {"F32": "<f4", "I32": "<i4", "I64": "<i8", "U8": "u1", "F64": "<f8"}
+    """{name: array} from a safetensors file (little-endian; F32, I32, I64, U8, F64)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -34,7 +37,32 @@ def load_safetensors(path):
         if name == "__metadata__":
             continue
         begin, end = t["data_offsets"]
-        out[name] = np.frombuffer(data[begin:end], dtype=dtypes[t["dtype"]]).reshape(t["shape"])
+        out[name] = np.frombuffer(data[begin:end], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
+    return out
+
+
+def load_checkpoint_tensors(ckpt, kind="model"):
+    """{name: array} of a step directory's tensors of one kind ("model" or "optimizer"),
+    assembled whole (docs/checkpoints.md, "The piece rule"): each rank's file holds, under
+    the tensor's name, elements [begin, end) of the row-major flattening of a box (offset,
+    box) of the tensor. A format 1 index (no "tensors") means one model.safetensors."""
+    index = json.load(open(f"{ckpt}/model.safetensors.index.json"))
+    if "tensors" not in index:
+        return load_safetensors(f"{ckpt}/model.safetensors")
+    files, out = {}, {}
+    for name, t in index["tensors"].items():
+        if t["kind"] != kind:
+            continue
+        whole = np.zeros(t["shape"], dtype=DTYPES[t["dtype"]])
+        for piece in t["pieces"]:
+            if piece["file"] not in files:
+                files[piece["file"]] = load_safetensors(f"{ckpt}/{piece['file']}")
+            begin, end = piece["elements"]
+            box = whole[tuple(slice(o, o + n) for o, n in zip(piece["offset"], piece["box"])) + (...,)]
+            flat = box.flatten()                     # the box in row-major order (a copy)
+            flat[begin:end] = files[piece["file"]][name].reshape(-1)
+            box[...] = flat.reshape(box.shape)
+        out[name] = whole
     return out
 
 
@@ -264,7 +292,7 @@ def main(argv):
         sys.exit(__doc__)
     ckpt, data = argv[1], argv[2]
     cfg = load_config(f"{ckpt}/config.yaml")
-    p = load_safetensors(f"{ckpt}/model.safetensors")
+    p = load_checkpoint_tensors(ckpt)
     step = json.load(open(f"{ckpt}/trainer_state.json"))["step"]
     batches = cfg["train"]["eval_batches"]
     if "--batches" in argv:

@@ -1,14 +1,13 @@
 #include "engine/core/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -35,38 +34,77 @@ const char* SafetensorsDType(DType dtype) {
 }
 
 StatusOr<DType> ParseSafetensorsDType(const std::string& name) {
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8}) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8,
+                  DType::kF64}) {
     if (name == SafetensorsDType(d)) return d;
   }
   return InvalidArgument("unsupported safetensors dtype '", name, "'");
 }
 
-StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  if (file_size < 8) return DataLoss(path, ": not a safetensors file (", file_size, " bytes)");
-  unsigned char len_bytes[8];
-  in.read(reinterpret_cast<char*>(len_bytes), 8);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
-  if (header_len > kMaxHeader || 8 + header_len > file_size) {
-    return DataLoss(path, ": header length ", header_len, " does not fit a ", file_size,
-                    "-byte file (truncated or not safetensors)");
+namespace {
+
+// Reads exactly n bytes at `offset`; false on a short read or an error.
+bool PreadAll(int fd, uint64_t offset, uint64_t n, void* out) {
+  char* p = static_cast<char*>(out);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, 1u << 30));
+    const ssize_t got = ::pread(fd, p, chunk, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<uint64_t>(got);
   }
-  std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  json j = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  return true;
+}
+
+// Writes all n bytes; the errno of the failure otherwise.
+int WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t done = ::write(fd, p, std::min<size_t>(n, 1u << 30));
+    if (done < 0 && errno == EINTR) continue;
+    if (done < 0) return errno;
+    p += done;
+    n -= static_cast<size_t>(done);
+  }
+  return 0;
+}
+
+// Writes `path` through "<path>.tmp.<pid>": `write(fd)` fills it (an errno on failure), then
+// fsync, close and rename.
+template <typename F>
+Status WriteThroughTemporary(const std::string& path, F&& write) {
+  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return FailedPrecondition(tmp, ": cannot create (", std::strerror(errno), ")");
+  if (const int err = write(fd); err != 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return FailedPrecondition(tmp, ": write failed (", std::strerror(err), ")");
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return FailedPrecondition(tmp, ": fsync/close failed (", std::strerror(err), ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return FailedPrecondition(path, ": rename failed (", std::strerror(err), ")");
+  }
+  return OkStatus();
+}
+
+// Checks a header's JSON against a data section of data_size bytes.
+StatusOr<SafetensorsHeader> ParseHeader(const std::string& path, const std::string& text,
+                                        uint64_t file_size, uint64_t data_start) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return DataLoss(path, ": header is not a JSON object");
-
-  const uint64_t data_size = file_size - 8 - header_len;
-  std::string data(data_size, '\0');
-  in.read(data.data(), static_cast<std::streamsize>(data_size));
-  if (!in) return DataLoss(path, ": could not read ", data_size, " bytes of data");
-
-  SafetensorsFile out;
+  SafetensorsHeader out;
+  out.file_size = file_size;
+  out.data_start = data_start;
+  const uint64_t data_size = file_size - data_start;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto& [name, entry] : j.items()) {
     if (name == "__metadata__") {
@@ -86,25 +124,29 @@ StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     auto dtype = ParseSafetensorsDType(entry["dtype"].get<std::string>());
     if (!dtype.ok()) return DataLoss(path, ": tensor '", name, "': ", dtype.status().message());
     Shape shape;
+    // The byte count, overflow-checked: a shape whose product does not fit is corrupt.
+    uint64_t bytes = SizeOf(*dtype);
+    bool fits = true;
     for (auto& d : entry["shape"]) {
-      if (!d.is_number_unsigned()) return DataLoss(path, ": tensor '", name, "' has a bad shape");
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 62)) {
+        return DataLoss(path, ": tensor '", name, "' has a bad shape");
+      }
       shape.push_back(d.get<int64_t>());
+      fits = fits && !__builtin_mul_overflow(bytes, d.get<uint64_t>(), &bytes);
     }
     auto& offs = entry["data_offsets"];
     if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
       return DataLoss(path, ": tensor '", name, "' has bad data_offsets");
     }
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    const uint64_t bytes = static_cast<uint64_t>(NumElements(shape)) * SizeOf(*dtype);
-    if (begin > end || end > data_size || end - begin != bytes) {
+    if (!fits || begin > end || end > data_size || end - begin != bytes) {
       return DataLoss(path, ": tensor '", name, "' data_offsets [", begin, ", ", end,
                       ") do not hold ", DTypeName(*dtype), " ", ShapeString(shape), " (",
-                      bytes, " bytes) inside ", data_size, " bytes of data");
+                      fits ? StrCat(bytes, " bytes") : std::string("more bytes than fit"),
+                      ") inside ", data_size, " bytes of data");
     }
     ranges.emplace_back(begin, end);
-    Tensor t = Tensor::Empty(shape, *dtype);
-    if (bytes) std::memcpy(t.raw_data(), data.data() + begin, bytes);
-    out.tensors.emplace(name, std::move(t));
+    out.tensors.emplace(name, SafetensorsEntry{*dtype, std::move(shape), begin, end});
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
@@ -113,31 +155,88 @@ StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   return out;
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return FailedPrecondition(tmp, ": cannot create (", std::strerror(errno), ")");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Status s = FailedPrecondition(tmp, ": write failed (", std::strerror(errno), ")");
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += static_cast<size_t>(n);
+}  // namespace
+
+StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
+  auto fail = [fd](Status s) {
+    ::close(fd);
+    return s;
+  };
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return fail(DataLoss(path, ": cannot stat (", std::strerror(errno), ")"));
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return FailedPrecondition(tmp, ": fsync/close failed (", std::strerror(errno), ")");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) return fail(DataLoss(path, ": not a safetensors file (", file_size, " bytes)"));
+  unsigned char len_bytes[8];
+  if (!PreadAll(fd, 0, 8, len_bytes)) return fail(DataLoss(path, ": cannot read the header length"));
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeader || 8 + header_len > file_size) {
+    return fail(DataLoss(path, ": header length ", header_len, " does not fit a ", file_size,
+                         "-byte file (truncated or not safetensors)"));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return FailedPrecondition(path, ": rename failed (", std::strerror(errno), ")");
+  std::string text(header_len, '\0');
+  if (!PreadAll(fd, 8, header_len, text.data())) {
+    return fail(DataLoss(path, ": could not read its ", header_len, "-byte header"));
+  }
+  StatusOr<SafetensorsHeader> header = ParseHeader(path, text, file_size, 8 + header_len);
+  if (!header.ok()) return fail(header.status());
+  return SafetensorsReader(path, fd, *std::move(header));
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
+    : path_(std::move(other.path_)), fd_(other.fd_), header_(std::move(other.header_)) {
+  other.fd_ = -1;
+}
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = other.fd_;
+    header_ = std::move(other.header_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status SafetensorsReader::Read(const SafetensorsEntry& entry, uint64_t offset, uint64_t n,
+                               void* out) const {
+  const uint64_t size = entry.end - entry.begin;
+  if (offset > size || n > size - offset) {
+    return DataLoss(path_, ": bytes [", offset, ", +", n, ") are outside a ", size,
+                    "-byte tensor");
+  }
+  errno = 0;
+  if (n > 0 && !PreadAll(fd_, header_.data_start + entry.begin + offset, n, out)) {
+    return DataLoss(path_, ": could not read ", n, " bytes at ",
+                    header_.data_start + entry.begin + offset, " (",
+                    errno ? std::strerror(errno) : "short read", ")");
   }
   return OkStatus();
+}
+
+StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  SY_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+  SafetensorsFile out;
+  out.metadata = reader.header().metadata;
+  for (const auto& [name, entry] : reader.header().tensors) {
+    Tensor t = Tensor::Empty(entry.shape, entry.dtype);
+    SY_RETURN_IF_ERROR(reader.Read(entry, 0, t.nbytes(), t.raw_data()));
+    out.tensors.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  return WriteThroughTemporary(path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size()); });
 }
 
 Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
@@ -153,14 +252,16 @@ Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
   if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
-  bytes += text;
-  bytes.reserve(bytes.size() + offset);
-  for (const auto& [name, t] : file.tensors) {
-    bytes.append(static_cast<const char*>(t.raw_data()), t.nbytes());
-  }
-  return WriteFileAtomically(path, bytes);
+  std::string head(8, '\0');
+  for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  head += text;
+  return WriteThroughTemporary(path, [&](int fd) {
+    int err = WriteAll(fd, head.data(), head.size());
+    for (auto it = file.tensors.begin(); err == 0 && it != file.tensors.end(); ++it) {
+      err = WriteAll(fd, it->second.raw_data(), it->second.nbytes());
+    }
+    return err;
+  });
 }
 
 StatusOr<Tensor> GetTensor(const SafetensorsFile& file, const std::string& name, DType dtype,

@@ -20,6 +20,7 @@
 
 #include "engine/core/check.h"
 #include "engine/core/safetensors.h"
+#include "engine/train/checkpoint_index.h"
 #include "engine/train/checkpoint_plan.h"
 
 #ifndef SWITCHYARD_VERSION
@@ -148,42 +149,72 @@ StatusOr<std::string> TrainerStateText(const std::string& trainer_json, int64_t 
   return j.dump(2) + "\n";
 }
 
-// Writes everything into a temporary directory, then puts it in place and updates latest.
-Status WriteStepDir(const std::string& out_dir, int64_t step, const SafetensorsFile& model,
-                    const SafetensorsFile& optimizer, const std::string& trainer_state,
-                    const std::string& config_yaml) {
+// The temporary directory every rank writes into: <out>/.step-XXXXXXXX.tmp-<pid of rank 0>.
+std::string TempDirName(const std::string& out_dir, int64_t step, int64_t pid) {
+  return (fs::path(out_dir) / ("." + StepDirName(step) + ".tmp-" + std::to_string(pid))).string();
+}
+
+// Creates out_dir if needed and an empty `tmp` in it (rank 0, before any rank writes).
+Status MakeTempDir(const std::string& out_dir, const std::string& tmp) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (!fs::is_directory(out_dir)) {
     return FailedPrecondition(out_dir, ": cannot create the checkpoint directory (",
                               ec ? ec.message() : "not a directory", ")");
   }
-  const std::string name = StepDirName(step);
-  const std::string pid = std::to_string(::getpid());
-  const std::string final_dir = (fs::path(out_dir) / name).string();
-  const std::string tmp = (fs::path(out_dir) / ("." + name + ".tmp-" + pid)).string();
-  const std::string aside = (fs::path(out_dir) / ("." + name + ".old-" + pid)).string();
   fs::remove_all(tmp, ec);  // a leftover of an earlier save with the same pid
   if (!fs::create_directory(tmp, ec)) {
     return FailedPrecondition(tmp, ": cannot create (", ec.message(), ")");
   }
-  auto in_tmp = [&](const char* file) { return (fs::path(tmp) / file).string(); };
-  json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
-  uint64_t total = 0;
-  for (const auto& [tensor_name, t] : model.tensors) {
-    index["weight_map"][tensor_name] = kModelFile;
-    total += t.nbytes();
+  return OkStatus();
+}
+
+// This rank's pieces of the plan into its own files in `tmp`: model-RRRRR-of-WWWWW and
+// optimizer-RRRRR-of-WWWWW (none for a kind it writes nothing of). Each piece's data is a
+// view of the value (a device value is copied to the host first).
+Status WriteOwnPieces(const std::string& tmp, const std::vector<SaveItem>& plan,
+                      const std::vector<const parallel::Parameter*>& own, int me, int world) {
+  SafetensorsFile files[2];
+  files[kModelTensors].metadata["format"] = "pt";
+  for (const SaveItem& t : plan) {
+    for (const SavePiece& piece : t.pieces) {
+      if (piece.rank != me) continue;
+      const parallel::Parameter& p = *own[piece.index];
+      const Piece& range = piece.piece;
+      // A flat value holds exactly the range; a box value holds the whole box.
+      Tensor data = p.flat_value ? p.value.Reshape({range.numel()})
+                                 : p.value.Reshape({NumElements(range.box)})
+                                       .View({range.numel()}, range.begin);
+      data = OnHost(data);
+      files[t.file].tensors.emplace(t.name, data.Reshape(StoredShape(range)));
+    }
   }
-  index["metadata"]["total_size"] = total;
-  Status s = WriteSafetensors(in_tmp(kModelFile), model);
-  if (s.ok()) s = WriteSafetensors(in_tmp(kOptimizerFile), optimizer);
-  if (s.ok()) s = WriteFileAtomically(in_tmp(kTrainerStateFile), trainer_state);
+  for (int kind : {kModelTensors, kOptimizerTensors}) {
+    if (files[kind].tensors.empty()) continue;
+    SY_RETURN_IF_ERROR(WriteSafetensors((fs::path(tmp) / PieceFileName(kind, me, world)).string(),
+                                        files[kind]));
+  }
+  return OkStatus();
+}
+
+// Rank 0, once every rank's files are in `tmp`: the trainer state, the config and the index
+// (last: a step directory without it is an incomplete checkpoint), then the directory into
+// place and `latest` updated. Removes `tmp` when it fails before the directory is in place.
+Status FinishStepDir(const std::string& out_dir, int64_t step, const std::string& tmp,
+                     const std::string& index, const std::string& trainer_state,
+                     const std::string& config_yaml) {
+  const std::string name = StepDirName(step);
+  const std::string final_dir = (fs::path(out_dir) / name).string();
+  const std::string aside =
+      (fs::path(out_dir) / ("." + name + ".old-" + std::to_string(::getpid()))).string();
+  auto in_tmp = [&](const char* file) { return (fs::path(tmp) / file).string(); };
+  Status s = WriteFileAtomically(in_tmp(kTrainerStateFile), trainer_state);
   if (s.ok()) s = WriteFileAtomically(in_tmp(kConfigFile), config_yaml);
-  // The index last: a step directory without it is an incomplete checkpoint.
-  if (s.ok()) s = WriteFileAtomically(in_tmp(kModelIndexFile), index.dump(2) + "\n");
+  if (s.ok()) s = WriteFileAtomically(in_tmp(kModelIndexFile), index);
   if (s.ok()) s = FsyncDir(tmp);
   if (s.ok()) s = PlaceStepDir(tmp, final_dir, aside);
   if (!s.ok()) {
+    std::error_code ec;
     fs::remove_all(tmp, ec);
     return s;
   }
@@ -218,7 +249,11 @@ StatusOr<std::string> ResolveStepDir(const std::string& path) {
     }
   }
   if (has(dir, kModelIndexFile)) return dir;
-  if (IsStepDirName(BaseName(dir)) || has(dir, kModelFile) || has(dir, kTrainerStateFile)) {
+  bool has_tensors = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    has_tensors = has_tensors || e.path().extension() == ".safetensors";
+  }
+  if (IsStepDirName(BaseName(dir)) || has_tensors || has(dir, kTrainerStateFile)) {
     return FailedPrecondition(dir, ": incomplete checkpoint (no ", kModelIndexFile, ")");
   }
   std::vector<std::string> steps;
@@ -231,13 +266,8 @@ StatusOr<std::string> ResolveStepDir(const std::string& path) {
                   steps.size() > 1 ? " ... " + steps.back() : std::string(), "); pass one of them");
 }
 
-struct StepFiles {
-  std::map<std::string, Tensor> model;  // every tensor of every file the index names
-  SafetensorsFile optimizer;
-  LoadedCheckpoint info;
-};
-
-StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir) {
+// trainer_state.json and config.yaml of `dir`; the format version into *version.
+StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir, int* version) {
   const std::string path = (fs::path(dir) / kTrainerStateFile).string();
   if (!fs::exists(path)) {
     return FailedPrecondition(dir, ": incomplete checkpoint (no ", kTrainerStateFile, ")");
@@ -246,20 +276,21 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir) {
   out.dir = dir;
   SY_ASSIGN_OR_RETURN(out.trainer_state_json, ReadFile(path));
   json j = json::parse(out.trainer_state_json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != kFormat ||
+  if (j.is_discarded() || !j.is_object() || !j.contains("format") || j["format"] != kFormat ||
       !j.contains("format_version") || !j["format_version"].is_number_integer() ||
       !j.contains("step") || !j["step"].is_number_integer()) {
     return DataLoss(path, ": not a Switchyard trainer state (needs \"format\": \"", kFormat,
                     "\", \"format_version\" and \"step\")");
   }
-  const int version = j["format_version"].get<int>();
-  if (version > kCheckpointFormatVersion) {
-    return FailedPrecondition(path, ": format version ", version, " (Switchyard ",
-                              j.value("switchyard_version", "?"), "); this build reads up to ",
-                              kCheckpointFormatVersion);
+  *version = j["format_version"].get<int>();
+  if (*version > kCheckpointFormatVersion) {
+    const json saver = j.contains("switchyard_version") ? j["switchyard_version"] : json("?");
+    return FailedPrecondition(path, ": format version ", *version, " (Switchyard ",
+                              saver.is_string() ? saver.get<std::string>() : saver.dump(),
+                              "); this build reads up to ", kCheckpointFormatVersion);
   }
   out.step = j["step"].get<int64_t>();
-  const json layout = j.value("layout", json::object());
+  const json layout = j.contains("layout") && j["layout"].is_object() ? j["layout"] : json::object();
   SavedLayout& l = out.layout;
   for (auto [key, field] : {std::pair{"world", &l.world},
                             {"tp", &l.tp},
@@ -271,7 +302,8 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir) {
                             {"edp", &l.edp}}) {
     if (layout.contains(key) && layout[key].is_number_integer()) *field = layout[key].get<int>();
   }
-  l.order = layout.value("order", "");
+  l.order = layout.contains("order") && layout["order"].is_string() ? layout["order"].get<std::string>()
+                                                                      : "";
   const std::string config = (fs::path(dir) / kConfigFile).string();
   if (!fs::exists(config))
     return FailedPrecondition(dir, ": incomplete checkpoint (no ", kConfigFile, ")");
@@ -279,103 +311,46 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir) {
   return out;
 }
 
-// Reads and cross-checks the index, the files it names and the other files.
-StatusOr<StepFiles> ReadStepDir(const std::string& dir, bool want_optimizer) {
-  const std::string index_path = (fs::path(dir) / kModelIndexFile).string();
-  SY_ASSIGN_OR_RETURN(std::string index_text, ReadFile(index_path));
-  json index = json::parse(index_text, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
-      !index["weight_map"].is_object()) {
-    return DataLoss(index_path, ": not a safetensors index (no \"weight_map\" object)");
-  }
-  std::map<std::string, std::set<std::string>> by_file;
-  for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
-      return DataLoss(index_path, ": tensor '", name, "' maps to ", file.dump(),
-                      ", not a file name");
-    }
-    by_file[file.get<std::string>()].insert(name);
-  }
-  StepFiles out;
-  uint64_t total = 0;
-  for (const auto& [file, names] : by_file) {
-    const std::string path = (fs::path(dir) / file).string();
-    if (!fs::exists(path)) {
-      return FailedPrecondition(dir, ": incomplete checkpoint (", kModelIndexFile, " names ", file,
-                                ", which is missing)");
-    }
-    SY_ASSIGN_OR_RETURN(SafetensorsFile st, ReadSafetensors(path));
-    for (const std::string& name : names) {
-      if (!st.tensors.count(name)) {
-        return DataLoss(index_path, ": lists '", name, "' in ", file, ", which does not hold it");
-      }
-    }
-    for (auto& [name, t] : st.tensors) {
-      if (!names.count(name)) {
-        return DataLoss(path, ": holds '", name, "', which ", kModelIndexFile, " does not list");
-      }
-      total += t.nbytes();
-      out.model.emplace(name, std::move(t));
-    }
-  }
-  if (index.contains("metadata") && index["metadata"].contains("total_size") &&
-      index["metadata"]["total_size"] != json(total)) {
-    return DataLoss(index_path, ": total_size ", index["metadata"]["total_size"].dump(),
-                    " but the tensors hold ", total, " bytes");
-  }
-  SY_ASSIGN_OR_RETURN(out.info, ReadTrainerState(dir));
-  if (want_optimizer) {
-    const std::string path = (fs::path(dir) / kOptimizerFile).string();
-    if (!fs::exists(path)) {
-      return FailedPrecondition(dir, ": incomplete checkpoint (no ", kOptimizerFile, ")");
-    }
-    SY_ASSIGN_OR_RETURN(out.optimizer, ReadSafetensors(path));
-  }
-  return out;
+// The index of `dir` (format 1 completed from its files).
+StatusOr<CheckpointIndex> ReadIndex(const std::string& dir, int version, bool with_optimizer) {
+  const std::string path = (fs::path(dir) / kModelIndexFile).string();
+  SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  SY_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(text, path, version));
+  if (version < 2) return Format1Index(std::move(index), dir, with_optimizer);
+  return index;
 }
 
-// Every parameter of this rank has a tensor of its global shape and dtype.
-Status CheckOwn(const std::map<std::string, Tensor>& tensors,
-                const std::vector<parallel::Parameter>& params, const std::string& path) {
+// Every entry of this rank has a tensor of its kind, global shape and dtype.
+Status CheckOwn(const CheckpointIndex& index, const std::vector<parallel::Parameter>& params,
+                int file, const std::string& path) {
   for (const parallel::Parameter& p : params) {
-    auto it = tensors.find(p.name);
-    if (it == tensors.end()) {
-      return NotFound(path, ": no tensor '", p.name, "' for the registered parameter ",
+    auto it = index.tensors.find(p.name);
+    if (it == index.tensors.end() || it->second.file != file) {
+      return NotFound(path, ": no tensor '", p.name, "' for the registered ",
+                      file == kModelTensors ? "parameter " : "optimizer state ",
                       DTypeName(p.value.dtype()), " ", ShapeString(p.global_shape));
     }
-    if (it->second.dtype() != p.value.dtype() || it->second.shape() != p.global_shape) {
+    if (it->second.dtype != p.value.dtype() || it->second.global != p.global_shape) {
       return InvalidArgument(path, ": tensor '", p.name, "': the model has ",
                              DTypeName(p.value.dtype()), " ", ShapeString(p.global_shape),
-                             ", the checkpoint ", DTypeName(it->second.dtype()), " ",
-                             ShapeString(it->second.shape()));
+                             ", the checkpoint ", DTypeName(it->second.dtype), " ",
+                             ShapeString(it->second.global));
     }
   }
   return OkStatus();
 }
 
-// Every tensor in the file belongs to some rank's parameter.
-Status CheckKnown(const std::map<std::string, Tensor>& tensors,
-                  const std::set<std::string>& registered, const std::string& path) {
-  for (const auto& [name, t] : tensors) {
-    if (!registered.count(name)) {
-      return InvalidArgument(path, ": holds '", name, "' ", DTypeName(t.dtype()), " ",
-                             ShapeString(t.shape()), ", which no rank registered");
+// Every tensor of the checkpoint (of the kinds being loaded) belongs to some rank's entry.
+Status CheckKnown(const CheckpointIndex& index, const std::set<std::string> registered[2],
+                  bool with_optimizer, const std::string& path) {
+  for (const auto& [name, t] : index.tensors) {
+    if (t.file == kOptimizerTensors && !with_optimizer) continue;
+    if (!registered[t.file].count(name)) {
+      return InvalidArgument(path, ": holds '", name, "' ", DTypeName(t.dtype), " ",
+                             ShapeString(t.global), ", which no rank registered");
     }
   }
   return OkStatus();
-}
-
-void CopyIn(const std::map<std::string, Tensor>& tensors, std::vector<parallel::Parameter>& params) {
-  for (parallel::Parameter& p : params) {
-    const Tensor& whole = tensors.at(p.name);
-    if (p.is_whole()) {
-      p.value.CopyFrom(whole);
-      continue;
-    }
-    Tensor part = Tensor::Empty(p.value.shape(), p.value.dtype());
-    CopyBox(whole, part, p.offset, /*paste=*/false);
-    p.value.CopyFrom(part);
-  }
 }
 
 }  // namespace
@@ -391,10 +366,10 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
   SY_CHECK(contents.params != nullptr) << "SaveCheckpoint: contents.params is required";
   SY_CHECK_EQ(world.size(), mesh.world()) << "SaveCheckpoint: the mesh is for another world";
   SY_CHECK(world.device().is_cpu())
-      << "SaveCheckpoint gathers over a host communicator, not " << world.ToString();
+      << "SaveCheckpoint agrees over a host communicator, not " << world.ToString();
   const int me = world.rank();
 
-  // 1. Inputs, and who holds which slice.
+  // 1. Inputs, and who offers which piece.
   Status local = step < 0 ? InvalidArgument("checkpoint: step ", step, " < 0") : OkStatus();
   std::string trainer_state;
   if (local.ok() && me == 0) {
@@ -403,54 +378,40 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
     if (text.ok()) trainer_state = *std::move(text);
   }
   StatusOr<std::vector<SliceEntry>> mine =
-      LocalSlices(contents.params->params(), contents.optimizer_state);
+      LocalSlices(contents.params->params(), contents.optimizer_state, SliceUse::kSave);
   if (local.ok() && !mine.ok()) local = mine.status();
   const std::vector<std::string> gathered =
       AllGatherStrings(mine.ok() ? SerializeSlices(*mine) : std::string(), world);
   SY_RETURN_IF_ERROR(AgreeOnStatus(local, world));
   std::vector<std::vector<SliceEntry>> per_rank;
   for (const std::string& text : gathered) per_rank.push_back(DeserializeSlices(text));
-  // The same plan on every rank.
-  SY_ASSIGN_OR_RETURN(std::vector<GatherItem> plan, PlanGather(per_rank));
+  // The same plan (or the same error) on every rank.
+  SY_ASSIGN_OR_RETURN(std::vector<SaveItem> plan, PlanSave(per_rank));
 
-  // 2. Whole tensors on rank 0: its own slices copied, the others received in plan order.
-  std::vector<const Tensor*> own;  // indexed like LocalSlices
-  for (const parallel::Parameter& p : contents.params->params()) own.push_back(&p.value);
-  for (const parallel::Parameter& p : contents.optimizer_state) own.push_back(&p.value);
-  SafetensorsFile files[2];
-  files[kModelTensors].metadata["format"] = "pt";
-  for (const GatherItem& t : plan) {
-    Tensor whole = me == 0 ? Tensor::Empty(t.global, t.dtype) : Tensor();
-    for (const GatherPiece& piece : t.pieces) {
-      const Shape& shape = piece.size;
-      if ((NumElements(shape) == 0 && !shape.empty()) || (me != 0 && piece.rank != me)) continue;
-      Tensor part;
-      if (piece.rank == me) {
-        part = OnHost(*own[piece.index]);
-        if (me != 0) {
-          world.Send(part, 0);
-          continue;
-        }
-      } else {
-        part = Tensor::Empty(shape, t.dtype);
-        world.Recv(part, piece.rank);
-      }
-      if (shape == t.global) {
-        whole.CopyFrom(part);
-      } else {
-        CopyBox(whole, part, piece.offset, /*paste=*/true);
-      }
-    }
-    if (me == 0) files[t.file].tensors.emplace(t.name, std::move(whole));
+  // 2. Rank 0 makes the temporary directory, named after its pid, in its out_dir; every
+  // rank writes there (rank 0's path is broadcast: the other ranks' out_dir is not used).
+  const std::string tmp = AllGatherStrings(
+      me == 0 ? TempDirName(out_dir, step, ::getpid()) : std::string(), world)[0];
+  SY_RETURN_IF_ERROR(AgreeOnStatus(me == 0 ? MakeTempDir(out_dir, tmp) : OkStatus(), world));
+
+  // 3. Every rank writes its own pieces, in parallel; nothing travels between ranks.
+  std::vector<const parallel::Parameter*> own;  // indexed like LocalSlices
+  for (const parallel::Parameter& p : contents.params->params()) own.push_back(&p);
+  for (const parallel::Parameter& p : contents.optimizer_state) own.push_back(&p);
+  const Status written = AgreeOnStatus(WriteOwnPieces(tmp, plan, own, me, world.size()), world);
+  if (!written.ok()) {
+    std::error_code ec;
+    if (me == 0) fs::remove_all(tmp, ec);  // every rank is done with it
+    return written;
   }
 
-  // 3. Rank 0 writes; every rank learns the outcome.
-  Status written = OkStatus();
+  // 4. Rank 0 finishes the directory once every rank has written; all learn the outcome.
+  Status finished = OkStatus();
   if (me == 0) {
-    written = WriteStepDir(out_dir, step, files[kModelTensors], files[kOptimizerTensors],
-                           trainer_state, contents.config_yaml);
+    finished = FinishStepDir(out_dir, step, tmp, IndexText(plan, world.size()), trainer_state,
+                             contents.config_yaml);
   }
-  return AgreeOnStatus(written, world);
+  return AgreeOnStatus(finished, world);
 }
 
 StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::ParameterRegistry& params,
@@ -460,39 +421,62 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::Par
       << "LoadCheckpoint agrees over a host communicator, not " << world.ToString();
   const std::vector<parallel::Parameter> none;
   const std::vector<parallel::Parameter>& optimizer = optimizer_state ? *optimizer_state : none;
-  StatusOr<StepFiles> files = [&]() -> StatusOr<StepFiles> {
-    SY_ASSIGN_OR_RETURN(std::string dir, ResolveStepDir(path));
-    SY_ASSIGN_OR_RETURN(StepFiles f, ReadStepDir(dir, optimizer_state != nullptr));
-    SY_RETURN_IF_ERROR(CheckOwn(f.model, params.params(), (fs::path(dir) / kModelFile).string()));
-    SY_RETURN_IF_ERROR(
-        CheckOwn(f.optimizer.tensors, optimizer, (fs::path(dir) / kOptimizerFile).string()));
-    return f;
-  }();
-  Status local = files.status();
-  StatusOr<std::vector<SliceEntry>> mine = LocalSlices(params.params(), optimizer);
-  if (local.ok() && !mine.ok()) local = mine.status();
-
-  // Tensors no rank registered (with pp, each rank registers only its stage's).
+  const bool with_optimizer = optimizer_state != nullptr;
+  StatusOr<std::vector<SliceEntry>> mine = LocalSlices(params.params(), optimizer, SliceUse::kLoad);
+  // What every rank registers (with pp, each rank registers only its stage's tensors).
   const std::vector<std::string> gathered =
       AllGatherStrings(mine.ok() ? SerializeSlices(*mine) : std::string(), world);
-  if (local.ok()) {
+
+  // Everything is read into temporaries (staged[i] for entry i of `mine`) and checked first.
+  std::vector<Tensor> staged;
+  StatusOr<LoadedCheckpoint> loaded = [&]() -> StatusOr<LoadedCheckpoint> {
+    SY_RETURN_IF_ERROR(mine.status());
+    SY_ASSIGN_OR_RETURN(std::string dir, ResolveStepDir(path));
+    int version = 0;
+    SY_ASSIGN_OR_RETURN(LoadedCheckpoint info, ReadTrainerState(dir, &version));
+    SY_ASSIGN_OR_RETURN(CheckpointIndex index, ReadIndex(dir, version, with_optimizer));
+    const std::string index_path = (fs::path(dir) / kModelIndexFile).string();
+    SY_RETURN_IF_ERROR(CheckOwn(index, params.params(), kModelTensors, index_path));
+    SY_RETURN_IF_ERROR(CheckOwn(index, optimizer, kOptimizerTensors, index_path));
     std::set<std::string> registered[2];
     for (const std::string& text : gathered) {
       for (const SliceEntry& e : DeserializeSlices(text)) registered[e.file].insert(e.name);
     }
-    const std::string& dir = files->info.dir;
-    local =
-        CheckKnown(files->model, registered[kModelTensors], (fs::path(dir) / kModelFile).string());
-    if (local.ok() && optimizer_state) {
-      local = CheckKnown(files->optimizer.tensors, registered[kOptimizerTensors],
-                         (fs::path(dir) / kOptimizerFile).string());
+    SY_RETURN_IF_ERROR(CheckKnown(index, registered, with_optimizer, index_path));
+    PieceReader reader(dir, index);
+    for (const SliceEntry& e : *mine) {
+      Tensor t = Tensor::Empty({e.piece.numel()}, e.dtype);
+      SY_RETURN_IF_ERROR(reader.Read(e.name, e.piece, t.raw_data()));
+      staged.push_back(std::move(t));
     }
-  }
-  SY_RETURN_IF_ERROR(AgreeOnStatus(local, world));
+    return info;
+  }();
+  SY_RETURN_IF_ERROR(AgreeOnStatus(loaded.status(), world));
 
-  CopyIn(files->model, params.params());
-  if (optimizer_state) CopyIn(files->optimizer.tensors, *optimizer_state);
-  return std::move(files->info);
+  // Every rank read everything it needs: commit.
+  size_t i = 0;
+  for (std::vector<parallel::Parameter>* list : {&params.params(), optimizer_state}) {
+    if (list == nullptr) continue;
+    for (parallel::Parameter& p : *list) p.value.CopyFrom(staged[i++]);
+  }
+  return loaded;
+}
+
+StatusOr<std::map<std::string, Tensor>> ReadWholeTensors(const std::string& path, bool optimizer) {
+  SY_ASSIGN_OR_RETURN(std::string dir, ResolveStepDir(path));
+  int version = 0;
+  SY_RETURN_IF_ERROR(ReadTrainerState(dir, &version).status());
+  SY_ASSIGN_OR_RETURN(CheckpointIndex index, ReadIndex(dir, version, optimizer));
+  PieceReader reader(dir, index);
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : index.tensors) {
+    if (t.file != (optimizer ? kOptimizerTensors : kModelTensors)) continue;
+    Tensor whole = Tensor::Empty(t.global, t.dtype);
+    SY_RETURN_IF_ERROR(reader.Read(name, BoxPiece(std::vector<int64_t>(t.global.size(), 0), t.global),
+                                   whole.raw_data()));
+    out.emplace(name, std::move(whole));
+  }
+  return out;
 }
 
 StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& out_dir) {

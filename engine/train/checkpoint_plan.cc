@@ -62,66 +62,74 @@ Status AgreeOnStatus(const Status& local, dist::Communicator& world) {
 // ---- Boxes --------------------------------------------------------------------------------
 
 // Copies between `part`, the box of `whole` starting at `offset` (part.shape() its size),
-// and `whole`: into whole when `paste`, out of it otherwise. Host tensors, any dtype; runs
-// along the last dim are copied at once.
+// and `whole`: into whole when `paste`, out of it otherwise. Host tensors, any dtype.
 void CopyBox(const Tensor& whole, const Tensor& part, const std::vector<int64_t>& offset,
              bool paste) {
-  const Shape& g = whole.shape();
-  const int nd = static_cast<int>(g.size());
-  const int64_t elem = static_cast<int64_t>(SizeOf(whole.dtype()));
-  if (part.numel() == 0) return;
-  if (nd == 0) {
-    std::memcpy(paste ? whole.raw_data() : part.raw_data(),
-                paste ? part.raw_data() : whole.raw_data(), static_cast<size_t>(elem));
-    return;
-  }
-  auto off = [&](int d) { return offset.empty() ? int64_t{0} : offset[d]; };
-  std::vector<int64_t> stride(nd, 1);
-  for (int d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * g[d + 1];
-  const int64_t run = part.dim(nd - 1);
-  const int64_t runs = part.numel() / run;
-  std::vector<int64_t> idx(nd - 1, 0);
-  char* w = static_cast<char*>(whole.raw_data());
-  char* p = static_cast<char*>(part.raw_data());
-  for (int64_t r = 0; r < runs; ++r) {
-    int64_t at = off(nd - 1);
-    for (int d = 0; d < nd - 1; ++d) at += (idx[d] + off(d)) * stride[d];
-    char* wo = w + at * elem;
-    char* po = p + r * run * elem;
-    std::memcpy(paste ? wo : po, paste ? po : wo, static_cast<size_t>(run * elem));
-    for (int d = nd - 2; d >= 0; --d) {
-      if (++idx[d] < part.dim(d)) break;
-      idx[d] = 0;
-    }
+  const Piece all = BoxPiece(std::vector<int64_t>(whole.ndim(), 0), whole.shape());
+  const Piece box =
+      BoxPiece(offset.empty() ? std::vector<int64_t>(whole.ndim(), 0) : offset, part.shape());
+  const size_t elem = SizeOf(whole.dtype());
+  if (paste) {
+    CopyCommon(box, part.raw_data(), all, whole.raw_data(), elem);
+  } else {
+    CopyCommon(all, whole.raw_data(), box, part.raw_data(), elem);
   }
 }
 
 // ---- Who holds what -----------------------------------------------------------------------
 
-// This rank's boxes, model parameters first; index i is what Send/copy use. Checks what
+const char* CheckpointFileKind(int file) {
+  return file == kModelTensors ? "model" : "optimizer";
+}
+
+// This rank's pieces, model parameters first; index i is what the writer uses. Checks what
 // the registry does not (optimizer entries are not registered).
 StatusOr<std::vector<SliceEntry>> LocalSlices(const std::vector<parallel::Parameter>& params,
-                                              const std::vector<parallel::Parameter>& optimizer) {
+                                              const std::vector<parallel::Parameter>& optimizer,
+                                              SliceUse use) {
   std::vector<SliceEntry> out;
-  std::set<std::string> seen[2];
+  std::map<std::string, int> seen;  // name -> file
   for (int file : {kModelTensors, kOptimizerTensors}) {
     for (const parallel::Parameter& p : file == kModelTensors ? params : optimizer) {
-      if (!seen[file].insert(p.name).second) {
+      auto [it, fresh] = seen.emplace(p.name, file);
+      if (!fresh && it->second == file) {
         return InvalidArgument("checkpoint: '", p.name, "' is listed twice");
+      }
+      if (!fresh) {
+        return InvalidArgument("checkpoint: '", p.name,
+                               "' is both a model parameter and optimizer state");
       }
       if (!p.value.defined()) return InvalidArgument("checkpoint: '", p.name, "' has no value");
       const int nd = static_cast<int>(p.global_shape.size());
-      SliceEntry e{file, p.name, p.value.dtype(), p.global_shape, {}, p.value.shape()};
-      e.offset.assign(nd, 0);
-      bool inside = p.value.ndim() == nd && (p.offset.empty() || static_cast<int>(p.offset.size()) == nd);
+      const Shape& box = p.BoxShape();
+      SliceEntry e{file, p.name, p.value.dtype(), p.global_shape, {}};
+      e.piece.box = box;
+      e.piece.offset.assign(nd, 0);
+      bool inside = static_cast<int>(box.size()) == nd &&
+                    (p.offset.empty() || static_cast<int>(p.offset.size()) == nd);
       for (int d = 0; inside && d < nd; ++d) {
-        e.offset[d] = p.OffsetAt(d);
-        inside = e.offset[d] >= 0 && e.offset[d] + e.size[d] <= p.global_shape[d];
+        e.piece.offset[d] = p.OffsetAt(d);
+        inside = e.piece.offset[d] >= 0 && box[d] >= 0 &&
+                 e.piece.offset[d] + box[d] <= p.global_shape[d];
       }
       if (!inside) {
-        return InvalidArgument("checkpoint: '", p.name, "': value ", ShapeString(p.value.shape()),
-                               " is not a box of ", ShapeString(p.global_shape));
+        return InvalidArgument("checkpoint: '", p.name, "': ", p.flat_value ? "box " : "value ",
+                               ShapeString(box), " is not a box of ", ShapeString(p.global_shape));
       }
+      const int64_t n = NumElements(box);
+      const int64_t begin = p.flat_begin, end = p.FlatEnd();
+      if (begin < 0 || begin > end || end > n) {
+        return InvalidArgument("checkpoint: '", p.name, "': elements [", begin, ", ", end,
+                               ") are not a range of its box ", ShapeString(box));
+      }
+      if (p.flat_value && (p.value.ndim() != 1 || p.value.numel() != end - begin)) {
+        return InvalidArgument("checkpoint: '", p.name, "': a flat value of elements [", begin,
+                               ", ", end, ") must be 1-D of that length, not ",
+                               ShapeString(p.value.shape()));
+      }
+      const bool owned = use == SliceUse::kSave || p.flat_value;
+      e.piece.begin = owned ? begin : 0;
+      e.piece.end = owned ? end : n;
       out.push_back(std::move(e));
     }
   }
@@ -131,7 +139,8 @@ StatusOr<std::vector<SliceEntry>> LocalSlices(const std::vector<parallel::Parame
 std::string SerializeSlices(const std::vector<SliceEntry>& entries) {
   json j = json::array();
   for (const SliceEntry& e : entries) {
-    j.push_back({e.file, e.name, SafetensorsDType(e.dtype), e.global, e.offset, e.size});
+    j.push_back({e.file, e.name, SafetensorsDType(e.dtype), e.global, e.piece.offset, e.piece.box,
+                 e.piece.begin, e.piece.end});
   }
   return j.dump();
 }
@@ -143,94 +152,83 @@ std::vector<SliceEntry> DeserializeSlices(const std::string& text) {
   for (const json& e : j) {
     out.push_back({e[0].get<int>(), e[1].get<std::string>(),
                    ParseSafetensorsDType(e[2].get<std::string>()).value(), e[3].get<Shape>(),
-                   e[4].get<std::vector<int64_t>>(), e[5].get<Shape>()});
+                   Piece{e[4].get<std::vector<int64_t>>(), e[5].get<Shape>(), e[6].get<int64_t>(),
+                         e[7].get<int64_t>()}});
   }
   return out;
 }
 
-// Which rank sends which box of every tensor: a whole copy from the lowest rank that has
-// one, otherwise the distinct boxes (lowest rank first for each), which must tile the
-// tensor: disjoint, and together as many elements as the whole. Every rank computes the
-// same plan from the same gathered entries (sorted by file, then name).
-StatusOr<std::vector<GatherItem>> PlanGather(const std::vector<std::vector<SliceEntry>>& per_rank) {
+// Which rank writes which piece of every tensor: a whole copy from the lowest rank that
+// offers one, otherwise the distinct non-empty pieces (lowest rank first for each), which
+// must tile the tensor. Every rank computes the same plan from the same gathered entries.
+StatusOr<std::vector<SaveItem>> PlanSave(const std::vector<std::vector<SliceEntry>>& per_rank) {
   struct Holder {
     int rank, index;
     const SliceEntry* e;
   };
-  std::map<std::pair<int, std::string>, std::vector<Holder>> holders;
+  std::map<std::string, std::vector<Holder>> holders;
   for (int r = 0; r < static_cast<int>(per_rank.size()); ++r) {
     for (int i = 0; i < static_cast<int>(per_rank[r].size()); ++i) {
       const SliceEntry& e = per_rank[r][i];
-      holders[{e.file, e.name}].push_back({r, i, &e});
+      holders[e.name].push_back({r, i, &e});
     }
   }
-  auto overlap = [](const SliceEntry& a, const SliceEntry& b) {
-    for (size_t d = 0; d < a.global.size(); ++d) {
-      if (a.offset[d] + a.size[d] <= b.offset[d] || b.offset[d] + b.size[d] <= a.offset[d]) {
-        return false;
-      }
-    }
-    return true;
-  };
-  std::vector<GatherItem> plan;
-  for (const auto& [key, hs] : holders) {
-    // Every box lies inside its tensor (LocalSlices checks its own; a list from another
-    // rank is checked again here before anything is copied).
-    for (const Holder& h : hs) {
-      const SliceEntry& e = *h.e;
-      bool inside = e.offset.size() == e.global.size() && e.size.size() == e.global.size();
-      for (size_t d = 0; inside && d < e.global.size(); ++d) {
-        inside = e.offset[d] >= 0 && e.size[d] >= 0 && e.offset[d] + e.size[d] <= e.global[d];
-      }
-      if (!inside) {
-        return InvalidArgument("checkpoint: rank ", h.rank, "'s box of '", key.second,
-                               "' is not inside ", ShapeString(e.global));
-      }
-    }
+  std::vector<SaveItem> plan;
+  for (const auto& [name, hs] : holders) {
     const SliceEntry& first = *hs[0].e;
-    GatherItem t{key.first, key.second, first.dtype, first.global, {}};
     for (const Holder& h : hs) {
+      if (h.e->file != first.file) {
+        return InvalidArgument("checkpoint: '", name, "' is ", CheckpointFileKind(first.file),
+                               " state on rank ", hs[0].rank, " but ",
+                               CheckpointFileKind(h.e->file), " state on rank ", h.rank);
+      }
       if (h.e->dtype != first.dtype || h.e->global != first.global) {
-        return InvalidArgument("checkpoint: '", key.second, "' is ", DTypeName(first.dtype), " ",
+        return InvalidArgument("checkpoint: '", name, "' is ", DTypeName(first.dtype), " ",
                                ShapeString(first.global), " on rank ", hs[0].rank, " but ",
                                DTypeName(h.e->dtype), " ", ShapeString(h.e->global), " on rank ",
                                h.rank);
       }
+      // LocalSlices checks its own; a list from another rank is checked again here.
+      if (!PieceInside(h.e->piece, h.e->global)) {
+        return InvalidArgument("checkpoint: rank ", h.rank, "'s piece of '", name, "' (",
+                               PieceString(h.e->piece, h.e->global), ") is not inside ",
+                               ShapeString(h.e->global));
+      }
     }
-    auto whole =
-        std::find_if(hs.begin(), hs.end(), [](const Holder& h) { return h.e->size == h.e->global; });
+    SaveItem t{first.file, name, first.dtype, first.global, {}};
+    auto whole = std::find_if(hs.begin(), hs.end(), [](const Holder& h) {
+      return h.e->piece.box == h.e->global && h.e->piece.whole_box();
+    });
     if (whole != hs.end()) {
-      t.pieces.push_back({whole->rank, whole->index, whole->e->offset, whole->e->size});
+      t.pieces.push_back({whole->rank, whole->index, whole->e->piece});
       plan.push_back(std::move(t));
       continue;
     }
-    std::vector<const Holder*> distinct;
-    int64_t covered = 0;
+    std::vector<Piece> distinct;
     for (const Holder& h : hs) {
-      if (NumElements(h.e->size) == 0) continue;
-      bool same = false;
-      for (const Holder* d : distinct) {
-        if (d->e->offset == h.e->offset && d->e->size == h.e->size) {
-          same = true;
-          break;
-        }
-        if (overlap(*d->e, *h.e)) {
-          return InvalidArgument("checkpoint: the boxes of '", key.second, "' held by ranks ",
-                                 d->rank, " and ", h.rank, " overlap without being equal");
-        }
-      }
-      if (same) continue;
-      distinct.push_back(&h);
-      covered += NumElements(h.e->size);
-      t.pieces.push_back({h.rank, h.index, h.e->offset, h.e->size});
+      if (h.e->piece.numel() == 0) continue;
+      if (std::find(distinct.begin(), distinct.end(), h.e->piece) != distinct.end()) continue;
+      distinct.push_back(h.e->piece);
+      t.pieces.push_back({h.rank, h.index, h.e->piece});
     }
-    if (covered != NumElements(t.global)) {
-      return InvalidArgument("checkpoint: the boxes of '", key.second, "' ",
-                             ShapeString(t.global), " cover ", covered, " of its ",
-                             NumElements(t.global), " elements");
+    const TilingProblem problem = CheckTiling(distinct, t.global);
+    if (problem.first >= 0) {
+      const SavePiece& a = t.pieces[problem.first];
+      const SavePiece& b = t.pieces[problem.second];
+      return InvalidArgument("checkpoint: the pieces of '", name, "' held by ranks ", a.rank,
+                             " and ", b.rank, " overlap without being equal (",
+                             PieceString(a.piece, t.global), "; ", PieceString(b.piece, t.global),
+                             ")");
+    }
+    if (problem.covered != NumElements(t.global)) {
+      return InvalidArgument("checkpoint: the pieces of '", name, "' ", ShapeString(t.global),
+                             " cover ", problem.covered, " of its ", NumElements(t.global),
+                             " elements");
     }
     plan.push_back(std::move(t));
   }
+  std::stable_sort(plan.begin(), plan.end(),
+                   [](const SaveItem& a, const SaveItem& b) { return a.file < b.file; });
   return plan;
 }
 

@@ -5,7 +5,8 @@
 # and --json must parse with consistent routing statistics. Errors are one line on stderr
 # with exit status 1 (missing or corrupt checkpoint or data) or 2 (bad flags or layout).
 # With an mpirun launcher (tests/dist): train under 2 ranks with ep=2 and evaluate under 2
-# ranks (identical loss) and under 1 rank with --set parallel.ep=1 (the same sequences).
+# ranks (identical loss) and under 1 rank with --set parallel.ep=1 (the same sequences);
+# docs/model_reference.py reads its per-rank files through the index.
 # Usage: eval_cli_test.sh path/to/switchyard [path/to/mpirun_test.sh]
 set -u
 bin="$1"
@@ -180,6 +181,26 @@ print(repr([d['val_loss'] for d in v if 'val_loss' in d][-1]))")
   py "import json; a = json.load(open('$tmp/e2.json')); b = json.load(open('$tmp/e1.json'))
 assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'])" \
     2>"$tmp/py.err" || fail "1-rank eval differs from the 2-rank one: $(cat "$tmp/py.err")"
+  # Each rank wrote its own pieces; docs/model_reference.py assembles them from the index and
+  # reproduces the 1-rank eval (when numpy is there).
+  step_dir="$tmp/run2/$(cat "$tmp/run2/latest")"
+  for f in model-00000-of-00002 model-00001-of-00002 optimizer-00000-of-00002 \
+    optimizer-00001-of-00002; do
+    [[ -f "$step_dir/$f.safetensors" ]] || fail "2-rank checkpoint: no $f.safetensors: $(ls "$step_dir")"
+  done
+  reference="$(dirname "$0")/../../docs/model_reference.py"
+  numpy_python=/usr/bin/python3  # Debian's python3-numpy, as model_reference_test.sh
+  [[ -x $numpy_python ]] || numpy_python=python3
+  if $numpy_python -c "import numpy" 2>/dev/null; then
+    $numpy_python "$reference" "$step_dir" "$tmp/data" --batches 4 >"$tmp/ref.json" 2>"$tmp/ref.err" ||
+      fail "model_reference.py on the 2-rank checkpoint: $(tail -3 "$tmp/ref.err")"
+    py "import json; a = json.load(open('$tmp/e1.json')); b = json.load(open('$tmp/ref.json'))
+assert a['tokens'] == b['tokens'] and abs(a['loss'] - b['loss']) <= 1e-7 * a['loss'], (a, b)" \
+      2>"$tmp/py.err" || fail "model_reference.py differs from eval: $(cat "$tmp/py.err")"
+    echo "--- model_reference.py on the 2-rank checkpoint's pieces: $(cat "$tmp/ref.json")"
+  else
+    echo "--- skipped model_reference.py on the 2-rank checkpoint: no numpy"
+  fi
 fi
 
 if [[ $failures -gt 0 ]]; then

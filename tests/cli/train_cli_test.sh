@@ -174,6 +174,19 @@ same_files() {
   done
 }
 
+# same_tensors NAME A B: two step directories saved under the same layout hold the same
+# tensor files (every rank's model-* and optimizer-* file, or model.safetensors and
+# optimizer.safetensors on one rank) and the same index, byte for byte.
+same_tensors() {
+  local name="$1" a="$2" b="$3" files
+  files=$(cd "$a" && ls -- *.safetensors 2>/dev/null | sort)
+  [[ -n $files ]] || fail "$name: no .safetensors files in $a"
+  [[ "$files" == "$(cd "$b" && ls -- *.safetensors 2>/dev/null | sort)" ]] ||
+    fail "$name: $a and $b hold different files: $(ls "$a") vs $(ls "$b")"
+  # shellcheck disable=SC2086
+  same_files "$name" "$a" "$b" $files model.safetensors.index.json
+}
+
 # checksum DIR: one hash of every file's name and bytes.
 checksum() {
   (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
@@ -215,8 +228,8 @@ for layout in "1 1" "2 2"; do
     fail "$tag: no 'resumed from' line: $(grep resumed "$tmp/out")"
   compare_losses "$tag: straight vs resumed" exact "$tmp/half-$tag/metrics.jsonl" \
     "$tmp/straight-$tag/metrics.jsonl" 0 11
-  same_files "$tag: straight vs resumed, step 12" "$tmp/half-$tag/step-00000012" \
-    "$tmp/straight-$tag/step-00000012" model.safetensors optimizer.safetensors
+  same_tensors "$tag: straight vs resumed, step 12" "$tmp/half-$tag/step-00000012" \
+    "$tmp/straight-$tag/step-00000012"
 done
 # The two layouts agree with each other too.
 compare_losses "np 2 ep 2 vs 1 rank (straight)" 1e-5 "$tmp/straight-np2-ep2/metrics.jsonl" \
@@ -331,8 +344,8 @@ sigterm_case() {
   train_ok "$tag: 300 steps uninterrupted" "$np" "$ep" "${long[@]}" --out "$tmp/long-$tag"
   compare_losses "$tag: SIGTERM + resume vs uninterrupted" exact "$out/metrics.jsonl" \
     "$tmp/long-$tag/metrics.jsonl" 0 299
-  same_files "$tag: SIGTERM + resume vs uninterrupted, step 300" "$out/step-00000300" \
-    "$tmp/long-$tag/step-00000300" model.safetensors optimizer.safetensors
+  same_tensors "$tag: SIGTERM + resume vs uninterrupted, step 300" "$out/step-00000300" \
+    "$tmp/long-$tag/step-00000300"
 }
 sigterm_case 1 1
 sigterm_case 2 2
@@ -376,9 +389,16 @@ rank_death_case
 # ---- bad inputs ---------------------------------------------------------------------------
 good="$tmp/straight-np1-ep1"  # a finished run: step-00000012, latest, metrics.jsonl
 mkdir -p "$tmp/corrupt"
+# A one-rank run: its tensors are in model.safetensors and optimizer.safetensors.
 cp -r "$good/step-00000012" "$good/latest" "$tmp/corrupt/"
 size=$(stat -c %s "$tmp/corrupt/step-00000012/model.safetensors")
 truncate -s $((size / 2)) "$tmp/corrupt/step-00000012/model.safetensors"
+# A two-rank run: each rank wrote its own files; the second rank's is cut short.
+cp -r "$tmp/ckpt6-np2-ep2" "$tmp/corrupt2"
+[[ -f "$tmp/corrupt2/model-00001-of-00002.safetensors" ]] ||
+  fail "np 2 ep 2 checkpoint: no model-00001-of-00002.safetensors: $(ls "$tmp/corrupt2")"
+size=$(stat -c %s "$tmp/corrupt2/model-00001-of-00002.safetensors")
+truncate -s $((size - 16)) "$tmp/corrupt2/model-00001-of-00002.safetensors"
 before_good=$(checksum "$good")
 before_corrupt=$(checksum "$tmp/corrupt")
 printf 'model:\n  d_model: 32\nmoe:\n  topk: 2\n' >"$tmp/bad-key.yaml"
@@ -419,6 +439,10 @@ expect_error "truncated checkpoint" "$tmp/corrupt/step-00000012/model.safetensor
   --resume "$tmp/corrupt/step-00000012"
 expect_error "truncated checkpoint, np 2" "$tmp/corrupt/step-00000012/model.safetensors" 2 \
   "${two[@]}" --resume "$tmp/corrupt"
+expect_error "a rank's file truncated, np 2" "$tmp/corrupt2/model-00001-of-00002.safetensors" 2 \
+  "${two[@]}" --resume "$tmp/corrupt2"
+expect_error "a rank's file truncated, 1 rank" "$tmp/corrupt2/model-00001-of-00002.safetensors" 1 \
+  "${one[@]}" --resume "$tmp/corrupt2"
 expect_error "another model's checkpoint" \
   "tensor 'embed.wte': the model has f32 (256, 48), the checkpoint f32 (256, 32)" 1 "${one[@]}" \
   --set model.d_model=48 --resume "$good"

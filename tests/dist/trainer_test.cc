@@ -33,7 +33,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/core/safetensors.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/process.h"
 #include "engine/train/checkpoint.h"
@@ -281,18 +280,19 @@ bool NoiseDriven(const std::string& name) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Every tensor of two safetensors files: the same names, shapes and dtypes; f32 values
-// within `tol` (relative norm), others (the optimizer's step count) equal.
-void ExpectFilesClose(const std::string& got_path, const std::string& want_path, double tol,
-                      const std::string& what, double* worst) {
-  auto got = ReadSafetensors(got_path);
-  auto want = ReadSafetensors(want_path);
+// Every tensor of two checkpoints (the model's, or with `optimizer` the optimizer state's),
+// assembled whole from their pieces: the same names, shapes and dtypes; f32 values within
+// `tol` (relative norm), others (the optimizer's step count) equal.
+void ExpectCheckpointsClose(const std::string& got_dir, const std::string& want_dir,
+                            bool optimizer, double tol, const std::string& what, double* worst) {
+  auto got = ReadWholeTensors(got_dir, optimizer);
+  auto want = ReadWholeTensors(want_dir, optimizer);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_EQ(got->tensors.size(), want->tensors.size()) << what;
-  for (const auto& [name, w] : want->tensors) {
-    auto it = got->tensors.find(name);
-    ASSERT_NE(it, got->tensors.end()) << what << ": " << name << " missing";
+  ASSERT_EQ(got->size(), want->size()) << what;
+  for (const auto& [name, w] : *want) {
+    auto it = got->find(name);
+    ASSERT_NE(it, got->end()) << what << ": " << name << " missing";
     const Tensor& g = it->second;
     ASSERT_EQ(g.shape(), w.shape()) << what << ": " << name;
     ASSERT_EQ(g.dtype(), w.dtype()) << what << ": " << name;
@@ -321,13 +321,13 @@ Distance CompareWithReference(Trainer& trainer, const std::string& out,
                               int64_t steps, double loss_tol, double weight_tol,
                               dist::Communicator& world) {
   Distance d;
-  auto want = ReadSafetensors(ref_ckpt + "/" + kModelFile);
+  auto want = ReadWholeTensors(ref_ckpt, /*optimizer=*/false);
   EXPECT_TRUE(want.ok()) << want.status();
   if (want.ok()) {
     for (const parallel::Parameter& p : trainer.decoder().registry().params()) {
       if (NoiseDriven(p.name)) continue;
-      auto it = want->tensors.find(p.name);
-      if (it == want->tensors.end()) {
+      auto it = want->find(p.name);
+      if (it == want->end()) {
         ADD_FAILURE() << p.name << " is not in the reference checkpoint";
         continue;
       }
@@ -350,10 +350,8 @@ Distance CompareWithReference(Trainer& trainer, const std::string& out,
                              << " on one rank";
   }
   const std::string ckpt = out + "/" + StepDirName(steps);
-  ExpectFilesClose(ckpt + "/" + kModelFile, ref_ckpt + "/" + kModelFile, weight_tol, "model",
-                   &d.saved);
-  ExpectFilesClose(ckpt + "/" + kOptimizerFile, ref_ckpt + "/" + kOptimizerFile, weight_tol,
-                   "optimizer", &d.saved);
+  ExpectCheckpointsClose(ckpt, ref_ckpt, /*optimizer=*/false, weight_tol, "model", &d.saved);
+  ExpectCheckpointsClose(ckpt, ref_ckpt, /*optimizer=*/true, weight_tol, "optimizer", &d.saved);
   return d;
 }
 

@@ -1,13 +1,13 @@
 // Checkpoints in one process (a local communicator; runs in builds without MPI too): step
-// directory names, `latest`, a newer format, a corrupt trainer state, an index that
-// disagrees with its file, and a leftover temporary directory that nothing reads. The
-// boxes (engine/train/checkpoint_plan.h): CopyBox out of and into a whole tensor on 0-3
-// dims and every dtype, byte for byte; PlanGather over hand-written slice lists (a tensor
-// split on two dims at once with replicas, a whole copy preferred, empty boxes ignored)
-// and its refusals (boxes that overlap without being equal, boxes that leave a gap, ranks
-// that disagree on a dtype); the slice lists' text round trip; LocalSlices' refusals; and
-// a whole saved tensor loaded into every box of a 2-dim split. The layout cases run under
-// mpirun in tests/dist/checkpoint_test.cc.
+// directory names, `latest`, a newer format (in trainer_state.json or the index), a
+// corrupt trainer state, an index that disagrees with itself or its file (weight_map,
+// total_size, pieces outside their tensor, overlapping or leaving a gap), corrupt files (a
+// piece stored under another shape, an unlisted tensor, offsets past the end, a header
+// length that does not fit or wraps), a format 1 checkpoint, a leftover temporary
+// directory that nothing reads, flat values saved whole and loaded into any range, a whole
+// saved tensor loaded into every box of a 2-dim split, and the index text of a plan parsed
+// back with its refusals. Pieces and plans alone: checkpoint_plan_test.cc; the layout cases
+// run under mpirun in tests/dist/checkpoint_test.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,7 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/safetensors.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/checkpoint_index.h"
 #include "engine/train/checkpoint_plan.h"
 
 namespace switchyard::train {
@@ -131,32 +133,162 @@ TEST_F(CheckpointUnitTest, ANewerFormatIsRefused) {
   WriteText(path, "{not json");
   s = Load(Step(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-}
-
-TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItsFileIsCorrupt) {
-  ASSERT_TRUE(Save(1).ok());
-  const std::string path = Step(1) + "/model.safetensors.index.json";
-  const std::string good = ReadText(path);
-  json index = json::parse(good);
-  index["metadata"]["total_size"] = 1;
-  WriteText(path, index.dump());
-  Status s = Load(Step(1));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("total_size 1 but the tensors hold 36 bytes"), std::string::npos) << s;
-  index = json::parse(good);
-  index["weight_map"].erase("w");
-  WriteText(path, index.dump());
-  s = Load(Step(1));
-  EXPECT_NE(s.message().find("holds 'w', which model.safetensors.index.json does not list"),
+  // The index says which format it is too (for readers that start there).
+  ASSERT_TRUE(Save(2).ok());
+  const std::string index_path = Step(2) + "/model.safetensors.index.json";
+  json index = json::parse(ReadText(index_path));
+  EXPECT_EQ(index["metadata"]["format_version"], kCheckpointFormatVersion);
+  index["metadata"]["format_version"] = kCheckpointFormatVersion + 1;
+  WriteText(index_path, index.dump());
+  s = Load(Step(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("model.safetensors.index.json: format version 3; this build reads up "
+                             "to 2"),
             std::string::npos)
       << s;
-  index = json::parse(good);
-  index["weight_map"]["v"] = "model.safetensors";
-  WriteText(path, index.dump());
-  s = Load(Step(1));
+}
+
+// A checkpoint of format 1 (one model.safetensors of whole tensors, an index with only a
+// weight_map, optimizer.safetensors beside it) still loads.
+TEST_F(CheckpointUnitTest, AFormat1CheckpointStillLoads) {
+  const std::string dir = Step(5);
+  fs::create_directories(dir);
+  SafetensorsFile model, optimizer;
+  model.metadata["format"] = "pt";
+  model.tensors["w"] = Tensor::FromVector<float>({6, 5, 4, 3, 2, 1}, {2, 3});
+  model.tensors["b"] = Tensor::FromVector<float>({-1, -2, -3}, {3});
+  optimizer.tensors["optimizer.step"] = Tensor::FromVector<int64_t>({77}, {});
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", model).ok());
+  ASSERT_TRUE(WriteSafetensors(dir + "/optimizer.safetensors", optimizer).ok());
+  WriteText(dir + "/model.safetensors.index.json",
+            R"({"metadata": {"total_size": 36}, "weight_map": {"w": "model.safetensors", )"
+            R"("b": "model.safetensors"}})");
+  WriteText(dir + "/trainer_state.json",
+            R"({"format": "switchyard-checkpoint", "format_version": 1, "step": 5})");
+  WriteText(dir + "/config.yaml", "x: 1\n");
+  auto loaded = LoadCheckpoint(dir, params_, &optimizer_, *world_);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 5);
+  EXPECT_EQ(params_.params()[0].value.ToVector<float>(), (std::vector<float>{6, 5, 4, 3, 2, 1}));
+  EXPECT_EQ(params_.params()[1].value.ToVector<float>(), (std::vector<float>{-1, -2, -3}));
+  EXPECT_EQ(optimizer_[0].value.ToVector<int64_t>()[0], 77);
+  // Its errors are those of format 1.
+  WriteText(dir + "/model.safetensors.index.json",
+            R"({"weight_map": {"w": "model.safetensors", "v": "model.safetensors"}})");
+  Status s = Load(dir);
   EXPECT_NE(s.message().find("lists 'v' in model.safetensors, which does not hold it"),
             std::string::npos)
       << s;
+  WriteText(dir + "/model.safetensors.index.json", R"({"weight_map": {"w": "model.safetensors"}})");
+  s = Load(dir);
+  EXPECT_NE(s.message().find("holds 'b', which model.safetensors.index.json does not list"),
+            std::string::npos)
+      << s;
+  fs::remove(dir + "/optimizer.safetensors");
+  WriteText(dir + "/model.safetensors.index.json",
+            R"({"weight_map": {"w": "model.safetensors", "b": "model.safetensors"}})");
+  s = Load(dir);
+  EXPECT_NE(s.message().find("incomplete checkpoint (no optimizer.safetensors)"), std::string::npos)
+      << s;
+  EXPECT_TRUE(LoadCheckpoint(dir, params_, nullptr, *world_).ok());
+}
+
+TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItselfOrItsFileIsCorrupt) {
+  ASSERT_TRUE(Save(1).ok());
+  const std::string path = Step(1) + "/model.safetensors.index.json";
+  const std::string good = ReadText(path);
+  auto load_with = [&](const json& index) {
+    WriteText(path, index.dump());
+    Status s = Load(Step(1));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    return std::string(s.message());
+  };
+  json index = json::parse(good);
+  index["metadata"]["total_size"] = 1;
+  EXPECT_NE(load_with(index).find("total_size 1 but the tensors hold 36 bytes"), std::string::npos);
+  index = json::parse(good);
+  index["weight_map"].erase("w");
+  EXPECT_NE(load_with(index).find("weight_map misses 'w', a model tensor stored whole in "
+                                  "model.safetensors"),
+            std::string::npos);
+  index = json::parse(good);
+  index["weight_map"]["v"] = "model.safetensors";
+  EXPECT_NE(load_with(index).find("weight_map lists 'v', which \"tensors\" does not"),
+            std::string::npos);
+  index = json::parse(good);
+  index["weight_map"]["w"] = "../model.safetensors";
+  EXPECT_NE(load_with(index).find("tensor 'w' maps to \"../model.safetensors\", not a file name"),
+            std::string::npos);
+  // Pieces: outside the tensor, a gap, an overlap, and a file name with a path in it.
+  index = json::parse(good);
+  index["tensors"]["w"]["pieces"][0]["elements"] = {0, 7};
+  EXPECT_NE(load_with(index).find("tensor 'w': a piece outside the tensor (the whole tensor, "
+                                  "elements [0, 7))"),
+            std::string::npos);
+  index = json::parse(good);
+  index["weight_map"].erase("w");
+  index["tensors"]["w"]["pieces"][0]["elements"] = {0, 5};
+  index["metadata"]["total_size"] = 32;
+  EXPECT_NE(load_with(index).find("the pieces of 'w' (2, 3) cover 5 of its 6 elements"),
+            std::string::npos);
+  index["tensors"]["w"]["pieces"].push_back(
+      {{"file", "model.safetensors"}, {"offset", {1, 0}}, {"box", {1, 3}}, {"elements", {0, 3}}});
+  index["metadata"]["total_size"] = 44;
+  EXPECT_NE(load_with(index).find("the pieces of 'w' overlap (the whole tensor, elements [0, 5) in "
+                                  "model.safetensors; box (1, 3) at [1, 0] in model.safetensors)"),
+            std::string::npos);
+  index = json::parse(good);
+  index["tensors"]["b"]["pieces"][0]["file"] = "sub/model.safetensors";
+  EXPECT_NE(load_with(index).find("tensor 'b': a piece without a file name"), std::string::npos);
+  index = json::parse(good);
+  index.erase("tensors");
+  EXPECT_NE(load_with(index).find("no \"tensors\" object"), std::string::npos);
+
+  // The file: a piece stored under another shape, a tensor the index does not list, and
+  // data offsets past its end.
+  WriteText(path, good);
+  const std::string file = Step(1) + "/model.safetensors";
+  auto contents = ReadSafetensors(file);
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  SafetensorsFile changed = *contents;
+  changed.tensors["w"] = changed.tensors["w"].Reshape({3, 2});
+  ASSERT_TRUE(WriteSafetensors(file, changed).ok());
+  Status s = Load(Step(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("model.safetensors: 'w' is f32 (3, 2) but "
+                             "model.safetensors.index.json says f32 (2, 3) (the whole tensor)"),
+            std::string::npos)
+      << s;
+  changed = *contents;
+  changed.tensors["x"] = Tensor::Zeros({1}, DType::kF32);
+  ASSERT_TRUE(WriteSafetensors(file, changed).ok());
+  s = Load(Step(1));
+  EXPECT_NE(s.message().find("model.safetensors: holds 'x', which model.safetensors.index.json "
+                             "does not list"),
+            std::string::npos)
+      << s;
+  ASSERT_TRUE(WriteSafetensors(file, *contents).ok());
+  std::string bytes = ReadText(file);
+  const size_t at = bytes.find("\"data_offsets\":[0,12]");  // "b", first by name: 3 f32
+  ASSERT_NE(at, std::string::npos) << bytes.substr(0, 200);
+  bytes.replace(at, 21, "\"data_offsets\":[0,99]");
+  WriteText(file, bytes);
+  s = Load(Step(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(file + ": tensor 'b' data_offsets [0, 99) do not hold f32 (3)"),
+            std::string::npos)
+      << s;
+  // A header length larger than the file, and one whose sum would wrap around.
+  for (uint64_t length : {uint64_t{1} << 20, ~uint64_t{0} - 4}) {
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+    WriteText(file, head + bytes.substr(8));
+    s = Load(Step(1));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(file + ": header length"), std::string::npos) << s;
+  }
+  // Nothing was changed by the failed loads.
+  EXPECT_EQ(params_.params()[0].value.ToVector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
 }
 
 TEST_F(CheckpointUnitTest, ALeftoverTemporaryDirectoryIsNeverLoaded) {
@@ -174,7 +306,7 @@ TEST_F(CheckpointUnitTest, ALeftoverTemporaryDirectoryIsNeverLoaded) {
   EXPECT_TRUE(Load(dir_.string()).ok());
 }
 
-// ---- Boxes -------------------------------------------------------------------------------
+// ---- Pieces in one process ---------------------------------------------------------------
 
 // A tensor whose every byte is a function of its index, so that a misplaced element shows.
 Tensor Pattern(const Shape& shape, DType dtype, uint8_t salt) {
@@ -204,227 +336,6 @@ bool SameElement(const Tensor& t, int64_t k, const Tensor& u, int64_t j) {
   const size_t e = SizeOf(t.dtype());
   return std::memcmp(static_cast<const char*>(t.raw_data()) + k * e,
                      static_cast<const char*>(u.raw_data()) + j * e, e) == 0;
-}
-
-struct BoxCase {
-  Shape global;
-  std::vector<int64_t> offset;  // empty: all zero
-  Shape size;
-};
-
-TEST(CopyBoxTest, CutsAndPastesBoxesOnZeroToThreeDimsByteForByte) {
-  const std::vector<BoxCase> cases = {
-      {{}, {}, {}},                       // a 0-d scalar
-      {{7}, {0}, {7}},                    // whole
-      {{7}, {2}, {3}},                    // inside
-      {{7}, {6}, {1}},                    // the last element
-      {{7}, {3}, {0}},                    // empty
-      {{4, 5}, {1, 2}, {2, 3}},           // inside on both dims
-      {{4, 5}, {0, 4}, {4, 1}},           // one column
-      {{4, 5}, {}, {1, 5}},               // the first row, offsets omitted
-      {{3, 4, 6}, {1, 0, 3}, {2, 4, 3}},  // ep on dim 0 and etp on dim 2 at once
-      {{3, 4, 6}, {0, 1, 0}, {1, 2, 6}},  // runs whole along the last dim
-      {{3, 4, 6}, {2, 3, 5}, {1, 1, 1}},  // one corner element
-      {{3, 4, 6}, {0, 0, 0}, {3, 4, 6}},  // whole
-  };
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI32, DType::kI64, DType::kU8,
-                      DType::kF64}) {
-    for (const BoxCase& c : cases) {
-      SCOPED_TRACE(std::string(DTypeName(dtype)) + " box " + ShapeString(c.size) + " of " +
-                   ShapeString(c.global));
-      const Tensor whole = Pattern(c.global, dtype, 7);
-      // Out of the whole tensor: every element from its global place.
-      Tensor part = Pattern(c.size, dtype, 99);
-      CopyBox(whole, part, c.offset, /*paste=*/false);
-      for (int64_t k = 0; k < part.numel(); ++k) {
-        ASSERT_TRUE(SameElement(part, k, whole, GlobalFlat(c.global, c.offset, c.size, k)))
-            << "element " << k;
-      }
-      // Back into a zero tensor: the box holds it, everything else stays zero.
-      Tensor pasted = Tensor::Zeros(c.global, dtype);
-      CopyBox(pasted, part, c.offset, /*paste=*/true);
-      std::vector<bool> in_box(pasted.numel(), false);
-      for (int64_t k = 0; k < part.numel(); ++k) {
-        const int64_t g = GlobalFlat(c.global, c.offset, c.size, k);
-        in_box[g] = true;
-        ASSERT_TRUE(SameElement(pasted, g, whole, g)) << "global element " << g;
-      }
-      const Tensor zero = Tensor::Zeros({1}, dtype);
-      for (int64_t g = 0; g < pasted.numel(); ++g) {
-        if (!in_box[g]) {
-          ASSERT_TRUE(SameElement(pasted, g, zero, 0)) << "global element " << g;
-        }
-      }
-    }
-  }
-}
-
-// A box `size` at `offset` of f32 `global`.
-SliceEntry Box(const std::string& name, const Shape& global, std::vector<int64_t> offset,
-               const Shape& size, DType dtype = DType::kF32, int file = kModelTensors) {
-  return {file, name, dtype, global, std::move(offset), size};
-}
-
-TEST(PlanGatherTest, TilesATensorSplitOnTwoDimsFromTheLowestRankOfEachBox) {
-  // (E, d, f) = (4, 3, 6) over ep 2 (dim 0) x etp 2 (dim 2), each box on two edp replicas:
-  // rank r holds ep index (r / 2) % 2 and etp index r % 2; ranks r and r + 4 hold the same.
-  const Shape global = {4, 3, 6};
-  std::vector<std::vector<SliceEntry>> per_rank(8);
-  for (int r = 0; r < 8; ++r) {
-    const int64_t e = (r / 2) % 2, t = r % 2;
-    per_rank[r].push_back(Box("experts.w1", global, {2 * e, 0, 3 * t}, {2, 3, 3}));
-  }
-  auto plan = PlanGather(per_rank);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(plan->size(), 1u);
-  const GatherItem& item = (*plan)[0];
-  EXPECT_EQ(item.name, "experts.w1");
-  EXPECT_EQ(item.global, global);
-  ASSERT_EQ(item.pieces.size(), 4u);
-  for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(item.pieces[r].rank, r);
-    EXPECT_EQ(item.pieces[r].index, 0);
-    EXPECT_EQ(item.pieces[r].offset, (std::vector<int64_t>{2 * ((r / 2) % 2), 0, 3 * (r % 2)}));
-    EXPECT_EQ(item.pieces[r].size, (Shape{2, 3, 3}));
-  }
-}
-
-TEST(PlanGatherTest, AWholeCopyWinsEmptyBoxesAreSkippedAndItemsAreSorted) {
-  std::vector<std::vector<SliceEntry>> per_rank(3);
-  // "b": a half on rank 0, whole on ranks 1 and 2: rank 1's copy is the one piece.
-  per_rank[0].push_back(Box("b", {6}, {0}, {3}));
-  per_rank[1].push_back(Box("b", {6}, {0}, {6}));
-  per_rank[2].push_back(Box("b", {6}, {0}, {6}));
-  // "a": two halves and an empty box (a rank with nothing of it), index 1 on rank 2.
-  per_rank[0].push_back(Box("a", {2, 4}, {0, 0}, {2, 2}));
-  per_rank[1].push_back(Box("a", {2, 4}, {0, 2}, {2, 0}));
-  per_rank[2].push_back(Box("a", {2, 4}, {0, 2}, {2, 2}));
-  // An optimizer scalar, and a model tensor that sorts after it by name.
-  per_rank[0].push_back(Box("optimizer.step", {}, {}, {}, DType::kI64, kOptimizerTensors));
-  per_rank[2].push_back(Box("z", {}, {}, {}));
-  auto plan = PlanGather(per_rank);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(plan->size(), 4u);
-  EXPECT_EQ((*plan)[0].name, "a");
-  EXPECT_EQ((*plan)[1].name, "b");
-  EXPECT_EQ((*plan)[2].name, "z");
-  EXPECT_EQ((*plan)[3].name, "optimizer.step");
-  EXPECT_EQ((*plan)[3].file, kOptimizerTensors);
-  const auto& a = (*plan)[0].pieces;
-  ASSERT_EQ(a.size(), 2u);
-  EXPECT_EQ(a[0].rank, 0);
-  EXPECT_EQ(a[1].rank, 2);
-  EXPECT_EQ(a[1].index, 1);
-  EXPECT_EQ(a[1].offset, (std::vector<int64_t>{0, 2}));
-  const auto& b = (*plan)[1].pieces;
-  ASSERT_EQ(b.size(), 1u);
-  EXPECT_EQ(b[0].rank, 1);
-  EXPECT_EQ(b[0].size, Shape{6});
-  ASSERT_EQ((*plan)[2].pieces.size(), 1u);
-  EXPECT_EQ((*plan)[2].pieces[0].rank, 2);
-}
-
-TEST(PlanGatherTest, BoxesThatOverlapWithoutBeingEqualAreRefused) {
-  // (4, 6) cut into 2 x 2 boxes by ranks 0 and 2, and one by rank 1 shifted by one row
-  // that overlaps both boxes of the first column.
-  std::vector<std::vector<SliceEntry>> per_rank(3);
-  per_rank[0].push_back(Box("w", {4, 6}, {0, 0}, {2, 3}));
-  per_rank[1].push_back(Box("w", {4, 6}, {1, 0}, {2, 3}));
-  per_rank[2].push_back(Box("w", {4, 6}, {2, 3}, {2, 3}));
-  auto plan = PlanGather(per_rank);
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
-  EXPECT_NE(plan.status().message().find(
-                "the boxes of 'w' held by ranks 0 and 1 overlap without being equal"),
-            std::string::npos)
-      << plan.status();
-  // Overlapping on dim 2 only (etp halves of different widths) is an overlap too.
-  per_rank = {{Box("x", {2, 3, 6}, {0, 0, 0}, {2, 3, 4})},
-              {Box("x", {2, 3, 6}, {0, 0, 3}, {2, 3, 3})}};
-  plan = PlanGather(per_rank);
-  EXPECT_NE(plan.status().message().find("'x' held by ranks 0 and 1 overlap"), std::string::npos)
-      << plan.status();
-}
-
-TEST(PlanGatherTest, BoxesThatLeaveAGapAreRefused) {
-  // Diagonal blocks of (4, 4): disjoint, half the elements.
-  std::vector<std::vector<SliceEntry>> per_rank = {{Box("w", {4, 4}, {0, 0}, {2, 2})},
-                                                   {Box("w", {4, 4}, {2, 2}, {2, 2})}};
-  auto plan = PlanGather(per_rank);
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
-  EXPECT_NE(plan.status().message().find("the boxes of 'w' (4, 4) cover 8 of its 16 elements"),
-            std::string::npos)
-      << plan.status();
-  // Only empty boxes: nothing covered.
-  per_rank = {{Box("v", {3}, {0}, {0})}};
-  plan = PlanGather(per_rank);
-  EXPECT_NE(plan.status().message().find("'v' (3) cover 0 of its 3 elements"), std::string::npos)
-      << plan.status();
-}
-
-TEST(PlanGatherTest, RanksThatDisagreeOnADtypeOrShapeAreRefused) {
-  std::vector<std::vector<SliceEntry>> per_rank = {
-      {Box("w", {4}, {0}, {2})}, {Box("w", {4}, {2}, {2}, DType::kBF16)}};
-  auto plan = PlanGather(per_rank);
-  EXPECT_NE(plan.status().message().find("'w' is f32 (4) on rank 0 but bf16 (4) on rank 1"),
-            std::string::npos)
-      << plan.status();
-  per_rank = {{Box("w", {4}, {0}, {4})}, {Box("w", {2, 2}, {0, 0}, {2, 2})}};
-  plan = PlanGather(per_rank);
-  EXPECT_NE(plan.status().message().find("'w' is f32 (4) on rank 0 but f32 (2, 2) on rank 1"),
-            std::string::npos)
-      << plan.status();
-}
-
-TEST(SliceListTest, TextRoundTripKeepsEveryField) {
-  const std::vector<SliceEntry> entries = {
-      Box("experts.w1", {8, 4, 6}, {4, 0, 3}, {4, 4, 3}),
-      Box("norm", {4}, {0}, {4}, DType::kBF16),
-      Box("optimizer.step", {}, {}, {}, DType::kI64, kOptimizerTensors)};
-  const std::vector<SliceEntry> back = DeserializeSlices(SerializeSlices(entries));
-  ASSERT_EQ(back.size(), entries.size());
-  for (size_t i = 0; i < entries.size(); ++i) {
-    EXPECT_EQ(back[i].file, entries[i].file);
-    EXPECT_EQ(back[i].name, entries[i].name);
-    EXPECT_EQ(back[i].dtype, entries[i].dtype);
-    EXPECT_EQ(back[i].global, entries[i].global);
-    EXPECT_EQ(back[i].offset, entries[i].offset);
-    EXPECT_EQ(back[i].size, entries[i].size);
-  }
-  EXPECT_TRUE(DeserializeSlices("").empty());
-  EXPECT_TRUE(DeserializeSlices(SerializeSlices({})).empty());
-}
-
-TEST(SliceListTest, LocalSlicesListsBoxesAndRefusesWhatIsNotOne) {
-  using parallel::Parameter;
-  Parameter w = Parameter::Expert("experts.w1", Tensor::Zeros({2, 3, 3}, DType::kF32),
-                                  Tensor::Zeros({2, 3, 3}, DType::kF32), true);
-  w.Split(0, 2, 4).Split(2, 3, 6);
-  Parameter step;
-  step.name = "optimizer.step";
-  step.trainable = false;
-  step.value = Tensor::Zeros({}, DType::kI64);
-  auto slices = LocalSlices({w}, {step});
-  ASSERT_TRUE(slices.ok()) << slices.status();
-  ASSERT_EQ(slices->size(), 2u);
-  EXPECT_EQ((*slices)[0].file, kModelTensors);
-  EXPECT_EQ((*slices)[0].global, (Shape{4, 3, 6}));
-  EXPECT_EQ((*slices)[0].offset, (std::vector<int64_t>{2, 0, 3}));
-  EXPECT_EQ((*slices)[0].size, (Shape{2, 3, 3}));
-  EXPECT_EQ((*slices)[1].file, kOptimizerTensors);
-  EXPECT_EQ((*slices)[1].size, Shape{});
-
-  EXPECT_NE(LocalSlices({w, w}, {}).status().message().find("'experts.w1' is listed twice"),
-            std::string::npos);
-  Parameter outside = w;
-  outside.offset = {3, 0, 3};  // rows [3, 5) of 4
-  EXPECT_NE(LocalSlices({outside}, {}).status().message().find(
-                "'experts.w1': value (2, 3, 3) is not a box of (4, 3, 6)"),
-            std::string::npos)
-      << LocalSlices({outside}, {}).status();
-  Parameter empty;
-  empty.name = "nothing";
-  EXPECT_NE(LocalSlices({empty}, {}).status().message().find("'nothing' has no value"),
-            std::string::npos);
 }
 
 CheckpointContents Contents(const parallel::ParameterRegistry& params) {
@@ -460,12 +371,112 @@ TEST_F(CheckpointUnitTest, AWholeTensorLoadsIntoEveryBoxOfATwoDimSplit) {
       // Saving that box alone leaves three quarters of the tensor uncovered.
       Status s = SaveCheckpoint((dir_ / "box").string(), 1, Contents(box), *world_, one);
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-      EXPECT_NE(s.message().find("the boxes of 'experts.w1' (4, 3, 6) cover 18 of its 72 elements"),
+      EXPECT_NE(s.message().find("the pieces of 'experts.w1' (4, 3, 6) cover 18 of its 72 elements"),
                 std::string::npos)
           << s;
       EXPECT_FALSE(fs::exists(dir_ / "box")) << "nothing is written";
     }
   }
+}
+
+// One process holding every element saves flat values (a ZeRO shard of the whole box is
+// the whole box here) as ordinary whole tensors, and loads into any element range of a box.
+TEST_F(CheckpointUnitTest, FlatValuesSaveWholeAndLoadIntoAnyRange) {
+  using parallel::Parameter;
+  const Tensor w1 = Pattern({4, 3}, DType::kF32, 9);
+  parallel::ParameterRegistry whole;
+  Parameter flat = Parameter::Dense("w", w1.Reshape({12}).Clone(), Tensor::Zeros({12}, DType::kF32), true);
+  flat.global_shape = {4, 3};
+  flat.flat_value = true;
+  flat.box_shape = {4, 3};
+  whole.Add(flat);
+  const dist::Mesh one = *dist::Mesh::Create(1, {});
+  ASSERT_TRUE(SaveCheckpoint(dir_.string(), 1, Contents(whole), *world_, one).ok());
+  auto file = ReadSafetensors(Step(1) + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors.at("w").shape(), (Shape{4, 3})) << "stored whole, under its shape";
+  json index = json::parse(ReadText(Step(1) + "/model.safetensors.index.json"));
+  EXPECT_EQ(index["weight_map"]["w"], "model.safetensors");
+  EXPECT_EQ(index["tensors"]["w"]["kind"], "model");
+  EXPECT_EQ(index["tensors"]["w"]["pieces"][0]["elements"], json({0, 12}));
+
+  // Rows [1, 3) as a box, and elements [2, 5) of it held flat.
+  parallel::ParameterRegistry part;
+  Parameter p = Parameter::Dense("w", Tensor::Zeros({3}, DType::kF32), Tensor::Zeros({3}, DType::kF32), true);
+  p.global_shape = {4, 3};
+  p.offset = {1, 0};
+  p.flat_value = true;
+  p.box_shape = {2, 3};
+  p.flat_begin = 2;
+  p.flat_end = 5;
+  part.Add(p);
+  ASSERT_TRUE(LoadCheckpoint(dir_.string(), part, nullptr, *world_).ok());
+  const Tensor& got = part.params()[0].value;
+  for (int64_t k = 0; k < 3; ++k) {
+    ASSERT_TRUE(SameElement(got, k, w1, GlobalFlat({4, 3}, {1, 0}, {2, 3}, k + 2))) << k;
+  }
+}
+
+TEST(CheckpointIndexTest, FileNamesAndStoredShapes) {
+  EXPECT_EQ(PieceFileName(kModelTensors, 3, 8), "model-00003-of-00008.safetensors");
+  EXPECT_EQ(PieceFileName(kOptimizerTensors, 0, 2), "optimizer-00000-of-00002.safetensors");
+  EXPECT_EQ(PieceFileName(kModelTensors, 0, 1), "model.safetensors");
+  EXPECT_EQ(PieceFileName(kOptimizerTensors, 0, 1), "optimizer.safetensors");
+  EXPECT_EQ(StoredShape(BoxPiece({0, 2}, {4, 2})), (Shape{4, 2}));
+  EXPECT_EQ(StoredShape(Piece{{0, 2}, {4, 2}, 1, 6}), Shape{5});
+  EXPECT_EQ(StoredShape(BoxPiece({}, {})), Shape{});
+}
+
+// The index text a plan gives parses back into the same pieces.
+TEST(CheckpointIndexTest, TheIndexOfAPlanParsesBack) {
+  std::vector<SaveItem> plan = {
+      {kModelTensors, "a", DType::kF32, {4, 2}, {{0, 0, BoxPiece({0, 0}, {2, 2})}, {1, 0, BoxPiece({2, 0}, {2, 2})}}},
+      {kModelTensors, "e", DType::kBF16, {3}, {{1, 1, BoxPiece({0}, {3})}}},
+      {kOptimizerTensors, "optimizer.m.a", DType::kF32, {4, 2},
+       {{0, 2, Piece{{0, 0}, {4, 2}, 0, 3}}, {1, 2, Piece{{0, 0}, {4, 2}, 3, 8}}}},
+      {kOptimizerTensors, "optimizer.step", DType::kI64, {}, {{0, 3, BoxPiece({}, {})}}}};
+  const std::string text = IndexText(plan, 2);
+  auto index = ParseIndex(text, "i.json", kCheckpointFormatVersion);
+  ASSERT_TRUE(index.ok()) << index.status() << "\n" << text;
+  EXPECT_EQ(index->total_size, 8 * 4 + 3 * 2);
+  EXPECT_EQ(index->weight_map, (std::map<std::string, std::string>{{"e", "model-00001-of-00002.safetensors"}}))
+      << "only model tensors stored whole in one file";
+  ASSERT_EQ(index->tensors.size(), plan.size());
+  for (const SaveItem& item : plan) {
+    SCOPED_TRACE(item.name);
+    const IndexTensor& t = index->tensors.at(item.name);
+    EXPECT_EQ(t.file, item.file);
+    EXPECT_EQ(t.dtype, item.dtype);
+    EXPECT_EQ(t.global, item.global);
+    ASSERT_EQ(t.pieces.size(), item.pieces.size());
+    for (size_t i = 0; i < item.pieces.size(); ++i) {
+      EXPECT_EQ(t.pieces[i].piece, item.pieces[i].piece);
+      EXPECT_EQ(t.pieces[i].file, PieceFileName(item.file, item.pieces[i].rank, 2));
+    }
+  }
+  EXPECT_EQ(index->by_file.at("optimizer-00001-of-00002.safetensors"),
+            (std::vector<std::pair<std::string, int>>{{"optimizer.m.a", 1}}));
+  // Refusals: a kind, a dtype, a shape.
+  json j = json::parse(text);
+  j["tensors"]["a"]["kind"] = "gradient";
+  EXPECT_NE(ParseIndex(j.dump(), "i.json", 2).status().message().find(
+                "i.json: tensor 'a': kind is not \"model\" or \"optimizer\""),
+            std::string::npos);
+  j = json::parse(text);
+  j["tensors"]["a"]["dtype"] = "Q7";
+  EXPECT_NE(ParseIndex(j.dump(), "i.json", 2).status().message().find(
+                "i.json: tensor 'a': unsupported safetensors dtype 'Q7'"),
+            std::string::npos);
+  j = json::parse(text);
+  j["tensors"]["a"]["shape"] = {4, -2};
+  EXPECT_NE(ParseIndex(j.dump(), "i.json", 2).status().message().find("tensor 'a': a bad shape"),
+            std::string::npos);
+  j = json::parse(text);
+  j["tensors"]["a"]["shape"] = {uint64_t{1} << 40, uint64_t{1} << 40};
+  EXPECT_NE(ParseIndex(j.dump(), "i.json", 2).status().message().find("tensor 'a': a bad shape"),
+            std::string::npos)
+      << "a shape whose product overflows";
+  EXPECT_EQ(ParseIndex("[1]", "i.json", 2).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
