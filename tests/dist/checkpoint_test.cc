@@ -870,7 +870,9 @@ TEST_F(CheckpointTest, EveryRankWritesIntoRankZerosOutDir) {
   const std::string step = (fs::path(dir_) / "rank0" / "step-00000004").string();
   for (int r = 0; r < R_; ++r) {
     EXPECT_TRUE(fs::exists(fs::path(step) / FileOf(kModelTensors, r))) << r;
-    if (r > 0) EXPECT_FALSE(fs::exists(fs::path(dir_) / ("rank" + std::to_string(r)))) << r;
+    if (r > 0) {
+      EXPECT_FALSE(fs::exists(fs::path(dir_) / ("rank" + std::to_string(r)))) << r;
+    }
   }
   Model whole = MakeModel(HoldingFor({.ep = 1}), 0, true);
   auto loaded = Load(step, whole);

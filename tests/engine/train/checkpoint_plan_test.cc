@@ -183,8 +183,12 @@ TEST(CheckTilingTest, FindsOverlapsAndGapsInRandomTilings) {
     const bool overlap = std::any_of(count.begin(), count.end(), [](int c) { return c > 1; });
     const TilingProblem found = CheckTiling(bad, global);
     EXPECT_EQ(found.first >= 0, overlap);
-    if (found.first >= 0) EXPECT_GT(CommonElements(bad[found.first], bad[found.second]), 0);
-    if (!overlap) EXPECT_EQ(found.covered, NumElements(global) - 1);
+    if (found.first >= 0) {
+      EXPECT_GT(CommonElements(bad[found.first], bad[found.second]), 0);
+    }
+    if (!overlap) {
+      EXPECT_EQ(found.covered, NumElements(global) - 1);
+    }
   }
 }
 
