@@ -18,7 +18,7 @@ struct ZeroShards::Bucket {
 // The all-gathers of one part's (or every) bucket, in flight.
 struct ZeroShards::Gather {
   struct One {
-    int bucket;
+    int bucket = -1;
     Tensor send, recv;  // (padded,) and (group size * padded,)
     std::unique_ptr<dist::Work> work;
   };
@@ -187,7 +187,8 @@ void ZeroShards::GatherWhole(const std::function<Tensor(size_t)>& owned_of,
   Gather g;
   for (int id = 0; id < static_cast<int>(buckets_.size()); ++id) {
     const Bucket& b = buckets_[id];
-    Gather::One one{.bucket = id};
+    Gather::One one;
+    one.bucket = id;
     one.send = Tensor::Zeros({b.padded}, DType::kF32, b.info.comm->device(), ctx_);
     int64_t at = 0;
     for (size_t i : b.info.params) {
@@ -213,7 +214,9 @@ void ZeroShards::StartGather(const std::string& part) {
   auto g = std::make_unique<Gather>();
   for (int bucket : part_buckets_[id]) {
     Bucket& b = buckets_[bucket];
-    Gather::One one{.bucket = bucket, .send = b.param_shard};
+    Gather::One one;
+    one.bucket = bucket;
+    one.send = b.param_shard;
     one.recv = Tensor::Empty({b.info.comm->size() * b.padded}, DType::kF32, b.info.comm->device());
     one.work = b.info.comm->AllGatherAsync(one.send, one.recv);
     g->ones.push_back(std::move(one));

@@ -89,7 +89,7 @@ class ZeroShards {
   // the part's groups, in the same order of parts on every rank.
   void Acquire(const std::string& part, const std::string& next);
   void Release(const std::string& part);
-  // Stage 3: gathers or frees every part (checkpoint loading into whole parameters, tests).
+  // Stage 3: gathers or frees every part (tests that read whole parameters).
   void AcquireAll();
   void ReleaseAll();
 

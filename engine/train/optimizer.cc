@@ -140,39 +140,4 @@ std::vector<parallel::Parameter> Optimizer::State() const {
   return state;
 }
 
-std::vector<parallel::Parameter> Optimizer::WholeState() const {
-  std::vector<parallel::Parameter> state = State();
-  if (zero_ == nullptr) return state;
-  const auto& params = registry_.params();
-  // State() lists, per slot, exp_avg (or momentum) then exp_avg_sq when defined.
-  for (int which = 0; which < 2; ++which) {
-    std::vector<Tensor> whole(params.size()), owned(params.size());
-    std::vector<size_t> at(params.size(), state.size());
-    size_t entry = 0;
-    for (const Slot& slot : slots_) {
-      const Tensor& t = which == 0 ? slot.exp_avg : slot.exp_avg_sq;
-      const size_t first = entry;
-      entry += slot.exp_avg.defined() ? 1 : 0;
-      entry += slot.exp_avg_sq.defined() ? 1 : 0;
-      if (!t.defined()) continue;
-      owned[slot.param] = t;
-      whole[slot.param] = Tensor::Zeros(params[slot.param].value.shape(), t.dtype(), t.device());
-      at[slot.param] = first + (which == 1 && slot.exp_avg.defined() ? 1 : 0);
-    }
-    zero_->GatherWhole([&](size_t i) { return owned[i]; }, [&](size_t i) { return whole[i]; });
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!whole[i].defined()) continue;
-      // A parameter owned whole (no bucket) was not gathered: its state is all there.
-      if (owned[i].numel() == whole[i].numel()) whole[i].CopyFrom(owned[i].Reshape(whole[i].shape()));
-      parallel::Parameter& p = state[at[i]];
-      p.value = whole[i];
-      p.flat_value = false;
-      p.box_shape.clear();
-      p.flat_begin = 0;
-      p.flat_end = -1;
-    }
-  }
-  return state;
-}
-
 }  // namespace switchyard::train

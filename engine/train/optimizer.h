@@ -73,11 +73,6 @@ class Optimizer {
   // axes) is that of the owning parameter ("optimizer.step": whole, replicated everywhere).
   std::vector<parallel::Parameter> State() const;
 
-  // State() with whole boxes under ZeRO: each state tensor all-gathered over its
-  // parameter's group into new tensors of the parameter's shape (collective; what the
-  // checkpoint writes until it stores owned ranges itself). State() without ZeRO.
-  std::vector<parallel::Parameter> WholeState() const;
-
   const OptimizerOptions& options() const { return options_; }
 
  private:

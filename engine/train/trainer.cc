@@ -129,13 +129,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
 
 parallel::ParameterRegistry Trainer::CheckpointRegistry() const {
   parallel::ParameterRegistry reg;
-  for (parallel::Parameter p : decoder_->registry().params()) {
-    p.grad = Tensor();
-    p.trainable = false;
-    p.flat_begin = 0;
-    p.flat_end = -1;
-    reg.Add(std::move(p));
-  }
+  for (parallel::Parameter& p : zero_->CheckpointParameters()) reg.Add(std::move(p));
   return reg;
 }
 
@@ -176,11 +170,6 @@ void Trainer::ReportMemory() {
 }
 
 Status Trainer::Resume(const std::string& path) {
-  if (config_.parallel.zero_stage > 0) {
-    return Unimplemented("--resume under parallel.zero_stage=", config_.parallel.zero_stage,
-                         " is not supported yet (checkpoints saved under any stage resume "
-                         "under zero_stage=0, any layout)");
-  }
   std::vector<parallel::Parameter> state = optimizer_->State();
   parallel::ParameterRegistry params = CheckpointRegistry();
   SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpoint(path, params, &state, world_));
@@ -301,16 +290,12 @@ Status Trainer::Save() {
   state["seed"] = config_.train.seed;
   state["data_position"] = {{"next_step", step_}, {"micro_batches_per_step", config_.train.grad_accum}};
   state["loss"] = losses_.empty() ? 0.0 : losses_.back();
-  // Until the checkpoint stores owned ranges itself, ZeRO's shards are gathered into whole
-  // boxes for the save (transient memory: one copy of the optimizer state, and under stage 3
-  // the whole parameters).
-  zero_->AcquireAll();
+  // Every rank writes what it owns: under ZeRO its ranges of the parameters (stage 3: its
+  // shards) and of the optimizer state, so nothing is gathered for the save.
   const parallel::ParameterRegistry params = CheckpointRegistry();
-  CheckpointContents contents{.params = &params, .optimizer_state = optimizer_->WholeState(),
+  CheckpointContents contents{.params = &params, .optimizer_state = optimizer_->State(),
                               .trainer_state_json = state.dump(), .config_yaml = config_.ToYaml()};
-  const Status saved = SaveCheckpoint(out_dir_, step_, contents, world_, pc_->mesh());
-  zero_->ReleaseAll();
-  SY_RETURN_IF_ERROR(saved);
+  SY_RETURN_IF_ERROR(SaveCheckpoint(out_dir_, step_, contents, world_, pc_->mesh()));
   if (is_root()) std::printf("saved checkpoint %s/%s\n", out_dir_.c_str(), StepDirName(step_).c_str());
   return OkStatus();
 }

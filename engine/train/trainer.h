@@ -71,7 +71,9 @@ class Trainer {
   StepMetrics TrainStep(bool record_routing);
   double Validate();
   Status Save();
-  // The model's parameters as a checkpoint reads and writes them (ZeroShards).
+  // The model's parameters as a checkpoint reads and writes them: whole boxes, of which a
+  // rank writes its owned range under ZeRO stages 1-2; stage 3's shards in their place
+  // (ZeroShards::CheckpointParameters). Values share storage with the model's.
   parallel::ParameterRegistry CheckpointRegistry() const;
   // Logs memory() of every rank once (stdout on rank 0 and metrics.jsonl). Collective.
   void ReportMemory();
