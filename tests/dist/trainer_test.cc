@@ -18,8 +18,6 @@
 //
 // The CLI side (resume, SIGTERM, bad inputs) is tests/cli/train_cli_test.sh.
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -38,13 +36,10 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/checkpoint_plan.h"
 #include "engine/train/config.h"
-#include "engine/train/data/prep.h"
 #include "engine/train/dry_run.h"
 #include "engine/train/trainer.h"
+#include "tests/dist/train_fixture.h"
 
-#ifndef SY_TRAIN_TINY_CONFIG
-#error "SY_TRAIN_TINY_CONFIG (the path of tests/data/train-tiny.yaml) must be defined"
-#endif
 
 namespace switchyard::train {
 namespace {
@@ -52,142 +47,21 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kGlobalMicroBatches = 4;  // global batch 16 = 4 micro-batches of 4
-constexpr int kVocab = 256;
 
-// Sends stdout (the trainer's progress lines and tables) to /dev/null while alive. Only
-// around trainer calls: gtest reports failures on stdout.
-class QuietStdout {
- public:
-  QuietStdout() {
-    std::fflush(stdout);
-    saved_ = ::dup(1);
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::close(null);
-  }
-  ~QuietStdout() {
-    std::fflush(stdout);
-    ::dup2(saved_, 1);
-    ::close(saved_);
-  }
+using testing::QuietStdout;
+using testing::RelErr;
+using testing::kVocab;
 
- private:
-  int saved_ = -1;
-};
-
-// Three "languages" of templated two-line documents in fortune format: learnable, with
-// enough repetition that a tiny model's loss falls within a few dozen steps.
-void WriteCorpus(const fs::path& dir) {
-  struct Lang {
-    const char* file;
-    std::vector<const char*> subjects, verbs;
-    const char* line1;  // subject, verb, count
-    const char* line2;  // verb
-    int shift;
-  };
-  const Lang langs[] = {
-      {"en.txt", {"the cat", "the dog", "a bird", "my friend", "the old man"},
-       {"sat", "ran", "sang", "slept", "jumped"}, "%s %s on the mat %d times\n",
-       "and then it %s again\n%%\n", 2},
-      {"de.txt", {"der hund", "die katze", "ein vogel", "mein freund", "der alte"},
-       {"lief", "sang", "schlief", "sprang", "sass"}, "%s %s auf der matte %d mal\n",
-       "und dann %s es wieder\n%%\n", 3},
-      {"fr.txt", {"le chat", "le chien", "un oiseau", "mon ami", "le vieux"},
-       {"dort", "chante", "court", "saute", "mange"}, "%s %s sur le tapis %d fois\n",
-       "et puis il %s encore\n%%\n", 1},
-  };
-  for (const Lang& lang : langs) {
-    std::ofstream out(dir / lang.file);
-    char line[256];
-    for (int i = 0; i < 120; ++i) {
-      std::snprintf(line, sizeof(line), lang.line1, lang.subjects[i % 5], lang.verbs[i % 5], i % 7);
-      out << line;
-      std::snprintf(line, sizeof(line), lang.line2, lang.verbs[(i + lang.shift) % 5]);
-      out << line;
-    }
-  }
-}
-
-// Relative error of got against want (absolute below 1e-12).
-double RelErr(double got, double want) {
-  return std::abs(got - want) / std::max(std::abs(want), 1e-12);
-}
-
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public testing::TrainFixture {
  protected:
-  static void SetUpTestSuite() {
-    world_ = dist::WorldCommunicator();
-    // One directory for every rank: rank 0's pid names it; rank 0 prepares the data.
-    Tensor pid = Tensor::FromVector<int64_t>({static_cast<int64_t>(::getpid())}, {1});
-    world_->Broadcast(pid, 0);
-    root_ = (fs::path(::testing::TempDir()) /
-             ("sy_trainer_" + std::to_string(pid.ToVector<int64_t>()[0])))
-                .string();
-    int32_t ok = 1;
-    if (world_->rank() == 0) {
-      fs::remove_all(root_);
-      fs::create_directories(fs::path(root_) / "corpus");
-      WriteCorpus(fs::path(root_) / "corpus");
-      data::PrepOptions options;
-      options.out_dir = data_dir();
-      for (const char* f : {"de.txt", "en.txt", "fr.txt"}) {
-        options.files.push_back((fs::path(root_) / "corpus" / f).string());
-      }
-      options.vocab_size = kVocab;
-      auto index = data::Prepare(options);
-      if (!index.ok()) {
-        std::fprintf(stderr, "prep failed: %s\n", std::string(index.status().message()).c_str());
-        ok = 0;
-      }
-    }
-    Tensor flag = Tensor::FromVector<int32_t>({ok}, {1});
-    world_->Broadcast(flag, 0);
-    prepared_ = flag.ToVector<int32_t>()[0] == 1;
-  }
-  static void TearDownTestSuite() {
-    world_->Barrier();
-    if (world_->rank() == 0) fs::remove_all(root_);
-    world_.reset();
-  }
-  void SetUp() override { ASSERT_TRUE(prepared_) << "data preparation failed on rank 0"; }
-
-  static std::string data_dir() { return (fs::path(root_) / "data").string(); }
-  static std::string dir(const std::string& name) { return (fs::path(root_) / name).string(); }
-  int R() const { return world_->size(); }
-  bool is_root() const { return world_->rank() == 0; }
-
-  // The tiny config with the test's data and `overrides` applied.
-  static Config TinyConfig(std::vector<std::string> overrides) {
-    overrides.push_back("data.dir=" + data_dir());
-    auto config = LoadConfig(SY_TRAIN_TINY_CONFIG, overrides);
-    SY_CHECK_OK(config.status());
-    return *config;
-  }
-
-  // Creates a trainer on `comm` and runs `steps` steps (0: to train.max_steps); quiet.
-  static StatusOr<std::unique_ptr<Trainer>> Train(const Config& config, const std::string& out,
-                                                  dist::Communicator& comm, int64_t steps = 0) {
-    QuietStdout quiet;
-    SY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, out, comm));
-    SY_RETURN_IF_ERROR(trainer->Run(steps));
-    return trainer;
-  }
-
   // The one-rank reference of the layout tests: `overrides` with grad_accum 4 (the global
   // batch of every layout) for `steps` steps, trained by rank 0 alone into `out`. Its
   // per-step losses on rank 0 (empty elsewhere).
   static std::vector<double> TrainReference(std::vector<std::string> overrides,
                                             const std::string& out, int64_t steps) {
-    overrides.push_back("train.max_steps=" + std::to_string(steps));
-    overrides.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches));
-    std::vector<double> losses;
-    if (world_->rank() != 0) return losses;
-    auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
-    auto ref = Train(TinyConfig(overrides), out, *local);
-    EXPECT_TRUE(ref.ok()) << ref.status();
-    if (ref.ok()) losses = (*ref)->losses();
-    EXPECT_EQ(losses.size(), static_cast<size_t>(steps));
-    return losses;
+    std::unique_ptr<Trainer> ref =
+        TrainFixture::TrainReference(std::move(overrides), out, steps, kGlobalMicroBatches);
+    return ref ? ref->losses() : std::vector<double>{};
   }
 
   // 40 steps of `config`: the loss starts near ln(V) and falls.
@@ -210,15 +84,7 @@ class TrainerTest : public ::testing::Test {
                   what, losses[0], tail, ln_v);
     }
   }
-
-  static std::unique_ptr<dist::Communicator> world_;
-  static std::string root_;
-  static bool prepared_;
 };
-
-std::unique_ptr<dist::Communicator> TrainerTest::world_;
-std::string TrainerTest::root_;
-bool TrainerTest::prepared_ = false;
 
 TEST_F(TrainerTest, LossFalls) {
   ExpectLossFalls(TinyConfig({"train.grad_accum=" + std::to_string(kGlobalMicroBatches / R())}),
