@@ -165,21 +165,26 @@ RankMemory PredictRankMemory(const Config& c, const dist::Mesh& mesh, int rank) 
                         : c.train.momentum != 0.0f                  ? 1
                                                                     : 0;
   RankMemory r;
-  double total = 0;
+  double total = 0, synced = 0;
   for (auto [n, group] : groups) {
     total += n;
+    if (group > 1) synced += n;
     r.parameters += 4.0 * n / (stage >= 3 ? group : 1);
     r.gradients += 4.0 * n / (stage >= 2 ? group : 1);
     r.optimizer += 4.0 * states * n / (stage >= 1 ? group : 1);
   }
   // The aux-loss-free expert bias: persistent, not trained, whole on every rank.
   if (e.expert_bias_rate > 0) r.parameters += 4.0 * moe_layers * e.num_experts;
-  // Workspace: the activations of a micro-batch, every gradient bucket at the sync, the
-  // full gradients of stages 2-3 and two gathered stage-3 parts (the one in use, the next).
+  // Workspace: the activations of a micro-batch; at the sync every bucket of gradients that
+  // has a group to sum over is in flight, each as its packed copy and the ordered sum's
+  // receive buffer of the same size (dist/ordered_sum.h); the full gradients of stages 2-3
+  // (of the partitioned parameters: the others' stay whole and count as gradients); two
+  // gathered stage-3 parts (the one in use, the next). An estimate: zero_perf prints it
+  // beside the measured peak.
   ModelCost cost = EstimateCost(c);
-  r.workspace = cost.activation_bytes_per_rank + 4.0 * total;
-  if (stage >= 2) r.workspace += 4.0 * total;
-  if (stage >= 3) r.workspace += 2.0 * 4.0 * total / std::max<int64_t>(1, m.n_layers);
+  r.workspace = cost.activation_bytes_per_rank + 2.0 * 4.0 * synced;
+  if (stage >= 2) r.workspace += 4.0 * synced;
+  if (stage >= 3) r.workspace += 2.0 * 4.0 * synced / std::max<int64_t>(1, m.n_layers);
   return r;
 }
 
