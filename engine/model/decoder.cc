@@ -41,7 +41,10 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   SY_ASSIGN_OR_RETURN(dense::NormKind norm_kind, dense::ParseNormKind(model.norm));
   SY_ASSIGN_OR_RETURN(dense::Activation activation, dense::ParseActivation(model.activation));
 
+  SY_RETURN_IF_ERROR(parallel.stage.Validate(model.n_layers));
   std::unique_ptr<Decoder> dec(new Decoder(model, moe, parallel, ctx));
+  const Stage& stage = parallel.stage;
+  dec->first_layer_ = stage.first_layer;
   const dense::TensorParallel tp = dec->tp();
   if (tp.active() && tp.sequence_parallel && (model.seq_len % tp.size()) != 0) {
     return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by parallel.tp=",
@@ -55,7 +58,16 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
                              .max_positions = model.position == "learned" ? model.seq_len : 0,
                              .device = device, .tp = tp};
   SY_RETURN_IF_ERROR(eo.Validate());
-  dec->embed_.emplace(dense::Embedding::Init(eo, seed, "embed", std, ctx));
+  dec->eo_ = eo;
+  if (stage.embedding) {
+    dec->embed_.emplace(dense::Embedding::Init(eo, seed, "embed", std, ctx));
+  } else if (stage.head && model.tie_embeddings) {
+    // The last stage's copy of the token table for the tied head: wte alone, drawn like the
+    // first stage's (same name and global indices), so the two start equal.
+    dense::EmbeddingOptions table = eo;
+    table.max_positions = 0;
+    dec->embed_.emplace(dense::Embedding::Init(table, seed, "embed", std, ctx));
+  }
   dense::NormOptions no{.kind = norm_kind, .dim = model.d_model, .eps = model.norm_eps,
                         .device = device};
   dense::AttentionOptions ao{.d_model = model.d_model, .n_heads = model.n_heads,
@@ -66,7 +78,7 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   dense::MlpOptions mo{.d_model = model.d_model, .d_hidden = model.ff_hidden(),
                        .activation = activation, .bias = model.bias, .device = device, .tp = tp};
   const moe::MoEParallel mp{.ep = parallel.ep, .tp = parallel.tp, .etp = parallel.etp};
-  for (int64_t i = 0; i < model.n_layers; ++i) {
+  for (int64_t i = stage.first_layer; i < stage.End(model.n_layers); ++i) {
     const std::string name = StrCat("layers.", i);
     Block block{dense::Norm(no, ctx), dense::Norm(no, ctx),
                 dense::Attention::Init(ao, seed, name + ".attn", std, out_std, ctx), std::nullopt,
@@ -80,8 +92,8 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
     }
     dec->blocks_.push_back(std::move(block));
   }
-  dec->norm_f_.emplace(no, ctx);
-  if (!model.tie_embeddings) {
+  if (stage.head) dec->norm_f_.emplace(no, ctx);
+  if (stage.head && !model.tie_embeddings) {
     // The head's columns are the vocabulary this rank holds (no padding columns).
     dense::LinearOptions lo{.in = model.d_model, .out = eo.valid_rows(), .bias = false,
                             .device = device};
@@ -116,21 +128,20 @@ void Decoder::Register(uint64_t seed) {
     }
     add(prefix, std::move(ps));
   };
-  add("embed", embed_->Parameters());
+  if (embed_) add("embed", embed_->Parameters());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& b = blocks_[i];
-    const std::string name = StrCat("layers.", i);
+    const std::string name = LayerPart(static_cast<int64_t>(i));
     add_norm(name + ".norm1", b.norm1);
     add(name + ".attn", b.attn.Parameters());
     add_norm(name + ".norm2", b.norm2);
     if (b.mlp) add(name + ".mlp", b.mlp->Parameters());
     if (b.moe) add(name + ".moe", b.moe->Parameters());
   }
-  add_norm("norm_f", *norm_f_);
+  if (norm_f_) add_norm("norm_f", *norm_f_);
   if (head_) {
     std::vector<parallel::Parameter> ps = head_->Parameters();
-    const dense::EmbeddingOptions& eo = embed_->options();
-    if (tp.active()) ps[0].Split(1, eo.vocab_start(), eo.vocab_size);
+    if (tp.active()) ps[0].Split(1, eo_.vocab_start(), eo_.vocab_size);
     add("head", std::move(ps));
   }
 }
@@ -176,18 +187,30 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   SY_CHECK(in.tokens.device() == device() && in.targets.device() == device())
       << "tokens on " << in.tokens.device() << ", targets on " << in.targets.device()
       << ": the decoder runs on " << device();
+  const Stage& stage = parallel_.stage;
   DeviceContext* ctx = ctx_;
   DecoderOutput out;
   DecoderActivations& acts = out.acts;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
-  Acquire("embed", layers > 0 ? LayerPart(0) : "norm_f");
-  acts.embed = embed_->Forward(in.tokens, ctx);
-  Release("embed");
-  Tensor x = acts.embed.y;  // (B, S, d), or this rank's rows (N/tp, d) under sp
+  const std::string after_layers = stage.head ? "norm_f" : "";
+  Tensor x;  // (B, S, d), or this rank's rows (N/tp, d) under sp
+  if (stage.embedding) {
+    Acquire("embed", layers > 0 ? LayerPart(0) : after_layers);
+    acts.embed = embed_->Forward(in.tokens, ctx);
+    Release("embed");
+    x = acts.embed.y;
+  } else {
+    const Shape want = tp.active() && tp.sequence_parallel ? Shape{n / tp.size(), d}
+                                                           : Shape{batch, seq, d};
+    SY_CHECK(in.hidden.defined() && in.hidden.shape() == want && in.hidden.device() == device())
+        << "stage " << stage.Describe(model_.n_layers) << " reads the previous stage's output "
+        << ShapeString(want) << " on " << device() << ", got " << in.hidden.DebugString();
+    x = in.hidden;
+  }
   const int64_t moe_rows = tp.active() ? n / tp.size() : n;
   for (int64_t i = 0; i < layers; ++i) {
     Block& b = blocks_[i];
-    Acquire(LayerPart(i), i + 1 < layers ? LayerPart(i + 1) : "norm_f");
+    Acquire(LayerPart(i), i + 1 < layers ? LayerPart(i + 1) : after_layers);
     BlockActivations ba;
     ba.x_in = x;
     ba.norm1 = b.norm1.Forward(x, ctx);
@@ -210,25 +233,28 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     acts.blocks.push_back(std::move(ba));
     Release(LayerPart(i));
   }
+  if (!stage.head) {
+    out.hidden = x;
+    return out;
+  }
   Acquire("norm_f", HeadPart());
   acts.norm_f = norm_f_->Forward(x, ctx);
   Release("norm_f");
   Acquire(HeadPart(), "");
   acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)
                      .Reshape({n, d});
-  const dense::EmbeddingOptions& eo = embed_->options();
   Tensor logits;  // (N, this rank's vocabulary columns)
   if (head_) {
     acts.head = head_->Forward(acts.head_in, ctx);
     logits = acts.head->y;
   } else {
-    logits = Tensor::Empty({n, eo.local_rows()}, DType::kF32, device());
+    logits = Tensor::Empty({n, eo_.local_rows()}, DType::kF32, device());
     kernels::Gemm(acts.head_in, false, embed_->wte(), true, logits, 1.0f, 0.0f, ctx);
   }
   Tensor targets = in.targets.Reshape({n});
   kernels::CrossEntropySums ce;
   if (tp.active()) {
-    ce = parallel::VocabParallelCrossEntropy(logits, targets, eo.vocab_start(), eo.valid_rows(),
+    ce = parallel::VocabParallelCrossEntropy(logits, targets, eo_.vocab_start(), eo_.valid_rows(),
                                              *tp.comm, in.training ? &logits : nullptr,
                                              in.ce_grad_scale, ctx);
   } else if (in.training) {
@@ -252,33 +278,48 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   auto done = [&](const std::string& prefix) {
     if (on_done) on_done(prefix);
   };
+  const Stage& stage = parallel_.stage;
   DecoderActivations& acts = out.acts;
-  SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
-  const int64_t n = acts.dlogits.dim(0), d = model_.d_model;
+  const int64_t d = model_.d_model;
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
-  Acquire(HeadPart(), "norm_f");
-  Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
-  if (head_) {
-    dhidden = head_->Backward(*acts.head, acts.dlogits, ctx);
+  const std::string before_layers = stage.embedding ? "embed" : "";
+  Tensor dx;  // the gradient of the residual stream after the current layer
+  if (stage.head) {
+    SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
+    const int64_t n = acts.dlogits.dim(0);
+    Acquire(HeadPart(), "norm_f");
+    Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
+    if (head_) {
+      dhidden = head_->Backward(*acts.head, acts.dlogits, ctx);
+    } else {
+      dhidden = Tensor::Empty({n, d}, DType::kF32, device());
+      kernels::Gemm(acts.dlogits, false, embed_->wte(), false, dhidden, 1.0f, 0.0f, ctx);
+      Tensor grad_wte = embed_->grad_wte();
+      kernels::Gemm(acts.dlogits, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
+    }
+    if (head_) done("head");
+    Release(HeadPart());
+    dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);
+    Acquire("norm_f", layers > 0 ? LayerPart(layers - 1) : before_layers);
+    dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()), ctx);
+    Release("norm_f");
+    done("norm_f");
+    // A tied head without the embedding on this stage: its table's gradient is final here.
+    if (!stage.embedding && embed_) done("embed");
   } else {
-    dhidden = Tensor::Empty({n, d}, DType::kF32, device());
-    kernels::Gemm(acts.dlogits, false, embed_->wte(), false, dhidden, 1.0f, 0.0f, ctx);
-    Tensor grad_wte = embed_->grad_wte();
-    kernels::Gemm(acts.dlogits, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
+    SY_CHECK(out.hidden.defined() && out.grad_hidden.defined() &&
+             out.grad_hidden.shape() == out.hidden.shape())
+        << "stage " << stage.Describe(model_.n_layers)
+        << ": Backward needs the gradient of its output (DecoderOutput::grad_hidden) "
+        << ShapeString(out.hidden.shape()) << ", got " << out.grad_hidden.DebugString();
+    dx = out.grad_hidden.Clone(ctx);  // accumulated into below; the caller's stays intact
   }
-  if (head_) done("head");
-  Release(HeadPart());
-  dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);
-  Acquire("norm_f", layers > 0 ? LayerPart(layers - 1) : "embed");
-  Tensor dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()), ctx);
-  Release("norm_f");
-  done("norm_f");
   const float aux_scale[1] = {in.aux_grad_scale};
   for (int64_t i = layers - 1; i >= 0; --i) {
     Block& b = blocks_[i];
-    Acquire(LayerPart(i), i > 0 ? LayerPart(i - 1) : "embed");
+    Acquire(LayerPart(i), i > 0 ? LayerPart(i - 1) : before_layers);
     BlockActivations& ba = acts.blocks[i];
     Tensor dnorm2;
     if (b.mlp) {
@@ -294,6 +335,10 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     AddInto(dx, b.norm1.Backward(ba.norm1, dnorm1, ctx), ctx);
     Release(LayerPart(i));
     done(LayerPart(i));
+  }
+  if (!stage.embedding) {
+    out.grad_input = dx;
+    return;
   }
   Acquire("embed", "");
   embed_->Backward(acts.embed, dx, ctx);

@@ -17,6 +17,14 @@
 // Every parameter is registered under a stable name (docs/model.md lists them). Forward
 // keeps what Backward needs in a DecoderActivations the caller holds (one per micro-batch).
 //
+// Pipeline parallelism (DecoderParallel::stage, engine/model/stage.h): a decoder holds one
+// model stage. A stage without the embedding reads DecoderInput::hidden (the previous
+// stage's DecoderOutput::hidden) instead of tokens; a stage without the head returns its
+// residual stream in DecoderOutput::hidden and, before Backward, is given its gradient in
+// DecoderOutput::grad_hidden; a stage without the embedding leaves the gradient of its
+// input in DecoderOutput::grad_input after Backward. The aux and z sums cover the stage's
+// MoE layers.
+//
 // Losses: the cross-entropy is summed here and scaled by the caller's ce_grad_scale (1 / the
 // number of targets in the global batch); each MoE layer's aux and z losses are per routing
 // group (one micro-batch of one data-parallel replica) and scaled by aux_grad_scale (1 / the
@@ -37,6 +45,7 @@
 #include "dense/norm.h"
 #include "engine/dist/communicator.h"
 #include "engine/model/model_config.h"
+#include "engine/model/stage.h"
 #include "engine/parallel/parameter.h"
 #include "moe/moe_layer.h"
 
@@ -52,6 +61,9 @@ struct DecoderInput {
   // Gradient scales; only used when training (backward).
   float ce_grad_scale = 0.0f;
   float aux_grad_scale = 0.0f;
+  // A stage without the embedding: the previous stage's output, (B, S, d) or this rank's
+  // rows (B*S/tp, d) under sequence parallelism. tokens still give B and S.
+  Tensor hidden = Tensor();
 };
 
 // One block's activations.
@@ -81,6 +93,12 @@ struct DecoderOutput {
   double z_sum = 0;
   std::vector<moe::MoEStats> moe_stats;  // per MoE layer, this rank's sums
   DecoderActivations acts;
+  // Pipeline stages. hidden: a stage without the head, the residual stream after its last
+  // layer (what the next stage reads). grad_hidden: set by the caller before Backward on
+  // such a stage, the gradient of hidden (what the next stage's Backward left in
+  // grad_input). grad_input: after Backward on a stage without the embedding, the gradient
+  // of DecoderInput::hidden.
+  Tensor hidden, grad_hidden, grad_input;
 };
 
 // The groups a decoder's layers communicate in. ep is required (a size-1 group is fine).
@@ -89,6 +107,7 @@ struct DecoderParallel {
   dist::Communicator* tp = nullptr;   // dense tensor parallel; null: none
   bool sequence_parallel = false;     // only with tp of size > 1
   dist::Communicator* etp = nullptr;  // expert tensor parallel; null: none
+  Stage stage = Stage::Whole();       // the pipeline stage this decoder holds (default: all)
 };
 
 class Decoder {
@@ -134,6 +153,7 @@ class Decoder {
   const moe::MoEConfig& moe_config() const { return moe_; }
   Device device() const { return ctx_ ? ctx_->device() : Device::Cpu(); }
   DeviceContext* ctx() const { return ctx_; }
+  const Stage& stage() const { return parallel_.stage; }
   // The MoE layers in depth order (layer ids in moe_layer_ids()).
   std::vector<moe::MoELayer*> moe_layers();
   const std::vector<int64_t>& moe_layer_ids() const { return moe_ids_; }
@@ -165,18 +185,21 @@ class Decoder {
   void Release(const std::string& part) const {
     if (hooks_.release) hooks_.release(part);
   }
-  std::string LayerPart(int64_t i) const { return StrCat("layers.", i); }
+  // Block k of this stage is the model's layer first_layer_ + k.
+  std::string LayerPart(int64_t k) const { return StrCat("layers.", first_layer_ + k); }
   std::string HeadPart() const { return head_ ? "head" : "embed"; }
 
   ModelConfig model_;
   moe::MoEConfig moe_;
   DecoderParallel parallel_;
   DeviceContext* ctx_;
-  std::optional<dense::Embedding> embed_;
+  dense::EmbeddingOptions eo_;             // the vocabulary split (every stage)
+  std::optional<dense::Embedding> embed_;  // first stage; the last stage's wte when tied
   std::vector<Block> blocks_;
   std::optional<dense::Norm> norm_f_;
   std::optional<dense::Linear> head_;  // untied: (d, this rank's vocabulary columns)
   std::vector<int64_t> moe_ids_;
+  int64_t first_layer_ = 0;
   parallel::ParameterRegistry registry_;
   ParameterHooks hooks_;
 };
