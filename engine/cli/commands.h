@@ -12,6 +12,12 @@ namespace switchyard::cli {
 // [--json]: prints every group of the dense and expert views of a layout.
 int RunMesh(const std::vector<std::string>& args);
 
+// switchyard pipeline --pp N --micro-batches N [--schedule gpipe|1f1b|interleaved]
+// [--virtual-stages N] [--forward-cost N] [--backward-cost N] [--actions]: validates a
+// pipeline schedule and prints its timeline, bubble and peak in-flight micro-batches per
+// rank; see docs/pipeline.md.
+int RunPipeline(const std::vector<std::string>& args);
+
 // switchyard prep --out DIR [--vocab N] [--val-fraction F] [--seed S] [--max-docs-per-label N]
 // [--label S] [--shard-tokens N] [--fortunes DIR] [--force] [FILE ...]: trains a tokenizer
 // and writes token shards and index.json (default corpus: the fortune files); docs/data.md.

@@ -20,6 +20,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"mesh", "print the process groups of a parallel layout (dense and expert views)", RunMesh},
+    {"pipeline", "validate a pipeline schedule and print its timeline and bubble", RunPipeline},
     {"prep", "train a tokenizer on text files and write token shards (fortunes by default)",
      RunPrep},
     {"train", "train a model from a config (one rank, or many under mpirun)", RunTrain},
