@@ -128,7 +128,17 @@ void Decoder::Register(uint64_t seed) {
     }
     add(prefix, std::move(ps));
   };
-  if (embed_) add("embed", embed_->Parameters());
+  if (embed_) {
+    std::vector<parallel::Parameter> ps = embed_->Parameters();
+    // Tied embeddings split over pipeline stages: the first and the last stage hold the
+    // token table, one replica each (its gradients are summed between the two by the
+    // trainer, not over the whole pp group).
+    if (model_.tie_embeddings && !parallel_.stage.whole(model_.n_layers)) {
+      for (parallel::Parameter& p : ps)
+        if (p.name == "wte") p.ReplicatedOver(dist::Axis::kPp, /*grad_summed=*/false);
+    }
+    add("embed", std::move(ps));
+  }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& b = blocks_[i];
     const std::string name = LayerPart(static_cast<int64_t>(i));
@@ -175,6 +185,12 @@ Tensor Decoder::MoeRowsInBackward(const Tensor& dh, const Shape& shape) const {
   return MoeRowsOut(dh, shape);
 }
 
+Shape Decoder::HiddenShape(int64_t batch, int64_t seq) const {
+  const dense::TensorParallel tp = this->tp();
+  if (tp.active() && tp.sequence_parallel) return {batch * seq / tp.size(), model_.d_model};
+  return {batch, seq, model_.d_model};
+}
+
 DecoderOutput Decoder::Forward(const DecoderInput& in) {
   const int64_t batch = in.tokens.dim(0), seq = in.tokens.dim(1), d = model_.d_model;
   const int64_t n = batch * seq;
@@ -200,8 +216,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     Release("embed");
     x = acts.embed.y;
   } else {
-    const Shape want = tp.active() && tp.sequence_parallel ? Shape{n / tp.size(), d}
-                                                           : Shape{batch, seq, d};
+    const Shape want = HiddenShape(batch, seq);
     SY_CHECK(in.hidden.defined() && in.hidden.shape() == want && in.hidden.device() == device())
         << "stage " << stage.Describe(model_.n_layers) << " reads the previous stage's output "
         << ShapeString(want) << " on " << device() << ", got " << in.hidden.DebugString();

@@ -154,6 +154,9 @@ class Decoder {
   Device device() const { return ctx_ ? ctx_->device() : Device::Cpu(); }
   DeviceContext* ctx() const { return ctx_; }
   const Stage& stage() const { return parallel_.stage; }
+  // The residual stream's shape between stages for a (batch, seq) micro-batch: (B, S, d),
+  // or this rank's rows (B*S/tp, d) under sequence parallelism.
+  Shape HiddenShape(int64_t batch, int64_t seq) const;
   // The MoE layers in depth order (layer ids in moe_layer_ids()).
   std::vector<moe::MoELayer*> moe_layers();
   const std::vector<int64_t>& moe_layer_ids() const { return moe_ids_; }

@@ -1,5 +1,8 @@
 #include "engine/train/config.h"
 
+#include "engine/model/stage.h"
+#include "engine/parallel/pipeline_schedule.h"
+
 #include "engine/core/file.h"
 
 #include <fstream>
@@ -35,6 +38,9 @@ Field Bind(const std::string& key, T* ptr) {
       } else if constexpr (std::is_same_v<T, std::string>) {
         if (!node.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
         *ptr = node.Scalar();
+      } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+        if (!node.IsSequence()) throw YAML::Exception(YAML::Mark(), "not a list");
+        *ptr = node.as<std::vector<int64_t>>();
       } else if constexpr (std::is_integral_v<T>) {
         *ptr = node.as<T>();
       } else {
@@ -43,6 +49,7 @@ Field Bind(const std::string& key, T* ptr) {
     } catch (const YAML::Exception&) {
       const char* kind = std::is_same_v<T, bool>          ? "true or false"
                          : std::is_same_v<T, std::string> ? "a string"
+                         : std::is_same_v<T, std::vector<int64_t>> ? "a list of integers"
                          : std::is_integral_v<T>          ? "an integer"
                                                           : "a number";
       return InvalidArgument(where, ": expected ", kind, ", got '", text, "'");
@@ -53,6 +60,10 @@ Field Bind(const std::string& key, T* ptr) {
     std::ostringstream out;
     if constexpr (std::is_same_v<T, bool>) {
       out << (*ptr ? "true" : "false");
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      out << "[";
+      for (size_t i = 0; i < ptr->size(); ++i) out << (i ? ", " : "") << (*ptr)[i];
+      out << "]";
     } else {
       out.precision(std::numeric_limits<float>::max_digits10);
       out << *ptr;
@@ -114,7 +125,9 @@ std::vector<Section> Sections(Config& c) {
         Bind("seed", &m.seed)}},
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
-        Bind("pp", &p.pp), Bind("zero_stage", &p.zero_stage),
+        Bind("pp", &p.pp), Bind("pipeline_schedule", &p.pipeline_schedule),
+        Bind("virtual_stages", &p.virtual_stages), Bind("pipeline_layers", &p.pipeline_layers),
+        Bind("zero_stage", &p.zero_stage),
         Bind("offload_optimizer", &p.offload_optimizer), Bind("order", &p.order),
         Bind("sequence_parallel", &p.sequence_parallel)}},
       {"train",
@@ -246,6 +259,28 @@ Status Config::Validate(int world) const {
                              p.ep, "*", p.pp);
     }
   }
+  // Pipeline: the schedule fits the micro-batches and the layers split into the stages.
+  {
+    auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
+    if (!schedule.ok()) {
+      return InvalidArgument("parallel.pipeline_schedule: ", schedule.status().message());
+    }
+    if (p.pp > 1 || p.virtual_stages != 1) {
+      const Status fits = parallel::CheckScheduleArgs(*schedule, p.pp, static_cast<int>(train.grad_accum),
+                                                      p.virtual_stages);
+      if (!fits.ok()) {
+        return InvalidArgument("parallel.pp=", p.pp, ", parallel.pipeline_schedule=",
+                               p.pipeline_schedule, ", parallel.virtual_stages=", p.virtual_stages,
+                               ", train.grad_accum=", train.grad_accum, " (the micro-batches): ",
+                               fits.message());
+      }
+    }
+    if (p.pp * p.virtual_stages > 1 || !p.pipeline_layers.empty()) {
+      SY_RETURN_IF_ERROR(model::PartitionLayers(model, moe, p.pp * p.virtual_stages,
+                                                p.pipeline_layers)
+                             .status());
+    }
+  }
   return OkStatus();
 }
 
@@ -254,12 +289,17 @@ dist::MeshSizes ParallelConfig::MeshSizes() const {
 }
 
 Status ParallelConfig::CheckSupported() const {
-  for (auto [key, v] : {std::pair<const char*, int>{"cp", cp}, {"pp", pp}}) {
-    if (v != 1) {
-      return Unimplemented("parallel.", key, "=", v,
-                           " is not supported yet (context and pipeline parallelism are the next "
-                           "dense-parallelism steps); use tp, etp, ep and data parallelism");
-    }
+  if (cp != 1) {
+    return Unimplemented("parallel.cp=", cp, " is not supported yet (context parallelism is the "
+                         "next dense-parallelism step); use tp, etp, ep, pp and data parallelism");
+  }
+  if (virtual_stages != 1 || pipeline_schedule == "interleaved") {
+    return Unimplemented("parallel.pipeline_schedule=interleaved (parallel.virtual_stages=",
+                         virtual_stages, ") is not supported by the trainer yet; use gpipe or 1f1b");
+  }
+  if (pp > 1 && zero_stage > 0) {
+    return Unimplemented("parallel.zero_stage=", zero_stage, " with parallel.pp=", pp,
+                         " is not supported yet; use zero_stage=0 with pipeline parallelism");
   }
   return OkStatus();
 }

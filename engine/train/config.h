@@ -23,6 +23,14 @@ struct ParallelConfig {
   int ep = 1;          // expert parallel
   int etp = 0;         // tensor parallel inside each expert; 0 means the same as tp
   int pp = 1;          // pipeline stages
+  // Pipeline parallelism (docs/pipeline.md): the schedule of a step's micro-batches
+  // (train.grad_accum of them) over the pp stages — gpipe | 1f1b | interleaved — with
+  // virtual_stages model chunks per rank for interleaved, and the layers of each model
+  // stage (pp x virtual_stages counts summing to model.n_layers; empty: balanced by
+  // compute and parameters, engine/model/stage.h).
+  std::string pipeline_schedule = "1f1b";
+  int virtual_stages = 1;
+  std::vector<int64_t> pipeline_layers;
   // ZeRO stage 0-3 (engine/parallel/zero.h, docs/zero.md): 1 shards the optimizer state
   // over each parameter's data-parallel group (dense: dp x cp; experts: edp), 2 the
   // gradients too, 3 the parameters too.

@@ -3,6 +3,7 @@
 #include "engine/core/file.h"
 #include "engine/dist/ordered_sum.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,16 +16,23 @@ namespace fs = std::filesystem;
 
 }  // namespace
 
-EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batch>& batches,
+EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>& batches,
                            int64_t step, const dist::ParallelContext& pc) {
+  model::Decoder& decoder = stage.decoder();
   dist::Communicator& dp_cp = pc.dp_cp();
   const int64_t seq = decoder.config().seq_len;
-  const size_t n_moe = decoder.moe_layer_ids().size();
   EvalResult r;
   r.step = step;
   r.batches = static_cast<int64_t>(batches.size());
-  r.moe_layer_ids = decoder.moe_layer_ids();
-  r.moe.resize(n_moe);
+  // Every MoE layer of the model; this stage fills its own, the sums over pp the rest.
+  for (int64_t i = 0; i < decoder.config().n_layers; ++i)
+    if (decoder.moe_config().IsMoeLayer(i)) r.moe_layer_ids.push_back(i);
+  r.moe.resize(r.moe_layer_ids.size());
+  std::vector<size_t> slot_of;
+  for (int64_t id : decoder.moe_layer_ids()) {
+    slot_of.push_back(std::find(r.moe_layer_ids.begin(), r.moe_layer_ids.end(), id) -
+                      r.moe_layer_ids.begin());
+  }
   double ce = 0;
   int64_t count = 0, sequences = 0;
   for (const data::Batch& batch : batches) {
@@ -34,15 +42,17 @@ EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batc
                            .targets = batch.targets.To(device, decoder.ctx()),
                            .first_token = batch.sequences[0] * seq, .step = step,
                            .training = false};
-    model::DecoderOutput out = decoder.Forward(in);
+    model::DecoderOutput out = stage.Forward(in);
     ce += out.ce_sum;
     count += out.ce_count;
     sequences += batch.inputs.dim(0);
-    for (size_t l = 0; l < n_moe; ++l) r.moe[l].Add(out.moe_stats[l]);
+    for (size_t l = 0; l < slot_of.size(); ++l) r.moe[slot_of[l]].Add(out.moe_stats[l]);
   }
-  // The same reduction as Trainer::Validate for the loss; the rest beside it.
+  // The same reduction as Trainer::Validate for the loss (the last stage holds it); the
+  // rest beside it.
   const double local_sums[2] = {ce, static_cast<double>(count)};
-  const std::vector<double> sums = dist::AllReduceDoubles(dp_cp, local_sums);
+  std::vector<double> sums = dist::AllReduceDoubles(dp_cp, local_sums);
+  if (stage.pp().size() > 1) sums = dist::AllReduceDoubles(stage.pp(), sums);
   r.ce_sum = sums[0];
   r.targets = static_cast<int64_t>(sums[1] + 0.5);
   r.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
@@ -55,6 +65,7 @@ EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batc
       s.tokens_per_expert_kept.assign(decoder.moe_config().num_experts, 0);
     }
     s.AllReduce(pc.dp_cp_tp());  // each tp rank counted the rows it routed
+    if (stage.pp().size() > 1) s.AllReduce(stage.pp());
     r.aux_loss += s.aux_mean();
     r.z_loss += s.z_mean();
   }
@@ -96,12 +107,16 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
   SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
   std::unique_ptr<Evaluator> ev(new Evaluator(config, world));
   const ParallelConfig& p = config.parallel;
+  const TrainConfig& tc = config.train;
   SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
   SY_ASSIGN_OR_RETURN(ev->pc_, dist::ParallelContext::Create(world, mesh));
   SY_ASSIGN_OR_RETURN(ev->rt_, MakeRuntime(config.runtime, world, mesh));
   SY_ASSIGN_OR_RETURN(ev->decoder_, MakeDecoder(config, ev->rt_, *ev->pc_));
+  SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
+                      parallel::ParsePipelineSchedule(p.pipeline_schedule));
+  ev->pipeline_ = std::make_unique<PipelineRunner>(*ev->decoder_, ev->rt_.data_pc(*ev->pc_).pp(),
+                                                   schedule, static_cast<int>(tc.grad_accum));
   const int dp = mesh.dp();
-  const TrainConfig& tc = config.train;
   data::LoaderOptions lo{.dir = config.data.dir,
                          .seq_len = config.model.seq_len,
                          .micro_batch_size = tc.micro_batch_size,
@@ -124,7 +139,7 @@ StatusOr<LoadedCheckpoint> Evaluator::Load(const std::string& path) {
 
 StatusOr<EvalResult> Evaluator::Run(int64_t max_batches, int64_t step) {
   SY_ASSIGN_OR_RETURN(std::vector<data::Batch> batches, loader_->ValidationBatches(max_batches));
-  return EvaluateBatches(*decoder_, batches, step, *pc_);
+  return EvaluateBatches(*pipeline_, batches, step, *pc_);
 }
 
 }  // namespace switchyard::train

@@ -25,6 +25,7 @@
 #include "engine/model/decoder.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/config.h"
+#include "engine/train/pipeline_runner.h"
 #include "engine/train/data/loader.h"
 #include "engine/train/runtime.h"
 #include "moe/moe_layer.h"
@@ -51,7 +52,7 @@ struct EvalResult {
 // reduced over the data-parallel world of pc (losses over dp x cp, routing statistics also
 // over tp). Collective over pc's world. The computation of Trainer::Validate, with routing
 // statistics added.
-EvalResult EvaluateBatches(model::Decoder& decoder, const std::vector<data::Batch>& batches,
+EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>& batches,
                            int64_t step, const dist::ParallelContext& pc);
 
 // A checkpoint's step directory and the config saved with it.
@@ -97,7 +98,8 @@ class Evaluator {
   dist::Communicator& world_;
   std::unique_ptr<dist::ParallelContext> pc_;
   Runtime rt_;  // runtime.device; outlives the decoder
-  std::unique_ptr<model::Decoder> decoder_;
+  std::unique_ptr<model::Decoder> decoder_;  // this rank's pipeline stage
+  std::unique_ptr<PipelineRunner> pipeline_;
   std::unique_ptr<data::DataLoader> loader_;
 };
 

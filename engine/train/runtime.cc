@@ -51,10 +51,15 @@ StatusOr<std::unique_ptr<model::Decoder>> MakeDecoder(const Config& config, cons
                                                       dist::ParallelContext& host_pc) {
   dist::ParallelContext& pc = rt.data_pc(host_pc);
   const ParallelConfig& p = config.parallel;
+  // This rank's pipeline stage (one model chunk per rank: interleaving is refused earlier).
+  SY_ASSIGN_OR_RETURN(const std::vector<model::Stage> stages,
+                      model::PartitionLayers(config.model, config.moe, p.pp * p.virtual_stages,
+                                             p.pipeline_layers));
   const model::DecoderParallel parallel{.ep = &pc.ep(),
                                         .tp = &pc.tp(),
                                         .sequence_parallel = p.tp > 1 && p.sequence_parallel,
-                                        .etp = &pc.etp()};
+                                        .etp = &pc.etp(),
+                                        .stage = stages[host_pc.pp().rank()]};
   return model::Decoder::Create(config.model, config.moe, config.train.seed, parallel,
                                 rt.ctx.get());
 }

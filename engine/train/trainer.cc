@@ -1,5 +1,7 @@
 #include "engine/train/trainer.h"
 
+#include "kernels/elementwise.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -116,6 +118,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   if (config.train.eval_every > 0 || config.train.eval_batches > 0) {
     SY_ASSIGN_OR_RETURN(t->val_batches_, t->loader_->ValidationBatches(config.train.eval_batches));
   }
+  for (int64_t i = 0; i < config.model.n_layers; ++i)
+    if (config.moe.IsMoeLayer(i)) t->moe_layer_ids_.push_back(i);
+  SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
+                      parallel::ParsePipelineSchedule(p.pipeline_schedule));
+  t->pipeline_ = std::make_unique<PipelineRunner>(*t->decoder_, t->data_pc().pp(), schedule,
+                                                  static_cast<int>(config.train.grad_accum));
   t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->decoder_->moe_layer_ids(),
                                                  config.moe.num_experts);
   if (t->is_root()) {
@@ -193,52 +201,69 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   zero_->MaterializeGradients();
   reg.ZeroGrad(ctx);
 
-  const size_t n_moe = decoder_->moe_layer_ids().size();
-  std::vector<moe::MoEStats> stats(n_moe);
+  // Statistics of every MoE layer of the model (this stage fills its own; the sums over pp
+  // complete them).
+  const std::vector<int64_t>& local_ids = decoder_->moe_layer_ids();
+  moe::MoEStats none;  // what a stage without the layer contributes to its sums over pp
+  none.tokens_per_expert.assign(config_.moe.num_experts, 0);
+  none.tokens_per_expert_kept.assign(config_.moe.num_experts, 0);
+  std::vector<moe::MoEStats> stats(moe_layer_ids_.size(), none);
+  std::vector<size_t> slot_of(local_ids.size());  // local MoE layer -> index in stats
+  for (size_t l = 0; l < local_ids.size(); ++l) {
+    slot_of[l] = std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), local_ids[l]) -
+                 moe_layer_ids_.begin();
+  }
   // Per micro-batch sums, added in the tree order below (as the ranks' sums are).
-  std::vector<double> ce_sums, aux_sums, z_sums;
+  std::vector<double> ce_sums(tc.grad_accum), aux_sums(tc.grad_accum), z_sums(tc.grad_accum);
   // Ordered accumulation: each micro-batch's gradient alone, summed in the tree order.
   const bool tree = tc.ordered_grad_accum && tc.grad_accum > 1;
   dist::TreeAccumulator grads(ctx);
-  for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
-    data::Batch batch = loader_->GetBatch(step_, micro);
-    model::DecoderInput in{.tokens = batch.inputs.To(device(), ctx),
-                           .targets = batch.targets.To(device(), ctx),
-                           .first_token = batch.sequences[0] * seq, .step = step_, .training = true,
-                           .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
-                           .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
-    if (tree && micro > 0) reg.ZeroGrad(ctx);
-    model::DecoderOutput out = decoder_->Forward(in);
-    if (tree || micro + 1 < tc.grad_accum) {
-      decoder_->Backward(in, out);
-    } else {
-      // The last micro-batch: each part's gradient bucket goes out as soon as it is final.
-      decoder_->Backward(in, out, [&](const std::string& part) {
-        for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
-      });
-    }
-    if (tree) grads.Add(PackGrads(reg, ctx));
-    ce_sums.push_back(out.ce_sum);
-    aux_sums.push_back(out.aux_sum);
-    z_sums.push_back(out.z_sum);
+  std::vector<data::Batch> batches(tc.grad_accum);
+  PipelineRunner::Hooks hooks;
+  hooks.input = [&](int micro) {
+    batches[micro] = loader_->GetBatch(step_, micro);
+    const data::Batch& batch = batches[micro];
+    return model::DecoderInput{.tokens = batch.inputs.To(device(), ctx),
+                               .targets = batch.targets.To(device(), ctx),
+                               .first_token = batch.sequences[0] * seq, .step = step_,
+                               .training = true,
+                               .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
+                               .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
+  };
+  hooks.after_forward = [&](int micro, const model::DecoderOutput& out) {
+    ce_sums[micro] = out.ce_sum;
+    aux_sums[micro] = out.aux_sum;
+    z_sums[micro] = out.z_sum;
     size_t layer = 0;
     for (const model::BlockActivations& b : out.acts.blocks) {
       if (!b.moe) continue;
-      stats[layer].Add(b.moe->stats);
+      stats[slot_of[layer]].Add(b.moe->stats);
       // Under tp every tp rank routed the whole group: tp rank 0 records it.
-      if (record_routing && pc_->tp().rank() == 0) {
+      if (record_routing && pc_->tp().rank() == 0 && routing_) {
+        const data::Batch& batch = batches[micro];
         routing_->Add(layer, b.moe->acts.router[0].indices.To(Device::Cpu(), ctx),
                       batch.labels.Reshape({batch.labels.numel()}));
       }
       ++layer;
     }
+  };
+  if (tree) {
+    hooks.before_backward = [&](int) { reg.ZeroGrad(ctx); };
+    hooks.after_backward = [&](int) { grads.Add(PackGrads(reg, ctx)); };
+  } else {
+    // The last backward: each part's gradient bucket goes out as soon as it is final.
+    hooks.on_last_backward_done = [&](const std::string& part) {
+      for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
+    };
   }
+  pipeline_->RunStep(hooks);
   if (tree) {
     UnpackGrads(grads.Result(), reg, ctx);
     grad_sync_->SyncAll();
   } else {
     grad_sync_->Finish();
   }
+  SumTiedEmbeddingGrads();
   const double ce_sum = dist::TreeSumDoubles(ce_sums);
   const double aux_sum = dist::TreeSumDoubles(aux_sums);
   const double z_sum = dist::TreeSumDoubles(z_sums);
@@ -250,17 +275,22 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
 
   // Reduce the step's numbers over the data-parallel world: the losses over dp x cp (every
   // tp rank holds the same sums), the routing statistics also over tp (each tp rank counts
-  // the rows it routed). Ordered f64 sums: the numbers do not depend on the layout.
-  for (moe::MoEStats& s : stats) s.AllReduce(pc_->dp_cp_tp());
+  // the rows it routed); then over the pipeline stages (each holds its layers' numbers, the
+  // last the cross-entropy). Ordered f64 sums: the numbers do not depend on the layout.
+  for (moe::MoEStats& s : stats) {
+    s.AllReduce(pc_->dp_cp_tp());
+    if (pc_->pp().size() > 1) s.AllReduce(pc_->pp());
+  }
   const double local_sums[3] = {ce_sum, aux_sum, z_sum};
   std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
+  if (pc_->pp().size() > 1) sums = dist::AllReduceDoubles(pc_->pp(), sums);
   // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
   size_t layer = 0;
   for (moe::MoELayer* m : decoder_->moe_layers()) {
     if (config_.moe.expert_bias_rate > 0) {
       Tensor bias = m->expert_bias();
-      moe::UpdateExpertBias(bias, stats[layer].tokens_per_expert, config_.moe.expert_bias_rate,
-                            ctx);
+      moe::UpdateExpertBias(bias, stats[slot_of[layer]].tokens_per_expert,
+                            config_.moe.expert_bias_rate, ctx);
     }
     ++layer;
   }
@@ -273,7 +303,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   m.loss = m.ce_loss + m.aux_loss + m.z_loss;
   m.lr = lr;
   m.grad_norm = norm;
-  m.moe_layer_ids = decoder_->moe_layer_ids();
+  m.moe_layer_ids = moe_layer_ids_;
   m.moe = std::move(stats);
   m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_s = static_cast<double>(global_batch * seq) / m.step_s;
@@ -281,7 +311,31 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
 }
 
 double Trainer::Validate() {
-  return EvaluateBatches(*decoder_, val_batches_, step_, *pc_).loss;
+  return EvaluateBatches(*pipeline_, val_batches_, step_, *pc_).loss;
+}
+
+void Trainer::SumTiedEmbeddingGrads() {
+  dist::Communicator& pp = data_pc().pp();
+  if (pp.size() == 1 || !config_.model.tie_embeddings) return;
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  if (!first && !last) return;
+  parallel::Parameter* wte = nullptr;
+  for (parallel::Parameter& p : decoder_->registry().params())
+    if (p.name == "embed.wte") wte = &p;
+  SY_CHECK(wte != nullptr) << "the first and last pipeline stages hold embed.wte";
+  DeviceContext* ctx = rt_.ctx.get();
+  Tensor other = Tensor::Empty(wte->grad.shape(), DType::kF32, wte->grad.device());
+  const int peer = first ? pp.size() - 1 : 0;
+  std::vector<dist::P2POp> ops = {{dist::P2POp::kSend, wte->grad, peer},
+                                  {dist::P2POp::kRecv, other, peer}};
+  pp.BatchSendRecv(ops)->Wait();
+  // first + last on both ranks: the same bits.
+  if (first) {
+    kernels::Axpy(1.0f, other, wte->grad, ctx);
+  } else {
+    kernels::Axpy(1.0f, wte->grad, other, ctx);
+    wte->grad.CopyFrom(other, ctx);
+  }
 }
 
 Status Trainer::Save() {
@@ -359,7 +413,7 @@ Status Trainer::Run(int64_t steps) {
     if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
                              stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());
     if (!run_stats_.empty()) {
-      std::printf("\n%s\n%s", LoadBalanceSummary(decoder_->moe_layer_ids(), run_stats_).c_str(),
+      std::printf("\n%s\n%s", LoadBalanceSummary(moe_layer_ids_, run_stats_).c_str(),
                   routing_->Table().c_str());
     }
     std::fflush(stdout);

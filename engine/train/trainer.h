@@ -1,7 +1,8 @@
 // The training loop (`switchyard train`): one rank or many under mpirun. Each step:
 //
-//   for each micro-batch of this data-parallel rank (train.grad_accum of them):
-//       forward + backward of the decoder (routing group = the micro-batch)
+//   for each micro-batch of this data-parallel rank (train.grad_accum of them), in the
+//   pipeline schedule's order (pipeline_runner.h; one stage per rank, all layers at pp 1):
+//       forward + backward of the stage (routing group = the micro-batch)
 //   all-reduce gradients (dense over dp x cp, experts over edp; in buckets)
 //   clip by the global norm, AdamW/SGD update, expert-bias update (aux-loss-free)
 //   log (progress line, metrics.jsonl), validate every train.eval_every steps,
@@ -25,6 +26,7 @@
 #include "engine/train/data/loader.h"
 #include "engine/train/metrics.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/pipeline_runner.h"
 #include "engine/train/runtime.h"
 
 namespace switchyard::train {
@@ -75,6 +77,9 @@ class Trainer {
   // rank writes its owned range under ZeRO stages 1-2; stage 3's shards in their place
   // (ZeroShards::CheckpointParameters). Values share storage with the model's.
   parallel::ParameterRegistry CheckpointRegistry() const;
+  // Tied embeddings over pipeline stages: the first and the last stage add their token
+  // table gradients (first + last, on both, so the copies stay equal). Collective over pp.
+  void SumTiedEmbeddingGrads();
   // Logs memory() of every rank once (stdout on rank 0 and metrics.jsonl). Collective.
   void ReportMemory();
   bool is_root() const { return world_.rank() == 0; }
@@ -87,7 +92,9 @@ class Trainer {
   dist::Communicator& world_;
   std::unique_ptr<dist::ParallelContext> pc_;  // host groups over world
   Runtime rt_;  // runtime.device; outlives the decoder, optimizer and gradient sync
-  std::unique_ptr<model::Decoder> decoder_;
+  std::unique_ptr<model::Decoder> decoder_;  // this rank's pipeline stage (all of it at pp 1)
+  std::unique_ptr<PipelineRunner> pipeline_;
+  std::vector<int64_t> moe_layer_ids_;  // every MoE layer of the model, on every stage
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<parallel::GradSync> grad_sync_;
   std::unique_ptr<parallel::ZeroShards> zero_;  // every stage, 0 included (memory tags)

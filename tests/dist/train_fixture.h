@@ -95,7 +95,7 @@ inline double RelErr(double got, double want) {
 // The suite's world, its directory (one for every rank, named by rank 0's pid) and the
 // prepared corpus.
 class TrainFixture : public ::testing::Test {
- protected:
+ public:  // the suites' free helper functions use these too
   static void SetUpTestSuite() {
     world_ = dist::WorldCommunicator();
     Tensor pid = Tensor::FromVector<int64_t>({static_cast<int64_t>(::getpid())}, {1});

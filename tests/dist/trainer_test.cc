@@ -353,37 +353,48 @@ std::vector<Layout> TensorParallelLayouts() {
   };
 }
 
-// MODEL.md section 4 for tensor, sequence and expert tensor parallelism: each layout of the
-// world's size trains 8 steps and is compared with one rank (grad_accum 4, the same global
-// batch): per-step losses within 1e-5, every rank's parameter boxes and the gathered
-// checkpoint within 1e-4 of the reference. Prints, per layout, bit-identical or the worst
-// relative difference.
-TEST_F(TrainerTest, TensorParallelLayoutsMatchOneRank) {
+// MODEL.md section 4 for a table of layouts: each layout of the world's size trains 8 steps
+// and is compared with one rank (grad_accum 4, the same global batch): per-step losses
+// within 1e-5, every rank's parameter boxes and the gathered checkpoint within 1e-4 of the
+// reference. Prints, per layout, bit-identical or the worst relative difference. Skips when
+// no layout of the table runs on this many ranks.
+void ExpectLayoutsMatchOneRank(const std::vector<Layout>& layouts, const std::string& tag,
+                               dist::Communicator& world, int ranks) {
+  auto dir_of = [](const std::string& name) { return TrainerTest::dir(name); };
   constexpr int64_t kSteps = 8;
   constexpr double kLossTol = 1e-5;
   constexpr double kWeightTol = 1e-4;
   const std::string steps = "train.max_steps=" + std::to_string(kSteps);
   int ran = 0;
-  for (const Layout& layout : TensorParallelLayouts()) {
-    if (layout.world != R()) continue;
+  for (const Layout& layout : layouts) {
+    if (layout.world != ranks) continue;
     ++ran;
     SCOPED_TRACE(layout.name);
-    const std::string ref_dir = dir("tpref_" + layout.name);
-    const std::vector<double> ref_losses = TrainReference(layout.model, ref_dir, kSteps);
-    world_->Barrier();
+    const std::string ref_dir = dir_of(tag + "ref_" + layout.name);
+    std::vector<double> ref_losses;
+    if (world.rank() == 0) {
+      std::vector<std::string> o = layout.model;
+      o.push_back(steps);
+      o.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches));
+      auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
+      auto ref = TrainerTest::Train(TrainerTest::TinyConfig(o), ref_dir, *local);
+      EXPECT_TRUE(ref.ok()) << ref.status();
+      if (ref.ok()) ref_losses = (*ref)->losses();
+    }
+    world.Barrier();
     const std::string ref_ckpt = ref_dir + "/" + StepDirName(kSteps);
 
     std::vector<std::string> overrides = layout.model;
     overrides.insert(overrides.end(), layout.parallel.begin(), layout.parallel.end());
     overrides.push_back(steps);
     overrides.push_back("train.grad_accum=" + std::to_string(kGlobalMicroBatches / layout.dp));
-    const std::string out = dir("tp_" + layout.name);
-    auto trainer = Train(TinyConfig(overrides), out, *world_);
+    const std::string out = dir_of(tag + layout.name);
+    auto trainer = TrainerTest::Train(TrainerTest::TinyConfig(overrides), out, world);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
 
     const Distance d = CompareWithReference(**trainer, out, ref_ckpt, ref_losses, kSteps,
-                                            kLossTol, kWeightTol, *world_);
-    if (is_root()) {
+                                            kLossTol, kWeightTol, world);
+    if (world.rank() == 0) {
       const std::vector<double>& losses = (*trainer)->losses();
       auto show = [](double v) {
         char buf[32];
@@ -393,14 +404,41 @@ TEST_F(TrainerTest, TensorParallelLayoutsMatchOneRank) {
       };
       std::printf("[ info     ] %s (world %d): loss %.4f -> %.4f; vs 1 rank: losses %s, "
                   "weights %s, checkpoint %s\n",
-                  layout.name.c_str(), R(), losses.empty() ? 0.0 : losses.front(),
+                  layout.name.c_str(), ranks, losses.empty() ? 0.0 : losses.front(),
                   losses.empty() ? 0.0 : losses.back(), show(d.loss).c_str(),
                   show(d.weights).c_str(), show(d.saved).c_str());
       std::fflush(stdout);
     }
-    world_->Barrier();
+    world.Barrier();
   }
-  if (ran == 0) GTEST_SKIP() << "no tensor-parallel layout of the table runs on " << R() << " ranks";
+  if (ran == 0) GTEST_SKIP() << "no layout of the table runs on " << ranks << " ranks";
+}
+
+TEST_F(TrainerTest, TensorParallelLayoutsMatchOneRank) {
+  ExpectLayoutsMatchOneRank(TensorParallelLayouts(), "tp_", *world_, R());
+}
+
+// Pipeline parallelism (1F1B and GPipe) against one rank, alone and with tp, ep and dp;
+// tied and untied embeddings; an explicit split whose first stage holds no MoE layer; 4
+// stages of one layer each.
+std::vector<Layout> PipelineLayouts() {
+  const std::vector<std::string> four = {"model.n_layers=4", "moe.layer_freq=2"};
+  return {
+      {"pp2_1f1b", 2, 1, {}, {"parallel.pp=2"}},
+      {"pp2_gpipe", 2, 1, {}, {"parallel.pp=2", "parallel.pipeline_schedule=gpipe"}},
+      {"pp2_untied", 2, 1, {"model.tie_embeddings=false"}, {"parallel.pp=2"}},
+      {"pp2_split_1_3_no_moe_first", 2, 1, four, {"parallel.pp=2", "parallel.pipeline_layers=[1,3]"}},
+      {"pp4", 4, 1, four, {"parallel.pp=4"}},
+      {"pp2_dp2_ep2", 4, 2, {}, {"parallel.pp=2", "parallel.ep=2"}},
+      {"pp2_tp2", 4, 1, {"model.n_heads=4"}, {"parallel.pp=2", "parallel.tp=2"}},
+      {"pp2_tp2_dp2_ep2", 8, 2, {"model.n_heads=4"},
+       {"parallel.pp=2", "parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
+      {"pp2_dp4_ep4", 8, 4, {}, {"parallel.pp=2", "parallel.ep=4"}},
+  };
+}
+
+TEST_F(TrainerTest, PipelineLayoutsMatchOneRank) {
+  ExpectLayoutsMatchOneRank(PipelineLayouts(), "pp_", *world_, R());
 }
 
 // Init whole, then slice: every rank of every layout holds exactly (bitwise) the box of the

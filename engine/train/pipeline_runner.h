@@ -1,0 +1,68 @@
+// One training step's micro-batches through this rank's pipeline stage, in the order a
+// schedule gives (engine/parallel/pipeline_schedule.h): the decoder's forwards and
+// backwards, the activations to the next stage and the gradients back to the previous one
+// by non-blocking send/recv on the pp communicator. Sends are posted and waited for at the
+// end of the step (their tensors kept alive until then); a recv is waited for before the
+// forward or backward that reads it, which is the execution rule the schedules are
+// validated against, so no schedule the config accepts can deadlock. With pp = 1 the 1F1B
+// list is forward 0, backward 0, forward 1, ...: the plain gradient-accumulation loop.
+//
+// What a step does around the stage (inputs, statistics, gradient accumulation and the
+// gradient buckets) is the caller's, through the hooks.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/dist/communicator.h"
+#include "engine/model/decoder.h"
+#include "engine/parallel/pipeline_schedule.h"
+
+namespace switchyard::train {
+
+class PipelineRunner {
+ public:
+  // pp: this rank's pipeline group (rank = stage). decoder: this rank's stage.
+  PipelineRunner(model::Decoder& decoder, dist::Communicator& pp,
+                 parallel::PipelineSchedule schedule, int micro_batches);
+
+  struct Hooks {
+    // Micro-batch m's input (DecoderInput::hidden is filled in here on later stages).
+    std::function<model::DecoderInput(int m)> input;
+    // After forward m (its outputs: losses, statistics, routing).
+    std::function<void(int m, const model::DecoderOutput& out)> after_forward;
+    // Just before backward m, and after it.
+    std::function<void(int m)> before_backward;
+    std::function<void(int m)> after_backward;
+    // Passed to the rank's last backward of the step as Decoder::Backward's on_done: each
+    // part's gradient is final (the gradient buckets can go).
+    std::function<void(const std::string& part)> on_last_backward_done;
+  };
+  void RunStep(const Hooks& hooks);
+
+  // Forward only (evaluation): receives the previous stage's output, runs the stage and
+  // sends its output on. Every stage calls it for the same batches in the same order.
+  model::DecoderOutput Forward(model::DecoderInput in);
+
+  const std::vector<parallel::Action>& actions() const { return actions_; }
+  model::Decoder& decoder() { return decoder_; }
+  dist::Communicator& pp() { return pp_; }
+
+ private:
+  Tensor Recv(const Shape& shape, int peer);
+  void Send(const Tensor& t, int peer);
+  void WaitSends();
+
+  model::Decoder& decoder_;
+  dist::Communicator& pp_;
+  int micro_batches_;
+  std::vector<parallel::Action> actions_;
+  struct Pending {
+    std::unique_ptr<dist::Work> work;
+    Tensor tensor;  // alive until the send completes
+  };
+  std::vector<Pending> sends_;
+};
+
+}  // namespace switchyard::train
