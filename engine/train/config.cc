@@ -293,10 +293,6 @@ Status ParallelConfig::CheckSupported() const {
     return Unimplemented("parallel.cp=", cp, " is not supported yet (context parallelism is the "
                          "next dense-parallelism step); use tp, etp, ep, pp and data parallelism");
   }
-  if (virtual_stages != 1 || pipeline_schedule == "interleaved") {
-    return Unimplemented("parallel.pipeline_schedule=interleaved (parallel.virtual_stages=",
-                         virtual_stages, ") is not supported by the trainer yet; use gpipe or 1f1b");
-  }
   if (pp > 1 && zero_stage > 0) {
     return Unimplemented("parallel.zero_stage=", zero_stage, " with parallel.pp=", pp,
                          " is not supported yet; use zero_stage=0 with pipeline parallelism");

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>& batches,
                            int64_t step, const dist::ParallelContext& pc) {
-  model::Decoder& decoder = stage.decoder();
+  model::Decoder& decoder = stage.chunk(0);
   dist::Communicator& dp_cp = pc.dp_cp();
   const int64_t seq = decoder.config().seq_len;
   EvalResult r;
@@ -29,7 +29,7 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
     if (decoder.moe_config().IsMoeLayer(i)) r.moe_layer_ids.push_back(i);
   r.moe.resize(r.moe_layer_ids.size());
   std::vector<size_t> slot_of;
-  for (int64_t id : decoder.moe_layer_ids()) {
+  for (int64_t id : stage.moe_layer_ids()) {
     slot_of.push_back(std::find(r.moe_layer_ids.begin(), r.moe_layer_ids.end(), id) -
                       r.moe_layer_ids.begin());
   }
@@ -111,10 +111,15 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
   SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
   SY_ASSIGN_OR_RETURN(ev->pc_, dist::ParallelContext::Create(world, mesh));
   SY_ASSIGN_OR_RETURN(ev->rt_, MakeRuntime(config.runtime, world, mesh));
-  SY_ASSIGN_OR_RETURN(ev->decoder_, MakeDecoder(config, ev->rt_, *ev->pc_));
+  SY_ASSIGN_OR_RETURN(ev->chunks_, MakeStageDecoders(config, ev->rt_, *ev->pc_));
+  std::vector<model::Decoder*> chunks;
+  for (const auto& chunk : ev->chunks_) {
+    chunks.push_back(chunk.get());
+    for (const parallel::Parameter& q : chunk->registry().params()) ev->registry_.Add(q);
+  }
   SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
                       parallel::ParsePipelineSchedule(p.pipeline_schedule));
-  ev->pipeline_ = std::make_unique<PipelineRunner>(*ev->decoder_, ev->rt_.data_pc(*ev->pc_).pp(),
+  ev->pipeline_ = std::make_unique<PipelineRunner>(chunks, ev->rt_.data_pc(*ev->pc_).pp(),
                                                    schedule, static_cast<int>(tc.grad_accum));
   const int dp = mesh.dp();
   data::LoaderOptions lo{.dir = config.data.dir,
@@ -134,7 +139,7 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
 }
 
 StatusOr<LoadedCheckpoint> Evaluator::Load(const std::string& path) {
-  return LoadCheckpoint(path, decoder_->registry(), /*optimizer_state=*/nullptr, world_);
+  return LoadCheckpoint(path, registry_, /*optimizer_state=*/nullptr, world_);
 }
 
 StatusOr<EvalResult> Evaluator::Run(int64_t max_batches, int64_t step) {

@@ -87,7 +87,7 @@ class Evaluator {
   // Collective.
   StatusOr<EvalResult> Run(int64_t max_batches, int64_t step);
 
-  model::Decoder& decoder() { return *decoder_; }
+  model::Decoder& decoder() { return *chunks_.front(); }  // the first model chunk
   const dist::Mesh& mesh() const { return pc_->mesh(); }
   const data::DataLoader& loader() const { return *loader_; }
 
@@ -98,7 +98,8 @@ class Evaluator {
   dist::Communicator& world_;
   std::unique_ptr<dist::ParallelContext> pc_;
   Runtime rt_;  // runtime.device; outlives the decoder
-  std::unique_ptr<model::Decoder> decoder_;  // this rank's pipeline stage
+  std::vector<std::unique_ptr<model::Decoder>> chunks_;  // this rank's pipeline stages
+  parallel::ParameterRegistry registry_;                 // their parameters
   std::unique_ptr<PipelineRunner> pipeline_;
   std::unique_ptr<data::DataLoader> loader_;
 };

@@ -6,15 +6,16 @@ namespace switchyard::train {
 
 using parallel::ActionKind;
 
-PipelineRunner::PipelineRunner(model::Decoder& decoder, dist::Communicator& pp,
+PipelineRunner::PipelineRunner(std::vector<model::Decoder*> chunks, dist::Communicator& pp,
                                parallel::PipelineSchedule schedule, int micro_batches)
-    : decoder_(decoder), pp_(pp), micro_batches_(micro_batches) {
-  SY_CHECK_OK(parallel::CheckScheduleArgs(schedule, pp.size(), micro_batches, 1));
-  actions_ = parallel::ScheduleActions(schedule, pp.size(), micro_batches, 1, pp.rank());
+    : chunks_(std::move(chunks)), pp_(pp), micro_batches_(micro_batches) {
+  const int v = static_cast<int>(chunks_.size());
+  SY_CHECK_OK(parallel::CheckScheduleArgs(schedule, pp.size(), micro_batches, v));
+  actions_ = parallel::ScheduleActions(schedule, pp.size(), micro_batches, v, pp.rank());
 }
 
 Tensor PipelineRunner::Recv(const Shape& shape, int peer) {
-  Tensor t = Tensor::Empty(shape, DType::kF32, decoder_.device());
+  Tensor t = Tensor::Empty(shape, DType::kF32, chunks_[0]->device());
   pp_.RecvAsync(t, peer)->Wait();
   return t;
 }
@@ -29,67 +30,97 @@ void PipelineRunner::WaitSends() {
 }
 
 void PipelineRunner::RunStep(const Hooks& hooks) {
-  std::vector<model::DecoderInput> inputs(micro_batches_);
-  std::vector<std::optional<model::DecoderOutput>> outs(micro_batches_);
-  std::vector<Tensor> received(micro_batches_);  // activation, then gradient, of micro m
-  int last_backward = -1;
+  const int v = chunks(), m_count = micro_batches_;
+  std::vector<model::DecoderInput> inputs(m_count);
+  // Per (chunk, micro-batch): c * m_count + m.
+  std::vector<std::optional<model::DecoderOutput>> outs(v * m_count);
+  std::vector<Tensor> received(v * m_count);  // the activation, then the gradient
+  std::vector<int> last_backward(v, -1);
   for (size_t i = 0; i < actions_.size(); ++i)
-    if (actions_[i].kind == ActionKind::kBackward) last_backward = static_cast<int>(i);
+    if (actions_[i].kind == ActionKind::kBackward) last_backward[actions_[i].chunk] = static_cast<int>(i);
+  auto input = [&](int m) -> model::DecoderInput& {
+    if (!inputs[m].tokens.defined()) inputs[m] = hooks.input(m);
+    return inputs[m];
+  };
   for (size_t i = 0; i < actions_.size(); ++i) {
     const parallel::Action& a = actions_[i];
-    const int m = a.micro_batch;
+    const int m = a.micro_batch, c = a.chunk, at = c * m_count + m;
+    model::Decoder& chunk = *chunks_[c];
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGradient: {
-        if (!inputs[m].tokens.defined()) inputs[m] = hooks.input(m);
-        const Shape shape = decoder_.HiddenShape(inputs[m].tokens.dim(0), inputs[m].tokens.dim(1));
-        received[m] = Recv(shape, a.peer);
+        const model::DecoderInput& in = input(m);
+        received[at] = Recv(chunk.HiddenShape(in.tokens.dim(0), in.tokens.dim(1)), a.peer);
         break;
       }
       case ActionKind::kForward: {
-        if (!inputs[m].tokens.defined()) inputs[m] = hooks.input(m);
-        if (!decoder_.stage().embedding) inputs[m].hidden = received[m];
-        received[m] = Tensor();
-        outs[m].emplace(decoder_.Forward(inputs[m]));
-        if (hooks.after_forward) hooks.after_forward(m, *outs[m]);
+        model::DecoderInput in = input(m);
+        if (!chunk.stage().embedding) in.hidden = received[at];
+        received[at] = Tensor();
+        outs[at].emplace(chunk.Forward(in));
+        if (hooks.after_forward) hooks.after_forward(c, m, *outs[at]);
         break;
       }
       case ActionKind::kSendActivation:
-        Send(outs[m]->hidden, a.peer);
+        Send(outs[at]->hidden, a.peer);
         break;
       case ActionKind::kBackward: {
-        if (!decoder_.stage().head) outs[m]->grad_hidden = received[m];
-        received[m] = Tensor();
-        if (hooks.before_backward) hooks.before_backward(m);
-        const bool last = static_cast<int>(i) == last_backward;
-        decoder_.Backward(inputs[m], *outs[m],
-                          last ? hooks.on_last_backward_done
-                               : std::function<void(const std::string&)>());
-        if (hooks.after_backward) hooks.after_backward(m);
+        if (!chunk.stage().head) outs[at]->grad_hidden = received[at];
+        received[at] = Tensor();
+        if (hooks.before_backward) hooks.before_backward(c, m);
+        model::DecoderInput in = input(m);
+        chunk.Backward(in, *outs[at],
+                       static_cast<int>(i) == last_backward[c]
+                           ? hooks.on_last_backward_done
+                           : std::function<void(const std::string&)>());
+        if (hooks.after_backward) hooks.after_backward(c, m);
         // What the previous stage needs is kept until its send; the activations go.
-        if (decoder_.stage().embedding) outs[m].reset();
+        if (chunk.stage().embedding) outs[at].reset();
         break;
       }
       case ActionKind::kSendGradient:
-        Send(outs[m]->grad_input, a.peer);
-        outs[m].reset();
+        Send(outs[at]->grad_input, a.peer);
+        outs[at].reset();
         break;
     }
   }
   WaitSends();
 }
 
-model::DecoderOutput PipelineRunner::Forward(model::DecoderInput in) {
-  const model::Stage& stage = decoder_.stage();
-  const int rank = pp_.rank();
-  if (!stage.embedding) {
-    in.hidden = Recv(decoder_.HiddenShape(in.tokens.dim(0), in.tokens.dim(1)), rank - 1);
+model::DecoderOutput PipelineRunner::Forward(const model::DecoderInput& in) {
+  const int pp = pp_.size(), rank = pp_.rank();
+  model::DecoderOutput total;
+  for (model::Decoder* chunk : chunks_) {
+    model::DecoderInput mine = in;
+    if (!chunk->stage().embedding) {
+      mine.hidden = Recv(chunk->HiddenShape(in.tokens.dim(0), in.tokens.dim(1)),
+                         (rank + pp - 1) % pp);
+    }
+    model::DecoderOutput out = chunk->Forward(mine);
+    if (!chunk->stage().head) {
+      Send(out.hidden, (rank + 1) % pp);
+      WaitSends();
+    }
+    total.ce_sum += out.ce_sum;
+    total.ce_count += out.ce_count;
+    total.aux_sum += out.aux_sum;
+    total.z_sum += out.z_sum;
+    for (moe::MoEStats& s : out.moe_stats) total.moe_stats.push_back(std::move(s));
   }
-  model::DecoderOutput out = decoder_.Forward(in);
-  if (!stage.head) {
-    Send(out.hidden, rank + 1);
-    WaitSends();
-  }
+  return total;
+}
+
+std::vector<int64_t> PipelineRunner::moe_layer_ids() const {
+  std::vector<int64_t> out;
+  for (const model::Decoder* c : chunks_)
+    out.insert(out.end(), c->moe_layer_ids().begin(), c->moe_layer_ids().end());
+  return out;
+}
+
+std::vector<moe::MoELayer*> PipelineRunner::moe_layers() {
+  std::vector<moe::MoELayer*> out;
+  for (model::Decoder* c : chunks_)
+    for (moe::MoELayer* l : c->moe_layers()) out.push_back(l);
   return out;
 }
 

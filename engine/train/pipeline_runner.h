@@ -1,17 +1,20 @@
-// One training step's micro-batches through this rank's pipeline stage, in the order a
-// schedule gives (engine/parallel/pipeline_schedule.h): the decoder's forwards and
-// backwards, the activations to the next stage and the gradients back to the previous one
-// by non-blocking send/recv on the pp communicator. Sends are posted and waited for at the
-// end of the step (their tensors kept alive until then); a recv is waited for before the
-// forward or backward that reads it, which is the execution rule the schedules are
-// validated against, so no schedule the config accepts can deadlock. With pp = 1 the 1F1B
-// list is forward 0, backward 0, forward 1, ...: the plain gradient-accumulation loop.
+// One training step's micro-batches through this rank's pipeline stages, in the order a
+// schedule gives (engine/parallel/pipeline_schedule.h): the forwards and backwards of the
+// rank's model chunks (one decoder each: one chunk, or parallel.virtual_stages of them
+// under the interleaved schedule), the activations to the next model stage and the
+// gradients back to the previous one by non-blocking send/recv on the pp communicator.
+// Sends are posted and waited for at the end of the step (their tensors kept alive until
+// then); a recv is waited for before the forward or backward that reads it, which is the
+// execution rule the schedules are validated against, so no schedule the config accepts
+// can deadlock. With pp = 1 the 1F1B list is forward 0, backward 0, forward 1, ...: the
+// plain gradient-accumulation loop.
 //
-// What a step does around the stage (inputs, statistics, gradient accumulation and the
+// What a step does around the stages (inputs, statistics, gradient accumulation and the
 // gradient buckets) is the caller's, through the hooks.
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,38 +26,45 @@ namespace switchyard::train {
 
 class PipelineRunner {
  public:
-  // pp: this rank's pipeline group (rank = stage). decoder: this rank's stage.
-  PipelineRunner(model::Decoder& decoder, dist::Communicator& pp,
+  // pp: this rank's pipeline group (rank = pipeline rank). chunks: the rank's decoders in
+  // chunk order (chunk c is model stage c * pp + rank).
+  PipelineRunner(std::vector<model::Decoder*> chunks, dist::Communicator& pp,
                  parallel::PipelineSchedule schedule, int micro_batches);
 
   struct Hooks {
     // Micro-batch m's input (DecoderInput::hidden is filled in here on later stages).
     std::function<model::DecoderInput(int m)> input;
-    // After forward m (its outputs: losses, statistics, routing).
-    std::function<void(int m, const model::DecoderOutput& out)> after_forward;
-    // Just before backward m, and after it.
-    std::function<void(int m)> before_backward;
-    std::function<void(int m)> after_backward;
-    // Passed to the rank's last backward of the step as Decoder::Backward's on_done: each
+    // After the forward of micro-batch m on chunk c (its losses, statistics, routing).
+    std::function<void(int c, int m, const model::DecoderOutput& out)> after_forward;
+    // Just before the backward of micro-batch m on chunk c, and after it.
+    std::function<void(int c, int m)> before_backward;
+    std::function<void(int c, int m)> after_backward;
+    // Passed to each chunk's last backward of the step as Decoder::Backward's on_done: each
     // part's gradient is final (the gradient buckets can go).
     std::function<void(const std::string& part)> on_last_backward_done;
   };
   void RunStep(const Hooks& hooks);
 
-  // Forward only (evaluation): receives the previous stage's output, runs the stage and
-  // sends its output on. Every stage calls it for the same batches in the same order.
-  model::DecoderOutput Forward(model::DecoderInput in);
+  // Forward only (evaluation): each chunk in turn receives the previous model stage's
+  // output, runs and sends its output on. Every rank calls it for the same batches in the
+  // same order. The losses are the head's (zero elsewhere), aux/z and moe_stats those of the
+  // rank's MoE layers in moe_layer_ids() order.
+  model::DecoderOutput Forward(const model::DecoderInput& in);
 
   const std::vector<parallel::Action>& actions() const { return actions_; }
-  model::Decoder& decoder() { return decoder_; }
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  model::Decoder& chunk(int c) { return *chunks_[c]; }
   dist::Communicator& pp() { return pp_; }
+  // The rank's MoE layers over its chunks, in chunk order.
+  std::vector<int64_t> moe_layer_ids() const;
+  std::vector<moe::MoELayer*> moe_layers();
 
  private:
   Tensor Recv(const Shape& shape, int peer);
   void Send(const Tensor& t, int peer);
   void WaitSends();
 
-  model::Decoder& decoder_;
+  std::vector<model::Decoder*> chunks_;
   dist::Communicator& pp_;
   int micro_batches_;
   std::vector<parallel::Action> actions_;

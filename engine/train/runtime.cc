@@ -47,21 +47,26 @@ StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& 
   return rt;
 }
 
-StatusOr<std::unique_ptr<model::Decoder>> MakeDecoder(const Config& config, const Runtime& rt,
-                                                      dist::ParallelContext& host_pc) {
+StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
+    const Config& config, const Runtime& rt, dist::ParallelContext& host_pc) {
   dist::ParallelContext& pc = rt.data_pc(host_pc);
   const ParallelConfig& p = config.parallel;
-  // This rank's pipeline stage (one model chunk per rank: interleaving is refused earlier).
   SY_ASSIGN_OR_RETURN(const std::vector<model::Stage> stages,
                       model::PartitionLayers(config.model, config.moe, p.pp * p.virtual_stages,
                                              p.pipeline_layers));
-  const model::DecoderParallel parallel{.ep = &pc.ep(),
-                                        .tp = &pc.tp(),
-                                        .sequence_parallel = p.tp > 1 && p.sequence_parallel,
-                                        .etp = &pc.etp(),
-                                        .stage = stages[host_pc.pp().rank()]};
-  return model::Decoder::Create(config.model, config.moe, config.train.seed, parallel,
-                                rt.ctx.get());
+  std::vector<std::unique_ptr<model::Decoder>> chunks;
+  for (int c = 0; c < p.virtual_stages; ++c) {
+    const model::DecoderParallel parallel{.ep = &pc.ep(),
+                                          .tp = &pc.tp(),
+                                          .sequence_parallel = p.tp > 1 && p.sequence_parallel,
+                                          .etp = &pc.etp(),
+                                          .stage = stages[c * p.pp + host_pc.pp().rank()]};
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<model::Decoder> chunk,
+                        model::Decoder::Create(config.model, config.moe, config.train.seed,
+                                               parallel, rt.ctx.get()));
+    chunks.push_back(std::move(chunk));
+  }
+  return chunks;
 }
 
 }  // namespace switchyard::train

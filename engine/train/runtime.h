@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "engine/core/device_context.h"
 #include "engine/dist/parallel_context.h"
@@ -34,9 +35,12 @@ struct Runtime {
 StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& world,
                               const dist::Mesh& mesh);
 
-// The decoder of `config` on this rank: its layers communicate in the device groups of rt
-// (tp with sequence parallelism as configured, ep, etp). Used by training and evaluation.
-StatusOr<std::unique_ptr<model::Decoder>> MakeDecoder(const Config& config, const Runtime& rt,
-                                                      dist::ParallelContext& host_pc);
+// The decoders of `config` on this rank, one per model chunk (parallel.virtual_stages of
+// them; chunk c of pipeline rank r is model stage c * pp + r, engine/model/stage.h; one
+// holding every layer without pipeline parallelism): their layers communicate in the
+// device groups of rt (tp with sequence parallelism as configured, ep, etp). Used by
+// training and evaluation.
+StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
+    const Config& config, const Runtime& rt, dist::ParallelContext& host_pc);
 
 }  // namespace switchyard::train

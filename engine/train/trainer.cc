@@ -60,8 +60,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   SY_ASSIGN_OR_RETURN(t->pc_, dist::ParallelContext::Create(world, mesh));
   SY_ASSIGN_OR_RETURN(t->rt_, MakeRuntime(config.runtime, world, mesh));
   DeviceContext* ctx = t->rt_.ctx.get();
-  SY_ASSIGN_OR_RETURN(t->decoder_, MakeDecoder(config, t->rt_, *t->pc_));
-  parallel::ParameterRegistry& reg = t->decoder_->registry();
+  SY_ASSIGN_OR_RETURN(t->chunks_, MakeStageDecoders(config, t->rt_, *t->pc_));
+  // The rank's parameters over its chunks (entries share the chunks' tensors).
+  for (const auto& chunk : t->chunks_)
+    for (const parallel::Parameter& q : chunk->registry().params()) t->registry_.Add(q);
+  parallel::ParameterRegistry& reg = t->registry_;
   const auto& params = reg.params();
   std::vector<int> part_of(params.size());
   std::vector<std::string> part_names;
@@ -90,9 +93,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
                                                     part_names, ctx);
   if (stage >= 3) {
     parallel::ZeroShards* zero = t->zero_.get();
-    t->decoder_->set_parameter_hooks(
-        {.acquire = [zero](const std::string& part, const std::string& next) { zero->Acquire(part, next); },
-         .release = [zero](const std::string& part) { zero->Release(part); }});
+    for (const auto& chunk : t->chunks_) {
+      chunk->set_parameter_hooks(
+          {.acquire = [zero](const std::string& part, const std::string& next) { zero->Acquire(part, next); },
+           .release = [zero](const std::string& part) { zero->Release(part); }});
+    }
   }
   OptimizerOptions oo = config.train.optimizer_options();
   oo.offload = p.offload_optimizer && !t->device().is_cpu();
@@ -122,9 +127,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
     if (config.moe.IsMoeLayer(i)) t->moe_layer_ids_.push_back(i);
   SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
                       parallel::ParsePipelineSchedule(p.pipeline_schedule));
-  t->pipeline_ = std::make_unique<PipelineRunner>(*t->decoder_, t->data_pc().pp(), schedule,
+  std::vector<model::Decoder*> chunks;
+  for (const auto& chunk : t->chunks_) chunks.push_back(chunk.get());
+  t->pipeline_ = std::make_unique<PipelineRunner>(chunks, t->data_pc().pp(), schedule,
                                                   static_cast<int>(config.train.grad_accum));
-  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->decoder_->moe_layer_ids(),
+  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->pipeline_->moe_layer_ids(),
                                                  config.moe.num_experts);
   if (t->is_root()) {
     std::error_code ec;
@@ -196,22 +203,25 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t seq = config_.model.seq_len;
   const int64_t global_batch = int64_t{mesh.dp()} * tc.micro_batch_size * tc.grad_accum;
   const int64_t global_groups = int64_t{mesh.dp()} * tc.grad_accum;
-  parallel::ParameterRegistry& reg = decoder_->registry();
+  parallel::ParameterRegistry& reg = registry_;
   DeviceContext* ctx = rt_.ctx.get();
   zero_->MaterializeGradients();
   reg.ZeroGrad(ctx);
 
   // Statistics of every MoE layer of the model (this stage fills its own; the sums over pp
   // complete them).
-  const std::vector<int64_t>& local_ids = decoder_->moe_layer_ids();
   moe::MoEStats none;  // what a stage without the layer contributes to its sums over pp
   none.tokens_per_expert.assign(config_.moe.num_experts, 0);
   none.tokens_per_expert_kept.assign(config_.moe.num_experts, 0);
   std::vector<moe::MoEStats> stats(moe_layer_ids_.size(), none);
-  std::vector<size_t> slot_of(local_ids.size());  // local MoE layer -> index in stats
-  for (size_t l = 0; l < local_ids.size(); ++l) {
-    slot_of[l] = std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), local_ids[l]) -
-                 moe_layer_ids_.begin();
+  // Chunk c's l-th MoE layer: its index in stats, and in the rank's list (routing_).
+  std::vector<std::vector<size_t>> slot_of(pipeline_->chunks()), local_of(pipeline_->chunks());
+  for (int c = 0, local = 0; c < pipeline_->chunks(); ++c) {
+    for (int64_t id : pipeline_->chunk(c).moe_layer_ids()) {
+      slot_of[c].push_back(std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), id) -
+                           moe_layer_ids_.begin());
+      local_of[c].push_back(local++);
+    }
   }
   // Per micro-batch sums, added in the tree order below (as the ranks' sums are).
   std::vector<double> ce_sums(tc.grad_accum), aux_sums(tc.grad_accum), z_sums(tc.grad_accum);
@@ -230,26 +240,26 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
                                .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
                                .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
   };
-  hooks.after_forward = [&](int micro, const model::DecoderOutput& out) {
-    ce_sums[micro] = out.ce_sum;
-    aux_sums[micro] = out.aux_sum;
-    z_sums[micro] = out.z_sum;
+  hooks.after_forward = [&](int c, int micro, const model::DecoderOutput& out) {
+    ce_sums[micro] += out.ce_sum;
+    aux_sums[micro] += out.aux_sum;
+    z_sums[micro] += out.z_sum;
     size_t layer = 0;
     for (const model::BlockActivations& b : out.acts.blocks) {
       if (!b.moe) continue;
-      stats[slot_of[layer]].Add(b.moe->stats);
+      stats[slot_of[c][layer]].Add(b.moe->stats);
       // Under tp every tp rank routed the whole group: tp rank 0 records it.
       if (record_routing && pc_->tp().rank() == 0 && routing_) {
         const data::Batch& batch = batches[micro];
-        routing_->Add(layer, b.moe->acts.router[0].indices.To(Device::Cpu(), ctx),
+        routing_->Add(local_of[c][layer], b.moe->acts.router[0].indices.To(Device::Cpu(), ctx),
                       batch.labels.Reshape({batch.labels.numel()}));
       }
       ++layer;
     }
   };
   if (tree) {
-    hooks.before_backward = [&](int) { reg.ZeroGrad(ctx); };
-    hooks.after_backward = [&](int) { grads.Add(PackGrads(reg, ctx)); };
+    hooks.before_backward = [&](int, int) { reg.ZeroGrad(ctx); };
+    hooks.after_backward = [&](int, int) { grads.Add(PackGrads(reg, ctx)); };
   } else {
     // The last backward: each part's gradient bucket goes out as soon as it is final.
     hooks.on_last_backward_done = [&](const std::string& part) {
@@ -285,14 +295,15 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
   if (pc_->pp().size() > 1) sums = dist::AllReduceDoubles(pc_->pp(), sums);
   // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
-  size_t layer = 0;
-  for (moe::MoELayer* m : decoder_->moe_layers()) {
-    if (config_.moe.expert_bias_rate > 0) {
-      Tensor bias = m->expert_bias();
-      moe::UpdateExpertBias(bias, stats[slot_of[layer]].tokens_per_expert,
-                            config_.moe.expert_bias_rate, ctx);
+  if (config_.moe.expert_bias_rate > 0) {
+    for (int c = 0; c < pipeline_->chunks(); ++c) {
+      std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
+      for (size_t l = 0; l < layers.size(); ++l) {
+        Tensor bias = layers[l]->expert_bias();
+        moe::UpdateExpertBias(bias, stats[slot_of[c][l]].tokens_per_expert,
+                              config_.moe.expert_bias_rate, ctx);
+      }
     }
-    ++layer;
   }
 
   StepMetrics m;
@@ -320,7 +331,7 @@ void Trainer::SumTiedEmbeddingGrads() {
   const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
   if (!first && !last) return;
   parallel::Parameter* wte = nullptr;
-  for (parallel::Parameter& p : decoder_->registry().params())
+  for (parallel::Parameter& p : registry_.params())
     if (p.name == "embed.wte") wte = &p;
   SY_CHECK(wte != nullptr) << "the first and last pipeline stages hold embed.wte";
   DeviceContext* ctx = rt_.ctx.get();
@@ -365,7 +376,7 @@ Status Trainer::Run(int64_t steps) {
     std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
                 rt_.ctx->matmul_dtype() == DType::kBF16 ? "bf16 (f32 accumulation)" : "f32");
     std::printf("parameters: %lld (registry), steps %lld -> %lld, global batch %lld x %lld tokens\n",
-                static_cast<long long>(decoder_->registry().GlobalElements()),
+                static_cast<long long>(registry_.GlobalElements()),
                 static_cast<long long>(step_), static_cast<long long>(end),
                 static_cast<long long>(int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum),
                 static_cast<long long>(config_.model.seq_len));

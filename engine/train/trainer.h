@@ -53,7 +53,10 @@ class Trainer {
   const dist::ParallelContext& parallel_context() const { return *pc_; }
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
   const std::vector<double>& losses() const { return losses_; }
-  model::Decoder& decoder() { return *decoder_; }
+  // This rank's first model chunk (its only one unless the schedule is interleaved), and
+  // the parameters of all its chunks.
+  model::Decoder& decoder() { return *chunks_.front(); }
+  parallel::ParameterRegistry& registry() { return registry_; }
   parallel::ZeroShards& zero() { return *zero_; }
   const Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model
@@ -92,7 +95,10 @@ class Trainer {
   dist::Communicator& world_;
   std::unique_ptr<dist::ParallelContext> pc_;  // host groups over world
   Runtime rt_;  // runtime.device; outlives the decoder, optimizer and gradient sync
-  std::unique_ptr<model::Decoder> decoder_;  // this rank's pipeline stage (all of it at pp 1)
+  // This rank's model chunks (pipeline stages; one holding every layer at pp 1) and their
+  // parameters in one registry (the gradient sync, ZeRO, optimizer and checkpoints read it).
+  std::vector<std::unique_ptr<model::Decoder>> chunks_;
+  parallel::ParameterRegistry registry_;
   std::unique_ptr<PipelineRunner> pipeline_;
   std::vector<int64_t> moe_layer_ids_;  // every MoE layer of the model, on every stage
   std::unique_ptr<Optimizer> optimizer_;

@@ -181,6 +181,14 @@ print(repr([d['val_loss'] for d in v if 'val_loss' in d][-1]))")
   py "import json; a = json.load(open('$tmp/e2.json')); b = json.load(open('$tmp/e1.json'))
 assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'])" \
     2>"$tmp/py.err" || fail "1-rank eval differs from the 2-rank one: $(cat "$tmp/py.err")"
+  # The same checkpoint evaluated through 2 pipeline stages (a layer each): the loss of one
+  # rank.
+  bash "$mpirun_sh" 2 "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 \
+    --set parallel.pp=2 --batches 4 >"$tmp/epp.json" 2>"$tmp/eval.err" ||
+    fail "eval under parallel.pp=2: $(grep -v '^\[' "$tmp/eval.err" | tail -3)"
+  py "import json; a = json.load(open('$tmp/e1.json')); b = json.load(open('$tmp/epp.json'))
+assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-6 * a['loss'], (a['loss'], b['loss'])" \
+    2>"$tmp/py.err" || fail "eval under parallel.pp=2 differs from one rank: $(cat "$tmp/py.err")"
   # Each rank wrote its own pieces; docs/model_reference.py assembles them from the index and
   # reproduces the 1-rank eval (when numpy is there).
   step_dir="$tmp/run2/$(cat "$tmp/run2/latest")"

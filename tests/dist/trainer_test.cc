@@ -197,7 +197,7 @@ Distance CompareWithReference(Trainer& trainer, const std::string& out,
   auto want = ReadWholeTensors(ref_ckpt, /*optimizer=*/false);
   EXPECT_TRUE(want.ok()) << want.status();
   if (want.ok()) {
-    for (const parallel::Parameter& p : trainer.decoder().registry().params()) {
+    for (const parallel::Parameter& p : trainer.registry().params()) {
       if (NoiseDriven(p.name)) continue;
       auto it = want->find(p.name);
       if (it == want->end()) {
@@ -425,9 +425,9 @@ TEST_F(TrainerTest, TensorParallelLayoutsMatchOneRank) {
   ExpectLayoutsMatchOneRank(TensorParallelLayouts(), "tp_", *world_, R());
 }
 
-// Pipeline parallelism (1F1B and GPipe) against one rank, alone and with tp, ep and dp;
-// tied and untied embeddings; an explicit split whose first stage holds no MoE layer; 4
-// stages of one layer each.
+// Pipeline parallelism (1F1B, GPipe, interleaved 1F1B) against one rank, alone and with tp,
+// ep and dp; tied and untied embeddings; an explicit split whose first stage holds no MoE
+// layer; 4 stages of one layer each; 2 chunks per rank.
 std::vector<Layout> PipelineLayouts() {
   const std::vector<std::string> four = {"model.n_layers=4", "moe.layer_freq=2"};
   return {
@@ -441,6 +441,16 @@ std::vector<Layout> PipelineLayouts() {
       {"pp2_tp2_dp2_ep2", 8, 2, {"model.n_heads=4"},
        {"parallel.pp=2", "parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
       {"pp2_dp4_ep4", 8, 4, {}, {"parallel.pp=2", "parallel.ep=4"}},
+      // Interleaved 1F1B: 2 chunks per rank (chunk c of rank r is stage 2c + r).
+      {"pp2_interleaved_v2", 2, 1, four,
+       {"parallel.pp=2", "parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2"}},
+      {"pp2_interleaved_v2_untied", 2, 1, {"model.n_layers=4", "moe.layer_freq=2", "model.tie_embeddings=false"},
+       {"parallel.pp=2", "parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2"}},
+      {"pp2_interleaved_v2_dp2_ep2", 4, 2, four,
+       {"parallel.pp=2", "parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2",
+        "parallel.ep=2"}},
+      {"pp4_interleaved_v2", 4, 1, {"model.n_layers=8", "moe.layer_freq=2"},
+       {"parallel.pp=4", "parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2"}},
   };
 }
 
@@ -450,27 +460,49 @@ TEST_F(TrainerTest, PipelineLayoutsMatchOneRank) {
 
 // The schedules run the same sums in the same order (each micro-batch's forward and
 // backward are the same computations; only their interleaving in time differs, and the
-// gradient of each micro-batch accumulates in micro-batch order in both): GPipe and 1F1B
-// give bit-identical losses and weights, with and without ordered gradient accumulation.
+// gradient of each micro-batch accumulates in micro-batch order in all three): GPipe, 1F1B
+// and interleaved 1F1B (2 chunks per rank) give bit-identical losses and weights, with and
+// without ordered gradient accumulation.
 TEST_F(TrainerTest, PipelineSchedulesAreBitIdentical) {
   if (R() != 2 && R() != 4) GTEST_SKIP() << "pp 2 (x dp 2 on 4 ranks)";
   for (const char* ordered : {"true", "false"}) {
     std::map<std::string, std::vector<double>> losses;
-    std::map<std::string, std::vector<std::vector<float>>> weights;
-    for (const char* schedule : {"gpipe", "1f1b"}) {
+    std::map<std::string, std::string> saved;
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+      const int v = std::string(schedule) == "interleaved" ? 2 : 1;
+      saved[schedule] = dir(std::string("sched_") + schedule + ordered);
       auto trainer = Train(
           TinyConfig({"parallel.pp=2", std::string("parallel.pipeline_schedule=") + schedule,
+                      "parallel.virtual_stages=" + std::to_string(v), "model.n_layers=4",
                       std::string("train.ordered_grad_accum=") + ordered,
                       "train.grad_accum=" + std::to_string(8 / R()), "train.max_steps=4"}),
-          dir(std::string("sched_") + schedule + ordered), *world_);
+          saved[schedule], *world_);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       losses[schedule] = (*trainer)->losses();
-      for (const parallel::Parameter& p : (*trainer)->decoder().registry().params())
-        weights[schedule].push_back(p.value.ToVector<float>());
     }
-    EXPECT_EQ(losses["gpipe"], losses["1f1b"]) << "ordered_grad_accum " << ordered;
-    EXPECT_EQ(weights["gpipe"], weights["1f1b"]) << "ordered_grad_accum " << ordered;
+    if (!is_root()) continue;
+    // The whole model and optimizer state as saved (the ranks hold different layers under
+    // the two splits).
+    for (bool optimizer : {false, true}) {
+      auto want = ReadWholeTensors(saved["1f1b"], optimizer);
+      ASSERT_TRUE(want.ok()) << want.status();
+      for (const char* other : {"gpipe", "interleaved"}) {
+        SCOPED_TRACE(::testing::Message() << other << ", ordered_grad_accum " << ordered
+                                        << (optimizer ? ", optimizer" : ", model"));
+        EXPECT_EQ(losses[other], losses["1f1b"]);
+        auto got = ReadWholeTensors(saved[other], optimizer);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(got->size(), want->size());
+        for (const auto& [name, w] : *want) {
+          ASSERT_TRUE(got->count(name)) << name;
+          const Tensor& g = got->at(name);
+          ASSERT_EQ(g.nbytes(), w.nbytes()) << name;
+          EXPECT_EQ(std::memcmp(g.raw_data(), w.raw_data(), w.nbytes()), 0) << name;
+        }
+      }
+    }
   }
+  world_->Barrier();
 }
 
 // A checkpoint saved under pipeline parallelism (pp 2, dp 2, ep 2, tied embeddings) resumes
