@@ -72,6 +72,33 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
   EXPECT_EQ(Error(kYaml, {"parallel.ep=3"}), "moe.num_experts=8 is not divisible by parallel.ep=3");
   EXPECT_EQ(Error(kYaml, {"parallel.ep=8", "parallel.pp=2"}),
             "world size 8 is not divisible by etp*ep*pp = 1*8*2");
+  // Pipeline settings the layers or the schedule cannot take.
+  const std::vector<std::string> pp2 = {"parallel.ep=1", "parallel.pp=2", "model.n_layers=4",
+                                        "train.grad_accum=4"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), pp2.begin(), pp2.end());
+    return Error(kYaml, extra);
+  };
+  EXPECT_EQ(with({}), "");
+  EXPECT_EQ(with({"parallel.pp=8", "parallel.ep=1"}),
+            "8 pipeline stages (parallel.pp x parallel.virtual_stages) for 4 layers: every "
+            "stage needs at least one layer");
+  EXPECT_EQ(with({"parallel.pipeline_schedule=zigzag"}),
+            "parallel.pipeline_schedule: unknown pipeline schedule \"zigzag\" (expected gpipe, "
+            "1f1b or interleaved)");
+  EXPECT_NE(with({"parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2",
+                  "train.grad_accum=3"})
+                .find("train.grad_accum=3 (the micro-batches): "),
+            std::string::npos);
+  EXPECT_NE(with({"parallel.virtual_stages=2"}).find("parallel.virtual_stages=2"),
+            std::string::npos);
+  EXPECT_EQ(with({"parallel.pipeline_layers=[1,1]"}),
+            "parallel.pipeline_layers sums to 2 layers, the model has model.n_layers=4");
+  EXPECT_EQ(with({"parallel.pipeline_layers=[4]"}),
+            "parallel.pipeline_layers lists 1 stages, the layout has 2 (parallel.pp x "
+            "parallel.virtual_stages)");
+  EXPECT_EQ(with({"parallel.pipeline_layers=3"}),
+            "--set: parallel.pipeline_layers: expected a list of integers, got '3'");
   EXPECT_EQ(Error(kYaml, {"moe.second_expert_policy=random", "moe.top_k=1"}),
             "moe.second_expert_policy=random needs moe.top_k=2, got 1");
   EXPECT_EQ(Error(kYaml, {"top_k=2"}), "--set 'top_k=2': expected section.key=value");
