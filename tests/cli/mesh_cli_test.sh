@@ -3,41 +3,12 @@
 # spellings, and usage errors (one line on stderr, nothing on stdout, exit status 2).
 # Usage: mesh_cli_test.sh path/to/switchyard
 set -u
-bin="$1"
-failures=0
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=tests/cli/cli_test_lib.sh
+source "$(dirname "$0")/cli_test_lib.sh" "$1"
 
 expected='{"dense":{"tp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"cp":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"dp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]},"expert":{"etp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"ep":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"edp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]}}'
 
-# expect_ok NAME EXPECTED_STDOUT ARGS...: exit 0, exact stdout, empty stderr.
-expect_ok() {
-  local name="$1" want="$2"; shift 2
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [[ $rc -eq 0 ]] || fail "$name: exit status $rc, want 0 ($(cat "$tmp/err"))"
-  [[ "$(cat "$tmp/out")" == "$want" ]] || fail "$name: stdout differs:
-  got:  $(cat "$tmp/out")
-  want: $want"
-  [[ ! -s "$tmp/err" ]] || fail "$name: unexpected stderr: $(cat "$tmp/err")"
-}
 
-# expect_usage_error NAME MESSAGE_SUBSTRING ARGS...: exit 2, no stdout, exactly one
-# stderr line starting with "switchyard mesh: error: " (or "switchyard: error: ").
-expect_usage_error() {
-  local name="$1" want="$2"; shift 2
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [[ $rc -eq 2 ]] || fail "$name: exit status $rc, want 2"
-  [[ ! -s "$tmp/out" ]] || fail "$name: unexpected stdout: $(head -c 200 "$tmp/out")"
-  local lines
-  lines=$(wc -l <"$tmp/err")
-  [[ $lines -eq 1 ]] || fail "$name: $lines stderr lines, want 1: $(cat "$tmp/err")"
-  grep -Eq '^switchyard( mesh)?: error: ' "$tmp/err" || fail "$name: bad prefix: $(cat "$tmp/err")"
-  grep -qF -- "$want" "$tmp/err" || fail "$name: stderr lacks '$want': $(cat "$tmp/err")"
-}
 
 expect_ok "json" "$expected" mesh --world 16 --tp 2 --pp 4 --json
 expect_ok "json, --flag=value" "$expected" mesh --world=16 --tp=2 --pp=4 --json

@@ -4,38 +4,10 @@
 # and usage errors (one line on stderr, nothing on stdout, exit status 2).
 # Usage: pipeline_cli_test.sh path/to/switchyard
 set -u
-bin="$1"
-failures=0
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=tests/cli/cli_test_lib.sh
+source "$(dirname "$0")/cli_test_lib.sh" "$1"
 
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# expect_ok NAME EXPECTED_STDOUT ARGS...: exit 0, exact stdout, empty stderr.
-expect_ok() {
-  local name="$1" want="$2"; shift 2
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [[ $rc -eq 0 ]] || fail "$name: exit status $rc, want 0 ($(cat "$tmp/err"))"
-  [[ "$(cat "$tmp/out")" == "$want" ]] || fail "$name: stdout differs:
---- got
-$(cat "$tmp/out")
---- want
-$want"
-  [[ ! -s "$tmp/err" ]] || fail "$name: unexpected stderr: $(cat "$tmp/err")"
-}
-
-# expect_usage_error NAME MESSAGE ARGS...: exit 2, no stdout, exactly the one stderr line
-# "switchyard pipeline: error: MESSAGE".
-expect_usage_error() {
-  local name="$1" want="$2"; shift 2
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [[ $rc -eq 2 ]] || fail "$name: exit status $rc, want 2"
-  [[ ! -s "$tmp/out" ]] || fail "$name: unexpected stdout: $(head -c 200 "$tmp/out")"
-  [[ "$(cat "$tmp/err")" == "switchyard pipeline: error: $want" ]] ||
-    fail "$name: stderr is '$(cat "$tmp/err")', want 'switchyard pipeline: error: $want'"
-}
 
 # 1F1B, pp 2, m 3, forward 1 / backward 2: worked out by hand in
 # tests/parallel/pipeline_schedule_test.cc (RenderOneFOneB).
