@@ -369,14 +369,23 @@ Status Trainer::Run(int64_t steps) {
   const TrainConfig& tc = config_.train;
   const int64_t end = steps > 0 ? std::min(tc.max_steps, step_ + steps) : tc.max_steps;
   const int64_t routing_from = step_ + (end - step_) / 2;  // the second half of this run
+  // The model's parameters: each stage's, the tied table once (on the first stage).
+  int64_t held = 0;
+  for (const parallel::Parameter& q : registry_.params()) {
+    const bool counted = !q.replicated.Has(dist::Axis::kPp) || data_pc().pp().rank() == 0;
+    if (q.trainable && counted) held += NumElements(q.global_shape);
+  }
+  const double mine[1] = {static_cast<double>(held)};
+  const int64_t model_params =
+      static_cast<int64_t>(dist::AllReduceDoubles(pc_->pp(), mine)[0] + 0.5);
   if (is_root()) {
     SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_ > 0));
     metrics_.emplace(std::move(w));
     std::printf("%s\n", pc_->mesh().Summary().c_str());
     std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
                 rt_.ctx->matmul_dtype() == DType::kBF16 ? "bf16 (f32 accumulation)" : "f32");
-    std::printf("parameters: %lld (registry), steps %lld -> %lld, global batch %lld x %lld tokens\n",
-                static_cast<long long>(registry_.GlobalElements()),
+    std::printf("parameters: %lld, steps %lld -> %lld, global batch %lld x %lld tokens\n",
+                static_cast<long long>(model_params),
                 static_cast<long long>(step_), static_cast<long long>(end),
                 static_cast<long long>(int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum),
                 static_cast<long long>(config_.model.seq_len));
