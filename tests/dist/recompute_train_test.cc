@@ -4,9 +4,10 @@
 // on every rank, under expert parallelism (ep = 2 from 2 ranks on: full recompute repeats
 // each MoE layer's all-to-all in backward, on every ep rank in the same order), ep 2 with
 // ZeRO-3 (the recomputed forward reads a block inside its acquire/release), two pipeline
-// stages, and tp 2 with and without sequence parallelism (one kv head, replicated over tp;
-// full recompute repeats the tp collectives too). For top-1 routing with capacity drops
-// and jitter (the config) and top-2 with GShard's random second choice.
+// stages (1F1B, and interleaved with two chunks per rank), and tp 2 with and without
+// sequence parallelism (one kv head, replicated over tp; full recompute repeats the tp
+// collectives too). For top-1 routing with capacity drops and jitter (the config) and
+// top-2 with GShard's random second choice.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -38,6 +39,10 @@ std::vector<Layout> Layouts(int ranks) {
   return {{"ep2", ranks, {ep2}},
           {"ep2_zero3", ranks, {ep2, "parallel.zero_stage=3"}},
           {"pp2", ranks / 2, {"parallel.pp=2"}},
+          // Two chunks per rank (each chunk's decoder recomputes).
+          {"pp2_interleaved", ranks / 2,
+           {"parallel.pp=2", "parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2",
+            "model.n_layers=4"}},
           // One kv head on two tp ranks: replicated k and v (dense/attention.h).
           {"tp2_mqa", ranks / 2, {"parallel.tp=2", "model.n_kv_heads=1"}},
           {"tp2_no_sp", ranks / 2, {"parallel.tp=2", "parallel.sequence_parallel=false"}}};
