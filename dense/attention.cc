@@ -131,7 +131,8 @@ Attention Attention::Init(const AttentionOptions& options, uint64_t seed, const 
                    name + ".o", out_std, ctx));
 }
 
-AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx) const {
+AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
+                                        CoreAttention core) const {
   const TensorParallel& tp = options_.tp;
   const bool sp = tp.active() && tp.sequence_parallel;
   SY_CHECK((sp ? x_in.ndim() == 2 : x_in.ndim() == 3) && x_in.dim(-1) == options_.d_model)
@@ -163,6 +164,10 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx) 
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
   kernels::AttentionForward(q, k, v, a, acts.lse, ctx);
   acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
+  if (core == CoreAttention::kRecompute) {
+    acts.o.x = Tensor();  // a and lse go with the last references to them
+    acts.lse = Tensor();
+  }
   acts.out = LeaveTensorParallel(tp, acts.o.y, ctx);
   if (sp) acts.out = acts.out.Reshape({acts.out.numel() / options_.d_model, options_.d_model});
   return acts;
@@ -174,14 +179,25 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
   const Tensor& x = acts.q.x;
   const int64_t b = x.dim(0), s = x.dim(1), hq = options_.local_heads(),
                 hkv = options_.local_kv_heads(), hd = options_.head_dim();
-  const Tensor dy = LeaveTensorParallelBackward(tp, dy_in, ctx).Reshape(acts.o.y.shape());
-  const Tensor da = o_.Backward(acts.o, dy, ctx);  // (B, S, Hq * hd)
+  // Selective recompute: the core attention again from q and k (after RoPE) and v, the
+  // inputs Forward gave kernels::AttentionForward.
+  LinearActivations o = acts.o;
+  Tensor lse = acts.lse;
+  if (!lse.defined()) {
+    Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
+    lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
+    kernels::AttentionForward(Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
+                              Heads(acts.v_heads, hkv, hd), a, lse, ctx);
+    o.x = a.Reshape({b, s, hq * hd});
+  }
+  const Tensor dy = LeaveTensorParallelBackward(tp, dy_in, ctx).Reshape(o.y.shape());
+  const Tensor da = o_.Backward(o, dy, ctx);  // (B, S, Hq * hd)
   Tensor dq = Tensor::Empty({b, s, hq * hd}, DType::kF32, x.device());
   Tensor dk = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
   Tensor dv = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
   Tensor dq4 = Heads(dq, hq, hd), dk4 = Heads(dk, hkv, hd), dv4 = Heads(dv, hkv, hd);
   kernels::AttentionBackward(Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
-                             Heads(acts.v_heads, hkv, hd), acts.lse, Heads(da, hq, hd), dq4, dk4,
+                             Heads(acts.v_heads, hkv, hd), lse, Heads(da, hq, hd), dq4, dk4,
                              dv4, ctx);
   if (options_.rope) {
     kernels::RopeBackward(dq4, dq4, options_.rope_base, 0, ctx);

@@ -53,6 +53,13 @@ struct AttentionOptions {
   Status Validate() const;
 };
 
+// What Forward keeps of the core attention, a = softmax(q k^T / sqrt(hd)) v: kKeep keeps a
+// (o's input, (B, S, Hq * hd)) and lse (B, Hq, S); kRecompute drops both and Backward
+// recomputes them from the kept q, k and v with the same kernel, bit for bit (Megatron-LM's
+// selective recompute of "core attention", Korthikanti et al. 2022 section 5). The (S, S)
+// probabilities are never kept either way: kernels/attention.h recomputes them from lse.
+enum class CoreAttention { kKeep, kRecompute };
+
 // What Backward needs from one Forward.
 struct AttentionActivations {
   Tensor x;                   // the block's input as given (this rank's rows under sp)
@@ -60,8 +67,10 @@ struct AttentionActivations {
                               // k.y (B, S, Hkv * hd) hold q and k AFTER RoPE (rotated in place)
   Tensor k_heads, v_heads;    // (B, S, local kv heads * hd) what attention read (k after
                               // RoPE); k.y / v.y themselves unless the kv heads are replicated
-  Tensor lse;                 // (B, Hq, S) from kernels::AttentionForward
-  LinearActivations o;        // o.x the attention output (B, S, Hq * hd), o.y = y (B, S, d)
+  Tensor lse;                 // (B, Hq, S) from kernels::AttentionForward; undefined
+                              // under CoreAttention::kRecompute
+  LinearActivations o;        // o.x the attention output (B, S, Hq * hd) (undefined under
+                              // CoreAttention::kRecompute), o.y = y (B, S, d)
 
   Tensor out;                 // the block's output y (B, S, d), or this rank's rows under sp
 
@@ -82,9 +91,11 @@ class Attention {
   Attention& operator=(Attention&&) = default;
 
   // x (B, S, d) -> acts.y() (B, S, d); under sequence parallelism x and y are this rank's
-  // rows (B*S/tp, d).
-  AttentionActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr) const;
-  // dy (B, S, d). Adds into every projection's gradients; returns dx (B, S, d).
+  // rows (B*S/tp, d). core: whether acts keep the core attention's output and lse.
+  AttentionActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr,
+                               CoreAttention core = CoreAttention::kKeep) const;
+  // dy (B, S, d). Adds into every projection's gradients; returns dx (B, S, d). Recomputes
+  // the core attention first when Forward dropped it.
   Tensor Backward(const AttentionActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
   void ZeroGrad(DeviceContext* ctx = nullptr);
 

@@ -222,30 +222,26 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
         << ShapeString(want) << " on " << device() << ", got " << in.hidden.DebugString();
     x = in.hidden;
   }
-  const int64_t moe_rows = tp.active() ? n / tp.size() : n;
+  const dense::CoreAttention core = recompute_ == Recompute::kSelective
+                                        ? dense::CoreAttention::kRecompute
+                                        : dense::CoreAttention::kKeep;
   for (int64_t i = 0; i < layers; ++i) {
-    Block& b = blocks_[i];
     Acquire(LayerPart(i), i + 1 < layers ? LayerPart(i + 1) : after_layers);
     BlockActivations ba;
-    ba.x_in = x;
-    ba.norm1 = b.norm1.Forward(x, ctx);
-    ba.attn = b.attn.Forward(ba.norm1.y, ctx);
-    ba.x_mid = Sum(x, ba.attn.y(), ctx);
-    ba.norm2 = b.norm2.Forward(ba.x_mid, ctx);
-    Tensor ffn;
-    if (b.mlp) {
-      ba.mlp = b.mlp->Forward(ba.norm2.y, ctx);
-      ffn = ba.mlp->y();
-    } else {
-      ba.moe = b.moe->Forward(MoeRowsIn(ba.norm2.y), moe_rows, in.training, in.step,
-                              in.first_token, ctx);
-      ffn = MoeRowsOut(ba.moe->y, x.shape());
+    Tensor y = ForwardBlock(i, x, in, core, ba);
+    if (ba.moe) {
       for (float a : ba.moe->groups.aux) out.aux_sum += a;
       for (float z : ba.moe->groups.z) out.z_sum += z;
       out.moe_stats.push_back(ba.moe->stats);
+      out.moe_indices.push_back(ba.moe->acts.router[0].indices);
     }
-    x = Sum(ba.x_mid, ffn, ctx);
+    // Full recompute: the block's input alone; Backward runs the block again from it.
+    if (recompute_ == Recompute::kFull) {
+      ba = BlockActivations();
+      ba.x_in = x;
+    }
     acts.blocks.push_back(std::move(ba));
+    x = y;
     Release(LayerPart(i));
   }
   if (!stage.head) {
@@ -286,6 +282,50 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   out.ce_sum = ce.loss_sum;
   out.ce_count = ce.count;
   return out;
+}
+
+Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
+                             dense::CoreAttention core, BlockActivations& ba) {
+  Block& b = blocks_[k];
+  DeviceContext* ctx = ctx_;
+  ba.x_in = x;
+  ba.norm1 = b.norm1.Forward(x, ctx);
+  ba.attn = b.attn.Forward(ba.norm1.y, ctx, core);
+  ba.x_mid = Sum(x, ba.attn.y(), ctx);
+  ba.norm2 = b.norm2.Forward(ba.x_mid, ctx);
+  Tensor ffn;
+  if (b.mlp) {
+    ba.mlp = b.mlp->Forward(ba.norm2.y, ctx);
+    ffn = ba.mlp->y();
+  } else {
+    // One routing group: the micro-batch's N tokens (this rank's N/tp rows under tp).
+    const dense::TensorParallel tp = this->tp();
+    const int64_t n = in.tokens.numel();
+    const int64_t moe_rows = tp.active() ? n / tp.size() : n;
+    ba.moe = b.moe->Forward(MoeRowsIn(ba.norm2.y), moe_rows, in.training, in.step,
+                            in.first_token, ctx);
+    ffn = MoeRowsOut(ba.moe->y, x.shape());
+  }
+  return Sum(ba.x_mid, ffn, ctx);
+}
+
+Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
+                              std::span<const float> aux_scale) {
+  Block& b = blocks_[k];
+  DeviceContext* ctx = ctx_;
+  Tensor dnorm2;
+  if (b.mlp) {
+    dnorm2 = b.mlp->Backward(*ba.mlp, dx, ctx);
+  } else {
+    Tensor dh = b.moe->Backward(ba.moe->acts, MoeRowsOutBackward(dx), aux_scale, aux_scale, ctx);
+    dnorm2 = MoeRowsInBackward(dh, dx.shape());
+  }
+  Tensor dmid = dx;  // the residual path
+  AddInto(dmid, b.norm2.Backward(ba.norm2, dnorm2, ctx), ctx);
+  Tensor dnorm1 = b.attn.Backward(ba.attn, dmid, ctx);
+  dx = dmid;
+  AddInto(dx, b.norm1.Backward(ba.norm1, dnorm1, ctx), ctx);
+  return dx;
 }
 
 void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
@@ -333,21 +373,13 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   }
   const float aux_scale[1] = {in.aux_grad_scale};
   for (int64_t i = layers - 1; i >= 0; --i) {
-    Block& b = blocks_[i];
     Acquire(LayerPart(i), i > 0 ? LayerPart(i - 1) : before_layers);
-    BlockActivations& ba = acts.blocks[i];
-    Tensor dnorm2;
-    if (b.mlp) {
-      dnorm2 = b.mlp->Backward(*ba.mlp, dx, ctx);
-    } else {
-      Tensor dh = b.moe->Backward(ba.moe->acts, MoeRowsOutBackward(dx), aux_scale, aux_scale, ctx);
-      dnorm2 = MoeRowsInBackward(dh, dx.shape());
+    const BlockActivations& kept = acts.blocks[i];
+    BlockActivations again;  // full recompute: the block's forward once more, from its input
+    if (!kept.norm1.y.defined()) {
+      ForwardBlock(i, kept.x_in, in, dense::CoreAttention::kKeep, again);
     }
-    Tensor dmid = dx;  // the residual path
-    AddInto(dmid, b.norm2.Backward(ba.norm2, dnorm2, ctx), ctx);
-    Tensor dnorm1 = b.attn.Backward(ba.attn, dmid, ctx);
-    dx = dmid;
-    AddInto(dx, b.norm1.Backward(ba.norm1, dnorm1, ctx), ctx);
+    dx = BackwardBlock(i, again.x_in.defined() ? again : kept, dx, aux_scale);
     Release(LayerPart(i));
     done(LayerPart(i));
   }

@@ -15,7 +15,9 @@
 // gradients summed over tp under sequence parallelism).
 //
 // Every parameter is registered under a stable name (docs/model.md lists them). Forward
-// keeps what Backward needs in a DecoderActivations the caller holds (one per micro-batch).
+// keeps what Backward needs in a DecoderActivations the caller holds (one per micro-batch);
+// set_recompute (engine/model/recompute.h) makes it keep less and Backward compute the rest
+// again, with bit-identical results.
 //
 // Pipeline parallelism (DecoderParallel::stage, engine/model/stage.h): a decoder holds one
 // model stage. A stage without the embedding reads DecoderInput::hidden (the previous
@@ -35,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +48,7 @@
 #include "dense/norm.h"
 #include "engine/dist/communicator.h"
 #include "engine/model/model_config.h"
+#include "engine/model/recompute.h"
 #include "engine/model/stage.h"
 #include "engine/parallel/parameter.h"
 #include "moe/moe_layer.h"
@@ -66,7 +70,8 @@ struct DecoderInput {
   Tensor hidden = Tensor();
 };
 
-// One block's activations.
+// One block's activations. Under Recompute::kFull Forward keeps x_in alone and Backward
+// rebuilds the rest from it.
 struct BlockActivations {
   Tensor x_in;  // (B, S, d) the block input (the residual stream)
   dense::NormActivations norm1, norm2;
@@ -92,6 +97,8 @@ struct DecoderOutput {
   double aux_sum = 0;       // sum over MoE layers of this micro-batch's aux (one group each)
   double z_sum = 0;
   std::vector<moe::MoEStats> moe_stats;  // per MoE layer, this rank's sums
+  std::vector<Tensor> moe_indices;       // per MoE layer, (T, k) i32: the router's top-k
+                                         // choice for the routing group's T tokens
   DecoderActivations acts;
   // Pipeline stages. hidden: a stage without the head, the residual stream after its last
   // layer (what the next stage reads). grad_hidden: set by the caller before Backward on
@@ -130,7 +137,11 @@ class Decoder {
   }
 
   DecoderOutput Forward(const DecoderInput& input);
-  // Adds every parameter's gradient (the registry's grads). on_done, when given, is called
+  // Adds every parameter's gradient (the registry's grads); `input` must be the one Forward
+  // was given (full recompute runs the blocks' forward again from it: the same step,
+  // first_token and training flag give the same routing noise, random second choices and
+  // capacity decisions). The losses, MoE statistics and routing are Forward's; a
+  // recomputed forward reports nothing. on_done, when given, is called
   // with the name prefix of each part as soon as its gradients are final for this
   // micro-batch — "head" / "norm_f", then "layers.<L-1>" down to "layers.0", then "embed"
   // — so data-parallel gradient buckets can be all-reduced while backward continues.
@@ -141,12 +152,18 @@ class Decoder {
   // called before a part's parameters are read — in Forward and again in Backward — with
   // the part read after it ("" for none), release(part) after; parts are the prefixes
   // Backward reports ("embed", "layers.<i>", "norm_f", "head"; with tied embeddings the
-  // head is "embed"). A training Forward keeps the head for Backward.
+  // head is "embed"). A training Forward keeps the head for Backward. Under full recompute
+  // Backward re-runs a block's forward between that block's acquire and release.
   struct ParameterHooks {
     std::function<void(const std::string& part, const std::string& next)> acquire;
     std::function<void(const std::string& part)> release;
   };
   void set_parameter_hooks(ParameterHooks hooks) { hooks_ = std::move(hooks); }
+
+  // What Forward keeps for Backward (engine/model/recompute.h); kNone by default. Applies
+  // to the Forward calls after it, each Backward following the mode its Forward ran under.
+  void set_recompute(Recompute mode) { recompute_ = mode; }
+  Recompute recompute() const { return recompute_; }
 
   parallel::ParameterRegistry& registry() { return registry_; }
   const ModelConfig& config() const { return model_; }
@@ -172,6 +189,14 @@ class Decoder {
           DeviceContext* ctx)
       : model_(model), moe_(moe), parallel_(parallel), ctx_(ctx) {}
   void Register(uint64_t seed);
+  // Block k's forward from x (its input) into ba (x_in included); returns its output.
+  // core: whether attention keeps its core output (selective recompute drops it).
+  Tensor ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
+                      dense::CoreAttention core, BlockActivations& ba);
+  // Block k's backward from dx, the gradient of its output; returns that of its input.
+  // aux_scale: dLoss/daux = dLoss/dz of the MoE layer's routing group.
+  Tensor BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
+                       std::span<const float> aux_scale);
   dense::TensorParallel tp() const {
     return {.comm = parallel_.tp, .sequence_parallel = parallel_.sequence_parallel};
   }
@@ -205,6 +230,7 @@ class Decoder {
   int64_t first_layer_ = 0;
   parallel::ParameterRegistry registry_;
   ParameterHooks hooks_;
+  Recompute recompute_ = Recompute::kNone;
 };
 
 }  // namespace switchyard::model

@@ -139,7 +139,8 @@ std::vector<Section> Sections(Config& c) {
         Bind("bucket_mb", &t.bucket_mb), Bind("ordered_grad_accum", &t.ordered_grad_accum), Bind("micro_batch_size", &t.micro_batch_size),
         Bind("grad_accum", &t.grad_accum), Bind("seed", &t.seed),
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
-        Bind("checkpoint_every", &t.checkpoint_every)}},
+        Bind("checkpoint_every", &t.checkpoint_every),
+        BindEnum("recompute", &t.recompute, model::ParseRecompute, model::RecomputeName)}},
       {"data", {Bind("dir", &c.data.dir)}},
       {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
   };

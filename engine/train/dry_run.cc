@@ -78,16 +78,25 @@ ModelCost EstimateCost(const Config& c) {
   const double local = (total - cost.expert_params) + double(cost.expert_params) / c.parallel.ep;
   cost.param_bytes_per_rank = 4.0 * local * (2 + state);
 
-  // Activations kept per token and layer (f32), from what Forward stores for Backward.
+  // Activations kept per token and layer (f32), from what Forward stores for Backward; the
+  // core attention's output and lse (hq * hd + hq) are what selective recompute drops.
   const double tokens = double(c.train.micro_batch_size) * m.seq_len;
-  const double attn_acts = 6.0 * d + 2 * hq * hd + 2 * hkv * hd + hq + 4;
+  const double core_acts = hq * hd + hq;
+  const double attn_acts = 6.0 * d + hq * hd + 2 * hkv * hd + 4 + core_acts;
   const double mlp_acts = 2.0 * d + (mats == 3 ? 3 : 2) * m.ff_hidden();
   const double moe_acts = 3.0 * d + 2 * e.num_experts +
                           e.top_k * (3.0 * d + (emats == 3 ? 3 : 2) * e.d_expert) +
                           (shared_h > 0 ? 2.0 * d + 3 * shared_h : 0);
-  const double per_token =
-      m.n_layers * attn_acts + (m.n_layers - moe_layers) * mlp_acts + moe_layers * moe_acts +
-      2.0 * d + m.vocab_size;  // final norm, logits/dlogits
+  double blocks = m.n_layers * attn_acts + (m.n_layers - moe_layers) * mlp_acts +
+                  moe_layers * moe_acts;
+  if (c.train.recompute == model::Recompute::kSelective) blocks -= m.n_layers * core_acts;
+  if (c.train.recompute == model::Recompute::kFull) {
+    // Every block's input, and the one block Backward has rebuilt at a time.
+    const double ffn = std::max(moe_layers < m.n_layers ? mlp_acts : 0.0,
+                                moe_layers > 0 ? moe_acts : 0.0);
+    blocks = m.n_layers * d + attn_acts + ffn;
+  }
+  const double per_token = blocks + 2.0 * d + m.vocab_size;  // final norm, logits/dlogits
   cost.activation_bytes_per_rank = 4.0 * tokens * per_token;
   return cost;
 }
@@ -231,7 +240,8 @@ std::string DryRunReport(const Config& c, int world) {
       << "\n"
       << "  memory / rank, activations of one micro-batch   "
       << Bytes(cost.activation_bytes_per_rank) << " (estimate, micro_batch_size "
-      << c.train.micro_batch_size << ")\n";
+      << c.train.micro_batch_size << ", recompute " << model::RecomputeName(c.train.recompute)
+      << ")\n";
   if (!mesh.ok()) {
     out << "  per-rank table: " << mesh.status().message() << "\n";
     return out.str();

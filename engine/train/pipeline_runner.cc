@@ -106,6 +106,7 @@ model::DecoderOutput PipelineRunner::Forward(const model::DecoderInput& in) {
     total.aux_sum += out.aux_sum;
     total.z_sum += out.z_sum;
     for (moe::MoEStats& s : out.moe_stats) total.moe_stats.push_back(std::move(s));
+    for (Tensor& t : out.moe_indices) total.moe_indices.push_back(std::move(t));
   }
   return total;
 }

@@ -64,6 +64,7 @@ StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
     SY_ASSIGN_OR_RETURN(std::unique_ptr<model::Decoder> chunk,
                         model::Decoder::Create(config.model, config.moe, config.train.seed,
                                                parallel, rt.ctx.get()));
+    chunk->set_recompute(config.train.recompute);
     chunks.push_back(std::move(chunk));
   }
   return chunks;

@@ -38,8 +38,8 @@ StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& 
 // The decoders of `config` on this rank, one per model chunk (parallel.virtual_stages of
 // them; chunk c of pipeline rank r is model stage c * pp + r, engine/model/stage.h; one
 // holding every layer without pipeline parallelism): their layers communicate in the
-// device groups of rt (tp with sequence parallelism as configured, ep, etp). Used by
-// training and evaluation.
+// device groups of rt (tp with sequence parallelism as configured, ep, etp), and recompute
+// activations as train.recompute says. Used by training and evaluation.
 StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
     const Config& config, const Runtime& rt, dist::ParallelContext& host_pc);
 

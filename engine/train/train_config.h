@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "engine/core/status.h"
+#include "engine/model/recompute.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/schedule.h"
 
@@ -38,6 +39,11 @@ struct TrainConfig {
   // micro-batches bit for bit. Costs up to log2(grad_accum) + 1 extra gradient copies and
   // the overlap of the last backward with the gradient sync; false accumulates in place.
   bool ordered_grad_accum = true;
+  // Activation recompute (engine/model/recompute.h): none keeps every activation; selective
+  // recomputes attention's core (its softmax-weighted values and logsumexp) in backward;
+  // full keeps each block's input alone and re-runs the block's forward in backward.
+  // Results are bit-identical; memory falls, compute rises (full: one more forward).
+  model::Recompute recompute = model::Recompute::kNone;
 
   // Names the key and the value it rejects ("train.beta2=1 must be in [0, 1)").
   Status Validate() const;

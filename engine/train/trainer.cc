@@ -244,17 +244,15 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
     ce_sums[micro] += out.ce_sum;
     aux_sums[micro] += out.aux_sum;
     z_sums[micro] += out.z_sum;
-    size_t layer = 0;
-    for (const model::BlockActivations& b : out.acts.blocks) {
-      if (!b.moe) continue;
-      stats[slot_of[c][layer]].Add(b.moe->stats);
+    // From Forward's output, which activation recompute leaves whole.
+    for (size_t layer = 0; layer < out.moe_stats.size(); ++layer) {
+      stats[slot_of[c][layer]].Add(out.moe_stats[layer]);
       // Under tp every tp rank routed the whole group: tp rank 0 records it.
       if (record_routing && pc_->tp().rank() == 0 && routing_) {
         const data::Batch& batch = batches[micro];
-        routing_->Add(local_of[c][layer], b.moe->acts.router[0].indices.To(Device::Cpu(), ctx),
+        routing_->Add(local_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
                       batch.labels.Reshape({batch.labels.numel()}));
       }
-      ++layer;
     }
   };
   if (tree) {

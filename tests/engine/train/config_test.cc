@@ -128,6 +128,7 @@ TEST(ConfigTest, TrainDefaults) {
   EXPECT_FLOAT_EQ(t.grad_clip, 1.0f);
   EXPECT_FLOAT_EQ(t.bucket_mb, 25.0f);
   EXPECT_EQ(t.bucket_bytes(), 25 * 1024 * 1024);
+  EXPECT_EQ(t.recompute, model::Recompute::kNone);
   EXPECT_TRUE(t.Validate().ok());
   // A TrainConfig built in code keeps -1 and resolves it when asked.
   TrainConfig code;
@@ -174,6 +175,21 @@ train:
   EXPECT_FLOAT_EQ(s.LrAt(2000), 0.0f);
 }
 
+TEST(ConfigTest, TrainRecomputeParsesAndRoundTrips) {
+  for (auto [name, mode] : {std::pair<const char*, model::Recompute>{"none", model::Recompute::kNone},
+                            {"selective", model::Recompute::kSelective},
+                            {"full", model::Recompute::kFull}}) {
+    auto c = ParseConfig("", "x.yaml", {std::string("train.recompute=") + name});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->train.recompute, mode);
+    const std::string yaml = c->ToYaml();
+    EXPECT_NE(yaml.find(std::string("\n  recompute: ") + name + "\n"), std::string::npos) << yaml;
+    auto again = ParseConfig(yaml, "resolved");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->train.recompute, mode);
+  }
+}
+
 TEST(ConfigTest, TrainMinLrFollowsOverriddenLrAndRoundTrips) {
   auto c = ParseConfig("train:\n  lr: 1.0e-3\n", "x.yaml", {"train.lr=0.02"});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -199,6 +215,10 @@ TEST(ConfigTest, BadTrainKeysNameTheKeyAndValue) {
   EXPECT_EQ(parse_error("train:\n  warmup_steps: 1.5\n"),
             "x.yaml: train.warmup_steps: expected an integer, got '1.5'");
   EXPECT_EQ(parse_error("train:\n  learning_rate: 1\n"), "x.yaml: unknown key 'train.learning_rate'");
+  EXPECT_EQ(parse_error("train:\n  recompute: partial\n"),
+            "x.yaml: train.recompute='partial' is not one of none, selective, full");
+  EXPECT_EQ(parse_error("train:\n  recompute: [full]\n"),
+            "x.yaml: train.recompute: expected a name, got '[...]'");
 
   auto invalid = [](std::vector<std::string> overrides) {
     auto c = ParseConfig("", "x.yaml", overrides);

@@ -1,0 +1,30 @@
+// Activation recompute (`train.recompute`): what the decoder's Forward keeps for Backward,
+// and what Backward computes again instead (Chen et al. 2016, "Training Deep Nets with
+// Sublinear Memory Cost"; Korthikanti et al. 2022, "Reducing Activation Recomputation in
+// Large Transformer Models", Megatron-LM's --recompute-granularity):
+//
+//   none       every activation Backward reads is kept.
+//   selective  the core attention's output (softmax(q k^T / sqrt(hd)) v, the input of the
+//              output projection) and its logsumexp are dropped; attention's Backward
+//              recomputes them from the kept q, k and v (dense::CoreAttention). The (S, S)
+//              probabilities are never kept in any mode (kernels/attention.h).
+//   full       each block keeps only its input; Backward re-runs the block's forward from
+//              it (the same kernels in the same order, with the same routing), then its
+//              backward. An MoE block's forward repeats its all-to-all over ep.
+//
+// All three give bit-identical losses and gradients.
+#pragma once
+
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace switchyard::model {
+
+enum class Recompute { kNone, kSelective, kFull };
+
+// "none", "selective", "full"; anything else names the config key train.recompute.
+StatusOr<Recompute> ParseRecompute(const std::string& name);
+const char* RecomputeName(Recompute mode);
+
+}  // namespace switchyard::model
