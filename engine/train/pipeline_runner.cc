@@ -1,10 +1,19 @@
 #include "engine/train/pipeline_runner.h"
 
+#include <chrono>
 #include <optional>
 
 namespace switchyard::train {
 
 using parallel::ActionKind;
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 PipelineRunner::PipelineRunner(model::Decoder& decoder, dist::Communicator& pp,
                                parallel::PipelineSchedule schedule, int micro_batches)
@@ -35,9 +44,14 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
   int last_backward = -1;
   for (size_t i = 0; i < actions_.size(); ++i)
     if (actions_[i].kind == ActionKind::kBackward) last_backward = static_cast<int>(i);
+  if (trace_ != nullptr) {
+    trace_->actions.clear();
+    trace_->begin = Now();
+  }
   for (size_t i = 0; i < actions_.size(); ++i) {
     const parallel::Action& a = actions_[i];
     const int m = a.micro_batch;
+    const double start = trace_ != nullptr ? Now() : 0;
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGradient: {
@@ -75,8 +89,10 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
         outs[m].reset();
         break;
     }
+    if (trace_ != nullptr) trace_->actions.push_back({a, start, Now()});
   }
   WaitSends();
+  if (trace_ != nullptr) trace_->end = Now();
 }
 
 model::DecoderOutput PipelineRunner::Forward(model::DecoderInput in) {

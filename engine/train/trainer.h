@@ -54,6 +54,8 @@ class Trainer {
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
   const std::vector<double>& losses() const { return losses_; }
   model::Decoder& decoder() { return *decoder_; }
+  // This rank's pipeline executor (benchmarks set its per-action trace).
+  PipelineRunner& pipeline() { return *pipeline_; }
   parallel::ZeroShards& zero() { return *zero_; }
   const Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model

@@ -18,6 +18,7 @@
 //    buffers (up to log2(m) + 1 copies of the stage's gradients) plus the micro-batch's
 //    packed gradient. The estimate counts every token the experts' capacity admits; the
 //    tiny router drops some, so the measured peak sits a little below it.
+//  - TraceRecordsEveryActionInOrder: PipelineRunner's optional per-action trace.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -124,6 +125,47 @@ TEST_F(PipelineMemoryTest, WorkspacePeakMatchesTheDryRun) {
     world_->Barrier();
   }
   if (ran == 0) GTEST_SKIP() << "no pipeline layout of the table runs on " << R() << " ranks";
+}
+
+// PipelineRunner's per-action trace (benchmarks/pipeline_perf.cc): one entry per action of
+// the rank's list, in its order, each ending before the next starts, inside the step's
+// begin and end; nothing recorded once it is turned off.
+TEST_F(PipelineMemoryTest, TraceRecordsEveryActionInOrder) {
+  if (R() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const Config config = TinyConfig({"parallel.pp=2", "train.grad_accum=4", "train.max_steps=2",
+                                    "train.warmup_steps=0"});
+  std::unique_ptr<Trainer> trainer;
+  {
+    testing::QuietStdout quiet;
+    auto created = Trainer::Create(config, dir("pm_trace"), *world_);
+    ASSERT_TRUE(created.ok()) << created.status();
+    trainer = std::move(*created);
+  }
+  PipelineRunner::StepTrace trace;
+  trainer->pipeline().set_trace(&trace);
+  {
+    testing::QuietStdout quiet;
+    ASSERT_TRUE(trainer->Run(1).ok());
+  }
+  const std::vector<parallel::Action>& actions = trainer->pipeline().actions();
+  ASSERT_EQ(trace.actions.size(), actions.size());
+  double at = trace.begin;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    EXPECT_EQ(trace.actions[i].action, actions[i]) << i;
+    EXPECT_LE(at, trace.actions[i].start) << i;
+    EXPECT_LE(trace.actions[i].start, trace.actions[i].end) << i;
+    at = trace.actions[i].end;
+  }
+  EXPECT_LE(at, trace.end);
+  trainer->pipeline().set_trace(nullptr);
+  trace.actions.clear();
+  {
+    testing::QuietStdout quiet;
+    ASSERT_TRUE(trainer->Run(1).ok());
+  }
+  EXPECT_TRUE(trace.actions.empty());
+  trainer.reset();
+  world_->Barrier();
 }
 
 }  // namespace
