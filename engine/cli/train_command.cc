@@ -86,8 +86,11 @@ int Run(const std::vector<std::string>& args) {
     Status valid = config->Validate(planned);
     if (valid.ok()) valid = config->model.Validate();
     if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
-    if (world->rank() == 0) std::printf("%s", train::DryRunReport(*config, planned).c_str());
-    return kExitOk;
+    // A pipeline whose action lists fail their check (a bug in a schedule) exits 1.
+    Status check;
+    const std::string report = train::DryRunReport(*config, planned, &check);
+    if (world->rank() == 0) std::printf("%s", report.c_str());
+    return Agree(*world, check, kExitFailure, kCommand);
   }
   if (world->rank() == 0) {
     std::printf("resolved config (%s):\n%s\n", f.config.c_str(), config->ToYaml().c_str());

@@ -18,7 +18,9 @@ std::string Human(double v, const char* unit) {
   return buf;
 }
 
-std::string Bytes(double v) {
+}  // namespace
+
+std::string FormatBytes(double v) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int i = 0;
   while (v >= 1024 && i < 4) v /= 1024, ++i;
@@ -26,8 +28,6 @@ std::string Bytes(double v) {
   std::snprintf(buf, sizeof(buf), "%.2f %s", v, units[i]);
   return buf;
 }
-
-}  // namespace
 
 ModelCost EstimateCost(const Config& c) {
   const model::ModelConfig& m = c.model;
@@ -78,28 +78,47 @@ ModelCost EstimateCost(const Config& c) {
   const double local = (total - cost.expert_params) + double(cost.expert_params) / c.parallel.ep;
   cost.param_bytes_per_rank = 4.0 * local * (2 + state);
 
-  // Activations kept per token and layer (f32), from what Forward stores for Backward; the
-  // core attention's output and lse (hq * hd + hq) are what selective recompute drops.
-  const double tokens = double(c.train.micro_batch_size) * m.seq_len;
-  const double core_acts = hq * hd + hq;
-  const double attn_acts = 6.0 * d + hq * hd + 2 * hkv * hd + 4 + core_acts;
-  const double mlp_acts = 2.0 * d + (mats == 3 ? 3 : 2) * m.ff_hidden();
-  const double moe_acts = 3.0 * d + 2 * e.num_experts +
-                          e.top_k * (3.0 * d + (emats == 3 ? 3 : 2) * e.d_expert) +
-                          (shared_h > 0 ? 2.0 * d + 3 * shared_h : 0);
-  double blocks = m.n_layers * attn_acts + (m.n_layers - moe_layers) * mlp_acts +
-                  moe_layers * moe_acts;
-  if (c.train.recompute == model::Recompute::kSelective) blocks -= m.n_layers * core_acts;
-  if (c.train.recompute == model::Recompute::kFull) {
-    // Every block's input, and the one block Backward has rebuilt at a time.
-    const double ffn = std::max(moe_layers < m.n_layers ? mlp_acts : 0.0,
-                                moe_layers > 0 ? moe_acts : 0.0);
-    blocks = m.n_layers * d + attn_acts + ffn;
-  }
-  const double per_token = blocks + 2.0 * d + m.vocab_size;  // final norm, logits/dlogits
-  cost.activation_bytes_per_rank = 4.0 * tokens * per_token;
+  // Activations kept for backward by one micro-batch through every layer (per layer:
+  // EstimateActivationBytes).
+  cost.activation_bytes_per_rank = EstimateActivationBytes(c).Stage(model::Stage::Whole());
   return cost;
 }
+
+std::vector<model::Stage> RankStages(const Config& c, int pp_rank) {
+  const ParallelConfig& p = c.parallel;
+  if (p.pp * p.virtual_stages == 1 && p.pipeline_layers.empty()) return {model::Stage::Whole()};
+  auto stages = model::PartitionLayers(c.model, c.moe, p.pp * p.virtual_stages, p.pipeline_layers);
+  SY_CHECK_OK(stages.status());
+  std::vector<model::Stage> mine;
+  for (int chunk = 0; chunk < p.virtual_stages; ++chunk) mine.push_back((*stages)[chunk * p.pp + pp_rank]);
+  return mine;
+}
+
+namespace {
+
+// What a rank's chunks hold: layers, embedding, head.
+struct Holdings {
+  std::vector<bool> layer;
+  bool embedding = false, head = false;
+  int64_t moe_layers = 0, layers = 0;
+};
+
+Holdings HoldingsOf(const Config& c, const dist::Mesh& mesh, int rank) {
+  Holdings h;
+  h.layer.assign(c.model.n_layers, false);
+  for (const model::Stage& s : RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp))) {
+    for (int64_t i = s.first_layer; i < s.End(c.model.n_layers); ++i) {
+      h.layer[i] = true;
+      ++h.layers;
+      h.moe_layers += c.moe.IsMoeLayer(i) ? 1 : 0;
+    }
+    h.embedding = h.embedding || s.embedding;
+    h.head = h.head || s.head;
+  }
+  return h;
+}
+
+}  // namespace
 
 RankParams EstimateRankParams(const Config& c, const dist::Mesh& mesh, int rank) {
   const model::ModelConfig& m = c.model;
@@ -110,16 +129,25 @@ RankParams EstimateRankParams(const Config& c, const dist::Mesh& mesh, int rank)
   const int64_t mats = m.activation == "swiglu" ? 3 : 2;
   const int64_t emats = e.activation == moe::Activation::kSwiglu ? 3 : 2;
   const int64_t norm = m.norm == "layernorm" ? 2 * d : d;
+  const Holdings held = HoldingsOf(c, mesh, rank);
   // Vocabulary rows of this tp rank: V padded to a multiple of tp, the padding left out.
   const int64_t rows = (m.vocab_size + tp - 1) / tp;
   const int64_t vocab = std::max<int64_t>(0, std::min(rows, m.vocab_size - tp_rank * rows));
   RankParams r;
   // With tp = 1 nothing is replicated over tp: what is whole counts as dense.
   int64_t& shared_tp = tp > 1 ? r.replicated : r.dense;
-  r.dense += vocab * d * (m.tie_embeddings ? 1 : 2);
-  if (m.position == "learned") shared_tp += m.seq_len * d;
-  shared_tp += norm;  // norm_f
+  if (held.embedding) {
+    r.dense += vocab * d;
+    if (m.position == "learned") shared_tp += m.seq_len * d;
+  }
+  if (held.head) {
+    // The untied head's table, or with tied embeddings the last stage's copy of the token
+    // table (engine/model/stage.h).
+    if (!m.tie_embeddings || !held.embedding) r.dense += vocab * d;
+    shared_tp += norm;  // norm_f
+  }
   for (int64_t i = 0; i < m.n_layers; ++i) {
+    if (!held.layer[i]) continue;
     shared_tp += 2 * norm;
     // k and v are split with the heads, or whole on every rank when tp does not divide
     // the kv heads (replicated, dense/attention.h).
@@ -146,54 +174,89 @@ RankParams EstimateRankParams(const Config& c, const dist::Mesh& mesh, int rank)
   return r;
 }
 
-RankMemory PredictRankMemory(const Config& c, const dist::Mesh& mesh, int rank) {
-  const model::ModelConfig& m = c.model;
+namespace {
+
+// The parameter elements of a rank by the group their gradient is summed (and, under ZeRO,
+// partitioned) over: (elements, the group's size).
+std::vector<std::pair<double, double>> GradientGroups(const Config& c, const dist::Mesh& mesh,
+                                                      int rank) {
   const moe::MoEConfig& e = c.moe;
-  const ParallelConfig& p = c.parallel;
   const RankParams held = EstimateRankParams(c, mesh, rank);
-  const int stage = p.zero_stage;
+  const Holdings on = HoldingsOf(c, mesh, rank);
   const double dp_cp = double(mesh.dp()) * mesh.cp(), edp = mesh.edp();
-  int64_t moe_layers = 0;
-  for (int64_t i = 0; i < m.n_layers; ++i) moe_layers += e.IsMoeLayer(i) ? 1 : 0;
-  const int64_t norm = m.norm == "layernorm" ? 2 * m.d_model : m.d_model;
+  const int64_t norm = c.model.norm == "layernorm" ? 2 * c.model.d_model : c.model.d_model;
   // The replicated elements that are not partitioned over dp x cp x tp: norm weights without
   // sequence parallelism (each tp rank computes the whole gradient: dp x cp) and the
   // experts' output bias under etp (edp x etp).
-  const int64_t norms_unsummed =
-      mesh.tp() > 1 && !p.sequence_parallel ? norm * (2 * m.n_layers + 1) : 0;
+  const int64_t norms_unsummed = mesh.tp() > 1 && !c.parallel.sequence_parallel
+                                     ? norm * (2 * on.layers + (on.head ? 1 : 0))
+                                     : 0;
   const int64_t b2_etp =
-      e.bias && mesh.etp() > 1 ? moe_layers * (e.num_experts / mesh.ep()) * m.d_model : 0;
+      e.bias && mesh.etp() > 1 ? on.moe_layers * (e.num_experts / mesh.ep()) * c.model.d_model : 0;
   const int64_t rest = held.replicated - norms_unsummed - b2_etp;
-  // (elements, the size of the group they are partitioned over)
-  const std::pair<double, double> groups[] = {{double(held.dense), dp_cp},
-                                              {double(norms_unsummed), dp_cp},
-                                              {double(rest), dp_cp * mesh.tp()},
-                                              {double(b2_etp), edp * mesh.etp()},
-                                              {double(held.expert), edp}};
+  return {{double(held.dense), dp_cp},
+          {double(norms_unsummed), dp_cp},
+          {double(rest), dp_cp * mesh.tp()},
+          {double(b2_etp), edp * mesh.etp()},
+          {double(held.expert), edp}};
+}
+
+}  // namespace
+
+StepWorkspace PredictStepWorkspace(const Config& c, const dist::Mesh& mesh, int rank) {
+  const ParallelConfig& p = c.parallel;
+  const int pp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp);
+  auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
+  SY_CHECK_OK(schedule.status());
+  const int micro_batches = static_cast<int>(c.train.grad_accum);
+  SY_CHECK_OK(parallel::CheckScheduleArgs(*schedule, mesh.pp(), micro_batches, p.virtual_stages));
+  const ActivationBytes acts = EstimateActivationBytes(c);
+  StepWorkspaceInputs in;
+  in.actions = parallel::ScheduleActions(*schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
+  in.chunks = RankStages(c, pp_rank);
+  for (const model::Stage& s : in.chunks) {
+    in.kept.push_back(acts.Stage(s));
+    in.backward.push_back(acts.StageBackward(s));
+  }
+  in.hidden = acts.hidden;
+  in.tokens = acts.tokens;
+  double synced = 0;
+  for (auto [n, group] : GradientGroups(c, mesh, rank)) {
+    in.gradients += 4.0 * n;
+    if (group > 1) synced += n;
+  }
+  in.ordered_accum = c.train.ordered_grad_accum && micro_batches > 1;
+  // Every bucket of gradients that has a group to sum over, as its packed copy and the
+  // ordered sum's receive buffer of the same size (dist/ordered_sum.h).
+  in.sync = 2.0 * 4.0 * synced;
+  return SimulateStepWorkspace(in);
+}
+
+RankMemory PredictRankMemory(const Config& c, const dist::Mesh& mesh, int rank) {
+  const moe::MoEConfig& e = c.moe;
+  const int stage = c.parallel.zero_stage;
   const double states = c.train.optimizer == OptimizerKind::kAdamW ? 2
                         : c.train.momentum != 0.0f                  ? 1
                                                                     : 0;
   RankMemory r;
-  double total = 0, synced = 0;
-  for (auto [n, group] : groups) {
-    total += n;
+  double synced = 0;
+  for (auto [n, group] : GradientGroups(c, mesh, rank)) {
     if (group > 1) synced += n;
     r.parameters += 4.0 * n / (stage >= 3 ? group : 1);
     r.gradients += 4.0 * n / (stage >= 2 ? group : 1);
     r.optimizer += 4.0 * states * n / (stage >= 1 ? group : 1);
   }
   // The aux-loss-free expert bias: persistent, not trained, whole on every rank.
-  if (e.expert_bias_rate > 0) r.parameters += 4.0 * moe_layers * e.num_experts;
-  // Workspace: the activations of a micro-batch; at the sync every bucket of gradients that
-  // has a group to sum over is in flight, each as its packed copy and the ordered sum's
-  // receive buffer of the same size (dist/ordered_sum.h); the full gradients of stages 2-3
-  // (of the partitioned parameters: the others' stay whole and count as gradients); two
-  // gathered stage-3 parts (the one in use, the next). An estimate: zero_perf prints it
-  // beside the measured peak.
-  ModelCost cost = EstimateCost(c);
-  r.workspace = cost.activation_bytes_per_rank + 2.0 * 4.0 * synced;
+  if (e.expert_bias_rate > 0) {
+    r.parameters += 4.0 * HoldingsOf(c, mesh, rank).moe_layers * e.num_experts;
+  }
+  // Workspace: one step of the rank's schedule (PredictStepWorkspace); the full gradients
+  // of ZeRO stages 2-3 (of the partitioned parameters: the others' stay whole and count as
+  // gradients); two gathered stage-3 parts (the one in use, the next). zero_perf and
+  // tests/dist/pipeline_memory_test.cc compare it with the measured peak.
+  r.workspace = PredictStepWorkspace(c, mesh, rank).peak;
   if (stage >= 2) r.workspace += 4.0 * synced;
-  if (stage >= 3) r.workspace += 2.0 * 4.0 * synced / std::max<int64_t>(1, m.n_layers);
+  if (stage >= 3) r.workspace += 2.0 * 4.0 * synced / std::max<int64_t>(1, c.model.n_layers);
   return r;
 }
 
@@ -213,7 +276,8 @@ RankParams CountRankParams(const parallel::ParameterRegistry& registry) {
   return r;
 }
 
-std::string DryRunReport(const Config& c, int world) {
+std::string DryRunReport(const Config& c, int world, Status* check) {
+  if (check != nullptr) *check = OkStatus();
   ModelCost cost = EstimateCost(c);
   // With a valid mesh, the weights per rank are the most any rank of the table holds.
   auto mesh = dist::Mesh::Create(world, c.parallel.MeshSizes(), c.parallel.order);
@@ -236,11 +300,12 @@ std::string DryRunReport(const Config& c, int world) {
       << "  of which routed experts    " << Human(double(cost.expert_params), "") << "\n"
       << "  of which embeddings        " << Human(double(cost.embedding_params), "") << "\n"
       << "  training FLOPs / token      " << Human(cost.flops_per_token, "FLOP") << "\n"
-      << "  memory / rank, weights+grads+optimizer (fp32)  " << Bytes(cost.param_bytes_per_rank)
+      << "  memory / rank, weights+grads+optimizer (fp32)  " << FormatBytes(cost.param_bytes_per_rank)
       << "\n"
       << "  memory / rank, activations of one micro-batch   "
-      << Bytes(cost.activation_bytes_per_rank) << " (estimate, micro_batch_size "
+      << FormatBytes(cost.activation_bytes_per_rank) << " (estimate, micro_batch_size "
       << c.train.micro_batch_size << ", recompute " << model::RecomputeName(c.train.recompute)
+      << (c.parallel.pp > 1 ? "; every layer: a pipeline stage keeps its own, below" : "")
       << ")\n";
   if (!mesh.ok()) {
     out << "  per-rank table: " << mesh.status().message() << "\n";
@@ -254,25 +319,27 @@ std::string DryRunReport(const Config& c, int world) {
     if (rm.total() > most.total()) most = rm;
   }
   out << "  memory / rank under zero_stage " << c.parallel.zero_stage << " (largest rank): "
-      << "parameters " << Bytes(most.parameters) << ", gradients " << Bytes(most.gradients)
-      << ", optimizer " << Bytes(most.optimizer) << ", workspace ~" << Bytes(most.workspace)
-      << ", total " << Bytes(most.total()) << "\n";
+      << "parameters " << FormatBytes(most.parameters) << ", gradients " << FormatBytes(most.gradients)
+      << ", optimizer " << FormatBytes(most.optimizer) << ", workspace ~" << FormatBytes(most.workspace)
+      << ", total " << FormatBytes(most.total()) << "\n";
   const int64_t replica = std::lcm(int64_t{c.parallel.tp} * c.parallel.cp * c.parallel.pp,
                                    int64_t{c.parallel.etp > 0 ? c.parallel.etp : c.parallel.tp} * c.parallel.ep * c.parallel.pp);
-  for (auto [gib, what] : {std::pair<double, const char*>{24, "24 GiB (this CPU machine)"},
-                           {80, "80 GiB (H100)"}, {141, "141 GiB (H200)"}}) {
-    int64_t need = 0;
-    for (int64_t w = replica; w <= (int64_t{1} << 16) && need == 0; w += replica) {
-      auto wmesh = dist::Mesh::Create(static_cast<int>(w), c.parallel.MeshSizes(), c.parallel.order);
-      if (!wmesh.ok()) continue;
-      double peak = 0;  // ranks differ only within a replica: the first one is enough
-      for (int r = 0; r < std::min<int64_t>(w, replica); ++r)
-        peak = std::max(peak, PredictRankMemory(c, *wmesh, r).total());
-      if (peak <= gib * 1024.0 * 1024.0 * 1024.0) need = w;
-    }
-    out << "    ranks of " << what << ": "
-        << (need > 0 ? StrCat(need) : std::string("more than 65536"))
-        << "\n";
+  // Less memory per rank needs at least as many ranks: the 24 GiB count comes last.
+  const std::pair<double, const char*> sizes[] = {
+      {24, "24 GiB (this CPU machine)"}, {80, "80 GiB (H100)"}, {141, "141 GiB (H200)"}};
+  int64_t need[3] = {0, 0, 0};
+  for (int64_t w = replica; w <= (int64_t{1} << 16) && need[0] == 0; w += replica) {
+    auto wmesh = dist::Mesh::Create(static_cast<int>(w), c.parallel.MeshSizes(), c.parallel.order);
+    if (!wmesh.ok()) continue;
+    double peak = 0;  // ranks differ only within a replica: the first one is enough
+    for (int r = 0; r < std::min<int64_t>(w, replica); ++r)
+      peak = std::max(peak, PredictRankMemory(c, *wmesh, r).total());
+    for (int i = 0; i < 3; ++i)
+      if (need[i] == 0 && peak <= sizes[i].first * 1024.0 * 1024.0 * 1024.0) need[i] = w;
+  }
+  for (int i = 0; i < 3; ++i) {
+    out << "    ranks of " << sizes[i].second << ": "
+        << (need[i] > 0 ? StrCat(need[i]) : std::string("more than 65536")) << "\n";
   }
   // Ranks with equal holdings share a row.
   std::vector<std::pair<RankParams, std::vector<int>>> rows;
@@ -297,9 +364,10 @@ std::string DryRunReport(const Config& c, int world) {
     std::snprintf(line, sizeof(line), "    %-22s %12lld %12lld %12lld %12lld %12s\n", who.c_str(),
                   static_cast<long long>(p.dense), static_cast<long long>(p.replicated),
                   static_cast<long long>(p.expert), static_cast<long long>(p.total()),
-                  Bytes(4.0 * p.total() * (2 + state)).c_str());
+                  FormatBytes(4.0 * p.total() * (2 + state)).c_str());
     out << line;
   }
+  if (c.parallel.pp > 1 || c.parallel.virtual_stages > 1) out << PipelineReport(c, *mesh, check);
   return out.str();
 }
 

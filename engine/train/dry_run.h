@@ -1,14 +1,20 @@
 // `switchyard train --dry-run`: what a config costs before anything is allocated —
-// parameter counts (total, and active per token), training FLOPs per token, and the memory
-// each rank needs under the config's layout.
+// parameter counts (total, and active per token), training FLOPs per token, the memory
+// each rank needs under the config's layout and, with pipeline parallelism, the stages,
+// the schedule's checks, bubble and micro-batches in flight (docs/pipeline.md).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/dist/mesh.h"
+#include "engine/model/stage.h"
 #include "engine/parallel/parameter.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/train/activation_memory.h"
 #include "engine/train/config.h"
+#include "engine/train/pipeline_plan.h"
 
 namespace switchyard::train {
 
@@ -23,7 +29,8 @@ struct ModelCost {
   double flops_per_token = 0;
   // Bytes per rank: fp32 weights + gradients + optimizer state (AdamW: 2, SGD: 1 per
   // element), with the routed experts split over ep; and the activations one micro-batch
-  // keeps for backward (an estimate from the tensors the layers store).
+  // keeps for backward through the whole model (the sum of EstimateActivationBytes' pieces:
+  // a pipeline stage keeps its own layers' share, PlanPipeline).
   double param_bytes_per_rank = 0;
   double activation_bytes_per_rank = 0;
 };
@@ -45,8 +52,15 @@ struct RankParams {
 };
 
 // From the config and the rank's place in the mesh (no model is built, so it works for any
-// size): what the layers' splits put on `rank`.
+// size): what the layers' splits put on `rank`, of its pipeline stage's layers (the
+// embedding on the first stage; the final norm, the head, or with tied embeddings the
+// token table's copy, on the last).
 RankParams EstimateRankParams(const Config& config, const dist::Mesh& mesh, int rank);
+
+// The model stages pipeline rank `pp_rank` holds: its chunks, chunk c being model stage
+// c * pp + pp_rank (PartitionLayers over pp x virtual_stages stages); the whole model
+// when pp = virtual_stages = 1. CHECK-fails on a layout Config::Validate rejects.
+std::vector<model::Stage> RankStages(const Config& config, int pp_rank);
 // The same counted from a built model's descriptions (the test that the two agree keeps the
 // estimate honest).
 RankParams CountRankParams(const parallel::ParameterRegistry& registry);
@@ -55,9 +69,11 @@ RankParams CountRankParams(const parallel::ParameterRegistry& registry);
 // between steps — the ZeRO paper's formulas with this engine's f32 constants (4 bytes of
 // weights, 4 of gradients, 4 per optimizer state tensor: AdamW 2, SGD with momentum 1),
 // each parameter group partitioned over its own data-parallel group (dense over dp x cp,
-// tp-summed replicas over dp x cp x tp, routed experts over edp) — and an estimate of the
-// workspace peak (activations of the micro-batches in flight, gradient buckets, the full
-// gradients of stages 2-3 during backward, two gathered parts of stage 3).
+// tp-summed replicas over dp x cp x tp, routed experts over edp), of the rank's pipeline
+// stage — and an estimate of the workspace peak: one step of the rank's schedule walked
+// by SimulateStepWorkspace (the activations of the micro-batches in flight, messages, the
+// ordered gradient accumulation's tree, the gradient buckets), plus the full gradients of
+// ZeRO stages 2-3 during backward and two gathered parts of stage 3.
 struct RankMemory {
   double parameters = 0, gradients = 0, optimizer = 0;
   double workspace = 0;
@@ -66,9 +82,17 @@ struct RankMemory {
 };
 RankMemory PredictRankMemory(const Config& config, const dist::Mesh& mesh, int rank);
 
+// The step's workspace of one rank as PredictRankMemory computes it (no ZeRO terms).
+StepWorkspace PredictStepWorkspace(const Config& config, const dist::Mesh& mesh, int rank);
+
+// "1.50 MiB": bytes in powers of 1024, two decimals.
+std::string FormatBytes(double bytes);
+
 // The human-readable report: sizes, layout, counts, FLOPs, memory, and a table of the
 // parameter elements and bytes (weights + gradients + optimizer state, f32) every rank of
-// the layout holds, by group.
-std::string DryRunReport(const Config& config, int world);
+// the layout holds, by group; with pp > 1 (or virtual stages) the pipeline section of
+// PlanPipeline. `check`, when given, receives the pipeline's CheckCommunicatorOrder result
+// (OK without pipeline parallelism).
+std::string DryRunReport(const Config& config, int world, Status* check = nullptr);
 
 }  // namespace switchyard::train

@@ -1,10 +1,19 @@
 #include "engine/train/pipeline_runner.h"
 
+#include <chrono>
 #include <optional>
 
 namespace switchyard::train {
 
 using parallel::ActionKind;
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 PipelineRunner::PipelineRunner(std::vector<model::Decoder*> chunks, dist::Communicator& pp,
                                parallel::PipelineSchedule schedule, int micro_batches)
@@ -42,10 +51,15 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
     if (!inputs[m].tokens.defined()) inputs[m] = hooks.input(m);
     return inputs[m];
   };
+  if (trace_ != nullptr) {
+    trace_->actions.clear();
+    trace_->begin = Now();
+  }
   for (size_t i = 0; i < actions_.size(); ++i) {
     const parallel::Action& a = actions_[i];
     const int m = a.micro_batch, c = a.chunk, at = c * m_count + m;
     model::Decoder& chunk = *chunks_[c];
+    const double start = trace_ != nullptr ? Now() : 0;
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGradient: {
@@ -83,8 +97,10 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
         outs[at].reset();
         break;
     }
+    if (trace_ != nullptr) trace_->actions.push_back({a, start, Now()});
   }
   WaitSends();
+  if (trace_ != nullptr) trace_->end = Now();
 }
 
 model::DecoderOutput PipelineRunner::Forward(const model::DecoderInput& in) {

@@ -45,6 +45,24 @@ class PipelineRunner {
   };
   void RunStep(const Hooks& hooks);
 
+  // Optional per-action timing (benchmarks/pipeline_perf.cc measures the bubble from it):
+  // while a trace is set, RunStep records when it began and ended (after its sends
+  // completed) and when each action started and ended, in seconds on the steady clock
+  // (CLOCK_MONOTONIC: comparable between the processes of one machine). A forward or
+  // backward includes the hooks around it (inputs, statistics, gradient accumulation); a
+  // recv is the wait for its message; a send is its posting. Off by default: then one
+  // pointer test per action.
+  struct ActionTime {
+    parallel::Action action;
+    double start = 0, end = 0;
+  };
+  struct StepTrace {
+    double begin = 0, end = 0;
+    std::vector<ActionTime> actions;  // in execution order
+  };
+  // Null turns tracing off. The trace is overwritten by every step and must outlive them.
+  void set_trace(StepTrace* trace) { trace_ = trace; }
+
   // Forward only (evaluation): each chunk in turn receives the previous model stage's
   // output, runs and sends its output on. Every rank calls it for the same batches in the
   // same order. The losses are the head's (zero elsewhere), aux/z and moe_stats those of the
@@ -73,6 +91,7 @@ class PipelineRunner {
     Tensor tensor;  // alive until the send completes
   };
   std::vector<Pending> sends_;
+  StepTrace* trace_ = nullptr;
 };
 
 }  // namespace switchyard::train

@@ -57,6 +57,8 @@ class Trainer {
   // the parameters of all its chunks.
   model::Decoder& decoder() { return *chunks_.front(); }
   parallel::ParameterRegistry& registry() { return registry_; }
+  // This rank's pipeline executor (benchmarks set its per-action trace).
+  PipelineRunner& pipeline() { return *pipeline_; }
   parallel::ZeroShards& zero() { return *zero_; }
   const Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model

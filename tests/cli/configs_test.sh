@@ -7,6 +7,11 @@
 #                    12 encoder + 12 decoder layers (within 3%); the config's own 12 layers
 #                    hold half the experts (3.7B)
 # moe-layer-example.yaml is a `switchyard moe-layer` config, not a model, and is skipped.
+# Pipeline parallelism (switch-tiny, 4 layers): the dry-run's pipeline section for 1F1B
+# pp 2 and GPipe pp 4 — the lists checked OK, the analytic bubble (p-1)/(m+p-1), each
+# stage's layers and micro-batches in flight (1F1B: pp - stage; GPipe: m), its activation
+# memory = in flight x one micro-batch's, one workspace row per pipeline rank — and more
+# stages than layers: exit status 2 and one line naming the setting.
 # Also: docs/config.md has a row for every key of engine/train/config.cc's key tables.
 # A config whose layout needs more ranks than this one process (parallel.ep = 8, 16 ...)
 # must fail only on the world size; it is then dry-run again with parallel.ep=1, which
@@ -78,6 +83,49 @@ if dry_run switch-base-128 --set model.n_layers=24; then
   within "switch-base-128 (24 layers)" total "$(billions switch-base-128 total)" 7.4 0.03
 fi
 
+# pipeline_case NAME WANT_BUBBLE "IN_FLIGHT..." [--set ...]: the dry-run's pipeline section.
+pipeline_case() {
+  local name="$1" bubble="$2" flights="$3"; shift 3
+  local out="$tmp/pipeline_$name.out"
+  if ! "$bin" train --config "$configs/switch-tiny.yaml" --dry-run "$@" >"$out" 2>"$tmp/pipeline.err"; then
+    fail "pipeline $name: dry run failed: $(cat "$tmp/pipeline.err")"
+    return
+  fi
+  grep -q "^  action lists: OK (pipeline group \[" "$out" || fail "pipeline $name: no 'action lists: OK'"
+  grep -q "^  bubble (analytic, (p-1)/(m+p-1)): $bubble\$" "$out" ||
+    fail "pipeline $name: bubble is not $bubble: $(grep bubble "$out")"
+  # Stage rows: "stage rank layers... cost in_flight X.XX unit X.XX unit".
+  local rows
+  rows=$(awk '/^    stage rank/ { on = 1; next } on && /^  workspace/ { on = 0 } on' "$out")
+  local got
+  got=$(echo "$rows" | awk '{ printf "%s ", $(NF - 4) }')
+  [[ "$got" == "$flights " ]] || fail "pipeline $name: in flight per stage '$got', want '$flights '"
+  echo "$rows" | awk '
+    function bytes(v, u) { return v * (u == "KiB" ? 1024 : u == "MiB" ? 1048576 : u == "GiB" ? 1073741824 : 1) }
+    { one = bytes($(NF - 3), $(NF - 2)); all = bytes($(NF - 1), $NF)
+      if (all < 0.99 * $(NF - 4) * one || all > 1.01 * $(NF - 4) * one) { print "stage " $1 ": " $0; bad = 1 } }
+    END { exit bad }' >"$tmp/pipeline.bad" ||
+    fail "pipeline $name: activations are not in flight x one micro-batch's: $(cat "$tmp/pipeline.bad")"
+  local workspace_rows
+  workspace_rows=$(awk '/^    rank +peak/ { on = 1; next } on' "$out" | wc -l)
+  [[ $workspace_rows -eq $(echo "$rows" | wc -l) ]] || fail "pipeline $name: $workspace_rows workspace rows"
+  echo "pipeline $name: in flight $got, bubble $bubble"
+}
+pipeline_case 1f1b_pp2_m4 0.2000 "2 1" --set parallel.pp=2 --set train.grad_accum=4
+grep -q "^        0    0  embedding + layers 0-1 " "$tmp/pipeline_1f1b_pp2_m4.out" &&
+  grep -q "^        1    1  layers 2-3 + head " "$tmp/pipeline_1f1b_pp2_m4.out" ||
+  fail "pipeline 1f1b_pp2_m4: the stages are not [embedding + layers 0-1, layers 2-3 + head]"
+pipeline_case gpipe_pp4_m8 0.2727 "8 8 8 8" --set parallel.pp=4 --set train.grad_accum=8 \
+  --set parallel.pipeline_schedule=gpipe
+# More stages than layers: one line on stderr, exit status 2, no report.
+"$bin" train --config "$configs/switch-tiny.yaml" --dry-run --set parallel.pp=8 \
+  --set train.grad_accum=8 >"$tmp/pp8.out" 2>"$tmp/pp8.err"
+rc=$?
+want="switchyard train: error: 8 pipeline stages (parallel.pp x parallel.virtual_stages) for 4 layers: every stage needs at least one layer"
+[[ $rc -eq 2 ]] || fail "pp 8 over 4 layers: exit status $rc, want 2"
+[[ "$(cat "$tmp/pp8.err")" == "$want" ]] || fail "pp 8 over 4 layers: stderr '$(cat "$tmp/pp8.err")', want '$want'"
+[[ ! -s "$tmp/pp8.out" ]] || fail "pp 8 over 4 layers: printed a report"
+
 # docs/config.md documents every key of the key tables in engine/train/config.cc.
 root="$configs/.."
 if [[ -f "$root/engine/train/config.cc" && -f "$root/docs/config.md" ]]; then
@@ -92,4 +140,4 @@ if [[ $failures -gt 0 ]]; then
   echo "$failures failure(s)"
   exit 1
 fi
-echo "configs: $count model configs dry-run; published sizes match; docs/config.md lists every key"
+echo "configs: $count model configs dry-run; published sizes match; pipeline sections checked; docs/config.md lists every key"
