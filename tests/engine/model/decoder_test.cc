@@ -8,9 +8,13 @@
 #include <gtest/gtest.h>
 
 #include "engine/core/philox.h"
+#include "tests/engine/model/model_test_util.h"
 
 namespace switchyard::model {
 namespace {
+
+using testing::LlamaLike;
+using testing::MixtralLike;
 
 using parallel::Parameter;
 using parallel::ParameterRegistry;
@@ -26,19 +30,8 @@ std::vector<Case> Cases() {
                   .d_ff = 12};
   moe::MoEConfig sw{.num_experts = 4, .layer_freq = 2, .top_k = 1, .d_expert = 6,
                     .capacity_factor = 0.0f, .eval_capacity_factor = 0.0f, .aux_loss_coef = 0.1f, .z_loss_coef = 0.01f};
-  ModelConfig llama = gpt;
-  llama.norm = "rmsnorm";
-  llama.position = "rope";
-  llama.activation = "swiglu";
-  llama.bias = false;
-  llama.tie_embeddings = false;
-  llama.n_heads = 4;
-  llama.n_kv_heads = 2;
-  moe::MoEConfig mix = sw;
-  mix.layer_freq = 1;
-  mix.top_k = 2;
-  mix.normalize_gates = true;
-  mix.activation = moe::Activation::kSwiglu;
+  const ModelConfig llama = LlamaLike(gpt);
+  const moe::MoEConfig mix = MixtralLike(sw);
   return {{"switch", gpt, sw}, {"mixtral", llama, mix}};
 }
 

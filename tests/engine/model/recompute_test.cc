@@ -30,9 +30,13 @@
 #include "engine/dist/communicator.h"
 #include "engine/model/decoder.h"
 #include "engine/model/stage.h"
+#include "tests/engine/model/model_test_util.h"
 
 namespace switchyard::model {
 namespace {
+
+using testing::LlamaLike;
+using testing::MixtralLike;
 
 using parallel::Parameter;
 
@@ -57,19 +61,8 @@ std::vector<Case> Cases() {
   gshard.top_k = 2;
   gshard.second_expert_policy = moe::SecondExpertPolicy::kRandom;
   // Mixtral: rope, rmsnorm, swiglu, GQA, untied; top-2 with normalised gates, drops.
-  ModelConfig llama = gpt;
-  llama.norm = "rmsnorm";
-  llama.position = "rope";
-  llama.activation = "swiglu";
-  llama.bias = false;
-  llama.tie_embeddings = false;
-  llama.n_heads = 4;
-  llama.n_kv_heads = 2;
-  moe::MoEConfig mix = sw;
-  mix.layer_freq = 1;
-  mix.top_k = 2;
-  mix.normalize_gates = true;
-  mix.activation = moe::Activation::kSwiglu;
+  const ModelConfig llama = LlamaLike(gpt);
+  moe::MoEConfig mix = MixtralLike(sw);
   mix.jitter_eps = 0.0f;
   return {{"switch", gpt, sw}, {"gshard", gpt, gshard}, {"mixtral", llama, mix}};
 }

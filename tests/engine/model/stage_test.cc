@@ -24,9 +24,13 @@
 #include "engine/dist/communicator.h"
 #include "engine/model/decoder.h"
 #include "kernels/elementwise.h"
+#include "tests/engine/model/model_test_util.h"
 
 namespace switchyard::model {
 namespace {
+
+using testing::LlamaLike;
+using testing::MixtralLike;
 
 using parallel::Parameter;
 
@@ -115,7 +119,7 @@ TEST(PartitionLayersTest, AutomaticSplitMinimisesTheMostExpensiveStage) {
       e.layer_freq = freq;
       e.num_experts = 16;
       for (int stages = 2; stages <= std::min<int64_t>(layers, 5); ++stages) {
-        SCOPED_TRACE(testing::Message() << layers << " layers, MoE every " << freq << ", "
+        SCOPED_TRACE(::testing::Message() << layers << " layers, MoE every " << freq << ", "
                                         << stages << " stages");
         auto got = PartitionLayers(m, e, stages);
         ASSERT_TRUE(got.ok()) << got.status();
@@ -152,19 +156,8 @@ struct ChainCase {
 
 std::vector<ChainCase> ChainCases() {
   ModelConfig gpt = Gpt(4);  // tied embedding, learned positions, gelu, biases
-  ModelConfig llama = Gpt(4);
-  llama.norm = "rmsnorm";
-  llama.position = "rope";
-  llama.activation = "swiglu";
-  llama.bias = false;
-  llama.tie_embeddings = false;
-  llama.n_heads = 4;
-  llama.n_kv_heads = 2;
-  moe::MoEConfig mix = Switch();
-  mix.layer_freq = 1;
-  mix.top_k = 2;
-  mix.normalize_gates = true;
-  mix.activation = moe::Activation::kSwiglu;
+  const ModelConfig llama = LlamaLike(Gpt(4));
+  moe::MoEConfig mix = MixtralLike(Switch());
   mix.jitter_eps = 0.1f;
   return {{"switch_tied", gpt, Switch()}, {"mixtral_untied", llama, mix}};
 }
@@ -210,7 +203,7 @@ TEST(StageChainTest, StagesChainedAreTheWholeDecoder) {
     for (const Parameter& p : (*whole)->registry().params()) by_name[p.name] = &p;
 
     for (const std::vector<int64_t>& split : splits) {
-      SCOPED_TRACE(testing::Message() << c.name << ", layers per stage " << testing::PrintToString(split));
+      SCOPED_TRACE(::testing::Message() << c.name << ", layers per stage " << ::testing::PrintToString(split));
       auto stages = PartitionLayers(c.model, c.moe, static_cast<int>(split.size()), split);
       ASSERT_TRUE(stages.ok()) << stages.status();
       std::vector<std::unique_ptr<Decoder>> chain;
