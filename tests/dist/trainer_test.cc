@@ -464,7 +464,7 @@ TEST_F(TrainerTest, PipelineLayoutsMatchOneRank) {
 // and interleaved 1F1B (2 chunks per rank) give bit-identical losses and weights, with and
 // without ordered gradient accumulation.
 TEST_F(TrainerTest, PipelineSchedulesAreBitIdentical) {
-  if (R() != 2 && R() != 4) GTEST_SKIP() << "pp 2 (x dp 2 on 4 ranks)";
+  if (R() != 2 && R() != 4) GTEST_SKIP() << "runs pp 2 on 2 ranks, or pp 2 x dp 2 on 4; this world has " << R();
   for (const char* ordered : {"true", "false"}) {
     std::map<std::string, std::vector<double>> losses;
     std::map<std::string, std::string> saved;

@@ -1,7 +1,12 @@
 // Shared by the decoder tests (decoder_test, stage_test, recompute_test): the Llama/Mixtral
-// variants of a test's small GPT/Switch configs.
+// variants of a test's small GPT/Switch configs, and a chain of pipeline-stage decoders run
+// as one model on one process.
 #pragma once
 
+#include <memory>
+#include <vector>
+
+#include "engine/model/decoder.h"
 #include "engine/model/model_config.h"
 #include "moe/moe_config.h"
 
@@ -26,6 +31,35 @@ inline moe::MoEConfig MixtralLike(moe::MoEConfig sw) {
   sw.normalize_gates = true;
   sw.activation = moe::Activation::kSwiglu;
   return sw;
+}
+
+// A chain of stage decoders (model stages in order) as one model: forward through them in
+// order, each reading the previous stage's output; aux and z summed over the stages.
+struct ChainRun {
+  std::vector<DecoderOutput> outs;  // per stage
+  double aux = 0, z = 0;
+};
+inline ChainRun ForwardChain(const std::vector<std::unique_ptr<Decoder>>& chain,
+                             const DecoderInput& in) {
+  ChainRun run;
+  for (size_t s = 0; s < chain.size(); ++s) {
+    DecoderInput sin = in;
+    if (s > 0) sin.hidden = run.outs.back().hidden;
+    run.outs.push_back(chain[s]->Forward(sin));
+    run.aux += run.outs.back().aux_sum;
+    run.z += run.outs.back().z_sum;
+  }
+  return run;
+}
+// Backward in reverse, each stage given the next stage's input gradient.
+inline void BackwardChain(const std::vector<std::unique_ptr<Decoder>>& chain,
+                          const DecoderInput& in, ChainRun& run) {
+  for (size_t s = chain.size(); s-- > 0;) {
+    DecoderInput sin = in;
+    if (s > 0) sin.hidden = run.outs[s - 1].hidden;
+    if (s + 1 < chain.size()) run.outs[s].grad_hidden = run.outs[s + 1].grad_input;
+    chain[s]->Backward(sin, run.outs[s]);
+  }
 }
 
 }  // namespace switchyard::model::testing

@@ -36,6 +36,9 @@ namespace switchyard::model {
 namespace {
 
 using testing::LlamaLike;
+using testing::BackwardChain;
+using testing::ChainRun;
+using testing::ForwardChain;
 using testing::MixtralLike;
 
 using parallel::Parameter;
@@ -265,27 +268,17 @@ TEST(RecomputeTest, StagesUnderFullRecompute) {
     ASSERT_TRUE(stages.ok()) << stages.status();
     std::vector<std::unique_ptr<Decoder>> chain;
     for (const Stage& st : *stages) chain.push_back(Make(c, ep.get(), mode, st));
-    std::vector<DecoderOutput> outs;
-    double aux = 0, z = 0;
-    for (size_t s = 0; s < chain.size(); ++s) {
-      DecoderInput sin = in;
-      if (s > 0) sin.hidden = outs.back().hidden;
-      outs.push_back(chain[s]->Forward(sin));
-      aux += outs.back().aux_sum;
-      z += outs.back().z_sum;
-      if (s > 0 && mode == Recompute::kFull) {
-        EXPECT_EQ(outs.back().acts.blocks[0].x_in.data<float>(), sin.hidden.data<float>());
+    ChainRun run = ForwardChain(chain, in);
+    if (mode == Recompute::kFull) {  // a later stage's first block keeps the received input
+      for (size_t s = 1; s < chain.size(); ++s) {
+        EXPECT_EQ(run.outs[s].acts.blocks[0].x_in.data<float>(),
+                  run.outs[s - 1].hidden.data<float>());
       }
     }
-    EXPECT_EQ(outs.back().ce_sum, want.out.ce_sum);
-    EXPECT_EQ(aux, want.out.aux_sum);
-    EXPECT_EQ(z, want.out.z_sum);
-    for (size_t s = chain.size(); s-- > 0;) {
-      DecoderInput sin = in;
-      if (s > 0) sin.hidden = outs[s - 1].hidden;
-      if (s + 1 < chain.size()) outs[s].grad_hidden = outs[s + 1].grad_input;
-      chain[s]->Backward(sin, outs[s]);
-    }
+    EXPECT_EQ(run.outs.back().ce_sum, want.out.ce_sum);
+    EXPECT_EQ(run.aux, want.out.aux_sum);
+    EXPECT_EQ(run.z, want.out.z_sum);
+    BackwardChain(chain, in, run);
     size_t seen = 0;
     for (const auto& dec : chain) {
       for (const Parameter& p : dec->registry().params()) {

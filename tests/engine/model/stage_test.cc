@@ -30,6 +30,9 @@ namespace switchyard::model {
 namespace {
 
 using testing::LlamaLike;
+using testing::BackwardChain;
+using testing::ChainRun;
+using testing::ForwardChain;
 using testing::MixtralLike;
 
 using parallel::Parameter;
@@ -213,28 +216,17 @@ TEST(StageChainTest, StagesChainedAreTheWholeDecoder) {
         chain.push_back(std::move(*dec));
       }
       // Forward through the chain, then backward in reverse handing gradients back.
-      std::vector<DecoderOutput> outs;
-      double aux = 0, z = 0;
-      for (size_t s = 0; s < chain.size(); ++s) {
-        DecoderInput sin = in;
-        if (s > 0) sin.hidden = outs.back().hidden;
-        outs.push_back(chain[s]->Forward(sin));
-        aux += outs.back().aux_sum;
-        z += outs.back().z_sum;
-        if (s + 1 < chain.size()) {
-          EXPECT_EQ(outs.back().hidden.shape(), (Shape{3, 5, c.model.d_model}));
-        }
+      ChainRun run = ForwardChain(chain, in);
+      for (size_t s = 0; s + 1 < chain.size(); ++s) {
+        EXPECT_EQ(run.outs[s].hidden.shape(), (Shape{3, 5, c.model.d_model}));
       }
-      EXPECT_EQ(outs.back().ce_sum, want.ce_sum);
-      EXPECT_EQ(outs.back().ce_count, want.ce_count);
-      EXPECT_EQ(aux, want.aux_sum);
-      EXPECT_EQ(z, want.z_sum);
-      for (size_t s = chain.size(); s-- > 0;) {
-        DecoderInput sin = in;
-        if (s > 0) sin.hidden = outs[s - 1].hidden;
-        if (s + 1 < chain.size()) outs[s].grad_hidden = outs[s + 1].grad_input;
-        chain[s]->Backward(sin, outs[s]);
-        EXPECT_EQ(outs[s].grad_input.defined(), s > 0);
+      EXPECT_EQ(run.outs.back().ce_sum, want.ce_sum);
+      EXPECT_EQ(run.outs.back().ce_count, want.ce_count);
+      EXPECT_EQ(run.aux, want.aux_sum);
+      EXPECT_EQ(run.z, want.z_sum);
+      BackwardChain(chain, in, run);
+      for (size_t s = 0; s < chain.size(); ++s) {
+        EXPECT_EQ(run.outs[s].grad_input.defined(), s > 0);
       }
       // Every parameter once (the tied table twice), equal values, equal gradients.
       std::map<std::string, std::vector<const Parameter*>> held;
