@@ -8,6 +8,7 @@
 
 #include <utility>
 
+#include "dense/ring_attention.h"
 #include "kernels/attention.h"
 #include "kernels/rope.h"
 
@@ -64,6 +65,41 @@ LinearSplit KvSplit(const AttentionOptions& o) {
   return o.kv_replicated() ? LinearSplit::kNone : LinearSplit::kColumn;
 }
 
+// RoPE of t (B, S, H, hd) in place (backward: the opposite rotation): positions 0..S-1,
+// or under cp each chunk's global positions.
+void Rotate(const AttentionOptions& o, Tensor& t, bool backward, DeviceContext* ctx) {
+  auto rotate = [&](Tensor& rows, int64_t first_position) {
+    if (backward) {
+      kernels::RopeBackward(rows, rows, o.rope_base, first_position, ctx);
+    } else {
+      kernels::RopeForward(rows, rows, o.rope_base, first_position, ctx);
+    }
+  };
+  if (!o.cp.active()) return rotate(t, 0);
+  const int64_t b = t.dim(0) / 2;
+  for (int h = 0; h < 2; ++h) {
+    Tensor rows = t.Slice(h * b, (h + 1) * b);
+    rotate(rows, o.cp.chunk_start(h));
+  }
+}
+
+// The core attention a = softmax(q k^T / sqrt(hd)) v with its lse: on this rank, or around
+// the cp ring.
+void CoreForward(const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                 Tensor& a, Tensor& lse, DeviceContext* ctx) {
+  if (o.cp.active()) return RingAttentionForward(q, k, v, a, lse, *o.cp.comm, ctx);
+  kernels::AttentionForward(q, k, v, a, lse, ctx);
+}
+
+void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& a, const Tensor& lse, const Tensor& da, Tensor& dq, Tensor& dk,
+                  Tensor& dv, DeviceContext* ctx) {
+  if (o.cp.active()) {
+    return RingAttentionBackward(q, k, v, a, lse, da, dq, dk, dv, *o.cp.comm, ctx);
+  }
+  kernels::AttentionBackward(q, k, v, lse, da, dq, dk, dv, ctx);
+}
+
 }  // namespace
 
 Status AttentionOptions::Validate() const {
@@ -96,7 +132,7 @@ Status AttentionOptions::Validate() const {
   if (rope && !(rope_base > 0.0f)) {
     return InvalidArgument("attention.rope_base=", rope_base, " must be > 0");
   }
-  return OkStatus();
+  return cp.Validate();
 }
 
 Attention::Attention(const AttentionOptions& options, DeviceContext* ctx)
@@ -157,12 +193,12 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
   Tensor q = Heads(acts.q.y, hq, hd), k = Heads(acts.k_heads, hkv, hd),
          v = Heads(acts.v_heads, hkv, hd);
   if (options_.rope) {
-    kernels::RopeForward(q, q, options_.rope_base, 0, ctx);
-    kernels::RopeForward(k, k, options_.rope_base, 0, ctx);
+    Rotate(options_, q, /*backward=*/false, ctx);
+    Rotate(options_, k, /*backward=*/false, ctx);
   }
   Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
-  kernels::AttentionForward(q, k, v, a, acts.lse, ctx);
+  CoreForward(options_, q, k, v, a, acts.lse, ctx);
   acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
   if (core == CoreAttention::kRecompute) {
     acts.o.x = Tensor();  // a and lse go with the last references to them
@@ -186,8 +222,8 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
   if (!lse.defined()) {
     Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
     lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
-    kernels::AttentionForward(Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
-                              Heads(acts.v_heads, hkv, hd), a, lse, ctx);
+    CoreForward(options_, Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
+                Heads(acts.v_heads, hkv, hd), a, lse, ctx);
     o.x = a.Reshape({b, s, hq * hd});
   }
   const Tensor dy = LeaveTensorParallelBackward(tp, dy_in, ctx).Reshape(o.y.shape());
@@ -196,12 +232,12 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
   Tensor dk = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
   Tensor dv = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());
   Tensor dq4 = Heads(dq, hq, hd), dk4 = Heads(dk, hkv, hd), dv4 = Heads(dv, hkv, hd);
-  kernels::AttentionBackward(Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
-                             Heads(acts.v_heads, hkv, hd), lse, Heads(da, hq, hd), dq4, dk4,
-                             dv4, ctx);
+  CoreBackward(options_, Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
+               Heads(acts.v_heads, hkv, hd), Heads(o.x, hq, hd), lse, Heads(da, hq, hd), dq4,
+               dk4, dv4, ctx);
   if (options_.rope) {
-    kernels::RopeBackward(dq4, dq4, options_.rope_base, 0, ctx);
-    kernels::RopeBackward(dk4, dk4, options_.rope_base, 0, ctx);
+    Rotate(options_, dq4, /*backward=*/true, ctx);
+    Rotate(options_, dk4, /*backward=*/true, ctx);
   }
   if (options_.kv_replicated()) {
     // This rank's kv head's gradient, zero for the others: summed over tp, the whole one.

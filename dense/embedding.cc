@@ -73,6 +73,30 @@ StatusOr<Embedding> Embedding::FromTensors(const EmbeddingOptions& options, Embe
   return Embedding(options, std::move(params), ctx);
 }
 
+namespace {
+
+// Learned positions added to (or their gradient taken from) x (B, S, d): position s, or under
+// cp the global position of each chunk's rows.
+void AddPositions(const ContextParallel& cp, Tensor& x, const Tensor& wpe, DeviceContext* ctx) {
+  if (!cp.active()) return kernels::AddPositionEmbedding(x, wpe, 0, ctx);
+  const int64_t b = x.dim(0) / 2;
+  for (int h = 0; h < 2; ++h) {
+    Tensor rows = x.Slice(h * b, (h + 1) * b);
+    kernels::AddPositionEmbedding(rows, wpe, cp.chunk_start(h), ctx);
+  }
+}
+
+void PositionsBackward(const ContextParallel& cp, const Tensor& dx, Tensor& dwpe,
+                       DeviceContext* ctx) {
+  if (!cp.active()) return kernels::PositionEmbeddingBackward(dx, dwpe, 0, ctx);
+  const int64_t b = dx.dim(0) / 2;
+  for (int h = 0; h < 2; ++h) {
+    kernels::PositionEmbeddingBackward(dx.Slice(h * b, (h + 1) * b), dwpe, cp.chunk_start(h), ctx);
+  }
+}
+
+}  // namespace
+
 EmbeddingActivations Embedding::Forward(const Tensor& tokens, DeviceContext* ctx) const {
   SY_CHECK_EQ(tokens.ndim(), 2) << "Embedding::Forward: tokens are (B, S), got "
                                 << ShapeString(tokens.shape());
@@ -83,12 +107,12 @@ EmbeddingActivations Embedding::Forward(const Tensor& tokens, DeviceContext* ctx
   const TensorParallel& tp = options_.tp;
   if (!tp.active()) {
     kernels::EmbeddingForward(tokens, wte_, y, ctx);
-    if (wpe_.defined()) kernels::AddPositionEmbedding(y, wpe_, 0, ctx);
+    if (wpe_.defined()) AddPositions(options_.cp, y, wpe_, ctx);
     acts.y = y;
     return acts;
   }
   kernels::VocabShardEmbeddingForward(tokens, wte_, options_.vocab_start(), y, ctx);
-  if (wpe_.defined() && tp.rank() == 0) kernels::AddPositionEmbedding(y, wpe_, 0, ctx);
+  if (wpe_.defined() && tp.rank() == 0) AddPositions(options_.cp, y, wpe_, ctx);
   acts.y = LeaveTensorParallel(tp, y.Reshape({y.numel() / options_.d_model, options_.d_model}), ctx);
   if (!tp.sequence_parallel) acts.y = acts.y.Reshape(y.shape());
   return acts;
@@ -100,7 +124,7 @@ void Embedding::Backward(const EmbeddingActivations& acts, const Tensor& dy, Dev
   const TensorParallel& tp = options_.tp;
   if (!tp.active()) {
     kernels::EmbeddingBackward(acts.tokens, dy, grad_wte_, ctx);
-    if (grad_wpe_.defined()) kernels::PositionEmbeddingBackward(dy, grad_wpe_, 0, ctx);
+    if (grad_wpe_.defined()) PositionsBackward(options_.cp, dy, grad_wpe_, ctx);
     return;
   }
   const Tensor dfull =
@@ -108,7 +132,7 @@ void Embedding::Backward(const EmbeddingActivations& acts, const Tensor& dy, Dev
           .Reshape({acts.tokens.dim(0), acts.tokens.dim(1), options_.d_model});
   kernels::VocabShardEmbeddingBackward(acts.tokens, dfull, options_.vocab_start(), grad_wte_,
                                        ctx);
-  if (grad_wpe_.defined() && tp.rank() == 0) kernels::PositionEmbeddingBackward(dfull, grad_wpe_, 0, ctx);
+  if (grad_wpe_.defined() && tp.rank() == 0) PositionsBackward(options_.cp, dfull, grad_wpe_, ctx);
 }
 
 void Embedding::ZeroGrad(DeviceContext* ctx) {

@@ -36,9 +36,11 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
                                      int64_t num_experts, Tensor& token, Tensor& slot,
                                      Tensor& inverse, DeviceContext* ctx = nullptr);
 
-// dst[r] = src[index[r]]: src (N, d) f32, index (R) i64 with values in [0, N), dst (R, d)
-// f32. The permute (h -> rows) and any other row permutation (regroup / ungroup). CUDA does
-// not check the index range: the index must come from SortAssignments or be built valid.
+// dst[r] = src[index[r]]: src (N, d), index (R) i64 with values in [0, N), dst (R, d), src
+// and dst f32, i32 or u8 (the same dtype; rows are copied bit for bit). The permute (h ->
+// rows) and any other row permutation (regroup / ungroup, a routing group's rows put in
+// token order). CUDA does not check the index range: the index must come from
+// SortAssignments or be built valid.
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst,
                 DeviceContext* ctx = nullptr);
 

@@ -2,12 +2,45 @@
 #include "moe/group_routing.h"
 
 #include "engine/core/check.h"
+#include "kernels/permute.h"
 
 namespace switchyard::moe {
+namespace {
+
+// An i64 index tensor on `device`.
+Tensor IndexOn(const std::vector<int64_t>& index, Device device, DeviceContext* ctx) {
+  Tensor t = Tensor::FromVector(index, {static_cast<int64_t>(index.size())});
+  return device.is_cpu() ? t : t.To(device, ctx);
+}
+
+// Rows `index` of t (R rows) as a new tensor.
+Tensor RowsAt(const Tensor& t, const Tensor& index, DeviceContext* ctx) {
+  Tensor out = Tensor::Empty({index.dim(0), t.dim(1)}, t.dtype(), t.device());
+  kernels::GatherRows(t, index, out, ctx);
+  return out;
+}
+
+// The group token of every row of rank m (members[m]'s runs in order); checks the runs.
+std::vector<int64_t> TokensOf(const GroupLayout& layout, int m, int64_t rows, int64_t t_whole) {
+  std::vector<int64_t> tokens;
+  tokens.reserve(rows);
+  for (const TokenRun& run : layout.members[m]) {
+    SY_CHECK(run.token >= 0 && run.rows >= 0 && run.token + run.rows <= t_whole)
+        << "group layout run [" << run.token << ", +" << run.rows << ") outside a group of "
+        << t_whole;
+    for (int64_t i = 0; i < run.rows; ++i) tokens.push_back(run.token + i);
+  }
+  SY_CHECK_EQ(static_cast<int64_t>(tokens.size()), rows)
+      << "group layout: rank " << m << " holds " << tokens.size() << " rows, not " << rows;
+  return tokens;
+}
+
+}  // namespace
 
 RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
                          const Tensor& expert_bias, const MoEConfig& config, bool training,
-                         const RouterRng& rng, dist::Communicator* tp, DeviceContext* ctx) {
+                         const RouterRng& rng, dist::Communicator* tp, DeviceContext* ctx,
+                         const GroupLayout& layout) {
   const int64_t n = h.dim(0), e = config.num_experts;
   SY_CHECK(local_tokens > 0 && n % local_tokens == 0)
       << "router input of " << n << " rows is not whole groups of " << local_tokens;
@@ -19,18 +52,38 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
   out.device = h.device();
   out.group_tokens = local_tokens * out.tp_size;
   const int64_t t_whole = out.group_tokens;
+  // A non-contiguous layout: where each token's logits land in the rank-major gather, and
+  // this rank's tokens.
+  Tensor token_order;
+  if (!layout.contiguous()) {
+    SY_CHECK_EQ(static_cast<int>(layout.members.size()), out.tp_size)
+        << "group layout for " << layout.members.size() << " ranks, the group has "
+        << out.tp_size;
+    std::vector<int64_t> gathered_row(t_whole, -1);
+    for (int m = 0; m < out.tp_size; ++m) {
+      const std::vector<int64_t> tokens = TokensOf(layout, m, local_tokens, t_whole);
+      for (int64_t i = 0; i < local_tokens; ++i) {
+        SY_CHECK_EQ(gathered_row[tokens[i]], -1) << "group layout: token " << tokens[i] << " twice";
+        gathered_row[tokens[i]] = m * local_tokens + i;
+      }
+      if (m == out.tp_rank) out.own_rows = IndexOn(tokens, h.device(), ctx);
+    }
+    token_order = IndexOn(gathered_row, h.device(), ctx);
+  }
+  const std::span<const TokenRun> own_runs =
+      layout.contiguous() ? std::span<const TokenRun>() : layout.members[out.tp_rank];
   for (int64_t g = 0; g < out.groups; ++g) {
     Tensor hg = h.Slice(g * local_tokens, (g + 1) * local_tokens);  // (T/P, d)
     RouterRng group_rng = rng;
     group_rng.first_token = rng.first_token + g * t_whole;  // the group's first token
     RouterRng own_rng = group_rng;
-    own_rng.first_token += out.own_begin();                 // this rank's first row
-    RouterOutput r = RouterLogits(hg, wr, config, training, own_rng, ctx);
+    if (own_runs.empty()) own_rng.first_token += out.own_begin();  // this rank's first row
+    RouterOutput r = RouterLogits(hg, wr, config, training, own_rng, ctx, own_runs);
     if (out.tp_size > 1) {
       // The group's logits (T, E) in token order, the same bits on every tp rank.
       Tensor whole = Tensor::Empty({t_whole, e}, DType::kF32, h.device());
       tp->AllGather(r.logits, whole);
-      r.logits = whole;
+      r.logits = token_order.defined() ? RowsAt(whole, token_order, ctx) : whole;
     }
     RouterChoose(r, expert_bias, config, group_rng, ctx);
     LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
@@ -71,6 +124,13 @@ OwnRouting OwnRowsOf(const RoutedGroups& routed, DeviceContext* ctx) {
                  Tensor::Empty({n, k}, DType::kU8, dev)};
   for (int64_t g = 0; g < routed.groups; ++g) {
     const RouterOutput& r = routed.router[g];
+    if (routed.own_rows.defined()) {
+      out.experts.Slice(g * t, (g + 1) * t).CopyFrom(RowsAt(r.indices, routed.own_rows, ctx), ctx);
+      out.gates.Slice(g * t, (g + 1) * t).CopyFrom(RowsAt(r.gates, routed.own_rows, ctx), ctx);
+      out.kept.Slice(g * t, (g + 1) * t)
+          .CopyFrom(RowsAt(routed.admission[g].kept, routed.own_rows, ctx), ctx);
+      continue;
+    }
     out.experts.Slice(g * t, (g + 1) * t).CopyFrom(r.indices.Slice(lo, hi), ctx);
     out.gates.Slice(g * t, (g + 1) * t).CopyFrom(r.gates.Slice(lo, hi), ctx);
     out.kept.Slice(g * t, (g + 1) * t).CopyFrom(routed.admission[g].kept.Slice(lo, hi), ctx);
@@ -82,7 +142,7 @@ void RouteGroupsBackward(std::span<const RouterOutput> router,
                          std::span<const LoadBalanceSums> balance, const Tensor& wr,
                          const MoEConfig& config, const Tensor& dgates,
                          std::span<const float> daux, std::span<const float> dz, int tp_rank,
-                         Tensor& dh, Tensor& dwr, DeviceContext* ctx) {
+                         Tensor& dh, Tensor& dwr, DeviceContext* ctx, const Tensor& own_rows) {
   const int64_t groups = static_cast<int64_t>(router.size());
   SY_CHECK(static_cast<int64_t>(balance.size()) == groups &&
            static_cast<int64_t>(daux.size()) == groups && static_cast<int64_t>(dz.size()) == groups)
@@ -96,7 +156,13 @@ void RouteGroupsBackward(std::span<const RouterOutput> router,
     const int64_t lo = t_whole == t ? 0 : tp_rank * t, hi = lo + t;
     // This rank's rows of the group's routing (views).
     RouterOutput own = whole;
-    if (t != t_whole) {
+    if (own_rows.defined()) {
+      own.logits = RowsAt(whole.logits, own_rows, ctx);
+      own.probs = RowsAt(whole.probs, own_rows, ctx);
+      own.indices = RowsAt(whole.indices, own_rows, ctx);
+      own.gates = RowsAt(whole.gates, own_rows, ctx);
+      own.keep = RowsAt(whole.keep, own_rows, ctx);
+    } else if (t != t_whole) {
       own.logits = whole.logits.Slice(lo, hi);
       own.probs = whole.probs.Slice(lo, hi);
       own.indices = whole.indices.Slice(lo, hi);

@@ -27,6 +27,14 @@
 // gradient, which the gradient sync sums over tp (router.weight is described
 // ReplicatedOver(kTp, grad_summed = true)).
 //
+// Groups whose tokens are not a contiguous block per rank (context parallelism: cp rank i
+// holds chunks i and 2c-1-i of every sequence, engine/parallel/context_parallel.h): a
+// GroupLayout lists, for every rank of the group communicator, the runs of consecutive
+// group tokens its rows hold, in row order. The jitter is keyed by each row's global token,
+// the gathered logits are put in token order (one row gather) before step 3, and step 4
+// and the backward pick this rank's rows by index; everything else is as above. Ranks
+// still hold T/P rows each.
+//
 // Devices: as the router's (moe/router.h): every tensor on the CPU or on ctx's CUDA device;
 // admission counts and the losses are host values (one small device->host copy each).
 #pragma once
@@ -45,6 +53,14 @@
 
 namespace switchyard::moe {
 
+// Where a routing group's T tokens live over the P ranks of its communicator: members[m]
+// are rank m's runs, in its row order (each rank T/P rows). Empty: contiguous, rank m
+// holds tokens [m*T/P, (m+1)*T/P).
+struct GroupLayout {
+  std::vector<std::vector<TokenRun>> members;
+  bool contiguous() const { return members.empty(); }
+};
+
 // The routing of G whole groups as this rank sees it.
 struct RoutedGroups {
   int64_t groups = 0;        // G
@@ -58,6 +74,9 @@ struct RoutedGroups {
   std::vector<LoadBalanceSums> balance;  // (G) the whole groups' sums (before dropping)
   std::vector<float> aux, z;             // (G) the whole groups' losses
   std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
+  // A non-contiguous GroupLayout only: own_rows (T/P) i64, the group token of each of this
+  // rank's rows (on `device`); undefined for contiguous groups.
+  Tensor own_rows;
 
   int64_t local_tokens() const { return group_tokens / tp_size; }  // T/P
   int64_t own_begin() const { return tp_rank * local_tokens(); }    // first own row of a group
@@ -66,12 +85,12 @@ struct RoutedGroups {
 // Phase 1, route. h: (G * T/P, d) f32, this rank's rows of each group in turn; local_tokens:
 // T/P; wr (d, E); expert_bias (E) or undefined. rng.first_token: the global index of group
 // 0's first token (the same on every tp rank); row i of this rank's piece of group g is
-// token rng.first_token + g * T + tp_rank * T/P + i. tp: null or size 1 for whole groups.
-// Collective over tp.
+// token rng.first_token + g * T + tp_rank * T/P + i (or as `layout` says). tp: null or
+// size 1 for whole groups. Collective over tp.
 RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
                          const Tensor& expert_bias, const MoEConfig& config, bool training,
                          const RouterRng& rng, dist::Communicator* tp,
-                         DeviceContext* ctx = nullptr);
+                         DeviceContext* ctx = nullptr, const GroupLayout& layout = {});
 
 // Phase 2, admit: each whole group's assignments to C = ExpertCapacity(capacity_factor, T,
 // k, E) per expert under config.drop_policy (fills routed.admission).
@@ -90,10 +109,13 @@ OwnRouting OwnRowsOf(const RoutedGroups& routed, DeviceContext* ctx = nullptr);
 // Backward of phases 1-2 for this rank's rows. router, balance: (G) as RouteGroups made
 // them; dgates (G * T/P, k): dLoss/dgates of this rank's rows (zero where not kept); daux,
 // dz (G). Adds into dh (G * T/P, d) and dwr (d, E) (this rank's part of the gradient).
+// own_rows: RoutedGroups::own_rows (undefined: this rank's rows are the contiguous block
+// of tp_rank).
 void RouteGroupsBackward(std::span<const RouterOutput> router,
                          std::span<const LoadBalanceSums> balance, const Tensor& wr,
                          const MoEConfig& config, const Tensor& dgates,
                          std::span<const float> daux, std::span<const float> dz, int tp_rank,
-                         Tensor& dh, Tensor& dwr, DeviceContext* ctx = nullptr);
+                         Tensor& dh, Tensor& dwr, DeviceContext* ctx = nullptr,
+                         const Tensor& own_rows = Tensor());
 
 }  // namespace switchyard::moe

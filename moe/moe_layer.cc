@@ -137,7 +137,8 @@ std::vector<parallel::Parameter> MoELayer::Parameters() const {
 // ---- Forward and its phases ------------------------------------------------------------
 
 MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
-                             int64_t first_token, DeviceContext* ctx) {
+                             int64_t first_token, DeviceContext* ctx,
+                             const GroupLayout& layout) {
   const int64_t n = h.dim(0), d = config_.d_model;
   SY_CHECK(h.ndim() == 2 && h.dim(1) == d && group_tokens > 0 && n % group_tokens == 0)
       << "MoE input " << ShapeString(h.shape()) << " is not (G * " << group_tokens << ", " << d
@@ -150,7 +151,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
   RoutedGroups routed =
       RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_, training,
-                  RouterRng{config_.seed, step, layer_id_, first_token}, tp_, ctx);
+                  RouterRng{config_.seed, step, layer_id_, first_token}, tp_, ctx, layout);
   // 2. Admit each whole group's assignments to capacity; keep this rank's rows.
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);
@@ -171,6 +172,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   acts.group_tokens = routed.group_tokens;
   acts.router = std::move(routed.router);
   acts.balance = std::move(routed.balance);
+  acts.own_rows = routed.own_rows;
   return out;
 }
 
@@ -237,7 +239,7 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   ScatterAdd(ReturnRows(Ungroup(dx, plan, ctx), plan, *ep_, ctx), plan, dh, ctx);
   // 2-1. The router of every group on this rank's rows: gates, load balancing and z-loss.
   RouteGroupsBackward(acts.router, acts.balance, router_weight_, config_, dgates, daux, dz,
-                      tp_rank(), dh, grad_router_weight_, ctx);
+                      tp_rank(), dh, grad_router_weight_, ctx, acts.own_rows);
   return dh;
 }
 

@@ -80,6 +80,8 @@ struct MoEActivations {
   Tensor expert_out;                               // (A, d) expert outputs back in expert order
   std::optional<ExpertsActivations> shared;
   std::optional<EtpPlan> etp;                      // expert tensor parallelism only
+  Tensor own_rows;                                 // a non-contiguous GroupLayout's
+                                                   // (RoutedGroups::own_rows)
 };
 
 struct MoEForward {
@@ -134,9 +136,12 @@ class MoELayer {
   // capacity_factor vs eval_capacity_factor and turns jitter on. Under tp (P ranks):
   // h (G * T/P, d) is this rank's rows of each group in turn, group_tokens = T/P (the rows
   // per group here), and first_token the global index of group 0's first token (the same
-  // on every tp rank). Collective over ep, tp and etp.
+  // on every tp rank). Collective over ep, tp and etp. layout: how each group's tokens lie
+  // over the tp group when not in contiguous blocks (context parallelism,
+  // moe/group_routing.h); first_token is then the group's first token.
   MoEForward Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
-                     int64_t first_token, DeviceContext* ctx = nullptr);
+                     int64_t first_token, DeviceContext* ctx = nullptr,
+                     const GroupLayout& layout = {});
 
   // dy: (N, d). daux, dz: (G) dLoss/daux and dLoss/dz of each group (the same on every tp
   // rank). Returns dh (N, d) and adds into every parameter gradient (under tp the router's

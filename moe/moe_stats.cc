@@ -127,7 +127,14 @@ MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t
   }
   for (int64_t g = 0; g < routed.groups; ++g) {
     const Tensor& probs = routed.router[g].probs;
-    s.entropy_sum += kernels::EntropySum(routed.tp_size == 1 ? probs : probs.Slice(lo, hi), ctx);
+    Tensor own_probs = probs;
+    if (routed.own_rows.defined()) {
+      own_probs = Tensor::Empty({t, probs.dim(1)}, DType::kF32, probs.device());
+      kernels::GatherRows(probs, routed.own_rows, own_probs, ctx);
+    } else if (routed.tp_size > 1) {
+      own_probs = probs.Slice(lo, hi);
+    }
+    s.entropy_sum += kernels::EntropySum(own_probs, ctx);
   }
   s.tokens = routed.groups * t;
   s.assignments = s.tokens * routed.top_k;

@@ -50,7 +50,8 @@ RngKey SecondExpertRngKey(uint64_t seed, int64_t step, int64_t layer) {
 }
 
 RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& config,
-                          bool training, const RouterRng& rng, DeviceContext* ctx) {
+                          bool training, const RouterRng& rng, DeviceContext* ctx,
+                          std::span<const TokenRun> runs) {
   SY_CHECK(h.defined()) << "router h is undefined";
   const Device dev = h.device();
   CheckOn(h, DType::kF32, dev, "router h");
@@ -65,9 +66,19 @@ RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& co
   // x = h * noise, noise element (first_token + t) * d + j.
   if (training && config.jitter_eps > 0.0f) {
     out.noise = Tensor::Empty({T, d}, DType::kF32, dev);
-    kernels::FillUniform(out.noise, JitterRngKey(rng.seed, rng.step, rng.layer),
-                         rng.first_token * d, 1.0f - config.jitter_eps, 1.0f + config.jitter_eps,
-                         ctx);
+    const RngKey key = JitterRngKey(rng.seed, rng.step, rng.layer);
+    const float lo = 1.0f - config.jitter_eps, hi = 1.0f + config.jitter_eps;
+    if (runs.empty()) {
+      kernels::FillUniform(out.noise, key, rng.first_token * d, lo, hi, ctx);
+    } else {
+      int64_t row = 0;
+      for (const TokenRun& run : runs) {
+        Tensor rows = out.noise.Slice(row, row + run.rows);
+        kernels::FillUniform(rows, key, (rng.first_token + run.token) * d, lo, hi, ctx);
+        row += run.rows;
+      }
+      SY_CHECK_EQ(row, T) << "router runs cover " << row << " of " << T << " rows";
+    }
     out.input = Tensor::Empty({T, d}, DType::kF32, dev);
     kernels::Mul(h, out.noise, out.input, ctx);
   } else {

@@ -69,11 +69,20 @@ RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expe
                            const MoEConfig& config, bool training, const RouterRng& rng,
                            DeviceContext* ctx = nullptr);
 
+// `rows` rows holding a routing group's tokens [token, token + rows) (indices within the
+// group; moe/group_routing.h's GroupLayout).
+struct TokenRun {
+  int64_t token = 0;
+  int64_t rows = 0;
+};
+
 // The first half of RouterForward, for any block of rows (a tp rank's piece of a group):
 // fills input and noise (T, d) and logits (T, E); rng.first_token is the global index of
-// h's first row (keys the jitter).
+// h's first row (keys the jitter). With runs (summing to T rows), h's rows are those runs
+// of the group whose first token is rng.first_token instead.
 RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& config,
-                          bool training, const RouterRng& rng, DeviceContext* ctx = nullptr);
+                          bool training, const RouterRng& rng, DeviceContext* ctx = nullptr,
+                          std::span<const TokenRun> runs = {});
 
 // The second half: probs, indices, gates and keep (T, ...) from out.logits (T, E), which
 // may hold more rows than out.input (a whole group gathered from its pieces).

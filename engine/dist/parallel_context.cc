@@ -1,5 +1,9 @@
 #include "engine/dist/parallel_context.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace switchyard::dist {
 
 StatusOr<std::unique_ptr<ParallelContext>> ParallelContext::Create(Communicator& world,
@@ -18,6 +22,16 @@ StatusOr<std::unique_ptr<ParallelContext>> ParallelContext::Create(Communicator&
   ctx->pp_ = split(View::kDense, {Axis::kPp});
   ctx->dp_cp_ = split(View::kDense, {Axis::kDp, Axis::kCp});
   ctx->dp_cp_tp_ = split(View::kDense, {Axis::kDp, Axis::kCp, Axis::kTp});
+  std::vector<std::vector<int>> tp_cp = mesh.Groups(View::kDense, {Axis::kTp, Axis::kCp});
+  for (std::vector<int>& g : tp_cp) {
+    std::sort(g.begin(), g.end(), [&](int a, int b) {
+      const auto key = [&](int r) {
+        return std::pair(mesh.Coord(r, View::kDense, Axis::kCp), mesh.Coord(r, View::kDense, Axis::kTp));
+      };
+      return key(a) < key(b);
+    });
+  }
+  ctx->tp_cp_ = world.Split(tp_cp);
   ctx->etp_ = split(View::kExpert, {Axis::kTp});
   ctx->ep_ = split(View::kExpert, {Axis::kEp});
   ctx->edp_ = split(View::kExpert, {Axis::kDp});

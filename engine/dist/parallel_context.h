@@ -1,8 +1,9 @@
 // ParallelContext: the communicators of one rank's groups in both views of the Mesh, built
 // once at start-up and handed to the modules that need them (no globals).
 //
-//   dense view:  tp, cp, dp, pp, dp_cp (dense gradients are reduced over dp x cp) and
-//                dp_cp_tp (also over tp: sequence-parallel norms, the router)
+//   dense view:  tp, cp, dp, pp, dp_cp (dense gradients are reduced over dp x cp),
+//                dp_cp_tp (also over tp: sequence-parallel norms, the router) and tp_cp
+//                (a micro-batch's tokens under context parallelism)
 //   expert view: etp, ep (the token all-to-all), edp (expert gradients are reduced here)
 //                and edp_etp (also over etp: the experts' output bias under etp)
 #pragma once
@@ -31,6 +32,9 @@ class ParallelContext {
   Communicator& pp() const { return *pp_; }
   Communicator& dp_cp() const { return *dp_cp_; }
   Communicator& dp_cp_tp() const { return *dp_cp_tp_; }
+  // The ranks holding one micro-batch's tokens under cp x tp, member cp_rank * tp + tp_rank
+  // whatever the mesh order (an MoE routing group's ranks, moe/group_routing.h).
+  Communicator& tp_cp() const { return *tp_cp_; }
   Communicator& etp() const { return *etp_; }
   Communicator& ep() const { return *ep_; }
   Communicator& edp() const { return *edp_; }
@@ -46,7 +50,7 @@ class ParallelContext {
 
   Mesh mesh_;
   int rank_;
-  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, dp_cp_tp_, etp_, ep_, edp_, edp_etp_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, dp_cp_tp_, tp_cp_, etp_, ep_, edp_, edp_etp_;
   Communicator* world_ = nullptr;
 };
 

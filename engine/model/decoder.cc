@@ -1,5 +1,6 @@
 #include "engine/model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -46,9 +47,14 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   const Stage& stage = parallel.stage;
   dec->first_layer_ = stage.first_layer;
   const dense::TensorParallel tp = dec->tp();
-  if (tp.active() && tp.sequence_parallel && (model.seq_len % tp.size()) != 0) {
-    return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by parallel.tp=",
-                           tp.size(), " (sequence parallelism splits every sequence's tokens)");
+  const dense::ContextParallel cp = dec->cp();
+  SY_RETURN_IF_ERROR(cp.Validate());
+  SY_CHECK(!cp.active() || parallel.tp_cp != nullptr)
+      << "Decoder::Create: context parallelism needs DecoderParallel::tp_cp";
+  if (tp.active() && tp.sequence_parallel && (cp.local_seq_len() % tp.size()) != 0) {
+    return InvalidArgument("model.seq_len=", model.seq_len, cp.active() ? " / (2 * parallel.cp)" : "",
+                           " is not divisible by parallel.tp=", tp.size(),
+                           " (sequence parallelism splits every sequence's tokens)");
   }
   const Device device = ctx ? ctx->device() : Device::Cpu();
   const float std = model.init_std;
@@ -56,7 +62,7 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
       model.scaled_init ? std / std::sqrt(2.0f * static_cast<float>(model.n_layers)) : std;
   dense::EmbeddingOptions eo{.vocab_size = model.vocab_size, .d_model = model.d_model,
                              .max_positions = model.position == "learned" ? model.seq_len : 0,
-                             .device = device, .tp = tp};
+                             .device = device, .tp = tp, .cp = cp};
   SY_RETURN_IF_ERROR(eo.Validate());
   dec->eo_ = eo;
   if (stage.embedding) {
@@ -73,11 +79,14 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   dense::AttentionOptions ao{.d_model = model.d_model, .n_heads = model.n_heads,
                              .n_kv_heads = model.n_kv_heads, .bias = model.bias,
                              .rope = model.position == "rope", .rope_base = model.rope_base,
-                             .device = device, .tp = tp, .seq_len = model.seq_len};
+                             .device = device, .tp = tp, .seq_len = cp.local_seq_len(),
+                             .cp = cp};
   SY_RETURN_IF_ERROR(ao.Validate());
   dense::MlpOptions mo{.d_model = model.d_model, .d_hidden = model.ff_hidden(),
                        .activation = activation, .bias = model.bias, .device = device, .tp = tp};
-  const moe::MoEParallel mp{.ep = parallel.ep, .tp = parallel.tp, .etp = parallel.etp};
+  // Each routing group's tokens lie over tp, or over cp x tp.
+  const moe::MoEParallel mp{.ep = parallel.ep, .tp = cp.active() ? parallel.tp_cp : parallel.tp,
+                            .etp = parallel.etp};
   for (int64_t i = stage.first_layer; i < stage.End(model.n_layers); ++i) {
     const std::string name = StrCat("layers.", i);
     Block block{dense::Norm(no, ctx), dense::Norm(no, ctx),
@@ -185,6 +194,30 @@ Tensor Decoder::MoeRowsInBackward(const Tensor& dh, const Shape& shape) const {
   return MoeRowsOut(dh, shape);
 }
 
+moe::GroupLayout Decoder::MoeGroupLayout(int64_t batch) const {
+  const dense::ContextParallel cp = this->cp();
+  if (!cp.active()) return {};
+  // tp_cp member m = cp rank * tp + tp rank holds block tp_rank of cp rank's local rows
+  // (2B, S/(2c)): row (h, b, s) is token b * S + (chunk start of h) + s.
+  const int c = cp.size(), p = tp().size();
+  const int64_t len = cp.chunk_len(), rows = 2 * batch * len, per = rows / p;
+  moe::GroupLayout layout;
+  layout.members.resize(c * p);
+  for (int r = 0; r < c; ++r) {
+    for (int t = 0; t < p; ++t) {
+      std::vector<moe::TokenRun>& runs = layout.members[r * p + t];
+      for (int64_t row = t * per; row < (t + 1) * per;) {
+        const int64_t h = row / (batch * len), b = (row / len) % batch, s = row % len;
+        const int64_t chunk = h == 0 ? r : 2 * c - 1 - r;
+        const int64_t n = std::min(len - s, (t + 1) * per - row);
+        runs.push_back({.token = b * model_.seq_len + chunk * len + s, .rows = n});
+        row += n;
+      }
+    }
+  }
+  return layout;
+}
+
 Shape Decoder::HiddenShape(int64_t batch, int64_t seq) const {
   const dense::TensorParallel tp = this->tp();
   if (tp.active() && tp.sequence_parallel) return {batch * seq / tp.size(), model_.d_model};
@@ -198,8 +231,12 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
       << "tokens " << in.tokens.DebugString() << ", targets " << in.targets.DebugString();
   SY_CHECK_LE(seq, model_.seq_len) << "sequence longer than model.seq_len";
   const dense::TensorParallel tp = this->tp();
-  SY_CHECK(!(tp.active() && tp.sequence_parallel) || seq == model_.seq_len)
+  const dense::ContextParallel cp = this->cp();
+  SY_CHECK(!(tp.active() && tp.sequence_parallel) || seq == cp.local_seq_len())
       << "sequence parallelism needs sequences of model.seq_len=" << model_.seq_len;
+  SY_CHECK(!cp.active() || (seq == cp.chunk_len() && batch % 2 == 0))
+      << "context parallelism: tokens are this rank's chunks (2B, " << cp.chunk_len()
+      << "), got " << ShapeString(in.tokens.shape());
   SY_CHECK(in.tokens.device() == device() && in.targets.device() == device())
       << "tokens on " << in.tokens.device() << ", targets on " << in.targets.device()
       << ": the decoder runs on " << device();
@@ -230,8 +267,10 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     BlockActivations ba;
     Tensor y = ForwardBlock(i, x, in, core, ba);
     if (ba.moe) {
-      for (float a : ba.moe->groups.aux) out.aux_sum += a;
-      for (float z : ba.moe->groups.z) out.z_sum += z;
+      if (cp.rank() == 0) {  // the cp ranks share each group: one reports its losses
+        for (float a : ba.moe->groups.aux) out.aux_sum += a;
+        for (float z : ba.moe->groups.z) out.z_sum += z;
+      }
       out.moe_stats.push_back(ba.moe->stats);
       out.moe_indices.push_back(ba.moe->acts.router[0].indices);
     }
@@ -302,8 +341,9 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
     const dense::TensorParallel tp = this->tp();
     const int64_t n = in.tokens.numel();
     const int64_t moe_rows = tp.active() ? n / tp.size() : n;
+    const int64_t batch = cp().active() ? in.tokens.dim(0) / 2 : in.tokens.dim(0);
     ba.moe = b.moe->Forward(MoeRowsIn(ba.norm2.y), moe_rows, in.training, in.step,
-                            in.first_token, ctx);
+                            in.first_token, ctx, MoeGroupLayout(batch));
     ffn = MoeRowsOut(ba.moe->y, x.shape());
   }
   return Sum(ba.x_mid, ffn, ctx);

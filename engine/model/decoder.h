@@ -27,6 +27,13 @@
 // input in DecoderOutput::grad_input after Backward. The aux and z sums cover the stage's
 // MoE layers.
 //
+// Context parallelism (DecoderParallel::cp, dense/context_parallel.h): DecoderInput's tokens
+// and targets are this rank's two chunks of every sequence, (2B, S/(2c)) (the micro-batch's
+// B sequences must be whole, S = model.seq_len); embeddings and RoPE use the global
+// positions, attention runs around the cp ring, and each MoE layer routes the micro-batch's
+// B*S tokens over cp x tp as one group (first_token: the global index of the micro-batch's
+// first token).
+//
 // Losses: the cross-entropy is summed here and scaled by the caller's ce_grad_scale (1 / the
 // number of targets in the global batch); each MoE layer's aux and z losses are per routing
 // group (one micro-batch of one data-parallel replica) and scaled by aux_grad_scale (1 / the
@@ -94,7 +101,8 @@ struct DecoderActivations {
 struct DecoderOutput {
   double ce_sum = 0;        // sum of -log p(target) over this micro-batch's targets
   int64_t ce_count = 0;     // targets counted
-  double aux_sum = 0;       // sum over MoE layers of this micro-batch's aux (one group each)
+  double aux_sum = 0;       // sum over MoE layers of this micro-batch's aux (one group each;
+                            // under cp on cp rank 0 only, the others report 0)
   double z_sum = 0;
   std::vector<moe::MoEStats> moe_stats;  // per MoE layer, this rank's sums
   std::vector<Tensor> moe_indices;       // per MoE layer, (T, k) i32: the router's top-k
@@ -115,6 +123,11 @@ struct DecoderParallel {
   bool sequence_parallel = false;     // only with tp of size > 1
   dist::Communicator* etp = nullptr;  // expert tensor parallel; null: none
   Stage stage = Stage::Whole();       // the pipeline stage this decoder holds (default: all)
+  // Context parallel (dense/context_parallel.h); null: none. With cp of size c > 1, tp_cp is
+  // required: the cp x tp ranks that hold one micro-batch's tokens, member cp_rank * tp +
+  // tp_rank (dist::ParallelContext::tp_cp), over which each MoE layer routes its group.
+  dist::Communicator* cp = nullptr;
+  dist::Communicator* tp_cp = nullptr;
 };
 
 class Decoder {
@@ -200,6 +213,9 @@ class Decoder {
   dense::TensorParallel tp() const {
     return {.comm = parallel_.tp, .sequence_parallel = parallel_.sequence_parallel};
   }
+  dense::ContextParallel cp() const { return {.comm = parallel_.cp, .seq_len = model_.seq_len}; }
+  // How a micro-batch of `batch` sequences lies over tp_cp (contiguous without cp).
+  moe::GroupLayout MoeGroupLayout(int64_t batch) const;
   // The MoE layer's input rows on this rank from the norm's output, and its output rows
   // back in the residual stream's layout (only differ with tp and no sequence parallelism).
   Tensor MoeRowsIn(const Tensor& x) const;

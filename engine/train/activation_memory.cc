@@ -46,6 +46,12 @@ ActivationBytes EstimateActivationBytes(const Config& c) {
   // shared experts (whole under tp: a, (b), h, y); the layer's output.
   const double routed = tp ? 1.0 / P : 1.0;
   const double k = e.top_k, E = e.num_experts;
+  // Context parallelism: this rank holds 1/cp of the tokens (the per-token figures below are
+  // per token it holds), but every rank of the routing group keeps the whole group's
+  // routing: logits and probabilities (E each) and two sets of choices, gates and keep masks
+  // (2.25 k each), gathered over tp x cp.
+  const double cp = p.cp;
+  const double whole_router = (tp || cp > 1 ? cp : routed) * (2 * E + 2 * 2.25 * k);
   const double group = double(c.train.micro_batch_size) * m.seq_len;  // routing group T
   const int64_t cap = moe::ExpertCapacity(e.capacity_factor, int64_t(group), e.top_k, e.num_experts);
   const double admitted = cap < 0 ? k : std::min(k, E * double(cap) / group);  // per token
@@ -54,21 +60,24 @@ ActivationBytes EstimateActivationBytes(const Config& c) {
   const double per_row = 2 * d + emats * fe + (p.ep > 1 ? d : 0);  // x, y; a, (b), h
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
   const double router_in = e.jitter_eps > 0 ? 2 * d : (tp && !sp ? d : 0);
-  const double moe = routed * (router_in + 2 * E + 2 * 2.25 * k + 4 * k + admitted * per_row +
-                               (shared_h > 0 ? emats * shared_h + d : 0) + d);
+  const double moe = whole_router + routed * (router_in + 4 * k + admitted * per_row +
+                                              (shared_h > 0 ? emats * shared_h + d : 0) + d);
 
   // Backward scratch, beyond the kept activations: the residual gradient (this rank's rows)
   // and, in the largest phase: attention — the FFN's input gradient, dx of the projections,
   // the attention output's gradient and dq, dk, dv; MLP — dy and dh (and db); MoE — per
   // admitted row dy, dx and dh (and db), a gate gradient per assignment, four (E) router
   // gradients.
-  const double attention_bwd = 2 * d * rows + d + 2 * q + kv;
+  // Under cp the ring's backward also holds the key/value block in hand and the one
+  // arriving, with their gradients travelling alongside (kv each), and the delta (Hq).
+  const double ring_bwd = cp > 1 ? 4 * kv + hq / P : 0;
+  const double attention_bwd = 2 * d * rows + d + 2 * q + kv + ring_bwd;
   const double mlp_bwd = d * rows + d + (mats - 1) * f;
   const double moe_bwd =
       d * rows + routed * (admitted * (2 * d + (emats - 1) * fe) + k + 4 * E);
 
   ActivationBytes a;
-  const double bytes = 4.0 * group;  // f32 elements per token -> bytes per micro-batch
+  const double bytes = 4.0 * group / cp;  // f32 elements per token -> bytes per micro-batch
   for (int64_t i = 0; i < m.n_layers; ++i) {
     const bool is_moe = e.IsMoeLayer(i);
     const double kept = norm + attention + residual + norm + (is_moe ? moe : mlp);
@@ -96,9 +105,9 @@ ActivationBytes EstimateActivationBytes(const Config& c) {
   a.head = bytes * (norm + (sp ? d : 0) + double(m.vocab_size) / P);
   a.head_backward = bytes * (d + d * rows);
   a.hidden = bytes * d * rows;
-  // tokens and targets on the device; on the CPU the loader's batch (inputs, targets,
-  // document labels) is in the same ledger.
-  a.tokens = bytes * (c.runtime.device == "cpu" ? 5 : 2);
+  // tokens and targets on the device (this rank's chunks under cp); on the CPU the loader's
+  // batch (inputs, targets, document labels: whole sequences) is in the same ledger.
+  a.tokens = bytes * (c.runtime.device == "cpu" ? 3 * cp + 2 : 2);
   return a;
 }
 

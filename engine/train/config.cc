@@ -221,8 +221,15 @@ Status Config::Validate(int world) const {
   }
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
   SY_RETURN_IF_ERROR(train.Validate());
-  if (p.tp > 1 && p.sequence_parallel && model.seq_len % p.tp != 0) {
-    return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by parallel.tp=",
+  if (p.cp > 1 && model.seq_len % (2 * p.cp) != 0) {
+    return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by 2 * parallel.cp = ",
+                           2 * p.cp, " (context parallelism cuts every sequence into 2 * cp "
+                           "chunks, two per cp rank)");
+  }
+  const int64_t local_seq = p.cp > 1 ? model.seq_len / (2 * p.cp) : model.seq_len;
+  if (p.tp > 1 && p.sequence_parallel && local_seq % p.tp != 0) {
+    return InvalidArgument("model.seq_len=", model.seq_len,
+                           p.cp > 1 ? " / (2 * parallel.cp)" : "", " is not divisible by parallel.tp=",
                            p.tp, " (sequence parallelism splits every sequence; or set "
                            "parallel.sequence_parallel=false)");
   }
@@ -290,10 +297,6 @@ dist::MeshSizes ParallelConfig::MeshSizes() const {
 }
 
 Status ParallelConfig::CheckSupported() const {
-  if (cp != 1) {
-    return Unimplemented("parallel.cp=", cp, " is not supported yet (context parallelism is the "
-                         "next dense-parallelism step); use tp, etp, ep, pp and data parallelism");
-  }
   if (pp > 1 && zero_stage > 0) {
     return Unimplemented("parallel.zero_stage=", zero_stage, " with parallel.pp=", pp,
                          " is not supported yet; use zero_stage=0 with pipeline parallelism");

@@ -20,7 +20,6 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
                            int64_t step, const dist::ParallelContext& pc) {
   model::Decoder& decoder = stage.chunk(0);
   dist::Communicator& dp_cp = pc.dp_cp();
-  const int64_t seq = decoder.config().seq_len;
   EvalResult r;
   r.step = step;
   r.batches = static_cast<int64_t>(batches.size());
@@ -37,15 +36,11 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
   int64_t count = 0, sequences = 0;
   for (const data::Batch& batch : batches) {
     // Batches come from the loader on the host; the decoder may run on a GPU.
-    const Device device = decoder.device();
-    model::DecoderInput in{.tokens = batch.inputs.To(device, decoder.ctx()),
-                           .targets = batch.targets.To(device, decoder.ctx()),
-                           .first_token = batch.sequences[0] * seq, .step = step,
-                           .training = false};
-    model::DecoderOutput out = stage.Forward(in);
+    model::DecoderOutput out =
+        stage.Forward(MicroBatchInput(batch, decoder, pc, step, /*training=*/false));
     ce += out.ce_sum;
     count += out.ce_count;
-    sequences += batch.inputs.dim(0);
+    if (pc.cp().rank() == 0) sequences += batch.inputs.dim(0);  // cp ranks share them
     for (size_t l = 0; l < slot_of.size(); ++l) r.moe[slot_of[l]].Add(out.moe_stats[l]);
   }
   // The same reduction as Trainer::Validate for the loss (the last stage holds it); the

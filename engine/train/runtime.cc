@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "dense/context_parallel.h"
 #include "engine/dist/process.h"
 
 namespace switchyard::train {
@@ -60,7 +61,9 @@ StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
                                           .tp = &pc.tp(),
                                           .sequence_parallel = p.tp > 1 && p.sequence_parallel,
                                           .etp = &pc.etp(),
-                                          .stage = stages[c * p.pp + host_pc.pp().rank()]};
+                                          .stage = stages[c * p.pp + host_pc.pp().rank()],
+                                          .cp = &pc.cp(),
+                                          .tp_cp = &pc.tp_cp()};
     SY_ASSIGN_OR_RETURN(std::unique_ptr<model::Decoder> chunk,
                         model::Decoder::Create(config.model, config.moe, config.train.seed,
                                                parallel, rt.ctx.get()));
@@ -68,6 +71,18 @@ StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
     chunks.push_back(std::move(chunk));
   }
   return chunks;
+}
+
+model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decoder& decoder,
+                                    const dist::ParallelContext& pc, int64_t step,
+                                    bool training) {
+  const int cp = pc.cp().size(), rank = pc.cp().rank();
+  return model::DecoderInput{
+      .tokens = dense::ShardSequences(batch.inputs, cp, rank).To(decoder.device(), decoder.ctx()),
+      .targets = dense::ShardSequences(batch.targets, cp, rank).To(decoder.device(), decoder.ctx()),
+      .first_token = batch.sequences[0] * decoder.config().seq_len,
+      .step = step,
+      .training = training};
 }
 
 }  // namespace switchyard::train

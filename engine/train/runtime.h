@@ -11,6 +11,7 @@
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
 #include "engine/train/config.h"
+#include "engine/train/data/loader.h"
 
 namespace switchyard::train {
 
@@ -42,5 +43,12 @@ StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& 
 // activations as train.recompute says. Used by training and evaluation.
 StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
     const Config& config, const Runtime& rt, dist::ParallelContext& host_pc);
+
+// A loader batch as a micro-batch of `decoder` on this rank: tokens and targets on the
+// decoder's device, under context parallelism this rank's chunks of every sequence
+// (dense/context_parallel.h's local layout), first_token the batch's first global token.
+model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decoder& decoder,
+                                    const dist::ParallelContext& pc, int64_t step,
+                                    bool training);
 
 }  // namespace switchyard::train

@@ -232,13 +232,11 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   PipelineRunner::Hooks hooks;
   hooks.input = [&](int micro) {
     batches[micro] = loader_->GetBatch(step_, micro);
-    const data::Batch& batch = batches[micro];
-    return model::DecoderInput{.tokens = batch.inputs.To(device(), ctx),
-                               .targets = batch.targets.To(device(), ctx),
-                               .first_token = batch.sequences[0] * seq, .step = step_,
-                               .training = true,
-                               .ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq),
-                               .aux_grad_scale = 1.0f / static_cast<float>(global_groups)};
+    model::DecoderInput in =
+        MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
+    in.ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq);
+    in.aux_grad_scale = 1.0f / static_cast<float>(global_groups);
+    return in;
   };
   hooks.after_forward = [&](int c, int micro, const model::DecoderOutput& out) {
     ce_sums[micro] += out.ce_sum;
@@ -247,8 +245,8 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
     // From Forward's output, which activation recompute leaves whole.
     for (size_t layer = 0; layer < out.moe_stats.size(); ++layer) {
       stats[slot_of[c][layer]].Add(out.moe_stats[layer]);
-      // Under tp every tp rank routed the whole group: tp rank 0 records it.
-      if (record_routing && pc_->tp().rank() == 0 && routing_) {
+      // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
+      if (record_routing && pc_->tp_cp().rank() == 0 && routing_) {
         const data::Batch& batch = batches[micro];
         routing_->Add(local_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
                       batch.labels.Reshape({batch.labels.numel()}));

@@ -57,14 +57,15 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
 }
 
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst) {
-  const int64_t rows = dst.dim(0), d = dst.dim(1), n = src.dim(0);
-  const float* s = src.data<float>();
+  const int64_t rows = dst.dim(0), n = src.dim(0);
+  const size_t row_bytes = static_cast<size_t>(dst.dim(1)) * SizeOf(dst.dtype());
+  const auto* s = static_cast<const char*>(src.raw_data());
   const int64_t* idx = index.data<int64_t>();
-  float* t = dst.data<float>();
+  auto* t = static_cast<char*>(dst.raw_data());
   for (int64_t r = 0; r < rows; ++r) {
     SY_CHECK(idx[r] >= 0 && idx[r] < n) << "GatherRows: index " << idx[r] << " of row " << r
                                         << " outside [0, " << n << ")";
-    if (d) std::memcpy(t + r * d, s + idx[r] * d, sizeof(float) * d);
+    if (row_bytes) std::memcpy(t + r * row_bytes, s + idx[r] * row_bytes, row_bytes);
   }
 }
 

@@ -345,6 +345,14 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceConte
   const int64_t rows = dst.dim(0), d = dst.dim(1);
   if (rows == 0 || d == 0) return;
   cudaStream_t stream = StreamOf(ctx);
+  if (dst.dtype() == DType::kU8) {  // bytes; f32 and i32 rows move as 4-byte words below
+    const RowLayout l = LayoutFor(rows, d);
+    GatherRowsKernel<uint8_t><<<l.blocks, kThreads, 0, stream>>>(
+        static_cast<const uint8_t*>(src.raw_data()), index.data<int64_t>(),
+        static_cast<uint8_t*>(dst.raw_data()), rows, d, l.log2);
+    SY_CUDA_CHECK_LAUNCH();
+    return;
+  }
   LaunchRows(d, {src.raw_data(), dst.raw_data()}, [&](auto tag, int64_t width) {
     using V = decltype(tag);
     const RowLayout l = LayoutFor(rows, width);

@@ -19,7 +19,7 @@
 #  - bad inputs: exactly one "switchyard train: error:" line naming the problem, a
 #    non-zero exit, and the existing checkpoints unchanged (checksums before/after):
 #    unknown keys, a wrong type, ep not dividing the experts, a world ep does not divide,
-#    parallel.cp=2, tp on one process, tp not dividing n_heads, etp not dividing d_expert,
+#    parallel.cp=2 with seq_len not divisible by 2 cp, tp on one process, tp not dividing n_heads, etp not dividing d_expert,
 #    seq_len not divisible by tp, a world tp does not divide, a missing data dir, a truncated checkpoint, another model's checkpoint,
 #    a missing checkpoint, a bad --steps;
 #  - optional: the loss falls on the fortune corpus when it is installed.
@@ -421,8 +421,9 @@ expect_error "unknown precision" "runtime.precision='fp16' is not one of auto, f
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect_error "cuda without a GPU" "runtime.device=cuda: " 1 "${one[@]}" --set runtime.device=cuda
 fi
-expect_error "cp=2 unsupported" "parallel.cp=2 is not supported yet" 2 "${two[@]}" \
-  --set parallel.cp=2
+expect_error "seq_len not divisible by 2 cp" \
+  "model.seq_len=18 is not divisible by 2 * parallel.cp = 4" 2 "${two[@]}" \
+  --set parallel.cp=2 --set model.seq_len=18
 expect_error "tp on one process" "this is one process; launch with mpirun -np N" 1 "${one[@]}" \
   --set parallel.tp=2
 expect_error "tp not dividing n_heads" "parallel.tp=4 does not divide model.n_heads=2" 4 \

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dense/attention.h"
+#include "dense/context_parallel.h"
 #include "dense/embedding.h"
 #include "dense/linear.h"
 #include "dense/mlp.h"
@@ -337,6 +338,21 @@ TEST(AttentionLayerTest, OptionsAreValidated) {
 }
 
 // ---- MLP ------------------------------------------------------------------------------------
+
+// Context parallelism's local layout by hand: 2 sequences of 8 over cp 2 (4 chunks of 2);
+// rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2, each (2B, 2) with chunk i's rows first.
+// (The chunks' positions in RoPE and the learned table are checked end to end by
+// tests/dist/context_parallel_train_test.cc: a wrong offset changes every loss.)
+TEST(ContextParallelTest, ShardSequencesHandCase) {
+  std::vector<int32_t> v(16);
+  for (int i = 0; i < 16; ++i) v[i] = i;
+  const Tensor whole = Tensor::FromVector<int32_t>(v, {2, 8});
+  const Tensor r0 = ShardSequences(whole, 2, 0), r1 = ShardSequences(whole, 2, 1);
+  EXPECT_EQ(r0.shape(), (Shape{4, 2}));
+  EXPECT_EQ(r0.ToVector<int32_t>(), (std::vector<int32_t>{0, 1, 8, 9, 6, 7, 14, 15}));
+  EXPECT_EQ(r1.ToVector<int32_t>(), (std::vector<int32_t>{2, 3, 10, 11, 4, 5, 12, 13}));
+  EXPECT_EQ(UnshardSequences({r0, r1}).ToVector<int32_t>(), v);
+}
 
 TEST(MlpTest, ForwardAndGradients) {
   constexpr int64_t kF = 12;

@@ -45,6 +45,7 @@ TEST(ParallelContextTest, CommunicatorsMatchTheMeshGroups) {
   if (n >= 8) {
     layouts.push_back({{.tp = 2, .cp = 2, .ep = 4, .etp = 1, .pp = 2}, "tp-cp-ep-dp-pp"});
     layouts.push_back({{.tp = 2, .ep = 2, .pp = 2}, "tp-cp-ep-dp-pp"});
+    layouts.push_back({{.tp = 2, .cp = 2, .ep = 2}, "cp-dp-tp-ep-pp"});
   }
   for (const Layout& layout : layouts) {
     auto mesh = Mesh::Create(n, layout.sizes, layout.order);
@@ -58,6 +59,14 @@ TEST(ParallelContextTest, CommunicatorsMatchTheMeshGroups) {
     CheckGroup(pc.dp(), mesh->GroupOf(me, View::kDense, {Axis::kDp}), "dp");
     CheckGroup(pc.pp(), mesh->GroupOf(me, View::kDense, {Axis::kPp}), "pp");
     CheckGroup(pc.dp_cp(), mesh->GroupOf(me, View::kDense, {Axis::kDp, Axis::kCp}), "dp_cp");
+    // tp_cp: the tp x cp group ordered cp-major, tp-minor whatever the mesh order.
+    std::vector<int> tp_cp = mesh->GroupOf(me, View::kDense, {Axis::kTp, Axis::kCp});
+    std::vector<int> by_coords(tp_cp.size());
+    for (int r : tp_cp) {
+      by_coords[mesh->Coord(r, View::kDense, Axis::kCp) * mesh->tp() +
+                mesh->Coord(r, View::kDense, Axis::kTp)] = r;
+    }
+    CheckGroup(pc.tp_cp(), by_coords, "tp_cp");
     CheckGroup(pc.etp(), mesh->GroupOf(me, View::kExpert, {Axis::kTp}), "etp");
     CheckGroup(pc.ep(), mesh->GroupOf(me, View::kExpert, {Axis::kEp}), "ep");
     CheckGroup(pc.edp(), mesh->GroupOf(me, View::kExpert, {Axis::kDp}), "edp");

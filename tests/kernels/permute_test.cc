@@ -59,6 +59,23 @@ TEST(PermuteTest, GatherRowsHandCase) {
   EXPECT_EQ(rows.ToVector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6, 1, 2, 5, 6}));
 }
 
+// i32 and u8 rows move bit for bit (a routing group's choices and admission put in token
+// order, moe/group_routing.h).
+TEST(PermuteTest, GatherRowsOfIntegersAndBytes) {
+  Tensor index = Tensor::FromVector<int64_t>({2, 0, 2}, {3});
+  Tensor ints = Tensor::FromVector<int32_t>({1, -2, 3, -4, 2147483647, -2147483647 - 1}, {3, 2});
+  Tensor ints_out = Tensor::Empty({3, 2}, DType::kI32);
+  GatherRows(ints, index, ints_out);
+  EXPECT_EQ(ints_out.ToVector<int32_t>(),
+            (std::vector<int32_t>{2147483647, -2147483647 - 1, 1, -2, 2147483647, -2147483647 - 1}));
+  Tensor bytes = Tensor::FromVector<uint8_t>({0, 1, 255, 7, 8, 9}, {3, 2});
+  Tensor bytes_out = Tensor::Empty({3, 2}, DType::kU8);
+  GatherRows(bytes, index, bytes_out);
+  EXPECT_EQ(bytes_out.ToVector<uint8_t>(), (std::vector<uint8_t>{8, 9, 0, 1, 8, 9}));
+  Tensor wrong = Tensor::Empty({3, 2}, DType::kF32);
+  EXPECT_DEATH(GatherRows(ints, index, wrong), "GatherRows");
+}
+
 TEST(PermuteTest, ScatterAddRowsHandCase) {
   Tensor drows = Tensor::FromVector<float>({1, 10, 2, 20, 3, 30, 4, 40, 5, 50}, {5, 2});
   Tensor inverse = Tensor::FromVector<int64_t>({3, 0, 1, -1, 2, 4}, {3, 2});
