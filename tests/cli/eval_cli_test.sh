@@ -189,6 +189,15 @@ assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (
   py "import json; a = json.load(open('$tmp/e1.json')); b = json.load(open('$tmp/epp.json'))
 assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-6 * a['loss'], (a['loss'], b['loss'])" \
     2>"$tmp/py.err" || fail "eval under parallel.pp=2 differs from one rank: $(cat "$tmp/py.err")"
+  # And under context parallelism (cp 2: every sequence in 4 chunks, attention around the
+  # ring, the routing groups whole over the two ranks): the loss of one rank, each sequence
+  # counted once.
+  bash "$mpirun_sh" 2 "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 \
+    --set parallel.cp=2 --batches 4 >"$tmp/ecp.json" 2>"$tmp/eval.err" ||
+    fail "eval under parallel.cp=2: $(grep -v '^\[' "$tmp/eval.err" | tail -3)"
+  py "import json; a = json.load(open('$tmp/e1.json')); b = json.load(open('$tmp/ecp.json'))
+assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'], b['sequences'])" \
+    2>"$tmp/py.err" || fail "eval under parallel.cp=2 differs from one rank: $(cat "$tmp/py.err")"
   # Each rank wrote its own pieces; docs/model_reference.py assembles them from the index and
   # reproduces the 1-rank eval (when numpy is there).
   step_dir="$tmp/run2/$(cat "$tmp/run2/latest")"
