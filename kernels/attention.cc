@@ -1,5 +1,5 @@
-// Device dispatch for kernels/attention.h: shape, dtype and device checks (the same on every
-// device), then the CPU or CUDA implementation.
+// Device dispatch for kernels/attention.h: shape, dtype, device and mask checks (the same on
+// every device), then the CPU or CUDA implementation.
 #include "kernels/attention.h"
 
 #include "kernels/dispatch.h"
@@ -35,20 +35,27 @@ void CheckInputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   CheckTensor(lse, {b, hq, s}, device, op, "lse");
 }
 
+void CheckMask(AttentionMask mask, const char* op) {
+  SY_CHECK(mask == AttentionMask::kCausal || mask == AttentionMask::kFull)
+      << op << ": unknown mask " << static_cast<int>(mask);
+}
+
 }  // namespace
 
 void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                      DeviceContext* ctx) {
+                      DeviceContext* ctx, AttentionMask mask) {
   constexpr const char* kOp = "AttentionForward";
   SY_CHECK(out.defined()) << kOp << ": out is undefined";
   CheckInputs(q, k, v, lse, out.device(), kOp);
   CheckTensor(out, q.shape(), out.device(), kOp, "out");
-  SY_DISPATCH_DEVICE(out, ctx, cpu::AttentionForward(q, k, v, out, lse),
-                     cuda::AttentionForward(q, k, v, out, lse, ctx));
+  CheckMask(mask, kOp);
+  SY_DISPATCH_DEVICE(out, ctx, cpu::AttentionForward(q, k, v, out, lse, mask),
+                     cuda::AttentionForward(q, k, v, out, lse, mask, ctx));
 }
 
 void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext* ctx) {
+                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, DeviceContext* ctx,
+                       AttentionMask mask, const Tensor& delta) {
   constexpr const char* kOp = "AttentionBackward";
   SY_CHECK(dq.defined()) << kOp << ": dq is undefined";
   CheckInputs(q, k, v, lse, dq.device(), kOp);
@@ -56,8 +63,39 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   CheckTensor(dq, q.shape(), dq.device(), kOp, "dq");
   CheckTensor(dk, k.shape(), dq.device(), kOp, "dk");
   CheckTensor(dv, v.shape(), dq.device(), kOp, "dv");
-  SY_DISPATCH_DEVICE(dq, ctx, cpu::AttentionBackward(q, k, v, lse, dout, dq, dk, dv),
-                     cuda::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, ctx));
+  if (delta.defined()) CheckTensor(delta, lse.shape(), dq.device(), kOp, "delta");
+  CheckMask(mask, kOp);
+  SY_DISPATCH_DEVICE(dq, ctx, cpu::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, mask, delta),
+                     cuda::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, mask, delta, ctx));
+}
+
+void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta,
+                            DeviceContext* ctx) {
+  constexpr const char* kOp = "AttentionBackwardDelta";
+  SY_CHECK(out.defined() && delta.defined()) << kOp << ": out or delta is undefined";
+  SY_CHECK_EQ(out.ndim(), 4) << kOp << ": out is (B, S, Hq, hd), got "
+                             << ShapeString(out.shape());
+  const int64_t b = out.dim(0), s = out.dim(1), hq = out.dim(2);
+  CheckTensor(out, out.shape(), delta.device(), kOp, "out");
+  CheckTensor(dout, out.shape(), delta.device(), kOp, "dout");
+  CheckTensor(delta, {b, hq, s}, delta.device(), kOp, "delta");
+  SY_DISPATCH_DEVICE(delta, ctx, cpu::AttentionBackwardDelta(out, dout, delta),
+                     cuda::AttentionBackwardDelta(out, dout, delta, ctx));
+}
+
+void AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b,
+                    DeviceContext* ctx) {
+  constexpr const char* kOp = "AttentionMerge";
+  SY_CHECK(out.defined() && lse.defined()) << kOp << ": out or lse is undefined";
+  SY_CHECK_EQ(out.ndim(), 4) << kOp << ": out is (B, S, Hq, hd), got "
+                             << ShapeString(out.shape());
+  const int64_t b = out.dim(0), s = out.dim(1), hq = out.dim(2);
+  CheckTensor(out, out.shape(), out.device(), kOp, "out");
+  CheckTensor(lse, {b, hq, s}, out.device(), kOp, "lse");
+  CheckTensor(out_b, out.shape(), out.device(), kOp, "out_b");
+  CheckTensor(lse_b, {b, hq, s}, out.device(), kOp, "lse_b");
+  SY_DISPATCH_DEVICE(out, ctx, cpu::AttentionMerge(out, lse, out_b, lse_b),
+                     cuda::AttentionMerge(out, lse, out_b, lse_b, ctx));
 }
 
 }  // namespace switchyard::kernels

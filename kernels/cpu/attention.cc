@@ -1,9 +1,11 @@
 // CPU reference implementation of kernels/attention.h. For every (batch, query head): the
-// score matrix (S, S) by one sgemm, the causal row softmax in place, then the output by a
+// score matrix (S, S) by one sgemm, the masked row softmax in place, then the output by a
 // second sgemm; Backward recomputes the probabilities from lse. The (B, S, H, hd) layout is
-// read in place with leading dimension H * hd, so no head is ever copied out.
+// read in place with leading dimension H * hd, so no head is ever copied out. Row i sees the
+// keys j < Visible(i): i + 1 under kCausal, S under kFull.
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -18,9 +20,15 @@ struct Dims {
   int64_t group() const { return hq / hkv; }
 };
 
+// Keys query row i sees: j in [0, Visible(i)).
+int64_t Visible(AttentionMask mask, int64_t i, int64_t s) {
+  return mask == AttentionMask::kCausal ? i + 1 : s;
+}
+
 }  // namespace
 
-void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                      AttentionMask mask) {
   const int64_t s = q.dim(1), hd = q.dim(3);
   const Dims d{q.dim(0), s, q.dim(2), k.dim(2), hd};
   const int64_t ldq = d.hq * hd, ldkv = d.hkv * hd;
@@ -38,8 +46,9 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
       Sgemm(false, true, s, s, hd, scale, qbh, ldq, kbg, ldkv, 0.0f, p.data(), s);
       for (int64_t i = 0; i < s; ++i) {
         float* row = p.data() + i * s;
-        lbh[i] = SoftmaxRow(row, row, i + 1);
-        for (int64_t j = i + 1; j < s; ++j) row[j] = 0.0f;  // causal mask
+        const int64_t len = Visible(mask, i, s);
+        lbh[i] = SoftmaxRow(row, row, len);
+        for (int64_t j = len; j < s; ++j) row[j] = 0.0f;  // masked
       }
       // out = p v: (S, S) @ (S, hd).
       Sgemm(false, false, s, hd, s, 1.0f, p.data(), s, vbg, ldkv, 0.0f, obh, ldq);
@@ -48,7 +57,8 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
 }
 
 void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                       AttentionMask mask, const Tensor& delta) {
   const int64_t s = q.dim(1), hd = q.dim(3);
   const Dims d{q.dim(0), s, q.dim(2), k.dim(2), hd};
   const int64_t ldq = d.hq * hd, ldkv = d.hkv * hd;
@@ -65,6 +75,7 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       const float* vbg = v.data<float>() + b * s * ldkv + g * hd;
       const float* dobh = dout.data<float>() + b * s * ldq + h * hd;
       const float* lbh = lse.data<float>() + (b * d.hq + h) * s;
+      const float* dbh = delta.defined() ? delta.data<float>() + (b * d.hq + h) * s : nullptr;
       float* dqbh = dq.data<float>() + b * s * ldq + h * hd;
       float* dkbg = dk.data<float>() + b * s * ldkv + g * hd;
       float* dvbg = dv.data<float>() + b * s * ldkv + g * hd;
@@ -72,21 +83,73 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       Sgemm(false, true, s, s, hd, scale, qbh, ldq, kbg, ldkv, 0.0f, p.data(), s);
       for (int64_t i = 0; i < s; ++i) {
         float* row = p.data() + i * s;
-        for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - lbh[i]);
-        for (int64_t j = i + 1; j < s; ++j) row[j] = 0.0f;
+        const int64_t len = Visible(mask, i, s);
+        for (int64_t j = 0; j < len; ++j) row[j] = std::exp(row[j] - lbh[i]);
+        for (int64_t j = len; j < s; ++j) row[j] = 0.0f;
       }
       // dv += p^T dout: (S, S)^T @ (S, hd).
       Sgemm(true, false, s, hd, s, 1.0f, p.data(), s, dobh, ldq, 1.0f, dvbg, ldkv);
-      // dp = dout v^T: (S, hd) @ (hd, S); ds = softmax backward of each row over j <= i.
+      // dp = dout v^T: (S, hd) @ (hd, S); ds = softmax backward of each row over the
+      // visible keys: p (dp - sum_j p dp), or p (dp - delta) for a block of a larger softmax.
       Sgemm(false, true, s, s, hd, 1.0f, dobh, ldq, vbg, ldkv, 0.0f, dp.data(), s);
       for (int64_t i = 0; i < s; ++i) {
         float* row = dp.data() + i * s;
-        SoftmaxRowBackward(p.data() + i * s, row, row, i + 1);
-        for (int64_t j = i + 1; j < s; ++j) row[j] = 0.0f;
+        const float* prow = p.data() + i * s;
+        const int64_t len = Visible(mask, i, s);
+        if (dbh != nullptr) {
+          for (int64_t j = 0; j < len; ++j) row[j] = prow[j] * (row[j] - dbh[i]);
+        } else {
+          SoftmaxRowBackward(prow, row, row, len);
+        }
+        for (int64_t j = len; j < s; ++j) row[j] = 0.0f;
       }
       // dq = scale * ds k: (S, S) @ (S, hd); dk += scale * ds^T q.
       Sgemm(false, false, s, hd, s, scale, dp.data(), s, kbg, ldkv, 0.0f, dqbh, ldq);
       Sgemm(true, false, s, hd, s, scale, dp.data(), s, qbh, ldq, 1.0f, dkbg, ldkv);
+    }
+  }
+}
+
+void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta) {
+  const int64_t b = out.dim(0), s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
+  const float* o = out.data<float>();
+  const float* g = dout.data<float>();
+  float* dl = delta.data<float>();
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t i = 0; i < s; ++i) {
+      for (int64_t h = 0; h < hq; ++h) {
+        const int64_t at = ((bi * s + i) * hq + h) * hd;
+        double dot = 0.0;
+        for (int64_t e = 0; e < hd; ++e) dot += static_cast<double>(g[at + e]) * o[at + e];
+        dl[(bi * hq + h) * s + i] = static_cast<float>(dot);
+      }
+    }
+  }
+}
+
+void AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const int64_t b = out.dim(0), s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
+  float* o = out.data<float>();
+  float* l = lse.data<float>();
+  const float* ob = out_b.data<float>();
+  const float* lb = lse_b.data<float>();
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t h = 0; h < hq; ++h) {
+      for (int64_t i = 0; i < s; ++i) {
+        const int64_t r = (bi * hq + h) * s + i;  // the row's lse
+        float* orow = o + ((bi * s + i) * hq + h) * hd;
+        const float* brow = ob + ((bi * s + i) * hq + h) * hd;
+        if (l[r] == -INFINITY) {  // nothing seen yet: the block's values
+          for (int64_t e = 0; e < hd; ++e) orow[e] = brow[e];
+          l[r] = lb[r];
+          continue;
+        }
+        const float hi = std::max(l[r], lb[r]), lo = std::min(l[r], lb[r]);
+        const float merged = hi + std::log1p(std::exp(lo - hi));
+        const float wa = std::exp(l[r] - merged), wb = std::exp(lb[r] - merged);
+        for (int64_t e = 0; e < hd; ++e) orow[e] = orow[e] * wa + brow[e] * wb;
+        l[r] = merged;
+      }
     }
   }
 }

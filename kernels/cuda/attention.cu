@@ -3,9 +3,12 @@
 // product is a cuBLAS f32 strided-batched GEMM straight on the (B, S, H, hd) layout
 // (leading dimension H * hd), batched over the batch elements of the chunk, one call per
 // query head (head h reads kv head h / (Hq / Hkv), which no single stride can express).
-// Row kernels do the causal softmax (forward) and its backward. Backward recomputes the
-// probabilities from lse, and sums the Hq / Hkv query heads of a group into their kv head's
-// dk and dv through GEMM beta: the group's first head writes (beta = 0), the rest add.
+// Row kernels do the masked softmax (forward) and its backward (kCausal: row i sees keys
+// j <= i; kFull: every key). Backward recomputes the probabilities from lse, takes the
+// softmax-backward row sum from `delta` when given (a block of a larger softmax), and sums
+// the Hq / Hkv query heads of a group into their kv head's dk and dv through GEMM beta: the
+// group's first head writes (beta = 0), the rest add. AttentionBackwardDelta and
+// AttentionMerge are one warp per (b, i, h) row.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -61,13 +64,18 @@ void BatchedGemm(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int6
 // Threads per row block: a multiple of 32 (BlockSum/BlockMax), no more than the row needs.
 int RowThreads(int64_t s) { return s <= 32 ? 32 : s <= 64 ? 64 : s <= 128 ? 128 : 256; }
 
-// One block per score row r of a chunk laid out (nb, Hq, S, S) as rows of S; the query
-// position is i = r % S. In place: p[r, j] = softmax over j <= i of the scores, 0 for j > i;
-// lse[r] = logsumexp of the row (the chunk's lse rows are laid out the same way).
-__global__ void CausalSoftmaxKernel(float* p, float* lse, int64_t s) {
+// Keys row r of a chunk's (nb, Hq, S, S) scores sees: j < len, query position i = r % S.
+__device__ __forceinline__ int64_t VisibleKeys(int64_t r, int64_t s, bool causal) {
+  return causal ? r % s + 1 : s;
+}
+
+// One block per score row r of a chunk laid out (nb, Hq, S, S) as rows of S. In place:
+// p[r, j] = softmax over the visible j of the scores, 0 for the others; lse[r] = logsumexp
+// of the row (the chunk's lse rows are laid out the same way).
+__global__ void MaskedSoftmaxKernel(float* p, float* lse, int64_t s, bool causal) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
-  const int64_t len = r % s + 1;
+  const int64_t len = VisibleKeys(r, s, causal);
   float* row = p + r * s;
   float row_max = -INFINITY;
   for (int64_t j = threadIdx.x; j < len; j += blockDim.x) row_max = fmaxf(row_max, row[j]);
@@ -82,28 +90,83 @@ __global__ void CausalSoftmaxKernel(float* p, float* lse, int64_t s) {
   if (threadIdx.x == 0) lse[r] = row_max + logf(sum);
 }
 
-// Elementwise over a chunk's (nb, Hq, S, S) scores: p = exp(s - lse[row]) for j <= i, else 0.
-__global__ void CausalExpKernel(float* p, const float* lse, int64_t s, int64_t n) {
+// Elementwise over a chunk's (nb, Hq, S, S) scores: p = exp(s - lse[row]) for the visible
+// keys, else 0.
+__global__ void MaskedExpKernel(float* p, const float* lse, int64_t s, int64_t n, bool causal) {
   SY_GRID_STRIDE(idx, n) {
     const int64_t r = idx / s, j = idx % s;
-    p[idx] = j <= r % s ? expf(p[idx] - lse[r]) : 0.0f;
+    p[idx] = j < VisibleKeys(r, s, causal) ? expf(p[idx] - lse[r]) : 0.0f;
   }
 }
 
-// One block per row: the softmax backward of row r over j <= i = r % S, in place in dp:
-//   ds[r, j] = p[r, j] (dp[r, j] - sum_{j' <= i} p[r, j'] dp[r, j']), 0 for j > i.
-__global__ void CausalSoftmaxBackwardKernel(const float* p, float* dp, int64_t s) {
+// One block per row: the softmax backward of row r over its visible keys, in place in dp:
+//   ds[r, j] = p[r, j] (dp[r, j] - dot[r]), 0 for the masked j,
+// with dot[r] = sum over the visible j' of p[r, j'] dp[r, j'], or delta[r] when delta is not
+// null (the row's softmax spans more keys than this block; delta is laid out like lse).
+__global__ void MaskedSoftmaxBackwardKernel(const float* p, float* dp, const float* delta,
+                                            int64_t s, bool causal) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
-  const int64_t len = r % s + 1;
+  const int64_t len = VisibleKeys(r, s, causal);
   const float* prow = p + r * s;
   float* drow = dp + r * s;
   float dot = 0.0f;
-  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) dot += prow[j] * drow[j];
-  dot = BlockSum(dot, shared);
+  if (delta != nullptr) {  // uniform over the block
+    dot = delta[r];
+  } else {
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) dot += prow[j] * drow[j];
+    dot = BlockSum(dot, shared);
+  }
   for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
     drow[j] = j < len ? prow[j] * (drow[j] - dot) : 0.0f;
   }
+}
+
+// Rows of (b, i, h) per block of the warp-per-row kernels below.
+constexpr int kWarpsPerBlock = 8;
+
+// One warp per row (b, i, h) of out, dout (B, S, Hq, hd): delta[(b Hq + h) S + i] =
+// sum_e dout[row, e] out[row, e], summed in double as on the CPU.
+__global__ void DeltaKernel(const float* out, const float* dout, float* delta, int64_t s,
+                            int64_t hq, int64_t hd, int64_t rows) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;  // the whole warp leaves together
+  const float* o = out + row * hd;
+  const float* g = dout + row * hd;
+  double dot = 0.0;
+  for (int64_t e = lane; e < hd; e += 32) dot += static_cast<double>(g[e]) * o[e];
+  dot = WarpSum(dot);
+  if (lane == 0) {
+    const int64_t h = row % hq, i = (row / hq) % s, b = row / (hq * s);
+    delta[(b * hq + h) * s + i] = static_cast<float>(dot);
+  }
+}
+
+// One warp per row (b, i, h): the online-softmax merge of kernels/attention.h. Every lane
+// reads the row's lse before lane 0 overwrites it.
+__global__ void MergeKernel(float* out, float* lse, const float* out_b, const float* lse_b,
+                            int64_t s, int64_t hq, int64_t hd, int64_t rows) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int64_t h = row % hq, i = (row / hq) % s, b = row / (hq * s);
+  const int64_t r = (b * hq + h) * s + i;
+  const float la = lse[r], lb = lse_b[r];
+  float* o = out + row * hd;
+  const float* ob = out_b + row * hd;
+  float merged;
+  if (la == -INFINITY) {  // nothing seen yet: the block's values
+    for (int64_t e = lane; e < hd; e += 32) o[e] = ob[e];
+    merged = lb;
+  } else {
+    const float hi = fmaxf(la, lb), lo = fminf(la, lb);
+    merged = hi + log1pf(expf(lo - hi));
+    const float wa = expf(la - merged), wb = expf(lb - merged);
+    for (int64_t e = lane; e < hd; e += 32) o[e] = o[e] * wa + ob[e] * wb;
+  }
+  __syncwarp();
+  if (lane == 0) lse[r] = merged;
 }
 
 // Scores of the chunk's batch elements [b0, b0 + nb): p (nb, Hq, S, S) = scale q k^T, per
@@ -122,11 +185,12 @@ void Scores(const Dims& d, const float* q, const float* k, int64_t b0, int64_t n
 }  // namespace
 
 void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                      DeviceContext* ctx) {
+                      AttentionMask mask, DeviceContext* ctx) {
   const Dims d = DimsOf(q, k);
   if (d.b == 0 || d.s == 0 || d.hq == 0) return;
   const int64_t s = d.s, hd = d.hd;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const bool causal = mask == AttentionMask::kCausal;
   const int64_t chunk = ChunkOf(d, 1);
   Tensor scratch = Tensor::Empty({chunk * d.per_b()}, DType::kF32, q.device());
   float* p = scratch.data<float>();
@@ -139,8 +203,8 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
     const int64_t nb = std::min(chunk, d.b - b0);
     Scores(d, pq, pk, b0, nb, scale, p, ctx);
     const int64_t rows = nb * d.hq * s;
-    CausalSoftmaxKernel<<<Int(rows, "score rows"), RowThreads(s), 0, StreamOf(ctx)>>>(
-        p, pl + b0 * d.hq * s, s);
+    MaskedSoftmaxKernel<<<Int(rows, "score rows"), RowThreads(s), 0, StreamOf(ctx)>>>(
+        p, pl + b0 * d.hq * s, s, causal);
     SY_CUDA_CHECK_LAUNCH();
     // out (S, hd) = p (S, S) @ v (S, hd), per query head over the chunk.
     for (int64_t h = 0; h < d.hq; ++h) {
@@ -154,7 +218,7 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
 
 void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                       DeviceContext* ctx) {
+                       AttentionMask mask, const Tensor& delta, DeviceContext* ctx) {
   const Dims d = DimsOf(q, k);
   if (d.b == 0 || d.s == 0) return;
   if (d.hq == 0) {  // no query head reads k or v: dk = dv = 0 (written, as on the CPU)
@@ -164,6 +228,7 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   }
   const int64_t s = d.s, hd = d.hd, group = d.group();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const bool causal = mask == AttentionMask::kCausal;
   const int64_t chunk = ChunkOf(d, 2);
   Tensor scratch = Tensor::Empty({2 * chunk * d.per_b()}, DType::kF32, q.device());
   float* p = scratch.data<float>();        // (nb, Hq, S, S) probabilities
@@ -173,6 +238,7 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const float* pv = v.data<float>();
   const float* pdo = dout.data<float>();
   const float* pl = lse.data<float>();
+  const float* pdelta = delta.defined() ? delta.data<float>() : nullptr;
   float* pdq = dq.data<float>();
   float* pdk = dk.data<float>();
   float* pdv = dv.data<float>();
@@ -181,8 +247,8 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     const int64_t rows = nb * d.hq * s;
     // p = exp(scale q k^T - lse), masked.
     Scores(d, pq, pk, b0, nb, scale, p, ctx);
-    CausalExpKernel<<<GridFor(rows * s), 256, 0, StreamOf(ctx)>>>(p, pl + b0 * d.hq * s, s,
-                                                                   rows * s);
+    MaskedExpKernel<<<GridFor(rows * s), 256, 0, StreamOf(ctx)>>>(p, pl + b0 * d.hq * s, s,
+                                                                   rows * s, causal);
     SY_CUDA_CHECK_LAUNCH();
     // dp (S, S) = dout (S, hd) @ v^T (hd, S).
     for (int64_t h = 0; h < d.hq; ++h) {
@@ -191,8 +257,8 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
                   s * d.ldq(), pv + b0 * s * d.ldkv() + g * hd, d.ldkv(), s * d.ldkv(), 0.0f,
                   dp + h * s * s, s, d.per_b(), nb);
     }
-    CausalSoftmaxBackwardKernel<<<Int(rows, "score rows"), RowThreads(s), 0, StreamOf(ctx)>>>(
-        p, dp, s);
+    MaskedSoftmaxBackwardKernel<<<Int(rows, "score rows"), RowThreads(s), 0, StreamOf(ctx)>>>(
+        p, dp, pdelta == nullptr ? nullptr : pdelta + b0 * d.hq * s, s, causal);
     SY_CUDA_CHECK_LAUNCH();
     for (int64_t h = 0; h < d.hq; ++h) {
       const int64_t g = h / group;
@@ -214,6 +280,29 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
                   pdk + b0 * s * d.ldkv() + g * hd, d.ldkv(), s * d.ldkv(), nb);
     }
   }
+}
+
+void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta,
+                            DeviceContext* ctx) {
+  const int64_t s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
+  const int64_t rows = out.dim(0) * s * hq;
+  if (rows == 0) return;
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  DeltaKernel<<<Int(blocks, "delta blocks"), 32 * kWarpsPerBlock, 0, StreamOf(ctx)>>>(
+      out.data<float>(), dout.data<float>(), delta.data<float>(), s, hq, hd, rows);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b,
+                    DeviceContext* ctx) {
+  const int64_t s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
+  const int64_t rows = out.dim(0) * s * hq;
+  if (rows == 0) return;
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  MergeKernel<<<Int(blocks, "merge blocks"), 32 * kWarpsPerBlock, 0, StreamOf(ctx)>>>(
+      out.data<float>(), lse.data<float>(), out_b.data<float>(), lse_b.data<float>(), s, hq, hd,
+      rows);
+  SY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace switchyard::kernels::cuda

@@ -2,7 +2,9 @@
 // the CPU reference on the same random inputs: forward out and lse, backward dq, dk, dv, for
 // multi-head, grouped-query (8:2) and multi-query heads, S = 1, head widths 16/64/128, random
 // shapes, an empty batch, and a shape whose score matrices exceed the scratch budget so the
-// batch is processed in chunks.
+// batch is processed in chunks. The block operations of ring attention: the kFull mask
+// (forward and backward), backward with a given delta under both masks, AttentionBackwardDelta
+// and AttentionMerge (with rows that have seen nothing, lse = -inf), on the same tolerances.
 //
 // Tolerances: both sides compute in f32 (attention ignores matmul_dtype) and differ in
 // summation order, and the CPU sums softmax rows in double where the GPU uses f32:
@@ -96,6 +98,68 @@ void CheckCase(const Case& c, uint64_t seed) {
   ExpectClose(dq_d, dq, 0.0, kBwdAbsOfMax, kBwdRel, gpu, c.Name() + " dq");
   ExpectClose(dk_d, dk, 0.0, kBwdAbsOfMax, kBwdRel, gpu, c.Name() + " dk");
   ExpectClose(dv_d, dv, 0.0, kBwdAbsOfMax, kBwdRel, gpu, c.Name() + " dv");
+}
+
+// kFull forward, backward with delta under both masks, delta and merge: GPU against CPU.
+void CheckBlockOps(const Case& c, uint64_t seed) {
+  auto ctx = DeviceContext::Create(Device::Cuda(0));
+  DeviceContext* gpu = ctx.get();
+  const Device cuda = Device::Cuda(0);
+  const Shape q_shape{c.b, c.s, c.hq, c.hd}, kv_shape{c.b, c.s, c.hkv, c.hd}, l_shape{c.b, c.hq, c.s};
+  Tensor q = RandomHost(q_shape, seed), k = RandomHost(kv_shape, seed + 1);
+  Tensor v = RandomHost(kv_shape, seed + 2), dout = RandomHost(q_shape, seed + 3);
+  Tensor q_d = q.To(cuda, gpu), k_d = k.To(cuda, gpu), v_d = v.To(cuda, gpu);
+  Tensor dout_d = dout.To(cuda, gpu);
+
+  Tensor out = Tensor::Empty(q_shape, DType::kF32), lse = Tensor::Empty(l_shape, DType::kF32);
+  AttentionForward(q, k, v, out, lse, nullptr, AttentionMask::kFull);
+  Tensor out_d = Tensor::Empty(q_shape, DType::kF32, cuda);
+  Tensor lse_d = Tensor::Empty(l_shape, DType::kF32, cuda);
+  AttentionForward(q_d, k_d, v_d, out_d, lse_d, gpu, AttentionMask::kFull);
+  ExpectClose(out_d, out, kFwdTol, 0.0, kFwdTol, gpu, c.Name() + " full out");
+  ExpectClose(lse_d, lse, kFwdTol, 0.0, kFwdTol, gpu, c.Name() + " full lse");
+
+  Tensor delta = Tensor::Empty(l_shape, DType::kF32);
+  AttentionBackwardDelta(out, dout, delta);
+  Tensor delta_d = Tensor::Empty(l_shape, DType::kF32, cuda);
+  AttentionBackwardDelta(out.To(cuda, gpu), dout_d, delta_d, gpu);
+  ExpectClose(delta_d, delta, kFwdTol, 0.0, kFwdTol, gpu, c.Name() + " delta");
+
+  // Backward with the CPU's lse and delta on both sides, under both masks (under kCausal
+  // the full-mask lse and delta stand for a larger softmax this block is part of).
+  for (AttentionMask mask : {AttentionMask::kFull, AttentionMask::kCausal}) {
+    const std::string name = c.Name() + (mask == AttentionMask::kFull ? " full" : " causal");
+    Tensor dq = Tensor::Empty(q_shape, DType::kF32), dk = Tensor::Empty(kv_shape, DType::kF32);
+    Tensor dv = Tensor::Empty(kv_shape, DType::kF32);
+    AttentionBackward(q, k, v, lse, dout, dq, dk, dv, nullptr, mask, delta);
+    Tensor dq_d = Tensor::Empty(q_shape, DType::kF32, cuda);
+    Tensor dk_d = Tensor::Empty(kv_shape, DType::kF32, cuda);
+    Tensor dv_d = Tensor::Empty(kv_shape, DType::kF32, cuda);
+    AttentionBackward(q_d, k_d, v_d, lse.To(cuda, gpu), dout_d, dq_d, dk_d, dv_d, gpu, mask,
+                      delta.To(cuda, gpu));
+    ExpectClose(dq_d, dq, 0.0, kBwdAbsOfMax, kBwdRel, gpu, name + " dq with delta");
+    ExpectClose(dk_d, dk, 0.0, kBwdAbsOfMax, kBwdRel, gpu, name + " dk with delta");
+    ExpectClose(dv_d, dv, 0.0, kBwdAbsOfMax, kBwdRel, gpu, name + " dv with delta");
+  }
+
+  // Merge the causal result into the full one; every third row of the running lse is -inf
+  // (nothing seen: takes the block).
+  Tensor out_c = Tensor::Empty(q_shape, DType::kF32), lse_c = Tensor::Empty(l_shape, DType::kF32);
+  AttentionForward(q, k, v, out_c, lse_c);
+  for (int64_t r = 0; r < lse.numel(); r += 3) lse.data<float>()[r] = -INFINITY;
+  Tensor m_out = out.Clone(), m_lse = lse.Clone();
+  AttentionMerge(m_out, m_lse, out_c, lse_c);
+  Tensor m_out_d = out.To(cuda, gpu), m_lse_d = lse.To(cuda, gpu);
+  AttentionMerge(m_out_d, m_lse_d, out_c.To(cuda, gpu), lse_c.To(cuda, gpu), gpu);
+  ExpectClose(m_out_d, m_out, kFwdTol, 0.0, kFwdTol, gpu, c.Name() + " merged out");
+  ExpectClose(m_lse_d, m_lse, kFwdTol, 0.0, kFwdTol, gpu, c.Name() + " merged lse");
+}
+
+TEST(AttentionGpuTest, BlockOperationsMatchCpu) {
+  SY_REQUIRE_GPU();
+  const Case cases[] = {{2, 1, 4, 2, 64}, {2, 37, 8, 2, 64}, {1, 70, 4, 1, 128}, {3, 17, 3, 3, 16}};
+  uint64_t seed = 5000;
+  for (const Case& c : cases) CheckBlockOps(c, seed += 10);
 }
 
 TEST(AttentionGpuTest, MatchesCpuOnChosenShapes) {

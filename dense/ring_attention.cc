@@ -1,0 +1,303 @@
+// Ring attention (dense/ring_attention.h): the ring's schedule, the packed key/value
+// buffers and the block loop over kernels/attention.h.
+#include "dense/ring_attention.h"
+
+#include <memory>
+#include <utility>
+
+#include "engine/core/check.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+
+namespace switchyard::dense {
+namespace {
+
+using kernels::AttentionMask;
+
+// Tags of the two streams of messages around the ring (NCCL ignores tags; every rank posts
+// them in the same order, so they match in order there too).
+constexpr int kKvTag = 41;
+constexpr int kGradTag = 42;
+
+// The local shapes: 2B rows of Sc positions.
+struct Dims {
+  int64_t b, sc, hq, hkv, hd;
+  int64_t kv_elems() const { return b * sc * hkv * hd; }  // one chunk of k (or v)
+  Shape q_chunk() const { return {b, sc, hq, hd}; }
+  Shape kv_chunk() const { return {b, sc, hkv, hd}; }
+  Shape lse_chunk() const { return {b, hq, sc}; }
+};
+
+// This rank's place in the ring of c ranks.
+struct Ring {
+  int c, i;
+  int next() const { return (i + 1) % c; }
+  int prev() const { return (i + c - 1) % c; }
+  // Rank whose block this rank holds at step t.
+  int source(int t) const { return (i - t + c) % c; }
+  // Global chunk index of rank r's half h (0: rows [0, B), 1: rows [B, 2B)).
+  int chunk(int r, int h) const { return h == 0 ? r : 2 * c - 1 - r; }
+};
+
+enum class BlockKind { kSkip, kDiagonal, kFull };
+
+// Query chunk a against key chunk b.
+BlockKind Classify(int a, int b) {
+  return b > a ? BlockKind::kSkip : b == a ? BlockKind::kDiagonal : BlockKind::kFull;
+}
+
+AttentionMask MaskOf(BlockKind kind) {
+  return kind == BlockKind::kDiagonal ? AttentionMask::kCausal : AttentionMask::kFull;
+}
+
+// Rows [h B, (h + 1) B) of a local tensor: chunk half h.
+Tensor Half(const Tensor& t, int h) {
+  const int64_t b = t.dim(0) / 2;
+  return t.Slice(h * b, (h + 1) * b);
+}
+
+// A packed (k, v) or (dk, dv) block, (2, 2B, Sc, Hkv, hd): k of both halves, then v.
+struct KvBlock {
+  Tensor t;
+  Dims d;
+
+  static KvBlock Empty(const Dims& d, Device device) {
+    return {Tensor::Empty({2, 2 * d.b, d.sc, d.hkv, d.hd}, DType::kF32, device), d};
+  }
+  Tensor k(int h) const { return t.View(d.kv_chunk(), h * d.kv_elems()); }
+  Tensor v(int h) const { return t.View(d.kv_chunk(), (2 + h) * d.kv_elems()); }
+  // Both halves of k (or v), (2B, Sc, Hkv, hd).
+  Tensor k_all() const { return t.View({2 * d.b, d.sc, d.hkv, d.hd}, 0); }
+  Tensor v_all() const { return t.View({2 * d.b, d.sc, d.hkv, d.hd}, 2 * d.kv_elems()); }
+};
+
+// Pairs one block computes, over the B sequences and Hq query heads.
+int64_t Pairs(const Dims& d, BlockKind kind) {
+  const int64_t per_head = kind == BlockKind::kFull ? d.sc * d.sc : d.sc * (d.sc + 1) / 2;
+  return d.b * d.hq * per_head;
+}
+
+// Posts {send `send` to rank+1, receive `recv` from rank-1} as one batch.
+std::unique_ptr<dist::Work> PostHop(dist::Communicator& cp, const Ring& ring, const Tensor& send,
+                                    Tensor& recv, int tag, RingAttentionStats& stats) {
+  const dist::P2POp ops[] = {{dist::P2POp::kSend, send, ring.next(), tag},
+                             {dist::P2POp::kRecv, recv, ring.prev(), tag}};
+  stats.bytes_sent += static_cast<int64_t>(send.nbytes());
+  return cp.BatchSendRecv(ops);
+}
+
+// stats += local (stats may be null).
+void AddStats(const RingAttentionStats& local, RingAttentionStats* stats) {
+  if (stats == nullptr) return;
+  stats->pairs += local.pairs;
+  stats->bytes_sent += local.bytes_sent;
+  stats->blocks_computed += local.blocks_computed;
+  stats->blocks_skipped += local.blocks_skipped;
+}
+
+// Checks the local tensors against q's shape and cp's device; returns the dims.
+Dims CheckLocal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                dist::Communicator& cp, DeviceContext* ctx, const char* op) {
+  SY_CHECK(q.defined() && k.defined() && v.defined() && lse.defined())
+      << op << ": q, k, v or lse is undefined";
+  SY_CHECK_EQ(q.ndim(), 4) << op << ": q is (2B, Sc, Hq, hd), got " << ShapeString(q.shape());
+  SY_CHECK_EQ(k.ndim(), 4) << op << ": k is (2B, Sc, Hkv, hd), got " << ShapeString(k.shape());
+  SY_CHECK(q.dim(0) % 2 == 0) << op << ": q " << ShapeString(q.shape())
+                              << " has an odd dim 0; the local layout is 2B rows (two chunks)";
+  const Dims d{q.dim(0) / 2, q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  const Shape kv{2 * d.b, d.sc, d.hkv, d.hd}, ls{2 * d.b, d.hq, d.sc};
+  SY_CHECK(k.shape() == kv && v.shape() == kv)
+      << op << ": k " << ShapeString(k.shape()) << " and v " << ShapeString(v.shape())
+      << " must both be " << ShapeString(kv) << " for q " << ShapeString(q.shape());
+  SY_CHECK(lse.shape() == ls) << op << ": lse " << ShapeString(lse.shape()) << ", expected "
+                              << ShapeString(ls);
+  for (const Tensor* t : {&q, &k, &v, &lse}) {
+    SY_CHECK(t->device() == cp.device())
+        << op << ": tensors are on " << t->device() << " but the cp communicator on "
+        << cp.device();
+  }
+  SY_CHECK(q.device().is_cpu() || ctx == cp.context())
+      << op << ": device tensors need the cp communicator's DeviceContext, which orders its ops";
+  return d;
+}
+
+}  // namespace
+
+void RingAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                          Tensor& lse, dist::Communicator& cp, DeviceContext* ctx,
+                          RingAttentionStats* stats) {
+  constexpr const char* kOp = "RingAttentionForward";
+  const Dims d = CheckLocal(q, k, v, lse, cp, ctx, kOp);
+  SY_CHECK(out.defined() && out.shape() == q.shape())
+      << kOp << ": out must be defined and shaped like q " << ShapeString(q.shape());
+  const Ring ring{cp.size(), cp.rank()};
+  const Device device = q.device();
+  RingAttentionStats local;
+
+  // Two block buffers: the one in hand and the one arriving.
+  KvBlock blocks[2] = {KvBlock::Empty(d, device), {}};
+  if (ring.c > 1) blocks[1] = KvBlock::Empty(d, device);
+  blocks[0].k_all().CopyFrom(k, ctx);
+  blocks[0].v_all().CopyFrom(v, ctx);
+  Tensor out_b, lse_b;  // one block's result before its merge
+  bool started[2] = {false, false};
+
+  for (int t = 0; t < ring.c; ++t) {
+    const KvBlock& held = blocks[t % 2];
+    std::unique_ptr<dist::Work> hop;
+    if (t + 1 < ring.c) hop = PostHop(cp, ring, held.t, blocks[(t + 1) % 2].t, kKvTag, local);
+    const int src = ring.source(t);
+    for (int qh = 0; qh < 2; ++qh) {
+      for (int kh = 0; kh < 2; ++kh) {
+        const BlockKind kind = Classify(ring.chunk(ring.i, qh), ring.chunk(src, kh));
+        if (kind == BlockKind::kSkip) {
+          ++local.blocks_skipped;
+          continue;
+        }
+        Tensor out_q = Half(out, qh), lse_q = Half(lse, qh);
+        if (!started[qh]) {  // the first block of these queries is written in place
+          kernels::AttentionForward(Half(q, qh), held.k(kh), held.v(kh), out_q, lse_q, ctx,
+                                    MaskOf(kind));
+          started[qh] = true;
+        } else {
+          if (!out_b.defined()) {
+            out_b = Tensor::Empty(d.q_chunk(), DType::kF32, device);
+            lse_b = Tensor::Empty(d.lse_chunk(), DType::kF32, device);
+          }
+          kernels::AttentionForward(Half(q, qh), held.k(kh), held.v(kh), out_b, lse_b, ctx,
+                                    MaskOf(kind));
+          kernels::AttentionMerge(out_q, lse_q, out_b, lse_b, ctx);
+        }
+        ++local.blocks_computed;
+        local.pairs += Pairs(d, kind);
+      }
+    }
+    if (hop) hop->Wait();
+  }
+  AddStats(local, stats);
+}
+
+namespace {
+
+// A gradient accumulator that is written by its first contribution and added to after:
+// no zero fill, and a fixed order of sums.
+class Accumulator {
+ public:
+  Accumulator() = default;
+  Accumulator(Tensor target, Tensor* scratch) : target_(std::move(target)), scratch_(scratch) {}
+
+  // Where the next contribution should be written: the target itself the first time, else
+  // the scratch tensor that Commit then adds.
+  Tensor& Destination() { return written_ ? *scratch_ : target_; }
+  void Commit(DeviceContext* ctx) {
+    if (written_) kernels::Add(target_, *scratch_, target_, ctx);
+    written_ = true;
+  }
+  // Zero when nothing was contributed.
+  void Finish(DeviceContext* ctx) {
+    if (!written_) target_.SetZero(ctx);
+    written_ = true;
+  }
+
+ private:
+  Tensor target_;
+  Tensor* scratch_ = nullptr;
+  bool written_ = false;
+};
+
+}  // namespace
+
+void RingAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                           Tensor& dv, dist::Communicator& cp, DeviceContext* ctx,
+                           RingAttentionStats* stats) {
+  constexpr const char* kOp = "RingAttentionBackward";
+  const Dims d = CheckLocal(q, k, v, lse, cp, ctx, kOp);
+  for (const Tensor* t : {&out, &dout, static_cast<const Tensor*>(&dq)}) {
+    SY_CHECK(t->defined() && t->shape() == q.shape())
+        << kOp << ": out, dout and dq must be shaped like q " << ShapeString(q.shape());
+  }
+  SY_CHECK(dk.defined() && dv.defined() && dk.shape() == k.shape() && dv.shape() == k.shape())
+      << kOp << ": dk and dv must be shaped like k " << ShapeString(k.shape());
+  const Ring ring{cp.size(), cp.rank()};
+  const Device device = q.device();
+  RingAttentionStats local;
+
+  // delta of the whole softmax, (2B, Hq, Sc), once for every block.
+  Tensor delta = Tensor::Empty(lse.shape(), DType::kF32, device);
+  kernels::AttentionBackwardDelta(out, dout, delta, ctx);
+
+  // k, v travel as in the forward. The dk, dv of the block held at step t >= 1 are summed in
+  // grads[t % 2] (this rank's share, plus the partial sum received from rank-1 into
+  // `incoming`) and sent on; at the end `incoming` receives the other ranks' sum for this
+  // rank's own block.
+  KvBlock blocks[2] = {KvBlock::Empty(d, device), {}}, grads[2], incoming;
+  if (ring.c > 1) {
+    blocks[1] = KvBlock::Empty(d, device);
+    grads[0] = KvBlock::Empty(d, device);
+    grads[1] = KvBlock::Empty(d, device);
+    incoming = KvBlock::Empty(d, device);
+  }
+  blocks[0].k_all().CopyFrom(k, ctx);
+  blocks[0].v_all().CopyFrom(v, ctx);
+  Tensor dq_b = Tensor::Empty(d.q_chunk(), DType::kF32, device);
+  Tensor dk_b = Tensor::Empty(d.kv_chunk(), DType::kF32, device);
+  Tensor dv_b = Tensor::Empty(d.kv_chunk(), DType::kF32, device);
+  Accumulator dq_acc[2] = {{Half(dq, 0), &dq_b}, {Half(dq, 1), &dq_b}};
+
+  std::unique_ptr<dist::Work> kv_hop, grad_hop;
+  for (int t = 0; t < ring.c; ++t) {
+    if (kv_hop) kv_hop->Wait();
+    const KvBlock& held = blocks[t % 2];
+    kv_hop.reset();
+    if (t + 1 < ring.c) kv_hop = PostHop(cp, ring, held.t, blocks[(t + 1) % 2].t, kKvTag, local);
+
+    // This step's dk, dv: into this rank's own dk, dv at step 0, else into grads[t % 2].
+    KvBlock& sum = grads[t % 2];
+    Accumulator dk_acc[2], dv_acc[2];
+    for (int h = 0; h < 2; ++h) {
+      dk_acc[h] = t == 0 ? Accumulator(Half(dk, h), &dk_b) : Accumulator(sum.k(h), &dk_b);
+      dv_acc[h] = t == 0 ? Accumulator(Half(dv, h), &dv_b) : Accumulator(sum.v(h), &dv_b);
+    }
+    const int src = ring.source(t);
+    for (int qh = 0; qh < 2; ++qh) {
+      for (int kh = 0; kh < 2; ++kh) {
+        const BlockKind kind = Classify(ring.chunk(ring.i, qh), ring.chunk(src, kh));
+        if (kind == BlockKind::kSkip) {
+          ++local.blocks_skipped;
+          continue;
+        }
+        kernels::AttentionBackward(Half(q, qh), held.k(kh), held.v(kh), Half(lse, qh),
+                                   Half(dout, qh), dq_acc[qh].Destination(),
+                                   dk_acc[kh].Destination(), dv_acc[kh].Destination(), ctx,
+                                   MaskOf(kind), Half(delta, qh));
+        dq_acc[qh].Commit(ctx);
+        dk_acc[kh].Commit(ctx);
+        dv_acc[kh].Commit(ctx);
+        ++local.blocks_computed;
+        local.pairs += Pairs(d, kind);
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      dk_acc[h].Finish(ctx);
+      dv_acc[h].Finish(ctx);
+    }
+    if (t == 0) continue;
+    // Add the partial sum of the ranks before this one (held since step 2), send it on,
+    // and receive the next partial sum (or, after the last step, this rank's own block's).
+    if (grad_hop) {
+      grad_hop->Wait();
+      kernels::Add(sum.t, incoming.t, sum.t, ctx);
+    }
+    grad_hop = PostHop(cp, ring, sum.t, incoming.t, kGradTag, local);
+  }
+  for (int h = 0; h < 2; ++h) dq_acc[h].Finish(ctx);
+  if (grad_hop) {
+    grad_hop->Wait();
+    kernels::Add(dk, incoming.k_all(), dk, ctx);
+    kernels::Add(dv, incoming.v_all(), dv, ctx);
+  }
+  AddStats(local, stats);
+}
+
+}  // namespace switchyard::dense
