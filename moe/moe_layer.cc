@@ -26,6 +26,8 @@ MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, const MoEParallel&
       layer_id_(layer_id),
       ep_(parallel.ep),
       tp_(parallel.tp && parallel.tp->size() > 1 ? parallel.tp : nullptr),
+      group_(parallel.group != nullptr ? (parallel.group->size() > 1 ? parallel.group : nullptr)
+                                       : tp_),
       etp_(parallel.etp && parallel.etp->size() > 1 ? parallel.etp : nullptr),
       router_weight_(std::move(router_weight)),
       expert_bias_(std::move(expert_bias)),
@@ -151,7 +153,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
   RoutedGroups routed =
       RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_, training,
-                  RouterRng{config_.seed, step, layer_id_, first_token}, tp_, ctx, layout);
+                  RouterRng{config_.seed, step, layer_id_, first_token}, group_, ctx, layout);
   // 2. Admit each whole group's assignments to capacity; keep this rank's rows.
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);

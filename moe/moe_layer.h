@@ -97,6 +97,11 @@ struct MoEParallel {
   dist::Communicator* ep = nullptr;   // the experts are split over it (token all-to-all)
   dist::Communicator* tp = nullptr;   // each routing group's rows are split over it
   dist::Communicator* etp = nullptr;  // each expert's hidden units are split over it
+  // Context parallelism: the routing group's rows are split over tp x cp (this group,
+  // ParallelContext::tp_cp) rather than over tp alone; the router and the shared experts'
+  // gradients stay partial over it (summed over tp by their description, over cp with the
+  // dense gradients). Null: tp.
+  dist::Communicator* group = nullptr;
 };
 
 // The layer's parameters: router weight (replicated), local experts, optional shared
@@ -186,13 +191,14 @@ class MoELayer {
   // experts of h: (N, d).
   Tensor CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
                         DeviceContext* ctx) const;
-  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  int tp_rank() const { return group_ ? group_->rank() : 0; }  // this rank's piece of a group
   int etp_size() const { return etp_ ? etp_->size() : 1; }
 
   MoEConfig config_;
   int64_t layer_id_;
   dist::Communicator* ep_;
-  dist::Communicator* tp_ = nullptr;
+  dist::Communicator* tp_ = nullptr;     // dense tp: the router's and shared experts' description
+  dist::Communicator* group_ = nullptr;  // the ranks a routing group's rows are split over
   dist::Communicator* etp_ = nullptr;
   Tensor router_weight_, grad_router_weight_, expert_bias_;
   Experts experts_;

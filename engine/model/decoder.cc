@@ -85,8 +85,8 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   dense::MlpOptions mo{.d_model = model.d_model, .d_hidden = model.ff_hidden(),
                        .activation = activation, .bias = model.bias, .device = device, .tp = tp};
   // Each routing group's tokens lie over tp, or over cp x tp.
-  const moe::MoEParallel mp{.ep = parallel.ep, .tp = cp.active() ? parallel.tp_cp : parallel.tp,
-                            .etp = parallel.etp};
+  const moe::MoEParallel mp{.ep = parallel.ep, .tp = parallel.tp, .etp = parallel.etp,
+                            .group = cp.active() ? parallel.tp_cp : nullptr};
   for (int64_t i = stage.first_layer; i < stage.End(model.n_layers); ++i) {
     const std::string name = StrCat("layers.", i);
     Block block{dense::Norm(no, ctx), dense::Norm(no, ctx),

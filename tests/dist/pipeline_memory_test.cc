@@ -3,7 +3,8 @@
 //
 //  - WorkspacePeakMatchesTheDryRun: per layout (pp 2 with GPipe and 1F1B at grad_accum 4
 //    and 8; on 4 ranks pp 2 x dp 2 with ep 2, pp 2 x tp 2 and pp 4 over 4 layers; on 8
-//    ranks pp 2 x tp 2 x dp 2 and pp 4 x dp 2), 3 steps are trained and on every rank:
+//    ranks pp 2 x tp 2 x dp 2 and pp 4 x dp 2; cp 2 and 4, alone and with pp and tp), 3
+//    steps are trained and on every rank:
 //      the parameters the dry-run puts on the rank (EstimateRankParams) are the ones its
 //      stage registered (CountRankParams), element for element;
 //      the model states (the allocator's ledger) equal PredictRankMemory's within 5%;
@@ -67,6 +68,14 @@ std::vector<PipelineLayout> Layouts() {
                   "parallel.pipeline_schedule=gpipe", "train.grad_accum=4"}});
   out.push_back({"pp4_dp2_4layers_1f1b_m4", 8,
                  {"parallel.pp=4", "model.n_layers=4", "train.grad_accum=4"}});
+  // Context parallelism (docs/context_parallel.md): 1/cp of the tokens per rank, the whole
+  // routing group's router tensors, the ring's backward buffers; with pp and tp.
+  out.push_back({"cp2_m4", 2, {"parallel.cp=2", "train.grad_accum=4"}});
+  out.push_back({"cp4_m4", 4, {"parallel.cp=4", "train.grad_accum=4"}});
+  out.push_back({"cp2_pp2_1f1b_m4", 4, {"parallel.cp=2", "parallel.pp=2", "train.grad_accum=4"}});
+  out.push_back({"cp2_tp2_pp2_m4", 8,
+                 {"parallel.cp=2", "parallel.tp=2", "parallel.pp=2", "model.n_heads=4",
+                  "train.grad_accum=4"}});
   return out;
 }
 
