@@ -3,7 +3,7 @@
 // of 2 at cp 4):
 //
 //  - ContextParallelLayoutsMatchOneRank (MODEL.md section 4): cp 2 and 4, alone and with
-//    dp, ep, tp (with and without sequence parallelism), pp and ZeRO; learned positions and
+//    dp, ep, etp, tp (with and without sequence parallelism), pp and ZeRO; learned positions and
 //    RoPE with grouped-query attention; jitter, a random second expert and a shared
 //    expert: 8 steps against one rank on the same global batch, per-step losses within
 //    1e-5 and weights within 1e-4 (the ring's merges reorder the softmax sums, so not bit
@@ -57,6 +57,7 @@ std::vector<Layout> ContextParallelLayouts() {
        {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=false"}},
       {"cp2_pp2", 4, 1, four_layers, {"parallel.cp=2", "parallel.pp=2"}},
       {"cp2_dp2_zero1", 4, 2, {}, {"parallel.cp=2", "parallel.zero_stage=1"}},
+      {"cp2_dp2_etp2", 4, 2, {}, {"parallel.cp=2", "parallel.etp=2"}},
       {"cp2_ep4", 8, 4, {}, {"parallel.cp=2", "parallel.ep=4"}},
       {"cp2_tp2_ep2", 8, 2, four_heads,
        {"parallel.cp=2", "parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
