@@ -87,32 +87,16 @@ TEST_F(ContextParallelTest, ContextParallelCheckpointMovesBetweenLayouts) {
     auto t = Train(with({"parallel.cp=2", "train.grad_accum=2"}), saved, *world_, kFirst);
     ASSERT_TRUE(t.ok()) << t.status();
   }
-  auto resume = [&](const Config& config, const std::string& out, dist::Communicator& comm) {
-    QuietStdout quiet;
-    auto t = Trainer::Create(config, out, comm);
-    EXPECT_TRUE(t.ok()) << t.status();
-    if (!t.ok()) return std::vector<double>{};
-    Status loaded = (*t)->Resume(saved);
-    EXPECT_TRUE(loaded.ok()) << loaded;
-    Status ran = (*t)->Run(0);
-    EXPECT_TRUE(ran.ok()) << ran;
-    return (*t)->losses();
-  };
-  std::vector<double> cp4 = resume(with({"parallel.cp=4", "train.grad_accum=4"}), dir("cpck_cp4"), *world_);
+  std::vector<double> cp4 = ResumeLosses(with({"parallel.cp=4", "train.grad_accum=4"}), saved,
+                                         dir("cpck_cp4"), *world_);
   std::vector<double> one;
   if (is_root()) {
     auto local = dist::MakeLocalCommunicator(Device::Cpu(), 0);
-    one = resume(with({"train.grad_accum=4"}), dir("cpck_one"), *local);
+    one = ResumeLosses(with({"train.grad_accum=4"}), saved, dir("cpck_one"), *local);
   }
   if (is_root()) {
     ASSERT_EQ(want.size(), static_cast<size_t>(kTotal));
-    for (const auto& [what, got] : {std::pair{"cp 4", cp4}, {"one rank", one}}) {
-      ASSERT_EQ(got.size(), static_cast<size_t>(kTotal - kFirst)) << what;
-      for (int64_t s = kFirst; s < kTotal; ++s) {
-        EXPECT_LE(RelErr(got[s - kFirst], want[s]), 1e-5)
-            << what << ", step " << s << ": " << got[s - kFirst] << " vs " << want[s];
-      }
-    }
+    ExpectResumedLossesMatch({{"cp 4", cp4}, {"one rank", one}}, want, kFirst);
   }
   world_->Barrier();
 }

@@ -1,7 +1,8 @@
-// What the multi-rank training tests share (trainer_test.cc, zero_test.cc): a small
-// three-language corpus the suite writes and prepares once (vocabulary 256), the tiny
-// config of tests/data/train-tiny.yaml pointed at it, quiet training runs, and the
-// one-rank reference trained by rank 0 alone.
+// What the multi-rank training tests share (trainer_test.cc, zero_test.cc,
+// context_parallel_train_test.cc): a small three-language corpus the suite writes and
+// prepares once (vocabulary 256), the tiny config of tests/data/train-tiny.yaml pointed at
+// it, quiet training runs, the one-rank reference trained by rank 0 alone, and resuming a
+// checkpoint under another layout.
 #pragma once
 
 #include <fcntl.h>
@@ -168,6 +169,36 @@ class TrainFixture : public ::testing::Test {
     if (!ref.ok()) return nullptr;
     EXPECT_EQ((*ref)->losses().size(), static_cast<size_t>(steps));
     return std::move(*ref);
+  }
+
+  // Creates a trainer on `comm`, resumes it from the checkpoint `saved` and trains to
+  // train.max_steps; the losses of the resumed steps (empty, with a test failure, on error).
+  static std::vector<double> ResumeLosses(const Config& config, const std::string& saved,
+                                          const std::string& out, dist::Communicator& comm) {
+    QuietStdout quiet;
+    auto t = Trainer::Create(config, out, comm);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return {};
+    Status loaded = (*t)->Resume(saved);
+    EXPECT_TRUE(loaded.ok()) << loaded;
+    Status ran = (*t)->Run(0);
+    EXPECT_TRUE(ran.ok()) << ran;
+    return (*t)->losses();
+  }
+
+  // Each run's losses (named, resumed at step `first`) equal `want`'s steps first.. within
+  // MODEL.md section 4's 1e-5.
+  static void ExpectResumedLossesMatch(
+      const std::vector<std::pair<std::string, std::vector<double>>>& runs,
+      const std::vector<double>& want, int64_t first) {
+    const int64_t total = static_cast<int64_t>(want.size());
+    for (const auto& [what, got] : runs) {
+      ASSERT_EQ(got.size(), static_cast<size_t>(total - first)) << what;
+      for (int64_t s = first; s < total; ++s) {
+        EXPECT_LE(RelErr(got[s - first], want[s]), 1e-5)
+            << what << ", step " << s << ": " << got[s - first] << " vs " << want[s];
+      }
+    }
   }
 
   static std::unique_ptr<dist::Communicator> world_;
