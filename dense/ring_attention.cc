@@ -95,6 +95,27 @@ void AddStats(const RingAttentionStats& local, RingAttentionStats* stats) {
   stats->blocks_skipped += local.blocks_skipped;
 }
 
+// Calls f(qh, kh, kind) for every (query half, key half) pair of ring step t that causality
+// does not mask entirely, in a fixed order, and counts the computed and skipped blocks and
+// the query-key pairs in `local`.
+template <typename F>
+void ForEachComputedBlock(const Ring& ring, int t, const Dims& d, RingAttentionStats& local,
+                          F&& f) {
+  const int src = ring.source(t);
+  for (int qh = 0; qh < 2; ++qh) {
+    for (int kh = 0; kh < 2; ++kh) {
+      const BlockKind kind = Classify(ring.chunk(ring.i, qh), ring.chunk(src, kh));
+      if (kind == BlockKind::kSkip) {
+        ++local.blocks_skipped;
+        continue;
+      }
+      f(qh, kh, kind);
+      ++local.blocks_computed;
+      local.pairs += Pairs(d, kind);
+    }
+  }
+}
+
 // Checks the local tensors against q's shape and cp's device; returns the dims.
 Dims CheckLocal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                 dist::Communicator& cp, DeviceContext* ctx, const char* op) {
@@ -146,32 +167,22 @@ void RingAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Ten
     const KvBlock& held = blocks[t % 2];
     std::unique_ptr<dist::Work> hop;
     if (t + 1 < ring.c) hop = PostHop(cp, ring, held.t, blocks[(t + 1) % 2].t, kKvTag, local);
-    const int src = ring.source(t);
-    for (int qh = 0; qh < 2; ++qh) {
-      for (int kh = 0; kh < 2; ++kh) {
-        const BlockKind kind = Classify(ring.chunk(ring.i, qh), ring.chunk(src, kh));
-        if (kind == BlockKind::kSkip) {
-          ++local.blocks_skipped;
-          continue;
-        }
-        Tensor out_q = Half(out, qh), lse_q = Half(lse, qh);
-        if (!started[qh]) {  // the first block of these queries is written in place
-          kernels::AttentionForward(Half(q, qh), held.k(kh), held.v(kh), out_q, lse_q, ctx,
-                                    MaskOf(kind));
-          started[qh] = true;
-        } else {
-          if (!out_b.defined()) {
-            out_b = Tensor::Empty(d.q_chunk(), DType::kF32, device);
-            lse_b = Tensor::Empty(d.lse_chunk(), DType::kF32, device);
-          }
-          kernels::AttentionForward(Half(q, qh), held.k(kh), held.v(kh), out_b, lse_b, ctx,
-                                    MaskOf(kind));
-          kernels::AttentionMerge(out_q, lse_q, out_b, lse_b, ctx);
-        }
-        ++local.blocks_computed;
-        local.pairs += Pairs(d, kind);
+    ForEachComputedBlock(ring, t, d, local, [&](int qh, int kh, BlockKind kind) {
+      Tensor out_q = Half(out, qh), lse_q = Half(lse, qh);
+      if (!started[qh]) {  // the first block of these queries is written in place
+        kernels::AttentionForward(Half(q, qh), held.k(kh), held.v(kh), out_q, lse_q, ctx,
+                                  MaskOf(kind));
+        started[qh] = true;
+        return;
       }
-    }
+      if (!out_b.defined()) {
+        out_b = Tensor::Empty(d.q_chunk(), DType::kF32, device);
+        lse_b = Tensor::Empty(d.lse_chunk(), DType::kF32, device);
+      }
+      kernels::AttentionForward(Half(q, qh), held.k(kh), held.v(kh), out_b, lse_b, ctx,
+                                MaskOf(kind));
+      kernels::AttentionMerge(out_q, lse_q, out_b, lse_b, ctx);
+    });
     if (hop) hop->Wait();
   }
   AddStats(local, stats);
@@ -259,25 +270,15 @@ void RingAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, co
       dk_acc[h] = t == 0 ? Accumulator(Half(dk, h), &dk_b) : Accumulator(sum.k(h), &dk_b);
       dv_acc[h] = t == 0 ? Accumulator(Half(dv, h), &dv_b) : Accumulator(sum.v(h), &dv_b);
     }
-    const int src = ring.source(t);
-    for (int qh = 0; qh < 2; ++qh) {
-      for (int kh = 0; kh < 2; ++kh) {
-        const BlockKind kind = Classify(ring.chunk(ring.i, qh), ring.chunk(src, kh));
-        if (kind == BlockKind::kSkip) {
-          ++local.blocks_skipped;
-          continue;
-        }
-        kernels::AttentionBackward(Half(q, qh), held.k(kh), held.v(kh), Half(lse, qh),
-                                   Half(dout, qh), dq_acc[qh].Destination(),
-                                   dk_acc[kh].Destination(), dv_acc[kh].Destination(), ctx,
-                                   MaskOf(kind), Half(delta, qh));
-        dq_acc[qh].Commit(ctx);
-        dk_acc[kh].Commit(ctx);
-        dv_acc[kh].Commit(ctx);
-        ++local.blocks_computed;
-        local.pairs += Pairs(d, kind);
-      }
-    }
+    ForEachComputedBlock(ring, t, d, local, [&](int qh, int kh, BlockKind kind) {
+      kernels::AttentionBackward(Half(q, qh), held.k(kh), held.v(kh), Half(lse, qh),
+                                 Half(dout, qh), dq_acc[qh].Destination(),
+                                 dk_acc[kh].Destination(), dv_acc[kh].Destination(), ctx,
+                                 MaskOf(kind), Half(delta, qh));
+      dq_acc[qh].Commit(ctx);
+      dk_acc[kh].Commit(ctx);
+      dv_acc[kh].Commit(ctx);
+    });
     for (int h = 0; h < 2; ++h) {
       dk_acc[h].Finish(ctx);
       dv_acc[h].Finish(ctx);
