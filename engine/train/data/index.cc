@@ -70,7 +70,7 @@ void ComputeTotals(Index* index) {
   }
 }
 
-std::string IndexToJson(const Index& index) {
+std::string IndexHeadJson(const Index& index) {
   ordered_json head;
   head["format"] = kIndexFormat;
   head["version"] = kIndexVersion;
@@ -105,18 +105,27 @@ std::string IndexToJson(const Index& index) {
     out += "    " + entry.dump() + (i + 1 < index.shards.size() ? ",\n" : "\n");
   }
   out += "  ],\n  \"documents\": [\n";
-  for (size_t i = 0; i < index.documents.size(); ++i) {
-    const DocumentEntry& doc = index.documents[i];
-    ordered_json entry = {{"split", SplitName(doc.split)},
-                          {"shard", doc.shard},
-                          {"offset", doc.offset},
-                          {"tokens", doc.tokens},
-                          {"label", index.labels[doc.label]},
-                          {"source", doc.source}};
-    out += "    " + entry.dump() + (i + 1 < index.documents.size() ? ",\n" : "\n");
-  }
-  out += "  ]\n}\n";
   return out;
+}
+
+std::string DocumentJson(const Index& index, const DocumentEntry& doc, bool last) {
+  ordered_json entry = {{"split", SplitName(doc.split)},
+                        {"shard", doc.shard},
+                        {"offset", doc.offset},
+                        {"tokens", doc.tokens},
+                        {"label", index.labels[doc.label]},
+                        {"source", doc.source}};
+  return "    " + entry.dump() + (last ? "\n" : ",\n");
+}
+
+const char* IndexTailJson() { return "  ]\n}\n"; }
+
+std::string IndexToJson(const Index& index) {
+  std::string out = IndexHeadJson(index);
+  for (size_t i = 0; i < index.documents.size(); ++i) {
+    out += DocumentJson(index, index.documents[i], i + 1 == index.documents.size());
+  }
+  return out + IndexTailJson();
 }
 
 StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
