@@ -291,6 +291,51 @@ TEST_F(DataTest, PrepRefusesToMixOutputsWithoutForce) {
   EXPECT_EQ(ReadBytes(dir_ / "other/notes.txt"), "mine");
 }
 
+// A hand-made prep folder of u32 tokens (ids above 65535): the loader reads them exactly.
+TEST_F(DataTest, LoaderReadsU32Tokens) {
+  const fs::path out = dir_ / "wide";
+  fs::create_directories(out);
+  Index index;
+  index.vocab_size = 100000;
+  index.eos_id = 2;
+  index.token_bytes = TokenBytesForVocab(index.vocab_size);
+  ASSERT_EQ(index.token_bytes, 4u);
+  index.labels = {"x"};
+  std::vector<int32_t> train, val;
+  for (int i = 0; i < 300; ++i) train.push_back((i * 7919 + 65000) % 100000);
+  for (int i = 0; i < 60; ++i) val.push_back(99999 - i);
+  ASSERT_TRUE(WriteShard((out / "train-00000.bin").string(), train, 4).ok());
+  ASSERT_TRUE(WriteShard((out / "val-00000.bin").string(), val, 4).ok());
+  index.shards = {{"train-00000.bin", Split::kTrain, 300}, {"val-00000.bin", Split::kVal, 60}};
+  index.documents = {{Split::kTrain, 0, 0, 100, 0, "a"},
+                     {Split::kTrain, 0, 100, 200, 0, "a"},
+                     {Split::kVal, 1, 0, 60, 0, "a"}};
+  ComputeTotals(&index);
+  WriteBytes(out / kIndexFile, IndexToJson(index));
+  LoaderOptions options;
+  options.dir = out.string();
+  options.seq_len = 16;
+  options.global_batch_size = 2;
+  options.micro_batch_size = 2;
+  auto loader = DataLoader::Open(options);
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  int above = 0;
+  for (int64_t step = 0; step < 10; ++step) {
+    const Batch batch = loader->GetBatch(step, 0);
+    const auto inputs = batch.inputs.ToVector<int32_t>();
+    for (int r = 0; r < 2; ++r) {
+      for (int t = 0; t < 16; ++t) {
+        EXPECT_EQ(inputs[r * 16 + t], train[batch.offsets[r] + t]);
+        above += inputs[r * 16 + t] > 65535;
+      }
+    }
+  }
+  EXPECT_GT(above, 10);
+  auto batches = loader->ValidationBatches(0);
+  ASSERT_TRUE(batches.ok()) << batches.status();
+  EXPECT_EQ(batches->at(0).inputs.ToVector<int32_t>()[0], 99999);
+}
+
 TEST(PermuteIndexTest, IsABijection) {
   for (uint64_t n : {1, 2, 3, 7, 64, 100, 1000}) {
     std::set<uint64_t> seen;
