@@ -89,6 +89,34 @@ ALLOW_PROGRESS=1 expect_error "vocabulary too small" 1 "distinct characters" \
   prep --out "$tmp/c" --vocab 10 "${corpus[@]}"
 [[ ! -e "$tmp/c" ]] || fail "a failed run created its output folder"
 
+# Bad inputs: one line naming the file, and no output folder.
+printf 'ELF\0binary' >"$tmp/a.out"
+ALLOW_PROGRESS=1 expect_error "binary file" 1 "$tmp/a.out: binary data (a NUL byte at uncompressed offset 3)" \
+  prep --out "$tmp/c" "$tmp/a.out"
+: >"$tmp/empty.txt"
+expect_error "empty corpus" 1 "the corpus holds no documents (1 files read)" \
+  prep --out "$tmp/c" "$tmp/empty.txt"
+gzip -c "$tmp/corpus/en.txt" | head -c 100 >"$tmp/cut.txt.gz"
+expect_error "truncated gzip" 1 "$tmp/cut.txt.gz: truncated gzip data" \
+  prep --out "$tmp/c" "$tmp/cut.txt.gz"
+printf '{"text": "a"}\n{oops\n' >"$tmp/bad.jsonl"
+expect_error "--strict" 1 "$tmp/bad.jsonl:2: not valid JSON" prep --out "$tmp/c" --strict "$tmp/bad.jsonl"
+expect_error "bad format" 2 '--format must be auto, text or jsonl, got "csv"' \
+  prep --out "$tmp/c" --format csv
+expect_error "bad threads" 2 "--threads must be in [0, 4096] (0: every core), got -2" \
+  prep --out "$tmp/c" --threads -2
+[[ ! -e "$tmp/c" ]] || fail "a failed run created its output folder"
+ls -d "$tmp"/c.* >/dev/null 2>&1 && fail "temporary folders left behind: $(ls -d "$tmp"/c.*)"
+
+# The data's vocabulary larger than model.vocab_size: training refuses at the start.
+config="$(dirname "$0")/../data/train-tiny.yaml"
+"$bin" train --config "$config" --set "data.dir=$tmp/a" --set model.vocab_size=64 \
+  --set train.max_steps=2 >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 0 ]] || fail "train with a small model.vocab_size succeeded"
+grep -q "model.vocab_size=64 is smaller than the [0-9]* tokens of the tokenizer in $tmp/a" "$tmp/err" ||
+  fail "vocab check: $(cat "$tmp/err")"
+[[ $(wc -l <"$tmp/err") -eq 1 ]] || fail "vocab check: $(wc -l <"$tmp/err") stderr lines: $(cat "$tmp/err")"
+
 expect_error "unknown flag" 2 "unknown flag --vocabulary" prep --out "$tmp/c" --vocabulary 100
 expect_error "missing --out" 2 "--out is required" prep "${corpus[@]}"
 expect_error "bad fraction" 2 "--val-fraction must be in [0, 1), got 1.5" \

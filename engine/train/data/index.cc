@@ -194,6 +194,7 @@ StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
 
   // Documents fill each shard from offset 0, contiguously and in order.
   std::vector<uint64_t> filled(index.shards.size(), 0);
+  int current_shard[2] = {0, 0};
   SY_ASSIGN_OR_RETURN(std::vector<json> documents, Array(top, "documents"));
   index.documents.reserve(documents.size());
   for (size_t i = 0; i < documents.size(); ++i) {
@@ -217,11 +218,19 @@ StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
                                            " (documents are contiguous in their shard)"));
     }
     if (doc.tokens == 0) return fields.Error("tokens", "0 (every document ends with </s>)");
-    filled[shard] += doc.tokens;
-    if (filled[shard] > index.shards[shard].tokens) {
-      return fields.Error("tokens", StrCat("runs past the end of shard ", index.shards[shard].name,
-                                           " (", index.shards[shard].tokens, " tokens)"));
+    if (doc.tokens > index.shards[shard].tokens - filled[shard]) {  // no overflow
+      return fields.Error("tokens", StrCat(doc.tokens, " runs past the end of shard ",
+                                           index.shards[shard].name, " (",
+                                           index.shards[shard].tokens, " tokens)"));
     }
+    filled[shard] += doc.tokens;
+    // A split's documents go through its shards in index order (the loader's stream).
+    int& current = current_shard[static_cast<int>(doc.split)];
+    if (static_cast<int>(shard) < current) {
+      return fields.Error("shard", StrCat(shard, " comes after shard ", current,
+                                          " of the same split (documents are in shard order)"));
+    }
+    current = static_cast<int>(shard);
     SY_ASSIGN_OR_RETURN(std::string label, fields.String("label"));
     auto it = label_ids.find(label);
     if (it == label_ids.end()) return fields.Error("label", "\"" + label + "\" is not in labels");
