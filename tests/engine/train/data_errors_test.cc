@@ -18,6 +18,7 @@
 #include "engine/train/data/loader.h"
 #include "engine/train/data/prep.h"
 #include "engine/train/data/shards.h"
+#include "engine/train/data/tokenizer.h"
 
 namespace switchyard::data {
 namespace {
@@ -325,6 +326,29 @@ TEST_F(DataErrorsTest, RandomDamageNeverCrashesTheLoader) {
     }
   }
   EXPECT_GT(rejected, runs * 3 / 4) << rejected << " of " << runs;
+}
+
+TEST_F(DataErrorsTest, DamagedTokenizerModelsAreOneErrorLine) {
+  const fs::path good = fs::path(Prepped()) / kTokenizerFile;
+  const std::string model = ReadBytes(good);
+  std::mt19937_64 rng(7);
+  int rejected = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string bytes = model;
+    if (trial % 3 == 0) {
+      bytes.resize(rng() % bytes.size());
+    } else {
+      for (int f = 0; f < 3; ++f) bytes[rng() % bytes.size()] ^= static_cast<char>(1 + rng() % 255);
+    }
+    WriteBytes(dir_ / "bad.model", bytes);
+    auto tokenizer = Tokenizer::Load(Path("bad.model"));
+    if (tokenizer.ok()) continue;
+    ++rejected;
+    const std::string message(tokenizer.status().message());
+    EXPECT_EQ(message.rfind(Path("bad.model") + ": ", 0), 0u) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  EXPECT_GT(rejected, 20);
 }
 
 }  // namespace
