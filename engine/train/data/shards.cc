@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -113,17 +114,12 @@ Status WriteShard(const std::string& path, const std::vector<int32_t>& tokens,
   return WriteFileAtomically(path, EncodeShard(tokens, token_bytes));
 }
 
-StatusOr<std::vector<int32_t>> ReadShard(const std::string& path, ShardHeader* header_out) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return NotFound(path, ": cannot open the token shard");
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+StatusOr<ShardHeader> ParseShardHeader(const std::string& path, const unsigned char* head,
+                                       uint64_t size) {
   if (size < kShardHeaderBytes) {
     return DataLoss(path, ": not a token shard (", size, " bytes, shorter than the ",
                     kShardHeaderBytes, "-byte header)");
   }
-  unsigned char head[kShardHeaderBytes];
-  in.read(reinterpret_cast<char*>(head), kShardHeaderBytes);
   if (std::memcmp(head, kShardMagic, sizeof(kShardMagic)) != 0) {
     return DataLoss(path, ": not a token shard (bad magic; expected \"SYTOKENS\")");
   }
@@ -149,6 +145,18 @@ StatusOr<std::vector<int32_t>> ReadShard(const std::string& path, ShardHeader* h
                     " tokens of ", header.token_bytes, " bytes (", want,
                     " bytes in all) but the file has ", size, " bytes");
   }
+  return header;
+}
+
+StatusOr<std::vector<int32_t>> ReadShard(const std::string& path, ShardHeader* header_out) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return NotFound(path, ": cannot open the token shard");
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  unsigned char head[kShardHeaderBytes] = {};
+  in.read(reinterpret_cast<char*>(head), std::min<uint64_t>(size, kShardHeaderBytes));
+  SY_ASSIGN_OR_RETURN(ShardHeader header, ParseShardHeader(path, head, size));
+  const uint64_t payload = size - kShardHeaderBytes;
   std::vector<unsigned char> bytes(payload);
   in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(payload));
   if (!in) return DataLoss(path, ": read failed");

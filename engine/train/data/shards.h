@@ -76,6 +76,12 @@ class ShardWriter {
   std::string buffer_;
 };
 
+// Decodes and checks the header of a shard of `size` bytes whose first bytes are `head`
+// (at least min(size, 32) of them): the magic, the version, the token width, and the
+// length against the count (without overflow). Errors name `path`.
+StatusOr<ShardHeader> ParseShardHeader(const std::string& path, const unsigned char* head,
+                                       uint64_t size);
+
 // Reads and checks a whole shard: the magic, the version, the token width, the length
 // against the count, and the checksum. Each error names the path and what is wrong.
 // `header`, when given, receives the header.
