@@ -4,11 +4,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "engine/core/check.h"
 #include "engine/core/philox.h"
+#include "engine/train/data/tokenizer.h"
 
 namespace switchyard::data {
 namespace {
@@ -69,13 +68,6 @@ Status LoaderOptions::Validate() const {
 
 namespace {
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
 // The Feistel stream of dataset d's windows in epoch e: dataset 0 keeps the single-dataset
 // stream StreamId("data.train.windows") + e.
 uint64_t WindowStream(int d, uint64_t epoch) {
@@ -103,7 +95,8 @@ StatusOr<DataLoader> DataLoader::Open(const LoaderOptions& options) {
   for (size_t d = 0; d < loader.datasets_.size(); ++d) {
     const Dataset& dataset = *loader.datasets_[d];
     if (loader.datasets_.size() > 1) {
-      const std::string bytes = ReadSmallFile(dataset.dir + "/" + dataset.index.tokenizer);
+      SY_ASSIGN_OR_RETURN(const std::string bytes,
+                          ReadTokenizerModel(dataset.dir + "/" + dataset.index.tokenizer));
       if (d == 0) {
         model = bytes;
       } else if (bytes != model || dataset.index.vocab_size != first.index.vocab_size ||

@@ -9,12 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <queue>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include "engine/core/philox.h"
@@ -362,12 +360,9 @@ StatusOr<Index> Prepare(const PrepOptions& options, const PrepCallbacks& callbac
   std::string model;
   std::optional<Tokenizer> tokenizer;
   if (!options.tokenizer_path.empty()) {
-    SY_ASSIGN_OR_RETURN(Tokenizer loaded, Tokenizer::Load(options.tokenizer_path));
+    SY_ASSIGN_OR_RETURN(model, ReadTokenizerModel(options.tokenizer_path));
+    SY_ASSIGN_OR_RETURN(Tokenizer loaded, Tokenizer::FromSerialized(model, options.tokenizer_path));
     tokenizer = loaded;
-    std::ifstream in(options.tokenizer_path, std::ios::binary);
-    std::ostringstream bytes;
-    bytes << in.rdbuf();
-    model = bytes.str();
   }
 
   // 1-2. Documents, labels, the split and the tokenizer's sample.

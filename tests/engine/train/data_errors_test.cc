@@ -286,6 +286,40 @@ TEST_F(DataErrorsTest, LoaderNamesEachDamagedFile) {
   }
 }
 
+// verify=false: Open reads headers only (a payload whose checksum no longer matches opens),
+// and the batches read the mapped tokens, the changed one included.
+TEST_F(DataErrorsTest, UnverifiedLoaderReadsOnlyHeadersAtOpen) {
+  const fs::path good = Prepped();
+  auto index = ReadIndex(good.string());
+  ASSERT_TRUE(index.ok());
+  const fs::path copy = dir_ / "unverified";
+  fs::copy(good, copy);
+  const std::string shard0 = index->shards[0].name;
+  EditShard(copy / shard0, kShardHeaderBytes, std::string("\x02\x00", 2));  // token 0 := 2
+  LoaderOptions options = Loader(copy.string());
+  auto verified = DataLoader::Open(options);
+  ASSERT_FALSE(verified.ok());
+  EXPECT_NE(verified.status().message().find(shard0 + ": checksum mismatch"), std::string::npos);
+  options.verify = false;
+  auto lazy = DataLoader::Open(options);
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  auto reference = DataLoader::Open(Loader(good.string()));
+  ASSERT_TRUE(reference.ok());
+  int differing = 0;
+  for (int64_t step = 0; step < 200; ++step) {
+    const Batch a = lazy->GetBatch(step, 0), b = reference->GetBatch(step, 0);
+    const auto x = a.inputs.ToVector<int32_t>(), y = b.inputs.ToVector<int32_t>();
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i] != y[i]) {
+        EXPECT_EQ(a.offsets[i / 8] + static_cast<int64_t>(i % 8), 0);  // only token 0 changed
+        EXPECT_EQ(x[i], 2);
+        ++differing;
+      }
+    }
+  }
+  EXPECT_GT(differing, 0);
+}
+
 TEST_F(DataErrorsTest, RandomDamageNeverCrashesTheLoader) {
   const fs::path good = Prepped();
   auto index = ReadIndex(good.string());
@@ -349,6 +383,12 @@ TEST_F(DataErrorsTest, DamagedTokenizerModelsAreOneErrorLine) {
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
   EXPECT_GT(rejected, 20);
+  // A file far too large to be a model (sparse: no disk used) is refused before reading.
+  WriteBytes(dir_ / "huge.model", "");
+  fs::resize_file(dir_ / "huge.model", kMaxTokenizerModelBytes + 1);
+  EXPECT_EQ(Tokenizer::Load(Path("huge.model")).status().message(),
+            Path("huge.model") + ": 268435457 bytes is too large for a SentencePiece model (at "
+                                 "most 268435456); is it the model?");
 }
 
 }  // namespace
