@@ -63,6 +63,17 @@ done
 [[ "$(head -c 8 "$tmp/a/train-00000.bin")" == "SYTOKENS" ]] || fail "shard magic"
 grep -q '"labels": \["de","en"\]' "$tmp/a/index.json" || fail "index labels"
 
+# Not a terminal: no progress line rewritten in place, a plain summary line instead.
+grep -q $'\r' "$tmp/summary" && fail "carriage returns in piped output"
+grep -Eq '^prep: encoded 60 documents \([0-9.]+ MB\) in [0-9.]+ s, [0-9.]+ MB/s on [0-9]+ threads$' \
+  "$tmp/summary" || fail "summary lacks the encoding line: $(cat "$tmp/summary")"
+# A terminal (script(1) gives one): the progress line with bytes, documents, MB/s and ETA.
+if command -v script >/dev/null; then
+  script -qec "$bin prep --out $tmp/tty --vocab 100 --threads 1 ${corpus[*]}" /dev/null >"$tmp/tty.out" 2>&1
+  grep -Eq $'\rprep: encoded [0-9.]+ of [0-9.]+ MB, 60 documents, [0-9.]+ MB/s, ETA [0-9]+ s' \
+    "$tmp/tty.out" || fail "no progress line on a terminal: $(cat -A "$tmp/tty.out" | head -5)"
+fi
+
 # The same inputs give the same bytes; flags and files may come in any order.
 "$bin" prep "${corpus[@]}" --seed=3 --vocab=100 --out "$tmp/b" --val-fraction 0.2 >/dev/null 2>&1 ||
   fail "second run failed"
