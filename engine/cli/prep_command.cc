@@ -3,6 +3,7 @@
 // documents and tokens per label and split. See engine/train/data/prep.h and docs/data.md.
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -178,8 +179,9 @@ int RunPrep(const std::vector<std::string>& args) {
     std::printf("prep: encoded %llu documents (%.1f MB) in %.1f s, %.1f MB/s on %d threads\n",
                 static_cast<unsigned long long>(last.documents), last.bytes / 1e6, last.seconds,
                 last.seconds > 0 ? last.bytes / 1e6 / last.seconds : 0.0,
-                options.threads > 0 ? options.threads
-                                    : static_cast<int>(std::thread::hardware_concurrency()));
+                options.threads > 0
+                    ? options.threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   }
   if (!index.ok()) {
     std::fprintf(stderr, "%s: error: %s\n", kCommand,
