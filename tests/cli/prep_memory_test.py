@@ -7,8 +7,12 @@ each run's peak resident set from the kernel (wait4's ru_maxrss). Checks:
   - what prep adds to the binary's own start-up peak (`switchyard prep --help`, which
     maps the same libraries) stays within the documented bound
     64 MiB + 32 x tokenizer-sample-bytes + 8 MiB x threads + 4 x the largest document;
-  - the larger corpus peaks at most 16 MiB above the smaller one.
-usage: prep_memory_test.py path/to/switchyard path/to/make_corpus.py [SMALL_BYTES]
+  - the larger corpus peaks at most 16 MiB above the smaller one;
+  - training 2 steps on each prep output (the loader maps the shards and reads them once
+    to verify them, then drops the pages) peaks at most 16 MiB higher on the larger one,
+    whose tokens alone take far more as int32 (the earlier loader held them in memory).
+usage: prep_memory_test.py path/to/switchyard path/to/make_corpus.py path/to/train-tiny.yaml
+                           [SMALL_BYTES]
 """
 import os
 import subprocess
@@ -30,8 +34,8 @@ def peak_rss(args):
 
 
 def main():
-    binary, make_corpus = sys.argv[1], sys.argv[2]
-    small = int(sys.argv[3]) if len(sys.argv) > 3 else 3_000_000
+    binary, make_corpus, tiny = sys.argv[1], sys.argv[2], sys.argv[3]
+    small = int(sys.argv[4]) if len(sys.argv) > 4 else 3_000_000
     sample, threads = 1_000_000, 2
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,6 +67,23 @@ def main():
         print(f"10x the corpus: peak grew by {growth / MIB:.1f} MiB")
         if growth > 16 * MIB:
             print(f"FAIL: the peak grew by {growth / MIB:.1f} MiB with a corpus 10x larger")
+            failures += 1
+
+        # The loader: training on each output.
+        trained = {}
+        for size in (small, 10 * small):
+            rc, peak = peak_rss([binary, "train", "--config", tiny, "--out", f"{tmp}/run-{size}",
+                                 "--set", f"data.dir={tmp}/out-{size}", "--set",
+                                 "model.vocab_size=512", "--set", "train.max_steps=2"])
+            if rc != 0:
+                print(f"FAIL: train on the {size}-byte corpus exited with {rc}")
+                return 1
+            trained[size] = peak
+            print(f"train on {size / 1e6:5.1f} MB of text: peak {peak / MIB:7.1f} MiB")
+        growth = trained[10 * small] - trained[small]
+        print(f"train, 10x the corpus: peak grew by {growth / MIB:.1f} MiB")
+        if growth > 16 * MIB:
+            print(f"FAIL: training's peak grew by {growth / MIB:.1f} MiB with 10x the tokens")
             failures += 1
     if failures:
         return 1
