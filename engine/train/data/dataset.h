@@ -35,6 +35,7 @@ class TokenStream {
   int64_t size_ = 0;
 };
 
+// One prep output, opened: the shards stay mapped while the Dataset lives.
 struct Dataset {
   std::string dir;
   Index index;
