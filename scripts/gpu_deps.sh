@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what a GPU build needs from Debian into .gpu-deps/ (git-ignored), for a GPU machine
 # that has nvcc, CMake and a C++ compiler but no apt and none of our Debian libraries:
-#   .gpu-deps/root/   abseil, yaml-cpp, nlohmann-json, GoogleTest, SentencePiece (headers,
+#   .gpu-deps/root/   abseil, yaml-cpp, nlohmann-json, GoogleTest, SentencePiece, zlib, zstd (headers,
 #                     CMake configs, libraries) unpacked with dpkg -x. Not OpenBLAS (36 MiB):
 #                     the GPU build's CPU reference uses the built-in sgemm (SWITCHYARD_BLAS=OFF)
 #   .gpu-deps/data/   the default corpus, prepared here (`switchyard prep`, vocabulary 2000)
@@ -13,6 +13,7 @@ dest=.gpu-deps
 packages=(
   libabsl-dev libabsl20220623 libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev
   libgtest-dev libgmock-dev libsentencepiece-dev libsentencepiece0 libprotobuf-lite32
+  zlib1g-dev zlib1g libzstd-dev libzstd1
 )
 rm -rf "$dest/root" "$dest/debs"
 mkdir -p "$dest/debs" "$dest/root"

@@ -12,7 +12,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libyaml-cpp-dev nlohmann-json3-dev
-  libsentencepiece-dev sentencepiece
+  libsentencepiece-dev sentencepiece zlib1g-dev libzstd-dev zstd
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br
   python3 python3-numpy
 )

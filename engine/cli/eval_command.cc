@@ -143,7 +143,10 @@ int Run(const std::vector<std::string>& args) {
   auto cc = train::ReadCheckpointConfig(f.checkpoint, f.overrides);
   if (int rc = Agree(*world, cc.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
   train::Config& config = cc->config;
-  if (!f.data.empty()) config.data.dir = f.data;
+  if (!f.data.empty()) {
+    config.data.dir = f.data;
+    config.data.paths.clear();
+  }
   // The saved config (+ --set) against this world: a usage error, like a bad flag.
   Status valid = config.Validate(world->size());
   if (valid.ok()) valid = config.model.Validate();

@@ -1,10 +1,14 @@
 // `switchyard prep`: turns text files (by default Debian's fortune files in several
 // languages) into a SentencePiece tokenizer, token shards and index.json, then prints
 // documents and tokens per label and split. See engine/train/data/prep.h and docs/data.md.
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/cli/args.h"
@@ -17,8 +21,10 @@ namespace {
 constexpr char kCommand[] = "switchyard prep";
 
 // Flags that take a value; needed to tell "--vocab 100" from a file named "100".
-constexpr const char* kValueFlags[] = {"out",   "vocab",        "val-fraction",       "seed",
-                                       "label", "shard-tokens", "max-docs-per-label", "fortunes"};
+constexpr const char* kValueFlags[] = {
+    "out",      "vocab",     "val-fraction", "seed",      "label",     "shard-tokens",
+    "max-docs-per-label", "fortunes", "json-key", "label-key", "format", "tokenizer",
+    "tokenizer-sample-bytes", "threads"};
 
 bool TakesValue(const std::string& arg) {
   if (arg.find('=') != std::string::npos) return false;
@@ -66,21 +72,33 @@ Status ParseUnsigned(const std::string& flag, const std::string& text, uint64_t*
   return OkStatus();
 }
 
+// "12.3 MB/s" style progress on a terminal: one line rewritten in place.
+void PrintProgress(const data::EncodeProgress& p, bool tty) {
+  if (!tty) return;
+  const double mb = p.bytes / 1e6, rate = p.seconds > 0 ? mb / p.seconds : 0;
+  const double left = rate > 0 ? (p.total_bytes - p.bytes) / 1e6 / rate : 0;
+  std::printf("\rprep: encoded %.1f of %.1f MB, %llu documents, %.1f MB/s, ETA %.0f s   ", mb,
+              p.total_bytes / 1e6, static_cast<unsigned long long>(p.documents), rate, left);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int RunPrep(const std::vector<std::string>& args) {
   data::PrepOptions options;
-  std::string val_fraction = "0.05", seed = "0";
+  std::string val_fraction = "0.05", seed = "0", sample_bytes = "16777216", format = "auto";
   int max_docs = 0;
   int shard_tokens = static_cast<int>(options.shard_tokens);
   FlagSet flags(kCommand,
-                "Trains a SentencePiece BPE tokenizer on text files and writes token shards and\n"
-                "index.json into --out. FILEs are split into documents at lines holding only "
-                "\"%\"\n(fortune files) or else at blank lines; a file's label is its stem "
-                "(de.txt -> de)\nunless --label is given. Without FILEs it reads Debian's "
-                "fortune files in several\nlanguages from /usr/share/games/fortunes "
-                "(bash scripts/setup.sh installs them).\nusage: switchyard prep --out DIR "
-                "[flags] [FILE ...]. See docs/data.md.");
+                "Trains a SentencePiece BPE tokenizer on a sample of text or JSONL files (or "
+                "uses --tokenizer)\nand writes token shards and index.json into --out. FILEs "
+                "(files, folders, globs; plain,\ngzip or zstd) are split into documents at "
+                "lines holding only \"%\" (fortune files) or else\nat blank lines; JSONL "
+                "lines are documents. A file's label is its stem (de.txt.gz -> de)\nunless "
+                "--label or --label-key is given. Without FILEs it reads Debian's fortune "
+                "files in\nseveral languages from /usr/share/games/fortunes (bash "
+                "scripts/setup.sh installs them).\nusage: switchyard prep --out DIR [flags] "
+                "[FILE ...]. See docs/data.md.");
   flags.AddString("out", &options.out_dir, "output folder", /*required=*/true);
   flags.AddInt("vocab", &options.vocab_size, "vocabulary size (default 2000)");
   flags.AddString("val-fraction", &val_fraction,
@@ -94,6 +112,18 @@ int RunPrep(const std::vector<std::string>& args) {
       "fortunes", &options.fortune_root,
       "the fortune folder read when no FILE is given (default /usr/share/games/fortunes)");
   flags.AddBool("force", &options.force, "replace a previous prep output in --out");
+  flags.AddString("format", &format,
+                  "auto, text or jsonl (default auto: *.jsonl, *.ndjson, *.json are JSONL)");
+  flags.AddString("json-key", &options.read.json_key,
+                  "JSONL: the key holding a document's text (default text)");
+  flags.AddString("label-key", &options.read.label_key,
+                  "JSONL: the key holding a document's label (default: the file's label)");
+  flags.AddBool("strict", &options.read.strict, "a bad JSONL line is an error, not skipped");
+  flags.AddString("tokenizer", &options.tokenizer_path,
+                  "an existing SentencePiece model to use instead of training one");
+  flags.AddString("tokenizer-sample-bytes", &sample_bytes,
+                  "text the tokenizer is trained on, a seeded sample (default 16777216)");
+  flags.AddInt("threads", &options.threads, "encoding threads (default 0: every core)");
 
   std::vector<std::string> flag_args;
   SplitArgs(args, &flag_args, &options.files);
@@ -106,16 +136,53 @@ int RunPrep(const std::vector<std::string>& args) {
   }
   Status status = ParseDouble("val-fraction", val_fraction, &options.val_fraction);
   if (status.ok()) status = ParseUnsigned("seed", seed, &options.seed);
+  if (status.ok()) {
+    status = ParseUnsigned("tokenizer-sample-bytes", sample_bytes, &options.tokenizer_sample_bytes);
+  }
+  if (status.ok()) {
+    if (format == "auto") {
+      options.read.format = data::InputFormat::kAuto;
+    } else if (format == "text") {
+      options.read.format = data::InputFormat::kText;
+    } else if (format == "jsonl") {
+      options.read.format = data::InputFormat::kJsonl;
+    } else {
+      status = InvalidArgument("--format must be auto, text or jsonl, got \"", format, "\"");
+    }
+  }
   options.max_docs_per_label = max_docs;
   options.shard_tokens = shard_tokens;
   if (status.ok()) status = options.Validate();
   if (!status.ok()) return UsageError(kCommand, std::string(status.message()));
 
   const auto start = std::chrono::steady_clock::now();
-  StatusOr<data::Index> index = data::Prepare(options, [](const std::string& line) {
-    std::printf("prep: %s\n", line.c_str());
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  bool progress_shown = false;
+  data::PrepCallbacks callbacks;
+  callbacks.progress = [&](const std::string& line) {
+    std::printf("%sprep: %s\n", progress_shown ? "\n" : "", line.c_str());
+    progress_shown = false;
     std::fflush(stdout);
-  });
+  };
+  callbacks.warning = [](const std::string& line) {
+    std::fprintf(stderr, "%s: warning: %s\n", kCommand, line.c_str());
+  };
+  data::EncodeProgress last;
+  callbacks.encoding = [&](const data::EncodeProgress& p) {
+    PrintProgress(p, tty);
+    progress_shown = tty;
+    last = p;
+  };
+  StatusOr<data::Index> index = data::Prepare(options, callbacks);
+  if (progress_shown) std::printf("\n");
+  if (index.ok()) {
+    std::printf("prep: encoded %llu documents (%.1f MB) in %.1f s, %.1f MB/s on %d threads\n",
+                static_cast<unsigned long long>(last.documents), last.bytes / 1e6, last.seconds,
+                last.seconds > 0 ? last.bytes / 1e6 / last.seconds : 0.0,
+                options.threads > 0
+                    ? options.threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  }
   if (!index.ok()) {
     std::fprintf(stderr, "%s: error: %s\n", kCommand,
                  std::string(index.status().message()).c_str());

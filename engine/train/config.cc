@@ -5,6 +5,7 @@
 
 #include "engine/core/file.h"
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -89,6 +90,54 @@ Field BindEnum(const std::string& key, E* ptr, StatusOr<E> (*parse)(const std::s
   return f;
 }
 
+// data.paths: a list of {dir: STRING, weight: NUMBER (default 1)}.
+Field BindDataPaths(const std::string& key, std::vector<data::DataPath>* ptr) {
+  Field f;
+  f.key = key;
+  f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
+    if (!node.IsSequence()) {
+      return InvalidArgument(where, ": expected a list of {dir: ..., weight: ...}, got '",
+                             Scalar(node), "'");
+    }
+    std::vector<data::DataPath> paths;
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string at = StrCat(where, "[", i, "]");
+      if (!node[i].IsMap()) return InvalidArgument(at, ": expected {dir: ..., weight: ...}");
+      data::DataPath path;
+      for (const auto& kv : node[i]) {
+        const std::string name = kv.first.as<std::string>();
+        if (name == "dir" && kv.second.IsScalar()) {
+          path.dir = kv.second.Scalar();
+        } else if (name == "weight") {
+          try {
+            path.weight = kv.second.as<double>();
+          } catch (const YAML::Exception&) {
+            return InvalidArgument(at, ".weight: expected a number, got '", Scalar(kv.second), "'");
+          }
+        } else {
+          return InvalidArgument(at, ": unknown key '", name, "' (expected dir and weight)");
+        }
+      }
+      paths.push_back(std::move(path));
+    }
+    *ptr = std::move(paths);
+    return OkStatus();
+  };
+  f.show = [ptr]() {
+    std::ostringstream out;
+    out.precision(std::numeric_limits<double>::max_digits10);
+    out << "[";
+    for (size_t i = 0; i < ptr->size(); ++i) {
+      out << (i ? ", " : "") << "{dir: \"";
+      for (char ch : (*ptr)[i].dir) out << (ch == '"' || ch == '\\' ? "\\" : "") << ch;
+      out << "\", weight: " << (*ptr)[i].weight << "}";
+    }
+    out << "]";
+    return out.str();
+  };
+  return f;
+}
+
 struct Section {
   std::string name;
   std::vector<Field> fields;
@@ -141,7 +190,8 @@ std::vector<Section> Sections(Config& c) {
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
         Bind("checkpoint_every", &t.checkpoint_every),
         BindEnum("recompute", &t.recompute, model::ParseRecompute, model::RecomputeName)}},
-      {"data", {Bind("dir", &c.data.dir)}},
+      {"data", {Bind("dir", &c.data.dir), BindDataPaths("paths", &c.data.paths),
+                Bind("verify", &c.data.verify)}},
       {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
   };
 }
@@ -202,8 +252,22 @@ Status RuntimeConfig::Validate() const {
   return OkStatus();
 }
 
+Status DataConfig::Validate() const {
+  if (paths.empty() && dir.empty()) return InvalidArgument("data.dir is empty");
+  if (paths.size() > 255) return InvalidArgument("data.paths holds ", paths.size(), " datasets (at most 255)");
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (paths[i].dir.empty()) return InvalidArgument("data.paths[", i, "].dir is missing or empty");
+    if (!(paths[i].weight > 0) || !std::isfinite(paths[i].weight)) {
+      return InvalidArgument("data.paths[", i, "].weight=", paths[i].weight,
+                             " must be a positive number");
+    }
+  }
+  return OkStatus();
+}
+
 Status Config::Validate(int world) const {
   SY_RETURN_IF_ERROR(runtime.Validate());
+  SY_RETURN_IF_ERROR(data.Validate());
   if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
   SY_RETURN_IF_ERROR(moe.Validate());
   const ParallelConfig& p = parallel;

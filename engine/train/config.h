@@ -11,6 +11,7 @@
 #include "engine/core/status.h"
 #include "engine/dist/mesh.h"
 #include "engine/model/model_config.h"
+#include "engine/train/data/blend.h"
 #include "engine/train/train_config.h"
 #include "moe/moe_config.h"
 
@@ -50,9 +51,20 @@ struct ParallelConfig {
   Status CheckSupported() const;
 };
 
-// data: where `switchyard prep` wrote the token shards.
+// data: where `switchyard prep` wrote the token shards (docs/data.md).
 struct DataConfig {
   std::string dir = "data/fortunes";  // relative to the working directory
+  // A weighted blend of prep outputs ([{dir: a, weight: 0.7}, {dir: b, weight: 0.3}]);
+  // when not empty it replaces `dir`.
+  std::vector<data::DataPath> paths;
+  // Read every shard once at the start (checksums, token ids); false: each rank reads
+  // only the windows it trains on.
+  bool verify = true;
+
+  // Names the key and the value it rejects.
+  Status Validate() const;
+  // The folder named in messages: `dir`, or the blend's first dataset.
+  const std::string& FirstDir() const { return paths.empty() ? dir : paths[0].dir; }
 };
 
 // runtime: where the step runs and the element type of its matrix products.

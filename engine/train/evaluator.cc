@@ -117,17 +117,19 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
   ev->pipeline_ = std::make_unique<PipelineRunner>(chunks, ev->rt_.data_pc(*ev->pc_).pp(),
                                                    schedule, static_cast<int>(tc.grad_accum));
   const int dp = mesh.dp();
-  data::LoaderOptions lo{.dir = config.data.dir,
+  data::LoaderOptions lo{.dir = config.data.paths.empty() ? config.data.dir : std::string(),
+                         .paths = config.data.paths,
                          .seq_len = config.model.seq_len,
                          .micro_batch_size = tc.micro_batch_size,
                          .global_batch_size = dp * tc.micro_batch_size * tc.grad_accum,
                          .dp_rank = mesh.Coord(world.rank(), dist::View::kDense, dist::Axis::kDp),
                          .dp_size = dp,
-                         .seed = tc.seed};
+                         .seed = tc.seed,
+                         .verify = config.data.verify};
   SY_ASSIGN_OR_RETURN(data::DataLoader loader, data::DataLoader::Open(lo));
   if (loader.vocab_size() > config.model.vocab_size) {
     return InvalidArgument("model.vocab_size=", config.model.vocab_size, " is smaller than the ",
-                           loader.vocab_size(), " tokens of the tokenizer in ", config.data.dir);
+                           loader.vocab_size(), " tokens of the tokenizer in ", config.data.FirstDir());
   }
   ev->loader_ = std::make_unique<data::DataLoader>(std::move(loader));
   return ev;

@@ -107,17 +107,19 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   }
   t->optimizer_ = std::make_unique<Optimizer>(reg, oo, ctx, t->zero_.get());
   const int dp = mesh.dp();
-  data::LoaderOptions lo{.dir = config.data.dir,
+  data::LoaderOptions lo{.dir = config.data.paths.empty() ? config.data.dir : std::string(),
+                         .paths = config.data.paths,
                          .seq_len = config.model.seq_len,
                          .micro_batch_size = config.train.micro_batch_size,
                          .global_batch_size = dp * config.train.micro_batch_size * config.train.grad_accum,
                          .dp_rank = mesh.Coord(world.rank(), dist::View::kDense, dist::Axis::kDp),
                          .dp_size = dp,
-                         .seed = config.train.seed};
+                         .seed = config.train.seed,
+                         .verify = config.data.verify};
   SY_ASSIGN_OR_RETURN(data::DataLoader loader, data::DataLoader::Open(lo));
   if (loader.vocab_size() > config.model.vocab_size) {
     return InvalidArgument("model.vocab_size=", config.model.vocab_size, " is smaller than the ",
-                           loader.vocab_size(), " tokens of the tokenizer in ", config.data.dir);
+                           loader.vocab_size(), " tokens of the tokenizer in ", config.data.FirstDir());
   }
   t->loader_ = std::make_unique<data::DataLoader>(std::move(loader));
   if (config.train.eval_every > 0 || config.train.eval_batches > 0) {

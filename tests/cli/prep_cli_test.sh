@@ -63,6 +63,17 @@ done
 [[ "$(head -c 8 "$tmp/a/train-00000.bin")" == "SYTOKENS" ]] || fail "shard magic"
 grep -q '"labels": \["de","en"\]' "$tmp/a/index.json" || fail "index labels"
 
+# Not a terminal: no progress line rewritten in place, a plain summary line instead.
+grep -q $'\r' "$tmp/summary" && fail "carriage returns in piped output"
+grep -Eq '^prep: encoded 60 documents \([0-9.]+ MB\) in [0-9.]+ s, [0-9.]+ MB/s on [0-9]+ threads$' \
+  "$tmp/summary" || fail "summary lacks the encoding line: $(cat "$tmp/summary")"
+# A terminal (script(1) gives one): the progress line with bytes, documents, MB/s and ETA.
+if command -v script >/dev/null; then
+  script -qec "$bin prep --out $tmp/tty --vocab 100 --threads 1 ${corpus[*]}" /dev/null >"$tmp/tty.out" 2>&1
+  grep -Eq $'\rprep: encoded [0-9.]+ of [0-9.]+ MB, 60 documents, [0-9.]+ MB/s, ETA [0-9]+ s' \
+    "$tmp/tty.out" || fail "no progress line on a terminal: $(cat -A "$tmp/tty.out" | head -5)"
+fi
+
 # The same inputs give the same bytes; flags and files may come in any order.
 "$bin" prep "${corpus[@]}" --seed=3 --vocab=100 --out "$tmp/b" --val-fraction 0.2 >/dev/null 2>&1 ||
   fail "second run failed"
@@ -88,6 +99,34 @@ expect_error "missing file" 1 "$tmp/nope.txt: no such file" prep --out "$tmp/c" 
 ALLOW_PROGRESS=1 expect_error "vocabulary too small" 1 "distinct characters" \
   prep --out "$tmp/c" --vocab 10 "${corpus[@]}"
 [[ ! -e "$tmp/c" ]] || fail "a failed run created its output folder"
+
+# Bad inputs: one line naming the file, and no output folder.
+printf 'ELF\0binary' >"$tmp/a.out"
+ALLOW_PROGRESS=1 expect_error "binary file" 1 "$tmp/a.out: binary data (a NUL byte at uncompressed offset 3)" \
+  prep --out "$tmp/c" "$tmp/a.out"
+: >"$tmp/empty.txt"
+expect_error "empty corpus" 1 "the corpus holds no documents (1 files read)" \
+  prep --out "$tmp/c" "$tmp/empty.txt"
+gzip -c "$tmp/corpus/en.txt" | head -c 100 >"$tmp/cut.txt.gz"
+expect_error "truncated gzip" 1 "$tmp/cut.txt.gz: truncated gzip data" \
+  prep --out "$tmp/c" "$tmp/cut.txt.gz"
+printf '{"text": "a"}\n{oops\n' >"$tmp/bad.jsonl"
+expect_error "--strict" 1 "$tmp/bad.jsonl:2: not valid JSON" prep --out "$tmp/c" --strict "$tmp/bad.jsonl"
+expect_error "bad format" 2 '--format must be auto, text or jsonl, got "csv"' \
+  prep --out "$tmp/c" --format csv
+expect_error "bad threads" 2 "--threads must be in [0, 4096] (0: every core), got -2" \
+  prep --out "$tmp/c" --threads -2
+[[ ! -e "$tmp/c" ]] || fail "a failed run created its output folder"
+ls -d "$tmp"/c.* >/dev/null 2>&1 && fail "temporary folders left behind: $(ls -d "$tmp"/c.*)"
+
+# The data's vocabulary larger than model.vocab_size: training refuses at the start.
+config="$(dirname "$0")/../data/train-tiny.yaml"
+"$bin" train --config "$config" --set "data.dir=$tmp/a" --set model.vocab_size=64 \
+  --set train.max_steps=2 >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 0 ]] || fail "train with a small model.vocab_size succeeded"
+grep -q "model.vocab_size=64 is smaller than the [0-9]* tokens of the tokenizer in $tmp/a" "$tmp/err" ||
+  fail "vocab check: $(cat "$tmp/err")"
+[[ $(wc -l <"$tmp/err") -eq 1 ]] || fail "vocab check: $(wc -l <"$tmp/err") stderr lines: $(cat "$tmp/err")"
 
 expect_error "unknown flag" 2 "unknown flag --vocabulary" prep --out "$tmp/c" --vocabulary 100
 expect_error "missing --out" 2 "--out is required" prep "${corpus[@]}"

@@ -1,10 +1,11 @@
-// Text files and fortune files into labelled documents; see corpus.h.
+// Which files prep reads, and their labels; see corpus.h.
 #include "engine/train/data/corpus.h"
 
+#include <glob.h>
+
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 #include <tuple>
 
@@ -12,37 +13,6 @@ namespace switchyard::data {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The lines of `contents` without their "\n" (and a "\r" before it).
-std::vector<std::string_view> Lines(std::string_view contents) {
-  std::vector<std::string_view> lines;
-  size_t begin = 0;
-  while (begin < contents.size()) {
-    size_t end = contents.find('\n', begin);
-    if (end == std::string_view::npos) end = contents.size();
-    std::string_view line = contents.substr(begin, end - begin);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    lines.push_back(line);
-    begin = end + 1;
-  }
-  return lines;
-}
-
-bool IsBlank(std::string_view line) {
-  return line.find_first_not_of(" \t\f\v") == std::string_view::npos;
-}
-
-// Joins lines [begin, end) without leading or trailing blank lines; "" if all are blank.
-std::string JoinTrimmed(const std::vector<std::string_view>& lines, size_t begin, size_t end) {
-  while (begin < end && IsBlank(lines[begin])) ++begin;
-  while (end > begin && IsBlank(lines[end - 1])) --end;
-  std::string text;
-  for (size_t i = begin; i < end; ++i) {
-    if (i > begin) text += '\n';
-    text.append(lines[i]);
-  }
-  return text;
-}
 
 // Length of the valid UTF-8 sequence at s[i], or 0 if it is not one (RFC 3629: no
 // overlong forms, no surrogates, nothing above U+10FFFF).
@@ -105,35 +75,6 @@ std::string SanitizeUtf8(std::string_view text) {
   return out;
 }
 
-std::vector<std::string> SplitDocuments(std::string_view contents) {
-  const std::vector<std::string_view> lines = Lines(contents);
-  const bool fortune =
-      std::any_of(lines.begin(), lines.end(), [](std::string_view line) { return line == "%"; });
-  std::vector<std::string> documents;
-  size_t begin = 0;
-  for (size_t i = 0; i <= lines.size(); ++i) {
-    const bool boundary = i == lines.size() || (fortune ? lines[i] == "%" : IsBlank(lines[i]));
-    if (!boundary) continue;
-    std::string text = JoinTrimmed(lines, begin, i);
-    if (!text.empty()) documents.push_back(std::move(text));
-    begin = i + 1;
-  }
-  return documents;
-}
-
-StatusOr<std::vector<Document>> ReadDocuments(const CorpusFile& file) {
-  std::ifstream in(file.path, std::ios::binary);
-  if (!in) return NotFound(file.path, ": cannot open for reading");
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return DataLoss(file.path, ": read failed");
-  std::vector<Document> documents;
-  for (std::string& text : SplitDocuments(SanitizeUtf8(contents.str()))) {
-    documents.push_back(Document{std::move(text), file.label, file.path});
-  }
-  return documents;
-}
-
 StatusOr<std::vector<CorpusFile>> FortuneCorpusFiles(const std::string& root) {
   const std::string hint = StrCat("fortune files not found in ", root,
                                   "; install them with `bash scripts/setup.sh` (Debian "
@@ -163,31 +104,71 @@ StatusOr<std::vector<CorpusFile>> FortuneCorpusFiles(const std::string& root) {
   return files;
 }
 
-StatusOr<std::vector<CorpusFile>> UserCorpusFiles(const std::vector<std::string>& paths,
-                                                  const std::string& label) {
-  std::vector<CorpusFile> files;
-  for (const std::string& path : paths) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) return NotFound(path, ": no such file");
-    if (!fs::is_regular_file(path, ec)) return InvalidArgument(path, ": not a regular file");
-    files.push_back({path, label.empty() ? fs::path(path).stem().string() : label});
-  }
-  return files;
+bool IsValidLabel(const std::string& label) {
+  return !label.empty() && label.find_first_of(" \t\r\n\f\v") == std::string::npos;
 }
 
-StatusOr<std::vector<Document>> ReadCorpus(const std::vector<CorpusFile>& files) {
-  std::vector<Document> documents;
-  for (const CorpusFile& file : files) {
-    const bool bad_label =
-        file.label.empty() || file.label.find_first_of(" \t\r\n\f\v") != std::string::npos;
-    if (bad_label) {
-      return InvalidArgument(file.path, ": bad label \"", file.label,
-                             "\" (labels are non-empty and hold no whitespace)");
-    }
-    SY_ASSIGN_OR_RETURN(std::vector<Document> docs, ReadDocuments(file));
-    for (Document& doc : docs) documents.push_back(std::move(doc));
+std::string FileStem(const std::string& path) {
+  std::string name = fs::path(path).filename().string();
+  for (const char* suffix : {".gz", ".zst", ".zstd"}) {
+    if (EndsWith(name, suffix)) name.resize(name.size() - std::strlen(suffix));
   }
-  return documents;
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos || dot == 0 ? name : name.substr(0, dot);
+}
+
+StatusOr<std::vector<CorpusFile>> UserCorpusFiles(const std::vector<std::string>& paths,
+                                                  const std::string& label) {
+  if (!label.empty() && !IsValidLabel(label)) {
+    return InvalidArgument("--label \"", label, "\" is not a label (non-empty, no whitespace)");
+  }
+  std::vector<CorpusFile> files;
+  const auto add = [&](const std::string& path) -> Status {
+    CorpusFile file{path, label.empty() ? FileStem(path) : label};
+    if (!IsValidLabel(file.label)) {
+      return InvalidArgument(path, ": bad label \"", file.label,
+                             "\" (labels are non-empty and hold no whitespace); pass --label");
+    }
+    files.push_back(std::move(file));
+    return OkStatus();
+  };
+  for (const std::string& path : paths) {
+    std::error_code ec;
+    if (!fs::exists(path, ec) && path.find_first_of("*?[") != std::string::npos) {
+      // A glob the shell did not expand (quoted): matches sorted by glob(3).
+      glob_t matches{};
+      const int rc = ::glob(path.c_str(), GLOB_ERR, nullptr, &matches);
+      std::vector<std::string> found(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+      ::globfree(&matches);
+      if (rc != 0 || found.empty()) return NotFound(path, ": the pattern matches no file");
+      for (const std::string& match : found) {
+        if (fs::is_regular_file(match, ec)) SY_RETURN_IF_ERROR(add(match));
+      }
+      continue;
+    }
+    if (!fs::exists(path, ec)) return NotFound(path, ": no such file");
+    if (fs::is_directory(path, ec)) {
+      // Every regular file below the folder, sorted by path; hidden names are skipped.
+      std::vector<std::string> found;
+      for (auto it = fs::recursive_directory_iterator(path, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (!name.empty() && name[0] == '.') {
+          if (it->is_directory(ec)) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_regular_file(ec)) found.push_back(it->path().string());
+      }
+      if (ec) return FailedPrecondition(path, ": cannot list the folder (", ec.message(), ")");
+      if (found.empty()) return NotFound(path, ": the folder holds no file");
+      std::sort(found.begin(), found.end());
+      for (const std::string& file : found) SY_RETURN_IF_ERROR(add(file));
+      continue;
+    }
+    if (!fs::is_regular_file(path, ec)) return InvalidArgument(path, ": not a regular file");
+    SY_RETURN_IF_ERROR(add(path));
+  }
+  return files;
 }
 
 }  // namespace switchyard::data

@@ -1,15 +1,14 @@
-// Reading text into labelled documents for `switchyard prep`.
-//
-// A file is split into documents at lines holding only "%" (the fortune format) or, when
-// it has no such line, at blank lines. Each document keeps its lines ("\n" between them,
-// none at the end); "\r" before a line end is dropped, invalid UTF-8 bytes become U+FFFD,
-// and empty documents are skipped.
+// Which files `switchyard prep` reads and their labels (document_reader.h reads them).
 //
 // The default corpus is Debian's fortune files (scripts/setup.sh installs them), labelled
 // by language: files directly in the fortune folder are "en", except "brasil" ("pt", from
 // fortunes-br); files in a subfolder take its name ("de", "es", "it", ...). Index files
 // (*.dat, *.u8), symbolic links (the top-level links into it/) and the "off" folders
 // (offensive fortunes) are skipped.
+//
+// User inputs are files, folders (every regular file below, sorted by path, hidden names
+// skipped) and glob patterns the shell left alone ("corpus/*.jsonl.gz", sorted). A file's
+// label is its stem without a compression suffix ("de.jsonl.gz" -> "de").
 #pragma once
 
 #include <string>
@@ -36,25 +35,24 @@ struct CorpusFile {
   std::string label;
 };
 
-// Splits file contents into documents (see the header comment).
-std::vector<std::string> SplitDocuments(std::string_view contents);
-
 // `text` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string SanitizeUtf8(std::string_view text);
 
-// Reads one file and splits it; errors name the path.
-StatusOr<std::vector<Document>> ReadDocuments(const CorpusFile& file);
+// Whether `label` may label documents: non-empty, no whitespace.
+bool IsValidLabel(const std::string& label);
+
+// A file's default label: its name without a compression suffix (.gz, .zst, .zstd) and
+// without its last extension ("corpus/de.jsonl.gz" -> "de").
+std::string FileStem(const std::string& path);
 
 // The fortune files under `root`, sorted by (label, path). Fails with one line naming
 // `root` and `bash scripts/setup.sh` when the folder is missing or holds no fortune file.
 StatusOr<std::vector<CorpusFile>> FortuneCorpusFiles(const std::string& root);
 
-// User files: the label is `label` when not empty, else the file's stem ("de.txt" -> "de").
-// Keeps the order given; errors name a path that is missing or not a regular file.
+// User inputs (files, folders, globs; see above), in the order given. The label is `label`
+// when not empty, else each file's stem. Errors name a path that is missing, a pattern
+// that matches nothing, an empty folder, or a label that is not one.
 StatusOr<std::vector<CorpusFile>> UserCorpusFiles(const std::vector<std::string>& paths,
                                                   const std::string& label);
-
-// Reads every file, in order. A label must be non-empty and hold no whitespace.
-StatusOr<std::vector<Document>> ReadCorpus(const std::vector<CorpusFile>& files);
 
 }  // namespace switchyard::data

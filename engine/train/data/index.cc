@@ -4,7 +4,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace switchyard::data {
 namespace {
@@ -57,6 +56,63 @@ StatusOr<std::vector<json>> Array(const Fields& fields, const std::string& key) 
   return std::vector<json>(value->begin(), value->end());
 }
 
+// Takes the objects of the top-level "documents" array out of the JSON tree while it is
+// parsed (nlohmann's parser callback), keeping a DocumentEntry each: an index of millions
+// of documents never exists as a tree. Field types are checked here; what depends on the
+// shards and labels is checked after the parse. The first bad document stops collection.
+class DocumentCollector {
+ public:
+  explicit DocumentCollector(std::string path) : path_(std::move(path)) {}
+
+  // The parser callback; returns false to drop a document from the tree.
+  bool operator()(int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key) {
+      top_key_ = parsed.is_string() ? parsed.get<std::string>() : std::string();
+      return true;
+    }
+    if (depth != 2 || event != json::parse_event_t::object_end || top_key_ != "documents") {
+      return true;
+    }
+    if (status_.ok()) status_ = Collect(parsed);
+    return false;
+  }
+
+  // The documents (label: an index into labels()), and the first type error, which
+  // concerns document docs().size().
+  std::vector<DocumentEntry>& docs() { return docs_; }
+  const std::vector<std::string>& labels() const { return labels_; }
+  const Status& status() const { return status_; }
+
+ private:
+  Status Collect(const json& object) {
+    const Fields fields(object, path_, StrCat("documents[", docs_.size(), "]."));
+    DocumentEntry doc;
+    SY_ASSIGN_OR_RETURN(doc.split, fields.SplitField("split"));
+    SY_ASSIGN_OR_RETURN(uint64_t shard, fields.Unsigned("shard"));
+    doc.shard = shard > static_cast<uint64_t>(INT32_MAX) ? INT32_MAX : static_cast<int>(shard);
+    SY_ASSIGN_OR_RETURN(doc.offset, fields.Unsigned("offset"));
+    SY_ASSIGN_OR_RETURN(doc.tokens, fields.Unsigned("tokens"));
+    SY_ASSIGN_OR_RETURN(std::string label, fields.String("label"));
+    auto [it, added] = label_ids_.emplace(label, static_cast<int>(labels_.size()));
+    if (added) labels_.push_back(label);
+    doc.label = it->second;
+    SY_ASSIGN_OR_RETURN(doc.source, fields.String("source"));
+    docs_.push_back(std::move(doc));
+    return OkStatus();
+  }
+
+  std::string path_;
+  std::string top_key_;
+  std::vector<DocumentEntry> docs_;
+  std::vector<std::string> labels_;
+  std::map<std::string, int> label_ids_;
+  Status status_;
+};
+
+// ParseIndex on any input nlohmann reads (a string or a stream).
+template <typename Input>
+StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path);
+
 }  // namespace
 
 const char* SplitName(Split split) { return split == Split::kTrain ? "train" : "val"; }
@@ -70,7 +126,7 @@ void ComputeTotals(Index* index) {
   }
 }
 
-std::string IndexToJson(const Index& index) {
+std::string IndexHeadJson(const Index& index) {
   ordered_json head;
   head["format"] = kIndexFormat;
   head["version"] = kIndexVersion;
@@ -105,22 +161,44 @@ std::string IndexToJson(const Index& index) {
     out += "    " + entry.dump() + (i + 1 < index.shards.size() ? ",\n" : "\n");
   }
   out += "  ],\n  \"documents\": [\n";
-  for (size_t i = 0; i < index.documents.size(); ++i) {
-    const DocumentEntry& doc = index.documents[i];
-    ordered_json entry = {{"split", SplitName(doc.split)},
-                          {"shard", doc.shard},
-                          {"offset", doc.offset},
-                          {"tokens", doc.tokens},
-                          {"label", index.labels[doc.label]},
-                          {"source", doc.source}};
-    out += "    " + entry.dump() + (i + 1 < index.documents.size() ? ",\n" : "\n");
-  }
-  out += "  ]\n}\n";
   return out;
 }
 
+std::string DocumentJson(const Index& index, const DocumentEntry& doc, bool last) {
+  ordered_json entry = {{"split", SplitName(doc.split)},
+                        {"shard", doc.shard},
+                        {"offset", doc.offset},
+                        {"tokens", doc.tokens},
+                        {"label", index.labels[doc.label]},
+                        {"source", doc.source}};
+  return "    " + entry.dump() + (last ? "\n" : ",\n");
+}
+
+const char* IndexTailJson() { return "  ]\n}\n"; }
+
+std::string IndexToJson(const Index& index) {
+  std::string out = IndexHeadJson(index);
+  for (size_t i = 0; i < index.documents.size(); ++i) {
+    out += DocumentJson(index, index.documents[i], i + 1 == index.documents.size());
+  }
+  return out + IndexTailJson();
+}
+
 StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
-  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return ParseIndexFrom(text, path);
+}
+
+namespace {
+
+template <typename Input>
+StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
+  DocumentCollector collector(path);
+  const json root = json::parse(
+      std::forward<Input>(input),
+      [&collector](int depth, json::parse_event_t event, json& parsed) {
+        return collector(depth, event, parsed);
+      },
+      /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return DataLoss(path, ": not a JSON object (is the file truncated?)");
   }
@@ -185,41 +263,49 @@ StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
 
   // Documents fill each shard from offset 0, contiguously and in order.
   std::vector<uint64_t> filled(index.shards.size(), 0);
-  SY_ASSIGN_OR_RETURN(std::vector<json> documents, Array(top, "documents"));
+  int current_shard[2] = {0, 0};
+  // The tree keeps only what is not a document object: anything left is not one.
+  SY_ASSIGN_OR_RETURN(std::vector<json> rest, Array(top, "documents"));
+  if (!rest.empty()) return top.Error("documents", "expected objects");
+  std::vector<DocumentEntry>& documents = collector.docs();
   index.documents.reserve(documents.size());
+  static const json kNoFields = json::object();
   for (size_t i = 0; i < documents.size(); ++i) {
-    if (!documents[i].is_object()) return top.Error("documents", "expected objects");
-    const Fields fields(documents[i], path, StrCat("documents[", i, "]."));
-    DocumentEntry doc;
-    SY_ASSIGN_OR_RETURN(doc.split, fields.SplitField("split"));
-    SY_ASSIGN_OR_RETURN(uint64_t shard, fields.Unsigned("shard"));
+    const Fields fields(kNoFields, path, StrCat("documents[", i, "]."));
+    DocumentEntry doc = std::move(documents[i]);
+    const uint64_t shard = static_cast<uint64_t>(doc.shard);
     if (shard >= index.shards.size()) {
       return fields.Error("shard",
                           StrCat(shard, " is not below the ", index.shards.size(), " shards"));
     }
-    doc.shard = static_cast<int>(shard);
     if (index.shards[shard].split != doc.split) {
       return fields.Error("split", "differs from its shard's split");
     }
-    SY_ASSIGN_OR_RETURN(doc.offset, fields.Unsigned("offset"));
-    SY_ASSIGN_OR_RETURN(doc.tokens, fields.Unsigned("tokens"));
     if (doc.offset != filled[shard]) {
       return fields.Error("offset", StrCat(doc.offset, ", expected ", filled[shard],
                                            " (documents are contiguous in their shard)"));
     }
     if (doc.tokens == 0) return fields.Error("tokens", "0 (every document ends with </s>)");
-    filled[shard] += doc.tokens;
-    if (filled[shard] > index.shards[shard].tokens) {
-      return fields.Error("tokens", StrCat("runs past the end of shard ", index.shards[shard].name,
-                                           " (", index.shards[shard].tokens, " tokens)"));
+    if (doc.tokens > index.shards[shard].tokens - filled[shard]) {  // no overflow
+      return fields.Error("tokens", StrCat(doc.tokens, " runs past the end of shard ",
+                                           index.shards[shard].name, " (",
+                                           index.shards[shard].tokens, " tokens)"));
     }
-    SY_ASSIGN_OR_RETURN(std::string label, fields.String("label"));
+    filled[shard] += doc.tokens;
+    // A split's documents go through its shards in index order (the loader's stream).
+    int& current = current_shard[static_cast<int>(doc.split)];
+    if (static_cast<int>(shard) < current) {
+      return fields.Error("shard", StrCat(shard, " comes after shard ", current,
+                                          " of the same split (documents are in shard order)"));
+    }
+    current = static_cast<int>(shard);
+    const std::string& label = collector.labels()[doc.label];
     auto it = label_ids.find(label);
     if (it == label_ids.end()) return fields.Error("label", "\"" + label + "\" is not in labels");
     doc.label = it->second;
-    SY_ASSIGN_OR_RETURN(doc.source, fields.String("source"));
     index.documents.push_back(std::move(doc));
   }
+  SY_RETURN_IF_ERROR(collector.status());
   for (size_t s = 0; s < index.shards.size(); ++s) {
     if (filled[s] != index.shards[s].tokens) {
       return DataLoss(path, ": shards[", s, "] (", index.shards[s].name, ") holds ",
@@ -255,13 +341,13 @@ StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
   return index;
 }
 
+}  // namespace
+
 StatusOr<Index> ReadIndex(const std::string& dir) {
   const std::string path = dir + "/" + kIndexFile;
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound(path, ": cannot open (is ", dir, " the output of `switchyard prep`?)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ParseIndex(text.str(), path);
+  return ParseIndexFrom(in, path);
 }
 
 }  // namespace switchyard::data

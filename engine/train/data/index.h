@@ -72,6 +72,12 @@ struct Index {
 // Recomputes `totals` from `documents`.
 void ComputeTotals(Index* index);
 
+// The JSON text in three parts, so prep can write it while streaming the documents:
+// everything before the first document, one document's line, and the end.
+std::string IndexHeadJson(const Index& index);
+std::string DocumentJson(const Index& index, const DocumentEntry& doc, bool last);
+const char* IndexTailJson();
+
 // The JSON text: fixed key order, one document per line, so equal indexes are equal bytes.
 std::string IndexToJson(const Index& index);
 

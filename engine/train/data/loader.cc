@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 #include "engine/core/check.h"
 #include "engine/core/philox.h"
-#include "engine/train/data/shards.h"
+#include "engine/train/data/tokenizer.h"
 
 namespace switchyard::data {
 namespace {
@@ -38,7 +39,17 @@ uint64_t PermuteIndex(uint64_t x, uint64_t n, uint64_t seed, uint64_t stream) {
 }
 
 Status LoaderOptions::Validate() const {
-  if (dir.empty()) return InvalidArgument("data dir is empty");
+  if (dir.empty() && paths.empty()) return InvalidArgument("data dir is empty");
+  if (!dir.empty() && !paths.empty()) {
+    return InvalidArgument("data.dir (", dir, ") and data.paths are both set; use one");
+  }
+  for (size_t d = 0; d < paths.size(); ++d) {
+    if (paths[d].dir.empty()) return InvalidArgument("data.paths[", d, "].dir is empty");
+    if (!(paths[d].weight > 0) || !std::isfinite(paths[d].weight)) {
+      return InvalidArgument("data.paths[", d, "].weight must be a positive number, got ",
+                             paths[d].weight);
+    }
+  }
   if (seq_len < 1) return InvalidArgument("seq_len must be >= 1, got ", seq_len);
   if (micro_batch_size < 1) {
     return InvalidArgument("micro_batch_size must be >= 1, got ", micro_batch_size);
@@ -55,52 +66,73 @@ Status LoaderOptions::Validate() const {
   return OkStatus();
 }
 
+namespace {
+
+// The Feistel stream of dataset d's windows in epoch e: dataset 0 keeps the single-dataset
+// stream StreamId("data.train.windows") + e.
+uint64_t WindowStream(int d, uint64_t epoch) {
+  return (StreamId("data.train.windows") ^ (static_cast<uint64_t>(d) * 0x9E3779B97F4A7C15ull)) +
+         epoch;
+}
+
+}  // namespace
+
 StatusOr<DataLoader> DataLoader::Open(const LoaderOptions& options) {
   SY_RETURN_IF_ERROR(options.Validate());
   DataLoader loader;
   loader.options_ = options;
-  SY_ASSIGN_OR_RETURN(loader.index_, ReadIndex(options.dir));
-  const Index& index = loader.index_;
-
-  // Each split's stream is its shards in index order.
-  std::vector<int64_t> shard_base(index.shards.size());
-  for (size_t s = 0; s < index.shards.size(); ++s) {
-    const ShardEntry& entry = index.shards[s];
-    const std::string path = options.dir + "/" + entry.name;
-    ShardHeader header;
-    SY_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ReadShard(path, &header));
-    if (header.token_bytes != index.token_bytes) {
-      return DataLoss(path, ": holds ", header.token_bytes * 8, "-bit tokens but the index says ",
-                      index.token_bytes == 2 ? "u16" : "u32");
-    }
-    if (header.count != entry.tokens) {
-      return DataLoss(path, ": holds ", header.count, " tokens but ", kIndexFile, " says ",
-                      entry.tokens);
-    }
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] >= index.vocab_size) {
-        return DataLoss(path, ": token ", i, " is ", tokens[i], ", not below the vocabulary size ",
-                        index.vocab_size);
+  std::vector<DataPath> paths = options.paths;
+  if (paths.empty()) paths.push_back(DataPath{options.dir, 1.0});
+  std::vector<double> weights;
+  for (const DataPath& path : paths) {
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset, Dataset::Open(path.dir, options.verify));
+    loader.datasets_.push_back(std::move(dataset));
+    weights.push_back(path.weight);
+  }
+  // One tokenizer for the blend.
+  const Dataset& first = *loader.datasets_[0];
+  std::string model;
+  for (size_t d = 0; d < loader.datasets_.size(); ++d) {
+    const Dataset& dataset = *loader.datasets_[d];
+    if (loader.datasets_.size() > 1) {
+      SY_ASSIGN_OR_RETURN(const std::string bytes,
+                          ReadTokenizerModel(dataset.dir + "/" + dataset.index.tokenizer));
+      if (d == 0) {
+        model = bytes;
+      } else if (bytes != model || dataset.index.vocab_size != first.index.vocab_size ||
+                 dataset.index.eos_id != first.index.eos_id) {
+        return FailedPrecondition(dataset.dir, ": its tokenizer differs from ", first.dir,
+                                  "'s; the datasets of a blend need one tokenizer (prep them "
+                                  "with --tokenizer ", first.dir, "/", kTokenizerFile, ")");
       }
     }
-    Stream& stream = entry.split == Split::kTrain ? loader.train_ : loader.val_;
-    shard_base[s] = static_cast<int64_t>(stream.tokens.size());
-    stream.tokens.insert(stream.tokens.end(), tokens.begin(), tokens.end());
+    if (dataset.train.size() < options.seq_len + 1) {
+      return FailedPrecondition(
+          dataset.dir, ": the training split has ", dataset.train.size(),
+          " tokens, fewer than one sequence needs (seq_len + 1 = ", options.seq_len + 1, ")");
+    }
   }
-  for (const DocumentEntry& doc : index.documents) {
-    Stream& stream = doc.split == Split::kTrain ? loader.train_ : loader.val_;
-    stream.doc_starts.push_back(shard_base[doc.shard] + static_cast<int64_t>(doc.offset));
-    stream.doc_labels.push_back(doc.label);
+  // Labels over every dataset; each dataset's label ids become indexes into them.
+  for (const auto& dataset : loader.datasets_) {
+    loader.labels_.insert(loader.labels_.end(), dataset->index.labels.begin(),
+                          dataset->index.labels.end());
   }
-  for (Stream* stream : {&loader.train_, &loader.val_}) {
-    // Documents are listed in shard order, so the starts ascend; keep that an invariant.
-    SY_CHECK(std::is_sorted(stream->doc_starts.begin(), stream->doc_starts.end()));
+  std::sort(loader.labels_.begin(), loader.labels_.end());
+  loader.labels_.erase(std::unique(loader.labels_.begin(), loader.labels_.end()),
+                       loader.labels_.end());
+  for (const auto& dataset : loader.datasets_) {
+    std::vector<int32_t> map;
+    for (const std::string& label : dataset->index.labels) {
+      map.push_back(static_cast<int32_t>(
+          std::lower_bound(loader.labels_.begin(), loader.labels_.end(), label) -
+          loader.labels_.begin()));
+    }
+    for (TokenStream* stream : {&dataset->train, &dataset->val}) {
+      for (int32_t& label : stream->doc_labels) label = map[label];
+    }
   }
-  if (loader.train_tokens() < options.seq_len + 1) {
-    return FailedPrecondition(
-        options.dir, ": the training split has ", loader.train_tokens(),
-        " tokens, fewer than one sequence needs (seq_len + 1 = ", options.seq_len + 1, ")");
-  }
+  SY_ASSIGN_OR_RETURN(BlendSchedule blend, BlendSchedule::Create(weights));
+  loader.blend_ = std::make_shared<BlendSchedule>(std::move(blend));
   return loader;
 }
 
@@ -108,7 +140,21 @@ int64_t DataLoader::micro_batches_per_step() const {
   return options_.global_batch_size / (options_.dp_size * options_.micro_batch_size);
 }
 
-int64_t DataLoader::train_windows() const { return (train_tokens() - 1) / options_.seq_len; }
+int64_t DataLoader::train_windows(int dataset) const {
+  return (datasets_[dataset]->train.size() - 1) / options_.seq_len;
+}
+
+int64_t DataLoader::train_tokens() const {
+  int64_t n = 0;
+  for (const auto& dataset : datasets_) n += dataset->train.size();
+  return n;
+}
+
+int64_t DataLoader::val_tokens() const {
+  int64_t n = 0;
+  for (const auto& dataset : datasets_) n += dataset->val.size();
+  return n;
+}
 
 Batch DataLoader::MakeBatch() const {
   const Shape shape = {options_.micro_batch_size, options_.seq_len};
@@ -119,15 +165,16 @@ Batch DataLoader::MakeBatch() const {
   return batch;
 }
 
-void DataLoader::FillRow(const Stream& stream, int64_t offset, int64_t row, Batch* batch) const {
+void DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t row,
+                         Batch* batch) const {
   const int64_t len = options_.seq_len;
-  SY_CHECK_LE(offset + len + 1, static_cast<int64_t>(stream.tokens.size()));
+  std::vector<int32_t> tokens(len + 1);
+  stream.Copy(offset, len + 1, tokens.data(), options_.verify ? 0 : vocab_size());
   int32_t* inputs = batch->inputs.data<int32_t>() + row * len;
   int32_t* targets = batch->targets.data<int32_t>() + row * len;
   int32_t* labels = batch->labels.data<int32_t>() + row * len;
-  const int32_t* tokens = stream.tokens.data() + offset;
-  std::copy(tokens, tokens + len, inputs);
-  std::copy(tokens + 1, tokens + len + 1, targets);
+  std::copy(tokens.begin(), tokens.begin() + len, inputs);
+  std::copy(tokens.begin() + 1, tokens.end(), targets);
   // The document holding `offset`, then walk forward across document starts.
   size_t doc = std::upper_bound(stream.doc_starts.begin(), stream.doc_starts.end(), offset) -
                stream.doc_starts.begin() - 1;
@@ -142,29 +189,38 @@ Batch DataLoader::GetBatch(int64_t step, int64_t micro) const {
   SY_CHECK_GE(step, 0);
   SY_CHECK(micro >= 0 && micro < micro_batches_per_step())
       << "micro=" << micro << " of " << micro_batches_per_step();
-  const int64_t windows = train_windows();
   const int64_t per_rank = options_.global_batch_size / options_.dp_size;
   const int64_t first = step * options_.global_batch_size + options_.dp_rank * per_rank +
                         micro * options_.micro_batch_size;
   Batch batch = MakeBatch();
   for (int64_t row = 0; row < options_.micro_batch_size; ++row) {
     const int64_t g = first + row;
-    const uint64_t epoch = static_cast<uint64_t>(g / windows);
-    const uint64_t window = PermuteIndex(static_cast<uint64_t>(g % windows), windows, options_.seed,
-                                         StreamId("data.train.windows") + epoch);
-    FillRow(train_, static_cast<int64_t>(window) * options_.seq_len, row, &batch);
+    const auto [d, k] = blend_->Locate(g);
+    const int64_t windows = train_windows(d);
+    const uint64_t epoch = static_cast<uint64_t>(k / windows);
+    const uint64_t window = PermuteIndex(static_cast<uint64_t>(k % windows), windows,
+                                         options_.seed, WindowStream(d, epoch));
+    FillRow(datasets_[d]->train, static_cast<int64_t>(window) * options_.seq_len, row, &batch);
     batch.sequences.push_back(g);
+    batch.datasets.push_back(d);
   }
   return batch;
 }
 
 StatusOr<std::vector<Batch>> DataLoader::ValidationBatches(int64_t max_batches) const {
   const int64_t mbs = options_.micro_batch_size;
-  const int64_t windows = val_tokens() > 0 ? (val_tokens() - 1) / options_.seq_len : 0;
+  // Windows of each dataset's validation stream, one dataset after the other.
+  std::vector<int64_t> first_window = {0};
+  for (const auto& dataset : datasets_) {
+    const int64_t n = dataset->val.size() > 0 ? (dataset->val.size() - 1) / options_.seq_len : 0;
+    first_window.push_back(first_window.back() + n);
+  }
+  const int64_t windows = first_window.back();
   int64_t count = windows / (mbs * options_.dp_size);
   if (count == 0) {
     return FailedPrecondition(
-        options_.dir, ": the validation split has ", val_tokens(), " tokens, ", windows,
+        datasets_.size() == 1 ? datasets_[0]->dir : std::string("the blend"),
+        ": the validation split has ", val_tokens(), " tokens, ", windows,
         " windows of seq_len + 1 = ", options_.seq_len + 1,
         "; one validation batch on every rank needs ", mbs * options_.dp_size);
   }
@@ -174,8 +230,11 @@ StatusOr<std::vector<Batch>> DataLoader::ValidationBatches(int64_t max_batches) 
     Batch batch = MakeBatch();
     for (int64_t row = 0; row < mbs; ++row) {
       const int64_t k = (b * options_.dp_size + options_.dp_rank) * mbs + row;
-      FillRow(val_, k * options_.seq_len, row, &batch);
+      const int d = static_cast<int>(
+          std::upper_bound(first_window.begin(), first_window.end(), k) - first_window.begin() - 1);
+      FillRow(datasets_[d]->val, (k - first_window[d]) * options_.seq_len, row, &batch);
       batch.sequences.push_back(k);
+      batch.datasets.push_back(d);
     }
     batches.push_back(std::move(batch));
   }

@@ -1,30 +1,36 @@
 // The prep pipeline; see prep.h.
 #include "engine/train/data/prep.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
-#include <regex>
+#include <optional>
+#include <queue>
+#include <set>
 #include <thread>
 
 #include "engine/core/philox.h"
 #include "engine/core/safetensors.h"
+#include "engine/train/data/parallel_encoder.h"
+#include "engine/train/data/prep_output.h"
 #include "engine/train/data/shards.h"
 #include "engine/train/data/tokenizer.h"
+#include "engine/train/data/tokenizer_sample.h"
 
 namespace switchyard::data {
 namespace {
 
 namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 std::string Fixed(double value, int digits) {
@@ -33,127 +39,285 @@ std::string Fixed(double value, int digits) {
   return text;
 }
 
-// Names prep writes into its folder (and nothing else).
-bool IsPrepOutputName(const std::string& name) {
-  static const std::regex kShard("(train|val)-[0-9]{5}\\.bin");
-  return name == kIndexFile || name == kTokenizerFile || std::regex_match(name, kShard);
-}
+std::string Megabytes(uint64_t bytes) { return Fixed(bytes / 1e6, 1) + " MB"; }
 
-// Keeps at most `max_per_label` documents of each label: those with the smallest
-// Philox draw (ties by position), still in corpus order.
-std::vector<Document> SampleDocuments(std::vector<Document> documents, int64_t max_per_label,
-                                      uint64_t seed) {
-  if (max_per_label <= 0) return documents;
-  const RngKey key{seed, StreamId("data.prep.sample")};
-  std::map<std::string, std::vector<std::pair<uint32_t, size_t>>> by_label;
-  for (size_t i = 0; i < documents.size(); ++i) {
-    by_label[documents[i].label].push_back({RandomBitsAt(key, i), i});
+// Which documents of the corpus are kept, as positions j in reading order (ascending),
+// or all of them. Position() maps j to the document's index i among the kept ones; it
+// must be called with ascending j (Rewind() starts again).
+class KeptDocuments {
+ public:
+  KeptDocuments() = default;
+  explicit KeptDocuments(std::vector<uint64_t> kept) : all_(false), kept_(std::move(kept)) {}
+  std::optional<uint64_t> Position(uint64_t j) {
+    if (all_) return j;
+    if (next_ < kept_.size() && kept_[next_] == j) return next_++;
+    return std::nullopt;
   }
-  std::vector<bool> keep(documents.size(), false);
-  for (auto& [label, draws] : by_label) {
-    const size_t n = std::min(draws.size(), static_cast<size_t>(max_per_label));
-    std::partial_sort(draws.begin(), draws.begin() + n, draws.end());
-    for (size_t k = 0; k < n; ++k) keep[draws[k].second] = true;
-  }
-  std::vector<Document> kept;
-  for (size_t i = 0; i < documents.size(); ++i) {
-    if (keep[i]) kept.push_back(std::move(documents[i]));
-  }
-  return kept;
-}
+  void Rewind() { next_ = 0; }
 
-// Encodes every document and appends </s>; threads split the documents, the result does
-// not depend on how.
-std::vector<std::vector<int32_t>> EncodeAll(const Tokenizer& tokenizer,
-                                            const std::vector<Document>& documents) {
-  std::vector<std::vector<int32_t>> encoded(documents.size());
-  const size_t threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> workers;
-  for (size_t t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      for (size_t i = t; i < documents.size(); i += threads) {
-        encoded[i] = tokenizer.Encode(documents[i].text);
-        encoded[i].push_back(tokenizer.eos_id());
+ private:
+  bool all_ = true;
+  std::vector<uint64_t> kept_;
+  size_t next_ = 0;
+};
+
+// Reads every document of `files` in order and calls fn(doc, j, f) with its position j
+// and its file's index f.
+// With `callbacks`, bad JSONL lines are reported (the first few of each file, then the
+// total); `bad_lines` receives their count.
+Status WalkCorpus(const std::vector<CorpusFile>& files, const ReadOptions& options,
+                  const std::function<Status(Document& doc, uint64_t j, int f)>& fn,
+                  const PrepCallbacks* callbacks, uint64_t* bad_lines) {
+  uint64_t j = 0, bad = 0;
+  Document doc;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const CorpusFile& file = files[f];
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<DocumentReader> reader,
+                        DocumentReader::Open(file, options));
+    while (true) {
+      SY_ASSIGN_OR_RETURN(bool more, reader->Next(&doc));
+      if (!more) break;
+      SY_RETURN_IF_ERROR(fn(doc, j++, static_cast<int>(f)));
+    }
+    bad += reader->bad_lines();
+    if (callbacks != nullptr && callbacks->warning) {
+      for (const std::string& message : reader->bad_line_messages()) {
+        callbacks->warning(StrCat(message, " (line skipped)"));
       }
-    });
+      const uint64_t unreported = reader->bad_lines() - reader->bad_line_messages().size();
+      if (unreported > 0) {
+        callbacks->warning(StrCat(file.path, ": ", unreported, " more bad lines skipped"));
+      }
+    }
   }
-  for (std::thread& worker : workers) worker.join();
-  return encoded;
+  if (bad_lines != nullptr) *bad_lines = bad;
+  return OkStatus();
 }
 
-// Fills `index` (shards and documents) and writes the shards into `dir`.
-Status WriteShards(const std::string& dir, const std::vector<Document>& documents,
-                   const std::vector<Split>& splits,
-                   const std::vector<std::vector<int32_t>>& encoded, int64_t shard_tokens,
-                   Index* index) {
+// The survey of the corpus (stage 1 and 2): the kept documents, their labels and size,
+// and the tokenizer's sample.
+struct Survey {
+  uint64_t read = 0;       // documents read
+  uint64_t kept = 0;       // documents kept
+  uint64_t bytes = 0;      // text bytes of the kept documents
+  uint64_t train = 0;      // kept documents in training
+  uint64_t bad_lines = 0;  // skipped JSONL lines
+  std::set<std::string> labels;
+  KeptDocuments keep;
+};
+
+StatusOr<Survey> SurveyCorpus(const PrepOptions& options, const std::vector<CorpusFile>& files,
+                              const PrepCallbacks& callbacks, TokenizerSample* sample) {
+  Survey survey;
+  const bool capped = options.max_docs_per_label > 0;
+  // Stage 2 for a kept document i: its split, and the tokenizer's sample.
+  const auto visit = [&](Document& doc, uint64_t i) {
+    ++survey.kept;
+    survey.bytes += doc.text.size();
+    survey.labels.insert(doc.label);
+    if (!IsValidation(options.seed, i, options.val_fraction)) {
+      ++survey.train;
+      if (sample != nullptr) sample->Offer(i, doc.text);
+    }
+  };
+  if (!capped) {
+    SY_RETURN_IF_ERROR(WalkCorpus(
+        files, options.read,
+        [&](Document& doc, uint64_t j, int) {
+          ++survey.read;
+          visit(doc, j);
+          return OkStatus();
+        },
+        &callbacks, &survey.bad_lines));
+    return survey;
+  }
+  // Keep the max_docs_per_label documents of each label with the smallest draw
+  // RandomBitsAt({seed, StreamId("data.prep.sample")}, j) (ties by position).
+  const RngKey key{options.seed, StreamId("data.prep.sample")};
+  std::map<std::string, std::priority_queue<std::pair<uint32_t, uint64_t>>> best;
+  SY_RETURN_IF_ERROR(WalkCorpus(
+      files, options.read,
+      [&](Document& doc, uint64_t j, int) {
+        ++survey.read;
+        auto& heap = best[doc.label];
+        heap.push({RandomBitsAt(key, j), j});
+        if (heap.size() > static_cast<size_t>(options.max_docs_per_label)) heap.pop();
+        return OkStatus();
+      },
+      &callbacks, &survey.bad_lines));
+  std::vector<uint64_t> kept;
+  for (auto& [label, heap] : best) {
+    for (; !heap.empty(); heap.pop()) kept.push_back(heap.top().second);
+  }
+  std::sort(kept.begin(), kept.end());
+  survey.keep = KeptDocuments(std::move(kept));
+  SY_RETURN_IF_ERROR(WalkCorpus(
+      files, options.read,
+      [&](Document& doc, uint64_t j, int) {
+        if (std::optional<uint64_t> i = survey.keep.Position(j)) visit(doc, *i);
+        return OkStatus();
+      },
+      nullptr, nullptr));
+  survey.keep.Rewind();
+  return survey;
+}
+
+// One document's place, kept in a temporary file while the shards are written.
+struct DocumentRecord {
+  uint64_t offset = 0;
+  uint64_t tokens = 0;
+  uint32_t shard = 0;  // among its split's shards
+  uint32_t label = 0;
+  uint32_t file = 0;
+  uint32_t split = 0;
+};
+
+// Writes the shards of both splits as the encoded documents arrive (stage 3), and then
+// index.json. A new shard starts when the next document would pass shard_tokens; a
+// document never spans two shards.
+class ShardSet {
+ public:
+  ShardSet(std::string dir, uint32_t token_bytes, int64_t shard_tokens, Index* index)
+      : dir_(std::move(dir)), token_bytes_(token_bytes), shard_tokens_(shard_tokens),
+        index_(index) {}
+  ~ShardSet() {
+    if (records_ != nullptr) std::fclose(records_);
+  }
+
+  Status Open() {
+    records_path_ = dir_ + "/.documents.tmp";
+    records_ = std::fopen(records_path_.c_str(), "w+b");
+    if (records_ == nullptr) {
+      return FailedPrecondition(records_path_, ": cannot create (", std::strerror(errno), ")");
+    }
+    return OkStatus();
+  }
+
+  Status Add(const EncodeItem& item) {
+    const int s = static_cast<int>(item.split);
+    std::unique_ptr<ShardWriter>& writer = writers_[s];
+    const uint64_t n = item.tokens.size();
+    if (writer == nullptr ||
+        (writer->count() > 0 && writer->count() + n > static_cast<uint64_t>(shard_tokens_))) {
+      SY_RETURN_IF_ERROR(Close(s));
+      char name[32];
+      std::snprintf(name, sizeof(name), "%s-%05zu.bin", SplitName(item.split), shards_[s].size());
+      SY_ASSIGN_OR_RETURN(writer, ShardWriter::Create(dir_ + "/" + name, token_bytes_));
+      shards_[s].push_back(ShardEntry{name, item.split, 0});
+    }
+    const DocumentRecord record{writer->count(), n, static_cast<uint32_t>(shards_[s].size() - 1),
+                                static_cast<uint32_t>(item.label),
+                                static_cast<uint32_t>(item.file), static_cast<uint32_t>(s)};
+    if (std::fwrite(&record, sizeof(record), 1, records_) != 1) {
+      return FailedPrecondition(records_path_, ": write failed (", std::strerror(errno), ")");
+    }
+    LabelTotals& totals = index_->totals[item.label];
+    totals.documents[s] += 1;
+    totals.tokens[s] += n;
+    ++documents_;
+    return writer->Append(item.tokens.data(), n);
+  }
+
+  // Finishes the shards and writes index.json: the training shards, then the validation
+  // ones; the documents in corpus order.
+  Status Finish(const std::vector<CorpusFile>& files) {
+    SY_RETURN_IF_ERROR(Close(0));
+    SY_RETURN_IF_ERROR(Close(1));
+    index_->shards = shards_[0];
+    index_->shards.insert(index_->shards.end(), shards_[1].begin(), shards_[1].end());
+    const std::string path = dir_ + "/" + kIndexFile;
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    if (out == nullptr) return FailedPrecondition(path, ": cannot create (", std::strerror(errno), ")");
+    bool ok = std::fputs(IndexHeadJson(*index_).c_str(), out) >= 0;
+    std::rewind(records_);
+    DocumentRecord record;
+    for (uint64_t d = 0; ok && d < documents_; ++d) {
+      ok = std::fread(&record, sizeof(record), 1, records_) == 1;
+      if (!ok) break;
+      DocumentEntry doc{static_cast<Split>(record.split),
+                        static_cast<int>(record.shard + (record.split == 1 ? shards_[0].size() : 0)),
+                        record.offset,
+                        record.tokens,
+                        static_cast<int>(record.label),
+                        files[record.file].path};
+      ok = std::fputs(DocumentJson(*index_, doc, d + 1 == documents_).c_str(), out) >= 0;
+    }
+    ok = ok && std::fputs(IndexTailJson(), out) >= 0 && std::fflush(out) == 0 &&
+         ::fsync(::fileno(out)) == 0;
+    ok = (std::fclose(out) == 0) && ok;
+    if (!ok) return FailedPrecondition(path, ": write failed (", std::strerror(errno), ")");
+    std::fclose(records_);
+    records_ = nullptr;
+    std::remove(records_path_.c_str());
+    return OkStatus();
+  }
+
+ private:
+  Status Close(int s) {
+    if (writers_[s] == nullptr) return OkStatus();
+    shards_[s].back().tokens = writers_[s]->count();
+    Status status = writers_[s]->Finish();
+    writers_[s] = nullptr;
+    return status;
+  }
+
+  std::string dir_;
+  uint32_t token_bytes_;
+  int64_t shard_tokens_;
+  Index* index_;
+  std::unique_ptr<ShardWriter> writers_[2];
+  std::vector<ShardEntry> shards_[2];
+  std::string records_path_;
+  std::FILE* records_ = nullptr;
+  uint64_t documents_ = 0;
+};
+
+// Stage 3: reads the kept documents again, encodes them and writes the shards and the
+// index into `staging`.
+Status EncodeCorpus(const PrepOptions& options, const std::vector<CorpusFile>& files,
+                    const Tokenizer& tokenizer, Survey* survey, const PrepCallbacks& callbacks,
+                    const std::string& staging, Index* index) {
   std::map<std::string, int> label_ids;
-  for (size_t l = 0; l < index->labels.size(); ++l) label_ids[index->labels[l]] = l;
-  for (Split split : {Split::kTrain, Split::kVal}) {
-    std::vector<int32_t> tokens;
-    int shard = -1;
-    const auto flush = [&]() -> Status {
-      if (shard < 0) return OkStatus();
-      index->shards[shard].tokens = tokens.size();
-      SY_RETURN_IF_ERROR(
-          WriteShard(dir + "/" + index->shards[shard].name, tokens, index->token_bytes));
-      tokens.clear();
-      return OkStatus();
-    };
-    int count = 0;
-    for (size_t i = 0; i < documents.size(); ++i) {
-      if (splits[i] != split) continue;
-      const std::vector<int32_t>& doc = encoded[i];
-      if (shard < 0 ||
-          (!tokens.empty() && tokens.size() + doc.size() > static_cast<size_t>(shard_tokens))) {
-        SY_RETURN_IF_ERROR(flush());
-        char name[32];
-        std::snprintf(name, sizeof(name), "%s-%05d.bin", SplitName(split), count++);
-        shard = static_cast<int>(index->shards.size());
-        index->shards.push_back(ShardEntry{name, split, 0});
-      }
-      index->documents[i] = DocumentEntry{split,
-                                          shard,
-                                          tokens.size(),
-                                          doc.size(),
-                                          label_ids.at(documents[i].label),
-                                          documents[i].source};
-      tokens.insert(tokens.end(), doc.begin(), doc.end());
+  for (size_t l = 0; l < index->labels.size(); ++l) label_ids[index->labels[l]] = static_cast<int>(l);
+  index->totals.assign(index->labels.size(), LabelTotals{});
+  ShardSet shards(staging, index->token_bytes, options.shard_tokens, index);
+  SY_RETURN_IF_ERROR(shards.Open());
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last_report = start;
+  EncodeProgress progress{0, survey->bytes, 0, 0};
+  ParallelEncoder encoder(tokenizer, threads, [&](EncodeItem& item) -> Status {
+    progress.bytes += item.text_bytes;
+    ++progress.documents;
+    if (callbacks.encoding && SecondsSince(last_report) >= 0.5) {
+      last_report = Clock::now();
+      progress.seconds = SecondsSince(start);
+      callbacks.encoding(progress);
     }
-    SY_RETURN_IF_ERROR(flush());
-  }
-  return OkStatus();
-}
-
-// fsyncs a folder so a rename inside it is durable.
-void SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-// Moves the finished `staging` folder to `out`, replacing a previous prep output.
-Status Publish(const std::string& staging, const std::string& out, bool force) {
-  SY_RETURN_IF_ERROR(CheckOutputDir(out, force));
-  std::error_code ec;
-  std::string old;
-  if (fs::exists(out, ec)) {
-    if (fs::is_empty(out, ec)) {
-      fs::remove(out, ec);
-    } else {
-      old = StrCat(out, ".old-", ::getpid());
-      fs::rename(out, old, ec);
-    }
-    if (ec) return FailedPrecondition(out, ": cannot replace (", ec.message(), ")");
-  }
-  fs::rename(staging, out, ec);
-  if (ec) {
-    if (!old.empty()) fs::rename(old, out, ec);
-    return FailedPrecondition(out, ": cannot move ", staging, " into place");
-  }
-  SyncDirectory(fs::absolute(out).parent_path().string());
-  if (!old.empty()) fs::remove_all(old, ec);
-  return OkStatus();
+    return shards.Add(item);
+  });
+  SY_RETURN_IF_ERROR(WalkCorpus(
+      files, options.read,
+      [&](Document& doc, uint64_t j, int file) -> Status {
+        std::optional<uint64_t> i = survey->keep.Position(j);
+        if (!i) return OkStatus();
+        EncodeItem item;
+        item.index = *i;
+        item.label = label_ids.at(doc.label);
+        item.file = file;
+        item.split = IsValidation(options.seed, *i, options.val_fraction) ? Split::kVal
+                                                                          : Split::kTrain;
+        item.text_bytes = doc.text.size();
+        item.text = std::move(doc.text);
+        return encoder.Add(std::move(item));
+      },
+      nullptr, nullptr));
+  SY_RETURN_IF_ERROR(encoder.Finish());
+  progress.seconds = SecondsSince(start);
+  if (callbacks.encoding) callbacks.encoding(progress);
+  return shards.Finish(files);
 }
 
 }  // namespace
@@ -170,6 +334,13 @@ Status PrepOptions::Validate() const {
     return InvalidArgument("--max-docs-per-label must be >= 0, got ", max_docs_per_label);
   }
   if (shard_tokens < 1) return InvalidArgument("--shard-tokens must be >= 1, got ", shard_tokens);
+  if (threads < 0 || threads > 4096) {
+    return InvalidArgument("--threads must be in [0, 4096] (0: every core), got ", threads);
+  }
+  if (tokenizer_sample_bytes < 1) {
+    return InvalidArgument("--tokenizer-sample-bytes must be >= 1, got ", tokenizer_sample_bytes);
+  }
+  if (read.json_key.empty()) return InvalidArgument("--json-key must not be empty");
   return OkStatus();
 }
 
@@ -177,110 +348,83 @@ bool IsValidation(uint64_t seed, uint64_t index, double val_fraction) {
   return UniformAt(RngKey{seed, StreamId("data.prep.split")}, index) < val_fraction;
 }
 
-Status CheckOutputDir(const std::string& dir, bool force) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return OkStatus();
-  if (!fs::is_directory(dir, ec)) return FailedPrecondition(dir, " exists and is not a folder");
-  if (fs::is_empty(dir, ec)) return OkStatus();
-  if (!fs::exists(fs::path(dir) / kIndexFile, ec)) {
-    return FailedPrecondition(dir, " is not empty and holds no prep output (no ", kIndexFile,
-                              "); choose a new or empty folder");
-  }
-  if (!force) {
-    return FailedPrecondition(dir, " already holds a prep output (", kIndexFile,
-                              "); pass --force to replace it");
-  }
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!IsPrepOutputName(name) || !entry.is_regular_file()) {
-      return FailedPrecondition(dir, " holds ", name,
-                                ", which prep did not write; not replacing the folder");
-    }
-  }
-  return OkStatus();
-}
-
-StatusOr<Index> Prepare(const PrepOptions& options,
-                        const std::function<void(const std::string&)>& progress) {
+StatusOr<Index> Prepare(const PrepOptions& options, const PrepCallbacks& callbacks) {
   const auto say = [&](const std::string& line) {
-    if (progress) progress(line);
+    if (callbacks.progress) callbacks.progress(line);
   };
   SY_RETURN_IF_ERROR(options.Validate());
-  SY_RETURN_IF_ERROR(CheckOutputDir(options.out_dir, options.force));
+  const std::string out_dir = NormalizedOutDir(options.out_dir);
+  SY_RETURN_IF_ERROR(CheckOutputDir(out_dir, options.force));
 
-  // 1. Documents.
-  auto start = std::chrono::steady_clock::now();
+  // An existing tokenizer is loaded first: a model that does not load fails fast.
+  std::string model;
+  std::optional<Tokenizer> tokenizer;
+  if (!options.tokenizer_path.empty()) {
+    SY_ASSIGN_OR_RETURN(model, ReadTokenizerModel(options.tokenizer_path));
+    SY_ASSIGN_OR_RETURN(Tokenizer loaded, Tokenizer::FromSerialized(model, options.tokenizer_path));
+    tokenizer = loaded;
+  }
+
+  // 1-2. Documents, labels, the split and the tokenizer's sample.
+  Clock::time_point start = Clock::now();
   std::vector<CorpusFile> files;
   if (options.files.empty()) {
     SY_ASSIGN_OR_RETURN(files, FortuneCorpusFiles(options.fortune_root));
   } else {
     SY_ASSIGN_OR_RETURN(files, UserCorpusFiles(options.files, options.label));
   }
-  SY_ASSIGN_OR_RETURN(std::vector<Document> documents, ReadCorpus(files));
-  const size_t read = documents.size();
-  documents = SampleDocuments(std::move(documents), options.max_docs_per_label, options.seed);
-  if (documents.empty()) {
-    return InvalidArgument("the corpus holds no documents (", files.size(), " files read)");
+  TokenizerSample sample(options.tokenizer_sample_bytes, options.seed);
+  SY_ASSIGN_OR_RETURN(Survey survey,
+                      SurveyCorpus(options, files, callbacks, tokenizer ? nullptr : &sample));
+  if (survey.bad_lines > 0 && callbacks.warning) {
+    callbacks.warning(StrCat("skipped ", survey.bad_lines,
+                             " bad JSONL lines (--strict makes them an error)"));
+  }
+  if (survey.kept == 0) {
+    return InvalidArgument("the corpus holds no documents (", files.size(), " files read",
+                           survey.bad_lines > 0 ? StrCat(", ", survey.bad_lines, " bad lines")
+                                                : std::string(),
+                           ")");
+  }
+  if (survey.train == 0) {
+    return InvalidArgument("no document went to training; lower --val-fraction");
   }
   Index index;
   index.seed = options.seed;
   index.val_fraction = options.val_fraction;
-  for (const Document& doc : documents) index.labels.push_back(doc.label);
-  std::sort(index.labels.begin(), index.labels.end());
-  index.labels.erase(std::unique(index.labels.begin(), index.labels.end()), index.labels.end());
-  say(StrCat("read ", read, " documents from ", files.size(),
-             " files (labels: ", index.labels.size(), ")",
-             documents.size() < read ? StrCat(", kept ", documents.size()) : "", " in ",
+  index.labels.assign(survey.labels.begin(), survey.labels.end());
+  say(StrCat("read ", survey.read, " documents (", Megabytes(survey.bytes), ") from ",
+             files.size(), " files (labels: ", index.labels.size(), ")",
+             survey.kept < survey.read ? StrCat(", kept ", survey.kept) : "", " in ",
              Fixed(SecondsSince(start), 1), " s"));
 
-  // 2. Splits.
-  std::vector<Split> splits(documents.size());
-  std::vector<std::string> train_texts;
-  for (size_t i = 0; i < documents.size(); ++i) {
-    splits[i] = IsValidation(options.seed, i, options.val_fraction) ? Split::kVal : Split::kTrain;
-    if (splits[i] == Split::kTrain) train_texts.push_back(documents[i].text);
+  // The tokenizer.
+  start = Clock::now();
+  if (!tokenizer) {
+    const uint64_t sampled = sample.kept(), sampled_bytes = sample.kept_bytes();
+    SY_ASSIGN_OR_RETURN(model, TrainTokenizer(sample.TakeTexts(),
+                                              TokenizerOptions{options.vocab_size, options.seed}));
+    SY_ASSIGN_OR_RETURN(Tokenizer trained, Tokenizer::FromSerialized(model));
+    tokenizer = trained;
+    say(StrCat("trained the tokenizer: ", tokenizer->vocab_size(), " pieces on ", sampled, " of ",
+               survey.train, " training documents (", Megabytes(sampled_bytes), ") in ",
+               Fixed(SecondsSince(start), 1), " s"));
+  } else {
+    say(StrCat("loaded the tokenizer ", options.tokenizer_path, ": ", tokenizer->vocab_size(),
+               " pieces"));
   }
-  if (train_texts.empty()) {
-    return InvalidArgument("no document went to training; lower --val-fraction");
-  }
-
-  // 3. Tokenizer.
-  start = std::chrono::steady_clock::now();
-  SY_ASSIGN_OR_RETURN(
-      std::string model,
-      TrainTokenizer(train_texts, TokenizerOptions{options.vocab_size, options.seed}));
-  train_texts.clear();
-  SY_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::FromSerialized(model));
-  index.vocab_size = tokenizer.vocab_size();
-  index.eos_id = tokenizer.eos_id();
+  index.vocab_size = tokenizer->vocab_size();
+  index.eos_id = tokenizer->eos_id();
   index.token_bytes = TokenBytesForVocab(index.vocab_size);
-  say(StrCat("trained the tokenizer: ", index.vocab_size, " pieces in ",
-             Fixed(SecondsSince(start), 1), " s"));
 
-  // 4. Encoding.
-  start = std::chrono::steady_clock::now();
-  const std::vector<std::vector<int32_t>> encoded = EncodeAll(tokenizer, documents);
-  say(StrCat("encoded ", documents.size(), " documents in ", Fixed(SecondsSince(start), 1), " s"));
-
-  // 5. Files, into a staging folder that replaces the output at the end.
-  const fs::path out = fs::path(options.out_dir).lexically_normal();
-  const std::string out_dir = out.has_filename() ? out.string() : out.parent_path().string();
-  const std::string staging = StrCat(out_dir, ".tmp-", ::getpid());
-  std::error_code ec;
-  fs::remove_all(staging, ec);
-  if (fs::path parent = fs::absolute(out_dir).parent_path(); !fs::exists(parent, ec)) {
-    fs::create_directories(parent, ec);
-  }
-  if (!fs::create_directory(staging, ec) || ec) {
-    return FailedPrecondition(staging, ": cannot create (", ec.message(), ")");
-  }
-  index.documents.resize(documents.size());
-  Status status = WriteShards(staging, documents, splits, encoded, options.shard_tokens, &index);
-  ComputeTotals(&index);
+  // 3. Encoding and the files, into a staging folder that replaces the output at the end.
+  SY_ASSIGN_OR_RETURN(const std::string staging, CreateStaging(out_dir));
+  Status status =
+      EncodeCorpus(options, files, *tokenizer, &survey, callbacks, staging, &index);
   if (status.ok()) status = WriteFileAtomically(staging + "/" + kTokenizerFile, model);
-  if (status.ok()) status = WriteFileAtomically(staging + "/" + kIndexFile, IndexToJson(index));
   if (status.ok()) status = Publish(staging, out_dir, options.force);
   if (!status.ok()) {
+    std::error_code ec;
     fs::remove_all(staging, ec);
     return status;
   }

@@ -1,6 +1,10 @@
 // The token shard format; see shards.h.
 #include "engine/train/data/shards.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
@@ -24,14 +28,73 @@ uint64_t GetLittleEndian(const unsigned char* p, int bytes) {
 
 uint32_t TokenBytesForVocab(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
-uint64_t Fnv1a64(const void* data, size_t size) {
+uint64_t Fnv1a64(const void* data, size_t size, uint64_t h) {
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < size; ++i) {
     h ^= p[i];
     h *= 0x100000001b3ull;
   }
   return h;
+}
+
+namespace {
+
+std::string HeaderBytes(uint32_t token_bytes, uint64_t count, uint64_t checksum) {
+  std::string bytes(kShardMagic, sizeof(kShardMagic));
+  PutLittleEndian(&bytes, kShardVersion, 4);
+  PutLittleEndian(&bytes, token_bytes, 4);
+  PutLittleEndian(&bytes, count, 8);
+  PutLittleEndian(&bytes, checksum, 8);
+  return bytes;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& path,
+                                                           uint32_t token_bytes) {
+  SY_CHECK(token_bytes == 2 || token_bytes == 4) << "token_bytes=" << token_bytes;
+  std::unique_ptr<ShardWriter> writer(new ShardWriter());
+  writer->path_ = path;
+  writer->token_bytes_ = token_bytes;
+  writer->checksum_ = kFnv1a64Start;
+  writer->file_ = std::fopen(path.c_str(), "wb");
+  if (writer->file_ == nullptr) {
+    return FailedPrecondition(path, ": cannot create (", std::strerror(errno), ")");
+  }
+  const std::string zeros(kShardHeaderBytes, '\0');
+  if (std::fwrite(zeros.data(), 1, zeros.size(), writer->file_) != zeros.size()) {
+    return FailedPrecondition(path, ": write failed (", std::strerror(errno), ")");
+  }
+  return writer;
+}
+
+ShardWriter::~ShardWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+Status ShardWriter::Append(const int32_t* tokens, size_t count) {
+  buffer_.clear();
+  for (size_t i = 0; i < count; ++i) {
+    SY_CHECK(tokens[i] >= 0 && (token_bytes_ == 4 || tokens[i] < 65536)) << "token " << tokens[i];
+    PutLittleEndian(&buffer_, static_cast<uint32_t>(tokens[i]), static_cast<int>(token_bytes_));
+  }
+  checksum_ = Fnv1a64(buffer_.data(), buffer_.size(), checksum_);
+  count_ += count;
+  if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
+    return FailedPrecondition(path_, ": write failed (", std::strerror(errno), ")");
+  }
+  return OkStatus();
+}
+
+Status ShardWriter::Finish() {
+  const std::string header = HeaderBytes(token_bytes_, count_, checksum_);
+  bool ok = std::fseek(file_, 0, SEEK_SET) == 0 &&
+            std::fwrite(header.data(), 1, header.size(), file_) == header.size() &&
+            std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+  ok = (std::fclose(file_) == 0) && ok;
+  file_ = nullptr;
+  if (!ok) return FailedPrecondition(path_, ": write failed (", std::strerror(errno), ")");
+  return OkStatus();
 }
 
 std::string EncodeShard(const std::vector<int32_t>& tokens, uint32_t token_bytes) {
@@ -42,12 +105,8 @@ std::string EncodeShard(const std::vector<int32_t>& tokens, uint32_t token_bytes
     SY_CHECK(token >= 0 && (token_bytes == 4 || token < 65536)) << "token " << token;
     PutLittleEndian(&payload, static_cast<uint32_t>(token), static_cast<int>(token_bytes));
   }
-  std::string bytes(kShardMagic, sizeof(kShardMagic));
-  PutLittleEndian(&bytes, kShardVersion, 4);
-  PutLittleEndian(&bytes, token_bytes, 4);
-  PutLittleEndian(&bytes, tokens.size(), 8);
-  PutLittleEndian(&bytes, Fnv1a64(payload.data(), payload.size()), 8);
-  return bytes + payload;
+  return HeaderBytes(token_bytes, tokens.size(), Fnv1a64(payload.data(), payload.size())) +
+         payload;
 }
 
 Status WriteShard(const std::string& path, const std::vector<int32_t>& tokens,
@@ -55,17 +114,12 @@ Status WriteShard(const std::string& path, const std::vector<int32_t>& tokens,
   return WriteFileAtomically(path, EncodeShard(tokens, token_bytes));
 }
 
-StatusOr<std::vector<int32_t>> ReadShard(const std::string& path, ShardHeader* header_out) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return NotFound(path, ": cannot open the token shard");
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+StatusOr<ShardHeader> ParseShardHeader(const std::string& path, const unsigned char* head,
+                                       uint64_t size) {
   if (size < kShardHeaderBytes) {
     return DataLoss(path, ": not a token shard (", size, " bytes, shorter than the ",
                     kShardHeaderBytes, "-byte header)");
   }
-  unsigned char head[kShardHeaderBytes];
-  in.read(reinterpret_cast<char*>(head), kShardHeaderBytes);
   if (std::memcmp(head, kShardMagic, sizeof(kShardMagic)) != 0) {
     return DataLoss(path, ": not a token shard (bad magic; expected \"SYTOKENS\")");
   }
@@ -91,6 +145,18 @@ StatusOr<std::vector<int32_t>> ReadShard(const std::string& path, ShardHeader* h
                     " tokens of ", header.token_bytes, " bytes (", want,
                     " bytes in all) but the file has ", size, " bytes");
   }
+  return header;
+}
+
+StatusOr<std::vector<int32_t>> ReadShard(const std::string& path, ShardHeader* header_out) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return NotFound(path, ": cannot open the token shard");
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  unsigned char head[kShardHeaderBytes] = {};
+  in.read(reinterpret_cast<char*>(head), std::min<uint64_t>(size, kShardHeaderBytes));
+  SY_ASSIGN_OR_RETURN(ShardHeader header, ParseShardHeader(path, head, size));
+  const uint64_t payload = size - kShardHeaderBytes;
   std::vector<unsigned char> bytes(payload);
   in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(payload));
   if (!in) return DataLoss(path, ": read failed");

@@ -2,11 +2,11 @@
 // through sentencepiece_bridge.h (its headers clash with abseil's).
 #include "engine/train/data/tokenizer.h"
 
-#include <fstream>
+#include <filesystem>
 #include <set>
-#include <sstream>
 
 #include "engine/core/check.h"
+#include "engine/core/file.h"
 #include "engine/train/data/sentencepiece_bridge.h"
 
 namespace switchyard::data {
@@ -69,12 +69,20 @@ StatusOr<Tokenizer> Tokenizer::FromSerialized(const std::string& model, const st
   return Tokenizer(std::move(processor));
 }
 
+StatusOr<std::string> ReadTokenizerModel(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) return NotFound(path, ": cannot open the tokenizer model (", ec.message(), ")");
+  if (size > kMaxTokenizerModelBytes) {
+    return InvalidArgument(path, ": ", size, " bytes is too large for a SentencePiece model (at most ",
+                           kMaxTokenizerModelBytes, "); is it the model?");
+  }
+  return ReadFile(path);
+}
+
 StatusOr<Tokenizer> Tokenizer::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open the tokenizer model");
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return FromSerialized(bytes.str(), path);
+  SY_ASSIGN_OR_RETURN(std::string bytes, ReadTokenizerModel(path));
+  return FromSerialized(bytes, path);
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {

@@ -38,6 +38,13 @@ struct TokenizerOptions {
 StatusOr<std::string> TrainTokenizer(const std::vector<std::string>& texts,
                                      const TokenizerOptions& options);
 
+// The largest tokenizer.model prep and the loader read (real ones are a few MB).
+inline constexpr uint64_t kMaxTokenizerModelBytes = uint64_t{256} << 20;
+
+// The bytes of a tokenizer model file; errors name the path (missing, or larger than
+// kMaxTokenizerModelBytes).
+StatusOr<std::string> ReadTokenizerModel(const std::string& path);
+
 // A loaded model. Copies share the model.
 class Tokenizer {
  public:

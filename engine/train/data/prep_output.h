@@ -1,0 +1,21 @@
+// The prep output folder (internal to prep): a staging folder beside it, and the rename
+// that replaces the output whole. CheckOutputDir (prep.h) says whether it may be replaced.
+#pragma once
+
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace switchyard::data {
+
+// `out_dir` without a trailing "/" or "." parts.
+std::string NormalizedOutDir(const std::string& out_dir);
+
+// Creates the empty folder "<out_dir>.tmp-<pid>" (and out_dir's parent) and returns it.
+StatusOr<std::string> CreateStaging(const std::string& out_dir);
+
+// Moves the finished `staging` folder to `out`, replacing a previous prep output (checked
+// again with CheckOutputDir), and syncs the parent folder.
+Status Publish(const std::string& staging, const std::string& out, bool force);
+
+}  // namespace switchyard::data
