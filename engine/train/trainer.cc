@@ -345,6 +345,29 @@ void Trainer::SumTiedEmbeddingGrads() {
   }
 }
 
+std::vector<std::vector<double>> Trainer::ExpertBiases() {
+  if (config_.moe.expert_bias_rate <= 0) return {};
+  const int64_t num_experts = config_.moe.num_experts;
+  std::vector<double> all(moe_layer_ids_.size() * num_experts, 0.0);
+  DeviceContext* ctx = rt_.ctx.get();
+  for (int c = 0; c < pipeline_->chunks(); ++c) {
+    const std::vector<int64_t>& ids = pipeline_->chunk(c).moe_layer_ids();
+    std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const size_t slot = std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), ids[l]) -
+                          moe_layer_ids_.begin();
+      const std::vector<float> bias = layers[l]->expert_bias().To(Device::Cpu(), ctx).ToVector<float>();
+      std::copy(bias.begin(), bias.end(), all.begin() + slot * num_experts);
+    }
+  }
+  // Each layer lives on one stage: the sum over pp is that stage's values (x + 0 exact).
+  if (pc_->pp().size() > 1) all = dist::AllReduceDoubles(pc_->pp(), all);
+  std::vector<std::vector<double>> out;
+  for (size_t l = 0; l < moe_layer_ids_.size(); ++l)
+    out.emplace_back(all.begin() + l * num_experts, all.begin() + (l + 1) * num_experts);
+  return out;
+}
+
 Status Trainer::Save() {
   nlohmann::json state;
   state["step"] = step_;
@@ -377,6 +400,8 @@ Status Trainer::Run(int64_t steps) {
   if (is_root()) {
     SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_ > 0));
     metrics_.emplace(std::move(w));
+    SY_ASSIGN_OR_RETURN(JsonlWriter r, JsonlWriter::Open(out_dir_ + "/routing.jsonl", step_ > 0));
+    routing_log_.emplace(std::move(r));
     std::printf("%s\n", pc_->mesh().Summary().c_str());
     std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
                 rt_.ctx->matmul_dtype() == DType::kBF16 ? "bf16 (f32 accumulation)" : "f32");
@@ -401,6 +426,11 @@ Status Trainer::Run(int64_t steps) {
       std::printf("%s\n", ProgressLine(m).c_str());
       std::fflush(stdout);
       metrics_->Write(MetricsJson(m));
+    }
+    const int64_t every = config_.logging.routing_every;
+    if (!m.moe.empty() && ((every > 0 && step_ % every == 0) || step_ == end - 1)) {
+      const std::vector<std::vector<double>> bias = ExpertBiases();  // collective over pp
+      if (is_root()) routing_log_->Write(RoutingJson(m, bias));
     }
     ++step_;
     if (losses_.size() == 1) ReportMemory();  // after the first step: the peaks are in
@@ -431,6 +461,9 @@ Status Trainer::Run(int64_t steps) {
     if (!run_stats_.empty()) {
       std::printf("\n%s\n%s", LoadBalanceSummary(moe_layer_ids_, run_stats_).c_str(),
                   routing_->Table().c_str());
+      const std::string path = out_dir_ + "/routing_by_language.json";
+      SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(path, /*append=*/false));
+      w.Write(routing_->Json());
     }
     std::fflush(stdout);
   }
