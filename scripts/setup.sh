@@ -15,6 +15,7 @@ packages=(
   libsentencepiece-dev sentencepiece
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br
   python3 python3-numpy
+  python3-matplotlib chromium   # switchyard report, and its test's headless browser
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -34,4 +34,9 @@ int RunMoeLayer(const std::vector<std::string>& args);
 // mode (one rank, or many under mpirun).
 int RunEval(const std::vector<std::string>& args);
 
+// switchyard report RUN [RUN ...] --out FILE.html [--route FILE.json] [--title S]: one
+// self-contained HTML page of the runs' losses, throughput and routing over the steps,
+// drawn by scripts/report.py; see docs/report.md.
+int RunReport(const std::vector<std::string>& args);
+
 }  // namespace switchyard::cli

@@ -1,10 +1,10 @@
 # Shared by the load-balance CLI tests (routing logs, report, route, study). After
 # cli_test_lib.sh: `source moe_run_lib.sh` defines
-#   py PROGRAM                     runs a python3 program given as a string
+#   py PROGRAM [ARG ...]           runs a python3 program given as a string
 #   make_corpus DIR                a tiny two-language corpus (en, de) tokenized into DIR
 #   tiny_moe_config FILE DATA      a 2-layer, 4-expert top-1 MoE config (capacity 1.0, so
 #                                  tokens drop; aux-loss-free bias on) training 8 steps
-py() { /usr/bin/python3 -c "$1"; }
+py() { /usr/bin/python3 -c "$1" "${@:2}"; }
 
 make_corpus() {
   local out="$1"
