@@ -39,4 +39,10 @@ int RunEval(const std::vector<std::string>& args);
 // drawn by scripts/report.py; see docs/report.md.
 int RunReport(const std::vector<std::string>& args);
 
+// switchyard route --checkpoint DIR (--text S | --file F) [--data DIR] [--json]
+// [--color auto|always|never] [--set k=v ...]: per token and MoE layer of a text, the
+// chosen experts, their gates and whether capacity dropped them (eval mode, the text one
+// routing group); see docs/route.md.
+int RunRoute(const std::vector<std::string>& args);
+
 }  // namespace switchyard::cli
