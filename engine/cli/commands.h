@@ -45,4 +45,10 @@ int RunReport(const std::vector<std::string>& args);
 // routing group); see docs/route.md.
 int RunRoute(const std::vector<std::string>& args);
 
+// switchyard export --format hf-mixtral CHECKPOINT OUT and switchyard import --format
+// hf-mixtral DIR OUT [--set k=v ...]: to and from Hugging Face's MixtralForCausalLM
+// directories; see docs/hf.md.
+int RunExport(const std::vector<std::string>& args);
+int RunImport(const std::vector<std::string>& args);
+
 }  // namespace switchyard::cli
