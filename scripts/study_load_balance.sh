@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The load-balance study (docs/load-balance.md): trains configs/switch-tiny.yaml over a grid
 # of routing settings, one factor at a time around the config's defaults, then writes
-#   OUT/<setting>/            each run's output (metrics.jsonl, routing.jsonl, ...)
+#   OUT/<setting>/            each run's output (metrics.jsonl, routing.jsonl, ...) and
+#                             eval.json: its final checkpoint on the whole validation split,
+#                             in micro-batches of the config's size whatever the run's
 #   OUT/summary.md, .json     one row per run: final validation loss, dropped fraction,
 #                             maximal violation, per-language specialisation
 #   OUT/report.html           `switchyard report` of every run, overlaid
@@ -70,12 +72,24 @@ esac
 mkdir -p "$out"
 common=(--config "$config" --set "train.max_steps=$steps" --set "logging.routing_every=$(( steps >= 100 ? steps / 50 : 1 ))")
 [ -n "$data" ] && common+=(--set "data.dir=$data")
+# The validation loss compares runs only on the same sequences: every run is evaluated on
+# the whole validation split in micro-batches of the config's micro_batch_size (the
+# training runs' own validation follows their micro_batch_size).
+eval_mbs=$(sed -n 's/^ *micro_batch_size: *\([0-9]*\).*/\1/p' "$config" | head -1)
+eval_args=(--json --batches 0 --set "train.micro_batch_size=${eval_mbs:-4}")
+[ -n "$data" ] && eval_args+=(--data "$data")
 runs=()
 for name in "${names[@]}"; do
   dir="$out/$name"
   runs+=("$dir")
-  if [ -f "$dir/routing_by_language.json" ]; then
+  if [ -f "$dir/routing_by_language.json" ] && [ -f "$dir/eval.json" ]; then
     echo "study: $name already done ($dir)"
+    continue
+  fi
+  if [ -f "$dir/routing_by_language.json" ]; then
+    "$bin" eval --checkpoint "$dir" "${eval_args[@]}" >"$dir/eval.json" ||
+      { echo "study_load_balance.sh: error: eval of $name failed" >&2; exit 1; }
+    echo "study: $name evaluated"
     continue
   fi
   rm -rf "$dir"
@@ -85,6 +99,8 @@ for name in "${names[@]}"; do
   start=$(date +%s)
   "$bin" train "${common[@]}" "${sets[@]}" "${extra[@]}" --out "$dir" >"$out/$name.log" 2>&1 ||
     { echo "study_load_balance.sh: error: run $name failed; see $out/$name.log" >&2; tail -3 "$out/$name.log" >&2; exit 1; }
+  "$bin" eval --checkpoint "$dir" "${eval_args[@]}" >"$dir/eval.json" ||
+    { echo "study_load_balance.sh: error: eval of $name failed" >&2; exit 1; }
   echo "study: $name done in $(( $(date +%s) - start )) s"
 done
 

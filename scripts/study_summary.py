@@ -6,7 +6,8 @@
 Writes PREFIX.md (a Markdown table) and PREFIX.json (the same numbers) with one row per
 training output directory:
 
-  val loss        the last validation loss in metrics.jsonl
+  val loss        eval.json's loss (the study's evaluation of the final checkpoint on the
+                  whole validation split), else the last validation loss in metrics.jsonl
   dropped (run)   dropped assignments / assignments over every step and MoE layer
   dropped (end)   the same over the last 10% of the steps
   max vio (end)   maximal violation (max load / mean load - 1, before dropping), mean over
@@ -36,6 +37,10 @@ def summarise(path):
                 val = d["val_loss"]
     if not steps:
         raise ValueError("%s: no training steps in metrics.jsonl" % path)
+    epath = os.path.join(path, "eval.json")
+    if os.path.isfile(epath):
+        with open(epath) as f:
+            val = json.load(f)["loss"]
     tail = steps[-max(1, len(steps) // 10):]
     layers = len(steps[0]["moe"])
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/study_load_balance.sh on its ci grid (the default switch-tiny routing and
-# dropless, a few steps on a tiny corpus): both runs train, summary.md/.json hold one row
+# dropless, a few steps on a tiny corpus): both runs train and are evaluated on the whole
+# validation split in micro-batches of the config's size (8), summary.md/.json hold one row
 # each with the numbers of the runs' files (the dropless run drops nothing), the report
 # overlays both runs, a second call keeps the finished runs, and bad arguments are one line.
 # Usage: study_cli_test.sh path/to/switchyard path/to/scripts/study_load_balance.sh
@@ -13,7 +14,8 @@ make_corpus "$tmp/data"
 args=(--grid ci --steps 6 --bin "$bin" --data "$tmp/data" --out "$tmp/study"
       --set model.seq_len=16 --set train.eval_every=3 --set train.eval_batches=1 --set train.warmup_steps=1)
 bash "$study" "${args[@]}" >"$tmp/study.out" 2>&1 || { echo "FAIL: study: $(tail -5 "$tmp/study.out")"; exit 1; }
-for f in summary.md summary.json report.html default/routing_by_language.json dropless/routing_by_language.json; do
+for f in summary.md summary.json report.html default/routing_by_language.json dropless/routing_by_language.json \
+         default/eval.json dropless/eval.json; do
   [[ -s "$tmp/study/$f" ]] || fail "the study wrote no $f"
 done
 check=$(py "import json, math
@@ -27,7 +29,8 @@ for r in rows:
         if 'moe' in d: steps.append(d)
         elif 'val_loss' in d: val = d['val_loss']
     if r['steps'] != 6 or len(steps) != 6: errs.append('steps')
-    if r['val_loss'] != val: errs.append('val_loss')
+    ev = json.load(open('$tmp/study/%s/eval.json' % r['run']))
+    if r['val_loss'] != ev['loss'] or ev['batches'] < 1 or ev['sequences'] != 8 * ev['batches']: errs.append('val_loss %r vs eval.json %r' % (r['val_loss'], ev))
     dropped = sum(l['dropped'] for d in steps for l in d['moe']) / sum(l['assignments'] for d in steps for l in d['moe'])
     if abs(r['dropped_run'] - dropped) > 1e-12: errs.append('dropped_run')
     if abs(r['max_violation_end'] - sum(l['max_violation'] for l in steps[-1]['moe']) / len(steps[-1]['moe'])) > 1e-12: errs.append('max_violation_end')
