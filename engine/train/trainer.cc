@@ -131,7 +131,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   for (const auto& chunk : t->chunks_) chunks.push_back(chunk.get());
   t->pipeline_ = std::make_unique<PipelineRunner>(chunks, t->data_pc().pp(), schedule,
                                                   static_cast<int>(config.train.grad_accum));
-  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->pipeline_->moe_layer_ids(),
+  // Every MoE layer of the model: each stage counts its own, the sum over pp completes them.
+  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->moe_layer_ids_,
                                                  config.moe.num_experts);
   if (t->is_root()) {
     std::error_code ec;
@@ -214,13 +215,12 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   none.tokens_per_expert.assign(config_.moe.num_experts, 0);
   none.tokens_per_expert_kept.assign(config_.moe.num_experts, 0);
   std::vector<moe::MoEStats> stats(moe_layer_ids_.size(), none);
-  // Chunk c's l-th MoE layer: its index in stats, and in the rank's list (routing_).
-  std::vector<std::vector<size_t>> slot_of(pipeline_->chunks()), local_of(pipeline_->chunks());
-  for (int c = 0, local = 0; c < pipeline_->chunks(); ++c) {
+  // Chunk c's l-th MoE layer: its index in stats and in routing_ (every layer of the model).
+  std::vector<std::vector<size_t>> slot_of(pipeline_->chunks());
+  for (int c = 0; c < pipeline_->chunks(); ++c) {
     for (int64_t id : pipeline_->chunk(c).moe_layer_ids()) {
       slot_of[c].push_back(std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), id) -
                            moe_layer_ids_.begin());
-      local_of[c].push_back(local++);
     }
   }
   // Per micro-batch sums, added in the tree order below (as the ranks' sums are).
@@ -248,7 +248,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
       // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
       if (record_routing && pc_->tp_cp().rank() == 0 && routing_) {
         const data::Batch& batch = batches[micro];
-        routing_->Add(local_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
+        routing_->Add(slot_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
                       batch.labels.Reshape({batch.labels.numel()}));
       }
     }
@@ -455,6 +455,7 @@ Status Trainer::Run(int64_t steps) {
   std::signal(SIGTERM, old_term);
   std::signal(SIGINT, old_int);
   routing_->AllReduce(pc_->dp_cp_tp());
+  if (pc_->pp().size() > 1) routing_->AllReduce(pc_->pp());
   if (is_root()) {
     if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
                              stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());

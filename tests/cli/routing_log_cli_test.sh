@@ -4,9 +4,12 @@
 # N divides and at the last step, consistent with the scalars of the same step; the bias
 # follows the update rule step by step; a resumed run appends the same lines as a straight
 # one; routing_by_language.json holds the counts of the run's second half; a bad value is
-# one error line.
-# Usage: routing_log_cli_test.sh path/to/switchyard
+# one error line. With an mpirun launcher (tests/dist): two pipeline stages (pp=2, one MoE
+# layer each) and two data-parallel ranks write the same routing.jsonl and
+# routing_by_language.json as one rank.
+# Usage: routing_log_cli_test.sh path/to/switchyard [path/to/mpirun_test.sh]
 set -u
+mpirun_sh="${2:-}"
 source "$(dirname "$0")/cli_test_lib.sh" "$1"
 source "$(dirname "$0")/moe_run_lib.sh"
 
@@ -104,6 +107,21 @@ rc=$?
 [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qF "logging.routing_every=-2 must be >= 0" "$tmp/err" ||
   fail "routing_every=-2: stderr $(cat "$tmp/err")"
 [[ ! -e "$tmp/bad" ]] || fail "routing_every=-2 created $tmp/bad"
+
+# --- Under mpirun: every layout logs what one rank logs (the biases gathered over pp, the
+# language counts summed over the stages and the data-parallel ranks).
+if [[ -n "$mpirun_sh" ]]; then
+  # pp=2 runs one rank's micro-batches through two stages; dp=2 (grad_accum 1, the same 4
+  # sequences per step, each rank one micro-batch) sums the routing over the ranks.
+  for layout in "parallel.pp=2" "train.grad_accum=1"; do
+    tag=${layout//[.=]/-}
+    bash "$mpirun_sh" 2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/$tag" --set "$layout" \
+      >"$tmp/$tag.out" 2>&1 || { fail "$layout: train: $(tail -3 "$tmp/$tag.out")"; continue; }
+    for f in routing.jsonl routing_by_language.json; do
+      cmp -s "$tmp/$tag/$f" "$tmp/run/$f" || fail "$layout: $f differs from one rank's: $(diff "$tmp/$tag/$f" "$tmp/run/$f" | head -4)"
+    done
+  done
+fi
 
 [[ $failures -eq 0 ]] && echo "routing_log_cli_test: all checks passed"
 exit $((failures > 0))
