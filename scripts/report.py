@@ -86,8 +86,14 @@ def load_run(path):
     if os.path.isfile(lpath):
         with open(lpath) as f:
             lang = json.load(f)
+    eval_loss = None  # the study's evaluation of the final checkpoint (study_load_balance.sh)
+    epath = os.path.join(path, "eval.json")
+    if os.path.isfile(epath):
+        with open(epath) as f:
+            eval_loss = json.load(f).get("loss")
     return {
         "path": path,
+        "eval_loss": eval_loss,
         "steps": [steps[s] for s in sorted(steps)],
         "val": [[s, val[s]] for s in sorted(val)],
         "routing": [routing[s] for s in sorted(routing)],
@@ -124,19 +130,42 @@ class Page:
         self.sections[-1][1].append(plot_id)
 
 
+def rolling_mean(y, w):
+    """Mean of the last w values at each point (fewer at the start); None (a diverged
+    value) counts as missing."""
+    out, window = [], []
+    for v in y:
+        window.append(v)
+        if len(window) > w:
+            window.pop(0)
+        vals = [u for u in window if u is not None and math.isfinite(u)]
+        out.append(sum(vals) / len(vals) if vals else float("nan"))
+    return out
+
+
 def line_plot(page, plot_id, title, ylabel, series, xlabel="step"):
-    """series: [{"label", "x", "y"}]."""
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    """series: [{"label", "x", "y"}]. Long series (over 100 points) are drawn faintly with
+    their rolling mean over 1/50 of their length on top; the page's data keeps the raw
+    values (and the window, "smoothing")."""
+    fig, ax = plt.subplots(figsize=(8.5, 3.4))
+    longest = max((len(s["x"]) for s in series), default=0)
+    window = max(2, longest // 50) if longest > 100 else 1
     for s in series:
-        ax.plot(s["x"], s["y"], label=s["label"], linewidth=1.2,
-                marker="o" if len(s["x"]) < 30 else None, markersize=3)
-    ax.set_title(title, fontsize=10)
+        if window > 1:
+            (raw,) = ax.plot(s["x"], s["y"], linewidth=0.5, alpha=0.25)
+            ax.plot(s["x"], rolling_mean(s["y"], window), label=s["label"], linewidth=1.2,
+                    color=raw.get_color())
+        else:
+            ax.plot(s["x"], s["y"], label=s["label"], linewidth=1.2,
+                    marker="o" if len(s["x"]) < 30 else None, markersize=3)
+    ax.set_title(title + (" (rolling mean over %d steps)" % window if window > 1 else ""), fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if series:
-        ax.legend(fontsize=7, loc="best")
-    page.add(plot_id, fig, {"kind": "lines", "series": series})
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=1 if len(series) <= 14 else 2)
+    page.add(plot_id, fig, {"kind": "lines", "smoothing": window, "series": series})
 
 
 def heatmap(page, plot_id, title, z, rows, cols, xlabel, ylabel, fmt=None):
@@ -253,11 +282,13 @@ def render(page, runs, names, title):
            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}</style>",
            "</head><body><h1>%s</h1>" % html.escape(title)]
     out.append("<table><tr><th>run</th><th>directory</th><th>steps</th><th>final loss</th>"
-               "<th>final validation loss</th></tr>")
+               "<th>final validation loss</th><th>eval.json loss</th></tr>")
     for r, n in zip(runs, names):
         final_val = "%.4f" % r["val"][-1][1] if r["val"] else "-"
-        out.append("<tr><td>%s</td><td>%s</td><td>%d</td><td>%.4f</td><td>%s</td></tr>" % (
-            html.escape(n), html.escape(r["path"]), len(r["steps"]), r["steps"][-1]["loss"], final_val))
+        evaluated = "%.4f" % r["eval_loss"] if r["eval_loss"] is not None else "-"
+        out.append("<tr><td>%s</td><td>%s</td><td>%d</td><td>%.4f</td><td>%s</td><td>%s</td></tr>" % (
+            html.escape(n), html.escape(r["path"]), len(r["steps"]), r["steps"][-1]["loss"], final_val,
+            evaluated))
     out.append("</table>")
     for title_, ids in page.sections:
         if not ids:
