@@ -201,8 +201,8 @@ int Import(const std::vector<std::string>& args) {
                                      .trainer_state_json = state.dump(),
                                      .config_yaml = config->ToYaml()};
   if (Status s = train::SaveCheckpoint(a.out, 0, contents, *world, *mesh); !s.ok()) return Fail(kImport, s);
-  std::printf("imported %s into %s/%s: %zu tensors (eval: switchyard eval --checkpoint %s --set "
-              "data.dir=DIR)\n",
+  std::printf("imported %s into %s/%s: %zu tensors (evaluate with: switchyard eval --checkpoint %s "
+              "--data DIR)\n",
               a.in.c_str(), a.out.c_str(), train::StepDirName(0).c_str(), ours->size(), a.out.c_str());
   return kExitOk;
 }

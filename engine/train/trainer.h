@@ -5,7 +5,8 @@
 //       forward + backward of the stage (routing group = the micro-batch)
 //   all-reduce gradients (dense over dp x cp, experts over edp; in buckets)
 //   clip by the global norm, AdamW/SGD update, expert-bias update (aux-loss-free)
-//   log (progress line, metrics.jsonl), validate every train.eval_every steps,
+//   log (progress line, metrics.jsonl; routing.jsonl every logging.routing_every steps),
+//   validate every train.eval_every steps,
 //   checkpoint every train.checkpoint_every steps, at the end, and on SIGTERM/SIGINT.
 //
 // Losses follow MODEL.md: the cross-entropy is the mean over every target of the global
