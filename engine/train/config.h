@@ -71,7 +71,8 @@ struct LoggingConfig {
   // The per-expert token counts (before and after dropping) and the expert biases go to
   // routing.jsonl every N steps (step % N == 0) and always at the last step of a run;
   // 0 = only at the last step. The per-layer scalars (dropped fraction, entropy, aux, z,
-  // loads, max violation, cv) are in metrics.jsonl every step.
+  // loads, max violation, cv) are in metrics.jsonl every step. A run stopped by a signal
+  // also logs the step it stopped after.
   int64_t routing_every = 10;
 };
 

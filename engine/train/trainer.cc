@@ -427,11 +427,6 @@ Status Trainer::Run(int64_t steps) {
       std::fflush(stdout);
       metrics_->Write(MetricsJson(m));
     }
-    const int64_t every = config_.logging.routing_every;
-    if (!m.moe.empty() && ((every > 0 && step_ % every == 0) || step_ == end - 1)) {
-      const std::vector<std::vector<double>> bias = ExpertBiases();  // collective over pp
-      if (is_root()) routing_log_->Write(RoutingJson(m, bias));
-    }
     ++step_;
     if (losses_.size() == 1) ReportMemory();  // after the first step: the peaks are in
     if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || step_ == end) && !val_batches_.empty()) {
@@ -448,6 +443,13 @@ Status Trainer::Run(int64_t steps) {
     world_.AllReduce(flag, dist::ReduceOp::kMax);
     stop_signal = flag.data<int32_t>()[0];
     stopped = stop_signal != 0;
+    // The per-expert counts: every logging.routing_every steps, the run's last step and the
+    // step a signal stopped it at.
+    const int64_t every = config_.logging.routing_every;
+    if (!m.moe.empty() && ((every > 0 && m.step % every == 0) || m.step == end - 1 || stopped)) {
+      const std::vector<std::vector<double>> bias = ExpertBiases();  // collective over pp
+      if (is_root()) routing_log_->Write(RoutingJson(m, bias));
+    }
     const bool periodic = tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0;
     if (stopped || periodic || step_ == end) SY_RETURN_IF_ERROR(Save());
     if (stopped) break;

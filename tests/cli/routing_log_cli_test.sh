@@ -100,6 +100,22 @@ print('ok' if [d['step'] for d in r] == [2] and 'expert_bias' not in r[0] else r
 cmp -s "$tmp/half/routing.jsonl" "$tmp/run/routing.jsonl" ||
   fail "resumed routing.jsonl differs from the straight run's: $(diff "$tmp/half/routing.jsonl" "$tmp/run/routing.jsonl" | head -4)"
 
+# --- Stopped by SIGTERM: the step it stopped after is logged too.
+"$bin" train --config "$tmp/tiny.yaml" --out "$tmp/sig" --set train.max_steps=1000000 \
+  --set logging.routing_every=100000 --set train.eval_every=0 >"$tmp/sig.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  [[ -f "$tmp/sig/metrics.jsonl" && $(wc -l <"$tmp/sig/metrics.jsonl") -ge 5 ]] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+wait "$pid"
+check=$(py "import json
+m = [json.loads(l)['step'] for l in open('$tmp/sig/metrics.jsonl') if '\"moe\"' in l]
+r = [json.loads(l)['step'] for l in open('$tmp/sig/routing.jsonl')]
+print('ok' if r == [0, m[-1]] and m[-1] > 0 else 'routing steps %r, last metrics step %r' % (r, m[-1]))" 2>&1)
+[[ "$check" == ok ]] || fail "SIGTERM: $check ($(tail -2 "$tmp/sig.out"))"
+
 # --- A bad value: one line, exit 2, nothing written.
 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/bad" --set logging.routing_every=-2 >"$tmp/out" 2>"$tmp/err"
 rc=$?
