@@ -96,7 +96,7 @@ int RunExport(const std::vector<std::string>& args) {
   Status parsed = ParseArgs(kExport, args, false,
                             "Writes a checkpoint as a Hugging Face directory (config.json +\n"
                             "model.safetensors) that MixtralForCausalLM.from_pretrained loads.\n"
-                            "usage: switchyard export --format hf-mixtral CHECKPOINT OUT",
+                            "In full: switchyard export --format hf-mixtral CHECKPOINT OUT",
                             &a, &usage);
   if (!parsed.ok()) return UsageError(kExport, std::string(parsed.message()));
   if (a.help) {
@@ -157,7 +157,7 @@ int Import(const std::vector<std::string>& args) {
   Status parsed = ParseArgs(kImport, args, true,
                             "Reads a Hugging Face MixtralForCausalLM directory (config.json + float32\n"
                             "safetensors) and writes a Switchyard checkpoint of step 0 in OUT.\n"
-                            "usage: switchyard import --format hf-mixtral DIR OUT [--set k=v ...]",
+                            "In full: switchyard import --format hf-mixtral DIR OUT [--set k=v ...]",
                             &a, &usage);
   if (!parsed.ok()) return UsageError(kImport, std::string(parsed.message()));
   if (a.help) {

@@ -29,7 +29,7 @@ int RunReport(const std::vector<std::string>& args) {
                 "Writes one self-contained HTML page (no network needed to open it) of the\n"
                 "training runs given as RUN directories (`switchyard train --out`): losses,\n"
                 "throughput and every MoE layer's routing over the steps, runs overlaid.\n"
-                "usage: switchyard report RUN [RUN ...] --out FILE.html");
+                "In full: switchyard report RUN [RUN ...] --out FILE.html");
   flags.AddString("out", &out, "the HTML file to write", /*required=*/true);
   flags.AddString("route", &route, "a `switchyard route --json` output to include as a sample");
   flags.AddString("title", &title, "the page's title");
