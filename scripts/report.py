@@ -219,14 +219,17 @@ def build(runs, names, route):
         line_plot(page, "layer_" + key, title, key, series)
 
     for ri, (r, n) in enumerate(zip(runs, names)):
-        page.section("Expert load of %s (share of the layer's assignments)" % n)
+        page.section("Expert load of %s (share of the layer's assignments before dropping)" % n)
         if not r["routing"]:
             continue
         logged = [d["step"] for d in r["routing"]]
         for li, layer in enumerate(r["routing"][0]["layers"]):
             for key, what in (("tokens_per_expert", "before dropping"),
                               ("tokens_per_expert_kept", "after dropping")):
-                cols = [shares(d[key][li]) for d in r["routing"]]  # steps x E
+                # Both heatmaps divide by the assignments before dropping, so the kept one
+                # shows what capacity removed (its columns sum to 1 - dropped fraction).
+                cols = [[c / sum(d["tokens_per_expert"][li]) if sum(d["tokens_per_expert"][li]) else 0.0
+                         for c in d[key][li]] for d in r["routing"]]  # steps x E
                 z = [[c[e] for c in cols] for e in range(len(cols[0]))]  # E x steps
                 heatmap(page, "share_%d_L%d_%s" % (ri, layer, "before" if key == "tokens_per_expert" else "after"),
                         "%s, layer %d: token share per expert, %s" % (n, layer, what),

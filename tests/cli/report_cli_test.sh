@@ -105,9 +105,9 @@ for ri, (run, name) in enumerate(zip(runs, names)):
             h = P['share_%d_L%d_%s' % (ri, L, what)]
             if h['cols'] != [r['step'] for r in rt]: errs.append('share steps')
             for si, r in enumerate(rt):
-                c = r[key][L]
+                c, total = r[key][L], sum(r['tokens_per_expert'][L])
                 for e in range(4):
-                    if not close(h['z'][e][si], c[e] / sum(c)): errs.append('share %s e%d step %d' % (what, e, r['step']))
+                    if not close(h['z'][e][si], c[e] / total): errs.append('share %s e%d step %d' % (what, e, r['step']))
         if 'biased' in run:
             for e in range(4):
                 if series('bias_%d_L%d' % (ri, L), 'e%d' % e)['y'] != [r['expert_bias'][L][e] for r in rt]: errs.append('bias e%d' % e)
