@@ -20,6 +20,10 @@ import numpy as np
 
 F32 = np.float32
 
+# When a list, moe() appends (layer, experts (T, k), gates (T, k), kept (T, k)) of every
+# routing group it runs (the route test compares `switchyard route` with them).
+ROUTING_TRACE = None
+
 
 # ---- Files ----------------------------------------------------------------------------
 
@@ -244,6 +248,8 @@ def moe(h, p, name, layer, cfg, step, first_token):
                     count[e] += 1
                 else:
                     keep[t, j] = False
+    if ROUTING_TRACE is not None:
+        ROUTING_TRACE.append((layer, idx.copy(), gates.copy(), keep.copy()))
     y = np.zeros_like(h)
     get = lambda key, e: p[f"{name}.experts.{key}"][e] if f"{name}.experts.{key}" in p else None
     for e in range(E):

@@ -15,6 +15,8 @@ packages=(
   libsentencepiece-dev sentencepiece zlib1g-dev libzstd-dev zstd
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br
   python3 python3-numpy
+  python3-matplotlib chromium   # switchyard report, and its test's headless browser
+  python3-torch python3-venv    # the Hugging Face bridge's test (transformers in a venv)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -34,4 +34,21 @@ int RunMoeLayer(const std::vector<std::string>& args);
 // mode (one rank, or many under mpirun).
 int RunEval(const std::vector<std::string>& args);
 
+// switchyard report RUN [RUN ...] --out FILE.html [--route FILE.json] [--title S]: one
+// self-contained HTML page of the runs' losses, throughput and routing over the steps,
+// drawn by scripts/report.py; see docs/report.md.
+int RunReport(const std::vector<std::string>& args);
+
+// switchyard route --checkpoint DIR (--text S | --file F) [--data DIR] [--json]
+// [--color auto|always|never] [--set k=v ...]: per token and MoE layer of a text, the
+// chosen experts, their gates and whether capacity dropped them (eval mode, the text one
+// routing group); see docs/route.md.
+int RunRoute(const std::vector<std::string>& args);
+
+// switchyard export --format hf-mixtral CHECKPOINT OUT and switchyard import --format
+// hf-mixtral DIR OUT [--set k=v ...]: to and from Hugging Face's MixtralForCausalLM
+// directories; see docs/hf.md.
+int RunExport(const std::vector<std::string>& args);
+int RunImport(const std::vector<std::string>& args);
+
 }  // namespace switchyard::cli

@@ -26,6 +26,10 @@ constexpr Command kCommands[] = {
     {"train", "train a model from a config (one rank, or many under mpirun)", RunTrain},
     {"eval", "validation loss, perplexity and routing statistics of a checkpoint", RunEval},
     {"moe-layer", "forward and backward of one MoE layer on tensors from a file", RunMoeLayer},
+    {"route", "each token's experts, gates and drops in every MoE layer for a text", RunRoute},
+    {"export", "write a checkpoint as a Hugging Face MixtralForCausalLM directory", RunExport},
+    {"import", "a Hugging Face MixtralForCausalLM directory as a checkpoint", RunImport},
+    {"report", "an HTML page of runs' losses and expert load over the steps", RunReport},
 };
 
 const Command* FindCommand(std::string_view name) {

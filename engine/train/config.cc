@@ -193,6 +193,7 @@ std::vector<Section> Sections(Config& c) {
       {"data", {Bind("dir", &c.data.dir), BindDataPaths("paths", &c.data.paths),
                 Bind("verify", &c.data.verify)}},
       {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
+      {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };
 }
 
@@ -285,6 +286,10 @@ Status Config::Validate(int world) const {
   }
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
   SY_RETURN_IF_ERROR(train.Validate());
+  if (logging.routing_every < 0) {
+    return InvalidArgument("logging.routing_every=", logging.routing_every,
+                           " must be >= 0 (0: only at the last step)");
+  }
   if (p.cp > 1 && model.seq_len % (2 * p.cp) != 0) {
     return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by 2 * parallel.cp = ",
                            2 * p.cp, " (context parallelism cuts every sequence into 2 * cp "

@@ -78,6 +78,16 @@ struct RuntimeConfig {
   Status Validate() const;
 };
 
+// logging: what a run writes besides the progress line (docs/config.md).
+struct LoggingConfig {
+  // The per-expert token counts (before and after dropping) and the expert biases go to
+  // routing.jsonl every N steps (step % N == 0) and always at the last step of a run;
+  // 0 = only at the last step. The per-layer scalars (dropped fraction, entropy, aux, z,
+  // loads, max violation, cv) are in metrics.jsonl every step. A run stopped by a signal
+  // also logs the step it stopped after.
+  int64_t routing_every = 10;
+};
+
 struct Config {
   model::ModelConfig model;
   moe::MoEConfig moe;  // moe.d_model mirrors model.d_model
@@ -85,6 +95,7 @@ struct Config {
   DataConfig data;
   TrainConfig train;   // optimizer, LR schedule, clipping, gradient buckets
   RuntimeConfig runtime;
+  LoggingConfig logging;
 
   // Sections and fields together, plus what the world size allows ("parallel.ep=3 does
   // not divide ..."). world <= 0 skips the layout checks.

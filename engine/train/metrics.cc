@@ -1,5 +1,6 @@
 #include "engine/train/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -16,6 +17,26 @@ std::string Format(const char* fmt, double v) {
 }
 
 }  // namespace
+
+double MaxViolation(const std::vector<int64_t>& counts) {
+  if (counts.empty()) return 0;
+  double total = 0, hi = 0;
+  for (int64_t c : counts) {
+    total += c;
+    hi = std::max(hi, static_cast<double>(c));
+  }
+  const double mean = total / counts.size();
+  return mean > 0 ? hi / mean - 1 : 0;
+}
+
+double LoadCv(const std::vector<int64_t>& counts) {
+  if (counts.empty()) return 0;
+  double total = 0, sq = 0;
+  for (int64_t c : counts) total += c;
+  const double mean = total / counts.size();
+  for (int64_t c : counts) sq += (c - mean) * (c - mean);
+  return mean > 0 ? std::sqrt(sq / counts.size()) / mean : 0;
+}
 
 std::string ProgressLine(const StepMetrics& m) {
   std::ostringstream out;
@@ -36,13 +57,15 @@ std::string ProgressLine(const StepMetrics& m) {
   return out.str();
 }
 
-nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& s) {
+nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& s, bool with_counts) {
   nlohmann::ordered_json l;
   l["layer"] = layer;
   l["tokens"] = s.tokens;
   l["assignments"] = s.assignments;
-  l["tokens_per_expert"] = s.tokens_per_expert;
-  l["tokens_per_expert_kept"] = s.tokens_per_expert_kept;
+  if (with_counts) {
+    l["tokens_per_expert"] = s.tokens_per_expert;
+    l["tokens_per_expert_kept"] = s.tokens_per_expert_kept;
+  }
   l["dropped"] = s.dropped();
   l["dropped_frac"] = s.dropped_fraction();
   l["router_entropy"] = s.router_entropy();
@@ -50,6 +73,8 @@ nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& s) {
   l["z"] = s.z_mean();
   l["min_load"] = s.min_load_share();
   l["max_load"] = s.max_load_share();
+  l["max_violation"] = MaxViolation(s.tokens_per_expert);
+  l["load_cv"] = LoadCv(s.tokens_per_expert);
   return l;
 }
 
@@ -65,8 +90,23 @@ std::string MetricsJson(const StepMetrics& m) {
   j["tokens_per_s"] = m.tokens_per_s;
   j["step_s"] = m.step_s;
   nlohmann::ordered_json layers = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < m.moe.size(); ++i) layers.push_back(MoEStatsJson(m.moe_layer_ids[i], m.moe[i]));
+  for (size_t i = 0; i < m.moe.size(); ++i) layers.push_back(MoEStatsJson(m.moe_layer_ids[i], m.moe[i], /*with_counts=*/false));
   j["moe"] = layers;
+  return j.dump();
+}
+
+std::string RoutingJson(const StepMetrics& m, const std::vector<std::vector<double>>& expert_bias) {
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["layers"] = m.moe_layer_ids;
+  nlohmann::ordered_json before = nlohmann::ordered_json::array(), kept = before;
+  for (const moe::MoEStats& s : m.moe) {
+    before.push_back(s.tokens_per_expert);
+    kept.push_back(s.tokens_per_expert_kept);
+  }
+  j["tokens_per_expert"] = before;
+  j["tokens_per_expert_kept"] = kept;
+  if (!expert_bias.empty()) j["expert_bias"] = expert_bias;
   return j.dump();
 }
 
@@ -133,6 +173,24 @@ std::string RoutingByLabel::Table() const {
   return out.str();
 }
 
+std::string RoutingByLabel::Json() const {
+  nlohmann::ordered_json j;
+  j["labels"] = labels_;
+  j["layers"] = layer_ids_;
+  j["num_experts"] = num_experts_;
+  nlohmann::ordered_json counts = nlohmann::ordered_json::array();
+  for (const std::vector<int64_t>& c : counts_) {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (size_t lab = 0; lab < labels_.size(); ++lab) {
+      rows.push_back(std::vector<int64_t>(c.begin() + lab * num_experts_,
+                                          c.begin() + (lab + 1) * num_experts_));
+    }
+    counts.push_back(rows);
+  }
+  j["counts"] = counts;
+  return j.dump();
+}
+
 std::string LoadBalanceSummary(const std::vector<int64_t>& layer_ids,
                                const std::vector<moe::MoEStats>& stats) {
   std::ostringstream out;
@@ -141,11 +199,9 @@ std::string LoadBalanceSummary(const std::vector<int64_t>& layer_ids,
   for (size_t i = 0; i < stats.size(); ++i) {
     const moe::MoEStats& s = stats[i];
     const auto& kept = s.tokens_per_expert_kept;
-    double total = 0, sq = 0;
+    double total = 0;
     for (int64_t c : kept) total += c;
-    const double mean = kept.empty() ? 0 : total / kept.size();
-    for (int64_t c : kept) sq += (c - mean) * (c - mean);
-    const double cv = mean > 0 ? std::sqrt(sq / kept.size()) / mean : 0;
+    const double cv = LoadCv(kept);
     const double max_entropy = kept.empty() ? 1 : std::log(static_cast<double>(kept.size()));
     out << Format("  %5.0f", double(layer_ids[i])) << Format("  %6.2f%%", 100 * s.dropped_fraction())
         << Format("  %11.3f", s.router_entropy() / max_entropy)

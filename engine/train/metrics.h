@@ -28,15 +28,28 @@ struct StepMetrics {
 //  dropped 1.2% | load min 8.1% max 16.2%"
 std::string ProgressLine(const StepMetrics& m);
 
-// One MoE layer's statistics as JSON: layer, tokens, assignments, tokens_per_expert (before
-// dropping), tokens_per_expert_kept, dropped, dropped_frac, router_entropy, aux, z,
-// min_load, max_load (shares of kept assignments).
-nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& stats);
+// The balance of per-expert counts (E): max_violation = max / mean - 1 (MaxVio of the
+// aux-loss-free balancing paper, Wang et al. 2024), and the coefficient of variation
+// (population standard deviation / mean). Both 0 when every count is 0.
+double MaxViolation(const std::vector<int64_t>& counts);
+double LoadCv(const std::vector<int64_t>& counts);
+
+// One MoE layer's statistics as JSON: layer, tokens, assignments, [tokens_per_expert
+// (before dropping), tokens_per_expert_kept, when with_counts], dropped, dropped_frac,
+// router_entropy, aux, z, min_load, max_load (shares of kept assignments), max_violation
+// and load_cv (of the counts before dropping: the router's balance).
+nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& stats,
+                                    bool with_counts = true);
 
 // One line of JSON with step, loss, ce_loss, aux_loss, z_loss, lr, grad_norm, tokens_per_s,
-// and per MoE layer ("moe": [{"layer", "tokens_per_expert", "tokens_per_expert_kept",
-// "dropped_frac", "router_entropy", "aux", "z", "min_load", "max_load"}]).
+// step_s, and per MoE layer the scalars of MoEStatsJson without the per-expert counts
+// (those go to RoutingJson every logging.routing_every steps).
 std::string MetricsJson(const StepMetrics& m);
+
+// One line of routing.jsonl: {"step", "layers": [ids], "tokens_per_expert": [[E] per layer],
+// "tokens_per_expert_kept": [[E] per layer]} and, when expert_bias is not empty,
+// "expert_bias": [[E] per layer] (the bias after this step's update).
+std::string RoutingJson(const StepMetrics& m, const std::vector<std::vector<double>>& expert_bias);
 
 // Appends lines to a file, flushing each (so a killed run keeps what it logged).
 class JsonlWriter {
@@ -62,6 +75,9 @@ class RoutingByLabel {
   // assignments sent to that expert, and the label's most-used expert.
   std::string Table() const;
   const std::vector<int64_t>& counts(size_t layer) const { return counts_[layer]; }
+  // The counts as one JSON object (routing_by_language.json): {"labels": [L names],
+  // "layers": [ids], "num_experts": E, "counts": [per layer [per label [E]]]}.
+  std::string Json() const;
 
  private:
   std::vector<std::string> labels_;

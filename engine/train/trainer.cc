@@ -133,7 +133,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   for (const auto& chunk : t->chunks_) chunks.push_back(chunk.get());
   t->pipeline_ = std::make_unique<PipelineRunner>(chunks, t->data_pc().pp(), schedule,
                                                   static_cast<int>(config.train.grad_accum));
-  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->pipeline_->moe_layer_ids(),
+  // Every MoE layer of the model: each stage counts its own, the sum over pp completes them.
+  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->moe_layer_ids_,
                                                  config.moe.num_experts);
   if (t->is_root()) {
     std::error_code ec;
@@ -216,13 +217,12 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   none.tokens_per_expert.assign(config_.moe.num_experts, 0);
   none.tokens_per_expert_kept.assign(config_.moe.num_experts, 0);
   std::vector<moe::MoEStats> stats(moe_layer_ids_.size(), none);
-  // Chunk c's l-th MoE layer: its index in stats, and in the rank's list (routing_).
-  std::vector<std::vector<size_t>> slot_of(pipeline_->chunks()), local_of(pipeline_->chunks());
-  for (int c = 0, local = 0; c < pipeline_->chunks(); ++c) {
+  // Chunk c's l-th MoE layer: its index in stats and in routing_ (every layer of the model).
+  std::vector<std::vector<size_t>> slot_of(pipeline_->chunks());
+  for (int c = 0; c < pipeline_->chunks(); ++c) {
     for (int64_t id : pipeline_->chunk(c).moe_layer_ids()) {
       slot_of[c].push_back(std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), id) -
                            moe_layer_ids_.begin());
-      local_of[c].push_back(local++);
     }
   }
   // Per micro-batch sums, added in the tree order below (as the ranks' sums are).
@@ -250,7 +250,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
       // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
       if (record_routing && pc_->tp_cp().rank() == 0 && routing_) {
         const data::Batch& batch = batches[micro];
-        routing_->Add(local_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
+        routing_->Add(slot_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
                       batch.labels.Reshape({batch.labels.numel()}));
       }
     }
@@ -347,6 +347,29 @@ void Trainer::SumTiedEmbeddingGrads() {
   }
 }
 
+std::vector<std::vector<double>> Trainer::ExpertBiases() {
+  if (config_.moe.expert_bias_rate <= 0) return {};
+  const int64_t num_experts = config_.moe.num_experts;
+  std::vector<double> all(moe_layer_ids_.size() * num_experts, 0.0);
+  DeviceContext* ctx = rt_.ctx.get();
+  for (int c = 0; c < pipeline_->chunks(); ++c) {
+    const std::vector<int64_t>& ids = pipeline_->chunk(c).moe_layer_ids();
+    std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const size_t slot = std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), ids[l]) -
+                          moe_layer_ids_.begin();
+      const std::vector<float> bias = layers[l]->expert_bias().To(Device::Cpu(), ctx).ToVector<float>();
+      std::copy(bias.begin(), bias.end(), all.begin() + slot * num_experts);
+    }
+  }
+  // Each layer lives on one stage: the sum over pp is that stage's values (x + 0 exact).
+  if (pc_->pp().size() > 1) all = dist::AllReduceDoubles(pc_->pp(), all);
+  std::vector<std::vector<double>> out;
+  for (size_t l = 0; l < moe_layer_ids_.size(); ++l)
+    out.emplace_back(all.begin() + l * num_experts, all.begin() + (l + 1) * num_experts);
+  return out;
+}
+
 Status Trainer::Save() {
   nlohmann::json state;
   state["step"] = step_;
@@ -379,6 +402,8 @@ Status Trainer::Run(int64_t steps) {
   if (is_root()) {
     SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_ > 0));
     metrics_.emplace(std::move(w));
+    SY_ASSIGN_OR_RETURN(JsonlWriter r, JsonlWriter::Open(out_dir_ + "/routing.jsonl", step_ > 0));
+    routing_log_.emplace(std::move(r));
     std::printf("%s\n", pc_->mesh().Summary().c_str());
     std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
                 rt_.ctx->matmul_dtype() == DType::kBF16 ? "bf16 (f32 accumulation)" : "f32");
@@ -420,6 +445,13 @@ Status Trainer::Run(int64_t steps) {
     world_.AllReduce(flag, dist::ReduceOp::kMax);
     stop_signal = flag.data<int32_t>()[0];
     stopped = stop_signal != 0;
+    // The per-expert counts: every logging.routing_every steps, the run's last step and the
+    // step a signal stopped it at.
+    const int64_t every = config_.logging.routing_every;
+    if (!m.moe.empty() && ((every > 0 && m.step % every == 0) || m.step == end - 1 || stopped)) {
+      const std::vector<std::vector<double>> bias = ExpertBiases();  // collective over pp
+      if (is_root()) routing_log_->Write(RoutingJson(m, bias));
+    }
     const bool periodic = tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0;
     if (stopped || periodic || step_ == end) SY_RETURN_IF_ERROR(Save());
     if (stopped) break;
@@ -427,12 +459,16 @@ Status Trainer::Run(int64_t steps) {
   std::signal(SIGTERM, old_term);
   std::signal(SIGINT, old_int);
   routing_->AllReduce(pc_->dp_cp_tp());
+  if (pc_->pp().size() > 1) routing_->AllReduce(pc_->pp());
   if (is_root()) {
     if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
                              stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());
     if (!run_stats_.empty()) {
       std::printf("\n%s\n%s", LoadBalanceSummary(moe_layer_ids_, run_stats_).c_str(),
                   routing_->Table().c_str());
+      const std::string path = out_dir_ + "/routing_by_language.json";
+      SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(path, /*append=*/false));
+      w.Write(routing_->Json());
     }
     std::fflush(stdout);
   }

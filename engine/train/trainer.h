@@ -5,7 +5,8 @@
 //       forward + backward of the stage (routing group = the micro-batch)
 //   all-reduce gradients (dense over dp x cp, experts over edp; in buckets)
 //   clip by the global norm, AdamW/SGD update, expert-bias update (aux-loss-free)
-//   log (progress line, metrics.jsonl), validate every train.eval_every steps,
+//   log (progress line, metrics.jsonl; routing.jsonl every logging.routing_every steps),
+//   validate every train.eval_every steps,
 //   checkpoint every train.checkpoint_every steps, at the end, and on SIGTERM/SIGINT.
 //
 // Losses follow MODEL.md: the cross-entropy is the mean over every target of the global
@@ -85,6 +86,9 @@ class Trainer {
   // Tied embeddings over pipeline stages: the first and the last stage add their token
   // table gradients (first + last, on both, so the copies stay equal). Collective over pp.
   void SumTiedEmbeddingGrads();
+  // Every MoE layer's expert bias (moe_layer_ids_ order, E each), gathered over the
+  // pipeline stages; empty without aux-loss-free balancing. Collective over pp.
+  std::vector<std::vector<double>> ExpertBiases();
   // Logs memory() of every rank once (stdout on rank 0 and metrics.jsonl). Collective.
   void ReportMemory();
   bool is_root() const { return world_.rank() == 0; }
@@ -115,6 +119,7 @@ class Trainer {
   int64_t step_ = 0;                      // the next step to run
   std::vector<double> losses_;
   std::optional<JsonlWriter> metrics_;
+  std::optional<JsonlWriter> routing_log_;  // routing.jsonl (logging.routing_every)
 };
 
 }  // namespace switchyard::train

@@ -104,6 +104,10 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
   EXPECT_EQ(Error(kYaml, {"top_k=2"}), "--set 'top_k=2': expected section.key=value");
   EXPECT_EQ(Error(kYaml, {"moe.nope=2"}), "--set: unknown key 'moe.nope'");
   EXPECT_EQ(Error("model:\n  d_model: 0\n"), "model.d_model=0 must be positive");
+  EXPECT_EQ(Error(kYaml, {"logging.routing_every=-1"}),
+            "logging.routing_every=-1 must be >= 0 (0: only at the last step)");
+  EXPECT_EQ(Error(kYaml, {"logging.routing_every=x"}),
+            "--set: logging.routing_every: expected an integer, got 'x'");
   auto missing = LoadConfig("/nonexistent/c.yaml");
   EXPECT_EQ(missing.status().message(),
             "/nonexistent/c.yaml: cannot open (No such file or directory)");

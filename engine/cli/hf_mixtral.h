@@ -1,0 +1,45 @@
+// The Hugging Face bridge (`switchyard export/import --format hf-mixtral`, docs/hf.md):
+// a Switchyard model of Mixtral's shape and Hugging Face's MixtralForCausalLM directory
+// (config.json + model.safetensors with its tensor names), in both directions. The tensors
+// correspond one to one (docs/model.md): ours are (in, out), torch.nn.Linear's (out, in),
+// so every matrix is transposed, and the stacked expert tensors (E, ., .) become E
+// separate experts. Values are copied, never rounded, so export then import gives back the
+// same bits.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
+#include "engine/train/config.h"
+
+namespace switchyard::cli {
+
+// OK when MixtralForCausalLM computes what this config does in eval mode; otherwise one
+// error naming the key, its value and why Mixtral has no equivalent ("moe.layer_freq=2:
+// Mixtral makes every layer MoE").
+Status CheckMixtralExpressible(const train::Config& config);
+
+// config.json of MixtralForCausalLM for a config CheckMixtralExpressible accepts.
+nlohmann::ordered_json MixtralConfigJson(const train::Config& config);
+
+// The YAML of a Switchyard config with config.json's model (the moe section Mixtral's:
+// top-k renormalised, dropless, swiglu experts in every layer); the train, data and
+// runtime sections keep their defaults. Errors name the file and the key ("config.json:
+// hidden_act='gelu': only silu (swiglu experts) imports").
+StatusOr<std::string> ConfigYamlFromMixtral(const nlohmann::json& hf, const std::string& source);
+
+// Our model tensors (checkpoint names, whole, f32 on the host) -> Mixtral's names.
+std::map<std::string, Tensor> ToMixtral(const std::map<std::string, Tensor>& ours,
+                                        const train::Config& config);
+
+// Mixtral's tensors -> ours, for `config`. Errors: a missing tensor, an unexpected one, a
+// wrong shape or a dtype other than F32 (one line naming the tensor; `source` the files).
+StatusOr<std::map<std::string, Tensor>> FromMixtral(const std::map<std::string, Tensor>& hf,
+                                                    const train::Config& config,
+                                                    const std::string& source);
+
+}  // namespace switchyard::cli

@@ -1,0 +1,87 @@
+// `switchyard report RUN [RUN ...] --out FILE.html [--route FILE.json] [--title S]`: one
+// self-contained HTML page of the runs' training and routing over the steps (loss and
+// validation curves, per MoE layer heatmaps of each expert's token share before and after
+// dropping, dropped fraction, router entropy, aux, z, maximal violation, cv, expert-bias
+// trajectories, routing by language, throughput), several runs overlaid; see
+// docs/report.md. The plots are drawn by scripts/report.py (matplotlib); this command
+// checks the arguments and runs it. Exit status: 0 ok, 1 a run or the output cannot be
+// read or written, 2 bad flags.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/cli/args.h"
+#include "engine/cli/commands.h"
+#include "engine/cli/common.h"
+#include "engine/cli/project_script.h"
+
+namespace switchyard::cli {
+namespace {
+
+constexpr char kCommand[] = "switchyard report";
+
+}  // namespace
+
+int RunReport(const std::vector<std::string>& args) {
+  std::string out, route, title;
+  FlagSet flags(kCommand,
+                "Writes one self-contained HTML page (no network needed to open it) of the\n"
+                "training runs given as RUN directories (`switchyard train --out`): losses,\n"
+                "throughput and every MoE layer's routing over the steps, runs overlaid.\n"
+                "In full: switchyard report RUN [RUN ...] --out FILE.html");
+  flags.AddString("out", &out, "the HTML file to write", /*required=*/true);
+  flags.AddString("route", &route, "a `switchyard route --json` output to include as a sample");
+  flags.AddString("title", &title, "the page's title");
+  // Positional arguments are runs; the rest goes to the flag parser.
+  std::vector<std::string> runs, rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) == 0 || a == "-h") {
+      rest.push_back(a);
+      const bool takes_value = a == "--out" || a == "--route" || a == "--title";
+      if (takes_value && i + 1 < args.size()) rest.push_back(args[++i]);
+    } else {
+      runs.push_back(a);
+    }
+  }
+  if (Status s = flags.Parse(rest); !s.ok()) return UsageError(kCommand, std::string(s.message()));
+  if (flags.help_requested()) {
+    std::printf("%s", flags.Usage().c_str());
+    return kExitOk;
+  }
+  if (runs.empty()) return UsageError(kCommand, "no RUN directory given (switchyard report RUN ... --out FILE.html)");
+  namespace fs = std::filesystem;
+  for (const std::string& run : runs) {
+    if (!fs::is_regular_file(fs::path(run) / "metrics.jsonl")) {
+      PrintError(kCommand, run + ": no metrics.jsonl (not a `switchyard train` output directory)");
+      return kExitFailure;
+    }
+  }
+  const fs::path parent = fs::absolute(out).parent_path();
+  if (!fs::is_directory(parent)) {
+    PrintError(kCommand, "--out " + out + ": the directory " + parent.string() + " does not exist");
+    return kExitFailure;
+  }
+  if (!route.empty() && !fs::is_regular_file(route)) {
+    PrintError(kCommand, "--route " + route + ": no such file");
+    return kExitFailure;
+  }
+  StatusOr<std::string> script = ProjectScript("report.py");
+  if (!script.ok()) {
+    PrintError(kCommand, std::string(script.status().message()));
+    return kExitFailure;
+  }
+  std::vector<std::string> py_args = {"--out", out};
+  if (!route.empty()) py_args.insert(py_args.end(), {"--route", route});
+  if (!title.empty()) py_args.insert(py_args.end(), {"--title", title});
+  py_args.insert(py_args.end(), runs.begin(), runs.end());
+  StatusOr<int> rc = RunPython(*script, py_args);
+  if (!rc.ok()) {
+    PrintError(kCommand, std::string(rc.status().message()));
+    return kExitFailure;
+  }
+  return *rc == 0 ? kExitOk : kExitFailure;
+}
+
+}  // namespace switchyard::cli

@@ -1,0 +1,345 @@
+#!/usr/bin/python3
+"""Builds the load-balance report of `switchyard report` (docs/report.md).
+
+    /usr/bin/python3 scripts/report.py --out FILE.html RUN [RUN ...] [--route FILE.json]
+
+Each RUN is a training output directory: metrics.jsonl (per step: losses, throughput and per
+MoE layer the routing scalars; validation losses), routing.jsonl (per-expert counts and
+expert biases every logging.routing_every steps) and routing_by_language.json (written at
+the end of training). The page is one self-contained HTML file: every plot is an inline SVG
+drawn by matplotlib (heatmaps are embedded PNG data URIs inside it), no script or style is
+fetched. The numbers of every plot are embedded as JSON in <script id="switchyard-data"> so
+that a reader (and the test) can check them against the run's files.
+
+Errors are one line on stderr ("switchyard report: error: <what>") and exit status 1; the output file is
+written to a temporary name and renamed, so a failure leaves an older report intact.
+"""
+import argparse
+import html
+import io
+import json
+import math
+import os
+import sys
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.fonttype"] = "none"  # text stays text: smaller pages
+except ImportError:
+    sys.stderr.write("switchyard report: error: python3-matplotlib is not installed (scripts/setup.sh installs it)\n")
+    sys.exit(1)
+
+# Per-layer scalars of metrics.jsonl plotted over the steps: (key, title).
+LAYER_SCALARS = [
+    ("dropped_frac", "dropped fraction of the assignments"),
+    ("router_entropy", "router entropy (nats, mean over tokens)"),
+    ("aux", "aux loss (mean over routing groups)"),
+    ("z", "z loss (mean over routing groups)"),
+    ("max_violation", "maximal violation (max load / mean load - 1, before dropping)"),
+    ("load_cv", "coefficient of variation of the load (before dropping)"),
+]
+
+
+class ReportError(Exception):
+    pass
+
+
+def read_jsonl(path):
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError as e:
+                raise ReportError("%s:%d: not JSON (%s)" % (path, n, e))
+    return out
+
+
+def load_run(path):
+    """A run's records: steps (the last record of each step wins, as after a resume),
+    validation losses, routing counts and the routing-by-language table (or None)."""
+    metrics = os.path.join(path, "metrics.jsonl")
+    if not os.path.isfile(metrics):
+        raise ReportError("%s: no metrics.jsonl (not a training output directory)" % path)
+    steps, val = {}, {}
+    for d in read_jsonl(metrics):
+        if "moe" in d and "loss" in d:
+            steps[d["step"]] = d
+        elif "val_loss" in d:
+            val[d["step"]] = d["val_loss"]
+    if not steps:
+        raise ReportError("%s: metrics.jsonl holds no training step" % metrics)
+    routing = {}
+    rpath = os.path.join(path, "routing.jsonl")
+    if os.path.isfile(rpath):
+        for d in read_jsonl(rpath):
+            routing[d["step"]] = d
+    lang = None
+    lpath = os.path.join(path, "routing_by_language.json")
+    if os.path.isfile(lpath):
+        with open(lpath) as f:
+            lang = json.load(f)
+    eval_loss = None  # the study's evaluation of the final checkpoint (study_load_balance.sh)
+    epath = os.path.join(path, "eval.json")
+    if os.path.isfile(epath):
+        with open(epath) as f:
+            eval_loss = json.load(f).get("loss")
+    return {
+        "path": path,
+        "eval_loss": eval_loss,
+        "steps": [steps[s] for s in sorted(steps)],
+        "val": [[s, val[s]] for s in sorted(val)],
+        "routing": [routing[s] for s in sorted(routing)],
+        "lang": lang,
+    }
+
+
+def run_names(paths):
+    """Short distinct names: the directory's base name, or the whole path on a clash."""
+    base = [os.path.basename(os.path.normpath(p)) or p for p in paths]
+    return [b if base.count(b) == 1 else os.path.normpath(p) for b, p in zip(base, paths)]
+
+
+class Page:
+    """The plots in order, each an SVG and the numbers it shows."""
+
+    def __init__(self):
+        self.sections = []  # (title, [plot ids])
+        self.plots = {}  # id -> {"svg", "data"}
+        self.order = []
+
+    def section(self, title):
+        self.sections.append((title, []))
+
+    def add(self, plot_id, fig, data):
+        plt.rcParams["svg.hashsalt"] = plot_id  # unique ids inside each inline SVG
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+        plt.close(fig)
+        svg = buf.getvalue()
+        svg = svg[svg.index("<svg"):]  # drop the XML declaration and doctype
+        self.plots[plot_id] = {"svg": svg, "data": data}
+        self.order.append(plot_id)
+        self.sections[-1][1].append(plot_id)
+
+
+def rolling_mean(y, w):
+    """Mean of the last w values at each point (fewer at the start); None (a diverged
+    value) counts as missing."""
+    out, window = [], []
+    for v in y:
+        window.append(v)
+        if len(window) > w:
+            window.pop(0)
+        vals = [u for u in window if u is not None and math.isfinite(u)]
+        out.append(sum(vals) / len(vals) if vals else float("nan"))
+    return out
+
+
+def line_plot(page, plot_id, title, ylabel, series, xlabel="step"):
+    """series: [{"label", "x", "y"}]. Long series (over 100 points) are drawn faintly with
+    their rolling mean over 1/50 of their length on top; the page's data keeps the raw
+    values (and the window, "smoothing")."""
+    fig, ax = plt.subplots(figsize=(8.5, 3.4))
+    longest = max((len(s["x"]) for s in series), default=0)
+    window = max(2, longest // 50) if longest > 100 else 1
+    for s in series:
+        if window > 1:
+            (raw,) = ax.plot(s["x"], s["y"], linewidth=0.5, alpha=0.25)
+            ax.plot(s["x"], rolling_mean(s["y"], window), label=s["label"], linewidth=1.2,
+                    color=raw.get_color())
+        else:
+            ax.plot(s["x"], s["y"], label=s["label"], linewidth=1.2,
+                    marker="o" if len(s["x"]) < 30 else None, markersize=3)
+    ax.set_title(title + (" (rolling mean over %d steps)" % window if window > 1 else ""), fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=1 if len(series) <= 14 else 2)
+    page.add(plot_id, fig, {"kind": "lines", "smoothing": window, "series": series})
+
+
+def heatmap(page, plot_id, title, z, rows, cols, xlabel, ylabel, fmt=None):
+    """z: rows x cols values (lists); rows and cols: their labels."""
+    fig, ax = plt.subplots(figsize=(7.5, max(1.6, 0.28 * len(rows) + 1.2)))
+    im = ax.imshow(z, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([str(r) for r in rows], fontsize=7)
+    step = max(1, len(cols) // 12)
+    ax.set_xticks(range(0, len(cols), step))
+    ax.set_xticklabels([str(c) for c in cols[::step]], fontsize=7)
+    fig.colorbar(im, ax=ax)
+    if fmt and len(rows) * len(cols) <= 160:
+        for i, row in enumerate(z):
+            for j, v in enumerate(row):
+                ax.text(j, i, fmt % v, ha="center", va="center", fontsize=6, color="w")
+    page.add(plot_id, fig, {"kind": "heatmap", "rows": rows, "cols": cols, "z": z})
+
+
+def shares(counts):
+    total = sum(counts)
+    return [c / total if total else 0.0 for c in counts]
+
+
+def build(runs, names, route):
+    page = Page()
+
+    page.section("Loss")
+    line_plot(page, "loss", "training loss (ce + aux + z)", "loss",
+              [{"label": n, "x": [d["step"] for d in r["steps"]], "y": [d["loss"] for d in r["steps"]]}
+               for r, n in zip(runs, names)])
+    line_plot(page, "val_loss", "validation loss", "cross-entropy",
+              [{"label": n, "x": [v[0] for v in r["val"]], "y": [v[1] for v in r["val"]]}
+               for r, n in zip(runs, names)])
+    page.section("Throughput")
+    line_plot(page, "tokens_per_s", "throughput", "tokens / s",
+              [{"label": n, "x": [d["step"] for d in r["steps"]],
+                "y": [d["tokens_per_s"] for d in r["steps"]]} for r, n in zip(runs, names)])
+
+    page.section("Routing over the steps (every MoE layer)")
+    for key, title in LAYER_SCALARS:
+        series = []
+        for r, n in zip(runs, names):
+            for i, layer in enumerate(r["steps"][0]["moe"]):
+                series.append({"label": "%s L%d" % (n, layer["layer"]),
+                               "x": [d["step"] for d in r["steps"]],
+                               "y": [d["moe"][i][key] for d in r["steps"]]})
+        line_plot(page, "layer_" + key, title, key, series)
+
+    for ri, (r, n) in enumerate(zip(runs, names)):
+        page.section("Expert load of %s (share of the layer's assignments before dropping)" % n)
+        if not r["routing"]:
+            continue
+        logged = [d["step"] for d in r["routing"]]
+        for li, layer in enumerate(r["routing"][0]["layers"]):
+            for key, what in (("tokens_per_expert", "before dropping"),
+                              ("tokens_per_expert_kept", "after dropping")):
+                # Both heatmaps divide by the assignments before dropping, so the kept one
+                # shows what capacity removed (its columns sum to 1 - dropped fraction).
+                cols = [[c / sum(d["tokens_per_expert"][li]) if sum(d["tokens_per_expert"][li]) else 0.0
+                         for c in d[key][li]] for d in r["routing"]]  # steps x E
+                z = [[c[e] for c in cols] for e in range(len(cols[0]))]  # E x steps
+                heatmap(page, "share_%d_L%d_%s" % (ri, layer, "before" if key == "tokens_per_expert" else "after"),
+                        "%s, layer %d: token share per expert, %s" % (n, layer, what),
+                        z, list(range(len(z))), logged, "step", "expert")
+            if "expert_bias" in r["routing"][0]:
+                E = len(r["routing"][0]["expert_bias"][li])
+                line_plot(page, "bias_%d_L%d" % (ri, layer),
+                          "%s, layer %d: expert bias (aux-loss-free balancing)" % (n, layer), "bias",
+                          [{"label": "e%d" % e, "x": logged,
+                            "y": [d["expert_bias"][li][e] for d in r["routing"]]} for e in range(E)])
+
+    for ri, (r, n) in enumerate(zip(runs, names)):
+        lang = r["lang"]
+        if not lang:
+            continue
+        page.section("Routing by language of %s (second half of the run)" % n)
+        for li, layer in enumerate(lang["layers"]):
+            rows, z = [], []
+            for label, counts in zip(lang["labels"], lang["counts"][li]):
+                if sum(counts):
+                    rows.append(label)
+                    z.append([100.0 * c for c in shares(counts)])
+            heatmap(page, "lang_%d_L%d" % (ri, layer),
+                    "%s, layer %d: %% of each language's assignments per expert" % (n, layer),
+                    z, rows, list(range(lang["num_experts"])), "expert", "language", fmt="%.0f")
+
+    if route:
+        page.section("Token-level routing of a sample (switchyard route)")
+        for li, layer in enumerate(route["layers"]):
+            toks = [t["text"] for t in route["tokens"]]
+            k = len(route["tokens"][0]["layers"][li]["experts"]) if toks else 0
+            z = [[t["layers"][li]["experts"][0] for t in route["tokens"]]]
+            heatmap(page, "route_L%d" % layer, "sample: first choice per token, layer %d (top-%d)" % (layer, k),
+                    z, ["expert"], toks, "token", "", fmt="%d")
+    return page
+
+
+def finite(x):
+    """NaN and infinities (a diverged run) as null: JSON.parse takes no NaN."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, list):
+        return [finite(v) for v in x]
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    return x
+
+
+def render(page, runs, names, title):
+    out = ["<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>" % html.escape(title),
+           "<style>body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
+           "div.plot{margin:0.6em 0}div.plot svg{max-width:100%;height:auto}"
+           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}</style>",
+           "</head><body><h1>%s</h1>" % html.escape(title)]
+    out.append("<table><tr><th>run</th><th>directory</th><th>steps</th><th>final loss</th>"
+               "<th>final validation loss</th><th>eval.json loss</th></tr>")
+    for r, n in zip(runs, names):
+        final_val = "%.4f" % r["val"][-1][1] if r["val"] else "-"
+        evaluated = "%.4f" % r["eval_loss"] if r["eval_loss"] is not None else "-"
+        out.append("<tr><td>%s</td><td>%s</td><td>%d</td><td>%.4f</td><td>%s</td><td>%s</td></tr>" % (
+            html.escape(n), html.escape(r["path"]), len(r["steps"]), r["steps"][-1]["loss"], final_val,
+            evaluated))
+    out.append("</table>")
+    for title_, ids in page.sections:
+        if not ids:
+            continue
+        out.append("<h2>%s</h2>" % html.escape(title_))
+        for pid in ids:
+            out.append("<div class=\"plot\" id=\"plot-%s\">%s</div>" % (pid, page.plots[pid]["svg"]))
+    data = {"runs": names, "plots": {pid: page.plots[pid]["data"] for pid in page.order}}
+    text = json.dumps(finite(data), allow_nan=False).replace("</", "<\\/")
+    out.append("<script type=\"application/json\" id=\"switchyard-data\">%s</script>" % text)
+    # Marks the page once every plot is in the DOM (what a headless load can check).
+    out.append("<script>(function(){var d=JSON.parse(document.getElementById('switchyard-data').textContent);"
+               "var ok=0;for(var id in d.plots){var e=document.getElementById('plot-'+id);"
+               "if(e&&e.querySelector('svg'))ok++;else console.error('plot '+id+' missing');}"
+               "document.body.setAttribute('data-plots-rendered',ok);})();</script>")
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--route", help="a `switchyard route --json` output to show as a sample")
+    ap.add_argument("--title", default="Switchyard load-balance report")
+    ap.add_argument("runs", nargs="+")
+    a = ap.parse_args()
+    try:
+        runs = [load_run(p) for p in a.runs]
+        route = None
+        if a.route:
+            with open(a.route) as f:
+                route = json.load(f)
+        names = run_names(a.runs)
+        text = render(build(runs, names, route), runs, names, a.title)
+    except (ReportError, OSError, ValueError, KeyError) as e:
+        sys.stderr.write("switchyard report: error: %s\n" % (e if not isinstance(e, KeyError) else "missing field %s" % e))
+        return 1
+    tmp = a.out + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, a.out)
+    except OSError as e:
+        sys.stderr.write("switchyard report: error: %s: cannot write (%s)\n" % (a.out, e.strerror))
+        return 1
+    print("wrote %s (%d runs, %d plots)" % (a.out, len(runs), text.count("<div class=\"plot\"")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The Hugging Face bridge: tiny Mixtral-style checkpoints (GQA with an untied head, and a
+# tied one) exported with `switchyard export --format hf-mixtral` load in transformers'
+# MixtralForCausalLM (4.38.2, pip-installed into a venv under the build directory that
+# uses Debian's torch) and give the validation loss `switchyard eval` prints (relative
+# 1e-5, fp32); `switchyard import` of the export reproduces every original tensor bit for
+# bit and the same eval loss. Configs Mixtral cannot express, and bad inputs, are one line.
+# Exits 77 (skipped) with the reason when PyPI cannot be reached to install transformers.
+# Usage: hf_mixtral_cli_test.sh path/to/switchyard path/to/docs/model_reference.py
+set -u
+source "$(dirname "$0")/cli_test_lib.sh" "$1"
+source "$(dirname "$0")/moe_run_lib.sh"
+reference="$2"
+build="$(cd "$(dirname "$bin")/.." && pwd)"
+venv="$build/hf-venv"
+if ! "$venv/bin/python" -c "import transformers; assert transformers.__version__ == '4.38.2'" 2>/dev/null; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv" >"$tmp/venv.out" 2>&1 &&
+    "$venv/bin/pip" install -q transformers==4.38.2 >>"$tmp/venv.out" 2>&1
+  if ! "$venv/bin/python" -c "import transformers" 2>/dev/null; then
+    if ! "$venv/bin/pip" download -q --no-deps -d "$tmp/probe" six >/dev/null 2>&1; then
+      echo "SKIPPED: PyPI is unreachable, so transformers 4.38.2 cannot be installed: $(tail -1 "$tmp/venv.out")"
+      exit 77
+    fi
+    echo "FAIL: installing transformers 4.38.2 into $venv failed: $(tail -3 "$tmp/venv.out")"; exit 1
+  fi
+fi
+"$venv/bin/python" -c "import torch" 2>/dev/null ||
+  { echo "FAIL: the venv sees no torch (Debian's python3-torch; scripts/setup.sh installs it)"; exit 1; }
+
+make_corpus "$tmp/data"
+mixtral="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 4, n_kv_heads: 2, norm: rmsnorm, position: rope, activation: swiglu, bias: false, tie_embeddings: false}
+moe: {num_experts: 4, layer_freq: 1, top_k: 2, d_expert: 8, activation: swiglu, normalize_gates: true, capacity_factor: 0, eval_capacity_factor: 0}
+train: {lr: 0.01, warmup_steps: 1, max_steps: 4, micro_batch_size: 3, eval_every: 4, eval_batches: 2}
+data: {dir: $tmp/data}"
+printf '%s\n' "$mixtral" >"$tmp/mixtral.yaml"
+
+for variant in untied tied; do
+  sets=()
+  [[ $variant == tied ]] && sets=(--set model.tie_embeddings=true --set model.n_kv_heads=4 --set moe.top_k=1)
+  "$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/$variant" "${sets[@]}" >"$tmp/train.out" 2>&1 ||
+    { fail "$variant: train: $(tail -3 "$tmp/train.out")"; continue; }
+  "$bin" eval --checkpoint "$tmp/$variant" --json >"$tmp/$variant.eval" 2>&1 || { fail "$variant: eval"; continue; }
+  "$bin" export --format hf-mixtral "$tmp/$variant" "$tmp/$variant-hf" >"$tmp/export.out" 2>&1 ||
+    { fail "$variant: export: $(cat "$tmp/export.out")"; continue; }
+  check=$("$venv/bin/python" -c "import json, sys
+import numpy as np, torch, torch.nn.functional as F
+sys.path.insert(0, '$(dirname "$reference")')
+import model_reference as ref
+from transformers import MixtralForCausalLM
+ck = '$tmp/$variant/step-00000004'
+cfg = ref.load_config(ck + '/config.yaml')
+m = MixtralForCausalLM.from_pretrained('$tmp/$variant-hf', torch_dtype=torch.float32)
+m.eval()
+stream = ref.validation_stream('$tmp/data')
+seq, mbs, batches = cfg['model']['seq_len'], cfg['train']['micro_batch_size'], cfg['train']['eval_batches']
+ce, n = 0.0, 0
+with torch.no_grad():
+    for b in range(batches):
+        rows = np.stack([stream[w * seq:w * seq + seq + 1] for w in range(b * mbs, (b + 1) * mbs)]).astype(np.int64)
+        logits = m(input_ids=torch.from_numpy(rows[:, :-1])).logits.double()
+        ce += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(rows[:, 1:]).reshape(-1), reduction='sum').item()
+        n += rows[:, 1:].size
+ours = json.load(open('$tmp/$variant.eval'))
+hf = ce / n
+rel = abs(hf - ours['loss']) / ours['loss']
+ok = n == ours['tokens'] and rel <= 1e-5
+print(('ok' if ok else 'MISMATCH') + ' switchyard %.9f transformers %.9f (relative %.1e, %d tokens)' % (ours['loss'], hf, rel, n))" 2>"$tmp/hf.err")
+  echo "$variant: $check"
+  [[ "$check" == ok* ]] || fail "$variant: MixtralForCausalLM vs switchyard eval: $check $(tail -3 "$tmp/hf.err")"
+
+  # Import: the same tensors, bit for bit, and the same eval loss.
+  "$bin" import --format hf-mixtral "$tmp/$variant-hf" "$tmp/$variant-back" --set "data.dir=$tmp/data" \
+    --set train.micro_batch_size=3 --set train.eval_batches=2 >"$tmp/import.out" 2>&1 ||
+    { fail "$variant: import: $(cat "$tmp/import.out")"; continue; }
+  check=$(py "import sys, numpy as np
+sys.path.insert(0, '$(dirname "$reference")')
+import model_reference as ref
+a = ref.load_checkpoint_tensors('$tmp/$variant/step-00000004')
+b = ref.load_checkpoint_tensors('$tmp/$variant-back/step-00000000')
+errs = []
+if sorted(a) != sorted(b): errs.append('names differ: %r' % sorted(set(a) ^ set(b)))
+for k in a:
+    if k in b and (a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()): errs.append(k)
+print('; '.join(errs) if errs else 'ok %d tensors' % len(a))" 2>&1)
+  [[ "$check" == ok* ]] || fail "$variant: import vs the original: $check"
+  "$bin" eval --checkpoint "$tmp/$variant-back" --json >"$tmp/back.eval" 2>&1 || fail "$variant: eval of the import: $(cat "$tmp/back.eval")"
+  same=$(py "import json; a = json.load(open('$tmp/$variant.eval')); b = json.load(open('$tmp/back.eval')); print(a['loss'] == b['loss'] and a['tokens'] == b['tokens'])")
+  [[ "$same" == True ]] || fail "$variant: the imported checkpoint evaluates differently"
+done
+
+# --- What Mixtral cannot express: one line naming the key; nothing written.
+tiny_moe_config "$tmp/switch.yaml" "$tmp/data"
+"$bin" train --config "$tmp/switch.yaml" --out "$tmp/switch" --set train.max_steps=1 >/dev/null 2>&1
+"$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/biased" --set train.max_steps=1 --set moe.expert_bias_rate=0.01 >/dev/null 2>&1
+err_one_line() {  # NAME WANT ARGS...: exit 1 and one stderr line containing WANT
+  local name="$1" want="$2"; shift 2
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq 1 ]] || fail "$name: exit status $rc, want 1"
+  [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qF -- "$want" "$tmp/err" || fail "$name: stderr $(cat "$tmp/err")"
+}
+err_one_line "layernorm" "model.norm=layernorm: Mixtral uses RMSNorm" export --format hf-mixtral "$tmp/switch" "$tmp/x1"
+err_one_line "expert bias" "moe.expert_bias_rate=0.01" export --format hf-mixtral "$tmp/biased" "$tmp/x2"
+[[ ! -e "$tmp/x1" && ! -e "$tmp/x2" ]] || fail "a refused export wrote its output"
+err_one_line "non-empty OUT" "exists and is not an empty directory" export --format hf-mixtral "$tmp/untied" "$tmp/untied-hf"
+expect_usage_error "format" "--format=gguf is not one of hf-mixtral" export --format gguf "$tmp/untied" "$tmp/x3"
+expect_usage_error "one argument" "expected two arguments" export --format hf-mixtral "$tmp/untied"
+err_one_line "no config.json" "$tmp/data/config.json" import --format hf-mixtral "$tmp/data" "$tmp/x4"
+mkdir -p "$tmp/bad-hf" && cp "$tmp/untied-hf/model.safetensors" "$tmp/bad-hf/"
+sed 's/"num_local_experts": 4/"num_local_experts": 5/' "$tmp/untied-hf/config.json" >"$tmp/bad-hf/config.json"
+err_one_line "5 experts in config.json" "model.layers.0.block_sparse_moe.gate.weight has shape (4, 16), the config.json implies (5, 16)" import --format hf-mixtral "$tmp/bad-hf" "$tmp/x5"
+[[ ! -e "$tmp/x4" && ! -e "$tmp/x5" ]] || fail "a refused import wrote its output"
+
+[[ $failures -eq 0 ]] && echo "hf_mixtral_cli_test: all checks passed"
+exit $((failures > 0))

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# `switchyard report` end to end: two short real runs (one with the aux-loss-free bias, one
+# without and at capacity 2.0), the page of one run and of both overlaid, each opened in
+# headless Chromium: no console message, every plot in the DOM as an SVG (the page's own
+# check agrees), nothing fetched from outside; the numbers embedded in the page equal those
+# recomputed from metrics.jsonl, routing.jsonl and routing_by_language.json; errors are one
+# line and leave an existing report intact. A control page proves console errors are seen.
+# Usage: report_cli_test.sh path/to/switchyard
+set -u
+source "$(dirname "$0")/cli_test_lib.sh" "$1"
+source "$(dirname "$0")/moe_run_lib.sh"
+chromium=$(command -v chromium || command -v chromium-browser) ||
+  { echo "FAIL: chromium is not installed (scripts/setup.sh installs it)"; exit 1; }
+
+make_corpus "$tmp/data"
+tiny_moe_config "$tmp/tiny.yaml" "$tmp/data"
+"$bin" train --config "$tmp/tiny.yaml" --out "$tmp/biased" >"$tmp/train.out" 2>&1 ||
+  { echo "FAIL: train: $(tail -5 "$tmp/train.out")"; exit 1; }
+"$bin" train --config "$tmp/tiny.yaml" --out "$tmp/cf2" --set moe.expert_bias_rate=0 \
+  --set moe.capacity_factor=2.0 >"$tmp/train2.out" 2>&1 ||
+  { echo "FAIL: train cf2: $(tail -5 "$tmp/train2.out")"; exit 1; }
+
+# open PAGE: loads the page in headless Chromium; its DOM after load goes to $tmp/dom.html,
+# every console message (errors, uncaught exceptions, failed loads) to $tmp/console.txt.
+open_page() {
+  rm -rf "$tmp/chrome"
+  "$chromium" --headless --no-sandbox --disable-gpu --user-data-dir="$tmp/chrome" \
+    --enable-logging=stderr --v=0 --dump-dom "file://$1" >"$tmp/dom.html" 2>"$tmp/chrome.err"
+  grep ':CONSOLE' "$tmp/chrome.err" >"$tmp/console.txt"
+  [[ -s "$tmp/dom.html" ]] || fail "chromium printed no DOM for $1: $(tail -3 "$tmp/chrome.err")"
+}
+
+# The control: a console error and an uncaught exception are both caught.
+printf '<html><body><script>console.error("control-error")</script><script>nope()</script></body></html>' >"$tmp/control.html"
+open_page "$tmp/control.html"
+grep -q control-error "$tmp/console.txt" && grep -q 'nope is not defined' "$tmp/console.txt" ||
+  fail "the console capture misses errors: $(cat "$tmp/console.txt")"
+
+# check_page PAGE RUN...: the DOM and the numbers of a report of RUN....
+check_page() {
+  local page="$1"; shift
+  open_page "$page"
+  [[ ! -s "$tmp/console.txt" ]] || fail "$page: console messages: $(head -3 "$tmp/console.txt")"
+  grep -Eiq '<(link|img|iframe)[^>]* (src|href)="https?:|<script[^>]* src=' "$page" &&
+    fail "$page: refers to an outside resource"
+  local check
+  check=$(py "import json, math, re, sys, html.parser
+runs = sys.argv[1:]
+page = open('$page').read()
+dom = open('$tmp/dom.html').read()
+data = json.loads(re.search(r'<script type=\"application/json\" id=\"switchyard-data\">(.*?)</script>', page, re.S).group(1).replace('<\\\\/', '</'))
+P = data['plots']
+errs = []
+# Every plot: its div in the DOM after load, holding an SVG; the page's own count agrees.
+class Dom(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__(); self.stack = []; self.svg_in = set(); self.divs = set()
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == 'div' and a.get('id', '').startswith('plot-'): self.divs.add(a['id'][5:]); self.stack.append(a['id'][5:])
+        elif tag == 'div': self.stack.append(None)
+        if tag == 'svg':
+            for s in self.stack:
+                if s: self.svg_in.add(s)
+    def handle_endtag(self, tag):
+        if tag == 'div' and self.stack: self.stack.pop()
+d = Dom(); d.feed(dom)
+want = {'loss', 'val_loss', 'tokens_per_s'} | {'layer_' + k for k in ('dropped_frac', 'router_entropy', 'aux', 'z', 'max_violation', 'load_cv')}
+for ri, run in enumerate(runs):
+    for L in (0, 1):
+        want |= {'share_%d_L%d_before' % (ri, L), 'share_%d_L%d_after' % (ri, L), 'lang_%d_L%d' % (ri, L)}
+        if 'biased' in run: want.add('bias_%d_L%d' % (ri, L))
+if set(P) != want: errs.append('plots %r, want %r' % (sorted(set(P) ^ want), 'sym. diff.'))
+missing = [p for p in want if p not in d.svg_in]
+if missing: errs.append('no SVG in the DOM for %r' % sorted(missing))
+m = re.search(r'data-plots-rendered=\"(\d+)\"', dom)
+if not m or int(m.group(1)) != len(want): errs.append('the page counted %r plots' % (m and m.group(1)))
+# The numbers.
+def close(a, b): return a == b or (a is not None and b is not None and abs(a - b) <= 1e-12 * max(1.0, abs(b)))
+def series(pid, label):
+    for s in P[pid]['series']:
+        if s['label'] == label: return s
+    errs.append('%s: no series %s' % (pid, label)); return {'x': [], 'y': []}
+names = data['runs']
+if names != [r.rstrip('/').split('/')[-1] for r in runs]: errs.append('names %r' % names)
+for ri, (run, name) in enumerate(zip(runs, names)):
+    steps, val = [], []
+    for line in open(run + '/metrics.jsonl'):
+        j = json.loads(line)
+        if 'moe' in j: steps.append(j)
+        elif 'val_loss' in j: val.append(j)
+    rt = [json.loads(l) for l in open(run + '/routing.jsonl')]
+    lang = json.load(open(run + '/routing_by_language.json'))
+    for pid, key in (('loss', 'loss'), ('tokens_per_s', 'tokens_per_s')):
+        s = series(pid, name)
+        if s['x'] != [j['step'] for j in steps] or s['y'] != [j[key] for j in steps]: errs.append('%s of %s' % (pid, name))
+    s = series('val_loss', name)
+    if s['x'] != [j['step'] for j in val] or s['y'] != [j['val_loss'] for j in val] or not val: errs.append('val_loss of %s' % name)
+    for key in ('dropped_frac', 'router_entropy', 'aux', 'z', 'max_violation', 'load_cv'):
+        for L in (0, 1):
+            s = series('layer_' + key, '%s L%d' % (name, L))
+            if s['y'] != [j['moe'][L][key] for j in steps]: errs.append('%s L%d of %s' % (key, L, name))
+    for L in (0, 1):
+        for what, key in (('before', 'tokens_per_expert'), ('after', 'tokens_per_expert_kept')):
+            h = P['share_%d_L%d_%s' % (ri, L, what)]
+            if h['cols'] != [r['step'] for r in rt]: errs.append('share steps')
+            for si, r in enumerate(rt):
+                c, total = r[key][L], sum(r['tokens_per_expert'][L])
+                for e in range(4):
+                    if not close(h['z'][e][si], c[e] / total): errs.append('share %s e%d step %d' % (what, e, r['step']))
+        if 'biased' in run:
+            for e in range(4):
+                if series('bias_%d_L%d' % (ri, L), 'e%d' % e)['y'] != [r['expert_bias'][L][e] for r in rt]: errs.append('bias e%d' % e)
+        h = P['lang_%d_L%d' % (ri, L)]
+        if h['rows'] != lang['labels']: errs.append('lang rows %r' % h['rows'])
+        for li, counts in enumerate(lang['counts'][L]):
+            for e in range(4):
+                if not close(h['z'][li][e], 100.0 * counts[e] / sum(counts)): errs.append('lang %d e%d' % (li, e))
+print('; '.join(sorted(set(errs))) if errs else 'ok')" "$@" 2>&1)
+  [[ "$check" == ok ]] || fail "$page: $check"
+}
+
+"$bin" report "$tmp/biased" --out "$tmp/one.html" >"$tmp/report.out" 2>&1 ||
+  fail "report of one run: $(cat "$tmp/report.out")"
+[[ -s "$tmp/one.html" ]] && check_page "$tmp/one.html" "$tmp/biased"
+"$bin" report "$tmp/biased" "$tmp/cf2" --out "$tmp/two.html" >"$tmp/report.out" 2>&1 ||
+  fail "report of two runs: $(cat "$tmp/report.out")"
+[[ -s "$tmp/two.html" ]] && check_page "$tmp/two.html" "$tmp/biased" "$tmp/cf2"
+
+# --- Errors: one line; an existing report stays as it was.
+cp "$tmp/one.html" "$tmp/keep.html"
+expect_usage_error "no --out" "--out is required" report "$tmp/biased"
+expect_usage_error "no run" "no RUN directory given" report --out "$tmp/keep.html"
+expect_usage_error "unknown flag" "unknown flag --nope" report "$tmp/biased" --out "$tmp/keep.html" --nope
+err_one_line() {  # NAME WANT ARGS...: exit 1 and one stderr line containing WANT
+  local name="$1" want="$2"; shift 2
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq 1 ]] || fail "$name: exit status $rc, want 1"
+  [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qF -- "$want" "$tmp/err" || fail "$name: stderr $(cat "$tmp/err")"
+}
+err_one_line "not a run" "$tmp/data: no metrics.jsonl" report "$tmp/biased" "$tmp/data" --out "$tmp/keep.html"
+err_one_line "no directory" "does not exist" report "$tmp/biased" --out "$tmp/nodir/r.html"
+mkdir -p "$tmp/broken" && head -c 40 "$tmp/biased/metrics.jsonl" >"$tmp/broken/metrics.jsonl"
+err_one_line "corrupt metrics" "metrics.jsonl:1: not JSON" report "$tmp/broken" --out "$tmp/keep.html"
+cmp -s "$tmp/one.html" "$tmp/keep.html" || fail "a failed report changed the existing file"
+
+[[ $failures -eq 0 ]] && echo "report_cli_test: all checks passed"
+exit $((failures > 0))
