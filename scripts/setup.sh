@@ -14,7 +14,7 @@ packages=(
   libopenblas-dev libyaml-cpp-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br
-  python3 python3-numpy
+  python3 python3-numpy python3-torch  # torch: the PyTorch references in benchmarks/reference
 )
 missing=()
 for p in "${packages[@]}"; do
