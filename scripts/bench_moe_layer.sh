@@ -12,7 +12,9 @@
 #
 # SHAPES: space-separated "tokens,d,f,E,k,activation,capacity" entries. ROUNDS: alternating
 # rounds. ITERS, WARMUP: timed and untimed iterations of each run. TORCH_SETTINGS,
-# OURS_SETTINGS: comma-separated names from side_by_side.py (default: all of them):
+# OURS_SETTINGS: comma-separated names from side_by_side.py (default: all of them).
+# REUSE=1 keeps the runs already in $OUT/moe_layer (continues an interrupted comparison).
+# The settings:
 #   torch: torch{1,2}-blas{1,2} (torch.set_num_threads x OPENBLAS_NUM_THREADS), and
 #          torch2-blas{1,2}-passive (the same with OMP_WAIT_POLICY=PASSIVE)
 #   ours:  blas1, blas2 (OpenBLAS threads), blas2-passive
@@ -41,4 +43,5 @@ fi
 mkdir -p "$OUT"
 exec "$PY" benchmarks/reference/compare_moe_layer.py --bin "$BIN" --out "$OUT" --shapes "$SHAPES" \
   --rounds "$ROUNDS" --iters "$ITERS" --warmup "$WARMUP" \
-  --torch_settings "${TORCH_SETTINGS:-all}" --ours_settings "${OURS_SETTINGS:-all}"
+  --torch_settings "${TORCH_SETTINGS:-all}" --ours_settings "${OURS_SETTINGS:-all}" \
+  ${REUSE:+--reuse}

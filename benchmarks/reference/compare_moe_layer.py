@@ -25,6 +25,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--torch_settings", default="all")
     ap.add_argument("--ours_settings", default="all")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the runs whose JSON is already in OUT (continue an interrupted "
+                         "comparison with the same options)")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     logs = os.path.join(args.out, "moe_layer")
@@ -45,7 +48,8 @@ def main():
             stem = f"{logs}/{side}-{i}-{name}-r{r}"
             prog = [args.bin] if side == "ours" else ["/usr/bin/python3",
                                                        f"{here}/moe_layer_torch.py"]
-            sbs.run(prog + common + flags + ["--json", stem + ".json"], env, stem + ".log")
+            if not (args.reuse and os.path.exists(stem + ".json")):
+                sbs.run(prog + common + flags + ["--json", stem + ".json"], env, stem + ".log")
             result = json.load(open(stem + ".json"))
             extra[side, name] = result
             return result["total_ms"]

@@ -33,7 +33,8 @@ enum class Phase : int {
                        // mirror in backward)
   kExperts,            // the grouped expert MLPs (and shared experts)
   kCombine,            // ungroup, return all-to-all, gate-weighted combine (and backward)
-  kCommunication,      // gradient sync, ZeRO gathers, tied-embedding sums, step statistics
+  kCommunication,      // gradient sync, ZeRO gathers, tied-embedding sums, step statistics,
+                       // pipeline send/recv (with the wait for the peer: the bubble)
   kOptimizer,          // gradient clipping and the optimizer update
   kCount,
 };
