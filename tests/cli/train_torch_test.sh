@@ -2,7 +2,9 @@
 # The PyTorch training reference (benchmarks/reference/train_torch.py) is the same model as
 # `switchyard train`: from the same checkpoint and batches it reproduces each step's loss of
 # a Switchyard run to a relative 1e-5 over 2 steps, on switch-tiny (jitter, z-loss,
-# capacity) and gshard-tiny (GShard's random second expert, normalised gates). And the check
+# capacity, learned positions, biases), gshard-tiny (GShard's random second expert,
+# normalised gates) and mixtral-tiny (rmsnorm, rope, grouped-query attention, swiglu
+# experts, dropless, untied head). And the check
 # can fail: against a run trained with another aux_loss_coef it reports a mismatch.
 # No timing. Needs Debian's python3-torch (scripts/setup.sh installs it); exits 77 (ctest:
 # skipped) with the reason when it is missing.
@@ -32,7 +34,7 @@ done
 
 $python "$root/benchmarks/reference/compare_train.py" --switchyard "$bin" \
   --train_batches "$batches_bin" --data "$tmp/data" --out "$tmp/out" \
-  --configs "$root/configs/switch-tiny.yaml $root/configs/gshard-tiny.yaml" \
+  --configs "$root/configs/switch-tiny.yaml $root/configs/gshard-tiny.yaml $root/configs/mixtral-tiny.yaml" \
   --check_only --check_steps 2 --rtol 1e-5 >"$tmp/check.out" 2>&1 ||
   fail "the loss check: $(tail -12 "$tmp/check.out")"
 cat "$tmp/check.out"
