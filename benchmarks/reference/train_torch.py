@@ -313,6 +313,14 @@ def main():
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(1)
+    for path, what in ((f"{args.checkpoint}/config.yaml", "--checkpoint (a step-* directory)"),
+                       (f"{args.checkpoint}/model.safetensors.index.json", "--checkpoint"),
+                       (args.batches, "--batches (train_batches' output)"),
+                       (args.metrics or args.batches, "--metrics")):
+        if not os.path.isfile(path):
+            sys.exit(f"train_torch: error: {what}: {path} does not exist")
+    if args.mode == "check" and not args.metrics:
+        sys.exit("train_torch: error: check needs --metrics (a switchyard run's metrics.jsonl)")
     cfg = load_config(f"{args.checkpoint}/config.yaml")
     if cfg["train"]["grad_accum"] != 1:
         sys.exit(f"train_torch: train.grad_accum={cfg['train']['grad_accum']} in "
