@@ -2,7 +2,10 @@
 // Backward as one call per phase.
 #include "moe/moe_layer.h"
 
+#include <optional>
 #include <string>
+
+#include "engine/core/profile.h"
 
 namespace switchyard::moe {
 
@@ -150,6 +153,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   CheckContext(device(), ctx, "MoELayer::Forward");
   MoEForward out;
   MoEActivations& acts = out.acts;
+  std::optional<ScopedPhase> phase(Phase::kRouter);
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
   RoutedGroups routed =
       RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_, training,
@@ -162,12 +166,16 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   acts.gates = own.gates;
   acts.kept_all = own.kept;
   // 3. Dispatch this rank's rows over ep.
+  phase.emplace(Phase::kDispatch);
   Tensor grouped = Dispatch(h, acts, ctx);
   // 4. The experts (over etp when split).
+  phase.emplace(Phase::kExperts);
   Tensor expert_y = RunExperts(grouped, acts, ctx);
   // 5. Return and combine (+ the shared experts on this rank's rows).
+  phase.emplace(Phase::kCombine);
   out.y = CombineOutputs(h, expert_y, acts, ctx);
   // 6. Statistics of this rank's rows and the whole groups' values.
+  phase.emplace(Phase::kRouter);
   out.stats = RoutingStats(routed, own, config_.num_experts, ctx);
   out.groups = GroupValuesOf(routed, config_.top_k);
   acts.groups = routed.groups;
@@ -229,17 +237,22 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   SY_CHECK(dy.device() == dev) << "MoE dy on " << dy.device() << ", the layer on " << dev;
   CheckContext(dev, ctx, "MoELayer::Backward");
   // The shared experts' dx starts dh (it is a fresh tensor); else zeros.
+  std::optional<ScopedPhase> phase(Phase::kExperts);
   Tensor dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
                       : Tensor::Zeros({n, d}, DType::kF32, dev, ctx);
-  // 5. Combine's backward.
+  // 5. Combine's backward (and the return exchange's mirror).
+  phase.emplace(Phase::kCombine);
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, dev);
   Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
   CombineBackward(dy, acts.expert_out, acts.gates, plan, dout, dgates, ctx);
-  // 4-3. The experts and the dispatch in reverse.
   Tensor dgrouped = Regroup(ExchangeRows(dout, plan, *ep_, ctx), plan, ctx);
+  // 4-3. The experts and the dispatch in reverse.
+  phase.emplace(Phase::kExperts);
   Tensor dx = RunExpertsBackward(acts, dgrouped, ctx);
+  phase.emplace(Phase::kDispatch);
   ScatterAdd(ReturnRows(Ungroup(dx, plan, ctx), plan, *ep_, ctx), plan, dh, ctx);
   // 2-1. The router of every group on this rank's rows: gates, load balancing and z-loss.
+  phase.emplace(Phase::kRouter);
   RouteGroupsBackward(acts.router, acts.balance, router_weight_, config_, dgates, daux, dz,
                       tp_rank(), dh, grad_router_weight_, ctx, acts.own_rows);
   return dh;

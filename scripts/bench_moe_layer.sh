@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # One MoE layer, forward + backward, ours (build/bin/moe_layer_perf, one rank) beside the
-# plain-PyTorch reference (benchmarks/reference/moe_layer_torch.py) at the same shapes and
-# the same thread count; prints one table and writes $OUT/moe_layer.json.
+# plain-PyTorch reference (benchmarks/reference/moe_layer_torch.py) at the same shapes,
+# fairly: each side runs under every thread setting its users would try, all of them in
+# alternation for ROUNDS rounds (benchmarks/reference/side_by_side.py); the table gives each
+# side's best setting by name with the median and min-max of its rounds, and the ratio of
+# the medians. Writes $OUT/moe_layer.json (every setting's runs included).
 #
-#   bash scripts/bench_moe_layer.sh                       # the default shapes
-#   SHAPES="4096,512,1024,8,2,gelu,1.25" THREADS=2 ITERS=20 bash scripts/bench_moe_layer.sh
+#   bash scripts/bench_moe_layer.sh                       # the default shapes, 5 rounds
+#   SHAPES="4096,512,1024,8,2,gelu,1.25" ROUNDS=3 ITERS=20 bash scripts/bench_moe_layer.sh
+#   TORCH_SETTINGS=torch1-blas2,torch2-blas2-passive OURS_SETTINGS=blas2 bash scripts/bench_moe_layer.sh
 #
-# SHAPES: space-separated "tokens,d,f,E,k,activation,capacity" entries. THREADS: OpenBLAS
-# threads for us and torch.set_num_threads for the reference (default: all cores).
+# SHAPES: space-separated "tokens,d,f,E,k,activation,capacity" entries. ROUNDS: alternating
+# rounds. ITERS, WARMUP: timed and untimed iterations of each run. TORCH_SETTINGS,
+# OURS_SETTINGS: comma-separated names from side_by_side.py (default: all of them).
+# REUSE=1 keeps the runs already in $OUT/moe_layer (continues an interrupted comparison).
+# The settings:
+#   torch: torch{1,2}-blas{1,2} (torch.set_num_threads x OPENBLAS_NUM_THREADS), and
+#          torch2-blas{1,2}-passive (the same with OMP_WAIT_POLICY=PASSIVE)
+#   ours:  blas1, blas2 (OpenBLAS threads), blas2-passive
 # Installs Debian's python3-torch with apt-get when /usr/bin/python3 cannot import torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD=${BUILD:-build}
 OUT=${OUT:-runs/bench}
-THREADS=${THREADS:-$(nproc)}
+ROUNDS=${ROUNDS:-5}
 ITERS=${ITERS:-10}
 WARMUP=${WARMUP:-2}
 SHAPES=${SHAPES:-"2048,512,1024,8,2,gelu,1.25 2048,512,1024,8,2,swiglu,1.25 4096,256,512,16,1,gelu,1.25"}
@@ -30,43 +40,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get install -y --no-install-recommends python3-torch >&2
 fi
-
-mkdir -p "$OUT/moe_layer"
-i=0
-for shape in $SHAPES; do
-  IFS=, read -r tokens d f e k act cf <<<"$shape"
-  args=(--tokens "$tokens" --hidden "$d" --ffn "$f" --experts "$e" --topk "$k"
-        --activation "$act" --capacity "$cf" -n "$ITERS" -w "$WARMUP")
-  echo "# shape $shape: ours" >&2
-  OPENBLAS_NUM_THREADS=$THREADS "$BIN" "${args[@]}" --threads "$THREADS" \
-    --json "$OUT/moe_layer/ours-$i.json" >&2
-  echo "# shape $shape: torch" >&2
-  "$PY" benchmarks/reference/moe_layer_torch.py "${args[@]}" --threads "$THREADS" \
-    --json "$OUT/moe_layer/torch-$i.json" >&2
-  i=$((i + 1))
-done
-
-"$PY" - "$OUT" "$i" "$THREADS" <<'EOF'
-import json, sys
-out, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rows = []
-print(f"# MoE layer fwd+bwd, one rank, {threads} thread(s); ratio = torch / ours (> 1: ours faster)")
-print("#  tokens     d     f    E  k     act    cf |  ours fwd    bwd   total | torch fwd    bwd   total |  ratio  %peak")
-print("#                                           |      (ms)   (ms)    (ms) |      (ms)   (ms)    (ms) |")
-for i in range(n):
-    ours = json.load(open(f"{out}/moe_layer/ours-{i}.json"))
-    ref = json.load(open(f"{out}/moe_layer/torch-{i}.json"))
-    r = ours["rows"][0]
-    ratio = ref["total_ms"] / ours["total_ms"]
-    print(f"  {r['tokens']:6d} {r['d']:5d} {r['f']:5d} {r['E']:4d} {r['k']:2d} {r['act']:>7s} {r['cf']:5.2f} |"
-          f" {ours['fwd_ms']:9.2f} {ours['bwd_ms']:6.2f} {ours['total_ms']:7.2f} |"
-          f" {ref['fwd_ms']:9.2f} {ref['bwd_ms']:6.2f} {ref['total_ms']:7.2f} | {ratio:6.2f} {r['%peak']:6.1f}")
-    rows.append({"shape": {k: r[k] for k in ("tokens", "d", "f", "E", "k", "act", "cf")},
-                 "ours": {k: ours[k] for k in ("fwd_ms", "bwd_ms", "total_ms")},
-                 "torch": {k: ref[k] for k in ("fwd_ms", "bwd_ms", "total_ms")},
-                 "torch_over_ours": ratio, "ours_peak_fraction": r["%peak"] / 100,
-                 "ours_gemm_peak_fraction": r["gemm%peak"] / 100})
-json.dump({"benchmark": "bench_moe_layer", "threads": threads, "torch": ref.get("torch"),
-           "rows": rows}, open(f"{out}/moe_layer.json", "w"), indent=2)
-print(f"# wrote {out}/moe_layer.json")
-EOF
+mkdir -p "$OUT"
+exec "$PY" benchmarks/reference/compare_moe_layer.py --bin "$BIN" --out "$OUT" --shapes "$SHAPES" \
+  --rounds "$ROUNDS" --iters "$ITERS" --warmup "$WARMUP" \
+  --torch_settings "${TORCH_SETTINGS:-all}" --ours_settings "${OURS_SETTINGS:-all}" \
+  ${REUSE:+--reuse}

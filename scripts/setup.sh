@@ -16,7 +16,8 @@ packages=(
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br
   python3 python3-numpy
   python3-matplotlib chromium   # switchyard report, and its test's headless browser
-  python3-torch python3-venv    # the Hugging Face bridge's test (transformers in a venv)
+  python3-torch python3-venv    # the PyTorch references in benchmarks/reference; the Hugging
+                                # Face bridge's test (transformers in a venv)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -8,9 +8,10 @@ expert, and the gate-weighted combine; backward by autograd from
 loss = sum(y * dy) + sum(aux) (dy random, daux = 1, as moe_layer_perf does).
 
 It is written the way a PyTorch user would write it (sort the kept assignments by expert,
-one matmul chain per expert, index_add back), with torch.set_num_threads equal to our
-OpenBLAS thread count. Prints a one-line summary and, with --json, the same keys as
-moe_layer_perf's JSON (fwd_ms, bwd_ms, total_ms).
+one matmul chain per expert, index_add back); --threads sets torch.set_num_threads, and
+scripts/bench_moe_layer.sh runs it under each thread setting of side_by_side.py (with
+OPENBLAS_NUM_THREADS and OMP_WAIT_POLICY) to find PyTorch's fastest. Prints a one-line
+summary and, with --json, the same keys as moe_layer_perf's JSON (fwd_ms, bwd_ms, total_ms).
 
     /usr/bin/python3 benchmarks/reference/moe_layer_torch.py --tokens 1024 --threads 2
 """

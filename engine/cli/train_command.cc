@@ -1,5 +1,6 @@
 // `switchyard train --config FILE [--out DIR] [--steps N] [--resume DIR] [--set k=v ...]
-//                   [--dry-run]`: trains a model from a config on one rank or under mpirun.
+//                   [--dry-run] [--profile]`: trains a model from a config on one rank or
+// under mpirun.
 #include <cstdio>
 #include <numeric>
 #include <string>
@@ -21,7 +22,7 @@ struct Flags {
   std::string config, out, resume;
   int steps = 0;
   int world = 0;  // --world, for --dry-run
-  bool dry_run = false, help = false;
+  bool dry_run = false, profile = false, help = false;
   std::vector<std::string> overrides;
   std::string usage;
 };
@@ -43,6 +44,9 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                                         "output directory (its latest); any layout");
   flags.AddBool("dry-run", &f->dry_run, "print parameter counts, FLOPs per token and memory per "
                                         "rank, then exit");
+  flags.AddBool("profile", &f->profile, "print where each step's time goes (attention, dense "
+                                       "MLPs, router, dispatch, experts, combine, optimizer, "
+                                       "communication, ...) at the end; also DIR/profile.json");
   flags.AddInt("world", &f->world, "with --dry-run: the number of ranks to plan for (default: "
                                    "the ranks launched, or on one rank the smallest world "
                                    "the layout allows)");
@@ -54,6 +58,7 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   if (f->steps < 0) return InvalidArgument("--steps=", f->steps, " must be >= 1");
   if (f->world < 0) return InvalidArgument("--world=", f->world, " must be >= 1");
   if (flags.IsSet("world") && !f->dry_run) return InvalidArgument("--world needs --dry-run");
+  if (f->profile && f->dry_run) return InvalidArgument("--profile needs training, not --dry-run");
   if (f->out.empty()) {
     std::string stem = f->config.substr(f->config.find_last_of('/') + 1);
     stem = stem.substr(0, stem.find('.'));
@@ -97,6 +102,7 @@ int Run(const std::vector<std::string>& args) {
   }
   auto trainer = train::Trainer::Create(*config, f.out, *world);
   if (int rc = Agree(*world, trainer.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
+  if (f.profile) (*trainer)->EnableProfile();
   if (!f.resume.empty()) {
     Status s = (*trainer)->Resume(f.resume);
     if (int rc = Agree(*world, s, kExitFailure, kCommand); rc != kExitOk) return rc;

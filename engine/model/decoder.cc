@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/core/profile.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -249,6 +250,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   Tensor x;  // (B, S, d), or this rank's rows (N/tp, d) under sp
   if (stage.embedding) {
     Acquire("embed", layers > 0 ? LayerPart(0) : after_layers);
+    ScopedPhase phase(Phase::kEmbeddingHeadLoss);
     acts.embed = embed_->Forward(in.tokens, ctx);
     Release("embed");
     x = acts.embed.y;
@@ -288,6 +290,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     return out;
   }
   Acquire("norm_f", HeadPart());
+  ScopedPhase phase(Phase::kEmbeddingHeadLoss);  // the final norm, the head and the loss
   acts.norm_f = norm_f_->Forward(x, ctx);
   Release("norm_f");
   Acquire(HeadPart(), "");
@@ -328,12 +331,22 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
   Block& b = blocks_[k];
   DeviceContext* ctx = ctx_;
   ba.x_in = x;
-  ba.norm1 = b.norm1.Forward(x, ctx);
-  ba.attn = b.attn.Forward(ba.norm1.y, ctx, core);
+  {
+    ScopedPhase phase(Phase::kNorms);
+    ba.norm1 = b.norm1.Forward(x, ctx);
+  }
+  {
+    ScopedPhase phase(Phase::kAttention);
+    ba.attn = b.attn.Forward(ba.norm1.y, ctx, core);
+  }
   ba.x_mid = Sum(x, ba.attn.y(), ctx);
-  ba.norm2 = b.norm2.Forward(ba.x_mid, ctx);
+  {
+    ScopedPhase phase(Phase::kNorms);
+    ba.norm2 = b.norm2.Forward(ba.x_mid, ctx);
+  }
   Tensor ffn;
   if (b.mlp) {
+    ScopedPhase phase(Phase::kDenseMlp);
     ba.mlp = b.mlp->Forward(ba.norm2.y, ctx);
     ffn = ba.mlp->y();
   } else {
@@ -355,15 +368,24 @@ Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
   DeviceContext* ctx = ctx_;
   Tensor dnorm2;
   if (b.mlp) {
+    ScopedPhase phase(Phase::kDenseMlp);
     dnorm2 = b.mlp->Backward(*ba.mlp, dx, ctx);
   } else {
     Tensor dh = b.moe->Backward(ba.moe->acts, MoeRowsOutBackward(dx), aux_scale, aux_scale, ctx);
     dnorm2 = MoeRowsInBackward(dh, dx.shape());
   }
   Tensor dmid = dx;  // the residual path
-  AddInto(dmid, b.norm2.Backward(ba.norm2, dnorm2, ctx), ctx);
-  Tensor dnorm1 = b.attn.Backward(ba.attn, dmid, ctx);
+  Tensor dnorm1;
+  {
+    ScopedPhase phase(Phase::kNorms);
+    AddInto(dmid, b.norm2.Backward(ba.norm2, dnorm2, ctx), ctx);
+  }
+  {
+    ScopedPhase phase(Phase::kAttention);
+    dnorm1 = b.attn.Backward(ba.attn, dmid, ctx);
+  }
   dx = dmid;
+  ScopedPhase phase(Phase::kNorms);
   AddInto(dx, b.norm1.Backward(ba.norm1, dnorm1, ctx), ctx);
   return dx;
 }
@@ -385,6 +407,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
     const int64_t n = acts.dlogits.dim(0);
     Acquire(HeadPart(), "norm_f");
+    ScopedPhase phase(Phase::kEmbeddingHeadLoss);
     Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
     if (head_) {
       dhidden = head_->Backward(*acts.head, acts.dlogits, ctx);
@@ -428,6 +451,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     return;
   }
   Acquire("embed", "");
+  ScopedPhase phase(Phase::kEmbeddingHeadLoss);
   embed_->Backward(acts.embed, dx, ctx);
   Release("embed");
   done("embed");

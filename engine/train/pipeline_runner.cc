@@ -3,6 +3,8 @@
 #include <chrono>
 #include <optional>
 
+#include "engine/core/profile.h"
+
 namespace switchyard::train {
 
 using parallel::ActionKind;
@@ -25,15 +27,18 @@ PipelineRunner::PipelineRunner(std::vector<model::Decoder*> chunks, dist::Commun
 
 Tensor PipelineRunner::Recv(const Shape& shape, int peer) {
   Tensor t = Tensor::Empty(shape, DType::kF32, chunks_[0]->device());
+  ScopedPhase phase(Phase::kCommunication);  // with the wait for the peer (the bubble)
   pp_.RecvAsync(t, peer)->Wait();
   return t;
 }
 
 void PipelineRunner::Send(const Tensor& t, int peer) {
+  ScopedPhase phase(Phase::kCommunication);
   sends_.push_back({pp_.SendAsync(t, peer), t});
 }
 
 void PipelineRunner::WaitSends() {
+  ScopedPhase phase(Phase::kCommunication);
   for (Pending& p : sends_) p.work->Wait();
   sends_.clear();
 }

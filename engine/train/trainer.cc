@@ -9,9 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/profile.h"
+#include "engine/core/safetensors.h"
 #include "engine/dist/ordered_sum.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/clip.h"
@@ -95,8 +98,16 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
     parallel::ZeroShards* zero = t->zero_.get();
     for (const auto& chunk : t->chunks_) {
       chunk->set_parameter_hooks(
-          {.acquire = [zero](const std::string& part, const std::string& next) { zero->Acquire(part, next); },
-           .release = [zero](const std::string& part) { zero->Release(part); }});
+          {.acquire =
+               [zero](const std::string& part, const std::string& next) {
+                 ScopedPhase phase(Phase::kCommunication);
+                 zero->Acquire(part, next);
+               },
+           .release =
+               [zero](const std::string& part) {
+                 ScopedPhase phase(Phase::kCommunication);
+                 zero->Release(part);
+               }});
     }
   }
   OptimizerOptions oo = config.train.optimizer_options();
@@ -201,6 +212,7 @@ Status Trainer::Resume(const std::string& path) {
 
 StepMetrics Trainer::TrainStep(bool record_routing) {
   const auto start = std::chrono::steady_clock::now();
+  if (profiler_) profiler_->BeginStep();
   const TrainConfig& tc = config_.train;
   const dist::Mesh& mesh = pc_->mesh();
   const int64_t seq = config_.model.seq_len;
@@ -261,23 +273,28 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   } else {
     // The last backward: each part's gradient bucket goes out as soon as it is final.
     hooks.on_last_backward_done = [&](const std::string& part) {
+      ScopedPhase phase(Phase::kCommunication);
       for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
     };
   }
   pipeline_->RunStep(hooks);
+  if (tree) UnpackGrads(grads.Result(), reg, ctx);
+  std::optional<ScopedPhase> phase(Phase::kCommunication);
   if (tree) {
-    UnpackGrads(grads.Result(), reg, ctx);
     grad_sync_->SyncAll();
   } else {
     grad_sync_->Finish();
   }
   SumTiedEmbeddingGrads();
+  phase.reset();
   const double ce_sum = dist::TreeSumDoubles(ce_sums);
   const double aux_sum = dist::TreeSumDoubles(aux_sums);
   const double z_sum = dist::TreeSumDoubles(z_sums);
+  phase.emplace(Phase::kOptimizer);
   const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx, zero_.get());
   const float lr = tc.schedule().LrAt(optimizer_->step());
   optimizer_->Step(lr);
+  phase.emplace(Phase::kCommunication);
   zero_->GatherUpdatedParameters();
   zero_->FreeGradients();
 
@@ -293,6 +310,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
   if (pc_->pp().size() > 1) sums = dist::AllReduceDoubles(pc_->pp(), sums);
   // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
+  phase.reset();
   if (config_.moe.expert_bias_rate > 0) {
     for (int c = 0; c < pipeline_->chunks(); ++c) {
       std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
@@ -316,7 +334,12 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   m.moe = std::move(stats);
   m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_s = static_cast<double>(global_batch * seq) / m.step_s;
+  if (profiler_) profiler_->EndStep(m.step_s);
   return m;
+}
+
+void Trainer::EnableProfile() {
+  if (!profiler_) profiler_ = std::make_unique<Profiler>();
 }
 
 double Trainer::Validate() {
@@ -469,6 +492,11 @@ Status Trainer::Run(int64_t steps) {
       const std::string path = out_dir_ + "/routing_by_language.json";
       SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(path, /*append=*/false));
       w.Write(routing_->Json());
+    }
+    if (profiler_) {
+      std::printf("\n%s(rank 0; written to %s/profile.json)\n", profiler_->Table().c_str(),
+                  out_dir_.c_str());
+      SY_RETURN_IF_ERROR(WriteFileAtomically(out_dir_ + "/profile.json", profiler_->Json()));
     }
     std::fflush(stdout);
   }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/profile.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
 #include "engine/parallel/grad_sync.h"
@@ -50,6 +51,12 @@ class Trainer {
   Status Run(int64_t steps);
 
   int64_t step() const { return step_; }
+  // `switchyard train --profile`: from now on every step's time is split into phases
+  // (engine/core/profile.h); Run prints the table at its end (rank 0) and writes
+  // OUT/profile.json. Off by default (the timers then cost one branch each).
+  void EnableProfile();
+  // The profile of this rank's steps so far; nullptr unless EnableProfile was called.
+  const Profiler* profile() const { return profiler_.get(); }
   // The host groups of this rank (benchmarks read their traffic).
   const dist::ParallelContext& parallel_context() const { return *pc_; }
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
@@ -120,6 +127,7 @@ class Trainer {
   std::vector<double> losses_;
   std::optional<JsonlWriter> metrics_;
   std::optional<JsonlWriter> routing_log_;  // routing.jsonl (logging.routing_every)
+  std::unique_ptr<Profiler> profiler_;  // --profile
 };
 
 }  // namespace switchyard::train
