@@ -26,6 +26,8 @@ constexpr Command kCommands[] = {
     {"train", "train a model from a config (one rank, or many under mpirun)", RunTrain},
     {"eval", "validation loss, perplexity and routing statistics of a checkpoint", RunEval},
     {"moe-layer", "forward and backward of one MoE layer on tensors from a file", RunMoeLayer},
+    {"checkpoint", "verify a checkpoint's checksums, step and values without a model",
+     RunCheckpoint},
 };
 
 const Command* FindCommand(std::string_view name) {

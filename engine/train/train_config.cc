@@ -38,6 +38,12 @@ Status TrainConfig::Validate() const {
   if (!(bucket_mb > 0.0f && bucket_mb <= 1e6f) || bucket_bytes() < 1) {
     return InvalidArgument("train.bucket_mb=", bucket_mb, " must be in (0, 1e6]");
   }
+  if (on_nonfinite != "stop" && on_nonfinite != "skip") {
+    return InvalidArgument("train.on_nonfinite='", on_nonfinite, "' is not one of stop, skip");
+  }
+  if (max_nonfinite_skips < 1) {
+    return InvalidArgument("train.max_nonfinite_skips=", max_nonfinite_skips, " must be >= 1");
+  }
   return OkStatus();
 }
 
