@@ -143,7 +143,8 @@ std::vector<Section> Sections(Config& c) {
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
         Bind("checkpoint_every", &t.checkpoint_every),
         BindEnum("recompute", &t.recompute, model::ParseRecompute, model::RecomputeName),
-        Bind("on_nonfinite", &t.on_nonfinite), Bind("max_nonfinite_skips", &t.max_nonfinite_skips)}},
+        Bind("on_nonfinite", &t.on_nonfinite), Bind("max_nonfinite_skips", &t.max_nonfinite_skips),
+        Bind("collective_timeout_s", &t.collective_timeout_s)}},
       {"data", {Bind("dir", &c.data.dir)}},
       {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
   };

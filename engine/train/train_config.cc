@@ -41,6 +41,10 @@ Status TrainConfig::Validate() const {
   if (on_nonfinite != "stop" && on_nonfinite != "skip") {
     return InvalidArgument("train.on_nonfinite='", on_nonfinite, "' is not one of stop, skip");
   }
+  if (!(collective_timeout_s >= 0) || !std::isfinite(collective_timeout_s)) {
+    return InvalidArgument("train.collective_timeout_s=", collective_timeout_s,
+                           " must be >= 0 seconds (0: no watchdog)");
+  }
   if (max_nonfinite_skips < 1) {
     return InvalidArgument("train.max_nonfinite_skips=", max_nonfinite_skips, " must be >= 1");
   }

@@ -52,6 +52,10 @@ struct TrainConfig {
   // "stop" does after max_nonfinite_skips such steps in a row.
   std::string on_nonfinite = "stop";
   int64_t max_nonfinite_skips = 10;  // with on_nonfinite=skip: skipped steps in a row allowed
+  // The collective watchdog (engine/dist/watchdog.h): a rank whose collective has not
+  // completed after this many seconds names it, its group and the ranks that have not
+  // arrived, and exits with status 4. Generous by default, as NCCL's (30 min); 0 = off.
+  double collective_timeout_s = 1800;
 
   // Names the key and the value it rejects ("train.beta2=1 must be in [0, 1)").
   Status Validate() const;

@@ -12,7 +12,10 @@
 #    and saves (whole records under a file-size limit: metrics_writer_test); resuming from
 #    an earlier checkpoint leaves one record per step, with the losses of a straight run;
 #  - the temporary directories of a killed save are removed at the next start, one line
-#    each.
+#    each;
+#  - the collective watchdog: one rank of 2 stopped (SIGSTOP) mid-run with a 3 s
+#    train.collective_timeout_s: the job ends with status 4 within 60 s, and rank 0's
+#    line names the collective, its group and rank 1 as not arrived.
 # Usage: failures_cli_test.sh path/to/switchyard path/to/scripts/mpirun_test.sh
 set -u
 bin="$1"
@@ -217,6 +220,52 @@ for d in .step-00000002.old-77 .step-00000004.tmp-4242; do
   [[ ! -e $out/$d ]] || fail "leftovers: $d is still there"
 done
 echo "--- leftovers of a killed save removed ($SECONDS s)"
+
+# ---- the collective watchdog ----------------------------------------------------------------
+# Two ranks (ep 2) train for a long time with a 3 s watchdog; once they run, rank 1 is
+# stopped (SIGSTOP). Rank 0's next collective cannot complete: the job must end non-zero
+# (status 4) well within 60 s, with rank 0's line naming the collective, the group and
+# rank 1 as the one that has not arrived.
+out="$tmp/watchdog"
+RC_DIR="$tmp/rc" bash "$mpirun_wrapper" 2 "$bin" train "${two[@]}" --out "$out" \
+  --set train.max_steps=1000000 --set train.checkpoint_every=0 \
+  --set train.collective_timeout_s=3 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+running=$pid
+for ((i = 0; i < 600; ++i)); do
+  [[ -f $out/metrics.jsonl && $(wc -l <"$out/metrics.jsonl") -ge 5 ]] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.05
+done
+# Rank 1: the switchyard process under mpirun whose environment says so.
+stopped=""
+for p in $(pgrep -f "$bin train"); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+    stopped=$p
+  fi
+done
+if [[ -z $stopped ]]; then
+  fail "watchdog: rank 1 not found"
+else
+  kill -STOP "$stopped"
+  for ((i = 0; i < 1200; ++i)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    fail "watchdog: the job still runs 60 s after rank 1 was stopped"
+    kill -CONT "$stopped" 2>/dev/null
+    kill_tree "$pid"
+  fi
+  wait "$pid"
+  rc=$?
+  running=""
+  kill -CONT "$stopped" 2>/dev/null
+  [[ $rc -eq 4 ]] || fail "watchdog: mpirun exited $rc, want 4"
+  grep -Eq "^switchyard: rank 0: [a-z_]+ #[0-9]+ on group of world ranks \[0 1\] did not complete within 3 s \(train.collective_timeout_s\); not arrived: rank 1 \(no answer: stopped, hung or busy\)$" "$tmp/err" ||
+    fail "watchdog: no line from rank 0 naming rank 1: $(grep -v '^\[' "$tmp/err" | head -5)"
+  echo "--- watchdog: rank 1 stopped, the job ended with status $rc: $(grep '^switchyard: rank 0' "$tmp/err") ($SECONDS s)"
+fi
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)"
