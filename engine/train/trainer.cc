@@ -511,7 +511,7 @@ Status Trainer::Run(int64_t steps) {
         auto latest = LatestCheckpoint(out_dir_);
         const std::string kept = latest.ok() && latest->has_value()
                                      ? StrCat("the latest checkpoint stays ", **latest)
-                                     : std::string("no checkpoint was saved");
+                                     : std::string("there is no checkpoint yet");
         return FailedPrecondition(
             what, tc.on_nonfinite == "skip"
                       ? StrCat("; ", skips_in_row, " non-finite steps in a row (train.max_nonfinite_skips=",
