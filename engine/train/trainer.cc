@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/dist/ordered_sum.h"
+#include "engine/dist/process.h"
 #include "engine/dist/watchdog.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/clip.h"
@@ -92,7 +93,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
   SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
-  dist::StartCollectiveWatchdog(config.train.collective_timeout_s);
+  // The watchdog asks the other ranks over a duplicate of the MPI world: only a trainer
+  // over the whole world starts it (every rank gets here).
+  if (world.size() > 1 && world.size() == dist::WorldSize()) {
+    dist::StartCollectiveWatchdog(config.train.collective_timeout_s);
+  }
   std::unique_ptr<Trainer> t(new Trainer(config, out_dir, world));
   const ParallelConfig& p = config.parallel;
   SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
