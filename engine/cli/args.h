@@ -20,6 +20,14 @@ namespace switchyard::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;  // the command ran and failed
 inline constexpr int kExitUsage = 2;    // bad flags or an impossible request
+// `switchyard train` (docs/failures.md): a non-finite loss or gradient norm stopped
+// training (train.on_nonfinite), nothing new saved.
+inline constexpr int kExitNonFinite = 3;
+// A collective did not complete within train.collective_timeout_s (the watchdog).
+inline constexpr int kExitCollectiveTimeout = 4;
+// Stopped by SIGTERM/SIGINT after its checkpoint was saved: requeue and --resume
+// (sysexits' EX_TEMPFAIL, "try again later").
+inline constexpr int kExitPreempted = 75;
 
 class FlagSet {
  public:

@@ -51,4 +51,11 @@ int RunRoute(const std::vector<std::string>& args);
 int RunExport(const std::vector<std::string>& args);
 int RunImport(const std::vector<std::string>& args);
 
+// switchyard checkpoint verify DIR [--json]: checks a checkpoint (checksums, step, pieces,
+// finite values) without building a model; one process.
+int RunCheckpoint(const std::vector<std::string>& args);
+// What `checkpoint verify` and `eval --verify` print and return for `dir`; errors as
+// "<command>: error: ..." on stderr.
+int VerifyCheckpointDir(const std::string& command, const std::string& dir, bool json);
+
 }  // namespace switchyard::cli

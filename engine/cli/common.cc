@@ -42,14 +42,15 @@ void PrintError(const std::string& command, const std::string& message) {
 }
 
 int Agree(dist::Communicator& world, const Status& status, int code, const std::string& command) {
-  const int64_t none = int64_t{world.size()} * 4;
-  const int64_t mine = status.ok() ? none : int64_t{world.rank()} * 4 + code;
+  // The lowest failing rank and its code in one number (codes are below 256).
+  const int64_t none = int64_t{world.size()} * 256;
+  const int64_t mine = status.ok() ? none : int64_t{world.rank()} * 256 + code;
   Tensor t = Tensor::FromVector<int64_t>({mine}, {1});
   world.AllReduce(t, dist::ReduceOp::kMin);
   const int64_t first = t.data<int64_t>()[0];
   if (first == none) return kExitOk;
-  if (first / 4 == world.rank()) PrintError(command, std::string(status.message()));
-  return static_cast<int>(first % 4);
+  if (first / 256 == world.rank()) PrintError(command, std::string(status.message()));
+  return static_cast<int>(first % 256);
 }
 
 }  // namespace switchyard::cli

@@ -32,7 +32,7 @@ constexpr char kCommand[] = "switchyard eval";
 struct Flags {
   std::string checkpoint, data;
   int batches = 0;
-  bool batches_set = false, json = false, help = false;
+  bool batches_set = false, json = false, help = false, verify = false;
   std::vector<std::string> overrides;
   std::string usage;
 };
@@ -53,6 +53,9 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                "validation micro-batches per data-parallel rank; 0 = the whole split "
                "(default: the config's train.eval_batches, as the training run validated)");
   flags.AddBool("json", &f->json, "print one JSON object instead of the report");
+  flags.AddBool("verify", &f->verify, "only check the checkpoint (checksums, step, pieces, "
+                                      "finite values) without building a model, as "
+                                      "`switchyard checkpoint verify`");
   std::string unused;
   flags.AddString("set", &unused, "section.key=value override of the saved config; repeatable "
                                   "(e.g. parallel.ep=1)");
@@ -135,6 +138,12 @@ int Run(const std::vector<std::string>& args) {
   if (f.help) {
     if (world->rank() == 0) std::printf("%s", f.usage.c_str());
     return kExitOk;
+  }
+  if (f.verify) {  // rank 0 reads; every rank returns its answer
+    const int mine = world->rank() == 0 ? VerifyCheckpointDir(kCommand, f.checkpoint, f.json) : 0;
+    Tensor rc = Tensor::FromVector<int32_t>({mine}, {1});
+    world->AllReduce(rc, dist::ReduceOp::kMax);
+    return rc.data<int32_t>()[0];
   }
   // A missing or damaged checkpoint (its config.yaml included) is a failure; a bad --set
   // on top of a good config is a usage error.

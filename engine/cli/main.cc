@@ -30,6 +30,8 @@ constexpr Command kCommands[] = {
     {"export", "write a checkpoint as a Hugging Face MixtralForCausalLM directory", RunExport},
     {"import", "a Hugging Face MixtralForCausalLM directory as a checkpoint", RunImport},
     {"report", "an HTML page of runs' losses and expert load over the steps", RunReport},
+    {"checkpoint", "verify a checkpoint's checksums, step and values without a model",
+     RunCheckpoint},
 };
 
 const Command* FindCommand(std::string_view name) {

@@ -186,6 +186,18 @@ StatusOr<Inputs> LoadInputs(const SafetensorsFile& file, const std::string& path
     }
     SY_ASSIGN_OR_RETURN(*w.into, GetTensor(file, w.name, DType::kF32, w.shape, path));
   }
+  // NaN or Inf in any input would flow silently into every output: refuse it by name.
+  std::vector<std::pair<std::string, const Tensor*>> loaded = {{"x", &in.x}};
+  for (const Expected& w : want) loaded.emplace_back(w.name, w.into);
+  for (const auto& [name, t] : loaded) {
+    const float* v = t->data<float>();
+    for (int64_t i = 0; i < t->numel(); ++i) {
+      if (!std::isfinite(v[i])) {
+        return InvalidArgument(path, ": tensor '", name, "' holds a non-finite value (", v[i],
+                               " at flat index ", i, " of ", ShapeString(t->shape()), ")");
+      }
+    }
+  }
   // Anything else is most likely a file made for another config: refuse it.
   for (const auto& [name, tensor] : file.tensors) {
     if (name == "x") continue;

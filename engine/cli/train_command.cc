@@ -2,6 +2,7 @@
 //                   [--dry-run] [--profile]`: trains a model from a config on one rank or
 // under mpirun.
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -55,7 +56,10 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   f->usage = flags.Usage();
   SY_RETURN_IF_ERROR(flags.Parse(rest));
   f->help = flags.help_requested();
-  if (f->steps < 0) return InvalidArgument("--steps=", f->steps, " must be >= 1");
+  if (f->steps < 0 || (flags.IsSet("steps") && f->steps == 0)) {
+    return InvalidArgument("--steps=", f->steps, " must be >= 1 (leave it out to train to "
+                           "train.max_steps)");
+  }
   if (f->world < 0) return InvalidArgument("--world=", f->world, " must be >= 1");
   if (flags.IsSet("world") && !f->dry_run) return InvalidArgument("--world needs --dry-run");
   if (f->profile && f->dry_run) return InvalidArgument("--profile needs training, not --dry-run");
@@ -107,8 +111,24 @@ int Run(const std::vector<std::string>& args) {
     Status s = (*trainer)->Resume(f.resume);
     if (int rc = Agree(*world, s, kExitFailure, kCommand); rc != kExitOk) return rc;
   }
+  if (const char* hook = std::getenv("SWITCHYARD_TEST_NAN_GRAD"); hook != nullptr) {
+    // Tests only: "STEP:NAME[:EXPERT]" writes a NaN into that gradient at that step.
+    const std::string text = hook;
+    const size_t a = text.find(':'), b = text.find(':', a + 1);
+    (*trainer)->InjectNanGrad(std::atoll(text.substr(0, a).c_str()),
+                              text.substr(a + 1, b == std::string::npos ? b : b - a - 1),
+                              b == std::string::npos ? -1 : std::atoll(text.substr(b + 1).c_str()));
+  }
   Status s = (*trainer)->Run(f.steps);
-  return Agree(*world, s, kExitFailure, kCommand);
+  using Reason = train::Trainer::StopReason;
+  const Reason reason = (*trainer)->stop_reason();
+  if (int rc = Agree(*world, s, reason == Reason::kNonFinite ? kExitNonFinite : kExitFailure,
+                     kCommand);
+      rc != kExitOk) {
+    return rc;
+  }
+  // Stopped by a signal with its checkpoint saved (every rank agreed on the step).
+  return reason == Reason::kSignal ? kExitPreempted : kExitOk;
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 namespace switchyard {
 
 // The bytes of `path`. NotFound (naming the path and the system's reason) when it cannot be
-// opened, DataLoss when the read fails part way.
+// opened, InvalidArgument when it is a directory, DataLoss when the read fails part way.
 StatusOr<std::string> ReadFile(const std::string& path);
 
 }  // namespace switchyard

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/crc32.h"
+
 namespace switchyard {
 namespace {
 
@@ -239,7 +241,7 @@ Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   return WriteThroughTemporary(path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size()); });
 }
 
-Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
+Status WriteSafetensors(const std::string& path, const SafetensorsFile& file, uint32_t* crc) {
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : file.tensors) {
@@ -256,10 +258,13 @@ Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
   for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
   head += text;
   return WriteThroughTemporary(path, [&](int fd) {
+    uint32_t sum = crc ? Crc32(0, head.data(), head.size()) : 0;
     int err = WriteAll(fd, head.data(), head.size());
     for (auto it = file.tensors.begin(); err == 0 && it != file.tensors.end(); ++it) {
       err = WriteAll(fd, it->second.raw_data(), it->second.nbytes());
+      if (crc) sum = Crc32(sum, it->second.raw_data(), it->second.nbytes());
     }
+    if (crc) *crc = sum;
     return err;
   });
 }

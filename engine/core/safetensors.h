@@ -28,7 +28,9 @@ StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 // Writes atomically: to "<path>.tmp.<pid>", fsync, then rename over `path`, so an existing
 // file is replaced whole or not at all. Tensors must be on the host; their bytes are
 // written straight from their storage (views are fine), never copied into one buffer.
-Status WriteSafetensors(const std::string& path, const SafetensorsFile& file);
+// With `crc`, the CRC-32 (engine/core/crc32.h) of the bytes written, computed as they go.
+Status WriteSafetensors(const std::string& path, const SafetensorsFile& file,
+                        uint32_t* crc = nullptr);
 
 // One tensor of a header: its dtype, shape and bytes [begin, end) of the data section.
 struct SafetensorsEntry {

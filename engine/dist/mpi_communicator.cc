@@ -7,6 +7,7 @@
 
 #include "engine/core/check.h"
 #include "engine/dist/mpi_check.h"
+#include "engine/dist/watchdog.h"
 
 namespace switchyard::dist {
 namespace {
@@ -103,6 +104,7 @@ class MpiCommunicator::Request final : public Work {
   void Wait() override {
     if (done_) return;
     if (!requests_.empty()) {
+      const WatchdogScope watch(op_, seq_, group_);
       std::vector<MPI_Status> statuses(requests_.size());
       SY_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
                                statuses.data()));
@@ -139,6 +141,12 @@ class MpiCommunicator::Request final : public Work {
     return counts_.back();
   }
   void OnDone(std::function<void()> finish) { finish_ = std::move(finish); }
+  // What the watchdog names while Wait blocks.
+  void Label(const char* op, uint64_t seq, const std::vector<int>& group) {
+    op_ = op;
+    seq_ = seq;
+    group_ = group;
+  }
 
  private:
   struct Receive {
@@ -150,6 +158,9 @@ class MpiCommunicator::Request final : public Work {
   };
 
   bool done_ = false;
+  const char* op_ = "request";
+  uint64_t seq_ = 0;
+  std::vector<int> group_;
   std::vector<MPI_Request> requests_;
   std::vector<Receive> receives_;
   std::vector<Tensor> tensors_;
@@ -242,23 +253,32 @@ std::unique_ptr<MpiCommunicator::Request> MpiCommunicator::StartReduceScatter(
   return request;
 }
 
-void MpiCommunicator::AllReduce(Tensor& t, ReduceOp op) { StartAllReduce(t, op, false)->Wait(); }
+void MpiCommunicator::AllReduce(Tensor& t, ReduceOp op) {
+  const WatchdogScope watch("all_reduce", ++seq_, world_ranks_);
+  StartAllReduce(t, op, false)->Wait();
+}
 
 void MpiCommunicator::ReduceScatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  const WatchdogScope watch("reduce_scatter", ++seq_, world_ranks_);
   StartReduceScatter(in, out, op, false)->Wait();
 }
 
 std::unique_ptr<Work> MpiCommunicator::AllReduceAsync(Tensor& t, ReduceOp op) {
-  return StartAllReduce(t, op, true);
+  auto request = StartAllReduce(t, op, true);
+  request->Label("all_reduce", ++seq_, world_ranks_);
+  return request;
 }
 
 std::unique_ptr<Work> MpiCommunicator::ReduceScatterAsync(const Tensor& in, Tensor& out,
                                                           ReduceOp op) {
-  return StartReduceScatter(in, out, op, true);
+  auto request = StartReduceScatter(in, out, op, true);
+  request->Label("reduce_scatter", ++seq_, world_ranks_);
+  return request;
 }
 
 void MpiCommunicator::ReduceScatterV(const Tensor& in, Tensor& out,
                                      std::span<const int64_t> rows, ReduceOp op) {
+  const WatchdogScope watch("reduce_scatter_v", ++seq_, world_ranks_);
   CheckTensor(in, device(), "ReduceScatterV");
   CheckTensor(out, device(), "ReduceScatterV");
   internal::CheckReduceScatterV(in, out, rows, size_, rank_);
@@ -335,11 +355,13 @@ std::unique_ptr<MpiCommunicator::Request> MpiCommunicator::StartAllToAllV(
 }
 
 void MpiCommunicator::AllGather(const Tensor& in, Tensor& out) {
+  const WatchdogScope watch("all_gather", ++seq_, world_ranks_);
   StartAllGather(in, out, false)->Wait();
 }
 
 void MpiCommunicator::AllGatherV(const Tensor& in, Tensor& out,
                                  std::span<const int64_t> rows) {
+  const WatchdogScope watch("all_gather_v", ++seq_, world_ranks_);
   CheckTensor(in, device(), "AllGatherV");
   CheckTensor(out, device(), "AllGatherV");
   std::vector<int64_t> offsets = internal::CheckAllGatherV(in, out, rows, size_, rank_);
@@ -356,21 +378,27 @@ void MpiCommunicator::AllGatherV(const Tensor& in, Tensor& out,
 
 void MpiCommunicator::AllToAllV(const Tensor& in, std::span<const int64_t> send_rows,
                                 Tensor& out, std::span<const int64_t> recv_rows) {
+  const WatchdogScope watch("all_to_all_v", ++seq_, world_ranks_);
   StartAllToAllV(in, send_rows, out, recv_rows, false)->Wait();
 }
 
 std::unique_ptr<Work> MpiCommunicator::AllGatherAsync(const Tensor& in, Tensor& out) {
-  return StartAllGather(in, out, true);
+  auto request = StartAllGather(in, out, true);
+  request->Label("all_gather", ++seq_, world_ranks_);
+  return request;
 }
 
 std::unique_ptr<Work> MpiCommunicator::AllToAllVAsync(const Tensor& in,
                                                       std::span<const int64_t> send_rows,
                                                       Tensor& out,
                                                       std::span<const int64_t> recv_rows) {
-  return StartAllToAllV(in, send_rows, out, recv_rows, true);
+  auto request = StartAllToAllV(in, send_rows, out, recv_rows, true);
+  request->Label("all_to_all_v", ++seq_, world_ranks_);
+  return request;
 }
 
 void MpiCommunicator::AllToAll(const Tensor& in, Tensor& out) {
+  const WatchdogScope watch("all_to_all", ++seq_, world_ranks_);
   CheckTensor(in, device(), "AllToAll");
   CheckTensor(out, device(), "AllToAll");
   internal::CheckAllToAll(in, out, size_);
@@ -380,6 +408,7 @@ void MpiCommunicator::AllToAll(const Tensor& in, Tensor& out) {
 }
 
 void MpiCommunicator::Broadcast(Tensor& t, int root) {
+  const WatchdogScope watch("broadcast", ++seq_, world_ranks_);
   CheckTensor(t, device(), "Broadcast");
   SY_CHECK(root >= 0 && root < size_) << "Broadcast root " << root << " in a group of "
                                       << size_;
@@ -388,6 +417,7 @@ void MpiCommunicator::Broadcast(Tensor& t, int root) {
 }
 
 void MpiCommunicator::Send(const Tensor& t, int peer, int tag) {
+  const WatchdogScope watch("send", ++seq_, world_ranks_);
   CheckTensor(t, device(), "Send");
   SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
       << "Send from rank " << rank_ << " to rank " << peer << " in a group of " << size_;
@@ -396,6 +426,7 @@ void MpiCommunicator::Send(const Tensor& t, int peer, int tag) {
 }
 
 void MpiCommunicator::Recv(Tensor& t, int peer, int tag) {
+  const WatchdogScope watch("recv", ++seq_, world_ranks_);
   CheckTensor(t, device(), "Recv");
   SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
       << "Recv on rank " << rank_ << " from rank " << peer << " in a group of " << size_;
@@ -428,6 +459,7 @@ std::unique_ptr<Work> MpiCommunicator::SendAsync(const Tensor& t, int peer, int 
   internal::CheckPeer(peer, size_, rank_, "SendAsync");
   SY_CHECK_GE(tag, 0) << "SendAsync tag";
   auto request = std::make_unique<Request>();
+  request->Label("send", ++seq_, world_ranks_);
   PostP2P({P2POp::kSend, t, peer, tag}, *request);
   return request;
 }
@@ -437,6 +469,7 @@ std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
   internal::CheckPeer(peer, size_, rank_, "RecvAsync");
   SY_CHECK_GE(tag, 0) << "RecvAsync tag";
   auto request = std::make_unique<Request>();
+  request->Label("recv", ++seq_, world_ranks_);
   PostP2P({P2POp::kRecv, t, peer, tag}, *request);
   return request;
 }
@@ -446,11 +479,15 @@ std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
 std::unique_ptr<Work> MpiCommunicator::BatchSendRecv(std::span<const P2POp> ops) {
   internal::CheckBatch(ops, device(), size_, rank_);
   auto request = std::make_unique<Request>();
+  request->Label("send_recv", ++seq_, world_ranks_);
   for (const P2POp& op : ops) PostP2P(op, *request);
   return request;
 }
 
-void MpiCommunicator::Barrier() { SY_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::Barrier() {
+  const WatchdogScope watch("barrier", ++seq_, world_ranks_);
+  SY_MPI_CHECK(MPI_Barrier(comm_));
+}
 
 // ---- Groups -----------------------------------------------------------------------------
 

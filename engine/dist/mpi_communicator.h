@@ -95,6 +95,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> world_ranks_;
+  uint64_t seq_ = 0;  // collectives started on this communicator (the watchdog names them)
   std::map<std::pair<int, int64_t>, MPI_Datatype> row_types_;  // (dtype, row_size) -> type
 };
 

@@ -3,6 +3,7 @@
 #include "engine/core/check.h"
 #include "engine/core/device_context.h"
 #include "engine/core/logging.h"
+#include "engine/dist/watchdog.h"
 
 #ifdef SY_HAVE_MPI
 #include "engine/dist/mpi_check.h"
@@ -32,7 +33,9 @@ Status InitProcess(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    const int err = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    // MPI_THREAD_MULTIPLE where offered: the collective watchdog's thread (watchdog.h)
+    // asks the other ranks what they wait for while the main thread is blocked in MPI.
+    const int err = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (err != MPI_SUCCESS) {
       return Internal("MPI_Init_thread failed: ", internal::MpiErrorString(err));
     }
@@ -49,6 +52,7 @@ Status InitProcess(int* argc, char*** argv) {
 }
 
 void FinalizeProcess() {
+  StopCollectiveWatchdog();
   if (MpiActive()) MPI_Finalize();
 }
 

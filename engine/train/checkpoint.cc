@@ -19,9 +19,11 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/check.h"
+#include "engine/core/crc32.h"
 #include "engine/core/safetensors.h"
 #include "engine/train/checkpoint_index.h"
 #include "engine/train/checkpoint_plan.h"
+#include "engine/train/checkpoint_verify.h"
 
 #ifndef SWITCHYARD_VERSION
 #define SWITCHYARD_VERSION "0.1.0"
@@ -173,7 +175,8 @@ Status MakeTempDir(const std::string& out_dir, const std::string& tmp) {
 // optimizer-RRRRR-of-WWWWW (none for a kind it writes nothing of). Each piece's data is a
 // view of the value (a device value is copied to the host first).
 Status WriteOwnPieces(const std::string& tmp, const std::vector<SaveItem>& plan,
-                      const std::vector<const parallel::Parameter*>& own, int me, int world) {
+                      const std::vector<const parallel::Parameter*>& own, int me, int world,
+                      FileSums* sums) {
   SafetensorsFile files[2];
   files[kModelTensors].metadata["format"] = "pt";
   for (const SaveItem& t : plan) {
@@ -191,8 +194,14 @@ Status WriteOwnPieces(const std::string& tmp, const std::vector<SaveItem>& plan,
   }
   for (int kind : {kModelTensors, kOptimizerTensors}) {
     if (files[kind].tensors.empty()) continue;
-    SY_RETURN_IF_ERROR(WriteSafetensors((fs::path(tmp) / PieceFileName(kind, me, world)).string(),
-                                        files[kind]));
+    const std::string name = PieceFileName(kind, me, world);
+    const std::string path = (fs::path(tmp) / name).string();
+    uint32_t crc = 0;
+    SY_RETURN_IF_ERROR(WriteSafetensors(path, files[kind], &crc));
+    std::error_code ec;
+    const uint64_t bytes = fs::file_size(path, ec);
+    if (ec) return FailedPrecondition(path, ": cannot stat (", ec.message(), ")");
+    (*sums)[name] = {crc, bytes};
   }
   return OkStatus();
 }
@@ -398,25 +407,35 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
   std::vector<const parallel::Parameter*> own;  // indexed like LocalSlices
   for (const parallel::Parameter& p : contents.params->params()) own.push_back(&p);
   for (const parallel::Parameter& p : contents.optimizer_state) own.push_back(&p);
-  const Status written = AgreeOnStatus(WriteOwnPieces(tmp, plan, own, me, world.size()), world);
+  FileSums sums;  // this rank's files, then (rank 0) every file of the directory
+  const Status written =
+      AgreeOnStatus(WriteOwnPieces(tmp, plan, own, me, world.size(), &sums), world);
   if (!written.ok()) {
     std::error_code ec;
     if (me == 0) fs::remove_all(tmp, ec);  // every rank is done with it
     return written;
   }
+  const std::vector<std::string> all_sums = AllGatherStrings(SerializeSums(sums), world);
 
   // 4. Rank 0 finishes the directory once every rank has written; all learn the outcome.
   Status finished = OkStatus();
   if (me == 0) {
-    finished = FinishStepDir(out_dir, step, tmp, IndexText(plan, world.size()), trainer_state,
-                             contents.config_yaml);
+    for (const std::string& text : all_sums) {
+      for (const auto& [name, sum] : ParseSums(text)) sums[name] = sum;
+    }
+    for (const auto& [name, text] : {std::pair<const char*, const std::string*>{kTrainerStateFile, &trainer_state},
+                                     {kConfigFile, &contents.config_yaml}}) {
+      sums[name] = {Crc32(0, text->data(), text->size()), text->size()};
+    }
+    finished = FinishStepDir(out_dir, step, tmp, IndexText(plan, world.size(), sums),
+                             trainer_state, contents.config_yaml);
   }
   return AgreeOnStatus(finished, world);
 }
 
 StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::ParameterRegistry& params,
                                           std::vector<parallel::Parameter>* optimizer_state,
-                                          dist::Communicator& world) {
+                                          dist::Communicator& world, bool require_finite) {
   SY_CHECK(world.device().is_cpu())
       << "LoadCheckpoint agrees over a host communicator, not " << world.ToString();
   const std::vector<parallel::Parameter> none;
@@ -434,7 +453,11 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::Par
     SY_ASSIGN_OR_RETURN(std::string dir, ResolveStepDir(path));
     int version = 0;
     SY_ASSIGN_OR_RETURN(LoadedCheckpoint info, ReadTrainerState(dir, &version));
+    SY_RETURN_IF_ERROR(CheckStepOfDir(dir, info.step));
     SY_ASSIGN_OR_RETURN(CheckpointIndex index, ReadIndex(dir, version, with_optimizer));
+    // Every file's checksum, each file read by one rank.
+    SY_RETURN_IF_ERROR(VerifyFileSums(dir, index, world.rank(), world.size()));
+    info.verified = !index.files.empty();
     const std::string index_path = (fs::path(dir) / kModelIndexFile).string();
     SY_RETURN_IF_ERROR(CheckOwn(index, params.params(), kModelTensors, index_path));
     SY_RETURN_IF_ERROR(CheckOwn(index, optimizer, kOptimizerTensors, index_path));
@@ -447,6 +470,7 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::Par
     for (const SliceEntry& e : *mine) {
       Tensor t = Tensor::Empty({e.piece.numel()}, e.dtype);
       SY_RETURN_IF_ERROR(reader.Read(e.name, e.piece, t.raw_data()));
+      if (require_finite) SY_RETURN_IF_ERROR(CheckFiniteValues(t, e.name, dir));
       staged.push_back(std::move(t));
     }
     return info;
@@ -467,6 +491,7 @@ StatusOr<std::map<std::string, Tensor>> ReadWholeTensors(const std::string& path
   int version = 0;
   SY_RETURN_IF_ERROR(ReadTrainerState(dir, &version).status());
   SY_ASSIGN_OR_RETURN(CheckpointIndex index, ReadIndex(dir, version, optimizer));
+  SY_RETURN_IF_ERROR(VerifyFileSums(dir, index, 0, 1));
   PieceReader reader(dir, index);
   std::map<std::string, Tensor> out;
   for (const auto& [name, t] : index.tensors) {
@@ -477,6 +502,47 @@ StatusOr<std::map<std::string, Tensor>> ReadWholeTensors(const std::string& path
     out.emplace(name, std::move(whole));
   }
   return out;
+}
+
+StatusOr<CheckpointReport> VerifyCheckpoint(const std::string& path) {
+  SY_ASSIGN_OR_RETURN(std::string dir, ResolveStepDir(path));
+  int version = 0;
+  SY_ASSIGN_OR_RETURN(LoadedCheckpoint info, ReadTrainerState(dir, &version));
+  SY_RETURN_IF_ERROR(CheckStepOfDir(dir, info.step));
+  SY_ASSIGN_OR_RETURN(CheckpointIndex index, ReadIndex(dir, version, /*with_optimizer=*/true));
+  SY_RETURN_IF_ERROR(VerifyFileSums(dir, index, 0, 1));
+  CheckpointReport report{.dir = dir, .step = info.step, .checksums = !index.files.empty()};
+  for (const auto& [file, sum] : index.files) report.bytes += sum.bytes;
+  report.files = static_cast<int64_t>(index.files.size());
+  // Every tensor read whole (its pieces must tile it) and checked for NaN and Inf, one at a
+  // time: the memory of the largest tensor.
+  PieceReader reader(dir, index);
+  for (const auto& [name, t] : index.tensors) {
+    Tensor whole = Tensor::Empty(t.global, t.dtype);
+    SY_RETURN_IF_ERROR(reader.Read(name, BoxPiece(std::vector<int64_t>(t.global.size(), 0), t.global),
+                                   whole.raw_data()));
+    SY_RETURN_IF_ERROR(CheckFiniteValues(whole, name, dir));
+    ++report.tensors;
+  }
+  return report;
+}
+
+Status RemoveLeftoverTempDirs(const std::string& out_dir, std::vector<std::string>* removed) {
+  std::error_code ec;
+  if (!fs::is_directory(out_dir, ec)) return OkStatus();
+  std::vector<fs::path> leftovers;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool old = name.compare(0, 6, ".step-") == 0 && name.find(".old-") != std::string::npos;
+    if (e.is_directory(ec) && (IsTempDirName(name) || old)) leftovers.push_back(e.path());
+  }
+  std::sort(leftovers.begin(), leftovers.end());
+  for (const fs::path& p : leftovers) {
+    fs::remove_all(p, ec);
+    if (ec) return FailedPrecondition(p.string(), ": cannot remove a leftover of a killed save (", ec.message(), ")");
+    removed->push_back(p.string());
+  }
+  return OkStatus();
 }
 
 StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& out_dir) {

@@ -89,6 +89,18 @@ struct LoadedCheckpoint {
   std::string trainer_state_json;  // the whole trainer_state.json
   std::string config_yaml;         // config.yaml as saved
   SavedLayout layout;
+  // Whether the index held checksums and every file matched them (false: a checkpoint
+  // saved before checksums, loaded unverified).
+  bool verified = false;
+};
+
+// What VerifyCheckpoint checked.
+struct CheckpointReport {
+  std::string dir;  // the step directory
+  int64_t step = 0;
+  bool checksums = false;  // false: saved before checksums; structure and values only
+  int64_t files = 0, tensors = 0;
+  uint64_t bytes = 0;  // of the files with checksums
 };
 
 // "step-00000100".
@@ -115,10 +127,25 @@ Status SaveCheckpoint(const std::string& out_dir, int64_t step, const Checkpoint
 // `latest`; an incomplete checkpoint (a .tmp directory, no index, a missing file); a
 // truncated or corrupt file or index (pieces that do not tile their tensor included); a
 // tensor missing for a registered parameter, or one that no rank registered; a shape or
-// dtype mismatch; a format newer than this build.
+// dtype mismatch; a format newer than this build; a file whose size or CRC-32 differs from
+// the index's (each file read by one rank; checkpoints saved before checksums load
+// unverified, LoadedCheckpoint::verified false); a trainer state whose step is not its
+// directory's; with require_finite (training and eval pass it), a NaN or Inf in any
+// floating-point value read.
 StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::ParameterRegistry& params,
                                           std::vector<parallel::Parameter>* optimizer_state,
-                                          dist::Communicator& world);
+                                          dist::Communicator& world, bool require_finite = false);
+
+// Checks a checkpoint without a model (`switchyard checkpoint verify`): `path` as
+// LoadCheckpoint takes it; the trainer state against its directory's step, the index, the
+// CRC-32 of every file the index lists, every tensor's pieces tiling it, and every value
+// finite. Errors are LoadCheckpoint's, each naming the file.
+StatusOr<CheckpointReport> VerifyCheckpoint(const std::string& path);
+
+// Removes the leftovers of killed saves in out_dir: .step-*.tmp-* and .step-*.old-*
+// directories (a save in progress in the same out_dir at the same moment would lose its
+// directory: one run per out_dir). Appends each removed path to *removed.
+Status RemoveLeftoverTempDirs(const std::string& out_dir, std::vector<std::string>* removed);
 
 // Every tensor of a checkpoint of one kind (the model's, or with `optimizer` the optimizer
 // state's), assembled whole in this process's host memory, by name: for tools and tests

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_join.h"
 
+#include "engine/core/crc32.h"
 #include "engine/train/checkpoint.h"
 
 namespace switchyard::train {
@@ -144,7 +145,7 @@ Shape StoredShape(const Piece& p) { return p.whole_box() ? p.box : Shape{p.numel
 
 // One line per weight_map entry, per tensor and per piece: readable, and small enough that
 // every rank parses it quickly when a tensor has a piece per rank.
-std::string IndexText(const std::vector<SaveItem>& plan, int world) {
+std::string IndexText(const std::vector<SaveItem>& plan, int world, const FileSums& files) {
   std::vector<std::string> weight_map, tensors;
   uint64_t total = 0;
   for (const SaveItem& t : plan) {
@@ -173,7 +174,13 @@ std::string IndexText(const std::vector<SaveItem>& plan, int world) {
   const json metadata = {{"total_size", total},
                          {"format", kFormat},
                          {"format_version", kCheckpointFormatVersion}};
-  return "{\"metadata\": " + metadata.dump() + ",\n\"weight_map\": {\n" +
+  std::vector<std::string> sums;
+  for (const auto& [name, sum] : files) {
+    sums.push_back("  " + json(name).dump() + ": " +
+                   json{{"crc32", Crc32Hex(sum.crc)}, {"bytes", sum.bytes}}.dump());
+  }
+  return "{\"metadata\": " + metadata.dump() + ",\n\"files\": {\n" + absl::StrJoin(sums, ",\n") +
+         "},\n\"weight_map\": {\n" +
          absl::StrJoin(weight_map, ",\n") + "},\n\"tensors\": {\n" +
          absl::StrJoin(tensors, ",\n") + "}}\n";
 }
@@ -206,6 +213,21 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& text, const std::string&
       return DataLoss(path, ": total_size is ", metadata["total_size"].dump());
     }
     out.total_size = metadata["total_size"].get<int64_t>();
+  }
+  if (index.contains("files")) {
+    const json& files = index["files"];
+    if (!files.is_object()) return DataLoss(path, ": \"files\" is not an object");
+    for (const auto& [name, sum] : files.items()) {
+      const json crc = sum.is_object() && sum.contains("crc32") ? sum["crc32"] : json();
+      const json bytes = sum.is_object() && sum.contains("bytes") ? sum["bytes"] : json();
+      std::string hex = crc.is_string() ? crc.get<std::string>() : "";
+      const bool is_hex = hex.size() == 8 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+      if (!IsFileName(json(name)) || !is_hex || !bytes.is_number_unsigned()) {
+        return DataLoss(path, ": files: entry '", name, "' is ", sum.dump(),
+                        ", not {\"crc32\": 8 hex digits, \"bytes\": N}");
+      }
+      out.files[name] = {static_cast<uint32_t>(std::stoul(hex, nullptr, 16)), bytes.get<uint64_t>()};
+    }
   }
   if (format_version < 2) return out;
 

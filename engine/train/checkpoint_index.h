@@ -49,18 +49,32 @@ struct IndexTensor {
   std::vector<IndexPiece> pieces;
 };
 
+// The CRC-32 (engine/core/crc32.h) and size of one file of a step directory.
+struct FileSum {
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  bool operator==(const FileSum&) const = default;
+};
+using FileSums = std::map<std::string, FileSum>;  // file name -> its sum
+
 struct CheckpointIndex {
   std::map<std::string, IndexTensor> tensors;
+  // "files": every other file of the step directory (tensor files, trainer_state.json,
+  // config.yaml) with its checksum; empty for checkpoints saved before checksums.
+  FileSums files;
   std::map<std::string, std::string> weight_map;  // name -> file (Hugging Face's)
   int64_t total_size = -1;                        // metadata.total_size (-1: absent)
   // file -> the tensors with a piece in it, each with the index of that piece.
   std::map<std::string, std::vector<std::pair<std::string, int>>> by_file;
 };
 
-// The index text for `plan` (PlanSave's) written by `world` ranks.
-std::string IndexText(const std::vector<SaveItem>& plan, int world);
+// The index text for `plan` (PlanSave's) written by `world` ranks, with the checksums of
+// the directory's other files ("files": {"model.safetensors": {"crc32": "0a1b2c3d",
+// "bytes": 1234}, ...}).
+std::string IndexText(const std::vector<SaveItem>& plan, int world, const FileSums& files = {});
 
-// Parses and checks an index (`path` names it in errors). Format 2: the weight_map and
+// Parses and checks an index (`path` names it in errors). "files" when present (file
+// names, eight-hex-digit crc32, bytes). Format 2: the weight_map and
 // every tensor's pieces (kinds, dtypes, shapes, pieces inside their tensor, file names),
 // weight_map agreeing with the pieces and total_size with their bytes; a newer
 // metadata.format_version is FailedPrecondition, anything malformed DataLoss naming the

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
+#include <numeric>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
@@ -189,7 +191,9 @@ std::vector<Section> Sections(Config& c) {
         Bind("grad_accum", &t.grad_accum), Bind("seed", &t.seed),
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
         Bind("checkpoint_every", &t.checkpoint_every),
-        BindEnum("recompute", &t.recompute, model::ParseRecompute, model::RecomputeName)}},
+        BindEnum("recompute", &t.recompute, model::ParseRecompute, model::RecomputeName),
+        Bind("on_nonfinite", &t.on_nonfinite), Bind("max_nonfinite_skips", &t.max_nonfinite_skips),
+        Bind("collective_timeout_s", &t.collective_timeout_s)}},
       {"data", {Bind("dir", &c.data.dir), BindDataPaths("paths", &c.data.paths),
                 Bind("verify", &c.data.verify)}},
       {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
@@ -197,19 +201,53 @@ std::vector<Section> Sections(Config& c) {
   };
 }
 
+// "the line 3" of a node of a parsed file ("" for --set's trees, which carry no marks).
+std::string LineOf(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  return mark.is_null() ? std::string() : StrCat(" (line ", mark.line + 1, ")");
+}
+
+// The keys of a mapping are plain scalars, each once: "model.d_model (line 9) is also set
+// on line 4".
+Status CheckKeys(const YAML::Node& map, const std::string& prefix, const std::string& source) {
+  std::map<std::string, YAML::Node> seen;
+  for (const auto& kv : map) {
+    if (!kv.first.IsScalar()) {
+      return InvalidArgument(source, ": ",
+                             prefix.empty() ? std::string("a section name")
+                                            : StrCat("a key of section '", prefix, "'"),
+                             LineOf(kv.first), " must be a plain word, not '", Scalar(kv.first), "'");
+    }
+    const std::string key = kv.first.Scalar();
+    auto [it, fresh] = seen.emplace(key, kv.first);
+    if (!fresh) {
+      const std::string name = prefix.empty() ? key : StrCat(prefix, ".", key);
+      const YAML::Mark first = it->second.Mark(), again = kv.first.Mark();
+      return InvalidArgument(source, ": '", name, "' is set twice",
+                             first.is_null() ? std::string()
+                                             : StrCat(", on lines ", first.line + 1, " and ",
+                                                      again.line + 1),
+                             "; keep one");
+    }
+  }
+  return OkStatus();
+}
+
 Status Apply(Config& config, const YAML::Node& root, const std::string& source) {
   if (!root || root.IsNull()) return OkStatus();
   if (!root.IsMap()) return InvalidArgument(source, ": the top level must be a mapping of sections");
+  SY_RETURN_IF_ERROR(CheckKeys(root, "", source));
   std::vector<Section> sections = Sections(config);
   for (const auto& entry : root) {
-    const std::string name = entry.first.as<std::string>();
+    const std::string name = entry.first.Scalar();
     auto section = std::find_if(sections.begin(), sections.end(),
                                 [&](const Section& s) { return s.name == name; });
     if (section == sections.end()) return InvalidArgument(source, ": unknown section '", name, "'");
     if (entry.second.IsNull()) continue;
     if (!entry.second.IsMap()) return InvalidArgument(source, ": section '", name, "' must be a mapping");
+    SY_RETURN_IF_ERROR(CheckKeys(entry.second, name, source));
     for (const auto& kv : entry.second) {
-      const std::string key = kv.first.as<std::string>();
+      const std::string key = kv.first.Scalar();
       auto field = std::find_if(section->fields.begin(), section->fields.end(),
                                 [&](const Field& f) { return f.key == key; });
       if (field == section->fields.end()) {
@@ -320,11 +358,16 @@ Status Config::Validate(int world) const {
     return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", moe.d_expert,
                            p.etp > 0 ? "" : " (etp defaults to tp; set parallel.etp)");
   }
-  if (world == 1 && (int64_t{p.tp} * p.cp * p.pp > 1 || etp * p.ep > 1)) {
-    return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
-                           " etp=", etp, " needs ", std::max<int64_t>(int64_t{p.tp} * p.cp * p.pp, etp * p.ep * p.pp),
-                           " or more ranks, but this is one process; launch with mpirun -np N "
-                           "switchyard ... (N a multiple of tp*cp*pp and of etp*ep*pp)");
+  if (world >= 1) {
+    // The fewest ranks the layout runs on: a multiple of both groups' sizes.
+    const int64_t dense = int64_t{p.tp} * p.cp * p.pp, expert = etp * p.ep * p.pp;
+    const int64_t needed = std::lcm(dense, expert);
+    if (world < needed) {
+      return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
+                             " etp=", etp, " needs ", needed, " ranks (or a multiple), but ",
+                             world == 1 ? std::string("this is one process") : StrCat(world, " were launched"),
+                             "; launch with mpirun -np ", needed, " switchyard ...");
+    }
   }
   if (world > 0) {
     if (world % (int64_t{p.tp} * p.cp * p.pp) != 0) {
@@ -392,7 +435,11 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
   }
-  SY_RETURN_IF_ERROR(Apply(config, root, source));
+  try {
+    SY_RETURN_IF_ERROR(Apply(config, root, source));
+  } catch (const YAML::Exception& e) {  // a conversion the tables did not foresee
+    return InvalidArgument(source, ":", e.mark.line + 1, ": ", e.msg);
+  }
   for (const std::string& text : overrides) {
     SY_ASSIGN_OR_RETURN(YAML::Node node, OverrideNode(text));
     SY_RETURN_IF_ERROR(Apply(config, node, "--set"));
@@ -404,6 +451,18 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
 
 StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
   SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  // A file without a single key is a mistake (every key would be its default).
+  bool empty = true;
+  try {
+    const YAML::Node root = YAML::Load(text);
+    empty = !root || root.IsNull();
+  } catch (const YAML::Exception&) {
+    empty = false;  // ParseConfig reports the syntax error
+  }
+  if (empty) {
+    return InvalidArgument(path, ": the config file is empty (", text.empty() ? "0 bytes" : "no keys",
+                           "); see configs/ and docs/config.md");
+  }
   return ParseConfig(text, path, overrides);
 }
 

@@ -108,7 +108,8 @@ struct Config {
 // "section.key=value" strings applied on top of the text, in order.
 StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
                              const std::vector<std::string>& overrides = {});
-// Reads and parses a file.
+// Reads and parses a file. Refused: a directory, an empty file (or one of comments only), and
+// (as ParseConfig) non-scalar or duplicate keys, naming the lines.
 StatusOr<Config> LoadConfig(const std::string& path,
                             const std::vector<std::string>& overrides = {});
 

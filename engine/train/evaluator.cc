@@ -136,7 +136,8 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
 }
 
 StatusOr<LoadedCheckpoint> Evaluator::Load(const std::string& path) {
-  return LoadCheckpoint(path, registry_, /*optimizer_state=*/nullptr, world_);
+  return LoadCheckpoint(path, registry_, /*optimizer_state=*/nullptr, world_,
+                        /*require_finite=*/true);
 }
 
 StatusOr<EvalResult> Evaluator::Run(int64_t max_batches, int64_t step) {

@@ -1,11 +1,19 @@
 #include "engine/train/metrics.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "engine/core/safetensors.h"
 
 namespace switchyard::train {
 namespace {
@@ -86,7 +94,13 @@ std::string MetricsJson(const StepMetrics& m) {
   j["aux_loss"] = m.aux_loss;
   j["z_loss"] = m.z_loss;
   j["lr"] = m.lr;
-  j["grad_norm"] = m.grad_norm;
+  j["grad_norm"] = m.grad_norm;  // NaN and Inf are written as null
+  if (m.nonfinite) {
+    j["nonfinite"] = true;
+    j["skipped"] = m.skipped;
+    j["nonfinite_param"] = m.nonfinite_param;
+  }
+  if (m.nonfinite_skips > 0) j["nonfinite_skips"] = m.nonfinite_skips;
   j["tokens_per_s"] = m.tokens_per_s;
   j["step_s"] = m.step_s;
   nlohmann::ordered_json layers = nlohmann::ordered_json::array();
@@ -110,16 +124,78 @@ std::string RoutingJson(const StepMetrics& m, const std::vector<std::vector<doub
   return j.dump();
 }
 
-StatusOr<JsonlWriter> JsonlWriter::Open(const std::string& path, bool append) {
+StatusOr<JsonlWriter> JsonlWriter::Open(const std::string& path, int64_t keep_before_step) {
+  std::string kept;
+  int64_t dropped = 0;
+  if (keep_before_step > 0) {
+    std::ifstream in(path, std::ios::binary);
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const bool keep = !in.eof() && j.is_object() && j.contains("step") &&
+                        j["step"].is_number_integer() && j["step"].get<int64_t>() < keep_before_step;
+      if (keep) {
+        kept += line + "\n";
+      } else {
+        ++dropped;
+      }
+    }
+  }
+  // A resumed run's kept records replace the file atomically; a new run empties it.
+  if (keep_before_step > 0) SY_RETURN_IF_ERROR(WriteFileAtomically(path, kept));
   JsonlWriter w;
-  w.out_.open(path, append ? std::ios::app : std::ios::trunc);
-  if (!w.out_) return FailedPrecondition(path, ": cannot open for writing");
+  w.path_ = path;
+  w.dropped_ = dropped;
+  w.fd_ = ::open(path.c_str(),
+                 O_WRONLY | O_APPEND | O_CLOEXEC | (keep_before_step > 0 ? 0 : O_CREAT | O_TRUNC),
+                 0644);
+  if (w.fd_ < 0) return FailedPrecondition(path, ": cannot open for writing (", std::strerror(errno), ")");
   return w;
 }
 
-void JsonlWriter::Write(const std::string& line) {
-  out_ << line << '\n';
-  out_.flush();
+JsonlWriter::JsonlWriter(JsonlWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(other.fd_), failed_(other.failed_), dropped_(other.dropped_) {
+  other.fd_ = -1;
+}
+
+JsonlWriter& JsonlWriter::operator=(JsonlWriter&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = other.fd_;
+    failed_ = other.failed_;
+    dropped_ = other.dropped_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+JsonlWriter::~JsonlWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool JsonlWriter::Write(const std::string& line) {
+  const std::string record = line + "\n";
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  ssize_t done = -1;
+  do {
+    done = ::write(fd_, record.data(), record.size());
+  } while (done < 0 && errno == EINTR);
+  if (done == static_cast<ssize_t>(record.size())) return true;
+  const int err = done < 0 ? errno : ENOSPC;
+  // A short write leaves part of the record: cut the file back so no line is torn.
+  if (done > 0 && before >= 0 && ::ftruncate(fd_, before) != 0) {
+    std::fprintf(stderr, "warning: %s: could not remove a partly written record (%s)\n",
+                 path_.c_str(), std::strerror(errno));
+  }
+  if (failed_++ == 0) {
+    std::fprintf(stderr,
+                 "warning: %s: a metrics record could not be written (%s); training goes on, "
+                 "records that cannot be written are skipped (counted at the end)\n",
+                 path_.c_str(), std::strerror(err));
+    std::fflush(stderr);
+  }
+  return false;
 }
 
 RoutingByLabel::RoutingByLabel(std::vector<std::string> labels, std::vector<int64_t> layer_ids,

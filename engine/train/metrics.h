@@ -20,6 +20,12 @@ struct StepMetrics {
   int64_t step = 0;
   double loss = 0, ce_loss = 0, aux_loss = 0, z_loss = 0;  // aux/z: summed over MoE layers
   double lr = 0, grad_norm = 0, tokens_per_s = 0, step_s = 0;
+  // A step whose loss or gradient norm was not finite (train.on_nonfinite): the first
+  // parameter whose gradient was not, whether its update was skipped, and the run's count
+  // of skipped steps so far.
+  bool nonfinite = false, skipped = false;
+  std::string nonfinite_param;
+  int64_t nonfinite_skips = 0;
   std::vector<int64_t> moe_layer_ids;
   std::vector<moe::MoEStats> moe;  // per MoE layer, reduced over the dp world
 };
@@ -43,7 +49,9 @@ nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& stats,
 
 // One line of JSON with step, loss, ce_loss, aux_loss, z_loss, lr, grad_norm, tokens_per_s,
 // step_s, and per MoE layer the scalars of MoEStatsJson without the per-expert counts
-// (those go to RoutingJson every logging.routing_every steps).
+// (those go to RoutingJson every logging.routing_every steps); after a non-finite step also
+// "nonfinite": true, "skipped", "nonfinite_param", and from the first skipped step on
+// "nonfinite_skips" (the run's count).
 std::string MetricsJson(const StepMetrics& m);
 
 // One line of routing.jsonl: {"step", "layers": [ids], "tokens_per_expert": [[E] per layer],
@@ -51,14 +59,36 @@ std::string MetricsJson(const StepMetrics& m);
 // "expert_bias": [[E] per layer] (the bias after this step's update).
 std::string RoutingJson(const StepMetrics& m, const std::vector<std::vector<double>>& expert_bias);
 
-// Appends lines to a file, flushing each (so a killed run keeps what it logged).
+// Appends lines to a file, each with one write(2) straight to the file (so a killed run
+// keeps every record it logged, whole). A record that cannot be written whole (a full disk,
+// a file-size limit) is cut back out of the file, so no line is ever torn; the first such
+// failure prints one warning to stderr, later ones are counted (failed()), and training
+// goes on: metrics are not worth losing a run.
 class JsonlWriter {
  public:
-  static StatusOr<JsonlWriter> Open(const std::string& path, bool append);
-  void Write(const std::string& line);
+  // keep_before_step 0: a new, empty file. > 0 (a resumed run): the file keeps its records
+  // whose "step" is below keep_before_step, in order, and loses the rest (those logged
+  // after the checkpoint being resumed, and any torn line), rewritten atomically, so every
+  // step appears once.
+  static StatusOr<JsonlWriter> Open(const std::string& path, int64_t keep_before_step);
+  JsonlWriter(JsonlWriter&& other) noexcept;
+  JsonlWriter& operator=(JsonlWriter&& other) noexcept;
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  ~JsonlWriter();
+
+  // Appends line + '\n' whole, or not at all. False when it was not written.
+  bool Write(const std::string& line);
+  // Records that could not be written so far.
+  int64_t failed() const { return failed_; }
+  // Records dropped by Open (logged after the resumed step).
+  int64_t dropped() const { return dropped_; }
 
  private:
-  std::ofstream out_;
+  JsonlWriter() = default;
+  std::string path_;
+  int fd_ = -1;
+  int64_t failed_ = 0, dropped_ = 0;
 };
 
 // Counts of top-k assignments by (label, expert) for each MoE layer.

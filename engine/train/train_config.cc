@@ -38,6 +38,16 @@ Status TrainConfig::Validate() const {
   if (!(bucket_mb > 0.0f && bucket_mb <= 1e6f) || bucket_bytes() < 1) {
     return InvalidArgument("train.bucket_mb=", bucket_mb, " must be in (0, 1e6]");
   }
+  if (on_nonfinite != "stop" && on_nonfinite != "skip") {
+    return InvalidArgument("train.on_nonfinite='", on_nonfinite, "' is not one of stop, skip");
+  }
+  if (!(collective_timeout_s >= 0) || !std::isfinite(collective_timeout_s)) {
+    return InvalidArgument("train.collective_timeout_s=", collective_timeout_s,
+                           " must be >= 0 seconds (0: no watchdog)");
+  }
+  if (max_nonfinite_skips < 1) {
+    return InvalidArgument("train.max_nonfinite_skips=", max_nonfinite_skips, " must be >= 1");
+  }
   return OkStatus();
 }
 

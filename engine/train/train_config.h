@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "engine/core/status.h"
 #include "engine/model/recompute.h"
@@ -44,6 +45,17 @@ struct TrainConfig {
   // full keeps each block's input alone and re-runs the block's forward in backward.
   // Results are bit-identical; memory falls, compute rises (full: one more forward).
   model::Recompute recompute = model::Recompute::kNone;
+  // What a step whose loss or global gradient norm is not finite (NaN, Inf) does
+  // (docs/failures.md): "stop" saves nothing new and exits with code 3, the last good
+  // checkpoint staying the latest; "skip" leaves the weights and the optimizer as they
+  // were (the step's data is consumed), counts the step in metrics.jsonl, and stops as
+  // "stop" does after max_nonfinite_skips such steps in a row.
+  std::string on_nonfinite = "stop";
+  int64_t max_nonfinite_skips = 10;  // with on_nonfinite=skip: skipped steps in a row allowed
+  // The collective watchdog (engine/dist/watchdog.h): a rank whose collective has not
+  // completed after this many seconds names it, its group and the ranks that have not
+  // arrived, and exits with status 4. Generous by default, as NCCL's (30 min); 0 = off.
+  double collective_timeout_s = 1800;
 
   // Names the key and the value it rejects ("train.beta2=1 must be in [0, 1)").
   Status Validate() const;

@@ -5,20 +5,25 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/core/profile.h"
 #include "engine/core/safetensors.h"
 #include "engine/dist/ordered_sum.h"
+#include "engine/dist/process.h"
+#include "engine/dist/watchdog.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/clip.h"
 #include "engine/train/evaluator.h"
+#include "engine/train/nonfinite.h"
 
 namespace switchyard::train {
 namespace {
@@ -50,13 +55,52 @@ void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceCon
   }
 }
 
+// The model's architecture: the model section and the MoE keys that shape or route it.
+std::vector<std::string> ModelLines(const Config& c) {
+  static const char* const kMoeKeys[] = {"num_experts", "layer_freq", "top_k", "d_expert",
+                                         "activation", "bias", "normalize_gates",
+                                         "num_shared_experts", "d_shared"};
+  std::vector<std::string> out;
+  std::istringstream in(c.ToYaml());
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != ' ') {
+      section = line.substr(0, line.size() - 1);
+      continue;
+    }
+    const std::string key = line.substr(2, line.find(':') - 2);
+    const bool moe = section == "moe" && std::find(std::begin(kMoeKeys), std::end(kMoeKeys), key) !=
+                                             std::end(kMoeKeys);
+    if (section == "model" || moe) out.push_back(section + "." + line.substr(2));
+  }
+  return out;
+}
+
 }  // namespace
+
+Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const Config& now) {
+  StatusOr<Config> saved = ParseConfig(saved_yaml, source);
+  if (!saved.ok()) return DataLoss(saved.status().message());
+  const std::vector<std::string> a = ModelLines(*saved), b = ModelLines(now);
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (a[i] != b[i]) {
+      return InvalidArgument(source, ": the checkpoint's model has ", a[i], ", this config ", b[i],
+                             "; resume with the model it was saved with");
+    }
+  }
+  return OkStatus();
+}
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const std::string& out_dir,
                                                    dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
   SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
+  // The watchdog asks the other ranks over a duplicate of the MPI world: only a trainer
+  // over the whole world starts it (every rank gets here).
+  if (world.size() > 1 && world.size() == dist::WorldSize()) {
+    dist::StartCollectiveWatchdog(config.train.collective_timeout_s);
+  }
   std::unique_ptr<Trainer> t(new Trainer(config, out_dir, world));
   const ParallelConfig& p = config.parallel;
   SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
@@ -151,6 +195,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
     if (ec) return FailedPrecondition(out_dir, ": cannot create the output directory (", ec.message(), ")");
+    std::vector<std::string> removed;
+    SY_RETURN_IF_ERROR(RemoveLeftoverTempDirs(out_dir, &removed));
+    for (const std::string& path : removed) {
+      std::printf("removed %s: the temporary directory of a save that did not finish\n", path.c_str());
+    }
   }
   ResetMemoryPeaks(t->device());  // the workspace peak counts from the first step on
   return t;
@@ -201,8 +250,15 @@ void Trainer::ReportMemory() {
 Status Trainer::Resume(const std::string& path) {
   std::vector<parallel::Parameter> state = optimizer_->State();
   parallel::ParameterRegistry params = CheckpointRegistry();
-  SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpoint(path, params, &state, world_));
+  SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpoint(path, params, &state, world_, /*require_finite=*/true));
   step_ = ck.step;
+  // The saved model must be this one: shapes are checked tensor by tensor, but keys such as
+  // model.n_heads or model.position change no shape.
+  SY_RETURN_IF_ERROR(CheckSameModel(ck.config_yaml, ck.dir + "/" + kConfigFile, config_));
+  if (is_root() && !ck.verified) {
+    std::printf("note: %s has no checksums (saved by an older build); loaded without verifying "
+                "its files\n", ck.dir.c_str());
+  }
   if (is_root()) {
     std::printf("resumed from %s at step %lld (saved with world %d, ep %d, dp %d)\n", ck.dir.c_str(),
                 static_cast<long long>(step_), ck.layout.world, ck.layout.ep, ck.layout.dp);
@@ -287,31 +343,46 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   }
   SumTiedEmbeddingGrads();
   phase.reset();
+  if (step_ == nan_step_) InjectNan();
   const double ce_sum = dist::TreeSumDoubles(ce_sums);
   const double aux_sum = dist::TreeSumDoubles(aux_sums);
   const double z_sum = dist::TreeSumDoubles(z_sums);
   phase.emplace(Phase::kOptimizer);
   const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx, zero_.get());
   const float lr = tc.schedule().LrAt(optimizer_->step());
-  optimizer_->Step(lr);
   phase.emplace(Phase::kCommunication);
-  zero_->GatherUpdatedParameters();
+  // Reduce the step's losses over the data-parallel world: over dp x cp (every tp rank
+  // holds the same sums), then over the pipeline stages (the last holds the cross-entropy).
+  // Ordered f64 sums: the numbers do not depend on the layout.
+  const double local_sums[3] = {ce_sum, aux_sum, z_sum};
+  std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
+  if (pc_->pp().size() > 1) sums = dist::AllReduceDoubles(pc_->pp(), sums);
+  // A non-finite loss or gradient norm: no update (train.on_nonfinite decides what
+  // follows). Every rank holds the same numbers; the flag is agreed anyway.
+  const double loss = sums[0] / static_cast<double>(global_batch * seq) +
+                      (sums[1] + sums[2]) / static_cast<double>(global_groups);
+  Tensor bad = Tensor::FromVector<int32_t>({std::isfinite(loss) && std::isfinite(norm) ? 0 : 1}, {1});
+  world_.AllReduce(bad, dist::ReduceOp::kMax);
+  const bool finite = bad.data<int32_t>()[0] == 0;
+  std::string first_bad;
+  if (!finite) first_bad = AgreeFirstNonFiniteGrad(reg, zero_.get(), world_);
+  if (finite) {
+    phase.emplace(Phase::kOptimizer);
+    optimizer_->Step(lr);
+    phase.emplace(Phase::kCommunication);
+    zero_->GatherUpdatedParameters();
+  }
   zero_->FreeGradients();
 
-  // Reduce the step's numbers over the data-parallel world: the losses over dp x cp (every
-  // tp rank holds the same sums), the routing statistics also over tp (each tp rank counts
-  // the rows it routed); then over the pipeline stages (each holds its layers' numbers, the
-  // last the cross-entropy). Ordered f64 sums: the numbers do not depend on the layout.
+  // The routing statistics over dp x cp x tp (each tp rank counts the rows it routed), then
+  // over the pipeline stages (each holds its layers' numbers).
   for (moe::MoEStats& s : stats) {
     s.AllReduce(pc_->dp_cp_tp());
     if (pc_->pp().size() > 1) s.AllReduce(pc_->pp());
   }
-  const double local_sums[3] = {ce_sum, aux_sum, z_sum};
-  std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
-  if (pc_->pp().size() > 1) sums = dist::AllReduceDoubles(pc_->pp(), sums);
   // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
   phase.reset();
-  if (config_.moe.expert_bias_rate > 0) {
+  if (finite && config_.moe.expert_bias_rate > 0) {
     for (int c = 0; c < pipeline_->chunks(); ++c) {
       std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
       for (size_t l = 0; l < layers.size(); ++l) {
@@ -330,6 +401,8 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   m.loss = m.ce_loss + m.aux_loss + m.z_loss;
   m.lr = lr;
   m.grad_norm = norm;
+  m.nonfinite = !finite;
+  m.nonfinite_param = first_bad;
   m.moe_layer_ids = moe_layer_ids_;
   m.moe = std::move(stats);
   m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -340,6 +413,21 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
 
 void Trainer::EnableProfile() {
   if (!profiler_) profiler_ = std::make_unique<Profiler>();
+}
+
+void Trainer::InjectNan() {
+  for (parallel::Parameter& p : registry_.params()) {
+    if (p.name != nan_param_ || !p.grad.defined() || p.grad.numel() == 0) continue;
+    int64_t at = 0;
+    if (nan_expert_ >= 0) {
+      const int64_t row = nan_expert_ - p.OffsetAt(0);
+      if (row < 0 || row >= p.grad.dim(0)) continue;  // another rank holds that expert
+      at = row * (p.grad.numel() / p.grad.dim(0));
+    }
+    Tensor host = p.grad.To(Device::Cpu(), rt_.ctx.get());
+    host.data<float>()[at] = std::nanf("");
+    p.grad.CopyFrom(host, rt_.ctx.get());
+  }
 }
 
 double Trainer::Validate() {
@@ -423,9 +511,15 @@ Status Trainer::Run(int64_t steps) {
   const int64_t model_params =
       static_cast<int64_t>(dist::AllReduceDoubles(pc_->pp(), mine)[0] + 0.5);
   if (is_root()) {
-    SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_ > 0));
+    // A resumed run keeps the records before its first step: each step appears once.
+    SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_));
+    if (w.dropped() > 0) {
+      std::printf("metrics.jsonl: dropped %lld records logged after step %lld (resuming at step %lld)\n",
+                  static_cast<long long>(w.dropped()), static_cast<long long>(step_ - 1),
+                  static_cast<long long>(step_));
+    }
     metrics_.emplace(std::move(w));
-    SY_ASSIGN_OR_RETURN(JsonlWriter r, JsonlWriter::Open(out_dir_ + "/routing.jsonl", step_ > 0));
+    SY_ASSIGN_OR_RETURN(JsonlWriter r, JsonlWriter::Open(out_dir_ + "/routing.jsonl", step_));
     routing_log_.emplace(std::move(r));
     std::printf("%s\n", pc_->mesh().Summary().c_str());
     std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
@@ -442,8 +536,47 @@ Status Trainer::Run(int64_t steps) {
   auto old_int = std::signal(SIGINT, OnStopSignal);
   bool stopped = false;
   int stop_signal = 0;  // the signal any rank received (the largest number)
+  int64_t skips_in_row = 0;
+  stop_reason_ = StopReason::kNone;
   while (step_ < end) {
     StepMetrics m = TrainStep(step_ >= routing_from);
+    if (m.nonfinite) {
+      ++skips_in_row;
+      m.skipped = tc.on_nonfinite == "skip" && skips_in_row <= tc.max_nonfinite_skips;
+      if (m.skipped) ++nonfinite_skips_;
+    } else {
+      skips_in_row = 0;
+    }
+    m.nonfinite_skips = nonfinite_skips_;
+    if (m.nonfinite) {
+      const std::string what = StrCat(
+          "step ", step_, ": loss ", m.loss, ", gradient norm ", m.grad_norm, " (first non-finite "
+          "gradient: ", m.nonfinite_param.empty() ? std::string("none; the loss alone") : m.nonfinite_param,
+          ")");
+      if (m.skipped) {
+        if (is_root()) {
+          std::printf("%s; train.on_nonfinite=skip: update skipped (%lld in a row, at most %lld)\n",
+                      what.c_str(), static_cast<long long>(skips_in_row),
+                      static_cast<long long>(tc.max_nonfinite_skips));
+          metrics_->Write(MetricsJson(m));
+        }
+      } else {
+        if (is_root()) metrics_->Write(MetricsJson(m));
+        std::signal(SIGTERM, old_term);
+        std::signal(SIGINT, old_int);
+        stop_reason_ = StopReason::kNonFinite;
+        auto latest = LatestCheckpoint(out_dir_);
+        const std::string kept = latest.ok() && latest->has_value()
+                                     ? StrCat("the latest checkpoint stays ", **latest)
+                                     : std::string("there is no checkpoint yet");
+        return FailedPrecondition(
+            what, tc.on_nonfinite == "skip"
+                      ? StrCat("; ", skips_in_row, " non-finite steps in a row (train.max_nonfinite_skips=",
+                               tc.max_nonfinite_skips, ")")
+                      : std::string("; train.on_nonfinite=stop"),
+            ": nothing saved, ", kept, " (lower train.lr or raise train.warmup_steps, then --resume)");
+      }
+    }
     losses_.push_back(m.loss);
     if (run_stats_.empty()) run_stats_.resize(m.moe.size());
     for (size_t i = 0; i < m.moe.size(); ++i) run_stats_[i].Add(m.moe[i]);
@@ -481,17 +614,21 @@ Status Trainer::Run(int64_t steps) {
   }
   std::signal(SIGTERM, old_term);
   std::signal(SIGINT, old_int);
+  stop_reason_ = stopped ? StopReason::kSignal : StopReason::kFinished;
   routing_->AllReduce(pc_->dp_cp_tp());
   if (pc_->pp().size() > 1) routing_->AllReduce(pc_->pp());
   if (is_root()) {
+    if (metrics_->failed() > 0) {
+      std::fprintf(stderr, "warning: %lld metrics records could not be written to %s/metrics.jsonl\n",
+                   static_cast<long long>(metrics_->failed()), out_dir_.c_str());
+    }
     if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
                              stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());
     if (!run_stats_.empty()) {
       std::printf("\n%s\n%s", LoadBalanceSummary(moe_layer_ids_, run_stats_).c_str(),
                   routing_->Table().c_str());
       const std::string path = out_dir_ + "/routing_by_language.json";
-      SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(path, /*append=*/false));
-      w.Write(routing_->Json());
+      SY_RETURN_IF_ERROR(WriteFileAtomically(path, routing_->Json() + "\n"));
     }
     if (profiler_) {
       std::printf("\n%s(rank 0; written to %s/profile.json)\n", profiler_->Table().c_str(),

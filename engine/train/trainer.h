@@ -33,6 +33,12 @@
 
 namespace switchyard::train {
 
+// A checkpoint's config.yaml (saved_yaml, named `source` in errors) against the running
+// config: every model.* key and the moe keys that shape or route the model (num_experts,
+// layer_freq, top_k, d_expert, activation, bias, normalize_gates, num_shared_experts,
+// d_shared) must be equal; the first difference is one error naming both values.
+Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const Config& now);
+
 class Trainer {
  public:
   // Validates the config for this world (layouts the dense-parallelism work adds — tp, cp,
@@ -47,8 +53,27 @@ class Trainer {
   Status Resume(const std::string& path);
 
   // Trains until train.max_steps, or for at most `steps` more steps when steps > 0. Stops
-  // early (saving a checkpoint) when SIGTERM or SIGINT arrives.
+  // early (saving a checkpoint) when SIGTERM or SIGINT arrives: OK with stop_reason()
+  // kSignal. A step whose loss or gradient norm is not finite follows train.on_nonfinite;
+  // when training stops for it, an error naming the step, the numbers and the first
+  // parameter whose gradient is not finite (stop_reason() kNonFinite), nothing saved.
   Status Run(int64_t steps);
+
+  enum class StopReason { kNone, kFinished, kSignal, kNonFinite };
+  // Why the last Run returned (the same on every rank).
+  StopReason stop_reason() const { return stop_reason_; }
+  // Steps skipped for non-finite numbers so far (train.on_nonfinite=skip).
+  int64_t nonfinite_skips() const { return nonfinite_skips_; }
+
+  // A test hook: after step `step`'s gradient sync, writes a NaN into the gradient of
+  // parameter `name` on the ranks that hold it (element 0, or the first element of routed
+  // expert `expert`'s row when expert >= 0). The CLI sets it from the environment variable
+  // SWITCHYARD_TEST_NAN_GRAD="STEP:NAME[:EXPERT]" (tests only).
+  void InjectNanGrad(int64_t step, std::string name, int64_t expert) {
+    nan_step_ = step;
+    nan_param_ = std::move(name);
+    nan_expert_ = expert;
+  }
 
   int64_t step() const { return step_; }
   // `switchyard train --profile`: from now on every step's time is split into phases
@@ -128,6 +153,11 @@ class Trainer {
   std::optional<JsonlWriter> metrics_;
   std::optional<JsonlWriter> routing_log_;  // routing.jsonl (logging.routing_every)
   std::unique_ptr<Profiler> profiler_;  // --profile
+  StopReason stop_reason_ = StopReason::kNone;
+  int64_t nonfinite_skips_ = 0;
+  int64_t nan_step_ = -1, nan_expert_ = -1;  // InjectNanGrad
+  std::string nan_param_;
+  void InjectNan();
 };
 
 }  // namespace switchyard::train

@@ -14,13 +14,13 @@
 #  - a rank dies (SIGKILL under -np 2): mpirun ends the job non-zero, no hang, and the last
 #    checkpoint resumes;
 #  - SIGTERM: a 300-step run (one rank; -np 2 with only one rank signalled) stops after
-#    the step it was in, exits 0, saves that step (latest, trainer_state.json), and
+#    the step it was in, exits 75 on every rank, saves that step (latest, trainer_state.json), and
 #    --resume finishes with exactly the losses and weights of an uninterrupted run;
 #  - bad inputs: exactly one "switchyard train: error:" line naming the problem, a
 #    non-zero exit, and the existing checkpoints unchanged (checksums before/after):
 #    unknown keys, a wrong type, ep not dividing the experts, a world ep does not divide,
 #    parallel.cp=2 with seq_len not divisible by 2 cp, tp on one process, tp not dividing n_heads, etp not dividing d_expert,
-#    seq_len not divisible by tp, a world tp does not divide, a missing data dir, a truncated checkpoint, another model's checkpoint,
+#    seq_len not divisible by tp, tp 4 on 2 ranks ("needs 4 ranks ... mpirun -np 4"), a missing data dir, a truncated checkpoint, another model's checkpoint,
 #    a missing checkpoint, a bad --steps;
 #  - optional: the loss falls on the fortune corpus when it is installed.
 # Usage: train_cli_test.sh path/to/switchyard path/to/scripts/mpirun_test.sh
@@ -286,6 +286,13 @@ for run_dir in tp etp; do
 done
 
 # ---- SIGTERM ------------------------------------------------------------------------------
+# rank_rc.sh BIN ARGS...: runs one rank and writes its exit status to $RC_DIR/<rank>.
+cat >"$tmp/rank_rc.sh" <<'EOF'
+"$@"
+rc=$?
+echo "$rc" >"$RC_DIR/${OMPI_COMM_WORLD_RANK:-0}"
+exit "$rc"
+EOF
 long=(--set train.max_steps=300)
 # sigterm_case NP EP: start a 300-step run, SIGTERM it (one rank only under mpirun) once it
 # has logged 3 steps, check the stop and the checkpoint, resume to the end, compare.
@@ -296,8 +303,11 @@ sigterm_case() {
   if [[ $np -eq 1 ]]; then
     "$bin" train "${cfg[@]}" "${long[@]}" --out "$out" >"$tmp/sig.out" 2>"$tmp/sig.err" &
   else
-    bash "$mpirun_wrapper" "$np" "$bin" train "${cfg[@]}" "${long[@]}" --out "$out" \
-      >"$tmp/sig.out" 2>"$tmp/sig.err" &
+    # Each rank through rank_rc.sh, which records its exit status in $tmp/rc-$tag/.
+    rm -rf "$tmp/rc-$tag"
+    mkdir -p "$tmp/rc-$tag"
+    RC_DIR="$tmp/rc-$tag" bash "$mpirun_wrapper" "$np" -x RC_DIR bash "$tmp/rank_rc.sh" "$bin" \
+      train "${cfg[@]}" "${long[@]}" --out "$out" >"$tmp/sig.out" 2>"$tmp/sig.err" &
   fi
   pid=$!
   running=$pid
@@ -325,7 +335,15 @@ sigterm_case() {
   wait "$pid"
   rc=$?
   running=""
-  [[ $rc -eq 0 ]] || fail "$tag: exit status $rc after SIGTERM: $(tail -5 "$tmp/sig.err")"
+  # Preempted with the checkpoint safe: exit 75 (docs/failures.md), from every rank.
+  [[ $rc -eq 75 ]] || fail "$tag: exit status $rc after SIGTERM, want 75: $(tail -5 "$tmp/sig.err")"
+  if [[ $np -gt 1 ]]; then
+    local r
+    for ((r = 0; r < np; ++r)); do
+      [[ "$(cat "$tmp/rc-$tag/$r" 2>/dev/null)" == 75 ]] ||
+        fail "$tag: rank $r exited '$(cat "$tmp/rc-$tag/$r" 2>/dev/null)' after SIGTERM, want 75"
+    done
+  fi
   k=$(tail -1 "$out/metrics.jsonl" | sed -n 's/^{"step":\([0-9]*\),.*/\1/p')
   if [[ -z $k || $k -ge 299 ]]; then
     fail "$tag: the run was not stopped early (last step '$k')"
@@ -339,7 +357,7 @@ sigterm_case() {
     fail "$tag: trainer_state.json: $(cat "$out/$want_dir/trainer_state.json")"
   grep -q "^stopped by signal 15 after step $k; resume with --resume $out" "$tmp/sig.out" ||
     fail "$tag: no 'stopped by signal 15 after step $k' line: $(grep stopped "$tmp/sig.out")"
-  echo "--- $tag: SIGTERM after step $k, exit 0, saved $want_dir ($SECONDS s)"
+  echo "--- $tag: SIGTERM after step $k, exit 75 on every rank, saved $want_dir ($SECONDS s)"
   train_ok "$tag: --resume after SIGTERM" "$np" "$ep" "${long[@]}" --out "$out" --resume "$out"
   train_ok "$tag: 300 steps uninterrupted" "$np" "$ep" "${long[@]}" --out "$tmp/long-$tag"
   compare_losses "$tag: SIGTERM + resume vs uninterrupted" exact "$out/metrics.jsonl" \
@@ -414,7 +432,7 @@ expect_error "wrong type" "moe.top_k: expected an integer, got 'two'" 1 "${one[@
   --set moe.top_k=two
 expect_error "ep does not divide the experts" \
   "moe.num_experts=8 is not divisible by parallel.ep=3" 1 "${one[@]}" --set parallel.ep=3
-expect_error "world not divisible by ep" "world size 2 is not divisible by etp*ep*pp = 1*4*1" 2 \
+expect_error "a layout needing more ranks" "needs 4 ranks (or a multiple), but 2 were launched; launch with mpirun -np 4 switchyard" 2 \
   "${two[@]}" --set parallel.ep=4
 expect_error "unknown precision" "runtime.precision='fp16' is not one of auto, fp32, bf16" 1 "${one[@]}" \
   --set runtime.precision=fp16
@@ -424,7 +442,7 @@ fi
 expect_error "seq_len not divisible by 2 cp" \
   "model.seq_len=18 is not divisible by 2 * parallel.cp = 4" 2 "${two[@]}" \
   --set parallel.cp=2 --set model.seq_len=18
-expect_error "tp on one process" "this is one process; launch with mpirun -np N" 1 "${one[@]}" \
+expect_error "tp on one process" "needs 2 ranks (or a multiple), but this is one process; launch with mpirun -np 2 switchyard" 1 "${one[@]}" \
   --set parallel.tp=2
 expect_error "tp not dividing n_heads" "parallel.tp=4 does not divide model.n_heads=2" 4 \
   "${base[@]}" --set train.grad_accum=4 --set parallel.tp=4
@@ -432,7 +450,7 @@ expect_error "etp not dividing d_expert" "parallel.etp=3 does not divide moe.d_e
   "${one[@]}" --set parallel.etp=3
 expect_error "seq_len not divisible by tp" "model.seq_len=15 is not divisible by parallel.tp=2" 2 \
   "${two[@]}" --set parallel.tp=2 --set model.seq_len=15
-expect_error "world not divisible by tp" "world size 2 is not divisible by tp*cp*pp = 4*1*1" 2 \
+expect_error "tp 4 on 2 ranks" "parallel.tp=4 cp=1 pp=1 ep=1 etp=4 needs 4 ranks (or a multiple), but 2 were launched; launch with mpirun -np 4 switchyard ..." 2 \
   "${two[@]}" --set parallel.tp=4 --set model.n_heads=4
 expect_error "missing data dir" "$tmp/no-data/index.json: cannot open" 1 "${one[@]}" \
   --set "data.dir=$tmp/no-data"

@@ -634,9 +634,11 @@ TEST_F(CheckpointTest, BrokenCheckpointsGiveTheirErrorAndTheGoodOneStillLoads) {
                     "incomplete checkpoint");
     ExpectLoadError(path("step-00000009"), t, C::kFailedPrecondition,
                     "incomplete checkpoint (no model.safetensors.index.json)");
-    ExpectLoadError(path("cut"), t, C::kDataLoss, "do not hold f32");
+    // Caught by the index's size of the file (on the rank that verifies it) or by its
+    // header (on a rank that reads it first): the message names the file either way.
+    ExpectLoadError(path("cut"), t, C::kDataLoss, "cut/" + rank0_file + ": ");
     ExpectLoadError(path("missing_file"), t, C::kFailedPrecondition,
-                    "names " + FileOf(kModelTensors, R_ - 1) + ", which is missing");
+                    FileOf(kModelTensors, R_ - 1) + ", which is missing");
   }
   {
     Model t = MakeModel(whole, 0, true, [](std::vector<Spec>& s) {

@@ -71,7 +71,8 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
   EXPECT_EQ(Error(kYaml, {"moe.top_k=9"}), "moe.top_k=9 exceeds moe.num_experts=8");
   EXPECT_EQ(Error(kYaml, {"parallel.ep=3"}), "moe.num_experts=8 is not divisible by parallel.ep=3");
   EXPECT_EQ(Error(kYaml, {"parallel.ep=8", "parallel.pp=2"}),
-            "world size 8 is not divisible by etp*ep*pp = 1*8*2");
+            "parallel.tp=1 cp=1 pp=2 ep=8 etp=1 needs 16 ranks (or a multiple), but 8 were "
+            "launched; launch with mpirun -np 16 switchyard ...");
   // Pipeline settings the layers or the schedule cannot take.
   const std::vector<std::string> pp2 = {"parallel.ep=1", "parallel.pp=2", "model.n_layers=4",
                                         "train.grad_accum=4"};

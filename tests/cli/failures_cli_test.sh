@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Failure behaviour of `switchyard train` (docs/failures.md), on a tiny model and corpus:
+#  - non-finite numbers: a learning rate that diverges stops with exit 3, one error line
+#    naming the step and the first parameter whose gradient is not finite, nothing new
+#    saved (latest stays the last good step); a NaN written into one expert's gradient
+#    (the SWITCHYARD_TEST_NAN_GRAD hook) under stop on 1 rank and on 2 ranks (ep 2: the
+#    expert lives on rank 1; every rank exits 3), and under skip: the step is skipped
+#    (weights and optimizer state bit-identical before and after it), counted in
+#    metrics.jsonl, and training finishes (1 rank and 2 ranks); too many skips in a row
+#    stop with exit 3;
+#  - metrics: a full disk (metrics.jsonl is /dev/full): one warning, training finishes
+#    and saves (whole records under a file-size limit: metrics_writer_test); resuming from
+#    an earlier checkpoint leaves one record per step, with the losses of a straight run;
+#  - the temporary directories of a killed save are removed at the next start, one line
+#    each;
+#  - the collective watchdog: one rank of 2 stopped (SIGSTOP) mid-run with a 3 s
+#    train.collective_timeout_s: the job ends with status 4 within 60 s, and rank 0's
+#    line names the collective, its group and rank 1 as not arrived.
+# Usage: failures_cli_test.sh path/to/switchyard path/to/scripts/mpirun_test.sh
+set -u
+bin="$1"
+mpirun_wrapper="$2"
+python=/usr/bin/python3
+[[ -x $python ]] || python=python3
+failures=0
+tmp="$(mktemp -d)"
+running=""
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+  kill -CONT "$1" 2>/dev/null
+  kill -KILL "$1" 2>/dev/null
+}
+cleanup() {
+  [[ -z $running ]] || kill_tree "$running"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+SECONDS=0
+
+mkdir -p "$tmp/corpus"
+for i in $(seq 1 80); do
+  printf 'the cat sat on the mat %d times\nand then it ran away\n%%\n' $((i % 7)) >>"$tmp/corpus/en.txt"
+  printf 'le chat dort sur le tapis %d fois\net puis il court encore\n%%\n' $((i % 5)) >>"$tmp/corpus/fr.txt"
+done
+"$bin" prep --out "$tmp/data" --vocab 128 "$tmp"/corpus/*.txt >"$tmp/prep.log" 2>&1 ||
+  { cat "$tmp/prep.log"; echo "FAIL: prep"; exit 1; }
+# Two MoE layers of 4 experts; global batch 4 sequences (grad_accum 2 on one rank, 1 on two).
+cat >"$tmp/tiny.yaml" <<EOF
+model: {vocab_size: 128, seq_len: 8, d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32}
+moe: {num_experts: 4, top_k: 1, d_expert: 16}
+train: {max_steps: 6, micro_batch_size: 2, grad_accum: 2, eval_every: 0, eval_batches: 2,
+        checkpoint_every: 1}
+data: {dir: $tmp/data}
+EOF
+one=(--config "$tmp/tiny.yaml")
+two=(--config "$tmp/tiny.yaml" --set train.grad_accum=1 --set parallel.ep=2)
+
+# rank_rc.sh BIN ARGS...: one rank; writes its exit status to $RC_DIR/<rank>.
+cat >"$tmp/rank_rc.sh" <<'EOF'
+"$@"
+rc=$?
+echo "$rc" >"$RC_DIR/${OMPI_COMM_WORLD_RANK:-0}"
+exit "$rc"
+EOF
+# run NP ARGS...: `switchyard train` on NP ranks (each rank's status in $tmp/rc/), output
+# in $tmp/out and $tmp/err; sets $rc. A 300 s limit turns a hang into a failure.
+run() {
+  local np="$1"; shift
+  rm -rf "$tmp/rc"
+  mkdir -p "$tmp/rc"
+  if [[ $np -eq 1 ]]; then
+    timeout 300 "$bin" train "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    echo "$rc" >"$tmp/rc/0"
+  else
+    RC_DIR="$tmp/rc" timeout 300 bash "$mpirun_wrapper" "$np" -x RC_DIR -x SWITCHYARD_TEST_NAN_GRAD \
+      bash "$tmp/rank_rc.sh" "$bin" train "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+  fi
+  [[ $rc -ne 124 ]] || fail "np=$np $*: timed out"
+}
+# every_rank NAME NP CODE: each rank exited CODE.
+every_rank() {
+  local r
+  for ((r = 0; r < $2; ++r)); do
+    [[ "$(cat "$tmp/rc/$r" 2>/dev/null)" == "$3" ]] ||
+      fail "$1: rank $r exited '$(cat "$tmp/rc/$r" 2>/dev/null)', want $3"
+  done
+}
+# one_error NAME WANT: exactly one "switchyard train: error:" line, containing WANT.
+one_error() {
+  local n
+  n=$(grep -c "^switchyard train: error: " "$tmp/err")
+  [[ $n -eq 1 ]] || fail "$1: $n error lines, want 1: $(cat "$tmp/err")"
+  grep -qF -- "$2" "$tmp/err" || fail "$1: stderr lacks '$2': $(cat "$tmp/err")"
+}
+# record OUT STEP: the metrics.jsonl line of step STEP's training record.
+record() { grep "^{\"step\":$2,\"loss\"" "$1/metrics.jsonl"; }
+
+# ---- non-finite numbers -------------------------------------------------------------------
+# A learning rate that diverges: stop at the first non-finite step, nothing new saved.
+out="$tmp/diverge"
+run 1 "${one[@]}" --out "$out" --set train.lr=1e4 --set train.max_steps=30
+[[ $rc -eq 3 ]] || fail "diverging lr: exit status $rc, want 3: $(tail -3 "$tmp/err")"
+k=$(sed -n 's/^switchyard train: error: step \([0-9]*\): loss .*, gradient norm .* (first non-finite gradient: .*); train.on_nonfinite=stop: nothing saved, the latest checkpoint stays .*/\1/p' "$tmp/err")
+if [[ -z $k ]]; then
+  fail "diverging lr: no stop line: $(cat "$tmp/err")"
+else
+  one_error "diverging lr" "the latest checkpoint stays $out/$(printf 'step-%08d' "$k")"
+  [[ "$(cat "$out/latest")" == "$(printf 'step-%08d' "$k")" ]] ||
+    fail "diverging lr: latest is $(cat "$out/latest"), want the step before $k"
+  [[ ! -e $out/$(printf 'step-%08d' $((k + 1))) ]] || fail "diverging lr: step $k was saved"
+  record "$out" "$k" | grep -q '"nonfinite":true,"skipped":false' ||
+    fail "diverging lr: metrics of step $k: $(record "$out" "$k" | cut -c1-300)"
+  "$bin" checkpoint verify "$out" >/dev/null 2>&1 || fail "diverging lr: the latest checkpoint does not verify"
+  echo "--- diverging lr: stopped at step $k, exit 3 ($SECONDS s)"
+fi
+
+# A NaN in expert 3's gradient of layer 1 at step 3, under stop: 1 rank and 2 (ep 2).
+for np in 1 2; do
+  out="$tmp/nan-stop-$np"
+  if [[ $np -eq 1 ]]; then args=("${one[@]}"); else args=("${two[@]}"); fi
+  SWITCHYARD_TEST_NAN_GRAD=3:layers.1.moe.experts.w1:3 run "$np" "${args[@]}" --out "$out"
+  [[ $rc -eq 3 ]] || fail "NaN stop np $np: exit status $rc, want 3: $(tail -3 "$tmp/err")"
+  every_rank "NaN stop np $np" "$np" 3
+  one_error "NaN stop np $np" "step 3: loss "
+  one_error "NaN stop np $np" "(first non-finite gradient: layers.1.moe.experts.w1 (expert 3)); train.on_nonfinite=stop: nothing saved, the latest checkpoint stays $out/step-00000003"
+  [[ "$(cat "$out/latest")" == step-00000003 && ! -e $out/step-00000004 ]] ||
+    fail "NaN stop np $np: latest $(cat "$out/latest")"
+  echo "--- NaN stop np $np: exit 3 on every rank, latest step-00000003 ($SECONDS s)"
+done
+
+# The same NaN under skip: the update of step 3 is skipped, the run finishes.
+for np in 1 2; do
+  out="$tmp/nan-skip-$np"
+  if [[ $np -eq 1 ]]; then args=("${one[@]}"); else args=("${two[@]}"); fi
+  SWITCHYARD_TEST_NAN_GRAD=3:layers.1.moe.experts.w1:3 run "$np" "${args[@]}" --out "$out" \
+    --set train.on_nonfinite=skip
+  [[ $rc -eq 0 ]] || fail "NaN skip np $np: exit status $rc: $(tail -3 "$tmp/err")"
+  every_rank "NaN skip np $np" "$np" 0
+  grep -q "^step 3: loss .*, gradient norm nan (first non-finite gradient: layers.1.moe.experts.w1 (expert 3)); train.on_nonfinite=skip: update skipped (1 in a row, at most 10)$" "$tmp/out" ||
+    fail "NaN skip np $np: no skip line: $(grep -i skip "$tmp/out")"
+  record "$out" 3 | grep -q '"grad_norm":null,"nonfinite":true,"skipped":true,"nonfinite_param":"layers.1.moe.experts.w1 (expert 3)","nonfinite_skips":1' ||
+    fail "NaN skip np $np: metrics of step 3: $(record "$out" 3 | cut -c1-300)"
+  for s in 4 5; do
+    record "$out" "$s" | grep -q '"nonfinite_skips":1' || fail "NaN skip np $np: step $s does not count the skip"
+  done
+  # Nothing changed over the skipped step: the checkpoints before and after it hold the
+  # same weights and optimizer state (step-00000003 is saved after step 2).
+  for f in "$out"/step-00000003/*.safetensors; do
+    cmp -s "$f" "$out/step-00000004/$(basename "$f")" ||
+      fail "NaN skip np $np: $(basename "$f") changed over the skipped step"
+  done
+  [[ "$(cat "$out/latest")" == step-00000006 ]] || fail "NaN skip np $np: latest $(cat "$out/latest")"
+  echo "--- NaN skip np $np: step 3 skipped, weights unchanged over it, finished ($SECONDS s)"
+done
+
+# Too many skips in a row: a diverged model stays non-finite.
+out="$tmp/skips"
+run 1 "${one[@]}" --out "$out" --set train.lr=1e4 --set train.max_steps=30 \
+  --set train.on_nonfinite=skip --set train.max_nonfinite_skips=2
+[[ $rc -eq 3 ]] || fail "skips in a row: exit status $rc, want 3: $(tail -3 "$tmp/err")"
+one_error "skips in a row" "3 non-finite steps in a row (train.max_nonfinite_skips=2): nothing saved"
+[[ $(grep -c "train.on_nonfinite=skip: update skipped" "$tmp/out") -eq 2 ]] ||
+  fail "skips in a row: $(grep -c skipped "$tmp/out") skip lines, want 2"
+echo "--- skips in a row: exit 3 after 2 skips ($SECONDS s)"
+
+# ---- metrics ------------------------------------------------------------------------------
+# A full disk: metrics.jsonl is /dev/full (every write fails with ENOSPC). One warning,
+# training goes on to the end and saves; the count of lost records at the end.
+out="$tmp/full"
+mkdir -p "$out"
+ln -s /dev/full "$out/metrics.jsonl"
+run 1 "${one[@]}" --out "$out"
+[[ $rc -eq 0 ]] || fail "disk full: exit status $rc: $(tail -3 "$tmp/err")"
+[[ $(grep -c "^warning: $out/metrics.jsonl: a metrics record could not be written (No space left on device); training goes on" "$tmp/err") -eq 1 ]] ||
+  fail "disk full: want one warning line: $(cat "$tmp/err")"
+grep -q "^warning: [0-9]* metrics records could not be written to $out/metrics.jsonl$" "$tmp/err" ||
+  fail "disk full: no count at the end: $(cat "$tmp/err")"
+[[ "$(cat "$out/latest")" == step-00000006 ]] || fail "disk full: the run did not finish and save"
+grep -q "^step 5 | loss" "$tmp/out" || fail "disk full: no step 5"
+echo "--- disk full for metrics: one warning, the run finished ($SECONDS s)"
+
+# Resume from an earlier checkpoint of a finished run: the records after it are dropped.
+out="$tmp/resume"
+run 1 "${one[@]}" --out "$out" --set train.checkpoint_every=3
+[[ $rc -eq 0 ]] || fail "resume: first run exit status $rc"
+cp "$out/metrics.jsonl" "$tmp/straight.jsonl"
+run 1 "${one[@]}" --out "$out" --set train.checkpoint_every=3 --resume "$out/step-00000003"
+[[ $rc -eq 0 ]] || fail "resume: exit status $rc: $(tail -3 "$tmp/err")"
+grep -q "^metrics.jsonl: dropped [0-9]* records logged after step 2 (resuming at step 3)$" "$tmp/out" ||
+  fail "resume: no 'dropped' line: $(grep metrics "$tmp/out")"
+$python - "$out/metrics.jsonl" "$tmp/straight.jsonl" <<'EOF' || fail "resume: not one record per step"
+import json, sys
+def losses(path):
+    out = {}
+    for line in open(path):
+        j = json.loads(line)
+        if "loss" in j:
+            assert j["step"] not in out, f"{path}: step {j['step']} twice"
+            out[j["step"]] = j["loss"]
+    return out
+got, want = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(got) == list(range(6)), sorted(got)
+assert got == want, (got, want)  # a bit-identical resume
+EOF
+echo "--- resume: one record per step, the same losses ($SECONDS s)"
+
+# ---- a killed save's temporary directories ------------------------------------------------
+out="$tmp/leftover"
+mkdir -p "$out/.step-00000004.tmp-4242" "$out/.step-00000002.old-77"
+echo junk >"$out/.step-00000004.tmp-4242/model.safetensors"
+run 1 "${one[@]}" --out "$out" --set train.max_steps=1
+[[ $rc -eq 0 ]] || fail "leftovers: exit status $rc: $(tail -3 "$tmp/err")"
+for d in .step-00000002.old-77 .step-00000004.tmp-4242; do
+  grep -qx "removed $out/$d: the temporary directory of a save that did not finish" "$tmp/out" ||
+    fail "leftovers: no line for $d: $(grep removed "$tmp/out")"
+  [[ ! -e $out/$d ]] || fail "leftovers: $d is still there"
+done
+echo "--- leftovers of a killed save removed ($SECONDS s)"
+
+# ---- the collective watchdog ----------------------------------------------------------------
+# Two ranks (ep 2) train for a long time with a 3 s watchdog; once they run, rank 1 is
+# stopped (SIGSTOP). Rank 0's next collective cannot complete: the job must end non-zero
+# (status 4) well within 60 s, with rank 0's line naming the collective, the group and
+# rank 1 as the one that has not arrived.
+out="$tmp/watchdog"
+RC_DIR="$tmp/rc" bash "$mpirun_wrapper" 2 "$bin" train "${two[@]}" --out "$out" \
+  --set train.max_steps=1000000 --set train.checkpoint_every=0 \
+  --set train.collective_timeout_s=3 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+running=$pid
+for ((i = 0; i < 600; ++i)); do
+  [[ -f $out/metrics.jsonl && $(wc -l <"$out/metrics.jsonl") -ge 5 ]] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.05
+done
+# Rank 1: the switchyard process under mpirun whose environment says so.
+stopped=""
+for p in $(pgrep -f "$bin train"); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+    stopped=$p
+  fi
+done
+if [[ -z $stopped ]]; then
+  fail "watchdog: rank 1 not found"
+else
+  kill -STOP "$stopped"
+  for ((i = 0; i < 1200; ++i)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    fail "watchdog: the job still runs 60 s after rank 1 was stopped"
+    kill -CONT "$stopped" 2>/dev/null
+    kill_tree "$pid"
+  fi
+  wait "$pid"
+  rc=$?
+  running=""
+  kill -CONT "$stopped" 2>/dev/null
+  [[ $rc -eq 4 ]] || fail "watchdog: mpirun exited $rc, want 4"
+  grep -Eq "^switchyard: rank 0: [a-z_]+ #[0-9]+ on group of world ranks \[0 1\] did not complete within 3 s \(train.collective_timeout_s\); not arrived: rank 1 \(no answer: stopped, hung or busy\)$" "$tmp/err" ||
+    fail "watchdog: no line from rank 0 naming rank 1: $(grep -v '^\[' "$tmp/err" | head -5)"
+  echo "--- watchdog: rank 1 stopped, the job ended with status $rc: $(grep '^switchyard: rank 0' "$tmp/err") ($SECONDS s)"
+fi
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "failures: all cases passed ($SECONDS s)"

@@ -1,0 +1,395 @@
+// Readers of untrusted bytes against malformed input, in one process: a table of damaged
+// safetensors headers (overflowing shapes, offsets outside the file, wrong dtypes,
+// truncated data, bad header lengths), damaged checkpoint indexes and trainer states, and
+// bad YAML, each with the one error it must give (naming the file and what is wrong) and
+// the values it must leave untouched; then a seeded randomized run of byte flips,
+// overwrites and truncations of valid files (a safetensors file, every file of a
+// checkpoint, a YAML config) that must each end in success or a clean error, never a
+// signal. The same inputs through the `switchyard` command: tests/cli/malformed_input_test.sh.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/core/safetensors.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/config.h"
+
+namespace switchyard::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// A safetensors file: the 8-byte little-endian header length, the header, the data.
+std::string Safetensors(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+class MalformedInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("sy_malformed_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    world_ = dist::MakeLocalCommunicator();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A registry of two parameters and an optimizer scalar, values set from `base`.
+  void MakeParams(float base) {
+    params_ = parallel::ParameterRegistry();
+    optimizer_.clear();
+    parallel::Parameter w;
+    w.name = "layers.0.w";
+    w.global_shape = {2, 3};
+    w.value = Tensor::FromVector<float>({base, 2, 3, 4, 5, 6}, {2, 3});
+    w.grad = Tensor::Zeros({2, 3}, DType::kF32);
+    params_.Add(w);
+    parallel::Parameter b;
+    b.name = "layers.0.b";
+    b.global_shape = {3};
+    b.value = Tensor::FromVector<float>({base + 7, 8, 9}, {3});
+    b.grad = Tensor::Zeros({3}, DType::kF32);
+    params_.Add(b);
+    parallel::Parameter step;
+    step.name = "optimizer.step";
+    step.trainable = false;
+    step.value = Tensor::FromVector<int64_t>({12}, {});
+    optimizer_.push_back(step);
+  }
+  Status Save(const std::string& out, int64_t step) {
+    return SaveCheckpoint(out, step,
+                          {.params = &params_,
+                           .optimizer_state = optimizer_,
+                           .trainer_state_json = R"({"loss": 1.5})",
+                           .config_yaml = "x: 1\n"},
+                          *world_, *dist::Mesh::Create(1, {}));
+  }
+  std::vector<float> Values() const {
+    std::vector<float> out;
+    for (const parallel::Parameter& p : params_.params()) {
+      for (float v : p.value.ToVector<float>()) out.push_back(v);
+    }
+    return out;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<dist::Communicator> world_;
+  parallel::ParameterRegistry params_;
+  std::vector<parallel::Parameter> optimizer_;
+};
+
+struct SafetensorsCase {
+  const char* name;
+  std::string header, data;
+  const char* want;  // in the error message, after "<path>: "
+};
+
+TEST_F(MalformedInputTest, DamagedSafetensorsHeadersGetOneClearError) {
+  const std::string f32x2 = R"("dtype":"F32","shape":[2])";
+  const std::vector<SafetensorsCase> cases = {
+      {"a shape whose bytes overflow 64 bits",
+       R"({"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+       std::string(8, 'x'), "(more bytes than fit)"},
+      {"a dimension past 2^62", R"({"x":{"dtype":"U8","shape":[9223372036854775807],"data_offsets":[0,8]}})",
+       std::string(8, 'x'), "tensor 'x' has a bad shape"},
+      {"a negative dimension", R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})",
+       std::string(8, 'x'), "tensor 'x' has a bad shape"},
+      {"a fractional dimension", R"({"x":{"dtype":"F32","shape":[1.5],"data_offsets":[0,8]}})",
+       std::string(8, 'x'), "tensor 'x' has a bad shape"},
+      {"offsets past the end of the file",
+       R"({"x":{)" + f32x2 + R"(,"data_offsets":[8,16]}})", std::string(8, 'x'),
+       "data_offsets [8, 16) do not hold f32 (2) (8 bytes) inside 8 bytes of data"},
+      {"offsets near 2^64", R"({"x":{)" + f32x2 +
+                                 R"(,"data_offsets":[18446744073709551610,18446744073709551615]}})",
+       std::string(8, 'x'), "do not hold f32 (2)"},
+      {"offsets backwards", R"({"x":{)" + f32x2 + R"(,"data_offsets":[8,0]}})", std::string(8, 'x'),
+       "data_offsets [8, 0)"},
+      {"negative offsets", R"({"x":{)" + f32x2 + R"(,"data_offsets":[-8,0]}})", std::string(8, 'x'),
+       "tensor 'x' has bad data_offsets"},
+      {"three offsets", R"({"x":{)" + f32x2 + R"(,"data_offsets":[0,4,8]}})", std::string(8, 'x'),
+       "tensor 'x' has a malformed header entry"},
+      {"a dtype that does not exist", R"({"x":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})",
+       std::string(8, 'x'), "tensor 'x': unsupported safetensors dtype 'F31'"},
+      {"a dtype that is not a string", R"({"x":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})",
+       std::string(8, 'x'), "tensor 'x' has a malformed header entry"},
+      {"a dtype whose size disagrees with the range",
+       R"({"x":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}})", std::string(8, 'x'),
+       "do not hold f64 (2) (16 bytes)"},
+      {"truncated data", R"({"x":{)" + f32x2 + R"(,"data_offsets":[0,8]}})", std::string(5, 'x'),
+       "inside 5 bytes of data"},
+      {"overlapping tensors",
+       R"({"x":{)" + f32x2 + R"(,"data_offsets":[0,8]},"y":{)" + f32x2 + R"(,"data_offsets":[4,12]}})",
+       std::string(12, 'x'), "tensors overlap"},
+      {"a header that is not JSON", "{\"x\": [", "", "header is not a JSON object"},
+      {"a header that is a list", "[1, 2]", "", "header is not a JSON object"},
+      {"metadata that is not an object", R"({"__metadata__": [1]})", "", "__metadata__ is not an object"},
+      {"a metadata value that is not a string", R"({"__metadata__": {"k": 1}})", "",
+       "__metadata__.k is not a string"},
+  };
+  for (const SafetensorsCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = Path("bad.safetensors");
+    WriteText(path, Safetensors(c.header, c.data));
+    const std::string before = ReadText(path);
+    StatusOr<SafetensorsFile> r = ReadSafetensors(path);
+    ASSERT_FALSE(r.ok());
+    const std::string message(r.status().message());
+    EXPECT_EQ(message.rfind(path + ": ", 0), 0u) << message;
+    EXPECT_NE(message.find(c.want), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_EQ(ReadText(path), before);  // a reader changes nothing
+  }
+  // Header lengths that do not fit the file, including one that wraps 8 + n around 2^64.
+  for (uint64_t n : {uint64_t{0xffffffffffffffff}, uint64_t{0xfffffffffffffff9},
+                     uint64_t{1} << 40, uint64_t{100}}) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    WriteText(Path("len.safetensors"), bytes + "{}");
+    StatusOr<SafetensorsFile> r = ReadSafetensors(Path("len.safetensors"));
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(StrCat("header length ", n, " does not fit a 10-byte file")),
+              std::string::npos)
+        << r.status();
+  }
+  WriteText(Path("tiny.safetensors"), "abc");
+  EXPECT_NE(ReadSafetensors(Path("tiny.safetensors")).status().message().find("not a safetensors file (3 bytes)"),
+            std::string::npos);
+  // A directory where a file should be.
+  fs::create_directories(Path("dir.safetensors"));
+  StatusOr<SafetensorsFile> d = ReadSafetensors(Path("dir.safetensors"));
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find(Path("dir.safetensors")), std::string::npos) << d.status();
+}
+
+// (file in the step directory, text it is replaced with, the error's text) for the index
+// and the trainer state; the parameters keep their values and the other files their bytes.
+TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
+  MakeParams(1.0f);
+  ASSERT_TRUE(Save(Path("run"), 3).ok());
+  const std::string step = Path("run/step-00000003");
+  const std::string index = ReadText(step + "/" + kModelIndexFile);
+  const std::string state = ReadText(step + "/" + kTrainerStateFile);
+  struct Case {
+    const char* file;
+    std::string text;
+    const char* want;
+  };
+  auto replace = [](std::string s, const std::string& from, const std::string& to) {
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) s.replace(at, from.size(), to);
+    return s;
+  };
+  const std::vector<Case> cases = {
+      {kModelIndexFile, "", "not a safetensors index"},
+      {kModelIndexFile, "{\"weight_map\": {", "not a safetensors index"},
+      {kModelIndexFile, "[]", "not a safetensors index"},
+      {kModelIndexFile, replace(index, "\"shape\":[2,3]", "\"shape\":[4294967296,4294967296,4294967296]"),
+       "tensor 'layers.0.w': a bad shape"},
+      {kModelIndexFile, replace(index, "\"shape\":[2,3]", "\"shape\":[-2,3]"),
+       "tensor 'layers.0.w': a bad shape"},
+      {kModelIndexFile, replace(index, "\"dtype\":\"F32\"", "\"dtype\":\"Q8\""),
+       "unsupported safetensors dtype 'Q8'"},
+      {kModelIndexFile, replace(index, "\"file\":\"model.safetensors\"", "\"file\":\"../model.safetensors\""),
+       "a piece without a file name"},
+      {kModelIndexFile, replace(index, "\"box\":[2,3]", "\"box\":[2,30]"), "a piece outside the tensor"},
+      {kModelIndexFile, replace(index, "\"format_version\":2", "\"format_version\":\"two\""),
+       "metadata.format_version is \"two\""},
+      {kTrainerStateFile, "", "not a Switchyard trainer state"},
+      {kTrainerStateFile, replace(state, "\"step\": 3", "\"step\": \"3\""), "not a Switchyard trainer state"},
+  };
+  const std::vector<float> values = Values();
+  MakeParams(100.0f);  // what loading must not change
+  const std::vector<float> untouched = Values();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.file) + " <- " + c.text.substr(0, 60));
+    const std::string path = step + "/" + c.file;
+    WriteText(path, c.text);
+    const std::string model_bytes = ReadText(step + "/" + kModelFile);
+    StatusOr<LoadedCheckpoint> r = LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
+    ASSERT_FALSE(r.ok());
+    const std::string message(r.status().message());
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find(c.want), std::string::npos) << message;
+    EXPECT_EQ(Values(), untouched);
+    EXPECT_EQ(ReadText(step + "/" + kModelFile), model_bytes);
+    WriteText(step + "/" + kModelIndexFile, index);
+    WriteText(step + "/" + kTrainerStateFile, state);
+  }
+  ASSERT_TRUE(LoadCheckpoint(Path("run"), params_, &optimizer_, *world_).ok());
+  EXPECT_EQ(Values(), values);
+}
+
+TEST_F(MalformedInputTest, BadYamlGetsOneClearError) {
+  struct Case {
+    std::string yaml;
+    const char* want;
+  };
+  const std::vector<Case> cases = {
+      {"model: {d_model: [", "cfg.yaml:1: YAML syntax error"},
+      {"model:\n  d_model: 32\n bad indent: 1\n", "YAML syntax error"},
+      {"- 1\n- 2\n", "cfg.yaml: the top level must be a mapping of sections"},
+      {"model: 3\n", "cfg.yaml: section 'model' must be a mapping"},
+      {"? [a, b]\n: 1\n", "cfg.yaml: a section name (line 1) must be a plain word, not '[...]'"},
+      {"model:\n  ? {a: 1}\n  : 2\n", "cfg.yaml: a key of section 'model' (line 2) must be a plain word"},
+      {"model:\n  d_model: [1, 2]\n", "cfg.yaml: model.d_model: expected an integer, got '[...]'"},
+      {"model:\n  d_model: 99999999999999999999\n", "model.d_model: expected an integer"},
+      {"train:\n  lr: fast\n", "train.lr: expected a number, got 'fast'"},
+      {"moe:\n  activation: {a: 1}\n", "moe.activation: expected a name"},
+      {"data:\n  dir: [a]\n", "data.dir: expected a string"},
+      {"&a [*a]\n", "cfg.yaml"},
+      {"model:\n  d_model: 32\n  n_layers: 2\n  d_model: 64\n",
+       "cfg.yaml: 'model.d_model' is set twice, on lines 2 and 4; keep one"},
+      {"model:\n  d_model: 32\ntrain:\n  lr: 0.1\nmodel:\n  n_layers: 2\n",
+       "cfg.yaml: 'model' is set twice, on lines 1 and 5; keep one"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    StatusOr<Config> r = ParseConfig(c.yaml, "cfg.yaml", {});
+    ASSERT_FALSE(r.ok());
+    const std::string message(r.status().message());
+    EXPECT_NE(message.find(c.want), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+TEST_F(MalformedInputTest, AnEmptyConfigFileOrADirectoryIsRefused) {
+  for (const auto& [text, want] : {std::pair<std::string, std::string>{"", "(0 bytes)"},
+                                   {"# only a comment\n\n", "(no keys)"}}) {
+    WriteText(Path("empty.yaml"), text);
+    StatusOr<Config> r = LoadConfig(Path("empty.yaml"));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message(), Path("empty.yaml") + ": the config file is empty " + want +
+                                        "; see configs/ and docs/config.md");
+  }
+  StatusOr<Config> d = LoadConfig(dir_.string());
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().message(), dir_.string() + ": is a directory, not a file");
+}
+
+// ---- randomized ---------------------------------------------------------------------------
+
+// A copy of `bytes` damaged one of four ways: 1-4 random bytes flipped, a random byte
+// overwritten with a digit or JSON/YAML punctuation, a truncation, or the first 8 bytes
+// (a safetensors header length) replaced.
+std::string Damage(const std::string& bytes, std::mt19937_64& rng) {
+  std::string out = bytes;
+  if (out.empty()) return out;
+  auto at = [&]() { return static_cast<size_t>(rng() % out.size()); };
+  switch (rng() % 4) {
+    case 0:
+      for (int i = 0, n = 1 + static_cast<int>(rng() % 4); i < n; ++i) {
+        out[at()] ^= static_cast<char>(1u << (rng() % 8));
+      }
+      break;
+    case 1: {
+      static const char kChars[] = "0123456789-.e[]{}:,\"' \n#&*!?|>";
+      out[at()] = kChars[rng() % (sizeof(kChars) - 1)];
+      break;
+    }
+    case 2:
+      out.resize(at());
+      break;
+    default:
+      for (int i = 0; i < 8 && i < static_cast<int>(out.size()); ++i) {
+        out[i] = static_cast<char>(rng() % 3 == 0 ? rng() : 0);
+      }
+      break;
+  }
+  return out;
+}
+
+constexpr uint64_t kSeed = 20261125;
+
+TEST_F(MalformedInputTest, RandomDamageToASafetensorsFileIsACleanErrorOrSuccess) {
+  SafetensorsFile file;
+  file.tensors["x"] = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {1, 2, 3});
+  file.tensors["ids"] = Tensor::FromVector<int64_t>({7, 8}, {2});
+  file.tensors["empty"] = Tensor::Empty({0, 4}, DType::kF32);
+  file.metadata["format"] = "pt";
+  ASSERT_TRUE(WriteSafetensors(Path("good.safetensors"), file).ok());
+  const std::string good = ReadText(Path("good.safetensors"));
+  std::mt19937_64 rng(kSeed);
+  int errors = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string path = Path("case.safetensors");
+    WriteText(path, Damage(good, rng));
+    StatusOr<SafetensorsFile> r = ReadSafetensors(path);
+    if (r.ok()) continue;
+    ++errors;
+    const std::string message(r.status().message());
+    ASSERT_EQ(message.rfind(path + ": ", 0), 0u) << "case " << i << ": " << message;
+    ASSERT_EQ(message.find('\n'), std::string::npos) << "case " << i << ": " << message;
+  }
+  EXPECT_GT(errors, 150);  // most damage is caught; flipped data bits are not (checksums are)
+}
+
+TEST_F(MalformedInputTest, RandomDamageToACheckpointIsACleanErrorOrSuccess) {
+  MakeParams(1.0f);
+  ASSERT_TRUE(Save(Path("run"), 2).ok());
+  const std::string step = Path("run/step-00000002");
+  const std::vector<std::string> files = {kModelIndexFile, kTrainerStateFile, kModelFile,
+                                          kOptimizerFile, "../latest"};
+  std::vector<std::string> good;
+  for (const std::string& f : files) good.push_back(ReadText(step + "/" + f));
+  std::mt19937_64 rng(kSeed + 1);
+  int errors = 0;
+  for (int i = 0; i < 250; ++i) {
+    const size_t which = rng() % files.size();
+    const std::string path = step + "/" + files[which];
+    WriteText(path, Damage(good[which], rng));
+    MakeParams(100.0f);
+    const std::vector<float> before = Values();
+    StatusOr<LoadedCheckpoint> r = LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
+    if (!r.ok()) {
+      ++errors;
+      const std::string message(r.status().message());
+      ASSERT_NE(message.find(Path("run")), std::string::npos) << "case " << i << ": " << message;
+      ASSERT_EQ(message.find('\n'), std::string::npos) << "case " << i << ": " << message;
+      ASSERT_EQ(Values(), before) << "case " << i << ": a failed load changed a value";
+    }
+    WriteText(path, good[which]);
+  }
+  EXPECT_GT(errors, 125);
+}
+
+TEST_F(MalformedInputTest, RandomDamageToAYamlConfigIsACleanErrorOrSuccess) {
+  const std::string good = ReadText(SY_TRAIN_TINY_CONFIG);
+  ASSERT_FALSE(good.empty());
+  std::mt19937_64 rng(kSeed + 2);
+  int errors = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string yaml = Damage(good, rng);
+    StatusOr<Config> r = ParseConfig(yaml, "cfg.yaml", {});
+    Status s = r.ok() ? r->Validate(1) : r.status();
+    if (s.ok()) s = r->model.Validate();
+    if (s.ok()) continue;
+    ++errors;
+    ASSERT_EQ(std::string(s.message()).find('\n'), std::string::npos) << "case " << i << ": " << s;
+  }
+  EXPECT_GT(errors, 30);
+}
+
+}  // namespace
+}  // namespace switchyard::train
