@@ -27,7 +27,8 @@ PY
 "$bin" prep --out b --tokenizer a/tokenizer.model de.txt fr.txt >prep.log 2>&1 ||
   fail "prep b: $(cat prep.log)"
 "$bin" prep --out c --vocab 90 fr.txt >prep.log 2>&1 || fail "prep c: $(cat prep.log)"
-cp "$tiny" blend.yaml
+# The tiny config without its data section, then the blend's (a key set twice is refused).
+awk '/^data:/ {skip = 1; next} skip && /^[^ #]/ {skip = 0} !skip' "$tiny" >blend.yaml
 printf 'data: {paths: [{dir: %s/a, weight: 0.7}, {dir: %s/b, weight: 0.3}]}\n' "$tmp" "$tmp" \
   >>blend.yaml
 common=(--config blend.yaml --set train.max_steps=8 --set train.grad_accum=4
