@@ -16,16 +16,13 @@
 #include "engine/train/data/loader.h"
 #include "engine/train/data/prep.h"
 #include "engine/train/data/shards.h"
+#include "tests/testing/files.h"
 
 namespace switchyard::data {
 namespace {
 
 namespace fs = std::filesystem;
-
-void WriteBytes(const fs::path& path, const std::string& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+using test_util::WriteBytes;
 
 std::string Text(const std::vector<std::string>& words, int docs, uint32_t seed) {
   std::string text;

@@ -25,6 +25,7 @@
 #include "engine/train/checkpoint_index.h"
 #include "engine/train/checkpoint_plan.h"
 #include "tests/engine/train/checkpoint_test_util.h"
+#include "tests/testing/files.h"
 
 namespace switchyard::train {
 namespace {
@@ -34,18 +35,9 @@ using testing::Pattern;
 using testing::SameElement;
 
 namespace fs = std::filesystem;
+using test_util::ReadBytes;
+using test_util::WriteBytes;
 using json = nlohmann::json;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
 
 class CheckpointUnitTest : public ::testing::Test {
  protected:
@@ -118,7 +110,7 @@ TEST_F(CheckpointUnitTest, LatestMustNameAStepDirectory) {
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
   ASSERT_TRUE(Save(1).ok());
-  WriteText((dir_ / "latest").string(), "../elsewhere\n");
+  WriteBytes((dir_ / "latest").string(), "../elsewhere\n");
   auto bad = LatestCheckpoint(dir_.string());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
   Status s = Load(dir_.string());
@@ -129,22 +121,22 @@ TEST_F(CheckpointUnitTest, LatestMustNameAStepDirectory) {
 TEST_F(CheckpointUnitTest, ANewerFormatIsRefused) {
   ASSERT_TRUE(Save(1).ok());
   const std::string path = Step(1) + "/trainer_state.json";
-  json state = json::parse(ReadText(path));
+  json state = json::parse(ReadBytes(path));
   state["format_version"] = kCheckpointFormatVersion + 1;
-  WriteText(path, state.dump());
+  WriteBytes(path, state.dump());
   Status s = Load(Step(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("this build reads up to"), std::string::npos) << s;
-  WriteText(path, "{not json");
+  WriteBytes(path, "{not json");
   s = Load(Step(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   // The index says which format it is too (for readers that start there).
   ASSERT_TRUE(Save(2).ok());
   const std::string index_path = Step(2) + "/model.safetensors.index.json";
-  json index = json::parse(ReadText(index_path));
+  json index = json::parse(ReadBytes(index_path));
   EXPECT_EQ(index["metadata"]["format_version"], kCheckpointFormatVersion);
   index["metadata"]["format_version"] = kCheckpointFormatVersion + 1;
-  WriteText(index_path, index.dump());
+  WriteBytes(index_path, index.dump());
   s = Load(Step(2));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("model.safetensors.index.json: format version 3; this build reads up "
@@ -165,12 +157,12 @@ TEST_F(CheckpointUnitTest, AFormat1CheckpointStillLoads) {
   optimizer.tensors["optimizer.step"] = Tensor::FromVector<int64_t>({77}, {});
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", model).ok());
   ASSERT_TRUE(WriteSafetensors(dir + "/optimizer.safetensors", optimizer).ok());
-  WriteText(dir + "/model.safetensors.index.json",
+  WriteBytes(dir + "/model.safetensors.index.json",
             R"({"metadata": {"total_size": 36}, "weight_map": {"w": "model.safetensors", )"
             R"("b": "model.safetensors"}})");
-  WriteText(dir + "/trainer_state.json",
+  WriteBytes(dir + "/trainer_state.json",
             R"({"format": "switchyard-checkpoint", "format_version": 1, "step": 5})");
-  WriteText(dir + "/config.yaml", "x: 1\n");
+  WriteBytes(dir + "/config.yaml", "x: 1\n");
   auto loaded = LoadCheckpoint(dir, params_, &optimizer_, *world_);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 5);
@@ -178,19 +170,19 @@ TEST_F(CheckpointUnitTest, AFormat1CheckpointStillLoads) {
   EXPECT_EQ(params_.params()[1].value.ToVector<float>(), (std::vector<float>{-1, -2, -3}));
   EXPECT_EQ(optimizer_[0].value.ToVector<int64_t>()[0], 77);
   // Its errors are those of format 1.
-  WriteText(dir + "/model.safetensors.index.json",
+  WriteBytes(dir + "/model.safetensors.index.json",
             R"({"weight_map": {"w": "model.safetensors", "v": "model.safetensors"}})");
   Status s = Load(dir);
   EXPECT_NE(s.message().find("lists 'v' in model.safetensors, which does not hold it"),
             std::string::npos)
       << s;
-  WriteText(dir + "/model.safetensors.index.json", R"({"weight_map": {"w": "model.safetensors"}})");
+  WriteBytes(dir + "/model.safetensors.index.json", R"({"weight_map": {"w": "model.safetensors"}})");
   s = Load(dir);
   EXPECT_NE(s.message().find("holds 'b', which model.safetensors.index.json does not list"),
             std::string::npos)
       << s;
   fs::remove(dir + "/optimizer.safetensors");
-  WriteText(dir + "/model.safetensors.index.json",
+  WriteBytes(dir + "/model.safetensors.index.json",
             R"({"weight_map": {"w": "model.safetensors", "b": "model.safetensors"}})");
   s = Load(dir);
   EXPECT_NE(s.message().find("incomplete checkpoint (no optimizer.safetensors)"), std::string::npos)
@@ -201,9 +193,9 @@ TEST_F(CheckpointUnitTest, AFormat1CheckpointStillLoads) {
 TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItselfOrItsFileIsCorrupt) {
   ASSERT_TRUE(Save(1).ok());
   const std::string path = Step(1) + "/model.safetensors.index.json";
-  const std::string good = ReadText(path);
+  const std::string good = ReadBytes(path);
   auto load_with = [&](const json& index) {
-    WriteText(path, index.dump());
+    WriteBytes(path, index.dump());
     Status s = Load(Step(1));
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     return std::string(s.message());
@@ -252,7 +244,7 @@ TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItselfOrItsFileIsCorrupt) {
   // The file: a piece stored under another shape, a tensor the index does not list, and
   // data offsets past its end. With the index's checksums each is a checksum mismatch;
   // without them (an index of an older build) the structure checks name the problem.
-  WriteText(path, good);
+  WriteBytes(path, good);
   const std::string file = Step(1) + "/model.safetensors";
   auto contents = ReadSafetensors(file);
   ASSERT_TRUE(contents.ok()) << contents.status();
@@ -265,7 +257,7 @@ TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItselfOrItsFileIsCorrupt) {
   json unchecked = json::parse(good);
   ASSERT_TRUE(unchecked.contains("files"));
   unchecked.erase("files");
-  WriteText(path, unchecked.dump());
+  WriteBytes(path, unchecked.dump());
   s = Load(Step(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("model.safetensors: 'w' is f32 (3, 2) but "
@@ -281,11 +273,11 @@ TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItselfOrItsFileIsCorrupt) {
             std::string::npos)
       << s;
   ASSERT_TRUE(WriteSafetensors(file, *contents).ok());
-  std::string bytes = ReadText(file);
+  std::string bytes = ReadBytes(file);
   const size_t at = bytes.find("\"data_offsets\":[0,12]");  // "b", first by name: 3 f32
   ASSERT_NE(at, std::string::npos) << bytes.substr(0, 200);
   bytes.replace(at, 21, "\"data_offsets\":[0,99]");
-  WriteText(file, bytes);
+  WriteBytes(file, bytes);
   s = Load(Step(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find(file + ": tensor 'b' data_offsets [0, 99) do not hold f32 (3)"),
@@ -295,7 +287,7 @@ TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItselfOrItsFileIsCorrupt) {
   for (uint64_t length : {uint64_t{1} << 20, ~uint64_t{0} - 4}) {
     std::string head(8, '\0');
     for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((length >> (8 * i)) & 0xff);
-    WriteText(file, head + bytes.substr(8));
+    WriteBytes(file, head + bytes.substr(8));
     s = Load(Step(1));
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find(file + ": header length"), std::string::npos) << s;
@@ -379,7 +371,7 @@ TEST_F(CheckpointUnitTest, FlatValuesSaveWholeAndLoadIntoAnyRange) {
   auto file = ReadSafetensors(Step(1) + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->tensors.at("w").shape(), (Shape{4, 3})) << "stored whole, under its shape";
-  json index = json::parse(ReadText(Step(1) + "/model.safetensors.index.json"));
+  json index = json::parse(ReadBytes(Step(1) + "/model.safetensors.index.json"));
   EXPECT_EQ(index["weight_map"]["w"], "model.safetensors");
   EXPECT_EQ(index["tensors"]["w"]["kind"], "model");
   EXPECT_EQ(index["tensors"]["w"]["pieces"][0]["elements"], json({0, 12}));

@@ -19,23 +19,14 @@
 #include "engine/train/data/prep.h"
 #include "engine/train/data/shards.h"
 #include "engine/train/data/tokenizer.h"
+#include "tests/testing/files.h"
 
 namespace switchyard::data {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-void WriteBytes(const fs::path& path, const std::string& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
+using test_util::ReadBytes;
+using test_util::WriteBytes;
 
 class DataErrorsTest : public ::testing::Test {
  protected:

@@ -20,22 +20,14 @@
 #include "engine/core/safetensors.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/config.h"
+#include "tests/testing/files.h"
 
 namespace switchyard::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
+using test_util::ReadBytes;
+using test_util::WriteBytes;
 
 // A safetensors file: the 8-byte little-endian header length, the header, the data.
 std::string Safetensors(const std::string& header, const std::string& data) {
@@ -150,29 +142,29 @@ TEST_F(MalformedInputTest, DamagedSafetensorsHeadersGetOneClearError) {
   for (const SafetensorsCase& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string path = Path("bad.safetensors");
-    WriteText(path, Safetensors(c.header, c.data));
-    const std::string before = ReadText(path);
+    WriteBytes(path, Safetensors(c.header, c.data));
+    const std::string before = ReadBytes(path);
     StatusOr<SafetensorsFile> r = ReadSafetensors(path);
     ASSERT_FALSE(r.ok());
     const std::string message(r.status().message());
     EXPECT_EQ(message.rfind(path + ": ", 0), 0u) << message;
     EXPECT_NE(message.find(c.want), std::string::npos) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    EXPECT_EQ(ReadText(path), before);  // a reader changes nothing
+    EXPECT_EQ(ReadBytes(path), before);  // a reader changes nothing
   }
   // Header lengths that do not fit the file, including one that wraps 8 + n around 2^64.
   for (uint64_t n : {uint64_t{0xffffffffffffffff}, uint64_t{0xfffffffffffffff9},
                      uint64_t{1} << 40, uint64_t{100}}) {
     std::string bytes(8, '\0');
     for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    WriteText(Path("len.safetensors"), bytes + "{}");
+    WriteBytes(Path("len.safetensors"), bytes + "{}");
     StatusOr<SafetensorsFile> r = ReadSafetensors(Path("len.safetensors"));
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find(StrCat("header length ", n, " does not fit a 10-byte file")),
               std::string::npos)
         << r.status();
   }
-  WriteText(Path("tiny.safetensors"), "abc");
+  WriteBytes(Path("tiny.safetensors"), "abc");
   EXPECT_NE(ReadSafetensors(Path("tiny.safetensors")).status().message().find("not a safetensors file (3 bytes)"),
             std::string::npos);
   // A directory where a file should be.
@@ -188,8 +180,8 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
   MakeParams(1.0f);
   ASSERT_TRUE(Save(Path("run"), 3).ok());
   const std::string step = Path("run/step-00000003");
-  const std::string index = ReadText(step + "/" + kModelIndexFile);
-  const std::string state = ReadText(step + "/" + kTrainerStateFile);
+  const std::string index = ReadBytes(step + "/" + kModelIndexFile);
+  const std::string state = ReadBytes(step + "/" + kTrainerStateFile);
   struct Case {
     const char* file;
     std::string text;
@@ -225,17 +217,17 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.file) + " <- " + c.text.substr(0, 60));
     const std::string path = step + "/" + c.file;
-    WriteText(path, c.text);
-    const std::string model_bytes = ReadText(step + "/" + kModelFile);
+    WriteBytes(path, c.text);
+    const std::string model_bytes = ReadBytes(step + "/" + kModelFile);
     StatusOr<LoadedCheckpoint> r = LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
     ASSERT_FALSE(r.ok());
     const std::string message(r.status().message());
     EXPECT_NE(message.find(path), std::string::npos) << message;
     EXPECT_NE(message.find(c.want), std::string::npos) << message;
     EXPECT_EQ(Values(), untouched);
-    EXPECT_EQ(ReadText(step + "/" + kModelFile), model_bytes);
-    WriteText(step + "/" + kModelIndexFile, index);
-    WriteText(step + "/" + kTrainerStateFile, state);
+    EXPECT_EQ(ReadBytes(step + "/" + kModelFile), model_bytes);
+    WriteBytes(step + "/" + kModelIndexFile, index);
+    WriteBytes(step + "/" + kTrainerStateFile, state);
   }
   ASSERT_TRUE(LoadCheckpoint(Path("run"), params_, &optimizer_, *world_).ok());
   EXPECT_EQ(Values(), values);
@@ -277,7 +269,7 @@ TEST_F(MalformedInputTest, BadYamlGetsOneClearError) {
 TEST_F(MalformedInputTest, AnEmptyConfigFileOrADirectoryIsRefused) {
   for (const auto& [text, want] : {std::pair<std::string, std::string>{"", "(0 bytes)"},
                                    {"# only a comment\n\n", "(no keys)"}}) {
-    WriteText(Path("empty.yaml"), text);
+    WriteBytes(Path("empty.yaml"), text);
     StatusOr<Config> r = LoadConfig(Path("empty.yaml"));
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().message(), Path("empty.yaml") + ": the config file is empty " + want +
@@ -329,12 +321,12 @@ TEST_F(MalformedInputTest, RandomDamageToASafetensorsFileIsACleanErrorOrSuccess)
   file.tensors["empty"] = Tensor::Empty({0, 4}, DType::kF32);
   file.metadata["format"] = "pt";
   ASSERT_TRUE(WriteSafetensors(Path("good.safetensors"), file).ok());
-  const std::string good = ReadText(Path("good.safetensors"));
+  const std::string good = ReadBytes(Path("good.safetensors"));
   std::mt19937_64 rng(kSeed);
   int errors = 0;
   for (int i = 0; i < 300; ++i) {
     const std::string path = Path("case.safetensors");
-    WriteText(path, Damage(good, rng));
+    WriteBytes(path, Damage(good, rng));
     StatusOr<SafetensorsFile> r = ReadSafetensors(path);
     if (r.ok()) continue;
     ++errors;
@@ -352,13 +344,13 @@ TEST_F(MalformedInputTest, RandomDamageToACheckpointIsACleanErrorOrSuccess) {
   const std::vector<std::string> files = {kModelIndexFile, kTrainerStateFile, kModelFile,
                                           kOptimizerFile, "../latest"};
   std::vector<std::string> good;
-  for (const std::string& f : files) good.push_back(ReadText(step + "/" + f));
+  for (const std::string& f : files) good.push_back(ReadBytes(step + "/" + f));
   std::mt19937_64 rng(kSeed + 1);
   int errors = 0;
   for (int i = 0; i < 250; ++i) {
     const size_t which = rng() % files.size();
     const std::string path = step + "/" + files[which];
-    WriteText(path, Damage(good[which], rng));
+    WriteBytes(path, Damage(good[which], rng));
     MakeParams(100.0f);
     const std::vector<float> before = Values();
     StatusOr<LoadedCheckpoint> r = LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
@@ -369,13 +361,13 @@ TEST_F(MalformedInputTest, RandomDamageToACheckpointIsACleanErrorOrSuccess) {
       ASSERT_EQ(message.find('\n'), std::string::npos) << "case " << i << ": " << message;
       ASSERT_EQ(Values(), before) << "case " << i << ": a failed load changed a value";
     }
-    WriteText(path, good[which]);
+    WriteBytes(path, good[which]);
   }
   EXPECT_GT(errors, 125);
 }
 
 TEST_F(MalformedInputTest, RandomDamageToAYamlConfigIsACleanErrorOrSuccess) {
-  const std::string good = ReadText(SY_TRAIN_TINY_CONFIG);
+  const std::string good = ReadBytes(SY_TRAIN_TINY_CONFIG);
   ASSERT_FALSE(good.empty());
   std::mt19937_64 rng(kSeed + 2);
   int errors = 0;
