@@ -25,18 +25,7 @@ python=/usr/bin/python3
 failures=0
 tmp="$(mktemp -d)"
 running=""
-kill_tree() {
-  local child
-  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
-  kill -CONT "$1" 2>/dev/null
-  kill -KILL "$1" 2>/dev/null
-}
-cleanup() {
-  [[ -z $running ]] || kill_tree "$running"
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/run_guard_lib.sh"
 SECONDS=0
 
 mkdir -p "$tmp/corpus"

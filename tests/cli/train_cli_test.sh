@@ -43,18 +43,7 @@ rank_pids() {
     rank_pids "$child"
   done | sort -n
 }
-# kill_tree PID: SIGKILL PID and every process under it (a hung run).
-kill_tree() {
-  local child
-  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
-  kill -KILL "$1" 2>/dev/null
-}
-cleanup() {
-  [[ -z $running ]] || kill_tree "$running"
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/run_guard_lib.sh"
 SECONDS=0
 
 # ---- data -------------------------------------------------------------------------------

@@ -1,0 +1,18 @@
+# Shared by the CLI tests that start whole training runs in the background
+# (train_cli_test.sh, failures_cli_test.sh). Source it after setting tmp (a scratch
+# directory) and running (the pid of a run in flight, or empty); it defines:
+#   kill_tree PID   SIGCONT then SIGKILL PID and every process under it (a hung or stopped run)
+#   fail MESSAGE    count a failure (in failures) and print it
+# and, on exit, kills the run in flight and removes tmp.
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+  kill -CONT "$1" 2>/dev/null
+  kill -KILL "$1" 2>/dev/null
+}
+cleanup() {
+  [[ -z $running ]] || kill_tree "$running"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
