@@ -20,9 +20,9 @@ std::string FirstNonFiniteGrad(const parallel::ParameterRegistry& registry,
     const std::vector<float> v = host.Reshape({host.numel()}).ToVector<float>();
     for (size_t k = 0; k < v.size(); ++k) {
       if (std::isfinite(v[k])) continue;
-      // The element's row in the box: dim 0 of a routed expert weight is the expert.
-      const bool expert = p.name.find(".moe.experts.") != std::string::npos &&
-                          !p.global_shape.empty();
+      // The element's row in the box: dim 0 of a routed expert weight (the expert view) is
+      // the expert.
+      const bool expert = p.view == dist::View::kExpert && !p.global_shape.empty();
       if (!expert) return p.name;
       const Shape& box = p.BoxShape();
       const int64_t per_row = box.empty() || box[0] == 0 ? 1 : NumElements(box) / box[0];
