@@ -1,0 +1,231 @@
+// One training step of Trainer (trainer.h): the micro-batches through the pipeline runner
+// (ordered gradient accumulation when on), gradient sync and the tied-embedding sum, the
+// non-finite check (train.on_nonfinite), clipping and the update, the routing statistics
+// and the expert-bias update. Kept apart from trainer.cc (set-up, checkpoints, the run loop).
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/profile.h"
+#include "engine/dist/ordered_sum.h"
+#include "engine/train/clip.h"
+#include "engine/train/nonfinite.h"
+#include "engine/train/trainer.h"
+#include "kernels/elementwise.h"
+
+namespace switchyard::train {
+namespace {
+
+// Every trainable gradient, packed into one flat f32 tensor (registry order), and back.
+Tensor PackGrads(const parallel::ParameterRegistry& reg, DeviceContext* ctx) {
+  int64_t total = 0;
+  for (const parallel::Parameter& p : reg.params())
+    if (p.trainable) total += p.grad.numel();
+  Tensor flat = Tensor::Empty({total}, DType::kF32, reg.params().front().grad.device());
+  int64_t at = 0;
+  for (const parallel::Parameter& p : reg.params()) {
+    if (!p.trainable) continue;
+    flat.View({p.grad.numel()}, at).CopyFrom(p.grad.Reshape({p.grad.numel()}), ctx);
+    at += p.grad.numel();
+  }
+  return flat;
+}
+
+void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceContext* ctx) {
+  int64_t at = 0;
+  for (parallel::Parameter& p : reg.params()) {
+    if (!p.trainable) continue;
+    p.grad.CopyFrom(flat.View(p.grad.shape(), at), ctx);
+    at += p.grad.numel();
+  }
+}
+
+}  // namespace
+
+StepMetrics Trainer::TrainStep(bool record_routing) {
+  const auto start = std::chrono::steady_clock::now();
+  if (profiler_) profiler_->BeginStep();
+  const TrainConfig& tc = config_.train;
+  const dist::Mesh& mesh = pc_->mesh();
+  const int64_t seq = config_.model.seq_len;
+  const int64_t global_batch = int64_t{mesh.dp()} * tc.micro_batch_size * tc.grad_accum;
+  const int64_t global_groups = int64_t{mesh.dp()} * tc.grad_accum;
+  parallel::ParameterRegistry& reg = registry_;
+  DeviceContext* ctx = rt_.ctx.get();
+  zero_->MaterializeGradients();
+  reg.ZeroGrad(ctx);
+
+  // Statistics of every MoE layer of the model (this stage fills its own; the sums over pp
+  // complete them).
+  moe::MoEStats none;  // what a stage without the layer contributes to its sums over pp
+  none.tokens_per_expert.assign(config_.moe.num_experts, 0);
+  none.tokens_per_expert_kept.assign(config_.moe.num_experts, 0);
+  std::vector<moe::MoEStats> stats(moe_layer_ids_.size(), none);
+  // Chunk c's l-th MoE layer: its index in stats and in routing_ (every layer of the model).
+  std::vector<std::vector<size_t>> slot_of(pipeline_->chunks());
+  for (int c = 0; c < pipeline_->chunks(); ++c) {
+    for (int64_t id : pipeline_->chunk(c).moe_layer_ids()) {
+      slot_of[c].push_back(std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), id) -
+                           moe_layer_ids_.begin());
+    }
+  }
+  // Per micro-batch sums, added in the tree order below (as the ranks' sums are).
+  std::vector<double> ce_sums(tc.grad_accum), aux_sums(tc.grad_accum), z_sums(tc.grad_accum);
+  // Ordered accumulation: each micro-batch's gradient alone, summed in the tree order.
+  const bool tree = tc.ordered_grad_accum && tc.grad_accum > 1;
+  dist::TreeAccumulator grads(ctx);
+  std::vector<data::Batch> batches(tc.grad_accum);
+  PipelineRunner::Hooks hooks;
+  hooks.input = [&](int micro) {
+    batches[micro] = loader_->GetBatch(step_, micro);
+    model::DecoderInput in =
+        MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
+    in.ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq);
+    in.aux_grad_scale = 1.0f / static_cast<float>(global_groups);
+    return in;
+  };
+  hooks.after_forward = [&](int c, int micro, const model::DecoderOutput& out) {
+    ce_sums[micro] += out.ce_sum;
+    aux_sums[micro] += out.aux_sum;
+    z_sums[micro] += out.z_sum;
+    // From Forward's output, which activation recompute leaves whole.
+    for (size_t layer = 0; layer < out.moe_stats.size(); ++layer) {
+      stats[slot_of[c][layer]].Add(out.moe_stats[layer]);
+      // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
+      if (record_routing && pc_->tp_cp().rank() == 0 && routing_) {
+        const data::Batch& batch = batches[micro];
+        routing_->Add(slot_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
+                      batch.labels.Reshape({batch.labels.numel()}));
+      }
+    }
+  };
+  if (tree) {
+    hooks.before_backward = [&](int, int) { reg.ZeroGrad(ctx); };
+    hooks.after_backward = [&](int, int) { grads.Add(PackGrads(reg, ctx)); };
+  } else {
+    // The last backward: each part's gradient bucket goes out as soon as it is final.
+    hooks.on_last_backward_done = [&](const std::string& part) {
+      ScopedPhase phase(Phase::kCommunication);
+      for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
+    };
+  }
+  pipeline_->RunStep(hooks);
+  if (tree) UnpackGrads(grads.Result(), reg, ctx);
+  std::optional<ScopedPhase> phase(Phase::kCommunication);
+  if (tree) {
+    grad_sync_->SyncAll();
+  } else {
+    grad_sync_->Finish();
+  }
+  SumTiedEmbeddingGrads();
+  phase.reset();
+  if (step_ == nan_step_) InjectNan();
+  const double ce_sum = dist::TreeSumDoubles(ce_sums);
+  const double aux_sum = dist::TreeSumDoubles(aux_sums);
+  const double z_sum = dist::TreeSumDoubles(z_sums);
+  phase.emplace(Phase::kOptimizer);
+  const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx, zero_.get());
+  const float lr = tc.schedule().LrAt(optimizer_->step());
+  phase.emplace(Phase::kCommunication);
+  // Reduce the step's losses over the data-parallel world: over dp x cp (every tp rank
+  // holds the same sums), then over the pipeline stages (the last holds the cross-entropy).
+  // Ordered f64 sums: the numbers do not depend on the layout.
+  const double local_sums[3] = {ce_sum, aux_sum, z_sum};
+  std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
+  if (pc_->pp().size() > 1) sums = dist::AllReduceDoubles(pc_->pp(), sums);
+  // A non-finite loss or gradient norm: no update (train.on_nonfinite decides what
+  // follows). Every rank holds the same numbers; the flag is agreed anyway.
+  const double loss = sums[0] / static_cast<double>(global_batch * seq) +
+                      (sums[1] + sums[2]) / static_cast<double>(global_groups);
+  Tensor bad = Tensor::FromVector<int32_t>({std::isfinite(loss) && std::isfinite(norm) ? 0 : 1}, {1});
+  world_.AllReduce(bad, dist::ReduceOp::kMax);
+  const bool finite = bad.data<int32_t>()[0] == 0;
+  std::string first_bad;
+  if (!finite) first_bad = AgreeFirstNonFiniteGrad(reg, zero_.get(), world_);
+  if (finite) {
+    phase.emplace(Phase::kOptimizer);
+    optimizer_->Step(lr);
+    phase.emplace(Phase::kCommunication);
+    zero_->GatherUpdatedParameters();
+  }
+  zero_->FreeGradients();
+
+  // The routing statistics over dp x cp x tp (each tp rank counts the rows it routed), then
+  // over the pipeline stages (each holds its layers' numbers).
+  for (moe::MoEStats& s : stats) {
+    s.AllReduce(pc_->dp_cp_tp());
+    if (pc_->pp().size() > 1) s.AllReduce(pc_->pp());
+  }
+  // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
+  phase.reset();
+  if (finite && config_.moe.expert_bias_rate > 0) {
+    for (int c = 0; c < pipeline_->chunks(); ++c) {
+      std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
+      for (size_t l = 0; l < layers.size(); ++l) {
+        Tensor bias = layers[l]->expert_bias();
+        moe::UpdateExpertBias(bias, stats[slot_of[c][l]].tokens_per_expert,
+                              config_.moe.expert_bias_rate, ctx);
+      }
+    }
+  }
+
+  StepMetrics m;
+  m.step = step_;
+  m.ce_loss = sums[0] / static_cast<double>(global_batch * seq);
+  m.aux_loss = sums[1] / static_cast<double>(global_groups);
+  m.z_loss = sums[2] / static_cast<double>(global_groups);
+  m.loss = m.ce_loss + m.aux_loss + m.z_loss;
+  m.lr = lr;
+  m.grad_norm = norm;
+  m.nonfinite = !finite;
+  m.nonfinite_param = first_bad;
+  m.moe_layer_ids = moe_layer_ids_;
+  m.moe = std::move(stats);
+  m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.tokens_per_s = static_cast<double>(global_batch * seq) / m.step_s;
+  if (profiler_) profiler_->EndStep(m.step_s);
+  return m;
+}
+
+void Trainer::SumTiedEmbeddingGrads() {
+  dist::Communicator& pp = data_pc().pp();
+  if (pp.size() == 1 || !config_.model.tie_embeddings) return;
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  if (!first && !last) return;
+  parallel::Parameter* wte = nullptr;
+  for (parallel::Parameter& p : registry_.params())
+    if (p.name == "embed.wte") wte = &p;
+  SY_CHECK(wte != nullptr) << "the first and last pipeline stages hold embed.wte";
+  DeviceContext* ctx = rt_.ctx.get();
+  Tensor other = Tensor::Empty(wte->grad.shape(), DType::kF32, wte->grad.device());
+  const int peer = first ? pp.size() - 1 : 0;
+  std::vector<dist::P2POp> ops = {{dist::P2POp::kSend, wte->grad, peer},
+                                  {dist::P2POp::kRecv, other, peer}};
+  pp.BatchSendRecv(ops)->Wait();
+  // first + last on both ranks: the same bits.
+  if (first) {
+    kernels::Axpy(1.0f, other, wte->grad, ctx);
+  } else {
+    kernels::Axpy(1.0f, wte->grad, other, ctx);
+    wte->grad.CopyFrom(other, ctx);
+  }
+}
+
+void Trainer::InjectNan() {
+  for (parallel::Parameter& p : registry_.params()) {
+    if (p.name != nan_param_ || !p.grad.defined() || p.grad.numel() == 0) continue;
+    int64_t at = 0;
+    if (nan_expert_ >= 0) {
+      const int64_t row = nan_expert_ - p.OffsetAt(0);
+      if (row < 0 || row >= p.grad.dim(0)) continue;  // another rank holds that expert
+      at = row * (p.grad.numel() / p.grad.dim(0));
+    }
+    Tensor host = p.grad.To(Device::Cpu(), rt_.ctx.get());
+    host.data<float>()[at] = std::nanf("");
+    p.grad.CopyFrom(host, rt_.ctx.get());
+  }
+}
+
+}  // namespace switchyard::train
