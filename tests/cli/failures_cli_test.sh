@@ -221,11 +221,7 @@ RC_DIR="$tmp/rc" bash "$mpirun_wrapper" 2 "$bin" train "${two[@]}" --out "$out" 
   --set train.collective_timeout_s=3 >"$tmp/out" 2>"$tmp/err" &
 pid=$!
 running=$pid
-for ((i = 0; i < 600; ++i)); do
-  [[ -f $out/metrics.jsonl && $(wc -l <"$out/metrics.jsonl") -ge 5 ]] && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.05
-done
+wait_for_lines "$out/metrics.jsonl" 5 "$pid" 600
 # Rank 1: the switchyard process under mpirun whose environment says so.
 stopped=""
 for p in $(pgrep -f "$bin train"); do

@@ -3,6 +3,8 @@
 # directory) and running (the pid of a run in flight, or empty); it defines:
 #   kill_tree PID   SIGCONT then SIGKILL PID and every process under it (a hung or stopped run)
 #   fail MESSAGE    count a failure (in failures) and print it
+#   wait_for_lines FILE N PID TRIES
+#                   poll every 50 ms, at most TRIES times, until FILE has N lines or PID ends
 # and, on exit, kills the run in flight and removes tmp.
 kill_tree() {
   local child
@@ -16,3 +18,11 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+wait_for_lines() {
+  local i
+  for ((i = 0; i < $4; ++i)); do
+    [[ -f $1 && $(wc -l <"$1") -ge $2 ]] && return
+    kill -0 "$3" 2>/dev/null || return
+    sleep 0.05
+  done
+}

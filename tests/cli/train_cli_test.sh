@@ -300,11 +300,7 @@ sigterm_case() {
   fi
   pid=$!
   running=$pid
-  for ((i = 0; i < 1200; ++i)); do
-    [[ -f $out/metrics.jsonl && $(wc -l <"$out/metrics.jsonl") -ge 3 ]] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.05
-  done
+  wait_for_lines "$out/metrics.jsonl" 3 "$pid" 1200
   target=$pid
   if [[ $np -gt 1 ]]; then
     # Signal only one rank (the last switchyard under mpirun): the others must stop at the
