@@ -4,8 +4,8 @@
 // and the backward pass of a row with output y and upstream gradient dy:
 //   dx[r, j] = y[r, j] * (dy[r, j] - sum_k dy[r, k] y[r, k]).
 // Any tensor whose last dimension is C is read as N = numel / C rows. The public ops check
-// the arguments (kernels/softmax.cc) and run kernels/cpu/softmax.cc (the reference) or
-// kernels/cuda/softmax.cu (one block per row, sums in double as on the CPU).
+// the arguments (kernels/softmax.cc) and run kernels/cpu/softmax.cc (the reference: sums in
+// 16 f32 lanes, then in double) or kernels/cuda/softmax.cu (one block per row, sums in double).
 #pragma once
 
 #include <cstdint>
@@ -25,9 +25,9 @@ namespace cpu {
 void SoftmaxForward(const Tensor& x, Tensor& y);
 void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx);
 // One row of n >= 1 values: y = softmax(x), returns logsumexp(x) = max + log(sum exp(x - max))
-// (sums in double). y may equal x.
+// (sums in f32 lanes, then double). y may equal x.
 float SoftmaxRow(const float* x, float* y, int64_t n);
-// One row: dx = y * (dy - sum(dy * y)) (sum in double). dx may equal dy.
+// One row: dx = y * (dy - sum(dy * y)) (sum in f32 lanes, then double). dx may equal dy.
 void SoftmaxRowBackward(const float* y, const float* dy, float* dx, int64_t n);
 }  // namespace cpu
 

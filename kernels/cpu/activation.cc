@@ -1,9 +1,14 @@
-// CPU reference implementation of kernels/activation.h: plain loops over f32 elements.
-// Every element is read before it is written, so outputs may alias inputs. Arguments are
-// checked by kernels/activation.cc.
+// CPU reference implementation of kernels/activation.h: loops over f32 elements, vectorised
+// (kernels/cpu/vec_math.h) and split over the compute threads. Every element is read before
+// it is written, so outputs may alias inputs. Arguments are checked by kernels/activation.cc.
 #include "kernels/activation.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "engine/core/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace switchyard::kernels::cpu {
 namespace {
@@ -11,36 +16,65 @@ namespace {
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
-inline float Sigmoid(float a) { return 1.0f / (1.0f + std::exp(-a)); }
+// Elements per chunk handed to another thread.
+constexpr int64_t kMinChunk = 16384;
+
+SY_VECTOR_CLONES void GeluForwardRange(const float* px, float* py, int64_t n) {
+  // 0.5 (1 + tanh u) = sigmoid(2 u).
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = px[i];
+    const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+    py[i] = v / (1.0f + VecExp(-2.0f * u));
+  }
+}
+
+SY_VECTOR_CLONES void GeluBackwardRange(const float* px, const float* pdy, float* pdx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = px[i];
+    const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+    // With s = sigmoid(2 u) = 0.5 (1 + tanh u) and 1 - tanh^2 u = 4 s (1 - s):
+    // d/dx [x s] = s + 2 x s (1 - s) du/dx.
+    const float s = 1.0f / (1.0f + VecExp(-2.0f * u));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    pdx[i] = pdy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+  }
+}
+
+SY_VECTOR_CLONES void SwigluForwardRange(const float* pa, const float* pb, float* po, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float va = pa[i];
+    po[i] = va * VecSigmoid(va) * pb[i];
+  }
+}
+
+SY_VECTOR_CLONES void SwigluBackwardRange(const float* pa, const float* pb, const float* pdo,
+                                          float* pda, float* pdb, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float va = pa[i], vb = pb[i], g = pdo[i];
+    const float s = VecSigmoid(va);
+    pda[i] = g * vb * s * (1.0f + va * (1.0f - s));
+    pdb[i] = g * va * s;
+  }
+}
+
+SY_VECTOR_CLONES void AddRow(float* y, const float* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += x[j];
+}
 
 }  // namespace
 
 void GeluForward(const Tensor& x, Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
-  const int64_t n = x.numel();
-  // 0.5 (1 + tanh u) = sigmoid(2 u): one expf instead of a tanhf (about 3x cheaper here).
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = px[i];
-    const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-    py[i] = v / (1.0f + std::exp(-2.0f * u));
-  }
+  ParallelFor(x.numel(), kMinChunk, [&](int64_t b, int64_t e) { GeluForwardRange(px + b, py + b, e - b); });
 }
 
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = px[i];
-    const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-    // With s = sigmoid(2 u) = 0.5 (1 + tanh u) and 1 - tanh^2 u = 4 s (1 - s):
-    // d/dx [x s] = s + 2 x s (1 - s) du/dx.
-    const float s = 1.0f / (1.0f + std::exp(-2.0f * u));
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    pdx[i] = pdy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
-  }
+  ParallelFor(x.numel(), kMinChunk,
+              [&](int64_t b, int64_t e) { GeluBackwardRange(px + b, pdy + b, pdx + b, e - b); });
 }
 
 void ReluForward(const Tensor& x, Tensor& y) {
@@ -62,11 +96,8 @@ void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
-  const int64_t n = a.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const float va = pa[i];
-    po[i] = va * Sigmoid(va) * pb[i];
-  }
+  ParallelFor(a.numel(), kMinChunk,
+              [&](int64_t s, int64_t e) { SwigluForwardRange(pa + s, pb + s, po + s, e - s); });
 }
 
 void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db) {
@@ -75,13 +106,9 @@ void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor
   const float* pdo = dout.data<float>();
   float* pda = da.data<float>();
   float* pdb = db.data<float>();
-  const int64_t n = a.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const float va = pa[i], vb = pb[i], g = pdo[i];
-    const float s = Sigmoid(va);
-    pda[i] = g * vb * s * (1.0f + va * (1.0f - s));
-    pdb[i] = g * va * s;
-  }
+  ParallelFor(a.numel(), kMinChunk, [&](int64_t s, int64_t e) {
+    SwigluBackwardRange(pa + s, pb + s, pdo + s, pda + s, pdb + s, e - s);
+  });
 }
 
 void AddBias(Tensor& out, const Tensor& bias) {
@@ -99,29 +126,35 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
   const int64_t n = out.dim(1);
   float* po = out.data<float>();
   const float* pb = bias.data<float>();
+  std::vector<int64_t> group_of(static_cast<size_t>(out.dim(0)));  // row -> its group
   int64_t r = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    const float* bg = pb + static_cast<int64_t>(g) * n;
-    for (int64_t end = r + rows[g]; r < end; ++r) {
-      float* row = po + r * n;
-      for (int64_t j = 0; j < n; ++j) row[j] += bg[j];
-    }
-  }
+  for (size_t g = 0; g < rows.size(); ++g)
+    for (int64_t end = r + rows[g]; r < end; ++r) group_of[r] = static_cast<int64_t>(g);
+  ParallelFor(r, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) AddRow(po + i * n, pb + group_of[i] * n, n);
+  });
 }
 
+// Rows are summed in order for each column, in parallel over column blocks, so the sums do
+// not depend on the thread count.
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta) {
   const int64_t n = dy.dim(1);
   const float* pdy = dy.data<float>();
   float* pdb = dbias.data<float>();
-  int64_t r = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    float* dg = pdb + static_cast<int64_t>(g) * n;
-    for (int64_t j = 0; j < n; ++j) dg[j] = beta == 0.0f ? 0.0f : beta * dg[j];
-    for (int64_t end = r + rows[g]; r < end; ++r) {
-      const float* row = pdy + r * n;
-      for (int64_t j = 0; j < n; ++j) dg[j] += row[j];
+  constexpr int64_t kColumns = 64;  // columns per block
+  const int64_t blocks = (n + kColumns - 1) / kColumns;
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  ParallelFor(blocks, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(1, total * kColumns)),
+              [&](int64_t b, int64_t e) {
+    const int64_t j0 = b * kColumns, j1 = std::min(n, e * kColumns);
+    int64_t r = 0;
+    for (size_t g = 0; g < rows.size(); ++g) {
+      float* dg = pdb + static_cast<int64_t>(g) * n;
+      for (int64_t j = j0; j < j1; ++j) dg[j] = beta == 0.0f ? 0.0f : beta * dg[j];
+      for (int64_t end = r + rows[g]; r < end; ++r) AddRow(dg + j0, pdy + r * n + j0, j1 - j0);
     }
-  }
+  });
 }
 
 }  // namespace switchyard::kernels::cpu

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/core/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/gemm.h"
 #include "kernels/softmax.h"
 
@@ -33,10 +35,11 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
   const Dims d{q.dim(0), s, q.dim(2), k.dim(2), hd};
   const int64_t ldq = d.hq * hd, ldkv = d.hkv * hd;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  ParallelFor(d.b * d.hkv, 1, [&](int64_t pair0, int64_t pair1) {
   std::vector<float> p(static_cast<size_t>(s * s));  // (S, S) scores, then probabilities
-  for (int64_t b = 0; b < d.b; ++b) {
-    for (int64_t h = 0; h < d.hq; ++h) {
-      const int64_t g = h / d.group();
+  for (int64_t pair = pair0; pair < pair1; ++pair) {
+    const int64_t b = pair / d.hkv, g = pair % d.hkv;
+    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); ++h) {
       const float* qbh = q.data<float>() + b * s * ldq + h * hd;
       const float* kbg = k.data<float>() + b * s * ldkv + g * hd;
       const float* vbg = v.data<float>() + b * s * ldkv + g * hd;
@@ -54,6 +57,7 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
       Sgemm(false, false, s, hd, s, 1.0f, p.data(), s, vbg, ldkv, 0.0f, obh, ldq);
     }
   }
+  });
 }
 
 void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
@@ -65,11 +69,12 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   dk.SetZero();
   dv.SetZero();
+  ParallelFor(d.b * d.hkv, 1, [&](int64_t pair0, int64_t pair1) {
   std::vector<float> p(static_cast<size_t>(s * s));   // (S, S) probabilities
   std::vector<float> dp(static_cast<size_t>(s * s));  // (S, S) dp, then ds in place
-  for (int64_t b = 0; b < d.b; ++b) {
-    for (int64_t h = 0; h < d.hq; ++h) {
-      const int64_t g = h / d.group();
+  for (int64_t pair = pair0; pair < pair1; ++pair) {
+    const int64_t b = pair / d.hkv, g = pair % d.hkv;
+    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); ++h) {
       const float* qbh = q.data<float>() + b * s * ldq + h * hd;
       const float* kbg = k.data<float>() + b * s * ldkv + g * hd;
       const float* vbg = v.data<float>() + b * s * ldkv + g * hd;
@@ -84,7 +89,7 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       for (int64_t i = 0; i < s; ++i) {
         float* row = p.data() + i * s;
         const int64_t len = Visible(mask, i, s);
-        for (int64_t j = 0; j < len; ++j) row[j] = std::exp(row[j] - lbh[i]);
+        ExpShiftRow(row, lbh[i], row, len);
         for (int64_t j = len; j < s; ++j) row[j] = 0.0f;
       }
       // dv += p^T dout: (S, S)^T @ (S, hd).
@@ -108,6 +113,7 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       Sgemm(true, false, s, hd, s, scale, dp.data(), s, qbh, ldq, 1.0f, dkbg, ldkv);
     }
   }
+  });
 }
 
 void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta) {

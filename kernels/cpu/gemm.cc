@@ -5,11 +5,13 @@
 // whose CPU side is only the tests' reference) uses the blocked loop below instead.
 #ifdef SY_HAVE_BLAS
 #include <cblas.h>
+extern "C" void openblas_set_num_threads(int num_threads);
 #endif
 
 #include <algorithm>
 #include <vector>
 
+#include "engine/core/parallel.h"
 #include "kernels/gemm.h"
 
 namespace switchyard::kernels::cpu {
@@ -60,6 +62,25 @@ void LoopSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 }
 #endif
 
+// One product on the calling thread.
+void SgemmOnThisThread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                       float* c, int64_t ldc) {
+#ifdef SY_HAVE_BLAS
+  // OpenBLAS runs on the calling thread only: the compute pool (engine/core/parallel.h) is
+  // the process's one set of threads, and it splits the large products below.
+  static const bool single = (openblas_set_num_threads(1), true);
+  (void)single;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+#else
+  LoopSgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
 }  // namespace
 
 void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -71,15 +92,31 @@ void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-#ifdef SY_HAVE_BLAS
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
-#else
-  LoopSgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
+  // A product of at least kSplitFlops is cut into blocks of whole kTile rows (when m >= n)
+  // or columns of c, one per thread. Each element of c is still one dot product over the
+  // whole of k (OpenBLAS may pick another kernel for a smaller block, so the last bits can
+  // differ with the thread count, as with OpenBLAS's own threads).
+  constexpr double kSplitFlops = 4e6;
+  constexpr int64_t kTile = 16;
+  if (2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <
+          kSplitFlops ||
+      InParallelRegion() || ComputeThreads() == 1) {
+    SgemmOnThisThread(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (m >= n) {
+    ParallelFor((m + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+      const int64_t i0 = t0 * kTile, i1 = std::min(m, t1 * kTile);
+      SgemmOnThisThread(trans_a, trans_b, i1 - i0, n, k, alpha, trans_a ? a + i0 : a + i0 * lda,
+                        lda, b, ldb, beta, c + i0 * ldc, ldc);
+    });
+  } else {
+    ParallelFor((n + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+      const int64_t j0 = t0 * kTile, j1 = std::min(n, t1 * kTile);
+      SgemmOnThisThread(trans_a, trans_b, m, j1 - j0, k, alpha, a, lda,
+                        trans_b ? b + j0 * ldb : b + j0, ldb, beta, c + j0, ldc);
+    });
+  }
 }
 
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
