@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "benchmarks/harness.h"
+#include "engine/core/parallel.h"
 #include "kernels/gemm.h"
 
 namespace switchyard::bench {
@@ -66,10 +67,10 @@ int Main(int argc, char** argv) {
     total_wrong += wrong;
     const double gflops = 2.0 * n * n * n / t / 1e9;
     peak = std::max(peak, gflops);
-    table.AddRow({n, int64_t{BlasThreads()}, t * 1e6, gflops, wrong});
+    table.AddRow({n, int64_t{ComputeThreads()}, t * 1e6, gflops, wrong});
   }
   if (h.printing()) std::printf("# sgemm peak           : %.2f GFLOP/s per rank\n", peak);
-  return h.Finish(table, total_wrong, {{"peak_gflops_per_rank", peak}, {"threads", BlasThreads()}});
+  return h.Finish(table, total_wrong, {{"peak_gflops_per_rank", peak}, {"threads", ComputeThreads()}});
 }
 
 }  // namespace

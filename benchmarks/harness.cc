@@ -9,16 +9,10 @@
 #include <fstream>
 #include <map>
 
+#include "engine/core/parallel.h"
 #include "engine/dist/process.h"
 #include "kernels/gemm.h"
 
-#ifdef SY_HAVE_BLAS
-extern "C" {
-// OpenBLAS's own thread controls (cblas-openblas.h); the benchmarks link OpenBLAS.
-int openblas_get_num_threads(void);
-void openblas_set_num_threads(int num_threads);
-}
-#endif
 
 namespace switchyard::bench {
 
@@ -223,7 +217,7 @@ Harness::Harness(std::string program, std::string summary, Features features)
   flags_->AddString("device", &options_.device,
                     "cpu (host buffers, MPI) or cuda (device buffers, NCCL)");
   flags_->AddInt("threads", &options_.threads,
-                 "OpenBLAS threads per rank (default: OPENBLAS_NUM_THREADS, else every core)");
+                 "compute threads per rank (default: SWITCHYARD_THREADS, OPENBLAS_NUM_THREADS, else the cores)");
 }
 
 Harness::~Harness() {
@@ -293,13 +287,13 @@ std::optional<int> Harness::Start(int argc, char** argv) {
   if (options_.threads < 0) {
     return usage_error(StrCat("--threads=", options_.threads, " must be >= 0"));
   }
-  if (options_.threads > 0) SetBlasThreads(options_.threads);
+  if (options_.threads > 0) SetComputeThreads(options_.threads);
   world_ = dist::WorldCommunicator();
   if (print) {
     std::printf(
         "# %s: %d rank(s), %d OpenBLAS thread(s) per rank, iters %d, warmup %d, "
         "check %d\n# command: %s\n#\n",
-        program_.c_str(), world_->size(), BlasThreads(), options_.iters, options_.warmup,
+        program_.c_str(), world_->size(), ComputeThreads(), options_.iters, options_.warmup,
         options_.check, command_line_.c_str());
     std::fflush(stdout);
   }
@@ -405,7 +399,7 @@ int Harness::Finish(const Table& table, int64_t wrong, nlohmann::json extra) {
   }
   if (!options_.json.empty() && printing()) {
     nlohmann::json j = {{"benchmark", program_},   {"command", command_line_},
-                        {"ranks", ranks()},        {"blas_threads", BlasThreads()},
+                        {"ranks", ranks()},        {"threads", ComputeThreads()},
                         {"iters", options_.iters}, {"warmup_iters", options_.warmup},
                         {"check", options_.check}, {"device", options_.device}};
     if (features_.sweep) {
@@ -432,15 +426,8 @@ int Harness::Finish(const Table& table, int64_t wrong, nlohmann::json extra) {
   return wrong == 0 ? cli::kExitOk : cli::kExitFailure;
 }
 
-// ---- BLAS -------------------------------------------------------------------------------
+// ---- the sgemm peak -----------------------------------------------------------------------
 
-#ifdef SY_HAVE_BLAS
-int BlasThreads() { return openblas_get_num_threads(); }
-void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
-#else
-int BlasThreads() { return 1; }  // the built-in sgemm is single-threaded
-void SetBlasThreads(int) {}
-#endif
 
 std::function<void()> MakeSgemmOp(int64_t n) {
   auto buffers = std::make_shared<std::vector<float>>(3 * n * n, 0.0f);

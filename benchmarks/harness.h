@@ -70,7 +70,7 @@ struct CommonOptions {
   int check = 1;                 // -c/--check: 1 verifies the output and counts #wrong
   std::string json;              // --json FILE: rank 0 writes the results there
   std::string device = "cpu";    // --device cpu|cuda
-  int threads = 0;               // --threads: OpenBLAS threads per rank; 0 keeps its default
+  int threads = 0;               // --threads: compute threads per rank (engine/core/parallel.h); 0 keeps the default
 };
 
 // One cell of a table: an integer, a number printed with the column's precision, or text.
@@ -171,11 +171,6 @@ class Harness {
   std::unique_ptr<dist::Communicator> world_;
   bool started_ = false;
 };
-
-// The thread count OpenBLAS uses (OPENBLAS_NUM_THREADS, or the cores), and a way to set
-// it; matrix peaks and layer timings are only comparable at the same count.
-int BlasThreads();
-void SetBlasThreads(int threads);
 
 // The op that measures the machine's fp32 matrix peak: one n x n x n OpenBLAS sgemm
 // (2 n^3 FLOPs) on buffers the returned callable owns. Time it beside the work it is

@@ -81,6 +81,33 @@ void SgemmOnThisThread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 #endif
 }
 
+// Calls fn(g, first_row_of_g) for every group. When no group holds more than one thread's
+// share of the rows, the groups are spread over the compute threads in contiguous runs of
+// about equal rows and each product runs whole on one thread (many small products keep
+// both cores busy without splitting each one); otherwise they run one after another and
+// Sgemm splits each product.
+template <typename F>
+void ForEachGroup(std::span<const int64_t> rows, F&& fn) {
+  std::vector<int64_t> first(rows.size() + 1, 0);
+  int64_t most = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    first[g + 1] = first[g] + rows[g];
+    most = std::max(most, rows[g]);
+  }
+  const int64_t total = first.back();
+  const int threads = InParallelRegion() ? 1 : ComputeThreads();
+  if (threads == 1 || rows.size() < 2 || total == 0 || most * threads > total) {
+    for (size_t g = 0; g < rows.size(); ++g) fn(g, first[g]);
+    return;
+  }
+  ParallelFor(threads, 1, [&](int64_t t0, int64_t t1) {
+    for (size_t g = 0; g < rows.size(); ++g) {
+      const int64_t owner = std::min<int64_t>(threads - 1, (first[g] + rows[g] / 2) * threads / total);
+      if (owner >= t0 && owner < t1) fn(g, first[g]);
+    }
+  });
+}
+
 }  // namespace
 
 void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -152,14 +179,11 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
   std::vector<float> x_copy, w_copy;
   const float* px = F32Operand(x, matmul_dtype, x_copy);
   const float* pw = F32Operand(w, matmul_dtype, w_copy);
-  int64_t begin = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    const int64_t r = rows[g];
-    Sgemm(false, trans_w, r, n, k, alpha, px + begin * k, k,
-          pw + static_cast<int64_t>(g) * k * n, trans_w ? k : n, beta,
-          out.data<float>() + begin * n, n);
-    begin += r;
-  }
+  float* po = out.data<float>();
+  ForEachGroup(rows, [&](size_t g, int64_t begin) {
+    Sgemm(false, trans_w, rows[g], n, k, alpha, px + begin * k, k,
+          pw + static_cast<int64_t>(g) * k * n, trans_w ? k : n, beta, po + begin * n, n);
+  });
 }
 
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
@@ -168,13 +192,11 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
   std::vector<float> x_copy, dy_copy;
   const float* px = F32Operand(x, matmul_dtype, x_copy);
   const float* pdy = F32Operand(dy, matmul_dtype, dy_copy);
-  int64_t begin = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    const int64_t r = rows[g];
-    Sgemm(true, false, k, n, r, alpha, px + begin * k, k, pdy + begin * n, n, beta,
-          dw.data<float>() + static_cast<int64_t>(g) * k * n, n);
-    begin += r;
-  }
+  float* pdw = dw.data<float>();
+  ForEachGroup(rows, [&](size_t g, int64_t begin) {
+    Sgemm(true, false, k, n, rows[g], alpha, px + begin * k, k, pdy + begin * n, n, beta,
+          pdw + static_cast<int64_t>(g) * k * n, n);
+  });
 }
 
 }  // namespace switchyard::kernels::cpu
