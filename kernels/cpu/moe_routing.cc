@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/core/parallel.h"
 #include "kernels/moe_routing.h"
 
 namespace switchyard::kernels::cpu {
@@ -20,9 +21,11 @@ void RouterTopK(const Tensor& logits, const Tensor& bias_t, bool normalize, bool
   float* gp = gates.data<float>();
   uint8_t* kp = keep.data<uint8_t>();
 
+  // Tokens are independent (the GShard draw is keyed by the token): they run in parallel.
+  ParallelFor(T, std::max<int64_t>(1, 2048 / std::max<int64_t>(1, E)), [&](int64_t t0, int64_t t1) {
   std::vector<int32_t> order(E);
   std::vector<float> score(E);
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     const float* l = lp + t * E;
     float* p = pp + t * E;
     // Softmax, max-subtracted, the sum accumulated in double.
@@ -62,6 +65,7 @@ void RouterTopK(const Tensor& logits, const Tensor& bias_t, bool normalize, bool
       kp[t * k + 1] = u < 2.0f * g2 ? 1 : 0;
     }
   }
+  });
 }
 
 void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tensor& gates,
@@ -148,21 +152,25 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
   float* dl = dlogits != nullptr ? dlogits->data<float>() : nullptr;
   if (T == 0) return 0.0f;
   const float* lp = logits.data<float>();
-  double total = 0.0;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* l = lp + t * E;
-    const double m = *std::max_element(l, l + E);
-    double sum = 0.0;
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - m);
-    const double lse = m + std::log(sum);
-    total += lse * lse;
-    if (dl != nullptr) {
-      const double scale = static_cast<double>(grad) * coef * 2.0 * lse / n;
-      for (int64_t e = 0; e < E; ++e) {
-        dl[t * E + e] += static_cast<float>(scale * std::exp(l[e] - m) / sum);
+  std::vector<double> lse_sq(static_cast<size_t>(T));  // per token, summed in order below
+  ParallelFor(T, std::max<int64_t>(1, 2048 / std::max<int64_t>(1, E)), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* l = lp + t * E;
+      const double m = *std::max_element(l, l + E);
+      double sum = 0.0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - m);
+      const double lse = m + std::log(sum);
+      lse_sq[t] = lse * lse;
+      if (dl != nullptr) {
+        const double scale = static_cast<double>(grad) * coef * 2.0 * lse / n;
+        for (int64_t e = 0; e < E; ++e) {
+          dl[t * E + e] += static_cast<float>(scale * std::exp(l[e] - m) / sum);
+        }
       }
     }
-  }
+  });
+  double total = 0.0;
+  for (double v : lse_sq) total += v;
   return static_cast<float>(coef * total / n);
 }
 

@@ -1,15 +1,36 @@
-// CPU reference implementation of kernels/norm.h: one pass per row, statistics in double.
-// Every row of x is read before the same row of y is written, so y may alias x (and dx dy).
-// The arguments were checked by kernels/norm.cc.
+// CPU reference implementation of kernels/norm.h: one pass per row, statistics in double;
+// rows in parallel. dweight / dbias: each chunk of kChunkRows rows sums its columns in
+// double in row order, the chunks are added in order (as the CUDA kernels do), so the sums
+// do not depend on the thread count. Every row of x is read before the same row of y is
+// written, so y may alias x (and dx dy). The arguments were checked by kernels/norm.cc.
 #include "kernels/norm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "engine/core/parallel.h"
 
 namespace switchyard::kernels::cpu {
 namespace {
 
 // Rows N of a (..., d) tensor.
 int64_t RowsOf(const Tensor& x, int64_t d) { return d == 0 ? 0 : x.numel() / d; }
+
+// Rows per chunk of the weight-gradient column sums.
+constexpr int64_t kChunkRows = 256;
+
+// Rows per chunk handed to another thread in the forward passes.
+int64_t MinRows(int64_t d) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d)); }
+
+// column[j] += the sum over chunks, in order, of partial[c * d + j].
+void AddChunkSums(const std::vector<double>& partial, int64_t chunks, int64_t d, float* column) {
+  for (int64_t j = 0; j < d; ++j) {
+    double sum = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) sum += partial[c * d + j];
+    column[j] += static_cast<float>(sum);
+  }
+}
 
 }  // namespace
 
@@ -21,7 +42,8 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
   float* pm = mean.data<float>();
   float* pr = rstd.data<float>();
-  for (int64_t r = 0; r < n; ++r) {
+  ParallelFor(n, MinRows(d), [&](int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x.data<float>() + r * d;
     float* yr = y.data<float>() + r * d;
     double sum = 0.0;
@@ -42,6 +64,7 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
     pm[r] = m;
     pr[r] = s;
   }
+  });
 }
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -52,7 +75,13 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
   const float* w = weight.data<float>();
   float* dw = dweight.data<float>();
   float* db = dbias.defined() ? dbias.data<float>() : nullptr;
-  for (int64_t r = 0; r < n; ++r) {
+  const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+  std::vector<double> part_w(static_cast<size_t>(chunks * d), 0.0);
+  std::vector<double> part_b(db ? static_cast<size_t>(chunks * d) : 0, 0.0);
+  ParallelFor(chunks, 1, [&](int64_t c0, int64_t c1) {
+  for (int64_t r = c0 * kChunkRows; r < std::min(n, c1 * kChunkRows); ++r) {
+    double* pw = part_w.data() + (r / kChunkRows) * d;
+    double* pb = db ? part_b.data() + (r / kChunkRows) * d : nullptr;
     const float* xr = x.data<float>() + r * d;
     const float* dyr = dy.data<float>() + r * d;
     float* dxr = dx.data<float>() + r * d;
@@ -63,8 +92,8 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
       const float g = dyr[j] * w[j];
       sum_g += g;
       sum_gx += static_cast<double>(g) * xhat;
-      dw[j] += dyr[j] * xhat;
-      if (db) db[j] += dyr[j];
+      pw[j] += static_cast<double>(dyr[j]) * xhat;
+      if (pb) pb[j] += dyr[j];
     }
     const float mean_g = static_cast<float>(sum_g / static_cast<double>(d));
     const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(d));
@@ -73,13 +102,17 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
       dxr[j] = s * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
     }
   }
+  });
+  AddChunkSums(part_w, chunks, d, dw);
+  if (db) AddChunkSums(part_b, chunks, d, db);
 }
 
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd) {
   const int64_t d = weight.numel();
   const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
-  for (int64_t r = 0; r < n; ++r) {
+  ParallelFor(n, MinRows(d), [&](int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x.data<float>() + r * d;
     float* yr = y.data<float>() + r * d;
     double ss = 0.0;
@@ -89,6 +122,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
     for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * s * w[j];
     rstd.data<float>()[r] = s;
   }
+  });
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
@@ -97,7 +131,11 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
   const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
   float* dw = dweight.data<float>();
-  for (int64_t r = 0; r < n; ++r) {
+  const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+  std::vector<double> part_w(static_cast<size_t>(chunks * d), 0.0);
+  ParallelFor(chunks, 1, [&](int64_t c0, int64_t c1) {
+  for (int64_t r = c0 * kChunkRows; r < std::min(n, c1 * kChunkRows); ++r) {
+    double* pw = part_w.data() + (r / kChunkRows) * d;
     const float* xr = x.data<float>() + r * d;
     const float* dyr = dy.data<float>() + r * d;
     float* dxr = dx.data<float>() + r * d;
@@ -105,11 +143,13 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
     double sum_gx = 0.0;
     for (int64_t j = 0; j < d; ++j) {
       sum_gx += static_cast<double>(dyr[j]) * w[j] * xr[j];
-      dw[j] += dyr[j] * xr[j] * s;
+      pw[j] += static_cast<double>(dyr[j] * xr[j] * s);
     }
     const float c = static_cast<float>(sum_gx / static_cast<double>(d)) * s * s;
     for (int64_t j = 0; j < d; ++j) dxr[j] = s * (dyr[j] * w[j] - xr[j] * c);
   }
+  });
+  AddChunkSums(part_w, chunks, d, dw);
 }
 
 }  // namespace switchyard::kernels::cpu
