@@ -1,41 +1,64 @@
 // CPU reference implementation of kernels/elementwise.h: one loop per op over contiguous
-// elements. Arguments are checked by kernels/elementwise.cc. The build targets baseline
-// x86-64, which has no FMA instruction, so `y + alpha * x` is two roundings, as the CUDA
-// kernels compute it with __fmul_rn / __fadd_rn. (GCC contracts a * b + c in C++ by default
-// where FMA exists: a -march=native build would need -ffp-contract=off to stay exact.)
+// elements, vectorised and split over the compute threads (each element is computed alone,
+// so the bits do not depend on the split). Arguments are checked by kernels/elementwise.cc.
+// The build has -ffp-contract=off, so even the AVX2 / AVX-512 clones (which have FMA)
+// compute `y + alpha * x` as two roundings, as the CUDA kernels do with __fmul_rn /
+// __fadd_rn.
 #include "kernels/elementwise.h"
 
 #include <cstring>
 
 #include "engine/core/dtype.h"
+#include "engine/core/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace switchyard::kernels::cpu {
+
+namespace {
+
+// Elements per chunk handed to another thread.
+constexpr int64_t kMinChunk = 32768;
+
+SY_VECTOR_CLONES void AddRange(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
+}
+SY_VECTOR_CLONES void AxpyRange(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+SY_VECTOR_CLONES void MulRange(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i];
+}
+SY_VECTOR_CLONES void MulAddRange(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a[i] * b[i];
+}
+
+}  // namespace
 
 void Add(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
-  for (int64_t i = 0, n = out.numel(); i < n; ++i) po[i] = pa[i] + pb[i];
+  ParallelFor(out.numel(), kMinChunk, [&](int64_t s, int64_t e) { AddRange(pa + s, pb + s, po + s, e - s); });
 }
 
 void Axpy(float alpha, const Tensor& x, Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
-  for (int64_t i = 0, n = y.numel(); i < n; ++i) py[i] += alpha * px[i];
+  ParallelFor(y.numel(), kMinChunk, [&](int64_t s, int64_t e) { AxpyRange(alpha, px + s, py + s, e - s); });
 }
 
 void Mul(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
-  for (int64_t i = 0, n = out.numel(); i < n; ++i) po[i] = pa[i] * pb[i];
+  ParallelFor(out.numel(), kMinChunk, [&](int64_t s, int64_t e) { MulRange(pa + s, pb + s, po + s, e - s); });
 }
 
 void MulAdd(const Tensor& a, const Tensor& b, Tensor& y) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* py = y.data<float>();
-  for (int64_t i = 0, n = y.numel(); i < n; ++i) py[i] += pa[i] * pb[i];
+  ParallelFor(y.numel(), kMinChunk, [&](int64_t s, int64_t e) { MulAddRange(pa + s, pb + s, py + s, e - s); });
 }
 
 void Fill(Tensor& t, float value) {

@@ -12,6 +12,7 @@ extern "C" void openblas_set_num_threads(int num_threads);
 #include <vector>
 
 #include "engine/core/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/gemm.h"
 
 namespace switchyard::kernels::cpu {
@@ -156,21 +157,32 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   Sgemm(trans_a, trans_b, m, n, k, alpha, pa, a.dim(1), pb, b.dim(1), beta, c.data<float>(), n);
 }
 
-void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c) {
-  const int64_t m = a.dim(0), k = a.dim(1), n = b.dim(1);
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* pc = c.data<float>();
-  for (int64_t i = 0; i < m; ++i) {
+namespace {
+
+// Rows [i0, i1) of c = a b, each element summed over p in order from +0, products and sums
+// rounded separately (the build has -ffp-contract=off), vectorised across the row's n.
+SY_VECTOR_CLONES void RowExactRows(const float* pa, const float* pb, float* pc, int64_t i0,
+                                   int64_t i1, int64_t k, int64_t n) {
+  for (int64_t i = i0; i < i1; ++i) {
     float* ci = pc + i * n;
-    std::fill(ci, ci + n, 0.0f);
-    // Products and sums as separate roundings: the build has -ffp-contract=off.
+    for (int64_t j = 0; j < n; ++j) ci[j] = 0.0f;
     for (int64_t p = 0; p < k; ++p) {
       const float av = pa[i * k + p];
       const float* row = pb + p * n;
       for (int64_t j = 0; j < n; ++j) ci[j] += av * row[j];
     }
   }
+}
+
+}  // namespace
+
+void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c) {
+  const int64_t m = a.dim(0), k = a.dim(1), n = b.dim(1);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = c.data<float>();
+  ParallelFor(m, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, k * n)),
+              [&](int64_t i0, int64_t i1) { RowExactRows(pa, pb, pc, i0, i1, k, n); });
 }
 
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,

@@ -1,19 +1,29 @@
 #include "kernels/random.h"
 
+#include "engine/core/parallel.h"
+
 namespace switchyard::kernels::cpu {
 namespace {
 
-// Writes f(global_index) into out (f32 or bf16).
+// Elements per chunk handed to another thread.
+constexpr int64_t kMinChunk = 16384;
+
+// Writes f(global_index) into out (f32 or bf16). Each value depends only on its index (a
+// counter-based generator), so the elements are filled in parallel.
 template <typename F>
 void FillFloat(Tensor& out, int64_t first_index, F f) {
   const int64_t n = out.numel();
   if (out.dtype() == DType::kF32) {
     float* p = out.data<float>();
-    for (int64_t i = 0; i < n; ++i) p[i] = f(static_cast<uint64_t>(first_index + i));
+    ParallelFor(n, kMinChunk, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) p[i] = f(static_cast<uint64_t>(first_index + i));
+    });
   } else {
     SY_CHECK(out.dtype() == DType::kBF16) << "random fill of " << DTypeName(out.dtype());
     BFloat16* p = out.data<BFloat16>();
-    for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(f(static_cast<uint64_t>(first_index + i)));
+    ParallelFor(n, kMinChunk, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) p[i] = BFloat16(f(static_cast<uint64_t>(first_index + i)));
+    });
   }
 }
 
