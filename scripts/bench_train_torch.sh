@@ -49,4 +49,5 @@ exec "$PY" benchmarks/reference/compare_train.py --switchyard "$SWITCHYARD" \
   --train_batches "$BATCHES" --data "$DATA" --out "$OUT" --configs "$CONFIGS" \
   --rounds "${ROUNDS:-3}" --steps "${STEPS:-10}" --warmup "${WARMUP:-2}" \
   --check_steps "${CHECK_STEPS:-3}" --rtol "${RTOL:-1e-4}" "${check_only[@]}" \
-  --torch_settings "${TORCH_SETTINGS:-all}" --ours_settings "${OURS_SETTINGS:-all}"
+  --torch_settings "${TORCH_SETTINGS:-all}" --ours_settings "${OURS_SETTINGS:-all}" \
+  --gemm_perf "$(dirname "$SWITCHYARD")/gemm_perf"

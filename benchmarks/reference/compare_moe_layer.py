@@ -60,25 +60,35 @@ def main():
         ours_name, ours = sbs.best(per["ours"], lower_is_better=True)
         torch_name, ref = sbs.best(per["torch"], lower_is_better=True)
         last = extra["ours", ours_name]
+        # The fastest the layer's FLOPs can run: all of them at the sgemm peak measured
+        # beside our layer; bound = the ratio ours would then reach.
+        floor_ms = 1e3 * last["flops_per_iter"] / last["peak_flops"]
         rows.append({"shape": {"tokens": int(tokens), "d": int(d), "f": int(f), "E": int(e),
                                "k": int(k), "act": act, "cf": float(cf)},
                      "ours_setting": ours_name, "torch_setting": torch_name,
                      "ours_total_ms": ours, "torch_total_ms": ref,
                      "torch_over_ours": ref["median"] / ours["median"],
                      "ours_peak_fraction_last_run": last["achieved_flops"] / last["peak_flops"],
+                     "peak_gflops": last["peak_flops"] / 1e9, "floor_ms": floor_ms,
+                     "ours_peak_fraction": floor_ms / ours["median"],
+                     "bound_torch_over_ours": ref["median"] / floor_ms,
                      "all_settings": per})
 
     print(f"# MoE layer fwd+bwd, one rank; {args.rounds} alternating rounds per setting, "
           f"{args.iters} timed iterations each; ms: median (min-max) at each side's best setting")
-    print("# ratio = torch median / ours median (> 1: ours faster)")
+    print("# ratio = torch median / ours median (> 1: ours faster); %peak = ours' FLOP/s at its median "
+          "over the sgemm peak measured beside it;")
+    print("# bound = torch median / the time of the layer's FLOPs at that peak: the ratio no fp32 "
+          "implementation on this machine can pass")
     print(f"# {'tokens':>6s} {'d':>5s} {'f':>5s} {'E':>3s} {'k':>2s} {'act':>7s} {'cf':>5s} | "
-          f"{'ours ms':>22s} {'setting':>14s} | {'torch ms':>22s} {'setting':>21s} | ratio")
+          f"{'ours ms':>22s} {'setting':>14s} | {'torch ms':>22s} {'setting':>21s} | ratio %peak bound")
     for row in rows:
         s = row["shape"]
         print(f"  {s['tokens']:6d} {s['d']:5d} {s['f']:5d} {s['E']:3d} {s['k']:2d} {s['act']:>7s} "
               f"{s['cf']:5.2f} | {sbs.fmt(row['ours_total_ms']):>22s} {row['ours_setting']:>14s} | "
               f"{sbs.fmt(row['torch_total_ms']):>22s} {row['torch_setting']:>21s} | "
-              f"{row['torch_over_ours']:5.2f}")
+              f"{row['torch_over_ours']:5.2f} {100 * row['ours_peak_fraction']:5.1f} "
+              f"{row['bound_torch_over_ours']:5.2f}")
     print("# every setting (median ms):")
     for row in rows:
         s = row["shape"]

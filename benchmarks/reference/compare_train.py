@@ -14,7 +14,9 @@ torch, > 1: ours faster); writes OUT/train_torch.json. Driven by scripts/bench_t
 import argparse
 import json
 import os
+import re
 import shutil
+import subprocess
 import statistics
 import sys
 
@@ -51,6 +53,9 @@ def main():
     ap.add_argument("--check_only", action="store_true", help="the loss check, no timing")
     ap.add_argument("--torch_settings", default="all")
     ap.add_argument("--ours_settings", default="all")
+    ap.add_argument("--gemm_perf", default="",
+                    help="gemm_perf: measures the sgemm peak after each config's rounds, for "
+                         "ours' MFU and the bound (empty: not measured)")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     sides = {"ours": sbs.pick(sbs.OURS_SETTINGS, args.ours_settings),
@@ -114,6 +119,20 @@ def main():
         per = sbs.alternate(sides, args.rounds, measure)
         ours_name, ours = sbs.best(per["ours"], lower_is_better=False)
         torch_name, ref = sbs.best(per["torch"], lower_is_better=False)
+        if args.gemm_perf:
+            # MFU and the bound: the training FLOPs per token (the dry-run's) at the sgemm
+            # peak (2 threads, 2048^3, measured now) are the most tokens/s any fp32
+            # implementation reaches here; bound = that over torch's median.
+            text = subprocess.run(train + ["--dry-run"], capture_output=True, text=True,
+                                  check=True).stdout
+            m = re.search(r"training FLOPs / token\s+([\d.]+) ([KMGTP]?)FLOP", text)
+            fpt = float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[m.group(2)]
+            sbs.run([args.gemm_perf, "--sizes", "2048", "-n", "3", "-w", "1", "--threads", "2",
+                     "--json", f"{work}/peak.json"], {}, f"{work}/peak.log")
+            peak = json.load(open(f"{work}/peak.json"))["peak_gflops_per_rank"] * 1e9
+            row.update({"flops_per_token": fpt, "peak_gflops": peak / 1e9,
+                        "ours_mfu": ours["median"] * fpt / peak,
+                        "bound_ours_over_torch": peak / fpt / ref["median"]})
         row.update({"ours_setting": ours_name, "torch_setting": torch_name,
                     "ours_tokens_per_s": ours, "torch_tokens_per_s": ref,
                     "ours_over_torch": ours["median"] / ref["median"],
@@ -127,9 +146,12 @@ def main():
     if not args.check_only:
         print(f"# {args.rounds} alternating rounds per setting, {args.warmup} warm-up + "
               f"{args.steps} timed steps each; median (min-max) at each side's best setting")
-        print("# ratio = ours median / torch median (> 1: ours faster)")
+        print("# ratio = ours median / torch median (> 1: ours faster); MFU = ours' median x the "
+              "training FLOPs per token / the sgemm peak;")
+        print("# bound = the peak / FLOPs per token / torch median: the ratio no fp32 "
+              "implementation on this machine can pass")
         print(f"# {'config':>14s} {'check rel':>9s} | {'ours tokens/s':>24s} {'setting':>14s} | "
-              f"{'torch tokens/s':>24s} {'setting':>21s} | ratio")
+              f"{'torch tokens/s':>24s} {'setting':>21s} | ratio  MFU% bound")
     for row in rows:
         if args.check_only:
             print(f"  {row['config']:>14s} loss agrees to {row['check']['worst_rel']:.2e}")
@@ -137,7 +159,9 @@ def main():
         print(f"  {row['config']:>14s} {row['check']['worst_rel']:9.1e} | "
               f"{sbs.fmt(row['ours_tokens_per_s'], 0):>24s} {row['ours_setting']:>14s} | "
               f"{sbs.fmt(row['torch_tokens_per_s'], 0):>24s} {row['torch_setting']:>21s} | "
-              f"{row['ours_over_torch']:5.2f}")
+              f"{row['ours_over_torch']:5.2f} "
+              + (f"{100 * row['ours_mfu']:5.1f} {row['bound_ours_over_torch']:5.2f}"
+                 if "ours_mfu" in row else "    -     -"))
     if not args.check_only:
         print("# every setting (median tokens/s):")
         for row in rows:

@@ -28,8 +28,9 @@ TORCH_SETTINGS = {
                               "OMP_WAIT_POLICY": "PASSIVE"}, ["--threads", "2"]),
 }
 
-# Ours: OpenBLAS threads (our other kernels run on the calling thread); the passive variant
-# is there for symmetry (it only matters to OpenMP builds of OpenBLAS).
+# Ours: the size of our compute pool (engine/core/parallel.h, which reads OPENBLAS_NUM_THREADS
+# when SWITCHYARD_THREADS is unset; OpenBLAS itself then runs one thread per call); the
+# passive variant is there for symmetry (OMP_WAIT_POLICY means nothing to our pool).
 OURS_SETTINGS = {
     "blas1": ({"OPENBLAS_NUM_THREADS": "1"}, ["--threads", "1"]),
     "blas2": ({"OPENBLAS_NUM_THREADS": "2"}, ["--threads", "2"]),

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "engine/core/device_context.h"
+#include "engine/core/parallel.h"
 
 #ifdef SY_HAVE_CUDA
 #include "engine/core/cuda_check.h"
@@ -159,7 +160,11 @@ void Tensor::SetZero(DeviceContext* ctx) {
   size_t bytes = nbytes();
   if (bytes == 0) return;
   if (device().is_cpu()) {
-    std::memset(raw_data(), 0, bytes);
+    // Large tensors (the gradients zeroed every step) over the compute threads.
+    char* p = static_cast<char*>(raw_data());
+    ParallelFor(static_cast<int64_t>(bytes), int64_t{1} << 20, [p](int64_t b, int64_t e) {
+      std::memset(p + b, 0, static_cast<size_t>(e - b));
+    });
     return;
   }
 #ifdef SY_HAVE_CUDA

@@ -30,7 +30,21 @@ void FillFloat(Tensor& out, int64_t first_index, F f) {
 }  // namespace
 
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi) {
-  FillFloat(out, first_index, [&](uint64_t i) { return lo + (hi - lo) * UniformAt(key, i); });
+  if (out.dtype() != DType::kF32) {
+    FillFloat(out, first_index, [&](uint64_t i) { return lo + (hi - lo) * UniformAt(key, i); });
+    return;
+  }
+  // The same values as UniformAt, one Philox block per 4 consecutive indices.
+  float* p = out.data<float>();
+  ParallelFor(out.numel(), kMinChunk, [&](int64_t b, int64_t e) {
+    uint64_t block = ~uint64_t{0};
+    PhiloxBlock bits{};
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t index = static_cast<uint64_t>(first_index + i);
+      if ((index >> 2) != block) block = index >> 2, bits = PhiloxAt(key, block);
+      p[i] = lo + (hi - lo) * UniformFromBits(bits.v[index & 3]);
+    }
+  });
 }
 
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std) {

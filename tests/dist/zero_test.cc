@@ -329,8 +329,11 @@ TEST_F(ZeroTest, CheckpointMovesBetweenStagesAndLayouts) {
       EXPECT_LT(most, total / 2) << kind << ": one rank wrote " << most << " of " << total;
     }
   }
+  // Each pair trains on its own, so each gets its own directory (two pairs saving the same
+  // step into one directory race to place it).
   std::vector<double> got = resume(zero3, {"parallel.ep=2", "parallel.zero_stage=1",
-                                           "train.grad_accum=4"}, dir("ck_3to1"), *pair);
+                                           "train.grad_accum=4"},
+                                   dir("ck_3to1_pair" + std::to_string(world_->rank() / 2)), *pair);
   if (world_->rank() == 0) runs["zero 3 (dp 4, ep 2) -> zero 1 (dp 2, ep 2)"] = got;
   got = resume(zero3, {"parallel.tp=2", "parallel.etp=1", "parallel.ep=2", "parallel.zero_stage=2",
                        "train.grad_accum=4"}, dir("ck_3to2"), *world_);

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/core/parallel.h"
 #include "kernels/random.h"
 
 namespace switchyard {
@@ -68,6 +69,26 @@ TEST(PhiloxTest, FillsDoNotDependOnChunking) {
   Tensor whole = Tensor::Empty({20, 7}, DType::kF32);
   kernels::FillNormal(whole, key, 0, 0.0f, 0.02f);
   EXPECT_EQ(shard.ToVector<float>(), whole.Slice(12, 15).ToVector<float>());
+}
+
+TEST(PhiloxTest, FillUniformIsUniformAtOnAnyThreadCountAndOffset) {
+  // FillUniform draws one Philox block per 4 indices; an odd offset and length start and
+  // end mid-block. 40001 elements split over the compute threads.
+  RngKey key{99, StreamId("router.jitter")};
+  for (int threads : {1, 2, 3}) {
+    SetComputeThreads(threads);
+    for (int64_t first : {int64_t{0}, int64_t{3}, int64_t{4097}}) {
+      Tensor t = Tensor::Empty({40001}, DType::kF32);
+      kernels::FillUniform(t, key, first, 0.99f, 1.01f);
+      const std::vector<float> got = t.ToVector<float>();
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < 40001; ++i) {
+        wrong += got[i] != 0.99f + (1.01f - 0.99f) * UniformAt(key, static_cast<uint64_t>(first + i));
+      }
+      EXPECT_EQ(wrong, 0) << threads << " threads, first index " << first;
+    }
+  }
+  SetComputeThreads(1);
 }
 
 TEST(PhiloxTest, StreamsAndSeedsAreIndependent) {
