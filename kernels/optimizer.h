@@ -45,6 +45,10 @@ struct AdamWStep {
   float eps = 1e-8f;
   float weight_decay = 0.0f;  // 0 for parameters without decay
   int64_t step = 1;           // t >= 1: the number of this update (bias correction)
+  // Every gradient element is multiplied by this (in f32) before it is used: the global-norm
+  // clip's factor (engine/train/clip.h) applied inside the update instead of a pass over
+  // the gradients of its own. The same bits as scaling the gradients first; 1 leaves them.
+  float grad_scale = 1.0f;
 };
 
 // One AdamW update of param with grad; exp_avg (m) and exp_avg_sq (v) are updated in place.

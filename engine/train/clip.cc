@@ -51,12 +51,15 @@ double GlobalGradNorm(const parallel::ParameterRegistry& registry,
   return std::sqrt(dist::AllReduceDoubles(pc.world(), mine)[0]);
 }
 
+float ClipScale(double norm, double max_norm) {
+  return max_norm > 0.0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
 double ClipGradNorm(parallel::ParameterRegistry& registry, double max_norm,
                     const dist::ParallelContext& pc, DeviceContext* ctx,
                     const parallel::ZeroShards* zero) {
   const double norm = GlobalGradNorm(registry, pc, ctx, zero);
-  if (max_norm > 0.0 && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  if (const float scale = ClipScale(norm, max_norm); scale != 1.0f) {
     std::vector<Tensor> grads = OwnedGrads(registry, pc, zero, /*counted_only=*/false);
     kernels::ScaleMany(grads, scale, ctx);
   }

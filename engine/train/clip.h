@@ -34,6 +34,11 @@ double GlobalGradNorm(const parallel::ParameterRegistry& registry,
                       const dist::ParallelContext& pc, DeviceContext* ctx = nullptr,
                       const parallel::ZeroShards* zero = nullptr);
 
+// The factor the clip multiplies every gradient by: max_norm / (norm + 1e-6) when max_norm > 0
+// and norm > max_norm, else 1. The trainer hands it to Optimizer::Step, which applies it
+// inside the update (no separate pass over the gradients).
+float ClipScale(double norm, double max_norm);
+
 // Computes the global norm and, when max_norm > 0 and the norm exceeds it, scales every
 // trainable gradient by max_norm / (norm + 1e-6). Returns the norm before clipping.
 // max_norm <= 0: no clipping (the norm is still computed and returned).

@@ -64,7 +64,7 @@ void Optimizer::set_step(int64_t step) {
   *step_.data<int64_t>() = step;
 }
 
-void Optimizer::Step(float lr) {
+void Optimizer::Step(float lr, float grad_scale) {
   std::vector<parallel::Parameter>& params = registry_.params();
   const int64_t t = step() + 1;
   // AdamW: every parameter in one multi-tensor update (a few launches on a GPU), with the
@@ -90,12 +90,13 @@ void Optimizer::Step(float lr) {
     if (options_.kind == OptimizerKind::kAdamW) {
       adamw.push_back({value, grad, slot.exp_avg, slot.exp_avg_sq, wd});
     } else {
+      if (grad_scale != 1.0f) kernels::ScaleInPlace(grad, grad_scale, update_ctx);
       kernels::SgdUpdate(value, grad, slot.exp_avg, lr, options_.momentum, wd, update_ctx);
     }
   }
   if (!adamw.empty()) {
     kernels::AdamWUpdateMany(adamw, {.lr = lr, .beta1 = options_.beta1, .beta2 = options_.beta2,
-                                     .eps = options_.eps, .step = t},
+                                     .eps = options_.eps, .step = t, .grad_scale = grad_scale},
                              update_ctx);
   }
   if (options_.offload) {

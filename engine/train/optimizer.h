@@ -58,9 +58,11 @@ class Optimizer {
   Optimizer(parallel::ParameterRegistry& registry, const OptimizerOptions& options,
             DeviceContext* ctx = nullptr, const parallel::ZeroShards* zero = nullptr);
 
-  // One update of every trainable parameter from its grad with learning rate `lr`; then
-  // step() grows by one. AdamW's bias correction uses t = step() + 1 (before the update).
-  void Step(float lr);
+  // One update of every trainable parameter from its grad times grad_scale (the gradient
+  // clip's factor, ClipScale; the gradients themselves are not changed by AdamW) with
+  // learning rate `lr`; then step() grows by one. AdamW's bias correction uses
+  // t = step() + 1 (before the update).
+  void Step(float lr, float grad_scale = 1.0f);
 
   // Updates taken so far (0 before the first Step); read from the "optimizer.step" tensor,
   // so loading a checkpoint into State() restores it.

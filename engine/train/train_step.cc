@@ -126,7 +126,9 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const double aux_sum = dist::TreeSumDoubles(aux_sums);
   const double z_sum = dist::TreeSumDoubles(z_sums);
   phase.emplace(Phase::kOptimizer);
-  const double norm = ClipGradNorm(reg, tc.grad_clip, *pc_, ctx, zero_.get());
+  // The clip's factor is applied inside the optimizer's update (no pass of its own).
+  const double norm = GlobalGradNorm(reg, *pc_, ctx, zero_.get());
+  const float clip_scale = ClipScale(norm, tc.grad_clip);
   const float lr = tc.schedule().LrAt(optimizer_->step());
   phase.emplace(Phase::kCommunication);
   // Reduce the step's losses over the data-parallel world: over dp x cp (every tp rank
@@ -146,7 +148,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   if (!finite) first_bad = AgreeFirstNonFiniteGrad(reg, zero_.get(), world_);
   if (finite) {
     phase.emplace(Phase::kOptimizer);
-    optimizer_->Step(lr);
+    optimizer_->Step(lr, clip_scale);
     phase.emplace(Phase::kCommunication);
     zero_->GatherUpdatedParameters();
   }

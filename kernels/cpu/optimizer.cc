@@ -20,7 +20,7 @@ namespace {
 constexpr int64_t kMinChunk = 32768;
 
 struct AdamWConsts {
-  float decay, step_size, bc2_sqrt, b1, b2, eps, one_minus_b1, one_minus_b2;
+  float decay, step_size, bc2_sqrt, b1, b2, eps, one_minus_b1, one_minus_b2, grad_scale;
 };
 
 SY_VECTOR_CLONES void AdamWRange(float* p, const float* g, float* m, float* v, int64_t n,
@@ -28,8 +28,9 @@ SY_VECTOR_CLONES void AdamWRange(float* p, const float* g, float* m, float* v, i
   const float decay = c.decay, step_size = c.step_size, bc2_sqrt = c.bc2_sqrt;
   const float b1 = c.b1, b2 = c.b2, eps = c.eps;
   const float one_minus_b1 = c.one_minus_b1, one_minus_b2 = c.one_minus_b2;
+  const float grad_scale = c.grad_scale;
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    const float gi = g[i] * grad_scale;
     const float mi = b1 * m[i] + one_minus_b1 * gi;
     const float vi = b2 * v[i] + one_minus_b2 * gi * gi;
     m[i] = mi;
@@ -63,7 +64,7 @@ void AdamWUpdate(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp
                  const AdamWStep& hp) {
   const AdamWScalars s = AdamWScalarsOf(hp, hp.weight_decay);
   const AdamWConsts c{s.decay, s.step_size, s.bc2_sqrt, hp.beta1, hp.beta2, hp.eps,
-                      1.0f - hp.beta1, 1.0f - hp.beta2};
+                      1.0f - hp.beta1, 1.0f - hp.beta2, hp.grad_scale};
   float* p = param.data<float>();
   const float* g = grad.data<float>();
   float* m = exp_avg.data<float>();

@@ -35,19 +35,20 @@ constexpr int kMaxSumBlocks = 1024;
 
 // The scalars shared by every element of one update (hp and AdamWScalarsOf, as the CPU).
 struct AdamWConsts {
-  float b1, b2, one_minus_b1, one_minus_b2, eps, step_size, bc2_sqrt;
+  float b1, b2, one_minus_b1, one_minus_b2, eps, step_size, bc2_sqrt, grad_scale;
 };
 
 AdamWConsts ConstsOf(const AdamWStep& hp) {
   const AdamWScalars s = AdamWScalarsOf(hp, hp.weight_decay);
-  return {hp.beta1, hp.beta2, 1.0f - hp.beta1, 1.0f - hp.beta2, hp.eps, s.step_size, s.bc2_sqrt};
+  return {hp.beta1,  hp.beta2,    1.0f - hp.beta1, 1.0f - hp.beta2,
+          hp.eps,    s.step_size, s.bc2_sqrt,      hp.grad_scale};
 }
 
-// m <- b1 m + (1 - b1) g; v <- b2 v + ((1 - b2) g) g;
+// g <- grad_scale g; m <- b1 m + (1 - b1) g; v <- b2 v + ((1 - b2) g) g;
 // p <- p decay - (step_size m) / (sqrt(v) / bc2_sqrt + eps).
 __device__ __forceinline__ void AdamWElement(float* p, const float* g, float* m, float* v,
                                              int64_t i, float decay, const AdamWConsts& c) {
-  const float gi = g[i];
+  const float gi = __fmul_rn(g[i], c.grad_scale);
   const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
   const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
   m[i] = mi;

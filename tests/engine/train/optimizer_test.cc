@@ -351,6 +351,37 @@ TEST(ClipTest, GlobalNormAndClippingOnOneRank) {
   EXPECT_NEAR(GlobalGradNorm(reg, one), 2.0, 1e-6);
 }
 
+TEST(ClipTest, TheClipFactorInsideTheUpdateEqualsScalingTheGradientsFirst) {
+  // The trainer passes ClipScale's factor to Optimizer::Step instead of scaling the
+  // gradients (ClipGradNorm): the same bits, for AdamW and SGD, over three steps.
+  EXPECT_EQ(ClipScale(3.0, 0.0), 1.0f);  // off
+  EXPECT_EQ(ClipScale(3.0, 5.0), 1.0f);  // below
+  EXPECT_EQ(ClipScale(5.0, 2.0), static_cast<float>(2.0 / (5.0 + 1e-6)));
+  auto world = dist::MakeLocalCommunicator();
+  auto pc = dist::ParallelContext::Create(*world, dist::Mesh::Create(1, {}).value());
+  ASSERT_TRUE(pc.ok()) << pc.status();
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    std::vector<float> got, want;
+    for (bool fused : {true, false}) {
+      ParameterRegistry reg;
+      AddParam(reg, "w", {0.5f, -1.0f, 2.0f, 0.125f, -3.0f});
+      Optimizer opt(reg, {.kind = kind, .weight_decay = 0.1f, .momentum = 0.9f});
+      for (int s = 1; s <= 3; ++s) {
+        SetGrad(reg, "w", GradAt(s, 5, 3.0f));
+        if (fused) {
+          const double norm = GlobalGradNorm(reg, **pc);
+          opt.Step(1e-2f, ClipScale(norm, 0.5));
+        } else {
+          ClipGradNorm(reg, 0.5, **pc);
+          opt.Step(1e-2f);
+        }
+      }
+      (fused ? got : want) = reg.Find("w")->value.ToVector<float>();
+    }
+    EXPECT_EQ(got, want) << (kind == OptimizerKind::kAdamW ? "adamw" : "sgd");
+  }
+}
+
 TEST(OptimizerKernelTest, SumSquaresAndScale) {
   Tensor t = Tensor::FromVector<float>({1, -2, 3}, {3});
   EXPECT_DOUBLE_EQ(kernels::SumSquares(t), 14.0);
