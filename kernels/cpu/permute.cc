@@ -1,15 +1,20 @@
 // CPU reference of kernels/permute.h: the loops of the original dispatcher
 // (moe/dispatcher.cc), with the per-token sums in the order that loop used (increasing
-// permuted row), so every result keeps its bits.
+// permuted row), so every result keeps its bits. Tokens (or rows) are independent and run in
+// parallel over the compute threads; each writes only its own row.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
 
+#include "engine/core/parallel.h"
 #include "kernels/permute.h"
 
 namespace switchyard::kernels::cpu {
 namespace {
+
+// Rows of width d per chunk handed to another thread.
+int64_t MinRows(int64_t d) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d)); }
 
 // The kept rows of token t in increasing row order, as (row a, flat slot s) pairs; every
 // row must be below `num_rows`.
@@ -65,8 +70,11 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst) {
   for (int64_t r = 0; r < rows; ++r) {
     SY_CHECK(idx[r] >= 0 && idx[r] < n) << "GatherRows: index " << idx[r] << " of row " << r
                                         << " outside [0, " << n << ")";
-    if (row_bytes) std::memcpy(t + r * row_bytes, s + idx[r] * row_bytes, row_bytes);
   }
+  if (row_bytes == 0) return;
+  ParallelFor(rows, MinRows(static_cast<int64_t>(row_bytes / 4)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) std::memcpy(t + r * row_bytes, s + idx[r] * row_bytes, row_bytes);
+  });
 }
 
 void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh) {
@@ -74,15 +82,17 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh) {
   const float* src = drows.data<float>();
   const int64_t* inv = inverse.data<int64_t>();
   float* dst = dh.data<float>();
-  std::vector<std::pair<int64_t, int64_t>> rows;
-  for (int64_t t = 0; t < n; ++t) {
-    KeptRowsOf(inv, t, k, drows.dim(0), rows);
-    float* row = dst + t * d;
-    for (const auto& [a, s] : rows) {
-      const float* g = src + a * d;
-      for (int64_t j = 0; j < d; ++j) row[j] += g[j];
+  ParallelFor(n, MinRows(d), [&](int64_t t0, int64_t t1) {
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    for (int64_t t = t0; t < t1; ++t) {
+      KeptRowsOf(inv, t, k, drows.dim(0), rows);
+      float* row = dst + t * d;
+      for (const auto& [a, s] : rows) {
+        const float* g = src + a * d;
+        for (int64_t j = 0; j < d; ++j) row[j] += g[j];
+      }
     }
-  }
+  });
 }
 
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
@@ -93,19 +103,21 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
   const int64_t* inv = inverse.data<int64_t>();
   const float* x = extra.defined() ? extra.data<float>() : nullptr;
   float* dst = y.data<float>();
-  std::vector<std::pair<int64_t, int64_t>> rows;
-  for (int64_t t = 0; t < n; ++t) {
-    KeptRowsOf(inv, t, k, out.dim(0), rows);
-    float* row = dst + t * d;
-    std::fill(row, row + d, 0.0f);
-    for (const auto& [a, s] : rows) {
-      const float w = g[s];
-      for (int64_t j = 0; j < d; ++j) row[j] += w * o[a * d + j];
+  ParallelFor(n, MinRows(d), [&](int64_t t0, int64_t t1) {
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    for (int64_t t = t0; t < t1; ++t) {
+      KeptRowsOf(inv, t, k, out.dim(0), rows);
+      float* row = dst + t * d;
+      std::fill(row, row + d, 0.0f);
+      for (const auto& [a, s] : rows) {
+        const float w = g[s];
+        for (int64_t j = 0; j < d; ++j) row[j] += w * o[a * d + j];
+      }
+      if (x != nullptr) {
+        for (int64_t j = 0; j < d; ++j) row[j] += x[t * d + j];
+      }
     }
-    if (x != nullptr) {
-      for (int64_t j = 0; j < d; ++j) row[j] += x[t * d + j];
-    }
-  }
+  });
 }
 
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
@@ -121,15 +133,20 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   for (int64_t a = 0; a < rows; ++a) {
     SY_CHECK(sl[a] >= 0 && sl[a] < nk) << "CombineBackward: slot " << sl[a] << " of row " << a
                                        << " outside [0, " << nk << ")";
-    const float w = g[sl[a]];
-    const float* row = dyp + (sl[a] / k) * d;
-    double dot = 0;
-    for (int64_t j = 0; j < d; ++j) {
-      dop[a * d + j] = w * row[j];
-      dot += static_cast<double>(row[j]) * o[a * d + j];
-    }
-    dg[sl[a]] = static_cast<float>(dot);
   }
+  // Every row has its own slot (the plan's permutation), so rows write disjoint gates.
+  ParallelFor(rows, MinRows(d), [&](int64_t a0, int64_t a1) {
+    for (int64_t a = a0; a < a1; ++a) {
+      const float w = g[sl[a]];
+      const float* row = dyp + (sl[a] / k) * d;
+      double dot = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        dop[a * d + j] = w * row[j];
+        dot += static_cast<double>(row[j]) * o[a * d + j];
+      }
+      dg[sl[a]] = static_cast<float>(dot);
+    }
+  });
 }
 
 double EntropySum(const Tensor& probs) {
