@@ -1,6 +1,7 @@
-// CPU reference implementation of kernels/attention.h. For every (batch, query head): the
-// score matrix (S, S) by one sgemm, the masked row softmax in place, then the output by a
-// second sgemm; Backward recomputes the probabilities from lse. The (B, S, H, hd) layout is
+// CPU reference implementation of kernels/attention.h. For every (batch, query head) and
+// block of query rows: the block's scores against the keys it can see by one sgemm, the
+// masked row softmax in place, then the block's output by a second sgemm; Backward
+// recomputes the probabilities from lse. The (B, S, H, hd) layout is
 // read in place with leading dimension H * hd, so no head is ever copied out. Row i sees the
 // keys j < Visible(i): i + 1 under kCausal, S under kFull.
 #include "kernels/attention.h"
@@ -27,6 +28,17 @@ int64_t Visible(AttentionMask mask, int64_t i, int64_t s) {
   return mask == AttentionMask::kCausal ? i + 1 : s;
 }
 
+// Query rows are taken in blocks of kQueryBlock under kCausal: block [i0, i1) only sees the
+// keys [0, i1), so the products skip the masked corner above the diagonal blocks. Under
+// kFull the one block is every row and every key.
+constexpr int64_t kQueryBlock = 64;
+int64_t QueryBlock(AttentionMask mask, int64_t s) {
+  return mask == AttentionMask::kCausal ? kQueryBlock : std::max<int64_t>(1, s);
+}
+int64_t KeysOf(AttentionMask mask, int64_t i1, int64_t s) {
+  return mask == AttentionMask::kCausal ? i1 : s;
+}
+
 }  // namespace
 
 void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
@@ -45,16 +57,20 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
       const float* vbg = v.data<float>() + b * s * ldkv + g * hd;
       float* obh = out.data<float>() + b * s * ldq + h * hd;
       float* lbh = lse.data<float>() + (b * d.hq + h) * s;
-      // s = scale * q k^T: (S, hd) @ (hd, S).
-      Sgemm(false, true, s, s, hd, scale, qbh, ldq, kbg, ldkv, 0.0f, p.data(), s);
-      for (int64_t i = 0; i < s; ++i) {
-        float* row = p.data() + i * s;
-        const int64_t len = Visible(mask, i, s);
-        lbh[i] = SoftmaxRow(row, row, len);
-        for (int64_t j = len; j < s; ++j) row[j] = 0.0f;  // masked
+      for (int64_t i0 = 0; i0 < s; i0 += QueryBlock(mask, s)) {
+        const int64_t i1 = std::min(s, i0 + QueryBlock(mask, s)), keys = KeysOf(mask, i1, s);
+        float* pb = p.data() + i0 * s;  // the block's rows of p (row stride S)
+        // scores = scale * q k^T: (rows, hd) @ (hd, keys).
+        Sgemm(false, true, i1 - i0, keys, hd, scale, qbh + i0 * ldq, ldq, kbg, ldkv, 0.0f, pb, s);
+        for (int64_t i = i0; i < i1; ++i) {
+          float* row = p.data() + i * s;
+          const int64_t len = Visible(mask, i, s);
+          lbh[i] = SoftmaxRow(row, row, len);
+          for (int64_t j = len; j < keys; ++j) row[j] = 0.0f;  // masked
+        }
+        // out = p v: (rows, keys) @ (keys, hd).
+        Sgemm(false, false, i1 - i0, hd, keys, 1.0f, pb, s, vbg, ldkv, 0.0f, obh + i0 * ldq, ldq);
       }
-      // out = p v: (S, S) @ (S, hd).
-      Sgemm(false, false, s, hd, s, 1.0f, p.data(), s, vbg, ldkv, 0.0f, obh, ldq);
     }
   }
   });
@@ -84,33 +100,39 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       float* dqbh = dq.data<float>() + b * s * ldq + h * hd;
       float* dkbg = dk.data<float>() + b * s * ldkv + g * hd;
       float* dvbg = dv.data<float>() + b * s * ldkv + g * hd;
-      // p = exp(scale * q k^T - lse), masked.
-      Sgemm(false, true, s, s, hd, scale, qbh, ldq, kbg, ldkv, 0.0f, p.data(), s);
-      for (int64_t i = 0; i < s; ++i) {
-        float* row = p.data() + i * s;
-        const int64_t len = Visible(mask, i, s);
-        ExpShiftRow(row, lbh[i], row, len);
-        for (int64_t j = len; j < s; ++j) row[j] = 0.0f;
-      }
-      // dv += p^T dout: (S, S)^T @ (S, hd).
-      Sgemm(true, false, s, hd, s, 1.0f, p.data(), s, dobh, ldq, 1.0f, dvbg, ldkv);
-      // dp = dout v^T: (S, hd) @ (hd, S); ds = softmax backward of each row over the
-      // visible keys: p (dp - sum_j p dp), or p (dp - delta) for a block of a larger softmax.
-      Sgemm(false, true, s, s, hd, 1.0f, dobh, ldq, vbg, ldkv, 0.0f, dp.data(), s);
-      for (int64_t i = 0; i < s; ++i) {
-        float* row = dp.data() + i * s;
-        const float* prow = p.data() + i * s;
-        const int64_t len = Visible(mask, i, s);
-        if (dbh != nullptr) {
-          for (int64_t j = 0; j < len; ++j) row[j] = prow[j] * (row[j] - dbh[i]);
-        } else {
-          SoftmaxRowBackward(prow, row, row, len);
+      for (int64_t i0 = 0; i0 < s; i0 += QueryBlock(mask, s)) {
+        const int64_t i1 = std::min(s, i0 + QueryBlock(mask, s)), keys = KeysOf(mask, i1, s);
+        const int64_t rows = i1 - i0;
+        float* pb = p.data() + i0 * s;    // the block's rows of p and dp (row stride S)
+        float* dpb = dp.data() + i0 * s;
+        // p = exp(scale * q k^T - lse), masked: (rows, hd) @ (hd, keys).
+        Sgemm(false, true, rows, keys, hd, scale, qbh + i0 * ldq, ldq, kbg, ldkv, 0.0f, pb, s);
+        for (int64_t i = i0; i < i1; ++i) {
+          float* row = p.data() + i * s;
+          const int64_t len = Visible(mask, i, s);
+          ExpShiftRow(row, lbh[i], row, len);
+          for (int64_t j = len; j < keys; ++j) row[j] = 0.0f;
         }
-        for (int64_t j = len; j < s; ++j) row[j] = 0.0f;
+        // dv[:keys] += p^T dout: (rows, keys)^T @ (rows, hd).
+        Sgemm(true, false, keys, hd, rows, 1.0f, pb, s, dobh + i0 * ldq, ldq, 1.0f, dvbg, ldkv);
+        // dp = dout v^T: (rows, hd) @ (hd, keys); ds = softmax backward of each row over the
+        // visible keys: p (dp - sum_j p dp), or p (dp - delta) for a block of a larger softmax.
+        Sgemm(false, true, rows, keys, hd, 1.0f, dobh + i0 * ldq, ldq, vbg, ldkv, 0.0f, dpb, s);
+        for (int64_t i = i0; i < i1; ++i) {
+          float* row = dp.data() + i * s;
+          const float* prow = p.data() + i * s;
+          const int64_t len = Visible(mask, i, s);
+          if (dbh != nullptr) {
+            for (int64_t j = 0; j < len; ++j) row[j] = prow[j] * (row[j] - dbh[i]);
+          } else {
+            SoftmaxRowBackward(prow, row, row, len);
+          }
+          for (int64_t j = len; j < keys; ++j) row[j] = 0.0f;
+        }
+        // dq = scale * ds k: (rows, keys) @ (keys, hd); dk[:keys] += scale * ds^T q.
+        Sgemm(false, false, rows, hd, keys, scale, dpb, s, kbg, ldkv, 0.0f, dqbh + i0 * ldq, ldq);
+        Sgemm(true, false, keys, hd, rows, scale, dpb, s, qbh + i0 * ldq, ldq, 1.0f, dkbg, ldkv);
       }
-      // dq = scale * ds k: (S, S) @ (S, hd); dk += scale * ds^T q.
-      Sgemm(false, false, s, hd, s, scale, dp.data(), s, kbg, ldkv, 0.0f, dqbh, ldq);
-      Sgemm(true, false, s, hd, s, scale, dp.data(), s, qbh, ldq, 1.0f, dkbg, ldkv);
     }
   }
   });
