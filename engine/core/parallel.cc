@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
-#include <string>
 #include <thread>
 #include <vector>
 
