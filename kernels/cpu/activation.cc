@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/core/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace switchyard::kernels::cpu {
@@ -130,7 +131,7 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
   int64_t r = 0;
   for (size_t g = 0; g < rows.size(); ++g)
     for (int64_t end = r + rows[g]; r < end; ++r) group_of[r] = static_cast<int64_t>(g);
-  ParallelFor(r, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(1, n)), [&](int64_t b, int64_t e) {
+  ParallelFor(r, RowsPerChunk(n, kMinChunk), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) AddRow(po + i * n, pb + group_of[i] * n, n);
   });
 }
@@ -145,8 +146,7 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
   const int64_t blocks = (n + kColumns - 1) / kColumns;
   int64_t total = 0;
   for (int64_t r : rows) total += r;
-  ParallelFor(blocks, std::max<int64_t>(1, kMinChunk / std::max<int64_t>(1, total * kColumns)),
-              [&](int64_t b, int64_t e) {
+  ParallelFor(blocks, RowsPerChunk(total * kColumns, kMinChunk), [&](int64_t b, int64_t e) {
     const int64_t j0 = b * kColumns, j1 = std::min(n, e * kColumns);
     int64_t r = 0;
     for (size_t g = 0; g < rows.size(); ++g) {

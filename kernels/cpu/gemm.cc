@@ -12,6 +12,7 @@ extern "C" void openblas_set_num_threads(int num_threads);
 #include <vector>
 
 #include "engine/core/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/gemm.h"
 
@@ -181,7 +182,7 @@ void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* pc = c.data<float>();
-  ParallelFor(m, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, k * n)),
+  ParallelFor(m, RowsPerChunk(k * n, 65536),
               [&](int64_t i0, int64_t i1) { RowExactRows(pa, pb, pc, i0, i1, k, n); });
 }
 

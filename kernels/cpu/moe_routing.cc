@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "engine/core/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/moe_routing.h"
 
 namespace switchyard::kernels::cpu {
@@ -22,7 +23,7 @@ void RouterTopK(const Tensor& logits, const Tensor& bias_t, bool normalize, bool
   uint8_t* kp = keep.data<uint8_t>();
 
   // Tokens are independent (the GShard draw is keyed by the token): they run in parallel.
-  ParallelFor(T, std::max<int64_t>(1, 2048 / std::max<int64_t>(1, E)), [&](int64_t t0, int64_t t1) {
+  ParallelFor(T, RowsPerChunk(E, 2048), [&](int64_t t0, int64_t t1) {
   std::vector<int32_t> order(E);
   std::vector<float> score(E);
   for (int64_t t = t0; t < t1; ++t) {
@@ -153,7 +154,7 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
   if (T == 0) return 0.0f;
   const float* lp = logits.data<float>();
   std::vector<double> lse_sq(static_cast<size_t>(T));  // per token, summed in order below
-  ParallelFor(T, std::max<int64_t>(1, 2048 / std::max<int64_t>(1, E)), [&](int64_t t0, int64_t t1) {
+  ParallelFor(T, RowsPerChunk(E, 2048), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const float* l = lp + t * E;
       const double m = *std::max_element(l, l + E);

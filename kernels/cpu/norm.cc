@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/core/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace switchyard::kernels::cpu {
@@ -21,8 +22,6 @@ int64_t RowsOf(const Tensor& x, int64_t d) { return d == 0 ? 0 : x.numel() / d; 
 // Rows per chunk of the weight-gradient column sums.
 constexpr int64_t kChunkRows = 256;
 
-// Rows per chunk handed to another thread in the forward passes.
-int64_t MinRows(int64_t d) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d)); }
 
 // column[j] += the sum over chunks, in order, of partial[c * d + j].
 void AddChunkSums(const std::vector<double>& partial, int64_t chunks, int64_t d, float* column) {
@@ -113,7 +112,7 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
   float* pm = mean.data<float>();
   float* pr = rstd.data<float>();
-  ParallelFor(n, MinRows(d), [&](int64_t r0, int64_t r1) {
+  ParallelFor(n, RowsPerChunk(d), [&](int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     LayerNormRow(x.data<float>() + r * d, w, b, eps, d, y.data<float>() + r * d, pm + r, pr + r);
   }
@@ -148,7 +147,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
   const int64_t d = weight.numel();
   const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
-  ParallelFor(n, MinRows(d), [&](int64_t r0, int64_t r1) {
+  ParallelFor(n, RowsPerChunk(d), [&](int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x.data<float>() + r * d;
     float* yr = y.data<float>() + r * d;

@@ -8,13 +8,11 @@
 #include <utility>
 
 #include "engine/core/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/permute.h"
 
 namespace switchyard::kernels::cpu {
 namespace {
-
-// Rows of width d per chunk handed to another thread.
-int64_t MinRows(int64_t d) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d)); }
 
 // The kept rows of token t in increasing row order, as (row a, flat slot s) pairs; every
 // row must be below `num_rows`.
@@ -72,7 +70,7 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst) {
                                         << " outside [0, " << n << ")";
   }
   if (row_bytes == 0) return;
-  ParallelFor(rows, MinRows(static_cast<int64_t>(row_bytes / 4)), [&](int64_t r0, int64_t r1) {
+  ParallelFor(rows, RowsPerChunk(static_cast<int64_t>(row_bytes / 4)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) std::memcpy(t + r * row_bytes, s + idx[r] * row_bytes, row_bytes);
   });
 }
@@ -82,7 +80,7 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh) {
   const float* src = drows.data<float>();
   const int64_t* inv = inverse.data<int64_t>();
   float* dst = dh.data<float>();
-  ParallelFor(n, MinRows(d), [&](int64_t t0, int64_t t1) {
+  ParallelFor(n, RowsPerChunk(d), [&](int64_t t0, int64_t t1) {
     std::vector<std::pair<int64_t, int64_t>> rows;
     for (int64_t t = t0; t < t1; ++t) {
       KeptRowsOf(inv, t, k, drows.dim(0), rows);
@@ -103,7 +101,7 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
   const int64_t* inv = inverse.data<int64_t>();
   const float* x = extra.defined() ? extra.data<float>() : nullptr;
   float* dst = y.data<float>();
-  ParallelFor(n, MinRows(d), [&](int64_t t0, int64_t t1) {
+  ParallelFor(n, RowsPerChunk(d), [&](int64_t t0, int64_t t1) {
     std::vector<std::pair<int64_t, int64_t>> rows;
     for (int64_t t = t0; t < t1; ++t) {
       KeptRowsOf(inv, t, k, out.dim(0), rows);
@@ -135,7 +133,7 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
                                        << " outside [0, " << nk << ")";
   }
   // Every row has its own slot (the plan's permutation), so rows write disjoint gates.
-  ParallelFor(rows, MinRows(d), [&](int64_t a0, int64_t a1) {
+  ParallelFor(rows, RowsPerChunk(d), [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
       const float w = g[sl[a]];
       const float* row = dyp + (sl[a] / k) * d;

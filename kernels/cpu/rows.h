@@ -8,6 +8,12 @@
 
 namespace switchyard::kernels::cpu {
 
+// Rows of `width` elements per chunk handed to another thread (ParallelFor's min_chunk):
+// about `elements` elements, at least one row.
+inline int64_t RowsPerChunk(int64_t width, int64_t elements = 16384) {
+  return width >= elements ? 1 : elements / (width > 0 ? width : 1);
+}
+
 // max over x[0, n), n >= 1.
 float RowMax(const float* x, int64_t n);
 // e[j] = exp(x[j] - shift) for j < n (e may be x), and the sum of the e[j].

@@ -10,11 +10,6 @@
 #include "kernels/cpu/rows.h"
 
 namespace switchyard::kernels::cpu {
-namespace {
-// Rows per chunk: enough work to pay for handing a chunk to another thread.
-int64_t MinRows(int64_t c) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, c)); }
-}  // namespace
-
 float SoftmaxRow(const float* x, float* y, int64_t n) {
   const float max = RowMax(x, n);
   const double sum = ExpShiftRow(x, max, y, n);
@@ -32,7 +27,7 @@ void SoftmaxForward(const Tensor& x, Tensor& y) {
   const int64_t c = x.dim(-1), n = x.numel() / c;
   const float* px = x.data<float>();
   float* py = y.data<float>();
-  ParallelFor(n, MinRows(c), [&](int64_t begin, int64_t end) {
+  ParallelFor(n, RowsPerChunk(c, 4096), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) SoftmaxRow(px + r * c, py + r * c, c);
   });
 }
@@ -43,7 +38,7 @@ void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   const float* py = y.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  ParallelFor(n, MinRows(c), [&](int64_t begin, int64_t end) {
+  ParallelFor(n, RowsPerChunk(c, 4096), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) SoftmaxRowBackward(py + r * c, pdy + r * c, pdx + r * c, c);
   });
 }
