@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "benchmarks/harness.h"
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/gemm.h"
 
 namespace switchyard::bench {

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <map>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "engine/dist/process.h"
 #include "kernels/gemm.h"
 

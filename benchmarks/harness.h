@@ -70,7 +70,7 @@ struct CommonOptions {
   int check = 1;                 // -c/--check: 1 verifies the output and counts #wrong
   std::string json;              // --json FILE: rank 0 writes the results there
   std::string device = "cpu";    // --device cpu|cuda
-  int threads = 0;               // --threads: compute threads per rank (engine/core/parallel.h); 0 keeps the default
+  int threads = 0;               // --threads: compute threads per rank (engine/core/thread_pool.h); 0 keeps the default
 };
 
 // One cell of a table: an integer, a number printed with the column's precision, or text.

@@ -37,8 +37,8 @@
 #include "benchmarks/harness.h"
 #include "benchmarks/train_bench.h"
 #include "engine/dist/counting_communicator.h"
-#include "engine/train/config.h"
-#include "engine/train/dry_run.h"
+#include "engine/config/config.h"
+#include "engine/plan/dry_run.h"
 #include "engine/train/trainer.h"
 
 namespace switchyard::bench {
@@ -184,7 +184,7 @@ int Main(int argc, char** argv) {
           "train.eval_every=0", "train.max_steps=" + std::to_string(steps + 1),
           "train.warmup_steps=0"};
       for (const std::string& s : SplitCommas(sets)) overrides.push_back(s);
-      auto config = train::LoadConfig(config_path, overrides);
+      auto config = config::LoadConfig(config_path, overrides);
       if (!config.ok()) return h.Fail(Message(config.status()));
       const std::string out = (fs::temp_directory_path() /
                                StrCat("sy_pipeline_perf_run_", schedule, "_", layout.pp))
@@ -226,7 +226,7 @@ int Main(int argc, char** argv) {
       const double median = bubbles[bubbles.size() / 2];
 
       // The analytic volume: H per message, and the tied table's gradient.
-      const train::Config& c = *config;
+      const config::Config& c = *config;
       const double hidden = 4.0 * c.train.micro_batch_size * c.model.seq_len * c.model.d_model /
                             (c.parallel.tp > 1 && c.parallel.sequence_parallel ? c.parallel.tp : 1);
       double tied_table = 0;
@@ -237,8 +237,8 @@ int Main(int argc, char** argv) {
       const double analytic = AnalyticSent(stage, layout.pp, grad_accum, hidden, tied_table);
       auto mesh = dist::Mesh::Create(h.ranks(), c.parallel.MeshSizes(), c.parallel.order);
       if (!mesh.ok()) return h.Fail(Message(mesh.status()));
-      const train::RankMemory predicted = train::PredictRankMemory(c, *mesh, h.rank());
-      auto plan = train::PlanPipeline(c, *mesh);
+      const plan::RankMemory predicted = plan::PredictRankMemory(c, *mesh, h.rank());
+      auto plan = plan::PlanPipeline(c, *mesh);
       if (!plan.ok()) return h.Fail(Message(plan.status()));
       const double peak = static_cast<double>(trainer->memory().workspace_peak);
       const double err = peak / predicted.workspace - 1;
@@ -267,7 +267,7 @@ int Main(int argc, char** argv) {
       const std::vector<double> simulated = SimulatedIdle(lists, forward, backward);
       for (int s = 0; s < layout.pp; ++s) {
         const double* x = &v[group0[s] * n];
-        const train::PipelineStagePlan& sp = plan->stages[s];
+        const plan::PipelineStagePlan& sp = plan->stages[s];
         table.AddRow({schedule, int64_t{layout.pp}, int64_t{layout.dp}, int64_t{grad_accum},
                       int64_t{s}, 1e3 * x[8], 1e3 * x[9], x[0], x[1], x[2], simulated[s],
                       plan->bubble, static_cast<int64_t>(x[3]),

@@ -38,7 +38,7 @@
 #include "benchmarks/harness.h"
 #include "benchmarks/train_bench.h"
 #include "engine/dist/counting_communicator.h"
-#include "engine/train/config.h"
+#include "engine/config/config.h"
 #include "engine/train/trainer.h"
 
 namespace switchyard::bench {
@@ -51,7 +51,7 @@ struct Volume {
 };
 
 // The analytic payload bytes of one step (see the file comment).
-Volume Analytic(const train::Config& c, int tp) {
+Volume Analytic(const config::Config& c, int tp) {
   Volume v;
   if (tp == 1) return v;
   const model::ModelConfig& m = c.model;
@@ -109,7 +109,7 @@ int Main(int argc, char** argv) {
     overrides.push_back(sets.substr(at, comma == std::string::npos ? comma : comma - at));
     at = comma == std::string::npos ? comma : comma + 1;
   }
-  auto config = train::LoadConfig(config_path, overrides);
+  auto config = config::LoadConfig(config_path, overrides);
   if (!config.ok()) return h.Fail(Message(config.status()));
 
   // A counting copy of the world: every group the trainer splits from it counts.

@@ -15,7 +15,7 @@
 
 #include "benchmarks/harness.h"
 #include "engine/cli/args.h"
-#include "engine/train/data/loader.h"
+#include "engine/data/loader.h"
 
 namespace switchyard {
 namespace {

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <random>
 
-#include "engine/train/data/prep.h"
+#include "engine/data/prep.h"
 
 namespace switchyard::bench {
 namespace {

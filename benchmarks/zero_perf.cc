@@ -28,8 +28,8 @@
 #include "benchmarks/train_bench.h"
 #include "engine/dist/counting_communicator.h"
 #include "engine/parallel/grad_sync.h"
-#include "engine/train/config.h"
-#include "engine/train/dry_run.h"
+#include "engine/config/config.h"
+#include "engine/plan/dry_run.h"
 #include "engine/train/trainer.h"
 
 namespace switchyard::bench {
@@ -100,7 +100,7 @@ int Main(int argc, char** argv) {
       overrides.push_back(sets.substr(s, comma == std::string::npos ? comma : comma - s));
       s = comma == std::string::npos ? comma : comma + 1;
     }
-    auto config = train::LoadConfig(config_path, overrides);
+    auto config = config::LoadConfig(config_path, overrides);
     if (!config.ok()) return h.Fail(Message(config.status()));
     const std::string out =
         (fs::temp_directory_path() / ("sy_zero_perf_run_" + std::to_string(stage))).string();
@@ -129,7 +129,7 @@ int Main(int argc, char** argv) {
         AnalyticSent(*trainer, stage, grad_accum, config->model.tie_embeddings);
     const train::Trainer::Memory m = trainer->memory();
     auto mesh = dist::Mesh::Create(h.ranks(), config->parallel.MeshSizes(), config->parallel.order);
-    const train::RankMemory predicted = train::PredictRankMemory(*config, *mesh, h.rank());
+    const plan::RankMemory predicted = plan::PredictRankMemory(*config, *mesh, h.rank());
     std::vector<double> sorted = step_s;
     std::sort(sorted.begin(), sorted.end());
     const double median = h.MedianOfMax(step_s);

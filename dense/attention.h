@@ -16,7 +16,7 @@
 // tensor-parallel region once (dense/tp_block.h). With sequence parallelism x and y are this rank's rows
 // of the (B*S, d) token matrix, and seq_len gives S to shape the gathered rows.
 //
-// Context parallelism (options.cp, dense/context_parallel.h): x holds this rank's two chunks
+// Context parallelism (options.cp, engine/parallel/context_parallel.h): x holds this rank's two chunks
 // of every sequence, (2B, S/(2c), d); RoPE rotates each chunk by its global positions and
 // the core attention is dense/ring_attention.h's, the keys and values (kv heads only)
 // passed around the cp ring. The projections are per token and unchanged.
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "dense/context_parallel.h"
+#include "engine/parallel/context_parallel.h"
 #include "dense/linear.h"
 #include "dense/tp_block.h"
 #include "dense/parameter.h"
@@ -47,7 +47,7 @@ struct AttentionOptions {
   TensorParallel tp;     // none by default
   int64_t seq_len = 0;   // S of x's rows; required with tp.sequence_parallel (the local
                          // S/(2c) under cp)
-  ContextParallel cp;    // none by default; x (2B, S/(2c), d) in cp's local layout
+  parallel::ContextParallel cp;    // none by default; x (2B, S/(2c), d) in cp's local layout
 
   int64_t local_heads() const { return n_heads / tp.size(); }
   // Whether every tp rank holds all kv heads (tp does not divide them).

@@ -77,7 +77,7 @@ namespace {
 
 // Learned positions added to (or their gradient taken from) x (B, S, d): position s, or under
 // cp the global position of each chunk's rows.
-void AddPositions(const ContextParallel& cp, Tensor& x, const Tensor& wpe, DeviceContext* ctx) {
+void AddPositions(const parallel::ContextParallel& cp, Tensor& x, const Tensor& wpe, DeviceContext* ctx) {
   if (!cp.active()) return kernels::AddPositionEmbedding(x, wpe, 0, ctx);
   const int64_t b = x.dim(0) / 2;
   for (int h = 0; h < 2; ++h) {
@@ -86,7 +86,7 @@ void AddPositions(const ContextParallel& cp, Tensor& x, const Tensor& wpe, Devic
   }
 }
 
-void PositionsBackward(const ContextParallel& cp, const Tensor& dx, Tensor& dwpe,
+void PositionsBackward(const parallel::ContextParallel& cp, const Tensor& dx, Tensor& dwpe,
                        DeviceContext* ctx) {
   if (!cp.active()) return kernels::PositionEmbeddingBackward(dx, dwpe, 0, ctx);
   const int64_t b = dx.dim(0) / 2;

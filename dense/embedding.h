@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "dense/context_parallel.h"
+#include "engine/parallel/context_parallel.h"
 #include "dense/parameter.h"
 #include "dense/tp_block.h"
 #include "engine/parallel/vocab_parallel.h"
@@ -39,7 +39,7 @@ struct EmbeddingOptions {
   int64_t max_positions = 0;  // S_max of the learned table wpe; 0: no wpe (rope)
   Device device = Device::Cpu();
   TensorParallel tp;          // vocabulary parallelism; none by default
-  ContextParallel cp;         // tokens (2B, S/(2c)) in cp's local layout: global positions
+  parallel::ContextParallel cp;         // tokens (2B, S/(2c)) in cp's local layout: global positions
 
   // V rounded up to a multiple of tp; the rows this rank holds, the first of them, and how
   // many of them are real vocabulary (the rest is padding).

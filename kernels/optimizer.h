@@ -46,7 +46,7 @@ struct AdamWStep {
   float weight_decay = 0.0f;  // 0 for parameters without decay
   int64_t step = 1;           // t >= 1: the number of this update (bias correction)
   // Every gradient element is multiplied by this (in f32) before it is used: the global-norm
-  // clip's factor (engine/train/clip.h) applied inside the update instead of a pass over
+  // clip's factor (engine/parallel/clip.h) applied inside the update instead of a pass over
   // the gradients of its own. The same bits as scaling the gradients first; 1 leaves them.
   float grad_scale = 1.0f;
 };

@@ -28,7 +28,7 @@ TORCH_SETTINGS = {
                               "OMP_WAIT_POLICY": "PASSIVE"}, ["--threads", "2"]),
 }
 
-# Ours: the size of our compute pool (engine/core/parallel.h, which reads OPENBLAS_NUM_THREADS
+# Ours: the size of our compute pool (engine/core/thread_pool.h, which reads OPENBLAS_NUM_THREADS
 # when SWITCHYARD_THREADS is unset; OpenBLAS itself then runs one thread per call); the
 # passive variant is there for symmetry (OMP_WAIT_POLICY means nothing to our pool).
 OURS_SETTINGS = {

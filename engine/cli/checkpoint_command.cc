@@ -12,7 +12,7 @@
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/common.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 namespace switchyard::cli {
 namespace {
@@ -29,7 +29,7 @@ constexpr char kSummary[] =
 }  // namespace
 
 int VerifyCheckpointDir(const std::string& command, const std::string& dir, bool json) {
-  StatusOr<train::CheckpointReport> r = train::VerifyCheckpoint(dir);
+  StatusOr<checkpoint::CheckpointReport> r = checkpoint::VerifyCheckpoint(dir);
   if (!r.ok()) {
     PrintError(command, std::string(r.status().message()));
     return kExitFailure;

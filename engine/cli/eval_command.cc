@@ -73,8 +73,8 @@ std::string Fmt(const char* fmt, double v) {
   return buf;
 }
 
-std::string Report(const train::EvalResult& r, const train::LoadedCheckpoint& ck,
-                   const train::Config& c, const dist::Mesh& mesh, const std::string& data,
+std::string Report(const train::EvalResult& r, const checkpoint::LoadedCheckpoint& ck,
+                   const config::Config& c, const dist::Mesh& mesh, const std::string& data,
                    double seconds) {
   std::ostringstream out;
   out << "checkpoint " << ck.dir << " (step " << ck.step << ", saved with world "
@@ -104,8 +104,8 @@ std::string Report(const train::EvalResult& r, const train::LoadedCheckpoint& ck
   return out.str();
 }
 
-std::string Json(const train::EvalResult& r, const train::LoadedCheckpoint& ck,
-                 const train::Config& c, const dist::Mesh& mesh, const std::string& data,
+std::string Json(const train::EvalResult& r, const checkpoint::LoadedCheckpoint& ck,
+                 const config::Config& c, const dist::Mesh& mesh, const std::string& data,
                  double seconds) {
   nlohmann::ordered_json j;
   j["checkpoint"] = ck.dir;
@@ -151,7 +151,7 @@ int Run(const std::vector<std::string>& args) {
   if (int rc = Agree(*world, saved.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
   auto cc = train::ReadCheckpointConfig(f.checkpoint, f.overrides);
   if (int rc = Agree(*world, cc.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
-  train::Config& config = cc->config;
+  config::Config& config = cc->config;
   if (!f.data.empty()) {
     config.data.dir = f.data;
     config.data.paths.clear();

@@ -23,7 +23,7 @@
 #include "engine/core/safetensors.h"
 #include "engine/dist/process.h"
 #include "engine/model/decoder.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/train/evaluator.h"
 #include "engine/train/optimizer.h"
 
@@ -107,7 +107,7 @@ int RunExport(const std::vector<std::string>& args) {
   if (!cc.ok()) return Fail(kExport, cc.status());
   if (Status s = CheckMixtralExpressible(cc->config); !s.ok()) return Fail(kExport, s);
   if (Status s = CheckFreshOutput(a.out); !s.ok()) return Fail(kExport, s);
-  auto tensors = train::ReadWholeTensors(cc->dir, /*optimizer=*/false);
+  auto tensors = checkpoint::ReadWholeTensors(cc->dir, /*optimizer=*/false);
   if (!tensors.ok()) return Fail(kExport, tensors.status());
   SafetensorsFile file;
   file.tensors = ToMixtral(*tensors, cc->config);
@@ -173,7 +173,7 @@ int Import(const std::vector<std::string>& args) {
   if (hf.is_discarded() || !hf.is_object()) return Fail(kImport, InvalidArgument(source, ": not a JSON object"));
   auto yaml = ConfigYamlFromMixtral(hf, source);
   if (!yaml.ok()) return Fail(kImport, yaml.status());
-  auto config = train::ParseConfig(*yaml, source, a.overrides);
+  auto config = config::ParseConfig(*yaml, source, a.overrides);
   if (!config.ok()) return UsageError(kImport, std::string(config.status().message()));
   Status valid = config->Validate(1);
   if (valid.ok()) valid = config->model.Validate();
@@ -193,17 +193,17 @@ int Import(const std::vector<std::string>& args) {
     p.value.CopyFrom(it->second);
   }
   SY_CHECK_EQ(reg.params().size(), ours->size()) << "parameters vs mapped tensors";
-  train::Optimizer optimizer(reg, config->train.optimizer_options());
+  train::Optimizer optimizer(reg, train::OptimizerOptionsFor(config->train));
   auto mesh = dist::Mesh::Create(1, config->parallel.MeshSizes(), config->parallel.order);
   if (!mesh.ok()) return Fail(kImport, mesh.status());
   nlohmann::json state{{"step", 0}, {"imported_from", a.in}};
-  train::CheckpointContents contents{.params = &reg, .optimizer_state = optimizer.State(),
+  checkpoint::CheckpointContents contents{.params = &reg, .optimizer_state = optimizer.State(),
                                      .trainer_state_json = state.dump(),
                                      .config_yaml = config->ToYaml()};
-  if (Status s = train::SaveCheckpoint(a.out, 0, contents, *world, *mesh); !s.ok()) return Fail(kImport, s);
+  if (Status s = checkpoint::SaveCheckpoint(a.out, 0, contents, *world, *mesh); !s.ok()) return Fail(kImport, s);
   std::printf("imported %s into %s/%s: %zu tensors (evaluate with: switchyard eval --checkpoint %s "
               "--data DIR)\n",
-              a.in.c_str(), a.out.c_str(), train::StepDirName(0).c_str(), ours->size(), a.out.c_str());
+              a.in.c_str(), a.out.c_str(), checkpoint::StepDirName(0).c_str(), ours->size(), a.out.c_str());
   return kExitOk;
 }
 

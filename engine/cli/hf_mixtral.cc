@@ -32,7 +32,7 @@ struct Pair {
   bool transpose;
 };
 
-std::vector<Pair> DensePairs(const train::Config& c) {
+std::vector<Pair> DensePairs(const config::Config& c) {
   std::vector<Pair> p = {{"embed.wte", "model.embed_tokens.weight", false},
                          {"norm_f.weight", "model.norm.weight", false}};
   if (!c.model.tie_embeddings) p.push_back({"head.weight", "lm_head.weight", true});
@@ -49,7 +49,7 @@ std::vector<Pair> DensePairs(const train::Config& c) {
 
 }  // namespace
 
-Status CheckMixtralExpressible(const train::Config& c) {
+Status CheckMixtralExpressible(const config::Config& c) {
   const model::ModelConfig& m = c.model;
   const moe::MoEConfig& e = c.moe;
   auto no = [](auto&&... args) {
@@ -78,7 +78,7 @@ Status CheckMixtralExpressible(const train::Config& c) {
   return OkStatus();
 }
 
-nlohmann::ordered_json MixtralConfigJson(const train::Config& c) {
+nlohmann::ordered_json MixtralConfigJson(const config::Config& c) {
   const model::ModelConfig& m = c.model;
   nlohmann::ordered_json j;
   j["architectures"] = {"MixtralForCausalLM"};
@@ -143,7 +143,7 @@ StatusOr<std::string> ConfigYamlFromMixtral(const nlohmann::json& hf, const std:
 }
 
 std::map<std::string, Tensor> ToMixtral(const std::map<std::string, Tensor>& ours,
-                                        const train::Config& c) {
+                                        const config::Config& c) {
   std::map<std::string, Tensor> hf;
   for (const Pair& p : DensePairs(c)) {
     const Tensor& t = ours.at(p.ours);
@@ -160,7 +160,7 @@ std::map<std::string, Tensor> ToMixtral(const std::map<std::string, Tensor>& our
 }
 
 StatusOr<std::map<std::string, Tensor>> FromMixtral(const std::map<std::string, Tensor>& hf,
-                                                    const train::Config& c,
+                                                    const config::Config& c,
                                                     const std::string& source) {
   std::set<std::string> unused;
   for (const auto& [name, t] : hf) unused.insert(name);

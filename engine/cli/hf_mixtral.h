@@ -14,17 +14,17 @@
 
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
-#include "engine/train/config.h"
+#include "engine/config/config.h"
 
 namespace switchyard::cli {
 
 // OK when MixtralForCausalLM computes what this config does in eval mode; otherwise one
 // error naming the key, its value and why Mixtral has no equivalent ("moe.layer_freq=2:
 // Mixtral makes every layer MoE").
-Status CheckMixtralExpressible(const train::Config& config);
+Status CheckMixtralExpressible(const config::Config& config);
 
 // config.json of MixtralForCausalLM for a config CheckMixtralExpressible accepts.
-nlohmann::ordered_json MixtralConfigJson(const train::Config& config);
+nlohmann::ordered_json MixtralConfigJson(const config::Config& config);
 
 // The YAML of a Switchyard config with config.json's model (the moe section Mixtral's:
 // top-k renormalised, dropless, swiglu experts in every layer); the train, data and
@@ -34,12 +34,12 @@ StatusOr<std::string> ConfigYamlFromMixtral(const nlohmann::json& hf, const std:
 
 // Our model tensors (checkpoint names, whole, f32 on the host) -> Mixtral's names.
 std::map<std::string, Tensor> ToMixtral(const std::map<std::string, Tensor>& ours,
-                                        const train::Config& config);
+                                        const config::Config& config);
 
 // Mixtral's tensors -> ours, for `config`. Errors: a missing tensor, an unexpected one, a
 // wrong shape or a dtype other than F32 (one line naming the tensor; `source` the files).
 StatusOr<std::map<std::string, Tensor>> FromMixtral(const std::map<std::string, Tensor>& hf,
-                                                    const train::Config& config,
+                                                    const config::Config& config,
                                                     const std::string& source);
 
 }  // namespace switchyard::cli

@@ -23,7 +23,7 @@
 #include "engine/dist/mesh.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/dist/process.h"
-#include "engine/train/config.h"
+#include "engine/config/config.h"
 #include "engine/train/runtime.h"
 #include "moe/experts.h"
 #include "moe/moe_layer.h"
@@ -87,9 +87,9 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
 
 // The config, checked against the world and restricted to the layouts this command runs:
 // ep x edp only (tp = cp = pp = etp = 1).
-StatusOr<train::Config> LoadLayerConfig(const Flags& f, int world) {
-  SY_ASSIGN_OR_RETURN(train::Config config, train::LoadConfig(f.config, f.overrides));
-  const train::ParallelConfig& p = config.parallel;
+StatusOr<config::Config> LoadLayerConfig(const Flags& f, int world) {
+  SY_ASSIGN_OR_RETURN(config::Config config, config::LoadConfig(f.config, f.overrides));
+  const config::ParallelConfig& p = config.parallel;
   for (auto [name, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"pp", p.pp}}) {
     if (v != 1) {
       return InvalidArgument("moe-layer runs ep x data-parallel layouts only: parallel.", name,
@@ -240,7 +240,7 @@ std::string Join(const std::vector<int64_t>& v) {
   return out + "]";
 }
 
-void PrintSummary(const Inputs& in, const train::Config& config, const Flags& f,
+void PrintSummary(const Inputs& in, const config::Config& config, const Flags& f,
                   const dist::Mesh& mesh, const SafetensorsFile& out,
                   const moe::MoEStats& stats) {
   const moe::MoEConfig& c = config.moe;
@@ -296,10 +296,10 @@ int Run(const std::vector<std::string>& args) {
     if (rank == 0) std::fputs(f.usage.c_str(), stdout);
     return kExitOk;
   }
-  StatusOr<train::Config> config = LoadLayerConfig(f, ranks);
+  StatusOr<config::Config> config = LoadLayerConfig(f, ranks);
   if (int rc = Agree(*world, config.status(), kExitUsage); rc != kExitOk) return rc;
   const moe::MoEConfig& c = config->moe;
-  const train::ParallelConfig& p = config->parallel;
+  const config::ParallelConfig& p = config->parallel;
   StatusOr<dist::Mesh> mesh =
       dist::Mesh::Create(ranks, {.tp = 1, .cp = 1, .ep = p.ep, .etp = 1, .pp = 1}, p.order);
   if (int rc = Agree(*world, mesh.status(), kExitUsage); rc != kExitOk) return rc;

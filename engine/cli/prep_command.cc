@@ -1,6 +1,6 @@
 // `switchyard prep`: turns text files (by default Debian's fortune files in several
 // languages) into a SentencePiece tokenizer, token shards and index.json, then prints
-// documents and tokens per label and split. See engine/train/data/prep.h and docs/data.md.
+// documents and tokens per label and split. See engine/data/prep.h and docs/data.md.
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
-#include "engine/train/data/prep.h"
+#include "engine/data/prep.h"
 
 namespace switchyard::cli {
 namespace {

@@ -25,8 +25,8 @@
 #include "engine/cli/common.h"
 #include "engine/core/file.h"
 #include "engine/dist/process.h"
-#include "engine/train/data/index.h"
-#include "engine/train/data/tokenizer.h"
+#include "engine/data/index.h"
+#include "engine/data/tokenizer.h"
 #include "engine/train/evaluator.h"
 #include "moe/capacity.h"
 
@@ -130,7 +130,7 @@ Routed Route(model::Decoder& decoder, const std::vector<int32_t>& ids, int64_t s
   return r;
 }
 
-std::string Json(const Routed& r, const data::Tokenizer& tok, const train::LoadedCheckpoint& ck,
+std::string Json(const Routed& r, const data::Tokenizer& tok, const checkpoint::LoadedCheckpoint& ck,
                  const std::vector<int64_t>& layer_ids, const moe::MoEConfig& mc) {
   nlohmann::ordered_json j;
   j["checkpoint"] = ck.dir;
@@ -160,7 +160,7 @@ std::string Json(const Routed& r, const data::Tokenizer& tok, const train::Loade
 
 // The listing: per layer, the text with each token in its first expert's colour (a dropped
 // first choice struck through), then one row per token.
-std::string Listing(const Routed& r, const data::Tokenizer& tok, const train::LoadedCheckpoint& ck,
+std::string Listing(const Routed& r, const data::Tokenizer& tok, const checkpoint::LoadedCheckpoint& ck,
                     const std::vector<int64_t>& layer_ids, const moe::MoEConfig& mc, bool color) {
   static constexpr int kPalette[] = {196, 46, 21, 226, 201, 51, 208, 93, 118, 27, 214, 129, 40, 160, 33, 220};
   auto paint = [&](const std::string& s, int expert, bool dropped) {
@@ -233,7 +233,7 @@ int Run(const std::vector<std::string>& args) {
   overrides.insert(overrides.end(), f.overrides.begin(), f.overrides.end());
   auto cc = train::ReadCheckpointConfig(f.checkpoint, overrides);
   if (int rc = Agree(*world, cc.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
-  train::Config& config = cc->config;
+  config::Config& config = cc->config;
   if (!f.data.empty()) config.data.dir = f.data;
   Status valid = config.Validate(1);
   if (valid.ok()) valid = config.model.Validate();

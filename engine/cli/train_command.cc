@@ -11,7 +11,7 @@
 #include "engine/cli/commands.h"
 #include "engine/cli/common.h"
 #include "engine/dist/process.h"
-#include "engine/train/dry_run.h"
+#include "engine/plan/dry_run.h"
 #include "engine/train/trainer.h"
 
 namespace switchyard::cli {
@@ -72,7 +72,7 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
 }
 
 // The fewest ranks a layout runs on: a multiple of both tp*cp*pp and etp*ep*pp.
-int SmallestWorld(const train::ParallelConfig& p) {
+int SmallestWorld(const config::ParallelConfig& p) {
   const int dense = p.tp * p.cp * p.pp;
   const int expert = (p.etp > 0 ? p.etp : p.tp) * p.ep * p.pp;
   return std::lcm(dense, expert);
@@ -86,7 +86,7 @@ int Run(const std::vector<std::string>& args) {
     if (world->rank() == 0) std::printf("%s", f.usage.c_str());
     return kExitOk;
   }
-  auto config = train::LoadConfig(f.config, f.overrides);
+  auto config = config::LoadConfig(f.config, f.overrides);
   if (int rc = Agree(*world, config.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
   if (f.dry_run) {
     const int planned = f.world > 0 ? f.world
@@ -97,7 +97,7 @@ int Run(const std::vector<std::string>& args) {
     if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
     // A pipeline whose action lists fail their check (a bug in a schedule) exits 1.
     Status check;
-    const std::string report = train::DryRunReport(*config, planned, &check);
+    const std::string report = plan::DryRunReport(*config, planned, &check);
     if (world->rank() == 0) std::printf("%s", report.c_str());
     return Agree(*world, check, kExitFailure, kCommand);
   }

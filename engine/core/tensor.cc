@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "engine/core/device_context.h"
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 
 #ifdef SY_HAVE_CUDA
 #include "engine/core/cuda_check.h"

@@ -48,7 +48,7 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   const Stage& stage = parallel.stage;
   dec->first_layer_ = stage.first_layer;
   const dense::TensorParallel tp = dec->tp();
-  const dense::ContextParallel cp = dec->cp();
+  const parallel::ContextParallel cp = dec->cp();
   SY_RETURN_IF_ERROR(cp.Validate());
   SY_CHECK(!cp.active() || parallel.tp_cp != nullptr)
       << "Decoder::Create: context parallelism needs DecoderParallel::tp_cp";
@@ -196,7 +196,7 @@ Tensor Decoder::MoeRowsInBackward(const Tensor& dh, const Shape& shape) const {
 }
 
 moe::GroupLayout Decoder::MoeGroupLayout(int64_t batch) const {
-  const dense::ContextParallel cp = this->cp();
+  const parallel::ContextParallel cp = this->cp();
   if (!cp.active()) return {};
   // tp_cp member m = cp rank * tp + tp rank holds block tp_rank of cp rank's local rows
   // (2B, S/(2c)): row (h, b, s) is token b * S + (chunk start of h) + s.
@@ -232,7 +232,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
       << "tokens " << in.tokens.DebugString() << ", targets " << in.targets.DebugString();
   SY_CHECK_LE(seq, model_.seq_len) << "sequence longer than model.seq_len";
   const dense::TensorParallel tp = this->tp();
-  const dense::ContextParallel cp = this->cp();
+  const parallel::ContextParallel cp = this->cp();
   SY_CHECK(!(tp.active() && tp.sequence_parallel) || seq == cp.local_seq_len())
       << "sequence parallelism needs sequences of model.seq_len=" << model_.seq_len;
   SY_CHECK(!cp.active() || (seq == cp.chunk_len() && batch % 2 == 0))

@@ -27,7 +27,7 @@
 // input in DecoderOutput::grad_input after Backward. The aux and z sums cover the stage's
 // MoE layers.
 //
-// Context parallelism (DecoderParallel::cp, dense/context_parallel.h): DecoderInput's tokens
+// Context parallelism (DecoderParallel::cp, engine/parallel/context_parallel.h): DecoderInput's tokens
 // and targets are this rank's two chunks of every sequence, (2B, S/(2c)) (the micro-batch's
 // B sequences must be whole, S = model.seq_len); embeddings and RoPE use the global
 // positions, attention runs around the cp ring, and each MoE layer routes the micro-batch's
@@ -123,7 +123,7 @@ struct DecoderParallel {
   bool sequence_parallel = false;     // only with tp of size > 1
   dist::Communicator* etp = nullptr;  // expert tensor parallel; null: none
   Stage stage = Stage::Whole();       // the pipeline stage this decoder holds (default: all)
-  // Context parallel (dense/context_parallel.h); null: none. With cp of size c > 1, tp_cp is
+  // Context parallel (engine/parallel/context_parallel.h); null: none. With cp of size c > 1, tp_cp is
   // required: the cp x tp ranks that hold one micro-batch's tokens, member cp_rank * tp +
   // tp_rank (dist::ParallelContext::tp_cp), over which each MoE layer routes its group.
   dist::Communicator* cp = nullptr;
@@ -213,7 +213,7 @@ class Decoder {
   dense::TensorParallel tp() const {
     return {.comm = parallel_.tp, .sequence_parallel = parallel_.sequence_parallel};
   }
-  dense::ContextParallel cp() const { return {.comm = parallel_.cp, .seq_len = model_.seq_len}; }
+  parallel::ContextParallel cp() const { return {.comm = parallel_.cp, .seq_len = model_.seq_len}; }
   // How a micro-batch of `batch` sequences lies over tp_cp (contiguous without cp).
   moe::GroupLayout MoeGroupLayout(int64_t batch) const;
   // The MoE layer's input rows on this rank from the norm's output, and its output rows

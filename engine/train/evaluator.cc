@@ -74,35 +74,35 @@ StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,
   if (!fs::is_directory(path, ec)) return FailedPrecondition(path, ": not a checkpoint directory");
   CheckpointConfig out;
   out.dir = path;
-  if (!fs::exists(fs::path(path) / kModelIndexFile, ec) &&
-      !fs::exists(fs::path(path) / kConfigFile, ec)) {
-    SY_ASSIGN_OR_RETURN(std::optional<std::string> latest, LatestCheckpoint(path));
+  if (!fs::exists(fs::path(path) / checkpoint::kModelIndexFile, ec) &&
+      !fs::exists(fs::path(path) / checkpoint::kConfigFile, ec)) {
+    SY_ASSIGN_OR_RETURN(std::optional<std::string> latest, checkpoint::LatestCheckpoint(path));
     if (!latest) {
-      return NotFound(path, ": not a checkpoint (no ", kConfigFile, ", no ", kLatestFile,
+      return NotFound(path, ": not a checkpoint (no ", checkpoint::kConfigFile, ", no ", checkpoint::kLatestFile,
                       " file); pass a step-* directory or a training output directory");
     }
     out.dir = *latest;
     if (!fs::is_directory(out.dir, ec)) {
-      return NotFound(path, "/", kLatestFile, " names ", out.dir, ", which does not exist");
+      return NotFound(path, "/", checkpoint::kLatestFile, " names ", out.dir, ", which does not exist");
     }
   }
-  const std::string config_path = (fs::path(out.dir) / kConfigFile).string();
+  const std::string config_path = (fs::path(out.dir) / checkpoint::kConfigFile).string();
   if (!fs::exists(config_path, ec)) {
-    return FailedPrecondition(out.dir, ": incomplete checkpoint (no ", kConfigFile, ")");
+    return FailedPrecondition(out.dir, ": incomplete checkpoint (no ", checkpoint::kConfigFile, ")");
   }
   SY_ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
-  SY_ASSIGN_OR_RETURN(out.config, ParseConfig(text, config_path, overrides));
+  SY_ASSIGN_OR_RETURN(out.config, config::ParseConfig(text, config_path, overrides));
   return out;
 }
 
-StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
+StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const config::Config& config,
                                                        dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
   SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
   std::unique_ptr<Evaluator> ev(new Evaluator(config, world));
-  const ParallelConfig& p = config.parallel;
-  const TrainConfig& tc = config.train;
+  const config::ParallelConfig& p = config.parallel;
+  const config::TrainConfig& tc = config.train;
   SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
   SY_ASSIGN_OR_RETURN(ev->pc_, dist::ParallelContext::Create(world, mesh));
   SY_ASSIGN_OR_RETURN(ev->rt_, MakeRuntime(config.runtime, world, mesh));
@@ -135,8 +135,8 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const Config& config,
   return ev;
 }
 
-StatusOr<LoadedCheckpoint> Evaluator::Load(const std::string& path) {
-  return LoadCheckpoint(path, registry_, /*optimizer_state=*/nullptr, world_,
+StatusOr<checkpoint::LoadedCheckpoint> Evaluator::Load(const std::string& path) {
+  return checkpoint::LoadCheckpoint(path, registry_, /*optimizer_state=*/nullptr, world_,
                         /*require_finite=*/true);
 }
 

@@ -23,10 +23,10 @@
 #include "engine/dist/communicator.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/config.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/config/config.h"
 #include "engine/train/pipeline_runner.h"
-#include "engine/train/data/loader.h"
+#include "engine/data/loader.h"
 #include "engine/train/runtime.h"
 #include "moe/moe_layer.h"
 
@@ -58,7 +58,7 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
 // A checkpoint's step directory and the config saved with it.
 struct CheckpointConfig {
   std::string dir;  // the step directory
-  Config config;    // its config.yaml, with the overrides applied
+  config::Config config;    // its config.yaml, with the overrides applied
 };
 
 // Resolves `path` (a step directory, or an output directory: its `latest`) and parses the
@@ -75,12 +75,12 @@ class Evaluator {
   // Validates the config for this world (layouts `switchyard train` does not support yet —
   // tp, cp, pp, etp > 1 — are refused the same way), builds the mesh and the model (fresh
   // weights until Load) and opens data.dir. Collective over world.
-  static StatusOr<std::unique_ptr<Evaluator>> Create(const Config& config,
+  static StatusOr<std::unique_ptr<Evaluator>> Create(const config::Config& config,
                                                      dist::Communicator& world);
 
   // Loads the model weights of a checkpoint saved under any layout (`path`: a step
   // directory or an output directory). Collective; the same Status on every rank.
-  StatusOr<LoadedCheckpoint> Load(const std::string& path);
+  StatusOr<checkpoint::LoadedCheckpoint> Load(const std::string& path);
 
   // Evaluates up to max_batches (<= 0: every) validation micro-batches per data-parallel
   // rank at `step`. Errors: a validation split too short for one micro-batch per rank.
@@ -92,9 +92,9 @@ class Evaluator {
   const data::DataLoader& loader() const { return *loader_; }
 
  private:
-  Evaluator(const Config& config, dist::Communicator& world) : config_(config), world_(world) {}
+  Evaluator(const config::Config& config, dist::Communicator& world) : config_(config), world_(world) {}
 
-  Config config_;
+  config::Config config_;
   dist::Communicator& world_;
   std::unique_ptr<dist::ParallelContext> pc_;
   Runtime rt_;  // runtime.device; outlives the decoder

@@ -5,18 +5,13 @@
 
 namespace switchyard::train {
 
-StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  if (name == "sgd") return OptimizerKind::kSgd;
-  return InvalidArgument("train.optimizer='", name, "' is not one of adamw, sgd");
-}
-
-const char* OptimizerKindName(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kAdamW: return "adamw";
-    case OptimizerKind::kSgd: return "sgd";
-  }
-  return "?";
+OptimizerOptions OptimizerOptionsFor(const config::TrainConfig& t) {
+  return {.kind = t.optimizer,
+          .weight_decay = t.weight_decay,
+          .beta1 = t.beta1,
+          .beta2 = t.beta2,
+          .eps = t.eps,
+          .momentum = t.momentum};
 }
 
 Optimizer::Optimizer(parallel::ParameterRegistry& registry, const OptimizerOptions& options,

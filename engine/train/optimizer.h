@@ -12,7 +12,7 @@
 // Parameters with trainable == false are skipped (no state, never updated); weight decay
 // applies only where Parameter::weight_decay is true.
 //
-//   Optimizer opt(model.registry(), config.train.optimizer_options());
+//   Optimizer opt(model.registry(), OptimizerOptionsFor(config.train));
 //   ... backward, grad sync, clip ...
 //   opt.Step(schedule.LrAt(opt.step()));
 #pragma once
@@ -23,16 +23,13 @@
 
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
+#include "engine/config/train_config.h"
 #include "engine/parallel/parameter.h"
 #include "engine/parallel/zero.h"
 
 namespace switchyard::train {
 
-enum class OptimizerKind { kAdamW, kSgd };
-
-// "adamw", "sgd".
-StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
-const char* OptimizerKindName(OptimizerKind kind);
+using config::OptimizerKind;  // adamw | sgd, the config's train.optimizer
 
 // Hyper-parameters other than the learning rate (which the schedule gives per step).
 struct OptimizerOptions {
@@ -48,6 +45,9 @@ struct OptimizerOptions {
   // round identically).
   bool offload = false;
 };
+
+// The optimizer's options from the config's train section.
+OptimizerOptions OptimizerOptionsFor(const config::TrainConfig& train);
 
 class Optimizer {
  public:

@@ -2,12 +2,12 @@
 
 #include <cstdlib>
 
-#include "dense/context_parallel.h"
+#include "engine/parallel/context_parallel.h"
 #include "engine/dist/process.h"
 
 namespace switchyard::train {
 
-StatusOr<Device> RankDevice(const RuntimeConfig& runtime, int world_rank) {
+StatusOr<Device> RankDevice(const config::RuntimeConfig& runtime, int world_rank) {
   SY_RETURN_IF_ERROR(runtime.Validate());
   SY_ASSIGN_OR_RETURN(Device device, ParseDevice(runtime.device));
   if (device.is_cpu()) return device;
@@ -33,7 +33,7 @@ StatusOr<Device> RankDevice(const RuntimeConfig& runtime, int world_rank) {
   return device;
 }
 
-StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& world,
+StatusOr<Runtime> MakeRuntime(const config::RuntimeConfig& runtime, dist::Communicator& world,
                               const dist::Mesh& mesh) {
   SY_ASSIGN_OR_RETURN(const Device device, RankDevice(runtime, world.rank()));
   Runtime rt;
@@ -49,9 +49,9 @@ StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& 
 }
 
 StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
-    const Config& config, const Runtime& rt, dist::ParallelContext& host_pc) {
+    const config::Config& config, const Runtime& rt, dist::ParallelContext& host_pc) {
   dist::ParallelContext& pc = rt.data_pc(host_pc);
-  const ParallelConfig& p = config.parallel;
+  const config::ParallelConfig& p = config.parallel;
   SY_ASSIGN_OR_RETURN(const std::vector<model::Stage> stages,
                       model::PartitionLayers(config.model, config.moe, p.pp * p.virtual_stages,
                                              p.pipeline_layers));
@@ -78,8 +78,8 @@ model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decod
                                     bool training) {
   const int cp = pc.cp().size(), rank = pc.cp().rank();
   return model::DecoderInput{
-      .tokens = dense::ShardSequences(batch.inputs, cp, rank).To(decoder.device(), decoder.ctx()),
-      .targets = dense::ShardSequences(batch.targets, cp, rank).To(decoder.device(), decoder.ctx()),
+      .tokens = parallel::ShardSequences(batch.inputs, cp, rank).To(decoder.device(), decoder.ctx()),
+      .targets = parallel::ShardSequences(batch.targets, cp, rank).To(decoder.device(), decoder.ctx()),
       .first_token = batch.sequences[0] * decoder.config().seq_len,
       .step = step,
       .training = training};

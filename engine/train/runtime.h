@@ -10,15 +10,15 @@
 #include "engine/core/device_context.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
-#include "engine/train/config.h"
-#include "engine/train/data/loader.h"
+#include "engine/config/config.h"
+#include "engine/data/loader.h"
 
 namespace switchyard::train {
 
 // runtime.device as this rank's device: "cuda" takes GPU local_rank % GPUs (one rank per
 // GPU under mpirun; OMPI_COMM_WORLD_LOCAL_RANK, else the world rank), "cuda:N" exactly GPU
 // N. Errors name the key when the build has no CUDA backend or no GPU is visible.
-StatusOr<Device> RankDevice(const RuntimeConfig& runtime, int world_rank);
+StatusOr<Device> RankDevice(const config::RuntimeConfig& runtime, int world_rank);
 
 struct Runtime {
   std::unique_ptr<DeviceContext> ctx;
@@ -33,7 +33,7 @@ struct Runtime {
 };
 
 // Collective over world (the device communicator is created on every rank).
-StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& world,
+StatusOr<Runtime> MakeRuntime(const config::RuntimeConfig& runtime, dist::Communicator& world,
                               const dist::Mesh& mesh);
 
 // The decoders of `config` on this rank, one per model chunk (parallel.virtual_stages of
@@ -42,11 +42,11 @@ StatusOr<Runtime> MakeRuntime(const RuntimeConfig& runtime, dist::Communicator& 
 // device groups of rt (tp with sequence parallelism as configured, ep, etp), and recompute
 // activations as train.recompute says. Used by training and evaluation.
 StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
-    const Config& config, const Runtime& rt, dist::ParallelContext& host_pc);
+    const config::Config& config, const Runtime& rt, dist::ParallelContext& host_pc);
 
 // A loader batch as a micro-batch of `decoder` on this rank: tokens and targets on the
 // decoder's device, under context parallelism this rank's chunks of every sequence
-// (dense/context_parallel.h's local layout), first_token the batch's first global token.
+// (engine/parallel/context_parallel.h's local layout), first_token the batch's first global token.
 model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decoder& decoder,
                                     const dist::ParallelContext& pc, int64_t step,
                                     bool training);

@@ -20,4 +20,9 @@ float LrSchedule::LrAt(int64_t s) const {
   return static_cast<float>(min_lr + coeff * (static_cast<double>(lr) - min_lr));
 }
 
+LrSchedule ScheduleFor(const config::TrainConfig& t) {
+  return {.lr = t.lr, .min_lr = t.resolved_min_lr(), .warmup_steps = t.warmup_steps,
+          .max_steps = t.max_steps};
+}
+
 }  // namespace switchyard::train

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "engine/config/train_config.h"
+
 namespace switchyard::train {
 
 struct LrSchedule {
@@ -29,5 +31,8 @@ struct LrSchedule {
   // The learning rate of optimizer step s >= 0 (see the file comment).
   float LrAt(int64_t s) const;
 };
+
+// The schedule of the config's train section (min_lr -1 resolved to 0.1 * lr).
+LrSchedule ScheduleFor(const config::TrainConfig& train);
 
 }  // namespace switchyard::train

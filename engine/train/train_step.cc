@@ -10,8 +10,9 @@
 
 #include "engine/core/profile.h"
 #include "engine/dist/ordered_sum.h"
-#include "engine/train/clip.h"
-#include "engine/train/nonfinite.h"
+#include "engine/parallel/clip.h"
+#include "engine/parallel/nonfinite.h"
+#include "engine/train/schedule.h"
 #include "engine/train/trainer.h"
 #include "kernels/elementwise.h"
 
@@ -47,7 +48,7 @@ void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceCon
 StepMetrics Trainer::TrainStep(bool record_routing) {
   const auto start = std::chrono::steady_clock::now();
   if (profiler_) profiler_->BeginStep();
-  const TrainConfig& tc = config_.train;
+  const config::TrainConfig& tc = config_.train;
   const dist::Mesh& mesh = pc_->mesh();
   const int64_t seq = config_.model.seq_len;
   const int64_t global_batch = int64_t{mesh.dp()} * tc.micro_batch_size * tc.grad_accum;
@@ -127,9 +128,9 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const double z_sum = dist::TreeSumDoubles(z_sums);
   phase.emplace(Phase::kOptimizer);
   // The clip's factor is applied inside the optimizer's update (no pass of its own).
-  const double norm = GlobalGradNorm(reg, *pc_, ctx, zero_.get());
-  const float clip_scale = ClipScale(norm, tc.grad_clip);
-  const float lr = tc.schedule().LrAt(optimizer_->step());
+  const double norm = parallel::GlobalGradNorm(reg, *pc_, ctx, zero_.get());
+  const float clip_scale = parallel::ClipScale(norm, tc.grad_clip);
+  const float lr = ScheduleFor(tc).LrAt(optimizer_->step());
   phase.emplace(Phase::kCommunication);
   // Reduce the step's losses over the data-parallel world: over dp x cp (every tp rank
   // holds the same sums), then over the pipeline stages (the last holds the cross-entropy).
@@ -145,7 +146,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   world_.AllReduce(bad, dist::ReduceOp::kMax);
   const bool finite = bad.data<int32_t>()[0] == 0;
   std::string first_bad;
-  if (!finite) first_bad = AgreeFirstNonFiniteGrad(reg, zero_.get(), world_);
+  if (!finite) first_bad = parallel::AgreeFirstNonFiniteGrad(reg, zero_.get(), world_);
   if (finite) {
     phase.emplace(Phase::kOptimizer);
     optimizer_->Step(lr, clip_scale);

@@ -15,7 +15,7 @@
 #include "engine/dist/ordered_sum.h"
 #include "engine/dist/process.h"
 #include "engine/dist/watchdog.h"
-#include "engine/train/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/train/evaluator.h"
 
 namespace switchyard::train {
@@ -25,7 +25,7 @@ std::atomic<int> g_signal{0};
 extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
 
 // The model's architecture: the model section and the MoE keys that shape or route it.
-std::vector<std::string> ModelLines(const Config& c) {
+std::vector<std::string> ModelLines(const config::Config& c) {
   static const char* const kMoeKeys[] = {"num_experts", "layer_freq", "top_k", "d_expert",
                                          "activation", "bias", "normalize_gates",
                                          "num_shared_experts", "d_shared"};
@@ -47,8 +47,8 @@ std::vector<std::string> ModelLines(const Config& c) {
 
 }  // namespace
 
-Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const Config& now) {
-  StatusOr<Config> saved = ParseConfig(saved_yaml, source);
+Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const config::Config& now) {
+  StatusOr<config::Config> saved = config::ParseConfig(saved_yaml, source);
   if (!saved.ok()) return DataLoss(saved.status().message());
   const std::vector<std::string> a = ModelLines(*saved), b = ModelLines(now);
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
@@ -60,7 +60,7 @@ Status CheckSameModel(const std::string& saved_yaml, const std::string& source, 
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const std::string& out_dir,
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const config::Config& config, const std::string& out_dir,
                                                    dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
@@ -71,7 +71,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
     dist::StartCollectiveWatchdog(config.train.collective_timeout_s);
   }
   std::unique_ptr<Trainer> t(new Trainer(config, out_dir, world));
-  const ParallelConfig& p = config.parallel;
+  const config::ParallelConfig& p = config.parallel;
   SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
   SY_ASSIGN_OR_RETURN(t->pc_, dist::ParallelContext::Create(world, mesh));
   SY_ASSIGN_OR_RETURN(t->rt_, MakeRuntime(config.runtime, world, mesh));
@@ -123,7 +123,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
                }});
     }
   }
-  OptimizerOptions oo = config.train.optimizer_options();
+  OptimizerOptions oo = train::OptimizerOptionsFor(config.train);
   oo.offload = p.offload_optimizer && !t->device().is_cpu();
   if (p.offload_optimizer && t->device().is_cpu() && world.rank() == 0) {
     std::printf("parallel.offload_optimizer: the CPU backend already keeps the optimizer on the "
@@ -165,7 +165,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const Config& config, const s
     std::filesystem::create_directories(out_dir, ec);
     if (ec) return FailedPrecondition(out_dir, ": cannot create the output directory (", ec.message(), ")");
     std::vector<std::string> removed;
-    SY_RETURN_IF_ERROR(RemoveLeftoverTempDirs(out_dir, &removed));
+    SY_RETURN_IF_ERROR(checkpoint::RemoveLeftoverTempDirs(out_dir, &removed));
     for (const std::string& path : removed) {
       std::printf("removed %s: the temporary directory of a save that did not finish\n", path.c_str());
     }
@@ -219,11 +219,11 @@ void Trainer::ReportMemory() {
 Status Trainer::Resume(const std::string& path) {
   std::vector<parallel::Parameter> state = optimizer_->State();
   parallel::ParameterRegistry params = CheckpointRegistry();
-  SY_ASSIGN_OR_RETURN(LoadedCheckpoint ck, LoadCheckpoint(path, params, &state, world_, /*require_finite=*/true));
+  SY_ASSIGN_OR_RETURN(checkpoint::LoadedCheckpoint ck, checkpoint::LoadCheckpoint(path, params, &state, world_, /*require_finite=*/true));
   step_ = ck.step;
   // The saved model must be this one: shapes are checked tensor by tensor, but keys such as
   // model.n_heads or model.position change no shape.
-  SY_RETURN_IF_ERROR(CheckSameModel(ck.config_yaml, ck.dir + "/" + kConfigFile, config_));
+  SY_RETURN_IF_ERROR(CheckSameModel(ck.config_yaml, ck.dir + "/" + checkpoint::kConfigFile, config_));
   if (is_root() && !ck.verified) {
     std::printf("note: %s has no checksums (saved by an older build); loaded without verifying "
                 "its files\n", ck.dir.c_str());
@@ -275,15 +275,15 @@ Status Trainer::Save() {
   // Every rank writes what it owns: under ZeRO its ranges of the parameters (stage 3: its
   // shards) and of the optimizer state, so nothing is gathered for the save.
   const parallel::ParameterRegistry params = CheckpointRegistry();
-  CheckpointContents contents{.params = &params, .optimizer_state = optimizer_->State(),
+  checkpoint::CheckpointContents contents{.params = &params, .optimizer_state = optimizer_->State(),
                               .trainer_state_json = state.dump(), .config_yaml = config_.ToYaml()};
-  SY_RETURN_IF_ERROR(SaveCheckpoint(out_dir_, step_, contents, world_, pc_->mesh()));
-  if (is_root()) std::printf("saved checkpoint %s/%s\n", out_dir_.c_str(), StepDirName(step_).c_str());
+  SY_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(out_dir_, step_, contents, world_, pc_->mesh()));
+  if (is_root()) std::printf("saved checkpoint %s/%s\n", out_dir_.c_str(), checkpoint::StepDirName(step_).c_str());
   return OkStatus();
 }
 
 Status Trainer::Run(int64_t steps) {
-  const TrainConfig& tc = config_.train;
+  const config::TrainConfig& tc = config_.train;
   const int64_t end = steps > 0 ? std::min(tc.max_steps, step_ + steps) : tc.max_steps;
   const int64_t routing_from = step_ + (end - step_) / 2;  // the second half of this run
   // The model's parameters: each stage's, the tied table once (on the first stage).
@@ -350,7 +350,7 @@ Status Trainer::Run(int64_t steps) {
         std::signal(SIGTERM, old_term);
         std::signal(SIGINT, old_int);
         stop_reason_ = StopReason::kNonFinite;
-        auto latest = LatestCheckpoint(out_dir_);
+        auto latest = checkpoint::LatestCheckpoint(out_dir_);
         const std::string kept = latest.ok() && latest->has_value()
                                      ? StrCat("the latest checkpoint stays ", **latest)
                                      : std::string("there is no checkpoint yet");

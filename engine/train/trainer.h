@@ -24,8 +24,8 @@
 #include "engine/model/decoder.h"
 #include "engine/parallel/grad_sync.h"
 #include "engine/parallel/zero.h"
-#include "engine/train/config.h"
-#include "engine/train/data/loader.h"
+#include "engine/config/config.h"
+#include "engine/data/loader.h"
 #include "engine/train/metrics.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/pipeline_runner.h"
@@ -37,14 +37,14 @@ namespace switchyard::train {
 // config: every model.* key and the moe keys that shape or route the model (num_experts,
 // layer_freq, top_k, d_expert, activation, bias, normalize_gates, num_shared_experts,
 // d_shared) must be equal; the first difference is one error naming both values.
-Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const Config& now);
+Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const config::Config& now);
 
 class Trainer {
  public:
   // Validates the config for this world (layouts the dense-parallelism work adds — tp, cp,
   // pp, etp > 1 — are rejected clearly), builds the mesh, the model, the optimizer and the
   // data loader. Collective over world.
-  static StatusOr<std::unique_ptr<Trainer>> Create(const Config& config,
+  static StatusOr<std::unique_ptr<Trainer>> Create(const config::Config& config,
                                                    const std::string& out_dir,
                                                    dist::Communicator& world);
 
@@ -93,7 +93,7 @@ class Trainer {
   // This rank's pipeline executor (benchmarks set its per-action trace).
   PipelineRunner& pipeline() { return *pipeline_; }
   parallel::ZeroShards& zero() { return *zero_; }
-  const Config& config() const { return config_; }
+  const config::Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model
   // states held between steps and the workspace peak over the steps run so far.
   struct Memory {
@@ -106,7 +106,7 @@ class Trainer {
   Device device() const { return rt_.device(); }
 
  private:
-  Trainer(const Config& config, const std::string& out_dir, dist::Communicator& world)
+  Trainer(const config::Config& config, const std::string& out_dir, dist::Communicator& world)
       : config_(config), out_dir_(out_dir), world_(world) {}
   StepMetrics TrainStep(bool record_routing);
   double Validate();
@@ -128,7 +128,7 @@ class Trainer {
   // The groups gradients and tokens travel in (runtime.h); pc_ keeps the bookkeeping.
   dist::ParallelContext& data_pc() { return rt_.data_pc(*pc_); }
 
-  Config config_;
+  config::Config config_;
   std::string out_dir_;
   dist::Communicator& world_;
   std::unique_ptr<dist::ParallelContext> pc_;  // host groups over world

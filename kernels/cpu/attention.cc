@@ -10,7 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/gemm.h"
 #include "kernels/softmax.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/core/check.h"
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/cpu/rows.h"
 
 namespace switchyard::kernels::cpu {

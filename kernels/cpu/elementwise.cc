@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "engine/core/dtype.h"
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace switchyard::kernels::cpu {

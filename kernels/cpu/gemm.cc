@@ -11,7 +11,7 @@ extern "C" void openblas_set_num_threads(int num_threads);
 #include <algorithm>
 #include <vector>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/gemm.h"
@@ -69,7 +69,7 @@ void SgemmOnThisThread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                        float* c, int64_t ldc) {
 #ifdef SY_HAVE_BLAS
-  // OpenBLAS runs on the calling thread only: the compute pool (engine/core/parallel.h) is
+  // OpenBLAS runs on the calling thread only: the compute pool (engine/core/thread_pool.h) is
   // the process's one set of threads, and it splits the large products below.
   static const bool single = (openblas_set_num_threads(1), true);
   (void)single;

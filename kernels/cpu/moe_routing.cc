@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/moe_routing.h"
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/permute.h"
 

@@ -1,6 +1,6 @@
 #include "kernels/random.h"
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 
 namespace switchyard::kernels::cpu {
 namespace {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/cpu/rows.h"
 
 namespace switchyard::kernels::cpu {

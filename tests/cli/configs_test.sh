@@ -12,7 +12,7 @@
 # stage's layers and micro-batches in flight (1F1B: pp - stage; GPipe: m), its activation
 # memory = in flight x one micro-batch's, one workspace row per pipeline rank — and more
 # stages than layers: exit status 2 and one line naming the setting.
-# Also: docs/config.md has a row for every key of engine/train/config.cc's key tables.
+# Also: docs/config.md has a row for every key of engine/config/config.cc's key tables.
 # A config whose layout needs more ranks than this one process (parallel.ep = 8, 16 ...)
 # must fail only on the world size; it is then dry-run again with parallel.ep=1, which
 # changes the memory per rank but not the counts.
@@ -126,14 +126,14 @@ want="switchyard train: error: 8 pipeline stages (parallel.pp x parallel.virtual
 [[ "$(cat "$tmp/pp8.err")" == "$want" ]] || fail "pp 8 over 4 layers: stderr '$(cat "$tmp/pp8.err")', want '$want'"
 [[ ! -s "$tmp/pp8.out" ]] || fail "pp 8 over 4 layers: printed a report"
 
-# docs/config.md documents every key of the key tables in engine/train/config.cc.
+# docs/config.md documents every key of the key tables in engine/config/config.cc.
 root="$configs/.."
-if [[ -f "$root/engine/train/config.cc" && -f "$root/docs/config.md" ]]; then
-  for key in $(grep -o 'Bind[A-Za-z]*("[a-z_0-9]*"' "$root/engine/train/config.cc" | sed 's/.*("//; s/"//' | sort -u); do
+if [[ -f "$root/engine/config/config.cc" && -f "$root/docs/config.md" ]]; then
+  for key in $(grep -o 'Bind[A-Za-z]*("[a-z_0-9]*"' "$root/engine/config/config.cc" | sed 's/.*("//; s/"//' | sort -u); do
     grep -q "^| \`$key\` |" "$root/docs/config.md" || fail "docs/config.md has no row for the config key '$key'"
   done
 else
-  fail "cannot find engine/train/config.cc and docs/config.md beside $configs"
+  fail "cannot find engine/config/config.cc and docs/config.md beside $configs"
 fi
 
 if [[ $failures -gt 0 ]]; then

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dense/attention.h"
-#include "dense/context_parallel.h"
+#include "engine/parallel/context_parallel.h"
 #include "dense/embedding.h"
 #include "dense/linear.h"
 #include "dense/mlp.h"
@@ -347,11 +347,11 @@ TEST(ContextParallelTest, ShardSequencesHandCase) {
   std::vector<int32_t> v(16);
   for (int i = 0; i < 16; ++i) v[i] = i;
   const Tensor whole = Tensor::FromVector<int32_t>(v, {2, 8});
-  const Tensor r0 = ShardSequences(whole, 2, 0), r1 = ShardSequences(whole, 2, 1);
+  const Tensor r0 = parallel::ShardSequences(whole, 2, 0), r1 = parallel::ShardSequences(whole, 2, 1);
   EXPECT_EQ(r0.shape(), (Shape{4, 2}));
   EXPECT_EQ(r0.ToVector<int32_t>(), (std::vector<int32_t>{0, 1, 8, 9, 6, 7, 14, 15}));
   EXPECT_EQ(r1.ToVector<int32_t>(), (std::vector<int32_t>{2, 3, 10, 11, 4, 5, 12, 13}));
-  EXPECT_EQ(UnshardSequences({r0, r1}).ToVector<int32_t>(), v);
+  EXPECT_EQ(parallel::UnshardSequences({r0, r1}).ToVector<int32_t>(), v);
 }
 
 TEST(MlpTest, ForwardAndGradients) {

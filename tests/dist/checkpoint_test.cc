@@ -40,8 +40,8 @@
 #include "engine/core/safetensors.h"
 #include "engine/dist/mesh.h"
 #include "engine/dist/process.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/checkpoint_index.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/index.h"
 
 namespace switchyard::train {
 namespace {
@@ -272,7 +272,7 @@ void WriteText(const std::string& path, const std::string& text) {
 // from the index's pieces element by element: a reader written from docs/checkpoints.md
 // that shares no code with the loader. Files are read whole with ReadSafetensors.
 std::map<std::string, Tensor> Assemble(const std::string& dir, const std::string& kind) {
-  const json index = json::parse(ReadText((fs::path(dir) / kModelIndexFile).string()));
+  const json index = json::parse(ReadText((fs::path(dir) / checkpoint::kModelIndexFile).string()));
   std::map<std::string, SafetensorsFile> files;
   std::map<std::string, Tensor> out;
   for (const auto& [name, t] : index["tensors"].items()) {
@@ -361,22 +361,22 @@ class CheckpointTest : public ::testing::Test {
     return MakeModel(all, me_, salt, zero, {}, z);
   }
   // The step directory `step` of dir_.
-  std::string StepPath(int64_t step) { return (fs::path(dir_) / StepDirName(step)).string(); }
+  std::string StepPath(int64_t step) { return (fs::path(dir_) / checkpoint::StepDirName(step)).string(); }
   // The file rank r writes for `file` (kModelTensors or kOptimizerTensors) in this world.
-  std::string FileOf(int file, int r) { return PieceFileName(file, r, R_); }
+  std::string FileOf(int file, int r) { return checkpoint::PieceFileName(file, r, R_); }
 
   Status Save(const std::string& out, int64_t step, const Model& m, dist::MeshSizes sizes,
               const std::string& trainer = R"({"tokens_seen": 4096})",
               const std::string& config = "model:\n  d_model: 4\n") {
-    return SaveCheckpoint(out, step,
+    return checkpoint::SaveCheckpoint(out, step,
                           {.params = &m.params,
                            .optimizer_state = m.optimizer,
                            .trainer_state_json = trainer,
                            .config_yaml = config},
                           *world_, MakeMesh(sizes));
   }
-  StatusOr<LoadedCheckpoint> Load(const std::string& path, Model& m) {
-    return LoadCheckpoint(path, m.params, &m.optimizer, *world_);
+  StatusOr<checkpoint::LoadedCheckpoint> Load(const std::string& path, Model& m) {
+    return checkpoint::LoadCheckpoint(path, m.params, &m.optimizer, *world_);
   }
 
   // Rank 0's text on every rank.
@@ -445,7 +445,7 @@ TEST_F(CheckpointTest, SavedUnderEpWorldLoadsWholeOnEveryRank) {
   EXPECT_EQ(state["tokens_seen"], 4096);
   EXPECT_EQ(state["step"], 10);
   EXPECT_EQ(state["format"], "switchyard-checkpoint");
-  EXPECT_EQ(state["format_version"], kCheckpointFormatVersion);
+  EXPECT_EQ(state["format_version"], checkpoint::kCheckpointFormatVersion);
   EXPECT_TRUE(state.contains("switchyard_version"));
   EXPECT_EQ(state["layout"]["ep"], R_);
 
@@ -454,7 +454,7 @@ TEST_F(CheckpointTest, SavedUnderEpWorldLoadsWholeOnEveryRank) {
     const auto tensors = Assemble(loaded->dir, "model");
     EXPECT_EQ(tensors.at("layers.0.moe.experts.w1").shape(), (Shape{kExperts, kD, kF}));
     EXPECT_EQ(tensors.at("lm_head.weight").shape(), (Shape{kD, kVocab}));
-    auto file = ReadSafetensors((fs::path(loaded->dir) / FileOf(kModelTensors, 0)).string());
+    auto file = ReadSafetensors((fs::path(loaded->dir) / FileOf(checkpoint::kModelTensors, 0)).string());
     ASSERT_TRUE(file.ok()) << file.status();
     EXPECT_EQ(file->metadata.at("format"), "pt");
   }
@@ -541,32 +541,32 @@ TEST_F(CheckpointTest, PipelineStagesSaveOneWholeModel) {
 
 TEST_F(CheckpointTest, LatestNamesTheNewestAndTheIndexListsEveryTensor) {
   const Model m = MakeModel(HoldingFor({.ep = R_}), 5);
-  auto none = LatestCheckpoint(dir_);
+  auto none = checkpoint::LatestCheckpoint(dir_);
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
   world_->Barrier();
   ASSERT_TRUE(Save(dir_, 1, m, {.ep = R_}).ok());
   ASSERT_TRUE(Save(dir_, 2, m, {.ep = R_}).ok());
-  auto latest = LatestCheckpoint(dir_);
+  auto latest = checkpoint::LatestCheckpoint(dir_);
   ASSERT_TRUE(latest.ok()) << latest.status();
   ASSERT_TRUE(latest->has_value());
   EXPECT_EQ(**latest, (fs::path(dir_) / "step-00000002").string());
-  EXPECT_EQ(ReadText((fs::path(dir_) / kLatestFile).string()), "step-00000002\n");
+  EXPECT_EQ(ReadText((fs::path(dir_) / checkpoint::kLatestFile).string()), "step-00000002\n");
   EXPECT_EQ(Listing(dir_), (std::vector<std::string>{"latest", "step-00000001", "step-00000002"}));
   // Under ep = world every rank holds a piece of the experts and of lm_head: each writes a
   // model and an optimizer file.
-  std::vector<std::string> files = {kConfigFile, kModelIndexFile, kTrainerStateFile};
+  std::vector<std::string> files = {checkpoint::kConfigFile, checkpoint::kModelIndexFile, checkpoint::kTrainerStateFile};
   for (int r = 0; r < R_; ++r) {
-    files.push_back(FileOf(kModelTensors, r));
-    files.push_back(FileOf(kOptimizerTensors, r));
+    files.push_back(FileOf(checkpoint::kModelTensors, r));
+    files.push_back(FileOf(checkpoint::kOptimizerTensors, r));
   }
   std::sort(files.begin(), files.end());
   EXPECT_EQ(Listing(**latest), files);
 
   // The index: every tensor with its kind and pieces; weight_map for the tensors stored
   // whole in one file (the replicated ones, written by rank 0); total_size of the model.
-  json index = json::parse(ReadText((fs::path(**latest) / kModelIndexFile).string()));
-  EXPECT_EQ(index["metadata"]["format_version"], kCheckpointFormatVersion);
+  json index = json::parse(ReadText((fs::path(**latest) / checkpoint::kModelIndexFile).string()));
+  EXPECT_EQ(index["metadata"]["format_version"], checkpoint::kCheckpointFormatVersion);
   const Model whole = MakeModel(HoldingFor({.ep = 1}), 0, true);
   const Model mine = MakeModel(HoldingFor({.ep = R_}), 0, true);
   uint64_t total = 0;
@@ -578,7 +578,7 @@ TEST_F(CheckpointTest, LatestNamesTheNewestAndTheIndexListsEveryTensor) {
     EXPECT_EQ(t["dtype"], "F32") << p.name;
     EXPECT_EQ(t["pieces"].size(), held.is_whole() ? 1u : static_cast<size_t>(R_)) << p.name;
     if (held.is_whole()) {
-      EXPECT_EQ(index["weight_map"].value(p.name, ""), FileOf(kModelTensors, 0)) << p.name;
+      EXPECT_EQ(index["weight_map"].value(p.name, ""), FileOf(checkpoint::kModelTensors, 0)) << p.name;
     } else {
       EXPECT_FALSE(index["weight_map"].contains(p.name)) << p.name << " is not whole in a file";
     }
@@ -589,10 +589,10 @@ TEST_F(CheckpointTest, LatestNamesTheNewestAndTheIndexListsEveryTensor) {
     EXPECT_EQ(index["tensors"][p.name]["kind"], "optimizer") << p.name;
   }
   EXPECT_EQ(index["tensors"].size(), whole.params.params().size() + whole.optimizer.size());
-  auto optim = ReadSafetensors((fs::path(**latest) / FileOf(kOptimizerTensors, 0)).string());
+  auto optim = ReadSafetensors((fs::path(**latest) / FileOf(checkpoint::kOptimizerTensors, 0)).string());
   ASSERT_TRUE(optim.ok()) << optim.status();
   EXPECT_EQ(optim->tensors.at("optimizer.step").shape(), Shape{});
-  EXPECT_EQ(index["tensors"]["optimizer.step"]["pieces"][0]["file"], FileOf(kOptimizerTensors, 0));
+  EXPECT_EQ(index["tensors"]["optimizer.step"]["pieces"][0]["file"], FileOf(checkpoint::kOptimizerTensors, 0));
 }
 
 TEST_F(CheckpointTest, BrokenCheckpointsGiveTheirErrorAndTheGoodOneStillLoads) {
@@ -600,7 +600,7 @@ TEST_F(CheckpointTest, BrokenCheckpointsGiveTheirErrorAndTheGoodOneStillLoads) {
   const std::string out = (fs::path(dir_) / "out").string();
   ASSERT_TRUE(Save(out, 7, m, {.ep = R_}).ok());
   const std::string good = (fs::path(out) / "step-00000007").string();
-  const std::string rank0_file = FileOf(kModelTensors, 0);
+  const std::string rank0_file = FileOf(checkpoint::kModelTensors, 0);
   const std::string good_bytes = ReadText((fs::path(good) / rank0_file).string());
   auto path = [&](const std::string& name) { return (fs::path(dir_) / name).string(); };
   if (me_ == 0) {
@@ -610,13 +610,13 @@ TEST_F(CheckpointTest, BrokenCheckpointsGiveTheirErrorAndTheGoodOneStillLoads) {
     // The temporary directory of an interrupted save, and a step dir without its index.
     fs::copy(good, path(".step-00000008.tmp-123"));
     fs::copy(good, path("step-00000009"));
-    fs::remove(path("step-00000009/") + kModelIndexFile);
+    fs::remove(path("step-00000009/") + checkpoint::kModelIndexFile);
     // A truncated model file (its data, not its header).
     fs::copy(good, path("cut"));
     fs::resize_file(path("cut/") + rank0_file, good_bytes.size() - 12);
     // The last rank's model file lost.
     fs::copy(good, path("missing_file"));
-    fs::remove(path("missing_file/") + FileOf(kModelTensors, R_ - 1));
+    fs::remove(path("missing_file/") + FileOf(checkpoint::kModelTensors, R_ - 1));
     // `latest` naming a step that is not there.
     fs::create_directories(path("dangling"));
     WriteText(path("dangling/latest"), "step-00000042\n");
@@ -638,7 +638,7 @@ TEST_F(CheckpointTest, BrokenCheckpointsGiveTheirErrorAndTheGoodOneStillLoads) {
     // header (on a rank that reads it first): the message names the file either way.
     ExpectLoadError(path("cut"), t, C::kDataLoss, "cut/" + rank0_file + ": ");
     ExpectLoadError(path("missing_file"), t, C::kFailedPrecondition,
-                    FileOf(kModelTensors, R_ - 1) + ", which is missing");
+                    FileOf(checkpoint::kModelTensors, R_ - 1) + ", which is missing");
   }
   {
     Model t = MakeModel(whole, 0, true, [](std::vector<Spec>& s) {
@@ -714,14 +714,14 @@ TEST_F(CheckpointTest, AFailedSaveLeavesThePreviousCheckpoint) {
       std::signal(SIGXFSZ, old_handler);
     }
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-    EXPECT_NE(s.message().find(FileOf(kModelTensors, R_ - 1) + ".tmp."), std::string::npos) << s;
+    EXPECT_NE(s.message().find(FileOf(checkpoint::kModelTensors, R_ - 1) + ".tmp."), std::string::npos) << s;
     EXPECT_NE(s.message().find("write failed"), std::string::npos) << s;
     EXPECT_EQ(std::string(s.message()), FromRank0(std::string(s.message())));
   }
 
   EXPECT_EQ(Listing(dir_), (std::vector<std::string>{"latest", "step-00000001", "step-00000002"}))
       << "no temporary directory is left behind";
-  EXPECT_EQ(ReadText((fs::path(dir_) / kLatestFile).string()), "step-00000001\n");
+  EXPECT_EQ(ReadText((fs::path(dir_) / checkpoint::kLatestFile).string()), "step-00000001\n");
   Model m = MakeModel(HoldingFor({.ep = 1}), 0, true);
   auto loaded = Load(dir_, m);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -795,7 +795,7 @@ TEST_F(CheckpointTest, FlatRangesSaveAndLoadAcrossShardings) {
     if (me_ == 0) {
       auto local = dist::MakeLocalCommunicator();
       Model one = MakeModel(Holding{}, 0, true);
-      auto loaded = LoadCheckpoint(out, one.params, &one.optimizer, *local);
+      auto loaded = checkpoint::LoadCheckpoint(out, one.params, &one.optimizer, *local);
       ASSERT_TRUE(loaded.ok()) << loaded.status();
       ExpectModel(one, 20 + i, "one process from " + save.name);
     }
@@ -809,21 +809,21 @@ TEST_F(CheckpointTest, FlatRangesSaveAndLoadAcrossShardings) {
 TEST_F(CheckpointTest, EveryRankWritesItsOwnPiecesInItsOwnFiles) {
   const Model saved = ZeroModel({.ep = 1}, 30, false, {-1, true});
   ASSERT_TRUE(Save(dir_, 1, saved, {.ep = 1}).ok());
-  std::vector<std::string> want = {kConfigFile, kModelIndexFile, kTrainerStateFile};
+  std::vector<std::string> want = {checkpoint::kConfigFile, checkpoint::kModelIndexFile, checkpoint::kTrainerStateFile};
   for (int r = 0; r < R_; ++r) {
-    want.push_back(FileOf(kModelTensors, r));
-    want.push_back(FileOf(kOptimizerTensors, r));
+    want.push_back(FileOf(checkpoint::kModelTensors, r));
+    want.push_back(FileOf(checkpoint::kOptimizerTensors, r));
   }
   std::sort(want.begin(), want.end());
   // Every rank owns a range of every tensor but the scalar optimizer.step (one rank has it).
   EXPECT_EQ(Listing(StepPath(1)), want);
   // Each rank checks its own files: the tensors are its own ranges, bit for bit.
   int64_t mine = 0, owned = 0;
-  for (int file : {kModelTensors, kOptimizerTensors}) {
+  for (int file : {checkpoint::kModelTensors, checkpoint::kOptimizerTensors}) {
     auto read = ReadSafetensors((fs::path(StepPath(1)) / FileOf(file, me_)).string());
     ASSERT_TRUE(read.ok()) << read.status();
     const std::vector<Parameter>& list =
-        file == kModelTensors ? saved.params.params() : saved.optimizer;
+        file == checkpoint::kModelTensors ? saved.params.params() : saved.optimizer;
     for (const Parameter& p : list) {
       const int64_t n = p.FlatEnd() - p.flat_begin;
       owned += n;
@@ -859,8 +859,8 @@ TEST_F(CheckpointTest, EveryRankWritesItsOwnPiecesInItsOwnFiles) {
   const std::string plain = (fs::path(dir_) / "plain").string();
   ASSERT_TRUE(Save(plain, 1, MakeModel(HoldingFor({.ep = 1}), 31), {.ep = 1}).ok());
   EXPECT_EQ(Listing((fs::path(plain) / "step-00000001").string()),
-            (std::vector<std::string>{kConfigFile, FileOf(kModelTensors, 0), kModelIndexFile,
-                                      FileOf(kOptimizerTensors, 0), kTrainerStateFile}));
+            (std::vector<std::string>{checkpoint::kConfigFile, FileOf(checkpoint::kModelTensors, 0), checkpoint::kModelIndexFile,
+                                      FileOf(checkpoint::kOptimizerTensors, 0), checkpoint::kTrainerStateFile}));
 }
 
 // The checkpoint goes under rank 0's out_dir whatever the others pass (a benchmark gives
@@ -871,7 +871,7 @@ TEST_F(CheckpointTest, EveryRankWritesIntoRankZerosOutDir) {
   ASSERT_TRUE(Save(mine, 4, saved, {.ep = R_}).ok());
   const std::string step = (fs::path(dir_) / "rank0" / "step-00000004").string();
   for (int r = 0; r < R_; ++r) {
-    EXPECT_TRUE(fs::exists(fs::path(step) / FileOf(kModelTensors, r))) << r;
+    EXPECT_TRUE(fs::exists(fs::path(step) / FileOf(checkpoint::kModelTensors, r))) << r;
     if (r > 0) {
       EXPECT_FALSE(fs::exists(fs::path(dir_) / ("rank" + std::to_string(r)))) << r;
     }
@@ -888,12 +888,12 @@ TEST_F(CheckpointTest, EveryRankWritesIntoRankZerosOutDir) {
 TEST_F(CheckpointTest, OwnedRangesOfReplicasAreWrittenOnceAndLoadWhole) {
   const Model saved = ZeroModel({.ep = 1}, 40, false, {-1, false});
   ASSERT_TRUE(Save(dir_, 2, saved, {.ep = 1}).ok());
-  const json index = json::parse(ReadText((fs::path(StepPath(2)) / kModelIndexFile).string()));
+  const json index = json::parse(ReadText((fs::path(StepPath(2)) / checkpoint::kModelIndexFile).string()));
   const json& pieces = index["tensors"]["embed.weight"]["pieces"];
   ASSERT_EQ(pieces.size(), static_cast<size_t>(R_));
   const int64_t n = kVocab * kD;
   for (int r = 0; r < R_; ++r) {
-    EXPECT_EQ(pieces[r]["file"], FileOf(kModelTensors, r));
+    EXPECT_EQ(pieces[r]["file"], FileOf(checkpoint::kModelTensors, r));
     EXPECT_EQ(pieces[r]["box"], json({kVocab, kD}));
     EXPECT_EQ(pieces[r]["elements"], json({r * n / R_, (r + 1) * n / R_}));
   }

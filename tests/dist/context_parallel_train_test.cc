@@ -1,4 +1,4 @@
-// Context parallelism end to end (dense/context_parallel.h), run with 2, 4 and 8 ranks on
+// Context parallelism end to end (engine/parallel/context_parallel.h), run with 2, 4 and 8 ranks on
 // the tiny MoE decoder of tests/data/train-tiny.yaml (seq_len 16: 4 chunks of 4 at cp 2, 8
 // of 2 at cp 4):
 //

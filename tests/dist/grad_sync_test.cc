@@ -45,7 +45,7 @@
 #include "engine/dist/parallel_context.h"
 #include "engine/dist/process.h"
 #include "engine/parallel/grad_sync.h"
-#include "engine/train/clip.h"
+#include "engine/parallel/clip.h"
 
 namespace switchyard::parallel {
 namespace {
@@ -288,7 +288,7 @@ double WholeNorm(const Model& m, const ParallelContext& pc, int salt) {
   auto one = dist::MakeLocalCommunicator();
   auto pc1 = ParallelContext::Create(*one, Mesh::Create(1, {}).value());
   SY_CHECK_OK(pc1.status());
-  return train::GlobalGradNorm(whole, **pc1);
+  return parallel::GlobalGradNorm(whole, **pc1);
 }
 
 struct Layout {
@@ -431,7 +431,7 @@ TEST_F(GradSyncTest, GlobalNormOfShardedGradsEqualsTheWholeModelNorm) {
     FillGrads(m, pc, 5);
     sync.SyncAll();
 
-    const double norm = train::GlobalGradNorm(m.registry, pc);
+    const double norm = parallel::GlobalGradNorm(m.registry, pc);
     const double whole = WholeNorm(m, pc, 5);
     EXPECT_GT(whole, 1.0);
     EXPECT_NEAR(norm, whole, 1e-6 * whole);
@@ -443,7 +443,7 @@ TEST_F(GradSyncTest, GlobalNormOfShardedGradsEqualsTheWholeModelNorm) {
     for (const Parameter& p : m.registry.params())
       before.push_back(p.trainable ? p.grad.ToVector<float>() : std::vector<float>{});
     const double max_norm = whole / 2;
-    EXPECT_NEAR(train::ClipGradNorm(m.registry, max_norm, pc), whole, 1e-6 * whole);
+    EXPECT_NEAR(parallel::ClipGradNorm(m.registry, max_norm, pc), whole, 1e-6 * whole);
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));
     for (size_t i = 0; i < before.size(); ++i) {
       const Parameter& p = m.registry.params()[i];
@@ -457,7 +457,7 @@ TEST_F(GradSyncTest, GlobalNormOfShardedGradsEqualsTheWholeModelNorm) {
         }
       }
     }
-    EXPECT_NEAR(train::GlobalGradNorm(m.registry, pc), max_norm, 1e-5 * max_norm);
+    EXPECT_NEAR(parallel::GlobalGradNorm(m.registry, pc), max_norm, 1e-5 * max_norm);
   }
 }
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "engine/dist/communicator.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/checkpoint_plan.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/save_plan.h"
 #include "engine/train/trainer.h"
 #include "tests/dist/train_fixture.h"
 
@@ -48,7 +48,7 @@ inline TensorDiff CompareBox(const std::string& name, const Tensor& got, const T
     }
   }
   Tensor box = Tensor::Empty(got.shape(), DType::kF32);
-  CopyBox(want, box, offset, /*paste=*/false);
+  checkpoint::CopyBox(want, box, offset, /*paste=*/false);
   const Tensor mine = got.To(Device::Cpu());
   const float* a = mine.data<float>();
   const float* b = box.data<float>();
@@ -78,8 +78,8 @@ inline bool NoiseDriven(const std::string& name) {
 // `tol` (relative norm), others (the optimizer's step count) equal.
 inline void ExpectCheckpointsClose(const std::string& got_dir, const std::string& want_dir,
                             bool optimizer, double tol, const std::string& what, double* worst) {
-  auto got = ReadWholeTensors(got_dir, optimizer);
-  auto want = ReadWholeTensors(want_dir, optimizer);
+  auto got = checkpoint::ReadWholeTensors(got_dir, optimizer);
+  auto want = checkpoint::ReadWholeTensors(want_dir, optimizer);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(got->size(), want->size()) << what;
@@ -114,7 +114,7 @@ inline Distance CompareWithReference(Trainer& trainer, const std::string& out,
                               int64_t steps, double loss_tol, double weight_tol,
                               dist::Communicator& world) {
   Distance d;
-  auto want = ReadWholeTensors(ref_ckpt, /*optimizer=*/false);
+  auto want = checkpoint::ReadWholeTensors(ref_ckpt, /*optimizer=*/false);
   EXPECT_TRUE(want.ok()) << want.status();
   trainer.zero().AcquireAll();  // ZeRO-3 frees the parameters between uses
   if (want.ok()) {
@@ -144,7 +144,7 @@ inline Distance CompareWithReference(Trainer& trainer, const std::string& out,
     EXPECT_LE(rel, loss_tol) << "step " << s << ": loss " << losses[s] << " vs " << ref_losses[s]
                              << " on one rank";
   }
-  const std::string ckpt = out + "/" + StepDirName(steps);
+  const std::string ckpt = out + "/" + checkpoint::StepDirName(steps);
   ExpectCheckpointsClose(ckpt, ref_ckpt, /*optimizer=*/false, weight_tol, "model", &d.saved);
   ExpectCheckpointsClose(ckpt, ref_ckpt, /*optimizer=*/true, weight_tol, "optimizer", &d.saved);
   return d;
@@ -187,7 +187,7 @@ inline void ExpectLayoutsMatchOneRank(const std::vector<Layout>& layouts, const 
       if (ref.ok()) ref_losses = (*ref)->losses();
     }
     world.Barrier();
-    const std::string ref_ckpt = ref_dir + "/" + StepDirName(kSteps);
+    const std::string ref_ckpt = ref_dir + "/" + checkpoint::StepDirName(kSteps);
 
     std::vector<std::string> overrides = layout.model;
     overrides.insert(overrides.end(), layout.parallel.begin(), layout.parallel.end());

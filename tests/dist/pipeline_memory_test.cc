@@ -1,4 +1,4 @@
-// Pipeline-parallel training's memory against the dry-run (engine/train/dry_run.h), under
+// Pipeline-parallel training's memory against the dry-run (engine/plan/dry_run.h), under
 // mpirun with 2, 4 and 8 ranks, on the tiny MoE decoder of tests/data/train-tiny.yaml:
 //
 //  - WorkspacePeakMatchesTheDryRun: per layout (pp 2 with GPipe and 1F1B at grad_accum 4
@@ -11,7 +11,7 @@
 //      the workspace peak (Trainer::memory().workspace_peak, the ledger's high-water mark
 //      of everything that is not a model state over the 3 steps) is within 10% of
 //      PredictRankMemory's workspace, issue #13's bar.
-//    What that workspace holds at its peak (engine/train/activation_memory.h walks it):
+//    What that workspace holds at its peak (engine/plan/activation_memory.h walks it):
 //    the activations of the micro-batches in flight (GPipe: all of them; 1F1B: pp - rank),
 //    every micro-batch's token ids and, on later stages, its received activation (the
 //    runner keeps its inputs for the step), every tensor sent in the step (sends are waited
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/train/dry_run.h"
+#include "engine/plan/dry_run.h"
 #include "tests/dist/train_fixture.h"
 
 namespace switchyard::train {
@@ -90,21 +90,21 @@ TEST_F(PipelineMemoryTest, WorkspacePeakMatchesTheDryRun) {
     std::vector<std::string> overrides = layout.overrides;
     overrides.push_back(StrCat("train.max_steps=", kSteps));
     overrides.push_back("train.warmup_steps=0");
-    const Config config = TinyConfig(overrides);
+    const config::Config config = TinyConfig(overrides);
     auto trainer = Train(config, dir("pm_" + layout.name), *world_);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     auto mesh = dist::Mesh::Create(R(), config.parallel.MeshSizes(), config.parallel.order);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     const int rank = world_->rank();
 
-    const RankParams estimated = EstimateRankParams(config, *mesh, rank);
-    const RankParams counted = CountRankParams((*trainer)->decoder().registry());
+    const plan::RankParams estimated = plan::EstimateRankParams(config, *mesh, rank);
+    const plan::RankParams counted = plan::CountRankParams((*trainer)->decoder().registry());
     EXPECT_EQ(estimated, counted) << "rank " << rank << ": estimated dense " << estimated.dense
                                   << " replicated " << estimated.replicated << " expert "
                                   << estimated.expert << ", counted " << counted.dense << " "
                                   << counted.replicated << " " << counted.expert;
     const Trainer::Memory m = (*trainer)->memory();
-    const RankMemory predicted = PredictRankMemory(config, *mesh, rank);
+    const plan::RankMemory predicted = plan::PredictRankMemory(config, *mesh, rank);
     EXPECT_NEAR(m.parameters, predicted.parameters, kStatesTol * predicted.parameters) << rank;
     EXPECT_NEAR(m.gradients, predicted.gradients, kStatesTol * predicted.gradients) << rank;
     EXPECT_NEAR(m.optimizer, predicted.optimizer, kStatesTol * predicted.optimizer) << rank;
@@ -141,7 +141,7 @@ TEST_F(PipelineMemoryTest, WorkspacePeakMatchesTheDryRun) {
 // begin and end; nothing recorded once it is turned off.
 TEST_F(PipelineMemoryTest, TraceRecordsEveryActionInOrder) {
   if (R() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
-  const Config config = TinyConfig({"parallel.pp=2", "train.grad_accum=4", "train.max_steps=2",
+  const config::Config config = TinyConfig({"parallel.pp=2", "train.grad_accum=4", "train.max_steps=2",
                                     "train.warmup_steps=0"});
   std::unique_ptr<Trainer> trainer;
   {

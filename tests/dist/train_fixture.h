@@ -20,8 +20,8 @@
 
 #include "engine/dist/communicator.h"
 #include "engine/dist/process.h"
-#include "engine/train/config.h"
-#include "engine/train/data/prep.h"
+#include "engine/config/config.h"
+#include "engine/data/prep.h"
 #include "engine/train/trainer.h"
 
 #ifndef SY_TRAIN_TINY_CONFIG
@@ -138,15 +138,15 @@ class TrainFixture : public ::testing::Test {
   static bool is_root() { return world_->rank() == 0; }
 
   // The tiny config with the test's data and `overrides` applied.
-  static Config TinyConfig(std::vector<std::string> overrides) {
+  static config::Config TinyConfig(std::vector<std::string> overrides) {
     overrides.push_back("data.dir=" + data_dir());
-    auto config = LoadConfig(SY_TRAIN_TINY_CONFIG, overrides);
+    auto config = config::LoadConfig(SY_TRAIN_TINY_CONFIG, overrides);
     SY_CHECK_OK(config.status());
     return *config;
   }
 
   // Creates a trainer on `comm` and runs `steps` steps (0: to train.max_steps); quiet.
-  static StatusOr<std::unique_ptr<Trainer>> Train(const Config& config, const std::string& out,
+  static StatusOr<std::unique_ptr<Trainer>> Train(const config::Config& config, const std::string& out,
                                                   dist::Communicator& comm, int64_t steps = 0) {
     QuietStdout quiet;
     SY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, out, comm));
@@ -173,7 +173,7 @@ class TrainFixture : public ::testing::Test {
 
   // Creates a trainer on `comm`, resumes it from the checkpoint `saved` and trains to
   // train.max_steps; the losses of the resumed steps (empty, with a test failure, on error).
-  static std::vector<double> ResumeLosses(const Config& config, const std::string& saved,
+  static std::vector<double> ResumeLosses(const config::Config& config, const std::string& saved,
                                           const std::string& out, dist::Communicator& comm) {
     QuietStdout quiet;
     auto t = Trainer::Create(config, out, comm);

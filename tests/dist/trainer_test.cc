@@ -40,10 +40,10 @@
 
 #include "engine/dist/communicator.h"
 #include "engine/dist/process.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/checkpoint_plan.h"
-#include "engine/train/config.h"
-#include "engine/train/dry_run.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/save_plan.h"
+#include "engine/config/config.h"
+#include "engine/plan/dry_run.h"
 #include "engine/train/trainer.h"
 #include "tests/dist/layout_matrix.h"
 #include "tests/dist/train_fixture.h"
@@ -77,7 +77,7 @@ class TrainerTest : public testing::TrainFixture {
   }
 
   // 40 steps of `config`: the loss starts near ln(V) and falls.
-  static void ExpectLossFalls(const Config& config, const std::string& out,
+  static void ExpectLossFalls(const config::Config& config, const std::string& out,
                                 dist::Communicator& world, const char* what) {
     auto trainer = Train(config, out, world);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -168,7 +168,7 @@ TEST_F(TrainerTest, LayoutInvariance) {
       }
     }
     world_->Barrier();
-    const std::string ref_ckpt = ref_dir + "/" + StepDirName(kSteps);
+    const std::string ref_ckpt = ref_dir + "/" + checkpoint::StepDirName(kSteps);
 
     for (int ep : eps) {
       const std::string layout = "world " + std::to_string(R()) + ", ep " + std::to_string(ep);
@@ -299,13 +299,13 @@ TEST_F(TrainerTest, PipelineSchedulesAreBitIdentical) {
     // The whole model and optimizer state as saved (the ranks hold different layers under
     // the two splits).
     for (bool optimizer : {false, true}) {
-      auto want = ReadWholeTensors(saved["1f1b"], optimizer);
+      auto want = checkpoint::ReadWholeTensors(saved["1f1b"], optimizer);
       ASSERT_TRUE(want.ok()) << want.status();
       for (const char* other : {"gpipe", "interleaved"}) {
         SCOPED_TRACE(::testing::Message() << other << ", ordered_grad_accum " << ordered
                                         << (optimizer ? ", optimizer" : ", model"));
         EXPECT_EQ(losses[other], losses["1f1b"]);
-        auto got = ReadWholeTensors(saved[other], optimizer);
+        auto got = checkpoint::ReadWholeTensors(saved[other], optimizer);
         ASSERT_TRUE(got.ok()) << got.status();
         ASSERT_EQ(got->size(), want->size());
         for (const auto& [name, w] : *want) {
@@ -380,11 +380,11 @@ TEST_F(TrainerTest, InitialWeightsAreSlicesOfOneRank) {
       whole = std::move(*w);
     }
     // The dry-run's per-rank counts are what the descriptions say this rank holds.
-    const Config config = TinyConfig(overrides);
+    const config::Config config = TinyConfig(overrides);
     auto mesh = dist::Mesh::Create(R(), config.parallel.MeshSizes(), config.parallel.order);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
-    const RankParams estimated = EstimateRankParams(config, *mesh, world_->rank());
-    const RankParams counted = CountRankParams(mine->decoder().registry());
+    const plan::RankParams estimated = plan::EstimateRankParams(config, *mesh, world_->rank());
+    const plan::RankParams counted = plan::CountRankParams(mine->decoder().registry());
     EXPECT_EQ(estimated.dense, counted.dense);
     EXPECT_EQ(estimated.replicated, counted.replicated);
     EXPECT_EQ(estimated.expert, counted.expert);

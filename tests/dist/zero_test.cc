@@ -28,9 +28,10 @@
 #include <filesystem>
 #include <map>
 
-#include "engine/train/checkpoint.h"
-#include "engine/train/checkpoint_plan.h"
-#include "engine/train/dry_run.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/save_plan.h"
+#include "engine/plan/dry_run.h"
+#include "engine/train/schedule.h"
 #include "tests/dist/train_fixture.h"
 
 namespace switchyard::train {
@@ -128,7 +129,7 @@ TEST_F(ZeroTest, StagesMatchStageZeroAndOneRank) {
       SCOPED_TRACE("zero_stage " + std::to_string(stage));
       std::vector<std::string> o = overrides;
       o.push_back("parallel.zero_stage=" + std::to_string(stage));
-      const Config config = TinyConfig(o);
+      const config::Config config = TinyConfig(o);
       auto trainer = Train(config, dir("z" + std::to_string(stage) + "_" + layout.name), *world_);
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       Trainer& t = **trainer;
@@ -138,8 +139,8 @@ TEST_F(ZeroTest, StagesMatchStageZeroAndOneRank) {
       const Trainer::Memory m = t.memory();
       auto mesh = dist::Mesh::Create(R(), config.parallel.MeshSizes(), config.parallel.order);
       ASSERT_TRUE(mesh.ok());
-      const RankMemory predicted = PredictRankMemory(config, *mesh, world_->rank());
-      const RankParams held = EstimateRankParams(config, *mesh, world_->rank());
+      const plan::RankMemory predicted = plan::PredictRankMemory(config, *mesh, world_->rank());
+      const plan::RankParams held = plan::EstimateRankParams(config, *mesh, world_->rank());
       const double paper = PaperBytes(stage, double(held.dense + held.replicated),
                                       double(mesh->dp()) * mesh->cp(), double(held.expert),
                                       mesh->edp());
@@ -173,7 +174,7 @@ TEST_F(ZeroTest, StagesMatchStageZeroAndOneRank) {
           continue;  // zero gradient: rounding noise that Adam normalises (trainer_test.cc)
         }
         Tensor box = Tensor::Empty(p.value.shape(), DType::kF32);
-        CopyBox(whole, box, p.offset, /*paste=*/false);
+        checkpoint::CopyBox(whole, box, p.offset, /*paste=*/false);
         const double rel = RelNorm(mine.at(p.name), box);
         worst_vs1 = std::max(worst_vs1, rel);
         EXPECT_LE(rel, kWeightTol) << "rank " << world_->rank() << ": " << p.Describe();
@@ -203,7 +204,7 @@ TEST_F(ZeroTest, ZeroTokenExpertsTakePartAndGetZeroGradients) {
   const int ep = R() / 2;  // edp 2: the experts are sharded by ZeRO too
   for (int stage : {2, 3}) {
     SCOPED_TRACE("zero_stage " + std::to_string(stage));
-    const Config config = TinyConfig(
+    const config::Config config = TinyConfig(
         {"parallel.ep=" + std::to_string(ep), "parallel.zero_stage=" + std::to_string(stage),
          "train.grad_accum=" + std::to_string(kMicroBatches / R()), "moe.capacity_factor=0",
          "moe.expert_bias_rate=1e-9", "train.max_steps=" + std::to_string(kSkewSteps)});
@@ -230,7 +231,7 @@ TEST_F(ZeroTest, ZeroTokenExpertsTakePartAndGetZeroGradients) {
     // AdamW with a zero gradient: p <- p * (1 - lr_t * wd) (kernels/optimizer.h's scalars).
     std::vector<float> decays;
     for (int64_t s = 0; s < kSkewSteps; ++s) {
-      const double lr = config.train.schedule().LrAt(s);
+      const double lr = train::ScheduleFor(config.train).LrAt(s);
       decays.push_back(static_cast<float>(1.0 - lr * config.train.weight_decay));
     }
     const auto& params = trainer->decoder().registry().params();
@@ -315,7 +316,7 @@ TEST_F(ZeroTest, CheckpointMovesBetweenStagesAndLayouts) {
   const std::string zero3 = dir("ck_zero3");
   save({"parallel.zero_stage=3", "parallel.ep=2", "train.grad_accum=2"}, zero3);
   if (is_root()) {
-    const std::string step = zero3 + "/" + StepDirName(kFirst);
+    const std::string step = zero3 + "/" + checkpoint::StepDirName(kFirst);
     for (const std::string kind : {"model", "optimizer"}) {
       const std::vector<int64_t> bytes = RankFileBytes(step, kind, R());
       int64_t total = 0, most = 0;

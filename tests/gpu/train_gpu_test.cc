@@ -25,8 +25,8 @@
 #include "engine/dist/communicator.h"
 #include "engine/dist/mesh.h"
 #include "engine/model/decoder.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/config.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/config/config.h"
 #include "engine/train/optimizer.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -53,7 +53,7 @@ struct Replica {
   std::unique_ptr<model::Decoder> decoder;
 };
 
-Replica MakeReplica(const Config& config, Device device) {
+Replica MakeReplica(const config::Config& config, Device device) {
   Replica r;
   r.ctx = DeviceContext::Create(device);
   r.ep = dist::MakeLocalCommunicator(device, 0, r.ctx.get());
@@ -120,11 +120,11 @@ class TrainGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SY_REQUIRE_GPU();
-    auto config = ParseConfig(kTinyMoe, "<train_gpu_test>");
+    auto config = config::ParseConfig(kTinyMoe, "<train_gpu_test>");
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
   }
-  Config config_;
+  config::Config config_;
 };
 
 TEST_F(TrainGpuTest, OneStepMatchesTheCpuInF32) {
@@ -152,8 +152,8 @@ TEST_F(TrainGpuTest, OneStepMatchesTheCpuInF32) {
   }
 
   // One AdamW step on each device from those gradients.
-  Optimizer cpu_opt(cpu.decoder->registry(), config_.train.optimizer_options(), cpu.ctx.get());
-  Optimizer gpu_opt(gpu.decoder->registry(), config_.train.optimizer_options(), gpu.ctx.get());
+  Optimizer cpu_opt(cpu.decoder->registry(), train::OptimizerOptionsFor(config_.train), cpu.ctx.get());
+  Optimizer gpu_opt(gpu.decoder->registry(), train::OptimizerOptionsFor(config_.train), gpu.ctx.get());
   cpu_opt.Step(1e-3f);
   gpu_opt.Step(1e-3f);
   gpu.ctx->Synchronize();
@@ -190,20 +190,20 @@ TEST_F(TrainGpuTest, CheckpointsCrossBetweenGpuAndCpu) {
     // Make `from` differ from a fresh init: one step of training.
     auto [tokens, targets] = Batch(config_.model.vocab_size);
     Step(from, tokens, targets);
-    Optimizer opt(from.decoder->registry(), config_.train.optimizer_options(), from.ctx.get());
+    Optimizer opt(from.decoder->registry(), train::OptimizerOptionsFor(config_.train), from.ctx.get());
     opt.Step(1e-2f);
     from.ctx->Synchronize();
 
     const std::string out = (root / (gpu_first ? "from_gpu" : "from_cpu")).string();
-    CheckpointContents contents{.params = &from.decoder->registry(),
+    checkpoint::CheckpointContents contents{.params = &from.decoder->registry(),
                                 .optimizer_state = opt.State(),
                                 .trainer_state_json = "{}",
                                 .config_yaml = config_.ToYaml()};
-    ASSERT_TRUE(SaveCheckpoint(out, 1, contents, *host_world, *mesh).ok());
+    ASSERT_TRUE(checkpoint::SaveCheckpoint(out, 1, contents, *host_world, *mesh).ok());
 
-    Optimizer to_opt(to.decoder->registry(), config_.train.optimizer_options(), to.ctx.get());
+    Optimizer to_opt(to.decoder->registry(), train::OptimizerOptionsFor(config_.train), to.ctx.get());
     std::vector<parallel::Parameter> state = to_opt.State();
-    auto loaded = LoadCheckpoint(out, to.decoder->registry(), &state, *host_world);
+    auto loaded = checkpoint::LoadCheckpoint(out, to.decoder->registry(), &state, *host_world);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_EQ(to_opt.step(), 1);
     auto& fp = from.decoder->registry().params();

@@ -1,4 +1,4 @@
-// The CPU kernels on the compute pool (engine/core/parallel.h) give the same bits on 1, 2
+// The CPU kernels on the compute pool (engine/core/thread_pool.h) give the same bits on 1, 2
 // and 3 threads: each splits only work whose per-element result does not depend on the
 // split, and sums fixed blocks in order. The matrix products, which OpenBLAS computes with
 // another kernel for another block size, agree with one thread to within f32 rounding.
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/vec_math.h"

@@ -1,7 +1,7 @@
-// engine/core/parallel.h: ParallelFor covers every index exactly once in contiguous chunks
+// engine/core/thread_pool.h: ParallelFor covers every index exactly once in contiguous chunks
 // of at least min_chunk on 1 to 4 threads, runs a nested call inline, stays correct when
 // two threads call it at once, and SetComputeThreads replaces the pool.
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/core/parallel.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/random.h"
 
 namespace switchyard {

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "engine/core/safetensors.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/config.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/config/config.h"
 #include "tests/testing/files.h"
 
 namespace switchyard::train {
@@ -70,7 +70,7 @@ class MalformedInputTest : public ::testing::Test {
     optimizer_.push_back(step);
   }
   Status Save(const std::string& out, int64_t step) {
-    return SaveCheckpoint(out, step,
+    return checkpoint::SaveCheckpoint(out, step,
                           {.params = &params_,
                            .optimizer_state = optimizer_,
                            .trainer_state_json = R"({"loss": 1.5})",
@@ -180,8 +180,8 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
   MakeParams(1.0f);
   ASSERT_TRUE(Save(Path("run"), 3).ok());
   const std::string step = Path("run/step-00000003");
-  const std::string index = ReadBytes(step + "/" + kModelIndexFile);
-  const std::string state = ReadBytes(step + "/" + kTrainerStateFile);
+  const std::string index = ReadBytes(step + "/" + checkpoint::kModelIndexFile);
+  const std::string state = ReadBytes(step + "/" + checkpoint::kTrainerStateFile);
   struct Case {
     const char* file;
     std::string text;
@@ -194,22 +194,22 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
     return s;
   };
   const std::vector<Case> cases = {
-      {kModelIndexFile, "", "not a safetensors index"},
-      {kModelIndexFile, "{\"weight_map\": {", "not a safetensors index"},
-      {kModelIndexFile, "[]", "not a safetensors index"},
-      {kModelIndexFile, replace(index, "\"shape\":[2,3]", "\"shape\":[4294967296,4294967296,4294967296]"),
+      {checkpoint::kModelIndexFile, "", "not a safetensors index"},
+      {checkpoint::kModelIndexFile, "{\"weight_map\": {", "not a safetensors index"},
+      {checkpoint::kModelIndexFile, "[]", "not a safetensors index"},
+      {checkpoint::kModelIndexFile, replace(index, "\"shape\":[2,3]", "\"shape\":[4294967296,4294967296,4294967296]"),
        "tensor 'layers.0.w': a bad shape"},
-      {kModelIndexFile, replace(index, "\"shape\":[2,3]", "\"shape\":[-2,3]"),
+      {checkpoint::kModelIndexFile, replace(index, "\"shape\":[2,3]", "\"shape\":[-2,3]"),
        "tensor 'layers.0.w': a bad shape"},
-      {kModelIndexFile, replace(index, "\"dtype\":\"F32\"", "\"dtype\":\"Q8\""),
+      {checkpoint::kModelIndexFile, replace(index, "\"dtype\":\"F32\"", "\"dtype\":\"Q8\""),
        "unsupported safetensors dtype 'Q8'"},
-      {kModelIndexFile, replace(index, "\"file\":\"model.safetensors\"", "\"file\":\"../model.safetensors\""),
+      {checkpoint::kModelIndexFile, replace(index, "\"file\":\"model.safetensors\"", "\"file\":\"../model.safetensors\""),
        "a piece without a file name"},
-      {kModelIndexFile, replace(index, "\"box\":[2,3]", "\"box\":[2,30]"), "a piece outside the tensor"},
-      {kModelIndexFile, replace(index, "\"format_version\":2", "\"format_version\":\"two\""),
+      {checkpoint::kModelIndexFile, replace(index, "\"box\":[2,3]", "\"box\":[2,30]"), "a piece outside the tensor"},
+      {checkpoint::kModelIndexFile, replace(index, "\"format_version\":2", "\"format_version\":\"two\""),
        "metadata.format_version is \"two\""},
-      {kTrainerStateFile, "", "not a Switchyard trainer state"},
-      {kTrainerStateFile, replace(state, "\"step\": 3", "\"step\": \"3\""), "not a Switchyard trainer state"},
+      {checkpoint::kTrainerStateFile, "", "not a Switchyard trainer state"},
+      {checkpoint::kTrainerStateFile, replace(state, "\"step\": 3", "\"step\": \"3\""), "not a Switchyard trainer state"},
   };
   const std::vector<float> values = Values();
   MakeParams(100.0f);  // what loading must not change
@@ -218,18 +218,18 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
     SCOPED_TRACE(std::string(c.file) + " <- " + c.text.substr(0, 60));
     const std::string path = step + "/" + c.file;
     WriteBytes(path, c.text);
-    const std::string model_bytes = ReadBytes(step + "/" + kModelFile);
-    StatusOr<LoadedCheckpoint> r = LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
+    const std::string model_bytes = ReadBytes(step + "/" + checkpoint::kModelFile);
+    StatusOr<checkpoint::LoadedCheckpoint> r = checkpoint::LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
     ASSERT_FALSE(r.ok());
     const std::string message(r.status().message());
     EXPECT_NE(message.find(path), std::string::npos) << message;
     EXPECT_NE(message.find(c.want), std::string::npos) << message;
     EXPECT_EQ(Values(), untouched);
-    EXPECT_EQ(ReadBytes(step + "/" + kModelFile), model_bytes);
-    WriteBytes(step + "/" + kModelIndexFile, index);
-    WriteBytes(step + "/" + kTrainerStateFile, state);
+    EXPECT_EQ(ReadBytes(step + "/" + checkpoint::kModelFile), model_bytes);
+    WriteBytes(step + "/" + checkpoint::kModelIndexFile, index);
+    WriteBytes(step + "/" + checkpoint::kTrainerStateFile, state);
   }
-  ASSERT_TRUE(LoadCheckpoint(Path("run"), params_, &optimizer_, *world_).ok());
+  ASSERT_TRUE(checkpoint::LoadCheckpoint(Path("run"), params_, &optimizer_, *world_).ok());
   EXPECT_EQ(Values(), values);
 }
 
@@ -258,7 +258,7 @@ TEST_F(MalformedInputTest, BadYamlGetsOneClearError) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);
-    StatusOr<Config> r = ParseConfig(c.yaml, "cfg.yaml", {});
+    StatusOr<config::Config> r = config::ParseConfig(c.yaml, "cfg.yaml", {});
     ASSERT_FALSE(r.ok());
     const std::string message(r.status().message());
     EXPECT_NE(message.find(c.want), std::string::npos) << message;
@@ -270,12 +270,12 @@ TEST_F(MalformedInputTest, AnEmptyConfigFileOrADirectoryIsRefused) {
   for (const auto& [text, want] : {std::pair<std::string, std::string>{"", "(0 bytes)"},
                                    {"# only a comment\n\n", "(no keys)"}}) {
     WriteBytes(Path("empty.yaml"), text);
-    StatusOr<Config> r = LoadConfig(Path("empty.yaml"));
+    StatusOr<config::Config> r = config::LoadConfig(Path("empty.yaml"));
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().message(), Path("empty.yaml") + ": the config file is empty " + want +
                                         "; see configs/ and docs/config.md");
   }
-  StatusOr<Config> d = LoadConfig(dir_.string());
+  StatusOr<config::Config> d = config::LoadConfig(dir_.string());
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().message(), dir_.string() + ": is a directory, not a file");
 }
@@ -341,8 +341,8 @@ TEST_F(MalformedInputTest, RandomDamageToACheckpointIsACleanErrorOrSuccess) {
   MakeParams(1.0f);
   ASSERT_TRUE(Save(Path("run"), 2).ok());
   const std::string step = Path("run/step-00000002");
-  const std::vector<std::string> files = {kModelIndexFile, kTrainerStateFile, kModelFile,
-                                          kOptimizerFile, "../latest"};
+  const std::vector<std::string> files = {checkpoint::kModelIndexFile, checkpoint::kTrainerStateFile, checkpoint::kModelFile,
+                                          checkpoint::kOptimizerFile, "../latest"};
   std::vector<std::string> good;
   for (const std::string& f : files) good.push_back(ReadBytes(step + "/" + f));
   std::mt19937_64 rng(kSeed + 1);
@@ -353,7 +353,7 @@ TEST_F(MalformedInputTest, RandomDamageToACheckpointIsACleanErrorOrSuccess) {
     WriteBytes(path, Damage(good[which], rng));
     MakeParams(100.0f);
     const std::vector<float> before = Values();
-    StatusOr<LoadedCheckpoint> r = LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
+    StatusOr<checkpoint::LoadedCheckpoint> r = checkpoint::LoadCheckpoint(Path("run"), params_, &optimizer_, *world_);
     if (!r.ok()) {
       ++errors;
       const std::string message(r.status().message());
@@ -373,7 +373,7 @@ TEST_F(MalformedInputTest, RandomDamageToAYamlConfigIsACleanErrorOrSuccess) {
   int errors = 0;
   for (int i = 0; i < 300; ++i) {
     const std::string yaml = Damage(good, rng);
-    StatusOr<Config> r = ParseConfig(yaml, "cfg.yaml", {});
+    StatusOr<config::Config> r = config::ParseConfig(yaml, "cfg.yaml", {});
     Status s = r.ok() ? r->Validate(1) : r.status();
     if (s.ok()) s = r->model.Validate();
     if (s.ok()) continue;

@@ -17,7 +17,7 @@
 #include <numbers>
 #include <vector>
 
-#include "engine/train/clip.h"
+#include "engine/parallel/clip.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/schedule.h"
 #include "kernels/optimizer.h"
@@ -284,17 +284,17 @@ TEST(OptimizerTest, OffloadedUpdateEqualsTheInPlaceOne) {
     for (const char* name : {"w", "b"}) {
       EXPECT_EQ(in_place.Find(name)->value.ToVector<float>(),
                 offloaded.Find(name)->value.ToVector<float>())
-          << OptimizerKindName(kind) << " " << name;
+          << config::OptimizerKindName(kind) << " " << name;
     }
   }
 }
 
 TEST(OptimizerTest, ParsesKindNames) {
-  EXPECT_EQ(*ParseOptimizerKind("adamw"), OptimizerKind::kAdamW);
-  EXPECT_EQ(*ParseOptimizerKind("sgd"), OptimizerKind::kSgd);
-  EXPECT_EQ(ParseOptimizerKind("adam").status().message(),
+  EXPECT_EQ(*config::ParseOptimizerKind("adamw"), OptimizerKind::kAdamW);
+  EXPECT_EQ(*config::ParseOptimizerKind("sgd"), OptimizerKind::kSgd);
+  EXPECT_EQ(config::ParseOptimizerKind("adam").status().message(),
             "train.optimizer='adam' is not one of adamw, sgd");
-  EXPECT_STREQ(OptimizerKindName(OptimizerKind::kSgd), "sgd");
+  EXPECT_STREQ(config::OptimizerKindName(OptimizerKind::kSgd), "sgd");
 }
 
 TEST(ScheduleTest, WarmupCosineConstant) {
@@ -336,27 +336,27 @@ TEST(ClipTest, GlobalNormAndClippingOnOneRank) {
   const dist::ParallelContext& one = **pc;
   SetGrad(reg, "a", {3.0f, 4.0f});
   // sqrt(9 + 16 + 1 + 4 + 4) = sqrt(34).
-  EXPECT_DOUBLE_EQ(GlobalGradNorm(reg, one), std::sqrt(34.0));
+  EXPECT_DOUBLE_EQ(parallel::GlobalGradNorm(reg, one), std::sqrt(34.0));
   // Below the threshold (and max_norm 0 = off): unchanged.
-  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 10.0, one), std::sqrt(34.0));
-  EXPECT_DOUBLE_EQ(ClipGradNorm(reg, 0.0, one), std::sqrt(34.0));
+  EXPECT_DOUBLE_EQ(parallel::ClipGradNorm(reg, 10.0, one), std::sqrt(34.0));
+  EXPECT_DOUBLE_EQ(parallel::ClipGradNorm(reg, 0.0, one), std::sqrt(34.0));
   EXPECT_EQ(reg.Find("a")->grad.ToVector<float>(), (std::vector<float>{3.0f, 4.0f}));
   // Above: every grad scaled by max_norm / (norm + 1e-6).
-  const double norm = ClipGradNorm(reg, 2.0, one);
+  const double norm = parallel::ClipGradNorm(reg, 2.0, one);
   EXPECT_DOUBLE_EQ(norm, std::sqrt(34.0));
   const double scale = 2.0 / (std::sqrt(34.0) + 1e-6);
   ExpectNear(reg.Find("a")->grad.ToVector<float>(), {3 * scale, 4 * scale}, "clipped a");
   ExpectNear(reg.Find("experts.w")->grad.ToVector<float>(), {scale, 2 * scale, 2 * scale, 0},
              "clipped experts");
-  EXPECT_NEAR(GlobalGradNorm(reg, one), 2.0, 1e-6);
+  EXPECT_NEAR(parallel::GlobalGradNorm(reg, one), 2.0, 1e-6);
 }
 
 TEST(ClipTest, TheClipFactorInsideTheUpdateEqualsScalingTheGradientsFirst) {
   // The trainer passes ClipScale's factor to Optimizer::Step instead of scaling the
   // gradients (ClipGradNorm): the same bits, for AdamW and SGD, over three steps.
-  EXPECT_EQ(ClipScale(3.0, 0.0), 1.0f);  // off
-  EXPECT_EQ(ClipScale(3.0, 5.0), 1.0f);  // below
-  EXPECT_EQ(ClipScale(5.0, 2.0), static_cast<float>(2.0 / (5.0 + 1e-6)));
+  EXPECT_EQ(parallel::ClipScale(3.0, 0.0), 1.0f);  // off
+  EXPECT_EQ(parallel::ClipScale(3.0, 5.0), 1.0f);  // below
+  EXPECT_EQ(parallel::ClipScale(5.0, 2.0), static_cast<float>(2.0 / (5.0 + 1e-6)));
   auto world = dist::MakeLocalCommunicator();
   auto pc = dist::ParallelContext::Create(*world, dist::Mesh::Create(1, {}).value());
   ASSERT_TRUE(pc.ok()) << pc.status();
@@ -369,10 +369,10 @@ TEST(ClipTest, TheClipFactorInsideTheUpdateEqualsScalingTheGradientsFirst) {
       for (int s = 1; s <= 3; ++s) {
         SetGrad(reg, "w", GradAt(s, 5, 3.0f));
         if (fused) {
-          const double norm = GlobalGradNorm(reg, **pc);
-          opt.Step(1e-2f, ClipScale(norm, 0.5));
+          const double norm = parallel::GlobalGradNorm(reg, **pc);
+          opt.Step(1e-2f, parallel::ClipScale(norm, 0.5));
         } else {
-          ClipGradNorm(reg, 0.5, **pc);
+          parallel::ClipGradNorm(reg, 0.5, **pc);
           opt.Step(1e-2f);
         }
       }

@@ -1,0 +1,469 @@
+#include "engine/config/config.h"
+
+#include "engine/model/stage.h"
+#include "engine/parallel/pipeline_schedule.h"
+
+#include "engine/core/file.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+namespace switchyard::config {
+namespace {
+
+// One settable, printable key of a section.
+struct Field {
+  std::string key;
+  std::function<Status(const YAML::Node&, const std::string& where)> set;
+  std::function<std::string()> show;
+};
+
+std::string Scalar(const YAML::Node& node) {
+  return node.IsScalar() ? node.Scalar() : std::string(node.IsSequence() ? "[...]" : "{...}");
+}
+
+template <typename T>
+Field Bind(const std::string& key, T* ptr) {
+  Field f;
+  f.key = key;
+  f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
+    const std::string text = Scalar(node);
+    try {
+      if constexpr (std::is_same_v<T, bool>) {
+        *ptr = node.as<bool>();
+      } else if constexpr (std::is_same_v<T, std::string>) {
+        if (!node.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
+        *ptr = node.Scalar();
+      } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+        if (!node.IsSequence()) throw YAML::Exception(YAML::Mark(), "not a list");
+        *ptr = node.as<std::vector<int64_t>>();
+      } else if constexpr (std::is_integral_v<T>) {
+        *ptr = node.as<T>();
+      } else {
+        *ptr = node.as<T>();
+      }
+    } catch (const YAML::Exception&) {
+      const char* kind = std::is_same_v<T, bool>          ? "true or false"
+                         : std::is_same_v<T, std::string> ? "a string"
+                         : std::is_same_v<T, std::vector<int64_t>> ? "a list of integers"
+                         : std::is_integral_v<T>          ? "an integer"
+                                                          : "a number";
+      return InvalidArgument(where, ": expected ", kind, ", got '", text, "'");
+    }
+    return OkStatus();
+  };
+  f.show = [ptr]() {
+    std::ostringstream out;
+    if constexpr (std::is_same_v<T, bool>) {
+      out << (*ptr ? "true" : "false");
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      out << "[";
+      for (size_t i = 0; i < ptr->size(); ++i) out << (i ? ", " : "") << (*ptr)[i];
+      out << "]";
+    } else {
+      out.precision(std::numeric_limits<float>::max_digits10);
+      out << *ptr;
+    }
+    return out.str();
+  };
+  return f;
+}
+
+template <typename E>
+Field BindEnum(const std::string& key, E* ptr, StatusOr<E> (*parse)(const std::string&),
+               const char* (*name)(E)) {
+  Field f;
+  f.key = key;
+  f.set = [ptr, parse](const YAML::Node& node, const std::string& where) -> Status {
+    if (!node.IsScalar()) return InvalidArgument(where, ": expected a name, got '", Scalar(node), "'");
+    auto value = parse(node.Scalar());
+    if (!value.ok()) return value.status();
+    *ptr = *value;
+    return OkStatus();
+  };
+  f.show = [ptr, name]() { return std::string(name(*ptr)); };
+  return f;
+}
+
+// data.paths: a list of {dir: STRING, weight: NUMBER (default 1)}.
+Field BindDataPaths(const std::string& key, std::vector<data::DataPath>* ptr) {
+  Field f;
+  f.key = key;
+  f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
+    if (!node.IsSequence()) {
+      return InvalidArgument(where, ": expected a list of {dir: ..., weight: ...}, got '",
+                             Scalar(node), "'");
+    }
+    std::vector<data::DataPath> paths;
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string at = StrCat(where, "[", i, "]");
+      if (!node[i].IsMap()) return InvalidArgument(at, ": expected {dir: ..., weight: ...}");
+      data::DataPath path;
+      for (const auto& kv : node[i]) {
+        const std::string name = kv.first.as<std::string>();
+        if (name == "dir" && kv.second.IsScalar()) {
+          path.dir = kv.second.Scalar();
+        } else if (name == "weight") {
+          try {
+            path.weight = kv.second.as<double>();
+          } catch (const YAML::Exception&) {
+            return InvalidArgument(at, ".weight: expected a number, got '", Scalar(kv.second), "'");
+          }
+        } else {
+          return InvalidArgument(at, ": unknown key '", name, "' (expected dir and weight)");
+        }
+      }
+      paths.push_back(std::move(path));
+    }
+    *ptr = std::move(paths);
+    return OkStatus();
+  };
+  f.show = [ptr]() {
+    std::ostringstream out;
+    out.precision(std::numeric_limits<double>::max_digits10);
+    out << "[";
+    for (size_t i = 0; i < ptr->size(); ++i) {
+      out << (i ? ", " : "") << "{dir: \"";
+      for (char ch : (*ptr)[i].dir) out << (ch == '"' || ch == '\\' ? "\\" : "") << ch;
+      out << "\", weight: " << (*ptr)[i].weight << "}";
+    }
+    out << "]";
+    return out.str();
+  };
+  return f;
+}
+
+struct Section {
+  std::string name;
+  std::vector<Field> fields;
+};
+
+// The key tables: the single list of what a config may contain.
+std::vector<Section> Sections(Config& c) {
+  moe::MoEConfig& m = c.moe;
+  ParallelConfig& p = c.parallel;
+  TrainConfig& t = c.train;
+  return {
+      {"model",
+       {Bind("vocab_size", &c.model.vocab_size), Bind("seq_len", &c.model.seq_len),
+        Bind("d_model", &c.model.d_model), Bind("n_layers", &c.model.n_layers),
+        Bind("n_heads", &c.model.n_heads), Bind("n_kv_heads", &c.model.n_kv_heads),
+        Bind("d_ff", &c.model.d_ff), Bind("norm", &c.model.norm),
+        Bind("norm_eps", &c.model.norm_eps), Bind("position", &c.model.position),
+        Bind("rope_base", &c.model.rope_base), Bind("activation", &c.model.activation),
+        Bind("bias", &c.model.bias), Bind("tie_embeddings", &c.model.tie_embeddings),
+        Bind("init_std", &c.model.init_std), Bind("scaled_init", &c.model.scaled_init)}},
+      {"moe",
+       {Bind("num_experts", &m.num_experts), Bind("layer_freq", &m.layer_freq), Bind("top_k", &m.top_k),
+        Bind("d_expert", &m.d_expert),
+        BindEnum("activation", &m.activation, moe::ParseActivation, moe::ActivationName),
+        Bind("bias", &m.bias), Bind("normalize_gates", &m.normalize_gates),
+        BindEnum("second_expert_policy", &m.second_expert_policy, moe::ParseSecondExpertPolicy,
+                 moe::SecondExpertPolicyName),
+        Bind("jitter_eps", &m.jitter_eps), Bind("expert_bias_rate", &m.expert_bias_rate),
+        Bind("capacity_factor", &m.capacity_factor),
+        Bind("eval_capacity_factor", &m.eval_capacity_factor),
+        BindEnum("drop_policy", &m.drop_policy, moe::ParseDropPolicy, moe::DropPolicyName),
+        Bind("aux_loss_coef", &m.aux_loss_coef), Bind("z_loss_coef", &m.z_loss_coef),
+        Bind("num_shared_experts", &m.num_shared_experts), Bind("d_shared", &m.d_shared),
+        Bind("seed", &m.seed)}},
+      {"parallel",
+       {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
+        Bind("pp", &p.pp), Bind("pipeline_schedule", &p.pipeline_schedule),
+        Bind("virtual_stages", &p.virtual_stages), Bind("pipeline_layers", &p.pipeline_layers),
+        Bind("zero_stage", &p.zero_stage),
+        Bind("offload_optimizer", &p.offload_optimizer), Bind("order", &p.order),
+        Bind("sequence_parallel", &p.sequence_parallel)}},
+      {"train",
+       {BindEnum("optimizer", &t.optimizer, ParseOptimizerKind, OptimizerKindName),
+        Bind("lr", &t.lr), Bind("min_lr", &t.min_lr), Bind("warmup_steps", &t.warmup_steps),
+        Bind("max_steps", &t.max_steps), Bind("weight_decay", &t.weight_decay),
+        Bind("beta1", &t.beta1), Bind("beta2", &t.beta2), Bind("eps", &t.eps),
+        Bind("momentum", &t.momentum), Bind("grad_clip", &t.grad_clip),
+        Bind("bucket_mb", &t.bucket_mb), Bind("ordered_grad_accum", &t.ordered_grad_accum), Bind("micro_batch_size", &t.micro_batch_size),
+        Bind("grad_accum", &t.grad_accum), Bind("seed", &t.seed),
+        Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
+        Bind("checkpoint_every", &t.checkpoint_every),
+        BindEnum("recompute", &t.recompute, model::ParseRecompute, model::RecomputeName),
+        Bind("on_nonfinite", &t.on_nonfinite), Bind("max_nonfinite_skips", &t.max_nonfinite_skips),
+        Bind("collective_timeout_s", &t.collective_timeout_s)}},
+      {"data", {Bind("dir", &c.data.dir), BindDataPaths("paths", &c.data.paths),
+                Bind("verify", &c.data.verify)}},
+      {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
+      {"logging", {Bind("routing_every", &c.logging.routing_every)}},
+  };
+}
+
+// "the line 3" of a node of a parsed file ("" for --set's trees, which carry no marks).
+std::string LineOf(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  return mark.is_null() ? std::string() : StrCat(" (line ", mark.line + 1, ")");
+}
+
+// The keys of a mapping are plain scalars, each once: "model.d_model (line 9) is also set
+// on line 4".
+Status CheckKeys(const YAML::Node& map, const std::string& prefix, const std::string& source) {
+  std::map<std::string, YAML::Node> seen;
+  for (const auto& kv : map) {
+    if (!kv.first.IsScalar()) {
+      return InvalidArgument(source, ": ",
+                             prefix.empty() ? std::string("a section name")
+                                            : StrCat("a key of section '", prefix, "'"),
+                             LineOf(kv.first), " must be a plain word, not '", Scalar(kv.first), "'");
+    }
+    const std::string key = kv.first.Scalar();
+    auto [it, fresh] = seen.emplace(key, kv.first);
+    if (!fresh) {
+      const std::string name = prefix.empty() ? key : StrCat(prefix, ".", key);
+      const YAML::Mark first = it->second.Mark(), again = kv.first.Mark();
+      return InvalidArgument(source, ": '", name, "' is set twice",
+                             first.is_null() ? std::string()
+                                             : StrCat(", on lines ", first.line + 1, " and ",
+                                                      again.line + 1),
+                             "; keep one");
+    }
+  }
+  return OkStatus();
+}
+
+Status Apply(Config& config, const YAML::Node& root, const std::string& source) {
+  if (!root || root.IsNull()) return OkStatus();
+  if (!root.IsMap()) return InvalidArgument(source, ": the top level must be a mapping of sections");
+  SY_RETURN_IF_ERROR(CheckKeys(root, "", source));
+  std::vector<Section> sections = Sections(config);
+  for (const auto& entry : root) {
+    const std::string name = entry.first.Scalar();
+    auto section = std::find_if(sections.begin(), sections.end(),
+                                [&](const Section& s) { return s.name == name; });
+    if (section == sections.end()) return InvalidArgument(source, ": unknown section '", name, "'");
+    if (entry.second.IsNull()) continue;
+    if (!entry.second.IsMap()) return InvalidArgument(source, ": section '", name, "' must be a mapping");
+    SY_RETURN_IF_ERROR(CheckKeys(entry.second, name, source));
+    for (const auto& kv : entry.second) {
+      const std::string key = kv.first.Scalar();
+      auto field = std::find_if(section->fields.begin(), section->fields.end(),
+                                [&](const Field& f) { return f.key == key; });
+      if (field == section->fields.end()) {
+        return InvalidArgument(source, ": unknown key '", name, ".", key, "'");
+      }
+      Status s = field->set(kv.second, StrCat(name, ".", key));
+      if (!s.ok()) return InvalidArgument(source, ": ", s.message());
+    }
+  }
+  return OkStatus();
+}
+
+// "moe.top_k=2" -> a YAML tree {moe: {top_k: 2}}.
+StatusOr<YAML::Node> OverrideNode(const std::string& text) {
+  const size_t eq = text.find('=');
+  const size_t dot = text.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 ||
+      dot + 1 == eq) {
+    return InvalidArgument("--set '", text, "': expected section.key=value");
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument("--set '", text, "': bad value: ", e.msg);
+  }
+  YAML::Node root;
+  root[text.substr(0, dot)][text.substr(dot + 1, eq - dot - 1)] = value;
+  return root;
+}
+
+}  // namespace
+
+Status RuntimeConfig::Validate() const {
+  if (auto d = ParseDevice(device); !d.ok()) {
+    return InvalidArgument("runtime.device='", device, "' is not one of cpu, cuda, cuda:N");
+  }
+  if (precision != "auto" && precision != "fp32" && precision != "bf16") {
+    return InvalidArgument("runtime.precision='", precision, "' is not one of auto, fp32, bf16");
+  }
+  return OkStatus();
+}
+
+Status DataConfig::Validate() const {
+  if (paths.empty() && dir.empty()) return InvalidArgument("data.dir is empty");
+  if (paths.size() > 255) return InvalidArgument("data.paths holds ", paths.size(), " datasets (at most 255)");
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (paths[i].dir.empty()) return InvalidArgument("data.paths[", i, "].dir is missing or empty");
+    if (!(paths[i].weight > 0) || !std::isfinite(paths[i].weight)) {
+      return InvalidArgument("data.paths[", i, "].weight=", paths[i].weight,
+                             " must be a positive number");
+    }
+  }
+  return OkStatus();
+}
+
+Status Config::Validate(int world) const {
+  SY_RETURN_IF_ERROR(runtime.Validate());
+  SY_RETURN_IF_ERROR(data.Validate());
+  if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
+  SY_RETURN_IF_ERROR(moe.Validate());
+  const ParallelConfig& p = parallel;
+  for (auto [name, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"ep", p.ep},
+                         {"pp", p.pp}}) {
+    if (v < 1) return InvalidArgument("parallel.", name, "=", v, " must be >= 1");
+  }
+  if (p.etp < 0) return InvalidArgument("parallel.etp=", p.etp, " must be >= 0 (0: same as tp)");
+  if (p.zero_stage < 0 || p.zero_stage > 3) {
+    return InvalidArgument("parallel.zero_stage=", p.zero_stage, " must be 0, 1, 2 or 3");
+  }
+  if (p.offload_optimizer && p.zero_stage == 0) {
+    return InvalidArgument("parallel.offload_optimizer=true needs parallel.zero_stage >= 1 (the "
+                           "offloaded optimizer is the sharded one, as in ZeRO-Offload)");
+  }
+  SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
+  SY_RETURN_IF_ERROR(train.Validate());
+  if (logging.routing_every < 0) {
+    return InvalidArgument("logging.routing_every=", logging.routing_every,
+                           " must be >= 0 (0: only at the last step)");
+  }
+  if (p.cp > 1 && model.seq_len % (2 * p.cp) != 0) {
+    return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by 2 * parallel.cp = ",
+                           2 * p.cp, " (context parallelism cuts every sequence into 2 * cp "
+                           "chunks, two per cp rank)");
+  }
+  const int64_t local_seq = p.cp > 1 ? model.seq_len / (2 * p.cp) : model.seq_len;
+  if (p.tp > 1 && p.sequence_parallel && local_seq % p.tp != 0) {
+    return InvalidArgument("model.seq_len=", model.seq_len,
+                           p.cp > 1 ? " / (2 * parallel.cp)" : "", " is not divisible by parallel.tp=",
+                           p.tp, " (sequence parallelism splits every sequence; or set "
+                           "parallel.sequence_parallel=false)");
+  }
+  if (p.tp > 1 && model.n_heads % p.tp != 0) {
+    return InvalidArgument("parallel.tp=", p.tp, " does not divide model.n_heads=", model.n_heads);
+  }
+  const int64_t kv_heads = model.n_kv_heads > 0 ? model.n_kv_heads : model.n_heads;
+  if (p.tp > 1 && kv_heads % p.tp != 0 && p.tp % kv_heads != 0) {
+    return InvalidArgument("parallel.tp=", p.tp, " and model.n_kv_heads=", kv_heads,
+                           ": tp must divide the kv heads (they are split) or be a multiple of "
+                           "them (they are replicated)");
+  }
+  if (p.tp > 1 && model.ff_hidden() % p.tp != 0 && moe.layer_freq != 1) {
+    return InvalidArgument("parallel.tp=", p.tp, " does not divide the dense MLP hidden size ",
+                           model.ff_hidden(), " (model.d_ff)");
+  }
+  const int64_t etp = p.etp > 0 ? p.etp : p.tp;
+  if (etp > 1 && moe.d_expert % etp != 0) {
+    return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", moe.d_expert,
+                           p.etp > 0 ? "" : " (etp defaults to tp; set parallel.etp)");
+  }
+  if (world >= 1) {
+    // The fewest ranks the layout runs on: a multiple of both groups' sizes.
+    const int64_t dense = int64_t{p.tp} * p.cp * p.pp, expert = etp * p.ep * p.pp;
+    const int64_t needed = std::lcm(dense, expert);
+    if (world < needed) {
+      return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
+                             " etp=", etp, " needs ", needed, " ranks (or a multiple), but ",
+                             world == 1 ? std::string("this is one process") : StrCat(world, " were launched"),
+                             "; launch with mpirun -np ", needed, " switchyard ...");
+    }
+  }
+  if (world > 0) {
+    if (world % (int64_t{p.tp} * p.cp * p.pp) != 0) {
+      return InvalidArgument("world size ", world, " is not divisible by tp*cp*pp = ", p.tp, "*",
+                             p.cp, "*", p.pp);
+    }
+    if (world % (etp * p.ep * p.pp) != 0) {
+      return InvalidArgument("world size ", world, " is not divisible by etp*ep*pp = ", etp, "*",
+                             p.ep, "*", p.pp);
+    }
+  }
+  // Pipeline: the schedule fits the micro-batches and the layers split into the stages.
+  {
+    auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
+    if (!schedule.ok()) {
+      return InvalidArgument("parallel.pipeline_schedule: ", schedule.status().message());
+    }
+    if (p.pp > 1 || p.virtual_stages != 1) {
+      const Status fits = parallel::CheckScheduleArgs(*schedule, p.pp, static_cast<int>(train.grad_accum),
+                                                      p.virtual_stages);
+      if (!fits.ok()) {
+        return InvalidArgument("parallel.pp=", p.pp, ", parallel.pipeline_schedule=",
+                               p.pipeline_schedule, ", parallel.virtual_stages=", p.virtual_stages,
+                               ", train.grad_accum=", train.grad_accum, " (the micro-batches): ",
+                               fits.message());
+      }
+    }
+    if (p.pp * p.virtual_stages > 1 || !p.pipeline_layers.empty()) {
+      SY_RETURN_IF_ERROR(model::PartitionLayers(model, moe, p.pp * p.virtual_stages,
+                                                p.pipeline_layers)
+                             .status());
+    }
+  }
+  return OkStatus();
+}
+
+dist::MeshSizes ParallelConfig::MeshSizes() const {
+  return {.tp = tp, .cp = cp, .ep = ep, .etp = etp > 0 ? etp : tp, .pp = pp};
+}
+
+Status ParallelConfig::CheckSupported() const {
+  if (pp > 1 && zero_stage > 0) {
+    return Unimplemented("parallel.zero_stage=", zero_stage, " with parallel.pp=", pp,
+                         " is not supported yet; use zero_stage=0 with pipeline parallelism");
+  }
+  return OkStatus();
+}
+
+std::string Config::ToYaml() const {
+  Config copy = *this;
+  std::ostringstream out;
+  for (const Section& s : Sections(copy)) {
+    out << s.name << ":\n";
+    for (const Field& f : s.fields) out << "  " << f.key << ": " << f.show() << "\n";
+  }
+  return out.str();
+}
+
+StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
+                             const std::vector<std::string>& overrides) {
+  Config config;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
+  }
+  try {
+    SY_RETURN_IF_ERROR(Apply(config, root, source));
+  } catch (const YAML::Exception& e) {  // a conversion the tables did not foresee
+    return InvalidArgument(source, ":", e.mark.line + 1, ": ", e.msg);
+  }
+  for (const std::string& text : overrides) {
+    SY_ASSIGN_OR_RETURN(YAML::Node node, OverrideNode(text));
+    SY_RETURN_IF_ERROR(Apply(config, node, "--set"));
+  }
+  config.moe.d_model = config.model.d_model;
+  if (config.train.min_lr == -1.0f) config.train.min_lr = config.train.resolved_min_lr();
+  return config;
+}
+
+StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  // A file without a single key is a mistake (every key would be its default).
+  bool empty = true;
+  try {
+    const YAML::Node root = YAML::Load(text);
+    empty = !root || root.IsNull();
+  } catch (const YAML::Exception&) {
+    empty = false;  // ParseConfig reports the syntax error
+  }
+  if (empty) {
+    return InvalidArgument(path, ": the config file is empty (", text.empty() ? "0 bytes" : "no keys",
+                           "); see configs/ and docs/config.md");
+  }
+  return ParseConfig(text, path, overrides);
+}
+
+}  // namespace switchyard::config

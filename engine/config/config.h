@@ -1,0 +1,116 @@
+// The run configuration: YAML files in configs/ parsed into typed sections, with
+// `--set section.key=value` overrides, validated in one place. Every error is one line
+// naming the file, the key and the bad value:
+//   configs/x.yaml: moe.top_k: expected an integer, got 'two'
+//   configs/x.yaml: unknown key 'moe.topk'
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/dist/mesh.h"
+#include "engine/model/model_config.h"
+#include "engine/data/blend.h"
+#include "engine/config/train_config.h"
+#include "moe/moe_config.h"
+
+namespace switchyard::config {
+
+// parallel: the layout over the world; dp (and edp) is what remains.
+struct ParallelConfig {
+  int tp = 1;          // tensor parallel: attention heads, MLP hidden units, vocabulary
+  int cp = 1;          // context parallel
+  int ep = 1;          // expert parallel
+  int etp = 0;         // tensor parallel inside each expert; 0 means the same as tp
+  int pp = 1;          // pipeline stages
+  // Pipeline parallelism (docs/pipeline.md): the schedule of a step's micro-batches
+  // (train.grad_accum of them) over the pp stages — gpipe | 1f1b | interleaved — with
+  // virtual_stages model chunks per rank for interleaved, and the layers of each model
+  // stage (pp x virtual_stages counts summing to model.n_layers; empty: balanced by
+  // compute and parameters, engine/model/stage.h).
+  std::string pipeline_schedule = "1f1b";
+  int virtual_stages = 1;
+  std::vector<int64_t> pipeline_layers;
+  // ZeRO stage 0-3 (engine/parallel/zero.h, docs/zero.md): 1 shards the optimizer state
+  // over each parameter's data-parallel group (dense: dp x cp; experts: edp), 2 the
+  // gradients too, 3 the parameters too.
+  int zero_stage = 0;
+  // ZeRO-Offload: optimizer state and update on the host (GPU runs; needs zero_stage >= 1;
+  // on the CPU backend accepted and changes nothing).
+  bool offload_optimizer = false;
+  std::string order = "tp-cp-ep-dp-pp";  // mesh axis order, first fastest
+  // With tp > 1: norms, the residual stream and the MoE layers work on sequence shards
+  // (Megatron-LM requires it with MoE); all-gather / reduce-scatter replace the all-reduces.
+  bool sequence_parallel = true;
+
+  // The mesh sizes (etp 0 means tp).
+  dist::MeshSizes MeshSizes() const;
+  // The one check of what `switchyard train` and `eval` run today: an error naming the key
+  // of a parallelism that is not built yet (it shrinks as each one lands).
+  Status CheckSupported() const;
+};
+
+// data: where `switchyard prep` wrote the token shards (docs/data.md).
+struct DataConfig {
+  std::string dir = "data/fortunes";  // relative to the working directory
+  // A weighted blend of prep outputs ([{dir: a, weight: 0.7}, {dir: b, weight: 0.3}]);
+  // when not empty it replaces `dir`.
+  std::vector<data::DataPath> paths;
+  // Read every shard once at the start (checksums, token ids); false: each rank reads
+  // only the windows it trains on.
+  bool verify = true;
+
+  // Names the key and the value it rejects.
+  Status Validate() const;
+  // The folder named in messages: `dir`, or the blend's first dataset.
+  const std::string& FirstDir() const { return paths.empty() ? dir : paths[0].dir; }
+};
+
+// runtime: where the step runs and the element type of its matrix products.
+struct RuntimeConfig {
+  std::string device = "cpu";      // cpu | cuda (each rank: GPU local_rank % GPUs) | cuda:N
+  std::string precision = "auto";  // auto | fp32 | bf16: the matrix products' input type
+                                   // (f32 accumulation, f32 master weights and optimizer
+                                   // state); auto is bf16 on a GPU and fp32 on the CPU
+
+  // Names the key and the value it rejects.
+  Status Validate() const;
+};
+
+// logging: what a run writes besides the progress line (docs/config.md).
+struct LoggingConfig {
+  // The per-expert token counts (before and after dropping) and the expert biases go to
+  // routing.jsonl every N steps (step % N == 0) and always at the last step of a run;
+  // 0 = only at the last step. The per-layer scalars (dropped fraction, entropy, aux, z,
+  // loads, max violation, cv) are in metrics.jsonl every step. A run stopped by a signal
+  // also logs the step it stopped after.
+  int64_t routing_every = 10;
+};
+
+struct Config {
+  model::ModelConfig model;
+  moe::MoEConfig moe;  // moe.d_model mirrors model.d_model
+  ParallelConfig parallel;
+  DataConfig data;
+  TrainConfig train;   // optimizer, LR schedule, clipping, gradient buckets
+  RuntimeConfig runtime;
+  LoggingConfig logging;
+
+  // Sections and fields together, plus what the world size allows ("parallel.ep=3 does
+  // not divide ..."). world <= 0 skips the layout checks.
+  Status Validate(int world = 0) const;
+  // The resolved config as YAML, every key with its value (defaults included).
+  std::string ToYaml() const;
+};
+
+// Parses YAML text; `source` names it in errors (a path or "<string>"). Overrides are
+// "section.key=value" strings applied on top of the text, in order.
+StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
+                             const std::vector<std::string>& overrides = {});
+// Reads and parses a file. Refused: a directory, an empty file (or one of comments only), and
+// (as ParseConfig) non-scalar or duplicate keys, naming the lines.
+StatusOr<Config> LoadConfig(const std::string& path,
+                            const std::vector<std::string>& overrides = {});
+
+}  // namespace switchyard::config

@@ -1,0 +1,71 @@
+// The `train` section of a config: the optimizer, the learning-rate schedule, gradient
+// clipping and the data-parallel gradient buckets. Defaults follow Megatron-LM / nanoGPT
+// GPT pre-training (AdamW, beta2 0.95, weight decay 0.1, clip 1.0, DDP's 25 MB buckets).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/model/recompute.h"
+
+namespace switchyard::config {
+
+enum class OptimizerKind { kAdamW, kSgd };
+
+// "adamw", "sgd".
+StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
+const char* OptimizerKindName(OptimizerKind kind);
+
+struct TrainConfig {
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // adamw | sgd
+  float lr = 3e-4f;            // peak learning rate
+  // Final learning rate of the cosine decay. -1 (the default) means 0.1 * lr (nanoGPT,
+  // Chinchilla); ParseConfig writes the resolved value. 0 decays to zero (Megatron's and
+  // torchtitan's default).
+  float min_lr = -1.0f;
+  int64_t warmup_steps = 0;    // linear warmup steps (schedule.h has the exact formula)
+  int64_t max_steps = 1000;    // optimizer steps of the run; the cosine ends here
+  float weight_decay = 0.1f;   // AdamW decoupled decay; SGD L2; only where a parameter decays
+  float beta1 = 0.9f;          // AdamW
+  float beta2 = 0.95f;         // AdamW
+  float eps = 1e-8f;           // AdamW
+  float momentum = 0.9f;       // SGD; 0 = plain SGD
+  float grad_clip = 1.0f;      // max global gradient norm; 0 = no clipping
+  int64_t micro_batch_size = 4;  // sequences per micro-batch (one routing group)
+  int64_t grad_accum = 1;        // micro-batches per step on each data-parallel rank
+  uint64_t seed = 1234;          // initial weights, data order, routing noise
+  int64_t eval_every = 50;       // validation every N steps (and at the end); 0 = off
+  int64_t eval_batches = 8;      // validation micro-batches per rank
+  int64_t checkpoint_every = 0;  // save every N steps; 0 = only at the end (and on SIGTERM)
+  float bucket_mb = 25.0f;     // data-parallel gradient bucket size in MiB (DDP bucket_cap_mb)
+  // Sum the micro-batches' gradients in the canonical tree order (engine/dist/ordered_sum.h):
+  // with grad_accum a power of two, dp ranks x grad_accum equal one rank with dp x grad_accum
+  // micro-batches bit for bit. Costs up to log2(grad_accum) + 1 extra gradient copies and
+  // the overlap of the last backward with the gradient sync; false accumulates in place.
+  bool ordered_grad_accum = true;
+  // Activation recompute (engine/model/recompute.h): none keeps every activation; selective
+  // recomputes attention's core (its softmax-weighted values and logsumexp) in backward;
+  // full keeps each block's input alone and re-runs the block's forward in backward.
+  // Results are bit-identical; memory falls, compute rises (full: one more forward).
+  model::Recompute recompute = model::Recompute::kNone;
+  // What a step whose loss or global gradient norm is not finite (NaN, Inf) does
+  // (docs/failures.md): "stop" saves nothing new and exits with code 3, the last good
+  // checkpoint staying the latest; "skip" leaves the weights and the optimizer as they
+  // were (the step's data is consumed), counts the step in metrics.jsonl, and stops as
+  // "stop" does after max_nonfinite_skips such steps in a row.
+  std::string on_nonfinite = "stop";
+  int64_t max_nonfinite_skips = 10;  // with on_nonfinite=skip: skipped steps in a row allowed
+  // The collective watchdog (engine/dist/watchdog.h): a rank whose collective has not
+  // completed after this many seconds names it, its group and the ranks that have not
+  // arrived, and exits with status 4. Generous by default, as NCCL's (30 min); 0 = off.
+  double collective_timeout_s = 1800;
+
+  // Names the key and the value it rejects ("train.beta2=1 must be in [0, 1)").
+  Status Validate() const;
+  // min_lr with -1 resolved to 0.1 * lr.
+  float resolved_min_lr() const { return min_lr == -1.0f ? 0.1f * lr : min_lr; }
+  int64_t bucket_bytes() const;
+};
+
+}  // namespace switchyard::config

@@ -1,0 +1,88 @@
+// SentencePiece behind plain std types; see sentencepiece_bridge.h. Includes no abseil.
+#include "engine/data/sentencepiece_bridge.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <string>
+#include <unordered_map>
+
+namespace switchyard::data::spm {
+namespace {
+
+// Feeds the texts to the trainer without a temporary file.
+class VectorIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit VectorIterator(const std::vector<std::string>& texts) : texts_(texts) {}
+  bool done() const override { return next_ >= texts_.size(); }
+  void Next() override { ++next_; }
+  const std::string& value() const override { return texts_[next_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& texts_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+std::string TrainBpe(const std::vector<std::string>& texts, const BpeSpec& spec,
+                     std::string* model) {
+  // Deterministic BPE: one thread, every input sentence used (no sampling), identity
+  // normalisation so Decode(Encode(text)) == text; "\n" is a user-defined piece so
+  // documents keep their lines.
+  const std::unordered_map<std::string, std::string> kwargs = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(spec.vocab_size)},
+      {"hard_vocab_limit", "false"},
+      {"character_coverage", spec.byte_fallback ? "0.9995" : "1.0"},
+      {"byte_fallback", spec.byte_fallback ? "true" : "false"},
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},
+      {"add_dummy_prefix", "true"},
+      {"split_digits", "true"},
+      {"user_defined_symbols", "\n,\t"},
+      {"max_sentence_length", "65536"},
+      {"input_sentence_size", "0"},
+      {"shuffle_input_sentence", "false"},
+      {"num_threads", "1"},
+      {"unk_id", "0"},
+      {"bos_id", "1"},
+      {"eos_id", "2"},
+      {"pad_id", "-1"},
+      {"minloglevel", "2"},
+  };
+  sentencepiece::SetRandomGeneratorSeed(spec.seed == static_cast<uint32_t>(-1) ? 0 : spec.seed);
+  VectorIterator iterator(texts);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, &iterator, model);
+  return status.ok() ? std::string() : std::string(status.ToString());
+}
+
+struct Processor::Impl {
+  sentencepiece::SentencePieceProcessor sp;
+};
+
+Processor::Processor() : impl_(std::make_unique<Impl>()) {}
+Processor::~Processor() = default;
+
+std::string Processor::Load(const std::string& serialized) {
+  const auto status = impl_->sp.LoadFromSerializedProto(serialized);
+  return status.ok() ? std::string() : std::string(status.ToString());
+}
+
+std::string Processor::Encode(std::string_view text, std::vector<int>* ids) const {
+  const auto status = impl_->sp.Encode(text, ids);
+  return status.ok() ? std::string() : std::string(status.ToString());
+}
+
+std::string Processor::Decode(const std::vector<int>& ids, std::string* text) const {
+  const auto status = impl_->sp.Decode(ids, text);
+  return status.ok() ? std::string() : std::string(status.ToString());
+}
+
+int Processor::PieceSize() const { return impl_->sp.GetPieceSize(); }
+int Processor::EosId() const { return impl_->sp.eos_id(); }
+int Processor::UnkId() const { return impl_->sp.unk_id(); }
+std::string Processor::IdToPiece(int id) const { return impl_->sp.IdToPiece(id); }
+
+}  // namespace switchyard::data::spm

@@ -1,0 +1,69 @@
+#include "engine/parallel/clip.h"
+
+#include "engine/dist/ordered_sum.h"
+
+#include <cmath>
+
+#include "kernels/optimizer.h"
+
+namespace switchyard::parallel {
+
+namespace {
+
+// The gradients clipping reads on this rank: the owned elements of each trainable
+// parameter (everything without ZeRO). With `counted_only`, only those this rank counts in
+// the norm (see the header).
+std::vector<Tensor> OwnedGrads(const parallel::ParameterRegistry& registry,
+                               const dist::ParallelContext& pc, const parallel::ZeroShards* zero,
+                               bool counted_only) {
+  const bool sharded = zero != nullptr && zero->stage() > 0;
+  std::vector<Tensor> grads;
+  const auto& params = registry.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const parallel::Parameter& p = params[i];
+    if (!p.trainable || !p.grad.defined()) continue;
+    const Tensor grad = sharded ? zero->OwnedGrad(i) : p.grad;
+    if (grad.numel() == 0) continue;
+    if (counted_only) {
+      const parallel::AxisSet shard = sharded ? zero->ShardAxes(i) : parallel::AxisSet();
+      const dist::MeshCoords coords = pc.mesh().CoordsOf(pc.rank(), p.view);
+      bool owner = true;
+      for (dist::Axis a : p.replicated.Axes())
+        owner = owner && (shard.Has(a) || coords[static_cast<int>(a)] == 0);
+      if (!owner) continue;
+    }
+    grads.push_back(grad);
+  }
+  return grads;
+}
+
+}  // namespace
+
+double GlobalGradNorm(const parallel::ParameterRegistry& registry,
+                      const dist::ParallelContext& pc, DeviceContext* ctx,
+                      const parallel::ZeroShards* zero) {
+  // The gradients this rank counts, summed in one multi-tensor reduction (one copy back on
+  // a GPU).
+  std::vector<Tensor> grads = OwnedGrads(registry, pc, zero, /*counted_only=*/true);
+  double local = 0.0;
+  for (double s : kernels::SumSquaresMany(grads, ctx)) local += s;
+  const double mine[1] = {local};
+  return std::sqrt(dist::AllReduceDoubles(pc.world(), mine)[0]);
+}
+
+float ClipScale(double norm, double max_norm) {
+  return max_norm > 0.0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+double ClipGradNorm(parallel::ParameterRegistry& registry, double max_norm,
+                    const dist::ParallelContext& pc, DeviceContext* ctx,
+                    const parallel::ZeroShards* zero) {
+  const double norm = GlobalGradNorm(registry, pc, ctx, zero);
+  if (const float scale = ClipScale(norm, max_norm); scale != 1.0f) {
+    std::vector<Tensor> grads = OwnedGrads(registry, pc, zero, /*counted_only=*/false);
+    kernels::ScaleMany(grads, scale, ctx);
+  }
+  return norm;
+}
+
+}  // namespace switchyard::parallel

@@ -1,0 +1,278 @@
+#include "engine/config/config.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/train/optimizer.h"
+#include "engine/train/schedule.h"
+
+namespace switchyard::train {
+namespace {
+
+constexpr char kYaml[] = R"(
+model:
+  d_model: 16
+moe:
+  num_experts: 8
+  top_k: 2
+  d_expert: 32
+  activation: swiglu
+  drop_policy: probability
+  capacity_factor: 1.5
+  normalize_gates: true
+parallel:
+  ep: 4
+)";
+
+std::string Error(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  auto c = config::ParseConfig(yaml, "x.yaml", overrides);
+  if (!c.ok()) return std::string(c.status().message());
+  Status s = c->Validate(8);
+  return s.ok() ? "" : std::string(s.message());
+}
+
+TEST(ConfigTest, ParsesTypedSectionsWithDefaults) {
+  auto c = config::ParseConfig(kYaml, "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.d_model, 16);
+  EXPECT_EQ(c->moe.d_model, 16);
+  EXPECT_EQ(c->moe.top_k, 2);
+  EXPECT_EQ(c->moe.activation, moe::Activation::kSwiglu);
+  EXPECT_EQ(c->moe.drop_policy, moe::DropPolicy::kProbability);
+  EXPECT_FLOAT_EQ(c->moe.capacity_factor, 1.5f);
+  EXPECT_TRUE(c->moe.normalize_gates);
+  EXPECT_FLOAT_EQ(c->moe.eval_capacity_factor, 2.0f);  // default
+  EXPECT_EQ(c->parallel.ep, 4);
+  EXPECT_TRUE(c->Validate(8).ok());
+}
+
+TEST(ConfigTest, OverridesApplyInOrder) {
+  auto c = config::ParseConfig(kYaml, "x.yaml", {"moe.top_k=1", "parallel.ep=2", "moe.top_k=3"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.top_k, 3);
+  EXPECT_EQ(c->parallel.ep, 2);
+}
+
+TEST(ConfigTest, ResolvedYamlParsesBackToTheSameConfig) {
+  auto c = config::ParseConfig(kYaml, "x.yaml", {"moe.jitter_eps=0.01"});
+  ASSERT_TRUE(c.ok());
+  auto again = config::ParseConfig(c->ToYaml(), "resolved");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToYaml(), c->ToYaml());
+  EXPECT_FLOAT_EQ(again->moe.jitter_eps, 0.01f);
+}
+
+TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
+  EXPECT_EQ(Error("moe:\n  topk: 2\n"), "x.yaml: unknown key 'moe.topk'");
+  EXPECT_EQ(Error("optim:\n  lr: 1\n"), "x.yaml: unknown section 'optim'");
+  EXPECT_EQ(Error("moe:\n  top_k: two\n"), "x.yaml: moe.top_k: expected an integer, got 'two'");
+  EXPECT_EQ(Error("moe:\n  normalize_gates: maybe\n"),
+            "x.yaml: moe.normalize_gates: expected true or false, got 'maybe'");
+  EXPECT_EQ(Error("moe:\n  activation: tanh\n"),
+            "x.yaml: moe.activation='tanh' is not one of gelu, relu, swiglu");
+  EXPECT_EQ(Error("moe: [1, 2]\n"), "x.yaml: section 'moe' must be a mapping");
+  EXPECT_NE(Error("moe:\n  top_k: [1\n").find("YAML syntax error"), std::string::npos);
+  EXPECT_EQ(Error(kYaml, {"moe.top_k=9"}), "moe.top_k=9 exceeds moe.num_experts=8");
+  EXPECT_EQ(Error(kYaml, {"parallel.ep=3"}), "moe.num_experts=8 is not divisible by parallel.ep=3");
+  EXPECT_EQ(Error(kYaml, {"parallel.ep=8", "parallel.pp=2"}),
+            "parallel.tp=1 cp=1 pp=2 ep=8 etp=1 needs 16 ranks (or a multiple), but 8 were "
+            "launched; launch with mpirun -np 16 switchyard ...");
+  // Pipeline settings the layers or the schedule cannot take.
+  const std::vector<std::string> pp2 = {"parallel.ep=1", "parallel.pp=2", "model.n_layers=4",
+                                        "train.grad_accum=4"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), pp2.begin(), pp2.end());
+    return Error(kYaml, extra);
+  };
+  EXPECT_EQ(with({}), "");
+  EXPECT_EQ(with({"parallel.pp=8", "parallel.ep=1"}),
+            "8 pipeline stages (parallel.pp x parallel.virtual_stages) for 4 layers: every "
+            "stage needs at least one layer");
+  EXPECT_EQ(with({"parallel.pipeline_schedule=zigzag"}),
+            "parallel.pipeline_schedule: unknown pipeline schedule \"zigzag\" (expected gpipe, "
+            "1f1b or interleaved)");
+  EXPECT_NE(with({"parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2",
+                  "train.grad_accum=3"})
+                .find("train.grad_accum=3 (the micro-batches): "),
+            std::string::npos);
+  EXPECT_NE(with({"parallel.virtual_stages=2"}).find("parallel.virtual_stages=2"),
+            std::string::npos);
+  EXPECT_EQ(with({"parallel.pipeline_layers=[1,1]"}),
+            "parallel.pipeline_layers sums to 2 layers, the model has model.n_layers=4");
+  EXPECT_EQ(with({"parallel.pipeline_layers=[4]"}),
+            "parallel.pipeline_layers lists 1 stages, the layout has 2 (parallel.pp x "
+            "parallel.virtual_stages)");
+  EXPECT_EQ(with({"parallel.pipeline_layers=3"}),
+            "--set: parallel.pipeline_layers: expected a list of integers, got '3'");
+  EXPECT_EQ(Error(kYaml, {"moe.second_expert_policy=random", "moe.top_k=1"}),
+            "moe.second_expert_policy=random needs moe.top_k=2, got 1");
+  EXPECT_EQ(Error(kYaml, {"top_k=2"}), "--set 'top_k=2': expected section.key=value");
+  EXPECT_EQ(Error(kYaml, {"moe.nope=2"}), "--set: unknown key 'moe.nope'");
+  EXPECT_EQ(Error("model:\n  d_model: 0\n"), "model.d_model=0 must be positive");
+  EXPECT_EQ(Error(kYaml, {"logging.routing_every=-1"}),
+            "logging.routing_every=-1 must be >= 0 (0: only at the last step)");
+  EXPECT_EQ(Error(kYaml, {"logging.routing_every=x"}),
+            "--set: logging.routing_every: expected an integer, got 'x'");
+  auto missing = config::LoadConfig("/nonexistent/c.yaml");
+  EXPECT_EQ(missing.status().message(),
+            "/nonexistent/c.yaml: cannot open (No such file or directory)");
+}
+
+// ---- train: optimizer, schedule, clipping, buckets -------------------------------------
+
+TEST(ConfigTest, TrainDefaults) {
+  auto c = config::ParseConfig("", "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const config::TrainConfig& t = c->train;
+  EXPECT_EQ(t.optimizer, config::OptimizerKind::kAdamW);
+  EXPECT_FLOAT_EQ(t.lr, 3e-4f);
+  EXPECT_FLOAT_EQ(t.min_lr, 3e-5f);  // unset: resolved to 0.1 * lr
+  EXPECT_EQ(t.warmup_steps, 0);
+  EXPECT_EQ(t.max_steps, 1000);
+  EXPECT_FLOAT_EQ(t.weight_decay, 0.1f);
+  EXPECT_FLOAT_EQ(t.beta1, 0.9f);
+  EXPECT_FLOAT_EQ(t.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(t.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(t.momentum, 0.9f);
+  EXPECT_FLOAT_EQ(t.grad_clip, 1.0f);
+  EXPECT_FLOAT_EQ(t.bucket_mb, 25.0f);
+  EXPECT_EQ(t.bucket_bytes(), 25 * 1024 * 1024);
+  EXPECT_EQ(t.recompute, model::Recompute::kNone);
+  EXPECT_TRUE(t.Validate().ok());
+  // A TrainConfig built in code keeps -1 and resolves it when asked.
+  config::TrainConfig code;
+  EXPECT_FLOAT_EQ(code.min_lr, -1.0f);
+  EXPECT_FLOAT_EQ(train::ScheduleFor(code).min_lr, 3e-5f);
+  EXPECT_TRUE(code.Validate().ok());
+}
+
+TEST(ConfigTest, TrainKeysParseAndFeedTheOptimizerAndSchedule) {
+  auto c = config::ParseConfig(R"(
+train:
+  optimizer: sgd
+  lr: 1.0e-2
+  min_lr: 0
+  warmup_steps: 100
+  max_steps: 2000
+  weight_decay: 0.01
+  beta1: 0.8
+  beta2: 0.999
+  eps: 1.0e-6
+  momentum: 0.5
+  grad_clip: 0
+  bucket_mb: 0.5
+)", "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const config::TrainConfig& t = c->train;
+  EXPECT_TRUE(t.Validate().ok());
+  EXPECT_EQ(t.optimizer, config::OptimizerKind::kSgd);
+  EXPECT_FLOAT_EQ(t.min_lr, 0.0f);  // 0 is 0: decay to zero
+  EXPECT_EQ(t.bucket_bytes(), 512 * 1024);
+  const train::OptimizerOptions o = train::OptimizerOptionsFor(t);
+  EXPECT_EQ(o.kind, config::OptimizerKind::kSgd);
+  EXPECT_FLOAT_EQ(o.weight_decay, 0.01f);
+  EXPECT_FLOAT_EQ(o.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(o.beta2, 0.999f);
+  EXPECT_FLOAT_EQ(o.eps, 1e-6f);
+  EXPECT_FLOAT_EQ(o.momentum, 0.5f);
+  const train::LrSchedule s = train::ScheduleFor(t);
+  EXPECT_FLOAT_EQ(s.lr, 1e-2f);
+  EXPECT_FLOAT_EQ(s.min_lr, 0.0f);
+  EXPECT_EQ(s.warmup_steps, 100);
+  EXPECT_EQ(s.max_steps, 2000);
+  EXPECT_FLOAT_EQ(s.LrAt(99), 1e-2f);
+  EXPECT_FLOAT_EQ(s.LrAt(2000), 0.0f);
+}
+
+TEST(ConfigTest, TrainRecomputeParsesAndRoundTrips) {
+  for (auto [name, mode] : {std::pair<const char*, model::Recompute>{"none", model::Recompute::kNone},
+                            {"selective", model::Recompute::kSelective},
+                            {"full", model::Recompute::kFull}}) {
+    auto c = config::ParseConfig("", "x.yaml", {std::string("train.recompute=") + name});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->train.recompute, mode);
+    const std::string yaml = c->ToYaml();
+    EXPECT_NE(yaml.find(std::string("\n  recompute: ") + name + "\n"), std::string::npos) << yaml;
+    auto again = config::ParseConfig(yaml, "resolved");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->train.recompute, mode);
+  }
+}
+
+TEST(ConfigTest, TrainMinLrFollowsOverriddenLrAndRoundTrips) {
+  auto c = config::ParseConfig("train:\n  lr: 1.0e-3\n", "x.yaml", {"train.lr=0.02"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->train.lr, 0.02f);
+  EXPECT_FLOAT_EQ(c->train.min_lr, 0.002f);
+  const std::string yaml = c->ToYaml();
+  EXPECT_NE(yaml.find("train:\n  optimizer: adamw\n  lr: 0.0199999996\n"), std::string::npos)
+      << yaml;
+  auto again = config::ParseConfig(yaml, "resolved");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToYaml(), yaml);
+  EXPECT_FLOAT_EQ(again->train.min_lr, 0.002f);
+}
+
+TEST(ConfigTest, BadTrainKeysNameTheKeyAndValue) {
+  auto parse_error = [](const std::string& yaml) {
+    auto c = config::ParseConfig(yaml, "x.yaml");
+    return c.ok() ? std::string() : std::string(c.status().message());
+  };
+  EXPECT_EQ(parse_error("train:\n  optimizer: adam\n"),
+            "x.yaml: train.optimizer='adam' is not one of adamw, sgd");
+  EXPECT_EQ(parse_error("train:\n  lr: fast\n"), "x.yaml: train.lr: expected a number, got 'fast'");
+  EXPECT_EQ(parse_error("train:\n  warmup_steps: 1.5\n"),
+            "x.yaml: train.warmup_steps: expected an integer, got '1.5'");
+  EXPECT_EQ(parse_error("train:\n  learning_rate: 1\n"), "x.yaml: unknown key 'train.learning_rate'");
+  EXPECT_EQ(parse_error("train:\n  recompute: partial\n"),
+            "x.yaml: train.recompute='partial' is not one of none, selective, full");
+  EXPECT_EQ(parse_error("train:\n  recompute: [full]\n"),
+            "x.yaml: train.recompute: expected a name, got '[...]'");
+
+  auto invalid = [](std::vector<std::string> overrides) {
+    auto c = config::ParseConfig("", "x.yaml", overrides);
+    if (!c.ok()) return std::string(c.status().message());
+    Status s = c->train.Validate();
+    return s.ok() ? std::string() : std::string(s.message());
+  };
+  EXPECT_EQ(invalid({"train.lr=0"}), "train.lr=0 must be > 0");
+  EXPECT_EQ(invalid({"train.lr=0.1", "train.min_lr=0.5"}),
+            "train.min_lr=0.5 must be in [0, train.lr=0.1] (or -1: 0.1 * lr)");
+  EXPECT_EQ(invalid({"train.min_lr=-2"}),
+            "train.min_lr=-2 must be in [0, train.lr=0.0003] (or -1: 0.1 * lr)");
+  EXPECT_EQ(invalid({"train.warmup_steps=-1"}), "train.warmup_steps=-1 must be >= 0");
+  EXPECT_EQ(invalid({"train.max_steps=0"}), "train.max_steps=0 must be >= 1");
+  EXPECT_EQ(invalid({"train.warmup_steps=20", "train.max_steps=10"}),
+            "train.warmup_steps=20 exceeds train.max_steps=10");
+  EXPECT_EQ(invalid({"train.weight_decay=-0.1"}), "train.weight_decay=-0.1 must be >= 0");
+  EXPECT_EQ(invalid({"train.beta1=-0.5"}), "train.beta1=-0.5 must be in [0, 1)");
+  EXPECT_EQ(invalid({"train.beta2=1"}), "train.beta2=1 must be in [0, 1)");
+  EXPECT_EQ(invalid({"train.momentum=1.5"}), "train.momentum=1.5 must be in [0, 1)");
+  EXPECT_EQ(invalid({"train.eps=0"}), "train.eps=0 must be > 0");
+  EXPECT_EQ(invalid({"train.grad_clip=-1"}), "train.grad_clip=-1 must be >= 0 (0: no clipping)");
+  EXPECT_EQ(invalid({"train.bucket_mb=0"}), "train.bucket_mb=0 must be in (0, 1e6]");
+  // Config::Validate checks the train section too.
+  EXPECT_EQ(Error(kYaml, {"train.beta2=1"}), "train.beta2=1 must be in [0, 1)");
+}
+
+}  // namespace
+TEST(ConfigTest, RuntimeSectionParsesAndNamesBadValues) {
+  auto c = config::ParseConfig("runtime:\n  device: cuda:1\n  precision: bf16\n", "x.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->runtime.device, "cuda:1");
+  EXPECT_EQ(c->runtime.precision, "bf16");
+  EXPECT_TRUE(c->runtime.Validate().ok());
+  auto d = config::ParseConfig("", "x.yaml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->runtime.device, "cpu");
+  EXPECT_EQ(d->runtime.precision, "auto");
+  EXPECT_NE(d->ToYaml().find("runtime:\n  device: cpu\n  precision: auto\n"), std::string::npos);
+  EXPECT_EQ(Error("", {"runtime.device=gpu"}),
+            "runtime.device='gpu' is not one of cpu, cuda, cuda:N");
+  EXPECT_EQ(Error("", {"runtime.device=cuda:x"}),
+            "runtime.device='cuda:x' is not one of cpu, cuda, cuda:N");
+  EXPECT_EQ(Error("", {"runtime.precision=fp16"}),
+            "runtime.precision='fp16' is not one of auto, fp32, bf16");
+  EXPECT_EQ(Error("runtime:\n  dtype: bf16\n"), "x.yaml: unknown key 'runtime.dtype'");
+}
+
+}  // namespace switchyard::train
