@@ -48,6 +48,12 @@ if [ -f "$build/PREBUILT" ]; then
   old_build=$(sed -n 's/^build=//p' "$build/PREBUILT")
   find "$build" -name CTestTestfile.cmake -exec sed -i -e "s#$old_build#$root/$build#g" \
     -e "s#$old_source#$root#g" {} +
+  # A program with a source path compiled in (malformed_input_test's tiny config) finds it
+  # through a link to this copy where the machine lets us make one; else it is left out.
+  if [ ! -e "$old_source" ]; then
+    { mkdir -p "$(dirname "$old_source")" && ln -s "$root" "$old_source"; } 2>/dev/null ||
+      unit_exclude="|malformed_input_test"
+  fi
   export LD_LIBRARY_PATH="$root/$build/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # cuBLAS/cudart from elsewhere (PyTorch's nvidia wheels) when the toolkit's are not found.
   if ldd "$build/bin/switchyard" | grep -q 'not found'; then
@@ -90,7 +96,7 @@ row "ctest -L gpu" "$result" "${passed:-no summary} ($skipped skipped)"
 [ $rc = 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$out/gpu_tests.log" | head -30
 
 echo "== unit tests on this machine's CPU (same build)"
-(cd "$build" && ctest -L unit -E 'cli_|tiny_configs|docs_model' --output-on-failure -j "$(nproc)") >"$out/unit_tests.log" 2>&1
+(cd "$build" && ctest -L unit -E "cli_|tiny_configs|docs_model${unit_exclude:-}" --output-on-failure -j "$(nproc)") >"$out/unit_tests.log" 2>&1
 rc=$?
 passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/unit_tests.log" | tail -1)
 row "ctest -L unit (CPU)" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-no summary}"
