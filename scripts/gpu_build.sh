@@ -26,6 +26,7 @@ jobs=${JOBS:-$(nproc)}
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 
+mkdir -p "$tree"
 start=$(date +%s)
 # --disable-new-dtags: DT_RPATH, which (unlike DT_RUNPATH) also finds the dependencies of the
 # packed libraries (abseil's own libraries, protobuf-lite) in lib/.
@@ -35,11 +36,11 @@ cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib;/usr/local/cuda/lib64' \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags \
-  ${SWITCHYARD_CMAKE_ARGS:-} >"$tree.configure.log" 2>&1 || { tail -30 "$tree.configure.log"; exit 1; }
+  ${SWITCHYARD_CMAKE_ARGS:-} >"$tree/gpu_build.configure.log" 2>&1 || { tail -30 "$tree/gpu_build.configure.log"; exit 1; }
 
 # The test binaries gpu_run.sh runs (ctest -L gpu; ctest -L unit without the cli_ scripts):
 # tests whose program is a target of ours (not built yet, ctest shows no command for them).
-ninja -C "$tree" -t targets all | sed -n 's/: phony$//p' | sort -u >"$tree.targets"
+ninja -C "$tree" -t targets all | sed -n 's/: phony$//p' | sort -u >"$tree/gpu_build.targets"
 mapfile -t tests < <(ctest --test-dir "$tree" --show-only=json-v1 -L 'gpu|unit' | python3 -c '
 import json, os, sys
 bin_dir, targets = sys.argv[1], set(open(sys.argv[2]).read().split())
@@ -48,7 +49,7 @@ for t in json.load(sys.stdin)["tests"]:
     name = os.path.basename(cmd[0])
     if (not t.get("command") or os.path.dirname(cmd[0]) == bin_dir) and name in targets:
         print(name)
-' "$root/$tree/bin" "$tree.targets" | sort -u)
+' "$root/$tree/bin" "$tree/gpu_build.targets" | sort -u)
 targets=(switchyard grouped_gemm_gpu_perf permute_gpu_perf "${tests[@]}")
 echo "gpu_build: building ${#targets[@]} targets into $tree (sm_$arch, no MPI, -j $jobs)"
 cmake --build "$tree" -j "$jobs" --target "${targets[@]}"
