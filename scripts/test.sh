@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"
+ctest --test-dir "${SWITCHYARD_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Builds the GPU check here, on the Debian machine, for a GPU machine that has the CUDA 13
+# runtime libraries but no MPI and none of our Debian libraries, so that scripts/gpu_run.sh
+# there only runs (no configure, no compile):
+#   1. configures build-sm90/ (the CMake tree, stays here): sm_90 (CUDA_ARCH), MPI off, the
+#      built-in CPU sgemm (no OpenBLAS: 36 MiB), our sy_* libraries shared so the ~35 test
+#      binaries do not each carry the CUDA kernels, cudart shared, RPATH $ORIGIN/../lib and
+#      /usr/local/cuda/lib64 (no path of this machine);
+#   2. builds what gpu_run.sh runs: switchyard, every test labelled gpu or unit (not the
+#      cli_ scripts), grouped_gemm_gpu_perf and permute_gpu_perf;
+#   3. packs build-gpu/ (BUILD_DIR), the directory to carry: bin/ (stripped), lib/ (our .so
+#      files and every library they need that is not glibc, libgcc_s or CUDA: abseil,
+#      yaml-cpp, SentencePiece, protobuf-lite, zlib, zstd, libstdc++), the CTestTestfile.cmake
+#      files with PREBUILT naming the paths they hold (gpu_run.sh rewrites them), and the
+#      prepared corpus in data/fortunes when data/fortunes exists here;
+#   4. checks that nothing in it resolves to a Debian library outside lib/, and prints its size
+#      (the device tool carries at most 64 MiB).
+# Usage: bash scripts/gpu_build.sh   then carry ["build-gpu"] and run scripts/gpu_run.sh there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+arch=${CUDA_ARCH:-90}
+tree=${GPU_BUILD_TREE:-build-sm$arch}
+pack=${BUILD_DIR:-build-gpu}
+jobs=${JOBS:-$(nproc)}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+
+mkdir -p "$tree"
+start=$(date +%s)
+# --disable-new-dtags: DT_RPATH, which (unlike DT_RUNPATH) also finds the dependencies of the
+# packed libraries (abseil's own libraries, protobuf-lite) in lib/.
+cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+  -DSWITCHYARD_MPI=OFF -DSWITCHYARD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSWITCHYARD_BLAS=OFF \
+  -DSWITCHYARD_TESTS=ON -DSWITCHYARD_BENCHMARKS=ON -DBUILD_SHARED_LIBS=ON \
+  -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
+  '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib;/usr/local/cuda/lib64' \
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags \
+  ${SWITCHYARD_CMAKE_ARGS:-} >"$tree/gpu_build.configure.log" 2>&1 || { tail -30 "$tree/gpu_build.configure.log"; exit 1; }
+
+# The test binaries gpu_run.sh runs (ctest -L gpu; ctest -L unit without the cli_ scripts):
+# tests whose program is a target of ours (not built yet, ctest shows no command for them).
+ninja -C "$tree" -t targets all | sed -n 's/: phony$//p' | sort -u >"$tree/gpu_build.targets"
+mapfile -t tests < <(ctest --test-dir "$tree" --show-only=json-v1 -L 'gpu|unit' | python3 -c '
+import json, os, sys
+bin_dir, targets = sys.argv[1], set(open(sys.argv[2]).read().split())
+for t in json.load(sys.stdin)["tests"]:
+    cmd = t.get("command") or [t["name"]]
+    name = os.path.basename(cmd[0])
+    if (not t.get("command") or os.path.dirname(cmd[0]) == bin_dir) and name in targets:
+        print(name)
+' "$root/$tree/bin" "$tree/gpu_build.targets" | sort -u)
+targets=(switchyard grouped_gemm_gpu_perf permute_gpu_perf "${tests[@]}")
+echo "gpu_build: building ${#targets[@]} targets into $tree (sm_$arch, no MPI, -j $jobs)"
+cmake --build "$tree" -j "$jobs" --target "${targets[@]}"
+built=$(date +%s)
+
+rm -rf "$pack"
+mkdir -p "$pack/bin" "$pack/lib"
+for t in "${targets[@]}"; do cp "$tree/bin/$t" "$pack/bin/"; done
+cp -P "$tree"/lib/*.so* "$pack/lib/"
+# Every library the binaries need that a bare GPU machine may lack: all but glibc, libgcc_s,
+# the dynamic loader and the CUDA libraries (cudart, cuBLAS: the GPU machine's own).
+system='^(libc|libm|libdl|libpthread|librt|libgcc_s|ld-linux-x86-64|linux-vdso)\.so'
+ldd "$pack"/bin/* "$pack"/lib/*.so* 2>/dev/null | awk '/=> \// {print $1, $3}' | sort -u |
+while read -r name path; do
+  [[ "$name" =~ $system ]] && continue
+  [[ "$path" == /usr/local/cuda* || "$path" == "$root/$tree/"* || "$path" == "$root/$pack/"* ]] && continue
+  [ -e "$pack/lib/$name" ] || cp -L "$path" "$pack/lib/$name"
+done
+# The packed libraries' own dependencies (abseil's libraries need one another).
+for _ in 1 2 3; do
+  ldd "$pack"/lib/*.so* 2>/dev/null | awk '/=> \// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    [[ "$name" =~ $system || "$path" == /usr/local/cuda* || -e "$pack/lib/$name" ]] && continue
+    cp -L "$path" "$pack/lib/$name"
+  done
+done
+strip --strip-unneeded "$pack"/bin/* "$pack"/lib/*.so* 2>/dev/null || true
+
+# ctest's files, with the absolute paths of this machine recorded in PREBUILT.
+(cd "$tree" && find . -name CTestTestfile.cmake) | while read -r f; do
+  mkdir -p "$pack/$(dirname "$f")" && cp "$tree/$f" "$pack/$f"
+done
+printf 'source=%s\nbuild=%s\narch=%s\n' "$root" "$root/$tree" "$arch" >"$pack/PREBUILT"
+if [ -f data/fortunes/index.json ]; then
+  mkdir -p "$pack/data" && cp -r data/fortunes "$pack/data/"
+fi
+
+# Nothing may resolve to a Debian library outside the pack (LD_LIBRARY_PATH cleared).
+bad=$(env -u LD_LIBRARY_PATH ldd "$pack"/bin/* "$pack"/lib/*.so* 2>/dev/null |
+      awk '/=> / {print $1, $3}' | grep -Ev "^[^ ]+ ($root/$pack/|/usr/local/cuda)" |
+      grep -Ev "$system" | sort -u || true)
+if [ -n "$bad" ]; then
+  echo "gpu_build: resolved outside $pack/lib (or not found):"; echo "$bad"; exit 1
+fi
+size=$(du -sm "$pack" | cut -f1)
+echo "gpu_build: built in $((built - start)) s; $pack holds ${#targets[@]} programs, $(ls "$pack/lib" | wc -l) libraries, ${size} MiB"
+[ "$size" -le 64 ] || { echo "gpu_build: $pack is over the device tool's 64 MiB"; exit 1; }
+echo "gpu_build: carry it: run(command=\"bash scripts/gpu_run.sh; cp gpu-run/* \$OUT/\", carry=[\"$pack\"])"
