@@ -87,8 +87,11 @@ if [ -f data/fortunes/index.json ]; then
   mkdir -p "$pack/data" && cp -r data/fortunes "$pack/data/"
 fi
 
-# Nothing may resolve to a Debian library outside the pack (LD_LIBRARY_PATH cleared).
-bad=$(env -u LD_LIBRARY_PATH ldd "$pack"/bin/* "$pack"/lib/*.so* 2>/dev/null |
+# Nothing a program loads may resolve to a Debian library outside the pack (LD_LIBRARY_PATH
+# cleared). The programs' DT_RPATH applies to every library they load, the packed Debian
+# libraries' own dependencies included, so ldd of the programs is what a GPU machine sees
+# (ldd of a packed Debian library alone would search the system instead).
+bad=$(env -u LD_LIBRARY_PATH ldd "$pack"/bin/* 2>/dev/null |
       awk '/=> / {print $1, $3}' | grep -Ev "^[^ ]+ ($root/$pack/|/usr/local/cuda)" |
       grep -Ev "$system" | sort -u || true)
 if [ -n "$bad" ]; then
