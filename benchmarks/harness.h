@@ -52,6 +52,8 @@ StatusOr<double> ParseDouble(const std::string& flag, const std::string& text);
 StatusOr<DType> ParseBenchDType(const std::string& name);
 // The nccl-tests name of a dtype: "float", "bfloat16", "half", "int32", "int64", "uint8".
 std::string BenchDTypeName(DType dtype);
+// "a,b,c" -> {"a", "b", "c"}; "" -> {} (list flags: --seq_lens, --schedules, --set).
+std::vector<std::string> SplitList(const std::string& text);
 
 // Which common flags a benchmark takes.
 struct Features {
@@ -122,6 +124,8 @@ class Harness {
   std::optional<int> Start(int argc, char** argv);
   // A user error found after Start (a bad shape): prints it on rank 0; returns kExitUsage.
   int Fail(const std::string& message);
+  // printf on the printing rank (rank 0), flushed; nothing on the others.
+  void Printf(const char* format, ...) __attribute__((format(printf, 2, 3)));
 
   const CommonOptions& options() const { return options_; }
   dist::Communicator& world() { return *world_; }
@@ -147,6 +151,10 @@ class Harness {
                                       int blocks = 5);
   // One op: TimeInterleaved({op})[0].
   double Time(const std::function<void()>& op);
+  // For loops timed by hand (phases, forward and backward halves): call(false) -w times,
+  // then call(true) -n times, each call after a barrier of the world; the timed calls
+  // record their own seconds (MedianOfMax reduces them).
+  void Repeat(const std::function<void(bool timed)>& call);
 
   // Reductions over the world (every rank gets the result).
   double Max(double v);
