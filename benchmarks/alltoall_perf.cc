@@ -111,7 +111,7 @@ int64_t RunPattern(Tensor& t, const std::vector<int64_t>& rows, int me, bool sen
 struct Exchange {
   std::vector<int64_t> send, recv;
   Tensor in, out;
-  std::vector<int> sc, sd, rc, rd;
+  ElementSplits s, r;
   double imbalance = 1;  // most rows any rank receives / the mean
 };
 
@@ -184,7 +184,7 @@ class AllToAllPerf final : public Benchmark {
     return wrong;
   }
 
-  nlohmann::json Extra() const override {
+  nlohmann::json Extra(const Harness& h) const override {
     return {{"split", spec_.Name()},
             {"experts", experts_},
             {"hidden", hidden_},
@@ -207,11 +207,8 @@ class AllToAllPerf final : public Benchmark {
     x.in = Tensor::Empty({rows, hidden_}, dtype_);
     x.out = Tensor::Empty({recv_rows, hidden_}, dtype_);
     RunPattern(x.in, x.send, me, /*sending=*/true, /*check=*/false);
-    x.sc.resize(n), x.sd.resize(n), x.rc.resize(n), x.rd.resize(n);
-    for (int p = 0, so = 0, ro = 0; p < n; ++p) {
-      x.sc[p] = static_cast<int>(x.send[p] * hidden_), x.rc[p] = static_cast<int>(x.recv[p] * hidden_);
-      x.sd[p] = so, x.rd[p] = ro, so += x.sc[p], ro += x.rc[p];
-    }
+    x.s = ToElementSplits(x.send, hidden_);
+    x.r = ToElementSplits(x.recv, hidden_);
     x.imbalance = h.Max(double(recv_rows)) / (h.Sum(double(recv_rows)) / n);
     return x;
   }
@@ -224,8 +221,8 @@ class AllToAllPerf final : public Benchmark {
     if (name == "alltoall") {
       ours = [&] { comm_->AllToAll(x.in, x.out); };
       raw = [&] {
-        SY_MPI_CHECK(MPI_Alltoall(x.in.raw_data(), x.sc[0], type, x.out.raw_data(), x.rc[0], type,
-                                  comm_->comm()));
+        SY_MPI_CHECK(MPI_Alltoall(x.in.raw_data(), x.s.counts[0], type, x.out.raw_data(),
+                                  x.r.counts[0], type, comm_->comm()));
       };
     } else {
       ours = [&] {
@@ -236,21 +233,21 @@ class AllToAllPerf final : public Benchmark {
         }
       };
       raw = [&] {
-        SY_MPI_CHECK(MPI_Alltoallv(x.in.raw_data(), x.sc.data(), x.sd.data(), type,
-                                   x.out.raw_data(), x.rc.data(), x.rd.data(), type,
+        SY_MPI_CHECK(MPI_Alltoallv(x.in.raw_data(), x.s.counts.data(), x.s.displs.data(), type,
+                                   x.out.raw_data(), x.r.counts.data(), x.r.displs.data(), type,
                                    comm_->comm()));
       };
     }
     const std::vector<double> t = h.TimeInterleaved({ours, raw});
-    int64_t wrong = 0;
-    if (h.options().check) {
+    const int64_t wrong = h.Check([&] {
+      int64_t bad = 0;
       for (const auto* call : {&ours, &raw}) {
         std::memset(x.out.raw_data(), 0xff, x.out.nbytes());
         (*call)();
-        wrong += RunPattern(x.out, x.recv, comm_->rank(), /*sending=*/false, /*check=*/true);
+        bad += RunPattern(x.out, x.recv, comm_->rank(), /*sending=*/false, /*check=*/true);
       }
-    }
-    wrong = h.Sum(wrong);
+      return bad;
+    });
     const int n = comm_->size();
     const double bytes = double(rows * row_bytes_), factor = double(n - 1) / n;
     const double algbw = bytes / t[0] / 1e9, mpi_algbw = bytes / t[1] / 1e9;

@@ -30,7 +30,7 @@ int RunBenchmark(Harness& harness, Benchmark& benchmark, int argc, char** argv) 
     wrong += *case_wrong;
   }
   benchmark.Conclude(harness, table);
-  return harness.Finish(table, wrong, benchmark.Extra());
+  return harness.Finish(table, wrong, benchmark.Extra(harness));
 }
 
 }  // namespace switchyard::bench

@@ -52,7 +52,7 @@ class Benchmark {
   // After the last case: summary rows, the lines below the table, clean-up.
   virtual void Conclude(Harness& h, Table& table) {}
   // The JSON fields written beside the table's (Harness::Finish's `extra`).
-  virtual nlohmann::json Extra() const { return nlohmann::json::object(); }
+  virtual nlohmann::json Extra(const Harness& h) const { return nlohmann::json::object(); }
 };
 
 // Runs `benchmark` as the program (see the file comment); returns the exit status.

@@ -97,6 +97,17 @@ std::vector<std::string> SplitList(const std::string& text) {
   return out;
 }
 
+ElementSplits ToElementSplits(const std::vector<int64_t>& rows, int64_t row_elements) {
+  ElementSplits s;
+  int displ = 0;
+  for (int64_t r : rows) {
+    s.counts.push_back(static_cast<int>(r * row_elements));
+    s.displs.push_back(displ);
+    displ += s.counts.back();
+  }
+  return s;
+}
+
 // ---- Table ------------------------------------------------------------------------------
 
 Table::Table(std::vector<std::vector<Column>> groups, bool print) : print_(print) {
@@ -382,6 +393,10 @@ void Harness::Repeat(const std::function<void(bool timed)>& call) {
     world_->Barrier();
     call(i >= options_.warmup);
   }
+}
+
+int64_t Harness::Check(const std::function<int64_t()>& count) {
+  return options_.check ? Sum(count()) : 0;
 }
 
 double Harness::Max(double v) {

@@ -55,6 +55,13 @@ std::string BenchDTypeName(DType dtype);
 // "a,b,c" -> {"a", "b", "c"}; "" -> {} (list flags: --seq_lens, --schedules, --set).
 std::vector<std::string> SplitList(const std::string& text);
 
+// Raw MPI's all-to-all-v arguments for rows of `row_elements` elements: element counts per
+// peer and their displacements, as a plain MPI program passes them.
+struct ElementSplits {
+  std::vector<int> counts, displs;
+};
+ElementSplits ToElementSplits(const std::vector<int64_t>& rows, int64_t row_elements);
+
 // Which common flags a benchmark takes.
 struct Features {
   bool sweep = false;  // -b/--minbytes, -e/--maxbytes, -f/--stepfactor
@@ -155,6 +162,10 @@ class Harness {
   // then call(true) -n times, each call after a barrier of the world; the timed calls
   // record their own seconds (MedianOfMax reduces them).
   void Repeat(const std::function<void(bool timed)>& call);
+
+  // The #wrong of a check: 0 with --check 0, else count() (run on every rank) summed over
+  // the ranks.
+  int64_t Check(const std::function<int64_t()>& count);
 
   // Reductions over the world (every rank gets the result).
   double Max(double v);
