@@ -1,14 +1,17 @@
 // The benchmark harness, in the style of nccl-tests: one place for the arguments, warm-up,
-// timing, the correctness count and the table, so that each benchmark file only supplies
-// its byte count, its expected output, its bandwidth formula and its call.
+// timing, the correctness count, the table and the JSON. The sweep itself (setup, the
+// cases, their rows, the summary) is RunBenchmark's (benchmark.h); a benchmark file only
+// describes its cases, its byte count or FLOPs, its expected output and its call:
 //
-//   Harness h("alltoall_perf", "...", {.sweep = true, .dtype = true});
-//   h.flags().AddString("skew", &skew, "...");          // the benchmark's own flags
-//   if (auto code = h.Start(argc, argv)) return *code;  // parses; prints the header
-//   Table table = h.StandardTable(left, right);         // size count type .. | time algbw
-//   ...                                                 //   busbw #wrong | right ...
-//   table.AddRow(...);
-//   return h.Finish(table, wrong, extra_json);          // summary lines, JSON, exit code
+//   class AllToAllPerf final : public Benchmark {
+//     void AddFlags(cli::FlagSet& flags) override;   // --skew, --hidden, ...
+//     Status Setup(Harness& h) override;             // checks them, prints the setting
+//     Table MakeTable(Harness& h) override {         // size count type .. | time algbw
+//       return h.StandardTable(left, right);         //   busbw #wrong | right ...
+//     }
+//     int NumCases() const override;                 // the sizes swept
+//     StatusOr<int64_t> RunCase(Harness& h, int i, Table& table) override;
+//   };                                               //   h.TimeInterleaved, h.Check, AddRow
 //
 // Conventions every benchmark shares (benchmarks/README.md states them for users):
 //  - time: seconds per call after -w warm-up calls; the -n timed calls run in 5 blocks,
