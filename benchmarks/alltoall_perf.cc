@@ -12,7 +12,7 @@
 
 #include <cstring>
 
-#include "benchmarks/harness.h"
+#include "benchmarks/benchmark.h"
 #include "benchmarks/routing.h"
 #include "engine/dist/mpi_check.h"
 #include "engine/dist/mpi_communicator.h"
@@ -106,131 +106,173 @@ int64_t RunPattern(Tensor& t, const std::vector<int64_t>& rows, int me, bool sen
   }
 }
 
-int Main(int argc, char** argv) {
-  Harness h("alltoall_perf",
-            "All-to-all of host buffers: our MPI Communicator beside raw MPI on the same bytes.",
-            {.sweep = true, .dtype = true});
-  std::string skew_text, hot_share_text = "0.75", op = "all";
-  int hot = 0, experts = 0, hidden = 1024, seed = 1, async = 0;
-  h.flags().AddInt("hidden", &hidden, "elements per row (a token's hidden vector; default 1024)");
-  h.flags().AddString("skew", &skew_text, "uneven split: expert e gets a share ~ 1/(e+1)^s (Zipf)");
-  h.flags().AddInt("hot", &hot, "1: expert 0 gets --hot_share of the tokens (uneven split)");
-  h.flags().AddString("hot_share", &hot_share_text, "the hot expert's share (default 0.75)");
-  h.flags().AddInt("experts", &experts, "experts, a multiple of the ranks (default: the ranks)");
-  h.flags().AddInt("seed", &seed, "seed of the uneven splits (default 1)");
-  h.flags().AddString("op", &op, "all, alltoall (uniform only) or alltoallv (default all)");
-  h.flags().AddInt("async", &async, "1: our side uses AllToAllVAsync + Wait");
-  if (auto code = h.Start(argc, argv)) return *code;
+// One size's exchange: the buffers, the rows to and from every peer, and the raw MPI
+// counts and displacements in elements, as a plain MPI program would pass them.
+struct Exchange {
+  std::vector<int64_t> send, recv;
+  Tensor in, out;
+  ElementSplits s, r;
+  double imbalance = 1;  // most rows any rank receives / the mean
+};
 
-  auto comm = dist::MpiCommunicator::Duplicate(MPI_COMM_WORLD);
-  const int n = comm->size(), me = comm->rank();
-  if (experts == 0) experts = n;
-  if (hidden < 1) return h.Fail(StrCat("--hidden=", hidden, " must be >= 1"));
-  if (experts < 1 || experts % n != 0) {
-    return h.Fail(
-        StrCat("--experts=", experts, " must be a positive multiple of the ", n, " ranks"));
+class AllToAllPerf final : public Benchmark {
+ public:
+  void AddFlags(cli::FlagSet& flags) override {
+    flags.AddInt("hidden", &hidden_, "elements per row (a token's hidden vector; default 1024)");
+    flags.AddString("skew", &skew_text_, "uneven split: expert e gets a share ~ 1/(e+1)^s (Zipf)");
+    flags.AddInt("hot", &hot_, "1: expert 0 gets --hot_share of the tokens (uneven split)");
+    flags.AddString("hot_share", &hot_share_text_, "the hot expert's share (default 0.75)");
+    flags.AddInt("experts", &experts_, "experts, a multiple of the ranks (default: the ranks)");
+    flags.AddInt("seed", &seed_, "seed of the uneven splits (default 1)");
+    flags.AddString("op", &op_, "all, alltoall (uniform only) or alltoallv (default all)");
+    flags.AddInt("async", &async_, "1: our side uses AllToAllVAsync + Wait");
   }
-  StatusOr<RoutingSpec> spec = RoutingSpecFromFlags(skew_text, hot, hot_share_text, experts, seed);
-  if (!spec.ok()) return h.Fail(Message(spec.status()));
-  const bool uniform = spec->kind == RoutingSpec::Kind::kUniform;
-  if (op != "all" && op != "alltoall" && op != "alltoallv") {
-    return h.Fail("--op must be all, alltoall or alltoallv, got \"" + op + "\"");
-  }
-  if (op == "alltoall" && !uniform) return h.Fail("--op alltoall needs a uniform split");
-  std::vector<std::string> ops;
-  if (uniform && op != "alltoallv") ops.push_back("alltoall");
-  if (op != "alltoall") ops.push_back("alltoallv");
 
-  const DType dtype = h.options().dtype;
-  const int64_t row_bytes = hidden * static_cast<int64_t>(SizeOf(dtype));
-  const MPI_Datatype type = MpiType(dtype);
-  Table table =
-      h.StandardTable({{"split", "", 9, 0}, {"op", "", 9, 0}}, {{"mpi_time", "(us)", 10, 1},
-                                                                {"mpi_busbw", "(GB/s)", 9, 2},
-                                                                {"ratio", "ours/mpi", 8, 3},
-                                                                {"recv_imb", "max/mean", 8, 2}});
-  if (h.printing()) {
-    std::printf(
+  Status Setup(Harness& h) override {
+    comm_ = dist::MpiCommunicator::Duplicate(MPI_COMM_WORLD);
+    const int n = comm_->size();
+    if (experts_ == 0) experts_ = n;
+    if (hidden_ < 1) return InvalidArgument("--hidden=", hidden_, " must be >= 1");
+    if (experts_ < 1 || experts_ % n != 0) {
+      return InvalidArgument("--experts=", experts_, " must be a positive multiple of the ", n,
+                             " ranks");
+    }
+    StatusOr<RoutingSpec> spec =
+        RoutingSpecFromFlags(skew_text_, hot_, hot_share_text_, experts_, seed_);
+    if (!spec.ok()) return spec.status();
+    spec_ = *spec;
+    const bool uniform = spec_.kind == RoutingSpec::Kind::kUniform;
+    if (op_ != "all" && op_ != "alltoall" && op_ != "alltoallv") {
+      return InvalidArgument("--op must be all, alltoall or alltoallv, got \"", op_, "\"");
+    }
+    if (op_ == "alltoall" && !uniform) return InvalidArgument("--op alltoall needs a uniform split");
+    if (uniform && op_ != "alltoallv") ops_.push_back("alltoall");
+    if (op_ != "alltoall") ops_.push_back("alltoallv");
+    dtype_ = h.options().dtype;
+    row_bytes_ = hidden_ * static_cast<int64_t>(SizeOf(dtype_));
+    sizes_ = h.Sizes();
+    h.Printf(
         "# split %s over %d experts, rows of %d elements; ours = Communicator::%s, "
         "mpi = raw MPI on the same buffers\n#\n",
-        spec->Name().c_str(), experts, hidden, async ? "AllToAllVAsync" : "AllToAll(V)");
+        spec_.Name().c_str(), experts_, hidden_, async_ ? "AllToAllVAsync" : "AllToAll(V)");
+    return OkStatus();
   }
-  table.PrintHeader();
-  int64_t total_wrong = 0;
-  for (int64_t size : h.Sizes()) {
-    int64_t rows = size / row_bytes;
-    if (uniform) rows -= rows % n;
-    if (rows == 0) {
-      if (h.printing())
-        std::printf("# %lld B: less than one %lld-byte row per rank, skipped\n",
-                    static_cast<long long>(size), static_cast<long long>(row_bytes));
-      continue;
-    }
-    const std::vector<int64_t> send = PerRank(DrawRowsPerExpert(*spec, rows, me), n);
-    Tensor send_t = Tensor::FromVector(send, {n, 1}), recv_t = Tensor::Empty({n, 1}, DType::kI64);
-    comm->AllToAll(send_t, recv_t);
-    const std::vector<int64_t> recv = recv_t.ToVector<int64_t>();
-    int64_t recv_rows = 0;
-    for (int64_t r : recv) recv_rows += r;
-    Tensor in = Tensor::Empty({rows, hidden}, dtype),
-           out = Tensor::Empty({recv_rows, hidden}, dtype);
-    RunPattern(in, send, me, /*sending=*/true, /*check=*/false);
-    // Raw MPI counts and displacements in elements, as a plain MPI program would pass them.
-    std::vector<int> sc(n), sd(n), rc(n), rd(n);
-    for (int p = 0, so = 0, ro = 0; p < n; ++p) {
-      sc[p] = static_cast<int>(send[p] * hidden), rc[p] = static_cast<int>(recv[p] * hidden);
-      sd[p] = so, rd[p] = ro, so += sc[p], ro += rc[p];
-    }
-    const double imbalance = h.Max(double(recv_rows)) / (h.Sum(double(recv_rows)) / n);
 
-    for (const std::string& name : ops) {
-      std::function<void()> ours, raw;
-      if (name == "alltoall") {
-        ours = [&] { comm->AllToAll(in, out); };
-        raw = [&] {
-          SY_MPI_CHECK(
-              MPI_Alltoall(in.raw_data(), sc[0], type, out.raw_data(), rc[0], type, comm->comm()));
-        };
-      } else {
-        ours = [&] {
-          if (async) {
-            comm->AllToAllVAsync(in, send, out, recv)->Wait();
-          } else {
-            comm->AllToAllV(in, send, out, recv);
-          }
-        };
-        raw = [&] {
-          SY_MPI_CHECK(MPI_Alltoallv(in.raw_data(), sc.data(), sd.data(), type, out.raw_data(),
-                                     rc.data(), rd.data(), type, comm->comm()));
-        };
-      }
-      const std::vector<double> t = h.TimeInterleaved({ours, raw});
-      int64_t wrong = 0;
-      if (h.options().check) {
-        for (const auto* call : {&ours, &raw}) {
-          std::memset(out.raw_data(), 0xff, out.nbytes());
-          (*call)();
-          wrong += RunPattern(out, recv, me, /*sending=*/false, /*check=*/true);
-        }
-      }
-      wrong = h.Sum(wrong);
-      total_wrong += wrong;
-      const double bytes = double(rows * row_bytes), factor = double(n - 1) / n;
-      const double algbw = bytes / t[0] / 1e9, mpi_algbw = bytes / t[1] / 1e9;
-      table.AddRow({rows * row_bytes, rows * hidden, BenchDTypeName(dtype), spec->Name(), name,
-                    t[0] * 1e6, algbw, algbw * factor, wrong, t[1] * 1e6, mpi_algbw * factor,
-                    t[0] / t[1], imbalance});
-    }
+  Table MakeTable(Harness& h) override {
+    return h.StandardTable({{"split", "", 9, 0}, {"op", "", 9, 0}},
+                           {{"mpi_time", "(us)", 10, 1},
+                            {"mpi_busbw", "(GB/s)", 9, 2},
+                            {"ratio", "ours/mpi", 8, 3},
+                            {"recv_imb", "max/mean", 8, 2}});
   }
-  return h.Finish(table, total_wrong,
-                  {{"split", spec->Name()},
-                   {"experts", experts},
-                   {"hidden", hidden},
-                   {"async", async},
-                   {"busbw_factor", "(n-1)/n"}});
-}
+
+  int NumCases() const override { return static_cast<int>(sizes_.size()); }
+
+  // One size: every op of --op, ours beside raw MPI.
+  StatusOr<int64_t> RunCase(Harness& h, int index, Table& table) override {
+    const int64_t size = sizes_[index];
+    int64_t rows = size / row_bytes_;
+    if (spec_.kind == RoutingSpec::Kind::kUniform) rows -= rows % comm_->size();
+    if (rows == 0) {
+      h.Printf("# %lld B: less than one %lld-byte row per rank, skipped\n",
+               static_cast<long long>(size), static_cast<long long>(row_bytes_));
+      return 0;
+    }
+    Exchange x = MakeExchange(h, rows);
+    int64_t wrong = 0;
+    for (const std::string& name : ops_) wrong += Measure(h, x, name, rows, table);
+    return wrong;
+  }
+
+  nlohmann::json Extra(const Harness& h) const override {
+    return {{"split", spec_.Name()},
+            {"experts", experts_},
+            {"hidden", hidden_},
+            {"async", async_},
+            {"busbw_factor", "(n-1)/n"}};
+  }
+
+ private:
+  // The rows this rank sends each peer (drawn), those it receives (exchanged), and the
+  // buffers, the input filled with the pattern.
+  Exchange MakeExchange(Harness& h, int64_t rows) {
+    const int n = comm_->size(), me = comm_->rank();
+    Exchange x;
+    x.send = PerRank(DrawRowsPerExpert(spec_, rows, me), n);
+    Tensor send_t = Tensor::FromVector(x.send, {n, 1}), recv_t = Tensor::Empty({n, 1}, DType::kI64);
+    comm_->AllToAll(send_t, recv_t);
+    x.recv = recv_t.ToVector<int64_t>();
+    int64_t recv_rows = 0;
+    for (int64_t r : x.recv) recv_rows += r;
+    x.in = Tensor::Empty({rows, hidden_}, dtype_);
+    x.out = Tensor::Empty({recv_rows, hidden_}, dtype_);
+    RunPattern(x.in, x.send, me, /*sending=*/true, /*check=*/false);
+    x.s = ToElementSplits(x.send, hidden_);
+    x.r = ToElementSplits(x.recv, hidden_);
+    x.imbalance = h.Max(double(recv_rows)) / (h.Sum(double(recv_rows)) / n);
+    return x;
+  }
+
+  // Times `name` (alltoall or alltoallv) ours beside raw MPI, checks both, adds the row;
+  // returns #wrong summed over ranks.
+  int64_t Measure(Harness& h, Exchange& x, const std::string& name, int64_t rows, Table& table) {
+    const MPI_Datatype type = MpiType(dtype_);
+    std::function<void()> ours, raw;
+    if (name == "alltoall") {
+      ours = [&] { comm_->AllToAll(x.in, x.out); };
+      raw = [&] {
+        SY_MPI_CHECK(MPI_Alltoall(x.in.raw_data(), x.s.counts[0], type, x.out.raw_data(),
+                                  x.r.counts[0], type, comm_->comm()));
+      };
+    } else {
+      ours = [&] {
+        if (async_) {
+          comm_->AllToAllVAsync(x.in, x.send, x.out, x.recv)->Wait();
+        } else {
+          comm_->AllToAllV(x.in, x.send, x.out, x.recv);
+        }
+      };
+      raw = [&] {
+        SY_MPI_CHECK(MPI_Alltoallv(x.in.raw_data(), x.s.counts.data(), x.s.displs.data(), type,
+                                   x.out.raw_data(), x.r.counts.data(), x.r.displs.data(), type,
+                                   comm_->comm()));
+      };
+    }
+    const std::vector<double> t = h.TimeInterleaved({ours, raw});
+    const int64_t wrong = h.Check([&] {
+      int64_t bad = 0;
+      for (const auto* call : {&ours, &raw}) {
+        std::memset(x.out.raw_data(), 0xff, x.out.nbytes());
+        (*call)();
+        bad += RunPattern(x.out, x.recv, comm_->rank(), /*sending=*/false, /*check=*/true);
+      }
+      return bad;
+    });
+    const int n = comm_->size();
+    const double bytes = double(rows * row_bytes_), factor = double(n - 1) / n;
+    const double algbw = bytes / t[0] / 1e9, mpi_algbw = bytes / t[1] / 1e9;
+    table.AddRow({rows * row_bytes_, rows * hidden_, BenchDTypeName(dtype_), spec_.Name(), name,
+                  t[0] * 1e6, algbw, algbw * factor, wrong, t[1] * 1e6, mpi_algbw * factor,
+                  t[0] / t[1], x.imbalance});
+    return wrong;
+  }
+
+  std::string skew_text_, hot_share_text_ = "0.75", op_ = "all";
+  int hot_ = 0, experts_ = 0, hidden_ = 1024, seed_ = 1, async_ = 0;
+  std::unique_ptr<dist::MpiCommunicator> comm_;
+  RoutingSpec spec_;
+  std::vector<std::string> ops_;
+  DType dtype_ = DType::kF32;
+  int64_t row_bytes_ = 0;
+  std::vector<int64_t> sizes_;
+};
 
 }  // namespace
 }  // namespace switchyard::bench
 
-int main(int argc, char** argv) { return switchyard::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return switchyard::bench::RunBenchmark<switchyard::bench::AllToAllPerf>(
+      argc, argv, "alltoall_perf",
+      "All-to-all of host buffers: our MPI Communicator beside raw MPI on the same bytes.",
+      {.sweep = true, .dtype = true});
+}

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -32,7 +33,7 @@
 #include <vector>
 
 #include "benchmarks/gpu_timing.h"
-#include "benchmarks/harness.h"
+#include "benchmarks/benchmark.h"
 #include "benchmarks/routing.h"
 #include "engine/core/cuda_check.h"
 #include "engine/core/device.h"
@@ -74,210 +75,246 @@ int64_t CountWrong(const std::vector<float>& got, const std::vector<double>& wan
   return wrong;
 }
 
-int Main(int argc, char** argv) {
-  Harness h("grouped_gemm_gpu_perf",
-            "MoE expert GEMMs on one GPU: grouped (one cuBLAS GEMM per expert) against one dense "
-            "GEMM of the same size, forward and backward.",
-            {});
-  int tokens = 16384, hidden = 4096, ffn = 14336, experts = 8, topk = 2, hot = 0, seed = 1;
-  int cast = 0;
-  std::string dtype_text = "bf16", skew_text, hot_share_text = "0.75";
-  h.flags().AddInt("tokens", &tokens, "tokens (default 16384); R = tokens * topk rows");
-  h.flags().AddInt("hidden", &hidden, "d, the model width (default 4096, Mixtral 8x7B)");
-  h.flags().AddInt("ffn", &ffn, "f, the expert's hidden width (default 14336, Mixtral 8x7B)");
-  h.flags().AddInt("experts", &experts, "E (default 8)");
-  h.flags().AddInt("topk", &topk, "experts per token (default 2)");
-  h.flags().AddString("dtype", &dtype_text, "bf16 (default) or f32: the GEMMs' input type");
-  h.flags().AddInt("cast", &cast,
-                   "1: with --dtype bf16, keep f32 operands and round them every call "
-                   "(matmul_dtype bf16), as training does (default 0)");
-  h.flags().AddString("skew", &skew_text, "uneven split: expert e chosen ~ 1/(e+1)^s (Zipf)");
-  h.flags().AddInt("hot", &hot, "1: uneven split, expert 0 gets --hot_share of the rows");
-  h.flags().AddString("hot_share", &hot_share_text, "the hot expert's share (default 0.75)");
-  h.flags().AddInt("seed", &seed, "seed of the routing draw and the inputs (default 1)");
-  if (auto code = h.Start(argc, argv)) return *code;
+// The three products, in the table's order.
+enum Op { kFwd, kDx, kDw, kOps };
+constexpr const char* kNames[] = {"fwd", "dx", "dw"};
 
-  if (tokens < 1 || hidden < 1 || ffn < 1) {
-    return h.Fail("--tokens, --hidden and --ffn must be >= 1");
+// A row of the result (n values) against its double host product, and sum |a||b| per entry.
+struct Expected {
+  std::vector<double> want, mag;
+  explicit Expected(int64_t n) : want(n, 0.0), mag(n, 0.0) {}
+  void Add(int64_t j, double a, double b) {
+    want[j] += a * b;
+    mag[j] += std::fabs(a * b);
   }
-  if (experts < 1 || topk < 1 || topk > experts) {
-    return h.Fail(StrCat("--experts=", experts, " and --topk=", topk,
-                         " need 1 <= topk <= experts"));
-  }
-  if (dtype_text != "bf16" && dtype_text != "f32") {
-    return h.Fail("--dtype must be bf16 or f32, got \"" + dtype_text + "\"");
-  }
-  if (cast != 0 && cast != 1) return h.Fail(StrCat("--cast=", cast, " must be 0 or 1"));
-  if (cast && dtype_text != "bf16") return h.Fail("--cast 1 needs --dtype bf16");
-  StatusOr<RoutingSpec> spec = RoutingSpecFromFlags(skew_text, hot, hot_share_text, experts, seed);
-  if (!spec.ok()) return h.Fail(Message(spec.status()));
-  if (!CudaAvailable()) {
-    std::fprintf(stderr,
-                 "grouped_gemm_gpu_perf: needs a CUDA device and none is visible; nothing "
-                 "was measured\n");
-    return cli::kExitUsage;
-  }
-  if (h.ranks() != 1) return h.Fail("runs as one process on one GPU (no mpirun)");
+};
 
-  const int64_t r = static_cast<int64_t>(tokens) * topk, d = hidden, f = ffn, e = experts;
-  const std::vector<int64_t> rows = DrawRowsPerExpert(*spec, r, 0);
-  const bool bf16 = dtype_text == "bf16";
-  const DType stored = bf16 && !cast ? DType::kBF16 : DType::kF32;
-
-  const Device gpu = Device::Cuda(0);
-  auto owned_ctx = DeviceContext::Create(gpu);
-  DeviceContext* ctx = owned_ctx.get();
-  ctx->set_matmul_dtype(bf16 ? DType::kBF16 : DType::kF32);
-  cudaDeviceProp prop{};
-  SY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-
-  // Inputs uniform in [-1, 1) drawn on the device; outputs f32.
-  Tensor x = Tensor::Empty({r, d}, stored, gpu), w = Tensor::Empty({e, d, f}, stored, gpu);
-  Tensor dy = Tensor::Empty({r, f}, stored, gpu);
-  const uint64_t s = static_cast<uint64_t>(seed);
-  kernels::FillUniform(x, RngKey{s, 1}, 0, -1.0f, 1.0f, ctx);
-  kernels::FillUniform(w, RngKey{s, 2}, 0, -1.0f, 1.0f, ctx);
-  kernels::FillUniform(dy, RngKey{s, 3}, 0, -1.0f, 1.0f, ctx);
-  Tensor out = Tensor::Empty({r, f}, DType::kF32, gpu), dx = Tensor::Empty({r, d}, DType::kF32, gpu);
-  Tensor dw = Tensor::Empty({e, d, f}, DType::kF32, gpu);
-  const Tensor w0 = w.View({d, f});  // the dense products' weight: expert 0's
-  Tensor dw0 = dw.View({d, f});
-
-  const std::function<void()> grouped[] = {
-      [&] { kernels::GroupedGemm(x, rows, w, false, out, 1.0f, 0.0f, ctx); },
-      [&] { kernels::GroupedGemm(dy, rows, w, true, dx, 1.0f, 0.0f, ctx); },
-      [&] { kernels::GroupedGemmWeightGrad(x, dy, rows, dw, 1.0f, 0.0f, ctx); }};
-  const std::function<void()> dense[] = {
-      [&] { kernels::Gemm(x, false, w0, false, out, 1.0f, 0.0f, ctx); },
-      [&] { kernels::Gemm(dy, false, w0, true, dx, 1.0f, 0.0f, ctx); },
-      [&] { kernels::Gemm(x, true, dy, false, dw0, 1.0f, 0.0f, ctx); }};
-  const char* names[] = {"fwd", "dx", "dw"};
-  const int64_t mnk[3][3] = {{r, f, d}, {r, d, f}, {d, f, r}};
-
-  int64_t min_rows = r, max_rows = 0;
-  for (int64_t n : rows) min_rows = std::min(min_rows, n), max_rows = std::max(max_rows, n);
-  if (h.printing()) {
-    std::printf("# GPU %s; R=%lld rows over E=%lld experts (%s): min %lld, mean %.1f, max %lld "
-                "rows per expert\n# dtype %s%s, d=%lld, f=%lld\n#\n",
-                prop.name, static_cast<long long>(r), static_cast<long long>(e),
-                spec->Name().c_str(), static_cast<long long>(min_rows),
-                static_cast<double>(r) / e, static_cast<long long>(max_rows), dtype_text.c_str(),
-                cast ? " (f32 operands cast every call)" : "", static_cast<long long>(d),
-                static_cast<long long>(f));
+class GroupedGemmGpuPerf final : public Benchmark {
+ public:
+  void AddFlags(cli::FlagSet& flags) override {
+    flags.AddInt("tokens", &tokens_, "tokens (default 16384); R = tokens * topk rows");
+    flags.AddInt("hidden", &hidden_, "d, the model width (default 4096, Mixtral 8x7B)");
+    flags.AddInt("ffn", &ffn_, "f, the expert's hidden width (default 14336, Mixtral 8x7B)");
+    flags.AddInt("experts", &experts_, "E (default 8)");
+    flags.AddInt("topk", &topk_, "experts per token (default 2)");
+    flags.AddString("dtype", &dtype_text_, "bf16 (default) or f32: the GEMMs' input type");
+    flags.AddInt("cast", &cast_,
+                 "1: with --dtype bf16, keep f32 operands and round them every call "
+                 "(matmul_dtype bf16), as training does (default 0)");
+    flags.AddString("skew", &skew_text_, "uneven split: expert e chosen ~ 1/(e+1)^s (Zipf)");
+    flags.AddInt("hot", &hot_, "1: uneven split, expert 0 gets --hot_share of the rows");
+    flags.AddString("hot_share", &hot_share_text_, "the hot expert's share (default 0.75)");
+    flags.AddInt("seed", &seed_, "seed of the routing draw and the inputs (default 1)");
   }
 
-  Table table({{{"op", "", 4, 0}, {"m", "", 7, 0}, {"n", "", 7, 0}, {"k", "", 7, 0}},
-               {{"grouped", "(ms)", 9, 3},
-                {"grp_tflops", "(TFLOP/s)", 10, 1},
-                {"dense", "(ms)", 9, 3},
-                {"dns_tflops", "(TFLOP/s)", 10, 1},
-                {"ratio", "(grp/dns)", 9, 3},
-                {"#wrong", "", 6, 0}}},
-              h.printing());
-  table.PrintHeader();
-
-  // --- timing ---
-  const int iters = h.options().iters, warmup = h.options().warmup;
-  double total_grouped = 0, total_dense = 0, total_flop = 0;
-  std::vector<double> t_grouped(3), t_dense(3);
-  for (int o = 0; o < 3; ++o) {
-    const std::vector<double> t = TimeGpuOps({grouped[o], dense[o]}, iters, warmup, ctx);
-    t_grouped[o] = t[0];
-    t_dense[o] = t[1];
+  Status Setup(Harness& h) override {
+    if (tokens_ < 1 || hidden_ < 1 || ffn_ < 1) {
+      return InvalidArgument("--tokens, --hidden and --ffn must be >= 1");
+    }
+    if (experts_ < 1 || topk_ < 1 || topk_ > experts_) {
+      return InvalidArgument("--experts=", experts_, " and --topk=", topk_,
+                             " need 1 <= topk <= experts");
+    }
+    if (dtype_text_ != "bf16" && dtype_text_ != "f32") {
+      return InvalidArgument("--dtype must be bf16 or f32, got \"", dtype_text_, "\"");
+    }
+    if (cast_ != 0 && cast_ != 1) return InvalidArgument("--cast=", cast_, " must be 0 or 1");
+    if (cast_ && dtype_text_ != "bf16") return InvalidArgument("--cast 1 needs --dtype bf16");
+    SY_ASSIGN_OR_RETURN(spec_,
+                        RoutingSpecFromFlags(skew_text_, hot_, hot_share_text_, experts_, seed_));
+    if (!CudaAvailable()) {
+      return absl::UnavailableError("needs a CUDA device and none is visible; nothing was measured");
+    }
+    if (h.ranks() != 1) return InvalidArgument("runs as one process on one GPU (no mpirun)");
+    r_ = static_cast<int64_t>(tokens_) * topk_, d_ = hidden_, f_ = ffn_, e_ = experts_;
+    rows_ = DrawRowsPerExpert(spec_, r_, 0);
+    MakeTensors(h.options().check != 0);
+    PrintSetting(h);
+    return OkStatus();
   }
 
-  // --- correctness of the grouped results on sampled rows ---
-  int64_t wrong[3] = {0, 0, 0};
-  if (h.options().check) {
-    for (const auto& op : grouped) op();  // the dense calls wrote the same outputs last
-    ctx->Synchronize();
-    const bool round = cast != 0;
-    const std::vector<float> xv = HostValues(x, round, ctx), wv = HostValues(w, round, ctx),
-                             dyv = HostValues(dy, round, ctx);
-    auto row_of = [&](const Tensor& t, int64_t offset, int64_t n) {
-      return t.View({n}, offset).To(Device::Cpu(), ctx).ToVector<float>();
-    };
-    int64_t begin = 0;
-    for (int64_t g = 0; g < e; ++g) {
-      const float* wg = wv.data() + g * d * f;  // (d, f)
-      for (int64_t i : {begin, begin + rows[g] - 1}) {
-        if (rows[g] == 0 || (i == begin + rows[g] - 1 && rows[g] == 1)) continue;
-        // fwd: out[i, :] = x[i, :] @ w[g] (d, f).
-        std::vector<double> want(f, 0.0), mag(f, 0.0);
-        for (int64_t p = 0; p < d; ++p) {
-          const double a = xv[i * d + p];
-          for (int64_t j = 0; j < f; ++j) {
-            want[j] += a * wg[p * f + j];
-            mag[j] += std::fabs(a * wg[p * f + j]);
-          }
-        }
-        wrong[0] += CountWrong(row_of(out, i * f, f), want, mag);
-        // dx: dx[i, :] = dy[i, :] @ w[g]^T, dx[i, p] = sum_j dy[i, j] w[g][p, j].
-        std::vector<double> want_dx(d, 0.0), mag_dx(d, 0.0);
-        for (int64_t p = 0; p < d; ++p) {
-          for (int64_t j = 0; j < f; ++j) {
-            const double prod = static_cast<double>(dyv[i * f + j]) * wg[p * f + j];
-            want_dx[p] += prod;
-            mag_dx[p] += std::fabs(prod);
-          }
-        }
-        wrong[1] += CountWrong(row_of(dx, i * d, d), want_dx, mag_dx);
-      }
-      for (int64_t p : {int64_t{0}, d - 1}) {
-        if (p == d - 1 && d == 1) continue;
-        // dw: dw[g][p, :] = sum over the block's rows i of x[i, p] dy[i, :] (0 for no rows).
-        std::vector<double> want(f, 0.0), mag(f, 0.0);
-        for (int64_t i = begin; i < begin + rows[g]; ++i) {
-          const double a = xv[i * d + p];
-          for (int64_t j = 0; j < f; ++j) {
-            want[j] += a * dyv[i * f + j];
-            mag[j] += std::fabs(a * dyv[i * f + j]);
-          }
-        }
-        wrong[2] += CountWrong(row_of(dw, (g * d + p) * f, f), want, mag);
-      }
-      begin += rows[g];
+  Table MakeTable(Harness& h) override {
+    return Table({{{"op", "", 4, 0}, {"m", "", 7, 0}, {"n", "", 7, 0}, {"k", "", 7, 0}},
+                  {{"grouped", "(ms)", 9, 3},
+                   {"grp_tflops", "(TFLOP/s)", 10, 1},
+                   {"dense", "(ms)", 9, 3},
+                   {"dns_tflops", "(TFLOP/s)", 10, 1},
+                   {"ratio", "(grp/dns)", 9, 3},
+                   {"#wrong", "", 6, 0}}},
+                 h.printing());
+  }
+
+  // fwd, dx, dw; the "all" row follows in Conclude.
+  int NumCases() const override { return kOps; }
+
+  // One product: grouped beside dense in alternating blocks, then the grouped result checked.
+  StatusOr<int64_t> RunCase(Harness& h, int index, Table& table) override {
+    const std::vector<double> t =
+        TimeGpuOps({grouped_[index], dense_[index]}, h.options().iters, h.options().warmup, ctx());
+    int64_t wrong = 0;
+    if (h.options().check) {
+      grouped_[index]();  // the dense call wrote the same output last
+      ctx()->Synchronize();
+      wrong = index == kDw ? CheckWeightGrad() : CheckRows(static_cast<Op>(index));
+    }
+    const int64_t* mnk = Mnk(index).data();
+    const double flop = 2.0 * mnk[0] * mnk[1] * mnk[2];
+    total_flop_ += flop, total_grouped_ += t[0], total_dense_ += t[1], total_wrong_ += wrong;
+    table.AddRow({std::string(kNames[index]), mnk[0], mnk[1], mnk[2], t[0],
+                  flop / (t[0] * 1e-3) / 1e12, t[1], flop / (t[1] * 1e-3) / 1e12, t[0] / t[1],
+                  wrong});
+    return wrong;
+  }
+
+  // The three together: one forward and backward of a linear expert layer.
+  void Conclude(Harness& h, Table& table) override {
+    table.AddRow({std::string("all"), r_, f_, d_, total_grouped_,
+                  total_flop_ / (total_grouped_ * 1e-3) / 1e12, total_dense_,
+                  total_flop_ / (total_dense_ * 1e-3) / 1e12, total_grouped_ / total_dense_,
+                  total_wrong_});
+    h.Printf("# grouped / dense time, forward + backward: %.3f\n", total_grouped_ / total_dense_);
+  }
+
+  nlohmann::json Extra(const Harness& h) const override {
+    return {{"gpu", gpu_name_},
+            {"tokens", tokens_},
+            {"topk", topk_},
+            {"rows", r_},
+            {"hidden", d_},
+            {"ffn", f_},
+            {"experts", e_},
+            {"dtype", dtype_text_},
+            {"cast", cast_},
+            {"routing", spec_.Name()},
+            {"rows_per_expert", rows_},
+            {"tflops_grouped_all", total_flop_ / (total_grouped_ * 1e-3) / 1e12},
+            {"tflops_dense_all", total_flop_ / (total_dense_ * 1e-3) / 1e12},
+            {"ratio_all", total_grouped_ / total_dense_},
+            {"timing", "CUDA events, ms per call, median of 5 blocks"}};
+  }
+
+ private:
+  DeviceContext* ctx() const { return ctx_.get(); }
+  // m x n x k of product `op`.
+  std::array<int64_t, 3> Mnk(int op) const {
+    const std::array<int64_t, 3> mnk[] = {{r_, f_, d_}, {r_, d_, f_}, {d_, f_, r_}};
+    return mnk[op];
+  }
+
+  // Inputs uniform in [-1, 1) drawn on the device, f32 outputs, the calls, and with --check
+  // the inputs on the host as the GEMMs read them.
+  void MakeTensors(bool check) {
+    const bool bf16 = dtype_text_ == "bf16";
+    const DType stored = bf16 && !cast_ ? DType::kBF16 : DType::kF32;
+    const Device gpu = Device::Cuda(0);
+    ctx_ = DeviceContext::Create(gpu);
+    ctx_->set_matmul_dtype(bf16 ? DType::kBF16 : DType::kF32);
+    x_ = Tensor::Empty({r_, d_}, stored, gpu), w_ = Tensor::Empty({e_, d_, f_}, stored, gpu);
+    dy_ = Tensor::Empty({r_, f_}, stored, gpu);
+    const uint64_t s = static_cast<uint64_t>(seed_);
+    kernels::FillUniform(x_, RngKey{s, 1}, 0, -1.0f, 1.0f, ctx());
+    kernels::FillUniform(w_, RngKey{s, 2}, 0, -1.0f, 1.0f, ctx());
+    kernels::FillUniform(dy_, RngKey{s, 3}, 0, -1.0f, 1.0f, ctx());
+    out_ = Tensor::Empty({r_, f_}, DType::kF32, gpu), dx_ = Tensor::Empty({r_, d_}, DType::kF32, gpu);
+    dw_ = Tensor::Empty({e_, d_, f_}, DType::kF32, gpu);
+    const Tensor w0 = w_.View({d_, f_});  // the dense products' weight: expert 0's
+    Tensor dw0 = dw_.View({d_, f_});
+    DeviceContext* c = ctx();
+    grouped_ = {[this, c] { kernels::GroupedGemm(x_, rows_, w_, false, out_, 1.0f, 0.0f, c); },
+                [this, c] { kernels::GroupedGemm(dy_, rows_, w_, true, dx_, 1.0f, 0.0f, c); },
+                [this, c] { kernels::GroupedGemmWeightGrad(x_, dy_, rows_, dw_, 1.0f, 0.0f, c); }};
+    dense_ = {[this, c, w0] { kernels::Gemm(x_, false, w0, false, out_, 1.0f, 0.0f, c); },
+              [this, c, w0] { kernels::Gemm(dy_, false, w0, true, dx_, 1.0f, 0.0f, c); },
+              [this, c, dw0]() mutable { kernels::Gemm(x_, true, dy_, false, dw0, 1.0f, 0.0f, c); }};
+    if (check) {
+      xv_ = HostValues(x_, cast_ != 0, c), wv_ = HostValues(w_, cast_ != 0, c);
+      dyv_ = HostValues(dy_, cast_ != 0, c);
     }
   }
 
-  // --- table ---
-  for (int o = 0; o < 3; ++o) {
-    const double flop = 2.0 * mnk[o][0] * mnk[o][1] * mnk[o][2];
-    total_flop += flop;
-    total_grouped += t_grouped[o];
-    total_dense += t_dense[o];
-    table.AddRow({std::string(names[o]), mnk[o][0], mnk[o][1], mnk[o][2], t_grouped[o],
-                  flop / (t_grouped[o] * 1e-3) / 1e12, t_dense[o],
-                  flop / (t_dense[o] * 1e-3) / 1e12, t_grouped[o] / t_dense[o], wrong[o]});
+  // The GPU and the rows per expert, above the table.
+  void PrintSetting(Harness& h) {
+    cudaDeviceProp prop{};
+    SY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    gpu_name_ = prop.name;
+    int64_t min_rows = r_, max_rows = 0;
+    for (int64_t n : rows_) min_rows = std::min(min_rows, n), max_rows = std::max(max_rows, n);
+    h.Printf("# GPU %s; R=%lld rows over E=%lld experts (%s): min %lld, mean %.1f, max %lld "
+             "rows per expert\n# dtype %s%s, d=%lld, f=%lld\n#\n",
+             prop.name, static_cast<long long>(r_), static_cast<long long>(e_),
+             spec_.Name().c_str(), static_cast<long long>(min_rows),
+             static_cast<double>(r_) / e_, static_cast<long long>(max_rows), dtype_text_.c_str(),
+             cast_ ? " (f32 operands cast every call)" : "", static_cast<long long>(d_),
+             static_cast<long long>(f_));
   }
-  const int64_t total_wrong = wrong[0] + wrong[1] + wrong[2];
-  table.AddRow({std::string("all"), r, f, d, total_grouped,
-                total_flop / (total_grouped * 1e-3) / 1e12, total_dense,
-                total_flop / (total_dense * 1e-3) / 1e12, total_grouped / total_dense,
-                total_wrong});
-  nlohmann::json extra = {
-      {"gpu", std::string(prop.name)},
-      {"tokens", tokens},
-      {"topk", topk},
-      {"rows", r},
-      {"hidden", d},
-      {"ffn", f},
-      {"experts", e},
-      {"dtype", dtype_text},
-      {"cast", cast},
-      {"routing", spec->Name()},
-      {"rows_per_expert", rows},
-      {"tflops_grouped_all", total_flop / (total_grouped * 1e-3) / 1e12},
-      {"tflops_dense_all", total_flop / (total_dense * 1e-3) / 1e12},
-      {"ratio_all", total_grouped / total_dense},
-      {"timing", "CUDA events, ms per call, median of 5 blocks"}};
-  if (h.printing()) {
-    std::printf("# grouped / dense time, forward + backward: %.3f\n", total_grouped / total_dense);
+
+  // n values of `t` from `offset`, on the host.
+  std::vector<float> RowOf(const Tensor& t, int64_t offset, int64_t n) const {
+    return t.View({n}, offset).To(Device::Cpu(), ctx()).ToVector<float>();
   }
-  return h.Finish(table, total_wrong, extra);
-}
+
+  // fwd (out[i, :] = x[i, :] @ w[g]) or dx (dx[i, p] = sum_j dy[i, j] w[g][p, j]) on the
+  // first and last row of every expert's block.
+  int64_t CheckRows(Op op) const {
+    int64_t wrong = 0, begin = 0;
+    for (int64_t g = 0; g < e_; ++g) {
+      const float* wg = wv_.data() + g * d_ * f_;  // (d, f)
+      for (int64_t i : {begin, begin + rows_[g] - 1}) {
+        if (rows_[g] == 0 || (i == begin + rows_[g] - 1 && rows_[g] == 1)) continue;
+        Expected want(op == kFwd ? f_ : d_);
+        for (int64_t p = 0; p < d_; ++p) {
+          for (int64_t j = 0; j < f_; ++j) {
+            if (op == kFwd) want.Add(j, xv_[i * d_ + p], wg[p * f_ + j]);
+            if (op == kDx) want.Add(p, dyv_[i * f_ + j], wg[p * f_ + j]);
+          }
+        }
+        wrong += op == kFwd ? CountWrong(RowOf(out_, i * f_, f_), want.want, want.mag)
+                            : CountWrong(RowOf(dx_, i * d_, d_), want.want, want.mag);
+      }
+      begin += rows_[g];
+    }
+    return wrong;
+  }
+
+  // dw[g][p, :] = sum over the block's rows i of x[i, p] dy[i, :] (0 for no rows), on the
+  // first and last row of every dw[g].
+  int64_t CheckWeightGrad() const {
+    int64_t wrong = 0, begin = 0;
+    for (int64_t g = 0; g < e_; ++g) {
+      for (int64_t p : {int64_t{0}, d_ - 1}) {
+        if (p == d_ - 1 && d_ == 1) continue;
+        Expected want(f_);
+        for (int64_t i = begin; i < begin + rows_[g]; ++i) {
+          for (int64_t j = 0; j < f_; ++j) want.Add(j, xv_[i * d_ + p], dyv_[i * f_ + j]);
+        }
+        wrong += CountWrong(RowOf(dw_, (g * d_ + p) * f_, f_), want.want, want.mag);
+      }
+      begin += rows_[g];
+    }
+    return wrong;
+  }
+
+  int tokens_ = 16384, hidden_ = 4096, ffn_ = 14336, experts_ = 8, topk_ = 2, hot_ = 0, seed_ = 1;
+  int cast_ = 0;
+  std::string dtype_text_ = "bf16", skew_text_, hot_share_text_ = "0.75";
+  RoutingSpec spec_;
+  int64_t r_ = 0, d_ = 0, f_ = 0, e_ = 0;
+  std::vector<int64_t> rows_;
+  std::unique_ptr<DeviceContext> ctx_;
+  Tensor x_, w_, dy_, out_, dx_, dw_;
+  std::vector<std::function<void()>> grouped_, dense_;
+  std::vector<float> xv_, wv_, dyv_;
+  std::string gpu_name_;
+  double total_grouped_ = 0, total_dense_ = 0, total_flop_ = 0;
+  int64_t total_wrong_ = 0;
+};
 
 }  // namespace
 }  // namespace switchyard::bench
 
-int main(int argc, char** argv) { return switchyard::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return switchyard::bench::RunBenchmark<switchyard::bench::GroupedGemmGpuPerf>(
+      argc, argv, "grouped_gemm_gpu_perf",
+      "MoE expert GEMMs on one GPU: grouped (one cuBLAS GEMM per expert) against one dense "
+      "GEMM of the same size, forward and backward.");
+}

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -84,6 +85,27 @@ std::string BenchDTypeName(DType dtype) {
       return "double";
   }
   return "?";
+}
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t s = 0; !text.empty() && s != std::string::npos;) {
+    const size_t comma = text.find(',', s);
+    out.push_back(text.substr(s, comma == std::string::npos ? comma : comma - s));
+    s = comma == std::string::npos ? comma : comma + 1;
+  }
+  return out;
+}
+
+ElementSplits ToElementSplits(const std::vector<int64_t>& rows, int64_t row_elements) {
+  ElementSplits s;
+  int displ = 0;
+  for (int64_t r : rows) {
+    s.counts.push_back(static_cast<int>(r * row_elements));
+    s.displs.push_back(displ);
+    displ += s.counts.back();
+  }
+  return s;
 }
 
 // ---- Table ------------------------------------------------------------------------------
@@ -304,6 +326,15 @@ int Harness::Fail(const std::string& message) {
   return printing() ? cli::UsageError(program_, message) : cli::kExitUsage;
 }
 
+void Harness::Printf(const char* format, ...) {
+  if (!printing()) return;
+  va_list args;
+  va_start(args, format);
+  std::vprintf(format, args);
+  va_end(args);
+  std::fflush(stdout);
+}
+
 std::vector<int64_t> Harness::Sizes() const {
   std::vector<int64_t> sizes;
   for (int64_t s = options_.min_bytes; s <= options_.max_bytes; s *= options_.step_factor) {
@@ -356,6 +387,17 @@ std::vector<double> Harness::TimeInterleaved(const std::vector<std::function<voi
 }
 
 double Harness::Time(const std::function<void()>& op) { return TimeInterleaved({op})[0]; }
+
+void Harness::Repeat(const std::function<void(bool timed)>& call) {
+  for (int i = 0; i < options_.warmup + options_.iters; ++i) {
+    world_->Barrier();
+    call(i >= options_.warmup);
+  }
+}
+
+int64_t Harness::Check(const std::function<int64_t()>& count) {
+  return options_.check ? Sum(count()) : 0;
+}
 
 double Harness::Max(double v) {
   Tensor t = Tensor::FromVector(std::vector<float>{static_cast<float>(v)}, {1});

@@ -1,14 +1,17 @@
 // The benchmark harness, in the style of nccl-tests: one place for the arguments, warm-up,
-// timing, the correctness count and the table, so that each benchmark file only supplies
-// its byte count, its expected output, its bandwidth formula and its call.
+// timing, the correctness count, the table and the JSON. The sweep itself (setup, the
+// cases, their rows, the summary) is RunBenchmark's (benchmark.h); a benchmark file only
+// describes its cases, its byte count or FLOPs, its expected output and its call:
 //
-//   Harness h("alltoall_perf", "...", {.sweep = true, .dtype = true});
-//   h.flags().AddString("skew", &skew, "...");          // the benchmark's own flags
-//   if (auto code = h.Start(argc, argv)) return *code;  // parses; prints the header
-//   Table table = h.StandardTable(left, right);         // size count type .. | time algbw
-//   ...                                                 //   busbw #wrong | right ...
-//   table.AddRow(...);
-//   return h.Finish(table, wrong, extra_json);          // summary lines, JSON, exit code
+//   class AllToAllPerf final : public Benchmark {
+//     void AddFlags(cli::FlagSet& flags) override;   // --skew, --hidden, ...
+//     Status Setup(Harness& h) override;             // checks them, prints the setting
+//     Table MakeTable(Harness& h) override {         // size count type .. | time algbw
+//       return h.StandardTable(left, right);         //   busbw #wrong | right ...
+//     }
+//     int NumCases() const override;                 // the sizes swept
+//     StatusOr<int64_t> RunCase(Harness& h, int i, Table& table) override;
+//   };                                               //   h.TimeInterleaved, h.Check, AddRow
 //
 // Conventions every benchmark shares (benchmarks/README.md states them for users):
 //  - time: seconds per call after -w warm-up calls; the -n timed calls run in 5 blocks,
@@ -52,6 +55,15 @@ StatusOr<double> ParseDouble(const std::string& flag, const std::string& text);
 StatusOr<DType> ParseBenchDType(const std::string& name);
 // The nccl-tests name of a dtype: "float", "bfloat16", "half", "int32", "int64", "uint8".
 std::string BenchDTypeName(DType dtype);
+// "a,b,c" -> {"a", "b", "c"}; "" -> {} (list flags: --seq_lens, --schedules, --set).
+std::vector<std::string> SplitList(const std::string& text);
+
+// Raw MPI's all-to-all-v arguments for rows of `row_elements` elements: element counts per
+// peer and their displacements, as a plain MPI program passes them.
+struct ElementSplits {
+  std::vector<int> counts, displs;
+};
+ElementSplits ToElementSplits(const std::vector<int64_t>& rows, int64_t row_elements);
 
 // Which common flags a benchmark takes.
 struct Features {
@@ -122,6 +134,8 @@ class Harness {
   std::optional<int> Start(int argc, char** argv);
   // A user error found after Start (a bad shape): prints it on rank 0; returns kExitUsage.
   int Fail(const std::string& message);
+  // printf on the printing rank (rank 0), flushed; nothing on the others.
+  void Printf(const char* format, ...) __attribute__((format(printf, 2, 3)));
 
   const CommonOptions& options() const { return options_; }
   dist::Communicator& world() { return *world_; }
@@ -147,6 +161,14 @@ class Harness {
                                       int blocks = 5);
   // One op: TimeInterleaved({op})[0].
   double Time(const std::function<void()>& op);
+  // For loops timed by hand (phases, forward and backward halves): call(false) -w times,
+  // then call(true) -n times, each call after a barrier of the world; the timed calls
+  // record their own seconds (MedianOfMax reduces them).
+  void Repeat(const std::function<void(bool timed)>& call);
+
+  // The #wrong of a check: 0 with --check 0, else count() (run on every rank) summed over
+  // the ranks.
+  int64_t Check(const std::function<int64_t()>& count);
 
   // Reductions over the world (every rank gets the result).
   double Max(double v);

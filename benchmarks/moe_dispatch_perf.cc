@@ -20,7 +20,7 @@
 #include <cmath>
 #include <map>
 
-#include "benchmarks/harness.h"
+#include "benchmarks/benchmark.h"
 #include "benchmarks/routing.h"
 #include "moe/capacity.h"
 #include "moe/dispatcher.h"
@@ -35,196 +35,217 @@ namespace {
 constexpr const char* kPhases[] = {"plan",    "permute", "counts",     "dispatch_a2a",
                                    "regroup", "ungroup", "return_a2a", "combine"};
 
-int Main(int argc, char** argv) {
-  Harness h("moe_dispatch_perf",
-            "MoE token dispatch + combine over ep = all ranks: time per phase, bytes, bandwidth.",
-            {});
-  int tokens = 4096, hidden = 1024, experts = 8, topk = 2, hot = 0, seed = 1;
-  std::string skew_text, hot_share_text = "0.75", capacity_text = "0", gates = "unit";
-  h.flags().AddInt("tokens", &tokens, "tokens per rank (default 4096)");
-  h.flags().AddInt("hidden", &hidden, "d, elements per token (default 1024)");
-  h.flags().AddInt("experts", &experts, "E, a multiple of the ranks (default 8)");
-  h.flags().AddInt("topk", &topk, "k experts per token (default 2)");
-  h.flags().AddString("skew", &skew_text, "Zipf routing: expert e chosen ~ 1/(e+1)^s");
-  h.flags().AddInt("hot", &hot, "1: expert 0 gets --hot_share of the assignments");
-  h.flags().AddString("hot_share", &hot_share_text, "the hot expert's share (default 0.75)");
-  h.flags().AddString("capacity", &capacity_text,
-                      "capacity factor per rank's tokens; 0 = dropless (default)");
-  h.flags().AddString("gates", &gates, "unit (y = k h) or mean (gates 1/k, y = h) (default unit)");
-  h.flags().AddInt("seed", &seed, "seed of the routing draws (default 1)");
-  if (auto code = h.Start(argc, argv)) return *code;
+class MoeDispatchPerf final : public Benchmark {
+ public:
+  void AddFlags(cli::FlagSet& flags) override {
+    flags.AddInt("tokens", &tokens_, "tokens per rank (default 4096)");
+    flags.AddInt("hidden", &hidden_, "d, elements per token (default 1024)");
+    flags.AddInt("experts", &experts_, "E, a multiple of the ranks (default 8)");
+    flags.AddInt("topk", &topk_, "k experts per token (default 2)");
+    flags.AddString("skew", &skew_text_, "Zipf routing: expert e chosen ~ 1/(e+1)^s");
+    flags.AddInt("hot", &hot_, "1: expert 0 gets --hot_share of the assignments");
+    flags.AddString("hot_share", &hot_share_text_, "the hot expert's share (default 0.75)");
+    flags.AddString("capacity", &capacity_text_,
+                    "capacity factor per rank's tokens; 0 = dropless (default)");
+    flags.AddString("gates", &gates_, "unit (y = k h) or mean (gates 1/k, y = h) (default unit)");
+    flags.AddInt("seed", &seed_, "seed of the routing draws (default 1)");
+  }
 
-  dist::Communicator& ep = h.world();
-  const int n = ep.size(), me = ep.rank();
-  if (tokens < 1 || hidden < 1) return h.Fail("--tokens and --hidden must be >= 1");
-  if (experts < 1 || experts % n != 0) {
-    return h.Fail(
-        StrCat("--experts=", experts, " must be a positive multiple of the ", n, " ranks"));
-  }
-  if (topk < 1 || topk > experts)
-    return h.Fail(StrCat("--topk=", topk, " must be in [1, ", experts, "]"));
-  if (gates != "unit" && gates != "mean") return h.Fail("--gates must be unit or mean");
-  StatusOr<double> cf = ParseDouble("capacity", capacity_text);
-  if (!cf.ok()) return h.Fail(Message(cf.status()));
-  StatusOr<RoutingSpec> spec = RoutingSpecFromFlags(skew_text, hot, hot_share_text, experts, seed);
-  if (!spec.ok()) return h.Fail(Message(spec.status()));
-
-  // Routing of this rank's tokens, and capacity admission as one group.
-  const int64_t t = tokens, d = hidden, k = topk, e = experts;
-  std::vector<int32_t> choice = DrawTopK(*spec, t, k, me);
-  std::vector<uint8_t> kept(t * k, 1);
-  if (*cf > 0) {
-    moe::Admission adm =
-        moe::AdmitToCapacity(Tensor::FromVector(choice, {t, k}), Tensor(), Tensor(), e,
-                             moe::ExpertCapacity(*cf, t, k, e), moe::DropPolicy::kPosition);
-    kept = adm.kept.ToVector<uint8_t>();
-  }
-  // Small integers, so identity experts and unit gates make combine exact.
-  Tensor x = Tensor::Empty({t, d}, DType::kF32);
-  for (int64_t i = 0; i < t * d; ++i) {
-    x.data<float>()[i] = static_cast<float>(((me * t + i / d) * 7 + (i % d) * 3) % 17) - 8.0f;
-  }
-  const float g = gates == "unit" ? 1.0f : 1.0f / static_cast<float>(k);
-  Tensor gate = Tensor::FromVector(std::vector<float>(t * k, g), {t, k});
-
-  // The whole dispatch + combine, phase by phase: per_phase[name][i] seconds of timed
-  // iteration i on this rank.
-  std::map<std::string, std::vector<double>> per_phase;
-  std::vector<double> per_iter;
-  Tensor y;
-  auto iteration = [&](bool timed) {
-    const double start = Now();
-    double t0 = start;
-    auto mark = [&](const char* name) {
-      const double t1 = Now();
-      if (timed) per_phase[name].push_back(t1 - t0);
-      t0 = t1;
-    };
-    moe::DispatchPlan plan(choice, kept, t, k, e, n);
-    mark("plan");
-    Tensor rows = moe::Permute(x, plan);
-    mark("permute");
-    plan.ExchangeCounts(ep);
-    mark("counts");
-    Tensor recv = moe::ExchangeRows(rows, plan, ep);
-    mark("dispatch_a2a");
-    Tensor grouped = moe::Regroup(recv, plan);
-    mark("regroup");
-    Tensor back = moe::Ungroup(grouped, plan);  // identity experts: out = grouped
-    mark("ungroup");
-    Tensor returned = moe::ReturnRows(back, plan, ep);
-    mark("return_a2a");
-    y = moe::Combine(returned, gate, plan);
-    mark("combine");
-    if (timed) per_iter.push_back(t0 - start);
-  };
-  for (int i = 0; i < h.options().warmup; ++i) iteration(false);
-  for (int i = 0; i < h.options().iters; ++i) {
-    ep.Barrier();
-    iteration(true);
-  }
-  // Medians over iterations of the slowest rank, for the whole and for each phase.
-  const double total = h.MedianOfMax(per_iter);
-  std::map<std::string, double> phase_time;
-  double phase_sum = 0;
-  for (const char* name : kPhases) phase_sum += phase_time[name] = h.MedianOfMax(per_phase[name]);
-
-  // The two exchanges alone on a fixed plan: as the dispatcher does them (a new output
-  // tensor per call), through the Communicator into preallocated outputs, and raw MPI.
-  moe::DispatchPlan plan(choice, kept, t, k, e, n);
-  plan.ExchangeCounts(ep);
-  Tensor rows = moe::Permute(x, plan);
-  Tensor recv = moe::ExchangeRows(rows, plan, ep);
-  Tensor pre_recv = Tensor::Empty(recv.shape(), DType::kF32),
-         pre_back = Tensor::Empty(rows.shape(), DType::kF32);
-  std::vector<std::function<void()>> ops = {
-      [&] { moe::ExchangeRows(rows, plan, ep); }, [&] { moe::ReturnRows(recv, plan, ep); },
-      [&] { ep.AllToAllV(rows, plan.send_rows(), pre_recv, plan.recv_rows()); },
-      [&] { ep.AllToAllV(recv, plan.recv_rows(), pre_back, plan.send_rows()); }};
-  double mpi = std::nan("");
-#if SY_HAVE_MPI
-  auto* mpi_comm = dynamic_cast<dist::MpiCommunicator*>(&ep);
-  std::vector<int> sc(n), sd(n), rc(n), rd(n);
-  for (int p = 0, so = 0, ro = 0; p < n; ++p) {
-    sc[p] = static_cast<int>(plan.send_rows()[p] * d),
-    rc[p] = static_cast<int>(plan.recv_rows()[p] * d);
-    sd[p] = so, rd[p] = ro, so += sc[p], ro += rc[p];
-  }
-  if (mpi_comm != nullptr) {
-    ops.push_back([&] {
-      SY_MPI_CHECK(MPI_Alltoallv(rows.raw_data(), sc.data(), sd.data(), MPI_FLOAT,
-                                 pre_recv.raw_data(), rc.data(), rd.data(), MPI_FLOAT,
-                                 mpi_comm->comm()));
-    });
-    ops.push_back([&] {
-      SY_MPI_CHECK(MPI_Alltoallv(recv.raw_data(), rc.data(), rd.data(), MPI_FLOAT,
-                                 pre_back.raw_data(), sc.data(), sd.data(), MPI_FLOAT,
-                                 mpi_comm->comm()));
-    });
-  }
-#endif
-  const std::vector<double> a2a = h.TimeInterleaved(ops);
-  if (a2a.size() == 6) mpi = a2a[4] + a2a[5];
-  const double pre = a2a[2] + a2a[3];
-
-  // Correctness of the last timed iteration: y_t = g * kept_t * x_t.
-  int64_t wrong = 0;
-  if (h.options().check) {
-    for (int64_t i = 0; i < t; ++i) {
-      int kept_slots = 0;
-      for (int64_t j = 0; j < k; ++j) kept_slots += kept[i * k + j];
-      for (int64_t c = 0; c < d; ++c) {
-        const float want = g * kept_slots * x.data<float>()[i * d + c];
-        wrong += std::fabs(y.data<float>()[i * d + c] - want) > 1e-5f * (1.0f + std::fabs(want));
-      }
+  // The flags, this rank's routing admitted to capacity as one group, the input and gates.
+  Status Setup(Harness& h) override {
+    const int n = h.ranks(), me = h.rank();
+    if (tokens_ < 1 || hidden_ < 1) return InvalidArgument("--tokens and --hidden must be >= 1");
+    if (experts_ < 1 || experts_ % n != 0) {
+      return InvalidArgument("--experts=", experts_, " must be a positive multiple of the ", n,
+                             " ranks");
     }
-  }
-  wrong = h.Sum(wrong);
-  const int64_t all_rows = h.Sum(plan.num_assignments());
-  const double size = 2.0 * double(all_rows) * d * 4 / n, factor = double(n - 1) / n;
-  const double dropped = 1.0 - double(all_rows) / (double(t) * k * n);
-
-  Table table = h.StandardTable({{"split", "", 9, 0}, {"dropped", "(%)", 7, 1}},
-                                {{"a2a_time", "(us)", 10, 1},
-                                 {"a2a_busbw", "(GB/s)", 9, 2},
-                                 {"mpi_time", "(us)", 10, 1},
-                                 {"mpi_busbw", "(GB/s)", 9, 2},
-                                 {"ratio", "a2a/mpi", 8, 3},
-                                 {"prealloc", "(us)", 10, 1},
-                                 {"pre_ratio", "pre/mpi", 9, 3}});
-  if (h.printing()) {
-    std::printf(
+    if (topk_ < 1 || topk_ > experts_)
+      return InvalidArgument("--topk=", topk_, " must be in [1, ", experts_, "]");
+    if (gates_ != "unit" && gates_ != "mean") return InvalidArgument("--gates must be unit or mean");
+    SY_ASSIGN_OR_RETURN(cf_, ParseDouble("capacity", capacity_text_));
+    SY_ASSIGN_OR_RETURN(spec_,
+                        RoutingSpecFromFlags(skew_text_, hot_, hot_share_text_, experts_, seed_));
+    const int64_t t = tokens_, d = hidden_, k = topk_, e = experts_;
+    choice_ = DrawTopK(spec_, t, k, me);
+    kept_.assign(t * k, 1);
+    if (cf_ > 0) {
+      moe::Admission adm =
+          moe::AdmitToCapacity(Tensor::FromVector(choice_, {t, k}), Tensor(), Tensor(), e,
+                               moe::ExpertCapacity(cf_, t, k, e), moe::DropPolicy::kPosition);
+      kept_ = adm.kept.ToVector<uint8_t>();
+    }
+    // Small integers, so identity experts and unit gates make combine exact.
+    x_ = Tensor::Empty({t, d}, DType::kF32);
+    for (int64_t i = 0; i < t * d; ++i) {
+      x_.data<float>()[i] = static_cast<float>(((me * t + i / d) * 7 + (i % d) * 3) % 17) - 8.0f;
+    }
+    g_ = gates_ == "unit" ? 1.0f : 1.0f / static_cast<float>(k);
+    gate_ = Tensor::FromVector(std::vector<float>(t * k, g_), {t, k});
+    h.Printf(
         "# tokens %d per rank, d %d, E %d (%lld per rank), top-%d, capacity %s, gates %s, "
         "identity experts\n#\n",
-        tokens, hidden, experts, static_cast<long long>(e / n), topk,
-        *cf > 0 ? capacity_text.c_str() : "dropless", gates.c_str());
+        tokens_, hidden_, experts_, static_cast<long long>(e / n), topk_,
+        cf_ > 0 ? capacity_text_.c_str() : "dropless", gates_.c_str());
+    return OkStatus();
   }
-  table.PrintHeader();
-  const double a2a_time = a2a[0] + a2a[1];
-  table.AddRow({static_cast<int64_t>(size), all_rows / n, std::string("float"), spec->Name(),
-                100 * dropped, total * 1e6, size / total / 1e9, size / total / 1e9 * factor, wrong,
-                a2a_time * 1e6, size / a2a_time / 1e9 * factor, mpi * 1e6,
-                size / mpi / 1e9 * factor, a2a_time / mpi, pre * 1e6, pre / mpi});
-  nlohmann::json phases = nlohmann::json::object();
-  if (h.printing()) std::printf("#\n#        phase   time(us)  share(%%)\n");
-  for (const char* name : kPhases) {
-    const double s = phase_time[name];
-    phases[name] = {{"time_us", s * 1e6}, {"share", s / phase_sum}};
-    if (h.printing()) std::printf("  %12s %10.1f %9.1f\n", name, s * 1e6, 100 * s / phase_sum);
+
+  Table MakeTable(Harness& h) override {
+    return h.StandardTable({{"split", "", 9, 0}, {"dropped", "(%)", 7, 1}},
+                           {{"a2a_time", "(us)", 10, 1},
+                            {"a2a_busbw", "(GB/s)", 9, 2},
+                            {"mpi_time", "(us)", 10, 1},
+                            {"mpi_busbw", "(GB/s)", 9, 2},
+                            {"ratio", "a2a/mpi", 8, 3},
+                            {"prealloc", "(us)", 10, 1},
+                            {"pre_ratio", "pre/mpi", 9, 3}});
   }
-  if (h.printing()) std::printf("#\n");
-  return h.Finish(table, wrong,
-                  {{"tokens", tokens},
-                   {"hidden", hidden},
-                   {"experts", experts},
-                   {"topk", topk},
-                   {"capacity", *cf},
-                   {"gates", gates},
-                   {"split", spec->Name()},
-                   {"phases", phases}});
-}
+
+  // The whole dispatch + combine phase by phase, the exchanges alone, the check.
+  StatusOr<int64_t> RunCase(Harness& h, int index, Table& table) override {
+    const double total = TimePhases(h);
+    const std::vector<double> a2a = TimeExchanges(h);
+    const double mpi = a2a.size() == 6 ? a2a[4] + a2a[5] : std::nan("");
+    const double pre = a2a[2] + a2a[3];
+    const int64_t t = tokens_, d = hidden_, k = topk_, n = h.ranks();
+    // Correctness of the last timed iteration: y_t = g * kept_t * x_t.
+    const int64_t wrong = h.Check([&] {
+      int64_t bad = 0;
+      for (int64_t i = 0; i < t; ++i) {
+        int kept_slots = 0;
+        for (int64_t j = 0; j < k; ++j) kept_slots += kept_[i * k + j];
+        for (int64_t c = 0; c < d; ++c) {
+          const float want = g_ * kept_slots * x_.data<float>()[i * d + c];
+          bad += std::fabs(y_.data<float>()[i * d + c] - want) > 1e-5f * (1.0f + std::fabs(want));
+        }
+      }
+      return bad;
+    });
+    const int64_t all_rows = h.Sum(assignments_);
+    const double size = 2.0 * double(all_rows) * d * 4 / n, factor = double(n - 1) / n;
+    const double dropped = 1.0 - double(all_rows) / (double(t) * k * n);
+    const double a2a_time = a2a[0] + a2a[1];
+    table.AddRow({static_cast<int64_t>(size), all_rows / n, std::string("float"), spec_.Name(),
+                  100 * dropped, total * 1e6, size / total / 1e9, size / total / 1e9 * factor,
+                  wrong, a2a_time * 1e6, size / a2a_time / 1e9 * factor, mpi * 1e6,
+                  size / mpi / 1e9 * factor, a2a_time / mpi, pre * 1e6, pre / mpi});
+    return wrong;
+  }
+
+  // The second table: each phase's time and share.
+  void Conclude(Harness& h, Table& table) override {
+    h.Printf("#\n#        phase   time(us)  share(%%)\n");
+    for (const char* name : kPhases) {
+      const double s = phase_time_[name];
+      phases_[name] = {{"time_us", s * 1e6}, {"share", s / phase_sum_}};
+      h.Printf("  %12s %10.1f %9.1f\n", name, s * 1e6, 100 * s / phase_sum_);
+    }
+    h.Printf("#\n");
+  }
+
+  nlohmann::json Extra(const Harness& h) const override {
+    return {{"tokens", tokens_}, {"hidden", hidden_}, {"experts", experts_},
+            {"topk", topk_},     {"capacity", cf_},   {"gates", gates_},
+            {"split", spec_.Name()}, {"phases", phases_}};
+  }
+
+ private:
+  // Times every phase of -n whole dispatches + combines (after -w); returns the median
+  // iteration of the slowest rank and keeps each phase's likewise, and the last y.
+  double TimePhases(Harness& h) {
+    dist::Communicator& ep = h.world();
+    const int64_t t = tokens_, k = topk_;
+    // per_phase[name][i]: seconds of timed iteration i on this rank.
+    std::map<std::string, std::vector<double>> per_phase;
+    std::vector<double> per_iter;
+    h.Repeat([&](bool timed) {
+      const double start = Now();
+      double t0 = start;
+      auto mark = [&](const char* name) {
+        const double t1 = Now();
+        if (timed) per_phase[name].push_back(t1 - t0);
+        t0 = t1;
+      };
+      moe::DispatchPlan plan(choice_, kept_, t, k, experts_, ep.size());
+      mark("plan");
+      Tensor rows = moe::Permute(x_, plan);
+      mark("permute");
+      plan.ExchangeCounts(ep);
+      mark("counts");
+      Tensor recv = moe::ExchangeRows(rows, plan, ep);
+      mark("dispatch_a2a");
+      Tensor grouped = moe::Regroup(recv, plan);
+      mark("regroup");
+      Tensor back = moe::Ungroup(grouped, plan);  // identity experts: out = grouped
+      mark("ungroup");
+      Tensor returned = moe::ReturnRows(back, plan, ep);
+      mark("return_a2a");
+      y_ = moe::Combine(returned, gate_, plan);
+      mark("combine");
+      if (timed) per_iter.push_back(t0 - start);
+    });
+    const double total = h.MedianOfMax(per_iter);
+    for (const char* name : kPhases) {
+      phase_sum_ += phase_time_[name] = h.MedianOfMax(per_phase[name]);
+    }
+    return total;
+  }
+
+  // The two exchanges alone on a fixed plan: as the dispatcher does them (a new output
+  // tensor per call), through the Communicator into preallocated outputs, and raw MPI
+  // (when the world is an MPI communicator). Seconds per call of each, in that order;
+  // keeps the plan's kept assignments.
+  std::vector<double> TimeExchanges(Harness& h) {
+    dist::Communicator& ep = h.world();
+    moe::DispatchPlan plan(choice_, kept_, tokens_, topk_, experts_, ep.size());
+    plan.ExchangeCounts(ep);
+    assignments_ = plan.num_assignments();
+    Tensor rows = moe::Permute(x_, plan);
+    Tensor recv = moe::ExchangeRows(rows, plan, ep);
+    Tensor pre_recv = Tensor::Empty(recv.shape(), DType::kF32),
+           pre_back = Tensor::Empty(rows.shape(), DType::kF32);
+    std::vector<std::function<void()>> ops = {
+        [&] { moe::ExchangeRows(rows, plan, ep); }, [&] { moe::ReturnRows(recv, plan, ep); },
+        [&] { ep.AllToAllV(rows, plan.send_rows(), pre_recv, plan.recv_rows()); },
+        [&] { ep.AllToAllV(recv, plan.recv_rows(), pre_back, plan.send_rows()); }};
+#if SY_HAVE_MPI
+    auto* mpi_comm = dynamic_cast<dist::MpiCommunicator*>(&ep);
+    const ElementSplits s = ToElementSplits(plan.send_rows(), hidden_),
+                        r = ToElementSplits(plan.recv_rows(), hidden_);
+    if (mpi_comm != nullptr) {
+      ops.push_back([&] {
+        SY_MPI_CHECK(MPI_Alltoallv(rows.raw_data(), s.counts.data(), s.displs.data(), MPI_FLOAT,
+                                   pre_recv.raw_data(), r.counts.data(), r.displs.data(),
+                                   MPI_FLOAT, mpi_comm->comm()));
+      });
+      ops.push_back([&] {
+        SY_MPI_CHECK(MPI_Alltoallv(recv.raw_data(), r.counts.data(), r.displs.data(), MPI_FLOAT,
+                                   pre_back.raw_data(), s.counts.data(), s.displs.data(),
+                                   MPI_FLOAT, mpi_comm->comm()));
+      });
+    }
+#endif
+    return h.TimeInterleaved(ops);
+  }
+
+  int tokens_ = 4096, hidden_ = 1024, experts_ = 8, topk_ = 2, hot_ = 0, seed_ = 1;
+  std::string skew_text_, hot_share_text_ = "0.75", capacity_text_ = "0", gates_ = "unit";
+  double cf_ = 0;
+  RoutingSpec spec_;
+  std::vector<int32_t> choice_;
+  std::vector<uint8_t> kept_;
+  Tensor x_, gate_, y_;
+  float g_ = 1;
+  std::map<std::string, double> phase_time_;
+  double phase_sum_ = 0;
+  int64_t assignments_ = 0;
+  nlohmann::json phases_ = nlohmann::json::object();
+};
 
 }  // namespace
 }  // namespace switchyard::bench
 
-int main(int argc, char** argv) { return switchyard::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return switchyard::bench::RunBenchmark<switchyard::bench::MoeDispatchPerf>(
+      argc, argv, "moe_dispatch_perf",
+      "MoE token dispatch + combine over ep = all ranks: time per phase, bytes, bandwidth.");
+}
