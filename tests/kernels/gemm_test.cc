@@ -1,5 +1,6 @@
 // kernels/gemm.h against naive triple loops in double: every transpose combination with
-// alpha and beta, the grouped products with an empty group, and k = 0. The bf16 mode
+// alpha and beta, the grouped products with an empty group, and k = 0, each within the
+// forward-error bound of a product (tests/testing/tolerance.h), whatever OpenBLAS's kernel. The bf16 mode
 // (DeviceContext::matmul_dtype) is sgemm on operands rounded to bf16, exactly, and bf16
 // operand tensors give the same results as f32 ones in bf16 mode.
 #include "kernels/gemm.h"
@@ -14,13 +15,10 @@
 #include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "kernels/random.h"
+#include "tests/testing/tolerance.h"
 
 namespace switchyard::kernels {
 namespace {
-
-// f32 sums of at most a few dozen products of O(1) values: a few ulps of the largest term.
-constexpr double kAbsTol = 1e-5;
-constexpr double kRelTol = 1e-5;
 
 Tensor RandomTensor(const Shape& shape, uint64_t stream) {
   Tensor t = Tensor::Empty(shape, DType::kF32);
@@ -28,18 +26,12 @@ Tensor RandomTensor(const Shape& shape, uint64_t stream) {
   return t;
 }
 
-// Element-wise |got - want| <= abs + rel * |want|; reports the worst element.
-void ExpectClose(const Tensor& got, const std::vector<double>& want, const std::string& what) {
-  std::vector<float> g = got.ToVector<float>();
-  ASSERT_EQ(g.size(), want.size()) << what;
-  double worst = 0.0;  // fraction of the tolerance used
-  size_t worst_i = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double used = std::abs(g[i] - want[i]) / (kAbsTol + kRelTol * std::abs(want[i]));
-    if (used > worst) worst = used, worst_i = i;
-  }
-  EXPECT_LE(worst, 1.0) << what << ": element " << worst_i << " is " << g[worst_i] << ", expected "
-                        << want[worst_i];
+// |got - want| <= 2 (k + 3) u scale elementwise, scale = |alpha| |A||B| + |beta| |C0| (the
+// product bound of tests/testing/tolerance.h: it holds for any summation order, so for any
+// OpenBLAS kernel); want is the double sum.
+void ExpectClose(const Tensor& got, const std::vector<double>& want,
+                 const std::vector<double>& scale, int64_t k, const std::string& what) {
+  test_util::ExpectWithinProductBound(got.ToVector<float>(), want, scale, k, what);
 }
 
 // a[i, j] of a row-major (rows, cols) matrix stored transposed or not.
@@ -57,18 +49,21 @@ TEST(GemmTest, AllTransposesWithAlphaBeta) {
       Tensor c = RandomTensor({m, n}, 3);
       const std::vector<float> av = a.ToVector<float>(), bv = b.ToVector<float>(),
                                c0 = c.ToVector<float>();
-      std::vector<double> want(m * n);
+      std::vector<double> want(m * n), scale(m * n);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
-          double acc = 0.0;
+          double acc = 0.0, mag = 0.0;
           for (int64_t p = 0; p < k; ++p) {
             acc += At(av, a.dim(1), ta, i, p) * At(bv, b.dim(1), tb, p, j);
+            mag += std::abs(At(av, a.dim(1), ta, i, p) * At(bv, b.dim(1), tb, p, j));
           }
           want[i * n + j] = alpha * acc + beta * c0[i * n + j];
+          scale[i * n + j] = std::abs(alpha) * mag + std::abs(beta * c0[i * n + j]);
         }
       }
       Gemm(a, ta, b, tb, c, alpha, beta);
-      ExpectClose(c, want, "trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb));
+      ExpectClose(c, want, scale, k,
+                  "trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb));
     }
   }
 }
@@ -99,21 +94,23 @@ TEST(RowExactGemmTest, EachRowIsItsOwnOrderedSumWhateverRowsShareTheCall) {
   RowExactGemm(a, b, c);
   const std::vector<float> av = a.ToVector<float>(), bv = b.ToVector<float>();
   const std::vector<float> cv = c.ToVector<float>();
-  std::vector<double> want(m * n);
+  std::vector<double> want(m * n), scale(m * n);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       float acc = 0.0f;
-      double exact = 0.0;
+      double exact = 0.0, mag = 0.0;
       for (int64_t p = 0; p < k; ++p) {
         const float prod = av[i * k + p] * bv[p * n + j];
         acc = acc + prod;
         exact += static_cast<double>(av[i * k + p]) * bv[p * n + j];
+        mag += std::abs(static_cast<double>(av[i * k + p]) * bv[p * n + j]);
       }
       ASSERT_EQ(cv[i * n + j], acc) << "row " << i << " column " << j;
       want[i * n + j] = exact;
+      scale[i * n + j] = mag;
     }
   }
-  ExpectClose(c, want, "RowExactGemm vs double");
+  ExpectClose(c, want, scale, k, "RowExactGemm vs double");
   for (const auto& [lo, hi] : {std::pair<int64_t, int64_t>{0, 1}, {3, 19}, {16, 70}, {69, 70}}) {
     Tensor block = Tensor::Empty({hi - lo, n}, DType::kF32);
     RowExactGemm(a.Slice(lo, hi).Clone(), b, block);
@@ -135,21 +132,24 @@ TEST(GroupedGemmTest, MatchesPerGroupLoopWithEmptyGroup) {
     Tensor out = RandomTensor({r, n}, 12);
     const std::vector<float> xv = x.ToVector<float>(), wv = w.ToVector<float>(),
                              o0 = out.ToVector<float>();
-    std::vector<double> want(r * n);
+    std::vector<double> want(r * n), scale(r * n);
     int64_t row = 0;
     for (int64_t e = 0; e < g; ++e) {
       const std::vector<float> we(wv.begin() + e * k * n, wv.begin() + (e + 1) * k * n);
       for (int64_t end = row + rows[e]; row < end; ++row) {
         for (int64_t j = 0; j < n; ++j) {
-          double acc = 0.0;
-          for (int64_t p = 0; p < k; ++p)
+          double acc = 0.0, mag = 0.0;
+          for (int64_t p = 0; p < k; ++p) {
             acc += xv[row * k + p] * At(we, trans_w ? k : n, trans_w, p, j);
+            mag += std::abs(xv[row * k + p] * At(we, trans_w ? k : n, trans_w, p, j));
+          }
           want[row * n + j] = alpha * acc + beta * o0[row * n + j];
+          scale[row * n + j] = std::abs(alpha) * mag + std::abs(beta * o0[row * n + j]);
         }
       }
     }
     GroupedGemm(x, rows, w, trans_w, out, alpha, beta);
-    ExpectClose(out, want, "trans_w=" + std::to_string(trans_w));
+    ExpectClose(out, want, scale, k, "trans_w=" + std::to_string(trans_w));
   }
 }
 
@@ -161,22 +161,25 @@ TEST(GroupedGemmTest, WeightGradMatchesPerGroupLoop) {
   Tensor dw = RandomTensor({g, k, n}, 22);
   const std::vector<float> xv = x.ToVector<float>(), dyv = dy.ToVector<float>(),
                            dw0 = dw.ToVector<float>();
-  std::vector<double> want(g * k * n);
+  std::vector<double> want(g * k * n), scale(g * k * n);
   int64_t begin = 0;
   for (int64_t e = 0; e < g; ++e) {
     for (int64_t p = 0; p < k; ++p) {
       for (int64_t j = 0; j < n; ++j) {
-        double acc = 0.0;
-        for (int64_t row = begin; row < begin + rows[e]; ++row)
+        double acc = 0.0, mag = 0.0;
+        for (int64_t row = begin; row < begin + rows[e]; ++row) {
           acc += xv[row * k + p] * dyv[row * n + j];
+          mag += std::abs(xv[row * k + p] * dyv[row * n + j]);
+        }
         const int64_t i = (e * k + p) * n + j;
         want[i] = alpha * acc + beta * dw0[i];  // the empty group keeps beta * dw
+        scale[i] = std::abs(alpha) * mag + std::abs(beta * dw0[i]);
       }
     }
     begin += rows[e];
   }
   GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta);
-  ExpectClose(dw, want, "GroupedGemmWeightGrad");
+  ExpectClose(dw, want, scale, /*k=*/3, "GroupedGemmWeightGrad");  // the largest group
 }
 
 TEST(GroupedGemmTest, EmptyGroupWeightGradWithBetaZeroIsZero) {

@@ -14,6 +14,7 @@
 // Between collectives only EXPECT_* (tests/dist/dist_main.cc): every rank reaches every call.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,6 +25,7 @@
 #include "engine/parallel/tensor_parallel.h"
 #include "tests/kernels/grad_check.h"
 #include "tests/parallel/parallel_test_util.h"
+#include "tests/testing/tolerance.h"
 
 namespace switchyard::parallel {
 namespace {
@@ -202,8 +204,37 @@ std::vector<double> NumericGradient(Tensor t, int owner, Communicator& tp,
 // Finite differences of a bilinear loss in f32: step 1e-2 on O(1) values, 1e-3 tolerance.
 constexpr float kStep = 1e-2f;
 constexpr double kFdAbs = 1e-3, kFdRel = 1e-3;
-// The parallel results against one rank's: the same products summed in another order.
-constexpr double kAbs = 1e-5, kRel = 1e-5;
+
+// The parallel results against one rank's: the same products summed in another order (and
+// x (A B) against (x A) B), so each element is held to the forward-error bound of its
+// product, 2 (k + 3) u (|x||A||B|)_ij with k the roundings along a term's way (the inner
+// dimensions summed; tests/testing/tolerance.h), which no order exceeds.
+using test_util::AbsProduct;
+
+// |t| elementwise, in double.
+std::vector<double> Abs(const Tensor& t) {
+  const std::vector<float> v = t.ToVector<float>();
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = std::abs(static_cast<double>(v[i]));
+  return out;
+}
+
+// The block [r0, r1) x [c0, c1) of a (rows, cols) row-major scale.
+std::vector<double> ScaleBlock(const std::vector<double>& s, int64_t cols, int64_t r0, int64_t r1,
+                               int64_t c0, int64_t c1) {
+  std::vector<double> out;
+  for (int64_t i = r0; i < r1; ++i)
+    for (int64_t j = c0; j < c1; ++j) out.push_back(s[i * cols + j]);
+  return out;
+}
+
+// got within the bound 2 (k + 3) u scale of want, elementwise.
+void ExpectWithinBound(const Tensor& got, const Tensor& want, const std::vector<double>& scale,
+                       int64_t k, const std::string& what) {
+  EXPECT_EQ(got.shape(), want.shape()) << what;
+  test_util::ExpectWithinProductBound(got.ToVector<float>(), want.ToVector<float>(), scale, k,
+                                      what);
+}
 
 // Checks the gradient of a weight shard against central differences rank by rank.
 void CheckShardGradient(Tensor shard, const Tensor& analytic, Communicator& tp,
@@ -235,10 +266,14 @@ TEST_F(TensorParallelTest, RowParallelLinearMatchesOneRankAndFiniteDifferences) 
                                                       nullptr);
     Tensor dw_r = MatMul(x_r, true, dpartial, false);
     // One rank: y = x W, dx = c W^T, dW = x^T c.
-    ExpectClose(forward(), MatMul(x, false, w, false), kAbs, kRel, g.name + " row-parallel y");
-    ExpectClose(dx, MatMul(c, false, w, true), kAbs, kRel, g.name + " row-parallel dx");
-    ExpectClose(dw_r, RowBlock(MatMul(x, true, c, false), k0, k0 + kl), kAbs, kRel,
-                g.name + " row-parallel dW shard");
+    const std::vector<double> ax = Abs(x), aw = Abs(w), ac = Abs(c);
+    ExpectWithinBound(forward(), MatMul(x, false, w, false), AbsProduct(ax, false, aw, false, n, m, k),
+                      k, g.name + " row-parallel y");
+    ExpectWithinBound(dx, MatMul(c, false, w, true), AbsProduct(ac, false, aw, true, n, k, m), m,
+                      g.name + " row-parallel dx");
+    ExpectWithinBound(dw_r, RowBlock(MatMul(x, true, c, false), k0, k0 + kl),
+                      ScaleBlock(AbsProduct(ax, true, ac, false, k, m, n), m, k0, k0 + kl, 0, m), n,
+                      g.name + " row-parallel dW shard");
     ExpectClose(dx.ToVector<float>(), NumericGradient(x, -1, tp, loss, kStep), kFdAbs, kFdRel,
                 g.name + " row-parallel dx vs finite differences");
     CheckShardGradient(w_r, dw_r, tp, loss, g.name + " row-parallel dW shard");
@@ -261,10 +296,14 @@ TEST_F(TensorParallelTest, ColumnParallelLinearMatchesOneRankAndFiniteDifference
     Tensor dy_r = GatherFromTensorParallelRegionBackward(c, tp, nullptr);
     Tensor dx = CopyToTensorParallelRegionBackward(MatMul(dy_r, false, w_r, true), tp, nullptr);
     Tensor dw_r = MatMul(x, true, dy_r, false);
-    ExpectClose(forward(), MatMul(x, false, w, false), kAbs, kRel, g.name + " column-parallel y");
-    ExpectClose(dx, MatMul(c, false, w, true), kAbs, kRel, g.name + " column-parallel dx");
-    ExpectClose(dw_r, Columns(MatMul(x, true, c, false), m0, m0 + ml), kAbs, kRel,
-                g.name + " column-parallel dW shard");
+    const std::vector<double> ax = Abs(x), aw = Abs(w), ac = Abs(c);
+    ExpectWithinBound(forward(), MatMul(x, false, w, false), AbsProduct(ax, false, aw, false, n, m, k),
+                      k, g.name + " column-parallel y");
+    ExpectWithinBound(dx, MatMul(c, false, w, true), AbsProduct(ac, false, aw, true, n, k, m), m,
+                      g.name + " column-parallel dx");
+    ExpectWithinBound(dw_r, Columns(MatMul(x, true, c, false), m0, m0 + ml),
+                      ScaleBlock(AbsProduct(ax, true, ac, false, k, m, n), m, 0, k, m0, m0 + ml), n,
+                      g.name + " column-parallel dW shard");
     ExpectClose(dx.ToVector<float>(), NumericGradient(x, -1, tp, loss, kStep), kFdAbs, kFdRel,
                 g.name + " column-parallel dx vs finite differences");
     CheckShardGradient(w_r, dw_r, tp, loss, g.name + " column-parallel dW shard");
@@ -299,14 +338,28 @@ TEST_F(TensorParallelTest, SequenceParallelMlpMatchesOneRankAndFiniteDifferences
                                                            nullptr);
     // One rank: y = x A B, dx = c B^T A^T, dA = x^T c B^T, dB = (x A)^T c.
     Tensor ab = MatMul(a, false, b, false), cbt = MatMul(c, false, b, true);
-    ExpectClose(forward(), RowBlock(MatMul(x, false, ab, false), s.begin, s.end), kAbs, kRel,
-                g.name + " sequence-parallel y rows");
-    ExpectClose(dx_s, RowBlock(MatMul(c, false, ab, true), s.begin, s.end), kAbs, kRel,
-                g.name + " sequence-parallel dx rows");
-    ExpectClose(da_r, Columns(MatMul(x, true, cbt, false), h0, h0 + hl), kAbs, kRel,
-                g.name + " sequence-parallel dA shard");
-    ExpectClose(db_r, RowBlock(MatMul(MatMul(x, false, a, false), true, c, false), h0, h0 + hl),
-                kAbs, kRel, g.name + " sequence-parallel dB shard");
+    // Three-factor products: a term takes the roundings of both inner dimensions.
+    const std::vector<double> ax = Abs(x), aa = Abs(a), abs_b = Abs(b), ac = Abs(c);
+    const std::vector<double> xab = AbsProduct(AbsProduct(ax, false, aa, false, n, h, k), false, abs_b,
+                                              false, n, m, h);                       // (n, m)
+    const std::vector<double> cbtat = AbsProduct(AbsProduct(ac, false, abs_b, true, n, h, m), false,
+                                                aa, true, n, k, h);                  // (n, k)
+    const std::vector<double> xtcbt = AbsProduct(ax, true, AbsProduct(ac, false, abs_b, true, n, h, m),
+                                                false, k, h, n);                     // (k, h)
+    const std::vector<double> xatc = AbsProduct(AbsProduct(ax, false, aa, false, n, h, k), true, ac,
+                                               false, h, m, n);                      // (h, m)
+    ExpectWithinBound(forward(), RowBlock(MatMul(x, false, ab, false), s.begin, s.end),
+                      ScaleBlock(xab, m, s.begin, s.end, 0, m), k + h,
+                      g.name + " sequence-parallel y rows");
+    ExpectWithinBound(dx_s, RowBlock(MatMul(c, false, ab, true), s.begin, s.end),
+                      ScaleBlock(cbtat, k, s.begin, s.end, 0, k), m + h,
+                      g.name + " sequence-parallel dx rows");
+    ExpectWithinBound(da_r, Columns(MatMul(x, true, cbt, false), h0, h0 + hl),
+                      ScaleBlock(xtcbt, h, 0, k, h0, h0 + hl), n + m,
+                      g.name + " sequence-parallel dA shard");
+    ExpectWithinBound(db_r, RowBlock(MatMul(MatMul(x, false, a, false), true, c, false), h0, h0 + hl),
+                      ScaleBlock(xatc, m, h0, h0 + hl, 0, m), k + n,
+                      g.name + " sequence-parallel dB shard");
     CheckShardGradient(x_s, dx_s, tp, loss, g.name + " sequence-parallel dx rows");
     CheckShardGradient(a_r, da_r, tp, loss, g.name + " sequence-parallel dA shard");
     CheckShardGradient(b_r, db_r, tp, loss, g.name + " sequence-parallel dB shard");
