@@ -448,7 +448,7 @@ int Run(const std::vector<std::string>& args) {
 
 }  // namespace
 
-int RunMoeLayer(const std::vector<std::string>& args) {
+int RunMoELayer(const std::vector<std::string>& args) {
   return RunInProcess(kCommand, Run, args);
 }
 
