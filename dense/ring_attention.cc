@@ -1,11 +1,13 @@
 // Ring attention (dense/ring_attention.h): the ring's schedule, the packed key/value
-// buffers and the block loop over kernels/attention.h.
+// buffers and the block loop over kernels/attention.h; the hops themselves are
+// engine/parallel/cp_ring.h's.
 #include "dense/ring_attention.h"
 
 #include <memory>
 #include <utility>
 
 #include "engine/core/check.h"
+#include "engine/parallel/cp_ring.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 
@@ -13,6 +15,8 @@ namespace switchyard::dense {
 namespace {
 
 using kernels::AttentionMask;
+using parallel::CpRing;
+using parallel::RingBuffers;
 
 // Tags of the two streams of messages around the ring (NCCL ignores tags; every rank posts
 // them in the same order, so they match in order there too).
@@ -28,16 +32,9 @@ struct Dims {
   Shape lse_chunk() const { return {b, hq, sc}; }
 };
 
-// This rank's place in the ring of c ranks.
-struct Ring {
-  int c, i;
-  int next() const { return (i + 1) % c; }
-  int prev() const { return (i + c - 1) % c; }
-  // Rank whose block this rank holds at step t.
-  int source(int t) const { return (i - t + c) % c; }
-  // Global chunk index of rank r's half h (0: rows [0, B), 1: rows [B, 2B)).
-  int chunk(int r, int h) const { return h == 0 ? r : 2 * c - 1 - r; }
-};
+// Global chunk index of cp rank r's half h (0: rows [0, B), 1: rows [B, 2B)) in a ring of
+// c ranks (engine/parallel/context_parallel.h's layout).
+int Chunk(int c, int r, int h) { return h == 0 ? r : 2 * c - 1 - r; }
 
 enum class BlockKind { kSkip, kDiagonal, kFull };
 
@@ -77,15 +74,6 @@ int64_t Pairs(const Dims& d, BlockKind kind) {
   return d.b * d.hq * per_head;
 }
 
-// Posts {send `send` to rank+1, receive `recv` from rank-1} as one batch.
-std::unique_ptr<dist::Work> PostHop(dist::Communicator& cp, const Ring& ring, const Tensor& send,
-                                    Tensor& recv, int tag, RingAttentionStats& stats) {
-  const dist::P2POp ops[] = {{dist::P2POp::kSend, send, ring.next(), tag},
-                             {dist::P2POp::kRecv, recv, ring.prev(), tag}};
-  stats.bytes_sent += static_cast<int64_t>(send.nbytes());
-  return cp.BatchSendRecv(ops);
-}
-
 // stats += local (stats may be null).
 void AddStats(const RingAttentionStats& local, RingAttentionStats* stats) {
   if (stats == nullptr) return;
@@ -99,12 +87,12 @@ void AddStats(const RingAttentionStats& local, RingAttentionStats* stats) {
 // does not mask entirely, in a fixed order, and counts the computed and skipped blocks and
 // the query-key pairs in `local`.
 template <typename F>
-void ForEachComputedBlock(const Ring& ring, int t, const Dims& d, RingAttentionStats& local,
+void ForEachComputedBlock(const CpRing& ring, int t, const Dims& d, RingAttentionStats& local,
                           F&& f) {
-  const int src = ring.source(t);
+  const int c = ring.size(), src = ring.source(t);
   for (int qh = 0; qh < 2; ++qh) {
     for (int kh = 0; kh < 2; ++kh) {
-      const BlockKind kind = Classify(ring.chunk(ring.i, qh), ring.chunk(src, kh));
+      const BlockKind kind = Classify(Chunk(c, ring.rank(), qh), Chunk(c, src, kh));
       if (kind == BlockKind::kSkip) {
         ++local.blocks_skipped;
         continue;
@@ -142,6 +130,17 @@ Dims CheckLocal(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
   return d;
 }
 
+// The key/value block buffers of a pass: this rank's own k and v packed and in hand, and
+// (c > 1) the buffer the next block arrives in.
+RingBuffers KvRing(CpRing& ring, const Dims& d, const Tensor& k, const Tensor& v,
+                   DeviceContext* ctx) {
+  KvBlock own = KvBlock::Empty(d, k.device());
+  Tensor arriving = ring.size() > 1 ? KvBlock::Empty(d, k.device()).t : Tensor();
+  own.k_all().CopyFrom(k, ctx);
+  own.v_all().CopyFrom(v, ctx);
+  return RingBuffers(ring, own.t, arriving, kKvTag);
+}
+
 }  // namespace
 
 void RingAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
@@ -151,22 +150,18 @@ void RingAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Ten
   const Dims d = CheckLocal(q, k, v, lse, cp, ctx, kOp);
   SY_CHECK(out.defined() && out.shape() == q.shape())
       << kOp << ": out must be defined and shaped like q " << ShapeString(q.shape());
-  const Ring ring{cp.size(), cp.rank()};
+  CpRing ring(cp);
   const Device device = q.device();
   RingAttentionStats local;
 
-  // Two block buffers: the one in hand and the one arriving.
-  KvBlock blocks[2] = {KvBlock::Empty(d, device), {}};
-  if (ring.c > 1) blocks[1] = KvBlock::Empty(d, device);
-  blocks[0].k_all().CopyFrom(k, ctx);
-  blocks[0].v_all().CopyFrom(v, ctx);
+  // The block in hand and the one arriving.
+  RingBuffers kv = KvRing(ring, d, k, v, ctx);
   Tensor out_b, lse_b;  // one block's result before its merge
   bool started[2] = {false, false};
 
-  for (int t = 0; t < ring.c; ++t) {
-    const KvBlock& held = blocks[t % 2];
-    std::unique_ptr<dist::Work> hop;
-    if (t + 1 < ring.c) hop = PostHop(cp, ring, held.t, blocks[(t + 1) % 2].t, kKvTag, local);
+  for (int t = 0; t < ring.size(); ++t) {
+    const KvBlock held{kv.held(), d};
+    if (t + 1 < ring.size()) kv.PostHop();
     ForEachComputedBlock(ring, t, d, local, [&](int qh, int kh, BlockKind kind) {
       Tensor out_q = Half(out, qh), lse_q = Half(lse, qh);
       if (!started[qh]) {  // the first block of these queries is written in place
@@ -183,8 +178,9 @@ void RingAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Ten
                                 MaskOf(kind));
       kernels::AttentionMerge(out_q, lse_q, out_b, lse_b, ctx);
     });
-    if (hop) hop->Wait();
+    kv.Wait();
   }
+  local.bytes_sent += ring.bytes_sent();
   AddStats(local, stats);
 }
 
@@ -216,6 +212,48 @@ class Accumulator {
   bool written_ = false;
 };
 
+// The dk, dv partial sums travelling behind the k, v blocks. The dk, dv of the block held
+// at step t >= 1 are summed in sum(t) (this rank's share, plus the partial sum received
+// from rank-1) and sent on to rank+1; after the last step the other ranks' sum for this
+// rank's own block arrives.
+class TravellingGrads {
+ public:
+  TravellingGrads(CpRing& ring, const Dims& d, Device device) : ring_(ring) {
+    if (ring.size() == 1) return;
+    sums_[0] = KvBlock::Empty(d, device);
+    sums_[1] = KvBlock::Empty(d, device);
+    incoming_ = KvBlock::Empty(d, device);
+  }
+
+  // Where step t >= 1 sums the held block's dk, dv.
+  KvBlock& sum(int t) { return sums_[t % 2]; }
+
+  // After step t >= 1: adds the partial sum of the ranks before this one (received since
+  // step 2) to sum(t), sends it on, and posts the receipt of the next partial sum (or, after
+  // the last step, this rank's own block's).
+  void PassOn(int t, DeviceContext* ctx) {
+    KvBlock& s = sum(t);
+    if (hop_) {
+      hop_->Wait();
+      kernels::Add(s.t, incoming_.t, s.t, ctx);
+    }
+    hop_ = ring_.PostHop(s.t, incoming_.t, kGradTag);
+  }
+
+  // At the end: adds the other ranks' shares of this rank's own block to dk, dv.
+  void AddHome(Tensor& dk, Tensor& dv, DeviceContext* ctx) {
+    if (!hop_) return;
+    hop_->Wait();
+    kernels::Add(dk, incoming_.k_all(), dk, ctx);
+    kernels::Add(dv, incoming_.v_all(), dv, ctx);
+  }
+
+ private:
+  CpRing& ring_;
+  KvBlock sums_[2], incoming_;
+  std::unique_ptr<dist::Work> hop_;
+};
+
 }  // namespace
 
 void RingAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -230,7 +268,7 @@ void RingAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, co
   }
   SY_CHECK(dk.defined() && dv.defined() && dk.shape() == k.shape() && dv.shape() == k.shape())
       << kOp << ": dk and dv must be shaped like k " << ShapeString(k.shape());
-  const Ring ring{cp.size(), cp.rank()};
+  CpRing ring(cp);
   const Device device = q.device();
   RingAttentionStats local;
 
@@ -238,37 +276,24 @@ void RingAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, co
   Tensor delta = Tensor::Empty(lse.shape(), DType::kF32, device);
   kernels::AttentionBackwardDelta(out, dout, delta, ctx);
 
-  // k, v travel as in the forward. The dk, dv of the block held at step t >= 1 are summed in
-  // grads[t % 2] (this rank's share, plus the partial sum received from rank-1 into
-  // `incoming`) and sent on; at the end `incoming` receives the other ranks' sum for this
-  // rank's own block.
-  KvBlock blocks[2] = {KvBlock::Empty(d, device), {}}, grads[2], incoming;
-  if (ring.c > 1) {
-    blocks[1] = KvBlock::Empty(d, device);
-    grads[0] = KvBlock::Empty(d, device);
-    grads[1] = KvBlock::Empty(d, device);
-    incoming = KvBlock::Empty(d, device);
-  }
-  blocks[0].k_all().CopyFrom(k, ctx);
-  blocks[0].v_all().CopyFrom(v, ctx);
+  // k, v travel as in the forward; their dk, dv behind them.
+  RingBuffers kv = KvRing(ring, d, k, v, ctx);
+  TravellingGrads grads(ring, d, device);
   Tensor dq_b = Tensor::Empty(d.q_chunk(), DType::kF32, device);
   Tensor dk_b = Tensor::Empty(d.kv_chunk(), DType::kF32, device);
   Tensor dv_b = Tensor::Empty(d.kv_chunk(), DType::kF32, device);
   Accumulator dq_acc[2] = {{Half(dq, 0), &dq_b}, {Half(dq, 1), &dq_b}};
 
-  std::unique_ptr<dist::Work> kv_hop, grad_hop;
-  for (int t = 0; t < ring.c; ++t) {
-    if (kv_hop) kv_hop->Wait();
-    const KvBlock& held = blocks[t % 2];
-    kv_hop.reset();
-    if (t + 1 < ring.c) kv_hop = PostHop(cp, ring, held.t, blocks[(t + 1) % 2].t, kKvTag, local);
+  for (int t = 0; t < ring.size(); ++t) {
+    kv.Wait();
+    const KvBlock held{kv.held(), d};
+    if (t + 1 < ring.size()) kv.PostHop();
 
-    // This step's dk, dv: into this rank's own dk, dv at step 0, else into grads[t % 2].
-    KvBlock& sum = grads[t % 2];
+    // This step's dk, dv: into this rank's own dk, dv at step 0, else into grads.sum(t).
     Accumulator dk_acc[2], dv_acc[2];
     for (int h = 0; h < 2; ++h) {
-      dk_acc[h] = t == 0 ? Accumulator(Half(dk, h), &dk_b) : Accumulator(sum.k(h), &dk_b);
-      dv_acc[h] = t == 0 ? Accumulator(Half(dv, h), &dv_b) : Accumulator(sum.v(h), &dv_b);
+      dk_acc[h] = Accumulator(t == 0 ? Half(dk, h) : grads.sum(t).k(h), &dk_b);
+      dv_acc[h] = Accumulator(t == 0 ? Half(dv, h) : grads.sum(t).v(h), &dv_b);
     }
     ForEachComputedBlock(ring, t, d, local, [&](int qh, int kh, BlockKind kind) {
       kernels::AttentionBackward(Half(q, qh), held.k(kh), held.v(kh), Half(lse, qh),
@@ -283,21 +308,11 @@ void RingAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, co
       dk_acc[h].Finish(ctx);
       dv_acc[h].Finish(ctx);
     }
-    if (t == 0) continue;
-    // Add the partial sum of the ranks before this one (held since step 2), send it on,
-    // and receive the next partial sum (or, after the last step, this rank's own block's).
-    if (grad_hop) {
-      grad_hop->Wait();
-      kernels::Add(sum.t, incoming.t, sum.t, ctx);
-    }
-    grad_hop = PostHop(cp, ring, sum.t, incoming.t, kGradTag, local);
+    if (t > 0) grads.PassOn(t, ctx);
   }
   for (int h = 0; h < 2; ++h) dq_acc[h].Finish(ctx);
-  if (grad_hop) {
-    grad_hop->Wait();
-    kernels::Add(dk, incoming.k_all(), dk, ctx);
-    kernels::Add(dv, incoming.v_all(), dv, ctx);
-  }
+  grads.AddHome(dk, dv, ctx);
+  local.bytes_sent += ring.bytes_sent();
   AddStats(local, stats);
 }
 

@@ -1,12 +1,12 @@
-// Ring attention: causal attention over a sequence split by context parallelism (issue 14;
-// Liu et al. 2023, "Ring Attention with Blockwise Transformers"; the load-balanced chunk
-// assignment of Megatron-LM's context parallelism). Same math as kernels/attention.h on the
-// whole sequence; only the keys' location differs.
+// Ring attention: causal attention over a sequence split by context parallelism (Liu et al.
+// 2023, "Ring Attention with Blockwise Transformers"; the load-balanced chunk assignment of
+// Megatron-LM's context parallelism). Same math as kernels/attention.h on the whole
+// sequence; only the keys' location differs. This file is the algorithm; the ring's
+// communication (the hops to rank+1 and from rank-1) is engine/parallel/cp_ring.h's.
 //
-// Layout. The cp group has c ranks. Every sequence of S tokens is cut into 2c chunks of
-// Sc = S / (2c) positions, and cp rank i holds chunks i and 2c-1-i, so that every rank has
-// the same causal work. A local tensor has dim 0 = 2B: rows [0, B) are chunk i of each of
-// the B sequences, rows [B, 2B) are chunk 2c-1-i. So
+// Layout: context parallelism's local layout (engine/parallel/context_parallel.h), c cp
+// ranks, chunks of Sc = S / (2c) positions, rows [0, B) this rank's first chunk of each of
+// the B sequences and rows [B, 2B) its second. So
 //   q, out, dq (2B, Sc, Hq, hd)   k, v, dk, dv (2B, Sc, Hkv, hd)   lse (2B, Hq, Sc)
 // (kernels/attention.h's layout with "B" = 2B and "S" = Sc); slicing dim 0 gives each chunk.
 //

@@ -1,11 +1,11 @@
-// The MoE layer's first two phases, route and admit, for G routing groups (MODEL.md
-// sections 2 and 4), whole on this rank or split over a tensor-parallel group.
+// The MoE layer's first two phases, route and admit, for G routing groups (docs/model.md,
+// "The MoE layer"), whole on this rank or split over a tensor-parallel group.
 //
 // Whole groups (no tp): each group of T tokens is routed by RouterForward, its load-balancing
 // sums, aux and z computed, and its assignments admitted to capacity (AdmitToCapacity), as
 // on one rank.
 //
-// Groups split over tp (P ranks, MODEL.md section 4: the routing group stays whole): tp rank
+// Groups split over tp (P ranks; the routing group stays whole, docs/model.md): tp rank
 // r holds rows [r*T/P, (r+1)*T/P) of every group, and h (G * T/P, d) holds its rows of group
 // 0, then of group 1, ... For each group:
 //   1. this rank's router logits (T/P, E), the jitter keyed by the rows' global tokens
@@ -27,8 +27,8 @@
 // gradient, which the gradient sync sums over tp (router.weight is described
 // ReplicatedOver(kTp, grad_summed = true)).
 //
-// Groups whose tokens are not a contiguous block per rank (context parallelism: cp rank i
-// holds chunks i and 2c-1-i of every sequence, engine/parallel/context_parallel.h): a
+// Groups whose tokens are not a contiguous block per rank (context parallelism's two chunks
+// of every sequence per rank, engine/parallel/context_parallel.h): a
 // GroupLayout lists, for every rank of the group communicator, the runs of consecutive
 // group tokens its rows hold, in row order. The jitter is keyed by each row's global token,
 // the gathered logits are put in token order (one row gather) before step 3, and step 4

@@ -19,19 +19,15 @@
 // communicator, so a CUDA layer may hold a host (local) one; ep > 1 on CUDA needs the NCCL
 // communicator.
 //
-// Tensor (sequence) parallelism, MoEParallel::tp of P > 1 ranks (moe/group_routing.h): each
-// routing group of T tokens is split over the tp ranks, rank r holding its rows
-// [r*T/P, (r+1)*T/P). Forward gets this rank's rows of G groups, (G * T/P, d), with
-// group_tokens = T/P, and first_token = the global index of the first token of group 0
-// (the same on every tp rank): row i of this rank's piece of group g is token
-// first_token + g*T + r*T/P + i. MODEL.md section 4 keeps the group whole: each rank
-// computes the router logits of its rows, the logits (T/P, E) are all-gathered over tp, and
-// every tp rank runs the one-rank routing of the whole group (top-k, admission under either
-// drop policy, aux, z) identically, then dispatches its own rows over ep as without tp (under
-// Megatron's folding the ep group of the expert view contains the tp ranks). Backward: each
-// rank back-propagates only its own rows (the gates of its tokens, the aux and z terms of
-// its rows), so the router's and the shared experts' gradients are partial, summed over tp
-// by the gradient sync (both described ReplicatedOver(kTp, grad_summed = true)). Statistics
+// Tensor (sequence) parallelism, MoEParallel::tp of P > 1 ranks: each routing group of T
+// tokens is split over the tp ranks and routed whole on every tp rank from all-gathered
+// router logits; moe/group_routing.h explains the split, the routing and its backward.
+// Forward gets this rank's rows of G groups, (G * T/P, d), with group_tokens = T/P, and
+// first_token = the global index of the first token of group 0 (the same on every tp
+// rank). Each rank dispatches its own rows over ep as without tp (under Megatron's folding
+// the ep group of the expert view contains the tp ranks) and back-propagates only its own
+// rows, so the router's and the shared experts' gradients are partial, summed over tp by
+// the gradient sync (both described ReplicatedOver(kTp, grad_summed = true)). Statistics
 // count this rank's rows; groups, aux and z sums are reported by tp rank 0, so sums over
 // tp x dp are the one-rank numbers. MoEGroupValues are the whole groups', the same on every
 // tp rank.

@@ -185,6 +185,89 @@ std::string IndexText(const std::vector<SaveItem>& plan, int world, const FileSu
          absl::StrJoin(tensors, ",\n") + "}}\n";
 }
 
+namespace {
+
+// "weight_map" (tensor name -> file) and metadata.total_size into *out (format 1 and 2).
+Status ParseWeightMap(const json& index, const json& metadata, const std::string& path,
+                      CheckpointIndex* out) {
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!IsFileName(file)) {
+      return DataLoss(path, ": tensor '", name, "' maps to ", file.dump(), ", not a file name");
+    }
+    out->weight_map[name] = file.get<std::string>();
+  }
+  if (metadata.is_object() && metadata.contains("total_size")) {
+    if (!metadata["total_size"].is_number_unsigned()) {
+      return DataLoss(path, ": total_size is ", metadata["total_size"].dump());
+    }
+    out->total_size = metadata["total_size"].get<int64_t>();
+  }
+  return OkStatus();
+}
+
+// The optional "files" object (file name -> {"crc32", "bytes"}) into out->files.
+Status ParseFileSums(const json& index, const std::string& path, CheckpointIndex* out) {
+  if (!index.contains("files")) return OkStatus();
+  const json& files = index["files"];
+  if (!files.is_object()) return DataLoss(path, ": \"files\" is not an object");
+  for (const auto& [name, sum] : files.items()) {
+    const json crc = sum.is_object() && sum.contains("crc32") ? sum["crc32"] : json();
+    const json bytes = sum.is_object() && sum.contains("bytes") ? sum["bytes"] : json();
+    std::string hex = crc.is_string() ? crc.get<std::string>() : "";
+    const bool is_hex = hex.size() == 8 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!IsFileName(json(name)) || !is_hex || !bytes.is_number_unsigned()) {
+      return DataLoss(path, ": files: entry '", name, "' is ", sum.dump(),
+                      ", not {\"crc32\": 8 hex digits, \"bytes\": N}");
+    }
+    out->files[name] = {static_cast<uint32_t>(std::stoul(hex, nullptr, 16)), bytes.get<uint64_t>()};
+  }
+  return OkStatus();
+}
+
+// The "tensors" object of format 2 into out->tensors, each checked against the weight map
+// (a model tensor stored whole in one file is listed there, and only such a tensor), and
+// the model tensors' bytes against total_size.
+Status ParseTensors(const json& index, const std::string& path, int format_version,
+                    CheckpointIndex* out) {
+  if (!index.contains("tensors") || !index["tensors"].is_object()) {
+    return DataLoss(path, ": no \"tensors\" object (format ", format_version,
+                    " lists every tensor's pieces there)");
+  }
+  uint64_t total = 0;
+  for (const auto& [name, entry] : index["tensors"].items()) {
+    IndexTensor t;
+    std::string bad;
+    if (!ReadTensor(entry, t, bad)) return DataLoss(path, ": tensor '", name, "': ", bad);
+    if (t.file == kModelTensors) {
+      for (const IndexPiece& p : t.pieces) total += static_cast<uint64_t>(p.piece.numel()) * SizeOf(t.dtype);
+    }
+    const std::string whole = WholeIn(t);
+    const auto listed = out->weight_map.find(name);
+    if (!whole.empty() && listed == out->weight_map.end()) {
+      return DataLoss(path, ": weight_map misses '", name, "', a model tensor stored whole in ",
+                      whole);
+    }
+    if (listed != out->weight_map.end() && listed->second != whole) {
+      return DataLoss(path, ": weight_map maps '", name, "' to ", listed->second,
+                      whole.empty() ? std::string(", but it is not stored whole in one file")
+                                    : ", but its piece is in " + whole);
+    }
+    out->tensors.emplace(name, std::move(t));
+  }
+  for (const auto& [name, file] : out->weight_map) {
+    if (!out->tensors.count(name)) {
+      return DataLoss(path, ": weight_map lists '", name, "', which \"tensors\" does not");
+    }
+  }
+  if (out->total_size >= 0 && static_cast<uint64_t>(out->total_size) != total) {
+    return DataLoss(path, ": total_size ", out->total_size, " but the tensors hold ", total,
+                    " bytes");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<CheckpointIndex> ParseIndex(const std::string& text, const std::string& path,
                                      int format_version) {
   json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -202,69 +285,10 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& text, const std::string&
     }
   }
   CheckpointIndex out;
-  for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!IsFileName(file)) {
-      return DataLoss(path, ": tensor '", name, "' maps to ", file.dump(), ", not a file name");
-    }
-    out.weight_map[name] = file.get<std::string>();
-  }
-  if (metadata.is_object() && metadata.contains("total_size")) {
-    if (!metadata["total_size"].is_number_unsigned()) {
-      return DataLoss(path, ": total_size is ", metadata["total_size"].dump());
-    }
-    out.total_size = metadata["total_size"].get<int64_t>();
-  }
-  if (index.contains("files")) {
-    const json& files = index["files"];
-    if (!files.is_object()) return DataLoss(path, ": \"files\" is not an object");
-    for (const auto& [name, sum] : files.items()) {
-      const json crc = sum.is_object() && sum.contains("crc32") ? sum["crc32"] : json();
-      const json bytes = sum.is_object() && sum.contains("bytes") ? sum["bytes"] : json();
-      std::string hex = crc.is_string() ? crc.get<std::string>() : "";
-      const bool is_hex = hex.size() == 8 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
-      if (!IsFileName(json(name)) || !is_hex || !bytes.is_number_unsigned()) {
-        return DataLoss(path, ": files: entry '", name, "' is ", sum.dump(),
-                        ", not {\"crc32\": 8 hex digits, \"bytes\": N}");
-      }
-      out.files[name] = {static_cast<uint32_t>(std::stoul(hex, nullptr, 16)), bytes.get<uint64_t>()};
-    }
-  }
+  SY_RETURN_IF_ERROR(ParseWeightMap(index, metadata, path, &out));
+  SY_RETURN_IF_ERROR(ParseFileSums(index, path, &out));
   if (format_version < 2) return out;
-
-  if (!index.contains("tensors") || !index["tensors"].is_object()) {
-    return DataLoss(path, ": no \"tensors\" object (format ", format_version,
-                    " lists every tensor's pieces there)");
-  }
-  uint64_t total = 0;
-  for (const auto& [name, entry] : index["tensors"].items()) {
-    IndexTensor t;
-    std::string bad;
-    if (!ReadTensor(entry, t, bad)) return DataLoss(path, ": tensor '", name, "': ", bad);
-    if (t.file == kModelTensors) {
-      for (const IndexPiece& p : t.pieces) total += static_cast<uint64_t>(p.piece.numel()) * SizeOf(t.dtype);
-    }
-    const std::string whole = WholeIn(t);
-    const auto listed = out.weight_map.find(name);
-    if (!whole.empty() && listed == out.weight_map.end()) {
-      return DataLoss(path, ": weight_map misses '", name, "', a model tensor stored whole in ",
-                      whole);
-    }
-    if (listed != out.weight_map.end() && listed->second != whole) {
-      return DataLoss(path, ": weight_map maps '", name, "' to ", listed->second,
-                      whole.empty() ? std::string(", but it is not stored whole in one file")
-                                    : ", but its piece is in " + whole);
-    }
-    out.tensors.emplace(name, std::move(t));
-  }
-  for (const auto& [name, file] : out.weight_map) {
-    if (!out.tensors.count(name)) {
-      return DataLoss(path, ": weight_map lists '", name, "', which \"tensors\" does not");
-    }
-  }
-  if (out.total_size >= 0 && static_cast<uint64_t>(out.total_size) != total) {
-    return DataLoss(path, ": total_size ", out.total_size, " but the tensors hold ", total,
-                    " bytes");
-  }
+  SY_RETURN_IF_ERROR(ParseTensors(index, path, format_version, &out));
   IndexFiles(out);
   return out;
 }

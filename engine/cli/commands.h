@@ -27,7 +27,7 @@ int RunPrep(const std::vector<std::string>& args);
 // [--layer N] [--set section.key=value ...]: forward and backward of one MoE layer on the
 // tensors of a safetensors file (any number of ranks under mpirun); see docs/moe-layer.md.
 int RunTrain(const std::vector<std::string>& args);
-int RunMoeLayer(const std::vector<std::string>& args);
+int RunMoELayer(const std::vector<std::string>& args);
 
 // switchyard eval --checkpoint DIR [--data DIR] [--batches N] [--json] [--set k=v ...]:
 // validation loss, perplexity and per-MoE-layer routing statistics of a checkpoint in eval

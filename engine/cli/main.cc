@@ -25,7 +25,7 @@ constexpr Command kCommands[] = {
      RunPrep},
     {"train", "train a model from a config (one rank, or many under mpirun)", RunTrain},
     {"eval", "validation loss, perplexity and routing statistics of a checkpoint", RunEval},
-    {"moe-layer", "forward and backward of one MoE layer on tensors from a file", RunMoeLayer},
+    {"moe-layer", "forward and backward of one MoE layer on tensors from a file", RunMoELayer},
     {"route", "each token's experts, gates and drops in every MoE layer for a text", RunRoute},
     {"export", "write a checkpoint as a Hugging Face MixtralForCausalLM directory", RunExport},
     {"import", "a Hugging Face MixtralForCausalLM directory as a checkpoint", RunImport},

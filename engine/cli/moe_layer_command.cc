@@ -286,6 +286,107 @@ void PrintSummary(const Inputs& in, const config::Config& config, const Flags& f
 
 // ---- The command ---------------------------------------------------------------------
 
+// `x` on `device` (undefined stays undefined).
+Tensor OnDevice(const Tensor& x, const Device& device, DeviceContext* ctx) {
+  return x.defined() ? x.To(device, ctx) : Tensor();
+}
+
+// This rank's MoE layer on `device`: the router (and expert bias), its experts (a view of
+// the global tensors, dim 0 [first, first + E_l)) and the shared experts. The experts'
+// error first, then the shared experts'.
+StatusOr<std::unique_ptr<moe::MoELayer>> BuildLayer(const Inputs& in, const moe::MoEConfig& c,
+                                                    int layer_id, Communicator& ep,
+                                                    const Device& device, DeviceContext* ctx) {
+  auto on_device = [&](const Tensor& x) { return OnDevice(x, device, ctx); };
+  const int64_t per_rank = c.num_experts / ep.size(), first = ep.rank() * per_rank;
+  auto rows = [&](const Tensor& all) {
+    return all.defined() ? all.Slice(first, first + per_rank) : Tensor();
+  };
+  moe::ExpertsParams local{on_device(rows(in.experts.w1)), on_device(rows(in.experts.w2)),
+                           on_device(rows(in.experts.w3)), on_device(rows(in.experts.b1)),
+                           on_device(rows(in.experts.b2))};
+  StatusOr<moe::Experts> experts = moe::Experts::FromTensors(
+      moe::RoutedExpertsOptions(c, first, per_rank, device), local, ctx);
+  std::optional<moe::DenseMlp> shared;
+  Status shared_status;
+  if (c.num_shared_experts > 0) {
+    // The file's 2-d shared tensors as one expert: (d, H) -> (1, d, H), ...
+    auto one = [&](const Tensor& x) {
+      if (!x.defined()) return Tensor();
+      Shape s = x.shape();
+      s.insert(s.begin(), 1);
+      return on_device(x.Reshape(s));
+    };
+    StatusOr<moe::Experts> s = moe::Experts::FromTensors(
+        moe::SharedExpertsOptions(c, device),
+        {one(in.shared.w1), one(in.shared.w2), one(in.shared.w3), one(in.shared.b1),
+         one(in.shared.b2)},
+        ctx);
+    if (s.ok()) shared.emplace(std::move(*s));
+    shared_status = s.status();
+  }
+  SY_RETURN_IF_ERROR(experts.ok() ? shared_status : experts.status());
+  return std::make_unique<moe::MoELayer>(c, layer_id, &ep, on_device(in.router_weight),
+                                         std::move(*experts), std::move(shared),
+                                         on_device(in.expert_bias), ctx);
+}
+
+// Every output whole on every rank (only rank 0 writes them): y and grad.x gathered over
+// the groups, the parameter gradients summed over the ranks that share them, the per-group
+// losses and counts. `gl` groups of `t` tokens on this rank, `g` in all.
+SafetensorsFile GatherOutputs(Communicator& world, dist::ParallelContext& pc,
+                              moe::MoELayer& layer, const moe::MoEForward& fwd, const Tensor& dh,
+                              int64_t g, int64_t gl, int64_t t, DeviceContext* ctx) {
+  auto on_host = [&](const Tensor& x) { return x.To(Device::Cpu(), ctx); };
+  const int64_t d = dh.dim(1), e = layer.config().num_experts;
+  SafetensorsFile out;
+  out.tensors["y"] = Gather(world, on_host(fwd.y)).Reshape({g, t, d});
+  out.tensors["grad.x"] = Gather(world, on_host(dh)).Reshape({g, t, d});
+  Tensor grad_router = on_host(layer.grad_router_weight());
+  world.AllReduce(grad_router, ReduceOp::kSum);
+  out.tensors["grad.router.weight"] = grad_router;
+  for (parallel::Parameter& param : layer.experts().Parameters()) {
+    Tensor grad = on_host(param.grad);
+    pc.edp().AllReduce(grad, ReduceOp::kSum);  // same experts, other tokens
+    out.tensors["grad.experts." + param.name] = Gather(pc.ep(), grad);
+  }
+  if (moe::DenseMlp* mlp = layer.shared()) {
+    for (parallel::Parameter& param : mlp->experts().Parameters()) {
+      Tensor grad = on_host(param.grad);
+      world.AllReduce(grad, ReduceOp::kSum);
+      Shape s(grad.shape().begin() + 1, grad.shape().end());
+      out.tensors["grad.shared." + param.name] = grad.Reshape(s);
+    }
+  }
+  out.tensors["aux_loss"] = Gather(world, Tensor::FromVector(fwd.groups.aux, {gl}));
+  out.tensors["z_loss"] = Gather(world, Tensor::FromVector(fwd.groups.z, {gl}));
+  out.tensors["tokens_per_expert"] =
+      Gather(world, Tensor::FromVector(fwd.groups.tokens_per_expert_kept, {gl, e}));
+  out.tensors["dropped"] = Gather(world, Tensor::FromVector(fwd.groups.dropped, {gl}));
+  return out;
+}
+
+// Rank 0: the metadata, the summary on stdout and the output file.
+Status WriteOutputs(const Inputs& in, const config::Config& config, const Flags& f,
+                    const dist::Mesh& mesh, int ranks, const moe::MoEStats& stats,
+                    SafetensorsFile& out) {
+  out.metadata = {{"command", "switchyard moe-layer"},
+                  {"mode", f.mode},
+                  {"step", std::to_string(f.step)},
+                  {"layer", std::to_string(f.layer)},
+                  {"ranks", std::to_string(ranks)},
+                  {"ep", std::to_string(mesh.ep())},
+                  {"edp", std::to_string(mesh.edp())},
+                  {"config", config.ToYaml()}};
+  PrintSummary(in, config, f, mesh, out, stats);
+  Status written = WriteSafetensors(f.out, out);
+  if (written.ok()) {
+    std::printf("wrote %s (%zu tensors)\n", f.out.c_str(), out.tensors.size());
+  }
+  std::fflush(stdout);
+  return written;
+}
+
 int Run(const std::vector<std::string>& args) {
   std::unique_ptr<Communicator> world = dist::WorldCommunicator();
   const int rank = world->rank(), ranks = world->size();
@@ -316,112 +417,38 @@ int Run(const std::vector<std::string>& args) {
       dist::ParallelContext::Create(*world, *mesh);
   if (int rc = Agree(*world, pc_or.status(), kExitUsage); rc != kExitOk) return rc;
   dist::ParallelContext& pc = **pc_or;
-  Communicator& ep = pc.ep();
-  Communicator& edp = pc.edp();
   // runtime.device / runtime.precision (one rank on a GPU): the layer and its inputs move
   // there; the results come back to the host before they are gathered and written.
   StatusOr<train::Runtime> rt = train::MakeRuntime(config->runtime, *world, *mesh);
   if (int rc = Agree(*world, rt.status(), kExitUsage); rc != kExitOk) return rc;
   DeviceContext* ctx = rt->ctx.get();
   const Device device = rt->device();
-  auto on_device = [&](const Tensor& x) { return x.defined() ? x.To(device, ctx) : Tensor(); };
-  auto on_host = [&](const Tensor& x) { return x.To(Device::Cpu(), ctx); };
-
-  // This rank's experts: a view of the global tensors, dim 0 [first, first + E_l).
-  const int64_t d = c.d_model, e = c.num_experts, t = in.tokens, g = in.groups;
-  const int64_t per_rank = c.num_experts / ep.size(), first = ep.rank() * per_rank;
-  auto rows = [&](const Tensor& all) {
-    return all.defined() ? all.Slice(first, first + per_rank) : Tensor();
-  };
-  moe::ExpertsParams local{on_device(rows(in.experts.w1)), on_device(rows(in.experts.w2)),
-                           on_device(rows(in.experts.w3)), on_device(rows(in.experts.b1)),
-                           on_device(rows(in.experts.b2))};
-  StatusOr<moe::Experts> experts = moe::Experts::FromTensors(
-      moe::RoutedExpertsOptions(c, first, per_rank, device), local, ctx);
-  std::optional<moe::DenseMlp> shared;
-  Status shared_status;
-  if (c.num_shared_experts > 0) {
-    // The file's 2-d shared tensors as one expert: (d, H) -> (1, d, H), ...
-    auto one = [&](const Tensor& x) {
-      if (!x.defined()) return Tensor();
-      Shape s = x.shape();
-      s.insert(s.begin(), 1);
-      return on_device(x.Reshape(s));
-    };
-    StatusOr<moe::Experts> s = moe::Experts::FromTensors(
-        moe::SharedExpertsOptions(c, device),
-        {one(in.shared.w1), one(in.shared.w2), one(in.shared.w3), one(in.shared.b1),
-         one(in.shared.b2)},
-        ctx);
-    if (s.ok()) shared.emplace(std::move(*s));
-    shared_status = s.status();
-  }
-  Status params_status = experts.ok() ? shared_status : experts.status();
-  if (int rc = Agree(*world, params_status, kExitFailure); rc != kExitOk) return rc;
-  moe::MoELayer layer(c, f.layer, &ep, on_device(in.router_weight), std::move(*experts),
-                      std::move(shared), on_device(in.expert_bias), ctx);
+  StatusOr<std::unique_ptr<moe::MoELayer>> layer =
+      BuildLayer(in, c, f.layer, pc.ep(), device, ctx);
+  if (int rc = Agree(*world, layer.status(), kExitFailure); rc != kExitOk) return rc;
 
   // This rank's groups [g0, g0 + gl): forward, then backward of
   // L = sum(y * dy) + mean over all G groups of (aux + z).
+  const int64_t d = c.d_model, t = in.tokens, g = in.groups;
   const int64_t gl = g / ranks, g0 = rank * gl;
   const bool training = f.mode == "train";
-  Tensor h = on_device(in.x.Slice(g0, g0 + gl).Reshape({gl * t, d}));
-  Tensor dy = on_device(in.dy.Slice(g0, g0 + gl).Reshape({gl * t, d}));
-  moe::MoEForward fwd = layer.Forward(h, t, training, f.step, g0 * t, ctx);
+  Tensor h = OnDevice(in.x.Slice(g0, g0 + gl).Reshape({gl * t, d}), device, ctx);
+  Tensor dy = OnDevice(in.dy.Slice(g0, g0 + gl).Reshape({gl * t, d}), device, ctx);
+  moe::MoEForward fwd = (*layer)->Forward(h, t, training, f.step, g0 * t, ctx);
   const std::vector<float> dloss(gl, 1.0f / static_cast<float>(g));
-  Tensor dh = layer.Backward(fwd.acts, dy, dloss, dloss, ctx);
+  Tensor dh = (*layer)->Backward(fwd.acts, dy, dloss, dloss, ctx);
 
-  // Whole tensors everywhere (only rank 0 writes them).
-  SafetensorsFile out;
-  out.tensors["y"] = Gather(*world, on_host(fwd.y)).Reshape({g, t, d});
-  out.tensors["grad.x"] = Gather(*world, on_host(dh)).Reshape({g, t, d});
-  Tensor grad_router = on_host(layer.grad_router_weight());
-  world->AllReduce(grad_router, ReduceOp::kSum);
-  out.tensors["grad.router.weight"] = grad_router;
-  for (parallel::Parameter& param : layer.experts().Parameters()) {
-    Tensor grad = on_host(param.grad);
-    edp.AllReduce(grad, ReduceOp::kSum);  // same experts, other tokens
-    out.tensors["grad.experts." + param.name] = Gather(ep, grad);
-  }
-  if (moe::DenseMlp* mlp = layer.shared()) {
-    for (parallel::Parameter& param : mlp->experts().Parameters()) {
-      Tensor grad = on_host(param.grad);
-      world->AllReduce(grad, ReduceOp::kSum);
-      Shape s(grad.shape().begin() + 1, grad.shape().end());
-      out.tensors["grad.shared." + param.name] = grad.Reshape(s);
-    }
-  }
-  out.tensors["aux_loss"] = Gather(*world, Tensor::FromVector(fwd.groups.aux, {gl}));
-  out.tensors["z_loss"] = Gather(*world, Tensor::FromVector(fwd.groups.z, {gl}));
-  out.tensors["tokens_per_expert"] =
-      Gather(*world, Tensor::FromVector(fwd.groups.tokens_per_expert_kept, {gl, e}));
-  out.tensors["dropped"] = Gather(*world, Tensor::FromVector(fwd.groups.dropped, {gl}));
+  SafetensorsFile out = GatherOutputs(*world, pc, **layer, fwd, dh, g, gl, t, ctx);
   moe::MoEStats stats = fwd.stats;
   stats.AllReduce(*world);
-
   Status written;
-  if (rank == 0) {
-    out.metadata = {{"command", "switchyard moe-layer"},
-                    {"mode", f.mode},
-                    {"step", std::to_string(f.step)},
-                    {"layer", std::to_string(f.layer)},
-                    {"ranks", std::to_string(ranks)},
-                    {"ep", std::to_string(mesh->ep())},
-                    {"edp", std::to_string(mesh->edp())},
-                    {"config", config->ToYaml()}};
-    PrintSummary(in, *config, f, *mesh, out, stats);
-    written = WriteSafetensors(f.out, out);
-    if (written.ok()) {
-      std::printf("wrote %s (%zu tensors)\n", f.out.c_str(), out.tensors.size());
-    }
-    std::fflush(stdout);
-  }
+  if (rank == 0) written = WriteOutputs(in, *config, f, *mesh, ranks, stats, out);
   return Agree(*world, written, kExitFailure);
 }
 
 }  // namespace
 
-int RunMoeLayer(const std::vector<std::string>& args) {
+int RunMoELayer(const std::vector<std::string>& args) {
   return RunInProcess(kCommand, Run, args);
 }
 

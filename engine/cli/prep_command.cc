@@ -82,37 +82,31 @@ void PrintProgress(const data::EncodeProgress& p, bool tty) {
   std::fflush(stdout);
 }
 
-}  // namespace
-
-int RunPrep(const std::vector<std::string>& args) {
-  data::PrepOptions options;
+// The flags whose text is parsed after FlagSet (numbers FlagSet has no type for, and the
+// format), with their defaults.
+struct PrepFlagText {
   std::string val_fraction = "0.05", seed = "0", sample_bytes = "16777216", format = "auto";
   int max_docs = 0;
-  int shard_tokens = static_cast<int>(options.shard_tokens);
-  FlagSet flags(kCommand,
-                "Trains a SentencePiece BPE tokenizer on a sample of text or JSONL files (or "
-                "uses --tokenizer)\nand writes token shards and index.json into --out. FILEs "
-                "(files, folders, globs; plain,\ngzip or zstd) are split into documents at "
-                "lines holding only \"%\" (fortune files) or else\nat blank lines; JSONL "
-                "lines are documents. A file's label is its stem (de.txt.gz -> de)\nunless "
-                "--label or --label-key is given. Without FILEs it reads Debian's fortune "
-                "files in\nseveral languages from /usr/share/games/fortunes (bash "
-                "scripts/setup.sh installs them).\nusage: switchyard prep --out DIR [flags] "
-                "[FILE ...]. See docs/data.md.");
+  int shard_tokens = 0;
+};
+
+// Declares every flag of `switchyard prep`, writing into options and text.
+void AddPrepFlags(FlagSet& flags, data::PrepOptions& options, PrepFlagText& text) {
   flags.AddString("out", &options.out_dir, "output folder", /*required=*/true);
   flags.AddInt("vocab", &options.vocab_size, "vocabulary size (default 2000)");
-  flags.AddString("val-fraction", &val_fraction,
+  flags.AddString("val-fraction", &text.val_fraction,
                   "expected share of documents in validation (default 0.05)");
-  flags.AddString("seed", &seed, "seed of the split, the sampling and the tokenizer (default 0)");
-  flags.AddInt("max-docs-per-label", &max_docs,
+  flags.AddString("seed", &text.seed,
+                  "seed of the split, the sampling and the tokenizer (default 0)");
+  flags.AddInt("max-docs-per-label", &text.max_docs,
                "keep at most N documents per label, a seeded sample (default 0: all)");
   flags.AddString("label", &options.label, "label of every FILE (default: each file's stem)");
-  flags.AddInt("shard-tokens", &shard_tokens, "tokens per shard at most (default 16777216)");
+  flags.AddInt("shard-tokens", &text.shard_tokens, "tokens per shard at most (default 16777216)");
   flags.AddString(
       "fortunes", &options.fortune_root,
       "the fortune folder read when no FILE is given (default /usr/share/games/fortunes)");
   flags.AddBool("force", &options.force, "replace a previous prep output in --out");
-  flags.AddString("format", &format,
+  flags.AddString("format", &text.format,
                   "auto, text or jsonl (default auto: *.jsonl, *.ndjson, *.json are JSONL)");
   flags.AddString("json-key", &options.read.json_key,
                   "JSONL: the key holding a document's text (default text)");
@@ -121,40 +115,39 @@ int RunPrep(const std::vector<std::string>& args) {
   flags.AddBool("strict", &options.read.strict, "a bad JSONL line is an error, not skipped");
   flags.AddString("tokenizer", &options.tokenizer_path,
                   "an existing SentencePiece model to use instead of training one");
-  flags.AddString("tokenizer-sample-bytes", &sample_bytes,
+  flags.AddString("tokenizer-sample-bytes", &text.sample_bytes,
                   "text the tokenizer is trained on, a seeded sample (default 16777216)");
   flags.AddInt("threads", &options.threads, "encoding threads (default 0: every core)");
+}
 
-  std::vector<std::string> flag_args;
-  SplitArgs(args, &flag_args, &options.files);
-  if (Status status = flags.Parse(flag_args); !status.ok()) {
-    return UsageError(kCommand, std::string(status.message()));
-  }
-  if (flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return kExitOk;
-  }
-  Status status = ParseDouble("val-fraction", val_fraction, &options.val_fraction);
-  if (status.ok()) status = ParseUnsigned("seed", seed, &options.seed);
+// The parsed flag text into options, then options.Validate(); the first error.
+Status ApplyFlagText(const PrepFlagText& text, data::PrepOptions* options) {
+  Status status = ParseDouble("val-fraction", text.val_fraction, &options->val_fraction);
+  if (status.ok()) status = ParseUnsigned("seed", text.seed, &options->seed);
   if (status.ok()) {
-    status = ParseUnsigned("tokenizer-sample-bytes", sample_bytes, &options.tokenizer_sample_bytes);
+    status = ParseUnsigned("tokenizer-sample-bytes", text.sample_bytes,
+                           &options->tokenizer_sample_bytes);
   }
   if (status.ok()) {
-    if (format == "auto") {
-      options.read.format = data::InputFormat::kAuto;
-    } else if (format == "text") {
-      options.read.format = data::InputFormat::kText;
-    } else if (format == "jsonl") {
-      options.read.format = data::InputFormat::kJsonl;
+    if (text.format == "auto") {
+      options->read.format = data::InputFormat::kAuto;
+    } else if (text.format == "text") {
+      options->read.format = data::InputFormat::kText;
+    } else if (text.format == "jsonl") {
+      options->read.format = data::InputFormat::kJsonl;
     } else {
-      status = InvalidArgument("--format must be auto, text or jsonl, got \"", format, "\"");
+      status = InvalidArgument("--format must be auto, text or jsonl, got \"", text.format, "\"");
     }
   }
-  options.max_docs_per_label = max_docs;
-  options.shard_tokens = shard_tokens;
-  if (status.ok()) status = options.Validate();
-  if (!status.ok()) return UsageError(kCommand, std::string(status.message()));
+  options->max_docs_per_label = text.max_docs;
+  options->shard_tokens = text.shard_tokens;
+  if (status.ok()) status = options->Validate();
+  return status;
+}
 
+// Runs prep with its progress on stdout (one line rewritten in place on a terminal), then
+// the summary table; the exit code.
+int PrepareAndReport(const data::PrepOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   bool progress_shown = false;
@@ -193,6 +186,39 @@ int RunPrep(const std::vector<std::string>& args) {
   std::printf("\n%s", data::SummaryTable(*index).c_str());
   std::printf("wrote %s in %.1f s\n", options.out_dir.c_str(), seconds);
   return kExitOk;
+}
+
+}  // namespace
+
+int RunPrep(const std::vector<std::string>& args) {
+  data::PrepOptions options;
+  PrepFlagText text;
+  text.shard_tokens = static_cast<int>(options.shard_tokens);
+  FlagSet flags(kCommand,
+                "Trains a SentencePiece BPE tokenizer on a sample of text or JSONL files (or "
+                "uses --tokenizer)\nand writes token shards and index.json into --out. FILEs "
+                "(files, folders, globs; plain,\ngzip or zstd) are split into documents at "
+                "lines holding only \"%\" (fortune files) or else\nat blank lines; JSONL "
+                "lines are documents. A file's label is its stem (de.txt.gz -> de)\nunless "
+                "--label or --label-key is given. Without FILEs it reads Debian's fortune "
+                "files in\nseveral languages from /usr/share/games/fortunes (bash "
+                "scripts/setup.sh installs them).\nusage: switchyard prep --out DIR [flags] "
+                "[FILE ...]. See docs/data.md.");
+  AddPrepFlags(flags, options, text);
+
+  std::vector<std::string> flag_args;
+  SplitArgs(args, &flag_args, &options.files);
+  if (Status status = flags.Parse(flag_args); !status.ok()) {
+    return UsageError(kCommand, std::string(status.message()));
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return kExitOk;
+  }
+  if (Status status = ApplyFlagText(text, &options); !status.ok()) {
+    return UsageError(kCommand, std::string(status.message()));
+  }
+  return PrepareAndReport(options);
 }
 
 }  // namespace switchyard::cli

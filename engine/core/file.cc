@@ -1,13 +1,54 @@
 #include "engine/core/file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 namespace switchyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+// `path` without a trailing '/' or '.' parts, so that its parent and name are its folder's.
+fs::path Normal(const std::string& path) {
+  fs::path p = fs::absolute(path).lexically_normal();
+  return p.has_filename() ? p : p.parent_path();
+}
+
+// Renames `staging` over the existing directory `final_dir`, leaving the old directory at
+// *old (staging's name after an exchange, or `aside` after the fallback).
+Status ReplaceDirectory(const std::string& staging, const std::string& final_dir,
+                        const std::string& aside, std::string* old) {
+  // Swap the two directories in one step; the old one ends up under the staging name.
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    *old = staging;
+    return OkStatus();
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    return FailedPrecondition(final_dir, ": exchange failed (", std::strerror(errno), ")");
+  }
+  // A filesystem without RENAME_EXCHANGE: move the old one aside first.
+  if (std::rename(final_dir.c_str(), aside.c_str()) != 0) {
+    return FailedPrecondition(final_dir, ": rename failed (", std::strerror(errno), ")");
+  }
+  if (std::rename(staging.c_str(), final_dir.c_str()) != 0) {
+    const int err = errno;
+    std::rename(aside.c_str(), final_dir.c_str());
+    return FailedPrecondition(final_dir, ": rename failed (", std::strerror(err), ")");
+  }
+  *old = aside;
+  return OkStatus();
+}
+
+}  // namespace
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   struct stat st;
@@ -20,6 +61,78 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   s << in.rdbuf();
   if (in.bad()) return DataLoss(path, ": read failed");
   return s.str();
+}
+
+int WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t done = ::write(fd, p, std::min<size_t>(n, 1u << 30));
+    if (done < 0 && errno == EINTR) continue;
+    if (done < 0) return errno;
+    p += done;
+    n -= static_cast<size_t>(done);
+  }
+  return 0;
+}
+
+Status WriteFileThroughTemporary(const std::string& path, const std::function<int(int fd)>& write) {
+  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return FailedPrecondition(tmp, ": cannot create (", std::strerror(errno), ")");
+  if (const int err = write(fd); err != 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return FailedPrecondition(tmp, ": write failed (", std::strerror(err), ")");
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return FailedPrecondition(tmp, ": fsync/close failed (", std::strerror(err), ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return FailedPrecondition(path, ": rename failed (", std::strerror(err), ")");
+  }
+  return OkStatus();
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  return WriteFileThroughTemporary(
+      path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size()); });
+}
+
+Status FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return FailedPrecondition(dir, ": cannot open (", std::strerror(errno), ")");
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return FailedPrecondition(dir, ": fsync failed (", std::strerror(err), ")");
+  return OkStatus();
+}
+
+Status PublishDirectory(const std::string& staging, const std::string& final_dir) {
+  SY_RETURN_IF_ERROR(FsyncDir(staging));
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(final_dir, ec);
+  std::string old;  // the replaced directory, once staging is in place
+  if (!fs::exists(st)) {
+    if (std::rename(staging.c_str(), final_dir.c_str()) != 0) {
+      return FailedPrecondition(final_dir, ": rename failed (", std::strerror(errno), ")");
+    }
+  } else if (!fs::is_directory(st)) {
+    return FailedPrecondition(final_dir, ": exists and is not a directory; not replacing it");
+  } else {
+    const fs::path normal = Normal(final_dir);
+    const std::string aside =
+        (normal.parent_path() / StrCat(".", normal.filename().string(), ".old-", ::getpid()))
+            .string();
+    SY_RETURN_IF_ERROR(ReplaceDirectory(staging, final_dir, aside, &old));
+  }
+  const Status synced = FsyncDir(Normal(final_dir).parent_path().string());
+  if (!old.empty()) fs::remove_all(old, ec);
+  return synced;
 }
 
 }  // namespace switchyard

@@ -1,6 +1,10 @@
-// Reading whole files: the one reader every config, index and state file goes through.
+// Files on disk: the one reader every config, index and state file goes through, the
+// atomic write every JSON, shard and tensor file goes through, and the atomic, durable
+// publish of a finished directory (a checkpoint's step directory, a prep output).
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 
 #include "engine/core/status.h"
@@ -10,5 +14,31 @@ namespace switchyard {
 // The bytes of `path`. NotFound (naming the path and the system's reason) when it cannot be
 // opened, InvalidArgument when it is a directory, DataLoss when the read fails part way.
 StatusOr<std::string> ReadFile(const std::string& path);
+
+// Writes all `n` bytes of `data` to `fd`, retrying short writes and EINTR; 0, or the errno of
+// the failure.
+int WriteAll(int fd, const void* data, size_t n);
+
+// Writes `path` through "<path>.tmp.<pid>": `write(fd)` fills the temporary file (returning
+// 0, or an errno on failure), then fsync, close and rename over `path`. FailedPrecondition
+// naming the file and the system's reason on any failure, with the temporary file removed
+// and `path` untouched.
+Status WriteFileThroughTemporary(const std::string& path, const std::function<int(int fd)>& write);
+
+// Writes `bytes` to `path` atomically (WriteFileThroughTemporary).
+Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+// fsyncs the directory `dir`, so that the renames and creations inside it are durable.
+// FailedPrecondition naming the directory when it cannot be opened or the fsync fails.
+Status FsyncDir(const std::string& dir);
+
+// Moves the finished directory `staging` to `final_dir` atomically and durably: fsyncs
+// `staging`, then renames it to `final_dir` (which must not exist) or swaps the two in one
+// step when `final_dir` is a directory (RENAME_EXCHANGE; on a filesystem without it, the old
+// directory is first moved aside to "<parent>/.<name>.old-<pid>"), fsyncs the parent and
+// removes the old directory. `staging` must be in the same filesystem as `final_dir`
+// (normally beside it). FailedPrecondition naming the path and the system's reason on any
+// failure (an fsync included); until the rename, `final_dir` is left as it was.
+Status PublishDirectory(const std::string& staging, const std::string& final_dir);
 
 }  // namespace switchyard

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/crc32.h"
+#include "engine/core/file.h"
 
 namespace switchyard {
 namespace {
@@ -58,44 +59,6 @@ bool PreadAll(int fd, uint64_t offset, uint64_t n, void* out) {
     n -= static_cast<uint64_t>(got);
   }
   return true;
-}
-
-// Writes all n bytes; the errno of the failure otherwise.
-int WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t done = ::write(fd, p, std::min<size_t>(n, 1u << 30));
-    if (done < 0 && errno == EINTR) continue;
-    if (done < 0) return errno;
-    p += done;
-    n -= static_cast<size_t>(done);
-  }
-  return 0;
-}
-
-// Writes `path` through "<path>.tmp.<pid>": `write(fd)` fills it (an errno on failure), then
-// fsync, close and rename.
-template <typename F>
-Status WriteThroughTemporary(const std::string& path, F&& write) {
-  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return FailedPrecondition(tmp, ": cannot create (", std::strerror(errno), ")");
-  if (const int err = write(fd); err != 0) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return FailedPrecondition(tmp, ": write failed (", std::strerror(err), ")");
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return FailedPrecondition(tmp, ": fsync/close failed (", std::strerror(err), ")");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return FailedPrecondition(path, ": rename failed (", std::strerror(err), ")");
-  }
-  return OkStatus();
 }
 
 // Checks a header's JSON against a data section of data_size bytes.
@@ -237,10 +200,6 @@ StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   return out;
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  return WriteThroughTemporary(path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size()); });
-}
-
 Status WriteSafetensors(const std::string& path, const SafetensorsFile& file, uint32_t* crc) {
   json header = json::object();
   uint64_t offset = 0;
@@ -257,7 +216,7 @@ Status WriteSafetensors(const std::string& path, const SafetensorsFile& file, ui
   std::string head(8, '\0');
   for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
   head += text;
-  return WriteThroughTemporary(path, [&](int fd) {
+  return WriteFileThroughTemporary(path, [&](int fd) {
     uint32_t sum = crc ? Crc32(0, head.data(), head.size()) : 0;
     int err = WriteAll(fd, head.data(), head.size());
     for (auto it = file.tensors.begin(); err == 0 && it != file.tensors.end(); ++it) {

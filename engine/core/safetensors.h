@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+// WriteFileAtomically moved to file.h; included here until engine/train/trainer.cc includes it.
+#include "engine/core/file.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 
@@ -82,9 +84,5 @@ StatusOr<DType> ParseSafetensorsDType(const std::string& name);
 // in in.safetensors". An empty `shape` skips the shape check.
 StatusOr<Tensor> GetTensor(const SafetensorsFile& file, const std::string& name, DType dtype,
                            const Shape& shape, const std::string& path);
-
-// Writes `bytes` to `path` atomically (temporary name, fsync, rename); shared by the
-// checkpoint writer for its JSON files.
-Status WriteFileAtomically(const std::string& path, const std::string& bytes);
 
 }  // namespace switchyard

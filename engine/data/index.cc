@@ -190,19 +190,9 @@ StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
 
 namespace {
 
-template <typename Input>
-StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
-  DocumentCollector collector(path);
-  const json root = json::parse(
-      std::forward<Input>(input),
-      [&collector](int depth, json::parse_event_t event, json& parsed) {
-        return collector(depth, event, parsed);
-      },
-      /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
-    return DataLoss(path, ": not a JSON object (is the file truncated?)");
-  }
-  const Fields top(root, path, "");
+// The head of the index: format, version, vocab_size, eos_id, dtype, tokenizer, seed and
+// val_fraction.
+Status ParseHead(const Fields& top, Index* index) {
   SY_ASSIGN_OR_RETURN(std::string format, top.String("format"));
   if (format != kIndexFormat) {
     return top.Error("format", StrCat("expected \"", kIndexFormat, "\", got \"", format, "\""));
@@ -211,42 +201,48 @@ StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
   if (version != kIndexVersion) {
     return top.Error("version", StrCat(version, " (this build reads ", kIndexVersion, ")"));
   }
-  Index index;
   SY_ASSIGN_OR_RETURN(uint64_t vocab, top.Unsigned("vocab_size"));
   SY_ASSIGN_OR_RETURN(uint64_t eos, top.Unsigned("eos_id"));
   if (vocab == 0 || vocab > static_cast<uint64_t>(INT32_MAX)) {
     return top.Error("vocab_size", StrCat("out of range: ", vocab));
   }
   if (eos >= vocab) return top.Error("eos_id", StrCat(eos, " is not below vocab_size ", vocab));
-  index.vocab_size = static_cast<int>(vocab);
-  index.eos_id = static_cast<int>(eos);
+  index->vocab_size = static_cast<int>(vocab);
+  index->eos_id = static_cast<int>(eos);
   SY_ASSIGN_OR_RETURN(std::string dtype, top.String("dtype"));
   if (dtype != "u16" && dtype != "u32") {
     return top.Error("dtype", "expected \"u16\" or \"u32\", got \"" + dtype + "\"");
   }
-  index.token_bytes = dtype == "u16" ? 2 : 4;
-  if (index.token_bytes == 2 && vocab > 65536) {
+  index->token_bytes = dtype == "u16" ? 2 : 4;
+  if (index->token_bytes == 2 && vocab > 65536) {
     return top.Error("dtype", "u16 cannot hold vocab_size " + std::to_string(vocab));
   }
-  SY_ASSIGN_OR_RETURN(index.tokenizer, top.String("tokenizer"));
-  SY_ASSIGN_OR_RETURN(index.seed, top.Unsigned("seed"));
+  SY_ASSIGN_OR_RETURN(index->tokenizer, top.String("tokenizer"));
+  SY_ASSIGN_OR_RETURN(index->seed, top.Unsigned("seed"));
   SY_ASSIGN_OR_RETURN(const json* fraction, top.Get("val_fraction"));
   if (!fraction->is_number()) return top.Error("val_fraction", "expected a number");
-  index.val_fraction = fraction->get<double>();
+  index->val_fraction = fraction->get<double>();
+  return OkStatus();
+}
 
-  std::map<std::string, int> label_ids;
+// The "labels" array into index->labels, and each label's id into *label_ids.
+Status ParseLabels(const Fields& top, Index* index, std::map<std::string, int>* label_ids) {
   SY_ASSIGN_OR_RETURN(std::vector<json> labels, Array(top, "labels"));
   for (const json& label : labels) {
     if (!label.is_string() || label.get<std::string>().empty()) {
       return top.Error("labels", "expected non-empty strings");
     }
-    const int id = static_cast<int>(index.labels.size());
-    if (!label_ids.emplace(label.get<std::string>(), id).second) {
+    const int id = static_cast<int>(index->labels.size());
+    if (!label_ids->emplace(label.get<std::string>(), id).second) {
       return top.Error("labels", "duplicate label " + label.dump());
     }
-    index.labels.push_back(label.get<std::string>());
+    index->labels.push_back(label.get<std::string>());
   }
+  return OkStatus();
+}
 
+// The "shards" array into index->shards.
+Status ParseShards(const Fields& top, const std::string& path, Index* index) {
   SY_ASSIGN_OR_RETURN(std::vector<json> shards, Array(top, "shards"));
   for (size_t i = 0; i < shards.size(); ++i) {
     if (!shards[i].is_object()) return top.Error("shards", "expected objects");
@@ -258,63 +254,79 @@ StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
     }
     SY_ASSIGN_OR_RETURN(shard.split, fields.SplitField("split"));
     SY_ASSIGN_OR_RETURN(shard.tokens, fields.Unsigned("tokens"));
-    index.shards.push_back(std::move(shard));
+    index->shards.push_back(std::move(shard));
   }
+  return OkStatus();
+}
 
-  // Documents fill each shard from offset 0, contiguously and in order.
-  std::vector<uint64_t> filled(index.shards.size(), 0);
+// Where a document goes in its shard: documents fill each shard from offset 0, contiguously
+// and in order, and a split's documents go through its shards in index order (the loader's
+// stream). filled[shard]: the tokens placed in each shard so far; current_shard[split]: the
+// last shard of each split.
+Status PlaceDocument(const Fields& fields, const DocumentEntry& doc, const Index& index,
+                     std::vector<uint64_t>& filled, int current_shard[2]) {
+  const uint64_t shard = static_cast<uint64_t>(doc.shard);
+  if (shard >= index.shards.size()) {
+    return fields.Error("shard",
+                        StrCat(shard, " is not below the ", index.shards.size(), " shards"));
+  }
+  if (index.shards[shard].split != doc.split) {
+    return fields.Error("split", "differs from its shard's split");
+  }
+  if (doc.offset != filled[shard]) {
+    return fields.Error("offset", StrCat(doc.offset, ", expected ", filled[shard],
+                                         " (documents are contiguous in their shard)"));
+  }
+  if (doc.tokens == 0) return fields.Error("tokens", "0 (every document ends with </s>)");
+  if (doc.tokens > index.shards[shard].tokens - filled[shard]) {  // no overflow
+    return fields.Error("tokens", StrCat(doc.tokens, " runs past the end of shard ",
+                                         index.shards[shard].name, " (",
+                                         index.shards[shard].tokens, " tokens)"));
+  }
+  filled[shard] += doc.tokens;
+  int& current = current_shard[static_cast<int>(doc.split)];
+  if (static_cast<int>(shard) < current) {
+    return fields.Error("shard", StrCat(shard, " comes after shard ", current,
+                                        " of the same split (documents are in shard order)"));
+  }
+  current = static_cast<int>(shard);
+  return OkStatus();
+}
+
+// The documents the collector took out of the tree into index->documents, each checked
+// against the shards and labels; then every shard must be filled exactly.
+Status PlaceDocuments(const Fields& top, const std::string& path, DocumentCollector& collector,
+                      const std::map<std::string, int>& label_ids, Index* index) {
+  std::vector<uint64_t> filled(index->shards.size(), 0);
   int current_shard[2] = {0, 0};
   // The tree keeps only what is not a document object: anything left is not one.
   SY_ASSIGN_OR_RETURN(std::vector<json> rest, Array(top, "documents"));
   if (!rest.empty()) return top.Error("documents", "expected objects");
   std::vector<DocumentEntry>& documents = collector.docs();
-  index.documents.reserve(documents.size());
+  index->documents.reserve(documents.size());
   static const json kNoFields = json::object();
   for (size_t i = 0; i < documents.size(); ++i) {
     const Fields fields(kNoFields, path, StrCat("documents[", i, "]."));
     DocumentEntry doc = std::move(documents[i]);
-    const uint64_t shard = static_cast<uint64_t>(doc.shard);
-    if (shard >= index.shards.size()) {
-      return fields.Error("shard",
-                          StrCat(shard, " is not below the ", index.shards.size(), " shards"));
-    }
-    if (index.shards[shard].split != doc.split) {
-      return fields.Error("split", "differs from its shard's split");
-    }
-    if (doc.offset != filled[shard]) {
-      return fields.Error("offset", StrCat(doc.offset, ", expected ", filled[shard],
-                                           " (documents are contiguous in their shard)"));
-    }
-    if (doc.tokens == 0) return fields.Error("tokens", "0 (every document ends with </s>)");
-    if (doc.tokens > index.shards[shard].tokens - filled[shard]) {  // no overflow
-      return fields.Error("tokens", StrCat(doc.tokens, " runs past the end of shard ",
-                                           index.shards[shard].name, " (",
-                                           index.shards[shard].tokens, " tokens)"));
-    }
-    filled[shard] += doc.tokens;
-    // A split's documents go through its shards in index order (the loader's stream).
-    int& current = current_shard[static_cast<int>(doc.split)];
-    if (static_cast<int>(shard) < current) {
-      return fields.Error("shard", StrCat(shard, " comes after shard ", current,
-                                          " of the same split (documents are in shard order)"));
-    }
-    current = static_cast<int>(shard);
+    SY_RETURN_IF_ERROR(PlaceDocument(fields, doc, *index, filled, current_shard));
     const std::string& label = collector.labels()[doc.label];
     auto it = label_ids.find(label);
     if (it == label_ids.end()) return fields.Error("label", "\"" + label + "\" is not in labels");
     doc.label = it->second;
-    index.documents.push_back(std::move(doc));
+    index->documents.push_back(std::move(doc));
   }
   SY_RETURN_IF_ERROR(collector.status());
-  for (size_t s = 0; s < index.shards.size(); ++s) {
-    if (filled[s] != index.shards[s].tokens) {
-      return DataLoss(path, ": shards[", s, "] (", index.shards[s].name, ") holds ",
-                      index.shards[s].tokens, " tokens but its documents add up to ", filled[s]);
+  for (size_t s = 0; s < index->shards.size(); ++s) {
+    if (filled[s] != index->shards[s].tokens) {
+      return DataLoss(path, ": shards[", s, "] (", index->shards[s].name, ") holds ",
+                      index->shards[s].tokens, " tokens but its documents add up to ", filled[s]);
     }
   }
+  return OkStatus();
+}
 
-  // The totals must agree with the documents.
-  ComputeTotals(&index);
+// The "totals" object must agree with the documents (index->totals, computed).
+Status CheckTotals(const Fields& top, const std::string& path, const Index& index) {
   SY_ASSIGN_OR_RETURN(const json* totals, top.Get("totals"));
   for (size_t l = 0; l < index.labels.size(); ++l) {
     for (Split split : {Split::kTrain, Split::kVal}) {
@@ -338,6 +350,30 @@ StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
       }
     }
   }
+  return OkStatus();
+}
+
+template <typename Input>
+StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
+  DocumentCollector collector(path);
+  const json root = json::parse(
+      std::forward<Input>(input),
+      [&collector](int depth, json::parse_event_t event, json& parsed) {
+        return collector(depth, event, parsed);
+      },
+      /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return DataLoss(path, ": not a JSON object (is the file truncated?)");
+  }
+  const Fields top(root, path, "");
+  Index index;
+  SY_RETURN_IF_ERROR(ParseHead(top, &index));
+  std::map<std::string, int> label_ids;
+  SY_RETURN_IF_ERROR(ParseLabels(top, &index, &label_ids));
+  SY_RETURN_IF_ERROR(ParseShards(top, path, &index));
+  SY_RETURN_IF_ERROR(PlaceDocuments(top, path, collector, label_ids, &index));
+  ComputeTotals(&index);
+  SY_RETURN_IF_ERROR(CheckTotals(top, path, index));
   return index;
 }
 

@@ -15,8 +15,8 @@
 #include <set>
 #include <thread>
 
+#include "engine/core/file.h"
 #include "engine/core/philox.h"
-#include "engine/core/safetensors.h"
 #include "engine/data/parallel_encoder.h"
 #include "engine/data/prep_output.h"
 #include "engine/data/shards.h"
@@ -320,6 +320,73 @@ Status EncodeCorpus(const PrepOptions& options, const std::vector<CorpusFile>& f
   return shards.Finish(files);
 }
 
+// Passes `line` to the progress callback, if any.
+void Say(const PrepCallbacks& callbacks, const std::string& line) {
+  if (callbacks.progress) callbacks.progress(line);
+}
+
+// 1-2. The corpus files into *files, surveyed: documents, labels, the split and (sample
+// non-null) the tokenizer's sample. Sets the index's seed, split and labels. InvalidArgument
+// when no document is kept or none goes to training.
+StatusOr<Survey> ReadCorpus(const PrepOptions& options, const PrepCallbacks& callbacks,
+                            TokenizerSample* sample, std::vector<CorpusFile>* files,
+                            Index* index) {
+  const Clock::time_point start = Clock::now();
+  if (options.files.empty()) {
+    SY_ASSIGN_OR_RETURN(*files, FortuneCorpusFiles(options.fortune_root));
+  } else {
+    SY_ASSIGN_OR_RETURN(*files, UserCorpusFiles(options.files, options.label));
+  }
+  SY_ASSIGN_OR_RETURN(Survey survey, SurveyCorpus(options, *files, callbacks, sample));
+  if (survey.bad_lines > 0 && callbacks.warning) {
+    callbacks.warning(StrCat("skipped ", survey.bad_lines,
+                             " bad JSONL lines (--strict makes them an error)"));
+  }
+  if (survey.kept == 0) {
+    return InvalidArgument("the corpus holds no documents (", files->size(), " files read",
+                           survey.bad_lines > 0 ? StrCat(", ", survey.bad_lines, " bad lines")
+                                                : std::string(),
+                           ")");
+  }
+  if (survey.train == 0) {
+    return InvalidArgument("no document went to training; lower --val-fraction");
+  }
+  index->seed = options.seed;
+  index->val_fraction = options.val_fraction;
+  index->labels.assign(survey.labels.begin(), survey.labels.end());
+  Say(callbacks, StrCat("read ", survey.read, " documents (", Megabytes(survey.bytes), ") from ",
+                        files->size(), " files (labels: ", index->labels.size(), ")",
+                        survey.kept < survey.read ? StrCat(", kept ", survey.kept) : "", " in ",
+                        Fixed(SecondsSince(start), 1), " s"));
+  return survey;
+}
+
+// The tokenizer: *tokenizer as loaded, or trained on the sample (its serialized model into
+// *model). Sets the index's vocab_size, eos_id and token_bytes.
+Status ProvideTokenizer(const PrepOptions& options, const PrepCallbacks& callbacks,
+                        const Survey& survey, TokenizerSample& sample, std::string* model,
+                        std::optional<Tokenizer>* tokenizer, Index* index) {
+  const Clock::time_point start = Clock::now();
+  if (!*tokenizer) {
+    const uint64_t sampled = sample.kept(), sampled_bytes = sample.kept_bytes();
+    SY_ASSIGN_OR_RETURN(*model, TrainTokenizer(sample.TakeTexts(),
+                                               TokenizerOptions{options.vocab_size, options.seed}));
+    SY_ASSIGN_OR_RETURN(Tokenizer trained, Tokenizer::FromSerialized(*model));
+    *tokenizer = trained;
+    Say(callbacks, StrCat("trained the tokenizer: ", (*tokenizer)->vocab_size(), " pieces on ",
+                          sampled, " of ", survey.train, " training documents (",
+                          Megabytes(sampled_bytes), ") in ", Fixed(SecondsSince(start), 1),
+                          " s"));
+  } else {
+    Say(callbacks, StrCat("loaded the tokenizer ", options.tokenizer_path, ": ",
+                          (*tokenizer)->vocab_size(), " pieces"));
+  }
+  index->vocab_size = (*tokenizer)->vocab_size();
+  index->eos_id = (*tokenizer)->eos_id();
+  index->token_bytes = TokenBytesForVocab(index->vocab_size);
+  return OkStatus();
+}
+
 }  // namespace
 
 Status PrepOptions::Validate() const {
@@ -349,9 +416,6 @@ bool IsValidation(uint64_t seed, uint64_t index, double val_fraction) {
 }
 
 StatusOr<Index> Prepare(const PrepOptions& options, const PrepCallbacks& callbacks) {
-  const auto say = [&](const std::string& line) {
-    if (callbacks.progress) callbacks.progress(line);
-  };
   SY_RETURN_IF_ERROR(options.Validate());
   const std::string out_dir = NormalizedOutDir(options.out_dir);
   SY_RETURN_IF_ERROR(CheckOutputDir(out_dir, options.force));
@@ -365,57 +429,14 @@ StatusOr<Index> Prepare(const PrepOptions& options, const PrepCallbacks& callbac
     tokenizer = loaded;
   }
 
-  // 1-2. Documents, labels, the split and the tokenizer's sample.
-  Clock::time_point start = Clock::now();
-  std::vector<CorpusFile> files;
-  if (options.files.empty()) {
-    SY_ASSIGN_OR_RETURN(files, FortuneCorpusFiles(options.fortune_root));
-  } else {
-    SY_ASSIGN_OR_RETURN(files, UserCorpusFiles(options.files, options.label));
-  }
-  TokenizerSample sample(options.tokenizer_sample_bytes, options.seed);
-  SY_ASSIGN_OR_RETURN(Survey survey,
-                      SurveyCorpus(options, files, callbacks, tokenizer ? nullptr : &sample));
-  if (survey.bad_lines > 0 && callbacks.warning) {
-    callbacks.warning(StrCat("skipped ", survey.bad_lines,
-                             " bad JSONL lines (--strict makes them an error)"));
-  }
-  if (survey.kept == 0) {
-    return InvalidArgument("the corpus holds no documents (", files.size(), " files read",
-                           survey.bad_lines > 0 ? StrCat(", ", survey.bad_lines, " bad lines")
-                                                : std::string(),
-                           ")");
-  }
-  if (survey.train == 0) {
-    return InvalidArgument("no document went to training; lower --val-fraction");
-  }
+  // 1-2. Documents, labels, the split and the tokenizer's sample; then the tokenizer.
   Index index;
-  index.seed = options.seed;
-  index.val_fraction = options.val_fraction;
-  index.labels.assign(survey.labels.begin(), survey.labels.end());
-  say(StrCat("read ", survey.read, " documents (", Megabytes(survey.bytes), ") from ",
-             files.size(), " files (labels: ", index.labels.size(), ")",
-             survey.kept < survey.read ? StrCat(", kept ", survey.kept) : "", " in ",
-             Fixed(SecondsSince(start), 1), " s"));
-
-  // The tokenizer.
-  start = Clock::now();
-  if (!tokenizer) {
-    const uint64_t sampled = sample.kept(), sampled_bytes = sample.kept_bytes();
-    SY_ASSIGN_OR_RETURN(model, TrainTokenizer(sample.TakeTexts(),
-                                              TokenizerOptions{options.vocab_size, options.seed}));
-    SY_ASSIGN_OR_RETURN(Tokenizer trained, Tokenizer::FromSerialized(model));
-    tokenizer = trained;
-    say(StrCat("trained the tokenizer: ", tokenizer->vocab_size(), " pieces on ", sampled, " of ",
-               survey.train, " training documents (", Megabytes(sampled_bytes), ") in ",
-               Fixed(SecondsSince(start), 1), " s"));
-  } else {
-    say(StrCat("loaded the tokenizer ", options.tokenizer_path, ": ", tokenizer->vocab_size(),
-               " pieces"));
-  }
-  index.vocab_size = tokenizer->vocab_size();
-  index.eos_id = tokenizer->eos_id();
-  index.token_bytes = TokenBytesForVocab(index.vocab_size);
+  std::vector<CorpusFile> files;
+  TokenizerSample sample(options.tokenizer_sample_bytes, options.seed);
+  SY_ASSIGN_OR_RETURN(Survey survey, ReadCorpus(options, callbacks, tokenizer ? nullptr : &sample,
+                                                &files, &index));
+  SY_RETURN_IF_ERROR(
+      ProvideTokenizer(options, callbacks, survey, sample, &model, &tokenizer, &index));
 
   // 3. Encoding and the files, into a staging folder that replaces the output at the end.
   SY_ASSIGN_OR_RETURN(const std::string staging, CreateStaging(out_dir));

@@ -2,12 +2,12 @@
 // rename; see prep.h ("replaced whole or not at all").
 #include "engine/data/prep_output.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <regex>
 
+#include "engine/core/file.h"
 #include "engine/data/index.h"
 #include "engine/data/prep.h"
 
@@ -22,37 +22,11 @@ bool IsPrepOutputName(const std::string& name) {
   return name == kIndexFile || name == kTokenizerFile || std::regex_match(name, kShard);
 }
 
-// fsyncs a folder so a rename inside it is durable.
-void SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
 }  // namespace
 
 Status Publish(const std::string& staging, const std::string& out, bool force) {
   SY_RETURN_IF_ERROR(CheckOutputDir(out, force));
-  std::error_code ec;
-  std::string old;
-  if (fs::exists(out, ec)) {
-    if (fs::is_empty(out, ec)) {
-      fs::remove(out, ec);
-    } else {
-      old = StrCat(out, ".old-", ::getpid());
-      fs::rename(out, old, ec);
-    }
-    if (ec) return FailedPrecondition(out, ": cannot replace (", ec.message(), ")");
-  }
-  fs::rename(staging, out, ec);
-  if (ec) {
-    if (!old.empty()) fs::rename(old, out, ec);
-    return FailedPrecondition(out, ": cannot move ", staging, " into place");
-  }
-  SyncDirectory(fs::absolute(out).parent_path().string());
-  if (!old.empty()) fs::remove_all(old, ec);
-  return OkStatus();
+  return PublishDirectory(staging, out);
 }
 
 StatusOr<std::string> CreateStaging(const std::string& out_dir) {

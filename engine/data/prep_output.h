@@ -15,7 +15,7 @@ std::string NormalizedOutDir(const std::string& out_dir);
 StatusOr<std::string> CreateStaging(const std::string& out_dir);
 
 // Moves the finished `staging` folder to `out`, replacing a previous prep output (checked
-// again with CheckOutputDir), and syncs the parent folder.
+// again with CheckOutputDir) atomically and durably (PublishDirectory in engine/core/file.h).
 Status Publish(const std::string& staging, const std::string& out, bool force);
 
 }  // namespace switchyard::data

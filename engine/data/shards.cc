@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "engine/core/check.h"
-#include "engine/core/safetensors.h"
+#include "engine/core/file.h"
 
 namespace switchyard::data {
 namespace {

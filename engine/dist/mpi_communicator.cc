@@ -1,19 +1,23 @@
+// The MPI backend of Communicator (mpi_communicator.h): set-up, row types, the collectives
+// and groups; point-to-point messages are in mpi_p2p.cc.
 #include "engine/dist/mpi_communicator.h"
 
 #include <algorithm>
 #include <climits>
-#include <deque>
 #include <functional>
 
 #include "engine/core/check.h"
 #include "engine/dist/mpi_check.h"
+#include "engine/dist/mpi_request.h"
 #include "engine/dist/watchdog.h"
 
 namespace switchyard::dist {
 namespace {
 
 using internal::CheckTensor;
+using internal::MpiFinalized;
 using internal::Rows;
+using internal::ToCount;
 
 // The MPI type of one element; bf16 and f16 travel as 16-bit words (no reductions).
 MPI_Datatype ElementType(DType dtype) {
@@ -49,12 +53,6 @@ MPI_Op MpiOp(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-// n as an MPI count, which is an int.
-int ToCount(int64_t n, std::string_view what) {
-  SY_CHECK(n >= 0 && n <= INT_MAX) << what << " of " << n << " does not fit an MPI count";
-  return static_cast<int>(n);
-}
-
 // The kAvg division that follows the MPI sum (f32 and f64 are the floating reduce types).
 template <typename T>
 void DivideElements(Tensor& t, int size) {
@@ -69,12 +67,6 @@ void DivideBy(Tensor& t, int size) {
   } else {
     DivideElements<float>(t, size);
   }
-}
-
-bool MpiFinalized() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
 }
 
 }  // namespace
@@ -92,81 +84,6 @@ std::vector<int> MpiWorldRanks(MPI_Comm comm) {
   SY_MPI_CHECK(MPI_Group_free(&world));
   return global;
 }
-
-// The MPI requests of one collective, the tensors and count arrays they use (kept alive
-// until completion), and what runs once they complete (the kAvg division).
-class MpiCommunicator::Request final : public Work {
- public:
-  ~Request() override {
-    if (!done_ && !MpiFinalized()) Wait();
-  }
-
-  void Wait() override {
-    if (done_) return;
-    if (!requests_.empty()) {
-      const WatchdogScope watch(op_, seq_, group_);
-      std::vector<MPI_Status> statuses(requests_.size());
-      SY_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
-                               statuses.data()));
-      for (const Receive& r : receives_) {
-        int received = 0;
-        SY_MPI_CHECK(MPI_Get_count(&statuses[r.index], r.type, &received));
-        SY_CHECK_EQ(received, r.rows) << "Recv into " << r.tensor.DebugString()
-                                      << " from rank " << r.peer
-                                      << ": the message is shorter (or not whole rows)";
-      }
-    }
-    if (finish_) finish_();
-    done_ = true;
-    requests_.clear();
-    receives_.clear();
-    tensors_.clear();
-    counts_.clear();
-    finish_ = nullptr;
-  }
-
-  // A slot for the next non-blocking call's request.
-  MPI_Request* NewRequest() {
-    requests_.push_back(MPI_REQUEST_NULL);
-    return &requests_.back();
-  }
-  void Keep(const Tensor& t) { tensors_.push_back(t); }
-  // The last request is a receive of `rows` rows of `type` into t: Wait checks its count.
-  void ExpectRows(const Tensor& t, int rows, MPI_Datatype type, int peer) {
-    receives_.push_back({requests_.size() - 1, rows, type, peer, t});
-  }
-  // An int array that must outlive the requests.
-  std::vector<int>& Counts(size_t n) {
-    counts_.emplace_back(n, 0);
-    return counts_.back();
-  }
-  void OnDone(std::function<void()> finish) { finish_ = std::move(finish); }
-  // What the watchdog names while Wait blocks.
-  void Label(const char* op, uint64_t seq, const std::vector<int>& group) {
-    op_ = op;
-    seq_ = seq;
-    group_ = group;
-  }
-
- private:
-  struct Receive {
-    size_t index;  // into requests_
-    int rows;
-    MPI_Datatype type;
-    int peer;
-    Tensor tensor;
-  };
-
-  bool done_ = false;
-  const char* op_ = "request";
-  uint64_t seq_ = 0;
-  std::vector<int> group_;
-  std::vector<MPI_Request> requests_;
-  std::vector<Receive> receives_;
-  std::vector<Tensor> tensors_;
-  std::deque<std::vector<int>> counts_;  // a deque: Counts() references stay valid
-  std::function<void()> finish_;
-};
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::Duplicate(MPI_Comm comm) {
   MPI_Comm dup;
@@ -414,74 +331,6 @@ void MpiCommunicator::Broadcast(Tensor& t, int root) {
                                       << size_;
   SY_MPI_CHECK(MPI_Bcast(t.raw_data(), ToCount(Rows(t), "Broadcast rows"), RowType(t), root,
                          comm_));
-}
-
-void MpiCommunicator::Send(const Tensor& t, int peer, int tag) {
-  const WatchdogScope watch("send", ++seq_, world_ranks_);
-  CheckTensor(t, device(), "Send");
-  SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
-      << "Send from rank " << rank_ << " to rank " << peer << " in a group of " << size_;
-  SY_MPI_CHECK(MPI_Send(t.raw_data(), ToCount(Rows(t), "Send rows"), RowType(t), peer, tag,
-                        comm_));
-}
-
-void MpiCommunicator::Recv(Tensor& t, int peer, int tag) {
-  const WatchdogScope watch("recv", ++seq_, world_ranks_);
-  CheckTensor(t, device(), "Recv");
-  SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
-      << "Recv on rank " << rank_ << " from rank " << peer << " in a group of " << size_;
-  const int rows = ToCount(Rows(t), "Recv rows");
-  const MPI_Datatype type = RowType(t);
-  MPI_Status status;
-  SY_MPI_CHECK(MPI_Recv(t.raw_data(), rows, type, peer, tag, comm_, &status));
-  int received = 0;
-  SY_MPI_CHECK(MPI_Get_count(&status, type, &received));
-  SY_CHECK_EQ(received, rows) << "Recv into " << t.DebugString() << " from rank " << peer
-                              << ": the message is shorter (or not whole rows)";
-}
-
-void MpiCommunicator::PostP2P(const P2POp& op, Request& request) {
-  const int rows = ToCount(Rows(op.tensor), "P2P rows");
-  const MPI_Datatype type = RowType(op.tensor);
-  request.Keep(op.tensor);
-  if (op.kind == P2POp::kSend) {
-    SY_MPI_CHECK(MPI_Isend(op.tensor.raw_data(), rows, type, op.peer, op.tag, comm_,
-                           request.NewRequest()));
-  } else {
-    SY_MPI_CHECK(MPI_Irecv(op.tensor.raw_data(), rows, type, op.peer, op.tag, comm_,
-                           request.NewRequest()));
-    request.ExpectRows(op.tensor, rows, type, op.peer);
-  }
-}
-
-std::unique_ptr<Work> MpiCommunicator::SendAsync(const Tensor& t, int peer, int tag) {
-  CheckTensor(t, device(), "SendAsync");
-  internal::CheckPeer(peer, size_, rank_, "SendAsync");
-  SY_CHECK_GE(tag, 0) << "SendAsync tag";
-  auto request = std::make_unique<Request>();
-  request->Label("send", ++seq_, world_ranks_);
-  PostP2P({P2POp::kSend, t, peer, tag}, *request);
-  return request;
-}
-
-std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
-  CheckTensor(t, device(), "RecvAsync");
-  internal::CheckPeer(peer, size_, rank_, "RecvAsync");
-  SY_CHECK_GE(tag, 0) << "RecvAsync tag";
-  auto request = std::make_unique<Request>();
-  request->Label("recv", ++seq_, world_ranks_);
-  PostP2P({P2POp::kRecv, t, peer, tag}, *request);
-  return request;
-}
-
-// Sends to self are ordinary MPI messages to self; the check only makes every backend
-// accept the same batches.
-std::unique_ptr<Work> MpiCommunicator::BatchSendRecv(std::span<const P2POp> ops) {
-  internal::CheckBatch(ops, device(), size_, rank_);
-  auto request = std::make_unique<Request>();
-  request->Label("send_recv", ++seq_, world_ranks_);
-  for (const P2POp& op : ops) PostP2P(op, *request);
-  return request;
 }
 
 void MpiCommunicator::Barrier() {

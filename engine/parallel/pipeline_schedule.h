@@ -19,6 +19,9 @@
 // by the receipt of its output gradient from stage s + 1, and every backward of a stage
 // s > 0 is followed by sending its input gradient to stage s - 1. docs/pipeline.md shows
 // the lists, the validation rule and the bubble definitions.
+//
+// The generators are in pipeline_schedule.cc, the validator in pipeline_validate.cc, the
+// simulator, its chart and the bubble formulas in pipeline_timeline.cc.
 #pragma once
 
 #include <string>
@@ -117,13 +120,13 @@ Status ValidateSchedules(PipelineSchedule schedule, int pp, int micro_batches,
 // rank's layers.
 int MaxInFlight(const std::vector<Action>& actions);
 
-// The pipeline bubble as issue #13 defines it: (pp - 1) / (m + pp - 1) for GPipe and 1F1B,
-// that value divided by virtual_stages for interleaved. For GPipe and 1F1B it is the idle
+// The pipeline bubble as specified (docs/pipeline.md): (pp - 1) / (m + pp - 1) for GPipe
+// and 1F1B, that value divided by virtual_stages for interleaved. For GPipe and 1F1B it is the idle
 // share of the step, bubble / (bubble + ideal) with ideal = m (t_f + t_b) and bubble =
 // (pp - 1)(t_f + t_b), and SimulateTimeline measures exactly it for any uniform costs.
 // Interleaved: Narayanan et al. (SC'21, section 2.2.2) give bubble / ideal = (pp - 1) /
 // (v m), an idle share of (pp - 1) / (v m + pp - 1) = LiteratureInterleavedBubble, which is
-// what the simulator measures; the issue's value is below it (3/22 against 3/19 for pp 4,
+// what the simulator measures; the specified value is below it (3/22 against 3/19 for pp 4,
 // m 8, v 2): it divides the share, not the bubble, by v.
 double AnalyticBubble(PipelineSchedule schedule, int pp, int micro_batches, int virtual_stages);
 

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/core/safetensors.h"
+#include "engine/core/file.h"
 
 namespace switchyard::train {
 namespace {

@@ -10,7 +10,7 @@
 //      the model states (the allocator's ledger) equal PredictRankMemory's within 5%;
 //      the workspace peak (Trainer::memory().workspace_peak, the ledger's high-water mark
 //      of everything that is not a model state over the 3 steps) is within 10% of
-//      PredictRankMemory's workspace, issue #13's bar.
+//      PredictRankMemory's workspace, the bar the dry-run's pipeline estimate was set.
 //    What that workspace holds at its peak (engine/plan/activation_memory.h walks it):
 //    the activations of the micro-batches in flight (GPipe: all of them; 1F1B: pp - rank),
 //    every micro-batch's token ids and, on later stages, its received activation (the
@@ -33,7 +33,7 @@ namespace switchyard::train {
 namespace {
 
 constexpr int64_t kSteps = 3;
-constexpr double kWorkspaceTol = 0.10;  // issue #13
+constexpr double kWorkspaceTol = 0.10;  // the dry-run's bar for the pipeline workspace
 constexpr double kStatesTol = 0.05;
 
 struct PipelineLayout {

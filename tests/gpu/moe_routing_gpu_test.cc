@@ -180,7 +180,7 @@ const RouterCase kRouterCases[] = {
     {1000, 32, 4, 4, false, false, true, false},  {0, 16, 8, 2, true, true, true, false},
 };
 
-TEST(MoeRoutingGpuTest, RouterForwardAndBackwardMatchCpu) {
+TEST(MoERoutingGpuTest, RouterForwardAndBackwardMatchCpu) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(kCuda);
   DeviceContext* gpu = context.get();
@@ -230,7 +230,7 @@ TEST(MoeRoutingGpuTest, RouterForwardAndBackwardMatchCpu) {
   }
 }
 
-TEST(MoeRoutingGpuTest, RouterLogitsStayF32UnderBf16Matmuls) {
+TEST(MoERoutingGpuTest, RouterLogitsStayF32UnderBf16Matmuls) {
   SY_REQUIRE_GPU();
   auto f32_context = DeviceContext::Create(kCuda);
   auto bf16_context = DeviceContext::Create(kCuda);
@@ -249,7 +249,7 @@ TEST(MoeRoutingGpuTest, RouterLogitsStayF32UnderBf16Matmuls) {
 }
 
 // RouterTopK on identical logits: ~1 ulp probs; exact ties (equal logits) resolved alike.
-TEST(MoeRoutingGpuTest, RouterTopKOnSameLogits) {
+TEST(MoERoutingGpuTest, RouterTopKOnSameLogits) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(kCuda);
   DeviceContext* gpu = context.get();
@@ -321,7 +321,7 @@ TEST(MoeRoutingGpuTest, RouterTopKOnSameLogits) {
   }
 }
 
-TEST(MoeRoutingGpuTest, LoadBalanceAndZLossMatchCpu) {
+TEST(MoERoutingGpuTest, LoadBalanceAndZLossMatchCpu) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(kCuda);
   DeviceContext* gpu = context.get();
@@ -385,7 +385,7 @@ TEST(MoeRoutingGpuTest, LoadBalanceAndZLossMatchCpu) {
   }
 }
 
-TEST(MoeRoutingGpuTest, UpdateExpertBiasMatchesCpu) {
+TEST(MoERoutingGpuTest, UpdateExpertBiasMatchesCpu) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(kCuda);
   DeviceContext* gpu = context.get();
@@ -442,7 +442,7 @@ Assignments RandomAssignments(int64_t T, int64_t E, int64_t k, bool with_keep, u
   return a;
 }
 
-TEST(MoeRoutingGpuTest, AdmissionMatchesCpuExactly) {
+TEST(MoERoutingGpuTest, AdmissionMatchesCpuExactly) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(kCuda);
   DeviceContext* gpu = context.get();
@@ -500,7 +500,7 @@ TEST(MoeRoutingGpuTest, AdmissionMatchesCpuExactly) {
   }
 }
 
-TEST(MoeRoutingGpuTest, AdmissionEdgeCases) {
+TEST(MoERoutingGpuTest, AdmissionEdgeCases) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(kCuda);
   DeviceContext* gpu = context.get();

@@ -35,7 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kTinyMoe[] = R"(
+constexpr char kTinyMoE[] = R"(
 model: {vocab_size: 96, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2,
         d_ff: 64, norm: rmsnorm, position: rope, activation: swiglu, tie_embeddings: false}
 moe: {num_experts: 4, layer_freq: 2, top_k: 2, d_expert: 48, activation: swiglu,
@@ -120,7 +120,7 @@ class TrainGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SY_REQUIRE_GPU();
-    auto config = config::ParseConfig(kTinyMoe, "<train_gpu_test>");
+    auto config = config::ParseConfig(kTinyMoE, "<train_gpu_test>");
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
   }

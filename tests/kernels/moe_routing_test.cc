@@ -43,7 +43,7 @@ TopK RunTopK(const Tensor& logits, const Tensor& bias, int64_t k, bool normalize
   return o;
 }
 
-TEST(MoeRoutingTest, RouterTopKEdgeCases) {
+TEST(MoERoutingTest, RouterTopKEdgeCases) {
   // T = 0.
   TopK empty = RunTopK(Tensor::Empty({0, 4}, DType::kF32), Tensor(), 2, true, true);
   EXPECT_EQ(empty.indices.numel(), 0);
@@ -99,7 +99,7 @@ std::vector<int32_t> WarpTopK(const std::vector<float>& score, int64_t k) {
   return out;
 }
 
-TEST(MoeRoutingTest, WarpTopKFormulationEqualsPartialSort) {
+TEST(MoERoutingTest, WarpTopKFormulationEqualsPartialSort) {
   uint64_t seed = 300;
   for (int64_t E : {1, 5, 32, 33, 64, 130, 300}) {
     for (int64_t k : {1, 2, 4, 8}) {
@@ -124,7 +124,7 @@ TEST(MoeRoutingTest, WarpTopKFormulationEqualsPartialSort) {
   }
 }
 
-TEST(MoeRoutingTest, RouterBackwardLogitsEdgeCases) {
+TEST(MoERoutingTest, RouterBackwardLogitsEdgeCases) {
   // T = 0 writes nothing; undefined extra gradients equal zero ones.
   Tensor none = Tensor::Empty({0, 3}, DType::kF32);
   Tensor idx0 = Tensor::Empty({0, 2}, DType::kI32), g0 = Tensor::Empty({0, 2}, DType::kF32);
@@ -143,7 +143,7 @@ TEST(MoeRoutingTest, RouterBackwardLogitsEdgeCases) {
   }
 }
 
-TEST(MoeRoutingTest, CountSlotAssignmentsCountsBadIndicesApart) {
+TEST(MoERoutingTest, CountSlotAssignmentsCountsBadIndicesApart) {
   Tensor idx = Tensor::FromVector(std::vector<int32_t>{0, 2, 2, -1, 3, 1, 1, 7}, {4, 2});
   Tensor keep = Tensor::FromVector(std::vector<uint8_t>{1, 0, 1, 0, 1, 1, 1, 1}, {4, 2});
   Tensor counts = Tensor::Empty({2 * 4 + 1}, DType::kI64);
@@ -157,7 +157,7 @@ TEST(MoeRoutingTest, CountSlotAssignmentsCountsBadIndicesApart) {
   EXPECT_EQ(none.ToVector<int64_t>(), (std::vector<int64_t>{0, 0, 0}));
 }
 
-TEST(MoeRoutingTest, ColumnSumsAndConstants) {
+TEST(MoERoutingTest, ColumnSumsAndConstants) {
   Tensor sums = Tensor::Empty({3}, DType::kF32);
   sums.data<float>()[0] = 7.0f;
   ProbColumnSums(Tensor::Empty({0, 3}, DType::kF32), sums);
@@ -170,7 +170,7 @@ TEST(MoeRoutingTest, ColumnSumsAndConstants) {
   EXPECT_EQ(p.ToVector<float>(), (std::vector<float>{1.25f, 0.25f, 1.5f, 0.0f, 2.0f, -0.5f}));
 }
 
-TEST(MoeRoutingTest, ZLossBackwardEqualsZLossGradient) {
+TEST(MoERoutingTest, ZLossBackwardEqualsZLossGradient) {
   Tensor logits = Uniform({11, 7}, 41, -2.0f, 2.0f);
   for (int64_t group : {0, 30}) {
     Tensor a = Uniform({11, 7}, 42), b = a.Clone();
@@ -183,7 +183,7 @@ TEST(MoeRoutingTest, ZLossBackwardEqualsZLossGradient) {
   EXPECT_EQ(RouterZLoss(Tensor::Empty({0, 4}, DType::kF32), 1.0f, 1.0f, 0, nullptr), 0.0f);
 }
 
-TEST(MoeRoutingTest, UpdateExpertBiasLeavesEqualCountsAlone) {
+TEST(MoERoutingTest, UpdateExpertBiasLeavesEqualCountsAlone) {
   // counts (2, 2, 1, 3): mean 2.
   Tensor b = Tensor::FromVector(std::vector<float>{-0.0f, 1.0f, 0.0f, 0.0f}, {4});
   UpdateExpertBias(b, std::vector<int64_t>{2, 2, 1, 3}, 0.25f);
@@ -338,7 +338,7 @@ void RandomCase(int64_t T, int64_t E, int64_t k, uint64_t seed, Tensor* idx, Ten
   *keep = Tensor::FromVector(kv, {T, k});
 }
 
-TEST(MoeRoutingTest, SortFormulationOfAdmissionEqualsTheReference) {
+TEST(MoERoutingTest, SortFormulationOfAdmissionEqualsTheReference) {
   uint64_t seed = 700;
   for (int64_t T : {1, 2, 7, 64, 513}) {
     for (int64_t E : {1, 3, 8, 64}) {
@@ -389,7 +389,7 @@ TEST(MoeRoutingTest, SortFormulationOfAdmissionEqualsTheReference) {
   }
 }
 
-TEST(MoeRoutingTest, AdmissionEdgeCases) {
+TEST(MoERoutingTest, AdmissionEdgeCases) {
   // T = 0.
   Tensor none = Tensor::Empty({0, 2}, DType::kI32);
   Admitted empty = Reference(none, Tensor::Empty({0, 2}, DType::kF32), Tensor(), 4, 3,

@@ -1,0 +1,159 @@
+// The unit-time pipeline simulator (SimulateTimeline), its text chart (RenderTimeline) and
+// the bubble formulas it is compared with; see pipeline_schedule.h.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/core/check.h"
+#include "engine/parallel/pipeline_internal.h"
+#include "engine/parallel/pipeline_schedule.h"
+
+namespace switchyard::parallel {
+namespace {
+
+// The chart letter of a forward (a-z) or backward (A-Z), wrapping after 26.
+char MicroBatchLetter(int micro_batch, bool backward) {
+  return static_cast<char>((backward ? 'A' : 'a') + micro_batch % 26);
+}
+
+}  // namespace
+
+namespace pipeline_internal {
+
+// The schedule's lists executed in order with posted sends and waiting recvs. When timeline
+// is given, records every compute action's start and end (forward_cost / backward_cost
+// units). Messages must already match per channel (ValidateActionLists' check (b)); a recv
+// takes the next message of its channel. Returns InvalidArgument naming every rank left
+// waiting when the lists deadlock.
+Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
+               int backward_cost, Timeline* timeline) {
+  const int pp = static_cast<int>(ranks.size());
+  // Channel (sender, receiver) -> post times of its sends so far.
+  const auto channel = [pp](int from, int to) { return from * pp + to; };
+  std::vector<std::vector<int>> posted(static_cast<size_t>(pp) * pp);
+  std::vector<size_t> taken(posted.size(), 0);
+  std::vector<size_t> next(pp, 0);
+  std::vector<int> clock(pp, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < pp; ++r) {
+      const std::vector<Action>& list = ranks[r];
+      for (; next[r] < list.size(); ++next[r]) {
+        const Action& a = list[next[r]];
+        if (IsCompute(a.kind)) {
+          const int cost = a.kind == ActionKind::kForward ? forward_cost : backward_cost;
+          if (timeline != nullptr) timeline->ranks[r].push_back({a, clock[r], clock[r] + cost});
+          clock[r] += cost;
+        } else if (IsSend(a.kind)) {
+          posted[channel(r, a.peer)].push_back(clock[r]);
+        } else {
+          const int c = channel(a.peer, r);
+          if (taken[c] == posted[c].size()) break;  // its send is not posted yet
+          clock[r] = std::max(clock[r], posted[c][taken[c]++]);
+        }
+        progress = true;
+      }
+    }
+  }
+  std::string waiting;
+  for (int r = 0; r < pp; ++r) {
+    if (next[r] == ranks[r].size()) continue;
+    if (!waiting.empty()) waiting += "; ";
+    waiting += Where(r, ranks[r], next[r]) + " waits for a send that is never posted";
+  }
+  if (!waiting.empty()) return InvalidArgument("deadlock: ", waiting);
+  if (timeline != nullptr) {
+    timeline->makespan = *std::max_element(clock.begin(), clock.end());
+    timeline->idle_fraction.assign(pp, 0.0);
+    double idle_sum = 0;
+    for (int r = 0; r < pp; ++r) {
+      int busy = 0;
+      for (const TimedAction& t : timeline->ranks[r]) busy += t.end - t.start;
+      const double idle =
+          timeline->makespan == 0 ? 0.0 : 1.0 - static_cast<double>(busy) / timeline->makespan;
+      timeline->idle_fraction[r] = idle;
+      idle_sum += idle;
+    }
+    timeline->bubble = idle_sum / pp;
+  }
+  return OkStatus();
+}
+
+}  // namespace pipeline_internal
+
+double AnalyticBubble(PipelineSchedule schedule, int pp, int micro_batches,
+                      int virtual_stages) {
+  const double share = static_cast<double>(pp - 1) / (micro_batches + pp - 1);
+  return schedule == PipelineSchedule::kInterleaved ? share / virtual_stages : share;
+}
+
+double LiteratureInterleavedBubble(int pp, int micro_batches, int virtual_stages) {
+  return static_cast<double>(pp - 1) / (virtual_stages * micro_batches + pp - 1);
+}
+
+Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
+                          int virtual_stages, int forward_cost, int backward_cost) {
+  SY_CHECK(forward_cost >= 1 && backward_cost >= 1)
+      << "forward_cost " << forward_cost << ", backward_cost " << backward_cost;
+  Timeline timeline;
+  timeline.schedule = schedule;
+  timeline.pp = pp;
+  timeline.micro_batches = micro_batches;
+  timeline.virtual_stages = virtual_stages;
+  timeline.forward_cost = forward_cost;
+  timeline.backward_cost = backward_cost;
+  timeline.ranks.resize(pp);
+  std::vector<std::vector<Action>> ranks;
+  for (int r = 0; r < pp; ++r) {
+    ranks.push_back(ScheduleActions(schedule, pp, micro_batches, virtual_stages, r));
+  }
+  SY_CHECK_OK(pipeline_internal::Execute(ranks, forward_cost, backward_cost, &timeline));
+  return timeline;
+}
+
+std::string RenderTimeline(const Timeline& timeline) {
+  const bool chunks = timeline.virtual_stages > 1;
+  std::string out = StrCat(PipelineScheduleName(timeline.schedule), ": pp ", timeline.pp, ", ",
+                           timeline.micro_batches, " micro-batches");
+  if (chunks) out += StrCat(", ", timeline.virtual_stages, " virtual stages");
+  out += StrCat(", forward ", timeline.forward_cost, " / backward ", timeline.backward_cost,
+                " time units per ", chunks ? "chunk" : "stage", "\n");
+  for (int r = 0; r < timeline.pp; ++r) {
+    std::string line(timeline.makespan, '.');
+    std::string chunk_line(timeline.makespan, ' ');
+    for (const TimedAction& t : timeline.ranks[r]) {
+      const bool backward = t.action.kind == ActionKind::kBackward;
+      for (int u = t.start; u < t.end; ++u) {
+        line[u] = MicroBatchLetter(t.action.micro_batch, backward);
+        chunk_line[u] = static_cast<char>('0' + t.action.chunk % 10);
+      }
+    }
+    char head[32];
+    std::snprintf(head, sizeof(head), "rank %-3d |", r);
+    out += head + line + "|\n";
+    if (chunks) out += "   chunk |" + chunk_line + "|\n";
+  }
+  out += "legend: a-z forward of micro-batch 0-25, A-Z its backward (letters wrap after 26), "
+         "one letter per time unit, '.' idle\n";
+  const bool interleaved = timeline.schedule == PipelineSchedule::kInterleaved;
+  const double analytic = AnalyticBubble(timeline.schedule, timeline.pp,
+                                         timeline.micro_batches, timeline.virtual_stages);
+  char tail[256];
+  std::snprintf(tail, sizeof(tail),
+                "makespan %d time units\n"
+                "bubble (idle share of the step): measured %.4f, analytic %s = %.4f",
+                timeline.makespan, timeline.bubble,
+                interleaved ? "(p-1)/(v(m+p-1))" : "(p-1)/(m+p-1)", analytic);
+  out += tail;
+  if (interleaved) {
+    std::snprintf(tail, sizeof(tail), ", literature (p-1)/(vm+p-1) = %.4f",
+                  LiteratureInterleavedBubble(timeline.pp, timeline.micro_batches,
+                                              timeline.virtual_stages));
+    out += tail;
+  }
+  return out + "\n";
+}
+
+}  // namespace switchyard::parallel

@@ -1,0 +1,97 @@
+#include "engine/core/file.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace switchyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("sy_file_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  // A directory `name` holding one file `file` with `text`.
+  std::string MakeDir(const std::string& name, const std::string& file, const std::string& text) {
+    fs::create_directories(dir_ / name);
+    std::ofstream(dir_ / name / file) << text;
+    return Path(name);
+  }
+  // The names in dir_, sorted.
+  std::vector<std::string> Names() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  fs::path dir_;
+};
+
+TEST_F(FileTest, WritesAtomicallyAndReadsBack) {
+  ASSERT_TRUE(WriteFileAtomically(Path("a.json"), "{\"x\": 1}\n").ok());
+  ASSERT_TRUE(WriteFileAtomically(Path("a.json"), "{\"x\": 2}\n").ok());
+  auto read = ReadFile(Path("a.json"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "{\"x\": 2}\n");
+  EXPECT_EQ(Names(), std::vector<std::string>{"a.json"});  // no temporary left
+  const Status missing = WriteFileAtomically(Path("no/such/dir/a.json"), "x");
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("cannot create"), std::string::npos) << missing;
+}
+
+TEST_F(FileTest, FsyncDirReportsAMissingDirectory) {
+  EXPECT_TRUE(FsyncDir(dir_.string()).ok());
+  const Status s = FsyncDir(Path("missing"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(Path("missing")), std::string::npos) << s;
+}
+
+TEST_F(FileTest, PublishesIntoANewPath) {
+  const std::string staging = MakeDir(".out.tmp-1", "f.txt", "new");
+  ASSERT_TRUE(PublishDirectory(staging, Path("out")).ok());
+  EXPECT_EQ(*ReadFile(Path("out/f.txt")), "new");
+  EXPECT_EQ(Names(), std::vector<std::string>{"out"});
+}
+
+TEST_F(FileTest, ReplacesAnExistingDirectoryWhole) {
+  MakeDir("out", "old.txt", "old");
+  const std::string staging = MakeDir(".out.tmp-1", "f.txt", "new");
+  ASSERT_TRUE(PublishDirectory(staging, Path("out") + "/").ok());
+  EXPECT_EQ(*ReadFile(Path("out/f.txt")), "new");
+  EXPECT_FALSE(fs::exists(Path("out/old.txt")));
+  EXPECT_EQ(Names(), std::vector<std::string>{"out"});  // neither staging nor the old one left
+}
+
+TEST_F(FileTest, AFailureLeavesTheOldDirectoryIntact) {
+  MakeDir("out", "old.txt", "old");
+  // The staging directory is missing: nothing moves.
+  const Status missing = PublishDirectory(Path(".out.tmp-1"), Path("out"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find(".out.tmp-1"), std::string::npos) << missing;
+  EXPECT_EQ(*ReadFile(Path("out/old.txt")), "old");
+  // The destination is a file, not a directory: it is not replaced.
+  std::ofstream(dir_ / "file") << "mine";
+  const std::string staging = MakeDir(".file.tmp-1", "f.txt", "new");
+  const Status file = PublishDirectory(staging, Path("file"));
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.message().find("not a directory"), std::string::npos) << file;
+  EXPECT_EQ(*ReadFile(Path("file")), "mine");
+  EXPECT_EQ(*ReadFile(staging + "/f.txt"), "new");
+  EXPECT_EQ(Names(), (std::vector<std::string>{".file.tmp-1", "file", "out"}));
+}
+
+}  // namespace
+}  // namespace switchyard
