@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -14,16 +15,20 @@
 
 #include "engine/core/philox.h"
 #include "kernels/random.h"
+#include "tests/moe/moe_layer_test_util.h"
+#include "tests/testing/tolerance.h"
 
 namespace switchyard::moe {
 namespace {
+
+using testing::ExpectWithinBound;
+using testing::MlpBound;
+using testing::MlpWithBound;
 
 constexpr int64_t kD = 4, kF = 6, kExperts = 3;
 const std::vector<int64_t> kRows = {2, 0, 3};  // R = 5; expert 1 gets no rows
 constexpr int64_t kR = 5;
 
-// Forward vs the double-precision reference: f32 sums of a few dozen O(1) terms.
-constexpr double kFwdAbsTol = 1e-5, kFwdRelTol = 1e-5;
 // Central differences of the f32 forward with step 1e-2: truncation h^2/6 |L'''| and f32
 // rounding of y (~1e-7 |y| per element over 2h) are both a few 1e-5 here; a missing or
 // wrong gradient term is off by > 1e-2.
@@ -68,48 +73,19 @@ std::string Name(Activation act, bool bias) {
 }
 
 // y = act(x W1[g] + b1[g]) W2[g] + b2[g] (swiglu: silu(x W1 + b1) * (x W3)), one token at
-// a time in double.
-std::vector<double> NaiveForward(const Experts& e, const Tensor& x,
-                                 const std::vector<int64_t>& rows) {
-  const ExpertsOptions& o = e.options();
-  const std::vector<float> xv = x.ToVector<float>(), w1 = e.w1().ToVector<float>(),
-                           w2 = e.w2().ToVector<float>();
-  const std::vector<float> w3 =
-      o.activation == Activation::kSwiglu ? e.w3().ToVector<float>() : std::vector<float>();
-  const std::vector<float> b1 = o.bias ? e.b1().ToVector<float>() : std::vector<float>();
-  const std::vector<float> b2 = o.bias ? e.b2().ToVector<float>() : std::vector<float>();
-  const int64_t d = o.d_model, f = o.d_hidden;
-  std::vector<double> y(x.numel());
+// a time in double, with the bound of any f32 evaluation (moe_layer_test_util.h).
+MlpBound NaiveForward(const Experts& e, const Tensor& x, const std::vector<int64_t>& rows) {
+  const int64_t d = e.options().d_model;
+  MlpBound out;
   int64_t r = 0;
   for (size_t g = 0; g < rows.size(); ++g) {
     for (int64_t end = r + rows[g]; r < end; ++r) {
-      std::vector<double> h(f);
-      for (int64_t j = 0; j < f; ++j) {
-        double a = o.bias ? b1[g * f + j] : 0.0, b = 0.0;
-        for (int64_t i = 0; i < d; ++i) {
-          a += xv[r * d + i] * w1[(g * d + i) * f + j];
-          if (!w3.empty()) b += xv[r * d + i] * w3[(g * d + i) * f + j];
-        }
-        switch (o.activation) {
-          case Activation::kGelu:
-            h[j] = 0.5 * a * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)));
-            break;
-          case Activation::kRelu:
-            h[j] = a > 0.0 ? a : 0.0;
-            break;
-          case Activation::kSwiglu:
-            h[j] = a / (1.0 + std::exp(-a)) * b;
-            break;
-        }
-      }
-      for (int64_t i = 0; i < d; ++i) {
-        double acc = o.bias ? b2[g * d + i] : 0.0;
-        for (int64_t j = 0; j < f; ++j) acc += h[j] * w2[(g * f + j) * d + i];
-        y[r * d + i] = acc;
-      }
+      const MlpBound row = MlpWithBound(e, static_cast<int64_t>(g), x.data<float>() + r * d);
+      out.y.insert(out.y.end(), row.y.begin(), row.y.end());
+      out.bound.insert(out.bound.end(), row.bound.begin(), row.bound.end());
     }
   }
-  return y;
+  return out;
 }
 
 // Worst fraction of |got - want| <= abs + rel |want| used; prints and checks it.
@@ -162,8 +138,8 @@ TEST(ExpertsTest, ForwardMatchesNaivePerTokenLoop) {
       Tensor x = RandomTensor({kR, kD}, 10, 1.0f);
       ExpertsActivations acts = e.Forward(x, kRows);
       ASSERT_EQ(acts.y.shape(), (Shape{kR, kD}));
-      ExpectClose(acts.y.ToVector<float>(), NaiveForward(e, x, kRows), kFwdAbsTol, kFwdRelTol,
-                  Name(act, bias) + " forward");
+      const MlpBound ref = NaiveForward(e, x, kRows);
+      ExpectWithinBound(acts.y.ToVector<float>(), ref.y, ref.bound, Name(act, bias) + " forward");
     }
   }
 }
@@ -202,6 +178,65 @@ TEST(ExpertsTest, GradientsMatchFiniteDifferences) {
   }
 }
 
+// |A||B| of the weight-gradient product that Backward(acts, dy) adds into parameter `name`
+// (grad_w = X^T D summed over each expert's rows, grad_b = the column sums of D), in double.
+// Where D is the backward's internal da (w1, b1) or db (w3), |D| is replaced by an upper
+// bound: dh = dy W2^T has |dh| <= (1 + gamma_f) |dy||W2^T|, da = act'(a) dh with |act'| <= 1.13
+// (gelu), 1 (relu), 1.1 |b| (swiglu), db = silu(a) dh with |silu(a)| <= |a|; the factor 1.01
+// covers the f32 roundings of dh and of the derivative.
+std::vector<double> WeightGradScale(const Experts& e, const ExpertsActivations& acts,
+                                    const Tensor& dy, const std::string& name) {
+  const ExpertsOptions& o = e.options();
+  const int64_t d = o.d_model, f = o.d_hidden, R = dy.dim(0);
+  const std::vector<float> x = acts.x.ToVector<float>(), h = acts.h.ToVector<float>(),
+                           a = acts.a.ToVector<float>(), g = dy.ToVector<float>(),
+                           w2 = e.w2().ToVector<float>();
+  const std::vector<float> b =
+      acts.b.defined() ? acts.b.ToVector<float>() : std::vector<float>();
+  // |D| (R, cols) for this parameter, and the X it multiplies (nullptr: a bias, X = 1).
+  const bool hidden = name == "w1" || name == "b1" || name == "w3";
+  const int64_t cols = hidden ? f : d;
+  std::vector<double> D(R * cols);
+  int64_t r = 0;
+  for (size_t ex = 0; ex < acts.rows.size(); ++ex) {
+    for (int64_t end = r + acts.rows[ex]; r < end; ++r) {
+      for (int64_t j = 0; j < cols; ++j) {
+        if (!hidden) {
+          D[r * cols + j] = std::abs(g[r * d + j]);
+          continue;
+        }
+        double dh = 0;  // (|dy||W2^T|)_rj
+        for (int64_t i = 0; i < d; ++i) dh += std::abs(g[r * d + i] * w2[(ex * f + j) * d + i]);
+        double slope = 1.0;
+        if (name == "w3") {
+          slope = std::abs(a[r * f + j]);
+        } else if (o.activation == Activation::kGelu) {
+          slope = testing::kGeluSlope;
+        } else if (o.activation == Activation::kSwiglu) {
+          slope = testing::kSiluSlope * std::abs(b[r * f + j]);
+        }
+        D[r * cols + j] = 1.01 * slope * dh;
+      }
+    }
+  }
+  const std::vector<float>* X = name == "w2" ? &h : name[0] == 'w' ? &x : nullptr;
+  const int64_t xcols = name == "w2" ? f : d;
+  const int64_t n = static_cast<int64_t>(acts.rows.size());
+  std::vector<double> scale(X ? n * xcols * cols : n * cols, 0.0);
+  r = 0;
+  for (int64_t ex = 0; ex < n; ++ex) {
+    for (int64_t end = r + acts.rows[ex]; r < end; ++r) {
+      for (int64_t i = 0; i < (X ? xcols : 1); ++i) {
+        const double xv = X ? std::abs((*X)[r * xcols + i]) : 1.0;
+        for (int64_t j = 0; j < cols; ++j) {
+          scale[(ex * (X ? xcols : 1) + i) * cols + j] += xv * D[r * cols + j];
+        }
+      }
+    }
+  }
+  return scale;
+}
+
 TEST(ExpertsTest, GradientsAccumulateAcrossMicroBatchesInFlight) {
   for (Activation act : kActivations) {
     Experts e = RandomExperts(act, /*bias=*/true);
@@ -222,14 +257,20 @@ TEST(ExpertsTest, GradientsAccumulateAcrossMicroBatchesInFlight) {
     ExpertsActivations b = e.Forward(xb, rows_b);
     e.Backward(b, dyb);
     e.Backward(a, dya);
+    // The last Backward computes fl(P_a + G_b) with G_b = b's gradient (bit for bit b's
+    // alone: the same products into zeros); `alone` holds fl(P_a). Each is within
+    // gamma_{k+2} (|A||B| + |G_b|) of its exact value, k <= the most rows of one expert in
+    // a: the product bound with scale |A||B| + |G_b| (tolerance.h, c = 2).
     const std::vector<parallel::Parameter> params = e.Parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const std::vector<float> got = params[i].grad.ToVector<float>();
+      const std::vector<float>& g_b = alone[params.size() + i];
       std::vector<double> want(got.size());
-      for (size_t j = 0; j < got.size(); ++j) {
-        want[j] = static_cast<double>(alone[i][j]) + alone[params.size() + i][j];
-      }
-      ExpectClose(got, want, 1e-6, 1e-6, Name(act, true) + " sum d" + params[i].name);
+      for (size_t j = 0; j < got.size(); ++j) want[j] = static_cast<double>(alone[i][j]) + g_b[j];
+      std::vector<double> scale = WeightGradScale(e, a, dya, params[i].name);
+      test_util::AddAbsScaled(scale, 1.0, g_b);
+      test_util::ExpectWithinProductBound(got, want, scale, /*k=*/*std::max_element(kRows.begin(), kRows.end()),
+                                          Name(act, true) + " sum d" + params[i].name);
     }
   }
 }
@@ -298,8 +339,10 @@ TEST(ExpertsTest, InitDoesNotDependOnTheSplit) {
     std::vector<float> y_split = lo.Forward(x.Slice(0, 3), rows_lo).y.ToVector<float>();
     const std::vector<float> y_hi = hi.Forward(x.Slice(3, 6), rows_hi).y.ToVector<float>();
     y_split.insert(y_split.end(), y_hi.begin(), y_hi.end());
-    ExpectClose(y_split, std::vector<double>(y.begin(), y.end()), 1e-7, 1e-6,
-                StrCat(ActivationName(act), " split forward"));
+    // Two f32 evaluations of the same MLPs (only the row counts of the products differ):
+    // apart by at most twice the bound of one.
+    ExpectWithinBound(y_split, y, NaiveForward(whole, x, rows).bound,
+                      StrCat(ActivationName(act), " split forward"), /*factor=*/2.0);
   }
 }
 
@@ -382,6 +425,8 @@ TEST(ExpertsTest, SharedExpertsAreOneDenseMlpEqualToTheSumOfTheCopies) {
       copy_options.d_hidden = 3;
       Tensor x = RandomTensor({5, kD}, 50, 1.0f), dy = RandomTensor({5, kD}, 51, 1.0f);
       std::vector<double> y_sum(5 * kD, 0.0), dx_sum(5 * kD, 0.0);
+      // |y - y_sum| <= the whole's forward bound + each copy's (all evaluate the same sum).
+      std::vector<double> y_bound = NaiveForward(e, x, {5}).bound;
       for (int64_t c = 0; c < 2; ++c) {
         ExpertsParams p;
         p.w1 = Columns(e.w1(), 3 * c, 3);
@@ -395,13 +440,15 @@ TEST(ExpertsTest, SharedExpertsAreOneDenseMlpEqualToTheSumOfTheCopies) {
         ASSERT_TRUE(copy.ok()) << copy.status();
         DenseMlp copy_mlp(std::move(copy).value());
         ExpertsActivations acts = copy_mlp.Forward(x);
+        const std::vector<double> copy_bound = NaiveForward(copy_mlp.experts(), x, {5}).bound;
+        for (size_t i = 0; i < y_bound.size(); ++i) y_bound[i] += copy_bound[i];
         const std::vector<float> y = acts.y.ToVector<float>(),
                                  dx = copy_mlp.Backward(acts, dy).ToVector<float>();
         for (size_t i = 0; i < y.size(); ++i) y_sum[i] += y[i], dx_sum[i] += dx[i];
       }
       ExpertsActivations acts = mlp.Forward(x);
       const std::string name = Name(act, bias);
-      ExpectClose(acts.y.ToVector<float>(), y_sum, 1e-6, 1e-5, name + " shared y");
+      ExpectWithinBound(acts.y.ToVector<float>(), y_sum, y_bound, name + " shared y");
       ExpectClose(mlp.Backward(acts, dy).ToVector<float>(), dx_sum, 1e-6, 1e-5,
                   name + " shared dx");
     }

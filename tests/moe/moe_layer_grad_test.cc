@@ -11,27 +11,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
-#include <numeric>
 #include <string>
 #include <vector>
-
-#include "engine/core/philox.h"
-#include "kernels/random.h"
 
 #include "tests/moe/moe_layer_test_util.h"
 
 namespace switchyard::moe {
 namespace {
 
-using testing::Config;
-using testing::kDataSeed;
-using testing::MakeLayer;
-using testing::Normal;
-using testing::Param;
-using testing::ParamsOf;
-using testing::Reference;
-using testing::ReferenceForward;
+using namespace testing;  // switchyard::moe::testing: the shared helpers
 
 // ---- Gradients vs finite differences ---------------------------------------------------
 
@@ -56,30 +44,19 @@ std::vector<int64_t> RoutingSignature(const MoEForward& f) {
   return sig;
 }
 
-struct GradCase {
-  std::string name;
-  MoEConfig config;
-  bool training = true;
-};
-
-GradCase MakeGradCase(const std::string& name, const MoEConfig& config) {
-  GradCase c;
-  c.name = name;
-  c.config = config;
-  return c;
-}
+using GradCase = LayerCase;
 
 std::vector<GradCase> GradCases() {
   std::vector<GradCase> cases;
   {
-    GradCase c = MakeGradCase("top1_gelu_cf1_aux_z", Config(4, 1, Activation::kGelu));
+    GradCase c = MakeCase("top1_gelu_cf1_aux_z", Config(4, 1, Activation::kGelu));
     c.config.capacity_factor = 1.0f;
     c.config.aux_loss_coef = 0.3f;
     c.config.z_loss_coef = 0.1f;
     cases.push_back(c);
   }
   {
-    GradCase c = MakeGradCase("top2_swiglu_normalised_dropless", Config(4, 2, Activation::kSwiglu));
+    GradCase c = MakeCase("top2_swiglu_normalised_dropless", Config(4, 2, Activation::kSwiglu));
     c.config.normalize_gates = true;
     c.config.capacity_factor = 0.0f;
     c.config.aux_loss_coef = 0.3f;
@@ -87,14 +64,14 @@ std::vector<GradCase> GradCases() {
     cases.push_back(c);
   }
   {
-    GradCase c = MakeGradCase("top2_gelu_unnormalised_cf1", Config(4, 2, Activation::kGelu));
+    GradCase c = MakeCase("top2_gelu_unnormalised_cf1", Config(4, 2, Activation::kGelu));
     c.config.capacity_factor = 1.0f;
     c.config.aux_loss_coef = 0.3f;
     c.config.z_loss_coef = 0.1f;
     cases.push_back(c);
   }
   {
-    GradCase c = MakeGradCase("relu_bias_shared_jitter", Config(4, 2, Activation::kRelu));
+    GradCase c = MakeCase("relu_bias_shared_jitter", Config(4, 2, Activation::kRelu));
     c.config.bias = true;
     c.config.normalize_gates = true;
     c.config.num_shared_experts = 2;
@@ -106,7 +83,7 @@ std::vector<GradCase> GradCases() {
     cases.push_back(c);
   }
   {
-    GradCase c = MakeGradCase("swiglu_bias_shared_jitter_unnormalised", Config(4, 2, Activation::kSwiglu));
+    GradCase c = MakeCase("swiglu_bias_shared_jitter_unnormalised", Config(4, 2, Activation::kSwiglu));
     c.config.bias = true;
     c.config.num_shared_experts = 1;
     c.config.jitter_eps = 0.2f;
@@ -116,7 +93,7 @@ std::vector<GradCase> GradCases() {
     cases.push_back(c);
   }
   {
-    GradCase c = MakeGradCase("top2_probability_drop", Config(4, 2, Activation::kGelu));
+    GradCase c = MakeCase("top2_probability_drop", Config(4, 2, Activation::kGelu));
     c.config.drop_policy = DropPolicy::kProbability;
     c.config.normalize_gates = true;
     c.config.capacity_factor = 0.75f;
@@ -125,7 +102,7 @@ std::vector<GradCase> GradCases() {
     cases.push_back(c);
   }
   {
-    GradCase c = MakeGradCase("k_equals_E_normalised", Config(3, 3, Activation::kGelu));
+    GradCase c = MakeCase("k_equals_E_normalised", Config(3, 3, Activation::kGelu));
     c.config.normalize_gates = true;
     c.config.capacity_factor = 0.0f;
     c.config.aux_loss_coef = 0.3f;
@@ -134,8 +111,6 @@ std::vector<GradCase> GradCases() {
   }
   return cases;
 }
-
-void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
 
 class MoELayerGradientTest : public ::testing::TestWithParam<GradCase> {};
 
@@ -151,8 +126,8 @@ class MoELayerGradientTest : public ::testing::TestWithParam<GradCase> {};
 // Forward's routing is compared with the base anyway (`flips` must stay 0).
 TEST_P(MoELayerGradientTest, MatchesFiniteDifferences) {
   const GradCase& c = GetParam();
-  auto ep = dist::MakeLocalCommunicator();
-  MoELayer layer = MakeLayer(c.config, ep.get());
+  LocalLayer local(c.config);
+  MoELayer& layer = local.layer;
   const int64_t G = 2, T = 8, N = G * T, d = c.config.d_model;
   const int64_t step = 11, first_token = 640;
   Tensor h;
@@ -247,7 +222,6 @@ INSTANTIATE_TEST_SUITE_P(Configs, MoELayerGradientTest, ::testing::ValuesIn(Grad
 // in reverse order gives the same gradients as one at a time, and zero tokens routed is
 // allowed (a rank whose micro-batch is empty still joins the collectives).
 TEST(MoELayerInFlightTest, InterleavedMicroBatchesMatchSequential) {
-  auto ep = dist::MakeLocalCommunicator();
   MoEConfig c = Config(4, 2, Activation::kSwiglu);
   c.bias = true;
   c.num_shared_experts = 1;
@@ -255,7 +229,8 @@ TEST(MoELayerInFlightTest, InterleavedMicroBatchesMatchSequential) {
   c.capacity_factor = 1.0f;
   c.aux_loss_coef = 0.1f;
   c.z_loss_coef = 0.01f;
-  MoELayer layer = MakeLayer(c, ep.get());
+  LocalLayer local(c);
+  MoELayer& layer = local.layer;
   const int64_t T = 8, d = c.d_model;
   Tensor ha = Normal({2 * T, d}, 8, 1.0f), hb = Normal({3 * T, d}, 9, 1.0f);
   Tensor dya = Normal({2 * T, d}, 10, 1.0f), dyb = Normal({3 * T, d}, 11, 1.0f);

@@ -9,47 +9,20 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <limits>
-#include <numeric>
 #include <string>
 #include <vector>
-
-#include "engine/core/philox.h"
-#include "kernels/random.h"
 
 #include "tests/moe/moe_layer_test_util.h"
 
 namespace switchyard::moe {
 namespace {
 
-using testing::Config;
-using testing::kDataSeed;
-using testing::MakeLayer;
-using testing::Normal;
-using testing::Reference;
-using testing::ReferenceForward;
-
+using namespace testing;  // switchyard::moe::testing: the shared helpers
 
 // ---- Forward vs the reference ----------------------------------------------------------
 
-struct Case {
-  std::string name;
-  MoEConfig config;
-  int64_t groups = 2, group_tokens = 16;
-  bool training = true;
-  bool expect_drops = false;
-  std::vector<float> expert_bias;  // aux-loss-free bias values (expert_bias_rate > 0)
-};
-
-Case MakeCase(const std::string& name, const MoEConfig& config) {
-  Case c;
-  c.name = name;
-  c.config = config;
-  return c;
-}
+using Case = LayerCase;
 
 std::vector<Case> ForwardCases() {
   std::vector<Case> cases;
@@ -133,20 +106,18 @@ std::vector<Case> ForwardCases() {
   return cases;
 }
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
 class MoELayerForwardTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MoELayerForwardTest, MatchesTheReference) {
   const Case& c = GetParam();
-  auto ep = dist::MakeLocalCommunicator();
-  MoELayer layer = MakeLayer(c.config, ep.get());
+  LocalLayer local(c.config);
+  MoELayer& layer = local.layer;
   if (!c.expert_bias.empty()) {
     ASSERT_TRUE(layer.expert_bias().defined());
     layer.expert_bias().CopyFrom(Tensor::FromVector(c.expert_bias, {c.config.num_experts}));
   }
   const int64_t T = c.group_tokens, G = c.groups, N = G * T, d = c.config.d_model;
-  const int64_t E = c.config.num_experts, k = c.config.top_k;
+  const int64_t k = c.config.top_k;
   const int64_t step = 5, first_token = 1000;
   Tensor h = Normal({N, d}, 1, 1.0f);
   MoEForward out = layer.Forward(h, T, c.training, step, first_token);
@@ -168,8 +139,8 @@ TEST_P(MoELayerForwardTest, MatchesTheReference) {
     std::vector<int32_t> idx = out.acts.router[g].indices.ToVector<int32_t>();
     for (int64_t i = 0; i < T * k; ++i) ASSERT_EQ(idx[i], ref.indices[g * T * k + i]) << "group " << g;
   }
-  const float* gates = out.acts.gates.data<float>();
-  for (int64_t i = 0; i < N * k; ++i) EXPECT_NEAR(gates[i], ref.gates[i], 1e-6) << "gate " << i;
+  // Values: within the bounds of any f32 evaluation (ReferenceForward's comment).
+  ExpectWithinBound(out.acts.gates.ToVector<float>(), ref.gates, ref.gate_bound, c.name + " gates");
   // The kept set, from the dispatch plan.
   std::vector<uint8_t> kept(N * k, 0);
   for (int64_t s : out.acts.plan->slot()) kept[s] = 1;
@@ -178,13 +149,8 @@ TEST_P(MoELayerForwardTest, MatchesTheReference) {
   EXPECT_EQ(out.stats.tokens_per_expert, ref.counts);
   EXPECT_EQ(out.stats.dropped(), ref.dropped);
 
+  ExpectWithinBound(out.y.ToVector<float>(), ref.y, ref.y_bound, c.name + " y");
   const float* y = out.y.data<float>();
-  double max_err = 0;
-  for (int64_t i = 0; i < N * d; ++i) {
-    const double err = std::abs(y[i] - ref.y[i]) / std::max(1.0, std::abs(ref.y[i]));
-    max_err = std::max(max_err, err);
-    EXPECT_LE(err, 1e-5) << "y[" << i / d << ", " << i % d << "] = " << y[i] << " vs " << ref.y[i];
-  }
   // A token with every assignment dropped (and no shared experts) gives exactly zero.
   if (!layer.shared()) {
     for (int64_t t = 0; t < N; ++t) {
@@ -194,13 +160,10 @@ TEST_P(MoELayerForwardTest, MatchesTheReference) {
       for (int64_t i = 0; i < d; ++i) EXPECT_EQ(y[t * d + i], 0.0f) << "all-dropped token " << t;
     }
   }
-  for (int64_t g = 0; g < G; ++g) {
-    EXPECT_NEAR(out.groups.aux[g], ref.aux[g], 1e-6 * std::max(1.0, ref.aux[g])) << "aux of group " << g;
-    EXPECT_NEAR(out.groups.z[g], ref.z[g], 1e-6 * std::max(1.0, ref.z[g])) << "z of group " << g;
-  }
+  ExpectWithinBound(out.groups.aux, ref.aux, ref.aux_bound, c.name + " aux per group");
+  ExpectWithinBound(out.groups.z, ref.z, ref.z_bound, c.name + " z per group");
+  // A scalar sum of O(N log E) positive terms: relative 1e-5.
   EXPECT_NEAR(out.stats.entropy_sum, ref.entropy_sum, 1e-5 * ref.entropy_sum);
-  std::printf("[ %s ] max relative error of y %.3g\n", c.name.c_str(), max_err);
-  (void)E;
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MoELayerForwardTest, ::testing::ValuesIn(ForwardCases()),
