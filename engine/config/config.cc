@@ -155,9 +155,12 @@ std::vector<Section> Sections(Config& c) {
        {Bind("vocab_size", &c.model.vocab_size), Bind("seq_len", &c.model.seq_len),
         Bind("d_model", &c.model.d_model), Bind("n_layers", &c.model.n_layers),
         Bind("n_heads", &c.model.n_heads), Bind("n_kv_heads", &c.model.n_kv_heads),
-        Bind("d_ff", &c.model.d_ff), Bind("norm", &c.model.norm),
-        Bind("norm_eps", &c.model.norm_eps), Bind("position", &c.model.position),
-        Bind("rope_base", &c.model.rope_base), Bind("activation", &c.model.activation),
+        Bind("d_ff", &c.model.d_ff),
+        BindEnum("norm", &c.model.norm, model::ParseNorm, dense::NormKindName),
+        Bind("norm_eps", &c.model.norm_eps),
+        BindEnum("position", &c.model.position, model::ParsePosition, model::PositionName),
+        Bind("rope_base", &c.model.rope_base),
+        BindEnum("activation", &c.model.activation, model::ParseActivation, dense::ActivationName),
         Bind("bias", &c.model.bias), Bind("tie_embeddings", &c.model.tie_embeddings),
         Bind("init_std", &c.model.init_std), Bind("scaled_init", &c.model.scaled_init)}},
       {"moe",
@@ -304,12 +307,10 @@ Status DataConfig::Validate() const {
   return OkStatus();
 }
 
-Status Config::Validate(int world) const {
-  SY_RETURN_IF_ERROR(runtime.Validate());
-  SY_RETURN_IF_ERROR(data.Validate());
-  if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
-  SY_RETURN_IF_ERROR(moe.Validate());
-  const ParallelConfig& p = parallel;
+namespace {
+
+// Each size alone, ZeRO, and the experts' split over ep.
+Status CheckParallelSizes(const ParallelConfig& p, const moe::MoEConfig& moe) {
   for (auto [name, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"ep", p.ep},
                          {"pp", p.pp}}) {
     if (v < 1) return InvalidArgument("parallel.", name, "=", v, " must be >= 1");
@@ -322,12 +323,14 @@ Status Config::Validate(int world) const {
     return InvalidArgument("parallel.offload_optimizer=true needs parallel.zero_stage >= 1 (the "
                            "offloaded optimizer is the sharded one, as in ZeRO-Offload)");
   }
-  SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
-  SY_RETURN_IF_ERROR(train.Validate());
-  if (logging.routing_every < 0) {
-    return InvalidArgument("logging.routing_every=", logging.routing_every,
-                           " must be >= 0 (0: only at the last step)");
-  }
+  return moe.ExpertsPerRank(p.ep).status();
+}
+
+// What the model's shapes allow to split: the sequence over cp and tp (sequence
+// parallelism), the heads, the kv heads and the dense MLP over tp, the experts' hidden
+// units over etp.
+Status CheckModelSplits(const ParallelConfig& p, const model::ModelConfig& model,
+                        const moe::MoEConfig& moe) {
   if (p.cp > 1 && model.seq_len % (2 * p.cp) != 0) {
     return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by 2 * parallel.cp = ",
                            2 * p.cp, " (context parallelism cuts every sequence into 2 * cp "
@@ -343,7 +346,7 @@ Status Config::Validate(int world) const {
   if (p.tp > 1 && model.n_heads % p.tp != 0) {
     return InvalidArgument("parallel.tp=", p.tp, " does not divide model.n_heads=", model.n_heads);
   }
-  const int64_t kv_heads = model.n_kv_heads > 0 ? model.n_kv_heads : model.n_heads;
+  const int64_t kv_heads = model.kv_heads();
   if (p.tp > 1 && kv_heads % p.tp != 0 && p.tp % kv_heads != 0) {
     return InvalidArgument("parallel.tp=", p.tp, " and model.n_kv_heads=", kv_heads,
                            ": tp must divide the kv heads (they are split) or be a multiple of "
@@ -353,59 +356,79 @@ Status Config::Validate(int world) const {
     return InvalidArgument("parallel.tp=", p.tp, " does not divide the dense MLP hidden size ",
                            model.ff_hidden(), " (model.d_ff)");
   }
-  const int64_t etp = p.etp > 0 ? p.etp : p.tp;
-  if (etp > 1 && moe.d_expert % etp != 0) {
-    return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", moe.d_expert,
-                           p.etp > 0 ? "" : " (etp defaults to tp; set parallel.etp)");
-  }
-  if (world >= 1) {
-    // The fewest ranks the layout runs on: a multiple of both groups' sizes.
-    const int64_t dense = int64_t{p.tp} * p.cp * p.pp, expert = etp * p.ep * p.pp;
-    const int64_t needed = std::lcm(dense, expert);
-    if (world < needed) {
-      return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
-                             " etp=", etp, " needs ", needed, " ranks (or a multiple), but ",
-                             world == 1 ? std::string("this is one process") : StrCat(world, " were launched"),
-                             "; launch with mpirun -np ", needed, " switchyard ...");
-    }
-  }
-  if (world > 0) {
-    if (world % (int64_t{p.tp} * p.cp * p.pp) != 0) {
-      return InvalidArgument("world size ", world, " is not divisible by tp*cp*pp = ", p.tp, "*",
-                             p.cp, "*", p.pp);
-    }
-    if (world % (etp * p.ep * p.pp) != 0) {
-      return InvalidArgument("world size ", world, " is not divisible by etp*ep*pp = ", etp, "*",
-                             p.ep, "*", p.pp);
-    }
-  }
-  // Pipeline: the schedule fits the micro-batches and the layers split into the stages.
-  {
-    auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
-    if (!schedule.ok()) {
-      return InvalidArgument("parallel.pipeline_schedule: ", schedule.status().message());
-    }
-    if (p.pp > 1 || p.virtual_stages != 1) {
-      const Status fits = parallel::CheckScheduleArgs(*schedule, p.pp, static_cast<int>(train.grad_accum),
-                                                      p.virtual_stages);
-      if (!fits.ok()) {
-        return InvalidArgument("parallel.pp=", p.pp, ", parallel.pipeline_schedule=",
-                               p.pipeline_schedule, ", parallel.virtual_stages=", p.virtual_stages,
-                               ", train.grad_accum=", train.grad_accum, " (the micro-batches): ",
-                               fits.message());
-      }
-    }
-    if (p.pp * p.virtual_stages > 1 || !p.pipeline_layers.empty()) {
-      SY_RETURN_IF_ERROR(model::PartitionLayers(model, moe, p.pp * p.virtual_stages,
-                                                p.pipeline_layers)
-                             .status());
+  if (p.expert_tp() > 1) {
+    if (Status s = moe.ExpertHiddenPerRank(p.expert_tp()).status(); !s.ok()) {
+      return InvalidArgument(s.message(), p.etp > 0 ? "" : " (etp defaults to tp; set parallel.etp)");
     }
   }
   return OkStatus();
 }
 
+// The world: at least the smallest one (the launch command to use), and a multiple of both
+// groups' sizes.
+Status CheckWorld(const ParallelConfig& p, int world) {
+  const int64_t needed = p.SmallestWorld();
+  if (world < needed) {
+    return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
+                           " etp=", p.expert_tp(), " needs ", needed, " ranks (or a multiple), but ",
+                           world == 1 ? std::string("this is one process") : StrCat(world, " were launched"),
+                           "; launch with mpirun -np ", needed, " switchyard ...");
+  }
+  return dist::CheckMeshSizes(world, p.MeshSizes());
+}
+
+// Pipeline: the schedule fits the micro-batches and the layers split into the stages.
+Status CheckPipeline(const ParallelConfig& p, const model::ModelConfig& model,
+                     const moe::MoEConfig& moe, int64_t micro_batches) {
+  auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
+  if (!schedule.ok()) {
+    return InvalidArgument("parallel.pipeline_schedule: ", schedule.status().message());
+  }
+  if (p.pp > 1 || p.virtual_stages != 1) {
+    const Status fits = parallel::CheckScheduleArgs(*schedule, p.pp, static_cast<int>(micro_batches),
+                                                    p.virtual_stages);
+    if (!fits.ok()) {
+      return InvalidArgument("parallel.pp=", p.pp, ", parallel.pipeline_schedule=",
+                             p.pipeline_schedule, ", parallel.virtual_stages=", p.virtual_stages,
+                             ", train.grad_accum=", micro_batches, " (the micro-batches): ",
+                             fits.message());
+    }
+  }
+  if (p.pp * p.virtual_stages > 1 || !p.pipeline_layers.empty()) {
+    return model::PartitionLayers(model, moe, p.pp * p.virtual_stages, p.pipeline_layers).status();
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status ParallelConfig::Validate(const model::ModelConfig& model, const moe::MoEConfig& moe,
+                                int64_t micro_batches, int world) const {
+  SY_RETURN_IF_ERROR(CheckParallelSizes(*this, moe));
+  SY_RETURN_IF_ERROR(CheckModelSplits(*this, model, moe));
+  if (world >= 1) SY_RETURN_IF_ERROR(CheckWorld(*this, world));
+  return CheckPipeline(*this, model, moe, micro_batches);
+}
+
+Status Config::Validate(int world) const {
+  SY_RETURN_IF_ERROR(runtime.Validate());
+  SY_RETURN_IF_ERROR(data.Validate());
+  if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
+  SY_RETURN_IF_ERROR(moe.Validate());
+  SY_RETURN_IF_ERROR(train.Validate());
+  if (logging.routing_every < 0) {
+    return InvalidArgument("logging.routing_every=", logging.routing_every,
+                           " must be >= 0 (0: only at the last step)");
+  }
+  return parallel.Validate(model, moe, train.grad_accum, world);
+}
+
 dist::MeshSizes ParallelConfig::MeshSizes() const {
-  return {.tp = tp, .cp = cp, .ep = ep, .etp = etp > 0 ? etp : tp, .pp = pp};
+  return {.tp = tp, .cp = cp, .ep = ep, .etp = expert_tp(), .pp = pp};
+}
+
+int64_t ParallelConfig::SmallestWorld() const {
+  return std::lcm(int64_t{tp} * cp * pp, int64_t{expert_tp()} * ep * pp);
 }
 
 Status ParallelConfig::CheckSupported() const {
@@ -424,6 +447,21 @@ std::string Config::ToYaml() const {
     for (const Field& f : s.fields) out << "  " << f.key << ": " << f.show() << "\n";
   }
   return out.str();
+}
+
+std::optional<KeyDifference> FirstDifference(
+    const Config& a, const Config& b,
+    const std::function<bool(const std::string& section, const std::string& key)>& compared) {
+  Config copy_a = a, copy_b = b;
+  const std::vector<Section> sa = Sections(copy_a), sb = Sections(copy_b);
+  for (size_t s = 0; s < sa.size(); ++s) {
+    for (size_t f = 0; f < sa[s].fields.size(); ++f) {
+      if (!compared(sa[s].name, sa[s].fields[f].key)) continue;
+      std::string va = sa[s].fields[f].show(), vb = sb[s].fields[f].show();
+      if (va != vb) return KeyDifference{StrCat(sa[s].name, ".", sa[s].fields[f].key), va, vb};
+    }
+  }
+  return std::nullopt;
 }
 
 StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,

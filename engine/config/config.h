@@ -5,6 +5,8 @@
 //   configs/x.yaml: unknown key 'moe.topk'
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,8 +46,19 @@ struct ParallelConfig {
   // (Megatron-LM requires it with MoE); all-gather / reduce-scatter replace the all-reduces.
   bool sequence_parallel = true;
 
-  // The mesh sizes (etp 0 means tp).
+  // etp resolved: 0 means the same as tp.
+  int expert_tp() const { return etp > 0 ? etp : tp; }
+  // The mesh sizes (etp resolved).
   dist::MeshSizes MeshSizes() const;
+  // The fewest ranks the layout runs on: a multiple of both tp*cp*pp and etp*ep*pp.
+  int64_t SmallestWorld() const;
+  // The one check of the layout, naming the key and the value it rejects: the sizes, ZeRO,
+  // what the model's shapes allow to split (heads, kv heads, the MLP and expert hidden
+  // sizes, the sequence under cp and sequence parallelism), the world size (world <= 0
+  // skips it: dist::CheckMeshSizes) and the pipeline (the schedule fits `micro_batches`,
+  // the layers split into the stages).
+  Status Validate(const model::ModelConfig& model, const moe::MoEConfig& moe,
+                  int64_t micro_batches, int world) const;
   // The one check of what `switchyard train` and `eval` run today: an error naming the key
   // of a parallelism that is not built yet (it shrinks as each one lands).
   Status CheckSupported() const;
@@ -103,6 +116,17 @@ struct Config {
   // The resolved config as YAML, every key with its value (defaults included).
   std::string ToYaml() const;
 };
+
+// A key whose value differs between two configs, with both values as ToYaml prints them.
+struct KeyDifference {
+  std::string key;  // "model.d_model"
+  std::string a, b;
+};
+// The first key, in the key tables' order, that `compared(section, key)` selects and whose
+// values differ between `a` and `b`; nullopt when they agree on every selected key.
+std::optional<KeyDifference> FirstDifference(
+    const Config& a, const Config& b,
+    const std::function<bool(const std::string& section, const std::string& key)>& compared);
 
 // Parses YAML text; `source` names it in errors (a path or "<string>"). Overrides are
 // "section.key=value" strings applied on top of the text, in order.
