@@ -57,8 +57,12 @@ Status CheckMixtralExpressible(const config::Config& c) {
                                     "rmsnorm, rope, swiglu experts in every layer, no biases, "
                                     "top-k with renormalised gates, dropless)");
   };
-  if (m.norm != "rmsnorm") return no("model.norm=", m.norm, ": Mixtral uses RMSNorm");
-  if (m.position != "rope") return no("model.position=", m.position, ": Mixtral uses rotary positions");
+  if (m.norm != dense::NormKind::kRmsNorm) {
+    return no("model.norm=", dense::NormKindName(m.norm), ": Mixtral uses RMSNorm");
+  }
+  if (m.position != model::Position::kRope) {
+    return no("model.position=", model::PositionName(m.position), ": Mixtral uses rotary positions");
+  }
   if (m.bias) return no("model.bias=true: Mixtral's linear layers have no biases");
   if (e.layer_freq != 1) return no("moe.layer_freq=", e.layer_freq, ": Mixtral makes every layer MoE");
   if (e.activation != moe::Activation::kSwiglu) {

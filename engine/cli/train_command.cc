@@ -71,13 +71,6 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   return OkStatus();
 }
 
-// The fewest ranks a layout runs on: a multiple of both tp*cp*pp and etp*ep*pp.
-int SmallestWorld(const config::ParallelConfig& p) {
-  const int dense = p.tp * p.cp * p.pp;
-  const int expert = (p.etp > 0 ? p.etp : p.tp) * p.ep * p.pp;
-  return std::lcm(dense, expert);
-}
-
 int Run(const std::vector<std::string>& args) {
   auto world = dist::WorldCommunicator();
   Flags f;
@@ -91,7 +84,7 @@ int Run(const std::vector<std::string>& args) {
   if (f.dry_run) {
     const int planned = f.world > 0 ? f.world
                         : world->size() > 1 ? world->size()
-                                            : SmallestWorld(config->parallel);
+                                            : static_cast<int>(config->parallel.SmallestWorld());
     Status valid = config->Validate(planned);
     if (valid.ok()) valid = config->model.Validate();
     if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;

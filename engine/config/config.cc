@@ -1,8 +1,5 @@
 #include "engine/config/config.h"
 
-#include "engine/model/stage.h"
-#include "engine/parallel/pipeline_schedule.h"
-
 #include "engine/core/file.h"
 
 #include <cmath>
@@ -155,9 +152,12 @@ std::vector<Section> Sections(Config& c) {
        {Bind("vocab_size", &c.model.vocab_size), Bind("seq_len", &c.model.seq_len),
         Bind("d_model", &c.model.d_model), Bind("n_layers", &c.model.n_layers),
         Bind("n_heads", &c.model.n_heads), Bind("n_kv_heads", &c.model.n_kv_heads),
-        Bind("d_ff", &c.model.d_ff), Bind("norm", &c.model.norm),
-        Bind("norm_eps", &c.model.norm_eps), Bind("position", &c.model.position),
-        Bind("rope_base", &c.model.rope_base), Bind("activation", &c.model.activation),
+        Bind("d_ff", &c.model.d_ff),
+        BindEnum("norm", &c.model.norm, model::ParseNorm, dense::NormKindName),
+        Bind("norm_eps", &c.model.norm_eps),
+        BindEnum("position", &c.model.position, model::ParsePosition, model::PositionName),
+        Bind("rope_base", &c.model.rope_base),
+        BindEnum("activation", &c.model.activation, model::ParseActivation, dense::ActivationName),
         Bind("bias", &c.model.bias), Bind("tie_embeddings", &c.model.tie_embeddings),
         Bind("init_std", &c.model.init_std), Bind("scaled_init", &c.model.scaled_init)}},
       {"moe",
@@ -309,111 +309,12 @@ Status Config::Validate(int world) const {
   SY_RETURN_IF_ERROR(data.Validate());
   if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
   SY_RETURN_IF_ERROR(moe.Validate());
-  const ParallelConfig& p = parallel;
-  for (auto [name, v] : {std::pair<const char*, int>{"tp", p.tp}, {"cp", p.cp}, {"ep", p.ep},
-                         {"pp", p.pp}}) {
-    if (v < 1) return InvalidArgument("parallel.", name, "=", v, " must be >= 1");
-  }
-  if (p.etp < 0) return InvalidArgument("parallel.etp=", p.etp, " must be >= 0 (0: same as tp)");
-  if (p.zero_stage < 0 || p.zero_stage > 3) {
-    return InvalidArgument("parallel.zero_stage=", p.zero_stage, " must be 0, 1, 2 or 3");
-  }
-  if (p.offload_optimizer && p.zero_stage == 0) {
-    return InvalidArgument("parallel.offload_optimizer=true needs parallel.zero_stage >= 1 (the "
-                           "offloaded optimizer is the sharded one, as in ZeRO-Offload)");
-  }
-  SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
   SY_RETURN_IF_ERROR(train.Validate());
   if (logging.routing_every < 0) {
     return InvalidArgument("logging.routing_every=", logging.routing_every,
                            " must be >= 0 (0: only at the last step)");
   }
-  if (p.cp > 1 && model.seq_len % (2 * p.cp) != 0) {
-    return InvalidArgument("model.seq_len=", model.seq_len, " is not divisible by 2 * parallel.cp = ",
-                           2 * p.cp, " (context parallelism cuts every sequence into 2 * cp "
-                           "chunks, two per cp rank)");
-  }
-  const int64_t local_seq = p.cp > 1 ? model.seq_len / (2 * p.cp) : model.seq_len;
-  if (p.tp > 1 && p.sequence_parallel && local_seq % p.tp != 0) {
-    return InvalidArgument("model.seq_len=", model.seq_len,
-                           p.cp > 1 ? " / (2 * parallel.cp)" : "", " is not divisible by parallel.tp=",
-                           p.tp, " (sequence parallelism splits every sequence; or set "
-                           "parallel.sequence_parallel=false)");
-  }
-  if (p.tp > 1 && model.n_heads % p.tp != 0) {
-    return InvalidArgument("parallel.tp=", p.tp, " does not divide model.n_heads=", model.n_heads);
-  }
-  const int64_t kv_heads = model.n_kv_heads > 0 ? model.n_kv_heads : model.n_heads;
-  if (p.tp > 1 && kv_heads % p.tp != 0 && p.tp % kv_heads != 0) {
-    return InvalidArgument("parallel.tp=", p.tp, " and model.n_kv_heads=", kv_heads,
-                           ": tp must divide the kv heads (they are split) or be a multiple of "
-                           "them (they are replicated)");
-  }
-  if (p.tp > 1 && model.ff_hidden() % p.tp != 0 && moe.layer_freq != 1) {
-    return InvalidArgument("parallel.tp=", p.tp, " does not divide the dense MLP hidden size ",
-                           model.ff_hidden(), " (model.d_ff)");
-  }
-  const int64_t etp = p.etp > 0 ? p.etp : p.tp;
-  if (etp > 1 && moe.d_expert % etp != 0) {
-    return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", moe.d_expert,
-                           p.etp > 0 ? "" : " (etp defaults to tp; set parallel.etp)");
-  }
-  if (world >= 1) {
-    // The fewest ranks the layout runs on: a multiple of both groups' sizes.
-    const int64_t dense = int64_t{p.tp} * p.cp * p.pp, expert = etp * p.ep * p.pp;
-    const int64_t needed = std::lcm(dense, expert);
-    if (world < needed) {
-      return InvalidArgument("parallel.tp=", p.tp, " cp=", p.cp, " pp=", p.pp, " ep=", p.ep,
-                             " etp=", etp, " needs ", needed, " ranks (or a multiple), but ",
-                             world == 1 ? std::string("this is one process") : StrCat(world, " were launched"),
-                             "; launch with mpirun -np ", needed, " switchyard ...");
-    }
-  }
-  if (world > 0) {
-    if (world % (int64_t{p.tp} * p.cp * p.pp) != 0) {
-      return InvalidArgument("world size ", world, " is not divisible by tp*cp*pp = ", p.tp, "*",
-                             p.cp, "*", p.pp);
-    }
-    if (world % (etp * p.ep * p.pp) != 0) {
-      return InvalidArgument("world size ", world, " is not divisible by etp*ep*pp = ", etp, "*",
-                             p.ep, "*", p.pp);
-    }
-  }
-  // Pipeline: the schedule fits the micro-batches and the layers split into the stages.
-  {
-    auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
-    if (!schedule.ok()) {
-      return InvalidArgument("parallel.pipeline_schedule: ", schedule.status().message());
-    }
-    if (p.pp > 1 || p.virtual_stages != 1) {
-      const Status fits = parallel::CheckScheduleArgs(*schedule, p.pp, static_cast<int>(train.grad_accum),
-                                                      p.virtual_stages);
-      if (!fits.ok()) {
-        return InvalidArgument("parallel.pp=", p.pp, ", parallel.pipeline_schedule=",
-                               p.pipeline_schedule, ", parallel.virtual_stages=", p.virtual_stages,
-                               ", train.grad_accum=", train.grad_accum, " (the micro-batches): ",
-                               fits.message());
-      }
-    }
-    if (p.pp * p.virtual_stages > 1 || !p.pipeline_layers.empty()) {
-      SY_RETURN_IF_ERROR(model::PartitionLayers(model, moe, p.pp * p.virtual_stages,
-                                                p.pipeline_layers)
-                             .status());
-    }
-  }
-  return OkStatus();
-}
-
-dist::MeshSizes ParallelConfig::MeshSizes() const {
-  return {.tp = tp, .cp = cp, .ep = ep, .etp = etp > 0 ? etp : tp, .pp = pp};
-}
-
-Status ParallelConfig::CheckSupported() const {
-  if (pp > 1 && zero_stage > 0) {
-    return Unimplemented("parallel.zero_stage=", zero_stage, " with parallel.pp=", pp,
-                         " is not supported yet; use zero_stage=0 with pipeline parallelism");
-  }
-  return OkStatus();
+  return parallel.Validate(model, moe, train.grad_accum, world);
 }
 
 std::string Config::ToYaml() const {
@@ -424,6 +325,21 @@ std::string Config::ToYaml() const {
     for (const Field& f : s.fields) out << "  " << f.key << ": " << f.show() << "\n";
   }
   return out.str();
+}
+
+std::optional<KeyDifference> FirstDifference(
+    const Config& a, const Config& b,
+    const std::function<bool(const std::string& section, const std::string& key)>& compared) {
+  Config copy_a = a, copy_b = b;
+  const std::vector<Section> sa = Sections(copy_a), sb = Sections(copy_b);
+  for (size_t s = 0; s < sa.size(); ++s) {
+    for (size_t f = 0; f < sa[s].fields.size(); ++f) {
+      if (!compared(sa[s].name, sa[s].fields[f].key)) continue;
+      std::string va = sa[s].fields[f].show(), vb = sb[s].fields[f].show();
+      if (va != vb) return KeyDifference{StrCat(sa[s].name, ".", sa[s].fields[f].key), va, vb};
+    }
+  }
+  return std::nullopt;
 }
 
 StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,

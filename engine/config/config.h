@@ -5,6 +5,8 @@
 //   configs/x.yaml: unknown key 'moe.topk'
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,44 +14,11 @@
 #include "engine/dist/mesh.h"
 #include "engine/model/model_config.h"
 #include "engine/data/blend.h"
+#include "engine/config/parallel_config.h"
 #include "engine/config/train_config.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::config {
-
-// parallel: the layout over the world; dp (and edp) is what remains.
-struct ParallelConfig {
-  int tp = 1;          // tensor parallel: attention heads, MLP hidden units, vocabulary
-  int cp = 1;          // context parallel
-  int ep = 1;          // expert parallel
-  int etp = 0;         // tensor parallel inside each expert; 0 means the same as tp
-  int pp = 1;          // pipeline stages
-  // Pipeline parallelism (docs/pipeline.md): the schedule of a step's micro-batches
-  // (train.grad_accum of them) over the pp stages — gpipe | 1f1b | interleaved — with
-  // virtual_stages model chunks per rank for interleaved, and the layers of each model
-  // stage (pp x virtual_stages counts summing to model.n_layers; empty: balanced by
-  // compute and parameters, engine/model/stage.h).
-  std::string pipeline_schedule = "1f1b";
-  int virtual_stages = 1;
-  std::vector<int64_t> pipeline_layers;
-  // ZeRO stage 0-3 (engine/parallel/zero.h, docs/zero.md): 1 shards the optimizer state
-  // over each parameter's data-parallel group (dense: dp x cp; experts: edp), 2 the
-  // gradients too, 3 the parameters too.
-  int zero_stage = 0;
-  // ZeRO-Offload: optimizer state and update on the host (GPU runs; needs zero_stage >= 1;
-  // on the CPU backend accepted and changes nothing).
-  bool offload_optimizer = false;
-  std::string order = "tp-cp-ep-dp-pp";  // mesh axis order, first fastest
-  // With tp > 1: norms, the residual stream and the MoE layers work on sequence shards
-  // (Megatron-LM requires it with MoE); all-gather / reduce-scatter replace the all-reduces.
-  bool sequence_parallel = true;
-
-  // The mesh sizes (etp 0 means tp).
-  dist::MeshSizes MeshSizes() const;
-  // The one check of what `switchyard train` and `eval` run today: an error naming the key
-  // of a parallelism that is not built yet (it shrinks as each one lands).
-  Status CheckSupported() const;
-};
 
 // data: where `switchyard prep` wrote the token shards (docs/data.md).
 struct DataConfig {
@@ -103,6 +72,17 @@ struct Config {
   // The resolved config as YAML, every key with its value (defaults included).
   std::string ToYaml() const;
 };
+
+// A key whose value differs between two configs, with both values as ToYaml prints them.
+struct KeyDifference {
+  std::string key;  // "model.d_model"
+  std::string a, b;
+};
+// The first key, in the key tables' order, that `compared(section, key)` selects and whose
+// values differ between `a` and `b`; nullopt when they agree on every selected key.
+std::optional<KeyDifference> FirstDifference(
+    const Config& a, const Config& b,
+    const std::function<bool(const std::string& section, const std::string& key)>& compared);
 
 // Parses YAML text; `source` names it in errors (a path or "<string>"). Overrides are
 // "section.key=value" strings applied on top of the text, in order.

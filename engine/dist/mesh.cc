@@ -86,31 +86,36 @@ StatusOr<Axis> ParseAxis(std::string_view name) {
   return InvalidArgument("unknown mesh axis \"", name, "\"; expected tp, cp, ep, dp or pp");
 }
 
-StatusOr<Mesh> Mesh::Create(int world, MeshSizes sizes, std::string_view order) {
+Status CheckMeshSizes(int world, const MeshSizes& sizes) {
   if (world < 1) return InvalidArgument("world size must be >= 1, got ", world);
-  const int etp = sizes.etp.value_or(sizes.tp);
+  const int etp = sizes.expert_tp();
   const std::pair<std::string_view, int> named_sizes[] = {
       {"tp", sizes.tp}, {"cp", sizes.cp}, {"ep", sizes.ep}, {"etp", etp}, {"pp", sizes.pp}};
   for (const auto& [name, size] : named_sizes) {
     if (size < 1) return InvalidArgument(name, " must be >= 1, got ", size);
   }
-  SY_ASSIGN_OR_RETURN(const AxisOrder axes, ParseOrder(order));
-
   // int64 so that absurd sizes cannot overflow before the divisibility test rejects them.
   const int64_t dense_model = int64_t{sizes.tp} * sizes.cp * sizes.pp;
   if (world % dense_model != 0) {
     return InvalidArgument("world size ", world, " is not divisible by tp*cp*pp = ", sizes.tp,
                            "*", sizes.cp, "*", sizes.pp, " = ", dense_model);
   }
-  const int dp = static_cast<int>(world / dense_model);
   const int64_t expert_model = int64_t{etp} * sizes.ep * sizes.pp;
   if (world % expert_model != 0) {
     return InvalidArgument("world size ", world, " is not divisible by etp*ep*pp = ", etp, "*",
                            sizes.ep, "*", sizes.pp, " = ", expert_model,
                            " (etp*ep = ", int64_t{etp} * sizes.ep,
-                           " must divide tp*cp*dp = ", int64_t{sizes.tp} * sizes.cp * dp, ")");
+                           " must divide tp*cp*dp = ", world / sizes.pp, ")");
   }
-  const int edp = static_cast<int>(world / expert_model);
+  return OkStatus();
+}
+
+StatusOr<Mesh> Mesh::Create(int world, MeshSizes sizes, std::string_view order) {
+  SY_RETURN_IF_ERROR(CheckMeshSizes(world, sizes));
+  SY_ASSIGN_OR_RETURN(const AxisOrder axes, ParseOrder(order));
+  const int etp = sizes.expert_tp();
+  const int dp = world / (sizes.tp * sizes.cp * sizes.pp);
+  const int edp = world / (etp * sizes.ep * sizes.pp);
 
   Mesh mesh(world, axes, {sizes.tp, sizes.cp, 1, dp, sizes.pp},
             {etp, 1, sizes.ep, edp, sizes.pp});

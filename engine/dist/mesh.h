@@ -63,7 +63,15 @@ struct MeshSizes {
   // Megatron-LM's --expert-tensor-parallel-size.
   std::optional<int> etp = std::nullopt;
   int pp = 1;  // pipeline stages
+
+  // etp resolved: the same as tp when unset.
+  int expert_tp() const { return etp.value_or(tp); }
 };
+
+// What every mesh keeps of its sizes: the world and each size >= 1, the world divisible by
+// tp*cp*pp and by etp*ep*pp. One line naming the numbers ("world size 12 is not divisible
+// by tp*cp*pp = 2*1*8 = 16"); Mesh::Create and config::ParallelConfig::Validate both ask it.
+Status CheckMeshSizes(int world, const MeshSizes& sizes);
 
 // A rank's coordinates in one view, indexed by Axis (coords[int(Axis::kDp)] is its data
 // parallel index). Dense: coords[kEp] == 0; expert: coords[kCp] == 0.

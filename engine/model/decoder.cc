@@ -40,8 +40,8 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   moe.d_model = model.d_model;
   SY_RETURN_IF_ERROR(moe.Validate());
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(parallel.ep->size()).status());
-  SY_ASSIGN_OR_RETURN(dense::NormKind norm_kind, dense::ParseNormKind(model.norm));
-  SY_ASSIGN_OR_RETURN(dense::Activation activation, dense::ParseActivation(model.activation));
+  const dense::NormKind norm_kind = model.norm;
+  const dense::Activation activation = model.activation;
 
   SY_RETURN_IF_ERROR(parallel.stage.Validate(model.n_layers));
   std::unique_ptr<Decoder> dec(new Decoder(model, moe, parallel, ctx));
@@ -62,7 +62,7 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   const float out_std =
       model.scaled_init ? std / std::sqrt(2.0f * static_cast<float>(model.n_layers)) : std;
   dense::EmbeddingOptions eo{.vocab_size = model.vocab_size, .d_model = model.d_model,
-                             .max_positions = model.position == "learned" ? model.seq_len : 0,
+                             .max_positions = model.position == Position::kLearned ? model.seq_len : 0,
                              .device = device, .tp = tp, .cp = cp};
   SY_RETURN_IF_ERROR(eo.Validate());
   dec->eo_ = eo;
@@ -79,7 +79,7 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
                         .device = device};
   dense::AttentionOptions ao{.d_model = model.d_model, .n_heads = model.n_heads,
                              .n_kv_heads = model.n_kv_heads, .bias = model.bias,
-                             .rope = model.position == "rope", .rope_base = model.rope_base,
+                             .rope = model.position == Position::kRope, .rope_base = model.rope_base,
                              .device = device, .tp = tp, .seq_len = cp.local_seq_len(),
                              .cp = cp};
   SY_RETURN_IF_ERROR(ao.Validate());

@@ -2,6 +2,26 @@
 
 namespace switchyard::model {
 
+StatusOr<dense::NormKind> ParseNorm(const std::string& name) {
+  if (name == "layernorm") return dense::NormKind::kLayerNorm;
+  if (name == "rmsnorm") return dense::NormKind::kRmsNorm;
+  return InvalidArgument("model.norm='", name, "' is not one of layernorm, rmsnorm");
+}
+
+StatusOr<Position> ParsePosition(const std::string& name) {
+  if (name == "learned") return Position::kLearned;
+  if (name == "rope") return Position::kRope;
+  return InvalidArgument("model.position='", name, "' is not one of learned, rope");
+}
+
+StatusOr<dense::Activation> ParseActivation(const std::string& name) {
+  return dense::ParseActivation(name, "model.activation");
+}
+
+const char* PositionName(Position position) {
+  return position == Position::kLearned ? "learned" : "rope";
+}
+
 Status ModelConfig::Validate() const {
   for (auto [key, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
                         {"seq_len", seq_len}, {"d_model", d_model}, {"n_layers", n_layers},
@@ -16,19 +36,10 @@ Status ModelConfig::Validate() const {
                            n_heads);
   }
   if (d_ff < 0) return InvalidArgument("model.d_ff=", d_ff, " must be >= 0 (0: 4 * d_model)");
-  if (norm != "layernorm" && norm != "rmsnorm") {
-    return InvalidArgument("model.norm='", norm, "' is not one of layernorm, rmsnorm");
-  }
   if (!(norm_eps > 0.0f)) return InvalidArgument("model.norm_eps=", norm_eps, " must be > 0");
-  if (position != "learned" && position != "rope") {
-    return InvalidArgument("model.position='", position, "' is not one of learned, rope");
-  }
-  if (position == "rope" && head_dim() % 2 != 0) {
+  if (position == Position::kRope && head_dim() % 2 != 0) {
     return InvalidArgument("model.position=rope needs an even head dim, got d_model / n_heads = ",
                            head_dim());
-  }
-  if (activation != "gelu" && activation != "relu" && activation != "swiglu") {
-    return InvalidArgument("model.activation='", activation, "' is not one of gelu, relu, swiglu");
   }
   if (!(init_std > 0.0f)) return InvalidArgument("model.init_std=", init_std, " must be > 0");
   return OkStatus();

@@ -5,9 +5,22 @@
 #include <cstdint>
 #include <string>
 
+#include "dense/mlp.h"
+#include "dense/norm.h"
 #include "engine/core/status.h"
 
 namespace switchyard::model {
+
+// How the decoder knows a token's position (MODEL.md section 1): a learned table wpe
+// (S_max, d) added to the embedding, or rotary q and k.
+enum class Position { kLearned, kRope };
+
+// The config's spellings, each error naming its key ("model.norm='x' is not one of
+// layernorm, rmsnorm"); the names are the YAML spellings.
+StatusOr<dense::NormKind> ParseNorm(const std::string& name);
+StatusOr<Position> ParsePosition(const std::string& name);
+StatusOr<dense::Activation> ParseActivation(const std::string& name);
+const char* PositionName(Position position);
 
 struct ModelConfig {
   int64_t vocab_size = 0;     // V; required; at least the tokenizer's vocabulary
@@ -17,11 +30,11 @@ struct ModelConfig {
   int64_t n_heads = 0;        // query heads
   int64_t n_kv_heads = 0;     // key/value heads; 0 means n_heads (fewer: grouped-query)
   int64_t d_ff = 0;           // hidden size of the dense MLPs; 0 means 4 * d_model
-  std::string norm = "layernorm";     // layernorm | rmsnorm
+  dense::NormKind norm = dense::NormKind::kLayerNorm;  // layernorm | rmsnorm
   float norm_eps = 1e-5f;
-  std::string position = "learned";   // learned | rope
+  Position position = Position::kLearned;               // learned | rope
   float rope_base = 10000.0f;
-  std::string activation = "gelu";    // dense MLP: gelu (tanh) | relu | swiglu
+  dense::Activation activation = dense::Activation::kGelu;  // dense MLP: gelu (tanh) | relu | swiglu
   bool bias = true;                   // linear layers carry biases
   bool tie_embeddings = true;         // head = wte^T
   float init_std = 0.02f;             // normal init of every weight matrix

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "engine/model/param_table.h"
+
 namespace switchyard::model {
 namespace {
 
@@ -11,50 +13,39 @@ struct Cost {
   double params = 0, flops = 0;
 };
 
-Cost LayerCostRaw(const ModelConfig& m, const moe::MoEConfig& e, int64_t layer) {
-  const double d = m.d_model, kv = double(m.kv_heads()) * m.head_dim();
-  const double bias = m.bias ? 1 : 0;
-  Cost c;
-  // Attention: q and o (d x d), k and v (d x kv); causal scores and values cost 2 S d per
-  // token on average (half of 4 S d).
-  const double attn = 2 * d * d + 2 * d * kv + bias * (2 * d + 2 * kv);
-  c.params += attn + 4 * d;  // + the two norms' weights and biases (at most)
-  c.flops += 2 * attn + 2.0 * m.seq_len * d;
-  if (!e.IsMoeLayer(layer)) {
-    const double mats = m.activation == "swiglu" ? 3 : 2, ff = m.ff_hidden();
-    const double mlp = mats * d * ff + bias * (ff + d);
-    c.params += mlp;
-    c.flops += 2 * mlp;
-    return c;
+// The balancing's weight of one tensor: what a token multiplies by or adds (2 FLOPs per
+// element it uses). Norms enter as 4 d per layer (the most two norms hold) and the final
+// norm and the shared experts' biases not at all: the weights the split was tuned with, so
+// that partitions stay as they were.
+bool Weighed(const ParamShape& p) {
+  return p.role != ParamRole::kNorm && !(p.role == ParamRole::kSharedExpert && p.bias) &&
+         !p.tied_copy;
+}
+
+// Every piece's cost from the parameter table, in ParamTable::PieceIndex order: the
+// embedding (its tables, no matrix product), the layers (their weighed tensors plus two
+// norms, and causal attention's scores and values: 2 S d per token on average, half of
+// 4 S d), the head (the logits' product, and its own table when untied).
+std::vector<Cost> PieceCosts(const ModelConfig& m, const moe::MoEConfig& e) {
+  const ParamTable table = ParamTable::Build(m, e);
+  std::vector<Cost> costs(m.n_layers + 2);
+  for (const ParamShape& p : table.params()) {
+    if (!Weighed(p)) continue;
+    Cost& c = costs[table.PieceIndex(p)];
+    c.params += double(p.numel());
+    if (p.part == ParamPart::kLayer) c.flops += 2.0 * double(p.active(e.top_k));
   }
-  const double mats = e.activation == moe::Activation::kSwiglu ? 3 : 2;
-  const double expert = mats * d * e.d_expert + (e.bias ? e.d_expert + d : 0);
-  const double shared = e.num_shared_experts * (mats * d * e.shared_hidden());
-  const double router = d * e.num_experts;
-  c.params += router + e.num_experts * expert + shared;
-  c.flops += 2 * (router + e.top_k * expert + shared);
-  return c;
-}
-
-// The embedding (first stage: its tables, no matrix product) and the head (last stage: the
-// logits' product, and its own table when untied).
-Cost EmbeddingCost(const ModelConfig& m) {
-  const double positions = m.position == "learned" ? m.seq_len : 0;
-  return {.params = double(m.vocab_size + positions) * m.d_model, .flops = 0};
-}
-Cost HeadCost(const ModelConfig& m) {
-  const double table = double(m.vocab_size) * m.d_model;
-  return {.params = m.tie_embeddings ? 0 : table, .flops = 2 * table};
-}
-
-Cost Totals(const ModelConfig& m, const moe::MoEConfig& e) {
-  Cost t;
   for (int64_t i = 0; i < m.n_layers; ++i) {
-    const Cost c = LayerCostRaw(m, e, i);
-    t.params += c.params;
-    t.flops += c.flops;
+    costs[1 + i].params += 4.0 * double(m.d_model);
+    costs[1 + i].flops += 2.0 * double(table.Layer(i).attention);
   }
-  for (const Cost& c : {EmbeddingCost(m), HeadCost(m)}) {
+  costs.back().flops = 2.0 * double(table.Head().matmul);
+  return costs;
+}
+
+Cost Totals(const std::vector<Cost>& pieces) {
+  Cost t;
+  for (const Cost& c : pieces) {
     t.params += c.params;
     t.flops += c.flops;
   }
@@ -84,19 +75,20 @@ Status Stage::Validate(int64_t n_layers) const {
 }
 
 double LayerCost(const ModelConfig& model, const moe::MoEConfig& moe, int64_t layer) {
-  return Share(LayerCostRaw(model, moe, layer), Totals(model, moe));
+  const std::vector<Cost> pieces = PieceCosts(model, moe);
+  return Share(pieces[1 + layer], Totals(pieces));
 }
 
 std::vector<double> StageCosts(const ModelConfig& model, const moe::MoEConfig& moe,
                                std::span<const Stage> stages) {
-  const Cost total = Totals(model, moe);
+  const std::vector<Cost> pieces = PieceCosts(model, moe);
+  const Cost total = Totals(pieces);
   std::vector<double> out;
   for (const Stage& s : stages) {
     double c = 0;
-    for (int64_t i = s.first_layer; i < s.End(model.n_layers); ++i)
-      c += Share(LayerCostRaw(model, moe, i), total);
-    if (s.embedding) c += Share(EmbeddingCost(model), total);
-    if (s.head) c += Share(HeadCost(model), total);
+    for (int64_t i = s.first_layer; i < s.End(model.n_layers); ++i) c += Share(pieces[1 + i], total);
+    if (s.embedding) c += Share(pieces.front(), total);
+    if (s.head) c += Share(pieces.back(), total);
     out.push_back(c);
   }
   return out;
@@ -133,11 +125,12 @@ StatusOr<std::vector<Stage>> PartitionLayers(const ModelConfig& model, const moe
   } else {
     // Contiguous split minimising the largest stage cost (dynamic programming over the
     // last stage's first layer).
-    const Cost total = Totals(model, moe);
+    const std::vector<Cost> pieces = PieceCosts(model, moe);
+    const Cost total = Totals(pieces);
     std::vector<double> prefix(L + 1, 0.0);
-    for (int64_t i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + Share(LayerCostRaw(model, moe, i), total);
-    const double first_extra = Share(EmbeddingCost(model), total);
-    const double last_extra = Share(HeadCost(model), total);
+    for (int64_t i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + Share(pieces[1 + i], total);
+    const double first_extra = Share(pieces.front(), total);
+    const double last_extra = Share(pieces.back(), total);
     auto cost = [&](int64_t lo, int64_t hi, int s) {  // layers [lo, hi) as stage s
       double c = prefix[hi] - prefix[lo];
       if (s == 0) c += first_extra;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/model/param_table.h"
 #include "engine/model/recompute.h"
 #include "moe/capacity.h"
 
@@ -9,105 +10,145 @@ namespace switchyard::plan {
 
 using parallel::ActionKind;
 
-// Per token of the micro-batch, in f32 elements (4 bytes; i32 ids and u8 masks as their
-// share of 4 bytes). Names follow the layers' activation structs (dense/*.h, moe/*.h).
-ActivationBytes EstimateActivationBytes(const config::Config& c) {
+namespace {
+
+// The layout's sizes as the per-token figures use them.
+struct Shape {
+  double P, d, hd, hq, hkv;  // tp, d_model, head_dim, query and kv heads
+  bool tp, sp;               // tensor parallel; sequence parallel (with tp)
+  double rows;               // residual-stream rows per token on this rank
+  double norm;               // a norm's y and statistics
+  double cp;                 // context-parallel ranks
+  double q, kv;              // q, and k and v, of this rank's heads
+};
+
+Shape ShapeOf(const config::Config& c) {
   const model::ModelConfig& m = c.model;
-  const moe::MoEConfig& e = c.moe;
   const config::ParallelConfig& p = c.parallel;
-  const double P = p.tp, d = m.d_model, hd = m.head_dim();
-  const double hq = m.n_heads, hkv = m.kv_heads();
-  const bool tp = p.tp > 1, sp = tp && p.sequence_parallel;
-  const double etp = p.etp > 0 ? p.etp : p.tp;
-  const double rows = sp ? 1.0 / P : 1.0;  // residual-stream rows per token on this rank
-  const double stats = m.norm == "layernorm" ? 2 : 1;  // mean and rstd, or rstd
-  const double norm = (d + stats) * rows;                 // y and the statistics
-  // Attention (dense/attention.h): the gathered input under sp; q, k and v of this rank's
-  // heads (k and v whole, plus this rank's head, when tp does not divide the kv heads); the
-  // log-sum-exp (B, Hq, S); the attention output o.x and o.y (partial sums, every row); the
-  // output after the tp reduction.
-  const bool kv_whole = tp && int64_t(hkv) % p.tp != 0;
-  const double q = hq * hd / P;
-  const double kv = kv_whole ? 2 * hkv * hd + 2 * hd : 2 * hkv * hd / P;
-  const double attention = (sp ? d : 0) + q + kv + hq / P + q + d + (tp ? d * rows : 0);
-  // x_mid, the layer's output (the residual stream, this rank's rows).
-  const double residual = 2 * d * rows;
-  // Dense MLP (dense/mlp.h): the gathered input under sp, fc1's output (and fc3's under
-  // swiglu), the activation h, fc2's partial output, the output after the tp reduction.
-  const double f = double(m.ff_hidden()) / P;
-  const double mats = m.activation == "swiglu" ? 3 : 2;
-  const double mlp = (sp ? d : 0) + mats * f + d + (tp ? d * rows : 0);
-  // MoE (moe/moe_layer.h), per row this rank routes (its 1/tp of the tokens under tp):
-  // the router's input (jittered: the noisy copy and the noise; unjittered it is the norm's
-  // output, or under tp without sp this rank's copied rows), logits and probabilities (E
-  // each), chosen experts, gates and keep masks (router and capacity: k each), the dispatch
-  // plan (4 per assignment); per admitted assignment the expert input, a (and b under
-  // swiglu), h and y (d + 2..3 f / etp + d), and the combine's returned rows under ep; the
-  // shared experts (whole under tp: a, (b), h, y); the layer's output.
-  const double routed = tp ? 1.0 / P : 1.0;
+  Shape s;
+  s.P = p.tp, s.d = m.d_model, s.hd = m.head_dim();
+  s.hq = m.n_heads, s.hkv = m.kv_heads();
+  s.tp = p.tp > 1, s.sp = s.tp && p.sequence_parallel;
+  s.rows = s.sp ? 1.0 / s.P : 1.0;
+  const double stats = m.norm == dense::NormKind::kLayerNorm ? 2 : 1;  // mean and rstd, or rstd
+  s.norm = (s.d + stats) * s.rows;
+  s.cp = p.cp;
+  // q, k and v of this rank's heads (k and v whole, plus this rank's head, when tp does not
+  // divide the kv heads).
+  const bool kv_whole = model::KvReplicated(m, p.tp);
+  s.q = s.hq * s.hd / s.P;
+  s.kv = kv_whole ? 2 * s.hkv * s.hd + 2 * s.hd : 2 * s.hkv * s.hd / s.P;
+  return s;
+}
+
+// What one layer keeps and its Backward's scratch beyond that, per token.
+struct Piece {
+  double kept = 0, backward = 0;
+};
+
+// Attention (dense/attention.h): the gathered input under sp; q, k and v; the log-sum-exp
+// (B, Hq, S); the attention output o.x and o.y (partial sums, every row); the output after
+// the tp reduction. Backward: the residual gradient (this rank's rows), the FFN's input
+// gradient, dx of the projections, the attention output's gradient and dq, dk, dv; under
+// cp the ring's backward also holds the key/value block in hand and the one arriving, with
+// their gradients travelling alongside (kv each), and the delta (Hq).
+Piece AttentionElements(const Shape& s) {
+  const double attention =
+      (s.sp ? s.d : 0) + s.q + s.kv + s.hq / s.P + s.q + s.d + (s.tp ? s.d * s.rows : 0);
+  const double ring_bwd = s.cp > 1 ? 4 * s.kv + s.hq / s.P : 0;
+  return {.kept = attention, .backward = 2 * s.d * s.rows + s.d + 2 * s.q + s.kv + ring_bwd};
+}
+
+// Dense MLP (dense/mlp.h): the gathered input under sp, fc1's output (and fc3's under
+// swiglu), the activation h, fc2's partial output, the output after the tp reduction.
+// Backward: dy and dh (and db).
+Piece MlpElements(const config::Config& c, const Shape& s) {
+  const double f = double(c.model.ff_hidden()) / s.P;
+  const double mats = double(model::MlpMatrices(c.model.activation));
+  return {.kept = (s.sp ? s.d : 0) + mats * f + s.d + (s.tp ? s.d * s.rows : 0),
+          .backward = s.d * s.rows + s.d + (mats - 1) * f};
+}
+
+// MoE (moe/moe_layer.h), per row this rank routes (its 1/tp of the tokens under tp):
+// the router's input (jittered: the noisy copy and the noise; unjittered it is the norm's
+// output, or under tp without sp this rank's copied rows), logits and probabilities (E
+// each), chosen experts, gates and keep masks (router and capacity: k each), the dispatch
+// plan (4 per assignment); per admitted assignment the expert input, a (and b under
+// swiglu), h and y (d + 2..3 f / etp + d), and the combine's returned rows under ep; the
+// shared experts (whole under tp: a, (b), h, y); the layer's output.
+// Context parallelism: this rank holds 1/cp of the tokens (the per-token figures are per
+// token it holds), but every rank of the routing group keeps the whole group's routing:
+// logits and probabilities (E each) and two sets of choices, gates and keep masks (2.25 k
+// each), gathered over tp x cp.
+// Backward: per admitted row dy, dx and dh (and db), a gate gradient per assignment, four
+// (E) router gradients.
+Piece MoeElements(const config::Config& c, const Shape& s) {
+  const moe::MoEConfig& e = c.moe;
+  const double d = s.d;
+  const double routed = s.tp ? 1.0 / s.P : 1.0;
   const double k = e.top_k, E = e.num_experts;
-  // Context parallelism: this rank holds 1/cp of the tokens (the per-token figures below are
-  // per token it holds), but every rank of the routing group keeps the whole group's
-  // routing: logits and probabilities (E each) and two sets of choices, gates and keep masks
-  // (2.25 k each), gathered over tp x cp.
-  const double cp = p.cp;
-  const double whole_router = (tp || cp > 1 ? cp : routed) * (2 * E + 2 * 2.25 * k);
-  const double group = double(c.train.micro_batch_size) * m.seq_len;  // routing group T
+  const double whole_router = (s.tp || s.cp > 1 ? s.cp : routed) * (2 * E + 2 * 2.25 * k);
+  const double group = double(c.train.micro_batch_size) * c.model.seq_len;  // routing group T
   const int64_t cap = moe::ExpertCapacity(e.capacity_factor, int64_t(group), e.top_k, e.num_experts);
   const double admitted = cap < 0 ? k : std::min(k, E * double(cap) / group);  // per token
-  const double emats = e.activation == moe::Activation::kSwiglu ? 3 : 2;
-  const double fe = double(e.d_expert) / etp;
-  const double per_row = 2 * d + emats * fe + (p.ep > 1 ? d : 0);  // x, y; a, (b), h
+  const double emats = double(model::MlpMatrices(e.activation));
+  const double fe = double(e.d_expert) / c.parallel.expert_tp();
+  const double per_row = 2 * d + emats * fe + (c.parallel.ep > 1 ? d : 0);  // x, y; a, (b), h
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
-  const double router_in = e.jitter_eps > 0 ? 2 * d : (tp && !sp ? d : 0);
-  const double moe = whole_router + routed * (router_in + 4 * k + admitted * per_row +
-                                              (shared_h > 0 ? emats * shared_h + d : 0) + d);
+  const double router_in = e.jitter_eps > 0 ? 2 * d : (s.tp && !s.sp ? d : 0);
+  return {.kept = whole_router + routed * (router_in + 4 * k + admitted * per_row +
+                                           (shared_h > 0 ? emats * shared_h + d : 0) + d),
+          .backward = d * s.rows + routed * (admitted * (2 * d + (emats - 1) * fe) + k + 4 * E)};
+}
 
-  // Backward scratch, beyond the kept activations: the residual gradient (this rank's rows)
-  // and, in the largest phase: attention — the FFN's input gradient, dx of the projections,
-  // the attention output's gradient and dq, dk, dv; MLP — dy and dh (and db); MoE — per
-  // admitted row dy, dx and dh (and db), a gate gradient per assignment, four (E) router
-  // gradients.
-  // Under cp the ring's backward also holds the key/value block in hand and the one
-  // arriving, with their gradients travelling alongside (kv each), and the delta (Hq).
-  const double ring_bwd = cp > 1 ? 4 * kv + hq / P : 0;
-  const double attention_bwd = 2 * d * rows + d + 2 * q + kv + ring_bwd;
-  const double mlp_bwd = d * rows + d + (mats - 1) * f;
-  const double moe_bwd =
-      d * rows + routed * (admitted * (2 * d + (emats - 1) * fe) + k + 4 * E);
-
-  ActivationBytes a;
-  const double bytes = 4.0 * group / cp;  // f32 elements per token -> bytes per micro-batch
-  for (int64_t i = 0; i < m.n_layers; ++i) {
-    const bool is_moe = e.IsMoeLayer(i);
-    const double kept = norm + attention + residual + norm + (is_moe ? moe : mlp);
-    const double scratch = std::max(attention_bwd, is_moe ? moe_bwd : mlp_bwd);
+// Each layer's kept bytes and Backward scratch under train.recompute.
+void AddLayers(const config::Config& c, const Shape& s, double bytes, ActivationBytes& a) {
+  const Piece attention = AttentionElements(s), mlp = MlpElements(c, s), moe = MoeElements(c, s);
+  // x_mid, the layer's output (the residual stream, this rank's rows).
+  const double residual = 2 * s.d * s.rows;
+  for (int64_t i = 0; i < c.model.n_layers; ++i) {
+    const bool is_moe = c.moe.IsMoeLayer(i);
+    const double kept = s.norm + attention.kept + residual + s.norm + (is_moe ? moe.kept : mlp.kept);
+    const double scratch = std::max(attention.backward, is_moe ? moe.backward : mlp.backward);
     switch (c.train.recompute) {
       case model::Recompute::kNone:
         a.layer.push_back(bytes * kept);
         a.layer_backward.push_back(bytes * scratch);
         break;
       case model::Recompute::kSelective:  // the core attention output and its lse go
-        a.layer.push_back(bytes * (kept - q - hq / P));
-        a.layer_backward.push_back(bytes * (scratch + q + hq / P));
+        a.layer.push_back(bytes * (kept - s.q - s.hq / s.P));
+        a.layer_backward.push_back(bytes * (scratch + s.q + s.hq / s.P));
         break;
       case model::Recompute::kFull:  // the layer's output (the next one's input) stays;
                                      // Backward rebuilds the rest one block at a time
-        a.layer.push_back(bytes * d * rows);
+        a.layer.push_back(bytes * s.d * s.rows);
         a.layer_backward.push_back(bytes * (kept + scratch));
         break;
     }
   }
+}
+
+}  // namespace
+
+// Per token of the micro-batch, in f32 elements (4 bytes; i32 ids and u8 masks as their
+// share of 4 bytes). Names follow the layers' activation structs (dense/*.h, moe/*.h).
+ActivationBytes EstimateActivationBytes(const config::Config& c) {
+  const Shape s = ShapeOf(c);
+  const double group = double(c.train.micro_batch_size) * c.model.seq_len;
+  ActivationBytes a;
+  const double bytes = 4.0 * group / s.cp;  // f32 elements per token -> bytes per micro-batch
+  AddLayers(c, s, bytes, a);
+  const double d = s.d, rows = s.rows;
   // Embedding (dense/embedding.h): its output; under tp the partial lookup and the reduced
   // (or reduce-scattered) rows.
-  a.embedding = bytes * (tp ? d + d * rows : d);
+  a.embedding = bytes * (s.tp ? d + d * rows : d);
   // Head: the final norm, the gathered rows under sp, the logits' gradient (B*S, V/tp).
-  a.head = bytes * (norm + (sp ? d : 0) + double(m.vocab_size) / P);
+  a.head = bytes * (s.norm + (s.sp ? d : 0) + double(c.model.vocab_size) / s.P);
   a.head_backward = bytes * (d + d * rows);
   a.hidden = bytes * d * rows;
   // tokens and targets on the device (this rank's chunks under cp); on the CPU the loader's
   // batch (inputs, targets, document labels: whole sequences) is in the same ledger.
-  a.tokens = bytes * (c.runtime.device == "cpu" ? 3 * cp + 2 : 2);
+  a.tokens = bytes * (c.runtime.device == "cpu" ? 3 * s.cp + 2 : 2);
   return a;
 }
 
@@ -127,93 +168,119 @@ double ActivationBytes::StageBackward(const model::Stage& stage) const {
   return most;
 }
 
-StepWorkspace SimulateStepWorkspace(const StepWorkspaceInputs& in) {
-  StepWorkspace out;
-  double live = 0, kept = 0;  // all workspace bytes; the kept activations among them
-  int in_flight = 0;
-  // A new peak and where it is (formatted only then: the dry-run walks many lists).
-  auto at = [&](double bytes, const parallel::Action* action, const char* what) {
-    if (bytes <= out.peak) return;
-    out.peak = bytes;
-    out.peak_at = action ? parallel::FormatAction(*action) + what : std::string(what);
-  };
-  // Per (micro-batch, chunk): whether its token ids and its received gradient are held.
-  int micro_batches = 0;
-  for (const parallel::Action& a : in.actions) micro_batches = std::max(micro_batches, a.micro_batch + 1);
-  std::vector<bool> has_tokens(micro_batches, false);
-  // The gradient tree: open levels (the stack), buffers kept for reuse.
-  std::vector<int> levels;
-  int buffers = 0, spare = 0;
-  int last_backward = -1;
-  for (size_t i = 0; i < in.actions.size(); ++i)
-    if (in.actions[i].kind == ActionKind::kBackward) last_backward = static_cast<int>(i);
+namespace {
 
-  for (size_t i = 0; i < in.actions.size(); ++i) {
-    const parallel::Action& a = in.actions[i];
-    const model::Stage& stage = in.chunks[a.chunk];
-    if (!has_tokens[a.micro_batch]) {
-      has_tokens[a.micro_batch] = true;
-      live += in.tokens;
+// One step of one pipeline rank walked action by action (SimulateStepWorkspace's rules).
+class WorkspaceWalk {
+ public:
+  explicit WorkspaceWalk(const StepWorkspaceInputs& in) : in_(in) {
+    for (const parallel::Action& a : in.actions) micro_batches_ = std::max(micro_batches_, a.micro_batch + 1);
+    has_tokens_.assign(micro_batches_, false);
+    for (size_t i = 0; i < in.actions.size(); ++i)
+      if (in.actions[i].kind == ActionKind::kBackward) last_backward_ = static_cast<int>(i);
+  }
+
+  StepWorkspace Run() {
+    for (size_t i = 0; i < in_.actions.size(); ++i) Step(in_.actions[i], static_cast<int>(i));
+    // The end of the step: the sends are waited for and the runner's inputs go; the tree's
+    // buffers stay with its sum (one more copy), then the sync's buckets.
+    if (in_.ordered_accum) {
+      const double tree = in_.gradients * buffers_;
+      At(tree + in_.gradients + in_.tokens * micro_batches_, nullptr, "gradient tree sum");
+      At(tree + in_.sync, nullptr, "gradient sync");
+    } else if (last_backward_ < 0) {
+      At(in_.sync, nullptr, "gradient sync");
+    }
+    return out_;
+  }
+
+ private:
+  // A new peak and where it is (formatted only then: the dry-run walks many lists).
+  void At(double bytes, const parallel::Action* action, const char* what) {
+    if (bytes <= out_.peak) return;
+    out_.peak = bytes;
+    out_.peak_at = action ? parallel::FormatAction(*action) + what : std::string(what);
+  }
+
+  void Step(const parallel::Action& a, int index) {
+    if (!has_tokens_[a.micro_batch]) {
+      has_tokens_[a.micro_batch] = true;
+      live_ += in_.tokens;
     }
     switch (a.kind) {
       case ActionKind::kRecvActivation:  // kept by the runner until the step ends
       case ActionKind::kRecvGradient:    // goes with the activations
-        live += in.hidden;
+        live_ += in_.hidden;
         break;
       case ActionKind::kForward:
-        live += in.kept[a.chunk];
-        kept += in.kept[a.chunk];
-        ++in_flight;
-        out.in_flight = std::max(out.in_flight, in_flight);
-        out.activations_peak = std::max(out.activations_peak, kept);
+        live_ += in_.kept[a.chunk];
+        kept_ += in_.kept[a.chunk];
+        ++in_flight_;
+        out_.in_flight = std::max(out_.in_flight, in_flight_);
+        out_.activations_peak = std::max(out_.activations_peak, kept_);
         break;
       case ActionKind::kSendActivation:  // the output, already counted with the activations
         break;
-      case ActionKind::kBackward: {
-        const double sync = static_cast<int>(i) == last_backward && !in.ordered_accum ? in.sync : 0;
-        at(live + in.backward[a.chunk] + sync, &a, "");
-        if (!stage.embedding) live += in.hidden;  // the input gradient, kept for its send
-        if (in.ordered_accum) {
-          const bool fresh = spare == 0;
-          at(live + in.gradients * (fresh ? 2 : 1), &a, " (gradient packed into the tree)");
-          if (fresh) {
-            ++buffers;
-            live += in.gradients;
-          } else {
-            --spare;
-          }
-          int level = 0;
-          while (!levels.empty() && levels.back() == level) levels.pop_back(), ++spare, ++level;
-          levels.push_back(level);
-        }
-        if (stage.embedding) {
-          // The activations go. Before the last stage, the output sent on stays until the
-          // end of the step and the received gradient (as large) goes: the same bytes.
-          live -= in.kept[a.chunk];
-          kept -= in.kept[a.chunk];
-          --in_flight;
-        }
+      case ActionKind::kBackward:
+        Backward(a, index);
         break;
-      }
       case ActionKind::kSendGradient:
-        // The activations go (as above: the sent output stays, the received gradient goes);
-        // the input gradient stays until the end of the step.
-        live -= in.kept[a.chunk];
-        kept -= in.kept[a.chunk];
-        --in_flight;
+        // The activations go (as in Backward: the sent output stays, the received gradient
+        // goes); the input gradient stays until the end of the step.
+        DropActivations(a.chunk);
         break;
     }
   }
-  // The end of the step: the sends are waited for and the runner's inputs go; the tree's
-  // buffers stay with its sum (one more copy), then the sync's buckets.
-  if (in.ordered_accum) {
-    const double tree = in.gradients * buffers;
-    at(tree + in.gradients + in.tokens * micro_batches, nullptr, "gradient tree sum");
-    at(tree + in.sync, nullptr, "gradient sync");
-  } else if (last_backward < 0) {
-    at(in.sync, nullptr, "gradient sync");
+
+  void Backward(const parallel::Action& a, int index) {
+    const model::Stage& stage = in_.chunks[a.chunk];
+    const double sync = index == last_backward_ && !in_.ordered_accum ? in_.sync : 0;
+    At(live_ + in_.backward[a.chunk] + sync, &a, "");
+    if (!stage.embedding) live_ += in_.hidden;  // the input gradient, kept for its send
+    if (in_.ordered_accum) PackIntoTree(a);
+    // The activations go. Before the last stage, the output sent on stays until the end of
+    // the step and the received gradient (as large) goes: the same bytes.
+    if (stage.embedding) DropActivations(a.chunk);
   }
-  return out;
+
+  // The gradient packed (one copy) and added to the pairwise tree: a fresh buffer unless a
+  // merged level left one spare.
+  void PackIntoTree(const parallel::Action& a) {
+    const bool fresh = spare_ == 0;
+    At(live_ + in_.gradients * (fresh ? 2 : 1), &a, " (gradient packed into the tree)");
+    if (fresh) {
+      ++buffers_;
+      live_ += in_.gradients;
+    } else {
+      --spare_;
+    }
+    int level = 0;
+    while (!levels_.empty() && levels_.back() == level) levels_.pop_back(), ++spare_, ++level;
+    levels_.push_back(level);
+  }
+
+  void DropActivations(int chunk) {
+    live_ -= in_.kept[chunk];
+    kept_ -= in_.kept[chunk];
+    --in_flight_;
+  }
+
+  const StepWorkspaceInputs& in_;
+  StepWorkspace out_;
+  double live_ = 0, kept_ = 0;  // all workspace bytes; the kept activations among them
+  int in_flight_ = 0;
+  int micro_batches_ = 0;
+  std::vector<bool> has_tokens_;  // per micro-batch: whether its token ids are held
+  // The gradient tree: open levels (the stack), buffers, buffers kept for reuse.
+  std::vector<int> levels_;
+  int buffers_ = 0, spare_ = 0;
+  int last_backward_ = -1;
+};
+
+}  // namespace
+
+StepWorkspace SimulateStepWorkspace(const StepWorkspaceInputs& in) {
+  return WorkspaceWalk(in).Run();
 }
 
 }  // namespace switchyard::plan

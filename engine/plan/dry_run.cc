@@ -1,8 +1,6 @@
 #include "engine/plan/dry_run.h"
 
 #include <algorithm>
-#include <numeric>
-
 #include <cstdio>
 #include <sstream>
 
@@ -30,52 +28,17 @@ std::string FormatBytes(double v) {
 }
 
 ModelCost EstimateCost(const config::Config& c) {
-  const model::ModelConfig& m = c.model;
-  const moe::MoEConfig& e = c.moe;
-  const int64_t d = m.d_model, hd = m.head_dim(), hq = m.n_heads, hkv = m.kv_heads();
-  const int64_t mats = m.activation == "swiglu" ? 3 : 2;
-  const int64_t emats = e.activation == moe::Activation::kSwiglu ? 3 : 2;
-  const int64_t norm = m.norm == "layernorm" ? 2 * d : d;
+  const model::ParamTable table = model::ParamTable::Build(c.model, c.moe);
+  const model::PieceParams& all = table.Total();
   ModelCost cost;
-  cost.embedding_params = m.vocab_size * d + (m.position == "learned" ? m.seq_len * d : 0);
-  const int64_t attn_mat = d * hq * hd + 2 * d * hkv * hd + hq * hd * d;
-  const int64_t attn_bias = m.bias ? hq * hd + 2 * hkv * hd + d : 0;
-  const int64_t mlp_mat = mats * d * m.ff_hidden();
-  const int64_t mlp_bias = m.bias ? m.ff_hidden() + d : 0;
-  const int64_t expert_mat = emats * d * e.d_expert;
-  const int64_t expert_bias = e.bias ? e.d_expert + d : 0;
-  const int64_t shared_h = e.num_shared_experts * e.shared_hidden();
-  const int64_t shared_mat = emats * d * shared_h;
-  const int64_t shared_bias = e.num_shared_experts > 0 && e.bias ? shared_h + d : 0;
-  const int64_t head = m.tie_embeddings ? 0 : m.vocab_size * d;
-
-  int64_t total = cost.embedding_params + norm + head, active = total, matmul = m.vocab_size * d;
-  int64_t moe_layers = 0;
-  for (int64_t i = 0; i < m.n_layers; ++i) {
-    int64_t common = 2 * norm + attn_mat + attn_bias;
-    total += common;
-    active += common;
-    matmul += attn_mat;
-    if (e.IsMoeLayer(i)) {
-      ++moe_layers;
-      const int64_t router = d * e.num_experts;
-      const int64_t one = expert_mat + expert_bias;
-      total += router + e.num_experts * one + shared_mat + shared_bias;
-      active += router + e.top_k * one + shared_mat + shared_bias;
-      matmul += router + e.top_k * expert_mat + shared_mat;
-      cost.expert_params += e.num_experts * one;
-    } else {
-      total += mlp_mat + mlp_bias;
-      active += mlp_mat + mlp_bias;
-      matmul += mlp_mat;
-    }
-  }
-  cost.total_params = total;
-  cost.active_params = active;
-  cost.flops_per_token = 6.0 * matmul + 12.0 * m.n_layers * m.seq_len * hq * hd;
+  cost.total_params = all.params;
+  cost.active_params = all.active;
+  cost.embedding_params = table.embedding_params();
+  cost.expert_params = table.expert_params();
+  cost.flops_per_token = 6.0 * all.matmul + 12.0 * all.attention;
 
   const double state = c.train.optimizer == config::OptimizerKind::kAdamW ? 2 : 1;
-  const double local = (total - cost.expert_params) + double(cost.expert_params) / c.parallel.ep;
+  const double local = (all.params - cost.expert_params) + double(cost.expert_params) / c.parallel.ep;
   cost.param_bytes_per_rank = 4.0 * local * (2 + state);
 
   // Activations kept for backward by one micro-batch through every layer (per layer:
@@ -118,90 +81,64 @@ Holdings HoldingsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
   return h;
 }
 
-}  // namespace
+// The parameter elements a rank holds (the parameter table's tensors of its stages, its box
+// of each), by the group their gradient is summed over.
+struct RankBuckets {
+  int64_t dense = 0;   // split over tp, or whole with tp = 1: summed over dp x cp
+  // Norm weights under tp without sequence parallelism: every tp rank computes the whole
+  // gradient (summed over dp x cp).
+  int64_t norms_unsummed = 0;
+  int64_t replicated = 0;  // the other tp replicas: summed over dp x cp x tp
+  int64_t b2_etp = 0;      // the experts' output bias under etp: summed over edp x etp
+  int64_t expert = 0;      // routed experts: summed over edp
+};
 
-RankParams EstimateRankParams(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  const model::ModelConfig& m = c.model;
-  const moe::MoEConfig& e = c.moe;
-  const int64_t tp = mesh.tp(), etp = mesh.etp(), ep = mesh.ep();
+RankBuckets BucketsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  const model::ParamTable table = model::ParamTable::Build(
+      c.model, c.moe, {.tp = mesh.tp(), .etp = mesh.etp(), .ep = mesh.ep()});
   const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
-  const int64_t d = m.d_model, hd = m.head_dim(), hq = m.n_heads, hkv = m.kv_heads();
-  const int64_t mats = m.activation == "swiglu" ? 3 : 2;
-  const int64_t emats = e.activation == moe::Activation::kSwiglu ? 3 : 2;
-  const int64_t norm = m.norm == "layernorm" ? 2 * d : d;
   const Holdings held = HoldingsOf(c, mesh, rank);
-  // Vocabulary rows of this tp rank: V padded to a multiple of tp, the padding left out.
-  const int64_t rows = (m.vocab_size + tp - 1) / tp;
-  const int64_t vocab = std::max<int64_t>(0, std::min(rows, m.vocab_size - tp_rank * rows));
-  RankParams r;
-  // With tp = 1 nothing is replicated over tp: what is whole counts as dense.
-  int64_t& shared_tp = tp > 1 ? r.replicated : r.dense;
-  if (held.embedding) {
-    r.dense += vocab * d;
-    if (m.position == "learned") shared_tp += m.seq_len * d;
-  }
-  if (held.head) {
-    // The untied head's table, or with tied embeddings the last stage's copy of the token
-    // table (engine/model/stage.h).
-    if (!m.tie_embeddings || !held.embedding) r.dense += vocab * d;
-    shared_tp += norm;  // norm_f
-  }
-  for (int64_t i = 0; i < m.n_layers; ++i) {
-    if (!held.layer[i]) continue;
-    shared_tp += 2 * norm;
-    // k and v are split with the heads, or whole on every rank when tp does not divide
-    // the kv heads (replicated, dense/attention.h).
-    const bool kv_whole = tp > 1 && hkv % tp != 0;
-    r.dense += (d * hq * hd + hq * hd * d) / tp;
-    (kv_whole ? r.replicated : r.dense) += 2 * d * hkv * hd / (kv_whole ? 1 : tp);
-    if (m.bias) {
-      r.dense += hq * hd / tp;                                  // q bias (column-parallel)
-      (kv_whole ? r.replicated : r.dense) += 2 * hkv * hd / (kv_whole ? 1 : tp);
-      shared_tp += d;                                           // o bias (row-parallel: whole)
-    }
-    if (e.IsMoeLayer(i)) {
-      shared_tp += d * e.num_experts;  // router
-      const int64_t shared_h = e.num_shared_experts * e.shared_hidden();
-      if (shared_h > 0) shared_tp += emats * d * shared_h + (e.bias ? shared_h + d : 0);
-      const int64_t local = e.num_experts / ep;
-      r.expert += local * (emats * d * e.d_expert / etp + (e.bias ? e.d_expert / etp : 0));
-      if (e.bias) (etp > 1 ? r.replicated : r.expert) += local * d;  // b2
+  const bool norms_whole = mesh.tp() > 1 && !c.parallel.sequence_parallel;
+  RankBuckets b;
+  for (const model::ParamShape& p : table.params()) {
+    const bool mine = p.part == model::ParamPart::kEmbedding ? held.embedding
+                      : p.part == model::ParamPart::kLayer   ? held.layer[p.layer]
+                                                             : held.head && !(p.tied_copy && held.embedding);
+    if (!mine) continue;
+    const int64_t n = table.LocalNumel(p, tp_rank);
+    if (!table.Replicated(p)) {
+      (p.expert_view ? b.expert : b.dense) += n;
+    } else if (p.expert_view) {
+      b.b2_etp += n;
+    } else if (p.role == model::ParamRole::kNorm && norms_whole) {
+      b.norms_unsummed += n;
     } else {
-      r.dense += mats * d * m.ff_hidden() / tp + (m.bias ? m.ff_hidden() / tp : 0);
-      if (m.bias) shared_tp += d;  // w2 bias
+      b.replicated += n;
     }
   }
-  return r;
+  return b;
 }
-
-namespace {
 
 // The parameter elements of a rank by the group their gradient is summed (and, under ZeRO,
 // partitioned) over: (elements, the group's size).
 std::vector<std::pair<double, double>> GradientGroups(const config::Config& c, const dist::Mesh& mesh,
                                                       int rank) {
-  const moe::MoEConfig& e = c.moe;
-  const RankParams held = EstimateRankParams(c, mesh, rank);
-  const Holdings on = HoldingsOf(c, mesh, rank);
+  const RankBuckets b = BucketsOf(c, mesh, rank);
   const double dp_cp = double(mesh.dp()) * mesh.cp(), edp = mesh.edp();
-  const int64_t norm = c.model.norm == "layernorm" ? 2 * c.model.d_model : c.model.d_model;
-  // The replicated elements that are not partitioned over dp x cp x tp: norm weights without
-  // sequence parallelism (each tp rank computes the whole gradient: dp x cp) and the
-  // experts' output bias under etp (edp x etp).
-  const int64_t norms_unsummed = mesh.tp() > 1 && !c.parallel.sequence_parallel
-                                     ? norm * (2 * on.layers + (on.head ? 1 : 0))
-                                     : 0;
-  const int64_t b2_etp =
-      e.bias && mesh.etp() > 1 ? on.moe_layers * (e.num_experts / mesh.ep()) * c.model.d_model : 0;
-  const int64_t rest = held.replicated - norms_unsummed - b2_etp;
-  return {{double(held.dense), dp_cp},
-          {double(norms_unsummed), dp_cp},
-          {double(rest), dp_cp * mesh.tp()},
-          {double(b2_etp), edp * mesh.etp()},
-          {double(held.expert), edp}};
+  return {{double(b.dense), dp_cp},
+          {double(b.norms_unsummed), dp_cp},
+          {double(b.replicated), dp_cp * mesh.tp()},
+          {double(b.b2_etp), edp * mesh.etp()},
+          {double(b.expert), edp}};
 }
 
 }  // namespace
+
+RankParams EstimateRankParams(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  const RankBuckets b = BucketsOf(c, mesh, rank);
+  return {.dense = b.dense, .replicated = b.norms_unsummed + b.replicated + b.b2_etp,
+          .expert = b.expert};
+}
 
 StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
   const config::ParallelConfig& p = c.parallel;
@@ -276,19 +213,11 @@ RankParams CountRankParams(const parallel::ParameterRegistry& registry) {
   return r;
 }
 
-std::string DryRunReport(const config::Config& c, int world, Status* check) {
-  if (check != nullptr) *check = OkStatus();
-  ModelCost cost = EstimateCost(c);
-  // With a valid mesh, the weights per rank are the most any rank of the table holds.
-  auto mesh = dist::Mesh::Create(world, c.parallel.MeshSizes(), c.parallel.order);
-  const double state = c.train.optimizer == config::OptimizerKind::kAdamW ? 2 : 1;
-  if (mesh.ok()) {
-    int64_t most = 0;
-    for (int r = 0; r < world; ++r) most = std::max(most, EstimateRankParams(c, *mesh, r).total());
-    cost.param_bytes_per_rank = 4.0 * most * (2 + state);
-  }
+namespace {
+
+// The report's first part: sizes, layout, counts, FLOPs, weights and activations per rank.
+void ReportCosts(std::ostream& out, const config::Config& c, int world, const ModelCost& cost) {
   const int64_t dp = world / (c.parallel.tp * c.parallel.cp * c.parallel.pp);
-  std::ostringstream out;
   out << "dry run: " << c.model.n_layers << " layers, d_model " << c.model.d_model << ", "
       << c.moe.num_experts << " experts (top-" << c.moe.top_k << ", every "
       << c.moe.layer_freq << (c.moe.layer_freq == 1 ? " layer" : " layers") << "), vocab "
@@ -307,23 +236,21 @@ std::string DryRunReport(const config::Config& c, int world, Status* check) {
       << c.train.micro_batch_size << ", recompute " << model::RecomputeName(c.train.recompute)
       << (c.parallel.pp > 1 ? "; every layer: a pipeline stage keeps its own, below" : "")
       << ")\n";
-  if (!mesh.ok()) {
-    out << "  per-rank table: " << mesh.status().message() << "\n";
-    return out.str();
-  }
-  // Memory under the ZeRO stage: the largest rank, and how many ranks of common memory
-  // sizes the run needs at this layout (the world grown in steps of a whole model replica).
+}
+
+// Memory under the ZeRO stage: the largest rank, and how many ranks of common memory sizes
+// the run needs at this layout (the world grown in steps of a whole model replica).
+void ReportZeroMemory(std::ostream& out, const config::Config& c, const dist::Mesh& mesh) {
   RankMemory most;
-  for (int r = 0; r < world; ++r) {
-    const RankMemory rm = PredictRankMemory(c, *mesh, r);
+  for (int r = 0; r < mesh.world(); ++r) {
+    const RankMemory rm = PredictRankMemory(c, mesh, r);
     if (rm.total() > most.total()) most = rm;
   }
   out << "  memory / rank under zero_stage " << c.parallel.zero_stage << " (largest rank): "
       << "parameters " << FormatBytes(most.parameters) << ", gradients " << FormatBytes(most.gradients)
       << ", optimizer " << FormatBytes(most.optimizer) << ", workspace ~" << FormatBytes(most.workspace)
       << ", total " << FormatBytes(most.total()) << "\n";
-  const int64_t replica = std::lcm(int64_t{c.parallel.tp} * c.parallel.cp * c.parallel.pp,
-                                   int64_t{c.parallel.etp > 0 ? c.parallel.etp : c.parallel.tp} * c.parallel.ep * c.parallel.pp);
+  const int64_t replica = c.parallel.SmallestWorld();
   // Less memory per rank needs at least as many ranks: the 24 GiB count comes last.
   const std::pair<double, const char*> sizes[] = {
       {24, "24 GiB (this CPU machine)"}, {80, "80 GiB (H100)"}, {141, "141 GiB (H200)"}};
@@ -341,10 +268,15 @@ std::string DryRunReport(const config::Config& c, int world, Status* check) {
     out << "    ranks of " << sizes[i].second << ": "
         << (need[i] > 0 ? StrCat(need[i]) : std::string("more than 65536")) << "\n";
   }
-  // Ranks with equal holdings share a row.
+}
+
+// The table of the parameter elements and bytes every rank holds; ranks with equal
+// holdings share a row.
+void ReportRankTable(std::ostream& out, const config::Config& c, const dist::Mesh& mesh,
+                     double state) {
   std::vector<std::pair<RankParams, std::vector<int>>> rows;
-  for (int r = 0; r < world; ++r) {
-    const RankParams p = EstimateRankParams(c, *mesh, r);
+  for (int r = 0; r < mesh.world(); ++r) {
+    const RankParams p = EstimateRankParams(c, mesh, r);
     auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& row) { return row.first == p; });
     if (it == rows.end()) {
       rows.push_back({p, {r}});
@@ -367,6 +299,29 @@ std::string DryRunReport(const config::Config& c, int world, Status* check) {
                   FormatBytes(4.0 * p.total() * (2 + state)).c_str());
     out << line;
   }
+}
+
+}  // namespace
+
+std::string DryRunReport(const config::Config& c, int world, Status* check) {
+  if (check != nullptr) *check = OkStatus();
+  ModelCost cost = EstimateCost(c);
+  // With a valid mesh, the weights per rank are the most any rank of the table holds.
+  auto mesh = dist::Mesh::Create(world, c.parallel.MeshSizes(), c.parallel.order);
+  const double state = c.train.optimizer == config::OptimizerKind::kAdamW ? 2 : 1;
+  if (mesh.ok()) {
+    int64_t most = 0;
+    for (int r = 0; r < world; ++r) most = std::max(most, EstimateRankParams(c, *mesh, r).total());
+    cost.param_bytes_per_rank = 4.0 * most * (2 + state);
+  }
+  std::ostringstream out;
+  ReportCosts(out, c, world, cost);
+  if (!mesh.ok()) {
+    out << "  per-rank table: " << mesh.status().message() << "\n";
+    return out.str();
+  }
+  ReportZeroMemory(out, c, *mesh);
+  ReportRankTable(out, c, *mesh, state);
   if (c.parallel.pp > 1 || c.parallel.virtual_stages > 1) out << PipelineReport(c, *mesh, check);
   return out.str();
 }

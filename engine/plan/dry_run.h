@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/dist/mesh.h"
+#include "engine/model/param_table.h"
 #include "engine/model/stage.h"
 #include "engine/parallel/parameter.h"
 #include "engine/parallel/pipeline_schedule.h"

@@ -25,24 +25,12 @@ std::atomic<int> g_signal{0};
 extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
 
 // The model's architecture: the model section and the MoE keys that shape or route it.
-std::vector<std::string> ModelLines(const config::Config& c) {
+bool ModelKey(const std::string& section, const std::string& key) {
   static const char* const kMoeKeys[] = {"num_experts", "layer_freq", "top_k", "d_expert",
                                          "activation", "bias", "normalize_gates",
                                          "num_shared_experts", "d_shared"};
-  std::vector<std::string> out;
-  std::istringstream in(c.ToYaml());
-  std::string line, section;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] != ' ') {
-      section = line.substr(0, line.size() - 1);
-      continue;
-    }
-    const std::string key = line.substr(2, line.find(':') - 2);
-    const bool moe = section == "moe" && std::find(std::begin(kMoeKeys), std::end(kMoeKeys), key) !=
-                                             std::end(kMoeKeys);
-    if (section == "model" || moe) out.push_back(section + "." + line.substr(2));
-  }
-  return out;
+  return section == "model" ||
+         (section == "moe" && std::find(std::begin(kMoeKeys), std::end(kMoeKeys), key) != std::end(kMoeKeys));
 }
 
 }  // namespace
@@ -50,12 +38,10 @@ std::vector<std::string> ModelLines(const config::Config& c) {
 Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const config::Config& now) {
   StatusOr<config::Config> saved = config::ParseConfig(saved_yaml, source);
   if (!saved.ok()) return DataLoss(saved.status().message());
-  const std::vector<std::string> a = ModelLines(*saved), b = ModelLines(now);
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (a[i] != b[i]) {
-      return InvalidArgument(source, ": the checkpoint's model has ", a[i], ", this config ", b[i],
-                             "; resume with the model it was saved with");
-    }
+  if (const auto diff = config::FirstDifference(*saved, now, ModelKey)) {
+    return InvalidArgument(source, ": the checkpoint's model has ", diff->key, ": ", diff->a,
+                           ", this config ", diff->key, ": ", diff->b,
+                           "; resume with the model it was saved with");
   }
   return OkStatus();
 }

@@ -14,9 +14,9 @@ namespace switchyard::model::testing {
 
 // `gpt` with rmsnorm, rope, swiglu, no biases, an untied head and 4 query / 2 kv heads.
 inline ModelConfig LlamaLike(ModelConfig gpt) {
-  gpt.norm = "rmsnorm";
-  gpt.position = "rope";
-  gpt.activation = "swiglu";
+  gpt.norm = dense::NormKind::kRmsNorm;
+  gpt.position = Position::kRope;
+  gpt.activation = dense::Activation::kSwiglu;
   gpt.bias = false;
   gpt.tie_embeddings = false;
   gpt.n_heads = 4;
