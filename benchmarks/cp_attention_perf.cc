@@ -1,7 +1,8 @@
-// cp_attention_perf: ring attention for context parallelism (dense/ring_attention.h, issue
-// 14), cp = the world (launch with mpirun -np 1, 2, 4; scripts/bench_cp.sh runs all three
-// and merges their JSON). For each sequence length S (B sequences, Hq query and Hkv
-// key/value heads of width hd; every rank holds chunks i and 2c-1-i, Sc = S / (2c)):
+// cp_attention_perf: ring attention for context parallelism (dense/ring_attention.h), cp =
+// the world (launch with mpirun -np 1, 2, 4; scripts/bench_cp.sh runs all three and merges
+// their JSON). For each sequence length S (B sequences, Hq query and Hkv key/value heads of
+// width hd; each rank's two chunks of Sc = S / (2c) positions as in
+// engine/parallel/context_parallel.h):
 //
 //   (a) time: RingAttentionForward and RingAttentionBackward on this rank's shards, each
 //       repetition started together (a barrier), the median over -n repetitions after -w

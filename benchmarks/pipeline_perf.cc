@@ -1,4 +1,4 @@
-// pipeline_perf: pipeline-parallel training (issue #13) per schedule (gpipe, 1f1b) and
+// pipeline_perf: pipeline-parallel training per schedule (gpipe, 1f1b) and
 // layout — pp = ranks, and pp = ranks / 2 with dp 2 when that is 2 or more (launch with
 // mpirun -np 2, 4, 8) — on a small config; per pipeline rank:
 //
@@ -22,8 +22,8 @@
 //       embeddings the first and last stage also exchange their token table's gradient.
 //
 // #wrong counts a row whose bytes differ from the analytic volume by more than 0.5% or
-// whose workspace peak is more than 10% from the dry-run's (issue #13's bar). The bubble is
-// never checked: on a 2-core machine with oversubscribed ranks it is mostly the operating
+// whose workspace peak is more than 10% from the dry-run's prediction. The bubble is never
+// checked: on a 2-core machine with oversubscribed ranks it is mostly the operating
 // system's scheduling.
 #include <algorithm>
 #include <cstdio>

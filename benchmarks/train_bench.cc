@@ -112,9 +112,15 @@ StatusOr<config::Config> TrainBench::LoadConfig(const std::vector<std::string>& 
   return config::LoadConfig(config_path_, all);
 }
 
+std::string TrainBench::RunDir(const std::string& out_name) const {
+  // Under this job's own directory (named after rank 0's pid) when it made one, so that two
+  // jobs at once (ctest -j) never share a run directory.
+  return ((tmp_.empty() ? fs::temp_directory_path() : fs::path(tmp_)) / out_name).string();
+}
+
 StatusOr<std::unique_ptr<train::Trainer>> TrainBench::StartTrainer(const config::Config& config,
                                                                    const std::string& out_name) {
-  const std::string out = (fs::temp_directory_path() / out_name).string();
+  const std::string out = RunDir(out_name);
   SY_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> trainer,
                       train::Trainer::Create(config, out, *world_));
   SY_RETURN_IF_ERROR(RunQuietly(*trainer, 1));  // warm-up
@@ -140,7 +146,7 @@ void TrainBench::EndTrainer(std::unique_ptr<train::Trainer> trainer, const std::
   world_->Barrier();
   if (world_->rank() == 0) {
     std::error_code ec;
-    fs::remove_all(fs::temp_directory_path() / out_name, ec);
+    fs::remove_all(RunDir(out_name), ec);
   }
 }
 

@@ -71,6 +71,9 @@ class TrainBench {
   const std::string& config_path() const { return config_path_; }
 
  private:
+  // Where the run `out_name` writes: under the job's temporary directory when there is one.
+  std::string RunDir(const std::string& out_name) const;
+
   std::string config_path_ = "configs/switch-tiny.yaml", data_dir_, sets_, tmp_;
   int steps_, grad_accum_;
   std::unique_ptr<dist::CountingCommunicator> world_;
