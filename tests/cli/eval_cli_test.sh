@@ -3,7 +3,8 @@
 # the CLI, then evaluate its checkpoints. The loss must be the validation loss training
 # printed (and wrote to metrics.jsonl) at that step — the same batches, the same forward —
 # and --json must parse with consistent routing statistics. Errors are one line on stderr
-# with exit status 1 (missing or corrupt checkpoint or data) or 2 (bad flags or layout).
+# with exit status 1 (missing or corrupt checkpoint or data), 2 (bad flags or layout) or 3
+# (a router weight of 3e38 whose forward overflows: the MoE layer and statistic named).
 # With an mpirun launcher (tests/dist): train under 2 ranks with ep=2 and evaluate under 2
 # ranks (identical loss) and under 1 rank with --set parallel.ep=1 (the same sequences);
 # docs/model_reference.py reads its per-rank files through the index.
@@ -163,6 +164,34 @@ expect_error "corrupt config.yaml" 1 "moe.top_k: expected an integer, got 'two'"
 expect_error "missing data" 1 "$tmp/nodata" --checkpoint "$tmp/run" --data "$tmp/nodata"
 expect_error "layout for 2 ranks" 2 "--set parallel.ep=1" --checkpoint "$tmp/run" --set parallel.ep=2
 expect_error "model mismatch" 1 "layers.0.moe.router.weight" --checkpoint "$tmp/run" --set moe.num_experts=8
+
+# --- Finite weights whose forward is not: one flipped exponent bit in a router weight
+# (3e38, as a writer bug would leave it) with the checksum recomputed, so the checkpoint
+# verifies. eval must stop with exit 3 (training's non-finite status) and one line naming
+# the MoE layer and the statistic, not print `z inf`.
+cp -r "$tmp/run/step-00000006" "$tmp/huge"
+py "import json, struct, zlib
+d = '$tmp/huge'
+index = json.load(open(d + '/model.safetensors.index.json'))
+name = 'layers.1.moe.router.weight'
+f = d + '/' + index['weight_map'][name]
+b = bytearray(open(f, 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+t = json.loads(b[8:8 + n])[name]
+assert t['dtype'] == 'F32', t
+start = 8 + n + t['data_offsets'][0]
+for i in range(0, t['data_offsets'][1] - t['data_offsets'][0], 4):
+    b[start + i:start + i + 4] = struct.pack('<f', 3e38)
+open(f, 'wb').write(b)
+key = f.rsplit('/', 1)[1]
+index['files'][key]['crc32'] = '%08x' % zlib.crc32(bytes(b))
+json.dump(index, open(d + '/model.safetensors.index.json', 'w'))"
+"$bin" checkpoint verify "$tmp/huge" >/dev/null 2>"$tmp/err" ||
+  fail "the patched checkpoint does not verify (the test's patch is wrong): $(cat "$tmp/err")"
+expect_error "huge router weight" 3 "step 6: MoE layer 1: " --checkpoint "$tmp/huge"
+grep -Eq "MoE layer 1: (aux loss|z loss|router entropy) (nan|inf|-inf)" "$tmp/err" ||
+  fail "huge router weight: the line does not name the statistic: $(cat "$tmp/err")"
+expect_error "huge router weight, --json" 3 "step 6: MoE layer 1: " --checkpoint "$tmp/huge" --json
 
 # --- Many ranks: train with ep=2 on 2 ranks; evaluate on 2 ranks and on 1.
 if [[ -n "$mpirun_sh" ]]; then
