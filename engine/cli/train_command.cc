@@ -105,7 +105,10 @@ int Run(const std::vector<std::string>& args) {
     std::printf("resolved config (%s):\n%s\n", f.config.c_str(), config->ToYaml().c_str());
   }
   auto trainer = train::Trainer::Create(*config, f.out, *world);
-  if (int rc = Agree(*world, trainer.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
+  // Damaged data (a bad token id in the validation split, a checksum) is a failure, not usage.
+  const int create_code =
+      trainer.status().code() == absl::StatusCode::kDataLoss ? kExitFailure : kExitUsage;
+  if (int rc = Agree(*world, trainer.status(), create_code, kCommand); rc != kExitOk) return rc;
   if (f.profile) (*trainer)->EnableProfile();
   if (!f.resume.empty()) {
     Status s = (*trainer)->Resume(f.resume);

@@ -165,11 +165,11 @@ Batch DataLoader::MakeBatch() const {
   return batch;
 }
 
-void DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t row,
-                         Batch* batch) const {
+Status DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t row,
+                           Batch* batch) const {
   const int64_t len = options_.seq_len;
   std::vector<int32_t> tokens(len + 1);
-  stream.Copy(offset, len + 1, tokens.data(), options_.verify ? 0 : vocab_size());
+  SY_RETURN_IF_ERROR(stream.Copy(offset, len + 1, tokens.data(), options_.verify ? 0 : vocab_size()));
   int32_t* inputs = batch->inputs.data<int32_t>() + row * len;
   int32_t* targets = batch->targets.data<int32_t>() + row * len;
   int32_t* labels = batch->labels.data<int32_t>() + row * len;
@@ -183,9 +183,24 @@ void DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t row,
     labels[t] = stream.doc_labels[doc];
   }
   batch->offsets.push_back(offset);
+  return OkStatus();
 }
 
 Batch DataLoader::GetBatch(int64_t step, int64_t micro) const {
+  StatusOr<Batch> batch = ReadBatch(step, micro);
+  SY_CHECK(batch.ok()) << batch.status().message();
+  return *std::move(batch);
+}
+
+Status DataLoader::CheckStep(int64_t step) const {
+  if (options_.verify) return OkStatus();
+  for (int64_t micro = 0; micro < micro_batches_per_step(); ++micro) {
+    SY_RETURN_IF_ERROR(ReadBatch(step, micro).status());
+  }
+  return OkStatus();
+}
+
+StatusOr<Batch> DataLoader::ReadBatch(int64_t step, int64_t micro) const {
   SY_CHECK_GE(step, 0);
   SY_CHECK(micro >= 0 && micro < micro_batches_per_step())
       << "micro=" << micro << " of " << micro_batches_per_step();
@@ -200,7 +215,8 @@ Batch DataLoader::GetBatch(int64_t step, int64_t micro) const {
     const uint64_t epoch = static_cast<uint64_t>(k / windows);
     const uint64_t window = PermuteIndex(static_cast<uint64_t>(k % windows), windows,
                                          options_.seed, WindowStream(d, epoch));
-    FillRow(datasets_[d]->train, static_cast<int64_t>(window) * options_.seq_len, row, &batch);
+    SY_RETURN_IF_ERROR(
+        FillRow(datasets_[d]->train, static_cast<int64_t>(window) * options_.seq_len, row, &batch));
     batch.sequences.push_back(g);
     batch.datasets.push_back(d);
   }
@@ -232,7 +248,8 @@ StatusOr<std::vector<Batch>> DataLoader::ValidationBatches(int64_t max_batches) 
       const int64_t k = (b * options_.dp_size + options_.dp_rank) * mbs + row;
       const int d = static_cast<int>(
           std::upper_bound(first_window.begin(), first_window.end(), k) - first_window.begin() - 1);
-      FillRow(datasets_[d]->val, (k - first_window[d]) * options_.seq_len, row, &batch);
+      SY_RETURN_IF_ERROR(
+          FillRow(datasets_[d]->val, (k - first_window[d]) * options_.seq_len, row, &batch));
       batch.sequences.push_back(k);
       batch.datasets.push_back(d);
     }

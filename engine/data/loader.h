@@ -77,7 +77,16 @@ class DataLoader {
   // Micro-batches per step on each rank: global_batch_size / (dp_size * micro_batch_size).
   int64_t micro_batches_per_step() const;
   // Micro-batch `micro` (< micro_batches_per_step()) of this rank at `step` (>= 0).
+  // Without options.verify, a token id outside the vocabulary is the DataLoss of
+  // TokenStream::Copy (the shard file, the token's index in it, the id, the vocabulary size).
+  StatusOr<Batch> ReadBatch(int64_t step, int64_t micro) const;
+  // ReadBatch for callers that checked the step first (CheckStep) or opened with
+  // options.verify: a bad token id stops the process with ReadBatch's message.
   Batch GetBatch(int64_t step, int64_t micro) const;
+  // Reads this rank's micro-batches of `step` and returns the first ReadBatch error; OK at
+  // once with options.verify (Open checked every token). Training calls it before a step,
+  // agreed over the ranks, so that a bad token ends the run with one error line.
+  Status CheckStep(int64_t step) const;
   // Up to `max_batches` (<= 0: all) validation micro-batches of this rank, the same count
   // on every rank. Fails when the validation splits hold fewer than
   // dp_size * micro_batch_size windows.
@@ -101,8 +110,8 @@ class DataLoader {
 
  private:
   DataLoader() = default;
-  // Fills row `row` of `batch` from `stream` at `offset`.
-  void FillRow(const TokenStream& stream, int64_t offset, int64_t row, Batch* batch) const;
+  // Fills row `row` of `batch` from `stream` at `offset` (errors: TokenStream::Copy's).
+  Status FillRow(const TokenStream& stream, int64_t offset, int64_t row, Batch* batch) const;
   Batch MakeBatch() const;
 
   LoaderOptions options_;

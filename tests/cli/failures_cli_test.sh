@@ -11,6 +11,9 @@
 #  - metrics: a full disk (metrics.jsonl is /dev/full): one warning, training finishes
 #    and saves (whole records under a file-size limit: metrics_writer_test); resuming from
 #    an earlier checkpoint leaves one record per step, with the losses of a straight run;
+#  - a token id outside the vocabulary with data.verify false (in the training split, on 1
+#    and 2 ranks, and in the validation split): one error line naming the shard, the token
+#    and the id, exit 1 on every rank;
 #  - the temporary directories of a killed save are removed at the next start, one line
 #    each;
 #  - the collective watchdog: one rank of 2 stopped (SIGSTOP) mid-run with a 3 s
@@ -155,6 +158,46 @@ one_error "skips in a row" "3 non-finite steps in a row (train.max_nonfinite_ski
 [[ $(grep -c "train.on_nonfinite=skip: update skipped" "$tmp/out") -eq 2 ]] ||
   fail "skips in a row: $(grep -c skipped "$tmp/out") skip lines, want 2"
 echo "--- skips in a row: exit 3 after 2 skips ($SECONDS s)"
+
+# ---- a bad token id with data.verify false ------------------------------------------------
+# Token 5 of a shard := 65535 (the vocabulary has 128 ids). Without verify the shards are
+# not read at the start; the step that reads it (one epoch's windows are all read within
+# 100 steps) ends the run on every rank with one line naming the shard, the token and the
+# id, exit 1. In the validation split it is found when the validation batches are read at
+# the start, also exit 1.
+# bad_token SPLIT DIR: a copy of $tmp/data in DIR with token 5 of SPLIT's first shard bad.
+bad_token() {
+  rm -rf "$2"
+  cp -r "$tmp/data" "$2"
+  $python - "$2" "$1" <<'EOF2'
+import json, sys
+d, split = sys.argv[1], sys.argv[2]
+index = json.load(open(d + "/index.json"))
+assert index["dtype"] == "u16", index["dtype"]
+name = [s["name"] for s in index["shards"] if s["split"] == split][0]
+b = bytearray(open(d + "/" + name, "rb").read())
+b[32 + 5 * 2:32 + 6 * 2] = b"\xff\xff"  # after the 32-byte shard header
+open(d + "/" + name, "wb").write(b)
+print(name)
+EOF2
+}
+for np in 1 2; do
+  if [[ $np -eq 1 ]]; then args=("${one[@]}"); else args=("${two[@]}"); fi
+  shard=$(bad_token train "$tmp/bad_train")
+  run "$np" "${args[@]}" --out "$tmp/bad-token-$np" --set data.dir="$tmp/bad_train" \
+    --set data.verify=false --set train.max_steps=100 --set train.checkpoint_every=0
+  [[ $rc -eq 1 ]] || fail "bad token np $np: exit status $rc, want 1: $(tail -3 "$tmp/err")"
+  every_rank "bad token np $np" "$np" 1
+  one_error "bad token np $np" "$tmp/bad_train/$shard: token 5 is 65535, not below the vocabulary size 128 (data.verify is false"
+  ! grep -q "Check failed\|CHECK" "$tmp/err" || fail "bad token np $np: a CHECK: $(cat "$tmp/err")"
+  echo "--- bad token np $np: $(grep '^switchyard train: error' "$tmp/err" | cut -c1-120)... ($SECONDS s)"
+done
+shard=$(bad_token val "$tmp/bad_val")
+run 1 "${one[@]}" --out "$tmp/bad-val" --set data.dir="$tmp/bad_val" --set data.verify=false \
+  --set train.eval_every=3
+[[ $rc -eq 1 ]] || fail "bad validation token: exit status $rc, want 1: $(tail -3 "$tmp/err")"
+one_error "bad validation token" "$tmp/bad_val/$shard: token 5 is 65535, not below the vocabulary size 128"
+echo "--- bad validation token: exit 1 ($SECONDS s)"
 
 # ---- metrics ------------------------------------------------------------------------------
 # A full disk: metrics.jsonl is /dev/full (every write fails with ENOSPC). One warning,
