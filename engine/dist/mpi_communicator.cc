@@ -104,7 +104,7 @@ class MpiCommunicator::Request final : public Work {
   void Wait() override {
     if (done_) return;
     if (!requests_.empty()) {
-      const WatchdogScope watch(op_, seq_, group_);
+      const WatchdogScope watch(op_, seq_, group_, peers_);
       std::vector<MPI_Status> statuses(requests_.size());
       SY_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
                                statuses.data()));
@@ -142,10 +142,13 @@ class MpiCommunicator::Request final : public Work {
   }
   void OnDone(std::function<void()> finish) { finish_ = std::move(finish); }
   // What the watchdog names while Wait blocks.
-  void Label(const char* op, uint64_t seq, const std::vector<int>& group) {
+  // peers: the world ranks a point-to-point request waits on (empty: the group).
+  void Label(const char* op, uint64_t seq, const std::vector<int>& group,
+             std::vector<int> peers = {}) {
     op_ = op;
     seq_ = seq;
     group_ = group;
+    peers_ = std::move(peers);
   }
 
  private:
@@ -161,6 +164,7 @@ class MpiCommunicator::Request final : public Work {
   const char* op_ = "request";
   uint64_t seq_ = 0;
   std::vector<int> group_;
+  std::vector<int> peers_;
   std::vector<MPI_Request> requests_;
   std::vector<Receive> receives_;
   std::vector<Tensor> tensors_;
@@ -417,7 +421,7 @@ void MpiCommunicator::Broadcast(Tensor& t, int root) {
 }
 
 void MpiCommunicator::Send(const Tensor& t, int peer, int tag) {
-  const WatchdogScope watch("send", ++seq_, world_ranks_);
+  const WatchdogScope watch("send", ++seq_, world_ranks_, PeerOf(peer));
   CheckTensor(t, device(), "Send");
   SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
       << "Send from rank " << rank_ << " to rank " << peer << " in a group of " << size_;
@@ -426,7 +430,7 @@ void MpiCommunicator::Send(const Tensor& t, int peer, int tag) {
 }
 
 void MpiCommunicator::Recv(Tensor& t, int peer, int tag) {
-  const WatchdogScope watch("recv", ++seq_, world_ranks_);
+  const WatchdogScope watch("recv", ++seq_, world_ranks_, PeerOf(peer));
   CheckTensor(t, device(), "Recv");
   SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
       << "Recv on rank " << rank_ << " from rank " << peer << " in a group of " << size_;
@@ -459,7 +463,7 @@ std::unique_ptr<Work> MpiCommunicator::SendAsync(const Tensor& t, int peer, int 
   internal::CheckPeer(peer, size_, rank_, "SendAsync");
   SY_CHECK_GE(tag, 0) << "SendAsync tag";
   auto request = std::make_unique<Request>();
-  request->Label("send", ++seq_, world_ranks_);
+  request->Label("send", ++seq_, world_ranks_, PeerOf(peer));
   PostP2P({P2POp::kSend, t, peer, tag}, *request);
   return request;
 }
@@ -469,7 +473,7 @@ std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
   internal::CheckPeer(peer, size_, rank_, "RecvAsync");
   SY_CHECK_GE(tag, 0) << "RecvAsync tag";
   auto request = std::make_unique<Request>();
-  request->Label("recv", ++seq_, world_ranks_);
+  request->Label("recv", ++seq_, world_ranks_, PeerOf(peer));
   PostP2P({P2POp::kRecv, t, peer, tag}, *request);
   return request;
 }
@@ -479,7 +483,13 @@ std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
 std::unique_ptr<Work> MpiCommunicator::BatchSendRecv(std::span<const P2POp> ops) {
   internal::CheckBatch(ops, device(), size_, rank_);
   auto request = std::make_unique<Request>();
-  request->Label("send_recv", ++seq_, world_ranks_);
+  std::vector<int> peers;
+  for (const P2POp& op : ops) {
+    const int r = world_ranks_[op.peer];
+    if (op.peer != rank_ && std::find(peers.begin(), peers.end(), r) == peers.end()) peers.push_back(r);
+  }
+  std::sort(peers.begin(), peers.end());
+  request->Label("send_recv", ++seq_, world_ranks_, std::move(peers));
   for (const P2POp& op : ops) PostP2P(op, *request);
   return request;
 }
