@@ -186,6 +186,17 @@ Status DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t ro
   return OkStatus();
 }
 
+void DataLoader::PadRow(int64_t row, int64_t k, Batch* batch) const {
+  const int64_t len = options_.seq_len;
+  std::fill_n(batch->inputs.data<int32_t>() + row * len, len, eos_id());
+  std::fill_n(batch->targets.data<int32_t>() + row * len, len, -1);  // the loss's ignore index
+  std::fill_n(batch->labels.data<int32_t>() + row * len, len, 0);
+  batch->sequences.push_back(k);
+  batch->offsets.push_back(-1);
+  batch->datasets.push_back(0);
+  ++batch->padding;
+}
+
 Batch DataLoader::GetBatch(int64_t step, int64_t micro) const {
   StatusOr<Batch> batch = ReadBatch(step, micro);
   SY_CHECK(batch.ok()) << batch.status().message();
@@ -232,20 +243,26 @@ StatusOr<std::vector<Batch>> DataLoader::ValidationBatches(int64_t max_batches) 
     first_window.push_back(first_window.back() + n);
   }
   const int64_t windows = first_window.back();
-  int64_t count = windows / (mbs * options_.dp_size);
-  if (count == 0) {
+  const int64_t per_batch = mbs * options_.dp_size;
+  const bool whole = max_batches <= 0;
+  int64_t count = whole ? (windows + per_batch - 1) / per_batch : windows / per_batch;
+  if (count == 0 || (whole && windows < per_batch)) {
     return FailedPrecondition(
         datasets_.size() == 1 ? datasets_[0]->dir : std::string("the blend"),
         ": the validation split has ", val_tokens(), " tokens, ", windows,
         " windows of seq_len + 1 = ", options_.seq_len + 1,
         "; one validation batch on every rank needs ", mbs * options_.dp_size);
   }
-  if (max_batches > 0) count = std::min(count, max_batches);
+  if (!whole) count = std::min(count, max_batches);
   std::vector<Batch> batches;
   for (int64_t b = 0; b < count; ++b) {
     Batch batch = MakeBatch();
     for (int64_t row = 0; row < mbs; ++row) {
       const int64_t k = (b * options_.dp_size + options_.dp_rank) * mbs + row;
+      if (k >= windows) {  // past the split: padding, always the trailing rows
+        PadRow(row, k, &batch);
+        continue;
+      }
       const int d = static_cast<int>(
           std::upper_bound(first_window.begin(), first_window.end(), k) - first_window.begin() - 1);
       SY_RETURN_IF_ERROR(

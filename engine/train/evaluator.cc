@@ -41,7 +41,7 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
         stage.Forward(MicroBatchInput(batch, decoder, pc, step, /*training=*/false));
     ce += out.ce_sum;
     count += out.ce_count;
-    if (pc.cp().rank() == 0) sequences += batch.inputs.dim(0);  // cp ranks share them
+    if (pc.cp().rank() == 0) sequences += batch.inputs.dim(0) - batch.padding;  // cp ranks share them
     for (size_t l = 0; l < slot_of.size(); ++l) r.moe[slot_of[l]].Add(out.moe_stats[l]);
   }
   // The same reduction as Trainer::Validate for the loss (the last stage holds it); the

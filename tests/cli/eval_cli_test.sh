@@ -123,8 +123,13 @@ done
 # --- --batches 0: the whole validation split (more sequences than the default 2 x 2).
 "$bin" eval --checkpoint "$tmp/run" --json --batches 0 >"$tmp/all.json" 2>"$tmp/eval.err" ||
   fail "eval --batches 0: $(cat "$tmp/eval.err")"
-py "import json; d = json.load(open('$tmp/all.json')); assert d['sequences'] > 4 and d['batches'] * 2 == d['sequences'], d" \
-  2>/dev/null || fail "eval --batches 0 did not evaluate the whole split: $(cat "$tmp/all.json")"
+# Every window of the validation split once (the last micro-batch padded when it is short).
+windows=$(py "import json
+d = json.load(open('$tmp/data/index.json'))
+print(sum((t['val']['tokens'] if 'val' in t else 0) for t in d['totals'].values()))" 2>/dev/null)
+windows=$(( (windows - 1) / 16 ))
+py "import json; d = json.load(open('$tmp/all.json')); assert d['sequences'] == $windows and d['batches'] == ($windows + 1) // 2 and d['tokens'] == 16 * $windows, d" \
+  2>/dev/null || fail "eval --batches 0 did not evaluate the $windows windows of the whole split: $(cat "$tmp/all.json")"
 
 # --- --data: the same shards elsewhere give the same loss; the config's data.dir is not read.
 cp -r "$tmp/data" "$tmp/data2"
@@ -227,6 +232,28 @@ assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-6 * a['loss'], (
   py "import json; a = json.load(open('$tmp/e1.json')); b = json.load(open('$tmp/ecp.json'))
 assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'], b['sequences'])" \
     2>"$tmp/py.err" || fail "eval under parallel.cp=2 differs from one rank: $(cat "$tmp/py.err")"
+  # --batches 0 is the whole split on any layout: dp 1, 2 and 4 score the same sequences
+  # and the same mean over every validation token (f32 reduction order: relative 1e-6),
+  # on a split whose windows are not a multiple of dp x micro_batch_size (padded).
+  (( windows % 4 != 0 && windows % 8 != 0 )) ||
+    fail "the test's validation split has $windows windows: a multiple of 4 or 8 tests no padding"
+  for np in 1 2 4; do
+    if [[ $np -eq 1 ]]; then
+      "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 --batches 0 \
+        >"$tmp/whole$np.json" 2>"$tmp/eval.err"
+    else
+      bash "$mpirun_sh" "$np" "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 \
+        --batches 0 >"$tmp/whole$np.json" 2>"$tmp/eval.err"
+    fi || fail "eval --batches 0 on $np ranks: $(grep -v '^\[' "$tmp/eval.err" | tail -3)"
+  done
+  py "import json
+a = [json.load(open('$tmp/whole%d.json' % n)) for n in (1, 2, 4)]
+for d, n in zip(a, (1, 2, 4)):
+    assert d['dp'] == n, (n, d['dp'])
+    assert d['sequences'] == $windows and d['tokens'] == 16 * $windows, (n, d['sequences'], d['tokens'])
+    assert abs(d['loss'] - a[0]['loss']) <= 1e-6 * a[0]['loss'], (n, d['loss'], a[0]['loss'])" \
+    2>"$tmp/py.err" || fail "eval --batches 0 differs between dp 1, 2 and 4: $(cat "$tmp/py.err")"
+  echo "--- eval --batches 0 on dp 1, 2, 4: $windows sequences, loss $(py "import json; print(json.load(open('$tmp/whole4.json'))['loss'])")"
   # Each rank wrote its own pieces; docs/model_reference.py assembles them from the index and
   # reproduces the 1-rank eval (when numpy is there).
   step_dir="$tmp/run2/$(cat "$tmp/run2/latest")"
