@@ -111,12 +111,16 @@ class Page:
     """The plots in order, each an SVG and the numbers it shows."""
 
     def __init__(self):
-        self.sections = []  # (title, [plot ids])
+        self.sections = []  # (title, [plot ids], [notes])
         self.plots = {}  # id -> {"svg", "data"}
         self.order = []
 
     def section(self, title):
-        self.sections.append((title, []))
+        self.sections.append((title, [], []))
+
+    def note(self, text):
+        """A line of text in the current section, in place of a plot that would be empty."""
+        self.sections[-1][2].append(text)
 
     def add(self, plot_id, fig, data):
         plt.rcParams["svg.hashsalt"] = plot_id  # unique ids inside each inline SVG
@@ -200,9 +204,16 @@ def build(runs, names, route):
     line_plot(page, "loss", "training loss (ce + aux + z)", "loss",
               [{"label": n, "x": [d["step"] for d in r["steps"]], "y": [d["loss"] for d in r["steps"]]}
                for r, n in zip(runs, names)])
-    line_plot(page, "val_loss", "validation loss", "cross-entropy",
-              [{"label": n, "x": [v[0] for v in r["val"]], "y": [v[1] for v in r["val"]]}
-               for r, n in zip(runs, names)])
+    validated = [(r, n) for r, n in zip(runs, names) if r["val"]]
+    if validated:
+        line_plot(page, "val_loss", "validation loss", "cross-entropy",
+                  [{"label": n, "x": [v[0] for v in r["val"]], "y": [v[1] for v in r["val"]]}
+                   for r, n in validated])
+        if len(validated) < len(runs):
+            page.note("no validation in %s (train.eval_every 0)" %
+                      ", ".join(n for r, n in zip(runs, names) if not r["val"]))
+    else:
+        page.note("no validation in these runs (train.eval_every 0): no validation-loss plot")
     page.section("Throughput")
     line_plot(page, "tokens_per_s", "throughput", "tokens / s",
               [{"label": n, "x": [d["step"] for d in r["steps"]],
@@ -293,10 +304,12 @@ def render(page, runs, names, title):
             html.escape(n), html.escape(r["path"]), len(r["steps"]), r["steps"][-1]["loss"], final_val,
             evaluated))
     out.append("</table>")
-    for title_, ids in page.sections:
-        if not ids:
+    for title_, ids, notes in page.sections:
+        if not ids and not notes:
             continue
         out.append("<h2>%s</h2>" % html.escape(title_))
+        for text in notes:
+            out.append("<p class=\"note\">%s</p>" % html.escape(text))
         for pid in ids:
             out.append("<div class=\"plot\" id=\"plot-%s\">%s</div>" % (pid, page.plots[pid]["svg"]))
     data = {"runs": names, "plots": {pid: page.plots[pid]["data"] for pid in page.order}}

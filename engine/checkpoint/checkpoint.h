@@ -143,8 +143,9 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::Par
 StatusOr<CheckpointReport> VerifyCheckpoint(const std::string& path);
 
 // Removes the leftovers of killed saves in out_dir: .step-*.tmp-* and .step-*.old-*
-// directories (a save in progress in the same out_dir at the same moment would lose its
-// directory: one run per out_dir). Appends each removed path to *removed.
+// directories and latest.tmp.* files (the temporary of `latest`; a save in progress in the
+// same out_dir at the same moment would lose them: one run per out_dir). Appends each
+// removed path to *removed.
 Status RemoveLeftoverTempDirs(const std::string& out_dir, std::vector<std::string>* removed);
 
 // Every tensor of a checkpoint of one kind (the model's, or with `optimizer` the optimizer

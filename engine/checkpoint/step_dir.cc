@@ -104,6 +104,11 @@ Status RemoveLeftoverTempDirs(const std::string& out_dir, std::vector<std::strin
     const std::string name = e.path().filename().string();
     const bool old = name.compare(0, 6, ".step-") == 0 && name.find(".old-") != std::string::npos;
     if (e.is_directory(ec) && (IsTempDirName(name) || old)) leftovers.push_back(e.path());
+    // WriteFileAtomically's temporary of `latest` (latest.tmp.<pid>), left by a kill mid-write.
+    const std::string latest_tmp = std::string(kLatestFile) + ".tmp.";
+    if (e.is_regular_file(ec) && name.compare(0, latest_tmp.size(), latest_tmp) == 0) {
+      leftovers.push_back(e.path());
+    }
   }
   std::sort(leftovers.begin(), leftovers.end());
   for (const fs::path& p : leftovers) {

@@ -7,7 +7,8 @@
 // The defaults reproduce the validation the training run printed at the checkpoint's step
 // (the same micro-batches, train.eval_batches per data-parallel rank, when evaluated under
 // the run's layout). Exit status: 0 ok, 1 a missing or corrupt checkpoint or data
-// directory, 2 bad flags or an impossible layout.
+// directory, 2 bad flags or an impossible layout, 3 a non-finite loss or statistic (the
+// forward of finite but huge weights overflowed; one line naming the MoE layer).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -179,6 +180,9 @@ int Run(const std::vector<std::string>& args) {
   auto result =
       (*evaluator)->Run(f.batches_set ? f.batches : config.train.eval_batches, ck->step);
   if (int rc = Agree(*world, result.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
+  // A non-finite statistic is training's non-finite stop (exit 3), not a number to print.
+  const Status finite = train::CheckFiniteResult(*result);
+  if (int rc = Agree(*world, finite, kExitNonFinite, kCommand); rc != kExitOk) return rc;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (world->rank() == 0) {

@@ -1,6 +1,7 @@
 // `switchyard train --config FILE [--out DIR] [--steps N] [--resume DIR] [--set k=v ...]
 //                   [--dry-run] [--profile]`: trains a model from a config on one rank or
 // under mpirun.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -18,6 +19,12 @@ namespace switchyard::cli {
 namespace {
 
 constexpr char kCommand[] = "switchyard train";
+
+// SIGUSR1 stops training as SIGTERM does (save, exit 75). Open MPI's mpirun forwards
+// SIGUSR1 to every rank at once, while SIGTERM to mpirun kills the job (the ranks get
+// SIGTERM after odls_base_sigkill_timeout and SIGKILL as long after, and mpirun exits 1);
+// scripts/mpirun_job.sh turns a scheduler's SIGTERM into SIGUSR1 (docs/failures.md).
+void StopOnUsr1(int) { std::raise(SIGTERM); }
 
 struct Flags {
   std::string config, out, resume;
@@ -98,7 +105,10 @@ int Run(const std::vector<std::string>& args) {
     std::printf("resolved config (%s):\n%s\n", f.config.c_str(), config->ToYaml().c_str());
   }
   auto trainer = train::Trainer::Create(*config, f.out, *world);
-  if (int rc = Agree(*world, trainer.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
+  // Damaged data (a bad token id in the validation split, a checksum) is a failure, not usage.
+  const int create_code =
+      trainer.status().code() == absl::StatusCode::kDataLoss ? kExitFailure : kExitUsage;
+  if (int rc = Agree(*world, trainer.status(), create_code, kCommand); rc != kExitOk) return rc;
   if (f.profile) (*trainer)->EnableProfile();
   if (!f.resume.empty()) {
     Status s = (*trainer)->Resume(f.resume);
@@ -112,6 +122,7 @@ int Run(const std::vector<std::string>& args) {
                               text.substr(a + 1, b == std::string::npos ? b : b - a - 1),
                               b == std::string::npos ? -1 : std::atoll(text.substr(b + 1).c_str()));
   }
+  std::signal(SIGUSR1, StopOnUsr1);  // Run's SIGTERM handler takes it from there
   Status s = (*trainer)->Run(f.steps);
   using Reason = train::Trainer::StopReason;
   const Reason reason = (*trainer)->stop_reason();

@@ -13,7 +13,7 @@ void TokenStream::AddShard(const MappedShard* shard) {
   size_ += static_cast<int64_t>(shard->count());
 }
 
-void TokenStream::Copy(int64_t offset, int64_t n, int32_t* out, int64_t vocab_size) const {
+Status TokenStream::Copy(int64_t offset, int64_t n, int32_t* out, int64_t vocab_size) const {
   SY_CHECK(offset >= 0 && n >= 0 && offset + n <= size_) << offset << " + " << n << " > " << size_;
   // The last shard starting at or before offset (empty shards are skipped by the walk).
   size_t s = std::upper_bound(bases_.begin(), bases_.end(), offset) - bases_.begin() - 1;
@@ -24,17 +24,19 @@ void TokenStream::Copy(int64_t offset, int64_t n, int32_t* out, int64_t vocab_si
     const int64_t take = std::min<int64_t>(n - done, static_cast<int64_t>(shard.count()) - first);
     if (take > 0) {
       shard.Copy(static_cast<uint64_t>(first), static_cast<uint64_t>(take), out + done);
-      if (vocab_size > 0) {
-        for (int64_t i = 0; i < take; ++i) {
-          SY_CHECK(out[done + i] >= 0 && out[done + i] < vocab_size)
-              << shard.path() << ": token " << first + i << " is " << out[done + i]
-              << ", not below the vocabulary size " << vocab_size;
+      for (int64_t i = 0; vocab_size > 0 && i < take; ++i) {
+        if (out[done + i] < 0 || out[done + i] >= vocab_size) {
+          return DataLoss(shard.path(), ": token ", first + i, " is ",
+                          static_cast<uint32_t>(out[done + i]), ", not below the vocabulary size ",
+                          vocab_size, " (data.verify is false, so the shards were not checked "
+                          "at the start; prep the data again, or set data.verify: true)");
         }
       }
       done += take;
     }
     ++s;
   }
+  return OkStatus();
 }
 
 StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir, bool verify) {

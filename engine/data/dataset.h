@@ -22,9 +22,9 @@ class TokenStream {
   // Tokens in the stream.
   int64_t size() const { return size_; }
   // Copies tokens [offset, offset + n) into out. With vocab_size > 0 every token is
-  // checked against it (for streams that were not verified); a bad one stops the process
-  // with the shard's name.
-  void Copy(int64_t offset, int64_t n, int32_t* out, int64_t vocab_size) const;
+  // checked against it (for streams that were not verified): a bad one is a DataLoss
+  // naming the shard file, the token's index in it, its id and the vocabulary size.
+  Status Copy(int64_t offset, int64_t n, int32_t* out, int64_t vocab_size) const;
 
   std::vector<int64_t> doc_starts;  // ascending
   std::vector<int32_t> doc_labels;  // per document, an index into the loader's labels

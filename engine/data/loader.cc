@@ -165,11 +165,11 @@ Batch DataLoader::MakeBatch() const {
   return batch;
 }
 
-void DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t row,
-                         Batch* batch) const {
+Status DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t row,
+                           Batch* batch) const {
   const int64_t len = options_.seq_len;
   std::vector<int32_t> tokens(len + 1);
-  stream.Copy(offset, len + 1, tokens.data(), options_.verify ? 0 : vocab_size());
+  SY_RETURN_IF_ERROR(stream.Copy(offset, len + 1, tokens.data(), options_.verify ? 0 : vocab_size()));
   int32_t* inputs = batch->inputs.data<int32_t>() + row * len;
   int32_t* targets = batch->targets.data<int32_t>() + row * len;
   int32_t* labels = batch->labels.data<int32_t>() + row * len;
@@ -183,9 +183,35 @@ void DataLoader::FillRow(const TokenStream& stream, int64_t offset, int64_t row,
     labels[t] = stream.doc_labels[doc];
   }
   batch->offsets.push_back(offset);
+  return OkStatus();
+}
+
+void DataLoader::PadRow(int64_t row, int64_t k, Batch* batch) const {
+  const int64_t len = options_.seq_len;
+  std::fill_n(batch->inputs.data<int32_t>() + row * len, len, eos_id());
+  std::fill_n(batch->targets.data<int32_t>() + row * len, len, -1);  // the loss's ignore index
+  std::fill_n(batch->labels.data<int32_t>() + row * len, len, 0);
+  batch->sequences.push_back(k);
+  batch->offsets.push_back(-1);
+  batch->datasets.push_back(0);
+  ++batch->padding;
 }
 
 Batch DataLoader::GetBatch(int64_t step, int64_t micro) const {
+  StatusOr<Batch> batch = ReadBatch(step, micro);
+  SY_CHECK(batch.ok()) << batch.status().message();
+  return *std::move(batch);
+}
+
+Status DataLoader::CheckStep(int64_t step) const {
+  if (options_.verify) return OkStatus();
+  for (int64_t micro = 0; micro < micro_batches_per_step(); ++micro) {
+    SY_RETURN_IF_ERROR(ReadBatch(step, micro).status());
+  }
+  return OkStatus();
+}
+
+StatusOr<Batch> DataLoader::ReadBatch(int64_t step, int64_t micro) const {
   SY_CHECK_GE(step, 0);
   SY_CHECK(micro >= 0 && micro < micro_batches_per_step())
       << "micro=" << micro << " of " << micro_batches_per_step();
@@ -200,7 +226,8 @@ Batch DataLoader::GetBatch(int64_t step, int64_t micro) const {
     const uint64_t epoch = static_cast<uint64_t>(k / windows);
     const uint64_t window = PermuteIndex(static_cast<uint64_t>(k % windows), windows,
                                          options_.seed, WindowStream(d, epoch));
-    FillRow(datasets_[d]->train, static_cast<int64_t>(window) * options_.seq_len, row, &batch);
+    SY_RETURN_IF_ERROR(
+        FillRow(datasets_[d]->train, static_cast<int64_t>(window) * options_.seq_len, row, &batch));
     batch.sequences.push_back(g);
     batch.datasets.push_back(d);
   }
@@ -216,23 +243,30 @@ StatusOr<std::vector<Batch>> DataLoader::ValidationBatches(int64_t max_batches) 
     first_window.push_back(first_window.back() + n);
   }
   const int64_t windows = first_window.back();
-  int64_t count = windows / (mbs * options_.dp_size);
-  if (count == 0) {
+  const int64_t per_batch = mbs * options_.dp_size;
+  const bool whole = max_batches <= 0;
+  int64_t count = whole ? (windows + per_batch - 1) / per_batch : windows / per_batch;
+  if (count == 0 || (whole && windows < per_batch)) {
     return FailedPrecondition(
         datasets_.size() == 1 ? datasets_[0]->dir : std::string("the blend"),
         ": the validation split has ", val_tokens(), " tokens, ", windows,
         " windows of seq_len + 1 = ", options_.seq_len + 1,
         "; one validation batch on every rank needs ", mbs * options_.dp_size);
   }
-  if (max_batches > 0) count = std::min(count, max_batches);
+  if (!whole) count = std::min(count, max_batches);
   std::vector<Batch> batches;
   for (int64_t b = 0; b < count; ++b) {
     Batch batch = MakeBatch();
     for (int64_t row = 0; row < mbs; ++row) {
       const int64_t k = (b * options_.dp_size + options_.dp_rank) * mbs + row;
+      if (k >= windows) {  // past the split: padding, always the trailing rows
+        PadRow(row, k, &batch);
+        continue;
+      }
       const int d = static_cast<int>(
           std::upper_bound(first_window.begin(), first_window.end(), k) - first_window.begin() - 1);
-      FillRow(datasets_[d]->val, (k - first_window[d]) * options_.seq_len, row, &batch);
+      SY_RETURN_IF_ERROR(
+          FillRow(datasets_[d]->val, (k - first_window[d]) * options_.seq_len, row, &batch));
       batch.sequences.push_back(k);
       batch.datasets.push_back(d);
     }

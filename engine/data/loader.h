@@ -59,6 +59,11 @@ struct Batch {
   std::vector<int64_t> sequences;  // per row: global sequence g (validation: window index)
   std::vector<int64_t> offsets;    // per row: first token's offset in its split's stream
   std::vector<int> datasets;       // per row: which dataset of the blend (0 without one)
+  // Trailing rows that only pad the last batches of the whole validation split to full
+  // micro-batches on every rank: inputs </s>, targets -1 (ignored by the loss); their
+  // sequences are the window numbers past the split (the same on any layout: they key the
+  // routing noise), their offsets -1.
+  int64_t padding = 0;
 };
 
 // A permutation of [0, n) keyed by (seed, stream): x -> PermuteIndex(x, n, seed, stream)
@@ -77,10 +82,21 @@ class DataLoader {
   // Micro-batches per step on each rank: global_batch_size / (dp_size * micro_batch_size).
   int64_t micro_batches_per_step() const;
   // Micro-batch `micro` (< micro_batches_per_step()) of this rank at `step` (>= 0).
+  // Without options.verify, a token id outside the vocabulary is the DataLoss of
+  // TokenStream::Copy (the shard file, the token's index in it, the id, the vocabulary size).
+  StatusOr<Batch> ReadBatch(int64_t step, int64_t micro) const;
+  // ReadBatch for callers that checked the step first (CheckStep) or opened with
+  // options.verify: a bad token id stops the process with ReadBatch's message.
   Batch GetBatch(int64_t step, int64_t micro) const;
-  // Up to `max_batches` (<= 0: all) validation micro-batches of this rank, the same count
-  // on every rank. Fails when the validation splits hold fewer than
-  // dp_size * micro_batch_size windows.
+  // Reads this rank's micro-batches of `step` and returns the first ReadBatch error; OK at
+  // once with options.verify (Open checked every token). Training calls it before a step,
+  // agreed over the ranks, so that a bad token ends the run with one error line.
+  Status CheckStep(int64_t step) const;
+  // Up to `max_batches` validation micro-batches of this rank, the same count on every
+  // rank; fails when the validation splits hold fewer than dp_size * micro_batch_size
+  // windows. max_batches <= 0: the whole split, every window once on any layout: the last
+  // batches are padded (Batch::padding) so that every rank runs as many, and the windows
+  // fall into the same micro-batches (routing groups) whatever dp_size is.
   StatusOr<std::vector<Batch>> ValidationBatches(int64_t max_batches) const;
 
   // The options it was opened with, and the first dataset's parsed index.json.
@@ -101,9 +117,11 @@ class DataLoader {
 
  private:
   DataLoader() = default;
-  // Fills row `row` of `batch` from `stream` at `offset`.
-  void FillRow(const TokenStream& stream, int64_t offset, int64_t row, Batch* batch) const;
+  // Fills row `row` of `batch` from `stream` at `offset` (errors: TokenStream::Copy's).
+  Status FillRow(const TokenStream& stream, int64_t offset, int64_t row, Batch* batch) const;
   Batch MakeBatch() const;
+  // Fills row `row` of `batch`, window number k past the split, with padding (Batch::padding).
+  void PadRow(int64_t row, int64_t k, Batch* batch) const;
 
   LoaderOptions options_;
   std::vector<std::shared_ptr<Dataset>> datasets_;

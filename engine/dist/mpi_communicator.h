@@ -74,6 +74,12 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> Split(const std::vector<std::vector<int>>& groups) override;
 
  private:
+  // {the world rank of group member `peer`}, what a point-to-point wait names to the
+  // watchdog (empty for a peer outside the group: the caller's check reports it).
+  std::vector<int> PeerOf(int peer) const {
+    if (peer < 0 || peer >= static_cast<int>(world_ranks_.size())) return {};
+    return {world_ranks_[peer]};
+  }
   class Request;
 
   // The committed datatype of one row of t (row_size() elements of its dtype), cached.

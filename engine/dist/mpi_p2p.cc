@@ -1,5 +1,6 @@
 // Point-to-point messages of the MPI backend (mpi_communicator.h): blocking Send and Recv,
 // and posted sends, receives and batches completed by a Request.
+#include <algorithm>
 #include <memory>
 #include <span>
 
@@ -16,7 +17,7 @@ using internal::Rows;
 using internal::ToCount;
 
 void MpiCommunicator::Send(const Tensor& t, int peer, int tag) {
-  const WatchdogScope watch("send", ++seq_, world_ranks_);
+  const WatchdogScope watch("send", ++seq_, world_ranks_, PeerOf(peer));
   CheckTensor(t, device(), "Send");
   SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
       << "Send from rank " << rank_ << " to rank " << peer << " in a group of " << size_;
@@ -25,7 +26,7 @@ void MpiCommunicator::Send(const Tensor& t, int peer, int tag) {
 }
 
 void MpiCommunicator::Recv(Tensor& t, int peer, int tag) {
-  const WatchdogScope watch("recv", ++seq_, world_ranks_);
+  const WatchdogScope watch("recv", ++seq_, world_ranks_, PeerOf(peer));
   CheckTensor(t, device(), "Recv");
   SY_CHECK(peer >= 0 && peer < size_ && peer != rank_)
       << "Recv on rank " << rank_ << " from rank " << peer << " in a group of " << size_;
@@ -58,7 +59,7 @@ std::unique_ptr<Work> MpiCommunicator::SendAsync(const Tensor& t, int peer, int 
   internal::CheckPeer(peer, size_, rank_, "SendAsync");
   SY_CHECK_GE(tag, 0) << "SendAsync tag";
   auto request = std::make_unique<Request>();
-  request->Label("send", ++seq_, world_ranks_);
+  request->Label("send", ++seq_, world_ranks_, PeerOf(peer));
   PostP2P({P2POp::kSend, t, peer, tag}, *request);
   return request;
 }
@@ -68,7 +69,7 @@ std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
   internal::CheckPeer(peer, size_, rank_, "RecvAsync");
   SY_CHECK_GE(tag, 0) << "RecvAsync tag";
   auto request = std::make_unique<Request>();
-  request->Label("recv", ++seq_, world_ranks_);
+  request->Label("recv", ++seq_, world_ranks_, PeerOf(peer));
   PostP2P({P2POp::kRecv, t, peer, tag}, *request);
   return request;
 }
@@ -78,7 +79,13 @@ std::unique_ptr<Work> MpiCommunicator::RecvAsync(Tensor& t, int peer, int tag) {
 std::unique_ptr<Work> MpiCommunicator::BatchSendRecv(std::span<const P2POp> ops) {
   internal::CheckBatch(ops, device(), size_, rank_);
   auto request = std::make_unique<Request>();
-  request->Label("send_recv", ++seq_, world_ranks_);
+  std::vector<int> peers;
+  for (const P2POp& op : ops) {
+    const int r = world_ranks_[op.peer];
+    if (op.peer != rank_ && std::find(peers.begin(), peers.end(), r) == peers.end()) peers.push_back(r);
+  }
+  std::sort(peers.begin(), peers.end());
+  request->Label("send_recv", ++seq_, world_ranks_, std::move(peers));
   for (const P2POp& op : ops) PostP2P(op, *request);
   return request;
 }

@@ -46,7 +46,7 @@ class MpiCommunicator::Request final : public Work {
   void Wait() override {
     if (done_) return;
     if (!requests_.empty()) {
-      const WatchdogScope watch(op_, seq_, group_);
+      const WatchdogScope watch(op_, seq_, group_, peers_);
       std::vector<MPI_Status> statuses(requests_.size());
       SY_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
                                statuses.data()));
@@ -84,10 +84,13 @@ class MpiCommunicator::Request final : public Work {
   }
   void OnDone(std::function<void()> finish) { finish_ = std::move(finish); }
   // What the watchdog names while Wait blocks.
-  void Label(const char* op, uint64_t seq, const std::vector<int>& group) {
+  // peers: the world ranks a point-to-point request waits on (empty: the group).
+  void Label(const char* op, uint64_t seq, const std::vector<int>& group,
+             std::vector<int> peers = {}) {
     op_ = op;
     seq_ = seq;
     group_ = group;
+    peers_ = std::move(peers);
   }
 
  private:
@@ -103,6 +106,7 @@ class MpiCommunicator::Request final : public Work {
   const char* op_ = "request";
   uint64_t seq_ = 0;
   std::vector<int> group_;
+  std::vector<int> peers_;
   std::vector<MPI_Request> requests_;
   std::vector<Receive> receives_;
   std::vector<Tensor> tensors_;

@@ -27,6 +27,9 @@ struct Mark {
   const char* op = "";
   uint64_t seq = 0;
   std::vector<int> group;
+  std::vector<int> peers;  // a point-to-point wait's peers (world ranks); empty: the group
+  std::string note;        // WatchdogNote's
+  std::map<int, std::string> names;  // NameRankForWatchdog's
   Clock::time_point since;
 };
 
@@ -62,6 +65,13 @@ std::string Join(const std::vector<int>& v) {
   std::ostringstream out;
   for (size_t i = 0; i < v.size(); ++i) out << (i ? " " : "") << v[i];
   return out.str();
+}
+
+// " 3 [pipeline stage 1]": a rank in a list of ranks, with its name when it has one.
+std::string StrJoinRank(bool after_another, int rank, const std::string& name) {
+  std::string out = (after_another ? " " : "") + std::to_string(rank);
+  if (!name.empty()) out += " [" + name + "]";
+  return out;
 }
 
 #ifdef SY_HAVE_MPI
@@ -104,22 +114,28 @@ std::map<int, std::string> AskEveryone(Watchdog& w, const std::string& mine, dou
 
 // Reports the timed-out collective and exits the process.
 [[noreturn]] void Fire(Watchdog& w, const char* op, uint64_t seq, const std::vector<int>& group,
-                       double waited) {
+                       const std::vector<int>& peers, const std::string& note,
+                       const std::map<int, std::string>& names) {
   const std::string mine = DescribeCollective(op, seq, group);
   std::ostringstream line;
-  line << "switchyard: rank " << w.rank << ": " << mine << " did not complete within "
-       << w.timeout_s.load() << " s (train.collective_timeout_s)";
+  line << "switchyard: rank " << w.rank << ": " << mine;
+  if (!peers.empty()) line << " with world " << (peers.size() == 1 ? "rank " : "ranks ") << Join(peers);
+  line << " did not complete within " << w.timeout_s.load() << " s (train.collective_timeout_s)";
+  if (!note.empty()) line << " (" << note << ")";
 #ifdef SY_HAVE_MPI
   if (w.can_ask && w.world > 1) {
     const double grace = std::min(10.0, std::max(1.0, w.timeout_s.load()));
     const std::map<int, std::string> answers = AskEveryone(w, mine, grace);
     std::vector<int> silent, together;
+    std::string silent_names;
     std::vector<std::string> elsewhere;
-    for (int r : group) {
+    for (int r : peers.empty() ? group : peers) {
       if (r == w.rank) continue;
       auto it = answers.find(r);
       if (it == answers.end()) {
         silent.push_back(r);
+        const auto name = names.find(r);
+        silent_names += StrJoinRank(silent.size() > 1, r, name == names.end() ? "" : name->second);
       } else if (it->second == mine) {
         together.push_back(r);
       } else {
@@ -129,7 +145,7 @@ std::map<int, std::string> AskEveryone(Watchdog& w, const std::string& mine, dou
     line << "; not arrived: ";
     if (silent.empty() && elsewhere.empty()) line << "none";
     if (!silent.empty()) {
-      line << (silent.size() == 1 ? "rank " : "ranks ") << Join(silent)
+      line << (silent.size() == 1 ? "rank " : "ranks ") << silent_names
            << " (no answer: stopped, hung or busy)";
     }
     for (size_t i = 0; i < elsewhere.size(); ++i) {
@@ -140,7 +156,6 @@ std::map<int, std::string> AskEveryone(Watchdog& w, const std::string& mine, dou
     line << "; the other ranks could not be asked (MPI without MPI_THREAD_MULTIPLE)";
   }
 #endif
-  (void)waited;
   std::fprintf(stderr, "%s\n", line.str().c_str());
   std::fflush(stderr);
   std::fflush(stdout);
@@ -155,20 +170,24 @@ void Loop(Watchdog* w) {
     Mark& m = TheMark();
     const char* op = nullptr;
     uint64_t seq = 0;
-    std::vector<int> group;
-    double waited = 0;
+    std::vector<int> group, peers;
+    std::string note;
+    std::map<int, std::string> names;
     {
       std::lock_guard<std::mutex> g(m.mu);
       if (m.active) {
-        waited = std::chrono::duration<double>(Clock::now() - m.since).count();
+        const double waited = std::chrono::duration<double>(Clock::now() - m.since).count();
         if (waited > w->timeout_s.load()) {
           op = m.op;
           seq = m.seq;
           group = m.group;
+          peers = m.peers;
+          note = m.note;
+          names = m.names;
         }
       }
     }
-    if (op != nullptr) Fire(*w, op, seq, group, waited);
+    if (op != nullptr) Fire(*w, op, seq, group, peers, note, names);
   }
 }
 
@@ -179,7 +198,8 @@ std::string DescribeCollective(const char* op, uint64_t seq, const std::vector<i
          "]";
 }
 
-WatchdogScope::WatchdogScope(const char* op, uint64_t seq, const std::vector<int>& group) {
+WatchdogScope::WatchdogScope(const char* op, uint64_t seq, const std::vector<int>& group,
+                             const std::vector<int>& peers) {
   if (TheWatchdog() == nullptr) return;
   Mark& m = TheMark();
   std::lock_guard<std::mutex> g(m.mu);
@@ -187,6 +207,7 @@ WatchdogScope::WatchdogScope(const char* op, uint64_t seq, const std::vector<int
   m.op = op;
   m.seq = seq;
   m.group = group;
+  m.peers = peers;
   m.since = Clock::now();
   active_ = true;
 }
@@ -196,6 +217,25 @@ WatchdogScope::~WatchdogScope() {
   Mark& m = TheMark();
   std::lock_guard<std::mutex> g(m.mu);
   m.active = false;
+}
+
+WatchdogNote::WatchdogNote(std::string note) {
+  Mark& m = TheMark();
+  std::lock_guard<std::mutex> g(m.mu);
+  previous_ = std::move(m.note);
+  m.note = std::move(note);
+}
+
+WatchdogNote::~WatchdogNote() {
+  Mark& m = TheMark();
+  std::lock_guard<std::mutex> g(m.mu);
+  m.note = std::move(previous_);
+}
+
+void NameRankForWatchdog(int world_rank, std::string what) {
+  Mark& m = TheMark();
+  std::lock_guard<std::mutex> g(m.mu);
+  m.names[world_rank] = std::move(what);
 }
 
 void StartCollectiveWatchdog(double timeout_s) {

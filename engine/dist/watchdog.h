@@ -32,10 +32,13 @@ void StartCollectiveWatchdog(double timeout_s);
 void StopCollectiveWatchdog();
 
 // Marks a blocking collective of this thread for its lifetime: `op` ("all_reduce"), a
-// sequence number counted per communicator, and the group's world ranks.
+// sequence number counted per communicator, and the group's world ranks. A point-to-point
+// wait (send, recv) names the world ranks it waits on in `peers`: the report's "not
+// arrived" is then those ranks alone (empty: every rank of the group).
 class WatchdogScope {
  public:
-  WatchdogScope(const char* op, uint64_t seq, const std::vector<int>& group);
+  WatchdogScope(const char* op, uint64_t seq, const std::vector<int>& group,
+                const std::vector<int>& peers = {});
   ~WatchdogScope();
   WatchdogScope(const WatchdogScope&) = delete;
   WatchdogScope& operator=(const WatchdogScope&) = delete;
@@ -43,6 +46,24 @@ class WatchdogScope {
  private:
   bool active_ = false;
 };
+
+// What the calling thread is doing, for the watchdog's report of a wait inside it (e.g. the
+// pipeline runner: "pipeline stage 0 (world rank 0) waits for stage 1 (world rank 1)"),
+// for its lifetime; the previous note comes back when it ends.
+class WatchdogNote {
+ public:
+  explicit WatchdogNote(std::string note);
+  ~WatchdogNote();
+  WatchdogNote(const WatchdogNote&) = delete;
+  WatchdogNote& operator=(const WatchdogNote&) = delete;
+
+ private:
+  std::string previous_;
+};
+
+// What world rank `world_rank` is, for the watchdog's reports naming it as not arrived:
+// "rank 1 [pipeline stage 1]" (the pipeline runner names the ranks of its group).
+void NameRankForWatchdog(int world_rank, std::string what);
 
 // "all_reduce #523 on [0 1 2 3]": what a rank answers and reports.
 std::string DescribeCollective(const char* op, uint64_t seq, const std::vector<int>& group);

@@ -4,6 +4,7 @@
 #include "engine/dist/ordered_sum.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -40,7 +41,7 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
         stage.Forward(MicroBatchInput(batch, decoder, pc, step, /*training=*/false));
     ce += out.ce_sum;
     count += out.ce_count;
-    if (pc.cp().rank() == 0) sequences += batch.inputs.dim(0);  // cp ranks share them
+    if (pc.cp().rank() == 0) sequences += batch.inputs.dim(0) - batch.padding;  // cp ranks share them
     for (size_t l = 0; l < slot_of.size(); ++l) r.moe[slot_of[l]].Add(out.moe_stats[l]);
   }
   // The same reduction as Trainer::Validate for the loss (the last stage holds it); the
@@ -65,6 +66,34 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
     r.z_loss += s.z_mean();
   }
   return r;
+}
+
+Status CheckFiniteResult(const EvalResult& r) {
+  auto num = [](double v) {
+    if (std::isfinite(v)) return StrCat(v);
+    return std::string(std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+  };
+  const std::string why =
+      "the model's forward is not finite: the checkpoint's weights are finite but too large "
+      "(damaged, or saved by a diverged run); evaluate an earlier step directory";
+  for (size_t i = 0; i < r.moe.size(); ++i) {
+    const moe::MoEStats& s = r.moe[i];
+    const std::pair<const char*, double> stats[] = {
+        {"aux loss", s.aux_mean()}, {"z loss", s.z_mean()}, {"router entropy", s.router_entropy()}};
+    std::string bad;
+    for (const auto& [name, v] : stats) {
+      if (!std::isfinite(v)) bad += StrCat(bad.empty() ? "" : ", ", name, " ", num(v));
+    }
+    if (!bad.empty()) {
+      return absl::OutOfRangeError(StrCat("step ", r.step, ": MoE layer ", r.moe_layer_ids[i],
+                                          ": ", bad, " (validation loss ", num(r.loss), "): ", why));
+    }
+  }
+  if (!std::isfinite(r.loss) || !std::isfinite(r.aux_loss) || !std::isfinite(r.z_loss)) {
+    return absl::OutOfRangeError(StrCat("step ", r.step, ": validation loss ", num(r.loss),
+                                        " (every MoE layer's statistics are finite): ", why));
+  }
+  return OkStatus();
 }
 
 StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,

@@ -55,6 +55,13 @@ struct EvalResult {
 EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>& batches,
                            int64_t step, const dist::ParallelContext& pc);
 
+// OK when every statistic of `r` is finite; otherwise one error naming the first MoE layer
+// (in model order) with a non-finite statistic and which ones (aux, z, router entropy), or
+// the validation loss when only it is not finite. A checkpoint can hold finite weights
+// whose forward overflows (a router weight of 3e38 from a writer bug): its statistics are
+// not numbers to report. The same answer on every rank (r is reduced).
+Status CheckFiniteResult(const EvalResult& r);
+
 // A checkpoint's step directory and the config saved with it.
 struct CheckpointConfig {
   std::string dir;  // the step directory

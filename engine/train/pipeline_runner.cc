@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "engine/core/profile.h"
+#include "engine/dist/watchdog.h"
 
 namespace switchyard::train {
 
@@ -23,23 +24,42 @@ PipelineRunner::PipelineRunner(std::vector<model::Decoder*> chunks, dist::Commun
   const int v = static_cast<int>(chunks_.size());
   SY_CHECK_OK(parallel::CheckScheduleArgs(schedule, pp.size(), micro_batches, v));
   actions_ = parallel::ScheduleActions(schedule, pp.size(), micro_batches, v, pp.rank());
+  for (int r = 0; pp.size() > 1 && r < pp.size(); ++r) {
+    std::string stages;
+    for (int c = 0; c < v; ++c) stages += StrCat(c ? " " : "", c * pp.size() + r);
+    dist::NameRankForWatchdog(pp.world_ranks()[r],
+                              StrCat("pipeline ", v > 1 ? "stages " : "stage ", stages));
+  }
+}
+
+std::string PipelineRunner::StageName(int pp_rank) const {
+  std::string stages;
+  for (int c = 0; c < chunks(); ++c) stages += StrCat(c ? " " : "", c * pp_.size() + pp_rank);
+  return StrCat(chunks() > 1 ? "stages " : "stage ", stages, " (world rank ",
+                pp_.world_ranks()[pp_rank], ")");
 }
 
 Tensor PipelineRunner::Recv(const Shape& shape, int peer) {
   Tensor t = Tensor::Empty(shape, DType::kF32, chunks_[0]->device());
   ScopedPhase phase(Phase::kCommunication);  // with the wait for the peer (the bubble)
+  const dist::WatchdogNote note(StrCat("pipeline ", StageName(pp_.rank()), " receiving from ",
+                                       StageName(peer)));
   pp_.RecvAsync(t, peer)->Wait();
   return t;
 }
 
 void PipelineRunner::Send(const Tensor& t, int peer) {
   ScopedPhase phase(Phase::kCommunication);
-  sends_.push_back({pp_.SendAsync(t, peer), t});
+  sends_.push_back({pp_.SendAsync(t, peer), t, peer});
 }
 
 void PipelineRunner::WaitSends() {
   ScopedPhase phase(Phase::kCommunication);
-  for (Pending& p : sends_) p.work->Wait();
+  for (Pending& p : sends_) {
+    const dist::WatchdogNote note(StrCat("pipeline ", StageName(pp_.rank()), " sending to ",
+                                         StageName(p.peer)));
+    p.work->Wait();
+  }
   sends_.clear();
 }
 

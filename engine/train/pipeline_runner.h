@@ -81,6 +81,9 @@ class PipelineRunner {
   Tensor Recv(const Shape& shape, int peer);
   void Send(const Tensor& t, int peer);
   void WaitSends();
+  // "stage 1 (world rank 1)" (interleaved: "stages 1 3 (world rank 1)"): what pipeline
+  // rank pp_rank holds, for the watchdog's report of a stalled send or receive.
+  std::string StageName(int pp_rank) const;
 
   std::vector<model::Decoder*> chunks_;
   dist::Communicator& pp_;
@@ -89,6 +92,7 @@ class PipelineRunner {
   struct Pending {
     std::unique_ptr<dist::Work> work;
     Tensor tensor;  // alive until the send completes
+    int peer = 0;   // its pipeline rank
   };
   std::vector<Pending> sends_;
   StepTrace* trace_ = nullptr;

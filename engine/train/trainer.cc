@@ -12,6 +12,7 @@
 
 #include "engine/core/profile.h"
 #include "engine/core/safetensors.h"
+#include "engine/dist/agreement.h"
 #include "engine/dist/ordered_sum.h"
 #include "engine/dist/process.h"
 #include "engine/dist/watchdog.h"
@@ -310,6 +311,9 @@ Status Trainer::Run(int64_t steps) {
   int64_t skips_in_row = 0;
   stop_reason_ = StopReason::kNone;
   while (step_ < end) {
+    // Without data.verify, token ids are checked as this step's batches are read: a bad one
+    // ends the run on every rank with the loader's error (one line, exit 1).
+    if (!config_.data.verify) SY_RETURN_IF_ERROR(dist::AgreeOnStatus(loader_->CheckStep(step_), world_));
     StepMetrics m = TrainStep(step_ >= routing_from);
     if (m.nonfinite) {
       ++skips_in_row;

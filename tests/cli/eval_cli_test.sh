@@ -3,7 +3,8 @@
 # the CLI, then evaluate its checkpoints. The loss must be the validation loss training
 # printed (and wrote to metrics.jsonl) at that step — the same batches, the same forward —
 # and --json must parse with consistent routing statistics. Errors are one line on stderr
-# with exit status 1 (missing or corrupt checkpoint or data) or 2 (bad flags or layout).
+# with exit status 1 (missing or corrupt checkpoint or data), 2 (bad flags or layout) or 3
+# (a router weight of 3e38 whose forward overflows: the MoE layer and statistic named).
 # With an mpirun launcher (tests/dist): train under 2 ranks with ep=2 and evaluate under 2
 # ranks (identical loss) and under 1 rank with --set parallel.ep=1 (the same sequences);
 # docs/model_reference.py reads its per-rank files through the index.
@@ -122,8 +123,13 @@ done
 # --- --batches 0: the whole validation split (more sequences than the default 2 x 2).
 "$bin" eval --checkpoint "$tmp/run" --json --batches 0 >"$tmp/all.json" 2>"$tmp/eval.err" ||
   fail "eval --batches 0: $(cat "$tmp/eval.err")"
-py "import json; d = json.load(open('$tmp/all.json')); assert d['sequences'] > 4 and d['batches'] * 2 == d['sequences'], d" \
-  2>/dev/null || fail "eval --batches 0 did not evaluate the whole split: $(cat "$tmp/all.json")"
+# Every window of the validation split once (the last micro-batch padded when it is short).
+windows=$(py "import json
+d = json.load(open('$tmp/data/index.json'))
+print(sum((t['val']['tokens'] if 'val' in t else 0) for t in d['totals'].values()))" 2>/dev/null)
+windows=$(( (windows - 1) / 16 ))
+py "import json; d = json.load(open('$tmp/all.json')); assert d['sequences'] == $windows and d['batches'] == ($windows + 1) // 2 and d['tokens'] == 16 * $windows, d" \
+  2>/dev/null || fail "eval --batches 0 did not evaluate the $windows windows of the whole split: $(cat "$tmp/all.json")"
 
 # --- --data: the same shards elsewhere give the same loss; the config's data.dir is not read.
 cp -r "$tmp/data" "$tmp/data2"
@@ -164,6 +170,34 @@ expect_error "missing data" 1 "$tmp/nodata" --checkpoint "$tmp/run" --data "$tmp
 expect_error "layout for 2 ranks" 2 "--set parallel.ep=1" --checkpoint "$tmp/run" --set parallel.ep=2
 expect_error "model mismatch" 1 "layers.0.moe.router.weight" --checkpoint "$tmp/run" --set moe.num_experts=8
 
+# --- Finite weights whose forward is not: one flipped exponent bit in a router weight
+# (3e38, as a writer bug would leave it) with the checksum recomputed, so the checkpoint
+# verifies. eval must stop with exit 3 (training's non-finite status) and one line naming
+# the MoE layer and the statistic, not print `z inf`.
+cp -r "$tmp/run/step-00000006" "$tmp/huge"
+py "import json, struct, zlib
+d = '$tmp/huge'
+index = json.load(open(d + '/model.safetensors.index.json'))
+name = 'layers.1.moe.router.weight'
+f = d + '/' + index['weight_map'][name]
+b = bytearray(open(f, 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+t = json.loads(b[8:8 + n])[name]
+assert t['dtype'] == 'F32', t
+start = 8 + n + t['data_offsets'][0]
+for i in range(0, t['data_offsets'][1] - t['data_offsets'][0], 4):
+    b[start + i:start + i + 4] = struct.pack('<f', 3e38)
+open(f, 'wb').write(b)
+key = f.rsplit('/', 1)[1]
+index['files'][key]['crc32'] = '%08x' % zlib.crc32(bytes(b))
+json.dump(index, open(d + '/model.safetensors.index.json', 'w'))"
+"$bin" checkpoint verify "$tmp/huge" >/dev/null 2>"$tmp/err" ||
+  fail "the patched checkpoint does not verify (the test's patch is wrong): $(cat "$tmp/err")"
+expect_error "huge router weight" 3 "step 6: MoE layer 1: " --checkpoint "$tmp/huge"
+grep -Eq "MoE layer 1: (aux loss|z loss|router entropy) (nan|inf|-inf)" "$tmp/err" ||
+  fail "huge router weight: the line does not name the statistic: $(cat "$tmp/err")"
+expect_error "huge router weight, --json" 3 "step 6: MoE layer 1: " --checkpoint "$tmp/huge" --json
+
 # --- Many ranks: train with ep=2 on 2 ranks; evaluate on 2 ranks and on 1.
 if [[ -n "$mpirun_sh" ]]; then
   bash "$mpirun_sh" 2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/run2" \
@@ -198,6 +232,28 @@ assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-6 * a['loss'], (
   py "import json; a = json.load(open('$tmp/e1.json')); b = json.load(open('$tmp/ecp.json'))
 assert b['sequences'] == 8 and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'], b['sequences'])" \
     2>"$tmp/py.err" || fail "eval under parallel.cp=2 differs from one rank: $(cat "$tmp/py.err")"
+  # --batches 0 is the whole split on any layout: dp 1, 2 and 4 score the same sequences
+  # and the same mean over every validation token (f32 reduction order: relative 1e-6),
+  # on a split whose windows are not a multiple of dp x micro_batch_size (padded).
+  (( windows % 4 != 0 && windows % 8 != 0 )) ||
+    fail "the test's validation split has $windows windows: a multiple of 4 or 8 tests no padding"
+  for np in 1 2 4; do
+    if [[ $np -eq 1 ]]; then
+      "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 --batches 0 \
+        >"$tmp/whole$np.json" 2>"$tmp/eval.err"
+    else
+      bash "$mpirun_sh" "$np" "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 \
+        --batches 0 >"$tmp/whole$np.json" 2>"$tmp/eval.err"
+    fi || fail "eval --batches 0 on $np ranks: $(grep -v '^\[' "$tmp/eval.err" | tail -3)"
+  done
+  py "import json
+a = [json.load(open('$tmp/whole%d.json' % n)) for n in (1, 2, 4)]
+for d, n in zip(a, (1, 2, 4)):
+    assert d['dp'] == n, (n, d['dp'])
+    assert d['sequences'] == $windows and d['tokens'] == 16 * $windows, (n, d['sequences'], d['tokens'])
+    assert abs(d['loss'] - a[0]['loss']) <= 1e-6 * a[0]['loss'], (n, d['loss'], a[0]['loss'])" \
+    2>"$tmp/py.err" || fail "eval --batches 0 differs between dp 1, 2 and 4: $(cat "$tmp/py.err")"
+  echo "--- eval --batches 0 on dp 1, 2, 4: $windows sequences, loss $(py "import json; print(json.load(open('$tmp/whole4.json'))['loss'])")"
   # Each rank wrote its own pieces; docs/model_reference.py assembles them from the index and
   # reproduces the 1-rank eval (when numpy is there).
   step_dir="$tmp/run2/$(cat "$tmp/run2/latest")"

@@ -11,11 +11,18 @@
 #  - metrics: a full disk (metrics.jsonl is /dev/full): one warning, training finishes
 #    and saves (whole records under a file-size limit: metrics_writer_test); resuming from
 #    an earlier checkpoint leaves one record per step, with the losses of a straight run;
+#  - a token id outside the vocabulary with data.verify false (in the training split, on 1
+#    and 2 ranks, and in the validation split): one error line naming the shard, the token
+#    and the id, exit 1 on every rank;
 #  - the temporary directories of a killed save are removed at the next start, one line
 #    each;
+#  - SIGTERM to the job of `mpirun -np 2` run by scripts/mpirun_job.sh: status 75 (every
+#    rank's too) and the step it stopped after saved;
 #  - the collective watchdog: one rank of 2 stopped (SIGSTOP) mid-run with a 3 s
 #    train.collective_timeout_s: the job ends with status 4 within 60 s, and rank 0's
-#    line names the collective, its group and rank 1 as not arrived.
+#    line names the collective, its group and rank 1 as not arrived; the same under
+#    pp 2: the line names rank 1 and its pipeline stage (and, when rank 0 waits in a
+#    pipeline send or receive, the peer and both stages).
 # Usage: failures_cli_test.sh path/to/switchyard path/to/scripts/mpirun_test.sh
 set -u
 bin="$1"
@@ -46,8 +53,10 @@ EOF
 one=(--config "$tmp/tiny.yaml")
 two=(--config "$tmp/tiny.yaml" --set train.grad_accum=1 --set parallel.ep=2)
 
-# rank_rc.sh BIN ARGS...: one rank; writes its exit status to $RC_DIR/<rank>.
+# rank_rc.sh BIN ARGS...: one rank; writes its exit status to $RC_DIR/<rank>. mpirun
+# signals the process group: the shell outlives the SIGUSR1 that stops the rank.
 cat >"$tmp/rank_rc.sh" <<'EOF'
+trap : USR1
 "$@"
 rc=$?
 echo "$rc" >"$RC_DIR/${OMPI_COMM_WORLD_RANK:-0}"
@@ -156,6 +165,46 @@ one_error "skips in a row" "3 non-finite steps in a row (train.max_nonfinite_ski
   fail "skips in a row: $(grep -c skipped "$tmp/out") skip lines, want 2"
 echo "--- skips in a row: exit 3 after 2 skips ($SECONDS s)"
 
+# ---- a bad token id with data.verify false ------------------------------------------------
+# Token 5 of a shard := 65535 (the vocabulary has 128 ids). Without verify the shards are
+# not read at the start; the step that reads it (one epoch's windows are all read within
+# 100 steps) ends the run on every rank with one line naming the shard, the token and the
+# id, exit 1. In the validation split it is found when the validation batches are read at
+# the start, also exit 1.
+# bad_token SPLIT DIR: a copy of $tmp/data in DIR with token 5 of SPLIT's first shard bad.
+bad_token() {
+  rm -rf "$2"
+  cp -r "$tmp/data" "$2"
+  $python - "$2" "$1" <<'EOF2'
+import json, sys
+d, split = sys.argv[1], sys.argv[2]
+index = json.load(open(d + "/index.json"))
+assert index["dtype"] == "u16", index["dtype"]
+name = [s["name"] for s in index["shards"] if s["split"] == split][0]
+b = bytearray(open(d + "/" + name, "rb").read())
+b[32 + 5 * 2:32 + 6 * 2] = b"\xff\xff"  # after the 32-byte shard header
+open(d + "/" + name, "wb").write(b)
+print(name)
+EOF2
+}
+for np in 1 2; do
+  if [[ $np -eq 1 ]]; then args=("${one[@]}"); else args=("${two[@]}"); fi
+  shard=$(bad_token train "$tmp/bad_train")
+  run "$np" "${args[@]}" --out "$tmp/bad-token-$np" --set data.dir="$tmp/bad_train" \
+    --set data.verify=false --set train.max_steps=100 --set train.checkpoint_every=0
+  [[ $rc -eq 1 ]] || fail "bad token np $np: exit status $rc, want 1: $(tail -3 "$tmp/err")"
+  every_rank "bad token np $np" "$np" 1
+  one_error "bad token np $np" "$tmp/bad_train/$shard: token 5 is 65535, not below the vocabulary size 128 (data.verify is false"
+  ! grep -q "Check failed\|CHECK" "$tmp/err" || fail "bad token np $np: a CHECK: $(cat "$tmp/err")"
+  echo "--- bad token np $np: $(grep '^switchyard train: error' "$tmp/err" | cut -c1-120)... ($SECONDS s)"
+done
+shard=$(bad_token val "$tmp/bad_val")
+run 1 "${one[@]}" --out "$tmp/bad-val" --set data.dir="$tmp/bad_val" --set data.verify=false \
+  --set train.eval_every=3
+[[ $rc -eq 1 ]] || fail "bad validation token: exit status $rc, want 1: $(tail -3 "$tmp/err")"
+one_error "bad validation token" "$tmp/bad_val/$shard: token 5 is 65535, not below the vocabulary size 128"
+echo "--- bad validation token: exit 1 ($SECONDS s)"
+
 # ---- metrics ------------------------------------------------------------------------------
 # A full disk: metrics.jsonl is /dev/full (every write fails with ENOSPC). One warning,
 # training goes on to the end and saves; the count of lost records at the end.
@@ -210,6 +259,43 @@ for d in .step-00000002.old-77 .step-00000004.tmp-4242; do
 done
 echo "--- leftovers of a killed save removed ($SECONDS s)"
 
+# ---- SIGTERM to a job under mpirun ----------------------------------------------------------
+# A scheduler signals the job, not a rank: SIGTERM to scripts/mpirun_job.sh running
+# `mpirun -np 2` (Open MPI's mpirun alone would kill the ranks and exit 1). The job's status
+# must be 75, every rank's too, and the step it stopped after saved and verifying.
+out="$tmp/preempt"
+rm -rf "$tmp/rc" && mkdir -p "$tmp/rc"
+RC_DIR="$tmp/rc" MPIRUN="bash $mpirun_wrapper" bash "$(dirname "$0")/../../scripts/mpirun_job.sh" 2 \
+  -x RC_DIR bash "$tmp/rank_rc.sh" "$bin" train "${two[@]}" --out "$out" \
+  --set train.max_steps=1000000 --set train.checkpoint_every=0 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+running=$pid
+wait_for_lines "$out/metrics.jsonl" 5 "$pid" 600
+kill -TERM "$pid"
+for ((i = 0; i < 1200; ++i)); do
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.05
+done
+if kill -0 "$pid" 2>/dev/null; then
+  fail "SIGTERM under mpirun: the job still runs 60 s after SIGTERM"
+  kill_tree "$pid"
+fi
+wait "$pid"
+rc=$?
+running=""
+[[ $rc -eq 75 ]] || fail "SIGTERM under mpirun: the job exited $rc, want 75: $(grep -v '^\[' "$tmp/err" | head -5)"
+every_rank "SIGTERM under mpirun" 2 75
+k=$(sed -n 's/^stopped by signal 15 after step \([0-9]*\); resume with --resume .*/\1/p' "$tmp/out")
+if [[ -z $k ]]; then
+  fail "SIGTERM under mpirun: no 'stopped by signal' line: $(tail -3 "$tmp/out")"
+else
+  want_dir=$(printf 'step-%08d' $((k + 1)))
+  [[ "$(cat "$out/latest" 2>/dev/null)" == "$want_dir" ]] ||
+    fail "SIGTERM under mpirun: latest is '$(cat "$out/latest" 2>/dev/null)', want $want_dir"
+  "$bin" checkpoint verify "$out" >/dev/null 2>&1 || fail "SIGTERM under mpirun: the checkpoint does not verify"
+  echo "--- SIGTERM to the job under mpirun: status $rc, saved $want_dir ($SECONDS s)"
+fi
+
 # ---- the collective watchdog ----------------------------------------------------------------
 # Two ranks (ep 2) train for a long time with a 3 s watchdog; once they run, rank 1 is
 # stopped (SIGSTOP). Rank 0's next collective cannot complete: the job must end non-zero
@@ -250,6 +336,46 @@ else
   grep -Eq "^switchyard: rank 0: [a-z_]+ #[0-9]+ on group of world ranks \[0 1\] did not complete within 3 s \(train.collective_timeout_s\); not arrived: rank 1 \(no answer: stopped, hung or busy\)$" "$tmp/err" ||
     fail "watchdog: no line from rank 0 naming rank 1: $(grep -v '^\[' "$tmp/err" | head -5)"
   echo "--- watchdog: rank 1 stopped, the job ended with status $rc: $(grep '^switchyard: rank 0' "$tmp/err") ($SECONDS s)"
+fi
+
+# The same with two pipeline stages (pp 2, 4 micro-batches): rank 0 (stage 0) waits on
+# stage 1 in a pipeline send or receive (or a collective after the step); either way its
+# line names rank 1 and its stage as not arrived, and the job ends with status 4.
+out="$tmp/watchdog-pp"
+RC_DIR="$tmp/rc" bash "$mpirun_wrapper" 2 "$bin" train --config "$tmp/tiny.yaml" --out "$out" \
+  --set parallel.pp=2 --set train.grad_accum=4 --set train.max_steps=1000000 \
+  --set train.checkpoint_every=0 --set train.collective_timeout_s=3 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+running=$pid
+wait_for_lines "$out/metrics.jsonl" 5 "$pid" 600
+stopped=""
+for p in $(pgrep -f "$bin train --config $tmp/tiny.yaml --out $out"); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+    stopped=$p
+  fi
+done
+if [[ -z $stopped ]]; then
+  fail "watchdog pp: rank 1 not found"
+  kill_tree "$pid"
+else
+  kill -STOP "$stopped"
+  for ((i = 0; i < 1200; ++i)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    fail "watchdog pp: the job still runs 60 s after stage 1 was stopped"
+    kill_tree "$pid"
+  fi
+  wait "$pid"
+  rc=$?
+  running=""
+  kill -CONT "$stopped" 2>/dev/null
+  kill -KILL "$stopped" 2>/dev/null
+  [[ $rc -eq 4 ]] || fail "watchdog pp: mpirun exited $rc, want 4"
+  grep -Eq "^switchyard: rank 0: [a-z_]+ #[0-9]+ on group of world ranks \[0 1\]( with world rank 1)? did not complete within 3 s \(train.collective_timeout_s\)( \(pipeline stage 0 \(world rank 0\) (receiving from|sending to) stage 1 \(world rank 1\)\))?; not arrived: rank 1 \[pipeline stage 1\] \(no answer: stopped, hung or busy\)$" "$tmp/err" ||
+    fail "watchdog pp: no line from rank 0 naming rank 1 and stage 1: $(grep -v '^\[' "$tmp/err" | head -5)"
+  echo "--- watchdog pp: stage 1 stopped, the job ended with status $rc: $(grep '^switchyard: rank 0' "$tmp/err") ($SECONDS s)"
 fi
 
 if [[ $failures -ne 0 ]]; then

@@ -4,7 +4,8 @@
 # headless Chromium: no console message, every plot in the DOM as an SVG (the page's own
 # check agrees), nothing fetched from outside; the numbers embedded in the page equal those
 # recomputed from metrics.jsonl, routing.jsonl and routing_by_language.json; errors are one
-# line and leave an existing report intact. A control page proves console errors are seen.
+# line and leave an existing report intact; runs without validation get a line saying so
+# instead of an empty validation-loss plot. A control page proves console errors are seen.
 # Usage: report_cli_test.sh path/to/switchyard
 set -u
 source "$(dirname "$0")/cli_test_lib.sh" "$1"
@@ -126,6 +127,40 @@ print('; '.join(sorted(set(errs))) if errs else 'ok')" "$@" 2>&1)
 "$bin" report "$tmp/biased" "$tmp/cf2" --out "$tmp/two.html" >"$tmp/report.out" 2>&1 ||
   fail "report of two runs: $(cat "$tmp/report.out")"
 [[ -s "$tmp/two.html" ]] && check_page "$tmp/two.html" "$tmp/biased" "$tmp/cf2"
+
+# --- A run without validation (train.eval_every 0): no empty validation-loss plot but a
+# line saying so; beside a run with validation, only that run's series and a line naming
+# the other.
+"$bin" train --config "$tmp/tiny.yaml" --out "$tmp/noval" --set train.eval_every=0 \
+  >"$tmp/train3.out" 2>&1 || fail "train noval: $(tail -5 "$tmp/train3.out")"
+! grep -q val_loss "$tmp/noval/metrics.jsonl" || fail "train.eval_every=0 still validated"
+# check_noval PAGE NOTE SERIES...: PAGE loads cleanly, holds NOTE and the val_loss series
+# SERIES (none: no val_loss plot at all).
+check_noval() {
+  local page="$1" note="$2"; shift 2
+  open_page "$page"
+  [[ ! -s "$tmp/console.txt" ]] || fail "$page: console messages: $(head -3 "$tmp/console.txt")"
+  grep -qF "<p class=\"note\">$note</p>" "$page" || fail "$page: no line '$note'"
+  local check
+  check=$(py "import json, re, sys
+page = open('$page').read(); dom = open('$tmp/dom.html').read()
+P = json.loads(re.search(r'<script type=\"application/json\" id=\"switchyard-data\">(.*?)</script>', page, re.S).group(1).replace('<\\\\/', '</'))['plots']
+want = sys.argv[1:]
+got = [s['label'] for s in P['val_loss']['series']] if 'val_loss' in P else []
+errs = []
+if got != want: errs.append('val_loss series %r, want %r' % (got, want))
+if ('val_loss' in P) != bool(want): errs.append('a val_loss plot with nothing to show')
+m = re.search(r'data-plots-rendered=\"(\\d+)\"', dom)
+if not m or int(m.group(1)) != len(P): errs.append('the page counted %r of %d plots' % (m and m.group(1), len(P)))
+print('; '.join(errs) if errs else 'ok')" "$@" 2>&1)
+  [[ "$check" == ok ]] || fail "$page: $check"
+}
+"$bin" report "$tmp/noval" --out "$tmp/noval.html" >"$tmp/report.out" 2>&1 ||
+  fail "report of a run without validation: $(cat "$tmp/report.out")"
+check_noval "$tmp/noval.html" "no validation in these runs (train.eval_every 0): no validation-loss plot"
+"$bin" report "$tmp/biased" "$tmp/noval" --out "$tmp/mixed.html" >"$tmp/report.out" 2>&1 ||
+  fail "report of runs with and without validation: $(cat "$tmp/report.out")"
+check_noval "$tmp/mixed.html" "no validation in noval (train.eval_every 0)" biased
 
 # --- Errors: one line; an existing report stays as it was.
 cp "$tmp/one.html" "$tmp/keep.html"

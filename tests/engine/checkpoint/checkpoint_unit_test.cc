@@ -311,6 +311,34 @@ TEST_F(CheckpointUnitTest, ALeftoverTemporaryDirectoryIsNeverLoaded) {
   EXPECT_TRUE(Load(dir_.string()).ok());
 }
 
+TEST_F(CheckpointUnitTest, TheLeftoversOfAKilledSaveAreRemovedAtTheNextStart) {
+  ASSERT_TRUE(Save(1).ok());
+  // What a kill -9 mid-save leaves: a temporary step directory, a replaced step's old
+  // directory, and `latest`'s temporary file from WriteFileAtomically.
+  fs::copy(Step(1), dir_ / ".step-00000002.tmp-99");
+  fs::copy(Step(1), dir_ / ".step-00000001.old-98");
+  WriteBytes((dir_ / "latest.tmp.97").string(), "step-00000002\n");
+  // Not leftovers: a user's file that only looks alike, and a directory named like the file.
+  WriteBytes((dir_ / "latest.tmpfile").string(), "x");
+  fs::create_directories(dir_ / "notes" / "latest.tmp.5");
+  std::vector<std::string> removed;
+  ASSERT_TRUE(checkpoint::RemoveLeftoverTempDirs(dir_.string(), &removed).ok());
+  EXPECT_EQ(removed, (std::vector<std::string>{(dir_ / ".step-00000001.old-98").string(),
+                                               (dir_ / ".step-00000002.tmp-99").string(),
+                                               (dir_ / "latest.tmp.97").string()}));
+  EXPECT_FALSE(fs::exists(dir_ / "latest.tmp.97"));
+  EXPECT_FALSE(fs::exists(dir_ / ".step-00000002.tmp-99"));
+  EXPECT_TRUE(fs::exists(dir_ / "latest.tmpfile"));
+  EXPECT_TRUE(fs::exists(dir_ / "notes" / "latest.tmp.5"));
+  // What was saved is untouched and still `latest`.
+  EXPECT_EQ(ReadBytes((dir_ / "latest").string()), "step-00000001\n");
+  EXPECT_TRUE(Load(dir_.string()).ok());
+  // A second start finds nothing more to remove.
+  removed.clear();
+  ASSERT_TRUE(checkpoint::RemoveLeftoverTempDirs(dir_.string(), &removed).ok());
+  EXPECT_TRUE(removed.empty());
+}
+
 // ---- Pieces in one process ---------------------------------------------------------------
 
 

@@ -3,7 +3,9 @@
 //     an empty corpus; a failed run leaves no output folder;
 //   - the loader: a table of damaged shards and index.json files, each with its message,
 //     and a seeded run of random byte flips and truncations that must end in an error
-//     naming the file or a loader that still reads only valid tokens (never a crash).
+//     naming the file or a loader that still reads only valid tokens (never a crash);
+//     without data.verify, a token id outside the vocabulary is a Status naming the
+//     shard, the token's index and the id.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -316,6 +318,62 @@ TEST_F(DataErrorsTest, UnverifiedLoaderReadsOnlyHeadersAtOpen) {
     }
   }
   EXPECT_GT(differing, 0);
+}
+
+TEST_F(DataErrorsTest, UnverifiedLoaderNamesABadTokenIdAsAStatus) {
+  const fs::path good = Prepped();
+  auto index = ReadIndex(good.string());
+  ASSERT_TRUE(index.ok());
+  const fs::path copy = dir_ / "bad_token";
+  fs::copy(good, copy);
+  // Token 5 of the first training shard and of the first validation shard := 65535 (the
+  // vocabulary has 60 ids), as a writer bug would leave them.
+  std::string train_shard, val_shard;
+  for (const ShardEntry& shard : index->shards) {
+    std::string& name = shard.split == Split::kTrain ? train_shard : val_shard;
+    if (name.empty()) name = shard.name;
+  }
+  ASSERT_FALSE(train_shard.empty() || val_shard.empty());
+  for (const std::string& name : {train_shard, val_shard}) {
+    EditShard(copy / name, kShardHeaderBytes + 5 * 2, std::string("\xff\xff", 2));
+  }
+  LoaderOptions options = Loader(copy.string());
+  options.verify = false;
+  auto loader = DataLoader::Open(options);
+  ASSERT_TRUE(loader.ok()) << loader.status();  // only headers are read at Open
+  const std::string want_train = (copy / train_shard).string() +
+                                 ": token 5 is 65535, not below the vocabulary size 60";
+  // Some step reads the window holding it: CheckStep and ReadBatch say so; the steps
+  // before it are fine.
+  int64_t bad_step = -1;
+  for (int64_t step = 0; step < 500 && bad_step < 0; ++step) {
+    if (!loader->CheckStep(step).ok()) bad_step = step;
+  }
+  ASSERT_GE(bad_step, 0) << "no step read the damaged token";
+  const Status s = loader->CheckStep(bad_step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.message().rfind(want_train, 0), 0u) << s;
+  EXPECT_NE(s.message().find("data.verify"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << s;
+  bool batch_failed = false;
+  for (int64_t micro = 0; micro < loader->micro_batches_per_step(); ++micro) {
+    auto batch = loader->ReadBatch(bad_step, micro);
+    if (!batch.ok()) {
+      batch_failed = true;
+      EXPECT_EQ(batch.status(), s);
+    }
+  }
+  EXPECT_TRUE(batch_failed);
+  // The whole validation split holds the other bad token.
+  auto val = loader->ValidationBatches(0);
+  ASSERT_FALSE(val.ok());
+  EXPECT_EQ(val.status().code(), absl::StatusCode::kDataLoss) << val.status();
+  EXPECT_EQ(val.status().message().rfind((copy / val_shard).string() +
+                                         ": token 5 is 65535, not below the vocabulary size 60", 0),
+            0u) << val.status();
+  // With verify (the default) Open itself refuses the shards.
+  options.verify = true;
+  EXPECT_FALSE(DataLoader::Open(options).ok());
 }
 
 TEST_F(DataErrorsTest, RandomDamageNeverCrashesTheLoader) {
