@@ -399,6 +399,94 @@ Tensor Columns(const Tensor& t, int64_t c0, int64_t n) {
   return Tensor::FromVector(out, {1, rows, n});
 }
 
+// dx = dA W1^T (+ dB W3^T) of the one-expert MLP `e` for the rows x, dy, in double, with
+// `bound`: |dx_f32 - dx| <= bound for the engine's f32 evaluation (experts.cc: dH = dY W2^T,
+// the activation's backward, dx = dA W1^T, for swiglu + dB W3^T accumulated into it):
+//   a, b: |da| <= gamma_{d+1} (|x||W1| + |b1|), |db| <= gamma_d |x||W3| (MlpWithBound);
+//   dH:   |ddH| <= gamma_d |dy||W2^T|;
+//   dA = dH g(a) (gelu, relu), dA = dH b g(a), dB = dH silu(a) (swiglu), g = act':
+//     |ddA| <= |ddH| |g| + |dH| (|g'| |da| + e_g) (+ the b terms), first order, with
+//     |gelu''| <= 0.8, |silu''| <= 0.5, |silu'| <= 1.1; e_g the f32 g's own error:
+//     gelu: s = 1 / (1 + exp(-2 v)), g = s + 2 x s (1 - s) du: (12 |v| + 5) u on s as in
+//     the forward, ~6 more roundings on the second term: (16 |v| + 16) u (s + |2 x s (1 - s)
+//     du|), one more for the product with dH; swiglu: sigmoid 4u, then ~6 roundings: 16 u
+//     (s + |a s (1 - s)|) |b|; relu: the mask is exact while |a| > |da| (asserted);
+//   dx:   |ddx| <= gamma_{2f+1} (|dA||W1^T| + |dB||W3^T|) + |ddA||W1^T| + |ddB||W3^T|.
+struct DxBound {
+  std::vector<double> dx, bound;  // (rows, d)
+};
+DxBound NaiveInputGrad(const Experts& e, const Tensor& x, const Tensor& dy) {
+  using testing::Gamma;
+  using testing::kU;
+  const ExpertsOptions& o = e.options();
+  const int64_t d = o.d_model, f = o.d_hidden, R = x.dim(0);
+  const float* w1 = e.w1().data<float>();
+  const float* w2 = e.w2().data<float>();
+  const float* w3 = e.w3().defined() ? e.w3().data<float>() : nullptr;
+  const float* b1 = o.bias ? e.b1().data<float>() : nullptr;
+  const std::vector<float> xv = x.ToVector<float>(), dyv = dy.ToVector<float>();
+  const double c = std::sqrt(2.0 / M_PI);
+  DxBound r{std::vector<double>(R * d, 0.0), std::vector<double>(R * d, 0.0)};
+  for (int64_t t = 0; t < R; ++t) {
+    const float* xt = &xv[t * d];
+    const float* dyt = &dyv[t * d];
+    std::vector<double> dA(f), dB(f, 0.0), edA(f), edB(f, 0.0);
+    for (int64_t j = 0; j < f; ++j) {
+      double a = b1 ? b1[j] : 0.0, sa = b1 ? std::abs(b1[j]) : 0.0, b = 0, sb = 0, dh = 0,
+             sh = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        a += double(xt[i]) * w1[i * f + j];
+        sa += std::abs(double(xt[i]) * w1[i * f + j]);
+        if (w3) b += double(xt[i]) * w3[i * f + j], sb += std::abs(double(xt[i]) * w3[i * f + j]);
+        dh += double(dyt[i]) * w2[j * d + i];
+        sh += std::abs(double(dyt[i]) * w2[j * d + i]);
+      }
+      const double ea = Gamma(b1 ? d + 1 : d) * sa, eb = Gamma(d) * sb, eh = Gamma(d) * sh;
+      const double adh = std::abs(dh) + eh;  // |dH| of the f32 evaluation, at most
+      switch (o.activation) {
+        case Activation::kGelu: {
+          const double v = c * (a + 0.044715 * a * a * a);
+          const double s = 1.0 / (1.0 + std::exp(-2.0 * v));
+          const double du = c * (1.0 + 3.0 * 0.044715 * a * a);
+          const double second = 2.0 * a * s * (1.0 - s) * du, g = s + second;
+          const double eg = (16 * std::abs(v) + 16) * kU * (s + std::abs(second));
+          dA[j] = dh * g;
+          edA[j] = eh * std::abs(g) + adh * (0.8 * ea + eg) + kU * adh * (std::abs(g) + eg);
+          break;
+        }
+        case Activation::kRelu:
+          EXPECT_GT(std::abs(a), 2 * ea) << "relu input too close to 0 for an exact mask";
+          dA[j] = a > 0 ? dh : 0.0;
+          edA[j] = a > 0 ? eh : 0.0;
+          break;
+        case Activation::kSwiglu: {
+          const double s = 1.0 / (1.0 + std::exp(-a));
+          const double g = s * (1.0 + a * (1.0 - s));  // silu'(a)
+          const double ab = std::abs(b) + eb;
+          dA[j] = dh * b * g;
+          dB[j] = dh * a * s;
+          edA[j] = eh * ab * std::abs(g) + adh * eb * std::abs(g) + adh * ab * 0.5 * ea +
+                   16 * kU * adh * ab * (s + std::abs(a * s * (1.0 - s)));
+          edB[j] = eh * std::abs(a * s) + adh * 1.1 * ea + 8 * kU * adh * std::abs(a * s);
+          break;
+        }
+      }
+    }
+    for (int64_t i = 0; i < d; ++i) {
+      double v = 0, mag = 0, carried = 0;
+      for (int64_t j = 0; j < f; ++j) {
+        v += dA[j] * w1[i * f + j] + (w3 ? dB[j] * w3[i * f + j] : 0.0);
+        mag += (std::abs(dA[j]) + edA[j]) * std::abs(w1[i * f + j]) +
+               (w3 ? (std::abs(dB[j]) + edB[j]) * std::abs(w3[i * f + j]) : 0.0);
+        carried += edA[j] * std::abs(w1[i * f + j]) + (w3 ? edB[j] * std::abs(w3[i * f + j]) : 0.0);
+      }
+      r.dx[t * d + i] = v;
+      r.bound[t * d + i] = testing::kSecondOrder * (Gamma(w3 ? 2 * f + 1 : f) * mag + carried);
+    }
+  }
+  return r;
+}
+
 TEST(ExpertsTest, SharedExpertsAreOneDenseMlpEqualToTheSumOfTheCopies) {
   for (Activation act : kActivations) {
     for (bool bias : {false, true}) {
@@ -427,6 +515,8 @@ TEST(ExpertsTest, SharedExpertsAreOneDenseMlpEqualToTheSumOfTheCopies) {
       std::vector<double> y_sum(5 * kD, 0.0), dx_sum(5 * kD, 0.0);
       // |y - y_sum| <= the whole's forward bound + each copy's (all evaluate the same sum).
       std::vector<double> y_bound = NaiveForward(e, x, {5}).bound;
+      // |dx - dx_sum| <= the whole's backward bound + each copy's (NaiveInputGrad).
+      std::vector<double> dx_bound = NaiveInputGrad(e, x, dy).bound;
       for (int64_t c = 0; c < 2; ++c) {
         ExpertsParams p;
         p.w1 = Columns(e.w1(), 3 * c, 3);
@@ -441,7 +531,11 @@ TEST(ExpertsTest, SharedExpertsAreOneDenseMlpEqualToTheSumOfTheCopies) {
         DenseMlp copy_mlp(std::move(copy).value());
         ExpertsActivations acts = copy_mlp.Forward(x);
         const std::vector<double> copy_bound = NaiveForward(copy_mlp.experts(), x, {5}).bound;
-        for (size_t i = 0; i < y_bound.size(); ++i) y_bound[i] += copy_bound[i];
+        const std::vector<double> copy_dx_bound = NaiveInputGrad(copy_mlp.experts(), x, dy).bound;
+        for (size_t i = 0; i < y_bound.size(); ++i) {
+          y_bound[i] += copy_bound[i];
+          dx_bound[i] += copy_dx_bound[i];
+        }
         const std::vector<float> y = acts.y.ToVector<float>(),
                                  dx = copy_mlp.Backward(acts, dy).ToVector<float>();
         for (size_t i = 0; i < y.size(); ++i) y_sum[i] += y[i], dx_sum[i] += dx[i];
@@ -449,8 +543,8 @@ TEST(ExpertsTest, SharedExpertsAreOneDenseMlpEqualToTheSumOfTheCopies) {
       ExpertsActivations acts = mlp.Forward(x);
       const std::string name = Name(act, bias);
       ExpectWithinBound(acts.y.ToVector<float>(), y_sum, y_bound, name + " shared y");
-      ExpectClose(mlp.Backward(acts, dy).ToVector<float>(), dx_sum, 1e-6, 1e-5,
-                  name + " shared dx");
+      ExpectWithinBound(mlp.Backward(acts, dy).ToVector<float>(), dx_sum, dx_bound,
+                        name + " shared dx");
     }
   }
 }
