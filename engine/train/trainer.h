@@ -83,6 +83,7 @@ class Trainer {
     nan_expert_ = expert;
   }
 
+  // The next step to run (the steps run so far, counting those before a resume).
   int64_t step() const { return step_; }
   // `switchyard train --profile`: from now on every step's time is split into phases
   // (engine/core/profile.h); Run prints the table at its end (rank 0) and writes
@@ -100,6 +101,7 @@ class Trainer {
   parallel::ParameterRegistry& registry() { return registry_; }
   // This rank's pipeline executor (benchmarks set its per-action trace).
   PipelineRunner& pipeline() { return *pipeline_; }
+  // The ZeRO shards of the registry (every stage, 0 included), and the run's config.
   parallel::ZeroShards& zero() { return *zero_; }
   const config::Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model
