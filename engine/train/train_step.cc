@@ -64,7 +64,11 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
   zero_->MaterializeGradients();
   registry_.ZeroGrad(rt_.ctx.get());
-  StepSums step = AccumulateGradients(record_routing);
+  // The micro-batches and the ordered accumulation's tree live to the end of the step (the
+  // workspace peak counts them through the sync and the update).
+  dist::TreeAccumulator grads(rt_.ctx.get());
+  std::vector<data::Batch> batches(tc.grad_accum);
+  StepSums step = AccumulateGradients(record_routing, batches, grads);
   SyncGradients();
   if (step_ == nan_step_) InjectNan();
   const double local_sums[3] = {dist::TreeSumDoubles(step.ce), dist::TreeSumDoubles(step.aux),
@@ -103,7 +107,9 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   return m;
 }
 
-Trainer::StepSums Trainer::AccumulateGradients(bool record_routing) {
+Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
+                                               std::vector<data::Batch>& batches,
+                                               dist::TreeAccumulator& grads) {
   const config::TrainConfig& tc = config_.train;
   const int64_t global_batch = int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum;
   const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
@@ -116,9 +122,6 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing) {
                 .aux = std::vector<double>(tc.grad_accum),
                 .z = std::vector<double>(tc.grad_accum),
                 .stats = std::vector<moe::MoEStats>(moe_layer_ids_.size(), none)};
-  // Ordered accumulation: each micro-batch's gradient alone, summed in the tree order.
-  dist::TreeAccumulator grads(ctx);
-  std::vector<data::Batch> batches(tc.grad_accum);
   PipelineRunner::Hooks hooks;
   hooks.input = [&](int micro) {
     batches[micro] = loader_->GetBatch(step_, micro);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/core/profile.h"
+#include "engine/dist/ordered_sum.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
 #include "engine/parallel/grad_sync.h"
@@ -157,7 +158,10 @@ class Trainer {
   // moves the expert bias.
   struct StepSums;
   StepMetrics TrainStep(bool record_routing);
-  StepSums AccumulateGradients(bool record_routing);
+  // batches: filled with the step's micro-batches; grads: their gradients under ordered
+  // accumulation (OrderedAccumulation), each alone, summed in the tree order.
+  StepSums AccumulateGradients(bool record_routing, std::vector<data::Batch>& batches,
+                               dist::TreeAccumulator& grads);
   // Chunk c's forward of micro-batch `micro` into step; batch: its labels when its routing
   // is recorded, else null.
   void AddForward(int c, int micro, const model::DecoderOutput& out, const data::Batch* batch,
