@@ -53,6 +53,33 @@ Status CheckParam(const char* name, const Tensor& t, const Shape& shape, Device 
   return OkStatus();
 }
 
+// One parameter of Experts: its name, the dim of its hidden units (-1: none; the expert is
+// dim 0 of every tensor) and whether it is a weight matrix (weight decay; drawn by Init).
+struct Slot {
+  const char* name;
+  int hidden_dim;
+  bool weight;
+};
+constexpr Slot kW1{"w1", 2, true}, kW2{"w2", 1, true}, kW3{"w3", 2, true};
+constexpr Slot kB1{"b1", 1, false}, kB2{"b2", -1, false};
+
+// The description of `value` (`slot` of experts with options o), in `view`.
+parallel::Parameter BoxOf(const ExpertsOptions& o, const Slot& slot, const Tensor& value,
+                          const Tensor& grad, dist::View view) {
+  parallel::Parameter p =
+      view == dist::View::kExpert
+          ? parallel::Parameter::Expert(slot.name, value, grad, slot.weight)
+          : parallel::Parameter::Dense(slot.name, value, grad, slot.weight);
+  p.Split(0, o.first, o.experts_total());
+  const bool hidden_split = o.hidden_whole() > o.d_hidden;
+  if (slot.hidden_dim >= 0) {
+    p.Split(slot.hidden_dim, o.hidden_offset, o.hidden_whole());
+  } else if (hidden_split) {
+    p.ReplicatedOver(dist::Axis::kTp, /*grad_summed=*/true);
+  }
+  return p;
+}
+
 Tensor ZerosOrUndefined(const Shape& shape, Device device, DeviceContext* ctx) {
   return shape.empty() ? Tensor() : Tensor::Zeros(shape, DType::kF32, device, ctx);
 }
@@ -130,11 +157,16 @@ Experts::Experts(const ExpertsOptions& options, ExpertsParams params, DeviceCont
 }
 
 Experts Experts::Init(const ExpertsOptions& options, uint64_t seed, const std::string& name,
-                      float std, DeviceContext* ctx) {
+                      float std, float out_std, DeviceContext* ctx) {
   Experts experts(options, ctx);
-  for (parallel::Parameter& p : experts.Parameters()) {
-    if (p.name[0] == 'w') parallel::InitNormal(p, seed, std, ctx, name + "." + p.name);
-  }
+  auto draw = [&](const Slot& slot, const Tensor& w, float scale) {
+    if (!w.defined()) return;
+    parallel::Parameter p = BoxOf(options, slot, w, Tensor(), dist::View::kDense);
+    parallel::InitNormal(p, seed, scale, ctx, name + "." + slot.name);
+  };
+  draw(kW1, experts.w1_, std);
+  draw(kW2, experts.w2_, out_std);
+  draw(kW3, experts.w3_, std);
   return experts;
 }
 
@@ -241,22 +273,16 @@ void Experts::ZeroGrad(DeviceContext* ctx) {
   }
 }
 
-std::vector<parallel::Parameter> Experts::Parameters() const {
-  const ExpertsOptions& o = options_;
+std::vector<parallel::Parameter> Experts::Parameters(dist::View view) const {
   std::vector<parallel::Parameter> out;
-  // hidden_dim: the dim of the hidden units (-1: none); every tensor has the expert on dim 0.
-  auto add = [&](const char* name, const Tensor& value, const Tensor& grad, int hidden_dim) {
-    if (!value.defined()) return;
-    parallel::Parameter p = parallel::Parameter::Dense(name, value, grad, name[0] == 'w');
-    p.Split(0, o.first, o.experts_total());
-    if (hidden_dim >= 0) p.Split(hidden_dim, o.hidden_offset, o.hidden_whole());
-    out.push_back(std::move(p));
+  auto add = [&](const Slot& slot, const Tensor& value, const Tensor& grad) {
+    if (value.defined()) out.push_back(BoxOf(options_, slot, value, grad, view));
   };
-  add("w1", w1_, grad_w1_, 2);
-  add("w2", w2_, grad_w2_, 1);
-  add("w3", w3_, grad_w3_, 2);
-  add("b1", b1_, grad_b1_, 1);
-  add("b2", b2_, grad_b2_, -1);
+  add(kW1, w1_, grad_w1_);
+  add(kW2, w2_, grad_w2_);
+  add(kW3, w3_, grad_w3_);
+  add(kB1, b1_, grad_b1_);
+  add(kB2, b2_, grad_b2_);
   return out;
 }
 

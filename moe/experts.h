@@ -96,7 +96,13 @@ class Experts {
   // (parallel::FillNormalBox): every ep / etp split of the experts holds the same values as
   // one object holding all of them. Biases start at zero.
   static Experts Init(const ExpertsOptions& options, uint64_t seed, const std::string& name,
-                      float std = 0.02f, DeviceContext* ctx = nullptr);
+                      float std = 0.02f, DeviceContext* ctx = nullptr) {
+    return Init(options, seed, name, std, std, ctx);
+  }
+  // The same with the output projection W2 drawn from N(0, out_std^2) (Megatron's
+  // output_layer_init_method: the scaled residual init), W1 and W3 from N(0, std^2).
+  static Experts Init(const ExpertsOptions& options, uint64_t seed, const std::string& name,
+                      float std, float out_std, DeviceContext* ctx = nullptr);
   // Takes (shares, does not copy) the given parameters, e.g. loaded from a checkpoint.
   // Errors name the tensor and the shape, dtype or device it rejects.
   static StatusOr<Experts> FromTensors(const ExpertsOptions& options, ExpertsParams params,
@@ -130,9 +136,13 @@ class Experts {
   Tensor grad_b1() const { return grad_b1_; }
   Tensor grad_b2() const { return grad_b2_; }
   // The parameters that exist, in the order w1, w2, w3, b1, b2, as boxes of the whole
-  // layer's tensors (dense view, replicated over dp x cp: the MoE layer sets the view and
-  // axes of routed experts).
-  std::vector<parallel::Parameter> Parameters() const;
+  // layer's tensors: the experts on dim 0 (split over ep), the hidden units on dim 2 of
+  // w1/w3 and dim 1 of w2/b1 (split over etp). view kDense: replicated over dp x cp (a
+  // dense MLP, the shared experts); kExpert: over edp (routed experts). Under a hidden
+  // split (hidden_whole() > d_hidden) b2 is whole on every rank of the split and added
+  // by one of them (adds_output_bias): ReplicatedOver(kTp, grad_summed), kTp being etp in
+  // the expert view.
+  std::vector<parallel::Parameter> Parameters(dist::View view = dist::View::kDense) const;
 
  private:
   Experts(const ExpertsOptions& options, ExpertsParams params, DeviceContext* ctx);

@@ -71,7 +71,7 @@ MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, const MoEParallel&
 }
 
 MoELayer MoELayer::Init(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
-                        uint64_t seed, float std, DeviceContext* ctx) {
+                        uint64_t seed, float std, float out_std, DeviceContext* ctx) {
   const std::string name = StrCat("layers.", layer_id, ".moe");
   const Device dev = ctx != nullptr ? ctx->device() : Device::Cpu();
   dist::Communicator* ep = parallel.ep;
@@ -90,11 +90,11 @@ MoELayer MoELayer::Init(const MoEConfig& config, int64_t layer_id, const MoEPara
     eo.hidden_total = config.d_expert;
     eo.adds_output_bias = parallel.etp->rank() == 0;
   }
-  Experts experts = Experts::Init(eo, seed, name + ".experts", std, ctx);
+  Experts experts = Experts::Init(eo, seed, name + ".experts", std, out_std, ctx);
   std::optional<DenseMlp> shared;
   if (config.num_shared_experts > 0) {
-    shared.emplace(
-        Experts::Init(SharedExpertsOptions(config, dev), seed, name + ".shared", std, ctx));
+    shared.emplace(Experts::Init(SharedExpertsOptions(config, dev), seed, name + ".shared", std,
+                                 out_std, ctx));
   }
   Tensor bias;
   if (config.expert_bias_rate > 0) {
@@ -113,14 +113,8 @@ std::vector<parallel::Parameter> MoELayer::Parameters() const {
       parallel::Parameter::Dense("router.weight", router_weight_, grad_router_weight_, false);
   if (tp_) router.ReplicatedOver(Axis::kTp, /*grad_summed=*/true);
   out.push_back(std::move(router));
-  for (parallel::Parameter& p : experts_.Parameters()) {
-    p.name = "experts." + p.name;
-    p.view = dist::View::kExpert;
-    p.replicated = p.grad_sum = parallel::AxisSet{Axis::kDp};  // edp
-    // Under etp the output bias is whole on every etp rank, added by etp rank 0.
-    if (etp_ && p.name == "experts.b2") p.ReplicatedOver(Axis::kTp, /*grad_summed=*/true);
-    out.push_back(std::move(p));
-  }
+  // The routed experts describe their split over ep and etp (b2 whole over etp).
+  parallel::AppendPrefixed("experts", experts_.Parameters(dist::View::kExpert), out);
   if (shared_) {
     for (parallel::Parameter& p : shared_->experts().Parameters()) {
       p.name = "shared." + p.name;

@@ -130,7 +130,14 @@ class MoELayer {
     return Init(config, layer_id, MoEParallel{.ep = ep}, seed, std, ctx);
   }
   static MoELayer Init(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
-                       uint64_t seed, float std = 0.02f, DeviceContext* ctx = nullptr);
+                       uint64_t seed, float std = 0.02f, DeviceContext* ctx = nullptr) {
+    return Init(config, layer_id, parallel, seed, std, std, ctx);
+  }
+  // The same with the output projections of the routed and shared experts (experts.w2,
+  // shared.w2) drawn with out_std (Megatron's output_layer_init_method, e.g. the scaled
+  // residual init), the router and the input projections with std.
+  static MoELayer Init(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
+                       uint64_t seed, float std, float out_std, DeviceContext* ctx = nullptr);
 
   // h: (G * T, d) f32 on the parameters' device. first_token: the global index of h's
   // first token (keys the jitter and random second-expert draws). training selects

@@ -14,6 +14,7 @@
 #include "engine/checkpoint/trainer_state.h"
 #include "engine/checkpoint/verify.h"
 #include "engine/core/check.h"
+#include "engine/core/file.h"
 #include "engine/dist/agreement.h"
 
 namespace switchyard::checkpoint {

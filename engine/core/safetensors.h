@@ -10,8 +10,6 @@
 #include <string>
 #include <vector>
 
-// WriteFileAtomically moved to file.h; included here until engine/train/trainer.cc includes it.
-#include "engine/core/file.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 

@@ -88,82 +88,98 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   // Each routing group's tokens lie over tp, or over cp x tp.
   const moe::MoEParallel mp{.ep = parallel.ep, .tp = parallel.tp, .etp = parallel.etp,
                             .group = cp.active() ? parallel.tp_cp : nullptr};
-  for (int64_t i = stage.first_layer; i < stage.End(model.n_layers); ++i) {
-    const std::string name = StrCat("layers.", i);
-    Block block{dense::Norm(no, ctx), dense::Norm(no, ctx),
-                dense::Attention::Init(ao, seed, name + ".attn", std, out_std, ctx), std::nullopt,
-                std::nullopt};
-    if (moe.IsMoeLayer(i)) {
-      block.moe.emplace(moe::MoELayer::Init(moe, i, mp, seed, std, ctx));
-      dec->moe_ids_.push_back(i);
-    } else {
-      SY_RETURN_IF_ERROR(mo.Validate());
-      block.mlp.emplace(dense::Mlp::Init(mo, seed, name + ".mlp", std, out_std, ctx));
-    }
-    dec->blocks_.push_back(std::move(block));
-  }
-  if (stage.head) dec->norm_f_.emplace(no, ctx);
-  if (stage.head && !model.tie_embeddings) {
-    // The head's columns are the vocabulary this rank holds (no padding columns).
-    dense::LinearOptions lo{.in = model.d_model, .out = eo.valid_rows(), .bias = false,
-                            .device = device};
-    dec->head_.emplace(lo, ctx);
-  }
-  dec->Register(seed);
-  // Scaled residual init of the expert output projections, and the head: both drawn over
-  // the whole logical tensor and sliced to this rank's box.
-  for (parallel::Parameter& p : dec->registry_.params()) {
-    const bool expert_out = p.name.find(".moe.experts.w2") != std::string::npos ||
-                            p.name.find(".moe.shared.w2") != std::string::npos;
-    if (expert_out && out_std != std) parallel::InitNormal(p, seed, out_std, ctx);
-    if (p.name == "head.weight") parallel::InitNormal(p, seed, std, ctx);
-  }
+  const InitScales init{.seed = seed, .std = std, .out_std = out_std};
+  SY_RETURN_IF_ERROR(dec->AddBlocks({.norm = no, .attention = ao, .mlp = mo, .moe = mp}, init));
+  dec->AddHead(no, init);
+  dec->Register();
   return dec;
 }
 
-void Decoder::Register(uint64_t seed) {
+Status Decoder::AddBlocks(const BlockOptions& options, const InitScales& init) {
+  const Stage& stage = parallel_.stage;
+  for (int64_t i = stage.first_layer; i < stage.End(model_.n_layers); ++i) {
+    const std::string name = StrCat("layers.", i);
+    Block block{dense::Norm(options.norm, ctx_), dense::Norm(options.norm, ctx_),
+                dense::Attention::Init(options.attention, init.seed, name + ".attn", init.std,
+                                       init.out_std, ctx_),
+                std::nullopt, std::nullopt};
+    if (moe_.IsMoeLayer(i)) {
+      block.moe.emplace(
+          moe::MoELayer::Init(moe_, i, options.moe, init.seed, init.std, init.out_std, ctx_));
+      moe_ids_.push_back(i);
+    } else {
+      SY_RETURN_IF_ERROR(options.mlp.Validate());
+      block.mlp.emplace(
+          dense::Mlp::Init(options.mlp, init.seed, name + ".mlp", init.std, init.out_std, ctx_));
+    }
+    blocks_.push_back(std::move(block));
+  }
+  return OkStatus();
+}
+
+void Decoder::AddHead(const dense::NormOptions& norm, const InitScales& init) {
+  if (!parallel_.stage.head) return;
+  norm_f_.emplace(norm, ctx_);
+  if (model_.tie_embeddings) return;
+  // The head's columns are the vocabulary this rank holds (no padding columns), drawn over
+  // the whole (d, V) weight and sliced to this rank's box.
+  dense::LinearOptions lo{.in = model_.d_model, .out = eo_.valid_rows(), .bias = false,
+                          .device = device()};
+  head_.emplace(lo, ctx_);
+  parallel::Parameter weight = HeadParameters().front();
+  parallel::InitNormal(weight, init.seed, init.std, ctx_, "head.weight");
+}
+
+std::vector<parallel::Parameter> Decoder::HeadParameters() const {
+  std::vector<parallel::Parameter> ps = head_->Parameters();  // "weight" (d, V/tp)
+  if (tp().active()) ps.front().Split(1, eo_.vocab_start(), eo_.vocab_size);
+  return ps;
+}
+
+void Decoder::Register() {
   const dense::TensorParallel tp = this->tp();
-  auto add = [&](const std::string& prefix, std::vector<parallel::Parameter> ps) {
+  // Every parameter of a part is named "<part>.<its name in the layer>" and records its part.
+  auto add = [&](const std::string& part, const std::string& prefix,
+                 std::vector<parallel::Parameter> ps) {
     for (parallel::Parameter& p : ps) {
       p.name = prefix + "." + p.name;
+      p.part = part;
       registry_.Add(std::move(p));
     }
   };
   // Norm weights are whole on every tp rank; under sequence parallelism each saw only its
   // rows, so their gradients are summed over tp.
-  auto add_norm = [&](const std::string& prefix, const dense::Norm& norm) {
+  auto add_norm = [&](const std::string& part, const std::string& prefix,
+                      const dense::Norm& norm) {
     std::vector<parallel::Parameter> ps = norm.Parameters();
     if (tp.active()) {
       for (parallel::Parameter& p : ps) p.ReplicatedOver(dist::Axis::kTp, tp.sequence_parallel);
     }
-    add(prefix, std::move(ps));
+    add(part, prefix, std::move(ps));
   };
   if (embed_) {
     std::vector<parallel::Parameter> ps = embed_->Parameters();
     // Tied embeddings split over pipeline stages: the first and the last stage hold the
-    // token table, one replica each (its gradients are summed between the two by the
-    // trainer, not over the whole pp group).
+    // token table (wte, the embedding's first parameter), one replica each (its gradients
+    // are summed between the two by the trainer, not over the whole pp group).
     if (model_.tie_embeddings && !parallel_.stage.whole(model_.n_layers)) {
-      for (parallel::Parameter& p : ps)
-        if (p.name == "wte") p.ReplicatedOver(dist::Axis::kPp, /*grad_summed=*/false);
+      parallel::Parameter& wte = ps.front();
+      wte.ReplicatedOver(dist::Axis::kPp, /*grad_summed=*/false);
+      wte.tied = true;
     }
-    add("embed", std::move(ps));
+    add("embed", "embed", std::move(ps));
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& b = blocks_[i];
-    const std::string name = LayerPart(static_cast<int64_t>(i));
-    add_norm(name + ".norm1", b.norm1);
-    add(name + ".attn", b.attn.Parameters());
-    add_norm(name + ".norm2", b.norm2);
-    if (b.mlp) add(name + ".mlp", b.mlp->Parameters());
-    if (b.moe) add(name + ".moe", b.moe->Parameters());
+    const std::string part = LayerPart(static_cast<int64_t>(i));
+    add_norm(part, part + ".norm1", b.norm1);
+    add(part, part + ".attn", b.attn.Parameters());
+    add_norm(part, part + ".norm2", b.norm2);
+    if (b.mlp) add(part, part + ".mlp", b.mlp->Parameters());
+    if (b.moe) add(part, part + ".moe", b.moe->Parameters());
   }
-  if (norm_f_) add_norm("norm_f", *norm_f_);
-  if (head_) {
-    std::vector<parallel::Parameter> ps = head_->Parameters();
-    if (tp.active()) ps[0].Split(1, eo_.vocab_start(), eo_.vocab_size);
-    add("head", std::move(ps));
-  }
+  if (norm_f_) add_norm("norm_f", "norm_f", *norm_f_);
+  if (head_) add("head", "head", HeadParameters());
 }
 
 std::vector<moe::MoELayer*> Decoder::moe_layers() {
@@ -225,9 +241,8 @@ Shape Decoder::HiddenShape(int64_t batch, int64_t seq) const {
   return {batch, seq, model_.d_model};
 }
 
-DecoderOutput Decoder::Forward(const DecoderInput& in) {
-  const int64_t batch = in.tokens.dim(0), seq = in.tokens.dim(1), d = model_.d_model;
-  const int64_t n = batch * seq;
+void Decoder::CheckForwardInput(const DecoderInput& in) const {
+  const int64_t batch = in.tokens.dim(0), seq = in.tokens.dim(1);
   SY_CHECK(in.tokens.dtype() == DType::kI32 && in.targets.shape() == in.tokens.shape())
       << "tokens " << in.tokens.DebugString() << ", targets " << in.targets.DebugString();
   SY_CHECK_LE(seq, model_.seq_len) << "sequence longer than model.seq_len";
@@ -241,26 +256,18 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   SY_CHECK(in.tokens.device() == device() && in.targets.device() == device())
       << "tokens on " << in.tokens.device() << ", targets on " << in.targets.device()
       << ": the decoder runs on " << device();
+}
+
+DecoderOutput Decoder::Forward(const DecoderInput& in) {
+  CheckForwardInput(in);
   const Stage& stage = parallel_.stage;
-  DeviceContext* ctx = ctx_;
+  const parallel::ContextParallel cp = this->cp();
   DecoderOutput out;
   DecoderActivations& acts = out.acts;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
   const std::string after_layers = stage.head ? "norm_f" : "";
-  Tensor x;  // (B, S, d), or this rank's rows (N/tp, d) under sp
-  if (stage.embedding) {
-    Acquire("embed", layers > 0 ? LayerPart(0) : after_layers);
-    ScopedPhase phase(Phase::kEmbeddingHeadLoss);
-    acts.embed = embed_->Forward(in.tokens, ctx);
-    Release("embed");
-    x = acts.embed.y;
-  } else {
-    const Shape want = HiddenShape(batch, seq);
-    SY_CHECK(in.hidden.defined() && in.hidden.shape() == want && in.hidden.device() == device())
-        << "stage " << stage.Describe(model_.n_layers) << " reads the previous stage's output "
-        << ShapeString(want) << " on " << device() << ", got " << in.hidden.DebugString();
-    x = in.hidden;
-  }
+  // (B, S, d), or this rank's rows (N/tp, d) under sp
+  Tensor x = ForwardInput(in, layers > 0 ? LayerPart(0) : after_layers, acts);
   const dense::CoreAttention core = recompute_ == Recompute::kSelective
                                         ? dense::CoreAttention::kRecompute
                                         : dense::CoreAttention::kKeep;
@@ -289,6 +296,32 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     out.hidden = x;
     return out;
   }
+  ForwardHead(in, x, out);
+  return out;
+}
+
+Tensor Decoder::ForwardInput(const DecoderInput& in, const std::string& next,
+                             DecoderActivations& acts) {
+  const Stage& stage = parallel_.stage;
+  if (!stage.embedding) {
+    const Shape want = HiddenShape(in.tokens.dim(0), in.tokens.dim(1));
+    SY_CHECK(in.hidden.defined() && in.hidden.shape() == want && in.hidden.device() == device())
+        << "stage " << stage.Describe(model_.n_layers) << " reads the previous stage's output "
+        << ShapeString(want) << " on " << device() << ", got " << in.hidden.DebugString();
+    return in.hidden;
+  }
+  Acquire("embed", next);
+  ScopedPhase phase(Phase::kEmbeddingHeadLoss);
+  acts.embed = embed_->Forward(in.tokens, ctx_);
+  Release("embed");
+  return acts.embed.y;
+}
+
+void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out) {
+  const int64_t n = in.tokens.numel(), d = model_.d_model;
+  const dense::TensorParallel tp = this->tp();
+  DeviceContext* ctx = ctx_;
+  DecoderActivations& acts = out.acts;
   Acquire("norm_f", HeadPart());
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);  // the final norm, the head and the loss
   acts.norm_f = norm_f_->Forward(x, ctx);
@@ -323,7 +356,6 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   }
   out.ce_sum = ce.loss_sum;
   out.ce_count = ce.count;
-  return out;
 }
 
 Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,

@@ -134,7 +134,11 @@ class Decoder {
  public:
   // Builds and initialises every layer from the counter-based generator (weights normal
   // with model.init_std, keyed by parameter name and global index — the same model on any
-  // layout). ep: the expert-parallel communicator (size 1 is fine); kept by the decoder.
+  // layout; with model.scaled_init each layer draws its output projections — attention's
+  // o, the MLP's and the experts' w2 — with init_std / sqrt(2 L)). Every parameter's
+  // description records its part (Parameter::part) and, for tied embeddings over pipeline
+  // stages, the token table is marked tied. ep: the expert-parallel communicator (size 1
+  // is fine); kept by the decoder.
   // ctx: the device every parameter, activation and kernel lives on (null: the CPU); the
   // decoder keeps it, and the same weights come out on every device.
   static StatusOr<std::unique_ptr<Decoder>> Create(const ModelConfig& model,
@@ -201,7 +205,35 @@ class Decoder {
   Decoder(const ModelConfig& model, const moe::MoEConfig& moe, const DecoderParallel& parallel,
           DeviceContext* ctx)
       : model_(model), moe_(moe), parallel_(parallel), ctx_(ctx) {}
-  void Register(uint64_t seed);
+  // What Create builds the blocks from, and the scales it draws weights with (std; the
+  // residual output projections out_std).
+  struct BlockOptions {
+    dense::NormOptions norm;
+    dense::AttentionOptions attention;
+    dense::MlpOptions mlp;
+    moe::MoEParallel moe;
+  };
+  struct InitScales {
+    uint64_t seed = 0;
+    float std = 0.02f, out_std = 0.02f;
+  };
+  // The stage's blocks, initialised; errors name the config key the dense MLP rejects.
+  Status AddBlocks(const BlockOptions& options, const InitScales& init);
+  // On the last stage: the final norm and, untied, the head (weight ~ N(0, std^2) over the
+  // whole (d, V) weight, keyed "head.weight", this rank's vocabulary columns kept).
+  void AddHead(const dense::NormOptions& norm, const InitScales& init);
+  // The untied head's parameters: its weight, a box of (d, V) split over tp by vocabulary.
+  std::vector<parallel::Parameter> HeadParameters() const;
+  // Every layer's parameters into registry_, named "<part>.<layer's name>" with their part.
+  void Register();
+  // The checks of Forward's input (SY_CHECK: shapes, dtype, device, the tp/cp layout).
+  void CheckForwardInput(const DecoderInput& in) const;
+  // The residual stream the stage's first block reads: the embedding's output on the first
+  // stage (acquiring "embed" with `next` after it), else the previous stage's hidden.
+  Tensor ForwardInput(const DecoderInput& in, const std::string& next, DecoderActivations& acts);
+  // The last stage: the final norm, the head and the cross-entropy of x (the last block's
+  // output) into out (its gradient kept in acts.dlogits when training).
+  void ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out);
   // Block k's forward from x (its input) into ba (x_in included); returns its output.
   // core: whether attention keeps its core output (selective recompute drops it).
   Tensor ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,

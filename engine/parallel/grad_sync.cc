@@ -93,52 +93,59 @@ GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
     group->view = view;
     group->axes = axes;
     group->comm = comm;
-    const int slot = static_cast<int>(groups_.size());
-    // The open (still filling) bucket of each dtype, as an index into group->buckets.
-    std::vector<std::pair<DType, size_t>> open;
-    for (size_t i = params.size(); i-- > 0;) {
-      const Parameter& p = params[i];
-      if (!p.trainable || p.view != view || !(p.grad_sum == axes)) continue;
-      SY_CHECK(p.grad.defined()) << "GradSync: " << p.name << " has no gradient";
-      SY_CHECK(p.grad.device() == comm->device())
-          << "GradSync: " << p.name << "'s gradient is on " << p.grad.device() << ", the "
-          << GroupName(view, axes) << " communicator on " << comm->device();
-      const DType dtype = p.grad.dtype();
-      const int64_t bytes = p.grad.numel() * static_cast<int64_t>(SizeOf(dtype));
-      const int part = options_.part_of.empty() ? -1 : options_.part_of[i];
-      auto it = std::find_if(open.begin(), open.end(), [&](auto& o) { return o.first == dtype; });
-      if (it != open.end()) {
-        const Bucket& b = group->buckets[it->second];
-        if (b.elements * static_cast<int64_t>(SizeOf(dtype)) + bytes > options_.bucket_bytes ||
-            b.part != part) {
-          open.erase(it);
-          it = open.end();
-        }
-      }
-      if (it == open.end()) {
-        group->buckets.emplace_back();
-        group->buckets.back().dtype = dtype;
-        group->buckets.back().part = part;
-        open.emplace_back(dtype, group->buckets.size() - 1);
-        it = open.end() - 1;
-      }
-      Bucket& b = group->buckets[it->second];
-      where_[i] = {slot, static_cast<int>(it->second)};
-      b.params.push_back(i);
-      b.offsets.push_back(b.elements);
-      b.elements += p.grad.numel();
-    }
-    for (Bucket& b : group->buckets) {
-      b.pending = static_cast<int>(b.params.size());
-      const std::vector<int64_t> chunks = dist::OrderedChunks(b.elements, comm->size());
-      for (int r = 0; r < comm->rank(); ++r) b.chunk_begin += chunks[r];
-      b.chunk_elements = chunks[comm->rank()];
-      if (options_.reduce_scatter && options_.persistent_shard) {
-        b.grad_shard = Tensor::Zeros({b.chunk_elements}, b.dtype, comm->device(), ctx_);
-        b.grad_shard.buffer().SetKind(MemoryKind::kGradients);
-      }
-    }
+    FillBuckets(*group, static_cast<int>(groups_.size()));
+    for (Bucket& b : group->buckets) PlaceChunk(b, *comm);
     groups_.push_back(std::move(group));
+  }
+}
+
+void GradSync::FillBuckets(Group& group, int slot) {
+  const std::vector<Parameter>& params = registry_.params();
+  const dist::Communicator& comm = *group.comm;
+  // The open (still filling) bucket of each dtype, as an index into group.buckets.
+  std::vector<std::pair<DType, size_t>> open;
+  for (size_t i = params.size(); i-- > 0;) {
+    const Parameter& p = params[i];
+    if (!p.trainable || p.view != group.view || !(p.grad_sum == group.axes)) continue;
+    SY_CHECK(p.grad.defined()) << "GradSync: " << p.name << " has no gradient";
+    SY_CHECK(p.grad.device() == comm.device())
+        << "GradSync: " << p.name << "'s gradient is on " << p.grad.device() << ", the "
+        << GroupName(group.view, group.axes) << " communicator on " << comm.device();
+    const DType dtype = p.grad.dtype();
+    const int64_t bytes = p.grad.numel() * static_cast<int64_t>(SizeOf(dtype));
+    const int part = options_.part_of.empty() ? -1 : options_.part_of[i];
+    auto it = std::find_if(open.begin(), open.end(), [&](auto& o) { return o.first == dtype; });
+    if (it != open.end()) {
+      const Bucket& b = group.buckets[it->second];
+      if (b.elements * static_cast<int64_t>(SizeOf(dtype)) + bytes > options_.bucket_bytes ||
+          b.part != part) {
+        open.erase(it);
+        it = open.end();
+      }
+    }
+    if (it == open.end()) {
+      group.buckets.emplace_back();
+      group.buckets.back().dtype = dtype;
+      group.buckets.back().part = part;
+      open.emplace_back(dtype, group.buckets.size() - 1);
+      it = open.end() - 1;
+    }
+    Bucket& b = group.buckets[it->second];
+    where_[i] = {slot, static_cast<int>(it->second)};
+    b.params.push_back(i);
+    b.offsets.push_back(b.elements);
+    b.elements += p.grad.numel();
+  }
+}
+
+void GradSync::PlaceChunk(Bucket& b, const dist::Communicator& comm) {
+  b.pending = static_cast<int>(b.params.size());
+  const std::vector<int64_t> chunks = dist::OrderedChunks(b.elements, comm.size());
+  for (int r = 0; r < comm.rank(); ++r) b.chunk_begin += chunks[r];
+  b.chunk_elements = chunks[comm.rank()];
+  if (options_.reduce_scatter && options_.persistent_shard) {
+    b.grad_shard = Tensor::Zeros({b.chunk_elements}, b.dtype, comm.device(), ctx_);
+    b.grad_shard.buffer().SetKind(MemoryKind::kGradients);
   }
 }
 

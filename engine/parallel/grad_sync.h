@@ -113,6 +113,13 @@ class GradSync {
   struct Bucket;
   struct Group;
 
+  // Packs the trainable parameters of group's (view, axes) into its buckets, from the last
+  // registered to the first (the order backward finishes them): per dtype, up to
+  // bucket_bytes, one part each when part_of is given; `slot` is the group's index.
+  void FillBuckets(Group& group, int slot);
+  // A filled bucket's chunk on this rank of comm (dist::OrderedChunks) and, with a
+  // persistent shard, its gradient shard.
+  void PlaceChunk(Bucket& b, const dist::Communicator& comm);
   void Launch(Bucket& b);
   void Unpack(Bucket& b);
   std::unique_ptr<dist::Work> Reduce(Group& g, Bucket& b);

@@ -22,6 +22,13 @@
 //                  the box's size (ZeRO shards: optimizer state, stage-3 parameters). A
 //                  checkpoint saves and loads such an entry like any box, element range
 //                  and all; false: value is the whole box.
+//   part           the block of the model it belongs to, as the model names its blocks
+//                  ("embed", "layers.3", "norm_f", "head"): ZeRO-3 gathers a part at a
+//                  time and the gradient sync buckets each part apart. Written by the
+//                  model when it registers the block; empty: none.
+//   tied           one of the copies of a weight that several pipeline stages hold (tied
+//                  embeddings: the first stage's token table and the last stage's copy
+//                  for the head); their gradients are summed between those stages.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +76,8 @@ struct Parameter {
   bool weight_decay = true;  // AdamW decays it (matrices, not biases or norm weights)
   Tensor value;              // this rank's box (shares storage with the layer)
   Tensor grad;               // the box's gradient; undefined when not trainable
+  std::string part;          // the model's block ("layers.3"); see the file comment
+  bool tied = false;         // a pipeline-stage copy of a tied weight (file comment)
 
   // The usual dense parameter: whole, replicated and gradient-summed over dp x cp.
   static Parameter Dense(std::string name, Tensor value, Tensor grad, bool weight_decay);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,64 +46,95 @@ void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceCon
 
 }  // namespace
 
+// What one step's micro-batches add up to on this rank.
+struct Trainer::StepSums {
+  // Per micro-batch loss sums, added in the tree order (as the ranks' sums are).
+  std::vector<double> ce, aux, z;
+  // Statistics of every MoE layer of the model (moe_layer_ids_ order): this stage fills its
+  // own, the sums over pp complete them.
+  std::vector<moe::MoEStats> stats;
+};
+
 StepMetrics Trainer::TrainStep(bool record_routing) {
   const auto start = std::chrono::steady_clock::now();
   if (profiler_) profiler_->BeginStep();
   const config::TrainConfig& tc = config_.train;
-  const dist::Mesh& mesh = pc_->mesh();
-  const int64_t seq = config_.model.seq_len;
-  const int64_t global_batch = int64_t{mesh.dp()} * tc.micro_batch_size * tc.grad_accum;
-  const int64_t global_groups = int64_t{mesh.dp()} * tc.grad_accum;
+  const int64_t tokens = int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum *
+                         config_.model.seq_len;
+  const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
+  zero_->MaterializeGradients();
+  registry_.ZeroGrad(rt_.ctx.get());
+  // The micro-batches and the ordered accumulation's tree live to the end of the step (the
+  // workspace peak counts them through the sync and the update).
+  dist::TreeAccumulator grads(rt_.ctx.get());
+  std::vector<data::Batch> batches(tc.grad_accum);
+  StepSums step = AccumulateGradients(record_routing, batches, grads);
+  SyncGradients();
+  if (step_ == nan_step_) InjectNan();
+  const double local_sums[3] = {dist::TreeSumDoubles(step.ce), dist::TreeSumDoubles(step.aux),
+                                dist::TreeSumDoubles(step.z)};
+  std::optional<ScopedPhase> phase(Phase::kOptimizer);
+  // The clip's factor is applied inside the optimizer's update (no pass of its own).
+  const double norm = parallel::GlobalGradNorm(registry_, *pc_, rt_.ctx.get(), zero_.get());
+  const float clip_scale = parallel::ClipScale(norm, tc.grad_clip);
+  const float lr = ScheduleFor(tc).LrAt(optimizer_->step());
+  phase.emplace(Phase::kCommunication);
+  const std::vector<double> sums = ReduceLossSums(local_sums);
+  // A non-finite loss or gradient norm: no update (train.on_nonfinite decides what
+  // follows). Every rank holds the same numbers; the flag is agreed anyway.
+  const double loss = sums[0] / static_cast<double>(tokens) +
+                      (sums[1] + sums[2]) / static_cast<double>(global_groups);
+  std::string first_bad;
+  const bool finite = AgreeFinite(loss, norm, &first_bad);
+  phase.reset();
+  Update(finite, lr, clip_scale, step.stats);
+
+  StepMetrics m;
+  m.step = step_;
+  m.ce_loss = sums[0] / static_cast<double>(tokens);
+  m.aux_loss = sums[1] / static_cast<double>(global_groups);
+  m.z_loss = sums[2] / static_cast<double>(global_groups);
+  m.loss = m.ce_loss + m.aux_loss + m.z_loss;
+  m.lr = lr;
+  m.grad_norm = norm;
+  m.nonfinite = !finite;
+  m.nonfinite_param = first_bad;
+  m.moe_layer_ids = moe_layer_ids_;
+  m.moe = std::move(step.stats);
+  m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.tokens_per_s = static_cast<double>(tokens) / m.step_s;
+  if (profiler_) profiler_->EndStep(m.step_s);
+  return m;
+}
+
+Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
+                                               std::vector<data::Batch>& batches,
+                                               dist::TreeAccumulator& grads) {
+  const config::TrainConfig& tc = config_.train;
+  const int64_t global_batch = int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum;
+  const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
   parallel::ParameterRegistry& reg = registry_;
   DeviceContext* ctx = rt_.ctx.get();
-  zero_->MaterializeGradients();
-  reg.ZeroGrad(ctx);
-
-  // Statistics of every MoE layer of the model (this stage fills its own; the sums over pp
-  // complete them).
   moe::MoEStats none;  // what a stage without the layer contributes to its sums over pp
   none.tokens_per_expert.assign(config_.moe.num_experts, 0);
   none.tokens_per_expert_kept.assign(config_.moe.num_experts, 0);
-  std::vector<moe::MoEStats> stats(moe_layer_ids_.size(), none);
-  // Chunk c's l-th MoE layer: its index in stats and in routing_ (every layer of the model).
-  std::vector<std::vector<size_t>> slot_of(pipeline_->chunks());
-  for (int c = 0; c < pipeline_->chunks(); ++c) {
-    for (int64_t id : pipeline_->chunk(c).moe_layer_ids()) {
-      slot_of[c].push_back(std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), id) -
-                           moe_layer_ids_.begin());
-    }
-  }
-  // Per micro-batch sums, added in the tree order below (as the ranks' sums are).
-  std::vector<double> ce_sums(tc.grad_accum), aux_sums(tc.grad_accum), z_sums(tc.grad_accum);
-  // Ordered accumulation: each micro-batch's gradient alone, summed in the tree order.
-  const bool tree = tc.ordered_grad_accum && tc.grad_accum > 1;
-  dist::TreeAccumulator grads(ctx);
-  std::vector<data::Batch> batches(tc.grad_accum);
+  StepSums step{.ce = std::vector<double>(tc.grad_accum),
+                .aux = std::vector<double>(tc.grad_accum),
+                .z = std::vector<double>(tc.grad_accum),
+                .stats = std::vector<moe::MoEStats>(moe_layer_ids_.size(), none)};
   PipelineRunner::Hooks hooks;
   hooks.input = [&](int micro) {
     batches[micro] = loader_->GetBatch(step_, micro);
     model::DecoderInput in =
         MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
-    in.ce_grad_scale = 1.0f / static_cast<float>(global_batch * seq);
+    in.ce_grad_scale = 1.0f / static_cast<float>(global_batch * config_.model.seq_len);
     in.aux_grad_scale = 1.0f / static_cast<float>(global_groups);
     return in;
   };
   hooks.after_forward = [&](int c, int micro, const model::DecoderOutput& out) {
-    ce_sums[micro] += out.ce_sum;
-    aux_sums[micro] += out.aux_sum;
-    z_sums[micro] += out.z_sum;
-    // From Forward's output, which activation recompute leaves whole.
-    for (size_t layer = 0; layer < out.moe_stats.size(); ++layer) {
-      stats[slot_of[c][layer]].Add(out.moe_stats[layer]);
-      // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
-      if (record_routing && pc_->tp_cp().rank() == 0 && routing_) {
-        const data::Batch& batch = batches[micro];
-        routing_->Add(slot_of[c][layer], out.moe_indices[layer].To(Device::Cpu(), ctx),
-                      batch.labels.Reshape({batch.labels.numel()}));
-      }
-    }
+    AddForward(c, micro, out, record_routing ? &batches[micro] : nullptr, step);
   };
-  if (tree) {
+  if (OrderedAccumulation()) {
     hooks.before_backward = [&](int, int) { reg.ZeroGrad(ctx); };
     hooks.after_backward = [&](int, int) { grads.Add(PackGrads(reg, ctx)); };
   } else {
@@ -113,83 +145,80 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
     };
   }
   pipeline_->RunStep(hooks);
-  if (tree) UnpackGrads(grads.Result(), reg, ctx);
-  std::optional<ScopedPhase> phase(Phase::kCommunication);
-  if (tree) {
+  if (OrderedAccumulation()) UnpackGrads(grads.Result(), reg, ctx);
+  return step;
+}
+
+void Trainer::AddForward(int c, int micro, const model::DecoderOutput& out,
+                         const data::Batch* batch, StepSums& step) {
+  step.ce[micro] += out.ce_sum;
+  step.aux[micro] += out.aux_sum;
+  step.z[micro] += out.z_sum;
+  // From Forward's output, which activation recompute leaves whole.
+  for (size_t layer = 0; layer < out.moe_stats.size(); ++layer) {
+    step.stats[moe_slot_of_[c][layer]].Add(out.moe_stats[layer]);
+    // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
+    if (batch != nullptr && pc_->tp_cp().rank() == 0 && routing_) {
+      routing_->Add(moe_slot_of_[c][layer], out.moe_indices[layer].To(Device::Cpu(), rt_.ctx.get()),
+                    batch->labels.Reshape({batch->labels.numel()}));
+    }
+  }
+}
+
+void Trainer::SyncGradients() {
+  ScopedPhase phase(Phase::kCommunication);
+  if (OrderedAccumulation()) {
     grad_sync_->SyncAll();
   } else {
     grad_sync_->Finish();
   }
   SumTiedEmbeddingGrads();
-  phase.reset();
-  if (step_ == nan_step_) InjectNan();
-  const double ce_sum = dist::TreeSumDoubles(ce_sums);
-  const double aux_sum = dist::TreeSumDoubles(aux_sums);
-  const double z_sum = dist::TreeSumDoubles(z_sums);
-  phase.emplace(Phase::kOptimizer);
-  // The clip's factor is applied inside the optimizer's update (no pass of its own).
-  const double norm = parallel::GlobalGradNorm(reg, *pc_, ctx, zero_.get());
-  const float clip_scale = parallel::ClipScale(norm, tc.grad_clip);
-  const float lr = ScheduleFor(tc).LrAt(optimizer_->step());
-  phase.emplace(Phase::kCommunication);
-  // Reduce the step's losses over the data-parallel world: over dp x cp (every tp rank
-  // holds the same sums), then over the pipeline stages (the last holds the cross-entropy).
-  // Ordered f64 sums: the numbers do not depend on the layout.
-  const double local_sums[3] = {ce_sum, aux_sum, z_sum};
-  std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local_sums);
+}
+
+std::vector<double> Trainer::ReduceLossSums(std::span<const double> local) {
+  // Over dp x cp (every tp rank holds the same sums), then over the pipeline stages (the
+  // last holds the cross-entropy). Ordered f64 sums: the numbers do not depend on the layout.
+  std::vector<double> sums = dist::AllReduceDoubles(pc_->dp_cp(), local);
   if (pc_->pp().size() > 1) sums = dist::AllReduceDoubles(pc_->pp(), sums);
-  // A non-finite loss or gradient norm: no update (train.on_nonfinite decides what
-  // follows). Every rank holds the same numbers; the flag is agreed anyway.
-  const double loss = sums[0] / static_cast<double>(global_batch * seq) +
-                      (sums[1] + sums[2]) / static_cast<double>(global_groups);
+  return sums;
+}
+
+bool Trainer::AgreeFinite(double loss, double norm, std::string* first_bad) {
   Tensor bad = Tensor::FromVector<int32_t>({std::isfinite(loss) && std::isfinite(norm) ? 0 : 1}, {1});
   world_.AllReduce(bad, dist::ReduceOp::kMax);
   const bool finite = bad.data<int32_t>()[0] == 0;
-  std::string first_bad;
-  if (!finite) first_bad = parallel::AgreeFirstNonFiniteGrad(reg, zero_.get(), world_);
+  if (!finite) *first_bad = parallel::AgreeFirstNonFiniteGrad(registry_, zero_.get(), world_);
+  return finite;
+}
+
+void Trainer::Update(bool finite, float lr, float clip_scale, std::vector<moe::MoEStats>& stats) {
+  std::optional<ScopedPhase> phase;
   if (finite) {
     phase.emplace(Phase::kOptimizer);
     optimizer_->Step(lr, clip_scale);
     phase.emplace(Phase::kCommunication);
     zero_->GatherUpdatedParameters();
+  } else {
+    phase.emplace(Phase::kCommunication);
   }
   zero_->FreeGradients();
-
   // The routing statistics over dp x cp x tp (each tp rank counts the rows it routed), then
   // over the pipeline stages (each holds its layers' numbers).
   for (moe::MoEStats& s : stats) {
     s.AllReduce(pc_->dp_cp_tp());
     if (pc_->pp().size() > 1) s.AllReduce(pc_->pp());
   }
-  // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
   phase.reset();
-  if (finite && config_.moe.expert_bias_rate > 0) {
-    for (int c = 0; c < pipeline_->chunks(); ++c) {
-      std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
-      for (size_t l = 0; l < layers.size(); ++l) {
-        Tensor bias = layers[l]->expert_bias();
-        moe::UpdateExpertBias(bias, stats[slot_of[c][l]].tokens_per_expert,
-                              config_.moe.expert_bias_rate, ctx);
-      }
+  // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
+  if (!finite || config_.moe.expert_bias_rate <= 0) return;
+  for (int c = 0; c < pipeline_->chunks(); ++c) {
+    std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      Tensor bias = layers[l]->expert_bias();
+      moe::UpdateExpertBias(bias, stats[moe_slot_of_[c][l]].tokens_per_expert,
+                            config_.moe.expert_bias_rate, rt_.ctx.get());
     }
   }
-
-  StepMetrics m;
-  m.step = step_;
-  m.ce_loss = sums[0] / static_cast<double>(global_batch * seq);
-  m.aux_loss = sums[1] / static_cast<double>(global_groups);
-  m.z_loss = sums[2] / static_cast<double>(global_groups);
-  m.loss = m.ce_loss + m.aux_loss + m.z_loss;
-  m.lr = lr;
-  m.grad_norm = norm;
-  m.nonfinite = !finite;
-  m.nonfinite_param = first_bad;
-  m.moe_layer_ids = moe_layer_ids_;
-  m.moe = std::move(stats);
-  m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  m.tokens_per_s = static_cast<double>(global_batch * seq) / m.step_s;
-  if (profiler_) profiler_->EndStep(m.step_s);
-  return m;
 }
 
 void Trainer::SumTiedEmbeddingGrads() {
@@ -197,10 +226,14 @@ void Trainer::SumTiedEmbeddingGrads() {
   if (pp.size() == 1 || !config_.model.tie_embeddings) return;
   const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
   if (!first && !last) return;
+  // The token table's copy on this stage, as the decoder marked it (Parameter::tied).
   parallel::Parameter* wte = nullptr;
-  for (parallel::Parameter& p : registry_.params())
-    if (p.name == "embed.wte") wte = &p;
-  SY_CHECK(wte != nullptr) << "the first and last pipeline stages hold embed.wte";
+  for (parallel::Parameter& p : registry_.params()) {
+    if (!p.tied) continue;
+    SY_CHECK(wte == nullptr) << "two tied parameters on one rank: " << wte->name << ", " << p.name;
+    wte = &p;
+  }
+  SY_CHECK(wte != nullptr) << "the first and last pipeline stages hold the tied token table";
   DeviceContext* ctx = rt_.ctx.get();
   Tensor other = Tensor::Empty(wte->grad.shape(), DType::kF32, wte->grad.device());
   const int peer = first ? pp.size() - 1 : 0;

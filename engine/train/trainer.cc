@@ -1,17 +1,15 @@
 #include "engine/train/trainer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <csignal>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/core/profile.h"
-#include "engine/core/safetensors.h"
+#include "engine/core/file.h"
 #include "engine/dist/agreement.h"
 #include "engine/dist/ordered_sum.h"
 #include "engine/dist/process.h"
@@ -21,9 +19,6 @@
 
 namespace switchyard::train {
 namespace {
-
-std::atomic<int> g_signal{0};
-extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
 
 // The model's architecture: the model section and the MoE keys that shape or route it.
 bool ModelKey(const std::string& section, const std::string& key) {
@@ -58,72 +53,95 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const config::Config& config,
     dist::StartCollectiveWatchdog(config.train.collective_timeout_s);
   }
   std::unique_ptr<Trainer> t(new Trainer(config, out_dir, world));
-  const config::ParallelConfig& p = config.parallel;
-  SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world.size(), p.MeshSizes(), p.order));
-  SY_ASSIGN_OR_RETURN(t->pc_, dist::ParallelContext::Create(world, mesh));
-  SY_ASSIGN_OR_RETURN(t->rt_, MakeRuntime(config.runtime, world, mesh));
-  DeviceContext* ctx = t->rt_.ctx.get();
-  SY_ASSIGN_OR_RETURN(t->chunks_, MakeStageDecoders(config, t->rt_, *t->pc_));
+  SY_RETURN_IF_ERROR(t->BuildModel());
+  t->BuildGradientSync();
+  t->BuildOptimizer();
+  SY_RETURN_IF_ERROR(t->OpenData());
+  SY_RETURN_IF_ERROR(t->BuildPipeline());
+  SY_RETURN_IF_ERROR(t->checkpointer_.Prepare(t->is_root()));
+  ResetMemoryPeaks(t->device());  // the workspace peak counts from the first step on
+  return t;
+}
+
+Status Trainer::BuildModel() {
+  const config::ParallelConfig& p = config_.parallel;
+  SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world_.size(), p.MeshSizes(), p.order));
+  SY_ASSIGN_OR_RETURN(pc_, dist::ParallelContext::Create(world_, mesh));
+  SY_ASSIGN_OR_RETURN(rt_, MakeRuntime(config_.runtime, world_, mesh));
+  SY_ASSIGN_OR_RETURN(chunks_, MakeStageDecoders(config_, rt_, *pc_));
   // The rank's parameters over its chunks (entries share the chunks' tensors).
-  for (const auto& chunk : t->chunks_)
-    for (const parallel::Parameter& q : chunk->registry().params()) t->registry_.Add(q);
-  parallel::ParameterRegistry& reg = t->registry_;
-  const auto& params = reg.params();
+  for (const auto& chunk : chunks_)
+    for (const parallel::Parameter& q : chunk->registry().params()) registry_.Add(q);
+  return OkStatus();
+}
+
+void Trainer::BuildGradientSync() {
+  // The parts the decoder reports (Parameter::part): ZeRO-3 gathers one at a time, and
+  // under it the gradient buckets hold one part each.
+  const auto& params = registry_.params();
   std::vector<int> part_of(params.size());
   std::vector<std::string> part_names;
   for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = params[i].name;
-    const size_t dot = name.rfind("layers.", 0) == 0 ? name.find('.', 7) : name.find('.');
-    const std::string part = name.substr(0, dot);
+    const std::string& part = params[i].part;
+    SY_CHECK(!part.empty()) << params[i].name << ": the decoder recorded no part";
     auto it = std::find(part_names.begin(), part_names.end(), part);
     part_of[i] = static_cast<int>(it - part_names.begin());
     if (it == part_names.end()) part_names.push_back(part);
-    t->part_params_[part].push_back(i);
+    part_params_[part].push_back(i);
   }
-  const int stage = p.zero_stage;
-  dist::ParallelContext& data_pc = t->data_pc();
-  t->grad_sync_ = std::make_unique<parallel::GradSync>(
-      reg,
+  const int stage = config_.parallel.zero_stage;
+  DeviceContext* ctx = rt_.ctx.get();
+  dist::ParallelContext& data_pc = this->data_pc();
+  grad_sync_ = std::make_unique<parallel::GradSync>(
+      registry_,
       [&data_pc](dist::View view, parallel::AxisSet axes) -> dist::Communicator& {
         return parallel::GroupOf(data_pc, view, axes);
       },
-      parallel::GradSyncOptions{.bucket_bytes = config.train.bucket_bytes(),
+      parallel::GradSyncOptions{.bucket_bytes = config_.train.bucket_bytes(),
                                 .reduce_scatter = stage >= 1,
                                 .persistent_shard = stage >= 2,
                                 .part_of = stage >= 3 ? part_of : std::vector<int>{}},
       ctx);
-  t->zero_ = std::make_unique<parallel::ZeroShards>(reg, *t->grad_sync_, stage, part_of,
-                                                    part_names, ctx);
-  if (stage >= 3) {
-    parallel::ZeroShards* zero = t->zero_.get();
-    for (const auto& chunk : t->chunks_) {
-      chunk->set_parameter_hooks(
-          {.acquire =
-               [zero](const std::string& part, const std::string& next) {
-                 ScopedPhase phase(Phase::kCommunication);
-                 zero->Acquire(part, next);
-               },
-           .release =
-               [zero](const std::string& part) {
-                 ScopedPhase phase(Phase::kCommunication);
-                 zero->Release(part);
-               }});
-    }
+  zero_ = std::make_unique<parallel::ZeroShards>(registry_, *grad_sync_, stage, part_of,
+                                                 part_names, ctx);
+  if (stage < 3) return;
+  parallel::ZeroShards* zero = zero_.get();
+  for (const auto& chunk : chunks_) {
+    chunk->set_parameter_hooks(
+        {.acquire =
+             [zero](const std::string& part, const std::string& next) {
+               ScopedPhase phase(Phase::kCommunication);
+               zero->Acquire(part, next);
+             },
+         .release =
+             [zero](const std::string& part) {
+               ScopedPhase phase(Phase::kCommunication);
+               zero->Release(part);
+             }});
   }
-  OptimizerOptions oo = train::OptimizerOptionsFor(config.train);
-  oo.offload = p.offload_optimizer && !t->device().is_cpu();
-  if (p.offload_optimizer && t->device().is_cpu() && world.rank() == 0) {
+}
+
+void Trainer::BuildOptimizer() {
+  const config::ParallelConfig& p = config_.parallel;
+  OptimizerOptions oo = train::OptimizerOptionsFor(config_.train);
+  oo.offload = p.offload_optimizer && !device().is_cpu();
+  if (p.offload_optimizer && device().is_cpu() && world_.rank() == 0) {
     std::printf("parallel.offload_optimizer: the CPU backend already keeps the optimizer on the "
                 "host; nothing changes\n");
   }
-  t->optimizer_ = std::make_unique<Optimizer>(reg, oo, ctx, t->zero_.get());
+  optimizer_ = std::make_unique<Optimizer>(registry_, oo, rt_.ctx.get(), zero_.get());
+}
+
+Status Trainer::OpenData() {
+  const config::Config& config = config_;
+  const dist::Mesh& mesh = pc_->mesh();
   const int dp = mesh.dp();
   data::LoaderOptions lo{.dir = config.data.paths.empty() ? config.data.dir : std::string(),
                          .paths = config.data.paths,
                          .seq_len = config.model.seq_len,
                          .micro_batch_size = config.train.micro_batch_size,
                          .global_batch_size = dp * config.train.micro_batch_size * config.train.grad_accum,
-                         .dp_rank = mesh.Coord(world.rank(), dist::View::kDense, dist::Axis::kDp),
+                         .dp_rank = mesh.Coord(world_.rank(), dist::View::kDense, dist::Axis::kDp),
                          .dp_size = dp,
                          .seed = config.train.seed,
                          .verify = config.data.verify};
@@ -132,33 +150,35 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const config::Config& config,
     return InvalidArgument("model.vocab_size=", config.model.vocab_size, " is smaller than the ",
                            loader.vocab_size(), " tokens of the tokenizer in ", config.data.FirstDir());
   }
-  t->loader_ = std::make_unique<data::DataLoader>(std::move(loader));
+  loader_ = std::make_unique<data::DataLoader>(std::move(loader));
   if (config.train.eval_every > 0 || config.train.eval_batches > 0) {
-    SY_ASSIGN_OR_RETURN(t->val_batches_, t->loader_->ValidationBatches(config.train.eval_batches));
+    SY_ASSIGN_OR_RETURN(val_batches_, loader_->ValidationBatches(config.train.eval_batches));
   }
+  return OkStatus();
+}
+
+Status Trainer::BuildPipeline() {
+  const config::Config& config = config_;
   for (int64_t i = 0; i < config.model.n_layers; ++i)
-    if (config.moe.IsMoeLayer(i)) t->moe_layer_ids_.push_back(i);
+    if (config.moe.IsMoeLayer(i)) moe_layer_ids_.push_back(i);
   SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
-                      parallel::ParsePipelineSchedule(p.pipeline_schedule));
+                      parallel::ParsePipelineSchedule(config.parallel.pipeline_schedule));
   std::vector<model::Decoder*> chunks;
-  for (const auto& chunk : t->chunks_) chunks.push_back(chunk.get());
-  t->pipeline_ = std::make_unique<PipelineRunner>(chunks, t->data_pc().pp(), schedule,
-                                                  static_cast<int>(config.train.grad_accum));
-  // Every MoE layer of the model: each stage counts its own, the sum over pp completes them.
-  t->routing_ = std::make_unique<RoutingByLabel>(t->loader_->labels(), t->moe_layer_ids_,
-                                                 config.moe.num_experts);
-  if (t->is_root()) {
-    std::error_code ec;
-    std::filesystem::create_directories(out_dir, ec);
-    if (ec) return FailedPrecondition(out_dir, ": cannot create the output directory (", ec.message(), ")");
-    std::vector<std::string> removed;
-    SY_RETURN_IF_ERROR(checkpoint::RemoveLeftoverTempDirs(out_dir, &removed));
-    for (const std::string& path : removed) {
-      std::printf("removed %s: the temporary directory of a save that did not finish\n", path.c_str());
+  for (const auto& chunk : chunks_) chunks.push_back(chunk.get());
+  pipeline_ = std::make_unique<PipelineRunner>(chunks, data_pc().pp(), schedule,
+                                               static_cast<int>(config.train.grad_accum));
+  // Chunk c's l-th MoE layer: its index in moe_layer_ids_ (every layer of the model).
+  moe_slot_of_.assign(chunks_.size(), {});
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (int64_t id : chunks_[c]->moe_layer_ids()) {
+      moe_slot_of_[c].push_back(std::find(moe_layer_ids_.begin(), moe_layer_ids_.end(), id) -
+                                moe_layer_ids_.begin());
     }
   }
-  ResetMemoryPeaks(t->device());  // the workspace peak counts from the first step on
-  return t;
+  // Every MoE layer of the model: each stage counts its own, the sum over pp completes them.
+  routing_ = std::make_unique<RoutingByLabel>(loader_->labels(), moe_layer_ids_,
+                                              config.moe.num_experts);
+  return OkStatus();
 }
 
 parallel::ParameterRegistry Trainer::CheckpointRegistry() const {
@@ -273,145 +293,134 @@ Status Trainer::Run(int64_t steps) {
   const config::TrainConfig& tc = config_.train;
   const int64_t end = steps > 0 ? std::min(tc.max_steps, step_ + steps) : tc.max_steps;
   const int64_t routing_from = step_ + (end - step_) / 2;  // the second half of this run
-  // The model's parameters: each stage's, the tied table once (on the first stage).
+  const int64_t model_params = ModelParameters();  // collective over pp
+  if (is_root()) {
+    SY_RETURN_IF_ERROR(OpenRunLogs());
+    PrintBanner(model_params, end);
+  }
+  StopSignals signals;
+  nonfinite_.BeginRun();
+  const EvalSchedule eval(tc.eval_every, !val_batches_.empty());
+  const RoutingLogSchedule routing_log(config_.logging.routing_every);
+  int stop_signal = 0;  // the signal any rank received (the largest number)
+  stop_reason_ = StopReason::kNone;
+  while (step_ < end) {
+    // Without data.verify, token ids are checked as this step's batches are read: a bad one
+    // ends the run on every rank with the loader's error (one line, exit 1).
+    if (!config_.data.verify) {
+      SY_RETURN_IF_ERROR(dist::AgreeOnStatus(loader_->CheckStep(step_), world_));
+    }
+    StepMetrics m = TrainStep(step_ >= routing_from);
+    nonfinite_.Decide(m);
+    if (NonFinitePolicy::Stops(m)) {
+      if (is_root()) metrics_->Write(MetricsJson(m));
+      signals.Restore();
+      stop_reason_ = StopReason::kNonFinite;
+      return nonfinite_.StopError(m, checkpointer_.Latest());
+    }
+    LogStep(m);
+    ++step_;
+    if (losses_.size() == 1) ReportMemory();  // after the first step: the peaks are in
+    if (eval.ShouldEvaluate(step_, step_ == end)) LogValidation();
+    // Every rank stops at the same step when any of them was signalled.
+    stop_signal = signals.Agree(world_);
+    const bool stopped = stop_signal != 0;
+    if (routing_log.ShouldLog(m, m.step == end - 1, stopped)) {
+      const std::vector<std::vector<double>> bias = ExpertBiases();  // collective over pp
+      if (is_root()) routing_log_->Write(RoutingJson(m, bias));
+    }
+    if (checkpointer_.ShouldSave(step_, step_ == end, stopped)) SY_RETURN_IF_ERROR(Save());
+    if (stopped) break;
+  }
+  signals.Restore();
+  stop_reason_ = stop_signal != 0 ? StopReason::kSignal : StopReason::kFinished;
+  return Summarize(stop_signal);
+}
+
+int64_t Trainer::ModelParameters() {
+  // Each stage's parameters, the tied table once (on the first stage).
   int64_t held = 0;
   for (const parallel::Parameter& q : registry_.params()) {
     const bool counted = !q.replicated.Has(dist::Axis::kPp) || data_pc().pp().rank() == 0;
     if (q.trainable && counted) held += NumElements(q.global_shape);
   }
   const double mine[1] = {static_cast<double>(held)};
-  const int64_t model_params =
-      static_cast<int64_t>(dist::AllReduceDoubles(pc_->pp(), mine)[0] + 0.5);
+  return static_cast<int64_t>(dist::AllReduceDoubles(pc_->pp(), mine)[0] + 0.5);
+}
+
+Status Trainer::OpenRunLogs() {
+  // A resumed run keeps the records before its first step: each step appears once.
+  SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_));
+  if (w.dropped() > 0) {
+    std::printf("metrics.jsonl: dropped %lld records logged after step %lld (resuming at step %lld)\n",
+                static_cast<long long>(w.dropped()), static_cast<long long>(step_ - 1),
+                static_cast<long long>(step_));
+  }
+  metrics_.emplace(std::move(w));
+  SY_ASSIGN_OR_RETURN(JsonlWriter r, JsonlWriter::Open(out_dir_ + "/routing.jsonl", step_));
+  routing_log_.emplace(std::move(r));
+  return OkStatus();
+}
+
+void Trainer::PrintBanner(int64_t model_params, int64_t end) const {
+  const config::TrainConfig& tc = config_.train;
+  std::printf("%s\n", pc_->mesh().Summary().c_str());
+  std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
+              rt_.ctx->matmul_dtype() == DType::kBF16 ? "bf16 (f32 accumulation)" : "f32");
+  std::printf("parameters: %lld, steps %lld -> %lld, global batch %lld x %lld tokens\n",
+              static_cast<long long>(model_params),
+              static_cast<long long>(step_), static_cast<long long>(end),
+              static_cast<long long>(int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum),
+              static_cast<long long>(config_.model.seq_len));
+  std::fflush(stdout);
+}
+
+void Trainer::LogStep(const StepMetrics& m) {
+  if (m.skipped && is_root()) {
+    std::printf("%s\n", nonfinite_.SkipNote(m).c_str());
+    metrics_->Write(MetricsJson(m));
+  }
+  losses_.push_back(m.loss);
+  if (run_stats_.empty()) run_stats_.resize(m.moe.size());
+  for (size_t i = 0; i < m.moe.size(); ++i) run_stats_[i].Add(m.moe[i]);
   if (is_root()) {
-    // A resumed run keeps the records before its first step: each step appears once.
-    SY_ASSIGN_OR_RETURN(JsonlWriter w, JsonlWriter::Open(out_dir_ + "/metrics.jsonl", step_));
-    if (w.dropped() > 0) {
-      std::printf("metrics.jsonl: dropped %lld records logged after step %lld (resuming at step %lld)\n",
-                  static_cast<long long>(w.dropped()), static_cast<long long>(step_ - 1),
-                  static_cast<long long>(step_));
-    }
-    metrics_.emplace(std::move(w));
-    SY_ASSIGN_OR_RETURN(JsonlWriter r, JsonlWriter::Open(out_dir_ + "/routing.jsonl", step_));
-    routing_log_.emplace(std::move(r));
-    std::printf("%s\n", pc_->mesh().Summary().c_str());
-    std::printf("device: %s, matrix products in %s\n", device().ToString().c_str(),
-                rt_.ctx->matmul_dtype() == DType::kBF16 ? "bf16 (f32 accumulation)" : "f32");
-    std::printf("parameters: %lld, steps %lld -> %lld, global batch %lld x %lld tokens\n",
-                static_cast<long long>(model_params),
-                static_cast<long long>(step_), static_cast<long long>(end),
-                static_cast<long long>(int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum),
-                static_cast<long long>(config_.model.seq_len));
+    std::printf("%s\n", ProgressLine(m).c_str());
     std::fflush(stdout);
+    metrics_->Write(MetricsJson(m));
   }
-  g_signal.store(0);
-  auto old_term = std::signal(SIGTERM, OnStopSignal);
-  auto old_int = std::signal(SIGINT, OnStopSignal);
-  bool stopped = false;
-  int stop_signal = 0;  // the signal any rank received (the largest number)
-  int64_t skips_in_row = 0;
-  stop_reason_ = StopReason::kNone;
-  while (step_ < end) {
-    // Without data.verify, token ids are checked as this step's batches are read: a bad one
-    // ends the run on every rank with the loader's error (one line, exit 1).
-    if (!config_.data.verify) SY_RETURN_IF_ERROR(dist::AgreeOnStatus(loader_->CheckStep(step_), world_));
-    StepMetrics m = TrainStep(step_ >= routing_from);
-    if (m.nonfinite) {
-      ++skips_in_row;
-      m.skipped = tc.on_nonfinite == "skip" && skips_in_row <= tc.max_nonfinite_skips;
-      if (m.skipped) ++nonfinite_skips_;
-    } else {
-      skips_in_row = 0;
-    }
-    m.nonfinite_skips = nonfinite_skips_;
-    if (m.nonfinite) {
-      const std::string what = StrCat(
-          "step ", step_, ": loss ", m.loss, ", gradient norm ", m.grad_norm, " (first non-finite "
-          "gradient: ", m.nonfinite_param.empty() ? std::string("none; the loss alone") : m.nonfinite_param,
-          ")");
-      if (m.skipped) {
-        if (is_root()) {
-          std::printf("%s; train.on_nonfinite=skip: update skipped (%lld in a row, at most %lld)\n",
-                      what.c_str(), static_cast<long long>(skips_in_row),
-                      static_cast<long long>(tc.max_nonfinite_skips));
-          metrics_->Write(MetricsJson(m));
-        }
-      } else {
-        if (is_root()) metrics_->Write(MetricsJson(m));
-        std::signal(SIGTERM, old_term);
-        std::signal(SIGINT, old_int);
-        stop_reason_ = StopReason::kNonFinite;
-        auto latest = checkpoint::LatestCheckpoint(out_dir_);
-        const std::string kept = latest.ok() && latest->has_value()
-                                     ? StrCat("the latest checkpoint stays ", **latest)
-                                     : std::string("there is no checkpoint yet");
-        return FailedPrecondition(
-            what, tc.on_nonfinite == "skip"
-                      ? StrCat("; ", skips_in_row, " non-finite steps in a row (train.max_nonfinite_skips=",
-                               tc.max_nonfinite_skips, ")")
-                      : std::string("; train.on_nonfinite=stop"),
-            ": nothing saved, ", kept, " (lower train.lr or raise train.warmup_steps, then --resume)");
-      }
-    }
-    losses_.push_back(m.loss);
-    if (run_stats_.empty()) run_stats_.resize(m.moe.size());
-    for (size_t i = 0; i < m.moe.size(); ++i) run_stats_[i].Add(m.moe[i]);
-    if (is_root()) {
-      std::printf("%s\n", ProgressLine(m).c_str());
-      std::fflush(stdout);
-      metrics_->Write(MetricsJson(m));
-    }
-    ++step_;
-    if (losses_.size() == 1) ReportMemory();  // after the first step: the peaks are in
-    if (tc.eval_every > 0 && (step_ % tc.eval_every == 0 || step_ == end) && !val_batches_.empty()) {
-      const double val = Validate();
-      if (is_root()) {
-        std::printf("validation after step %lld | loss %.4f | perplexity %.2f\n",
-                    static_cast<long long>(step_ - 1), val, std::exp(val));
-        nlohmann::json j{{"step", step_ - 1}, {"val_loss", val}};
-        metrics_->Write(j.dump());
-      }
-    }
-    // Every rank stops at the same step when any of them was signalled.
-    Tensor flag = Tensor::FromVector<int32_t>({g_signal.load()}, {1});
-    world_.AllReduce(flag, dist::ReduceOp::kMax);
-    stop_signal = flag.data<int32_t>()[0];
-    stopped = stop_signal != 0;
-    // The per-expert counts: every logging.routing_every steps, the run's last step and the
-    // step a signal stopped it at.
-    const int64_t every = config_.logging.routing_every;
-    if (!m.moe.empty() && ((every > 0 && m.step % every == 0) || m.step == end - 1 || stopped)) {
-      const std::vector<std::vector<double>> bias = ExpertBiases();  // collective over pp
-      if (is_root()) routing_log_->Write(RoutingJson(m, bias));
-    }
-    const bool periodic = tc.checkpoint_every > 0 && step_ % tc.checkpoint_every == 0;
-    if (stopped || periodic || step_ == end) SY_RETURN_IF_ERROR(Save());
-    if (stopped) break;
-  }
-  std::signal(SIGTERM, old_term);
-  std::signal(SIGINT, old_int);
-  stop_reason_ = stopped ? StopReason::kSignal : StopReason::kFinished;
+}
+
+void Trainer::LogValidation() {
+  const double val = Validate();
+  if (!is_root()) return;
+  std::printf("validation after step %lld | loss %.4f | perplexity %.2f\n",
+              static_cast<long long>(step_ - 1), val, std::exp(val));
+  nlohmann::json j{{"step", step_ - 1}, {"val_loss", val}};
+  metrics_->Write(j.dump());
+}
+
+Status Trainer::Summarize(int stop_signal) {
   routing_->AllReduce(pc_->dp_cp_tp());
   if (pc_->pp().size() > 1) routing_->AllReduce(pc_->pp());
-  if (is_root()) {
-    if (metrics_->failed() > 0) {
-      std::fprintf(stderr, "warning: %lld metrics records could not be written to %s/metrics.jsonl\n",
-                   static_cast<long long>(metrics_->failed()), out_dir_.c_str());
-    }
-    if (stopped) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
-                             stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());
-    if (!run_stats_.empty()) {
-      std::printf("\n%s\n%s", LoadBalanceSummary(moe_layer_ids_, run_stats_).c_str(),
-                  routing_->Table().c_str());
-      const std::string path = out_dir_ + "/routing_by_language.json";
-      SY_RETURN_IF_ERROR(WriteFileAtomically(path, routing_->Json() + "\n"));
-    }
-    if (profiler_) {
-      std::printf("\n%s(rank 0; written to %s/profile.json)\n", profiler_->Table().c_str(),
-                  out_dir_.c_str());
-      SY_RETURN_IF_ERROR(WriteFileAtomically(out_dir_ + "/profile.json", profiler_->Json()));
-    }
-    std::fflush(stdout);
+  if (!is_root()) return OkStatus();
+  if (metrics_->failed() > 0) {
+    std::fprintf(stderr, "warning: %lld metrics records could not be written to %s/metrics.jsonl\n",
+                 static_cast<long long>(metrics_->failed()), out_dir_.c_str());
   }
+  if (stop_signal != 0) std::printf("stopped by signal %d after step %lld; resume with --resume %s\n",
+                                    stop_signal, static_cast<long long>(step_ - 1), out_dir_.c_str());
+  if (!run_stats_.empty()) {
+    std::printf("\n%s\n%s", LoadBalanceSummary(moe_layer_ids_, run_stats_).c_str(),
+                routing_->Table().c_str());
+    const std::string path = out_dir_ + "/routing_by_language.json";
+    SY_RETURN_IF_ERROR(WriteFileAtomically(path, routing_->Json() + "\n"));
+  }
+  if (profiler_) {
+    std::printf("\n%s(rank 0; written to %s/profile.json)\n", profiler_->Table().c_str(),
+                out_dir_.c_str());
+    SY_RETURN_IF_ERROR(WriteFileAtomically(out_dir_ + "/profile.json", profiler_->Json()));
+  }
+  std::fflush(stdout);
   return OkStatus();
 }
 

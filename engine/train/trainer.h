@@ -1,13 +1,16 @@
 // The training loop (`switchyard train`): one rank or many under mpirun. Each step:
 //
 //   for each micro-batch of this data-parallel rank (train.grad_accum of them), in the
-//   pipeline schedule's order (pipeline_runner.h; one stage per rank, all layers at pp 1):
+//   pipeline schedule's order (pipeline_runner.h; this rank's stages — several under an
+//   interleaved schedule — or all layers at pp 1):
 //       forward + backward of the stage (routing group = the micro-batch)
-//   all-reduce gradients (dense over dp x cp, experts over edp; in buckets)
+//   sum gradients (dense over dp x cp, experts over edp; in buckets, reduce-scattered under
+//   ZeRO), and the tied token table's between the first and the last stage
 //   clip by the global norm, AdamW/SGD update, expert-bias update (aux-loss-free)
 //   log (progress line, metrics.jsonl; routing.jsonl every logging.routing_every steps),
-//   validate every train.eval_every steps,
-//   checkpoint every train.checkpoint_every steps, at the end, and on SIGTERM/SIGINT.
+//   validate every train.eval_every steps (run_policy.h),
+//   checkpoint every train.checkpoint_every steps, at the end, and on SIGTERM/SIGINT
+//   (checkpointer.h).
 //
 // Losses follow MODEL.md: the cross-entropy is the mean over every target of the global
 // batch, each MoE layer adds the mean over routing groups of (aux + z). Gradients of each
@@ -16,19 +19,24 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/core/profile.h"
+#include "engine/dist/ordered_sum.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
 #include "engine/parallel/grad_sync.h"
 #include "engine/parallel/zero.h"
 #include "engine/config/config.h"
 #include "engine/data/loader.h"
+#include "engine/train/checkpointer.h"
 #include "engine/train/metrics.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/pipeline_runner.h"
+#include "engine/train/run_policy.h"
 #include "engine/train/runtime.h"
 
 namespace switchyard::train {
@@ -41,9 +49,10 @@ Status CheckSameModel(const std::string& saved_yaml, const std::string& source, 
 
 class Trainer {
  public:
-  // Validates the config for this world (layouts the dense-parallelism work adds — tp, cp,
-  // pp, etp > 1 — are rejected clearly), builds the mesh, the model, the optimizer and the
-  // data loader. Collective over world.
+  // Validates the config for this world (config::ParallelConfig::CheckSupported rejects
+  // the combinations not supported yet), builds the mesh, the model chunks of this rank's
+  // pipeline stages, the gradient sync and ZeRO, the optimizer, the data loader and the
+  // pipeline runner, and makes the output directory ready. Collective over world.
   static StatusOr<std::unique_ptr<Trainer>> Create(const config::Config& config,
                                                    const std::string& out_dir,
                                                    dist::Communicator& world);
@@ -63,7 +72,7 @@ class Trainer {
   // Why the last Run returned (the same on every rank).
   StopReason stop_reason() const { return stop_reason_; }
   // Steps skipped for non-finite numbers so far (train.on_nonfinite=skip).
-  int64_t nonfinite_skips() const { return nonfinite_skips_; }
+  int64_t nonfinite_skips() const { return nonfinite_.skips(); }
 
   // A test hook: after step `step`'s gradient sync, writes a NaN into the gradient of
   // parameter `name` on the ranks that hold it (element 0, or the first element of routed
@@ -75,6 +84,7 @@ class Trainer {
     nan_expert_ = expert;
   }
 
+  // The next step to run (the steps run so far, counting those before a resume).
   int64_t step() const { return step_; }
   // `switchyard train --profile`: from now on every step's time is split into phases
   // (engine/core/profile.h); Run prints the table at its end (rank 0) and writes
@@ -92,6 +102,7 @@ class Trainer {
   parallel::ParameterRegistry& registry() { return registry_; }
   // This rank's pipeline executor (benchmarks set its per-action trace).
   PipelineRunner& pipeline() { return *pipeline_; }
+  // The ZeRO shards of the registry (every stage, 0 included), and the run's config.
   parallel::ZeroShards& zero() { return *zero_; }
   const config::Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model
@@ -107,8 +118,63 @@ class Trainer {
 
  private:
   Trainer(const config::Config& config, const std::string& out_dir, dist::Communicator& world)
-      : config_(config), out_dir_(out_dir), world_(world) {}
+      : config_(config),
+        out_dir_(out_dir),
+        world_(world),
+        checkpointer_(out_dir, config.train.checkpoint_every),
+        nonfinite_(config.train) {}
+
+  // Create's phases. BuildModel: the mesh, the groups, the runtime, this rank's model chunks
+  // and registry_. BuildGradientSync: the parts (Parameter::part), the gradient sync, ZeRO
+  // and, at stage 3, the decoders' gather/free hooks. OpenData: the loader and the
+  // validation batches. BuildPipeline: the MoE layer ids and slots, the pipeline runner and
+  // the routing-by-label counts.
+  Status BuildModel();
+  void BuildGradientSync();
+  void BuildOptimizer();
+  Status OpenData();
+  Status BuildPipeline();
+
+  // Run's parts. ModelParameters: the model's trainable elements, each stage's counted
+  // once and the tied table once (collective over pp). OpenRunLogs (rank 0):
+  // metrics.jsonl and routing.jsonl, resumed at step_. PrintBanner (rank 0): the mesh, the
+  // device, the parameters and the batch. LogStep: the step's loss and statistics kept,
+  // its progress line and metrics record (rank 0). LogValidation: the validation loss
+  // (collective). Summarize: the routing counts reduced (collective), the summary tables,
+  // routing_by_language.json and the profile (rank 0).
+  int64_t ModelParameters();
+  Status OpenRunLogs();
+  void PrintBanner(int64_t model_params, int64_t end) const;
+  void LogStep(const StepMetrics& m);
+  void LogValidation();
+  Status Summarize(int stop_signal);
+
+  // One optimizer step (train_step.cc), in its phases: AccumulateGradients runs the
+  // micro-batches through the pipeline (adding each forward's sums with AddForward),
+  // SyncGradients reduces the gradients over their groups (and sums the tied table's),
+  // ReduceLossSums sums the losses over the data-parallel world and the stages,
+  // AgreeFinite agrees whether the step is finite (else names the first non-finite
+  // gradient), and Update applies it (when finite), reduces the routing statistics and
+  // moves the expert bias.
+  struct StepSums;
   StepMetrics TrainStep(bool record_routing);
+  // batches: filled with the step's micro-batches; grads: their gradients under ordered
+  // accumulation (OrderedAccumulation), each alone, summed in the tree order.
+  StepSums AccumulateGradients(bool record_routing, std::vector<data::Batch>& batches,
+                               dist::TreeAccumulator& grads);
+  // Chunk c's forward of micro-batch `micro` into step; batch: its labels when its routing
+  // is recorded, else null.
+  void AddForward(int c, int micro, const model::DecoderOutput& out, const data::Batch* batch,
+                  StepSums& step);
+  void SyncGradients();
+  std::vector<double> ReduceLossSums(std::span<const double> local);
+  bool AgreeFinite(double loss, double norm, std::string* first_bad);
+  void Update(bool finite, float lr, float clip_scale, std::vector<moe::MoEStats>& stats);
+  // train.ordered_grad_accum with more than one micro-batch: each micro-batch's gradient
+  // alone, summed in the tree order.
+  bool OrderedAccumulation() const {
+    return config_.train.ordered_grad_accum && config_.train.grad_accum > 1;
+  }
   double Validate();
   Status Save();
   // The model's parameters as a checkpoint reads and writes them: whole boxes, of which a
@@ -139,6 +205,8 @@ class Trainer {
   parallel::ParameterRegistry registry_;
   std::unique_ptr<PipelineRunner> pipeline_;
   std::vector<int64_t> moe_layer_ids_;  // every MoE layer of the model, on every stage
+  // Chunk c's l-th MoE layer: its index in moe_layer_ids_ (and in the step's statistics).
+  std::vector<std::vector<size_t>> moe_slot_of_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<parallel::GradSync> grad_sync_;
   std::unique_ptr<parallel::ZeroShards> zero_;  // every stage, 0 included (memory tags)
@@ -153,10 +221,12 @@ class Trainer {
   std::optional<JsonlWriter> metrics_;
   std::optional<JsonlWriter> routing_log_;  // routing.jsonl (logging.routing_every)
   std::unique_ptr<Profiler> profiler_;  // --profile
+  Checkpointer checkpointer_;    // when checkpoints are saved
+  NonFinitePolicy nonfinite_;    // train.on_nonfinite
   StopReason stop_reason_ = StopReason::kNone;
-  int64_t nonfinite_skips_ = 0;
   int64_t nan_step_ = -1, nan_expert_ = -1;  // InjectNanGrad
   std::string nan_param_;
+  // Writes InjectNanGrad's NaN (trainer's step, after the gradient sync).
   void InjectNan();
 };
 
