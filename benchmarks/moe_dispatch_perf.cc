@@ -35,7 +35,7 @@ namespace {
 constexpr const char* kPhases[] = {"plan",    "permute", "counts",     "dispatch_a2a",
                                    "regroup", "ungroup", "return_a2a", "combine"};
 
-class MoeDispatchPerf final : public Benchmark {
+class MoEDispatchPerf final : public Benchmark {
  public:
   void AddFlags(cli::FlagSet& flags) override {
     flags.AddInt("tokens", &tokens_, "tokens per rank (default 4096)");
@@ -245,7 +245,7 @@ class MoeDispatchPerf final : public Benchmark {
 }  // namespace switchyard::bench
 
 int main(int argc, char** argv) {
-  return switchyard::bench::RunBenchmark<switchyard::bench::MoeDispatchPerf>(
+  return switchyard::bench::RunBenchmark<switchyard::bench::MoEDispatchPerf>(
       argc, argv, "moe_dispatch_perf",
       "MoE token dispatch + combine over ep = all ranks: time per phase, bytes, bandwidth.");
 }

@@ -43,7 +43,7 @@ int64_t Differ(const Tensor& a, const Tensor& b) {
   return bad;
 }
 
-class MoeLayerPerf final : public Benchmark {
+class MoELayerPerf final : public Benchmark {
  public:
   void AddFlags(cli::FlagSet& flags) override {
     flags.AddInt("tokens", &tokens_, "T, tokens per rank (default 4096)");
@@ -226,7 +226,7 @@ class MoeLayerPerf final : public Benchmark {
 }  // namespace switchyard::bench
 
 int main(int argc, char** argv) {
-  return switchyard::bench::RunBenchmark<switchyard::bench::MoeLayerPerf>(
+  return switchyard::bench::RunBenchmark<switchyard::bench::MoELayerPerf>(
       argc, argv, "moe_layer_perf",
       "Forward + backward of one MoE layer, ep = all ranks, vs the sgemm peak.");
 }

@@ -50,7 +50,7 @@ Volume Analytic(const config::Config& c, int tp) {
   const model::ModelConfig& m = c.model;
   const int64_t n = c.train.micro_batch_size * m.seq_len, h = m.d_model, e = c.moe.num_experts;
   int64_t a = m.n_layers, mlp = 0, moe = 0;
-  for (int64_t i = 0; i < m.n_layers; ++i) (c.moe.IsMoeLayer(i) ? moe : mlp) += 1;
+  for (int64_t i = 0; i < m.n_layers; ++i) (c.moe.IsMoELayer(i) ? moe : mlp) += 1;
   const int64_t nh = n * h * 4, ne = n * e * 4;
   if (c.parallel.sequence_parallel) {
     v.all_gather = (2 * a + 2 * mlp) * nh + nh + nh + moe * ne;

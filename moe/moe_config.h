@@ -53,7 +53,7 @@ struct MoEConfig {
   // d_expert); an error naming parallel.etp and moe.d_expert when etp does not divide it.
   StatusOr<int64_t> ExpertHiddenPerRank(int64_t etp) const;
   // Whether decoder layer i is an MoE layer (MODEL.md section 1).
-  bool IsMoeLayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
+  bool IsMoELayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }
 };
 

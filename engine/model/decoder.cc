@@ -103,7 +103,7 @@ Status Decoder::AddBlocks(const BlockOptions& options, const InitScales& init) {
                 dense::Attention::Init(options.attention, init.seed, name + ".attn", init.std,
                                        init.out_std, ctx_),
                 std::nullopt, std::nullopt};
-    if (moe_.IsMoeLayer(i)) {
+    if (moe_.IsMoELayer(i)) {
       block.moe.emplace(
           moe::MoELayer::Init(moe_, i, options.moe, init.seed, init.std, init.out_std, ctx_));
       moe_ids_.push_back(i);
@@ -191,7 +191,7 @@ std::vector<moe::MoELayer*> Decoder::moe_layers() {
 
 // Without sequence parallelism every tp rank holds all rows and routes its own block of
 // them: the sequence-parallel scatter in, its backward (an all-gather) out.
-Tensor Decoder::MoeRowsIn(const Tensor& x) const {
+Tensor Decoder::MoERowsIn(const Tensor& x) const {
   const int64_t d = model_.d_model;
   Tensor rows = x.Reshape({x.numel() / d, d});
   const dense::TensorParallel tp = this->tp();
@@ -199,19 +199,19 @@ Tensor Decoder::MoeRowsIn(const Tensor& x) const {
   return parallel::ScatterToSequenceParallelRegion(rows, *tp.comm, ctx_);
 }
 
-Tensor Decoder::MoeRowsOut(const Tensor& y, const Shape& shape) const {
+Tensor Decoder::MoERowsOut(const Tensor& y, const Shape& shape) const {
   const dense::TensorParallel tp = this->tp();
   if (!tp.active() || tp.sequence_parallel) return y.Reshape(shape);
   return parallel::ScatterToSequenceParallelRegionBackward(y, *tp.comm, ctx_).Reshape(shape);
 }
 
-Tensor Decoder::MoeRowsOutBackward(const Tensor& dy) const { return MoeRowsIn(dy); }
+Tensor Decoder::MoERowsOutBackward(const Tensor& dy) const { return MoERowsIn(dy); }
 
-Tensor Decoder::MoeRowsInBackward(const Tensor& dh, const Shape& shape) const {
-  return MoeRowsOut(dh, shape);
+Tensor Decoder::MoERowsInBackward(const Tensor& dh, const Shape& shape) const {
+  return MoERowsOut(dh, shape);
 }
 
-moe::GroupLayout Decoder::MoeGroupLayout(int64_t batch) const {
+moe::GroupLayout Decoder::MoEGroupLayout(int64_t batch) const {
   const parallel::ContextParallel cp = this->cp();
   if (!cp.active()) return {};
   // tp_cp member m = cp rank * tp + tp rank holds block tp_rank of cp rank's local rows
@@ -387,9 +387,9 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
     const int64_t n = in.tokens.numel();
     const int64_t moe_rows = tp.active() ? n / tp.size() : n;
     const int64_t batch = cp().active() ? in.tokens.dim(0) / 2 : in.tokens.dim(0);
-    ba.moe = b.moe->Forward(MoeRowsIn(ba.norm2.y), moe_rows, in.training, in.step,
-                            in.first_token, ctx, MoeGroupLayout(batch));
-    ffn = MoeRowsOut(ba.moe->y, x.shape());
+    ba.moe = b.moe->Forward(MoERowsIn(ba.norm2.y), moe_rows, in.training, in.step,
+                            in.first_token, ctx, MoEGroupLayout(batch));
+    ffn = MoERowsOut(ba.moe->y, x.shape());
   }
   return Sum(ba.x_mid, ffn, ctx);
 }
@@ -403,8 +403,8 @@ Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
     ScopedPhase phase(Phase::kDenseMlp);
     dnorm2 = b.mlp->Backward(*ba.mlp, dx, ctx);
   } else {
-    Tensor dh = b.moe->Backward(ba.moe->acts, MoeRowsOutBackward(dx), aux_scale, aux_scale, ctx);
-    dnorm2 = MoeRowsInBackward(dh, dx.shape());
+    Tensor dh = b.moe->Backward(ba.moe->acts, MoERowsOutBackward(dx), aux_scale, aux_scale, ctx);
+    dnorm2 = MoERowsInBackward(dh, dx.shape());
   }
   Tensor dmid = dx;  // the residual path
   Tensor dnorm1;

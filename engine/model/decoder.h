@@ -2,7 +2,7 @@
 //
 //   x0 = wte[tokens] (+ wpe[positions])
 //   for block i: x = x + Attention_i(Norm1_i(x)); x = x + FFN_i(Norm2_i(x))
-//                (FFN_i is MoE iff moe.IsMoeLayer(i), else a dense MLP)
+//                (FFN_i is MoE iff moe.IsMoELayer(i), else a dense MLP)
 //   logits = NormF(x) @ head   (head = wte^T when tie_embeddings)
 //
 // Tensor parallelism (DecoderParallel::tp, Megatron-LM): attention split by heads, dense MLPs
@@ -247,14 +247,14 @@ class Decoder {
   }
   parallel::ContextParallel cp() const { return {.comm = parallel_.cp, .seq_len = model_.seq_len}; }
   // How a micro-batch of `batch` sequences lies over tp_cp (contiguous without cp).
-  moe::GroupLayout MoeGroupLayout(int64_t batch) const;
+  moe::GroupLayout MoEGroupLayout(int64_t batch) const;
   // The MoE layer's input rows on this rank from the norm's output, and its output rows
   // back in the residual stream's layout (only differ with tp and no sequence parallelism).
-  Tensor MoeRowsIn(const Tensor& x) const;
-  Tensor MoeRowsOut(const Tensor& y, const Shape& shape) const;
+  Tensor MoERowsIn(const Tensor& x) const;
+  Tensor MoERowsOut(const Tensor& y, const Shape& shape) const;
   // Their backward.
-  Tensor MoeRowsOutBackward(const Tensor& dy) const;
-  Tensor MoeRowsInBackward(const Tensor& dh, const Shape& shape) const;
+  Tensor MoERowsOutBackward(const Tensor& dy) const;
+  Tensor MoERowsInBackward(const Tensor& dh, const Shape& shape) const;
   void Acquire(const std::string& part, const std::string& next) const {
     if (hooks_.acquire) hooks_.acquire(part, next);
   }

@@ -20,8 +20,8 @@ class LayerTensors {
     Norm("layers.{}.norm1.weight", "layers.{}.norm1.bias");
     Attention();
     Norm("layers.{}.norm2.weight", "layers.{}.norm2.bias");
-    if (e_.IsMoeLayer(layer)) {
-      Moe();
+    if (e_.IsMoELayer(layer)) {
+      MoE();
     } else {
       Mlp();
     }
@@ -107,7 +107,7 @@ class LayerTensors {
   // The router (whole), the routed experts (E over ep, the hidden units over etp; b2 whole
   // over etp) and the shared experts (one block of num_shared x d_shared hidden units,
   // whole on every tp rank).
-  void Moe() {
+  void MoE() {
     const int64_t d = m_.d_model, E = e_.num_experts, f = e_.d_expert;
     Push({.pattern = "layers.{}.moe.router.weight", .role = ParamRole::kRouter, .dims = 2,
           .shape = {d, E}, .whole_over_tp = true});

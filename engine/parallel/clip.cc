@@ -18,21 +18,17 @@ std::vector<Tensor> OwnedGrads(const parallel::ParameterRegistry& registry,
                                bool counted_only) {
   const bool sharded = zero != nullptr && zero->stage() > 0;
   std::vector<Tensor> grads;
-  const auto& params = registry.params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const parallel::Parameter& p = params[i];
-    if (!p.trainable || !p.grad.defined()) continue;
-    const Tensor grad = sharded ? zero->OwnedGrad(i) : p.grad;
-    if (grad.numel() == 0) continue;
+  for (HeldGrad& h : HeldGrads(registry, zero)) {
+    const parallel::Parameter& p = registry.params()[h.index];
     if (counted_only) {
-      const parallel::AxisSet shard = sharded ? zero->ShardAxes(i) : parallel::AxisSet();
+      const parallel::AxisSet shard = sharded ? zero->ShardAxes(h.index) : parallel::AxisSet();
       const dist::MeshCoords coords = pc.mesh().CoordsOf(pc.rank(), p.view);
       bool owner = true;
       for (dist::Axis a : p.replicated.Axes())
         owner = owner && (shard.Has(a) || coords[static_cast<int>(a)] == 0);
       if (!owner) continue;
     }
-    grads.push_back(grad);
+    grads.push_back(std::move(h.grad));
   }
   return grads;
 }

@@ -10,12 +10,9 @@ namespace switchyard::parallel {
 std::string FirstNonFiniteGrad(const parallel::ParameterRegistry& registry,
                                const parallel::ZeroShards* zero) {
   const bool sharded = zero != nullptr && zero->stage() > 0;
-  const auto& params = registry.params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const parallel::Parameter& p = params[i];
-    if (!p.trainable || !p.grad.defined()) continue;
-    const Tensor grad = sharded ? zero->OwnedGrad(i) : p.grad;
-    if (grad.numel() == 0) continue;
+  for (const HeldGrad& h : HeldGrads(registry, zero)) {
+    const parallel::Parameter& p = registry.params()[h.index];
+    const Tensor& grad = h.grad;
     const Tensor host = grad.device().is_cpu() ? grad : grad.To(Device::Cpu());
     const std::vector<float> v = host.Reshape({host.numel()}).ToVector<float>();
     for (size_t k = 0; k < v.size(); ++k) {

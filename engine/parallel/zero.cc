@@ -294,4 +294,17 @@ std::string ZeroShards::Summary() const {
   return out.str();
 }
 
+std::vector<HeldGrad> HeldGrads(const ParameterRegistry& registry, const ZeroShards* zero) {
+  const bool sharded = zero != nullptr && zero->stage() > 0;
+  std::vector<HeldGrad> held;
+  const auto& params = registry.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = params[i];
+    if (!p.trainable || !p.grad.defined()) continue;
+    Tensor grad = sharded ? zero->OwnedGrad(i) : p.grad;
+    if (grad.numel() > 0) held.push_back({i, std::move(grad)});
+  }
+  return held;
+}
+
 }  // namespace switchyard::parallel

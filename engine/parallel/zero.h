@@ -126,4 +126,15 @@ class ZeroShards {
   std::vector<bool> resident_;                   // part id -> whole parameters present
 };
 
+// A trainable parameter's gradient as this rank holds it for the update: the whole gradient,
+// or under ZeRO stage >= 1 the flat range this rank owns (ZeroShards::OwnedGrad).
+struct HeldGrad {
+  size_t index = 0;  // in the registry
+  Tensor grad;       // non-empty
+};
+
+// Every trainable parameter with a non-empty held gradient, in registry order. zero may be
+// null (no ZeRO: every gradient held whole).
+std::vector<HeldGrad> HeldGrads(const ParameterRegistry& registry, const ZeroShards* zero);
+
 }  // namespace switchyard::parallel

@@ -82,7 +82,7 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // each), gathered over tp x cp.
 // Backward: per admitted row dy, dx and dh (and db), a gate gradient per assignment, four
 // (E) router gradients.
-Piece MoeElements(const config::Config& c, const Shape& s) {
+Piece MoEElements(const config::Config& c, const Shape& s) {
   const moe::MoEConfig& e = c.moe;
   const double d = s.d;
   const double routed = s.tp ? 1.0 / s.P : 1.0;
@@ -103,11 +103,11 @@ Piece MoeElements(const config::Config& c, const Shape& s) {
 
 // Each layer's kept bytes and Backward scratch under train.recompute.
 void AddLayers(const config::Config& c, const Shape& s, double bytes, ActivationBytes& a) {
-  const Piece attention = AttentionElements(s), mlp = MlpElements(c, s), moe = MoeElements(c, s);
+  const Piece attention = AttentionElements(s), mlp = MlpElements(c, s), moe = MoEElements(c, s);
   // x_mid, the layer's output (the residual stream, this rank's rows).
   const double residual = 2 * s.d * s.rows;
   for (int64_t i = 0; i < c.model.n_layers; ++i) {
-    const bool is_moe = c.moe.IsMoeLayer(i);
+    const bool is_moe = c.moe.IsMoELayer(i);
     const double kept = s.norm + attention.kept + residual + s.norm + (is_moe ? moe.kept : mlp.kept);
     const double scratch = std::max(attention.backward, is_moe ? moe.backward : mlp.backward);
     switch (c.train.recompute) {

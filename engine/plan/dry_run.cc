@@ -73,7 +73,7 @@ Holdings HoldingsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
     for (int64_t i = s.first_layer; i < s.End(c.model.n_layers); ++i) {
       h.layer[i] = true;
       ++h.layers;
-      h.moe_layers += c.moe.IsMoeLayer(i) ? 1 : 0;
+      h.moe_layers += c.moe.IsMoELayer(i) ? 1 : 0;
     }
     h.embedding = h.embedding || s.embedding;
     h.head = h.head || s.head;

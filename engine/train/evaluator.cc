@@ -26,7 +26,7 @@ EvalResult EvaluateBatches(PipelineRunner& stage, const std::vector<data::Batch>
   r.batches = static_cast<int64_t>(batches.size());
   // Every MoE layer of the model; this stage fills its own, the sums over pp the rest.
   for (int64_t i = 0; i < decoder.config().n_layers; ++i)
-    if (decoder.moe_config().IsMoeLayer(i)) r.moe_layer_ids.push_back(i);
+    if (decoder.moe_config().IsMoELayer(i)) r.moe_layer_ids.push_back(i);
   r.moe.resize(r.moe_layer_ids.size());
   std::vector<size_t> slot_of;
   for (int64_t id : stage.moe_layer_ids()) {

@@ -22,11 +22,11 @@ namespace {
 
 // The model's architecture: the model section and the MoE keys that shape or route it.
 bool ModelKey(const std::string& section, const std::string& key) {
-  static const char* const kMoeKeys[] = {"num_experts", "layer_freq", "top_k", "d_expert",
+  static const char* const kMoEKeys[] = {"num_experts", "layer_freq", "top_k", "d_expert",
                                          "activation", "bias", "normalize_gates",
                                          "num_shared_experts", "d_shared"};
   return section == "model" ||
-         (section == "moe" && std::find(std::begin(kMoeKeys), std::end(kMoeKeys), key) != std::end(kMoeKeys));
+         (section == "moe" && std::find(std::begin(kMoEKeys), std::end(kMoEKeys), key) != std::end(kMoEKeys));
 }
 
 }  // namespace
@@ -160,7 +160,7 @@ Status Trainer::OpenData() {
 Status Trainer::BuildPipeline() {
   const config::Config& config = config_;
   for (int64_t i = 0; i < config.model.n_layers; ++i)
-    if (config.moe.IsMoeLayer(i)) moe_layer_ids_.push_back(i);
+    if (config.moe.IsMoELayer(i)) moe_layer_ids_.push_back(i);
   SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
                       parallel::ParsePipelineSchedule(config.parallel.pipeline_schedule));
   std::vector<model::Decoder*> chunks;
