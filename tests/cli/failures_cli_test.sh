@@ -297,6 +297,40 @@ else
 fi
 
 # ---- the collective watchdog ----------------------------------------------------------------
+# stall_rank_one NAME PATTERN: the job $pid runs; SIGSTOPs its rank 1 (the process matching
+# PATTERN whose environment says OMPI_COMM_WORLD_RANK=1), waits up to 60 s for the job to
+# end and sets rc to its status (empty when rank 1 was not found); the stopped process is
+# resumed and killed after.
+stall_rank_one() {
+  local name=$1 pattern=$2 stopped="" p i
+  rc=""
+  for p in $(pgrep -f "$pattern"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+      stopped=$p
+    fi
+  done
+  if [[ -z $stopped ]]; then
+    fail "$name: rank 1 not found"
+    kill_tree "$pid"
+    return
+  fi
+  kill -STOP "$stopped"
+  for ((i = 0; i < 1200; ++i)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    fail "$name: the job still runs 60 s after rank 1 was stopped"
+    kill -CONT "$stopped" 2>/dev/null
+    kill_tree "$pid"
+  fi
+  wait "$pid"
+  rc=$?
+  running=""
+  kill -CONT "$stopped" 2>/dev/null
+  kill -KILL "$stopped" 2>/dev/null
+}
+
 # Two ranks (ep 2) train for a long time with a 3 s watchdog; once they run, rank 1 is
 # stopped (SIGSTOP). Rank 0's next collective cannot complete: the job must end non-zero
 # (status 4) well within 60 s, with rank 0's line naming the collective, the group and
@@ -308,30 +342,8 @@ RC_DIR="$tmp/rc" bash "$mpirun_wrapper" 2 "$bin" train "${two[@]}" --out "$out" 
 pid=$!
 running=$pid
 wait_for_lines "$out/metrics.jsonl" 5 "$pid" 600
-# Rank 1: the switchyard process under mpirun whose environment says so.
-stopped=""
-for p in $(pgrep -f "$bin train"); do
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
-    stopped=$p
-  fi
-done
-if [[ -z $stopped ]]; then
-  fail "watchdog: rank 1 not found"
-else
-  kill -STOP "$stopped"
-  for ((i = 0; i < 1200; ++i)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    fail "watchdog: the job still runs 60 s after rank 1 was stopped"
-    kill -CONT "$stopped" 2>/dev/null
-    kill_tree "$pid"
-  fi
-  wait "$pid"
-  rc=$?
-  running=""
-  kill -CONT "$stopped" 2>/dev/null
+stall_rank_one watchdog "$bin train"
+if [[ -n $rc ]]; then
   [[ $rc -eq 4 ]] || fail "watchdog: mpirun exited $rc, want 4"
   grep -Eq "^switchyard: rank 0: [a-z_]+ #[0-9]+ on group of world ranks \[0 1\] did not complete within 3 s \(train.collective_timeout_s\); not arrived: rank 1 \(no answer: stopped, hung or busy\)$" "$tmp/err" ||
     fail "watchdog: no line from rank 0 naming rank 1: $(grep -v '^\[' "$tmp/err" | head -5)"
@@ -348,30 +360,8 @@ RC_DIR="$tmp/rc" bash "$mpirun_wrapper" 2 "$bin" train --config "$tmp/tiny.yaml"
 pid=$!
 running=$pid
 wait_for_lines "$out/metrics.jsonl" 5 "$pid" 600
-stopped=""
-for p in $(pgrep -f "$bin train --config $tmp/tiny.yaml --out $out"); do
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
-    stopped=$p
-  fi
-done
-if [[ -z $stopped ]]; then
-  fail "watchdog pp: rank 1 not found"
-  kill_tree "$pid"
-else
-  kill -STOP "$stopped"
-  for ((i = 0; i < 1200; ++i)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    fail "watchdog pp: the job still runs 60 s after stage 1 was stopped"
-    kill_tree "$pid"
-  fi
-  wait "$pid"
-  rc=$?
-  running=""
-  kill -CONT "$stopped" 2>/dev/null
-  kill -KILL "$stopped" 2>/dev/null
+stall_rank_one "watchdog pp" "$bin train --config $tmp/tiny.yaml --out $out"
+if [[ -n $rc ]]; then
   [[ $rc -eq 4 ]] || fail "watchdog pp: mpirun exited $rc, want 4"
   grep -Eq "^switchyard: rank 0: [a-z_]+ #[0-9]+ on group of world ranks \[0 1\]( with world rank 1)? did not complete within 3 s \(train.collective_timeout_s\)( \(pipeline stage 0 \(world rank 0\) (receiving from|sending to) stage 1 \(world rank 1\)\))?; not arrived: rank 1 \[pipeline stage 1\] \(no answer: stopped, hung or busy\)$" "$tmp/err" ||
     fail "watchdog pp: no line from rank 0 naming rank 1 and stage 1: $(grep -v '^\[' "$tmp/err" | head -5)"
