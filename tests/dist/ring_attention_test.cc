@@ -3,9 +3,13 @@
 // AttentionBackward on them, and keeps as the expected values its own rows in the local
 // layout (rows [0, B) chunk i, rows [B, 2B) chunk 2c-1-i of every sequence); then
 // RingAttentionForward/Backward on its shards must give out, lse, dq, dk and dv within
-//   |ring - whole| <= 1e-6 + 1e-5 |whole|
-// (fp32: the ring changes only the order of the sums over key blocks and adds the merge's
-// rounding; the largest share of the tolerance used over the ranks is printed).
+//   |ring - whole| <= 2 bound
+// with bound tests/kernels/attention_bound.h's forward-error bound of the whole causal
+// attention evaluated with up to M = 2c - 1 merges (a query chunk sees at most 2c key chunks:
+// the first merge into -inf is a copy) and the blocks' sums of dq, dk and dv (covered by its
+// G S + 2 M + 2 roundings per term): the whole call (M = 0) and the ring are each within
+// that bound of the same exact values. The largest fraction of it used over the ranks is
+// printed.
 //
 // Cases: cp = the world (2 or 4), cp groups of 2 inside 4 ranks whose group ranks are not
 // the world ranks, and cp = 1 (a local communicator); grouped-query heads (Hq = 4, Hkv = 1)
@@ -32,11 +36,10 @@
 #include "engine/dist/process.h"
 #include "kernels/attention.h"
 #include "kernels/random.h"
+#include "tests/kernels/attention_bound.h"
 
 namespace switchyard::dense {
 namespace {
-
-constexpr double kAbsTol = 1e-6, kRelTol = 1e-5;
 
 struct Case {
   int64_t b, sc, hq, hkv, hd;
@@ -77,26 +80,49 @@ Tensor ShardLse(const Tensor& x, int c, int i) {
   return out;
 }
 
-// Largest share of the tolerance any element uses on any rank of `world` (NaN counts as
+// Shard's and ShardLse's row selection on a bound in double: (B, S, row) -> (2B, Sc, row)
+// and (B, H, S) -> (2B, H, Sc).
+std::vector<double> ShardBound(const std::vector<double>& x, int64_t b, int64_t s, int64_t row,
+                               int c, int i) {
+  const int64_t sc = s / (2 * c);
+  std::vector<double> out(2 * b * sc * row);
+  const int chunks[2] = {i, 2 * c - 1 - i};
+  for (int h = 0; h < 2; ++h)
+    for (int64_t bi = 0; bi < b; ++bi)
+      std::copy_n(x.begin() + (bi * s + chunks[h] * sc) * row, sc * row,
+                  out.begin() + ((h * b + bi) * sc) * row);
+  return out;
+}
+std::vector<double> ShardLseBound(const std::vector<double>& x, int64_t b, int64_t hq, int64_t s,
+                                  int c, int i) {
+  const int64_t sc = s / (2 * c);
+  std::vector<double> out(2 * b * hq * sc);
+  const int chunks[2] = {i, 2 * c - 1 - i};
+  for (int h = 0; h < 2; ++h)
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t head = 0; head < hq; ++head)
+        std::copy_n(x.begin() + (bi * hq + head) * s + chunks[h] * sc, sc,
+                    out.begin() + ((h * b + bi) * hq + head) * sc);
+  return out;
+}
+
+// Largest fraction of 2 bound any element uses on any rank of `world` (NaN counts as
 // infinitely much); collective.
-double WorstShare(const Tensor& got, const Tensor& want, dist::Communicator& world) {
+double WorstShare(const Tensor& got, const Tensor& want, const std::vector<double>& bound,
+                  dist::Communicator& world) {
   const std::vector<float> g = got.ToVector<float>(), w = want.ToVector<float>();
-  double worst = g.size() == w.size() ? 0.0 : INFINITY;
-  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(g[i]) - w[i]);
-    const double tol = kAbsTol + kRelTol * std::fabs(static_cast<double>(w[i]));
-    worst = std::max(worst, err <= tol ? err / tol : (std::isnan(err) ? INFINITY : err / tol));
-  }
+  double worst = g.size() == w.size() && bound.size() == w.size() ? 0.0 : INFINITY;
+  if (worst == 0.0) worst = test_util::WorstFractionOfBound(g, w, bound, 2.0).fraction;
   Tensor t = Tensor::FromVector(std::vector<double>{worst}, {1});
   world.AllReduce(t, dist::ReduceOp::kMax);
   return t.data<double>()[0];
 }
 
-void ExpectWithin(const Tensor& got, const Tensor& want, dist::Communicator& world,
-                  const std::string& what) {
-  const double share = WorstShare(got, want, world);
-  EXPECT_LE(share, 1.0) << what << ": " << share << " of the tolerance 1e-6 + 1e-5 |want|";
-  if (world.rank() == 0) std::printf("  %-44s tolerance used %.3f\n", what.c_str(), share);
+void ExpectWithin(const Tensor& got, const Tensor& want, const std::vector<double>& bound,
+                  dist::Communicator& world, const std::string& what) {
+  const double share = WorstShare(got, want, bound, world);
+  EXPECT_LE(share, 1.0) << what << ": " << share << " of the bound 2 x attention_bound.h's";
+  if (world.rank() == 0) std::printf("  %-44s bound used %.3f\n", what.c_str(), share);
 }
 
 // Every rank of cp reports the same value, and it equals `want`.
@@ -124,22 +150,29 @@ void CheckCase(const Case& cs, dist::Communicator& cp, dist::Communicator& world
   Tensor dq = Tensor::Empty(q.shape(), DType::kF32), dk = Tensor::Empty(k.shape(), DType::kF32),
          dv = Tensor::Empty(v.shape(), DType::kF32);
   kernels::AttentionBackward(q, k, v, lse, dout, dq, dk, dv);
+  const test_util::AttentionRef ref = test_util::AttentionWithBound(q, k, v, dout, true, 2 * c - 1);
+  const int64_t qrow = cs.hq * cs.hd, kvrow = cs.hkv * cs.hd;
 
   Tensor lq = Shard(q, c, i), lk = Shard(k, c, i), lv = Shard(v, c, i), ldo = Shard(dout, c, i);
   Tensor lout = Tensor::Empty(lq.shape(), DType::kF32);
   Tensor llse = Tensor::Empty({2 * cs.b, cs.hq, cs.sc}, DType::kF32);
   RingAttentionStats fwd;
   RingAttentionForward(lq, lk, lv, lout, llse, cp, nullptr, &fwd);
-  ExpectWithin(lout, Shard(out, c, i), world, name + " out");
-  ExpectWithin(llse, ShardLse(lse, c, i), world, name + " lse");
+  ExpectWithin(lout, Shard(out, c, i), ShardBound(ref.out_bound, cs.b, s, qrow, c, i), world,
+               name + " out");
+  ExpectWithin(llse, ShardLse(lse, c, i), ShardLseBound(ref.lse_bound, cs.b, cs.hq, s, c, i),
+               world, name + " lse");
 
   // Garbage in the gradients: they are written, not accumulated.
   Tensor ldq = Uniform(lq.shape(), 90), ldk = Uniform(lk.shape(), 91), ldv = Uniform(lv.shape(), 92);
   RingAttentionStats bwd;
   RingAttentionBackward(lq, lk, lv, lout, llse, ldo, ldq, ldk, ldv, cp, nullptr, &bwd);
-  ExpectWithin(ldq, Shard(dq, c, i), world, name + " dq");
-  ExpectWithin(ldk, Shard(dk, c, i), world, name + " dk");
-  ExpectWithin(ldv, Shard(dv, c, i), world, name + " dv");
+  ExpectWithin(ldq, Shard(dq, c, i), ShardBound(ref.dq_bound, cs.b, s, qrow, c, i), world,
+               name + " dq");
+  ExpectWithin(ldk, Shard(dk, c, i), ShardBound(ref.dk_bound, cs.b, s, kvrow, c, i), world,
+               name + " dk");
+  ExpectWithin(ldv, Shard(dv, c, i), ShardBound(ref.dv_bound, cs.b, s, kvrow, c, i), world,
+               name + " dv");
 
   // Balance: the whole causal pair count B Hq S (S + 1) / 2, split evenly.
   const int64_t total = cs.b * cs.hq * s * (s + 1) / 2;

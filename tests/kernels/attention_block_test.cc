@@ -7,11 +7,14 @@
 // grouped-query heads; AttentionMerge with rows that have seen nothing (-inf) and rows
 // whose exp(lse) overflows f32; delta against its definition.
 //
-// Tolerances (fp32, a few hundred terms of O(1) size at most): the decomposition changes
-// only summation order and the merge's rounding, so |blocks - whole| <= 1e-6 + 1e-5 |whole|
-// for out, lse, dq, dk and dv (ExpectClose prints the share used).
+// Tolerances: tests/kernels/attention_bound.h's forward-error bounds, which hold for any f32
+// evaluation, whole or as merged key blocks (M merges). kFull against its exact value: within
+// the bound (M = 0). Blocks against the whole: each side within its bound of the same exact
+// value, so within twice the bound of M = 1 (the larger). The same with and without delta.
+// The merge's own tests derive theirs from its few f32 operations (MergeBound).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -19,7 +22,9 @@
 
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
+#include "tests/kernels/attention_bound.h"
 #include "tests/kernels/grad_check.h"
+#include "tests/testing/tolerance.h"
 
 namespace switchyard::kernels {
 namespace {
@@ -29,7 +34,8 @@ using testing::ExpectClose;
 using testing::NumericGradient;
 using testing::RandomTensor;
 
-constexpr double kAbsTol = 1e-6, kRelTol = 1e-5;
+using test_util::AttentionWithBound;
+using test_util::ExpectWithinAttentionBound;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 struct Heads {
@@ -124,9 +130,10 @@ TEST(AttentionBlockTest, FullMaskMatchesNaiveLoop) {
       AttentionForward(q, k, v, out, lse, nullptr, AttentionMask::kFull);
       std::vector<double> want_out, want_lse;
       NaiveFull(q, k, v, want_out, want_lse);
+      const test_util::AttentionRef ref = AttentionWithBound(q, k, v, Tensor(), false, 0);
       const std::string what = c.Name() + " S=" + std::to_string(s) + " full";
-      ExpectClose(out.ToVector<float>(), want_out, kAbsTol, kRelTol, what + " out");
-      ExpectClose(lse.ToVector<float>(), want_lse, kAbsTol, kRelTol, what + " lse");
+      ExpectWithinAttentionBound(out.ToVector<float>(), want_out, ref.out_bound, 1.0, what + " out");
+      ExpectWithinAttentionBound(lse.ToVector<float>(), want_lse, ref.lse_bound, 1.0, what + " lse");
     }
   }
 }
@@ -183,10 +190,12 @@ void CheckDecomposition(const Heads& c, int64_t l, uint64_t seed) {
   AttentionMerge(o1, l1, ob, lb);  // from nothing seen (-inf): takes the block
   AttentionForward(q1, k1, v1, ob, lb, nullptr, AttentionMask::kCausal);
   AttentionMerge(o1, l1, ob, lb);
-  ExpectClose(JoinPositions(o0, o1).ToVector<float>(), out.ToVector<float>(), kAbsTol, kRelTol,
-              name + " blocks out");
-  ExpectClose(JoinLse(l0, l1).ToVector<float>(), lse.ToVector<float>(), kAbsTol, kRelTol,
-              name + " blocks lse");
+  // Queries 1 take one real merge (the first merge is into -inf: a copy).
+  const test_util::AttentionRef ref = AttentionWithBound(q, k, v, dout, true, 1);
+  ExpectWithinAttentionBound(JoinPositions(o0, o1).ToVector<float>(), out.ToVector<float>(),
+                             ref.out_bound, 2.0, name + " blocks out");
+  ExpectWithinAttentionBound(JoinLse(l0, l1).ToVector<float>(), lse.ToVector<float>(),
+                             ref.lse_bound, 2.0, name + " blocks lse");
 
   // Backward: every block with the final lse and the final out's delta.
   Tensor d0 = Empty({b, c.hq, l}), d1 = Empty({b, c.hq, l});
@@ -198,12 +207,12 @@ void CheckDecomposition(const Heads& c, int64_t l, uint64_t seed) {
   AttentionBackward(q1, k0, v0, l1, do1, dq10, dk10, dv10, nullptr, AttentionMask::kFull, d1);
   Tensor dq11 = Empty(q1.shape()), dk11 = Empty(k1.shape()), dv11 = Empty(v1.shape());
   AttentionBackward(q1, k1, v1, l1, do1, dq11, dk11, dv11, nullptr, AttentionMask::kCausal, d1);
-  ExpectClose(JoinPositions(dq0, Sum(dq10, dq11)).ToVector<float>(), dq.ToVector<float>(),
-              kAbsTol, kRelTol, name + " blocks dq");
-  ExpectClose(JoinPositions(Sum(dk00, dk10), dk11).ToVector<float>(), dk.ToVector<float>(),
-              kAbsTol, kRelTol, name + " blocks dk");
-  ExpectClose(JoinPositions(Sum(dv00, dv10), dv11).ToVector<float>(), dv.ToVector<float>(),
-              kAbsTol, kRelTol, name + " blocks dv");
+  ExpectWithinAttentionBound(JoinPositions(dq0, Sum(dq10, dq11)).ToVector<float>(),
+                             dq.ToVector<float>(), ref.dq_bound, 2.0, name + " blocks dq");
+  ExpectWithinAttentionBound(JoinPositions(Sum(dk00, dk10), dk11).ToVector<float>(),
+                             dk.ToVector<float>(), ref.dk_bound, 2.0, name + " blocks dk");
+  ExpectWithinAttentionBound(JoinPositions(Sum(dv00, dv10), dv11).ToVector<float>(),
+                             dv.ToVector<float>(), ref.dv_bound, 2.0, name + " blocks dv");
 }
 
 TEST(AttentionBlockTest, CausalBlocksMergeToTheWholeAttention) {
@@ -228,8 +237,13 @@ TEST(AttentionBlockTest, DeltaOfTheWholeSoftmaxGivesTheSameGradients) {
       AttentionBackward(q, k, v, lse, dout, dq2, dk2, dv2, nullptr, mask, delta);
       const std::string name =
           c.Name() + (mask == AttentionMask::kFull ? " full" : " causal") + " with delta";
-      ExpectClose(dq2.ToVector<float>(), dq.ToVector<float>(), kAbsTol, kRelTol, name + " dq");
-      ExpectClose(dk2.ToVector<float>(), dk.ToVector<float>(), kAbsTol, kRelTol, name + " dk");
+      // Both within the bound (M = 0; D covers either route to delta) of the same values.
+      const test_util::AttentionRef ref =
+          AttentionWithBound(q, k, v, dout, mask == AttentionMask::kCausal, 0);
+      ExpectWithinAttentionBound(dq2.ToVector<float>(), dq.ToVector<float>(), ref.dq_bound, 2.0,
+                                 name + " dq");
+      ExpectWithinAttentionBound(dk2.ToVector<float>(), dk.ToVector<float>(), ref.dk_bound, 2.0,
+                                 name + " dk");
       // dv does not read delta: bitwise equal.
       EXPECT_EQ(dv2.ToVector<float>(), dv.ToVector<float>()) << name;
     }
@@ -242,17 +256,51 @@ TEST(AttentionBlockTest, DeltaIsTheRowSumOfDoutTimesOut) {
   Tensor delta = Empty({b, hq, s});
   AttentionBackwardDelta(out, dout, delta);
   const std::vector<float> o = out.ToVector<float>(), g = dout.ToVector<float>();
-  std::vector<double> want(b * hq * s, 0.0);
+  std::vector<double> want(b * hq * s, 0.0), scale(b * hq * s, 0.0);
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t i = 0; i < s; ++i)
       for (int64_t h = 0; h < hq; ++h)
-        for (int64_t e = 0; e < hd; ++e)
-          want[(bi * hq + h) * s + i] += static_cast<double>(o[((bi * s + i) * hq + h) * hd + e]) *
-                                         g[((bi * s + i) * hq + h) * hd + e];
-  ExpectClose(delta.ToVector<float>(), want, 1e-7, 1e-6, "delta (B, Hq, S)");
+        for (int64_t e = 0; e < hd; ++e) {
+          const double t = static_cast<double>(o[((bi * s + i) * hq + h) * hd + e]) *
+                           g[((bi * s + i) * hq + h) * hd + e];
+          want[(bi * hq + h) * s + i] += t;
+          scale[(bi * hq + h) * s + i] += std::abs(t);
+        }
+  // A double sum of hd exact products (error <= hd 2^-53 sum |t|) rounded once to f32
+  // (<= u |delta| <= u sum |t|): within 2 u sum |t| (c = 1, k + extra = 2).
+  test_util::ExpectWithinProductBound(delta.ToVector<float>(), want, scale, 0, "delta (B, Hq, S)",
+                                      /*c=*/1.0, /*extra=*/2);
 }
 
 // ---- Merge --------------------------------------------------------------------------------
+
+// One merge of the rows (oa, la) and (ob, lb), both finite, exact f32 inputs, in double with
+// the bound of AttentionMerge's f32 operations (kernels/cpu/attention.cc), u = 2^-24:
+//   lo - hi: u |lo - hi|; E = exp(lo - hi) <= 1 (std::exp, taken as 2u): dE <= E (u |lo - hi|
+//   + 2u); log1p (slope <= 1, 2u of its value L): dL <= dE + 2u L; merged = hi + L: dl <= dL +
+//   u |merged|; w = exp(l - merged): relative eps = dl + u |l - merged| + 2u; out = oa wa + ob
+//   wb (two products and a sum): |dout| <= (eps_a + 3u) |oa| wa + (eps_b + 3u) |ob| wb.
+// Second order x 1.01. Returns out (hd) then lse, with their bounds.
+struct Merged {
+  std::vector<double> value, bound;
+};
+Merged MergeWithBound(const std::vector<float>& oa, double la, const std::vector<float>& ob,
+                      double lb) {
+  const double u = test_util::kF32Unit, hi = std::max(la, lb), lo = std::min(la, lb);
+  const double e = std::exp(lo - hi), l = std::log1p(e), merged = hi + l;
+  const double dl = 1.01 * (e * (u * std::abs(lo - hi) + 2 * u) + 2 * u * l + u * std::abs(merged));
+  const double wa = std::exp(la - merged), wb = std::exp(lb - merged);
+  const double ea = 1.01 * (dl + u * std::abs(la - merged) + 2 * u),
+               eb = 1.01 * (dl + u * std::abs(lb - merged) + 2 * u);
+  Merged m;
+  for (size_t i = 0; i < oa.size(); ++i) {
+    m.value.push_back(oa[i] * wa + ob[i] * wb);
+    m.bound.push_back((ea + 3 * u) * std::abs(oa[i]) * wa + (eb + 3 * u) * std::abs(ob[i]) * wb);
+  }
+  m.value.push_back(merged);
+  m.bound.push_back(dl);
+  return m;
+}
 
 TEST(AttentionBlockTest, MergeTakesTheBlockWhereNothingWasSeen) {
   // (B, S, Hq, hd) = (1, 2, 2, 3): rows (i, h); lse (1, 2, 2) indexed [h][i].
@@ -278,26 +326,24 @@ TEST(AttentionBlockTest, MergeTakesTheBlockWhereNothingWasSeen) {
   EXPECT_EQ((std::vector<float>{o[6], o[7], o[8]}), (std::vector<float>{4, 5, 6}));
   EXPECT_EQ(l[1], 0.5f);
   // (0, 1): both finite: lse' = log(e^2 + e^3), out' = weights e^(2-lse'), e^(3-lse').
-  const double lm = std::log(std::exp(2.0) + std::exp(3.0));
-  const double wa = std::exp(2.0 - lm), wb = std::exp(3.0 - lm);
-  ExpectClose(std::vector<float>{o[3], o[4], o[5], l[2]},
-              std::vector<double>{wa * 1 + wb * 13, wa * 2 + wb * 14, wa * 3 + wb * 15, lm}, 1e-6,
-              1e-6, "merged row");
+  const Merged want = MergeWithBound({1, 2, 3}, 2.0, {13, 14, 15}, 3.0);
+  EXPECT_NEAR(want.value[3], std::log(std::exp(2.0) + std::exp(3.0)), 1e-12);
+  ExpectWithinAttentionBound(std::vector<float>{o[3], o[4], o[5], l[2]}, want.value, want.bound,
+                             1.0, "merged row");
 }
 
 TEST(AttentionBlockTest, MergeIsStableWhereExpOverflows) {
   // exp(100) overflows f32: the max + log1p form must not. lse' ~ 100.3 carries f32's
-  // rounding at 100 (ulp 7.6e-6) into both weights, hence 1e-5 here.
+  // rounding at 100 (u |merged| ~ 6e-6) into both weights: MergeWithBound's u |merged| term.
   Tensor out = Tensor::FromVector(std::vector<float>{1, -1}, {1, 1, 1, 2});
   Tensor lse = Tensor::FromVector(std::vector<float>{100.0f}, {1, 1, 1});
   Tensor out_b = Tensor::FromVector(std::vector<float>{3, 5}, {1, 1, 1, 2});
   Tensor lse_b = Tensor::FromVector(std::vector<float>{99.0f}, {1, 1, 1});
   AttentionMerge(out, lse, out_b, lse_b);
-  const double lm = 100.0 + std::log1p(std::exp(-1.0));
-  const double wa = std::exp(100.0 - lm), wb = std::exp(99.0 - lm);
-  ExpectClose(std::vector<float>{out.data<float>()[0], out.data<float>()[1], lse.data<float>()[0]},
-              std::vector<double>{wa * 1 + wb * 3, -wa + wb * 5, lm}, 1e-5, 1e-5,
-              "merge at lse 100 and 99");
+  const Merged want = MergeWithBound({1, -1}, 100.0, {3, 5}, 99.0);
+  ExpectWithinAttentionBound(
+      std::vector<float>{out.data<float>()[0], out.data<float>()[1], lse.data<float>()[0]},
+      want.value, want.bound, 1.0, "merge at lse 100 and 99");
 }
 
 TEST(AttentionBlockDeathTest, DeltaOfTheWrongShapeIsFatal) {

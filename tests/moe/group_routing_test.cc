@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "moe/moe_stats.h"
@@ -50,6 +51,52 @@ void ExpectNear(const Tensor& got, const Tensor& want, double tol, const char* w
   for (size_t i = 0; i < g.size(); ++i) {
     EXPECT_NEAR(g[i], w[i], tol * (std::abs(w[i]) + scale)) << what << "[" << i << "]";
   }
+}
+
+// The scales of the router backward's products (router.cc), from the whole groups' dlogits
+// (each row's dlogits comes from that row's probs, gates and dgates and the group's aux / z
+// constants, so a piece's rows get the same values):
+//   dh = (dlogits Wr^T) * noise: a product of inner dimension E, then one f32 multiply (into
+//     a zeroed dh: the add is exact), so |fl(dh) - dh| <= gamma_{E+1} (|dlogits| |Wr^T|) |noise|
+//     for the whole and for a piece alike: the pieces' rows are within twice that (the
+//     product bound's 2 (E + 3) u covers it);
+//   dWr = sum over groups of x_g^T dlogits_g, accumulated into dWr: the whole adds G products
+//     of inner dimension T, the pieces G P products of T / P. Every term x_ti dlogits_te takes
+//     at most G T + 1 roundings either way, so both are within gamma_{GT+1} (|X^T| |dlogits|)
+//     of the exact sum, i.e. a product bound of inner dimension G T.
+struct RouterTermScale {
+  std::vector<double> dh;   // (G T, d)
+  std::vector<double> dwr;  // (d, E)
+};
+RouterTermScale RouterTerms(const RoutedGroups& whole, const Tensor& wr, const MoEConfig& c,
+                            const Tensor& dgates, std::span<const float> daux,
+                            std::span<const float> dz) {
+  const int64_t G = static_cast<int64_t>(whole.router.size()), d = wr.dim(0), E = wr.dim(1);
+  const std::vector<float> wr_v = Vec<float>(wr);
+  std::vector<float> x_all, dl_all;
+  RouterTermScale s;
+  for (int64_t g = 0; g < G; ++g) {
+    const RouterOutput& r = whole.router[g];
+    const int64_t T = r.input.dim(0);
+    // RouteGroupsBackward's inputs to RouterBackward for a whole group, to get its dlogits.
+    Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
+    LoadBalancingLossBackward(whole.balance[g], c.top_k, c.aux_loss_coef, daux[g], dprobs);
+    Tensor dlogits_extra = Tensor::Zeros({T, E}, DType::kF32);
+    ZLossBackward(r.logits, c.z_loss_coef, dz[g], dlogits_extra, 0);
+    Tensor scratch_dh = Tensor::Zeros({T, d}, DType::kF32), scratch_dwr = Tensor::Zeros({d, E}, DType::kF32);
+    const std::vector<float> dl = Vec<float>(RouterBackward(
+        r, wr, c, dgates.Slice(g * T, (g + 1) * T), dprobs, dlogits_extra, scratch_dh, scratch_dwr));
+    const std::vector<double> dx = test_util::AbsProduct(dl, false, wr_v, true, T, d, E);
+    const std::vector<float> noise =
+        r.noise.defined() ? Vec<float>(r.noise) : std::vector<float>(T * d, 1.0f);
+    for (int64_t i = 0; i < T * d; ++i) s.dh.push_back(dx[i] * std::abs(double(noise[i])));
+    const std::vector<float> x = Vec<float>(r.input);
+    x_all.insert(x_all.end(), x.begin(), x.end());
+    dl_all.insert(dl_all.end(), dl.begin(), dl.end());
+  }
+  const int64_t N = static_cast<int64_t>(dl_all.size()) / E;
+  s.dwr = test_util::AbsProduct(x_all, true, dl_all, false, d, E, N);
+  return s;
 }
 
 TEST(GroupRoutingTest, WholeGroupsAreTheRouterGroupByGroup) {
@@ -134,6 +181,7 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
   const std::vector<float> daux = {0.5f, 0.75f}, dz = {0.25f, 2.0f};
   Tensor dh = Tensor::Zeros({G * T, d}, DType::kF32), dwr = Tensor::Zeros({d, E}, DType::kF32);
   RouteGroupsBackward(whole.router, whole.balance, wr, c, dgates, daux, dz, 0, dh, dwr);
+  const RouterTermScale terms = RouterTerms(whole, wr, c, dgates, daux, dz);
 
   MoEStats sum;
   Tensor dwr_sum = Tensor::Zeros({d, E}, DType::kF32);
@@ -167,11 +215,21 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
     Tensor own_dh = Tensor::Zeros({G * t, d}, DType::kF32);
     RouteGroupsBackward(piece.router, piece.balance, wr, c, own_dgates, daux, dz, r, own_dh,
                         dwr_sum);
+    std::vector<float> got_dh, want_dh;
+    std::vector<double> dh_scale;
+    const std::vector<float> own_dh_v = Vec<float>(own_dh), dh_v = Vec<float>(dh);
     for (size_t i = 0; i < rows.size(); ++i) {
-      ExpectNear(own_dh.Slice(i, i + 1), dh.Slice(rows[i], rows[i] + 1), 1e-6, "dh row");
+      for (int64_t j = 0; j < d; ++j) {
+        got_dh.push_back(own_dh_v[i * d + j]);
+        want_dh.push_back(dh_v[rows[i] * d + j]);
+        dh_scale.push_back(terms.dh[rows[i] * d + j]);
+      }
     }
+    test_util::ExpectWithinProductBound(got_dh, want_dh, dh_scale, E,
+                                        StrCat("piece ", r, " dh rows"));
   }
-  ExpectNear(dwr_sum, dwr, 1e-6, "router weight gradient");
+  test_util::ExpectWithinProductBound(Vec<float>(dwr_sum), Vec<float>(dwr), terms.dwr, G * T,
+                                      "router weight gradient");
   EXPECT_EQ(sum.tokens_per_expert, want.tokens_per_expert);
   EXPECT_EQ(sum.tokens_per_expert_kept, want.tokens_per_expert_kept);
   EXPECT_EQ(sum.tokens, want.tokens);

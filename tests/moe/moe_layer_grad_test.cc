@@ -62,42 +62,7 @@ std::vector<int64_t> RoutingSignature(const MoEForward& f) {
 // input zeroed except row t (daux and dz kept: they only reach the router through dlogits_t)
 // leaves exactly token t's terms in the gradients, and S = sum_t |that gradient|.
 
-// Per parameter (ParamsOf order), S = sum over tokens of |token t's contribution|. Clobbers
-// the layer's gradients (zeroes them at the end).
-std::vector<std::vector<double>> TermScale(MoELayer& layer, MoEActivations& acts, const Tensor& dy,
-                                           std::span<const float> daux,
-                                           std::span<const float> dz) {
-  const int64_t N = dy.dim(0), d = dy.dim(1), T = acts.group_tokens;
-  std::vector<std::vector<double>> scale;
-  for (const Param& p : ParamsOf(layer)) scale.emplace_back(p.grad.numel(), 0.0);
-  std::vector<Tensor> inputs;
-  for (const RouterOutput& r : acts.router) inputs.push_back(r.input);
-  const std::vector<float> dyv = dy.ToVector<float>();
-  for (int64_t t = 0; t < N; ++t) {
-    std::vector<float> row(N * d, 0.0f);
-    std::copy(dyv.begin() + t * d, dyv.begin() + (t + 1) * d, row.begin() + t * d);
-    for (size_t g = 0; g < inputs.size(); ++g) {
-      std::vector<float> in(inputs[g].numel(), 0.0f);
-      if (t / T == static_cast<int64_t>(g)) {
-        const std::vector<float> all = inputs[g].ToVector<float>();
-        std::copy(all.begin() + (t % T) * d, all.begin() + (t % T + 1) * d,
-                  in.begin() + (t % T) * d);
-      }
-      acts.router[g].input = Tensor::FromVector(in, inputs[g].shape());
-    }
-    layer.ZeroGrad();
-    layer.Backward(acts, Tensor::FromVector(row, {N, d}), daux, dz);
-    size_t i = 0;
-    for (const Param& p : ParamsOf(layer)) {
-      const std::vector<float> g = p.grad.ToVector<float>();
-      for (size_t j = 0; j < g.size(); ++j) scale[i][j] += std::abs(double(g[j]));
-      ++i;
-    }
-  }
-  for (size_t g = 0; g < inputs.size(); ++g) acts.router[g].input = inputs[g];
-  layer.ZeroGrad();
-  return scale;
-}
+// TermScale (moe_layer_test_util.h) gives S per parameter, ParamsOf order.
 
 using GradCase = LayerCase;
 

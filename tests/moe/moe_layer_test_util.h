@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -391,6 +392,46 @@ inline std::vector<Param> ParamsOf(MoELayer& layer) {
       ps.push_back({"shared." + p.name, p.value, p.grad});
   }
   return ps;
+}
+
+// The scale of the "Accumulation bounds" (tests/moe/moe_layer_grad_test.cc): every term a
+// Backward adds into a parameter gradient belongs to one token t, so S = sum over tokens of
+// |token t's contribution| bounds any summation order's error by gamma_m S.
+// Per parameter (ParamsOf order), S = sum over tokens of |token t's contribution|. Clobbers
+// the layer's gradients (zeroes them at the end).
+inline std::vector<std::vector<double>> TermScale(MoELayer& layer, MoEActivations& acts, const Tensor& dy,
+                                           std::span<const float> daux,
+                                           std::span<const float> dz) {
+  const int64_t N = dy.dim(0), d = dy.dim(1), T = acts.group_tokens;
+  std::vector<std::vector<double>> scale;
+  for (const Param& p : ParamsOf(layer)) scale.emplace_back(p.grad.numel(), 0.0);
+  std::vector<Tensor> inputs;
+  for (const RouterOutput& r : acts.router) inputs.push_back(r.input);
+  const std::vector<float> dyv = dy.ToVector<float>();
+  for (int64_t t = 0; t < N; ++t) {
+    std::vector<float> row(N * d, 0.0f);
+    std::copy(dyv.begin() + t * d, dyv.begin() + (t + 1) * d, row.begin() + t * d);
+    for (size_t g = 0; g < inputs.size(); ++g) {
+      std::vector<float> in(inputs[g].numel(), 0.0f);
+      if (t / T == static_cast<int64_t>(g)) {
+        const std::vector<float> all = inputs[g].ToVector<float>();
+        std::copy(all.begin() + (t % T) * d, all.begin() + (t % T + 1) * d,
+                  in.begin() + (t % T) * d);
+      }
+      acts.router[g].input = Tensor::FromVector(in, inputs[g].shape());
+    }
+    layer.ZeroGrad();
+    layer.Backward(acts, Tensor::FromVector(row, {N, d}), daux, dz);
+    size_t i = 0;
+    for (const Param& p : ParamsOf(layer)) {
+      const std::vector<float> g = p.grad.ToVector<float>();
+      for (size_t j = 0; j < g.size(); ++j) scale[i][j] += std::abs(double(g[j]));
+      ++i;
+    }
+  }
+  for (size_t g = 0; g < inputs.size(); ++g) acts.router[g].input = inputs[g];
+  layer.ZeroGrad();
+  return scale;
 }
 
 }  // namespace switchyard::moe::testing

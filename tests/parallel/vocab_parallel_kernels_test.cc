@@ -17,6 +17,7 @@
 #include "kernels/embedding.h"
 #include "kernels/vocab_parallel.h"
 #include "tests/kernels/grad_check.h"
+#include "tests/parallel/cross_entropy_bound.h"
 
 namespace switchyard::kernels {
 namespace {
@@ -49,18 +50,26 @@ TEST(VocabParallelKernelsTest, RowReductionsAndTargetLogit) {
   VocabShardTargetLogit(x, targets, kStart, kValid, -1, t);
   const std::vector<float> xv = x.ToVector<float>(), mv = m.ToVector<float>();
   const std::vector<int32_t> tv = targets.ToVector<int32_t>();
-  std::vector<double> want_m, want_s, want_t;
+  // The exp sum (vocab_parallel.cc): each argument f32(x - m) rounded (u |x - m|), exp and
+  // the sum in double (~1e-16), the sum rounded to f32 (u sum): |ds| <= 1.01 u sum_j e_j
+  // (|x_j - m| + 1).
+  std::vector<double> want_m, want_s, want_t, bound_s;
   for (int64_t r = 0; r < kRows; ++r) {
-    double best = -INFINITY, sum = 0;
+    double best = -INFINITY, sum = 0, bound = 0;
     for (int64_t j = 0; j < kValid; ++j) best = std::max<double>(best, xv[r * kCols + j]);
-    for (int64_t j = 0; j < kValid; ++j) sum += std::exp(xv[r * kCols + j] - best);
+    for (int64_t j = 0; j < kValid; ++j) {
+      const double e = std::exp(xv[r * kCols + j] - best);
+      sum += e;
+      bound += 1.01 * test_util::kF32Unit * e * (std::abs(xv[r * kCols + j] - best) + 1);
+    }
     const int64_t l = tv[r] - kStart;
     want_m.push_back(best);
     want_s.push_back(sum);
+    bound_s.push_back(bound);
     want_t.push_back(tv[r] != -1 && l >= 0 && l < kValid ? xv[r * kCols + l] : 0.0);
   }
   EXPECT_EQ(std::vector<double>(mv.begin(), mv.end()), want_m) << "row max (exact)";
-  testing::ExpectClose(s.ToVector<float>(), want_s, 0.0, 1e-6, "exp sum");
+  test_util::ExpectWithinElementBound(s.ToVector<float>(), want_s, bound_s, "exp sum");
   const std::vector<float> got_t = t.ToVector<float>();
   EXPECT_EQ(std::vector<double>(got_t.begin(), got_t.end()), want_t) << "target logit (exact)";
 }
@@ -82,15 +91,21 @@ TEST(VocabParallelKernelsTest, SoftmaxGradZeroOnPaddingAndIgnoredRows) {
   VocabShardSoftmaxGrad(x, targets, kStart, kValid, gm, gs, scale, -1, d);
   const std::vector<float> xv = x.ToVector<float>();
   const std::vector<int32_t> tv = targets.ToVector<int32_t>();
-  std::vector<double> want(kRows * kCols, 0.0);
+  // From the given max and sum (vocab_parallel.cc): the argument f32(x - m) (u |x - m|),
+  // f32 of the double exp and the quotient (2u), - onehot (u |p - onehot|), * scale (u |g|):
+  // |dg| <= 1.01 scale (p (|x - m| + 3) u + 2u |p - onehot|); zero elsewhere, exactly.
+  std::vector<double> want(kRows * kCols, 0.0), bound(kRows * kCols, 0.0);
   for (int64_t r = 0; r < kRows; ++r) {
     if (tv[r] == -1) continue;
     for (int64_t j = 0; j < kValid; ++j) {
-      const double p = std::exp(static_cast<double>(xv[r * kCols + j]) - mv[r]) / sv[r];
-      want[r * kCols + j] = scale * (p - (j == tv[r] - kStart ? 1.0 : 0.0));
+      const double arg = static_cast<double>(xv[r * kCols + j]) - mv[r];
+      const double p = std::exp(arg) / sv[r], onehot = j == tv[r] - kStart ? 1.0 : 0.0;
+      want[r * kCols + j] = scale * (p - onehot);
+      bound[r * kCols + j] = 1.01 * scale * test_util::kF32Unit *
+                             (p * (std::abs(arg) + 3) + 2 * std::abs(p - onehot));
     }
   }
-  testing::ExpectClose(d.ToVector<float>(), want, 1e-7, 1e-6, "softmax grad");
+  test_util::ExpectWithinElementBound(d.ToVector<float>(), want, bound, "softmax grad");
   // Written over the logits: the same values.
   VocabShardSoftmaxGrad(x, targets, kStart, kValid, gm, gs, scale, -1, x);
   EXPECT_EQ(x.ToVector<float>(), d.ToVector<float>());
@@ -133,8 +148,11 @@ TEST(VocabParallelKernelsTest, OneShardComposesToTheWholeCrossEntropy) {
     if (ids[r] != -1) loss += std::log(static_cast<double>(sv[r])) + mv[r] - tv[r];
   }
   EXPECT_NEAR(loss, want.loss_sum, 1e-6 * std::abs(want.loss_sum));
-  testing::ExpectClose(d.ToVector<float>(), dwant.ToVector<float>(), 1e-7, 1e-6,
-                       "one shard gradient vs CrossEntropyForwardBackward");
+  // Two evaluations of the same gradient (tests/parallel/cross_entropy_bound.h), one shard.
+  test_util::ExpectWithinElementBound(
+      d.ToVector<float>(), dwant.ToVector<float>(),
+      test_util::CrossEntropyGradBound(x.ToVector<float>(), n, v, ids, 0.2, -1, 1),
+      "one shard gradient vs CrossEntropyForwardBackward");
 }
 
 TEST(VocabParallelKernelsTest, EmbeddingShardMatchesTheTableRows) {

@@ -8,8 +8,11 @@
 //  - SGD with momentum (and coupled L2 decay) vs torch.optim.SGD's formula.
 //  - The schedule at step 0, mid-warmup, the end of warmup, mid-cosine, max_steps, after.
 //  - The global norm and clipping vs a hand computation.
-// Tolerance: the kernels compute in f32, the reference in double; parameters stay O(1) and
-// the comparison allows 2e-6 relative plus 1e-7 absolute per element.
+// Tolerance: the kernels compute in f32 with a fixed elementwise formula, the reference in
+// double from the same f32 hyperparameters; the reference carries, per element, a bound on
+// the f32 evaluation's error from the formula's few roundings (u = 2^-24 relative to each
+// operation's operands, propagated through the steps; see RefAdamW and the SGD loop), and
+// each element must be within 1.01 x its bound (second order).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,8 +31,7 @@ namespace {
 using parallel::Parameter;
 using parallel::ParameterRegistry;
 
-constexpr double kRtol = 2e-6;
-constexpr double kAtol = 1e-7;
+constexpr double kU = 0x1p-24;  // f32 unit roundoff
 
 // Adds a parameter holding `value` with a zero gradient of the same shape.
 void AddParam(ParameterRegistry& reg, const std::string& name, const std::vector<float>& value,
@@ -45,33 +47,55 @@ void SetGrad(ParameterRegistry& reg, const std::string& name, const std::vector<
   reg.Find(name)->grad.CopyFrom(Tensor::FromVector(g, {static_cast<int64_t>(g.size())}));
 }
 
+// |got_i - want_i| <= 1.01 bound_i (a zero bound: equality); prints the fraction used.
 void ExpectNear(const std::vector<float>& got, const std::vector<double>& want,
-                const std::string& what) {
+                const std::vector<double>& bound, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_EQ(bound.size(), want.size()) << what;
   double used = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double tol = kRtol * std::abs(want[i]) + kAtol;
-    used = std::max(used, std::abs(got[i] - want[i]) / tol);
-    EXPECT_NEAR(got[i], want[i], tol) << what << "[" << i << "]";
+    const double tol = 1.01 * bound[i], err = std::abs(got[i] - want[i]);
+    used = std::max(used, err == 0 ? 0.0 : tol > 0 ? err / tol : INFINITY);
+    EXPECT_LE(err, tol) << what << "[" << i << "]: " << got[i] << " vs " << want[i];
   }
-  std::printf("    %-24s tolerance used %.3f\n", what.c_str(), used);
+  std::printf("    %-24s bound used %.3f\n", what.c_str(), used);
 }
 
-// PyTorch's AdamW (torch/optim/adamw.py, single-tensor path) in double.
+// PyTorch's AdamW (torch/optim/adamw.py, single-tensor path) in double, from the f32
+// hyperparameters (1 - beta is exact in f32 for beta in [0.5, 1]), with pb, mb, vb: bounds
+// on |x_f32 - x| for kernels/cpu/optimizer.cc's AdamWRange (f32 decay = 1 - lr wd, step_size
+// = lr / bc1 and bc2_sqrt rounded once each; FMA or not):
+//   m = b1 m + (1 - b1) g:   dm <= b1 dm' + 3u (b1 |m'| + (1 - b1) |g|);
+//   v = b2 v + (1 - b2) g g: dv <= b2 dv' + 4u (b2 v' + (1 - b2) g^2)   (all terms >= 0);
+//   D = sqrt(v) / bc2_sqrt + eps: dD <= sqrt(v / bc2) (dv / (2 v) + 3u) + u D;
+//   U = step_size m / D:     dU <= |U| (3u + dD / D) + (lr / bc1) dm / D;
+//   p = p decay - U:         dp <= decay dp' + 2u |p' decay| + dU + u |p|.
 struct RefAdamW {
   double lr, beta1, beta2, eps, wd;
   std::vector<double> p, m, v;
+  std::vector<double> pb = std::vector<double>(p.size()), mb = std::vector<double>(p.size()),
+                      vb = std::vector<double>(p.size());
   int64_t t = 0;
 
   void Step(const std::vector<float>& g) {
     ++t;
     const double bc1 = 1 - std::pow(beta1, t), bc2 = 1 - std::pow(beta2, t);
+    pb.resize(p.size());
+    mb.resize(p.size());
+    vb.resize(p.size());
     for (size_t i = 0; i < p.size(); ++i) {
-      p[i] *= 1 - lr * wd;
-      m[i] = beta1 * m[i] + (1 - beta1) * g[i];
-      v[i] = beta2 * v[i] + (1 - beta2) * double(g[i]) * g[i];
+      const double decay = 1 - lr * wd, gi = g[i];
+      const double p0 = p[i], m0 = m[i], v0 = v[i];
+      m[i] = beta1 * m0 + (1 - beta1) * gi;
+      v[i] = beta2 * v0 + (1 - beta2) * gi * gi;
+      mb[i] = beta1 * mb[i] + 3 * kU * (beta1 * std::abs(m0) + (1 - beta1) * std::abs(gi));
+      vb[i] = beta2 * vb[i] + 4 * kU * (beta2 * v0 + (1 - beta2) * gi * gi);
       const double mhat = m[i] / bc1, vhat = v[i] / bc2;
-      p[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+      const double D = std::sqrt(vhat) + eps, U = lr * mhat / D;
+      const double dD = (v[i] > 0 ? std::sqrt(vhat) * (vb[i] / (2 * v[i]) + 3 * kU) : 0.0) + kU * D;
+      const double dU = std::abs(U) * (3 * kU + dD / D) + lr / bc1 * mb[i] / D;
+      p[i] = p0 * decay - U;
+      pb[i] = decay * pb[i] + 2 * kU * std::abs(p0 * decay) + dU + kU * std::abs(p[i]);
     }
   }
 };
@@ -115,14 +139,14 @@ TEST(OptimizerTest, AdamWMatchesPyTorchFormulaOverSeveralSteps) {
     rw.Step(gw);
     rb.Step(gb);
   }
-  ExpectNear(reg.Find("w")->value.ToVector<float>(), rw.p, "adamw w");
-  ExpectNear(reg.Find("norm.weight")->value.ToVector<float>(), rb.p, "adamw no-decay");
+  ExpectNear(reg.Find("w")->value.ToVector<float>(), rw.p, rw.pb, "adamw w");
+  ExpectNear(reg.Find("norm.weight")->value.ToVector<float>(), rb.p, rb.pb, "adamw no-decay");
   std::vector<parallel::Parameter> state = optimizer.State();
   ASSERT_EQ(state.size(), 5u);  // exp_avg, exp_avg_sq of two parameters, and the step
-  ExpectNear(state[0].value.ToVector<float>(), rw.m, "adamw exp_avg w");
-  ExpectNear(state[1].value.ToVector<float>(), rw.v, "adamw exp_avg_sq w");
-  ExpectNear(state[2].value.ToVector<float>(), rb.m, "adamw exp_avg b");
-  ExpectNear(state[3].value.ToVector<float>(), rb.v, "adamw exp_avg_sq b");
+  ExpectNear(state[0].value.ToVector<float>(), rw.m, rw.mb, "adamw exp_avg w");
+  ExpectNear(state[1].value.ToVector<float>(), rw.v, rw.vb, "adamw exp_avg_sq w");
+  ExpectNear(state[2].value.ToVector<float>(), rb.m, rb.mb, "adamw exp_avg b");
+  ExpectNear(state[3].value.ToVector<float>(), rb.v, rb.vb, "adamw exp_avg_sq b");
 }
 
 TEST(OptimizerTest, AdamWStepOneIsBiasCorrected) {
@@ -134,16 +158,22 @@ TEST(OptimizerTest, AdamWStepOneIsBiasCorrected) {
   SetGrad(reg, "p", g);
   Optimizer optimizer(reg, {.kind = OptimizerKind::kAdamW, .weight_decay = 0.5f,
                             .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-8f});
-  const double lr = 0.1;
+  const double lr = 0.1f, eps = 1e-8f;  // the f32 values the optimizer is given
   optimizer.Step(static_cast<float>(lr));
   std::vector<double> want(p0.size());
   for (size_t i = 0; i < p0.size(); ++i) {
-    want[i] = p0[i] * (1 - lr * 0.5) - lr * g[i] / (std::abs(double(g[i])) + 1e-8);
+    want[i] = p0[i] * (1 - lr * 0.5) - lr * g[i] / (std::abs(double(g[i])) + eps);
   }
   // 1 - 0.05 = 0.95: the decayed values and a step of almost exactly lr * sign(g).
   EXPECT_NEAR(want[0], 0.95 - 0.1, 1e-7);
-  EXPECT_NEAR(want[3], 3.0 * 0.95, 1e-12);  // g = 0: decay only
-  ExpectNear(reg.Find("p")->value.ToVector<float>(), want, "adamw step 1");
+  EXPECT_EQ(want[3], 3.0 * (1 - lr * 0.5));  // g = 0: decay only
+  // The bound of the general formula at t = 1 (RefAdamW), whose values are these.
+  RefAdamW ref{.lr = lr, .beta1 = 0.8f, .beta2 = 0.99f, .eps = eps, .wd = 0.5,
+               .p = {p0.begin(), p0.end()}, .m = std::vector<double>(p0.size()),
+               .v = std::vector<double>(p0.size())};
+  ref.Step(g);
+  for (size_t i = 0; i < p0.size(); ++i) EXPECT_NEAR(ref.p[i], want[i], 1e-15) << i;
+  ExpectNear(reg.Find("p")->value.ToVector<float>(), want, ref.pb, "adamw step 1");
 }
 
 TEST(OptimizerTest, NonTrainableParametersAreSkipped) {
@@ -220,13 +250,27 @@ TEST(OptimizerTest, SgdWithMomentumMatchesTheFormula) {
   const std::vector<float> b0 = {0.25f, 0.75f};
   AddParam(reg, "w", w0, /*weight_decay=*/true);
   AddParam(reg, "b", b0, /*weight_decay=*/false);
-  const double mu = 0.9, wd = 0.01;
+  const double mu = 0.9f, wd = 0.01f;  // the f32 values the optimizer is given
   Optimizer optimizer(reg, {.kind = OptimizerKind::kSgd, .weight_decay = float(wd),
                             .momentum = float(mu)});
   std::vector<double> pw(w0.begin(), w0.end()), pb(b0.begin(), b0.end());
   std::vector<double> bw(w0.size(), 0.0), bb(b0.size(), 0.0);
+  // Bounds on the f32 evaluation (kernels/cpu/optimizer.cc: d = g + wd p, buf = mu buf + d,
+  // p -= lr buf, one rounding per operation, FMA or not):
+  //   dd <= wd dp' + u (wd |p'|) + u |d|;  dbuf <= mu dbuf' + dd + u mu |buf'| + u |buf|;
+  //   dp <= dp' + lr dbuf + u lr |buf| + u |p|.
+  std::vector<double> pw_b(w0.size(), 0.0), pb_b(b0.size(), 0.0);
+  std::vector<double> bw_b(w0.size(), 0.0), bb_b(b0.size(), 0.0);
+  auto step = [&](double wdx, double g, double& p, double& buf, double& p_b, double& buf_b,
+                  bool first) {
+    const double d = g + wdx * p, buf0 = buf;
+    const double d_b = wdx * p_b + kU * wdx * std::abs(p) + kU * std::abs(d);
+    buf = first ? d : mu * buf + d;
+    buf_b = mu * buf_b + d_b + kU * mu * std::abs(buf0) + kU * std::abs(buf);
+    return d;
+  };
   for (int s = 1; s <= 4; ++s) {
-    const double lr = 0.05 * s;
+    const double lr = static_cast<float>(0.05 * s);
     std::vector<float> gw = GradAt(s, w0.size(), 1.0f), gb = GradAt(s + 3, b0.size(), 2.0f);
     SetGrad(reg, "w", gw);
     SetGrad(reg, "b", gb);
@@ -234,19 +278,19 @@ TEST(OptimizerTest, SgdWithMomentumMatchesTheFormula) {
     // torch.optim.SGD: d = g + wd * p; buf = mu * buf + d (buf = d at the first step);
     // p -= lr * buf.
     for (size_t i = 0; i < pw.size(); ++i) {
-      const double d = gw[i] + wd * pw[i];
-      bw[i] = s == 1 ? d : mu * bw[i] + d;
+      step(wd, gw[i], pw[i], bw[i], pw_b[i], bw_b[i], s == 1);
       pw[i] -= lr * bw[i];
+      pw_b[i] += lr * bw_b[i] + kU * lr * std::abs(bw[i]) + kU * std::abs(pw[i]);
     }
     for (size_t i = 0; i < pb.size(); ++i) {
-      const double d = gb[i];
-      bb[i] = s == 1 ? d : mu * bb[i] + d;
+      step(0.0, gb[i], pb[i], bb[i], pb_b[i], bb_b[i], s == 1);
       pb[i] -= lr * bb[i];
+      pb_b[i] += lr * bb_b[i] + kU * lr * std::abs(bb[i]) + kU * std::abs(pb[i]);
     }
   }
-  ExpectNear(reg.Find("w")->value.ToVector<float>(), pw, "sgd w");
-  ExpectNear(reg.Find("b")->value.ToVector<float>(), pb, "sgd no-decay");
-  ExpectNear(optimizer.State()[0].value.ToVector<float>(), bw, "sgd momentum w");
+  ExpectNear(reg.Find("w")->value.ToVector<float>(), pw, pw_b, "sgd w");
+  ExpectNear(reg.Find("b")->value.ToVector<float>(), pb, pb_b, "sgd no-decay");
+  ExpectNear(optimizer.State()[0].value.ToVector<float>(), bw, bw_b, "sgd momentum w");
   EXPECT_EQ(optimizer.step(), 4);
 }
 
@@ -257,7 +301,18 @@ TEST(OptimizerTest, PlainSgdHasNoBuffer) {
   Optimizer optimizer(reg, {.kind = OptimizerKind::kSgd, .weight_decay = 0.0f, .momentum = 0.0f});
   optimizer.Step(0.1f);
   optimizer.Step(0.1f);
-  ExpectNear(reg.Find("w")->value.ToVector<float>(), {1.0 - 0.1, -2.0 - 0.05}, "plain sgd");
+  // p -= lr g twice, lr = 0.1f: each step's product and difference one rounding each:
+  // dp <= dp' + u lr |g| + u |p|.
+  const double lr = 0.1f;
+  std::vector<double> want = {1.0, -2.0}, bound = {0.0, 0.0};
+  const double g[2] = {0.5, 0.25};
+  for (int s = 0; s < 2; ++s) {
+    for (int i = 0; i < 2; ++i) {
+      want[i] -= lr * g[i];
+      bound[i] += kU * lr * g[i] + kU * std::abs(want[i]);
+    }
+  }
+  ExpectNear(reg.Find("w")->value.ToVector<float>(), want, bound, "plain sgd");
 }
 
 // ZeRO-Offload's path (state on the host, owned values and gradients copied there and
@@ -344,9 +399,17 @@ TEST(ClipTest, GlobalNormAndClippingOnOneRank) {
   // Above: every grad scaled by max_norm / (norm + 1e-6).
   const double norm = parallel::ClipGradNorm(reg, 2.0, one);
   EXPECT_DOUBLE_EQ(norm, std::sqrt(34.0));
+  // g * f32(scale): the factor's rounding and the product's, 2u relative (0 stays 0).
   const double scale = 2.0 / (std::sqrt(34.0) + 1e-6);
-  ExpectNear(reg.Find("a")->grad.ToVector<float>(), {3 * scale, 4 * scale}, "clipped a");
-  ExpectNear(reg.Find("experts.w")->grad.ToVector<float>(), {scale, 2 * scale, 2 * scale, 0},
+  const std::vector<double> want_a = {3 * scale, 4 * scale},
+                            want_w = {scale, 2 * scale, 2 * scale, 0};
+  auto two_u = [](const std::vector<double>& w) {
+    std::vector<double> b;
+    for (double x : w) b.push_back(2 * kU * std::abs(x));
+    return b;
+  };
+  ExpectNear(reg.Find("a")->grad.ToVector<float>(), want_a, two_u(want_a), "clipped a");
+  ExpectNear(reg.Find("experts.w")->grad.ToVector<float>(), want_w, two_u(want_w),
              "clipped experts");
   EXPECT_NEAR(parallel::GlobalGradNorm(reg, one), 2.0, 1e-6);
 }
