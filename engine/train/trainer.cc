@@ -376,10 +376,7 @@ void Trainer::PrintBanner(int64_t model_params, int64_t end) const {
 }
 
 void Trainer::LogStep(const StepMetrics& m) {
-  if (m.skipped && is_root()) {
-    std::printf("%s\n", nonfinite_.SkipNote(m).c_str());
-    metrics_->Write(MetricsJson(m));
-  }
+  if (m.skipped && is_root()) std::printf("%s\n", nonfinite_.SkipNote(m).c_str());
   losses_.push_back(m.loss);
   if (run_stats_.empty()) run_stats_.resize(m.moe.size());
   for (size_t i = 0; i < m.moe.size(); ++i) run_stats_[i].Add(m.moe[i]);

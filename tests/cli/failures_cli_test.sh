@@ -142,6 +142,8 @@ for np in 1 2; do
     fail "NaN skip np $np: no skip line: $(grep -i skip "$tmp/out")"
   record "$out" 3 | grep -q '"grad_norm":null,"nonfinite":true,"skipped":true,"nonfinite_param":"layers.1.moe.experts.w1 (expert 3)","nonfinite_skips":1' ||
     fail "NaN skip np $np: metrics of step 3: $(record "$out" 3 | cut -c1-300)"
+  [[ $(record "$out" 3 | wc -l) -eq 1 ]] ||
+    fail "NaN skip np $np: metrics.jsonl holds $(record "$out" 3 | wc -l) records of step 3, want 1"
   for s in 4 5; do
     record "$out" "$s" | grep -q '"nonfinite_skips":1' || fail "NaN skip np $np: step $s does not count the skip"
   done
