@@ -54,12 +54,17 @@ child=""  # the pid of the command in flight (run in the background so a signal 
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# remove_ns NS: kill whatever still runs in NS, then delete it (and with it its interfaces).
+# remove_ns NS: kill whatever still runs in NS (up to 5 s for it to go), then delete NS and
+# with it its interfaces.
 remove_ns() {
-  local pids
-  pids=$(ip netns pids "$1" 2>/dev/null)
-  # shellcheck disable=SC2086
-  [[ -z $pids ]] || kill -KILL $pids 2>/dev/null
+  local pids k
+  for ((k = 0; k < 50; ++k)); do
+    pids=$(ip netns pids "$1" 2>/dev/null)
+    [[ -n $pids ]] || break
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null
+    sleep 0.1
+  done
   ip netns del "$1" 2>/dev/null
 }
 
@@ -84,20 +89,24 @@ trap teardown EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
+trap 'exit 141' PIPE
 
-# What an earlier run killed by SIGKILL (its pid no longer alive) left behind.
+# alive PID: PID is a run of this script (not a pid reused by something else).
+alive() { grep -qs multihost_test "/proc/$1/cmdline"; }
+
+# What an earlier run killed by SIGKILL (its pid no longer a run of this script) left behind.
 reap_stale() {
   local ns dir pid
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^symh-[0-9]+-'); do
     pid=${ns#symh-}
     pid=${pid%%-*}
-    kill -0 "$pid" 2>/dev/null || { echo "removing $ns (its run, pid $pid, is gone)"; remove_ns "$ns"; }
+    alive "$pid" || { echo "removing $ns (its run, pid $pid, is gone)"; remove_ns "$ns"; }
   done
   for dir in "${TMPDIR:-/tmp}"/symh-*.*; do
     [[ -d $dir ]] || continue
     pid=${dir##*/symh-}
     pid=${pid%%.*}
-    kill -0 "$pid" 2>/dev/null || rm -rf "$dir"
+    alive "$pid" || rm -rf "$dir"
   done
 }
 
@@ -126,7 +135,10 @@ msg=$(ip netns exec "$sw" unshare --uts true 2>&1) || skip "cannot create a UTS 
 
 # ---- the hosts ------------------------------------------------------------------------------
 # Host i: namespace $prefix-hi, hostname symh-hi, eth0 at $subnet.i, its peer pi on br0.
-ip -n "$sw" link set lo up && ip -n "$sw" link set br0 up || { echo "FAIL: bridge up"; exit 1; }
+if ! { ip -n "$sw" link set lo up && ip -n "$sw" link set br0 up; }; then
+  echo "FAIL: cannot bring the bridge up"
+  exit 1
+fi
 for ((i = 1; i <= hosts; ++i)); do
   ns="$prefix-h$i"
   { ip netns add "$ns" &&
@@ -151,14 +163,15 @@ case "\$host" in
 $(for ((i = 1; i <= hosts; ++i)); do echo "  $subnet.$i) i=$i ;;"; done)
   *) echo "agent.sh: unknown host '\$host'" >&2; exit 1 ;;
 esac
-exec ip netns exec "$prefix-h\$i" unshare --uts sh -c 'hostname "\$0" && eval "\$1"' "symh-h\$i" "\$*"
+exec ip netns exec "$prefix-h\$i" unshare --uts \\
+  sh -c 'echo "\$0" >/proc/sys/kernel/hostname && eval "\$1"' "symh-h\$i" "\$*"
 EOF
 # Each rank notes where it runs, then becomes switchyard.
 mkdir -p "$tmp/place"
 cat >"$tmp/rank.sh" <<EOF
 #!/usr/bin/env bash
 r=\${OMPI_COMM_WORLD_RANK:-x}
-echo "\$(hostname) \$(ip netns identify \$\$) \${OMPI_COMM_WORLD_LOCAL_SIZE:-x}" >"\$PLACE/\$r"
+echo "\$(cat /proc/sys/kernel/hostname) \$(ip netns identify \$\$) \${OMPI_COMM_WORLD_LOCAL_SIZE:-x}" >"\$PLACE/\$r"
 exec "\$@"
 EOF
 chmod +x "$tmp/agent.sh" "$tmp/rank.sh"
@@ -166,6 +179,7 @@ chmod +x "$tmp/agent.sh" "$tmp/rank.sh"
 # across_hosts ARGS...: mpirun in host 1 (hostname symh-h1), np ranks over the hostfile.
 # The two "hosts" share this machine's cores: no binding (each orted would bind its ranks to
 # the same cores) and ranks yield while they wait, as --oversubscribe does on loopback.
+# shellcheck disable=SC2054  # the commas are Open MPI's
 mpi=(-np "$np" --hostfile "$tmp/hostfile" --map-by slot --bind-to none --mca mpi_yield_when_idle 1
      --mca plm rsh --mca plm_rsh_agent "$tmp/agent.sh" --mca plm_rsh_no_tree_spawn 1
      --mca pml ob1 --mca btl tcp,self --mca osc '^ucx'
@@ -174,8 +188,13 @@ if [[ $(id -u) -eq 0 ]]; then
   mpi+=(--allow-run-as-root)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # orted on host 2 too
 fi
+# Open MPI's session directories (named by hostname) and PMIx's files go under $tmp, so
+# that a killed run leaves none in /tmp.
+mpi+=(--mca orte_tmpdir_base "$tmp")
 across_hosts() {
-  bg 100 ip netns exec "$prefix-h1" unshare --uts sh -c 'hostname "$0" && exec "$@"' symh-h1 \
+  # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
+  TMPDIR="$tmp" bg 100 ip netns exec "$prefix-h1" unshare --uts \
+    sh -c 'echo "$0" >/proc/sys/kernel/hostname && exec "$@"' symh-h1 \
     mpirun "${mpi[@]}" -x PLACE="$tmp/place" bash "$tmp/rank.sh" "$@"
 }
 
@@ -246,14 +265,14 @@ layout() {
   t0=$(date +%s.%N)
   bg 100 bash "$mpirun_sh" "$np" "$bin" train "${run[@]}" --out "$tmp/loop-$tag" >"$tmp/loop-$tag.out" 2>&1
   [[ $rc -eq 0 ]] || { fail "$name on loopback: exit status $rc: $(grep -m3 -i error "$tmp/loop-$tag.out")"; return; }
-  echo "$(wall "$t0")" >"$tmp/loop-$tag.wall"
+  wall "$t0" >"$tmp/loop-$tag.wall"
   echo "--- $name on loopback ($SECONDS s)"
 
   for ((i = 1; i <= hosts; ++i)); do before[i]=$(rx_bytes "$i"); done
   rm -f "$tmp"/place/*
   t0=$(date +%s.%N)
   across_hosts "$bin" train "${run[@]}" --out "$tmp/hosts-$tag" >"$tmp/hosts-$tag.out" 2>&1
-  echo "$(wall "$t0")" >"$tmp/hosts-$tag.wall"
+  wall "$t0" >"$tmp/hosts-$tag.wall"
   if [[ $rc -ne 0 ]]; then
     fail "$name across $hosts hosts: exit status $rc$([[ $rc -eq 124 ]] && echo ' (timed out)')"
     tail -20 "$tmp/hosts-$tag.out"
@@ -296,6 +315,7 @@ layout "ep 2 x edp 2 (dp 4)" 2
 # ---- timing (not asserted) ------------------------------------------------------------------
 # The ep 4 run once more on loopback over tcp (no shared memory), beside the two above.
 t0=$(date +%s.%N)
+# shellcheck disable=SC2054
 loop_tcp=(--oversubscribe -np "$np" --mca pml ob1 --mca btl tcp,self --mca osc '^ucx'
           --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
 [[ $(id -u) -ne 0 ]] || loop_tcp+=(--allow-run-as-root)
