@@ -105,50 +105,11 @@ train_ok() {
   echo "--- $name ($SECONDS s)"
 }
 
-# losses.py: metrics.jsonl tools.
-cat >"$tmp/losses.py" <<'EOF'
-import json, re, sys
-
-def losses(path):
-    """step -> the loss exactly as written (the JSON text) of each training line."""
-    out = {}
-    for line in open(path):
-        m = re.match(r'\{"step":(\d+),"loss":([^,]+),', line)
-        if m:
-            step = int(m.group(1))
-            if step in out:
-                sys.exit(f"{path}: step {step} logged twice")
-            out[step] = m.group(2)
-    return out
-
-cmd, got_path, want_path = sys.argv[1], sys.argv[2], sys.argv[3]
-got, want = losses(got_path), losses(want_path)
-first, last = int(sys.argv[4]), int(sys.argv[5])
-steps = list(range(first, last + 1))
-if sorted(got) != steps:
-    sys.exit(f"{got_path}: steps {sorted(got)}, want {first}..{last}")
-bad, worst = [], 0.0
-for s in steps:
-    if s not in want:
-        sys.exit(f"{want_path}: no step {s}")
-    if cmd == "exact":
-        if got[s] != want[s]:
-            bad.append(f"step {s}: {got[s]} vs {want[s]}")
-    else:
-        a, b = float(got[s]), float(want[s])
-        rel = abs(a - b) / abs(b)
-        worst = max(worst, rel)
-        if not rel <= float(cmd):
-            bad.append(f"step {s}: {a} vs {b} (relative {rel:.2e})")
-if bad:
-    sys.exit("; ".join(bad[:5]))
-print(f"steps {first}..{last}: " + ("identical" if cmd == "exact" else f"max relative {worst:.2e}"))
-EOF
-
-# compare_losses NAME MODE GOT WANT FIRST LAST: MODE "exact" or a relative tolerance.
+# compare_losses NAME MODE GOT WANT FIRST LAST: MODE "exact" or a relative tolerance
+# (tests/cli/compare_losses.py).
 compare_losses() {
   local name="$1" mode="$2" got="$3" want="$4" first="$5" last="$6" msg
-  if msg=$($python "$tmp/losses.py" "$mode" "$got" "$want" "$first" "$last" 2>&1); then
+  if msg=$($python "$here/compare_losses.py" "$mode" "$got" "$want" "$first" "$last" 2>&1); then
     echo "    $name: $msg"
   else
     fail "$name: $msg"
