@@ -10,15 +10,20 @@
 //    losses within 1e-5, weights, saved model and optimizer state within 1e-4). With
 //    train.ordered_grad_accum=true, and on one layout per world false (stage 1 then reduces
 //    once after the schedule, stages 2-3 per bucket during the last backward). Each rank's
-//    model-state bytes (the allocator's ledger) are within 5% of the dry-run's prediction.
+//    model-state bytes (the allocator's ledger) are within 5% of the dry-run's prediction,
+//    and (dp <= 2) the validation losses logged after steps 2, 4 and 5 are stage 0's bit
+//    for bit.
 //  - CheckpointMovesBetweenPipelineAndZeroLayouts: 3 steps saved under a (pp, zero) layout
 //    are resumed under others (pp 1 <-> pp 2 <-> pp 4, interleaved, zero 1 <-> zero 3, and
 //    one rank); the resumed losses of steps 3-5 equal an uninterrupted one-rank run's
 //    within 1e-5.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -90,6 +95,17 @@ bool SameBits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
+// The validation losses a run logged (metrics.jsonl's "val_loss" records), in order.
+std::vector<double> ValLosses(const std::string& out) {
+  std::vector<double> losses;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) losses.push_back(j["val_loss"].get<double>());
+  }
+  return losses;
+}
+
 // The model-state bytes this rank holds against the dry-run's prediction for it.
 void ExpectMemoryAsPredicted(Trainer& t, const config::Config& config, int world, int rank) {
   const Trainer::Memory m = t.memory();
@@ -122,9 +138,18 @@ TEST_F(ZeroPipelineTest, StagesMatchStageZeroAndOneRank) {
     overrides.push_back("train.max_steps=" + std::to_string(kSteps));
     overrides.push_back("train.grad_accum=" + std::to_string(kMicroBatches / layout.dp));
     overrides.push_back(std::string("train.ordered_grad_accum=") + (layout.ordered ? "true" : "false"));
+    // Validation after steps 2 and 4 and the last: under ZeRO-3 it gathers each part as
+    // training's forward does. (The corpus's validation split holds 14 sequences: one batch
+    // of 4 per data-parallel rank needs dp <= 2.)
+    const bool validate = layout.dp <= 2;
+    if (validate) {
+      overrides.push_back("train.eval_every=2");
+      overrides.push_back("train.eval_batches=2");
+    }
     std::vector<double> stage0_losses;
     std::map<std::string, Tensor> stage0;
     std::string stage0_ckpt;
+    std::vector<double> stage0_val;  // on the root
     for (int stage = 0; stage <= 3; ++stage) {
       SCOPED_TRACE("zero_stage " + std::to_string(stage));
       std::vector<std::string> o = overrides;
@@ -144,9 +169,16 @@ TEST_F(ZeroPipelineTest, StagesMatchStageZeroAndOneRank) {
         stage0 = mine;
         stage0_losses = t.losses();
         stage0_ckpt = ckpt;
+        if (is_root()) stage0_val = ValLosses(out);
       } else {
         EXPECT_EQ(t.losses(), stage0_losses);
         identical = t.losses() == stage0_losses;
+        if (is_root()) {
+          const std::vector<double> val = ValLosses(out);
+          EXPECT_EQ(val.size(), validate ? 3u : 0u);  // after steps 2 and 4, and the last
+          EXPECT_EQ(val, stage0_val);
+          identical = identical && val == stage0_val;
+        }
         for (const auto& [name, value] : mine) {
           const bool same = SameBits(value, stage0.at(name));
           identical = identical && same;
