@@ -117,12 +117,4 @@ int64_t ParallelConfig::SmallestWorld() const {
   return std::lcm(int64_t{tp} * cp * pp, int64_t{expert_tp()} * ep * pp);
 }
 
-Status ParallelConfig::CheckSupported() const {
-  if (pp > 1 && zero_stage > 0) {
-    return Unimplemented("parallel.zero_stage=", zero_stage, " with parallel.pp=", pp,
-                         " is not supported yet; use zero_stage=0 with pipeline parallelism");
-  }
-  return OkStatus();
-}
-
 }  // namespace switchyard::config

@@ -53,9 +53,6 @@ struct ParallelConfig {
   // the layers split into the stages).
   Status Validate(const model::ModelConfig& model, const moe::MoEConfig& moe,
                   int64_t micro_batches, int world) const;
-  // The one check of what `switchyard train` and `eval` run today: an error naming the key
-  // of a parallelism that is not built yet (it shrinks as each one lands).
-  Status CheckSupported() const;
 };
 
 }  // namespace switchyard::config

@@ -189,11 +189,14 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   }
   // Workspace: one step of the rank's schedule (PredictStepWorkspace); the full gradients
   // of ZeRO stages 2-3 (of the partitioned parameters: the others' stay whole and count as
-  // gradients); two gathered stage-3 parts (the one in use, the next). zero_perf and
-  // tests/dist/pipeline_memory_test.cc compare it with the measured peak.
+  // gradients); two gathered stage-3 parts (the one in use, the next: a layer of the rank's
+  // stages each). zero_perf and tests/dist/pipeline_memory_test.cc compare it with the
+  // measured peak.
   r.workspace = PredictStepWorkspace(c, mesh, rank).peak;
   if (stage >= 2) r.workspace += 4.0 * synced;
-  if (stage >= 3) r.workspace += 2.0 * 4.0 * synced / std::max<int64_t>(1, c.model.n_layers);
+  if (stage >= 3) {
+    r.workspace += 2.0 * 4.0 * synced / std::max<int64_t>(1, HoldingsOf(c, mesh, rank).layers);
+  }
   return r;
 }
 

@@ -135,15 +135,21 @@ std::string PipelineReport(const config::Config& c, const dist::Mesh& mesh, Stat
                   FormatBytes(st.activation_bytes()).c_str());
     out << line;
   }
-  out << "  workspace per pipeline rank (one step walked through its list: activations, "
-         "messages, gradient accumulation, buckets):\n";
-  std::snprintf(line, sizeof(line), "    %4s %14s %16s  %s\n", "rank", "peak", "activations pk",
-                "at");
+  out << "  memory per pipeline rank (model states: the stage's parameters under zero_stage "
+      << c.parallel.zero_stage << ", each part divided over its data-parallel group as the "
+         "stage shards it; workspace: one step walked through its list: activations, "
+         "messages, gradient accumulation, buckets, and the ZeRO terms):\n";
+  std::snprintf(line, sizeof(line), "    %4s %14s %14s %16s %14s  %s\n", "rank", "model states",
+                "peak", "activations pk", "total", "at");
   out << line;
+  const std::vector<int> group = mesh.GroupOf(0, dist::View::kDense, {dist::Axis::kPp});
   for (int r = 0; r < plan->pp; ++r) {
     const StepWorkspace& w = plan->ranks[r];
-    std::snprintf(line, sizeof(line), "    %4d %14s %16s  %s\n", r, FormatBytes(w.peak).c_str(),
-                  FormatBytes(w.activations_peak).c_str(), w.peak_at.c_str());
+    const RankMemory m = PredictRankMemory(c, mesh, group[r]);
+    std::snprintf(line, sizeof(line), "    %4d %14s %14s %16s %14s  %s\n", r,
+                  FormatBytes(m.model_states()).c_str(), FormatBytes(m.workspace).c_str(),
+                  FormatBytes(w.activations_peak).c_str(), FormatBytes(m.total()).c_str(),
+                  w.peak_at.c_str());
     out << line;
   }
   return out.str();

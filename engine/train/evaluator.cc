@@ -128,7 +128,6 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const config::Config& con
                                                        dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
-  SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
   std::unique_ptr<Evaluator> ev(new Evaluator(config, world));
   const config::ParallelConfig& p = config.parallel;
   const config::TrainConfig& tc = config.train;

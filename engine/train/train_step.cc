@@ -137,7 +137,7 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
   if (OrderedAccumulation()) {
     hooks.before_backward = [&](int, int) { reg.ZeroGrad(ctx); };
     hooks.after_backward = [&](int, int) { grads.Add(PackGrads(reg, ctx)); };
-  } else {
+  } else if (ReduceDuringBackward()) {
     // The last backward: each part's gradient bucket goes out as soon as it is final.
     hooks.on_last_backward_done = [&](const std::string& part) {
       ScopedPhase phase(Phase::kCommunication);
@@ -227,25 +227,31 @@ void Trainer::SumTiedEmbeddingGrads() {
   const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
   if (!first && !last) return;
   // The token table's copy on this stage, as the decoder marked it (Parameter::tied).
-  parallel::Parameter* wte = nullptr;
-  for (parallel::Parameter& p : registry_.params()) {
-    if (!p.tied) continue;
-    SY_CHECK(wte == nullptr) << "two tied parameters on one rank: " << wte->name << ", " << p.name;
-    wte = &p;
+  const std::vector<parallel::Parameter>& params = registry_.params();
+  size_t wte = params.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].tied) continue;
+    SY_CHECK(wte == params.size()) << "two tied parameters on one rank: " << params[wte].name
+                                   << ", " << params[i].name;
+    wte = i;
   }
-  SY_CHECK(wte != nullptr) << "the first and last pipeline stages hold the tied token table";
+  SY_CHECK(wte < params.size()) << "the first and last pipeline stages hold the tied token table";
+  // Its summed gradient as this rank holds it: whole, or the range it owns under ZeRO (the
+  // same range on both stages).
+  Tensor mine = zero_->OwnedGrad(wte);
+  if (mine.numel() == 0) return;  // the peer owns nothing of it either
   DeviceContext* ctx = rt_.ctx.get();
-  Tensor other = Tensor::Empty(wte->grad.shape(), DType::kF32, wte->grad.device());
+  Tensor other = Tensor::Empty(mine.shape(), DType::kF32, mine.device());
   const int peer = first ? pp.size() - 1 : 0;
-  std::vector<dist::P2POp> ops = {{dist::P2POp::kSend, wte->grad, peer},
+  std::vector<dist::P2POp> ops = {{dist::P2POp::kSend, mine, peer},
                                   {dist::P2POp::kRecv, other, peer}};
   pp.BatchSendRecv(ops)->Wait();
   // first + last on both ranks: the same bits.
   if (first) {
-    kernels::Axpy(1.0f, other, wte->grad, ctx);
+    kernels::Axpy(1.0f, other, mine, ctx);
   } else {
-    kernels::Axpy(1.0f, wte->grad, other, ctx);
-    wte->grad.CopyFrom(other, ctx);
+    kernels::Axpy(1.0f, mine, other, ctx);
+    mine.CopyFrom(other, ctx);
   }
 }
 

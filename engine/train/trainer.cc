@@ -46,7 +46,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const config::Config& config,
                                                    dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
   SY_RETURN_IF_ERROR(config.model.Validate());
-  SY_RETURN_IF_ERROR(config.parallel.CheckSupported());
   // The watchdog asks the other ranks over a duplicate of the MPI world: only a trainer
   // over the whole world starts it (every rank gets here).
   if (world.size() > 1 && world.size() == dist::WorldSize()) {
@@ -90,6 +89,15 @@ void Trainer::BuildGradientSync() {
     part_params_[part].push_back(i);
   }
   const int stage = config_.parallel.zero_stage;
+  // How the buckets are cut: by part under ZeRO-3; under ZeRO with pipeline stages the tied
+  // token table alone (a part of its own), so that rank r of the data-parallel group owns
+  // the same range of it on the first and the last stage (SumTiedEmbeddingGrads).
+  std::vector<int> bucket_part = stage >= 3 ? part_of : std::vector<int>{};
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (stage == 0 || !params[i].tied) continue;
+    if (bucket_part.empty()) bucket_part.assign(params.size(), 0);
+    bucket_part[i] = static_cast<int>(part_names.size());
+  }
   DeviceContext* ctx = rt_.ctx.get();
   dist::ParallelContext& data_pc = this->data_pc();
   grad_sync_ = std::make_unique<parallel::GradSync>(
@@ -100,7 +108,7 @@ void Trainer::BuildGradientSync() {
       parallel::GradSyncOptions{.bucket_bytes = config_.train.bucket_bytes(),
                                 .reduce_scatter = stage >= 1,
                                 .persistent_shard = stage >= 2,
-                                .part_of = stage >= 3 ? part_of : std::vector<int>{}},
+                                .part_of = bucket_part},
       ctx);
   zero_ = std::make_unique<parallel::ZeroShards>(registry_, *grad_sync_, stage, part_of,
                                                  part_names, ctx);

@@ -49,8 +49,7 @@ Status CheckSameModel(const std::string& saved_yaml, const std::string& source, 
 
 class Trainer {
  public:
-  // Validates the config for this world (config::ParallelConfig::CheckSupported rejects
-  // the combinations not supported yet), builds the mesh, the model chunks of this rank's
+  // Validates the config for this world, builds the mesh, the model chunks of this rank's
   // pipeline stages, the gradient sync and ZeRO, the optimizer, the data loader and the
   // pipeline runner, and makes the output directory ready. Collective over world.
   static StatusOr<std::unique_ptr<Trainer>> Create(const config::Config& config,
@@ -175,6 +174,14 @@ class Trainer {
   bool OrderedAccumulation() const {
     return config_.train.ordered_grad_accum && config_.train.grad_accum > 1;
   }
+  // Without ordered accumulation, whether the gradient buckets go out during the last
+  // backward (each part's as it finishes) rather than once after the whole schedule: every
+  // stage but ZeRO-1 under pipeline parallelism, which reduces once per step as
+  // Megatron-DeepSpeed's pipeline engine does (docs/pipeline.md, "ZeRO under pipeline
+  // parallelism").
+  bool ReduceDuringBackward() const {
+    return !(config_.parallel.zero_stage == 1 && config_.parallel.pp > 1);
+  }
   double Validate();
   Status Save();
   // The model's parameters as a checkpoint reads and writes them: whole boxes, of which a
@@ -182,7 +189,9 @@ class Trainer {
   // (ZeroShards::CheckpointParameters). Values share storage with the model's.
   parallel::ParameterRegistry CheckpointRegistry() const;
   // Tied embeddings over pipeline stages: the first and the last stage add their token
-  // table gradients (first + last, on both, so the copies stay equal). Collective over pp.
+  // table gradients (first + last, on both, so the copies stay equal). Under ZeRO each adds
+  // the summed range it owns: the table has a bucket of its own on both stages
+  // (BuildGradientSync), so pipeline peers own the same range. Collective over pp.
   void SumTiedEmbeddingGrads();
   // Every MoE layer's expert bias (moe_layer_ids_ order, E each), gathered over the
   // pipeline stages; empty without aux-loss-free balancing. Collective over pp.

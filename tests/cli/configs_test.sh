@@ -11,7 +11,8 @@
 # pp 2 and GPipe pp 4 — the lists checked OK, the analytic bubble (p-1)/(m+p-1), each
 # stage's layers and micro-batches in flight (1F1B: pp - stage; GPipe: m), its activation
 # memory = in flight x one micro-batch's, one workspace row per pipeline rank — and more
-# stages than layers: exit status 2 and one line naming the setting.
+# stages than layers: exit status 2 and one line naming the setting. ZeRO 1-3 under pp 2 x dp 2:
+# each pipeline rank's model states are 12/16, 10/16 and 8/16 of stage 0's.
 # Also: docs/config.md has a row for every key of engine/config/config.cc's key tables.
 # A config whose layout needs more ranks than this one process (parallel.ep = 8, 16 ...)
 # must fail only on the world size; it is then dry-run again with parallel.ep=1, which
@@ -96,7 +97,7 @@ pipeline_case() {
     fail "pipeline $name: bubble is not $bubble: $(grep bubble "$out")"
   # Stage rows: "stage rank layers... cost in_flight X.XX unit X.XX unit".
   local rows
-  rows=$(awk '/^    stage rank/ { on = 1; next } on && /^  workspace/ { on = 0 } on' "$out")
+  rows=$(awk '/^    stage rank/ { on = 1; next } on && /^  memory per pipeline rank/ { on = 0 } on' "$out")
   local got
   got=$(echo "$rows" | awk '{ printf "%s ", $(NF - 4) }')
   [[ "$got" == "$flights " ]] || fail "pipeline $name: in flight per stage '$got', want '$flights '"
@@ -107,7 +108,7 @@ pipeline_case() {
     END { exit bad }' >"$tmp/pipeline.bad" ||
     fail "pipeline $name: activations are not in flight x one micro-batch's: $(cat "$tmp/pipeline.bad")"
   local workspace_rows
-  workspace_rows=$(awk '/^    rank +peak/ { on = 1; next } on' "$out" | wc -l)
+  workspace_rows=$(awk '/^    rank +model states +peak/ { on = 1; next } on' "$out" | wc -l)
   [[ $workspace_rows -eq $(echo "$rows" | wc -l) ]] || fail "pipeline $name: $workspace_rows workspace rows"
   echo "pipeline $name: in flight $got, bubble $bubble"
 }
@@ -117,6 +118,28 @@ grep -q "^        0    0  embedding + layers 0-1 " "$tmp/pipeline_1f1b_pp2_m4.ou
   fail "pipeline 1f1b_pp2_m4: the stages are not [embedding + layers 0-1, layers 2-3 + head]"
 pipeline_case gpipe_pp4_m8 0.2727 "8 8 8 8" --set parallel.pp=4 --set train.grad_accum=8 \
   --set parallel.pipeline_schedule=gpipe
+# ZeRO under pipeline parallelism (world 4: pp 2 x dp 2, every parameter partitioned over
+# its stage's 2 data-parallel ranks): each pipeline rank's model states are its stage's 16 P
+# at zero 0, 8 P + 8 P / 2 = 12 P at zero 1, 4 P + 12 P / 2 = 10 P at zero 2, 16 P / 2 = 8 P
+# at zero 3 (within 1%: the table rounds to 0.01 MiB).
+zero_states() {  # zero_states STAGE: the model-state bytes of each pipeline rank
+  "$bin" train --config "$configs/switch-tiny.yaml" --dry-run --world 4 --set parallel.pp=2 \
+    --set train.grad_accum=4 --set parallel.zero_stage="$1" 2>&1 | awk '
+    function bytes(v, u) { return v * (u == "KiB" ? 1024 : u == "MiB" ? 1048576 : u == "GiB" ? 1073741824 : 1) }
+    /^    rank +model states/ { on = 1; next } on { printf "%.0f ", bytes($2, $3) }'
+}
+zero0=$(zero_states 0)
+[[ $(echo "$zero0" | wc -w) -eq 2 ]] || fail "zero under pp: no model states per pipeline rank: '$zero0'"
+for case in "1 12" "2 10" "3 8"; do
+  set -- $case
+  got=$(zero_states "$1")
+  awk -v a="$got" -v b="$zero0" -v k="$2" 'BEGIN {
+    n = split(a, x, " "); split(b, y, " ")
+    if (n != 2) exit 1
+    for (i = 1; i <= n; ++i) if (x[i] < 0.99 * y[i] * k / 16 || x[i] > 1.01 * y[i] * k / 16) exit 1
+  }' || fail "zero under pp: zero $1's model states per pipeline rank are '$got', want $2/16 of zero 0's '$zero0'"
+done
+echo "zero under pp: model states per pipeline rank $zero0 (zero 0) -> $(zero_states 3) (zero 3)"
 # More stages than layers: one line on stderr, exit status 2, no report.
 "$bin" train --config "$configs/switch-tiny.yaml" --dry-run --set parallel.pp=8 \
   --set train.grad_accum=8 >"$tmp/pp8.out" 2>"$tmp/pp8.err"
