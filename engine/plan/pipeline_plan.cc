@@ -104,9 +104,6 @@ std::string PipelineReport(const config::Config& c, const dist::Mesh& mesh, Stat
       << ", " << plan->micro_batches << " micro-batches (train.grad_accum)";
   if (interleaved) out << ", " << plan->virtual_stages << " virtual stages";
   out << ", " << plan->stages.size() << " model stages of " << c.model.n_layers << " layers\n";
-  if (interleaved) {
-    out << "  (the trainer runs gpipe and 1f1b; the interleaved schedule is planned here only)\n";
-  }
   if (plan->order.ok()) {
     out << "  action lists: OK (pipeline group "
         << dist::FormatGroup(mesh.GroupOf(0, dist::View::kDense, {dist::Axis::kPp}))
