@@ -180,7 +180,7 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
   Tensor dgates = Normal({G * T, k}, 7, 1.0f);
   const std::vector<float> daux = {0.5f, 0.75f}, dz = {0.25f, 2.0f};
   Tensor dh = Tensor::Zeros({G * T, d}, DType::kF32), dwr = Tensor::Zeros({d, E}, DType::kF32);
-  RouteGroupsBackward(whole.router, whole.balance, wr, c, dgates, daux, dz, 0, dh, dwr);
+  RouteGroupsBackward(whole.router, whole.terms, wr, c, dgates, daux, dz, 0, dh, dwr);
   const RouterTermScale terms = RouterTerms(whole, wr, c, dgates, daux, dz);
 
   MoEStats sum;
@@ -213,7 +213,7 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
     EXPECT_EQ(s.groups, r == 0 ? G : 0);
     sum.Add(s);
     Tensor own_dh = Tensor::Zeros({G * t, d}, DType::kF32);
-    RouteGroupsBackward(piece.router, piece.balance, wr, c, own_dgates, daux, dz, r, own_dh,
+    RouteGroupsBackward(piece.router, piece.terms, wr, c, own_dgates, daux, dz, r, own_dh,
                         dwr_sum);
     std::vector<float> got_dh, want_dh;
     std::vector<double> dh_scale;
