@@ -209,7 +209,7 @@ class MoEDispatchPerf final : public Benchmark {
       nodes_sum += reached;
       nodes_max = std::max(nodes_max, reached);
     }
-    const double all = h.Sum(double(t)), bound = static_cast<double>(std::min(k, group_topk_));
+    const double all = h.Sum(double(t)), bound = static_cast<double>(std::min<int64_t>(k, group_topk_));
     const double mean_nodes = h.Sum(nodes_sum) / all, max_nodes = h.Max(nodes_max);
     const double agg = h.Sum(remote_nodes) / all, flat = h.Sum(remote_rows) / all;
     const double row_bytes = 4.0 * hidden_;
