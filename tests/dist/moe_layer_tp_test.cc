@@ -268,6 +268,23 @@ std::vector<Case> Cases() {
     c.config.expert_bias_rate = 0.001f;
     cases.push_back(c);
   }
+  {
+    // DeepSeek-V3's router: sigmoid scores, normalised gates, node-limited routing (4 groups
+    // of 2 experts, 2 groups per token), the expert bias, and the sequence-wise aux loss
+    // over sequences of 12 tokens (straddling the tp pieces; the last one shorter).
+    Case c{"top2_sigmoid_node_limited_sequence_aux", BaseConfig()};
+    c.config.top_k = 2;
+    c.config.score = ScoreFunction::kSigmoid;
+    c.config.normalize_gates = true;
+    c.config.route_groups = 4;
+    c.config.route_group_topk = 2;
+    c.config.expert_bias_rate = 0.001f;
+    c.config.aux_loss_scope = AuxLossScope::kSequence;
+    c.config.seq_len = 12;
+    c.config.aux_loss_coef = 0.1f;
+    c.config.capacity_factor = 1.0f;
+    cases.push_back(c);
+  }
   return cases;
 }
 
