@@ -17,11 +17,21 @@
 //           the dispatcher's fresh output tensor per call); pre_ratio = prealloc / mpi
 //   #wrong  with identity experts and gates g, combine must give y_t = g * kept_t * h_t
 //           (k h with unit gates and nothing dropped, h with --gates mean)
+// Node-limited routing (--route_groups G --route_group_topk M, docs/model.md): the ranks
+// form G simulated nodes of n/G ranks (E/G experts each, one routing group per node) and
+// the choice is the router's own (kernels::RouterTopKScored) on logits ln(weight_e) +
+// Gumbel noise, so the routing spec's popularity still applies. Printed beside the bound
+// of the page: nodes a token reaches <= min(k, M); inter-node bytes per token, one row per
+// (token, other node) as a node-aggregating (hierarchical) exchange sends them,
+// <= min(k, M) d 4, and the flat all_to_all_v's one row per assignment beside it.
+#include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "benchmarks/benchmark.h"
 #include "benchmarks/routing.h"
+#include "engine/core/philox.h"
+#include "kernels/moe_routing.h"
 #include "moe/capacity.h"
 #include "moe/dispatcher.h"
 #if SY_HAVE_MPI
@@ -49,6 +59,9 @@ class MoEDispatchPerf final : public Benchmark {
                     "capacity factor per rank's tokens; 0 = dropless (default)");
     flags.AddString("gates", &gates_, "unit (y = k h) or mean (gates 1/k, y = h) (default unit)");
     flags.AddInt("seed", &seed_, "seed of the routing draws (default 1)");
+    flags.AddInt("route_groups", &groups_,
+                 "G > 0: node-limited routing over G simulated nodes of ranks/G ranks");
+    flags.AddInt("route_group_topk", &group_topk_, "M: the nodes a token may use (1..G)");
   }
 
   // The flags, this rank's routing admitted to capacity as one group, the input and gates.
@@ -66,7 +79,13 @@ class MoEDispatchPerf final : public Benchmark {
     SY_ASSIGN_OR_RETURN(spec_,
                         RoutingSpecFromFlags(skew_text_, hot_, hot_share_text_, experts_, seed_));
     const int64_t t = tokens_, d = hidden_, k = topk_, e = experts_;
-    choice_ = DrawTopK(spec_, t, k, me);
+    if (groups_ != 0 && (groups_ < 1 || n % groups_ != 0 || group_topk_ < 1 ||
+                         group_topk_ > groups_ || k > group_topk_ * (e / groups_))) {
+      return InvalidArgument("--route_groups=", groups_, " must divide the ", n,
+                             " ranks, with 1 <= --route_group_topk=", group_topk_,
+                             " <= G and --topk <= M E / G");
+    }
+    choice_ = groups_ > 0 ? NodeLimitedChoice(me) : DrawTopK(spec_, t, k, me);
     kept_.assign(t * k, 1);
     if (cf_ > 0) {
       moe::Admission adm =
@@ -131,8 +150,9 @@ class MoEDispatchPerf final : public Benchmark {
     return wrong;
   }
 
-  // The second table: each phase's time and share.
+  // The second table: each phase's time and share (and the node-limited traffic).
   void Conclude(Harness& h, Table& table) override {
+    if (groups_ > 0) PrintNodeTraffic(h);
     h.Printf("#\n#        phase   time(us)  share(%%)\n");
     for (const char* name : kPhases) {
       const double s = phase_time_[name];
@@ -145,10 +165,67 @@ class MoEDispatchPerf final : public Benchmark {
   nlohmann::json Extra(const Harness& h) const override {
     return {{"tokens", tokens_}, {"hidden", hidden_}, {"experts", experts_},
             {"topk", topk_},     {"capacity", cf_},   {"gates", gates_},
-            {"split", spec_.Name()}, {"phases", phases_}};
+            {"split", spec_.Name()}, {"phases", phases_}, {"route_groups", groups_},
+            {"route_group_topk", group_topk_}, {"node_traffic", node_traffic_}};
   }
 
  private:
+  // The router's node-limited top-k of T tokens on logits ln(weight_e) + Gumbel(0, 1),
+  // keyed by (seed, rank, element).
+  std::vector<int32_t> NodeLimitedChoice(int rank) const {
+    const int64_t t = tokens_, e = experts_, k = topk_;
+    const std::vector<double> w = ExpertWeights(spec_);
+    const RngKey key{static_cast<uint64_t>(seed_), StreamId(StrCat("node_limited.", rank))};
+    std::vector<float> logits(t * e);
+    for (int64_t i = 0; i < t * e; ++i) {
+      const double u = std::max(static_cast<double>(UniformAt(key, i)), 1e-12);
+      logits[i] = static_cast<float>(std::log(std::max(w[i % e], 1e-30)) - std::log(-std::log(u)));
+    }
+    Tensor probs = Tensor::Empty({t, e}, DType::kF32), idx = Tensor::Empty({t, k}, DType::kI32),
+           gates = Tensor::Empty({t, k}, DType::kF32), keep = Tensor::Empty({t, k}, DType::kU8);
+    Tensor none;
+    kernels::RouterTopKScored(Tensor::FromVector(logits, {t, e}), Tensor(),
+                              {.groups = groups_, .group_topk = group_topk_}, false, RngKey{},
+                              0, probs, none, idx, gates, keep);
+    return idx.ToVector<int32_t>();
+  }
+
+  // Nodes reached per token and rows leaving the token's node (kept assignments), summed
+  // over every rank, beside the bound min(k, M).
+  void PrintNodeTraffic(Harness& h) {
+    const int64_t t = tokens_, k = topk_, per_node = experts_ / groups_;
+    const int own = h.rank() / (h.ranks() / groups_);
+    double nodes_sum = 0, nodes_max = 0, remote_nodes = 0, remote_rows = 0;
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<bool> seen(groups_, false);
+      for (int64_t j = 0; j < k; ++j) {
+        if (!kept_[i * k + j]) continue;
+        const int64_t node = choice_[i * k + j] / per_node;
+        if (node != own) remote_rows += 1;
+        if (!seen[node] && node != own) remote_nodes += 1;
+        seen[node] = true;
+      }
+      const double reached = static_cast<double>(std::count(seen.begin(), seen.end(), true));
+      nodes_sum += reached;
+      nodes_max = std::max(nodes_max, reached);
+    }
+    const double all = h.Sum(double(t)), bound = static_cast<double>(std::min<int64_t>(k, group_topk_));
+    const double mean_nodes = h.Sum(nodes_sum) / all, max_nodes = h.Max(nodes_max);
+    const double agg = h.Sum(remote_nodes) / all, flat = h.Sum(remote_rows) / all;
+    const double row_bytes = 4.0 * hidden_;
+    h.Printf("# node-limited routing: %d nodes of %d ranks, M = %d, k = %d\n", groups_,
+             h.ranks() / groups_, group_topk_, topk_);
+    h.Printf("#   nodes per token      mean %.3f  max %.0f   bound min(k, M) = %.0f\n",
+             mean_nodes, max_nodes, bound);
+    h.Printf("#   inter-node bytes/token, one row per (token, node): %.1f  bound min(k, M) d 4 = "
+             "%.0f\n#   inter-node bytes/token, one row per assignment (flat a2a): %.1f "
+             "(k d 4 = %.0f)\n#\n",
+             agg * row_bytes, bound * row_bytes, flat * row_bytes, k * row_bytes);
+    node_traffic_ = {{"nodes_per_token_mean", mean_nodes}, {"nodes_per_token_max", max_nodes},
+                     {"bound_nodes", bound}, {"aggregated_bytes_per_token", agg * row_bytes},
+                     {"bound_bytes_per_token", bound * row_bytes},
+                     {"flat_bytes_per_token", flat * row_bytes}};
+  }
   // Times every phase of -n whole dispatches + combines (after -w); returns the median
   // iteration of the slowest rank and keeps each phase's likewise, and the last y.
   double TimePhases(Harness& h) {
@@ -228,6 +305,8 @@ class MoEDispatchPerf final : public Benchmark {
   }
 
   int tokens_ = 4096, hidden_ = 1024, experts_ = 8, topk_ = 2, hot_ = 0, seed_ = 1;
+  int groups_ = 0, group_topk_ = 0;
+  nlohmann::json node_traffic_;
   std::string skew_text_, hot_share_text_ = "0.75", capacity_text_ = "0", gates_ = "unit";
   double cf_ = 0;
   RoutingSpec spec_;

@@ -23,6 +23,8 @@ F32 = np.float32
 # When a list, moe() appends (layer, experts (T, k), gates (T, k), kept (T, k)) of every
 # routing group it runs (the route test compares `switchyard route` with them).
 ROUTING_TRACE = None
+# moe() appends (layer, aux) of every routing group it runs (main() reports their means).
+AUX_VALUES = []
 
 
 # ---- Files ----------------------------------------------------------------------------
@@ -215,23 +217,69 @@ def expert_capacity(cf, tokens, k, e):
     return int(n) if abs(x - n) <= 1e-6 * x else math.ceil(x)
 
 
-def moe(h, p, name, layer, cfg, step, first_token):
+def router_scores(logits, cfg):
+    """(scores, probs) of logits (T, E): softmax (scores = probs), or sigmoid with
+    probs = scores / their sum over the experts (float64, rounded to f32)."""
+    l64 = logits.astype(np.float64)
+    if cfg.get("score", "softmax") == "sigmoid":
+        s = 1.0 / (1.0 + np.exp(-l64))
+        return s.astype(F32), (s / s.sum(-1, keepdims=True)).astype(F32)
+    z = np.exp(l64 - l64.max(-1, keepdims=True))
+    probs = (z / z.sum(-1, keepdims=True)).astype(F32)
+    return probs, probs
+
+
+def choose(choice, k, groups, group_topk):
+    """The top-k experts of choice scores (T, E), best first, ties to the smaller index;
+    with groups G > 0 only among the experts of each token's group_topk best groups (a
+    group of E/G contiguous experts scores the f32 sum of its two largest choice scores)."""
+    T, E = choice.shape
+    if groups:
+        n = E // groups
+        top = -np.sort(-choice.reshape(T, groups, n), axis=2)    # each group, descending
+        group_score = top[:, :, 0] + top[:, :, 1] if n >= 2 else top[:, :, 0]
+        best = np.argsort(-group_score, axis=1, kind="stable")[:, :group_topk]
+        allowed = np.zeros((T, groups), dtype=bool)
+        np.put_along_axis(allowed, best, True, axis=1)
+        choice = np.where(np.repeat(allowed, n, axis=1), choice, F32(-np.inf))
+    return np.argsort(-choice, axis=1, kind="stable")[:, :k]
+
+
+def balance_loss(probs, idx, cfg, seq_len, load):
+    """The load-balancing loss of a group (docs/model.md, "Auxiliary losses"), float64."""
+    T, E = probs.shape
+    k = idx.shape[1]
+    coef = float(F32(cfg["aux_loss_coef"]))
+    def term(pr, ix, f=None):
+        if f is None:
+            f = np.bincount(ix.reshape(-1), minlength=E) / (pr.shape[0] * k)
+        return coef * E * float((f * pr.astype(np.float64).mean(0)).sum())
+    scope = cfg.get("aux_loss_scope", "group")
+    if scope == "sequence" and 0 < seq_len < T:
+        parts = [term(probs[b:b + seq_len], idx[b:b + seq_len]) for b in range(0, T, seq_len)]
+        return sum(parts) / len(parts)
+    if scope == "global":
+        return term(probs, idx, load.astype(np.float64))
+    return term(probs, idx)
+
+
+def moe(h, p, name, layer, cfg, step, first_token, seq_len=0):
     """The MoE layer on one routing group h (T, d), in eval mode."""
     T = h.shape[0]
     E, k = cfg["num_experts"], cfg["top_k"]
     logits = h @ p[name + ".router.weight"]                      # (T, E)
-    z = np.exp((logits - logits.max(-1, keepdims=True)).astype(np.float64))
-    probs = (z / z.sum(-1, keepdims=True)).astype(F32)
-    score = probs + p[name + ".expert_bias"] if name + ".expert_bias" in p else probs
-    idx = np.argsort(-score, axis=1, kind="stable")[:, :k]       # ties: the smaller index
-    gates = np.take_along_axis(probs, idx, axis=1)
+    scores, probs = router_scores(logits, cfg)
+    choice = scores + p[name + ".expert_bias"] if name + ".expert_bias" in p else scores
+    idx = choose(choice, k, cfg.get("route_groups", 0), cfg.get("route_group_topk", 0))
+    AUX_VALUES.append((layer, balance_loss(probs, idx, cfg, seq_len, p.get(name + ".expert_load"))))
+    gates = np.take_along_axis(scores, idx, axis=1)
     if cfg["normalize_gates"]:
         gates = gates / gates.sum(1, keepdims=True)
     keep = np.ones((T, k), dtype=bool)
     if cfg["second_expert_policy"] == "random":
         stream = fnv1a64(f"layers.{layer}.moe.router.second_expert.step.{step}")
         for t in range(T):
-            p1, p2 = probs[t, idx[t, 0]], probs[t, idx[t, 1]]
+            p1, p2 = scores[t, idx[t, 0]], scores[t, idx[t, 1]]
             u = uniform_at(cfg["seed"], stream, first_token + t)
             keep[t, 1] = u < 2 * float(p2 / (p1 + p2))
     capacity = expert_capacity(cfg["eval_capacity_factor"], T, k, E)
@@ -278,7 +326,7 @@ def forward_ce(tokens, targets, p, cfg, step, first_token):
         x = x + attention(norm(x, p, f"layers.{i}.norm1", m), p, f"layers.{i}.attn", m)
         h = norm(x, p, f"layers.{i}.norm2", m)
         if i % e["layer_freq"] == e["layer_freq"] - 1:
-            y = moe(h.reshape(b * s, -1), p, f"layers.{i}.moe", i, e, step, first_token)
+            y = moe(h.reshape(b * s, -1), p, f"layers.{i}.moe", i, e, step, first_token, s)
             x = x + y.reshape(b, s, -1)
         else:
             w = lambda key: p.get(f"layers.{i}.mlp.{key}")
@@ -314,7 +362,12 @@ def main(argv):
         s, n = forward_ce(rows[:, :-1], rows[:, 1:], p, cfg, step, first_token=b * mbs * seq)
         ce += s
         count += n
-    print(json.dumps({"step": step, "batches": batches, "tokens": count, "loss": ce / count}))
+    per_layer = {}
+    for layer, aux in AUX_VALUES:
+        per_layer.setdefault(layer, []).append(aux)
+    aux_loss = sum(sum(v) / len(v) for v in per_layer.values())
+    print(json.dumps({"step": step, "batches": batches, "tokens": count, "loss": ce / count,
+                      "aux_loss": aux_loss}))
 
 
 if __name__ == "__main__":

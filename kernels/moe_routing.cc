@@ -53,6 +53,69 @@ void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool r
                                       first_token, probs, indices, gates, keep, ctx));
 }
 
+void RouterTopKScored(const Tensor& logits, const Tensor& bias, const RouterScoring& scoring,
+                      bool random_second, RngKey second_key, int64_t first_token,
+                      Tensor& probs, Tensor& scores, Tensor& indices, Tensor& gates,
+                      Tensor& keep, DeviceContext* ctx) {
+  if (!scoring.sigmoid && scoring.groups == 0) {
+    SY_CHECK(!scores.defined()) << "RouterTopKScored: softmax scores are the probs";
+    RouterTopK(logits, bias, scoring.normalize, random_second, second_key, first_token, probs,
+               indices, gates, keep, ctx);
+    return;
+  }
+  constexpr const char* kOp = "RouterTopKScored";
+  CheckMatrix(logits, DType::kF32, kOp, "logits");
+  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  const Device dev = indices.device();
+  const int64_t T = logits.dim(0), E = logits.dim(1), k = indices.dim(1);
+  SY_CHECK(dev.is_cpu()) << "moe.score=sigmoid and moe.route_groups run on the CPU only, got "
+                         << dev.ToString();
+  const int64_t G = scoring.groups, M = scoring.group_topk;
+  SY_CHECK(G == 0 || (E % G == 0 && M >= 1 && M <= G && k <= M * (E / G)))
+      << kOp << ": " << G << " groups, top " << M << " of them, k=" << k << ", E=" << E;
+  SY_CHECK(k >= 1 && k <= E) << kOp << ": top_k=" << k << " for " << E << " experts";
+  SY_CHECK(!random_second || k == 2) << kOp << ": the random second expert needs top_k=2";
+  CheckLike(probs, DType::kF32, dev, {T, E}, kOp, "probs");
+  if (scoring.sigmoid) {
+    CheckLike(scores, DType::kF32, dev, {T, E}, kOp, "scores");
+  } else {
+    SY_CHECK(!scores.defined()) << kOp << ": softmax scores are the probs";
+  }
+  CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
+  CheckLike(keep, DType::kU8, dev, {T, k}, kOp, "keep");
+  if (bias.defined()) CheckLike(bias, DType::kF32, dev, {E}, kOp, "expert bias");
+  cpu::RouterTopKScored(logits, bias, scoring, random_second, second_key, first_token, probs,
+                        scores, indices, gates, keep);
+}
+
+void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tensor& indices,
+                          const Tensor& gates, const Tensor& dgates, const Tensor& dprobs,
+                          const Tensor& dlogits_extra, const RouterScoring& scoring,
+                          Tensor& dlogits, DeviceContext* ctx) {
+  if (!scoring.sigmoid) {
+    RouterBackwardLogits(probs, indices, gates, dgates, dprobs, dlogits_extra,
+                         scoring.normalize, dlogits, ctx);
+    return;
+  }
+  constexpr const char* kOp = "RouterBackwardScored";
+  CheckMatrix(dlogits, DType::kF32, kOp, "dlogits");
+  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  const Device dev = dlogits.device();
+  SY_CHECK(dev.is_cpu()) << "moe.score=sigmoid runs on the CPU only, got " << dev.ToString();
+  const int64_t T = dlogits.dim(0), E = dlogits.dim(1), k = indices.dim(1);
+  CheckLike(probs, DType::kF32, dev, {T, E}, kOp, "probs");
+  CheckLike(scores, DType::kF32, dev, {T, E}, kOp, "scores");
+  CheckLike(indices, DType::kI32, dev, {T, k}, kOp, "indices");
+  CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
+  CheckLike(dgates, DType::kF32, dev, {T, k}, kOp, "dgates");
+  if (dprobs.defined()) CheckLike(dprobs, DType::kF32, dev, {T, E}, kOp, "dprobs");
+  if (dlogits_extra.defined()) {
+    CheckLike(dlogits_extra, DType::kF32, dev, {T, E}, kOp, "dlogits_extra");
+  }
+  cpu::RouterBackwardScored(probs, scores, indices, gates, dgates, dprobs, dlogits_extra,
+                            scoring, dlogits);
+}
+
 void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tensor& gates,
                           const Tensor& dgates, const Tensor& dprobs,
                           const Tensor& dlogits_extra, bool normalize, Tensor& dlogits,

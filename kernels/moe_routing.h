@@ -37,6 +37,48 @@ void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool r
                 RngKey second_key, int64_t first_token, Tensor& probs, Tensor& indices,
                 Tensor& gates, Tensor& keep, DeviceContext* ctx = nullptr);
 
+// How RouterTopKScored scores the experts and limits a token's choice (docs/model.md, "The
+// MoE layer", steps 1-3).
+struct RouterScoring {
+  bool sigmoid = false;    // scores = sigmoid(logits) (DeepSeek-V3), probs = scores / their
+                           // sum; false: scores = probs = softmax(logits)
+  bool normalize = false;  // gates divided by their (f32, in order) sum
+  int64_t groups = 0;      // G > 0: node-limited routing over G contiguous groups of E/G
+  int64_t group_topk = 0;  // M: a token chooses among the experts of its M best groups
+};
+
+// RouterTopK with a score function and node-limited routing. Per token t:
+//   softmax: probs[t] as RouterTopK's; scores undefined (they are the probs)
+//   sigmoid: scores[t, e] = 1 / (1 + exp(-logits[t, e])) (in double, rounded to f32 once),
+//            probs[t, e] = scores[t, e] * f32(1 / sum_e scores[t, e]) (sum in double)
+//   c = scores (+ bias): the choice scores
+//   groups G > 0: group g holds experts [g E/G, (g+1) E/G); its score is the f32 sum of its
+//     two largest c (the largest alone when E/G = 1); the M groups of largest score (ties
+//     to the smaller group) stay, every other group's experts are out of the choice
+//   indices[t] = the k experts of largest c among those left, best first, ties to the
+//     smaller expert index; gates[t] = scores[t][indices[t]] (/ their f32 sum when
+//     normalize); keep as RouterTopK's, with p1, p2 the two chosen scores.
+// scores (T, E) f32 is written for sigmoid only (pass undefined for softmax). CPU only for
+// sigmoid or G > 0 (a CUDA tensor is a fatal error naming the keys).
+void RouterTopKScored(const Tensor& logits, const Tensor& bias, const RouterScoring& scoring,
+                      bool random_second, RngKey second_key, int64_t first_token,
+                      Tensor& probs, Tensor& scores, Tensor& indices, Tensor& gates,
+                      Tensor& keep, DeviceContext* ctx = nullptr);
+
+// The backward of RouterTopKScored to the logits, per token, in double, rounded once:
+//   ds = the gates' share on the scores: ds[idx_j] += dg_j, or with normalize
+//        (g_j = s_j / Sk, Sk = sum_l s_l over the chosen)  ds[idx_j] += (dg_j - sum_l dg_l g_l) / Sk
+//   softmax (s = p):  dp = ds + dprobs;  dlogits = p * (dp - sum_e p_e dp_e)
+//   sigmoid:          ds += (dprobs - sum_e dprobs_e p_e) / S, S = sum_e s_e (p = s / S);
+//                     dlogits = ds * s * (1 - s)
+//   dlogits += dlogits_extra.
+// scores: (T, E) for sigmoid, undefined for softmax. Node-limited routing needs nothing
+// more: the groups only choose. CPU only for sigmoid.
+void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tensor& indices,
+                          const Tensor& gates, const Tensor& dgates, const Tensor& dprobs,
+                          const Tensor& dlogits_extra, const RouterScoring& scoring,
+                          Tensor& dlogits, DeviceContext* ctx = nullptr);
+
 // The backward of RouterTopK's gates and probs to the logits, per token:
 //   dp = dprobs[t] (or 0) + the gates' share: dp[idx_j] += dg_j, or with normalize
 //        (g_j = p_j / S, S = sum_l p_l)  dp[idx_j] += (dg_j - sum_l dg_l g_l) / S
@@ -111,6 +153,15 @@ void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool r
 void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tensor& gates,
                           const Tensor& dgates, const Tensor& dprobs,
                           const Tensor& dlogits_extra, bool normalize, Tensor& dlogits);
+// kernels/cpu/moe_scoring.cc.
+void RouterTopKScored(const Tensor& logits, const Tensor& bias, const RouterScoring& scoring,
+                      bool random_second, RngKey second_key, int64_t first_token,
+                      Tensor& probs, Tensor& scores, Tensor& indices, Tensor& gates,
+                      Tensor& keep);
+void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tensor& indices,
+                          const Tensor& gates, const Tensor& dgates, const Tensor& dprobs,
+                          const Tensor& dlogits_extra, const RouterScoring& scoring,
+                          Tensor& dlogits);
 void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num_experts,
                           Tensor& counts);
 void ProbColumnSums(const Tensor& probs, Tensor& sums);

@@ -98,6 +98,80 @@ float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, 
   return LoadBalancingLossFromSums(sums, k, coef);
 }
 
+BalanceTerms BalanceTermsOf(const Tensor& probs, const Tensor& indices,
+                            const LoadBalanceSums& group, AuxLossScope scope, int64_t seq_len,
+                            std::span<const float> load, DeviceContext* ctx) {
+  const int64_t T = probs.dim(0);
+  BalanceTerms terms;
+  terms.part_tokens = T;
+  if (scope == AuxLossScope::kSequence && seq_len > 0 && seq_len < T) {
+    terms.part_tokens = seq_len;
+    for (int64_t begin = 0; begin < T; begin += seq_len) {
+      const int64_t end = std::min(T, begin + seq_len);
+      terms.parts.push_back(
+          LoadBalanceSumsOf(probs.Slice(begin, end), indices.Slice(begin, end), ctx));
+    }
+    return terms;
+  }
+  terms.parts.push_back(group);
+  if (scope == AuxLossScope::kGlobal) {
+    SY_CHECK_EQ(load.size(), group.prob_sums.size()) << "global aux loss: the expert load";
+    terms.load.assign(load.begin(), load.end());
+  }
+  return terms;
+}
+
+float BalanceLoss(const BalanceTerms& terms, int64_t top_k, float coef) {
+  SY_CHECK(!terms.parts.empty()) << "aux loss of no tokens' sums";
+  if (!terms.load.empty()) {
+    // coef E sum_i load_i s_i / T.
+    const LoadBalanceSums& g = terms.parts[0];
+    if (g.tokens == 0) return 0.0f;
+    const int64_t E = static_cast<int64_t>(g.prob_sums.size());
+    double dot = 0.0;
+    for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(terms.load[e]) * g.prob_sums[e];
+    return static_cast<float>(coef * (E * dot / static_cast<double>(g.tokens)));
+  }
+  if (terms.parts.size() == 1) return LoadBalancingLossFromSums(terms.parts[0], top_k, coef);
+  double sum = 0.0;
+  for (const LoadBalanceSums& part : terms.parts) {
+    sum += LoadBalancingLossFromSums(part, top_k, coef);
+  }
+  return static_cast<float>(sum / static_cast<double>(terms.parts.size()));
+}
+
+void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, float grad,
+                         Tensor& dprobs, DeviceContext* ctx) {
+  SY_CHECK(!terms.parts.empty()) << "aux loss of no tokens' sums";
+  CheckMatrix(dprobs, DType::kF32, "aux dprobs");
+  if (!terms.load.empty()) {
+    const LoadBalanceSums& g = terms.parts[0];
+    const int64_t E = static_cast<int64_t>(terms.load.size());
+    if (g.tokens == 0) return;
+    std::vector<float> col(E);
+    for (int64_t e = 0; e < E; ++e) {
+      col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * terms.load[e] /
+                                  static_cast<double>(g.tokens));
+    }
+    kernels::AddColumnConstants(dprobs, col, ctx);
+    return;
+  }
+  if (terms.parts.size() == 1) {
+    LoadBalancingLossBackward(terms.parts[0], top_k, coef, grad, dprobs, ctx);
+    return;
+  }
+  // Sequence scope: each part's rows get its own column, scaled by 1 / n.
+  const int64_t n = static_cast<int64_t>(terms.parts.size());
+  const float part_grad = static_cast<float>(static_cast<double>(grad) / n);
+  int64_t row = 0;
+  for (const LoadBalanceSums& part : terms.parts) {
+    Tensor rows = dprobs.Slice(row, row + part.tokens);
+    LoadBalancingLossBackward(part, top_k, coef, part_grad, rows, ctx);
+    row += part.tokens;
+  }
+  SY_CHECK_EQ(row, dprobs.dim(0)) << "sequence aux loss: dprobs is not the whole group";
+}
+
 float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits, int64_t group_tokens,
             DeviceContext* ctx) {
   CheckMatrix(logits, DType::kF32, "z-loss logits");

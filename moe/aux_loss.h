@@ -28,10 +28,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
+#include "moe/moe_config.h"
 
 namespace switchyard::moe {
 
@@ -58,6 +60,38 @@ void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, floa
 // One whole group: returns aux; when dprobs (T, E) is given, adds grad * d aux / d probs.
 float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, float grad,
                         Tensor* dprobs, DeviceContext* ctx = nullptr);
+
+// The load-balancing loss of one routing group under moe.aux_loss_scope (docs/model.md,
+// "Auxiliary losses"):
+//   group     parts = {the group's sums}:          aux = coef E sum_i f_i P_i
+//   sequence  parts = each sequence's sums (consecutive runs of S = seq_len tokens, the last
+//             possibly shorter), aux = (1 / n) sum_s coef E sum_i f_i^s P_i^s
+//             (DeepSeek-V3's sequence-wise balance loss)
+//   global    parts = {the group's sums}, f_i = load_i: the fractions of the top-k
+//             assignments of the whole global batch (every micro-batch and data-parallel
+//             rank) of the previous optimizer step, a constant (Qwen's global-batch balancing)
+struct BalanceTerms {
+  std::vector<LoadBalanceSums> parts;
+  std::vector<float> load;  // (E) global scope; empty otherwise
+  // The rows of part p of the group: [p * part_tokens, + parts[p].tokens).
+  int64_t part_tokens = 0;
+};
+
+// The terms of a whole group from its probs (T, E) and indices (T, k) (the whole group's
+// rows, in token order); `group` is LoadBalanceSumsOf them (reused for the group and global
+// scopes). load: (E) for the global scope.
+BalanceTerms BalanceTermsOf(const Tensor& probs, const Tensor& indices,
+                            const LoadBalanceSums& group, AuxLossScope scope, int64_t seq_len,
+                            std::span<const float> load, DeviceContext* ctx = nullptr);
+
+// aux of the group.
+float BalanceLoss(const BalanceTerms& terms, int64_t top_k, float coef);
+
+// dprobs += grad * d aux / d probs. With one part (group and global scopes) dprobs may hold
+// any of the group's rows (the gradient is one constant row); with several (sequence scope)
+// it holds the whole group's T rows in token order.
+void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, float grad,
+                         Tensor& dprobs, DeviceContext* ctx = nullptr);
 
 // Returns z for logits (T, E) f32; when dlogits (T, E) is given, adds grad * dz / dlogits.
 // group_tokens: the group's token count when logits hold one piece of it (the result is

@@ -35,12 +35,29 @@ std::vector<int64_t> TokensOf(const GroupLayout& layout, int m, int64_t rows, in
   return tokens;
 }
 
+// d aux / d probs of this rank's t rows (of a group of t_whole): one constant row for one
+// part; per sequence, the whole group's rows then this rank's (rows [lo, lo + t) or
+// own_rows).
+Tensor OwnBalanceGrad(const BalanceTerms& terms, const MoEConfig& config, float daux, int64_t t,
+                      int64_t t_whole, int64_t lo, const Tensor& own_rows, Device dev,
+                      DeviceContext* ctx) {
+  const int64_t e = config.num_experts;
+  if (terms.parts.size() == 1 || t == t_whole) {
+    Tensor dprobs = Tensor::Zeros({t, e}, DType::kF32, dev, ctx);
+    BalanceLossBackward(terms, config.top_k, config.aux_loss_coef, daux, dprobs, ctx);
+    return dprobs;
+  }
+  Tensor whole = Tensor::Zeros({t_whole, e}, DType::kF32, dev, ctx);
+  BalanceLossBackward(terms, config.top_k, config.aux_loss_coef, daux, whole, ctx);
+  return own_rows.defined() ? RowsAt(whole, own_rows, ctx) : whole.Slice(lo, lo + t);
+}
+
 }  // namespace
 
 RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
                          const Tensor& expert_bias, const MoEConfig& config, bool training,
                          const RouterRng& rng, dist::Communicator* tp, DeviceContext* ctx,
-                         const GroupLayout& layout) {
+                         const GroupLayout& layout, std::span<const float> expert_load) {
   const int64_t n = h.dim(0), e = config.num_experts;
   SY_CHECK(local_tokens > 0 && n % local_tokens == 0)
       << "router input of " << n << " rows is not whole groups of " << local_tokens;
@@ -87,7 +104,10 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
     }
     RouterChoose(r, expert_bias, config, group_rng, ctx);
     LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
-    out.aux.push_back(LoadBalancingLossFromSums(lb, config.top_k, config.aux_loss_coef));
+    BalanceTerms terms = BalanceTermsOf(r.probs, r.indices, lb, config.aux_loss_scope,
+                                        config.seq_len, expert_load, ctx);
+    out.aux.push_back(BalanceLoss(terms, config.top_k, config.aux_loss_coef));
+    out.terms.push_back(std::move(terms));
     // coef 0 gives z = 0 without a pass over the logits (on CUDA, without a wait).
     out.z.push_back(config.z_loss_coef != 0.0f
                         ? ZLoss(r.logits, config.z_loss_coef, 0.0f, nullptr, 0, ctx)
@@ -139,14 +159,14 @@ OwnRouting OwnRowsOf(const RoutedGroups& routed, DeviceContext* ctx) {
 }
 
 void RouteGroupsBackward(std::span<const RouterOutput> router,
-                         std::span<const LoadBalanceSums> balance, const Tensor& wr,
+                         std::span<const BalanceTerms> terms, const Tensor& wr,
                          const MoEConfig& config, const Tensor& dgates,
                          std::span<const float> daux, std::span<const float> dz, int tp_rank,
                          Tensor& dh, Tensor& dwr, DeviceContext* ctx, const Tensor& own_rows) {
   const int64_t groups = static_cast<int64_t>(router.size());
-  SY_CHECK(static_cast<int64_t>(balance.size()) == groups &&
+  SY_CHECK(static_cast<int64_t>(terms.size()) == groups &&
            static_cast<int64_t>(daux.size()) == groups && static_cast<int64_t>(dz.size()) == groups)
-      << "router backward: " << groups << " groups, " << balance.size() << " balance sums, "
+      << "router backward: " << groups << " groups, " << terms.size() << " aux-loss terms, "
       << daux.size() << " daux, " << dz.size() << " dz";
   const Device dev = wr.device();
   const int64_t e = config.num_experts;
@@ -159,20 +179,22 @@ void RouteGroupsBackward(std::span<const RouterOutput> router,
     if (own_rows.defined()) {
       own.logits = RowsAt(whole.logits, own_rows, ctx);
       own.probs = RowsAt(whole.probs, own_rows, ctx);
+      own.scores = whole.scores.raw_data() == whole.probs.raw_data()
+                       ? own.probs
+                       : RowsAt(whole.scores, own_rows, ctx);
       own.indices = RowsAt(whole.indices, own_rows, ctx);
       own.gates = RowsAt(whole.gates, own_rows, ctx);
       own.keep = RowsAt(whole.keep, own_rows, ctx);
     } else if (t != t_whole) {
       own.logits = whole.logits.Slice(lo, hi);
       own.probs = whole.probs.Slice(lo, hi);
+      own.scores = whole.scores.Slice(lo, hi);
       own.indices = whole.indices.Slice(lo, hi);
       own.gates = whole.gates.Slice(lo, hi);
       own.keep = whole.keep.Slice(lo, hi);
     }
     // The aux and z terms of these rows, with the whole group's f and T.
-    Tensor dprobs = Tensor::Zeros({t, e}, DType::kF32, dev, ctx);
-    LoadBalancingLossBackward(balance[g], config.top_k, config.aux_loss_coef, daux[g], dprobs,
-                              ctx);
+    Tensor dprobs = OwnBalanceGrad(terms[g], config, daux[g], t, t_whole, lo, own_rows, dev, ctx);
     Tensor dlogits = Tensor::Zeros({t, e}, DType::kF32, dev, ctx);
     ZLossBackward(own.logits, config.z_loss_coef, dz[g], dlogits, t == t_whole ? 0 : t_whole,
                   ctx);

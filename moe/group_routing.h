@@ -72,6 +72,7 @@ struct RoutedGroups {
   // tp, input and noise hold this rank's rows only (T/P, d).
   std::vector<RouterOutput> router;
   std::vector<LoadBalanceSums> balance;  // (G) the whole groups' sums (before dropping)
+  std::vector<BalanceTerms> terms;       // (G) the whole groups' aux-loss terms (its scope)
   std::vector<float> aux, z;             // (G) the whole groups' losses
   std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
   // A non-contiguous GroupLayout only: own_rows (T/P) i64, the group token of each of this
@@ -86,11 +87,13 @@ struct RoutedGroups {
 // T/P; wr (d, E); expert_bias (E) or undefined. rng.first_token: the global index of group
 // 0's first token (the same on every tp rank); row i of this rank's piece of group g is
 // token rng.first_token + g * T + tp_rank * T/P + i (or as `layout` says). tp: null or
-// size 1 for whole groups. Collective over tp.
+// size 1 for whole groups. Collective over tp. expert_load: (E) host values, the f of
+// aux_loss_scope: global (MoELayer::expert_load); ignored by the other scopes.
 RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
                          const Tensor& expert_bias, const MoEConfig& config, bool training,
                          const RouterRng& rng, dist::Communicator* tp,
-                         DeviceContext* ctx = nullptr, const GroupLayout& layout = {});
+                         DeviceContext* ctx = nullptr, const GroupLayout& layout = {},
+                         std::span<const float> expert_load = {});
 
 // Phase 2, admit: each whole group's assignments to C = ExpertCapacity(capacity_factor, T,
 // k, E) per expert under config.drop_policy (fills routed.admission).
@@ -106,13 +109,13 @@ struct OwnRouting {
 };
 OwnRouting OwnRowsOf(const RoutedGroups& routed, DeviceContext* ctx = nullptr);
 
-// Backward of phases 1-2 for this rank's rows. router, balance: (G) as RouteGroups made
+// Backward of phases 1-2 for this rank's rows. router, terms: (G) as RouteGroups made
 // them; dgates (G * T/P, k): dLoss/dgates of this rank's rows (zero where not kept); daux,
 // dz (G). Adds into dh (G * T/P, d) and dwr (d, E) (this rank's part of the gradient).
 // own_rows: RoutedGroups::own_rows (undefined: this rank's rows are the contiguous block
 // of tp_rank).
 void RouteGroupsBackward(std::span<const RouterOutput> router,
-                         std::span<const LoadBalanceSums> balance, const Tensor& wr,
+                         std::span<const BalanceTerms> terms, const Tensor& wr,
                          const MoEConfig& config, const Tensor& dgates,
                          std::span<const float> daux, std::span<const float> dz, int tp_rank,
                          Tensor& dh, Tensor& dwr, DeviceContext* ctx = nullptr,

@@ -20,6 +20,32 @@ StatusOr<DropPolicy> ParseDropPolicy(const std::string& name) {
   return InvalidArgument("moe.drop_policy='", name, "' is not one of position, probability");
 }
 
+StatusOr<ScoreFunction> ParseScoreFunction(const std::string& name) {
+  if (name == "softmax") return ScoreFunction::kSoftmax;
+  if (name == "sigmoid") return ScoreFunction::kSigmoid;
+  return InvalidArgument("moe.score='", name, "' is not one of softmax, sigmoid");
+}
+
+StatusOr<AuxLossScope> ParseAuxLossScope(const std::string& name) {
+  if (name == "group") return AuxLossScope::kGroup;
+  if (name == "sequence") return AuxLossScope::kSequence;
+  if (name == "global") return AuxLossScope::kGlobal;
+  return InvalidArgument("moe.aux_loss_scope='", name, "' is not one of group, sequence, global");
+}
+
+const char* ScoreFunctionName(ScoreFunction s) {
+  return s == ScoreFunction::kSoftmax ? "softmax" : "sigmoid";
+}
+
+const char* AuxLossScopeName(AuxLossScope s) {
+  switch (s) {
+    case AuxLossScope::kGroup: return "group";
+    case AuxLossScope::kSequence: return "sequence";
+    case AuxLossScope::kGlobal: return "global";
+  }
+  return "?";
+}
+
 const char* SecondExpertPolicyName(SecondExpertPolicy p) {
   return p == SecondExpertPolicy::kAll ? "all" : "random";
 }
@@ -65,6 +91,34 @@ Status MoEConfig::Validate() const {
     return InvalidArgument("moe.num_shared_experts=", num_shared_experts, " must be >= 0");
   }
   if (d_shared < 0) return InvalidArgument("moe.d_shared=", d_shared, " must be >= 0");
+  return ValidateRouteGroups();
+}
+
+Status MoEConfig::ValidateRouteGroups() const {
+  if (route_groups < 0) {
+    return InvalidArgument("moe.route_groups=", route_groups, " must be >= 0 (0: off)");
+  }
+  if (route_groups == 0) {
+    if (route_group_topk != 0) {
+      return InvalidArgument("moe.route_group_topk=", route_group_topk,
+                             " needs moe.route_groups > 0 (node-limited routing is off)");
+    }
+    return OkStatus();
+  }
+  if (num_experts % route_groups != 0) {
+    return InvalidArgument("moe.route_groups=", route_groups,
+                           " does not divide moe.num_experts=", num_experts);
+  }
+  if (route_group_topk < 1 || route_group_topk > route_groups) {
+    return InvalidArgument("moe.route_group_topk=", route_group_topk, " must be in [1, ",
+                           route_groups, "] (moe.route_groups=", route_groups, ")");
+  }
+  const int64_t reachable = route_group_topk * (num_experts / route_groups);
+  if (top_k > reachable) {
+    return InvalidArgument("moe.top_k=", top_k, " exceeds the ", reachable,
+                           " experts of moe.route_group_topk=", route_group_topk, " groups of ",
+                           num_experts / route_groups, " (moe.num_experts / moe.route_groups)");
+  }
   return OkStatus();
 }
 

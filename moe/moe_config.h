@@ -16,13 +16,24 @@ using dense::Activation;
 using dense::ActivationName;
 enum class SecondExpertPolicy { kAll, kRandom };  // GShard; top-2 only
 enum class DropPolicy { kPosition, kProbability };
+// How the router turns logits into scores: softmax over the experts (Switch, GShard,
+// Mixtral) or an independent sigmoid per expert (DeepSeek-V3).
+enum class ScoreFunction { kSoftmax, kSigmoid };
+// Over which tokens the load-balancing loss's f and P are taken: each routing group (Switch),
+// each sequence of a group (DeepSeek-V3's sequence-wise loss), or f over the whole global
+// batch of the previous step (global-batch balancing, Qwen).
+enum class AuxLossScope { kGroup, kSequence, kGlobal };
 
 // dense::ParseActivation naming the key moe.activation.
 StatusOr<Activation> ParseActivation(const std::string& name);
 StatusOr<SecondExpertPolicy> ParseSecondExpertPolicy(const std::string& name);
 StatusOr<DropPolicy> ParseDropPolicy(const std::string& name);
+StatusOr<ScoreFunction> ParseScoreFunction(const std::string& name);
+StatusOr<AuxLossScope> ParseAuxLossScope(const std::string& name);
 const char* SecondExpertPolicyName(SecondExpertPolicy p);
 const char* DropPolicyName(DropPolicy p);
+const char* ScoreFunctionName(ScoreFunction s);
+const char* AuxLossScopeName(AuxLossScope s);
 
 struct MoEConfig {
   int64_t d_model = 0;            // d; required
@@ -33,6 +44,9 @@ struct MoEConfig {
   Activation activation = Activation::kGelu;
   bool bias = false;              // experts (and shared experts) carry b1 (f) and b2 (d)
   bool normalize_gates = false;   // divide each token's k gates by their sum
+  ScoreFunction score = ScoreFunction::kSoftmax;  // softmax | sigmoid (DeepSeek-V3)
+  int64_t route_groups = 0;       // G > 0: node-limited routing over G groups of E/G experts
+  int64_t route_group_topk = 0;   // M: the best groups a token may choose from (1 <= M <= G)
   SecondExpertPolicy second_expert_policy = SecondExpertPolicy::kAll;
   float jitter_eps = 0.0f;        // training-only multiplicative router-input noise
   float expert_bias_rate = 0.0f;  // aux-loss-free balancing (DeepSeek-V3) when > 0
@@ -40,13 +54,18 @@ struct MoEConfig {
   float eval_capacity_factor = 2.0f;
   DropPolicy drop_policy = DropPolicy::kPosition;
   float aux_loss_coef = 0.01f;
+  AuxLossScope aux_loss_scope = AuxLossScope::kGroup;
   float z_loss_coef = 0.0f;
   int64_t num_shared_experts = 0;  // dense MLPs applied to every token (DeepSeek)
   int64_t d_shared = 0;            // hidden size of each shared expert; 0 means d_expert
   uint64_t seed = 1234;            // keys the jitter and random second-expert draws
+  int64_t seq_len = 0;             // S, mirrors model.seq_len (aux_loss_scope: sequence);
+                                   // 0: a routing group is one sequence
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;
+  // The node-limited routing keys alone: G divides E, 1 <= M <= G, top_k <= M * E / G.
+  Status ValidateRouteGroups() const;
   // Experts per rank for an ep-way split; an error when E % ep != 0.
   StatusOr<int64_t> ExpertsPerRank(int64_t ep) const;
   // Each expert's hidden units per rank under expert tensor parallelism (etp ranks split
@@ -55,6 +74,10 @@ struct MoEConfig {
   // Whether decoder layer i is an MoE layer (MODEL.md section 1).
   bool IsMoELayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }
+  // Experts per routing group of node-limited routing (E / G; E when off).
+  int64_t experts_per_route_group() const {
+    return route_groups > 0 ? num_experts / route_groups : num_experts;
+  }
 };
 
 }  // namespace switchyard::moe

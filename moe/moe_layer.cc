@@ -66,6 +66,11 @@ MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, const MoEParallel&
                                  : std::string());
   CheckContext(dev, ctx, "MoELayer");
   grad_router_weight_ = Tensor::Zeros(router_weight_.shape(), DType::kF32, dev, ctx);
+  if (config_.aux_loss_scope == AuxLossScope::kGlobal) {
+    const int64_t e = config_.num_experts;
+    expert_load_ = Tensor::FromVector(std::vector<float>(e, 1.0f / static_cast<float>(e)), {e});
+    if (!dev.is_cpu()) expert_load_ = expert_load_.To(dev, ctx);
+  }
   SY_CHECK(config_.num_shared_experts == 0 || shared_.has_value())
       << "the config asks for shared experts";
 }
@@ -130,7 +135,28 @@ std::vector<parallel::Parameter> MoELayer::Parameters() const {
     if (tp_) b.ReplicatedOver(Axis::kTp, false);
     out.push_back(std::move(b));
   }
+  if (expert_load_.defined()) {
+    parallel::Parameter f =
+        parallel::Parameter::Dense("expert_load", expert_load_, Tensor(), false);
+    f.grad_sum = parallel::AxisSet();
+    if (tp_) f.ReplicatedOver(Axis::kTp, false);
+    out.push_back(std::move(f));
+  }
   return out;
+}
+
+void MoELayer::UpdateExpertLoad(std::span<const int64_t> counts, DeviceContext* ctx) {
+  if (!expert_load_.defined()) return;
+  const int64_t e = config_.num_experts;
+  SY_CHECK_EQ(static_cast<int64_t>(counts.size()), e) << "expert load counts";
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (total == 0) return;
+  std::vector<float> f(e);
+  for (int64_t i = 0; i < e; ++i) {
+    f[i] = static_cast<float>(static_cast<double>(counts[i]) / static_cast<double>(total));
+  }
+  expert_load_.CopyFrom(Tensor::FromVector(f, {e}), ctx);
 }
 
 // ---- Forward and its phases ------------------------------------------------------------
@@ -149,9 +175,12 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   MoEActivations& acts = out.acts;
   std::optional<ScopedPhase> phase(Phase::kRouter);
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
+  std::vector<float> load;  // aux_loss_scope: global's f, on the host
+  if (expert_load_.defined()) load = expert_load_.To(Device::Cpu(), ctx).ToVector<float>();
   RoutedGroups routed =
       RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_, training,
-                  RouterRng{config_.seed, step, layer_id_, first_token}, group_, ctx, layout);
+                  RouterRng{config_.seed, step, layer_id_, first_token}, group_, ctx, layout,
+                  load);
   // 2. Admit each whole group's assignments to capacity; keep this rank's rows.
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);
@@ -175,7 +204,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   acts.groups = routed.groups;
   acts.group_tokens = routed.group_tokens;
   acts.router = std::move(routed.router);
-  acts.balance = std::move(routed.balance);
+  acts.balance = std::move(routed.terms);
   acts.own_rows = routed.own_rows;
   return out;
 }

@@ -67,7 +67,7 @@ struct MoEActivations {
   int64_t group_tokens = 0;                        // T: the whole group's tokens
   std::vector<RouterOutput> router;                // (G) the whole groups' routing (under tp,
                                                    // input and noise: this rank's rows)
-  std::vector<LoadBalanceSums> balance;            // (G) the whole groups'
+  std::vector<BalanceTerms> balance;               // (G) the whole groups' aux-loss terms
   Tensor gates;                                    // (N, k) router gates of this rank's rows
   Tensor experts_all;                              // (N, k) i32 chosen experts
   Tensor kept_all;                                 // (N, k) u8 admitted by capacity
@@ -167,6 +167,7 @@ class MoELayer {
   //                               etp rank, ReplicatedOver(kTp = etp, summed)
   //   shared.w1, ... (whole)      dense; under tp ReplicatedOver(kTp, summed)
   //   expert_bias (E)             dense, not trainable (grad undefined)
+  //   expert_load (E)             aux_loss_scope: global; dense, not trainable
   std::vector<parallel::Parameter> Parameters() const;
 
   const MoEConfig& config() const { return config_; }
@@ -176,6 +177,14 @@ class MoELayer {
   Tensor router_weight() const { return router_weight_; }        // (d, E)
   Tensor grad_router_weight() const { return grad_router_weight_; }
   Tensor expert_bias() const { return expert_bias_; }            // (E), or undefined
+  // aux_loss_scope: global's f (E) f32: the fractions of the previous optimizer step's
+  // top-k assignments over the whole global batch; 1/E before the first step. Undefined
+  // for the other scopes.
+  Tensor expert_load() const { return expert_load_; }
+  // After an optimizer step: expert_load_i = counts_i / sum_j counts_j, counts (E) the
+  // step's assignments per expert over every micro-batch and data-parallel rank (unchanged
+  // when the sum is 0). No-op unless aux_loss_scope is global.
+  void UpdateExpertLoad(std::span<const int64_t> counts, DeviceContext* ctx = nullptr);
   Experts& experts() { return experts_; }
   const Experts& experts() const { return experts_; }
   DenseMlp* shared() { return shared_ ? &*shared_ : nullptr; }
@@ -203,7 +212,7 @@ class MoELayer {
   dist::Communicator* tp_ = nullptr;     // dense tp: the router's and shared experts' description
   dist::Communicator* group_ = nullptr;  // the ranks a routing group's rows are split over
   dist::Communicator* etp_ = nullptr;
-  Tensor router_weight_, grad_router_weight_, expert_bias_;
+  Tensor router_weight_, grad_router_weight_, expert_bias_, expert_load_;
   Experts experts_;
   std::optional<DenseMlp> shared_;
 };

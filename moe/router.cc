@@ -35,6 +35,13 @@ void RouterGemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Te
   ctx->set_matmul_dtype(saved);
 }
 
+kernels::RouterScoring ScoringOf(const MoEConfig& config) {
+  return kernels::RouterScoring{.sigmoid = config.score == ScoreFunction::kSigmoid,
+                                .normalize = config.normalize_gates,
+                                .groups = config.route_groups,
+                                .group_topk = config.route_group_topk};
+}
+
 uint64_t RouterStream(const char* what, int64_t step, int64_t layer) {
   return StreamId(StrCat("layers.", layer, ".moe.router.", what, ".step.", step));
 }
@@ -106,13 +113,16 @@ void RouterChoose(RouterOutput& out, const Tensor& expert_bias, const MoEConfig&
   const bool random_second = config.second_expert_policy == SecondExpertPolicy::kRandom;
   SY_CHECK(!random_second || k == 2) << "second_expert_policy=random needs top_k=2, got " << k;
   out.probs = Tensor::Empty({T, E}, DType::kF32, dev);
+  const kernels::RouterScoring scoring = ScoringOf(config);
+  Tensor scores = scoring.sigmoid ? Tensor::Empty({T, E}, DType::kF32, dev) : Tensor();
   out.indices = Tensor::Empty({T, k}, DType::kI32, dev);
   out.gates = Tensor::Empty({T, k}, DType::kF32, dev);
   out.keep = Tensor::Empty({T, k}, DType::kU8, dev);
-  kernels::RouterTopK(out.logits, expert_bias.defined() ? expert_bias.View({E}) : Tensor(),
-                      config.normalize_gates, random_second,
-                      SecondExpertRngKey(rng.seed, rng.step, rng.layer), rng.first_token,
-                      out.probs, out.indices, out.gates, out.keep, ctx);
+  kernels::RouterTopKScored(out.logits, expert_bias.defined() ? expert_bias.View({E}) : Tensor(),
+                            scoring, random_second,
+                            SecondExpertRngKey(rng.seed, rng.step, rng.layer), rng.first_token,
+                            out.probs, scores, out.indices, out.gates, out.keep, ctx);
+  out.scores = scoring.sigmoid ? scores : out.probs;
 }
 
 RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expert_bias,
@@ -149,8 +159,9 @@ Tensor RouterBackward(const RouterOutput& out, const Tensor& wr, const MoEConfig
   }
 
   Tensor dlogits = Tensor::Empty({T, E}, DType::kF32, dev);
-  kernels::RouterBackwardLogits(out.probs, out.indices, out.gates, dgates, extra_p, extra_l,
-                                config.normalize_gates, dlogits, ctx);
+  const kernels::RouterScoring scoring = ScoringOf(config);
+  kernels::RouterBackwardScored(out.probs, scoring.sigmoid ? out.scores : Tensor(), out.indices,
+                                out.gates, dgates, extra_p, extra_l, scoring, dlogits, ctx);
 
   if (T == 0) return dlogits;
   // dWr += x^T @ dlogits.

@@ -4,9 +4,11 @@
 //
 //   x       = h * noise                    (T, d)  noise ~ U[1-eps, 1+eps], training only
 //   logits  = x @ Wr                       (T, E)  fp32
-//   probs   = softmax(logits)              (T, E)
-//   indices = top-k of probs (+ b)         (T, k)  ties to the smaller expert index
-//   gates   = probs[indices] (/ their sum) (T, k)  always from the unbiased probs
+//   scores  = softmax(logits) | sigmoid(logits)  (T, E)  moe.score
+//   probs   = scores / their sum           (T, E)  (= scores for softmax)
+//   indices = top-k of scores (+ b)        (T, k)  ties to the smaller expert index; with
+//             moe.route_groups only among the experts of the token's best groups
+//   gates   = scores[indices] (/ their sum) (T, k) always from the unbiased scores
 //   keep    = GShard random second choice  (T, k)  u < 2 * p2 / (p1 + p2)
 //
 // Randomness (philox.h) is keyed by (seed, stream, element): the streams are named by what
@@ -54,7 +56,8 @@ struct RouterOutput {
   Tensor input;    // (T, d) f32: the router input x = h * noise; shares h when no jitter
   Tensor noise;    // (T, d) f32: the jitter noise; undefined when no jitter was applied
   Tensor logits;   // (T, E) f32
-  Tensor probs;    // (T, E) f32
+  Tensor probs;    // (T, E) f32: a distribution over the experts (the aux loss's P)
+  Tensor scores;   // (T, E) f32: what gates and the choice read; the probs for softmax
   Tensor indices;  // (T, k) i32: chosen experts, best first
   Tensor gates;    // (T, k) f32: NOT masked by `keep`; the combine uses capacity's mask
   Tensor keep;     // (T, k) u8: 0 where the random policy removed the second choice

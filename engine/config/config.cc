@@ -165,13 +165,18 @@ std::vector<Section> Sections(Config& c) {
         Bind("d_expert", &m.d_expert),
         BindEnum("activation", &m.activation, moe::ParseActivation, moe::ActivationName),
         Bind("bias", &m.bias), Bind("normalize_gates", &m.normalize_gates),
+        BindEnum("score", &m.score, moe::ParseScoreFunction, moe::ScoreFunctionName),
+        Bind("route_groups", &m.route_groups), Bind("route_group_topk", &m.route_group_topk),
         BindEnum("second_expert_policy", &m.second_expert_policy, moe::ParseSecondExpertPolicy,
                  moe::SecondExpertPolicyName),
         Bind("jitter_eps", &m.jitter_eps), Bind("expert_bias_rate", &m.expert_bias_rate),
         Bind("capacity_factor", &m.capacity_factor),
         Bind("eval_capacity_factor", &m.eval_capacity_factor),
         BindEnum("drop_policy", &m.drop_policy, moe::ParseDropPolicy, moe::DropPolicyName),
-        Bind("aux_loss_coef", &m.aux_loss_coef), Bind("z_loss_coef", &m.z_loss_coef),
+        Bind("aux_loss_coef", &m.aux_loss_coef),
+        BindEnum("aux_loss_scope", &m.aux_loss_scope, moe::ParseAuxLossScope,
+                 moe::AuxLossScopeName),
+        Bind("z_loss_coef", &m.z_loss_coef),
         Bind("num_shared_experts", &m.num_shared_experts), Bind("d_shared", &m.d_shared),
         Bind("seed", &m.seed)}},
       {"parallel",
@@ -309,6 +314,16 @@ Status Config::Validate(int world) const {
   SY_RETURN_IF_ERROR(data.Validate());
   if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
   SY_RETURN_IF_ERROR(moe.Validate());
+  // The CUDA router kernels implement softmax scores without group limits only.
+  if (runtime.device != "cpu" && moe.score == moe::ScoreFunction::kSigmoid) {
+    return InvalidArgument("moe.score=sigmoid runs on the CPU only (runtime.device=",
+                           runtime.device, ")");
+  }
+  if (runtime.device != "cpu" && moe.route_groups > 0) {
+    return InvalidArgument("moe.route_groups=", moe.route_groups,
+                           " (node-limited routing) runs on the CPU only (runtime.device=",
+                           runtime.device, ")");
+  }
   SY_RETURN_IF_ERROR(train.Validate());
   if (logging.routing_every < 0) {
     return InvalidArgument("logging.routing_every=", logging.routing_every,
@@ -361,6 +376,7 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
     SY_RETURN_IF_ERROR(Apply(config, node, "--set"));
   }
   config.moe.d_model = config.model.d_model;
+  config.moe.seq_len = config.model.seq_len;
   if (config.train.min_lr == -1.0f) config.train.min_lr = config.train.resolved_min_lr();
   return config;
 }

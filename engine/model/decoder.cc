@@ -38,6 +38,7 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   SY_CHECK(parallel.ep != nullptr) << "Decoder::Create needs an ep communicator";
   moe::MoEConfig moe = moe_in;
   moe.d_model = model.d_model;
+  moe.seq_len = model.seq_len;
   SY_RETURN_IF_ERROR(moe.Validate());
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(parallel.ep->size()).status());
   const dense::NormKind norm_kind = model.norm;

@@ -187,6 +187,10 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   if (e.expert_bias_rate > 0) {
     r.parameters += 4.0 * HoldingsOf(c, mesh, rank).moe_layers * e.num_experts;
   }
+  // The global aux loss's expert load: the same, one (E) per MoE layer.
+  if (e.aux_loss_scope == moe::AuxLossScope::kGlobal) {
+    r.parameters += 4.0 * HoldingsOf(c, mesh, rank).moe_layers * e.num_experts;
+  }
   // Workspace: one step of the rank's schedule (PredictStepWorkspace); the full gradients
   // of ZeRO stages 2-3 (of the partitioned parameters: the others' stay whole and count as
   // gradients); two gathered stage-3 parts (the one in use, the next: a layer of the rank's

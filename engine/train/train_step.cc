@@ -209,6 +209,15 @@ void Trainer::Update(bool finite, float lr, float clip_scale, std::vector<moe::M
     if (pc_->pp().size() > 1) s.AllReduce(pc_->pp());
   }
   phase.reset();
+  // The global aux loss's f: the whole world's counts of this step, for the next.
+  if (finite && config_.moe.aux_loss_scope == moe::AuxLossScope::kGlobal) {
+    for (int c = 0; c < pipeline_->chunks(); ++c) {
+      std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
+      for (size_t l = 0; l < layers.size(); ++l) {
+        layers[l]->UpdateExpertLoad(stats[moe_slot_of_[c][l]].tokens_per_expert, rt_.ctx.get());
+      }
+    }
+  }
   // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
   if (!finite || config_.moe.expert_bias_rate <= 0) return;
   for (int c = 0; c < pipeline_->chunks(); ++c) {

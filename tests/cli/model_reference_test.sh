@@ -4,7 +4,10 @@
 # of tiny models that between them use every option of the decoder and the MoE layer:
 # layernorm/rmsnorm, learned/rope, gelu/relu/swiglu, biases, GQA, tied/untied head, top-1/2,
 # normalised gates, GShard's random second expert, capacity dropping by position and by
-# probability, dropless, shared experts and the expert bias.
+# probability, dropless, shared experts and the expert bias, sigmoid scores (normalised and
+# raw gates), node-limited routing (moe.route_groups) and the three aux-loss scopes; the
+# reported aux loss (eval mode) equals the reference's too (relative 1e-6: the f32 prob
+# sums against float64).
 # Needs python3 with numpy; exits 77 (ctest: skipped) with the reason when it is missing.
 # Usage: model_reference_test.sh path/to/switchyard path/to/docs/model_reference.py
 set -u
@@ -42,8 +45,14 @@ moe: {num_experts: 4, layer_freq: 1, top_k: 2, d_expert: 8, activation: relu, no
 moe: {num_experts: 4, layer_freq: 1, top_k: 2, d_expert: 8, activation: swiglu, normalize_gates: true, capacity_factor: 0, eval_capacity_factor: 0}"
   [shared]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 4, n_kv_heads: 1, d_ff: 24, position: rope, activation: swiglu, bias: true}
 moe: {num_experts: 4, top_k: 2, d_expert: 8, activation: gelu, bias: true, num_shared_experts: 2, d_shared: 6, expert_bias_rate: 0.01, eval_capacity_factor: 1.0}"
+  [deepseek]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 4, norm: rmsnorm, position: rope, activation: swiglu, bias: false}
+moe: {num_experts: 8, layer_freq: 1, top_k: 3, d_expert: 8, activation: swiglu, score: sigmoid, normalize_gates: true, route_groups: 4, route_group_topk: 2, expert_bias_rate: 0.01, aux_loss_scope: sequence, aux_loss_coef: 0.1, num_shared_experts: 1, capacity_factor: 0, eval_capacity_factor: 0}"
+  [qwen]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32, norm: rmsnorm, position: rope}
+moe: {num_experts: 8, layer_freq: 1, top_k: 2, d_expert: 8, normalize_gates: true, route_groups: 2, route_group_topk: 1, aux_loss_scope: global, aux_loss_coef: 0.1, eval_capacity_factor: 1.0}"
+  [sigmoid1]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32}
+moe: {num_experts: 4, top_k: 1, d_expert: 16, score: sigmoid, route_groups: 4, route_group_topk: 2, eval_capacity_factor: 0.8, aux_loss_coef: 0.1}"
 )
-for name in switch gshard mixtral shared; do
+for name in switch gshard mixtral shared deepseek qwen sigmoid1; do
   printf '%s\n%s\n' "${models[$name]}" "$train_common" >"$tmp/$name.yaml"
   "$bin" train --config "$tmp/$name.yaml" --out "$tmp/$name" >"$tmp/$name.train" 2>&1 ||
     { fail "$name: train: $(tail -3 "$tmp/$name.train")"; continue; }
@@ -54,7 +63,8 @@ for name in switch gshard mixtral shared; do
   result=$($python -c "import json
 a = json.load(open('$tmp/$name.eval')); b = json.load(open('$tmp/$name.ref'))
 ok = a['tokens'] == b['tokens'] and abs(a['loss'] - b['loss']) <= 1e-7 * a['loss']
-print(('ok' if ok else 'MISMATCH') + ' switchyard %.9f reference %.9f (%d tokens)' % (a['loss'], b['loss'], b['tokens']))")
+ok = ok and abs(a['aux_loss'] - b['aux_loss']) <= 1e-6 * abs(b['aux_loss'])
+print(('ok' if ok else 'MISMATCH') + ' switchyard %.9f reference %.9f (%d tokens), aux %.9g reference %.9g' % (a['loss'], b['loss'], b['tokens'], a['aux_loss'], b['aux_loss']))")
   echo "$name: $result"
   [[ "$result" == ok* ]] || fail "$name: $result"
 done

@@ -108,7 +108,9 @@ TEST(AuxLossTest, SplitGroupPiecesAddUpToTheGroup) {
 }
 
 // The loss aux + z + sum(gates * c) of one group in double, with the expert choices (and
-// the jitter noise) held fixed; checks that the choices it would make agree.
+// the jitter noise) held fixed; checks that the choices it would make agree. Softmax or
+// sigmoid scores (probs = scores / their sum, gates from the scores); the aux loss over the
+// whole group or, with seq_len > 0, the mean over its sequences of seq_len tokens.
 struct Reference {
   int64_t T, d, E, k;
   bool normalize;
@@ -116,12 +118,15 @@ struct Reference {
   std::vector<double> noise;  // (T, d), ones without jitter
   std::vector<int32_t> idx;   // (T, k)
   std::vector<double> c;      // (T, k)
+  bool sigmoid = false;
+  int64_t seq_len = 0;
 
   double Loss(const std::vector<double>& h, const std::vector<double>& wr,
               double* aux_out = nullptr, double* z_out = nullptr,
               std::vector<double>* gates_out = nullptr) const {
-    std::vector<double> prob_sum(E, 0.0);
-    std::vector<int64_t> counts(E, 0);
+    const int64_t S = seq_len > 0 ? seq_len : T, parts = (T + S - 1) / S;
+    std::vector<double> prob_sum(parts * E, 0.0);
+    std::vector<int64_t> counts(parts * E, 0);
     double z = 0.0, gate_term = 0.0;
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> l(E, 0.0);
@@ -133,33 +138,42 @@ struct Reference {
       for (double v : l) s += std::exp(v - m);
       const double lse = m + std::log(s);
       z += lse * lse;
-      std::vector<double> p(E);
+      std::vector<double> p(E), score(E);
+      double score_sum = 0.0;
       for (int64_t e = 0; e < E; ++e) {
-        p[e] = std::exp(l[e] - lse);
-        prob_sum[e] += p[e];
+        score[e] = sigmoid ? 1.0 / (1.0 + std::exp(-l[e])) : std::exp(l[e] - lse);
+        score_sum += score[e];
+      }
+      const int64_t part = t / S;
+      for (int64_t e = 0; e < E; ++e) {
+        p[e] = score[e] / score_sum;
+        prob_sum[part * E + e] += p[e];
       }
       // The routing must be the fixed one.
       std::vector<int32_t> order(E);
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(),
-                       [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+                       [&](int32_t a, int32_t b) { return score[a] > score[b]; });
       double gsum = 0.0;
       for (int64_t j = 0; j < k; ++j) {
         EXPECT_EQ(order[j], idx[t * k + j]) << "perturbation changed the routing";
-        gsum += p[idx[t * k + j]];
-        ++counts[idx[t * k + j]];
+        gsum += score[idx[t * k + j]];
+        ++counts[part * E + idx[t * k + j]];
       }
       for (int64_t j = 0; j < k; ++j) {
-        const double g = p[idx[t * k + j]] / (normalize ? gsum : 1.0);
+        const double g = score[idx[t * k + j]] / (normalize ? gsum : 1.0);
         gate_term += g * c[t * k + j];
         if (gates_out) gates_out->push_back(g);
       }
     }
     double aux = 0.0;
-    for (int64_t e = 0; e < E; ++e) {
-      aux += static_cast<double>(counts[e]) / (T * k) * prob_sum[e] / T;
+    for (int64_t q = 0; q < parts; ++q) {
+      const double tokens = static_cast<double>(std::min(T, (q + 1) * S) - q * S);
+      for (int64_t e = 0; e < E; ++e) {
+        aux += static_cast<double>(counts[q * E + e]) / (tokens * k) * prob_sum[q * E + e] / tokens;
+      }
     }
-    aux *= aux_coef * E;
+    aux *= aux_coef * E / parts;
     z *= static_cast<double>(z_coef) / T;
     if (aux_out) *aux_out = aux;
     if (z_out) *z_out = z;
@@ -172,9 +186,13 @@ TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
   // Tolerance for analytic (fp32) vs central difference (fp64, step 1e-5: truncation
   // ~1e-10, round-off ~1e-11): |a - fd| <= 2e-6 + 1e-4 |fd|.
   const double kAtol = 2e-6, kRtol = 1e-4, kStep = 1e-5;
+  for (ScoreFunction score : {ScoreFunction::kSoftmax, ScoreFunction::kSigmoid}) {
+  for (int64_t seq_len : {0, 3}) {
   for (bool normalize : {false, true}) {
     for (float jitter : {0.0f, 0.2f}) {
-      SCOPED_TRACE(testing::Message() << "normalize_gates=" << normalize << " jitter=" << jitter);
+      SCOPED_TRACE(testing::Message() << "score=" << ScoreFunctionName(score) << " seq_len="
+                                      << seq_len << " normalize_gates=" << normalize
+                                      << " jitter=" << jitter);
       MoEConfig config;
       config.d_model = d;
       config.num_experts = E;
@@ -184,6 +202,9 @@ TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
       config.jitter_eps = jitter;
       config.aux_loss_coef = 0.3f;
       config.z_loss_coef = 0.05f;
+      config.score = score;
+      config.aux_loss_scope = seq_len > 0 ? AuxLossScope::kSequence : AuxLossScope::kGroup;
+      config.seq_len = seq_len;
       std::vector<float> h(T * d), wr(d * E), c(T * k);
       for (int64_t i = 0; i < T * d; ++i) h[i] = 2.0f * UniformAt({1, 1}, i) - 1.0f;
       for (int64_t i = 0; i < d * E; ++i) wr[i] = 2.0f * (2.0f * UniformAt({1, 2}, i) - 1.0f);
@@ -196,14 +217,20 @@ TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
 
       Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
       Tensor dlogits = Tensor::Zeros({T, E}, DType::kF32);
-      const float aux =
-          LoadBalancingLoss(out.probs, out.indices, config.aux_loss_coef, 1.0f, &dprobs);
+      const BalanceTerms terms =
+          BalanceTermsOf(out.probs, out.indices, LoadBalanceSumsOf(out.probs, out.indices),
+                         config.aux_loss_scope, config.seq_len, {});
+      ASSERT_EQ(terms.parts.size(), seq_len > 0 ? 3u : 1u);
+      const float aux = BalanceLoss(terms, k, config.aux_loss_coef);
+      BalanceLossBackward(terms, k, config.aux_loss_coef, 1.0f, dprobs);
       const float z = ZLoss(out.logits, config.z_loss_coef, 1.0f, &dlogits);
       Tensor dh = Tensor::Zeros({T, d}, DType::kF32);
       Tensor dwr = Tensor::Zeros({d, E}, DType::kF32);
       RouterBackward(out, wrt, config, Tensor::FromVector(c, {T, k}), dprobs, dlogits, dh, dwr);
 
       Reference ref{T, d, E, k, normalize, config.aux_loss_coef, config.z_loss_coef, {}, {}, {}};
+      ref.sigmoid = score == ScoreFunction::kSigmoid;
+      ref.seq_len = seq_len;
       ref.noise.assign(T * d, 1.0);
       if (out.noise.defined()) {
         const std::vector<float> n = out.noise.ToVector<float>();
@@ -240,10 +267,69 @@ TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
       };
       check(wd, dwr.ToVector<float>(), "dWr");
       check(hd, dh.ToVector<float>(), "dh");
-      std::printf("normalize_gates=%d jitter=%.1f: gradients used %.1f%% of the tolerance\n",
+      std::printf("score=%s seq_len=%d normalize_gates=%d jitter=%.1f: gradients used %.1f%% "
+                  "of the tolerance\n", ScoreFunctionName(score), static_cast<int>(seq_len),
                   normalize, jitter, 100.0 * worst);
     }
   }
+  }
+  }
+}
+
+// The sequence scope by hand: T = 4 tokens in sequences of 2, E = 2, k = 1.
+//   sequence 0: probs (0.75, 0.25), (0.5, 0.5), both choose 0: f = (1, 0), P = (0.625, 0.375)
+//     -> coef E (0.625) = 1.25 coef
+//   sequence 1: probs (0.25, 0.75), (0.5, 0.5) choosing 1 and 0: f = (0.5, 0.5),
+//     P = (0.375, 0.625) -> coef E (0.5) = coef
+// aux = (1.25 + 1) / 2 coef; the group scope's f = (0.75, 0.25), P = (0.5, 0.5) gives coef.
+// d aux / d probs[t, i] = grad coef E f^s_i / (T_s n): sequence 0 (1, 0) grad coef / 2,
+// sequence 1 (0.5, 0.5) grad coef / 2.
+TEST(AuxLossTest, SequenceScopeByHand) {
+  const float coef = 0.1f;
+  Tensor probs = Tensor::FromVector(
+      std::vector<float>{0.75f, 0.25f, 0.5f, 0.5f, 0.25f, 0.75f, 0.5f, 0.5f}, {4, 2});
+  Tensor idx = Tensor::FromVector(std::vector<int32_t>{0, 0, 1, 0}, {4, 1});
+  const LoadBalanceSums group = LoadBalanceSumsOf(probs, idx);
+  const BalanceTerms seq = BalanceTermsOf(probs, idx, group, AuxLossScope::kSequence, 2, {});
+  ASSERT_EQ(seq.parts.size(), 2u);
+  EXPECT_FLOAT_EQ(BalanceLoss(seq, 1, coef), 1.125f * coef);
+  const BalanceTerms whole = BalanceTermsOf(probs, idx, group, AuxLossScope::kGroup, 2, {});
+  EXPECT_FLOAT_EQ(BalanceLoss(whole, 1, coef), coef);
+  Tensor dprobs = Tensor::Zeros({4, 2}, DType::kF32);
+  BalanceLossBackward(seq, 1, coef, 2.0f, dprobs);
+  const std::vector<float> want = {0.1f, 0.0f, 0.1f, 0.0f, 0.05f, 0.05f, 0.05f, 0.05f};
+  const std::vector<float> got = dprobs.ToVector<float>();
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
+  // A sequence as long as the group (or seq_len 0) is the group scope, bit for bit.
+  const BalanceTerms one = BalanceTermsOf(probs, idx, group, AuxLossScope::kSequence, 4, {});
+  EXPECT_EQ(BalanceLoss(one, 1, coef), BalanceLoss(whole, 1, coef));
+}
+
+// The global scope by hand: f is the given load, whatever this group chose.
+//   load (0.25, 0.75), P = (0.5, 0.5) (the mean of the four rows): aux = coef 2 (0.5) = coef
+//   d aux / d probs[t, i] = grad coef E load_i / T = 2 * 0.1 * 2 * (0.25, 0.75) / 4.
+TEST(AuxLossTest, GlobalScopeUsesTheGivenLoad) {
+  const float coef = 0.1f;
+  Tensor probs = Tensor::FromVector(
+      std::vector<float>{0.75f, 0.25f, 0.5f, 0.5f, 0.25f, 0.75f, 0.5f, 0.5f}, {4, 2});
+  Tensor idx = Tensor::FromVector(std::vector<int32_t>{0, 0, 1, 0}, {4, 1});
+  const std::vector<float> load = {0.25f, 0.75f};
+  const BalanceTerms terms =
+      BalanceTermsOf(probs, idx, LoadBalanceSumsOf(probs, idx), AuxLossScope::kGlobal, 2, load);
+  EXPECT_FLOAT_EQ(BalanceLoss(terms, 1, coef), coef);
+  Tensor dprobs = Tensor::Zeros({4, 2}, DType::kF32);
+  BalanceLossBackward(terms, 1, coef, 2.0f, dprobs);
+  const std::vector<float> got = dprobs.ToVector<float>();
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_FLOAT_EQ(got[2 * t], 0.025f);
+    EXPECT_FLOAT_EQ(got[2 * t + 1], 0.075f);
+  }
+  // The balanced load 1/E gives aux = coef whatever P (sum P = 1): a constant, no gradient
+  // through a softmax or the sigmoid's normalisation.
+  const std::vector<float> uniform = {0.5f, 0.5f};
+  const BalanceTerms flat =
+      BalanceTermsOf(probs, idx, LoadBalanceSumsOf(probs, idx), AuxLossScope::kGlobal, 2, uniform);
+  EXPECT_FLOAT_EQ(BalanceLoss(flat, 1, coef), coef);
 }
 
 }  // namespace

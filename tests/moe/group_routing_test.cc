@@ -80,7 +80,7 @@ RouterTermScale RouterTerms(const RoutedGroups& whole, const Tensor& wr, const M
     const int64_t T = r.input.dim(0);
     // RouteGroupsBackward's inputs to RouterBackward for a whole group, to get its dlogits.
     Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
-    LoadBalancingLossBackward(whole.balance[g], c.top_k, c.aux_loss_coef, daux[g], dprobs);
+    BalanceLossBackward(whole.terms[g], c.top_k, c.aux_loss_coef, daux[g], dprobs);
     Tensor dlogits_extra = Tensor::Zeros({T, E}, DType::kF32);
     ZLossBackward(r.logits, c.z_loss_coef, dz[g], dlogits_extra, 0);
     Tensor scratch_dh = Tensor::Zeros({T, d}, DType::kF32), scratch_dwr = Tensor::Zeros({d, E}, DType::kF32);
@@ -163,10 +163,28 @@ TEST(GroupRoutingTest, LogitsOfPiecesThenChooseIsTheWholeGroup) {
   EXPECT_EQ(Vec<uint8_t>(gathered.keep), Vec<uint8_t>(whole.keep));
 }
 
-// The pieces of tp ranks (simulated: the whole groups' routing seen with tp_rank r of P)
-// add up to the whole: own rows, statistics, and the router's backward.
-TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
+// DeepSeek-V3's router on TestConfig's layer: sigmoid scores, normalised gates, 3 groups of
+// 2 experts of which each token may use 2, the sequence-wise aux loss over sequences of 5
+// tokens (so that sequences straddle the tp pieces of 4 and the last one is shorter).
+MoEConfig DeepSeekConfig() {
   MoEConfig c = TestConfig();
+  c.score = ScoreFunction::kSigmoid;
+  c.normalize_gates = true;
+  c.route_groups = 3;
+  c.route_group_topk = 2;
+  c.aux_loss_scope = AuxLossScope::kSequence;
+  c.seq_len = 5;
+  c.aux_loss_coef = 0.1f;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  return c;
+}
+
+// The pieces of tp ranks (simulated: the whole groups' routing seen with tp_rank r of P)
+// add up to the whole: own rows, statistics, and the router's backward; with the default
+// router and with DeepSeekConfig's.
+TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
+  for (const MoEConfig& c : {TestConfig(), DeepSeekConfig()}) {
+  SCOPED_TRACE(StrCat("score=", ScoreFunctionName(c.score), " route_groups=", c.route_groups));
   const int64_t G = 2, T = 12, P = 3, t = T / P, d = c.d_model, E = c.num_experts;
   const int64_t k = c.top_k;
   Tensor h = Normal({G * T, d}, 5, 1.0f), wr = Normal({d, E}, 6, 0.8f);
@@ -180,7 +198,7 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
   Tensor dgates = Normal({G * T, k}, 7, 1.0f);
   const std::vector<float> daux = {0.5f, 0.75f}, dz = {0.25f, 2.0f};
   Tensor dh = Tensor::Zeros({G * T, d}, DType::kF32), dwr = Tensor::Zeros({d, E}, DType::kF32);
-  RouteGroupsBackward(whole.router, whole.balance, wr, c, dgates, daux, dz, 0, dh, dwr);
+  RouteGroupsBackward(whole.router, whole.terms, wr, c, dgates, daux, dz, 0, dh, dwr);
   const RouterTermScale terms = RouterTerms(whole, wr, c, dgates, daux, dz);
 
   MoEStats sum;
@@ -213,7 +231,7 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
     EXPECT_EQ(s.groups, r == 0 ? G : 0);
     sum.Add(s);
     Tensor own_dh = Tensor::Zeros({G * t, d}, DType::kF32);
-    RouteGroupsBackward(piece.router, piece.balance, wr, c, own_dgates, daux, dz, r, own_dh,
+    RouteGroupsBackward(piece.router, piece.terms, wr, c, own_dgates, daux, dz, r, own_dh,
                         dwr_sum);
     std::vector<float> got_dh, want_dh;
     std::vector<double> dh_scale;
@@ -238,6 +256,7 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
   EXPECT_EQ(sum.aux_sum, want.aux_sum);
   EXPECT_EQ(sum.z_sum, want.z_sum);
   EXPECT_NEAR(sum.entropy_sum, want.entropy_sum, 1e-6 * want.entropy_sum);
+  }
 }
 
 }  // namespace

@@ -117,6 +117,42 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
             "/nonexistent/c.yaml: cannot open (No such file or directory)");
 }
 
+// The router keys of DeepSeek-V3 and global-batch balancing: they parse, round-trip, reach
+// moe (with model.seq_len), and each bad value is one line naming the key.
+TEST(ConfigTest, RouterScoreGroupsAndAuxScope) {
+  auto c = config::ParseConfig(kYaml, "x.yaml",
+                               {"moe.score=sigmoid", "moe.route_groups=4",
+                                "moe.route_group_topk=2", "moe.aux_loss_scope=sequence",
+                                "model.seq_len=64", "data.dir=d"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.score, moe::ScoreFunction::kSigmoid);
+  EXPECT_EQ(c->moe.route_groups, 4);
+  EXPECT_EQ(c->moe.route_group_topk, 2);
+  EXPECT_EQ(c->moe.aux_loss_scope, moe::AuxLossScope::kSequence);
+  EXPECT_EQ(c->moe.seq_len, 64);
+  EXPECT_TRUE(c->Validate(8).ok()) << c->Validate(8);
+  auto again = config::ParseConfig(c->ToYaml(), "resolved");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToYaml(), c->ToYaml());
+  EXPECT_EQ(Error(kYaml, {"moe.score=tanh"}),
+            "--set: moe.score='tanh' is not one of softmax, sigmoid");
+  EXPECT_EQ(Error(kYaml, {"moe.aux_loss_scope=batch"}),
+            "--set: moe.aux_loss_scope='batch' is not one of group, sequence, global");
+  EXPECT_EQ(Error(kYaml, {"moe.route_groups=3", "moe.route_group_topk=1"}),
+            "moe.route_groups=3 does not divide moe.num_experts=8");
+  EXPECT_EQ(Error(kYaml, {"moe.route_groups=4", "moe.route_group_topk=5"}),
+            "moe.route_group_topk=5 must be in [1, 4] (moe.route_groups=4)");
+  EXPECT_EQ(Error(kYaml, {"moe.route_groups=8", "moe.route_group_topk=1"}),
+            "moe.top_k=2 exceeds the 1 experts of moe.route_group_topk=1 groups of 1 "
+            "(moe.num_experts / moe.route_groups)");
+  EXPECT_EQ(Error(kYaml, {"moe.route_group_topk=1"}),
+            "moe.route_group_topk=1 needs moe.route_groups > 0 (node-limited routing is off)");
+  EXPECT_EQ(Error(kYaml, {"moe.score=sigmoid", "runtime.device=cuda"}),
+            "moe.score=sigmoid runs on the CPU only (runtime.device=cuda)");
+  EXPECT_EQ(Error(kYaml, {"moe.route_groups=2", "moe.route_group_topk=1", "runtime.device=cuda"}),
+            "moe.route_groups=2 (node-limited routing) runs on the CPU only (runtime.device=cuda)");
+}
+
 // ---- train: optimizer, schedule, clipping, buckets -------------------------------------
 
 TEST(ConfigTest, TrainDefaults) {
