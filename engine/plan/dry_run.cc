@@ -141,6 +141,10 @@ RankParams EstimateRankParams(const config::Config& c, const dist::Mesh& mesh, i
 }
 
 StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  return SimulateStepWorkspace(StepWorkspaceInputsOf(c, mesh, rank));
+}
+
+StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
   const config::ParallelConfig& p = c.parallel;
   const int pp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp);
   auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
@@ -166,7 +170,7 @@ StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& me
   // Every bucket of gradients that has a group to sum over, as its packed copy and the
   // ordered sum's receive buffer of the same size (dist/ordered_sum.h).
   in.sync = 2.0 * 4.0 * synced;
-  return SimulateStepWorkspace(in);
+  return in;
 }
 
 RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, int rank) {
