@@ -1,5 +1,5 @@
 // `switchyard train --config FILE [--out DIR] [--steps N] [--resume DIR] [--set k=v ...]
-//                   [--dry-run] [--profile]`: trains a model from a config on one rank or
+//                   [--dry-run [--world N] [--search]] [--profile]`: trains a model from a config on one rank or
 // under mpirun.
 #include <csignal>
 #include <cstdio>
@@ -12,7 +12,9 @@
 #include "engine/cli/commands.h"
 #include "engine/cli/common.h"
 #include "engine/dist/process.h"
+#include "engine/plan/device_fit.h"
 #include "engine/plan/dry_run.h"
+#include "engine/plan/layout_search.h"
 #include "engine/train/trainer.h"
 
 namespace switchyard::cli {
@@ -30,7 +32,7 @@ struct Flags {
   std::string config, out, resume;
   int steps = 0;
   int world = 0;  // --world, for --dry-run
-  bool dry_run = false, profile = false, help = false;
+  bool dry_run = false, search = false, profile = false, help = false;
   std::vector<std::string> overrides;
   std::string usage;
 };
@@ -57,7 +59,11 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                                        "communication, ...) at the end; also DIR/profile.json");
   flags.AddInt("world", &f->world, "with --dry-run: the number of ranks to plan for (default: "
                                    "the ranks launched, or on one rank the smallest world "
-                                   "the layout allows)");
+                                   "the layout allows, or plan.world)");
+  flags.AddBool("search", &f->search, "with --dry-run: also list the layouts of the world that "
+                                      "fit plan.device_memory_gib (tp, pp, ep, etp, ZeRO, "
+                                      "micro-batch, recompute; the global batch kept), predicted "
+                                      "peak first; automatic when the config's layout does not fit");
   std::string unused;
   flags.AddString("set", &unused, "section.key=value config override; repeatable");
   f->usage = flags.Usage();
@@ -69,6 +75,7 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   }
   if (f->world < 0) return InvalidArgument("--world=", f->world, " must be >= 1");
   if (flags.IsSet("world") && !f->dry_run) return InvalidArgument("--world needs --dry-run");
+  if (f->search && !f->dry_run) return InvalidArgument("--search needs --dry-run");
   if (f->profile && f->dry_run) return InvalidArgument("--profile needs training, not --dry-run");
   if (f->out.empty()) {
     std::string stem = f->config.substr(f->config.find_last_of('/') + 1);
@@ -76,6 +83,40 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
     f->out = "runs/" + stem;
   }
   return OkStatus();
+}
+
+// --dry-run: the report; with plan.device_memory_gib the fit of the largest rank (exit 1
+// when it does not fit) and, with --search or when it does not fit, the layouts that do.
+int DryRun(dist::Communicator& world, const Flags& f, const config::Config& config) {
+  const int planned = f.world > 0 ? f.world
+                      : world.size() > 1 ? world.size()
+                      : config.plan.world > 0 ? static_cast<int>(config.plan.world)
+                                              : static_cast<int>(config.parallel.SmallestWorld());
+  Status valid = config.Validate(planned);
+  if (valid.ok()) valid = config.model.Validate();
+  if (valid.ok() && f.search && config.plan.device_memory_gib <= 0) {
+    valid = InvalidArgument("--search needs plan.device_memory_gib > 0 (the memory of one device "
+                            "in GiB, e.g. --set plan.device_memory_gib=80)");
+  }
+  if (int rc = Agree(world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
+  // A pipeline whose action lists fail their check (a bug in a schedule) exits 1.
+  Status check;
+  std::string report = plan::DryRunReport(config, planned, &check);
+  auto mesh = dist::Mesh::Create(planned, config.parallel.MeshSizes(), config.parallel.order);
+  if (mesh.ok()) {
+    const plan::DeviceFit fit = plan::PredictDeviceFit(config, *mesh);
+    report += plan::DeviceFitReport(config, fit);
+    if (f.search || !fit.fits()) {
+      report += plan::LayoutSearchReport(plan::SearchLayouts(config, planned), planned,
+                                         config.plan.device_memory_gib, 8);
+    }
+    if (check.ok() && !fit.fits()) {
+      check = FailedPrecondition("the largest rank's predicted peak, ", plan::FormatBytes(fit.peak),
+                                 ", exceeds plan.device_memory_gib=", config.plan.device_memory_gib);
+    }
+  }
+  if (world.rank() == 0) std::printf("%s", report.c_str());
+  return Agree(world, check, kExitFailure, kCommand);
 }
 
 int Run(const std::vector<std::string>& args) {
@@ -89,17 +130,7 @@ int Run(const std::vector<std::string>& args) {
   auto config = config::LoadConfig(f.config, f.overrides);
   if (int rc = Agree(*world, config.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
   if (f.dry_run) {
-    const int planned = f.world > 0 ? f.world
-                        : world->size() > 1 ? world->size()
-                                            : static_cast<int>(config->parallel.SmallestWorld());
-    Status valid = config->Validate(planned);
-    if (valid.ok()) valid = config->model.Validate();
-    if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
-    // A pipeline whose action lists fail their check (a bug in a schedule) exits 1.
-    Status check;
-    const std::string report = plan::DryRunReport(*config, planned, &check);
-    if (world->rank() == 0) std::printf("%s", report.c_str());
-    return Agree(*world, check, kExitFailure, kCommand);
+    return DryRun(*world, f, *config);
   }
   if (world->rank() == 0) {
     std::printf("resolved config (%s):\n%s\n", f.config.c_str(), config->ToYaml().c_str());

@@ -202,6 +202,7 @@ std::vector<Section> Sections(Config& c) {
       {"data", {Bind("dir", &c.data.dir), BindDataPaths("paths", &c.data.paths),
                 Bind("verify", &c.data.verify)}},
       {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
+      {"plan", {Bind("world", &c.plan.world), Bind("device_memory_gib", &c.plan.device_memory_gib)}},
       {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };
 }
@@ -296,6 +297,15 @@ Status RuntimeConfig::Validate() const {
   return OkStatus();
 }
 
+Status PlanConfig::Validate() const {
+  if (world < 0) return InvalidArgument("plan.world=", world, " must be >= 0 (0: the smallest world)");
+  if (!(device_memory_gib >= 0.0f) || !std::isfinite(device_memory_gib)) {
+    return InvalidArgument("plan.device_memory_gib=", device_memory_gib,
+                           " must be a finite number >= 0 (0: no memory check)");
+  }
+  return OkStatus();
+}
+
 Status DataConfig::Validate() const {
   if (paths.empty() && dir.empty()) return InvalidArgument("data.dir is empty");
   if (paths.size() > 255) return InvalidArgument("data.paths holds ", paths.size(), " datasets (at most 255)");
@@ -311,6 +321,7 @@ Status DataConfig::Validate() const {
 
 Status Config::Validate(int world) const {
   SY_RETURN_IF_ERROR(runtime.Validate());
+  SY_RETURN_IF_ERROR(plan.Validate());
   SY_RETURN_IF_ERROR(data.Validate());
   if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
   SY_RETURN_IF_ERROR(moe.Validate());

@@ -47,6 +47,20 @@ struct RuntimeConfig {
   Status Validate() const;
 };
 
+// plan: what `switchyard train --dry-run` plans for (docs/recipes.md); training ignores it.
+struct PlanConfig {
+  // The ranks the dry-run plans for when --world is not given and one process runs
+  // (0: the smallest world the layout allows).
+  int64_t world = 0;
+  // The memory of one device in GiB (80 for an A100 80GB or an H100); > 0: the dry-run
+  // checks the largest rank's predicted peak against it, prints the margin, and exits 1
+  // when it does not fit. 0: no check.
+  float device_memory_gib = 0;
+
+  // Names the key and the value it rejects.
+  Status Validate() const;
+};
+
 // logging: what a run writes besides the progress line (docs/config.md).
 struct LoggingConfig {
   // The per-expert token counts (before and after dropping) and the expert biases go to
@@ -64,6 +78,7 @@ struct Config {
   DataConfig data;
   TrainConfig train;   // optimizer, LR schedule, clipping, gradient buckets
   RuntimeConfig runtime;
+  PlanConfig plan;
   LoggingConfig logging;
 
   // Sections and fields together, plus what the world size allows ("parallel.ep=3 does

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 namespace switchyard::plan {
@@ -141,6 +142,10 @@ RankParams EstimateRankParams(const config::Config& c, const dist::Mesh& mesh, i
 }
 
 StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  return SimulateStepWorkspace(StepWorkspaceInputsOf(c, mesh, rank));
+}
+
+StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
   const config::ParallelConfig& p = c.parallel;
   const int pp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp);
   auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
@@ -166,7 +171,7 @@ StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& me
   // Every bucket of gradients that has a group to sum over, as its packed copy and the
   // ordered sum's receive buffer of the same size (dist/ordered_sum.h).
   in.sync = 2.0 * 4.0 * synced;
-  return SimulateStepWorkspace(in);
+  return in;
 }
 
 RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, int rank) {
@@ -261,15 +266,30 @@ void ReportZeroMemory(std::ostream& out, const config::Config& c, const dist::Me
   // Less memory per rank needs at least as many ranks: the 24 GiB count comes last.
   const std::pair<double, const char*> sizes[] = {
       {24, "24 GiB (this CPU machine)"}, {80, "80 GiB (H100)"}, {141, "141 GiB (H200)"}};
-  int64_t need[3] = {0, 0, 0};
-  for (int64_t w = replica; w <= (int64_t{1} << 16) && need[0] == 0; w += replica) {
-    auto wmesh = dist::Mesh::Create(static_cast<int>(w), c.parallel.MeshSizes(), c.parallel.order);
-    if (!wmesh.ok()) continue;
+  // The peak of the world of k replicas; it never grows with k (more ranks only partition
+  // more), so the fewest replicas for each size is a binary search (k up to 65536 ranks).
+  auto peak_of = [&](int64_t k) {
+    auto wmesh = dist::Mesh::Create(static_cast<int>(k * replica), c.parallel.MeshSizes(), c.parallel.order);
+    if (!wmesh.ok()) return std::numeric_limits<double>::infinity();
     double peak = 0;  // ranks differ only within a replica: the first one is enough
-    for (int r = 0; r < std::min<int64_t>(w, replica); ++r)
-      peak = std::max(peak, PredictRankMemory(c, *wmesh, r).total());
-    for (int i = 0; i < 3; ++i)
-      if (need[i] == 0 && peak <= sizes[i].first * 1024.0 * 1024.0 * 1024.0) need[i] = w;
+    for (int r = 0; r < replica; ++r) peak = std::max(peak, PredictRankMemory(c, *wmesh, r).total());
+    return peak;
+  };
+  const int64_t max_k = (int64_t{1} << 16) / replica;
+  int64_t need[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) {
+    const double size = sizes[i].first * 1024.0 * 1024.0 * 1024.0;
+    if (max_k < 1 || peak_of(max_k) > size) continue;
+    int64_t lo = 1, hi = max_k;  // the answer lies in [lo, hi]
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (peak_of(mid) <= size) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    need[i] = lo * replica;
   }
   for (int i = 0; i < 3; ++i) {
     out << "    ranks of " << sizes[i].second << ": "

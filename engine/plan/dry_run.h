@@ -85,6 +85,10 @@ RankMemory PredictRankMemory(const config::Config& config, const dist::Mesh& mes
 
 // The step's workspace of one rank as PredictRankMemory computes it (no ZeRO terms).
 StepWorkspace PredictStepWorkspace(const config::Config& config, const dist::Mesh& mesh, int rank);
+// What PredictStepWorkspace walks: the rank's schedule, its chunks' activations, its
+// gradients and the sync's buckets (engine/plan/device_fit.h varies the sync term).
+StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& config, const dist::Mesh& mesh,
+                                          int rank);
 
 // "1.50 MiB": bytes in powers of 1024, two decimals.
 std::string FormatBytes(double bytes);

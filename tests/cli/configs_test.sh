@@ -108,7 +108,7 @@ pipeline_case() {
     END { exit bad }' >"$tmp/pipeline.bad" ||
     fail "pipeline $name: activations are not in flight x one micro-batch's: $(cat "$tmp/pipeline.bad")"
   local workspace_rows
-  workspace_rows=$(awk '/^    rank +model states +peak/ { on = 1; next } on' "$out" | wc -l)
+  workspace_rows=$(awk '/^    rank +model states +peak/ { on = 1; next } on && /^ +[0-9]+ /' "$out" | wc -l)
   [[ $workspace_rows -eq $(echo "$rows" | wc -l) ]] || fail "pipeline $name: $workspace_rows workspace rows"
   echo "pipeline $name: in flight $got, bubble $bubble"
 }

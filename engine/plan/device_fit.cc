@@ -1,0 +1,133 @@
+#include "engine/plan/device_fit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "engine/model/param_table.h"
+
+namespace switchyard::plan {
+namespace {
+
+// Bytes of one converted operand element: 2 (bf16 on a GPU), 4 (rounded f32 on the CPU),
+// 0 when the products read their f32 inputs as they are.
+double OperandCopyBytes(const config::Config& c) {
+  const bool gpu = c.runtime.device.rfind("cuda", 0) == 0;
+  const bool bf16 = c.runtime.precision == "bf16" || (c.runtime.precision == "auto" && gpu);
+  return bf16 ? (gpu ? 2.0 : 4.0) : 0.0;
+}
+
+// The largest weight the rank's stages multiply and the widest row operand of one
+// micro-batch, in elements, converted at once by one product.
+double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  const double bytes = OperandCopyBytes(c);
+  if (bytes == 0) return 0;
+  const model::ParamTable table = model::ParamTable::Build(
+      c.model, c.moe, {.tp = mesh.tp(), .etp = mesh.etp(), .ep = mesh.ep()});
+  const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
+  const std::vector<model::Stage> stages = RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp));
+  bool head = false;
+  std::vector<bool> layer(c.model.n_layers, false);
+  for (const model::Stage& s : stages) {
+    head = head || s.head;
+    for (int64_t i = s.first_layer; i < s.End(c.model.n_layers); ++i) layer[i] = true;
+  }
+  double weight = 0;
+  for (const model::ParamShape& p : table.params()) {
+    if (p.bias || p.role == model::ParamRole::kNorm || p.role == model::ParamRole::kEmbedding) continue;
+    const bool mine = p.part == model::ParamPart::kLayer ? layer[p.layer] : p.part == model::ParamPart::kHead && head;
+    if (mine) weight = std::max(weight, double(table.LocalNumel(p, tp_rank)));
+  }
+  const double tokens = double(c.train.micro_batch_size) * c.model.seq_len / c.parallel.cp;
+  const double tp = mesh.tp();
+  double width = std::max<double>(c.model.d_model, double(c.model.ff_hidden()) / tp);
+  if (head) width = std::max(width, std::ceil(double(c.model.vocab_size) / tp));
+  bool any_moe = false;
+  for (int64_t i = 0; i < c.model.n_layers; ++i) any_moe = any_moe || (layer[i] && c.moe.IsMoELayer(i));
+  if (any_moe) width = std::max(width, double(c.moe.top_k) * c.moe.d_expert / mesh.etp());
+  return bytes * (weight + tokens * width);
+}
+
+// The workspace with the sync bounded: two buckets in flight instead of every gradient
+// packed and received; under stages 2-3 one block's full gradients (the largest layer's
+// share) instead of all of them; stage 3's two gathered blocks as PredictRankMemory has.
+double BoundedWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  StepWorkspaceInputs in = StepWorkspaceInputsOf(c, mesh, rank);
+  const double synced_bytes = in.sync / 2;  // 4 bytes per synced element (the packed copy)
+  in.sync = std::min(in.sync, 2.0 * double(c.train.bucket_bytes()));
+  double workspace = SimulateStepWorkspace(in).peak;
+  int64_t layers = 0;
+  for (const model::Stage& s : in.chunks) layers += s.End(c.model.n_layers) - s.first_layer;
+  const int stage = c.parallel.zero_stage;
+  if (stage >= 2) workspace += synced_bytes / std::max<int64_t>(1, layers);
+  if (stage >= 3) workspace += 2.0 * synced_bytes / std::max<int64_t>(1, c.model.n_layers);
+  return workspace;
+}
+
+}  // namespace
+
+std::vector<int> DistinctRanks(const dist::Mesh& mesh) {
+  std::vector<int> ranks;
+  for (int r = 0; r < mesh.world(); ++r) {
+    if (mesh.Coord(r, dist::View::kDense, dist::Axis::kDp) != 0 ||
+        mesh.Coord(r, dist::View::kDense, dist::Axis::kCp) != 0 ||
+        mesh.Coord(r, dist::View::kExpert, dist::Axis::kEp) != 0) {
+      continue;
+    }
+    ranks.push_back(r);
+  }
+  return ranks;
+}
+
+DeviceFit PredictDeviceFit(const config::Config& c, const dist::Mesh& mesh, std::vector<int> ranks) {
+  if (ranks.empty()) ranks = DistinctRanks(mesh);
+  DeviceFit best;
+  best.peak = -1;
+  for (int r : ranks) {
+    DeviceFit f;
+    f.rank = r;
+    f.memory = PredictRankMemory(c, mesh, r);
+    f.operand_copies = OperandCopies(c, mesh, r);
+    f.peak = f.memory.total() + f.operand_copies;
+    if (f.peak <= best.peak) continue;
+    best = f;
+  }
+  best.activations = PredictStepWorkspace(c, mesh, best.rank).activations_peak;
+  best.bounded_workspace = BoundedWorkspace(c, mesh, best.rank);
+  best.bounded_peak = best.memory.model_states() + best.bounded_workspace + best.operand_copies;
+  best.device = double(c.plan.device_memory_gib) * 1024.0 * 1024.0 * 1024.0;
+  return best;
+}
+
+std::string DeviceFitReport(const config::Config& c, const DeviceFit& f) {
+  std::ostringstream out;
+  const RankMemory& m = f.memory;
+  out << "peak / device (largest rank " << f.rank << "): " << FormatBytes(f.peak) << " = parameters "
+      << FormatBytes(m.parameters) << " + gradients " << FormatBytes(m.gradients) << " + optimizer "
+      << FormatBytes(m.optimizer) << " + workspace " << FormatBytes(m.workspace)
+      << " (activations " << FormatBytes(f.activations) << ") + operand copies "
+      << FormatBytes(f.operand_copies) << "\n";
+  if (f.device <= 0) {
+    out << "  device memory: not set (plan.device_memory_gib); no fit check\n";
+    return out.str();
+  }
+  char line[256];
+  std::snprintf(line, sizeof(line), "  device %s (plan.device_memory_gib %g): margin %s%s (%.1f%%), fits: %s\n",
+                FormatBytes(f.device).c_str(), double(c.plan.device_memory_gib),
+                f.margin() < 0 ? "-" : "", FormatBytes(std::abs(f.margin())).c_str(),
+                100.0 * f.margin() / f.device, f.fits() ? "yes" : "no");
+  out << line;
+  const double bm = f.device - f.bounded_peak;
+  std::snprintf(line, sizeof(line),
+                "  with the gradient sync as the ZeRO formula bounds it (two %s buckets%s): peak %s, "
+                "workspace %s, margin %s%s, fits: %s\n",
+                FormatBytes(double(c.train.bucket_bytes())).c_str(),
+                c.parallel.zero_stage >= 2 ? ", one block's gradients" : "", FormatBytes(f.bounded_peak).c_str(),
+                FormatBytes(f.bounded_workspace).c_str(), bm < 0 ? "-" : "", FormatBytes(std::abs(bm)).c_str(),
+                f.bounded_fits() ? "yes" : "no");
+  out << line;
+  return out.str();
+}
+
+}  // namespace switchyard::plan
