@@ -114,7 +114,6 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
           ++search.tried;
           cand.fit = PredictDeviceFit(c, *mesh, ranks);
           cand.work = (1 + fraction[ri]) * (1 + double(s.pp - 1) / (s.vs * double(c.train.grad_accum)));
-          if (Status st = c.parallel.CheckSupported(); !st.ok()) cand.unsupported = std::string(st.message());
           if (cand.fit.fits()) fitting.push_back(cand);
           else if (cand.fit.bounded_fits()) bounded.push_back(cand);
         }
@@ -164,7 +163,7 @@ std::string LayoutSearchReport(const LayoutSearch& s, int world, double device_g
                   p.virtual_stages, int(world / (p.tp * p.pp)), p.ep, p.expert_tp(), p.zero_stage,
                   static_cast<long long>(c.config.train.micro_batch_size),
                   static_cast<long long>(c.config.train.grad_accum), model::RecomputeName(c.config.train.recompute),
-                  c.work, c.unsupported.empty() ? "" : "(the trainer refuses it today)");
+                  c.work);
     out << line;
   }
   return out.str();

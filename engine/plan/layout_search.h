@@ -21,7 +21,6 @@ struct LayoutCandidate {
   // The step's compute relative to no recompute and no pipeline bubble:
   // (1 + recompute's extra forward / the step's FLOPs) x (1 + (pp - 1) / (v m)).
   double work = 1;
-  std::string unsupported;  // config::ParallelConfig::CheckSupported's message, if any
 };
 
 struct LayoutSearch {
