@@ -16,6 +16,9 @@ using dense::Activation;
 using dense::ActivationName;
 enum class SecondExpertPolicy { kAll, kRandom };  // GShard; top-2 only
 enum class DropPolicy { kPosition, kProbability };
+// How the token exchange over ep travels (docs/moe-layer.md): one flat all-to-all, or
+// hierarchical over nodes (dist::HierarchicalCommunicator); the results are bit-identical.
+enum class Dispatcher { kFlat, kHierarchical };
 
 // dense::ParseActivation naming the key moe.activation.
 StatusOr<Activation> ParseActivation(const std::string& name);
@@ -23,6 +26,8 @@ StatusOr<SecondExpertPolicy> ParseSecondExpertPolicy(const std::string& name);
 StatusOr<DropPolicy> ParseDropPolicy(const std::string& name);
 const char* SecondExpertPolicyName(SecondExpertPolicy p);
 const char* DropPolicyName(DropPolicy p);
+StatusOr<Dispatcher> ParseDispatcher(const std::string& name);
+const char* DispatcherName(Dispatcher d);
 
 struct MoEConfig {
   int64_t d_model = 0;            // d; required
@@ -44,6 +49,7 @@ struct MoEConfig {
   int64_t num_shared_experts = 0;  // dense MLPs applied to every token (DeepSeek)
   int64_t d_shared = 0;            // hidden size of each shared expert; 0 means d_expert
   uint64_t seed = 1234;            // keys the jitter and random second-expert draws
+  Dispatcher dispatcher = Dispatcher::kFlat;  // the ep token exchange: flat | hierarchical
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;
