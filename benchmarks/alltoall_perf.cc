@@ -8,10 +8,17 @@
 //          receives unevenly), count = size / sizeof(type)
 //   algbw  size / time;   busbw = algbw * (n - 1) / n   (nccl-tests' all-to-all factor)
 //   ratio  our time / raw MPI time on the same bytes (1.00: no overhead)
+//
+// The hierarchical column (moe.dispatcher=hierarchical; benchmarks/alltoall_hier.h): the
+// same exchange through dist::HierarchicalCommunicator over nodes of --ranks_per_node ranks
+// (default: as launched), timed in the same run, and each rank's inter-node bytes and
+// messages, flat and hierarchical, measured beside the formula (the largest over ranks);
+// a rank whose measured traffic differs from its formula counts in #wrong.
 #include <mpi.h>
 
 #include <cstring>
 
+#include "benchmarks/alltoall_hier.h"
 #include "benchmarks/benchmark.h"
 #include "benchmarks/routing.h"
 #include "engine/dist/mpi_check.h"
@@ -126,6 +133,8 @@ class AllToAllPerf final : public Benchmark {
     flags.AddInt("seed", &seed_, "seed of the uneven splits (default 1)");
     flags.AddString("op", &op_, "all, alltoall (uniform only) or alltoallv (default all)");
     flags.AddInt("async", &async_, "1: our side uses AllToAllVAsync + Wait");
+    flags.AddInt("ranks_per_node", &ranks_per_node_,
+                 "nodes for the hierarchical column, ranks in blocks (default: as launched)");
   }
 
   Status Setup(Harness& h) override {
@@ -148,6 +157,9 @@ class AllToAllPerf final : public Benchmark {
     if (op_ == "alltoall" && !uniform) return InvalidArgument("--op alltoall needs a uniform split");
     if (uniform && op_ != "alltoallv") ops_.push_back("alltoall");
     if (op_ != "alltoall") ops_.push_back("alltoallv");
+    StatusOr<std::unique_ptr<HierarchicalAllToAll>> hier = HierarchicalAllToAll::Create(ranks_per_node_);
+    if (!hier.ok()) return hier.status();
+    hier_ = *std::move(hier);
     dtype_ = h.options().dtype;
     row_bytes_ = hidden_ * static_cast<int64_t>(SizeOf(dtype_));
     sizes_ = h.Sizes();
@@ -155,6 +167,9 @@ class AllToAllPerf final : public Benchmark {
         "# split %s over %d experts, rows of %d elements; ours = Communicator::%s, "
         "mpi = raw MPI on the same buffers\n#\n",
         spec_.Name().c_str(), experts_, hidden_, async_ ? "AllToAllVAsync" : "AllToAll(V)");
+    h.Printf("# hier = the hierarchical all-to-all over %d nodes of %d ranks; inter-node bytes "
+             "and messages per rank (max over ranks): measured flat | hier, beside the formula\n#\n",
+             hier_->layout().nodes, hier_->layout().per_node);
     return OkStatus();
   }
 
@@ -163,7 +178,17 @@ class AllToAllPerf final : public Benchmark {
                            {{"mpi_time", "(us)", 10, 1},
                             {"mpi_busbw", "(GB/s)", 9, 2},
                             {"ratio", "ours/mpi", 8, 3},
-                            {"recv_imb", "max/mean", 8, 2}});
+                            {"recv_imb", "max/mean", 8, 2},
+                            {"hier_time", "(us)", 10, 1},
+                            {"hier_ratio", "hier/ours", 9, 3},
+                            {"flat_inter_B", "measured", 12, 0},
+                            {"flat_B_formula", "formula", 12, 0},
+                            {"hier_inter_B", "measured", 12, 0},
+                            {"hier_B_formula", "formula", 12, 0},
+                            {"flat_msgs", "measured", 9, 0},
+                            {"flat_msgs_f", "formula", 9, 0},
+                            {"hier_msgs", "measured", 9, 0},
+                            {"hier_msgs_f", "formula", 9, 0}});
   }
 
   int NumCases() const override { return static_cast<int>(sizes_.size()); }
@@ -189,6 +214,8 @@ class AllToAllPerf final : public Benchmark {
             {"experts", experts_},
             {"hidden", hidden_},
             {"async", async_},
+            {"nodes", hier_->layout().nodes},
+            {"ranks_per_node", hier_->layout().per_node},
             {"busbw_factor", "(n-1)/n"}};
   }
 
@@ -217,9 +244,10 @@ class AllToAllPerf final : public Benchmark {
   // returns #wrong summed over ranks.
   int64_t Measure(Harness& h, Exchange& x, const std::string& name, int64_t rows, Table& table) {
     const MPI_Datatype type = MpiType(dtype_);
-    std::function<void()> ours, raw;
+    std::function<void()> ours, raw, hier;
     if (name == "alltoall") {
       ours = [&] { comm_->AllToAll(x.in, x.out); };
+      hier = [&] { hier_->hier().AllToAll(x.in, x.out); };
       raw = [&] {
         SY_MPI_CHECK(MPI_Alltoall(x.in.raw_data(), x.s.counts[0], type, x.out.raw_data(),
                                   x.r.counts[0], type, comm_->comm()));
@@ -232,16 +260,20 @@ class AllToAllPerf final : public Benchmark {
           comm_->AllToAllV(x.in, x.send, x.out, x.recv);
         }
       };
+      hier = [&] { hier_->hier().AllToAllV(x.in, x.send, x.out, x.recv); };
       raw = [&] {
         SY_MPI_CHECK(MPI_Alltoallv(x.in.raw_data(), x.s.counts.data(), x.s.displs.data(), type,
                                    x.out.raw_data(), x.r.counts.data(), x.r.displs.data(), type,
                                    comm_->comm()));
       };
     }
-    const std::vector<double> t = h.TimeInterleaved({ours, raw});
+    const std::vector<double> t = h.TimeInterleaved({ours, raw, hier});
+    const InterNodeTraffic traffic =
+        hier_->Measure(x.in, x.send, x.out, x.recv, /*uniform=*/name == "alltoall");
+    const bool off = !(traffic.flat == traffic.flat_formula && traffic.hier == traffic.hier_formula);
     const int64_t wrong = h.Check([&] {
-      int64_t bad = 0;
-      for (const auto* call : {&ours, &raw}) {
+      int64_t bad = off;
+      for (const auto* call : {&ours, &raw, &hier}) {
         std::memset(x.out.raw_data(), 0xff, x.out.nbytes());
         (*call)();
         bad += RunPattern(x.out, x.recv, comm_->rank(), /*sending=*/false, /*check=*/true);
@@ -251,14 +283,20 @@ class AllToAllPerf final : public Benchmark {
     const int n = comm_->size();
     const double bytes = double(rows * row_bytes_), factor = double(n - 1) / n;
     const double algbw = bytes / t[0] / 1e9, mpi_algbw = bytes / t[1] / 1e9;
+    auto max = [&](int64_t v) { return static_cast<int64_t>(h.Max(static_cast<double>(v))); };
     table.AddRow({rows * row_bytes_, rows * hidden_, BenchDTypeName(dtype_), spec_.Name(), name,
                   t[0] * 1e6, algbw, algbw * factor, wrong, t[1] * 1e6, mpi_algbw * factor,
-                  t[0] / t[1], x.imbalance});
+                  t[0] / t[1], x.imbalance, t[2] * 1e6, t[2] / t[0],
+                  max(traffic.flat.bytes), max(traffic.flat_formula.bytes),
+                  max(traffic.hier.bytes), max(traffic.hier_formula.bytes),
+                  max(traffic.flat.messages), max(traffic.flat_formula.messages),
+                  max(traffic.hier.messages), max(traffic.hier_formula.messages)});
     return wrong;
   }
 
   std::string skew_text_, hot_share_text_ = "0.75", op_ = "all";
-  int hot_ = 0, experts_ = 0, hidden_ = 1024, seed_ = 1, async_ = 0;
+  int hot_ = 0, experts_ = 0, hidden_ = 1024, seed_ = 1, async_ = 0, ranks_per_node_ = 0;
+  std::unique_ptr<HierarchicalAllToAll> hier_;
   std::unique_ptr<dist::MpiCommunicator> comm_;
   RoutingSpec spec_;
   std::vector<std::string> ops_;

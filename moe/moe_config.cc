@@ -54,6 +54,16 @@ const char* DropPolicyName(DropPolicy p) {
   return p == DropPolicy::kPosition ? "position" : "probability";
 }
 
+StatusOr<Dispatcher> ParseDispatcher(const std::string& name) {
+  if (name == "flat") return Dispatcher::kFlat;
+  if (name == "hierarchical") return Dispatcher::kHierarchical;
+  return InvalidArgument("moe.dispatcher='", name, "' is not one of flat, hierarchical");
+}
+
+const char* DispatcherName(Dispatcher d) {
+  return d == Dispatcher::kFlat ? "flat" : "hierarchical";
+}
+
 Status MoEConfig::Validate() const {
   if (d_model <= 0) return InvalidArgument("model.d_model=", d_model, " must be positive");
   if (num_experts <= 0) return InvalidArgument("moe.num_experts=", num_experts, " must be positive");

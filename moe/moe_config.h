@@ -23,6 +23,9 @@ enum class ScoreFunction { kSoftmax, kSigmoid };
 // each sequence of a group (DeepSeek-V3's sequence-wise loss), or f over the whole global
 // batch of the previous step (global-batch balancing, Qwen).
 enum class AuxLossScope { kGroup, kSequence, kGlobal };
+// How the token exchange over ep travels (docs/moe-layer.md): one flat all-to-all, or
+// hierarchical over nodes (dist::HierarchicalCommunicator); the results are bit-identical.
+enum class Dispatcher { kFlat, kHierarchical };
 
 // dense::ParseActivation naming the key moe.activation.
 StatusOr<Activation> ParseActivation(const std::string& name);
@@ -34,6 +37,8 @@ const char* SecondExpertPolicyName(SecondExpertPolicy p);
 const char* DropPolicyName(DropPolicy p);
 const char* ScoreFunctionName(ScoreFunction s);
 const char* AuxLossScopeName(AuxLossScope s);
+StatusOr<Dispatcher> ParseDispatcher(const std::string& name);
+const char* DispatcherName(Dispatcher d);
 
 struct MoEConfig {
   int64_t d_model = 0;            // d; required
@@ -61,6 +66,7 @@ struct MoEConfig {
   uint64_t seed = 1234;            // keys the jitter and random second-expert draws
   int64_t seq_len = 0;             // S, mirrors model.seq_len (aux_loss_scope: sequence);
                                    // 0: a routing group is one sequence
+  Dispatcher dispatcher = Dispatcher::kFlat;  // the ep token exchange: flat | hierarchical
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;

@@ -1,7 +1,11 @@
 // `switchyard mesh`: prints every process group of a layout, in both views of the mesh
-// (dense: tp, cp, dp, pp; expert: etp, ep, edp, pp), as a table or as one JSON object:
+// (dense: tp, cp, dp, pp; expert: etp, ep, edp, pp), whether each axis's groups cross
+// nodes, and the node of every rank (--ranks_per_node; default one node), as a table or
+// as one JSON object:
 //   {"dense": {"tp": [[0,1],...], "cp": ..., "dp": ..., "pp": ...},
-//    "expert": {"etp": ..., "ep": ..., "edp": ..., "pp": ...}}
+//    "expert": {"etp": ..., "ep": ..., "edp": ..., "pp": ...},
+//    "nodes": [0, 0, 1, 1, ...], "crosses_nodes": {"dense": {"tp": false, ...},
+//                                                  "expert": {...}}}
 #include <cstdio>
 #include <span>
 #include <string>
@@ -30,14 +34,15 @@ constexpr size_t kLineWidth = 100;
 
 // One view as rows "  axis  size  groups", groups wrapped under the groups column.
 std::string ViewTable(const Mesh& mesh, View view, std::span<const Axis> axes) {
-  const std::string indent(14, ' ');
-  std::string out = "  axis  size  groups\n";
+  const std::string indent(23, ' ');
+  std::string out = "  axis  size  nodes    groups\n";
   for (Axis axis : axes) {
     const int size = mesh.Size(view, axis);
     char head[32];
-    std::snprintf(head, sizeof(head), "  %-4.*s %5d  ",
+    std::snprintf(head, sizeof(head), "  %-4.*s %5d  %-7s  ",
                   static_cast<int>(dist::AxisName(axis, view).size()),
-                  dist::AxisName(axis, view).data(), size);
+                  dist::AxisName(axis, view).data(), size,
+                  mesh.GroupsCrossNodes(view, {axis}) ? "crosses" : "inside");
     std::string line = head;
     if (size == 1) {
       out += line + "every rank alone\n";
@@ -66,8 +71,13 @@ std::string Table(const Mesh& mesh) {
   out += ViewTable(mesh, View::kDense, kDenseAxes);
   out += "\nexpert view (expert MLPs)\n";
   out += ViewTable(mesh, View::kExpert, kExpertAxes);
-  out += "\nranks\n";
-  for (int rank = 0; rank < mesh.world(); ++rank) out += "  " + mesh.Describe(rank) + "\n";
+  if (Status s = dist::CheckTensorParallelInsideNodes(mesh); !s.ok()) {
+    out += "\nnote: " + std::string(s.message()) + "\n";
+  }
+  out += "\nranks (nodes of " + std::to_string(mesh.ranks_per_node()) + " ranks)\n";
+  for (int rank = 0; rank < mesh.world(); ++rank) {
+    out += "  " + mesh.Describe(rank) + " | node " + std::to_string(mesh.NodeOf(rank)) + "\n";
+  }
   return out;
 }
 
@@ -82,6 +92,18 @@ nlohmann::ordered_json Json(const Mesh& mesh) {
     }
     out[key] = std::move(groups);
   }
+  std::vector<int> nodes;
+  for (int rank = 0; rank < mesh.world(); ++rank) nodes.push_back(mesh.NodeOf(rank));
+  out["nodes"] = nodes;
+  nlohmann::ordered_json crosses;
+  for (const auto& [view, axes, key] :
+       {std::tuple{View::kDense, std::span<const Axis>(kDenseAxes), "dense"},
+        std::tuple{View::kExpert, std::span<const Axis>(kExpertAxes), "expert"}}) {
+    for (Axis axis : axes) {
+      crosses[key][std::string(dist::AxisName(axis, view))] = mesh.GroupsCrossNodes(view, {axis});
+    }
+  }
+  out["crosses_nodes"] = std::move(crosses);
   return out;
 }
 
@@ -89,7 +111,7 @@ nlohmann::ordered_json Json(const Mesh& mesh) {
 
 int RunMesh(const std::vector<std::string>& args) {
   int world = 0;
-  int tp = 1, cp = 1, ep = 1, etp = 1, pp = 1;
+  int tp = 1, cp = 1, ep = 1, etp = 1, pp = 1, ranks_per_node = 0;
   std::string order(dist::kDefaultMeshOrder);
   bool json = false;
   FlagSet flags(kCommand,
@@ -103,6 +125,8 @@ int RunMesh(const std::vector<std::string>& args) {
   flags.AddInt("ep", &ep, "expert parallel size (default 1)");
   flags.AddInt("etp", &etp, "expert tensor parallel size (default: same as --tp)");
   flags.AddInt("pp", &pp, "pipeline parallel size (default 1)");
+  flags.AddInt("ranks_per_node", &ranks_per_node,
+               "ranks of one node, placed in blocks (default: one node holds the world)");
   flags.AddString("order", &order, "axis order, fastest first (default tp-cp-ep-dp-pp)");
   flags.AddBool("json", &json, "print one JSON object instead of the table");
   if (Status status = flags.Parse(args); !status.ok()) {
@@ -112,7 +136,7 @@ int RunMesh(const std::vector<std::string>& args) {
     std::fputs(flags.Usage().c_str(), stdout);
     return kExitOk;
   }
-  dist::MeshSizes sizes{.tp = tp, .cp = cp, .ep = ep, .pp = pp};
+  dist::MeshSizes sizes{.tp = tp, .cp = cp, .ep = ep, .pp = pp, .ranks_per_node = ranks_per_node};
   if (flags.IsSet("etp")) sizes.etp = etp;
   StatusOr<Mesh> mesh = Mesh::Create(world, sizes, order);
   if (!mesh.ok()) return UsageError(kCommand, std::string(mesh.status().message()));

@@ -402,7 +402,8 @@ int Run(const std::vector<std::string>& args) {
   const moe::MoEConfig& c = config->moe;
   const config::ParallelConfig& p = config->parallel;
   StatusOr<dist::Mesh> mesh =
-      dist::Mesh::Create(ranks, {.tp = 1, .cp = 1, .ep = p.ep, .etp = 1, .pp = 1}, p.order);
+      dist::Mesh::Create(ranks, {.tp = 1, .cp = 1, .ep = p.ep, .etp = 1, .pp = 1,
+                                 .ranks_per_node = p.ranks_per_node}, p.order);
   if (int rc = Agree(*world, mesh.status(), kExitUsage); rc != kExitOk) return rc;
 
   // Every rank reads and checks the whole input the same way.
@@ -423,8 +424,12 @@ int Run(const std::vector<std::string>& args) {
   if (int rc = Agree(*world, rt.status(), kExitUsage); rc != kExitOk) return rc;
   DeviceContext* ctx = rt->ctx.get();
   const Device device = rt->device();
-  StatusOr<std::unique_ptr<moe::MoELayer>> layer =
-      BuildLayer(in, c, f.layer, pc.ep(), device, ctx);
+  // moe.dispatcher: the token exchange flat, or hierarchical over parallel.ranks_per_node.
+  StatusOr<dist::Communicator*> ep = c.dispatcher == moe::Dispatcher::kHierarchical
+                                         ? pc.ep_hierarchical()
+                                         : StatusOr<dist::Communicator*>(&pc.ep());
+  if (int rc = Agree(*world, ep.status(), kExitUsage); rc != kExitOk) return rc;
+  StatusOr<std::unique_ptr<moe::MoELayer>> layer = BuildLayer(in, c, f.layer, **ep, device, ctx);
   if (int rc = Agree(*world, layer.status(), kExitFailure); rc != kExitOk) return rc;
 
   // This rank's groups [g0, g0 + gl): forward, then backward of

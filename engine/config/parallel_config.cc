@@ -1,6 +1,9 @@
 #include "engine/config/parallel_config.h"
 
 #include <numeric>
+#include <vector>
+
+#include "engine/dist/hierarchical_communicator.h"
 
 #include "engine/model/stage.h"
 #include "engine/parallel/pipeline_schedule.h"
@@ -15,6 +18,10 @@ Status CheckParallelSizes(const ParallelConfig& p, const moe::MoEConfig& moe) {
     if (v < 1) return InvalidArgument("parallel.", name, "=", v, " must be >= 1");
   }
   if (p.etp < 0) return InvalidArgument("parallel.etp=", p.etp, " must be >= 0 (0: same as tp)");
+  if (p.ranks_per_node < 0) {
+    return InvalidArgument("parallel.ranks_per_node=", p.ranks_per_node,
+                           " must be >= 0 (0: detected at start-up)");
+  }
   if (p.zero_stage < 0 || p.zero_stage > 3) {
     return InvalidArgument("parallel.zero_stage=", p.zero_stage, " must be 0, 1, 2 or 3");
   }
@@ -73,6 +80,11 @@ Status CheckWorld(const ParallelConfig& p, int world) {
                            world == 1 ? std::string("this is one process") : StrCat(world, " were launched"),
                            "; launch with mpirun -np ", needed, " switchyard ...");
   }
+  if (p.ranks_per_node > 0 && world % p.ranks_per_node != 0) {
+    return InvalidArgument("parallel.ranks_per_node=", p.ranks_per_node,
+                           " does not divide the world size ", world,
+                           " (every node holds the same number of ranks)");
+  }
   return dist::CheckMeshSizes(world, p.MeshSizes());
 }
 
@@ -106,11 +118,34 @@ Status ParallelConfig::Validate(const model::ModelConfig& model, const moe::MoEC
   SY_RETURN_IF_ERROR(CheckParallelSizes(*this, moe));
   SY_RETURN_IF_ERROR(CheckModelSplits(*this, model, moe));
   if (world >= 1) SY_RETURN_IF_ERROR(CheckWorld(*this, world));
-  return CheckPipeline(*this, model, moe, micro_batches);
+  SY_RETURN_IF_ERROR(CheckPipeline(*this, model, moe, micro_batches));
+  if (world >= 1 && ranks_per_node > 0) {
+    SY_ASSIGN_OR_RETURN(const dist::Mesh mesh, dist::Mesh::Create(world, MeshSizes(), order));
+    return CheckTopology(mesh, moe);
+  }
+  return OkStatus();
+}
+
+Status CheckTopology(const dist::Mesh& mesh, const moe::MoEConfig& moe_config) {
+  if (Status s = dist::CheckTensorParallelInsideNodes(mesh); !s.ok()) {
+    return InvalidArgument("parallel.ranks_per_node=", mesh.ranks_per_node(), ": ", s.message());
+  }
+  if (moe_config.dispatcher != moe::Dispatcher::kHierarchical) return OkStatus();
+  for (const std::vector<int>& group : mesh.Groups(dist::View::kExpert, {dist::Axis::kEp})) {
+    std::vector<int> nodes;
+    for (int r : group) nodes.push_back(mesh.NodeOf(r));
+    if (Status s = dist::NodeLayout::Of(nodes).status(); !s.ok()) {
+      return InvalidArgument("moe.dispatcher=hierarchical with parallel.ranks_per_node=",
+                             mesh.ranks_per_node(), ": ep group ", dist::FormatGroup(group), ": ",
+                             s.message());
+    }
+  }
+  return OkStatus();
 }
 
 dist::MeshSizes ParallelConfig::MeshSizes() const {
-  return {.tp = tp, .cp = cp, .ep = ep, .etp = expert_tp(), .pp = pp};
+  return {.tp = tp, .cp = cp, .ep = ep, .etp = expert_tp(), .pp = pp,
+          .ranks_per_node = ranks_per_node};
 }
 
 int64_t ParallelConfig::SmallestWorld() const {

@@ -39,6 +39,11 @@ struct ParallelConfig {
   // With tp > 1: norms, the residual stream and the MoE layers work on sequence shards
   // (Megatron-LM requires it with MoE); all-gather / reduce-scatter replace the all-reduces.
   bool sequence_parallel = true;
+  // Ranks per node, placed in blocks (node of rank r = r / ranks_per_node); 0 (default):
+  // detected at start-up (MPI_COMM_TYPE_SHARED). Set it to declare virtual nodes, e.g. to
+  // try moe.dispatcher=hierarchical on one machine. tp and etp groups must stay inside a
+  // node (docs/mesh.md "Topology").
+  int ranks_per_node = 0;
 
   // etp resolved: 0 means the same as tp.
   int expert_tp() const { return etp > 0 ? etp : tp; }
@@ -50,9 +55,16 @@ struct ParallelConfig {
   // what the model's shapes allow to split (heads, kv heads, the MLP and expert hidden
   // sizes, the sequence under cp and sequence parallelism), the world size (world <= 0
   // skips it: dist::CheckMeshSizes) and the pipeline (the schedule fits `micro_batches`,
-  // the layers split into the stages).
+  // the layers split into the stages), and with parallel.ranks_per_node set, the topology
+  // (it divides the world, tp and etp groups inside a node, and under
+  // moe.dispatcher=hierarchical the same number of each ep group's ranks on every node).
   Status Validate(const model::ModelConfig& model, const moe::MoEConfig& moe,
                   int64_t micro_batches, int world) const;
 };
+
+// The topology rules of Validate for a mesh whose ranks_per_node is known (set or
+// detected): tp and etp inside a node; under moe.dispatcher=hierarchical every ep group
+// with the same number of ranks on each of its nodes. One line naming the key.
+Status CheckTopology(const dist::Mesh& mesh, const moe::MoEConfig& moe_config);
 
 }  // namespace switchyard::config

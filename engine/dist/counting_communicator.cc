@@ -5,6 +5,10 @@ namespace {
 
 int64_t Bytes(const Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 
+int64_t RowBytes(const Tensor& t) {
+  return t.ndim() == 0 ? Bytes(t) : (t.dim(0) == 0 ? 0 : Bytes(t) / t.dim(0));
+}
+
 // Bytes of the rows this rank sends to others in an uneven all-to-all.
 int64_t SentBytes(const Tensor& in, std::span<const int64_t> send_rows) {
   int64_t rows = 0;
@@ -21,8 +25,43 @@ double TrafficCounters::RingBytes(int n) const {
          f * all_to_all_bytes + p2p_bytes + f * broadcast_bytes;
 }
 
-CountingCommunicator::CountingCommunicator(std::unique_ptr<Communicator> inner)
-    : inner_(std::move(inner)) {}
+void PeerTraffic::Add(int world_rank, int64_t payload) {
+  if (payload <= 0) return;
+  if (static_cast<int>(bytes.size()) <= world_rank) {
+    bytes.resize(world_rank + 1, 0);
+    messages.resize(world_rank + 1, 0);
+  }
+  bytes[world_rank] += payload;
+  ++messages[world_rank];
+}
+
+int64_t PeerTraffic::BytesTo(const std::function<bool(int)>& counted) const {
+  int64_t sum = 0;
+  for (size_t r = 0; r < bytes.size(); ++r) sum += counted(static_cast<int>(r)) ? bytes[r] : 0;
+  return sum;
+}
+
+int64_t PeerTraffic::MessagesTo(const std::function<bool(int)>& counted) const {
+  int64_t sum = 0;
+  for (size_t r = 0; r < messages.size(); ++r) {
+    sum += counted(static_cast<int>(r)) ? messages[r] : 0;
+  }
+  return sum;
+}
+
+CountingCommunicator::CountingCommunicator(std::unique_ptr<Communicator> inner,
+                                           std::shared_ptr<PeerTraffic> peers)
+    : inner_(std::move(inner)), peers_(std::move(peers)) {
+  if (peers_) world_ranks_ = inner_->world_ranks();
+}
+
+void CountingCommunicator::RecordPeer(int peer, int64_t bytes) {
+  if (peers_ && peer != rank()) peers_->Add(world_ranks_[peer], bytes);
+}
+
+void CountingCommunicator::RecordPeers(std::span<const int64_t> rows, int64_t row_bytes) {
+  for (size_t i = 0; i < rows.size(); ++i) RecordPeer(static_cast<int>(i), rows[i] * row_bytes);
+}
 
 void CountingCommunicator::AllReduce(Tensor& t, ReduceOp op) {
   ++traffic_.all_reduce_calls;
@@ -45,6 +84,10 @@ void CountingCommunicator::ReduceScatter(const Tensor& in, Tensor& out, ReduceOp
 void CountingCommunicator::AllToAll(const Tensor& in, Tensor& out) {
   ++traffic_.all_to_all_calls;
   traffic_.all_to_all_bytes += Bytes(in);
+  if (peers_) {
+    const int64_t rows = in.ndim() == 0 ? 1 : in.dim(0);
+    RecordPeers(std::vector<int64_t>(size(), rows / size()), RowBytes(in));
+  }
   inner_->AllToAll(in, out);
 }
 
@@ -52,6 +95,7 @@ void CountingCommunicator::AllToAllV(const Tensor& in, std::span<const int64_t> 
                                      Tensor& out, std::span<const int64_t> recv_rows) {
   ++traffic_.all_to_all_calls;
   traffic_.all_to_all_bytes += SentBytes(in, send_rows);
+  RecordPeers(send_rows, RowBytes(in));
   inner_->AllToAllV(in, send_rows, out, recv_rows);
 }
 
@@ -78,6 +122,7 @@ void CountingCommunicator::Broadcast(Tensor& t, int root) {
 void CountingCommunicator::Send(const Tensor& t, int peer, int tag) {
   ++traffic_.p2p_calls;
   traffic_.p2p_bytes += Bytes(t);
+  RecordPeer(peer, Bytes(t));
   inner_->Send(t, peer, tag);
 }
 
@@ -86,6 +131,7 @@ void CountingCommunicator::Recv(Tensor& t, int peer, int tag) { inner_->Recv(t, 
 std::unique_ptr<Work> CountingCommunicator::SendAsync(const Tensor& t, int peer, int tag) {
   ++traffic_.p2p_calls;
   traffic_.p2p_bytes += Bytes(t);
+  RecordPeer(peer, Bytes(t));
   return inner_->SendAsync(t, peer, tag);
 }
 
@@ -98,6 +144,7 @@ std::unique_ptr<Work> CountingCommunicator::BatchSendRecv(std::span<const P2POp>
     if (op.kind != P2POp::kSend) continue;
     ++traffic_.p2p_calls;
     traffic_.p2p_bytes += Bytes(op.tensor);
+    RecordPeer(op.peer, Bytes(op.tensor));
   }
   return inner_->BatchSendRecv(ops);
 }
@@ -127,12 +174,13 @@ std::unique_ptr<Work> CountingCommunicator::AllToAllVAsync(const Tensor& in,
                                                            std::span<const int64_t> recv_rows) {
   ++traffic_.all_to_all_calls;
   traffic_.all_to_all_bytes += SentBytes(in, send_rows);
+  RecordPeers(send_rows, RowBytes(in));
   return inner_->AllToAllVAsync(in, send_rows, out, recv_rows);
 }
 
 std::unique_ptr<Communicator> CountingCommunicator::Split(
     const std::vector<std::vector<int>>& groups) {
-  return std::make_unique<CountingCommunicator>(inner_->Split(groups));
+  return std::make_unique<CountingCommunicator>(inner_->Split(groups), peers_);
 }
 
 }  // namespace switchyard::dist

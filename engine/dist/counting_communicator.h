@@ -10,10 +10,17 @@
 // What travels on a wire depends on the algorithm; for a ring, rank-sent bytes are
 // 2 (n-1)/n of an all-reduce payload and (n-1)/n of an all-gather or reduce-scatter one
 // (nccl-tests' bus bandwidth factors), which TrafficCounters::RingBytes applies.
+//
+// PeerTraffic, optional and shared by a communicator and every Split of it, records where
+// this rank's point-to-point payloads go: for all_to_all(v) and send / batch sends, the
+// bytes and the messages (non-empty payloads) to each other rank, by world rank. With a
+// node map that gives the inter-node bytes and messages of an exchange (alltoall_perf).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "engine/dist/communicator.h"
 
@@ -32,11 +39,25 @@ struct TrafficCounters {
   void Reset() { *this = TrafficCounters(); }
 };
 
+// Bytes and messages this rank sent to each world rank (sized to the largest seen).
+struct PeerTraffic {
+  std::vector<int64_t> bytes, messages;
+
+  void Add(int world_rank, int64_t payload);
+  // Sums over the world ranks for which `counted` is true.
+  int64_t BytesTo(const std::function<bool(int)>& counted) const;
+  int64_t MessagesTo(const std::function<bool(int)>& counted) const;
+  void Reset() { bytes.clear(), messages.clear(); }
+};
+
 class CountingCommunicator final : public Communicator {
  public:
-  explicit CountingCommunicator(std::unique_ptr<Communicator> inner);
+  // peers: where to record per-peer traffic (shared with the Splits); null: not recorded.
+  explicit CountingCommunicator(std::unique_ptr<Communicator> inner,
+                                std::shared_ptr<PeerTraffic> peers = nullptr);
 
   const TrafficCounters& traffic() const { return traffic_; }
+  const std::shared_ptr<PeerTraffic>& peer_traffic() const { return peers_; }
   void ResetTraffic() { traffic_.Reset(); }
   Communicator& inner() { return *inner_; }
 
@@ -71,8 +92,14 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<Communicator> Split(const std::vector<std::vector<int>>& groups) override;
 
  private:
+  // Records sends of rows[i] rows of row_bytes to members i (not this rank).
+  void RecordPeers(std::span<const int64_t> rows, int64_t row_bytes);
+  void RecordPeer(int peer, int64_t bytes);
+
   std::unique_ptr<Communicator> inner_;
   TrafficCounters traffic_;
+  std::shared_ptr<PeerTraffic> peers_;
+  std::vector<int> world_ranks_;
 };
 
 }  // namespace switchyard::dist

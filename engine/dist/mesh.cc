@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "engine/core/check.h"
@@ -100,6 +101,13 @@ Status CheckMeshSizes(int world, const MeshSizes& sizes) {
     return InvalidArgument("world size ", world, " is not divisible by tp*cp*pp = ", sizes.tp,
                            "*", sizes.cp, "*", sizes.pp, " = ", dense_model);
   }
+  if (sizes.ranks_per_node < 0) {
+    return InvalidArgument("ranks_per_node must be >= 0 (0: one node), got ", sizes.ranks_per_node);
+  }
+  if (sizes.ranks_per_node > 0 && world % sizes.ranks_per_node != 0) {
+    return InvalidArgument("world size ", world, " is not divisible by ranks_per_node = ",
+                           sizes.ranks_per_node, " (every node holds the same number of ranks)");
+  }
   const int64_t expert_model = int64_t{etp} * sizes.ep * sizes.pp;
   if (world % expert_model != 0) {
     return InvalidArgument("world size ", world, " is not divisible by etp*ep*pp = ", etp, "*",
@@ -118,7 +126,8 @@ StatusOr<Mesh> Mesh::Create(int world, MeshSizes sizes, std::string_view order) 
   const int edp = world / (etp * sizes.ep * sizes.pp);
 
   Mesh mesh(world, axes, {sizes.tp, sizes.cp, 1, dp, sizes.pp},
-            {etp, 1, sizes.ep, edp, sizes.pp});
+            {etp, 1, sizes.ep, edp, sizes.pp},
+            sizes.ranks_per_node > 0 ? sizes.ranks_per_node : world);
 
   // Megatron-LM's two consistency rules between the views (initialize_model_parallel):
   // the pipeline groups must be the same, and pp must be last unless dp == edp. A pp group
@@ -143,8 +152,58 @@ StatusOr<Mesh> Mesh::Create(int world, MeshSizes sizes, std::string_view order) 
 }
 
 Mesh::Mesh(int world, std::array<Axis, kNumAxes> order, std::array<int, kNumAxes> dense_sizes,
-           std::array<int, kNumAxes> expert_sizes)
-    : world_(world), order_(order), dense_sizes_(dense_sizes), expert_sizes_(expert_sizes) {}
+           std::array<int, kNumAxes> expert_sizes, int ranks_per_node)
+    : world_(world),
+      order_(order),
+      dense_sizes_(dense_sizes),
+      expert_sizes_(expert_sizes),
+      ranks_per_node_(ranks_per_node) {}
+
+int Mesh::NodeOf(int rank) const {
+  SY_CHECK(rank >= 0 && rank < world_) << "rank " << rank << " outside world " << world_;
+  return rank / ranks_per_node_;
+}
+
+bool Mesh::CrossesNodes(const std::vector<int>& group) const {
+  for (int r : group) {
+    if (NodeOf(r) != NodeOf(group.front())) return true;
+  }
+  return false;
+}
+
+bool Mesh::GroupsCrossNodes(View view, std::initializer_list<Axis> axes) const {
+  for (const std::vector<int>& g : Groups(view, axes)) {
+    if (CrossesNodes(g)) return true;
+  }
+  return false;
+}
+
+Status CheckTensorParallelInsideNodes(const Mesh& mesh) {
+  const int per_node = mesh.ranks_per_node();
+  for (const auto& [view, name, size] : {std::tuple{View::kDense, "tp", mesh.tp()},
+                                         std::tuple{View::kExpert, "etp", mesh.etp()}}) {
+    for (const std::vector<int>& g : mesh.Groups(view, {Axis::kTp})) {
+      if (!mesh.CrossesNodes(g)) continue;
+      const std::string nodes =
+          StrCat("nodes ", mesh.NodeOf(g.front()), "-", mesh.NodeOf(g.back()));
+      if (size > per_node) {
+        return InvalidArgument(name, "=", size, " does not fit in a node of ", per_node,
+                               " ranks: its group ", FormatGroup(g), " spans ", nodes,
+                               "; use ", name, " <= ", per_node, " to keep it inside a node");
+      }
+      if (mesh.Stride(view, Axis::kTp) == 1) {
+        return InvalidArgument(name, "=", size, " does not divide the ", per_node,
+                               " ranks of a node: its group ", FormatGroup(g), " spans ", nodes,
+                               "; use a ", name, " that divides ranks_per_node");
+      }
+      return InvalidArgument("order \"", mesh.OrderString(), "\" puts the ", name, " group ",
+                             FormatGroup(g), " across ", nodes, " of ", per_node,
+                             " ranks; put tp first in the order (the default tp-cp-ep-dp-pp) "
+                             "so that ", name, " groups stay inside a node");
+    }
+  }
+  return OkStatus();
+}
 
 int Mesh::Size(View view, Axis axis) const { return SizesOf(view)[Index(axis)]; }
 
@@ -289,7 +348,9 @@ std::string Mesh::Describe(int rank) const {
 std::string Mesh::Summary() const {
   return StrCat("world ", world_, ": tp ", tp(), " x cp ", cp(), " x dp ", dp(), " x pp ", pp(),
                 " | etp ", etp(), " x ep ", ep(), " x edp ", edp(), " x pp ", pp(), ", order ",
-                OrderString());
+                OrderString(),
+                num_nodes() > 1 ? StrCat(", ", num_nodes(), " nodes of ", ranks_per_node_, " ranks")
+                                : std::string());
 }
 
 }  // namespace switchyard::dist

@@ -63,13 +63,16 @@ struct MeshSizes {
   // Megatron-LM's --expert-tensor-parallel-size.
   std::optional<int> etp = std::nullopt;
   int pp = 1;  // pipeline stages
+  // Ranks of one node (the machine whose ranks share memory), ranks placed in blocks: the
+  // node of rank r is r / ranks_per_node. 0 (the default) means one node holds the world.
+  int ranks_per_node = 0;
 
   // etp resolved: the same as tp when unset.
   int expert_tp() const { return etp.value_or(tp); }
 };
 
 // What every mesh keeps of its sizes: the world and each size >= 1, the world divisible by
-// tp*cp*pp and by etp*ep*pp. One line naming the numbers ("world size 12 is not divisible
+// tp*cp*pp and by etp*ep*pp, ranks_per_node >= 0 and dividing the world. One line naming the numbers ("world size 12 is not divisible
 // by tp*cp*pp = 2*1*8 = 16"); Mesh::Create and config::ParallelConfig::Validate both ask it.
 Status CheckMeshSizes(int world, const MeshSizes& sizes);
 
@@ -140,6 +143,16 @@ class Mesh {
     return GroupOf(rank, view, std::span<const Axis>(axes.begin(), axes.size()));
   }
 
+  // Topology. Ranks per node (the world when MeshSizes::ranks_per_node was 0), the number of
+  // nodes, and the node of `rank`: rank / ranks_per_node.
+  int ranks_per_node() const { return ranks_per_node_; }
+  int num_nodes() const { return world_ / ranks_per_node_; }
+  int NodeOf(int rank) const;
+  // Whether the ranks of `group` lie on more than one node.
+  bool CrossesNodes(const std::vector<int>& group) const;
+  // Whether any group of Groups(view, axes) crosses nodes.
+  bool GroupsCrossNodes(View view, std::initializer_list<Axis> axes) const;
+
   // Previous / next pipeline stage of `rank`.
   PipelineNeighbors PipelineOf(int rank) const;
 
@@ -148,11 +161,12 @@ class Mesh {
   std::string Describe(int rank) const;
 
   // "world 16: tp 2 x cp 1 x dp 2 x pp 4 | etp 2 x ep 1 x edp 2 x pp 4, order tp-cp-ep-dp-pp"
+  // (with ", 2 nodes of 8 ranks" appended when there is more than one node)
   std::string Summary() const;
 
  private:
   Mesh(int world, std::array<Axis, kNumAxes> order, std::array<int, kNumAxes> dense_sizes,
-       std::array<int, kNumAxes> expert_sizes);
+       std::array<int, kNumAxes> expert_sizes, int ranks_per_node);
 
   const std::array<int, kNumAxes>& SizesOf(View view) const {
     return view == View::kDense ? dense_sizes_ : expert_sizes_;
@@ -162,7 +176,14 @@ class Mesh {
   std::array<Axis, kNumAxes> order_;         // fastest first
   std::array<int, kNumAxes> dense_sizes_;    // indexed by Axis
   std::array<int, kNumAxes> expert_sizes_;   // indexed by Axis
+  int ranks_per_node_;
 };
+
+// The layout rule of docs/mesh.md "Topology": the groups that talk most, tp and etp, stay
+// inside a node. OK when every tp group of the dense view and every etp group of the
+// expert view lies on one node; else one line naming the group, its nodes and the fix
+// (tp or etp larger than a node, or an order that strides them across nodes).
+Status CheckTensorParallelInsideNodes(const Mesh& mesh);
 
 // "[0, 2, 4]": a rank list as the mesh prints it.
 std::string FormatGroup(const std::vector<int>& group);

@@ -37,7 +37,25 @@ StatusOr<std::unique_ptr<ParallelContext>> ParallelContext::Create(Communicator&
   ctx->edp_ = split(View::kExpert, {Axis::kDp});
   ctx->edp_etp_ = split(View::kExpert, {Axis::kDp, Axis::kTp});
   ctx->world_ = &world;
+  // Every ep rank takes the same branch: the node layout is the same arithmetic on all.
+  std::vector<int> nodes;
+  for (int r : mesh.GroupOf(world.rank(), View::kExpert, {Axis::kEp})) nodes.push_back(mesh.NodeOf(r));
+  auto hier = HierarchicalCommunicator::Create(*ctx->ep_, nodes);
+  if (hier.ok()) {
+    ctx->ep_hierarchical_ = *std::move(hier);
+  } else {
+    ctx->ep_hierarchical_status_ =
+        InvalidArgument("the ep group ", FormatGroup(mesh.GroupOf(world.rank(), View::kExpert,
+                                                                  {Axis::kEp})),
+                        " on nodes of ", mesh.ranks_per_node(), " ranks: ",
+                        hier.status().message());
+  }
   return ctx;
+}
+
+StatusOr<Communicator*> ParallelContext::ep_hierarchical() const {
+  if (!ep_hierarchical_) return ep_hierarchical_status_;
+  return ep_hierarchical_.get();
 }
 
 }  // namespace switchyard::dist

@@ -6,12 +6,15 @@
 //                (a micro-batch's tokens under context parallelism)
 //   expert view: etp, ep (the token all-to-all), edp (expert gradients are reduced here)
 //                and edp_etp (also over etp: the experts' output bias under etp)
+//   topology:    ep_hierarchical, the ep group with its all-to-all routed over the mesh's
+//                nodes (HierarchicalCommunicator; moe.dispatcher = hierarchical)
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "engine/dist/communicator.h"
+#include "engine/dist/hierarchical_communicator.h"
 #include "engine/dist/mesh.h"
 
 namespace switchyard::dist {
@@ -39,6 +42,10 @@ class ParallelContext {
   Communicator& ep() const { return *ep_; }
   Communicator& edp() const { return *edp_; }
   Communicator& edp_etp() const { return *edp_etp_; }
+  // The ep group's all-to-all in two steps over the mesh's nodes (inside the node, then one
+  // message per node pair), bit-identical to ep()'s. An error naming the group when its
+  // nodes hold different numbers of its members.
+  StatusOr<Communicator*> ep_hierarchical() const;
   // The communicator the context was created over (it must outlive the context).
   Communicator& world() const { return *world_; }
 
@@ -51,6 +58,8 @@ class ParallelContext {
   Mesh mesh_;
   int rank_;
   std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, dp_cp_, dp_cp_tp_, tp_cp_, etp_, ep_, edp_, edp_etp_;
+  std::unique_ptr<HierarchicalCommunicator> ep_hierarchical_;
+  Status ep_hierarchical_status_;
   Communicator* world_ = nullptr;
 };
 

@@ -70,6 +70,25 @@ int WorldSize() {
   return size;
 }
 
+int DetectRanksPerNode() {
+  const int world = WorldSize();
+  if (!MpiActive() || world == 1) return world;
+  MPI_Comm node;
+  SY_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, WorldRank(),
+                                   MPI_INFO_NULL, &node));
+  int local_rank = 0, local_size = 1;
+  SY_MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+  SY_MPI_CHECK(MPI_Comm_size(node, &local_size));
+  SY_MPI_CHECK(MPI_Comm_free(&node));
+  // Block placement: every node the same size, this rank at r % size of node r / size.
+  const int rank = WorldRank();
+  int fits[2] = {local_size, local_rank == rank % local_size ? 1 : 0}, low[2], high[2];
+  SY_MPI_CHECK(MPI_Allreduce(fits, low, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  SY_MPI_CHECK(MPI_Allreduce(fits, high, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  const bool block = low[0] == high[0] && low[1] == 1 && world % low[0] == 0;
+  return block ? local_size : world;
+}
+
 #else  // !SY_HAVE_MPI
 
 Status InitProcess(int* argc, char*** argv) {
@@ -80,6 +99,7 @@ Status InitProcess(int* argc, char*** argv) {
 void FinalizeProcess() {}
 int WorldRank() { return 0; }
 int WorldSize() { return 1; }
+int DetectRanksPerNode() { return 1; }
 
 #endif  // SY_HAVE_MPI
 

@@ -28,6 +28,11 @@ void FinalizeProcess();
 // or without MPI).
 int WorldRank();
 int WorldSize();
+// Ranks per node of the MPI world as the launcher placed them: the size of this rank's
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) group, when every node holds the same number
+// of ranks in a block (node of rank r = r / ranks_per_node, what Mesh assumes); else, and
+// without MPI, the world size (one node). Collective over the MPI world.
+int DetectRanksPerNode();
 
 // The communicator over all ranks, in world order: MPI for the CPU; for a CUDA device,
 // NCCL bootstrapped over MPI, ordered on ctx's stream (ctx required, on `device`). A world

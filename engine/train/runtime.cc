@@ -55,9 +55,14 @@ StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
   SY_ASSIGN_OR_RETURN(const std::vector<model::Stage> stages,
                       model::PartitionLayers(config.model, config.moe, p.pp * p.virtual_stages,
                                              p.pipeline_layers));
+  // moe.dispatcher: the token exchange flat over ep, or hierarchical over the nodes.
+  dist::Communicator* ep = &pc.ep();
+  if (config.moe.dispatcher == moe::Dispatcher::kHierarchical) {
+    SY_ASSIGN_OR_RETURN(ep, pc.ep_hierarchical());
+  }
   std::vector<std::unique_ptr<model::Decoder>> chunks;
   for (int c = 0; c < p.virtual_stages; ++c) {
-    const model::DecoderParallel parallel{.ep = &pc.ep(),
+    const model::DecoderParallel parallel{.ep = ep,
                                           .tp = &pc.tp(),
                                           .sequence_parallel = p.tp > 1 && p.sequence_parallel,
                                           .etp = &pc.etp(),

@@ -10,6 +10,7 @@
 
 #include "engine/core/profile.h"
 #include "engine/core/file.h"
+#include "engine/core/logging.h"
 #include "engine/dist/agreement.h"
 #include "engine/dist/ordered_sum.h"
 #include "engine/dist/process.h"
@@ -64,7 +65,20 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const config::Config& config,
 
 Status Trainer::BuildModel() {
   const config::ParallelConfig& p = config_.parallel;
-  SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world_.size(), p.MeshSizes(), p.order));
+  // The nodes: parallel.ranks_per_node, else as the launcher placed the ranks (a trainer
+  // over a sub-communicator of the world counts as one node).
+  dist::MeshSizes sizes = p.MeshSizes();
+  if (sizes.ranks_per_node == 0 && world_.size() == dist::WorldSize()) {
+    sizes.ranks_per_node = dist::DetectRanksPerNode();
+  }
+  SY_ASSIGN_OR_RETURN(dist::Mesh mesh, dist::Mesh::Create(world_.size(), sizes, p.order));
+  // Detected nodes that cut a tp or etp group: the run works, slowly; say so once.
+  if (p.ranks_per_node == 0 && world_.rank() == 0) {
+    if (Status s = dist::CheckTensorParallelInsideNodes(mesh); !s.ok()) {
+      SY_LOG(WARNING) << "the nodes as launched (" << mesh.num_nodes() << " of "
+                      << mesh.ranks_per_node() << " ranks): " << s.message();
+    }
+  }
   SY_ASSIGN_OR_RETURN(pc_, dist::ParallelContext::Create(world_, mesh));
   SY_ASSIGN_OR_RETURN(rt_, MakeRuntime(config_.runtime, world_, mesh));
   SY_ASSIGN_OR_RETURN(chunks_, MakeStageDecoders(config_, rt_, *pc_));

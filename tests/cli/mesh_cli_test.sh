@@ -6,7 +6,7 @@ set -u
 # shellcheck source=tests/cli/cli_test_lib.sh
 source "$(dirname "$0")/cli_test_lib.sh" "$1"
 
-expected='{"dense":{"tp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"cp":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"dp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]},"expert":{"etp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"ep":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"edp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]}}'
+expected='{"dense":{"tp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"cp":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"dp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]},"expert":{"etp":[[0,1],[2,3],[4,5],[6,7],[8,9],[10,11],[12,13],[14,15]],"ep":[[0],[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],[15]],"edp":[[0,2],[1,3],[4,6],[5,7],[8,10],[9,11],[12,14],[13,15]],"pp":[[0,4,8,12],[1,5,9,13],[2,6,10,14],[3,7,11,15]]},"nodes":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],"crosses_nodes":{"dense":{"tp":false,"cp":false,"dp":false,"pp":false},"expert":{"etp":false,"ep":false,"edp":false,"pp":false}}}'
 
 
 
@@ -23,6 +23,19 @@ for want in "dense view" "expert view" "[0, 4, 8, 12] [1, 5, 9, 13] [2, 6, 10, 1
             "rank 5: TP(1/2) CP(0/1) DP(0/2) PP(1/4) | ETP(1/2) EP(0/1) EDP(0/2)"; do
   grep -qF -- "$want" "$tmp/table" || fail "table lacks '$want'"
 done
+
+# Nodes: the node of every rank and which groups cross nodes (2 nodes of 4 ranks).
+nodes='{"dense":{"tp":[[0,1],[2,3],[4,5],[6,7]],"cp":[[0],[1],[2],[3],[4],[5],[6],[7]],"dp":[[0,2,4,6],[1,3,5,7]],"pp":[[0],[1],[2],[3],[4],[5],[6],[7]]},"expert":{"etp":[[0,1],[2,3],[4,5],[6,7]],"ep":[[0,2],[1,3],[4,6],[5,7]],"edp":[[0,4],[1,5],[2,6],[3,7]],"pp":[[0],[1],[2],[3],[4],[5],[6],[7]]},"nodes":[0,0,0,0,1,1,1,1],"crosses_nodes":{"dense":{"tp":false,"cp":false,"dp":true,"pp":false},"expert":{"etp":false,"ep":false,"edp":true,"pp":false}}}'
+expect_ok "json with nodes" "$nodes" mesh --world 8 --tp 2 --ep 2 --ranks_per_node 4 --json
+"$bin" mesh --world 8 --tp 2 --ep 2 --ranks_per_node 4 >"$tmp/table" 2>&1 || fail "nodes table: exit status $?"
+for want in "2 nodes of 4 ranks" "  dp       4  crosses  [0, 2, 4, 6] [1, 3, 5, 7]" \
+            "  tp       2  inside   [0, 1]" "EDP(1/2) | node 1"; do
+  grep -qF -- "$want" "$tmp/table" || fail "nodes table lacks '$want'"
+done
+"$bin" mesh --world 8 --tp 4 --etp 1 --ranks_per_node 2 >"$tmp/table" 2>&1 || fail "note: exit status $?"
+grep -qF "note: tp=4 does not fit in a node of 2 ranks" "$tmp/table" || fail "no note on tp across nodes"
+expect_usage_error "indivisible nodes" "world size 8 is not divisible by ranks_per_node = 3" \
+  mesh --world 8 --ranks_per_node 3
 
 expect_usage_error "indivisible world" "world size 12 is not divisible by tp*cp*pp = 2*1*8 = 16" \
   mesh --world 12 --tp 2 --pp 8
