@@ -53,6 +53,7 @@ StatusOr<plan::PlanInputs> Inputs(const Flags& f, const plan::Hardware& hw) {
   SY_ASSIGN_OR_RETURN(config::Config config, config::LoadConfig(f.config, f.overrides));
   plan::PlanInputs in;
   in.world = f.gpus;
+  in.max_tp = hw.gpus_per_node;
   const config::ParallelConfig& p = config.parallel;
   if (f.global_batch > 0) {
     in.global_batch = f.global_batch;

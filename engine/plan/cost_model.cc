@@ -127,6 +127,11 @@ Pass MoeMlp(const Ctx& c) {
   return p;
 }
 
+Pass Scale(Pass a, double n) {
+  a.compute *= n, a.attention *= n, a.tp *= n, a.cp *= n, a.ep *= n;
+  return a;
+}
+
 Pass Add(Pass a, const Pass& b) {
   a.compute += b.compute, a.attention += b.attention, a.tp += b.tp, a.cp += b.cp, a.ep += b.ep;
   return a;
@@ -136,11 +141,16 @@ Pass Add(Pass a, const Pass& b) {
 // work; recompute adds attention's core (selective) or the whole forward (full)).
 StepTime MicroBatch(const Ctx& c, const std::vector<model::Stage>& chunks) {
   const model::ModelConfig& m = c.in.config.model;
+  // Every dense layer costs the same, and every MoE layer: count them.
+  const Pass attention = Attention(c), dense = Add(attention, DenseMlp(c));
+  const Pass moe_layer = Add(attention, MoeMlp(c));
   Pass f;
   for (const model::Stage& s : chunks) {
+    double n_moe = 0, n_dense = 0;
     for (int64_t i = s.first_layer; i < s.End(m.n_layers); ++i) {
-      f = Add(f, Add(Attention(c), c.in.config.moe.IsMoELayer(i) ? MoeMlp(c) : DenseMlp(c)));
+      (c.in.config.moe.IsMoELayer(i) ? n_moe : n_dense) += 1;
     }
+    f = Add(f, Add(Scale(dense, n_dense), Scale(moe_layer, n_moe)));
     if (s.head) {
       const double v = double(m.vocab_size) / c.l.tp;
       f.compute += Gemm(c, c.t, v, m.d_model) + Elementwise(c, 3 * c.t * v);

@@ -66,6 +66,9 @@ struct PlanInputs {
   int64_t global_batch = 1;  // sequences per step
   Skew skew;
   std::string precision = "bf16";  // the matrix products' input type: bf16, fp32, fp8
+  // The largest tp (and etp) searched; 0: no limit. The planner passes a node's devices:
+  // tensor parallelism across nodes is never competitive (docs/plan.md).
+  int max_tp = 0;
 };
 
 // Seconds of one step on its busiest pipeline rank.
@@ -87,8 +90,11 @@ class CostCache {
   // Per piece (embedding, layers, head): elements one rank holds, dense and routed-expert.
   const std::vector<std::pair<double, double>>& PieceParams(const config::Config& c, int tp,
                                                             int etp, int ep);
+  // ModelFlopsPerToken of the search's config (computed once).
+  double FlopsPerToken(const config::Config& c);
 
  private:
+  double flops_per_token_ = -1;
   std::map<std::tuple<int, int, int64_t, int, int>, double> bubbles_;
   std::map<std::pair<int, int>, std::vector<std::vector<model::Stage>>> stages_;
   std::map<std::tuple<int, int, int>, std::vector<std::pair<double, double>>> pieces_;

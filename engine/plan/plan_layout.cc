@@ -126,6 +126,11 @@ const std::vector<std::vector<model::Stage>>& CostCache::Stages(const config::Co
   return stages_[key] = std::move(ranks);
 }
 
+double CostCache::FlopsPerToken(const config::Config& c) {
+  if (flops_per_token_ < 0) flops_per_token_ = ModelFlopsPerToken(c);
+  return flops_per_token_;
+}
+
 const std::vector<std::pair<double, double>>& CostCache::PieceParams(const config::Config& c,
                                                                       int tp, int etp, int ep) {
   const auto key = std::tuple(tp, etp, ep);

@@ -70,7 +70,7 @@ std::vector<Layout> SearchSpace(const PlanInputs& in) {
   std::vector<Layout> out;
   const config::Config& c = in.config;
   for (int tp : Divisors(in.world)) {
-    if (tp > c.model.n_heads) continue;
+    if (tp > c.model.n_heads || (in.max_tp > 0 && tp > in.max_tp)) continue;
     for (int cp : Divisors(in.world / tp)) {
       for (int pp : Divisors(in.world / (tp * cp))) {
         if (pp > c.model.n_layers) continue;
@@ -89,19 +89,21 @@ std::vector<Layout> SearchSpace(const PlanInputs& in) {
 
 std::vector<Layout> EnumerateLayouts(const PlanInputs& in, bool runnable_only) {
   std::vector<Layout> out;
-  // Validate reads the parallel section and the micro-batch count only: one call per key.
-  std::map<std::tuple<int, int, int, int, int, int, int, int64_t, int>, bool> seen;
+  // Validate reads the parallel sizes, the schedule and the micro-batch count, and ZeRO
+  // only for its range (0-3, all searched): one call per (sizes, schedule, micro-batches).
+  std::map<std::tuple<int, int, int, int, int, int, int, int64_t>, bool> seen;
   for (const Layout& l : SearchSpace(in)) {
     const auto key = std::tuple(l.tp, l.cp, l.pp, l.ep, l.etp, int(l.schedule), l.virtual_stages,
-                                l.micro_batches, l.zero_stage);
+                                l.micro_batches);
     auto it = seen.find(key);
     if (it == seen.end()) {
       const config::Config c = l.Apply(in.config);
-      bool ok = c.parallel.Validate(c.model, c.moe, c.train.grad_accum, in.world).ok();
-      if (ok && runnable_only) ok = c.parallel.CheckSupported().ok();
-      it = seen.emplace(key, ok).first;
+      it = seen.emplace(key, c.parallel.Validate(c.model, c.moe, c.train.grad_accum, in.world).ok()).first;
     }
-    if (it->second) out.push_back(l);
+    if (!it->second) continue;
+    config::ParallelConfig p;
+    p.pp = l.pp, p.zero_stage = l.zero_stage;
+    if (!runnable_only || p.CheckSupported().ok()) out.push_back(l);
   }
   return out;
 }
@@ -126,7 +128,7 @@ Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& h
   c.layout = layout;
   c.time = PredictStepTime(in, layout, hw, cache);
   c.tokens_per_s = double(in.global_batch) * in.config.model.seq_len / c.time.total();
-  c.flops_per_gpu = ModelFlopsPerToken(in.config) * c.tokens_per_s / in.world;
+  c.flops_per_gpu = cache.FlopsPerToken(in.config) * c.tokens_per_s / in.world;
   c.mfu = c.flops_per_gpu / hw.Peak(in.precision);
   return c;
 }

@@ -3,7 +3,7 @@
 // (PredictRankMemory), ranked by the step time cost_model.h predicts. docs/plan.md.
 //
 // The search space (each size a divisor of what the world leaves):
-//   tp <= n_heads; cp; pp <= n_layers with gpipe, 1f1b, and interleaved with virtual
+//   tp <= n_heads (and <= PlanInputs::max_tp, a node); cp; pp <= n_layers with gpipe, 1f1b, and interleaved with virtual
 //   stages 2, 3, 4, 6, 8 (pp x v <= n_layers); ep (MoE models only) dividing the experts;
 //   etp 1 or tp; ZeRO 0-3; micro-batch size 1, 2, 4, 8, 16 (the global batch split into
 //   dp x mbs x m); recompute none, selective, full. The mesh order is the default one.
