@@ -208,6 +208,7 @@ std::pair<double, double> DataParallel(const Ctx& c, std::pair<double, double> e
   // Gradients: reduce-scatter (ZeRO >= 1) or all-reduce (2 x) of 4-byte gradients; the
   // latency is paid once per bucket.
   const auto sync = [&](double n, int p, const Link& link, double buckets) {
+    if (n <= 0) return 0.0;
     const double rs = RingStep(p, 4 * n, link) + (p > 1 ? (buckets - 1) * (p - 1) * link.latency : 0);
     return l.zero_stage == 0 ? 2 * rs : rs;
   };
