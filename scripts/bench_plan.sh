@@ -11,12 +11,18 @@
 #   bash scripts/bench_plan.sh                     # every layout, 20 steps
 #   STEPS=3 LAYOUTS=2 bash scripts/bench_plan.sh   # the first 2 layouts only (a smoke run)
 #   HARDWARE=configs/hardware/cpu-calibrated.yaml bash scripts/bench_plan.sh  # skip calibration
+#
+# Then the MoE term: alltoall_perf on 4 ranks (8 experts, Zipf skews) measures how much
+# slower a skewed all-to-all is than an even one (its recv_imb is the busiest rank's rows
+# over the mean); `switchyard plan --skew recv_imb` predicts the same ratio for switch-tiny's
+# expert-parallel time at ep 4. Both ratios are printed side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD=${BUILD:-build}
 SWITCHYARD=${SWITCHYARD:-$BUILD/bin/switchyard}
 CALIBRATE=${CALIBRATE:-$BUILD/bin/plan_calibrate}
+ALLTOALL=${ALLTOALL:-$BUILD/bin/alltoall_perf}
 OUT=${OUT:-runs/bench}
 STEPS=${STEPS:-20}
 NP_CAL=${NP_CAL:-2}
@@ -116,3 +122,24 @@ json.dump({"benchmark": "bench_plan", "rows": rows, "median_abs_error": mae,
            "picks_within_10pct": picks}, open(f"{out}/plan.json", "w"), indent=2)
 print(f"# wrote {out}/plan.json")
 PYEOF
+
+# The skewed all-to-all: measured (alltoall_perf) against predicted (plan --skew).
+if [ -x "$ALLTOALL" ]; then
+  echo "#  zipf  recv max/mean  measured time ratio  predicted ep-time ratio"
+  base=""
+  for s in 0 0.5 1.0 1.5; do
+    skew_args=(--experts 8)
+    if [ "$s" != 0 ]; then skew_args+=(--skew "$s"); fi
+    bash scripts/mpirun_test.sh 4 "$ALLTOALL" -b 256K -e 256K -n 20 -w 3 --op alltoallv \
+      "${skew_args[@]}" --json "$OUT/plan/a2a_$s.json" < /dev/null > /dev/null 2>&1
+    read -r time imb < <("$PY" -c "
+import json, sys; j = json.load(open('$OUT/plan/a2a_$s.json'))
+row = j['rows'][-1]
+print(row['time'], row['recv_imb'])")
+    pred=$("$SWITCHYARD" plan --config configs/switch-tiny.yaml --gpus 4 --gpu "$HARDWARE" --config-layout \
+      --set parallel.ep=4 --skew "$(python3 -c "print(max(1.0, $imb))")" --json < /dev/null |
+      "$PY" -c "import json, sys; print(json.load(sys.stdin)['layouts'][0]['seconds']['ep'])")
+    if [ -z "$base" ]; then base=$time base_pred=$pred; fi
+    "$PY" -c "print(f'  {\"$s\":>5s} {$imb:14.2f} {$time / $base:20.2f} {$pred / $base_pred:24.2f}')"
+  done
+fi
