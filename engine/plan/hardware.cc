@@ -1,9 +1,11 @@
 #include "engine/plan/hardware.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <vector>
 
 #include <yaml-cpp/yaml.h>
 
@@ -139,11 +141,14 @@ StatusOr<Hardware> LoadHardware(const std::string& name_or_path, const std::stri
                     name_or_path.find(".yaml") == std::string::npos;
   if (bare) path = (std::filesystem::path(dir) / (name_or_path + ".yaml")).string();
   if (bare && !std::filesystem::exists(path)) {
-    std::string names;
+    std::vector<std::string> found;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      if (e.path().extension() == ".yaml") names += (names.empty() ? "" : ", ") + e.path().stem().string();
+      if (e.path().extension() == ".yaml") found.push_back(e.path().stem().string());
     }
+    std::sort(found.begin(), found.end());
+    std::string names;
+    for (const std::string& n : found) names += (names.empty() ? "" : ", ") + n;
     return InvalidArgument("--gpu ", name_or_path, ": no such hardware (known in ", dir, ": ",
                            names.empty() ? "none" : names, "; or give a YAML file's path)");
   }
