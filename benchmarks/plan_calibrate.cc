@@ -10,8 +10,9 @@
 //             2 (p - 1) / p x bytes / beta fitted the same way (intra_node = inter_node: one
 //             machine, gpus_per_node = 1024); with one rank nothing is measured and the
 //             memory bandwidth and 1 us stand in
-//   attention attention_efficiency = the fitted efficiency F / (F + F_half) of one head's
-//             scores product, (S, S, head_dim) with --attention-shape S,hd
+//   attention attention_efficiency = 4 S^2 H hd (the cost model's count: scores and values,
+//             causal masking not subtracted) / (time of kernels::AttentionForward on one
+//             sequence of --attention-shape S,H,hd x P)
 //
 // #wrong counts sampled sgemm entries and all-reduce sums that differ from the exact value
 // (small integers: exact in fp32). Timings need a quiet machine; the bench label runs it at
@@ -25,6 +26,7 @@
 
 #include "benchmarks/harness.h"
 #include "engine/core/thread_pool.h"
+#include "kernels/attention.h"
 #include "kernels/gemm.h"
 
 namespace switchyard::bench {
@@ -116,6 +118,21 @@ void MeasureLinks(Harness& h, int64_t max_bytes, Fit& fit) {
   fit.beta = 2.0 * (p - 1) / p / a;
 }
 
+// The engine's causal attention forward on one sequence: its share of the fitted peak.
+double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double peak) {
+  const int64_t S = shape[0], H = shape[1], hd = shape[2];
+  Tensor q = Tensor::Empty({1, S, H, hd}, DType::kF32), k = q.Clone(), v = q.Clone();
+  for (Tensor* t : {&q, &k, &v}) {
+    for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = float(i % 13) / 13.0f - 0.5f;
+  }
+  Tensor out = Tensor::Empty({1, S, H, hd}, DType::kF32), lse = Tensor::Empty({1, H, S}, DType::kF32);
+  const double t = h.Time([&] { kernels::AttentionForward(q, k, v, out, lse); });
+  const double eff = 4.0 * S * S * H * hd / t / peak;
+  h.Printf("# attention S %lld H %lld hd %lld: %.1f us, %.3f of the fitted peak\n",
+           static_cast<long long>(S), static_cast<long long>(H), static_cast<long long>(hd), t * 1e6, eff);
+  return std::min(1.0, eff);
+}
+
 std::string Yaml(const Fit& f, double attention, double memory) {
   std::ostringstream out;
   out.precision(4);
@@ -134,21 +151,23 @@ std::string Yaml(const Fit& f, double attention, double memory) {
 int Main(int argc, char** argv) {
   Harness h("plan_calibrate", "this machine's GEMM, memory and MPI parameters as a hardware file "
             "for `switchyard plan`.", {});
-  std::string out, sizes_text = "32,64,128,256,512", attention_text = "128,16";
+  std::string out, sizes_text = "32,64,128,256,512", attention_text = "128,4,16";
   int64_t copy_bytes = 256 << 20, max_message = 8 << 20;
   std::string copy_text = "256M", message_text = "8M";
   h.flags().AddString("out", &out, "hardware YAML to write (rank 0)");
   h.flags().AddString("gemm-sizes", &sizes_text, "m and n = k of the sgemm grid (default 32,64,128,256,512)");
   h.flags().AddString("copy-bytes", &copy_text, "bytes of the copy (default 256M)");
   h.flags().AddString("max-message", &message_text, "largest all-reduce (default 8M)");
-  h.flags().AddString("attention-shape", &attention_text, "S,head_dim of the attention estimate (default 128,16)");
+  h.flags().AddString("attention-shape", &attention_text, "S,heads,head_dim of the attention measurement (default 128,4,16)");
   if (auto code = h.Start(argc, argv)) return *code;
   const std::vector<int64_t> sizes = ParseList(sizes_text), shape = ParseList(attention_text);
   for (int64_t n : sizes) {
     if (n < 1 || n > 8192) return h.Fail("--gemm-sizes: expected values in [1, 8192], got \"" + sizes_text + "\"");
   }
   if (sizes.size() < 2) return h.Fail("--gemm-sizes: give at least two sizes to fit a line");
-  if (shape.size() != 2 || shape[0] < 1 || shape[1] < 1) return h.Fail("--attention-shape: expected S,head_dim");
+  if (shape.size() != 3 || shape[0] < 1 || shape[1] < 1 || shape[2] < 1) {
+    return h.Fail("--attention-shape: expected S,heads,head_dim, got \"" + attention_text + "\"");
+  }
   StatusOr<int64_t> cb = ParseBytes(copy_text), mm = ParseBytes(message_text);
   if (!cb.ok() || *cb < 1024) return h.Fail("--copy-bytes: expected at least 1K, got \"" + copy_text + "\"");
   if (!mm.ok() || *mm < 8) return h.Fail("--max-message: expected at least 8, got \"" + message_text + "\"");
@@ -158,8 +177,7 @@ int Main(int argc, char** argv) {
   MeasureGemms(h, sizes, fit);
   MeasureMemory(h, copy_bytes, fit);
   MeasureLinks(h, max_message, fit);
-  const double F = 2.0 * shape[0] * shape[0] * shape[1];
-  const double attention = F / (F + fit.half);
+  const double attention = MeasureAttention(h, shape, fit.peak);
   struct sysinfo info {};
   sysinfo(&info);
   const double memory = double(info.totalram) * info.mem_unit / h.ranks();
