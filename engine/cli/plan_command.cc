@@ -119,7 +119,10 @@ int Report(const Flags& f, const plan::PlanInputs& in, const plan::Hardware& hw)
                 static_cast<long long>(result.memory_checked));
   }
   if (result.best.empty()) {
-    std::printf("no valid layout fits %s of memory per device\n", plan::FormatBytes(hw.memory_bytes).c_str());
+    std::printf("no valid layout fits %s of memory per device; the smallest needs %s (%s)\n",
+                plan::FormatBytes(hw.memory_bytes).c_str(),
+                plan::FormatBytes(result.smallest.peak_bytes).c_str(),
+                result.smallest.layout.Describe(in.world).c_str());
     return kExitFailure;
   }
   std::fputs(plan::FormatCandidates(result.best, in.world).c_str(), stdout);

@@ -153,6 +153,7 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
     ++result.memory_checked;
     c.fits = c.peak_bytes <= hw.memory_bytes;
     if (c.fits) result.best.push_back(c);
+    if (result.smallest.peak_bytes == 0 || c.peak_bytes < result.smallest.peak_bytes) result.smallest = c;
   }
   return result;
 }

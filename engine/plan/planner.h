@@ -53,6 +53,8 @@ struct PlanResult {
   int64_t searched = 0;         // the search space's size
   int64_t valid = 0;            // accepted by the layout check
   int64_t memory_checked = 0;   // layouts whose memory was computed before `top` fit
+  // When fewer than `top` fit: of the layouts checked, the one needing the least memory.
+  Candidate smallest;
 };
 PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& options);
 

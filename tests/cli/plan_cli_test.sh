@@ -50,6 +50,13 @@ even=$("$bin" plan --config "$cfg" --gpus 2 --config-layout --set parallel.ep=2 
 skewed=$("$bin" plan --config "$cfg" --gpus 2 --config-layout --set parallel.ep=2 --skew "$tmp/routing.jsonl" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['layouts'][0]['seconds']['ep'])")
 python3 -c "assert $skewed > $even, ($skewed, $even)" || fail "skew: ep time $skewed not above $even"
 
+# Nothing fits: exit status 1 and the layout that needs the least memory.
+"$bin" plan --config "$repo/configs/mixtral-8x7b.yaml" --gpus 8 --gpu a100-40g >"$tmp/none" 2>&1
+rc=$?
+[[ $rc -eq 1 ]] || fail "nothing fits: exit status $rc, want 1"
+grep -q "no valid layout fits 40.00 GiB of memory per device; the smallest needs .* GiB (tp " "$tmp/none" ||
+  fail "nothing fits: $(cat "$tmp/none")"
+
 expect_usage_error "missing --gpus" "--gpus is required" plan --config "$cfg"
 expect_usage_error "missing --config" "--config is required" plan --gpus 8
 expect_usage_error "zero gpus" "--gpus 0 must be >= 1" plan --config "$cfg" --gpus 0
