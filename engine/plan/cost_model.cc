@@ -214,8 +214,11 @@ std::pair<double, double> DataParallel(const Ctx& c, std::pair<double, double> e
   };
   const double grads = sync(elements.first, dense_group, dense_link, buckets_d) +
                        sync(elements.second, expert_group, expert_link, buckets_e);
-  const double gather = RingStep(dense_group, param_bytes * elements.first, dense_link) +
-                        RingStep(expert_group, param_bytes * elements.second, expert_link);
+  const auto gathered = [&](double n, int p, const Link& link) {
+    return n <= 0 ? 0.0 : RingStep(p, param_bytes * n, link);
+  };
+  const double gather = gathered(elements.first, dense_group, dense_link) +
+                        gathered(elements.second, expert_group, expert_link);
   double exposed = 0;
   if (l.zero_stage == 3) {
     // Every micro-batch gathers the weights for forward and again for backward and

@@ -5,11 +5,13 @@
 //  - PlanIsDeterministic: two searches give the same rows bit for bit;
 //  - TensorParallelTimeByHand: the tp share of a one-layer dense model against the ring
 //    formula of docs/plan.md, computed by hand;
+//  - DataParallelTimeByHand: the data-parallel sync of ZeRO 0 and 1 likewise;
 //  - StepTimeGrowsWithSkew / SkewFromRoutingLog / AllToAllCrossesNodesOnlyBeyondANode:
 //    the MoE terms;
 //  - hardware files: the shipped ones parse, and each mistake is one line naming the key.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -17,6 +19,7 @@
 
 #include "engine/config/config.h"
 #include "engine/dist/mesh.h"
+#include "engine/model/param_table.h"
 #include "engine/plan/hardware.h"
 #include "engine/plan/planner.h"
 
@@ -131,6 +134,31 @@ moe: {num_experts: 1, layer_freq: 1000, top_k: 1, d_expert: 256}
   EXPECT_EQ(t.pp, 0);
   EXPECT_EQ(t.bubble, 0);
   EXPECT_EQ(t.dp, 0);  // dp = 1: nothing to sum
+}
+
+TEST(PlannerTest, DataParallelTimeByHand) {
+  // One dense layer on 2 data-parallel ranks, gradients summed in the ordered tree (nothing
+  // overlaps): ZeRO 0 all-reduces 4-byte gradients of every parameter, 2 (p - 1) ring steps
+  // of 4 N / p bytes, plus the latencies of the buckets after the first; ZeRO 1 reduce-
+  // scatters them and all-gathers the bf16 weights after the step.
+  config::Config c = Parse(R"(
+model: {vocab_size: 512, seq_len: 32, d_model: 64, n_layers: 1, n_heads: 4, d_ff: 256}
+moe: {num_experts: 1, layer_freq: 1000, top_k: 1, d_expert: 256}
+train: {ordered_grad_accum: true, bucket_mb: 0.0625}
+)");
+  const double n = double(model::ParamTable::Build(c.model, c.moe).Total().params);
+  const double buckets = std::ceil(4 * n / (0.0625 * 1024 * 1024));
+  ASSERT_GT(buckets, 1);
+  PlanInputs in = Inputs(c, 2, 8);
+  const Layout zero0{.micro_batch_size = 2, .micro_batches = 2};
+  Layout zero1 = zero0;
+  zero1.zero_stage = 1;
+  CostCache cache;
+  const double reduce_scatter = (1e-5 + 4 * n / 2 / 1e10) + (buckets - 1) * 1e-5;
+  const double t0 = PredictStepTime(in, zero0, Round(), cache).dp;
+  EXPECT_NEAR(t0, 2 * reduce_scatter, 1e-12 * t0);
+  const double t1 = PredictStepTime(in, zero1, Round(), cache).dp;
+  EXPECT_NEAR(t1, reduce_scatter + (1e-5 + 2 * n / 2 / 1e10), 1e-12 * t1);
 }
 
 TEST(PlannerTest, StepTimeGrowsWithSkew) {
