@@ -12,6 +12,11 @@ namespace switchyard::cli {
 // [--json]: prints every group of the dense and expert views of a layout.
 int RunMesh(const std::vector<std::string>& args);
 
+// switchyard plan --config F --gpus N [--gpu NAME|FILE] [--gpus-per-node N] [--global-batch N]
+// [--skew X|FILE] [--precision P] [--top N] [--config-layout] [--json]
+// [--set k=v ...]: the fastest layouts that fit, by predicted step time; docs/plan.md.
+int RunPlan(const std::vector<std::string>& args);
+
 // switchyard pipeline --pp N --micro-batches N [--schedule gpipe|1f1b|interleaved]
 // [--virtual-stages N] [--forward-cost N] [--backward-cost N] [--actions]: validates a
 // pipeline schedule and prints its timeline, bubble and peak in-flight micro-batches per

@@ -20,6 +20,8 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"mesh", "print the process groups of a parallel layout (dense and expert views)", RunMesh},
+    {"plan", "the fastest layouts of a config on N GPUs that fit, by predicted step time",
+     RunPlan},
     {"pipeline", "validate a pipeline schedule and print its timeline and bubble", RunPipeline},
     {"prep", "train a tokenizer on text files and write token shards (fortunes by default)",
      RunPrep},

@@ -1,0 +1,159 @@
+#include "engine/plan/hardware.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "engine/core/file.h"
+
+namespace switchyard::plan {
+namespace {
+
+// A positive finite number at `node`, or an error naming `key`.
+Status Number(const YAML::Node& node, const std::string& source, const std::string& key,
+              double* out) {
+  double v = 0;
+  try {
+    if (!node.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
+    v = node.as<double>();
+  } catch (const YAML::Exception&) {
+    return InvalidArgument(source, ": ", key, ": expected a number");
+  }
+  if (!(v > 0) || !std::isfinite(v)) {
+    return InvalidArgument(source, ": ", key, "=", node.Scalar(), " must be a positive number");
+  }
+  *out = v;
+  return OkStatus();
+}
+
+// The keys of a mapping, each read by its setter; unknown and missing keys are errors.
+Status ReadMap(const YAML::Node& map, const std::string& source, const std::string& prefix,
+               const std::map<std::string, std::function<Status(const YAML::Node&, const std::string&)>>& keys,
+               const std::vector<std::string>& optional) {
+  if (!map.IsMap()) {
+    return InvalidArgument(source, ": ", prefix.empty() ? "the file" : prefix, " must be a mapping");
+  }
+  std::map<std::string, bool> seen;
+  for (const auto& kv : map) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string name = prefix.empty() ? key : prefix + "." + key;
+    auto it = keys.find(key);
+    if (it == keys.end()) return InvalidArgument(source, ": unknown key '", name, "'");
+    if (seen[key]) return InvalidArgument(source, ": '", name, "' is set twice");
+    seen[key] = true;
+    SY_RETURN_IF_ERROR(it->second(kv.second, name));
+  }
+  for (const auto& [key, set] : keys) {
+    if (seen[key] || std::find(optional.begin(), optional.end(), key) != optional.end()) continue;
+    return InvalidArgument(source, ": missing key '", prefix.empty() ? key : prefix + "." + key, "'");
+  }
+  return OkStatus();
+}
+
+using Setter = std::function<Status(const YAML::Node&, const std::string&)>;
+
+Setter NumberOf(const std::string& source, double* out) {
+  return [source, out](const YAML::Node& n, const std::string& key) { return Number(n, source, key, out); };
+}
+
+Setter LinkOf(const std::string& source, Link* link) {
+  return [source, link](const YAML::Node& n, const std::string& key) {
+    return ReadMap(n, source, key,
+                   {{"bandwidth", NumberOf(source, &link->bandwidth)},
+                    {"latency", NumberOf(source, &link->latency)}},
+                   {});
+  };
+}
+
+Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
+  double per_node = 0;
+  const auto text = [](std::string* out) {
+    return [out](const YAML::Node& n, const std::string&) {
+      *out = n.IsScalar() ? n.Scalar() : "";
+      return OkStatus();
+    };
+  };
+  const std::map<std::string, Setter> keys = {
+      {"name", text(&h.name)},
+      {"source", text(&h.source)},
+      {"peak_flops",
+       [&](const YAML::Node& n, const std::string& key) {
+         return ReadMap(n, source, key,
+                        {{"bf16", NumberOf(source, &h.peak_bf16)},
+                         {"fp32", NumberOf(source, &h.peak_fp32)},
+                         {"fp8", NumberOf(source, &h.peak_fp8)}},
+                        {"fp8"});
+       }},
+      {"memory_bytes", NumberOf(source, &h.memory_bytes)},
+      {"memory_bandwidth", NumberOf(source, &h.memory_bandwidth)},
+      {"gpus_per_node", NumberOf(source, &per_node)},
+      {"intra_node", LinkOf(source, &h.intra_node)},
+      {"inter_node", LinkOf(source, &h.inter_node)},
+      {"gemm",
+       [&](const YAML::Node& n, const std::string& key) {
+         return ReadMap(n, source, key,
+                        {{"efficiency", NumberOf(source, &h.gemm_efficiency)},
+                         {"half_flops", NumberOf(source, &h.gemm_half_flops)}},
+                        {});
+       }},
+      {"attention_efficiency", NumberOf(source, &h.attention_efficiency)},
+  };
+  SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys, {"source"}));
+  if (per_node != std::floor(per_node)) {
+    return InvalidArgument(source, ": gpus_per_node=", per_node, " must be a whole number");
+  }
+  h.gpus_per_node = static_cast<int>(per_node);
+  for (auto [key, v] : {std::pair<const char*, double>{"gemm.efficiency", h.gemm_efficiency},
+                        {"attention_efficiency", h.attention_efficiency}}) {
+    if (v > 1) return InvalidArgument(source, ": ", key, "=", v, " must be at most 1 (a share of the peak)");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+double Hardware::Peak(const std::string& precision) const {
+  if (precision == "fp32") return peak_fp32;
+  if (precision == "fp8" && peak_fp8 > 0) return peak_fp8;
+  return peak_bf16;
+}
+
+StatusOr<Hardware> ParseHardware(const std::string& yaml, const std::string& source) {
+  Hardware h;
+  try {
+    const YAML::Node root = YAML::Load(yaml);
+    if (!root || root.IsNull()) return InvalidArgument(source, ": the hardware file is empty");
+    SY_RETURN_IF_ERROR(Apply(h, root, source));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source, ":", e.mark.line + 1, ": YAML error: ", e.msg);
+  }
+  return h;
+}
+
+StatusOr<Hardware> LoadHardware(const std::string& name_or_path, const std::string& dir) {
+  std::string path = name_or_path;
+  const bool bare = name_or_path.find('/') == std::string::npos &&
+                    name_or_path.find(".yaml") == std::string::npos;
+  if (bare) path = (std::filesystem::path(dir) / (name_or_path + ".yaml")).string();
+  if (bare && !std::filesystem::exists(path)) {
+    std::vector<std::string> found;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (e.path().extension() == ".yaml") found.push_back(e.path().stem().string());
+    }
+    std::sort(found.begin(), found.end());
+    std::string names;
+    for (const std::string& n : found) names += (names.empty() ? "" : ", ") + n;
+    return InvalidArgument("--gpu ", name_or_path, ": no such hardware (known in ", dir, ": ",
+                           names.empty() ? "none" : names, "; or give a YAML file's path)");
+  }
+  SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseHardware(text, path);
+}
+
+}  // namespace switchyard::plan

@@ -1,0 +1,52 @@
+// A machine as the planner (planner.h) sees it: peak arithmetic, memory, and the two kinds of
+// link between ranks, read from a small YAML file (configs/hardware/*.yaml, docs/plan.md):
+//
+//   name: h100
+//   source: "NVIDIA H100 datasheet (SXM5) ..."     # where the numbers come from
+//   peak_flops: {bf16: 989e12, fp32: 67e12, fp8: 1979e12}   # dense, per device
+//   memory_bytes: 85899345920       # HBM (or host memory) per device
+//   memory_bandwidth: 3.35e12       # bytes/s
+//   gpus_per_node: 8
+//   intra_node: {bandwidth: 450e9, latency: 3e-6}    # per device, one direction, bytes/s, s
+//   inter_node: {bandwidth: 50e9, latency: 10e-6}
+//   gemm: {efficiency: 0.75, half_flops: 2e9}        # fitted: see GemmEfficiency
+//   attention_efficiency: 0.45                       # share of the peak attention's core reaches
+//
+// Every key is required except fp8 and source; an unknown or missing key, a value that is
+// not a positive number, is one error line naming the file and the key.
+#pragma once
+
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace switchyard::plan {
+
+struct Link {
+  double bandwidth = 0;  // bytes/s one device sends (and receives) at once, one direction
+  double latency = 0;    // seconds per message (alpha)
+};
+
+struct Hardware {
+  std::string name, source;
+  double peak_bf16 = 0, peak_fp32 = 0, peak_fp8 = 0;  // dense FLOP/s per device
+  double memory_bytes = 0;
+  double memory_bandwidth = 0;
+  int gpus_per_node = 1;
+  Link intra_node, inter_node;
+  // A matrix product of F = 2 m n k FLOPs reaches gemm_efficiency * F / (F + gemm_half_flops)
+  // of the peak (and no more than the memory bandwidth allows: roofline).
+  double gemm_efficiency = 0, gemm_half_flops = 0;
+  double attention_efficiency = 0;
+
+  // The dense peak of the matrix products' input type: "bf16", "fp32" or "fp8" (fp8 falls
+  // back to bf16 when the file gives none).
+  double Peak(const std::string& precision) const;
+};
+
+// Parses a hardware file's text; `source` names it in errors.
+StatusOr<Hardware> ParseHardware(const std::string& yaml, const std::string& source);
+// `name_or_path`: a file path, or a name of a file in `dir` ("h100" -> dir/h100.yaml).
+StatusOr<Hardware> LoadHardware(const std::string& name_or_path, const std::string& dir);
+
+}  // namespace switchyard::plan

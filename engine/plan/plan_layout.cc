@@ -1,0 +1,151 @@
+// The planner's layouts, routing skew and caches (cost_model.h).
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/file.h"
+#include "engine/model/param_table.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/dry_run.h"
+
+namespace switchyard::plan {
+
+std::string Layout::Describe(int world) const {
+  std::string sched(parallel::PipelineScheduleName(schedule));
+  if (virtual_stages > 1) sched += StrCat("x", virtual_stages);
+  return StrCat("tp ", tp, " cp ", cp, " pp ", pp, pp > 1 ? " " + sched : std::string(), " ep ", ep,
+                " etp ", etp, " dp ", dp(world), " zero ", zero_stage, " mbs ", micro_batch_size,
+                " m ", micro_batches, " recompute ", model::RecomputeName(recompute));
+}
+
+config::Config Layout::Apply(const config::Config& base) const {
+  config::Config c = base;
+  c.parallel.tp = tp;
+  c.parallel.cp = cp;
+  c.parallel.pp = pp;
+  c.parallel.ep = ep;
+  c.parallel.etp = etp;
+  c.parallel.pipeline_schedule = std::string(parallel::PipelineScheduleName(schedule));
+  c.parallel.virtual_stages = virtual_stages;
+  c.parallel.pipeline_layers.clear();
+  c.parallel.zero_stage = zero_stage;
+  c.train.micro_batch_size = micro_batch_size;
+  c.train.grad_accum = micro_batches;
+  c.train.recompute = recompute;
+  return c;
+}
+
+Layout LayoutOf(const config::Config& c) {
+  const config::ParallelConfig& p = c.parallel;
+  Layout l{.tp = p.tp, .cp = p.cp, .pp = p.pp, .ep = p.ep, .etp = p.expert_tp()};
+  auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
+  if (schedule.ok()) l.schedule = *schedule;
+  l.virtual_stages = p.virtual_stages;
+  l.zero_stage = p.zero_stage;
+  l.micro_batch_size = c.train.micro_batch_size;
+  l.micro_batches = c.train.grad_accum;
+  l.recompute = c.train.recompute;
+  return l;
+}
+
+double Skew::ForEp(int ep) const {
+  if (ep <= 1) return 1;
+  if (expert_counts.empty()) return constant;
+  double worst = 1;
+  for (const std::vector<double>& layer : expert_counts) {
+    const size_t per = layer.size() / ep;
+    if (per == 0 || layer.size() % ep != 0) continue;
+    double total = 0, most = 0;
+    for (int r = 0; r < ep; ++r) {
+      double load = 0;
+      for (size_t e = r * per; e < (r + 1) * per; ++e) load += layer[e];
+      total += load;
+      most = std::max(most, load);
+    }
+    if (total > 0) worst = std::max(worst, most * ep / total);
+  }
+  return worst;
+}
+
+StatusOr<Skew> ParseSkew(const std::string& text) {
+  Skew skew;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (!text.empty() && end == text.c_str() + text.size()) {
+    if (!(v >= 1) || !std::isfinite(v)) {
+      return InvalidArgument("--skew ", text, ": the busiest rank's load over the mean must be >= 1");
+    }
+    skew.constant = v;
+    return skew;
+  }
+  SY_ASSIGN_OR_RETURN(std::string body, ReadFile(text));
+  std::istringstream lines(body);
+  std::string line, last;
+  while (std::getline(lines, line)) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(last);
+    for (const auto& layer : j.at("tokens_per_expert")) {
+      skew.expert_counts.push_back(layer.get<std::vector<double>>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("--skew ", text, ": not a number, nor a routing.jsonl whose last line has "
+                           "tokens_per_expert (", e.what(), ")");
+  }
+  if (skew.expert_counts.empty()) {
+    return InvalidArgument("--skew ", text, ": the last line of the routing log lists no MoE layer");
+  }
+  return skew;
+}
+
+double CostCache::Bubble(parallel::PipelineSchedule schedule, int pp, int64_t m, int v,
+                         int backward_cost) {
+  if (pp <= 1) return 0;
+  const auto key = std::tuple(int(schedule), pp, m, v, backward_cost);
+  auto it = bubbles_.find(key);
+  if (it != bubbles_.end()) return it->second;
+  const parallel::Timeline t =
+      parallel::SimulateTimeline(schedule, pp, static_cast<int>(m), v, 1, backward_cost);
+  return bubbles_[key] = t.bubble;
+}
+
+const std::vector<std::vector<model::Stage>>& CostCache::Stages(const config::Config& c, int pp,
+                                                                  int v) {
+  const auto key = std::pair(pp, v);
+  auto it = stages_.find(key);
+  if (it != stages_.end()) return it->second;
+  config::Config copy = c;
+  copy.parallel.pp = pp;
+  copy.parallel.virtual_stages = v;
+  copy.parallel.pipeline_layers.clear();
+  std::vector<std::vector<model::Stage>> ranks;
+  for (int r = 0; r < pp; ++r) ranks.push_back(RankStages(copy, r));
+  return stages_[key] = std::move(ranks);
+}
+
+double CostCache::FlopsPerToken(const config::Config& c) {
+  if (flops_per_token_ < 0) flops_per_token_ = ModelFlopsPerToken(c);
+  return flops_per_token_;
+}
+
+const std::vector<std::pair<double, double>>& CostCache::PieceParams(const config::Config& c,
+                                                                      int tp, int etp, int ep) {
+  const auto key = std::tuple(tp, etp, ep);
+  auto it = pieces_.find(key);
+  if (it != pieces_.end()) return it->second;
+  const model::ParamTable table =
+      model::ParamTable::Build(c.model, c.moe, {.tp = tp, .etp = etp, .ep = ep});
+  std::vector<std::pair<double, double>> pieces(c.model.n_layers + 2);
+  for (const model::ParamShape& p : table.params()) {
+    if (p.tied_copy) continue;  // RankElements adds it on a head stage without the embedding
+    auto& piece = pieces[table.PieceIndex(p)];
+    (p.expert_view && p.role == model::ParamRole::kExpert ? piece.second : piece.first) +=
+        double(table.LocalNumel(p, 0));
+  }
+  return pieces_[key] = std::move(pieces);
+}
+
+}  // namespace switchyard::plan

@@ -1,0 +1,180 @@
+#include "engine/plan/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "engine/dist/mesh.h"
+#include "engine/plan/dry_run.h"
+
+namespace switchyard::plan {
+namespace {
+
+using parallel::PipelineSchedule;
+
+std::vector<int> Divisors(int64_t n) {
+  std::vector<int> out;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(static_cast<int>(d));
+  }
+  return out;
+}
+
+bool HasMoE(const config::Config& c) {
+  if (c.moe.num_experts <= 1) return false;
+  return c.model.n_layers >= c.moe.layer_freq;
+}
+
+// (schedule, virtual stages) pairs for pp stages of a model of n_layers.
+std::vector<std::pair<PipelineSchedule, int>> Schedules(int pp, int64_t n_layers) {
+  if (pp == 1) return {{PipelineSchedule::kOneFOneB, 1}};
+  std::vector<std::pair<PipelineSchedule, int>> out = {{PipelineSchedule::kGPipe, 1},
+                                                       {PipelineSchedule::kOneFOneB, 1}};
+  for (int v : {2, 3, 4, 6, 8}) {
+    if (int64_t{pp} * v <= n_layers) out.push_back({PipelineSchedule::kInterleaved, v});
+  }
+  return out;
+}
+
+// The batch splits of one replica: (micro-batch size, micro-batches).
+std::vector<std::pair<int64_t, int64_t>> BatchSplits(int64_t global_batch, int dp) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (global_batch % dp != 0) return out;
+  const int64_t per = global_batch / dp;
+  for (int64_t mbs : {1, 2, 4, 8, 16}) {
+    if (per % mbs == 0) out.push_back({mbs, per / mbs});
+  }
+  return out;
+}
+
+// The rest of the search below one (tp, cp, pp, ep, etp).
+void Expand(const PlanInputs& in, Layout base, std::vector<Layout>& out) {
+  for (auto [schedule, v] : Schedules(base.pp, in.config.model.n_layers)) {
+    for (auto [mbs, m] : BatchSplits(in.global_batch, base.dp(in.world))) {
+      for (int zero = 0; zero <= 3; ++zero) {
+        for (model::Recompute r : {model::Recompute::kNone, model::Recompute::kSelective,
+                                   model::Recompute::kFull}) {
+          Layout l = base;
+          l.schedule = schedule, l.virtual_stages = v, l.micro_batch_size = mbs;
+          l.micro_batches = m, l.zero_stage = zero, l.recompute = r;
+          out.push_back(l);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<Layout> SearchSpace(const PlanInputs& in) {
+  std::vector<Layout> out;
+  const config::Config& c = in.config;
+  for (int tp : Divisors(in.world)) {
+    if (tp > c.model.n_heads || (in.max_tp > 0 && tp > in.max_tp)) continue;
+    for (int cp : Divisors(in.world / tp)) {
+      for (int pp : Divisors(in.world / (tp * cp))) {
+        if (pp > c.model.n_layers) continue;
+        const std::vector<int> eps = HasMoE(c) ? Divisors(in.world / pp) : std::vector<int>{1};
+        for (int ep : eps) {
+          const std::vector<int> etps = !HasMoE(c) || tp == 1 ? std::vector<int>{tp} : std::vector<int>{1, tp};
+          for (int etp : etps) {
+            Expand(in, Layout{.tp = tp, .cp = cp, .pp = pp, .ep = ep, .etp = etp}, out);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Layout> EnumerateLayouts(const PlanInputs& in) {
+  std::vector<Layout> out;
+  // Validate reads the parallel sizes, the schedule and the micro-batch count, and ZeRO
+  // only for its range (0-3, all searched): one call per (sizes, schedule, micro-batches).
+  std::map<std::tuple<int, int, int, int, int, int, int, int64_t>, bool> seen;
+  for (const Layout& l : SearchSpace(in)) {
+    const auto key = std::tuple(l.tp, l.cp, l.pp, l.ep, l.etp, int(l.schedule), l.virtual_stages,
+                                l.micro_batches);
+    auto it = seen.find(key);
+    if (it == seen.end()) {
+      const config::Config c = l.Apply(in.config);
+      it = seen.emplace(key, c.parallel.Validate(c.model, c.moe, c.train.grad_accum, in.world).ok()).first;
+    }
+    if (it->second) out.push_back(l);
+  }
+  return out;
+}
+
+double PeakMemory(const PlanInputs& in, const Layout& layout) {
+  const config::Config c = layout.Apply(in.config);
+  auto mesh = dist::Mesh::Create(in.world, c.parallel.MeshSizes(), c.parallel.order);
+  SY_CHECK_OK(mesh.status());
+  const double act = in.precision == "fp32" ? 1.0 : 0.5;
+  double peak = 0;
+  for (int want : {0, layout.pp - 1}) {
+    int rank = 0;
+    while (mesh->Coord(rank, dist::View::kDense, dist::Axis::kPp) != want) ++rank;
+    const RankMemory r = PredictRankMemory(c, *mesh, rank);
+    peak = std::max(peak, r.model_states() + act * r.workspace);
+  }
+  return peak;
+}
+
+Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& hw, CostCache& cache) {
+  Candidate c;
+  c.layout = layout;
+  c.time = PredictStepTime(in, layout, hw, cache);
+  c.tokens_per_s = double(in.global_batch) * in.config.model.seq_len / c.time.total();
+  c.flops_per_gpu = cache.FlopsPerToken(in.config) * c.tokens_per_s / in.world;
+  c.mfu = c.flops_per_gpu / hw.Peak(in.precision);
+  return c;
+}
+
+PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& options) {
+  PlanResult result;
+  result.searched = static_cast<int64_t>(SearchSpace(in).size());
+  const std::vector<Layout> layouts = EnumerateLayouts(in);
+  result.valid = static_cast<int64_t>(layouts.size());
+  CostCache cache;
+  std::vector<Candidate> all;
+  all.reserve(layouts.size());
+  for (const Layout& l : layouts) all.push_back(Evaluate(in, l, hw, cache));
+  std::sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.time.total() != b.time.total()) return a.time.total() < b.time.total();
+    return a.layout.Key() < b.layout.Key();
+  });
+  // Memory last: from the fastest down until `top` layouts fit.
+  for (Candidate& c : all) {
+    if (static_cast<int>(result.best.size()) >= options.top) break;
+    c.peak_bytes = PeakMemory(in, c.layout);
+    ++result.memory_checked;
+    c.fits = c.peak_bytes <= hw.memory_bytes;
+    if (c.fits) result.best.push_back(c);
+    if (result.smallest.peak_bytes == 0 || c.peak_bytes < result.smallest.peak_bytes) result.smallest = c;
+  }
+  return result;
+}
+
+std::string FormatCandidates(const std::vector<Candidate>& rows, int world) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof(line), "%4s %-66s %10s %11s %7s %6s %10s  %s\n", "rank", "layout",
+                "step (s)", "tokens/s", "TFLOP/s", "MFU", "memory", 
+                "share: compute tp cp ep dp pp bubble (%)");
+  out += line;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Candidate& c = rows[i];
+    const StepTime& t = c.time;
+    const double T = t.total();
+    std::snprintf(line, sizeof(line),
+                  "%4zu %-66s %10.4g %11.5g %7.1f %5.1f%% %10s  %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n",
+                  i + 1, c.layout.Describe(world).c_str(), T, c.tokens_per_s, c.flops_per_gpu / 1e12,
+                  100 * c.mfu, c.peak_bytes > 0 ? FormatBytes(c.peak_bytes).c_str() : "-",
+                  100 * t.compute / T, 100 * t.tp / T, 100 * t.cp / T, 100 * t.ep / T,
+                  100 * t.dp / T, 100 * t.pp / T, 100 * t.bubble / T);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace switchyard::plan

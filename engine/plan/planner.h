@@ -1,0 +1,60 @@
+// `switchyard plan`: every layout of a world the engine's one layout check accepts
+// (config::ParallelConfig::Validate), those the dry-run's memory model fits on the device
+// (PredictRankMemory), ranked by the step time cost_model.h predicts. docs/plan.md.
+//
+// The search space (each size a divisor of what the world leaves):
+//   tp <= n_heads (and <= PlanInputs::max_tp, a node); cp; pp <= n_layers with gpipe, 1f1b, and interleaved with virtual
+//   stages 2, 3, 4, 6, 8 (pp x v <= n_layers); ep (MoE models only) dividing the experts;
+//   etp 1 or tp; ZeRO 0-3; micro-batch size 1, 2, 4, 8, 16 (the global batch split into
+//   dp x mbs x m); recompute none, selective, full. The mesh order is the default one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/cost_model.h"
+
+namespace switchyard::plan {
+
+struct PlanOptions {
+  int top = 10;
+};
+
+struct Candidate {
+  Layout layout;
+  StepTime time;
+  double tokens_per_s = 0;
+  double flops_per_gpu = 0;  // model FLOP/s per device (ModelFlopsPerToken x tokens/s / world)
+  double mfu = 0;            // flops_per_gpu over the device's peak
+  double peak_bytes = 0;     // the dry-run's largest rank (activations at the precision's size)
+  bool fits = false;
+};
+
+// Every layout of the search space, valid or not (the test compares it with Validate).
+std::vector<Layout> SearchSpace(const PlanInputs& in);
+// The layouts of the search space Validate accepts, in SearchSpace's order.
+std::vector<Layout> EnumerateLayouts(const PlanInputs& in);
+
+// The dry-run's peak bytes of the layout's busiest rank (its first and last pipeline
+// ranks: the most micro-batches in flight, the head): model states as PredictRankMemory
+// gives them, the workspace scaled from f32 to the precision's activation size.
+double PeakMemory(const PlanInputs& in, const Layout& layout);
+
+// Time, throughput and memory of one layout.
+Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& hw, CostCache& cache);
+
+struct PlanResult {
+  std::vector<Candidate> best;  // fastest first; ties by layout key
+  int64_t searched = 0;         // the search space's size
+  int64_t valid = 0;            // accepted by the layout check
+  int64_t memory_checked = 0;   // layouts whose memory was computed before `top` fit
+  // When fewer than `top` fit: of the layouts checked, the one needing the least memory.
+  Candidate smallest;
+};
+PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& options);
+
+// The text table: one row per candidate.
+std::string FormatCandidates(const std::vector<Candidate>& rows, int world);
+
+}  // namespace switchyard::plan

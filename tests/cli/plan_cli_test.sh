@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# `switchyard plan`: the table and the JSON (rows fastest first, the same on a second run,
+# every layout valid for `switchyard mesh`), --config-layout, --skew from a routing log, and
+# usage errors (one line on stderr, nothing on stdout, exit status 2).
+# Usage: plan_cli_test.sh path/to/switchyard REPO
+set -u
+# shellcheck source=tests/cli/cli_test_lib.sh
+source "$(dirname "$0")/cli_test_lib.sh" "$1"
+repo=$2
+cfg=$repo/configs/switch-tiny.yaml
+
+"$bin" plan --config "$cfg" --gpus 8 --gpu h100 --top 4 >"$tmp/table" 2>&1 || fail "table: exit status $?"
+for want in "plan: $cfg on 8 x h100 (8 per node)" "searched " "share: compute tp cp ep dp pp bubble"; do
+  grep -qF -- "$want" "$tmp/table" || fail "table lacks '$want'"
+done
+[[ $(grep -cE '^ +[0-9]+ tp ' "$tmp/table") -eq 4 ]] || fail "table: want 4 rows: $(cat "$tmp/table")"
+
+"$bin" plan --config "$cfg" --gpus 8 --top 6 --json >"$tmp/a.json" 2>&1 || fail "json: exit status $?"
+"$bin" plan --config "$cfg" --gpus 8 --top 6 --json >"$tmp/b.json" 2>&1 || fail "json again: exit status $?"
+cmp -s "$tmp/a.json" "$tmp/b.json" || fail "two runs differ"
+python3 - "$tmp/a.json" >"$tmp/meshes" <<'PY' || fail "json: $(cat "$tmp/meshes")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = j["layouts"]
+assert len(rows) == 6, rows
+assert all(a["step_s"] <= b["step_s"] for a, b in zip(rows, rows[1:])), "not fastest first"
+for r in rows:
+    s = r["seconds"]
+    assert abs(sum(s.values()) - r["step_s"]) <= 1e-9 * r["step_s"], r
+    assert r["fits"] and r["peak_bytes"] > 0
+    l = r["layout"]
+    assert l["tp"] * l["cp"] * l["pp"] * l["dp"] == 8
+    assert l["micro_batch_size"] * l["micro_batches"] * l["dp"] == j["global_batch"]
+    print(f'--world 8 --tp {l["tp"]} --cp {l["cp"]} --pp {l["pp"]} --ep {l["ep"]} --etp {l["etp"]}')
+PY
+while read -r line; do
+  # shellcheck disable=SC2086
+  "$bin" mesh $line --json >/dev/null 2>"$tmp/err" || fail "mesh rejects a planned layout ($line): $(cat "$tmp/err")"
+done <"$tmp/meshes"
+
+"$bin" plan --config "$cfg" --gpus 2 --config-layout --set parallel.ep=2 --json >"$tmp/one.json" ||
+  fail "config-layout: exit status $?"
+python3 -c "
+import json, sys; j = json.load(open('$tmp/one.json')); l = j['layouts'][0]['layout']
+assert len(j['layouts']) == 1 and l['ep'] == 2 and l['dp'] == 2, j" || fail "config-layout: $(cat "$tmp/one.json")"
+
+# A routing log whose expert 0 takes half the tokens: ep 2 is slower than with no skew.
+echo '{"step": 1, "layers": [1, 3], "tokens_per_expert": [[40,4,4,4,4,4,10,10], [10,10,10,10,10,10,10,10]]}' >"$tmp/routing.jsonl"
+even=$("$bin" plan --config "$cfg" --gpus 2 --config-layout --set parallel.ep=2 --json | python3 -c "import json,sys; print(json.load(sys.stdin)['layouts'][0]['seconds']['ep'])")
+skewed=$("$bin" plan --config "$cfg" --gpus 2 --config-layout --set parallel.ep=2 --skew "$tmp/routing.jsonl" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['layouts'][0]['seconds']['ep'])")
+python3 -c "assert $skewed > $even, ($skewed, $even)" || fail "skew: ep time $skewed not above $even"
+
+# Nothing fits: exit status 1 and the layout that needs the least memory.
+"$bin" plan --config "$repo/configs/mixtral-8x7b.yaml" --gpus 8 --gpu a100-40g >"$tmp/none" 2>&1
+rc=$?
+[[ $rc -eq 1 ]] || fail "nothing fits: exit status $rc, want 1"
+grep -q "no valid layout fits 40.00 GiB of memory per device; the smallest needs .* GiB (tp " "$tmp/none" ||
+  fail "nothing fits: $(cat "$tmp/none")"
+
+expect_usage_error "missing --gpus" "--gpus is required" plan --config "$cfg"
+expect_usage_error "missing --config" "--config is required" plan --gpus 8
+expect_usage_error "zero gpus" "--gpus 0 must be >= 1" plan --config "$cfg" --gpus 0
+expect_usage_error "unknown gpu" "--gpu b300: no such hardware (known in" plan --config "$cfg" --gpus 8 --gpu b300
+expect_usage_error "bad skew" "--skew 0.5: the busiest rank's load over the mean must be >= 1" \
+  plan --config "$cfg" --gpus 8 --skew 0.5
+expect_usage_error "bad precision" "--precision fp16 is not one of bf16, fp32, fp8" \
+  plan --config "$cfg" --gpus 8 --precision fp16
+expect_usage_error "indivisible batch" "--gpus 3 is not a multiple of the config's tp*cp*pp = 2" \
+  plan --config "$cfg" --gpus 3 --set parallel.tp=2
+expect_usage_error "bad config key" "unknown key 'train.nope'" plan --config "$cfg" --gpus 8 --set train.nope=1
+printf 'name: x\ncolour: red\n' >"$tmp/bad.yaml"
+expect_usage_error "bad hardware file" "$tmp/bad.yaml: unknown key 'colour'" plan --config "$cfg" --gpus 8 --gpu "$tmp/bad.yaml"
+expect_usage_error "config layout invalid" "parallel.ep=3" plan --config "$cfg" --gpus 3 --config-layout --set parallel.ep=3
+
+if [[ $failures -gt 0 ]]; then
+  echo "plan_cli_test: $failures failure(s)"
+  exit 1
+fi
+echo "plan_cli_test: OK"

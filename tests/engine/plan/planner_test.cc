@@ -1,0 +1,254 @@
+// The planner (engine/plan/planner.h, cost_model.h, hardware.h) on one process:
+//  - EnumerationIsEveryValidLayout: on worlds of 8 and 12 ranks, every (tp, cp, pp, ep, etp)
+//    between 1 and the world that dist::Mesh::Create (switchyard mesh's validation) and
+//    ParallelConfig::Validate accept is enumerated, and nothing else is;
+//  - PlanIsDeterministic: two searches give the same rows bit for bit;
+//  - TensorParallelTimeByHand: the tp share of a one-layer dense model against the ring
+//    formula of docs/plan.md, computed by hand;
+//  - DataParallelTimeByHand: the data-parallel sync of ZeRO 0 and 1 likewise;
+//  - StepTimeGrowsWithSkew / SkewFromRoutingLog / AllToAllCrossesNodesOnlyBeyondANode:
+//    the MoE terms;
+//  - hardware files: the shipped ones parse, and each mistake is one line naming the key.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "engine/config/config.h"
+#include "engine/dist/mesh.h"
+#include "engine/model/param_table.h"
+#include "engine/plan/hardware.h"
+#include "engine/plan/planner.h"
+
+namespace switchyard::plan {
+namespace {
+
+// 4 layers (2 MoE of 8 experts), 4 heads, seq 64.
+constexpr char kMoE[] = R"(
+model: {vocab_size: 512, seq_len: 64, d_model: 64, n_layers: 4, n_heads: 4, d_ff: 256}
+moe: {num_experts: 8, layer_freq: 2, top_k: 2, d_expert: 96, capacity_factor: 0}
+train: {micro_batch_size: 2, grad_accum: 2}
+)";
+
+// Round numbers for hand calculations.
+constexpr char kRoundHardware[] = R"(
+name: round
+peak_flops: {bf16: 1e12, fp32: 1e11}
+memory_bytes: 1e10
+memory_bandwidth: 1e11
+gpus_per_node: 8
+intra_node: {bandwidth: 1e10, latency: 1e-5}
+inter_node: {bandwidth: 1e9, latency: 1e-4}
+gemm: {efficiency: 0.5, half_flops: 1e6}
+attention_efficiency: 0.25
+)";
+
+config::Config Parse(const char* yaml) {
+  auto c = config::ParseConfig(yaml, "<test>");
+  SY_CHECK_OK(c.status());
+  return *c;
+}
+
+Hardware Round() {
+  auto h = ParseHardware(kRoundHardware, "<round>");
+  SY_CHECK_OK(h.status());
+  return *h;
+}
+
+PlanInputs Inputs(const config::Config& c, int world, int64_t batch) {
+  PlanInputs in;
+  in.config = c;
+  in.world = world;
+  in.global_batch = batch;
+  return in;
+}
+
+using Sizes = std::tuple<int, int, int, int, int>;  // tp, cp, pp, ep, etp
+
+TEST(PlannerTest, EnumerationIsEveryValidLayout) {
+  for (int world : {8, 12}) {
+    PlanInputs in = Inputs(Parse(kMoE), world, 24);
+    std::set<Sizes> found;
+    for (const Layout& l : EnumerateLayouts(in)) {
+      found.insert({l.tp, l.cp, l.pp, l.ep, l.etp});
+      // Every enumerated layout passes the one check and is a mesh.
+      const config::Config c = l.Apply(in.config);
+      ASSERT_TRUE(c.parallel.Validate(c.model, c.moe, c.train.grad_accum, world).ok()) << l.Describe(world);
+      EXPECT_EQ(l.micro_batch_size * l.micro_batches * l.dp(world), 24);
+    }
+    std::set<Sizes> expected;
+    for (int tp = 1; tp <= world; ++tp)
+      for (int cp = 1; cp <= world; ++cp)
+        for (int pp = 1; pp <= world; ++pp)
+          for (int ep = 1; ep <= world; ++ep)
+            for (int etp : {1, tp}) {
+              if (!dist::Mesh::Create(world, {.tp = tp, .cp = cp, .ep = ep, .etp = etp, .pp = pp}).ok()) continue;
+              config::Config c = in.config;
+              c.parallel.tp = tp, c.parallel.cp = cp, c.parallel.pp = pp, c.parallel.ep = ep;
+              c.parallel.etp = etp;
+              const int dp = world / (tp * cp * pp);
+              if (24 % dp != 0) continue;  // the batch cannot be split
+              c.train.micro_batch_size = 1, c.train.grad_accum = 24 / dp;
+              if (c.parallel.Validate(c.model, c.moe, c.train.grad_accum, world).ok()) {
+                expected.insert({tp, cp, pp, ep, etp});
+              }
+            }
+    EXPECT_EQ(found, expected) << "world " << world;
+    EXPECT_GT(expected.size(), 10u);
+  }
+}
+
+TEST(PlannerTest, PlanIsDeterministic) {
+  const PlanInputs in = Inputs(Parse(kMoE), 8, 32);
+  const PlanResult a = Plan(in, Round(), {.top = 20});
+  const PlanResult b = Plan(in, Round(), {.top = 20});
+  ASSERT_EQ(a.best.size(), 20u);
+  ASSERT_EQ(a.best.size(), b.best.size());
+  for (size_t i = 0; i < a.best.size(); ++i) {
+    EXPECT_EQ(a.best[i].layout.Key(), b.best[i].layout.Key());
+    EXPECT_EQ(a.best[i].time.total(), b.best[i].time.total());
+    EXPECT_EQ(a.best[i].peak_bytes, b.best[i].peak_bytes);
+    if (i > 0) EXPECT_LE(a.best[i - 1].time.total(), a.best[i].time.total());
+  }
+}
+
+TEST(PlannerTest, TensorParallelTimeByHand) {
+  config::Config c = Parse(R"(
+model: {vocab_size: 512, seq_len: 32, d_model: 64, n_layers: 1, n_heads: 4, d_ff: 256}
+moe: {num_experts: 1, layer_freq: 1000, top_k: 1, d_expert: 256}
+)");
+  const Layout l{.tp = 2, .micro_batch_size = 4, .micro_batches = 3};
+  PlanInputs in = Inputs(c, 2, 12);
+  CostCache cache;
+  const StepTime t = PredictStepTime(in, l, Round(), cache);
+  // One dense layer, sequence parallel: all-gather + reduce-scatter around attention and
+  // around the MLP (4 ring steps of p - 1 = 1 hop, each moving t d b / p bytes), forward
+  // and backward, per micro-batch: t = 4 x 32 tokens, d 64, b 2 (bf16).
+  const double hop = 1e-5 + 4.0 * 32 * 64 * 2 / 2 / 1e10;
+  EXPECT_NEAR(t.tp, 3 * 2 * 4 * hop, 1e-12 * t.tp);
+  EXPECT_EQ(t.cp, 0);
+  EXPECT_EQ(t.ep, 0);
+  EXPECT_EQ(t.pp, 0);
+  EXPECT_EQ(t.bubble, 0);
+  EXPECT_EQ(t.dp, 0);  // dp = 1: nothing to sum
+}
+
+TEST(PlannerTest, DataParallelTimeByHand) {
+  // One dense layer on 2 data-parallel ranks, gradients summed in the ordered tree (nothing
+  // overlaps): ZeRO 0 all-reduces 4-byte gradients of every parameter, 2 (p - 1) ring steps
+  // of 4 N / p bytes, plus the latencies of the buckets after the first; ZeRO 1 reduce-
+  // scatters them and all-gathers the bf16 weights after the step.
+  config::Config c = Parse(R"(
+model: {vocab_size: 512, seq_len: 32, d_model: 64, n_layers: 1, n_heads: 4, d_ff: 256}
+moe: {num_experts: 1, layer_freq: 1000, top_k: 1, d_expert: 256}
+train: {ordered_grad_accum: true, bucket_mb: 0.0625}
+)");
+  const double n = double(model::ParamTable::Build(c.model, c.moe).Total().params);
+  const double buckets = std::ceil(4 * n / (0.0625 * 1024 * 1024));
+  ASSERT_GT(buckets, 1);
+  PlanInputs in = Inputs(c, 2, 8);
+  const Layout zero0{.micro_batch_size = 2, .micro_batches = 2};
+  Layout zero1 = zero0;
+  zero1.zero_stage = 1;
+  CostCache cache;
+  const double reduce_scatter = (1e-5 + 4 * n / 2 / 1e10) + (buckets - 1) * 1e-5;
+  const double t0 = PredictStepTime(in, zero0, Round(), cache).dp;
+  EXPECT_NEAR(t0, 2 * reduce_scatter, 1e-12 * t0);
+  const double t1 = PredictStepTime(in, zero1, Round(), cache).dp;
+  EXPECT_NEAR(t1, reduce_scatter + (1e-5 + 2 * n / 2 / 1e10), 1e-12 * t1);
+}
+
+TEST(PlannerTest, StepTimeGrowsWithSkew) {
+  PlanInputs in = Inputs(Parse(kMoE), 8, 32);
+  const Layout ep4{.ep = 4, .micro_batch_size = 2, .micro_batches = 2};
+  const Layout ep1{.micro_batch_size = 2, .micro_batches = 2};
+  double last = 0, last_ep = 0;
+  for (double skew : {1.0, 1.25, 1.5, 2.0, 4.0}) {
+    in.skew.constant = skew;
+    CostCache cache;
+    const StepTime t = PredictStepTime(in, ep4, Round(), cache);
+    EXPECT_GT(t.total(), last) << skew;
+    EXPECT_GT(t.ep, last_ep) << skew;
+    last = t.total(), last_ep = t.ep;
+    // One expert-parallel rank holds every expert: no skew between ranks.
+    PlanInputs flat = in;
+    flat.skew.constant = 1;
+    CostCache c2, c3;
+    EXPECT_EQ(PredictStepTime(in, ep1, Round(), c2).total(), PredictStepTime(flat, ep1, Round(), c3).total());
+  }
+}
+
+TEST(PlannerTest, SkewFromRoutingLog) {
+  const std::string path = ::testing::TempDir() + "/routing.jsonl";
+  std::ofstream(path) << R"({"step": 5, "layers": [1], "tokens_per_expert": [[1, 1, 1, 1]]})" << "\n"
+                      << R"({"step": 10, "layers": [1, 3], "tokens_per_expert": [[30, 10, 10, 10], [10, 10, 10, 10]]})"
+                      << "\n";
+  auto skew = ParseSkew(path);
+  ASSERT_TRUE(skew.ok()) << skew.status();
+  EXPECT_DOUBLE_EQ(skew->ForEp(1), 1.0);
+  EXPECT_DOUBLE_EQ(skew->ForEp(2), 40.0 / 30.0);  // ranks hold 40 and 20 of 60
+  EXPECT_DOUBLE_EQ(skew->ForEp(4), 30.0 / 15.0);
+  auto constant = ParseSkew("1.5");
+  ASSERT_TRUE(constant.ok());
+  EXPECT_EQ(constant->ForEp(8), 1.5);
+  EXPECT_EQ(constant->ForEp(1), 1.0);
+  EXPECT_NE(std::string(ParseSkew("0.5").status().message()).find("must be >= 1"), std::string::npos);
+  EXPECT_NE(std::string(ParseSkew("/nonexistent/routing.jsonl").status().message()).find("routing.jsonl"),
+            std::string::npos);
+}
+
+TEST(PlannerTest, AllToAllCrossesNodesOnlyBeyondANode) {
+  PlanInputs in = Inputs(Parse(kMoE), 8, 32);
+  const auto ep_time = [&](int ep, int etp, int tp, int per_node) {
+    Hardware hw = Round();
+    hw.gpus_per_node = per_node;
+    CostCache cache;
+    const Layout l{.tp = tp, .ep = ep, .etp = etp, .micro_batch_size = 2, .micro_batches = 2};
+    return PredictStepTime(in, l, hw, cache).ep;
+  };
+  EXPECT_GT(ep_time(8, 1, 1, 8), 0);
+  EXPECT_EQ(ep_time(8, 1, 1, 8), ep_time(8, 1, 1, 16));  // inside one node either way
+  EXPECT_GT(ep_time(8, 1, 1, 4), ep_time(8, 1, 1, 8));   // ep 8 > a node of 4
+  EXPECT_EQ(ep_time(4, 2, 2, 8), ep_time(4, 2, 2, 16));  // ep x etp = 8 fits a node of 8
+  EXPECT_GT(ep_time(4, 2, 2, 4), ep_time(4, 2, 2, 8));   // but not one of 4
+  EXPECT_EQ(ep_time(4, 1, 1, 4), ep_time(4, 1, 1, 8));   // ep 4 fits a node of 4
+}
+
+TEST(HardwareTest, ShippedFilesParse) {
+  for (const char* name : {"h100", "h200", "a100-80g", "a100-40g", "h800"}) {
+    auto h = LoadHardware(name, SWITCHYARD_SOURCE_DIR "/configs/hardware");
+    ASSERT_TRUE(h.ok()) << name << ": " << h.status();
+    EXPECT_EQ(h->name, name);
+    EXPECT_FALSE(h->source.empty()) << name;
+    EXPECT_EQ(h->gpus_per_node, 8);
+    EXPECT_GT(h->Peak("bf16"), h->Peak("fp32"));
+  }
+  auto missing = LoadHardware("b300", SWITCHYARD_SOURCE_DIR "/configs/hardware");
+  EXPECT_NE(std::string(missing.status().message()).find("no such hardware (known in"), std::string::npos);
+}
+
+TEST(HardwareTest, MistakesNameTheKey) {
+  const std::string good = kRoundHardware;
+  const auto error = [](const std::string& yaml) {
+    return std::string(ParseHardware(yaml, "hw.yaml").status().message());
+  };
+  EXPECT_EQ(error(good + "colour: red\n"), "hw.yaml: unknown key 'colour'");
+  std::string no_bw = good;
+  no_bw.replace(no_bw.find("memory_bandwidth"), 22, "");
+  EXPECT_EQ(error(no_bw), "hw.yaml: missing key 'memory_bandwidth'");
+  std::string negative = good;
+  negative.replace(negative.find("bandwidth: 1e10"), 15, "bandwidth: -3");
+  EXPECT_EQ(error(negative), "hw.yaml: intra_node.bandwidth=-3 must be a positive number");
+  std::string word = good;
+  word.replace(word.find("bf16: 1e12"), 10, "bf16: fast");
+  EXPECT_EQ(error(word), "hw.yaml: peak_flops.bf16: expected a number");
+  std::string over = good;
+  over.replace(over.find("efficiency: 0.5"), 15, "efficiency: 1.5");
+  EXPECT_EQ(error(over), "hw.yaml: gemm.efficiency=1.5 must be at most 1 (a share of the peak)");
+}
+
+}  // namespace
+}  // namespace switchyard::plan
