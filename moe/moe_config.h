@@ -44,6 +44,11 @@ struct MoEConfig {
   int64_t num_shared_experts = 0;  // dense MLPs applied to every token (DeepSeek)
   int64_t d_shared = 0;            // hidden size of each shared expert; 0 means d_expert
   uint64_t seed = 1234;            // keys the jitter and random second-expert draws
+  // Hot-expert relief (moe/replication.h): the replicate_hot_experts most loaded experts
+  // (by the world's counts of the last replicate_every steps) get replicas on the least
+  // loaded ranks of their ep group; 0: none. 0 <= N < num_experts; replicate_every >= 1.
+  int64_t replicate_hot_experts = 0;
+  int64_t replicate_every = 1;
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;
