@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -88,13 +89,31 @@ ReplicaPlan ReplicaPlan::Balance(std::span<const int64_t> counts, int64_t ep, in
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return counts[a] > counts[b]; });
   std::vector<int64_t> next_slot(ep, 0);
+  const double min_share = std::accumulate(loads.begin(), loads.end(), 0.0) / ep / 16;
   for (int64_t i = 0; i < std::min(hot, e_count); ++i) {
     const int64_t e = order[i];
     const double c = static_cast<double>(counts[e]);
     if (c <= 0) break;
     const int owner = static_cast<int>(e / el);
     loads[owner] -= c;
-    const std::vector<double> share = WaterFill(loads, c);
+    // Water-filling over the candidate ranks; a replica that would take less than 1/16
+    // of the mean rank load is not worth a copy of the weights: its rank drops out and the
+    // others are filled again.
+    std::vector<bool> candidate(ep, true);
+    std::vector<double> share;
+    for (bool changed = true; changed;) {
+      std::vector<double> masked = loads;
+      for (int r = 0; r < ep; ++r)
+        if (!candidate[r]) masked[r] = std::numeric_limits<double>::infinity();
+      share = WaterFill(masked, c);
+      changed = false;
+      for (int r = 0; r < ep; ++r) {
+        if (r != owner && candidate[r] && share[r] > 0 && share[r] < min_share) {
+          candidate[r] = false;
+          changed = true;
+        }
+      }
+    }
     // The owner first, then the replicas by rank; quotas from the cumulative shares.
     ReplicatedExpert entry{.expert = e, .copies = {}};
     std::vector<int> ranks = {owner};

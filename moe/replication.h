@@ -9,8 +9,9 @@
 // loads sorted ascending (ties by rank), the level is the smallest lambda with
 //   sum_r max(0, lambda - L_r) = c,
 // and rank r takes max(0, lambda - L_r) of the expert's rows; every rank but the owner that
-// takes a share gets a replica. The loads then include those shares, and the next expert
-// is placed.
+// takes a share gets a replica, unless the share is below 1/16 of the mean rank load (not
+// worth a copy of the weights): such ranks drop out and the rest are filled again. The
+// loads then include those shares, and the next expert is placed.
 //
 // The split of the rows is deterministic and independent of the layout: the assignment of
 // global token t, slot j draws key(t, j) = splitmix64(t * k + j) mod Q (Q = 2^16) and goes
