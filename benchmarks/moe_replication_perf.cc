@@ -153,4 +153,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace switchyard::bench
 
-int main(int argc, char** argv) { return switchyard::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  using namespace switchyard;
+  if (Status s = dist::InitProcess(&argc, &argv); !s.ok()) {
+    std::fprintf(stderr, "moe_replication_perf: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  const int rc = bench::Main(argc, argv);
+  dist::FinalizeProcess();
+  return rc;
+}

@@ -97,8 +97,8 @@ ReplicaPlan ReplicaPlan::Balance(std::span<const int64_t> counts, int64_t ep, in
     const int owner = static_cast<int>(e / el);
     loads[owner] -= c;
     // Water-filling over the candidate ranks; a replica that would take less than 1/16
-    // of the mean rank load is not worth a copy of the weights: its rank drops out and the
-    // others are filled again.
+    // of the mean rank load is not worth a copy of the weights: the smallest such drops
+    // out and the others are filled again.
     std::vector<bool> candidate(ep, true);
     std::vector<double> share;
     for (bool changed = true; changed;) {
@@ -106,13 +106,15 @@ ReplicaPlan ReplicaPlan::Balance(std::span<const int64_t> counts, int64_t ep, in
       for (int r = 0; r < ep; ++r)
         if (!candidate[r]) masked[r] = std::numeric_limits<double>::infinity();
       share = WaterFill(masked, c);
-      changed = false;
+      // Drop the smallest such share (ties: the larger rank), then fill again.
+      int drop = -1;
       for (int r = 0; r < ep; ++r) {
-        if (r != owner && candidate[r] && share[r] > 0 && share[r] < min_share) {
-          candidate[r] = false;
-          changed = true;
-        }
+        if (r != owner && candidate[r] && share[r] > 0 && share[r] < min_share &&
+            (drop < 0 || share[r] <= share[drop]))
+          drop = r;
       }
+      changed = drop >= 0;
+      if (changed) candidate[drop] = false;
     }
     // The owner first, then the replicas by rank; quotas from the cumulative shares.
     ReplicatedExpert entry{.expert = e, .copies = {}};

@@ -10,7 +10,8 @@
 //   sum_r max(0, lambda - L_r) = c,
 // and rank r takes max(0, lambda - L_r) of the expert's rows; every rank but the owner that
 // takes a share gets a replica, unless the share is below 1/16 of the mean rank load (not
-// worth a copy of the weights): such ranks drop out and the rest are filled again. The
+// worth a copy of the weights): the smallest such share's rank drops out (ties: the larger
+// rank) and the rest are filled again, until every replica's share is worth it. The
 // loads then include those shares, and the next expert is placed.
 //
 // The split of the rows is deterministic and independent of the layout: the assignment of
