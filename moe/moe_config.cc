@@ -101,6 +101,13 @@ Status MoEConfig::Validate() const {
     return InvalidArgument("moe.num_shared_experts=", num_shared_experts, " must be >= 0");
   }
   if (d_shared < 0) return InvalidArgument("moe.d_shared=", d_shared, " must be >= 0");
+  if (replicate_hot_experts < 0 || replicate_hot_experts >= num_experts) {
+    return InvalidArgument("moe.replicate_hot_experts=", replicate_hot_experts,
+                           " must be in [0, moe.num_experts=", num_experts, ")");
+  }
+  if (replicate_every < 1) {
+    return InvalidArgument("moe.replicate_every=", replicate_every, " must be >= 1");
+  }
   return ValidateRouteGroups();
 }
 

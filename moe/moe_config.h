@@ -67,6 +67,11 @@ struct MoEConfig {
   int64_t seq_len = 0;             // S, mirrors model.seq_len (aux_loss_scope: sequence);
                                    // 0: a routing group is one sequence
   Dispatcher dispatcher = Dispatcher::kFlat;  // the ep token exchange: flat | hierarchical
+  // Hot-expert relief (moe/replication.h): the replicate_hot_experts most loaded experts
+  // (by the world's counts of the last replicate_every steps) get replicas on the least
+  // loaded ranks of their ep group; 0: none. 0 <= N < num_experts; replicate_every >= 1.
+  int64_t replicate_hot_experts = 0;
+  int64_t replicate_every = 1;
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;

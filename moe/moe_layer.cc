@@ -188,6 +188,12 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   acts.experts_all = own.experts;
   acts.gates = own.gates;
   acts.kept_all = own.kept;
+  if (replicas_) {
+    if (replicas_stale_) replicas_->PullWeights(experts_, *ep_, ctx);
+    replicas_stale_ = false;
+    acts.destinations = ReplicaDestinations(replica_plan_, own.experts,
+                                            RowTokens(routed, first_token, ctx), ctx);
+  }
   // 3. Dispatch this rank's rows over ep.
   phase.emplace(Phase::kDispatch);
   Tensor grouped = Dispatch(h, acts, ctx);
@@ -210,8 +216,12 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
 }
 
 Tensor MoELayer::Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* ctx) const {
-  acts.plan = std::make_unique<DispatchPlan>(DispatchPlan::Build(
-      acts.experts_all, acts.kept_all, config_.num_experts, ep_->size(), ctx));
+  acts.plan = std::make_unique<DispatchPlan>(
+      acts.destinations.defined()
+          ? DispatchPlan::Build(acts.destinations, acts.kept_all,
+                                replica_plan_.virtual_experts(), ep_->size(), ctx)
+          : DispatchPlan::Build(acts.experts_all, acts.kept_all, config_.num_experts,
+                                ep_->size(), ctx));
   DispatchPlan& plan = *acts.plan;
   plan.ExchangeCounts(*ep_, ctx);
   return Regroup(ExchangeRows(Permute(h, plan, ctx), plan, *ep_, ctx), plan, ctx);
@@ -219,6 +229,7 @@ Tensor MoELayer::Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* 
 
 Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
                             DeviceContext* ctx) const {
+  if (acts.destinations.defined()) return RunWithReplicas(grouped, acts, ctx);
   const std::vector<int64_t>& rows = acts.plan->rows_per_local_expert();
   if (!etp_) {
     acts.experts = experts_.Forward(grouped, rows, ctx);
@@ -242,6 +253,7 @@ Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActi
 
 Tensor MoELayer::RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped,
                                     DeviceContext* ctx) {
+  if (acts.replica) return RunWithReplicasBackward(acts, dgrouped, ctx);
   if (!etp_) return experts_.Backward(acts.experts, dgrouped, ctx);
   const Tensor dx =
       experts_.Backward(acts.experts, EtpGather(dgrouped, *acts.etp, *etp_, ctx), ctx);
@@ -272,6 +284,8 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   // 4-3. The experts and the dispatch in reverse.
   phase.emplace(Phase::kExperts);
   Tensor dx = RunExpertsBackward(acts, dgrouped, ctx);
+  // The replicas' weight gradients into their owners' (before any gradient sync).
+  if (replicas_) replicas_->PushGradients(experts_, *ep_, ctx);
   phase.emplace(Phase::kDispatch);
   ScatterAdd(ReturnRows(Ungroup(dx, plan, ctx), plan, *ep_, ctx), plan, dh, ctx);
   // 2-1. The router of every group on this rank's rows: gates, load balancing and z-loss.
@@ -286,6 +300,70 @@ void MoELayer::ZeroGrad(DeviceContext* ctx) {
   grad_router_weight_.SetZero(ctx);
   experts_.ZeroGrad(ctx);
   if (shared_) shared_->experts().ZeroGrad(ctx);
+  if (replicas_) replicas_->experts().ZeroGrad(ctx);
+}
+
+// ---- Hot-expert replication ---------------------------------------------------------------
+
+void MoELayer::SetReplicaPlan(const ReplicaPlan& plan, DeviceContext* ctx) {
+  SY_CHECK(plan.empty() || (plan.num_experts() == config_.num_experts &&
+                            plan.ep() == ep_->size()))
+      << "replica plan for " << plan.num_experts() << " experts over ep=" << plan.ep()
+      << ", the layer has " << config_.num_experts << " over ep=" << ep_->size();
+  SY_CHECK(plan.empty() || etp_ == nullptr)
+      << "expert replication does not support expert tensor parallelism (parallel.etp > 1)";
+  if (plan == replica_plan_ && (plan.empty() == (replicas_ == nullptr))) return;
+  replica_plan_ = plan;
+  replicas_.reset();
+  if (!plan.empty()) {
+    replicas_ = std::make_unique<ExpertReplicas>(plan, ep_->rank(), experts_.options(), ctx);
+  }
+  replicas_stale_ = true;
+}
+
+std::vector<int64_t> MoELayer::RowTokens(const RoutedGroups& routed, int64_t first_token,
+                                         DeviceContext* ctx) const {
+  const int64_t per_group = routed.local_tokens();
+  std::vector<int64_t> in_group(per_group);
+  if (routed.own_rows.defined()) {
+    in_group = routed.own_rows.To(Device::Cpu(), ctx).ToVector<int64_t>();
+  } else {
+    for (int64_t i = 0; i < per_group; ++i) in_group[i] = routed.own_begin() + i;
+  }
+  std::vector<int64_t> tokens(routed.groups * per_group);
+  for (int64_t g = 0; g < routed.groups; ++g)
+    for (int64_t i = 0; i < per_group; ++i)
+      tokens[g * per_group + i] = first_token + g * routed.group_tokens + in_group[i];
+  return tokens;
+}
+
+Tensor MoELayer::RunWithReplicas(const Tensor& grouped, MoEActivations& acts,
+                                 DeviceContext* ctx) const {
+  const std::vector<int64_t>& rows = acts.plan->rows_per_local_expert();  // (E_l + S)
+  const int64_t el = experts_.options().num_local, r = grouped.dim(0);
+  const std::span<const int64_t> all(rows);
+  int64_t owned = 0;
+  for (int64_t e = 0; e < el; ++e) owned += rows[e];
+  acts.owned_rows = owned;
+  acts.experts = experts_.Forward(grouped.Slice(0, owned), all.first(el), ctx);
+  acts.replica = replicas_->experts().Forward(grouped.Slice(owned, r), all.subspan(el), ctx);
+  Tensor y = Tensor::Empty(grouped.shape(), DType::kF32, grouped.device());  // (R, d)
+  y.Slice(0, owned).CopyFrom(acts.experts.y, ctx);
+  y.Slice(owned, r).CopyFrom(acts.replica->y, ctx);
+  return y;
+}
+
+Tensor MoELayer::RunWithReplicasBackward(const MoEActivations& acts, const Tensor& dgrouped,
+                                         DeviceContext* ctx) {
+  SY_CHECK(replicas_ != nullptr)
+      << "the replica plan changed between a Forward with replicas and its Backward";
+  const int64_t owned = acts.owned_rows, r = dgrouped.dim(0);
+  Tensor dx = Tensor::Empty(dgrouped.shape(), DType::kF32, dgrouped.device());  // (R, d)
+  dx.Slice(0, owned).CopyFrom(experts_.Backward(acts.experts, dgrouped.Slice(0, owned), ctx),
+                              ctx);
+  dx.Slice(owned, r).CopyFrom(
+      replicas_->experts().Backward(*acts.replica, dgrouped.Slice(owned, r), ctx), ctx);
+  return dx;
 }
 
 }  // namespace switchyard::moe

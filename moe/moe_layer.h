@@ -56,6 +56,7 @@
 #include "moe/group_routing.h"
 #include "moe/moe_config.h"
 #include "moe/moe_stats.h"
+#include "moe/replication.h"
 #include "moe/router.h"
 
 namespace switchyard::moe {
@@ -78,6 +79,12 @@ struct MoEActivations {
   std::optional<EtpPlan> etp;                      // expert tensor parallelism only
   Tensor own_rows;                                 // a non-contiguous GroupLayout's
                                                    // (RoutedGroups::own_rows)
+  // Hot-expert replication only (SetReplicaPlan): the dispatch destinations (N, k) i32 in
+  // the plan's virtual layout, the rows of this rank's own experts (the first of the
+  // grouped rows) and the replica slots' activations (the rest).
+  Tensor destinations;
+  int64_t owned_rows = 0;
+  std::optional<ExpertsActivations> replica;
 };
 
 struct MoEForward {
@@ -159,6 +166,19 @@ class MoELayer {
 
   void ZeroGrad(DeviceContext* ctx = nullptr);
 
+  // Hot-expert replication (moe/replication.h): from the next Forward, assignments are
+  // dispatched by `plan` (built for this layer's E and ep group; empty: no replica) and
+  // this rank runs its replica slots too. Replica weights are pulled from their owners at
+  // the first Forward after this call or after MarkExpertsUpdated; each Backward pushes the
+  // replicas' gradients into the owners' gradients. Call on every rank of the ep group with
+  // the same plan, between steps (not between a Forward and its Backward). Not with etp.
+  void SetReplicaPlan(const ReplicaPlan& plan, DeviceContext* ctx = nullptr);
+  const ReplicaPlan& replica_plan() const { return replica_plan_; }
+  // The owners' expert weights changed (an optimizer step, a load): replicas are refreshed
+  // at the next Forward.
+  void MarkExpertsUpdated() { replicas_stale_ = true; }
+  const ExpertReplicas* replicas() const { return replicas_.get(); }
+
   // The layer's parameters as descriptions, named relative to the layer:
   //   router.weight (d, E)        dense, no weight decay; under tp ReplicatedOver(kTp, summed)
   //   experts.w1/w3 (E, d, f)     expert view over edp; Split(0) over ep, Split(2) over etp
@@ -199,6 +219,14 @@ class MoELayer {
   Tensor RunExperts(const Tensor& grouped, MoEActivations& acts, DeviceContext* ctx) const;
   Tensor RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped,
                             DeviceContext* ctx);
+  // The same with replica slots: own experts on the first acts.owned_rows rows, the replica
+  // slots on the rest.
+  Tensor RunWithReplicas(const Tensor& grouped, MoEActivations& acts, DeviceContext* ctx) const;
+  Tensor RunWithReplicasBackward(const MoEActivations& acts, const Tensor& dgrouped,
+                                 DeviceContext* ctx);
+  // The global token of each of this rank's rows (the replica split's key).
+  std::vector<int64_t> RowTokens(const RoutedGroups& routed, int64_t first_token,
+                                 DeviceContext* ctx) const;
   // Combine: the experts' rows back over ep, gate-weighted per token, plus the shared
   // experts of h: (N, d).
   Tensor CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
@@ -215,6 +243,9 @@ class MoELayer {
   Tensor router_weight_, grad_router_weight_, expert_bias_, expert_load_;
   Experts experts_;
   std::optional<DenseMlp> shared_;
+  ReplicaPlan replica_plan_;
+  std::unique_ptr<ExpertReplicas> replicas_;  // null without replicas
+  bool replicas_stale_ = true;
 };
 
 }  // namespace switchyard::moe

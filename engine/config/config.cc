@@ -179,7 +179,9 @@ std::vector<Section> Sections(Config& c) {
         Bind("z_loss_coef", &m.z_loss_coef),
         Bind("num_shared_experts", &m.num_shared_experts), Bind("d_shared", &m.d_shared),
         Bind("seed", &m.seed),
-        BindEnum("dispatcher", &m.dispatcher, moe::ParseDispatcher, moe::DispatcherName)}},
+        BindEnum("dispatcher", &m.dispatcher, moe::ParseDispatcher, moe::DispatcherName),
+        Bind("replicate_hot_experts", &m.replicate_hot_experts),
+        Bind("replicate_every", &m.replicate_every)}},
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
         Bind("pp", &p.pp), Bind("pipeline_schedule", &p.pipeline_schedule),
@@ -321,6 +323,31 @@ Status DataConfig::Validate() const {
   return OkStatus();
 }
 
+namespace {
+
+// moe.replicate_hot_experts spreads experts over the ranks of an ep group and copies whole
+// experts between them (moe/replication.h).
+Status CheckReplication(const moe::MoEConfig& moe, const ParallelConfig& parallel) {
+  if (moe.replicate_hot_experts == 0) return OkStatus();
+  if (parallel.ep <= 1) {
+    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
+                           " needs parallel.ep > 1 (replicas live on the other ranks of an ep "
+                           "group), got parallel.ep=", parallel.ep);
+  }
+  if (parallel.expert_tp() > 1) {
+    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
+                           " does not support split experts: expert tensor parallelism is ",
+                           parallel.expert_tp(), " (set parallel.etp=1)");
+  }
+  if (parallel.zero_stage >= 3) {
+    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
+                           " does not support parallel.zero_stage=3 (use 0, 1 or 2)");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 Status Config::Validate(int world) const {
   SY_RETURN_IF_ERROR(runtime.Validate());
   SY_RETURN_IF_ERROR(plan.Validate());
@@ -342,6 +369,7 @@ Status Config::Validate(int world) const {
     return InvalidArgument("logging.routing_every=", logging.routing_every,
                            " must be >= 0 (0: only at the last step)");
   }
+  SY_RETURN_IF_ERROR(CheckReplication(moe, parallel));
   return parallel.Validate(model, moe, train.grad_accum, world);
 }
 

@@ -64,6 +64,8 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
   zero_->MaterializeGradients();
   registry_.ZeroGrad(rt_.ctx.get());
+  // The weights may have been loaded or rolled back since the last step: fresh replicas.
+  UpdateReplicas(nullptr);
   // The micro-batches and the ordered accumulation's tree live to the end of the step (the
   // workspace peak counts them through the sync and the update).
   dist::TreeAccumulator grads(rt_.ctx.get());
@@ -218,6 +220,7 @@ void Trainer::Update(bool finite, float lr, float clip_scale, std::vector<moe::M
       }
     }
   }
+  UpdateReplicas(&stats);
   // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
   if (!finite || config_.moe.expert_bias_rate <= 0) return;
   for (int c = 0; c < pipeline_->chunks(); ++c) {
@@ -226,6 +229,29 @@ void Trainer::Update(bool finite, float lr, float clip_scale, std::vector<moe::M
       Tensor bias = layers[l]->expert_bias();
       moe::UpdateExpertBias(bias, stats[moe_slot_of_[c][l]].tokens_per_expert,
                             config_.moe.expert_bias_rate, rt_.ctx.get());
+    }
+  }
+}
+
+void Trainer::UpdateReplicas(const std::vector<moe::MoEStats>* stats) {
+  const moe::MoEConfig& mc = config_.moe;
+  if (mc.replicate_hot_experts <= 0) return;
+  std::vector<moe::ReplicaPlan> plans;
+  if (stats != nullptr) {
+    if (!replica_planner_) {
+      replica_planner_.emplace(mc.replicate_hot_experts, mc.replicate_every,
+                               config_.parallel.ep);
+    }
+    // The tokens the experts were sent (after capacity), the whole world's.
+    std::vector<std::vector<int64_t>> counts;
+    for (const moe::MoEStats& s : *stats) counts.push_back(s.tokens_per_expert_kept);
+    plans = replica_planner_->AddStep(counts);
+  }
+  for (int c = 0; c < pipeline_->chunks(); ++c) {
+    std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      layers[l]->MarkExpertsUpdated();
+      if (!plans.empty()) layers[l]->SetReplicaPlan(plans[moe_slot_of_[c][l]], rt_.ctx.get());
     }
   }
 }

@@ -38,6 +38,7 @@
 #include "engine/train/pipeline_runner.h"
 #include "engine/train/run_policy.h"
 #include "engine/train/runtime.h"
+#include "moe/replication.h"
 
 namespace switchyard::train {
 
@@ -169,6 +170,11 @@ class Trainer {
   std::vector<double> ReduceLossSums(std::span<const double> local);
   bool AgreeFinite(double loss, double norm, std::string* first_bad);
   void Update(bool finite, float lr, float clip_scale, std::vector<moe::MoEStats>& stats);
+  // Hot-expert relief (moe.replicate_hot_experts > 0): marks every MoE layer's replicas
+  // stale (their owners' weights may have changed) and, every moe.replicate_every steps,
+  // gives each layer the plan from the world's counts of those steps (the same on every
+  // rank). stats: the step's, reduced over the world.
+  void UpdateReplicas(const std::vector<moe::MoEStats>* stats);
   // train.ordered_grad_accum with more than one micro-batch: each micro-batch's gradient
   // alone, summed in the tree order.
   bool OrderedAccumulation() const {
@@ -224,6 +230,7 @@ class Trainer {
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<data::Batch> val_batches_;
   std::unique_ptr<RoutingByLabel> routing_;
+  std::optional<moe::ReplicaPlanner> replica_planner_;  // moe.replicate_hot_experts > 0
   std::vector<moe::MoEStats> run_stats_;  // per MoE layer, summed over the run
   int64_t step_ = 0;                      // the next step to run
   std::vector<double> losses_;

@@ -312,3 +312,43 @@ TEST(ConfigTest, RuntimeSectionParsesAndNamesBadValues) {
 }
 
 }  // namespace switchyard::train
+
+namespace switchyard::train {
+namespace {
+
+// moe.replicate_hot_experts / moe.replicate_every: parsed, round-tripped, and every bad
+// value or layout named in one line.
+TEST(ConfigTest, ReplicationKeysParseAndNameBadValues) {
+  auto c = config::ParseConfig(kYaml, "x.yaml",
+                               {"moe.replicate_hot_experts=2", "moe.replicate_every=5"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.replicate_hot_experts, 2);
+  EXPECT_EQ(c->moe.replicate_every, 5);
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=2"}), "");
+  auto back = config::ParseConfig(c->ToYaml(), "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->moe.replicate_hot_experts, 2);
+  EXPECT_EQ(back->moe.replicate_every, 5);
+  // Defaults: off, re-planned every step.
+  auto d = config::ParseConfig(kYaml, "x.yaml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->moe.replicate_hot_experts, 0);
+  EXPECT_EQ(d->moe.replicate_every, 1);
+
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=-1"}),
+            "moe.replicate_hot_experts=-1 must be in [0, moe.num_experts=8)");
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=8"}),
+            "moe.replicate_hot_experts=8 must be in [0, moe.num_experts=8)");
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_every=0"}), "moe.replicate_every=0 must be >= 1");
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=1", "parallel.ep=1"}),
+            "moe.replicate_hot_experts=1 needs parallel.ep > 1 (replicas live on the other "
+            "ranks of an ep group), got parallel.ep=1");
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=1", "parallel.ep=2", "parallel.etp=2"}),
+            "moe.replicate_hot_experts=1 does not support split experts: expert tensor "
+            "parallelism is 2 (set parallel.etp=1)");
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=1", "parallel.zero_stage=3"}),
+            "moe.replicate_hot_experts=1 does not support parallel.zero_stage=3 (use 0, 1 or 2)");
+}
+
+}  // namespace
+}  // namespace switchyard::train
