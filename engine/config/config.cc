@@ -173,7 +173,7 @@ std::vector<Section> Sections(Config& c) {
         BindEnum("drop_policy", &m.drop_policy, moe::ParseDropPolicy, moe::DropPolicyName),
         Bind("aux_loss_coef", &m.aux_loss_coef), Bind("z_loss_coef", &m.z_loss_coef),
         Bind("num_shared_experts", &m.num_shared_experts), Bind("d_shared", &m.d_shared),
-        Bind("seed", &m.seed)}},
+        Bind("seed", &m.seed), Bind("overlap_chunks", &m.overlap_chunks)}},
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
         Bind("pp", &p.pp), Bind("pipeline_schedule", &p.pipeline_schedule),

@@ -70,6 +70,13 @@ int WorldSize() {
   return size;
 }
 
+bool MpiThreadMultiple() {
+  if (!MpiActive()) return false;
+  int level = 0;
+  SY_MPI_CHECK(MPI_Query_thread(&level));
+  return level >= MPI_THREAD_MULTIPLE;
+}
+
 #else  // !SY_HAVE_MPI
 
 Status InitProcess(int* argc, char*** argv) {
@@ -80,6 +87,7 @@ Status InitProcess(int* argc, char*** argv) {
 void FinalizeProcess() {}
 int WorldRank() { return 0; }
 int WorldSize() { return 1; }
+bool MpiThreadMultiple() { return false; }
 
 #endif  // SY_HAVE_MPI
 

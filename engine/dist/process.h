@@ -29,6 +29,10 @@ void FinalizeProcess();
 int WorldRank();
 int WorldSize();
 
+// Whether several threads may call MPI at the same time (MPI provided
+// MPI_THREAD_MULTIPLE); false without MPI or before InitProcess.
+bool MpiThreadMultiple();
+
 // The communicator over all ranks, in world order: MPI for the CPU; for a CUDA device,
 // NCCL bootstrapped over MPI, ordered on ctx's stream (ctx required, on `device`). A world
 // of one rank gets a local communicator. Collective over the world.
