@@ -92,7 +92,8 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
       << ", n=" << n;
   CheckRows(rows, x.dim(0), kOp);
   const DType dtype = MatmulDType(x, w, ctx);
-  SY_DISPATCH_DEVICE(out, ctx, cpu::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, schedule),
+  SY_DISPATCH_DEVICE(out, ctx,
+                     cpu::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, schedule),
                      cuda::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, ctx));
 }
 
@@ -112,7 +113,8 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
       << " groups";
   CheckRows(rows, x.dim(0), kOp);
   const DType dtype = MatmulDType(x, dy, ctx);
-  SY_DISPATCH_DEVICE(dw, ctx, cpu::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, schedule),
+  SY_DISPATCH_DEVICE(dw, ctx,
+                     cpu::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, schedule),
                      cuda::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, ctx));
 }
 

@@ -69,7 +69,9 @@ ChunkedExchange::ChunkedExchange(const DispatchPlan& plan, int64_t chunks, Devic
     // Sent: for each destination rank, the rows of its experts [first, end), expert order.
     for (int64_t r = 0; r < ep; ++r) {
       for (int64_t g = r * el + k.first; g < r * el + k.end; ++g) {
-        for (int64_t a = expert_offset[g]; a < expert_offset[g + 1]; ++a) to_chunk_major.push_back(a);
+        for (int64_t a = expert_offset[g]; a < expert_offset[g + 1]; ++a) {
+          to_chunk_major.push_back(a);
+        }
         k.send_rows[r] += send[g];
       }
     }
@@ -88,7 +90,8 @@ ChunkedExchange::ChunkedExchange(const DispatchPlan& plan, int64_t chunks, Devic
     for (int64_t e = k.first; e < k.end; ++e) {
       k.rows_per_local_expert[e] = plan.rows_per_local_expert()[e];
       for (int64_t s = 0; s < ep; ++s) {
-        for (int64_t i = 0; i < counts[s * el + e]; ++i) regroup.push_back(received_at[s * el + e] + i);
+        const int64_t at = received_at[s * el + e];
+        for (int64_t i = 0; i < counts[s * el + e]; ++i) regroup.push_back(at + i);
       }
     }
     k.regroup = IndexTensor(regroup, dev, ctx);

@@ -142,8 +142,9 @@ std::unique_ptr<TimedWork> CommThread::AllToAllV(const Tensor& in,
   internal::CheckTensor(out, comm_->device(), "AllToAllV");
   internal::CheckAllToAllV(in, send_rows, out, recv_rows, comm_->size(), comm_->rank());
   auto job = std::make_shared<Job>();
-  job->run = [comm = comm_, in, out, send = std::vector<int64_t>(send_rows.begin(), send_rows.end()),
-              recv = std::vector<int64_t>(recv_rows.begin(), recv_rows.end())]() mutable {
+  std::vector<int64_t> send(send_rows.begin(), send_rows.end());
+  std::vector<int64_t> recv(recv_rows.begin(), recv_rows.end());
+  job->run = [comm = comm_, in, out, send = std::move(send), recv = std::move(recv)]() mutable {
     comm->AllToAllV(in, send, out, recv);
   };
   {

@@ -122,10 +122,14 @@ Run RunLayer(const Case& c, int64_t chunks, const dist::ParallelContext& pc, con
                                   kModelSeed, 0.3f);
   auto fill = [&](Experts& ex, const char* name) {
     const ExpertsOptions& o = ex.options();
-    if (Tensor b = ex.b1(); b.defined())
-      kernels::FillNormal(b, RngKey{kModelSeed, StreamId(StrCat(name, ".b1"))}, o.first * o.d_hidden, 0.0f, 0.2f);
-    if (Tensor b = ex.b2(); b.defined())
-      kernels::FillNormal(b, RngKey{kModelSeed, StreamId(StrCat(name, ".b2"))}, o.first * o.d_model, 0.0f, 0.2f);
+    if (Tensor b = ex.b1(); b.defined()) {
+      kernels::FillNormal(b, RngKey{kModelSeed, StreamId(StrCat(name, ".b1"))},
+                          o.first * o.d_hidden, 0.0f, 0.2f);
+    }
+    if (Tensor b = ex.b2(); b.defined()) {
+      kernels::FillNormal(b, RngKey{kModelSeed, StreamId(StrCat(name, ".b2"))},
+                          o.first * o.d_model, 0.0f, 0.2f);
+    }
   };
   fill(layer.experts(), "experts");
   if (layer.shared()) fill(layer.shared()->experts(), "shared");
