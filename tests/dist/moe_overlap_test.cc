@@ -49,11 +49,11 @@ MoEConfig Base() {
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
-  Case c{"top1_cf1", Base()};
+  Case c{"top1_cf1", Base(), 32, {}};
   c.config.capacity_factor = 1.0f;
   c.config.jitter_eps = 0.1f;
   cases.push_back(c);
-  c = Case{"top2_swiglu_shared_bias", Base()};
+  c = Case{"top2_swiglu_shared_bias", Base(), 32, {}};
   c.config.top_k = 2;
   c.config.activation = Activation::kSwiglu;
   c.config.normalize_gates = true;
@@ -62,7 +62,7 @@ std::vector<Case> Cases() {
   c.config.d_shared = 4;
   cases.push_back(c);
   // Every choice on experts 0 and 1 (ep rank 0's): the others' chunks are empty.
-  c = Case{"hot_top2_dropless", Base()};
+  c = Case{"hot_top2_dropless", Base(), 32, {}};
   c.config.top_k = 2;
   c.config.capacity_factor = 0.0f;
   c.config.expert_bias_rate = 0.001f;
@@ -71,7 +71,7 @@ std::vector<Case> Cases() {
   c.expert_bias[1] = 1.0f;
   cases.push_back(c);
   // 2 * rows * d * f >= 4e6 per expert: the pool may split an expert's product.
-  c = Case{"large_gemms", Base()};
+  c = Case{"large_gemms", Base(), 32, {}};
   c.config.d_model = 128;
   c.config.d_expert = 256;
   c.config.num_experts = 8;
