@@ -71,8 +71,13 @@ void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ct
   SY_DISPATCH_DEVICE(c, ctx, cpu::RowExactGemm(a, b, c), cuda::RowExactGemm(a, b, c, ctx));
 }
 
+GroupSchedule GroupScheduleFor(std::span<const int64_t> rows) {
+  return cpu::GroupScheduleFor(rows);
+}
+
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
-                 Tensor& out, float alpha, float beta, DeviceContext* ctx) {
+                 Tensor& out, float alpha, float beta, DeviceContext* ctx,
+                 GroupSchedule schedule) {
   constexpr const char* kOp = "GroupedGemm";
   SY_CHECK(out.defined()) << kOp << ": out is undefined";
   CheckOperand(out, 2, false, out.device(), kOp, "out");
@@ -87,12 +92,14 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
       << ", n=" << n;
   CheckRows(rows, x.dim(0), kOp);
   const DType dtype = MatmulDType(x, w, ctx);
-  SY_DISPATCH_DEVICE(out, ctx, cpu::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype),
+  SY_DISPATCH_DEVICE(out, ctx,
+                     cpu::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, schedule),
                      cuda::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, ctx));
 }
 
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
-                           Tensor& dw, float alpha, float beta, DeviceContext* ctx) {
+                           Tensor& dw, float alpha, float beta, DeviceContext* ctx,
+                           GroupSchedule schedule) {
   constexpr const char* kOp = "GroupedGemmWeightGrad";
   SY_CHECK(dw.defined()) << kOp << ": dw is undefined";
   CheckOperand(dw, 3, false, dw.device(), kOp, "dw");
@@ -106,7 +113,8 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
       << " groups";
   CheckRows(rows, x.dim(0), kOp);
   const DType dtype = MatmulDType(x, dy, ctx);
-  SY_DISPATCH_DEVICE(dw, ctx, cpu::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype),
+  SY_DISPATCH_DEVICE(dw, ctx,
+                     cpu::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, schedule),
                      cuda::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, ctx));
 }
 

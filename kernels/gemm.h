@@ -30,6 +30,21 @@ namespace switchyard::kernels {
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           float alpha = 1.0f, float beta = 0.0f, DeviceContext* ctx = nullptr);
 
+// How the CPU runs the groups of a grouped product: each group's product whole on one
+// compute thread, the groups spread over the threads (kWhole), or the groups one after
+// another with each large product split over the threads (kSplit). A product's last bits
+// can depend on which (OpenBLAS may pick another kernel for a block of it than for the
+// whole). kAuto decides from the call's own `rows` (GroupScheduleFor). A call that computes
+// some of a set's groups (the others given zero rows) under GroupScheduleFor(the whole
+// set's rows) gives each of them the bits the call over the whole set gives it: the MoE
+// layer's overlap chunks (moe/overlap.h). CUDA ignores it (cuBLAS runs each group alone).
+enum class GroupSchedule { kAuto, kWhole, kSplit };
+
+// The schedule kAuto picks for these rows on this thread: kWhole when there are several
+// groups, several compute threads (outside a parallel region) and no group holds more than
+// one thread's share of the rows; else kSplit.
+GroupSchedule GroupScheduleFor(std::span<const int64_t> rows);
+
 // Grouped products over contiguous row blocks, one weight matrix per group (the expert
 // GEMMs). Rows of x are split into consecutive blocks of rows[g] rows (sum = x.dim(0));
 // `rows` is on the host.
@@ -38,7 +53,7 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 // or bf16; out: f32.
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha = 1.0f, float beta = 0.0f,
-                 DeviceContext* ctx = nullptr);
+                 DeviceContext* ctx = nullptr, GroupSchedule schedule = GroupSchedule::kAuto);
 
 // Grouped weight gradients: for every group g,
 //   dw[g] (k, n) = alpha * x[block g]^T (k, rows[g]) @ dy[block g] (rows[g], n) + beta * dw[g]
@@ -46,7 +61,8 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
 // dw[g] = beta * dw[g].
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
                            Tensor& dw, float alpha = 1.0f, float beta = 0.0f,
-                           DeviceContext* ctx = nullptr);
+                           DeviceContext* ctx = nullptr,
+                           GroupSchedule schedule = GroupSchedule::kAuto);
 
 // c (m, n) = a (m, k) @ b (k, n), f32 only, row by row: c[i][j] is the sum over p = 0, 1,
 // ..., k - 1, in that order, of the f32 products a[i][p] * b[p][j], each product rounded
@@ -64,9 +80,12 @@ namespace cpu {
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
           float beta, DType matmul_dtype);
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
-                 Tensor& out, float alpha, float beta, DType matmul_dtype);
+                 Tensor& out, float alpha, float beta, DType matmul_dtype,
+                 GroupSchedule schedule);
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
-                           Tensor& dw, float alpha, float beta, DType matmul_dtype);
+                           Tensor& dw, float alpha, float beta, DType matmul_dtype,
+                           GroupSchedule schedule);
+GroupSchedule GroupScheduleFor(std::span<const int64_t> rows);
 
 void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c);
 

@@ -183,7 +183,7 @@ StatusOr<Experts> Experts::FromTensors(const ExpertsOptions& options, ExpertsPar
 }
 
 ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> rows_per_expert,
-                                    DeviceContext* ctx) const {
+                                    DeviceContext* ctx, kernels::GroupSchedule schedule) const {
   const int64_t d = options_.d_model, f = options_.d_hidden;
   SY_CHECK(x.ndim() == 2 && x.dim(1) == d)
       << "Experts::Forward: x " << ShapeString(x.shape()) << " for d_model=" << d;
@@ -198,9 +198,11 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
   acts.x = x;
   acts.rows.assign(rows_per_expert.begin(), rows_per_expert.end());
   const std::span<const int64_t> rows(acts.rows);
+  acts.schedule = schedule;
+  const kernels::GroupSchedule sched = schedule;
 
   acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-  kernels::GroupedGemm(x, rows, w1_, /*trans_w=*/false, acts.a, 1.0f, 0.0f, ctx);
+  kernels::GroupedGemm(x, rows, w1_, /*trans_w=*/false, acts.a, 1.0f, 0.0f, ctx, sched);
   if (options_.bias) kernels::GroupedAddBias(acts.a, rows, b1_, ctx);
 
   acts.h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
@@ -213,13 +215,13 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
       break;
     case Activation::kSwiglu:
       acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-      kernels::GroupedGemm(x, rows, w3_, /*trans_w=*/false, acts.b, 1.0f, 0.0f, ctx);
+      kernels::GroupedGemm(x, rows, w3_, /*trans_w=*/false, acts.b, 1.0f, 0.0f, ctx, sched);
       kernels::SwigluForward(acts.a, acts.b, acts.h, ctx);
       break;
   }
 
   acts.y = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
-  kernels::GroupedGemm(acts.h, rows, w2_, /*trans_w=*/false, acts.y, 1.0f, 0.0f, ctx);
+  kernels::GroupedGemm(acts.h, rows, w2_, /*trans_w=*/false, acts.y, 1.0f, 0.0f, ctx, sched);
   if (options_.bias && options_.adds_output_bias) kernels::GroupedAddBias(acts.y, rows, b2_, ctx);
   return acts;
 }
@@ -231,14 +233,15 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   const int64_t r = dy.dim(0), d = options_.d_model, f = options_.d_hidden;
   const Device dev = dy.device();
   const std::span<const int64_t> rows(acts.rows);
+  const kernels::GroupSchedule sched = acts.schedule;
 
   // y = h @ W2 + b2.
   if (options_.bias && options_.adds_output_bias) {
     kernels::GroupedBiasGrad(dy, rows, grad_b2_, /*beta=*/1.0f, ctx);
   }
-  kernels::GroupedGemmWeightGrad(acts.h, dy, rows, grad_w2_, 1.0f, /*beta=*/1.0f, ctx);
+  kernels::GroupedGemmWeightGrad(acts.h, dy, rows, grad_w2_, 1.0f, /*beta=*/1.0f, ctx, sched);
   Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
-  kernels::GroupedGemm(dy, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx);
+  kernels::GroupedGemm(dy, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx, sched);
 
   // h = act(a), or silu(a) * b.
   Tensor db;
@@ -257,12 +260,12 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
 
   // a = x @ W1 + b1 (and b = x @ W3).
   if (options_.bias) kernels::GroupedBiasGrad(da, rows, grad_b1_, /*beta=*/1.0f, ctx);
-  kernels::GroupedGemmWeightGrad(acts.x, da, rows, grad_w1_, 1.0f, /*beta=*/1.0f, ctx);
+  kernels::GroupedGemmWeightGrad(acts.x, da, rows, grad_w1_, 1.0f, /*beta=*/1.0f, ctx, sched);
   Tensor dx = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
-  kernels::GroupedGemm(da, rows, w1_, /*trans_w=*/true, dx, 1.0f, 0.0f, ctx);
+  kernels::GroupedGemm(da, rows, w1_, /*trans_w=*/true, dx, 1.0f, 0.0f, ctx, sched);
   if (db.defined()) {
-    kernels::GroupedGemmWeightGrad(acts.x, db, rows, grad_w3_, 1.0f, /*beta=*/1.0f, ctx);
-    kernels::GroupedGemm(db, rows, w3_, /*trans_w=*/true, dx, 1.0f, /*beta=*/1.0f, ctx);
+    kernels::GroupedGemmWeightGrad(acts.x, db, rows, grad_w3_, 1.0f, /*beta=*/1.0f, ctx, sched);
+    kernels::GroupedGemm(db, rows, w3_, /*trans_w=*/true, dx, 1.0f, /*beta=*/1.0f, ctx, sched);
   }
   return dx;
 }

@@ -34,6 +34,7 @@
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 #include "engine/parallel/parameter.h"
+#include "kernels/gemm.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::moe {
@@ -85,6 +86,8 @@ struct ExpertsActivations {
   Tensor b;                   // (R, f) x @ W3; swiglu only
   Tensor h;                   // (R, f) act(a), or silu(a) * b
   Tensor y;                   // (R, d) the output, h @ W2 + b2
+  // How the CPU ran the grouped GEMMs (kernels/gemm.h); Backward runs its own the same way.
+  kernels::GroupSchedule schedule = kernels::GroupSchedule::kAuto;
 };
 
 class Experts {
@@ -114,9 +117,13 @@ class Experts {
   Experts& operator=(const Experts&) = delete;
 
   // x (R, d), rows grouped by local expert: rows_per_expert (num_local counts, sum R).
-  // Returns the activations; the output is its `y` (R, d).
+  // Returns the activations; the output is its `y` (R, d). schedule: how the CPU runs the
+  // grouped GEMMs of this call and of its Backward (kAuto: from rows_per_expert). Running
+  // some experts (the others given zero rows) under the schedule of a call over all of them
+  // gives each the bits that call gives it (the overlap chunks, moe/overlap.h).
   ExpertsActivations Forward(const Tensor& x, std::span<const int64_t> rows_per_expert,
-                             DeviceContext* ctx = nullptr) const;
+                             DeviceContext* ctx = nullptr,
+                             kernels::GroupSchedule schedule = kernels::GroupSchedule::kAuto) const;
   // dy (R, d) for acts.y. Adds into every parameter gradient; returns dx (R, d).
   Tensor Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
   // Sets every gradient to zero.

@@ -101,6 +101,9 @@ Status MoEConfig::Validate() const {
     return InvalidArgument("moe.num_shared_experts=", num_shared_experts, " must be >= 0");
   }
   if (d_shared < 0) return InvalidArgument("moe.d_shared=", d_shared, " must be >= 0");
+  if (overlap_chunks < 1) {
+    return InvalidArgument("moe.overlap_chunks=", overlap_chunks, " must be >= 1 (1: no chunks)");
+  }
   if (replicate_hot_experts < 0 || replicate_hot_experts >= num_experts) {
     return InvalidArgument("moe.replicate_hot_experts=", replicate_hot_experts,
                            " must be in [0, moe.num_experts=", num_experts, ")");
@@ -151,6 +154,16 @@ StatusOr<int64_t> MoEConfig::ExpertHiddenPerRank(int64_t etp) const {
     return InvalidArgument("parallel.etp=", etp, " does not divide moe.d_expert=", d_expert);
   }
   return d_expert / etp;
+}
+
+Status MoEConfig::CheckOverlapChunks(int64_t ep) const {
+  SY_ASSIGN_OR_RETURN(const int64_t per_rank, ExpertsPerRank(ep));
+  if (overlap_chunks > per_rank) {
+    return InvalidArgument("moe.overlap_chunks=", overlap_chunks, " exceeds the ", per_rank,
+                           " experts per ep rank (moe.num_experts=", num_experts,
+                           " / parallel.ep=", ep, "): each chunk holds whole experts");
+  }
+  return OkStatus();
 }
 
 }  // namespace switchyard::moe

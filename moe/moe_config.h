@@ -72,6 +72,10 @@ struct MoEConfig {
   // loaded ranks of their ep group; 0: none. 0 <= N < num_experts; replicate_every >= 1.
   int64_t replicate_hot_experts = 0;
   int64_t replicate_every = 1;
+  // All-to-all / compute overlap (docs/moe-layer.md "Overlap"): each ep rank's local experts
+  // are cut into this many chunks of whole experts after admission; chunk i+1's rows travel
+  // while chunk i's experts compute. 1: no chunks. Must not exceed E / ep.
+  int64_t overlap_chunks = 1;
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;
@@ -82,6 +86,9 @@ struct MoEConfig {
   // Each expert's hidden units per rank under expert tensor parallelism (etp ranks split
   // d_expert); an error naming parallel.etp and moe.d_expert when etp does not divide it.
   StatusOr<int64_t> ExpertHiddenPerRank(int64_t etp) const;
+  // overlap_chunks chunks of whole experts fit an ep-way split (at most E / ep); an error
+  // naming moe.overlap_chunks, moe.num_experts and parallel.ep otherwise.
+  Status CheckOverlapChunks(int64_t ep) const;
   // Whether decoder layer i is an MoE layer (MODEL.md section 1).
   bool IsMoELayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }

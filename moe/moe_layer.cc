@@ -73,6 +73,8 @@ MoELayer::MoELayer(const MoEConfig& config, int64_t layer_id, const MoEParallel&
   }
   SY_CHECK(config_.num_shared_experts == 0 || shared_.has_value())
       << "the config asks for shared experts";
+  SY_CHECK_OK(config_.CheckOverlapChunks(ep_->size()));
+  if (config_.overlap_chunks > 1) comm_thread_ = std::make_unique<dist::CommThread>(*ep_);
 }
 
 MoELayer MoELayer::Init(const MoEConfig& config, int64_t layer_id, const MoEParallel& parallel,
@@ -194,15 +196,20 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
     acts.destinations = ReplicaDestinations(replica_plan_, own.experts,
                                             RowTokens(routed, first_token, ctx), ctx);
   }
-  // 3. Dispatch this rank's rows over ep.
-  phase.emplace(Phase::kDispatch);
-  Tensor grouped = Dispatch(h, acts, ctx);
-  // 4. The experts (over etp when split).
-  phase.emplace(Phase::kExperts);
-  Tensor expert_y = RunExperts(grouped, acts, ctx);
-  // 5. Return and combine (+ the shared experts on this rank's rows).
-  phase.emplace(Phase::kCombine);
-  out.y = CombineOutputs(h, expert_y, acts, ctx);
+  if (config_.overlap_chunks > 1) {
+    // 3-5 in chunks, the exchanges overlapping the experts (moe/overlap.h).
+    out.y = ForwardOverlapped(h, acts, ctx);
+  } else {
+    // 3. Dispatch this rank's rows over ep.
+    phase.emplace(Phase::kDispatch);
+    Tensor grouped = Dispatch(h, acts, ctx);
+    // 4. The experts (over etp when split).
+    phase.emplace(Phase::kExperts);
+    Tensor expert_y = RunExperts(grouped, acts, ctx);
+    // 5. Return and combine (+ the shared experts on this rank's rows).
+    phase.emplace(Phase::kCombine);
+    out.y = CombineOutputs(h, expert_y, acts, ctx);
+  }
   // 6. Statistics of this rank's rows and the whole groups' values.
   phase.emplace(Phase::kRouter);
   out.stats = RoutingStats(routed, own, config_.num_experts, ctx);
@@ -224,7 +231,9 @@ Tensor MoELayer::Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* 
                                 ep_->size(), ctx));
   DispatchPlan& plan = *acts.plan;
   plan.ExchangeCounts(*ep_, ctx);
-  return Regroup(ExchangeRows(Permute(h, plan, ctx), plan, *ep_, ctx), plan, ctx);
+  Tensor rows = Permute(h, plan, ctx);
+  const ScopedAllToAll timed(ep_->size() > 1);
+  return Regroup(ExchangeRows(rows, plan, *ep_, ctx), plan, ctx);
 }
 
 Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
@@ -244,7 +253,11 @@ Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
 Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
                                 DeviceContext* ctx) const {
   const DispatchPlan& plan = *acts.plan;
-  acts.expert_out = ReturnRows(Ungroup(expert_y, plan, ctx), plan, *ep_, ctx);
+  Tensor ungrouped = Ungroup(expert_y, plan, ctx);
+  {
+    const ScopedAllToAll timed(ep_->size() > 1);
+    acts.expert_out = ReturnRows(ungrouped, plan, *ep_, ctx);
+  }
   if (shared_) acts.shared = shared_->Forward(h, ctx);
   return Combine(acts.expert_out, acts.gates, plan, shared_ ? acts.shared->y : Tensor(), ctx);
 }
@@ -271,6 +284,14 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   const Device dev = device();
   SY_CHECK(dy.device() == dev) << "MoE dy on " << dy.device() << ", the layer on " << dev;
   CheckContext(dev, ctx, "MoELayer::Backward");
+  if (config_.overlap_chunks > 1) {
+    Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
+    Tensor dh = BackwardOverlapped(acts, dy, dgates, ctx);
+    const ScopedPhase phase(Phase::kRouter);
+    RouteGroupsBackward(acts.router, acts.balance, router_weight_, config_, dgates, daux, dz,
+                        tp_rank(), dh, grad_router_weight_, ctx, acts.own_rows);
+    return dh;
+  }
   // The shared experts' dx starts dh (it is a fresh tensor); else zeros.
   std::optional<ScopedPhase> phase(Phase::kExperts);
   Tensor dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
@@ -280,14 +301,24 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, dev);
   Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
   CombineBackward(dy, acts.expert_out, acts.gates, plan, dout, dgates, ctx);
-  Tensor dgrouped = Regroup(ExchangeRows(dout, plan, *ep_, ctx), plan, ctx);
+  Tensor dgrouped;
+  {
+    const ScopedAllToAll timed(ep_->size() > 1);
+    dgrouped = ExchangeRows(dout, plan, *ep_, ctx);
+  }
+  dgrouped = Regroup(dgrouped, plan, ctx);
   // 4-3. The experts and the dispatch in reverse.
   phase.emplace(Phase::kExperts);
   Tensor dx = RunExpertsBackward(acts, dgrouped, ctx);
   // The replicas' weight gradients into their owners' (before any gradient sync).
   if (replicas_) replicas_->PushGradients(experts_, *ep_, ctx);
   phase.emplace(Phase::kDispatch);
-  ScatterAdd(ReturnRows(Ungroup(dx, plan, ctx), plan, *ep_, ctx), plan, dh, ctx);
+  Tensor dx_rows = Ungroup(dx, plan, ctx);
+  {
+    const ScopedAllToAll timed(ep_->size() > 1);
+    dx_rows = ReturnRows(dx_rows, plan, *ep_, ctx);
+  }
+  ScatterAdd(dx_rows, plan, dh, ctx);
   // 2-1. The router of every group on this rank's rows: gates, load balancing and z-loss.
   phase.emplace(Phase::kRouter);
   RouteGroupsBackward(acts.router, acts.balance, router_weight_, config_, dgates, daux, dz,

@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/dist/comm_thread.h"
 #include "engine/dist/communicator.h"
 #include "engine/parallel/parameter.h"
 #include "moe/aux_loss.h"
@@ -57,6 +58,7 @@
 #include "moe/moe_config.h"
 #include "moe/moe_stats.h"
 #include "moe/replication.h"
+#include "moe/overlap.h"
 #include "moe/router.h"
 
 namespace switchyard::moe {
@@ -85,6 +87,11 @@ struct MoEActivations {
   Tensor destinations;
   int64_t owned_rows = 0;
   std::optional<ExpertsActivations> replica;
+  // moe.overlap_chunks > 1 (moe/overlap.h): the chunks, and per chunk the experts'
+  // activations (and etp plan) instead of `experts` (and `etp`).
+  std::unique_ptr<ChunkedExchange> chunks;
+  std::vector<ExpertsActivations> chunk_experts;
+  std::vector<EtpPlan> chunk_etp;
 };
 
 struct MoEForward {
@@ -231,6 +238,13 @@ class MoELayer {
   // experts of h: (N, d).
   Tensor CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
                         DeviceContext* ctx) const;
+  // Dispatch, experts and combine in moe.overlap_chunks chunks (moe/overlap.h, in
+  // moe_layer_overlap.cc): h (N, d) -> y (N, d), the same bits as the three above.
+  Tensor ForwardOverlapped(const Tensor& h, MoEActivations& acts, DeviceContext* ctx);
+  // Their backward: adds the routed and shared experts' part into dh (N, d, returned) and
+  // the parameter gradients; dgates (N, k) gets the combine's gate gradients.
+  Tensor BackwardOverlapped(const MoEActivations& acts, const Tensor& dy, Tensor& dgates,
+                            DeviceContext* ctx);
   int tp_rank() const { return group_ ? group_->rank() : 0; }  // this rank's piece of a group
   int etp_size() const { return etp_ ? etp_->size() : 1; }
 
@@ -246,6 +260,7 @@ class MoELayer {
   ReplicaPlan replica_plan_;
   std::unique_ptr<ExpertReplicas> replicas_;  // null without replicas
   bool replicas_stale_ = true;
+  std::unique_ptr<dist::CommThread> comm_thread_;  // the chunks' exchanges over ep
 };
 
 }  // namespace switchyard::moe

@@ -181,7 +181,7 @@ std::vector<Section> Sections(Config& c) {
         Bind("seed", &m.seed),
         BindEnum("dispatcher", &m.dispatcher, moe::ParseDispatcher, moe::DispatcherName),
         Bind("replicate_hot_experts", &m.replicate_hot_experts),
-        Bind("replicate_every", &m.replicate_every)}},
+        Bind("replicate_every", &m.replicate_every), Bind("overlap_chunks", &m.overlap_chunks)}},
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
         Bind("pp", &p.pp), Bind("pipeline_schedule", &p.pipeline_schedule),
@@ -342,6 +342,11 @@ Status CheckReplication(const moe::MoEConfig& moe, const ParallelConfig& paralle
   if (parallel.zero_stage >= 3) {
     return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
                            " does not support parallel.zero_stage=3 (use 0, 1 or 2)");
+  }
+  if (moe.overlap_chunks > 1) {
+    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
+                           " does not combine with moe.overlap_chunks=", moe.overlap_chunks,
+                           " yet (the chunks cut this rank's own experts; set one of them off)");
   }
   return OkStatus();
 }

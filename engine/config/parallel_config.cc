@@ -29,7 +29,8 @@ Status CheckParallelSizes(const ParallelConfig& p, const moe::MoEConfig& moe) {
     return InvalidArgument("parallel.offload_optimizer=true needs parallel.zero_stage >= 1 (the "
                            "offloaded optimizer is the sharded one, as in ZeRO-Offload)");
   }
-  return moe.ExpertsPerRank(p.ep).status();
+  SY_RETURN_IF_ERROR(moe.ExpertsPerRank(p.ep).status());
+  return moe.CheckOverlapChunks(p.ep);
 }
 
 // What the model's shapes allow to split: the sequence over cp and tp (sequence

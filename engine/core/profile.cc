@@ -52,6 +52,27 @@ double Profiler::other_seconds() const {
   return std::max(0.0, step_seconds_ - phases);
 }
 
+void Profiler::AddAllToAll(double seconds, double exposed_seconds) {
+  all_to_all_s_ += seconds;
+  all_to_all_exposed_s_ += exposed_seconds;
+}
+
+double Profiler::all_to_all_hidden_seconds() const {
+  return std::max(0.0, all_to_all_s_ - all_to_all_exposed_s_);
+}
+
+ScopedAllToAll::ScopedAllToAll(bool active)
+    : profiler_(active ? Profiler::Recording() : nullptr) {
+  if (profiler_ != nullptr) start_ = std::chrono::steady_clock::now();
+}
+
+ScopedAllToAll::~ScopedAllToAll() {
+  if (profiler_ == nullptr) return;
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  profiler_->AddAllToAll(s, s);
+}
+
 std::string Profiler::Table() const {
   std::string out;
   char line[160];
@@ -70,6 +91,17 @@ std::string Profiler::Table() const {
   for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) row(kNames[i], seconds_[i]);
   row("other", other_seconds());
   row("step", step_seconds_);
+  // The token all-to-alls: in flight, waited for (exposed) and overlapped (hidden). Their
+  // time is inside the dispatch / combine / experts phases above, not beside them.
+  const double a2a = all_to_all_s_, hidden = all_to_all_hidden_seconds();
+  const double exposed = a2a - hidden;
+  auto share = [&](double s) { return a2a > 0 ? 100.0 * s / a2a : 0.0; };
+  std::snprintf(line, sizeof(line),
+                "token all-to-all: %.3f ms/step in flight, exposed %.3f ms/step (%.1f%%), "
+                "hidden %.3f ms/step (%.1f%%)\n",
+                1e3 * a2a / steps, 1e3 * exposed / steps, share(exposed), 1e3 * hidden / steps,
+                share(hidden));
+  out += line;
   return out;
 }
 
@@ -89,7 +121,14 @@ std::string Profiler::Json() const {
   add("other", other_seconds());
   std::snprintf(buf, sizeof(buf), "{\"steps\": %lld, \"step_s\": %.9g, ",
                 static_cast<long long>(steps_), step_seconds_);
-  return std::string(buf) + "\"phases\": {" + phases + "}, \"ms_per_step\": {" + per_step + "}}\n";
+  char a2a[192];
+  std::snprintf(a2a, sizeof(a2a),
+                ", \"all_to_all\": {\"in_flight_s\": %.9g, \"exposed_s\": %.9g, "
+                "\"hidden_s\": %.9g}",
+                all_to_all_s_, all_to_all_s_ - all_to_all_hidden_seconds(),
+                all_to_all_hidden_seconds());
+  return std::string(buf) + "\"phases\": {" + phases + "}, \"ms_per_step\": {" + per_step +
+         "}" + a2a + "}\n";
 }
 
 }  // namespace switchyard

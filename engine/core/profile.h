@@ -13,6 +13,12 @@
 //   profiler.BeginStep();              // installs it as the recording profiler
 //   { ScopedPhase p(Phase::kAttention); ... }
 //   profiler.EndStep(step_seconds);    // uninstalls it; adds the step's time
+//
+// Besides the phases it adds up the MoE layers' token all-to-alls (the row exchanges of
+// dispatch and combine, forward and backward): how long they were in flight, and of that
+// how long the step waited for them (exposed); the rest ran while the step computed
+// (hidden: moe.overlap_chunks > 1, moe/overlap.h). An exchange without overlap is exposed
+// whole (ScopedAllToAll).
 #pragma once
 
 #include <array>
@@ -59,6 +65,13 @@ class Profiler {
   // step_seconds() minus every phase: time inside no phase (never negative).
   double other_seconds() const;
 
+  // One token all-to-all: `seconds` in flight, `exposed_seconds` of them waited for.
+  void AddAllToAll(double seconds, double exposed_seconds);
+  double all_to_all_seconds() const { return all_to_all_s_; }
+  double all_to_all_exposed_seconds() const { return all_to_all_exposed_s_; }
+  // In flight while the step computed: seconds minus exposed (never negative).
+  double all_to_all_hidden_seconds() const;
+
   // A table: phase, total ms, ms per step, share of the step time; "other" and the total.
   std::string Table() const;
   // {"steps", "step_s", "phases": {name: seconds, ..., "other": s}, "ms_per_step": {...}}.
@@ -77,6 +90,22 @@ class Profiler {
   Clock::time_point since_;
   int64_t steps_ = 0;
   double step_seconds_ = 0.0;
+  double all_to_all_s_ = 0.0, all_to_all_exposed_s_ = 0.0;
+};
+
+// Charges its lifetime to the recording profiler (if any) as a token all-to-all that
+// nothing overlapped: in flight and exposed alike; `active` false: nothing (a group of one
+// rank). Call from the profiled thread.
+class ScopedAllToAll {
+ public:
+  explicit ScopedAllToAll(bool active = true);
+  ~ScopedAllToAll();
+  ScopedAllToAll(const ScopedAllToAll&) = delete;
+  ScopedAllToAll& operator=(const ScopedAllToAll&) = delete;
+
+ private:
+  Profiler* profiler_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // Charges its lifetime to `phase` while a profiler records; nested scopes pause it.

@@ -89,6 +89,13 @@ int DetectRanksPerNode() {
   return block ? local_size : world;
 }
 
+bool MpiThreadMultiple() {
+  if (!MpiActive()) return false;
+  int level = 0;
+  SY_MPI_CHECK(MPI_Query_thread(&level));
+  return level >= MPI_THREAD_MULTIPLE;
+}
+
 #else  // !SY_HAVE_MPI
 
 Status InitProcess(int* argc, char*** argv) {
@@ -100,6 +107,7 @@ void FinalizeProcess() {}
 int WorldRank() { return 0; }
 int WorldSize() { return 1; }
 int DetectRanksPerNode() { return 1; }
+bool MpiThreadMultiple() { return false; }
 
 #endif  // SY_HAVE_MPI
 

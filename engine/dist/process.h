@@ -34,6 +34,10 @@ int WorldSize();
 // without MPI, the world size (one node). Collective over the MPI world.
 int DetectRanksPerNode();
 
+// Whether several threads may call MPI at the same time (MPI provided
+// MPI_THREAD_MULTIPLE); false without MPI or before InitProcess.
+bool MpiThreadMultiple();
+
 // The communicator over all ranks, in world order: MPI for the CPU; for a CUDA device,
 // NCCL bootstrapped over MPI, ordered on ctx's stream (ctx required, on `device`). A world
 // of one rank gets a local communicator. Collective over the world.

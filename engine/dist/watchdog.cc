@@ -198,9 +198,15 @@ std::string DescribeCollective(const char* op, uint64_t seq, const std::vector<i
          "]";
 }
 
+namespace {
+thread_local bool unwatched_thread = false;
+}  // namespace
+
+void UnwatchThisThread() { unwatched_thread = true; }
+
 WatchdogScope::WatchdogScope(const char* op, uint64_t seq, const std::vector<int>& group,
                              const std::vector<int>& peers) {
-  if (TheWatchdog() == nullptr) return;
+  if (TheWatchdog() == nullptr || unwatched_thread) return;
   Mark& m = TheMark();
   std::lock_guard<std::mutex> g(m.mu);
   m.active = true;

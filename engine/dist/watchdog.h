@@ -47,6 +47,11 @@ class WatchdogScope {
   bool active_ = false;
 };
 
+// Marks the calling thread, for the rest of its life, as one whose collectives the watchdog
+// does not follow: a communication thread (comm_thread.h), whose exchanges the thread
+// waiting for them marks instead. The watchdog follows one thread's collectives.
+void UnwatchThisThread();
+
 // What the calling thread is doing, for the watchdog's report of a wait inside it (e.g. the
 // pipeline runner: "pipeline stage 0 (world rank 0) waits for stage 1 (world rank 1)"),
 // for its lifetime; the previous note comes back when it ends.

@@ -41,6 +41,7 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   moe.seq_len = model.seq_len;
   SY_RETURN_IF_ERROR(moe.Validate());
   SY_RETURN_IF_ERROR(moe.ExpertsPerRank(parallel.ep->size()).status());
+  SY_RETURN_IF_ERROR(moe.CheckOverlapChunks(parallel.ep->size()));
   const dense::NormKind norm_kind = model.norm;
   const dense::Activation activation = model.activation;
 

@@ -83,29 +83,28 @@ void SgemmOnThisThread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 #endif
 }
 
-// Calls fn(g, first_row_of_g) for every group. When no group holds more than one thread's
-// share of the rows, the groups are spread over the compute threads in contiguous runs of
-// about equal rows and each product runs whole on one thread (many small products keep
-// both cores busy without splitting each one); otherwise they run one after another and
-// Sgemm splits each product.
+// Calls fn(g, first_row_of_g, whole) for every group, under `schedule` (kAuto:
+// GroupScheduleFor(rows)). kWhole: the groups are spread over the compute threads in
+// contiguous runs of about equal rows and each product runs whole on one thread (many small
+// products keep both cores busy without splitting each one), whole = true; kSplit: they run
+// one after another and Sgemm splits each large product, whole = false.
 template <typename F>
-void ForEachGroup(std::span<const int64_t> rows, F&& fn) {
+void ForEachGroup(std::span<const int64_t> rows, GroupSchedule schedule, F&& fn) {
   std::vector<int64_t> first(rows.size() + 1, 0);
-  int64_t most = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    first[g + 1] = first[g] + rows[g];
-    most = std::max(most, rows[g]);
-  }
+  for (size_t g = 0; g < rows.size(); ++g) first[g + 1] = first[g] + rows[g];
   const int64_t total = first.back();
+  if (schedule == GroupSchedule::kAuto) schedule = GroupScheduleFor(rows);
   const int threads = InParallelRegion() ? 1 : ComputeThreads();
-  if (threads == 1 || rows.size() < 2 || total == 0 || most * threads > total) {
-    for (size_t g = 0; g < rows.size(); ++g) fn(g, first[g]);
+  if (schedule == GroupSchedule::kSplit || threads == 1 || total == 0) {
+    const bool whole = schedule == GroupSchedule::kWhole;
+    for (size_t g = 0; g < rows.size(); ++g)
+      fn(g, first[g], whole);
     return;
   }
   ParallelFor(threads, 1, [&](int64_t t0, int64_t t1) {
     for (size_t g = 0; g < rows.size(); ++g) {
       const int64_t owner = std::min<int64_t>(threads - 1, (first[g] + rows[g] / 2) * threads / total);
-      if (owner >= t0 && owner < t1) fn(g, first[g]);
+      if (owner >= t0 && owner < t1) fn(g, first[g], true);
     }
   });
 }
@@ -186,29 +185,60 @@ void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c) {
               [&](int64_t i0, int64_t i1) { RowExactRows(pa, pb, pc, i0, i1, k, n); });
 }
 
+namespace {
+
+// One group's product: whole on this thread, or through Sgemm (which may split it, and
+// handles the empty cases).
+void GroupSgemm(bool whole, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                float* c, int64_t ldc) {
+  if (whole && m > 0 && n > 0 && k > 0) {
+    SgemmOnThisThread(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+}  // namespace
+
+GroupSchedule GroupScheduleFor(std::span<const int64_t> rows) {
+  int64_t total = 0, most = 0;
+  for (int64_t r : rows) {
+    total += r;
+    most = std::max(most, r);
+  }
+  const int threads = InParallelRegion() ? 1 : ComputeThreads();
+  if (threads == 1 || rows.size() < 2 || total == 0 || most * threads > total) {
+    return GroupSchedule::kSplit;
+  }
+  return GroupSchedule::kWhole;
+}
+
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
-                 Tensor& out, float alpha, float beta, DType matmul_dtype) {
+                 Tensor& out, float alpha, float beta, DType matmul_dtype,
+                 GroupSchedule schedule) {
   const int64_t k = x.dim(1), n = out.dim(1);
   std::vector<float> x_copy, w_copy;
   const float* px = F32Operand(x, matmul_dtype, x_copy);
   const float* pw = F32Operand(w, matmul_dtype, w_copy);
   float* po = out.data<float>();
-  ForEachGroup(rows, [&](size_t g, int64_t begin) {
-    Sgemm(false, trans_w, rows[g], n, k, alpha, px + begin * k, k,
-          pw + static_cast<int64_t>(g) * k * n, trans_w ? k : n, beta, po + begin * n, n);
+  ForEachGroup(rows, schedule, [&](size_t g, int64_t begin, bool whole) {
+    GroupSgemm(whole, false, trans_w, rows[g], n, k, alpha, px + begin * k, k,
+               pw + static_cast<int64_t>(g) * k * n, trans_w ? k : n, beta, po + begin * n, n);
   });
 }
 
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
-                           Tensor& dw, float alpha, float beta, DType matmul_dtype) {
+                           Tensor& dw, float alpha, float beta, DType matmul_dtype,
+                           GroupSchedule schedule) {
   const int64_t k = x.dim(1), n = dy.dim(1);
   std::vector<float> x_copy, dy_copy;
   const float* px = F32Operand(x, matmul_dtype, x_copy);
   const float* pdy = F32Operand(dy, matmul_dtype, dy_copy);
   float* pdw = dw.data<float>();
-  ForEachGroup(rows, [&](size_t g, int64_t begin) {
-    Sgemm(true, false, k, n, rows[g], alpha, px + begin * k, k, pdy + begin * n, n, beta,
-          pdw + static_cast<int64_t>(g) * k * n, n);
+  ForEachGroup(rows, schedule, [&](size_t g, int64_t begin, bool whole) {
+    GroupSgemm(whole, true, false, k, n, rows[g], alpha, px + begin * k, k, pdy + begin * n, n,
+               beta, pdw + static_cast<int64_t>(g) * k * n, n);
   });
 }
 

@@ -5,7 +5,9 @@
 # step_s; the phases the model runs (attention, dense MLP, router, dispatch, experts,
 # combine, optimizer, embedding/head/loss) are non-zero, so every timer is wired. Without
 # --profile nothing is written; --profile with --dry-run is a usage error. Under mpirun
-# (2 ranks, ep 2: real all-to-alls) when MPI is built in. Structure only, never a speed.
+# (2 ranks, ep 2: real all-to-alls) when MPI is built in, with and without
+# moe.overlap_chunks: the token all-to-all's time in flight is its exposed plus its hidden
+# time, nothing is hidden without chunks and one rank has none. Structure only, never a speed.
 # Usage: profile_cli_test.sh path/to/switchyard [path/to/scripts/mpirun_test.sh]
 source "$(dirname "$0")/cli_test_lib.sh" "$1"
 mpirun_script="${2:-}"
@@ -76,6 +78,29 @@ if [[ -n "$mpirun_script" ]]; then
   check_profile "2 ranks, ep 2" "$tmp/ep2" "$tmp/ep2.out"
   $python -c "import json,sys; p=json.load(open('$tmp/ep2/profile.json'))['phases']; sys.exit(0 if p['communication'] > 0 else 1)" ||
     fail "2 ranks: the gradient sync was never timed as communication"
+  # The token all-to-alls: in flight = exposed + hidden; without chunks nothing is hidden.
+  bash "$mpirun_script" 2 "$bin" train --config "$tmp/model.yaml" --steps 3 --out "$tmp/ep2c" \
+    --set parallel.ep=2 --set moe.overlap_chunks=2 --profile >"$tmp/ep2c.out" 2>&1 ||
+    fail "mpirun 2 train --profile with overlap chunks: $(tail -3 "$tmp/ep2c.out")"
+  check_profile "2 ranks, ep 2, 2 overlap chunks" "$tmp/ep2c" "$tmp/ep2c.out"
+  grep -q "^token all-to-all: .* exposed .* hidden" "$tmp/ep2c.out" ||
+    fail "no token all-to-all line in the profile table"
+  result=$($python - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+problems = []
+for run, chunked in (("run", None), ("ep2", False), ("ep2c", True)):
+    a = json.load(open(f"{tmp}/{run}/profile.json"))["all_to_all"]
+    total, exposed, hidden = a["in_flight_s"], a["exposed_s"], a["hidden_s"]
+    if min(total, exposed, hidden) < 0: problems.append(f"{run}: negative {a}")
+    if abs(exposed + hidden - total) > 1e-9 + 1e-6 * total: problems.append(f"{run}: {a} does not add up")
+    if chunked is None and total != 0: problems.append(f"one rank has token all-to-alls: {a}")
+    if chunked is not None and not total > 0: problems.append(f"{run}: token all-to-alls never timed")
+    if chunked is False and hidden != 0: problems.append(f"{run}: hidden without chunks: {a}")
+print("; ".join(problems) if problems else "ok")
+PY
+)
+  [[ "$result" == ok ]] || fail "all_to_all in profile.json: $result"
 fi
 
 if [[ $failures -gt 0 ]]; then

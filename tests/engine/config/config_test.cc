@@ -103,6 +103,13 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
             "parallel.virtual_stages)");
   EXPECT_EQ(with({"parallel.pipeline_layers=3"}),
             "--set: parallel.pipeline_layers: expected a list of integers, got '3'");
+  // Overlap chunks hold whole experts: at most E / ep of them.
+  EXPECT_EQ(Error(kYaml, {"moe.overlap_chunks=2"}), "");
+  EXPECT_EQ(Error(kYaml, {"moe.overlap_chunks=0"}),
+            "moe.overlap_chunks=0 must be >= 1 (1: no chunks)");
+  EXPECT_EQ(Error(kYaml, {"moe.overlap_chunks=3"}),
+            "moe.overlap_chunks=3 exceeds the 2 experts per ep rank (moe.num_experts=8 / "
+            "parallel.ep=4): each chunk holds whole experts");
   EXPECT_EQ(Error(kYaml, {"moe.second_expert_policy=random", "moe.top_k=1"}),
             "moe.second_expert_policy=random needs moe.top_k=2, got 1");
   EXPECT_EQ(Error(kYaml, {"top_k=2"}), "--set 'top_k=2': expected section.key=value");
@@ -348,6 +355,9 @@ TEST(ConfigTest, ReplicationKeysParseAndNameBadValues) {
             "parallelism is 2 (set parallel.etp=1)");
   EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=1", "parallel.zero_stage=3"}),
             "moe.replicate_hot_experts=1 does not support parallel.zero_stage=3 (use 0, 1 or 2)");
+  EXPECT_EQ(Error(kYaml, {"moe.replicate_hot_experts=1", "moe.overlap_chunks=2"}),
+            "moe.replicate_hot_experts=1 does not combine with moe.overlap_chunks=2 yet (the "
+            "chunks cut this rank's own experts; set one of them off)");
 }
 
 }  // namespace

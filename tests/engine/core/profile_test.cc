@@ -108,5 +108,27 @@ TEST(ProfileTest, TableAndJsonNameEveryPhase) {
   EXPECT_DOUBLE_EQ(p.other_seconds(), 0.5);
 }
 
+// The token all-to-alls: overlapped exchanges add their time in flight and their time
+// waited; one nothing overlapped (ScopedAllToAll) is exposed whole; hidden is the rest.
+TEST(ProfileTest, AllToAllExposedAndHidden) {
+  Profiler p;
+  p.BeginStep();
+  p.AddAllToAll(0.75, 0.25);
+  p.AddAllToAll(0.5, 0.5);
+  { ScopedAllToAll nothing(/*active=*/false); }
+  { ScopedAllToAll timed; }
+  p.EndStep(2.0);
+  { ScopedAllToAll between; }  // not recording: not counted
+  const double scoped = p.all_to_all_seconds() - 1.25;
+  EXPECT_GE(scoped, 0.0);
+  EXPECT_DOUBLE_EQ(p.all_to_all_exposed_seconds(), 0.75 + scoped);
+  EXPECT_DOUBLE_EQ(p.all_to_all_hidden_seconds(), 0.5);
+  EXPECT_NE(p.Table().find("token all-to-all:"), std::string::npos) << p.Table();
+  EXPECT_NE(p.Json().find("\"all_to_all\": {\"in_flight_s\": "), std::string::npos) << p.Json();
+  Profiler q;  // more waited than in flight (a late wake-up): hidden is zero, not negative
+  q.AddAllToAll(0.1, 0.2);
+  EXPECT_EQ(q.all_to_all_hidden_seconds(), 0.0);
+}
+
 }  // namespace
 }  // namespace switchyard
