@@ -100,25 +100,37 @@ void Trainer::BuildGradientSync() {
       parallel::GradSyncOptions{.bucket_bytes = config_.train.bucket_bytes(),
                                 .reduce_scatter = stage >= 1,
                                 .persistent_shard = stage >= 2,
-                                .part_of = stage >= 3 ? part_of : std::vector<int>{}},
+                                .part_of = stage >= 3 || StreamGradients() ? part_of
+                                                                          : std::vector<int>{},
+                                .stream = StreamGradients(),
+                                // Streaming: one part's bucket in flight while the next
+                                // part's backward computes.
+                                .max_in_flight = StreamGradients() ? 1 : 2},
       ctx);
   zero_ = std::make_unique<parallel::ZeroShards>(registry_, *grad_sync_, stage, part_of,
                                                  part_names, ctx);
-  if (stage < 3) return;
-  parallel::ZeroShards* zero = zero_.get();
-  for (const auto& chunk : chunks_) {
-    chunk->set_parameter_hooks(
-        {.acquire =
-             [zero](const std::string& part, const std::string& next) {
-               ScopedPhase phase(Phase::kCommunication);
-               zero->Acquire(part, next);
-             },
-         .release =
-             [zero](const std::string& part) {
-               ScopedPhase phase(Phase::kCommunication);
-               zero->Release(part);
-             }});
+  if (stage < 2) return;
+  model::Decoder::ParameterHooks hooks;
+  if (StreamGradients()) {
+    // No full gradient: each part's gradients exist from its backward to its bucket's
+    // reduce-scatter (parallel/grad_sync.h, streaming).
+    zero_->FreeGradients();
+    hooks.gradients = [this](const std::string& part) {
+      grad_sync_->BeginGradients(part_params_.at(part));
+    };
   }
+  if (stage >= 3) {
+    parallel::ZeroShards* zero = zero_.get();
+    hooks.acquire = [zero](const std::string& part, const std::string& next) {
+      ScopedPhase phase(Phase::kCommunication);
+      zero->Acquire(part, next);
+    };
+    hooks.release = [zero](const std::string& part) {
+      ScopedPhase phase(Phase::kCommunication);
+      zero->Release(part);
+    };
+  }
+  for (const auto& chunk : chunks_) chunk->set_parameter_hooks(hooks);
 }
 
 void Trainer::BuildOptimizer() {
