@@ -277,7 +277,20 @@ void ReportZeroMemory(std::ostream& out, const config::Config& c, const dist::Me
   out << "  memory / rank under zero_stage " << c.parallel.zero_stage << " (largest rank): "
       << "parameters " << FormatBytes(most.parameters) << ", gradients " << FormatBytes(most.gradients)
       << ", optimizer " << FormatBytes(most.optimizer) << ", workspace ~" << FormatBytes(most.workspace)
-      << ", total " << FormatBytes(most.total()) << "\n";
+      << ", total " << FormatBytes(most.total()) << " (train.ordered_grad_accum "
+      << (c.train.ordered_grad_accum ? "true" : "false") << ")\n";
+  // The other accumulation mode: ordered (bit-identical layouts; stages 2-3 materialise
+  // the full gradients) or in place (stages 2-3 stream them into the shard).
+  config::Config other = c;
+  other.train.ordered_grad_accum = !c.train.ordered_grad_accum;
+  RankMemory alt;
+  for (int r = 0; r < mesh.world(); ++r) {
+    const RankMemory rm = PredictRankMemory(other, mesh, r);
+    if (rm.total() > alt.total()) alt = rm;
+  }
+  out << "    with train.ordered_grad_accum " << (other.train.ordered_grad_accum ? "true" : "false")
+      << ": workspace ~" << FormatBytes(alt.workspace) << ", total " << FormatBytes(alt.total())
+      << "\n";
   const int64_t replica = c.parallel.SmallestWorld();
   // Less memory per rank needs at least as many ranks: the 24 GiB count comes last.
   const std::pair<double, const char*> sizes[] = {
