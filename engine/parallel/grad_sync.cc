@@ -185,8 +185,13 @@ void GradSync::Pack(Bucket& b) {
 void GradSync::Launch(Group& g, Bucket& b) {
   // A bucket launched again (streaming: the next micro-batch) first completes its last
   // round; then at most max_in_flight - 1 others stay in flight.
-  while (std::find(in_flight_.begin(), in_flight_.end(), &b) != in_flight_.end()) Complete();
-  while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) Complete();
+  // Only reduce-scatters are completed early: their Wait is local (the all-to-all was
+  // started in bucket order), while an all-reduce's ends with a blocking all-gather, which
+  // ranks marking parameters in different orders would reach in different orders.
+  if (options_.reduce_scatter) {
+    while (std::find(in_flight_.begin(), in_flight_.end(), &b) != in_flight_.end()) Complete();
+    while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) Complete();
+  }
   Pack(b);
   b.work = Reduce(g, b);
   b.launched = true;
@@ -194,16 +199,20 @@ void GradSync::Launch(Group& g, Bucket& b) {
   in_flight_.push_back(&b);
 }
 
-void GradSync::Complete() {
-  Bucket& b = *in_flight_.front();
-  in_flight_.erase(in_flight_.begin());
+void GradSync::Complete() { Complete(*in_flight_.front()); }
+
+void GradSync::Complete(Bucket& b) {
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), &b));
   b.work->Wait();
   b.work.reset();
   Unpack(b);
 }
 
 void GradSync::CompleteInFlight() {
-  while (!in_flight_.empty()) Complete();
+  // Every group's buckets in bucket order: the same order on every rank.
+  for (auto& g : groups_)
+    for (Bucket& b : g->buckets)
+      if (b.work) Complete(b);
 }
 
 void GradSync::Unpack(Bucket& b) {
@@ -294,7 +303,7 @@ void GradSync::Finish() {
     }
     LaunchReady(*g);
   }
-  while (!in_flight_.empty()) Complete();
+  CompleteInFlight();
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) {
       b.launched = false;
@@ -309,9 +318,13 @@ void GradSync::Finish() {
 
 void GradSync::SyncAll() {
   SY_CHECK(!in_step_) << "GradSync::SyncAll between MarkReady and Finish";
-  for (auto& g : groups_)
-    for (Bucket& b : g->buckets) Launch(*g, b);
-  while (!in_flight_.empty()) Complete();
+  for (auto& g : groups_) {
+    for (Bucket& b : g->buckets) {
+      Launch(*g, b);
+      if (!options_.reduce_scatter) Complete(b);  // one all-reduce at a time
+    }
+  }
+  CompleteInFlight();
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) {
       b.launched = false;

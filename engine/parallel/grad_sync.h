@@ -28,9 +28,12 @@
 // a parameter never marked is reduced as it stands (e.g. its zeroed gradient) — waits for
 // every bucket, copies back and resets for the next step. SyncAll() is the synchronous
 // path: every bucket packed, all-reduced (blocking) and copied back, in bucket order.
-// At most two buckets are in flight (GradSyncOptions::max_in_flight): launching a third
-// first completes the oldest, so the packed copies and the ordered sum's receive buffers
-// (one bucket's size each, dist/ordered_sum.h) never exceed two buckets' worth.
+// Reduce-scatters (ZeRO stages 1-3): at most two buckets are in flight
+// (GradSyncOptions::max_in_flight): launching a third first completes the oldest, so the
+// packed copies and the ordered sum's receive buffers (one bucket's size each,
+// dist/ordered_sum.h) never exceed two buckets' worth. All-reduces (stage 0) end with a
+// blocking all-gather, so they complete in Finish, group by group in bucket order (every
+// bucket may be in flight); SyncAll runs them one at a time.
 //
 // Streaming (GradSyncOptions::stream, ZeRO stages 2-3 with in-place accumulation): no
 // full gradient ever exists. Before a part's backward writes its gradients, the trainer
@@ -149,6 +152,7 @@ class GradSync {
   void Launch(Group& g, Bucket& b);
   void Pack(Bucket& b);
   void Complete();
+  void Complete(Bucket& b);
   void Unpack(Bucket& b);
   std::unique_ptr<dist::Work> Reduce(Group& g, Bucket& b);
   void LaunchReady(Group& g);

@@ -193,7 +193,17 @@ ZeroWorkspace PredictZeroWorkspace(const config::Config& c, const dist::Mesh& me
       RankBuckets(c, mesh, rank, /*per_part=*/stage >= 3 || stream, &order);
   ZeroWorkspace w;
   if (buckets.empty()) return w;
-  if (!stream) {
+  if (stage == 0) {
+    // All-reduces complete in Finish: all in flight when launched during the last backward,
+    // one at a time under ordered accumulation (SyncAll).
+    for (const Bucket& b : buckets) {
+      if (ordered && c.train.grad_accum > 1) {
+        w.sync = std::max(w.sync, 2 * b.bytes);
+      } else {
+        w.sync += 2 * b.bytes;
+      }
+    }
+  } else if (!stream) {
     w.sync = LargestPair(buckets, [&](const Bucket& b) {
       return 2 * b.bytes + (stage == 1 ? b.bytes / b.group : 0);
     });
