@@ -42,8 +42,9 @@ struct TrainConfig {
   // Sum the micro-batches' gradients in the canonical tree order (engine/dist/ordered_sum.h):
   // with grad_accum a power of two, dp ranks x grad_accum equal one rank with dp x grad_accum
   // micro-batches bit for bit. Costs up to log2(grad_accum) + 1 extra gradient copies and
-  // the overlap of the last backward with the gradient sync; false accumulates in place.
-  bool ordered_grad_accum = true;
+  // the overlap of the last backward with the gradient sync, and under ZeRO 2-3 the full
+  // gradients during the step. false (the default): in place, as other engines do.
+  bool ordered_grad_accum = false;
   // Activation recompute (engine/model/recompute.h): none keeps every activation; selective
   // recomputes attention's core (its softmax-weighted values and logsumexp) in backward;
   // full keeps each block's input alone and re-runs the block's forward in backward.

@@ -22,23 +22,48 @@ void AddInto(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) 
 }
 
 // The tree over the size() equal pieces of `pieces` ((size * c,) on comm's device), in
-// order: (c,), a new tensor. f64 on a device is summed on the host.
-Tensor TreeOfPieces(const Tensor& pieces, int size, int64_t c, DeviceContext* ctx) {
-  const bool on_host = pieces.device().is_cpu() || pieces.dtype() == DType::kF32;
-  const Tensor source = on_host ? pieces : pieces.To(Device::Cpu(), ctx);
-  TreeAccumulator tree(on_host ? ctx : nullptr);
-  for (int s = 0; s < size; ++s) tree.Add(source.Slice(s * c, (s + 1) * c));
-  Tensor sum = tree.Result();
-  return on_host ? sum : sum.To(pieces.device(), ctx);
+// order, summed in place: each node of the tree is kept in the slot of its first leaf, so
+// no buffer beyond the received pieces is needed. Returns the (c,) slice holding the sum.
+// (a + b == b + a in IEEE arithmetic, so the bits are TreeAccumulator's.) f64 on a device
+// is summed on the host and comes back as a new tensor.
+Tensor TreeOfPieces(Tensor& pieces, int size, int64_t c, DeviceContext* ctx) {
+  if (!pieces.device().is_cpu() && pieces.dtype() != DType::kF32) {
+    const Tensor host = pieces.To(Device::Cpu(), ctx);
+    TreeAccumulator tree;
+    for (int s = 0; s < size; ++s) tree.Add(host.Slice(s * c, (s + 1) * c));
+    return tree.Result().To(pieces.device(), ctx);
+  }
+  auto slot = [&](int s) { return pieces.Slice(s * c, (s + 1) * c); };
+  std::vector<std::pair<int, int>> stack;  // (level, slot of the node's first leaf)
+  for (int s = 0; s < size; ++s) {
+    std::pair<int, int> node{0, s};
+    while (!stack.empty() && stack.back().first == node.first) {
+      const int lower = stack.back().second;
+      stack.pop_back();
+      Tensor into = slot(lower);
+      AddInto(into, slot(node.second), into, ctx);
+      node = {node.first + 1, lower};
+    }
+    stack.push_back(node);
+  }
+  // Fold from the top: sum = node[k-1] + sum, right to left.
+  int sum = stack.back().second;
+  for (size_t i = stack.size() - 1; i-- > 0;) {
+    Tensor into = slot(stack[i].second);
+    AddInto(into, slot(sum), into, ctx);
+    sum = stack[i].second;
+  }
+  return slot(sum);
 }
-
 
 // An ordered all-reduce (or, with `out` defined, reduce-scatter into out) with its
 // all-to-all in flight (see OrderedAllReduce).
 class OrderedAllReduceWork final : public Work {
  public:
-  OrderedAllReduceWork(Communicator& comm, const Tensor& t, DeviceContext* ctx, Tensor out = Tensor())
-      : comm_(comm), flat_(t.Reshape({t.numel()})), ctx_(ctx), out_(std::move(out)) {
+  OrderedAllReduceWork(Communicator& comm, const Tensor& t, DeviceContext* ctx, Tensor out = Tensor(),
+                       bool accumulate = false)
+      : comm_(comm), flat_(t.Reshape({t.numel()})), ctx_(ctx), out_(std::move(out)),
+        accumulate_(accumulate) {
     const int size = comm.size();
     chunks_ = OrderedChunks(flat_.numel(), size);
     mine_ = chunks_[comm.rank()];
@@ -54,14 +79,19 @@ class OrderedAllReduceWork final : public Work {
     done_ = true;
     exchange_->Wait();
     exchange_.reset();
+    // The pieces are summed where they arrived; they go once the sum is used.
     Tensor sum = mine_ > 0 ? TreeOfPieces(pieces_, comm_.size(), mine_, ctx_)
                            : Tensor::Empty({0}, flat_.dtype(), flat_.device());
-    pieces_ = Tensor();
     if (out_.defined()) {
-      if (mine_ > 0) out_.CopyFrom(sum, ctx_);
-      return;
+      if (mine_ > 0 && accumulate_) {
+        AddInto(out_, sum, out_, ctx_);
+      } else if (mine_ > 0) {
+        out_.CopyFrom(sum, ctx_);
+      }
+    } else {
+      comm_.AllGatherV(sum, flat_, chunks_);
     }
-    comm_.AllGatherV(sum, flat_, chunks_);
+    pieces_ = Tensor();
   }
 
  private:
@@ -71,6 +101,7 @@ class OrderedAllReduceWork final : public Work {
   std::vector<int64_t> chunks_;  // elements of each rank's chunk
   int64_t mine_ = 0;             // chunks_[rank]
   Tensor out_;                   // reduce-scatter: (chunks_[rank],)
+  bool accumulate_ = false;      // reduce-scatter: out_ += the sum
   Tensor pieces_;
   std::unique_ptr<Work> exchange_;
   bool done_ = false;
@@ -152,12 +183,13 @@ std::unique_ptr<Work> OrderedAllReduceAsync(Communicator& comm, Tensor& t, Devic
   return std::make_unique<OrderedAllReduceWork>(comm, t, ctx != nullptr ? ctx : comm.context());
 }
 
-void OrderedReduceScatter(Communicator& comm, const Tensor& t, Tensor& out, DeviceContext* ctx) {
-  OrderedReduceScatterAsync(comm, t, out, ctx)->Wait();
+void OrderedReduceScatter(Communicator& comm, const Tensor& t, Tensor& out, DeviceContext* ctx,
+                          bool accumulate) {
+  OrderedReduceScatterAsync(comm, t, out, ctx, accumulate)->Wait();
 }
 
 std::unique_ptr<Work> OrderedReduceScatterAsync(Communicator& comm, const Tensor& t, Tensor& out,
-                                                DeviceContext* ctx) {
+                                                DeviceContext* ctx, bool accumulate) {
   internal::CheckTensor(t, comm.device(), "OrderedReduceScatter");
   internal::CheckTensor(out, comm.device(), "OrderedReduceScatter");
   SY_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64)
@@ -165,13 +197,18 @@ std::unique_ptr<Work> OrderedReduceScatterAsync(Communicator& comm, const Tensor
   SY_CHECK(out.dtype() == t.dtype() && out.numel() == OrderedChunks(t.numel(), comm.size())[comm.rank()])
       << "OrderedReduceScatter: out " << out.DebugString() << " is not rank " << comm.rank()
       << "'s chunk of " << t.DebugString();
+  DeviceContext* on = ctx != nullptr ? ctx : comm.context();
   if (comm.size() == 1) {
-    out.CopyFrom(t.Reshape({t.numel()}), ctx != nullptr ? ctx : comm.context());
+    Tensor flat = t.Reshape({t.numel()});
+    if (accumulate) {
+      AddInto(out, flat, out, on);
+    } else {
+      out.CopyFrom(flat, on);
+    }
     return CompletedWork();
   }
   if (t.numel() == 0) return CompletedWork();
-  return std::make_unique<OrderedAllReduceWork>(comm, t, ctx != nullptr ? ctx : comm.context(),
-                                                out.Reshape({out.numel()}));
+  return std::make_unique<OrderedAllReduceWork>(comm, t, on, out.Reshape({out.numel()}), accumulate);
 }
 
 std::vector<double> AllReduceDoubles(Communicator& comm, std::span<const double> values) {

@@ -118,12 +118,16 @@ std::vector<int64_t> OrderedChunks(int64_t n, int size);
 // out (chunk comm.rank() of OrderedChunks(t.numel(), size), same dtype, on comm's device)
 // becomes that chunk of the ordered sum over the ranks' t: the bits OrderedAllReduce would
 // leave there. t is not changed. Volume: (size - 1) / size of t each way, half an
-// all-reduce. Collective; a group of size 1 copies.
+// all-reduce. Collective; a group of size 1 copies. accumulate: out becomes out + that
+// chunk instead (gradient accumulation into a ZeRO-2/3 shard, micro-batch by micro-batch).
+// Workspace: the received pieces, t's size rounded up to a multiple of size (the tree sums
+// them where they arrived), while in flight; nothing else.
 void OrderedReduceScatter(Communicator& comm, const Tensor& t, Tensor& out,
-                          DeviceContext* ctx = nullptr);
+                          DeviceContext* ctx = nullptr, bool accumulate = false);
 // The same with the all-to-all in flight; Wait() sums into out. t and out must stay alive
 // and untouched until then.
 std::unique_ptr<Work> OrderedReduceScatterAsync(Communicator& comm, const Tensor& t, Tensor& out,
-                                                DeviceContext* ctx = nullptr);
+                                                DeviceContext* ctx = nullptr,
+                                                bool accumulate = false);
 
 }  // namespace switchyard::dist

@@ -440,7 +440,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   if (stage.head) {
     SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
     const int64_t n = acts.dlogits.dim(0);
-    Acquire(HeadPart(), "norm_f");
+    AcquireForBackward(HeadPart(), "norm_f");
     ScopedPhase phase(Phase::kEmbeddingHeadLoss);
     Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
     if (head_) {
@@ -454,7 +454,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     if (head_) done("head");
     Release(HeadPart());
     dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);
-    Acquire("norm_f", layers > 0 ? LayerPart(layers - 1) : before_layers);
+    AcquireForBackward("norm_f", layers > 0 ? LayerPart(layers - 1) : before_layers);
     dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()), ctx);
     Release("norm_f");
     done("norm_f");
@@ -470,7 +470,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   }
   const float aux_scale[1] = {in.aux_grad_scale};
   for (int64_t i = layers - 1; i >= 0; --i) {
-    Acquire(LayerPart(i), i > 0 ? LayerPart(i - 1) : before_layers);
+    AcquireForBackward(LayerPart(i), i > 0 ? LayerPart(i - 1) : before_layers);
     const BlockActivations& kept = acts.blocks[i];
     BlockActivations again;  // full recompute: the block's forward once more, from its input
     if (!kept.norm1.y.defined()) {
@@ -484,7 +484,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     out.grad_input = dx;
     return;
   }
-  Acquire("embed", "");
+  AcquireForBackward("embed", "");
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);
   embed_->Backward(acts.embed, dx, ctx);
   Release("embed");

@@ -171,9 +171,15 @@ class Decoder {
   // Backward reports ("embed", "layers.<i>", "norm_f", "head"; with tied embeddings the
   // head is "embed"). A training Forward keeps the head for Backward. Under full recompute
   // Backward re-runs a block's forward between that block's acquire and release.
+  // gradients(part), when set, is called in Backward just before the part's gradients are
+  // first written (after its acquire): ZeRO-2/3 allocate a part's gradients there and free
+  // them once its bucket is reduce-scattered (engine/parallel/grad_sync.h). With tied
+  // embeddings the head's part is "embed", so the table's gradient lives from the head's
+  // backward to the embedding's.
   struct ParameterHooks {
     std::function<void(const std::string& part, const std::string& next)> acquire;
     std::function<void(const std::string& part)> release;
+    std::function<void(const std::string& part)> gradients;
   };
   void set_parameter_hooks(ParameterHooks hooks) { hooks_ = std::move(hooks); }
 
@@ -260,6 +266,11 @@ class Decoder {
   }
   void Release(const std::string& part) const {
     if (hooks_.release) hooks_.release(part);
+  }
+  // Backward's acquire: the part's parameters, then its gradients (ParameterHooks).
+  void AcquireForBackward(const std::string& part, const std::string& next) const {
+    Acquire(part, next);
+    if (hooks_.gradients) hooks_.gradients(part);
   }
   // Block k of this stage is the model's layer first_layer_ + k.
   std::string LayerPart(int64_t k) const { return StrCat("layers.", first_layer_ + k); }

@@ -20,8 +20,9 @@ struct GradSync::Bucket {
   int64_t chunk_begin = 0, chunk_elements = 0;  // this rank's chunk
   Tensor flat;                   // (elements,) on the communicator's device, while in flight
   Tensor grad_shard;             // reduce_scatter: (chunk_elements,), persistent
-  int pending = 0;               // parameters not yet marked this step
+  int pending = 0;               // parameters not yet marked this step (micro-batch)
   bool launched = false;
+  int rounds = 0;                // streaming: reduce-scatters into grad_shard this step
   std::unique_ptr<dist::Work> work;
 };
 
@@ -66,12 +67,20 @@ GradSync::GradSync(ParameterRegistry& registry, const dist::ParallelContext& pc,
 
 GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of, int64_t bucket_bytes,
                    DeviceContext* ctx)
-    : GradSync(registry, group_of, GradSyncOptions{.bucket_bytes = bucket_bytes}, ctx) {}
+    : GradSync(registry, group_of, [bucket_bytes] {
+        GradSyncOptions o;
+        o.bucket_bytes = bucket_bytes;
+        return o;
+      }(), ctx) {}
 
 GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
                    const GradSyncOptions& options, DeviceContext* ctx)
     : registry_(registry), ctx_(ctx), options_(options) {
   SY_CHECK(options_.bucket_bytes > 0) << "GradSync: bucket_bytes " << options_.bucket_bytes;
+  SY_CHECK(options_.max_in_flight >= 1) << "GradSync: max_in_flight " << options_.max_in_flight;
+  SY_CHECK(!options_.stream || (options_.reduce_scatter && options_.persistent_shard &&
+                                !options_.part_of.empty()))
+      << "GradSync: streaming needs reduce_scatter, persistent_shard and part_of";
   SY_CHECK(options_.part_of.empty() || options_.part_of.size() == registry.params().size())
       << "GradSync: part_of has " << options_.part_of.size() << " entries for "
       << registry.params().size() << " parameters";
@@ -151,12 +160,10 @@ void GradSync::PlaceChunk(Bucket& b, const dist::Communicator& comm) {
 
 GradSync::~GradSync() {
   // Complete anything still in flight before the buffers go away.
-  for (auto& g : groups_)
-    for (Bucket& b : g->buckets)
-      if (b.work) b.work->Wait();
+  for (Bucket* b : in_flight_) b->work->Wait();
 }
 
-void GradSync::Launch(Bucket& b) {
+void GradSync::Pack(Bucket& b) {
   std::vector<Parameter>& params = registry_.params();
   b.flat = Tensor::Empty({b.elements}, b.dtype, params[b.params[0]].grad.device());
   if (options_.reduce_scatter && !options_.persistent_shard) {
@@ -164,9 +171,48 @@ void GradSync::Launch(Bucket& b) {
   }
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& grad = params[b.params[j]].grad;
-    b.flat.View({grad.numel()}, b.offsets[j]).CopyFrom(grad, ctx_);
+    Tensor into = b.flat.View({grad.numel()}, b.offsets[j]);
+    // Streaming: a gradient never begun this micro-batch is zero.
+    if (grad.buffer().resident()) {
+      into.CopyFrom(grad, ctx_);
+    } else {
+      into.SetZero(ctx_);
+    }
+    if (options_.stream) grad.buffer().Release();  // the packed copy is all that is left
   }
+}
+
+void GradSync::Launch(Group& g, Bucket& b) {
+  // A bucket launched again (streaming: the next micro-batch) first completes its last
+  // round; then at most max_in_flight - 1 others stay in flight.
+  // Only reduce-scatters are completed early: their Wait is local (the all-to-all was
+  // started in bucket order), while an all-reduce's ends with a blocking all-gather, which
+  // ranks marking parameters in different orders would reach in different orders.
+  if (options_.reduce_scatter) {
+    while (std::find(in_flight_.begin(), in_flight_.end(), &b) != in_flight_.end()) Complete();
+    while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) Complete();
+  }
+  Pack(b);
+  b.work = Reduce(g, b);
   b.launched = true;
+  ++b.rounds;
+  in_flight_.push_back(&b);
+}
+
+void GradSync::Complete() { Complete(*in_flight_.front()); }
+
+void GradSync::Complete(Bucket& b) {
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), &b));
+  b.work->Wait();
+  b.work.reset();
+  Unpack(b);
+}
+
+void GradSync::CompleteInFlight() {
+  // Every group's buckets in bucket order: the same order on every rank.
+  for (auto& g : groups_)
+    for (Bucket& b : g->buckets)
+      if (b.work) Complete(b);
 }
 
 void GradSync::Unpack(Bucket& b) {
@@ -193,16 +239,27 @@ void GradSync::Unpack(Bucket& b) {
 }
 
 std::unique_ptr<dist::Work> GradSync::Reduce(Group& g, Bucket& b) {
-  // The sums are ordered on the communicator's own context, as before ZeRO.
-  if (options_.reduce_scatter) return dist::OrderedReduceScatterAsync(*g.comm, b.flat, b.grad_shard);
+  // The sums are ordered on the communicator's own context, as before ZeRO. Streaming adds
+  // every micro-batch after the step's first into the shard.
+  if (options_.reduce_scatter) {
+    return dist::OrderedReduceScatterAsync(*g.comm, b.flat, b.grad_shard, nullptr,
+                                           /*accumulate=*/options_.stream && b.rounds > 0);
+  }
   return dist::OrderedAllReduceAsync(*g.comm, b.flat);
 }
 
 void GradSync::LaunchReady(Group& g) {
   while (g.next_launch < g.buckets.size() && g.buckets[g.next_launch].pending == 0) {
     Bucket& b = g.buckets[g.next_launch++];
-    Launch(b);
-    b.work = Reduce(g, b);
+    Launch(g, b);
+  }
+  if (!options_.stream || g.next_launch < g.buckets.size()) return;
+  // Streaming: the micro-batch's round is complete; the next one marks the parts again.
+  g.next_launch = 0;
+  for (Bucket& b : g.buckets) {
+    b.pending = static_cast<int>(b.params.size());
+    b.launched = false;
+    for (size_t i : b.params) marked_[i] = false;
   }
 }
 
@@ -222,17 +279,35 @@ void GradSync::MarkReady(size_t index) {
   if (--b.pending == 0) LaunchReady(g);
 }
 
+void GradSync::BeginGradients(const std::vector<size_t>& indices) {
+  if (!options_.stream) return;
+  std::vector<Parameter>& params = registry_.params();
+  for (size_t i : indices) {
+    SY_CHECK(i < params.size()) << "GradSync::BeginGradients(" << i << ")";
+    if (where_[i].first < 0) continue;
+    Tensor& grad = params[i].grad;
+    if (grad.buffer().resident()) continue;
+    grad.buffer().Materialize();
+    grad.SetZero(ctx_);
+  }
+}
+
 void GradSync::Finish() {
   for (auto& g : groups_) {
-    for (size_t i = g->next_launch; i < g->buckets.size(); ++i) g->buckets[i].pending = 0;
+    // What was not launched goes now: the rest of a started round, or (streaming) a bucket
+    // with no round this step.
+    for (size_t i = 0; i < g->buckets.size(); ++i) {
+      Bucket& b = g->buckets[i];
+      const bool partial = !options_.stream || g->next_launch > 0;
+      if (i >= g->next_launch && (partial || b.rounds == 0)) b.pending = 0;
+    }
     LaunchReady(*g);
   }
+  CompleteInFlight();
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) {
-      b.work->Wait();
-      b.work.reset();
-      Unpack(b);
       b.launched = false;
+      b.rounds = 0;
       b.pending = static_cast<int>(b.params.size());
     }
     g->next_launch = 0;
@@ -245,10 +320,15 @@ void GradSync::SyncAll() {
   SY_CHECK(!in_step_) << "GradSync::SyncAll between MarkReady and Finish";
   for (auto& g : groups_) {
     for (Bucket& b : g->buckets) {
-      Launch(b);
-      Reduce(*g, b)->Wait();
-      Unpack(b);
+      Launch(*g, b);
+      if (!options_.reduce_scatter) Complete(b);  // one all-reduce at a time
+    }
+  }
+  CompleteInFlight();
+  for (auto& g : groups_) {
+    for (Bucket& b : g->buckets) {
       b.launched = false;
+      b.rounds = 0;
     }
   }
 }

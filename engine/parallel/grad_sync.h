@@ -28,6 +28,20 @@
 // a parameter never marked is reduced as it stands (e.g. its zeroed gradient) — waits for
 // every bucket, copies back and resets for the next step. SyncAll() is the synchronous
 // path: every bucket packed, all-reduced (blocking) and copied back, in bucket order.
+// Reduce-scatters (ZeRO stages 1-3): at most two buckets are in flight
+// (GradSyncOptions::max_in_flight): launching a third first completes the oldest, so the
+// packed copies and the ordered sum's receive buffers (one bucket's size each,
+// dist/ordered_sum.h) never exceed two buckets' worth. All-reduces (stage 0) end with a
+// blocking all-gather, so they complete in Finish, group by group in bucket order (every
+// bucket may be in flight); SyncAll runs them one at a time.
+//
+// Streaming (GradSyncOptions::stream, ZeRO stages 2-3 with in-place accumulation): no
+// full gradient ever exists. Before a part's backward writes its gradients, the trainer
+// calls BeginGradients(its parameters): they are allocated and zeroed. When the part is
+// done (MarkReady, every micro-batch), its buckets (one part each) are packed, the
+// gradients freed at once, and the packed bucket reduce-scattered and ADDED into the
+// persistent shard (the first micro-batch of a step writes it). Gradient memory: the
+// shard, the part being computed, and at most max_in_flight buckets in flight.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +77,10 @@ struct GradSyncOptions {
   // Registry index -> part (a block of the model); when given, a bucket holds parameters
   // of one part only, so ZeRO-3 can gather a part's parameters bucket by bucket.
   std::vector<int> part_of;
+  // Streaming accumulation into the shard (see the file comment): needs reduce_scatter,
+  // persistent_shard and part_of.
+  bool stream = false;
+  int max_in_flight = 2;  // buckets whose collective is in flight at once, >= 1
 };
 
 class GradSync {
@@ -83,10 +101,19 @@ class GradSync {
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
-  // Parameter `index` (into registry.params()) has its final gradient of this step. Each
-  // parameter at most once per step; parameters with no bucket (not trainable, or in a
-  // group of size 1) are accepted and ignored.
+  // Parameter `index` (into registry.params()) has its final gradient of this step (when
+  // streaming: of this micro-batch). Each parameter at most once per step (micro-batch);
+  // parameters with no bucket (not trainable, or in a group of size 1) are accepted and
+  // ignored.
   void MarkReady(size_t index);
+  // Streaming: the gradients of these parameters (registry indices) are allocated, zeroed,
+  // unless they already are. Parameters with no bucket keep their whole gradient (their
+  // ZeroGrad is the caller's). No-op when not streaming.
+  void BeginGradients(const std::vector<size_t>& indices);
+  bool streaming() const { return options_.stream; }
+  // Completes every bucket whose collective is in flight (in launch order). ZeRO-3 calls it
+  // before it starts a part's gather, so the two are not in flight together.
+  void CompleteInFlight();
   // Completes the step (see the file comment). Every rank of a group must call it.
   void Finish();
   // Synchronous all-reduce of every bucket; not between MarkReady and Finish.
@@ -120,7 +147,12 @@ class GradSync {
   // A filled bucket's chunk on this rank of comm (dist::OrderedChunks) and, with a
   // persistent shard, its gradient shard.
   void PlaceChunk(Bucket& b, const dist::Communicator& comm);
-  void Launch(Bucket& b);
+  // Packs bucket b (completing older buckets first while max_in_flight are in flight) and
+  // starts its sum; Complete waits for the oldest in flight and unpacks it.
+  void Launch(Group& g, Bucket& b);
+  void Pack(Bucket& b);
+  void Complete();
+  void Complete(Bucket& b);
   void Unpack(Bucket& b);
   std::unique_ptr<dist::Work> Reduce(Group& g, Bucket& b);
   void LaunchReady(Group& g);
@@ -133,6 +165,7 @@ class GradSync {
   std::vector<std::pair<int, int>> where_;
   std::vector<bool> marked_;
   bool in_step_ = false;  // MarkReady since the last Finish
+  std::vector<Bucket*> in_flight_;  // launched, not completed, oldest first
 };
 
 }  // namespace switchyard::parallel

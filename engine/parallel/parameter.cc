@@ -141,7 +141,7 @@ const Parameter* ParameterRegistry::Find(const std::string& name) const {
 
 void ParameterRegistry::ZeroGrad(DeviceContext* ctx) {
   for (Parameter& p : params_)
-    if (p.grad.defined()) p.grad.SetZero(ctx);
+    if (p.grad.defined() && p.grad.buffer().resident()) p.grad.SetZero(ctx);
 }
 
 int64_t ParameterRegistry::GlobalElements(bool trainable_only) const {

@@ -183,9 +183,18 @@ void ZeroShards::GatherWhole(const std::function<Tensor(size_t)>& owned_of,
                              const std::function<Tensor(size_t)>& whole_of) const {
   if (stage_ == 0) return;
   // Each bucket's owned chunk, packed in bucket order (the parameters' owned ranges, in
-  // packing order, are exactly the chunk), then every bucket's all-gather in flight at once.
+  // packing order, are exactly the chunk), all-gathered with at most two buckets in flight
+  // (their receive buffers are a bucket each).
   Gather g;
+  size_t done = 0;
+  auto complete = [&] {
+    Gather::One& one = g.ones[done++];
+    one.work->Wait();
+    Unpack(buckets_[one.bucket], one.recv, whole_of);
+    one = Gather::One();
+  };
   for (int id = 0; id < static_cast<int>(buckets_.size()); ++id) {
+    if (g.ones.size() - done >= 2) complete();
     const Bucket& b = buckets_[id];
     Gather::One one;
     one.bucket = id;
@@ -202,10 +211,7 @@ void ZeroShards::GatherWhole(const std::function<Tensor(size_t)>& owned_of,
     one.work = b.info.comm->AllGatherAsync(one.send, one.recv);
     g.ones.push_back(std::move(one));
   }
-  for (Gather::One& one : g.ones) {
-    one.work->Wait();
-    Unpack(buckets_[one.bucket], one.recv, whole_of);
-  }
+  while (done < g.ones.size()) complete();
 }
 
 void ZeroShards::StartGather(const std::string& part) {
@@ -243,7 +249,12 @@ void ZeroShards::FinishGather(const std::string& part) {
 void ZeroShards::Acquire(const std::string& part, const std::string& next) {
   if (stage_ < 3) return;
   FinishGather(part);
-  if (!next.empty() && next != part) StartGather(next);
+  if (next.empty() || next == part) return;
+  // A streamed gradient bucket in flight completes first: a reduce-scatter and a gather,
+  // each a part's size in receive buffers, are never in flight together.
+  const int id = PartId(next);
+  if (id >= 0 && !resident_[id] && !gathers_[id]) sync_.CompleteInFlight();
+  StartGather(next);
 }
 
 void ZeroShards::Release(const std::string& part) {

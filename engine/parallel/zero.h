@@ -85,8 +85,11 @@ class ZeroShards {
   void GatherUpdatedParameters();
 
   // Stage 3: the parameters of `part` are whole when this returns; the gather of `next`
-  // ("" for none) is started. Release frees them. No-ops for other stages. Collective over
-  // the part's groups, in the same order of parts on every rank.
+  // ("" for none) is started, after the gradient buckets in flight complete
+  // (GradSync::CompleteInFlight: a part's reduce-scatter overlaps the wait for the part
+  // prefetched before it, the next gather overlaps the part's compute). Release frees
+  // them. No-ops for other stages. Collective over the part's groups, in the same order of
+  // parts on every rank.
   void Acquire(const std::string& part, const std::string& next);
   void Release(const std::string& part);
   // Stage 3: gathers or frees every part (tests that read whole parameters).

@@ -1,5 +1,7 @@
 #include "engine/plan/dry_run.h"
 
+#include "engine/plan/zero_memory.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -94,29 +96,60 @@ struct RankBuckets {
   int64_t expert = 0;      // routed experts: summed over edp
 };
 
-RankBuckets BucketsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
+}  // namespace
+
+void ForEachRankParam(const config::Config& c, const dist::Mesh& mesh, int rank,
+                      const std::function<void(const model::ParamShape&, int64_t, GradGroup)>& fn) {
   const model::ParamTable table = model::ParamTable::Build(
       c.model, c.moe, {.tp = mesh.tp(), .etp = mesh.etp(), .ep = mesh.ep()});
   const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
   const Holdings held = HoldingsOf(c, mesh, rank);
   const bool norms_whole = mesh.tp() > 1 && !c.parallel.sequence_parallel;
-  RankBuckets b;
   for (const model::ParamShape& p : table.params()) {
     const bool mine = p.part == model::ParamPart::kEmbedding ? held.embedding
                       : p.part == model::ParamPart::kLayer   ? held.layer[p.layer]
                                                              : held.head && !(p.tied_copy && held.embedding);
     if (!mine) continue;
     const int64_t n = table.LocalNumel(p, tp_rank);
+    GradGroup g = GradGroup::kDense;
     if (!table.Replicated(p)) {
-      (p.expert_view ? b.expert : b.dense) += n;
+      g = p.expert_view ? GradGroup::kExpert : GradGroup::kDense;
     } else if (p.expert_view) {
-      b.b2_etp += n;
+      g = GradGroup::kExpertEtp;
     } else if (p.role == model::ParamRole::kNorm && norms_whole) {
-      b.norms_unsummed += n;
+      g = GradGroup::kNormsUnsummed;
     } else {
-      b.replicated += n;
+      g = GradGroup::kReplicated;
     }
+    fn(p, n, g);
   }
+}
+
+double GradGroupSize(GradGroup g, const dist::Mesh& mesh) {
+  const double dp_cp = double(mesh.dp()) * mesh.cp();
+  switch (g) {
+    case GradGroup::kDense:
+    case GradGroup::kNormsUnsummed: return dp_cp;
+    case GradGroup::kReplicated: return dp_cp * mesh.tp();
+    case GradGroup::kExpertEtp: return double(mesh.edp()) * mesh.etp();
+    case GradGroup::kExpert: return mesh.edp();
+  }
+  return 1;
+}
+
+namespace {
+
+RankBuckets BucketsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  RankBuckets b;
+  ForEachRankParam(c, mesh, rank, [&](const model::ParamShape&, int64_t n, GradGroup g) {
+    switch (g) {
+      case GradGroup::kDense: b.dense += n; break;
+      case GradGroup::kNormsUnsummed: b.norms_unsummed += n; break;
+      case GradGroup::kReplicated: b.replicated += n; break;
+      case GradGroup::kExpertEtp: b.b2_etp += n; break;
+      case GradGroup::kExpert: b.expert += n; break;
+    }
+  });
   return b;
 }
 
@@ -162,15 +195,10 @@ StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::M
   }
   in.hidden = acts.hidden;
   in.tokens = acts.tokens;
-  double synced = 0;
-  for (auto [n, group] : GradientGroups(c, mesh, rank)) {
-    in.gradients += 4.0 * n;
-    if (group > 1) synced += n;
-  }
+  for (auto [n, group] : GradientGroups(c, mesh, rank)) in.gradients += 4.0 * n;
   in.ordered_accum = c.train.ordered_grad_accum && micro_batches > 1;
-  // Every bucket of gradients that has a group to sum over, as its packed copy and the
-  // ordered sum's receive buffer of the same size (dist/ordered_sum.h).
-  in.sync = 2.0 * 4.0 * synced;
+  // The buckets in flight at the sync (zero_memory.h); streaming has none at the end.
+  in.sync = PredictZeroWorkspace(c, mesh, rank, c.train.ordered_grad_accum).sync;
   return in;
 }
 
@@ -181,9 +209,7 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
                         : c.train.momentum != 0.0f                  ? 1
                                                                     : 0;
   RankMemory r;
-  double synced = 0;
   for (auto [n, group] : GradientGroups(c, mesh, rank)) {
-    if (group > 1) synced += n;
     r.parameters += 4.0 * n / (stage >= 3 ? group : 1);
     r.gradients += 4.0 * n / (stage >= 2 ? group : 1);
     r.optimizer += 4.0 * states * n / (stage >= 1 ? group : 1);
@@ -196,16 +222,15 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   if (e.aux_loss_scope == moe::AuxLossScope::kGlobal) {
     r.parameters += 4.0 * HoldingsOf(c, mesh, rank).moe_layers * e.num_experts;
   }
-  // Workspace: one step of the rank's schedule (PredictStepWorkspace); the full gradients
-  // of ZeRO stages 2-3 (of the partitioned parameters: the others' stay whole and count as
-  // gradients); two gathered stage-3 parts (the one in use, the next: a layer of the rank's
-  // stages each). zero_perf and tests/dist/pipeline_memory_test.cc compare it with the
-  // measured peak.
-  r.workspace = PredictStepWorkspace(c, mesh, rank).peak;
-  if (stage >= 2) r.workspace += 4.0 * synced;
-  if (stage >= 3) {
-    r.workspace += 2.0 * 4.0 * synced / std::max<int64_t>(1, HoldingsOf(c, mesh, rank).layers);
-  }
+  // Workspace: one step of the rank's schedule (PredictStepWorkspace, the sync's buckets
+  // in flight included) plus what ZeRO adds (zero_memory.h): streamed gradients and stage-3
+  // gathers, or under ordered accumulation the full gradients of stages 2-3 and the
+  // gathered stage-3 parts; or, if more, the all-gather after a stage 1-2 update.
+  // zero_perf, tests/dist/zero_memory_test.cc and pipeline_memory_test.cc compare it with
+  // the measured peak.
+  const ZeroWorkspace z = PredictZeroWorkspace(c, mesh, rank, c.train.ordered_grad_accum);
+  r.workspace = PredictStepWorkspace(c, mesh, rank).peak + z.stream + z.materialized + z.gathered;
+  r.workspace = std::max(r.workspace, z.gather);
   return r;
 }
 
@@ -261,7 +286,20 @@ void ReportZeroMemory(std::ostream& out, const config::Config& c, const dist::Me
   out << "  memory / rank under zero_stage " << c.parallel.zero_stage << " (largest rank): "
       << "parameters " << FormatBytes(most.parameters) << ", gradients " << FormatBytes(most.gradients)
       << ", optimizer " << FormatBytes(most.optimizer) << ", workspace ~" << FormatBytes(most.workspace)
-      << ", total " << FormatBytes(most.total()) << "\n";
+      << ", total " << FormatBytes(most.total()) << " (train.ordered_grad_accum "
+      << (c.train.ordered_grad_accum ? "true" : "false") << ")\n";
+  // The other accumulation mode: ordered (bit-identical layouts; stages 2-3 materialise
+  // the full gradients) or in place (stages 2-3 stream them into the shard).
+  config::Config other = c;
+  other.train.ordered_grad_accum = !c.train.ordered_grad_accum;
+  RankMemory alt;
+  for (int r = 0; r < mesh.world(); ++r) {
+    const RankMemory rm = PredictRankMemory(other, mesh, r);
+    if (rm.total() > alt.total()) alt = rm;
+  }
+  out << "    with train.ordered_grad_accum " << (other.train.ordered_grad_accum ? "true" : "false")
+      << ": workspace ~" << FormatBytes(alt.workspace) << ", total " << FormatBytes(alt.total())
+      << "\n";
   const int64_t replica = c.parallel.SmallestWorld();
   // Less memory per rank needs at least as many ranks: the 24 GiB count comes last.
   const std::pair<double, const char*> sizes[] = {

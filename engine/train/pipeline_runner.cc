@@ -109,9 +109,8 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
         if (hooks.before_backward) hooks.before_backward(c, m);
         model::DecoderInput in = input(m);
         chunk.Backward(in, *outs[at],
-                       static_cast<int>(i) == last_backward[c]
-                           ? hooks.on_last_backward_done
-                           : std::function<void(const std::string&)>());
+                       static_cast<int>(i) == last_backward[c] ? hooks.on_last_backward_done
+                                                               : hooks.on_backward_done);
         if (hooks.after_backward) hooks.after_backward(c, m);
         // What the previous stage needs is kept until its send; the activations go.
         if (chunk.stage().embedding) outs[at].reset();

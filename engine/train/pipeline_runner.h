@@ -42,6 +42,9 @@ class PipelineRunner {
     // Passed to each chunk's last backward of the step as Decoder::Backward's on_done: each
     // part's gradient is final (the gradient buckets can go).
     std::function<void(const std::string& part)> on_last_backward_done;
+    // The same for every other backward of the step (ZeRO-2/3 stream each micro-batch's
+    // gradient buckets).
+    std::function<void(const std::string& part)> on_backward_done;
   };
   void RunStep(const Hooks& hooks);
 

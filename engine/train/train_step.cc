@@ -62,8 +62,8 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t tokens = int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum *
                          config_.model.seq_len;
   const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
-  zero_->MaterializeGradients();
-  registry_.ZeroGrad(rt_.ctx.get());
+  if (!StreamGradients()) zero_->MaterializeGradients();
+  registry_.ZeroGrad(rt_.ctx.get());  // the resident gradients (streaming: the unbucketed)
   // The weights may have been loaded or rolled back since the last step: fresh replicas.
   UpdateReplicas(nullptr);
   // The micro-batches and the ordered accumulation's tree live to the end of the step (the
@@ -140,11 +140,13 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
     hooks.before_backward = [&](int, int) { reg.ZeroGrad(ctx); };
     hooks.after_backward = [&](int, int) { grads.Add(PackGrads(reg, ctx)); };
   } else if (ReduceDuringBackward()) {
-    // The last backward: each part's gradient bucket goes out as soon as it is final.
+    // The last backward (streaming: every backward): each part's gradient bucket goes out
+    // as soon as it is final.
     hooks.on_last_backward_done = [&](const std::string& part) {
       ScopedPhase phase(Phase::kCommunication);
       for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
     };
+    if (StreamGradients()) hooks.on_backward_done = hooks.on_last_backward_done;
   }
   pipeline_->RunStep(hooks);
   if (OrderedAccumulation()) UnpackGrads(grads.Result(), reg, ctx);
@@ -293,6 +295,7 @@ void Trainer::SumTiedEmbeddingGrads() {
 void Trainer::InjectNan() {
   for (parallel::Parameter& p : registry_.params()) {
     if (p.name != nan_param_ || !p.grad.defined() || p.grad.numel() == 0) continue;
+    if (!p.grad.buffer().resident()) continue;  // streamed into the shard and freed
     int64_t at = 0;
     if (nan_expert_ >= 0) {
       const int64_t row = nan_expert_ - p.OffsetAt(0);

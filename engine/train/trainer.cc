@@ -103,10 +103,11 @@ void Trainer::BuildGradientSync() {
     part_params_[part].push_back(i);
   }
   const int stage = config_.parallel.zero_stage;
-  // How the buckets are cut: by part under ZeRO-3; under ZeRO with pipeline stages the tied
+  // How the buckets are cut: by part under ZeRO-3 and when streaming (StreamGradients), so a
+  // part's buckets go out as its backward ends; under ZeRO with pipeline stages the tied
   // token table alone (a part of its own), so that rank r of the data-parallel group owns
   // the same range of it on the first and the last stage (SumTiedEmbeddingGrads).
-  std::vector<int> bucket_part = stage >= 3 ? part_of : std::vector<int>{};
+  std::vector<int> bucket_part = stage >= 3 || StreamGradients() ? part_of : std::vector<int>{};
   for (size_t i = 0; i < params.size(); ++i) {
     if (stage == 0 || !params[i].tied) continue;
     if (bucket_part.empty()) bucket_part.assign(params.size(), 0);
@@ -122,25 +123,36 @@ void Trainer::BuildGradientSync() {
       parallel::GradSyncOptions{.bucket_bytes = config_.train.bucket_bytes(),
                                 .reduce_scatter = stage >= 1,
                                 .persistent_shard = stage >= 2,
-                                .part_of = bucket_part},
+                                .part_of = bucket_part,
+                                .stream = StreamGradients(),
+                                // Streaming: one part's bucket in flight while the next
+                                // part's backward computes.
+                                .max_in_flight = StreamGradients() ? 1 : 2},
       ctx);
   zero_ = std::make_unique<parallel::ZeroShards>(registry_, *grad_sync_, stage, part_of,
                                                  part_names, ctx);
-  if (stage < 3) return;
-  parallel::ZeroShards* zero = zero_.get();
-  for (const auto& chunk : chunks_) {
-    chunk->set_parameter_hooks(
-        {.acquire =
-             [zero](const std::string& part, const std::string& next) {
-               ScopedPhase phase(Phase::kCommunication);
-               zero->Acquire(part, next);
-             },
-         .release =
-             [zero](const std::string& part) {
-               ScopedPhase phase(Phase::kCommunication);
-               zero->Release(part);
-             }});
+  if (stage < 2) return;
+  model::Decoder::ParameterHooks hooks;
+  if (StreamGradients()) {
+    // No full gradient: each part's gradients exist from its backward to its bucket's
+    // reduce-scatter (parallel/grad_sync.h, streaming).
+    zero_->FreeGradients();
+    hooks.gradients = [this](const std::string& part) {
+      grad_sync_->BeginGradients(part_params_.at(part));
+    };
   }
+  if (stage >= 3) {
+    parallel::ZeroShards* zero = zero_.get();
+    hooks.acquire = [zero](const std::string& part, const std::string& next) {
+      ScopedPhase phase(Phase::kCommunication);
+      zero->Acquire(part, next);
+    };
+    hooks.release = [zero](const std::string& part) {
+      ScopedPhase phase(Phase::kCommunication);
+      zero->Release(part);
+    };
+  }
+  for (const auto& chunk : chunks_) chunk->set_parameter_hooks(hooks);
 }
 
 void Trainer::BuildOptimizer() {

@@ -188,6 +188,14 @@ class Trainer {
   bool ReduceDuringBackward() const {
     return !(config_.parallel.zero_stage == 1 && config_.parallel.pp > 1);
   }
+  // ZeRO stages 2-3 without ordered accumulation: each part's gradient bucket is
+  // reduce-scattered into the shard as soon as its backward is done, every micro-batch, and
+  // freed (parallel::GradSyncOptions::stream); no full gradient exists. Not with tied
+  // embeddings over pipeline stages (their sum needs the whole table's gradient).
+  bool StreamGradients() const {
+    return config_.parallel.zero_stage >= 2 && !OrderedAccumulation() &&
+           !(config_.parallel.pp > 1 && config_.model.tie_embeddings);
+  }
   double Validate();
   Status Save();
   // The model's parameters as a checkpoint reads and writes them: whole boxes, of which a

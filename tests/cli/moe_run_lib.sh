@@ -39,6 +39,7 @@ train:
   max_steps: 8
   micro_batch_size: 2
   grad_accum: 2
+  ordered_grad_accum: true  # layouts are compared with one rank bit for bit
   eval_every: 4
   eval_batches: 2
 logging:

@@ -210,7 +210,8 @@ class PoisonedParts {
     for (auto& [part, ps] : parts_) Release(part);
     dec.set_parameter_hooks(
         {.acquire = [this](const std::string& part, const std::string&) { Acquire(part); },
-         .release = [this](const std::string& part) { Release(part); }});
+         .release = [this](const std::string& part) { Release(part); },
+         .gradients = nullptr});
   }
   int acquires() const { return acquires_; }
 

@@ -240,8 +240,13 @@ TEST(DryRunTest, PipelineStagesInFlightAndActivations) {
   }
 }
 
-// The step's workspace by hand, G being one copy of the rank's gradients.
+// The step's workspace by hand, G being one copy of the rank's gradients, under ordered
+// accumulation (train.ordered_grad_accum: the gradient tree).
 TEST(DryRunTest, PipelineStepWorkspaceByHand) {
+  auto Ordered = [](config::Config c) {
+    c.train.ordered_grad_accum = true;
+    return c;
+  };
   auto mesh = dist::Mesh::Create(2, TinyPipeline("1f1b", 4).parallel.MeshSizes());
   ASSERT_TRUE(mesh.ok());
   const double g0 = 4.0 * (8192 + 512 + kLayerDense + kLayerExpert);
@@ -250,17 +255,17 @@ TEST(DryRunTest, PipelineStepWorkspaceByHand) {
   // activation and token ids), the first backward's gradient is packed (G) into a new tree
   // buffer (G) while its input gradient waits for its send (H).
   for (int m : {4, 8}) {
-    const plan::RankMemory last = plan::PredictRankMemory(TinyPipeline("gpipe", m), *mesh, 1);
+    const plan::RankMemory last = plan::PredictRankMemory(Ordered(TinyPipeline("gpipe", m)), *mesh, 1);
     EXPECT_DOUBLE_EQ(last.workspace, m * (kStage1 + kHidden + kTokens) + kHidden + 2 * g1) << m;
     // First stage: the same with its activations (their outputs included) and the received
     // gradient of micro-batch 0.
-    const plan::RankMemory first = plan::PredictRankMemory(TinyPipeline("gpipe", m), *mesh, 0);
+    const plan::RankMemory first = plan::PredictRankMemory(Ordered(TinyPipeline("gpipe", m)), *mesh, 0);
     EXPECT_DOUBLE_EQ(first.workspace, m * (kStage0 + kTokens) + kHidden + 2 * g0) << m;
   }
   // 1F1B, m = 4, last stage: at the fourth backward one micro-batch's activations, every
   // micro-batch's received activation and input gradient (sends are waited for at the end),
   // and four gradient copies (three tree buffers, the packed one).
-  EXPECT_DOUBLE_EQ(plan::PredictRankMemory(TinyPipeline("1f1b", 4), *mesh, 1).workspace,
+  EXPECT_DOUBLE_EQ(plan::PredictRankMemory(Ordered(TinyPipeline("1f1b", 4)), *mesh, 1).workspace,
                    kStage1 + 4 * (kTokens + 2 * kHidden) + 4 * g1);
   // One rank, one micro-batch: the activations and the backward's scratch (the attention's:
   // 3 d + 2 q + 2 kv = 224 per token); no tree, no messages.
