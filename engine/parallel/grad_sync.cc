@@ -266,6 +266,9 @@ void GradSync::LaunchReady(Group& g) {
 void GradSync::MarkReady(size_t index) {
   SY_CHECK(index < where_.size()) << "GradSync::MarkReady(" << index << "): the registry had "
                                   << where_.size() << " parameters";
+  // Streaming marks every micro-batch's backward; a parameter with no bucket (a group of
+  // size 1) has nothing to send and no round to reset.
+  if (options_.stream && where_[index].first < 0) return;
   SY_CHECK(!marked_[index]) << "GradSync::MarkReady: " << registry_.params()[index].name
                             << " marked twice in one step";
   marked_[index] = true;

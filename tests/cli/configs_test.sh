@@ -126,7 +126,7 @@ zero_states() {  # zero_states STAGE: the model-state bytes of each pipeline ran
   "$bin" train --config "$configs/switch-tiny.yaml" --dry-run --world 4 --set parallel.pp=2 \
     --set train.grad_accum=4 --set parallel.zero_stage="$1" 2>&1 | awk '
     function bytes(v, u) { return v * (u == "KiB" ? 1024 : u == "MiB" ? 1048576 : u == "GiB" ? 1073741824 : 1) }
-    /^    rank +model states/ { on = 1; next } on { printf "%.0f ", bytes($2, $3) }'
+    /^    rank +model states/ { on = 1; next } on && /^ +[0-9]+ / { printf "%.0f ", bytes($2, $3) }'
 }
 zero0=$(zero_states 0)
 [[ $(echo "$zero0" | wc -w) -eq 2 ]] || fail "zero under pp: no model states per pipeline rank: '$zero0'"
