@@ -49,22 +49,6 @@ double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) 
   return bytes * (weight + tokens * width);
 }
 
-// The workspace with the sync bounded: two buckets in flight instead of every gradient
-// packed and received; under stages 2-3 one block's full gradients (the largest layer's
-// share) instead of all of them; stage 3's two gathered blocks as PredictRankMemory has.
-double BoundedWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  StepWorkspaceInputs in = StepWorkspaceInputsOf(c, mesh, rank);
-  const double synced_bytes = in.sync / 2;  // 4 bytes per synced element (the packed copy)
-  in.sync = std::min(in.sync, 2.0 * double(c.train.bucket_bytes()));
-  double workspace = SimulateStepWorkspace(in).peak;
-  int64_t layers = 0;
-  for (const model::Stage& s : in.chunks) layers += s.End(c.model.n_layers) - s.first_layer;
-  const int stage = c.parallel.zero_stage;
-  if (stage >= 2) workspace += synced_bytes / std::max<int64_t>(1, layers);
-  if (stage >= 3) workspace += 2.0 * synced_bytes / std::max<int64_t>(1, c.model.n_layers);
-  return workspace;
-}
-
 }  // namespace
 
 std::vector<int> DistinctRanks(const dist::Mesh& mesh) {
@@ -94,8 +78,6 @@ DeviceFit PredictDeviceFit(const config::Config& c, const dist::Mesh& mesh, std:
     best = f;
   }
   best.activations = PredictStepWorkspace(c, mesh, best.rank).activations_peak;
-  best.bounded_workspace = BoundedWorkspace(c, mesh, best.rank);
-  best.bounded_peak = best.memory.model_states() + best.bounded_workspace + best.operand_copies;
   best.device = double(c.plan.device_memory_gib) * 1024.0 * 1024.0 * 1024.0;
   return best;
 }
@@ -117,15 +99,6 @@ std::string DeviceFitReport(const config::Config& c, const DeviceFit& f) {
                 FormatBytes(f.device).c_str(), double(c.plan.device_memory_gib),
                 f.margin() < 0 ? "-" : "", FormatBytes(std::abs(f.margin())).c_str(),
                 100.0 * f.margin() / f.device, f.fits() ? "yes" : "no");
-  out << line;
-  const double bm = f.device - f.bounded_peak;
-  std::snprintf(line, sizeof(line),
-                "  with the gradient sync as the ZeRO formula bounds it (two %s buckets%s): peak %s, "
-                "workspace %s, margin %s%s, fits: %s\n",
-                FormatBytes(double(c.train.bucket_bytes())).c_str(),
-                c.parallel.zero_stage >= 2 ? ", one block's gradients" : "", FormatBytes(f.bounded_peak).c_str(),
-                FormatBytes(f.bounded_workspace).c_str(), bm < 0 ? "-" : "", FormatBytes(std::abs(bm)).c_str(),
-                f.bounded_fits() ? "yes" : "no");
   out << line;
   return out.str();
 }

@@ -1,10 +1,7 @@
 // Whether a layout fits the memory of the devices it is planned for (plan.device_memory_gib,
 // docs/recipes.md): the largest rank's predicted peak — PredictRankMemory's model states
 // and step workspace, plus the matrix products' operand copies — against the device, and
-// the margin. Also the same peak with the gradient sync bounded as DESIGN.md's ZeRO
-// formula promises (two buckets in flight; one block's gradients under stages 2-3), so a
-// layout can be judged against the promise while the engine's sync still packs whole
-// gradients (the term engine/plan/dry_run.cc adds).
+// the margin.
 #pragma once
 
 #include <string>
@@ -25,12 +22,9 @@ struct DeviceFit {
   double operand_copies = 0;
   double activations = 0;     // of that rank: the most kept activations at once (in flight)
   double peak = 0;            // memory.total() + operand_copies
-  // The workspace and peak with the gradient sync of the ZeRO formula (see above).
-  double bounded_workspace = 0, bounded_peak = 0;
   double device = 0;          // plan.device_memory_gib in bytes; 0: no device to fit
 
   bool fits() const { return device <= 0 || peak <= device; }
-  bool bounded_fits() const { return device <= 0 || bounded_peak <= device; }
   double margin() const { return device - peak; }
 };
 
@@ -44,7 +38,7 @@ DeviceFit PredictDeviceFit(const config::Config& config, const dist::Mesh& mesh,
                            std::vector<int> ranks = {});
 
 // The dry-run's lines: the peak broken into its terms, the device, the margin and
-// "fits: yes" or "fits: no"; then the bounded variant's peak and margin.
+// "fits: yes" or "fits: no".
 std::string DeviceFitReport(const config::Config& config, const DeviceFit& fit);
 
 }  // namespace switchyard::plan

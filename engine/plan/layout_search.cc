@@ -33,8 +33,8 @@ std::tuple<double, int, int> Cost(const LayoutCandidate& c) {
 }
 
 // a beats b: no more peak, work, ZeRO stage or tp, and less of one.
-bool Dominates(const LayoutCandidate& a, const LayoutCandidate& b, bool bounded) {
-  const double pa = bounded ? a.fit.bounded_peak : a.fit.peak, pb = bounded ? b.fit.bounded_peak : b.fit.peak;
+bool Dominates(const LayoutCandidate& a, const LayoutCandidate& b) {
+  const double pa = a.fit.peak, pb = b.fit.peak;
   const double oa[] = {pa, a.work, double(a.config.parallel.zero_stage), double(a.config.parallel.tp)};
   const double ob[] = {pb, b.work, double(b.config.parallel.zero_stage), double(b.config.parallel.tp)};
   bool better = false;
@@ -84,7 +84,7 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
                                          model::Recompute::kFull};
   double fraction[3];
   for (int i = 0; i < 3; ++i) fraction[i] = RecomputeFraction(base, recomputes[i]);
-  std::vector<LayoutCandidate> fitting, bounded;
+  std::vector<LayoutCandidate> fitting;
   for (const Shape& s : Shapes(base, world)) {
     const int64_t dp = world / (s.tp * s.pp);
     if (search.global_batch % dp != 0) continue;
@@ -115,22 +115,17 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
           cand.fit = PredictDeviceFit(c, *mesh, ranks);
           cand.work = (1 + fraction[ri]) * (1 + double(s.pp - 1) / (s.vs * double(c.train.grad_accum)));
           if (cand.fit.fits()) fitting.push_back(cand);
-          else if (cand.fit.bounded_fits()) bounded.push_back(cand);
         }
       }
     }
   }
-  search.bounded = fitting.empty();
-  std::vector<LayoutCandidate>& pool = search.bounded ? bounded : fitting;
-  for (const LayoutCandidate& c : pool) {
+  for (const LayoutCandidate& c : fitting) {
     bool beaten = false;
-    for (const LayoutCandidate& o : pool) beaten = beaten || Dominates(o, c, search.bounded);
+    for (const LayoutCandidate& o : fitting) beaten = beaten || Dominates(o, c);
     if (!beaten) search.best.push_back(c);
   }
   std::sort(search.best.begin(), search.best.end(), [&](const auto& a, const auto& b) {
-    const double pa = search.bounded ? a.fit.bounded_peak : a.fit.peak;
-    const double pb = search.bounded ? b.fit.bounded_peak : b.fit.peak;
-    return std::tuple_cat(Cost(a), std::tuple(pa)) < std::tuple_cat(Cost(b), std::tuple(pb));
+    return std::tuple_cat(Cost(a), std::tuple(a.fit.peak)) < std::tuple_cat(Cost(b), std::tuple(b.fit.peak));
   });
   return search;
 }
@@ -142,23 +137,18 @@ std::string LayoutSearchReport(const LayoutSearch& s, int world, double device_g
       << " on the front (no other fitting layout is better on all of peak, work, ZeRO stage and tp);"
       << " least work first, then ZeRO stage, tp, peak\n";
   if (s.best.empty()) {
-    out << "  no layout fits, not even with the gradient sync bounded as the ZeRO formula promises\n";
+    out << "  no layout fits\n";
     return out.str();
   }
-  if (s.bounded) {
-    out << "  none fits by the dry-run's peak (the gradient sync packs whole gradients today); with the "
-           "sync bounded as the ZeRO formula promises (two buckets) these fit:\n";
-  }
   char line[320];
-  std::snprintf(line, sizeof(line), "  %12s %11s  %2s %2s %2s %4s %2s %3s %4s %3s %5s %-9s %6s  %s\n", "peak",
-                "margin", "tp", "pp", "v", "dp", "ep", "etp", "zero", "mb", "accum", "recompute", "work",
-                "");
+  std::snprintf(line, sizeof(line), "  %12s %11s  %2s %2s %2s %4s %2s %3s %4s %3s %5s %-9s %6s\n", "peak",
+                "margin", "tp", "pp", "v", "dp", "ep", "etp", "zero", "mb", "accum", "recompute", "work");
   out << line;
   for (int i = 0; i < std::min<int>(rows, static_cast<int>(s.best.size())); ++i) {
     const LayoutCandidate& c = s.best[i];
     const config::ParallelConfig& p = c.config.parallel;
-    const double peak = s.bounded ? c.fit.bounded_peak : c.fit.peak;
-    std::snprintf(line, sizeof(line), "  %12s %11s  %2d %2d %2d %4d %2d %3d %4d %3lld %5lld %-9s %6.3f  %s\n",
+    const double peak = c.fit.peak;
+    std::snprintf(line, sizeof(line), "  %12s %11s  %2d %2d %2d %4d %2d %3d %4d %3lld %5lld %-9s %6.3f\n",
                   FormatBytes(peak).c_str(), FormatBytes(c.fit.device - peak).c_str(), p.tp, p.pp,
                   p.virtual_stages, int(world / (p.tp * p.pp)), p.ep, p.expert_tp(), p.zero_stage,
                   static_cast<long long>(c.config.train.micro_batch_size),

@@ -26,12 +26,10 @@ struct LayoutCandidate {
 struct LayoutSearch {
   int64_t global_batch = 0;  // sequences per step, kept by every candidate
   int64_t tried = 0;         // layouts Validate accepted and the search costed
-  // The layouts that fit (by the dry-run's peak; when none does, by the bounded peak and
-  // `bounded` is set) that no other fitting layout beats on all of peak, work, ZeRO stage
-  // and tp (the Pareto front), ordered by what they cost besides memory: work, then ZeRO
+  // The layouts that fit (by the dry-run's peak) that no other fitting layout beats on all
+  // of peak, work, ZeRO stage and tp (the Pareto front), ordered by what they cost besides memory: work, then ZeRO
   // stage, then tp, then peak (the best first).
   std::vector<LayoutCandidate> best;
-  bool bounded = false;
 };
 
 // Searches the layouts of `world` ranks for `config`'s model (plan.device_memory_gib must be

@@ -5,11 +5,7 @@
 #  - print the largest rank's peak, the device memory its authors used and the margin,
 #    with margin = device - peak (to the printed 0.01 GiB) and "fits: yes" iff margin >= 0;
 #  - exit 0 when the peak fits and 1 when it does not;
-#  - fit, with the gradient sync bounded as the ZeRO formula promises (DESIGN.md), every
-#    recipe but GLM-130B: there this engine's f32 weights and gradients (8 bytes a parameter
-#    where Megatron keeps 2 + 4) and the pipeline runner holding every micro-batch's sent
-#    activation and gradient until the step ends (176 micro-batches) leave 46 GiB on a 40
-#    GiB A100 (docs/recipes.md). Flip its row when either changes.
+#  - fit the memory its authors used: every recipe says "fits: yes".
 # And Mixtral 8x7B on 64 ranks of 80 GiB (configs/mixtral-8x7b.yaml): its layout fits (exit
 # 0) and --search lists layouts that fit, each row's peak <= 80 GiB.
 # Usage: recipes_dry_run_test.sh path/to/switchyard path/to/configs
@@ -24,19 +20,18 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 # GiB TEXT: "12.34 GiB" or "5.00 MiB" as GiB.
 gib() { awk -v v="$1" -v u="$2" 'BEGIN { s = u == "GiB" ? 1 : u == "MiB" ? 1 / 1024 : u == "TiB" ? 1024 : 0; printf "%.4f", v * s }'; }
 
-# recipe NAME BILLIONS BOUNDED_FITS
+# recipe NAME BILLIONS
 recipe() {
-  local name="$1" billions="$2" bounded="$3" out="$tmp/$1.out"
+  local name="$1" billions="$2" out="$tmp/$1.out"
   "$bin" train --config "$configs/recipes/$name.yaml" --dry-run >"$out" 2>"$tmp/$name.err"
   local rc=$?
   local total
   total=$(awk '/parameters, total/ { v = $(NF - 1); u = $NF; print (u == "T" ? v * 1000 : u == "G" ? v : v / 1000) }' "$out")
   awk -v g="$total" -v w="$billions" 'BEGIN { d = g - w; if (d < 0) d = -d; exit !(d <= 0.02 * w) }' ||
     fail "$name: ${total}B parameters, published ${billions}B"
-  local peak_line device_line bounded_line
-  peak_line=$(grep '^peak / device' "$out") device_line=$(grep '^  device .*fits: ' "$out")
-  bounded_line=$(grep '^  with the gradient sync' "$out")
-  [[ -n $peak_line && -n $device_line && -n $bounded_line ]] || { fail "$name: no fit lines: $(cat "$tmp/$name.err")"; return; }
+  local peak_line device_line
+  peak_line=$(grep -a '^peak / device' "$out") device_line=$(grep -a '^  device .*fits: ' "$out")
+  [[ -n $peak_line && -n $device_line ]] || { fail "$name: no fit lines: $(cat "$tmp/$name.err")"; return; }
   local peak device margin verdict
   peak=$(gib $(echo "$peak_line" | sed 's/.*): \([0-9.]*\) \([KMGT]iB\) = .*/\1 \2/'))
   device=$(gib $(echo "$device_line" | sed 's/^  device \([0-9.]*\) \([KMGT]iB\) .*/\1 \2/'))
@@ -49,15 +44,14 @@ recipe() {
   want_verdict=$(awk -v m="$margin" 'BEGIN { print (m >= 0 ? "yes" : "no") }')
   [[ $verdict == "$want_verdict" ]] || fail "$name: 'fits: $verdict' with margin $margin GiB"
   [[ $verdict == yes && $rc -eq 0 || $verdict == no && $rc -eq 1 ]] || fail "$name: fits: $verdict but exit status $rc"
-  [[ $(echo "$bounded_line" | sed 's/.*fits: //') == "$bounded" ]] ||
-    fail "$name: with the sync bounded, want fits: $bounded: $bounded_line"
-  echo "$name: ${total}B, peak $peak GiB of $device GiB (margin $margin GiB, fits: $verdict, exit $rc); $(echo "$bounded_line" | sed 's/.*: peak/bounded sync: peak/')"
+  [[ $verdict == yes ]] || fail "$name: does not fit the $device GiB its authors used (peak $peak GiB)"
+  echo "$name: ${total}B, peak $peak GiB of $device GiB (margin $margin GiB, fits: $verdict, exit $rc)"
 }
-recipe bloom-176b 176 yes
-recipe codegeex-13b 13 yes
-recipe glm-130b 130 no
-recipe opt-175b 175 yes
-recipe mt-nlg-530b 530 yes
+recipe bloom-176b 176
+recipe codegeex-13b 13
+recipe glm-130b 130
+recipe opt-175b 175
+recipe mt-nlg-530b 530
 
 # Mixtral 8x7B: the shipped layout fits 64 x 80 GiB and the search lists others.
 out="$tmp/mixtral.out"
@@ -68,7 +62,6 @@ grep -q "^layout: world 64 " "$out" || fail "mixtral-8x7b: not planned for 64 ra
 grep -q '^  device 80.00 GiB .*fits: yes$' "$out" || fail "mixtral-8x7b: its layout does not fit 80 GiB: $(grep '^  device' "$out")"
 rows=$(awk '/^ +peak +margin/ { on = 1; next } on && /GiB/' "$out")
 [[ -n $rows ]] || fail "mixtral-8x7b: the search lists no layout"
-grep -q "none fits by the dry-run" "$out" && fail "mixtral-8x7b: the search fits only with the sync bounded"
 echo "$rows" | awk '{ if ($2 == "GiB" && $1 > 80) bad = 1 } END { exit bad }' || fail "mixtral-8x7b: a listed peak exceeds 80 GiB: $rows"
 echo "mixtral-8x7b: $(echo "$rows" | wc -l) layouts listed; first: $(echo "$rows" | head -1)"
 
