@@ -27,6 +27,26 @@ void CheckMatrix(const Tensor& t, DType dtype, const char* op, const char* what)
                           << ShapeString(t.shape());
 }
 
+// The arguments both router backwards share: dlogits (T, E) f32 on the device the others
+// must be on; probs (T, E); indices (T, k) i32; gates, dgates (T, k); dprobs and
+// dlogits_extra (T, E) or undefined.
+void CheckBackward(const Tensor& probs, const Tensor& indices, const Tensor& gates,
+                   const Tensor& dgates, const Tensor& dprobs, const Tensor& dlogits_extra,
+                   const Tensor& dlogits, const char* op) {
+  CheckMatrix(dlogits, DType::kF32, op, "dlogits");
+  CheckMatrix(indices, DType::kI32, op, "indices");
+  const Device dev = dlogits.device();
+  const int64_t T = dlogits.dim(0), E = dlogits.dim(1), k = indices.dim(1);
+  CheckLike(probs, DType::kF32, dev, {T, E}, op, "probs");
+  CheckLike(indices, DType::kI32, dev, {T, k}, op, "indices");
+  CheckLike(gates, DType::kF32, dev, {T, k}, op, "gates");
+  CheckLike(dgates, DType::kF32, dev, {T, k}, op, "dgates");
+  if (dprobs.defined()) CheckLike(dprobs, DType::kF32, dev, {T, E}, op, "dprobs");
+  if (dlogits_extra.defined()) {
+    CheckLike(dlogits_extra, DType::kF32, dev, {T, E}, op, "dlogits_extra");
+  }
+}
+
 }  // namespace
 
 void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
@@ -98,20 +118,10 @@ void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tenso
     return;
   }
   constexpr const char* kOp = "RouterBackwardScored";
-  CheckMatrix(dlogits, DType::kF32, kOp, "dlogits");
-  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  CheckBackward(probs, indices, gates, dgates, dprobs, dlogits_extra, dlogits, kOp);
   const Device dev = dlogits.device();
   SY_CHECK(dev.is_cpu()) << "moe.score=sigmoid runs on the CPU only, got " << dev.ToString();
-  const int64_t T = dlogits.dim(0), E = dlogits.dim(1), k = indices.dim(1);
-  CheckLike(probs, DType::kF32, dev, {T, E}, kOp, "probs");
-  CheckLike(scores, DType::kF32, dev, {T, E}, kOp, "scores");
-  CheckLike(indices, DType::kI32, dev, {T, k}, kOp, "indices");
-  CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
-  CheckLike(dgates, DType::kF32, dev, {T, k}, kOp, "dgates");
-  if (dprobs.defined()) CheckLike(dprobs, DType::kF32, dev, {T, E}, kOp, "dprobs");
-  if (dlogits_extra.defined()) {
-    CheckLike(dlogits_extra, DType::kF32, dev, {T, E}, kOp, "dlogits_extra");
-  }
+  CheckLike(scores, DType::kF32, dev, probs.shape(), kOp, "scores");
   cpu::RouterBackwardScored(probs, scores, indices, gates, dgates, dprobs, dlogits_extra,
                             scoring, dlogits);
 }
@@ -120,19 +130,8 @@ void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tens
                           const Tensor& dgates, const Tensor& dprobs,
                           const Tensor& dlogits_extra, bool normalize, Tensor& dlogits,
                           DeviceContext* ctx) {
-  constexpr const char* kOp = "RouterBackwardLogits";
-  CheckMatrix(dlogits, DType::kF32, kOp, "dlogits");
-  CheckMatrix(indices, DType::kI32, kOp, "indices");
-  const Device dev = dlogits.device();
-  const int64_t T = dlogits.dim(0), E = dlogits.dim(1), k = indices.dim(1);
-  CheckLike(probs, DType::kF32, dev, {T, E}, kOp, "probs");
-  CheckLike(indices, DType::kI32, dev, {T, k}, kOp, "indices");
-  CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
-  CheckLike(dgates, DType::kF32, dev, {T, k}, kOp, "dgates");
-  if (dprobs.defined()) CheckLike(dprobs, DType::kF32, dev, {T, E}, kOp, "dprobs");
-  if (dlogits_extra.defined()) {
-    CheckLike(dlogits_extra, DType::kF32, dev, {T, E}, kOp, "dlogits_extra");
-  }
+  CheckBackward(probs, indices, gates, dgates, dprobs, dlogits_extra, dlogits,
+                "RouterBackwardLogits");
   SY_DISPATCH_DEVICE(dlogits, ctx,
                      cpu::RouterBackwardLogits(probs, indices, gates, dgates, dprobs,
                                                dlogits_extra, normalize, dlogits),

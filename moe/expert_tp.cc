@@ -1,24 +1,9 @@
 #include "moe/expert_tp.h"
 
 #include "engine/core/check.h"
-#include "kernels/permute.h"
+#include "moe/row_index.h"
 
 namespace switchyard::moe {
-namespace {
-
-Tensor IndexTensor(const std::vector<int64_t>& index, Device device, DeviceContext* ctx) {
-  Tensor host = Tensor::FromVector(index, {static_cast<int64_t>(index.size())});
-  return device.is_cpu() ? host : host.To(device, ctx);
-}
-
-// out[i] = in[index[i]] for rows.
-Tensor Gather(const Tensor& in, const Tensor& index, DeviceContext* ctx) {
-  Tensor out = Tensor::Empty({index.numel(), in.dim(1)}, in.dtype(), in.device());
-  if (index.numel() > 0) kernels::GatherRows(in, index, out, ctx);
-  return out;
-}
-
-}  // namespace
 
 EtpPlan MakeEtpPlan(std::span<const int64_t> rows_per_local_expert, dist::Communicator& etp,
                     Device device, DeviceContext* ctx) {
@@ -62,8 +47,8 @@ EtpPlan MakeEtpPlan(std::span<const int64_t> rows_per_local_expert, dist::Commun
       }
     }
   }
-  plan.to_expert_major = IndexTensor(to_em, device, ctx);
-  plan.to_rank_major = IndexTensor(to_rm, device, ctx);
+  plan.to_expert_major = IndexOn(to_em, device, ctx);
+  plan.to_rank_major = IndexOn(to_rm, device, ctx);
   return plan;
 }
 
@@ -74,12 +59,12 @@ Tensor EtpGather(const Tensor& x, const EtpPlan& plan, dist::Communicator& etp,
   for (int64_t c : plan.rows_of_rank) total += c;
   Tensor all = Tensor::Empty({total, x.dim(1)}, x.dtype(), x.device());  // rank-major
   etp.AllGatherV(x, all, plan.rows_of_rank);
-  return Gather(all, plan.to_expert_major, ctx);
+  return RowsAt(all, plan.to_expert_major, ctx);
 }
 
 Tensor EtpReduceScatter(const Tensor& y, const EtpPlan& plan, dist::Communicator& etp,
                         DeviceContext* ctx) {
-  Tensor rank_major = Gather(y, plan.to_rank_major, ctx);
+  Tensor rank_major = RowsAt(y, plan.to_rank_major, ctx);
   Tensor mine = Tensor::Empty({plan.rows_of_rank[etp.rank()], y.dim(1)}, y.dtype(), y.device());
   etp.ReduceScatterV(rank_major, mine, plan.rows_of_rank, dist::ReduceOp::kSum);
   return mine;

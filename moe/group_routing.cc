@@ -2,23 +2,10 @@
 #include "moe/group_routing.h"
 
 #include "engine/core/check.h"
-#include "kernels/permute.h"
+#include "moe/row_index.h"
 
 namespace switchyard::moe {
 namespace {
-
-// An i64 index tensor on `device`.
-Tensor IndexOn(const std::vector<int64_t>& index, Device device, DeviceContext* ctx) {
-  Tensor t = Tensor::FromVector(index, {static_cast<int64_t>(index.size())});
-  return device.is_cpu() ? t : t.To(device, ctx);
-}
-
-// Rows `index` of t (R rows) as a new tensor.
-Tensor RowsAt(const Tensor& t, const Tensor& index, DeviceContext* ctx) {
-  Tensor out = Tensor::Empty({index.dim(0), t.dim(1)}, t.dtype(), t.device());
-  kernels::GatherRows(t, index, out, ctx);
-  return out;
-}
 
 // The group token of every row of rank m (members[m]'s runs in order); checks the runs.
 std::vector<int64_t> TokensOf(const GroupLayout& layout, int m, int64_t rows, int64_t t_whole) {

@@ -7,22 +7,10 @@
 #include <utility>
 
 #include "engine/core/check.h"
-#include "kernels/permute.h"
+#include "moe/row_index.h"
 
 namespace switchyard::moe {
 namespace {
-
-Tensor IndexTensor(const std::vector<int64_t>& index, Device device, DeviceContext* ctx) {
-  Tensor host = Tensor::FromVector(index, {static_cast<int64_t>(index.size())});
-  return device.is_cpu() ? host : host.To(device, ctx);
-}
-
-// out[i] = in[index[i]] for rows: (index.numel(), d).
-Tensor Gather(const Tensor& in, const Tensor& index, DeviceContext* ctx) {
-  Tensor out = Tensor::Empty({index.numel(), in.dim(1)}, in.dtype(), in.device());
-  if (index.numel() > 0) kernels::GatherRows(in, index, out, ctx);
-  return out;
-}
 
 // The inverse permutation of `index`.
 std::vector<int64_t> Inverse(const std::vector<int64_t>& index) {
@@ -94,12 +82,12 @@ ChunkedExchange::ChunkedExchange(const DispatchPlan& plan, int64_t chunks, Devic
         for (int64_t i = 0; i < counts[s * el + e]; ++i) regroup.push_back(at + i);
       }
     }
-    k.regroup = IndexTensor(regroup, dev, ctx);
-    k.ungroup = IndexTensor(Inverse(regroup), dev, ctx);
+    k.regroup = IndexOn(regroup, dev, ctx);
+    k.ungroup = IndexOn(Inverse(regroup), dev, ctx);
   }
   SY_CHECK_EQ(static_cast<int64_t>(to_chunk_major.size()), num_assignments_);
-  to_chunk_major_ = IndexTensor(to_chunk_major, dev, ctx);
-  from_chunk_major_ = IndexTensor(Inverse(to_chunk_major), dev, ctx);
+  to_chunk_major_ = IndexOn(to_chunk_major, dev, ctx);
+  from_chunk_major_ = IndexOn(Inverse(to_chunk_major), dev, ctx);
 }
 
 Tensor ChunkedExchange::Run(const Tensor& rows, dist::CommThread& comm, const Compute& compute,
@@ -117,7 +105,7 @@ Tensor ChunkedExchange::Run(const Tensor& rows, dist::CommThread& comm, const Co
   {
     // Every chunk's rows leave at once, chunk 0 first.
     ScopedPhase phase(there);
-    const Tensor chunked = Gather(rows, to_chunk_major_, ctx);
+    const Tensor chunked = RowsAt(rows, to_chunk_major_, ctx);
     for (int64_t c = 0; c < n; ++c) {
       const Chunk& k = chunks_[c];
       received[c] = Tensor::Empty({k.received, d}, DType::kF32, dev);
@@ -135,7 +123,7 @@ Tensor ChunkedExchange::Run(const Tensor& rows, dist::CommThread& comm, const Co
     {
       ScopedPhase phase(there);
       Finish(*out[c], comm.comm());
-      grouped = Gather(received[c], k.regroup, ctx);
+      grouped = RowsAt(received[c], k.regroup, ctx);
       received[c] = Tensor();
     }
     Tensor result;
@@ -148,11 +136,11 @@ Tensor ChunkedExchange::Run(const Tensor& rows, dist::CommThread& comm, const Co
         << " for " << k.received << " rows";
     ScopedPhase phase(back_phase);
     Tensor slot = returned.Slice(k.send_offset, k.send_offset + k.sent);
-    back[c] = comm.AllToAllV(Gather(result, k.ungroup, ctx), k.recv_rows, slot, k.send_rows);
+    back[c] = comm.AllToAllV(RowsAt(result, k.ungroup, ctx), k.recv_rows, slot, k.send_rows);
   }
   ScopedPhase phase(back_phase);
   for (int64_t c = 0; c < n; ++c) Finish(*back[c], comm.comm());
-  return Gather(returned, from_chunk_major_, ctx);
+  return RowsAt(returned, from_chunk_major_, ctx);
 }
 
 }  // namespace switchyard::moe

@@ -259,6 +259,33 @@ std::vector<ReplicaPlan> ReplicaPlanner::AddStep(const std::vector<std::vector<i
   return plans;
 }
 
+namespace {
+
+// Walks every extra copy of every replicated expert in the plan's order, the same on every
+// rank, so that the k-th message between two ranks is the same tensor on both sides. For
+// each of the `params` parameters p of a copy: on the expert's owner owned(p, e, peer), e the
+// expert's local index and peer the copy's rank; on the copy's rank replica(p, slot, owner).
+template <typename Owned, typename Replica>
+void WalkCopies(const ReplicaPlan& plan, int rank, size_t params, Owned owned,
+                Replica replica) {
+  const int64_t el = plan.experts_per_rank();
+  for (const ReplicatedExpert& r : plan.replicated()) {
+    const int owner = static_cast<int>(r.expert / el);
+    for (size_t j = 1; j < r.copies.size(); ++j) {
+      const ExpertCopy& c = r.copies[j];
+      for (size_t p = 0; p < params; ++p) {
+        if (rank == owner) {
+          owned(p, r.expert % el, c.rank);
+        } else if (rank == c.rank) {
+          replica(p, c.slot, owner);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 ExpertReplicas::ExpertReplicas(const ReplicaPlan& plan, int rank, const ExpertsOptions& owned,
                                DeviceContext* ctx)
     : plan_(plan), rank_(rank), experts_(SlotOptions(owned, plan.slots()), ctx) {}
@@ -266,53 +293,37 @@ ExpertReplicas::ExpertReplicas(const ReplicaPlan& plan, int rank, const ExpertsO
 void ExpertReplicas::PullWeights(const Experts& owned, dist::Communicator& ep,
                                  DeviceContext* ctx) {
   SY_CHECK_EQ(ep.size(), plan_.ep()) << "replica plan built for another ep group";
-  const int64_t el = plan_.experts_per_rank();
   const std::vector<Tensor> mine = ParamsOf(owned, false), slots = ParamsOf(experts_, false);
   std::vector<dist::P2POp> ops;
-  // Every rank walks the plan in the same order, so the k-th message between two ranks is
-  // the same tensor on both sides.
-  for (const ReplicatedExpert& r : plan_.replicated()) {
-    const int owner = static_cast<int>(r.expert / el);
-    for (size_t j = 1; j < r.copies.size(); ++j) {
-      const ExpertCopy& c = r.copies[j];
-      for (size_t p = 0; p < mine.size(); ++p) {
-        if (rank_ == owner) {
-          const int64_t e = r.expert % el;
-          ops.push_back({dist::P2POp::kSend, mine[p].Slice(e, e + 1), c.rank});
-        } else if (rank_ == c.rank) {
-          ops.push_back({dist::P2POp::kRecv, slots[p].Slice(c.slot, c.slot + 1), owner});
-        }
-      }
-    }
-  }
+  WalkCopies(
+      plan_, rank_, mine.size(),
+      [&](size_t p, int64_t e, int peer) {
+        ops.push_back({dist::P2POp::kSend, mine[p].Slice(e, e + 1), peer});
+      },
+      [&](size_t p, int64_t slot, int owner) {
+        ops.push_back({dist::P2POp::kRecv, slots[p].Slice(slot, slot + 1), owner});
+      });
   if (ctx != nullptr) ctx->Synchronize();
   if (!ops.empty()) ep.BatchSendRecv(ops)->Wait();
 }
 
 void ExpertReplicas::PushGradients(Experts& owned, dist::Communicator& ep, DeviceContext* ctx) {
   SY_CHECK_EQ(ep.size(), plan_.ep()) << "replica plan built for another ep group";
-  const int64_t el = plan_.experts_per_rank();
   const std::vector<Tensor> mine = ParamsOf(owned, true), slots = ParamsOf(experts_, true);
   std::vector<dist::P2POp> ops;
   // The owner's incoming partial gradients, added after the exchange in the plan's order.
   std::vector<std::pair<Tensor, Tensor>> adds;  // (received, owner's gradient slice)
-  for (const ReplicatedExpert& r : plan_.replicated()) {
-    const int owner = static_cast<int>(r.expert / el);
-    for (size_t j = 1; j < r.copies.size(); ++j) {
-      const ExpertCopy& c = r.copies[j];
-      for (size_t p = 0; p < mine.size(); ++p) {
-        if (rank_ == owner) {
-          const int64_t e = r.expert % el;
-          Tensor target = mine[p].Slice(e, e + 1);
-          Tensor in = Tensor::Empty(target.shape(), DType::kF32, target.device());
-          ops.push_back({dist::P2POp::kRecv, in, c.rank});
-          adds.emplace_back(in, target);
-        } else if (rank_ == c.rank) {
-          ops.push_back({dist::P2POp::kSend, slots[p].Slice(c.slot, c.slot + 1), owner});
-        }
-      }
-    }
-  }
+  WalkCopies(
+      plan_, rank_, mine.size(),
+      [&](size_t p, int64_t e, int peer) {
+        Tensor target = mine[p].Slice(e, e + 1);
+        Tensor in = Tensor::Empty(target.shape(), DType::kF32, target.device());
+        ops.push_back({dist::P2POp::kRecv, in, peer});
+        adds.emplace_back(in, target);
+      },
+      [&](size_t p, int64_t slot, int owner) {
+        ops.push_back({dist::P2POp::kSend, slots[p].Slice(slot, slot + 1), owner});
+      });
   if (ctx != nullptr) ctx->Synchronize();
   if (!ops.empty()) ep.BatchSendRecv(ops)->Wait();
   for (auto& [in, target] : adds) kernels::Axpy(1.0f, in, target, ctx);

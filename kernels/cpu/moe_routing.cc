@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "engine/core/thread_pool.h"
+#include "kernels/cpu/router_rows.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/moe_routing.h"
 
@@ -14,59 +15,27 @@ namespace switchyard::kernels::cpu {
 void RouterTopK(const Tensor& logits, const Tensor& bias_t, bool normalize, bool random_second,
                 RngKey second_key, int64_t first_token, Tensor& probs, Tensor& indices,
                 Tensor& gates, Tensor& keep) {
-  const int64_t T = logits.dim(0), E = logits.dim(1), k = indices.dim(1);
-  const float* bias = bias_t.defined() ? bias_t.data<float>() : nullptr;
-  const float* lp = logits.data<float>();
-  float* pp = probs.data<float>();
-  int32_t* ip = indices.data<int32_t>();
-  float* gp = gates.data<float>();
-  uint8_t* kp = keep.data<uint8_t>();
+  // The softmax router without groups: kernels/cpu/moe_scoring.cc's loop (softmax rows, top-k
+  // of probs + bias, the gates, GShard's second expert) serves both.
+  RouterScoring softmax;
+  softmax.normalize = normalize;
+  Tensor no_scores;  // softmax: the scores are the probs
+  cpu::RouterTopKScored(logits, bias_t, softmax, random_second, second_key, first_token, probs,
+                        no_scores, indices, gates, keep);
+}
 
-  // Tokens are independent (the GShard draw is keyed by the token): they run in parallel.
-  ParallelFor(T, RowsPerChunk(E, 2048), [&](int64_t t0, int64_t t1) {
-  std::vector<int32_t> order(E);
-  std::vector<float> score(E);
-  for (int64_t t = t0; t < t1; ++t) {
-    const float* l = lp + t * E;
-    float* p = pp + t * E;
-    // Softmax, max-subtracted, the sum accumulated in double.
-    const float m = *std::max_element(l, l + E);
-    double sum = 0.0;
-    for (int64_t e = 0; e < E; ++e) {
-      p[e] = std::exp(l[e] - m);
-      sum += p[e];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t e = 0; e < E; ++e) p[e] *= inv;
-
-    // Top-k of probs (+ bias); ties to the smaller expert index.
-    for (int64_t e = 0; e < E; ++e) score[e] = bias ? p[e] + bias[e] : p[e];
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return score[a] > score[b] || (score[a] == score[b] && a < b);
-    });
-    int32_t* idx = ip + t * k;
-    float* g = gp + t * k;
-    float gate_sum = 0.0f;
+void AddGateShare(const float* s, const int32_t* idx, const float* g, const float* dg, int64_t k,
+                  bool normalize, double* ds) {
+  if (normalize) {
+    double sum_chosen = 0.0, dot = 0.0;
     for (int64_t j = 0; j < k; ++j) {
-      idx[j] = order[j];
-      g[j] = p[order[j]];
-      gate_sum += g[j];
-      kp[t * k + j] = 1;
+      sum_chosen += s[idx[j]];
+      dot += static_cast<double>(dg[j]) * g[j];
     }
-    if (normalize) {
-      for (int64_t j = 0; j < k; ++j) g[j] /= gate_sum;
-    }
-    // GShard (arXiv 2006.16668, Algorithm 1): keep the second expert iff u < 2 * g2,
-    // g2 = p2 / (p1 + p2) whether or not the gates themselves are normalised.
-    if (random_second) {
-      const float p1 = p[idx[0]], p2 = p[idx[1]];
-      const float g2 = p2 / (p1 + p2);
-      const float u = UniformAt(second_key, static_cast<uint64_t>(first_token + t));
-      kp[t * k + 1] = u < 2.0f * g2 ? 1 : 0;
-    }
+    for (int64_t j = 0; j < k; ++j) ds[idx[j]] += (dg[j] - dot) / sum_chosen;
+  } else {
+    for (int64_t j = 0; j < k; ++j) ds[idx[j]] += dg[j];
   }
-  });
 }
 
 void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tensor& gates,
@@ -84,19 +53,7 @@ void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tens
   for (int64_t t = 0; t < T; ++t) {
     const float* p = pp + t * E;
     for (int64_t e = 0; e < E; ++e) dp[e] = extra_p ? extra_p[t * E + e] : 0.0;
-    // Gates -> probs.
-    const int32_t* idx = ip + t * k;
-    const float* dg = dgp + t * k;
-    if (normalize) {
-      double sum_p = 0.0, dot = 0.0;
-      for (int64_t j = 0; j < k; ++j) {
-        sum_p += p[idx[j]];
-        dot += static_cast<double>(dg[j]) * gp[t * k + j];
-      }
-      for (int64_t j = 0; j < k; ++j) dp[idx[j]] += (dg[j] - dot) / sum_p;
-    } else {
-      for (int64_t j = 0; j < k; ++j) dp[idx[j]] += dg[j];
-    }
+    AddGateShare(p, ip + t * k, gp + t * k, dgp + t * k, k, normalize, dp.data());
     // Softmax: dl_e = p_e * (dp_e - sum_j p_j dp_j).
     double dot = 0.0;
     for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[e];

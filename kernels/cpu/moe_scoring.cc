@@ -1,20 +1,21 @@
 // CPU implementation of kernels/moe_routing.h's RouterTopKScored and RouterBackwardScored:
 // sigmoid scores (DeepSeek-V3) and node-limited routing (a token's experts come from its M
-// best groups of E/G). The softmax rows are computed exactly as kernels/cpu/moe_routing.cc's
-// RouterTopK computes them, so a softmax router gives the same bits with or without groups.
+// best groups of E/G). Its softmax case without groups is RouterTopK (kernels/cpu/
+// moe_routing.cc calls it), so a softmax router gives the same bits with or without groups.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
 #include "engine/core/thread_pool.h"
+#include "kernels/cpu/router_rows.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/moe_routing.h"
 
 namespace switchyard::kernels::cpu {
 namespace {
 
-// probs = softmax(l), max-subtracted, the exp sum in double (as RouterTopK).
+// probs = softmax(l), max-subtracted, the exp sum in double.
 void SoftmaxRow(const float* l, int64_t E, float* p) {
   const float m = *std::max_element(l, l + E);
   double sum = 0.0;
@@ -79,6 +80,7 @@ void RouterTopKScored(const Tensor& logits, const Tensor& bias_t, const RouterSc
   float* gp = gates.data<float>();
   uint8_t* kp = keep.data<uint8_t>();
 
+  // Tokens are independent (the GShard draw is keyed by the token): they run in parallel.
   ParallelFor(T, RowsPerChunk(E, 2048), [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> order(E), group_order(std::max<int64_t>(G, 1));
     std::vector<float> c(E), group_score(std::max<int64_t>(G, 1));
@@ -109,7 +111,8 @@ void RouterTopKScored(const Tensor& logits, const Tensor& bias_t, const RouterSc
       if (scoring.normalize) {
         for (int64_t j = 0; j < k; ++j) g[j] /= gate_sum;
       }
-      // GShard's random second expert, on the two chosen scores.
+      // GShard (arXiv 2006.16668, Algorithm 1): keep the second expert iff u < 2 * g2,
+      // g2 = s2 / (s1 + s2) on the two chosen scores, whether or not the gates are normalised.
       if (random_second) {
         const float s1 = s[idx[0]], s2 = s[idx[1]];
         const float u = UniformAt(second_key, static_cast<uint64_t>(first_token + t));
@@ -148,19 +151,7 @@ void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tenso
       }
       for (int64_t e = 0; e < E; ++e) ds[e] = (dp[e] - dot) / sum_s;
     }
-    // The gates' share.
-    const int32_t* idx = ip + t * k;
-    const float* dg = dgp + t * k;
-    if (scoring.normalize) {
-      double sum_chosen = 0.0, dot = 0.0;
-      for (int64_t j = 0; j < k; ++j) {
-        sum_chosen += s[idx[j]];
-        dot += static_cast<double>(dg[j]) * gp[t * k + j];
-      }
-      for (int64_t j = 0; j < k; ++j) ds[idx[j]] += (dg[j] - dot) / sum_chosen;
-    } else {
-      for (int64_t j = 0; j < k; ++j) ds[idx[j]] += dg[j];
-    }
+    AddGateShare(s, ip + t * k, gp + t * k, dgp + t * k, k, scoring.normalize, ds.data());
     // Sigmoid: ds/dl = s (1 - s).
     for (int64_t e = 0; e < E; ++e) {
       const double se = s[e];
