@@ -50,6 +50,14 @@ cudaEvent_t NewEvent() {
   return event;
 }
 
+// Whether the work before `event` has finished (cudaEventQuery; other errors fail).
+bool EventFired(cudaEvent_t event) {
+  const cudaError_t e = cudaEventQuery(event);
+  if (e == cudaErrorNotReady) return false;
+  SY_CUDA_CHECK(e);
+  return true;
+}
+
 // An asynchronous NCCL op: the event recorded on the communication stream after it, and
 // the tensors it uses (released once the caller's stream is ordered after the event).
 class NcclWork final : public Work {
@@ -67,6 +75,14 @@ class NcclWork final : public Work {
     SY_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
     tensors_.clear();
     waited_ = true;
+  }
+  // The event after the op has fired (the tensors are then released).
+  bool Test() override {
+    if (waited_) return true;
+    SY_CUDA_CHECK(cudaSetDevice(device_));
+    if (!EventFired(done_)) return false;
+    Wait();
+    return true;
   }
 
  private:
@@ -99,6 +115,8 @@ class NcclP2PWork final : public Work {
       : comm_(comm), device_(device), compute_(compute), batch_(std::move(batch)) {}
   ~NcclP2PWork() override { Wait(); }
   void Wait() override;
+  // False while the batch is not launched (Test launches nothing); then its event.
+  bool Test() override;
 
  private:
   NcclCommunicator* comm_;  // launches a pending batch; a launched one needs no communicator
@@ -464,6 +482,15 @@ void NcclP2PWork::Wait() {
   SY_CUDA_CHECK(cudaStreamWaitEvent(compute_, batch_->done, 0));
   batch_.reset();
   waited_ = true;
+}
+
+bool NcclP2PWork::Test() {
+  if (waited_) return true;
+  if (!batch_->launched) return false;
+  SY_CUDA_CHECK(cudaSetDevice(device_));
+  if (!EventFired(batch_->done)) return false;
+  Wait();
+  return true;
 }
 
 }  // namespace
