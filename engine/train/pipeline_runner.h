@@ -7,8 +7,8 @@
 // (and before a recv waits) the completed ones are released (Work::Test), so a sent tensor
 // lives until the peer has taken it, not until the step ends; a recv is waited for before
 // the forward or backward that reads it, which is the execution rule the schedules are
-// validated against, so no schedule the config accepts can deadlock. With pp = 1 the 1F1B list is forward 0, backward 0, forward 1, ...: the
-// plain gradient-accumulation loop.
+// validated against, so no schedule the config accepts can deadlock. With pp = 1 the 1F1B
+// list is forward 0, backward 0, forward 1, ...: the plain gradient-accumulation loop.
 //
 // What a step does around the stages (inputs, statistics, gradient accumulation and the
 // gradient buckets) is the caller's, through the hooks.
