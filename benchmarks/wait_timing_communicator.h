@@ -25,6 +25,7 @@ class TimedWork final : public dist::Work {
     inner_->Wait();
     *seconds_ += Now() - t0;
   }
+  bool Test() override { return inner_->Test(); }
 
  private:
   std::unique_ptr<dist::Work> inner_;

@@ -35,6 +35,10 @@ class FallbackWork final : public TimedWork {
     exposed_ += waited;
     work_.reset();
   }
+  bool Test() override {
+    if (work_ && work_->Test()) Wait();  // returns at once
+    return !work_;
+  }
   double seconds() const override { return seconds_; }
   double exposed_seconds() const override { return exposed_; }
 
@@ -74,6 +78,15 @@ class ThreadWork final : public TimedWork {
     seconds_ = Seconds(job_->start, job_->end);
     waited_ = true;
     job_.reset();
+  }
+  bool Test() override {
+    if (waited_) return true;
+    {
+      std::lock_guard<std::mutex> lock(job_->mu);
+      if (!job_->done) return false;
+    }
+    Wait();  // returns at once
+    return true;
   }
   double seconds() const override { return seconds_; }
   double exposed_seconds() const override { return exposed_; }

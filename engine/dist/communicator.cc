@@ -28,6 +28,7 @@ namespace {
 class CompletedWorkImpl final : public Work {
  public:
   void Wait() override {}
+  bool Test() override { return true; }
 };
 
 }  // namespace

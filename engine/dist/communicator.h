@@ -49,6 +49,11 @@ class Work {
   // then in place; for device tensors later work on the caller's stream is ordered after
   // it. Idempotent. A Work destroyed without Wait waits in its destructor.
   virtual void Wait() = 0;
+  // Whether the op is complete, without blocking: once true, Wait returns at once and the
+  // op's tensors may be released (a device op: its kernels have finished). May drive the
+  // op's progress (MPI_Test). A Work that cannot tell answers false until it is waited for
+  // (the default), so callers that poll must still Wait at the end.
+  virtual bool Test() { return false; }
 };
 
 // A Work that is already complete (for groups of size 1).

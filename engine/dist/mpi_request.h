@@ -45,26 +45,27 @@ class MpiCommunicator::Request final : public Work {
 
   void Wait() override {
     if (done_) return;
+    std::vector<MPI_Status> statuses(requests_.size());
     if (!requests_.empty()) {
       const WatchdogScope watch(op_, seq_, group_, peers_);
-      std::vector<MPI_Status> statuses(requests_.size());
       SY_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
                                statuses.data()));
-      for (const Receive& r : receives_) {
-        int received = 0;
-        SY_MPI_CHECK(MPI_Get_count(&statuses[r.index], r.type, &received));
-        SY_CHECK_EQ(received, r.rows) << "Recv into " << r.tensor.DebugString()
-                                      << " from rank " << r.peer
-                                      << ": the message is shorter (or not whole rows)";
-      }
     }
-    if (finish_) finish_();
-    done_ = true;
-    requests_.clear();
-    receives_.clear();
-    tensors_.clear();
-    counts_.clear();
-    finish_ = nullptr;
+    Finish(statuses);
+  }
+
+  // MPI_Testall: completes the op (as Wait does) once every request has.
+  bool Test() override {
+    if (done_) return true;
+    std::vector<MPI_Status> statuses(requests_.size());
+    if (!requests_.empty()) {
+      int flag = 0;
+      SY_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                               statuses.data()));
+      if (flag == 0) return false;
+    }
+    Finish(statuses);
+    return true;
   }
 
   // A slot for the next non-blocking call's request.
@@ -94,6 +95,24 @@ class MpiCommunicator::Request final : public Work {
   }
 
  private:
+  // After every request completed: checks the receives' lengths, runs what follows (the
+  // kAvg division) and drops the tensors.
+  void Finish(const std::vector<MPI_Status>& statuses) {
+    for (const Receive& r : receives_) {
+      int received = 0;
+      SY_MPI_CHECK(MPI_Get_count(&statuses[r.index], r.type, &received));
+      SY_CHECK_EQ(received, r.rows) << "Recv into " << r.tensor.DebugString() << " from rank "
+                                    << r.peer << ": the message is shorter (or not whole rows)";
+    }
+    if (finish_) finish_();
+    done_ = true;
+    requests_.clear();
+    receives_.clear();
+    tensors_.clear();
+    counts_.clear();
+    finish_ = nullptr;
+  }
+
   struct Receive {
     size_t index;  // into requests_
     int rows;

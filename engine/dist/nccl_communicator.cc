@@ -12,11 +12,17 @@
 #include "engine/core/device_context.h"
 #include "engine/dist/mpi_check.h"
 #include "engine/dist/mpi_communicator.h"
+#include "engine/dist/nccl_work.h"
 
 namespace switchyard::dist {
 namespace {
 
 using internal::CheckTensor;
+using nccl_internal::EventFired;
+using nccl_internal::NcclWork;
+using nccl_internal::NewEvent;
+using nccl_internal::P2PBatch;
+using nccl_internal::StreamOf;
 
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
@@ -42,53 +48,7 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
-cudaStream_t StreamOf(DeviceContext* ctx) { return static_cast<cudaStream_t>(ctx->stream()); }
-
-cudaEvent_t NewEvent() {
-  cudaEvent_t event;
-  SY_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  return event;
-}
-
-// An asynchronous NCCL op: the event recorded on the communication stream after it, and
-// the tensors it uses (released once the caller's stream is ordered after the event).
-class NcclWork final : public Work {
- public:
-  NcclWork(int device, cudaStream_t compute, cudaEvent_t done, std::vector<Tensor> tensors)
-      : device_(device), compute_(compute), done_(done), tensors_(std::move(tensors)) {}
-  ~NcclWork() override {
-    Wait();
-    cudaEventDestroy(done_);
-  }
-
-  void Wait() override {
-    if (waited_) return;
-    SY_CUDA_CHECK(cudaSetDevice(device_));
-    SY_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
-    tensors_.clear();
-    waited_ = true;
-  }
-
- private:
-  int device_;
-  cudaStream_t compute_;
-  cudaEvent_t done_;
-  std::vector<Tensor> tensors_;
-  bool waited_ = false;
-};
-
 class NcclCommunicator;
-
-// Point-to-point ops posted together and launched as one NCCL group (see SendAsync), with
-// the event recorded after them once launched.
-struct P2PBatch {
-  ~P2PBatch() {
-    if (done != nullptr) cudaEventDestroy(done);
-  }
-  std::vector<P2POp> ops;  // holds the tensors until the batch is destroyed
-  bool launched = false;
-  cudaEvent_t done = nullptr;
-};
 
 // The Work of posted point-to-point ops: Wait launches their batch if it is still pending,
 // then orders the caller's stream after it.
@@ -99,6 +59,8 @@ class NcclP2PWork final : public Work {
       : comm_(comm), device_(device), compute_(compute), batch_(std::move(batch)) {}
   ~NcclP2PWork() override { Wait(); }
   void Wait() override;
+  // False while the batch is not launched (Test launches nothing); then its event.
+  bool Test() override;
 
  private:
   NcclCommunicator* comm_;  // launches a pending batch; a launched one needs no communicator
@@ -464,6 +426,15 @@ void NcclP2PWork::Wait() {
   SY_CUDA_CHECK(cudaStreamWaitEvent(compute_, batch_->done, 0));
   batch_.reset();
   waited_ = true;
+}
+
+bool NcclP2PWork::Test() {
+  if (waited_) return true;
+  if (!batch_->launched) return false;
+  SY_CUDA_CHECK(cudaSetDevice(device_));
+  if (!EventFired(batch_->done)) return false;
+  Wait();
+  return true;
 }
 
 }  // namespace

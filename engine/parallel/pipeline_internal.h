@@ -41,12 +41,18 @@ inline bool IsActivation(ActionKind kind) {
 // "rank 1, action 4 (recv-activation mb 0 chunk 0 from rank 0)": list[index] of `rank`.
 std::string Where(int rank, const std::vector<Action>& list, size_t index);
 
+// Per rank and action of an execution: when the action ends (the rank's clock after it)
+// and, for a send, when the peer's recv took its message (-1 for other actions).
+struct ActionTimes {
+  std::vector<std::vector<int>> end, taken;
+};
+
 // The schedule's lists executed in order with posted sends and waiting recvs. When timeline
 // is given, records every compute action's start and end (forward_cost / backward_cost
-// units). Messages must already match per channel (ValidateActionLists' check (b)); a recv
+// units); when times is given, every action's end and each send's taking. Messages must already match per channel (ValidateActionLists' check (b)); a recv
 // takes the next message of its channel. Returns InvalidArgument naming every rank left
 // waiting when the lists deadlock.
 Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
-               int backward_cost, Timeline* timeline);
+               int backward_cost, Timeline* timeline, ActionTimes* times = nullptr);
 
 }  // namespace switchyard::parallel::pipeline_internal

@@ -162,6 +162,17 @@ struct Timeline {
 Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
                           int virtual_stages, int forward_cost = 1, int backward_cost = 2);
 
+// When PipelineRunner releases each send of `rank` (it drops the completed sends after
+// every action and waits for the rest at the end of the step), in the timeline
+// SimulateTimeline runs with these costs: a send's message is taken when the peer's recv of
+// it completes, and the send is released after the first action of the rank, from the send
+// on, that ends strictly later than that (ties held: a conservative rule). release[i] for a
+// send at action i is that action's index, or actions.size() when none ends later (held to
+// the end of the step); -1 for actions that are not sends. Same checks as SimulateTimeline.
+std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batches,
+                              int virtual_stages, int rank, int forward_cost = 1,
+                              int backward_cost = 2);
+
 // A text chart of the timeline, one line per rank and one character per time unit:
 // forward of micro-batch i as the letter 'a' + i, its backward as 'A' + i (wrapping after
 // 26), '.' idle; with interleaving a second line per rank gives each unit's chunk. Then a

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/check.h"
@@ -27,11 +28,19 @@ namespace pipeline_internal {
 // takes the next message of its channel. Returns InvalidArgument naming every rank left
 // waiting when the lists deadlock.
 Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
-               int backward_cost, Timeline* timeline) {
+               int backward_cost, Timeline* timeline, ActionTimes* times) {
   const int pp = static_cast<int>(ranks.size());
-  // Channel (sender, receiver) -> post times of its sends so far.
+  // Channel (sender, receiver) -> its sends so far: post time, index in the sender's list.
   const auto channel = [pp](int from, int to) { return from * pp + to; };
-  std::vector<std::vector<int>> posted(static_cast<size_t>(pp) * pp);
+  std::vector<std::vector<std::pair<int, size_t>>> posted(static_cast<size_t>(pp) * pp);
+  if (times != nullptr) {
+    times->end.assign(pp, {});
+    times->taken.assign(pp, {});
+    for (int r = 0; r < pp; ++r) {
+      times->end[r].assign(ranks[r].size(), 0);
+      times->taken[r].assign(ranks[r].size(), -1);
+    }
+  }
   std::vector<size_t> taken(posted.size(), 0);
   std::vector<size_t> next(pp, 0);
   std::vector<int> clock(pp, 0);
@@ -47,12 +56,15 @@ Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
           if (timeline != nullptr) timeline->ranks[r].push_back({a, clock[r], clock[r] + cost});
           clock[r] += cost;
         } else if (IsSend(a.kind)) {
-          posted[channel(r, a.peer)].push_back(clock[r]);
+          posted[channel(r, a.peer)].push_back({clock[r], next[r]});
         } else {
           const int c = channel(a.peer, r);
           if (taken[c] == posted[c].size()) break;  // its send is not posted yet
-          clock[r] = std::max(clock[r], posted[c][taken[c]++]);
+          const auto [post, send] = posted[c][taken[c]++];
+          clock[r] = std::max(clock[r], post);
+          if (times != nullptr) times->taken[a.peer][send] = clock[r];
         }
+        if (times != nullptr) times->end[r][next[r]] = clock[r];
         progress = true;
       }
     }
@@ -111,6 +123,30 @@ Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
   }
   SY_CHECK_OK(pipeline_internal::Execute(ranks, forward_cost, backward_cost, &timeline));
   return timeline;
+}
+
+std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batches,
+                              int virtual_stages, int rank, int forward_cost,
+                              int backward_cost) {
+  SY_CHECK(forward_cost >= 1 && backward_cost >= 1 && rank >= 0 && rank < pp)
+      << "forward_cost " << forward_cost << ", backward_cost " << backward_cost << ", rank "
+      << rank << " of " << pp;
+  std::vector<std::vector<Action>> ranks;
+  for (int r = 0; r < pp; ++r) {
+    ranks.push_back(ScheduleActions(schedule, pp, micro_batches, virtual_stages, r));
+  }
+  pipeline_internal::ActionTimes times;
+  SY_CHECK_OK(pipeline_internal::Execute(ranks, forward_cost, backward_cost, nullptr, &times));
+  const std::vector<Action>& mine = ranks[rank];
+  const int n = static_cast<int>(mine.size());
+  std::vector<int> release(n, -1);
+  for (int i = 0; i < n; ++i) {
+    if (!pipeline_internal::IsSend(mine[i].kind)) continue;
+    int j = i;
+    while (j < n && times.end[rank][j] <= times.taken[rank][i]) ++j;
+    release[i] = j;
+  }
+  return release;
 }
 
 std::string RenderTimeline(const Timeline& timeline) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/core/check.h"
 #include "engine/model/param_table.h"
 #include "engine/model/recompute.h"
 #include "moe/capacity.h"
@@ -176,12 +177,29 @@ class WorkspaceWalk {
   explicit WorkspaceWalk(const StepWorkspaceInputs& in) : in_(in) {
     for (const parallel::Action& a : in.actions) micro_batches_ = std::max(micro_batches_, a.micro_batch + 1);
     has_tokens_.assign(micro_batches_, false);
-    for (size_t i = 0; i < in.actions.size(); ++i)
+    const size_t n = in.actions.size();
+    for (size_t i = 0; i < n; ++i)
       if (in.actions[i].kind == ActionKind::kBackward) last_backward_ = static_cast<int>(i);
+    const size_t per_chunk = static_cast<size_t>(micro_batches_) * in.chunks.size();
+    received_.assign(per_chunk, 0);
+    grad_input_.assign(per_chunk, 0);
+    activation_send_.assign(per_chunk, -1);
+    send_owns_.assign(n, 0);
+    send_open_.assign(n, false);
+    released_after_.resize(n);
+    SY_CHECK(in.send_release.empty() || in.send_release.size() == n)
+        << in.send_release.size() << " send releases for " << n << " actions";
+    for (size_t i = 0; i < in.send_release.size(); ++i) {
+      const int j = in.send_release[i];
+      if (j >= 0 && static_cast<size_t>(j) < n) released_after_[j].push_back(static_cast<int>(i));
+    }
   }
 
   StepWorkspace Run() {
-    for (size_t i = 0; i < in_.actions.size(); ++i) Step(in_.actions[i], static_cast<int>(i));
+    for (size_t i = 0; i < in_.actions.size(); ++i) {
+      Step(in_.actions[i], static_cast<int>(i));
+      for (int send : released_after_[i]) Release(send);
+    }
     // The end of the step: the sends are waited for and the runner's inputs go; the tree's
     // buffers stay with its sum (one more copy), then the sync's buckets.
     if (in_.ordered_accum) {
@@ -207,10 +225,12 @@ class WorkspaceWalk {
       has_tokens_[a.micro_batch] = true;
       live_ += in_.tokens;
     }
+    const int at = a.chunk * micro_batches_ + a.micro_batch;
     switch (a.kind) {
-      case ActionKind::kRecvActivation:  // kept by the runner until the step ends
+      case ActionKind::kRecvActivation:  // the stage's input, kept with the activations
       case ActionKind::kRecvGradient:    // goes with the activations
         live_ += in_.hidden;
+        received_[at] += in_.hidden;
         break;
       case ActionKind::kForward:
         live_ += in_.kept[a.chunk];
@@ -220,27 +240,42 @@ class WorkspaceWalk {
         out_.activations_peak = std::max(out_.activations_peak, kept_);
         break;
       case ActionKind::kSendActivation:  // the output, already counted with the activations
+        send_open_[index] = true;
+        activation_send_[at] = index;
         break;
       case ActionKind::kBackward:
         Backward(a, index);
         break;
       case ActionKind::kSendGradient:
-        // The activations go (as in Backward: the sent output stays, the received gradient
-        // goes); the input gradient stays until the end of the step.
-        DropActivations(a.chunk);
+        // The activations go; the input gradient stays with its send until released.
+        send_open_[index] = true;
+        send_owns_[index] = grad_input_[at];
+        grad_input_[at] = 0;
+        DropActivations(a.chunk, at);
         break;
     }
+  }
+
+  // The runner drops a completed send: what only the send still held goes.
+  void Release(int send) {
+    if (!send_open_[send]) return;
+    send_open_[send] = false;
+    live_ -= send_owns_[send];
+    send_owns_[send] = 0;
   }
 
   void Backward(const parallel::Action& a, int index) {
     const model::Stage& stage = in_.chunks[a.chunk];
     const double sync = index == last_backward_ && !in_.ordered_accum ? in_.sync : 0;
     At(live_ + in_.backward[a.chunk] + sync, &a, "");
-    if (!stage.embedding) live_ += in_.hidden;  // the input gradient, kept for its send
+    const int at = a.chunk * micro_batches_ + a.micro_batch;
+    if (!stage.embedding) {  // the input gradient, kept for its send
+      live_ += in_.hidden;
+      grad_input_[at] = in_.hidden;
+    }
     if (in_.ordered_accum) PackIntoTree(a);
-    // The activations go. Before the last stage, the output sent on stays until the end of
-    // the step and the received gradient (as large) goes: the same bytes.
-    if (stage.embedding) DropActivations(a.chunk);
+    // The first stage's activations go now (the others' with the send of the gradient).
+    if (stage.embedding) DropActivations(a.chunk, at);
   }
 
   // The gradient packed (one copy) and added to the pairwise tree: a fresh buffer unless a
@@ -259,10 +294,18 @@ class WorkspaceWalk {
     levels_.push_back(level);
   }
 
-  void DropActivations(int chunk) {
-    live_ -= in_.kept[chunk];
+  // The micro-batch's activations go, with what it received; the output it sent on (the
+  // last of its kept tensors) stays while that send is open.
+  void DropActivations(int chunk, int at) {
+    live_ -= in_.kept[chunk] + received_[at];
+    received_[at] = 0;
     kept_ -= in_.kept[chunk];
     --in_flight_;
+    const int send = activation_send_[at];
+    if (send >= 0 && send_open_[send]) {
+      live_ += in_.hidden;
+      send_owns_[send] += in_.hidden;
+    }
   }
 
   const StepWorkspaceInputs& in_;
@@ -275,6 +318,16 @@ class WorkspaceWalk {
   std::vector<int> levels_;
   int buffers_ = 0, spare_ = 0;
   int last_backward_ = -1;
+  // Per (chunk, micro-batch), chunk * micro_batches + m: the bytes received for it (its
+  // input activation and output gradient), its input gradient before the send, and the
+  // index of its activation's send (-1: none).
+  std::vector<double> received_, grad_input_;
+  std::vector<int> activation_send_;
+  // Per action (sends): what only the send holds, whether it is still held, and the sends
+  // the runner releases after each action.
+  std::vector<double> send_owns_;
+  std::vector<bool> send_open_;
+  std::vector<std::vector<int>> released_after_;
 };
 
 }  // namespace

@@ -61,6 +61,10 @@ struct StepWorkspaceInputs {
   // The gradient buckets in flight at the data-parallel sync: each bucket's packed copy and
   // the ordered sum's receive buffer (0 without a data-parallel group to sum over).
   double sync = 0;
+  // Per action, for a send: the index of the action after which the runner has released it
+  // (parallel::SendReleases); actions.size() or beyond: at the end of the step. Empty:
+  // every send is held until the step ends.
+  std::vector<int> send_release;
 };
 
 struct StepWorkspace {
@@ -73,13 +77,15 @@ struct StepWorkspace {
 // Walks the actions with the executor's rules (engine/train/pipeline_runner.h):
 //   a micro-batch's token ids stay until the step ends;
 //   a forward adds its chunk's activations; a backward adds its scratch for its duration;
-//   a received activation stays until the step ends (the runner keeps its inputs), a
-//   received gradient until the micro-batch's activations go;
-//   a sent tensor stays until the step ends (sends are waited for then): the output a
-//   forward sent outlives its activations, and a backward's input gradient is a new tensor
-//   kept for its send;
+//   a received activation (the stage's input) and a received gradient stay until the
+//   micro-batch's activations go;
+//   a backward's input gradient is a new tensor, kept for its send;
 //   the activations go after the backward (the first stage) or with the send of the input
 //   gradient (the others);
+//   a sent tensor stays until the runner releases its send (send_release: after the first
+//   action of this rank that ends later than the peer's receive of it in the unit-time
+//   timeline, parallel::SendReleases): the output a forward sent outlives its activations
+//   only while its send is held, the input gradient is freed with its send;
 //   with ordered accumulation, each backward's gradient is packed (one copy) and added to
 //   the tree, whose buffers (one per level still open, kept for reuse) stay until the step
 //   ends; at the end their sum is one more copy; then the buckets of the sync.

@@ -188,6 +188,8 @@ StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::M
   const ActivationBytes acts = EstimateActivationBytes(c);
   StepWorkspaceInputs in;
   in.actions = parallel::ScheduleActions(*schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
+  in.send_release =
+      parallel::SendReleases(*schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
   in.chunks = RankStages(c, pp_rank);
   for (const model::Stage& s : in.chunks) {
     in.kept.push_back(acts.Stage(s));

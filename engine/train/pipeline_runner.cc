@@ -40,6 +40,7 @@ std::string PipelineRunner::StageName(int pp_rank) const {
 }
 
 Tensor PipelineRunner::Recv(const Shape& shape, int peer) {
+  ReleaseCompletedSends();  // before waiting: what the peers took need not wait with us
   Tensor t = Tensor::Empty(shape, DType::kF32, chunks_[0]->device());
   ScopedPhase phase(Phase::kCommunication);  // with the wait for the peer (the bubble)
   const dist::WatchdogNote note(StrCat("pipeline ", StageName(pp_.rank()), " receiving from ",
@@ -51,6 +52,10 @@ Tensor PipelineRunner::Recv(const Shape& shape, int peer) {
 void PipelineRunner::Send(const Tensor& t, int peer) {
   ScopedPhase phase(Phase::kCommunication);
   sends_.push_back({pp_.SendAsync(t, peer), t, peer});
+}
+
+void PipelineRunner::ReleaseCompletedSends() {
+  std::erase_if(sends_, [](Pending& p) { return p.work->Test(); });
 }
 
 void PipelineRunner::WaitSends() {
@@ -121,6 +126,7 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
         outs[at].reset();
         break;
     }
+    ReleaseCompletedSends();
     if (trace_ != nullptr) trace_->actions.push_back({a, start, Now()});
   }
   WaitSends();

@@ -3,11 +3,12 @@
 // rank's model chunks (one decoder each: one chunk, or parallel.virtual_stages of them
 // under the interleaved schedule), the activations to the next model stage and the
 // gradients back to the previous one by non-blocking send/recv on the pp communicator.
-// Sends are posted and waited for at the end of the step (their tensors kept alive until
-// then); a recv is waited for before the forward or backward that reads it, which is the
-// execution rule the schedules are validated against, so no schedule the config accepts
-// can deadlock. With pp = 1 the 1F1B list is forward 0, backward 0, forward 1, ...: the
-// plain gradient-accumulation loop.
+// Sends are posted and never waited for before the end of the step, but after every action
+// (and before a recv waits) the completed ones are released (Work::Test), so a sent tensor
+// lives until the peer has taken it, not until the step ends; a recv is waited for before
+// the forward or backward that reads it, which is the execution rule the schedules are
+// validated against, so no schedule the config accepts can deadlock. With pp = 1 the 1F1B
+// list is forward 0, backward 0, forward 1, ...: the plain gradient-accumulation loop.
 //
 // What a step does around the stages (inputs, statistics, gradient accumulation and the
 // gradient buckets) is the caller's, through the hooks.
@@ -83,6 +84,8 @@ class PipelineRunner {
  private:
   Tensor Recv(const Shape& shape, int peer);
   void Send(const Tensor& t, int peer);
+  // Drops the sends that have completed (their tensors with them); never waits.
+  void ReleaseCompletedSends();
   void WaitSends();
   // "stage 1 (world rank 1)" (interleaved: "stages 1 3 (world rank 1)"): what pipeline
   // rank pp_rank holds, for the watchdog's report of a stalled send or receive.

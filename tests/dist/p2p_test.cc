@@ -69,6 +69,41 @@ TEST_F(CommunicatorTest, AsyncSendRecvRingInEitherOrder) {
   CheckAsyncRing(*world_, rank() % 2 == 1);
 }
 
+// Work::Test: a receive whose message has not been sent is not complete; once sent, polling
+// Test completes both ends (MPI_Test drives the progress), after which Wait returns at once
+// and the received values are the sent ones. Rank 0 sends a large message (past any eager
+// limit) and a small one to rank 1; the other ranks only join the barriers.
+TEST_F(CommunicatorTest, TestCompletesWithoutWaiting) {
+  constexpr int64_t kLarge = 1 << 20;  // 4 MiB of f32
+  Tensor large = Fill<float>({kLarge}, [r = rank()](int64_t i) { return r == 0 ? i % 1000 : -1; });
+  Tensor small = Fill<int64_t>({3}, [r = rank()](int64_t i) { return r == 0 ? 7 + i : 0; });
+  std::vector<std::unique_ptr<Work>> works;
+  if (rank() == 1) {
+    works.push_back(world_->RecvAsync(large, 0));
+    works.push_back(world_->RecvAsync(small, 0, 5));
+    // Rank 0 sends only after the barrier below.
+    EXPECT_FALSE(works[0]->Test());
+    EXPECT_FALSE(works[1]->Test());
+  }
+  world_->Barrier();
+  if (rank() == 0) {
+    works.push_back(world_->SendAsync(large, 1));
+    works.push_back(world_->SendAsync(small, 1, 5));
+  }
+  for (std::unique_ptr<Work>& w : works) {
+    while (!w->Test()) {
+    }
+    EXPECT_TRUE(w->Test());  // stays complete
+    w->Wait();               // returns at once
+  }
+  if (rank() == 1) {
+    ExpectEach<float>(large, [](int64_t i) { return i % 1000; }, "large");
+    ExpectEach<int64_t>(small, [](int64_t i) { return 7 + i; }, "small");
+  }
+  EXPECT_TRUE(CompletedWork()->Test());
+  world_->Barrier();
+}
+
 // One batch per rank: two tensors to the next rank (tag 1), one to the previous (tag 2), an
 // empty one each way (tag 3) and one to itself (tag 4), with the matching receives, in an
 // order that differs between even and odd ranks.

@@ -220,6 +220,38 @@ TEST(PipelineScheduleTest, BubbleTable) {
   EXPECT_DOUBLE_EQ(LiteratureInterleavedBubble(4, 8, 2), 3.0 / 19);
 }
 
+// When the runner releases each send, by hand from the chart of RenderOneFOneB below (pp 2,
+// 3 micro-batches, forward 1, backward 2): rank 0's activation of micro-batch 1 is posted
+// at 2 and taken at 4 (rank 1 ends B0 then), so it is held until B0 of rank 0 ends at 6
+// (action 5); rank 1's last gradient is taken at 10, when rank 1 has nothing left to run:
+// it is held to the end of the step (12, the list's size).
+TEST(PipelineScheduleTest, SendReleases) {
+  EXPECT_EQ(SendReleases(PipelineSchedule::kOneFOneB, 2, 3, 1, 0),
+            (std::vector<int>{-1, 2, -1, 5, -1, -1, -1, 9, -1, -1, -1, -1}));
+  EXPECT_EQ(SendReleases(PipelineSchedule::kOneFOneB, 2, 3, 1, 1),
+            (std::vector<int>{-1, -1, -1, 5, -1, -1, -1, 9, -1, -1, -1, 12}));
+  // Every send of every schedule is released after it, and no later than the step's end.
+  for (PipelineSchedule s : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB,
+                             PipelineSchedule::kInterleaved}) {
+    const int v = s == PipelineSchedule::kInterleaved ? 2 : 1;
+    for (int r = 0; r < 4; ++r) {
+      const std::vector<Action> actions = ScheduleActions(s, 4, 8, v, r);
+      const std::vector<int> release = SendReleases(s, 4, 8, v, r);
+      ASSERT_EQ(release.size(), actions.size());
+      for (size_t i = 0; i < actions.size(); ++i) {
+        const bool send = actions[i].kind == ActionKind::kSendActivation ||
+                          actions[i].kind == ActionKind::kSendGradient;
+        if (!send) {
+          EXPECT_EQ(release[i], -1) << i;
+          continue;
+        }
+        EXPECT_GT(release[i], static_cast<int>(i)) << "rank " << r << " action " << i;
+        EXPECT_LE(release[i], static_cast<int>(actions.size())) << "rank " << r << " action " << i;
+      }
+    }
+  }
+}
+
 TEST(PipelineScheduleTest, RenderOneFOneB) {
   const Timeline t = SimulateTimeline(PipelineSchedule::kOneFOneB, 2, 3, 1);
   ASSERT_EQ(t.ranks[0].size(), 6u);

@@ -262,11 +262,13 @@ TEST(DryRunTest, PipelineStepWorkspaceByHand) {
     const plan::RankMemory first = plan::PredictRankMemory(Ordered(TinyPipeline("gpipe", m)), *mesh, 0);
     EXPECT_DOUBLE_EQ(first.workspace, m * (kStage0 + kTokens) + kHidden + 2 * g0) << m;
   }
-  // 1F1B, m = 4, last stage: at the fourth backward one micro-batch's activations, every
-  // micro-batch's received activation and input gradient (sends are waited for at the end),
-  // and four gradient copies (three tree buffers, the packed one).
+  // 1F1B, m = 4, last stage: at the fourth backward one micro-batch's activations with its
+  // received activation and its input gradient (the earlier micro-batches' went with their
+  // activations, and their input gradients with their sends, released once the first stage
+  // took them: parallel::SendReleases), every micro-batch's token ids, and four gradient
+  // copies (three tree buffers, the packed one).
   EXPECT_DOUBLE_EQ(plan::PredictRankMemory(Ordered(TinyPipeline("1f1b", 4)), *mesh, 1).workspace,
-                   kStage1 + 4 * (kTokens + 2 * kHidden) + 4 * g1);
+                   kStage1 + 4 * kTokens + 2 * kHidden + 4 * g1);
   // One rank, one micro-batch: the activations and the backward's scratch (the attention's:
   // 3 d + 2 q + 2 kv = 224 per token); no tree, no messages.
   const config::Config one = Tiny({"train.grad_accum=1"});
