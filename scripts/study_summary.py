@@ -26,6 +26,32 @@ import os
 import sys
 
 
+def label_specialisation(path):
+    """(lang MI, lang top) of a routing_by_language.json (columns above), means over the MoE
+    layers; (None, None) when no layer routed a labelled token. Shared with the experiment
+    runner (scripts/experiments/measures.py)."""
+    with open(path) as f:
+        lang = json.load(f)
+    mis, tops = [], []
+    for table in lang["counts"]:
+        rows = [r for r in table if sum(r)]
+        total = sum(sum(r) for r in rows)
+        if not total:
+            continue
+        col = [sum(r[e] for r in rows) for e in range(len(rows[0]))]
+        m = 0.0
+        for r in rows:
+            rs = sum(r)
+            for e, c in enumerate(r):
+                if c:
+                    m += c / total * math.log2(c * total / (rs * col[e]))
+        mis.append(m)
+        tops.append(sum(max(r) / sum(r) for r in rows) / len(rows))
+    if not mis:
+        return None, None
+    return sum(mis) / len(mis), sum(tops) / len(tops)
+
+
 def summarise(path):
     steps, val = [], None
     with open(os.path.join(path, "metrics.jsonl")) as f:
@@ -55,25 +81,7 @@ def summarise(path):
     mi = top = None
     lpath = os.path.join(path, "routing_by_language.json")
     if os.path.isfile(lpath) and layers:
-        with open(lpath) as f:
-            lang = json.load(f)
-        mis, tops = [], []
-        for table in lang["counts"]:
-            rows = [r for r in table if sum(r)]
-            total = sum(sum(r) for r in rows)
-            if not total:
-                continue
-            col = [sum(r[e] for r in rows) for e in range(len(rows[0]))]
-            m = 0.0
-            for r in rows:
-                rs = sum(r)
-                for e, c in enumerate(r):
-                    if c:
-                        m += c / total * math.log2(c * total / (rs * col[e]))
-            mis.append(m)
-            tops.append(sum(max(r) / sum(r) for r in rows) / len(rows))
-        if mis:
-            mi, top = sum(mis) / len(mis), sum(tops) / len(tops)
+        mi, top = label_specialisation(lpath)
     return {
         "run": os.path.basename(os.path.normpath(path)),
         "steps": len(steps),

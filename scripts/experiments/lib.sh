@@ -1,0 +1,37 @@
+# Shared by scripts/experiments/*.sh (docs/experiments/README.md). An experiment script
+# sources this file with its own arguments, defines its settings for $exp_grid, and calls
+#   exp_run --name NAME --title TITLE --setting "NAME=k=v k=v" ... [runner flags] "$@"
+# The flags every experiment takes (checked by runner.py, one error line each):
+#   --grid full|ci     full: the experiment as docs/experiments/NAME.md describes it (the
+#                      default); ci: a few steps of a tiny model, one seed (the bench test)
+#   --out DIR          where runs, summary.md/.json, figures and report.html go
+#                      (default runs/experiments/NAME, or NAME-ci)
+#   --data DIR         a `switchyard prep` corpus (default data/code, which
+#                      scripts/make_code_corpus.sh builds; the ci grid: data/fortunes)
+#   --seeds N|LIST     3 means seeds 1,2,3; 1,5,9 is a list (default: the experiment's)
+#   --steps N          training steps per run (default: the experiment's)
+#   --jobs N           runs trained at once, each on cores/N compute threads (default 2)
+#   --config FILE      another base config (default configs/experiments/base.yaml, ci.yaml)
+#   --bin PATH         the switchyard binary (default build/bin/switchyard)
+#   --set k=v          an override applied to every run (repeatable)
+# Finished runs in --out are kept, so a stopped experiment resumes when run again.
+exp_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+exp_grid=full
+exp_args=("$@")
+for ((exp_i = 0; exp_i < ${#exp_args[@]}; exp_i++)); do
+  case "${exp_args[exp_i]}" in
+    --grid) exp_grid="${exp_args[exp_i + 1]-}" ;;
+    --grid=*) exp_grid="${exp_args[exp_i]#--grid=}" ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  esac
+done
+case "$exp_grid" in
+  full) exp_config="$exp_root/configs/experiments/base.yaml"; exp_data=data/code ;;
+  ci) exp_config="$exp_root/configs/experiments/ci.yaml"; exp_data=data/fortunes ;;
+  *) echo "$(basename "$0"): error: --grid '$exp_grid' is not one of full, ci" >&2; exit 2 ;;
+esac
+
+exp_run() {
+  SY_EXPERIMENT_PROG="$(basename "$0")" exec /usr/bin/python3 "$exp_root/scripts/experiments/runner.py" \
+    --config "$exp_config" --default-data "$exp_data" "$@"
+}
