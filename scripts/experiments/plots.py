@@ -146,7 +146,7 @@ def heatmaps(summary, out, written):
     if not rows:
         return
     layers = max(len(recs[0]["layers"]) for _, _, recs in rows)
-    fig, axes = plt.subplots(len(rows), layers, figsize=(3.6 * layers, 1.5 + 1.3 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), layers, figsize=(max(6.5, 3.6 * layers), 1.5 + 1.3 * len(rows)), squeeze=False)
     for i, (name, seed, recs) in enumerate(rows):
         for li in range(layers):
             ax = axes[i][li]

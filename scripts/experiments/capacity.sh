@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Experiment 4 (docs/experiments/capacity.md): capacity factor and top-k (Switch
+# Transformer, Fedus et al. 2021, section 2.2 and Table 1). Top-1 and top-2 (normalised
+# gates) over 8 experts, each at capacity factor 1.0, 1.25, 2.0 and dropless (0); the same
+# factor in training and evaluation, so the validation loss pays for what is dropped.
+# Reports quality, the dropped fraction (over the run and its last 10%) and the step time.
+#
+#   bash scripts/experiments/capacity.sh [--grid full|ci] [--out DIR] [--data DIR]
+#        [--seeds N|LIST] [--steps N] [--jobs N] [--config F] [--bin PATH] [--set k=v ...]
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+if [ "$exp_grid" = full ]; then
+  steps=2000 seeds=3 factors=(1.0 1.25 2.0 0)
+else
+  steps=6 seeds=1 factors=(1.0 0)
+fi
+settings=()
+for k in 1 2; do
+  gates=$([ "$k" = 2 ] && echo " moe.normalize_gates=true" || true)
+  for cf in "${factors[@]}"; do
+    name="top$k-$([ "$cf" = 0 ] && echo dropless || echo "cf$cf")"
+    settings+=(--setting "$name=moe.top_k=$k moe.capacity_factor=$cf moe.eval_capacity_factor=$cf$gates")
+  done
+done
+exp_run --name capacity --title "Capacity factor and top-k" "${settings[@]}" \
+  --default-steps "$steps" --default-seeds "$seeds" --set moe.num_experts=8 \
+  --columns val_loss,perplexity,dropped_run,dropped_end,maxvio_batch,step_s,flops_per_token \
+  "$@"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Experiment 3 (docs/experiments/zloss.md): router z-loss and stability (ST-MoE, Zoph et
+# al. 2022, Table 4). At learning rates well above the base config's, top-1 runs without
+# the router z-loss against runs with z-loss 1e-3, many seeds each. A run is unstable when
+# training stopped on a non-finite loss (exit 3, counted as diverged, never a crash of the
+# script) or its training loss spiked (docs/experiments/README.md, "Stability"). Reports
+# stable runs out of N per setting and the quality of the runs that finished.
+#
+#   bash scripts/experiments/zloss.sh [--grid full|ci] [--out DIR] [--data DIR]
+#        [--seeds N|LIST] [--steps N] [--jobs N] [--config F] [--bin PATH] [--set k=v ...]
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+if [ "$exp_grid" = full ]; then
+  steps=1500 seeds=6 lrs=(0.01 0.03)
+else
+  steps=6 seeds=1 lrs=(0.03)
+fi
+settings=()
+for lr in "${lrs[@]}"; do
+  settings+=(--setting "lr$lr-z0=train.lr=$lr moe.z_loss_coef=0")
+  settings+=(--setting "lr$lr-z1e-3=train.lr=$lr moe.z_loss_coef=0.001")
+done
+exp_run --name zloss --title "Router z-loss and training stability" "${settings[@]}" --stability \
+  --default-steps "$steps" --default-seeds "$seeds" --set moe.jitter_eps=0 \
+  --columns val_loss,perplexity,maxvio_batch,step_s \
+  "$@"

@@ -1,0 +1,91 @@
+#!/usr/bin/python3
+"""scripts/experiments/measures.py on hand-computed cases: the spike rule, the mean ± std
+over seeds, the crossing step and speed-up, the mean curve, and FLOPs per token of a
+hand-counted config (tests/cli/experiments_cli_test.sh checks the same formula against
+`switchyard train --dry-run` on every run of the ci grids).
+    experiments_measures_test.py path/to/scripts/experiments
+"""
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(sys.argv[1]))
+import measures  # noqa: E402
+
+failures = 0
+
+
+def check(name, ok, detail=""):
+    global failures
+    if not ok:
+        failures += 1
+        print("FAIL: %s %s" % (name, detail))
+
+
+def series(values, first=0):
+    return [(first + i, v) for i, v in enumerate(values)]
+
+
+# Spikes: a flat loss has none; one step at 3x the loss lifts the 10-step mean by exactly
+# 20% (> 1.2 needs a bit more: 3.2x); a sustained 25% rise trips it once; 10% does not;
+# NaN is a spike; a jump inside the warmup is not counted.
+flat = [2.0] * 50
+check("flat", measures.find_spikes(series(flat), warmup=0)[0] == [])
+one = flat[:30] + [6.4] + flat[:19]
+spikes, worst = measures.find_spikes(series(one), warmup=0)
+check("one step at 3.2x", spikes == [30], spikes)
+check("worst ratio of one step", abs(worst - (9 * 2.0 + 6.4) / 10 / 2.0) < 1e-12, worst)
+check("one step at 3x (exactly 1.2)", measures.find_spikes(series(flat[:30] + [6.0] + flat[:19]), 0)[0] == [])
+rise = flat[:30] + [2.5] * 20
+check("sustained 25% rise", measures.find_spikes(series(rise), warmup=0)[0] == [38], measures.find_spikes(series(rise), 0)[0])
+check("10% rise", measures.find_spikes(series(flat[:30] + [2.2] * 20), warmup=0)[0] == [])
+check("nan", measures.find_spikes(series(flat[:30] + [float("nan"), None]), warmup=0)[0] == [30])
+early = [2.0] * 10 + [8.0] * 3 + [2.0] * 20
+check("spike inside warmup", measures.find_spikes(series(early), warmup=25)[0] == [])
+check("same spike after warmup", measures.find_spikes(series(early), warmup=0)[0] == [10])
+
+# mean ± sample std: 1, 2, 3, 4 -> 2.5 and sqrt(5/3); None and NaN left out; one value, no std.
+m = measures.mean_std([1.0, 2.0, None, 3.0, float("nan"), 4.0])
+check("mean", m["mean"] == 2.5 and m["n"] == 4, m)
+check("std", abs(m["std"] - math.sqrt(5.0 / 3.0)) < 1e-15, m)
+check("one value", measures.mean_std([7.0]) == {"mean": 7.0, "std": None, "n": 1, "values": [7.0]})
+check("no value", measures.mean_std([None])["mean"] is None)
+
+# Crossing: between steps 100 (4.0) and 200 (3.0), 3.25 is reached at step 175.
+curve = [[0, 6.0], [100, 4.0], [200, 3.0], [300, 2.5]]
+check("crossing", measures.crossing_step(curve, 3.25) == 175.0, measures.crossing_step(curve, 3.25))
+check("never", measures.crossing_step(curve, 2.0) is None)
+check("mean curve", measures.mean_curve([[[0, 1.0], [10, 3.0]], [[0, 3.0], [10, 5.0], [20, 1.0]]])
+      == [[0, 2.0, math.sqrt(2.0)], [10, 4.0, math.sqrt(2.0)]])
+
+
+def fake(seed, curve, status="ok"):
+    return {"status": status, "seed": seed, "diverged": status == "diverged", "spiked": False,
+            "stable": status == "ok", "curve_val": curve, "val_loss": curve[-1][1]}
+
+
+# Speed-up: the baseline ends at 3.25 after 300 steps; runs reaching it at 175 and 150 give
+# 300/175 and 2; a diverged seed is counted but not averaged.
+s = measures.summarise_setting("moe", ["moe.num_experts=8"],
+                               [fake(1, curve), fake(2, [[0, 6.0], [100, 4.0], [200, 2.5]]),
+                                fake(3, [[0, 6.0]], "diverged")], baseline=(3.25, 300))
+sp = s["metrics"]["speedup"]
+check("speed-up", sp["n"] == 2 and abs(sp["mean"] - (300 / 175 + 2.0) / 2) < 1e-12, sp)
+check("counts", (s["runs"], s["ok"], s["diverged"], s["stable"]) == (3, 2, 1, 2), s)
+
+# FLOPs per token, counted by hand: d 8, L 2, S 4, V 10, 2 heads, d_ff 16, layer 1 MoE with
+# 4 experts of 6 (top-2, gelu): attention 4*64 per layer; MLP 2*8*16; router 8*4;
+# experts 2*2*8*6; head 8*10 -> 6 * (512 + 256 + 32 + 192 + 80) + 12 * 2 * 4 * 8.
+cfg = {"model": {"d_model": 8, "n_layers": 2, "seq_len": 4, "vocab_size": 10, "n_heads": 2,
+                 "n_kv_heads": 0, "d_ff": 16, "activation": "gelu"},
+       "moe": {"num_experts": 4, "layer_freq": 2, "top_k": 2, "d_expert": 6, "activation": "gelu",
+               "num_shared_experts": 0, "d_shared": 0},
+       "train": {"micro_batch_size": 3, "grad_accum": 2}}
+check("flops", measures.flops_per_token(cfg) == 6.0 * 1072 + 768, measures.flops_per_token(cfg))
+check("tokens per step", measures.tokens_per_step(cfg) == 24)
+cfg["moe"]["layer_freq"] = 1000  # dense: layer 1 is an MLP too
+check("dense flops", measures.flops_per_token(cfg) == 6.0 * (512 + 512 + 80) + 768)
+
+if failures:
+    sys.exit(1)
+print("experiments_measures_test: all checks passed")
