@@ -10,7 +10,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "$exp_grid" = full ]; then
-  steps=2000 seeds=3 factors=(1.0 1.25 2.0 0)
+  steps=1200 seeds=3 factors=(1.0 1.25 2.0 0)
 else
   steps=6 seeds=1 factors=(1.0 0)
 fi

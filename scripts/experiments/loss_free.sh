@@ -13,7 +13,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "$exp_grid" = full ]; then
-  steps=2000 seeds=3 experts=16 rates=(1e-3 1e-4 1e-2) scores=(softmax sigmoid)
+  steps=1200 seeds=3 experts=16 rates=(1e-3 1e-4 1e-2) scores=(softmax sigmoid)
 else
   steps=6 seeds=1 experts=4 rates=(1e-3) scores=(softmax sigmoid)
 fi

@@ -12,7 +12,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "$exp_grid" = full ]; then
-  steps=3000 seeds=3 big=(16 32)
+  steps=2000 seeds=3 big=(16 32)
 else
   steps=6 seeds=1 big=()
 fi
