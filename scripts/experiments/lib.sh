@@ -22,7 +22,10 @@ for ((exp_i = 0; exp_i < ${#exp_args[@]}; exp_i++)); do
   case "${exp_args[exp_i]}" in
     --grid) exp_grid="${exp_args[exp_i + 1]-}" ;;
     --grid=*) exp_grid="${exp_args[exp_i]#--grid=}" ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help)
+      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+      sed -n '/^# The flags every/,/^[^#]/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+      exit 0 ;;
   esac
 done
 case "$exp_grid" in

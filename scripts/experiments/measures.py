@@ -119,7 +119,8 @@ def run_measures(run_dir, cfg):
     with open(os.path.join(run_dir, "run.json")) as f:
         status = json.load(f)
     steps, val = {}, {}
-    for d in read_jsonl(os.path.join(run_dir, "metrics.jsonl")):
+    mpath = os.path.join(run_dir, "metrics.jsonl")  # absent when a run stopped before step 0
+    for d in read_jsonl(mpath) if os.path.isfile(mpath) else []:
         if "loss" in d and "moe" in d:
             steps[d["step"]] = d
         elif "val_loss" in d:

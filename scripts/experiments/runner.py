@@ -140,12 +140,15 @@ def run_one(a, name, sets, seed, vocab, threads):
         cmd = [a.bin, "eval", "--checkpoint", d, "--json", "--batches", "0", "--data", a.data]
         r = subprocess.run(cmd, capture_output=True, text=True,
                            env=dict(os.environ, SWITCHYARD_THREADS=str(threads)))
-        if r.returncode != 0:
+        if r.returncode == EXIT_NONFINITE:  # finite weights, non-finite forward: diverged too
+            st.update(status="diverged", eval_error=r.stderr.strip())
+        elif r.returncode != 0:
             raise RuntimeError("eval of %s/seed%d failed (exit %d): %s"
                                % (name, seed, r.returncode, r.stderr.strip().splitlines()[-1:]))
-        with open(eval_path + ".tmp", "w") as f:
-            f.write(r.stdout)
-        os.replace(eval_path + ".tmp", eval_path)
+        else:
+            with open(eval_path + ".tmp", "w") as f:
+                f.write(r.stdout)
+            os.replace(eval_path + ".tmp", eval_path)
     with open(status_path + ".tmp", "w") as f:
         json.dump(st, f)
     os.replace(status_path + ".tmp", status_path)  # last: marks the run complete
@@ -298,7 +301,8 @@ def main(argv):
         sys.stderr.write("%s: error: %s\n" % (prog, e))
         return 1
     print(md)
-    print("%s: %s, %s, %s" % (a.name, os.path.join(a.out, "summary.md"), ", ".join(figs), page))
+    print("%s: %s; figures %s; %s" % (a.name, os.path.join(a.out, "summary.md"), ", ".join(figs),
+                                      page or "no report (no run finished)"))
     return 0
 
 

@@ -95,6 +95,8 @@ rc=$?
 [[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "data/code.*scripts/make_code_corpus.sh" "$tmp/err" ||
   fail "missing corpus: exit $rc, $(cat "$tmp/err")"
 [[ ! -e "$tmp/bad" ]] || fail "a refused experiment created its output directory"
+bash "$dir/zloss.sh" --help >"$tmp/out" 2>&1 && grep -q -- "--jobs N" "$tmp/out" && grep -q "ST-MoE" "$tmp/out" ||
+  fail "zloss.sh --help: $(cat "$tmp/out")"
 
 [[ $failures -eq 0 ]] && echo "experiments_cli_test: all checks passed"
 exit $((failures > 0))
