@@ -6,13 +6,17 @@
 //   peak_flops: {bf16: 989e12, fp32: 67e12, fp8: 1979e12}   # dense, per device
 //   memory_bytes: 85899345920       # HBM (or host memory) per device
 //   memory_bandwidth: 3.35e12       # bytes/s
+//   elementwise_bandwidth: 2e12     # optional: bytes/s element-wise passes reach
 //   gpus_per_node: 8
 //   intra_node: {bandwidth: 450e9, latency: 3e-6}    # per device, one direction, bytes/s, s
 //   inter_node: {bandwidth: 50e9, latency: 10e-6}
 //   gemm: {efficiency: 0.75, half_flops: 2e9}        # fitted: see GemmEfficiency
 //   attention_efficiency: 0.45                       # share of the peak attention's core reaches
+//   cores_per_node: 2     # CPU machines only: the node's cores, which its ranks share
+//   op_latency: 4e-6      # optional: fixed seconds per operation (launch, bookkeeping)
 //
-// Every key is required except fp8 and source; an unknown or missing key, a value that is
+// Every key is required except fp8, source, elementwise_bandwidth, cores_per_node
+// and op_latency; an unknown or missing key, a value that is
 // not a positive number, is one error line naming the file and the key.
 #pragma once
 
@@ -32,12 +36,28 @@ struct Hardware {
   double peak_bf16 = 0, peak_fp32 = 0, peak_fp8 = 0;  // dense FLOP/s per device
   double memory_bytes = 0;
   double memory_bandwidth = 0;
+  // What the engine's element-wise passes (activations, norms, softmax) reach, in bytes/s of
+  // the tensors they read and write; memory_bandwidth when the file gives none. On a CPU
+  // these passes are bound by arithmetic (erf, exp), not by memory.
+  double elementwise_bandwidth = 0;
   int gpus_per_node = 1;
   Link intra_node, inter_node;
   // A matrix product of F = 2 m n k FLOPs reaches gemm_efficiency * F / (F + gemm_half_flops)
   // of the peak (and no more than the memory bandwidth allows: roofline).
   double gemm_efficiency = 0, gemm_half_flops = 0;
   double attention_efficiency = 0;
+  // 0 (devices): each rank has a device of its own. > 0 (a CPU node): peak_flops and
+  // memory_bandwidth are one core's, and the ranks on a node share its cores evenly, so a
+  // rank computes at ComputeShare times them (threads when the ranks are fewer than the
+  // cores, time slices when they are more).
+  int cores_per_node = 0;
+  // Fixed seconds every operation costs besides its work (a kernel launch; on a CPU the
+  // engine's per-operation bookkeeping); 0 when the file gives none. Time-sliced ranks
+  // (ComputeShare < 1) pay it 1 / ComputeShare times.
+  double op_latency = 0;
+
+  // cores_per_node / ranks on a node (min(world, gpus_per_node)); 1 without cores_per_node.
+  double ComputeShare(int world) const;
 
   // The dense peak of the matrix products' input type: "bf16", "fp32" or "fp8" (fp8 falls
   // back to bf16 when the file gives none).
