@@ -10,8 +10,6 @@
 //             2 (p - 1) / p x bytes / beta fitted the same way (intra_node = inter_node: one
 //             machine, gpus_per_node = 1024); with one rank nothing is measured and the
 //             memory bandwidth and 1 us stand in
-//   elementwise elementwise_bandwidth = 5 x 4 bytes x elements / time of the engine's GELU
-//             forward and backward on a 1024 x 512 tensor (the cost model's element-wise passes)
 //   attention attention_efficiency = 4 S^2 H hd (the cost model's count: scores and values,
 //             causal masking not subtracted) / (time of kernels::AttentionForward on one
 //             sequence of --attention-shape S,H,hd x P)
@@ -36,7 +34,6 @@
 #include "engine/plan/cost_model.h"
 #include "engine/plan/hardware.h"
 #include "engine/core/thread_pool.h"
-#include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 
@@ -69,7 +66,6 @@ std::vector<int64_t> ParseList(const std::string& text) {
 struct Fit {
   double peak = 0, half = 0;  // GEMM
   double bandwidth = 0;       // memory
-  double elementwise = 0;     // the engine's element-wise passes
   double alpha = 1e-6, beta = 0;  // links
   int64_t wrong = 0;
 };
@@ -130,19 +126,6 @@ void MeasureLinks(Harness& h, int64_t max_bytes, Fit& fit) {
   fit.beta = 2.0 * (p - 1) / p / a;
 }
 
-// The engine's element-wise passes at a layer's size: GELU forward and backward on a
-// (rows, cols) f32 tensor, as bytes over time (5 tensors read or written per element).
-double MeasureElementwise(Harness& h, int64_t rows, int64_t cols) {
-  Tensor x = Tensor::Empty({rows, cols}, DType::kF32), dy = x.Clone(), y = x.Clone(), dx = x.Clone();
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(i % 17) / 17.0f - 0.5f;
-  for (int64_t i = 0; i < x.numel(); ++i) dy.data<float>()[i] = float(i % 5) / 5.0f;
-  const double t = h.Time([&] { kernels::GeluForward(x, y), kernels::GeluBackward(x, dy, dx); });
-  const double bandwidth = 20.0 * x.numel() / t;
-  h.Printf("# GELU forward + backward on %lld x %lld: %.1f us, %.2f GB/s per rank\n",
-           static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6, bandwidth / 1e9);
-  return bandwidth;
-}
-
 // The fixed cost of an operation: --config trained at a size where the work vanishes
 // (d_model 8, sequences of 8 tokens, 2 a micro-batch); the median step beyond what the cost
 // model predicts for it without op_latency, over the operations it counts (the prediction
@@ -196,7 +179,6 @@ std::string Yaml(const Fit& f, double attention, double memory, int cores, doubl
       << "name: cpu-calibrated\nsource: \"plan_calibrate on this machine\"\n"
       << "peak_flops: {bf16: " << f.peak << ", fp32: " << f.peak << "}\n"
       << "memory_bytes: " << memory << "\nmemory_bandwidth: " << f.bandwidth << "\n"
-      << "elementwise_bandwidth: " << f.elementwise << "\n"
       << "gpus_per_node: 1024\n"
       << "intra_node: {bandwidth: " << f.beta << ", latency: " << f.alpha << "}\n"
       << "inter_node: {bandwidth: " << f.beta << ", latency: " << f.alpha << "}\n"
@@ -238,13 +220,12 @@ int Main(int argc, char** argv) {
   MeasureGemms(h, sizes, fit);
   MeasureMemory(h, copy_bytes, fit);
   MeasureLinks(h, max_message, fit);
-  fit.elementwise = MeasureElementwise(h, 1024, 512);
   const double attention = MeasureAttention(h, shape, fit.peak);
   struct sysinfo info {};
   sysinfo(&info);
   const double memory = double(info.totalram) * info.mem_unit / h.ranks();
   // One core's figures: the ranks ran ComputeThreads() threads each.
-  fit.peak /= ComputeThreads(), fit.bandwidth /= ComputeThreads(), fit.elementwise /= ComputeThreads();
+  fit.peak /= ComputeThreads(), fit.bandwidth /= ComputeThreads();
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   StatusOr<double> op_latency = MeasureOpLatency(h, bench, Yaml(fit, attention, memory, cores, 0));
   if (!op_latency.ok()) return h.Fail("the overhead run: " + op_latency.status().ToString());

@@ -17,7 +17,6 @@ struct Ctx {
   const Hardware& hw;
   double peak = 0;   // FLOP/s of the matrix products' type, this rank's share of them
   double bandwidth = 0;  // memory bytes/s, this rank's share
-  double elementwise = 0;  // element-wise passes' bytes/s, this rank's share
   double op_s = 0;       // fixed seconds per operation (hw.op_latency; more when time-sliced)
   double b = 2;      // bytes per activation element
   double t = 0;      // tokens of the micro-batch on this rank's cp shard: mbs * S / cp
@@ -63,7 +62,7 @@ double Gemm(const Ctx& c, double m, double n, double k) {
 }
 
 double Elementwise(const Ctx& c, double elements) {
-  return c.b * elements / c.elementwise;
+  return c.b * elements / c.bandwidth;
 }
 
 // Attention: q/k/v and output projections split over tp, the core (scores and values,
@@ -283,7 +282,6 @@ StepTime PredictStepTime(const PlanInputs& in, const Layout& l, const Hardware& 
   Ctx c{.in = in, .l = l, .hw = hw};
   c.peak = hw.Peak(in.precision) * hw.ComputeShare(in.world);
   c.bandwidth = hw.memory_bandwidth * hw.ComputeShare(in.world);
-  c.elementwise = hw.elementwise_bandwidth * hw.ComputeShare(in.world);
   c.op_s = hw.op_latency * std::max(1.0, 1.0 / hw.ComputeShare(in.world));
   c.b = in.precision == "fp32" ? 4 : 2;
   c.t = double(l.micro_batch_size) * m.seq_len / l.cp;

@@ -91,7 +91,6 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
        }},
       {"memory_bytes", NumberOf(source, &h.memory_bytes)},
       {"memory_bandwidth", NumberOf(source, &h.memory_bandwidth)},
-      {"elementwise_bandwidth", NumberOf(source, &h.elementwise_bandwidth)},
       {"gpus_per_node", NumberOf(source, &per_node)},
       {"intra_node", LinkOf(source, &h.intra_node)},
       {"inter_node", LinkOf(source, &h.inter_node)},
@@ -106,8 +105,7 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
       {"cores_per_node", NumberOf(source, &cores)},
       {"op_latency", NumberOf(source, &h.op_latency)},
   };
-  SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys, {"source", "cores_per_node", "elementwise_bandwidth", "op_latency"}));
-  if (h.elementwise_bandwidth == 0) h.elementwise_bandwidth = h.memory_bandwidth;
+  SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys, {"source", "cores_per_node", "op_latency"}));
   if (cores != std::floor(cores)) {
     return InvalidArgument(source, ": cores_per_node=", cores, " must be a whole number");
   }

@@ -6,7 +6,6 @@
 //   peak_flops: {bf16: 989e12, fp32: 67e12, fp8: 1979e12}   # dense, per device
 //   memory_bytes: 85899345920       # HBM (or host memory) per device
 //   memory_bandwidth: 3.35e12       # bytes/s
-//   elementwise_bandwidth: 2e12     # optional: bytes/s element-wise passes reach
 //   gpus_per_node: 8
 //   intra_node: {bandwidth: 450e9, latency: 3e-6}    # per device, one direction, bytes/s, s
 //   inter_node: {bandwidth: 50e9, latency: 10e-6}
@@ -15,8 +14,8 @@
 //   cores_per_node: 2     # CPU machines only: the node's cores, which its ranks share
 //   op_latency: 4e-6      # optional: fixed seconds per operation (launch, bookkeeping)
 //
-// Every key is required except fp8, source, elementwise_bandwidth, cores_per_node
-// and op_latency; an unknown or missing key, a value that is
+// Every key is required except fp8, source, cores_per_node and
+// op_latency; an unknown or missing key, a value that is
 // not a positive number, is one error line naming the file and the key.
 #pragma once
 
@@ -36,10 +35,6 @@ struct Hardware {
   double peak_bf16 = 0, peak_fp32 = 0, peak_fp8 = 0;  // dense FLOP/s per device
   double memory_bytes = 0;
   double memory_bandwidth = 0;
-  // What the engine's element-wise passes (activations, norms, softmax) reach, in bytes/s of
-  // the tensors they read and write; memory_bandwidth when the file gives none. On a CPU
-  // these passes are bound by arithmetic (erf, exp), not by memory.
-  double elementwise_bandwidth = 0;
   int gpus_per_node = 1;
   Link intra_node, inter_node;
   // A matrix product of F = 2 m n k FLOPs reaches gemm_efficiency * F / (F + gemm_half_flops)
