@@ -41,6 +41,10 @@ PYTHON_PACKAGES = ["libpython3.11-minimal", "libpython3.11-stdlib", "libpython3.
                    "python3.11-doc"]
 # Per-label byte caps in MB (10^6 bytes) unless --cap overrides them; other labels: all.
 DEFAULT_CAPS_MB = {"c": 100, "h": 50}
+# SentencePiece 0.1.97's BPE trainer (Debian 12) crashes (SIGSEGV in Trainer::ComputeFreq) on
+# a training text holding a run of more than 32767 characters without a space: it packs a
+# character's position into a signed 16-bit shift. Parts of at most 31 KiB cannot hold one.
+MAX_CHUNK_KB = 31
 LABELS = ["asm", "c", "doc", "dts", "h", "kconfig", "make", "py", "sh"]
 
 
@@ -78,8 +82,9 @@ def parse_args(argv):
                    "(default $XDG_CACHE_HOME or ~/.cache, then switchyard/code-corpus)")
     p.add_argument("--cap", action="append", default=[], metavar="LABEL=MB",
                    help="byte cap of a label in MB; 0 removes a cap (defaults: c=100, h=50)")
-    p.add_argument("--chunk-kb", type=int, default=64,
-                   help="a larger file is cut into parts of at most this many KiB (default 64)")
+    p.add_argument("--chunk-kb", type=int, default=MAX_CHUNK_KB,
+                   help="a larger file is cut into parts of at most this many KiB (default and "
+                   "most %d)" % MAX_CHUNK_KB)
     p.add_argument("--max-file-kb", type=int, default=1024,
                    help="larger files are skipped as generated (default 1024)")
     p.add_argument("--shard-mb", type=int, default=64, help="MiB per JSONL shard (default 64)")
@@ -104,6 +109,10 @@ def parse_args(argv):
     for name in ("vocab", "chunk_kb", "max_file_kb", "shard_mb"):
         if getattr(args, name) <= 0:
             p.error("--%s %d: must be positive" % (name.replace("_", "-"), getattr(args, name)))
+    if args.chunk_kb > MAX_CHUNK_KB:
+        p.error("--chunk-kb %d: at most %d (switchyard prep's SentencePiece trainer crashes on "
+                "a run of more than 32767 characters without a space)" % (args.chunk_kb,
+                                                                          MAX_CHUNK_KB))
     if args.max_mb < 0 or args.threads < 0:
         p.error("--max-mb and --threads are >= 0")
     if args.source and not os.path.isdir(args.source):

@@ -149,7 +149,7 @@ python3 "$script" --source "$src" --bin "$bin" --out "$tmp/a/code" >"$tmp/out" 2
 rc=$?
 [[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q -- "--force" "$tmp/err" ||
   fail "existing output: exit $rc, $(cat "$tmp/err")"
-for bad in "--cap rust=3" "--cap c=x" "--vocab 0" "--source $tmp/none" "--bogus"; do
+for bad in "--cap rust=3" "--cap c=x" "--vocab 0" "--chunk-kb 32" "--source $tmp/none" "--bogus"; do
   python3 "$script" $bad --out "$tmp/e/code" >"$tmp/out" 2>"$tmp/err"
   rc=$?
   [[ $rc -eq 2 && $(wc -l <"$tmp/err") -eq 1 && ! -e "$tmp/e" ]] ||
