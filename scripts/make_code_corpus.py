@@ -163,17 +163,34 @@ def kernel_tree(cache, want):
     return os.path.join(dest, KERNEL_PACKAGE), version
 
 
+def candidate_version(package):
+    """The version apt would fetch now (its package lists), or None."""
+    out = subprocess.run(["apt-cache", "policy", package], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True).stdout
+    for line in out.splitlines():
+        if line.strip().startswith("Candidate:"):
+            version = line.split(":", 1)[1].strip()
+            return None if version == "(none)" else version
+    return None
+
+
 def python_trees(cache, want):
-    """Downloads and unpacks the Python packages; returns ([(root, prefix, labels)], versions)."""
-    dest = os.path.join(cache, "python3.11_%s" % (want or "candidate"))
+    """Downloads and unpacks the Python packages (one source package, one version) into
+    cache/python3.11_VERSION; returns ([(root, prefix, labels)], {package: version})."""
+    version = want or candidate_version(PYTHON_PACKAGES[0])
+    if version is None:
+        run(apt_prefix() + ["apt-get", "update", "-qq"])
+        version = candidate_version(PYTHON_PACKAGES[0])
+        if version is None:
+            raise UsageError("apt knows no %s (is this Debian 12?)" % PYTHON_PACKAGES[0])
+    dest = os.path.join(cache, "python3.11_%s" % version)
     marker = os.path.join(dest, ".complete")
     if not os.path.exists(marker):
-        log("downloading %s with apt-get download" % " ".join(PYTHON_PACKAGES))
+        log("downloading %s %s with apt-get download" % (" ".join(PYTHON_PACKAGES), version))
         shutil.rmtree(dest, ignore_errors=True)
         os.makedirs(os.path.join(dest, "debs"))
-        run(apt_prefix() + ["apt-get", "update", "-qq"])
-        names = [p + ("=" + want if want else "") for p in PYTHON_PACKAGES]
-        run(["apt-get", "download", "-q"] + names, cwd=os.path.join(dest, "debs"))
+        run(["apt-get", "download", "-q"] + ["%s=%s" % (p, version) for p in PYTHON_PACKAGES],
+            cwd=os.path.join(dest, "debs"))
         versions = {}
         for deb in sorted(os.listdir(os.path.join(dest, "debs"))):
             path = os.path.join(dest, "debs", deb)
