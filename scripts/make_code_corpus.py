@@ -14,12 +14,13 @@ the cache), and Python 3.11's standard library, test suite and reStructuredText 
 `python3.11-doc`, fetched with `apt-get download` into the cache and unpacked there; the
 system's Python is not touched). With --source DIR only DIR is read: no apt, no network.
 
-A file's label is its type, from its name (see TYPES): c, h, asm, dts, kconfig, make, sh,
-py, doc. Files of other types, symbolic links, names starting with ".", files over
---max-file-kb (generated register maps and tables), files holding a NUL byte or invalid
-UTF-8 are skipped (counted in the manifest). A label over its byte cap (--cap; c and h have
-defaults) keeps the files with the smallest sha256(path) that fit in order, a seeded-free,
-tree-wide sample; --max-mb then scales every label down in proportion. Each kept file is one
+A file's label is its type, from its name (file_type): c, h, asm, dts, kconfig, make, sh,
+py, doc. Files of other types and names starting with "." are not read; symbolic links,
+files over --max-file-kb (generated register maps and tables), empty files and files holding
+a NUL byte or invalid UTF-8 are skipped and counted in the manifest. A label over its byte
+cap (--cap; c and h have defaults) keeps its files in increasing sha256(path) order while
+they fit, a sample spread over the whole tree that depends only on the paths; --max-mb then
+scales every label down in proportion. Each kept file is one
 document, or several consecutive parts of at most --chunk-kb (cut after a line end) when it
 is larger. Documents are written in sorted path order as JSONL lines
 {"text", "type", "path", "part"} to shards code-NNNNN.jsonl of at most --shard-mb in
@@ -42,9 +43,10 @@ PYTHON_PACKAGES = ["libpython3.11-minimal", "libpython3.11-stdlib", "libpython3.
 # Per-label byte caps in MB (10^6 bytes) unless --cap overrides them; other labels: all.
 DEFAULT_CAPS_MB = {"c": 100, "h": 50}
 # SentencePiece 0.1.97's BPE trainer (Debian 12) crashes (SIGSEGV in Trainer::ComputeFreq) on
-# a training text holding a run of more than 32767 characters without a space: it packs a
-# character's position into a signed 16-bit shift. Parts of at most 31 KiB cannot hold one.
+# a training text holding a run of more than 32767 characters without a space (it shifts a
+# character's position 16 bits left in a signed int). Parts of at most 31 KiB cannot hold one.
 MAX_CHUNK_KB = 31
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LABELS = ["asm", "c", "doc", "dts", "h", "kconfig", "make", "py", "sh"]
 
 
@@ -71,12 +73,14 @@ class Parser(argparse.ArgumentParser):
 
 def parse_args(argv):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="data/code", help="prep's output folder (default data/code)")
+    p.add_argument("--out", default=os.path.join(REPO, "data", "code"),
+                   help="prep's output folder (default data/code in the repository)")
     p.add_argument("--vocab", type=int, default=8192, help="BPE vocabulary size (default 8192)")
     p.add_argument("--source", help="read this extracted tree instead of the Debian packages")
     p.add_argument("--max-mb", type=float, default=0,
                    help="at most this many MB of text in all, labels scaled in proportion")
-    p.add_argument("--bin", help="the switchyard binary (default build/bin/switchyard)")
+    p.add_argument("--bin", help="the switchyard binary (default build/bin/switchyard in the "
+                   "repository, else switchyard on the PATH)")
     p.add_argument("--jsonl-dir", help="where the JSONL shards go (default OUT-jsonl)")
     p.add_argument("--cache", help="where packages are unpacked "
                    "(default $XDG_CACHE_HOME or ~/.cache, then switchyard/code-corpus)")
@@ -337,8 +341,7 @@ def sha256_of(paths):
 
 
 def default_bin():
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    built = os.path.join(repo, "build", "bin", "switchyard")
+    built = os.path.join(REPO, "build", "bin", "switchyard")
     return built if os.path.exists(built) else shutil.which("switchyard")
 
 
