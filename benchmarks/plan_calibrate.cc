@@ -14,17 +14,25 @@
 //             causal masking not subtracted) / (time of kernels::AttentionForward on one
 //             sequence of --attention-shape S,H,hd x P)
 //
+//   cores     cores_per_node = the machine's online cores (mpirun may bind a rank to one); the
+//             figures above are divided by the threads each rank ran, so they are one core's
+//
 // #wrong counts sampled sgemm entries and all-reduce sums that differ from the exact value
 // (small integers: exact in fp32). Timings need a quiet machine; the bench label runs it at
 // tiny sizes to check that it works, never its figures.
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "benchmarks/harness.h"
+#include "benchmarks/train_bench.h"
+#include "engine/plan/cost_model.h"
+#include "engine/plan/hardware.h"
 #include "engine/core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -118,6 +126,37 @@ void MeasureLinks(Harness& h, int64_t max_bytes, Fit& fit) {
   fit.beta = 2.0 * (p - 1) / p / a;
 }
 
+// The fixed cost of an operation: --config trained at a size where the work vanishes
+// (d_model 8, sequences of 8 tokens, 2 a micro-batch); the median step beyond what the cost
+// model predicts for it without op_latency, over the operations it counts (the prediction
+// is linear in op_latency, so two predictions give the count).
+StatusOr<double> MeasureOpLatency(Harness& h, TrainBench& bench, const std::string& yaml) {
+  SY_RETURN_IF_ERROR(bench.Prepare(h, "plan_calibrate"));
+  SY_ASSIGN_OR_RETURN(config::Config config,
+                      bench.LoadConfig({"model.d_model=8", "model.n_heads=2", "model.d_ff=16",
+                                        "moe.d_expert=8", "model.seq_len=8", "train.micro_batch_size=2",
+                                        "logging.routing_every=0"}));
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> trainer, bench.StartTrainer(config, "overhead"));
+  SY_ASSIGN_OR_RETURN(std::vector<double> step_s, bench.RunSteps(*trainer, [] {}, [] {}));
+  bench.EndTrainer(std::move(trainer), "overhead");
+  bench.Cleanup(h);
+  const double measured = SummarizeSteps(h, step_s).median;
+  SY_ASSIGN_OR_RETURN(plan::Hardware hw, plan::ParseHardware(yaml, "plan_calibrate"));
+  plan::PlanInputs in{.config = config, .world = h.ranks(), .precision = "fp32"};
+  in.global_batch = config.train.micro_batch_size * config.train.grad_accum * h.ranks();
+  const plan::Layout layout = plan::LayoutOf(config);
+  plan::CostCache cache;
+  hw.op_latency = 0;
+  const double without = plan::PredictStepTime(in, layout, hw, cache).total();
+  hw.op_latency = 1;
+  const double ops = plan::PredictStepTime(in, layout, hw, cache).total() - without;
+  const double latency = std::max(0.0, (measured - without) / ops);
+  h.Printf("# overhead: a step of %s at d_model 8: %.1f us measured, %.1f us of work predicted, "
+           "%.0f operations: %.2f us each\n", bench.config_path().c_str(), measured * 1e6, without * 1e6,
+           ops, latency * 1e6);
+  return latency;
+}
+
 // The engine's causal attention forward on one sequence: its share of the fitted peak.
 double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double peak) {
   const int64_t S = shape[0], H = shape[1], hd = shape[2];
@@ -133,7 +172,7 @@ double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double pe
   return std::min(1.0, eff);
 }
 
-std::string Yaml(const Fit& f, double attention, double memory) {
+std::string Yaml(const Fit& f, double attention, double memory, int cores, double op_latency) {
   std::ostringstream out;
   out.precision(4);
   out << "# This machine, measured by plan_calibrate (docs/plan.md); rerun on a quiet machine.\n"
@@ -144,7 +183,9 @@ std::string Yaml(const Fit& f, double attention, double memory) {
       << "intra_node: {bandwidth: " << f.beta << ", latency: " << f.alpha << "}\n"
       << "inter_node: {bandwidth: " << f.beta << ", latency: " << f.alpha << "}\n"
       << "gemm: {efficiency: 1, half_flops: " << f.half << "}\n"
-      << "attention_efficiency: " << attention << "\n";
+      << "attention_efficiency: " << attention << "\n"
+      << "cores_per_node: " << cores << "   # the ranks share them: peak and bandwidth are one core's\n";
+  if (op_latency > 0) out << "op_latency: " << op_latency << "\n";
   return out.str();
 }
 
@@ -159,6 +200,8 @@ int Main(int argc, char** argv) {
   h.flags().AddString("copy-bytes", &copy_text, "bytes of the copy (default 256M)");
   h.flags().AddString("max-message", &message_text, "largest all-reduce (default 8M)");
   h.flags().AddString("attention-shape", &attention_text, "S,heads,head_dim of the attention measurement (default 128,4,16)");
+  TrainBench bench(/*steps=*/20, /*grad_accum=*/1);
+  bench.AddFlags(h.flags(), "micro-batches a step of the overhead run (--config at d_model 8)");
   if (auto code = h.Start(argc, argv)) return *code;
   const std::vector<int64_t> sizes = ParseList(sizes_text), shape = ParseList(attention_text);
   for (int64_t n : sizes) {
@@ -181,7 +224,12 @@ int Main(int argc, char** argv) {
   struct sysinfo info {};
   sysinfo(&info);
   const double memory = double(info.totalram) * info.mem_unit / h.ranks();
-  const std::string yaml = Yaml(fit, attention, memory);
+  // One core's figures: the ranks ran ComputeThreads() threads each.
+  fit.peak /= ComputeThreads(), fit.bandwidth /= ComputeThreads();
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  StatusOr<double> op_latency = MeasureOpLatency(h, bench, Yaml(fit, attention, memory, cores, 0));
+  if (!op_latency.ok()) return h.Fail("the overhead run: " + op_latency.status().ToString());
+  const std::string yaml = Yaml(fit, attention, memory, cores, *op_latency);
   h.Printf("%s", yaml.c_str());
   if (h.printing() && !out.empty()) {
     std::ofstream file(out);

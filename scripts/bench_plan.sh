@@ -130,7 +130,7 @@ if [ -x "$ALLTOALL" ]; then
   for s in 0 0.5 1.0 1.5; do
     skew_args=(--experts 8)
     if [ "$s" != 0 ]; then skew_args+=(--skew "$s"); fi
-    bash scripts/mpirun_test.sh 4 "$ALLTOALL" -b 256K -e 256K -n 20 -w 3 --op alltoallv \
+    bash scripts/mpirun_test.sh 4 "$ALLTOALL" -b 256K -e 256K -n 100 -w 10 --op alltoallv \
       "${skew_args[@]}" --json "$OUT/plan/a2a_$s.json" < /dev/null > /dev/null 2>&1
     read -r time imb < <("$PY" -c "
 import json, sys; j = json.load(open('$OUT/plan/a2a_$s.json'))

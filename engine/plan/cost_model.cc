@@ -15,7 +15,9 @@ struct Ctx {
   const PlanInputs& in;
   const Layout& l;
   const Hardware& hw;
-  double peak = 0;   // FLOP/s of the matrix products' type
+  double peak = 0;   // FLOP/s of the matrix products' type, this rank's share of them
+  double bandwidth = 0;  // memory bytes/s, this rank's share
+  double op_s = 0;       // fixed seconds per operation (hw.op_latency; more when time-sliced)
   double b = 2;      // bytes per activation element
   double t = 0;      // tokens of the micro-batch on this rank's cp shard: mbs * S / cp
   double t_moe = 0;  // tokens an MoE layer works on: t / tp under sequence parallelism
@@ -27,7 +29,17 @@ struct Ctx {
 // piece for one micro-batch.
 struct Pass {
   double compute = 0, attention = 0, tp = 0, cp = 0, ep = 0;
+  double ep_backward = 0;  // exposed all-to-all of the backward (ep's, unless overlapped)
+  double ops = 0;  // operations launched (kernels, element-wise passes), for op_latency
 };
+
+// Operations one micro-batch's forward launches per piece (kernels on a GPU, passes on a
+// CPU): what op_latency multiplies. A count of the engine's forward: attention (norm,
+// projections, biases, the core, residual), a dense MLP, the router (scores, top-k,
+// permutation, combine), each local expert (two products, bias, activation), the head
+// (norm, product, loss) and the embedding.
+constexpr double kAttentionOps = 12, kMlpOps = 6, kRouterOps = 12, kExpertOps = 4, kHeadOps = 4,
+                 kEmbeddingOps = 2;
 
 const Link& LinkFor(const Hardware& hw, int64_t span) {
   return span <= hw.gpus_per_node ? hw.intra_node : hw.inter_node;
@@ -46,11 +58,11 @@ double Gemm(const Ctx& c, double m, double n, double k) {
   const double flops = 2 * m * n * k;
   const double eff = c.hw.gemm_efficiency * flops / (flops + c.hw.gemm_half_flops);
   const double bytes = c.b * (m * k + k * n + m * n);
-  return std::max(flops / (c.peak * eff), bytes / c.hw.memory_bandwidth);
+  return std::max(flops / (c.peak * eff), bytes / c.bandwidth);
 }
 
 double Elementwise(const Ctx& c, double elements) {
-  return c.b * elements / c.hw.memory_bandwidth;
+  return c.b * elements / c.bandwidth;
 }
 
 // Attention: q/k/v and output projections split over tp, the core (scores and values,
@@ -65,6 +77,7 @@ Pass Attention(const Ctx& c) {
   p.compute = Gemm(c, c.t, m.n_heads * hd / tp + 2 * kv_local, d) + Gemm(c, c.t, d, m.n_heads * hd / tp);
   p.attention = 4.0 * c.t * m.seq_len * m.n_heads * hd / tp / (c.peak * c.hw.attention_efficiency);
   p.compute += p.attention + Elementwise(c, c.t * (8 * d / (c.sp ? tp : 1)));
+  p.ops = kAttentionOps;
   // Sequence parallelism: all-gather before, reduce-scatter after; else one all-reduce.
   p.tp = 2 * RingStep(c.l.tp, c.t * d * c.b, LinkFor(c.hw, c.l.tp));
   if (c.l.cp > 1) {
@@ -82,6 +95,7 @@ Pass DenseMlp(const Ctx& c) {
   Pass p;
   p.compute = in_mats * Gemm(c, c.t, ff, d) + Gemm(c, c.t, d, ff) +
               Elementwise(c, c.t * (8 * d / (c.sp ? c.l.tp : 1) + 3 * in_mats * ff));
+  p.ops = kMlpOps;
   p.tp = 2 * RingStep(c.l.tp, c.t * d * c.b, LinkFor(c.hw, c.l.tp));
   return p;
 }
@@ -104,6 +118,18 @@ double AllToAll(const Ctx& c, double bytes) {
          (nodes - 1) * c.hw.inter_node.latency + (moved - inside) / c.hw.inter_node.bandwidth;
 }
 
+// The dispatch and return of one MoE layer's pass (`exchange` seconds each way) left exposed
+// by moe.overlap_chunks = C (moe/overlap.h): chunks of whole local experts, chunk i + 1's
+// dispatch and chunk i - 1's return in flight while chunk i computes, the shared experts
+// behind the first dispatch. Exposed: the first dispatch beyond the shared experts, the last
+// return, and between chunks what the exchanges take beyond a chunk's compute. C = 1: both.
+double ExposedExchange(double exchange, double experts, double shared, int64_t chunks, double local) {
+  const double C = std::clamp(double(chunks), 1.0, std::max(1.0, local));
+  if (C <= 1) return 2 * exchange;
+  return std::max(0.0, exchange / C - shared) + exchange / C +
+         (C - 1) * std::max(0.0, 2 * exchange / C - experts / C);
+}
+
 // The MoE layer: router, dispatch (all-to-all), the busiest rank's experts, combine; etp's
 // gather and scatter of the routed rows count as tensor-parallel communication.
 Pass MoeMlp(const Ctx& c) {
@@ -114,26 +140,31 @@ Pass MoeMlp(const Ctx& c) {
   const double rows = c.skew * c.t_moe * k * c.l.ep * c.l.etp / E;  // per local expert
   const double f = double(e.d_expert) / c.l.etp;
   Pass p;
-  p.compute = Gemm(c, c.t_moe, E, d) +
-              (E / c.l.ep) * (in_mats * Gemm(c, rows, f, d) + Gemm(c, rows, d, f)) +
-              Elementwise(c, c.t_moe * 10 * d + rows * (E / c.l.ep) * 3 * in_mats * f);
+  const double experts = (E / c.l.ep) * (in_mats * Gemm(c, rows, f, d) + Gemm(c, rows, d, f));
+  double shared = 0;
   if (e.num_shared_experts > 0) {
     const double s = double(e.num_shared_experts) * e.shared_hidden();
-    p.compute += in_mats * Gemm(c, c.t_moe, s, d) + Gemm(c, c.t_moe, d, s);
+    shared = in_mats * Gemm(c, c.t_moe, s, d) + Gemm(c, c.t_moe, d, s);
   }
-  p.ep = 2 * AllToAll(c, c.t_moe * k * d * c.b);
+  p.compute = Gemm(c, c.t_moe, E, d) + experts + shared +
+              Elementwise(c, c.t_moe * 10 * d + rows * (E / c.l.ep) * 3 * in_mats * f);
+  p.ops = kRouterOps + kExpertOps * (E / c.l.ep) + (e.num_shared_experts > 0 ? kMlpOps : 0);
+  const double exchange = AllToAll(c, c.t_moe * k * d * c.b);  // one way: dispatch or return
+  p.ep = ExposedExchange(exchange, experts, shared, e.overlap_chunks, E / c.l.ep);
+  p.ep_backward = ExposedExchange(exchange, 2 * experts, 2 * shared, e.overlap_chunks, E / c.l.ep);
   const double etp_rows = c.skew * c.t_moe * k * c.l.etp;
   p.tp = 2 * RingStep(c.l.etp, etp_rows * d * c.b, LinkFor(c.hw, c.l.etp));
   return p;
 }
 
 Pass Scale(Pass a, double n) {
-  a.compute *= n, a.attention *= n, a.tp *= n, a.cp *= n, a.ep *= n;
+  a.compute *= n, a.attention *= n, a.tp *= n, a.cp *= n, a.ep *= n, a.ep_backward *= n, a.ops *= n;
   return a;
 }
 
 Pass Add(Pass a, const Pass& b) {
   a.compute += b.compute, a.attention += b.attention, a.tp += b.tp, a.cp += b.cp, a.ep += b.ep;
+  a.ep_backward += b.ep_backward, a.ops += b.ops;
   return a;
 }
 
@@ -154,15 +185,18 @@ StepTime MicroBatch(const Ctx& c, const std::vector<model::Stage>& chunks) {
     if (s.head) {
       const double v = double(m.vocab_size) / c.l.tp;
       f.compute += Gemm(c, c.t, v, m.d_model) + Elementwise(c, 3 * c.t * v);
+      f.ops += kHeadOps;
     }
-    if (s.embedding) f.compute += Elementwise(c, 2 * c.t * m.d_model);
+    if (s.embedding) f.compute += Elementwise(c, 2 * c.t * m.d_model), f.ops += kEmbeddingOps;
   }
   const bool full = c.l.recompute == model::Recompute::kFull;
   const double redo = full ? f.compute : c.l.recompute == model::Recompute::kSelective ? f.attention : 0;
+  // Every operation's fixed cost: forward, backward (twice the operations), full recompute.
+  f.compute += f.ops * c.op_s;
   StepTime t;
   t.compute = 3 * f.compute + redo;
   t.tp = (full ? 3 : 2) * f.tp;
-  t.ep = (full ? 3 : 2) * f.ep;
+  t.ep = (full ? 2 : 1) * f.ep + f.ep_backward;
   // The ring hides behind attention's core: forward once, backward twice the traffic.
   t.cp = (full ? 2 : 1) * std::max(0.0, f.cp - f.attention) + std::max(0.0, 2 * (f.cp - f.attention));
   if (c.l.pp > 1) {
@@ -237,7 +271,7 @@ std::pair<double, double> DataParallel(const Ctx& c, std::pair<double, double> e
   // AdamW: read weights, gradients and two moments, write weights and moments (f32), on the
   // rank's shard of the optimizer state under ZeRO >= 1.
   const double shard_d = l.zero_stage >= 1 ? dense_group : 1, shard_e = l.zero_stage >= 1 ? expert_group : 1;
-  const double optimizer = 28.0 * (elements.first / shard_d + elements.second / shard_e) / c.hw.memory_bandwidth;
+  const double optimizer = 28.0 * (elements.first / shard_d + elements.second / shard_e) / c.bandwidth;
   return {exposed, optimizer};
 }
 
@@ -246,7 +280,9 @@ std::pair<double, double> DataParallel(const Ctx& c, std::pair<double, double> e
 StepTime PredictStepTime(const PlanInputs& in, const Layout& l, const Hardware& hw, CostCache& cache) {
   const model::ModelConfig& m = in.config.model;
   Ctx c{.in = in, .l = l, .hw = hw};
-  c.peak = hw.Peak(in.precision);
+  c.peak = hw.Peak(in.precision) * hw.ComputeShare(in.world);
+  c.bandwidth = hw.memory_bandwidth * hw.ComputeShare(in.world);
+  c.op_s = hw.op_latency * std::max(1.0, 1.0 / hw.ComputeShare(in.world));
   c.b = in.precision == "fp32" ? 4 : 2;
   c.t = double(l.micro_batch_size) * m.seq_len / l.cp;
   c.sp = l.tp > 1 && in.config.parallel.sequence_parallel;

@@ -71,7 +71,7 @@ Setter LinkOf(const std::string& source, Link* link) {
 }
 
 Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
-  double per_node = 0;
+  double per_node = 0, cores = 0;
   const auto text = [](std::string* out) {
     return [out](const YAML::Node& n, const std::string&) {
       *out = n.IsScalar() ? n.Scalar() : "";
@@ -102,8 +102,14 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
                         {});
        }},
       {"attention_efficiency", NumberOf(source, &h.attention_efficiency)},
+      {"cores_per_node", NumberOf(source, &cores)},
+      {"op_latency", NumberOf(source, &h.op_latency)},
   };
-  SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys, {"source"}));
+  SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys, {"source", "cores_per_node", "op_latency"}));
+  if (cores != std::floor(cores)) {
+    return InvalidArgument(source, ": cores_per_node=", cores, " must be a whole number");
+  }
+  h.cores_per_node = static_cast<int>(cores);
   if (per_node != std::floor(per_node)) {
     return InvalidArgument(source, ": gpus_per_node=", per_node, " must be a whole number");
   }
@@ -116,6 +122,11 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
 }
 
 }  // namespace
+
+double Hardware::ComputeShare(int world) const {
+  if (cores_per_node <= 0) return 1;
+  return double(cores_per_node) / std::max(1, std::min(world, gpus_per_node));
+}
 
 double Hardware::Peak(const std::string& precision) const {
   if (precision == "fp32") return peak_fp32;

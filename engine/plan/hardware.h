@@ -11,8 +11,11 @@
 //   inter_node: {bandwidth: 50e9, latency: 10e-6}
 //   gemm: {efficiency: 0.75, half_flops: 2e9}        # fitted: see GemmEfficiency
 //   attention_efficiency: 0.45                       # share of the peak attention's core reaches
+//   cores_per_node: 2     # CPU machines only: the node's cores, which its ranks share
+//   op_latency: 4e-6      # optional: fixed seconds per operation (launch, bookkeeping)
 //
-// Every key is required except fp8 and source; an unknown or missing key, a value that is
+// Every key is required except fp8, source, cores_per_node and
+// op_latency; an unknown or missing key, a value that is
 // not a positive number, is one error line naming the file and the key.
 #pragma once
 
@@ -38,6 +41,18 @@ struct Hardware {
   // of the peak (and no more than the memory bandwidth allows: roofline).
   double gemm_efficiency = 0, gemm_half_flops = 0;
   double attention_efficiency = 0;
+  // 0 (devices): each rank has a device of its own. > 0 (a CPU node): peak_flops and
+  // memory_bandwidth are one core's, and the ranks on a node share its cores evenly, so a
+  // rank computes at ComputeShare times them (threads when the ranks are fewer than the
+  // cores, time slices when they are more).
+  int cores_per_node = 0;
+  // Fixed seconds every operation costs besides its work (a kernel launch; on a CPU the
+  // engine's per-operation bookkeeping); 0 when the file gives none. Time-sliced ranks
+  // (ComputeShare < 1) pay it 1 / ComputeShare times.
+  double op_latency = 0;
+
+  // cores_per_node / ranks on a node (min(world, gpus_per_node)); 1 without cores_per_node.
+  double ComputeShare(int world) const;
 
   // The dense peak of the matrix products' input type: "bf16", "fp32" or "fp8" (fp8 falls
   // back to bf16 when the file gives none).

@@ -1,6 +1,7 @@
 // The MoE layer's statistics (MODEL.md section 3) add up, two Forward calls over the two
-// halves of the groups Add() up to one Forward over all of them, and bad settings are
-// rejected with messages that name the key and the value.
+// halves of the groups Add() up to one Forward over all of them, the expert bias steers the
+// choice (not the gates) in training and evaluation alike, and bad settings are rejected
+// with messages that name the key and the value.
 #include "moe/moe_layer.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/router.h"
 #include "tests/moe/moe_layer_test_util.h"
 
 namespace switchyard::moe {
@@ -199,6 +201,65 @@ TEST(MoELayerStatsTest, HalvesAddUpToTheWhole) {
     const Reference ref = ReferenceForward(layer, h, T, true, 2, first);
     EXPECT_EQ(ref.kept_counts, whole.groups.tokens_per_expert_kept) << "the bound's routing";
     ExpectWithinBound(y0, y, ref.y_bound, StrCat("halves' y, cf ", cf), /*factor=*/2.0);
+  }
+}
+
+// Aux-loss-free balancing (MODEL.md section 2) end to end through the layer, in training
+// and in evaluation alike: a bias of +2 on expert 5 (more than any probability difference)
+// sends every token there, the gates stay the unbiased probabilities, and the update from
+// the layer's own counts (before dropping) is the hand-computed one.
+TEST(MoELayerStatsTest, ExpertBiasSteersTrainingAndEvalAlike) {
+  for (ScoreFunction score : {ScoreFunction::kSoftmax, ScoreFunction::kSigmoid}) {
+    MoEConfig c = Config(8, 1, Activation::kGelu);
+    c.score = score;
+    c.expert_bias_rate = 0.001f;
+    c.capacity_factor = 1.0f;  // capacity T / 8: the counts must be those before dropping
+    c.eval_capacity_factor = 1.0f;
+    LocalLayer local(c);
+    MoELayer& layer = local.layer;
+    Tensor bias = layer.expert_bias();
+    ASSERT_TRUE(bias.defined());
+    const int64_t G = 2, T = 16, E = c.num_experts, hot = 5;
+    Tensor h = Normal({G * T, c.d_model}, 6, 1.0f);
+    SCOPED_TRACE(score == ScoreFunction::kSigmoid ? "sigmoid" : "softmax");
+
+    // Unbiased: the tokens spread (so a bias that eval ignored would show).
+    const MoEForward plain = layer.Forward(h, T, /*training=*/false, 0, 0);
+    int64_t used = 0;
+    for (int64_t n : plain.stats.tokens_per_expert) used += n > 0 ? 1 : 0;
+    ASSERT_GE(used, 3) << "the unbiased router should use several experts";
+
+    std::vector<float> b(E, 0.0f);
+    b[hot] = 2.0f;
+    bias.CopyFrom(Tensor::FromVector(b, {E}));
+    std::vector<int64_t> all_hot(E, 0);
+    all_hot[hot] = G * T;
+    for (bool training : {false, true}) {
+      SCOPED_TRACE(training ? "training" : "eval");
+      const MoEForward out = layer.Forward(h, T, training, 0, 0);
+      EXPECT_EQ(out.stats.tokens_per_expert, all_hot);
+      std::vector<int64_t> kept(E, 0);
+      kept[hot] = G * (T / E);  // C = ceil(1.0 * T * 1 / E) per group
+      EXPECT_EQ(out.stats.tokens_per_expert_kept, kept);
+      // Gate of token t = its unbiased score of the hot expert (the probability under
+      // softmax, the sigmoid without normalize_gates), bit for bit.
+      const std::vector<float> gates = out.acts.gates.ToVector<float>();
+      for (int64_t g = 0; g < G; ++g) {
+        const std::vector<float> s = plain.acts.router[g].scores.ToVector<float>();
+        for (int64_t t = 0; t < T; ++t) {
+          EXPECT_EQ(gates[g * T + t], s[t * E + hot]) << "group " << g << " token " << t;
+        }
+      }
+    }
+
+    // The update from the training Forward's counts: their mean 4 exceeds the seven idle
+    // experts' 0 (raised) and falls short of the hot one's 32 (lowered), in f32 steps.
+    const MoEForward trained = layer.Forward(h, T, /*training=*/true, 1, 0);
+    UpdateExpertBias(bias, trained.stats.tokens_per_expert, c.expert_bias_rate);
+    std::vector<float> want(E, 0.0f + 0.001f);
+    want[hot] = 2.0f - 0.001f;
+    Tensor updated = bias;
+    EXPECT_EQ(updated.ToVector<float>(), want);
   }
 }
 

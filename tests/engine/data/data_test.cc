@@ -149,6 +149,23 @@ TEST_F(DataTest, TokenizerRoundTripsAndIsDeterministic) {
   EXPECT_FALSE(Tokenizer::FromSerialized("not a model").ok());
 }
 
+// SentencePiece's BPE trainer crashed (SIGSEGV) on long runs without a space, e.g. a line of
+// hex in a kernel source file: nine 4000-character words in one text were enough. The
+// trainer now sees such runs cut every 256 bytes; the tokenizer still encodes the text whole.
+TEST_F(DataTest, TokenizerTrainsOnLongRunsWithoutSpaces) {
+  std::string words, run, accents;
+  for (int i = 0; i < 9; ++i) words += std::string(4000, "ab"[i % 2]) + "ba ";
+  for (int i = 0; i < 16400; ++i) run += "ab";
+  for (int i = 0; i < 20000; ++i) accents += "\xc3\xa9";  // e acute: no cut inside a character
+  const std::vector<std::string> texts = {"the cat sat on the mat", "q " + words + "y", "q " + run + " y",
+                                          accents + " ok"};
+  auto model = TrainTokenizer(texts, {200, 1});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto tokenizer = Tokenizer::FromSerialized(*model);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  for (const std::string& text : texts) EXPECT_EQ(tokenizer->Decode(tokenizer->Encode(text)), text);
+}
+
 TEST_F(DataTest, ShardsRoundTripAndRejectDamage) {
   const std::vector<int32_t> tokens = {0, 1, 2, 65535, 7};
   for (uint32_t width : {2u, 4u}) {

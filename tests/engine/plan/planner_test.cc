@@ -8,6 +8,7 @@
 //  - DataParallelTimeByHand: the data-parallel sync of ZeRO 0 and 1 likewise;
 //  - StepTimeGrowsWithSkew / SkewFromRoutingLog / AllToAllCrossesNodesOnlyBeyondANode:
 //    the MoE terms;
+//  - CpuNodeSharesCoresAndPaysPerOperation: cores_per_node and op_latency by hand;
 //  - hardware files: the shipped ones parse, and each mistake is one line naming the key.
 #include <gtest/gtest.h>
 
@@ -217,6 +218,35 @@ TEST(PlannerTest, AllToAllCrossesNodesOnlyBeyondANode) {
   EXPECT_EQ(ep_time(4, 1, 1, 4), ep_time(4, 1, 1, 8));   // ep 4 fits a node of 4
 }
 
+// A CPU node (cores_per_node): its ranks share the cores, so a rank's compute is the node's
+// over the ranks on it, and every operation costs op_latency more, time-sliced ranks
+// 1 / share times. kMoE's forward counts 4 x 12 (attention) + 2 x 6 (dense MLPs) +
+// 2 x (12 + 4 x 8) (routers, 8 local experts) + 4 (head) + 2 (embedding) = 154 operations;
+// a micro-batch runs them 3 times (forward, backward twice).
+TEST(PlannerTest, CpuNodeSharesCoresAndPaysPerOperation) {
+  Hardware cpu = Round();
+  cpu.gpus_per_node = 1024, cpu.cores_per_node = 2;
+  EXPECT_EQ(cpu.ComputeShare(1), 2);
+  EXPECT_EQ(cpu.ComputeShare(2), 1);
+  EXPECT_EQ(cpu.ComputeShare(8), 0.25);
+  EXPECT_EQ(Round().ComputeShare(8), 1);  // devices: one each
+  const config::Config c = Parse(kMoE);
+  const Layout dp{.micro_batch_size = 2, .micro_batches = 2};
+  const auto compute = [&](const Hardware& hw, int world) {
+    CostCache cache;
+    return PredictStepTime(Inputs(c, world, 4 * world), dp, hw, cache).compute;
+  };
+  // Half the share, twice the time (no per-operation cost: all of compute is work).
+  EXPECT_NEAR(compute(cpu, 4), 2 * compute(cpu, 2), 1e-12 * compute(cpu, 4));
+  EXPECT_NEAR(compute(cpu, 1), compute(cpu, 2) / 2, 1e-12 * compute(cpu, 2));
+  Hardware slow = cpu;
+  slow.op_latency = 1e-5;
+  const double ops = 2 * 3 * 154;  // micro-batches x passes x forward operations
+  EXPECT_NEAR(compute(slow, 2) - compute(cpu, 2), ops * 1e-5, 1e-9 * ops * 1e-5);
+  EXPECT_NEAR(compute(slow, 1) - compute(cpu, 1), ops * 1e-5, 1e-9 * ops * 1e-5);  // threads do not shorten it
+  EXPECT_NEAR(compute(slow, 8) - compute(cpu, 8), 4 * ops * 1e-5, 1e-9 * ops * 1e-5);  // a quarter core
+}
+
 TEST(HardwareTest, ShippedFilesParse) {
   for (const char* name : {"h100", "h200", "a100-80g", "a100-40g", "h800"}) {
     auto h = LoadHardware(name, SWITCHYARD_SOURCE_DIR "/configs/hardware");
@@ -248,6 +278,12 @@ TEST(HardwareTest, MistakesNameTheKey) {
   std::string over = good;
   over.replace(over.find("efficiency: 0.5"), 15, "efficiency: 1.5");
   EXPECT_EQ(error(over), "hw.yaml: gemm.efficiency=1.5 must be at most 1 (a share of the peak)");
+  EXPECT_EQ(error(good + "cores_per_node: 1.5\n"), "hw.yaml: cores_per_node=1.5 must be a whole number");
+  EXPECT_EQ(error(good + "op_latency: 0\n"), "hw.yaml: op_latency=0 must be a positive number");
+  auto cpu = ParseHardware(good + "cores_per_node: 2\nop_latency: 9e-6\n", "cpu.yaml");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->cores_per_node, 2);
+  EXPECT_EQ(cpu->op_latency, 9e-6);
 }
 
 }  // namespace

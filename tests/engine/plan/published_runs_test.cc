@@ -38,7 +38,7 @@ constexpr Row kRows[] = {
     {"opt-175b", "a100-80g", 992, "bf16", 147, false, +0.209},
     {"bloom-176b", "a100-80g", 384, "bf16", 150, false, +0.071},
     {"mt-nlg-530b", "a100-80g", 2240, "bf16", 126, false, +0.195},
-    {"deepseek-v3", "h800", 2048, "fp8", 1543, true, -0.256},
+    {"deepseek-v3", "h800", 2048, "fp8", 1543, true, -0.168},
 };
 constexpr double kBand = 0.03;
 
