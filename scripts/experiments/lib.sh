@@ -7,7 +7,7 @@
 #   --out DIR          where runs, summary.md/.json, figures and report.html go
 #                      (default runs/experiments/NAME, or NAME-ci)
 #   --data DIR         a `switchyard prep` corpus (default data/code, which
-#                      scripts/make_code_corpus.sh builds; the ci grid: data/fortunes)
+#                      python3 scripts/make_code_corpus.py builds; the ci grid: data/fortunes)
 #   --seeds N|LIST     3 means seeds 1,2,3; 1,5,9 is a list (default: the experiment's)
 #   --steps N          training steps per run (default: the experiment's)
 #   --jobs N           runs trained at once, each on cores/N compute threads (default 2)

@@ -64,6 +64,8 @@ def parse(argv):
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--bin")
     p.add_argument("--set", action="append", default=[], dest="extra")
+    p.add_argument("--val-blocks", type=int, default=1024)
+    p.add_argument("--val-block-tokens", type=int, default=1024)
     a = p.parse_args(argv)
     if a.grid not in ("full", "ci"):
         raise Usage("--grid '%s' is not one of full, ci" % a.grid)
@@ -72,6 +74,9 @@ def parse(argv):
         raise Usage("--steps %d must be a positive integer" % a.steps)
     if a.jobs < 1:
         raise Usage("--jobs %d must be a positive integer" % a.jobs)
+    if a.val_blocks < 0 or a.val_blocks & (a.val_blocks - 1) or a.val_block_tokens < 1:
+        raise Usage("--val-blocks %d must be 0 (the whole split) or a power of two, "
+                    "--val-block-tokens %d positive" % (a.val_blocks, a.val_block_tokens))
     seeds = a.default_seeds if a.seeds is None else a.seeds
     try:
         if "," in seeds:
@@ -101,7 +106,7 @@ def check_inputs(a):
     if not os.path.isfile(a.config):
         return "--config %s: no such file" % a.config
     if not os.path.isfile(os.path.join(a.data, "index.json")):
-        hint = ("bash scripts/make_code_corpus.sh builds it" if a.data.rstrip("/").endswith("data/code")
+        hint = ("python3 scripts/make_code_corpus.py builds it" if a.data.rstrip("/").endswith("data/code")
                 else "switchyard prep --out %s builds it" % a.data)
         return "--data %s: no prepared corpus there (no index.json; %s, or pass --data DIR)" % (a.data, hint)
     return None
@@ -187,7 +192,7 @@ def summarise(a):
     settings = [measures.summarise_setting(n, s, runs, baseline if n != a.baseline else None)
                 for n, s, runs in per_setting]
     return {"experiment": a.name, "title": a.title, "grid": a.grid, "config": a.config,
-            "data": a.data, "steps": a.steps, "seeds": a.seeds, "extra_sets": a.extra,
+            "data": a.source_data, "val_sample_tokens": a.val_tokens, "steps": a.steps, "seeds": a.seeds, "extra_sets": a.extra,
             "baseline": a.baseline or None,
             "baseline_final_val_curve": baseline[0] if baseline else None,
             "spike_rule": {"window": measures.SPIKE_WINDOW, "ratio": measures.SPIKE_RATIO},
@@ -284,6 +289,19 @@ def main(argv):
     with open(os.path.join(a.data, "index.json")) as f:
         vocab = json.load(f)["vocab_size"]
     os.makedirs(a.out, exist_ok=True)
+    a.source_data, a.val_tokens = a.data, None
+    if a.val_blocks:
+        import val_sample
+        sample = os.path.join(a.out, "val-sample")
+        try:
+            a.val_tokens = val_sample.make(a.data, sample, a.val_blocks, a.val_block_tokens)
+        except (OSError, ValueError, KeyError) as e:
+            sys.stderr.write("%s: error: validation sample of %s: %s\n" % (prog, a.data, e))
+            return 1
+        if a.val_tokens:
+            a.data = sample
+            print("%s: validation on %d blocks of %d tokens spread over %s's split (%s)"
+                  % (a.name, a.val_blocks, a.val_block_tokens, a.source_data, sample), flush=True)
     print("%s: %d settings x %d seeds, %d steps, %d jobs, out %s"
           % (a.name, len(a.settings), len(a.seeds), a.steps, a.jobs, a.out), flush=True)
     try:

@@ -68,6 +68,16 @@ s = {st['name']: st['metrics'] for st in json.load(open('$tmp/capacity/summary.j
 sys.exit(0 if s['top1-dropless']['dropped_run']['mean'] == 0 and s['top1-cf1.0']['dropped_run']['mean'] > 0 else 1)" ||
   fail "capacity: dropped fractions"
 
+# A validation sample (--val-blocks 4 of 64 tokens, smaller than the corpus's split): the
+# runs train and are evaluated on it (eval.json's data), and summary.json says its size.
+bash "$dir/moe_vs_dense.sh" "${common[@]}" --out "$tmp/sampled" --val-blocks 4 --val-block-tokens 64 \
+  >"$tmp/sampled.out" 2>&1 || fail "val sample: exit $?: $(tail -3 "$tmp/sampled.out")"
+py "import glob, json, sys
+s = json.load(open('$tmp/sampled/summary.json'))
+evs = [json.load(open(p)) for p in glob.glob('$tmp/sampled/*/seed1/eval.json')]
+ok = s['val_sample_tokens'] == 256 and len(evs) == 4 and all(e['data'].endswith('val-sample') and 0 < e['tokens'] <= 256 for e in evs)
+sys.exit(0 if ok else 1)" || fail "val sample: $(grep -o '"val_sample_tokens": [0-9a-z]*' "$tmp/sampled/summary.json")"
+
 # A second call finds every run done.
 bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/capacity" >"$tmp/again.out" 2>&1 || fail "second call: $(tail -3 "$tmp/again.out")"
 [[ $(grep -c "already done" "$tmp/again.out") -eq 4 ]] || fail "second call retrained: $(cat "$tmp/again.out")"
@@ -92,7 +102,7 @@ for bad in "--grid huge" "--steps 0" "--jobs 0" "--seeds x" "--set nokey" "--bog
 done
 (cd "$tmp" && bash "$dir/loss_free.sh" --bin "$bin" --out "$tmp/bad" >"$tmp/out" 2>"$tmp/err")
 rc=$?
-[[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "data/code.*scripts/make_code_corpus.sh" "$tmp/err" ||
+[[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "data/code.*scripts/make_code_corpus.py" "$tmp/err" ||
   fail "missing corpus: exit $rc, $(cat "$tmp/err")"
 [[ ! -e "$tmp/bad" ]] || fail "a refused experiment created its output directory"
 bash "$dir/zloss.sh" --help >"$tmp/out" 2>&1 && grep -q -- "--jobs N" "$tmp/out" && grep -q "ST-MoE" "$tmp/out" ||

@@ -86,6 +86,43 @@ check("tokens per step", measures.tokens_per_step(cfg) == 24)
 cfg["moe"]["layer_freq"] = 1000  # dense: layer 1 is an MLP too
 check("dense flops", measures.flops_per_token(cfg) == 6.0 * (512 + 512 + 80) + 768)
 
+# The validation sample (val_sample.py) of a hand-made corpus: 2 val documents of 300 and
+# 700 tokens (token i = i), 4 blocks of 100 at offsets 0, 300, 600, 900 in bit-reversed
+# order (0, 600, 300, 900); documents cut at the boundaries, labels kept, totals summed.
+import json, struct, tempfile  # noqa: E402,E401
+import val_sample  # noqa: E402
+from array import array  # noqa: E402
+src = tempfile.mkdtemp()
+val_sample._write_shard(os.path.join(src, "train-00000.bin"), array("H", [5] * 10))
+val_sample._write_shard(os.path.join(src, "val-00000.bin"), array("H", range(1000)))
+open(os.path.join(src, "tokenizer.model"), "w").close()
+index = {"format": "switchyard-tokens", "version": 1, "vocab_size": 1000, "tokenizer": "tokenizer.model",
+         "labels": ["a", "b"],
+         "totals": {"a": {"train": {"documents": 1, "tokens": 10}, "val": {"documents": 1, "tokens": 300}},
+                    "b": {"train": {"documents": 0, "tokens": 0}, "val": {"documents": 1, "tokens": 700}}},
+         "shards": [{"name": "train-00000.bin", "split": "train", "tokens": 10},
+                    {"name": "val-00000.bin", "split": "val", "tokens": 1000}],
+         "documents": [{"split": "train", "shard": 0, "offset": 0, "tokens": 10, "label": "a"},
+                       {"split": "val", "shard": 1, "offset": 0, "tokens": 300, "label": "a"},
+                       {"split": "val", "shard": 1, "offset": 300, "tokens": 700, "label": "b"}]}
+json.dump(index, open(os.path.join(src, "index.json"), "w"))
+dst = os.path.join(src, "sample")
+check("sample size", val_sample.make(src, dst, blocks=4, block=100) == 400)
+got = list(val_sample._read_shard(os.path.join(dst, "val-00000.bin")))
+check("sample tokens", got == list(range(0, 100)) + list(range(600, 700)) + list(range(300, 400)) + list(range(900, 1000)), got[:5])
+raw = open(os.path.join(dst, "val-00000.bin"), "rb").read()
+h = 0xcbf29ce484222325
+for b in raw[32:]:
+    h = ((h ^ b) * 0x100000001b3) % 2 ** 64
+check("header", raw[:24] == b"SYTOKENS" + struct.pack("<IIQ", 1, 2, 400) and struct.unpack("<Q", raw[24:32])[0] == h)
+new = json.load(open(os.path.join(dst, "index.json")))
+vd = [(d["offset"], d["tokens"], d["label"]) for d in new["documents"] if d["split"] == "val"]
+check("sample documents", vd == [(0, 100, "a"), (100, 100, "b"), (200, 100, "b"), (300, 100, "b")], vd)
+check("sample totals", new["totals"]["a"]["val"] == {"documents": 1, "tokens": 100} and
+      new["totals"]["b"]["val"] == {"documents": 3, "tokens": 300}, new["totals"])
+check("train shard linked", os.path.realpath(os.path.join(dst, "train-00000.bin")) == os.path.join(os.path.realpath(src), "train-00000.bin"))
+check("small split kept whole", val_sample.make(src, os.path.join(src, "s2"), blocks=16, block=100) is None)
+
 if failures:
     sys.exit(1)
 print("experiments_measures_test: all checks passed")
