@@ -10,9 +10,9 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "$exp_grid" = full ]; then
-  steps=1200 seeds=3 factors=(1.0 1.25 2.0 0)
+  steps=1200 seeds=3 factors=(1.0 1.25 2.0 0) baseline=top1-cf1.25
 else
-  steps=6 seeds=1 factors=(1.0 0)
+  steps=6 seeds=1 factors=(1.0 0) baseline=top1-cf1.0
 fi
 settings=()
 for k in 1 2; do
@@ -23,6 +23,6 @@ for k in 1 2; do
   done
 done
 exp_run --name capacity --title "Capacity factor and top-k" "${settings[@]}" \
-  --default-steps "$steps" --default-seeds "$seeds" --set moe.num_experts=8 \
-  --columns val_loss,perplexity,dropped_run,dropped_end,maxvio_batch,step_s,flops_per_token \
+  --baseline "$baseline" --default-steps "$steps" --default-seeds "$seeds" --set moe.num_experts=8 \
+  --columns val_loss,delta_val_loss,perplexity,dropped_run,dropped_end,maxvio_batch,step_s,flops_per_token \
   "$@"

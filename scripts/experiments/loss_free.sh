@@ -25,9 +25,9 @@ for score in "${scores[@]}"; do
   done
 done
 exp_run --name loss_free --title "Loss-free balancing vs auxiliary loss" "${settings[@]}" \
-  --default-steps "$steps" --default-seeds "$seeds" \
+  --baseline softmax-aux1e-3 --default-steps "$steps" --default-seeds "$seeds" \
   --set "moe.num_experts=$experts" --set moe.top_k=2 --set moe.normalize_gates=true \
   --set moe.capacity_factor=0 --set moe.eval_capacity_factor=0 --set moe.z_loss_coef=0 \
   --set moe.jitter_eps=0 \
-  --columns val_loss,perplexity,maxvio_global,maxvio_global_max,maxvio_batch,step_s,lang_mi_bits \
+  --columns val_loss,delta_val_loss,perplexity,maxvio_global,maxvio_global_max,maxvio_batch,step_s,lang_mi_bits \
   "$@"

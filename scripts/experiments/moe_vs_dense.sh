@@ -22,5 +22,5 @@ e2=$([ "$exp_grid" = full ] && echo 8 || echo 4)
 settings+=(--setting "top2-e$e2=moe.num_experts=$e2 moe.top_k=2 moe.normalize_gates=true")
 exp_run --name moe_vs_dense --title "MoE vs dense at equal FLOPs per token" "${settings[@]}" \
   --baseline dense --default-steps "$steps" --default-seeds "$seeds" \
-  --columns val_loss,perplexity,speedup,flops_per_token,train_flops,step_s,dropped_run,lang_mi_bits \
+  --columns val_loss,delta_val_loss,perplexity,speedup,flops_per_token,train_flops,step_s,dropped_run,lang_mi_bits \
   "$@"

@@ -189,13 +189,16 @@ def summarise(a):
         curve = measures.mean_curve([r["curve_val"] for r in base if r["status"] == "ok"])
         if curve:
             baseline = (curve[-1][1], curve[-1][0])
-    settings = [measures.summarise_setting(n, s, runs, baseline if n != a.baseline else None)
+    base_runs = next((runs for n, _, runs in per_setting if n == a.baseline), None)
+    settings = [measures.summarise_setting(n, s, runs, baseline if n != a.baseline else None,
+                                           base_runs if n != a.baseline else None)
                 for n, s, runs in per_setting]
     return {"experiment": a.name, "title": a.title, "grid": a.grid, "config": a.config,
             "data": a.source_data, "val_sample_tokens": a.val_tokens, "steps": a.steps, "seeds": a.seeds, "extra_sets": a.extra,
             "baseline": a.baseline or None,
             "baseline_final_val_curve": baseline[0] if baseline else None,
-            "spike_rule": {"window": measures.SPIKE_WINDOW, "ratio": measures.SPIKE_RATIO},
+            "spike_rule": {"window": measures.SPIKE_WINDOW, "ratio": measures.SPIKE_RATIO,
+                           "step_ratio": measures.STEP_RATIO},
             "settings": settings,
             "runs": {n: runs for n, _, runs in per_setting}}
 
@@ -215,6 +218,7 @@ COLUMNS = {
     "lang_mi_bits": ("label MI (bits)", "%.3f", 1),
     "lang_top_share": ("label top share", "%.1f%%", 100),
     "speedup": ("speed-up (steps to the baseline's final loss)", "%.2fx", 1),
+    "delta_val_loss": ("Δ val loss vs baseline, same seed", "%+.4f", 1),
 }
 
 
@@ -223,7 +227,7 @@ def cell(m, fmt, scale):
         return "-"
     s = fmt % (m["mean"] * scale)
     if m["std"] is not None:
-        s += " ± " + (fmt % (m["std"] * scale)).rstrip("%x")
+        s += " ± " + (fmt % (m["std"] * scale)).rstrip("%x").lstrip("+")
     return s
 
 

@@ -26,23 +26,25 @@ def series(values, first=0):
     return [(first + i, v) for i, v in enumerate(values)]
 
 
-# Spikes: a flat loss has none; one step at 3x the loss lifts the 10-step mean by exactly
-# 20% (> 1.2 needs a bit more: 3.2x); a sustained 25% rise trips it once; 10% does not;
-# NaN is a spike; a jump inside the warmup is not counted.
-flat = [2.0] * 50
+# Spikes (windows of 50 steps): a flat loss has none; one step at 2.1x the mean before it
+# is one, 1.95x is not (and lifts the 50-step mean by only 1.9%); a sustained 25% rise
+# trips the window rule when 41 of 50 steps are up (2.5 x 41 + 2 x 9 > 1.2 x 100); 10% does
+# not; NaN is a spike; a jump inside the warmup is not counted.
+flat = [2.0] * 200
 check("flat", measures.find_spikes(series(flat), warmup=0)[0] == [])
-one = flat[:30] + [6.4] + flat[:19]
-spikes, worst = measures.find_spikes(series(one), warmup=0)
-check("one step at 3.2x", spikes == [30], spikes)
-check("worst ratio of one step", abs(worst - (9 * 2.0 + 6.4) / 10 / 2.0) < 1e-12, worst)
-check("one step at 3x (exactly 1.2)", measures.find_spikes(series(flat[:30] + [6.0] + flat[:19]), 0)[0] == [])
-rise = flat[:30] + [2.5] * 20
-check("sustained 25% rise", measures.find_spikes(series(rise), warmup=0)[0] == [38], measures.find_spikes(series(rise), 0)[0])
-check("10% rise", measures.find_spikes(series(flat[:30] + [2.2] * 20), warmup=0)[0] == [])
-check("nan", measures.find_spikes(series(flat[:30] + [float("nan"), None]), warmup=0)[0] == [30])
-early = [2.0] * 10 + [8.0] * 3 + [2.0] * 20
-check("spike inside warmup", measures.find_spikes(series(early), warmup=25)[0] == [])
-check("same spike after warmup", measures.find_spikes(series(early), warmup=0)[0] == [10])
+spikes, worst, worst_step = measures.find_spikes(series(flat[:120] + [4.2] + flat[:79]), warmup=0)
+check("one step at 2.1x", spikes == [120], spikes)
+check("step ratio", abs(worst_step - 2.1) < 1e-12, worst_step)
+spikes, worst, worst_step = measures.find_spikes(series(flat[:120] + [3.9] + flat[:79]), warmup=0)
+check("one step at 1.95x", spikes == [], spikes)
+check("window ratio of one step", abs(worst - (49 * 2.0 + 3.9) / 50 / 2.0) < 1e-12, worst)
+rise = flat[:120] + [2.5] * 80
+check("sustained 25% rise", measures.find_spikes(series(rise), warmup=0)[0] == [160], measures.find_spikes(series(rise), 0)[0])
+check("10% rise", measures.find_spikes(series(flat[:120] + [2.2] * 80), warmup=0)[0] == [])
+check("nan", measures.find_spikes(series(flat[:120] + [float("nan"), None]), warmup=0)[0] == [120])
+early = [2.0] * 60 + [5.0] + [2.0] * 100
+check("spike inside warmup", measures.find_spikes(series(early), warmup=100)[0] == [])
+check("same spike after warmup", measures.find_spikes(series(early), warmup=0)[0] == [60])
 
 # mean ± sample std: 1, 2, 3, 4 -> 2.5 and sqrt(5/3); None and NaN left out; one value, no std.
 m = measures.mean_std([1.0, 2.0, None, 3.0, float("nan"), 4.0])
@@ -68,10 +70,14 @@ def fake(seed, curve, status="ok"):
 # 300/175 and 2; a diverged seed is counted but not averaged.
 s = measures.summarise_setting("moe", ["moe.num_experts=8"],
                                [fake(1, curve), fake(2, [[0, 6.0], [100, 4.0], [200, 2.5]]),
-                                fake(3, [[0, 6.0]], "diverged")], baseline=(3.25, 300))
+                                fake(3, [[0, 6.0]], "diverged")], baseline=(3.25, 300),
+                               baseline_runs=[fake(1, [[0, 3.0]]), fake(2, [[0, 2.0]]), fake(3, [[0, 2.2]])])
 sp = s["metrics"]["speedup"]
 check("speed-up", sp["n"] == 2 and abs(sp["mean"] - (300 / 175 + 2.0) / 2) < 1e-12, sp)
 check("counts", (s["runs"], s["ok"], s["diverged"], s["stable"]) == (3, 2, 1, 2), s)
+# Paired by seed: 2.5 - 3.0 and 2.5 - 2.0 (seed 3 diverged: no pair).
+dv = s["metrics"]["delta_val_loss"]
+check("delta", dv["values"] == [-0.5, 0.5] and dv["mean"] == 0.0 and abs(dv["std"] - math.sqrt(0.5)) < 1e-15, dv)
 
 # FLOPs per token, counted by hand: d 8, L 2, S 4, V 10, 2 heads, d_ff 16, layer 1 MoE with
 # 4 experts of 6 (top-2, gelu): attention 4*64 per layer; MLP 2*8*16; router 8*4;
