@@ -30,7 +30,8 @@ struct Ctx {
 struct Pass {
   double compute = 0, attention = 0, tp = 0, cp = 0, ep = 0;
   double ep_backward = 0;  // exposed all-to-all of the backward (ep's, unless overlapped)
-  double ops = 0;  // operations launched (kernels, element-wise passes), for op_latency
+  double ops = 0;       // operations launched (kernels, element-wise passes), for op_latency
+  double comm_ops = 0;  // collective calls (each launches too): once forward, once backward
 };
 
 // Operations one micro-batch's forward launches per piece (kernels on a GPU, passes on a
@@ -78,6 +79,7 @@ Pass Attention(const Ctx& c) {
   p.attention = 4.0 * c.t * m.seq_len * m.n_heads * hd / tp / (c.peak * c.hw.attention_efficiency);
   p.compute += p.attention + Elementwise(c, c.t * (8 * d / (c.sp ? tp : 1)));
   p.ops = kAttentionOps;
+  p.comm_ops = (tp > 1 ? 2 : 0) + (c.l.cp - 1);
   // Sequence parallelism: all-gather before, reduce-scatter after; else one all-reduce.
   p.tp = 2 * RingStep(c.l.tp, c.t * d * c.b, LinkFor(c.hw, c.l.tp));
   if (c.l.cp > 1) {
@@ -96,6 +98,7 @@ Pass DenseMlp(const Ctx& c) {
   p.compute = in_mats * Gemm(c, c.t, ff, d) + Gemm(c, c.t, d, ff) +
               Elementwise(c, c.t * (8 * d / (c.sp ? c.l.tp : 1) + 3 * in_mats * ff));
   p.ops = kMlpOps;
+  p.comm_ops = c.l.tp > 1 ? 2 : 0;
   p.tp = 2 * RingStep(c.l.tp, c.t * d * c.b, LinkFor(c.hw, c.l.tp));
   return p;
 }
@@ -149,6 +152,7 @@ Pass MoeMlp(const Ctx& c) {
   p.compute = Gemm(c, c.t_moe, E, d) + experts + shared +
               Elementwise(c, c.t_moe * 10 * d + rows * (E / c.l.ep) * 3 * in_mats * f);
   p.ops = kRouterOps + kExpertOps * (E / c.l.ep) + (e.num_shared_experts > 0 ? kMlpOps : 0);
+  p.comm_ops = (c.l.ep > 1 ? 2 : 0) + (c.l.etp > 1 ? 2 : 0);
   const double exchange = AllToAll(c, c.t_moe * k * d * c.b);  // one way: dispatch or return
   p.ep = ExposedExchange(exchange, experts, shared, e.overlap_chunks, E / c.l.ep);
   p.ep_backward = ExposedExchange(exchange, 2 * experts, 2 * shared, e.overlap_chunks, E / c.l.ep);
@@ -158,13 +162,13 @@ Pass MoeMlp(const Ctx& c) {
 }
 
 Pass Scale(Pass a, double n) {
-  a.compute *= n, a.attention *= n, a.tp *= n, a.cp *= n, a.ep *= n, a.ep_backward *= n, a.ops *= n;
+  a.compute *= n, a.attention *= n, a.tp *= n, a.cp *= n, a.ep *= n, a.ep_backward *= n, a.ops *= n, a.comm_ops *= n;
   return a;
 }
 
 Pass Add(Pass a, const Pass& b) {
   a.compute += b.compute, a.attention += b.attention, a.tp += b.tp, a.cp += b.cp, a.ep += b.ep;
-  a.ep_backward += b.ep_backward, a.ops += b.ops;
+  a.ep_backward += b.ep_backward, a.ops += b.ops, a.comm_ops += b.comm_ops;
   return a;
 }
 
@@ -191,10 +195,11 @@ StepTime MicroBatch(const Ctx& c, const std::vector<model::Stage>& chunks) {
   }
   const bool full = c.l.recompute == model::Recompute::kFull;
   const double redo = full ? f.compute : c.l.recompute == model::Recompute::kSelective ? f.attention : 0;
-  // Every operation's fixed cost: forward, backward (twice the operations), full recompute.
+  // Every operation's fixed cost: forward, backward (twice the operations), full recompute;
+  // a collective's once forward and once backward (and again under full recompute).
   f.compute += f.ops * c.op_s;
   StepTime t;
-  t.compute = 3 * f.compute + redo;
+  t.compute = 3 * f.compute + redo + (full ? 3 : 2) * f.comm_ops * c.op_s;
   t.tp = (full ? 3 : 2) * f.tp;
   t.ep = (full ? 2 : 1) * f.ep + f.ep_backward;
   // The ring hides behind attention's core: forward once, backward twice the traffic.
