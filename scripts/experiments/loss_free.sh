@@ -17,10 +17,15 @@ if [ "$exp_grid" = full ]; then
 else
   steps=6 seeds=1 experts=4 rates=(1e-3) scores=(softmax sigmoid)
 fi
+# The paper's comparison (aux 1e-3 against u = 1e-3) under both scores first, the other rates
+# after, so that an interrupted experiment has the main rows.
 settings=()
 for score in "${scores[@]}"; do
   settings+=(--setting "$score-aux1e-3=moe.score=$score moe.aux_loss_coef=0.001 moe.expert_bias_rate=0")
-  for u in "${rates[@]}"; do
+  settings+=(--setting "$score-bias${rates[0]}=moe.score=$score moe.aux_loss_coef=0 moe.expert_bias_rate=${rates[0]}")
+done
+for score in "${scores[@]}"; do
+  for u in "${rates[@]:1}"; do
     settings+=(--setting "$score-bias$u=moe.score=$score moe.aux_loss_coef=0 moe.expert_bias_rate=$u")
   done
 done
