@@ -13,7 +13,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 if [ "$exp_grid" = full ]; then
-  steps=1000 seeds=3 lrs=(0.02 0.05)
+  steps=1000 seeds=3 lrs=(0.05 0.02)
 else
   steps=6 seeds=1 lrs=(0.03)
 fi
