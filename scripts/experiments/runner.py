@@ -222,12 +222,16 @@ COLUMNS = {
 }
 
 
-def cell(m, fmt, scale):
+def cell(m, fmt, scale, ok):
+    """Mean ± std of one metric; "(n of ok)" when fewer seeds than finished have a value
+    (a speed-up exists only for the runs whose curve reached the baseline's final loss)."""
     if m["mean"] is None:
         return "-"
     s = fmt % (m["mean"] * scale)
     if m["std"] is not None:
         s += " ± " + (fmt % (m["std"] * scale)).rstrip("%x").lstrip("+")
+    if m["n"] < ok:
+        s += " (%d of %d)" % (m["n"], ok)
     return s
 
 
@@ -242,10 +246,11 @@ def markdown(summary, columns, stability):
                "%d/%d" % (s["ok"], s["runs"])]
         if stability:
             row += ["%d/%d" % (s[k], s["runs"]) for k in ("stable", "spiked", "diverged")]
-        row += [cell(s["metrics"][c], *COLUMNS[c][1:]) for c in columns]
+        row += [cell(s["metrics"][c], *COLUMNS[c][1:], s["ok"]) for c in columns]
         lines.append("| " + " | ".join(row) + " |")
     note = ("\n%s: %s grid, %d steps, seeds %s, config %s, data %s. Each cell: mean ± sample "
-            "standard deviation over the seeds that finished (no ± with one).\n"
+            "standard deviation over the seeds that finished (no ± with one; \"(n of m)\" where "
+            "only n of the m finished seeds have a value).\n"
             % (summary["title"], summary["grid"], summary["steps"],
                ",".join(map(str, summary["seeds"])), summary["config"], summary["data"]))
     return "\n".join(lines) + "\n" + note

@@ -129,6 +129,15 @@ check("sample totals", new["totals"]["a"]["val"] == {"documents": 1, "tokens": 1
 check("train shard linked", os.path.realpath(os.path.join(dst, "train-00000.bin")) == os.path.join(os.path.realpath(src), "train-00000.bin"))
 check("small split kept whole", val_sample.make(src, os.path.join(src, "s2"), blocks=16, block=100) is None)
 
+# summary.md's cells: mean ± std, and how many seeds a mean covers when not all of them
+# have a value (a speed-up exists only for the runs that reached the baseline's loss).
+import runner  # noqa: E402
+m = measures.mean_std([1.5, None, 0.5])
+check("cell n of ok", runner.cell(m, "%.2fx", 1, 3) == "1.00x ± 0.71 (2 of 3)", runner.cell(m, "%.2fx", 1, 3))
+check("cell all seeds", runner.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2) == "50.00% ± 35.36",
+      runner.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2))
+check("cell none", runner.cell(measures.mean_std([None]), "%.4f", 1, 1) == "-")
+
 if failures:
     sys.exit(1)
 print("experiments_measures_test: all checks passed")
