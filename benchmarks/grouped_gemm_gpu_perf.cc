@@ -157,7 +157,9 @@ class GroupedGemmGpuPerf final : public Benchmark {
       ctx()->Synchronize();
       wrong = index == kDw ? CheckWeightGrad() : CheckRows(static_cast<Op>(index));
     }
-    const int64_t* mnk = Mnk(index).data();
+    // A copy: a pointer into the returned temporary would dangle past this line (the table
+    // printed m, n, k and TFLOP/s as 0).
+    const std::array<int64_t, 3> mnk = Mnk(index);
     const double flop = 2.0 * mnk[0] * mnk[1] * mnk[2];
     total_flop_ += flop, total_grouped_ += t[0], total_dense_ += t[1], total_wrong_ += wrong;
     table.AddRow({std::string(kNames[index]), mnk[0], mnk[1], mnk[2], t[0],

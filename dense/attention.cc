@@ -10,6 +10,7 @@
 
 #include "dense/ring_attention.h"
 #include "kernels/attention.h"
+#include "kernels/flash_attention.h"
 #include "kernels/rope.h"
 
 namespace switchyard::dense {
@@ -96,6 +97,14 @@ void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, c
                   Tensor& dv, DeviceContext* ctx) {
   if (o.cp.active()) {
     return RingAttentionBackward(q, k, v, a, lse, da, dq, dk, dv, *o.cp.comm, ctx);
+  }
+  if (kernels::UseFlashAttention(ctx, q.dim(3))) {
+    // The fused bf16 kernel takes delta = rowsum(da * a) from the kept output (FlashAttention-2)
+    // rather than recomputing the forward for it.
+    Tensor delta = Tensor::Empty(lse.shape(), DType::kF32, q.device());
+    kernels::AttentionBackwardDelta(a, da, delta, ctx);
+    return kernels::AttentionBackward(q, k, v, lse, da, dq, dk, dv, ctx,
+                                      kernels::AttentionMask::kCausal, delta);
   }
   kernels::AttentionBackward(q, k, v, lse, da, dq, dk, dv, ctx);
 }

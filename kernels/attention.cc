@@ -1,8 +1,10 @@
 // Device dispatch for kernels/attention.h: shape, dtype, device and mask checks (the same on
-// every device), then the CPU or CUDA implementation.
+// every device), then the CPU or CUDA implementation: the exact f32 one, or the fused bf16
+// one (kernels/flash_attention.h) when UseFlashAttention selects it.
 #include "kernels/attention.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/flash_attention.h"
 
 namespace switchyard::kernels {
 namespace {
@@ -40,7 +42,24 @@ void CheckMask(AttentionMask mask, const char* op) {
       << op << ": unknown mask " << static_cast<int>(mask);
 }
 
+// delta (B, Hq, S) of the fused path when the caller has none (q's rows are a whole
+// softmax): the fused forward's out again, then rowsum(dout * out).
+Tensor FlashDelta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                  AttentionMask mask, DeviceContext* ctx) {
+  const Shape lse_shape{q.dim(0), q.dim(2), q.dim(1)};
+  Tensor out = Tensor::Empty(q.shape(), DType::kF32, q.device());
+  Tensor lse = Tensor::Empty(lse_shape, DType::kF32, q.device());
+  AttentionForward(q, k, v, out, lse, ctx, mask);
+  Tensor delta = Tensor::Empty(lse_shape, DType::kF32, q.device());
+  AttentionBackwardDelta(out, dout, delta, ctx);
+  return delta;
+}
+
 }  // namespace
+
+bool UseFlashAttention(const DeviceContext* ctx, int64_t head_dim) {
+  return ctx != nullptr && ctx->matmul_dtype() == DType::kBF16 && FlashAttentionSupports(head_dim);
+}
 
 void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                       DeviceContext* ctx, AttentionMask mask) {
@@ -49,6 +68,11 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
   CheckInputs(q, k, v, lse, out.device(), kOp);
   CheckTensor(out, q.shape(), out.device(), kOp, "out");
   CheckMask(mask, kOp);
+  if (UseFlashAttention(ctx, q.dim(3))) {
+    SY_DISPATCH_DEVICE(out, ctx, cpu::FlashAttentionForward(q, k, v, out, lse, mask),
+                       cuda::FlashAttentionForward(q, k, v, out, lse, mask, ctx));
+    return;
+  }
   SY_DISPATCH_DEVICE(out, ctx, cpu::AttentionForward(q, k, v, out, lse, mask),
                      cuda::AttentionForward(q, k, v, out, lse, mask, ctx));
 }
@@ -65,6 +89,13 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   CheckTensor(dv, v.shape(), dq.device(), kOp, "dv");
   if (delta.defined()) CheckTensor(delta, lse.shape(), dq.device(), kOp, "delta");
   CheckMask(mask, kOp);
+  if (UseFlashAttention(ctx, q.dim(3))) {
+    const Tensor d = delta.defined() ? delta : FlashDelta(q, k, v, dout, mask, ctx);
+    SY_DISPATCH_DEVICE(dq, ctx,
+                       cpu::FlashAttentionBackward(q, k, v, lse, dout, d, dq, dk, dv, mask),
+                       cuda::FlashAttentionBackward(q, k, v, lse, dout, d, dq, dk, dv, mask, ctx));
+    return;
+  }
   SY_DISPATCH_DEVICE(dq, ctx, cpu::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, mask, delta),
                      cuda::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, mask, delta, ctx));
 }

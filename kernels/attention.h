@@ -29,8 +29,10 @@
 // (kernels/cpu/attention.cc) is one cpu::Sgemm per (batch, head); the CUDA one
 // (kernels/cuda/attention.cu) is cuBLAS strided-batched GEMMs over the batch, one call per
 // query head, with the (S, S) score matrices of a chunk of the batch in stream-ordered
-// scratch, and row kernels for the masked softmax. Attention is f32 on both devices: its
-// products run in f32 whatever DeviceContext::matmul_dtype says (the scores feed an exp).
+// scratch, and row kernels for the masked softmax. These are exact f32 on both devices.
+// When DeviceContext::matmul_dtype is bf16 and hd is 64 or 128 (UseFlashAttention), the same
+// calls run the fused bf16 path instead (kernels/flash_attention.h: the tensor-core kernel on
+// CUDA, its twin on the CPU), with the same contract: lse out, delta and kFull blocks in.
 #pragma once
 
 #include "engine/core/device_context.h"
