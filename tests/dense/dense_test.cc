@@ -17,6 +17,8 @@
 #include "dense/linear.h"
 #include "dense/mlp.h"
 #include "dense/norm.h"
+#include "engine/core/device_context.h"
+#include "kernels/flash_attention.h"
 #include "tests/kernels/grad_check.h"
 #include "tests/testing/tolerance.h"
 
@@ -338,6 +340,36 @@ TEST(AttentionLayerTest, CausalAcrossTheBlock) {
   const std::vector<float> after = attn.Forward(changed).y().ToVector<float>();
   for (int64_t i = 0; i < (kS - 1) * kD; ++i) ASSERT_EQ(after[i], before[i]) << "element " << i;
   EXPECT_NE(after.back(), before.back());
+}
+
+// bf16 matrix products and head_dim 64 select the fused attention (kernels/flash_attention.h,
+// the CPU twin here): Backward hands it delta = rowsum(da * a) from the kept output; with
+// CoreAttention::kRecompute the output is recomputed by the same kernel first. Both give the
+// same bits, and differ from the exact f32 layer (the operands are rounded).
+TEST(AttentionLayerTest, FusedBf16PathKeepsAndRecomputesTheSameGradients) {
+  const AttentionOptions o{.d_model = 128, .n_heads = 2, .n_kv_heads = 1, .rope = true};
+  auto bf16 = DeviceContext::Create(Device::Cpu());
+  bf16->set_matmul_dtype(DType::kBF16);
+  ASSERT_TRUE(kernels::UseFlashAttention(bf16.get(), o.head_dim()));
+  Tensor x = RandomTensor({2, 70, o.d_model}, 70);
+  Tensor dy = RandomTensor(x.shape(), 71);
+  std::vector<std::vector<float>> grads[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    Attention attn(o);
+    Randomize(attn.Parameters(), 7, 0.2f);
+    const CoreAttention core = pass == 0 ? CoreAttention::kKeep : CoreAttention::kRecompute;
+    AttentionActivations acts = attn.Forward(x, bf16.get(), core);
+    grads[pass].push_back(attn.Backward(acts, dy, bf16.get()).ToVector<float>());
+    for (const Parameter& p : attn.Parameters()) grads[pass].push_back(p.grad.ToVector<float>());
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_EQ(grads[0][i], grads[1][i]) << "gradient " << i;
+    for (float g : grads[0][i]) ASSERT_TRUE(std::isfinite(g)) << "gradient " << i;
+  }
+  Attention exact(o);
+  Randomize(exact.Parameters(), 7, 0.2f);
+  EXPECT_NE(exact.Backward(exact.Forward(x), dy).ToVector<float>(), grads[0][0]);
 }
 
 TEST(AttentionLayerTest, OptionsAreValidated) {
