@@ -90,11 +90,12 @@ void LaunchBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   AllowSharedMemory(flash::FlashBackwardKvKernel<HD>, bytes);
   AllowSharedMemory(flash::FlashBackwardQKernel<HD>, bytes);
   const int64_t blocks = (d.s + kBr - 1) / kBr;
-  flash::FlashBackwardKvKernel<HD><<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
+  const cudaStream_t stream = StreamOf(ctx);
+  flash::FlashBackwardKvKernel<HD><<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, bytes, stream>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
       delta.data<float>(), dk.data<float>(), dv.data<float>(), d, causal, ScaleOf(HD));
   SY_CUDA_CHECK_LAUNCH();
-  flash::FlashBackwardQKernel<HD><<<GridOf(blocks, d.hq, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
+  flash::FlashBackwardQKernel<HD><<<GridOf(blocks, d.hq, q.dim(0)), kThreads, bytes, stream>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
       delta.data<float>(), dq.data<float>(), d, causal, ScaleOf(HD));
   SY_CUDA_CHECK_LAUNCH();

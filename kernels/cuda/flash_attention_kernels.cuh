@@ -103,7 +103,8 @@ template <int HD, bool kTransX>
 __device__ void AccumulateXY(const Bf16* x, const Bf16* y, FragC (&acc)[HD / kFrag]) {
   const int warp = threadIdx.x / 32;
   for (int kk = 0; kk < kBc; kk += kFrag) {
-    // x rows [16 w, 16 w + 16), columns [kk, kk + 16); x^T: x's rows [kk, ...), columns [16 w, ...).
+    // x: rows [16 w, 16 w + 16), columns [kk, kk + 16); x^T: x's rows [kk, kk + 16),
+    // columns [16 w, 16 w + 16).
     using FragX = typename std::conditional<kTransX, FragAT, FragA>::type;
     FragX fx;
     if constexpr (kTransX) {

@@ -37,7 +37,8 @@
 //   dq_i = scale sum_j ds_ij k^_j (f32 over the key blocks, gamma_{S+nb}, then the scale u):
 //     sum_j ((|ds_ij| + |dds_ij|) (1 + ub) (1 + gamma_{S+nb}) (1 + u) - |ds_ij|) |k_je| scale;
 //   dk_j likewise over the group's heads and rows (gamma_{G (S+nb)}) with |q_ie|;
-//   dv_j = sum p~_ij do^_i: sum p_ij |do_ie| ((1 + theta_p) (1 + up) (1 + ub) (1 + gamma_{G (S+nb)}) - 1).
+//   dv_j = sum p~_ij do^_i:
+//     sum p_ij |do_ie| ((1 + theta_p) (1 + up) (1 + ub) (1 + gamma_{G (S+nb)}) - 1).
 // Second-order terms left out of these products (an error times an error) are under 1% here:
 // every bound is x 1.01.
 #pragma once
@@ -116,7 +117,8 @@ inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t
         for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - m);
         const double lse = m + std::log(sum);
         const double lambda = 2 * (max_abs + delta) + std::log(static_cast<double>(n)) + 1;
-        const double eps_w = 2.0 * static_cast<double>(nb + 2) * (lambda + 3) * u + gamma(n + nb) + u;
+        const double eps_w =
+            2.0 * static_cast<double>(nb + 2) * (lambda + 3) * u + gamma(n + nb) + u;
         const double lse_bound = second * (delta + eps_w + 2 * u * (std::abs(lse) + lambda + 1));
         const int64_t li = (b * hq + h) * S + i;
         r.lse[li] = lse;

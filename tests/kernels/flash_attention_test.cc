@@ -124,7 +124,8 @@ TEST(FlashAttentionTest, SwitchSelectsTheFusedPathOnlyForBf16AndSupportedWidths)
 
 TEST(FlashAttentionTest, DispatchRunsTheTwinInBf16AndTheExactPathOtherwise) {
   const Case c{2, 70, 4, 2, 64};
-  Tensor q = RandomTensor({c.b, c.s, c.hq, c.hd}, 11), k = RandomTensor({c.b, c.s, c.hkv, c.hd}, 12);
+  Tensor q = RandomTensor({c.b, c.s, c.hq, c.hd}, 11);
+  Tensor k = RandomTensor({c.b, c.s, c.hkv, c.hd}, 12);
   Tensor v = RandomTensor({c.b, c.s, c.hkv, c.hd}, 13);
   auto bf16 = Bf16Context();
   auto bits = [](const Tensor& a, const Tensor& b) {
@@ -132,7 +133,8 @@ TEST(FlashAttentionTest, DispatchRunsTheTwinInBf16AndTheExactPathOtherwise) {
            std::memcmp(a.raw_data(), b.raw_data(), a.numel() * sizeof(float)) == 0;
   };
   for (AttentionMask mask : {AttentionMask::kCausal, AttentionMask::kFull}) {
-    Tensor out = Tensor::Empty(q.shape(), DType::kF32), lse = Tensor::Empty({2, 4, 70}, DType::kF32);
+    Tensor out = Tensor::Empty(q.shape(), DType::kF32);
+    Tensor lse = Tensor::Empty({2, 4, 70}, DType::kF32);
     Tensor out_t = out.Clone(), lse_t = lse.Clone(), out_e = out.Clone(), lse_e = lse.Clone();
     AttentionForward(q, k, v, out, lse, bf16.get(), mask);
     cpu::FlashAttentionForward(q, k, v, out_t, lse_t, mask);
@@ -155,7 +157,8 @@ TEST(FlashAttentionTest, TwinMatchesExactAttentionWithinTheBf16Bound) {
 
 TEST(FlashAttentionTest, BackwardWithoutDeltaEqualsBackwardWithTheForwardsDelta) {
   const Case c{1, 100, 4, 2, 128};
-  Tensor q = RandomTensor({c.b, c.s, c.hq, c.hd}, 21), k = RandomTensor({c.b, c.s, c.hkv, c.hd}, 22);
+  Tensor q = RandomTensor({c.b, c.s, c.hq, c.hd}, 21);
+  Tensor k = RandomTensor({c.b, c.s, c.hkv, c.hd}, 22);
   Tensor v = RandomTensor({c.b, c.s, c.hkv, c.hd}, 23);
   Tensor dout = RandomTensor({c.b, c.s, c.hq, c.hd}, 24);
   auto bf16 = Bf16Context();
