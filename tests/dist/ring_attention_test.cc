@@ -19,6 +19,12 @@
 // blocks computed 2c+1 and skipped 2c-1 per pass; bytes sent (c-1)/c of the whole k+v per
 // pass (forward one, backward two).
 //
+// The fused bf16 path (kernels/flash_attention.h, selected by a bf16 context with hd 64 or
+// 128; its CPU twin here): the same checks with a bf16 context on both sides and
+// tests/kernels/flash_attention_bound.h's bound with the same M merges instead (the whole
+// call and the ring are each within it of the exact values), hd 64 and 128, Sc 3, 16 and 40
+// (the ring's blocks are not the fused kernel's 64-row blocks).
+//
 // Between collectives only EXPECT_* (never ASSERT_*): every rank must reach every call.
 #include "dense/ring_attention.h"
 
@@ -34,9 +40,12 @@
 #include "engine/core/philox.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/process.h"
+#include "engine/core/device_context.h"
 #include "kernels/attention.h"
+#include "kernels/flash_attention.h"
 #include "kernels/random.h"
 #include "tests/kernels/attention_bound.h"
+#include "tests/kernels/flash_attention_bound.h"
 
 namespace switchyard::dense {
 namespace {
@@ -138,26 +147,31 @@ void ExpectOnEveryRank(int64_t value, int64_t want, dist::Communicator& cp,
 }
 
 // The whole-sequence reference against the ring on cp; `world` reports the worst shares.
-void CheckCase(const Case& cs, dist::Communicator& cp, dist::Communicator& world, uint64_t seed) {
+// ctx: null (exact f32 attention) or a bf16 CPU context (the fused path's twin).
+void CheckCase(const Case& cs, dist::Communicator& cp, dist::Communicator& world, uint64_t seed,
+               DeviceContext* ctx = nullptr) {
   const int c = cp.size(), i = cp.rank();
   const int64_t s = 2 * c * cs.sc;
-  const std::string name = cs.Name(c);
+  const std::string name = cs.Name(c) + (ctx != nullptr ? " bf16" : "");
   Tensor q = Uniform({cs.b, s, cs.hq, cs.hd}, seed), k = Uniform({cs.b, s, cs.hkv, cs.hd}, seed + 1),
          v = Uniform({cs.b, s, cs.hkv, cs.hd}, seed + 2), dout = Uniform(q.shape(), seed + 3);
   Tensor out = Tensor::Empty(q.shape(), DType::kF32);
   Tensor lse = Tensor::Empty({cs.b, cs.hq, s}, DType::kF32);
-  kernels::AttentionForward(q, k, v, out, lse);
+  kernels::AttentionForward(q, k, v, out, lse, ctx);
   Tensor dq = Tensor::Empty(q.shape(), DType::kF32), dk = Tensor::Empty(k.shape(), DType::kF32),
          dv = Tensor::Empty(v.shape(), DType::kF32);
-  kernels::AttentionBackward(q, k, v, lse, dout, dq, dk, dv);
-  const test_util::AttentionRef ref = test_util::AttentionWithBound(q, k, v, dout, true, 2 * c - 1);
+  kernels::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, ctx);
+  const test_util::AttentionRef ref =
+      ctx != nullptr
+          ? test_util::FlashAttentionWithBound(q, k, v, dout, true, test_util::kBf16Unit, 2 * c - 1)
+          : test_util::AttentionWithBound(q, k, v, dout, true, 2 * c - 1);
   const int64_t qrow = cs.hq * cs.hd, kvrow = cs.hkv * cs.hd;
 
   Tensor lq = Shard(q, c, i), lk = Shard(k, c, i), lv = Shard(v, c, i), ldo = Shard(dout, c, i);
   Tensor lout = Tensor::Empty(lq.shape(), DType::kF32);
   Tensor llse = Tensor::Empty({2 * cs.b, cs.hq, cs.sc}, DType::kF32);
   RingAttentionStats fwd;
-  RingAttentionForward(lq, lk, lv, lout, llse, cp, nullptr, &fwd);
+  RingAttentionForward(lq, lk, lv, lout, llse, cp, ctx, &fwd);
   ExpectWithin(lout, Shard(out, c, i), ShardBound(ref.out_bound, cs.b, s, qrow, c, i), world,
                name + " out");
   ExpectWithin(llse, ShardLse(lse, c, i), ShardLseBound(ref.lse_bound, cs.b, cs.hq, s, c, i),
@@ -166,7 +180,7 @@ void CheckCase(const Case& cs, dist::Communicator& cp, dist::Communicator& world
   // Garbage in the gradients: they are written, not accumulated.
   Tensor ldq = Uniform(lq.shape(), 90), ldk = Uniform(lk.shape(), 91), ldv = Uniform(lv.shape(), 92);
   RingAttentionStats bwd;
-  RingAttentionBackward(lq, lk, lv, lout, llse, ldo, ldq, ldk, ldv, cp, nullptr, &bwd);
+  RingAttentionBackward(lq, lk, lv, lout, llse, ldo, ldq, ldk, ldv, cp, ctx, &bwd);
   ExpectWithin(ldq, Shard(dq, c, i), ShardBound(ref.dq_bound, cs.b, s, qrow, c, i), world,
                name + " dq");
   ExpectWithin(ldk, Shard(dk, c, i), ShardBound(ref.dk_bound, cs.b, s, kvrow, c, i), world,
@@ -198,6 +212,19 @@ const Case kCases[] = {
     {2, 16, 2, 2, 8},
 };
 
+// Head widths the fused bf16 path takes.
+const Case kFusedCases[] = {
+    {2, 3, 4, 1, 64},
+    {2, 16, 2, 2, 128},
+    {1, 40, 4, 2, 64},  // at cp 1, S = 80: the whole call's second 64-row block is partial
+};
+
+std::unique_ptr<DeviceContext> Bf16Context() {
+  auto ctx = DeviceContext::Create(Device::Cpu());
+  ctx->set_matmul_dtype(DType::kBF16);
+  return ctx;
+}
+
 class RingAttentionTest : public testing::Test {
  protected:
   void SetUp() override { world_ = dist::WorldCommunicator(); }
@@ -225,6 +252,20 @@ TEST_F(RingAttentionTest, RingOfTwoInsideTheWorld) {
   std::unique_ptr<dist::Communicator> cp = world_->Split(groups);
   uint64_t seed = 2000;
   for (const Case& cs : {kCases[2], kCases[5]}) CheckCase(cs, *cp, *world_, seed += 10);
+}
+
+TEST_F(RingAttentionTest, FusedBf16PathOnTheWorldRingMatchesWholeSequenceAttention) {
+  auto ctx = Bf16Context();
+  EXPECT_TRUE(kernels::UseFlashAttention(ctx.get(), 64));
+  uint64_t seed = 4000;
+  for (const Case& cs : kFusedCases) CheckCase(cs, *world_, *world_, seed += 10, ctx.get());
+}
+
+TEST_F(RingAttentionTest, FusedBf16PathOnOneRank) {
+  auto ctx = Bf16Context();
+  std::unique_ptr<dist::Communicator> cp = dist::MakeLocalCommunicator(Device::Cpu(), world_->rank());
+  uint64_t seed = 5000;
+  for (const Case& cs : kFusedCases) CheckCase(cs, *cp, *world_, seed += 10, ctx.get());
 }
 
 TEST_F(RingAttentionTest, OneRankHoldsBothChunks) {

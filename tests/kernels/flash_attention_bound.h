@@ -39,6 +39,12 @@
 //   dk_j likewise over the group's heads and rows (gamma_{G (S+nb)}) with |q_ie|;
 //   dv_j = sum p~_ij do^_i:
 //     sum p_ij |do_ie| ((1 + theta_p) (1 + up) (1 + ub) (1 + gamma_{G (S+nb)}) - 1).
+// Blocks of a larger softmax merged by AttentionMerge (ring attention), M merges of two finite
+// blocks: each block's lse is off by its eps_w and rounding (the score perturbation delta is
+// common to the blocks and already in exp(2 delta)), each merge rounds (2 Lambda + 8) u
+// (tests/kernels/attention_bound.h), so the weights gain a factor
+// (1 + M (2 eps_w + 4 u (|lse| + Lambda + 1) + (2 Lambda + 8) u)) and lse M (2 Lambda + 8) u;
+// the backward's block sums (kernels::Add) add 2 M + 2 roundings to every gamma of a gradient.
 // Second-order terms left out of these products (an error times an error) are under 1% here:
 // every bound is x 1.01.
 #pragma once
@@ -70,9 +76,9 @@ inline Tensor RoundedToBf16(const Tensor& t) {
 // path's bounds; operand_unit as in the file comment.
 inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t,
                                             const Tensor& v_t, const Tensor& dout_t, bool causal,
-                                            double operand_unit) {
+                                            double operand_unit, int64_t merges = 0) {
   const int64_t B = q_t.dim(0), S = q_t.dim(1), hq = q_t.dim(2), hd = q_t.dim(3);
-  const int64_t hkv = k_t.dim(2), G = hq / hkv, nb = (S + 63) / 64;
+  const int64_t hkv = k_t.dim(2), G = hq / hkv, nb = (S + 63) / 64, M = merges;
   const std::vector<float> q = q_t.ToVector<float>(), k = k_t.ToVector<float>(),
                            v = v_t.ToVector<float>();
   const bool back = dout_t.defined();
@@ -90,7 +96,7 @@ inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t
     r.dq_bound.assign(q.size(), 0.0);
     for (auto* x : {&r.dk, &r.dk_bound, &r.dv, &r.dv_bound}) x->assign(k.size(), 0.0);
   }
-  const double g_q = gamma(S + nb), g_kv = gamma(G * (S + nb));
+  const double g_q = gamma(S + nb + 2 * M + 2), g_kv = gamma(G * (S + nb) + 2 * M + 2);
   const double op2 = (1 + ub) * (1 + ub) * (1 + gamma(hd));  // two rounded operands, f32 dot
   const double eta = (1 + u) * (1 + u) * (1 + up) - 1;
   for (int64_t b = 0; b < B; ++b) {
@@ -119,12 +125,15 @@ inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t
         const double lambda = 2 * (max_abs + delta) + std::log(static_cast<double>(n)) + 1;
         const double eps_w =
             2.0 * static_cast<double>(nb + 2) * (lambda + 3) * u + gamma(n + nb) + u;
-        const double lse_bound = second * (delta + eps_w + 2 * u * (std::abs(lse) + lambda + 1));
+        const double lse_round = eps_w + 2 * u * (std::abs(lse) + lambda + 1);
+        const double lse_bound = second * (delta + lse_round + M * (2 * lambda + 8) * u);
+        const double merge = 1 + M * (2 * lse_round + (2 * lambda + 8) * u);
         const int64_t li = (b * hq + h) * S + i;
         r.lse[li] = lse;
         r.lse_bound[li] = lse_bound;
         const double w_rel =
-            std::exp(2 * delta) * (1 + up) * (1 + ub) * (1 + eps_w) * (1 + gamma(n + nb)) - 1;
+            std::exp(2 * delta) * (1 + up) * (1 + ub) * (1 + eps_w) * (1 + gamma(n + nb)) * merge -
+            1;
         std::vector<double> pv(hd, 0.0);
         for (int64_t j = 0; j < n; ++j) {
           p[j] = std::exp(s[j] - lse);
