@@ -7,7 +7,7 @@
 #      binaries do not each carry the CUDA kernels, cudart shared, RPATH $ORIGIN/../lib and
 #      /usr/local/cuda/lib64 (no path of this machine);
 #   2. builds what gpu_run.sh runs: switchyard, every test labelled gpu or unit (not the
-#      cli_ scripts), grouped_gemm_gpu_perf and permute_gpu_perf;
+#      cli_ scripts), grouped_gemm_gpu_perf, permute_gpu_perf and attention_gpu_perf;
 #   3. packs build-gpu/ (BUILD_DIR), the directory to carry: bin/ (stripped), lib/ (our .so
 #      files and every library they need that is not glibc, libgcc_s or CUDA: abseil,
 #      yaml-cpp, SentencePiece, protobuf-lite, zlib, zstd, libstdc++), the CTestTestfile.cmake
@@ -50,7 +50,7 @@ for t in json.load(sys.stdin)["tests"]:
     if (not t.get("command") or os.path.dirname(cmd[0]) == bin_dir) and name in targets:
         print(name)
 ' "$root/$tree/bin" "$tree/gpu_build.targets" | sort -u)
-targets=(switchyard grouped_gemm_gpu_perf permute_gpu_perf "${tests[@]}")
+targets=(switchyard grouped_gemm_gpu_perf permute_gpu_perf attention_gpu_perf "${tests[@]}")
 echo "gpu_build: building ${#targets[@]} targets into $tree (sm_$arch, no MPI, -j $jobs)"
 cmake --build "$tree" -j "$jobs" --target "${targets[@]}"
 built=$(date +%s)

@@ -164,7 +164,8 @@ else
 fi
 
 echo "== benchmarks"
-for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf --json $out/permute.json"; do
+for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf --json $out/permute.json" \
+         "attention_gpu_perf --json $out/attention.json"; do
   name=${b%% *}
   if "$bin"/$b >"$out/$name.log" 2>&1; then
     row "$name" ok "$(grep -iE 'ratio|of peak|summary' "$out/$name.log" | tail -1)"
