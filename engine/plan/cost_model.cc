@@ -59,7 +59,7 @@ double RingStep(int p, double bytes, const Link& link) {
 // value read and the 8-bit one written, the block's max taken in the same pass. Per-tensor
 // current scaling (fp8-cs): a pass for the tensor's max first (read), then the cast with the
 // transposed copy Hopper's fp8 products need for the backward (read, two 8-bit writes).
-constexpr double kFp8CastBytes = 3, kFp8CurrentScalingCastBytes = 2 + 2 + 2;
+constexpr double kFp8CastBytes = 2 + 1, kFp8CurrentScalingCastBytes = 2 + 2 + 1 + 1;
 
 // Roofline of one matrix product (m, k) x (k, n): its FLOPs at the shape's efficiency, or
 // its operands' bytes at the memory bandwidth, whichever is longer. In fp8 the operands are
