@@ -72,8 +72,8 @@ StatusOr<plan::PlanInputs> Inputs(const Flags& f, const plan::Hardware& hw) {
                    : hw.name.rfind("cpu", 0) == 0    ? "fp32"
                                                      : "bf16";
   }
-  if (in.precision != "bf16" && in.precision != "fp32" && in.precision != "fp8") {
-    return InvalidArgument("--precision ", in.precision, " is not one of bf16, fp32, fp8");
+  if (in.precision != "bf16" && in.precision != "fp32" && in.precision != "fp8" && in.precision != "fp8-cs") {
+    return InvalidArgument("--precision ", in.precision, " is not one of bf16, fp32, fp8, fp8-cs");
   }
   SY_ASSIGN_OR_RETURN(in.skew, plan::ParseSkew(f.skew));
   in.config = std::move(config);
@@ -152,7 +152,8 @@ int RunPlan(const std::vector<std::string>& args_in) {
                "micro_batch_size x grad_accum x dp)");
   flags.AddString("skew", &f.skew, "busiest expert-parallel rank's load over the mean (>= 1), or "
                   "a routing.jsonl (default 1)");
-  flags.AddString("precision", &f.precision, "bf16, fp32 or fp8 (default: runtime.precision; auto "
+  flags.AddString("precision", &f.precision, "bf16, fp32, fp8 (block scales) or fp8-cs (current scaling) "
+                  "(default: runtime.precision; auto "
                   "is fp32 on a cpu* hardware file, else bf16)");
   flags.AddInt("top", &f.top, "rows to print (default 10)");
   flags.AddBool("config-layout", &f.config_layout, "predict the config's own layout only");

@@ -19,6 +19,9 @@ struct Ctx {
   double bandwidth = 0;  // memory bytes/s, this rank's share
   double op_s = 0;       // fixed seconds per operation (hw.op_latency; more when time-sliced)
   double b = 2;      // bytes per activation element
+  double half_flops = 0;  // gemm.half_flops at this precision (fp8: the bf16 file's, rescaled)
+  double cast_bytes = 0;  // fp8: bytes each product's cast moves per operand element
+  bool fp8_dispatch = false;  // the all-to-all's dispatch carries 8-bit rows
   double t = 0;      // tokens of the micro-batch on this rank's cp shard: mbs * S / cp
   double t_moe = 0;  // tokens an MoE layer works on: t / tp under sequence parallelism
   double skew = 1;   // busiest expert-parallel rank's load over the mean
@@ -52,14 +55,23 @@ double RingStep(int p, double bytes, const Link& link) {
   return p <= 1 ? 0 : (p - 1) * (link.latency + bytes / p / link.bandwidth);
 }
 
+// Bytes an fp8 product's cast moves per operand element. Block-wise scales (fp8): the 16-bit
+// value read and the 8-bit one written, the block's max taken in the same pass. Per-tensor
+// current scaling (fp8-cs): a pass for the tensor's max first (read), then the cast with the
+// transposed copy Hopper's fp8 products need for the backward (read, two 8-bit writes).
+constexpr double kFp8CastBytes = 2 + 1, kFp8CurrentScalingCastBytes = 2 + 2 + 1 + 1;
+
 // Roofline of one matrix product (m, k) x (k, n): its FLOPs at the shape's efficiency, or
-// its operands' bytes at the memory bandwidth, whichever is longer.
+// its operands' bytes at the memory bandwidth, whichever is longer. In fp8 the operands are
+// cast first (the activations and the weights, each once per product): a memory pass the
+// tensor cores' doubled rate does not shorten.
 double Gemm(const Ctx& c, double m, double n, double k) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   const double flops = 2 * m * n * k;
-  const double eff = c.hw.gemm_efficiency * flops / (flops + c.hw.gemm_half_flops);
+  const double eff = c.hw.gemm_efficiency * flops / (flops + c.half_flops);
   const double bytes = c.b * (m * k + k * n + m * n);
-  return std::max(flops / (c.peak * eff), bytes / c.bandwidth);
+  const double cast = c.cast_bytes * (m * k + k * n) / c.bandwidth;
+  return std::max(flops / (c.peak * eff), bytes / c.bandwidth) + cast;
 }
 
 double Elementwise(const Ctx& c, double elements) {
@@ -133,6 +145,11 @@ double ExposedExchange(double exchange, double experts, double shared, int64_t c
          (C - 1) * std::max(0.0, 2 * exchange / C - experts / C);
 }
 
+// Element-wise passes per routed row of d, forward: the sender's permutation into
+// destination order before the dispatch and its weighted sum of the returned rows (read and
+// write each), and the receiver's sort into expert order and back (read and write each).
+constexpr double kRoutedRowPasses = 8;
+
 // The MoE layer: router, dispatch (all-to-all), the busiest rank's experts, combine; etp's
 // gather and scatter of the routed rows count as tensor-parallel communication.
 Pass MoeMlp(const Ctx& c) {
@@ -149,11 +166,19 @@ Pass MoeMlp(const Ctx& c) {
     const double s = double(e.num_shared_experts) * e.shared_hidden();
     shared = in_mats * Gemm(c, c.t_moe, s, d) + Gemm(c, c.t_moe, d, s);
   }
+  // Routed rows: t_moe k sent (and summed on return), rows x E / ep received at the busiest
+  // rank, each moved through memory kRoutedRowPasses / 2 times on each side.
+  const double sent = c.t_moe * k, received = rows * (E / c.l.ep);
   p.compute = Gemm(c, c.t_moe, E, d) + experts + shared +
-              Elementwise(c, c.t_moe * 10 * d + rows * (E / c.l.ep) * 3 * in_mats * f);
+              Elementwise(c, c.t_moe * 10 * d + received * 3 * in_mats * f +
+                                 (sent + received) * kRoutedRowPasses / 2 * d);
   p.ops = kRouterOps + kExpertOps * (E / c.l.ep) + (e.num_shared_experts > 0 ? kMlpOps : 0);
   p.comm_ops = (c.l.ep > 1 ? 2 : 0) + (c.l.etp > 1 ? 2 : 0);
-  const double exchange = AllToAll(c, c.t_moe * k * d * c.b);  // one way: dispatch or return
+  // One way, dispatch or return: their mean. In fp8 the dispatch (forward, and the gradient's
+  // backward) carries the products' 8-bit inputs, the return stays 16-bit (as DeepSeek-V3's
+  // recipe, arXiv 2412.19437 section 3.3.2).
+  const double dispatch_b = c.fp8_dispatch ? 1 : c.b;
+  const double exchange = AllToAll(c, c.t_moe * k * d * (dispatch_b + c.b) / 2);
   p.ep = ExposedExchange(exchange, experts, shared, e.overlap_chunks, E / c.l.ep);
   p.ep_backward = ExposedExchange(exchange, 2 * experts, 2 * shared, e.overlap_chunks, E / c.l.ep);
   const double etp_rows = c.skew * c.t_moe * k * c.l.etp;
@@ -289,6 +314,13 @@ StepTime PredictStepTime(const PlanInputs& in, const Layout& l, const Hardware& 
   c.bandwidth = hw.memory_bandwidth * hw.ComputeShare(in.world);
   c.op_s = hw.op_latency * std::max(1.0, 1.0 / hw.ComputeShare(in.world));
   c.b = in.precision == "fp32" ? 4 : 2;
+  // gemm.half_flops stands for a fixed time (launch and tail, F_half / (P e) seconds) fitted at
+  // the file's 16-bit peak; fp8 runs the same tiles at its own peak, so the same seconds are
+  // more FLOPs there.
+  const bool fp8 = in.precision == "fp8" || in.precision == "fp8-cs";
+  c.half_flops = hw.gemm_half_flops * (fp8 ? hw.Peak("fp8") / hw.Peak("bf16") : 1.0);
+  c.cast_bytes = in.precision == "fp8" ? kFp8CastBytes : in.precision == "fp8-cs" ? kFp8CurrentScalingCastBytes : 0;
+  c.fp8_dispatch = in.precision == "fp8";
   c.t = double(l.micro_batch_size) * m.seq_len / l.cp;
   c.sp = l.tp > 1 && in.config.parallel.sequence_parallel;
   c.t_moe = c.sp ? c.t / l.tp : c.t;

@@ -49,11 +49,14 @@ Layout LayoutOf(const config::Config& config);
 
 // How unevenly routing loads the expert-parallel ranks: the busiest rank's tokens over the
 // mean. A constant (max/mean load, >= 1), or per-expert counts from a run's routing.jsonl,
-// from which each ep gives its own value (experts e * ep / E .. on rank e / (E / ep)).
+// from which each ep gives its own value (experts e * ep / E .. on rank e / (E / ep)): each
+// layer's busiest rank over the mean, averaged over the layers (every layer's all-to-all
+// waits for its own busiest rank).
 struct Skew {
   double constant = 1;
   std::vector<std::vector<double>> expert_counts;  // per MoE layer, per expert
-  // max over layers of (busiest rank's load / mean rank load) with `ep` ranks; 1 for ep 1.
+  // The mean over layers of (busiest rank's load / mean rank load) with `ep` ranks; 1 for
+  // ep 1.
   double ForEp(int ep) const;
 };
 // "--skew 1.3" or "--skew path/routing.jsonl" (its last line).
@@ -65,7 +68,10 @@ struct PlanInputs {
   int world = 1;
   int64_t global_batch = 1;  // sequences per step
   Skew skew;
-  std::string precision = "bf16";  // the matrix products' input type: bf16, fp32, fp8
+  // The matrix products' input type: bf16, fp32, fp8 (block-wise scales computed in the cast,
+  // fp8 dispatch: DeepSeek-V3's recipe) or fp8-cs (per-tensor current scaling, 16-bit
+  // all-to-all: Transformer Engine's, as Megatron's FP8-CS recipes); docs/plan.md.
+  std::string precision = "bf16";
   // The largest tp (and etp) searched; 0: no limit. The planner passes a node's devices:
   // tensor parallelism across nodes is never competitive (docs/plan.md).
   int max_tp = 0;

@@ -130,7 +130,7 @@ double Hardware::ComputeShare(int world) const {
 
 double Hardware::Peak(const std::string& precision) const {
   if (precision == "fp32") return peak_fp32;
-  if (precision == "fp8" && peak_fp8 > 0) return peak_fp8;
+  if ((precision == "fp8" || precision == "fp8-cs") && peak_fp8 > 0) return peak_fp8;
   return peak_bf16;
 }
 

@@ -54,7 +54,7 @@ struct Hardware {
   // cores_per_node / ranks on a node (min(world, gpus_per_node)); 1 without cores_per_node.
   double ComputeShare(int world) const;
 
-  // The dense peak of the matrix products' input type: "bf16", "fp32" or "fp8" (fp8 falls
+  // The dense peak of the matrix products' input type: "bf16", "fp32" or "fp8" / "fp8-cs" (fp8 falls
   // back to bf16 when the file gives none).
   double Peak(const std::string& precision) const;
 };

@@ -53,7 +53,10 @@ Layout LayoutOf(const config::Config& c) {
 double Skew::ForEp(int ep) const {
   if (ep <= 1) return 1;
   if (expert_counts.empty()) return constant;
-  double worst = 1;
+  // Each MoE layer's all-to-all waits for that layer's busiest rank, and the layers run one
+  // after another: the step pays the mean over layers of each layer's busiest / mean.
+  double sum = 0;
+  int layers = 0;
   for (const std::vector<double>& layer : expert_counts) {
     const size_t per = layer.size() / ep;
     if (per == 0 || layer.size() % ep != 0) continue;
@@ -64,9 +67,9 @@ double Skew::ForEp(int ep) const {
       total += load;
       most = std::max(most, load);
     }
-    if (total > 0) worst = std::max(worst, most * ep / total);
+    if (total > 0) sum += most * ep / total, ++layers;
   }
-  return worst;
+  return layers > 0 ? std::max(1.0, sum / layers) : 1.0;
 }
 
 StatusOr<Skew> ParseSkew(const std::string& text) {

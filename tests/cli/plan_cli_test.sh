@@ -63,7 +63,7 @@ expect_usage_error "zero gpus" "--gpus 0 must be >= 1" plan --config "$cfg" --gp
 expect_usage_error "unknown gpu" "--gpu b300: no such hardware (known in" plan --config "$cfg" --gpus 8 --gpu b300
 expect_usage_error "bad skew" "--skew 0.5: the busiest rank's load over the mean must be >= 1" \
   plan --config "$cfg" --gpus 8 --skew 0.5
-expect_usage_error "bad precision" "--precision fp16 is not one of bf16, fp32, fp8" \
+expect_usage_error "bad precision" "--precision fp16 is not one of bf16, fp32, fp8, fp8-cs" \
   plan --config "$cfg" --gpus 8 --precision fp16
 expect_usage_error "indivisible batch" "--gpus 3 is not a multiple of the config's tp*cp*pp = 2" \
   plan --config "$cfg" --gpus 3 --set parallel.tp=2

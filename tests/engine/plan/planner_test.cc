@@ -8,6 +8,7 @@
 //  - DataParallelTimeByHand: the data-parallel sync of ZeRO 0 and 1 likewise;
 //  - StepTimeGrowsWithSkew / SkewFromRoutingLog / AllToAllCrossesNodesOnlyBeyondANode:
 //    the MoE terms;
+//  - Fp8CastsByHand / Fp8DispatchByHand: the fp8 terms of docs/plan.md by hand;
 //  - CpuNodeSharesCoresAndPaysPerOperation: cores_per_node and op_latency by hand;
 //  - hardware files: the shipped ones parse, and each mistake is one line naming the key.
 #include <gtest/gtest.h>
@@ -190,8 +191,10 @@ TEST(PlannerTest, SkewFromRoutingLog) {
   auto skew = ParseSkew(path);
   ASSERT_TRUE(skew.ok()) << skew.status();
   EXPECT_DOUBLE_EQ(skew->ForEp(1), 1.0);
-  EXPECT_DOUBLE_EQ(skew->ForEp(2), 40.0 / 30.0);  // ranks hold 40 and 20 of 60
-  EXPECT_DOUBLE_EQ(skew->ForEp(4), 30.0 / 15.0);
+  // The mean over layers of each layer's busiest rank over the mean: layer 1's ranks hold 40
+  // and 20 of 60 (ep 2) or 30, 10, 10, 10 (ep 4); layer 3 is even.
+  EXPECT_DOUBLE_EQ(skew->ForEp(2), (40.0 / 30.0 + 1) / 2);
+  EXPECT_DOUBLE_EQ(skew->ForEp(4), (30.0 / 15.0 + 1) / 2);
   auto constant = ParseSkew("1.5");
   ASSERT_TRUE(constant.ok());
   EXPECT_EQ(constant->ForEp(8), 1.5);
@@ -216,6 +219,49 @@ TEST(PlannerTest, AllToAllCrossesNodesOnlyBeyondANode) {
   EXPECT_EQ(ep_time(4, 2, 2, 8), ep_time(4, 2, 2, 16));  // ep x etp = 8 fits a node of 8
   EXPECT_GT(ep_time(4, 2, 2, 4), ep_time(4, 2, 2, 8));   // but not one of 4
   EXPECT_EQ(ep_time(4, 1, 1, 4), ep_time(4, 1, 1, 8));   // ep 4 fits a node of 4
+}
+
+// fp8 products cast their operands first: per product (m, k) x (k, n), (m k + k n) elements
+// at 3 bytes (block scales, `fp8`) or 6 (current scaling, `fp8-cs`) over the memory bandwidth,
+// forward and twice in backward, every micro-batch. Round() has no fp8 peak, so fp8 runs at
+// the bf16 peak and only the casts differ. One dense layer (d 64, gelu hidden 256, vocabulary
+// 512), t = 4 x 32 tokens: q/k/v (t, 3d, d), output (t, d, d), the MLP's (t, ff, d) and
+// (t, d, ff), the head (t, V, d): operands t (4d + ff) + 4 d^2 + 2 d ff + d V = 147456.
+TEST(PlannerTest, Fp8CastsByHand) {
+  config::Config c = Parse(R"(
+model: {vocab_size: 512, seq_len: 32, d_model: 64, n_layers: 1, n_heads: 4, d_ff: 256}
+moe: {num_experts: 1, layer_freq: 1000, top_k: 1, d_expert: 256}
+)");
+  const Layout l{.micro_batch_size = 4, .micro_batches = 3};
+  const auto compute = [&](const char* precision) {
+    PlanInputs in = Inputs(c, 1, 12);
+    in.precision = precision;
+    CostCache cache;
+    return PredictStepTime(in, l, Round(), cache).compute;
+  };
+  const double operands = 128.0 * (4 * 64 + 256) + 4 * 64 * 64 + 2 * 64 * 256 + 64 * 512;
+  ASSERT_EQ(operands, 147456);
+  const double bf16 = compute("bf16");
+  EXPECT_NEAR(compute("fp8") - bf16, 3 * 3 * 3 * operands / 1e11, 1e-9 * bf16);
+  EXPECT_NEAR(compute("fp8-cs") - bf16, 3 * 3 * 6 * operands / 1e11, 1e-9 * bf16);
+}
+
+// With `fp8` the dispatch carries 8-bit rows and the return 16-bit ones: each exchange moves
+// 1.5 / 2 of the bf16 bytes, the latencies unchanged. kMoE at ep 4 inside a node, no
+// overlap: 4 exchanges (dispatch and return, forward and backward) per MoE layer (2) and
+// micro-batch (2), each (ep - 1) latencies of 1e-5 s.
+TEST(PlannerTest, Fp8DispatchByHand) {
+  const Layout l{.ep = 4, .micro_batch_size = 2, .micro_batches = 2};
+  const auto ep_time = [&](const char* precision) {
+    PlanInputs in = Inputs(Parse(kMoE), 4, 16);
+    in.precision = precision;
+    CostCache cache;
+    return PredictStepTime(in, l, Round(), cache).ep;
+  };
+  const double latencies = 4 * 2 * 2 * 3 * 1e-5;
+  const double bf16 = ep_time("bf16");
+  EXPECT_NEAR(ep_time("fp8") - latencies, 0.75 * (bf16 - latencies), 1e-9 * bf16);
+  EXPECT_EQ(ep_time("fp8-cs"), bf16);  // current scaling keeps a 16-bit all-to-all
 }
 
 // A CPU node (cores_per_node): its ranks share the cores, so a rank's compute is the node's

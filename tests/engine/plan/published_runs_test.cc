@@ -38,7 +38,8 @@ constexpr Row kRows[] = {
     {"opt-175b", "a100-80g", 992, "bf16", 147, false, +0.209},
     {"bloom-176b", "a100-80g", 384, "bf16", 150, false, +0.071},
     {"mt-nlg-530b", "a100-80g", 2240, "bf16", 126, false, +0.195},
-    {"deepseek-v3", "h800", 2048, "fp8", 1543, true, -0.168},
+    {"deepseek-v3", "h800", 2048, "fp8", 1543, true, -0.088},
+    {"llama3-70b", "h100", 64, "fp8-cs", 1639, true, -0.075},
 };
 constexpr double kBand = 0.03;
 
