@@ -11,8 +11,9 @@
 #   rounds alternate the sides; per side tokens/s (median of the timed steps, min-max), MFU,
 #   the dropped fraction and the step-0 loss; ours' per-phase times from `--profile`'s
 #   profile.json (whatever it holds); the planner's step (`switchyard plan --gpu h200`) beside
-#   the measured one; with plan_calibrate in the pack, a calibration of this GPU first
-#   (device kernels) and the plan with it beside.
+#   the measured one; with plan_calibrate_gpu in the pack, a calibration of this GPU first
+#   (device kernels: GEMM, copy, attention, per-operation cost; written as gpu-calibrated.yaml)
+#   and the plan with that file (`switchyard plan --gpus 1 --gpu FILE`) beside.
 # Writes OUT_DIR (default gpu-bench/): gpu_bench.json, gpu_bench.txt (the table) and the logs,
 # and, when $OUT is set (the device tool), copies the table, the JSON and one archive of
 # everything (gpu_bench.tar.gz) there: only 8 files come back.
@@ -22,7 +23,7 @@
 #
 # CASES (comma-separated names, see benchmarks/reference/gpu_bench.py), ROUNDS (2), STEPS (15
 # timed steps per side per round), WARMUP (5), COMPILE (1), BUDGET_S (300: no case starts
-# later), HARDWARE (h200), CALIBRATE (1: run plan_calibrate when the pack has it).
+# later), HARDWARE (h200), CALIBRATE (1: run plan_calibrate_gpu when the pack has it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -59,9 +60,9 @@ fi
 
 echo "== gpu_bench: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
 calibration=()
-if [ "${CALIBRATE:-1}" = 1 ] && [ -x "$bin/plan_calibrate" ]; then
-  echo "== plan_calibrate on the GPU (device kernels)"
-  if timeout 90 "$bin/plan_calibrate" --device cuda --out "$out_dir/gpu-calibrated.yaml" \
+if [ "${CALIBRATE:-1}" = 1 ] && [ -x "$bin/plan_calibrate_gpu" ]; then
+  echo "== plan_calibrate_gpu (device kernels: GEMM, copy, attention, per-operation cost)"
+  if timeout 90 "$bin/plan_calibrate_gpu" --out "$out_dir/gpu-calibrated.yaml" -n 10 -w 3 \
        --json "$out_dir/plan_calibrate.json" >"$out_dir/plan_calibrate.log" 2>&1; then
     calibration=(--calibration "$out_dir/gpu-calibrated.yaml")
     grep -E 'peak|bandwidth|efficiency' "$out_dir/gpu-calibrated.yaml" | head -8

@@ -7,7 +7,8 @@
 #      binaries do not each carry the CUDA kernels, cudart shared, RPATH $ORIGIN/../lib and
 #      /usr/local/cuda/lib64 (no path of this machine);
 #   2. builds what gpu_run.sh and gpu_bench.sh run: switchyard, every test labelled gpu or unit
-#      (not the cli_ scripts), grouped_gemm_gpu_perf, permute_gpu_perf and train_batches;
+#      (not the cli_ scripts), grouped_gemm_gpu_perf, permute_gpu_perf, train_batches and
+#      plan_calibrate_gpu;
 #   3. packs build-gpu/ (BUILD_DIR), the directory to carry: bin/ (stripped), lib/ (our .so
 #      files and every library they need that is not glibc, libgcc_s or CUDA: abseil,
 #      yaml-cpp, SentencePiece, protobuf-lite, zlib, zstd, libstdc++), the CTestTestfile.cmake
@@ -51,7 +52,7 @@ for t in json.load(sys.stdin)["tests"]:
         print(name)
 ' "$root/$tree/bin" "$tree/gpu_build.targets" | sort -u)
 # train_batches: the batches scripts/gpu_bench.sh gives the PyTorch reference.
-targets=(switchyard grouped_gemm_gpu_perf permute_gpu_perf train_batches "${tests[@]}")
+targets=(switchyard grouped_gemm_gpu_perf permute_gpu_perf train_batches plan_calibrate_gpu "${tests[@]}")
 echo "gpu_build: building ${#targets[@]} targets into $tree (sm_$arch, no MPI, -j $jobs)"
 cmake --build "$tree" -j "$jobs" --target "${targets[@]}"
 built=$(date +%s)
