@@ -58,6 +58,8 @@ if [ ! -f "$data/index.json" ]; then
     { echo "gpu_bench: prep failed: $(tail -2 "$out_dir/prep.log")"; exit 1; }
 fi
 
+python3 -c "import torch, numpy" 2>/dev/null ||
+  echo "gpu_bench: python3 cannot import torch and numpy: the PyTorch reference will not run ($(python3 -c 'import torch, numpy' 2>&1 | tail -1))"
 echo "== gpu_bench: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
 calibration=()
 if [ "${CALIBRATE:-1}" = 1 ] && [ -x "$bin/plan_calibrate_gpu" ]; then

@@ -43,6 +43,8 @@ CASES = {  # name -> (config, overrides)
     "d1024-e16-mb64-cf1.25": (D1024, ["train.micro_batch_size=64"]),
     "d1024-e16-mb64-dropless": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0"]),
 }
+# Not in the default list: a check of this driver on a CPU (--device cpu; tests/cli/gpu_bench_test.sh).
+SMOKE = {"switch-tiny-smoke": ("configs/switch-tiny.yaml", ["train.micro_batch_size=4"])}
 PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
@@ -151,7 +153,8 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
     work = os.path.join(args.out, name)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    sets = [f"data.dir={args.data}", "runtime.device=cuda", "runtime.precision=bf16",
+    precision = "bf16" if args.device == "cuda" else "fp32"
+    sets = [f"data.dir={args.data}", f"runtime.device={args.device}", f"runtime.precision={precision}",
             "train.eval_every=0", "train.grad_accum=1", "parallel.ep=1",
             "train.checkpoint_every=0"] + overrides
     setflags = [x for s in sets for x in ("--set", s)]
@@ -176,7 +179,7 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
         order = ["ours", "torch"] if r % 2 == 0 or trainer is None else ["torch", "ours"]
         for side in order:
             if side == "ours":
-                if torch_mod is not None:
+                if torch_mod is not None and args.device == "cuda":
                     torch_mod.cuda.empty_cache()
                 res, cfg = ours_round(args, cfg_path, sets, work, f"r{r}", steps, profile=r == args.rounds - 1)
                 config = config or cfg
@@ -197,7 +200,7 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
                     targs.compile = 0
                     log(f"{name}: torch.compile off: past half the time budget ({args.budget_s:.0f} s)")
                 trainer = ttg.Trainer(config, ttg.read_batches(f"{work}/batches.bin"), targs,
-                                      torch_mod.device("cuda"), True)
+                                      torch_mod.device(args.device), args.device == "cuda")
                 if not targs.compile:
                     trainer.paths.set("compile", "off: past half the time budget" if args.compile else "off (asked)")
                 res = trainer.run(args.warmup, args.steps)
@@ -300,6 +303,8 @@ def main():
     ap.add_argument("--calibration", default="", help="a plan_calibrate hardware file: also plan with it")
     ap.add_argument("--budget_s", type=float, default=300, help="no new case starts after this")
     ap.add_argument("--no_torch", action="store_true", help="ours only")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: both sides on the CPU in f32 (a check of this driver, not a benchmark)")
     args = ap.parse_args()
     started = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -307,7 +312,9 @@ def main():
     if not args.no_torch:
         try:
             import torch as torch_mod
-            if not torch_mod.cuda.is_available():
+            if args.device == "cpu":
+                gpu = "CPU (driver check)"
+            elif not torch_mod.cuda.is_available():
                 log(f"torch {torch_mod.__version__} sees no CUDA device: the reference is not run")
                 torch_mod = None
             else:
@@ -320,13 +327,13 @@ def main():
             "hardware": args.hardware, "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup}
     rows = []
     for name in args.cases.split(","):
-        if name not in CASES:
+        if name not in CASES and name not in SMOKE:
             sys.exit(f"gpu_bench: --cases: unknown case {name!r} (one of {', '.join(CASES)})")
         if time.time() - started > args.budget_s:
             rows.append({"case": name, "skipped": f"time budget of {args.budget_s:.0f} s spent"})
             log(f"{name}: skipped (budget)")
             continue
-        cfg_path, overrides = CASES[name]
+        cfg_path, overrides = CASES.get(name) or SMOKE[name]
         log(f"{name}: {cfg_path} {' '.join(overrides)}")
         try:
             rows.append(bench_case(args, name, os.path.join(ROOT, cfg_path), overrides, torch_mod, peak, started))
