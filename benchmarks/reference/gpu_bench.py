@@ -18,6 +18,7 @@ A case is skipped, with the reason, once --budget_s has passed. Writes OUT/gpu_b
 OUT/gpu_bench.txt (the table).
 """
 import argparse
+import gc
 import glob
 import json
 import math
@@ -235,7 +236,10 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
                    "warmup_s_first_round": trainer.compile_s,
                    "dropped_frac": statistics.fmean(rr["dropped_frac"] for rr in torch_rounds)})
         row["torch"] = tt
-        del trainer
+        del trainer  # the compiled parts refer back to the model: a cycle, freed by gc
+        gc.collect()
+        if args.device == "cuda":
+            torch_mod.cuda.empty_cache()
     row["ln_vocab"] = math.log(config["model"]["vocab_size"]) if config else None
     for side in ("ours", "torch"):
         if side in row and row[side].get("tokens_per_s") and row["flops_per_token"] and peak:
