@@ -136,7 +136,7 @@ std::string Yaml(const GemmFit& bf16, const GemmFit& f32, double bandwidth, doub
   out.precision(4);
   out << "# This GPU (" << gpu << "), measured by plan_calibrate_gpu (docs/plan.md).\n"
       << "name: gpu-calibrated\nsource: \"plan_calibrate_gpu on " << gpu << "\"\n"
-      << "peak_flops: {bf16: " << bf16.peak << ", fp32: " << f32.peak << ", fp8: " << 2 * bf16.peak << "}\n"
+      << "peak_flops: {bf16: " << bf16.peak << ", fp32: " << f32.peak << "}   # fp8 not measured\n"
       << "memory_bytes: " << memory << "\nmemory_bandwidth: " << bandwidth << "\n"
       << "gpus_per_node: 8\n"
       << "intra_node: {bandwidth: " << bandwidth << ", latency: 5e-6}   # not measured (one GPU)\n"
