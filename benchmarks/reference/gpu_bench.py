@@ -59,8 +59,10 @@ def run(cmd, out_path, env=None):
         p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     text = open(out_path).read()
     if p.returncode != 0:
-        tail = "\n".join(text.strip().splitlines()[-5:])
-        raise RuntimeError(f"{' '.join(cmd[:3])} ... exit {p.returncode}: {tail}")
+        lines = text.strip().splitlines()
+        errors = [l for l in lines if re.search(r"error|Error|FAILED|refused", l)]
+        why = errors[0] if errors else " | ".join(lines[-3:])
+        raise RuntimeError(f"{' '.join(cmd[:2])} exit {p.returncode} ({out_path}): {why.strip()}")
     return text
 
 
