@@ -84,7 +84,7 @@ StatusOr<Linear> Linear::FromTensors(const LinearOptions& options, LinearParams 
   return Linear(options, std::move(params), ctx);
 }
 
-LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx) const {
+LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx, bool add_bias) const {
   const int64_t in = options_.local_in(), out = options_.local_out();
   const Tensor x2 = Rows(x, in, "Linear::Forward: x");
   LinearActivations acts;
@@ -92,18 +92,19 @@ LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx) const {
   acts.y = Tensor::Empty(WithLast(x.shape(), out), DType::kF32, x.device());
   Tensor y2 = acts.y.Reshape({x2.dim(0), out});  // (N, out)
   kernels::Gemm(x2, false, weight_, false, y2, 1.0f, 0.0f, ctx);
-  if (adds_bias()) kernels::AddBias(y2, bias_, ctx);
+  if (add_bias && adds_bias()) kernels::AddBias(y2, bias_, ctx);
   return acts;
 }
 
-Tensor Linear::Backward(const LinearActivations& acts, const Tensor& dy, DeviceContext* ctx) {
+Tensor Linear::Backward(const LinearActivations& acts, const Tensor& dy, DeviceContext* ctx,
+                        bool bias_grad) {
   Tensor dx = Tensor::Empty(acts.x.shape(), DType::kF32, acts.x.device());
-  BackwardInto(acts, dy, dx, 0.0f, ctx);
+  BackwardInto(acts, dy, dx, 0.0f, ctx, bias_grad);
   return dx;
 }
 
 void Linear::BackwardInto(const LinearActivations& acts, const Tensor& dy, Tensor& dx, float beta,
-                          DeviceContext* ctx) {
+                          DeviceContext* ctx, bool bias_grad) {
   const int64_t in = options_.local_in(), out = options_.local_out();
   const Tensor x2 = Rows(acts.x, in, "Linear::Backward: x");
   const Tensor dy2 = Rows(dy, out, "Linear::Backward: dy");
@@ -113,7 +114,7 @@ void Linear::BackwardInto(const LinearActivations& acts, const Tensor& dy, Tenso
                                          << " for x " << ShapeString(acts.x.shape());
   // dW (in, out) += x^T dy; db += column sums of dy; dx = beta dx + dy W^T.
   kernels::Gemm(x2, true, dy2, false, grad_weight_, 1.0f, 1.0f, ctx);
-  if (adds_bias()) kernels::BiasGrad(dy2, grad_bias_, /*beta=*/1.0f, ctx);
+  if (bias_grad && adds_bias()) kernels::BiasGrad(dy2, grad_bias_, /*beta=*/1.0f, ctx);
   Tensor dx2 = dx.Reshape({x2.dim(0), in});
   kernels::Gemm(dy2, false, weight_, true, dx2, 1.0f, beta, ctx);
 }

@@ -76,14 +76,21 @@ class Linear {
   Linear(const Linear&) = delete;  // a copy would silently share the parameters
   Linear& operator=(const Linear&) = delete;
 
-  // x (..., in) -> acts.y (..., out).
-  LinearActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr) const;
-  // dy (..., out) for acts.y. Adds into the gradients; returns dx (..., in).
-  Tensor Backward(const LinearActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
+  // x (..., in) -> acts.y (..., out). add_bias = false leaves the bias out of acts.y, for a
+  // caller that adds it itself in a fused kernel (dense::Mlp: bias + activation).
+  LinearActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr,
+                            bool add_bias = true) const;
+  // dy (..., out) for acts.y. Adds into the gradients; returns dx (..., in). bias_grad =
+  // false leaves the bias gradient to the caller (who computed it fused with dy).
+  Tensor Backward(const LinearActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr,
+                  bool bias_grad = true);
   // The same, writing dx = beta * dx + dy W^T into a caller's tensor of x's shape (beta = 1
   // sums the input gradients of several layers that read the same x).
   void BackwardInto(const LinearActivations& acts, const Tensor& dy, Tensor& dx, float beta,
-                    DeviceContext* ctx = nullptr);
+                    DeviceContext* ctx = nullptr, bool bias_grad = true);
+  // Whether this rank adds (and differentiates) the bias: options.bias, and not a
+  // row-parallel rank other than 0.
+  bool adds_bias() const;
   // Sets the gradients to zero.
   void ZeroGrad(DeviceContext* ctx = nullptr);
 
@@ -98,8 +105,6 @@ class Linear {
 
  private:
   Linear(const LinearOptions& options, LinearParams params, DeviceContext* ctx);
-  // This rank adds (and differentiates) the bias: not on row-parallel ranks other than 0.
-  bool adds_bias() const;
 
   LinearOptions options_;
   Tensor weight_, bias_;

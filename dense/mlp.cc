@@ -10,6 +10,12 @@ namespace {
 
 bool IsSwiglu(const MlpOptions& o) { return o.activation == Activation::kSwiglu; }
 
+// (..., n) as rows (N, n).
+Tensor Rows2d(const Tensor& t) {
+  const int64_t n = t.dim(-1);
+  return t.Reshape({n == 0 ? 0 : t.numel() / n, n});
+}
+
 // The options of one projection; checks `o` first, since the shapes come from it.
 LinearOptions Projection(const MlpOptions& o, int64_t in, int64_t out, bool bias,
                          LinearSplit split) {
@@ -75,21 +81,39 @@ Mlp Mlp::Init(const MlpOptions& options, uint64_t seed, const std::string& name,
                  : std::nullopt);
 }
 
+// W1's bias goes into the activation's kernel (kernels::BiasGeluForward, BiasSwigluForward;
+// and their backward computes its gradient): bit-identical to the bias add then the
+// activation, one pass over the (N, f) hidden activations less each way. relu keeps the
+// unfused sequence.
+bool Mlp::FusesBias() const {
+  return w1_.adds_bias() && options_.activation != Activation::kRelu;
+}
+
 MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
   MlpActivations acts;
   const Tensor x = EnterTensorParallel(options_.tp, x_in, ctx);
-  acts.fc1 = w1_.Forward(x, ctx);  // a (..., f)
+  const bool fuse = FusesBias();
+  acts.fc1 = w1_.Forward(x, ctx, /*add_bias=*/!fuse);  // a (..., f); + b1 below when fused
   Tensor h = Tensor::Empty(acts.fc1.y.shape(), DType::kF32, x.device());
+  Tensor a2 = Rows2d(acts.fc1.y), h2 = Rows2d(h);
   switch (options_.activation) {
     case Activation::kGelu:
-      kernels::GeluForward(acts.fc1.y, h, ctx);
+      if (fuse) {
+        kernels::BiasGeluForward(a2, w1_.bias(), h2, ctx);
+      } else {
+        kernels::GeluForward(acts.fc1.y, h, ctx);
+      }
       break;
     case Activation::kRelu:
       kernels::ReluForward(acts.fc1.y, h, ctx);
       break;
     case Activation::kSwiglu:
       acts.fc3 = w3_->Forward(x, ctx);  // b (..., f)
-      kernels::SwigluForward(acts.fc1.y, acts.fc3.y, h, ctx);
+      if (fuse) {
+        kernels::BiasSwigluForward(a2, w1_.bias(), Rows2d(acts.fc3.y), h2, ctx);
+      } else {
+        kernels::SwigluForward(acts.fc1.y, acts.fc3.y, h, ctx);
+      }
       break;
   }
   acts.fc2 = w2_.Forward(h, ctx);
@@ -101,19 +125,32 @@ Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy_in, DeviceCont
   const Tensor dy = LeaveTensorParallelBackward(options_.tp, dy_in, ctx);
   Tensor da = w2_.Backward(acts.fc2, dy, ctx);  // dh (..., f), then da in place
   Tensor db;
+  const bool fuse = FusesBias();
+  Tensor grad_b1 = fuse ? w1_.grad_bias() : Tensor();
+  Tensor a2 = Rows2d(acts.fc1.y), da2 = Rows2d(da);
   switch (options_.activation) {
     case Activation::kGelu:
-      kernels::GeluBackward(acts.fc1.y, da, da, ctx);
+      if (fuse) {
+        kernels::GeluBackwardBiasGrad(a2, da2, da2, grad_b1, /*beta=*/1.0f, ctx);
+      } else {
+        kernels::GeluBackward(acts.fc1.y, da, da, ctx);
+      }
       break;
     case Activation::kRelu:
       kernels::ReluBackward(acts.fc1.y, da, da, ctx);
       break;
     case Activation::kSwiglu:
       db = Tensor::Empty(da.shape(), DType::kF32, da.device());
-      kernels::SwigluBackward(acts.fc1.y, acts.fc3.y, da, da, db, ctx);
+      if (fuse) {
+        Tensor db2 = Rows2d(db);
+        kernels::SwigluBackwardBiasGrad(a2, Rows2d(acts.fc3.y), da2, da2, db2, grad_b1,
+                                        /*beta=*/1.0f, ctx);
+      } else {
+        kernels::SwigluBackward(acts.fc1.y, acts.fc3.y, da, da, db, ctx);
+      }
       break;
   }
-  Tensor dx = w1_.Backward(acts.fc1, da, ctx);
+  Tensor dx = w1_.Backward(acts.fc1, da, ctx, /*bias_grad=*/!fuse);
   if (db.defined()) w3_->BackwardInto(acts.fc3, db, dx, 1.0f, ctx);
   return EnterTensorParallelBackward(options_.tp, dx, ctx);
 }

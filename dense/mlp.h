@@ -84,6 +84,9 @@ class Mlp {
   std::vector<Parameter> Parameters() const;
 
  private:
+  // W1's bias is added (and differentiated) inside the activation's kernel.
+  bool FusesBias() const;
+
   Mlp(const MlpOptions& options, Linear w1, Linear w2, std::optional<Linear> w3);
 
   MlpOptions options_;

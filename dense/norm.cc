@@ -73,6 +73,26 @@ NormActivations Norm::Forward(const Tensor& x, DeviceContext* ctx) const {
   return acts;
 }
 
+NormActivations Norm::AddForward(const Tensor& x, const Tensor& r, DeviceContext* ctx) const {
+  SY_CHECK(x.ndim() >= 1 && x.dim(-1) == options_.dim && r.numel() == x.numel())
+      << "Norm::AddForward: x " << ShapeString(x.shape()) << ", r " << ShapeString(r.shape())
+      << " for dim=" << options_.dim;
+  const int64_t n = x.numel() / options_.dim;
+  const Tensor r_as_x = r.Reshape(x.shape());
+  NormActivations acts;
+  acts.x = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  acts.y = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  acts.rstd = Tensor::Empty({n}, DType::kF32, x.device());
+  if (IsLayerNorm(options_)) {
+    acts.mean = Tensor::Empty({n}, DType::kF32, x.device());
+    kernels::AddLayerNormForward(x, r_as_x, weight_, bias_, options_.eps, acts.x, acts.y,
+                                 acts.mean, acts.rstd, ctx);
+  } else {
+    kernels::AddRmsNormForward(x, r_as_x, weight_, options_.eps, acts.x, acts.y, acts.rstd, ctx);
+  }
+  return acts;
+}
+
 Tensor Norm::Backward(const NormActivations& acts, const Tensor& dy, DeviceContext* ctx) {
   Tensor dx = Tensor::Empty(acts.x.shape(), DType::kF32, acts.x.device());
   if (IsLayerNorm(options_)) {

@@ -60,6 +60,10 @@ class Norm {
 
   // x (..., d) -> acts.y (..., d).
   NormActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr) const;
+  // The residual add and this norm in one kernel (kernels::AddLayerNormForward /
+  // AddRmsNormForward): acts.x = x + r (a new tensor, the residual stream the caller goes on
+  // with), acts.y = norm(acts.x). Bit-identical to kernels::Add(x, r) then Forward.
+  NormActivations AddForward(const Tensor& x, const Tensor& r, DeviceContext* ctx = nullptr) const;
   // dy (..., d). Adds into the gradients; returns dx (..., d).
   Tensor Backward(const NormActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
   void ZeroGrad(DeviceContext* ctx = nullptr);

@@ -111,4 +111,49 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
                      cuda::GroupedBiasGrad(dy, rows, dbias, beta, ctx));
 }
 
+namespace {
+// The fused ops: 2-D (R, n) row tensors of one shape, a bias (n), all f32 on one device.
+void CheckBiasRows(const char* op, const Tensor& rowwise, const Tensor& bias) {
+  SY_CHECK(rowwise.defined() && bias.defined()) << op << ": undefined tensor";
+  SY_CHECK(rowwise.ndim() == 2 && bias.ndim() == 1 && bias.dim(0) == rowwise.dim(1))
+      << op << ": rows " << ShapeString(rowwise.shape()) << ", bias " << ShapeString(bias.shape());
+  CheckTensorOn(bias, DType::kF32, rowwise.device(), op, "the bias");
+}
+}  // namespace
+
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {
+  CheckElementwise("BiasGeluForward", h, {{&a, "a"}, {&h, "h"}});
+  CheckBiasRows("BiasGeluForward", a, bias);
+  SY_CHECK(h.numel() == 0 || h.raw_data() != a.raw_data()) << "BiasGeluForward: h is a";
+  SY_DISPATCH_DEVICE(h, ctx, cpu::BiasGeluForward(a, bias, h), cuda::BiasGeluForward(a, bias, h, ctx));
+}
+
+void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
+                       DeviceContext* ctx) {
+  CheckElementwise("BiasSwigluForward", out, {{&a, "a"}, {&b, "b"}, {&out, "out"}});
+  CheckBiasRows("BiasSwigluForward", a, bias);
+  SY_CHECK(out.numel() == 0 || out.raw_data() != a.raw_data()) << "BiasSwigluForward: out is a";
+  SY_DISPATCH_DEVICE(out, ctx, cpu::BiasSwigluForward(a, bias, b, out),
+                     cuda::BiasSwigluForward(a, bias, b, out, ctx));
+}
+
+void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
+                          float beta, DeviceContext* ctx) {
+  CheckElementwise("GeluBackwardBiasGrad", dx, {{&a, "a"}, {&dy, "dy"}, {&dx, "dx"}});
+  CheckBiasRows("GeluBackwardBiasGrad", dx, dbias);
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackwardBiasGrad(a, dy, dx, dbias, beta),
+                     cuda::GeluBackwardBiasGrad(a, dy, dx, dbias, beta, ctx));
+}
+
+void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
+                            Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
+  CheckElementwise("SwigluBackwardBiasGrad", da,
+                   {{&a, "a"}, {&b, "b"}, {&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckBiasRows("SwigluBackwardBiasGrad", da, dbias);
+  SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
+      << "SwigluBackwardBiasGrad: da and db are the same memory";
+  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta),
+                     cuda::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta, ctx));
+}
+
 }  // namespace switchyard::kernels

@@ -55,7 +55,33 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias,
                      float beta = 0.0f, DeviceContext* ctx = nullptr);
 
+// ---- fused bias + activation (the dense MLP's first projection) ------------------------
+// One pass where the unfused sequence is two or three: a (R, n) is the product x W1 without
+// its bias. Each is bit-identical, on one device, to the unfused ops it replaces (the same
+// expressions in the same order); on CUDA one kernel (forward) or one kernel plus the bias
+// gradient's short second stage (backward) instead of two or three.
+//
+// a += bias (in place: a then holds x W1 + b1, what backward reads), h = gelu(a).
+// = AddBias(a, bias); GeluForward(a, h). h must not be a.
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx = nullptr);
+// a += bias, out = silu(a) * b.  = AddBias(a, bias); SwigluForward(a, b, out). out must not be a.
+void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
+                       DeviceContext* ctx = nullptr);
+// dx = dy * gelu'(a) (dx may be dy), then dbias (n) = beta * dbias + column sums of dx
+// (R, n).  = GeluBackward(a, dy, dx); BiasGrad(dx, dbias, beta).
+void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
+                          float beta, DeviceContext* ctx = nullptr);
+// da, db as SwigluBackward, then dbias = beta * dbias + column sums of da (the bias is a's).
+// = SwigluBackward(a, b, dout, da, db); BiasGrad(da, dbias, beta).
+void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
+                            Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx = nullptr);
+
 namespace cpu {
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h);
+void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out);
+void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias, float beta);
+void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
+                            Tensor& db, Tensor& dbias, float beta);
 void GeluForward(const Tensor& x, Tensor& y);
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx);
 void ReluForward(const Tensor& x, Tensor& y);
@@ -69,6 +95,13 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
 }  // namespace cpu
 
 namespace cuda {
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx);
+void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
+                       DeviceContext* ctx);
+void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
+                          float beta, DeviceContext* ctx);
+void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
+                            Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx);
 void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx);
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx);
 void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx);

@@ -9,8 +9,9 @@
 // kernels/cpu/embedding.cc (the reference) or kernels/cuda/embedding.cu. On CUDA the id
 // check costs one 8-byte device->host copy per lookup (a stream synchronisation): the
 // kernels record the first bad position on the device and the op reads it back. The CUDA
-// backward sorts the ids (stable) and sums each id's rows in the CPU's order, so both
-// devices give bit-identical dtable.
+// backward sorts the ids (stable) and sums each id's rows in the CPU's order for an id with
+// at most 64 rows (bit-identical dtable rows); a hot id's rows are summed in parallel pieces
+// of 64, then the pieces in order: deterministic, equal to the CPU to rounding.
 #pragma once
 
 #include <cstdint>

@@ -91,4 +91,44 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
                      cuda::RmsNormBackward(x, weight, rstd, dy, dx, dweight, ctx));
 }
 
+namespace {
+// x, r and sum of one shape; y a separate tensor of that shape.
+void CheckResidual(const Tensor& x, const Tensor& r, const Tensor& sum, const Tensor& y,
+                   Device dev, const char* op) {
+  CheckSameShape(x, r, dev, op, "r");
+  CheckSameShape(x, sum, dev, op, "sum");
+  CheckSameShape(x, y, dev, op, "y");
+  SY_CHECK(y.numel() == 0 || (y.raw_data() != x.raw_data() && y.raw_data() != r.raw_data() &&
+                              y.raw_data() != sum.raw_data()))
+      << op << ": y must not share memory with x, r or sum";
+}
+}  // namespace
+
+void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                         const Tensor& bias, float eps, Tensor& sum, Tensor& y, Tensor& mean,
+                         Tensor& rstd, DeviceContext* ctx) {
+  constexpr const char* kOp = "AddLayerNormForward";
+  SY_CHECK(y.defined() && sum.defined()) << kOp << ": y or sum is undefined";
+  const Device dev = y.device();
+  const int64_t n = CheckRows(x, weight, dev, kOp);
+  if (bias.defined()) CheckVector(bias, weight.numel(), dev, kOp, "bias");
+  CheckResidual(x, r, sum, y, dev, kOp);
+  CheckVector(mean, n, dev, kOp, "mean");
+  CheckVector(rstd, n, dev, kOp, "rstd");
+  SY_DISPATCH_DEVICE(y, ctx, cpu::AddLayerNormForward(x, r, weight, bias, eps, sum, y, mean, rstd),
+                     cuda::AddLayerNormForward(x, r, weight, bias, eps, sum, y, mean, rstd, ctx));
+}
+
+void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                       Tensor& sum, Tensor& y, Tensor& rstd, DeviceContext* ctx) {
+  constexpr const char* kOp = "AddRmsNormForward";
+  SY_CHECK(y.defined() && sum.defined()) << kOp << ": y or sum is undefined";
+  const Device dev = y.device();
+  const int64_t n = CheckRows(x, weight, dev, kOp);
+  CheckResidual(x, r, sum, y, dev, kOp);
+  CheckVector(rstd, n, dev, kOp, "rstd");
+  SY_DISPATCH_DEVICE(y, ctx, cpu::AddRmsNormForward(x, r, weight, eps, sum, y, rstd),
+                     cuda::AddRmsNormForward(x, r, weight, eps, sum, y, rstd, ctx));
+}
+
 }  // namespace switchyard::kernels

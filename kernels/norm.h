@@ -41,8 +41,24 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                      Tensor& dx, Tensor& dweight, DeviceContext* ctx = nullptr);
 
+// ---- residual add + norm (a block's x + attention(...) then its next norm) -------------
+// sum = x + r (written: the residual stream, which the block goes on with), then
+// y = layernorm(sum) / rmsnorm(sum) with mean / rstd as above: one pass where the unfused
+// sequence is kernels::Add then the norm. Bit-identical, on one device, to that sequence.
+// sum may be x's memory (x += r in place); y must be neither x, r nor sum.
+void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                         const Tensor& bias, float eps, Tensor& sum, Tensor& y, Tensor& mean,
+                         Tensor& rstd, DeviceContext* ctx = nullptr);
+void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                       Tensor& sum, Tensor& y, Tensor& rstd, DeviceContext* ctx = nullptr);
+
 // The implementations behind the ops above, on checked arguments.
 namespace cpu {
+void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                         const Tensor& bias, float eps, Tensor& sum, Tensor& y, Tensor& mean,
+                         Tensor& rstd);
+void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                       Tensor& sum, Tensor& y, Tensor& rstd);
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       Tensor& y, Tensor& mean, Tensor& rstd);
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -54,6 +70,11 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
 }  // namespace cpu
 
 namespace cuda {
+void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                         const Tensor& bias, float eps, Tensor& sum, Tensor& y, Tensor& mean,
+                         Tensor& rstd, DeviceContext* ctx);
+void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                       Tensor& sum, Tensor& y, Tensor& rstd, DeviceContext* ctx);
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx);
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,

@@ -373,10 +373,11 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
     ScopedPhase phase(Phase::kAttention);
     ba.attn = b.attn.Forward(ba.norm1.y, ctx, core);
   }
-  ba.x_mid = Sum(x, ba.attn.y(), ctx);
   {
+    // x_mid = x + attention, and norm2 of it, in one kernel (bit-identical to the two).
     ScopedPhase phase(Phase::kNorms);
-    ba.norm2 = b.norm2.Forward(ba.x_mid, ctx);
+    ba.norm2 = b.norm2.AddForward(x, ba.attn.y(), ctx);
+    ba.x_mid = ba.norm2.x;
   }
   Tensor ffn;
   if (b.mlp) {

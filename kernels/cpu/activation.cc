@@ -157,4 +157,47 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
   });
 }
 
+// The fused ops: each row's bias add then its activation, one row at a time (the row is
+// still in cache when the activation reads it), with the very range functions the unfused
+// ops run, so every element gets the same operations in the same order: bit-identical to
+// AddBias then GeluForward / SwigluForward. Backward: the unfused sequence itself (the bias
+// gradient's fixed row order is GroupedBiasGrad's).
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h) {
+  const int64_t n = a.dim(1);
+  float* pa = a.data<float>();
+  float* ph = h.data<float>();
+  const float* pb = bias.data<float>();
+  ParallelFor(a.dim(0), RowsPerChunk(n, kMinChunk), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      AddRow(pa + r * n, pb, n);
+      GeluForwardRange(pa + r * n, ph + r * n, n);
+    }
+  });
+}
+
+void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out) {
+  const int64_t n = a.dim(1);
+  float* pa = a.data<float>();
+  const float* pbm = b.data<float>();
+  float* po = out.data<float>();
+  const float* pb = bias.data<float>();
+  ParallelFor(a.dim(0), RowsPerChunk(n, kMinChunk), [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r) {
+      AddRow(pa + r * n, pb, n);
+      SwigluForwardRange(pa + r * n, pbm + r * n, po + r * n, n);
+    }
+  });
+}
+
+void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias, float beta) {
+  cpu::GeluBackward(a, dy, dx);
+  cpu::BiasGrad(dx, dbias, beta);
+}
+
+void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
+                            Tensor& db, Tensor& dbias, float beta) {
+  cpu::SwigluBackward(a, b, dout, da, db);
+  cpu::BiasGrad(da, dbias, beta);
+}
+
 }  // namespace switchyard::kernels::cpu

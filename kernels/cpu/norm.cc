@@ -68,6 +68,20 @@ SY_VECTOR_CLONES void LayerNormRow(const float* xr, const float* w, const float*
   *rstd_out = s;
 }
 
+void RmsNormRow(const float* xr, const float* w, float eps, int64_t d, float* yr, float* rstd_out) {
+  double ss = 0.0;
+  for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+  const float s =
+      static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
+  for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * s * w[j];
+  *rstd_out = s;
+}
+
+// s = a + b elementwise (sum may be a's memory).
+void AddRowsOf(const float* a, const float* b, float* sum, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) sum[j] = a[j] + b[j];
+}
+
 // One row of the LayerNorm backward: dx, and the row's dweight / dbias terms added to pw / pb.
 SY_VECTOR_CLONES void LayerNormBackwardRow(const float* xr, const float* dyr, const float* w,
                                            float m, float s, int64_t d, float* dxr, double* pw,
@@ -149,14 +163,40 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
   const float* w = weight.data<float>();
   ParallelFor(n, RowsPerChunk(d), [&](int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = x.data<float>() + r * d;
-    float* yr = y.data<float>() + r * d;
-    double ss = 0.0;
-    for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
-    const float s =
-        static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
-    for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * s * w[j];
-    rstd.data<float>()[r] = s;
+    RmsNormRow(x.data<float>() + r * d, w, eps, d, y.data<float>() + r * d, rstd.data<float>() + r);
+  }
+  });
+}
+
+// The fused residual add + norm: per row, sum = x + r (the one f32 add kernels::Add does)
+// then the row function the plain forward runs on it, so the bits are Add's then the norm's.
+void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                         const Tensor& bias, float eps, Tensor& sum, Tensor& y, Tensor& mean,
+                         Tensor& rstd) {
+  const int64_t d = weight.numel();
+  const int64_t n = RowsOf(x, d);
+  const float* w = weight.data<float>();
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  ParallelFor(n, RowsPerChunk(d), [&](int64_t r0, int64_t r1) {
+  for (int64_t i = r0; i < r1; ++i) {
+    float* sr = sum.data<float>() + i * d;
+    AddRowsOf(x.data<float>() + i * d, r.data<float>() + i * d, sr, d);
+    LayerNormRow(sr, w, b, eps, d, y.data<float>() + i * d, mean.data<float>() + i,
+                 rstd.data<float>() + i);
+  }
+  });
+}
+
+void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                       Tensor& sum, Tensor& y, Tensor& rstd) {
+  const int64_t d = weight.numel();
+  const int64_t n = RowsOf(x, d);
+  const float* w = weight.data<float>();
+  ParallelFor(n, RowsPerChunk(d), [&](int64_t r0, int64_t r1) {
+  for (int64_t i = r0; i < r1; ++i) {
+    float* sr = sum.data<float>() + i * d;
+    AddRowsOf(x.data<float>() + i * d, r.data<float>() + i * d, sr, d);
+    RmsNormRow(sr, w, eps, d, y.data<float>() + i * d, rstd.data<float>() + i);
   }
   });
 }

@@ -17,6 +17,11 @@
 //      writes dbias = (beta == 0 ? 0 : beta * dbias) + sum.
 // The order of additions depends only on the shapes and the group sizes, so repeated runs
 // give identical bits.
+//
+// Fused bias + activation (the dense MLP): forward adds the bias and applies the activation
+// in one grid-stride kernel; backward computes the activation's gradient inside stage 1 of
+// the bias gradient (writing it as it sums it), so GeluBackward + BiasGrad become one pass
+// over the rows plus stage 2, with the very same bits as the two unfused ops.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -43,28 +48,31 @@ __device__ __forceinline__ float Sigmoid(float a) {
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-a)));
 }
 
+// gelu(v): 0.5 (1 + tanh u) = sigmoid(2 u), as the CPU computes it.
+__device__ __forceinline__ float Gelu(float v) {
+  const float e = expf(__fmul_rn(-2.0f, GeluInner(v)));
+  return __fdiv_rn(v, __fadd_rn(1.0f, e));
+}
+
+// dy * gelu'(v).
+__device__ __forceinline__ float GeluGrad(float v, float dy) {
+  const float e = expf(__fmul_rn(-2.0f, GeluInner(v)));
+  const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
+  // du/dx = sqrt(2/pi) (1 + 3 c v^2), associated as ((3 c) v) v.
+  const float du = __fmul_rn(
+      kSqrt2OverPi, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(__fmul_rn(3.0f, kGeluCubic), v), v)));
+  // s + 2 v s (1 - s) du, associated left to right as on the CPU.
+  const float term =
+      __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(2.0f, v), s), __fsub_rn(1.0f, s)), du);
+  return __fmul_rn(dy, __fadd_rn(s, term));
+}
+
 __global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
-  SY_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    // 0.5 (1 + tanh u) = sigmoid(2 u), as the CPU computes it.
-    const float e = expf(__fmul_rn(-2.0f, GeluInner(v)));
-    y[i] = __fdiv_rn(v, __fadd_rn(1.0f, e));
-  }
+  SY_GRID_STRIDE(i, n) { y[i] = Gelu(x[i]); }
 }
 
 __global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
-  SY_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    const float e = expf(__fmul_rn(-2.0f, GeluInner(v)));
-    const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
-    // du/dx = sqrt(2/pi) (1 + 3 c v^2), associated as ((3 c) v) v.
-    const float du = __fmul_rn(
-        kSqrt2OverPi, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(__fmul_rn(3.0f, kGeluCubic), v), v)));
-    // s + 2 v s (1 - s) du, associated left to right as on the CPU.
-    const float term =
-        __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(2.0f, v), s), __fsub_rn(1.0f, s)), du);
-    dx[i] = __fmul_rn(dy[i], __fadd_rn(s, term));
-  }
+  SY_GRID_STRIDE(i, n) { dx[i] = GeluGrad(x[i], dy[i]); }
 }
 
 __global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
@@ -78,22 +86,49 @@ __global__ void ReluBackwardKernel(const float* x, const float* dy, float* dx, i
   SY_GRID_STRIDE(i, n) { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; }
 }
 
+__device__ __forceinline__ float Swiglu(float va, float vb) {
+  return __fmul_rn(__fmul_rn(va, Sigmoid(va)), vb);
+}
+
+// da = g vb s (1 + va (1 - s)), db = g va s, associated as on the CPU.
+__device__ __forceinline__ void SwigluGrad(float va, float vb, float g, float* da, float* db) {
+  const float s = Sigmoid(va);
+  const float dsilu = __fadd_rn(1.0f, __fmul_rn(va, __fsub_rn(1.0f, s)));
+  *da = __fmul_rn(__fmul_rn(__fmul_rn(g, vb), s), dsilu);
+  *db = __fmul_rn(__fmul_rn(g, va), s);
+}
+
 __global__ void SwigluForwardKernel(const float* a, const float* b, float* out, int64_t n) {
-  SY_GRID_STRIDE(i, n) {
-    const float va = a[i];
-    out[i] = __fmul_rn(__fmul_rn(va, Sigmoid(va)), b[i]);
-  }
+  SY_GRID_STRIDE(i, n) { out[i] = Swiglu(a[i], b[i]); }
 }
 
 __global__ void SwigluBackwardKernel(const float* a, const float* b, const float* dout, float* da,
                                      float* db, int64_t n) {
   SY_GRID_STRIDE(i, n) {
-    const float va = a[i], vb = b[i], g = dout[i];
-    const float s = Sigmoid(va);
-    // da = g vb s (1 + va (1 - s)), db = g va s, associated as on the CPU.
-    const float dsilu = __fadd_rn(1.0f, __fmul_rn(va, __fsub_rn(1.0f, s)));
-    da[i] = __fmul_rn(__fmul_rn(__fmul_rn(g, vb), s), dsilu);
-    db[i] = __fmul_rn(__fmul_rn(g, va), s);
+    float vda, vdb;
+    SwigluGrad(a[i], b[i], dout[i], &vda, &vdb);
+    da[i] = vda;
+    db[i] = vdb;
+  }
+}
+
+// Fused bias + activation over a (rows, n): a[i] += bias[i % n] (the bias add's __fadd_rn),
+// then the activation of the sum. Each element is read and written by one thread.
+__global__ void BiasGeluForwardKernel(float* a, const float* bias, float* h, int64_t total,
+                                      int64_t n) {
+  SY_GRID_STRIDE(i, total) {
+    const float v = __fadd_rn(a[i], bias[i % n]);
+    a[i] = v;
+    h[i] = Gelu(v);
+  }
+}
+
+__global__ void BiasSwigluForwardKernel(float* a, const float* bias, const float* b, float* out,
+                                        int64_t total, int64_t n) {
+  SY_GRID_STRIDE(i, total) {
+    const float v = __fadd_rn(a[i], bias[i % n]);
+    a[i] = v;
+    out[i] = Swiglu(v, b[i]);
   }
 }
 
@@ -132,12 +167,43 @@ __global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offs
 constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
 constexpr int kRowLanes = 8;   // row lanes per stage-1 block
 
-// Stage 1: partial (chunks, n)[c, j] = sum of dy[r, j] over the rows of chunk c. Chunk c is
-// rows [bounds[c], bounds[c + 1]); null bounds: rows [c K, min(rows, (c + 1) K)).
-// Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over chunks.
+// What stage 1 sums: dy itself, or the gradient of a fused activation, which it also writes
+// (kGelu: dx = dy gelu'(a); kSwiglu: da and db of SwigluBackward, summing da).
+enum class Fused { kNone, kGelu, kSwiglu };
+
+struct FusedArgs {
+  const float* a = nullptr;  // the activation's input (kGelu, kSwiglu)
+  const float* b = nullptr;  // swiglu's gate input
+  float* dx = nullptr;       // dx (kGelu) or da (kSwiglu): may be dy's memory
+  float* db = nullptr;       // kSwiglu's db
+};
+
+// The value stage 1 adds for element i (and, fused, the gradient it writes there).
+template <Fused F>
+__device__ __forceinline__ float SummandAt(const float* dy, const FusedArgs& f, int64_t i) {
+  if constexpr (F == Fused::kNone) {
+    return dy[i];
+  } else if constexpr (F == Fused::kGelu) {
+    const float v = GeluGrad(f.a[i], dy[i]);
+    f.dx[i] = v;
+    return v;
+  } else {
+    float da, db;
+    SwigluGrad(f.a[i], f.b[i], dy[i], &da, &db);
+    f.dx[i] = da;
+    f.db[i] = db;
+    return da;
+  }
+}
+
+// Stage 1: partial (chunks, n)[c, j] = sum of dy[r, j] (or its fused gradient) over the rows
+// of chunk c. Chunk c is rows [bounds[c], bounds[c + 1]); null bounds: rows [c K, min(rows,
+// (c + 1) K)). Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over
+// chunks; every element is visited by exactly one thread.
+template <Fused F>
 __global__ void ChunkColumnSumKernel(const float* dy, int64_t n, const int64_t* bounds,
                                      int64_t rows_per_chunk, int64_t rows, int64_t chunks,
-                                     float* partial) {
+                                     float* partial, FusedArgs fused) {
   __shared__ float lane_sums[kRowLanes][kTileCols];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
@@ -153,7 +219,9 @@ __global__ void ChunkColumnSumKernel(const float* dy, int64_t n, const int64_t* 
     }
     float sum = 0.0f;
     if (j < n) {
-      for (int64_t r = r0 + ty; r < r1; r += kRowLanes) sum = __fadd_rn(sum, dy[r * n + j]);
+      for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
+        sum = __fadd_rn(sum, SummandAt<F>(dy, fused, r * n + j));
+      }
     }
     lane_sums[ty][tx] = sum;
     __syncthreads();
@@ -199,9 +267,10 @@ void LaunchAddBias(Tensor& out, const Tensor& bias, const int64_t* offsets, int6
 }
 
 // Both stages. bounds/chunk_begin null: one group of `rows` rows in uniform chunks.
+template <Fused F = Fused::kNone>
 void LaunchBiasGrad(const Tensor& dy, Tensor& dbias, float beta, int64_t groups,
                     const int64_t* bounds, const int64_t* chunk_begin, int64_t chunks,
-                    int64_t rows_per_chunk, DeviceContext* ctx) {
+                    int64_t rows_per_chunk, DeviceContext* ctx, FusedArgs fused = {}) {
   const int64_t rows = dy.dim(0), n = dy.dim(1);
   if (n == 0 || groups == 0) return;
   Tensor partial;
@@ -210,8 +279,8 @@ void LaunchBiasGrad(const Tensor& dy, Tensor& dbias, float beta, int64_t groups,
     const dim3 block(kTileCols, kRowLanes);
     const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols),
                     static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
-    ChunkColumnSumKernel<<<grid, block, 0, StreamOf(ctx)>>>(
-        dy.data<float>(), n, bounds, rows_per_chunk, rows, chunks, partial.data<float>());
+    ChunkColumnSumKernel<F><<<grid, block, 0, StreamOf(ctx)>>>(
+        dy.data<float>(), n, bounds, rows_per_chunk, rows, chunks, partial.data<float>(), fused);
     SY_CUDA_CHECK_LAUNCH();
   }
   const int64_t outputs = groups * n;
@@ -313,6 +382,48 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
   const int64_t* d_chunk_begin = device_table.data<int64_t>();
   LaunchBiasGrad(dy, dbias, beta, groups, d_chunk_begin + groups + 1, d_chunk_begin, chunks, k,
                  ctx);
+}
+
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {
+  const int64_t total = a.numel();
+  if (total == 0) return;
+  BiasGeluForwardKernel<<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), bias.data<float>(), h.data<float>(), total, a.dim(1));
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
+                       DeviceContext* ctx) {
+  const int64_t total = a.numel();
+  if (total == 0) return;
+  BiasSwigluForwardKernel<<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), bias.data<float>(), b.data<float>(), out.data<float>(), total, a.dim(1));
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+// The gradient in stage 1 of the bias gradient: the same chunks, order and sums as
+// GeluBackward then BiasGrad, so the same bits, with one pass over the rows fewer.
+void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
+                          float beta, DeviceContext* ctx) {
+  const int64_t rows = dx.dim(0);
+  const int64_t k = RowsPerChunk(rows);
+  FusedArgs f;
+  f.a = a.data<float>();
+  f.dx = dx.data<float>();
+  LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta, 1, nullptr, nullptr, (rows + k - 1) / k, k, ctx, f);
+}
+
+void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
+                            Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
+  const int64_t rows = da.dim(0);
+  const int64_t k = RowsPerChunk(rows);
+  FusedArgs f;
+  f.a = a.data<float>();
+  f.b = b.data<float>();
+  f.dx = da.data<float>();
+  f.db = db.data<float>();
+  LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta, 1, nullptr, nullptr, (rows + k - 1) / k, k,
+                                 ctx, f);
 }
 
 }  // namespace switchyard::kernels::cuda

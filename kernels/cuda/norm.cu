@@ -7,6 +7,10 @@
 // (which end in a barrier) before any thread writes, and every element is then written by
 // the thread that reads it: y may alias x, dx may alias dy.
 //
+// The residual add + norm (AddLayerNormForward, AddRmsNormForward) is the same forward kernel
+// reading x + r, which each thread writes to sum (__fadd_rn, as kernels::Add) for its columns
+// before it reads them back: one launch and one pass less than Add then the norm.
+//
 // dweight / dbias: deterministic column sums, no atomics. ColumnPartialKernel gives each
 // chunk of kChunkRows rows its per-column sum (in double, fixed order) in a scratch buffer
 // (chunks, d); ColumnFinishKernel adds the chunks in order and accumulates into dweight.
@@ -31,12 +35,25 @@ int RowThreads(int64_t d) {
 
 unsigned RowBlocks(int64_t n) { return static_cast<unsigned>(n < 65535 * 16 ? n : 65535 * 16); }
 
-// x, y (n, d); mean, rstd (n); bias may be null.
+// The row the norm reads: x's row, or (residual) x + res written to out first, element by
+// element by the thread that later reads it back (so no barrier is needed in between).
+__device__ __forceinline__ const float* ResidualRow(const float* x, const float* res, float* out,
+                                                    int64_t r, int64_t d) {
+  if (res == nullptr) return x + r * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    out[r * d + j] = __fadd_rn(x[r * d + j], res[r * d + j]);
+  }
+  return out + r * d;
+}
+
+// x, y (n, d); mean, rstd (n); bias may be null. res non-null: the row normalised is
+// x + res, written to sum (kernels::AddLayerNormForward).
 __global__ void LayerNormForwardKernel(const float* x, const float* w, const float* b, float eps,
-                                       float* y, float* mean, float* rstd, int64_t n, int64_t d) {
+                                       float* y, float* mean, float* rstd, int64_t n, int64_t d,
+                                       const float* res = nullptr, float* sum_out = nullptr) {
   __shared__ double shared[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const float* xr = x + r * d;
+    const float* xr = ResidualRow(x, res, sum_out, r, d);
     float* yr = y + r * d;
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += xr[j];
@@ -90,10 +107,11 @@ __global__ void LayerNormDxKernel(const float* x, const float* w, const float* m
 }
 
 __global__ void RmsNormForwardKernel(const float* x, const float* w, float eps, float* y,
-                                     float* rstd, int64_t n, int64_t d) {
+                                     float* rstd, int64_t n, int64_t d,
+                                     const float* res = nullptr, float* sum_out = nullptr) {
   __shared__ double shared[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const float* xr = x + r * d;
+    const float* xr = ResidualRow(x, res, sum_out, r, d);
     float* yr = y + r * d;
     double ss = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
@@ -250,6 +268,30 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
   RmsNormDxKernel<<<RowBlocks(n), RowThreads(d), 0, StreamOf(ctx)>>>(
       x.data<float>(), weight.data<float>(), rstd.data<float>(), dy.data<float>(), dx.data<float>(),
       n, d);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
+                         const Tensor& bias, float eps, Tensor& sum, Tensor& y, Tensor& mean,
+                         Tensor& rstd, DeviceContext* ctx) {
+  const int64_t d = weight.numel();
+  const int64_t n = d == 0 ? 0 : x.numel() / d;
+  if (n == 0) return;
+  LayerNormForwardKernel<<<RowBlocks(n), RowThreads(d), 0, StreamOf(ctx)>>>(
+      x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr, eps,
+      y.data<float>(), mean.data<float>(), rstd.data<float>(), n, d, r.data<float>(),
+      sum.data<float>());
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
+                       Tensor& sum, Tensor& y, Tensor& rstd, DeviceContext* ctx) {
+  const int64_t d = weight.numel();
+  const int64_t n = d == 0 ? 0 : x.numel() / d;
+  if (n == 0) return;
+  RmsNormForwardKernel<<<RowBlocks(n), RowThreads(d), 0, StreamOf(ctx)>>>(
+      x.data<float>(), weight.data<float>(), eps, y.data<float>(), rstd.data<float>(), n, d,
+      r.data<float>(), sum.data<float>());
   SY_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The PyTorch training reference (benchmarks/reference/train_torch.py) is the same model as
+# The PyTorch training references (benchmarks/reference/train_torch.py, and the GPU one
+# train_torch_gpu.py, run here on the CPU with its fallbacks) are the same model as
 # `switchyard train`: from the same checkpoint and batches it reproduces each step's loss of
 # a Switchyard run to a relative 1e-5 over 2 steps, on switch-tiny (jitter, z-loss,
 # capacity, learned positions, biases), gshard-tiny (GShard's random second expert,
@@ -39,6 +40,21 @@ $python "$root/benchmarks/reference/compare_train.py" --switchyard "$bin" \
   fail "the loss check: $(tail -12 "$tmp/check.out")"
 cat "$tmp/check.out"
 
+# The strong GPU reference (benchmarks/reference/train_torch_gpu.py: fused qkv, stacked
+# experts, SDPA / grouped_mm where this torch has them, else the fallbacks it prints) is the
+# same model too: from the same checkpoints and batches, the same losses.
+for name in switch-tiny gshard-tiny mixtral-tiny; do
+  w="$tmp/out/train_torch/$name"
+  [[ -d "$w/start/step-00000001" ]] || { fail "$name: no start checkpoint"; continue; }
+  if $python "$root/benchmarks/reference/train_torch_gpu.py" check --checkpoint "$w/start/step-00000001" \
+       --batches "$w/batches.bin" --metrics "$w/check/metrics.jsonl" --steps 2 --rtol 1e-5 \
+       >"$tmp/gpu_ref_$name.out" 2>&1; then
+    echo "train_torch_gpu.py $name: $(grep -E '^ok' "$tmp/gpu_ref_$name.out")"
+  else
+    fail "train_torch_gpu.py $name: $(tail -5 "$tmp/gpu_ref_$name.out")"
+  fi
+done
+
 # A Switchyard run of another model (aux_loss_coef 0.05, the checkpoint says 0.01) must
 # not pass the check.
 work="$tmp/out/train_torch/switch-tiny"
@@ -52,6 +68,12 @@ if [[ -d "$work/start/step-00000001" ]]; then
   rc=$?
   [[ $rc -eq 1 ]] && grep -q "^MISMATCH" "$tmp/mismatch.out" ||
     fail "a different model passed the check (exit $rc): $(tail -3 "$tmp/mismatch.out")"
+  $python "$root/benchmarks/reference/train_torch_gpu.py" check --checkpoint "$work/start/step-00000001" \
+    --batches "$work/batches.bin" --metrics "$tmp/other/metrics.jsonl" --steps 2 --rtol 1e-5 \
+    >"$tmp/mismatch_gpu.out" 2>&1
+  rc=$?
+  [[ $rc -eq 1 ]] && grep -q "^MISMATCH" "$tmp/mismatch_gpu.out" ||
+    fail "train_torch_gpu.py passed a different model (exit $rc): $(tail -3 "$tmp/mismatch_gpu.out")"
 fi
 
 if [[ $failures -gt 0 ]]; then

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU benchmark in one command, on the GPU machine, from the pack scripts/gpu_build.sh
+# made (build-gpu/: no configure, no compile), in under 6 minutes:
+#   `switchyard train` on CUDA (bf16) beside the strong PyTorch reference
+#   (benchmarks/reference/train_torch_gpu.py: SDPA flash attention, experts by
+#   torch._grouped_mm, bf16 autocast, fused AdamW, torch.compile where it compiles) on the same
+#   config and the same batches of the pack's fortune corpus, for
+#     switch-medium at micro-batch 64, and
+#     configs/gpu-d1024-e16.yaml (d 1024, 4 layers, 16 experts top-1 every other layer,
+#     d_ff 4096, seq 512) at micro-batch 16 and 64, capacity 1.25 and dropless;
+#   rounds alternate the sides; per side tokens/s (median of the timed steps, min-max), MFU,
+#   the dropped fraction and the step-0 loss; ours' per-phase times from `--profile`'s
+#   profile.json (whatever it holds); the planner's step (`switchyard plan --gpu h200`) beside
+#   the measured one; with plan_calibrate_gpu in the pack, a calibration of this GPU first
+#   (device kernels: GEMM, copy, attention, per-operation cost; written as gpu-calibrated.yaml)
+#   and the plan with that file (`switchyard plan --gpus 1 --gpu FILE`) beside.
+# Writes OUT_DIR (default gpu-bench/): gpu_bench.json, gpu_bench.txt (the table) and the logs,
+# and, when $OUT is set (the device tool), copies the table, the JSON and one archive of
+# everything (gpu_bench.tar.gz) there: only 8 files come back.
+#
+#   bash scripts/gpu_build.sh                        # here
+#   run(command="bash scripts/gpu_bench.sh", carry=["build-gpu"], timeout_s=420)
+#
+# CASES (comma-separated names, see benchmarks/reference/gpu_bench.py), ROUNDS (2), STEPS (15
+# timed steps per side per round), WARMUP (5), COMPILE (1), BUDGET_S (240: seconds from the
+# start after which no case starts; the cases run in gpu_bench.py's order, the d 1024 ones
+# first), HARDWARE (h200), CALIBRATE (1: run plan_calibrate_gpu when the pack has it).
+set -uo pipefail
+started=$(date +%s)
+cd "$(dirname "$0")/.."
+root=$PWD
+build=${BUILD_DIR:-build-gpu}
+out_dir=${OUT_DIR:-$root/gpu-bench}
+bin="$build/bin"
+mkdir -p "$out_dir"
+
+if [ -f "$build/PREBUILT" ]; then
+  export LD_LIBRARY_PATH="$root/$build/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # cuBLAS/cudart from PyTorch's nvidia wheels when the toolkit's are not found (as gpu_run.sh).
+  if ldd "$bin/switchyard" | grep -q 'not found'; then
+    for d in $(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \
+                 \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) -printf '%h\n' 2>/dev/null | sort -u); do
+      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+    done
+  fi
+fi
+for b in switchyard train_batches; do
+  [ -x "$bin/$b" ] || { echo "gpu_bench: $bin/$b not found: bash scripts/gpu_build.sh, carry $build"; exit 1; }
+done
+missing=$(ldd "$bin/switchyard" 2>/dev/null | grep 'not found' | tr -d '\t' | tr '\n' ' ')
+[ -z "$missing" ] || { echo "gpu_bench: libraries not found: $missing"; exit 1; }
+# plan reads the hardware files from the source tree it was built in; point it at this copy.
+export SWITCHYARD_HARDWARE_DIR="$root/configs/hardware"
+
+data="$root/$build/data/fortunes"
+[ -f "$data/index.json" ] || data="$root/data/fortunes"
+if [ ! -f "$data/index.json" ]; then
+  echo "gpu_bench: no prepared corpus in $build/data/fortunes: preparing one (switchyard prep)"
+  "$bin/switchyard" prep --out "$data" --vocab 2000 >"$out_dir/prep.log" 2>&1 ||
+    { echo "gpu_bench: prep failed: $(tail -2 "$out_dir/prep.log")"; exit 1; }
+fi
+
+python3 -c "import torch, numpy" 2>/dev/null ||
+  echo "gpu_bench: python3 cannot import torch and numpy: the PyTorch reference will not run ($(python3 -c 'import torch, numpy' 2>&1 | tail -1))"
+echo "== gpu_bench: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
+calibration=()
+if [ "${CALIBRATE:-1}" = 1 ] && [ -x "$bin/plan_calibrate_gpu" ]; then
+  echo "== plan_calibrate_gpu (device kernels: GEMM, copy, attention, per-operation cost)"
+  if timeout 90 "$bin/plan_calibrate_gpu" --out "$out_dir/gpu-calibrated.yaml" -n 10 -w 3 \
+       --json "$out_dir/plan_calibrate.json" >"$out_dir/plan_calibrate.log" 2>&1; then
+    calibration=(--calibration "$out_dir/gpu-calibrated.yaml")
+    grep -E 'peak|bandwidth|efficiency' "$out_dir/gpu-calibrated.yaml" | head -8
+  else
+    echo "gpu_bench: plan_calibrate failed: $(tail -2 "$out_dir/plan_calibrate.log")"
+  fi
+fi
+
+echo "== engine vs PyTorch reference"
+python3 benchmarks/reference/gpu_bench.py --switchyard "$bin/switchyard" --train_batches "$bin/train_batches" \
+  --data "$data" --out "$out_dir" --rounds "${ROUNDS:-2}" --steps "${STEPS:-15}" --warmup "${WARMUP:-5}" \
+  --compile "${COMPILE:-1}" --budget_s "$(( ${BUDGET_S:-240} - ($(date +%s) - started) ))" --hardware "${HARDWARE:-h200}" \
+  ${CASES:+--cases "$CASES"} "${calibration[@]}" 2>&1 | tee "$out_dir/gpu_bench.log"
+rc=${PIPESTATUS[0]}
+
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  tar -czf "$OUT/gpu_bench.tar.gz" -C "$(dirname "$out_dir")" \
+    --exclude='*.bin' --exclude='step-*' "$(basename "$out_dir")" 2>/dev/null
+  for f in gpu_bench.txt gpu_bench.json gpu-calibrated.yaml; do
+    [ -f "$out_dir/$f" ] && cp "$out_dir/$f" "$OUT/"
+  done
+fi
+exit "$rc"

@@ -1,0 +1,127 @@
+// The fused elementwise ops (kernels/activation.h: bias + gelu / swiglu forward, their
+// backward with the bias gradient; kernels/norm.h: residual add + layernorm / rmsnorm)
+// against the unfused sequence each replaces, on one device: the same bits, since they
+// evaluate the same expressions in the same order (and the bias gradient sums in the same
+// chunks and order). Shared by tests/kernels/fused_ops_test.cc (CPU) and
+// tests/gpu/fused_ops_gpu_test.cc (CUDA). Shapes: no rows, one element, odd widths, a tall
+// input whose bias gradient is cut into many chunks; beta 0 over NaN, 1 and 0.5; in place.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/norm.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace switchyard::kernels::fused_check {
+
+inline Tensor Uniform(const Shape& shape, uint64_t seed, Device dev, DeviceContext* ctx,
+                      float lo = -3.0f, float hi = 3.0f) {
+  Tensor host = gpu_test::HostUniform(shape, seed, lo, hi);
+  return dev.is_cpu() ? host : host.To(dev, ctx);
+}
+
+inline Tensor Filled(const Shape& shape, float v, Device dev, DeviceContext* ctx) {
+  Tensor host = Tensor::Empty(shape, DType::kF32);
+  float* p = host.data<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) p[i] = v;
+  return dev.is_cpu() ? host : host.To(dev, ctx);
+}
+
+inline std::string Name(const char* op, const Shape& s) { return std::string(op) + " " + ShapeString(s); }
+
+const std::vector<Shape> kRowShapes = {{0, 7}, {1, 1}, {5, 77}, {300, 1000}, {70001, 3}};
+
+inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
+  uint64_t seed = 100;
+  for (const Shape& s : kRowShapes) {
+    const Shape bias_shape = {s[1]};
+    const Tensor a0 = Uniform(s, ++seed, dev, ctx), b = Uniform(s, ++seed, dev, ctx);
+    const Tensor bias = Uniform(bias_shape, ++seed, dev, ctx, -1.0f, 1.0f);
+    // gelu forward: AddBias then GeluForward.
+    Tensor a_ref = a0.Clone(ctx), h_ref = Tensor::Empty(s, DType::kF32, dev);
+    AddBias(a_ref, bias, ctx);
+    GeluForward(a_ref, h_ref, ctx);
+    Tensor a = a0.Clone(ctx), h = Tensor::Empty(s, DType::kF32, dev);
+    BiasGeluForward(a, bias, h, ctx);
+    gpu_test::ExpectBitEqual(a, a_ref, ctx, Name("BiasGeluForward a", s));
+    gpu_test::ExpectBitEqual(h, h_ref, ctx, Name("BiasGeluForward h", s));
+    // swiglu forward.
+    Tensor sa_ref = a0.Clone(ctx), o_ref = Tensor::Empty(s, DType::kF32, dev);
+    AddBias(sa_ref, bias, ctx);
+    SwigluForward(sa_ref, b, o_ref, ctx);
+    Tensor sa = a0.Clone(ctx), o = Tensor::Empty(s, DType::kF32, dev);
+    BiasSwigluForward(sa, bias, b, o, ctx);
+    gpu_test::ExpectBitEqual(sa, sa_ref, ctx, Name("BiasSwigluForward a", s));
+    gpu_test::ExpectBitEqual(o, o_ref, ctx, Name("BiasSwigluForward out", s));
+    // backward, dx in place over dy as dense::Mlp runs it; beta 0 over NaN, 1, 0.5.
+    for (float beta : {0.0f, 1.0f, 0.5f}) {
+      const std::string tag = " beta " + std::to_string(beta).substr(0, 3);
+      const Tensor dy = Uniform(s, ++seed, dev, ctx, -1.0f, 1.0f);
+      const Tensor db0 = beta == 0.0f ? Filled(bias_shape, std::numeric_limits<float>::quiet_NaN(), dev, ctx)
+                                      : Uniform(bias_shape, ++seed, dev, ctx);
+      Tensor dx_ref = dy.Clone(ctx), dbias_ref = db0.Clone(ctx);
+      GeluBackward(a, dx_ref, dx_ref, ctx);
+      BiasGrad(dx_ref, dbias_ref, beta, ctx);
+      Tensor dx = dy.Clone(ctx), dbias = db0.Clone(ctx);
+      GeluBackwardBiasGrad(a, dx, dx, dbias, beta, ctx);
+      gpu_test::ExpectBitEqual(dx, dx_ref, ctx, Name("GeluBackwardBiasGrad dx", s) + tag);
+      gpu_test::ExpectBitEqual(dbias, dbias_ref, ctx, Name("GeluBackwardBiasGrad dbias", s) + tag);
+
+      Tensor da_ref = dy.Clone(ctx), dbm_ref = Tensor::Empty(s, DType::kF32, dev);
+      Tensor sdb_ref = db0.Clone(ctx);
+      SwigluBackward(sa, b, da_ref, da_ref, dbm_ref, ctx);
+      BiasGrad(da_ref, sdb_ref, beta, ctx);
+      Tensor da = dy.Clone(ctx), dbm = Tensor::Empty(s, DType::kF32, dev), sdb = db0.Clone(ctx);
+      SwigluBackwardBiasGrad(sa, b, da, da, dbm, sdb, beta, ctx);
+      gpu_test::ExpectBitEqual(da, da_ref, ctx, Name("SwigluBackwardBiasGrad da", s) + tag);
+      gpu_test::ExpectBitEqual(dbm, dbm_ref, ctx, Name("SwigluBackwardBiasGrad db", s) + tag);
+      gpu_test::ExpectBitEqual(sdb, sdb_ref, ctx, Name("SwigluBackwardBiasGrad dbias", s) + tag);
+    }
+  }
+}
+
+inline void CheckAddNorms(Device dev, DeviceContext* ctx) {
+  const std::vector<Shape> shapes = {{0, 8}, {1, 1}, {3, 5}, {17, 1024}, {64, 4097}, {2, 3, 96}};
+  uint64_t seed = 500;
+  constexpr float kEps = 1e-5f;
+  for (const Shape& s : shapes) {
+    const int64_t d = s.back(), n = d == 0 ? 0 : Tensor::Empty(s, DType::kF32).numel() / d;
+    const Tensor x = Uniform(s, ++seed, dev, ctx), r = Uniform(s, ++seed, dev, ctx);
+    const Tensor w = Uniform({d}, ++seed, dev, ctx, 0.5f, 1.5f), bias = Uniform({d}, ++seed, dev, ctx);
+    Tensor sum_ref = Tensor::Empty(s, DType::kF32, dev);
+    Add(x, r, sum_ref, ctx);
+    for (bool with_bias : {true, false}) {
+      const Tensor b = with_bias ? bias : Tensor();
+      const std::string tag = with_bias ? " (bias)" : " (no bias)";
+      Tensor y_ref = Tensor::Empty(s, DType::kF32, dev), m_ref = Tensor::Empty({n}, DType::kF32, dev),
+             rs_ref = Tensor::Empty({n}, DType::kF32, dev);
+      LayerNormForward(sum_ref, w, b, kEps, y_ref, m_ref, rs_ref, ctx);
+      Tensor sum = Tensor::Empty(s, DType::kF32, dev), y = Tensor::Empty(s, DType::kF32, dev),
+             m = Tensor::Empty({n}, DType::kF32, dev), rs = Tensor::Empty({n}, DType::kF32, dev);
+      AddLayerNormForward(x, r, w, b, kEps, sum, y, m, rs, ctx);
+      gpu_test::ExpectBitEqual(sum, sum_ref, ctx, Name("AddLayerNormForward sum", s) + tag);
+      gpu_test::ExpectBitEqual(y, y_ref, ctx, Name("AddLayerNormForward y", s) + tag);
+      gpu_test::ExpectBitEqual(m, m_ref, ctx, Name("AddLayerNormForward mean", s) + tag);
+      gpu_test::ExpectBitEqual(rs, rs_ref, ctx, Name("AddLayerNormForward rstd", s) + tag);
+    }
+    Tensor y_ref = Tensor::Empty(s, DType::kF32, dev), rs_ref = Tensor::Empty({n}, DType::kF32, dev);
+    RmsNormForward(sum_ref, w, kEps, y_ref, rs_ref, ctx);
+    // In place: sum over x's own memory.
+    Tensor xs = x.Clone(ctx), y = Tensor::Empty(s, DType::kF32, dev), rs = Tensor::Empty({n}, DType::kF32, dev);
+    AddRmsNormForward(xs, r, w, kEps, xs, y, rs, ctx);
+    gpu_test::ExpectBitEqual(xs, sum_ref, ctx, Name("AddRmsNormForward sum (in place)", s));
+    gpu_test::ExpectBitEqual(y, y_ref, ctx, Name("AddRmsNormForward y", s));
+    gpu_test::ExpectBitEqual(rs, rs_ref, ctx, Name("AddRmsNormForward rstd", s));
+  }
+}
+
+}  // namespace switchyard::kernels::fused_check
