@@ -189,7 +189,7 @@ def run_measures(run_dir, cfg):
 # "speedup" is added by summarise_setting, with its censored seeds).
 METRICS = ["val_loss", "perplexity", "maxvio_global", "maxvio_global_max", "maxvio_batch",
            "dropped_run", "dropped_end", "step_s", "flops_per_token", "train_flops",
-           "lang_mi_bits", "lang_top_share", "delta_val_loss"]
+           "lang_mi_bits", "lang_top_share", "delta_val_loss", "delta_curve_end"]
 
 
 def mean_std(values):
@@ -210,6 +210,20 @@ def crossing_step(curve, target):
                 return float(s)
             s0, v0 = curve[i - 1]
             return s0 + (s - s0) * (v0 - target) / (v0 - v)
+    return None
+
+
+def curve_at(curve, step):
+    """A validation curve [[step, loss]]'s value at `step`, linear between evaluations; None
+    outside the curve's steps."""
+    for i, (s, v) in enumerate(curve):
+        if s == step:
+            return v
+        if s > step:
+            if i == 0:
+                return None
+            s0, v0 = curve[i - 1]
+            return v0 + (v - v0) * (step - s0) / (s - s0)
     return None
 
 
@@ -266,7 +280,8 @@ def summarise_setting(name, overrides, runs, baseline_runs=None):
     baseline setting's runs (None for the baseline itself and when the experiment has
     none); each run's delta_val_loss is its val loss minus the baseline's of the same seed
     (same initial draw and data order, so most seed noise cancels), and its speed-up the
-    same-seed speedup_same_seed on the two runs' validation curves."""
+    same-seed speedup_same_seed on the two runs' validation curves; delta_curve_end is its
+    validation curve's last value minus the baseline run's curve at that step."""
     ok = [r for r in runs if r["status"] == "ok"]
     speed = []
     if baseline_runs is not None:
@@ -277,6 +292,10 @@ def summarise_setting(name, overrides, runs, baseline_runs=None):
             r["delta_val_loss"] = r["val_loss"] - bv if bv is not None and r["val_loss"] is not None else None
             r["speedup"] = speedup_same_seed(b["curve_val"], r["curve_val"]) if b else None
             speed.append(r["speedup"])
+            # At equal steps when the baseline trains longer (moe_vs_dense: dense 2x): the
+            # run's last curve point minus the baseline's curve at that step.
+            at = curve_at(b["curve_val"], r["curve_val"][-1][0]) if b and r["curve_val"] else None
+            r["delta_curve_end"] = r["curve_val"][-1][1] - at if at is not None else None
     metrics = {k: mean_std([r.get(k) for r in ok]) for k in METRICS}
     metrics["speedup"] = speedup_summary(speed)
     return {
@@ -293,12 +312,12 @@ def summarise_setting(name, overrides, runs, baseline_runs=None):
     }
 
 
-def paired_tests(settings, alpha=0.05):
-    """stats.pooled_paired_t on the Δ val loss of the settings that have one (summarise_setting
-    outputs): the variance pooled over them, each setting's mean tested against 0."""
+def paired_tests(settings, alpha=0.05, key="delta_val_loss"):
+    """stats.pooled_paired_t on the Δ (key: delta_val_loss or delta_curve_end) of the settings
+    that have one (summarise_setting outputs): the variance pooled over them, each setting's
+    mean tested against 0."""
     import stats
-    deltas = {s["name"]: s["metrics"]["delta_val_loss"]["values"] for s in settings
-              if s["metrics"]["delta_val_loss"]["n"]}
+    deltas = {s["name"]: s["metrics"][key]["values"] for s in settings if s["metrics"][key]["n"]}
     return stats.pooled_paired_t(deltas, alpha) if deltas else None
 
 

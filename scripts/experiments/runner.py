@@ -62,6 +62,7 @@ def parse(argv):
                    help="effects (nats of Δ val loss) to size seed counts for")
     # What the user may change.
     p.add_argument("--grid", default="full")
+    p.add_argument("--grids", default="full,ci", help="the grids the experiment script defines")
     p.add_argument("--config")
     p.add_argument("--out")
     p.add_argument("--data")
@@ -73,8 +74,9 @@ def parse(argv):
     p.add_argument("--val-blocks", type=int, default=1024)
     p.add_argument("--val-block-tokens", type=int, default=1024)
     a = p.parse_args(argv)
-    if a.grid not in ("full", "ci"):
-        raise Usage("--grid '%s' is not one of full, ci" % a.grid)
+    grids = a.grids.split(",")
+    if a.grid not in grids:
+        raise Usage("--grid '%s' is not one of %s" % (a.grid, ", ".join(grids)))
     a.steps = a.default_steps if a.steps is None else a.steps
     a.trend = a.trend.split()
     try:
@@ -108,7 +110,7 @@ def parse(argv):
         name, _, sets = s.partition("=")
         a.settings.append((name, sets.split()))
     a.data = a.data or a.default_data
-    a.out = a.out or os.path.join("runs", "experiments", a.name + ("" if a.grid == "full" else "-ci"))
+    a.out = a.out or os.path.join("runs", "experiments", a.name + ("" if a.grid == "full" else "-" + a.grid))
     return a
 
 
@@ -200,8 +202,10 @@ def summarise(a):
     settings = [measures.summarise_setting(n, s, runs, base_runs if n != a.baseline else None)
                 for n, s, runs in per_setting]
     tests = measures.paired_tests(settings)
+    curve_tests = measures.paired_tests(settings, key="delta_curve_end")
     for st in settings:
         st["delta_test"] = tests["settings"].get(st["name"]) if tests else None
+        st["delta_curve_test"] = curve_tests["settings"].get(st["name"]) if curve_tests else None
     trend = None
     if a.trend:
         trend = measures.trend_in_experts({n: runs for n, _, runs in per_setting}, a.trend)
@@ -239,6 +243,7 @@ COLUMNS = {
     "lang_top_share": ("label top share", "%.1f%%", 100),
     "speedup": ("speed-up (baseline steps to the run's final loss / run steps, same seed)", "%.2fx", 1),
     "delta_val_loss": ("Δ val loss vs baseline, same seed (± pooled SE; p)", "%+.4f", 1),
+    "delta_curve_end": ("Δ validation curve at the run's last step vs the baseline's there, same seed (± pooled SE; p)", "%+.4f", 1),
 }
 
 
@@ -324,6 +329,8 @@ def markdown(summary, columns, stability):
         for c in columns:
             if c == "delta_val_loss":
                 row.append(delta_cell(s.get("delta_test")))
+            elif c == "delta_curve_end":
+                row.append(delta_cell(s.get("delta_curve_test")))
             elif c == "speedup":
                 row.append(speedup_cell(s["metrics"]["speedup"], s["ok"]))
             else:

@@ -93,6 +93,12 @@ check("counts", (s["runs"], s["ok"], s["diverged"], s["stable"]) == (4, 3, 1, 3)
 # Paired by seed: 3.25 - 2.5, 3.5 - 2.5, 2.0 - 2.5 (seed 4 diverged: no pair).
 dv = s["metrics"]["delta_val_loss"]
 check("delta", dv["values"] == [0.75, 1.0, -0.5], dv)
+# The curve at a step (linear between evaluations) and Δ at the run's last step: dense's
+# curve is 3.5 at step 150 and 3.0 at 200, so 3.25 - 3.5, 3.5 - 3.0, 2.0 - 3.0.
+check("curve at", (measures.curve_at(curve, 150), measures.curve_at(curve, 300), measures.curve_at(curve, 350),
+                   measures.curve_at(curve, -10)) == (3.5, 2.5, None, None))
+dc = s["metrics"]["delta_curve_end"]
+check("delta at the run's end", dc["values"] == [-0.25, 0.5, -1.0], dc)
 
 # FLOPs per token, counted by hand: d 8, L 2, S 4, V 10, 2 heads, d_ff 16, layer 1 MoE with
 # 4 experts of 6 (top-2, gelu): attention 4*64 per layer; MLP 2*8*16; router 8*4;
