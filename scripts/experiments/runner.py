@@ -121,7 +121,10 @@ def check_inputs(a):
     if not os.path.isfile(a.config):
         return "--config %s: no such file" % a.config
     if not os.path.isfile(os.path.join(a.data, "index.json")):
-        hint = ("python3 scripts/make_code_corpus.py builds it" if a.data.rstrip("/").endswith("data/code")
+        d = a.data.rstrip("/")
+        hint = ("python3 scripts/make_code_corpus.py builds it" if d.endswith("data/code")
+                else "python3 scripts/make_code_corpus.py --out %s --vocab 2048 builds it" % d
+                if d.endswith("data/code-v2048")
                 else "switchyard prep --out %s builds it" % a.data)
         return "--data %s: no prepared corpus there (no index.json; %s, or pass --data DIR)" % (a.data, hint)
     return None

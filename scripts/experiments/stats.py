@@ -203,6 +203,51 @@ def power_paired(n, effect, sd, alpha=ALPHA, method="t", groups=1):
     return nct_power(delta, df, t_ppf(1.0 - alpha / 2.0, df))
 
 
+def pooled_paired_t_from_summary(summary, alpha=ALPHA):
+    """pooled_paired_t from each setting's (mean, sample sd, n) of its Δ instead of the
+    values (the pooled variance and every test need no more): for the pages' tables, which
+    give mean ± sd over n seeds. The same dict as pooled_paired_t."""
+    df = sum(n - 1 for _, _, n in summary.values() if n > 1)
+    ss = sum((n - 1) * sd * sd for _, sd, n in summary.values() if n > 1)
+    sd_p = math.sqrt(ss / df) if df else None
+    crit = t_ppf(1.0 - alpha / 2.0, df) if df else None
+    out = {}
+    for k, (mean, _, n) in summary.items():
+        r = {"n": n, "mean": mean, "se": None, "t": None, "p": None, "lo": None, "hi": None}
+        if sd_p is not None:
+            r["se"] = sd_p / math.sqrt(n)
+            r["lo"], r["hi"] = mean - crit * r["se"], mean + crit * r["se"]
+            if r["se"] > 0:
+                r["t"] = mean / r["se"]
+                r["p"] = t_two_sided_p(r["t"], df)
+        out[k] = r
+    return {"pooled_sd": sd_p, "df": df or None, "alpha": alpha, "settings": out}
+
+
+def trend_from_summary(groups, alpha=ALPHA):
+    """trend from groups [(x, mean, sd, n)] (every seed of a group at the same x): the same
+    least-squares line, since SSE = sum_i (n_i - 1) sd_i^2 (within groups) + sum_i n_i
+    (mean_i - a - b x_i)^2 (the means about the line)."""
+    n = sum(g[3] for g in groups)
+    if n < 3:
+        return None
+    mx = sum(x * k for x, _, _, k in groups) / n
+    my = sum(m * k for _, m, _, k in groups) / n
+    sxx = sum(k * (x - mx) ** 2 for x, _, _, k in groups)
+    if sxx == 0:
+        return None
+    b = sum(k * (x - mx) * (m - my) for x, m, _, k in groups) / sxx
+    a = my - b * mx
+    sse = sum((k - 1) * sd * sd + k * (m - a - b * x) ** 2 for x, m, sd, k in groups)
+    df = n - 2
+    se = math.sqrt(sse / df / sxx)
+    crit = t_ppf(1.0 - alpha / 2.0, df)
+    t = b / se if se > 0 else None
+    return {"n": n, "df": df, "slope": b, "intercept": a, "se": se, "t": t,
+            "p": t_two_sided_p(t, df) if t is not None else None,
+            "lo": b - crit * se, "hi": b + crit * se, "alpha": alpha}
+
+
 def seeds_for_power(effect, sd, alpha=ALPHA, power=POWER, method="t", groups=1):
     """The fewest seeds (>= 2) per setting with power_paired >= power. With method "normal"
     this is ceil(((z_{1 - alpha/2} + z_power) sd / effect)^2) (at least 2); "t" adds the

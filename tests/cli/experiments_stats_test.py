@@ -100,6 +100,17 @@ check("trend p", near(tr["p"], 1 - 1.5 * math.sqrt(0.4) * 13 / 15, 1e-10), tr)
 check("trend interval", near(tr["hi"] - tr["lo"], 2 * 2.7764451 * math.sqrt(0.00375), 1e-7), tr)
 check("trend too few", stats.trend(pts[:2]) is None and stats.trend([(1, 0.0), (1, 1.0), (1, 2.0)]) is None)
 
+# From the tables' mean ± sd over n: the hand cases above again. A and B: (0.02, 0.01, 3),
+# (0, 0.01, 3) -> the same pooled s 0.01 on 4 df and A's p; the trend's groups x = 1, 2, 3
+# with means 0.1, 0.2, 0.3 and sd sqrt(0.02) each (0, 0.2 about 0.1: s^2 = 0.02) -> slope 0.1,
+# SE sqrt(0.00375), p 0.1778078.
+r = stats.pooled_paired_t_from_summary({"A": (0.02, 0.01, 3), "B": (0.0, 0.01, 3)})
+check("summary pooled", near(r["pooled_sd"], 0.01, 1e-15) and r["df"] == 4, r)
+check("summary A p", near(r["settings"]["A"]["p"], 1 - 9 * math.sqrt(3) / 16, 1e-10), r["settings"]["A"])
+tr = stats.trend_from_summary([(1, 0.1, math.sqrt(0.02), 2), (2, 0.2, math.sqrt(0.02), 2), (3, 0.3, math.sqrt(0.02), 2)])
+check("summary trend", near(tr["slope"], 0.1, 1e-14) and near(tr["se"], math.sqrt(0.00375), 1e-14)
+      and near(tr["p"], 1 - 1.5 * math.sqrt(0.4) * 13 / 15, 1e-10), tr)
+
 # ---- Seeds for 80% power --------------------------------------------------------------------
 # Normal approximation by hand: effect 0.01, SD 0.02: ((1.959964 + 0.841621) x 2)^2 =
 # 5.603170^2 = 31.3955 -> 32 seeds; its power at 32: Phi(0.5 sqrt 32 - 1.959964) =
