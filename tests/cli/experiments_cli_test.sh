@@ -81,6 +81,29 @@ if (c['expert_bias_update'], c['aux_loss_coef']) != ('proportional', 0) or abs(c
 if cfg('loss_free', 'sigmoid-sign1e-3')['moe']['expert_bias_update'] != 'sign': errs.append('sign')
 if cfg('loss_free', 'ga4-softmax-prop3e-4')['train']['grad_accum'] != 2: errs.append('grad_accum')
 print('; '.join(errs)); sys.exit(1 if errs else 0)" >"$tmp/cfg.out" 2>&1 || fail "settings not applied: $(cat "$tmp/cfg.out")"
+# The bias updates end to end (routing.jsonl logs every step's counts and the biases after
+# the step's update): proportional moves b_i by u (mean - c_i) / mean with the step's
+# counts (grad_accum 2: both micro-batches'), sign by u sign(mean - c_i); f32 rounding of
+# |b| <= 1 is below 1e-7 a step.
+py "import json, sys
+def check(run, u, rule):
+    recs = [json.loads(l) for l in open('$tmp/loss_free/%s/seed1/routing.jsonl' % run)]
+    bad, moved = [], 0
+    for a, b in zip(recs, recs[1:]):
+        if b['step'] != a['step'] + 1: continue
+        for l, (b0, b1, c) in enumerate(zip(a['expert_bias'], b['expert_bias'], b['tokens_per_expert'])):
+            mean = sum(c) / len(c)
+            for i in range(len(c)):
+                want = u * (mean - c[i]) / mean if rule == 'proportional' else u * ((mean > c[i]) - (mean < c[i]))
+                moved += want != 0
+                if abs((b1[i] - b0[i]) - want) > 1e-6: bad.append((run, b['step'], l, i, b1[i] - b0[i], want))
+    return bad, moved
+errs = []
+for run, u, rule in [('ga4-softmax-prop3e-4', 3e-4, 'proportional'), ('softmax-prop3e-4', 3e-4, 'proportional'),
+                     ('sigmoid-sign1e-3', 1e-3, 'sign')]:
+    bad, moved = check(run, u, rule)
+    if bad or not moved: errs.append('%s: %d updates checked, wrong: %r' % (run, moved, bad[:3]))
+print('; '.join(errs)); sys.exit(1 if errs else 0)" >"$tmp/bias.out" 2>&1 || fail "bias updates: $(cat "$tmp/bias.out")"
 
 # Dropless drops nothing; capacity 1.0 drops something in 4 steps.
 py "import json, sys
