@@ -222,6 +222,9 @@ def summarise(a):
     return {"experiment": a.name, "title": a.title, "grid": a.grid, "config": a.config,
             "data": a.source_data, "val_sample_tokens": a.val_tokens, "steps": a.steps, "seeds": a.seeds, "extra_sets": a.extra,
             "baseline": a.baseline or None,
+            # The baseline's mean validation curve at its last evaluation (the plots' line).
+            "baseline_final_val_curve": next((st["curve_val"][-1][1] for st in settings
+                                              if st["name"] == a.baseline and st["curve_val"]), None),
             "paired_test": {"pooled_sd": tests["pooled_sd"], "df": tests["df"], "alpha": tests["alpha"]} if tests else None,
             "trend": trend, "power": power,
             "spike_rule": {"window": measures.SPIKE_WINDOW, "ratio": measures.SPIKE_RATIO,

@@ -151,6 +151,21 @@ for n, rs in by.items():
 tr = measures.trend_in_experts(by, ["e2", "e4", "e8"])
 check("runner trend", near(tr["slope"], 0.1, 1e-12) and near(tr["p"], 1 - 1.5 * math.sqrt(0.4) * 13 / 15, 1e-9), tr)
 
+# summary.md's tests section for the hand case A / B (A's Δ +0.02: SE 0.0058, t 3.46, p 0.026,
+# interval 0.02 -+ 0.0160), the trend above and the power line (SD 0.01, 0.01 nats: 10 seeds).
+import runner  # noqa: E402
+for st in (sa, sb):
+    st["delta_test"] = pt["settings"][st["name"]]
+md = runner.tests_markdown({"baseline": "base", "settings": [sa, sb],
+                            "paired_test": {"pooled_sd": pt["pooled_sd"], "df": pt["df"], "alpha": 0.05},
+                            "trend": dict(tr, settings=["e2", "e4", "e8"]),
+                            "power": {"pooled_sd": 0.01, "alpha": 0.05, "power": 0.8, "method": "noncentral t",
+                                      "seeds": {"0.01": stats.seeds_for_power(0.01, 0.01)}}})
+for want in ["s = 0.0100 nats on 4 degrees of freedom", "| A | 3 | +0.0200 | 0.0058 | 3.46 | 0.026 | [+0.0040, +0.0360] |",
+             "| B | 3 | +0.0000 | 0.0058 |", "slope +0.1000 nats per doubling, SE 0.0612, t 1.63 on 4 df, p 0.178",
+             "0.01 nats: 10."]:
+    check("summary.md: %s" % want, want in md, md)
+
 if failures:
     sys.exit(1)
 print("experiments_stats_test: all checks passed")
