@@ -215,7 +215,7 @@ def summarise(a):
         if trend:
             trend["settings"] = a.trend
     power = None
-    if tests and tests["pooled_sd"]:
+    if tests and tests["pooled_sd"] and tests["pooled_sd"] > 0:
         power = {"pooled_sd": tests["pooled_sd"], "alpha": stats.ALPHA, "power": stats.POWER,
                  "method": "noncentral t, df n - 1 (one setting's paired test)",
                  "seeds": {str(e): stats.seeds_for_power(e, tests["pooled_sd"]) for e in a.power_effects}}

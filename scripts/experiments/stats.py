@@ -258,7 +258,11 @@ def seeds_for_power(effect, sd, alpha=ALPHA, power=POWER, method="t", groups=1):
         nd = statistics.NormalDist()
         z = nd.inv_cdf(1.0 - alpha / 2.0) + nd.inv_cdf(power)
         return max(2, math.ceil((z * sd / abs(effect)) ** 2 - 1e-9))
-    n = 2
+    # Start at the normal approximation (the t test needs about as many or a few more) and
+    # walk to the smallest n that reaches the power.
+    n = max(2, seeds_for_power(effect, sd, alpha, power, "normal") - 2)
+    while n > 2 and power_paired(n - 1, effect, sd, alpha, method, groups) >= power:
+        n -= 1
     while power_paired(n, effect, sd, alpha, method, groups) < power:
         n += 1
         if n > 100000:
