@@ -15,6 +15,8 @@
 #   --config FILE      another base config (default configs/experiments/base.yaml, ci.yaml)
 #   --bin PATH         the switchyard binary (default build/bin/switchyard)
 #   --set k=v          an override applied to every run (repeatable)
+#   --power-effects E,E  effects (nats of Δ val loss) summary.md sizes seed counts for
+#                      (80% power at alpha 0.05; default 0.005,0.01,0.02)
 # Finished runs in --out are kept, so a stopped experiment resumes when run again.
 exp_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 exp_grid=full
