@@ -226,6 +226,8 @@ def summarise(a):
             "baseline_final_val_curve": next((st["curve_val"][-1][1] for st in settings
                                               if st["name"] == a.baseline and st["curve_val"]), None),
             "paired_test": {"pooled_sd": tests["pooled_sd"], "df": tests["df"], "alpha": tests["alpha"]} if tests else None,
+            "paired_test_curve_end": ({"pooled_sd": curve_tests["pooled_sd"], "df": curve_tests["df"]}
+                                      if curve_tests else None),
             "trend": trend, "power": power,
             "spike_rule": {"window": measures.SPIKE_WINDOW, "ratio": measures.SPIKE_RATIO,
                            "step_ratio": measures.STEP_RATIO},
@@ -307,6 +309,11 @@ def tests_markdown(summary):
                        % (s["name"], t["n"], t["mean"], t["se"],
                           "%.2f" % t["t"] if t["t"] is not None else "-", stats.fmt_p(t["p"]),
                           t["lo"], t["hi"]))
+    pc = summary.get("paired_test_curve_end")
+    if pc and pc["df"] and "delta_curve_end" in summary.get("columns", []):
+        out += ["", "Δ at the run's last step (its curve minus the %s run's curve there, same seed): "
+                "the same test, s = %.4f nats on %d degrees of freedom; the column gives mean ± SE (p)."
+                % (summary["baseline"], pc["pooled_sd"], pc["df"])]
     tr = summary.get("trend")
     if tr:
         out += ["", "Trend of Δ in log2 E over %s (every seed a point): slope %+.4f nats per "
@@ -348,7 +355,7 @@ def markdown(summary, columns, stability):
             "the paired t's p (below).\n"
             % (summary["title"], summary["grid"], summary["steps"],
                ",".join(map(str, summary["seeds"])), summary["config"], summary["data"]))
-    return "\n".join(lines) + "\n" + note + tests_markdown(summary)
+    return "\n".join(lines) + "\n" + note + tests_markdown(dict(summary, columns=columns))
 
 
 def report(a, summary):
