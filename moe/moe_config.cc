@@ -60,6 +60,16 @@ StatusOr<Dispatcher> ParseDispatcher(const std::string& name) {
   return InvalidArgument("moe.dispatcher='", name, "' is not one of flat, hierarchical");
 }
 
+StatusOr<ExpertBiasUpdate> ParseExpertBiasUpdate(const std::string& name) {
+  if (name == "sign") return ExpertBiasUpdate::kSign;
+  if (name == "proportional") return ExpertBiasUpdate::kProportional;
+  return InvalidArgument("moe.expert_bias_update='", name, "' is not one of sign, proportional");
+}
+
+const char* ExpertBiasUpdateName(ExpertBiasUpdate u) {
+  return u == ExpertBiasUpdate::kSign ? "sign" : "proportional";
+}
+
 const char* DispatcherName(Dispatcher d) {
   return d == Dispatcher::kFlat ? "flat" : "hierarchical";
 }
@@ -81,6 +91,10 @@ Status MoEConfig::Validate() const {
   }
   if (!(expert_bias_rate >= 0.0f)) {
     return InvalidArgument("moe.expert_bias_rate=", expert_bias_rate, " must be >= 0");
+  }
+  if (expert_bias_update != ExpertBiasUpdate::kSign && expert_bias_rate == 0.0f) {
+    return InvalidArgument("moe.expert_bias_update=", ExpertBiasUpdateName(expert_bias_update),
+                           " needs moe.expert_bias_rate > 0 (0: no expert bias)");
   }
   // NaN and +-inf are not capacities (<= 0 already means dropless; inf would overflow C).
   if (!std::isfinite(capacity_factor)) {

@@ -26,6 +26,11 @@ enum class AuxLossScope { kGroup, kSequence, kGlobal };
 // How the token exchange over ep travels (docs/moe-layer.md): one flat all-to-all, or
 // hierarchical over nodes (dist::HierarchicalCommunicator); the results are bit-identical.
 enum class Dispatcher { kFlat, kHierarchical };
+// How the expert bias follows the step's loads (docs/model.md, "Expert bias"): by
+// expert_bias_rate times the sign of each expert's deviation from the mean load
+// (DeepSeek-V3, Wang et al.'s Algorithm 1), or times the deviation relative to the mean load
+// (Wang et al.'s proportional variant, their update for softmax scores).
+enum class ExpertBiasUpdate { kSign, kProportional };
 
 // dense::ParseActivation naming the key moe.activation.
 StatusOr<Activation> ParseActivation(const std::string& name);
@@ -38,6 +43,8 @@ const char* DropPolicyName(DropPolicy p);
 const char* ScoreFunctionName(ScoreFunction s);
 const char* AuxLossScopeName(AuxLossScope s);
 StatusOr<Dispatcher> ParseDispatcher(const std::string& name);
+StatusOr<ExpertBiasUpdate> ParseExpertBiasUpdate(const std::string& name);
+const char* ExpertBiasUpdateName(ExpertBiasUpdate u);
 const char* DispatcherName(Dispatcher d);
 
 struct MoEConfig {
@@ -55,6 +62,7 @@ struct MoEConfig {
   SecondExpertPolicy second_expert_policy = SecondExpertPolicy::kAll;
   float jitter_eps = 0.0f;        // training-only multiplicative router-input noise
   float expert_bias_rate = 0.0f;  // aux-loss-free balancing (DeepSeek-V3) when > 0
+  ExpertBiasUpdate expert_bias_update = ExpertBiasUpdate::kSign;  // sign | proportional
   float capacity_factor = 1.25f;  // training; <= 0 means dropless
   float eval_capacity_factor = 2.0f;
   DropPolicy drop_policy = DropPolicy::kPosition;

@@ -165,7 +165,7 @@ void MoELayer::UpdateExpertLoad(std::span<const int64_t> counts, DeviceContext* 
 
 MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
                              int64_t first_token, DeviceContext* ctx,
-                             const GroupLayout& layout) {
+                             const GroupLayout& layout, int64_t valid_tokens) {
   const int64_t n = h.dim(0), d = config_.d_model;
   SY_CHECK(h.ndim() == 2 && h.dim(1) == d && group_tokens > 0 && n % group_tokens == 0)
       << "MoE input " << ShapeString(h.shape()) << " is not (G * " << group_tokens << ", " << d
@@ -212,7 +212,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   }
   // 6. Statistics of this rank's rows and the whole groups' values.
   phase.emplace(Phase::kRouter);
-  out.stats = RoutingStats(routed, own, config_.num_experts, ctx);
+  out.stats = RoutingStats(routed, own, config_.num_experts, ctx, valid_tokens);
   out.groups = GroupValuesOf(routed, config_.top_k);
   acts.groups = routed.groups;
   acts.group_tokens = routed.group_tokens;

@@ -160,10 +160,12 @@ class MoELayer {
   // per group here), and first_token the global index of group 0's first token (the same
   // on every tp rank). Collective over ep, tp and etp. layout: how each group's tokens lie
   // over the tp group when not in contiguous blocks (context parallelism,
-  // moe/group_routing.h); first_token is then the group's first token.
+  // moe/group_routing.h); first_token is then the group's first token. valid_tokens >= 0:
+  // the statistics (MoEForward::stats) count only the first valid_tokens of the G x T
+  // group tokens, the rest being an evaluation's padding rows (RoutingStats).
   MoEForward Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
                      int64_t first_token, DeviceContext* ctx = nullptr,
-                     const GroupLayout& layout = {});
+                     const GroupLayout& layout = {}, int64_t valid_tokens = -1);
 
   // dy: (N, d). daux, dz: (G) dLoss/daux and dLoss/dz of each group (the same on every tp
   // rank). Returns dh (N, d) and adds into every parameter gradient (under tp the router's

@@ -6,6 +6,7 @@
 #include "engine/core/tensor.h"
 #include "engine/dist/ordered_sum.h"
 #include "kernels/permute.h"
+#include "moe/row_index.h"
 
 namespace switchyard::moe {
 
@@ -105,8 +106,52 @@ double MoEStats::mean_load_share() const {
   return tokens_per_expert_kept.empty() ? 0.0 : 1.0 / tokens_per_expert_kept.size();
 }
 
+namespace {
+
+// RoutingStats' token statistics (tokens, assignments, per-expert counts before and after
+// dropping, entropy) again, of the own rows whose group token is < valid only: the rows
+// picked by index and counted as the tp path counts its rows.
+void CountValidRows(const RoutedGroups& routed, const OwnRouting& own, int64_t valid,
+                    DeviceContext* ctx, MoEStats& s) {
+  const int64_t e = static_cast<int64_t>(s.tokens_per_expert.size());
+  const int64_t t = routed.local_tokens(), T = routed.group_tokens, lo = routed.own_begin();
+  std::vector<int64_t> own_tokens;  // (t) the group token of each own row of a group
+  if (routed.own_rows.defined()) {
+    own_tokens = routed.own_rows.To(Device::Cpu(), ctx).ToVector<int64_t>();
+  } else {
+    for (int64_t i = 0; i < t; ++i) own_tokens.push_back(lo + i);
+  }
+  s.tokens_per_expert.assign(e, 0);
+  s.tokens_per_expert_kept.assign(e, 0);
+  s.entropy_sum = 0;
+  std::vector<int64_t> rows;  // own rows (over every group) that count
+  for (int64_t g = 0; g < routed.groups; ++g) {
+    std::vector<int64_t> tokens;  // their tokens in group g
+    for (int64_t i = 0; i < t; ++i) {
+      if (g * T + own_tokens[i] >= valid) continue;
+      rows.push_back(g * t + i);
+      tokens.push_back(own_tokens[i]);
+    }
+    if (tokens.empty()) continue;
+    const Tensor& probs = routed.router[g].probs;
+    s.entropy_sum +=
+        kernels::EntropySum(RowsAt(probs, IndexOn(tokens, probs.device(), ctx), ctx), ctx);
+  }
+  s.tokens = static_cast<int64_t>(rows.size());
+  s.assignments = s.tokens * routed.top_k;
+  if (rows.empty()) return;
+  const Tensor index = IndexOn(rows, own.experts.device(), ctx);
+  const Tensor experts = RowsAt(own.experts, index, ctx);
+  CountAssignments(experts, s.tokens_per_expert, ctx);
+  const std::vector<int64_t> slots =
+      SlotExpertCounts(experts, RowsAt(own.kept, index, ctx), e, ctx);  // (k, E)
+  for (size_t j = 0; j < slots.size(); ++j) s.tokens_per_expert_kept[j % e] += slots[j];
+}
+
+}  // namespace
+
 MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t num_experts,
-                      DeviceContext* ctx) {
+                      DeviceContext* ctx, int64_t valid_tokens) {
   const int64_t e = num_experts, t = routed.local_tokens();
   const int64_t lo = routed.own_begin(), hi = lo + t;
   MoEStats s;
@@ -144,6 +189,9 @@ MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t
       s.aux_sum += routed.aux[g];
       s.z_sum += routed.z[g];
     }
+  }
+  if (valid_tokens >= 0 && valid_tokens < routed.groups * routed.group_tokens) {
+    CountValidRows(routed, own, valid_tokens, ctx, s);  // padding rows left out
   }
   return s;
 }

@@ -56,8 +56,13 @@ struct MoEGroupValues {
 // after dropping) and the entropy sum are those of this rank's own rows (`own`, OwnRowsOf's;
 // the whole groups without tp); groups, aux_sum and z_sum are counted on tp rank 0 only. So
 // summing the statistics over tp x dp gives the one-rank numbers.
+// valid_tokens >= 0: only the first valid_tokens of the G x T group tokens (group g's token
+// i is number g * T + i) count in the token statistics (tokens, assignments, per-expert
+// counts, entropy): the rest pad an evaluation's last micro-batches (data::Batch::padding,
+// always the trailing rows). They are still routed, take capacity and count in aux_sum and
+// z_sum. -1 (or >= G x T): every token.
 MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t num_experts,
-                      DeviceContext* ctx = nullptr);
+                      DeviceContext* ctx = nullptr, int64_t valid_tokens = -1);
 
 // The whole groups' aux, z, kept counts per expert and dropped assignments.
 MoEGroupValues GroupValuesOf(const RoutedGroups& routed, int64_t top_k);

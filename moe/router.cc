@@ -207,4 +207,22 @@ void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,
   kernels::UpdateExpertBias(flat, counts, rate, ctx);
 }
 
+void UpdateExpertBiasProportional(Tensor& bias, std::span<const int64_t> counts, float rate,
+                                  DeviceContext* ctx) {
+  SY_CHECK(bias.defined()) << "expert bias is undefined";
+  SY_CHECK_EQ(bias.dtype(), DType::kF32) << "expert bias";
+  const int64_t e = bias.numel();
+  SY_CHECK_EQ(static_cast<int64_t>(counts.size()), e) << "UpdateExpertBiasProportional counts";
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (total == 0) return;
+  const double mean = static_cast<double>(total) / static_cast<double>(e);
+  std::vector<float> b = bias.To(Device::Cpu(), ctx).ToVector<float>();
+  for (int64_t i = 0; i < e; ++i) {
+    const double err = (mean - static_cast<double>(counts[i])) / mean;
+    b[i] = static_cast<float>(static_cast<double>(b[i]) + static_cast<double>(rate) * err);
+  }
+  bias.CopyFrom(Tensor::FromVector(b, bias.shape()), ctx);
+}
+
 }  // namespace switchyard::moe

@@ -120,4 +120,13 @@ void CountAssignments(const Tensor& indices, std::span<int64_t> counts,
 void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,
                       DeviceContext* ctx = nullptr);
 
+// The proportional variant (Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing", their
+// update for softmax gates; moe.expert_bias_update=proportional): b_i += rate * e_i with
+// e_i = (mean_j c_j - c_i) / mean_j c_j, the expert's deviation relative to the mean load (so
+// the rate does not depend on the tokens per step). In double, rounded to f32 once per
+// expert; no change when every count is 0. Same devices as UpdateExpertBias (the E values
+// make a round trip through the host).
+void UpdateExpertBiasProportional(Tensor& bias, std::span<const int64_t> counts, float rate,
+                                  DeviceContext* ctx = nullptr);
+
 }  // namespace switchyard::moe

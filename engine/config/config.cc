@@ -170,6 +170,8 @@ std::vector<Section> Sections(Config& c) {
         BindEnum("second_expert_policy", &m.second_expert_policy, moe::ParseSecondExpertPolicy,
                  moe::SecondExpertPolicyName),
         Bind("jitter_eps", &m.jitter_eps), Bind("expert_bias_rate", &m.expert_bias_rate),
+        BindEnum("expert_bias_update", &m.expert_bias_update, moe::ParseExpertBiasUpdate,
+                 moe::ExpertBiasUpdateName),
         Bind("capacity_factor", &m.capacity_factor),
         Bind("eval_capacity_factor", &m.eval_capacity_factor),
         BindEnum("drop_policy", &m.drop_policy, moe::ParseDropPolicy, moe::DropPolicyName),

@@ -390,8 +390,12 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
     const int64_t n = in.tokens.numel();
     const int64_t moe_rows = tp.active() ? n / tp.size() : n;
     const int64_t batch = cp().active() ? in.tokens.dim(0) / 2 : in.tokens.dim(0);
+    // Group token b * S + s is sequence b's position s (S = model.seq_len under cp, whose
+    // layout numbers the tokens so, else the input's sequence length).
+    const int64_t seq = cp().active() ? model_.seq_len : in.tokens.dim(1);
     ba.moe = b.moe->Forward(MoERowsIn(ba.norm2.y), moe_rows, in.training, in.step,
-                            in.first_token, ctx, MoEGroupLayout(batch));
+                            in.first_token, ctx, MoEGroupLayout(batch),
+                            in.valid_rows >= 0 ? in.valid_rows * seq : -1);
     ffn = MoERowsOut(ba.moe->y, x.shape());
   }
   return Sum(ba.x_mid, ffn, ctx);

@@ -67,6 +67,10 @@ struct DecoderInput {
   Tensor tokens;   // (B, S) i32, on the decoder's device
   Tensor targets;  // (B, S) i32, on the decoder's device; -1 masks a position
   int64_t first_token = 0;  // global index of tokens[0, 0] (keys routing noise)
+  // Sequences of the micro-batch that are real (the first valid_rows; the rest pad an
+  // evaluation's last micro-batches, data::Batch::padding): the MoE statistics count only
+  // their tokens. -1: every sequence.
+  int64_t valid_rows = -1;
   int64_t step = 0;
   bool training = true;
   // Gradient scales; only used when training (backward).

@@ -86,6 +86,7 @@ model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decod
       .tokens = parallel::ShardSequences(batch.inputs, cp, rank).To(decoder.device(), decoder.ctx()),
       .targets = parallel::ShardSequences(batch.targets, cp, rank).To(decoder.device(), decoder.ctx()),
       .first_token = batch.sequences[0] * decoder.config().seq_len,
+      .valid_rows = batch.padding > 0 ? batch.inputs.dim(0) - batch.padding : -1,
       .step = step,
       .training = training};
 }

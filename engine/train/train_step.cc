@@ -229,8 +229,12 @@ void Trainer::Update(bool finite, float lr, float clip_scale, std::vector<moe::M
     std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
     for (size_t l = 0; l < layers.size(); ++l) {
       Tensor bias = layers[l]->expert_bias();
-      moe::UpdateExpertBias(bias, stats[moe_slot_of_[c][l]].tokens_per_expert,
-                            config_.moe.expert_bias_rate, rt_.ctx.get());
+      const std::vector<int64_t>& counts = stats[moe_slot_of_[c][l]].tokens_per_expert;
+      if (config_.moe.expert_bias_update == moe::ExpertBiasUpdate::kProportional) {
+        moe::UpdateExpertBiasProportional(bias, counts, config_.moe.expert_bias_rate, rt_.ctx.get());
+      } else {
+        moe::UpdateExpertBias(bias, counts, config_.moe.expert_bias_rate, rt_.ctx.get());
+      }
     }
   }
 }

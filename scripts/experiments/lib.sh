@@ -3,7 +3,8 @@
 #   exp_run --name NAME --title TITLE --setting "NAME=k=v k=v" ... [runner flags] "$@"
 # The flags every experiment takes (checked by runner.py, one error line each):
 #   --grid full|ci     full: the experiment as docs/experiments/NAME.md describes it (the
-#                      default); ci: a few steps of a tiny model, one seed (the bench test)
+#                      default); ci: a few steps of a tiny model, one seed (the bench test);
+#                      some experiments name more (moe_vs_dense: pre, v1)
 #   --out DIR          where runs, summary.md/.json, figures and report.html go
 #                      (default runs/experiments/NAME, or NAME-ci)
 #   --data DIR         a `switchyard prep` corpus (default data/code, which
@@ -14,6 +15,8 @@
 #   --config FILE      another base config (default configs/experiments/base.yaml, ci.yaml)
 #   --bin PATH         the switchyard binary (default build/bin/switchyard)
 #   --set k=v          an override applied to every run (repeatable)
+#   --power-effects E,E  effects (nats of Δ val loss) summary.md sizes seed counts for
+#                      (80% power at alpha 0.05; default 0.005,0.01,0.02)
 # Finished runs in --out are kept, so a stopped experiment resumes when run again.
 exp_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 exp_grid=full
@@ -28,13 +31,20 @@ for ((exp_i = 0; exp_i < ${#exp_args[@]}; exp_i++)); do
       exit 0 ;;
   esac
 done
-case "$exp_grid" in
-  full) exp_config="$exp_root/configs/experiments/base.yaml"; exp_data=data/code ;;
-  ci) exp_config="$exp_root/configs/experiments/ci.yaml"; exp_data=data/fortunes ;;
-  *) echo "$(basename "$0"): error: --grid '$exp_grid' is not one of full, ci" >&2; exit 2 ;;
+# A script may name more grids before sourcing this file (exp_more_grids="pre v1"): they
+# run on the full grid's config and corpus unless the script sets exp_config / exp_data.
+exp_grids="full ci${exp_more_grids:+ $exp_more_grids}"
+case " $exp_grids " in
+  *" $exp_grid "*) ;;
+  *) echo "$(basename "$0"): error: --grid '$exp_grid' is not one of ${exp_grids// /, }" >&2; exit 2 ;;
 esac
+if [ "$exp_grid" = ci ]; then
+  exp_config="$exp_root/configs/experiments/ci.yaml"; exp_data=data/fortunes
+else
+  exp_config="$exp_root/configs/experiments/base.yaml"; exp_data=data/code
+fi
 
 exp_run() {
   SY_EXPERIMENT_PROG="$(basename "$0")" exec /usr/bin/python3 "$exp_root/scripts/experiments/runner.py" \
-    --config "$exp_config" --default-data "$exp_data" "$@"
+    --config "$exp_config" --default-data "$exp_data" --grids "${exp_grids// /,}" "$@"
 }

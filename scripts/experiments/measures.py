@@ -155,6 +155,7 @@ def run_measures(run_dir, cfg):
         "status": status["status"],
         "seed": status["seed"],
         "steps": len(recs),
+        "num_experts": cfg["moe"]["num_experts"] if cfg and moe else None,
         "val_loss": ev["loss"] if ev else None,
         "perplexity": ev["perplexity"] if ev else None,
         "maxvio_global": _mean([l["max_violation"] for l in evl]) if evl else None,
@@ -184,10 +185,11 @@ def run_measures(run_dir, cfg):
     }
 
 
-# The per-run numbers averaged over seeds (summary.json's "metrics", summary.md's columns).
+# The per-run numbers averaged over seeds (summary.json's "metrics", summary.md's columns;
+# "speedup" is added by summarise_setting, with its censored seeds).
 METRICS = ["val_loss", "perplexity", "maxvio_global", "maxvio_global_max", "maxvio_batch",
            "dropped_run", "dropped_end", "step_s", "flops_per_token", "train_flops",
-           "lang_mi_bits", "lang_top_share", "speedup", "delta_val_loss"]
+           "lang_mi_bits", "lang_top_share", "delta_val_loss", "delta_curve_end"]
 
 
 def mean_std(values):
@@ -211,6 +213,20 @@ def crossing_step(curve, target):
     return None
 
 
+def curve_at(curve, step):
+    """A validation curve [[step, loss]]'s value at `step`, linear between evaluations; None
+    outside the curve's steps."""
+    for i, (s, v) in enumerate(curve):
+        if s == step:
+            return v
+        if s > step:
+            if i == 0:
+                return None
+            s0, v0 = curve[i - 1]
+            return v0 + (v - v0) * (step - s0) / (s - s0)
+    return None
+
+
 def mean_curve(curves):
     """Mean and sample std over runs at the steps every run has: [[step, mean, std]]."""
     common = set.intersection(*[set(s for s, v in c if v is not None) for c in curves]) if curves else set()
@@ -221,25 +237,67 @@ def mean_curve(curves):
     return out
 
 
-def summarise_setting(name, overrides, runs, baseline=None, baseline_runs=None):
-    """One setting over its seeds. runs: run_measures of every seed. baseline: (loss, steps),
-    the baseline setting's mean validation curve at its last evaluation and that step; each
-    run's speed-up is steps / the step at which its own validation curve first reaches loss
-    (None when it never does). baseline_runs: the baseline setting's runs; each run's
-    delta_val_loss is its val loss minus the baseline's of the same seed (same initial
-    draw and data order, so most seed noise cancels)."""
+def speedup_same_seed(base_curve, run_curve):
+    """The speed-up of one run over the baseline run of the same seed (moe_vs_dense: the
+    dense run of seed s against the MoE run of seed s), from their validation curves
+    [[step, loss]]: the step at which the baseline's curve first reaches the run's final
+    loss (linear between evaluations) divided by the run's last step. Below 1 when the run
+    ends worse than the baseline was at that step. When the baseline never reaches it
+    within its run the value is censored: the speed-up is more than the baseline's last
+    step / the run's, which is returned with censored True (a lower bound, not a value).
+    None when either curve is empty."""
+    if not base_curve or not run_curve or not run_curve[-1][0]:
+        return None
+    steps, target = run_curve[-1]
+    c = crossing_step(base_curve, target)
+    if c is None:
+        return {"speedup": base_curve[-1][0] / steps, "censored": True, "target": target,
+                "base_steps": None, "steps": steps}
+    return {"speedup": c / steps, "censored": False, "target": target, "base_steps": c,
+            "steps": steps}
+
+
+def speedup_summary(results):
+    """Per-seed speed-ups (speedup_same_seed of each run; None left out) over a setting:
+    mean_std of the uncensored values plus "censored" (how many seeds only give a lower
+    bound), "bound" (the smallest such bound) and "median" over all seeds with the censored
+    ones ranked above every value (None when the median falls on a censored seed: then it
+    is above "bound")."""
+    rs = [r for r in results if r is not None]
+    m = mean_std([r["speedup"] for r in rs if not r["censored"]])
+    cens = [r["speedup"] for r in rs if r["censored"]]
+    m["censored"] = len(cens)
+    m["bound"] = min(cens) if cens else None
+    m["seeds"] = len(rs)
+    ranked = sorted(r["speedup"] for r in rs if not r["censored"]) + [math.inf] * len(cens)
+    med = statistics.median(ranked) if ranked else None
+    m["median"] = med if med is not None and math.isfinite(med) else None
+    return m
+
+
+def summarise_setting(name, overrides, runs, baseline_runs=None):
+    """One setting over its seeds. runs: run_measures of every seed. baseline_runs: the
+    baseline setting's runs (None for the baseline itself and when the experiment has
+    none); each run's delta_val_loss is its val loss minus the baseline's of the same seed
+    (same initial draw and data order, so most seed noise cancels), and its speed-up the
+    same-seed speedup_same_seed on the two runs' validation curves; delta_curve_end is its
+    validation curve's last value minus the baseline run's curve at that step."""
     ok = [r for r in runs if r["status"] == "ok"]
+    speed = []
     if baseline_runs is not None:
-        base = {r["seed"]: r["val_loss"] for r in baseline_runs if r["val_loss"] is not None}
+        base = {r["seed"]: r for r in baseline_runs if r["status"] == "ok"}
         for r in ok:
-            r["delta_val_loss"] = r["val_loss"] - base[r["seed"]] if r["seed"] in base and r["val_loss"] is not None else None
-    if baseline is not None:
-        loss, at = baseline
-        for r in ok:
-            c = crossing_step(r["curve_val"], loss)
-            r["speedup_steps"] = c
-            r["speedup"] = at / c if c else None
+            b = base.get(r["seed"])
+            bv = b["val_loss"] if b else None
+            r["delta_val_loss"] = r["val_loss"] - bv if bv is not None and r["val_loss"] is not None else None
+            r["speedup"] = speedup_same_seed(b["curve_val"], r["curve_val"]) if b else None
+            speed.append(r["speedup"])
+            # At equal steps when the baseline trains longer (moe_vs_dense: dense 2x): the
+            # run's last curve point minus the baseline's curve at that step.
+            at = curve_at(b["curve_val"], r["curve_val"][-1][0]) if b and r["curve_val"] else None
+            r["delta_curve_end"] = r["curve_val"][-1][1] - at if at is not None else None
     metrics = {k: mean_std([r.get(k) for r in ok]) for k in METRICS}
+    metrics["speedup"] = speedup_summary(speed)
     return {
         "name": name,
         "overrides": overrides,
@@ -252,3 +310,22 @@ def summarise_setting(name, overrides, runs, baseline=None, baseline_runs=None):
         "metrics": metrics,
         "curve_val": mean_curve([r["curve_val"] for r in ok]),
     }
+
+
+def paired_tests(settings, alpha=0.05, key="delta_val_loss"):
+    """stats.pooled_paired_t on the Δ (key: delta_val_loss or delta_curve_end) of the settings
+    that have one (summarise_setting outputs): the variance pooled over them, each setting's
+    mean tested against 0."""
+    import stats
+    deltas = {s["name"]: s["metrics"][key]["values"] for s in settings if s["metrics"][key]["n"]}
+    return stats.pooled_paired_t(deltas, alpha) if deltas else None
+
+
+def trend_in_experts(runs_by_setting, names):
+    """stats.trend of Δ val loss on log2 E (moe.num_experts) over the named settings' runs,
+    every seed one point. None when fewer than 3 points or one E."""
+    import stats
+    pts = [(math.log2(r["num_experts"]), r.get("delta_val_loss"))
+           for n in names for r in runs_by_setting.get(n, [])
+           if r["status"] == "ok" and r.get("num_experts")]
+    return stats.trend(pts)

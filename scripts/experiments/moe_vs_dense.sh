@@ -1,26 +1,77 @@
 #!/usr/bin/env bash
 # Experiment 1 (docs/experiments/moe_vs_dense.md): MoE against dense at equal FLOPs per
-# token (Switch Transformer, Fedus et al. 2021, Fig. 1 and Table 1). A dense model (no MoE
-# layer; every MLP of width d_ff) against top-1 MoE with 4, 8, 16 and 32 experts whose
-# experts each have the dense d_ff (so a token costs the dense FLOPs plus the router), and
-# top-2 over 8 experts (twice the expert FLOPs). Reports the validation loss against steps
-# and against training FLOPs, and each setting's speed-up: the dense run's steps divided by
-# the steps the setting needs to reach the dense model's final validation loss.
+# token (Switch Transformer, Fedus et al. 2021, Fig. 1, Fig. 4 and Table 1).
 #
-#   bash scripts/experiments/moe_vs_dense.sh [--grid full|ci] [--out DIR] [--data DIR]
+# --grid full (the default; "The next run" on the page): configs/experiments/moe_vs_dense.yaml
+#   on the code corpus at vocabulary 2048 (data/code-v2048), top-1 MoE in every layer,
+#   dropless, constant learning rate after the warm-up, 8,192 tokens per step: 4 and 16
+#   experts against dense at equal FLOPs per token (every MLP of the expert width), the
+#   dense runs trained twice as long (2 x --steps), so that the same-seed speed-up (dense
+#   steps to the MoE run's final loss / MoE steps) is measured up to 2x instead of censored.
+# --grid pre: the short pre-sweep that sets the full grid's learning rate and confirms its
+#   batch: dense and 16 experts at lr 1e-3, 2e-3, 4e-3 (8,192 tokens a step), and 16
+#   experts at 2,048 and 4,096 tokens a step (128 and 256 tokens per expert per step), one
+#   seed, 300 steps.
+# --grid v1: the first two runs' grid (configs/experiments/base.yaml on data/code at
+#   vocabulary 8192: dense against top-1 over 4, 8, 16, 32 experts in layers 1 and 3 and
+#   top-2 over 8, capacity 1.25, cosine schedule, 1,024 tokens per step, 2000 steps).
+# Reports the validation loss against steps and training FLOPs, the final loss paired by
+# seed with dense (Δ, paired t with pooled variance), the trend of Δ in log2 E, and the
+# same-seed speed-up (censored when the dense run never reaches the MoE run's loss).
+#
+#   bash scripts/experiments/moe_vs_dense.sh [--grid full|pre|v1|ci] [--out DIR] [--data DIR]
 #        [--seeds N|LIST] [--steps N] [--jobs N] [--config F] [--bin PATH] [--set k=v ...]
 set -euo pipefail
+exp_more_grids="pre v1"
 source "$(dirname "$0")/lib.sh"
-if [ "$exp_grid" = full ]; then
-  steps=2000 seeds=3 big=(16 32)
-else
-  steps=6 seeds=1 big=()
-fi
-settings=(--setting "dense=moe.layer_freq=1000")  # no layer i with i % 1000 == 999
-for e in 4 8 "${big[@]}"; do settings+=(--setting "top1-e$e=moe.num_experts=$e"); done
-e2=$([ "$exp_grid" = full ] && echo 8 || echo 4)
-settings+=(--setting "top2-e$e2=moe.num_experts=$e2 moe.top_k=2 moe.normalize_gates=true")
-exp_run --name moe_vs_dense --title "MoE vs dense at equal FLOPs per token" "${settings[@]}" \
-  --baseline dense --default-steps "$steps" --default-seeds "$seeds" \
-  --columns val_loss,delta_val_loss,perplexity,speedup,flops_per_token,train_flops,step_s,dropped_run,lang_mi_bits \
-  "$@"
+# --steps N sets the MoE runs' steps; the dense runs train 2N (full and ci grids).
+steps_arg=""
+for ((i = 1; i <= $#; i++)); do
+  case "${!i}" in
+    --steps) j=$((i + 1)); steps_arg="${!j-}" ;;
+    --steps=*) steps_arg="${!i#--steps=}" ;;
+  esac
+done
+cols=val_loss,delta_val_loss,delta_curve_end,perplexity,speedup,flops_per_token,train_flops,step_s,maxvio_global,lang_mi_bits
+mvd_config="$exp_root/configs/experiments/moe_vs_dense.yaml"
+case "$exp_grid" in
+  full|ci)
+    if [ "$exp_grid" = full ]; then
+      steps=1000 seeds=3 experts=(4 16) exp_config="$mvd_config" exp_data=data/code-v2048
+      trend=(--trend "top1-e4 top1-e16") moe_sets=""
+    else  # ci.yaml's tiny model with the full grid's choices (a setting's overrides, since
+          # a global --set would also reach dense's layer_freq)
+      steps=6 seeds=1 experts=(4) trend=()
+      moe_sets=" moe.layer_freq=1 moe.capacity_factor=0 moe.eval_capacity_factor=0"
+      set -- --set train.min_lr=0.003 "$@"  # ci.yaml's lr: constant after the warm-up
+    fi
+    n=${steps_arg:-$steps}
+    [[ "$n" =~ ^[0-9]+$ ]] || n=$steps  # a bad --steps is the runner's to report
+    settings=(--setting "dense=moe.layer_freq=1000 train.max_steps=$((2 * n))")
+    for e in "${experts[@]}"; do settings+=(--setting "top1-e$e=moe.num_experts=$e$moe_sets"); done
+    exp_run --name moe_vs_dense --title "MoE vs dense at equal FLOPs per token" "${settings[@]}" \
+      --baseline dense --default-steps "$steps" --default-seeds "$seeds" "${trend[@]}" \
+      --columns "$cols" "$@" ;;
+  pre)
+    exp_config="$mvd_config" exp_data=data/code-v2048
+    settings=()
+    for lr in 0.001 0.002 0.004; do
+      settings+=(--setting "dense-lr$lr=moe.layer_freq=1000 train.lr=$lr train.min_lr=$lr")
+      settings+=(--setting "top1-e16-lr$lr=train.lr=$lr train.min_lr=$lr")
+    done
+    for mbs in 16 32; do
+      settings+=(--setting "top1-e16-mbs$mbs=train.micro_batch_size=$mbs train.eval_batches=$((512 / mbs))")
+    done
+    exp_run --name moe_vs_dense --title "moe_vs_dense pre-sweep: learning rate and batch" \
+      "${settings[@]}" --default-steps 300 --default-seeds 1 \
+      --columns val_loss,perplexity,step_s,maxvio_batch,maxvio_global "$@" ;;
+  v1)
+    settings=(--setting "dense=moe.layer_freq=1000")  # no layer i with i % 1000 == 999
+    for e in 4 8 16 32; do settings+=(--setting "top1-e$e=moe.num_experts=$e"); done
+    settings+=(--setting "top2-e8=moe.num_experts=8 moe.top_k=2 moe.normalize_gates=true")
+    exp_run --name moe_vs_dense --title "MoE vs dense at equal FLOPs per token (v1)" "${settings[@]}" \
+      --baseline dense --default-steps 2000 --default-seeds 3 \
+      --trend "top1-e4 top1-e8 top1-e16 top1-e32" \
+      --columns val_loss,delta_val_loss,perplexity,speedup,flops_per_token,train_flops,step_s,dropped_run,lang_mi_bits \
+      "$@" ;;
+esac

@@ -15,7 +15,9 @@ resumes where it stopped. --jobs N trains N runs at once, each with SWITCHYARD_T
 cores / N (the engine's compute pool; OpenBLAS stays on one thread).
 
 Then it writes OUT/summary.json and OUT/summary.md (per setting: mean ± standard deviation
-over the seeds that finished; measures.py says what each number is), the figures
+over the seeds that finished; with a baseline, the paired t on each setting's same-seed Δ
+with the variance pooled over the settings, the trend of Δ in log2 E (--trend) and the seeds
+an effect needs for 80% power (stats.py); measures.py says what each number is), the figures
 OUT/*.png (plots.py) and OUT/report.html (`switchyard report` of one seed per setting).
 """
 import argparse
@@ -28,6 +30,7 @@ import sys
 import time
 
 import measures
+import stats
 
 EXIT_NONFINITE = 3  # switchyard train: stopped on a non-finite loss or gradient norm
 
@@ -48,14 +51,18 @@ def parse(argv):
     p.add_argument("--title", required=True)
     p.add_argument("--setting", action="append", default=[], metavar="NAME=K=V K=V")
     p.add_argument("--columns", default="val_loss,perplexity,step_s")
-    p.add_argument("--baseline", default="", help="setting whose final loss the speed-up is measured to")
+    p.add_argument("--baseline", default="", help="setting each run is paired with (same seed): Δ, speed-up")
     p.add_argument("--stability", action="store_true", help="stable / spiked / diverged columns")
     p.add_argument("--default-steps", type=int, default=100)
     p.add_argument("--default-seeds", default="3")
     p.add_argument("--default-data", default="data/code")
     p.add_argument("--budget-note", default="")
+    p.add_argument("--trend", default="", help="settings whose Δ is regressed on log2 moe.num_experts")
+    p.add_argument("--power-effects", default="0.005,0.01,0.02",
+                   help="effects (nats of Δ val loss) to size seed counts for")
     # What the user may change.
     p.add_argument("--grid", default="full")
+    p.add_argument("--grids", default="full,ci", help="the grids the experiment script defines")
     p.add_argument("--config")
     p.add_argument("--out")
     p.add_argument("--data")
@@ -67,9 +74,17 @@ def parse(argv):
     p.add_argument("--val-blocks", type=int, default=1024)
     p.add_argument("--val-block-tokens", type=int, default=1024)
     a = p.parse_args(argv)
-    if a.grid not in ("full", "ci"):
-        raise Usage("--grid '%s' is not one of full, ci" % a.grid)
+    grids = a.grids.split(",")
+    if a.grid not in grids:
+        raise Usage("--grid '%s' is not one of %s" % (a.grid, ", ".join(grids)))
     a.steps = a.default_steps if a.steps is None else a.steps
+    a.trend = a.trend.split()
+    try:
+        a.power_effects = [float(e) for e in a.power_effects.split(",")]
+    except ValueError:
+        raise Usage("--power-effects '%s' is not a list of numbers" % a.power_effects)
+    if any(not e > 0 for e in a.power_effects):
+        raise Usage("--power-effects '%s': every effect must be positive" % a.power_effects)
     if a.steps < 1:
         raise Usage("--steps %d must be a positive integer" % a.steps)
     if a.jobs < 1:
@@ -95,7 +110,7 @@ def parse(argv):
         name, _, sets = s.partition("=")
         a.settings.append((name, sets.split()))
     a.data = a.data or a.default_data
-    a.out = a.out or os.path.join("runs", "experiments", a.name + ("" if a.grid == "full" else "-ci"))
+    a.out = a.out or os.path.join("runs", "experiments", a.name + ("" if a.grid == "full" else "-" + a.grid))
     return a
 
 
@@ -106,7 +121,10 @@ def check_inputs(a):
     if not os.path.isfile(a.config):
         return "--config %s: no such file" % a.config
     if not os.path.isfile(os.path.join(a.data, "index.json")):
-        hint = ("python3 scripts/make_code_corpus.py builds it" if a.data.rstrip("/").endswith("data/code")
+        d = a.data.rstrip("/")
+        hint = ("python3 scripts/make_code_corpus.py builds it" if d.endswith("data/code")
+                else "python3 scripts/make_code_corpus.py --out %s --vocab 2048 builds it" % d
+                if d.endswith("data/code-v2048")
                 else "switchyard prep --out %s builds it" % a.data)
         return "--data %s: no prepared corpus there (no index.json; %s, or pass --data DIR)" % (a.data, hint)
     return None
@@ -183,20 +201,34 @@ def summarise(a):
         sibling = next((c for c in cfgs if c), None)  # a diverged run may leave no checkpoint
         runs = [measures.run_measures(d, c or sibling) for d, c in zip(dirs, cfgs)]
         per_setting.append((name, sets, runs))
-    baseline = None
-    if a.baseline:
-        base = next(runs for name, _, runs in per_setting if name == a.baseline)
-        curve = measures.mean_curve([r["curve_val"] for r in base if r["status"] == "ok"])
-        if curve:
-            baseline = (curve[-1][1], curve[-1][0])
     base_runs = next((runs for n, _, runs in per_setting if n == a.baseline), None)
-    settings = [measures.summarise_setting(n, s, runs, baseline if n != a.baseline else None,
-                                           base_runs if n != a.baseline else None)
+    settings = [measures.summarise_setting(n, s, runs, base_runs if n != a.baseline else None)
                 for n, s, runs in per_setting]
+    tests = measures.paired_tests(settings)
+    curve_tests = measures.paired_tests(settings, key="delta_curve_end")
+    for st in settings:
+        st["delta_test"] = tests["settings"].get(st["name"]) if tests else None
+        st["delta_curve_test"] = curve_tests["settings"].get(st["name"]) if curve_tests else None
+    trend = None
+    if a.trend:
+        trend = measures.trend_in_experts({n: runs for n, _, runs in per_setting}, a.trend)
+        if trend:
+            trend["settings"] = a.trend
+    power = None
+    if tests and tests["pooled_sd"] and tests["pooled_sd"] > 0:
+        power = {"pooled_sd": tests["pooled_sd"], "alpha": stats.ALPHA, "power": stats.POWER,
+                 "method": "noncentral t, df n - 1 (one setting's paired test)",
+                 "seeds": {str(e): stats.seeds_for_power(e, tests["pooled_sd"]) for e in a.power_effects}}
     return {"experiment": a.name, "title": a.title, "grid": a.grid, "config": a.config,
             "data": a.source_data, "val_sample_tokens": a.val_tokens, "steps": a.steps, "seeds": a.seeds, "extra_sets": a.extra,
             "baseline": a.baseline or None,
-            "baseline_final_val_curve": baseline[0] if baseline else None,
+            # The baseline's mean validation curve at its last evaluation (the plots' line).
+            "baseline_final_val_curve": next((st["curve_val"][-1][1] for st in settings
+                                              if st["name"] == a.baseline and st["curve_val"]), None),
+            "paired_test": {"pooled_sd": tests["pooled_sd"], "df": tests["df"], "alpha": tests["alpha"]} if tests else None,
+            "paired_test_curve_end": ({"pooled_sd": curve_tests["pooled_sd"], "df": curve_tests["df"]}
+                                      if curve_tests else None),
+            "trend": trend, "power": power,
             "spike_rule": {"window": measures.SPIKE_WINDOW, "ratio": measures.SPIKE_RATIO,
                            "step_ratio": measures.STEP_RATIO},
             "settings": settings,
@@ -217,14 +249,14 @@ COLUMNS = {
     "train_flops": ("training PFLOP", "%.4g", 1e-15),
     "lang_mi_bits": ("label MI (bits)", "%.3f", 1),
     "lang_top_share": ("label top share", "%.1f%%", 100),
-    "speedup": ("speed-up (steps to the baseline's final loss)", "%.2fx", 1),
-    "delta_val_loss": ("Δ val loss vs baseline, same seed", "%+.4f", 1),
+    "speedup": ("speed-up (baseline steps to the run's final loss / run steps, same seed)", "%.2fx", 1),
+    "delta_val_loss": ("Δ val loss vs baseline, same seed (± pooled SE; p)", "%+.4f", 1),
+    "delta_curve_end": ("Δ validation curve at the run's last step vs the baseline's there, same seed (± pooled SE; p)", "%+.4f", 1),
 }
 
 
 def cell(m, fmt, scale, ok):
-    """Mean ± std of one metric; "(n of ok)" when fewer seeds than finished have a value
-    (a speed-up exists only for the runs whose curve reached the baseline's final loss)."""
+    """Mean ± std of one metric; "(n of ok)" when fewer seeds than finished have a value."""
     if m["mean"] is None:
         return "-"
     s = fmt % (m["mean"] * scale)
@@ -233,6 +265,67 @@ def cell(m, fmt, scale, ok):
     if m["n"] < ok:
         s += " (%d of %d)" % (m["n"], ok)
     return s
+
+
+def delta_cell(t, fmt="%+.4f"):
+    """A setting's Δ: mean ± its pooled standard error, and the paired t's p-value."""
+    if t is None or t["mean"] is None:
+        return "-"
+    if t["se"] is None:
+        return fmt % t["mean"]
+    return "%s ± %s (p %s)" % (fmt % t["mean"], ("%.4f" % t["se"]), stats.fmt_p(t["p"]))
+
+
+def speedup_cell(m, ok):
+    """Same-seed speed-ups: mean ± std when every seed has a value; with censored seeds
+    (the baseline never reached the run's final loss) how many and their bound, and the
+    median over all seeds."""
+    if m["seeds"] == 0:
+        return "-"
+    if not m["censored"]:
+        return cell(m, "%.2fx", 1, ok)
+    med = ("median %.2fx" % m["median"]) if m["median"] is not None else "median > %.2fx" % m["bound"]
+    vals = ", ".join("%.2fx" % v for v in m["values"])
+    return "%s; %d of %d censored (> %.2fx)%s" % (med, m["censored"], m["seeds"], m["bound"],
+                                                 "; others " + vals if vals else "")
+
+
+def tests_markdown(summary):
+    """The paired tests, the trend and the seed counts under summary.md's table."""
+    out = []
+    pt = summary.get("paired_test")
+    rows = [s for s in summary["settings"] if s.get("delta_test") and s["delta_test"]["mean"] is not None]
+    if pt and pt["df"] and rows:
+        out += ["", "Paired t on Δ val loss (each run minus the %s run of the same seed): the "
+                "variance pooled over the %d settings below, s = %.4f nats on %d degrees of freedom "
+                "(sum of n - 1); SE = s / sqrt(n); p two-sided and the %d%% interval from t(%d)."
+                % (summary["baseline"], len(rows), pt["pooled_sd"], pt["df"],
+                   round(100 * (1 - pt["alpha"])), pt["df"]), "",
+                "| setting | n | mean Δ | SE | t | p | %d%% interval |" % round(100 * (1 - pt["alpha"])),
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for s in rows:
+            t = s["delta_test"]
+            out.append("| %s | %d | %+.4f | %.4f | %s | %s | [%+.4f, %+.4f] |"
+                       % (s["name"], t["n"], t["mean"], t["se"],
+                          "%.2f" % t["t"] if t["t"] is not None else "-", stats.fmt_p(t["p"]),
+                          t["lo"], t["hi"]))
+    pc = summary.get("paired_test_curve_end")
+    if pc and pc["df"] and "delta_curve_end" in summary.get("columns", []):
+        out += ["", "Δ at the run's last step (its curve minus the %s run's curve there, same seed): "
+                "the same test, s = %.4f nats on %d degrees of freedom; the column gives mean ± SE (p)."
+                % (summary["baseline"], pc["pooled_sd"], pc["df"])]
+    tr = summary.get("trend")
+    if tr:
+        out += ["", "Trend of Δ in log2 E over %s (every seed a point): slope %+.4f nats per "
+                "doubling, SE %.4f, t %.2f on %d df, p %s, 95%% interval [%+.4f, %+.4f]."
+                % (", ".join(tr["settings"]), tr["slope"], tr["se"], tr["t"] or 0.0, tr["df"],
+                   stats.fmt_p(tr["p"]), tr["lo"], tr["hi"])]
+    pw = summary.get("power")
+    if pw:
+        out += ["", "Seeds per setting for %d%% power at alpha %g two-sided (%s, SD %.4f): %s."
+                % (round(100 * pw["power"]), pw["alpha"], pw["method"], pw["pooled_sd"],
+                   ", ".join("%s nats: %d" % (e, n) for e, n in pw["seeds"].items()))]
+    return "\n".join(out) + ("\n" if out else "")
 
 
 def markdown(summary, columns, stability):
@@ -246,14 +339,23 @@ def markdown(summary, columns, stability):
                "%d/%d" % (s["ok"], s["runs"])]
         if stability:
             row += ["%d/%d" % (s[k], s["runs"]) for k in ("stable", "spiked", "diverged")]
-        row += [cell(s["metrics"][c], *COLUMNS[c][1:], s["ok"]) for c in columns]
+        for c in columns:
+            if c == "delta_val_loss":
+                row.append(delta_cell(s.get("delta_test")))
+            elif c == "delta_curve_end":
+                row.append(delta_cell(s.get("delta_curve_test")))
+            elif c == "speedup":
+                row.append(speedup_cell(s["metrics"]["speedup"], s["ok"]))
+            else:
+                row.append(cell(s["metrics"][c], *COLUMNS[c][1:], s["ok"]))
         lines.append("| " + " | ".join(row) + " |")
     note = ("\n%s: %s grid, %d steps, seeds %s, config %s, data %s. Each cell: mean ± sample "
             "standard deviation over the seeds that finished (no ± with one; \"(n of m)\" where "
-            "only n of the m finished seeds have a value).\n"
+            "only n of the m finished seeds have a value); Δ: mean ± pooled standard error and "
+            "the paired t's p (below).\n"
             % (summary["title"], summary["grid"], summary["steps"],
                ",".join(map(str, summary["seeds"])), summary["config"], summary["data"]))
-    return "\n".join(lines) + "\n" + note
+    return "\n".join(lines) + "\n" + note + tests_markdown(dict(summary, columns=columns))
 
 
 def report(a, summary):
@@ -287,9 +389,11 @@ def main(argv):
     a.config = a.config or os.path.join(root, "configs", "experiments", "base.yaml")
     cols = a.columns.split(",")
     bad = [c for c in cols if c not in COLUMNS]
-    if bad or (a.baseline and a.baseline not in [n for n, _ in a.settings]) or not a.settings:
-        sys.stderr.write("%s: error: bad experiment definition (columns %s, baseline '%s')\n"
-                         % (prog, bad, a.baseline))
+    names = [n for n, _ in a.settings]
+    if (bad or (a.baseline and a.baseline not in names) or not a.settings
+            or any(t not in names for t in a.trend)):
+        sys.stderr.write("%s: error: bad experiment definition (columns %s, baseline '%s', trend %s)\n"
+                         % (prog, bad, a.baseline, a.trend))
         return 2
     msg = check_inputs(a)
     if msg:

@@ -253,6 +253,48 @@ for d, n in zip(a, (1, 2, 4)):
     assert d['sequences'] == $windows and d['tokens'] == 16 * $windows, (n, d['sequences'], d['tokens'])
     assert abs(d['loss'] - a[0]['loss']) <= 1e-6 * a[0]['loss'], (n, d['loss'], a[0]['loss'])" \
     2>"$tmp/py.err" || fail "eval --batches 0 differs between dp 1, 2 and 4: $(cat "$tmp/py.err")"
+  # The routing statistics count the scored tokens only (not the padding rows): every MoE
+  # layer routed each of the 16 x windows tokens once, top-2, and the counts before dropping
+  # (keyed by the global token, not by the layout) and the router entropy are the same on
+  # dp 1, 2 and 4. Dropless (eval_capacity_factor 0), the counts after dropping too (what
+  # the random second-expert policy removes is keyed by the global token).
+  for np in 1 2 4; do
+    if [[ $np -eq 1 ]]; then
+      "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 --batches 0 \
+        --set moe.eval_capacity_factor=0 >"$tmp/dropless$np.json" 2>"$tmp/eval.err"
+    else
+      bash "$mpirun_sh" "$np" "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 \
+        --batches 0 --set moe.eval_capacity_factor=0 >"$tmp/dropless$np.json" 2>"$tmp/eval.err"
+    fi || fail "dropless eval --batches 0 on $np ranks: $(grep -v '^\[' "$tmp/eval.err" | tail -3)"
+  done
+  # Under context parallelism too (cp 2 x dp 2 on 4 ranks: each rank holds two chunks of
+  # every sequence, so its rows are not a contiguous block of the routing group; micro-batches
+  # of 4, so that the last one of dp rank 1 holds 2 real sequences and 2 of padding).
+  bash "$mpirun_sh" 4 "$bin" eval --checkpoint "$tmp/run2" --json --set parallel.ep=1 \
+    --set parallel.cp=2 --set train.micro_batch_size=4 --batches 0 \
+    --set moe.eval_capacity_factor=0 >"$tmp/droplesscp.json" \
+    2>"$tmp/eval.err" || fail "dropless eval --batches 0 under cp 2: $(grep -v '^\[' "$tmp/eval.err" | tail -3)"
+  py "import json
+a = json.load(open('$tmp/dropless1.json')); b = json.load(open('$tmp/droplesscp.json'))
+assert b['dp'] == 2 and b['sequences'] == $windows, (b['dp'], b['sequences'])
+for l, l1 in zip(b['moe'], a['moe']):
+    assert l['tokens'] == 16 * $windows and l['tokens_per_expert'] == l1['tokens_per_expert'], (l, l1)
+    assert l['tokens_per_expert_kept'] == l1['tokens_per_expert_kept'], (l, l1)
+    assert abs(l['router_entropy'] - l1['router_entropy']) <= 1e-5 * l1['router_entropy'], (l, l1)" \
+    2>"$tmp/py.err" || fail "eval --batches 0 under cp 2: routing statistics: $(tail -1 "$tmp/py.err")"
+  py "import json
+for kind in ('whole', 'dropless'):
+    a = [json.load(open('$tmp/%s%d.json' % (kind, n))) for n in (1, 2, 4)]
+    for d, n in zip(a, (1, 2, 4)):
+        assert len(d['moe']) == 2, (kind, n, d['moe'])
+        for l, l1 in zip(d['moe'], a[0]['moe']):
+            assert l['tokens'] == d['tokens'] == 16 * $windows, (kind, n, l['tokens'], d['tokens'])
+            assert l['assignments'] == 2 * l['tokens'] == sum(l['tokens_per_expert']), (kind, n, l)
+            assert l['tokens_per_expert'] == l1['tokens_per_expert'], (kind, n, l['tokens_per_expert'], l1['tokens_per_expert'])
+            assert abs(l['router_entropy'] - l1['router_entropy']) <= 1e-6 * l1['router_entropy'], (kind, n)
+            if kind == 'dropless':
+                assert l['tokens_per_expert_kept'] == l1['tokens_per_expert_kept'] and l['dropped'] == l1['dropped'], (kind, n, l)" \
+    2>"$tmp/py.err" || fail "eval --batches 0 routing statistics: $(tail -1 "$tmp/py.err")"
   echo "--- eval --batches 0 on dp 1, 2, 4: $windows sequences, loss $(py "import json; print(json.load(open('$tmp/whole4.json'))['loss'])")"
   # Each rank wrote its own pieces; docs/model_reference.py assembles them from the index and
   # reproduces the 1-rank eval (when numpy is there).

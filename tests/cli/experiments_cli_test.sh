@@ -39,7 +39,9 @@ for st in s['settings']:
     r = s['runs'][n][0]
     ev = json.load(open('$tmp/$exp/%s/seed1/eval.json' % n))
     if r['val_loss'] != ev['loss'] or m['val_loss']['mean'] != ev['loss']: errs.append('%s: val_loss vs eval.json' % n)
-    if r['steps'] != 4: errs.append('%s: %d steps' % (n, r['steps']))
+    # moe_vs_dense trains dense twice as long as the MoE runs.
+    want_steps = 8 if '$exp' == 'moe_vs_dense' and n == 'dense' else 4
+    if r['steps'] != want_steps: errs.append('%s: %d steps' % (n, r['steps']))
     # The runner's FLOPs per token against the dry-run's (printed to 3 significant digits).
     cfg = sorted(glob.glob('$tmp/$exp/%s/seed1/step-*/config.yaml' % n))[-1]
     out = subprocess.run(['$bin', 'train', '--config', cfg, '--dry-run'], capture_output=True, text=True).stdout
@@ -57,11 +59,52 @@ done
 names=$(py "import json
 for e in ['moe_vs_dense', 'loss_free', 'zloss', 'capacity']:
     print(e, ' '.join(st['name'] for st in json.load(open('$tmp/%s/summary.json' % e))['settings']))" 2>&1)
-want="moe_vs_dense dense top1-e4 top1-e8 top2-e4
-loss_free softmax-aux1e-3 softmax-bias1e-3 sigmoid-aux1e-3 sigmoid-bias1e-3
+want="moe_vs_dense dense top1-e4
+loss_free softmax-aux1e-3 softmax-prop3e-4 sigmoid-aux1e-3 sigmoid-sign1e-3 softmax-sign1e-3 ga4-softmax-aux1e-3 ga4-softmax-prop3e-4
 zloss lr0.03-z0 lr0.03-z1e-3
 capacity top1-cf1.0 top1-dropless top2-cf1.0 top2-dropless"
 [[ "$names" == "$want" ]] || fail "ci grids: $names"
+# The settings' choices reached the runs: moe_vs_dense's MoE in every layer, dropless, at a
+# constant rate; loss_free's sequence-wise aux loss, the proportional and sign bias updates,
+# and the grad_accum variant.
+py "import glob, sys, yaml
+def cfg(exp, n):
+    return yaml.safe_load(open(sorted(glob.glob('$tmp/%s/%s/seed1/step-*/config.yaml' % (exp, n)))[-1]))
+errs = []
+c = cfg('moe_vs_dense', 'top1-e4')
+if (c['moe']['layer_freq'], c['moe']['capacity_factor'], c['train']['min_lr']) != (1, 0, c['train']['lr']): errs.append('top1-e4 %r' % c['moe'])
+if cfg('moe_vs_dense', 'dense')['moe']['layer_freq'] != 1000: errs.append('dense layer_freq')
+c = cfg('loss_free', 'softmax-aux1e-3')['moe']
+if (c['aux_loss_scope'], c['expert_bias_rate']) != ('sequence', 0): errs.append('aux %r' % c)
+c = cfg('loss_free', 'softmax-prop3e-4')['moe']
+if (c['expert_bias_update'], c['aux_loss_coef']) != ('proportional', 0) or abs(c['expert_bias_rate'] - 3e-4) > 1e-9: errs.append('prop %r' % c)
+if cfg('loss_free', 'sigmoid-sign1e-3')['moe']['expert_bias_update'] != 'sign': errs.append('sign')
+if cfg('loss_free', 'ga4-softmax-prop3e-4')['train']['grad_accum'] != 2: errs.append('grad_accum')
+print('; '.join(errs)); sys.exit(1 if errs else 0)" >"$tmp/cfg.out" 2>&1 || fail "settings not applied: $(cat "$tmp/cfg.out")"
+# The bias updates end to end (routing.jsonl logs every step's counts and the biases after
+# the step's update): proportional moves b_i by u (mean - c_i) / mean with the step's
+# counts (grad_accum 2: both micro-batches'), sign by u sign(mean - c_i); f32 rounding of
+# |b| <= 1 is below 1e-7 a step.
+py "import json, sys
+def check(run, u, rule):
+    recs = [json.loads(l) for l in open('$tmp/loss_free/%s/seed1/routing.jsonl' % run)]
+    bad, moved = [], 0
+    for a, b in zip(recs, recs[1:]):
+        if b['step'] != a['step'] + 1: continue
+        for l, (b0, b1, c) in enumerate(zip(a['expert_bias'], b['expert_bias'], b['tokens_per_expert'])):
+            mean = sum(c) / len(c)
+            for i in range(len(c)):
+                want = u * (mean - c[i]) / mean if rule == 'proportional' else u * ((mean > c[i]) - (mean < c[i]))
+                moved += want != 0
+                if abs((b1[i] - b0[i]) - want) > 1e-6: bad.append((run, b['step'], l, i, b1[i] - b0[i], want))
+    return bad, moved
+errs = []
+for run, u, rule in [('ga4-softmax-prop3e-4', 3e-4, 'proportional'), ('softmax-prop3e-4', 3e-4, 'proportional'),
+                     ('sigmoid-sign1e-3', 1e-3, 'sign')]:
+    bad, moved = check(run, u, rule)
+    if bad or not moved: errs.append('%s: %d updates checked, wrong: %r' % (run, moved, bad[:3]))
+print('; '.join(errs)); sys.exit(1 if errs else 0)" >"$tmp/bias.out" 2>&1 || fail "bias updates: $(cat "$tmp/bias.out")"
+
 # Dropless drops nothing; capacity 1.0 drops something in 4 steps.
 py "import json, sys
 s = {st['name']: st['metrics'] for st in json.load(open('$tmp/capacity/summary.json'))['settings']}
@@ -75,7 +118,7 @@ bash "$dir/moe_vs_dense.sh" "${common[@]}" --out "$tmp/sampled" --val-blocks 4 -
 py "import glob, json, sys
 s = json.load(open('$tmp/sampled/summary.json'))
 evs = [json.load(open(p)) for p in glob.glob('$tmp/sampled/*/seed1/eval.json')]
-ok = s['val_sample_tokens'] == 256 and len(evs) == 4 and all(e['data'].endswith('val-sample') and 0 < e['tokens'] <= 256 for e in evs)
+ok = s['val_sample_tokens'] == 256 and len(evs) == 2 and all(e['data'].endswith('val-sample') and 0 < e['tokens'] <= 256 for e in evs)
 sys.exit(0 if ok else 1)" || fail "val sample: $(grep -o '"val_sample_tokens": [0-9a-z]*' "$tmp/sampled/summary.json")"
 
 # A second call finds every run done.

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """scripts/experiments/measures.py on hand-computed cases: the spike rule, the mean ± std
-over seeds, the crossing step and speed-up, the mean curve, and FLOPs per token of a
+over seeds, the crossing step and the same-seed speed-up (censored when the baseline never
+gets there), the mean curve, and FLOPs per token of a
 hand-counted config (tests/cli/experiments_cli_test.sh checks the same formula against
 `switchyard train --dry-run` on every run of the ci grids).
     experiments_measures_test.py path/to/scripts/experiments
@@ -66,18 +67,38 @@ def fake(seed, curve, status="ok"):
             "stable": status == "ok", "curve_val": curve, "val_loss": curve[-1][1]}
 
 
-# Speed-up: the baseline ends at 3.25 after 300 steps; runs reaching it at 175 and 150 give
-# 300/175 and 2; a diverged seed is counted but not averaged.
-s = measures.summarise_setting("moe", ["moe.num_experts=8"],
-                               [fake(1, curve), fake(2, [[0, 6.0], [100, 4.0], [200, 2.5]]),
-                                fake(3, [[0, 6.0]], "diverged")], baseline=(3.25, 300),
-                               baseline_runs=[fake(1, [[0, 3.0]]), fake(2, [[0, 2.0]]), fake(3, [[0, 2.2]])])
+# Speed-up, same seed: the baseline (dense) run of every seed has `curve` (3.25 at step 175).
+# Seed 1's run ends at 3.25 after 150 steps: 175/150 = 1.1667. Seed 2's ends at 3.5 after 200
+# steps, which dense reached at step 150 (4.0 -> 3.0 over 100..200): 150/200 = 0.75, below 1.
+# Seed 3's ends at 2.0, which dense never reaches in its 300 steps: censored, more than
+# 300/200 = 1.5. Seed 4 diverged: counted, not averaged, no speed-up.
+check("same seed", measures.speedup_same_seed(curve, [[0, 6.0], [100, 3.5], [150, 3.25]])
+      == {"speedup": 175 / 150, "censored": False, "target": 3.25, "base_steps": 175.0, "steps": 150})
+check("censored", measures.speedup_same_seed(curve, [[0, 6.0], [200, 2.0]])
+      == {"speedup": 1.5, "censored": True, "target": 2.0, "base_steps": None, "steps": 200})
+runs = [fake(1, [[0, 6.0], [100, 3.5], [150, 3.25]]), fake(2, [[0, 6.0], [100, 4.0], [200, 3.5]]),
+        fake(3, [[0, 6.0], [200, 2.0]]), fake(4, [[0, 6.0]], "diverged")]
+s = measures.summarise_setting("moe", ["moe.num_experts=8"], runs,
+                               baseline_runs=[fake(i, curve) for i in (1, 2, 3, 4)])
 sp = s["metrics"]["speedup"]
-check("speed-up", sp["n"] == 2 and abs(sp["mean"] - (300 / 175 + 2.0) / 2) < 1e-12, sp)
-check("counts", (s["runs"], s["ok"], s["diverged"], s["stable"]) == (3, 2, 1, 2), s)
-# Paired by seed: 2.5 - 3.0 and 2.5 - 2.0 (seed 3 diverged: no pair).
+check("speed-up values", sp["values"] == [175 / 150, 0.75] and sp["censored"] == 1 and sp["bound"] == 1.5
+      and sp["seeds"] == 3, sp)
+# The median of 0.75, 1.1667 and (> 1.5) is 1.1667; with two censored seeds of three it lies
+# above the bound (None).
+check("speed-up median", abs(sp["median"] - 175 / 150) < 1e-15, sp)
+check("median censored", measures.speedup_summary(
+    [{"speedup": 0.9, "censored": False}, {"speedup": 1.5, "censored": True},
+     {"speedup": 1.5, "censored": True}])["median"] is None)
+check("counts", (s["runs"], s["ok"], s["diverged"], s["stable"]) == (4, 3, 1, 3), s)
+# Paired by seed: 3.25 - 2.5, 3.5 - 2.5, 2.0 - 2.5 (seed 4 diverged: no pair).
 dv = s["metrics"]["delta_val_loss"]
-check("delta", dv["values"] == [-0.5, 0.5] and dv["mean"] == 0.0 and abs(dv["std"] - math.sqrt(0.5)) < 1e-15, dv)
+check("delta", dv["values"] == [0.75, 1.0, -0.5], dv)
+# The curve at a step (linear between evaluations) and Δ at the run's last step: dense's
+# curve is 3.5 at step 150 and 3.0 at 200, so 3.25 - 3.5, 3.5 - 3.0, 2.0 - 3.0.
+check("curve at", (measures.curve_at(curve, 150), measures.curve_at(curve, 300), measures.curve_at(curve, 350),
+                   measures.curve_at(curve, -10)) == (3.5, 2.5, None, None))
+dc = s["metrics"]["delta_curve_end"]
+check("delta at the run's end", dc["values"] == [-0.25, 0.5, -1.0], dc)
 
 # FLOPs per token, counted by hand: d 8, L 2, S 4, V 10, 2 heads, d_ff 16, layer 1 MoE with
 # 4 experts of 6 (top-2, gelu): attention 4*64 per layer; MLP 2*8*16; router 8*4;
@@ -137,6 +158,14 @@ check("cell n of ok", runner.cell(m, "%.2fx", 1, 3) == "1.00x ± 0.71 (2 of 3)",
 check("cell all seeds", runner.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2) == "50.00% ± 35.36",
       runner.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2))
 check("cell none", runner.cell(measures.mean_std([None]), "%.4f", 1, 1) == "-")
+
+# The speed-up cell with a censored seed, and the Δ cell (mean ± pooled SE, p).
+check("speed-up cell", runner.speedup_cell(sp, 3) == "median 1.17x; 1 of 3 censored (> 1.50x); others 1.17x, 0.75x",
+      runner.speedup_cell(sp, 3))
+check("speed-up cell uncensored", runner.speedup_cell(measures.speedup_summary(
+    [{"speedup": 1.0, "censored": False}, {"speedup": 1.5, "censored": False}]), 2) == "1.25x ± 0.35",
+    runner.speedup_cell(measures.speedup_summary([{"speedup": 1.0, "censored": False}, {"speedup": 1.5, "censored": False}]), 2))
+check("delta cell", runner.delta_cell({"mean": 0.02, "se": 0.0057735, "p": 0.0257}) == "+0.0200 ± 0.0058 (p 0.026)")
 
 if failures:
     sys.exit(1)

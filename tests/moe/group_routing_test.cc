@@ -9,6 +9,8 @@
 //   - a group split into P pieces as tp ranks see it: RouteGroupsBackward of each piece sums
 //     to the whole group's backward (dh row blocks, the router gradient), and RoutingStats of
 //     the pieces add up to the whole group's statistics (aux, z and groups counted once).
+//   - RoutingStats with valid_tokens leaves an evaluation's padding tokens out of the token
+//     statistics (a hand-set group, whole, as a tp piece, and with a non-contiguous layout).
 // The multi-rank version with a real tp group is tests/dist/moe_layer_tp_test.cc.
 #include "moe/group_routing.h"
 
@@ -257,6 +259,87 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
   EXPECT_EQ(sum.z_sum, want.z_sum);
   EXPECT_NEAR(sum.entropy_sum, want.entropy_sum, 1e-6 * want.entropy_sum);
   }
+}
+
+// RoutingStats with valid_tokens (an evaluation's padding rows left out of the token
+// statistics), on a group of T = 4 tokens over E = 2 experts, top-1, set by hand:
+//   token     0       1          2          3
+//   expert    0       1          1          0
+//   kept      1       1          0          1
+//   probs   (1, 0) (0.5, 0.5) (0.5, 0.5)  (1, 0)      entropy 0, ln 2, ln 2, 0
+// aux 0.25, z 0.5. valid_tokens 2 on the whole group: tokens 0, 1 -> 2 tokens, 2
+// assignments, 1 per expert before dropping and after, entropy ln 2; aux, z and the group
+// still counted (the padding was routed). As tp rank 1 of 2 (own rows = tokens 2, 3) with
+// valid 3: token 2 alone -> 1 token, expert 1, not kept, entropy ln 2, no group (rank 0
+// counts it). With a non-contiguous layout whose own rows are tokens 3, 0 (valid 3): token 0
+// alone -> expert 0, kept, entropy 0. valid_tokens -1 or >= T: every token.
+TEST(GroupRoutingTest, RoutingStatsLeavesOutPaddingTokens) {
+  const int64_t T = 4, E = 2;
+  RoutedGroups r;
+  r.groups = 1;
+  r.group_tokens = T;
+  r.top_k = 1;
+  RouterOutput out;
+  out.probs = Tensor::FromVector<float>({1, 0, 0.5f, 0.5f, 0.5f, 0.5f, 1, 0}, {T, E});
+  out.indices = Tensor::FromVector<int32_t>({0, 1, 1, 0}, {T, 1});
+  r.router.push_back(out);
+  r.balance.push_back(LoadBalanceSums{.assignments = {2, 2}, .prob_sums = {3, 1}, .tokens = T});
+  Admission adm;
+  adm.kept = Tensor::FromVector<uint8_t>({1, 1, 0, 1}, {T, 1});
+  adm.counts_before = {2, 2};
+  adm.counts_after = {2, 1};
+  r.admission.push_back(adm);
+  r.aux = {0.25f};
+  r.z = {0.5f};
+  const OwnRouting all{out.indices, Tensor(), adm.kept};
+  const double ln2 = std::log(2.0);
+
+  const MoEStats every = RoutingStats(r, all, E);
+  EXPECT_EQ(every.tokens, 4);
+  EXPECT_EQ(every.tokens_per_expert, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(every.tokens_per_expert_kept, (std::vector<int64_t>{2, 1}));
+  for (int64_t v : {int64_t{4}, int64_t{9}}) {
+    const MoEStats s = RoutingStats(r, all, E, nullptr, v);
+    EXPECT_EQ(s.tokens, every.tokens) << v;
+    EXPECT_EQ(s.tokens_per_expert, every.tokens_per_expert) << v;
+    EXPECT_EQ(s.tokens_per_expert_kept, every.tokens_per_expert_kept) << v;
+    EXPECT_EQ(s.entropy_sum, every.entropy_sum) << v;
+  }
+
+  const MoEStats two = RoutingStats(r, all, E, nullptr, 2);
+  EXPECT_EQ(two.tokens, 2);
+  EXPECT_EQ(two.assignments, 2);
+  EXPECT_EQ(two.tokens_per_expert, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(two.tokens_per_expert_kept, (std::vector<int64_t>{1, 1}));
+  EXPECT_NEAR(two.entropy_sum, ln2, 1e-6);
+  EXPECT_EQ(two.groups, 1);
+  EXPECT_EQ(two.aux_sum, 0.25);
+  EXPECT_EQ(two.z_sum, 0.5);
+  const MoEStats none = RoutingStats(r, all, E, nullptr, 0);
+  EXPECT_EQ(none.tokens, 0);
+  EXPECT_EQ(none.tokens_per_expert, (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(none.entropy_sum, 0.0);
+
+  RoutedGroups piece = r;  // tp rank 1 of 2: rows 2, 3
+  piece.tp_rank = 1;
+  piece.tp_size = 2;
+  const OwnRouting own{out.indices.Slice(2, 4), Tensor(), adm.kept.Slice(2, 4)};
+  const MoEStats p = RoutingStats(piece, own, E, nullptr, 3);
+  EXPECT_EQ(p.tokens, 1);
+  EXPECT_EQ(p.assignments, 1);
+  EXPECT_EQ(p.tokens_per_expert, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(p.tokens_per_expert_kept, (std::vector<int64_t>{0, 0}));
+  EXPECT_NEAR(p.entropy_sum, ln2, 1e-6);
+  EXPECT_EQ(p.groups, 0);
+
+  piece.own_rows = Tensor::FromVector<int64_t>({3, 0}, {2});  // rows: tokens 3, then 0
+  const OwnRouting own2{Tensor::FromVector<int32_t>({0, 0}, {2, 1}), Tensor(),
+                        Tensor::FromVector<uint8_t>({1, 1}, {2, 1})};
+  const MoEStats q = RoutingStats(piece, own2, E, nullptr, 3);
+  EXPECT_EQ(q.tokens, 1);
+  EXPECT_EQ(q.tokens_per_expert, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(q.tokens_per_expert_kept, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(q.entropy_sum, 0.0);
 }
 
 }  // namespace

@@ -253,5 +253,26 @@ TEST(RouterTest, UpdateExpertBiasByHand) {
   EXPECT_EQ(b2.ToVector<float>(), (std::vector<float>{0.5f, -0.5f}));
 }
 
+TEST(RouterTest, UpdateExpertBiasProportionalByHand) {
+  // counts (6, 2, 4, 4): mean 4, relative errors (4 - c) / 4 = (-0.5, 0.5, 0, 0); rate 0.1
+  // moves (1, 0, -0.25, 0.5) by (-0.05, +0.05, 0, 0). The sign rule would move by 0.1.
+  Tensor b = Tensor::FromVector(std::vector<float>{1.0f, 0.0f, -0.25f, 0.5f}, {4});
+  UpdateExpertBiasProportional(b, std::vector<int64_t>{6, 2, 4, 4}, 0.1f);
+  EXPECT_EQ(b.ToVector<float>(), (std::vector<float>{0.95f, 0.05f, -0.25f, 0.5f}));
+  // Twice the tokens, the same loads: the same move (the rate is per relative deviation).
+  Tensor b2 = Tensor::Zeros({4}, DType::kF32);
+  UpdateExpertBiasProportional(b2, std::vector<int64_t>{12, 4, 8, 8}, 0.1f);
+  EXPECT_EQ(b2.ToVector<float>(), (std::vector<float>{-0.05f, 0.05f, 0.0f, 0.0f}));
+  // counts (1, 2): mean 1.5, errors (1/3, -1/3); rate 0.3 -> (0.1, -0.1) in f32.
+  Tensor b3 = Tensor::Zeros({2}, DType::kF32);
+  UpdateExpertBiasProportional(b3, std::vector<int64_t>{1, 2}, 0.3f);
+  EXPECT_EQ(b3.ToVector<float>(), (std::vector<float>{static_cast<float>(0.3f * (1.0 / 3.0)),
+                                                      static_cast<float>(-0.3f * (1.0 / 3.0))}));
+  // No tokens: no change.
+  Tensor b4 = Tensor::FromVector(std::vector<float>{0.5f, -0.5f}, {2});
+  UpdateExpertBiasProportional(b4, std::vector<int64_t>{0, 0}, 0.3f);
+  EXPECT_EQ(b4.ToVector<float>(), (std::vector<float>{0.5f, -0.5f}));
+}
+
 }  // namespace
 }  // namespace switchyard::moe

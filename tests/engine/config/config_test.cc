@@ -160,6 +160,28 @@ TEST(ConfigTest, RouterScoreGroupsAndAuxScope) {
             "moe.route_groups=2 (node-limited routing) runs on the CPU only (runtime.device=cuda)");
 }
 
+// The expert bias's update rule: sign (the default) or proportional, which parses,
+// round-trips and needs a positive rate.
+TEST(ConfigTest, ExpertBiasUpdate) {
+  auto d = config::ParseConfig(kYaml, "x.yaml", {"data.dir=d"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->moe.expert_bias_update, moe::ExpertBiasUpdate::kSign);
+  auto c = config::ParseConfig(kYaml, "x.yaml",
+                               {"moe.expert_bias_rate=0.0003",
+                                "moe.expert_bias_update=proportional", "data.dir=d"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.expert_bias_update, moe::ExpertBiasUpdate::kProportional);
+  EXPECT_TRUE(c->Validate(8).ok()) << c->Validate(8);
+  auto again = config::ParseConfig(c->ToYaml(), "resolved");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->moe.expert_bias_update, moe::ExpertBiasUpdate::kProportional);
+  EXPECT_EQ(again->ToYaml(), c->ToYaml());
+  EXPECT_EQ(Error(kYaml, {"moe.expert_bias_update=linear"}),
+            "--set: moe.expert_bias_update='linear' is not one of sign, proportional");
+  EXPECT_EQ(Error(kYaml, {"moe.expert_bias_update=proportional"}),
+            "moe.expert_bias_update=proportional needs moe.expert_bias_rate > 0 (0: no expert bias)");
+}
+
 // ---- train: optimizer, schedule, clipping, buckets -------------------------------------
 
 TEST(ConfigTest, TrainDefaults) {
