@@ -178,7 +178,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   std::optional<ScopedPhase> phase(Phase::kRouter);
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
   std::vector<float> load;  // aux_loss_scope: global's f, on the host
-  if (expert_load_.defined()) load = expert_load_.To(Device::Cpu(), ctx).ToVector<float>();
+  if (expert_load_.defined()) load = expert_load_.ToHost("moe.expert_load", ctx).ToVector<float>();
   RoutedGroups routed =
       RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_, training,
                   RouterRng{config_.seed, step, layer_id_, first_token}, group_, ctx, layout,
@@ -357,7 +357,7 @@ std::vector<int64_t> MoELayer::RowTokens(const RoutedGroups& routed, int64_t fir
   const int64_t per_group = routed.local_tokens();
   std::vector<int64_t> in_group(per_group);
   if (routed.own_rows.defined()) {
-    in_group = routed.own_rows.To(Device::Cpu(), ctx).ToVector<int64_t>();
+    in_group = routed.own_rows.ToHost("moe.row_tokens", ctx).ToVector<int64_t>();
   } else {
     for (int64_t i = 0; i < per_group; ++i) in_group[i] = routed.own_begin() + i;
   }

@@ -188,11 +188,7 @@ void CountAssignments(const Tensor& indices, std::span<int64_t> counts, DeviceCo
   // Every (token, slot) alike: indices as (n, 1).
   Tensor slot_counts = Tensor::Empty({E + 1}, DType::kI64, indices.device());
   kernels::CountSlotAssignments(indices.View({n, 1}), Tensor(), E, slot_counts, ctx);
-  Tensor host = slot_counts;
-  if (!host.device().is_cpu()) {
-    host = Tensor::Empty(slot_counts.shape(), DType::kI64);
-    host.CopyFrom(slot_counts, ctx);  // the one device->host copy; waits for ctx's stream
-  }
+  const Tensor host = slot_counts.ToHost("moe.assignment_counts", ctx);
   const int64_t* c = host.data<int64_t>();
   SY_CHECK_EQ(c[E], 0) << "expert indices outside [0, " << E << ")";
   for (int64_t e = 0; e < E; ++e) counts[e] += c[e];

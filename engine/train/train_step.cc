@@ -2,6 +2,10 @@
 // (ordered gradient accumulation when on), gradient sync and the tied-embedding sum, the
 // non-finite check (train.on_nonfinite), clipping and the update, the routing statistics
 // and the expert-bias update. Kept apart from trainer.cc (set-up, checkpoints, the run loop).
+//
+// runtime.precision=bf16: the micro-batches' products read bf16 shadows of the weights,
+// written once per step at their first use (engine/core/weight_shadows.h); the window closes
+// when the backward passes end, before anything changes a weight.
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -33,6 +37,24 @@ Tensor PackGrads(const parallel::ParameterRegistry& reg, DeviceContext* ctx) {
     at += p.grad.numel();
   }
   return flat;
+}
+
+// Opens the step's bf16 weight-shadow window (bf16 products only; not under ZeRO stage 3,
+// whose parameters are released between uses): the trainable weights (2-d and more) are
+// registered at the first step, and every shadow is written again at its first use.
+void OpenWeightShadows(DeviceContext& ctx, const parallel::ParameterRegistry& reg,
+                       int zero_stage) {
+  if (ctx.matmul_dtype() != DType::kBF16 || zero_stage >= 3) return;
+  WeightShadows& shadows = ctx.weight_shadows();
+  if (shadows.empty()) {
+    for (const parallel::Parameter& p : reg.params()) {
+      if (p.trainable && p.value.defined() && p.value.ndim() >= 2 &&
+          p.value.dtype() == DType::kF32) {
+        shadows.Register(p.value);
+      }
+    }
+  }
+  shadows.Activate();
 }
 
 void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceContext* ctx) {
@@ -70,7 +92,9 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   // workspace peak counts them through the sync and the update).
   dist::TreeAccumulator grads(rt_.ctx.get());
   std::vector<data::Batch> batches(tc.grad_accum);
+  OpenWeightShadows(*rt_.ctx, registry_, config_.parallel.zero_stage);
   StepSums step = AccumulateGradients(record_routing, batches, grads);
+  rt_.ctx->weight_shadows().Deactivate();  // the weights change from here on
   SyncGradients();
   if (step_ == nan_step_) InjectNan();
   const double local_sums[3] = {dist::TreeSumDoubles(step.ce), dist::TreeSumDoubles(step.aux),
@@ -163,7 +187,7 @@ void Trainer::AddForward(int c, int micro, const model::DecoderOutput& out,
     step.stats[moe_slot_of_[c][layer]].Add(out.moe_stats[layer]);
     // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
     if (batch != nullptr && pc_->tp_cp().rank() == 0 && routing_) {
-      routing_->Add(moe_slot_of_[c][layer], out.moe_indices[layer].To(Device::Cpu(), rt_.ctx.get()),
+      routing_->Add(moe_slot_of_[c][layer], out.moe_indices[layer].ToHost("routing_record", rt_.ctx.get()),
                     batch->labels.Reshape({batch->labels.numel()}));
     }
   }

@@ -87,9 +87,13 @@ class Trainer {
   // The next step to run (the steps run so far, counting those before a resume).
   int64_t step() const { return step_; }
   // `switchyard train --profile`: from now on every step's time is split into phases
-  // (engine/core/profile.h); Run prints the table at its end (rank 0) and writes
-  // OUT/profile.json. Off by default (the timers then cost one branch each).
-  void EnableProfile();
+  // (engine/core/profile.h) and its device work counted (engine/core/counters.h); Run prints
+  // the table at its end (rank 0) and writes OUT/profile.json. Off by default (the timers
+  // then cost one branch each). The first skip_steps steps are not profiled (< 0: the
+  // default, kGpuProfileSkipSteps on a GPU, whose phases are then timed with CUDA events,
+  // and 0 on the CPU).
+  static constexpr int64_t kGpuProfileSkipSteps = 3;
+  void EnableProfile(int64_t skip_steps = -1);
   // The profile of this rank's steps so far; nullptr unless EnableProfile was called.
   const Profiler* profile() const { return profiler_.get(); }
   // The host groups of this rank (benchmarks read their traffic).
