@@ -87,7 +87,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   if (!StreamGradients()) zero_->MaterializeGradients();
   registry_.ZeroGrad(rt_.ctx.get());  // the resident gradients (streaming: the unbucketed)
   // The weights may have been loaded or rolled back since the last step: fresh replicas.
-  UpdateReplicas(nullptr);
+  MarkReplicasStale();
   // The micro-batches and the ordered accumulation's tree live to the end of the step (the
   // workspace peak counts them through the sync and the update).
   dist::TreeAccumulator grads(rt_.ctx.get());
@@ -237,49 +237,36 @@ void Trainer::Update(bool finite, float lr, float clip_scale, std::vector<moe::M
     if (pc_->pp().size() > 1) s.AllReduce(pc_->pp());
   }
   phase.reset();
-  // The global aux loss's f: the whole world's counts of this step, for the next.
-  if (finite && config_.moe.aux_loss_scope == moe::AuxLossScope::kGlobal) {
-    for (int c = 0; c < pipeline_->chunks(); ++c) {
-      std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
-      for (size_t l = 0; l < layers.size(); ++l) {
-        layers[l]->UpdateExpertLoad(stats[moe_slot_of_[c][l]].tokens_per_expert, rt_.ctx.get());
-      }
-    }
-  }
-  UpdateReplicas(&stats);
-  // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
-  if (!finite || config_.moe.expert_bias_rate <= 0) return;
+  // Each MoE layer's end of the step from the whole world's statistics: the global aux
+  // loss's expert load, the replicas and their next plan, the expert bias (moe/moe_layer.h).
+  const std::vector<moe::ReplicaPlan> plans = NextReplicaPlans(stats);
   for (int c = 0; c < pipeline_->chunks(); ++c) {
     std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
     for (size_t l = 0; l < layers.size(); ++l) {
-      Tensor bias = layers[l]->expert_bias();
-      moe::UpdateExpertBias(bias, stats[moe_slot_of_[c][l]].tokens_per_expert,
-                            config_.moe.expert_bias_rate, rt_.ctx.get());
+      const size_t slot = moe_slot_of_[c][l];
+      layers[l]->EndOfStep(stats[slot], finite, plans.empty() ? nullptr : &plans[slot],
+                           rt_.ctx.get());
     }
   }
 }
 
-void Trainer::UpdateReplicas(const std::vector<moe::MoEStats>* stats) {
-  const moe::MoEConfig& mc = config_.moe;
-  if (mc.replicate_hot_experts <= 0) return;
-  std::vector<moe::ReplicaPlan> plans;
-  if (stats != nullptr) {
-    if (!replica_planner_) {
-      replica_planner_.emplace(mc.replicate_hot_experts, mc.replicate_every,
-                               config_.parallel.ep);
-    }
-    // The tokens the experts were sent (after capacity), the whole world's.
-    std::vector<std::vector<int64_t>> counts;
-    for (const moe::MoEStats& s : *stats) counts.push_back(s.tokens_per_expert_kept);
-    plans = replica_planner_->AddStep(counts);
-  }
+void Trainer::MarkReplicasStale() {
+  if (config_.moe.replicate_hot_experts <= 0) return;
   for (int c = 0; c < pipeline_->chunks(); ++c) {
-    std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
-    for (size_t l = 0; l < layers.size(); ++l) {
-      layers[l]->MarkExpertsUpdated();
-      if (!plans.empty()) layers[l]->SetReplicaPlan(plans[moe_slot_of_[c][l]], rt_.ctx.get());
-    }
+    for (moe::MoELayer* layer : pipeline_->chunk(c).moe_layers()) layer->MarkExpertsUpdated();
   }
+}
+
+std::vector<moe::ReplicaPlan> Trainer::NextReplicaPlans(const std::vector<moe::MoEStats>& stats) {
+  const moe::MoEConfig& mc = config_.moe;
+  if (mc.replicate_hot_experts <= 0) return {};
+  if (!replica_planner_) {
+    replica_planner_.emplace(mc.replicate_hot_experts, mc.replicate_every, config_.parallel.ep);
+  }
+  // The tokens the experts were sent (after capacity), the whole world's.
+  std::vector<std::vector<int64_t>> counts;
+  for (const moe::MoEStats& s : stats) counts.push_back(s.tokens_per_expert_kept);
+  return replica_planner_->AddStep(counts);
 }
 
 void Trainer::SumTiedEmbeddingGrads() {
