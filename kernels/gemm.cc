@@ -105,6 +105,16 @@ GroupSchedule GroupScheduleFor(std::span<const int64_t> rows) {
   return cpu::GroupScheduleFor(rows);
 }
 
+Tensor MatmulOperand(const Tensor& t, DeviceContext* ctx) {
+  if (ctx == nullptr || ctx->matmul_dtype() != DType::kBF16 || t.dtype() != DType::kF32 ||
+      t.numel() == 0) {
+    return t;
+  }
+  Tensor out = Tensor::Empty(t.shape(), DType::kBF16, t.device());
+  Cast(t, out, ctx);  // counts the conversion
+  return out;
+}
+
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha, float beta, DeviceContext* ctx,
                  GroupSchedule schedule) {

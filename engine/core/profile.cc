@@ -111,7 +111,7 @@ ScopedAllToAll::~ScopedAllToAll() {
 
 std::string Profiler::Table() const {
   std::string out;
-  char line[160];
+  char line[256];
   const double steps = static_cast<double>(std::max<int64_t>(steps_, 1));
   std::snprintf(line, sizeof(line), "profile over %lld step(s), %.3f s of step time",
                 static_cast<long long>(steps_), step_seconds_);
