@@ -296,7 +296,7 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
 }
 
 Tensor MoELayer::CombineOutputsBackward(const MoEActivations& acts, const Tensor& dy,
-                                        Tensor& dgates, Tensor& dh, DeviceContext* ctx) const {
+                                        Tensor& dgates, Tensor& dh, DeviceContext* ctx) {
   const DispatchPlan& plan = *acts.plan;
   const int64_t n = plan.num_tokens(), d = config_.d_model;
   // The shared experts' dx starts dh (it is a fresh tensor); else zeros.

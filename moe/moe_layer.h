@@ -253,7 +253,7 @@ class MoELayer {
   // CombineOutputs' mirror: dh (N, d) = the shared experts' dx (or zeros), dgates (N, k) the
   // gate gradients; returns the experts' output gradient grouped by local expert (R, d).
   Tensor CombineOutputsBackward(const MoEActivations& acts, const Tensor& dy, Tensor& dgates,
-                                Tensor& dh, DeviceContext* ctx) const;
+                                Tensor& dh, DeviceContext* ctx);
   // Dispatch's mirror: the experts' input gradient (R, d) back over ep into dh (N, d).
   void DispatchBackward(const Tensor& dgrouped_x, const MoEActivations& acts, Tensor& dh,
                         DeviceContext* ctx) const;

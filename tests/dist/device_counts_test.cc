@@ -5,10 +5,14 @@
 //
 //  - ReadbacksPerStepBySite: dropless routing, fp32. Every profiled step has the same
 //    counts, and each readback site has the count the code's structure gives it, written
-//    out from the config below (per micro-batch: the embedding id checks and the
-//    cross-entropy sums; per MoE layer and routing group: the balance sums, the z-loss,
-//    admission, the dispatch plan's counts, the router entropy; per step: the gradient
-//    norm). So a change in how often a step waits for the device shows here.
+//    out from the config below (per micro-batch: the embedding id checks of the lookup and
+//    its backward, the cross-entropy sums; per MoE layer and routing group (a micro-batch is
+//    one group): the balance sums, the z-loss, the dispatch plan's per-expert counts, the
+//    router entropy; per step: the gradient norm): 45. Dropless admission reads nothing back
+//    (it did, once per group: 53). The steps that record routing by language (the last ones
+//    of a run) read each layer's choices back too. So a change in how often a step waits
+//    for the device shows here. Issue #36's target is one readback per step; what is left
+//    is listed in docs/gpu.md.
 //  - Bf16WeightsConvertedOncePerStep: runtime.precision=bf16 converts each weight a product
 //    reads once per step (its bf16 shadow, engine/core/weight_shadows.h): 13 weights (4
 //    projections + w1 + w2 per block, and the tied head), 49152 elements; with the shadows
@@ -70,24 +74,31 @@ TEST_F(DeviceCountsTest, ReadbacksPerStepBySite) {
   ASSERT_NE(trainer, nullptr);
   const std::vector<DeviceCounts>& steps = trainer->profile()->step_counts();
   ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
-  // One routing group per micro-batch sequence: micro_batch_size 4 groups per MoE layer.
-  const int64_t groups = 4 * kMoELayers * kMicroBatches;
+  // The decoder routes a micro-batch's rows as one group per MoE layer.
+  const int64_t groups = kMoELayers * kMicroBatches;
   const std::map<std::string, int64_t> want = {
       {"embedding.id_check", 2 * kMicroBatches},  // the lookup and its backward
       {"cross_entropy", kMicroBatches},
       {"moe.balance_sums", groups},
       {"moe.z_loss", groups},
-      {"moe.admission", groups},
       {"moe.entropy_sum", groups},
-      {"moe.sort_assignments", kMoELayers * kMicroBatches},  // the dispatch plan, per layer
-      {"sum_squares", 1},                                   // the gradient norm
+      {"moe.sort_assignments", groups},  // the dispatch plan
+      {"sum_squares", 1},                // the gradient norm
   };
   int64_t total = 0;
   for (const auto& [site, n] : want) total += n;
+  ASSERT_EQ(total, 45);
   for (int64_t s = 0; s < kSteps; ++s) {
-    const DeviceCounts& c = steps[s];
+    DeviceCounts c = steps[s];
+    // Routing by language is recorded on the last steps of a run: each layer's choices.
+    int64_t recorded = 0;
+    if (auto it = c.readback_sites.find("routing_record"); it != c.readback_sites.end()) {
+      recorded = it->second;
+      EXPECT_EQ(recorded, groups) << "step " << s;
+      c.readback_sites.erase(it);
+    }
     EXPECT_EQ(c.readback_sites, want) << "step " << s << ": " << Sites(c);
-    EXPECT_EQ(c.readbacks, total) << "step " << s;
+    EXPECT_EQ(c.readbacks, total + recorded) << "step " << s;
     EXPECT_EQ(c.conversions(), 0) << "fp32 converts nothing";
     EXPECT_EQ(c.cuda_mallocs, 0);
     EXPECT_GT(c.dispatches, 0);
