@@ -112,11 +112,13 @@ void Linear::BackwardInto(const LinearActivations& acts, const Tensor& dy, Tenso
                                      << " for x " << ShapeString(acts.x.shape());
   SY_CHECK(dx.shape() == acts.x.shape()) << "Linear::Backward: dx " << ShapeString(dx.shape())
                                          << " for x " << ShapeString(acts.x.shape());
-  // dW (in, out) += x^T dy; db += column sums of dy; dx = beta dx + dy W^T.
-  kernels::Gemm(x2, true, dy2, false, grad_weight_, 1.0f, 1.0f, ctx);
+  // dW (in, out) += x^T dy; db += column sums of dy; dx = beta dx + dy W^T. Both products
+  // read dy: in bf16 mode it is converted once for the two.
+  const Tensor dy_mm = kernels::MatmulOperand(dy2, ctx);
+  kernels::Gemm(x2, true, dy_mm, false, grad_weight_, 1.0f, 1.0f, ctx);
   if (bias_grad && adds_bias()) kernels::BiasGrad(dy2, grad_bias_, /*beta=*/1.0f, ctx);
   Tensor dx2 = dx.Reshape({x2.dim(0), in});
-  kernels::Gemm(dy2, false, weight_, true, dx2, 1.0f, beta, ctx);
+  kernels::Gemm(dy_mm, false, weight_, true, dx2, 1.0f, beta, ctx);
 }
 
 void Linear::ZeroGrad(DeviceContext* ctx) {

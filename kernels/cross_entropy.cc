@@ -36,6 +36,7 @@ int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext*
   int64_t count = 0;
   SY_DISPATCH_DEVICE(targets, ctx, count = cpu::CountTargets(targets, ignore_index),
                      count = cuda::CountTargets(targets, ignore_index, ctx));
+  counters::CountReadback("cross_entropy.count_targets");
   return count;
 }
 
@@ -48,6 +49,7 @@ CrossEntropySums CrossEntropyForward(const Tensor& logits, const Tensor& targets
   SY_DISPATCH_DEVICE(
       logits, ctx, sums = cpu::CrossEntropy(logits, targets, nullptr, 0.0, ignore_index, kOp),
       sums = cuda::CrossEntropy(logits, targets, nullptr, 0.0, ignore_index, kOp, ctx));
+  counters::CountReadback("cross_entropy");
   return sums;
 }
 
@@ -62,6 +64,7 @@ CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor&
       dlogits, ctx,
       sums = cpu::CrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, kOp),
       sums = cuda::CrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, kOp, ctx));
+  counters::CountReadback("cross_entropy");
   return sums;
 }
 

@@ -1,10 +1,12 @@
 // Device dispatch shared by every kernel family: kernels/<family>.h declares the op and
 // its cpu:: and cuda:: implementations; kernels/<family>.cc picks one by the output
-// tensor's device. In a build without the CUDA backend the cuda:: branch is compiled out
+// tensor's device. Each dispatch is counted, and an op that returns a host value counts a
+// readback in its wrapper (engine/core/counters.h), so CPU and CUDA runs count alike. In a build without the CUDA backend the cuda:: branch is compiled out
 // and a CUDA tensor is a fatal error.
 #pragma once
 
 #include "engine/core/check.h"
+#include "engine/core/counters.h"
 #include "engine/core/device_context.h"
 
 #ifdef SY_HAVE_CUDA
@@ -14,9 +16,11 @@
   SY_LOG(FATAL) << "CUDA tensor in a build without the CUDA backend"
 #endif
 
-// Runs `call_cpu` for a host tensor `out`, else `call_cuda` with a matching `ctx`.
+// Runs `call_cpu` for a host tensor `out`, else `call_cuda` with a matching `ctx`; counts
+// one kernel dispatch (engine/core/counters.h) either way.
 #define SY_DISPATCH_DEVICE(out, ctx, call_cpu, call_cuda)                              \
   do {                                                                                 \
+    ::switchyard::counters::CountDispatch();                                           \
     if ((out).device().is_cpu()) {                                                     \
       call_cpu;                                                                        \
     } else {                                                                           \

@@ -66,6 +66,9 @@ void Cast(const Tensor& src, Tensor& dst, DeviceContext* ctx) {
   SY_CHECK(supported) << "Cast from " << DTypeName(src.dtype()) << " to " << DTypeName(dst.dtype())
                       << " is not supported (f32 <-> bf16, or a copy within one dtype)";
   SY_DISPATCH_DEVICE(dst, ctx, cpu::Cast(src, dst), cuda::Cast(src, dst, ctx));
+  if (src.dtype() != dst.dtype() && dst.numel() > 0) {
+    counters::CountConversion(src.dtype(), dst.dtype(), dst.numel());
+  }
 }
 
 }  // namespace switchyard::kernels

@@ -42,6 +42,7 @@ void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, Devic
   CheckLookup(ids, table, out, out.device(), "EmbeddingForward", "table", "out");
   SY_DISPATCH_DEVICE(out, ctx, cpu::EmbeddingForward(ids, table, out),
                      cuda::EmbeddingForward(ids, table, out, ctx));
+  counters::CountReadback("embedding.id_check");  // the CUDA kernel reads back its bad-id word
 }
 
 void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, DeviceContext* ctx) {
@@ -49,6 +50,7 @@ void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, De
   CheckLookup(ids, dtable, dout, dtable.device(), "EmbeddingBackward", "dtable", "dout");
   SY_DISPATCH_DEVICE(dtable, ctx, cpu::EmbeddingBackward(ids, dout, dtable),
                      cuda::EmbeddingBackward(ids, dout, dtable, ctx));
+  counters::CountReadback("embedding.id_check");
 }
 
 void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset,

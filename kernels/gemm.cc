@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "kernels/dispatch.h"
+#include "kernels/elementwise.h"
 
 namespace switchyard::kernels {
 namespace {
@@ -26,6 +27,32 @@ void CheckOperand(const Tensor& t, int ndim, bool bf16_ok, Device device, const 
 DType MatmulDType(const Tensor& a, const Tensor& b, DeviceContext* ctx) {
   if (a.dtype() == DType::kBF16 || b.dtype() == DType::kBF16) return DType::kBF16;
   return ctx ? ctx->matmul_dtype() : DType::kF32;
+}
+
+// The operand a product in `dtype` reads for `t`. In bf16 mode an f32 operand that lies in a
+// weight registered with ctx's WeightShadows reads the weight's bf16 shadow while a window
+// is open (written here at its first use: one conversion of the whole weight); any other
+// f32 operand is converted by the product itself (counted here, one per operand per call,
+// the conversion the CUDA backend runs). `reads`: the product is not empty (the backends
+// convert nothing for an empty one). Either way the product sees the same bf16 values.
+Tensor ResolveOperand(const Tensor& t, DType dtype, bool reads, DeviceContext* ctx) {
+  if (dtype != DType::kBF16 || t.dtype() != DType::kF32 || !reads) return t;
+  WeightShadows::Match m{Tensor(), nullptr, nullptr, 0};
+  if (ctx != nullptr) m = ctx->weight_shadows().Find(t);
+  if (m.shadow != nullptr && ctx->weight_shadows().active()) {
+    if (!*m.fresh) {
+      if (!m.shadow->defined()) {
+        *m.shadow = Tensor::Empty(m.weight.shape(), DType::kBF16, m.weight.device());
+      }
+      Cast(m.weight, *m.shadow, ctx);  // counts the conversion
+      counters::CountWeightConversion(m.weight.numel());
+      *m.fresh = true;
+    }
+    return m.shadow->View(t.shape(), m.offset);
+  }
+  counters::CountConversion(DType::kF32, DType::kBF16, t.numel());
+  if (m.shadow != nullptr) counters::CountWeightConversion(t.numel());
+  return t;
 }
 
 // rows[g] >= 0 and they sum to `total`.
@@ -55,8 +82,11 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
       << "Gemm shapes: a " << ShapeString(a.shape()) << (trans_a ? "^T" : "") << ", b "
       << ShapeString(b.shape()) << (trans_b ? "^T" : "") << ", c " << ShapeString(c.shape());
   const DType dtype = MatmulDType(a, b, ctx);
-  SY_DISPATCH_DEVICE(c, ctx, cpu::Gemm(a, trans_a, b, trans_b, c, alpha, beta, dtype),
-                     cuda::Gemm(a, trans_a, b, trans_b, c, alpha, beta, dtype, ctx));
+  const bool reads = m > 0 && n > 0 && k > 0;
+  const Tensor ra = ResolveOperand(a, dtype, reads, ctx);
+  const Tensor rb = ResolveOperand(b, dtype, reads, ctx);
+  SY_DISPATCH_DEVICE(c, ctx, cpu::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype),
+                     cuda::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype, ctx));
 }
 
 void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx) {
@@ -73,6 +103,16 @@ void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ct
 
 GroupSchedule GroupScheduleFor(std::span<const int64_t> rows) {
   return cpu::GroupScheduleFor(rows);
+}
+
+Tensor MatmulOperand(const Tensor& t, DeviceContext* ctx) {
+  if (ctx == nullptr || ctx->matmul_dtype() != DType::kBF16 || t.dtype() != DType::kF32 ||
+      t.numel() == 0) {
+    return t;
+  }
+  Tensor out = Tensor::Empty(t.shape(), DType::kBF16, t.device());
+  Cast(t, out, ctx);  // counts the conversion
+  return out;
 }
 
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
@@ -92,9 +132,12 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
       << ", n=" << n;
   CheckRows(rows, x.dim(0), kOp);
   const DType dtype = MatmulDType(x, w, ctx);
+  const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
+  const Tensor rx = ResolveOperand(x, dtype, reads, ctx);
+  const Tensor rw = ResolveOperand(w, dtype, reads, ctx);
   SY_DISPATCH_DEVICE(out, ctx,
-                     cpu::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, schedule),
-                     cuda::GroupedGemm(x, rows, w, trans_w, out, alpha, beta, dtype, ctx));
+                     cpu::GroupedGemm(rx, rows, rw, trans_w, out, alpha, beta, dtype, schedule),
+                     cuda::GroupedGemm(rx, rows, rw, trans_w, out, alpha, beta, dtype, ctx));
 }
 
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,
@@ -113,9 +156,12 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
       << " groups";
   CheckRows(rows, x.dim(0), kOp);
   const DType dtype = MatmulDType(x, dy, ctx);
+  const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
+  const Tensor rx = ResolveOperand(x, dtype, reads, ctx);
+  const Tensor rdy = ResolveOperand(dy, dtype, reads, ctx);
   SY_DISPATCH_DEVICE(dw, ctx,
-                     cpu::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, schedule),
-                     cuda::GroupedGemmWeightGrad(x, dy, rows, dw, alpha, beta, dtype, ctx));
+                     cpu::GroupedGemmWeightGrad(rx, rdy, rows, dw, alpha, beta, dtype, schedule),
+                     cuda::GroupedGemmWeightGrad(rx, rdy, rows, dw, alpha, beta, dtype, ctx));
 }
 
 }  // namespace switchyard::kernels

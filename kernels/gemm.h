@@ -45,6 +45,13 @@ enum class GroupSchedule { kAuto, kWhole, kSplit };
 // one thread's share of the rows; else kSplit.
 GroupSchedule GroupScheduleFor(std::span<const int64_t> rows);
 
+// `t` (f32) as the matrix products in ctx's precision read it: t itself in f32 mode (a null
+// ctx, or t bf16 already, or empty), else a bf16 copy of it (one conversion). Pass it to
+// every product that reads the same operand (a layer's incoming gradient: the weight
+// gradient's product and the input gradient's) to convert it once instead of once per
+// product; the products see the same bf16 values either way.
+Tensor MatmulOperand(const Tensor& t, DeviceContext* ctx = nullptr);
+
 // Grouped products over contiguous row blocks, one weight matrix per group (the expert
 // GEMMs). Rows of x are split into consecutive blocks of rows[g] rows (sum = x.dim(0));
 // `rows` is on the host.

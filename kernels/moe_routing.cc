@@ -198,6 +198,7 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
   SY_DISPATCH_DEVICE(logits, ctx, z = cpu::RouterZLoss(logits, coef, grad, group_tokens, dlogits),
                      z = cuda::RouterZLoss(logits, coef, grad, group_tokens, dlogits,
                                            /*want_value=*/true, ctx));
+  counters::CountReadback("moe.z_loss");
   return z;
 }
 
@@ -250,6 +251,7 @@ AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, con
                      counts = cuda::AdmitAssignments(indices, gates, keep, num_experts,
                                                      capacity, order, offsets, kept, position,
                                                      ctx));
+  counters::CountReadback("moe.admission");
   return counts;
 }
 

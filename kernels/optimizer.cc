@@ -80,6 +80,7 @@ double SumSquares(const Tensor& t, DeviceContext* ctx) {
   CheckTensorOn(t, DType::kF32, t.device(), "SumSquares", "t", "the first tensor");
   double sum = 0.0;
   SY_DISPATCH_DEVICE(t, ctx, sum = cpu::SumSquares(t), sum = cuda::SumSquares(t, ctx));
+  counters::CountReadback("sum_squares");
   return sum;
 }
 
@@ -93,6 +94,7 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContex
   std::vector<double> sums;
   SY_DISPATCH_DEVICE(first, ctx, sums = cpu::SumSquaresMany(tensors),
                      sums = cuda::SumSquaresMany(tensors, ctx));
+  counters::CountReadback("sum_squares");
   return sums;
 }
 

@@ -46,6 +46,7 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
   SY_DISPATCH_DEVICE(
       slot, ctx, counts = cpu::SortAssignments(experts, kept, num_experts, token, slot, inverse),
       counts = cuda::SortAssignments(experts, kept, num_experts, token, slot, inverse, ctx));
+  counters::CountReadback("moe.sort_assignments");
   return counts;
 }
 
@@ -123,6 +124,7 @@ double EntropySum(const Tensor& probs, DeviceContext* ctx) {
       << "EntropySum: probs must be f32, got " << probs.DebugString();
   double sum = 0;
   SY_DISPATCH_DEVICE(probs, ctx, sum = cpu::EntropySum(probs), sum = cuda::EntropySum(probs, ctx));
+  counters::CountReadback("moe.entropy_sum");
   return sum;
 }
 

@@ -44,11 +44,7 @@ LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices,
   Tensor prob_sums = Tensor::Wrap(base + count_bytes, {E}, DType::kF32, dev);
   kernels::CountSlotAssignments(indices, Tensor(), E, counts, ctx);
   kernels::ProbColumnSums(probs, prob_sums, ctx);
-  Tensor host = packed;
-  if (!dev.is_cpu()) {
-    host = Tensor::Empty(packed.shape(), DType::kU8);
-    host.CopyFrom(packed, ctx);  // the one device->host copy; waits for ctx's stream
-  }
+  const Tensor host = packed.ToHost("moe.balance_sums", ctx);  // the one device->host copy
   const auto* h = static_cast<const char*>(host.raw_data());
   std::vector<int64_t> c(k * E + 1);
   std::memcpy(c.data(), h, count_bytes);

@@ -50,11 +50,7 @@ std::vector<int64_t> SlotExpertCounts(const Tensor& indices, const Tensor& keep,
   SY_CHECK_GE(E, 1) << "SlotExpertCounts num_experts";
   Tensor counts = Tensor::Empty({k * E + 1}, DType::kI64, indices.device());
   kernels::CountSlotAssignments(indices, keep, E, counts, ctx);
-  Tensor host = counts;
-  if (!host.device().is_cpu()) {
-    host = Tensor::Empty(counts.shape(), DType::kI64);
-    host.CopyFrom(counts, ctx);  // the one device->host copy; waits for ctx's stream
-  }
+  const Tensor host = counts.ToHost("moe.slot_counts", ctx);  // the one device->host copy
   std::vector<int64_t> c = host.ToVector<int64_t>();
   SY_CHECK_EQ(c[k * E], 0) << "expert indices outside [0, " << E << ")";
   c.pop_back();

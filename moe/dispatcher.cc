@@ -154,7 +154,8 @@ void DispatchPlan::ExchangeCounts(dist::Communicator& ep, DeviceContext* ctx) {
     if (ep.device().is_cpu()) {
       Tensor recv = Tensor::Empty({ep_size_, el}, DType::kI64);
       ep.AllToAll(send, recv);
-      recv_per_source_expert_ = recv.ToVector<int64_t>();
+      // A host exchange here; a GPU run reads the device exchange back (the same count).
+      recv_per_source_expert_ = recv.ToHost("moe.exchange_counts", ctx).ToVector<int64_t>();
     } else {
       SY_CHECK(ctx != nullptr && ctx->device() == ep.device())
           << "ExchangeCounts over a communicator on " << ep.device()
@@ -162,7 +163,7 @@ void DispatchPlan::ExchangeCounts(dist::Communicator& ep, DeviceContext* ctx) {
       Tensor send_dev = send.To(ep.device(), ctx);
       Tensor recv_dev = Tensor::Empty({ep_size_, el}, DType::kI64, ep.device());
       ep.AllToAll(send_dev, recv_dev);
-      Tensor recv = recv_dev.To(Device::Cpu(), ctx);  // waits for the stream
+      Tensor recv = recv_dev.ToHost("moe.exchange_counts", ctx);  // waits for the stream
       recv_per_source_expert_ = recv.ToVector<int64_t>();
     }
   }

@@ -16,10 +16,11 @@ EtpPlan MakeEtpPlan(std::span<const int64_t> rows_per_local_expert, dist::Commun
   // through device memory.
   if (etp.device().is_cpu()) {
     etp.AllGather(mine, all);
+    (void)all.ToHost("moe.etp_counts", ctx);  // a GPU run reads its gather back: one readback
   } else {
     Tensor on = Tensor::Empty({n, l}, DType::kI64, etp.device());
     etp.AllGather(mine.To(etp.device(), ctx), on);
-    all = on.To(Device::Cpu(), ctx);
+    all = on.ToHost("moe.etp_counts", ctx);
   }
   const int64_t* c = all.data<int64_t>();
   EtpPlan plan;

@@ -201,8 +201,11 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
   acts.schedule = schedule;
   const kernels::GroupSchedule sched = schedule;
 
+  // swiglu's two products read x: in bf16 mode it is converted once for both.
+  const Tensor x_mm =
+      options_.activation == Activation::kSwiglu ? kernels::MatmulOperand(x, ctx) : x;
   acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-  kernels::GroupedGemm(x, rows, w1_, /*trans_w=*/false, acts.a, 1.0f, 0.0f, ctx, sched);
+  kernels::GroupedGemm(x_mm, rows, w1_, /*trans_w=*/false, acts.a, 1.0f, 0.0f, ctx, sched);
   if (options_.bias) kernels::GroupedAddBias(acts.a, rows, b1_, ctx);
 
   acts.h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
@@ -215,7 +218,7 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
       break;
     case Activation::kSwiglu:
       acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-      kernels::GroupedGemm(x, rows, w3_, /*trans_w=*/false, acts.b, 1.0f, 0.0f, ctx, sched);
+      kernels::GroupedGemm(x_mm, rows, w3_, /*trans_w=*/false, acts.b, 1.0f, 0.0f, ctx, sched);
       kernels::SwigluForward(acts.a, acts.b, acts.h, ctx);
       break;
   }
@@ -239,9 +242,11 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   if (options_.bias && options_.adds_output_bias) {
     kernels::GroupedBiasGrad(dy, rows, grad_b2_, /*beta=*/1.0f, ctx);
   }
-  kernels::GroupedGemmWeightGrad(acts.h, dy, rows, grad_w2_, 1.0f, /*beta=*/1.0f, ctx, sched);
+  // An operand two products read is converted once for both in bf16 mode (MatmulOperand).
+  const Tensor dy_mm = kernels::MatmulOperand(dy, ctx);
+  kernels::GroupedGemmWeightGrad(acts.h, dy_mm, rows, grad_w2_, 1.0f, /*beta=*/1.0f, ctx, sched);
   Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
-  kernels::GroupedGemm(dy, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx, sched);
+  kernels::GroupedGemm(dy_mm, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx, sched);
 
   // h = act(a), or silu(a) * b.
   Tensor db;
@@ -260,12 +265,16 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
 
   // a = x @ W1 + b1 (and b = x @ W3).
   if (options_.bias) kernels::GroupedBiasGrad(da, rows, grad_b1_, /*beta=*/1.0f, ctx);
-  kernels::GroupedGemmWeightGrad(acts.x, da, rows, grad_w1_, 1.0f, /*beta=*/1.0f, ctx, sched);
+  const Tensor x_mm = db.defined() ? kernels::MatmulOperand(acts.x, ctx) : acts.x;
+  const Tensor da_mm = kernels::MatmulOperand(da, ctx);
+  kernels::GroupedGemmWeightGrad(x_mm, da_mm, rows, grad_w1_, 1.0f, /*beta=*/1.0f, ctx, sched);
   Tensor dx = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
-  kernels::GroupedGemm(da, rows, w1_, /*trans_w=*/true, dx, 1.0f, 0.0f, ctx, sched);
+  kernels::GroupedGemm(da_mm, rows, w1_, /*trans_w=*/true, dx, 1.0f, 0.0f, ctx, sched);
   if (db.defined()) {
-    kernels::GroupedGemmWeightGrad(acts.x, db, rows, grad_w3_, 1.0f, /*beta=*/1.0f, ctx, sched);
-    kernels::GroupedGemm(db, rows, w3_, /*trans_w=*/true, dx, 1.0f, /*beta=*/1.0f, ctx, sched);
+    const Tensor db_mm = kernels::MatmulOperand(db, ctx);
+    kernels::GroupedGemmWeightGrad(x_mm, db_mm, rows, grad_w3_, 1.0f, /*beta=*/1.0f, ctx,
+                                   sched);
+    kernels::GroupedGemm(db_mm, rows, w3_, /*trans_w=*/true, dx, 1.0f, /*beta=*/1.0f, ctx, sched);
   }
   return dx;
 }

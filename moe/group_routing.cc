@@ -110,7 +110,22 @@ void AdmitGroups(RoutedGroups& routed, double capacity_factor, const MoEConfig& 
   const int64_t e = config.num_experts;
   const int64_t capacity = ExpertCapacity(capacity_factor, routed.group_tokens, config.top_k, e);
   routed.admission.clear();
-  for (const RouterOutput& r : routed.router) {
+  // Dropless without GShard's random second choice (keep is all ones): every assignment is
+  // admitted, kept is the router's keep and the counts are the balance sums' (the same
+  // values AdmitToCapacity returns), so admission needs no pass and no readback.
+  const bool all_admitted = capacity == kDropless &&
+                            config.second_expert_policy != SecondExpertPolicy::kRandom &&
+                            routed.balance.size() == routed.router.size();
+  for (size_t g = 0; g < routed.router.size(); ++g) {
+    const RouterOutput& r = routed.router[g];
+    if (all_admitted) {
+      Admission a;
+      a.kept = r.keep;
+      a.counts_before = routed.balance[g].assignments;
+      a.counts_after = routed.balance[g].assignments;
+      routed.admission.push_back(std::move(a));
+      continue;
+    }
     routed.admission.push_back(AdmitToCapacity(r.indices, r.gates, r.keep, e, capacity,
                                                config.drop_policy, {}, ctx));
   }

@@ -96,7 +96,9 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
                          std::span<const float> expert_load = {});
 
 // Phase 2, admit: each whole group's assignments to C = ExpertCapacity(capacity_factor, T,
-// k, E) per expert under config.drop_policy (fills routed.admission).
+// k, E) per expert under config.drop_policy (fills routed.admission). Dropless routing
+// without the random second choice admits everything without a pass over the assignments
+// (and without a device readback); capacity admission reads its counts back once per group.
 void AdmitGroups(RoutedGroups& routed, double capacity_factor, const MoEConfig& config,
                  DeviceContext* ctx = nullptr);
 

@@ -178,7 +178,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   std::optional<ScopedPhase> phase(Phase::kRouter);
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
   std::vector<float> load;  // aux_loss_scope: global's f, on the host
-  if (expert_load_.defined()) load = expert_load_.To(Device::Cpu(), ctx).ToVector<float>();
+  if (expert_load_.defined()) load = expert_load_.ToHost("moe.expert_load", ctx).ToVector<float>();
   RoutedGroups routed =
       RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_, training,
                   RouterRng{config_.seed, step, layer_id_, first_token}, group_, ctx, layout,
@@ -264,15 +264,6 @@ Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActi
 
 // ---- Backward ---------------------------------------------------------------------------
 
-Tensor MoELayer::RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped,
-                                    DeviceContext* ctx) {
-  if (acts.replica) return RunWithReplicasBackward(acts, dgrouped, ctx);
-  if (!etp_) return experts_.Backward(acts.experts, dgrouped, ctx);
-  const Tensor dx =
-      experts_.Backward(acts.experts, EtpGather(dgrouped, *acts.etp, *etp_, ctx), ctx);
-  return EtpReduceScatter(dx, *acts.etp, *etp_, ctx);
-}
-
 Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::span<const float> daux,
                           std::span<const float> dz, DeviceContext* ctx) {
   const DispatchPlan& plan = *acts.plan;
@@ -284,46 +275,74 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   const Device dev = device();
   SY_CHECK(dy.device() == dev) << "MoE dy on " << dy.device() << ", the layer on " << dev;
   CheckContext(dev, ctx, "MoELayer::Backward");
+  Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
+  Tensor dh;
   if (config_.overlap_chunks > 1) {
-    Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
-    Tensor dh = BackwardOverlapped(acts, dy, dgates, ctx);
-    const ScopedPhase phase(Phase::kRouter);
-    RouteGroupsBackward(acts.router, acts.balance, router_weight_, config_, dgates, daux, dz,
-                        tp_rank(), dh, grad_router_weight_, ctx, acts.own_rows);
-    return dh;
+    // 5-3 in chunks (moe/overlap.h).
+    dh = BackwardOverlapped(acts, dy, dgates, ctx);
+  } else {
+    // 5. Combine's backward (the shared experts' dx starts dh), back over ep.
+    Tensor dgrouped = CombineOutputsBackward(acts, dy, dgates, dh, ctx);
+    // 4. The experts (over etp when split).
+    Tensor dx = RunExpertsBackward(acts, dgrouped, ctx);
+    // 3. The dispatch in reverse, added into dh.
+    DispatchBackward(dx, acts, dh, ctx);
   }
+  // 2-1. The router of every group on this rank's rows: gates, load balancing and z-loss.
+  const ScopedPhase phase(Phase::kRouter);
+  RouteGroupsBackward(acts.router, acts.balance, router_weight_, config_, dgates, daux, dz,
+                      tp_rank(), dh, grad_router_weight_, ctx, acts.own_rows);
+  return dh;
+}
+
+Tensor MoELayer::CombineOutputsBackward(const MoEActivations& acts, const Tensor& dy,
+                                        Tensor& dgates, Tensor& dh, DeviceContext* ctx) {
+  const DispatchPlan& plan = *acts.plan;
+  const int64_t n = plan.num_tokens(), d = config_.d_model;
   // The shared experts' dx starts dh (it is a fresh tensor); else zeros.
   std::optional<ScopedPhase> phase(Phase::kExperts);
-  Tensor dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
-                      : Tensor::Zeros({n, d}, DType::kF32, dev, ctx);
-  // 5. Combine's backward (and the return exchange's mirror).
+  dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
+               : Tensor::Zeros({n, d}, DType::kF32, device(), ctx);
   phase.emplace(Phase::kCombine);
-  Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, dev);
-  Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
+  Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, device());
   CombineBackward(dy, acts.expert_out, acts.gates, plan, dout, dgates, ctx);
   Tensor dgrouped;
   {
     const ScopedAllToAll timed(ep_->size() > 1);
     dgrouped = ExchangeRows(dout, plan, *ep_, ctx);
   }
-  dgrouped = Regroup(dgrouped, plan, ctx);
-  // 4-3. The experts and the dispatch in reverse.
-  phase.emplace(Phase::kExperts);
-  Tensor dx = RunExpertsBackward(acts, dgrouped, ctx);
-  // The replicas' weight gradients into their owners' (before any gradient sync).
+  return Regroup(dgrouped, plan, ctx);
+}
+
+Tensor MoELayer::RunExpertsBackward(const MoEActivations& acts, const Tensor& dgrouped,
+                                    DeviceContext* ctx) {
+  const ScopedPhase phase(Phase::kExperts);
+  Tensor dx;
+  if (acts.replica) {
+    dx = RunWithReplicasBackward(acts, dgrouped, ctx);
+  } else if (!etp_) {
+    dx = experts_.Backward(acts.experts, dgrouped, ctx);
+  } else {
+    dx = EtpReduceScatter(
+        experts_.Backward(acts.experts, EtpGather(dgrouped, *acts.etp, *etp_, ctx), ctx),
+        *acts.etp, *etp_, ctx);
+  }
+  // The replicas' weight gradients into their owners' (before any gradient sync): the
+  // mirror of Forward's PullWeights.
   if (replicas_) replicas_->PushGradients(experts_, *ep_, ctx);
-  phase.emplace(Phase::kDispatch);
-  Tensor dx_rows = Ungroup(dx, plan, ctx);
+  return dx;
+}
+
+void MoELayer::DispatchBackward(const Tensor& dgrouped_x, const MoEActivations& acts, Tensor& dh,
+                                DeviceContext* ctx) const {
+  const DispatchPlan& plan = *acts.plan;
+  const ScopedPhase phase(Phase::kDispatch);
+  Tensor dx_rows = Ungroup(dgrouped_x, plan, ctx);
   {
     const ScopedAllToAll timed(ep_->size() > 1);
     dx_rows = ReturnRows(dx_rows, plan, *ep_, ctx);
   }
   ScatterAdd(dx_rows, plan, dh, ctx);
-  // 2-1. The router of every group on this rank's rows: gates, load balancing and z-loss.
-  phase.emplace(Phase::kRouter);
-  RouteGroupsBackward(acts.router, acts.balance, router_weight_, config_, dgates, daux, dz,
-                      tp_rank(), dh, grad_router_weight_, ctx, acts.own_rows);
-  return dh;
 }
 
 void MoELayer::ZeroGrad(DeviceContext* ctx) {
@@ -357,7 +376,7 @@ std::vector<int64_t> MoELayer::RowTokens(const RoutedGroups& routed, int64_t fir
   const int64_t per_group = routed.local_tokens();
   std::vector<int64_t> in_group(per_group);
   if (routed.own_rows.defined()) {
-    in_group = routed.own_rows.To(Device::Cpu(), ctx).ToVector<int64_t>();
+    in_group = routed.own_rows.ToHost("moe.row_tokens", ctx).ToVector<int64_t>();
   } else {
     for (int64_t i = 0; i < per_group; ++i) in_group[i] = routed.own_begin() + i;
   }

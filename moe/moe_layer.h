@@ -214,6 +214,16 @@ class MoELayer {
   // step's assignments per expert over every micro-batch and data-parallel rank (unchanged
   // when the sum is 0). No-op unless aux_loss_scope is global.
   void UpdateExpertLoad(std::span<const int64_t> counts, DeviceContext* ctx = nullptr);
+  // The layer's end of a training step, after the optimizer (moe/moe_layer_step.cc): `stats`
+  // are the layer's statistics of the step summed over the whole world (the same on every
+  // rank); `updated`: the optimizer changed the weights (a finite step); `replica_plan`: the
+  // next hot-expert replica plan, or null to keep the current one. In order: the global aux
+  // loss's expert load from the step's counts (aux_loss_scope: global; updated only), the
+  // replicas marked stale and given the new plan (moe.replicate_hot_experts > 0), and
+  // aux-loss-free balancing's expert bias moved by the counts (expert_bias_rate > 0; updated
+  // only). Call on every rank of the layer's groups.
+  void EndOfStep(const MoEStats& stats, bool updated, const ReplicaPlan* replica_plan,
+                 DeviceContext* ctx = nullptr);
   Experts& experts() { return experts_; }
   const Experts& experts() const { return experts_; }
   DenseMlp* shared() { return shared_ ? &*shared_ : nullptr; }
@@ -239,6 +249,15 @@ class MoELayer {
   // Combine: the experts' rows back over ep, gate-weighted per token, plus the shared
   // experts of h: (N, d).
   Tensor CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
+                        DeviceContext* ctx) const;
+  // Backward runs the same helpers' mirrors in reverse order:
+  //   CombineOutputsBackward -> RunExpertsBackward -> DispatchBackward -> RouteGroupsBackward
+  // CombineOutputs' mirror: dh (N, d) = the shared experts' dx (or zeros), dgates (N, k) the
+  // gate gradients; returns the experts' output gradient grouped by local expert (R, d).
+  Tensor CombineOutputsBackward(const MoEActivations& acts, const Tensor& dy, Tensor& dgates,
+                                Tensor& dh, DeviceContext* ctx);
+  // Dispatch's mirror: the experts' input gradient (R, d) back over ep into dh (N, d).
+  void DispatchBackward(const Tensor& dgrouped_x, const MoEActivations& acts, Tensor& dh,
                         DeviceContext* ctx) const;
   // Dispatch, experts and combine in moe.overlap_chunks chunks (moe/overlap.h, in
   // moe_layer_overlap.cc): h (N, d) -> y (N, d), the same bits as the three above.

@@ -117,7 +117,7 @@ void CountValidRows(const RoutedGroups& routed, const OwnRouting& own, int64_t v
   const int64_t t = routed.local_tokens(), T = routed.group_tokens, lo = routed.own_begin();
   std::vector<int64_t> own_tokens;  // (t) the group token of each own row of a group
   if (routed.own_rows.defined()) {
-    own_tokens = routed.own_rows.To(Device::Cpu(), ctx).ToVector<int64_t>();
+    own_tokens = routed.own_rows.ToHost("moe.valid_rows", ctx).ToVector<int64_t>();
   } else {
     for (int64_t i = 0; i < t; ++i) own_tokens.push_back(lo + i);
   }

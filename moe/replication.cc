@@ -223,7 +223,7 @@ Tensor ReplicaDestinations(const ReplicaPlan& plan, const Tensor& experts,
       << "ReplicaDestinations: experts " << experts.DebugString() << " for "
       << row_tokens.size() << " rows";
   const int64_t n = experts.dim(0), k = experts.dim(1);
-  Tensor host = experts.device().is_cpu() ? experts : experts.To(Device::Cpu(), ctx);
+  const Tensor host = experts.ToHost("moe.replica_destinations", ctx);
   Tensor out = Tensor::Empty({n, k}, DType::kI32);
   const int32_t* in = host.data<int32_t>();
   int32_t* dst = out.data<int32_t>();

@@ -188,11 +188,7 @@ void CountAssignments(const Tensor& indices, std::span<int64_t> counts, DeviceCo
   // Every (token, slot) alike: indices as (n, 1).
   Tensor slot_counts = Tensor::Empty({E + 1}, DType::kI64, indices.device());
   kernels::CountSlotAssignments(indices.View({n, 1}), Tensor(), E, slot_counts, ctx);
-  Tensor host = slot_counts;
-  if (!host.device().is_cpu()) {
-    host = Tensor::Empty(slot_counts.shape(), DType::kI64);
-    host.CopyFrom(slot_counts, ctx);  // the one device->host copy; waits for ctx's stream
-  }
+  const Tensor host = slot_counts.ToHost("moe.assignment_counts", ctx);
   const int64_t* c = host.data<int64_t>();
   SY_CHECK_EQ(c[E], 0) << "expert indices outside [0, " << E << ")";
   for (int64_t e = 0; e < E; ++e) counts[e] += c[e];
@@ -217,7 +213,7 @@ void UpdateExpertBiasProportional(Tensor& bias, std::span<const int64_t> counts,
   for (int64_t c : counts) total += c;
   if (total == 0) return;
   const double mean = static_cast<double>(total) / static_cast<double>(e);
-  std::vector<float> b = bias.To(Device::Cpu(), ctx).ToVector<float>();
+  std::vector<float> b = bias.ToHost("moe.expert_bias", ctx).ToVector<float>();
   for (int64_t i = 0; i < e; ++i) {
     const double err = (mean - static_cast<double>(counts[i])) / mean;
     b[i] = static_cast<float>(static_cast<double>(b[i]) + static_cast<double>(rate) * err);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/core/allocator.h"
+#include "engine/core/counters.h"
 #include "engine/core/cuda_check.h"
 
 namespace switchyard::internal {
@@ -31,6 +32,7 @@ class CudaCachingAllocator final : public Allocator {
       stats_.cached -= size;
     } else {
       SY_CUDA_CHECK(cudaSetDevice(index_));
+      counters::CountCudaMalloc();
       cudaError_t err = cudaMalloc(&ptr, size);
       if (err == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();

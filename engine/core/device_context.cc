@@ -1,5 +1,7 @@
 #include "engine/core/device_context.h"
 
+#include "engine/core/counters.h"
+
 #ifdef SY_HAVE_CUDA
 #include "engine/core/cuda_check.h"
 #endif
@@ -27,6 +29,7 @@ std::unique_ptr<DeviceContext> DeviceContext::Create(Device device) {
 }
 
 DeviceContext::~DeviceContext() {
+  weight_shadows_.Clear();  // before the stream goes
 #ifdef SY_HAVE_CUDA
   if (device_.is_cuda()) {
     workspace_ = Tensor();
@@ -52,6 +55,7 @@ void DeviceContext::set_matmul_dtype(DType dtype) {
 }
 
 void DeviceContext::Synchronize() {
+  counters::CountReadback("synchronize");  // the host waits for the device, whatever the device
 #ifdef SY_HAVE_CUDA
   if (device_.is_cuda()) SY_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 #endif

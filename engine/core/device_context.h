@@ -7,6 +7,7 @@
 
 #include "engine/core/device.h"
 #include "engine/core/tensor.h"
+#include "engine/core/weight_shadows.h"
 
 namespace switchyard {
 
@@ -28,7 +29,8 @@ class DeviceContext {
   // the stream that uses the old workspace is ordered before any reuse.
   void* Workspace(size_t bytes);
 
-  // Waits for all work queued on the stream (no-op on the CPU).
+  // Waits for all work queued on the stream (no-op on the CPU); counted as a readback
+  // (engine/core/counters.h) on every device.
   void Synchronize();
 
   // The element type matrix products read their inputs in (mixed precision, MODEL.md
@@ -38,6 +40,10 @@ class DeviceContext {
   DType matmul_dtype() const { return matmul_dtype_; }
   void set_matmul_dtype(DType dtype);
 
+  // The bf16 shadows of the weights products read in bf16 mode (engine/core/weight_shadows.h);
+  // empty unless the trainer registers its weights.
+  WeightShadows& weight_shadows() { return weight_shadows_; }
+
  private:
   explicit DeviceContext(Device device) : device_(device) {}
 
@@ -46,6 +52,7 @@ class DeviceContext {
   void* cublas_ = nullptr;
   Tensor workspace_;
   DType matmul_dtype_ = DType::kF32;
+  WeightShadows weight_shadows_;
 };
 
 }  // namespace switchyard

@@ -15,27 +15,63 @@ static_assert(std::size(kNames) == static_cast<size_t>(Phase::kCount));
 
 }  // namespace
 
+#ifndef SY_HAVE_CUDA
+namespace internal {
+std::unique_ptr<PhaseEvents> MakePhaseEvents(DeviceContext*) { return nullptr; }
+}  // namespace internal
+#endif
+
 const char* PhaseName(Phase phase) {
   const int i = static_cast<int>(phase);
   return i >= 0 && i < static_cast<int>(Phase::kCount) ? kNames[i] : "other";
 }
 
+Profiler::Profiler() = default;
+Profiler::~Profiler() {
+  if (recording_ == this) recording_ = nullptr;
+}
+
+void Profiler::UseDeviceTiming(DeviceContext* ctx) { events_ = internal::MakePhaseEvents(ctx); }
+
 void Profiler::BeginStep() {
-  SY_CHECK(recording_ == nullptr) << "a profiler is already recording a step";
+  SY_CHECK(recording_ == nullptr && !skipping_) << "a profiler is already recording a step";
+  if (skipped_ < skip_steps_) {
+    skipping_ = true;
+    return;
+  }
   recording_ = this;
   open_ = Phase::kCount;
+  step_start_ = counters::Snapshot();
+  if (events_) events_->Record(static_cast<int>(Phase::kCount));
   since_ = Clock::now();
 }
 
 void Profiler::EndStep(double step_seconds) {
+  if (skipping_) {
+    skipping_ = false;
+    ++skipped_;
+    return;
+  }
   SY_CHECK(recording_ == this) << "EndStep without BeginStep";
   SY_CHECK(open_ == Phase::kCount) << "EndStep inside phase " << PhaseName(open_);
   recording_ = nullptr;
   ++steps_;
   step_seconds_ += step_seconds;
+  step_counts_.push_back(counters::Snapshot().Minus(step_start_));
+  if (events_) {
+    events_->Record(static_cast<int>(Phase::kCount));
+    events_->Collect(device_seconds_.data(), &device_step_s_);
+  }
+}
+
+DeviceCounts Profiler::total_counts() const {
+  DeviceCounts sum;
+  for (const DeviceCounts& c : step_counts_) sum.Add(c);
+  return sum;
 }
 
 Phase Profiler::Switch(Phase next) {
+  if (events_) events_->Record(static_cast<int>(open_));
   const Clock::time_point now = Clock::now();
   if (open_ != Phase::kCount) {
     seconds_[static_cast<int>(open_)] += std::chrono::duration<double>(now - since_).count();
@@ -75,10 +111,17 @@ ScopedAllToAll::~ScopedAllToAll() {
 
 std::string Profiler::Table() const {
   std::string out;
-  char line[160];
+  char line[256];
   const double steps = static_cast<double>(std::max<int64_t>(steps_, 1));
-  std::snprintf(line, sizeof(line), "profile over %lld step(s), %.3f s of step time:\n",
+  std::snprintf(line, sizeof(line), "profile over %lld step(s), %.3f s of step time",
                 static_cast<long long>(steps_), step_seconds_);
+  out += line;
+  if (skipped_ > 0) {
+    std::snprintf(line, sizeof(line), " (the first %lld step(s) skipped: warm-up)",
+                  static_cast<long long>(skipped_));
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), ":\n");
   out += line;
   std::snprintf(line, sizeof(line), "  %-20s %12s %12s %8s\n", "phase", "total (ms)",
                 "ms/step", "share");
@@ -102,6 +145,34 @@ std::string Profiler::Table() const {
                 1e3 * a2a / steps, 1e3 * exposed / steps, share(exposed), 1e3 * hidden / steps,
                 share(hidden));
   out += line;
+  if (events_) {
+    std::snprintf(line, sizeof(line), "GPU time (CUDA events), ms/step:");
+    out += line;
+    double phases = 0.0;
+    for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) {
+      phases += device_seconds_[i];
+      std::snprintf(line, sizeof(line), " %s %.3f,", kNames[i], 1e3 * device_seconds_[i] / steps);
+      out += line;
+    }
+    std::snprintf(line, sizeof(line), " other %.3f; step %.3f\n",
+                  1e3 * std::max(0.0, device_step_s_ - phases) / steps,
+                  1e3 * device_step_s_ / steps);
+    out += line;
+  }
+  // The device counts (engine/core/counters.h), per step.
+  const DeviceCounts total = total_counts();
+  std::snprintf(line, sizeof(line),
+                "device counts per step: %.1f kernel dispatches, %.2f readbacks, %.1f dtype "
+                "conversions (%.4g elements; weights %.1f), %.1f cudaMalloc\n",
+                total.dispatches / steps, total.readbacks / steps, total.conversions() / steps,
+                total.conversion_element_total() / steps, total.weight_conversion_calls / steps,
+                total.cuda_mallocs / steps);
+  out += line;
+  for (const auto& [site, n] : total.readback_sites) {
+    std::snprintf(line, sizeof(line), "  readback %-28s %8.2f per step\n", site.c_str(),
+                  n / steps);
+    out += line;
+  }
   return out;
 }
 
@@ -119,16 +190,40 @@ std::string Profiler::Json() const {
   };
   for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) add(kNames[i], seconds_[i]);
   add("other", other_seconds());
-  std::snprintf(buf, sizeof(buf), "{\"steps\": %lld, \"step_s\": %.9g, ",
-                static_cast<long long>(steps_), step_seconds_);
   char a2a[192];
   std::snprintf(a2a, sizeof(a2a),
                 ", \"all_to_all\": {\"in_flight_s\": %.9g, \"exposed_s\": %.9g, "
                 "\"hidden_s\": %.9g}",
                 all_to_all_s_, all_to_all_s_ - all_to_all_hidden_seconds(),
                 all_to_all_hidden_seconds());
-  return std::string(buf) + "\"phases\": {" + phases + "}, \"ms_per_step\": {" + per_step +
-         "}" + a2a + "}\n";
+  std::string counts = ", \"counts_per_step\": " + total_counts().Json(std::max<int64_t>(steps_, 1)) +
+                       ", \"counts\": [";
+  for (size_t i = 0; i < step_counts_.size(); ++i) {
+    counts += (i ? ", " : "") + step_counts_[i].Json();
+  }
+  counts += "]";
+  char skipped[64];
+  std::snprintf(skipped, sizeof(skipped), "\"skipped_steps\": %lld, ",
+                static_cast<long long>(skipped_));
+  std::string device;
+  if (events_) {
+    std::string ph;
+    double sum = 0.0;
+    for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) {
+      std::snprintf(buf, sizeof(buf), "%s\"%s\": %.9g", i ? ", " : "", kNames[i],
+                    device_seconds_[i]);
+      ph += buf;
+      sum += device_seconds_[i];
+    }
+    std::snprintf(buf, sizeof(buf), ", \"other\": %.9g", std::max(0.0, device_step_s_ - sum));
+    ph += buf;
+    std::snprintf(buf, sizeof(buf), ", \"device_step_s\": %.9g", device_step_s_);
+    device = std::string(buf) + ", \"device_phases\": {" + ph + "}";
+  }
+  std::snprintf(buf, sizeof(buf), "{\"steps\": %lld, \"step_s\": %.9g, ",
+                static_cast<long long>(steps_), step_seconds_);
+  return std::string(buf) + skipped + "\"phases\": {" + phases + "}, \"ms_per_step\": {" +
+         per_step + "}" + a2a + counts + device + "}\n";
 }
 
 }  // namespace switchyard

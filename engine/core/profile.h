@@ -7,7 +7,15 @@
 // (the rest, time inside no phase, is reported as "other"). Timers only run between
 // Profiler::BeginStep and EndStep of the profiler that is recording, so evaluation and
 // checkpointing between steps are not counted. Host time: on a GPU, kernels run
-// asynchronously and are charged to whichever phase waits for them.
+// asynchronously and are charged to whichever phase waits for them. So on a GPU
+// (UseDeviceTiming) every phase switch also records a CUDA event on the stream, and EndStep
+// waits for the step's last event and charges the GPU time between consecutive events to
+// the phase open between them: device_seconds(phase) is GPU time. The first
+// skip_steps() steps (warm-up: allocator misses, cuBLAS heuristics) are not profiled.
+//
+// Each profiled step also records the device counts of engine/core/counters.h (kernel
+// dispatches, readbacks by site, dtype conversions, cudaMalloc calls): step_counts() per
+// step, printed and written to profile.json.
 //
 //   Profiler profiler;                 // one per training run
 //   profiler.BeginStep();              // installs it as the recording profiler
@@ -24,9 +32,30 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "engine/core/counters.h"
 
 namespace switchyard {
+
+class DeviceContext;
+
+namespace internal {
+// GPU timing of the phases (profile_cuda.cc): an event per phase switch on the stream.
+class PhaseEvents {
+ public:
+  virtual ~PhaseEvents() = default;
+  // An event now on the stream, closing a span of phase `closing` (kCount: none).
+  virtual void Record(int closing) = 0;
+  // Waits for the last event; adds each closed span's GPU seconds to seconds[phase] (spans
+  // of no phase to seconds[kCount]) and the first-to-last time to *step; forgets the events.
+  virtual void Collect(double* seconds, double* step) = 0;
+};
+// Null in a build without the CUDA backend or for a host context.
+std::unique_ptr<PhaseEvents> MakePhaseEvents(DeviceContext* ctx);
+}  // namespace internal
 
 // The phases of a training step, in print order.
 enum class Phase : int {
@@ -50,11 +79,32 @@ const char* PhaseName(Phase phase);
 
 class Profiler {
  public:
+  Profiler();
+  ~Profiler();
+
   // Starts a step: this profiler records until EndStep. CHECK-fails if one already records.
+  // One of the first skip_steps() steps is run but not profiled (nothing records).
   void BeginStep();
   // Ends the step begun last; step_seconds is the step's measured wall time (the total the
   // phases are a part of).
   void EndStep(double step_seconds);
+
+  // Steps at the start not profiled (warm-up); 0 by default. Call before the first step.
+  void set_skip_steps(int64_t steps) { skip_steps_ = steps; }
+  int64_t skip_steps() const { return skip_steps_; }
+  int64_t skipped_steps() const { return skipped_; }
+  // Times the phases on ctx's stream with CUDA events too (a no-op for a host context or
+  // a build without CUDA). Call before the first step.
+  void UseDeviceTiming(DeviceContext* ctx);
+  bool device_timing() const { return events_ != nullptr; }
+  // GPU seconds of a phase (device_timing only); "other" is device_step_seconds() minus
+  // the phases.
+  double device_seconds(Phase phase) const { return device_seconds_[static_cast<int>(phase)]; }
+  double device_step_seconds() const { return device_step_s_; }
+
+  // The device counts of each profiled step, in order, and their sum.
+  const std::vector<DeviceCounts>& step_counts() const { return step_counts_; }
+  DeviceCounts total_counts() const;
 
   // The profiler recording now, or nullptr (profiling off, or between steps).
   static Profiler* Recording() { return recording_; }
@@ -72,9 +122,13 @@ class Profiler {
   // In flight while the step computed: seconds minus exposed (never negative).
   double all_to_all_hidden_seconds() const;
 
-  // A table: phase, total ms, ms per step, share of the step time; "other" and the total.
+  // A table: phase, total ms, ms per step, share of the step time (and GPU ms per step with
+  // device timing); "other" and the total; then the device counts per step.
   std::string Table() const;
-  // {"steps", "step_s", "phases": {name: seconds, ..., "other": s}, "ms_per_step": {...}}.
+  // {"steps", "skipped_steps", "step_s", "phases": {name: seconds, ..., "other": s},
+  //  "ms_per_step": {...}, "all_to_all": {...}, "counts_per_step": DeviceCounts::Json of the
+  //  mean, "counts": [one per profiled step]} and with device timing "device_step_s",
+  //  "device_phases".
   std::string Json() const;
 
  private:
@@ -85,6 +139,13 @@ class Profiler {
   Phase Switch(Phase next);
 
   static inline Profiler* recording_ = nullptr;
+  int64_t skip_steps_ = 0, skipped_ = 0;
+  bool skipping_ = false;  // inside a skipped step
+  DeviceCounts step_start_;
+  std::vector<DeviceCounts> step_counts_;
+  std::unique_ptr<internal::PhaseEvents> events_;
+  std::array<double, static_cast<int>(Phase::kCount) + 1> device_seconds_{};  // + no phase
+  double device_step_s_ = 0.0;
   std::array<double, static_cast<int>(Phase::kCount)> seconds_{};
   Phase open_ = Phase::kCount;
   Clock::time_point since_;

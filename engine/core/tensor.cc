@@ -3,6 +3,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "engine/core/counters.h"
 #include "engine/core/device_context.h"
 #include "engine/core/thread_pool.h"
 
@@ -134,6 +135,11 @@ Tensor Tensor::To(Device device, DeviceContext* ctx) const {
   Tensor out = Empty(shape_, dtype_, device);
   out.CopyFrom(*this, ctx);
   return out;
+}
+
+Tensor Tensor::ToHost(const char* site, DeviceContext* ctx) const {
+  counters::CountReadback(site);
+  return device().is_cpu() ? *this : To(Device::Cpu(), ctx);
 }
 
 void Tensor::CopyFrom(const Tensor& src, DeviceContext* ctx) {

@@ -107,6 +107,12 @@ class Tensor {
   // A new tensor with its own copy of the data, on `device` (default: the same device).
   Tensor Clone(DeviceContext* ctx = nullptr) const;
   Tensor To(Device device, DeviceContext* ctx = nullptr) const;
+  // The values for the host to read: this tensor itself when it is on the host (the same
+  // storage: read it, do not write it), else a host copy (waits for ctx's stream). Counts one
+  // device->host readback named `site` (engine/core/counters.h) on every device, so a CPU
+  // run counts the readbacks a GPU run of the same config has. Host code reads device
+  // values through it.
+  Tensor ToHost(const char* site, DeviceContext* ctx = nullptr) const;
   // Copies src (same dtype and numel; any devices) into this tensor. Synchronous for
   // device->host copies; ordered on ctx's stream otherwise.
   void CopyFrom(const Tensor& src, DeviceContext* ctx = nullptr);

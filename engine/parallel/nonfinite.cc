@@ -13,7 +13,7 @@ std::string FirstNonFiniteGrad(const parallel::ParameterRegistry& registry,
   for (const HeldGrad& h : HeldGrads(registry, zero)) {
     const parallel::Parameter& p = registry.params()[h.index];
     const Tensor& grad = h.grad;
-    const Tensor host = grad.device().is_cpu() ? grad : grad.To(Device::Cpu());
+    const Tensor host = grad.ToHost("nonfinite_grads");
     const std::vector<float> v = host.Reshape({host.numel()}).ToVector<float>();
     for (size_t k = 0; k < v.size(); ++k) {
       if (std::isfinite(v[k])) continue;

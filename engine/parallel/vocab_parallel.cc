@@ -68,9 +68,10 @@ kernels::CrossEntropySums VocabParallelCrossEntropy(const Tensor& logits, const 
   if (tp.size() > 1) tp.AllReduce(sums, dist::ReduceOp::kSum);
 
   // loss_r = log(sum) + max - target, summed in double in row order on the host.
-  const std::vector<float> m = maxima.To(Device::Cpu(), ctx).ToVector<float>();
-  const std::vector<float> s = sums.To(Device::Cpu(), ctx).ToVector<float>();
-  const std::vector<int32_t> ids = flat_targets.To(Device::Cpu(), ctx).ToVector<int32_t>();
+  const std::vector<float> m = maxima.ToHost("vocab_parallel.ce", ctx).ToVector<float>();
+  const std::vector<float> s = sums.ToHost("vocab_parallel.ce", ctx).ToVector<float>();
+  const std::vector<int32_t> ids =
+      flat_targets.ToHost("vocab_parallel.ce", ctx).ToVector<int32_t>();
   const int64_t vocab = static_cast<int64_t>(m[n]);
   kernels::CrossEntropySums result;
   for (int64_t r = 0; r < n; ++r) {

@@ -2,6 +2,10 @@
 // (ordered gradient accumulation when on), gradient sync and the tied-embedding sum, the
 // non-finite check (train.on_nonfinite), clipping and the update, the routing statistics
 // and the expert-bias update. Kept apart from trainer.cc (set-up, checkpoints, the run loop).
+//
+// runtime.precision=bf16: the micro-batches' products read bf16 shadows of the weights,
+// written once per step at their first use (engine/core/weight_shadows.h); the window closes
+// when the backward passes end, before anything changes a weight.
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -35,6 +39,24 @@ Tensor PackGrads(const parallel::ParameterRegistry& reg, DeviceContext* ctx) {
   return flat;
 }
 
+// Opens the step's bf16 weight-shadow window (bf16 products only; not under ZeRO stage 3,
+// whose parameters are released between uses): the trainable weights (2-d and more) are
+// registered at the first step, and every shadow is written again at its first use.
+void OpenWeightShadows(DeviceContext& ctx, const parallel::ParameterRegistry& reg,
+                       int zero_stage) {
+  if (ctx.matmul_dtype() != DType::kBF16 || zero_stage >= 3) return;
+  WeightShadows& shadows = ctx.weight_shadows();
+  if (shadows.empty()) {
+    for (const parallel::Parameter& p : reg.params()) {
+      if (p.trainable && p.value.defined() && p.value.ndim() >= 2 &&
+          p.value.dtype() == DType::kF32) {
+        shadows.Register(p.value);
+      }
+    }
+  }
+  shadows.Activate();
+}
+
 void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceContext* ctx) {
   int64_t at = 0;
   for (parallel::Parameter& p : reg.params()) {
@@ -65,12 +87,14 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   if (!StreamGradients()) zero_->MaterializeGradients();
   registry_.ZeroGrad(rt_.ctx.get());  // the resident gradients (streaming: the unbucketed)
   // The weights may have been loaded or rolled back since the last step: fresh replicas.
-  UpdateReplicas(nullptr);
+  MarkReplicasStale();
   // The micro-batches and the ordered accumulation's tree live to the end of the step (the
   // workspace peak counts them through the sync and the update).
   dist::TreeAccumulator grads(rt_.ctx.get());
   std::vector<data::Batch> batches(tc.grad_accum);
+  OpenWeightShadows(*rt_.ctx, registry_, config_.parallel.zero_stage);
   StepSums step = AccumulateGradients(record_routing, batches, grads);
+  rt_.ctx->weight_shadows().Deactivate();  // the weights change from here on
   SyncGradients();
   if (step_ == nan_step_) InjectNan();
   const double local_sums[3] = {dist::TreeSumDoubles(step.ce), dist::TreeSumDoubles(step.aux),
@@ -163,7 +187,7 @@ void Trainer::AddForward(int c, int micro, const model::DecoderOutput& out,
     step.stats[moe_slot_of_[c][layer]].Add(out.moe_stats[layer]);
     // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
     if (batch != nullptr && pc_->tp_cp().rank() == 0 && routing_) {
-      routing_->Add(moe_slot_of_[c][layer], out.moe_indices[layer].To(Device::Cpu(), rt_.ctx.get()),
+      routing_->Add(moe_slot_of_[c][layer], out.moe_indices[layer].ToHost("routing_record", rt_.ctx.get()),
                     batch->labels.Reshape({batch->labels.numel()}));
     }
   }
@@ -213,53 +237,36 @@ void Trainer::Update(bool finite, float lr, float clip_scale, std::vector<moe::M
     if (pc_->pp().size() > 1) s.AllReduce(pc_->pp());
   }
   phase.reset();
-  // The global aux loss's f: the whole world's counts of this step, for the next.
-  if (finite && config_.moe.aux_loss_scope == moe::AuxLossScope::kGlobal) {
-    for (int c = 0; c < pipeline_->chunks(); ++c) {
-      std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
-      for (size_t l = 0; l < layers.size(); ++l) {
-        layers[l]->UpdateExpertLoad(stats[moe_slot_of_[c][l]].tokens_per_expert, rt_.ctx.get());
-      }
-    }
-  }
-  UpdateReplicas(&stats);
-  // Aux-loss-free balancing: the bias follows the whole world's counts of this step.
-  if (!finite || config_.moe.expert_bias_rate <= 0) return;
+  // Each MoE layer's end of the step from the whole world's statistics: the global aux
+  // loss's expert load, the replicas and their next plan, the expert bias (moe/moe_layer.h).
+  const std::vector<moe::ReplicaPlan> plans = NextReplicaPlans(stats);
   for (int c = 0; c < pipeline_->chunks(); ++c) {
     std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
     for (size_t l = 0; l < layers.size(); ++l) {
-      Tensor bias = layers[l]->expert_bias();
-      const std::vector<int64_t>& counts = stats[moe_slot_of_[c][l]].tokens_per_expert;
-      if (config_.moe.expert_bias_update == moe::ExpertBiasUpdate::kProportional) {
-        moe::UpdateExpertBiasProportional(bias, counts, config_.moe.expert_bias_rate, rt_.ctx.get());
-      } else {
-        moe::UpdateExpertBias(bias, counts, config_.moe.expert_bias_rate, rt_.ctx.get());
-      }
+      const size_t slot = moe_slot_of_[c][l];
+      layers[l]->EndOfStep(stats[slot], finite, plans.empty() ? nullptr : &plans[slot],
+                           rt_.ctx.get());
     }
   }
 }
 
-void Trainer::UpdateReplicas(const std::vector<moe::MoEStats>* stats) {
-  const moe::MoEConfig& mc = config_.moe;
-  if (mc.replicate_hot_experts <= 0) return;
-  std::vector<moe::ReplicaPlan> plans;
-  if (stats != nullptr) {
-    if (!replica_planner_) {
-      replica_planner_.emplace(mc.replicate_hot_experts, mc.replicate_every,
-                               config_.parallel.ep);
-    }
-    // The tokens the experts were sent (after capacity), the whole world's.
-    std::vector<std::vector<int64_t>> counts;
-    for (const moe::MoEStats& s : *stats) counts.push_back(s.tokens_per_expert_kept);
-    plans = replica_planner_->AddStep(counts);
-  }
+void Trainer::MarkReplicasStale() {
+  if (config_.moe.replicate_hot_experts <= 0) return;
   for (int c = 0; c < pipeline_->chunks(); ++c) {
-    std::vector<moe::MoELayer*> layers = pipeline_->chunk(c).moe_layers();
-    for (size_t l = 0; l < layers.size(); ++l) {
-      layers[l]->MarkExpertsUpdated();
-      if (!plans.empty()) layers[l]->SetReplicaPlan(plans[moe_slot_of_[c][l]], rt_.ctx.get());
-    }
+    for (moe::MoELayer* layer : pipeline_->chunk(c).moe_layers()) layer->MarkExpertsUpdated();
   }
+}
+
+std::vector<moe::ReplicaPlan> Trainer::NextReplicaPlans(const std::vector<moe::MoEStats>& stats) {
+  const moe::MoEConfig& mc = config_.moe;
+  if (mc.replicate_hot_experts <= 0) return {};
+  if (!replica_planner_) {
+    replica_planner_.emplace(mc.replicate_hot_experts, mc.replicate_every, config_.parallel.ep);
+  }
+  // The tokens the experts were sent (after capacity), the whole world's.
+  std::vector<std::vector<int64_t>> counts;
+  for (const moe::MoEStats& s : stats) counts.push_back(s.tokens_per_expert_kept);
+  return replica_planner_->AddStep(counts);
 }
 
 void Trainer::SumTiedEmbeddingGrads() {

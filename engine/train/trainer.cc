@@ -276,8 +276,12 @@ Status Trainer::Resume(const std::string& path) {
   return OkStatus();
 }
 
-void Trainer::EnableProfile() {
-  if (!profiler_) profiler_ = std::make_unique<Profiler>();
+void Trainer::EnableProfile(int64_t skip_steps) {
+  if (profiler_) return;
+  profiler_ = std::make_unique<Profiler>();
+  const bool gpu = rt_.ctx->device().is_cuda();
+  profiler_->set_skip_steps(skip_steps >= 0 ? skip_steps : gpu ? kGpuProfileSkipSteps : 0);
+  if (gpu) profiler_->UseDeviceTiming(rt_.ctx.get());
 }
 
 double Trainer::Validate() {

@@ -87,11 +87,17 @@ class Trainer {
   // The next step to run (the steps run so far, counting those before a resume).
   int64_t step() const { return step_; }
   // `switchyard train --profile`: from now on every step's time is split into phases
-  // (engine/core/profile.h); Run prints the table at its end (rank 0) and writes
-  // OUT/profile.json. Off by default (the timers then cost one branch each).
-  void EnableProfile();
+  // (engine/core/profile.h) and its device work counted (engine/core/counters.h); Run prints
+  // the table at its end (rank 0) and writes OUT/profile.json. Off by default (the timers
+  // then cost one branch each). The first skip_steps steps are not profiled (< 0: the
+  // default, kGpuProfileSkipSteps on a GPU, whose phases are then timed with CUDA events,
+  // and 0 on the CPU).
+  static constexpr int64_t kGpuProfileSkipSteps = 3;
+  void EnableProfile(int64_t skip_steps = -1);
   // The profile of this rank's steps so far; nullptr unless EnableProfile was called.
   const Profiler* profile() const { return profiler_.get(); }
+  // This rank's device context (its stream, matmul precision and bf16 weight shadows).
+  DeviceContext& device_context() { return *rt_.ctx; }
   // The host groups of this rank (benchmarks read their traffic).
   const dist::ParallelContext& parallel_context() const { return *pc_; }
   // Losses of the steps run so far (reduced over the data-parallel world), for tests.
@@ -170,11 +176,14 @@ class Trainer {
   std::vector<double> ReduceLossSums(std::span<const double> local);
   bool AgreeFinite(double loss, double norm, std::string* first_bad);
   void Update(bool finite, float lr, float clip_scale, std::vector<moe::MoEStats>& stats);
-  // Hot-expert relief (moe.replicate_hot_experts > 0): marks every MoE layer's replicas
-  // stale (their owners' weights may have changed) and, every moe.replicate_every steps,
-  // gives each layer the plan from the world's counts of those steps (the same on every
-  // rank). stats: the step's, reduced over the world.
-  void UpdateReplicas(const std::vector<moe::MoEStats>* stats);
+  // Hot-expert relief (moe.replicate_hot_experts > 0) at a step's start: marks every MoE
+  // layer's replicas stale (their owners' weights may have changed since the last step).
+  void MarkReplicasStale();
+  // Hot-expert relief after a step: every moe.replicate_every steps, the next plan of each
+  // MoE layer (moe_layer_ids_ order) from the world's counts of those steps (the same on
+  // every rank); empty otherwise (keep the plans) or without replication. stats: the step's,
+  // reduced over the world.
+  std::vector<moe::ReplicaPlan> NextReplicaPlans(const std::vector<moe::MoEStats>& stats);
   // train.ordered_grad_accum with more than one micro-batch: each micro-batch's gradient
   // alone, summed in the tree order.
   bool OrderedAccumulation() const {
