@@ -101,7 +101,7 @@ StatusOr<config::Config> LoadLayerConfig(const Flags& f, int world) {
                            " must be 1 (or 0)");
   }
   SY_RETURN_IF_ERROR(config.Validate(world));
-  if (config.runtime.device != "cpu" && world > 1) {
+  if (!config.runtime.device.is_cpu() && world > 1) {
     return InvalidArgument("moe-layer runs runtime.device=", config.runtime.device,
                            " on one rank only (got ", world, " ranks)");
   }

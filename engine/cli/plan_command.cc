@@ -68,9 +68,10 @@ StatusOr<plan::PlanInputs> Inputs(const Flags& f, const plan::Hardware& hw) {
   }
   in.precision = f.precision;
   if (in.precision.empty()) {
-    in.precision = config.runtime.precision != "auto" ? config.runtime.precision
-                   : hw.name.rfind("cpu", 0) == 0    ? "fp32"
-                                                     : "bf16";
+    in.precision = config.runtime.precision != config::Precision::kAuto
+                       ? NameOf(config::kPrecisionNames, config.runtime.precision)
+                   : hw.name.rfind("cpu", 0) == 0 ? "fp32"
+                                                  : "bf16";
   }
   if (in.precision != "bf16" && in.precision != "fp32" && in.precision != "fp8" && in.precision != "fp8-cs") {
     return InvalidArgument("--precision ", in.precision, " is not one of bf16, fp32, fp8, fp8-cs");

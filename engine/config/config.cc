@@ -89,6 +89,38 @@ Field BindEnum(const std::string& key, E* ptr, StatusOr<E> (*parse)(const std::s
   return f;
 }
 
+// A key whose value is one of the names of `table` (engine/core/enum_names.h); an unknown
+// name is "section.key='x' is not one of a, b, c".
+template <typename E, size_t N>
+Field BindNamed(const std::string& key, E* ptr, const EnumName<E> (&table)[N]) {
+  Field f;
+  f.key = key;
+  f.set = [ptr, &table](const YAML::Node& node, const std::string& where) -> Status {
+    if (!node.IsScalar()) {
+      return InvalidArgument(where, ": expected a name, got '", Scalar(node), "'");
+    }
+    SY_ASSIGN_OR_RETURN(*ptr, ParseByName(table, node.Scalar(), where));
+    return OkStatus();
+  };
+  f.show = [ptr, &table]() { return std::string(NameOf(table, *ptr)); };
+  return f;
+}
+
+// runtime.device: cpu, cuda or cuda:N (runtime_config.h).
+Field BindRuntimeDevice(const std::string& key, RuntimeDevice* ptr) {
+  Field f;
+  f.key = key;
+  f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
+    if (!node.IsScalar()) {
+      return InvalidArgument(where, ": expected a name, got '", Scalar(node), "'");
+    }
+    SY_ASSIGN_OR_RETURN(*ptr, ParseRuntimeDevice(node.Scalar()));
+    return OkStatus();
+  };
+  f.show = [ptr]() { return RuntimeDeviceName(*ptr); };
+  return f;
+}
+
 // data.paths: a list of {dir: STRING, weight: NUMBER (default 1)}.
 Field BindDataPaths(const std::string& key, std::vector<data::DataPath>* ptr) {
   Field f;
@@ -186,14 +218,15 @@ std::vector<Section> Sections(Config& c) {
         Bind("replicate_every", &m.replicate_every), Bind("overlap_chunks", &m.overlap_chunks)}},
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
-        Bind("pp", &p.pp), Bind("pipeline_schedule", &p.pipeline_schedule),
+        Bind("pp", &p.pp),
+        BindNamed("pipeline_schedule", &p.pipeline_schedule, parallel::kPipelineScheduleNames),
         Bind("virtual_stages", &p.virtual_stages), Bind("pipeline_layers", &p.pipeline_layers),
         Bind("zero_stage", &p.zero_stage),
         Bind("offload_optimizer", &p.offload_optimizer), Bind("order", &p.order),
         Bind("sequence_parallel", &p.sequence_parallel),
         Bind("ranks_per_node", &p.ranks_per_node)}},
       {"train",
-       {BindEnum("optimizer", &t.optimizer, ParseOptimizerKind, OptimizerKindName),
+       {BindNamed("optimizer", &t.optimizer, kOptimizerKindNames),
         Bind("lr", &t.lr), Bind("min_lr", &t.min_lr), Bind("warmup_steps", &t.warmup_steps),
         Bind("max_steps", &t.max_steps), Bind("weight_decay", &t.weight_decay),
         Bind("beta1", &t.beta1), Bind("beta2", &t.beta2), Bind("eps", &t.eps),
@@ -202,12 +235,15 @@ std::vector<Section> Sections(Config& c) {
         Bind("grad_accum", &t.grad_accum), Bind("seed", &t.seed),
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
         Bind("checkpoint_every", &t.checkpoint_every),
-        BindEnum("recompute", &t.recompute, model::ParseRecompute, model::RecomputeName),
-        Bind("on_nonfinite", &t.on_nonfinite), Bind("max_nonfinite_skips", &t.max_nonfinite_skips),
+        BindNamed("recompute", &t.recompute, model::kRecomputeNames),
+        BindNamed("on_nonfinite", &t.on_nonfinite, kNonFiniteActionNames),
+        Bind("max_nonfinite_skips", &t.max_nonfinite_skips),
         Bind("collective_timeout_s", &t.collective_timeout_s)}},
       {"data", {Bind("dir", &c.data.dir), BindDataPaths("paths", &c.data.paths),
                 Bind("verify", &c.data.verify)}},
-      {"runtime", {Bind("device", &c.runtime.device), Bind("precision", &c.runtime.precision)}},
+      {"runtime",
+       {BindRuntimeDevice("device", &c.runtime.device),
+        BindNamed("precision", &c.runtime.precision, kPrecisionNames)}},
       {"plan", {Bind("world", &c.plan.world), Bind("device_memory_gib", &c.plan.device_memory_gib)}},
       {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };
@@ -293,16 +329,6 @@ StatusOr<YAML::Node> OverrideNode(const std::string& text) {
 
 }  // namespace
 
-Status RuntimeConfig::Validate() const {
-  if (auto d = ParseDevice(device); !d.ok()) {
-    return InvalidArgument("runtime.device='", device, "' is not one of cpu, cuda, cuda:N");
-  }
-  if (precision != "auto" && precision != "fp32" && precision != "bf16") {
-    return InvalidArgument("runtime.precision='", precision, "' is not one of auto, fp32, bf16");
-  }
-  return OkStatus();
-}
-
 Status PlanConfig::Validate() const {
   if (world < 0) return InvalidArgument("plan.world=", world, " must be >= 0 (0: the smallest world)");
   if (!(device_memory_gib >= 0.0f) || !std::isfinite(device_memory_gib)) {
@@ -362,11 +388,11 @@ Status Config::Validate(int world) const {
   if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
   SY_RETURN_IF_ERROR(moe.Validate());
   // The CUDA router kernels implement softmax scores without group limits only.
-  if (runtime.device != "cpu" && moe.score == moe::ScoreFunction::kSigmoid) {
+  if (!runtime.device.is_cpu() && moe.score == moe::ScoreFunction::kSigmoid) {
     return InvalidArgument("moe.score=sigmoid runs on the CPU only (runtime.device=",
                            runtime.device, ")");
   }
-  if (runtime.device != "cpu" && moe.route_groups > 0) {
+  if (!runtime.device.is_cpu() && moe.route_groups > 0) {
     return InvalidArgument("moe.route_groups=", moe.route_groups,
                            " (node-limited routing) runs on the CPU only (runtime.device=",
                            runtime.device, ")");

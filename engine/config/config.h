@@ -15,6 +15,7 @@
 #include "engine/model/model_config.h"
 #include "engine/data/blend.h"
 #include "engine/config/parallel_config.h"
+#include "engine/config/runtime_config.h"
 #include "engine/config/train_config.h"
 #include "moe/moe_config.h"
 
@@ -34,17 +35,6 @@ struct DataConfig {
   Status Validate() const;
   // The folder named in messages: `dir`, or the blend's first dataset.
   const std::string& FirstDir() const { return paths.empty() ? dir : paths[0].dir; }
-};
-
-// runtime: where the step runs and the element type of its matrix products.
-struct RuntimeConfig {
-  std::string device = "cpu";      // cpu | cuda (each rank: GPU local_rank % GPUs) | cuda:N
-  std::string precision = "auto";  // auto | fp32 | bf16: the matrix products' input type
-                                   // (f32 accumulation, f32 master weights and optimizer
-                                   // state); auto is bf16 on a GPU and fp32 on the CPU
-
-  // Names the key and the value it rejects.
-  Status Validate() const;
 };
 
 // plan: what `switchyard train --dry-run` plans for (docs/recipes.md); training ignores it.

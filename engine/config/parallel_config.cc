@@ -92,16 +92,13 @@ Status CheckWorld(const ParallelConfig& p, int world) {
 // Pipeline: the schedule fits the micro-batches and the layers split into the stages.
 Status CheckPipeline(const ParallelConfig& p, const model::ModelConfig& model,
                      const moe::MoEConfig& moe, int64_t micro_batches) {
-  auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
-  if (!schedule.ok()) {
-    return InvalidArgument("parallel.pipeline_schedule: ", schedule.status().message());
-  }
   if (p.pp > 1 || p.virtual_stages != 1) {
-    const Status fits = parallel::CheckScheduleArgs(*schedule, p.pp, static_cast<int>(micro_batches),
-                                                    p.virtual_stages);
+    const Status fits = parallel::CheckScheduleArgs(
+        p.pipeline_schedule, p.pp, static_cast<int>(micro_batches), p.virtual_stages);
     if (!fits.ok()) {
       return InvalidArgument("parallel.pp=", p.pp, ", parallel.pipeline_schedule=",
-                             p.pipeline_schedule, ", parallel.virtual_stages=", p.virtual_stages,
+                             parallel::PipelineScheduleName(p.pipeline_schedule),
+                             ", parallel.virtual_stages=", p.virtual_stages,
                              ", train.grad_accum=", micro_batches, " (the micro-batches): ",
                              fits.message());
     }

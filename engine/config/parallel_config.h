@@ -9,6 +9,7 @@
 #include "engine/core/status.h"
 #include "engine/dist/mesh.h"
 #include "engine/model/model_config.h"
+#include "engine/parallel/pipeline_schedule.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::config {
@@ -25,7 +26,7 @@ struct ParallelConfig {
   // virtual_stages model chunks per rank for interleaved, and the layers of each model
   // stage (pp x virtual_stages counts summing to model.n_layers; empty: balanced by
   // compute and parameters, engine/model/stage.h).
-  std::string pipeline_schedule = "1f1b";
+  parallel::PipelineSchedule pipeline_schedule = parallel::PipelineSchedule::kOneFOneB;
   int virtual_stages = 1;
   std::vector<int64_t> pipeline_layers;
   // ZeRO stage 0-3 (engine/parallel/zero.h, docs/zero.md): 1 shards the optimizer state

@@ -5,18 +5,10 @@
 namespace switchyard::config {
 
 StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  if (name == "sgd") return OptimizerKind::kSgd;
-  return InvalidArgument("train.optimizer='", name, "' is not one of adamw, sgd");
+  return ParseByName(kOptimizerKindNames, name, "train.optimizer");
 }
 
-const char* OptimizerKindName(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kAdamW: return "adamw";
-    case OptimizerKind::kSgd: return "sgd";
-  }
-  return "?";
-}
+const char* OptimizerKindName(OptimizerKind kind) { return NameOf(kOptimizerKindNames, kind); }
 
 Status TrainConfig::Validate() const {
   for (auto [key, v] : {std::pair<const char*, int64_t>{"micro_batch_size", micro_batch_size},
@@ -51,9 +43,6 @@ Status TrainConfig::Validate() const {
   }
   if (!(bucket_mb > 0.0f && bucket_mb <= 1e6f) || bucket_bytes() < 1) {
     return InvalidArgument("train.bucket_mb=", bucket_mb, " must be in (0, 1e6]");
-  }
-  if (on_nonfinite != "stop" && on_nonfinite != "skip") {
-    return InvalidArgument("train.on_nonfinite='", on_nonfinite, "' is not one of stop, skip");
   }
   if (!(collective_timeout_s >= 0) || !std::isfinite(collective_timeout_s)) {
     return InvalidArgument("train.collective_timeout_s=", collective_timeout_s,

@@ -6,16 +6,24 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/core/enum_names.h"
 #include "engine/core/status.h"
 #include "engine/model/recompute.h"
 
 namespace switchyard::config {
 
 enum class OptimizerKind { kAdamW, kSgd };
+inline constexpr EnumName<OptimizerKind> kOptimizerKindNames[] = {
+    {OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kSgd, "sgd"}};
 
-// "adamw", "sgd".
+// "adamw", "sgd"; anything else names the config key train.optimizer.
 StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
 const char* OptimizerKindName(OptimizerKind kind);
+
+// train.on_nonfinite: what a step whose loss or gradient norm is not finite does.
+enum class NonFiniteAction { kStop, kSkip };
+inline constexpr EnumName<NonFiniteAction> kNonFiniteActionNames[] = {
+    {NonFiniteAction::kStop, "stop"}, {NonFiniteAction::kSkip, "skip"}};
 
 struct TrainConfig {
   OptimizerKind optimizer = OptimizerKind::kAdamW;  // adamw | sgd
@@ -51,11 +59,11 @@ struct TrainConfig {
   // Results are bit-identical; memory falls, compute rises (full: one more forward).
   model::Recompute recompute = model::Recompute::kNone;
   // What a step whose loss or global gradient norm is not finite (NaN, Inf) does
-  // (docs/failures.md): "stop" saves nothing new and exits with code 3, the last good
-  // checkpoint staying the latest; "skip" leaves the weights and the optimizer as they
+  // (docs/failures.md): stop saves nothing new and exits with code 3, the last good
+  // checkpoint staying the latest; skip leaves the weights and the optimizer as they
   // were (the step's data is consumed), counts the step in metrics.jsonl, and stops as
-  // "stop" does after max_nonfinite_skips such steps in a row.
-  std::string on_nonfinite = "stop";
+  // stop does after max_nonfinite_skips such steps in a row.
+  NonFiniteAction on_nonfinite = NonFiniteAction::kStop;
   int64_t max_nonfinite_skips = 10;  // with on_nonfinite=skip: skipped steps in a row allowed
   // The collective watchdog (engine/dist/watchdog.h): a rank whose collective has not
   // completed after this many seconds names it, its group and the ranks that have not

@@ -9,15 +9,18 @@
 namespace switchyard {
 
 std::string Device::ToString() const {
-  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+  const std::string name = NameOf(kDeviceTypeNames, type);
+  return is_cpu() ? name : name + ":" + std::to_string(index);
 }
 
 StatusOr<Device> ParseDevice(std::string_view text) {
-  if (text == "cpu") return Device::Cpu();
-  if (text == "cuda") return Device::Cuda(0);
-  if (text.substr(0, 5) == "cuda:") {
+  const size_t colon = text.find(':');
+  const std::optional<DeviceType> type = FindByName(kDeviceTypeNames, text.substr(0, colon));
+  if (type == DeviceType::kCPU && colon == std::string_view::npos) return Device::Cpu();
+  if (type == DeviceType::kCUDA) {
+    if (colon == std::string_view::npos) return Device::Cuda(0);
     int index = -1;
-    auto digits = text.substr(5);
+    auto digits = text.substr(colon + 1);
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
     if (ec == std::errc() && end == digits.data() + digits.size() && index >= 0) {
       return Device::Cuda(index);

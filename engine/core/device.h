@@ -4,11 +4,16 @@
 #include <ostream>
 #include <string>
 
+#include "engine/core/enum_names.h"
 #include "engine/core/status.h"
 
 namespace switchyard {
 
 enum class DeviceType : uint8_t { kCPU, kCUDA };
+
+// "cpu", "cuda": the names before a device's ":N".
+inline constexpr EnumName<DeviceType> kDeviceTypeNames[] = {{DeviceType::kCPU, "cpu"},
+                                                             {DeviceType::kCUDA, "cuda"}};
 
 struct Device {
   DeviceType type = DeviceType::kCPU;

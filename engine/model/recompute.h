@@ -17,11 +17,14 @@
 
 #include <string>
 
+#include "engine/core/enum_names.h"
 #include "engine/core/status.h"
 
 namespace switchyard::model {
 
 enum class Recompute { kNone, kSelective, kFull };
+inline constexpr EnumName<Recompute> kRecomputeNames[] = {
+    {Recompute::kNone, "none"}, {Recompute::kSelective, "selective"}, {Recompute::kFull, "full"}};
 
 // "none", "selective", "full"; anything else names the config key train.recompute.
 StatusOr<Recompute> ParseRecompute(const std::string& name);

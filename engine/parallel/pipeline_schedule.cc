@@ -90,24 +90,13 @@ std::vector<Action> InterleavedActions(const StageMap& map, int m, int rank) {
 }  // namespace
 
 std::string_view PipelineScheduleName(PipelineSchedule schedule) {
-  switch (schedule) {
-    case PipelineSchedule::kGPipe:
-      return "gpipe";
-    case PipelineSchedule::kOneFOneB:
-      return "1f1b";
-    case PipelineSchedule::kInterleaved:
-      return "interleaved";
-  }
-  return "?";
+  return NameOf(kPipelineScheduleNames, schedule);
 }
 
 StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name) {
-  for (PipelineSchedule s : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB,
-                             PipelineSchedule::kInterleaved}) {
-    if (PipelineScheduleName(s) == name) return s;
-  }
-  return InvalidArgument("unknown pipeline schedule \"", std::string(name),
-                         "\" (expected gpipe, 1f1b or interleaved)");
+  if (std::optional<PipelineSchedule> s = FindByName(kPipelineScheduleNames, name)) return *s;
+  return InvalidArgument("unknown pipeline schedule \"", std::string(name), "\" (expected ",
+                         JoinNames(kPipelineScheduleNames, " or "), ")");
 }
 
 std::string_view ActionKindName(ActionKind kind) {

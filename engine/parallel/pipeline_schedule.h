@@ -28,13 +28,19 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/enum_names.h"
 #include "engine/core/status.h"
 
 namespace switchyard::parallel {
 
 enum class PipelineSchedule { kGPipe, kOneFOneB, kInterleaved };
+// The config's parallel.pipeline_schedule values.
+inline constexpr EnumName<PipelineSchedule> kPipelineScheduleNames[] = {
+    {PipelineSchedule::kGPipe, "gpipe"},
+    {PipelineSchedule::kOneFOneB, "1f1b"},
+    {PipelineSchedule::kInterleaved, "interleaved"}};
 
-// "gpipe", "1f1b", "interleaved" (the config's parallel.pipeline_schedule values).
+// "gpipe", "1f1b", "interleaved".
 std::string_view PipelineScheduleName(PipelineSchedule schedule);
 // The inverse of PipelineScheduleName; an unknown name is InvalidArgument listing the three.
 StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);

@@ -149,7 +149,7 @@ ActivationBytes EstimateActivationBytes(const config::Config& c) {
   a.hidden = bytes * d * rows;
   // tokens and targets on the device (this rank's chunks under cp); on the CPU the loader's
   // batch (inputs, targets, document labels: whole sequences) is in the same ledger.
-  a.tokens = bytes * (c.runtime.device == "cpu" ? 3 * s.cp + 2 : 2);
+  a.tokens = bytes * (c.runtime.device.is_cpu() ? 3 * s.cp + 2 : 2);
   return a;
 }
 

@@ -13,8 +13,9 @@ namespace {
 // Bytes of one converted operand element: 2 (bf16 on a GPU), 4 (rounded f32 on the CPU),
 // 0 when the products read their f32 inputs as they are.
 double OperandCopyBytes(const config::Config& c) {
-  const bool gpu = c.runtime.device.rfind("cuda", 0) == 0;
-  const bool bf16 = c.runtime.precision == "bf16" || (c.runtime.precision == "auto" && gpu);
+  const bool gpu = !c.runtime.device.is_cpu();
+  const bool bf16 = c.runtime.precision == config::Precision::kBf16 ||
+                    (c.runtime.precision == config::Precision::kAuto && gpu);
   return bf16 ? (gpu ? 2.0 : 4.0) : 0.0;
 }
 

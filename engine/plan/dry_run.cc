@@ -181,15 +181,14 @@ StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& me
 StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
   const config::ParallelConfig& p = c.parallel;
   const int pp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp);
-  auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
-  SY_CHECK_OK(schedule.status());
+  const parallel::PipelineSchedule schedule = p.pipeline_schedule;
   const int micro_batches = static_cast<int>(c.train.grad_accum);
-  SY_CHECK_OK(parallel::CheckScheduleArgs(*schedule, mesh.pp(), micro_batches, p.virtual_stages));
+  SY_CHECK_OK(parallel::CheckScheduleArgs(schedule, mesh.pp(), micro_batches, p.virtual_stages));
   const ActivationBytes acts = EstimateActivationBytes(c);
   StepWorkspaceInputs in;
-  in.actions = parallel::ScheduleActions(*schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
+  in.actions = parallel::ScheduleActions(schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
   in.send_release =
-      parallel::SendReleases(*schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
+      parallel::SendReleases(schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
   in.chunks = RankStages(c, pp_rank);
   for (const model::Stage& s : in.chunks) {
     in.kept.push_back(acts.Stage(s));

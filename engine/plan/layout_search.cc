@@ -104,7 +104,8 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
           c.parallel.tp = s.tp, c.parallel.cp = 1, c.parallel.pp = s.pp, c.parallel.ep = s.ep;
           c.parallel.etp = s.etp == s.tp ? 0 : s.etp;
           c.parallel.virtual_stages = s.vs;
-          c.parallel.pipeline_schedule = s.vs > 1 ? "interleaved" : "1f1b";
+          c.parallel.pipeline_schedule = s.vs > 1 ? parallel::PipelineSchedule::kInterleaved
+                                                  : parallel::PipelineSchedule::kOneFOneB;
           c.parallel.pipeline_layers.clear();
           c.parallel.zero_stage = zero;
           c.train.micro_batch_size = mb;

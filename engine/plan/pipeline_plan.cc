@@ -55,7 +55,7 @@ Status CheckCommunicatorOrder(
 StatusOr<PipelinePlan> PlanPipeline(const config::Config& c, const dist::Mesh& mesh) {
   const config::ParallelConfig& p = c.parallel;
   PipelinePlan plan;
-  SY_ASSIGN_OR_RETURN(plan.schedule, parallel::ParsePipelineSchedule(p.pipeline_schedule));
+  plan.schedule = p.pipeline_schedule;
   plan.pp = mesh.pp();
   plan.micro_batches = static_cast<int>(c.train.grad_accum);
   plan.virtual_stages = p.virtual_stages;

@@ -27,7 +27,7 @@ config::Config Layout::Apply(const config::Config& base) const {
   c.parallel.pp = pp;
   c.parallel.ep = ep;
   c.parallel.etp = etp;
-  c.parallel.pipeline_schedule = std::string(parallel::PipelineScheduleName(schedule));
+  c.parallel.pipeline_schedule = schedule;
   c.parallel.virtual_stages = virtual_stages;
   c.parallel.pipeline_layers.clear();
   c.parallel.zero_stage = zero_stage;
@@ -40,8 +40,7 @@ config::Config Layout::Apply(const config::Config& base) const {
 Layout LayoutOf(const config::Config& c) {
   const config::ParallelConfig& p = c.parallel;
   Layout l{.tp = p.tp, .cp = p.cp, .pp = p.pp, .ep = p.ep, .etp = p.expert_tp()};
-  auto schedule = parallel::ParsePipelineSchedule(p.pipeline_schedule);
-  if (schedule.ok()) l.schedule = *schedule;
+  l.schedule = p.pipeline_schedule;
   l.virtual_stages = p.virtual_stages;
   l.zero_stage = p.zero_stage;
   l.micro_batch_size = c.train.micro_batch_size;

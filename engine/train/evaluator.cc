@@ -140,8 +140,7 @@ StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const config::Config& con
     chunks.push_back(chunk.get());
     for (const parallel::Parameter& q : chunk->registry().params()) ev->registry_.Add(q);
   }
-  SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
-                      parallel::ParsePipelineSchedule(p.pipeline_schedule));
+  const parallel::PipelineSchedule schedule = p.pipeline_schedule;
   ev->pipeline_ = std::make_unique<PipelineRunner>(chunks, ev->rt_.data_pc(*ev->pc_).pp(),
                                                    schedule, static_cast<int>(tc.grad_accum));
   const int dp = mesh.dp();

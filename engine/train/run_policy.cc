@@ -13,7 +13,8 @@ extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
 }  // namespace
 
 NonFinitePolicy::NonFinitePolicy(const config::TrainConfig& tc)
-    : skip_(tc.on_nonfinite == "skip"), max_in_row_(tc.max_nonfinite_skips) {}
+    : skip_(tc.on_nonfinite == config::NonFiniteAction::kSkip),
+      max_in_row_(tc.max_nonfinite_skips) {}
 
 void NonFinitePolicy::Decide(StepMetrics& m) {
   if (m.nonfinite) {

@@ -72,7 +72,7 @@ class NonFinitePolicy {
   // "step 3: loss nan, gradient norm nan (first non-finite gradient: NAME)".
   static std::string Describe(const StepMetrics& m);
 
-  bool skip_;            // train.on_nonfinite == "skip"
+  bool skip_;            // train.on_nonfinite == skip
   int64_t max_in_row_;   // train.max_nonfinite_skips
   int64_t in_row_ = 0;   // non-finite steps in a row, this run
   int64_t skips_ = 0;

@@ -9,8 +9,7 @@ namespace switchyard::train {
 
 StatusOr<Device> RankDevice(const config::RuntimeConfig& runtime, int world_rank) {
   SY_RETURN_IF_ERROR(runtime.Validate());
-  SY_ASSIGN_OR_RETURN(Device device, ParseDevice(runtime.device));
-  if (device.is_cpu()) return device;
+  if (runtime.device.is_cpu()) return Device::Cpu();
   const int count = CudaDeviceCount();
   if (count == 0) {
 #ifdef SY_HAVE_CUDA
@@ -21,16 +20,16 @@ StatusOr<Device> RankDevice(const config::RuntimeConfig& runtime, int world_rank
                               ": this build has no CUDA backend (SWITCHYARD_CUDA=OFF or no nvcc)");
 #endif
   }
-  if (runtime.device == "cuda") {
+  if (runtime.device.is_local_cuda()) {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     const int local_rank = local ? std::atoi(local) : world_rank;
     return Device::Cuda(local_rank % count);
   }
-  if (device.index >= count) {
+  if (runtime.device.index >= count) {
     return FailedPrecondition("runtime.device=", runtime.device, ": only ", count,
                               " CUDA device(s) visible");
   }
-  return device;
+  return Device::Cuda(runtime.device.index);
 }
 
 StatusOr<Runtime> MakeRuntime(const config::RuntimeConfig& runtime, dist::Communicator& world,
@@ -39,7 +38,8 @@ StatusOr<Runtime> MakeRuntime(const config::RuntimeConfig& runtime, dist::Commun
   Runtime rt;
   rt.ctx = DeviceContext::Create(device);
   // auto: bf16 on a GPU (DESIGN.md: CUDA computes in bf16), f32 on the CPU.
-  const bool bf16 = runtime.precision == "bf16" || (runtime.precision == "auto" && device.is_cuda());
+  const bool bf16 = runtime.precision == config::Precision::kBf16 ||
+                    (runtime.precision == config::Precision::kAuto && device.is_cuda());
   rt.ctx->set_matmul_dtype(bf16 ? DType::kBF16 : DType::kF32);
   if (device.is_cuda() && world.size() > 1) {
     rt.device_world = dist::WorldCommunicator(device, rt.ctx.get());

@@ -195,8 +195,7 @@ Status Trainer::BuildPipeline() {
   const config::Config& config = config_;
   for (int64_t i = 0; i < config.model.n_layers; ++i)
     if (config.moe.IsMoELayer(i)) moe_layer_ids_.push_back(i);
-  SY_ASSIGN_OR_RETURN(const parallel::PipelineSchedule schedule,
-                      parallel::ParsePipelineSchedule(config.parallel.pipeline_schedule));
+  const parallel::PipelineSchedule schedule = config.parallel.pipeline_schedule;
   std::vector<model::Decoder*> chunks;
   for (const auto& chunk : chunks_) chunks.push_back(chunk.get());
   pipeline_ = std::make_unique<PipelineRunner>(chunks, data_pc().pp(), schedule,

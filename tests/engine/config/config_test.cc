@@ -88,8 +88,7 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
             "8 pipeline stages (parallel.pp x parallel.virtual_stages) for 4 layers: every "
             "stage needs at least one layer");
   EXPECT_EQ(with({"parallel.pipeline_schedule=zigzag"}),
-            "parallel.pipeline_schedule: unknown pipeline schedule \"zigzag\" (expected gpipe, "
-            "1f1b or interleaved)");
+            "--set: parallel.pipeline_schedule='zigzag' is not one of gpipe, 1f1b, interleaved");
   EXPECT_NE(with({"parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2",
                   "train.grad_accum=3"})
                 .find("train.grad_accum=3 (the micro-batches): "),
@@ -320,23 +319,68 @@ TEST(ConfigTest, BadTrainKeysNameTheKeyAndValue) {
 }
 
 }  // namespace
+// The closed choices (parallel.pipeline_schedule, runtime.device and runtime.precision,
+// train.on_nonfinite): every name parses to its value and prints back as the same text in the
+// resolved YAML, which parses again to the same config.
+TEST(ConfigTest, ChoicesPrintBackAsTheirNames) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> choices = {
+      {"parallel.pipeline_schedule", {"gpipe", "1f1b", "interleaved"}},
+      {"runtime.device", {"cpu", "cuda", "cuda:0", "cuda:3"}},
+      {"runtime.precision", {"auto", "fp32", "bf16"}},
+      {"train.on_nonfinite", {"stop", "skip"}},
+  };
+  for (const auto& [key, names] : choices) {
+    for (const std::string& name : names) {
+      auto c = config::ParseConfig("", "x.yaml", {key + "=" + name});
+      ASSERT_TRUE(c.ok()) << key << "=" << name << ": " << c.status();
+      const std::string yaml = c->ToYaml();
+      const std::string line = "  " + key.substr(key.find('.') + 1) + ": " + name + "\n";
+      EXPECT_NE(yaml.find(line), std::string::npos) << key << "=" << name << "\n" << yaml;
+      auto again = config::ParseConfig(yaml, "resolved");
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_EQ(again->ToYaml(), yaml);
+    }
+  }
+  auto c = config::ParseConfig("", "x.yaml",
+                               {"parallel.pipeline_schedule=gpipe", "runtime.device=cuda",
+                                "train.on_nonfinite=skip"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->parallel.pipeline_schedule, parallel::PipelineSchedule::kGPipe);
+  EXPECT_TRUE(c->runtime.device.is_local_cuda());  // plain cuda: the rank's local GPU
+  EXPECT_EQ(c->train.on_nonfinite, config::NonFiniteAction::kSkip);
+  auto d = config::ParseConfig("", "x.yaml", {"runtime.device=cuda:0"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->runtime.device.is_local_cuda());  // cuda:0 is exactly GPU 0
+  EXPECT_EQ(d->runtime.device.index, 0);
+  // Defaults.
+  auto e = config::ParseConfig("", "x.yaml");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->parallel.pipeline_schedule, parallel::PipelineSchedule::kOneFOneB);
+  EXPECT_EQ(e->train.on_nonfinite, config::NonFiniteAction::kStop);
+  EXPECT_EQ(Error("train:\n  on_nonfinite: halt\n"),
+            "x.yaml: train.on_nonfinite='halt' is not one of stop, skip");
+  EXPECT_EQ(Error("train:\n  on_nonfinite: [stop]\n"),
+            "x.yaml: train.on_nonfinite: expected a name, got '[...]'");
+}
+
 TEST(ConfigTest, RuntimeSectionParsesAndNamesBadValues) {
   auto c = config::ParseConfig("runtime:\n  device: cuda:1\n  precision: bf16\n", "x.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->runtime.device, "cuda:1");
-  EXPECT_EQ(c->runtime.precision, "bf16");
+  EXPECT_EQ(c->runtime.device, (config::RuntimeDevice{DeviceType::kCUDA, 1}));
+  EXPECT_EQ(c->runtime.precision, config::Precision::kBf16);
   EXPECT_TRUE(c->runtime.Validate().ok());
   auto d = config::ParseConfig("", "x.yaml");
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->runtime.device, "cpu");
-  EXPECT_EQ(d->runtime.precision, "auto");
+  EXPECT_EQ(d->runtime.device, config::RuntimeDevice{});
+  EXPECT_TRUE(d->runtime.device.is_cpu());
+  EXPECT_EQ(d->runtime.precision, config::Precision::kAuto);
   EXPECT_NE(d->ToYaml().find("runtime:\n  device: cpu\n  precision: auto\n"), std::string::npos);
   EXPECT_EQ(Error("", {"runtime.device=gpu"}),
-            "runtime.device='gpu' is not one of cpu, cuda, cuda:N");
+            "--set: runtime.device='gpu' is not one of cpu, cuda, cuda:N");
   EXPECT_EQ(Error("", {"runtime.device=cuda:x"}),
-            "runtime.device='cuda:x' is not one of cpu, cuda, cuda:N");
+            "--set: runtime.device='cuda:x' is not one of cpu, cuda, cuda:N");
   EXPECT_EQ(Error("", {"runtime.precision=fp16"}),
-            "runtime.precision='fp16' is not one of auto, fp32, bf16");
+            "--set: runtime.precision='fp16' is not one of auto, fp32, bf16");
   EXPECT_EQ(Error("runtime:\n  dtype: bf16\n"), "x.yaml: unknown key 'runtime.dtype'");
 }
 

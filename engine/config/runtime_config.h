@@ -1,0 +1,51 @@
+// The `runtime` section of a config: where the step runs (runtime.device) and the element
+// type of its matrix products (runtime.precision). Names and values are bound in one table
+// per choice (engine/core/enum_names.h): parsing, errors and the resolved YAML read it.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "engine/core/device.h"
+#include "engine/core/enum_names.h"
+#include "engine/core/status.h"
+
+namespace switchyard::config {
+
+// runtime.precision: the matrix products' input type (f32 accumulation, f32 master weights
+// and optimizer state); auto is bf16 on a GPU and fp32 on the CPU.
+enum class Precision { kAuto, kFp32, kBf16 };
+inline constexpr EnumName<Precision> kPrecisionNames[] = {
+    {Precision::kAuto, "auto"}, {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}};
+
+// runtime.device: "cpu", "cuda" (each rank takes GPU local_rank % GPUs) or "cuda:N" (GPU N).
+struct RuntimeDevice {
+  DeviceType type = DeviceType::kCPU;  // named by kDeviceTypeNames
+  int index = -1;                      // N of cuda:N; -1 for cpu and for plain cuda
+
+  bool is_cpu() const { return type == DeviceType::kCPU; }
+  // Plain "cuda": the rank's local GPU.
+  bool is_local_cuda() const { return type == DeviceType::kCUDA && index < 0; }
+  bool operator==(const RuntimeDevice&) const = default;
+};
+
+// "cpu", "cuda", "cuda:N"; anything else names the key runtime.device and the allowed forms.
+StatusOr<RuntimeDevice> ParseRuntimeDevice(std::string_view text);
+// The inverse: "cpu", "cuda", "cuda:1".
+std::string RuntimeDeviceName(const RuntimeDevice& device);
+inline std::ostream& operator<<(std::ostream& out, const RuntimeDevice& device) {
+  return out << RuntimeDeviceName(device);
+}
+
+// runtime: where the step runs and the element type of its matrix products.
+struct RuntimeConfig {
+  RuntimeDevice device;                    // cpu | cuda | cuda:N
+  Precision precision = Precision::kAuto;  // auto | fp32 | bf16
+
+  // Names the key and the value it rejects: a device ParseRuntimeDevice cannot produce
+  // (cpu with an index, an index below -1).
+  Status Validate() const;
+};
+
+}  // namespace switchyard::config
