@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/core/profile.h"
+#include "engine/model/param_table.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -94,6 +95,13 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   SY_RETURN_IF_ERROR(dec->AddBlocks({.norm = no, .attention = ao, .mlp = mo, .moe = mp}, init));
   dec->AddHead(no, init);
   dec->Register();
+  // The registry is the parameter table's (param_table.h), which the planner reads: a
+  // difference is a bug in one of the two, caught here rather than in a wrong plan.
+  const int64_t etp_size = parallel.etp ? parallel.etp->size() : 1;
+  const ParamTable table =
+      ParamTable::Build(model, moe, {.tp = tp.size(), .etp = etp_size, .ep = parallel.ep->size()});
+  SY_CHECK_OK(table.CheckRegistry(dec->registry_, stage, tp.active() && tp.sequence_parallel,
+                                  tp.rank(), model.tie_embeddings));
   return dec;
 }
 
@@ -141,7 +149,7 @@ std::vector<parallel::Parameter> Decoder::HeadParameters() const {
 void Decoder::Register() {
   const dense::TensorParallel tp = this->tp();
   // Every parameter of a part is named "<part>.<its name in the layer>" and records its part.
-  auto add = [&](const std::string& part, const std::string& prefix,
+  auto add = [&](const parallel::PartId& part, const std::string& prefix,
                  std::vector<parallel::Parameter> ps) {
     for (parallel::Parameter& p : ps) {
       p.name = prefix + "." + p.name;
@@ -151,7 +159,7 @@ void Decoder::Register() {
   };
   // Norm weights are whole on every tp rank; under sequence parallelism each saw only its
   // rows, so their gradients are summed over tp.
-  auto add_norm = [&](const std::string& part, const std::string& prefix,
+  auto add_norm = [&](const parallel::PartId& part, const std::string& prefix,
                       const dense::Norm& norm) {
     std::vector<parallel::Parameter> ps = norm.Parameters();
     if (tp.active()) {
@@ -169,19 +177,20 @@ void Decoder::Register() {
       wte.ReplicatedOver(dist::Axis::kPp, /*grad_summed=*/false);
       wte.tied = true;
     }
-    add("embed", "embed", std::move(ps));
+    add(parallel::PartId::Embed(), "embed", std::move(ps));
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& b = blocks_[i];
-    const std::string part = LayerPart(static_cast<int64_t>(i));
-    add_norm(part, part + ".norm1", b.norm1);
-    add(part, part + ".attn", b.attn.Parameters());
-    add_norm(part, part + ".norm2", b.norm2);
-    if (b.mlp) add(part, part + ".mlp", b.mlp->Parameters());
-    if (b.moe) add(part, part + ".moe", b.moe->Parameters());
+    const parallel::PartId part = parallel::PartId::Layer(first_layer_ + static_cast<int64_t>(i));
+    const std::string name = part.Name();
+    add_norm(part, name + ".norm1", b.norm1);
+    add(part, name + ".attn", b.attn.Parameters());
+    add_norm(part, name + ".norm2", b.norm2);
+    if (b.mlp) add(part, name + ".mlp", b.mlp->Parameters());
+    if (b.moe) add(part, name + ".moe", b.moe->Parameters());
   }
-  if (norm_f_) add_norm("norm_f", "norm_f", *norm_f_);
-  if (head_) add("head", "head", HeadParameters());
+  if (norm_f_) add_norm(parallel::PartId::NormF(), "norm_f", *norm_f_);
+  if (head_) add(parallel::PartId::Head(), "head", HeadParameters());
 }
 
 std::vector<moe::MoELayer*> Decoder::moe_layers() {
@@ -426,7 +435,15 @@ Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
 
 void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
                        const std::function<void(const std::string& prefix)>& on_done) {
+  // The parts finish in BackwardParts' order (stage.h): the order the gradient sync and
+  // the planner expect.
+  const std::vector<parallel::PartId> order =
+      BackwardParts({&parallel_.stage, 1}, model_.n_layers, model_.tie_embeddings);
+  size_t finished = 0;
   auto done = [&](const std::string& prefix) {
+    SY_CHECK(finished < order.size() && order[finished].Name() == prefix)
+        << "Decoder::Backward finished part " << prefix << " out of BackwardParts' order";
+    ++finished;
     if (on_done) on_done(prefix);
   };
   const Stage& stage = parallel_.stage;

@@ -187,6 +187,9 @@ class WorkspaceWalk {
     send_owns_.assign(n, 0);
     send_open_.assign(n, false);
     released_after_.resize(n);
+    std::vector<bool> embedding;
+    for (const model::Stage& s : in.chunks) embedding.push_back(s.embedding);
+    frees_ = parallel::ActivationReleases(in.actions, embedding);
     SY_CHECK(in.send_release.empty() || in.send_release.size() == n)
         << in.send_release.size() << " send releases for " << n << " actions";
     for (size_t i = 0; i < in.send_release.size(); ++i) {
@@ -247,13 +250,14 @@ class WorkspaceWalk {
         Backward(a, index);
         break;
       case ActionKind::kSendGradient:
-        // The activations go; the input gradient stays with its send until released.
+        // The input gradient stays with its send until released.
         send_open_[index] = true;
         send_owns_[index] = grad_input_[at];
         grad_input_[at] = 0;
-        DropActivations(a.chunk, at);
         break;
     }
+    // The activations go after the action the executor's rule names.
+    if (frees_[index]) DropActivations(a.chunk, at);
   }
 
   // The runner drops a completed send: what only the send still held goes.
@@ -274,8 +278,6 @@ class WorkspaceWalk {
       grad_input_[at] = in_.hidden;
     }
     if (in_.ordered_accum) PackIntoTree(a);
-    // The first stage's activations go now (the others' with the send of the gradient).
-    if (stage.embedding) DropActivations(a.chunk, at);
   }
 
   // The gradient packed (one copy) and added to the pairwise tree: a fresh buffer unless a
@@ -328,6 +330,8 @@ class WorkspaceWalk {
   std::vector<double> send_owns_;
   std::vector<bool> send_open_;
   std::vector<std::vector<int>> released_after_;
+  // Per action: it frees its micro-batch's activations (parallel::ActivationReleases).
+  std::vector<bool> frees_;
 };
 
 }  // namespace

@@ -81,7 +81,7 @@ struct StepWorkspace {
 //   micro-batch's activations go;
 //   a backward's input gradient is a new tensor, kept for its send;
 //   the activations go after the backward (the first stage) or with the send of the input
-//   gradient (the others);
+//   gradient (the others): parallel::ActivationReleases, the rule the runner reads;
 //   a sent tensor stays until the runner releases its send (send_release: after the first
 //   action of this rank that ends later than the peer's receive of it in the unit-time
 //   timeline, parallel::SendReleases): the output a forward sent outlives its activations
