@@ -58,7 +58,7 @@ struct ParamShape {
   // The part of the decoder it belongs to, as the decoder records it (Parameter::part):
   // the embedding (wte, wpe, and the last stage's copy of a tied wte), layer i, the final
   // norm, the head.
-  parallel::PartId part;
+  parallel::PartId part{};
   ParamRole role = ParamRole::kAttention;
   int dims = 0;                          // how many of shape / split are used
   std::array<int64_t, 3> shape{};        // the logical (global) shape

@@ -88,8 +88,8 @@ std::vector<int> BucketKeys(const SyncPolicy& policy, const std::vector<SyncPara
 
 // One bucket: a flat buffer of gradients of one group, one dtype and one key.
 struct SyncBucket {
-  std::vector<size_t> params;    // indices into the SyncParam list, in packing order
-  std::vector<int64_t> offsets;  // where each starts in the bucket (elements)
+  std::vector<size_t> params{};  // indices into the SyncParam list, in packing order
+  std::vector<int64_t> offsets{};  // where each starts in the bucket (elements)
   int64_t elements = 0;
   DType dtype = DType::kF32;
   int key = -1;  // the bucket key of its parameters
@@ -101,7 +101,7 @@ struct SyncGroup {
   dist::View view = dist::View::kDense;
   AxisSet axes;
   int size = 1;  // ranks in the group
-  std::vector<SyncBucket> buckets;
+  std::vector<SyncBucket> buckets{};
 };
 
 // The groups of the trainable parameters with a non-empty grad_sum, in first-seen
