@@ -127,4 +127,15 @@ std::vector<BucketRef> LaunchOrder(const std::vector<SyncGroup>& groups,
   return order;
 }
 
+std::vector<BucketRef> SyncLaunchOrder(const SyncPolicy& policy,
+                                       const std::vector<SyncGroup>& groups,
+                                       const std::vector<SyncParam>& params,
+                                       const std::vector<int>& part_done) {
+  if (policy.reduce_during_backward) return LaunchOrder(groups, params, part_done);
+  std::vector<BucketRef> order;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t b = 0; b < groups[g].buckets.size(); ++b) order.push_back({int(g), int(b)});
+  return order;
+}
+
 }  // namespace switchyard::parallel

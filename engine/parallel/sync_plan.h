@@ -132,4 +132,13 @@ std::vector<BucketRef> LaunchOrder(const std::vector<SyncGroup>& groups,
                                    const std::vector<SyncParam>& params,
                                    const std::vector<int>& part_done);
 
+// The order the sync launches the buckets in under `policy`: LaunchOrder when the buckets
+// go out during the backward (policy.reduce_during_backward), else all at the end of the
+// step (GradSync::Finish, or SyncAll under ordered accumulation): group by group, each in
+// bucket order.
+std::vector<BucketRef> SyncLaunchOrder(const SyncPolicy& policy,
+                                       const std::vector<SyncGroup>& groups,
+                                       const std::vector<SyncParam>& params,
+                                       const std::vector<int>& part_done);
+
 }  // namespace switchyard::parallel

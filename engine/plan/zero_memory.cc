@@ -139,7 +139,7 @@ RankSync PlanRankSync(const config::Config& c, const dist::Mesh& mesh, int rank)
       c.train.bucket_bytes(), [&](dist::View view, parallel::AxisSet axes) {
         return parallel::MeshGroupSize(mesh, view, axes);
       });
-  r.launch = parallel::LaunchOrder(r.groups, r.params, r.backward);
+  r.launch = parallel::SyncLaunchOrder(policy, r.groups, r.params, r.backward);
   return r;
 }
 

@@ -36,8 +36,8 @@ namespace switchyard::plan {
 // The rank's gradient sync as the runtime builds it (engine/parallel/sync_plan.h over the
 // parameter table): its parameters as SyncParams in registration order (HeldParams), parts
 // numbered in first-seen order as the trainer numbers them, packed under the config's
-// policy (BucketKeys, PackBuckets), and the buckets' launch order (LaunchOrder, the parts
-// finishing in model::BackwardParts' order). tests/dist/zero_memory_test.cc compares the
+// policy (BucketKeys, PackBuckets), and the buckets' launch order (SyncLaunchOrder: as
+// the parts finish in model::BackwardParts' order, or all at the step's end). tests/dist/zero_memory_test.cc compares the
 // buckets with the trainer's GradSync::Buckets(), exactly.
 struct RankSync {
   std::vector<parallel::SyncParam> params;

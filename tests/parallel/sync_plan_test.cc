@@ -131,5 +131,20 @@ TEST(SyncPlanTest, LaunchOrderFollowsTheParts) {
   EXPECT_EQ(reversed, (std::vector<BucketRef>{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {1, 0}, {1, 1}}));
 }
 
+TEST(SyncPlanTest, AtTheEndOfTheStepGroupByGroup) {
+  const std::vector<SyncParam> params = Params();
+  // ZeRO-1 under pipeline parallelism reduces once, after the schedule (GradSync::Finish):
+  // every group in turn, in bucket order, whatever order the parts finished in.
+  const SyncPolicy end = SyncPolicyFor({.zero_stage = 1, .pp = 2});
+  ASSERT_FALSE(end.reduce_during_backward);
+  const std::vector<SyncGroup> groups =
+      PackBuckets(params, BucketKeys(end, params, 3), int64_t{25} << 20, Sizes);
+  EXPECT_EQ(SyncLaunchOrder(end, groups, params, {2, 1, 0}),
+            (std::vector<BucketRef>{{0, 0}, {0, 1}, {0, 2}, {1, 0}}));
+  const SyncPolicy during = SyncPolicyFor({.zero_stage = 1, .pp = 1});
+  EXPECT_EQ(SyncLaunchOrder(during, groups, params, {2, 1, 0}),
+            LaunchOrder(groups, params, {2, 1, 0}));
+}
+
 }  // namespace
 }  // namespace switchyard::parallel
