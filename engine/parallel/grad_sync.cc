@@ -183,6 +183,11 @@ void GradSync::Launch(Group& g, Bucket& b) {
     while (std::find(in_flight_.begin(), in_flight_.end(), &b) != in_flight_.end()) Complete();
     while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) Complete();
   }
+  if (step_done_) launches_.clear();
+  step_done_ = false;
+  for (size_t slot = 0; slot < groups_.size(); ++slot) {
+    if (groups_[slot].get() == &g) launches_.emplace_back(int(slot), int(&b - g.buckets.data()));
+  }
   Pack(b);
   b.work = Reduce(g, b);
   b.launched = true;
@@ -308,6 +313,7 @@ void GradSync::Finish() {
   }
   marked_.assign(marked_.size(), false);
   in_step_ = false;
+  step_done_ = true;
 }
 
 void GradSync::SyncAll() {
@@ -325,6 +331,7 @@ void GradSync::SyncAll() {
       b.rounds = 0;
     }
   }
+  step_done_ = true;
 }
 
 std::vector<GradSync::BucketInfo> GradSync::Buckets() const {

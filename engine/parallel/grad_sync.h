@@ -144,6 +144,10 @@ class GradSync {
   std::vector<BucketInfo> Buckets() const;
   // "grad sync: 3 buckets (dense 2 over 4 ranks, expert 1 over 2 ranks), 1.5 MiB".
   std::string Summary() const;
+  // The buckets launched in the last step (or in the one under way), in launch order, as
+  // (group, bucket) of the packing (sync_plan.h's groups; Buckets() lists them in that
+  // order): the planner's SyncLaunchOrder is compared with it.
+  const std::vector<std::pair<int, int>>& launches() const { return launches_; }
 
  private:
   struct Bucket;
@@ -171,6 +175,8 @@ class GradSync {
   std::vector<bool> marked_;
   bool in_step_ = false;  // MarkReady since the last Finish
   std::vector<Bucket*> in_flight_;  // launched, not completed, oldest first
+  std::vector<std::pair<int, int>> launches_;  // launches()
+  bool step_done_ = false;  // Finish/SyncAll ended: the next launch starts a new log
 };
 
 }  // namespace switchyard::parallel

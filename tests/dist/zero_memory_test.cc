@@ -15,8 +15,8 @@
 //  - BucketsAreThePlannersExactly: the planner's gradient buckets (plan::PlanRankSync, the
 //    parameter table through engine/parallel/sync_plan.h) are the trainer's
 //    (GradSync::Buckets()) on every rank, exactly: per bucket the group (view, axes), its
-//    size, the parameters by name in packing order, their offsets and the elements; the
-//    planned launch order holds every bucket once. Over ZeRO stages 0-3, ordered and
+//    size, the parameters by name in packing order, their offsets and the elements; and a
+//    step launches them in the planned order (GradSync::launches()). Over ZeRO stages 0-3, ordered and
 //    in-place accumulation, 25 MiB and 4 KiB buckets, dp 4, tp 2 with and without sequence
 //    parallelism, ep 2 with etp 2, and pp 2 (1F1B, tied and untied embeddings, and
 //    interleaved).
@@ -167,7 +167,18 @@ TEST_F(ZeroMemoryTest, BucketsAreThePlannersExactly) {
             }
           }
           EXPECT_EQ(got.size(), planned) << "buckets: trainer " << got.size() << ", planner " << planned;
-          EXPECT_EQ(plan.launch.size(), planned);
+          // One step: the buckets go out in the planned order (streaming: once per
+          // micro-batch).
+          {
+            testing::QuietStdout quiet;
+            const Status ran = (*trainer)->Run(1);
+            ASSERT_TRUE(ran.ok()) << ran;
+          }
+          std::vector<std::pair<int, int>> want;
+          const int rounds = config::SyncPolicyOf(config).stream ? int(config.train.grad_accum) : 1;
+          for (int round = 0; round < rounds; ++round)
+            for (const parallel::BucketRef& at : plan.launch) want.emplace_back(at.group, at.bucket);
+          EXPECT_EQ((*trainer)->grad_sync().launches(), want);
           ++checked;
           trainer->reset();
           world_->Barrier();
