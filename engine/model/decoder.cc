@@ -14,6 +14,9 @@
 #include "engine/parallel/vocab_parallel.h"
 
 namespace switchyard::model {
+
+using parallel::PartId;
+
 namespace {
 
 // a += b, elementwise over equal numbers of elements.
@@ -276,7 +279,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   DecoderOutput out;
   DecoderActivations& acts = out.acts;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
-  const std::string after_layers = stage.head ? "norm_f" : "";
+  const PartId after_layers = stage.head ? PartId::NormF() : PartId();
   // (B, S, d), or this rank's rows (N/tp, d) under sp
   Tensor x = ForwardInput(in, layers > 0 ? LayerPart(0) : after_layers, acts);
   const dense::CoreAttention core = recompute_ == Recompute::kSelective
@@ -311,7 +314,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   return out;
 }
 
-Tensor Decoder::ForwardInput(const DecoderInput& in, const std::string& next,
+Tensor Decoder::ForwardInput(const DecoderInput& in, const PartId& next,
                              DecoderActivations& acts) {
   const Stage& stage = parallel_.stage;
   if (!stage.embedding) {
@@ -321,10 +324,10 @@ Tensor Decoder::ForwardInput(const DecoderInput& in, const std::string& next,
         << ShapeString(want) << " on " << device() << ", got " << in.hidden.DebugString();
     return in.hidden;
   }
-  Acquire("embed", next);
+  Acquire(PartId::Embed(), next);
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);
   acts.embed = embed_->Forward(in.tokens, ctx_);
-  Release("embed");
+  Release(PartId::Embed());
   return acts.embed.y;
 }
 
@@ -333,11 +336,11 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
   DecoderActivations& acts = out.acts;
-  Acquire("norm_f", HeadPart());
+  Acquire(PartId::NormF(), HeadPart());
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);  // the final norm, the head and the loss
   acts.norm_f = norm_f_->Forward(x, ctx);
-  Release("norm_f");
-  Acquire(HeadPart(), "");
+  Release(PartId::NormF());
+  Acquire(HeadPart(), PartId());
   acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)
                      .Reshape({n, d});
   Tensor logits;  // (N, this rank's vocabulary columns)
@@ -434,17 +437,17 @@ Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
 }
 
 void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
-                       const std::function<void(const std::string& prefix)>& on_done) {
+                       const std::function<void(const PartId& part)>& on_done) {
   // The parts finish in BackwardParts' order (stage.h): the order the gradient sync and
   // the planner expect.
   const std::vector<parallel::PartId> order =
       BackwardParts({&parallel_.stage, 1}, model_.n_layers, model_.tie_embeddings);
   size_t finished = 0;
-  auto done = [&](const std::string& prefix) {
-    SY_CHECK(finished < order.size() && order[finished].Name() == prefix)
-        << "Decoder::Backward finished part " << prefix << " out of BackwardParts' order";
+  auto done = [&](const PartId& part) {
+    SY_CHECK(finished < order.size() && order[finished] == part)
+        << "Decoder::Backward finished part " << part.Name() << " out of BackwardParts' order";
     ++finished;
-    if (on_done) on_done(prefix);
+    if (on_done) on_done(part);
   };
   const Stage& stage = parallel_.stage;
   DecoderActivations& acts = out.acts;
@@ -452,12 +455,12 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
-  const std::string before_layers = stage.embedding ? "embed" : "";
+  const PartId before_layers = stage.embedding ? PartId::Embed() : PartId();
   Tensor dx;  // the gradient of the residual stream after the current layer
   if (stage.head) {
     SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
     const int64_t n = acts.dlogits.dim(0);
-    AcquireForBackward(HeadPart(), "norm_f");
+    AcquireForBackward(HeadPart(), PartId::NormF());
     ScopedPhase phase(Phase::kEmbeddingHeadLoss);
     Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
     if (head_) {
@@ -468,15 +471,15 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
       Tensor grad_wte = embed_->grad_wte();
       kernels::Gemm(acts.dlogits, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
     }
-    if (head_) done("head");
+    if (head_) done(PartId::Head());
     Release(HeadPart());
     dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);
-    AcquireForBackward("norm_f", layers > 0 ? LayerPart(layers - 1) : before_layers);
+    AcquireForBackward(PartId::NormF(), layers > 0 ? LayerPart(layers - 1) : before_layers);
     dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()), ctx);
-    Release("norm_f");
-    done("norm_f");
+    Release(PartId::NormF());
+    done(PartId::NormF());
     // A tied head without the embedding on this stage: its table's gradient is final here.
-    if (!stage.embedding && embed_) done("embed");
+    if (!stage.embedding && embed_) done(PartId::Embed());
   } else {
     SY_CHECK(out.hidden.defined() && out.grad_hidden.defined() &&
              out.grad_hidden.shape() == out.hidden.shape())
@@ -501,11 +504,11 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     out.grad_input = dx;
     return;
   }
-  AcquireForBackward("embed", "");
+  AcquireForBackward(PartId::Embed(), PartId());
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);
   embed_->Backward(acts.embed, dx, ctx);
-  Release("embed");
-  done("embed");
+  Release(PartId::Embed());
+  done(PartId::Embed());
 }
 
 }  // namespace switchyard::model

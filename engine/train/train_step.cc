@@ -142,7 +142,7 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
   } else if (sync_.reduce_during_backward) {
     // The last backward (streaming: every backward): each part's gradient bucket goes out
     // as soon as it is final.
-    hooks.on_last_backward_done = [&](const std::string& part) {
+    hooks.on_last_backward_done = [&](const parallel::PartId& part) {
       ScopedPhase phase(Phase::kCommunication);
       for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
     };

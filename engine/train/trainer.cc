@@ -93,11 +93,11 @@ void Trainer::BuildGradientSync() {
   // under it the gradient buckets hold one part each.
   const auto& params = registry_.params();
   std::vector<int> part_of(params.size());
-  std::vector<std::string> part_names;
+  std::vector<parallel::PartId> part_names;
   std::vector<parallel::SyncParam> specs;
   for (size_t i = 0; i < params.size(); ++i) {
     SY_CHECK(!params[i].part.none()) << params[i].name << ": the decoder recorded no part";
-    const std::string part = params[i].part.Name();
+    const parallel::PartId& part = params[i].part;
     auto it = std::find(part_names.begin(), part_names.end(), part);
     part_of[i] = static_cast<int>(it - part_names.begin());
     if (it == part_names.end()) part_names.push_back(part);
@@ -127,17 +127,17 @@ void Trainer::BuildGradientSync() {
     // No full gradient: each part's gradients exist from its backward to its bucket's
     // reduce-scatter (parallel/grad_sync.h, streaming).
     zero_->FreeGradients();
-    hooks.gradients = [this](const std::string& part) {
+    hooks.gradients = [this](const parallel::PartId& part) {
       grad_sync_->BeginGradients(part_params_.at(part));
     };
   }
   if (stage >= 3) {
     parallel::ZeroShards* zero = zero_.get();
-    hooks.acquire = [zero](const std::string& part, const std::string& next) {
+    hooks.acquire = [zero](const parallel::PartId& part, const parallel::PartId& next) {
       ScopedPhase phase(Phase::kCommunication);
       zero->Acquire(part, next);
     };
-    hooks.release = [zero](const std::string& part) {
+    hooks.release = [zero](const parallel::PartId& part) {
       ScopedPhase phase(Phase::kCommunication);
       zero->Release(part);
     };

@@ -219,8 +219,8 @@ class Trainer {
   parallel::SyncPolicy sync_;
   std::unique_ptr<parallel::GradSync> grad_sync_;
   std::unique_ptr<parallel::ZeroShards> zero_;  // every stage, 0 included (memory tags)
-  // Registry indices of each part Decoder::Backward reports ("layers.3", "embed", ...).
-  std::map<std::string, std::vector<size_t>> part_params_;
+  // Registry indices of each part Decoder::Backward reports (layer 3, the embedding, ...).
+  std::map<parallel::PartId, std::vector<size_t>> part_params_;
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<data::Batch> val_batches_;
   std::unique_ptr<RoutingByLabel> routing_;
