@@ -209,7 +209,7 @@ class WorkspaceWalk {
       const double tree = in_.gradients * buffers_;
       At(tree + in_.gradients + in_.tokens * micro_batches_, nullptr, "gradient tree sum");
       At(tree + in_.sync, nullptr, "gradient sync");
-    } else if (last_backward_ < 0) {
+    } else if (last_backward_ < 0 || in_.sync_after_schedule) {
       At(in_.sync, nullptr, "gradient sync");
     }
     return out_;
@@ -270,7 +270,8 @@ class WorkspaceWalk {
 
   void Backward(const parallel::Action& a, int index) {
     const model::Stage& stage = in_.chunks[a.chunk];
-    const double sync = index == last_backward_ && !in_.ordered_accum ? in_.sync : 0;
+    const bool during = !in_.ordered_accum && !in_.sync_after_schedule;
+    const double sync = index == last_backward_ && during ? in_.sync : 0;
     At(live_ + in_.backward[a.chunk] + sync, &a, "");
     const int at = a.chunk * micro_batches_ + a.micro_batch;
     if (!stage.embedding) {  // the input gradient, kept for its send

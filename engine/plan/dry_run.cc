@@ -1,5 +1,6 @@
 #include "engine/plan/dry_run.h"
 
+#include "engine/config/sync_settings.h"
 #include "engine/plan/zero_memory.h"
 
 #include <algorithm>
@@ -152,7 +153,9 @@ StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::M
   in.hidden = acts.hidden;
   in.tokens = acts.tokens;
   for (auto [n, group] : GradientGroups(c, mesh, rank)) in.gradients += 4.0 * n;
-  in.ordered_accum = c.train.ordered_grad_accum && micro_batches > 1;
+  const parallel::SyncPolicy policy = config::SyncPolicyOf(c);
+  in.ordered_accum = policy.ordered_accum;
+  in.sync_after_schedule = !policy.ordered_accum && !policy.reduce_during_backward;
   // The buckets in flight at the sync (zero_memory.h); streaming has none at the end.
   in.sync = PredictZeroWorkspace(c, mesh, rank).sync;
   return in;
