@@ -28,6 +28,8 @@
 #include "engine/dist/counting_communicator.h"
 #include "engine/parallel/grad_sync.h"
 #include "engine/config/config.h"
+#include "engine/config/sync_settings.h"
+#include "engine/config/sync_settings.h"
 #include "engine/plan/dry_run.h"
 #include "engine/plan/zero_memory.h"
 #include "engine/train/trainer.h"
@@ -144,7 +146,7 @@ class ZeroPerf final : public Benchmark {
                    double sent) {
     const double analytic =
         AnalyticSent(trainer, stage, train_.grad_accum(), config.model.tie_embeddings,
-                     plan::StreamsGradients(config, config.train.ordered_grad_accum));
+                     config::SyncPolicyOf(config).stream);
     const train::Trainer::Memory m = trainer.memory();
     auto mesh = dist::Mesh::Create(h.ranks(), config.parallel.MeshSizes(), config.parallel.order);
     const plan::RankMemory predicted = plan::PredictRankMemory(config, *mesh, h.rank());

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/core/profile.h"
+#include "engine/model/param_table.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -13,6 +14,9 @@
 #include "engine/parallel/vocab_parallel.h"
 
 namespace switchyard::model {
+
+using parallel::PartId;
+
 namespace {
 
 // a += b, elementwise over equal numbers of elements.
@@ -94,6 +98,13 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   SY_RETURN_IF_ERROR(dec->AddBlocks({.norm = no, .attention = ao, .mlp = mo, .moe = mp}, init));
   dec->AddHead(no, init);
   dec->Register();
+  // The registry is the parameter table's (param_table.h), which the planner reads: a
+  // difference is a bug in one of the two, caught here rather than in a wrong plan.
+  const int64_t etp_size = parallel.etp ? parallel.etp->size() : 1;
+  const ParamTable table =
+      ParamTable::Build(model, moe, {.tp = tp.size(), .etp = etp_size, .ep = parallel.ep->size()});
+  SY_CHECK_OK(table.CheckRegistry(dec->registry_, stage, tp.active() && tp.sequence_parallel,
+                                  tp.rank(), model.tie_embeddings));
   return dec;
 }
 
@@ -141,7 +152,7 @@ std::vector<parallel::Parameter> Decoder::HeadParameters() const {
 void Decoder::Register() {
   const dense::TensorParallel tp = this->tp();
   // Every parameter of a part is named "<part>.<its name in the layer>" and records its part.
-  auto add = [&](const std::string& part, const std::string& prefix,
+  auto add = [&](const parallel::PartId& part, const std::string& prefix,
                  std::vector<parallel::Parameter> ps) {
     for (parallel::Parameter& p : ps) {
       p.name = prefix + "." + p.name;
@@ -151,7 +162,7 @@ void Decoder::Register() {
   };
   // Norm weights are whole on every tp rank; under sequence parallelism each saw only its
   // rows, so their gradients are summed over tp.
-  auto add_norm = [&](const std::string& part, const std::string& prefix,
+  auto add_norm = [&](const parallel::PartId& part, const std::string& prefix,
                       const dense::Norm& norm) {
     std::vector<parallel::Parameter> ps = norm.Parameters();
     if (tp.active()) {
@@ -169,19 +180,20 @@ void Decoder::Register() {
       wte.ReplicatedOver(dist::Axis::kPp, /*grad_summed=*/false);
       wte.tied = true;
     }
-    add("embed", "embed", std::move(ps));
+    add(parallel::PartId::Embed(), "embed", std::move(ps));
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& b = blocks_[i];
-    const std::string part = LayerPart(static_cast<int64_t>(i));
-    add_norm(part, part + ".norm1", b.norm1);
-    add(part, part + ".attn", b.attn.Parameters());
-    add_norm(part, part + ".norm2", b.norm2);
-    if (b.mlp) add(part, part + ".mlp", b.mlp->Parameters());
-    if (b.moe) add(part, part + ".moe", b.moe->Parameters());
+    const parallel::PartId part = parallel::PartId::Layer(first_layer_ + static_cast<int64_t>(i));
+    const std::string name = part.Name();
+    add_norm(part, name + ".norm1", b.norm1);
+    add(part, name + ".attn", b.attn.Parameters());
+    add_norm(part, name + ".norm2", b.norm2);
+    if (b.mlp) add(part, name + ".mlp", b.mlp->Parameters());
+    if (b.moe) add(part, name + ".moe", b.moe->Parameters());
   }
-  if (norm_f_) add_norm("norm_f", "norm_f", *norm_f_);
-  if (head_) add("head", "head", HeadParameters());
+  if (norm_f_) add_norm(parallel::PartId::NormF(), "norm_f", *norm_f_);
+  if (head_) add(parallel::PartId::Head(), "head", HeadParameters());
 }
 
 std::vector<moe::MoELayer*> Decoder::moe_layers() {
@@ -267,7 +279,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   DecoderOutput out;
   DecoderActivations& acts = out.acts;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
-  const std::string after_layers = stage.head ? "norm_f" : "";
+  const PartId after_layers = stage.head ? PartId::NormF() : PartId();
   // (B, S, d), or this rank's rows (N/tp, d) under sp
   Tensor x = ForwardInput(in, layers > 0 ? LayerPart(0) : after_layers, acts);
   const dense::CoreAttention core = recompute_ == Recompute::kSelective
@@ -302,7 +314,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   return out;
 }
 
-Tensor Decoder::ForwardInput(const DecoderInput& in, const std::string& next,
+Tensor Decoder::ForwardInput(const DecoderInput& in, const PartId& next,
                              DecoderActivations& acts) {
   const Stage& stage = parallel_.stage;
   if (!stage.embedding) {
@@ -312,10 +324,10 @@ Tensor Decoder::ForwardInput(const DecoderInput& in, const std::string& next,
         << ShapeString(want) << " on " << device() << ", got " << in.hidden.DebugString();
     return in.hidden;
   }
-  Acquire("embed", next);
+  Acquire(PartId::Embed(), next);
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);
   acts.embed = embed_->Forward(in.tokens, ctx_);
-  Release("embed");
+  Release(PartId::Embed());
   return acts.embed.y;
 }
 
@@ -324,11 +336,11 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
   DecoderActivations& acts = out.acts;
-  Acquire("norm_f", HeadPart());
+  Acquire(PartId::NormF(), HeadPart());
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);  // the final norm, the head and the loss
   acts.norm_f = norm_f_->Forward(x, ctx);
-  Release("norm_f");
-  Acquire(HeadPart(), "");
+  Release(PartId::NormF());
+  Acquire(HeadPart(), PartId());
   acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)
                      .Reshape({n, d});
   Tensor logits;  // (N, this rank's vocabulary columns)
@@ -430,9 +442,17 @@ Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
 }
 
 void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
-                       const std::function<void(const std::string& prefix)>& on_done) {
-  auto done = [&](const std::string& prefix) {
-    if (on_done) on_done(prefix);
+                       const std::function<void(const PartId& part)>& on_done) {
+  // The parts finish in BackwardParts' order (stage.h): the order the gradient sync and
+  // the planner expect.
+  const std::vector<parallel::PartId> order =
+      BackwardParts({&parallel_.stage, 1}, model_.n_layers, model_.tie_embeddings);
+  size_t finished = 0;
+  auto done = [&](const PartId& part) {
+    SY_CHECK(finished < order.size() && order[finished] == part)
+        << "Decoder::Backward finished part " << part.Name() << " out of BackwardParts' order";
+    ++finished;
+    if (on_done) on_done(part);
   };
   const Stage& stage = parallel_.stage;
   DecoderActivations& acts = out.acts;
@@ -440,12 +460,12 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
-  const std::string before_layers = stage.embedding ? "embed" : "";
+  const PartId before_layers = stage.embedding ? PartId::Embed() : PartId();
   Tensor dx;  // the gradient of the residual stream after the current layer
   if (stage.head) {
     SY_CHECK(acts.dlogits.defined()) << "Backward needs a training Forward";
     const int64_t n = acts.dlogits.dim(0);
-    AcquireForBackward(HeadPart(), "norm_f");
+    AcquireForBackward(HeadPart(), PartId::NormF());
     ScopedPhase phase(Phase::kEmbeddingHeadLoss);
     Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
     if (head_) {
@@ -456,15 +476,15 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
       Tensor grad_wte = embed_->grad_wte();
       kernels::Gemm(acts.dlogits, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
     }
-    if (head_) done("head");
+    if (head_) done(PartId::Head());
     Release(HeadPart());
     dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);
-    AcquireForBackward("norm_f", layers > 0 ? LayerPart(layers - 1) : before_layers);
+    AcquireForBackward(PartId::NormF(), layers > 0 ? LayerPart(layers - 1) : before_layers);
     dx = norm_f_->Backward(acts.norm_f, dhidden.Reshape(acts.norm_f.y.shape()), ctx);
-    Release("norm_f");
-    done("norm_f");
+    Release(PartId::NormF());
+    done(PartId::NormF());
     // A tied head without the embedding on this stage: its table's gradient is final here.
-    if (!stage.embedding && embed_) done("embed");
+    if (!stage.embedding && embed_) done(PartId::Embed());
   } else {
     SY_CHECK(out.hidden.defined() && out.grad_hidden.defined() &&
              out.grad_hidden.shape() == out.hidden.shape())
@@ -489,11 +509,11 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     out.grad_input = dx;
     return;
   }
-  AcquireForBackward("embed", "");
+  AcquireForBackward(PartId::Embed(), PartId());
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);
   embed_->Backward(acts.embed, dx, ctx);
-  Release("embed");
-  done("embed");
+  Release(PartId::Embed());
+  done(PartId::Embed());
 }
 
 }  // namespace switchyard::model

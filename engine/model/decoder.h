@@ -162,28 +162,29 @@ class Decoder {
   // was given (full recompute runs the blocks' forward again from it: the same step,
   // first_token and training flag give the same routing noise, random second choices and
   // capacity decisions). The losses, MoE statistics and routing are Forward's; a
-  // recomputed forward reports nothing. on_done, when given, is called
-  // with the name prefix of each part as soon as its gradients are final for this
-  // micro-batch — "head" / "norm_f", then "layers.<L-1>" down to "layers.0", then "embed"
-  // — so data-parallel gradient buckets can be all-reduced while backward continues.
+  // recomputed forward reports nothing. on_done, when given, is called with each part as
+  // soon as its gradients are final for this micro-batch, in BackwardParts' order
+  // (stage.h: head / final norm, the layers from the last, the embedding; a Backward
+  // CHECK-fails out of that order), so data-parallel gradient buckets can be reduced while
+  // backward continues.
   void Backward(const DecoderInput& input, DecoderOutput& out,
-                const std::function<void(const std::string& prefix)>& on_done = nullptr);
+                const std::function<void(const parallel::PartId& part)>& on_done = nullptr);
 
   // ZeRO-3 (engine/parallel/zero.h) frees parameters between uses. acquire(part, next) is
   // called before a part's parameters are read — in Forward and again in Backward — with
-  // the part read after it ("" for none), release(part) after; parts are the prefixes
-  // Backward reports ("embed", "layers.<i>", "norm_f", "head"; with tied embeddings the
-  // head is "embed"). A training Forward keeps the head for Backward. Under full recompute
+  // the part read after it (PartId() for none), release(part) after; parts are those
+  // Backward reports (the embedding, layer i, the final norm, the head; with tied
+  // embeddings the head's part is the embedding's). A training Forward keeps the head for Backward. Under full recompute
   // Backward re-runs a block's forward between that block's acquire and release.
   // gradients(part), when set, is called in Backward just before the part's gradients are
   // first written (after its acquire): ZeRO-2/3 allocate a part's gradients there and free
   // them once its bucket is reduce-scattered (engine/parallel/grad_sync.h). With tied
-  // embeddings the head's part is "embed", so the table's gradient lives from the head's
+  // embeddings the head's part is the embedding's, so the table's gradient lives from the head's
   // backward to the embedding's.
   struct ParameterHooks {
-    std::function<void(const std::string& part, const std::string& next)> acquire;
-    std::function<void(const std::string& part)> release;
-    std::function<void(const std::string& part)> gradients;
+    std::function<void(const parallel::PartId& part, const parallel::PartId& next)> acquire;
+    std::function<void(const parallel::PartId& part)> release;
+    std::function<void(const parallel::PartId& part)> gradients;
   };
   void set_parameter_hooks(ParameterHooks hooks) { hooks_ = std::move(hooks); }
 
@@ -239,8 +240,9 @@ class Decoder {
   // The checks of Forward's input (SY_CHECK: shapes, dtype, device, the tp/cp layout).
   void CheckForwardInput(const DecoderInput& in) const;
   // The residual stream the stage's first block reads: the embedding's output on the first
-  // stage (acquiring "embed" with `next` after it), else the previous stage's hidden.
-  Tensor ForwardInput(const DecoderInput& in, const std::string& next, DecoderActivations& acts);
+  // stage (acquiring the embedding with `next` after it), else the previous stage's hidden.
+  Tensor ForwardInput(const DecoderInput& in, const parallel::PartId& next,
+                      DecoderActivations& acts);
   // The last stage: the final norm, the head and the cross-entropy of x (the last block's
   // output) into out (its gradient kept in acts.dlogits when training).
   void ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out);
@@ -265,20 +267,22 @@ class Decoder {
   // Their backward.
   Tensor MoERowsOutBackward(const Tensor& dy) const;
   Tensor MoERowsInBackward(const Tensor& dh, const Shape& shape) const;
-  void Acquire(const std::string& part, const std::string& next) const {
+  void Acquire(const parallel::PartId& part, const parallel::PartId& next) const {
     if (hooks_.acquire) hooks_.acquire(part, next);
   }
-  void Release(const std::string& part) const {
+  void Release(const parallel::PartId& part) const {
     if (hooks_.release) hooks_.release(part);
   }
   // Backward's acquire: the part's parameters, then its gradients (ParameterHooks).
-  void AcquireForBackward(const std::string& part, const std::string& next) const {
+  void AcquireForBackward(const parallel::PartId& part, const parallel::PartId& next) const {
     Acquire(part, next);
     if (hooks_.gradients) hooks_.gradients(part);
   }
   // Block k of this stage is the model's layer first_layer_ + k.
-  std::string LayerPart(int64_t k) const { return StrCat("layers.", first_layer_ + k); }
-  std::string HeadPart() const { return head_ ? "head" : "embed"; }
+  parallel::PartId LayerPart(int64_t k) const { return parallel::PartId::Layer(first_layer_ + k); }
+  parallel::PartId HeadPart() const {
+    return head_ ? parallel::PartId::Head() : parallel::PartId::Embed();
+  }
 
   ModelConfig model_;
   moe::MoEConfig moe_;

@@ -46,8 +46,7 @@ class LayerTensors {
   }
 
   void Push(ParamShape p) {
-    p.part = layer_ < 0 ? ParamPart::kHead : ParamPart::kLayer;
-    p.layer = layer_;
+    p.part = layer_ < 0 ? parallel::PartId::NormF() : parallel::PartId::Layer(layer_);
     out_.push_back(p);
   }
 
@@ -163,7 +162,7 @@ bool IsMatrix(const ParamShape& p) {
 std::string ParamShape::Name() const {
   std::string name = pattern;
   const size_t at = name.find("{}");
-  if (at != std::string::npos) name.replace(at, 2, std::to_string(layer));
+  if (at != std::string::npos) name.replace(at, 2, std::to_string(part.layer));
   return name;
 }
 
@@ -193,12 +192,12 @@ ParamTable ParamTable::Build(const ModelConfig& m, const moe::MoEConfig& e, Para
   t.top_k_ = e.top_k;
   t.attention_ = m.seq_len * m.n_heads * m.head_dim();
   const int64_t d = m.d_model, V = m.vocab_size;
-  const ParamShape wte{.pattern = "embed.wte", .part = ParamPart::kEmbedding,
+  const ParamShape wte{.pattern = "embed.wte", .part = parallel::PartId::Embed(),
                        .role = ParamRole::kEmbedding, .dims = 2, .shape = {V, d},
-                       .split = {DimSplit::kVocab, kNo}};
+                       .split = {DimSplit::kVocab, kNo}, .token_table = true};
   t.params_.push_back(wte);
   if (m.position == Position::kLearned) {
-    t.params_.push_back({.pattern = "embed.wpe", .part = ParamPart::kEmbedding,
+    t.params_.push_back({.pattern = "embed.wpe", .part = parallel::PartId::Embed(),
                          .role = ParamRole::kEmbedding, .dims = 2, .shape = {m.seq_len, d},
                          .whole_over_tp = true});
   }
@@ -207,12 +206,11 @@ ParamTable ParamTable::Build(const ModelConfig& m, const moe::MoEConfig& e, Para
   layers.FinalNorm();
   if (m.tie_embeddings) {
     ParamShape copy = wte;
-    copy.part = ParamPart::kHead;
     copy.role = ParamRole::kHead;
     copy.tied_copy = true;
     t.params_.push_back(copy);
   } else {
-    t.params_.push_back({.pattern = "head.weight", .part = ParamPart::kHead,
+    t.params_.push_back({.pattern = "head.weight", .part = parallel::PartId::Head(),
                          .role = ParamRole::kHead, .dims = 2, .shape = {d, V},
                          .split = {kNo, DimSplit::kVocab}});
   }
@@ -270,15 +268,35 @@ void ParamTable::SumPieces() {
 }
 
 size_t ParamTable::PieceIndex(const ParamShape& p) const {
-  switch (p.part) {
-    case ParamPart::kEmbedding:
-      return 0;
-    case ParamPart::kLayer:
-      return static_cast<size_t>(1 + p.layer);
-    case ParamPart::kHead:
-      break;
-  }
+  using Kind = parallel::PartId::Kind;
+  if (p.part.kind == Kind::kEmbed && !p.tied_copy) return 0;
+  if (p.part.kind == Kind::kLayer) return static_cast<size_t>(1 + p.part.layer);
   return static_cast<size_t>(n_layers_ + 1);
+}
+
+parallel::AxisSet ParamTable::GradSum(const ParamShape& p, bool sequence_parallel) const {
+  using dist::Axis;
+  parallel::AxisSet axes = p.expert_view ? parallel::AxisSet{Axis::kDp}
+                                         : parallel::AxisSet{Axis::kDp, Axis::kCp};
+  const bool summed_over_tp = p.role != ParamRole::kNorm || sequence_parallel;
+  if (Replicated(p) && summed_over_tp) axes = axes.With(Axis::kTp);
+  return axes;
+}
+
+std::vector<ParamShape> ParamTable::StageParams(const Stage& stage) const {
+  using Kind = parallel::PartId::Kind;
+  std::vector<ParamShape> out;
+  for (const ParamShape& p : params_) {
+    if (p.part.kind != Kind::kEmbed) continue;
+    if (stage.embedding ? !p.tied_copy : stage.head && p.tied_copy) out.push_back(p);
+  }
+  for (const ParamShape& p : params_) {
+    const bool layer = p.part.kind == Kind::kLayer && p.part.layer >= stage.first_layer &&
+                       p.part.layer < stage.End(n_layers_);
+    const bool head = stage.head && (p.part.kind == Kind::kNormF || p.part.kind == Kind::kHead);
+    if (layer || head) out.push_back(p);
+  }
+  return out;
 }
 
 int64_t ParamTable::expert_params() const {
@@ -288,5 +306,50 @@ int64_t ParamTable::expert_params() const {
 }
 
 int64_t ParamTable::embedding_params() const { return pieces_[0].params; }
+
+Status ParamTable::CheckRegistry(const parallel::ParameterRegistry& registry, const Stage& stage,
+                                 bool sequence_parallel, int64_t tp_rank,
+                                 bool tie_embeddings) const {
+  const std::vector<ParamShape> want = StageParams(stage);
+  const bool tied = tie_embeddings && !stage.whole(n_layers_);
+  size_t k = 0;
+  for (const parallel::Parameter& p : registry.params()) {
+    if (!p.trainable) continue;
+    if (k == want.size()) {
+      return Internal("parameter table: the decoder registers ", p.name,
+                      " beyond the table's ", want.size(), " tensors of ",
+                      stage.Describe(n_layers_));
+    }
+    const ParamShape& t = want[k++];
+    auto differs = [&](const char* what, const auto& registered, const auto& table) {
+      return Internal("parameter table: ", p.name, "'s ", what, " is ", registered,
+                      " in the decoder's registry, ", table, " in the table (", t.Name(), ")");
+    };
+    if (p.name != t.Name()) return differs("name", p.name, t.Name());
+    const Shape shape(t.shape.begin(), t.shape.begin() + t.dims);
+    if (p.global_shape != shape) {
+      return differs("logical shape", ShapeString(p.global_shape), ShapeString(shape));
+    }
+    if (p.part != t.part) return differs("part", p.part.Name(), t.part.Name());
+    if (p.view != t.view()) {
+      return differs("view", p.view == dist::View::kDense ? "dense" : "expert",
+                     t.expert_view ? "expert" : "dense");
+    }
+    const parallel::AxisSet sum = GradSum(t, sequence_parallel);
+    if (!(p.grad_sum == sum)) {
+      return differs("gradient group", p.grad_sum.ToString(p.view), sum.ToString(t.view()));
+    }
+    if (p.value.numel() != LocalNumel(t, tp_rank)) {
+      return differs("box size", p.value.numel(), LocalNumel(t, tp_rank));
+    }
+    if (p.tied != (tied && t.token_table)) return differs("tied flag", p.tied, tied && t.token_table);
+  }
+  if (k != want.size()) {
+    return Internal("parameter table: the decoder of ", stage.Describe(n_layers_), " registers ",
+                    k, " trainable tensors, the table ", want.size(), " (the first missing: ",
+                    want[k].Name(), ")");
+  }
+  return OkStatus();
+}
 
 }  // namespace switchyard::model

@@ -17,7 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/status.h"
+#include "engine/dist/mesh.h"
 #include "engine/model/model_config.h"
+#include "engine/model/stage.h"
+#include "engine/parallel/parameter.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::model {
@@ -30,10 +34,6 @@ enum class DimSplit {
   kEp,     // experts over ep
   kEtp,    // each expert's hidden units over etp
 };
-
-// The part of the decoder a parameter belongs to (a pipeline stage holds the embedding, a
-// range of layers, and/or the head).
-enum class ParamPart { kEmbedding, kLayer, kHead };
 
 // What a parameter is, for the figures that weigh kinds differently.
 enum class ParamRole {
@@ -55,8 +55,10 @@ struct ParamLayout {
 // One parameter tensor.
 struct ParamShape {
   const char* pattern = "";  // the registry name, "{}" standing for the layer index
-  ParamPart part = ParamPart::kLayer;
-  int64_t layer = -1;        // ParamPart::kLayer: which layer
+  // The part of the decoder it belongs to, as the decoder records it (Parameter::part):
+  // the embedding (wte, wpe, and the last stage's copy of a tied wte), layer i, the final
+  // norm, the head.
+  parallel::PartId part{};
   ParamRole role = ParamRole::kAttention;
   int dims = 0;                          // how many of shape / split are used
   std::array<int64_t, 3> shape{};        // the logical (global) shape
@@ -71,9 +73,14 @@ struct ParamShape {
   // The last stage's copy of the tied token table ("embed.wte"): held by a head stage
   // without the embedding, and counted once in the totals (as the embedding's).
   bool tied_copy = false;
+  // The token table ("embed.wte", and its copy): with tied embeddings over pipeline stages
+  // both stages' copies are marked Parameter::tied.
+  bool token_table = false;
 
   // "layers.3.attn.q.weight".
   std::string Name() const;
+  // The view of the mesh its layout refers to (Parameter::view).
+  dist::View view() const { return expert_view ? dist::View::kExpert : dist::View::kDense; }
   // Elements of the logical tensor.
   int64_t numel() const;
   // Elements used by one token: a routed expert tensor's top_k of num_experts, else numel.
@@ -103,8 +110,26 @@ class ParamTable {
 
   // Whether `p` has copies on several ranks of its tensor-parallel group under the layout.
   bool Replicated(const ParamShape& p) const;
+  // The axes (of p.view()) its gradient is summed over (Parameter::grad_sum): dense over
+  // dp x cp, routed experts over edp; a replicated copy (Replicated) also over tp (etp),
+  // except norm weights without sequence parallelism (every tp rank computes the whole
+  // gradient).
+  parallel::AxisSet GradSum(const ParamShape& p, bool sequence_parallel) const;
+  // The tensors a decoder of `stage` registers, in its registration order
+  // (Decoder::Register): the embedding's (on a stage with the head but not the embedding,
+  // under tied embeddings, the token table's copy alone), the stage's layers, the final
+  // norm, the untied head.
+  std::vector<ParamShape> StageParams(const Stage& stage) const;
   // The elements of `p` the rank at tensor-parallel coordinate `tp_rank` holds.
   int64_t LocalNumel(const ParamShape& p, int64_t tp_rank) const;
+
+  // The registry of a decoder of `stage` against the table: its trainable parameters are
+  // StageParams(stage), in that order, each with the table's name, logical shape, part,
+  // view, gradient axes (GradSum), box size on tensor-parallel rank tp_rank (LocalNumel)
+  // and tied flag (the token table when tie_embeddings and the stage is not the whole
+  // model). The first difference is an error naming the parameter and both values.
+  Status CheckRegistry(const parallel::ParameterRegistry& registry, const Stage& stage,
+                       bool sequence_parallel, int64_t tp_rank, bool tie_embeddings) const;
 
   // Sums over one piece, and over the whole model.
   const PieceParams& Embedding() const { return pieces_.front(); }
@@ -112,7 +137,7 @@ class ParamTable {
   const PieceParams& Head() const { return pieces_.back(); }
   const PieceParams& Total() const { return total_; }
   // The index of the piece `p` belongs to: 0 the embedding, 1 + i layer i, n_layers + 1
-  // the head.
+  // the head (the final norm, the head, and a tied table's copy).
   size_t PieceIndex(const ParamShape& p) const;
   // Elements of the routed experts (all of them) and of the embedding tables (wte, wpe).
   int64_t expert_params() const;

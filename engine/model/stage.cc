@@ -33,7 +33,7 @@ std::vector<Cost> PieceCosts(const ModelConfig& m, const moe::MoEConfig& e) {
     if (!Weighed(p)) continue;
     Cost& c = costs[table.PieceIndex(p)];
     c.params += double(p.numel());
-    if (p.part == ParamPart::kLayer) c.flops += 2.0 * double(p.active(e.top_k));
+    if (p.part.kind == parallel::PartId::Kind::kLayer) c.flops += 2.0 * double(p.active(e.top_k));
   }
   for (int64_t i = 0; i < m.n_layers; ++i) {
     costs[1 + i].params += 4.0 * double(m.d_model);
@@ -167,6 +167,23 @@ StatusOr<std::vector<Stage>> PartitionLayers(const ModelConfig& model, const moe
     first += counts[s];
   }
   return out;
+}
+
+std::vector<parallel::PartId> BackwardParts(std::span<const Stage> chunks, int64_t n_layers,
+                                            bool tie_embeddings) {
+  using parallel::PartId;
+  std::vector<PartId> order;
+  for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
+    if (c->head) {
+      if (!tie_embeddings) order.push_back(PartId::Head());
+      order.push_back(PartId::NormF());
+      // A tied head without the embedding: its table's gradient is final here.
+      if (tie_embeddings && !c->embedding) order.push_back(PartId::Embed());
+    }
+    for (int64_t i = c->End(n_layers); i-- > c->first_layer;) order.push_back(PartId::Layer(i));
+    if (c->embedding) order.push_back(PartId::Embed());
+  }
+  return order;
 }
 
 }  // namespace switchyard::model

@@ -23,6 +23,7 @@
 
 #include "engine/core/status.h"
 #include "engine/model/model_config.h"
+#include "engine/parallel/parameter.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::model {
@@ -64,5 +65,13 @@ std::vector<double> StageCosts(const ModelConfig& model, const moe::MoEConfig& m
 StatusOr<std::vector<Stage>> PartitionLayers(const ModelConfig& model, const moe::MoEConfig& moe,
                                              int stages,
                                              std::span<const int64_t> layers_per_stage = {});
+
+// The parts whose gradients a rank's backward finishes, in the order it finishes them
+// (Decoder::Backward reports each through on_done; the gradient sync launches their
+// buckets in this order): per chunk, from the last to the first, the head (untied), the
+// final norm, with tied embeddings on a head stage without the embedding the table's copy
+// ("embed"), the layers from the last, the embedding. The rank's chunks in chunk order.
+std::vector<parallel::PartId> BackwardParts(std::span<const Stage> chunks, int64_t n_layers,
+                                            bool tie_embeddings);
 
 }  // namespace switchyard::model

@@ -5,6 +5,7 @@
 
 #include "engine/core/check.h"
 #include "engine/dist/ordered_sum.h"
+#include "engine/parallel/sync_plan.h"
 
 namespace switchyard::parallel {
 
@@ -41,6 +42,16 @@ std::string GroupName(View view, AxisSet axes) {
 }
 
 }  // namespace
+
+GradSyncOptions GradSyncOptionsFor(const SyncPolicy& policy, int64_t bucket_bytes,
+                                   std::vector<int> keys) {
+  return {.bucket_bytes = bucket_bytes,
+          .reduce_scatter = policy.reduce_scatter,
+          .persistent_shard = policy.persistent_shard,
+          .part_of = std::move(keys),
+          .stream = policy.stream,
+          .max_in_flight = policy.max_in_flight};
+}
 
 dist::Communicator& GroupOf(const dist::ParallelContext& pc, View view, AxisSet axes) {
   if (view == View::kDense) {
@@ -87,63 +98,43 @@ GradSync::GradSync(ParameterRegistry& registry, const GroupResolver& group_of,
   const std::vector<Parameter>& params = registry_.params();
   where_.assign(params.size(), {-1, -1});
   marked_.assign(params.size(), false);
-  // The distinct (view, axes) of the trainable parameters, in first-seen order.
-  std::vector<std::pair<View, AxisSet>> kinds;
-  for (const Parameter& p : params) {
-    if (!p.trainable || p.grad_sum.empty()) continue;
-    if (std::find(kinds.begin(), kinds.end(), std::pair{p.view, p.grad_sum}) == kinds.end()) {
-      kinds.emplace_back(p.view, p.grad_sum);
-    }
-  }
-  for (auto [view, axes] : kinds) {
-    dist::Communicator* comm = &group_of(view, axes);
-    if (comm->size() == 1) continue;
+  // The buckets as the sync plan packs them (sync_plan.h), the groups' communicators
+  // resolved once each.
+  std::vector<SyncParam> specs;
+  for (const Parameter& p : params) specs.push_back(SyncParamOf(p, -1));
+  std::vector<std::pair<std::pair<View, AxisSet>, dist::Communicator*>> comms;
+  auto comm_of = [&](View view, AxisSet axes) -> dist::Communicator* {
+    for (auto& [kind, comm] : comms)
+      if (kind == std::pair{view, axes}) return comm;
+    comms.push_back({{view, axes}, &group_of(view, axes)});
+    return comms.back().second;
+  };
+  const std::vector<SyncGroup> plan = PackBuckets(
+      specs, options_.part_of, options_.bucket_bytes,
+      [&](View view, AxisSet axes) { return comm_of(view, axes)->size(); });
+  for (const SyncGroup& planned : plan) {
     auto group = std::make_unique<Group>();
-    group->view = view;
-    group->axes = axes;
-    group->comm = comm;
-    FillBuckets(*group, static_cast<int>(groups_.size()));
-    for (Bucket& b : group->buckets) PlaceChunk(b, *comm);
-    groups_.push_back(std::move(group));
-  }
-}
-
-void GradSync::FillBuckets(Group& group, int slot) {
-  const std::vector<Parameter>& params = registry_.params();
-  const dist::Communicator& comm = *group.comm;
-  // The open (still filling) bucket of each dtype, as an index into group.buckets.
-  std::vector<std::pair<DType, size_t>> open;
-  for (size_t i = params.size(); i-- > 0;) {
-    const Parameter& p = params[i];
-    if (!p.trainable || p.view != group.view || !(p.grad_sum == group.axes)) continue;
-    SY_CHECK(p.grad.defined()) << "GradSync: " << p.name << " has no gradient";
-    SY_CHECK(p.grad.device() == comm.device())
-        << "GradSync: " << p.name << "'s gradient is on " << p.grad.device() << ", the "
-        << GroupName(group.view, group.axes) << " communicator on " << comm.device();
-    const DType dtype = p.grad.dtype();
-    const int64_t bytes = p.grad.numel() * static_cast<int64_t>(SizeOf(dtype));
-    const int part = options_.part_of.empty() ? -1 : options_.part_of[i];
-    auto it = std::find_if(open.begin(), open.end(), [&](auto& o) { return o.first == dtype; });
-    if (it != open.end()) {
-      const Bucket& b = group.buckets[it->second];
-      if (b.elements * static_cast<int64_t>(SizeOf(dtype)) + bytes > options_.bucket_bytes ||
-          b.part != part) {
-        open.erase(it);
-        it = open.end();
+    group->view = planned.view;
+    group->axes = planned.axes;
+    group->comm = comm_of(planned.view, planned.axes);
+    const int slot = static_cast<int>(groups_.size());
+    for (const SyncBucket& pb : planned.buckets) {
+      Bucket& b = group->buckets.emplace_back();
+      b.params = pb.params;
+      b.offsets = pb.offsets;
+      b.dtype = pb.dtype;
+      b.elements = pb.elements;
+      b.part = pb.key;
+      for (size_t i : b.params) {
+        SY_CHECK(params[i].grad.device() == group->comm->device())
+            << "GradSync: " << params[i].name << "'s gradient is on " << params[i].grad.device()
+            << ", the " << GroupName(group->view, group->axes) << " communicator on "
+            << group->comm->device();
+        where_[i] = {slot, static_cast<int>(group->buckets.size() - 1)};
       }
+      PlaceChunk(b, *group->comm);
     }
-    if (it == open.end()) {
-      group.buckets.emplace_back();
-      group.buckets.back().dtype = dtype;
-      group.buckets.back().part = part;
-      open.emplace_back(dtype, group.buckets.size() - 1);
-      it = open.end() - 1;
-    }
-    Bucket& b = group.buckets[it->second];
-    where_[i] = {slot, static_cast<int>(it->second)};
-    b.params.push_back(i);
-    b.offsets.push_back(b.elements);
-    b.elements += p.grad.numel();
+    groups_.push_back(std::move(group));
   }
 }
 
@@ -191,6 +182,11 @@ void GradSync::Launch(Group& g, Bucket& b) {
   if (options_.reduce_scatter) {
     while (std::find(in_flight_.begin(), in_flight_.end(), &b) != in_flight_.end()) Complete();
     while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) Complete();
+  }
+  if (step_done_) launches_.clear();
+  step_done_ = false;
+  for (size_t slot = 0; slot < groups_.size(); ++slot) {
+    if (groups_[slot].get() == &g) launches_.emplace_back(int(slot), int(&b - g.buckets.data()));
   }
   Pack(b);
   b.work = Reduce(g, b);
@@ -317,6 +313,7 @@ void GradSync::Finish() {
   }
   marked_.assign(marked_.size(), false);
   in_step_ = false;
+  step_done_ = true;
 }
 
 void GradSync::SyncAll() {
@@ -334,6 +331,7 @@ void GradSync::SyncAll() {
       b.rounds = 0;
     }
   }
+  step_done_ = true;
 }
 
 std::vector<GradSync::BucketInfo> GradSync::Buckets() const {

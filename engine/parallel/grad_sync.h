@@ -16,6 +16,8 @@
 // order (the order backward produces their gradients), into flat buffers of at most
 // bucket_bytes (default 25 MiB, DDP's bucket_cap_mb); a parameter larger than that gets a
 // bucket of its own. Buckets never mix groups or dtypes. Each bucket is one all-reduce.
+// The packing is sync_plan.h's PackBuckets (the planner packs the parameter table with it),
+// and what a ZeRO stage sets below is its SyncPolicy (GradSyncOptionsFor).
 //
 // Overlap with backward:
 //   for each micro-batch's backward, on the last micro-batch only:
@@ -54,6 +56,7 @@
 #include "engine/dist/communicator.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/parallel/parameter.h"
+#include "engine/parallel/sync_plan.h"
 
 namespace switchyard::parallel {
 
@@ -74,14 +77,20 @@ struct GradSyncOptions {
   // (persistent_shard) keep it in the bucket's grad_shard. Off: all-reduced into the grads.
   bool reduce_scatter = false;
   bool persistent_shard = false;
-  // Registry index -> part (a block of the model); when given, a bucket holds parameters
-  // of one part only, so ZeRO-3 can gather a part's parameters bucket by bucket.
+  // Registry index -> bucket key (sync_plan.h's BucketKeys: a part, a tied weight's own
+  // key); when given, a bucket holds parameters of one key only, so ZeRO-3 can gather a
+  // part's parameters bucket by bucket.
   std::vector<int> part_of;
   // Streaming accumulation into the shard (see the file comment): needs reduce_scatter,
   // persistent_shard and part_of.
   bool stream = false;
   int max_in_flight = 2;  // buckets whose collective is in flight at once, >= 1
 };
+
+// The options of a sync under `policy` (sync_plan.h): reduce-scatter, persistent shard,
+// streaming and buckets in flight as the policy says, part_of = keys (BucketKeys).
+GradSyncOptions GradSyncOptionsFor(const SyncPolicy& policy, int64_t bucket_bytes,
+                                   std::vector<int> keys);
 
 class GradSync {
  public:
@@ -135,15 +144,15 @@ class GradSync {
   std::vector<BucketInfo> Buckets() const;
   // "grad sync: 3 buckets (dense 2 over 4 ranks, expert 1 over 2 ranks), 1.5 MiB".
   std::string Summary() const;
+  // The buckets launched in the last step (or in the one under way), in launch order, as
+  // (group, bucket) of the packing (sync_plan.h's groups; Buckets() lists them in that
+  // order): the planner's SyncLaunchOrder is compared with it.
+  const std::vector<std::pair<int, int>>& launches() const { return launches_; }
 
  private:
   struct Bucket;
   struct Group;
 
-  // Packs the trainable parameters of group's (view, axes) into its buckets, from the last
-  // registered to the first (the order backward finishes them): per dtype, up to
-  // bucket_bytes, one part each when part_of is given; `slot` is the group's index.
-  void FillBuckets(Group& group, int slot);
   // A filled bucket's chunk on this rank of comm (dist::OrderedChunks) and, with a
   // persistent shard, its gradient shard.
   void PlaceChunk(Bucket& b, const dist::Communicator& comm);
@@ -166,6 +175,8 @@ class GradSync {
   std::vector<bool> marked_;
   bool in_step_ = false;  // MarkReady since the last Finish
   std::vector<Bucket*> in_flight_;  // launched, not completed, oldest first
+  std::vector<std::pair<int, int>> launches_;  // launches()
+  bool step_done_ = false;  // Finish/SyncAll ended: the next launch starts a new log
 };
 
 }  // namespace switchyard::parallel

@@ -8,6 +8,17 @@
 
 namespace switchyard::parallel {
 
+std::string PartId::Name() const {
+  switch (kind) {
+    case Kind::kNone: return "";
+    case Kind::kEmbed: return "embed";
+    case Kind::kLayer: return StrCat("layers.", layer);
+    case Kind::kNormF: return "norm_f";
+    case Kind::kHead: return "head";
+  }
+  return "";
+}
+
 using dist::Axis;
 
 AxisSet::AxisSet(std::initializer_list<Axis> axes) {

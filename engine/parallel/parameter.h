@@ -22,15 +22,16 @@
 //                  the box's size (ZeRO shards: optimizer state, stage-3 parameters). A
 //                  checkpoint saves and loads such an entry like any box, element range
 //                  and all; false: value is the whole box.
-//   part           the block of the model it belongs to, as the model names its blocks
-//                  ("embed", "layers.3", "norm_f", "head"): ZeRO-3 gathers a part at a
-//                  time and the gradient sync buckets each part apart. Written by the
-//                  model when it registers the block; empty: none.
+//   part           the block of the model it belongs to (PartId: the embedding, layer i,
+//                  the final norm, the head; named "embed", "layers.3", "norm_f", "head"):
+//                  ZeRO-3 gathers a part at a time and the gradient sync buckets each part
+//                  apart. Written by the model when it registers the block; kNone: none.
 //   tied           one of the copies of a weight that several pipeline stages hold (tied
 //                  embeddings: the first stage's token table and the last stage's copy
 //                  for the head); their gradients are summed between those stages.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -62,6 +63,25 @@ class AxisSet {
   uint8_t bits_ = 0;
 };
 
+// The block of the model a parameter belongs to: what ZeRO-3 gathers at once and what
+// backward finishes at once. A tied head without the embedding on its stage holds the
+// token table's copy, which belongs to kEmbed.
+struct PartId {
+  enum class Kind : uint8_t { kNone, kEmbed, kLayer, kNormF, kHead };
+  Kind kind = Kind::kNone;
+  int64_t layer = -1;  // kLayer: the model's layer index; -1 else
+
+  static PartId Embed() { return {Kind::kEmbed, -1}; }
+  static PartId Layer(int64_t i) { return {Kind::kLayer, i}; }
+  static PartId NormF() { return {Kind::kNormF, -1}; }
+  static PartId Head() { return {Kind::kHead, -1}; }
+  bool none() const { return kind == Kind::kNone; }
+  // "embed", "layers.3", "norm_f", "head" ("" for kNone): the registry names' prefix.
+  std::string Name() const;
+  bool operator==(const PartId&) const = default;
+  auto operator<=>(const PartId&) const = default;
+};
+
 struct Parameter {
   std::string name;  // stable and layout-independent: "layers.1.moe.experts.w1"
   Shape global_shape;
@@ -76,7 +96,7 @@ struct Parameter {
   bool weight_decay = true;  // AdamW decays it (matrices, not biases or norm weights)
   Tensor value;              // this rank's box (shares storage with the layer)
   Tensor grad;               // the box's gradient; undefined when not trainable
-  std::string part;          // the model's block ("layers.3"); see the file comment
+  PartId part;               // the model's block (layer 3); see the file comment
   bool tied = false;         // a pipeline-stage copy of a tied weight (file comment)
 
   // The usual dense parameter: whole, replicated and gradient-summed over dp x cp.

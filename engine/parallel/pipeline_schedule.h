@@ -179,6 +179,16 @@ std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batch
                               int virtual_stages, int rank, int forward_cost = 1,
                               int backward_cost = 2);
 
+// The executor's rule for what a micro-batch holds on a chunk (its forward's activations
+// and the messages received for it), read by PipelineRunner (engine/train/pipeline_runner.h)
+// and the planner's walk of a step (engine/plan/activation_memory.h): it is freed after the
+// backward on a chunk that holds the embedding (nothing goes back from there), else after
+// the send of its input gradient (the gradient lives in the backward's output until then).
+// frees[i]: action i of `actions` frees its (chunk, micro-batch). embedding[c]: chunk c
+// holds the embedding (one entry per chunk the actions name).
+std::vector<bool> ActivationReleases(const std::vector<Action>& actions,
+                                     const std::vector<bool>& embedding);
+
 // A text chart of the timeline, one line per rank and one character per time unit:
 // forward of micro-batch i as the letter 'a' + i, its backward as 'A' + i (wrapping after
 // 26), '.' idle; with interleaving a second line per rank gives each unit's chunk. Then a

@@ -149,6 +149,19 @@ std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batch
   return release;
 }
 
+std::vector<bool> ActivationReleases(const std::vector<Action>& actions,
+                                     const std::vector<bool>& embedding) {
+  std::vector<bool> frees(actions.size(), false);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    SY_CHECK(a.chunk >= 0 && static_cast<size_t>(a.chunk) < embedding.size())
+        << "ActivationReleases: chunk " << a.chunk << " of " << embedding.size();
+    frees[i] = embedding[a.chunk] ? a.kind == ActionKind::kBackward
+                                  : a.kind == ActionKind::kSendGradient;
+  }
+  return frees;
+}
+
 std::string RenderTimeline(const Timeline& timeline) {
   const bool chunks = timeline.virtual_stages > 1;
   std::string out = StrCat(PipelineScheduleName(timeline.schedule), ": pp ", timeline.pp, ", ",

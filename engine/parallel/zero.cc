@@ -39,7 +39,7 @@ Tensor Flat(const Tensor& t) { return t.Reshape({t.numel()}); }
 }  // namespace
 
 ZeroShards::ZeroShards(ParameterRegistry& registry, GradSync& sync, int stage,
-                       std::vector<int> part_of, std::vector<std::string> part_names,
+                       std::vector<int> part_of, std::vector<PartId> part_names,
                        DeviceContext* ctx)
     : registry_(registry),
       sync_(sync),
@@ -153,7 +153,7 @@ void ZeroShards::FreeGradients() {
     for (size_t i : b.info.params) registry_.params()[i].grad.buffer().Release();
 }
 
-int ZeroShards::PartId(const std::string& part) const {
+int ZeroShards::PartIndex(const PartId& part) const {
   auto it = std::find(part_names_.begin(), part_names_.end(), part);
   return it == part_names_.end() ? -1 : static_cast<int>(it - part_names_.begin());
 }
@@ -214,8 +214,8 @@ void ZeroShards::GatherWhole(const std::function<Tensor(size_t)>& owned_of,
   while (done < g.ones.size()) complete();
 }
 
-void ZeroShards::StartGather(const std::string& part) {
-  const int id = PartId(part);
+void ZeroShards::StartGather(const PartId& part) {
+  const int id = PartIndex(part);
   if (id < 0 || resident_[id] || gathers_[id]) return;
   auto g = std::make_unique<Gather>();
   for (int bucket : part_buckets_[id]) {
@@ -230,8 +230,8 @@ void ZeroShards::StartGather(const std::string& part) {
   gathers_[id] = std::move(g);
 }
 
-void ZeroShards::FinishGather(const std::string& part) {
-  const int id = PartId(part);
+void ZeroShards::FinishGather(const PartId& part) {
+  const int id = PartIndex(part);
   if (id < 0 || resident_[id]) return;
   if (!gathers_[id]) StartGather(part);
   std::unique_ptr<Gather> g = std::move(gathers_[id]);
@@ -246,20 +246,20 @@ void ZeroShards::FinishGather(const std::string& part) {
   resident_[id] = true;
 }
 
-void ZeroShards::Acquire(const std::string& part, const std::string& next) {
+void ZeroShards::Acquire(const PartId& part, const PartId& next) {
   if (stage_ < 3) return;
   FinishGather(part);
-  if (next.empty() || next == part) return;
+  if (next.none() || next == part) return;
   // A streamed gradient bucket in flight completes first: a reduce-scatter and a gather,
   // each a part's size in receive buffers, are never in flight together.
-  const int id = PartId(next);
+  const int id = PartIndex(next);
   if (id >= 0 && !resident_[id] && !gathers_[id]) sync_.CompleteInFlight();
   StartGather(next);
 }
 
-void ZeroShards::Release(const std::string& part) {
+void ZeroShards::Release(const PartId& part) {
   if (stage_ < 3) return;
-  const int id = PartId(part);
+  const int id = PartIndex(part);
   if (id < 0 || !resident_[id]) return;
   for (int bucket : part_buckets_[id])
     for (size_t i : buckets_[bucket].info.params) registry_.params()[i].value.buffer().Release();
@@ -267,11 +267,11 @@ void ZeroShards::Release(const std::string& part) {
 }
 
 void ZeroShards::AcquireAll() {
-  for (const std::string& part : part_names_) FinishGather(part);
+  for (const PartId& part : part_names_) FinishGather(part);
 }
 
 void ZeroShards::ReleaseAll() {
-  for (const std::string& part : part_names_) Release(part);
+  for (const PartId& part : part_names_) Release(part);
 }
 
 std::vector<Parameter> ZeroShards::CheckpointParameters() const {

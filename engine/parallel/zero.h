@@ -46,13 +46,13 @@ class ZeroShards {
  public:
   // stage 0-3. The GradSync must have been built with reduce_scatter = (stage >= 1),
   // persistent_shard = (stage >= 2) and,
-  // for stage 3, part_of = part_of. part_of: registry index -> part id, part_names[id] the
-  // part's name as Decoder reports it ("embed", "layers.3", ...). Sets flat_begin/flat_end
+  // for stage 3, part_of = part_of. part_of: registry index -> part index, part_names[index]
+  // the part (Parameter::part, as Decoder reports it). Sets flat_begin/flat_end
   // of every owned parameter, tags the model states' memory, and for stage 3 moves the
   // owned chunks into shards and frees the whole parameters. registry, sync and ctx must
   // outlive this.
   ZeroShards(ParameterRegistry& registry, GradSync& sync, int stage, std::vector<int> part_of,
-             std::vector<std::string> part_names, DeviceContext* ctx = nullptr);
+             std::vector<PartId> part_names, DeviceContext* ctx = nullptr);
   ~ZeroShards();
   ZeroShards(const ZeroShards&) = delete;
   ZeroShards& operator=(const ZeroShards&) = delete;
@@ -85,13 +85,13 @@ class ZeroShards {
   void GatherUpdatedParameters();
 
   // Stage 3: the parameters of `part` are whole when this returns; the gather of `next`
-  // ("" for none) is started, after the gradient buckets in flight complete
+  // (PartId() for none) is started, after the gradient buckets in flight complete
   // (GradSync::CompleteInFlight: a part's reduce-scatter overlaps the wait for the part
   // prefetched before it, the next gather overlaps the part's compute). Release frees
   // them. No-ops for other stages. Collective over the part's groups, in the same order of
   // parts on every rank.
-  void Acquire(const std::string& part, const std::string& next);
-  void Release(const std::string& part);
+  void Acquire(const PartId& part, const PartId& next);
+  void Release(const PartId& part);
   // Stage 3: gathers or frees every part (tests that read whole parameters).
   void AcquireAll();
   void ReleaseAll();
@@ -107,9 +107,9 @@ class ZeroShards {
  private:
   struct Bucket;
   struct Gather;
-  void StartGather(const std::string& part);
-  void FinishGather(const std::string& part);
-  int PartId(const std::string& part) const;
+  void StartGather(const PartId& part);
+  void FinishGather(const PartId& part);
+  int PartIndex(const PartId& part) const;  // -1: not a part of the registry
   // Copies an all-gather's padded pieces (recv) of bucket b into whole_of(i) of each of its
   // parameters.
   void Unpack(const Bucket& b, const Tensor& recv,
@@ -120,7 +120,7 @@ class ZeroShards {
   int stage_;
   DeviceContext* ctx_;
   std::vector<int> part_of_;
-  std::vector<std::string> part_names_;
+  std::vector<PartId> part_names_;
   std::vector<Bucket> buckets_;
   // For each registry index: {bucket, offset of the parameter in it} or {-1, 0}.
   std::vector<std::pair<int, int64_t>> where_;

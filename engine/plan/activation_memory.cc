@@ -187,6 +187,9 @@ class WorkspaceWalk {
     send_owns_.assign(n, 0);
     send_open_.assign(n, false);
     released_after_.resize(n);
+    std::vector<bool> embedding;
+    for (const model::Stage& s : in.chunks) embedding.push_back(s.embedding);
+    frees_ = parallel::ActivationReleases(in.actions, embedding);
     SY_CHECK(in.send_release.empty() || in.send_release.size() == n)
         << in.send_release.size() << " send releases for " << n << " actions";
     for (size_t i = 0; i < in.send_release.size(); ++i) {
@@ -206,7 +209,7 @@ class WorkspaceWalk {
       const double tree = in_.gradients * buffers_;
       At(tree + in_.gradients + in_.tokens * micro_batches_, nullptr, "gradient tree sum");
       At(tree + in_.sync, nullptr, "gradient sync");
-    } else if (last_backward_ < 0) {
+    } else if (last_backward_ < 0 || in_.sync_after_schedule) {
       At(in_.sync, nullptr, "gradient sync");
     }
     return out_;
@@ -247,13 +250,14 @@ class WorkspaceWalk {
         Backward(a, index);
         break;
       case ActionKind::kSendGradient:
-        // The activations go; the input gradient stays with its send until released.
+        // The input gradient stays with its send until released.
         send_open_[index] = true;
         send_owns_[index] = grad_input_[at];
         grad_input_[at] = 0;
-        DropActivations(a.chunk, at);
         break;
     }
+    // The activations go after the action the executor's rule names.
+    if (frees_[index]) DropActivations(a.chunk, at);
   }
 
   // The runner drops a completed send: what only the send still held goes.
@@ -266,7 +270,8 @@ class WorkspaceWalk {
 
   void Backward(const parallel::Action& a, int index) {
     const model::Stage& stage = in_.chunks[a.chunk];
-    const double sync = index == last_backward_ && !in_.ordered_accum ? in_.sync : 0;
+    const bool during = !in_.ordered_accum && !in_.sync_after_schedule;
+    const double sync = index == last_backward_ && during ? in_.sync : 0;
     At(live_ + in_.backward[a.chunk] + sync, &a, "");
     const int at = a.chunk * micro_batches_ + a.micro_batch;
     if (!stage.embedding) {  // the input gradient, kept for its send
@@ -274,8 +279,6 @@ class WorkspaceWalk {
       grad_input_[at] = in_.hidden;
     }
     if (in_.ordered_accum) PackIntoTree(a);
-    // The first stage's activations go now (the others' with the send of the gradient).
-    if (stage.embedding) DropActivations(a.chunk, at);
   }
 
   // The gradient packed (one copy) and added to the pairwise tree: a fresh buffer unless a
@@ -328,6 +331,8 @@ class WorkspaceWalk {
   std::vector<double> send_owns_;
   std::vector<bool> send_open_;
   std::vector<std::vector<int>> released_after_;
+  // Per action: it frees its micro-batch's activations (parallel::ActivationReleases).
+  std::vector<bool> frees_;
 };
 
 }  // namespace

@@ -61,6 +61,10 @@ struct StepWorkspaceInputs {
   // The gradient buckets in flight at the data-parallel sync: each bucket's packed copy and
   // the ordered sum's receive buffer (0 without a data-parallel group to sum over).
   double sync = 0;
+  // The sync runs after the whole schedule, not during the last backward
+  // (parallel::SyncPolicy::reduce_during_backward false: ZeRO-1 under pipeline
+  // parallelism; ordered accumulation has its own rule above).
+  bool sync_after_schedule = false;
   // Per action, for a send: the index of the action after which the runner has released it
   // (parallel::SendReleases); actions.size() or beyond: at the end of the step. Empty:
   // every send is held until the step ends.
@@ -81,7 +85,7 @@ struct StepWorkspace {
 //   micro-batch's activations go;
 //   a backward's input gradient is a new tensor, kept for its send;
 //   the activations go after the backward (the first stage) or with the send of the input
-//   gradient (the others);
+//   gradient (the others): parallel::ActivationReleases, the rule the runner reads;
 //   a sent tensor stays until the runner releases its send (send_release: after the first
 //   action of this rank that ends later than the peer's receive of it in the unit-time
 //   timeline, parallel::SendReleases): the output a forward sent outlives its activations

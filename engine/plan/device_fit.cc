@@ -37,7 +37,9 @@ double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) 
   double weight = 0;
   for (const model::ParamShape& p : table.params()) {
     if (p.bias || p.role == model::ParamRole::kNorm || p.role == model::ParamRole::kEmbedding) continue;
-    const bool mine = p.part == model::ParamPart::kLayer ? layer[p.layer] : p.part == model::ParamPart::kHead && head;
+    // The head piece: the untied head's weight or the tied table's copy (ParamTable::PieceIndex).
+    const bool in_head = table.PieceIndex(p) == size_t(c.model.n_layers + 1);
+    const bool mine = p.part.kind == parallel::PartId::Kind::kLayer ? layer[p.part.layer] : in_head && head;
     if (mine) weight = std::max(weight, double(table.LocalNumel(p, tp_rank)));
   }
   const double tokens = double(c.train.micro_batch_size) * c.model.seq_len / c.parallel.cp;

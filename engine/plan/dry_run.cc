@@ -1,5 +1,6 @@
 #include "engine/plan/dry_run.h"
 
+#include "engine/config/sync_settings.h"
 #include "engine/plan/zero_memory.h"
 
 #include <algorithm>
@@ -62,116 +63,70 @@ std::vector<model::Stage> RankStages(const config::Config& c, int pp_rank) {
 
 namespace {
 
-// What a rank's chunks hold: layers, embedding, head.
-struct Holdings {
-  std::vector<bool> layer;
-  bool embedding = false, head = false;
-  int64_t moe_layers = 0, layers = 0;
-};
-
-Holdings HoldingsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  Holdings h;
-  h.layer.assign(c.model.n_layers, false);
-  for (const model::Stage& s : RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp))) {
-    for (int64_t i = s.first_layer; i < s.End(c.model.n_layers); ++i) {
-      h.layer[i] = true;
-      ++h.layers;
-      h.moe_layers += c.moe.IsMoELayer(i) ? 1 : 0;
-    }
-    h.embedding = h.embedding || s.embedding;
-    h.head = h.head || s.head;
-  }
-  return h;
+// The MoE layers of a rank's chunks.
+int64_t MoELayersHeld(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  int64_t n = 0;
+  for (const model::Stage& s : RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp)))
+    for (int64_t i = s.first_layer; i < s.End(c.model.n_layers); ++i) n += c.moe.IsMoELayer(i) ? 1 : 0;
+  return n;
 }
-
-// The parameter elements a rank holds (the parameter table's tensors of its stages, its box
-// of each), by the group their gradient is summed over.
-struct RankBuckets {
-  int64_t dense = 0;   // split over tp, or whole with tp = 1: summed over dp x cp
-  // Norm weights under tp without sequence parallelism: every tp rank computes the whole
-  // gradient (summed over dp x cp).
-  int64_t norms_unsummed = 0;
-  int64_t replicated = 0;  // the other tp replicas: summed over dp x cp x tp
-  int64_t b2_etp = 0;      // the experts' output bias under etp: summed over edp x etp
-  int64_t expert = 0;      // routed experts: summed over edp
-};
 
 }  // namespace
 
-void ForEachRankParam(const config::Config& c, const dist::Mesh& mesh, int rank,
-                      const std::function<void(const model::ParamShape&, int64_t, GradGroup)>& fn) {
+std::vector<HeldParam> HeldParams(const config::Config& c, const dist::Mesh& mesh, int rank) {
   const model::ParamTable table = model::ParamTable::Build(
       c.model, c.moe, {.tp = mesh.tp(), .etp = mesh.etp(), .ep = mesh.ep()});
   const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
-  const Holdings held = HoldingsOf(c, mesh, rank);
-  const bool norms_whole = mesh.tp() > 1 && !c.parallel.sequence_parallel;
-  for (const model::ParamShape& p : table.params()) {
-    const bool mine = p.part == model::ParamPart::kEmbedding ? held.embedding
-                      : p.part == model::ParamPart::kLayer   ? held.layer[p.layer]
-                                                             : held.head && !(p.tied_copy && held.embedding);
-    if (!mine) continue;
-    const int64_t n = table.LocalNumel(p, tp_rank);
-    GradGroup g = GradGroup::kDense;
-    if (!table.Replicated(p)) {
-      g = p.expert_view ? GradGroup::kExpert : GradGroup::kDense;
-    } else if (p.expert_view) {
-      g = GradGroup::kExpertEtp;
-    } else if (p.role == model::ParamRole::kNorm && norms_whole) {
-      g = GradGroup::kNormsUnsummed;
-    } else {
-      g = GradGroup::kReplicated;
+  const bool sequence_parallel = mesh.tp() > 1 && c.parallel.sequence_parallel;
+  std::vector<HeldParam> held;
+  for (const model::Stage& s : RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp))) {
+    const bool tied = c.model.tie_embeddings && !s.whole(c.model.n_layers);
+    for (const model::ParamShape& p : table.StageParams(s)) {
+      held.push_back({.shape = p,
+                      .numel = table.LocalNumel(p, tp_rank),
+                      .grad_sum = table.GradSum(p, sequence_parallel),
+                      .tied = tied && p.token_table});
     }
-    fn(p, n, g);
   }
-}
-
-double GradGroupSize(GradGroup g, const dist::Mesh& mesh) {
-  const double dp_cp = double(mesh.dp()) * mesh.cp();
-  switch (g) {
-    case GradGroup::kDense:
-    case GradGroup::kNormsUnsummed: return dp_cp;
-    case GradGroup::kReplicated: return dp_cp * mesh.tp();
-    case GradGroup::kExpertEtp: return double(mesh.edp()) * mesh.etp();
-    case GradGroup::kExpert: return mesh.edp();
-  }
-  return 1;
+  return held;
 }
 
 namespace {
 
-RankBuckets BucketsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  RankBuckets b;
-  ForEachRankParam(c, mesh, rank, [&](const model::ParamShape&, int64_t n, GradGroup g) {
-    switch (g) {
-      case GradGroup::kDense: b.dense += n; break;
-      case GradGroup::kNormsUnsummed: b.norms_unsummed += n; break;
-      case GradGroup::kReplicated: b.replicated += n; break;
-      case GradGroup::kExpertEtp: b.b2_etp += n; break;
-      case GradGroup::kExpert: b.expert += n; break;
-    }
-  });
-  return b;
-}
-
 // The parameter elements of a rank by the group their gradient is summed (and, under ZeRO,
-// partitioned) over: (elements, the group's size).
+// partitioned) over: (elements, the group's size), groups in first-seen order.
 std::vector<std::pair<double, double>> GradientGroups(const config::Config& c, const dist::Mesh& mesh,
                                                       int rank) {
-  const RankBuckets b = BucketsOf(c, mesh, rank);
-  const double dp_cp = double(mesh.dp()) * mesh.cp(), edp = mesh.edp();
-  return {{double(b.dense), dp_cp},
-          {double(b.norms_unsummed), dp_cp},
-          {double(b.replicated), dp_cp * mesh.tp()},
-          {double(b.b2_etp), edp * mesh.etp()},
-          {double(b.expert), edp}};
+  std::vector<std::pair<dist::View, parallel::AxisSet>> keys;
+  std::vector<std::pair<double, double>> groups;
+  for (const HeldParam& p : HeldParams(c, mesh, rank)) {
+    const std::pair key{p.shape.view(), p.grad_sum};
+    auto it = std::find(keys.begin(), keys.end(), key);
+    if (it == keys.end()) {
+      keys.push_back(key);
+      groups.push_back({0.0, double(parallel::MeshGroupSize(mesh, key.first, key.second))});
+      it = keys.end() - 1;
+    }
+    groups[it - keys.begin()].first += double(p.numel);
+  }
+  return groups;
 }
 
 }  // namespace
 
 RankParams EstimateRankParams(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  const RankBuckets b = BucketsOf(c, mesh, rank);
-  return {.dense = b.dense, .replicated = b.norms_unsummed + b.replicated + b.b2_etp,
-          .expert = b.expert};
+  // As CountRankParams counts a registry: copies over tp (etp) replicated, the rest by view.
+  RankParams r;
+  for (const HeldParam& p : HeldParams(c, mesh, rank)) {
+    if (p.shape.whole_over_tp && (p.shape.expert_view ? mesh.etp() : mesh.tp()) > 1) {
+      r.replicated += p.numel;
+    } else if (p.shape.expert_view) {
+      r.expert += p.numel;
+    } else {
+      r.dense += p.numel;
+    }
+  }
+  return r;
 }
 
 StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
@@ -197,9 +152,11 @@ StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::M
   in.hidden = acts.hidden;
   in.tokens = acts.tokens;
   for (auto [n, group] : GradientGroups(c, mesh, rank)) in.gradients += 4.0 * n;
-  in.ordered_accum = c.train.ordered_grad_accum && micro_batches > 1;
+  const parallel::SyncPolicy policy = config::SyncPolicyOf(c);
+  in.ordered_accum = policy.ordered_accum;
+  in.sync_after_schedule = !policy.ordered_accum && !policy.reduce_during_backward;
   // The buckets in flight at the sync (zero_memory.h); streaming has none at the end.
-  in.sync = PredictZeroWorkspace(c, mesh, rank, c.train.ordered_grad_accum).sync;
+  in.sync = PredictZeroWorkspace(c, mesh, rank).sync;
   return in;
 }
 
@@ -217,11 +174,11 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   }
   // The aux-loss-free expert bias: persistent, not trained, whole on every rank.
   if (e.expert_bias_rate > 0) {
-    r.parameters += 4.0 * HoldingsOf(c, mesh, rank).moe_layers * e.num_experts;
+    r.parameters += 4.0 * MoELayersHeld(c, mesh, rank) * e.num_experts;
   }
   // The global aux loss's expert load: the same, one (E) per MoE layer.
   if (e.aux_loss_scope == moe::AuxLossScope::kGlobal) {
-    r.parameters += 4.0 * HoldingsOf(c, mesh, rank).moe_layers * e.num_experts;
+    r.parameters += 4.0 * MoELayersHeld(c, mesh, rank) * e.num_experts;
   }
   // Workspace: one step of the rank's schedule (PredictStepWorkspace, the sync's buckets
   // in flight included) plus what ZeRO adds (zero_memory.h): streamed gradients and stage-3
@@ -229,7 +186,7 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   // gathered stage-3 parts; or, if more, the all-gather after a stage 1-2 update.
   // zero_perf, tests/dist/zero_memory_test.cc and pipeline_memory_test.cc compare it with
   // the measured peak.
-  const ZeroWorkspace z = PredictZeroWorkspace(c, mesh, rank, c.train.ordered_grad_accum);
+  const ZeroWorkspace z = PredictZeroWorkspace(c, mesh, rank);
   r.workspace = PredictStepWorkspace(c, mesh, rank).peak + z.stream + z.materialized + z.gathered;
   r.workspace = std::max(r.workspace, z.gather);
   return r;

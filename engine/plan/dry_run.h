@@ -67,16 +67,18 @@ std::vector<model::Stage> RankStages(const config::Config& config, int pp_rank);
 // estimate honest).
 RankParams CountRankParams(const parallel::ParameterRegistry& registry);
 
-// The group a parameter's gradient is summed (and, under ZeRO, partitioned) over: dense
-// over dp x cp; norm weights under tp without sequence parallelism over dp x cp (each tp
-// rank computes the whole gradient); the other tp replicas over dp x cp x tp; the
-// experts' output bias under etp over edp x etp; routed experts over edp.
-enum class GradGroup { kDense, kNormsUnsummed, kReplicated, kExpertEtp, kExpert };
-double GradGroupSize(GradGroup group, const dist::Mesh& mesh);
-// Every parameter `rank` holds (its pipeline stage's, in the table's order: the
-// registration order), with the elements of its box and its group.
-void ForEachRankParam(const config::Config& config, const dist::Mesh& mesh, int rank,
-                      const std::function<void(const model::ParamShape&, int64_t, GradGroup)>& fn);
+// One parameter a rank holds, from the parameter table: its entry, the elements of its
+// box, the axes (of shape.view()) its gradient is summed over (ParamTable::GradSum) and
+// whether it is a pipeline-stage copy of the tied token table (Parameter::tied).
+struct HeldParam {
+  model::ParamShape shape;
+  int64_t numel = 0;
+  parallel::AxisSet grad_sum;
+  bool tied = false;
+};
+// Every parameter `rank` holds, in the order its chunks' decoders register them
+// (ParamTable::StageParams of each chunk, in chunk order): the runtime's registry.
+std::vector<HeldParam> HeldParams(const config::Config& config, const dist::Mesh& mesh, int rank);
 
 // The bytes one rank holds under the config's ZeRO stage (docs/zero.md): the model states
 // between steps — the ZeRO paper's formulas with this engine's f32 constants (4 bytes of

@@ -2,93 +2,49 @@
 
 #include <algorithm>
 
+#include "engine/config/sync_settings.h"
 #include "engine/model/param_table.h"
+#include "engine/parallel/sync_plan.h"
 #include "engine/plan/dry_run.h"
 
 namespace switchyard::plan {
 namespace {
 
-// The part Decoder reports for a parameter (Parameter::part).
-std::string PartName(const model::ParamShape& p) {
-  switch (p.part) {
-    case model::ParamPart::kEmbedding: return "embed";
-    case model::ParamPart::kLayer: return StrCat("layers.", p.layer);
-    case model::ParamPart::kHead: break;
-  }
-  if (p.role == model::ParamRole::kNorm) return "norm_f";
-  return p.tied_copy ? "embed" : "head";
-}
-
-// One bucket: its bytes, its group's size, and the backward position of the part that
-// completes it (its earliest registered parameter's).
+// One bucket: its bytes, its group's size, and the part of its parameters (one part each
+// when the policy cuts buckets by part).
 struct Bucket {
   double bytes = 0, group = 1;
-  int launch = 0;
-  std::string part;
+  int part = 0;
 };
 
-// The rank's parts in backward order: head, norm_f, the layers from the last, embed.
-std::vector<std::string> BackwardOrder(const std::vector<std::string>& seen) {
-  std::vector<std::string> order;
-  auto add = [&](const std::string& name) {
-    if (std::find(seen.begin(), seen.end(), name) != seen.end() &&
-        std::find(order.begin(), order.end(), name) == order.end())
-      order.push_back(name);
-  };
-  add("head");
-  add("norm_f");
-  for (auto it = seen.rbegin(); it != seen.rend(); ++it)
-    if (it->rfind("layers.", 0) == 0) add(*it);
-  add("embed");
-  return order;
+// The buckets of `sync` in launch order.
+std::vector<Bucket> LaunchedBuckets(const RankSync& sync) {
+  std::vector<Bucket> out;
+  for (const parallel::BucketRef& at : sync.launch) {
+    const parallel::SyncGroup& g = sync.groups[at.group];
+    const parallel::SyncBucket& b = g.buckets[at.bucket];
+    out.push_back({.bytes = double(b.bytes()), .group = double(g.size),
+                   .part = sync.params[b.params.front()].part});
+  }
+  return out;
 }
 
-// GradSync's buckets for the rank (per group, reverse registration order, bucket_mb each,
-// one part each when per_part), in launch order.
-std::vector<Bucket> RankBuckets(const config::Config& c, const dist::Mesh& mesh, int rank,
-                                bool per_part, std::vector<std::string>* order) {
-  struct Param {
-    std::string part;
-    double bytes;
-    GradGroup group;
-  };
-  std::vector<Param> params;
-  std::vector<std::string> seen;
-  ForEachRankParam(c, mesh, rank, [&](const model::ParamShape& p, int64_t n, GradGroup g) {
-    if (GradGroupSize(g, mesh) <= 1) return;
-    params.push_back({PartName(p), 4.0 * n, g});
-    if (std::find(seen.begin(), seen.end(), params.back().part) == seen.end())
-      seen.push_back(params.back().part);
-  });
-  *order = BackwardOrder(seen);
-  auto position = [&](const std::string& part) {
-    return static_cast<int>(std::find(order->begin(), order->end(), part) - order->begin());
-  };
-  const double cap = double(c.train.bucket_bytes());
-  std::vector<GradGroup> groups;
-  for (const Param& p : params)
-    if (std::find(groups.begin(), groups.end(), p.group) == groups.end()) groups.push_back(p.group);
-  std::vector<Bucket> out;
-  for (GradGroup g : groups) {
-    Bucket open;
-    bool any = false;
-    for (auto it = params.rbegin(); it != params.rend(); ++it) {
-      if (it->group != g) continue;
-      if (any && (open.bytes + it->bytes > cap || (per_part && open.part != it->part))) {
-        out.push_back(open);
-        open = Bucket();
-      }
-      open.bytes += it->bytes;
-      open.group = GradGroupSize(g, mesh);
-      open.part = it->part;
-      open.launch = position(it->part);
-      any = true;
+// The rank's parts with buckets in backward order, each with its buckets (by part:
+// streaming, stage 3). A part none of whose parameters is summed over more than one rank
+// has nothing to gather or send.
+std::vector<ZeroPart> PartsOf(const RankSync& sync) {
+  const std::vector<Bucket> buckets = LaunchedBuckets(sync);
+  std::vector<ZeroPart> parts;
+  for (int id : sync.backward) {
+    ZeroPart part{.name = sync.parts[id].Name()};
+    for (const Bucket& b : buckets) {
+      if (b.part != id) continue;
+      part.bytes += b.bytes;
+      part.buckets.push_back(b.bytes);
     }
-    if (any) out.push_back(open);
+    if (!part.buckets.empty()) parts.push_back(part);
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Bucket& a, const Bucket& b) { return a.launch < b.launch; });
-  return out;
+  return parts;
 }
 
 // The most two consecutive buckets hold at once, each `per(b)` bytes.
@@ -161,43 +117,49 @@ double StreamPeak(const std::vector<ZeroPart>& parts, bool stage3, bool tied) {
 
 }  // namespace
 
-bool StreamsGradients(const config::Config& c, bool ordered) {
-  const bool ordered_accum = ordered && c.train.grad_accum > 1;
-  return c.parallel.zero_stage >= 2 && !ordered_accum &&
-         !(c.parallel.pp > 1 && c.model.tie_embeddings);
+RankSync PlanRankSync(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  RankSync r;
+  for (const HeldParam& p : HeldParams(c, mesh, rank)) {
+    auto it = std::find(r.parts.begin(), r.parts.end(), p.shape.part);
+    if (it == r.parts.end()) it = r.parts.insert(it, p.shape.part);
+    r.params.push_back({.name = p.shape.Name(), .numel = p.numel, .view = p.shape.view(),
+                        .grad_sum = p.grad_sum, .part = static_cast<int>(it - r.parts.begin()),
+                        .tied = p.tied});
+  }
+  const std::vector<model::Stage> chunks =
+      RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp));
+  for (const parallel::PartId& part :
+       model::BackwardParts(chunks, c.model.n_layers, c.model.tie_embeddings)) {
+    auto it = std::find(r.parts.begin(), r.parts.end(), part);
+    if (it != r.parts.end()) r.backward.push_back(static_cast<int>(it - r.parts.begin()));
+  }
+  const parallel::SyncPolicy policy = config::SyncPolicyOf(c);
+  r.groups = parallel::PackBuckets(
+      r.params, parallel::BucketKeys(policy, r.params, static_cast<int>(r.parts.size())),
+      c.train.bucket_bytes(), [&](dist::View view, parallel::AxisSet axes) {
+        return parallel::MeshGroupSize(mesh, view, axes);
+      });
+  r.launch = parallel::SyncLaunchOrder(policy, r.groups, r.params, r.backward);
+  return r;
 }
 
 std::vector<ZeroPart> RankZeroParts(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  std::vector<std::string> order;
-  const std::vector<Bucket> buckets = RankBuckets(c, mesh, rank, /*per_part=*/true, &order);
-  std::vector<ZeroPart> parts;
-  for (const std::string& name : order) {
-    ZeroPart part;
-    part.name = name;
-    for (const Bucket& b : buckets) {
-      if (b.part != name) continue;
-      part.bytes += b.bytes;
-      part.buckets.push_back(b.bytes);
-    }
-    parts.push_back(part);
-  }
-  return parts;
+  return PartsOf(PlanRankSync(c, mesh, rank));
 }
 
-ZeroWorkspace PredictZeroWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank,
-                                   bool ordered) {
+ZeroWorkspace PredictZeroWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
   const int stage = c.parallel.zero_stage;
-  const bool stream = StreamsGradients(c, ordered);
-  std::vector<std::string> order;
-  const std::vector<Bucket> buckets =
-      RankBuckets(c, mesh, rank, /*per_part=*/stage >= 3 || stream, &order);
+  const parallel::SyncPolicy policy = config::SyncPolicyOf(c);
+  const bool stream = policy.stream;
+  const RankSync sync = PlanRankSync(c, mesh, rank);
+  const std::vector<Bucket> buckets = LaunchedBuckets(sync);
   ZeroWorkspace w;
   if (buckets.empty()) return w;
   if (stage == 0) {
     // All-reduces complete in Finish: all in flight when launched during the last backward,
     // one at a time under ordered accumulation (SyncAll).
     for (const Bucket& b : buckets) {
-      if (ordered && c.train.grad_accum > 1) {
+      if (policy.ordered_accum) {
         w.sync = std::max(w.sync, 2 * b.bytes);
       } else {
         w.sync += 2 * b.bytes;
@@ -211,7 +173,7 @@ ZeroWorkspace PredictZeroWorkspace(const config::Config& c, const dist::Mesh& me
   if (stage == 1 || stage == 2) {
     w.gather = LargestPair(buckets, [](const Bucket& b) { return b.bytes + b.bytes / b.group; });
   }
-  const std::vector<ZeroPart> parts = RankZeroParts(c, mesh, rank);
+  const std::vector<ZeroPart> parts = PartsOf(sync);
   if (stream) {
     w.stream = StreamPeak(parts, stage >= 3, c.model.tie_embeddings);
   } else if (stage >= 2) {

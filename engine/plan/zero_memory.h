@@ -2,8 +2,9 @@
 // from the config alone, walked as engine/parallel/grad_sync.h and zero.h run it:
 //
 //  - the buckets: the rank's partitioned parameters (those whose group has more than one
-//    rank) packed per group in reverse registration order into buckets of
-//    train.bucket_mb, one part each under stage 3 and under streaming;
+//    rank) packed as GradSync packs them, by the same functions (PlanRankSync below:
+//    engine/parallel/sync_plan.h's policy, keys, packing and launch order, over the
+//    parameter table's tensors of the rank in registration order);
 //  - the sync of stages 0-1 (and of ordered accumulation): each bucket in flight holds
 //    its packed copy and the ordered sum's received pieces (its size again); at most two
 //    are in flight, so the peak is the largest pair launched one after the other
@@ -20,7 +21,7 @@
 //    bucket in flight completes; the head is kept from the forward to the backward.
 //
 // tests/dist/zero_memory_test.cc holds the total (model states + workspace) within 10% of
-// the ledger's.
+// the ledger's, and the buckets equal to the trainer's exactly.
 #pragma once
 
 #include <string>
@@ -28,8 +29,24 @@
 
 #include "engine/config/config.h"
 #include "engine/dist/mesh.h"
+#include "engine/parallel/sync_plan.h"
 
 namespace switchyard::plan {
+
+// The rank's gradient sync as the runtime builds it (engine/parallel/sync_plan.h over the
+// parameter table): its parameters as SyncParams in registration order (HeldParams), parts
+// numbered in first-seen order as the trainer numbers them, packed under the config's
+// policy (BucketKeys, PackBuckets), and the buckets' launch order (SyncLaunchOrder: as
+// the parts finish in model::BackwardParts' order, or all at the step's end). tests/dist/zero_memory_test.cc compares the
+// buckets with the trainer's GradSync::Buckets(), exactly.
+struct RankSync {
+  std::vector<parallel::SyncParam> params;
+  std::vector<parallel::PartId> parts;      // by part index
+  std::vector<int> backward;                // part indices in backward order
+  std::vector<parallel::SyncGroup> groups;  // PackBuckets
+  std::vector<parallel::BucketRef> launch;  // every bucket, in launch order
+};
+RankSync PlanRankSync(const config::Config& config, const dist::Mesh& mesh, int rank);
 
 // One part of the rank's model ("embed", "layers.<i>", "norm_f", "head"), in bytes of its
 // partitioned (bucketed) elements, f32.
@@ -51,10 +68,9 @@ struct ZeroWorkspace {
 std::vector<ZeroPart> RankZeroParts(const config::Config& config, const dist::Mesh& mesh,
                                     int rank);
 
-// Whether the trainer streams gradients (engine/train/trainer.h, StreamGradients).
-bool StreamsGradients(const config::Config& config, bool ordered);
-
+// Under the config's sync policy (engine/config/sync_settings.h), train.ordered_grad_accum
+// included.
 ZeroWorkspace PredictZeroWorkspace(const config::Config& config, const dist::Mesh& mesh,
-                                   int rank, bool ordered);
+                                   int rank);
 
 }  // namespace switchyard::plan

@@ -74,6 +74,11 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
   // Per (chunk, micro-batch): c * m_count + m.
   std::vector<std::optional<model::DecoderOutput>> outs(v * m_count);
   std::vector<Tensor> received(v * m_count);  // the activation, then the gradient
+  // What a micro-batch holds on a chunk goes after the action parallel::ActivationReleases
+  // names (the planner's walk reads the same rule).
+  std::vector<bool> embedding(v);
+  for (int c = 0; c < v; ++c) embedding[c] = chunks_[c]->stage().embedding;
+  const std::vector<bool> frees = parallel::ActivationReleases(actions_, embedding);
   std::vector<int> last_backward(v, -1);
   for (size_t i = 0; i < actions_.size(); ++i)
     if (actions_[i].kind == ActionKind::kBackward) last_backward[actions_[i].chunk] = static_cast<int>(i);
@@ -117,15 +122,13 @@ void PipelineRunner::RunStep(const Hooks& hooks) {
                        static_cast<int>(i) == last_backward[c] ? hooks.on_last_backward_done
                                                                : hooks.on_backward_done);
         if (hooks.after_backward) hooks.after_backward(c, m);
-        // What the previous stage needs is kept until its send; the activations go.
-        if (chunk.stage().embedding) outs[at].reset();
         break;
       }
       case ActionKind::kSendGradient:
         Send(outs[at]->grad_input, a.peer);
-        outs[at].reset();
         break;
     }
+    if (frees[i]) outs[at].reset();
     ReleaseCompletedSends();
     if (trace_ != nullptr) trace_->actions.push_back({a, start, Now()});
   }

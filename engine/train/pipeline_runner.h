@@ -42,10 +42,10 @@ class PipelineRunner {
     std::function<void(int c, int m)> after_backward;
     // Passed to each chunk's last backward of the step as Decoder::Backward's on_done: each
     // part's gradient is final (the gradient buckets can go).
-    std::function<void(const std::string& part)> on_last_backward_done;
+    std::function<void(const parallel::PartId& part)> on_last_backward_done;
     // The same for every other backward of the step (ZeRO-2/3 stream each micro-batch's
     // gradient buckets).
-    std::function<void(const std::string& part)> on_backward_done;
+    std::function<void(const parallel::PartId& part)> on_backward_done;
   };
   void RunStep(const Hooks& hooks);
 

@@ -84,7 +84,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const int64_t tokens = int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum *
                          config_.model.seq_len;
   const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
-  if (!StreamGradients()) zero_->MaterializeGradients();
+  if (!sync_.stream) zero_->MaterializeGradients();
   registry_.ZeroGrad(rt_.ctx.get());  // the resident gradients (streaming: the unbucketed)
   // The weights may have been loaded or rolled back since the last step: fresh replicas.
   MarkReplicasStale();
@@ -160,20 +160,20 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
   hooks.after_forward = [&](int c, int micro, const model::DecoderOutput& out) {
     AddForward(c, micro, out, record_routing ? &batches[micro] : nullptr, step);
   };
-  if (OrderedAccumulation()) {
+  if (sync_.ordered_accum) {
     hooks.before_backward = [&](int, int) { reg.ZeroGrad(ctx); };
     hooks.after_backward = [&](int, int) { grads.Add(PackGrads(reg, ctx)); };
-  } else if (ReduceDuringBackward()) {
+  } else if (sync_.reduce_during_backward) {
     // The last backward (streaming: every backward): each part's gradient bucket goes out
     // as soon as it is final.
-    hooks.on_last_backward_done = [&](const std::string& part) {
+    hooks.on_last_backward_done = [&](const parallel::PartId& part) {
       ScopedPhase phase(Phase::kCommunication);
       for (size_t i : part_params_.at(part)) grad_sync_->MarkReady(i);
     };
-    if (StreamGradients()) hooks.on_backward_done = hooks.on_last_backward_done;
+    if (sync_.stream) hooks.on_backward_done = hooks.on_last_backward_done;
   }
   pipeline_->RunStep(hooks);
-  if (OrderedAccumulation()) UnpackGrads(grads.Result(), reg, ctx);
+  if (sync_.ordered_accum) UnpackGrads(grads.Result(), reg, ctx);
   return step;
 }
 
@@ -195,7 +195,7 @@ void Trainer::AddForward(int c, int micro, const model::DecoderOutput& out,
 
 void Trainer::SyncGradients() {
   ScopedPhase phase(Phase::kCommunication);
-  if (OrderedAccumulation()) {
+  if (sync_.ordered_accum) {
     grad_sync_->SyncAll();
   } else {
     grad_sync_->Finish();

@@ -93,26 +93,24 @@ void Trainer::BuildGradientSync() {
   // under it the gradient buckets hold one part each.
   const auto& params = registry_.params();
   std::vector<int> part_of(params.size());
-  std::vector<std::string> part_names;
+  std::vector<parallel::PartId> part_names;
+  std::vector<parallel::SyncParam> specs;
   for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& part = params[i].part;
-    SY_CHECK(!part.empty()) << params[i].name << ": the decoder recorded no part";
+    SY_CHECK(!params[i].part.none()) << params[i].name << ": the decoder recorded no part";
+    const parallel::PartId& part = params[i].part;
     auto it = std::find(part_names.begin(), part_names.end(), part);
     part_of[i] = static_cast<int>(it - part_names.begin());
     if (it == part_names.end()) part_names.push_back(part);
     part_params_[part].push_back(i);
+    specs.push_back(parallel::SyncParamOf(params[i], part_of[i]));
   }
   const int stage = config_.parallel.zero_stage;
-  // How the buckets are cut: by part under ZeRO-3 and when streaming (StreamGradients), so a
-  // part's buckets go out as its backward ends; under ZeRO with pipeline stages the tied
-  // token table alone (a part of its own), so that rank r of the data-parallel group owns
-  // the same range of it on the first and the last stage (SumTiedEmbeddingGrads).
-  std::vector<int> bucket_part = stage >= 3 || StreamGradients() ? part_of : std::vector<int>{};
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (stage == 0 || !params[i].tied) continue;
-    if (bucket_part.empty()) bucket_part.assign(params.size(), 0);
-    bucket_part[i] = static_cast<int>(part_names.size());
-  }
+  // How the buckets are cut (the policy's BucketKeys): by part under ZeRO-3 and when
+  // streaming, so a part's buckets go out as its backward ends; under ZeRO with pipeline
+  // stages the tied token table alone, so that rank r of the data-parallel group owns the
+  // same range of it on the first and the last stage (SumTiedEmbeddingGrads).
+  std::vector<int> keys =
+      parallel::BucketKeys(sync_, specs, static_cast<int>(part_names.size()));
   DeviceContext* ctx = rt_.ctx.get();
   dist::ParallelContext& data_pc = this->data_pc();
   grad_sync_ = std::make_unique<parallel::GradSync>(
@@ -120,34 +118,26 @@ void Trainer::BuildGradientSync() {
       [&data_pc](dist::View view, parallel::AxisSet axes) -> dist::Communicator& {
         return parallel::GroupOf(data_pc, view, axes);
       },
-      parallel::GradSyncOptions{.bucket_bytes = config_.train.bucket_bytes(),
-                                .reduce_scatter = stage >= 1,
-                                .persistent_shard = stage >= 2,
-                                .part_of = bucket_part,
-                                .stream = StreamGradients(),
-                                // Streaming: one part's bucket in flight while the next
-                                // part's backward computes.
-                                .max_in_flight = StreamGradients() ? 1 : 2},
-      ctx);
+      parallel::GradSyncOptionsFor(sync_, config_.train.bucket_bytes(), std::move(keys)), ctx);
   zero_ = std::make_unique<parallel::ZeroShards>(registry_, *grad_sync_, stage, part_of,
                                                  part_names, ctx);
   if (stage < 2) return;
   model::Decoder::ParameterHooks hooks;
-  if (StreamGradients()) {
+  if (sync_.stream) {
     // No full gradient: each part's gradients exist from its backward to its bucket's
     // reduce-scatter (parallel/grad_sync.h, streaming).
     zero_->FreeGradients();
-    hooks.gradients = [this](const std::string& part) {
+    hooks.gradients = [this](const parallel::PartId& part) {
       grad_sync_->BeginGradients(part_params_.at(part));
     };
   }
   if (stage >= 3) {
     parallel::ZeroShards* zero = zero_.get();
-    hooks.acquire = [zero](const std::string& part, const std::string& next) {
+    hooks.acquire = [zero](const parallel::PartId& part, const parallel::PartId& next) {
       ScopedPhase phase(Phase::kCommunication);
       zero->Acquire(part, next);
     };
-    hooks.release = [zero](const std::string& part) {
+    hooks.release = [zero](const parallel::PartId& part) {
       ScopedPhase phase(Phase::kCommunication);
       zero->Release(part);
     };

@@ -31,6 +31,7 @@
 #include "engine/parallel/grad_sync.h"
 #include "engine/parallel/zero.h"
 #include "engine/config/config.h"
+#include "engine/config/sync_settings.h"
 #include "engine/data/loader.h"
 #include "engine/train/checkpointer.h"
 #include "engine/train/metrics.h"
@@ -110,6 +111,8 @@ class Trainer {
   PipelineRunner& pipeline() { return *pipeline_; }
   // The ZeRO shards of the registry (every stage, 0 included), and the run's config.
   parallel::ZeroShards& zero() { return *zero_; }
+  // The gradient sync (its buckets: tests compare them with the planner's).
+  const parallel::GradSync& grad_sync() const { return *grad_sync_; }
   const config::Config& config() const { return config_; }
   // This rank's memory (engine/core/allocator.h's ledger, on the step's device): the model
   // states held between steps and the workspace peak over the steps run so far.
@@ -127,6 +130,7 @@ class Trainer {
       : config_(config),
         out_dir_(out_dir),
         world_(world),
+        sync_(config::SyncPolicyOf(config)),
         checkpointer_(out_dir, config.train.checkpoint_every),
         nonfinite_(config.train) {}
 
@@ -165,7 +169,7 @@ class Trainer {
   struct StepSums;
   StepMetrics TrainStep(bool record_routing);
   // batches: filled with the step's micro-batches; grads: their gradients under ordered
-  // accumulation (OrderedAccumulation), each alone, summed in the tree order.
+  // accumulation (SyncPolicy::ordered_accum), each alone, summed in the tree order.
   StepSums AccumulateGradients(bool record_routing, std::vector<data::Batch>& batches,
                                dist::TreeAccumulator& grads);
   // Chunk c's forward of micro-batch `micro` into step; batch: its labels when its routing
@@ -184,27 +188,6 @@ class Trainer {
   // every rank); empty otherwise (keep the plans) or without replication. stats: the step's,
   // reduced over the world.
   std::vector<moe::ReplicaPlan> NextReplicaPlans(const std::vector<moe::MoEStats>& stats);
-  // train.ordered_grad_accum with more than one micro-batch: each micro-batch's gradient
-  // alone, summed in the tree order.
-  bool OrderedAccumulation() const {
-    return config_.train.ordered_grad_accum && config_.train.grad_accum > 1;
-  }
-  // Without ordered accumulation, whether the gradient buckets go out during the last
-  // backward (each part's as it finishes) rather than once after the whole schedule: every
-  // stage but ZeRO-1 under pipeline parallelism, which reduces once per step as
-  // Megatron-DeepSpeed's pipeline engine does (docs/pipeline.md, "ZeRO under pipeline
-  // parallelism").
-  bool ReduceDuringBackward() const {
-    return !(config_.parallel.zero_stage == 1 && config_.parallel.pp > 1);
-  }
-  // ZeRO stages 2-3 without ordered accumulation: each part's gradient bucket is
-  // reduce-scattered into the shard as soon as its backward is done, every micro-batch, and
-  // freed (parallel::GradSyncOptions::stream); no full gradient exists. Not with tied
-  // embeddings over pipeline stages (their sum needs the whole table's gradient).
-  bool StreamGradients() const {
-    return config_.parallel.zero_stage >= 2 && !OrderedAccumulation() &&
-           !(config_.parallel.pp > 1 && config_.model.tie_embeddings);
-  }
   double Validate();
   Status Save();
   // The model's parameters as a checkpoint reads and writes them: whole boxes, of which a
@@ -240,10 +223,13 @@ class Trainer {
   // Chunk c's l-th MoE layer: its index in moe_layer_ids_ (and in the step's statistics).
   std::vector<std::vector<size_t>> moe_slot_of_;
   std::unique_ptr<Optimizer> optimizer_;
+  // What the ZeRO stage does with the gradients (ordered accumulation, reduce during
+  // backward, reduce-scatter, streaming, ...): engine/parallel/sync_plan.h's policy.
+  parallel::SyncPolicy sync_;
   std::unique_ptr<parallel::GradSync> grad_sync_;
   std::unique_ptr<parallel::ZeroShards> zero_;  // every stage, 0 included (memory tags)
-  // Registry indices of each part Decoder::Backward reports ("layers.3", "embed", ...).
-  std::map<std::string, std::vector<size_t>> part_params_;
+  // Registry indices of each part Decoder::Backward reports (layer 3, the embedding, ...).
+  std::map<parallel::PartId, std::vector<size_t>> part_params_;
   std::unique_ptr<data::DataLoader> loader_;
   std::vector<data::Batch> val_batches_;
   std::unique_ptr<RoutingByLabel> routing_;

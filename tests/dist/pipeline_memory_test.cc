@@ -2,7 +2,8 @@
 // mpirun with 2, 4 and 8 ranks, on the tiny MoE decoder of tests/data/train-tiny.yaml:
 //
 //  - WorkspacePeakMatchesTheDryRun: per layout (pp 2 with GPipe and 1F1B at grad_accum 4
-//    and 8; on 4 ranks pp 2 x dp 2 with ep 2, pp 2 x tp 2 and pp 4 over 4 layers; on 8
+//    and 8; on 4 ranks pp 2 x dp 2 with ep 2, pp 2 x dp 2 under ZeRO-1 accumulating in
+//    place, pp 2 x tp 2 and pp 4 over 4 layers; on 8
 //    ranks pp 2 x tp 2 x dp 2 and pp 4 x dp 2; cp 2 and 4, alone and with pp and tp), 3
 //    steps are trained and on every rank:
 //      the parameters the dry-run puts on the rank (EstimateRankParams) are the ones its
@@ -61,6 +62,11 @@ std::vector<PipelineLayout> Layouts() {
                   "train.grad_accum=8"}});
   out.push_back({"pp2_tp2_1f1b_m4", 4,
                  {"parallel.pp=2", "parallel.tp=2", "parallel.etp=1", "train.grad_accum=4"}});
+  // ZeRO-1 under pipeline parallelism reduces once after the schedule (SyncPolicy::
+  // reduce_during_backward): the dry-run walks its buckets there, not in the last backward.
+  out.push_back({"pp2_dp2_zero1_1f1b_m4_in_place", 4,
+                 {"parallel.pp=2", "parallel.zero_stage=1", "train.ordered_grad_accum=false",
+                  "train.grad_accum=4"}});
   out.push_back({"pp4_4layers_1f1b_m8", 4,
                  {"parallel.pp=4", "model.n_layers=4", "train.grad_accum=8"}});
   out.push_back({"pp4_4layers_gpipe_m4", 4,

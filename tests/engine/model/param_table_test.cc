@@ -6,10 +6,16 @@
 //    head) and shared-expert variants;
 //  - the dry-run's per-rank counts (EstimateRankParams, read from the table) equal
 //    CountRankParams of each pipeline stage's decoder under pp 2 and pp 3 meshes.
+//  - a stage's decoder registers exactly ParamTable::StageParams in order (CheckRegistry,
+//    which Decoder::Create runs), and a registry that differs in name, shape, part,
+//    gradient group or tied flag is an error naming the parameter;
+//  - the backward order of parts (model::BackwardParts), by hand for whole, first, middle
+//    and tied last stages.
 // Layouts over tp, ep and etp are checked the same way on several ranks by
 // tests/dist/trainer_test.cc, zero_test.cc and pipeline_memory_test.cc.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -156,6 +162,66 @@ TEST(ParamTableTest, LocalBoxesUnderTensorAndExpertParallelism) {
     if (p.Name() == "layers.1.moe.experts.w2") EXPECT_EQ(t4.LocalNumel(p, 0), 4 * 12 * 32);
     if (p.Name() == "layers.1.moe.experts.b2") EXPECT_TRUE(t4.Replicated(p));
   }
+}
+
+TEST(ParamTableTest, RegistryCheckNamesTheFirstDifference) {
+  auto ep = dist::MakeLocalCommunicator();
+  const config::Config c = Tiny({"parallel.pp=2"});
+  const std::vector<model::Stage> stages = RankStages(c, 1);  // the last stage: tied copy
+  const std::unique_ptr<model::Decoder> decoder = Build(c, ep.get(), stages[0]);
+  const model::ParamTable table = model::ParamTable::Build(c.model, c.moe);
+  const parallel::ParameterRegistry& registry = decoder->registry();
+  ASSERT_TRUE(table.CheckRegistry(registry, stages[0], false, 0, true).ok());
+  // The copy of the tied table comes first, as the decoder registers it.
+  EXPECT_EQ(table.StageParams(stages[0]).front().Name(), "embed.wte");
+  EXPECT_TRUE(table.StageParams(stages[0]).front().tied_copy);
+  const int64_t layer = stages[0].first_layer;
+  const std::string q = StrCat("layers.", layer, ".attn.q.weight");
+  auto broken = [&](const std::function<void(parallel::Parameter&)>& change) {
+    parallel::ParameterRegistry copy;
+    for (parallel::Parameter p : registry.params()) {
+      if (p.name == q) change(p);
+      copy.Add(std::move(p));
+    }
+    return table.CheckRegistry(copy, stages[0], false, 0, true);
+  };
+  const Status sum = broken([](parallel::Parameter& p) { p.ReplicatedOver(dist::Axis::kTp, true); });
+  EXPECT_FALSE(sum.ok());
+  EXPECT_NE(sum.message().find(q + "'s gradient group"), std::string::npos) << sum;
+  const Status part = broken([&](parallel::Parameter& p) { p.part = parallel::PartId::Layer(layer + 1); });
+  EXPECT_NE(part.message().find(StrCat("part is layers.", layer + 1)), std::string::npos) << part;
+  const Status shape = broken([](parallel::Parameter& p) { p.global_shape[1] *= 2; });
+  EXPECT_NE(shape.message().find("logical shape"), std::string::npos) << shape;
+  const Status tied = broken([](parallel::Parameter& p) { p.tied = true; });
+  EXPECT_NE(tied.message().find("tied flag"), std::string::npos) << tied;
+  // Without the tie, the last stage has no table copy: the registry holds one tensor more.
+  const Status untied = table.CheckRegistry(registry, stages[0], false, 0, false);
+  EXPECT_FALSE(untied.ok());
+}
+
+TEST(ParamTableTest, BackwardPartsByHand) {
+  using parallel::PartId;
+  const model::Stage whole = model::Stage::Whole();
+  EXPECT_EQ(model::BackwardParts({&whole, 1}, 3, false),
+            (std::vector<PartId>{PartId::Head(), PartId::NormF(), PartId::Layer(2),
+                                 PartId::Layer(1), PartId::Layer(0), PartId::Embed()}));
+  EXPECT_EQ(model::BackwardParts({&whole, 1}, 2, true),
+            (std::vector<PartId>{PartId::NormF(), PartId::Layer(1), PartId::Layer(0),
+                                 PartId::Embed()}));
+  const model::Stage first{.first_layer = 0, .end_layer = 2, .embedding = true, .head = false};
+  const model::Stage last{.first_layer = 2, .end_layer = 4, .embedding = false, .head = true};
+  EXPECT_EQ(model::BackwardParts({&first, 1}, 4, true),
+            (std::vector<PartId>{PartId::Layer(1), PartId::Layer(0), PartId::Embed()}));
+  // A tied head without the embedding: the table's copy is final right after the norm.
+  EXPECT_EQ(model::BackwardParts({&last, 1}, 4, true),
+            (std::vector<PartId>{PartId::NormF(), PartId::Embed(), PartId::Layer(3),
+                                 PartId::Layer(2)}));
+  // Two chunks of one rank: the later chunk's parts first.
+  const std::vector<model::Stage> chunks = {first, last};
+  EXPECT_EQ(model::BackwardParts(chunks, 4, false),
+            (std::vector<PartId>{PartId::Head(), PartId::NormF(), PartId::Layer(3),
+                                 PartId::Layer(2), PartId::Layer(1), PartId::Layer(0),
+                                 PartId::Embed()}));
 }
 
 }  // namespace

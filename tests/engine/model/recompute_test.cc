@@ -209,8 +209,9 @@ class PoisonedParts {
     }
     for (auto& [part, ps] : parts_) Release(part);
     dec.set_parameter_hooks(
-        {.acquire = [this](const std::string& part, const std::string&) { Acquire(part); },
-         .release = [this](const std::string& part) { Release(part); },
+        {.acquire = [this](const parallel::PartId& part,
+                           const parallel::PartId&) { Acquire(part.Name()); },
+         .release = [this](const parallel::PartId& part) { Release(part.Name()); },
          .gradients = nullptr});
   }
   int acquires() const { return acquires_; }
