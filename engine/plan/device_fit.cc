@@ -19,11 +19,15 @@ double OperandCopyBytes(const config::Config& c) {
   return bf16 ? (gpu ? 2.0 : 4.0) : 0.0;
 }
 
-// The largest weight the rank's stages multiply and the widest row operand of one
-// micro-batch, in elements, converted at once by one product.
+// The operand copies of the rank's matrix products, in bytes. Weights: with bf16 weight
+// shadows (bf16 products at ZeRO stage 0, engine/train/train_step.cc) every weight a
+// bf16 product reads keeps its bf16 copy for the whole run, 2 bytes an element of each; else
+// the largest weight, converted at once by one product. Plus the widest row operand of one
+// micro-batch, converted by the product that reads it.
 double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) {
   const double bytes = OperandCopyBytes(c);
   if (bytes == 0) return 0;
+  const bool shadows = c.parallel.zero_stage == 0;
   const model::ParamTable table = model::ParamTable::Build(
       c.model, c.moe, {.tp = mesh.tp(), .etp = mesh.etp(), .ep = mesh.ep()});
   const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
@@ -34,13 +38,21 @@ double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) 
     head = head || s.head;
     for (int64_t i = s.first_layer; i < s.End(c.model.n_layers); ++i) layer[i] = true;
   }
-  double weight = 0;
+  double weight = 0, shadowed = 0;
   for (const model::ParamShape& p : table.params()) {
-    if (p.bias || p.role == model::ParamRole::kNorm || p.role == model::ParamRole::kEmbedding) continue;
+    // The router multiplies in f32 (MODEL.md section 2); norms and biases are added.
+    if (p.bias || p.role == model::ParamRole::kNorm || p.role == model::ParamRole::kRouter) continue;
+    if (p.role == model::ParamRole::kEmbedding) continue;  // looked up, never multiplied
     // The head piece: the untied head's weight or the tied table's copy (ParamTable::PieceIndex).
     const bool in_head = table.PieceIndex(p) == size_t(c.model.n_layers + 1);
     const bool mine = p.part.kind == parallel::PartId::Kind::kLayer ? layer[p.part.layer] : in_head && head;
-    if (mine) weight = std::max(weight, double(table.LocalNumel(p, tp_rank)));
+    if (!mine) continue;
+    const double n = double(table.LocalNumel(p, tp_rank));
+    if (shadows) {
+      shadowed += n;
+    } else {
+      weight = std::max(weight, n);
+    }
   }
   const double tokens = double(c.train.micro_batch_size) * c.model.seq_len / c.parallel.cp;
   const double tp = mesh.tp();
@@ -49,7 +61,7 @@ double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) 
   bool any_moe = false;
   for (int64_t i = 0; i < c.model.n_layers; ++i) any_moe = any_moe || (layer[i] && c.moe.IsMoELayer(i));
   if (any_moe) width = std::max(width, double(c.moe.top_k) * c.moe.d_expert / mesh.etp());
-  return bytes * (weight + tokens * width);
+  return 2.0 * shadowed + bytes * (weight + tokens * width);
 }
 
 }  // namespace

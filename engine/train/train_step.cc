@@ -39,12 +39,14 @@ Tensor PackGrads(const parallel::ParameterRegistry& reg, DeviceContext* ctx) {
   return flat;
 }
 
-// Opens the step's bf16 weight-shadow window (bf16 products only; not under ZeRO stage 3,
-// whose parameters are released between uses): the trainable weights (2-d and more) are
-// registered at the first step, and every shadow is written again at its first use.
+// Opens the step's bf16 weight-shadow window (bf16 products at ZeRO stage 0 only: a shadow
+// holds 2 bytes per weight element on every rank, unsharded, the memory ZeRO stages 1-2 are
+// chosen to save, and stage 3 releases its parameters between uses): the trainable weights
+// (2-d and more) are registered at the first step, and every shadow is written again at its
+// first use. engine/plan/device_fit.cc counts the shadows in the predicted peak.
 void OpenWeightShadows(DeviceContext& ctx, const parallel::ParameterRegistry& reg,
                        int zero_stage) {
-  if (ctx.matmul_dtype() != DType::kBF16 || zero_stage >= 3) return;
+  if (ctx.matmul_dtype() != DType::kBF16 || zero_stage >= 1) return;
   WeightShadows& shadows = ctx.weight_shadows();
   if (shadows.empty()) {
     for (const parallel::Parameter& p : reg.params()) {
