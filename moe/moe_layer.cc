@@ -277,14 +277,18 @@ Tensor MoELayer::Backward(const MoEActivations& acts, const Tensor& dy, std::spa
   CheckContext(dev, ctx, "MoELayer::Backward");
   Tensor dgates = Tensor::Empty({n, k}, DType::kF32, dev);
   Tensor dh;
+  // The rows' gradients live until the layer's backward ends, as they always have: the
+  // dry-run's activation estimate (engine/plan/activation_memory.cc) counts them beside the
+  // router's backward.
+  Tensor dgrouped, dx;
   if (config_.overlap_chunks > 1) {
     // 5-3 in chunks (moe/overlap.h).
     dh = BackwardOverlapped(acts, dy, dgates, ctx);
   } else {
     // 5. Combine's backward (the shared experts' dx starts dh), back over ep.
-    Tensor dgrouped = CombineOutputsBackward(acts, dy, dgates, dh, ctx);
+    dgrouped = CombineOutputsBackward(acts, dy, dgates, dh, ctx);
     // 4. The experts (over etp when split).
-    Tensor dx = RunExpertsBackward(acts, dgrouped, ctx);
+    dx = RunExpertsBackward(acts, dgrouped, ctx);
     // 3. The dispatch in reverse, added into dh.
     DispatchBackward(dx, acts, dh, ctx);
   }

@@ -150,6 +150,41 @@ __device__ __forceinline__ int KeyBlocksOf(int s, bool causal, int i0) {
   return (keys + kBc - 1) / kBc;
 }
 
+// One thread pair's online-softmax step for query row `row` (global index i) over the key
+// block at j0, the thread owning columns [half 32, half 32 + 32) of the scores in sf: writes
+// bf16(exp(x - m_new)) into sp, updates the running max m and sum l, and returns the factor
+// alpha = exp(m_old - m_new) that rescales the row's earlier accumulators.
+template <int HD>
+__device__ __forceinline__ float OnlineSoftmaxStep(const float* sf, Bf16* sp, int row, int half,
+                                                   int i, int j0, int s, bool causal,
+                                                   float scale, float& m, float& l) {
+  using L = Ld<HD>;
+  constexpr int kCols = kBc / 2;
+  float x[kCols];
+  float block_max = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int col = half * kCols + c, j = j0 + col;
+    x[c] = j < s && Sees(causal, i, j) ? __fmul_rn(sf[row * L::kS + col], scale) : -INFINITY;
+    block_max = fmaxf(block_max, x[c]);
+  }
+  block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
+  const float m_new = fmaxf(m, block_max);
+  const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+  const float alpha = expf(__fsub_rn(m, shift));
+  float row_sum = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const float e = expf(__fsub_rn(x[c], shift));
+    row_sum = __fadd_rn(row_sum, e);
+    sp[row * L::kP + half * kCols + c] = ToBf16(e);
+  }
+  row_sum = __fadd_rn(row_sum, __shfl_xor_sync(kFullMask, row_sum, 1));
+  l = __fadd_rn(__fmul_rn(l, alpha), row_sum);
+  m = m_new;
+  return alpha;
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -173,7 +208,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* vh = v + static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
 
   const int row = threadIdx.x / 2, half = threadIdx.x % 2, i = i0 + row;
-  constexpr int kCols = kBc / 2, kOut = HD / 2;  // a thread's score columns and out columns
+  constexpr int kOut = HD / 2;  // a thread's out columns (and half the score columns)
   float m = -INFINITY, l = 0.0f;
   float acc[kOut];
 #pragma unroll
@@ -189,29 +224,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     ProductABt<HD>(sq, sk, sf);  // (64, 64) q^ k^T
     __syncthreads();
-    // Online softmax of row `row` over this block's columns [half 32, half 32 + 32).
-    float x[kCols];
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const int col = half * kCols + c, j = j0 + col;
-      x[c] = j < d.s && Sees(causal, i, j) ? __fmul_rn(sf[row * L::kS + col], scale) : -INFINITY;
-      block_max = fmaxf(block_max, x[c]);
-    }
-    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
-    const float m_new = fmaxf(m, block_max);
-    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-    const float alpha = expf(__fsub_rn(m, shift));
-    float row_sum = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const float e = expf(__fsub_rn(x[c], shift));
-      row_sum = __fadd_rn(row_sum, e);
-      sp[row * L::kP + half * kCols + c] = ToBf16(e);
-    }
-    row_sum = __fadd_rn(row_sum, __shfl_xor_sync(kFullMask, row_sum, 1));
-    l = __fadd_rn(__fmul_rn(l, alpha), row_sum);
-    m = m_new;
+    const float alpha = OnlineSoftmaxStep<HD>(sf, sp, row, half, i, j0, d.s, causal, scale, m, l);
     __syncthreads();  // p written; the scores in sf are no longer read
     // pv (64, HD) = bf16(p) v^, staged in sf.
     {
