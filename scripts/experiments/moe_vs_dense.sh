@@ -4,14 +4,14 @@
 #
 # --grid full (the default; "The next run" on the page): configs/experiments/moe_vs_dense.yaml
 #   on the code corpus at vocabulary 2048 (data/code-v2048), top-1 MoE in every layer,
-#   dropless, constant learning rate after the warm-up, 8,192 tokens per step: 4 and 16
+#   dropless, constant learning rate after the warm-up, 4,096 tokens per step: 4 and 16
 #   experts against dense at equal FLOPs per token (every MLP of the expert width), the
 #   dense runs trained twice as long (2 x --steps), so that the same-seed speed-up (dense
 #   steps to the MoE run's final loss / MoE steps) is measured up to 2x instead of censored.
-# --grid pre: the short pre-sweep that sets the full grid's learning rate and confirms its
-#   batch: dense and 16 experts at lr 1e-3, 2e-3, 4e-3 (8,192 tokens a step), and 16
-#   experts at 2,048 and 4,096 tokens a step (128 and 256 tokens per expert per step), one
-#   seed, 300 steps.
+# --grid pre: the short pre-sweep that sets the full grid's learning rate and checks its
+#   batch: dense and 16 experts at lr 1e-3, 2e-3, 4e-3 (4,096 tokens a step, 150 steps),
+#   and 16 experts at 2,048 tokens a step for 300 steps (the same tokens), one seed, each
+#   run evaluated on a 64-block sample (the curves' size; the full grid's is 1,024 blocks).
 # --grid v1: the first two runs' grid (configs/experiments/base.yaml on data/code at
 #   vocabulary 8192: dense against top-1 over 4, 8, 16, 32 experts in layers 1 and 3 and
 #   top-2 over 8, capacity 1.25, cosine schedule, 1,024 tokens per step, 2000 steps).
@@ -37,7 +37,7 @@ mvd_config="$exp_root/configs/experiments/moe_vs_dense.yaml"
 case "$exp_grid" in
   full|ci)
     if [ "$exp_grid" = full ]; then
-      steps=1000 seeds=3 experts=(4 16) exp_config="$mvd_config" exp_data=data/code-v2048
+      steps=600 seeds=3 experts=(4 16) exp_config="$mvd_config" exp_data=data/code-v2048
       trend=(--trend "top1-e4 top1-e16") moe_sets=""
     else  # ci.yaml's tiny model with the full grid's choices (a setting's overrides, since
           # a global --set would also reach dense's layer_freq)
@@ -59,11 +59,10 @@ case "$exp_grid" in
       settings+=(--setting "dense-lr$lr=moe.layer_freq=1000 train.lr=$lr train.min_lr=$lr")
       settings+=(--setting "top1-e16-lr$lr=train.lr=$lr train.min_lr=$lr")
     done
-    for mbs in 16 32; do
-      settings+=(--setting "top1-e16-mbs$mbs=train.micro_batch_size=$mbs train.eval_batches=$((512 / mbs))")
-    done
+    # The same tokens (614,400) at half the batch: 16 sequences a step for twice the steps.
+    settings+=(--setting "top1-e16-mbs16=train.micro_batch_size=16 train.eval_batches=32 train.max_steps=300")
     exp_run --name moe_vs_dense --title "moe_vs_dense pre-sweep: learning rate and batch" \
-      "${settings[@]}" --default-steps 300 --default-seeds 1 \
+      "${settings[@]}" --default-steps 150 --default-seeds 1 --val-blocks 64 \
       --columns val_loss,perplexity,step_s,maxvio_batch,maxvio_global "$@" ;;
   v1)
     settings=(--setting "dense=moe.layer_freq=1000")  # no layer i with i % 1000 == 999
