@@ -98,16 +98,25 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def resolved_config(run_dir):
-    """The config the run trained with (its latest checkpoint's config.yaml), or None."""
-    import yaml
+def resolved_config_path(run_dir):
+    """The path of the config the run trained with (its latest checkpoint's config.yaml),
+    or None when the run left no checkpoint."""
     steps = sorted(d for d in os.listdir(run_dir) if d.startswith("step-")) if os.path.isdir(run_dir) else []
     for d in reversed(steps):
         p = os.path.join(run_dir, d, "config.yaml")
         if os.path.isfile(p):
-            with open(p) as f:
-                return yaml.safe_load(f)
+            return p
     return None
+
+
+def resolved_config(run_dir):
+    """The config the run trained with (resolved_config_path's, parsed), or None."""
+    import yaml
+    p = resolved_config_path(run_dir)
+    if p is None:
+        return None
+    with open(p) as f:
+        return yaml.safe_load(f)
 
 
 def _mean(xs):
