@@ -49,6 +49,7 @@ import measures
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 
@@ -369,13 +370,17 @@ def loss_vs_lr(summary, out, written):
         pts = sorted((lr, s) for lr, zz, s in zip(lrs, zs, settings) if zz == z and lr is not None)
         line = [(lr, s["metrics"]["val_loss"]) for lr, s in pts if s["metrics"]["val_loss"]["mean"] is not None]
         ax.errorbar([lr for lr, _ in line], [m["mean"] for _, m in line], yerr=[m["std"] or 0 for _, m in line],
-                    fmt="o-", color=c, capsize=3, ms=4, label="z-loss %g" % z)
+                    fmt="o-" if gi == 0 else "s--", color=c, capsize=3, ms=4, label="z-loss %g" % z)
         for lr, s in pts:
             for k in range(s["diverged"]):  # each diverged run a cross at the top, side by side
                 ax.plot([lr * (1 + 0.04 * (k + gi * 3))], [0.96], "x", color=c, ms=8, mew=2,
                         transform=trans, clip_on=False)
     ax.plot([], [], "x", color="grey", ms=8, mew=2, label="diverged run (at the top)")
     ax.set_xscale("log")
+    ticks = sorted(set(x for x in lrs if x is not None))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(["%g" % x for x in ticks], fontsize=7)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("learning rate (train.lr)")
     ax.set_ylabel("final validation loss (nats; finished seeds, mean ± std)")
     ax.set_title("%s: final loss against the learning rate" % summary["experiment"], fontsize=10)
@@ -408,6 +413,8 @@ def router_logits(summary, out, written):
                     ls="-" if z > 0 else "--")
     if drew:
         a1.set_yscale("log")
+        for f in (a1.yaxis.set_major_formatter, a1.yaxis.set_minor_formatter):
+            f(matplotlib.ticker.FormatStrFormatter("%.3g"))
     a1.set_xlabel("step")
     a1.set_ylabel("z-loss / coefficient = mean logsumexp(logits)^2")
     a1.set_title("router logit size (runs with z-loss > 0: the engine computes z only then)", fontsize=8)
