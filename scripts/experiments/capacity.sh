@@ -3,7 +3,9 @@
 # Transformer, Fedus et al. 2021, section 2.2 and Table 1). Top-1 and top-2 (normalised
 # gates) over 8 experts, each at capacity factor 1.0, 1.25, 2.0 and dropless (0); the same
 # factor in training and evaluation, so the validation loss pays for what is dropped.
-# Reports quality, the dropped fraction (over the run and its last 10%) and the step time.
+# Reports quality, the dropped fraction (over the run; its start-up transient, the first
+# 10% of the steps, apart from the steady state, the other 90%; and the last 10%) and the
+# step time, and quality against step time (quality_time.png: Switch's speed-quality view).
 #
 #   bash scripts/experiments/capacity.sh [--grid full|ci] [--out DIR] [--data DIR]
 #        [--seeds N|LIST] [--steps N] [--jobs N] [--config F] [--bin PATH] [--set k=v ...]
@@ -24,5 +26,5 @@ for k in 1 2; do
 done
 exp_run --name capacity --title "Capacity factor and top-k" "${settings[@]}" \
   --baseline "$baseline" --default-steps "$steps" --default-seeds "$seeds" --set moe.num_experts=8 \
-  --columns val_loss,delta_val_loss,perplexity,dropped_run,dropped_end,maxvio_batch,step_s,flops_per_token \
+  --columns val_loss,delta_val_loss,perplexity,dropped_run,dropped_start,dropped_steady,dropped_end,maxvio_batch,step_s,flops_per_token \
   "$@"

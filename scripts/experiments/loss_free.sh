@@ -41,7 +41,7 @@ elif [ "$exp_grid" = v1 ]; then
     --set moe.num_experts=16 --set moe.top_k=2 --set moe.normalize_gates=true \
     --set moe.capacity_factor=0 --set moe.eval_capacity_factor=0 --set moe.z_loss_coef=0 \
     --set moe.jitter_eps=0 \
-    --columns val_loss,delta_val_loss,perplexity,maxvio_global,maxvio_global_max,maxvio_batch,step_s,lang_mi_bits \
+    --columns val_loss,delta_val_loss,perplexity,maxvio_global,maxvio_global_max,maxvio_batch,step_s,lang_mi_bits,lang_mi_norm \
     "$@"
 else
   steps=6 seeds=1 experts=4 alphas=()
@@ -66,5 +66,5 @@ exp_run --name loss_free --title "Loss-free balancing vs auxiliary loss" "${sett
   --set "moe.num_experts=$experts" --set moe.top_k=2 --set moe.normalize_gates=true \
   --set moe.capacity_factor=0 --set moe.eval_capacity_factor=0 --set moe.z_loss_coef=0 \
   --set moe.jitter_eps=0 \
-  --columns val_loss,delta_val_loss,perplexity,maxvio_global,maxvio_global_max,maxvio_batch,step_s,lang_mi_bits \
+  --columns val_loss,delta_val_loss,perplexity,maxvio_global,maxvio_global_max,maxvio_batch,step_s,lang_mi_bits,lang_mi_norm \
   "$@"

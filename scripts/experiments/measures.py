@@ -98,16 +98,137 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def resolved_config(run_dir):
-    """The config the run trained with (its latest checkpoint's config.yaml), or None."""
-    import yaml
+def resolved_config_path(run_dir):
+    """The path of the config the run trained with (its latest checkpoint's config.yaml),
+    or None when the run left no checkpoint."""
     steps = sorted(d for d in os.listdir(run_dir) if d.startswith("step-")) if os.path.isdir(run_dir) else []
     for d in reversed(steps):
         p = os.path.join(run_dir, d, "config.yaml")
         if os.path.isfile(p):
-            with open(p) as f:
-                return yaml.safe_load(f)
+            return p
     return None
+
+
+def resolved_config(run_dir):
+    """The config the run trained with (resolved_config_path's, parsed), or None."""
+    import yaml
+    p = resolved_config_path(run_dir)
+    if p is None:
+        return None
+    with open(p) as f:
+        return yaml.safe_load(f)
+
+
+def dropped(recs):
+    """Dropped assignments / all assignments over metrics.jsonl step records and their MoE
+    layers; None without assignments."""
+    a = sum(l["assignments"] for d in recs for l in d["moe"])
+    return sum(l["dropped"] for d in recs for l in d["moe"]) / a if a else None
+
+
+def split_startup(recs, frac=0.1):
+    """(the first max(1, floor(frac x n)) records, the rest): the start-up transient and the
+    steady state of a run's steps (capacity's dropped_start / dropped_steady)."""
+    k = max(1, int(len(recs) * frac)) if recs else 0
+    return recs[:k], recs[k:]
+
+
+def label_mi_normalised(counts):
+    """(mean over MoE layers of I(label; expert) / min(H(label), log2 E), mean of that
+    ceiling in bits) of routing_by_language.json's counts (per layer: labels x experts).
+    I <= H(label) and I <= H(expert) <= log2 E, so the ratio lies in [0, 1]; H(label) comes
+    from the same counts (the label mix the layer routed). Layers with no labelled token or
+    a zero ceiling (one label, or one expert) are left out; (None, None) when none is left."""
+    norms, ceilings = [], []
+    for table in counts:
+        rows = [r for r in table if sum(r)]
+        total = sum(sum(r) for r in rows)
+        if not total:
+            continue
+        experts = len(rows[0])
+        col = [sum(r[e] for r in rows) for e in range(experts)]
+        mi = h = 0.0
+        for r in rows:
+            rs = sum(r)
+            h -= rs / total * math.log2(rs / total)
+            for e, c in enumerate(r):
+                if c:
+                    mi += c / total * math.log2(c * total / (rs * col[e]))
+        ceiling = min(h, math.log2(experts))
+        if ceiling <= 0:
+            continue
+        norms.append(min(1.0, max(0.0, mi / ceiling)))
+        ceilings.append(ceiling)
+    if not norms:
+        return None, None
+    return sum(norms) / len(norms), sum(ceilings) / len(ceilings)
+
+
+def paired_delta_curve(base_curve, run_curve):
+    """A run's validation curve minus the baseline run's (same seed) at the steps both
+    evaluated: [[step, run - base]] over the run's steps (moe_vs_dense's dense runs train
+    twice as long: their later steps have no pair)."""
+    base = dict((s, v) for s, v in base_curve if v is not None)
+    return [[s, v - base[s]] for s, v in run_curve if v is not None and s in base]
+
+
+def delta_band(curves, alpha=0.05):
+    """Mean over seeds of paired Δ curves ([[step, Δ]] each) at the steps every curve has,
+    with the two-sided (1 - alpha) t interval mean ± t_{1 - alpha/2, n - 1} x sd / sqrt(n):
+    [[step, mean, lo, hi]], lo and hi None with one seed."""
+    import stats
+    if not curves:
+        return []
+    maps = [dict((s, v) for s, v in c) for c in curves]
+    common = sorted(set.intersection(*[set(m) for m in maps]))
+    n = len(maps)
+    q = stats.t_ppf(1 - alpha / 2, n - 1) if n > 1 else None
+    out = []
+    for s in common:
+        vs = [m[s] for m in maps]
+        mean = sum(vs) / n
+        if n > 1:
+            half = q * statistics.stdev(vs) / math.sqrt(n)
+            out.append([s, mean, mean - half, mean + half])
+        else:
+            out.append([s, mean, None, None])
+    return out
+
+
+def cumulative_shares(counts):
+    """Expert counts -> (fractions of experts 0, 1/E, ..., 1; cumulative share of the
+    assignments held by the busiest experts first, 0 ... 1): a Lorenz curve read from the
+    top, which is the diagonal for a uniform load."""
+    total = sum(counts)
+    xs, ys, acc = [0.0], [0.0], 0
+    for i, c in enumerate(sorted(counts, reverse=True)):
+        acc += c
+        xs.append((i + 1) / len(counts))
+        ys.append(acc / total if total else 0.0)
+    return xs, ys
+
+
+def routing_tail_counts(recs, frac=0.1):
+    """Per MoE layer, each expert's assignments (before dropping) summed over the last
+    max(1, floor(frac x n)) of routing.jsonl's n records: [[count per expert] per layer]."""
+    if not recs:
+        return []
+    tail = recs[-max(1, int(len(recs) * frac)):]
+    return [[sum(d["tokens_per_expert"][li][e] for d in tail) for e in range(len(tail[0]["tokens_per_expert"][li]))]
+            for li in range(len(tail[0]["layers"]))]
+
+
+def router_curves(metrics_path):
+    """From a run's metrics.jsonl: [[step, mean over MoE layers of the logged z (the
+    z-loss, coef x mean over tokens of logsumexp(router logits)^2: 0 when the coefficient
+    is 0), mean router entropy (nats)]] per training step. The engine logs no router-logit
+    norm; z / coef is the mean squared logsumexp, which grows with the logits."""
+    out = []
+    for d in read_jsonl(metrics_path):
+        if "loss" in d and d.get("moe"):
+            out.append([d["step"], _mean([l["z"] for l in d["moe"]]),
+                        _mean([l["router_entropy"] for l in d["moe"]])])
+    return out
 
 
 def _mean(xs):
@@ -136,9 +257,7 @@ def run_measures(run_dir, cfg):
         with open(epath) as f:
             ev = json.load(f)
 
-    def dropped(rs):
-        a = sum(l["assignments"] for d in rs for l in d["moe"])
-        return sum(l["dropped"] for d in rs for l in d["moe"]) / a if a else None
+    head, rest = split_startup(recs)
 
     ce = [(d["step"], d.get("ce_loss")) for d in recs]
     warmup = cfg["train"].get("warmup_steps", 0) if cfg else 0
@@ -146,10 +265,12 @@ def run_measures(run_dir, cfg):
     diverged = status["status"] == "diverged"
     fpt = flops_per_token(cfg) if cfg else None
     tps = tokens_per_step(cfg) if cfg else None
-    mi = top = None
+    mi = top = mi_norm = mi_ceiling = None
     lpath = os.path.join(run_dir, "routing_by_language.json")
     if moe and os.path.isfile(lpath):
         mi, top = label_specialisation(lpath)
+        with open(lpath) as f:
+            mi_norm, mi_ceiling = label_mi_normalised(json.load(f)["counts"])
     evl = ev["moe"] if ev else []
     return {
         "status": status["status"],
@@ -163,12 +284,18 @@ def run_measures(run_dir, cfg):
         "maxvio_batch": _mean([l["max_violation"] for d in tail for l in d["moe"]]) if moe else None,
         "dropped_run": dropped(recs) if moe else None,
         "dropped_end": dropped(tail) if moe else None,
+        "dropped_start": dropped(head) if moe else None,
+        "dropped_steady": dropped(rest) if moe else None,
         "step_s": statistics.median(d["step_s"] for d in recs) if recs else None,
         "flops_per_token": fpt,
         "tokens_per_step": tps,
         "train_flops": fpt * tps * len(recs) if fpt else None,
         "lang_mi_bits": mi,
         "lang_top_share": top,
+        "lang_mi_norm": mi_norm,
+        "lang_mi_ceiling": mi_ceiling,
+        "lr": cfg["train"]["lr"] if cfg else None,
+        "z_loss_coef": cfg["moe"].get("z_loss_coef") if cfg else None,
         "diverged": diverged,
         "spikes": spikes,
         "spiked": bool(spikes),
@@ -188,8 +315,8 @@ def run_measures(run_dir, cfg):
 # The per-run numbers averaged over seeds (summary.json's "metrics", summary.md's columns;
 # "speedup" is added by summarise_setting, with its censored seeds).
 METRICS = ["val_loss", "perplexity", "maxvio_global", "maxvio_global_max", "maxvio_batch",
-           "dropped_run", "dropped_end", "step_s", "flops_per_token", "train_flops",
-           "lang_mi_bits", "lang_top_share", "delta_val_loss", "delta_curve_end"]
+           "dropped_run", "dropped_end", "dropped_start", "dropped_steady", "step_s", "flops_per_token", "train_flops",
+           "lang_mi_bits", "lang_mi_norm", "lang_top_share", "delta_val_loss", "delta_curve_end"]
 
 
 def mean_std(values):
@@ -296,6 +423,8 @@ def summarise_setting(name, overrides, runs, baseline_runs=None):
             # run's last curve point minus the baseline's curve at that step.
             at = curve_at(b["curve_val"], r["curve_val"][-1][0]) if b and r["curve_val"] else None
             r["delta_curve_end"] = r["curve_val"][-1][1] - at if at is not None else None
+            # The paired Δ over the steps both evaluated (delta_steps.png).
+            r["curve_delta"] = paired_delta_curve(b["curve_val"], r["curve_val"]) if b else []
     metrics = {k: mean_std([r.get(k) for r in ok]) for k in METRICS}
     metrics["speedup"] = speedup_summary(speed)
     return {
@@ -309,6 +438,8 @@ def summarise_setting(name, overrides, runs, baseline_runs=None):
         "seeds": [r["seed"] for r in runs],
         "metrics": metrics,
         "curve_val": mean_curve([r["curve_val"] for r in ok]),
+        # Mean paired Δ over the seeds with its 95% t interval (with a baseline).
+        "curve_delta": delta_band([r["curve_delta"] for r in ok if r.get("curve_delta")]),
     }
 
 

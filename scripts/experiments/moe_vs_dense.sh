@@ -32,7 +32,7 @@ for ((i = 1; i <= $#; i++)); do
     --steps=*) steps_arg="${!i#--steps=}" ;;
   esac
 done
-cols=val_loss,delta_val_loss,delta_curve_end,perplexity,speedup,flops_per_token,train_flops,step_s,maxvio_global,lang_mi_bits
+cols=val_loss,delta_val_loss,delta_curve_end,perplexity,speedup,flops_per_token,train_flops,step_s,maxvio_global,lang_mi_bits,lang_mi_norm
 mvd_config="$exp_root/configs/experiments/moe_vs_dense.yaml"
 case "$exp_grid" in
   full|ci)
@@ -71,6 +71,6 @@ case "$exp_grid" in
     exp_run --name moe_vs_dense --title "MoE vs dense at equal FLOPs per token (v1)" "${settings[@]}" \
       --baseline dense --default-steps 2000 --default-seeds 3 \
       --trend "top1-e4 top1-e8 top1-e16 top1-e32" \
-      --columns val_loss,delta_val_loss,perplexity,speedup,flops_per_token,train_flops,step_s,dropped_run,lang_mi_bits \
+      --columns val_loss,delta_val_loss,perplexity,speedup,flops_per_token,train_flops,step_s,dropped_run,lang_mi_bits,lang_mi_norm \
       "$@" ;;
 esac

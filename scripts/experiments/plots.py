@@ -10,19 +10,46 @@ content and each run's routing files. write_all returns the files it wrote:
                         colour per setting, each detected spike a dot, a diverged run's end a cross
   maxvio_steps.png      per-batch MaxVio (mean over the MoE layers; moving mean of 1/50 of
                         the run) per setting, mean over seeds and a ± std band
-  dropped_steps.png     the dropped fraction likewise (only when some setting drops)
+  dropped_steps.png     the dropped fraction likewise (only when some setting drops), the
+                        start-up transient (the first 10% of the steps: dropped_start) shaded
+                        apart from the steady state (the rest: dropped_steady)
   load_heatmaps.png     one seed per setting, each MoE layer: every expert's share of the
                         assignments (before dropping) over the logged steps
-  specialisation.png    label/expert mutual information per setting (mean ± std over seeds)
-                        and, for one seed per setting, each label's share of its
-                        assignments sent to its most-used expert (mean over MoE layers)
+  specialisation.png    label/expert mutual information per setting normalised by its
+                        ceiling min(H(label), log2 E) (0..1; mean ± std over seeds, each
+                        setting's ceiling in bits under its name) and, for one seed per
+                        setting, each label's share of its assignments sent to its
+                        most-used expert (mean over MoE layers)
+  delta_steps.png       (with a baseline) per non-baseline setting the paired Δ validation
+                        loss (the run minus the baseline run of the same seed, at the steps
+                        both evaluated: the run's own steps when the baseline trains longer)
+                        against steps: one thin line per seed, the mean and its 95% t
+                        interval over seeds (none with one seed), a zero line
+  load_cumulative.png   one seed per MoE setting, the last 10% of its logged routing steps:
+                        each MoE layer's expert shares sorted from the busiest, cumulative
+                        share against the fraction of experts (layers overlaid, one panel
+                        per setting); the diagonal is a uniform load
+  quality_time.png      final validation loss (mean ± std over seeds) against the median
+                        step time (mean ± std over seeds), one labelled point per setting
+  loss_vs_lr.png        (settings that differ in train.lr) final validation loss mean ± std
+                        against the learning rate, log x, one line per moe.z_loss_coef;
+                        each diverged run a cross at the top
+  router_logits.png     (settings that differ in moe.z_loss_coef) per run over the steps:
+                        the logged z-loss divided by its coefficient, i.e. the mean over
+                        tokens of logsumexp(router logits)^2, which grows with the logits
+                        (the engine logs no router-logit norm, and computes z only when the
+                        coefficient is above 0), and the router entropy (every run)
 """
 import json
+import math
 import os
+
+import measures
 
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 
@@ -115,6 +142,7 @@ def per_step(summary, out, written, key, fname, ylabel):
                                           for _, v in r[key] if v):
         return
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    bounds = []
     for s, c in zip(settings, _colors(len(settings))):
         curves = [dict(r[key]) for r in summary["runs"][s["name"]] if r["status"] == "ok" and r[key]]
         if not curves:
@@ -126,6 +154,11 @@ def per_step(summary, out, written, key, fname, ylabel):
         std = [(sum((x - m) ** 2 for x in v) / (len(v) - 1)) ** 0.5 if len(v) > 1 else 0.0
                for v, m in zip(zip(*runs), mean)]
         _band(ax, steps, mean, std, c, s["name"])
+        if key == "curve_dropped" and steps:  # where the steady part (dropped_steady) starts
+            bounds.append((steps[0], steps[min(len(measures.split_startup(steps)[0]), len(steps) - 1)]))
+    if bounds:
+        ax.axvspan(min(b[0] for b in bounds), max(b[1] for b in bounds), color="grey", alpha=0.15, lw=0,
+                   label="start-up: first 10% of steps (dropped_start; the rest: dropped_steady)")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title("%s: %s (moving mean), mean ± std over seeds" % (summary["experiment"], ylabel), fontsize=10)
@@ -177,13 +210,20 @@ def specialisation(summary, out, written):
         return
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     cols = _colors(len(settings))
-    ms = [s["metrics"]["lang_mi_bits"] for s in settings]
-    a1.bar(range(len(settings)), [m["mean"] for m in ms], yerr=[m["std"] or 0 for m in ms],
+    ms = [s["metrics"]["lang_mi_norm"] for s in settings]
+    a1.bar(range(len(settings)), [m["mean"] or 0 for m in ms], yerr=[m["std"] or 0 for m in ms],
            color=cols, capsize=3)
     a1.set_xticks(range(len(settings)))
-    a1.set_xticklabels([s["name"] for s in settings], rotation=30, ha="right", fontsize=7)
-    a1.set_ylabel("label / expert mutual information (bits)")
-    a1.set_title("specialisation, mean ± std over seeds", fontsize=9)
+    ceil = []
+    for s in settings:
+        cs = [r["lang_mi_ceiling"] for r in summary["runs"][s["name"]] if r.get("lang_mi_ceiling")]
+        ceil.append(sum(cs) / len(cs) if cs else None)
+    a1.set_xticklabels(["%s\n(ceiling %.2f bits)" % (s["name"], c) if c else s["name"]
+                        for s, c in zip(settings, ceil)], rotation=30, ha="right", fontsize=6)
+    a1.set_ylim(0, 1)
+    a1.set_ylabel("I(label; expert) / min(H(label), log2 E)\n(ceiling in bits under each setting)",
+                  fontsize=8)
+    a1.set_title("specialisation: MI over its ceiling, mean ± std over seeds", fontsize=9)
     width = 0.8 / len(settings)
     labels = None
     for i, (s, c) in enumerate(zip(settings, cols)):
@@ -208,6 +248,186 @@ def specialisation(summary, out, written):
     _save(fig, out, "specialisation.png", written)
 
 
+def _grid(n, w=4.2, h=3.2, cols_max=3):
+    cols = min(cols_max, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(max(8.0, w * cols), h * rows + 0.6), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.axis("off")
+    return fig, flat[:n]
+
+
+def delta_steps(summary, out, written):
+    if not summary.get("baseline"):
+        return
+    settings = [s for s in summary["settings"] if s["name"] != summary["baseline"]
+                and any(r.get("curve_delta") for r in summary["runs"][s["name"]])]
+    if not settings:
+        return
+    fig, axes = _grid(len(settings))
+    for s, c, ax in zip(settings, _colors(len(settings)), axes):
+        for r in summary["runs"][s["name"]]:
+            if r.get("curve_delta"):
+                ax.plot([p[0] for p in r["curve_delta"]], [p[1] for p in r["curve_delta"]],
+                        color=c, lw=0.6, alpha=0.6)
+        band = s.get("curve_delta") or []
+        n = sum(1 for r in summary["runs"][s["name"]] if r.get("curve_delta"))
+        if band:
+            xs = [p[0] for p in band]
+            ax.plot(xs, [p[1] for p in band], color=c, lw=1.8, label="mean of %d seed%s" % (n, "s" * (n > 1)))
+            if band[0][2] is not None:
+                ax.fill_between(xs, [p[2] for p in band], [p[3] for p in band], color=c, alpha=0.2,
+                                lw=0, label="95% t interval")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_title("%s - %s" % (s["name"], summary["baseline"]), fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("Δ validation loss (nats)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    fig.suptitle("%s: paired Δ validation loss against the same seed's %s run (thin: each seed)"
+                 % (summary["experiment"], summary["baseline"]), fontsize=10)
+    _save(fig, out, "delta_steps.png", written)
+
+
+def load_cumulative(summary, out, written):
+    rows = []
+    for s in summary["settings"]:
+        r = _first_ok(summary, s["name"])
+        path = os.path.join(out, s["name"], "seed%d" % r["seed"], "routing.jsonl") if r else ""
+        if r and os.path.isfile(path):
+            recs = measures.read_jsonl(path)
+            if recs and recs[0]["layers"]:
+                rows.append((s["name"], r["seed"], recs))
+    if not rows:
+        return
+    fig, axes = _grid(len(rows), w=3.4, h=3.2, cols_max=4)
+    for (name, seed, recs), ax in zip(rows, axes):
+        tail = max(1, len(recs) // 10)
+        for li, counts in enumerate(measures.routing_tail_counts(recs)):
+            xs, ys = measures.cumulative_shares(counts)
+            ax.plot(xs, ys, marker=".", ms=3, lw=1.2, label="layer %d" % recs[0]["layers"][li])
+        ax.plot([0, 1], [0, 1], color="grey", ls=":", lw=1, label="uniform")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.set_title("%s seed %d (last %d of %d logged steps)" % (name, seed, tail, len(recs)), fontsize=7)
+        ax.set_xlabel("fraction of experts (busiest first)", fontsize=7)
+        ax.set_ylabel("cumulative share of assignments", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle("%s: expert load as sorted cumulative shares, end of training (one panel per "
+                 "setting, MoE layers overlaid)" % summary["experiment"], fontsize=9)
+    _save(fig, out, "load_cumulative.png", written)
+
+
+def quality_time(summary, out, written):
+    pts = [s for s in summary["settings"] if s["metrics"]["val_loss"]["mean"] is not None
+           and s["metrics"]["step_s"]["mean"] is not None]
+    if len(pts) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for s, c in zip(pts, _colors(len(pts))):
+        v, t = s["metrics"]["val_loss"], s["metrics"]["step_s"]
+        ax.errorbar([t["mean"] * 1000], [v["mean"]], xerr=[(t["std"] or 0) * 1000], yerr=[v["std"] or 0],
+                    fmt="o", color=c, capsize=3, ms=5, label=s["name"])
+        ax.annotate(s["name"], (t["mean"] * 1000, v["mean"]), textcoords="offset points", xytext=(5, 4),
+                    fontsize=7)
+    ax.set_xlabel("step time (ms, median of each run; mean ± std over seeds)")
+    ax.set_ylabel("final validation loss (nats; mean ± std)")
+    ax.set_title("%s: quality against step time (lower left is better)" % summary["experiment"], fontsize=10)
+    ax.legend(fontsize=7)
+    _save(fig, out, "quality_time.png", written)
+
+
+def _rounded(x):
+    return float("%.6g" % x) if x is not None else None
+
+
+def setting_value(summary, s, run_key, override):
+    """A setting's value of a config key: its first run's (from the resolved config), else
+    the last `override=` among the setting's and the experiment's --set overrides."""
+    for r in summary["runs"][s["name"]]:
+        if r.get(run_key) is not None:
+            return _rounded(r[run_key])
+    v = None
+    for kv in list(s["overrides"]) + list(summary.get("extra_sets") or []):
+        k, _, val = kv.partition("=")
+        if k == override:
+            v = float(val)
+    return _rounded(v)
+
+
+def loss_vs_lr(summary, out, written):
+    settings = summary["settings"]
+    lrs = [setting_value(summary, s, "lr", "train.lr") for s in settings]
+    zs = [setting_value(summary, s, "z_loss_coef", "moe.z_loss_coef") or 0.0 for s in settings]
+    if len(set(x for x in lrs if x is not None)) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    groups = sorted(set(zs))
+    trans = matplotlib.transforms.blended_transform_factory(ax.transData, ax.transAxes)
+    for gi, (z, c) in enumerate(zip(groups, _colors(len(groups)))):
+        pts = sorted((lr, s) for lr, zz, s in zip(lrs, zs, settings) if zz == z and lr is not None)
+        line = [(lr, s["metrics"]["val_loss"]) for lr, s in pts if s["metrics"]["val_loss"]["mean"] is not None]
+        ax.errorbar([lr for lr, _ in line], [m["mean"] for _, m in line], yerr=[m["std"] or 0 for _, m in line],
+                    fmt="o-" if gi == 0 else "s--", color=c, capsize=3, ms=4, label="z-loss %g" % z)
+        for lr, s in pts:
+            for k in range(s["diverged"]):  # each diverged run a cross at the top, side by side
+                ax.plot([lr * (1 + 0.04 * (k + gi * 3))], [0.96], "x", color=c, ms=8, mew=2,
+                        transform=trans, clip_on=False)
+    ax.plot([], [], "x", color="grey", ms=8, mew=2, label="diverged run (at the top)")
+    ax.set_xscale("log")
+    ticks = sorted(set(x for x in lrs if x is not None))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(["%g" % x for x in ticks], fontsize=7)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("learning rate (train.lr)")
+    ax.set_ylabel("final validation loss (nats; finished seeds, mean ± std)")
+    ax.set_title("%s: final loss against the learning rate" % summary["experiment"], fontsize=10)
+    ax.legend(fontsize=7)
+    _save(fig, out, "loss_vs_lr.png", written)
+
+
+def router_logits(summary, out, written):
+    settings = summary["settings"]
+    zs = [setting_value(summary, s, "z_loss_coef", "moe.z_loss_coef") or 0.0 for s in settings]
+    if len(set(zs)) < 2:
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    drew = False
+    for s, z, c in zip(settings, zs, _colors(len(settings))):
+        for i, r in enumerate(summary["runs"][s["name"]]):
+            path = os.path.join(out, s["name"], "seed%d" % r["seed"], "metrics.jsonl")
+            cur = measures.router_curves(path) if os.path.isfile(path) else []
+            cur = [p for p in cur if p[1] is not None and math.isfinite(p[1]) and p[2] is not None
+                   and math.isfinite(p[2])]
+            if not cur:
+                continue
+            w = max(1, len(cur) // 50)
+            steps = [p[0] for p in cur]
+            label = s["name"] if i == 0 else None
+            if z > 0:
+                a1.plot(steps, _rolling([p[1] / z for p in cur], w), color=c, lw=0.9, label=label)
+                drew = True
+            a2.plot(steps, _rolling([p[2] for p in cur], w), color=c, lw=0.9, label=label,
+                    ls="-" if z > 0 else "--")
+    if drew:
+        a1.set_yscale("log")
+        for f in (a1.yaxis.set_major_formatter, a1.yaxis.set_minor_formatter):
+            f(matplotlib.ticker.FormatStrFormatter("%.3g"))
+    a1.set_xlabel("step")
+    a1.set_ylabel("z-loss / coefficient = mean logsumexp(logits)^2")
+    a1.set_title("router logit size (runs with z-loss > 0: the engine computes z only then)", fontsize=8)
+    a1.legend(fontsize=6)
+    a2.set_xlabel("step")
+    a2.set_ylabel("router entropy (nats; mean over MoE layers)")
+    a2.set_title("router entropy, every run (dashed: z-loss 0)", fontsize=8)
+    a2.legend(fontsize=6)
+    fig.suptitle("%s: router statistics per run (moving mean of 1/50 of the run)" % summary["experiment"],
+                 fontsize=10)
+    _save(fig, out, "router_logits.png", written)
+
+
 def write_all(summary, out):
     written = []
     val_loss(summary, out, written)
@@ -216,4 +436,9 @@ def write_all(summary, out):
     per_step(summary, out, written, "curve_dropped", "dropped_steps.png", "dropped fraction")
     heatmaps(summary, out, written)
     specialisation(summary, out, written)
+    delta_steps(summary, out, written)
+    load_cumulative(summary, out, written)
+    quality_time(summary, out, written)
+    loss_vs_lr(summary, out, written)
+    router_logits(summary, out, written)
     return written

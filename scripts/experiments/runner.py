@@ -17,8 +17,11 @@ cores / N (the engine's compute pool; OpenBLAS stays on one thread).
 Then it writes OUT/summary.json and OUT/summary.md (per setting: mean ± standard deviation
 over the seeds that finished; with a baseline, the paired t on each setting's same-seed Δ
 with the variance pooled over the settings, the trend of Δ in log2 E (--trend) and the seeds
-an effect needs for 80% power (stats.py); measures.py says what each number is), the figures
-OUT/*.png (plots.py) and OUT/report.html (`switchyard report` of one seed per setting).
+an effect needs for 80% power (stats.py); measures.py says what each number is),
+OUT/per_seed.csv and OUT/configs/<setting>.yaml (every run's numbers and each setting's
+resolved config: evidence.py), the figures OUT/*.png (plots.py) and OUT/report.html
+(`switchyard report` of one seed per setting). --publish DIR then copies the evidence and the
+figures into a docs folder (publish.py).
 """
 import argparse
 import concurrent.futures
@@ -73,6 +76,8 @@ def parse(argv):
     p.add_argument("--set", action="append", default=[], dest="extra")
     p.add_argument("--val-blocks", type=int, default=1024)
     p.add_argument("--val-block-tokens", type=int, default=1024)
+    p.add_argument("--publish", default="", metavar="DIR",
+                   help="copy summary.*, per_seed.csv, configs/ and the figures into DIR")
     a = p.parse_args(argv)
     grids = a.grids.split(",")
     if a.grid not in grids:
@@ -244,10 +249,13 @@ COLUMNS = {
     "maxvio_batch": ("MaxVio per batch (last 10%)", "%.3f", 1),
     "dropped_run": ("dropped (run)", "%.2f%%", 100),
     "dropped_end": ("dropped (last 10%)", "%.2f%%", 100),
+    "dropped_start": ("dropped (first 10%: start-up)", "%.2f%%", 100),
+    "dropped_steady": ("dropped (steady: last 90%)", "%.2f%%", 100),
     "step_s": ("step (ms, median)", "%.1f", 1000),
     "flops_per_token": ("MFLOP / token", "%.3f", 1e-6),
     "train_flops": ("training PFLOP", "%.4g", 1e-15),
     "lang_mi_bits": ("label MI (bits)", "%.3f", 1),
+    "lang_mi_norm": ("label MI / min(H(label), log2 E)", "%.3f", 1),
     "lang_top_share": ("label top share", "%.1f%%", 100),
     "speedup": ("speed-up (baseline steps to the run's final loss / run steps, same seed)", "%.2fx", 1),
     "delta_val_loss": ("Δ val loss vs baseline, same seed (± pooled SE; p)", "%+.4f", 1),
@@ -425,9 +433,17 @@ def main(argv):
         md = markdown(summary, cols, a.stability)
         with open(os.path.join(a.out, "summary.md"), "w") as f:
             f.write(md)
+        import evidence
+        evidence.write_per_seed_csv(summary, cols, a.stability, os.path.join(a.out, "per_seed.csv"))
+        evidence.write_configs(summary, a.out)
         import plots
         figs = plots.write_all(summary, a.out)
         page = report(a, summary)
+        if a.publish:
+            import publish
+            files = publish.publish(a.out, a.publish)
+            print("%s: published %d files, %d bytes, into %s"
+                  % (a.name, len(files), sum(b for _, b in files), a.publish), flush=True)
     except (RuntimeError, OSError, ValueError, KeyError) as e:
         sys.stderr.write("%s: error: %s\n" % (prog, e))
         return 1

@@ -3,9 +3,12 @@
 # one seed, on a tiny two-language corpus): every setting of every experiment trains and is
 # evaluated, summary.json holds finite numbers for every setting (the figures themselves
 # are not asserted) and summary.md one row each; each run's FLOPs per token equal
-# `switchyard train --dry-run`'s for its resolved config; the zloss grid at a diverging
-# learning rate counts its runs as diverged instead of failing; a second call trains
-# nothing; bad arguments and a missing corpus are one line.
+# `switchyard train --dry-run`'s for its resolved config; per_seed.csv holds every run's
+# own numbers (the same as summary.json's) and configs/<setting>.yaml each setting's resolved
+# config; the figures each grid can make exist; publish.py copies the evidence and no run
+# directory; the zloss grid at a diverging learning rate counts its runs as diverged
+# instead of failing; a second call trains nothing; bad arguments and a missing corpus are
+# one line. EXPERIMENTS_CI_JOBS sets --jobs (default 2).
 # Usage: experiments_cli_test.sh path/to/switchyard path/to/scripts/experiments
 set -u
 source "$(dirname "$0")/cli_test_lib.sh" "$1"
@@ -13,13 +16,21 @@ source "$(dirname "$0")/moe_run_lib.sh"
 dir="$2"
 
 make_corpus "$tmp/data"
-common=(--grid ci --steps 4 --seeds 1 --jobs 2 --bin "$bin" --data "$tmp/data")
+common=(--grid ci --steps 4 --seeds 1 --jobs "${EXPERIMENTS_CI_JOBS:-2}" --bin "$bin" --data "$tmp/data")
 for exp in moe_vs_dense loss_free zloss capacity; do
   bash "$dir/$exp.sh" "${common[@]}" --out "$tmp/$exp" >"$tmp/$exp.out" 2>&1 ||
     { fail "$exp: exit $?: $(tail -5 "$tmp/$exp.out")"; continue; }
-  for f in summary.md summary.json report.html val_loss_steps.png val_loss_flops.png \
-           train_loss_runs.png maxvio_steps.png load_heatmaps.png; do
+  # The figures each grid makes: every one load_cumulative and quality_time; with a
+  # baseline delta_steps; zloss (learning rates and z-loss coefficients differ) loss_vs_lr
+  # and router_logits.
+  figs="val_loss_steps.png val_loss_flops.png train_loss_runs.png maxvio_steps.png load_heatmaps.png"
+  figs+=" load_cumulative.png quality_time.png"
+  [[ $exp == zloss ]] && figs+=" loss_vs_lr.png router_logits.png" || figs+=" delta_steps.png"
+  for f in summary.md summary.json per_seed.csv report.html $figs; do
     [[ -s "$tmp/$exp/$f" ]] || fail "$exp wrote no $f"
+  done
+  for f in $figs; do
+    [[ $(head -c 8 "$tmp/$exp/$f" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] || fail "$exp: $f is not a PNG"
   done
   check=$(py "import glob, json, math, os, subprocess, sys
 s = json.load(open('$tmp/$exp/summary.json'))
@@ -49,6 +60,33 @@ for st in s['settings']:
     val, unit = line[0].split()[-2:] if line else ('0', 'FLOP')
     dry = float(val) * {'FLOP': 1, 'KFLOP': 1e3, 'MFLOP': 1e6, 'GFLOP': 1e9}[unit]
     if not abs(r['flops_per_token'] - dry) <= 0.005 * dry: errs.append('%s: flops %r vs dry-run %r' % (n, r['flops_per_token'], dry))
+# per_seed.csv: one row per run in summary.json's order, each value the run's own (every
+# digit: float() gives summary.json's number back), empty where summary.json has None.
+import csv, yaml
+rows = list(csv.DictReader(open('$tmp/$exp/per_seed.csv')))
+want = [(st['name'], r['seed']) for st in s['settings'] for r in s['runs'][st['name']]]
+if [(r['setting'], int(r['seed'])) for r in rows] != want: errs.append('per_seed.csv rows %r' % rows)
+for row in rows:
+    run = next(r for r in s['runs'][row['setting']] if r['seed'] == int(row['seed']))
+    if row['status'] != run['status']: errs.append('%s: status' % row['setting'])
+    for k, v in row.items():
+        if k in ('setting', 'seed', 'status') or k.startswith('speedup'): continue
+        want_v = run.get(k)
+        got = None if v == '' else float(v)
+        if (got is None) != (want_v is None) or (got is not None and got != float(want_v)):
+            errs.append('per_seed.csv %s/%s: %s = %r, summary.json %r' % (row['setting'], row['seed'], k, v, want_v))
+    if '$exp' != 'zloss' and 'delta_val_loss' not in row: errs.append('per_seed.csv: no delta_val_loss')
+# configs/<setting>.yaml: the run's own config.yaml under a comment header.
+for st in s['settings']:
+    n = st['name']
+    text = open('$tmp/$exp/configs/%s.yaml' % n).read()
+    cfg = sorted(glob.glob('$tmp/$exp/%s/seed1/step-*/config.yaml' % n))[-1]
+    if not text.startswith('# %s: ' % n) or not text.endswith(open(cfg).read()) or yaml.safe_load(text) != yaml.safe_load(open(cfg)):
+        errs.append('configs/%s.yaml' % n)
+# New measures: the normalised label MI in [0, 1] on every MoE setting.
+for st in s['settings']:
+    v = st['metrics']['lang_mi_norm']['mean']
+    if st['name'] != 'dense' and not (v is not None and 0 <= v <= 1): errs.append('%s: lang_mi_norm %r' % (st['name'], v))
 md = open('$tmp/$exp/summary.md').read().splitlines()
 rows = [l for l in md if l.startswith('| ') and not l.startswith('| setting') and not l.startswith('| ---')]
 if [l.split(' | ')[0][2:] for l in rows] != [st['name'] for st in s['settings']]: errs.append('summary.md rows %r' % rows)
@@ -61,7 +99,7 @@ for e in ['moe_vs_dense', 'loss_free', 'zloss', 'capacity']:
     print(e, ' '.join(st['name'] for st in json.load(open('$tmp/%s/summary.json' % e))['settings']))" 2>&1)
 want="moe_vs_dense dense top1-e4
 loss_free softmax-aux1e-3 softmax-prop3e-4 sigmoid-aux1e-3 sigmoid-sign1e-3 softmax-sign1e-3 ga4-softmax-aux1e-3 ga4-softmax-prop3e-4
-zloss lr0.03-z0 lr0.03-z1e-3
+zloss lr0.01-z0 lr0.01-z1e-3 lr0.03-z0 lr0.03-z1e-3
 capacity top1-cf1.0 top1-dropless top2-cf1.0 top2-dropless"
 [[ "$names" == "$want" ]] || fail "ci grids: $names"
 # The settings' choices reached the runs: moe_vs_dense's MoE in every layer, dropless, at a
@@ -105,11 +143,29 @@ for run, u, rule in [('ga4-softmax-prop3e-4', 3e-4, 'proportional'), ('softmax-p
     if bad or not moved: errs.append('%s: %d updates checked, wrong: %r' % (run, moved, bad[:3]))
 print('; '.join(errs)); sys.exit(1 if errs else 0)" >"$tmp/bias.out" 2>&1 || fail "bias updates: $(cat "$tmp/bias.out")"
 
-# Dropless drops nothing; capacity 1.0 drops something in 4 steps.
+# Dropless drops nothing; capacity 1.0 drops something in 4 steps. Every step routes the
+# same number of assignments, so the run's fraction is the steps' weighted mean of the
+# start-up (the first of the 4 steps) and the steady state (the other 3).
 py "import json, sys
 s = {st['name']: st['metrics'] for st in json.load(open('$tmp/capacity/summary.json'))['settings']}
-sys.exit(0 if s['top1-dropless']['dropped_run']['mean'] == 0 and s['top1-cf1.0']['dropped_run']['mean'] > 0 else 1)" ||
-  fail "capacity: dropped fractions"
+ok = s['top1-dropless']['dropped_run']['mean'] == 0 and s['top1-cf1.0']['dropped_run']['mean'] > 0
+for n in ('top1-cf1.0', 'top2-cf1.0'):
+    m = {k: s[n][k]['mean'] for k in ('dropped_run', 'dropped_start', 'dropped_steady')}
+    ok = ok and abs(m['dropped_run'] - (m['dropped_start'] + 3 * m['dropped_steady']) / 4) < 1e-12
+sys.exit(0 if ok else 1)" || fail "capacity: dropped fractions"
+grep -q "dropped (steady: last 90%)" "$tmp/capacity/summary.md" || fail "capacity: no dropped_steady column"
+
+# publish.py copies summary.json (without per-step curves), summary.md, per_seed.csv,
+# configs/ and the PNGs, nothing from the run directories.
+/usr/bin/python3 "$dir/publish.py" "$tmp/capacity" "$tmp/pub" >"$tmp/pub.out" 2>&1 || fail "publish: $(cat "$tmp/pub.out")"
+py "import glob, json, os, sys
+got = sorted(os.path.relpath(p, '$tmp/pub') for p in glob.glob('$tmp/pub/**', recursive=True) if os.path.isfile(p))
+want = sorted(['summary.json', 'summary.md', 'per_seed.csv'] + [os.path.relpath(p, '$tmp/capacity') for p in
+              glob.glob('$tmp/capacity/configs/*.yaml') + glob.glob('$tmp/capacity/*.png')])
+s = json.load(open('$tmp/pub/summary.json'))
+ok = got == want and 'curve_ce' not in s['runs']['top1-cf1.0'][0] and s['settings'] == json.load(open('$tmp/capacity/summary.json'))['settings']
+print(got); sys.exit(0 if ok else 1)" >"$tmp/pubcheck.out" 2>&1 || fail "publish copied: $(cat "$tmp/pubcheck.out")"
+grep -q "bytes in" "$tmp/pub.out" || fail "publish: no byte count: $(cat "$tmp/pub.out")"
 
 # A validation sample (--val-blocks 4 of 64 tokens, smaller than the corpus's split): the
 # runs train and are evaluated on it (eval.json's data), and summary.json says its size.
@@ -134,6 +190,10 @@ s = json.load(open('$tmp/diverge/summary.json'))['settings']
 sys.exit(0 if all((st['runs'], st['ok'], st['diverged'], st['stable']) == (1, 0, 1, 0) for st in s) else 1)" ||
   fail "diverged runs not counted: $(cat "$tmp/diverge/summary.md" 2>/dev/null)"
 grep -q "| lr0.03-z0 | .* | 0/1 | 0/1 | 0/1 | 1/1 |" "$tmp/diverge/summary.md" || fail "summary.md: $(cat "$tmp/diverge/summary.md")"
+py "import csv, sys
+rows = list(csv.DictReader(open('$tmp/diverge/per_seed.csv')))
+sys.exit(0 if len(rows) == 4 and all(r['status'] == 'diverged' and r['val_loss'] == '' and r['stable'] == '0' for r in rows) else 1)" ||
+  fail "diverged runs in per_seed.csv: $(cat "$tmp/diverge/per_seed.csv")"
 
 # Bad arguments: one line, exit 2, nothing created; a missing corpus: one line naming the
 # script that builds it, exit 1.

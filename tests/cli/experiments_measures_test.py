@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """scripts/experiments/measures.py on hand-computed cases: the spike rule, the mean ± std
 over seeds, the crossing step and the same-seed speed-up (censored when the baseline never
-gets there), the mean curve, and FLOPs per token of a
+gets there), the mean curve, the dropped fraction's start-up and steady parts, the
+normalised label/expert MI, the paired Δ curve and its t band, sorted cumulative loads,
+the router curves, and FLOPs per token of a
 hand-counted config (tests/cli/experiments_cli_test.sh checks the same formula against
 `switchyard train --dry-run` on every run of the ci grids).
     experiments_measures_test.py path/to/scripts/experiments
@@ -99,6 +101,12 @@ check("curve at", (measures.curve_at(curve, 150), measures.curve_at(curve, 300),
                    measures.curve_at(curve, -10)) == (3.5, 2.5, None, None))
 dc = s["metrics"]["delta_curve_end"]
 check("delta at the run's end", dc["values"] == [-0.25, 0.5, -1.0], dc)
+# Each run's paired Δ curve at the steps both evaluated, and the band at the steps every
+# seed has (only step 0, where every Δ is 0: a zero-width interval).
+check("run delta curves", [r["curve_delta"] for r in runs[:3]] ==
+      [[[0, 0.0], [100, -0.5]], [[0, 0.0], [100, 0.0], [200, 0.5]], [[0, 0.0], [200, -1.0]]],
+      [r.get("curve_delta") for r in runs])
+check("setting delta band", s["curve_delta"] == [[0, 0.0, 0.0, 0.0]], s["curve_delta"])
 
 # FLOPs per token, counted by hand: d 8, L 2, S 4, V 10, 2 heads, d_ff 16, layer 1 MoE with
 # 4 experts of 6 (top-2, gelu): attention 4*64 per layer; MLP 2*8*16; router 8*4;
@@ -166,6 +174,85 @@ check("speed-up cell uncensored", runner.speedup_cell(measures.speedup_summary(
     [{"speedup": 1.0, "censored": False}, {"speedup": 1.5, "censored": False}]), 2) == "1.25x ± 0.35",
     runner.speedup_cell(measures.speedup_summary([{"speedup": 1.0, "censored": False}, {"speedup": 1.5, "censored": False}]), 2))
 check("delta cell", runner.delta_cell({"mean": 0.02, "se": 0.0057735, "p": 0.0257}) == "+0.0200 ± 0.0058 (p 0.026)")
+
+# The start-up transient and the steady state of the dropped fraction: 10 steps, one MoE
+# layer of 100 assignments each, 50 dropped at step 0 and 10 at every other step: the first
+# 10% (1 step) drops 50%, the other 9 steps 10%, the run (50 + 90) / 1000 = 14%.
+recs = [{"step": i, "moe": [{"assignments": 100, "dropped": 50 if i == 0 else 10}]} for i in range(10)]
+head, rest = measures.split_startup(recs)
+check("start-up split", (len(head), len(rest)) == (1, 9))
+check("dropped start/steady/run", (measures.dropped(head), measures.dropped(rest), measures.dropped(recs))
+      == (0.5, 0.1, 0.14), (measures.dropped(head), measures.dropped(rest), measures.dropped(recs)))
+check("start-up of 25 steps", len(measures.split_startup(list(range(25)))[0]) == 2)
+check("start-up of 3 steps", measures.split_startup([0, 1, 2]) == ([0], [1, 2]))
+check("no assignments", measures.dropped([{"step": 0, "moe": [{"assignments": 0, "dropped": 0}]}]) is None)
+
+# Normalised label/expert MI. Two labels, 100 tokens each, 4 experts: label a all to expert
+# 0, label b all to expert 1: I = H(label) = 1 bit = the ceiling min(1, log2 4) -> 1.
+# Independent routing (each label spread 25/25/25/25): I = 0 -> 0. A layer with four labels
+# of 50 tokens each and 2 experts, a and b to expert 0, c and d to expert 1: H(label) = 2,
+# log2 E = 1, I = 1 bit = the ceiling -> 1 (its ceiling 1 bit). Mixed: label a 75/25 over
+# experts 0/1, label b 25/75: I = 1 - H(0.75) = 1 - 0.811278 = 0.188722 bits, ceiling 1.
+sep = [[100, 0, 0, 0], [0, 100, 0, 0]]
+ind = [[25, 25, 25, 25], [25, 25, 25, 25]]
+four = [[50, 0], [50, 0], [0, 50], [0, 50]]
+mixed = [[75, 25], [25, 75]]
+hb = -(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25))
+check("mi separated", measures.label_mi_normalised([sep]) == (1.0, 1.0), measures.label_mi_normalised([sep]))
+check("mi independent", measures.label_mi_normalised([ind])[0] == 0.0)
+n, c = measures.label_mi_normalised([four])
+check("mi capped by log2 E", abs(n - 1.0) < 1e-12 and c == 1.0, (n, c))
+n, c = measures.label_mi_normalised([mixed])
+check("mi mixed", abs(n - (1 - hb)) < 1e-12 and c == 1.0, (n, c))
+# Two layers: the mean of the ratios (1 and 0) and of the ceilings (1 bit each); an empty
+# layer and a one-label layer (ceiling 0) are left out.
+n, c = measures.label_mi_normalised([sep, ind, [[0, 0], [0, 0]], [[10, 5], [0, 0]]])
+check("mi mean over layers", (n, c) == (0.5, 1.0), (n, c))
+check("mi none", measures.label_mi_normalised([[[0, 0]]]) == (None, None))
+# Unequal labels: a 300 tokens to expert 0, b 100 to expert 1, 4 experts: I = H(label) =
+# H(0.75) = 0.811278 bits, the ceiling (below log2 4 = 2): ratio 1.
+n, c = measures.label_mi_normalised([[[300, 0, 0, 0], [0, 100, 0, 0]]])
+check("mi ceiling H(label)", abs(n - 1.0) < 1e-12 and abs(c - hb) < 1e-12, (n, c))
+
+# The paired Δ curve: at the steps both evaluated, over the run's steps only (the baseline
+# trains twice as long; its step 300 has no pair, and the run's step 50 none either).
+base = [[0, 6.0], [100, 4.0], [200, 3.0], [300, 2.5]]
+run = [[0, 6.0], [50, 5.0], [100, 3.5], [200, 3.25]]
+check("paired delta curve", measures.paired_delta_curve(base, run) == [[0, 0.0], [100, -0.5], [200, 0.25]],
+      measures.paired_delta_curve(base, run))
+# The band over seeds: Δ at step 100 of 3 seeds -0.5, -0.3, -0.1: mean -0.3, sd 0.2, SE
+# 0.2 / sqrt(3), t_{0.975, 2} = 4.302653 -> ± 0.496828. One seed: no interval. Only the
+# steps every seed has.
+band = measures.delta_band([[[0, 0.0], [100, -0.5]], [[0, 0.0], [100, -0.3]], [[100, -0.1]]])
+half = 4.302652729911275 * 0.2 / math.sqrt(3)
+check("delta band", len(band) == 1 and band[0][0] == 100 and abs(band[0][1] + 0.3) < 1e-12
+      and abs(band[0][2] - (-0.3 - half)) < 1e-9 and abs(band[0][3] - (-0.3 + half)) < 1e-9, band)
+check("delta band one seed", measures.delta_band([[[0, 0.1], [100, -0.2]]]) == [[0, 0.1, None, None], [100, -0.2, None, None]])
+check("delta band none", measures.delta_band([]) == [])
+
+# Sorted cumulative shares: counts 10, 40, 30, 20 -> busiest first 40, 30, 20, 10 of 100.
+xs, ys = measures.cumulative_shares([10, 40, 30, 20])
+check("cumulative x", xs == [0.0, 0.25, 0.5, 0.75, 1.0], xs)
+check("cumulative y", [round(y, 12) for y in ys] == [0.0, 0.4, 0.7, 0.9, 1.0], ys)
+check("cumulative uniform", measures.cumulative_shares([5, 5])[1] == [0.0, 0.5, 1.0])
+# The last 10% of 20 routing records (2 records), per layer, summed per expert.
+recs = [{"step": i, "layers": [1, 3], "tokens_per_expert": [[i, 1], [2 * i, 0]]} for i in range(20)]
+check("tail counts", measures.routing_tail_counts(recs) == [[18 + 19, 2], [36 + 38, 0]], measures.routing_tail_counts(recs))
+check("tail counts short", measures.routing_tail_counts(recs[:3]) == [[2, 1], [4, 0]])
+
+# Router curves from metrics.jsonl: the step records' mean z and entropy over MoE layers;
+# validation and memory lines are skipped.
+import json as _json, tempfile as _tf  # noqa: E402,E401
+mp = os.path.join(_tf.mkdtemp(), "metrics.jsonl")
+with open(mp, "w") as f:
+    f.write(_json.dumps({"step": 0, "loss": 5.0, "moe": [{"z": 0.002, "router_entropy": 1.0},
+                                                         {"z": 0.004, "router_entropy": 2.0}]}) + "\n")
+    f.write(_json.dumps({"step": 0, "memory": {}}) + "\n")
+    f.write(_json.dumps({"step": 1, "val_loss": 4.0}) + "\n")
+    f.write(_json.dumps({"step": 1, "loss": 4.5, "moe": [{"z": 0.0, "router_entropy": 1.5}]}) + "\n")
+rc = measures.router_curves(mp)
+check("router curves", len(rc) == 2 and rc[0][0] == 0 and abs(rc[0][1] - 0.003) < 1e-15 and rc[0][2] == 1.5
+      and rc[1] == [1, 0.0, 1.5], rc)
 
 if failures:
     sys.exit(1)
