@@ -55,12 +55,15 @@ case "$exp_grid" in
   pre)
     exp_config="$mvd_config" exp_data=data/code-v2048
     settings=()
+    # As it was run (2026-11-29): one micro-batch of 32 sequences a step (the full grid's two
+    # of 16 make the same update, but for the routing groups' size).
+    one="train.micro_batch_size=32 train.grad_accum=1 train.eval_batches=16"
     for lr in 0.001 0.002 0.004; do
-      settings+=(--setting "dense-lr$lr=moe.layer_freq=1000 train.lr=$lr train.min_lr=$lr")
-      settings+=(--setting "top1-e16-lr$lr=train.lr=$lr train.min_lr=$lr")
+      settings+=(--setting "dense-lr$lr=moe.layer_freq=1000 train.lr=$lr train.min_lr=$lr $one")
+      settings+=(--setting "top1-e16-lr$lr=train.lr=$lr train.min_lr=$lr $one")
     done
     # The same tokens (614,400) at half the batch: 16 sequences a step for twice the steps.
-    settings+=(--setting "top1-e16-mbs16=train.micro_batch_size=16 train.eval_batches=32 train.max_steps=300")
+    settings+=(--setting "top1-e16-mbs16=train.lr=0.002 train.min_lr=0.002 train.micro_batch_size=16 train.grad_accum=1 train.eval_batches=32 train.max_steps=300")
     exp_run --name moe_vs_dense --title "moe_vs_dense pre-sweep: learning rate and batch" \
       "${settings[@]}" --default-steps 150 --default-seeds 1 --val-blocks 64 \
       --columns val_loss,perplexity,step_s,maxvio_batch,maxvio_global "$@" ;;
