@@ -26,6 +26,7 @@ ga4="train.grad_accum=4 train.micro_batch_size=2"
 if [ "$exp_grid" = full ]; then
   steps=1200 seeds=3 experts=16 alphas=(1e-4=0.0001 1e-2=0.01 0=0)  # name=moe.aux_loss_coef
 elif [ "$exp_grid" = v1 ]; then
+  exp_data=data/code  # the first run's corpus (vocabulary 8192)
   settings=()
   for score in softmax sigmoid; do
     settings+=(--setting "$score-aux1e-3=moe.score=$score moe.aux_loss_coef=0.001 moe.expert_bias_rate=0")

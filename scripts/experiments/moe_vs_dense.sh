@@ -68,6 +68,7 @@ case "$exp_grid" in
       "${settings[@]}" --default-steps 150 --default-seeds 1 --val-blocks 64 \
       --columns val_loss,perplexity,step_s,maxvio_batch,maxvio_global "$@" ;;
   v1)
+    exp_data=data/code  # the first runs' corpus (vocabulary 8192)
     settings=(--setting "dense=moe.layer_freq=1000")  # no layer i with i % 1000 == 999
     for e in 4 8 16 32; do settings+=(--setting "top1-e$e=moe.num_experts=$e"); done
     settings+=(--setting "top2-e8=moe.num_experts=8 moe.top_k=2 moe.normalize_gates=true")
