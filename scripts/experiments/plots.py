@@ -32,7 +32,8 @@ content and each run's routing files. write_all returns the files it wrote:
   quality_time.png      final validation loss (mean ± std over seeds) against the median
                         step time (mean ± std over seeds), one labelled point per setting
   loss_vs_lr.png        (settings that differ in train.lr) final validation loss mean ± std
-                        against the learning rate, log x, one line per moe.z_loss_coef;
+                        against the learning rate, log x, one line per family (the
+                        setting's name without its lr part);
                         each diverged run a cross at the top
   router_logits.png     (settings that differ in moe.z_loss_coef) per run over the steps:
                         the logged z-loss divided by its coefficient, i.e. the mean over
@@ -43,6 +44,7 @@ content and each run's routing files. write_all returns the files it wrote:
 import json
 import math
 import os
+import re
 
 import measures
 
@@ -360,17 +362,22 @@ def setting_value(summary, s, run_key, override):
 def loss_vs_lr(summary, out, written):
     settings = summary["settings"]
     lrs = [setting_value(summary, s, "lr", "train.lr") for s in settings]
-    zs = [setting_value(summary, s, "z_loss_coef", "moe.z_loss_coef") or 0.0 for s in settings]
     if len(set(x for x in lrs if x is not None)) < 2:
         return
+    # One line per family: the setting's name without its learning-rate part (zloss's
+    # "lr0.01-z0" and "lr0.02-z0" are the family "z0"; moe_vs_dense's pre-sweep has "dense"
+    # and "top1-e16").
+    fams = [re.sub(r"lr[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?", "", s["name"]).replace("--", "-").strip("-")
+            or s["name"] for s in settings]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    groups = sorted(set(zs))
+    groups = sorted(set(fams), key=fams.index)
     trans = matplotlib.transforms.blended_transform_factory(ax.transData, ax.transAxes)
-    for gi, (z, c) in enumerate(zip(groups, _colors(len(groups)))):
-        pts = sorted((lr, s) for lr, zz, s in zip(lrs, zs, settings) if zz == z and lr is not None)
+    for gi, (fam, c) in enumerate(zip(groups, _colors(len(groups)))):
+        pts = sorted(((lr, s) for lr, f, s in zip(lrs, fams, settings) if f == fam and lr is not None),
+                     key=lambda p: p[0])
         line = [(lr, s["metrics"]["val_loss"]) for lr, s in pts if s["metrics"]["val_loss"]["mean"] is not None]
         ax.errorbar([lr for lr, _ in line], [m["mean"] for _, m in line], yerr=[m["std"] or 0 for _, m in line],
-                    fmt="o-" if gi == 0 else "s--", color=c, capsize=3, ms=4, label="z-loss %g" % z)
+                    fmt="o-" if gi % 2 == 0 else "s--", color=c, capsize=3, ms=4, label=fam)
         for lr, s in pts:
             for k in range(s["diverged"]):  # each diverged run a cross at the top, side by side
                 ax.plot([lr * (1 + 0.04 * (k + gi * 3))], [0.96], "x", color=c, ms=8, mew=2,
