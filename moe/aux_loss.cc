@@ -175,6 +175,12 @@ float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits, int64
   return kernels::RouterZLoss(logits, coef, grad, group_tokens, dlogits, ctx);
 }
 
+void ZLossInto(const Tensor& logits, float coef, Tensor& value, int64_t group_tokens,
+               DeviceContext* ctx) {
+  CheckMatrix(logits, DType::kF32, "z-loss logits");
+  kernels::RouterZLossInto(logits, coef, group_tokens, value, ctx);
+}
+
 void ZLossBackward(const Tensor& logits, float coef, float grad, Tensor& dlogits,
                    int64_t group_tokens, DeviceContext* ctx) {
   CheckMatrix(logits, DType::kF32, "z-loss logits");

@@ -99,6 +99,12 @@ void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, f
 float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits,
             int64_t group_tokens = 0, DeviceContext* ctx = nullptr);
 
+// ZLoss's value (no gradient) into value (1) f64 on the logits' device, left there for the
+// training step's single readback (engine/core/step_readback.h): the f32 ZLoss returns, as
+// a double.
+void ZLossInto(const Tensor& logits, float coef, Tensor& value, int64_t group_tokens = 0,
+               DeviceContext* ctx = nullptr);
+
 // ZLoss's gradient alone: dlogits (T, E) += grad * dz / dlogits, the same values, without
 // computing the loss (so on CUDA without waiting for the stream). For the backward pass.
 void ZLossBackward(const Tensor& logits, float coef, float grad, Tensor& dlogits,

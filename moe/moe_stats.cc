@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/core/check.h"
+#include "engine/core/step_readback.h"
 #include "engine/core/tensor.h"
 #include "engine/dist/ordered_sum.h"
 #include "kernels/permute.h"
@@ -32,6 +33,12 @@ void MoEStats::Add(const MoEStats& o) {
   aux_sum += o.aux_sum;
   z_sum += o.z_sum;
   groups += o.groups;
+}
+
+void MoEStats::Resolve(std::span<const double> slots) {
+  entropy_sum.Resolve(slots);
+  aux_sum.Resolve(slots);
+  z_sum.Resolve(slots);
 }
 
 void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
@@ -148,6 +155,16 @@ void CountValidRows(const RoutedGroups& routed, const OwnRouting& own, int64_t v
   for (size_t j = 0; j < slots.size(); ++j) s.tokens_per_expert_kept[j % e] += slots[j];
 }
 
+// EntropySum of probs; in a training step left on the device until the step's readback.
+PendingSum EntropyOf(const Tensor& probs, DeviceContext* ctx) {
+  if (StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr) {
+    StepReadback::Slots slot = readback->Reserve(1, probs.device(), ctx);
+    kernels::EntropySumInto(probs, slot.values, ctx);
+    return PendingSum::Slot(slot.first);
+  }
+  return kernels::EntropySum(probs, ctx);
+}
+
 }  // namespace
 
 MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t num_experts,
@@ -179,7 +196,7 @@ MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t
     } else if (routed.tp_size > 1) {
       own_probs = probs.Slice(lo, hi);
     }
-    s.entropy_sum += kernels::EntropySum(own_probs, ctx);
+    s.entropy_sum += EntropyOf(own_probs, ctx);
   }
   s.tokens = routed.groups * t;
   s.assignments = s.tokens * routed.top_k;
