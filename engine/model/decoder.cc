@@ -281,7 +281,8 @@ Tensor Decoder::ForwardInput(const DecoderInput& in, const PartId& next,
   }
   Acquire(PartId::Embed(), next);
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);
-  acts.embed = embed_->Forward(in.tokens, ctx_);
+  acts.embed = embed_->Forward(
+      in.tokens, ctx_, in.ids_checked ? kernels::IdCheck::kOnHost : kernels::IdCheck::kOnDevice);
   Release(PartId::Embed());
   return acts.embed.y;
 }
