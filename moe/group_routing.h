@@ -74,9 +74,9 @@ struct RoutedGroups {
   std::vector<RouterOutput> router;
   std::vector<LoadBalanceSums> balance;  // (G) the whole groups' sums (before dropping)
   std::vector<BalanceTerms> terms;       // (G) the whole groups' aux-loss terms (its scope)
-  std::vector<float> aux;                // (G) the whole groups' losses
-  // (G) pending in a training step (the step's readback, engine/core/step_readback.h)
-  std::vector<PendingSum> z;
+  // (G) the whole groups' losses (f32 values), pending in a training step (the step's
+  // readback, engine/core/step_readback.h)
+  std::vector<PendingSum> aux, z;
   std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
   // A non-contiguous GroupLayout only: own_rows (T/P) i64, the group token of each of this
   // rank's rows (on `device`); undefined for contiguous groups.

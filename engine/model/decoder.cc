@@ -246,7 +246,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     Tensor y = ForwardBlock(i, x, in, core, ba);
     if (ba.moe) {
       if (cp.rank() == 0) {  // the cp ranks share each group: one reports its losses
-        for (float a : ba.moe->groups.aux) out.aux_sum += a;
+        for (const PendingSum& a : ba.moe->groups.aux) out.aux_sum += a;
         for (const PendingSum& z : ba.moe->groups.z) out.z_sum += z;
       }
       out.moe_stats.push_back(ba.moe->stats);
