@@ -110,7 +110,7 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
       LoadBalanceSums lb =
           LoadBalanceSumsInto(r.probs, r.indices, config.aux_loss_coef, *readback, ctx);
       out.aux.push_back(PendingSum::Slot(lb.values_slot));
-      BalanceTerms terms{.parts = {lb}, .part_tokens = t_whole};
+      BalanceTerms terms{.parts = {lb}, .load = {}, .part_tokens = t_whole};
       out.terms.push_back(std::move(terms));
       out.balance.push_back(std::move(lb));
     } else {

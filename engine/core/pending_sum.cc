@@ -8,7 +8,7 @@ namespace switchyard {
 PendingSum PendingSum::Slot(int64_t index) {
   SY_CHECK_GE(index, 0) << "PendingSum::Slot";
   PendingSum s;
-  s.terms_.push_back(Term{.kind = Term::kSlot, .slot = index});
+  s.terms_.push_back(Term{.kind = Term::kSlot, .value = 0.0, .slot = index, .nested = nullptr});
   return s;
 }
 
@@ -16,20 +16,22 @@ PendingSum& PendingSum::operator+=(double value) {
   if (terms_.empty()) {
     known_ += value;
   } else {
-    terms_.push_back(Term{.kind = Term::kConst, .value = value});
+    terms_.push_back(Term{.kind = Term::kConst, .value = value, .slot = -1, .nested = nullptr});
   }
   return *this;
 }
 
 PendingSum& PendingSum::operator+=(const PendingSum& other) {
   if (other.known()) return *this += other.known_;
-  if (terms_.empty()) terms_.push_back(Term{.kind = Term::kConst, .value = known_});
+  if (terms_.empty()) {
+    terms_.push_back(Term{.kind = Term::kConst, .value = known_, .slot = -1, .nested = nullptr});
+  }
   // A single slot needs no nesting: x + slot either way.
   if (other.terms_.size() == 1 && other.terms_[0].kind == Term::kSlot) {
     terms_.push_back(other.terms_[0]);
   } else {
-    terms_.push_back(
-        Term{.kind = Term::kNested, .nested = std::make_shared<const PendingSum>(other)});
+    terms_.push_back(Term{.kind = Term::kNested, .value = 0.0, .slot = -1,
+                          .nested = std::make_shared<const PendingSum>(other)});
   }
   return *this;
 }
