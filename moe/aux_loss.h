@@ -25,6 +25,8 @@
 // for CUDA tensors). The losses and LoadBalanceSums are host values: on CUDA they are
 // computed on the device and copied back with one small device->host copy (which
 // synchronises ctx's stream); gradients are accumulated in place on the tensors' device.
+// LoadBalanceSumsInto and ZLossInto leave them on the device for a training step's single
+// readback instead (engine/core/step_readback.h).
 #pragma once
 
 #include <cstdint>

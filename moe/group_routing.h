@@ -36,7 +36,10 @@
 // still hold T/P rows each.
 //
 // Devices: as the router's (moe/router.h): every tensor on the CPU or on ctx's CUDA device;
-// admission counts and the losses are host values (one small device->host copy each).
+// admission counts and the losses are host values (one small device->host copy each),
+// except in a training step (ctx's step readback open, engine/core/step_readback.h), where
+// the group-scope balance sums, aux, z and dropless counts stay on the device until the
+// step's one readback (RoutedGroups::aux and z are PendingSums then).
 #pragma once
 
 #include <cstdint>
