@@ -79,13 +79,7 @@ StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
   return chunks;
 }
 
-namespace {
-
-// Every token id of the host batch in [0, V) and every target too or -1 (masked): the
-// loader checked them against the data's vocabulary (data.verify, or per read), and the
-// config the vocabulary against model.vocab_size; this pass over host memory makes the
-// decoder's device reads of them safe without a readback per lookup (kernels/embedding.h).
-void CheckIds(const data::Batch& batch, int64_t vocab) {
+void CheckBatchIds(const data::Batch& batch, int64_t vocab) {
   const Tensor& in = batch.inputs;
   const Tensor& tg = batch.targets;
   SY_CHECK(in.device().is_cpu() && tg.device().is_cpu() && in.dtype() == DType::kI32 &&
@@ -106,13 +100,11 @@ void CheckIds(const data::Batch& batch, int64_t vocab) {
   }
 }
 
-}  // namespace
-
 model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decoder& decoder,
                                     const dist::ParallelContext& pc, int64_t step,
                                     bool training) {
   const int cp = pc.cp().size(), rank = pc.cp().rank();
-  CheckIds(batch, decoder.config().vocab_size);
+  CheckBatchIds(batch, decoder.config().vocab_size);
   return model::DecoderInput{
       .tokens = parallel::ShardSequences(batch.inputs, cp, rank).To(decoder.device(), decoder.ctx()),
       .targets = parallel::ShardSequences(batch.targets, cp, rank).To(decoder.device(), decoder.ctx()),
