@@ -97,16 +97,18 @@ void PositionsBackward(const parallel::ContextParallel& cp, const Tensor& dx, Te
 
 }  // namespace
 
-EmbeddingActivations Embedding::Forward(const Tensor& tokens, DeviceContext* ctx) const {
+EmbeddingActivations Embedding::Forward(const Tensor& tokens, DeviceContext* ctx,
+                                        kernels::IdCheck id_check) const {
   SY_CHECK_EQ(tokens.ndim(), 2) << "Embedding::Forward: tokens are (B, S), got "
                                 << ShapeString(tokens.shape());
   EmbeddingActivations acts;
   acts.tokens = tokens;
+  acts.id_check = id_check;
   Tensor y =
       Tensor::Empty({tokens.dim(0), tokens.dim(1), options_.d_model}, DType::kF32, tokens.device());
   const TensorParallel& tp = options_.tp;
   if (!tp.active()) {
-    kernels::EmbeddingForward(tokens, wte_, y, ctx);
+    kernels::EmbeddingForward(tokens, wte_, y, ctx, id_check);
     if (wpe_.defined()) AddPositions(options_.cp, y, wpe_, ctx);
     acts.y = y;
     return acts;
@@ -123,7 +125,7 @@ void Embedding::Backward(const EmbeddingActivations& acts, const Tensor& dy, Dev
                                          << " for y " << ShapeString(acts.y.shape());
   const TensorParallel& tp = options_.tp;
   if (!tp.active()) {
-    kernels::EmbeddingBackward(acts.tokens, dy, grad_wte_, ctx);
+    kernels::EmbeddingBackward(acts.tokens, dy, grad_wte_, ctx, acts.id_check);
     if (grad_wpe_.defined()) PositionsBackward(options_.cp, dy, grad_wpe_, ctx);
     return;
   }

@@ -26,6 +26,7 @@
 #include "engine/parallel/context_parallel.h"
 #include "dense/parameter.h"
 #include "dense/tp_block.h"
+#include "kernels/embedding.h"
 #include "engine/parallel/vocab_parallel.h"
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
@@ -62,6 +63,7 @@ struct EmbeddingParams {
 // What Backward needs from one Forward.
 struct EmbeddingActivations {
   Tensor tokens;  // (B, S) i32, shared with the caller: keep it unchanged
+  kernels::IdCheck id_check = kernels::IdCheck::kOnDevice;  // as Forward was told
   Tensor y;       // (B, S, d); this rank's rows (B*S/tp, d) under sequence parallelism
 };
 
@@ -83,7 +85,10 @@ class Embedding {
   Embedding& operator=(const Embedding&) = delete;
 
   // tokens (B, S) i32 in [0, V), S <= S_max with wpe -> acts.y (B, S, d).
-  EmbeddingActivations Forward(const Tensor& tokens, DeviceContext* ctx = nullptr) const;
+  // id_check: kOnHost when the caller checked the tokens against the vocabulary on the host
+  // (kernels/embedding.h: no device readback then); Backward does as Forward was told.
+  EmbeddingActivations Forward(const Tensor& tokens, DeviceContext* ctx = nullptr,
+                               kernels::IdCheck id_check = kernels::IdCheck::kOnDevice) const;
   // dy (B, S, d): scatter-adds into grad_wte (repeated tokens sum) and grad_wpe. Tokens
   // have no gradient.
   void Backward(const EmbeddingActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);

@@ -28,6 +28,15 @@ void CheckArgs(const Tensor& logits, const Tensor& targets, const Tensor* dlogit
   }
 }
 
+// The CPU's sums written into sums (2) f64.
+void CpuCrossEntropyInto(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
+                         double grad_scale, int32_t ignore_index, Tensor& sums) {
+  const CrossEntropySums s = cpu::CrossEntropy(logits, targets, &dlogits, grad_scale,
+                                               ignore_index, "CrossEntropyForwardBackwardInto");
+  sums.data<double>()[0] = s.loss_sum;
+  sums.data<double>()[1] = static_cast<double>(s.count);
+}
+
 }  // namespace
 
 int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext* ctx) {
@@ -66,6 +75,19 @@ CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor&
       sums = cuda::CrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, kOp, ctx));
   counters::CountReadback("cross_entropy");
   return sums;
+}
+
+void CrossEntropyForwardBackwardInto(const Tensor& logits, const Tensor& targets,
+                                     Tensor& dlogits, double grad_scale, int32_t ignore_index,
+                                     Tensor& sums, DeviceContext* ctx) {
+  constexpr const char* kOp = "CrossEntropyForwardBackwardInto";
+  SY_CHECK(dlogits.defined()) << kOp << ": dlogits is undefined";
+  CheckArgs(logits, targets, &dlogits, dlogits.device(), kOp);
+  CheckTensorOn(sums, DType::kF64, dlogits.device(), kOp, "sums", "dlogits");
+  SY_CHECK_EQ(sums.numel(), 2) << kOp << ": sums " << ShapeString(sums.shape());
+  SY_DISPATCH_DEVICE(
+      dlogits, ctx, CpuCrossEntropyInto(logits, targets, dlogits, grad_scale, ignore_index, sums),
+      cuda::CrossEntropyInto(logits, targets, dlogits, grad_scale, ignore_index, sums, ctx));
 }
 
 double CrossEntropyMean(const Tensor& logits, const Tensor& targets, Tensor& dlogits,

@@ -54,6 +54,15 @@ CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor&
 
 // The mean over this batch's counted targets, with dlogits its gradient (grad_scale =
 // 1 / count). All targets ignored: returns 0 and dlogits = 0.
+// CrossEntropyForwardBackward with its sums left on the device, for the training step's
+// single readback (engine/core/step_readback.h): sums (2) f64 on dlogits' device gets
+// {loss_sum, count} (the values CrossEntropyForwardBackward returns); nothing is read back.
+// On CUDA a bad target is not reported here (the trainer checks the targets on the host
+// where the batch comes from, engine/train/runtime.h); the CPU still checks them.
+void CrossEntropyForwardBackwardInto(const Tensor& logits, const Tensor& targets,
+                                     Tensor& dlogits, double grad_scale, int32_t ignore_index,
+                                     Tensor& sums, DeviceContext* ctx = nullptr);
+
 double CrossEntropyMean(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
                         int32_t ignore_index = kIgnoreIndex, DeviceContext* ctx = nullptr);
 
@@ -70,6 +79,9 @@ int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext*
 CrossEntropySums CrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
                               double grad_scale, int32_t ignore_index, const char* op,
                               DeviceContext* ctx);
+// CrossEntropy with dlogits, the sums written to sums (2) f64 on the device, no copy back.
+void CrossEntropyInto(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
+                      double grad_scale, int32_t ignore_index, Tensor& sums, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

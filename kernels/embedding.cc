@@ -37,20 +37,25 @@ void CheckPositions(const Tensor& x, const Tensor& wpe, int64_t offset, Device d
 
 }  // namespace
 
-void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, DeviceContext* ctx) {
+void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, DeviceContext* ctx,
+                      IdCheck check) {
   SY_CHECK(out.defined()) << "EmbeddingForward: out is undefined";
   CheckLookup(ids, table, out, out.device(), "EmbeddingForward", "table", "out");
+  const bool on_device = check == IdCheck::kOnDevice;
   SY_DISPATCH_DEVICE(out, ctx, cpu::EmbeddingForward(ids, table, out),
-                     cuda::EmbeddingForward(ids, table, out, ctx));
-  counters::CountReadback("embedding.id_check");  // the CUDA kernel reads back its bad-id word
+                     cuda::EmbeddingForward(ids, table, out, on_device, ctx));
+  // The CUDA kernel reads back its bad-id word.
+  if (on_device) counters::CountReadback("embedding.id_check");
 }
 
-void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, DeviceContext* ctx) {
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, DeviceContext* ctx,
+                       IdCheck check) {
   SY_CHECK(dtable.defined()) << "EmbeddingBackward: dtable is undefined";
   CheckLookup(ids, dtable, dout, dtable.device(), "EmbeddingBackward", "dtable", "dout");
+  const bool on_device = check == IdCheck::kOnDevice;
   SY_DISPATCH_DEVICE(dtable, ctx, cpu::EmbeddingBackward(ids, dout, dtable),
-                     cuda::EmbeddingBackward(ids, dout, dtable, ctx));
-  counters::CountReadback("embedding.id_check");
+                     cuda::EmbeddingBackward(ids, dout, dtable, on_device, ctx));
+  if (on_device) counters::CountReadback("embedding.id_check");
 }
 
 void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset,

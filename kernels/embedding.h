@@ -8,7 +8,9 @@
 // vocabulary first). The public ops check the arguments (kernels/embedding.cc) and run
 // kernels/cpu/embedding.cc (the reference) or kernels/cuda/embedding.cu. On CUDA the id
 // check costs one 8-byte device->host copy per lookup (a stream synchronisation): the
-// kernels record the first bad position on the device and the op reads it back. The CUDA
+// kernels record the first bad position on the device and the op reads it back; a caller
+// that checked the ids on the host (IdCheck::kOnHost: the trainer's micro-batches,
+// engine/train/runtime.h) skips it, and on CUDA a bad id is then skipped, not reported. The CUDA
 // backward sorts the ids (stable) and sums each id's rows in the CPU's order for an id with
 // at most 64 rows (bit-identical dtable rows); a hot id's rows are summed in parallel pieces
 // of 64, then the pieces in order: deterministic, equal to the CPU to rounding.
@@ -21,12 +23,16 @@
 
 namespace switchyard::kernels {
 
+// Who checks the ids against the table: the op (on CUDA a readback per call), or the caller
+// already did on the host (the CPU implementation checks anyway: it reads host memory).
+enum class IdCheck { kOnDevice, kOnHost };
+
 // out[i, :] = table[ids[i], :].
 void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out,
-                      DeviceContext* ctx = nullptr);
+                      DeviceContext* ctx = nullptr, IdCheck check = IdCheck::kOnDevice);
 // dtable[ids[i], :] += dout[i, :] for every i (accumulates; repeated ids sum).
 void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable,
-                       DeviceContext* ctx = nullptr);
+                       DeviceContext* ctx = nullptr, IdCheck check = IdCheck::kOnDevice);
 
 // Learned positions: x (B, S, d)[b, s, :] += wpe (S_max, d)[position_offset + s, :].
 // Checks position_offset + S <= S_max.
@@ -45,8 +51,11 @@ void PositionEmbeddingBackward(const Tensor& dx, Tensor& dwpe, int64_t position_
 }  // namespace cpu
 
 namespace cuda {
-void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, DeviceContext* ctx);
-void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, DeviceContext* ctx);
+// check_ids: validate on the device and read the result back.
+void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, bool check_ids,
+                      DeviceContext* ctx);
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, bool check_ids,
+                       DeviceContext* ctx);
 void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset,
                           DeviceContext* ctx);
 void PositionEmbeddingBackward(const Tensor& dx, Tensor& dwpe, int64_t position_offset,

@@ -1,4 +1,5 @@
 // Argument checks and device dispatch for kernels/moe_routing.h.
+#include "kernels/check.h"
 #include "kernels/moe_routing.h"
 
 #include "kernels/dispatch.h"
@@ -200,6 +201,17 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
                                            /*want_value=*/true, ctx));
   counters::CountReadback("moe.z_loss");
   return z;
+}
+
+void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Tensor& value,
+                     DeviceContext* ctx) {
+  CheckZLoss(logits, group_tokens, nullptr, "RouterZLossInto");
+  CheckTensorOn(value, DType::kF64, logits.device(), "RouterZLossInto", "value", "logits");
+  SY_CHECK_EQ(value.numel(), 1) << "RouterZLossInto: value " << ShapeString(value.shape());
+  SY_DISPATCH_DEVICE(
+      logits, ctx,
+      value.data<double>()[0] = cpu::RouterZLoss(logits, coef, 0.0f, group_tokens, nullptr),
+      cuda::RouterZLossInto(logits, coef, group_tokens, value, ctx));
 }
 
 void RouterZLossBackward(const Tensor& logits, float coef, float grad, int64_t group_tokens,

@@ -111,6 +111,12 @@ void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext*
 float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_tokens,
                   Tensor* dlogits, DeviceContext* ctx = nullptr);
 
+// RouterZLoss's value (no gradient) left on the device, for the training step's single
+// readback (engine/core/step_readback.h): value (1) f64 on the logits' device gets the f32
+// RouterZLoss returns, as a double; nothing is read back.
+void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Tensor& value,
+                     DeviceContext* ctx = nullptr);
+
 // RouterZLoss's gradient alone (the same values), without computing or copying back the
 // loss: on CUDA it does not wait for the stream.
 void RouterZLossBackward(const Tensor& logits, float coef, float grad, int64_t group_tokens,
@@ -191,6 +197,9 @@ void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext*
 // dlogits may be null. want_value: compute and copy back the loss (else returns 0).
 float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_tokens,
                   Tensor* dlogits, bool want_value, DeviceContext* ctx);
+// The value into value (1) f64 on the device, no copy back.
+void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Tensor& value,
+                     DeviceContext* ctx);
 void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,
                       DeviceContext* ctx);
 AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, const Tensor& keep,

@@ -24,6 +24,13 @@ void CheckAdamW(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   CheckLike(param, exp_avg_sq, op, "exp_avg_sq");
 }
 
+// One partial per tensor (SumSquaresPartition's CPU layout).
+void CpuSumSquaresPartials(std::span<const Tensor> tensors, Tensor& partials) {
+  SY_CHECK_EQ(partials.numel(), static_cast<int64_t>(tensors.size())) << "SumSquaresPartials";
+  const std::vector<double> sums = cpu::SumSquaresMany(tensors);
+  for (size_t k = 0; k < sums.size(); ++k) partials.data<double>()[k] = sums[k];
+}
+
 void CheckStep(const AdamWStep& hp, const char* op) {
   SY_CHECK(hp.step >= 1) << op << ": step " << hp.step << " (steps count from 1)";
 }
@@ -96,6 +103,31 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContex
                      sums = cuda::SumSquaresMany(tensors, ctx));
   counters::CountReadback("sum_squares");
   return sums;
+}
+
+std::vector<int64_t> SumSquaresPartition(std::span<const Tensor> tensors, Device device) {
+  if (device.is_cpu()) {
+    // One partial per tensor: its SumSquares.
+    std::vector<int64_t> first(tensors.size() + 1);
+    for (size_t k = 0; k <= tensors.size(); ++k) first[k] = static_cast<int64_t>(k);
+    return first;
+  }
+  std::vector<int64_t> first;
+  SY_CUDA_BRANCH(first = cuda::SumSquaresPartition(tensors));
+  return first;
+}
+
+void SumSquaresPartials(std::span<const Tensor> tensors, Tensor& partials, DeviceContext* ctx) {
+  if (tensors.empty()) return;
+  const Tensor& first = tensors.front();
+  for (const Tensor& t : tensors) {
+    CheckTensorOn(t, DType::kF32, first.device(), "SumSquaresPartials", "a tensor",
+                  "the first tensor");
+  }
+  CheckTensorOn(partials, DType::kF64, first.device(), "SumSquaresPartials", "partials",
+                "the first tensor");
+  SY_DISPATCH_DEVICE(first, ctx, CpuSumSquaresPartials(tensors, partials),
+                     cuda::SumSquaresPartials(tensors, partials, ctx));
 }
 
 void ScaleInPlace(Tensor& t, float scale, DeviceContext* ctx) {

@@ -91,6 +91,15 @@ double SumSquares(const Tensor& t, DeviceContext* ctx = nullptr);
 // SumSquares of every tensor, in order, on the host (on CUDA: one launch and one copy back).
 std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContext* ctx = nullptr);
 
+// SumSquaresMany left on the device, for the training step's single readback
+// (engine/core/step_readback.h). SumSquaresPartition gives first (n + 1) for the n tensors
+// on `device`; SumSquaresPartials writes partials (first[n]) f64 on that device, and
+// 0.0 + partials[first[k]] + ... + partials[first[k + 1] - 1], added on the host in that
+// order, is SumSquaresMany's value for tensor k, bit for bit. Nothing is read back.
+std::vector<int64_t> SumSquaresPartition(std::span<const Tensor> tensors, Device device);
+void SumSquaresPartials(std::span<const Tensor> tensors, Tensor& partials,
+                        DeviceContext* ctx = nullptr);
+
 // t <- scale * t (f32 tensor), in place.
 void ScaleInPlace(Tensor& t, float scale, DeviceContext* ctx = nullptr);
 
@@ -117,6 +126,8 @@ void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr
                float weight_decay, DeviceContext* ctx);
 double SumSquares(const Tensor& t, DeviceContext* ctx);
 std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContext* ctx);
+std::vector<int64_t> SumSquaresPartition(std::span<const Tensor> tensors);
+void SumSquaresPartials(std::span<const Tensor> tensors, Tensor& partials, DeviceContext* ctx);
 void ScaleInPlace(Tensor& t, float scale, DeviceContext* ctx);
 void ScaleMany(std::span<Tensor> tensors, float scale, DeviceContext* ctx);
 }  // namespace cuda

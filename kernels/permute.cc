@@ -128,4 +128,15 @@ double EntropySum(const Tensor& probs, DeviceContext* ctx) {
   return sum;
 }
 
+void EntropySumInto(const Tensor& probs, Tensor& sum, DeviceContext* ctx) {
+  SY_CHECK(probs.defined() && probs.dtype() == DType::kF32)
+      << "EntropySumInto: probs must be f32, got " << probs.DebugString();
+  SY_CHECK(sum.defined() && sum.dtype() == DType::kF64 && sum.numel() == 1 &&
+           sum.device() == probs.device())
+      << "EntropySumInto: sum must be (1) f64 on " << probs.device() << ", got "
+      << sum.DebugString();
+  SY_DISPATCH_DEVICE(probs, ctx, sum.data<double>()[0] = cpu::EntropySum(probs),
+                     cuda::EntropySumInto(probs, sum, ctx));
+}
+
 }  // namespace switchyard::kernels

@@ -69,6 +69,11 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
 // small device->host copy and a wait for the stream).
 double EntropySum(const Tensor& probs, DeviceContext* ctx = nullptr);
 
+// EntropySum left on the device, for the training step's single readback
+// (engine/core/step_readback.h): sum (1) f64 on the probs' device gets the value
+// EntropySum returns (the same additions in the same order); nothing is read back.
+void EntropySumInto(const Tensor& probs, Tensor& sum, DeviceContext* ctx = nullptr);
+
 namespace cpu {
 std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
                                      int64_t num_experts, Tensor& token, Tensor& slot,
@@ -93,6 +98,7 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
                      Tensor& dout, Tensor& dgates, DeviceContext* ctx);
 double EntropySum(const Tensor& probs, DeviceContext* ctx);
+void EntropySumInto(const Tensor& probs, Tensor& sum, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/balance_loss.h"
 #include "kernels/moe_routing.h"
 
 namespace switchyard::moe {
@@ -56,7 +57,29 @@ LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices,
   return sums;
 }
 
+LoadBalanceSums LoadBalanceSumsInto(const Tensor& probs, const Tensor& indices, float coef,
+                                    StepReadback& readback, DeviceContext* ctx) {
+  CheckMatrix(probs, DType::kF32, "aux probs");
+  CheckMatrix(indices, DType::kI32, "aux indices");
+  const int64_t T = probs.dim(0), E = probs.dim(1), k = indices.dim(1);
+  SY_CHECK(indices.dim(0) == T && E > 0) << "aux indices " << ShapeString(indices.shape())
+                                         << " for probs " << ShapeString(probs.shape());
+  const Device dev = probs.device();
+  LoadBalanceSums sums;
+  sums.tokens = T;
+  sums.device_counts = Tensor::Empty({k * E + 1}, DType::kI64, dev);
+  sums.device_prob_sums = Tensor::Empty({E}, DType::kF32, dev);
+  kernels::CountSlotAssignments(indices, Tensor(), E, sums.device_counts, ctx);
+  kernels::ProbColumnSums(probs, sums.device_prob_sums, ctx);
+  StepReadback::Slots slots = readback.Reserve(E + 2, dev, ctx);
+  kernels::BalanceValuesInto(sums.device_counts, sums.device_prob_sums, T, k, coef, slots.values,
+                             ctx);
+  sums.values_slot = slots.first;
+  return sums;
+}
+
 float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, float coef) {
+  SY_CHECK(!group.on_device()) << "the load-balancing loss of sums still on the device";
   const int64_t E = static_cast<int64_t>(group.assignments.size());
   SY_CHECK_EQ(static_cast<int64_t>(group.prob_sums.size()), E);
   if (group.tokens == 0) return 0.0f;
@@ -71,6 +94,10 @@ float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, flo
 void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
                                Tensor& dprobs, DeviceContext* ctx) {
   CheckMatrix(dprobs, DType::kF32, "aux dprobs");
+  if (group.on_device()) {
+    kernels::AddBalanceColumn(dprobs, group.device_counts, group.tokens, top_k, coef, grad, ctx);
+    return;
+  }
   const int64_t E = static_cast<int64_t>(group.assignments.size());
   SY_CHECK_EQ(dprobs.dim(1), E) << "aux dprobs";
   if (group.tokens == 0) return;
@@ -173,6 +200,12 @@ float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits, int64
   CheckMatrix(logits, DType::kF32, "z-loss logits");
   if (dlogits != nullptr) CheckMatrix(*dlogits, DType::kF32, "z-loss dlogits");
   return kernels::RouterZLoss(logits, coef, grad, group_tokens, dlogits, ctx);
+}
+
+void ZLossInto(const Tensor& logits, float coef, Tensor& value, int64_t group_tokens,
+               DeviceContext* ctx) {
+  CheckMatrix(logits, DType::kF32, "z-loss logits");
+  kernels::RouterZLossInto(logits, coef, group_tokens, value, ctx);
 }
 
 void ZLossBackward(const Tensor& logits, float coef, float grad, Tensor& dlogits,

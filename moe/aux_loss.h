@@ -25,6 +25,8 @@
 // for CUDA tensors). The losses and LoadBalanceSums are host values: on CUDA they are
 // computed on the device and copied back with one small device->host copy (which
 // synchronises ctx's stream); gradients are accumulated in place on the tensors' device.
+// LoadBalanceSumsInto and ZLossInto leave them on the device for a training step's single
+// readback instead (engine/core/step_readback.h).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "engine/core/device_context.h"
+#include "engine/core/step_readback.h"
 #include "engine/core/tensor.h"
 #include "moe/moe_config.h"
 
@@ -44,16 +47,31 @@ struct LoadBalanceSums {
   std::vector<float> prob_sums;      // (E) sum over the tokens of probs[:, i] (accumulated in
                                      // double, stored f32 so an f32 all-reduce can add pieces)
   int64_t tokens = 0;                // T
+  // In a training step (LoadBalanceSumsInto) the sums stay on the device and the two
+  // vectors above are empty: device_counts (k E + 1) i64 (kernels::CountSlotAssignments'),
+  // device_prob_sums (E) f32, and the step's readback slots [values_slot, + E + 2) hold
+  // {aux, the E assignments, the out-of-range count} (kernels/balance_loss.h).
+  Tensor device_counts, device_prob_sums;
+  int64_t values_slot = -1;
+  bool on_device() const { return device_counts.defined(); }
 };
 
 // Sums of probs (T, E) f32 and indices (T, k) i32.
 LoadBalanceSums LoadBalanceSumsOf(const Tensor& probs, const Tensor& indices,
                                   DeviceContext* ctx = nullptr);
 
-// aux = coef * E * sum_i f_i P_i from the group's sums.
+// LoadBalanceSumsOf for a whole group in a training step: the sums stay on the device, and
+// the group's aux = coef E sum_i f_i P_i (with top_k = indices' k) and its per-expert
+// assignments are written into the step's readback (engine/core/step_readback.h) at
+// values_slot, without a wait.
+LoadBalanceSums LoadBalanceSumsInto(const Tensor& probs, const Tensor& indices, float coef,
+                                    StepReadback& readback, DeviceContext* ctx);
+
+// aux = coef * E * sum_i f_i P_i from the group's sums (on the host).
 float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, float coef);
 
-// dprobs (T_piece, E) += grad * coef * E * f_i / T, with f and T those of the whole group.
+// dprobs (T_piece, E) += grad * coef * E * f_i / T, with f and T those of the whole group
+// (from the device counts for sums on the device: the same column, kernels/balance_loss.h).
 void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
                                Tensor& dprobs, DeviceContext* ctx = nullptr);
 
@@ -98,6 +116,12 @@ void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, f
 // then that piece's share of z); 0 means logits are the whole group.
 float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits,
             int64_t group_tokens = 0, DeviceContext* ctx = nullptr);
+
+// ZLoss's value (no gradient) into value (1) f64 on the logits' device, left there for the
+// training step's single readback (engine/core/step_readback.h): the f32 ZLoss returns, as
+// a double.
+void ZLossInto(const Tensor& logits, float coef, Tensor& value, int64_t group_tokens = 0,
+               DeviceContext* ctx = nullptr);
 
 // ZLoss's gradient alone: dlogits (T, E) += grad * dz / dlogits, the same values, without
 // computing the loss (so on CUDA without waiting for the stream). For the backward pass.

@@ -60,6 +60,9 @@ struct Admission {
                                        // offsets included); -1 when not kept
   std::vector<int64_t> counts_before;  // (E) assignments that competed (keep = 1)
   std::vector<int64_t> counts_after;   // (E) assignments admitted
+  // Dropless admission of balance sums still on the device (a training step): the two
+  // count vectors are empty and both are the step's readback slots [counts_slot, + E).
+  int64_t counts_slot = -1;
   int64_t dropped = 0;                 // sum(counts_before) - sum(counts_after)
   int64_t removed = 0;                 // assignments with keep = 0 (never competed)
 };

@@ -2,6 +2,7 @@
 #include "moe/group_routing.h"
 
 #include "engine/core/check.h"
+#include "engine/core/step_readback.h"
 #include "moe/row_index.h"
 
 namespace switchyard::moe {
@@ -37,6 +38,19 @@ Tensor OwnBalanceGrad(const BalanceTerms& terms, const MoEConfig& config, float 
   Tensor whole = Tensor::Zeros({t_whole, e}, DType::kF32, dev, ctx);
   BalanceLossBackward(terms, config.top_k, config.aux_loss_coef, daux, whole, ctx);
   return own_rows.defined() ? RowsAt(whole, own_rows, ctx) : whole.Slice(lo, lo + t);
+}
+
+// A whole group's z-loss value: coef 0 gives 0 without a pass over the logits (on CUDA,
+// without a wait); in a training step the value stays on the device until the step's
+// readback.
+PendingSum ZLossValue(const Tensor& logits, float coef, DeviceContext* ctx) {
+  if (coef == 0.0f) return PendingSum(static_cast<double>(0.0f));
+  if (StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr) {
+    StepReadback::Slots slot = readback->Reserve(1, logits.device(), ctx);
+    ZLossInto(logits, coef, slot.values, 0, ctx);
+    return PendingSum::Slot(slot.first);
+  }
+  return static_cast<double>(ZLoss(logits, coef, 0.0f, nullptr, 0, ctx));
 }
 
 }  // namespace
@@ -90,17 +104,26 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
       r.logits = token_order.defined() ? RowsAt(whole, token_order, ctx) : whole;
     }
     RouterChoose(r, expert_bias, config, group_rng, ctx);
-    LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
-    BalanceTerms terms = BalanceTermsOf(r.probs, r.indices, lb, config.aux_loss_scope,
-                                        config.seq_len, expert_load, ctx);
-    out.aux.push_back(BalanceLoss(terms, config.top_k, config.aux_loss_coef));
-    out.terms.push_back(std::move(terms));
-    // coef 0 gives z = 0 without a pass over the logits (on CUDA, without a wait).
-    out.z.push_back(config.z_loss_coef != 0.0f
-                        ? ZLoss(r.logits, config.z_loss_coef, 0.0f, nullptr, 0, ctx)
-                        : 0.0f);
+    StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
+    if (readback != nullptr && config.aux_loss_scope == AuxLossScope::kGroup) {
+      // A training step: the sums, aux and counts stay on the device until its readback.
+      LoadBalanceSums lb =
+          LoadBalanceSumsInto(r.probs, r.indices, config.aux_loss_coef, *readback, ctx);
+      out.aux.push_back(PendingSum::Slot(lb.values_slot));
+      BalanceTerms terms{.parts = {lb}, .load = {}, .part_tokens = t_whole};
+      out.terms.push_back(std::move(terms));
+      out.balance.push_back(std::move(lb));
+    } else {
+      LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
+      BalanceTerms terms = BalanceTermsOf(r.probs, r.indices, lb, config.aux_loss_scope,
+                                          config.seq_len, expert_load, ctx);
+      out.aux.push_back(
+          static_cast<double>(BalanceLoss(terms, config.top_k, config.aux_loss_coef)));
+      out.terms.push_back(std::move(terms));
+      out.balance.push_back(std::move(lb));
+    }
+    out.z.push_back(ZLossValue(r.logits, config.z_loss_coef, ctx));
     out.router.push_back(std::move(r));
-    out.balance.push_back(std::move(lb));
   }
   return out;
 }
@@ -123,6 +146,8 @@ void AdmitGroups(RoutedGroups& routed, double capacity_factor, const MoEConfig& 
       a.kept = r.keep;
       a.counts_before = routed.balance[g].assignments;
       a.counts_after = routed.balance[g].assignments;
+      // Sums on the device: the counts are the step's readback's.
+      if (routed.balance[g].on_device()) a.counts_slot = routed.balance[g].values_slot + 1;
       routed.admission.push_back(std::move(a));
       continue;
     }

@@ -36,7 +36,10 @@
 // still hold T/P rows each.
 //
 // Devices: as the router's (moe/router.h): every tensor on the CPU or on ctx's CUDA device;
-// admission counts and the losses are host values (one small device->host copy each).
+// admission counts and the losses are host values (one small device->host copy each),
+// except in a training step (ctx's step readback open, engine/core/step_readback.h), where
+// the group-scope balance sums, aux, z and dropless counts stay on the device until the
+// step's one readback (RoutedGroups::aux and z are PendingSums then).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +47,7 @@
 #include <vector>
 
 #include "engine/core/device_context.h"
+#include "engine/core/pending_sum.h"
 #include "engine/core/tensor.h"
 #include "engine/dist/communicator.h"
 #include "moe/aux_loss.h"
@@ -73,7 +77,9 @@ struct RoutedGroups {
   std::vector<RouterOutput> router;
   std::vector<LoadBalanceSums> balance;  // (G) the whole groups' sums (before dropping)
   std::vector<BalanceTerms> terms;       // (G) the whole groups' aux-loss terms (its scope)
-  std::vector<float> aux, z;             // (G) the whole groups' losses
+  // (G) the whole groups' losses (f32 values), pending in a training step (the step's
+  // readback, engine/core/step_readback.h)
+  std::vector<PendingSum> aux, z;
   std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
   // A non-contiguous GroupLayout only: own_rows (T/P) i64, the group token of each of this
   // rank's rows (on `device`); undefined for contiguous groups.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/core/check.h"
+#include "engine/core/step_readback.h"
 #include "engine/core/tensor.h"
 #include "engine/dist/ordered_sum.h"
 #include "kernels/permute.h"
@@ -26,6 +27,7 @@ void MoEStats::Add(const MoEStats& o) {
       tokens_per_expert_kept[e] += o.tokens_per_expert_kept[e];
     }
   }
+  pending_counts.insert(pending_counts.end(), o.pending_counts.begin(), o.pending_counts.end());
   tokens += o.tokens;
   assignments += o.assignments;
   entropy_sum += o.entropy_sum;
@@ -34,7 +36,25 @@ void MoEStats::Add(const MoEStats& o) {
   groups += o.groups;
 }
 
+void MoEStats::Resolve(std::span<const double> slots) {
+  const int64_t e = static_cast<int64_t>(tokens_per_expert.size());
+  for (const PendingCounts& p : pending_counts) {
+    SY_CHECK_LE(p.first + e + 1, static_cast<int64_t>(slots.size())) << "MoEStats::Resolve";
+    SY_CHECK_EQ(slots[p.first + e], 0.0) << "expert indices outside [0, " << e << ")";
+    for (int64_t i = 0; i < e; ++i) {
+      const int64_t c = static_cast<int64_t>(slots[p.first + i]);
+      tokens_per_expert[i] += c;
+      if (p.kept) tokens_per_expert_kept[i] += c;
+    }
+  }
+  pending_counts.clear();
+  entropy_sum.Resolve(slots);
+  aux_sum.Resolve(slots);
+  z_sum.Resolve(slots);
+}
+
 void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
+  SY_CHECK(pending_counts.empty()) << "MoEStats::AllReduce before the step's readback";
   if (comm.size() == 1) return;
   // Host tensors for a host communicator; a device one reduces copies on its device.
   auto all_reduce = [&](Tensor& t) {
@@ -123,6 +143,7 @@ void CountValidRows(const RoutedGroups& routed, const OwnRouting& own, int64_t v
   }
   s.tokens_per_expert.assign(e, 0);
   s.tokens_per_expert_kept.assign(e, 0);
+  s.pending_counts.clear();
   s.entropy_sum = 0;
   std::vector<int64_t> rows;  // own rows (over every group) that count
   for (int64_t g = 0; g < routed.groups; ++g) {
@@ -148,6 +169,16 @@ void CountValidRows(const RoutedGroups& routed, const OwnRouting& own, int64_t v
   for (size_t j = 0; j < slots.size(); ++j) s.tokens_per_expert_kept[j % e] += slots[j];
 }
 
+// EntropySum of probs; in a training step left on the device until the step's readback.
+PendingSum EntropyOf(const Tensor& probs, DeviceContext* ctx) {
+  if (StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr) {
+    StepReadback::Slots slot = readback->Reserve(1, probs.device(), ctx);
+    kernels::EntropySumInto(probs, slot.values, ctx);
+    return PendingSum::Slot(slot.first);
+  }
+  return kernels::EntropySum(probs, ctx);
+}
+
 }  // namespace
 
 MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t num_experts,
@@ -160,9 +191,19 @@ MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t
   if (routed.tp_size == 1) {
     // The whole groups are this rank's rows: their counts are at hand.
     for (int64_t g = 0; g < routed.groups; ++g) {
+      const LoadBalanceSums& balance = routed.balance[g];
+      const Admission& admission = routed.admission[g];
+      if (balance.on_device()) {  // a training step: the counts come with its readback
+        const bool kept = admission.counts_slot >= 0;
+        s.pending_counts.push_back({.first = balance.values_slot + 1, .kept = kept});
+        if (!kept) {
+          for (int64_t i = 0; i < e; ++i) s.tokens_per_expert_kept[i] += admission.counts_after[i];
+        }
+        continue;
+      }
       for (int64_t i = 0; i < e; ++i) {
-        s.tokens_per_expert[i] += routed.balance[g].assignments[i];
-        s.tokens_per_expert_kept[i] += routed.admission[g].counts_after[i];
+        s.tokens_per_expert[i] += balance.assignments[i];
+        s.tokens_per_expert_kept[i] += admission.counts_after[i];
       }
     }
   } else if (own.experts.numel() > 0) {
@@ -179,7 +220,7 @@ MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t
     } else if (routed.tp_size > 1) {
       own_probs = probs.Slice(lo, hi);
     }
-    s.entropy_sum += kernels::EntropySum(own_probs, ctx);
+    s.entropy_sum += EntropyOf(own_probs, ctx);
   }
   s.tokens = routed.groups * t;
   s.assignments = s.tokens * routed.top_k;
@@ -200,6 +241,9 @@ MoEGroupValues GroupValuesOf(const RoutedGroups& routed, int64_t top_k) {
   MoEGroupValues v;
   v.aux = routed.aux;
   v.z = routed.z;
+  for (const Admission& a : routed.admission) {
+    if (a.counts_slot >= 0) return v;  // a training step's counts: in its readback
+  }
   for (int64_t g = 0; g < routed.groups; ++g) {
     const std::vector<int64_t>& kept = routed.admission[g].counts_after;
     int64_t total = 0;

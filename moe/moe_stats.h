@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/core/device_context.h"
+#include "engine/core/pending_sum.h"
 #include "engine/dist/communicator.h"
 #include "moe/group_routing.h"
 
@@ -20,12 +22,26 @@ struct MoEStats {
   std::vector<int64_t> tokens_per_expert_kept;     // (E) assignments the experts processed
   int64_t tokens = 0;                              // tokens routed
   int64_t assignments = 0;                         // tokens * k
-  double entropy_sum = 0;                          // sum over tokens of -sum_e p log p
-  double aux_sum = 0, z_sum = 0;                   // sums over groups
+  // In a training step the floating sums are PendingSums of the step's readback
+  // (engine/core/step_readback.h), known once Resolve has run.
+  PendingSum entropy_sum;                          // sum over tokens of -sum_e p log p
+  PendingSum aux_sum, z_sum;                       // sums over groups
   int64_t groups = 0;
+
+  // Per-expert assignment counts of one group still in the step's readback (a training
+  // step's dropless groups, moe/aux_loss.h LoadBalanceSumsInto): slots [first, + E) add to
+  // tokens_per_expert, and to tokens_per_expert_kept too when `kept`; slot first + E is the
+  // out-of-range count (0).
+  struct PendingCounts {
+    int64_t first = 0;
+    bool kept = false;
+  };
+  std::vector<PendingCounts> pending_counts;
 
   // Adds another rank's (or group's) sums.
   void Add(const MoEStats& other);
+  // The pending sums and counts from the step's readback values.
+  void Resolve(std::span<const double> slots);
   // Sums over the ranks of `comm` in place (every rank ends with the totals). A
   // communicator on a CUDA device reduces through device memory ordered on ctx.
   void AllReduce(dist::Communicator& comm, DeviceContext* ctx = nullptr);
@@ -45,9 +61,11 @@ struct MoEStats {
 
 // Per-group values the layer reports (for `switchyard moe-layer` and tests): those of the
 // WHOLE groups, identical on every tp rank.
+// In a training step aux and z are pending and the counts are not filled (they are in the
+// step's readback, engine/core/step_readback.h).
 struct MoEGroupValues {
-  std::vector<float> aux;                          // (G) aux of each group
-  std::vector<float> z;                            // (G)
+  std::vector<PendingSum> aux;                     // (G) aux of each group (f32 values)
+  std::vector<PendingSum> z;                       // (G)
   std::vector<int64_t> tokens_per_expert_kept;     // (G, E) after dropping
   std::vector<int64_t> dropped;                    // (G) dropped assignments
 };

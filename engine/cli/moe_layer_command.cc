@@ -358,8 +358,10 @@ SafetensorsFile GatherOutputs(Communicator& world, dist::ParallelContext& pc,
       out.tensors["grad.shared." + param.name] = grad.Reshape(s);
     }
   }
-  out.tensors["aux_loss"] = Gather(world, Tensor::FromVector(fwd.groups.aux, {gl}));
-  out.tensors["z_loss"] = Gather(world, Tensor::FromVector(fwd.groups.z, {gl}));
+  std::vector<float> aux(fwd.groups.aux.begin(), fwd.groups.aux.end());  // f32 values
+  out.tensors["aux_loss"] = Gather(world, Tensor::FromVector(aux, {gl}));
+  std::vector<float> z(fwd.groups.z.begin(), fwd.groups.z.end());  // f32 values, exactly
+  out.tensors["z_loss"] = Gather(world, Tensor::FromVector(z, {gl}));
   out.tensors["tokens_per_expert"] =
       Gather(world, Tensor::FromVector(fwd.groups.tokens_per_expert_kept, {gl, e}));
   out.tensors["dropped"] = Gather(world, Tensor::FromVector(fwd.groups.dropped, {gl}));

@@ -11,6 +11,8 @@
 
 namespace switchyard {
 
+class StepReadback;
+
 class DeviceContext {
  public:
   // A context on `device`. For CUDA: a new non-blocking stream and a cuBLAS handle on it.
@@ -44,6 +46,11 @@ class DeviceContext {
   // empty unless the trainer registers its weights.
   WeightShadows& weight_shadows() { return weight_shadows_; }
 
+  // The training step's readback buffer while the trainer holds the window open
+  // (engine/core/step_readback.h), else null: values then come back at once.
+  StepReadback* step_readback() const { return step_readback_; }
+  void set_step_readback(StepReadback* readback) { step_readback_ = readback; }
+
  private:
   explicit DeviceContext(Device device) : device_(device) {}
 
@@ -53,6 +60,7 @@ class DeviceContext {
   Tensor workspace_;
   DType matmul_dtype_ = DType::kF32;
   WeightShadows weight_shadows_;
+  StepReadback* step_readback_ = nullptr;
 };
 
 }  // namespace switchyard

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/core/profile.h"
+#include "engine/core/step_readback.h"
 #include "engine/model/param_table.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -245,8 +246,8 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     Tensor y = ForwardBlock(i, x, in, core, ba);
     if (ba.moe) {
       if (cp.rank() == 0) {  // the cp ranks share each group: one reports its losses
-        for (float a : ba.moe->groups.aux) out.aux_sum += a;
-        for (float z : ba.moe->groups.z) out.z_sum += z;
+        for (const PendingSum& a : ba.moe->groups.aux) out.aux_sum += a;
+        for (const PendingSum& z : ba.moe->groups.z) out.z_sum += z;
       }
       out.moe_stats.push_back(ba.moe->stats);
       out.moe_indices.push_back(ba.moe->acts.router[0].indices);
@@ -280,7 +281,8 @@ Tensor Decoder::ForwardInput(const DecoderInput& in, const PartId& next,
   }
   Acquire(PartId::Embed(), next);
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);
-  acts.embed = embed_->Forward(in.tokens, ctx_);
+  acts.embed = embed_->Forward(
+      in.tokens, ctx_, in.ids_checked ? kernels::IdCheck::kOnHost : kernels::IdCheck::kOnDevice);
   Release(PartId::Embed());
   return acts.embed.y;
 }
@@ -307,6 +309,17 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
   }
   Tensor targets = in.targets.Reshape({n});
   kernels::CrossEntropySums ce;
+  StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
+  if (readback != nullptr && in.training && in.ids_checked && !tp.active()) {
+    // A training step: the sums stay on the device until the step's one readback.
+    StepReadback::Slots slots = readback->Reserve(2, device(), ctx);
+    kernels::CrossEntropyForwardBackwardInto(logits, targets, logits, in.ce_grad_scale,
+                                             kernels::kIgnoreIndex, slots.values, ctx);
+    acts.dlogits = logits;
+    out.ce_sum = PendingSum::Slot(slots.first);
+    out.ce_count = -1;
+    return;
+  }
   if (tp.active()) {
     ce = parallel::VocabParallelCrossEntropy(logits, targets, eo_.vocab_start(), eo_.valid_rows(),
                                              *tp.comm, in.training ? &logits : nullptr,

@@ -53,6 +53,7 @@
 #include "dense/linear.h"
 #include "dense/mlp.h"
 #include "dense/norm.h"
+#include "engine/core/pending_sum.h"
 #include "engine/dist/communicator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/recompute.h"
@@ -73,6 +74,10 @@ struct DecoderInput {
   int64_t valid_rows = -1;
   int64_t step = 0;
   bool training = true;
+  // tokens and targets were checked against the vocabulary on the host (MicroBatchInput,
+  // engine/train/runtime.h): the embedding reads no bad-id flag back, and a training step
+  // leaves the cross-entropy sums on the device (engine/core/step_readback.h).
+  bool ids_checked = false;
   // Gradient scales; only used when training (backward).
   float ce_grad_scale = 0.0f;
   float aux_grad_scale = 0.0f;
@@ -103,11 +108,14 @@ struct DecoderActivations {
 
 // What a forward reports.
 struct DecoderOutput {
-  double ce_sum = 0;        // sum of -log p(target) over this micro-batch's targets
+  // In a training step the sums are PendingSums of the step's readback (engine/core/
+  // step_readback.h): known at the step's end; ce_count is then -1 (the trainer counts the
+  // targets from the config). Elsewhere they are known at once.
+  PendingSum ce_sum;        // sum of -log p(target) over this micro-batch's targets
   int64_t ce_count = 0;     // targets counted
-  double aux_sum = 0;       // sum over MoE layers of this micro-batch's aux (one group each;
+  PendingSum aux_sum;       // sum over MoE layers of this micro-batch's aux (one group each;
                             // under cp on cp rank 0 only, the others report 0)
-  double z_sum = 0;
+  PendingSum z_sum;
   std::vector<moe::MoEStats> moe_stats;  // per MoE layer, this rank's sums
   std::vector<Tensor> moe_indices;       // per MoE layer, (T, k) i32: the router's top-k
                                          // choice for the routing group's T tokens

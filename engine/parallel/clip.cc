@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "engine/core/step_readback.h"
 #include "kernels/optimizer.h"
 
 namespace switchyard::parallel {
@@ -43,6 +44,41 @@ double GlobalGradNorm(const parallel::ParameterRegistry& registry,
   std::vector<Tensor> grads = OwnedGrads(registry, pc, zero, /*counted_only=*/true);
   double local = 0.0;
   for (double s : kernels::SumSquaresMany(grads, ctx)) local += s;
+  const double mine[1] = {local};
+  return std::sqrt(dist::AllReduceDoubles(pc.world(), mine)[0]);
+}
+
+double GlobalGradNormAtStepEnd(const parallel::ParameterRegistry& registry,
+                               const dist::ParallelContext& pc, DeviceContext* ctx,
+                               const parallel::ZeroShards* zero, std::vector<double>* slots) {
+  StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
+  if (readback == nullptr) {
+    slots->clear();
+    return GlobalGradNorm(registry, pc, ctx, zero);
+  }
+  std::vector<Tensor> grads = OwnedGrads(registry, pc, zero, /*counted_only=*/true);
+  const Device device = grads.empty() ? ctx->device() : grads.front().device();
+  if (readback->size() > 0 && readback->device() != device) {
+    // Gradients on another device than the step's values: read apart.
+    *slots = readback->ReadBack(ctx);
+    return GlobalGradNorm(registry, pc, ctx, zero);
+  }
+  // SumSquaresMany's partial sums into the step's buffer, then the buffer's one copy.
+  const std::vector<int64_t> first = kernels::SumSquaresPartition(grads, device);
+  int64_t base = 0;
+  if (first.back() > 0) {
+    StepReadback::Slots s = readback->Reserve(first.back(), device, ctx);
+    base = s.first;
+    kernels::SumSquaresPartials(grads, s.values, ctx);
+  }
+  *slots = readback->ReadBack(ctx);
+  // SumSquaresMany's per-tensor sums, and GlobalGradNorm's sum of them, in their order.
+  double local = 0.0;
+  for (size_t k = 0; k < grads.size(); ++k) {
+    double sum = 0.0;
+    for (int64_t c = first[k]; c < first[k + 1]; ++c) sum += (*slots)[base + c];
+    local += sum;
+  }
   const double mine[1] = {local};
   return std::sqrt(dist::AllReduceDoubles(pc.world(), mine)[0]);
 }

@@ -20,6 +20,8 @@
 // (the optimizer reads no other).
 #pragma once
 
+#include <vector>
+
 #include "engine/core/device_context.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/parallel_context.h"
@@ -33,6 +35,15 @@ namespace switchyard::parallel {
 double GlobalGradNorm(const parallel::ParameterRegistry& registry,
                       const dist::ParallelContext& pc, DeviceContext* ctx = nullptr,
                       const parallel::ZeroShards* zero = nullptr);
+
+// GlobalGradNorm at a training step's end: with the step's readback window open on ctx
+// (DeviceContext::step_readback, engine/core/step_readback.h) the sums of squares are
+// written into its buffer and the buffer is read back in its one copy, the values landing
+// in `slots` (for the step's PendingSums); the same norm, bit for bit. Without a window:
+// GlobalGradNorm, `slots` empty.
+double GlobalGradNormAtStepEnd(const parallel::ParameterRegistry& registry,
+                               const dist::ParallelContext& pc, DeviceContext* ctx,
+                               const parallel::ZeroShards* zero, std::vector<double>* slots);
 
 // The factor the clip multiplies every gradient by: max_norm / (norm + 1e-6) when max_norm > 0
 // and norm > max_norm, else 1. The trainer hands it to Optimizer::Step, which applies it

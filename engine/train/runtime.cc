@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "engine/parallel/context_parallel.h"
+#include "kernels/cross_entropy.h"
 #include "engine/dist/process.h"
 
 namespace switchyard::train {
@@ -78,17 +79,40 @@ StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
   return chunks;
 }
 
+void CheckBatchIds(const data::Batch& batch, int64_t vocab) {
+  const Tensor& in = batch.inputs;
+  const Tensor& tg = batch.targets;
+  SY_CHECK(in.device().is_cpu() && tg.device().is_cpu() && in.dtype() == DType::kI32 &&
+           tg.dtype() == DType::kI32)
+      << "a loader batch is i32 on the host";
+  const int32_t* ids = in.data<int32_t>();
+  for (int64_t i = 0; i < in.numel(); ++i) {
+    SY_CHECK(ids[i] >= 0 && ids[i] < vocab)
+        << "EmbeddingForward: id " << ids[i] << " at " << i << " is outside the table of "
+        << vocab << " rows";
+  }
+  const int32_t* t = tg.data<int32_t>();
+  for (int64_t i = 0; i < tg.numel(); ++i) {
+    SY_CHECK(t[i] == kernels::kIgnoreIndex || (t[i] >= 0 && t[i] < vocab))
+        << "CrossEntropyForwardBackward: target " << t[i] << " at row " << i
+        << " is outside the vocabulary of " << vocab << " (ignore_index="
+        << kernels::kIgnoreIndex << ")";
+  }
+}
+
 model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decoder& decoder,
                                     const dist::ParallelContext& pc, int64_t step,
                                     bool training) {
   const int cp = pc.cp().size(), rank = pc.cp().rank();
+  CheckBatchIds(batch, decoder.config().vocab_size);
   return model::DecoderInput{
       .tokens = parallel::ShardSequences(batch.inputs, cp, rank).To(decoder.device(), decoder.ctx()),
       .targets = parallel::ShardSequences(batch.targets, cp, rank).To(decoder.device(), decoder.ctx()),
       .first_token = batch.sequences[0] * decoder.config().seq_len,
       .valid_rows = batch.padding > 0 ? batch.inputs.dim(0) - batch.padding : -1,
       .step = step,
-      .training = training};
+      .training = training,
+      .ids_checked = true};
 }
 
 }  // namespace switchyard::train

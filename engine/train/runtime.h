@@ -44,7 +44,15 @@ StatusOr<Runtime> MakeRuntime(const config::RuntimeConfig& runtime, dist::Commun
 StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
     const config::Config& config, const Runtime& rt, dist::ParallelContext& host_pc);
 
-// A loader batch as a micro-batch of `decoder` on this rank: tokens and targets on the
+// Every token id of the host batch in [0, vocab) and every target too or -1 (masked); a
+// fatal check naming the first that is not (the embedding's and the loss's messages). The
+// loader checked the tokens against the data's vocabulary already (data.verify, or per
+// read) and the config the vocabulary against model.vocab_size; this pass over host memory
+// lets the decoder read them on the device without a readback per lookup
+// (kernels/embedding.h, engine/core/step_readback.h).
+void CheckBatchIds(const data::Batch& batch, int64_t vocab);
+
+// A loader batch as a micro-batch of `decoder` on this rank (ids checked: CheckBatchIds): tokens and targets on the
 // decoder's device, under context parallelism this rank's chunks of every sequence
 // (engine/parallel/context_parallel.h's local layout), first_token the batch's first global token.
 model::DecoderInput MicroBatchInput(const data::Batch& batch, const model::Decoder& decoder,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/core/profile.h"
+#include "engine/core/step_readback.h"
 #include "engine/dist/ordered_sum.h"
 #include "engine/parallel/clip.h"
 #include "engine/parallel/nonfinite.h"
@@ -59,6 +60,17 @@ void OpenWeightShadows(DeviceContext& ctx, const parallel::ParameterRegistry& re
   shadows.Activate();
 }
 
+// The tree sum of the per micro-batch sums once the step's readback is in.
+double ResolvedTreeSum(std::vector<PendingSum>& sums, std::span<const double> slots) {
+  std::vector<double> values;
+  values.reserve(sums.size());
+  for (PendingSum& s : sums) {
+    s.Resolve(slots);
+    values.push_back(s);
+  }
+  return dist::TreeSumDoubles(values);
+}
+
 void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceContext* ctx) {
   int64_t at = 0;
   for (parallel::Parameter& p : reg.params()) {
@@ -72,8 +84,9 @@ void UnpackGrads(const Tensor& flat, parallel::ParameterRegistry& reg, DeviceCon
 
 // What one step's micro-batches add up to on this rank.
 struct Trainer::StepSums {
-  // Per micro-batch loss sums, added in the tree order (as the ranks' sums are).
-  std::vector<double> ce, aux, z;
+  // Per micro-batch loss sums, added in the tree order (as the ranks' sums are); pending
+  // until the step's readback.
+  std::vector<PendingSum> ce, aux, z;
   // Statistics of every MoE layer of the model (moe_layer_ids_ order): this stage fills its
   // own, the sums over pp complete them.
   std::vector<moe::MoEStats> stats;
@@ -95,15 +108,24 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   dist::TreeAccumulator grads(rt_.ctx.get());
   std::vector<data::Batch> batches(tc.grad_accum);
   OpenWeightShadows(*rt_.ctx, registry_, config_.parallel.zero_stage);
+  // The step's values the host needs at its end stay on the device until one readback,
+  // with the gradient norm (engine/core/step_readback.h).
+  StepReadback readback;
+  rt_.ctx->set_step_readback(&readback);
   StepSums step = AccumulateGradients(record_routing, batches, grads);
   rt_.ctx->weight_shadows().Deactivate();  // the weights change from here on
   SyncGradients();
   if (step_ == nan_step_) InjectNan();
-  const double local_sums[3] = {dist::TreeSumDoubles(step.ce), dist::TreeSumDoubles(step.aux),
-                                dist::TreeSumDoubles(step.z)};
   std::optional<ScopedPhase> phase(Phase::kOptimizer);
   // The clip's factor is applied inside the optimizer's update (no pass of its own).
-  const double norm = parallel::GlobalGradNorm(registry_, *pc_, rt_.ctx.get(), zero_.get());
+  std::vector<double> slots;
+  const double norm =
+      parallel::GlobalGradNormAtStepEnd(registry_, *pc_, rt_.ctx.get(), zero_.get(), &slots);
+  rt_.ctx->set_step_readback(nullptr);
+  const double local_sums[3] = {ResolvedTreeSum(step.ce, slots),
+                                ResolvedTreeSum(step.aux, slots),
+                                ResolvedTreeSum(step.z, slots)};
+  for (moe::MoEStats& s : step.stats) s.Resolve(slots);
   const float clip_scale = parallel::ClipScale(norm, tc.grad_clip);
   const float lr = ScheduleFor(tc).LrAt(optimizer_->step());
   phase.emplace(Phase::kCommunication);
@@ -146,9 +168,9 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
   moe::MoEStats none;  // what a stage without the layer contributes to its sums over pp
   none.tokens_per_expert.assign(config_.moe.num_experts, 0);
   none.tokens_per_expert_kept.assign(config_.moe.num_experts, 0);
-  StepSums step{.ce = std::vector<double>(tc.grad_accum),
-                .aux = std::vector<double>(tc.grad_accum),
-                .z = std::vector<double>(tc.grad_accum),
+  StepSums step{.ce = std::vector<PendingSum>(tc.grad_accum),
+                .aux = std::vector<PendingSum>(tc.grad_accum),
+                .z = std::vector<PendingSum>(tc.grad_accum),
                 .stats = std::vector<moe::MoEStats>(moe_layer_ids_.size(), none)};
   PipelineRunner::Hooks hooks;
   hooks.input = [&](int micro) {

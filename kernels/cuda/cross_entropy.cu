@@ -78,9 +78,9 @@ __global__ void CrossEntropyRowKernel(const float* logits, const int32_t* target
 }
 
 // One block of kSumThreads: out->loss_sum = sum of row_loss (null: 0), out->count = number
-// of targets != ignore_index.
+// of targets != ignore_index; slots (or null) get the two as doubles too.
 __global__ void SumRowsKernel(const double* row_loss, const int32_t* targets, int64_t n,
-                              int32_t ignore_index, DeviceSums* out) {
+                              int32_t ignore_index, DeviceSums* out, double* slots = nullptr) {
   __shared__ double shared_loss[32];
   __shared__ unsigned long long shared_count[32];
   double loss = 0.0;
@@ -94,6 +94,10 @@ __global__ void SumRowsKernel(const double* row_loss, const int32_t* targets, in
   if (threadIdx.x == 0) {
     out->loss_sum = loss;
     out->count = count;
+    if (slots) {
+      slots[0] = loss;
+      slots[1] = static_cast<double>(count);
+    }
   }
 }
 
@@ -127,12 +131,13 @@ int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext*
   return static_cast<int64_t>(CopyToHost(sums, ctx).count);
 }
 
-CrossEntropySums CrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
-                              double grad_scale, int32_t ignore_index, const char* op,
-                              DeviceContext* ctx) {
+namespace {
+
+// The row kernel and the sum into a fresh DeviceSums (returned); slots: see SumRowsKernel.
+Tensor RunCrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
+                       double grad_scale, int32_t ignore_index, double* slots,
+                       DeviceContext* ctx) {
   const int64_t n = targets.numel(), v = logits.dim(-1);
-  CrossEntropySums result;
-  if (n == 0) return result;
   Tensor sums = NewDeviceSums(ctx);
   DeviceSums* device_sums = static_cast<DeviceSums*>(sums.raw_data());
   Tensor row_loss =
@@ -144,8 +149,29 @@ CrossEntropySums CrossEntropy(const Tensor& logits, const Tensor& targets, Tenso
       v, static_cast<float>(grad_scale), ignore_index, losses, &device_sums->first_bad_row);
   SY_CUDA_CHECK_LAUNCH();
   SumRowsKernel<<<1, kSumThreads, 0, StreamOf(ctx)>>>(losses, targets.data<int32_t>(), n,
-                                                      ignore_index, device_sums);
+                                                      ignore_index, device_sums, slots);
   SY_CUDA_CHECK_LAUNCH();
+  return sums;
+}
+
+}  // namespace
+
+void CrossEntropyInto(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
+                      double grad_scale, int32_t ignore_index, Tensor& sums, DeviceContext* ctx) {
+  if (targets.numel() == 0) {
+    sums.SetZero(ctx);
+    return;
+  }
+  RunCrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, sums.data<double>(), ctx);
+}
+
+CrossEntropySums CrossEntropy(const Tensor& logits, const Tensor& targets, Tensor* dlogits,
+                              double grad_scale, int32_t ignore_index, const char* op,
+                              DeviceContext* ctx) {
+  const int64_t n = targets.numel(), v = logits.dim(-1);
+  CrossEntropySums result;
+  if (n == 0) return result;
+  Tensor sums = RunCrossEntropy(logits, targets, dlogits, grad_scale, ignore_index, nullptr, ctx);
   const DeviceSums host = CopyToHost(sums, ctx);
   if (host.first_bad_row != kNoBadRow) {
     const int64_t r = static_cast<int64_t>(host.first_bad_row);

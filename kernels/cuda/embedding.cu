@@ -3,7 +3,8 @@
 // Ids: ValidateIdsKernel records the smallest position holding an id outside [0, V) in a
 // device word (atomicMin, so the first bad position whatever the schedule); the kernels
 // skip such ids, and the op then copies that word to the host (8 bytes, one stream
-// synchronisation per lookup) and fails naming the id, as the CPU does.
+// synchronisation per lookup) and fails naming the id, as the CPU does. With ids checked
+// on the host by the caller (check_ids false) neither runs; the kernels still skip bad ids.
 //
 // Backward, deterministic: the (id, position) pairs are sorted by id with cub's stable radix
 // sort, so each id's positions stay in increasing order. The sorted positions are cut into
@@ -207,25 +208,33 @@ void CheckBadIdWord(const Tensor& word, const Tensor& ids, int64_t v, const char
 
 }  // namespace
 
-void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, DeviceContext* ctx) {
+void EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out, bool check_ids,
+                      DeviceContext* ctx) {
   const int64_t n = ids.numel(), v = table.dim(0), d = table.dim(1);
   if (n == 0) return;
-  Tensor word = NewBadIdWord(ctx);
-  LaunchValidate(ids, v, word, ctx);
+  Tensor word;
+  if (check_ids) {
+    word = NewBadIdWord(ctx);
+    LaunchValidate(ids, v, word, ctx);
+  }
   if (d > 0) {
     GatherKernel<<<GridFor(n * d), 256, 0, StreamOf(ctx)>>>(
         ids.data<int32_t>(), table.data<float>(), out.data<float>(), n, d, v);
     SY_CUDA_CHECK_LAUNCH();
   }
-  CheckBadIdWord(word, ids, v, "EmbeddingForward", ctx);
+  if (check_ids) CheckBadIdWord(word, ids, v, "EmbeddingForward", ctx);
 }
 
-void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, DeviceContext* ctx) {
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, bool check_ids,
+                       DeviceContext* ctx) {
   const int64_t n = ids.numel(), v = dtable.dim(0), d = dtable.dim(1);
   if (n == 0) return;
   SY_CHECK(n <= INT32_MAX) << "EmbeddingBackward: " << n << " ids; the CUDA sort takes < 2^31";
-  Tensor word = NewBadIdWord(ctx);
-  LaunchValidate(ids, v, word, ctx);
+  Tensor word;
+  if (check_ids) {
+    word = NewBadIdWord(ctx);
+    LaunchValidate(ids, v, word, ctx);
+  }
   if (d > 0) {
     const Device dev = ctx->device();
     // (3, n) i32: sorted ids, positions 0..n-1, the positions in sorted order.
@@ -255,7 +264,7 @@ void EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable, De
         sorted_ids, n, partial.data<float>(), dtable.data<float>(), d, v);
     SY_CUDA_CHECK_LAUNCH();
   }
-  CheckBadIdWord(word, ids, v, "EmbeddingBackward", ctx);
+  if (check_ids) CheckBadIdWord(word, ids, v, "EmbeddingBackward", ctx);
 }
 
 void AddPositionEmbedding(Tensor& x, const Tensor& wpe, int64_t position_offset,

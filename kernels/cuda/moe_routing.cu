@@ -278,6 +278,14 @@ __global__ void SumDoublesKernel(const double* __restrict__ x, int64_t n, double
   if (threadIdx.x == 0) out[0] = v;
 }
 
+// value[0] = the f32 z-loss coef * sum / n (RouterZLoss's host expression, in double, one
+// rounding to f32), as a double.
+__global__ void ZLossValueKernel(const double* __restrict__ sum, float coef, int64_t n,
+                                 double* __restrict__ value) {
+  const double z = __ddiv_rn(__dmul_rn(static_cast<double>(coef), sum[0]), static_cast<double>(n));
+  value[0] = static_cast<double>(static_cast<float>(z));
+}
+
 __global__ void UpdateExpertBiasKernel(float* __restrict__ bias,
                                        const int32_t* __restrict__ sign, int64_t E, float rate) {
   SY_GRID_STRIDE(i, E) {
@@ -388,6 +396,27 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
   double sum = 0.0;
   std::memcpy(&sum, &bits, sizeof(double));
   return static_cast<float>(coef * sum / n);
+}
+
+void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Tensor& value,
+                     DeviceContext* ctx) {
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  const int64_t n = group_tokens > 0 ? group_tokens : T;
+  cudaStream_t stream = StreamOf(ctx);
+  if (T == 0) {
+    value.SetZero(ctx);
+    return;
+  }
+  Tensor lse_sq = Tensor::Empty({T}, DType::kF64, ctx->device());
+  Tensor total = Tensor::Empty({1}, DType::kF64, ctx->device());
+  ZLossKernel<<<TokenBlocks(T), kTokenThreads, 0, stream>>>(logits.data<float>(), T,
+                                                            static_cast<int>(E), 0.0, n,
+                                                            lse_sq.data<double>(), nullptr);
+  SY_CUDA_CHECK_LAUNCH();
+  SumDoublesKernel<<<1, 1024, 0, stream>>>(lse_sq.data<double>(), T, total.data<double>());
+  SY_CUDA_CHECK_LAUNCH();
+  ZLossValueKernel<<<1, 1, 0, stream>>>(total.data<double>(), coef, n, value.data<double>());
+  SY_CUDA_CHECK_LAUNCH();
 }
 
 void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,

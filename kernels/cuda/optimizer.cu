@@ -238,6 +238,35 @@ double SumSquares(const Tensor& t, DeviceContext* ctx) {
   return sum;
 }
 
+std::vector<int64_t> SumSquaresPartition(std::span<const Tensor> tensors) {
+  std::vector<int64_t> first;
+  first.reserve(tensors.size() + 1);
+  int64_t count = 0;
+  for (const Tensor& t : tensors) {
+    first.push_back(count);
+    ForEachChunk(t.numel(), [&](int64_t, int64_t) { ++count; });
+  }
+  first.push_back(count);
+  return first;
+}
+
+void SumSquaresPartials(std::span<const Tensor> tensors, Tensor& partials, DeviceContext* ctx) {
+  std::vector<Span> chunks;
+  for (const Tensor& t : tensors) {
+    float* x = t.data<float>();
+    ForEachChunk(t.numel(), [&](int64_t offset, int64_t length) {
+      chunks.push_back({x + offset, length});
+    });
+  }
+  SY_CHECK_EQ(partials.numel(), static_cast<int64_t>(chunks.size())) << "SumSquaresPartials";
+  if (chunks.empty()) return;
+  Tensor table;
+  const Span* device_chunks = Upload(chunks, table, ctx);
+  SumSquaresChunksKernel<<<static_cast<unsigned>(chunks.size()), kChunkThreads, 0,
+                           StreamOf(ctx)>>>(device_chunks, partials.data<double>());
+  SY_CUDA_CHECK_LAUNCH();
+}
+
 std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContext* ctx) {
   std::vector<Span> chunks;
   std::vector<size_t> first_chunk;  // tensor k owns chunks [first_chunk[k], first_chunk[k + 1])

@@ -429,22 +429,51 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   });
 }
 
-double EntropySum(const Tensor& probs, DeviceContext* ctx) {
+namespace {
+
+// out[0] = 0.0 + part[0] + part[1] + ... in block order (EntropySum's host loop).
+__global__ void SumInOrderKernel(const double* __restrict__ part, unsigned n,
+                                 double* __restrict__ out) {
+  double sum = 0.0;
+  for (unsigned b = 0; b < n; ++b) sum = __dadd_rn(sum, part[b]);
+  out[0] = sum;
+}
+
+// The entropy's per-block partial sums (returned, `blocks` of them) on the device.
+Tensor EntropyPartials(const Tensor& probs, unsigned& blocks, DeviceContext* ctx) {
   const int64_t n = probs.numel();
-  if (n == 0) return 0.0;
-  cudaStream_t stream = StreamOf(ctx);
-  const unsigned blocks = std::min<unsigned>(GridFor(n, kThreads), 1024);
-  // One double per block (there is no f64 dtype: 8-byte slots of an i64 tensor).
-  Tensor partial = Tensor::Empty({static_cast<int64_t>(blocks)}, DType::kI64, probs.device());
-  EntropyKernel<<<blocks, kThreads, 0, stream>>>(probs.data<float>(), n,
-                                                 static_cast<double*>(partial.raw_data()));
+  blocks = std::min<unsigned>(GridFor(n, kThreads), 1024);
+  Tensor partial = Tensor::Empty({static_cast<int64_t>(blocks)}, DType::kF64, probs.device());
+  EntropyKernel<<<blocks, kThreads, 0, StreamOf(ctx)>>>(probs.data<float>(), n,
+                                                        partial.data<double>());
   SY_CUDA_CHECK_LAUNCH();
+  return partial;
+}
+
+}  // namespace
+
+double EntropySum(const Tensor& probs, DeviceContext* ctx) {
+  if (probs.numel() == 0) return 0.0;
+  unsigned blocks = 0;
+  const Tensor partial = EntropyPartials(probs, blocks, ctx);
   // Added on the host in block order: deterministic for a given n.
   Tensor host = partial.To(Device::Cpu(), ctx);
-  const double* part = static_cast<const double*>(host.raw_data());
+  const double* part = host.data<double>();
   double sum = 0.0;
   for (unsigned b = 0; b < blocks; ++b) sum += part[b];
   return sum;
+}
+
+void EntropySumInto(const Tensor& probs, Tensor& sum, DeviceContext* ctx) {
+  if (probs.numel() == 0) {
+    sum.SetZero(ctx);
+    return;
+  }
+  unsigned blocks = 0;
+  const Tensor partial = EntropyPartials(probs, blocks, ctx);
+  SumInOrderKernel<<<1, 1, 0, StreamOf(ctx)>>>(partial.data<double>(), blocks,
+                                               sum.data<double>());
+  SY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace switchyard::kernels::cuda

@@ -2,7 +2,9 @@
 // hand-computed aux and z on two tokens, pieces of a split group adding up to the group,
 // and the gradient of aux + z + sum(gates * c) with respect to Wr and h through the whole
 // router (jitter, softmax, gate normalisation, z-loss) against central finite differences
-// of a double-precision reference with the routing choices held fixed.
+// of a double-precision reference with the routing choices held fixed; and the sums left
+// on the device for the training step's readback (LoadBalanceSumsInto) giving the host's
+// aux, counts and gradient column bit for bit.
 #include "moe/aux_loss.h"
 
 #include <gtest/gtest.h>
@@ -330,6 +332,46 @@ TEST(AuxLossTest, GlobalScopeUsesTheGivenLoad) {
   const BalanceTerms flat =
       BalanceTermsOf(probs, idx, LoadBalanceSumsOf(probs, idx), AuxLossScope::kGlobal, 2, uniform);
   EXPECT_FLOAT_EQ(BalanceLoss(flat, 1, coef), coef);
+}
+
+TEST(AuxLossTest, SumsOnTheDeviceGiveTheHostBits) {
+  const int64_t T = 37, E = 6, k = 2;
+  std::vector<float> logits(T * E), start(T * E);
+  for (int64_t i = 0; i < T * E; ++i) {
+    logits[i] = 4.0f * UniformAt({7, 8}, i) - 2.0f;
+    start[i] = UniformAt({9, 10}, i) - 0.5f;  // dprobs already holding a gradient
+  }
+  MoEConfig config;
+  config.d_model = E;
+  config.num_experts = E;
+  config.top_k = k;
+  std::vector<float> eye(E * E, 0.0f);
+  for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
+  const RouterOutput r =
+      RouterForward(Tensor::FromVector(logits, {T, E}), Tensor::FromVector(eye, {E, E}), Tensor(),
+                    config, false, RouterRng{});
+  const float coef = 0.013f, grad = 0.7f;
+  const LoadBalanceSums host = LoadBalanceSumsOf(r.probs, r.indices);
+  const float aux = LoadBalancingLossFromSums(host, k, coef);
+  Tensor want = Tensor::FromVector(start, {T, E});
+  LoadBalancingLossBackward(host, k, coef, grad, want);
+
+  StepReadback readback;
+  readback.Reserve(3, Device::Cpu(), nullptr);  // slots before the group's, as in a step
+  const LoadBalanceSums device = LoadBalanceSumsInto(r.probs, r.indices, coef, readback, nullptr);
+  ASSERT_TRUE(device.on_device());
+  EXPECT_EQ(device.values_slot, 3);
+  Tensor got = Tensor::FromVector(start, {T, E});
+  LoadBalancingLossBackward(device, k, coef, grad, got);
+  EXPECT_EQ(got.ToVector<float>(), want.ToVector<float>());
+  const std::vector<double> slots = readback.ReadBack(nullptr);
+  ASSERT_EQ(slots.size(), static_cast<size_t>(3 + E + 2));
+  EXPECT_EQ(slots[3], static_cast<double>(aux));
+  EXPECT_NE(aux, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(slots[4 + e], static_cast<double>(host.assignments[e])) << "expert " << e;
+  }
+  EXPECT_EQ(slots[4 + E], 0.0) << "no index outside [0, E)";
 }
 
 }  // namespace
