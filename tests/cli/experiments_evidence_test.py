@@ -17,14 +17,8 @@ sys.path.insert(0, os.path.abspath(sys.argv[1]))
 import evidence  # noqa: E402
 import publish  # noqa: E402
 
-failures = 0
-
-
-def check(name, ok, detail=""):
-    global failures
-    if not ok:
-        failures += 1
-        print("FAIL: %s %s" % (name, detail))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 
 
 def run(seed, status="ok", **kw):
@@ -136,6 +130,4 @@ check("csv copied", open(os.path.join(dest, "per_seed.csv")).read() == open(os.p
 check("usage", publish.main([]) == 2)
 check("no summary", publish.main([tmp, os.path.join(tmp, "x")]) == 1)
 
-if failures:
-    sys.exit(1)
-print("experiments_evidence_test: all checks passed")
+finish("experiments_evidence_test: all checks passed")

@@ -15,14 +15,8 @@ import sys
 sys.path.insert(0, os.path.abspath(sys.argv[1]))
 import measures  # noqa: E402
 
-failures = 0
-
-
-def check(name, ok, detail=""):
-    global failures
-    if not ok:
-        failures += 1
-        print("FAIL: %s %s" % (name, detail))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 
 
 def series(values, first=0):
@@ -254,6 +248,4 @@ rc = measures.router_curves(mp)
 check("router curves", len(rc) == 2 and rc[0][0] == 0 and abs(rc[0][1] - 0.003) < 1e-15 and rc[0][2] == 1.5
       and rc[1] == [1, 0.0, 1.5], rc)
 
-if failures:
-    sys.exit(1)
-print("experiments_measures_test: all checks passed")
+finish("experiments_measures_test: all checks passed")

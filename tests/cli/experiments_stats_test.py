@@ -14,14 +14,8 @@ sys.path.insert(0, os.path.abspath(sys.argv[1]))
 import measures  # noqa: E402
 import stats  # noqa: E402
 
-failures = 0
-
-
-def check(name, ok, detail=""):
-    global failures
-    if not ok:
-        failures += 1
-        print("FAIL: %s %s" % (name, detail))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 
 
 def near(a, b, tol):
@@ -166,6 +160,4 @@ for want in ["s = 0.0100 nats on 4 degrees of freedom", "| A | 3 | +0.0200 | 0.0
              "0.01 nats: 10."]:
     check("summary.md: %s" % want, want in md, md)
 
-if failures:
-    sys.exit(1)
-print("experiments_stats_test: all checks passed")
+finish("experiments_stats_test: all checks passed")
