@@ -168,16 +168,22 @@ def per_step(summary, out, written, key, fname, ylabel):
     _save(fig, out, fname, written)
 
 
-def heatmaps(summary, out, written):
+def _routing_rows(summary, out):
+    """(setting, seed, routing.jsonl records) of each setting's first finished seed that
+    logged MoE layers."""
     rows = []
     for s in summary["settings"]:
         r = _first_ok(summary, s["name"])
         path = os.path.join(out, s["name"], "seed%d" % r["seed"], "routing.jsonl") if r else ""
         if r and os.path.isfile(path):
-            with open(path) as f:
-                recs = [json.loads(line) for line in f if line.strip()]
+            recs = measures.read_jsonl(path)
             if recs and recs[0]["layers"]:
                 rows.append((s["name"], r["seed"], recs))
+    return rows
+
+
+def heatmaps(summary, out, written):
+    rows = _routing_rows(summary, out)
     if not rows:
         return
     layers = max(len(recs[0]["layers"]) for _, _, recs in rows)
@@ -293,14 +299,7 @@ def delta_steps(summary, out, written):
 
 
 def load_cumulative(summary, out, written):
-    rows = []
-    for s in summary["settings"]:
-        r = _first_ok(summary, s["name"])
-        path = os.path.join(out, s["name"], "seed%d" % r["seed"], "routing.jsonl") if r else ""
-        if r and os.path.isfile(path):
-            recs = measures.read_jsonl(path)
-            if recs and recs[0]["layers"]:
-                rows.append((s["name"], r["seed"], recs))
+    rows = _routing_rows(summary, out)
     if not rows:
         return
     fig, axes = _grid(len(rows), w=3.4, h=3.2, cols_max=4)
