@@ -123,6 +123,9 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
       out.balance.push_back(std::move(lb));
     }
     out.z.push_back(ZLossValue(r.logits, config.z_loss_coef, ctx));
+    // The z-loss's statistic whatever its coefficient (coef 1: the same pass and rounding).
+    out.lse_sq.push_back(config.z_loss_coef == 1.0f ? out.z.back()
+                                                    : ZLossValue(r.logits, 1.0f, ctx));
     out.router.push_back(std::move(r));
   }
   return out;

@@ -80,6 +80,8 @@ struct RoutedGroups {
   // (G) the whole groups' losses (f32 values), pending in a training step (the step's
   // readback, engine/core/step_readback.h)
   std::vector<PendingSum> aux, z;
+  // (G) the mean over tokens of logsumexp(logits)^2 (z / coef, whatever the coefficient)
+  std::vector<PendingSum> lse_sq;
   std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
   // A non-contiguous GroupLayout only: own_rows (T/P) i64, the group token of each of this
   // rank's rows (on `device`); undefined for contiguous groups.

@@ -33,6 +33,7 @@ void MoEStats::Add(const MoEStats& o) {
   entropy_sum += o.entropy_sum;
   aux_sum += o.aux_sum;
   z_sum += o.z_sum;
+  lse_sq_sum += o.lse_sq_sum;
   groups += o.groups;
 }
 
@@ -51,6 +52,7 @@ void MoEStats::Resolve(std::span<const double> slots) {
   entropy_sum.Resolve(slots);
   aux_sum.Resolve(slots);
   z_sum.Resolve(slots);
+  lse_sq_sum.Resolve(slots);
 }
 
 void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
@@ -76,7 +78,7 @@ void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
   Tensor it = Tensor::FromVector(ints, {static_cast<int64_t>(ints.size())});
   all_reduce(it);
   // Floating sums: exact ordered f64 sums (the same totals on any layout).
-  const double local[3] = {entropy_sum, aux_sum, z_sum};
+  const double local[4] = {entropy_sum, aux_sum, z_sum, lse_sq_sum};
   const std::vector<double> sums = dist::AllReduceDoubles(comm, local);
   const int64_t* ip = it.data<int64_t>();
   std::copy(ip, ip + e, tokens_per_expert.begin());
@@ -87,6 +89,7 @@ void MoEStats::AllReduce(dist::Communicator& comm, DeviceContext* ctx) {
   entropy_sum = sums[0];
   aux_sum = sums[1];
   z_sum = sums[2];
+  lse_sq_sum = sums[3];
 }
 
 int64_t MoEStats::dropped() const {
@@ -100,6 +103,7 @@ double MoEStats::dropped_fraction() const {
 double MoEStats::router_entropy() const { return tokens ? entropy_sum / tokens : 0.0; }
 double MoEStats::aux_mean() const { return groups ? aux_sum / groups : 0.0; }
 double MoEStats::z_mean() const { return groups ? z_sum / groups : 0.0; }
+double MoEStats::router_lse_sq() const { return groups ? lse_sq_sum / groups : 0.0; }
 
 std::vector<int64_t> MoEStats::TokensPerEpRank(int64_t ep) const {
   const int64_t e = static_cast<int64_t>(tokens_per_expert_kept.size());
@@ -229,6 +233,7 @@ MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t
     for (int64_t g = 0; g < routed.groups; ++g) {
       s.aux_sum += routed.aux[g];
       s.z_sum += routed.z[g];
+      s.lse_sq_sum += routed.lse_sq[g];
     }
   }
   if (valid_tokens >= 0 && valid_tokens < routed.groups * routed.group_tokens) {

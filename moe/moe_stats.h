@@ -26,6 +26,7 @@ struct MoEStats {
   // (engine/core/step_readback.h), known once Resolve has run.
   PendingSum entropy_sum;                          // sum over tokens of -sum_e p log p
   PendingSum aux_sum, z_sum;                       // sums over groups
+  PendingSum lse_sq_sum;  // sum over groups of the mean over tokens of logsumexp(logits)^2
   int64_t groups = 0;
 
   // Per-expert assignment counts of one group still in the step's readback (a training
@@ -51,6 +52,10 @@ struct MoEStats {
   double router_entropy() const;                    // mean over tokens
   double aux_mean() const;                          // mean over groups
   double z_mean() const;
+  // The router logits' size: the mean over groups of the mean over tokens of
+  // logsumexp(logits)^2, z_mean() / moe.z_loss_coef but kept whatever the coefficient
+  // (max_e l_e <= logsumexp(l) <= max_e l_e + ln E).
+  double router_lse_sq() const;
   // Rows received by each ep rank's experts: sum of kept counts of its experts. (ep)
   std::vector<int64_t> TokensPerEpRank(int64_t ep) const;
   // Least, most and mean kept load over the experts, as shares of all kept assignments.
@@ -72,7 +77,7 @@ struct MoEGroupValues {
 
 // The statistics phase of one Forward. Tokens, assignments, per-expert counts (before and
 // after dropping) and the entropy sum are those of this rank's own rows (`own`, OwnRowsOf's;
-// the whole groups without tp); groups, aux_sum and z_sum are counted on tp rank 0 only. So
+// the whole groups without tp); groups, aux_sum, z_sum and lse_sq_sum are counted on tp rank 0 only. So
 // summing the statistics over tp x dp gives the one-rank numbers.
 // valid_tokens >= 0: only the first valid_tokens of the G x T group tokens (group g's token
 // i is number g * T + i) count in the token statistics (tokens, assignments, per-expert

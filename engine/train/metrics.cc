@@ -79,6 +79,7 @@ nlohmann::ordered_json MoEStatsJson(int64_t layer, const moe::MoEStats& s, bool 
   l["router_entropy"] = s.router_entropy();
   l["aux"] = s.aux_mean();
   l["z"] = s.z_mean();
+  l["router_lse_sq"] = s.router_lse_sq();
   l["min_load"] = s.min_load_share();
   l["max_load"] = s.max_load_share();
   l["max_violation"] = MaxViolation(s.tokens_per_expert);

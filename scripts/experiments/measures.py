@@ -221,13 +221,16 @@ def routing_tail_counts(recs, frac=0.1):
 def router_curves(metrics_path):
     """From a run's metrics.jsonl: [[step, mean over MoE layers of the logged z (the
     z-loss, coef x mean over tokens of logsumexp(router logits)^2: 0 when the coefficient
-    is 0), mean router entropy (nats)]] per training step. The engine logs no router-logit
-    norm; z / coef is the mean squared logsumexp, which grows with the logits."""
+    is 0), mean router entropy (nats), mean over MoE layers of router_lse_sq (the mean
+    over tokens of logsumexp(router logits)^2 whatever the coefficient; None in logs
+    written before the engine kept it)]] per training step. logsumexp lies between the
+    largest logit and it plus ln E, so router_lse_sq measures the logits' size."""
     out = []
     for d in read_jsonl(metrics_path):
         if "loss" in d and d.get("moe"):
             out.append([d["step"], _mean([l["z"] for l in d["moe"]]),
-                        _mean([l["router_entropy"] for l in d["moe"]])])
+                        _mean([l["router_entropy"] for l in d["moe"]]),
+                        _mean([l.get("router_lse_sq") for l in d["moe"]])])
     return out
 
 

@@ -412,8 +412,14 @@ def router_logits(summary, out, written):
             w = max(1, len(cur) // 50)
             steps = [p[0] for p in cur]
             label = s["name"] if i == 0 else None
-            if z > 0:
-                a1.plot(steps, _rolling([p[1] / z for p in cur], w), color=c, lw=0.9, label=label)
+            # router_lse_sq, logged whatever the coefficient; z / coef from older logs.
+            if all(p[3] is not None and math.isfinite(p[3]) for p in cur):
+                size = [p[3] for p in cur]
+            else:
+                size = [p[1] / z for p in cur] if z > 0 else None
+            if size is not None:
+                a1.plot(steps, _rolling(size, w), color=c, lw=0.9, label=label,
+                        ls="-" if z > 0 else "--")
                 drew = True
             a2.plot(steps, _rolling([p[2] for p in cur], w), color=c, lw=0.9, label=label,
                     ls="-" if z > 0 else "--")
@@ -422,8 +428,8 @@ def router_logits(summary, out, written):
         for f in (a1.yaxis.set_major_formatter, a1.yaxis.set_minor_formatter):
             f(matplotlib.ticker.FormatStrFormatter("%.3g"))
     a1.set_xlabel("step")
-    a1.set_ylabel("z-loss / coefficient = mean logsumexp(logits)^2")
-    a1.set_title("router logit size (runs with z-loss > 0: the engine computes z only then)", fontsize=8)
+    a1.set_ylabel("mean logsumexp(router logits)^2 (= z-loss / coefficient)")
+    a1.set_title("router logit size, every run (dashed: z-loss 0)", fontsize=8)
     a1.legend(fontsize=6)
     a2.set_xlabel("step")
     a2.set_ylabel("router entropy (nats; mean over MoE layers)")

@@ -243,9 +243,12 @@ with open(mp, "w") as f:
                                                          {"z": 0.004, "router_entropy": 2.0}]}) + "\n")
     f.write(_json.dumps({"step": 0, "memory": {}}) + "\n")
     f.write(_json.dumps({"step": 1, "val_loss": 4.0}) + "\n")
-    f.write(_json.dumps({"step": 1, "loss": 4.5, "moe": [{"z": 0.0, "router_entropy": 1.5}]}) + "\n")
+    f.write(_json.dumps({"step": 1, "loss": 4.5, "moe": [{"z": 0.0, "router_entropy": 1.5,
+                                                          "router_lse_sq": 2.0},
+                                                         {"z": 0.0, "router_entropy": 1.5,
+                                                          "router_lse_sq": 2.5}]}) + "\n")
 rc = measures.router_curves(mp)
 check("router curves", len(rc) == 2 and rc[0][0] == 0 and abs(rc[0][1] - 0.003) < 1e-15 and rc[0][2] == 1.5
-      and rc[1] == [1, 0.0, 1.5], rc)
+      and rc[0][3] is None and rc[1] == [1, 0.0, 1.5, 2.25], rc)
 
 finish("experiments_measures_test: all checks passed")

@@ -110,6 +110,53 @@ TEST(MoELayerStatsTest, StatisticsAddUp) {
   }
 }
 
+// router_lse_sq is the mean over groups of the mean over tokens of logsumexp(logits)^2,
+// computed from the router's logits by hand here (in double, the kernel's f32 result being
+// one rounding of that), and it is kept whatever moe.z_loss_coef is: with the coefficient
+// 0 (no z-loss) it has the same value as with 1e-3, and with 1e-3 it is z / coef to f32
+// rounding.
+TEST(MoELayerStatsTest, RouterLogsumexpSquaredIsKeptWithoutZLoss) {
+  const int64_t G = 3, T = 16;
+  double with_z = 0.0;
+  for (float coef : {0.0f, 0.001f}) {
+    MoEConfig c = Config(8, 2, Activation::kGelu);
+    c.z_loss_coef = coef;
+    LocalLayer local(c);
+    Tensor h = Normal({G * T, c.d_model}, 4, 1.0f);
+    MoEForward out = local.layer.Forward(h, T, true, 0, 0);
+    SCOPED_TRACE(StrCat("z_loss_coef ", coef));
+    ASSERT_EQ(out.acts.router.size(), static_cast<size_t>(G));
+    double want = 0.0;
+    for (int64_t g = 0; g < G; ++g) {
+      const std::vector<float> l = out.acts.router[g].logits.ToVector<float>();
+      const int64_t E = c.num_experts;
+      ASSERT_EQ(l.size(), static_cast<size_t>(T * E));
+      double group = 0.0;
+      for (int64_t t = 0; t < T; ++t) {
+        double m = l[t * E], sum = 0.0;
+        for (int64_t e = 1; e < E; ++e) m = std::max(m, static_cast<double>(l[t * E + e]));
+        for (int64_t e = 0; e < E; ++e) sum += std::exp(l[t * E + e] - m);
+        const double lse = m + std::log(sum);
+        group += lse * lse;
+      }
+      want += group / T;
+    }
+    want /= G;
+    const double got = out.stats.router_lse_sq();
+    ASSERT_GT(want, 0.0);
+    // Each group's value is rounded to f32 once (relative 2^-24) after a double sum.
+    EXPECT_NEAR(got, want, 1e-6 * want);
+    if (coef == 0.0f) {
+      EXPECT_EQ(out.stats.z_mean(), 0.0);
+      with_z = got;
+    } else {
+      // The same weights and input: the same logits, so the same statistic, bit for bit.
+      EXPECT_EQ(got, with_z);
+      EXPECT_NEAR(out.stats.z_mean() / coef, got, 1e-6 * got);
+    }
+  }
+}
+
 TEST(MoELayerStatsTest, StatsOfAllDroppedAreZeroShares) {
   // No kept assignment anywhere: shares are 0, not NaN.
   MoEStats s;
