@@ -52,8 +52,6 @@ CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor&
                                              int32_t ignore_index = kIgnoreIndex,
                                              DeviceContext* ctx = nullptr);
 
-// The mean over this batch's counted targets, with dlogits its gradient (grad_scale =
-// 1 / count). All targets ignored: returns 0 and dlogits = 0.
 // CrossEntropyForwardBackward with its sums left on the device, for the training step's
 // single readback (engine/core/step_readback.h): sums (2) f64 on dlogits' device gets
 // {loss_sum, count} (the values CrossEntropyForwardBackward returns); nothing is read back.
@@ -63,6 +61,8 @@ void CrossEntropyForwardBackwardInto(const Tensor& logits, const Tensor& targets
                                      Tensor& dlogits, double grad_scale, int32_t ignore_index,
                                      Tensor& sums, DeviceContext* ctx = nullptr);
 
+// The mean over this batch's counted targets, with dlogits its gradient (grad_scale =
+// 1 / count). All targets ignored: returns 0 and dlogits = 0.
 double CrossEntropyMean(const Tensor& logits, const Tensor& targets, Tensor& dlogits,
                         int32_t ignore_index = kIgnoreIndex, DeviceContext* ctx = nullptr);
 

@@ -375,7 +375,8 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
   if (T == 0) return 0.0f;
   cudaStream_t stream = StreamOf(ctx);
   const Device dev = ctx->device();
-  // lse^2 per token, then their sum, in double (i64 tensors hold the bytes).
+  // lse^2 per token, then their sum, in double (held as i64 tensors of the same size,
+  // written before DType::kF64 existed).
   Tensor lse_sq, total;
   if (want_value) {
     lse_sq = Tensor::Empty({T}, DType::kI64, dev);

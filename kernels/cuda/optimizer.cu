@@ -154,7 +154,8 @@ const T* Upload(const std::vector<T>& table, Tensor& holder, DeviceContext* ctx)
   return static_cast<const T*>(holder.raw_data());
 }
 
-// A device buffer of `count` doubles (there is no f64 DType; i64 has the size).
+// A device buffer of `count` doubles, held as an i64 tensor of the same size (written
+// before DType::kF64 existed; the bytes are the same).
 double* DoubleBuffer(int64_t count, Tensor& holder, DeviceContext* ctx) {
   holder = Tensor::Empty({count}, DType::kI64, ctx->device());
   return static_cast<double*>(holder.raw_data());

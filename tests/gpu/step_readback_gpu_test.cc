@@ -64,11 +64,14 @@ TEST(StepReadbackGpuTest, ZLossAndEntropyIntoAreTheReturnedValues) {
   DeviceContext* gpu = context.get();
   for (int64_t T : {1, 37, 4096}) {
     const Tensor logits = HostUniform({T, 16}, 20 + T, -3.0f, 3.0f).To(kCuda, gpu);
-    Tensor z = Tensor::Zeros({1}, DType::kF64, kCuda, gpu);
-    RouterZLossInto(logits, 0.001f, 0, z, gpu);
-    EXPECT_EQ(Doubles(z, gpu)[0], static_cast<double>(RouterZLoss(logits, 0.001f, 0.0f, 0,
-                                                                  nullptr, gpu)))
-        << "T=" << T;
+    // group_tokens 0 (n = T) and a group three times this piece (n = 3 T: a tp piece).
+    for (int64_t group_tokens : {int64_t{0}, 3 * T}) {
+      Tensor z = Tensor::Zeros({1}, DType::kF64, kCuda, gpu);
+      RouterZLossInto(logits, 0.001f, group_tokens, z, gpu);
+      EXPECT_EQ(Doubles(z, gpu)[0], static_cast<double>(RouterZLoss(
+                                        logits, 0.001f, 0.0f, group_tokens, nullptr, gpu)))
+          << "T=" << T << " group_tokens=" << group_tokens;
+    }
     const Tensor probs = HostUniform({T, 16}, 30 + T, 0.0f, 1.0f).To(kCuda, gpu);
     Tensor entropy = Tensor::Zeros({1}, DType::kF64, kCuda, gpu);
     EntropySumInto(probs, entropy, gpu);
@@ -102,27 +105,41 @@ TEST(StepReadbackGpuTest, BalanceKernelsGiveTheCpuBits) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(kCuda);
   DeviceContext* gpu = context.get();
-  const int64_t T = 333, E = 12, k = 2;
-  std::vector<int32_t> idx(T * k);
-  for (int64_t i = 0; i < T * k; ++i) idx[i] = static_cast<int32_t>((i * 7 + i / 5) % E);
-  const Tensor probs = HostUniform({T, E}, 50, 0.0f, 1.0f);
-  Tensor counts = Tensor::Empty({k * E + 1}, DType::kI64, kCuda);
-  Tensor prob_sums = Tensor::Empty({E}, DType::kF32, kCuda);
-  CountSlotAssignments(Tensor::FromVector(idx, {T, k}).To(kCuda, gpu), Tensor(), E, counts, gpu);
-  ProbColumnSums(probs.To(kCuda, gpu), prob_sums, gpu);
-  const Tensor host_counts = counts.To(Device::Cpu(), gpu);
-  const Tensor host_sums = prob_sums.To(Device::Cpu(), gpu);
-  Tensor want = Tensor::Zeros({E + 2}, DType::kF64);
-  BalanceValuesInto(host_counts, host_sums, T, k, 0.01f, want);
-  Tensor got = Tensor::Zeros({E + 2}, DType::kF64, kCuda, gpu);
-  BalanceValuesInto(counts, prob_sums, T, k, 0.01f, got, gpu);
-  EXPECT_EQ(Doubles(got, gpu), Doubles(want, gpu));
-  const Tensor start = HostUniform({T, E}, 51);
-  Tensor want_dp = start.Clone();
-  AddBalanceColumn(want_dp, host_counts, T, k, 0.01f, 0.37f);
-  Tensor got_dp = start.To(kCuda, gpu);
-  AddBalanceColumn(got_dp, counts, T, k, 0.01f, 0.37f, gpu);
-  ExpectBitEqual(got_dp, want_dp, gpu, "dprobs");
+  const int64_t E = 12, k = 2;
+  // T = 0 (aux 0, no column) and T = 333 with two out-of-range expert indices (E and -1),
+  // which the `bad` value counts (MoEStats::Resolve fails the step on it).
+  for (int64_t T : {int64_t{0}, int64_t{333}}) {
+    SCOPED_TRACE(T);
+    std::vector<int32_t> idx(T * k);
+    for (int64_t i = 0; i < T * k; ++i) idx[i] = static_cast<int32_t>((i * 7 + i / 5) % E);
+    if (T > 0) {
+      idx[5] = static_cast<int32_t>(E);
+      idx[T * k - 1] = -1;
+    }
+    const Tensor probs = HostUniform({T, E}, 50, 0.0f, 1.0f);
+    Tensor counts = Tensor::Empty({k * E + 1}, DType::kI64, kCuda);
+    Tensor prob_sums = Tensor::Empty({E}, DType::kF32, kCuda);
+    CountSlotAssignments(Tensor::FromVector(idx, {T, k}).To(kCuda, gpu), Tensor(), E, counts,
+                         gpu);
+    ProbColumnSums(probs.To(kCuda, gpu), prob_sums, gpu);
+    const Tensor host_counts = counts.To(Device::Cpu(), gpu);
+    const Tensor host_sums = prob_sums.To(Device::Cpu(), gpu);
+    Tensor cpu_counts = Tensor::Empty({k * E + 1}, DType::kI64);
+    CountSlotAssignments(Tensor::FromVector(idx, {T, k}), Tensor(), E, cpu_counts);
+    EXPECT_EQ(host_counts.ToVector<int64_t>(), cpu_counts.ToVector<int64_t>());
+    EXPECT_EQ(host_counts.ToVector<int64_t>().back(), T > 0 ? 2 : 0) << "the bad indices";
+    Tensor want = Tensor::Zeros({E + 2}, DType::kF64);
+    BalanceValuesInto(host_counts, host_sums, T, k, 0.01f, want);
+    Tensor got = Tensor::Zeros({E + 2}, DType::kF64, kCuda, gpu);
+    BalanceValuesInto(counts, prob_sums, T, k, 0.01f, got, gpu);
+    EXPECT_EQ(Doubles(got, gpu), Doubles(want, gpu));
+    const Tensor start = HostUniform({T, E}, 51);
+    Tensor want_dp = start.Clone();
+    AddBalanceColumn(want_dp, host_counts, T, k, 0.01f, 0.37f);
+    Tensor got_dp = start.To(kCuda, gpu);
+    AddBalanceColumn(got_dp, counts, T, k, 0.01f, 0.37f, gpu);
+    ExpectBitEqual(got_dp, want_dp, gpu, "dprobs");
+  }
 }
 
 TEST(StepReadbackGpuTest, EmbeddingWithIdsCheckedOnTheHost) {
@@ -144,6 +161,8 @@ TEST(StepReadbackGpuTest, EmbeddingWithIdsCheckedOnTheHost) {
   const DeviceCounts before = counters::Snapshot();
   EmbeddingForward(dev_ids, table, got, gpu, IdCheck::kOnHost);
   EmbeddingBackward(dev_ids, dout, got_dt, gpu, IdCheck::kOnHost);
+  // Counted where the wrapper decides to check on the device (kernels/embedding.cc), so
+  // this pins the wrapper's choice, not what the CUDA code does with check_ids.
   EXPECT_EQ(counters::Snapshot().Minus(before).readbacks, 0);
   ExpectBitEqual(got, want, gpu, "rows");
   ExpectBitEqual(got_dt, want_dt, gpu, "dtable");
