@@ -184,14 +184,19 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
       << "Attention::Forward: x " << ShapeString(x_in.shape()) << ", expected "
       << (sp ? "(B*S/tp, " : "(B, S, ") << options_.d_model << ")";
   AttentionActivations acts;
-  acts.x = x_in;
+  // Under bf16 activation storage the projections keep x's operand instead.
+  if (!kernels::StoresBf16(ctx)) acts.x = x_in;
+  acts.x_shape = x_in.shape();
   Tensor x = EnterTensorParallel(tp, x_in, ctx);
   if (sp) x = x.Reshape({x.dim(0) / options_.seq_len, options_.seq_len, options_.d_model});
   const int64_t b = x.dim(0), s = x.dim(1), hq = options_.local_heads(),
                 hkv = options_.local_kv_heads(), hd = options_.head_dim();
-  acts.q = q_.Forward(x, ctx);
-  acts.k = k_.Forward(x, ctx);
-  acts.v = v_.Forward(x, ctx);
+  // q, k and v read x: under bf16 activation storage it is converted once for the three,
+  // which keep that operand.
+  const Tensor x_mm = kernels::KeptOperand(x, ctx);
+  acts.q = q_.Forward(x_mm, ctx);
+  acts.k = k_.Forward(x_mm, ctx);
+  acts.v = v_.Forward(x_mm, ctx);
   acts.k_heads = acts.k.y;
   acts.v_heads = acts.v.y;
   if (options_.kv_replicated()) {
@@ -208,7 +213,10 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
   Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
   CoreForward(options_, q, k, v, a, acts.lse, ctx);
-  acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
+  // o's input is also what the core attention's backward reads (its delta on the fused and
+  // ring paths): kept in f32.
+  acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx, /*add_bias=*/true,
+                      kernels::KeepInput::kAsGiven);
   if (core == CoreAttention::kRecompute) {
     acts.o.x = Tensor();  // a and lse go with the last references to them
     acts.lse = Tensor();
@@ -260,7 +268,7 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
   k_.BackwardInto(acts.k, dk, dx, 1.0f, ctx);
   v_.BackwardInto(acts.v, dv, dx, 1.0f, ctx);
   return EnterTensorParallelBackward(tp, dx.Reshape({x.numel() / options_.d_model, options_.d_model}), ctx)
-      .Reshape(acts.x.shape());
+      .Reshape(acts.x_shape);
 }
 
 void Attention::ZeroGrad(DeviceContext* ctx) {
