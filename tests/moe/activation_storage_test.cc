@@ -97,9 +97,11 @@ TEST(ActivationStorageTest, LinearWeightGradientsAreTheSameBits) {
 // (head_dim 64, whose backward reads the kept output o.x: kept f32).
 TEST(ActivationStorageTest, AttentionGradientsAreTheSameBits) {
   auto f32s = Context(DType::kF32), bf16s = Context(DType::kBF16);
-  const dense::AttentionOptions options[] = {
-      {.d_model = 16, .n_heads = 4, .n_kv_heads = 2, .bias = true, .rope = true},
-      {.d_model = 128, .n_heads = 2, .n_kv_heads = 1, .rope = true}};
+  dense::AttentionOptions options[2];
+  options[0].d_model = 16, options[0].n_heads = 4, options[0].n_kv_heads = 2;
+  options[0].bias = true, options[0].rope = true;
+  options[1].d_model = 128, options[1].n_heads = 2, options[1].n_kv_heads = 1;
+  options[1].rope = true;
   for (const dense::AttentionOptions& o : options) {
     SCOPED_TRACE("d_model " + std::to_string(o.d_model));
     dense::Attention ref(o), sut(o);
@@ -132,7 +134,8 @@ TEST(ActivationStorageTest, MlpBackwardIsTheF32BackwardOfRoundedActivations) {
        {dense::Activation::kGelu, dense::Activation::kRelu, dense::Activation::kSwiglu}) {
     for (bool bias : {false, true}) {
       SCOPED_TRACE(StrCat(dense::ActivationName(act), bias ? " + bias" : ""));
-      const dense::MlpOptions o{.d_model = 16, .d_hidden = 40, .activation = act, .bias = bias};
+      dense::MlpOptions o;
+      o.d_model = 16, o.d_hidden = 40, o.activation = act, o.bias = bias;
       dense::Mlp ref(o), sut(o);
       for (dense::Mlp* m : {&ref, &sut}) {
         uint64_t stream = 20;
