@@ -7,6 +7,8 @@
 //    the estimated scratch, on the first stage (embedding + a layer), a middle one (a layer)
 //    and the last one (a layer + head); with a capacity that drops tokens the estimate
 //    (every admissible token) bounds what is kept from above.
+//  - ActivationBytesWithBf16Storage: with runtime.activation_dtype=bf16 the same, with the
+//    bf16 tensors at 2 bytes (kept exactly; Backward within the products' operand copies).
 //  - pipeline cases on the tiny config (2 layers) with hand-computed figures: the
 //    parameters each pipeline rank holds, micro-batches in flight and activation memory
 //    per stage, the bubble, and the step's workspace peak for GPipe and 1F1B;
@@ -221,9 +223,11 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
       EXPECT_LT(m.kept, m_f32.kept);
       EXPECT_GE(m.backward, static_cast<int64_t>(est.StageBackward(stage)));
       EXPECT_LE(m.backward, static_cast<int64_t>(est.StageBackward(stage) + copies));
-      std::printf("[ info     ] %s| %s: kept %lld (f32 storage %lld), backward %lld, estimate %.0f + copies <= %.0f\n",
-                  name.c_str(), stage.Describe(2).c_str(), (long long)m.kept, (long long)m_f32.kept,
-                  (long long)m.backward, est.StageBackward(stage), copies);
+      std::printf("[ info     ] %s| %s: kept %lld (f32 storage %lld), backward %lld, "
+                  "estimate %.0f + copies <= %.0f\n",
+                  name.c_str(), stage.Describe(2).c_str(), static_cast<long long>(m.kept),
+                  static_cast<long long>(m_f32.kept), static_cast<long long>(m.backward),
+                  est.StageBackward(stage), copies);
     }
   }
 }
