@@ -92,17 +92,20 @@ void CoreForward(const AttentionOptions& o, const Tensor& q, const Tensor& k, co
   kernels::AttentionForward(q, k, v, a, lse, ctx);
 }
 
+// `a` is the kept output: f32, or under bf16 activation storage its bf16 copy, which the
+// paths that read it (for delta) read back as f32.
 void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& a, const Tensor& lse, const Tensor& da, Tensor& dq, Tensor& dk,
                   Tensor& dv, DeviceContext* ctx) {
   if (o.cp.active()) {
-    return RingAttentionBackward(q, k, v, a, lse, da, dq, dk, dv, *o.cp.comm, ctx);
+    return RingAttentionBackward(q, k, v, kernels::KeptAsF32(a, ctx), lse, da, dq, dk, dv,
+                                 *o.cp.comm, ctx);
   }
   if (kernels::UseFlashAttention(ctx, q.dim(3))) {
     // The fused bf16 kernel takes delta = rowsum(da * a) from the kept output (FlashAttention-2)
     // rather than recomputing the forward for it.
     Tensor delta = Tensor::Empty(lse.shape(), DType::kF32, q.device());
-    kernels::AttentionBackwardDelta(a, da, delta, ctx);
+    kernels::AttentionBackwardDelta(kernels::KeptAsF32(a, ctx), da, delta, ctx);
     return kernels::AttentionBackward(q, k, v, lse, da, dq, dk, dv, ctx,
                                       kernels::AttentionMask::kCausal, delta);
   }
@@ -213,10 +216,9 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
   Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
   CoreForward(options_, q, k, v, a, acts.lse, ctx);
-  // o's input is also what the core attention's backward reads (its delta on the fused and
-  // ring paths): kept in f32.
-  acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx, /*add_bias=*/true,
-                      kernels::KeepInput::kAsGiven);
+  // o keeps its input as its product's operand (bf16 under bf16 activation storage); the
+  // core attention's backward reads it too (delta, on the fused and ring paths), as f32.
+  acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
   if (core == CoreAttention::kRecompute) {
     acts.o.x = Tensor();  // a and lse go with the last references to them
     acts.lse = Tensor();

@@ -70,8 +70,9 @@ enum class CoreAttention { kKeep, kRecompute };
 
 // What Backward needs from one Forward.
 // Under bf16 activation storage (kernels/activation_storage.h) q, k and v keep one bf16
-// operand of x (converted once for the three products) and x itself is not kept; the
-// attention output o.x stays f32 (the core attention's backward reads it on the GPU).
+// operand of x (converted once for the three products) and x itself is not kept; o keeps
+// the attention output o.x as its bf16 operand too, which the core attention's backward
+// reads back as f32 where it reads it (delta = rowsum(da * o.x): the fused and ring paths).
 struct AttentionActivations {
   Tensor x;                   // the block's input as given (this rank's rows under sp);
                               // undefined under bf16 activation storage

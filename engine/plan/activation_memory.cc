@@ -63,11 +63,13 @@ struct Piece {
 // gradient, dx of the projections, the attention output's gradient and dq, dk, dv; under
 // cp the ring's backward also holds the key/value block in hand and the one arriving, with
 // their gradients travelling alongside (kv each), and the delta (Hq). Under bf16 storage
-// q, k and v keep one bf16 operand of the (gathered) input instead.
+// q, k and v keep one bf16 operand of the (gathered) input instead, and o.x is bf16; the
+// core attention's backward reads o.x back as an f32 copy (q) where it reads it (the fused
+// and ring paths), before dx (d >= q) exists, so the copy does not raise the peak.
 Piece AttentionElements(const Shape& s) {
   const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
   const double attention =
-      input + s.q + s.kv + s.hq / s.P + s.q + s.d + (s.tp ? s.d * s.rows : 0);
+      input + s.q + s.kv + s.hq / s.P + s.half * s.q + s.d + (s.tp ? s.d * s.rows : 0);
   const double ring_bwd = s.cp > 1 ? 4 * s.kv + s.hq / s.P : 0;
   return {.kept = attention, .backward = 2 * s.d * s.rows + s.d + 2 * s.q + s.kv + ring_bwd};
 }
@@ -139,8 +141,9 @@ void AddLayers(const config::Config& c, const Shape& s, double bytes, Activation
         a.layer.push_back(bytes * kept);
         a.layer_backward.push_back(bytes * scratch);
         break;
-      case model::Recompute::kSelective:  // the core attention output and its lse go
-        a.layer.push_back(bytes * (kept - s.q - s.hq / s.P));
+      case model::Recompute::kSelective:  // the core attention output and its lse go (and
+                                          // come back in f32)
+        a.layer.push_back(bytes * (kept - s.half * s.q - s.hq / s.P));
         a.layer_backward.push_back(bytes * (scratch + s.q + s.hq / s.P));
         break;
       case model::Recompute::kFull:  // the layer's output (the next one's input) stays;
@@ -155,7 +158,8 @@ void AddLayers(const config::Config& c, const Shape& s, double bytes, Activation
 }  // namespace
 
 // Per token of the micro-batch, in f32 elements (4 bytes; i32 ids and u8 masks as their
-// share of 4 bytes, bf16 tensors as half an element). Names follow the layers' activation structs (dense/*.h, moe/*.h).
+// share of 4 bytes, bf16 tensors as half an element). Names follow the layers' activation
+// structs (dense/*.h, moe/*.h).
 ActivationBytes EstimateActivationBytes(const config::Config& c) {
   const Shape s = ShapeOf(c);
   const double group = double(c.train.micro_batch_size) * c.model.seq_len;

@@ -1,8 +1,10 @@
 // bf16 activation storage (runtime.activation_dtype=bf16, kernels/activation_storage.h,
 // MODEL.md "Activation storage") on the CPU, the exact reference of the GPU's rounding. Each
 // layer runs twice with bf16 matrix products: f32 storage (the reference) and bf16 storage.
-//  - Linear and Attention keep only products' inputs, as the bf16 operands the forward
-//    products read: the forward, dx and every weight gradient are the same bits (lossless).
+//  - Linear and Attention keep products' inputs as the bf16 operands the forward products
+//    read: the forward, dx and every weight gradient are the same bits (lossless), except
+//    where the fused attention's backward reads its kept output o.x back (delta): there they
+//    are the f32-storage gradients given o.x rounded by hand.
 //  - Mlp (dense) and Experts (MoE) also keep their pre-activations a (and b under swiglu)
 //    rounded to bf16: the forward is the same bits, and the backward equals, bit for bit, the
 //    f32-storage backward run on activations rounded to bf16 by hand here.
@@ -19,6 +21,7 @@
 #include "dense/mlp.h"
 #include "engine/core/device_context.h"
 #include "engine/core/dtype.h"
+#include "kernels/flash_attention.h"
 #include "kernels/random.h"
 #include "moe/experts.h"
 
@@ -93,9 +96,11 @@ TEST(ActivationStorageTest, LinearWeightGradientsAreTheSameBits) {
   }
 }
 
-// Both paths of the core attention: the exact f32 kernel (head_dim 4) and the fused bf16 one
-// (head_dim 64, whose backward reads the kept output o.x: kept f32).
-TEST(ActivationStorageTest, AttentionGradientsAreTheSameBits) {
+// Both paths of the core attention. The exact f32 kernel (head_dim 4) never reads the kept
+// output o.x, so there every gradient is the same bits as under f32 storage (lossless). The
+// fused bf16 one (head_dim 64) reads o.x back for delta = rowsum(da * o.x): its gradients
+// are those of f32 storage given o.x rounded to bf16 by hand.
+TEST(ActivationStorageTest, AttentionGradientsAreTheF32GradientsOfTheKeptOperands) {
   auto f32s = Context(DType::kF32), bf16s = Context(DType::kBF16);
   dense::AttentionOptions options[2];
   options[0].d_model = 16, options[0].n_heads = 4, options[0].n_kv_heads = 2;
@@ -114,14 +119,17 @@ TEST(ActivationStorageTest, AttentionGradientsAreTheSameBits) {
       }
     }
     const Tensor x = Random({2, 9, o.d_model}, 40), dy = Random({2, 9, o.d_model}, 41);
-    const dense::AttentionActivations ra = ref.Forward(x, f32s.get());
+    dense::AttentionActivations ra = ref.Forward(x, f32s.get());
     const dense::AttentionActivations sa = sut.Forward(x, bf16s.get());
     ExpectBf16Of(sa.q.x, x, "q/k/v's kept x");
     EXPECT_TRUE(sa.q.x.SharesStorageWith(sa.k.x) && sa.q.x.SharesStorageWith(sa.v.x))
         << "q, k and v share one operand";
     EXPECT_FALSE(sa.x.defined());
-    EXPECT_EQ(sa.o.x.dtype(), DType::kF32);
+    ExpectBf16Of(sa.o.x, ra.o.x, "o.x");
     ExpectSameBits(sa.y(), ra.y(), "y");
+    const bool fused = kernels::UseFlashAttention(bf16s.get(), o.head_dim());
+    ASSERT_EQ(fused, o.head_dim() == 64);
+    if (fused) ra.o.x = RoundedByHand(ra.o.x);
     ExpectSameBits(sut.Backward(sa, dy, bf16s.get()), ref.Backward(ra, dy, f32s.get()), "dx");
     const std::vector<dense::Parameter> rp = ref.Parameters(), sp = sut.Parameters();
     for (size_t i = 0; i < rp.size(); ++i) ExpectSameBits(sp[i].grad, rp[i].grad, rp[i].name);

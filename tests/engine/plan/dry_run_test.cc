@@ -96,6 +96,7 @@ Measured RunStage(const config::Config& c, const model::Stage& stage) {
                                         model::DecoderParallel{.ep = ep.get(), .stage = stage},
                                         ctx.get());
   SY_CHECK_OK(decoder.status());
+  (*decoder)->set_recompute(c.train.recompute);
   const int64_t b = c.train.micro_batch_size, s = c.model.seq_len;
   std::vector<int32_t> ids(b * s);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % c.model.vocab_size);
@@ -193,6 +194,9 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
       {"model.norm=rmsnorm", "model.position=rope", "model.tie_embeddings=false"},
       {"moe.num_shared_experts=1"},
       {"model.n_heads=4", "model.n_kv_heads=2"},
+      // head_dim 64: the fused attention, whose backward reads the output back as f32.
+      {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128"},
+      {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128", "train.recompute=selective"},
   };
   for (std::vector<std::string> o : variants) {
     std::string name;
