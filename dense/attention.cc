@@ -92,17 +92,20 @@ void CoreForward(const AttentionOptions& o, const Tensor& q, const Tensor& k, co
   kernels::AttentionForward(q, k, v, a, lse, ctx);
 }
 
+// `a` is the kept output: f32, or under bf16 activation storage its bf16 copy, which the
+// paths that read it (for delta) read back as f32.
 void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& a, const Tensor& lse, const Tensor& da, Tensor& dq, Tensor& dk,
                   Tensor& dv, DeviceContext* ctx) {
   if (o.cp.active()) {
-    return RingAttentionBackward(q, k, v, a, lse, da, dq, dk, dv, *o.cp.comm, ctx);
+    return RingAttentionBackward(q, k, v, kernels::KeptAsF32(a, ctx), lse, da, dq, dk, dv,
+                                 *o.cp.comm, ctx);
   }
   if (kernels::UseFlashAttention(ctx, q.dim(3))) {
     // The fused bf16 kernel takes delta = rowsum(da * a) from the kept output (FlashAttention-2)
     // rather than recomputing the forward for it.
     Tensor delta = Tensor::Empty(lse.shape(), DType::kF32, q.device());
-    kernels::AttentionBackwardDelta(a, da, delta, ctx);
+    kernels::AttentionBackwardDelta(kernels::KeptAsF32(a, ctx), da, delta, ctx);
     return kernels::AttentionBackward(q, k, v, lse, da, dq, dk, dv, ctx,
                                       kernels::AttentionMask::kCausal, delta);
   }
@@ -184,14 +187,19 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
       << "Attention::Forward: x " << ShapeString(x_in.shape()) << ", expected "
       << (sp ? "(B*S/tp, " : "(B, S, ") << options_.d_model << ")";
   AttentionActivations acts;
-  acts.x = x_in;
+  // Under bf16 activation storage the projections keep x's operand instead.
+  if (!kernels::StoresBf16(ctx)) acts.x = x_in;
+  acts.x_shape = x_in.shape();
   Tensor x = EnterTensorParallel(tp, x_in, ctx);
   if (sp) x = x.Reshape({x.dim(0) / options_.seq_len, options_.seq_len, options_.d_model});
   const int64_t b = x.dim(0), s = x.dim(1), hq = options_.local_heads(),
                 hkv = options_.local_kv_heads(), hd = options_.head_dim();
-  acts.q = q_.Forward(x, ctx);
-  acts.k = k_.Forward(x, ctx);
-  acts.v = v_.Forward(x, ctx);
+  // q, k and v read x: under bf16 activation storage it is converted once for the three,
+  // which keep that operand.
+  const Tensor x_mm = kernels::KeptOperand(x, ctx);
+  acts.q = q_.Forward(x_mm, ctx);
+  acts.k = k_.Forward(x_mm, ctx);
+  acts.v = v_.Forward(x_mm, ctx);
   acts.k_heads = acts.k.y;
   acts.v_heads = acts.v.y;
   if (options_.kv_replicated()) {
@@ -208,6 +216,8 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
   Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
   CoreForward(options_, q, k, v, a, acts.lse, ctx);
+  // o keeps its input as its product's operand (bf16 under bf16 activation storage); the
+  // core attention's backward reads it too (delta, on the fused and ring paths), as f32.
   acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
   if (core == CoreAttention::kRecompute) {
     acts.o.x = Tensor();  // a and lse go with the last references to them
@@ -260,7 +270,7 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
   k_.BackwardInto(acts.k, dk, dx, 1.0f, ctx);
   v_.BackwardInto(acts.v, dv, dx, 1.0f, ctx);
   return EnterTensorParallelBackward(tp, dx.Reshape({x.numel() / options_.d_model, options_.d_model}), ctx)
-      .Reshape(acts.x.shape());
+      .Reshape(acts.x_shape);
 }
 
 void Attention::ZeroGrad(DeviceContext* ctx) {

@@ -69,8 +69,14 @@ struct AttentionOptions {
 enum class CoreAttention { kKeep, kRecompute };
 
 // What Backward needs from one Forward.
+// Under bf16 activation storage (kernels/activation_storage.h) q, k and v keep one bf16
+// operand of x (converted once for the three products) and x itself is not kept; o keeps
+// the attention output o.x as its bf16 operand too, which the core attention's backward
+// reads back as f32 where it reads it (delta = rowsum(da * o.x): the fused and ring paths).
 struct AttentionActivations {
-  Tensor x;                   // the block's input as given (this rank's rows under sp)
+  Tensor x;                   // the block's input as given (this rank's rows under sp);
+                              // undefined under bf16 activation storage
+  Shape x_shape;              // x's shape (the shape of Backward's dx)
   LinearActivations q, k, v;  // q.x = k.x = v.x = x (B, S, d); q.y (B, S, Hq * hd) and
                               // k.y (B, S, Hkv * hd) hold q and k AFTER RoPE (rotated in place)
   Tensor k_heads, v_heads;    // (B, S, local kv heads * hd) what attention read (k after

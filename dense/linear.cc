@@ -84,11 +84,12 @@ StatusOr<Linear> Linear::FromTensors(const LinearOptions& options, LinearParams 
   return Linear(options, std::move(params), ctx);
 }
 
-LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx, bool add_bias) const {
+LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx, bool add_bias,
+                                  kernels::KeepInput keep) const {
   const int64_t in = options_.local_in(), out = options_.local_out();
-  const Tensor x2 = Rows(x, in, "Linear::Forward: x");
   LinearActivations acts;
-  acts.x = x;
+  acts.x = kernels::KeptOperand(x, ctx, keep);  // what the product reads and Backward keeps
+  const Tensor x2 = Rows(acts.x, in, "Linear::Forward: x");
   acts.y = Tensor::Empty(WithLast(x.shape(), out), DType::kF32, x.device());
   Tensor y2 = acts.y.Reshape({x2.dim(0), out});  // (N, out)
   kernels::Gemm(x2, false, weight_, false, y2, 1.0f, 0.0f, ctx);

@@ -24,6 +24,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
+#include "kernels/activation_storage.h"
 
 namespace switchyard::dense {
 
@@ -53,7 +54,9 @@ struct LinearParams {
 
 // What Backward needs from one Forward.
 struct LinearActivations {
-  Tensor x;  // (..., in) the input, shared with the caller: keep it unchanged
+  Tensor x;  // (..., in) the input, shared with the caller: keep it unchanged; under bf16
+             // activation storage (kernels/activation_storage.h) the bf16 operand the
+             // product read, unless Forward was told KeepInput::kAsGiven
   Tensor y;  // (..., out) the output
 };
 
@@ -77,9 +80,13 @@ class Linear {
   Linear& operator=(const Linear&) = delete;
 
   // x (..., in) -> acts.y (..., out). add_bias = false leaves the bias out of acts.y, for a
-  // caller that adds it itself in a fused kernel (dense::Mlp: bias + activation).
-  LinearActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr,
-                            bool add_bias = true) const;
+  // caller that adds it itself in a fused kernel (dense::Mlp: bias + activation). keep: what
+  // acts.x holds (kernels::KeptOperand): under bf16 activation storage the bf16 operand the
+  // product reads (one conversion for the forward and the weight gradient's products; x
+  // itself when x is bf16 already, e.g. an operand several projections share), or x as given
+  // (kAsGiven, for an input another backward reads in f32). acts.y is the same bits either way.
+  LinearActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr, bool add_bias = true,
+                            kernels::KeepInput keep = kernels::KeepInput::kOperand) const;
   // dy (..., out) for acts.y. Adds into the gradients; returns dx (..., in). bias_grad =
   // false leaves the bias gradient to the caller (who computed it fused with dy).
   Tensor Backward(const LinearActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr,

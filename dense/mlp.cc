@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kernels/activation.h"
+#include "kernels/activation_storage.h"
 
 namespace switchyard::dense {
 namespace {
@@ -92,31 +93,40 @@ bool Mlp::FusesBias() const {
 MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
   MlpActivations acts;
   const Tensor x = EnterTensorParallel(options_.tp, x_in, ctx);
+  // W1 and W3 read x: under bf16 activation storage it is converted once, and both keep
+  // that operand (kernels/activation_storage.h).
+  const Tensor x_mm = kernels::KeptOperand(x, ctx);
   const bool fuse = FusesBias();
-  acts.fc1 = w1_.Forward(x, ctx, /*add_bias=*/!fuse);  // a (..., f); + b1 below when fused
+  acts.fc1 = w1_.Forward(x_mm, ctx, /*add_bias=*/!fuse);  // a (..., f); + b1 below when fused
   Tensor h = Tensor::Empty(acts.fc1.y.shape(), DType::kF32, x.device());
-  Tensor a2 = Rows2d(acts.fc1.y), h2 = Rows2d(h);
-  switch (options_.activation) {
-    case Activation::kGelu:
-      if (fuse) {
-        kernels::BiasGeluForward(a2, w1_.bias(), h2, ctx);
-      } else {
-        kernels::GeluForward(acts.fc1.y, h, ctx);
-      }
-      break;
-    case Activation::kRelu:
-      kernels::ReluForward(acts.fc1.y, h, ctx);
-      break;
-    case Activation::kSwiglu:
-      acts.fc3 = w3_->Forward(x, ctx);  // b (..., f)
-      if (fuse) {
-        kernels::BiasSwigluForward(a2, w1_.bias(), Rows2d(acts.fc3.y), h2, ctx);
-      } else {
-        kernels::SwigluForward(acts.fc1.y, acts.fc3.y, h, ctx);
-      }
-      break;
+  {
+    Tensor a2 = Rows2d(acts.fc1.y), h2 = Rows2d(h);
+    switch (options_.activation) {
+      case Activation::kGelu:
+        if (fuse) {
+          kernels::BiasGeluForward(a2, w1_.bias(), h2, ctx);
+        } else {
+          kernels::GeluForward(acts.fc1.y, h, ctx);
+        }
+        break;
+      case Activation::kRelu:
+        kernels::ReluForward(acts.fc1.y, h, ctx);
+        break;
+      case Activation::kSwiglu:
+        acts.fc3 = w3_->Forward(x_mm, ctx);  // b (..., f)
+        if (fuse) {
+          kernels::BiasSwigluForward(a2, w1_.bias(), Rows2d(acts.fc3.y), h2, ctx);
+        } else {
+          kernels::SwigluForward(acts.fc1.y, acts.fc3.y, h, ctx);
+        }
+        break;
+    }
   }
-  acts.fc2 = w2_.Forward(h, ctx);
+  // The activation's backward reads a (and b): kept rounded to bf16 under bf16 storage, once
+  // h has been computed from their f32 values.
+  acts.fc1.y = kernels::KeepRounded(acts.fc1.y, ctx);
+  if (acts.fc3.y.defined()) acts.fc3.y = kernels::KeepRounded(acts.fc3.y, ctx);
+  acts.fc2 = w2_.Forward(h, ctx);  // keeps h as W2's operand
   acts.out = LeaveTensorParallel(options_.tp, acts.fc2.y, ctx);
   return acts;
 }
@@ -127,26 +137,29 @@ Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy_in, DeviceCont
   Tensor db;
   const bool fuse = FusesBias();
   Tensor grad_b1 = fuse ? w1_.grad_bias() : Tensor();
-  Tensor a2 = Rows2d(acts.fc1.y), da2 = Rows2d(da);
+  // a and b as f32 (their rounded values under bf16 storage).
+  const Tensor a = kernels::KeptAsF32(acts.fc1.y, ctx);
+  const Tensor b = kernels::KeptAsF32(acts.fc3.y, ctx);
+  Tensor a2 = Rows2d(a), da2 = Rows2d(da);
   switch (options_.activation) {
     case Activation::kGelu:
       if (fuse) {
         kernels::GeluBackwardBiasGrad(a2, da2, da2, grad_b1, /*beta=*/1.0f, ctx);
       } else {
-        kernels::GeluBackward(acts.fc1.y, da, da, ctx);
+        kernels::GeluBackward(a, da, da, ctx);
       }
       break;
     case Activation::kRelu:
-      kernels::ReluBackward(acts.fc1.y, da, da, ctx);
+      kernels::ReluBackward(a, da, da, ctx);
       break;
     case Activation::kSwiglu:
       db = Tensor::Empty(da.shape(), DType::kF32, da.device());
       if (fuse) {
         Tensor db2 = Rows2d(db);
-        kernels::SwigluBackwardBiasGrad(a2, Rows2d(acts.fc3.y), da2, da2, db2, grad_b1,
+        kernels::SwigluBackwardBiasGrad(a2, Rows2d(b), da2, da2, db2, grad_b1,
                                         /*beta=*/1.0f, ctx);
       } else {
-        kernels::SwigluBackward(acts.fc1.y, acts.fc3.y, da, da, db, ctx);
+        kernels::SwigluBackward(a, b, da, da, db, ctx);
       }
       break;
   }

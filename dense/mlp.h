@@ -47,8 +47,11 @@ struct MlpOptions {
 };
 
 // What Backward needs from one Forward; N rows.
+// Under bf16 activation storage (kernels/activation_storage.h) the inputs x (shared by fc1
+// and fc3) and h are the bf16 operands the products read, and a and b are kept rounded to
+// bf16 (the forward computed h from their f32 values).
 struct MlpActivations {
-  LinearActivations fc1;  // x -> a = x W1 + b1 (..., f)
+  LinearActivations fc1;  // x -> a = x W1 (+ b1 unless fused into the activation) (..., f)
   LinearActivations fc3;  // x -> b = x W3 (..., f); swiglu only
   LinearActivations fc2;  // h = act(a) or silu(a) * b (..., f) -> y (..., d)
   Tensor out;             // y after leaving the tensor-parallel region (= fc2.y without tp)

@@ -183,7 +183,8 @@ StatusOr<Experts> Experts::FromTensors(const ExpertsOptions& options, ExpertsPar
 }
 
 ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> rows_per_expert,
-                                    DeviceContext* ctx, kernels::GroupSchedule schedule) const {
+                                    DeviceContext* ctx, kernels::GroupSchedule schedule,
+                                    kernels::KeepInput keep) const {
   const int64_t d = options_.d_model, f = options_.d_hidden;
   SY_CHECK(x.ndim() == 2 && x.dim(1) == d)
       << "Experts::Forward: x " << ShapeString(x.shape()) << " for d_model=" << d;
@@ -195,33 +196,42 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
   const Device dev = x.device();
 
   ExpertsActivations acts;
-  acts.x = x;
+  // What the products read and Backward keeps: under bf16 activation storage x's bf16
+  // operand (kernels/activation_storage.h), converted once for the forward and the weight
+  // gradients' products.
+  acts.x = kernels::KeptOperand(x, ctx, keep);
   acts.rows.assign(rows_per_expert.begin(), rows_per_expert.end());
   const std::span<const int64_t> rows(acts.rows);
   acts.schedule = schedule;
   const kernels::GroupSchedule sched = schedule;
 
   // swiglu's two products read x: in bf16 mode it is converted once for both.
-  const Tensor x_mm =
-      options_.activation == Activation::kSwiglu ? kernels::MatmulOperand(x, ctx) : x;
+  const Tensor x_mm = options_.activation == Activation::kSwiglu
+                          ? kernels::MatmulOperand(acts.x, ctx)
+                          : acts.x;
   acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
   kernels::GroupedGemm(x_mm, rows, w1_, /*trans_w=*/false, acts.a, 1.0f, 0.0f, ctx, sched);
   if (options_.bias) kernels::GroupedAddBias(acts.a, rows, b1_, ctx);
 
-  acts.h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+  Tensor h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
   switch (options_.activation) {
     case Activation::kGelu:
-      kernels::GeluForward(acts.a, acts.h, ctx);
+      kernels::GeluForward(acts.a, h, ctx);
       break;
     case Activation::kRelu:
-      kernels::ReluForward(acts.a, acts.h, ctx);
+      kernels::ReluForward(acts.a, h, ctx);
       break;
     case Activation::kSwiglu:
       acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
       kernels::GroupedGemm(x_mm, rows, w3_, /*trans_w=*/false, acts.b, 1.0f, 0.0f, ctx, sched);
-      kernels::SwigluForward(acts.a, acts.b, acts.h, ctx);
+      kernels::SwigluForward(acts.a, acts.b, h, ctx);
       break;
   }
+  // The activation's backward reads a (and b): kept rounded to bf16 under bf16 storage, once
+  // h has been computed from their f32 values. h is kept as W2's operand.
+  acts.a = kernels::KeepRounded(acts.a, ctx);
+  if (acts.b.defined()) acts.b = kernels::KeepRounded(acts.b, ctx);
+  acts.h = kernels::KeptOperand(h, ctx);
 
   acts.y = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
   kernels::GroupedGemm(acts.h, rows, w2_, /*trans_w=*/false, acts.y, 1.0f, 0.0f, ctx, sched);
@@ -248,18 +258,19 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
   kernels::GroupedGemm(dy_mm, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx, sched);
 
-  // h = act(a), or silu(a) * b.
+  // h = act(a), or silu(a) * b; a and b as f32 (their rounded values under bf16 storage).
   Tensor db;
+  const Tensor a = kernels::KeptAsF32(acts.a, ctx), b = kernels::KeptAsF32(acts.b, ctx);
   switch (options_.activation) {
     case Activation::kGelu:
-      kernels::GeluBackward(acts.a, da, da, ctx);
+      kernels::GeluBackward(a, da, da, ctx);
       break;
     case Activation::kRelu:
-      kernels::ReluBackward(acts.a, da, da, ctx);
+      kernels::ReluBackward(a, da, da, ctx);
       break;
     case Activation::kSwiglu:
       db = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-      kernels::SwigluBackward(acts.a, acts.b, da, da, db, ctx);
+      kernels::SwigluBackward(a, b, da, da, db, ctx);
       break;
   }
 
@@ -305,7 +316,8 @@ DenseMlp::DenseMlp(Experts experts) : experts_(std::move(experts)) {
 ExpertsActivations DenseMlp::Forward(const Tensor& x, DeviceContext* ctx) const {
   SY_CHECK_EQ(x.ndim(), 2) << "DenseMlp::Forward: x " << ShapeString(x.shape());
   const int64_t rows[1] = {x.dim(0)};
-  return experts_.Forward(x, rows, ctx);
+  return experts_.Forward(x, rows, ctx, kernels::GroupSchedule::kAuto,
+                          kernels::KeepInput::kAsGiven);
 }
 
 Tensor DenseMlp::Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx) {

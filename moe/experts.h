@@ -34,6 +34,7 @@
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 #include "engine/parallel/parameter.h"
+#include "kernels/activation_storage.h"
 #include "kernels/gemm.h"
 #include "moe/moe_config.h"
 
@@ -78,7 +79,10 @@ struct ExpertsParams {
 };
 
 
-// What Backward needs from one Forward; R rows, f = d_hidden.
+// What Backward needs from one Forward; R rows, f = d_hidden. Under bf16 activation storage
+// (kernels/activation_storage.h) x (unless Forward was told KeepInput::kAsGiven) and h are
+// the bf16 operands the products read, and a and b are kept rounded to bf16 (the forward
+// computed h from their f32 values).
 struct ExpertsActivations {
   Tensor x;                   // (R, d) the input, shared with the caller: keep it unchanged
   std::vector<int64_t> rows;  // (num_local) rows per local expert, sum R
@@ -121,9 +125,12 @@ class Experts {
   // grouped GEMMs of this call and of its Backward (kAuto: from rows_per_expert). Running
   // some experts (the others given zero rows) under the schedule of a call over all of them
   // gives each the bits that call gives it (the overlap chunks, moe/overlap.h).
+  // keep: what acts.x holds (kernels::KeptOperand): the products' operand (bf16 under bf16
+  // activation storage), or x as given (an input its producer keeps in f32 anyway).
   ExpertsActivations Forward(const Tensor& x, std::span<const int64_t> rows_per_expert,
                              DeviceContext* ctx = nullptr,
-                             kernels::GroupSchedule schedule = kernels::GroupSchedule::kAuto) const;
+                             kernels::GroupSchedule schedule = kernels::GroupSchedule::kAuto,
+                             kernels::KeepInput keep = kernels::KeepInput::kOperand) const;
   // dy (R, d) for acts.y. Adds into every parameter gradient; returns dx (R, d).
   Tensor Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
   // Sets every gradient to zero.
@@ -166,7 +173,8 @@ class DenseMlp {
   // Checks experts.options().num_local == 1.
   explicit DenseMlp(Experts experts);
 
-  // x (R, d) -> acts.y (R, d).
+  // x (R, d) -> acts.y (R, d). acts.x is x as given (KeepInput::kAsGiven): the shared
+  // experts' input is the MoE layer's input, which the router keeps in f32.
   ExpertsActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr) const;
   // Adds into the gradients; returns dx (R, d).
   Tensor Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);

@@ -243,7 +243,8 @@ std::vector<Section> Sections(Config& c) {
                 Bind("verify", &c.data.verify)}},
       {"runtime",
        {BindRuntimeDevice("device", &c.runtime.device),
-        BindNamed("precision", &c.runtime.precision, kPrecisionNames)}},
+        BindNamed("precision", &c.runtime.precision, kPrecisionNames),
+        BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames)}},
       {"plan", {Bind("world", &c.plan.world), Bind("device_memory_gib", &c.plan.device_memory_gib)}},
       {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };

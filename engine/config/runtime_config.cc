@@ -24,6 +24,12 @@ Status RuntimeConfig::Validate() const {
     return InvalidArgument("runtime.device='", device, "' is not one of ",
                            JoinNames(kDeviceTypeNames), ", cuda:N");
   }
+  if (activation_dtype == ActivationDtype::kBf16 && !bf16_products()) {
+    return InvalidArgument("runtime.activation_dtype=bf16 needs bf16 matrix products, but "
+                           "runtime.precision=", NameOf(kPrecisionNames, precision),
+                           " resolves to fp32 on ", device,
+                           "; set runtime.precision=bf16 or runtime.activation_dtype=fp32");
+  }
   return OkStatus();
 }
 

@@ -13,6 +13,13 @@
 
 namespace switchyard::config {
 
+// runtime.activation_dtype: what layers keep for backward (MODEL.md "Activation storage"):
+// fp32, or bf16 (products' inputs kept as the bf16 operands they read, pre-activations rounded
+// to bf16); bf16 needs bf16 matrix products. The forward's values are the same either way.
+enum class ActivationDtype { kFp32, kBf16 };
+inline constexpr EnumName<ActivationDtype> kActivationDtypeNames[] = {
+    {ActivationDtype::kFp32, "fp32"}, {ActivationDtype::kBf16, "bf16"}};
+
 // runtime.precision: the matrix products' input type (f32 accumulation, f32 master weights
 // and optimizer state); auto is bf16 on a GPU and fp32 on the CPU.
 enum class Precision { kAuto, kFp32, kBf16 };
@@ -38,13 +45,20 @@ inline std::ostream& operator<<(std::ostream& out, const RuntimeDevice& device) 
   return out << RuntimeDeviceName(device);
 }
 
-// runtime: where the step runs and the element type of its matrix products.
+// runtime: where the step runs, the element type of its matrix products and of the
+// activations kept for backward.
 struct RuntimeConfig {
   RuntimeDevice device;                    // cpu | cuda | cuda:N
   Precision precision = Precision::kAuto;  // auto | fp32 | bf16
+  ActivationDtype activation_dtype = ActivationDtype::kFp32;  // fp32 | bf16
+
+  // Whether the products run in bf16: precision bf16, or auto on a GPU.
+  bool bf16_products() const {
+    return precision == Precision::kBf16 || (precision == Precision::kAuto && !device.is_cpu());
+  }
 
   // Names the key and the value it rejects: a device ParseRuntimeDevice cannot produce
-  // (cpu with an index, an index below -1).
+  // (cpu with an index, an index below -1); activation_dtype bf16 with fp32 products.
   Status Validate() const;
 };
 

@@ -54,6 +54,14 @@ void DeviceContext::set_matmul_dtype(DType dtype) {
   matmul_dtype_ = dtype;
 }
 
+void DeviceContext::set_activation_dtype(DType dtype) {
+  SY_CHECK(dtype == DType::kF32 || dtype == DType::kBF16)
+      << "activations are kept in f32 or bf16, not " << DTypeName(dtype);
+  SY_CHECK(dtype == DType::kF32 || matmul_dtype_ == DType::kBF16)
+      << "bf16 activation storage needs bf16 matrix products (set_matmul_dtype first)";
+  activation_dtype_ = dtype;
+}
+
 void DeviceContext::Synchronize() {
   counters::CountReadback("synchronize");  // the host waits for the device, whatever the device
 #ifdef SY_HAVE_CUDA

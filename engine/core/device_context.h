@@ -42,6 +42,14 @@ class DeviceContext {
   DType matmul_dtype() const { return matmul_dtype_; }
   void set_matmul_dtype(DType dtype);
 
+  // The element type layers keep their activations for backward in (runtime.activation_dtype,
+  // MODEL.md "Activation storage", kernels/activation_storage.h): kF32 (the default, and a
+  // null context) or kBF16, which needs matmul_dtype kBF16 when it is set (set that first; a
+  // product may still switch matmul_dtype to f32 for itself, as the router's do). The
+  // forward's values are the same either way; only what is kept for backward is rounded.
+  DType activation_dtype() const { return activation_dtype_; }
+  void set_activation_dtype(DType dtype);
+
   // The bf16 shadows of the weights products read in bf16 mode (engine/core/weight_shadows.h);
   // empty unless the trainer registers its weights.
   WeightShadows& weight_shadows() { return weight_shadows_; }
@@ -59,6 +67,7 @@ class DeviceContext {
   void* cublas_ = nullptr;
   Tensor workspace_;
   DType matmul_dtype_ = DType::kF32;
+  DType activation_dtype_ = DType::kF32;
   WeightShadows weight_shadows_;
   StepReadback* step_readback_ = nullptr;
 };

@@ -7,6 +7,7 @@
 #include "engine/core/profile.h"
 #include "engine/core/step_readback.h"
 #include "engine/model/param_table.h"
+#include "kernels/activation_storage.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -301,7 +302,8 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
                      .Reshape({n, d});
   Tensor logits;  // (N, this rank's vocabulary columns)
   if (head_) {
-    acts.head = head_->Forward(acts.head_in, ctx);
+    // The head keeps its f32 input (acts.head_in) under either activation storage.
+    acts.head = head_->Forward(acts.head_in, ctx, /*add_bias=*/true, kernels::KeepInput::kAsGiven);
     logits = acts.head->y;
   } else {
     logits = Tensor::Empty({n, eo_.local_rows()}, DType::kF32, device());
@@ -376,6 +378,13 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
                             in.first_token, ctx, MoEGroupLayout(batch),
                             in.valid_rows >= 0 ? in.valid_rows * seq : -1);
     ffn = MoERowsOut(ba.moe->y, x.shape());
+  }
+  // Under bf16 activation storage the products keep their bf16 operands of the norms'
+  // outputs (dense/attention.h, dense/mlp.h); the norms' backward reads their inputs, so
+  // the f32 outputs go, except norm2's in a MoE block (the router keeps it as its input).
+  if (kernels::StoresBf16(ctx)) {
+    ba.norm1.y = Tensor();
+    if (b.mlp) ba.norm2.y = Tensor();
   }
   return Sum(ba.x_mid, ffn, ctx);
 }
@@ -465,7 +474,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     AcquireForBackward(LayerPart(i), i > 0 ? LayerPart(i - 1) : before_layers);
     const BlockActivations& kept = acts.blocks[i];
     BlockActivations again;  // full recompute: the block's forward once more, from its input
-    if (!kept.norm1.y.defined()) {
+    if (!kept.attn.out.defined()) {
       ForwardBlock(i, kept.x_in, in, dense::CoreAttention::kKeep, again);
     }
     dx = BackwardBlock(i, again.x_in.defined() ? again : kept, dx, aux_scale);

@@ -90,7 +90,7 @@ struct DecoderInput {
 // rebuilds the rest from it.
 struct BlockActivations {
   Tensor x_in;  // (B, S, d) the block input (the residual stream)
-  dense::NormActivations norm1, norm2;
+  dense::NormActivations norm1, norm2;  // y undefined under bf16 storage (ForwardBlock)
   dense::AttentionActivations attn;
   Tensor x_mid;  // x_in + attention
   std::optional<dense::MlpActivations> mlp;

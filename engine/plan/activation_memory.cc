@@ -21,6 +21,13 @@ struct Shape {
   double norm;               // a norm's y and statistics
   double cp;                 // context-parallel ranks
   double q, kv;              // q, and k and v, of this rank's heads
+  double stats;              // a norm's statistics per row (mean and rstd, or rstd)
+  // runtime.activation_dtype=bf16 (MODEL.md "Activation storage"): the products' inputs
+  // are kept as bf16 operands (the norms' f32 outputs then go, but MoE blocks' norm2), the
+  // MLPs' and experts' pre-activations and hidden activations in bf16: `half` (0.5) of an
+  // f32 element each; their backward reads a and b back as f32 copies.
+  bool bf16 = false;
+  double half = 1;
 };
 
 Shape ShapeOf(const config::Config& c) {
@@ -33,6 +40,9 @@ Shape ShapeOf(const config::Config& c) {
   s.rows = s.sp ? 1.0 / s.P : 1.0;
   const double stats = m.norm == dense::NormKind::kLayerNorm ? 2 : 1;  // mean and rstd, or rstd
   s.norm = (s.d + stats) * s.rows;
+  s.stats = stats;
+  s.bf16 = c.runtime.activation_dtype == config::ActivationDtype::kBf16;
+  s.half = s.bf16 ? 0.5 : 1.0;
   s.cp = p.cp;
   // q, k and v of this rank's heads (k and v whole, plus this rank's head, when tp does not
   // divide the kv heads).
@@ -52,22 +62,28 @@ struct Piece {
 // the tp reduction. Backward: the residual gradient (this rank's rows), the FFN's input
 // gradient, dx of the projections, the attention output's gradient and dq, dk, dv; under
 // cp the ring's backward also holds the key/value block in hand and the one arriving, with
-// their gradients travelling alongside (kv each), and the delta (Hq).
+// their gradients travelling alongside (kv each), and the delta (Hq). Under bf16 storage
+// q, k and v keep one bf16 operand of the (gathered) input instead, and o.x is bf16; the
+// core attention's backward reads o.x back as an f32 copy (q) where it reads it (the fused
+// and ring paths), before dx (d >= q) exists, so the copy does not raise the peak.
 Piece AttentionElements(const Shape& s) {
+  const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
   const double attention =
-      (s.sp ? s.d : 0) + s.q + s.kv + s.hq / s.P + s.q + s.d + (s.tp ? s.d * s.rows : 0);
+      input + s.q + s.kv + s.hq / s.P + s.half * s.q + s.d + (s.tp ? s.d * s.rows : 0);
   const double ring_bwd = s.cp > 1 ? 4 * s.kv + s.hq / s.P : 0;
   return {.kept = attention, .backward = 2 * s.d * s.rows + s.d + 2 * s.q + s.kv + ring_bwd};
 }
 
 // Dense MLP (dense/mlp.h): the gathered input under sp, fc1's output (and fc3's under
 // swiglu), the activation h, fc2's partial output, the output after the tp reduction.
-// Backward: dy and dh (and db).
+// Backward: dy and dh (and db). Under bf16 storage: x's bf16 operand (gathered or not), a,
+// (b) and h in bf16; backward also holds the f32 copies of a (and b).
 Piece MlpElements(const config::Config& c, const Shape& s) {
   const double f = double(c.model.ff_hidden()) / s.P;
   const double mats = double(model::MlpMatrices(c.model.activation));
-  return {.kept = (s.sp ? s.d : 0) + mats * f + s.d + (s.tp ? s.d * s.rows : 0),
-          .backward = s.d * s.rows + s.d + (mats - 1) * f};
+  const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
+  return {.kept = input + s.half * mats * f + s.d + (s.tp ? s.d * s.rows : 0),
+          .backward = s.d * s.rows + s.d + (mats - 1) * f + (s.bf16 ? (mats - 1) * f : 0)};
 }
 
 // MoE (moe/moe_layer.h), per row this rank routes (its 1/tp of the tokens under tp):
@@ -82,7 +98,9 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // logits and probabilities (E each) and two sets of choices, gates and keep masks (2.25 k
 // each), gathered over tp x cp.
 // Backward: per admitted row dy, dx and dh (and db), a gate gradient per assignment, four
-// (E) router gradients.
+// (E) router gradients. Under bf16 storage the expert input x, a, (b) and h are bf16 (the
+// shared experts' a, (b), h too; their input is the layer's, kept f32 for the router), and
+// backward also holds f32 copies of a (and b) per admitted row.
 Piece MoEElements(const config::Config& c, const Shape& s) {
   const moe::MoEConfig& e = c.moe;
   const double d = s.d;
@@ -94,12 +112,15 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   const double admitted = cap < 0 ? k : std::min(k, E * double(cap) / group);  // per token
   const double emats = double(model::MlpMatrices(e.activation));
   const double fe = double(e.d_expert) / c.parallel.expert_tp();
-  const double per_row = 2 * d + emats * fe + (c.parallel.ep > 1 ? d : 0);  // x, y; a, (b), h
+  const double per_row =
+      s.half * d + d + s.half * emats * fe + (c.parallel.ep > 1 ? d : 0);  // x, y; a, (b), h
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
   const double router_in = e.jitter_eps > 0 ? 2 * d : (s.tp && !s.sp ? d : 0);
   return {.kept = whole_router + routed * (router_in + 4 * k + admitted * per_row +
-                                           (shared_h > 0 ? emats * shared_h + d : 0) + d),
-          .backward = d * s.rows + routed * (admitted * (2 * d + (emats - 1) * fe) + k + 4 * E)};
+                                           (shared_h > 0 ? s.half * emats * shared_h + d : 0) + d),
+          .backward = d * s.rows +
+                      routed * (admitted * (2 * d + (emats - 1) * fe * (s.bf16 ? 2 : 1)) + k +
+                                4 * E)};
 }
 
 // Each layer's kept bytes and Backward scratch under train.recompute.
@@ -107,17 +128,22 @@ void AddLayers(const config::Config& c, const Shape& s, double bytes, Activation
   const Piece attention = AttentionElements(s), mlp = MlpElements(c, s), moe = MoEElements(c, s);
   // x_mid, the layer's output (the residual stream, this rank's rows).
   const double residual = 2 * s.d * s.rows;
+  // A norm's output that only products read goes under bf16 storage (its statistics stay).
+  const double stats_only = s.stats * s.rows;
   for (int64_t i = 0; i < c.model.n_layers; ++i) {
     const bool is_moe = c.moe.IsMoELayer(i);
-    const double kept = s.norm + attention.kept + residual + s.norm + (is_moe ? moe.kept : mlp.kept);
+    const double norm1 = s.bf16 ? stats_only : s.norm;
+    const double norm2 = s.bf16 && !is_moe ? stats_only : s.norm;
+    const double kept = norm1 + attention.kept + residual + norm2 + (is_moe ? moe.kept : mlp.kept);
     const double scratch = std::max(attention.backward, is_moe ? moe.backward : mlp.backward);
     switch (c.train.recompute) {
       case model::Recompute::kNone:
         a.layer.push_back(bytes * kept);
         a.layer_backward.push_back(bytes * scratch);
         break;
-      case model::Recompute::kSelective:  // the core attention output and its lse go
-        a.layer.push_back(bytes * (kept - s.q - s.hq / s.P));
+      case model::Recompute::kSelective:  // the core attention output and its lse go (and
+                                          // come back in f32)
+        a.layer.push_back(bytes * (kept - s.half * s.q - s.hq / s.P));
         a.layer_backward.push_back(bytes * (scratch + s.q + s.hq / s.P));
         break;
       case model::Recompute::kFull:  // the layer's output (the next one's input) stays;
@@ -132,7 +158,8 @@ void AddLayers(const config::Config& c, const Shape& s, double bytes, Activation
 }  // namespace
 
 // Per token of the micro-batch, in f32 elements (4 bytes; i32 ids and u8 masks as their
-// share of 4 bytes). Names follow the layers' activation structs (dense/*.h, moe/*.h).
+// share of 4 bytes, bf16 tensors as half an element). Names follow the layers' activation
+// structs (dense/*.h, moe/*.h).
 ActivationBytes EstimateActivationBytes(const config::Config& c) {
   const Shape s = ShapeOf(c);
   const double group = double(c.train.micro_batch_size) * c.model.seq_len;

@@ -7,8 +7,9 @@
 // per-piece figures against a decoder's Forward and Backward, and tests/dist/pipeline_memory_test.cc
 // the step's peak against trained ranks.
 //
-// Figures are f32 bytes on one rank: its share under tensor / sequence parallelism
-// (parallel.tp, parallel.sequence_parallel) and with every token its experts can admit
+// Figures are bytes on one rank, each tensor at its element size (f32, or bf16 for what
+// runtime.activation_dtype=bf16 keeps in bf16, MODEL.md "Activation storage"): its share
+// under tensor / sequence parallelism (parallel.tp, parallel.sequence_parallel) and with every token its experts can admit
 // (capacity C = ceil(cf T k / E) per expert, cf = moe.capacity_factor), so routing that
 // drops tokens keeps less than the estimate.
 #pragma once

@@ -42,6 +42,10 @@ StatusOr<Runtime> MakeRuntime(const config::RuntimeConfig& runtime, dist::Commun
   const bool bf16 = runtime.precision == config::Precision::kBf16 ||
                     (runtime.precision == config::Precision::kAuto && device.is_cuda());
   rt.ctx->set_matmul_dtype(bf16 ? DType::kBF16 : DType::kF32);
+  // runtime.activation_dtype (Validate: bf16 only with bf16 products).
+  rt.ctx->set_activation_dtype(runtime.activation_dtype == config::ActivationDtype::kBf16
+                                   ? DType::kBF16
+                                   : DType::kF32);
   if (device.is_cuda() && world.size() > 1) {
     rt.device_world = dist::WorldCommunicator(device, rt.ctx.get());
     SY_ASSIGN_OR_RETURN(rt.device_pc, dist::ParallelContext::Create(*rt.device_world, mesh));

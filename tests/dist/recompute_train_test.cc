@@ -6,8 +6,9 @@
 // ZeRO-3 (the recomputed forward reads a block inside its acquire/release), two pipeline
 // stages (1F1B, and interleaved with two chunks per rank), and tp 2 with and without
 // sequence parallelism (one kv head, replicated over tp; full recompute repeats the tp
-// collectives too). For top-1 routing with capacity drops and jitter (the config) and
-// top-2 with GShard's random second choice.
+// collectives too). For top-1 routing with capacity drops and jitter (the config),
+// top-2 with GShard's random second choice, and bf16 products keeping bf16 activations
+// (runtime.activation_dtype=bf16) with swiglu experts.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -62,7 +63,11 @@ std::vector<std::vector<float>> Weights(Trainer& t) {
 TEST_F(RecomputeTrainTest, EveryModeTrainsTheSameBits) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
       {"top1_capacity_jitter", {}},
-      {"top2_random_second", {"moe.top_k=2", "moe.second_expert_policy=random"}}};
+      {"top2_random_second", {"moe.top_k=2", "moe.second_expert_policy=random"}},
+      // bf16 activation storage (MODEL.md "Activation storage"): recomputing a block rounds
+      // what it keeps exactly as its first forward did.
+      {"bf16_storage_swiglu",
+       {"runtime.precision=bf16", "runtime.activation_dtype=bf16", "moe.activation=swiglu"}}};
   for (const auto& [variant, model] : variants) {
     for (const Layout& layout : Layouts(R())) {
       SCOPED_TRACE(variant + ", " + layout.name);

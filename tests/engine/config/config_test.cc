@@ -384,6 +384,33 @@ TEST(ConfigTest, RuntimeSectionParsesAndNamesBadValues) {
   EXPECT_EQ(Error("runtime:\n  dtype: bf16\n"), "x.yaml: unknown key 'runtime.dtype'");
 }
 
+// runtime.activation_dtype: fp32 by default; bf16 needs bf16 products (precision bf16, or
+// auto on a GPU), and with fp32 products is one line naming both keys.
+TEST(ConfigTest, ActivationDtypeNeedsBf16Products) {
+  auto d = config::ParseConfig("", "x.yaml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->runtime.activation_dtype, config::ActivationDtype::kFp32);
+  EXPECT_NE(d->ToYaml().find("  precision: auto\n  activation_dtype: fp32\n"), std::string::npos);
+  for (const char* ok : {"runtime.precision=bf16", "runtime.device=cuda"}) {
+    auto c = config::ParseConfig("", "x.yaml", {"runtime.activation_dtype=bf16", ok});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->runtime.activation_dtype, config::ActivationDtype::kBf16);
+    EXPECT_TRUE(c->runtime.Validate().ok()) << ok << ": " << c->runtime.Validate();
+    auto again = config::ParseConfig(c->ToYaml(), "resolved");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->runtime.activation_dtype, config::ActivationDtype::kBf16);
+  }
+  EXPECT_EQ(Error("", {"runtime.activation_dtype=bf16"}),
+            "runtime.activation_dtype=bf16 needs bf16 matrix products, but runtime.precision=auto "
+            "resolves to fp32 on cpu; set runtime.precision=bf16 or runtime.activation_dtype=fp32");
+  EXPECT_EQ(Error("", {"runtime.activation_dtype=bf16", "runtime.precision=fp32",
+                       "runtime.device=cuda"}),
+            "runtime.activation_dtype=bf16 needs bf16 matrix products, but runtime.precision=fp32 "
+            "resolves to fp32 on cuda; set runtime.precision=bf16 or runtime.activation_dtype=fp32");
+  EXPECT_EQ(Error("", {"runtime.activation_dtype=fp16"}),
+            "--set: runtime.activation_dtype='fp16' is not one of fp32, bf16");
+}
+
 }  // namespace switchyard::train
 
 namespace switchyard::train {

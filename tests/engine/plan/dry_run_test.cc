@@ -7,6 +7,8 @@
 //    the estimated scratch, on the first stage (embedding + a layer), a middle one (a layer)
 //    and the last one (a layer + head); with a capacity that drops tokens the estimate
 //    (every admissible token) bounds what is kept from above.
+//  - ActivationBytesWithBf16Storage: with runtime.activation_dtype=bf16 the same, with the
+//    bf16 tensors at 2 bytes (kept exactly; Backward within the products' operand copies).
 //  - pipeline cases on the tiny config (2 layers) with hand-computed figures: the
 //    parameters each pipeline rank holds, micro-batches in flight and activation memory
 //    per stage, the bubble, and the step's workspace peak for GPipe and 1F1B;
@@ -16,6 +18,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,12 +80,23 @@ struct Measured {
   int64_t assignments = 0, admitted = 0;
 };
 
-// One micro-batch through a decoder stage on the CPU, measured on the workspace ledger.
+// One micro-batch through a decoder stage on the CPU, measured on the workspace ledger; with
+// runtime.precision=bf16 in a context with bf16 products and c's activation storage.
 Measured RunStage(const config::Config& c, const model::Stage& stage) {
   auto ep = dist::MakeLocalCommunicator(Device::Cpu(), 0);
+  std::unique_ptr<DeviceContext> ctx;
+  if (c.runtime.bf16_products()) {
+    ctx = DeviceContext::Create(Device::Cpu());
+    ctx->set_matmul_dtype(DType::kBF16);
+    if (c.runtime.activation_dtype == config::ActivationDtype::kBf16) {
+      ctx->set_activation_dtype(DType::kBF16);
+    }
+  }
   auto decoder = model::Decoder::Create(c.model, c.moe, 7,
-                                        model::DecoderParallel{.ep = ep.get(), .stage = stage});
+                                        model::DecoderParallel{.ep = ep.get(), .stage = stage},
+                                        ctx.get());
   SY_CHECK_OK(decoder.status());
+  (*decoder)->set_recompute(c.train.recompute);
   const int64_t b = c.train.micro_batch_size, s = c.model.seq_len;
   std::vector<int32_t> ids(b * s);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % c.model.vocab_size);
@@ -158,6 +173,67 @@ TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
   EXPECT_LT(m.admitted, m.assignments / 2 + 1);
   EXPECT_LE(m.kept, est.Stage(middle));
   EXPECT_GE(m.kept, 0.75 * est.Stage(middle));
+}
+
+// runtime.activation_dtype=bf16 (MODEL.md "Activation storage"): the decoder's Forward keeps
+// exactly the estimate with its bf16 tensors at 2 bytes, less than under f32 storage. Its
+// Backward holds the estimated scratch (with the f32 copies of the kept pre-activations)
+// plus, as under any bf16-product run, the bf16 operand copies of the gradients its products
+// read (kernels::MatmulOperand), which the estimate leaves to the device fit
+// (engine/plan/device_fit.cc): at most one function's, here bounded by the largest of
+// Experts::Backward's dy, da and db (d + 2 f per admitted row), the dense MLP's (d + f, one
+// Linear at a time) and the untied head's dlogits (V), 2 bytes each.
+TEST(DryRunTest, ActivationBytesWithBf16Storage) {
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"moe.jitter_eps=0"},
+      {"moe.activation=swiglu", "moe.top_k=2"},
+      {"moe.layer_freq=100", "model.d_ff=256"},
+      {"moe.layer_freq=100", "model.d_ff=256", "model.activation=swiglu"},
+      {"moe.layer_freq=2"},
+      {"model.norm=rmsnorm", "model.position=rope", "model.tie_embeddings=false"},
+      {"moe.num_shared_experts=1"},
+      {"model.n_heads=4", "model.n_kv_heads=2"},
+      // head_dim 64: the fused attention, whose backward reads the output back as f32.
+      {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128"},
+      {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128", "train.recompute=selective"},
+  };
+  for (std::vector<std::string> o : variants) {
+    std::string name;
+    for (const std::string& v : o) name += v + " ";
+    SCOPED_TRACE(name);
+    o.push_back("moe.capacity_factor=8");
+    o.push_back("runtime.precision=bf16");
+    const config::Config f32 = Tiny(o);
+    o.push_back("runtime.activation_dtype=bf16");
+    const config::Config c = Tiny(o);
+    const plan::ActivationBytes est = plan::EstimateActivationBytes(c);
+    const plan::ActivationBytes est_f32 = plan::EstimateActivationBytes(f32);
+    const double group = 4.0 * c.train.micro_batch_size * c.model.seq_len;  // 4 B per element
+    const double f_dense = double(c.model.ff_hidden()), f_expert = double(c.moe.d_expert);
+    const double k = c.moe.top_k, d = c.model.d_model, v = c.model.vocab_size;
+    const double copies =
+        0.5 * group * std::max({k * (d + 2 * f_expert), d + f_dense, v});
+    const model::Stage stages[] = {{.first_layer = 0, .end_layer = 1, .embedding = true, .head = false},
+                                   {.first_layer = 0, .end_layer = 1, .embedding = false, .head = false},
+                                   {.first_layer = 1, .end_layer = 2, .embedding = false, .head = true}};
+    for (const model::Stage& stage : stages) {
+      SCOPED_TRACE(stage.Describe(2));
+      const Measured m = RunStage(c, stage);
+      const Measured m_f32 = RunStage(f32, stage);
+      EXPECT_EQ(m.admitted, m.assignments);
+      EXPECT_EQ(m.kept, static_cast<int64_t>(est.Stage(stage)));
+      EXPECT_EQ(m_f32.kept, static_cast<int64_t>(est_f32.Stage(stage)));
+      EXPECT_LT(m.kept, m_f32.kept);
+      EXPECT_GE(m.backward, static_cast<int64_t>(est.StageBackward(stage)));
+      EXPECT_LE(m.backward, static_cast<int64_t>(est.StageBackward(stage) + copies));
+      std::printf("[ info     ] %s| %s: kept %lld (f32 storage %lld), backward %lld, "
+                  "estimate %.0f + copies <= %.0f\n",
+                  name.c_str(), stage.Describe(2).c_str(), static_cast<long long>(m.kept),
+                  static_cast<long long>(m_f32.kept), static_cast<long long>(m.backward),
+                  est.StageBackward(stage), copies);
+    }
+  }
 }
 
 // The tiny config's pieces by hand (per token of the 64-token micro-batch, f32 elements):
