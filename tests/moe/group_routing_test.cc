@@ -124,6 +124,7 @@ TEST(GroupRoutingTest, WholeGroupsAreTheRouterGroupByGroup) {
       EXPECT_EQ(Vec<uint8_t>(routed.router[g].keep), Vec<uint8_t>(r.keep));
       EXPECT_EQ(routed.aux[g], LoadBalancingLoss(r.probs, r.indices, c.aux_loss_coef, 0, nullptr));
       EXPECT_EQ(routed.z[g], ZLoss(r.logits, c.z_loss_coef, 0, nullptr));
+      EXPECT_EQ(routed.lse_sq[g], ZLoss(r.logits, 1.0f, 0, nullptr));  // z / coef, kept always
       Admission a = AdmitToCapacity(r.indices, r.gates, r.keep, E, capacity, policy);
       EXPECT_EQ(Vec<uint8_t>(routed.admission[g].kept), Vec<uint8_t>(a.kept));
       dropped += a.dropped;
@@ -291,6 +292,7 @@ TEST(GroupRoutingTest, RoutingStatsLeavesOutPaddingTokens) {
   r.admission.push_back(adm);
   r.aux = {0.25f};
   r.z = {0.5f};
+  r.lse_sq = {500.0f};
   const OwnRouting all{out.indices, Tensor(), adm.kept};
   const double ln2 = std::log(2.0);
 
@@ -315,6 +317,7 @@ TEST(GroupRoutingTest, RoutingStatsLeavesOutPaddingTokens) {
   EXPECT_EQ(two.groups, 1);
   EXPECT_EQ(two.aux_sum, 0.25);
   EXPECT_EQ(two.z_sum, 0.5);
+  EXPECT_EQ(two.lse_sq_sum, 500.0);  // a group value: the padding rows' logits count
   const MoEStats none = RoutingStats(r, all, E, nullptr, 0);
   EXPECT_EQ(none.tokens, 0);
   EXPECT_EQ(none.tokens_per_expert, (std::vector<int64_t>{0, 0}));

@@ -126,6 +126,14 @@ Measured RunStage(const config::Config& c, const model::Stage& stage) {
   return m;
 }
 
+// The stages of a two-layer model the activation tests run: layer 0 with the embedding,
+// layer 0 alone, layer 1 with the head.
+std::vector<model::Stage> TwoLayerStages() {
+  return {{.first_layer = 0, .end_layer = 1, .embedding = true, .head = false},
+          {.first_layer = 0, .end_layer = 1, .embedding = false, .head = false},
+          {.first_layer = 1, .end_layer = 2, .embedding = false, .head = true}};
+}
+
 TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
   struct Variant {
     std::string name;
@@ -153,10 +161,7 @@ TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
     const config::Config c = Tiny(o);
     const plan::ActivationBytes est = plan::EstimateActivationBytes(c);
     ASSERT_EQ(est.layer.size(), 2u);
-    const model::Stage stages[] = {{.first_layer = 0, .end_layer = 1, .embedding = true, .head = false},
-                                   {.first_layer = 0, .end_layer = 1, .embedding = false, .head = false},
-                                   {.first_layer = 1, .end_layer = 2, .embedding = false, .head = true}};
-    for (const model::Stage& stage : stages) {
+    for (const model::Stage& stage : TwoLayerStages()) {
       SCOPED_TRACE(stage.Describe(2));
       const Measured m = RunStage(c, stage);
       EXPECT_EQ(m.admitted, m.assignments);
@@ -214,10 +219,7 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
     const double k = c.moe.top_k, d = c.model.d_model, v = c.model.vocab_size;
     const double copies =
         0.5 * group * std::max({k * (d + 2 * f_expert), d + f_dense, v});
-    const model::Stage stages[] = {{.first_layer = 0, .end_layer = 1, .embedding = true, .head = false},
-                                   {.first_layer = 0, .end_layer = 1, .embedding = false, .head = false},
-                                   {.first_layer = 1, .end_layer = 2, .embedding = false, .head = true}};
-    for (const model::Stage& stage : stages) {
+    for (const model::Stage& stage : TwoLayerStages()) {
       SCOPED_TRACE(stage.Describe(2));
       const Measured m = RunStage(c, stage);
       const Measured m_f32 = RunStage(f32, stage);
