@@ -89,7 +89,7 @@ printf 'source=%s\nbuild=%s\narch=%s\n' "$root" "$root/$tree" "$arch" >"$pack/PR
 # GPU_CORPUS_DOCS documents per file, vocabulary 2000), prepared once into data/fortunes-gpu
 # here with the pack's own switchyard, so the pack stays well under the device tool's limit
 # (the whole prepared corpus is 14 MiB). GPU_CORPUS_DOCS=0 carries data/fortunes whole.
-corpus_docs=${GPU_CORPUS_DOCS:-4000}
+corpus_docs=${GPU_CORPUS_DOCS:-2000}
 if [ "$corpus_docs" = 0 ]; then
   corpus=data/fortunes
 else
