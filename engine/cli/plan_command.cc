@@ -76,6 +76,10 @@ StatusOr<plan::PlanInputs> Inputs(const Flags& f, const plan::Hardware& hw) {
   if (in.precision != "bf16" && in.precision != "fp32" && in.precision != "fp8" && in.precision != "fp8-cs") {
     return InvalidArgument("--precision ", in.precision, " is not one of bf16, fp32, fp8, fp8-cs");
   }
+  if (in.precision == "fp32" && config.runtime.activation_dtype == config::ActivationDtype::kBf16) {
+    return InvalidArgument("runtime.activation_dtype=bf16 needs bf16 matrix products, but the plan's "
+                           "precision is fp32; plan with --precision bf16 or set runtime.activation_dtype=fp32");
+  }
   SY_ASSIGN_OR_RETURN(in.skew, plan::ParseSkew(f.skew));
   in.config = std::move(config);
   return in;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <tuple>
 
 #include "engine/model/param_table.h"
 
@@ -54,6 +56,49 @@ Cost Totals(const std::vector<Cost>& pieces) {
 
 double Share(const Cost& c, const Cost& total) {
   return c.params / std::max(total.params, 1.0) + c.flops / std::max(total.flops, 1.0);
+}
+
+// The contiguous split of layers [0, L) into `stages` that minimises the largest stage cost
+// (dynamic programming over each stage's first layer, O(stages L^2)): prefix[i] is the cost
+// of layers [0, i); the first stage also pays first_extra, the last last_extra. Remembered
+// per thread, since the planner asks for the same split for thousands of layouts.
+std::vector<int64_t> BalancedSplit(const std::vector<double>& prefix, double first_extra,
+                                   double last_extra, int stages) {
+  using Key = std::tuple<int, double, double, std::vector<double>>;
+  thread_local std::map<Key, std::vector<int64_t>> memo;
+  Key key{stages, first_extra, last_extra, prefix};
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  const int64_t L = static_cast<int64_t>(prefix.size()) - 1;
+  auto cost = [&](int64_t lo, int64_t hi, int s) {  // layers [lo, hi) as stage s
+    double c = prefix[hi] - prefix[lo];
+    if (s == 0) c += first_extra;
+    if (s == stages - 1) c += last_extra;
+    return c;
+  };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // best[s][i]: the least bottleneck of layers [0, i) as stages 0..s; from[s][i] its split.
+  std::vector<std::vector<double>> best(stages, std::vector<double>(L + 1, kInf));
+  std::vector<std::vector<int64_t>> from(stages, std::vector<int64_t>(L + 1, -1));
+  for (int64_t i = 1; i <= L; ++i) best[0][i] = cost(0, i, 0);
+  for (int s = 1; s < stages; ++s) {
+    for (int64_t i = s + 1; i <= L; ++i) {
+      for (int64_t j = s; j < i; ++j) {
+        const double c = std::max(best[s - 1][j], cost(j, i, s));
+        if (c < best[s][i]) best[s][i] = c, from[s][i] = j;
+      }
+    }
+  }
+  std::vector<int64_t> counts(stages, 0);
+  int64_t end = L;
+  for (int s = stages - 1; s > 0; --s) {
+    const int64_t begin = from[s][end];
+    counts[s] = end - begin;
+    end = begin;
+  }
+  counts[0] = end;
+  if (memo.size() >= 4096) memo.clear();
+  memo.emplace(std::move(key), counts);
+  return counts;
 }
 
 }  // namespace
@@ -123,41 +168,11 @@ StatusOr<std::vector<Stage>> PartitionLayers(const ModelConfig& model, const moe
                              "model.n_layers=", L);
     }
   } else {
-    // Contiguous split minimising the largest stage cost (dynamic programming over the
-    // last stage's first layer).
     const std::vector<Cost> pieces = PieceCosts(model, moe);
     const Cost total = Totals(pieces);
     std::vector<double> prefix(L + 1, 0.0);
     for (int64_t i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + Share(pieces[1 + i], total);
-    const double first_extra = Share(pieces.front(), total);
-    const double last_extra = Share(pieces.back(), total);
-    auto cost = [&](int64_t lo, int64_t hi, int s) {  // layers [lo, hi) as stage s
-      double c = prefix[hi] - prefix[lo];
-      if (s == 0) c += first_extra;
-      if (s == stages - 1) c += last_extra;
-      return c;
-    };
-    constexpr double kInf = std::numeric_limits<double>::infinity();
-    // best[s][i]: the least bottleneck of layers [0, i) as stages 0..s; from[s][i] its split.
-    std::vector<std::vector<double>> best(stages, std::vector<double>(L + 1, kInf));
-    std::vector<std::vector<int64_t>> from(stages, std::vector<int64_t>(L + 1, -1));
-    for (int64_t i = 1; i <= L; ++i) best[0][i] = cost(0, i, 0);
-    for (int s = 1; s < stages; ++s) {
-      for (int64_t i = s + 1; i <= L; ++i) {
-        for (int64_t j = s; j < i; ++j) {
-          const double c = std::max(best[s - 1][j], cost(j, i, s));
-          if (c < best[s][i]) best[s][i] = c, from[s][i] = j;
-        }
-      }
-    }
-    counts.assign(stages, 0);
-    int64_t end = L;
-    for (int s = stages - 1; s > 0; --s) {
-      const int64_t begin = from[s][end];
-      counts[s] = end - begin;
-      end = begin;
-    }
-    counts[0] = end;
+    counts = BalancedSplit(prefix, Share(pieces.front(), total), Share(pieces.back(), total), stages);
   }
   std::vector<Stage> out;
   int64_t first = 0;

@@ -79,6 +79,10 @@ std::vector<int> DistinctRanks(const dist::Mesh& mesh) {
   return ranks;
 }
 
+double PredictRankPeak(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  return PredictRankMemory(c, mesh, rank).total() + OperandCopies(c, mesh, rank);
+}
+
 DeviceFit PredictDeviceFit(const config::Config& c, const dist::Mesh& mesh, std::vector<int> ranks) {
   if (ranks.empty()) ranks = DistinctRanks(mesh);
   DeviceFit best;

@@ -32,6 +32,10 @@ struct DeviceFit {
 // every other coordinate 0 (ranks that differ only in dp, cp, ep or etp hold equal shares).
 std::vector<int> DistinctRanks(const dist::Mesh& mesh);
 
+// One rank's DeviceFit::peak (model states, step workspace, operand copies), without the
+// report's terms: what the planner compares with the device.
+double PredictRankPeak(const config::Config& config, const dist::Mesh& mesh, int rank);
+
 // The largest of `ranks` (DistinctRanks when empty). CHECK-fails on a layout
 // Config::Validate rejects for mesh.world().
 DeviceFit PredictDeviceFit(const config::Config& config, const dist::Mesh& mesh,

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "engine/dist/mesh.h"
+#include "engine/plan/device_fit.h"
 #include "engine/plan/dry_run.h"
 
 namespace switchyard::plan {
@@ -105,17 +106,25 @@ std::vector<Layout> EnumerateLayouts(const PlanInputs& in) {
   return out;
 }
 
+config::Config DeviceConfig(const PlanInputs& in, const Layout& layout) {
+  config::Config c = layout.Apply(in.config);
+  c.runtime.device = config::RuntimeDevice{.type = DeviceType::kCUDA};
+  // The engine keeps no fp8 tensor: fp8 and fp8-cs products hold what bf16 ones do.
+  c.runtime.precision = in.precision == "fp32" ? config::Precision::kFp32 : config::Precision::kBf16;
+  return c;
+}
+
 double PeakMemory(const PlanInputs& in, const Layout& layout) {
-  const config::Config c = layout.Apply(in.config);
+  const config::Config c = DeviceConfig(in, layout);
+  SY_CHECK_OK(c.runtime.Validate());
   auto mesh = dist::Mesh::Create(in.world, c.parallel.MeshSizes(), c.parallel.order);
   SY_CHECK_OK(mesh.status());
-  const double act = in.precision == "fp32" ? 1.0 : 0.5;
   double peak = 0;
   for (int want : {0, layout.pp - 1}) {
     int rank = 0;
     while (mesh->Coord(rank, dist::View::kDense, dist::Axis::kPp) != want) ++rank;
-    const RankMemory r = PredictRankMemory(c, *mesh, rank);
-    peak = std::max(peak, r.model_states() + act * r.workspace);
+    peak = std::max(peak, PredictRankPeak(c, *mesh, rank));
+    if (layout.pp == 1) break;
   }
   return peak;
 }

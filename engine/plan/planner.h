@@ -27,7 +27,7 @@ struct Candidate {
   double tokens_per_s = 0;
   double flops_per_gpu = 0;  // model FLOP/s per device (ModelFlopsPerToken x tokens/s / world)
   double mfu = 0;            // flops_per_gpu over the device's peak
-  double peak_bytes = 0;     // the dry-run's largest rank (activations at the precision's size)
+  double peak_bytes = 0;     // PeakMemory: the dry-run's largest rank
   bool fits = false;
 };
 
@@ -36,9 +36,15 @@ std::vector<Layout> SearchSpace(const PlanInputs& in);
 // The layouts of the search space Validate accepts, in SearchSpace's order.
 std::vector<Layout> EnumerateLayouts(const PlanInputs& in);
 
-// The dry-run's peak bytes of the layout's busiest rank (its first and last pipeline
-// ranks: the most micro-batches in flight, the head): model states as PredictRankMemory
-// gives them, the workspace scaled from f32 to the precision's activation size.
+// The config the layout's devices would run: `layout` applied to in.config, on a GPU, its
+// products at in.precision (fp8 and fp8-cs as bf16: the engine keeps no fp8 tensor), its
+// activations kept as runtime.activation_dtype says.
+config::Config DeviceConfig(const PlanInputs& in, const Layout& layout);
+
+// The peak bytes of the layout's busiest rank (its first and last pipeline ranks: the most
+// micro-batches in flight, the head) as `train --dry-run` predicts them for DeviceConfig:
+// PredictDeviceFit's model states, step workspace and operand copies (bf16 weight shadows
+// at ZeRO stage 0). One memory model for the planner, the dry-run and its layout search.
 double PeakMemory(const PlanInputs& in, const Layout& layout);
 
 // Time, throughput and memory of one layout.

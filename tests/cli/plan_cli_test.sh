@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `switchyard plan`: the table and the JSON (rows fastest first, the same on a second run,
-# every layout valid for `switchyard mesh`), --config-layout, --skew from a routing log, and
+# every layout valid for `switchyard mesh`), --config-layout, its peak memory equal to
+# `train --dry-run`'s on a GPU, --skew from a routing log, and
 # usage errors (one line on stderr, nothing on stdout, exit status 2).
 # Usage: plan_cli_test.sh path/to/switchyard REPO
 set -u
@@ -44,6 +45,21 @@ python3 -c "
 import json, sys; j = json.load(open('$tmp/one.json')); l = j['layouts'][0]['layout']
 assert len(j['layouts']) == 1 and l['ep'] == 2 and l['dp'] == 2, j" || fail "config-layout: $(cat "$tmp/one.json")"
 
+# One memory model: the planner's peak for the config's layout is what `train --dry-run` prints
+# for it on a GPU, with activations kept in f32 and in bf16.
+for act in fp32 bf16; do
+  set_args=(--set parallel.ep=2 --set runtime.precision=bf16 --set runtime.activation_dtype=$act)
+  "$bin" plan --config "$cfg" --gpus 2 --config-layout --precision bf16 "${set_args[@]}" >"$tmp/mem" 2>&1 ||
+    fail "memory ($act): plan exit status $?: $(cat "$tmp/mem")"
+  planned=$(grep -E '^ +1 tp ' "$tmp/mem" | grep -oE '[0-9.]+ [KMG]iB')
+  "$bin" train --config "$cfg" --dry-run --world 2 "${set_args[@]}" --set runtime.device=cuda >"$tmp/dry" 2>&1 ||
+    fail "memory ($act): dry-run exit status $?: $(cat "$tmp/dry")"
+  dry=$(grep -oE '^peak / device \(largest rank [0-9]+\): [0-9.]+ [KMG]iB' "$tmp/dry" | grep -oE '[0-9.]+ [KMG]iB$')
+  [[ -n "$planned" && "$planned" == "$dry" ]] || fail "memory ($act): plan says '$planned', the dry-run '$dry'"
+  eval "peak_$act=\$planned"
+done
+[[ "$peak_fp32" != "$peak_bf16" ]] || fail "memory: runtime.activation_dtype=bf16 left the planned peak at $peak_fp32"
+
 # A routing log whose expert 0 takes half the tokens: ep 2 is slower than with no skew.
 echo '{"step": 1, "layers": [1, 3], "tokens_per_expert": [[40,4,4,4,4,4,10,10], [10,10,10,10,10,10,10,10]]}' >"$tmp/routing.jsonl"
 even=$("$bin" plan --config "$cfg" --gpus 2 --config-layout --set parallel.ep=2 --json | python3 -c "import json,sys; print(json.load(sys.stdin)['layouts'][0]['seconds']['ep'])")
@@ -65,6 +81,8 @@ expect_usage_error "bad skew" "--skew 0.5: the busiest rank's load over the mean
   plan --config "$cfg" --gpus 8 --skew 0.5
 expect_usage_error "bad precision" "--precision fp16 is not one of bf16, fp32, fp8, fp8-cs" \
   plan --config "$cfg" --gpus 8 --precision fp16
+expect_usage_error "bf16 activations, fp32 plan" "runtime.activation_dtype=bf16 needs bf16 matrix products, but the plan's precision is fp32" \
+  plan --config "$cfg" --gpus 8 --precision fp32 --set runtime.precision=bf16 --set runtime.activation_dtype=bf16
 expect_usage_error "indivisible batch" "--gpus 3 is not a multiple of the config's tp*cp*pp = 2" \
   plan --config "$cfg" --gpus 3 --set parallel.tp=2
 expect_usage_error "bad config key" "unknown key 'train.nope'" plan --config "$cfg" --gpus 8 --set train.nope=1
