@@ -256,7 +256,7 @@ class MoEDispatchPerf final : public Benchmark {
       mark("ungroup");
       Tensor returned = moe::ReturnRows(back, plan, ep);
       mark("return_a2a");
-      y_ = moe::Combine(returned, gate_, plan);
+      y_ = moe::Combine(returned, gate_, 1.0f, plan);
       mark("combine");
       if (timed) per_iter.push_back(t0 - start);
     });

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/core/check.h"
+#include "kernels/optimizer.h"
 #include "kernels/permute.h"
 
 namespace switchyard::moe {
@@ -232,19 +233,33 @@ Tensor Ungroup(const Tensor& grouped, const DispatchPlan& plan, DeviceContext* c
   return PermuteBlocks(grouped, plan, /*inverse=*/true, ctx);
 }
 
-Tensor Combine(const Tensor& out, const Tensor& gates, const DispatchPlan& plan,
+namespace {
+
+// s * gates in a fresh (N, k) tensor (one f32 product per gate, the same bits on every device);
+// the gates themselves when s is 1.
+Tensor ScaledGates(const Tensor& gates, float s, const Shape& shape, DeviceContext* ctx) {
+  if (s == 1.0f) return gates.Reshape(shape);
+  Tensor scaled = Tensor::Empty(shape, DType::kF32, gates.device());
+  scaled.CopyFrom(gates.Reshape(shape), ctx);
+  kernels::ScaleInPlace(scaled, s, ctx);
+  return scaled;
+}
+
+}  // namespace
+
+Tensor Combine(const Tensor& out, const Tensor& gates, float scale, const DispatchPlan& plan,
                const Tensor& extra, DeviceContext* ctx) {
   CheckRows(out, plan.num_assignments(), plan, "Combine input");
   SY_CHECK(gates.defined() && gates.numel() == plan.num_tokens() * plan.top_k())
       << "Combine gates: expected (" << plan.num_tokens() << ", " << plan.top_k() << "), got "
       << gates.DebugString();
   Tensor y = Tensor::Empty({plan.num_tokens(), out.dim(1)}, DType::kF32, out.device());
-  kernels::Combine(out, gates.Reshape({plan.num_tokens(), plan.top_k()}), plan.inverse(), extra,
-                   y, ctx);
+  kernels::Combine(out, ScaledGates(gates, scale, {plan.num_tokens(), plan.top_k()}, ctx),
+                   plan.inverse(), extra, y, ctx);
   return y;
 }
 
-void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates,
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, float scale,
                      const DispatchPlan& plan, Tensor& dout, Tensor& dgates,
                      DeviceContext* ctx) {
   CheckRows(dy, plan.num_tokens(), plan, "CombineBackward dy");
@@ -258,7 +273,10 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates,
       << "CombineBackward dgates: expected " << ShapeString(gate_shape) << ", got "
       << dgates.DebugString();
   Tensor dg = dgates.Reshape(gate_shape);
-  kernels::CombineBackward(dy, out, gates.Reshape(gate_shape), plan.slot_tensor(), dout, dg, ctx);
+  kernels::CombineBackward(dy, out, ScaledGates(gates, scale, gate_shape, ctx), plan.slot_tensor(),
+                           dout, dg, ctx);
+  // d/dg of s g: the scaled gates' gradient times s.
+  if (scale != 1.0f) kernels::ScaleInPlace(dg, scale, ctx);
 }
 
 }  // namespace switchyard::moe

@@ -119,14 +119,15 @@ Tensor Regroup(const Tensor& recv, const DispatchPlan& plan, DeviceContext* ctx 
 // The inverse permutation of Regroup. ep = 1: returns `grouped`.
 Tensor Ungroup(const Tensor& grouped, const DispatchPlan& plan, DeviceContext* ctx = nullptr);
 
-// y (N, d) = sum over a of gates[slot[a]] * out[a] (rows: (A, d) in expert order; gates:
-// (N, k) f32), plus `extra` (N, d) when defined (the shared experts' output, added last).
+// y (N, d) = sum over a of g[slot[a]] * out[a] with g = f32(scale * gates) (rows: (A, d) in
+// expert order; gates: (N, k) f32; scale: moe.routed_scaling_factor, 1 reads the gates as
+// they are), plus `extra` (N, d) when defined (the shared experts' output, added last).
 // Tokens with no kept assignment get zero (or extra).
-Tensor Combine(const Tensor& out, const Tensor& gates, const DispatchPlan& plan,
+Tensor Combine(const Tensor& out, const Tensor& gates, float scale, const DispatchPlan& plan,
                const Tensor& extra = Tensor(), DeviceContext* ctx = nullptr);
-// Backward of Combine: dout[a] = gates[slot[a]] * dy[token[a]] and
-// dgates[slot[a]] = dot(dy[token[a]], out[a]) (zero for dropped slots).
-void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates,
+// Backward of Combine: dout[a] = g[slot[a]] * dy[token[a]] and
+// dgates[slot[a]] = scale * dot(dy[token[a]], out[a]) (zero for dropped slots).
+void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, float scale,
                      const DispatchPlan& plan, Tensor& dout, Tensor& dgates,
                      DeviceContext* ctx = nullptr);
 

@@ -108,6 +108,10 @@ Status MoEConfig::Validate() const {
   if (!(aux_loss_coef >= 0.0f)) {
     return InvalidArgument("moe.aux_loss_coef=", aux_loss_coef, " must be >= 0");
   }
+  if (!(routed_scaling_factor > 0.0f) || !std::isfinite(routed_scaling_factor)) {
+    return InvalidArgument("moe.routed_scaling_factor=", routed_scaling_factor,
+                           " must be a finite number > 0 (1 leaves the gates as routed)");
+  }
   if (!(z_loss_coef >= 0.0f)) {
     return InvalidArgument("moe.z_loss_coef=", z_loss_coef, " must be >= 0");
   }

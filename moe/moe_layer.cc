@@ -259,7 +259,8 @@ Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActi
     acts.expert_out = ReturnRows(ungrouped, plan, *ep_, ctx);
   }
   if (shared_) acts.shared = shared_->Forward(h, ctx);
-  return Combine(acts.expert_out, acts.gates, plan, shared_ ? acts.shared->y : Tensor(), ctx);
+  return Combine(acts.expert_out, acts.gates, config_.routed_scaling_factor, plan,
+                 shared_ ? acts.shared->y : Tensor(), ctx);
 }
 
 // ---- Backward ---------------------------------------------------------------------------
@@ -309,7 +310,8 @@ Tensor MoELayer::CombineOutputsBackward(const MoEActivations& acts, const Tensor
                : Tensor::Zeros({n, d}, DType::kF32, device(), ctx);
   phase.emplace(Phase::kCombine);
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, device());
-  CombineBackward(dy, acts.expert_out, acts.gates, plan, dout, dgates, ctx);
+  CombineBackward(dy, acts.expert_out, acts.gates, config_.routed_scaling_factor, plan, dout,
+                  dgates, ctx);
   Tensor dgrouped;
   {
     const ScopedAllToAll timed(ep_->size() > 1);

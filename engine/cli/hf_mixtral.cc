@@ -70,6 +70,9 @@ Status CheckMixtralExpressible(const config::Config& c) {
   }
   if (e.bias) return no("moe.bias=true: Mixtral's experts have no biases");
   if (!e.normalize_gates) return no("moe.normalize_gates=false: Mixtral renormalises the top-k gates");
+  if (e.routed_scaling_factor != 1.0f) {
+    return no("moe.routed_scaling_factor=", e.routed_scaling_factor, ": Mixtral does not scale its experts' output");
+  }
   if (e.top_k > 1 && e.second_expert_policy != moe::SecondExpertPolicy::kAll) {
     return no("moe.second_expert_policy=", moe::SecondExpertPolicyName(e.second_expert_policy),
               ": Mixtral keeps every top-k choice");

@@ -24,7 +24,8 @@ namespace {
 // The model's architecture: the model section and the MoE keys that shape or route it.
 bool ModelKey(const std::string& section, const std::string& key) {
   static const char* const kMoEKeys[] = {"num_experts", "layer_freq", "top_k", "d_expert",
-                                         "activation", "bias", "normalize_gates", "score",
+                                         "activation", "bias", "normalize_gates",
+                                         "routed_scaling_factor", "score",
                                          "num_shared_experts", "d_shared"};
   return section == "model" ||
          (section == "moe" && std::find(std::begin(kMoEKeys), std::end(kMoEKeys), key) != std::end(kMoEKeys));

@@ -70,7 +70,7 @@ TEST_P(DispatcherTest, DispatchThenCombineIsTheIdentity) {
   }
   Tensor back = ReturnRows(Ungroup(out, plan), plan, *world);
   std::vector<float> unit(n * k, 1.0f);
-  Tensor y = Combine(back, Tensor::FromVector(unit, {n, k}), plan);
+  Tensor y = Combine(back, Tensor::FromVector(unit, {n, k}), 1.0f, plan);
 
   const float* hp = h.data<float>();
   for (int64_t t = 0; t < n; ++t) {
@@ -87,7 +87,7 @@ TEST_P(DispatcherTest, DispatchThenCombineIsTheIdentity) {
     for (int64_t j = 0; j < k; ++j)
       if (routing.kept[t * k + j]) { first[t * k + j] = 1.0f; break; }
   Tensor identity = Combine(ReturnRows(Ungroup(grouped, plan), plan, *world),
-                            Tensor::FromVector(first, {n, k}), plan);
+                            Tensor::FromVector(first, {n, k}), 1.0f, plan);
   for (int64_t t = 0; t < n; ++t) {
     bool any = false;
     for (int64_t j = 0; j < k; ++j) any |= routing.kept[t * k + j] != 0;
@@ -135,12 +135,12 @@ TEST(DispatcherCombineTest, BackwardGivesGateAndRowGradients) {
   ASSERT_EQ(plan.slot(), (std::vector<int64_t>{1, 2, 0}));
   Tensor out = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
   Tensor gates = Tensor::FromVector<float>({0.5f, 0.25f, 2.0f, 9.0f}, {2, 2});
-  Tensor y = Combine(out, gates, plan);
+  Tensor y = Combine(out, gates, 1.0f, plan);
   // y0 = 0.25 * (1, 2) + 0.5 * (5, 6); y1 = 2 * (3, 4).
   EXPECT_EQ(y.ToVector<float>(), (std::vector<float>{2.75f, 3.5f, 6, 8}));
   Tensor dy = Tensor::FromVector<float>({1, -1, 2, 0.5f}, {2, 2});
   Tensor dout = Tensor::Empty({3, 2}, DType::kF32), dgates = Tensor::Empty({2, 2}, DType::kF32);
-  CombineBackward(dy, out, gates, plan, dout, dgates);
+  CombineBackward(dy, out, gates, 1.0f, plan, dout, dgates);
   EXPECT_EQ(dout.ToVector<float>(), (std::vector<float>{0.25f, -0.25f, 4, 1, 0.5f, -0.5f}));
   // dgate = dy[token] . out[a]: slot0 = (1,-1).(5,6) = -1; slot1 = (1,-1).(1,2) = -1;
   // slot2 = (2,0.5).(3,4) = 8; slot3 dropped = 0.

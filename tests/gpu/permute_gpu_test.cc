@@ -328,7 +328,7 @@ TEST(DispatchPlanGpuTest, MatchesTheHostPlan) {
                            ctx.get());
   Tensor back = ReturnRows(Ungroup(grouped, dev, ctx.get()), dev, *ep, ctx.get());
   Tensor unit = Tensor::FromVector(std::vector<float>(n * k, 1.0f), {n, k}).To(cuda, ctx.get());
-  std::vector<float> y = gpu_test::ValuesOf<float>(Combine(back, unit, dev, Tensor(), ctx.get()),
+  std::vector<float> y = gpu_test::ValuesOf<float>(Combine(back, unit, 1.0f, dev, Tensor(), ctx.get()),
                                                    ctx.get());
   int64_t wrong = 0;
   for (int64_t t = 0; t < n; ++t) {

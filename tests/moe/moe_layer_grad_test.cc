@@ -3,7 +3,8 @@
 // for h, the router weight and every expert and shared-expert parameter. Inputs are chosen
 // so that no perturbation flips a routing or admission decision: the margins are asserted
 // before, and every perturbed Forward's routing is compared with the base one. Also:
-// several micro-batches in flight accumulate like sequential ones.
+// several micro-batches in flight accumulate like sequential ones, and
+// moe.routed_scaling_factor 4 scales the output and every gradient by exactly 4.
 #include "moe/moe_layer.h"
 
 #include <gtest/gtest.h>
@@ -117,6 +118,16 @@ std::vector<GradCase> GradCases() {
     c.config.drop_policy = DropPolicy::kProbability;
     c.config.normalize_gates = true;
     c.config.capacity_factor = 0.75f;
+    c.config.aux_loss_coef = 0.3f;
+    c.config.z_loss_coef = 0.1f;
+    cases.push_back(c);
+  }
+  {
+    GradCase c = MakeCase("routed_scaling_normalised_shared", Config(4, 2, Activation::kSwiglu));
+    c.config.routed_scaling_factor = 2.5f;
+    c.config.normalize_gates = true;
+    c.config.num_shared_experts = 1;
+    c.config.capacity_factor = 1.0f;
     c.config.aux_loss_coef = 0.3f;
     c.config.z_loss_coef = 0.1f;
     cases.push_back(c);
@@ -302,6 +313,44 @@ TEST(MoELayerInFlightTest, InterleavedMicroBatchesMatchSequential) {
   EXPECT_EQ(dh0.dim(0), 0);
   for (const Param& p : ParamsOf(layer)) {
     for (float g : p.grad.ToVector<float>()) ASSERT_EQ(g, 0.0f) << p.name;
+  }
+}
+
+// moe.routed_scaling_factor s multiplies the routed experts' combined output. At s = 4, a
+// power of two (every product and sum then scales exactly), with no shared experts and no
+// aux or z loss, the output, dh and every parameter gradient are exactly 4 times those at
+// s = 1, with unnormalised and normalised gates, under capacity and jitter.
+TEST(MoELayerScalingTest, PowerOfTwoFactorScalesEverythingExactly) {
+  for (bool normalize : {false, true}) {
+    SCOPED_TRACE(normalize ? "normalised gates" : "unnormalised gates");
+    MoEConfig c = Config(4, 2, Activation::kSwiglu);
+    c.normalize_gates = normalize;
+    c.capacity_factor = 1.0f;
+    c.jitter_eps = 0.1f;
+    LocalLayer one(c);
+    c.routed_scaling_factor = 4.0f;
+    LocalLayer four(c);
+    const int64_t T = 8, d = c.d_model;
+    Tensor h = Normal({2 * T, d}, 12, 1.0f), dy = Normal({2 * T, d}, 13, 1.0f);
+    const std::vector<float> zero = {0.0f, 0.0f};
+    MoEForward f1 = one.layer.Forward(h, T, true, 1, 0);
+    MoEForward f4 = four.layer.Forward(h, T, true, 1, 0);
+    EXPECT_GT(f1.stats.dropped(), 0);  // capacity 1.0 drops some: the mask is scaled alike
+    Tensor dh1 = one.layer.Backward(f1.acts, dy, zero, zero);
+    Tensor dh4 = four.layer.Backward(f4.acts, dy, zero, zero);
+    auto times4 = [](std::vector<float> v) {
+      for (float& x : v) x *= 4.0f;
+      return v;
+    };
+    EXPECT_EQ(f4.y.ToVector<float>(), times4(f1.y.ToVector<float>()));
+    EXPECT_EQ(dh4.ToVector<float>(), times4(dh1.ToVector<float>()));
+    const std::vector<Param> p1 = ParamsOf(one.layer), p4 = ParamsOf(four.layer);
+    ASSERT_EQ(p1.size(), p4.size());
+    for (size_t i = 0; i < p1.size(); ++i) {
+      const std::vector<float> g1 = p1[i].grad.ToVector<float>();
+      EXPECT_EQ(p4[i].grad.ToVector<float>(), times4(g1)) << p1[i].name;
+      EXPECT_NE(std::count(g1.begin(), g1.end(), 0.0f), static_cast<long>(g1.size())) << p1[i].name;
+    }
   }
 }
 

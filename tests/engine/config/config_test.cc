@@ -102,6 +102,12 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
             "parallel.virtual_stages)");
   EXPECT_EQ(with({"parallel.pipeline_layers=3"}),
             "--set: parallel.pipeline_layers: expected a list of integers, got '3'");
+  EXPECT_EQ(Error(kYaml, {"moe.routed_scaling_factor=2.5"}), "");
+  for (const char* bad : {"0", "-1"}) {
+    EXPECT_EQ(Error(kYaml, {StrCat("moe.routed_scaling_factor=", bad)}),
+              StrCat("moe.routed_scaling_factor=", bad,
+                     " must be a finite number > 0 (1 leaves the gates as routed)"));
+  }
   // Overlap chunks hold whole experts: at most E / ep of them.
   EXPECT_EQ(Error(kYaml, {"moe.overlap_chunks=2"}), "");
   EXPECT_EQ(Error(kYaml, {"moe.overlap_chunks=0"}),
