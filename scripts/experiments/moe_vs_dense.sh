@@ -12,6 +12,11 @@
 #   batch: dense and 16 experts at lr 1e-3, 2e-3, 4e-3 (4,096 tokens a step, 150 steps),
 #   and 16 experts at 2,048 tokens a step for 300 steps (the same tokens), one seed, each
 #   run evaluated on a 64-block sample (the curves' size; the full grid's is 1,024 blocks).
+# --grid gate: the gate-scale test (the page's "Why is the MoE behind?"): the full grid's
+#   16-expert run again with moe.routed_scaling_factor 16 (= E: top-1 gates start near 1/E,
+#   so the routed layer starts about E times smaller than the dense MLP), 3 seeds, in the
+#   full grid's directory beside its dense and 16-expert runs, which it reuses (a run with a
+#   run.json is never retrained), so the Δ is paired with the same seeds' dense runs.
 # --grid v1: the first two runs' grid (configs/experiments/base.yaml on data/code at
 #   vocabulary 8192: dense against top-1 over 4, 8, 16, 32 experts in layers 1 and 3 and
 #   top-2 over 8, capacity 1.25, cosine schedule, 1,024 tokens per step, 2000 steps).
@@ -19,10 +24,10 @@
 # seed with dense (Δ, paired t with pooled variance), the trend of Δ in log2 E, and the
 # same-seed speed-up (censored when the dense run never reaches the MoE run's loss).
 #
-#   bash scripts/experiments/moe_vs_dense.sh [--grid full|pre|v1|ci] [--out DIR] [--data DIR]
+#   bash scripts/experiments/moe_vs_dense.sh [--grid full|pre|gate|v1|ci] [--out DIR] [--data DIR]
 #        [--seeds N|LIST] [--steps N] [--jobs N] [--config F] [--bin PATH] [--set k=v ...]
 set -euo pipefail
-exp_more_grids="pre v1"
+exp_more_grids="pre gate v1"
 source "$(dirname "$0")/lib.sh"
 # --steps N sets the MoE runs' steps; the dense runs train 2N (full and ci grids).
 steps_arg=""
@@ -67,6 +72,15 @@ case "$exp_grid" in
     exp_run --name moe_vs_dense --title "moe_vs_dense pre-sweep: learning rate and batch" \
       "${settings[@]}" --default-steps 150 --default-seeds 1 --val-blocks 64 \
       --columns val_loss,perplexity,step_s,maxvio_batch,maxvio_global "$@" ;;
+  gate)
+    exp_config="$mvd_config" exp_data=data/code-v2048
+    n=${steps_arg:-600}
+    [[ "$n" =~ ^[0-9]+$ ]] || n=600
+    exp_run --name moe_vs_dense --title "MoE vs dense: the gate-scale test" \
+      --setting "dense=moe.layer_freq=1000 train.max_steps=$((2 * n))" \
+      --setting "top1-e16=moe.num_experts=16" \
+      --setting "top1-e16-s16=moe.num_experts=16 moe.routed_scaling_factor=16" \
+      --baseline dense --default-steps 600 --default-seeds 3 --columns "$cols" "$@" ;;
   v1)
     exp_data=data/code  # the first runs' corpus (vocabulary 8192)
     settings=(--setting "dense=moe.layer_freq=1000")  # no layer i with i % 1000 == 999
