@@ -108,6 +108,14 @@ std::vector<Case> Cases() {
     cases.push_back(c);
   }
   {
+    Case c{"top-2 swiglu, normalized gates, routed scaling 2.5, a shared expert",
+           BaseConfig(8, 2, Activation::kSwiglu)};
+    c.config.normalize_gates = true;
+    c.config.routed_scaling_factor = 2.5f;
+    c.config.num_shared_experts = 1;
+    cases.push_back(c);
+  }
+  {
     Case c{"top-2 gelu, random second expert, 3 groups", BaseConfig(8, 2, Activation::kGelu)};
     c.config.second_expert_policy = SecondExpertPolicy::kRandom;
     c.config.normalize_gates = true;
