@@ -104,7 +104,24 @@ std::vector<PipelineLayout> Layouts() {
   return out;
 }
 
-class PipelineMemoryTest : public testing::TrainFixture {};
+class PipelineMemoryTest : public testing::TrainFixture {
+ protected:
+  // `layout` on the tiny config (into `config`), trained kSteps steps without warm-up into
+  // dir(prefix + its name), the bf16 weight shadows on or off.
+  StatusOr<std::unique_ptr<Trainer>> TrainLayout(const PipelineLayout& layout, const std::string& prefix,
+                                           bool shadows, config::Config& config) {
+    std::vector<std::string> overrides = layout.overrides;
+    overrides.push_back(StrCat("train.max_steps=", kSteps));
+    overrides.push_back("train.warmup_steps=0");
+    config = TinyConfig(overrides);
+    testing::QuietStdout quiet;
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                        Trainer::Create(config, dir(prefix + layout.name), *world_));
+    trainer->device_context().weight_shadows().set_enabled(shadows);
+    SY_RETURN_IF_ERROR(trainer->Run(0));
+    return trainer;
+  }
+};
 
 TEST_F(PipelineMemoryTest, WorkspacePeakMatchesTheDryRun) {
   int ran = 0;
@@ -112,24 +129,12 @@ TEST_F(PipelineMemoryTest, WorkspacePeakMatchesTheDryRun) {
     if (layout.world != R()) continue;
     ++ran;
     SCOPED_TRACE(layout.name);
-    std::vector<std::string> overrides = layout.overrides;
-    overrides.push_back(StrCat("train.max_steps=", kSteps));
-    overrides.push_back("train.warmup_steps=0");
-    const config::Config config = TinyConfig(overrides);
-    StatusOr<std::unique_ptr<Trainer>> trainer = Internal("not created");
-    {
-      testing::QuietStdout quiet;
-      trainer = Trainer::Create(config, dir("pm_" + layout.name), *world_);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      // bf16 products keep a bf16 shadow of every weight they read (2 bytes an element),
-      // which the device fit adds (engine/plan/device_fit.cc) and the workspace estimate
-      // leaves out: off here, so the comparison is of the activations.
-      if (config.runtime.bf16_products()) {
-        (*trainer)->device_context().weight_shadows().set_enabled(false);
-      }
-      const Status ran = (*trainer)->Run(0);
-      ASSERT_TRUE(ran.ok()) << ran;
-    }
+    config::Config config;
+    // bf16 products keep a bf16 shadow of every weight they read (2 bytes an element),
+    // which the device fit adds (engine/plan/device_fit.cc) and the workspace estimate
+    // leaves out: off here, so the comparison is of the activations.
+    StatusOr<std::unique_ptr<Trainer>> trainer = TrainLayout(layout, "pm_", /*shadows=*/false, config);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
     auto mesh = dist::Mesh::Create(R(), config.parallel.MeshSizes(), config.parallel.order);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     const int rank = world_->rank();
@@ -198,18 +203,9 @@ TEST_F(PipelineMemoryTest, DevicePeakMatchesTheDeviceFit) {
     if (layout.world != R()) continue;
     ++ran;
     SCOPED_TRACE(layout.name);
-    std::vector<std::string> overrides = layout.overrides;
-    overrides.push_back(StrCat("train.max_steps=", kSteps));
-    overrides.push_back("train.warmup_steps=0");
-    const config::Config config = TinyConfig(overrides);
-    StatusOr<std::unique_ptr<Trainer>> trainer = Internal("not created");
-    {
-      testing::QuietStdout quiet;
-      trainer = Trainer::Create(config, dir("pd_" + layout.name), *world_);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      const Status ran_status = (*trainer)->Run(0);
-      ASSERT_TRUE(ran_status.ok()) << ran_status;
-    }
+    config::Config config;
+    StatusOr<std::unique_ptr<Trainer>> trainer = TrainLayout(layout, "pd_", /*shadows=*/true, config);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
     auto mesh = dist::Mesh::Create(R(), config.parallel.MeshSizes(), config.parallel.order);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     const int rank = world_->rank();
