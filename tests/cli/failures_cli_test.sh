@@ -33,6 +33,8 @@ failures=0
 tmp="$(mktemp -d)"
 running=""
 source "$(dirname "$0")/run_guard_lib.sh"
+# Each rank of a multi-rank job through rank_rc.sh, which records its exit status in $RC_DIR.
+rank_rc="$(cd "$(dirname "$0")" && pwd)/rank_rc.sh"
 SECONDS=0
 
 mkdir -p "$tmp/corpus"
@@ -53,15 +55,6 @@ EOF
 one=(--config "$tmp/tiny.yaml")
 two=(--config "$tmp/tiny.yaml" --set train.grad_accum=1 --set parallel.ep=2)
 
-# rank_rc.sh BIN ARGS...: one rank; writes its exit status to $RC_DIR/<rank>. mpirun
-# signals the process group: the shell outlives the SIGUSR1 that stops the rank.
-cat >"$tmp/rank_rc.sh" <<'EOF'
-trap : USR1
-"$@"
-rc=$?
-echo "$rc" >"$RC_DIR/${OMPI_COMM_WORLD_RANK:-0}"
-exit "$rc"
-EOF
 # run NP ARGS...: `switchyard train` on NP ranks (each rank's status in $tmp/rc/), output
 # in $tmp/out and $tmp/err; sets $rc. A 300 s limit turns a hang into a failure.
 run() {
@@ -74,7 +67,7 @@ run() {
     echo "$rc" >"$tmp/rc/0"
   else
     RC_DIR="$tmp/rc" timeout 300 bash "$mpirun_wrapper" "$np" -x RC_DIR -x SWITCHYARD_TEST_NAN_GRAD \
-      bash "$tmp/rank_rc.sh" "$bin" train "$@" >"$tmp/out" 2>"$tmp/err"
+      bash "$rank_rc" "$bin" train "$@" >"$tmp/out" 2>"$tmp/err"
     rc=$?
   fi
   [[ $rc -ne 124 ]] || fail "np=$np $*: timed out"
@@ -268,7 +261,7 @@ echo "--- leftovers of a killed save removed ($SECONDS s)"
 out="$tmp/preempt"
 rm -rf "$tmp/rc" && mkdir -p "$tmp/rc"
 RC_DIR="$tmp/rc" MPIRUN="bash $mpirun_wrapper" bash "$(dirname "$0")/../../scripts/mpirun_job.sh" 2 \
-  -x RC_DIR bash "$tmp/rank_rc.sh" "$bin" train "${two[@]}" --out "$out" \
+  -x RC_DIR bash "$rank_rc" "$bin" train "${two[@]}" --out "$out" \
   --set train.max_steps=1000000 --set train.checkpoint_every=0 >"$tmp/out" 2>"$tmp/err" &
 pid=$!
 running=$pid

@@ -44,6 +44,8 @@ rank_pids() {
   done | sort -n
 }
 source "$(dirname "$0")/run_guard_lib.sh"
+# Each rank of a multi-rank job through rank_rc.sh, which records its exit status in $RC_DIR.
+rank_rc="$(cd "$(dirname "$0")" && pwd)/rank_rc.sh"
 SECONDS=0
 
 # ---- data -------------------------------------------------------------------------------
@@ -236,13 +238,6 @@ for run_dir in tp etp; do
 done
 
 # ---- SIGTERM ------------------------------------------------------------------------------
-# rank_rc.sh BIN ARGS...: runs one rank and writes its exit status to $RC_DIR/<rank>.
-cat >"$tmp/rank_rc.sh" <<'EOF'
-"$@"
-rc=$?
-echo "$rc" >"$RC_DIR/${OMPI_COMM_WORLD_RANK:-0}"
-exit "$rc"
-EOF
 long=(--set train.max_steps=300)
 # sigterm_case NP EP: start a 300-step run, SIGTERM it (one rank only under mpirun) once it
 # has logged 3 steps, check the stop and the checkpoint, resume to the end, compare.
@@ -256,7 +251,7 @@ sigterm_case() {
     # Each rank through rank_rc.sh, which records its exit status in $tmp/rc-$tag/.
     rm -rf "$tmp/rc-$tag"
     mkdir -p "$tmp/rc-$tag"
-    RC_DIR="$tmp/rc-$tag" bash "$mpirun_wrapper" "$np" -x RC_DIR bash "$tmp/rank_rc.sh" "$bin" \
+    RC_DIR="$tmp/rc-$tag" bash "$mpirun_wrapper" "$np" -x RC_DIR bash "$rank_rc" "$bin" \
       train "${cfg[@]}" "${long[@]}" --out "$out" >"$tmp/sig.out" 2>"$tmp/sig.err" &
   fi
   pid=$!
