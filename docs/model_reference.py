@@ -308,7 +308,8 @@ def moe(h, p, name, layer, cfg, step, first_token, seq_len=0):
         out = ffn(h[ts], get("w1", e), get("w2", e), get("w3", e), get("b1", e), get("b2", e),
                   cfg["activation"])
         for (t, j), row in zip(rows, out):
-            y[t] += gates[t, j] * row
+            # moe.routed_scaling_factor s: the combine reads s * gate (model.md, step 7).
+            y[t] += cfg.get("routed_scaling_factor", 1.0) * gates[t, j] * row
     if name + ".shared.w1" in p:
         s = lambda key: p[f"{name}.shared.{key}"][0] if f"{name}.shared.{key}" in p else None
         y += ffn(h, s("w1"), s("w2"), s("w3"), s("b1"), s("b2"), cfg["activation"])

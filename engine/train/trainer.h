@@ -45,8 +45,9 @@ namespace switchyard::train {
 
 // A checkpoint's config.yaml (saved_yaml, named `source` in errors) against the running
 // config: every model.* key and the moe keys that shape or route the model (num_experts,
-// layer_freq, top_k, d_expert, activation, bias, normalize_gates, num_shared_experts,
-// d_shared) must be equal; the first difference is one error naming both values.
+// layer_freq, top_k, d_expert, activation, bias, normalize_gates, routed_scaling_factor,
+// score, num_shared_experts, d_shared) must be equal; the first difference is one error
+// naming both values.
 Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const config::Config& now);
 
 class Trainer {
