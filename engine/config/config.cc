@@ -237,6 +237,7 @@ std::vector<Section> Sections(Config& c) {
         Bind("eval_every", &t.eval_every), Bind("eval_batches", &t.eval_batches),
         Bind("checkpoint_every", &t.checkpoint_every),
         BindNamed("recompute", &t.recompute, model::kRecomputeNames),
+        Bind("head_chunk_tokens", &t.head_chunk_tokens),
         BindNamed("on_nonfinite", &t.on_nonfinite, kNonFiniteActionNames),
         Bind("max_nonfinite_skips", &t.max_nonfinite_skips),
         Bind("collective_timeout_s", &t.collective_timeout_s)}},

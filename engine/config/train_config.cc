@@ -48,6 +48,10 @@ Status TrainConfig::Validate() const {
     return InvalidArgument("train.collective_timeout_s=", collective_timeout_s,
                            " must be >= 0 seconds (0: no watchdog)");
   }
+  if (head_chunk_tokens < 0) {
+    return InvalidArgument("train.head_chunk_tokens=", head_chunk_tokens,
+                           " must be >= 0 (0: the whole micro-batch at once)");
+  }
   if (max_nonfinite_skips < 1) {
     return InvalidArgument("train.max_nonfinite_skips=", max_nonfinite_skips, " must be >= 1");
   }

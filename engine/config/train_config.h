@@ -58,6 +58,11 @@ struct TrainConfig {
   // full keeps each block's input alone and re-runs the block's forward in backward.
   // Results are bit-identical; memory falls, compute rises (full: one more forward).
   model::Recompute recompute = model::Recompute::kNone;
+  // The output head and its loss a chunk of this many tokens (rows) at a time
+  // (engine/model/decoder.h, "Head chunking"): only one chunk's logits exist at once, and
+  // backward computes each chunk's logits again (one more head forward). 0 (the default):
+  // the micro-batch's logits at once, kept as their gradient until backward.
+  int64_t head_chunk_tokens = 0;
   // What a step whose loss or global gradient norm is not finite (NaN, Inf) does
   // (docs/failures.md): stop saves nothing new and exits with code 3, the last good
   // checkpoint staying the latest; skip leaves the weights and the optimizer as they

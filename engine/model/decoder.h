@@ -102,7 +102,10 @@ struct DecoderActivations {
   std::vector<BlockActivations> blocks;
   dense::NormActivations norm_f;
   Tensor head_in;   // (B*S, d) the head's input (gathered over tp under sequence parallelism)
-  Tensor dlogits;   // (B*S, V/tp) the cross-entropy gradient (this rank's vocabulary), when training
+  Tensor dlogits;   // (B*S, V/tp) the cross-entropy gradient (this rank's vocabulary), when
+                    // training with the head whole
+  int64_t head_chunk = 0;  // rows per chunk when a training Forward chunked the head (then no
+                           // dlogits: Backward computes each chunk's logits again), else 0
   std::optional<dense::LinearActivations> head;  // untied head only
 };
 
@@ -201,6 +204,18 @@ class Decoder {
   void set_recompute(Recompute mode) { recompute_ = mode; }
   Recompute recompute() const { return recompute_; }
 
+  // Head chunking (train.head_chunk_tokens): with 0 < tokens < the micro-batch's rows,
+  // Forward runs the head and the cross-entropy `tokens` rows at a time, keeping no logits;
+  // Backward computes each chunk's logits again, then its gradient, the head's weight
+  // gradient and the chunk's rows of the head input's gradient. At most one chunk's logits
+  // (tokens x V/tp f32, and their bf16 operand in backward) exist at once, for one more head
+  // forward. The per-row losses and logits are the chunk's rows of the whole product; the
+  // sums over rows (the loss, the weight gradient) add chunk by chunk, so results agree
+  // with the whole head to rounding, not bit for bit. 0 (the default): whole. Applies to
+  // the Forward calls after it; each Backward follows its Forward.
+  void set_head_chunk(int64_t tokens) { head_chunk_ = tokens; }
+  int64_t head_chunk() const { return head_chunk_; }
+
   parallel::ParameterRegistry& registry() { return registry_; }
   const ModelConfig& config() const { return model_; }
   const moe::MoEConfig& moe_config() const { return moe_; }
@@ -254,6 +269,17 @@ class Decoder {
   // The last stage: the final norm, the head and the cross-entropy of x (the last block's
   // output) into out (its gradient kept in acts.dlogits when training).
   void ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out);
+  // Its chunked form (set_head_chunk): the loss sums of chunks of `chunk` rows.
+  void ForwardHeadChunked(const DecoderInput& in, int64_t chunk, DecoderOutput& out);
+  // The chunked head's backward: each chunk's logits again, their gradient, the head's
+  // weight gradient; returns the gradient of acts.head_in (N, d).
+  Tensor BackwardHeadChunked(const DecoderInput& in, const DecoderActivations& acts);
+  // The logits (rows, this rank's vocabulary) of the head's input rows; with `kept`, the
+  // untied head's activations for its backward.
+  Tensor HeadLogits(const Tensor& rows, std::optional<dense::LinearActivations>* kept) const;
+  // The step readback keeps the cross-entropy sums on the device (a training step on
+  // checked ids without tp); the head's loss paths branch on it.
+  bool CrossEntropyOnDevice(const DecoderInput& in) const;
   // Block k's forward from x (its input) into ba (x_in included); returns its output.
   // core: whether attention keeps its core output (selective recompute drops it).
   Tensor ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
@@ -306,6 +332,7 @@ class Decoder {
   parallel::ParameterRegistry registry_;
   ParameterHooks hooks_;
   Recompute recompute_ = Recompute::kNone;
+  int64_t head_chunk_ = 0;
 };
 
 }  // namespace switchyard::model

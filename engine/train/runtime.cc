@@ -78,6 +78,7 @@ StatusOr<std::vector<std::unique_ptr<model::Decoder>>> MakeStageDecoders(
                         model::Decoder::Create(config.model, config.moe, config.train.seed,
                                                parallel, rt.ctx.get()));
     chunk->set_recompute(config.train.recompute);
+    chunk->set_head_chunk(config.train.head_chunk_tokens);
     chunks.push_back(std::move(chunk));
   }
   return chunks;

@@ -320,6 +320,8 @@ TEST(ConfigTest, BadTrainKeysNameTheKeyAndValue) {
   EXPECT_EQ(invalid({"train.eps=0"}), "train.eps=0 must be > 0");
   EXPECT_EQ(invalid({"train.grad_clip=-1"}), "train.grad_clip=-1 must be >= 0 (0: no clipping)");
   EXPECT_EQ(invalid({"train.bucket_mb=0"}), "train.bucket_mb=0 must be in (0, 1e6]");
+  EXPECT_EQ(invalid({"train.head_chunk_tokens=-1"}),
+            "train.head_chunk_tokens=-1 must be >= 0 (0: the whole micro-batch at once)");
   // Config::Validate checks the train section too.
   EXPECT_EQ(Error(kYaml, {"train.beta2=1"}), "train.beta2=1 must be in [0, 1)");
 }
