@@ -63,6 +63,10 @@ struct TrainConfig {
   // backward computes each chunk's logits again (one more head forward). 0 (the default):
   // the micro-batch's logits at once, kept as their gradient until backward.
   int64_t head_chunk_tokens = 0;
+  // The rows the head computes at once for a micro-batch of `rows` rows on this rank.
+  int64_t head_rows(int64_t rows) const {
+    return head_chunk_tokens > 0 && head_chunk_tokens < rows ? head_chunk_tokens : rows;
+  }
   // What a step whose loss or global gradient norm is not finite (NaN, Inf) does
   // (docs/failures.md): stop saves nothing new and exits with code 3, the last good
   // checkpoint staying the latest; skip leaves the weights and the optimizer as they

@@ -171,8 +171,14 @@ ActivationBytes EstimateActivationBytes(const config::Config& c) {
   // (or reduce-scattered) rows.
   a.embedding = bytes * (s.tp ? d + d * rows : d);
   // Head: the final norm, the gathered rows under sp, the logits' gradient (B*S, V/tp).
-  a.head = bytes * (s.norm + (s.sp ? d : 0) + double(c.model.vocab_size) / s.P);
+  // Chunked (train.head_chunk_tokens), no logits are kept: Backward holds one chunk's
+  // logits (its rows x V/tp) beside the input's gradient, before the final norm's backward.
+  const int64_t head_rows = int64_t(group / s.cp);
+  const int64_t chunk = c.train.head_rows(head_rows);
+  const double vocab = double(c.model.vocab_size) / s.P;
+  a.head = bytes * (s.norm + (s.sp ? d : 0) + (chunk < head_rows ? 0 : vocab));
   a.head_backward = bytes * (d + d * rows);
+  if (chunk < head_rows) a.head_backward = std::max(a.head_backward, bytes * d + 4.0 * double(chunk) * vocab);
   a.hidden = bytes * d * rows;
   // tokens and targets on the device (this rank's chunks under cp); on the CPU the loader's
   // batch (inputs, targets, document labels: whole sequences) is in the same ledger.

@@ -205,6 +205,7 @@ StepTime MicroBatch(const Ctx& c, const std::vector<model::Stage>& chunks) {
   const Pass attention = Attention(c), dense = Add(attention, DenseMlp(c));
   const Pass moe_layer = Add(attention, MoeMlp(c));
   Pass f;
+  double head_again = 0;  // head chunking: Backward's second head forward
   for (const model::Stage& s : chunks) {
     double n_moe = 0, n_dense = 0;
     for (int64_t i = s.first_layer; i < s.End(m.n_layers); ++i) {
@@ -215,11 +216,15 @@ StepTime MicroBatch(const Ctx& c, const std::vector<model::Stage>& chunks) {
       const double v = double(m.vocab_size) / c.l.tp;
       f.compute += Gemm(c, c.t, v, m.d_model) + Elementwise(c, 3 * c.t * v);
       f.ops += kHeadOps;
+      if (c.in.config.train.head_rows(int64_t(c.t)) < int64_t(c.t)) {
+        head_again += Gemm(c, c.t, v, m.d_model) + Elementwise(c, 2 * c.t * v);
+      }
     }
     if (s.embedding) f.compute += Elementwise(c, 2 * c.t * m.d_model), f.ops += kEmbeddingOps;
   }
   const bool full = c.l.recompute == model::Recompute::kFull;
-  const double redo = full ? f.compute : c.l.recompute == model::Recompute::kSelective ? f.attention : 0;
+  const double redo = (full ? f.compute : c.l.recompute == model::Recompute::kSelective ? f.attention : 0) +
+                      head_again;
   // Every operation's fixed cost: forward, backward (twice the operations), full recompute;
   // a collective's once forward and once backward (and again under full recompute).
   f.compute += f.ops * c.op_s;

@@ -57,11 +57,16 @@ double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) 
   const double tokens = double(c.train.micro_batch_size) * c.model.seq_len / c.parallel.cp;
   const double tp = mesh.tp();
   double width = std::max<double>(c.model.d_model, double(c.model.ff_hidden()) / tp);
-  if (head) width = std::max(width, std::ceil(double(c.model.vocab_size) / tp));
   bool any_moe = false;
   for (int64_t i = 0; i < c.model.n_layers; ++i) any_moe = any_moe || (layer[i] && c.moe.IsMoELayer(i));
   if (any_moe) width = std::max(width, double(c.moe.top_k) * c.moe.d_expert / mesh.etp());
-  return 2.0 * shadowed + bytes * (weight + tokens * width);
+  double widest = tokens * width;
+  // The logits' gradient operand: the head's rows at once (one chunk under head chunking).
+  if (head) {
+    const double rows = double(c.train.head_rows(int64_t(tokens)));
+    widest = std::max(widest, rows * std::ceil(double(c.model.vocab_size) / tp));
+  }
+  return 2.0 * shadowed + bytes * (weight + widest);
 }
 
 }  // namespace

@@ -23,7 +23,8 @@
 //    packed gradient. The estimate counts every token the experts' capacity admits; the
 //    tiny router drops some, so the measured peak sits a little below it.
 //  - DevicePeakMatchesTheDeviceFit: with bf16 products and their weight shadows on (pp 2,
-//    dp 2, pp 2 x tp 2, pp 2 x dp 2 under ZeRO-1), the whole measured peak (model states
+//    dp 2, pp 2 x tp 2, pp 2 x dp 2 under ZeRO-1; pp 2 and pp 2 x tp 2 with the head in
+//    chunks of 16 rows), the whole measured peak (model states
 //    plus the workspace's high-water mark, shadows and operand copies included) is within
 //    10% of PredictDeviceFit's peak, the figure `train --dry-run` and `switchyard plan`
 //    give (measured 1-9% below it).
@@ -197,6 +198,12 @@ TEST_F(PipelineMemoryTest, DevicePeakMatchesTheDeviceFit) {
        {"parallel.pp=2", "parallel.tp=2", "parallel.etp=1", "train.grad_accum=4", bf16[0], bf16[1]}},
       {"pp2_dp2_zero1_bf16", 4,
        {"parallel.pp=2", "parallel.zero_stage=1", "train.grad_accum=4", bf16[0], bf16[1]}},
+      // The head a chunk of rows at a time (train.head_chunk_tokens): no kept logits.
+      {"pp2_1f1b_m4_bf16_head_chunk", 2,
+       {"parallel.pp=2", "train.grad_accum=4", "train.head_chunk_tokens=16", bf16[0], bf16[1]}},
+      {"pp2_tp2_1f1b_m4_bf16_head_chunk", 4,
+       {"parallel.pp=2", "parallel.tp=2", "parallel.etp=1", "train.grad_accum=4",
+        "train.head_chunk_tokens=16", bf16[0], bf16[1]}},
   };
   int ran = 0;
   for (const PipelineLayout& layout : layouts) {

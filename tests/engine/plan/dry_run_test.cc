@@ -97,6 +97,7 @@ Measured RunStage(const config::Config& c, const model::Stage& stage) {
                                         ctx.get());
   SY_CHECK_OK(decoder.status());
   (*decoder)->set_recompute(c.train.recompute);
+  (*decoder)->set_head_chunk(c.train.head_chunk_tokens);
   const int64_t b = c.train.micro_batch_size, s = c.model.seq_len;
   std::vector<int32_t> ids(b * s);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % c.model.vocab_size);
@@ -153,6 +154,10 @@ TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
       {"shared_expert", {"moe.num_shared_experts=1"}},
       {"gqa", {"model.n_heads=4", "model.n_kv_heads=2"}},
       {"d64_seq32", {"model.d_model=64", "model.n_heads=4", "model.seq_len=32"}},
+      // The head in chunks of 24 of the 64 rows (24, 24, 16): no logits kept; one chunk's
+      // in its backward.
+      {"head_chunk", {"train.head_chunk_tokens=24"}},
+      {"head_chunk_untied", {"model.tie_embeddings=false", "train.head_chunk_tokens=24"}},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
@@ -202,6 +207,7 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
       // head_dim 64: the fused attention, whose backward reads the output back as f32.
       {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128"},
       {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128", "train.recompute=selective"},
+      {"model.tie_embeddings=false", "train.head_chunk_tokens=24"},
   };
   for (std::vector<std::string> o : variants) {
     std::string name;
