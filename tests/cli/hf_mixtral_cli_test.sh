@@ -93,6 +93,7 @@ done
 tiny_moe_config "$tmp/switch.yaml" "$tmp/data"
 "$bin" train --config "$tmp/switch.yaml" --out "$tmp/switch" --set train.max_steps=1 >/dev/null 2>&1
 "$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/biased" --set train.max_steps=1 --set moe.expert_bias_rate=0.01 >/dev/null 2>&1
+"$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/scaled" --set train.max_steps=1 --set moe.routed_scaling_factor=2.5 >/dev/null 2>&1
 err_one_line() {  # NAME WANT ARGS...: exit 1 and one stderr line containing WANT
   local name="$1" want="$2"; shift 2
   "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
@@ -102,7 +103,8 @@ err_one_line() {  # NAME WANT ARGS...: exit 1 and one stderr line containing WAN
 }
 err_one_line "layernorm" "model.norm=layernorm: Mixtral uses RMSNorm" export --format hf-mixtral "$tmp/switch" "$tmp/x1"
 err_one_line "expert bias" "moe.expert_bias_rate=0.01" export --format hf-mixtral "$tmp/biased" "$tmp/x2"
-[[ ! -e "$tmp/x1" && ! -e "$tmp/x2" ]] || fail "a refused export wrote its output"
+err_one_line "routed scaling" "moe.routed_scaling_factor=2.5: Mixtral does not scale its experts' output" export --format hf-mixtral "$tmp/scaled" "$tmp/x6"
+[[ ! -e "$tmp/x1" && ! -e "$tmp/x2" && ! -e "$tmp/x6" ]] || fail "a refused export wrote its output"
 err_one_line "non-empty OUT" "exists and is not an empty directory" export --format hf-mixtral "$tmp/untied" "$tmp/untied-hf"
 expect_usage_error "format" "--format=gguf is not one of hf-mixtral" export --format gguf "$tmp/untied" "$tmp/x3"
 expect_usage_error "one argument" "expected two arguments" export --format hf-mixtral "$tmp/untied"
