@@ -171,7 +171,7 @@ TEST(RecomputeTest, EveryModeGivesTheSameBits) {
     EXPECT_EQ(removed > 0, c.moe.second_expert_policy == moe::SecondExpertPolicy::kRandom);
     std::printf("[%s] ce_sum %.9g aux_sum %.9g z_sum %.9g, %lld assignments dropped, %lld "
                 "second choices removed\n",
-                c.name, want.out.ce_sum, want.out.aux_sum, want.out.z_sum,
+                c.name, double(want.out.ce_sum), double(want.out.aux_sum), double(want.out.z_sum),
                 static_cast<long long>(dropped), static_cast<long long>(removed));
 
     for (Recompute mode : {Recompute::kSelective, Recompute::kFull}) {
