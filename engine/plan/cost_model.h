@@ -75,6 +75,15 @@ struct PlanInputs {
   // The largest tp (and etp) searched; 0: no limit. The planner passes a node's devices:
   // tensor parallelism across nodes is never competitive (docs/plan.md).
   int max_tp = 0;
+  // What SearchSpace spans besides the sizes. `switchyard plan` searches all of it; `train
+  // --dry-run --search` (layout_search.h), which costs every layout's memory, a narrower part.
+  struct Scope {
+    bool cp = true;     // context parallelism (false: cp 1)
+    bool gpipe = true;  // GPipe beside 1F1B when pp > 1
+    std::vector<int> virtual_stages = {2, 3, 4, 6, 8};  // interleaved 1F1B's (pp x v <= layers)
+    // Sequences per micro-batch; empty: every power of two dividing a replica's batch.
+    std::vector<int64_t> micro_batch_sizes = {1, 2, 4, 8, 16};
+  } scope;
 };
 
 // Seconds of one step on its busiest pipeline rank.

@@ -5,17 +5,14 @@
 #include <sstream>
 #include <tuple>
 
+#include <map>
+#include <optional>
+
 #include "engine/model/param_table.h"
+#include "engine/plan/planner.h"
 
 namespace switchyard::plan {
 namespace {
-
-std::vector<int> Divisors(int64_t n, int64_t most) {
-  std::vector<int> out;
-  for (int64_t d = 1; d <= std::min(n, most); ++d)
-    if (n % d == 0) out.push_back(static_cast<int>(d));
-  return out;
-}
 
 // Recompute's extra forward as a fraction of the step's FLOPs: full redoes every layer's
 // forward (a third of 6N + 12LSH), selective the attention core (4 L S H of the 12).
@@ -45,34 +42,6 @@ bool Dominates(const LayoutCandidate& a, const LayoutCandidate& b) {
   return better;
 }
 
-// The model-parallel shapes of the world: (tp, pp, virtual stages, etp, ep).
-struct Shape {
-  int tp, pp, vs, etp, ep;
-};
-
-std::vector<Shape> Shapes(const config::Config& c, int world) {
-  std::vector<Shape> out;
-  bool any_moe = false;
-  for (int64_t i = 0; i < c.model.n_layers; ++i) any_moe = any_moe || c.moe.IsMoELayer(i);
-  for (int tp : Divisors(world, 8)) {
-    // etp: as tp, or 1 (whole experts) beside a split dense part.
-    std::vector<int> etps = {tp};
-    if (any_moe && tp > 1) etps.push_back(1);
-    const std::vector<int> eps = any_moe ? Divisors(c.moe.num_experts, c.moe.num_experts) : std::vector<int>{1};
-    for (int pp : Divisors(world / tp, c.model.n_layers)) {
-      for (int vs : {1, 2}) {
-        if (vs > 1 && (pp == 1 || pp * vs > c.model.n_layers)) continue;
-        for (int etp : etps) {
-          for (int ep : eps) {
-            if (world % (int64_t{etp} * ep * pp) == 0) out.push_back({tp, pp, vs, etp, ep});
-          }
-        }
-      }
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 LayoutSearch SearchLayouts(const config::Config& base, int world) {
@@ -80,52 +49,49 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
   const config::ParallelConfig& bp = base.parallel;
   search.global_batch = int64_t{world} / (int64_t{bp.tp} * bp.cp * bp.pp) * base.train.micro_batch_size *
                         base.train.grad_accum;
-  const model::Recompute recomputes[] = {model::Recompute::kNone, model::Recompute::kSelective,
-                                         model::Recompute::kFull};
+  // The planner's enumeration and layout check (planner.h), over the part of its space this
+  // search spans: tp inside a node of 8, no cp, 1F1B or interleaved with two virtual stages,
+  // every power-of-two micro-batch.
+  PlanInputs in{.config = base, .world = world, .global_batch = search.global_batch, .max_tp = 8};
+  in.scope = {.cp = false, .gpipe = false, .virtual_stages = {2}, .micro_batch_sizes = {}};
   double fraction[3];
-  for (int i = 0; i < 3; ++i) fraction[i] = RecomputeFraction(base, recomputes[i]);
+  for (model::Recompute r : {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull})
+    fraction[int(r)] = RecomputeFraction(base, r);
+  // One mesh, and the ranks to cost (one per pipeline rank; tp rank 0 holds the most
+  // vocabulary), per model-parallel shape.
+  struct MeshRanks {
+    dist::Mesh mesh;
+    std::vector<int> ranks;
+  };
+  std::map<std::tuple<int, int, int, int>, std::optional<MeshRanks>> meshes;
   std::vector<LayoutCandidate> fitting;
-  for (const Shape& s : Shapes(base, world)) {
-    const int64_t dp = world / (s.tp * s.pp);
-    if (search.global_batch % dp != 0) continue;
-    const int64_t per_replica = search.global_batch / dp;
-    auto mesh = dist::Mesh::Create(world, {.tp = s.tp, .cp = 1, .ep = s.ep, .etp = s.etp, .pp = s.pp}, bp.order);
-    if (!mesh.ok()) continue;
-    std::vector<int> ranks;  // one rank per pipeline rank (tp rank 0 holds the most vocabulary)
-    for (int r : DistinctRanks(*mesh))
-      if (mesh->Coord(r, dist::View::kDense, dist::Axis::kTp) == 0) ranks.push_back(r);
-    for (int64_t mb = 1; mb <= per_replica; mb *= 2) {
-      if (per_replica % mb != 0) continue;
-      for (int ri = 0; ri < 3; ++ri) {
-        for (int zero = 0; zero <= 3; ++zero) {
-          LayoutCandidate cand;
-          config::Config& c = cand.config;
-          c = base;
-          c.parallel.tp = s.tp, c.parallel.cp = 1, c.parallel.pp = s.pp, c.parallel.ep = s.ep;
-          c.parallel.etp = s.etp == s.tp ? 0 : s.etp;
-          c.parallel.virtual_stages = s.vs;
-          c.parallel.pipeline_schedule = s.vs > 1 ? parallel::PipelineSchedule::kInterleaved
-                                                  : parallel::PipelineSchedule::kOneFOneB;
-          c.parallel.pipeline_layers.clear();
-          c.parallel.zero_stage = zero;
-          c.train.micro_batch_size = mb;
-          c.train.grad_accum = per_replica / mb;
-          c.train.recompute = recomputes[ri];
-          if (!c.Validate(world).ok()) continue;
-          ++search.tried;
-          cand.fit = PredictDeviceFit(c, *mesh, ranks);
-          cand.work = (1 + fraction[ri]) * (1 + double(s.pp - 1) / (s.vs * double(c.train.grad_accum)));
-          if (cand.fit.fits()) fitting.push_back(cand);
-        }
+  for (const Layout& l : EnumerateLayouts(in)) {
+    auto [it, fresh] = meshes.try_emplace(std::tuple(l.tp, l.pp, l.ep, l.etp));
+    if (fresh) {
+      auto mesh = dist::Mesh::Create(world, {.tp = l.tp, .cp = 1, .ep = l.ep, .etp = l.etp, .pp = l.pp}, bp.order);
+      if (mesh.ok()) {
+        std::vector<int> ranks;
+        for (int r : DistinctRanks(*mesh))
+          if (mesh->Coord(r, dist::View::kDense, dist::Axis::kTp) == 0) ranks.push_back(r);
+        it->second = MeshRanks{std::move(*mesh), std::move(ranks)};
       }
     }
+    if (!it->second) continue;
+    LayoutCandidate cand;
+    cand.config = l.Apply(base);
+    if (!cand.config.Validate(world).ok()) continue;
+    ++search.tried;
+    cand.fit = PredictDeviceFit(cand.config, it->second->mesh, it->second->ranks);
+    cand.work = (1 + fraction[int(l.recompute)]) *
+                (1 + double(l.pp - 1) / (l.virtual_stages * double(l.micro_batches)));
+    if (cand.fit.fits()) fitting.push_back(std::move(cand));
   }
   for (const LayoutCandidate& c : fitting) {
     bool beaten = false;
     for (const LayoutCandidate& o : fitting) beaten = beaten || Dominates(o, c);
     if (!beaten) search.best.push_back(c);
   }
-  std::sort(search.best.begin(), search.best.end(), [&](const auto& a, const auto& b) {
+  std::stable_sort(search.best.begin(), search.best.end(), [&](const auto& a, const auto& b) {
     return std::tuple_cat(Cost(a), std::tuple(a.fit.peak)) < std::tuple_cat(Cost(b), std::tuple(b.fit.peak));
   });
   return search;

@@ -1,9 +1,10 @@
 // The layouts of a fixed world that fit its devices (`switchyard train --dry-run --search`,
-// docs/recipes.md): every tp (at most 8, inside a node), pp (1f1b, or interleaved with two
-// virtual stages), ep, etp (1 or tp), ZeRO stage, micro-batch and recompute that
-// config::ParallelConfig::Validate accepts for the world, with the config's global batch
+// docs/recipes.md): the planner's enumeration (planner.h's EnumerateLayouts, the one list of
+// layouts and the one layout check) over part of its space: every tp (at most 8, inside a
+// node), pp (1f1b, or interleaved with two virtual stages), ep, etp (1 or tp), ZeRO stage,
+// micro-batch (every power of two) and recompute, no cp, with the config's global batch
 // (dp x micro_batch_size x grad_accum sequences) kept; each judged by PredictDeviceFit, the
-// dry-run's own estimate, so the search and the dry-run never disagree.
+// dry-run's own estimate, so the search, the planner and the dry-run never disagree.
 #pragma once
 
 #include <string>

@@ -27,22 +27,29 @@ bool HasMoE(const config::Config& c) {
 }
 
 // (schedule, virtual stages) pairs for pp stages of a model of n_layers.
-std::vector<std::pair<PipelineSchedule, int>> Schedules(int pp, int64_t n_layers) {
+std::vector<std::pair<PipelineSchedule, int>> Schedules(const PlanInputs::Scope& scope, int pp,
+                                                        int64_t n_layers) {
   if (pp == 1) return {{PipelineSchedule::kOneFOneB, 1}};
-  std::vector<std::pair<PipelineSchedule, int>> out = {{PipelineSchedule::kGPipe, 1},
-                                                       {PipelineSchedule::kOneFOneB, 1}};
-  for (int v : {2, 3, 4, 6, 8}) {
+  std::vector<std::pair<PipelineSchedule, int>> out;
+  if (scope.gpipe) out.push_back({PipelineSchedule::kGPipe, 1});
+  out.push_back({PipelineSchedule::kOneFOneB, 1});
+  for (int v : scope.virtual_stages) {
     if (int64_t{pp} * v <= n_layers) out.push_back({PipelineSchedule::kInterleaved, v});
   }
   return out;
 }
 
 // The batch splits of one replica: (micro-batch size, micro-batches).
-std::vector<std::pair<int64_t, int64_t>> BatchSplits(int64_t global_batch, int dp) {
+std::vector<std::pair<int64_t, int64_t>> BatchSplits(const PlanInputs::Scope& scope,
+                                                     int64_t global_batch, int dp) {
   std::vector<std::pair<int64_t, int64_t>> out;
   if (global_batch % dp != 0) return out;
   const int64_t per = global_batch / dp;
-  for (int64_t mbs : {1, 2, 4, 8, 16}) {
+  std::vector<int64_t> sizes = scope.micro_batch_sizes;
+  if (sizes.empty()) {
+    for (int64_t mbs = 1; mbs <= per; mbs *= 2) sizes.push_back(mbs);
+  }
+  for (int64_t mbs : sizes) {
     if (per % mbs == 0) out.push_back({mbs, per / mbs});
   }
   return out;
@@ -50,8 +57,8 @@ std::vector<std::pair<int64_t, int64_t>> BatchSplits(int64_t global_batch, int d
 
 // The rest of the search below one (tp, cp, pp, ep, etp).
 void Expand(const PlanInputs& in, Layout base, std::vector<Layout>& out) {
-  for (auto [schedule, v] : Schedules(base.pp, in.config.model.n_layers)) {
-    for (auto [mbs, m] : BatchSplits(in.global_batch, base.dp(in.world))) {
+  for (auto [schedule, v] : Schedules(in.scope, base.pp, in.config.model.n_layers)) {
+    for (auto [mbs, m] : BatchSplits(in.scope, in.global_batch, base.dp(in.world))) {
       for (int zero = 0; zero <= 3; ++zero) {
         for (model::Recompute r : {model::Recompute::kNone, model::Recompute::kSelective,
                                    model::Recompute::kFull}) {
@@ -72,7 +79,7 @@ std::vector<Layout> SearchSpace(const PlanInputs& in) {
   const config::Config& c = in.config;
   for (int tp : Divisors(in.world)) {
     if (tp > c.model.n_heads || (in.max_tp > 0 && tp > in.max_tp)) continue;
-    for (int cp : Divisors(in.world / tp)) {
+    for (int cp : in.scope.cp ? Divisors(in.world / tp) : std::vector<int>{1}) {
       for (int pp : Divisors(in.world / (tp * cp))) {
         if (pp > c.model.n_layers) continue;
         const std::vector<int> eps = HasMoE(c) ? Divisors(in.world / pp) : std::vector<int>{1};
