@@ -420,9 +420,10 @@ Tensor Decoder::BackwardHeadChunked(const DecoderInput& in, const DecoderActivat
     if (head_) {
       head_->BackwardInto(*kept, logits, dh, 0.0f, ctx_);
     } else {
-      kernels::Gemm(logits, false, embed_->wte(), false, dh, 1.0f, 0.0f, ctx_);
+      const Tensor dl = kernels::MatmulOperand(logits, ctx_);  // one conversion, two products
+      kernels::Gemm(dl, false, embed_->wte(), false, dh, 1.0f, 0.0f, ctx_);
       Tensor grad_wte = embed_->grad_wte();
-      kernels::Gemm(logits, true, rows, false, grad_wte, 1.0f, 1.0f, ctx_);
+      kernels::Gemm(dl, true, rows, false, grad_wte, 1.0f, 1.0f, ctx_);
     }
   }
   return dhidden;
@@ -536,9 +537,11 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
       dhidden = head_->Backward(*acts.head, acts.dlogits, ctx);
     } else {
       dhidden = Tensor::Empty({acts.dlogits.dim(0), d}, DType::kF32, device());
-      kernels::Gemm(acts.dlogits, false, embed_->wte(), false, dhidden, 1.0f, 0.0f, ctx);
+      // The logits' gradient is the largest operand: converted once for both products.
+      const Tensor dl = kernels::MatmulOperand(acts.dlogits, ctx);
+      kernels::Gemm(dl, false, embed_->wte(), false, dhidden, 1.0f, 0.0f, ctx);
       Tensor grad_wte = embed_->grad_wte();
-      kernels::Gemm(acts.dlogits, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
+      kernels::Gemm(dl, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
     }
     if (head_) done(PartId::Head());
     Release(HeadPart());
