@@ -114,6 +114,15 @@ std::string DeviceFitReport(const config::Config& c, const DeviceFit& f) {
       << FormatBytes(m.optimizer) << " + workspace " << FormatBytes(m.workspace)
       << " (activations " << FormatBytes(f.activations) << ") + operand copies "
       << FormatBytes(f.operand_copies) << "\n";
+  // The head's logits, kept whole from forward to backward: a hint where they weigh.
+  const int64_t rows = c.train.micro_batch_size * c.model.seq_len / c.parallel.cp;
+  const double logits = 4.0 * double(rows) * std::ceil(double(c.model.vocab_size) / c.parallel.tp);
+  if (rows > 1 && c.train.head_rows(rows) == rows && logits >= 0.05 * f.peak) {
+    out << "  the head" << (c.parallel.pp > 1 ? " (on the last pipeline rank)" : "")
+        << " keeps each micro-batch's f32 logits, " << FormatBytes(logits)
+        << ", from forward to backward; train.head_chunk_tokens=" << std::clamp<int64_t>(rows / 4, 1, 4096)
+        << " would keep none (docs/config.md)\n";
+  }
   if (f.device <= 0) {
     out << "  device memory: not set (plan.device_memory_gib); no fit check\n";
     return out.str();

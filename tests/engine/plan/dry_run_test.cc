@@ -27,6 +27,7 @@
 #include "engine/dist/communicator.h"
 #include "engine/model/decoder.h"
 #include "engine/config/config.h"
+#include "engine/plan/device_fit.h"
 #include "engine/plan/dry_run.h"
 
 namespace switchyard::train {
@@ -133,6 +134,26 @@ std::vector<model::Stage> TwoLayerStages() {
   return {{.first_layer = 0, .end_layer = 1, .embedding = true, .head = false},
           {.first_layer = 0, .end_layer = 1, .embedding = false, .head = false},
           {.first_layer = 1, .end_layer = 2, .embedding = false, .head = true}};
+}
+
+// The device-fit report names train.head_chunk_tokens where the whole head's logits weigh
+// (at least 5% of the peak), and not once the head runs in chunks or where they do not.
+TEST(DryRunTest, DeviceFitReportSuggestsHeadChunking) {
+  const auto report = [](const std::vector<std::string>& o) {
+    const config::Config c = Tiny(o);
+    auto mesh = dist::Mesh::Create(1, c.parallel.MeshSizes(), c.parallel.order);
+    SY_CHECK_OK(mesh.status());
+    return plan::DeviceFitReport(c, plan::PredictDeviceFit(c, *mesh));
+  };
+  const std::string big = report({"model.vocab_size=8192"});
+  // 64 rows x 8192 words x 4 bytes.
+  EXPECT_NE(big.find("keeps each micro-batch's f32 logits, 2.00 MiB, from forward to backward; "
+                     "train.head_chunk_tokens=16 would keep none"),
+            std::string::npos)
+      << big;
+  EXPECT_EQ(report({"model.vocab_size=8192", "train.head_chunk_tokens=16"}).find("head_chunk_tokens"),
+            std::string::npos);
+  EXPECT_EQ(report({"model.vocab_size=16"}).find("head_chunk_tokens"), std::string::npos);
 }
 
 TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
