@@ -10,6 +10,7 @@
 //    lr whatever the gradient's size, so the parameters are compared after the update too).
 //  - bf16 matrix products (DeviceContext::set_matmul_dtype on both devices; the CPU rounds
 //    the operands the same way): losses to 1e-3 relative.
+//  - The head in chunks on the GPU against the CPU's whole head, to the f32 bounds.
 //  - A checkpoint saved from the GPU loads on the CPU bit for bit, and the other way round.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -159,6 +160,28 @@ TEST_F(TrainGpuTest, OneStepMatchesTheCpuInF32) {
   gpu.ctx->Synchronize();
   for (size_t i = 0; i < cp.size(); ++i) {
     EXPECT_LT(RelMaxDiff(gp[i].value, cp[i].value), 1e-4) << "parameter " << cp[i].name;
+  }
+}
+
+// The head in chunks of 5 rows on the GPU (train.head_chunk_tokens: each chunk's logits a
+// slice of its rows, computed again in backward) against the whole head on the CPU: the
+// same bounds as the f32 step above.
+TEST_F(TrainGpuTest, ChunkedHeadMatchesTheCpusWholeHead) {
+  Replica cpu = MakeReplica(config_, Device::Cpu());
+  Replica gpu = MakeReplica(config_, Device::Cuda(0));
+  CopyWeights(*cpu.decoder, gpu);
+  gpu.decoder->set_head_chunk(5);
+  auto [tokens, targets] = Batch(config_.model.vocab_size);
+  model::DecoderOutput c = Step(cpu, tokens, targets);
+  model::DecoderOutput g = Step(gpu, tokens, targets);
+  EXPECT_EQ(g.acts.head_chunk, 5);
+  EXPECT_EQ(g.ce_count, c.ce_count);
+  EXPECT_NEAR(g.ce_sum, c.ce_sum, 1e-5 * std::fabs(c.ce_sum));
+  auto& cp = cpu.decoder->registry().params();
+  auto& gp = gpu.decoder->registry().params();
+  for (size_t i = 0; i < cp.size(); ++i) {
+    if (!cp[i].grad.defined()) continue;
+    EXPECT_LT(RelMaxDiff(gp[i].grad, cp[i].grad), 1e-4) << "gradient of " << cp[i].name;
   }
 }
 
