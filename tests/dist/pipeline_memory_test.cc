@@ -107,6 +107,30 @@ std::vector<PipelineLayout> Layouts() {
 
 class PipelineMemoryTest : public testing::TrainFixture {
  protected:
+  // Rank 0 prints every rank's (measured, predicted[, operand copies]) bytes on one line:
+  // " r<rank> measured/predicted (+x.x%[, copies c])" (collective).
+  void PrintRanks(const std::string& what, const std::vector<double>& mine) {
+    const int64_t k = static_cast<int64_t>(mine.size());
+    Tensor all = Tensor::Empty({k * R()}, DType::kF64);
+    world_->AllGather(Tensor::FromVector(mine, {k}), all);
+    if (!is_root()) return;
+    const std::vector<double> v = all.ToVector<double>();
+    std::string line;
+    for (int r = 0; r < R(); ++r) {
+      const double* f = &v[r * k];
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), " r%d %.0f/%.0f (%+.1f%%", r, f[0], f[1], 100 * (f[0] / f[1] - 1));
+      line += buf;
+      if (k > 2) {
+        std::snprintf(buf, sizeof(buf), ", copies %.0f", f[2]);
+        line += buf;
+      }
+      line += ")";
+    }
+    std::printf("[ info     ] %s:%s\n", what.c_str(), line.c_str());
+    std::fflush(stdout);
+  }
+
   // `layout` on the tiny config (into `config`), trained kSteps steps without warm-up into
   // dir(prefix + its name), the bf16 weight shadows on or off.
   StatusOr<std::unique_ptr<Trainer>> TrainLayout(const PipelineLayout& layout, const std::string& prefix,
@@ -158,21 +182,7 @@ TEST_F(PipelineMemoryTest, WorkspacePeakMatchesTheDryRun) {
 
     // Every rank's figures on rank 0: measured peak, prediction, and how much of the 10%
     // the difference uses.
-    const std::vector<double> mine = {double(m.workspace_peak), predicted.workspace};
-    Tensor all = Tensor::Empty({2 * R()}, DType::kF64);
-    world_->AllGather(Tensor::FromVector(mine, {2}), all);
-    if (is_root()) {
-      const std::vector<double> v = all.ToVector<double>();
-      std::string line;
-      for (int r = 0; r < R(); ++r) {
-        char buf[96];
-        std::snprintf(buf, sizeof(buf), " r%d %.0f/%.0f (%+.1f%%)", r, v[2 * r], v[2 * r + 1],
-                      100 * (v[2 * r] / v[2 * r + 1] - 1));
-        line += buf;
-      }
-      std::printf("[ info     ] %s workspace peak / dry-run:%s\n", layout.name.c_str(), line.c_str());
-      std::fflush(stdout);
-    }
+    PrintRanks(layout.name + " workspace peak / dry-run", {double(m.workspace_peak), predicted.workspace});
     trainer->reset();
     world_->Barrier();
   }
@@ -219,21 +229,7 @@ TEST_F(PipelineMemoryTest, DevicePeakMatchesTheDeviceFit) {
     const Trainer::Memory m = (*trainer)->memory();
     const double measured = double(m.parameters + m.gradients + m.optimizer + m.workspace_peak);
     const plan::DeviceFit fit = plan::PredictDeviceFit(config, *mesh, {rank});
-    const std::vector<double> mine = {measured, fit.peak, fit.operand_copies};
-    Tensor all = Tensor::Empty({3 * R()}, DType::kF64);
-    world_->AllGather(Tensor::FromVector(mine, {3}), all);
-    if (is_root()) {
-      const std::vector<double> v = all.ToVector<double>();
-      std::string line;
-      for (int r = 0; r < R(); ++r) {
-        char buf[128];
-        std::snprintf(buf, sizeof(buf), " r%d %.0f/%.0f (%+.1f%%, copies %.0f)", r, v[3 * r],
-                      v[3 * r + 1], 100 * (v[3 * r] / v[3 * r + 1] - 1), v[3 * r + 2]);
-        line += buf;
-      }
-      std::printf("[ info     ] %s device peak / fit:%s\n", layout.name.c_str(), line.c_str());
-      std::fflush(stdout);
-    }
+    PrintRanks(layout.name + " device peak / fit", {measured, fit.peak, fit.operand_copies});
     EXPECT_LE(std::abs(measured / fit.peak - 1), kWorkspaceTol)
         << "rank " << rank << ": measured peak " << measured << " B, device fit " << fit.peak << " B";
     trainer->reset();
