@@ -1,9 +1,12 @@
-// Shared by the decoder tests (decoder_test, stage_test, recompute_test): the Llama/Mixtral
-// variants of a test's small GPT/Switch configs, and a chain of pipeline-stage decoders run
-// as one model on one process.
+// Shared by the decoder tests (decoder_test, stage_test, recompute_test, head_chunk_test):
+// the Llama/Mixtral variants of a test's small GPT/Switch configs, one Forward + Backward
+// with every gradient, and a chain of pipeline-stage decoders run as one model on one
+// process.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/model/decoder.h"
@@ -31,6 +34,20 @@ inline moe::MoEConfig MixtralLike(moe::MoEConfig sw) {
   sw.normalize_gates = true;
   sw.activation = moe::Activation::kSwiglu;
   return sw;
+}
+
+// What one Forward + Backward produced: the reported numbers and every trainable gradient.
+struct Result {
+  DecoderOutput out;
+  std::map<std::string, std::vector<float>> grads;
+};
+inline Result ForwardBackward(Decoder& dec, const DecoderInput& in) {
+  Result r;
+  r.out = dec.Forward(in);
+  dec.Backward(in, r.out);
+  for (const parallel::Parameter& p : dec.registry().params())
+    if (p.trainable) r.grads[p.name] = p.grad.ToVector<float>();
+  return r;
 }
 
 // A chain of stage decoders (model stages in order) as one model: forward through them in

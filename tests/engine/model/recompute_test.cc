@@ -39,7 +39,9 @@ using testing::LlamaLike;
 using testing::BackwardChain;
 using testing::ChainRun;
 using testing::ForwardChain;
+using testing::ForwardBackward;
 using testing::MixtralLike;
+using testing::Result;
 
 using parallel::Parameter;
 
@@ -86,21 +88,6 @@ DecoderInput Batch(const ModelConfig& m, int64_t batch) {
   in.ce_grad_scale = 1.0f / static_cast<float>(n - 1);
   in.aux_grad_scale = 0.5f;
   return in;
-}
-
-// What one Forward + Backward produced: the reported numbers and every gradient.
-struct Result {
-  DecoderOutput out;
-  std::map<std::string, std::vector<float>> grads;
-};
-
-Result ForwardBackward(Decoder& dec, const DecoderInput& in) {
-  Result r;
-  r.out = dec.Forward(in);
-  dec.Backward(in, r.out);
-  for (const Parameter& p : dec.registry().params())
-    if (p.trainable) r.grads[p.name] = p.grad.ToVector<float>();
-  return r;
 }
 
 // got == want bit for bit: the numbers Forward reports and every gradient.
