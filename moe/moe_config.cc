@@ -112,6 +112,10 @@ Status MoEConfig::Validate() const {
     return InvalidArgument("moe.routed_scaling_factor=", routed_scaling_factor,
                            " must be a finite number > 0 (1 leaves the gates as routed)");
   }
+  if (!(router_lr_scale > 0.0f) || !std::isfinite(router_lr_scale)) {
+    return InvalidArgument("moe.router_lr_scale=", router_lr_scale,
+                           " must be a finite number > 0 (1: the routers at train.lr)");
+  }
   if (!(z_loss_coef >= 0.0f)) {
     return InvalidArgument("moe.z_loss_coef=", z_loss_coef, " must be >= 0");
   }

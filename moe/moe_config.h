@@ -59,6 +59,9 @@ struct MoEConfig {
   // s: the routed experts' combined output is s * sum_k g_k E_k(x) (DeepSeek-V3's
   // routed_scaling_factor, Megatron's --moe-router-topk-scaling-factor); > 0, 1 by default.
   float routed_scaling_factor = 1.0f;
+  // The routers' learning rate is train.lr (and its schedule) times this; > 0, 1 by default.
+  // For studies that make the router move faster than the rest (docs/experiments/zloss.md).
+  float router_lr_scale = 1.0f;
   ScoreFunction score = ScoreFunction::kSoftmax;  // softmax | sigmoid (DeepSeek-V3)
   int64_t route_groups = 0;       // G > 0: node-limited routing over G groups of E/G experts
   int64_t route_group_topk = 0;   // M: the best groups a token may choose from (1 <= M <= G)

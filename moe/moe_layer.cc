@@ -118,6 +118,7 @@ std::vector<parallel::Parameter> MoELayer::Parameters() const {
   // its own rows only, so the router's gradient is summed over tp.
   parallel::Parameter router =
       parallel::Parameter::Dense("router.weight", router_weight_, grad_router_weight_, false);
+  router.lr_scale = config_.router_lr_scale;
   if (tp_) router.ReplicatedOver(Axis::kTp, /*grad_summed=*/true);
   out.push_back(std::move(router));
   // The routed experts describe their split over ep and etp (b2 whole over etp).

@@ -198,6 +198,7 @@ std::vector<Section> Sections(Config& c) {
         BindEnum("activation", &m.activation, moe::ParseActivation, moe::ActivationName),
         Bind("bias", &m.bias), Bind("normalize_gates", &m.normalize_gates),
         Bind("routed_scaling_factor", &m.routed_scaling_factor),
+        Bind("router_lr_scale", &m.router_lr_scale),
         BindEnum("score", &m.score, moe::ParseScoreFunction, moe::ScoreFunctionName),
         Bind("route_groups", &m.route_groups), Bind("route_group_topk", &m.route_group_topk),
         BindEnum("second_expert_policy", &m.second_expert_policy, moe::ParseSecondExpertPolicy,

@@ -94,6 +94,7 @@ struct Parameter {
   Shape box_shape;           // the box's size when flat_value (else value.shape())
   bool trainable = true;     // false: persistent state the optimizer skips (expert bias)
   bool weight_decay = true;  // AdamW decays it (matrices, not biases or norm weights)
+  float lr_scale = 1.0f;     // its learning rate is the step's times this (moe.router_lr_scale)
   Tensor value;              // this rank's box (shares storage with the layer)
   Tensor grad;               // the box's gradient; undefined when not trainable
   PartId part;               // the model's block (layer 3); see the file comment

@@ -1,5 +1,7 @@
 #include "engine/train/optimizer.h"
 
+#include <map>
+
 #include "engine/core/check.h"
 #include "kernels/optimizer.h"
 
@@ -62,9 +64,10 @@ void Optimizer::set_step(int64_t step) {
 void Optimizer::Step(float lr, float grad_scale) {
   std::vector<parallel::Parameter>& params = registry_.params();
   const int64_t t = step() + 1;
-  // AdamW: every parameter in one multi-tensor update (a few launches on a GPU), with the
-  // same per-element arithmetic as one AdamWUpdate per tensor.
-  std::vector<kernels::AdamWTensors> adamw;
+  // AdamW: every parameter in one multi-tensor update per learning-rate scale (a few
+  // launches on a GPU; one update unless moe.router_lr_scale sets another), with the same
+  // per-element arithmetic as one AdamWUpdate per tensor at lr times its scale.
+  std::map<float, std::vector<kernels::AdamWTensors>> adamw;
   // Offload: the owned gradients come down to the host, the update runs there (no device
   // context), the new values go back up.
   DeviceContext* update_ctx = options_.offload ? nullptr : ctx_;
@@ -83,15 +86,15 @@ void Optimizer::Step(float lr, float grad_scale) {
     }
     const float wd = p.weight_decay ? options_.weight_decay : 0.0f;
     if (options_.kind == OptimizerKind::kAdamW) {
-      adamw.push_back({value, grad, slot.exp_avg, slot.exp_avg_sq, wd});
+      adamw[p.lr_scale].push_back({value, grad, slot.exp_avg, slot.exp_avg_sq, wd});
     } else {
       if (grad_scale != 1.0f) kernels::ScaleInPlace(grad, grad_scale, update_ctx);
-      kernels::SgdUpdate(value, grad, slot.exp_avg, lr, options_.momentum, wd, update_ctx);
+      kernels::SgdUpdate(value, grad, slot.exp_avg, lr * p.lr_scale, options_.momentum, wd, update_ctx);
     }
   }
-  if (!adamw.empty()) {
-    kernels::AdamWUpdateMany(adamw, {.lr = lr, .beta1 = options_.beta1, .beta2 = options_.beta2,
-                                     .eps = options_.eps, .step = t, .grad_scale = grad_scale},
+  for (auto& [scale, tensors] : adamw) {
+    kernels::AdamWUpdateMany(tensors, {.lr = lr * scale, .beta1 = options_.beta1, .beta2 = options_.beta2,
+                                       .eps = options_.eps, .step = t, .grad_scale = grad_scale},
                              update_ctx);
   }
   if (options_.offload) {

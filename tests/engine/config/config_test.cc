@@ -108,6 +108,12 @@ TEST(ConfigTest, EveryBadInputNamesTheKeyAndValue) {
               StrCat("moe.routed_scaling_factor=", bad,
                      " must be a finite number > 0 (1 leaves the gates as routed)"));
   }
+  EXPECT_EQ(Error(kYaml, {"moe.router_lr_scale=10"}), "");
+  for (const char* bad : {"0", "-2"}) {
+    EXPECT_EQ(Error(kYaml, {StrCat("moe.router_lr_scale=", bad)}),
+              StrCat("moe.router_lr_scale=", bad,
+                     " must be a finite number > 0 (1: the routers at train.lr)"));
+  }
   // Overlap chunks hold whole experts: at most E / ep of them.
   EXPECT_EQ(Error(kYaml, {"moe.overlap_chunks=2"}), "");
   EXPECT_EQ(Error(kYaml, {"moe.overlap_chunks=0"}),

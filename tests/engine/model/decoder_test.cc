@@ -137,6 +137,13 @@ TEST(DecoderTest, RegistryNamesAndShapes) {
   EXPECT_FALSE(reg.Find("layers.0.norm1.weight")->weight_decay);
   EXPECT_TRUE(reg.Find("layers.0.attn.q.weight")->weight_decay);
   EXPECT_EQ((*dec)->moe_layer_ids(), (std::vector<int64_t>{1}));
+  // moe.router_lr_scale reaches the routers' parameters alone.
+  c.moe.router_lr_scale = 10.0f;
+  auto scaled = Decoder::Create(c.model, c.moe, 1, ep.get());
+  ASSERT_TRUE(scaled.ok());
+  for (const Parameter& p : (*scaled)->registry().params()) {
+    EXPECT_EQ(p.lr_scale, p.name.ends_with(".moe.router.weight") ? 10.0f : 1.0f) << p.name;
+  }
 }
 
 TEST(DecoderTest, BadConfigsAreRejected) {

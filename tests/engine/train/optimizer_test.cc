@@ -4,7 +4,7 @@
 //    bias-corrected moments, eps outside the sqrt); step 1's bias correction in closed form
 //    (mhat = g, vhat = g^2); no decay where Parameter::weight_decay is false; parameters
 //    with trainable = false untouched and without state; State() names, sharding and
-//    shared storage; the step count.
+//    shared storage; the step count; a parameter's lr_scale is its own learning rate.
 //  - SGD with momentum (and coupled L2 decay) vs torch.optim.SGD's formula.
 //  - The schedule at step 0, mid-warmup, the end of warmup, mid-cosine, max_steps, after.
 //  - The global norm and clipping vs a hand computation.
@@ -341,6 +341,38 @@ TEST(OptimizerTest, OffloadedUpdateEqualsTheInPlaceOne) {
                 offloaded.Find(name)->value.ToVector<float>())
           << config::OptimizerKindName(kind) << " " << name;
     }
+  }
+}
+
+// Parameter::lr_scale (moe.router_lr_scale for the routers): a scaled parameter moves
+// exactly as it would alone at lr times its scale, and the others exactly as at lr, over
+// several steps, for AdamW and SGD.
+TEST(OptimizerTest, LrScaleIsTheLearningRateOfItsParameter) {
+  constexpr float kLr = 1e-2f, kScale = 8.0f;
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    ParameterRegistry mixed, plain, scaled;
+    for (ParameterRegistry* reg : {&mixed, &plain, &scaled}) {
+      AddParam(*reg, "w", {0.5f, -1.25f, 2.0f, 0.125f});
+      AddParam(*reg, "router", {0.1f, -0.2f, 0.3f});
+    }
+    mixed.Find("router")->lr_scale = kScale;
+    const OptimizerOptions options{.kind = kind};
+    Optimizer a(mixed, options), b(plain, options), c(scaled, options);
+    for (int step = 0; step < 4; ++step) {
+      for (ParameterRegistry* reg : {&mixed, &plain, &scaled}) {
+        SetGrad(*reg, "w", {0.3f * step - 0.1f, 0.2f, -0.7f, 1.5f});
+        SetGrad(*reg, "router", {-0.05f, 0.4f * step, 0.25f});
+      }
+      a.Step(kLr);
+      b.Step(kLr);
+      c.Step(kLr * kScale);
+    }
+    const std::string k = config::OptimizerKindName(kind);
+    EXPECT_EQ(mixed.Find("w")->value.ToVector<float>(), plain.Find("w")->value.ToVector<float>()) << k;
+    EXPECT_EQ(mixed.Find("router")->value.ToVector<float>(), scaled.Find("router")->value.ToVector<float>())
+        << k;
+    EXPECT_NE(mixed.Find("router")->value.ToVector<float>(), plain.Find("router")->value.ToVector<float>())
+        << k;
   }
 }
 
