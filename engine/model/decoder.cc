@@ -5,15 +5,12 @@
 #include <cstring>
 
 #include "engine/core/profile.h"
-#include "engine/core/step_readback.h"
 #include "engine/model/param_table.h"
 #include "kernels/activation_storage.h"
-#include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/random.h"
 #include "engine/parallel/tensor_parallel.h"
-#include "engine/parallel/vocab_parallel.h"
 
 namespace switchyard::model {
 
@@ -288,147 +285,6 @@ Tensor Decoder::ForwardInput(const DecoderInput& in, const PartId& next,
   return acts.embed.y;
 }
 
-void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out) {
-  const int64_t n = in.tokens.numel(), d = model_.d_model;
-  const dense::TensorParallel tp = this->tp();
-  DeviceContext* ctx = ctx_;
-  DecoderActivations& acts = out.acts;
-  Acquire(PartId::NormF(), HeadPart());
-  ScopedPhase phase(Phase::kEmbeddingHeadLoss);  // the final norm, the head and the loss
-  acts.norm_f = norm_f_->Forward(x, ctx);
-  Release(PartId::NormF());
-  Acquire(HeadPart(), PartId());
-  acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)
-                     .Reshape({n, d});
-  if (head_chunk_ > 0 && head_chunk_ < n) {
-    ForwardHeadChunked(in, head_chunk_, out);
-    return;
-  }
-  Tensor logits = HeadLogits(acts.head_in, &acts.head);  // (N, this rank's vocabulary columns)
-  Tensor targets = in.targets.Reshape({n});
-  kernels::CrossEntropySums ce;
-  if (CrossEntropyOnDevice(in)) {
-    // A training step: the sums stay on the device until the step's one readback.
-    StepReadback::Slots slots = ctx->step_readback()->Reserve(2, device(), ctx);
-    kernels::CrossEntropyForwardBackwardInto(logits, targets, logits, in.ce_grad_scale,
-                                             kernels::kIgnoreIndex, slots.values, ctx);
-    acts.dlogits = logits;
-    out.ce_sum = PendingSum::Slot(slots.first);
-    out.ce_count = -1;
-    return;
-  }
-  if (tp.active()) {
-    ce = parallel::VocabParallelCrossEntropy(logits, targets, eo_.vocab_start(), eo_.valid_rows(),
-                                             *tp.comm, in.training ? &logits : nullptr,
-                                             in.ce_grad_scale, ctx);
-  } else if (in.training) {
-    ce = kernels::CrossEntropyForwardBackward(logits, targets, logits, in.ce_grad_scale,
-                                              kernels::kIgnoreIndex, ctx);
-  } else {
-    ce = kernels::CrossEntropyForward(logits, targets, kernels::kIgnoreIndex, ctx);
-  }
-  if (in.training) {
-    acts.dlogits = logits;
-  } else {
-    Release(HeadPart());  // a training forward keeps it for Backward
-  }
-  out.ce_sum = ce.loss_sum;
-  out.ce_count = ce.count;
-}
-
-bool Decoder::CrossEntropyOnDevice(const DecoderInput& in) const {
-  return ctx_ != nullptr && ctx_->step_readback() != nullptr && in.training && in.ids_checked &&
-         !tp().active();
-}
-
-Tensor Decoder::HeadLogits(const Tensor& rows, std::optional<dense::LinearActivations>* kept) const {
-  if (head_) {
-    // The head keeps its f32 input (acts.head_in) under either activation storage.
-    dense::LinearActivations a =
-        head_->Forward(rows, ctx_, /*add_bias=*/true, kernels::KeepInput::kAsGiven);
-    Tensor y = a.y;
-    if (kept != nullptr) *kept = std::move(a);
-    return y;
-  }
-  Tensor logits = Tensor::Empty({rows.dim(0), eo_.local_rows()}, DType::kF32, device());
-  kernels::Gemm(rows, false, embed_->wte(), true, logits, 1.0f, 0.0f, ctx_);
-  return logits;
-}
-
-void Decoder::ForwardHeadChunked(const DecoderInput& in, int64_t chunk, DecoderOutput& out) {
-  DecoderActivations& acts = out.acts;
-  const int64_t n = acts.head_in.dim(0);
-  const Tensor targets = in.targets.Reshape({n});
-  const dense::TensorParallel tp = this->tp();
-  const bool on_device = CrossEntropyOnDevice(in);
-  PendingSum loss;  // chunk sums in row order
-  int64_t count = 0;
-  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-    const int64_t r1 = std::min(n, r0 + chunk);
-    Tensor logits = HeadLogits(acts.head_in.Slice(r0, r1), nullptr);
-    const Tensor t = targets.Slice(r0, r1);
-    if (on_device) {
-      // The whole head's kernel (its gradient, scale 0, overwrites this chunk's logits).
-      StepReadback::Slots slots = ctx_->step_readback()->Reserve(2, device(), ctx_);
-      kernels::CrossEntropyForwardBackwardInto(logits, t, logits, 0.0, kernels::kIgnoreIndex,
-                                               slots.values, ctx_);
-      loss += PendingSum::Slot(slots.first);
-      continue;
-    }
-    const kernels::CrossEntropySums ce =
-        tp.active() ? parallel::VocabParallelCrossEntropy(logits, t, eo_.vocab_start(),
-                                                          eo_.valid_rows(), *tp.comm, nullptr,
-                                                          0.0f, ctx_)
-                    : kernels::CrossEntropyForward(logits, t, kernels::kIgnoreIndex, ctx_);
-    loss += ce.loss_sum;
-    count += ce.count;
-  }
-  out.ce_sum = loss;
-  out.ce_count = on_device ? -1 : count;
-  if (in.training) {
-    acts.head_chunk = chunk;
-  } else {
-    Release(HeadPart());  // a training forward keeps it for Backward
-  }
-}
-
-Tensor Decoder::BackwardHeadChunked(const DecoderInput& in, const DecoderActivations& acts) {
-  const int64_t n = acts.head_in.dim(0), d = model_.d_model, chunk = acts.head_chunk;
-  const Tensor targets = in.targets.Reshape({n});
-  const dense::TensorParallel tp = this->tp();
-  // Forward's loss paths, for the same gradient bits as the whole head's; the sums of the
-  // step-readback path go to a scratch pair (Forward reserved the ones the step reads).
-  const bool on_device = CrossEntropyOnDevice(in);
-  Tensor sums = on_device ? Tensor::Empty({2}, DType::kF64, device()) : Tensor();
-  Tensor dhidden = Tensor::Empty({n, d}, DType::kF32, device());
-  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-    const int64_t r1 = std::min(n, r0 + chunk);
-    const Tensor rows = acts.head_in.Slice(r0, r1), t = targets.Slice(r0, r1);
-    Tensor dh = dhidden.Slice(r0, r1);
-    std::optional<dense::LinearActivations> kept;
-    Tensor logits = HeadLogits(rows, &kept);  // Forward's bits again
-    if (on_device) {
-      kernels::CrossEntropyForwardBackwardInto(logits, t, logits, in.ce_grad_scale,
-                                               kernels::kIgnoreIndex, sums, ctx_);
-    } else if (tp.active()) {
-      parallel::VocabParallelCrossEntropy(logits, t, eo_.vocab_start(), eo_.valid_rows(),
-                                          *tp.comm, &logits, in.ce_grad_scale, ctx_);
-    } else {
-      kernels::CrossEntropyForwardBackward(logits, t, logits, in.ce_grad_scale,
-                                           kernels::kIgnoreIndex, ctx_);
-    }
-    if (head_) {
-      head_->BackwardInto(*kept, logits, dh, 0.0f, ctx_);
-    } else {
-      const Tensor dl = kernels::MatmulOperand(logits, ctx_);  // one conversion, two products
-      kernels::Gemm(dl, false, embed_->wte(), false, dh, 1.0f, 0.0f, ctx_);
-      Tensor grad_wte = embed_->grad_wte();
-      kernels::Gemm(dl, true, rows, false, grad_wte, 1.0f, 1.0f, ctx_);
-    }
-  }
-  return dhidden;
-}
-
 Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
                              dense::CoreAttention core, BlockActivations& ba) {
   Block& b = blocks_[k];
@@ -520,7 +376,6 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
   };
   const Stage& stage = parallel_.stage;
   DecoderActivations& acts = out.acts;
-  const int64_t d = model_.d_model;
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
   const int64_t layers = static_cast<int64_t>(blocks_.size());
@@ -530,19 +385,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     SY_CHECK(acts.dlogits.defined() || acts.head_chunk > 0) << "Backward needs a training Forward";
     AcquireForBackward(HeadPart(), PartId::NormF());
     ScopedPhase phase(Phase::kEmbeddingHeadLoss);
-    Tensor dhidden;  // (N, d): all rows, this rank's vocabulary's contribution
-    if (acts.head_chunk > 0) {
-      dhidden = BackwardHeadChunked(in, acts);
-    } else if (head_) {
-      dhidden = head_->Backward(*acts.head, acts.dlogits, ctx);
-    } else {
-      dhidden = Tensor::Empty({acts.dlogits.dim(0), d}, DType::kF32, device());
-      // The logits' gradient is the largest operand: converted once for both products.
-      const Tensor dl = kernels::MatmulOperand(acts.dlogits, ctx);
-      kernels::Gemm(dl, false, embed_->wte(), false, dhidden, 1.0f, 0.0f, ctx);
-      Tensor grad_wte = embed_->grad_wte();
-      kernels::Gemm(dl, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx);
-    }
+    Tensor dhidden = BackwardHead(in, acts);  // (N, d): this rank's vocabulary's contribution
     if (head_) done(PartId::Head());
     Release(HeadPart());
     dhidden = dense::EnterTensorParallelBackward(tp, dhidden, ctx);

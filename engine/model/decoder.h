@@ -269,6 +269,9 @@ class Decoder {
   // The last stage: the final norm, the head and the cross-entropy of x (the last block's
   // output) into out (its gradient kept in acts.dlogits when training).
   void ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out);
+  // The head's backward from Forward's activations: the head's (or the tied table's)
+  // weight gradient added, the gradient of acts.head_in (N, d) returned.
+  Tensor BackwardHead(const DecoderInput& in, const DecoderActivations& acts);
   // Its chunked form (set_head_chunk): the loss sums of chunks of `chunk` rows.
   void ForwardHeadChunked(const DecoderInput& in, int64_t chunk, DecoderOutput& out);
   // The chunked head's backward: each chunk's logits again, their gradient, the head's
