@@ -19,11 +19,13 @@ cd "$(dirname "$0")/.."
 # The programs to build: every test below runs one of them (the cli_* scripts: switchyard).
 targets=(switchyard core_test config_test checkpoint_unit_test checkpoint_plan_test
          malformed_input_test data_errors_test metrics_writer_test optimizer_test data_test
-         mesh_test communicator_test checkpoint_test checkpoint_failure_test trainer_test)
+         mesh_test communicator_test checkpoint_test checkpoint_failure_test trainer_test
+         head_chunk_test)
 # The tests to run.
 tests=(core_test config_test checkpoint_unit_test checkpoint_plan_test malformed_input_test
        data_errors_test metrics_writer_test optimizer_test data_test mesh_test
-       cli_malformed_input cli_prep communicator_test_np2 checkpoint_test_np2 checkpoint_failure_test_np2 trainer_test_np2)
+       cli_malformed_input cli_prep communicator_test_np2 checkpoint_test_np2 checkpoint_failure_test_np2 trainer_test_np2
+       head_chunk_test)
 regex="^($(IFS='|'; echo "${tests[*]}"))\$"
 
 # Checks that the default selection names len(tests) tests of build dir $1, each of whose
