@@ -59,6 +59,7 @@
 #include "engine/model/recompute.h"
 #include "engine/model/stage.h"
 #include "engine/parallel/parameter.h"
+#include "kernels/cross_entropy.h"
 #include "moe/moe_layer.h"
 
 namespace switchyard::model {
@@ -280,6 +281,15 @@ class Decoder {
   // The logits (rows, this rank's vocabulary) of the head's input rows; with `kept`, the
   // untied head's activations for its backward.
   Tensor HeadLogits(const Tensor& rows, std::optional<dense::LinearActivations>* kept) const;
+  // The cross-entropy of `logits` against `targets` on this rank's path (vocabulary-parallel
+  // under tp); with grad, its gradient times grad_scale over the logits. With `sums` (the
+  // step readback's 2 f64 slots) the sums go there and nothing is returned.
+  kernels::CrossEntropySums HeadLoss(Tensor& logits, const Tensor& targets, bool grad,
+                                     float grad_scale, Tensor* sums) const;
+  // The head's products backward for `rows` of its input (kept: the untied head's
+  // activations of them) and their logits' gradient: the weight gradient added, drows written.
+  void HeadProductsBackward(const Tensor& rows, const std::optional<dense::LinearActivations>& kept,
+                            const Tensor& dlogits, Tensor& drows);
   // The step readback keeps the cross-entropy sums on the device (a training step on
   // checked ids without tp); the head's loss paths branch on it.
   bool CrossEntropyOnDevice(const DecoderInput& in) const;

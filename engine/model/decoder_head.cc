@@ -33,28 +33,17 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
     return;
   }
   Tensor logits = HeadLogits(acts.head_in, &acts.head);  // (N, this rank's vocabulary columns)
-  Tensor targets = in.targets.Reshape({n});
-  kernels::CrossEntropySums ce;
+  const Tensor targets = in.targets.Reshape({n});
   if (CrossEntropyOnDevice(in)) {
     // A training step: the sums stay on the device until the step's one readback.
     StepReadback::Slots slots = ctx->step_readback()->Reserve(2, device(), ctx);
-    kernels::CrossEntropyForwardBackwardInto(logits, targets, logits, in.ce_grad_scale,
-                                             kernels::kIgnoreIndex, slots.values, ctx);
+    HeadLoss(logits, targets, /*grad=*/true, in.ce_grad_scale, &slots.values);
     acts.dlogits = logits;
     out.ce_sum = PendingSum::Slot(slots.first);
     out.ce_count = -1;
     return;
   }
-  if (tp.active()) {
-    ce = parallel::VocabParallelCrossEntropy(logits, targets, eo_.vocab_start(), eo_.valid_rows(),
-                                             *tp.comm, in.training ? &logits : nullptr,
-                                             in.ce_grad_scale, ctx);
-  } else if (in.training) {
-    ce = kernels::CrossEntropyForwardBackward(logits, targets, logits, in.ce_grad_scale,
-                                              kernels::kIgnoreIndex, ctx);
-  } else {
-    ce = kernels::CrossEntropyForward(logits, targets, kernels::kIgnoreIndex, ctx);
-  }
+  const kernels::CrossEntropySums ce = HeadLoss(logits, targets, in.training, in.ce_grad_scale, nullptr);
   if (in.training) {
     acts.dlogits = logits;
   } else {
@@ -62,6 +51,40 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
   }
   out.ce_sum = ce.loss_sum;
   out.ce_count = ce.count;
+}
+
+kernels::CrossEntropySums Decoder::HeadLoss(Tensor& logits, const Tensor& targets, bool grad,
+                                            float grad_scale, Tensor* sums) const {
+  if (sums != nullptr) {
+    // The step-readback kernel always writes a gradient: scale 0 where none is wanted.
+    kernels::CrossEntropyForwardBackwardInto(logits, targets, logits, grad ? grad_scale : 0.0,
+                                             kernels::kIgnoreIndex, *sums, ctx_);
+    return {};
+  }
+  const dense::TensorParallel tp = this->tp();
+  if (tp.active()) {
+    return parallel::VocabParallelCrossEntropy(logits, targets, eo_.vocab_start(), eo_.valid_rows(),
+                                               *tp.comm, grad ? &logits : nullptr, grad_scale, ctx_);
+  }
+  if (grad) {
+    return kernels::CrossEntropyForwardBackward(logits, targets, logits, grad_scale,
+                                                kernels::kIgnoreIndex, ctx_);
+  }
+  return kernels::CrossEntropyForward(logits, targets, kernels::kIgnoreIndex, ctx_);
+}
+
+void Decoder::HeadProductsBackward(const Tensor& rows,
+                                   const std::optional<dense::LinearActivations>& kept,
+                                   const Tensor& dlogits, Tensor& drows) {
+  if (head_) {
+    head_->BackwardInto(*kept, dlogits, drows, 0.0f, ctx_);
+    return;
+  }
+  // The logits' gradient is the largest operand: converted once for both products.
+  const Tensor dl = kernels::MatmulOperand(dlogits, ctx_);
+  kernels::Gemm(dl, false, embed_->wte(), false, drows, 1.0f, 0.0f, ctx_);
+  Tensor grad_wte = embed_->grad_wte();
+  kernels::Gemm(dl, true, rows, false, grad_wte, 1.0f, 1.0f, ctx_);
 }
 
 bool Decoder::CrossEntropyOnDevice(const DecoderInput& in) const {
@@ -87,7 +110,6 @@ void Decoder::ForwardHeadChunked(const DecoderInput& in, int64_t chunk, DecoderO
   DecoderActivations& acts = out.acts;
   const int64_t n = acts.head_in.dim(0);
   const Tensor targets = in.targets.Reshape({n});
-  const dense::TensorParallel tp = this->tp();
   const bool on_device = CrossEntropyOnDevice(in);
   PendingSum loss;  // chunk sums in row order
   int64_t count = 0;
@@ -96,18 +118,12 @@ void Decoder::ForwardHeadChunked(const DecoderInput& in, int64_t chunk, DecoderO
     Tensor logits = HeadLogits(acts.head_in.Slice(r0, r1), nullptr);
     const Tensor t = targets.Slice(r0, r1);
     if (on_device) {
-      // The whole head's kernel (its gradient, scale 0, overwrites this chunk's logits).
       StepReadback::Slots slots = ctx_->step_readback()->Reserve(2, device(), ctx_);
-      kernels::CrossEntropyForwardBackwardInto(logits, t, logits, 0.0, kernels::kIgnoreIndex,
-                                               slots.values, ctx_);
+      HeadLoss(logits, t, /*grad=*/false, 0.0f, &slots.values);
       loss += PendingSum::Slot(slots.first);
       continue;
     }
-    const kernels::CrossEntropySums ce =
-        tp.active() ? parallel::VocabParallelCrossEntropy(logits, t, eo_.vocab_start(),
-                                                          eo_.valid_rows(), *tp.comm, nullptr,
-                                                          0.0f, ctx_)
-                    : kernels::CrossEntropyForward(logits, t, kernels::kIgnoreIndex, ctx_);
+    const kernels::CrossEntropySums ce = HeadLoss(logits, t, /*grad=*/false, 0.0f, nullptr);
     loss += ce.loss_sum;
     count += ce.count;
   }
@@ -123,7 +139,6 @@ void Decoder::ForwardHeadChunked(const DecoderInput& in, int64_t chunk, DecoderO
 Tensor Decoder::BackwardHeadChunked(const DecoderInput& in, const DecoderActivations& acts) {
   const int64_t n = acts.head_in.dim(0), d = model_.d_model, chunk = acts.head_chunk;
   const Tensor targets = in.targets.Reshape({n});
-  const dense::TensorParallel tp = this->tp();
   // Forward's loss paths, for the same gradient bits as the whole head's; the sums of the
   // step-readback path go to a scratch pair (Forward reserved the ones the step reads).
   const bool on_device = CrossEntropyOnDevice(in);
@@ -135,37 +150,16 @@ Tensor Decoder::BackwardHeadChunked(const DecoderInput& in, const DecoderActivat
     Tensor dh = dhidden.Slice(r0, r1);
     std::optional<dense::LinearActivations> kept;
     Tensor logits = HeadLogits(rows, &kept);  // Forward's bits again
-    if (on_device) {
-      kernels::CrossEntropyForwardBackwardInto(logits, t, logits, in.ce_grad_scale,
-                                               kernels::kIgnoreIndex, sums, ctx_);
-    } else if (tp.active()) {
-      parallel::VocabParallelCrossEntropy(logits, t, eo_.vocab_start(), eo_.valid_rows(),
-                                          *tp.comm, &logits, in.ce_grad_scale, ctx_);
-    } else {
-      kernels::CrossEntropyForwardBackward(logits, t, logits, in.ce_grad_scale,
-                                           kernels::kIgnoreIndex, ctx_);
-    }
-    if (head_) {
-      head_->BackwardInto(*kept, logits, dh, 0.0f, ctx_);
-    } else {
-      const Tensor dl = kernels::MatmulOperand(logits, ctx_);  // one conversion, two products
-      kernels::Gemm(dl, false, embed_->wte(), false, dh, 1.0f, 0.0f, ctx_);
-      Tensor grad_wte = embed_->grad_wte();
-      kernels::Gemm(dl, true, rows, false, grad_wte, 1.0f, 1.0f, ctx_);
-    }
+    HeadLoss(logits, t, /*grad=*/true, in.ce_grad_scale, on_device ? &sums : nullptr);
+    HeadProductsBackward(rows, kept, logits, dh);
   }
   return dhidden;
 }
 
 Tensor Decoder::BackwardHead(const DecoderInput& in, const DecoderActivations& acts) {
   if (acts.head_chunk > 0) return BackwardHeadChunked(in, acts);
-  if (head_) return head_->Backward(*acts.head, acts.dlogits, ctx_);
   Tensor dhidden = Tensor::Empty({acts.dlogits.dim(0), model_.d_model}, DType::kF32, device());
-  // The logits' gradient is the largest operand: converted once for both products.
-  const Tensor dl = kernels::MatmulOperand(acts.dlogits, ctx_);
-  kernels::Gemm(dl, false, embed_->wte(), false, dhidden, 1.0f, 0.0f, ctx_);
-  Tensor grad_wte = embed_->grad_wte();
-  kernels::Gemm(dl, true, acts.head_in, false, grad_wte, 1.0f, 1.0f, ctx_);
+  HeadProductsBackward(acts.head_in, acts.head, acts.dlogits, dhidden);
   return dhidden;
 }
 
