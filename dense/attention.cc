@@ -117,7 +117,10 @@ void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, c
 Status AttentionOptions::Validate() const {
   if (d_model <= 0) return InvalidArgument("attention.d_model=", d_model, " must be > 0");
   if (n_heads <= 0) return InvalidArgument("attention.n_heads=", n_heads, " must be > 0");
-  if (d_model % n_heads != 0) {
+  if (explicit_head_dim < 0) {
+    return InvalidArgument("attention.explicit_head_dim=", explicit_head_dim, " must be >= 0");
+  }
+  if (explicit_head_dim == 0 && d_model % n_heads != 0) {
     return InvalidArgument("attention.n_heads=", n_heads,
                            " does not divide attention.d_model=", d_model);
   }
@@ -127,8 +130,7 @@ Status AttentionOptions::Validate() const {
                            " does not divide attention.n_heads=", n_heads);
   }
   if (rope && head_dim() % 2 != 0) {
-    return InvalidArgument("attention.rope needs an even head_dim; d_model / n_heads = ",
-                           head_dim());
+    return InvalidArgument("attention.rope needs an even head_dim, got ", head_dim());
   }
   const int tp_size = tp.size();
   if (n_heads % tp_size != 0) {

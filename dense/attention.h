@@ -3,7 +3,8 @@
 //   q, k <- RoPE(q), RoPE(k)               when rope (kernels/rope.h, positions 0..S-1)
 //   a = causal GQA attention(q, k, v)      (B, S, Hq, hd)  (kernels/attention.h)
 //   y = a Wo (+ bo)                        Wo (Hq * hd, d)
-// with Hq = n_heads, Hkv = n_kv_heads (default n_heads), hd = d / n_heads, scale 1/sqrt(hd).
+// with Hq = n_heads, Hkv = n_kv_heads (default n_heads), hd = explicit_head_dim or d / n_heads,
+// scale 1/sqrt(hd). Hq * hd need not be d (Qwen3, GPT-OSS: wider or narrower than the model).
 // Four separate Linear projections ("q", "k", "v", "o"), as Llama stores them, so that a
 // tensor-parallel split by heads slices each one on its own.
 //
@@ -37,9 +38,10 @@
 namespace switchyard::dense {
 
 struct AttentionOptions {
-  int64_t d_model = 0;     // d; required, a multiple of n_heads
+  int64_t d_model = 0;     // d; required, a multiple of n_heads unless explicit_head_dim
   int64_t n_heads = 0;     // Hq; required
   int64_t n_kv_heads = 0;  // Hkv; 0 means n_heads; must divide n_heads
+  int64_t explicit_head_dim = 0;  // hd when > 0; 0 means d_model / n_heads
   bool bias = false;       // biases on the four projections
   bool rope = false;       // rotary positions on q and k (position = rope)
   float rope_base = 10000.0f;
@@ -54,7 +56,9 @@ struct AttentionOptions {
   bool kv_replicated() const { return tp.active() && kv_heads() % tp.size() != 0; }
   int64_t local_kv_heads() const { return kv_replicated() ? 1 : kv_heads() / tp.size(); }
 
-  int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
+  int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : n_heads > 0 ? d_model / n_heads : 0;
+  }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   // Names the field and the value it rejects ("attention.n_kv_heads=3 does not divide
   // attention.n_heads=4").

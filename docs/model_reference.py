@@ -178,7 +178,7 @@ def attention(x, p, name, cfg):
     b, s, d = x.shape
     hq = cfg["n_heads"]
     hkv = cfg["n_kv_heads"] or hq
-    hd = d // hq
+    hd = cfg.get("head_dim") or d // hq
     q = linear(x, p, name + ".q").reshape(b, s, hq, hd)
     k = linear(x, p, name + ".k").reshape(b, s, hkv, hd)
     v = linear(x, p, name + ".v").reshape(b, s, hkv, hd)

@@ -13,7 +13,7 @@ def checkpoint_shapes(cfg):
     m, e = cfg["model"], cfg["moe"]
     d, V, S, L = m["d_model"], m["vocab_size"], m["seq_len"], m["n_layers"]
     hq, hkv = m["n_heads"], m.get("n_kv_heads", 0) or m["n_heads"]
-    hd, f = d // hq, m.get("d_ff", 0) or 4 * d
+    hd, f = m.get("head_dim") or d // hq, m.get("d_ff", 0) or 4 * d
     E, fe = e["num_experts"], e["d_expert"]
     ln, bias, ebias = m["norm"] == "layernorm", m["bias"], e.get("bias", False)
     out = {"embed.wte": (V, d)}

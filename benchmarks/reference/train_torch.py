@@ -91,7 +91,7 @@ class Model(torch.nn.Module):
             else:
                 self._add(name, t, name, None, False)
         m = self.m
-        self.hd = m["d_model"] // m["n_heads"]
+        self.hd = m.get("head_dim") or m["d_model"] // m["n_heads"]
         if m["position"] == "rope":
             half = self.hd // 2
             theta = float(m["rope_base"]) ** (-2.0 * np.arange(half) / self.hd)

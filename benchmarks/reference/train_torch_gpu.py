@@ -70,7 +70,7 @@ class FastModel(torch.nn.Module):
         m = self.m
         self.hq = m["n_heads"]
         self.hkv = m.get("n_kv_heads", 0) or self.hq
-        self.hd = m["d_model"] // self.hq
+        self.hd = m.get("head_dim") or m["d_model"] // self.hq
         self.p = torch.nn.ParameterDict()
         self.spec = {}   # parameter key -> (checkpoint names, how to build from their arrays)
         self.buffers_ = {}

@@ -96,6 +96,7 @@ nlohmann::ordered_json MixtralConfigJson(const config::Config& c) {
   j["num_hidden_layers"] = m.n_layers;
   j["num_attention_heads"] = m.n_heads;
   j["num_key_value_heads"] = m.kv_heads();
+  j["head_dim"] = m.head_dim();
   j["hidden_act"] = "silu";
   j["max_position_embeddings"] = m.seq_len;
   j["rms_norm_eps"] = m.norm_eps;
@@ -131,6 +132,12 @@ StatusOr<std::string> ConfigYamlFromMixtral(const nlohmann::json& hf, const std:
     SY_ASSIGN_OR_RETURN(nlohmann::json v, get(theirs));
     if (!v.is_number_integer()) return InvalidArgument(source, ": ", theirs, "=", v.dump(), " is not an integer");
     y << "  " << ours << ": " << v.get<int64_t>() << "\n";
+  }
+  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {  // 0 or absent: hidden / heads
+    if (!hf["head_dim"].is_number_integer() || hf["head_dim"].get<int64_t>() < 0) {
+      return InvalidArgument(source, ": head_dim=", hf["head_dim"].dump(), " is not an integer >= 0");
+    }
+    y << "  head_dim: " << hf["head_dim"].get<int64_t>() << "\n";
   }
   y << "  n_kv_heads: " << hf.value("num_key_value_heads", hf.value("num_attention_heads", 0)) << "\n"
     << "  norm: rmsnorm\n  norm_eps: " << hf.value("rms_norm_eps", 1e-5) << "\n"

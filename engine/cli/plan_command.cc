@@ -177,7 +177,10 @@ int RunPlan(const std::vector<std::string>& args_in) {
   if (f.gpus_per_node > 0) hw->gpus_per_node = f.gpus_per_node;
   auto in = Inputs(f, *hw);
   if (!in.ok()) return UsageError(kCommand, std::string(in.status().message()));
-  if (Status s = in->config.Validate(0); !s.ok()) return UsageError(kCommand, std::string(s.message()));
+  // The model as `train` checks it (a rope head of odd width plans nothing that could train).
+  Status valid = in->config.Validate(0);
+  if (valid.ok()) valid = in->config.model.Validate();
+  if (!valid.ok()) return UsageError(kCommand, std::string(valid.message()));
   return Report(f, *in, *hw);
 }
 

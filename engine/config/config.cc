@@ -184,7 +184,7 @@ std::vector<Section> Sections(Config& c) {
        {Bind("vocab_size", &c.model.vocab_size), Bind("seq_len", &c.model.seq_len),
         Bind("d_model", &c.model.d_model), Bind("n_layers", &c.model.n_layers),
         Bind("n_heads", &c.model.n_heads), Bind("n_kv_heads", &c.model.n_kv_heads),
-        Bind("d_ff", &c.model.d_ff),
+        Bind("head_dim", &c.model.explicit_head_dim), Bind("d_ff", &c.model.d_ff),
         BindEnum("norm", &c.model.norm, model::ParseNorm, dense::NormKindName),
         Bind("norm_eps", &c.model.norm_eps),
         BindEnum("position", &c.model.position, model::ParsePosition, model::PositionName),

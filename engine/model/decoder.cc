@@ -83,7 +83,8 @@ StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
   dense::NormOptions no{.kind = norm_kind, .dim = model.d_model, .eps = model.norm_eps,
                         .device = device};
   dense::AttentionOptions ao{.d_model = model.d_model, .n_heads = model.n_heads,
-                             .n_kv_heads = model.n_kv_heads, .bias = model.bias,
+                             .n_kv_heads = model.n_kv_heads,
+                             .explicit_head_dim = model.explicit_head_dim, .bias = model.bias,
                              .rope = model.position == Position::kRope, .rope_base = model.rope_base,
                              .device = device, .tp = tp, .seq_len = cp.local_seq_len(),
                              .cp = cp};

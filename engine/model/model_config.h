@@ -29,6 +29,8 @@ struct ModelConfig {
   int64_t n_layers = 0;       // L
   int64_t n_heads = 0;        // query heads
   int64_t n_kv_heads = 0;     // key/value heads; 0 means n_heads (fewer: grouped-query)
+  int64_t explicit_head_dim = 0;  // model.head_dim: hd, each head's width; 0 means
+                                  // d_model / n_heads (Megatron-LM's kv_channels, HF head_dim)
   int64_t d_ff = 0;           // hidden size of the dense MLPs; 0 means 4 * d_model
   dense::NormKind norm = dense::NormKind::kLayerNorm;  // layernorm | rmsnorm
   float norm_eps = 1e-5f;
@@ -44,7 +46,9 @@ struct ModelConfig {
   Status Validate() const;
   int64_t ff_hidden() const { return d_ff > 0 ? d_ff : 4 * d_model; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
-  int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
+  int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : n_heads > 0 ? d_model / n_heads : 0;
+  }
 };
 
 }  // namespace switchyard::model

@@ -38,7 +38,7 @@ def flops_per_token(cfg):
     m, e = cfg["model"], cfg["moe"]
     d, L, S, V = m["d_model"], m["n_layers"], m["seq_len"], m["vocab_size"]
     heads = m["n_heads"]
-    hd = d // heads
+    hd = m.get("head_dim") or d // heads
     kv = (m.get("n_kv_heads") or heads) * hd
     d_ff = m.get("d_ff") or 4 * d
     mlp_mats = lambda act: 3 if act == "swiglu" else 2  # noqa: E731

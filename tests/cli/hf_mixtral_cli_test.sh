@@ -112,7 +112,14 @@ err_one_line "no config.json" "$tmp/data/config.json" import --format hf-mixtral
 mkdir -p "$tmp/bad-hf" && cp "$tmp/untied-hf/model.safetensors" "$tmp/bad-hf/"
 sed 's/"num_local_experts": 4/"num_local_experts": 5/' "$tmp/untied-hf/config.json" >"$tmp/bad-hf/config.json"
 err_one_line "5 experts in config.json" "model.layers.0.block_sparse_moe.gate.weight has shape (4, 16), the config.json implies (5, 16)" import --format hf-mixtral "$tmp/bad-hf" "$tmp/x5"
-[[ ! -e "$tmp/x4" && ! -e "$tmp/x5" ]] || fail "a refused import wrote its output"
+# config.json's head_dim (the export writes it; newer transformers read it): a width other than
+# hidden / heads imports as model.head_dim, so weights of the default width are refused by shape.
+grep -q '"head_dim": 4' "$tmp/untied-hf/config.json" || fail "the export's config.json has no head_dim 4"
+mkdir -p "$tmp/hd-hf" && cp "$tmp/untied-hf/model.safetensors" "$tmp/hd-hf/"
+py "import json; c = json.load(open('$tmp/untied-hf/config.json')); c['head_dim'] = 8; json.dump(c, open('$tmp/hd-hf/config.json', 'w'))"
+err_one_line "head_dim 8" "the config.json implies (32, 16)" import --format hf-mixtral "$tmp/hd-hf" "$tmp/x7"
+grep -q "self_attn" "$tmp/err" || fail "head_dim 8: the refusal names no attention tensor: $(cat "$tmp/err")"
+[[ ! -e "$tmp/x4" && ! -e "$tmp/x5" && ! -e "$tmp/x7" ]] || fail "a refused import wrote its output"
 
 [[ $failures -eq 0 ]] && echo "hf_mixtral_cli_test: all checks passed"
 exit $((failures > 0))

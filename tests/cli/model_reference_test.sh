@@ -2,7 +2,8 @@
 # docs/model.md is exact: docs/model_reference.py, a numpy implementation written from that
 # page alone, reproduces `switchyard eval`'s validation loss (relative 1e-7) on checkpoints
 # of tiny models that between them use every option of the decoder and the MoE layer:
-# layernorm/rmsnorm, learned/rope, gelu/relu/swiglu, biases, GQA, tied/untied head, top-1/2,
+# layernorm/rmsnorm, learned/rope, gelu/relu/swiglu, biases, GQA, heads wider than
+# d_model / n_heads (model.head_dim), tied/untied head, top-1/2,
 # normalised gates, GShard's random second expert, capacity dropping by position and by
 # probability, dropless, shared experts and the expert bias, sigmoid scores (normalised and
 # raw gates), node-limited routing (moe.route_groups), the routed scaling factor and the
@@ -48,7 +49,7 @@ moe: {num_experts: 4, layer_freq: 1, top_k: 2, d_expert: 8, activation: swiglu, 
 moe: {num_experts: 4, top_k: 2, d_expert: 8, activation: gelu, bias: true, num_shared_experts: 2, d_shared: 6, expert_bias_rate: 0.01, eval_capacity_factor: 1.0}"
   [deepseek]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 4, norm: rmsnorm, position: rope, activation: swiglu, bias: false}
 moe: {num_experts: 8, layer_freq: 1, top_k: 3, d_expert: 8, activation: swiglu, score: sigmoid, normalize_gates: true, route_groups: 4, route_group_topk: 2, expert_bias_rate: 0.01, aux_loss_scope: sequence, aux_loss_coef: 0.1, num_shared_experts: 1, routed_scaling_factor: 2.5, capacity_factor: 0, eval_capacity_factor: 0}"
-  [qwen]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32, norm: rmsnorm, position: rope}
+  [qwen]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 8, d_ff: 32, norm: rmsnorm, position: rope}
 moe: {num_experts: 8, layer_freq: 1, top_k: 2, d_expert: 8, normalize_gates: true, route_groups: 2, route_group_topk: 1, aux_loss_scope: global, aux_loss_coef: 0.1, eval_capacity_factor: 1.0}"
   [sigmoid1]="model: {vocab_size: 128, seq_len: 16, d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32}
 moe: {num_experts: 4, top_k: 1, d_expert: 16, score: sigmoid, route_groups: 4, route_group_topk: 2, eval_capacity_factor: 0.8, aux_loss_coef: 0.1}"

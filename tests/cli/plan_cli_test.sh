@@ -86,6 +86,8 @@ expect_usage_error "bf16 activations, fp32 plan" "runtime.activation_dtype=bf16 
 expect_usage_error "indivisible batch" "--gpus 3 is not a multiple of the config's tp*cp*pp = 2" \
   plan --config "$cfg" --gpus 3 --set parallel.tp=2
 expect_usage_error "bad config key" "unknown key 'train.nope'" plan --config "$cfg" --gpus 8 --set train.nope=1
+expect_usage_error "odd rope head" "model.position=rope needs an even head dim, got model.head_dim = 45" \
+  plan --config "$cfg" --gpus 8 --set model.position=rope --set model.head_dim=45
 printf 'name: x\ncolour: red\n' >"$tmp/bad.yaml"
 expect_usage_error "bad hardware file" "$tmp/bad.yaml: unknown key 'colour'" plan --config "$cfg" --gpus 8 --gpu "$tmp/bad.yaml"
 expect_usage_error "config layout invalid" "parallel.ep=3" plan --config "$cfg" --gpus 3 --config-layout --set parallel.ep=3

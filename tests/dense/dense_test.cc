@@ -301,20 +301,26 @@ std::vector<double> NaiveAttention(const AttentionOptions& o, Attention& attn, c
 struct AttentionCase {
   int64_t n_heads, n_kv_heads;
   bool rope, bias;
+  int64_t head_dim = 0;  // explicit_head_dim; 0: d / n_heads
   std::string Name() const {
     return StrCat("attention Hq=", n_heads, ",Hkv=", n_kv_heads, rope ? ",rope" : "",
-                  bias ? ",bias" : "");
+                  bias ? ",bias" : "", head_dim > 0 ? StrCat(",hd=", head_dim) : "");
   }
 };
 
 TEST(AttentionLayerTest, ForwardAndGradients) {
+  // The last two decouple the heads' width from d (model.head_dim): Hq * hd = 24 > d = 8,
+  // and 3 heads of 2 (q width 6 < d, and 3 does not divide d).
   for (const AttentionCase& c : {AttentionCase{4, 2, true, true}, AttentionCase{2, 2, false, false},
-                                 AttentionCase{2, 1, true, false}}) {
+                                 AttentionCase{2, 1, true, false}, AttentionCase{4, 2, true, true, 6},
+                                 AttentionCase{3, 1, true, false, 2}}) {
     const AttentionOptions o{.d_model = kD,
                              .n_heads = c.n_heads,
                              .n_kv_heads = c.n_kv_heads,
+                             .explicit_head_dim = c.head_dim,
                              .bias = c.bias,
                              .rope = c.rope};
+    if (c.head_dim > 0) ASSERT_EQ(o.head_dim(), c.head_dim);
     Attention attn(o);
     Randomize(attn.Parameters(), 5, 0.6f);
     Tensor x = RandomTensor({kB, kS, kD}, 50);
@@ -385,6 +391,20 @@ TEST(AttentionLayerTest, OptionsAreValidated) {
       (AttentionOptions{.d_model = 12, .n_heads = 4, .rope = true}.Validate().ok()));  // hd=3
   EXPECT_TRUE((
       AttentionOptions{.d_model = 8, .n_heads = 4, .n_kv_heads = 1, .rope = true}.Validate().ok()));
+  // An explicit head width: any n_heads, an even width under rope.
+  EXPECT_TRUE((AttentionOptions{.d_model = 8, .n_heads = 3, .explicit_head_dim = 4, .rope = true}
+                   .Validate()
+                   .ok()));
+  EXPECT_NE((AttentionOptions{.d_model = 8, .n_heads = 4, .explicit_head_dim = 5, .rope = true})
+                .Validate()
+                .message()
+                .find("attention.rope needs an even head_dim, got 5"),
+            std::string::npos);
+  EXPECT_NE((AttentionOptions{.d_model = 8, .n_heads = 4, .explicit_head_dim = -2})
+                .Validate()
+                .message()
+                .find("attention.explicit_head_dim=-2 must be >= 0"),
+            std::string::npos);
 }
 
 // ---- MLP ------------------------------------------------------------------------------------

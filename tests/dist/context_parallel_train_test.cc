@@ -45,9 +45,13 @@ std::vector<Layout> ContextParallelLayouts() {
   const std::vector<std::string> gshard = {"moe.top_k=2", "moe.second_expert_policy=random",
                                            "moe.num_shared_experts=1", "moe.bias=true"};
   const std::vector<std::string> four_layers = {"model.n_layers=4", "moe.layer_freq=2"};
+  // Heads narrower than d / n_heads (model.head_dim): q is 4 x 6 = 24 wide on d 32.
+  std::vector<std::string> narrow_heads = mixtral;
+  narrow_heads.push_back("model.head_dim=6");
   return {
       {"cp2", 2, 1, {}, {"parallel.cp=2"}},
       {"cp2_mixtral", 2, 1, mixtral, {"parallel.cp=2"}},
+      {"cp2_narrow_heads", 2, 1, narrow_heads, {"parallel.cp=2"}},
       {"cp2_gshard_shared", 2, 1, gshard, {"parallel.cp=2"}},
       {"cp4", 4, 1, {}, {"parallel.cp=4"}},
       {"cp4_mixtral", 4, 1, mixtral, {"parallel.cp=4"}},

@@ -219,6 +219,9 @@ std::vector<Layout> TensorParallelLayouts() {
                                            "moe.drop_policy=probability", "train.seed=2"};
   const std::vector<std::string> gshard = {"moe.top_k=2", "moe.second_expert_policy=random",
                                            "moe.expert_bias_rate=0.01", "moe.bias=true"};
+  // Heads wider than d / n_heads (model.head_dim, as Qwen3's): q is 4 x 12 = 48 wide on d 32.
+  std::vector<std::string> wide_heads = mixtral;
+  wide_heads.push_back("model.head_dim=12");
   return {
       {"tp2", 2, 1, {}, {"parallel.tp=2"}},
       {"tp2_no_sp", 2, 1, {}, {"parallel.tp=2", "parallel.sequence_parallel=false"}},
@@ -226,6 +229,7 @@ std::vector<Layout> TensorParallelLayouts() {
       {"tp2_mixtral", 2, 1, mixtral, {"parallel.tp=2"}},
       {"tp2_shared_experts", 2, 1, shared, {"parallel.tp=2"}},
       {"tp2_gshard_expert_bias", 2, 1, gshard, {"parallel.tp=2"}},
+      {"tp2_wide_heads", 2, 1, wide_heads, {"parallel.tp=2"}},
       {"tp4", 4, 1, four_heads, {"parallel.tp=4"}},
       {"tp2_dp2_etp1_ep2", 4, 2, {}, {"parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
       {"tp1_etp2_ep2", 4, 4, {}, {"parallel.tp=1", "parallel.etp=2", "parallel.ep=2"}},

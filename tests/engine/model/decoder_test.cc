@@ -152,7 +152,18 @@ TEST(DecoderTest, BadConfigsAreRejected) {
   c.model.n_heads = 3;
   auto dec = Decoder::Create(c.model, c.moe, 1, ep.get());
   ASSERT_FALSE(dec.ok());
-  EXPECT_EQ(dec.status().message(), "model.n_heads=3 does not divide model.d_model=8");
+  EXPECT_EQ(dec.status().message(),
+            "model.n_heads=3 does not divide model.d_model=8 (or set model.head_dim)");
+  // An explicit head width: 3 heads of 4 on d 8 build; an odd width under rope, or a
+  // negative one, is refused by name.
+  c.model.explicit_head_dim = 4;
+  EXPECT_TRUE(c.model.Validate().ok());
+  EXPECT_TRUE(Decoder::Create(c.model, c.moe, 1, ep.get()).ok());
+  c.model.explicit_head_dim = 5;
+  c.model.position = Position::kRope;
+  EXPECT_EQ(c.model.Validate().message(), "model.position=rope needs an even head dim, got model.head_dim = 5");
+  c.model.explicit_head_dim = -1;
+  EXPECT_EQ(c.model.Validate().message(), "model.head_dim=-1 must be >= 0 (0: d_model / n_heads)");
 }
 
 }  // namespace

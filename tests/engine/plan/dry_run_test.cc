@@ -174,6 +174,9 @@ TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
       {"rmsnorm_rope_untied", {"model.norm=rmsnorm", "model.position=rope", "model.tie_embeddings=false"}},
       {"shared_expert", {"moe.num_shared_experts=1"}},
       {"gqa", {"model.n_heads=4", "model.n_kv_heads=2"}},
+      // Heads wider and narrower than d / n_heads (model.head_dim): q 48 and 24 wide on d 32.
+      {"wide_heads", {"model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=12"}},
+      {"narrow_heads_rope", {"model.n_heads=4", "model.head_dim=6", "model.position=rope"}},
       {"d64_seq32", {"model.d_model=64", "model.n_heads=4", "model.seq_len=32"}},
       // The head in chunks of 24 of the 64 rows (24, 24, 16): no logits kept; one chunk's
       // in its backward.
@@ -225,8 +228,11 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
       {"model.norm=rmsnorm", "model.position=rope", "model.tie_embeddings=false"},
       {"moe.num_shared_experts=1"},
       {"model.n_heads=4", "model.n_kv_heads=2"},
-      // head_dim 64: the fused attention, whose backward reads the output back as f32.
+      {"model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=12"},
+      // head_dim 64: the fused attention, whose backward reads the output back as f32 (also
+      // as 3 heads of 64 on d 128, model.head_dim).
       {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128"},
+      {"model.d_model=128", "model.n_heads=3", "model.head_dim=64", "moe.d_expert=128"},
       {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128", "train.recompute=selective"},
       {"model.tie_embeddings=false", "train.head_chunk_tokens=24"},
   };
