@@ -216,7 +216,7 @@ StepTime MicroBatch(const Ctx& c, const std::vector<model::Stage>& chunks) {
       const double v = double(m.vocab_size) / c.l.tp;
       f.compute += Gemm(c, c.t, v, m.d_model) + Elementwise(c, 3 * c.t * v);
       f.ops += kHeadOps;
-      if (c.in.config.train.head_rows(int64_t(c.t)) < int64_t(c.t)) {
+      if (c.l.head_chunk_tokens > 0 && c.l.head_chunk_tokens < int64_t(c.t)) {
         head_again += Gemm(c, c.t, v, m.d_model) + Elementwise(c, 2 * c.t * v);
       }
     }

@@ -31,16 +31,18 @@ struct Layout {
   int64_t micro_batch_size = 1;  // sequences per micro-batch
   int64_t micro_batches = 1;     // per step and data-parallel rank (train.grad_accum)
   model::Recompute recompute = model::Recompute::kNone;
+  int64_t head_chunk_tokens = 0;  // train.head_chunk_tokens (0: the head whole)
 
   int dp(int world) const { return world / (tp * cp * pp); }
   int edp(int world) const { return world / (etp * ep * pp); }
-  // "tp 8 cp 1 pp 8 1f1b ep 1 etp 8 dp 24 zero 1 mbs 1 m 96 recompute full".
+  // "tp 8 cp 1 pp 8 1f1b ep 1 etp 8 dp 24 zero 1 mbs 1 m 96 recompute full" (and " head
+  // chunk 4096" when the head runs in chunks).
   std::string Describe(int world) const;
   // `base` with the layout written into its parallel and train sections.
   config::Config Apply(const config::Config& base) const;
   auto Key() const {
     return std::tuple(tp, cp, pp, ep, etp, int(schedule), virtual_stages, zero_stage,
-                      micro_batch_size, micro_batches, int(recompute));
+                      micro_batch_size, micro_batches, int(recompute), head_chunk_tokens);
   }
 };
 
@@ -83,6 +85,9 @@ struct PlanInputs {
     std::vector<int> virtual_stages = {2, 3, 4, 6, 8};  // interleaved 1F1B's (pp x v <= layers)
     // Sequences per micro-batch; empty: every power of two dividing a replica's batch.
     std::vector<int64_t> micro_batch_sizes = {1, 2, 4, 8, 16};
+    // Where the config runs the head whole (train.head_chunk_tokens 0) and a layout does not
+    // fit, the same layout with the head in chunks (SuggestedHeadChunk, device_fit.h).
+    bool head_chunk = true;
   } scope;
 };
 

@@ -54,7 +54,7 @@ double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) 
       weight = std::max(weight, n);
     }
   }
-  const double tokens = double(c.train.micro_batch_size) * c.model.seq_len / c.parallel.cp;
+  const double tokens = double(HeadRows(c));
   const double tp = mesh.tp();
   double width = std::max<double>(c.model.d_model, double(c.model.ff_hidden()) / tp);
   bool any_moe = false;
@@ -106,6 +106,15 @@ DeviceFit PredictDeviceFit(const config::Config& c, const dist::Mesh& mesh, std:
   return best;
 }
 
+int64_t HeadRows(const config::Config& c) {
+  return c.train.micro_batch_size * c.model.seq_len / c.parallel.cp;
+}
+
+int64_t SuggestedHeadChunk(const config::Config& c) {
+  const int64_t rows = HeadRows(c);
+  return rows > 1 ? std::clamp<int64_t>(rows / 4, 1, 4096) : 0;
+}
+
 std::string DeviceFitReport(const config::Config& c, const DeviceFit& f) {
   std::ostringstream out;
   const RankMemory& m = f.memory;
@@ -115,12 +124,12 @@ std::string DeviceFitReport(const config::Config& c, const DeviceFit& f) {
       << " (activations " << FormatBytes(f.activations) << ") + operand copies "
       << FormatBytes(f.operand_copies) << "\n";
   // The head's logits, kept whole from forward to backward: a hint where they weigh.
-  const int64_t rows = c.train.micro_batch_size * c.model.seq_len / c.parallel.cp;
+  const int64_t rows = HeadRows(c);
   const double logits = 4.0 * double(rows) * std::ceil(double(c.model.vocab_size) / c.parallel.tp);
   if (rows > 1 && c.train.head_rows(rows) == rows && logits >= 0.05 * f.peak) {
     out << "  the head" << (c.parallel.pp > 1 ? " (on the last pipeline rank)" : "")
         << " keeps each micro-batch's f32 logits, " << FormatBytes(logits)
-        << ", from forward to backward; train.head_chunk_tokens=" << std::clamp<int64_t>(rows / 4, 1, 4096)
+        << ", from forward to backward; train.head_chunk_tokens=" << SuggestedHeadChunk(c)
         << " would keep none (docs/config.md)\n";
   }
   if (f.device <= 0) {

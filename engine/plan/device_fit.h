@@ -41,6 +41,13 @@ double PredictRankPeak(const config::Config& config, const dist::Mesh& mesh, int
 DeviceFit PredictDeviceFit(const config::Config& config, const dist::Mesh& mesh,
                            std::vector<int> ranks = {});
 
+// The head's rows of one micro-batch on a rank (micro_batch_size x seq_len / cp), and the
+// train.head_chunk_tokens the dry-run suggests and the planner tries where the whole head's
+// logits do not fit: a quarter of them, at most 4096 (0 for a one-row head, which has nothing
+// to chunk).
+int64_t HeadRows(const config::Config& config);
+int64_t SuggestedHeadChunk(const config::Config& config);
+
 // The dry-run's lines: the peak broken into its terms, the device, the margin and
 // "fits: yes" or "fits: no".
 std::string DeviceFitReport(const config::Config& config, const DeviceFit& fit);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <string>
 #include <tuple>
 
 #include <map>
@@ -21,6 +22,13 @@ double RecomputeFraction(const config::Config& c, model::Recompute r) {
   const model::PieceParams& all = model::ParamTable::Build(c.model, c.moe).Total();
   const double step = 6.0 * all.matmul + 12.0 * all.attention;
   return r == model::Recompute::kFull ? 1.0 / 3.0 : 4.0 * all.attention / step;
+}
+
+// The chunked head's second forward as a fraction of the step's FLOPs (2 d V of 6N + 12LSH).
+double HeadChunkFraction(const config::Config& c) {
+  const model::PieceParams& all = model::ParamTable::Build(c.model, c.moe).Total();
+  return 2.0 * double(c.model.d_model) * double(c.model.vocab_size) /
+         (6.0 * all.matmul + 12.0 * all.attention);
 }
 
 // What a layout costs besides memory, least first: the step's compute, the ZeRO stage
@@ -54,6 +62,7 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
   // every power-of-two micro-batch.
   PlanInputs in{.config = base, .world = world, .global_batch = search.global_batch, .max_tp = 8};
   in.scope = {.cp = false, .gpipe = false, .virtual_stages = {2}, .micro_batch_sizes = {}};
+  const double head_fraction = HeadChunkFraction(base);
   double fraction[3];
   for (model::Recompute r : {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull})
     fraction[int(r)] = RecomputeFraction(base, r);
@@ -82,8 +91,15 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
     if (!cand.config.Validate(world).ok()) continue;
     ++search.tried;
     cand.fit = PredictDeviceFit(cand.config, it->second->mesh, it->second->ranks);
-    cand.work = (1 + fraction[int(l.recompute)]) *
-                (1 + double(l.pp - 1) / (l.virtual_stages * double(l.micro_batches)));
+    double extra = fraction[int(l.recompute)];
+    // As the planner: where the whole head does not fit, the head in chunks.
+    if (!cand.fit.fits() && in.scope.head_chunk && l.head_chunk_tokens == 0 &&
+        SuggestedHeadChunk(cand.config) > 0) {
+      cand.config.train.head_chunk_tokens = SuggestedHeadChunk(cand.config);
+      cand.fit = PredictDeviceFit(cand.config, it->second->mesh, it->second->ranks);
+      extra += head_fraction;
+    }
+    cand.work = (1 + extra) * (1 + double(l.pp - 1) / (l.virtual_stages * double(l.micro_batches)));
     if (cand.fit.fits()) fitting.push_back(std::move(cand));
   }
   for (const LayoutCandidate& c : fitting) {
@@ -108,19 +124,21 @@ std::string LayoutSearchReport(const LayoutSearch& s, int world, double device_g
     return out.str();
   }
   char line[320];
-  std::snprintf(line, sizeof(line), "  %12s %11s  %2s %2s %2s %4s %2s %3s %4s %3s %5s %-9s %6s\n", "peak",
-                "margin", "tp", "pp", "v", "dp", "ep", "etp", "zero", "mb", "accum", "recompute", "work");
+  std::snprintf(line, sizeof(line), "  %12s %11s  %2s %2s %2s %4s %2s %3s %4s %3s %5s %-9s %10s %6s\n",
+                "peak", "margin", "tp", "pp", "v", "dp", "ep", "etp", "zero", "mb", "accum", "recompute",
+                "head chunk", "work");
   out << line;
   for (int i = 0; i < std::min<int>(rows, static_cast<int>(s.best.size())); ++i) {
     const LayoutCandidate& c = s.best[i];
     const config::ParallelConfig& p = c.config.parallel;
     const double peak = c.fit.peak;
-    std::snprintf(line, sizeof(line), "  %12s %11s  %2d %2d %2d %4d %2d %3d %4d %3lld %5lld %-9s %6.3f\n",
+    const int64_t chunk = c.config.train.head_chunk_tokens;
+    std::snprintf(line, sizeof(line), "  %12s %11s  %2d %2d %2d %4d %2d %3d %4d %3lld %5lld %-9s %10s %6.3f\n",
                   FormatBytes(peak).c_str(), FormatBytes(c.fit.device - peak).c_str(), p.tp, p.pp,
                   p.virtual_stages, int(world / (p.tp * p.pp)), p.ep, p.expert_tp(), p.zero_stage,
                   static_cast<long long>(c.config.train.micro_batch_size),
                   static_cast<long long>(c.config.train.grad_accum), model::RecomputeName(c.config.train.recompute),
-                  c.work);
+                  chunk > 0 ? std::to_string(chunk).c_str() : "-", c.work);
     out << line;
   }
   return out.str();

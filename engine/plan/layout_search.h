@@ -17,10 +17,11 @@ namespace switchyard::plan {
 
 struct LayoutCandidate {
   config::Config config;  // the searched config: parallel.*, train.micro_batch_size,
-                          // grad_accum and recompute changed
+                          // grad_accum and recompute changed, and head_chunk_tokens where
+                          // the whole head does not fit (as the planner's, planner.h)
   DeviceFit fit;
   // The step's compute relative to no recompute and no pipeline bubble:
-  // (1 + recompute's extra forward / the step's FLOPs) x (1 + (pp - 1) / (v m)).
+  // (1 + recompute's extra forward (and a chunked head's) / the step's FLOPs) x (1 + (pp - 1) / (v m)).
   double work = 1;
 };
 

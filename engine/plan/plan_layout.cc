@@ -17,7 +17,8 @@ std::string Layout::Describe(int world) const {
   if (virtual_stages > 1) sched += StrCat("x", virtual_stages);
   return StrCat("tp ", tp, " cp ", cp, " pp ", pp, pp > 1 ? " " + sched : std::string(), " ep ", ep,
                 " etp ", etp, " dp ", dp(world), " zero ", zero_stage, " mbs ", micro_batch_size,
-                " m ", micro_batches, " recompute ", model::RecomputeName(recompute));
+                " m ", micro_batches, " recompute ", model::RecomputeName(recompute),
+                head_chunk_tokens > 0 ? StrCat(" head chunk ", head_chunk_tokens) : std::string());
 }
 
 config::Config Layout::Apply(const config::Config& base) const {
@@ -34,6 +35,7 @@ config::Config Layout::Apply(const config::Config& base) const {
   c.train.micro_batch_size = micro_batch_size;
   c.train.grad_accum = micro_batches;
   c.train.recompute = recompute;
+  c.train.head_chunk_tokens = head_chunk_tokens;
   return c;
 }
 
@@ -46,6 +48,7 @@ Layout LayoutOf(const config::Config& c) {
   l.micro_batch_size = c.train.micro_batch_size;
   l.micro_batches = c.train.grad_accum;
   l.recompute = c.train.recompute;
+  l.head_chunk_tokens = c.train.head_chunk_tokens;
   return l;
 }
 

@@ -1,6 +1,7 @@
 #include "engine/plan/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -86,7 +87,8 @@ std::vector<Layout> SearchSpace(const PlanInputs& in) {
         for (int ep : eps) {
           const std::vector<int> etps = !HasMoE(c) || tp == 1 ? std::vector<int>{tp} : std::vector<int>{1, tp};
           for (int etp : etps) {
-            Expand(in, Layout{.tp = tp, .cp = cp, .pp = pp, .ep = ep, .etp = etp}, out);
+            Expand(in, Layout{.tp = tp, .cp = cp, .pp = pp, .ep = ep, .etp = etp,
+                              .head_chunk_tokens = c.train.head_chunk_tokens}, out);
           }
         }
       }
@@ -159,15 +161,44 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
     if (a.time.total() != b.time.total()) return a.time.total() < b.time.total();
     return a.layout.Key() < b.layout.Key();
   });
-  // Memory last: from the fastest down until `top` layouts fit.
-  for (Candidate& c : all) {
-    if (static_cast<int>(result.best.size()) >= options.top) break;
+  // Memory last: from the fastest down until `top` layouts fit. A layout that does not fit
+  // with the head whole is tried with the head in chunks, which is slower (one more head
+  // forward): a chunked layout that fits waits in `chunked` until the next layout is slower.
+  std::vector<Candidate> chunked;
+  auto full = [&] { return static_cast<int>(result.best.size()) >= options.top; };
+  auto take_chunked_before = [&](double seconds) {
+    std::sort(chunked.begin(), chunked.end(), [](const Candidate& a, const Candidate& b) {
+      return a.time.total() > b.time.total();  // the fastest last
+    });
+    while (!full() && !chunked.empty() && chunked.back().time.total() <= seconds) {
+      result.best.push_back(chunked.back());
+      chunked.pop_back();
+    }
+  };
+  auto check = [&](Candidate& c) {
     c.peak_bytes = PeakMemory(in, c.layout);
     ++result.memory_checked;
     c.fits = c.peak_bytes <= hw.memory_bytes;
-    if (c.fits) result.best.push_back(c);
     if (result.smallest.peak_bytes == 0 || c.peak_bytes < result.smallest.peak_bytes) result.smallest = c;
+  };
+  for (Candidate& c : all) {
+    take_chunked_before(c.time.total());
+    if (full()) break;
+    check(c);
+    if (c.fits) {
+      result.best.push_back(c);
+      continue;
+    }
+    const int64_t chunk = SuggestedHeadChunk(c.layout.Apply(in.config));
+    if (in.scope.head_chunk && c.layout.head_chunk_tokens == 0 && chunk > 0) {
+      Layout l = c.layout;
+      l.head_chunk_tokens = chunk;
+      Candidate h = Evaluate(in, l, hw, cache);
+      check(h);
+      if (h.fits) chunked.push_back(h);
+    }
   }
+  take_chunked_before(INFINITY);
   return result;
 }
 

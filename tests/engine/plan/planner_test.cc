@@ -9,6 +9,8 @@
 //  - TensorParallelTimeByHand: the tp share of a one-layer dense model against the ring
 //    formula of docs/plan.md, computed by hand;
 //  - DataParallelTimeByHand: the data-parallel sync of ZeRO 0 and 1 likewise;
+//  - HeadChunksWhereTheWholeHeadDoesNotFit: a layout that fits only with the head in chunks
+//    is returned so, in its order by time, and only then;
 //  - StepTimeGrowsWithSkew / SkewFromRoutingLog / AllToAllCrossesNodesOnlyBeyondANode:
 //    the MoE terms;
 //  - Fp8CastsByHand / Fp8DispatchByHand: the fp8 terms of docs/plan.md by hand;
@@ -164,6 +166,55 @@ TEST(PlannerTest, PeakMemoryIsTheDryRunsOnTheDevice) {
   const PlanResult result = Plan(in, Round(), {.top = 5});
   ASSERT_EQ(result.best.size(), 5u);
   for (const Candidate& c : result.best) EXPECT_EQ(c.peak_bytes, PeakMemory(in, c.layout));
+}
+
+// A vocabulary of 32768 on 64-token sequences: each micro-batch's f32 logits (mbs x 64 x 32768
+// x 4 bytes) outweigh the rest, so some device sizes fit only with the head in chunks.
+TEST(PlannerTest, HeadChunksWhereTheWholeHeadDoesNotFit) {
+  config::Config c = Parse(kMoE);
+  c.model.vocab_size = 32768;
+  PlanInputs whole = Inputs(c, 8, 32);
+  whole.scope.head_chunk = false;
+  PlanInputs chunked = whole;
+  chunked.scope.head_chunk = true;
+  Hardware hw = Round();
+  hw.memory_bytes = 1;  // nothing fits: `smallest` is the layout of least memory
+  const PlanResult none_whole = Plan(whole, hw, {.top = 1});
+  const PlanResult none_chunked = Plan(chunked, hw, {.top = 1});
+  ASSERT_TRUE(none_whole.best.empty());
+  ASSERT_TRUE(none_chunked.best.empty());
+  const double least_whole = none_whole.smallest.peak_bytes;
+  const double least_chunked = none_chunked.smallest.peak_bytes;
+  EXPECT_EQ(none_whole.smallest.layout.head_chunk_tokens, 0);
+  EXPECT_GT(none_chunked.smallest.layout.head_chunk_tokens, 0);
+  ASSERT_LT(least_chunked, 0.9 * least_whole);
+
+  // Between the two: only chunked layouts fit, fastest first, each at the dry-run's peak and
+  // slower than the same layout with the head whole (one more head forward).
+  hw.memory_bytes = (least_whole + least_chunked) / 2;
+  EXPECT_TRUE(Plan(whole, hw, {.top = 5}).best.empty());
+  const PlanResult fit = Plan(chunked, hw, {.top = 5});
+  ASSERT_FALSE(fit.best.empty());
+  CostCache cache;
+  for (size_t i = 0; i < fit.best.size(); ++i) {
+    const Candidate& got = fit.best[i];
+    SCOPED_TRACE(got.layout.Describe(8));
+    EXPECT_EQ(got.layout.head_chunk_tokens, SuggestedHeadChunk(got.layout.Apply(c)));
+    EXPECT_LE(got.peak_bytes, hw.memory_bytes);
+    EXPECT_EQ(got.peak_bytes, PeakMemory(chunked, got.layout));
+    Layout as_whole = got.layout;
+    as_whole.head_chunk_tokens = 0;
+    EXPECT_GT(PeakMemory(chunked, as_whole), hw.memory_bytes);
+    EXPECT_GT(got.time.total(), Evaluate(chunked, as_whole, hw, cache).time.total());
+    if (i > 0) EXPECT_LE(fit.best[i - 1].time.total(), got.time.total());
+  }
+  EXPECT_NE(fit.best[0].layout.Describe(8).find(" head chunk "), std::string::npos);
+
+  // Where the whole head fits, the search returns the whole head's layouts alone.
+  hw.memory_bytes = 1e12;
+  const PlanResult roomy = Plan(chunked, hw, {.top = 20});
+  ASSERT_EQ(roomy.best.size(), 20u);
+  for (const Candidate& got : roomy.best) EXPECT_EQ(got.layout.head_chunk_tokens, 0);
 }
 
 TEST(PlannerTest, TensorParallelTimeByHand) {
