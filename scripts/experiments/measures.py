@@ -234,6 +234,24 @@ def router_curves(metrics_path):
     return out
 
 
+def bias_curves(routing_path):
+    """From a run's routing.jsonl: (steps, layers, biases) where biases[l][e] is MoE layer
+    l's expert e bias at each logged step (routing.jsonl's expert_bias, logged every
+    logging.routing_every steps); None when the run logs no bias."""
+    steps, per_step, layers = [], [], None
+    for d in read_jsonl(routing_path):
+        if "expert_bias" not in d:
+            continue
+        steps.append(d["step"])
+        per_step.append(d["expert_bias"])
+        layers = d.get("layers", layers)
+    if not per_step:
+        return None
+    n_layers, n_experts = len(per_step[0]), len(per_step[0][0])
+    biases = [[[s[l][e] for s in per_step] for e in range(n_experts)] for l in range(n_layers)]
+    return steps, layers or list(range(n_layers)), biases
+
+
 def _mean(xs):
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
@@ -299,6 +317,9 @@ def run_measures(run_dir, cfg):
         "lang_mi_ceiling": mi_ceiling,
         "lr": cfg["train"]["lr"] if cfg else None,
         "z_loss_coef": cfg["moe"].get("z_loss_coef") if cfg else None,
+        "aux_loss_coef": cfg["moe"].get("aux_loss_coef") if cfg else None,
+        "expert_bias_rate": cfg["moe"].get("expert_bias_rate") if cfg else None,
+        "expert_bias_update": cfg["moe"].get("expert_bias_update") if cfg else None,
         "diverged": diverged,
         "spikes": spikes,
         "spiked": bool(spikes),

@@ -35,6 +35,15 @@ content and each run's routing files. write_all returns the files it wrote:
                         against the learning rate, log x, one line per family (the
                         setting's name without its lr part);
                         each diverged run a cross at the top
+  maxvio_frontier.png   (settings that differ in moe.aux_loss_coef or moe.expert_bias_rate)
+                        final validation loss against MaxVio_global (the validation
+                        sample's, mean over MoE layers), each seed a small dot and each
+                        setting's mean ± std a labelled marker; the auxiliary-loss settings
+                        that differ only in their coefficient joined by a line in alpha's
+                        order (Wang et al.'s Fig. 2: lower left is better)
+  bias_trajectories.png (settings with moe.expert_bias_rate > 0) one panel per such
+                        setting, its first seed: every expert's bias in every MoE layer
+                        over the logged steps (one colour per layer)
   router_logits.png     (settings that differ in moe.z_loss_coef) per run over the steps:
                         the logged z-loss divided by its coefficient, i.e. the mean over
                         tokens of logsumexp(router logits)^2, which grows with the logits
@@ -394,6 +403,82 @@ def loss_vs_lr(summary, out, written):
     _save(fig, out, "loss_vs_lr.png", written)
 
 
+def maxvio_frontier(summary, out, written):
+    settings = [s for s in summary["settings"] if s["metrics"]["val_loss"]["mean"] is not None
+                and s["metrics"]["maxvio_global"]["mean"] is not None]
+    knobs = [(setting_value(summary, s, "aux_loss_coef", "moe.aux_loss_coef"),
+              setting_value(summary, s, "expert_bias_rate", "moe.expert_bias_rate")) for s in settings]
+    if len(set(knobs)) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    colors = _colors(len(settings))
+    for s, c in zip(settings, colors):
+        runs = [r for r in summary["runs"][s["name"]] if r.get("val_loss") is not None
+                and r.get("maxvio_global") is not None]
+        ax.plot([r["maxvio_global"] for r in runs], [r["val_loss"] for r in runs], ".", color=c,
+                ms=4, alpha=0.6)
+        v, m = s["metrics"]["val_loss"], s["metrics"]["maxvio_global"]
+        ax.errorbar([m["mean"]], [v["mean"]], xerr=[m["std"] or 0], yerr=[v["std"] or 0],
+                    fmt="o" if knobs[settings.index(s)][1] in (None, 0) else "D", color=c,
+                    capsize=3, ms=6, label=s["name"])
+        ax.annotate(s["name"], (m["mean"], v["mean"]), textcoords="offset points", xytext=(5, 4),
+                    fontsize=7)
+    # The alpha sweeps: settings without the bias whose names differ only in the aux number.
+    fams = {}
+    for s, (aux, bias) in zip(settings, knobs):
+        if aux is not None and not bias:
+            fam = re.sub(r"aux[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?", "aux", s["name"])
+            fams.setdefault(fam, []).append((aux, s))
+    for fam, members in fams.items():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda p: p[0])
+        ax.plot([s["metrics"]["maxvio_global"]["mean"] for _, s in members],
+                [s["metrics"]["val_loss"]["mean"] for _, s in members], "-", color="grey", lw=0.8,
+                zorder=0)
+        for aux, s in members:
+            ax.annotate("a=%g" % aux, (s["metrics"]["maxvio_global"]["mean"], s["metrics"]["val_loss"]["mean"]),
+                        textcoords="offset points", xytext=(5, -9), fontsize=6, color="grey")
+    ax.plot([], [], "-", color="grey", lw=0.8, label="aux-loss sweep (alpha)")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
+    ax.set_xlabel("MaxVio_global (validation sample, mean over MoE layers; log)")
+    ax.set_ylabel("final validation loss (nats; dots: seeds)")
+    ax.set_title("%s: quality against balance (circles: aux loss, diamonds: expert bias; lower "
+                 "left is better)" % summary["experiment"], fontsize=9)
+    ax.legend(fontsize=6)
+    _save(fig, out, "maxvio_frontier.png", written)
+
+
+def bias_trajectories(summary, out, written):
+    panels = []
+    for s in summary["settings"]:
+        if not (setting_value(summary, s, "expert_bias_rate", "moe.expert_bias_rate") or 0) > 0:
+            continue
+        for r in summary["runs"][s["name"]]:
+            path = os.path.join(out, s["name"], "seed%d" % r["seed"], "routing.jsonl")
+            got = measures.bias_curves(path) if os.path.isfile(path) else None
+            if got:
+                panels.append((s["name"], r["seed"], got))
+                break
+    if not panels:
+        return
+    fig, axes = _grid(len(panels))
+    for ax, (name, seed, (steps, layers, biases)) in zip(axes, panels):
+        for l, c in zip(range(len(biases)), _colors(len(biases))):
+            for e, ys in enumerate(biases[l]):
+                ax.plot(steps, ys, color=c, lw=0.6, alpha=0.8, label="layer %s" % layers[l] if e == 0 else None)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_title("%s (seed %d)" % (name, seed), fontsize=8)
+        ax.set_xlabel("step", fontsize=7)
+        ax.set_ylabel("expert bias", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.legend(fontsize=6)
+    fig.suptitle("%s: every expert's bias over the steps (one line per expert)" % summary["experiment"],
+                 fontsize=10)
+    _save(fig, out, "bias_trajectories.png", written)
+
+
 def router_logits(summary, out, written):
     settings = summary["settings"]
     zs = [setting_value(summary, s, "z_loss_coef", "moe.z_loss_coef") or 0.0 for s in settings]
@@ -452,5 +537,7 @@ def write_all(summary, out):
     load_cumulative(summary, out, written)
     quality_time(summary, out, written)
     loss_vs_lr(summary, out, written)
+    maxvio_frontier(summary, out, written)
+    bias_trajectories(summary, out, written)
     router_logits(summary, out, written)
     return written

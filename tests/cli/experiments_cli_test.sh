@@ -22,10 +22,12 @@ for exp in moe_vs_dense loss_free zloss capacity; do
     { fail "$exp: exit $?: $(tail -5 "$tmp/$exp.out")"; continue; }
   # The figures each grid makes: every one load_cumulative and quality_time; with a
   # baseline delta_steps; zloss (learning rates and z-loss coefficients differ) loss_vs_lr
-  # and router_logits.
+  # and router_logits; loss_free (aux coefficients and expert biases differ) maxvio_frontier
+  # and bias_trajectories.
   figs="val_loss_steps.png val_loss_flops.png train_loss_runs.png maxvio_steps.png load_heatmaps.png"
   figs+=" load_cumulative.png quality_time.png"
   [[ $exp == zloss ]] && figs+=" loss_vs_lr.png router_logits.png" || figs+=" delta_steps.png"
+  [[ $exp == loss_free ]] && figs+=" maxvio_frontier.png bias_trajectories.png"
   for f in summary.md summary.json per_seed.csv report.html $figs; do
     [[ -s "$tmp/$exp/$f" ]] || fail "$exp wrote no $f"
   done
