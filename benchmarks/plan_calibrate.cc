@@ -142,7 +142,10 @@ StatusOr<double> MeasureOpLatency(Harness& h, TrainBench& bench, const std::stri
   bench.Cleanup(h);
   const double measured = SummarizeSteps(h, step_s).median;
   SY_ASSIGN_OR_RETURN(plan::Hardware hw, plan::ParseHardware(yaml, "plan_calibrate"));
-  plan::PlanInputs in{.config = config, .world = h.ranks(), .precision = "fp32"};
+  plan::PlanInputs in;
+  in.config = config;
+  in.world = h.ranks();
+  in.precision = "fp32";
   in.global_batch = config.train.micro_batch_size * config.train.grad_accum * h.ranks();
   const plan::Layout layout = plan::LayoutOf(config);
   plan::CostCache cache;

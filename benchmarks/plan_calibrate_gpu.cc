@@ -161,7 +161,10 @@ StatusOr<double> MeasureOpLatency(Harness& h, TrainBench& bench, const std::stri
   bench.Cleanup(h);
   const double measured = SummarizeSteps(h, step_s).median;
   SY_ASSIGN_OR_RETURN(plan::Hardware hw, plan::ParseHardware(yaml, "plan_calibrate_gpu"));
-  plan::PlanInputs in{.config = config, .world = 1, .precision = "bf16"};
+  plan::PlanInputs in;
+  in.config = config;
+  in.world = 1;
+  in.precision = "bf16";
   in.global_batch = config.train.micro_batch_size * config.train.grad_accum;
   const plan::Layout layout = plan::LayoutOf(config);
   plan::CostCache cache;
