@@ -240,9 +240,12 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
 }
 
 Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx) {
-  SY_CHECK(acts.y.defined() && dy.shape() == acts.y.shape())
-      << "Experts::Backward: dy " << ShapeString(dy.shape()) << " for y "
-      << ShapeString(acts.y.shape());
+  // The output itself is not read (the MoE layer lets it go once combined).
+  int64_t rows_total = 0;
+  for (int64_t n : acts.rows) rows_total += n;
+  SY_CHECK(acts.h.defined() && dy.shape() == (Shape{rows_total, options_.d_model}))
+      << "Experts::Backward: dy " << ShapeString(dy.shape()) << " for " << rows_total
+      << " rows of width " << options_.d_model;
   const int64_t r = dy.dim(0), d = options_.d_model, f = options_.d_hidden;
   const Device dev = dy.device();
   const std::span<const int64_t> rows(acts.rows);

@@ -89,7 +89,8 @@ struct ExpertsActivations {
   Tensor a;                   // (R, f) x @ W1 + b1, before the activation
   Tensor b;                   // (R, f) x @ W3; swiglu only
   Tensor h;                   // (R, f) act(a), or silu(a) * b
-  Tensor y;                   // (R, d) the output, h @ W2 + b2
+  Tensor y;                   // (R, d) the output, h @ W2 + b2 (Backward does not read it: the
+                              // MoE layer releases it once combined)
   // How the CPU ran the grouped GEMMs (kernels/gemm.h); Backward runs its own the same way.
   kernels::GroupSchedule schedule = kernels::GroupSchedule::kAuto;
 };

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/core/profile.h"
+#include "kernels/activation_storage.h"
 
 namespace switchyard::moe {
 
@@ -248,7 +249,9 @@ Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
   acts.etp = MakeEtpPlan(rows, *etp_, device(), ctx);
   acts.experts = experts_.Forward(EtpGather(grouped, *acts.etp, *etp_, ctx),
                                   acts.etp->rows_per_expert, ctx);
-  return EtpReduceScatter(acts.experts.y, *acts.etp, *etp_, ctx);
+  Tensor y = EtpReduceScatter(acts.experts.y, *acts.etp, *etp_, ctx);
+  acts.experts.y = Tensor();  // Backward does not read the output (Experts::Backward)
+  return y;
 }
 
 Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
@@ -259,9 +262,19 @@ Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActi
     const ScopedAllToAll timed(ep_->size() > 1);
     acts.expert_out = ReturnRows(ungrouped, plan, *ep_, ctx);
   }
+  acts.experts.y = Tensor();  // Backward does not read the experts' output
   if (shared_) acts.shared = shared_->Forward(h, ctx);
-  return Combine(acts.expert_out, acts.gates, config_.routed_scaling_factor, plan,
-                 shared_ ? acts.shared->y : Tensor(), ctx);
+  return CombineAndKeep(acts, ctx);
+}
+
+Tensor MoELayer::CombineAndKeep(MoEActivations& acts, DeviceContext* ctx) const {
+  Tensor y = Combine(acts.expert_out, acts.gates, config_.routed_scaling_factor, *acts.plan,
+                     shared_ ? acts.shared->y : Tensor(), ctx);
+  // Backward reads the returned rows for the gates' gradient only: under bf16 storage they
+  // are kept rounded (kernels/activation_storage.h), and the shared experts' output not at all.
+  acts.expert_out = kernels::KeepRounded(acts.expert_out, ctx);
+  if (shared_) acts.shared->y = Tensor();
+  return y;
 }
 
 // ---- Backward ---------------------------------------------------------------------------
@@ -311,8 +324,8 @@ Tensor MoELayer::CombineOutputsBackward(const MoEActivations& acts, const Tensor
                : Tensor::Zeros({n, d}, DType::kF32, device(), ctx);
   phase.emplace(Phase::kCombine);
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, device());
-  CombineBackward(dy, acts.expert_out, acts.gates, config_.routed_scaling_factor, plan, dout,
-                  dgates, ctx);
+  CombineBackward(dy, kernels::KeptAsF32(acts.expert_out, ctx), acts.gates,
+                  config_.routed_scaling_factor, plan, dout, dgates, ctx);
   Tensor dgrouped;
   {
     const ScopedAllToAll timed(ep_->size() > 1);
@@ -407,6 +420,7 @@ Tensor MoELayer::RunWithReplicas(const Tensor& grouped, MoEActivations& acts,
   Tensor y = Tensor::Empty(grouped.shape(), DType::kF32, grouped.device());  // (R, d)
   y.Slice(0, owned).CopyFrom(acts.experts.y, ctx);
   y.Slice(owned, r).CopyFrom(acts.replica->y, ctx);
+  acts.experts.y = acts.replica->y = Tensor();  // Backward does not read them
   return y;
 }
 

@@ -77,6 +77,7 @@ struct MoEActivations {
   std::unique_ptr<DispatchPlan> plan;
   ExpertsActivations experts;
   Tensor expert_out;                               // (A, d) expert outputs back in expert order
+                                                   // (bf16 under bf16 activation storage)
   std::optional<ExpertsActivations> shared;
   std::optional<EtpPlan> etp;                      // expert tensor parallelism only
   Tensor own_rows;                                 // a non-contiguous GroupLayout's
@@ -250,6 +251,9 @@ class MoELayer {
   // experts of h: (N, d).
   Tensor CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
                         DeviceContext* ctx) const;
+  // Combine of acts.expert_out (and the shared experts' output), then what Backward keeps of
+  // them: the returned rows (rounded under bf16 storage), not the shared experts' output.
+  Tensor CombineAndKeep(MoEActivations& acts, DeviceContext* ctx) const;
   // Backward runs the same helpers' mirrors in reverse order:
   //   CombineOutputsBackward -> RunExpertsBackward -> DispatchBackward -> RouteGroupsBackward
   // CombineOutputs' mirror: dh (N, d) = the shared experts' dx (or zeros), dgates (N, k) the

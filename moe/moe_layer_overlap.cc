@@ -58,9 +58,9 @@ Tensor MoELayer::ForwardOverlapped(const Tensor& h, MoEActivations& acts, Device
   };
   acts.expert_out = chunks.Run(Permute(h, plan, ctx), *comm_thread_, compute, shared,
                                ctx, Phase::kDispatch, Phase::kCombine);
+  for (ExpertsActivations& e : acts.chunk_experts) e.y = Tensor();  // Backward does not read it
   phase.emplace(Phase::kCombine);
-  return Combine(acts.expert_out, acts.gates, config_.routed_scaling_factor, plan,
-                 shared_ ? acts.shared->y : Tensor(), ctx);
+  return CombineAndKeep(acts, ctx);
 }
 
 Tensor MoELayer::BackwardOverlapped(const MoEActivations& acts, const Tensor& dy, Tensor& dgates,
@@ -70,8 +70,8 @@ Tensor MoELayer::BackwardOverlapped(const MoEActivations& acts, const Tensor& dy
   const Device dev = device();
   std::optional<ScopedPhase> phase(Phase::kCombine);
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, dev);
-  CombineBackward(dy, acts.expert_out, acts.gates, config_.routed_scaling_factor, plan, dout,
-                  dgates, ctx);
+  CombineBackward(dy, kernels::KeptAsF32(acts.expert_out, ctx), acts.gates,
+                  config_.routed_scaling_factor, plan, dout, dgates, ctx);
   auto compute = [&](int64_t c, const Tensor& dgrouped) -> Tensor {
     if (!etp_) return experts_.Backward(acts.chunk_experts[c], dgrouped, ctx);
     const EtpPlan& etp = acts.chunk_etp[c];

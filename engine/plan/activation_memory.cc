@@ -24,7 +24,8 @@ struct Shape {
   double stats;              // a norm's statistics per row (mean and rstd, or rstd)
   // runtime.activation_dtype=bf16 (MODEL.md "Activation storage"): the products' inputs
   // are kept as bf16 operands (the norms' f32 outputs then go, but MoE blocks' norm2), the
-  // MLPs' and experts' pre-activations and hidden activations in bf16: `half` (0.5) of an
+  // MLPs' and experts' pre-activations and hidden activations, and the MoE combine's rows, in
+  // bf16: `half` (0.5) of an
   // f32 element each; their backward reads a and b back as f32 copies.
   bool bf16 = false;
   double half = 1;
@@ -91,16 +92,18 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // output, or under tp without sp this rank's copied rows), logits and probabilities (E
 // each), chosen experts, gates and keep masks (router and capacity: k each), the dispatch
 // plan (4 per assignment); per admitted assignment the expert input, a (and b under
-// swiglu), h and y (d + 2..3 f / etp + d), and the combine's returned rows under ep; the
-// shared experts (whole under tp: a, (b), h, y); the layer's output.
+// swiglu), h and the combine's rows (d + 2..3 f / etp + d: the experts' output itself,
+// and under ep the rows it was sent from, are let go once combined); the shared experts
+// (whole under tp: a, (b), h; their output likewise let go); the layer's output.
 // Context parallelism: this rank holds 1/cp of the tokens (the per-token figures are per
 // token it holds), but every rank of the routing group keeps the whole group's routing:
 // logits and probabilities (E each) and two sets of choices, gates and keep masks (2.25 k
 // each), gathered over tp x cp.
 // Backward: per admitted row dy, dx and dh (and db), a gate gradient per assignment, four
-// (E) router gradients. Under bf16 storage the expert input x, a, (b) and h are bf16 (the
-// shared experts' a, (b), h too; their input is the layer's, kept f32 for the router), and
-// backward also holds f32 copies of a (and b) per admitted row.
+// (E) router gradients. Under bf16 storage the expert input x, a, (b), h and the combine's
+// rows are bf16 (the shared experts' a, (b), h too; their input is the layer's, kept f32
+// for the router), and backward also holds f32 copies of a (and b) per admitted row (and,
+// before them, of the combine's rows: no more than the experts' backward holds).
 Piece MoEElements(const config::Config& c, const Shape& s) {
   const moe::MoEConfig& e = c.moe;
   const double d = s.d;
@@ -112,12 +115,11 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   const double admitted = cap < 0 ? k : std::min(k, E * double(cap) / group);  // per token
   const double emats = double(model::MlpMatrices(e.activation));
   const double fe = double(e.d_expert) / c.parallel.expert_tp();
-  const double per_row =
-      s.half * d + d + s.half * emats * fe + (c.parallel.ep > 1 ? d : 0);  // x, y; a, (b), h
+  const double per_row = s.half * (2 * d + emats * fe);  // x, the combine's row; a, (b), h
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
   const double router_in = e.jitter_eps > 0 ? 2 * d : (s.tp && !s.sp ? d : 0);
   return {.kept = whole_router + routed * (router_in + 4 * k + admitted * per_row +
-                                           (shared_h > 0 ? s.half * emats * shared_h + d : 0) + d),
+                                           (shared_h > 0 ? s.half * emats * shared_h : 0) + d),
           .backward = d * s.rows +
                       routed * (admitted * (2 * d + (emats - 1) * fe * (s.bf16 ? 2 : 1)) + k +
                                 4 * E)};

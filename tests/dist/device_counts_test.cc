@@ -193,22 +193,24 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 // conversions of activations and gradients under bf16 products:
 //                         f32 storage                     bf16 storage
 //   attention forward     x for q, k, v; a for o: 4       x once (shared), a once: 2
-//   experts forward       x, h (each product): 2          x, h kept as operands, a rounded: 3
+//   experts forward       x, h (each product): 2          x, h kept as operands, a and the
+//                                                         combine's rows rounded: 4
 //   experts backward      dy, da, and x, h again: 4       dy, da: 2 (x and h are kept bf16)
 //   attention backward    dy of q, k, v, o and their      dy of q, k, v, o: 4 (their inputs
 //                         inputs again: 8                 are kept bf16)
 // and the tied head: its input forward (1), dlogits once for its two products and its input
 // backward (2; dlogits, the largest operand, was converted once per product, 3, before). bf16
-// storage reads each block's a back as f32 once (bf16 -> f32; the tiny model's head_dim 16
-// keeps the exact attention, which never reads o.x back). Plus the 13 weight shadows.
+// storage reads each block's a and combine rows back as f32 once each (bf16 -> f32; the tiny
+// model's head_dim 16 keeps the exact attention, which never reads o.x back). Plus the 13
+// weight shadows.
 TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
   if (!is_root()) return;
   const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
   const int64_t weights = 13, head = 1 + 2;
   const int64_t per_mb_f32 = kMoELayers * (4 + 2 + 4 + 8) + head;
-  const int64_t per_mb_bf16 = kMoELayers * (2 + 3 + 2 + 4) + head;
+  const int64_t per_mb_bf16 = kMoELayers * (2 + 4 + 2 + 4) + head;
   ASSERT_EQ(per_mb_f32, 39);
-  ASSERT_EQ(per_mb_bf16, 25);
+  ASSERT_EQ(per_mb_bf16, 27);
   for (bool stored_bf16 : {false, true}) {
     SCOPED_TRACE(stored_bf16 ? "bf16 storage" : "f32 storage");
     std::vector<std::string> overrides = {"runtime.precision=bf16"};
@@ -221,7 +223,7 @@ TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
       EXPECT_EQ(c.weight_conversion_calls, weights);
       EXPECT_EQ(c.conversion_calls[f32][bf16],
                 weights + kMicroBatches * (stored_bf16 ? per_mb_bf16 : per_mb_f32));
-      EXPECT_EQ(c.conversion_calls[bf16][f32], stored_bf16 ? kMicroBatches * kMoELayers : 0);
+      EXPECT_EQ(c.conversion_calls[bf16][f32], stored_bf16 ? 2 * kMicroBatches * kMoELayers : 0);
     }
   }
 }

@@ -8,6 +8,10 @@
 //  - Mlp (dense) and Experts (MoE) also keep their pre-activations a (and b under swiglu)
 //    rounded to bf16: the forward is the same bits, and the backward equals, bit for bit, the
 //    f32-storage backward run on activations rounded to bf16 by hand here.
+//  - The MoE layer keeps its combine's rows rounded to bf16: the forward is the same bits,
+//    and the backward equals, bit for bit, the f32-storage backward given those rows rounded
+//    by hand (only the gates' gradient reads them); the experts' and the shared experts'
+//    outputs are kept under neither storage.
 //  - What is kept is bf16 where the contract says so, and holds the rounded values.
 #include <gtest/gtest.h>
 
@@ -24,6 +28,8 @@
 #include "kernels/flash_attention.h"
 #include "kernels/random.h"
 #include "moe/experts.h"
+#include "moe/moe_layer.h"
+#include "tests/moe/moe_layer_test_util.h"
 
 namespace switchyard {
 namespace {
@@ -228,6 +234,56 @@ TEST(ActivationStorageTest, ExpertsBackwardIsTheF32BackwardOfRoundedActivations)
                       kernels::KeepInput::kAsGiven);
       EXPECT_TRUE(shared.x.SharesStorageWith(x));
     }
+  }
+}
+
+// The routed and shared experts' pre-activations rounded by hand, as bf16 storage keeps them.
+void RoundPreActivations(moe::MoEActivations& acts) {
+  for (moe::ExpertsActivations* e : {&acts.experts, acts.shared ? &*acts.shared : nullptr}) {
+    if (e == nullptr) continue;
+    e->a = RoundedByHand(e->a);
+    if (e->b.defined()) e->b = RoundedByHand(e->b);
+  }
+}
+
+TEST(ActivationStorageTest, MoELayerKeepsItsCombineRowsRounded) {
+  auto f32s = Context(DType::kF32), bf16s = Context(DType::kBF16);
+  auto ep = dist::MakeLocalCommunicator();
+  for (int64_t shared : {0, 1}) {
+    SCOPED_TRACE(shared ? "a shared expert" : "no shared expert");
+    moe::MoEConfig config = moe::testing::Config(/*E=*/4, /*k=*/2, moe::Activation::kSwiglu);
+    config.d_model = 16;
+    config.d_expert = 24;
+    config.normalize_gates = true;
+    config.num_shared_experts = shared;
+    config.aux_loss_coef = 0.01f;
+    moe::MoELayer ref = moe::testing::MakeLayer(config, ep.get()), sut = moe::testing::MakeLayer(config, ep.get());
+    const Tensor h = Random({12, 16}, 70), dy = Random({12, 16}, 71);
+    moe::MoEForward rf = ref.Forward(h, 12, /*training=*/true, 0, 0, f32s.get());
+    const moe::MoEForward sf = sut.Forward(h, 12, /*training=*/true, 0, 0, bf16s.get());
+    ExpectSameBits(sf.y, rf.y, "y (the forward is unchanged)");
+    ExpectBf16Of(sf.acts.expert_out, rf.acts.expert_out, "the combine's rows");
+    for (const moe::MoEForward* f : {static_cast<const moe::MoEForward*>(&rf), &sf}) {
+      EXPECT_FALSE(f->acts.experts.y.defined()) << "the experts' output is kept";
+      if (shared) EXPECT_FALSE(f->acts.shared->y.defined()) << "the shared experts' output is kept";
+    }
+    // The f32-storage backward given what bf16 storage rounds: the combine's rows, and the
+    // routed and shared experts' pre-activations (ExpertsBackwardIsTheF32Backward... above).
+    rf.acts.expert_out = RoundedByHand(rf.acts.expert_out);
+    RoundPreActivations(rf.acts);
+    const std::vector<float> daux(1, 1.0f), dz(1, 0.0f);
+    ExpectSameBits(sut.Backward(sf.acts, dy, daux, dz, bf16s.get()),
+                   ref.Backward(rf.acts, dy, daux, dz, f32s.get()), "dh");
+    ExpectSameBits(sut.grad_router_weight(), ref.grad_router_weight(), "the router's gradient");
+    ExpectSameBits(sut.experts().grad_w1(), ref.experts().grad_w1(), "dW1");
+    ExpectSameBits(sut.experts().grad_w2(), ref.experts().grad_w2(), "dW2");
+    // The rows' rounding is real: with the pre-activations rounded alone, the router's
+    // gradient differs.
+    moe::MoELayer plain = moe::testing::MakeLayer(config, ep.get());
+    moe::MoEForward pf = plain.Forward(h, 12, /*training=*/true, 0, 0, f32s.get());
+    RoundPreActivations(pf.acts);
+    plain.Backward(pf.acts, dy, daux, dz, f32s.get());
+    EXPECT_NE(Values(plain.grad_router_weight()), Values(sut.grad_router_weight()));
   }
 }
 
