@@ -17,16 +17,17 @@ namespace {
 
 // Recompute's extra forward as a fraction of the step's FLOPs: full redoes every layer's
 // forward (a third of 6N + 12LSH), selective the attention core (4 L S H of the 12).
+// (A copy of the table's totals: a reference into the temporary table would dangle.)
 double RecomputeFraction(const config::Config& c, model::Recompute r) {
   if (r == model::Recompute::kNone) return 0;
-  const model::PieceParams& all = model::ParamTable::Build(c.model, c.moe).Total();
+  const model::PieceParams all = model::ParamTable::Build(c.model, c.moe).Total();
   const double step = 6.0 * all.matmul + 12.0 * all.attention;
   return r == model::Recompute::kFull ? 1.0 / 3.0 : 4.0 * all.attention / step;
 }
 
 // The chunked head's second forward as a fraction of the step's FLOPs (2 d V of 6N + 12LSH).
 double HeadChunkFraction(const config::Config& c) {
-  const model::PieceParams& all = model::ParamTable::Build(c.model, c.moe).Total();
+  const model::PieceParams all = model::ParamTable::Build(c.model, c.moe).Total();
   return 2.0 * double(c.model.d_model) * double(c.model.vocab_size) /
          (6.0 * all.matmul + 12.0 * all.attention);
 }
@@ -60,7 +61,11 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
   // The planner's enumeration and layout check (planner.h), over the part of its space this
   // search spans: tp inside a node of 8, no cp, 1F1B or interleaved with two virtual stages,
   // every power-of-two micro-batch.
-  PlanInputs in{.config = base, .world = world, .global_batch = search.global_batch, .max_tp = 8};
+  PlanInputs in;
+  in.config = base;
+  in.world = world;
+  in.global_batch = search.global_batch;
+  in.max_tp = 8;
   in.scope = {.cp = false, .gpipe = false, .virtual_stages = {2}, .micro_batch_sizes = {}};
   const double head_fraction = HeadChunkFraction(base);
   double fraction[3];
