@@ -265,7 +265,9 @@ TEST(ActivationStorageTest, MoELayerKeepsItsCombineRowsRounded) {
     ExpectBf16Of(sf.acts.expert_out, rf.acts.expert_out, "the combine's rows");
     for (const moe::MoEForward* f : {static_cast<const moe::MoEForward*>(&rf), &sf}) {
       EXPECT_FALSE(f->acts.experts.y.defined()) << "the experts' output is kept";
-      if (shared) EXPECT_FALSE(f->acts.shared->y.defined()) << "the shared experts' output is kept";
+      if (shared) {
+        EXPECT_FALSE(f->acts.shared->y.defined()) << "the shared experts' output is kept";
+      }
     }
     // The f32-storage backward given what bf16 storage rounds: the combine's rows, and the
     // routed and shared experts' pre-activations (ExpertsBackwardIsTheF32Backward... above).
