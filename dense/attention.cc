@@ -247,7 +247,8 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
                 Heads(acts.v_heads, hkv, hd), a, lse, ctx);
     o.x = a.Reshape({b, s, hq * hd});
   }
-  const Tensor dy = LeaveTensorParallelBackward(tp, dy_in, ctx).Reshape(o.y.shape());
+  // o.y's shape (the decoder lets o.y itself go once the residual has it).
+  const Tensor dy = LeaveTensorParallelBackward(tp, dy_in, ctx).Reshape({b, s, options_.d_model});
   const Tensor da = o_.Backward(o, dy, ctx);  // (B, S, Hq * hd)
   Tensor dq = Tensor::Empty({b, s, hq * hd}, DType::kF32, x.device());
   Tensor dk = Tensor::Empty({b, s, hkv * hd}, DType::kF32, x.device());

@@ -255,6 +255,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     if (recompute_ == Recompute::kFull) {
       ba = BlockActivations();
       ba.x_in = x;
+      ba.recompute = true;
     }
     acts.blocks.push_back(std::move(ba));
     x = y;
@@ -331,7 +332,13 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
     ba.norm1.y = Tensor();
     if (b.mlp) ba.norm2.y = Tensor();
   }
-  return Sum(ba.x_mid, ffn, ctx);
+  Tensor y = Sum(ba.x_mid, ffn, ctx);
+  // No backward reads the sublayers' outputs (the residual sums have used them): they go,
+  // with the attention's and the dense MLP's partial sums under tp.
+  ba.attn.o.y = ba.attn.out = Tensor();
+  if (ba.mlp) ba.mlp->fc2.y = ba.mlp->out = Tensor();
+  if (ba.moe) ba.moe->y = Tensor();
+  return y;
 }
 
 Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
@@ -409,7 +416,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     AcquireForBackward(LayerPart(i), i > 0 ? LayerPart(i - 1) : before_layers);
     const BlockActivations& kept = acts.blocks[i];
     BlockActivations again;  // full recompute: the block's forward once more, from its input
-    if (!kept.attn.out.defined()) {
+    if (kept.recompute) {
       ForwardBlock(i, kept.x_in, in, dense::CoreAttention::kKeep, again);
     }
     dx = BackwardBlock(i, again.x_in.defined() ? again : kept, dx, aux_scale);

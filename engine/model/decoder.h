@@ -95,7 +95,8 @@ struct BlockActivations {
   dense::AttentionActivations attn;
   Tensor x_mid;  // x_in + attention
   std::optional<dense::MlpActivations> mlp;
-  std::optional<moe::MoEForward> moe;
+  std::optional<moe::MoEForward> moe;  // y undefined (ForwardBlock)
+  bool recompute = false;  // full recompute: x_in alone is kept; Backward runs the block again
 };
 
 struct DecoderActivations {

@@ -59,8 +59,8 @@ struct Piece {
 };
 
 // Attention (dense/attention.h): the gathered input under sp; q, k and v; the log-sum-exp
-// (B, Hq, S); the attention output o.x and o.y (partial sums, every row); the output after
-// the tp reduction. Backward: the residual gradient (this rank's rows), the FFN's input
+// (B, Hq, S); the attention output o.x (its projection o.y, and the output after the tp
+// reduction, go once the residual has them: Decoder::ForwardBlock). Backward: the residual gradient (this rank's rows), the FFN's input
 // gradient, dx of the projections, the attention output's gradient and dq, dk, dv; under
 // cp the ring's backward also holds the key/value block in hand and the one arriving, with
 // their gradients travelling alongside (kv each), and the delta (Hq). Under bf16 storage
@@ -69,21 +69,21 @@ struct Piece {
 // and ring paths), before dx (d >= q) exists, so the copy does not raise the peak.
 Piece AttentionElements(const Shape& s) {
   const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
-  const double attention =
-      input + s.q + s.kv + s.hq / s.P + s.half * s.q + s.d + (s.tp ? s.d * s.rows : 0);
+  const double attention = input + s.q + s.kv + s.hq / s.P + s.half * s.q;
   const double ring_bwd = s.cp > 1 ? 4 * s.kv + s.hq / s.P : 0;
   return {.kept = attention, .backward = 2 * s.d * s.rows + s.d + 2 * s.q + s.kv + ring_bwd};
 }
 
 // Dense MLP (dense/mlp.h): the gathered input under sp, fc1's output (and fc3's under
-// swiglu), the activation h, fc2's partial output, the output after the tp reduction.
+// swiglu), the activation h (fc2's output, and the output after the tp reduction, go once
+// the residual has them).
 // Backward: dy and dh (and db). Under bf16 storage: x's bf16 operand (gathered or not), a,
 // (b) and h in bf16; backward also holds the f32 copies of a (and b).
 Piece MlpElements(const config::Config& c, const Shape& s) {
   const double f = double(c.model.ff_hidden()) / s.P;
   const double mats = double(model::MlpMatrices(c.model.activation));
   const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
-  return {.kept = input + s.half * mats * f + s.d + (s.tp ? s.d * s.rows : 0),
+  return {.kept = input + s.half * mats * f,
           .backward = s.d * s.rows + s.d + (mats - 1) * f + (s.bf16 ? (mats - 1) * f : 0)};
 }
 
@@ -94,7 +94,8 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // plan (4 per assignment); per admitted assignment the expert input, a (and b under
 // swiglu), h and the combine's rows (d + 2..3 f / etp + d: the experts' output itself,
 // and under ep the rows it was sent from, are let go once combined); the shared experts
-// (whole under tp: a, (b), h; their output likewise let go); the layer's output.
+// (whole under tp: a, (b), h; their output likewise let go). The layer's output goes once
+// the residual has it.
 // Context parallelism: this rank holds 1/cp of the tokens (the per-token figures are per
 // token it holds), but every rank of the routing group keeps the whole group's routing:
 // logits and probabilities (E each) and two sets of choices, gates and keep masks (2.25 k
@@ -119,7 +120,7 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
   const double router_in = e.jitter_eps > 0 ? 2 * d : (s.tp && !s.sp ? d : 0);
   return {.kept = whole_router + routed * (router_in + 4 * k + admitted * per_row +
-                                           (shared_h > 0 ? s.half * emats * shared_h : 0) + d),
+                                           (shared_h > 0 ? s.half * emats * shared_h : 0)),
           .backward = d * s.rows +
                       routed * (admitted * (2 * d + (emats - 1) * fe * (s.bf16 ? 2 : 1)) + k +
                                 4 * E)};

@@ -272,13 +272,14 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
 }
 
 // The tiny config's pieces by hand (per token of the 64-token micro-batch, f32 elements):
-// a MoE layer keeps 542.5 — norms 2 x (32 + 2), q k v o.x o.y 5 x 32 plus the lse 2, x_mid
+// a MoE layer keeps 478.5 — norms 2 x (32 + 2), q k v o.x 4 x 32 plus the lse 2, x_mid
 // and the output 2 x 32, the router's jittered input and noise 2 x 32, logits and probs
-// 2 x 8, k-sized routing tensors 8.5, one admitted row x a h y 4 x 32, the MoE output 32;
-// the embedding 32; the head 290 (final norm 34, logits gradient 256).
+// 2 x 8, k-sized routing tensors 8.5, one admitted row x a h and the combine's row 4 x 32
+// (o.y and the MoE output go once the residual has them); the embedding 32; the head 290
+// (final norm 34, logits gradient 256).
 constexpr double kToken = 4.0 * 64;  // bytes per f32 element per token
-constexpr double kStage0 = (32 + 542.5) * kToken;  // embedding + layer 0: 147072
-constexpr double kStage1 = (542.5 + 290) * kToken;  // layer 1 + head: 213120
+constexpr double kStage0 = (32 + 478.5) * kToken;  // embedding + layer 0: 130688
+constexpr double kStage1 = (478.5 + 290) * kToken;  // layer 1 + head: 196736
 constexpr double kHidden = 32 * kToken;             // 8192
 constexpr double kTokens = 5 * 4.0 * 64;            // token ids on the CPU: 1280
 // Parameters: wte 8192, wpe 512; a layer 20992 (norms 128, attention 4096 + 128 bias,
@@ -386,7 +387,7 @@ TEST(DryRunTest, PipelineStepWorkspaceByHand) {
   auto single = dist::Mesh::Create(1, one.parallel.MeshSizes());
   ASSERT_TRUE(single.ok());
   EXPECT_DOUBLE_EQ(plan::PredictRankMemory(one, *single, 0).workspace,
-                   kTokens + (32 + 2 * 542.5 + 290) * kToken + 224 * kToken);
+                   kTokens + (32 + 2 * 478.5 + 290) * kToken + 224 * kToken);
 }
 
 TEST(DryRunTest, CheckCommunicatorOrderNamesTheFirstDifference) {
@@ -446,8 +447,8 @@ TEST(DryRunTest, ReportHasThePipelineSection) {
            "  bubble (analytic, (p-1)/(m+p-1)): 0.2000\n",
            "        0    0  embedding + layers 0-0         ",
            "        1    1  layers 1-1 + head              ",
-           "   143.62 KiB       287.25 KiB\n",  // stage 0: 2 in flight x 147072 B
-           "   208.12 KiB       208.12 KiB\n",  // stage 1: 1 x 213120 B
+           "   127.62 KiB       255.25 KiB\n",  // stage 0: 2 in flight x 130688 B
+           "   192.12 KiB       192.12 KiB\n",  // stage 1: 1 x 196736 B
        }) {
     EXPECT_NE(report.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << report;
   }
