@@ -320,7 +320,9 @@ TEST(AttentionLayerTest, ForwardAndGradients) {
                              .explicit_head_dim = c.head_dim,
                              .bias = c.bias,
                              .rope = c.rope};
-    if (c.head_dim > 0) ASSERT_EQ(o.head_dim(), c.head_dim);
+    if (c.head_dim > 0) {
+      ASSERT_EQ(o.head_dim(), c.head_dim);
+    }
     Attention attn(o);
     Randomize(attn.Parameters(), 5, 0.6f);
     Tensor x = RandomTensor({kB, kS, kD}, 50);

@@ -103,10 +103,12 @@ void ExpectReplicaWeights(const MoELayer& layer, const MoELayer& whole, int rank
     const Experts& all = whole.experts();
     EXPECT_EQ(Values(slots.w1().Slice(s, s + 1)), Values(all.w1().Slice(e, e + 1))) << "w1 e" << e;
     EXPECT_EQ(Values(slots.w2().Slice(s, s + 1)), Values(all.w2().Slice(e, e + 1))) << "w2 e" << e;
-    if (all.w3().defined())
+    if (all.w3().defined()) {
       EXPECT_EQ(Values(slots.w3().Slice(s, s + 1)), Values(all.w3().Slice(e, e + 1)));
-    if (all.b1().defined())
+    }
+    if (all.b1().defined()) {
       EXPECT_EQ(Values(slots.b1().Slice(s, s + 1)), Values(all.b1().Slice(e, e + 1)));
+    }
   }
 }
 

@@ -159,8 +159,12 @@ TEST(ParamTableTest, LocalBoxesUnderTensorAndExpertParallelism) {
       EXPECT_TRUE(t4.Replicated(p));
       EXPECT_EQ(t4.LocalNumel(p, 3), 32 * 16);
     }
-    if (p.Name() == "layers.1.moe.experts.w2") EXPECT_EQ(t4.LocalNumel(p, 0), 4 * 12 * 32);
-    if (p.Name() == "layers.1.moe.experts.b2") EXPECT_TRUE(t4.Replicated(p));
+    if (p.Name() == "layers.1.moe.experts.w2") {
+      EXPECT_EQ(t4.LocalNumel(p, 0), 4 * 12 * 32);
+    }
+    if (p.Name() == "layers.1.moe.experts.b2") {
+      EXPECT_TRUE(t4.Replicated(p));
+    }
   }
 }
 

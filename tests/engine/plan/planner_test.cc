@@ -119,7 +119,9 @@ TEST(PlannerTest, PlanIsDeterministic) {
     EXPECT_EQ(a.best[i].layout.Key(), b.best[i].layout.Key());
     EXPECT_EQ(a.best[i].time.total(), b.best[i].time.total());
     EXPECT_EQ(a.best[i].peak_bytes, b.best[i].peak_bytes);
-    if (i > 0) EXPECT_LE(a.best[i - 1].time.total(), a.best[i].time.total());
+    if (i > 0) {
+      EXPECT_LE(a.best[i - 1].time.total(), a.best[i].time.total());
+    }
   }
 }
 
@@ -206,7 +208,9 @@ TEST(PlannerTest, HeadChunksWhereTheWholeHeadDoesNotFit) {
     as_whole.head_chunk_tokens = 0;
     EXPECT_GT(PeakMemory(chunked, as_whole), hw.memory_bytes);
     EXPECT_GT(got.time.total(), Evaluate(chunked, as_whole, hw, cache).time.total());
-    if (i > 0) EXPECT_LE(fit.best[i - 1].time.total(), got.time.total());
+    if (i > 0) {
+      EXPECT_LE(fit.best[i - 1].time.total(), got.time.total());
+    }
   }
   EXPECT_NE(fit.best[0].layout.Describe(8).find(" head chunk "), std::string::npos);
 
