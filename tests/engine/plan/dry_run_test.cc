@@ -233,6 +233,7 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
       // as 3 heads of 64 on d 128, model.head_dim).
       {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128"},
       {"model.d_model=128", "model.n_heads=3", "model.head_dim=64", "moe.d_expert=128"},
+      {"model.d_model=128", "model.n_heads=4", "model.head_dim=64", "moe.d_expert=128"},
       {"model.d_model=128", "model.n_heads=2", "moe.d_expert=128", "train.recompute=selective"},
       {"model.tie_embeddings=false", "train.head_chunk_tokens=24"},
   };
