@@ -249,9 +249,7 @@ Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
   acts.etp = MakeEtpPlan(rows, *etp_, device(), ctx);
   acts.experts = experts_.Forward(EtpGather(grouped, *acts.etp, *etp_, ctx),
                                   acts.etp->rows_per_expert, ctx);
-  Tensor y = EtpReduceScatter(acts.experts.y, *acts.etp, *etp_, ctx);
-  acts.experts.y = Tensor();  // Backward does not read the output (Experts::Backward)
-  return y;
+  return EtpReduceScatter(acts.experts.y, *acts.etp, *etp_, ctx);
 }
 
 Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
@@ -262,7 +260,6 @@ Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActi
     const ScopedAllToAll timed(ep_->size() > 1);
     acts.expert_out = ReturnRows(ungrouped, plan, *ep_, ctx);
   }
-  acts.experts.y = Tensor();  // Backward does not read the experts' output
   if (shared_) acts.shared = shared_->Forward(h, ctx);
   return CombineAndKeep(acts, ctx);
 }
@@ -271,9 +268,14 @@ Tensor MoELayer::CombineAndKeep(MoEActivations& acts, DeviceContext* ctx) const 
   Tensor y = Combine(acts.expert_out, acts.gates, config_.routed_scaling_factor, *acts.plan,
                      shared_ ? acts.shared->y : Tensor(), ctx);
   // Backward reads the returned rows for the gates' gradient only: under bf16 storage they
-  // are kept rounded (kernels/activation_storage.h), and the shared experts' output not at all.
+  // are kept rounded (kernels/activation_storage.h). It reads none of the experts' outputs
+  // (Experts::Backward): the routed experts' (per chunk under overlap; under etp the partial
+  // sums), the replica slots' and the shared experts' go.
   acts.expert_out = kernels::KeepRounded(acts.expert_out, ctx);
-  if (shared_) acts.shared->y = Tensor();
+  acts.experts.y = Tensor();
+  for (ExpertsActivations& e : acts.chunk_experts) e.y = Tensor();
+  if (acts.replica) acts.replica->y = Tensor();
+  if (acts.shared) acts.shared->y = Tensor();
   return y;
 }
 
@@ -420,7 +422,6 @@ Tensor MoELayer::RunWithReplicas(const Tensor& grouped, MoEActivations& acts,
   Tensor y = Tensor::Empty(grouped.shape(), DType::kF32, grouped.device());  // (R, d)
   y.Slice(0, owned).CopyFrom(acts.experts.y, ctx);
   y.Slice(owned, r).CopyFrom(acts.replica->y, ctx);
-  acts.experts.y = acts.replica->y = Tensor();  // Backward does not read them
   return y;
 }
 

@@ -252,7 +252,7 @@ class MoELayer {
   Tensor CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActivations& acts,
                         DeviceContext* ctx) const;
   // Combine of acts.expert_out (and the shared experts' output), then what Backward keeps of
-  // them: the returned rows (rounded under bf16 storage), not the shared experts' output.
+  // them: the returned rows (rounded under bf16 storage), none of the experts' outputs.
   Tensor CombineAndKeep(MoEActivations& acts, DeviceContext* ctx) const;
   // Backward runs the same helpers' mirrors in reverse order:
   //   CombineOutputsBackward -> RunExpertsBackward -> DispatchBackward -> RouteGroupsBackward

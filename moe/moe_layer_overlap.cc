@@ -58,7 +58,6 @@ Tensor MoELayer::ForwardOverlapped(const Tensor& h, MoEActivations& acts, Device
   };
   acts.expert_out = chunks.Run(Permute(h, plan, ctx), *comm_thread_, compute, shared,
                                ctx, Phase::kDispatch, Phase::kCombine);
-  for (ExpertsActivations& e : acts.chunk_experts) e.y = Tensor();  // Backward does not read it
   phase.emplace(Phase::kCombine);
   return CombineAndKeep(acts, ctx);
 }

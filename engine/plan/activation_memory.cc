@@ -24,9 +24,9 @@ struct Shape {
   double stats;              // a norm's statistics per row (mean and rstd, or rstd)
   // runtime.activation_dtype=bf16 (MODEL.md "Activation storage"): the products' inputs
   // are kept as bf16 operands (the norms' f32 outputs then go, but MoE blocks' norm2), the
-  // MLPs' and experts' pre-activations and hidden activations, and the MoE combine's rows, in
-  // bf16: `half` (0.5) of an
-  // f32 element each; their backward reads a and b back as f32 copies.
+  // MLPs' and experts' pre-activations and hidden activations, and the MoE combine's rows,
+  // in bf16: `half` (0.5) of an f32 element each; their backward reads a and b (and the
+  // rows) back as f32 copies.
   bool bf16 = false;
   double half = 1;
 };
@@ -60,10 +60,11 @@ struct Piece {
 
 // Attention (dense/attention.h): the gathered input under sp; q, k and v; the log-sum-exp
 // (B, Hq, S); the attention output o.x (its projection o.y, and the output after the tp
-// reduction, go once the residual has them: Decoder::ForwardBlock). Backward: the residual gradient (this rank's rows), the FFN's input
-// gradient, dx of the projections, the attention output's gradient and dq, dk, dv; under
-// cp the ring's backward also holds the key/value block in hand and the one arriving, with
-// their gradients travelling alongside (kv each), and the delta (Hq). Under bf16 storage
+// reduction, go once the residual has them: Decoder::ForwardBlock). Backward: the residual
+// gradient (this rank's rows), the FFN's input gradient, dx of the projections, the
+// attention output's gradient and dq, dk, dv; under cp the ring's backward also holds the
+// key/value block in hand and the one arriving, with their gradients travelling alongside
+// (kv each), and the delta (Hq). Under bf16 storage
 // q, k and v keep one bf16 operand of the (gathered) input instead, and o.x is bf16; the
 // core attention's backward reads o.x back as an f32 copy (q) where it reads it (the fused
 // and ring paths), before dx (d >= q) exists, so the copy does not raise the peak.

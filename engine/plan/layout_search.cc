@@ -98,9 +98,8 @@ LayoutSearch SearchLayouts(const config::Config& base, int world) {
     cand.fit = PredictDeviceFit(cand.config, it->second->mesh, it->second->ranks);
     double extra = fraction[int(l.recompute)];
     // As the planner: where the whole head does not fit, the head in chunks.
-    if (!cand.fit.fits() && in.scope.head_chunk && l.head_chunk_tokens == 0 &&
-        SuggestedHeadChunk(cand.config) > 0) {
-      cand.config.train.head_chunk_tokens = SuggestedHeadChunk(cand.config);
+    if (const int64_t chunk = cand.fit.fits() ? 0 : FallbackHeadChunk(in, cand.config); chunk > 0) {
+      cand.config.train.head_chunk_tokens = chunk;
       cand.fit = PredictDeviceFit(cand.config, it->second->mesh, it->second->ranks);
       extra += head_fraction;
     }

@@ -115,6 +115,11 @@ std::vector<Layout> EnumerateLayouts(const PlanInputs& in) {
   return out;
 }
 
+int64_t FallbackHeadChunk(const PlanInputs& in, const config::Config& layout) {
+  if (!in.scope.head_chunk || layout.train.head_chunk_tokens > 0) return 0;
+  return SuggestedHeadChunk(layout);
+}
+
 config::Config DeviceConfig(const PlanInputs& in, const Layout& layout) {
   config::Config c = layout.Apply(in.config);
   c.runtime.device = config::RuntimeDevice{.type = DeviceType::kCUDA};
@@ -164,12 +169,9 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
   // Memory last: from the fastest down until `top` layouts fit. A layout that does not fit
   // with the head whole is tried with the head in chunks, which is slower (one more head
   // forward): a chunked layout that fits waits in `chunked` until the next layout is slower.
-  std::vector<Candidate> chunked;
+  std::vector<Candidate> chunked;  // slowest first
   auto full = [&] { return static_cast<int>(result.best.size()) >= options.top; };
   auto take_chunked_before = [&](double seconds) {
-    std::sort(chunked.begin(), chunked.end(), [](const Candidate& a, const Candidate& b) {
-      return a.time.total() > b.time.total();  // the fastest last
-    });
     while (!full() && !chunked.empty() && chunked.back().time.total() <= seconds) {
       result.best.push_back(chunked.back());
       chunked.pop_back();
@@ -189,13 +191,17 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
       result.best.push_back(c);
       continue;
     }
-    const int64_t chunk = SuggestedHeadChunk(c.layout.Apply(in.config));
-    if (in.scope.head_chunk && c.layout.head_chunk_tokens == 0 && chunk > 0) {
+    if (in.scope.head_chunk && c.layout.head_chunk_tokens == 0) {
       Layout l = c.layout;
-      l.head_chunk_tokens = chunk;
+      l.head_chunk_tokens = FallbackHeadChunk(in, l.Apply(in.config));
+      if (l.head_chunk_tokens == 0) continue;
       Candidate h = Evaluate(in, l, hw, cache);
       check(h);
-      if (h.fits) chunked.push_back(h);
+      if (!h.fits) continue;
+      auto at = std::upper_bound(chunked.begin(), chunked.end(), h, [](const Candidate& a, const Candidate& b) {
+        return a.time.total() > b.time.total();
+      });
+      chunked.insert(at, h);
     }
   }
   take_chunked_before(INFINITY);

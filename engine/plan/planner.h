@@ -36,6 +36,12 @@ std::vector<Layout> SearchSpace(const PlanInputs& in);
 // The layouts of the search space Validate accepts, in SearchSpace's order.
 std::vector<Layout> EnumerateLayouts(const PlanInputs& in);
 
+// The head chunk a search tries for `layout` (its config: the layout applied) when it does
+// not fit with the head whole: SuggestedHeadChunk (device_fit.h) where in.scope.head_chunk
+// allows it and the layout runs the head whole; 0 otherwise. Plan and SearchLayouts
+// (`train --dry-run --search`) both call it.
+int64_t FallbackHeadChunk(const PlanInputs& in, const config::Config& layout);
+
 // The config the layout's devices would run: `layout` applied to in.config, on a GPU, its
 // products at in.precision (fp8 and fp8-cs as bf16: the engine keeps no fp8 tensor), its
 // activations kept as runtime.activation_dtype says.

@@ -412,14 +412,14 @@ def maxvio_frontier(summary, out, written):
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     colors = _colors(len(settings))
-    for s, c in zip(settings, colors):
+    for s, (aux, bias), c in zip(settings, knobs, colors):
         runs = [r for r in summary["runs"][s["name"]] if r.get("val_loss") is not None
                 and r.get("maxvio_global") is not None]
         ax.plot([r["maxvio_global"] for r in runs], [r["val_loss"] for r in runs], ".", color=c,
                 ms=4, alpha=0.6)
         v, m = s["metrics"]["val_loss"], s["metrics"]["maxvio_global"]
         ax.errorbar([m["mean"]], [v["mean"]], xerr=[m["std"] or 0], yerr=[v["std"] or 0],
-                    fmt="o" if knobs[settings.index(s)][1] in (None, 0) else "D", color=c,
+                    fmt="D" if bias else "o", color=c,
                     capsize=3, ms=6, label=s["name"])
         ax.annotate(s["name"], (m["mean"], v["mean"]), textcoords="offset points", xytext=(5, 4),
                     fontsize=7)
