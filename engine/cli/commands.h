@@ -56,6 +56,11 @@ int RunRoute(const std::vector<std::string>& args);
 int RunExport(const std::vector<std::string>& args);
 int RunImport(const std::vector<std::string>& args);
 
+// switchyard upcycle --checkpoint DIR --out DIR [--set k=v ...]: sparse upcycling, a
+// step-0 checkpoint of an MoE model whose experts start as copies of a checkpoint's MLPs;
+// see docs/upcycling.md.
+int RunUpcycle(const std::vector<std::string>& args);
+
 // switchyard checkpoint verify DIR [--json]: checks a checkpoint (checksums, step, pieces,
 // finite values) without building a model; one process.
 int RunCheckpoint(const std::vector<std::string>& args);

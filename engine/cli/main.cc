@@ -31,6 +31,8 @@ constexpr Command kCommands[] = {
     {"route", "each token's experts, gates and drops in every MoE layer for a text", RunRoute},
     {"export", "write a checkpoint as a Hugging Face MixtralForCausalLM directory", RunExport},
     {"import", "a Hugging Face MixtralForCausalLM directory as a checkpoint", RunImport},
+    {"upcycle", "a checkpoint's MLPs copied into the experts of a new MoE model (step 0)",
+     RunUpcycle},
     {"report", "an HTML page of runs' losses and expert load over the steps", RunReport},
     {"checkpoint", "verify a checkpoint's checksums, step and values without a model",
      RunCheckpoint},
