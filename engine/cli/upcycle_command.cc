@@ -16,7 +16,8 @@
 // MoE in the checkpoint stays as it is when its shape is the new config's.
 //
 // Exit status: 0 ok, 1 an unreadable checkpoint, a tensor with no place, or an OUT that
-// already holds something (nothing is written then), 2 bad flags or config.
+// already holds something, 2 bad flags or config (no layer upcycled among them); nothing
+// is written on an error.
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -255,6 +256,11 @@ int Upcycle(const std::vector<std::string>& args) {
   parallel::ParameterRegistry& reg = (*decoder)->registry();
   auto upcycled = UpcycleInto(reg, *tensors);
   if (!upcycled.ok()) return Fail(upcycled.status());
+  if (upcycled->layers.empty()) {
+    return UsageError(kCommand, StrCat("no MLP of the checkpoint becomes experts under moe.layer_freq=",
+                                       config->moe.layer_freq, " (", config->model.n_layers,
+                                       " layers): set it so that a dense layer is MoE"));
+  }
   train::Optimizer optimizer(reg, train::OptimizerOptionsFor(config->train));
   auto mesh = dist::Mesh::Create(1, config->parallel.MeshSizes(), config->parallel.order);
   if (!mesh.ok()) return Fail(mesh.status());
@@ -268,7 +274,7 @@ int Upcycle(const std::vector<std::string>& args) {
   std::printf("upcycled %s into %s/%s: the MLP of layer%s %s copied into %lld experts each "
               "(top-%lld), %d tensors copied, %d fresh (routers: train.seed %lld); %s\n",
               dense->dir.c_str(), f.out.c_str(), checkpoint::StepDirName(0).c_str(),
-              upcycled->layers.size() == 1 ? "" : "s", layers.empty() ? "(none)" : layers.c_str(),
+              upcycled->layers.size() == 1 ? "" : "s", layers.c_str(),
               static_cast<long long>(config->moe.num_experts), static_cast<long long>(config->moe.top_k),
               upcycled->copied, upcycled->fresh, static_cast<long long>(config->train.seed),
               StartNote(*config).c_str());

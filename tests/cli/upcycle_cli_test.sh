@@ -13,8 +13,8 @@
 #    loss does, by more than 1e-4 relative (after 20 dense steps the MLPs matter: 2e-3);
 #  - training resumes from it (the experts then differ from each other), and under ep = 2
 #    `switchyard eval` gives the one-rank loss.
-# And the refusals: model.* overrides, experts not shaped as the MLP, shared experts, an
-# MoE layer made dense, a changed expert count, a non-empty OUT, a missing checkpoint,
+# And the refusals: model.* overrides, experts not shaped as the MLP, shared experts, no
+# layer upcycled, an MoE layer made dense, a changed expert count, a non-empty OUT, a missing checkpoint,
 # mpirun: one line each, nothing written.
 # Usage: upcycle_cli_test.sh path/to/switchyard path/to/docs/model_reference.py [path/to/mpirun_test.sh]
 set -u
@@ -167,6 +167,8 @@ expect_usage_error "expert activation" "moe.activation=gelu: an upcycled expert 
   upcycle --checkpoint "$tmp/swiglu" --out "$tmp/x2" --set moe.activation=gelu
 expect_usage_error "shared experts" "moe.num_shared_experts=1: upcycling copies the MLP into the routed experts" \
   upcycle --checkpoint "$tmp/swiglu" --out "$tmp/x3" --set moe.num_shared_experts=1
+expect_usage_error "no layer upcycled" "no MLP of the checkpoint becomes experts under moe.layer_freq=100 (2 layers)" \
+  upcycle --checkpoint "$tmp/swiglu" --out "$tmp/x8" --set moe.num_experts=4
 expect_usage_error "no checkpoint flag" "--checkpoint" upcycle --out "$tmp/x4"
 err_one_line "MoE layer made dense" "layers.0 is an MoE layer in the checkpoint and dense in the new config" \
   upcycle --checkpoint "$tmp/swiglu-moe" --out "$tmp/x5" --set moe.layer_freq=2
@@ -176,7 +178,7 @@ err_one_line "missing checkpoint" "$tmp/nope: no such checkpoint" upcycle --chec
 mkdir -p "$tmp/full" && echo keep >"$tmp/full/note"
 err_one_line "non-empty OUT" "exists and is not an empty directory" upcycle --checkpoint "$tmp/swiglu" --out "$tmp/full"
 [[ "$(cat "$tmp/full/note")" == keep && $(ls "$tmp/full" | wc -l) -eq 1 ]] || fail "non-empty OUT was changed"
-for x in x1 x2 x3 x4 x5 x6 x7; do [[ ! -e "$tmp/$x" ]] || fail "a refused upcycle wrote $x"; done
+for x in x1 x2 x3 x4 x5 x6 x7 x8; do [[ ! -e "$tmp/$x" ]] || fail "a refused upcycle wrote $x"; done
 
 [[ $failures -eq 0 ]] && echo "upcycle_cli_test: all checks passed"
 exit $((failures > 0))
