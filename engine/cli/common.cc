@@ -1,6 +1,7 @@
 #include "engine/cli/common.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "engine/cli/args.h"
 #include "engine/dist/process.h"
@@ -23,6 +24,15 @@ StatusOr<std::vector<std::string>> TakeOverrides(std::vector<std::string>& args)
   }
   args = std::move(rest);
   return overrides;
+}
+
+Status CheckFreshOutput(const std::string& out) {
+  std::error_code ec;
+  if (!std::filesystem::exists(out, ec)) return OkStatus();
+  if (!std::filesystem::is_directory(out, ec) || !std::filesystem::is_empty(out, ec)) {
+    return FailedPrecondition(out, ": exists and is not an empty directory; choose a new output");
+  }
+  return OkStatus();
 }
 
 int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),

@@ -25,6 +25,10 @@ int Agree(dist::Communicator& world, const Status& status, int code, const std::
 int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),
                  const std::vector<std::string>& args);
 
+// OK when `out` does not exist or is an empty directory; otherwise one error naming it
+// (the commands that write a new checkpoint or export overwrite nothing).
+Status CheckFreshOutput(const std::string& out);
+
 // Prints "<command>: error: <message>" to stderr.
 void PrintError(const std::string& command, const std::string& message);
 

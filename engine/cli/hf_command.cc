@@ -70,16 +70,6 @@ Status ParseArgs(const std::string& command, const std::vector<std::string>& arg
   return OkStatus();
 }
 
-// OUT must not exist, or be an empty directory (nothing there is overwritten).
-Status CheckFreshOutput(const std::string& out) {
-  std::error_code ec;
-  if (!fs::exists(out, ec)) return OkStatus();
-  if (!fs::is_directory(out, ec) || !fs::is_empty(out, ec)) {
-    return FailedPrecondition(out, ": exists and is not an empty directory; choose a new output");
-  }
-  return OkStatus();
-}
-
 int Fail(const char* command, const Status& s) {
   PrintError(command, std::string(s.message()));
   return kExitFailure;

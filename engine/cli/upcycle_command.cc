@@ -19,7 +19,6 @@
 // already holds something, 2 bad flags or config (no layer upcycled among them); nothing
 // is written on an error.
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -39,7 +38,6 @@
 namespace switchyard::cli {
 namespace {
 
-namespace fs = std::filesystem;
 
 constexpr char kCommand[] = "switchyard upcycle";
 
@@ -69,16 +67,6 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   f->usage = flags.Usage();
   SY_RETURN_IF_ERROR(flags.Parse(rest));
   f->help = flags.help_requested();
-  return OkStatus();
-}
-
-// OUT must not exist, or be an empty directory (nothing there is overwritten).
-Status CheckFreshOutput(const std::string& out) {
-  std::error_code ec;
-  if (!fs::exists(out, ec)) return OkStatus();
-  if (!fs::is_directory(out, ec) || !fs::is_empty(out, ec)) {
-    return FailedPrecondition(out, ": exists and is not an empty directory; choose a new output");
-  }
   return OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #                                       exit 2, no stdout, exactly one stderr line that
 #                                       starts "switchyard <ARGS[0]>: error: " (or
 #                                       "switchyard: error: ") and contains WANT
+#   err_one_line NAME WANT ARGS...      exit 1 and exactly one stderr line containing WANT
 bin="$1"
 failures=0
 tmp="$(mktemp -d)"
@@ -37,4 +38,12 @@ expect_usage_error() {
   [[ $lines -eq 1 ]] || fail "$name: $lines stderr lines, want 1: $(cat "$tmp/err")"
   grep -Eq "^switchyard( ${1:-})?: error: " "$tmp/err" || fail "$name: bad prefix: $(cat "$tmp/err")"
   grep -qF -- "$want" "$tmp/err" || fail "$name: stderr lacks '$want': $(cat "$tmp/err")"
+}
+
+err_one_line() {  # NAME WANT ARGS...: exit 1 and one stderr line containing WANT
+  local name="$1" want="$2"; shift 2
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [[ $rc -eq 1 ]] || fail "$name: exit status $rc, want 1"
+  [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qF -- "$want" "$tmp/err" || fail "$name: stderr $(cat "$tmp/err")"
 }

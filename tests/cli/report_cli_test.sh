@@ -167,13 +167,6 @@ cp "$tmp/one.html" "$tmp/keep.html"
 expect_usage_error "no --out" "--out is required" report "$tmp/biased"
 expect_usage_error "no run" "no RUN directory given" report --out "$tmp/keep.html"
 expect_usage_error "unknown flag" "unknown flag --nope" report "$tmp/biased" --out "$tmp/keep.html" --nope
-err_one_line() {  # NAME WANT ARGS...: exit 1 and one stderr line containing WANT
-  local name="$1" want="$2"; shift 2
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [[ $rc -eq 1 ]] || fail "$name: exit status $rc, want 1"
-  [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qF -- "$want" "$tmp/err" || fail "$name: stderr $(cat "$tmp/err")"
-}
 err_one_line "not a run" "$tmp/data: no metrics.jsonl" report "$tmp/biased" "$tmp/data" --out "$tmp/keep.html"
 err_one_line "no directory" "does not exist" report "$tmp/biased" --out "$tmp/nodir/r.html"
 mkdir -p "$tmp/broken" && head -c 40 "$tmp/biased/metrics.jsonl" >"$tmp/broken/metrics.jsonl"

@@ -152,13 +152,6 @@ if [[ -n "$mpirun_sh" ]]; then
 fi
 
 # --- Refusals: one line each, nothing written.
-err_one_line() {  # NAME WANT ARGS...: exit 1 and one stderr line containing WANT
-  local name="$1" want="$2"; shift 2
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [[ $rc -eq 1 ]] || fail "$name: exit status $rc, want 1"
-  [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qF -- "$want" "$tmp/err" || fail "$name: stderr $(cat "$tmp/err")"
-}
 expect_usage_error "model key" "--set model.d_model=32: upcycling keeps the checkpoint's model section" \
   upcycle --checkpoint "$tmp/swiglu" --out "$tmp/x1" --set model.d_model=32
 expect_usage_error "expert width" "moe.d_expert=8: an upcycled expert is a copy of the MLP, whose hidden width is 24" \
