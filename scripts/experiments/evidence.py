@@ -27,7 +27,7 @@ def per_seed_columns(summary, columns, stability):
     if summary.get("baseline"):
         head.append("delta_val_loss")
     for c in columns:
-        if c in head:
+        if c in head or c == "step_alone":  # per setting (timing.json), not per run
             continue
         head.append(c)
         if c == "speedup":

@@ -330,19 +330,40 @@ def load_cumulative(summary, out, written):
     _save(fig, out, "load_cumulative.png", written)
 
 
+def _step_time(summary, s):
+    """(ms, [err below, err above], how) of a setting's step: the timing pass's median and
+    range when the runner timed the settings alone (timing.json), else the training runs'
+    median steps, mean ± std over seeds."""
+    t = ((summary.get("timing") or {}).get("per_setting") or {}).get(s["name"])
+    if t:
+        m = t["median"] * 1000
+        return m, [m - t["min"] * 1000, t["max"] * 1000 - m], "alone"
+    st = s["metrics"]["step_s"]
+    if st["mean"] is None:
+        return None, None, None
+    e = (st["std"] or 0) * 1000
+    return st["mean"] * 1000, [e, e], "runs"
+
+
 def quality_time(summary, out, written):
-    pts = [s for s in summary["settings"] if s["metrics"]["val_loss"]["mean"] is not None
-           and s["metrics"]["step_s"]["mean"] is not None]
+    pts = [(s, _step_time(summary, s)) for s in summary["settings"]
+           if s["metrics"]["val_loss"]["mean"] is not None]
+    pts = [(s, t) for s, t in pts if t[0] is not None]
     if len(pts) < 2:
         return
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for s, c in zip(pts, _colors(len(pts))):
-        v, t = s["metrics"]["val_loss"], s["metrics"]["step_s"]
-        ax.errorbar([t["mean"] * 1000], [v["mean"]], xerr=[(t["std"] or 0) * 1000], yerr=[v["std"] or 0],
+    for (s, (ms, err, _)), c in zip(pts, _colors(len(pts))):
+        v = s["metrics"]["val_loss"]
+        ax.errorbar([ms], [v["mean"]], xerr=[[err[0]], [err[1]]], yerr=[v["std"] or 0],
                     fmt="o", color=c, capsize=3, ms=5, label=s["name"])
-        ax.annotate(s["name"], (t["mean"] * 1000, v["mean"]), textcoords="offset points", xytext=(5, 4),
+        ax.annotate(s["name"], (ms, v["mean"]), textcoords="offset points", xytext=(5, 4),
                     fontsize=7)
-    ax.set_xlabel("step time (ms, median of each run; mean ± std over seeds)")
+    if all(t[2] == "alone" for _, t in pts):
+        tm = summary["timing"]
+        ax.set_xlabel("step time (ms): each setting alone on the machine, median of %d rounds of "
+                      "%d steps [range]" % (tm["rounds"], tm["steps"]))
+    else:
+        ax.set_xlabel("step time (ms, median of each run; mean ± std over seeds)")
     ax.set_ylabel("final validation loss (nats; mean ± std)")
     ax.set_title("%s: quality against step time (lower left is better)" % summary["experiment"], fontsize=10)
     ax.legend(fontsize=7)

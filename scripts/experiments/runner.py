@@ -28,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -74,6 +75,10 @@ def parse(argv):
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--bin")
     p.add_argument("--set", action="append", default=[], dest="extra")
+    p.add_argument("--time-steps", type=int, default=0,
+                   help="after training, time every setting alone for this many steps "
+                        "(timing.json; 0: no timing pass)")
+    p.add_argument("--time-rounds", type=int, default=3)
     p.add_argument("--val-blocks", type=int, default=1024)
     p.add_argument("--val-block-tokens", type=int, default=1024)
     p.add_argument("--publish", default="", metavar="DIR",
@@ -94,6 +99,9 @@ def parse(argv):
         raise Usage("--steps %d must be a positive integer" % a.steps)
     if a.jobs < 1:
         raise Usage("--jobs %d must be a positive integer" % a.jobs)
+    if a.time_steps < 0 or a.time_rounds < 1:
+        raise Usage("--time-steps %d must be >= 0 and --time-rounds %d >= 1"
+                    % (a.time_steps, a.time_rounds))
     if a.val_blocks < 0 or a.val_blocks & (a.val_blocks - 1) or a.val_block_tokens < 1:
         raise Usage("--val-blocks %d must be 0 (the whole split) or a power of two, "
                     "--val-block-tokens %d positive" % (a.val_blocks, a.val_block_tokens))
@@ -197,6 +205,62 @@ def train_all(a, vocab):
             raise
 
 
+TIME_SKIP = 5  # a timing run's first steps (allocations, warm caches) are not timed
+
+
+def time_all(a, vocab):
+    """Each setting's step time with the machine to itself (the training runs share it,
+    --jobs at a time, so their step times also measure their neighbours): --time-rounds
+    rounds; in each, every setting trains TIME_SKIP + --time-steps steps of the first
+    seed's run (train.max_steps raised to that when the experiment's is smaller) alone on
+    every core, the order rotated by one each round, so that no setting
+    always goes first. Per run the median of its timed steps; per setting the median over
+    the rounds and their range. Kept in timing.json and reused while the settings, step
+    count and rounds are the same."""
+    path = os.path.join(a.out, "timing.json")
+    key = {"steps": a.time_steps, "skip": TIME_SKIP, "rounds": a.time_rounds,
+           "settings": [[n, s + a.extra] for n, s in a.settings]}
+    if os.path.isfile(path):
+        with open(path) as f:
+            old = json.load(f)
+        if all(old.get(k) == v for k, v in key.items()):
+            return old
+    threads = os.cpu_count() or 1
+    per_round = {n: [] for n, _ in a.settings}
+    for r in range(a.time_rounds):
+        order = a.settings[r % len(a.settings):] + a.settings[:r % len(a.settings)]
+        for name, sets in order:
+            d = os.path.join(a.out, "timing-run")
+            shutil.rmtree(d, ignore_errors=True)
+            cmd = [a.bin, "train", "--config", a.config, "--out", d, "--steps", str(TIME_SKIP + a.time_steps),
+                   "--set", "train.seed=%d" % a.seeds[0],
+                   "--set", "train.max_steps=%d" % max(a.steps, TIME_SKIP + a.time_steps),
+                   "--set", "data.dir=%s" % a.data, "--set", "model.vocab_size=%d" % vocab,
+                   "--set", "train.eval_every=0"]
+            for kv in sets + a.extra:
+                cmd += ["--set", kv]
+            res = subprocess.run(cmd, capture_output=True, text=True,
+                                 env=dict(os.environ, SWITCHYARD_THREADS=str(threads)))
+            if res.returncode != 0:
+                raise RuntimeError("timing run of %s failed (exit %d): %s" % (
+                    name, res.returncode, " | ".join(res.stderr.strip().splitlines()[-2:])))
+            with open(os.path.join(d, "metrics.jsonl")) as f:
+                recs = [json.loads(line) for line in f if line.strip()]
+            steps = [x["step_s"] for x in recs if "step_s" in x and x.get("step", -1) >= TIME_SKIP]
+            if not steps:
+                raise RuntimeError("timing run of %s recorded no step after its first %d" % (name, TIME_SKIP))
+            per_round[name].append(statistics.median(steps))
+            shutil.rmtree(d, ignore_errors=True)
+        print("%s: timing round %d/%d done" % (a.name, r + 1, a.time_rounds), flush=True)
+    timing = dict(key, threads=threads, per_setting={
+        n: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v}
+        for n, v in per_round.items()})
+    with open(path + ".tmp", "w") as f:
+        json.dump(timing, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return timing
+
+
 def summarise(a):
     """summary.json's content: the settings over their seeds, plus each run's numbers."""
     per_setting = []
@@ -252,6 +316,7 @@ COLUMNS = {
     "dropped_start": ("dropped (first 10%: start-up)", "%.2f%%", 100),
     "dropped_steady": ("dropped (steady: last 90%)", "%.2f%%", 100),
     "step_s": ("step (ms, median)", "%.1f", 1000),
+    "step_alone": ("step alone (ms: median of the timing rounds [range])", "%.1f", 1000),
     "flops_per_token": ("MFLOP / token", "%.3f", 1e-6),
     "train_flops": ("training PFLOP", "%.4g", 1e-15),
     "lang_mi_bits": ("label MI (bits)", "%.3f", 1),
@@ -354,6 +419,10 @@ def markdown(summary, columns, stability):
                 row.append(delta_cell(s.get("delta_curve_test")))
             elif c == "speedup":
                 row.append(speedup_cell(s["metrics"]["speedup"], s["ok"]))
+            elif c == "step_alone":
+                t = (summary.get("timing") or {}).get("per_setting", {}).get(s["name"])
+                row.append("%.1f [%.1f, %.1f]" % (1000 * t["median"], 1000 * t["min"], 1000 * t["max"])
+                           if t else "-")
             else:
                 row.append(cell(s["metrics"][c], *COLUMNS[c][1:], s["ok"]))
         lines.append("| " + " | ".join(row) + " |")
@@ -427,7 +496,9 @@ def main(argv):
           % (a.name, len(a.settings), len(a.seeds), a.steps, a.jobs, a.out), flush=True)
     try:
         train_all(a, vocab)
+        timing = time_all(a, vocab) if a.time_steps else None
         summary = summarise(a)
+        summary["timing"] = timing
         with open(os.path.join(a.out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1, allow_nan=False)
         md = markdown(summary, cols, a.stability)

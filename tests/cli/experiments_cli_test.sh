@@ -156,6 +156,21 @@ for n in ('top1-cf1.0', 'top2-cf1.0'):
     ok = ok and abs(m['dropped_run'] - (m['dropped_start'] + 3 * m['dropped_steady']) / 4) < 1e-12
 sys.exit(0 if ok else 1)" || fail "capacity: dropped fractions"
 grep -q "dropped (steady: last 90%)" "$tmp/capacity/summary.md" || fail "capacity: no dropped_steady column"
+# The timing pass (--time-steps 2 --time-rounds 2 on the ci grid): every setting timed in
+# both rounds, the order rotated; the medians in summary.md's column and summary.json.
+py "import json, math, sys
+t = json.load(open('$tmp/capacity/timing.json'))
+s = json.load(open('$tmp/capacity/summary.json'))
+names = [st['name'] for st in s['settings']]
+ps = t['per_setting']
+ok = sorted(ps) == sorted(names) and t['rounds'] == 2 and t['steps'] == 2 and s['timing'] == t
+for n in names:
+    v = ps[n]
+    ok = ok and len(v['rounds']) == 2 and all(math.isfinite(x) and x > 0 for x in v['rounds'])
+    ok = ok and v['min'] <= v['median'] <= v['max'] and v['median'] == sum(v['rounds']) / 2
+sys.exit(0 if ok else 1)" || fail "capacity: timing.json $(cat "$tmp/capacity/timing.json")"
+grep -q "step alone (ms" "$tmp/capacity/summary.md" || fail "capacity: no step alone column"
+grep -q "timing round 2/2 done" "$tmp/capacity.out" || fail "capacity: the timing pass did not run"
 
 # publish.py copies summary.json (without per-step curves), summary.md, per_seed.csv,
 # configs/ and the PNGs, nothing from the run directories.
@@ -181,6 +196,7 @@ sys.exit(0 if ok else 1)" || fail "val sample: $(grep -o '"val_sample_tokens": [
 
 # A second call finds every run done.
 bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/capacity" >"$tmp/again.out" 2>&1 || fail "second call: $(tail -3 "$tmp/again.out")"
+grep -q "timing round [0-9]" "$tmp/again.out" && fail "second call: timed again although timing.json matched"
 [[ $(grep -c "already done" "$tmp/again.out") -eq 4 ]] || fail "second call retrained: $(cat "$tmp/again.out")"
 
 # A diverging learning rate: both runs stop on a non-finite loss (exit 3), the experiment
