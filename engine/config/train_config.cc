@@ -30,6 +30,18 @@ Status TrainConfig::Validate() const {
     return InvalidArgument("train.warmup_steps=", warmup_steps, " exceeds train.max_steps=",
                            max_steps);
   }
+  if (lr_decay_style == LrDecayStyle::kWsd) {
+    if (lr_decay_steps < 1 || lr_decay_steps > max_steps - warmup_steps) {
+      return InvalidArgument("train.lr_decay_steps=", lr_decay_steps,
+                             " must be in [1, train.max_steps - train.warmup_steps = ",
+                             max_steps - warmup_steps, "] under train.lr_decay_style=wsd (the "
+                             "final decay's length)");
+    }
+  } else if (lr_decay_steps != 0) {
+    return InvalidArgument("train.lr_decay_steps=", lr_decay_steps,
+                           " is read only under train.lr_decay_style=wsd (this config's is ",
+                           NameOf(kLrDecayStyleNames, lr_decay_style), ")");
+  }
   if (!(weight_decay >= 0.0f)) {
     return InvalidArgument("train.weight_decay=", weight_decay, " must be >= 0");
   }

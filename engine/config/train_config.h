@@ -25,6 +25,12 @@ enum class NonFiniteAction { kStop, kSkip };
 inline constexpr EnumName<NonFiniteAction> kNonFiniteActionNames[] = {
     {NonFiniteAction::kStop, "stop"}, {NonFiniteAction::kSkip, "skip"}};
 
+// train.lr_decay_style: the learning rate's shape after warmup (engine/train/schedule.h).
+enum class LrDecayStyle { kCosine, kLinear, kConstant, kWsd };
+inline constexpr EnumName<LrDecayStyle> kLrDecayStyleNames[] = {
+    {LrDecayStyle::kCosine, "cosine"}, {LrDecayStyle::kLinear, "linear"},
+    {LrDecayStyle::kConstant, "constant"}, {LrDecayStyle::kWsd, "wsd"}};
+
 struct TrainConfig {
   OptimizerKind optimizer = OptimizerKind::kAdamW;  // adamw | sgd
   float lr = 3e-4f;            // peak learning rate
@@ -33,7 +39,12 @@ struct TrainConfig {
   // torchtitan's default).
   float min_lr = -1.0f;
   int64_t warmup_steps = 0;    // linear warmup steps (schedule.h has the exact formula)
-  int64_t max_steps = 1000;    // optimizer steps of the run; the cosine ends here
+  int64_t max_steps = 1000;    // optimizer steps of the run; the decay ends here
+  // After warmup (schedule.h): cosine (the default) or linear from lr down to min_lr at
+  // max_steps; constant at lr; wsd (warmup-stable-decay) at lr, then linear down to min_lr
+  // over the last lr_decay_steps steps before max_steps.
+  LrDecayStyle lr_decay_style = LrDecayStyle::kCosine;
+  int64_t lr_decay_steps = 0;  // wsd only: the final decay's length, in [1, max_steps - warmup_steps]
   float weight_decay = 0.1f;   // AdamW decoupled decay; SGD L2; only where a parameter decays
   float beta1 = 0.9f;          // AdamW
   float beta2 = 0.95f;         // AdamW

@@ -36,7 +36,8 @@ std::vector<ZeroPart> PartsOf(const RankSync& sync) {
   const std::vector<Bucket> buckets = LaunchedBuckets(sync);
   std::vector<ZeroPart> parts;
   for (int id : sync.backward) {
-    ZeroPart part{.name = sync.parts[id].Name()};
+    ZeroPart part;
+    part.name = sync.parts[id].Name();
     for (const Bucket& b : buckets) {
       if (b.part != id) continue;
       part.bytes += b.bytes;

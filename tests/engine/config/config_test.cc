@@ -274,6 +274,26 @@ TEST(ConfigTest, TrainRecomputeParsesAndRoundTrips) {
   }
 }
 
+TEST(ConfigTest, TrainLrDecayStyleParsesFeedsTheScheduleAndRoundTrips) {
+  auto c = config::ParseConfig("train:\n  lr_decay_style: wsd\n  lr_decay_steps: 30\n", "x.yaml",
+                               {"train.max_steps=100", "train.warmup_steps=10"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->train.Validate().ok()) << c->train.Validate();
+  EXPECT_EQ(c->train.lr_decay_style, config::LrDecayStyle::kWsd);
+  const train::LrSchedule s = train::ScheduleFor(c->train);
+  EXPECT_EQ(s.style, config::LrDecayStyle::kWsd);
+  EXPECT_EQ(s.decay_steps, 30);
+  const std::string yaml = c->ToYaml();
+  EXPECT_NE(yaml.find("\n  lr_decay_style: wsd\n  lr_decay_steps: 30\n"), std::string::npos) << yaml;
+  auto again = config::ParseConfig(yaml, "resolved");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToYaml(), yaml);
+  auto defaults = config::ParseConfig("", "x.yaml");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->train.lr_decay_style, config::LrDecayStyle::kCosine);
+  EXPECT_EQ(defaults->train.lr_decay_steps, 0);
+}
+
 TEST(ConfigTest, TrainMinLrFollowsOverriddenLrAndRoundTrips) {
   auto c = config::ParseConfig("train:\n  lr: 1.0e-3\n", "x.yaml", {"train.lr=0.02"});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -319,6 +339,18 @@ TEST(ConfigTest, BadTrainKeysNameTheKeyAndValue) {
   EXPECT_EQ(invalid({"train.max_steps=0"}), "train.max_steps=0 must be >= 1");
   EXPECT_EQ(invalid({"train.warmup_steps=20", "train.max_steps=10"}),
             "train.warmup_steps=20 exceeds train.max_steps=10");
+  EXPECT_EQ(parse_error("train:\n  lr_decay_style: exponential\n"),
+            "x.yaml: train.lr_decay_style='exponential' is not one of cosine, linear, constant, wsd");
+  EXPECT_EQ(invalid({"train.lr_decay_style=wsd"}),
+            "train.lr_decay_steps=0 must be in [1, train.max_steps - train.warmup_steps = 1000] "
+            "under train.lr_decay_style=wsd (the final decay's length)");
+  EXPECT_EQ(invalid({"train.lr_decay_style=wsd", "train.warmup_steps=10", "train.max_steps=100",
+                     "train.lr_decay_steps=91"}),
+            "train.lr_decay_steps=91 must be in [1, train.max_steps - train.warmup_steps = 90] "
+            "under train.lr_decay_style=wsd (the final decay's length)");
+  EXPECT_EQ(invalid({"train.lr_decay_steps=5"}),
+            "train.lr_decay_steps=5 is read only under train.lr_decay_style=wsd (this config's is "
+            "cosine)");
   EXPECT_EQ(invalid({"train.weight_decay=-0.1"}), "train.weight_decay=-0.1 must be >= 0");
   EXPECT_EQ(invalid({"train.beta1=-0.5"}), "train.beta1=-0.5 must be in [0, 1)");
   EXPECT_EQ(invalid({"train.beta2=1"}), "train.beta2=1 must be in [0, 1)");

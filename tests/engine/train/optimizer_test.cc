@@ -411,6 +411,42 @@ TEST(ScheduleTest, NoWarmupAndNoDecayPhase) {
   EXPECT_FLOAT_EQ(warmup_only.LrAt(4), 0.25f);
 }
 
+// The other decay styles (schedule.h), by hand: warmup as under cosine, then linear from lr
+// to min_lr at max_steps, constant at lr (max_steps included), or wsd: lr until M - D, then
+// linear to min_lr over the last D steps.
+TEST(ScheduleTest, LinearConstantAndWarmupStableDecay) {
+  using config::LrDecayStyle;
+  const LrSchedule linear{.lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 10, .max_steps = 110,
+                          .style = LrDecayStyle::kLinear};
+  EXPECT_FLOAT_EQ(linear.LrAt(4), 0.5f);     // the warmup is the cosine's
+  EXPECT_FLOAT_EQ(linear.LrAt(10), 1.0f);    // the decay starts at lr
+  EXPECT_FLOAT_EQ(linear.LrAt(35), 0.775f);  // 0.1 + 0.9 * (1 - 25 / 100)
+  EXPECT_FLOAT_EQ(linear.LrAt(60), 0.55f);
+  EXPECT_FLOAT_EQ(linear.LrAt(109), 0.109f); // 0.1 + 0.9 / 100
+  EXPECT_FLOAT_EQ(linear.LrAt(110), 0.1f);
+  EXPECT_FLOAT_EQ(linear.LrAt(500), 0.1f);
+
+  const LrSchedule constant{.lr = 2.0f, .min_lr = 0.5f, .warmup_steps = 4, .max_steps = 8,
+                            .style = LrDecayStyle::kConstant};
+  EXPECT_FLOAT_EQ(constant.LrAt(0), 0.5f);  // 2 * 1 / 4
+  EXPECT_FLOAT_EQ(constant.LrAt(3), 2.0f);
+  for (int64_t s : {4, 7, 8, 100}) EXPECT_FLOAT_EQ(constant.LrAt(s), 2.0f) << s;
+
+  const LrSchedule wsd{.lr = 1.0f, .min_lr = 0.0f, .warmup_steps = 10, .max_steps = 110,
+                       .style = LrDecayStyle::kWsd, .decay_steps = 20};
+  EXPECT_FLOAT_EQ(wsd.LrAt(9), 1.0f);
+  for (int64_t s : {10, 50, 89, 90}) EXPECT_FLOAT_EQ(wsd.LrAt(s), 1.0f) << s;  // stable to M - D
+  EXPECT_FLOAT_EQ(wsd.LrAt(91), 0.95f);    // 1 - 1 / 20
+  EXPECT_FLOAT_EQ(wsd.LrAt(100), 0.5f);
+  EXPECT_FLOAT_EQ(wsd.LrAt(109), 0.05f);
+  EXPECT_FLOAT_EQ(wsd.LrAt(110), 0.0f);
+  for (int64_t i = 91; i <= 110; ++i) EXPECT_LT(wsd.LrAt(i), wsd.LrAt(i - 1));
+  // D = M - W: the decay spans everything after warmup, as linear does.
+  const LrSchedule whole{.lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 10, .max_steps = 110,
+                         .style = LrDecayStyle::kWsd, .decay_steps = 100};
+  for (int64_t s = 0; s <= 120; ++s) EXPECT_FLOAT_EQ(whole.LrAt(s), linear.LrAt(s)) << s;
+}
+
 TEST(ClipTest, GlobalNormAndClippingOnOneRank) {
   ParameterRegistry reg;
   AddParam(reg, "a", {0.0f, 0.0f});
