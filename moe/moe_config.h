@@ -93,6 +93,7 @@ struct MoEConfig {
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;
+  bool operator==(const MoEConfig&) const = default;  // every field (the planner's caches)
   // The node-limited routing keys alone: G divides E, 1 <= M <= G, top_k <= M * E / G.
   Status ValidateRouteGroups() const;
   // Experts per rank for an ep-way split; an error when E % ep != 0.

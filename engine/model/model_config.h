@@ -44,6 +44,7 @@ struct ModelConfig {
 
   // Names the key and the value it rejects ("model.n_heads=3 does not divide ...").
   Status Validate() const;
+  bool operator==(const ModelConfig&) const = default;  // every field (the planner's caches)
   int64_t ff_hidden() const { return d_ff > 0 ? d_ff : 4 * d_model; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const {

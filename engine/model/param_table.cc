@@ -1,6 +1,8 @@
 #include "engine/model/param_table.h"
 
 #include <algorithm>
+#include <deque>
+#include <mutex>
 
 namespace switchyard::model {
 namespace {
@@ -186,6 +188,29 @@ bool KvReplicated(const ModelConfig& model, int64_t tp) {
 }
 
 ParamTable ParamTable::Build(const ModelConfig& m, const moe::MoEConfig& e, ParamLayout layout) {
+  struct Entry {
+    ModelConfig model;
+    moe::MoEConfig moe;
+    ParamLayout layout;
+    ParamTable table;
+  };
+  static std::mutex mu;
+  static std::deque<Entry> recent;  // newest first
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Entry& x : recent) {
+      if (x.layout == layout && x.model == m && x.moe == e) return x.table;
+    }
+  }
+  ParamTable t = BuildUncached(m, e, layout);
+  std::lock_guard<std::mutex> lock(mu);
+  recent.push_front({m, e, layout, t});
+  if (recent.size() > 16) recent.pop_back();
+  return t;
+}
+
+ParamTable ParamTable::BuildUncached(const ModelConfig& m, const moe::MoEConfig& e,
+                                     ParamLayout layout) {
   ParamTable t;
   t.layout_ = layout;
   t.n_layers_ = m.n_layers;

@@ -50,6 +50,7 @@ enum class ParamRole {
 // The tensor-parallel sizes the table splits for (the mesh's tp, etp and ep).
 struct ParamLayout {
   int64_t tp = 1, etp = 1, ep = 1;
+  bool operator==(const ParamLayout&) const = default;
 };
 
 // One parameter tensor.
@@ -100,7 +101,9 @@ struct PieceParams {
 
 class ParamTable {
  public:
-  // Every tensor of the whole model, split for `layout`.
+  // Every tensor of the whole model, split for `layout`. The last few tables built are
+  // kept and returned again for the same model, MoE config and layout (the planner asks for
+  // one model's under many layouts, each for every rank).
   static ParamTable Build(const ModelConfig& model, const moe::MoEConfig& moe,
                           ParamLayout layout = {});
 
@@ -144,6 +147,8 @@ class ParamTable {
   int64_t embedding_params() const;
 
  private:
+  static ParamTable BuildUncached(const ModelConfig& model, const moe::MoEConfig& moe,
+                                  ParamLayout layout);
   void SumPieces();
 
   std::vector<ParamShape> params_;

@@ -1,8 +1,10 @@
 #include "engine/model/stage.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <tuple>
 
 #include "engine/model/param_table.h"
@@ -28,7 +30,7 @@ bool Weighed(const ParamShape& p) {
 // embedding (its tables, no matrix product), the layers (their weighed tensors plus two
 // norms, and causal attention's scores and values: 2 S d per token on average, half of
 // 4 S d), the head (the logits' product, and its own table when untied).
-std::vector<Cost> PieceCosts(const ModelConfig& m, const moe::MoEConfig& e) {
+std::vector<Cost> PieceCostsUncached(const ModelConfig& m, const moe::MoEConfig& e) {
   const ParamTable table = ParamTable::Build(m, e);
   std::vector<Cost> costs(m.n_layers + 2);
   for (const ParamShape& p : table.params()) {
@@ -42,6 +44,29 @@ std::vector<Cost> PieceCosts(const ModelConfig& m, const moe::MoEConfig& e) {
     costs[1 + i].flops += 2.0 * double(table.Layer(i).attention);
   }
   costs.back().flops = 2.0 * double(table.Head().matmul);
+  return costs;
+}
+
+// PieceCosts of the last few models asked for: the planner partitions one model's layers
+// for every layout and rank it sizes.
+std::vector<Cost> PieceCosts(const ModelConfig& m, const moe::MoEConfig& e) {
+  struct Entry {
+    ModelConfig model;
+    moe::MoEConfig moe;
+    std::vector<Cost> costs;
+  };
+  static std::mutex mu;
+  static std::deque<Entry> recent;  // newest first
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Entry& x : recent) {
+      if (x.model == m && x.moe == e) return x.costs;
+    }
+  }
+  std::vector<Cost> costs = PieceCostsUncached(m, e);
+  std::lock_guard<std::mutex> lock(mu);
+  recent.push_front({m, e, costs});
+  if (recent.size() > 8) recent.pop_back();
   return costs;
 }
 

@@ -2,7 +2,10 @@
 // the bubble formulas it is compared with; see pipeline_schedule.h.
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -131,22 +134,37 @@ std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batch
   SY_CHECK(forward_cost >= 1 && backward_cost >= 1 && rank >= 0 && rank < pp)
       << "forward_cost " << forward_cost << ", backward_cost " << backward_cost << ", rank "
       << rank << " of " << pp;
-  std::vector<std::vector<Action>> ranks;
-  for (int r = 0; r < pp; ++r) {
-    ranks.push_back(ScheduleActions(schedule, pp, micro_batches, virtual_stages, r));
+  // Pure, and asked for by the planner for every rank of every layout it sizes: the
+  // execution (all pp lists) runs once per argument tuple and every rank's answer is kept.
+  static std::mutex mu;
+  static std::map<std::tuple<PipelineSchedule, int, int, int, int, int>, std::vector<std::vector<int>>>
+      cache;
+  const auto key = std::make_tuple(schedule, pp, micro_batches, virtual_stages, forward_cost,
+                                   backward_cost);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    std::vector<std::vector<Action>> ranks;
+    for (int r = 0; r < pp; ++r) {
+      ranks.push_back(ScheduleActions(schedule, pp, micro_batches, virtual_stages, r));
+    }
+    pipeline_internal::ActionTimes times;
+    SY_CHECK_OK(pipeline_internal::Execute(ranks, forward_cost, backward_cost, nullptr, &times));
+    std::vector<std::vector<int>> all(pp);
+    for (int r = 0; r < pp; ++r) {
+      const std::vector<Action>& mine = ranks[r];
+      const int n = static_cast<int>(mine.size());
+      all[r].assign(n, -1);
+      for (int i = 0; i < n; ++i) {
+        if (!pipeline_internal::IsSend(mine[i].kind)) continue;
+        int j = i;
+        while (j < n && times.end[r][j] <= times.taken[r][i]) ++j;
+        all[r][i] = j;
+      }
+    }
+    it = cache.emplace(key, std::move(all)).first;
   }
-  pipeline_internal::ActionTimes times;
-  SY_CHECK_OK(pipeline_internal::Execute(ranks, forward_cost, backward_cost, nullptr, &times));
-  const std::vector<Action>& mine = ranks[rank];
-  const int n = static_cast<int>(mine.size());
-  std::vector<int> release(n, -1);
-  for (int i = 0; i < n; ++i) {
-    if (!pipeline_internal::IsSend(mine[i].kind)) continue;
-    int j = i;
-    while (j < n && times.end[rank][j] <= times.taken[rank][i]) ++j;
-    release[i] = j;
-  }
-  return release;
+  return it->second[rank];
 }
 
 std::vector<bool> ActivationReleases(const std::vector<Action>& actions,

@@ -249,15 +249,17 @@ class WorkspaceWalk {
     } else if (last_backward_ < 0 || in_.sync_after_schedule) {
       At(in_.sync, nullptr, "gradient sync");
     }
+    out_.peak_at = peak_action_ ? parallel::FormatAction(*peak_action_) + peak_what_ : peak_what_;
     return out_;
   }
 
  private:
-  // A new peak and where it is (formatted only then: the dry-run walks many lists).
+  // A new peak and where it is (formatted once, at the end: the planner walks many lists).
   void At(double bytes, const parallel::Action* action, const char* what) {
     if (bytes <= out_.peak) return;
     out_.peak = bytes;
-    out_.peak_at = action ? parallel::FormatAction(*action) + what : std::string(what);
+    peak_action_ = action;
+    peak_what_ = what;
   }
 
   void Step(const parallel::Action& a, int index) {
@@ -350,6 +352,8 @@ class WorkspaceWalk {
 
   const StepWorkspaceInputs& in_;
   StepWorkspace out_;
+  const parallel::Action* peak_action_ = nullptr;  // where out_.peak is (an element of in_.actions)
+  const char* peak_what_ = "";
   double live_ = 0, kept_ = 0;  // all workspace bytes; the kept activations among them
   int in_flight_ = 0;
   int micro_batches_ = 0;

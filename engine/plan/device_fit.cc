@@ -101,7 +101,7 @@ DeviceFit PredictDeviceFit(const config::Config& c, const dist::Mesh& mesh, std:
     if (f.peak <= best.peak) continue;
     best = f;
   }
-  best.activations = PredictStepWorkspace(c, mesh, best.rank).activations_peak;
+  best.activations = best.memory.activations_peak;
   best.device = double(c.plan.device_memory_gib) * 1024.0 * 1024.0 * 1024.0;
   return best;
 }

@@ -133,7 +133,12 @@ StepWorkspace PredictStepWorkspace(const config::Config& c, const dist::Mesh& me
   return SimulateStepWorkspace(StepWorkspaceInputsOf(c, mesh, rank));
 }
 
-StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
+namespace {
+
+// StepWorkspaceInputsOf with the rank's gradient bytes and the sync's buckets in flight
+// given (PredictRankMemory has them already).
+StepWorkspaceInputs InputsWith(const config::Config& c, const dist::Mesh& mesh, int rank,
+                               double gradients, double sync) {
   const config::ParallelConfig& p = c.parallel;
   const int pp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp);
   const parallel::PipelineSchedule schedule = p.pipeline_schedule;
@@ -151,13 +156,26 @@ StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::M
   }
   in.hidden = acts.hidden;
   in.tokens = acts.tokens;
-  for (auto [n, group] : GradientGroups(c, mesh, rank)) in.gradients += 4.0 * n;
+  in.gradients = gradients;
   const parallel::SyncPolicy policy = config::SyncPolicyOf(c);
   in.ordered_accum = policy.ordered_accum;
   in.sync_after_schedule = !policy.ordered_accum && !policy.reduce_during_backward;
   // The buckets in flight at the sync (zero_memory.h); streaming has none at the end.
-  in.sync = PredictZeroWorkspace(c, mesh, rank).sync;
+  in.sync = sync;
   return in;
+}
+
+double GradientBytes(const std::vector<std::pair<double, double>>& groups) {
+  double bytes = 0;
+  for (auto [n, group] : groups) bytes += 4.0 * n;
+  return bytes;
+}
+
+}  // namespace
+
+StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  return InputsWith(c, mesh, rank, GradientBytes(GradientGroups(c, mesh, rank)),
+                    PredictZeroWorkspace(c, mesh, rank).sync);
 }
 
 RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, int rank) {
@@ -167,7 +185,8 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
                         : c.train.momentum != 0.0f                  ? 1
                                                                     : 0;
   RankMemory r;
-  for (auto [n, group] : GradientGroups(c, mesh, rank)) {
+  const std::vector<std::pair<double, double>> groups = GradientGroups(c, mesh, rank);
+  for (auto [n, group] : groups) {
     r.parameters += 4.0 * n / (stage >= 3 ? group : 1);
     r.gradients += 4.0 * n / (stage >= 2 ? group : 1);
     r.optimizer += 4.0 * states * n / (stage >= 1 ? group : 1);
@@ -187,8 +206,11 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   // zero_perf, tests/dist/zero_memory_test.cc and pipeline_memory_test.cc compare it with
   // the measured peak.
   const ZeroWorkspace z = PredictZeroWorkspace(c, mesh, rank);
-  r.workspace = PredictStepWorkspace(c, mesh, rank).peak + z.stream + z.materialized + z.gathered;
+  const StepWorkspace step =
+      SimulateStepWorkspace(InputsWith(c, mesh, rank, GradientBytes(groups), z.sync));
+  r.workspace = step.peak + z.stream + z.materialized + z.gathered;
   r.workspace = std::max(r.workspace, z.gather);
+  r.activations_peak = step.activations_peak;
   return r;
 }
 

@@ -92,6 +92,7 @@ std::vector<HeldParam> HeldParams(const config::Config& config, const dist::Mesh
 struct RankMemory {
   double parameters = 0, gradients = 0, optimizer = 0;
   double workspace = 0;
+  double activations_peak = 0;  // of the step's walk: the most kept activations at once (in workspace)
   double model_states() const { return parameters + gradients + optimizer; }
   double total() const { return model_states() + workspace; }
 };

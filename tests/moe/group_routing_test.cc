@@ -284,7 +284,11 @@ TEST(GroupRoutingTest, RoutingStatsLeavesOutPaddingTokens) {
   out.probs = Tensor::FromVector<float>({1, 0, 0.5f, 0.5f, 0.5f, 0.5f, 1, 0}, {T, E});
   out.indices = Tensor::FromVector<int32_t>({0, 1, 1, 0}, {T, 1});
   r.router.push_back(out);
-  r.balance.push_back(LoadBalanceSums{.assignments = {2, 2}, .prob_sums = {3, 1}, .tokens = T});
+  LoadBalanceSums sums;
+  sums.assignments = {2, 2};
+  sums.prob_sums = {3, 1};
+  sums.tokens = T;
+  r.balance.push_back(sums);
   Admission adm;
   adm.kept = Tensor::FromVector<uint8_t>({1, 1, 0, 1}, {T, 1});
   adm.counts_before = {2, 2};

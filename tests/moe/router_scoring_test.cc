@@ -206,7 +206,9 @@ TEST(RouterScoringTest, RandomTokensMatchTheFloat64Reference) {
           if (Reference(&logits[t * E], plain, bias.data()).idx != r.idx) ++limited;
         }
         // The limit must matter for some tokens, else this test checks nothing of it.
-        if (groups > 0) EXPECT_GT(limited, 10);
+        if (groups > 0) {
+          EXPECT_GT(limited, 10);
+        }
       }
     }
   }
