@@ -4,9 +4,6 @@
 #include "engine/parallel/pipeline_schedule.h"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "engine/core/check.h"
 #include "engine/parallel/pipeline_internal.h"
@@ -160,10 +157,10 @@ Status CheckScheduleArgs(PipelineSchedule schedule, int pp, int micro_batches,
   return OkStatus();
 }
 
-namespace {
-
-std::vector<Action> BuildActions(PipelineSchedule schedule, int pp, int micro_batches,
-                                 int virtual_stages, int rank) {
+std::vector<Action> ScheduleActions(PipelineSchedule schedule, int pp, int micro_batches,
+                                    int virtual_stages, int rank) {
+  SY_CHECK_OK(CheckScheduleArgs(schedule, pp, micro_batches, virtual_stages));
+  SY_CHECK(rank >= 0 && rank < pp) << "rank " << rank << ", pp " << pp;
   const StageMap map{pp, virtual_stages};
   switch (schedule) {
     case PipelineSchedule::kGPipe:
@@ -174,25 +171,6 @@ std::vector<Action> BuildActions(PipelineSchedule schedule, int pp, int micro_ba
       return InterleavedActions(map, micro_batches, rank);
   }
   return {};
-}
-
-}  // namespace
-
-std::vector<Action> ScheduleActions(PipelineSchedule schedule, int pp, int micro_batches,
-                                    int virtual_stages, int rank) {
-  SY_CHECK_OK(CheckScheduleArgs(schedule, pp, micro_batches, virtual_stages));
-  SY_CHECK(rank >= 0 && rank < pp) << "rank " << rank << ", pp " << pp;
-  // A pure function the planner asks for again and again (every layout it sizes, every rank
-  // of it): the lists are kept, one entry per argument tuple, for the process's life.
-  static std::mutex mu;
-  static std::map<std::tuple<PipelineSchedule, int, int, int, int>, std::vector<Action>> cache;
-  const auto key = std::make_tuple(schedule, pp, micro_batches, virtual_stages, rank);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    it = cache.emplace(key, BuildActions(schedule, pp, micro_batches, virtual_stages, rank)).first;
-  }
-  return it->second;
 }
 
 int MaxInFlight(const std::vector<Action>& actions) {

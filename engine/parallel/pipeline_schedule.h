@@ -26,6 +26,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine/core/enum_names.h"
@@ -178,6 +179,12 @@ Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
 std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batches,
                               int virtual_stages, int rank, int forward_cost = 1,
                               int backward_cost = 2);
+// ScheduleActions and SendReleases of `rank` from one execution of the lists, the last two
+// executions kept (the planner's walk of a step needs both, for every rank of every layout
+// it sizes).
+std::pair<std::vector<Action>, std::vector<int>> ScheduleWithReleases(
+    PipelineSchedule schedule, int pp, int micro_batches, int virtual_stages, int rank,
+    int forward_cost = 1, int backward_cost = 2);
 
 // The executor's rule for what a micro-batch holds on a chunk (its forward's activations
 // and the messages received for it), read by PipelineRunner (engine/train/pipeline_runner.h)

@@ -2,7 +2,7 @@
 // the bubble formulas it is compared with; see pipeline_schedule.h.
 #include <algorithm>
 #include <cstdio>
-#include <map>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -128,43 +128,75 @@ Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
   return timeline;
 }
 
-std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batches,
-                              int virtual_stages, int rank, int forward_cost,
-                              int backward_cost) {
+namespace {
+
+// Every rank's action list and send releases from one execution of the lists.
+struct Executed {
+  std::vector<std::vector<Action>> lists;
+  std::vector<std::vector<int>> release;
+};
+
+Executed ExecuteAll(PipelineSchedule schedule, int pp, int micro_batches, int virtual_stages,
+                    int forward_cost, int backward_cost) {
+  Executed e;
+  for (int r = 0; r < pp; ++r) {
+    e.lists.push_back(ScheduleActions(schedule, pp, micro_batches, virtual_stages, r));
+  }
+  pipeline_internal::ActionTimes times;
+  SY_CHECK_OK(pipeline_internal::Execute(e.lists, forward_cost, backward_cost, nullptr, &times));
+  e.release.resize(pp);
+  for (int r = 0; r < pp; ++r) {
+    const std::vector<Action>& mine = e.lists[r];
+    const int n = static_cast<int>(mine.size());
+    e.release[r].assign(n, -1);
+    for (int i = 0; i < n; ++i) {
+      if (!pipeline_internal::IsSend(mine[i].kind)) continue;
+      int j = i;
+      while (j < n && times.end[r][j] <= times.taken[r][i]) ++j;
+      e.release[r][i] = j;
+    }
+  }
+  return e;
+}
+
+// `rank`'s list and releases. Pure, and asked for by the planner for every rank of every
+// layout it sizes, which it visits one layout at a time: the last two executions are kept.
+std::pair<std::vector<Action>, std::vector<int>> RankOf(PipelineSchedule schedule, int pp,
+                                                        int micro_batches, int virtual_stages,
+                                                        int rank, int forward_cost,
+                                                        int backward_cost) {
   SY_CHECK(forward_cost >= 1 && backward_cost >= 1 && rank >= 0 && rank < pp)
       << "forward_cost " << forward_cost << ", backward_cost " << backward_cost << ", rank "
       << rank << " of " << pp;
-  // Pure, and asked for by the planner for every rank of every layout it sizes: the
-  // execution (all pp lists) runs once per argument tuple and every rank's answer is kept.
+  constexpr size_t kRecent = 2;
+  using Key = std::tuple<PipelineSchedule, int, int, int, int, int>;
   static std::mutex mu;
-  static std::map<std::tuple<PipelineSchedule, int, int, int, int, int>, std::vector<std::vector<int>>>
-      cache;
-  const auto key = std::make_tuple(schedule, pp, micro_batches, virtual_stages, forward_cost,
-                                   backward_cost);
+  static std::deque<std::pair<Key, Executed>> recent;  // newest first
+  const Key key{schedule, pp, micro_batches, virtual_stages, forward_cost, backward_cost};
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    std::vector<std::vector<Action>> ranks;
-    for (int r = 0; r < pp; ++r) {
-      ranks.push_back(ScheduleActions(schedule, pp, micro_batches, virtual_stages, r));
-    }
-    pipeline_internal::ActionTimes times;
-    SY_CHECK_OK(pipeline_internal::Execute(ranks, forward_cost, backward_cost, nullptr, &times));
-    std::vector<std::vector<int>> all(pp);
-    for (int r = 0; r < pp; ++r) {
-      const std::vector<Action>& mine = ranks[r];
-      const int n = static_cast<int>(mine.size());
-      all[r].assign(n, -1);
-      for (int i = 0; i < n; ++i) {
-        if (!pipeline_internal::IsSend(mine[i].kind)) continue;
-        int j = i;
-        while (j < n && times.end[r][j] <= times.taken[r][i]) ++j;
-        all[r][i] = j;
-      }
-    }
-    it = cache.emplace(key, std::move(all)).first;
+  auto it = std::find_if(recent.begin(), recent.end(), [&](const auto& e) { return e.first == key; });
+  if (it == recent.end()) {
+    recent.emplace_front(key, ExecuteAll(schedule, pp, micro_batches, virtual_stages, forward_cost,
+                                         backward_cost));
+    if (recent.size() > kRecent) recent.pop_back();
+    it = recent.begin();
   }
-  return it->second[rank];
+  return {it->second.lists[rank], it->second.release[rank]};
+}
+
+}  // namespace
+
+std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batches,
+                              int virtual_stages, int rank, int forward_cost,
+                              int backward_cost) {
+  return RankOf(schedule, pp, micro_batches, virtual_stages, rank, forward_cost, backward_cost)
+      .second;
+}
+
+std::pair<std::vector<Action>, std::vector<int>> ScheduleWithReleases(
+    PipelineSchedule schedule, int pp, int micro_batches, int virtual_stages, int rank,
+    int forward_cost, int backward_cost) {
+  return RankOf(schedule, pp, micro_batches, virtual_stages, rank, forward_cost, backward_cost);
 }
 
 std::vector<bool> ActivationReleases(const std::vector<Action>& actions,

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 namespace switchyard::plan {
 namespace {
@@ -146,9 +147,8 @@ StepWorkspaceInputs InputsWith(const config::Config& c, const dist::Mesh& mesh, 
   SY_CHECK_OK(parallel::CheckScheduleArgs(schedule, mesh.pp(), micro_batches, p.virtual_stages));
   const ActivationBytes acts = EstimateActivationBytes(c);
   StepWorkspaceInputs in;
-  in.actions = parallel::ScheduleActions(schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
-  in.send_release =
-      parallel::SendReleases(schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
+  std::tie(in.actions, in.send_release) =
+      parallel::ScheduleWithReleases(schedule, mesh.pp(), micro_batches, p.virtual_stages, pp_rank);
   in.chunks = RankStages(c, pp_rank);
   for (const model::Stage& s : in.chunks) {
     in.kept.push_back(acts.Stage(s));
