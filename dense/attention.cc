@@ -225,8 +225,9 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
     acts.o.x = Tensor();  // a and lse go with the last references to them
     acts.lse = Tensor();
   }
-  acts.out = LeaveTensorParallel(tp, acts.o.y, ctx);
-  if (sp) acts.out = acts.out.Reshape({acts.out.numel() / options_.d_model, options_.d_model});
+  // Under sequence parallelism the reduce-scatter splits the micro-batch's B * S rows, as
+  // the embedding's does (a rank's rows may end inside a sequence when tp does not divide B).
+  acts.out = LeaveTensorParallel(tp, sp ? acts.o.y.Reshape({b * s, options_.d_model}) : acts.o.y, ctx);
   return acts;
 }
 

@@ -230,6 +230,9 @@ std::vector<Layout> TensorParallelLayouts() {
       {"tp2_shared_experts", 2, 1, shared, {"parallel.tp=2"}},
       {"tp2_gshard_expert_bias", 2, 1, gshard, {"parallel.tp=2"}},
       {"tp2_wide_heads", 2, 1, wide_heads, {"parallel.tp=2"}},
+      // Sequence parallelism splits a micro-batch's B * S rows: with B = 3 over tp 2 a rank's
+      // rows end inside a sequence (this layout used to stop on a failed check).
+      {"tp2_odd_batch", 2, 1, {"train.micro_batch_size=3"}, {"parallel.tp=2"}},
       {"tp4", 4, 1, four_heads, {"parallel.tp=4"}},
       {"tp2_dp2_etp1_ep2", 4, 2, {}, {"parallel.tp=2", "parallel.etp=1", "parallel.ep=2"}},
       {"tp1_etp2_ep2", 4, 4, {}, {"parallel.tp=1", "parallel.etp=2", "parallel.ep=2"}},
