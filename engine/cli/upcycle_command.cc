@@ -109,7 +109,9 @@ StatusOr<config::Config> UpcycledConfig(const std::string& checkpoint,
                            ": upcycling copies the MLP into the routed experts; a shared copy "
                            "beside them would double the layer's output");
   }
-  SY_RETURN_IF_ERROR(cc.config.Validate(1));
+  // The layout the checkpoint was trained under stays in the config (resume under it, or
+  // any other); it is checked against its own smallest world, not this one process.
+  SY_RETURN_IF_ERROR(cc.config.Validate(static_cast<int>(cc.config.parallel.SmallestWorld())));
   SY_RETURN_IF_ERROR(cc.config.model.Validate());
   return cc.config;
 }
@@ -250,7 +252,9 @@ int Upcycle(const std::vector<std::string>& args) {
                                        " layers): set it so that a dense layer is MoE"));
   }
   train::Optimizer optimizer(reg, train::OptimizerOptionsFor(config->train));
-  auto mesh = dist::Mesh::Create(1, config->parallel.MeshSizes(), config->parallel.order);
+  // Written from one process, whole tensors (a one-rank layout); any layout loads them.
+  const config::ParallelConfig one_rank;
+  auto mesh = dist::Mesh::Create(1, one_rank.MeshSizes(), one_rank.order);
   if (!mesh.ok()) return Fail(mesh.status());
   nlohmann::json state{{"step", 0}, {"upcycled_from", dense->dir}};
   checkpoint::CheckpointContents contents{.params = &reg, .optimizer_state = optimizer.State(),

@@ -12,7 +12,8 @@
 #  - with unnormalised top-1 gates (Switch) the command says the start differs, and the
 #    loss does, by more than 1e-4 relative (after 20 dense steps the MLPs matter: 2e-3);
 #  - training resumes from it (the experts then differ from each other), and under ep = 2
-#    `switchyard eval` gives the one-rank loss.
+#    `switchyard eval` gives the one-rank loss; a checkpoint trained under tp 2 upcycles on
+#    one process, keeps tp 2 in its config and evaluates on 2 ranks as on one.
 # And the refusals: model.* overrides, experts not shaped as the MLP, shared experts, no
 # layer upcycled, an MoE layer made dense, a changed expert count, a non-empty OUT, a missing checkpoint,
 # mpirun: one line each, nothing written.
@@ -146,6 +147,19 @@ if [[ -n "$mpirun_sh" ]]; then
   r=$(rel_within "$two" "$one" 1e-6)
   echo "ep 2: $two, one rank: $one: $r"
   [[ $r == ok ]] || fail "eval of the upcycled checkpoint under ep 2 vs one rank: $r"
+  # A checkpoint trained under tp 2 (micro-batch 3: rows split inside a sequence) upcycles
+  # on one process; its config keeps tp 2, and 2 ranks evaluate it as one rank does.
+  bash "$mpirun_sh" 2 "$bin" train --config "$tmp/swiglu.yaml" --out "$tmp/tp2" --set parallel.tp=2 \
+    >"$tmp/tp2.train" 2>&1 || fail "tp 2 dense train: $(tail -3 "$tmp/tp2.train")"
+  "$bin" upcycle --checkpoint "$tmp/tp2" --out "$tmp/tp2-moe" ${sets[swiglu]} $exact >"$tmp/tp2.up" 2>&1 ||
+    fail "upcycle of a tp 2 checkpoint: $(cat "$tmp/tp2.up")"
+  grep -q "^  tp: 2$" "$tmp/tp2-moe/step-00000000/config.yaml" || fail "the upcycled config lost parallel.tp=2"
+  one=$(eval_loss "$tmp/tp2-moe" --set parallel.tp=1)
+  two=$(bash "$mpirun_sh" 2 "$bin" eval --checkpoint "$tmp/tp2-moe" --json 2>/dev/null | grep '^{' | head -1 |
+    py "import json, sys; print(repr(json.load(sys.stdin)['loss']))")
+  r=$(rel_within "$two" "$one" 1e-6)
+  echo "tp 2 upcycled: 2 ranks $two, one rank $one: $r"
+  [[ $r == ok ]] || fail "the upcycled tp 2 checkpoint on 2 ranks vs one: $r"
   bash "$mpirun_sh" 2 "$bin" upcycle --checkpoint "$tmp/swiglu" --out "$tmp/x0" >"$tmp/np2.out" 2>&1
   grep -q "runs on one rank" "$tmp/np2.out" || fail "mpirun -np 2 upcycle: $(cat "$tmp/np2.out")"
   [[ ! -e "$tmp/x0" ]] || fail "mpirun -np 2 upcycle wrote its output"
