@@ -18,6 +18,9 @@
 #   --set k=v          an override applied to every run (repeatable)
 #   --power-effects E,E  effects (nats of Δ val loss) summary.md sizes seed counts for
 #                      (80% power at alpha 0.05; default 0.005,0.01,0.02)
+#   --restore FILE     first unpack a runs archive (runs_archive.py; a published
+#                      runs.tar.xz) into --out: its runs count as done
+#   --publish DIR      at the end, copy the evidence and runs.tar.xz into DIR (publish.py)
 # Finished runs in --out are kept, so a stopped experiment resumes when run again.
 exp_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 exp_grid=full

@@ -82,7 +82,9 @@ def parse(argv):
     p.add_argument("--val-blocks", type=int, default=1024)
     p.add_argument("--val-block-tokens", type=int, default=1024)
     p.add_argument("--publish", default="", metavar="DIR",
-                   help="copy summary.*, per_seed.csv, configs/ and the figures into DIR")
+                   help="copy summary.*, per_seed.csv, configs/, the figures and runs.tar.xz into DIR")
+    p.add_argument("--restore", default="", metavar="FILE",
+                   help="first restore the runs of a runs archive (runs_archive.py) into --out")
     a = p.parse_args(argv)
     grids = a.grids.split(",")
     if a.grid not in grids:
@@ -150,6 +152,9 @@ def run_one(a, name, sets, seed, vocab, threads):
     if os.path.isfile(status_path):
         with open(status_path) as f:
             st = json.load(f)
+        if st.get("overrides") != sets + a.extra:
+            raise RuntimeError("%s was trained with the overrides %s, not this setting's %s "
+                               "(remove it, or use another --out)" % (d, st.get("overrides"), sets + a.extra))
         if st["status"] != "ok" or os.path.isfile(eval_path):
             return "%s/seed%d: already done (%s)" % (name, seed, st["status"])
     else:
@@ -476,6 +481,15 @@ def main(argv):
     if msg:
         sys.stderr.write("%s: error: %s\n" % (prog, msg))
         return 1
+    if a.restore:
+        import runs_archive
+        try:
+            restored, kept = runs_archive.unpack(a.restore, a.out)
+        except (OSError, ValueError) as e:
+            sys.stderr.write("%s: error: --restore %s\n" % (prog, e))
+            return 1
+        print("%s: restored %d runs from %s (%d already in %s kept)"
+              % (a.name, len(restored), a.restore, len(kept), a.out), flush=True)
     with open(os.path.join(a.data, "index.json")) as f:
         vocab = json.load(f)["vocab_size"]
     os.makedirs(a.out, exist_ok=True)

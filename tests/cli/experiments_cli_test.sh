@@ -5,8 +5,8 @@
 # are not asserted) and summary.md one row each; each run's FLOPs per token equal
 # `switchyard train --dry-run`'s for its resolved config; per_seed.csv holds every run's
 # own numbers (the same as summary.json's) and configs/<setting>.yaml each setting's resolved
-# config; the figures each grid can make exist; publish.py copies the evidence and no run
-# directory; the zloss grid at a diverging learning rate counts its runs as diverged
+# config; the figures each grid can make exist; publish.py copies the evidence and packs the
+# runs' records (runs.tar.xz), which --restore turns back into the same summary elsewhere; the zloss grid at a diverging learning rate counts its runs as diverged
 # instead of failing; a second call trains nothing; bad arguments and a missing corpus are
 # one line. EXPERIMENTS_CI_JOBS sets --jobs (default 2).
 # Usage: experiments_cli_test.sh path/to/switchyard path/to/scripts/experiments
@@ -173,16 +173,53 @@ grep -q "step alone (ms" "$tmp/capacity/summary.md" || fail "capacity: no step a
 grep -q "timing round 2/2 done" "$tmp/capacity.out" || fail "capacity: the timing pass did not run"
 
 # publish.py copies summary.json (without per-step curves), summary.md, per_seed.csv,
-# configs/ and the PNGs, nothing from the run directories.
+# configs/ and the PNGs, and packs the runs' records into runs.tar.xz; no weights or logs.
 /usr/bin/python3 "$dir/publish.py" "$tmp/capacity" "$tmp/pub" >"$tmp/pub.out" 2>&1 || fail "publish: $(cat "$tmp/pub.out")"
 py "import glob, json, os, sys
 got = sorted(os.path.relpath(p, '$tmp/pub') for p in glob.glob('$tmp/pub/**', recursive=True) if os.path.isfile(p))
-want = sorted(['summary.json', 'summary.md', 'per_seed.csv'] + [os.path.relpath(p, '$tmp/capacity') for p in
+want = sorted(['summary.json', 'summary.md', 'per_seed.csv', 'runs.tar.xz'] + [os.path.relpath(p, '$tmp/capacity') for p in
               glob.glob('$tmp/capacity/configs/*.yaml') + glob.glob('$tmp/capacity/*.png')])
 s = json.load(open('$tmp/pub/summary.json'))
 ok = got == want and 'curve_ce' not in s['runs']['top1-cf1.0'][0] and s['settings'] == json.load(open('$tmp/capacity/summary.json'))['settings']
 print(got); sys.exit(0 if ok else 1)" >"$tmp/pubcheck.out" 2>&1 || fail "publish copied: $(cat "$tmp/pubcheck.out")"
 grep -q "bytes in" "$tmp/pub.out" || fail "publish: no byte count: $(cat "$tmp/pub.out")"
+
+# The runs archive carries the experiment to another machine: restored into an empty --out
+# (no checkpoint weights there), every run counts as done, the timing is reused and the
+# summary is the original's, number for number. Packing twice gives the same bytes.
+bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/restored" --restore "$tmp/pub/runs.tar.xz" \
+  >"$tmp/restored.out" 2>&1 || fail "restore: $(tail -3 "$tmp/restored.out")"
+grep -q "restored 4 runs from" "$tmp/restored.out" || fail "restore: $(head -3 "$tmp/restored.out")"
+[[ $(grep -c "already done" "$tmp/restored.out") -eq 4 ]] || fail "restore retrained: $(cat "$tmp/restored.out")"
+grep -q "timing round [0-9]" "$tmp/restored.out" && fail "restore: timed again although timing.json came with the runs: $(cat "$tmp/restored.out")"
+ls "$tmp"/restored/*/seed1/step-*/*.safetensors >/dev/null 2>&1 && fail "restore: weights in the archive"
+py "import json, sys
+a, b = (json.load(open('$tmp/%s/summary.json' % d)) for d in ('capacity', 'restored'))
+sys.exit(0 if a['settings'] == b['settings'] and a['runs'] == b['runs'] and a['timing'] == b['timing'] else 1)" ||
+  fail "restore: the summary differs from the original's"
+/usr/bin/python3 "$dir/runs_archive.py" pack "$tmp/restored" "$tmp/again.tar.xz" >/dev/null 2>&1 &&
+  cmp -s "$tmp/again.tar.xz" "$tmp/pub/runs.tar.xz" || fail "runs_archive: packing the restored runs gave other bytes"
+# Restoring again keeps what is there; a bad archive is one line, exit 1, and writes nothing;
+# a kept run trained with other overrides than its setting's stops the experiment.
+/usr/bin/python3 "$dir/runs_archive.py" unpack "$tmp/pub/runs.tar.xz" "$tmp/restored" >"$tmp/out" 2>&1 &&
+  grep -q "0 runs restored into .*, 4 already there kept" "$tmp/out" || fail "unpack again: $(cat "$tmp/out")"
+head -c 3000 "$tmp/pub/runs.tar.xz" >"$tmp/cut.tar.xz"
+py "import io, tarfile
+with tarfile.open('$tmp/evil.tar.xz', 'w:xz') as t:
+    i = tarfile.TarInfo('../escape.json'); i.size = 2; t.addfile(i, io.BytesIO(b'{}'))"
+for bad in cut evil; do
+  /usr/bin/python3 "$dir/runs_archive.py" unpack "$tmp/$bad.tar.xz" "$tmp/unpacked-$bad" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 && ! -e "$tmp/unpacked-$bad" && ! -e "$tmp/escape.json" ]] ||
+    fail "unpack $bad: exit $rc, $(cat "$tmp/err")"
+done
+py "import json
+p = '$tmp/restored/top1-cf1.0/seed1/run.json'; r = json.load(open(p)); r['overrides'] = ['moe.top_k=2']
+json.dump(r, open(p, 'w'))"
+bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/restored" >"$tmp/out" 2>"$tmp/err" &&
+  fail "a run trained with other overrides was kept"
+grep -q "error: .*top1-cf1.0/seed1 was trained with the overrides \['moe.top_k=2'\]" "$tmp/err" ||
+  fail "other overrides: $(cat "$tmp/err")"
 
 # A validation sample (--val-blocks 4 of 64 tokens, smaller than the corpus's split): the
 # runs train and are evaluated on it (eval.json's data), and summary.json says its size.
