@@ -283,7 +283,10 @@ def delta_steps(summary, out, written):
     if not settings:
         return
     fig, axes = _grid(len(settings))
-    for s, c, ax in zip(settings, _colors(len(settings)), axes):
+    # Each setting keeps the colour it has in the other figures (the baseline's stays unused).
+    color_of = dict(zip([s["name"] for s in summary["settings"]], _colors(len(summary["settings"]))))
+    for s, ax in zip(settings, axes):
+        c = color_of[s["name"]]
         for r in summary["runs"][s["name"]]:
             if r.get("curve_delta"):
                 ax.plot([p[0] for p in r["curve_delta"]], [p[1] for p in r["curve_delta"]],
