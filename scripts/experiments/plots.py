@@ -534,8 +534,9 @@ def router_logits(summary, out, written):
                     ls="-" if z > 0 else "--")
     if drew:
         a1.set_yscale("log")
-        for f in (a1.yaxis.set_major_formatter, a1.yaxis.set_minor_formatter):
-            f(matplotlib.ticker.FormatStrFormatter("%.3g"))
+        # Label the decades only: labelled minor ticks overlap once the runs span several.
+        a1.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
+        a1.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     a1.set_xlabel("step")
     a1.set_ylabel("mean logsumexp(router logits)^2 (= z-loss / coefficient)")
     a1.set_title("router logit size, every run (dashed: z-loss 0)", fontsize=8)
