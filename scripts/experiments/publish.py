@@ -56,8 +56,9 @@ def publish(out, dest):
         if os.path.isfile(os.path.join(out, n)):
             shutil.copyfile(os.path.join(out, n), os.path.join(dest, n))
             written.append(n)
-    runs_archive.pack(out, os.path.join(dest, "runs.tar.xz"))
-    written.append("runs.tar.xz")
+    if runs_archive.run_dirs(out):  # a summary rebuilt elsewhere may come without its runs
+        runs_archive.pack(out, os.path.join(dest, "runs.tar.xz"))
+        written.append("runs.tar.xz")
     return [(n, os.path.getsize(os.path.join(dest, n))) for n in written]
 
 

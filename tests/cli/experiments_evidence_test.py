@@ -102,11 +102,13 @@ import yaml  # noqa: E402
 check("config parses", yaml.safe_load(dense) == {"train": {"seed": 1, "lr": 0.5, "max_steps": 8}})
 
 # publish: summary.json without the per-step curves (everything else kept), summary.md,
-# per_seed.csv, configs and PNGs copied; run directories, logs and report.html not.
+# per_seed.csv, configs and PNGs copied, and runs.tar.xz with the finished runs' records (the
+# latest checkpoint's config, not the earlier one's); logs, weights and report.html not.
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f)
 for n, body in [("summary.md", "| setting |\n"), ("a.png", "png"), ("report.html", "<html>"),
-                ("dense/seed1.log", "log")]:
+                ("dense/seed1.log", "log"), ("dense/seed1/run.json", '{"status": "ok"}'),
+                ("dense/seed1/metrics.jsonl", "{}\n"), ("dense/seed1/step-00000008/model.safetensors", "w")]:
     with open(os.path.join(out, n), "w") as f:
         f.write(body)
 evidence.write_per_seed_csv(summary, cols, False, os.path.join(out, "per_seed.csv"))
@@ -114,7 +116,12 @@ dest = os.path.join(tmp, "docs", "t")
 files = publish.publish(out, dest)
 names = sorted(n for n, _ in files)
 check("published files", names == ["a.png", "configs/dense.yaml", "configs/moe.yaml", "per_seed.csv",
-                                   "summary.json", "summary.md"], names)
+                                   "runs.tar.xz", "summary.json", "summary.md"], names)
+import tarfile  # noqa: E402
+with tarfile.open(os.path.join(dest, "runs.tar.xz")) as t:
+    members = sorted(t.getnames())
+check("runs archive", members == ["dense/seed1/metrics.jsonl", "dense/seed1/run.json",
+                                  "dense/seed1/step-00000008/config.yaml"], members)
 on_disk = sorted(os.path.relpath(os.path.join(r, f), dest) for r, _, fs in os.walk(dest) for f in fs)
 check("nothing else", on_disk == names, on_disk)
 check("bytes", all(b == os.path.getsize(os.path.join(dest, n)) for n, b in files))
@@ -129,5 +136,10 @@ check("csv copied", open(os.path.join(dest, "per_seed.csv")).read() == open(os.p
 # The command line: usage is one line and exit 2; a directory without summary.json exit 1.
 check("usage", publish.main([]) == 2)
 check("no summary", publish.main([tmp, os.path.join(tmp, "x")]) == 1)
+# Without a finished run (a summary rebuilt elsewhere) there is no archive to write.
+os.remove(os.path.join(out, "dense", "seed1", "run.json"))
+dest2 = os.path.join(tmp, "docs", "u")
+check("no runs, no archive", "runs.tar.xz" not in [n for n, _ in publish.publish(out, dest2)]
+      and not os.path.exists(os.path.join(dest2, "runs.tar.xz")))
 
 finish("experiments_evidence_test: all checks passed")
