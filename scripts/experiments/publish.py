@@ -9,9 +9,10 @@ OUT/summary.json without the runs' per-step training curves (curve_ce, curve_max
 curve_dropped: a few MB on a full grid; every number, the validation curves and the
 paired Δ curves stay; the figures drawn from the dropped curves are copied), and writes
 DIR/runs.tar.xz, the runs' own records (runs_archive.py: metrics, routing, eval, resolved
-configs; about 0.2 MB a 1200-step run), from which the runner summarises or finishes the
-experiment on another machine (--restore). No checkpoint weights, logs or report.html. Files of DIR that OUT also names are
-replaced; others are left alone. Prints what it wrote and the bytes.
+configs; about 0.2 MB a 1200-step run; only when OUT holds finished runs), from which the
+runner summarises or finishes the experiment on another machine (--restore). No checkpoint
+weights, logs or report.html. Files of DIR that OUT also names are replaced; others are
+left alone. Prints what it wrote and the bytes.
 """
 import glob
 import json

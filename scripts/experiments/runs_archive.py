@@ -92,7 +92,9 @@ def unpack(path, out):
                 files[m.name] = tar.extractfile(m).read()
     except (tarfile.TarError, EOFError, OSError) as e:
         raise ValueError("%s: not a readable .tar.xz (%s)" % (path, e))
-    runs = sorted({"/".join(n.split("/")[:2]) for n in files if n not in TOP_FILES})
+    def run_of(name):
+        return "/".join(name.split("/")[:2])
+    runs = sorted({run_of(n) for n in files if n not in TOP_FILES})
     missing = [r for r in runs if r + "/run.json" not in files]
     if missing:
         raise ValueError("%s: run %s has no run.json" % (path, missing[0]))
@@ -100,20 +102,15 @@ def unpack(path, out):
     restored = [r for r in runs if r not in kept]
     for r in restored:  # an interrupted run's leftovers (the runner would discard them too)
         shutil.rmtree(os.path.join(out, r), ignore_errors=True)
-    for name, data in sorted(files.items()):
-        run = "/".join(name.split("/")[:2])
-        if (name in TOP_FILES and os.path.exists(os.path.join(out, name))) or (name not in TOP_FILES and run in kept):
-            continue
+    todo = [n for n in TOP_FILES if n in files and not os.path.exists(os.path.join(out, n))]
+    # The runs' files, every run.json last: it marks its run complete.
+    todo += sorted((n for n in files if n not in TOP_FILES and run_of(n) in restored),
+                   key=lambda n: n.endswith("/run.json"))
+    for name in todo:
         dst = os.path.join(out, name)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if name.endswith("/run.json"):
-            continue  # written last, below: it marks the run complete
-        with open(dst, "wb") as f:
-            f.write(data)
-    for r in restored:
-        dst = os.path.join(out, r, "run.json")
         with open(dst + ".tmp", "wb") as f:
-            f.write(files[r + "/run.json"])
+            f.write(files[name])
         os.replace(dst + ".tmp", dst)
     return restored, kept
 
