@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "kernels/dispatch.h"
 
@@ -109,6 +110,51 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
   CheckGroupedBias("GroupedBiasGrad", dy, rows, dbias, dbias);
   SY_DISPATCH_DEVICE(dbias, ctx, cpu::GroupedBiasGrad(dy, rows, dbias, beta),
                      cuda::GroupedBiasGrad(dy, rows, dbias, beta, ctx));
+}
+
+// The device-sized ops: the (G + 1) offsets checked (their values too on the CPU, where the
+// host-sized op then runs on the grouped rows).
+namespace {
+std::vector<int64_t> OffsetCounts(const char* op, const Tensor& rowwise, const Tensor& offsets,
+                                  const Tensor& bias, const Tensor& out) {
+  SY_CHECK(out.defined()) << op << ": the output is undefined";
+  CheckTensorOn(rowwise, DType::kF32, out.device(), op, "the row tensor");
+  CheckTensorOn(bias, DType::kF32, out.device(), op, "the bias");
+  CheckTensorOn(offsets, DType::kI64, out.device(), op, "the offsets");
+  SY_CHECK(rowwise.ndim() == 2 && bias.ndim() == 2 && bias.dim(1) == rowwise.dim(1) &&
+           offsets.ndim() == 1 && offsets.numel() == bias.dim(0) + 1)
+      << op << " shapes: rows-tensor " << ShapeString(rowwise.shape()) << ", bias "
+      << ShapeString(bias.shape()) << ", offsets " << ShapeString(offsets.shape());
+  std::vector<int64_t> counts;
+  if (!out.device().is_cpu()) return counts;
+  const int64_t* o = offsets.data<int64_t>();
+  SY_CHECK_EQ(o[0], 0) << op << ": offsets[0] = " << o[0];
+  for (int64_t g = 0; g < bias.dim(0); ++g) {
+    SY_CHECK(o[g + 1] >= o[g] && o[g + 1] <= rowwise.dim(0))
+        << op << ": offsets[" << g + 1 << "] = " << o[g + 1] << " after " << o[g];
+    counts.push_back(o[g + 1] - o[g]);
+  }
+  return counts;
+}
+}  // namespace
+
+void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, DeviceContext* ctx) {
+  const std::vector<int64_t> rows = OffsetCounts("GroupedAddBias", out, offsets, bias, out);
+  auto on_cpu = [&] {
+    Tensor used = out.Slice(0, offsets.data<int64_t>()[bias.dim(0)]);
+    cpu::GroupedAddBias(used, rows, bias);
+  };
+  SY_DISPATCH_DEVICE(out, ctx, on_cpu(), cuda::GroupedAddBias(out, offsets, bias, ctx));
+}
+
+void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
+                     DeviceContext* ctx) {
+  const std::vector<int64_t> rows = OffsetCounts("GroupedBiasGrad", dy, offsets, dbias, dbias);
+  auto on_cpu = [&] {
+    cpu::GroupedBiasGrad(dy.Slice(0, offsets.data<int64_t>()[dbias.dim(0)]), rows, dbias, beta);
+  };
+  SY_DISPATCH_DEVICE(dbias, ctx, on_cpu(),
+                     cuda::GroupedBiasGrad(dy, offsets, dbias, beta, ctx));
 }
 
 namespace {

@@ -55,6 +55,16 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias,
                      float beta = 0.0f, DeviceContext* ctx = nullptr);
 
+// The same with the blocks sized on the device: offsets (G + 1) i64 on out's device, as the
+// device-sized GroupedGemm takes them (kernels/gemm.h); rows from offsets[G] on belong to no
+// group and are neither changed nor summed. The host never reads the offsets on CUDA; the
+// CPU runs the host-sized op on the grouped rows (the same bits). CUDA's GroupedBiasGrad
+// sums each column's rows in order, one thread per (group, column): the CPU's order.
+void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias,
+                    DeviceContext* ctx = nullptr);
+void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta = 0.0f,
+                     DeviceContext* ctx = nullptr);
+
 // ---- fused bias + activation (the dense MLP's first projection) ------------------------
 // One pass where the unfused sequence is two or three: a (R, n) is the product x W1 without
 // its bias. Each is bit-identical, on one device, to the unfused ops it replaces (the same
@@ -114,6 +124,9 @@ void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx);
 void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
                     DeviceContext* ctx);
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,
+                     DeviceContext* ctx);
+void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, DeviceContext* ctx);
+void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
                      DeviceContext* ctx);
 }  // namespace cuda
 

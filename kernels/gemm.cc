@@ -3,6 +3,7 @@
 #include "kernels/gemm.h"
 
 #include <initializer_list>
+#include <vector>
 
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
@@ -35,7 +36,10 @@ DType MatmulDType(const Tensor& a, const Tensor& b, DeviceContext* ctx) {
 // f32 operand is converted by the product itself (counted here, one per operand per call,
 // the conversion the CUDA backend runs). `reads`: the product is not empty (the backends
 // convert nothing for an empty one). Either way the product sees the same bf16 values.
-Tensor ResolveOperand(const Tensor& t, DType dtype, bool reads, DeviceContext* ctx) {
+// `in_kernel`: the product rounds f32 operands as it loads them (the device-sized grouped
+// products), so a non-weight operand costs no conversion and none is counted.
+Tensor ResolveOperand(const Tensor& t, DType dtype, bool reads, DeviceContext* ctx,
+                      bool in_kernel = false) {
   if (dtype != DType::kBF16 || t.dtype() != DType::kF32 || !reads) return t;
   WeightShadows::Match m{Tensor(), nullptr, nullptr, 0};
   if (ctx != nullptr) m = ctx->weight_shadows().Find(t);
@@ -50,9 +54,33 @@ Tensor ResolveOperand(const Tensor& t, DType dtype, bool reads, DeviceContext* c
     }
     return m.shadow->View(t.shape(), m.offset);
   }
+  if (in_kernel) return t;
   counters::CountConversion(DType::kF32, DType::kBF16, t.numel());
   if (m.shadow != nullptr) counters::CountWeightConversion(t.numel());
   return t;
+}
+
+// offsets: (groups + 1) i64 on `device`. On the CPU also its values: 0 first,
+// nondecreasing, the last at most `rows`; returns the counts (empty on CUDA, where the host
+// does not read them).
+std::vector<int64_t> CheckOffsets(const Tensor& offsets, int64_t groups, int64_t rows,
+                                  Device device, const char* op) {
+  SY_CHECK(offsets.defined() && offsets.dtype() == DType::kI64 && offsets.ndim() == 1 &&
+           offsets.numel() == groups + 1)
+      << op << ": offsets must be (" << groups + 1 << ") i64, got " << offsets.DebugString();
+  SY_CHECK(offsets.device() == device)
+      << op << ": offsets are on " << offsets.device() << " but the output is on " << device;
+  std::vector<int64_t> counts;
+  if (!device.is_cpu()) return counts;
+  const int64_t* o = offsets.data<int64_t>();
+  SY_CHECK_EQ(o[0], 0) << op << ": offsets[0] = " << o[0];
+  for (int64_t g = 0; g < groups; ++g) {
+    SY_CHECK(o[g + 1] >= o[g] && o[g + 1] <= rows)
+        << op << ": offsets[" << g + 1 << "] = " << o[g + 1] << " after " << o[g] << ", "
+        << rows << " rows";
+    counts.push_back(o[g + 1] - o[g]);
+  }
+  return counts;
 }
 
 // rows[g] >= 0 and they sum to `total`.
@@ -162,6 +190,63 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
   SY_DISPATCH_DEVICE(dw, ctx,
                      cpu::GroupedGemmWeightGrad(rx, rdy, rows, dw, alpha, beta, dtype, schedule),
                      cuda::GroupedGemmWeightGrad(rx, rdy, rows, dw, alpha, beta, dtype, ctx));
+}
+
+// The device-sized products: the same checks, then on the CPU the host-sized product over
+// the grouped rows (the offsets are host memory there), on CUDA the kernels that read them.
+void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha, float beta, DeviceContext* ctx) {
+  constexpr const char* kOp = "GroupedGemm";
+  SY_CHECK(out.defined()) << kOp << ": out is undefined";
+  CheckOperand(out, 2, false, out.device(), kOp, "out");
+  CheckOperand(x, 2, true, out.device(), kOp, "x");
+  CheckOperand(w, 3, true, out.device(), kOp, "w");
+  SY_CHECK(out.dim(0) == x.dim(0))
+      << "GroupedGemm shapes: x " << ShapeString(x.shape()) << ", out "
+      << ShapeString(out.shape());
+  const int64_t k = x.dim(1), n = out.dim(1);
+  SY_CHECK(trans_w ? (w.dim(1) == n && w.dim(2) == k) : (w.dim(1) == k && w.dim(2) == n))
+      << "GroupedGemm: w " << ShapeString(w.shape()) << (trans_w ? "^T" : "") << " for k=" << k
+      << ", n=" << n;
+  const std::vector<int64_t> rows = CheckOffsets(offsets, w.dim(0), x.dim(0), out.device(), kOp);
+  const DType dtype = MatmulDType(x, w, ctx);
+  const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
+  const Tensor rx = ResolveOperand(x, dtype, reads, ctx, /*in_kernel=*/true);
+  const Tensor rw = ResolveOperand(w, dtype, reads, ctx, /*in_kernel=*/true);
+  auto on_cpu = [&] {
+    const int64_t used = offsets.data<int64_t>()[w.dim(0)];
+    Tensor used_out = out.Slice(0, used);
+    cpu::GroupedGemm(rx.Slice(0, used), rows, rw, trans_w, used_out, alpha, beta, dtype,
+                     GroupSchedule::kAuto);
+  };
+  SY_DISPATCH_DEVICE(out, ctx, on_cpu(),
+                     cuda::GroupedGemm(rx, offsets, rw, trans_w, out, alpha, beta, dtype, ctx));
+}
+
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                           float alpha, float beta, DeviceContext* ctx) {
+  constexpr const char* kOp = "GroupedGemmWeightGrad";
+  SY_CHECK(dw.defined()) << kOp << ": dw is undefined";
+  CheckOperand(dw, 3, false, dw.device(), kOp, "dw");
+  CheckOperand(x, 2, true, dw.device(), kOp, "x");
+  CheckOperand(dy, 2, true, dw.device(), kOp, "dy");
+  const int64_t k = x.dim(1), n = dy.dim(1);
+  SY_CHECK(x.dim(0) == dy.dim(0) && dw.dim(1) == k && dw.dim(2) == n)
+      << "GroupedGemmWeightGrad shapes: x " << ShapeString(x.shape()) << ", dy "
+      << ShapeString(dy.shape()) << ", dw " << ShapeString(dw.shape());
+  const std::vector<int64_t> rows =
+      CheckOffsets(offsets, dw.dim(0), x.dim(0), dw.device(), kOp);
+  const DType dtype = MatmulDType(x, dy, ctx);
+  const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
+  const Tensor rx = ResolveOperand(x, dtype, reads, ctx, /*in_kernel=*/true);
+  const Tensor rdy = ResolveOperand(dy, dtype, reads, ctx, /*in_kernel=*/true);
+  auto on_cpu = [&] {
+    const int64_t used = offsets.data<int64_t>()[dw.dim(0)];
+    cpu::GroupedGemmWeightGrad(rx.Slice(0, used), rdy.Slice(0, used), rows, dw, alpha, beta,
+                               dtype, GroupSchedule::kAuto);
+  };
+  SY_DISPATCH_DEVICE(dw, ctx, on_cpu(),
+                     cuda::GroupedGemmWeightGrad(rx, rdy, offsets, dw, alpha, beta, dtype, ctx));
 }
 
 }  // namespace switchyard::kernels

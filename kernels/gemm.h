@@ -71,6 +71,23 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
                            DeviceContext* ctx = nullptr,
                            GroupSchedule schedule = GroupSchedule::kAuto);
 
+// The same grouped products with the blocks sized on the device (the MoE layer's dropless
+// experts on one expert-parallel rank: no host wait for the dispatch counts). `offsets`
+// (G + 1) i64 on out's device: offsets[0] = 0, nondecreasing, offsets[G] <= x.dim(0); group
+// g is rows [offsets[g], offsets[g + 1]). Rows from offsets[G] on belong to no group: out's
+// are not written, and none adds to dw. The host never reads the offsets on CUDA (one
+// tiled kernel reads them, kernels/cuda/grouped_gemm.cu; an out-of-range offset is the
+// caller's bug, as an index is for GatherRows); the CPU reads them where they are and runs
+// the host-sized product on those rows, bit for bit. In bf16 mode CUDA rounds f32 operands
+// to bf16 as it loads them (no converted copy): the same bf16 values, summed in f32.
+void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha = 1.0f, float beta = 0.0f,
+                 DeviceContext* ctx = nullptr);
+// dw[g] (k, n) = alpha * x[group g]^T @ dy[group g] + beta * dw[g], groups as above; a group
+// with no rows gets beta * dw[g].
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                           float alpha = 1.0f, float beta = 0.0f, DeviceContext* ctx = nullptr);
+
 // c (m, n) = a (m, k) @ b (k, n), f32 only, row by row: c[i][j] is the sum over p = 0, 1,
 // ..., k - 1, in that order, of the f32 products a[i][p] * b[p][j], each product rounded
 // before it is added (no fused multiply-add), starting from +0. So a row's bits depend only
@@ -111,6 +128,12 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
                            Tensor& dw, float alpha, float beta, DType matmul_dtype,
                            DeviceContext* ctx);
 void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx);
+// The device-sized grouped products (kernels/cuda/grouped_gemm.cu). x, w, dy: f32 or bf16
+// (bf16 mode: f32 ones rounded to bf16 as they are loaded), out and dw f32.
+void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha, float beta, DType matmul_dtype, DeviceContext* ctx);
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                           float alpha, float beta, DType matmul_dtype, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

@@ -17,12 +17,10 @@ void CheckTensor(const Tensor& t, DType dtype, int ndim, Device device, const ch
                                  << " but the output is on " << device;
 }
 
-}  // namespace
-
-std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
-                                     int64_t num_experts, Tensor& token, Tensor& slot,
-                                     Tensor& inverse, DeviceContext* ctx) {
-  constexpr const char* kOp = "SortAssignments";
+// The arguments of both sorts (see kernels/permute.h).
+void CheckSortArguments(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                        const Tensor& token, const Tensor& slot, const Tensor& inverse,
+                        const char* kOp) {
   SY_CHECK(slot.defined()) << kOp << ": slot is undefined";
   const Device dev = slot.device();
   CheckTensor(experts, DType::kI32, 2, dev, kOp, "experts");
@@ -42,12 +40,34 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
   check_out(token, "token");
   check_out(slot, "slot");
   check_out(inverse, "inverse");
+}
+
+}  // namespace
+
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse, DeviceContext* ctx) {
+  CheckSortArguments(experts, kept, num_experts, token, slot, inverse, "SortAssignments");
   std::vector<int64_t> counts;
   SY_DISPATCH_DEVICE(
       slot, ctx, counts = cpu::SortAssignments(experts, kept, num_experts, token, slot, inverse),
       counts = cuda::SortAssignments(experts, kept, num_experts, token, slot, inverse, ctx));
   counters::CountReadback("moe.sort_assignments");
   return counts;
+}
+
+void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                              Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets,
+                              DeviceContext* ctx) {
+  constexpr const char* kOp = "SortAssignmentsToOffsets";
+  CheckSortArguments(experts, kept, num_experts, token, slot, inverse, kOp);
+  CheckTensor(offsets, DType::kI64, 1, slot.device(), kOp, "offsets");
+  SY_CHECK_EQ(offsets.numel(), num_experts + 1) << kOp << ": offsets needs E + 1 entries";
+  SY_DISPATCH_DEVICE(
+      slot, ctx,
+      cpu::SortAssignmentsToOffsets(experts, kept, num_experts, token, slot, inverse, offsets),
+      cuda::SortAssignmentsToOffsets(experts, kept, num_experts, token, slot, inverse, offsets,
+                                     ctx));
 }
 
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx) {

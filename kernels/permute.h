@@ -36,6 +36,17 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
                                      int64_t num_experts, Tensor& token, Tensor& slot,
                                      Tensor& inverse, DeviceContext* ctx = nullptr);
 
+// SortAssignments without the host counts: the same slot, token and inverse, and
+// offsets (E + 1) i64 on the same device, offsets[e] = the first permuted row of expert e,
+// offsets[E] = A, the number of kept assignments (the grouped GEMMs' device-side sizes,
+// kernels/gemm.h). Nothing is read back and nothing waits. A kept assignment whose expert is
+// outside [0, E) is a fatal error on the CPU; CUDA cannot say so without a wait, so it sorts
+// such an assignment after the dropped ones, outside every expert's rows, and its inverse is
+// -1 (as if dropped). The router's top-k cannot produce one.
+void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                              Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets,
+                              DeviceContext* ctx = nullptr);
+
 // dst[r] = src[index[r]]: src (N, d), index (R) i64 with values in [0, N), dst (R, d), src
 // and dst f32, i32 or u8 (the same dtype; rows are copied bit for bit). The permute (h ->
 // rows) and any other row permutation (regroup / ungroup, a routing group's rows put in
@@ -78,6 +89,8 @@ namespace cpu {
 std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
                                      int64_t num_experts, Tensor& token, Tensor& slot,
                                      Tensor& inverse);
+void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                              Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets);
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst);
 void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh);
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
@@ -91,6 +104,9 @@ namespace cuda {
 std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
                                      int64_t num_experts, Tensor& token, Tensor& slot,
                                      Tensor& inverse, DeviceContext* ctx);
+void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                              Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets,
+                              DeviceContext* ctx);
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx);
 void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx);
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,

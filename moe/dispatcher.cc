@@ -107,6 +107,37 @@ DispatchPlan DispatchPlan::Build(const Tensor& experts, const Tensor& kept, int6
   return plan;
 }
 
+DispatchPlan DispatchPlan::BuildDeviceSized(const Tensor& experts, const Tensor& kept,
+                                            int64_t num_experts, DeviceContext* ctx) {
+  SY_CHECK(experts.defined() && experts.ndim() == 2)
+      << "DispatchPlan: experts must be (N, k), got " << experts.DebugString();
+  DispatchPlan plan(experts.dim(0), experts.dim(1), num_experts, /*ep_size=*/1);
+  const int64_t nk = plan.num_tokens_ * plan.top_k_;
+  const Device dev = experts.device();
+  plan.token_tensor_ = Tensor::Empty({nk}, DType::kI64, dev);
+  plan.slot_tensor_ = Tensor::Empty({nk}, DType::kI64, dev);
+  Tensor inverse = Tensor::Empty({nk}, DType::kI64, dev);
+  plan.offsets_ = Tensor::Empty({num_experts + 1}, DType::kI64, dev);
+  kernels::SortAssignmentsToOffsets(experts, kept, num_experts, plan.token_tensor_,
+                                    plan.slot_tensor_, inverse, plan.offsets_, ctx);
+  plan.inverse_ = inverse.Reshape({plan.num_tokens_, plan.top_k_});
+  if (dev.is_cpu()) {
+    const int64_t kept_total = plan.offsets_.data<int64_t>()[num_experts];
+    SY_CHECK_EQ(kept_total, nk) << "a device-sized dispatch plan needs every assignment kept "
+                                   "(dropless routing): "
+                                << nk - kept_total << " of " << nk << " were dropped";
+    const int64_t* tp = plan.token_tensor_.data<int64_t>();
+    const int64_t* sp = plan.slot_tensor_.data<int64_t>();
+    plan.token_.assign(tp, tp + nk);
+    plan.slot_.assign(sp, sp + nk);
+  }
+  plan.send_rows_.assign(1, nk);
+  plan.recv_rows_.assign(1, nk);
+  plan.num_received_ = nk;
+  plan.exchanged_ = true;
+  return plan;
+}
+
 void DispatchPlan::Init(const Tensor& experts, const Tensor& kept, DeviceContext* ctx) {
   const int64_t nk = num_tokens_ * top_k_;
   const Device dev = experts.device();
@@ -146,6 +177,7 @@ const std::vector<int64_t>& DispatchPlan::slot() const {
 
 void DispatchPlan::ExchangeCounts(dist::Communicator& ep, DeviceContext* ctx) {
   SY_CHECK_EQ(ep.size(), ep_size_) << "plan built for a different ep group";
+  if (device_sized()) return;  // one rank: nothing to exchange, the counts stay put
   const int64_t el = experts_per_rank();
   if (ep_size_ == 1) {
     recv_per_source_expert_ = send_per_expert_;  // this rank is the whole group

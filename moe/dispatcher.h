@@ -21,7 +21,8 @@
 // the rows' device, which must be the plan's; ctx is required for CUDA tensors. The row
 // phases are kernels (kernels/permute.h). Building a plan copies the (E) per-expert counts
 // to the host (one small device->host copy per plan on CUDA): the all_to_all_v splits and
-// the grouped expert GEMMs need them there. With ep = 1 the exchanges do not touch the
+// the host-sized grouped expert GEMMs need them there. A device-sized plan (ep = 1,
+// dropless) keeps them on the device as offsets instead. With ep = 1 the exchanges do not touch the
 // communicator (the rows are returned as they are, and Regroup / Ungroup are the
 // identity); with ep > 1 the communicator must live on the rows' device (NCCL for CUDA
 // rows, MPI for host rows).
@@ -48,6 +49,20 @@ class DispatchPlan {
   // (N, k) u8. The plan's tensors live on that device.
   static DispatchPlan Build(const Tensor& experts, const Tensor& kept, int64_t num_experts,
                             int64_t ep_size, DeviceContext* ctx = nullptr);
+
+  // A plan whose per-expert counts stay on the device: ep = 1 and every assignment kept
+  // (dropless routing), so A = N * k is known on the host and only the split between the
+  // experts is not. The sort writes offsets() instead of host counts (no readback, no
+  // wait); the experts' grouped products read them there (Experts::Forward with offsets).
+  // The host counts (send_per_expert(), rows_per_local_expert(), ...) are empty. On the CPU
+  // a kept-everything check runs (a dropped assignment is a fatal error: the caller chose
+  // this plan for dropless routing); CUDA cannot check without a wait.
+  static DispatchPlan BuildDeviceSized(const Tensor& experts, const Tensor& kept,
+                                       int64_t num_experts, DeviceContext* ctx = nullptr);
+  bool device_sized() const { return offsets_.defined(); }
+  // (E + 1) i64 on device(): expert e's rows are [offsets[e], offsets[e + 1]) (device-sized
+  // plans only; undefined otherwise).
+  const Tensor& offsets() const { return offsets_; }
 
   int64_t num_tokens() const { return num_tokens_; }
   int64_t top_k() const { return top_k_; }
@@ -90,7 +105,7 @@ class DispatchPlan {
   void Init(const Tensor& experts, const Tensor& kept, DeviceContext* ctx);
 
   int64_t num_tokens_, top_k_, num_experts_, ep_size_;
-  Tensor token_tensor_, slot_tensor_, inverse_;
+  Tensor token_tensor_, slot_tensor_, inverse_, offsets_;
   std::vector<int64_t> token_, slot_, send_per_expert_, send_rows_;
   bool exchanged_ = false;
   std::vector<int64_t> recv_per_source_expert_, recv_rows_, rows_per_local_expert_;

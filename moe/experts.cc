@@ -182,36 +182,96 @@ StatusOr<Experts> Experts::FromTensors(const ExpertsOptions& options, ExpertsPar
   return Experts(options, std::move(params), ctx);
 }
 
+namespace {
+
+// The row groups of one Forward / Backward: host counts (with the CPU's schedule) or
+// device offsets (kernels/gemm.h's device-sized products); each op picks its overload.
+struct Groups {
+  std::span<const int64_t> rows;
+  Tensor offsets;
+  kernels::GroupSchedule schedule = kernels::GroupSchedule::kAuto;
+
+  static Groups Of(const ExpertsActivations& acts) {
+    return Groups{acts.rows, acts.offsets, acts.schedule};
+  }
+  void Gemm(const Tensor& x, const Tensor& w, bool trans_w, Tensor& out, float beta,
+            DeviceContext* ctx) const {
+    if (offsets.defined()) {
+      kernels::GroupedGemm(x, offsets, w, trans_w, out, 1.0f, beta, ctx);
+    } else {
+      kernels::GroupedGemm(x, rows, w, trans_w, out, 1.0f, beta, ctx, schedule);
+    }
+  }
+  void WeightGrad(const Tensor& x, const Tensor& dy, Tensor& dw, DeviceContext* ctx) const {
+    if (offsets.defined()) {
+      kernels::GroupedGemmWeightGrad(x, dy, offsets, dw, 1.0f, /*beta=*/1.0f, ctx);
+    } else {
+      kernels::GroupedGemmWeightGrad(x, dy, rows, dw, 1.0f, /*beta=*/1.0f, ctx, schedule);
+    }
+  }
+  void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx) const {
+    if (offsets.defined()) {
+      kernels::GroupedAddBias(out, offsets, bias, ctx);
+    } else {
+      kernels::GroupedAddBias(out, rows, bias, ctx);
+    }
+  }
+  void BiasGrad(const Tensor& dy, Tensor& dbias, DeviceContext* ctx) const {
+    if (offsets.defined()) {
+      kernels::GroupedBiasGrad(dy, offsets, dbias, /*beta=*/1.0f, ctx);
+    } else {
+      kernels::GroupedBiasGrad(dy, rows, dbias, /*beta=*/1.0f, ctx);
+    }
+  }
+};
+
+}  // namespace
+
 ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> rows_per_expert,
                                     DeviceContext* ctx, kernels::GroupSchedule schedule,
                                     kernels::KeepInput keep) const {
+  SY_CHECK_EQ(static_cast<int64_t>(rows_per_expert.size()), options_.num_local)
+      << "Experts::Forward: one row count per local expert";
+  ExpertsActivations acts;
+  acts.rows.assign(rows_per_expert.begin(), rows_per_expert.end());
+  acts.schedule = schedule;
+  ForwardInto(x, acts, ctx, keep);
+  return acts;
+}
+
+ExpertsActivations Experts::Forward(const Tensor& x, const Tensor& offsets,
+                                    DeviceContext* ctx) const {
+  SY_CHECK(offsets.defined() && offsets.numel() == options_.num_local + 1)
+      << "Experts::Forward: offsets must hold num_local + 1 = " << options_.num_local + 1
+      << " entries, got " << offsets.DebugString();
+  ExpertsActivations acts;
+  acts.offsets = offsets;
+  ForwardInto(x, acts, ctx, kernels::KeepInput::kOperand);
+  return acts;
+}
+
+void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceContext* ctx,
+                          kernels::KeepInput keep) const {
   const int64_t d = options_.d_model, f = options_.d_hidden;
   SY_CHECK(x.ndim() == 2 && x.dim(1) == d)
       << "Experts::Forward: x " << ShapeString(x.shape()) << " for d_model=" << d;
-  SY_CHECK_EQ(static_cast<int64_t>(rows_per_expert.size()), options_.num_local)
-      << "Experts::Forward: one row count per local expert";
   SY_CHECK(x.device() == options_.device)
       << "Experts::Forward: x on " << x.device() << ", the experts on " << options_.device;
   const int64_t r = x.dim(0);
   const Device dev = x.device();
+  const Groups groups = Groups::Of(acts);
 
-  ExpertsActivations acts;
   // What the products read and Backward keeps: under bf16 activation storage x's bf16
   // operand (kernels/activation_storage.h), converted once for the forward and the weight
   // gradients' products.
   acts.x = kernels::KeptOperand(x, ctx, keep);
-  acts.rows.assign(rows_per_expert.begin(), rows_per_expert.end());
-  const std::span<const int64_t> rows(acts.rows);
-  acts.schedule = schedule;
-  const kernels::GroupSchedule sched = schedule;
-
   // swiglu's two products read x: in bf16 mode it is converted once for both.
   const Tensor x_mm = options_.activation == Activation::kSwiglu
                           ? kernels::MatmulOperand(acts.x, ctx)
                           : acts.x;
   acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-  kernels::GroupedGemm(x_mm, rows, w1_, /*trans_w=*/false, acts.a, 1.0f, 0.0f, ctx, sched);
-  if (options_.bias) kernels::GroupedAddBias(acts.a, rows, b1_, ctx);
+  groups.Gemm(x_mm, w1_, /*trans_w=*/false, acts.a, 0.0f, ctx);
+  if (options_.bias) groups.AddBias(acts.a, b1_, ctx);
 
   Tensor h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
   switch (options_.activation) {
@@ -223,7 +283,7 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
       break;
     case Activation::kSwiglu:
       acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-      kernels::GroupedGemm(x_mm, rows, w3_, /*trans_w=*/false, acts.b, 1.0f, 0.0f, ctx, sched);
+      groups.Gemm(x_mm, w3_, /*trans_w=*/false, acts.b, 0.0f, ctx);
       kernels::SwigluForward(acts.a, acts.b, h, ctx);
       break;
   }
@@ -234,32 +294,31 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
   acts.h = kernels::KeptOperand(h, ctx);
 
   acts.y = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
-  kernels::GroupedGemm(acts.h, rows, w2_, /*trans_w=*/false, acts.y, 1.0f, 0.0f, ctx, sched);
-  if (options_.bias && options_.adds_output_bias) kernels::GroupedAddBias(acts.y, rows, b2_, ctx);
-  return acts;
+  groups.Gemm(acts.h, w2_, /*trans_w=*/false, acts.y, 0.0f, ctx);
+  if (options_.bias && options_.adds_output_bias) groups.AddBias(acts.y, b2_, ctx);
 }
 
 Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx) {
   // The output itself is not read (the MoE layer lets it go once combined).
-  int64_t rows_total = 0;
-  for (int64_t n : acts.rows) rows_total += n;
+  int64_t rows_total = acts.x.defined() ? acts.x.dim(0) : -1;
+  if (!acts.offsets.defined()) {
+    rows_total = 0;
+    for (int64_t n : acts.rows) rows_total += n;
+  }
   SY_CHECK(acts.h.defined() && dy.shape() == (Shape{rows_total, options_.d_model}))
       << "Experts::Backward: dy " << ShapeString(dy.shape()) << " for " << rows_total
       << " rows of width " << options_.d_model;
-  const int64_t r = dy.dim(0), d = options_.d_model, f = options_.d_hidden;
+  const int64_t r = dy.dim(0), f = options_.d_hidden;
   const Device dev = dy.device();
-  const std::span<const int64_t> rows(acts.rows);
-  const kernels::GroupSchedule sched = acts.schedule;
+  const Groups groups = Groups::Of(acts);
 
   // y = h @ W2 + b2.
-  if (options_.bias && options_.adds_output_bias) {
-    kernels::GroupedBiasGrad(dy, rows, grad_b2_, /*beta=*/1.0f, ctx);
-  }
+  if (options_.bias && options_.adds_output_bias) groups.BiasGrad(dy, grad_b2_, ctx);
   // An operand two products read is converted once for both in bf16 mode (MatmulOperand).
   const Tensor dy_mm = kernels::MatmulOperand(dy, ctx);
-  kernels::GroupedGemmWeightGrad(acts.h, dy_mm, rows, grad_w2_, 1.0f, /*beta=*/1.0f, ctx, sched);
+  groups.WeightGrad(acts.h, dy_mm, grad_w2_, ctx);
   Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
-  kernels::GroupedGemm(dy_mm, rows, w2_, /*trans_w=*/true, da, 1.0f, 0.0f, ctx, sched);
+  groups.Gemm(dy_mm, w2_, /*trans_w=*/true, da, 0.0f, ctx);
 
   // h = act(a), or silu(a) * b; a and b as f32 (their rounded values under bf16 storage).
   Tensor db;
@@ -278,17 +337,16 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   }
 
   // a = x @ W1 + b1 (and b = x @ W3).
-  if (options_.bias) kernels::GroupedBiasGrad(da, rows, grad_b1_, /*beta=*/1.0f, ctx);
+  if (options_.bias) groups.BiasGrad(da, grad_b1_, ctx);
   const Tensor x_mm = db.defined() ? kernels::MatmulOperand(acts.x, ctx) : acts.x;
   const Tensor da_mm = kernels::MatmulOperand(da, ctx);
-  kernels::GroupedGemmWeightGrad(x_mm, da_mm, rows, grad_w1_, 1.0f, /*beta=*/1.0f, ctx, sched);
-  Tensor dx = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
-  kernels::GroupedGemm(da_mm, rows, w1_, /*trans_w=*/true, dx, 1.0f, 0.0f, ctx, sched);
+  groups.WeightGrad(x_mm, da_mm, grad_w1_, ctx);
+  Tensor dx = Tensor::Empty({r, options_.d_model}, DType::kF32, dev);  // (R, d)
+  groups.Gemm(da_mm, w1_, /*trans_w=*/true, dx, 0.0f, ctx);
   if (db.defined()) {
     const Tensor db_mm = kernels::MatmulOperand(db, ctx);
-    kernels::GroupedGemmWeightGrad(x_mm, db_mm, rows, grad_w3_, 1.0f, /*beta=*/1.0f, ctx,
-                                   sched);
-    kernels::GroupedGemm(db_mm, rows, w3_, /*trans_w=*/true, dx, 1.0f, /*beta=*/1.0f, ctx, sched);
+    groups.WeightGrad(x_mm, db_mm, grad_w3_, ctx);
+    groups.Gemm(db_mm, w3_, /*trans_w=*/true, dx, /*beta=*/1.0f, ctx);
   }
   return dx;
 }

@@ -13,7 +13,7 @@
 //
 // Devices: parameters, gradients and activations live on options.device; every call runs
 // its kernels on ctx's stream (ctx required on CUDA, may be null on the CPU). The row
-// counts per expert are host values.
+// counts per expert are host values, or device offsets (the device-sized Forward).
 //
 // Dense MLPs reuse the same code: a DenseMlp is an Experts with num_local = 1 and all rows
 // in its one group. Shared experts (DeepSeek; num_shared_experts copies of hidden
@@ -85,7 +85,9 @@ struct ExpertsParams {
 // computed h from their f32 values).
 struct ExpertsActivations {
   Tensor x;                   // (R, d) the input, shared with the caller: keep it unchanged
-  std::vector<int64_t> rows;  // (num_local) rows per local expert, sum R
+  std::vector<int64_t> rows;  // (num_local) rows per local expert, sum R (host-sized)
+  Tensor offsets;             // or (num_local + 1) i64 on the device: device-sized groups,
+                              // rows past offsets[num_local] in no group (rows is empty)
   Tensor a;                   // (R, f) x @ W1 + b1, before the activation
   Tensor b;                   // (R, f) x @ W3; swiglu only
   Tensor h;                   // (R, f) act(a), or silu(a) * b
@@ -132,6 +134,13 @@ class Experts {
                              DeviceContext* ctx = nullptr,
                              kernels::GroupSchedule schedule = kernels::GroupSchedule::kAuto,
                              kernels::KeepInput keep = kernels::KeepInput::kOperand) const;
+  // The same with the groups sized on the device (the dropless experts on one ep rank, no
+  // host wait): offsets (num_local + 1) i64 on x's device, group e = rows [offsets[e],
+  // offsets[e + 1]) of x, as kernels/gemm.h's device-sized products take them. Rows from
+  // offsets[num_local] on are in no group: y's are not written, Backward's dx's neither.
+  // On the CPU the same bits as the host-sized Forward with kAuto (and its Backward).
+  ExpertsActivations Forward(const Tensor& x, const Tensor& offsets,
+                             DeviceContext* ctx = nullptr) const;
   // dy (R, d) for acts.y. Adds into every parameter gradient; returns dx (R, d).
   Tensor Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
   // Sets every gradient to zero.
@@ -161,6 +170,9 @@ class Experts {
 
  private:
   Experts(const ExpertsOptions& options, ExpertsParams params, DeviceContext* ctx);
+  // Forward's work once acts' groups (rows and schedule, or offsets) are set.
+  void ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceContext* ctx,
+                   kernels::KeepInput keep) const;
 
   ExpertsOptions options_;
   Tensor w1_, w2_, w3_, b1_, b2_;

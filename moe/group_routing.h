@@ -83,6 +83,7 @@ struct RoutedGroups {
   // (G) the mean over tokens of logsumexp(logits)^2 (z / coef, whatever the coefficient)
   std::vector<PendingSum> lse_sq;
   std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
+  bool all_admitted = false;  // AdmitGroups kept every assignment without a pass (dropless)
   // A non-contiguous GroupLayout only: own_rows (T/P) i64, the group token of each of this
   // rank's rows (on `device`); undefined for contiguous groups.
   Tensor own_rows;

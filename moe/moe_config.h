@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/core/enum_names.h"
 #include "engine/core/status.h"
 
 namespace switchyard::moe {
@@ -31,6 +32,16 @@ enum class Dispatcher { kFlat, kHierarchical };
 // (DeepSeek-V3, Wang et al.'s Algorithm 1), or times the deviation relative to the mean load
 // (Wang et al.'s proportional variant, their update for softmax scores).
 enum class ExpertBiasUpdate { kSign, kProportional };
+
+// Where the dropless dispatch's per-expert row counts live on one expert-parallel rank
+// (moe.dispatch_counts): on the device, read there by the experts' grouped products (no
+// host wait per layer; kernels/gemm.h's device-sized products), or copied to the host for
+// host-sized grouped products (cuBLAS on CUDA; one wait per layer and micro-batch). The
+// results are bit-identical on the CPU. Only one ep rank, no etp and dropless routing can
+// use the device; every other layout copies the counts whatever this says.
+enum class DispatchCounts { kDevice, kHost };
+inline constexpr EnumName<DispatchCounts> kDispatchCountsNames[] = {
+    {DispatchCounts::kDevice, "device"}, {DispatchCounts::kHost, "host"}};
 
 // dense::ParseActivation naming the key moe.activation.
 StatusOr<Activation> ParseActivation(const std::string& name);
@@ -90,6 +101,7 @@ struct MoEConfig {
   // are cut into this many chunks of whole experts after admission; chunk i+1's rows travel
   // while chunk i's experts compute. 1: no chunks. Must not exceed E / ep.
   int64_t overlap_chunks = 1;
+  DispatchCounts dispatch_counts = DispatchCounts::kDevice;  // device | host
 
   // Checks every field alone and together ("moe.top_k=3 exceeds moe.num_experts=2").
   Status Validate() const;

@@ -189,6 +189,9 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);
   const OwnRouting own = OwnRowsOf(routed, ctx);
+  acts.device_counts = config_.dispatch_counts == DispatchCounts::kDevice &&
+                       ep_->size() == 1 && !etp_ && !replicas_ && config_.overlap_chunks <= 1 &&
+                       routed.all_admitted;
   acts.experts_all = own.experts;
   acts.gates = own.gates;
   acts.kept_all = own.kept;
@@ -226,7 +229,10 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
 
 Tensor MoELayer::Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* ctx) const {
   acts.plan = std::make_unique<DispatchPlan>(
-      acts.destinations.defined()
+      acts.device_counts
+          ? DispatchPlan::BuildDeviceSized(acts.experts_all, acts.kept_all, config_.num_experts,
+                                           ctx)
+      : acts.destinations.defined()
           ? DispatchPlan::Build(acts.destinations, acts.kept_all,
                                 replica_plan_.virtual_experts(), ep_->size(), ctx)
           : DispatchPlan::Build(acts.experts_all, acts.kept_all, config_.num_experts,
@@ -241,6 +247,10 @@ Tensor MoELayer::Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* 
 Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
                             DeviceContext* ctx) const {
   if (acts.destinations.defined()) return RunWithReplicas(grouped, acts, ctx);
+  if (acts.plan->device_sized()) {
+    acts.experts = experts_.Forward(grouped, acts.plan->offsets(), ctx);
+    return acts.experts.y;
+  }
   const std::vector<int64_t>& rows = acts.plan->rows_per_local_expert();
   if (!etp_) {
     acts.experts = experts_.Forward(grouped, rows, ctx);

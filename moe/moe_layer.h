@@ -75,6 +75,9 @@ struct MoEActivations {
   Tensor experts_all;                              // (N, k) i32 chosen experts
   Tensor kept_all;                                 // (N, k) u8 admitted by capacity
   std::unique_ptr<DispatchPlan> plan;
+  // The plan keeps its per-expert counts on the device (moe.dispatch_counts: device, one ep
+  // rank, no etp, dropless): DispatchPlan::BuildDeviceSized and the device-sized experts.
+  bool device_counts = false;
   ExpertsActivations experts;
   Tensor expert_out;                               // (A, d) expert outputs back in expert order
                                                    // (bf16 under bf16 activation storage)

@@ -59,6 +59,15 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
   return counts;
 }
 
+void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                              Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets) {
+  const std::vector<int64_t> counts =
+      SortAssignments(experts, kept, num_experts, token, slot, inverse);
+  int64_t* o = offsets.data<int64_t>();
+  o[0] = 0;
+  for (int64_t e = 0; e < num_experts; ++e) o[e + 1] = o[e] + counts[e];
+}
+
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst) {
   const int64_t rows = dst.dim(0), n = src.dim(0);
   const size_t row_bytes = static_cast<size_t>(dst.dim(1)) * SizeOf(dst.dtype());

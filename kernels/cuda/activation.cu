@@ -154,6 +154,8 @@ __device__ __forceinline__ int64_t GroupOfRow(const int64_t* offsets, int64_t gr
 // out (rows, n)[r, :] += bias (G, n)[group of r, :].
 __global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offsets, int64_t groups,
                               int64_t rows, int64_t n) {
+  // Device-sized groups may end before the tensor does (rows past offsets[groups]: no group).
+  if (offsets != nullptr && offsets[groups] < rows) rows = offsets[groups];
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const float* b = bias + GroupOfRow(offsets, groups, r) * n;
     float* row = out + r * n;
@@ -162,6 +164,19 @@ __global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offs
       row[j] = __fadd_rn(row[j], b[j]);
     }
   }
+}
+
+// dbias (G, n)[g, j] = beta * dbias[g, j] (0 for beta = 0) + dy[r, j] for r over group g's
+// rows [offsets[g], offsets[g + 1]) in order: one thread per (group, column), the CPU's
+// order (kernels/cpu/activation.cc), so the same bits.
+__global__ void OffsetBiasGradKernel(const float* __restrict__ dy, const int64_t* offsets,
+                                     int64_t n, float beta, float* __restrict__ dbias) {
+  const int64_t g = blockIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= n) return;
+  float acc = beta == 0.0f ? 0.0f : __fmul_rn(beta, dbias[g * n + j]);
+  for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) acc = __fadd_rn(acc, dy[r * n + j]);
+  dbias[g * n + j] = acc;
 }
 
 constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
@@ -382,6 +397,22 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
   const int64_t* d_chunk_begin = device_table.data<int64_t>();
   LaunchBiasGrad(dy, dbias, beta, groups, d_chunk_begin + groups + 1, d_chunk_begin, chunks, k,
                  ctx);
+}
+
+void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, DeviceContext* ctx) {
+  if (out.numel() == 0 || bias.dim(0) == 0) return;
+  LaunchAddBias(out, bias, offsets.data<int64_t>(), bias.dim(0), ctx);
+}
+
+void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
+                     DeviceContext* ctx) {
+  const int64_t groups = dbias.dim(0), n = dbias.dim(1);
+  if (groups == 0 || n == 0) return;
+  const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(groups));
+  OffsetBiasGradKernel<<<grid, kThreads, 0, StreamOf(ctx)>>>(
+      dy.data<float>(), offsets.data<int64_t>(), n, beta, dbias.data<float>());
+  SY_CUDA_CHECK_LAUNCH();
 }
 
 void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {

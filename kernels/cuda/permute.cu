@@ -285,13 +285,16 @@ void LaunchRows(int64_t d, std::initializer_list<const void*> ptrs, F launch) {
 
 }  // namespace
 
-std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
-                                     int64_t num_experts, Tensor& token, Tensor& slot,
-                                     Tensor& inverse, DeviceContext* ctx) {
+namespace {
+
+// The sort both entry points share: keys made, sorted, and slot, token and inverse written.
+// Returns the (2, E + 2) i32 segment bounds of FinishSortKernel (undefined when n = 0);
+// `sorted_keys` gets the sorted keys (kept alive by `scratch`).
+Tensor SortOnDevice(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                    Tensor& token, Tensor& slot, Tensor& inverse, Tensor& scratch,
+                    const uint32_t** sorted_keys, DeviceContext* ctx) {
   const int64_t n = experts.numel(), k = experts.dim(1);
   const int32_t e = static_cast<int32_t>(num_experts);
-  std::vector<int64_t> counts(num_experts, 0);
-  if (n == 0) return counts;
   cudaStream_t stream = StreamOf(ctx);
   const Device dev = slot.device();
 
@@ -306,8 +309,7 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
       stream));
   // Scratch: keys in/out (u32), values in/out (i32), the sort's temporary storage.
   const size_t vec = AlignUp(sizeof(uint32_t) * n);
-  Tensor scratch =
-      Tensor::Empty({static_cast<int64_t>(4 * vec + AlignUp(sort_bytes))}, DType::kU8, dev);
+  scratch = Tensor::Empty({static_cast<int64_t>(4 * vec + AlignUp(sort_bytes))}, DType::kU8, dev);
   char* base = static_cast<char*>(scratch.raw_data());
   auto* keys_in = reinterpret_cast<uint32_t*>(base);
   auto* keys_out = reinterpret_cast<uint32_t*>(base + vec);
@@ -328,7 +330,38 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
       keys_out, values_out, n, k, static_cast<uint32_t>(e), token.data<int64_t>(),
       slot.data<int64_t>(), inverse.data<int64_t>(), bounds.data<int32_t>());
   SY_CUDA_CHECK_LAUNCH();
+  *sorted_keys = keys_out;
+  return bounds;
+}
 
+// offsets[e] (e = 0..E) = the number of sorted keys below e: a binary search per entry.
+__global__ void OffsetsKernel(const uint32_t* __restrict__ keys, int64_t n, int64_t num_experts,
+                              int64_t* __restrict__ offsets) {
+  SY_GRID_STRIDE(e, num_experts + 1) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (keys[mid] < static_cast<uint32_t>(e)) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    offsets[e] = lo;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
+                                     int64_t num_experts, Tensor& token, Tensor& slot,
+                                     Tensor& inverse, DeviceContext* ctx) {
+  std::vector<int64_t> counts(num_experts, 0);
+  if (experts.numel() == 0) return counts;
+  Tensor scratch;
+  const uint32_t* keys = nullptr;
+  const Tensor bounds =
+      SortOnDevice(experts, kept, num_experts, token, slot, inverse, scratch, &keys, ctx);
   // The one device->host copy of the dispatch: 2 (E + 2) integers (waits for the stream).
   Tensor host = bounds.To(Device::Cpu(), ctx);
   const int32_t* begin = host.data<int32_t>();
@@ -339,6 +372,23 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
                           << " kept assignments have an expert index outside [0, "
                           << num_experts << ")";
   return counts;
+}
+
+void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t num_experts,
+                              Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets,
+                              DeviceContext* ctx) {
+  const int64_t n = experts.numel();
+  cudaStream_t stream = StreamOf(ctx);
+  if (n == 0) {
+    SY_CUDA_CHECK(cudaMemsetAsync(offsets.raw_data(), 0, offsets.nbytes(), stream));
+    return;
+  }
+  Tensor scratch;
+  const uint32_t* keys = nullptr;
+  SortOnDevice(experts, kept, num_experts, token, slot, inverse, scratch, &keys, ctx);
+  OffsetsKernel<<<GridFor(num_experts + 1), kThreads, 0, stream>>>(keys, n, num_experts,
+                                                                   offsets.data<int64_t>());
+  SY_CUDA_CHECK_LAUNCH();
 }
 
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx) {

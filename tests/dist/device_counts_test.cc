@@ -85,27 +85,40 @@ std::string Sites(const DeviceCounts& c) {
   return s;
 }
 
+// Every parameter's values, by name.
+std::map<std::string, std::vector<float>> Weights(Trainer& t) {
+  std::map<std::string, std::vector<float>> out;
+  for (const parallel::Parameter& p : t.registry().params()) {
+    out[p.name] = p.value.ToVector<float>();
+  }
+  return out;
+}
+
+// Dropless training on one rank: one readback per step, the step's end, when the dispatch
+// counts stay on the device (moe.dispatch_counts: device, the default); with them copied to
+// the host, one more per MoE layer and micro-batch.
 TEST_F(DeviceCountsTest, ReadbacksPerStepBySite) {
   if (!is_root()) return;
   // The head whole, and in chunks of 5 rows (each chunk's loss sums go to the step's buffer).
   for (const char* head : {"train.head_chunk_tokens=0", "train.head_chunk_tokens=5"}) {
-  SCOPED_TRACE(head);
-  auto trainer = TrainProfiled({"moe.capacity_factor=0", head}, dir(std::string("counts_fp32_") + head), kSteps);
+  for (const char* counts : {"device", "host"}) {
+  SCOPED_TRACE(StrCat(head, ", moe.dispatch_counts=", counts));
+  const bool on_device = std::string(counts) == "device";
+  auto trainer = TrainProfiled({"moe.capacity_factor=0", head,
+                                StrCat("moe.dispatch_counts=", counts)},
+                               dir(StrCat("counts_fp32_", head, counts)), kSteps);
   ASSERT_NE(trainer, nullptr);
   const std::vector<DeviceCounts>& steps = trainer->profile()->step_counts();
   ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
   // The decoder routes a micro-batch's rows as one group per MoE layer.
   const int64_t groups = kMoELayers * kMicroBatches;
-  const std::map<std::string, int64_t> want = {
-      {"moe.sort_assignments", groups},  // the dispatch plan
-      // The step's readback buffer: the cross-entropy sums, the balance losses and
-      // per-expert counts, the z-losses, the router entropies and the gradient norm's
-      // partial sums.
-      {"step_end", 1},
-  };
+  // The step's readback buffer: the cross-entropy sums, the balance losses and per-expert
+  // counts, the z-losses, the router entropies and the gradient norm's partial sums.
+  std::map<std::string, int64_t> want = {{"step_end", 1}};
+  if (!on_device) want["moe.sort_assignments"] = groups;  // each dispatch plan's counts
   int64_t total = 0;
   for (const auto& [site, n] : want) total += n;
-  ASSERT_EQ(total, 9);
+  ASSERT_EQ(total, on_device ? 1 : 9);
   for (int64_t s = 0; s < kSteps; ++s) {
     DeviceCounts c = steps[s];
     // Routing by language is recorded on the last steps of a run: each layer's choices.
@@ -123,6 +136,50 @@ TEST_F(DeviceCountsTest, ReadbacksPerStepBySite) {
     // Every step dispatches the same kernels.
     EXPECT_EQ(c.dispatches, steps[0].dispatches) << "step " << s;
   }
+  }
+  }
+}
+
+// The dispatch counts on the device or on the host: the same training, bit for bit (the CPU
+// runs the same products on the same rows either way), in f32 and in bf16 with gelu experts
+// with biases (the device-sized bias add and bias gradient) and swiglu experts.
+TEST_F(DeviceCountsTest, DeviceDispatchCountsAreBitIdentical) {
+  if (!is_root()) return;
+  constexpr int64_t kBitSteps = 3;
+  const std::vector<std::vector<std::string>> cases = {
+      {"runtime.precision=fp32", "moe.bias=true"},
+      {"runtime.precision=bf16", "moe.activation=swiglu", "model.activation=swiglu"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(StrCat("case ", i));
+    std::vector<std::string> on = cases[i], off = cases[i];
+    on.push_back("moe.capacity_factor=0");
+    off.push_back("moe.capacity_factor=0");
+    on.push_back("moe.dispatch_counts=device");
+    off.push_back("moe.dispatch_counts=host");
+    auto device = TrainProfiled(on, dir(StrCat("dispatch_device", i)), kBitSteps);
+    auto host = TrainProfiled(off, dir(StrCat("dispatch_host", i)), kBitSteps);
+    ASSERT_NE(device, nullptr);
+    ASSERT_NE(host, nullptr);
+    ASSERT_EQ(device->losses().size(), static_cast<size_t>(kBitSteps));
+    for (int64_t s = 0; s < kBitSteps; ++s) {
+      EXPECT_EQ(std::memcmp(&device->losses()[s], &host->losses()[s], sizeof(double)), 0)
+          << "step " << s << ": " << device->losses()[s] << " vs " << host->losses()[s];
+    }
+    const auto a = Weights(*device), b = Weights(*host);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, values] : a) {
+      ASSERT_EQ(values.size(), b.at(name).size()) << name;
+      EXPECT_EQ(std::memcmp(values.data(), b.at(name).data(), values.size() * sizeof(float)), 0)
+          << name << " differs";
+    }
+    // The device plan waited for nothing; the host plan once per layer and micro-batch.
+    const auto& device_sites = device->profile()->total_counts().readback_sites;
+    const auto& host_sites = host->profile()->total_counts().readback_sites;
+    EXPECT_EQ(device_sites.count("moe.sort_assignments"), 0u);
+    ASSERT_EQ(host_sites.count("moe.sort_assignments"), 1u);
+    EXPECT_EQ(host_sites.at("moe.sort_assignments"), kBitSteps * kMoELayers * kMicroBatches);
+    EXPECT_EQ(device_sites.at("step_end"), kBitSteps);
   }
 }
 
@@ -153,15 +210,6 @@ TEST_F(DeviceCountsTest, Bf16WeightsConvertedOncePerStep) {
       EXPECT_GT(c.conversion_calls[f32][bf16], c.weight_conversion_calls);
     }
   }
-}
-
-// Every parameter's values, by name.
-std::map<std::string, std::vector<float>> Weights(Trainer& t) {
-  std::map<std::string, std::vector<float>> out;
-  for (const parallel::Parameter& p : t.registry().params()) {
-    out[p.name] = p.value.ToVector<float>();
-  }
-  return out;
 }
 
 TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {

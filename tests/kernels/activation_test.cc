@@ -199,5 +199,25 @@ TEST(ActivationTest, GroupedBiasAddAndGradWithEmptyGroup) {
   EXPECT_EQ(acc.ToVector<float>(), (std::vector<float>{2, 3, 7, 7, 9, 11}));
 }
 
+// The device-sized overloads: the same values on the grouped rows; the row after the last
+// group neither gets a bias nor adds to one.
+TEST(ActivationTest, GroupedBiasByOffsetsLeavesRowsOutsideTheGroups) {
+  const Tensor offsets = Tensor::FromVector<int64_t>({0, 1, 1, 3}, {4});
+  Tensor out = Tensor::Zeros({4, 2}, DType::kF32);
+  Tensor bias = Tensor::FromVector<float>({1, 2, 30, 40, 5, 6}, {3, 2});
+  GroupedAddBias(out, offsets, bias);
+  EXPECT_EQ(out.ToVector<float>(), (std::vector<float>{1, 2, 5, 6, 5, 6, 0, 0}));
+
+  Tensor dy = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6, NAN, NAN}, {4, 2});
+  Tensor db = Tensor::FromVector<float>({NAN, NAN, 7, 7, NAN, NAN}, {3, 2});
+  GroupedBiasGrad(dy, offsets, db);
+  EXPECT_EQ(db.ToVector<float>(), (std::vector<float>{1, 2, 0, 0, 8, 10}));
+  Tensor acc = Tensor::FromVector<float>({1, 1, 7, 7, 1, 1}, {3, 2});
+  GroupedBiasGrad(dy, offsets, acc, 1.0f);
+  EXPECT_EQ(acc.ToVector<float>(), (std::vector<float>{2, 3, 7, 7, 9, 11}));
+  EXPECT_DEATH(GroupedAddBias(out, Tensor::FromVector<int64_t>({0, 1, 1, 5}, {4}), bias),
+               "GroupedAddBias: offsets\\[3\\] = 5");
+}
+
 }  // namespace
 }  // namespace switchyard::kernels

@@ -153,6 +153,51 @@ TEST(GroupedGemmTest, MatchesPerGroupLoopWithEmptyGroup) {
   }
 }
 
+// The device-sized overloads (group sizes as an offsets tensor) on the CPU: the host-sized
+// product's bits on the grouped rows, in f32 and bf16; the rows after the last group are not
+// written (out) and not read (dw); bad offsets are refused with the op's name.
+TEST(GroupedGemmTest, DeviceSizedEqualsHostSizedBitForBit) {
+  const std::vector<int64_t> rows = {3, 0, 2, 4};
+  const int64_t g = 4, used = 9, r = 12, k = 5, n = 6;  // rows 9..11 in no group
+  const Tensor offsets = Tensor::FromVector<int64_t>({0, 3, 3, 5, 9}, {g + 1});
+  for (DType mode : {DType::kF32, DType::kBF16}) {
+    auto owned = DeviceContext::Create(Device::Cpu());
+    DeviceContext& ctx = *owned;
+    ctx.set_matmul_dtype(mode);
+    for (bool trans_w : {false, true}) {
+      SCOPED_TRACE(std::string(DTypeName(mode)) + (trans_w ? " trans_w" : ""));
+      Tensor x = RandomTensor({r, k}, 30);
+      Tensor w = RandomTensor(trans_w ? Shape{g, n, k} : Shape{g, k, n}, 31);
+      Tensor out = RandomTensor({r, n}, 32);
+      Tensor want = out.Clone();
+      Tensor want_used = want.Slice(0, used);
+      GroupedGemm(x.Slice(0, used), rows, w, trans_w, want_used, 1.5f, 0.25f, &ctx);
+      GroupedGemm(x, offsets, w, trans_w, out, 1.5f, 0.25f, &ctx);
+      EXPECT_EQ(out.ToVector<float>(), want.ToVector<float>());
+
+      Tensor dy = RandomTensor({r, n}, 33);
+      // NaN in the rows outside every group: read, it would poison dw.
+      for (int64_t i = used * n; i < r * n; ++i) dy.data<float>()[i] = NAN;
+      Tensor dw = RandomTensor({g, k, n}, 34);
+      Tensor dw_want = dw.Clone();
+      GroupedGemmWeightGrad(x.Slice(0, used), dy.Slice(0, used), rows, dw_want, 0.5f, 1.0f,
+                            &ctx);
+      GroupedGemmWeightGrad(x, dy, offsets, dw, 0.5f, 1.0f, &ctx);
+      EXPECT_EQ(dw.ToVector<float>(), dw_want.ToVector<float>());
+    }
+  }
+  Tensor x = RandomTensor({r, k}, 30), w = RandomTensor({g, k, n}, 31);
+  Tensor out = Tensor::Empty({r, n}, DType::kF32);
+  EXPECT_DEATH(GroupedGemm(x, Tensor::FromVector<int64_t>({0, 3, 2, 5, 9}, {g + 1}), w, false,
+                           out),
+               "GroupedGemm: offsets\\[2\\] = 2 after 3");
+  EXPECT_DEATH(GroupedGemm(x, Tensor::FromVector<int64_t>({0, 3, 3, 5, 13}, {g + 1}), w, false,
+                           out),
+               "GroupedGemm: offsets\\[4\\] = 13");
+  EXPECT_DEATH(GroupedGemm(x, Tensor::FromVector<int64_t>({0, 3, 9}, {3}), w, false, out),
+               "GroupedGemm: offsets must be \\(5\\) i64");
+}
+
 TEST(GroupedGemmTest, WeightGradMatchesPerGroupLoop) {
   const std::vector<int64_t> rows = {3, 0, 2};
   const int64_t g = 3, r = 5, k = 4, n = 3;

@@ -51,6 +51,24 @@ TEST(PermuteTest, SortAssignmentsHandCase) {
   EXPECT_EQ(s.inverse, (std::vector<int64_t>{3, 0, 1, -1, 2, 4}));
 }
 
+// Without host counts: the same order, and the counts as offsets (the experts' rows).
+TEST(PermuteTest, SortAssignmentsToOffsetsHandCase) {
+  Tensor token = Tensor::Empty({6}, DType::kI64), slot = Tensor::Empty({6}, DType::kI64),
+         inverse = Tensor::Empty({6}, DType::kI64), offsets = Tensor::Empty({4}, DType::kI64);
+  SortAssignmentsToOffsets(Tensor::FromVector(kExperts, {3, 2}), Tensor::FromVector(kKept, {3, 2}),
+                           3, token, slot, inverse, offsets);
+  const Sorted s = Sort(kExperts, kKept, 3, 2, 3);
+  EXPECT_EQ(offsets.ToVector<int64_t>(), (std::vector<int64_t>{0, 2, 3, 5}));
+  EXPECT_EQ(slot.ToVector<int64_t>(), s.slot);
+  EXPECT_EQ(token.ToVector<int64_t>(), s.token);
+  EXPECT_EQ(inverse.ToVector<int64_t>(), s.inverse);
+  Tensor short_offsets = Tensor::Empty({3}, DType::kI64);
+  EXPECT_DEATH(SortAssignmentsToOffsets(Tensor::FromVector(kExperts, {3, 2}),
+                                        Tensor::FromVector(kKept, {3, 2}), 3, token, slot,
+                                        inverse, short_offsets),
+               "offsets needs E \\+ 1 entries");
+}
+
 TEST(PermuteTest, GatherRowsHandCase) {
   Tensor h = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
   Tensor index = Tensor::FromVector<int64_t>({0, 1, 2, 0, 2}, {5});
