@@ -43,7 +43,12 @@ CASES = {  # name -> (config, overrides); the order they run in (the budget may 
     "d1024-e16-mb16-cf1.25": (D1024, ["train.micro_batch_size=16"]),
     "d1024-e16-mb16-dropless": (D1024, ["train.micro_batch_size=16", "moe.capacity_factor=0"]),
     "switch-medium-mb64": ("configs/switch-medium.yaml", ["train.micro_batch_size=64"]),
+    # The dropless dispatch with its counts copied to the host (cuBLAS's grouped products, one
+    # wait per MoE layer) beside the default device-sized products: ours only.
+    "d1024-e16-mb64-dropless-hostcounts": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
+                                                   "moe.dispatch_counts=host"]),
 }
+OURS_ONLY = {"d1024-e16-mb64-dropless-hostcounts"}  # the reference's run is its case's twin
 # Not in the default list: a check of this driver on a CPU (--device cpu; tests/cli/gpu_bench_test.sh).
 SMOKE = {"switch-tiny-smoke": ("configs/switch-tiny.yaml", ["train.micro_batch_size=4"])}
 PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -198,7 +203,7 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
                 log(f"{name} round {r} ours: median step {1e3 * statistics.median(res['step_s']):.2f} ms"
                     f"{' (profiled)' if res['profiled'] else ''}")
                 continue
-            if torch_mod is None or config is None:
+            if torch_mod is None or config is None or name in OURS_ONLY:
                 continue
             if trainer is None:
                 import train_torch_gpu as ttg  # noqa: E402 (imports torch)
