@@ -8,6 +8,11 @@
 //   dw   GroupedGemmWeightGrad: x^T (d, R) @ dy (R, f)     x^T @ dy into dw[0]      d x f x R
 //   all  the three together (one forward and backward of a linear expert layer)
 //
+//   sizes  host: the group sizes on the host (one cuBLAS GEMM per expert,
+//          kernels/cuda/gemm.cu); device: the same products with the sizes as offsets on the
+//          GPU (one tiled kernel that reads them, kernels/cuda/grouped_gemm.cu: no host wait
+//          in training), the same shapes, outputs and dense reference
+//
 //   time     ms per call, CUDA events around -n calls in 5 blocks alternating grouped and
 //            dense (so both see the same clocks), after -w warm-up calls; median block
 //   TFLOP/s  2 m n k / time
@@ -21,7 +26,8 @@
 // products summed in f32 into f32 outputs); f32 is f32 throughout (CUBLAS_COMPUTE_32F, no
 // TF32). --cast 1 with bf16 keeps f32 operands and sets DeviceContext::matmul_dtype to bf16,
 // so every call also rounds its operands to bf16 copies, as the training engine does with
-// f32 activations (the grouped op casts all E weight matrices, the dense one a single one).
+// f32 activations (the grouped op casts all E weight matrices, the dense one a single one;
+// the device-sized kernel rounds f32 operands as it loads them, with no copies).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -78,6 +84,9 @@ int64_t CountWrong(const std::vector<float>& got, const std::vector<double>& wan
 // The three products, in the table's order.
 enum Op { kFwd, kDx, kDw, kOps };
 constexpr const char* kNames[] = {"fwd", "dx", "dw"};
+// Where the grouped products find the group sizes.
+enum Sizes { kHost, kDevice, kSizes };
+constexpr const char* kSizeNames[] = {"host", "device"};
 
 // A row of the result (n values) against its double host product, and sum |a||b| per entry.
 struct Expected {
@@ -134,7 +143,11 @@ class GroupedGemmGpuPerf final : public Benchmark {
   }
 
   Table MakeTable(Harness& h) override {
-    return Table({{{"op", "", 4, 0}, {"m", "", 7, 0}, {"n", "", 7, 0}, {"k", "", 7, 0}},
+    return Table({{{"op", "", 4, 0},
+                   {"sizes", "", 6, 0},
+                   {"m", "", 7, 0},
+                   {"n", "", 7, 0},
+                   {"k", "", 7, 0}},
                   {{"grouped", "(ms)", 9, 3},
                    {"grp_tflops", "(TFLOP/s)", 10, 1},
                    {"dense", "(ms)", 9, 3},
@@ -144,37 +157,46 @@ class GroupedGemmGpuPerf final : public Benchmark {
                  h.printing());
   }
 
-  // fwd, dx, dw; the "all" row follows in Conclude.
-  int NumCases() const override { return kOps; }
+  // fwd, dx, dw with the sizes on the host, then on the device; each "all" row follows in
+  // Conclude.
+  int NumCases() const override { return static_cast<int>(kSizes) * static_cast<int>(kOps); }
 
   // One product: grouped beside dense in alternating blocks, then the grouped result checked.
   StatusOr<int64_t> RunCase(Harness& h, int index, Table& table) override {
+    const int op = index % kOps, sizes = index / kOps;
+    const std::function<void()>& grouped = (sizes == kHost ? grouped_ : device_sized_)[op];
     const std::vector<double> t =
-        TimeGpuOps({grouped_[index], dense_[index]}, h.options().iters, h.options().warmup, ctx());
+        TimeGpuOps({grouped, dense_[op]}, h.options().iters, h.options().warmup, ctx());
     int64_t wrong = 0;
     if (h.options().check) {
-      grouped_[index]();  // the dense call wrote the same output last
+      grouped();  // the dense call wrote the same output last
       ctx()->Synchronize();
-      wrong = index == kDw ? CheckWeightGrad() : CheckRows(static_cast<Op>(index));
+      wrong = op == kDw ? CheckWeightGrad() : CheckRows(static_cast<Op>(op));
     }
     // A copy: a pointer into the returned temporary would dangle past this line (the table
     // printed m, n, k and TFLOP/s as 0).
-    const std::array<int64_t, 3> mnk = Mnk(index);
+    const std::array<int64_t, 3> mnk = Mnk(op);
     const double flop = 2.0 * mnk[0] * mnk[1] * mnk[2];
-    total_flop_ += flop, total_grouped_ += t[0], total_dense_ += t[1], total_wrong_ += wrong;
-    table.AddRow({std::string(kNames[index]), mnk[0], mnk[1], mnk[2], t[0],
-                  flop / (t[0] * 1e-3) / 1e12, t[1], flop / (t[1] * 1e-3) / 1e12, t[0] / t[1],
-                  wrong});
+    Totals& sum = totals_[sizes];
+    sum.flop += flop, sum.grouped += t[0], sum.dense += t[1], sum.wrong += wrong;
+    table.AddRow({std::string(kNames[op]), std::string(kSizeNames[sizes]), mnk[0], mnk[1],
+                  mnk[2], t[0], flop / (t[0] * 1e-3) / 1e12, t[1], flop / (t[1] * 1e-3) / 1e12,
+                  t[0] / t[1], wrong});
     return wrong;
   }
 
-  // The three together: one forward and backward of a linear expert layer.
+  // The three together: one forward and backward of a linear expert layer, per sizes.
   void Conclude(Harness& h, Table& table) override {
-    table.AddRow({std::string("all"), r_, f_, d_, total_grouped_,
-                  total_flop_ / (total_grouped_ * 1e-3) / 1e12, total_dense_,
-                  total_flop_ / (total_dense_ * 1e-3) / 1e12, total_grouped_ / total_dense_,
-                  total_wrong_});
-    h.Printf("# grouped / dense time, forward + backward: %.3f\n", total_grouped_ / total_dense_);
+    for (int sizes = 0; sizes < kSizes; ++sizes) {
+      const Totals& sum = totals_[sizes];
+      table.AddRow({std::string("all"), std::string(kSizeNames[sizes]), r_, f_, d_, sum.grouped,
+                    sum.flop / (sum.grouped * 1e-3) / 1e12, sum.dense,
+                    sum.flop / (sum.dense * 1e-3) / 1e12, sum.grouped / sum.dense, sum.wrong});
+    }
+    h.Printf("# grouped / dense time, forward + backward: %.3f (sizes on the host), %.3f (on the "
+             "device)\n",
+             totals_[kHost].grouped / totals_[kHost].dense,
+             totals_[kDevice].grouped / totals_[kDevice].dense);
   }
 
   nlohmann::json Extra(const Harness& h) const override {
@@ -189,14 +211,18 @@ class GroupedGemmGpuPerf final : public Benchmark {
             {"cast", cast_},
             {"routing", spec_.Name()},
             {"rows_per_expert", rows_},
-            {"tflops_grouped_all", total_flop_ / (total_grouped_ * 1e-3) / 1e12},
-            {"tflops_dense_all", total_flop_ / (total_dense_ * 1e-3) / 1e12},
-            {"ratio_all", total_grouped_ / total_dense_},
+            {"tflops_grouped_all", Tflops(totals_[kHost].grouped)},
+            {"tflops_device_sized_all", Tflops(totals_[kDevice].grouped)},
+            {"tflops_dense_all", Tflops(totals_[kHost].dense)},
+            {"ratio_all", totals_[kHost].grouped / totals_[kHost].dense},
+            {"ratio_device_sized_all", totals_[kDevice].grouped / totals_[kDevice].dense},
             {"timing", "CUDA events, ms per call, median of 5 blocks"}};
   }
 
  private:
   DeviceContext* ctx() const { return ctx_.get(); }
+  // TFLOP/s of the three products in `ms` milliseconds.
+  double Tflops(double ms) const { return totals_[kHost].flop / (ms * 1e-3) / 1e12; }
   // m x n x k of product `op`.
   std::array<int64_t, 3> Mnk(int op) const {
     const std::array<int64_t, 3> mnk[] = {{r_, f_, d_}, {r_, d_, f_}, {d_, f_, r_}};
@@ -225,6 +251,15 @@ class GroupedGemmGpuPerf final : public Benchmark {
     grouped_ = {[this, c] { kernels::GroupedGemm(x_, rows_, w_, false, out_, 1.0f, 0.0f, c); },
                 [this, c] { kernels::GroupedGemm(dy_, rows_, w_, true, dx_, 1.0f, 0.0f, c); },
                 [this, c] { kernels::GroupedGemmWeightGrad(x_, dy_, rows_, dw_, 1.0f, 0.0f, c); }};
+    // The same products with the sizes as offsets on the device (uploaded once, as the MoE
+    // layer's dispatch leaves them there).
+    std::vector<int64_t> offsets(1, 0);
+    for (int64_t n : rows_) offsets.push_back(offsets.back() + n);
+    offsets_ = Tensor::FromVector(offsets, {e_ + 1}).To(gpu, c);
+    device_sized_ = {
+        [this, c] { kernels::GroupedGemm(x_, offsets_, w_, false, out_, 1.0f, 0.0f, c); },
+        [this, c] { kernels::GroupedGemm(dy_, offsets_, w_, true, dx_, 1.0f, 0.0f, c); },
+        [this, c] { kernels::GroupedGemmWeightGrad(x_, dy_, offsets_, dw_, 1.0f, 0.0f, c); }};
     dense_ = {[this, c, w0] { kernels::Gemm(x_, false, w0, false, out_, 1.0f, 0.0f, c); },
               [this, c, w0] { kernels::Gemm(dy_, false, w0, true, dx_, 1.0f, 0.0f, c); },
               [this, c, dw0]() mutable { kernels::Gemm(x_, true, dy_, false, dw0, 1.0f, 0.0f, c); }};
@@ -303,12 +338,16 @@ class GroupedGemmGpuPerf final : public Benchmark {
   int64_t r_ = 0, d_ = 0, f_ = 0, e_ = 0;
   std::vector<int64_t> rows_;
   std::unique_ptr<DeviceContext> ctx_;
-  Tensor x_, w_, dy_, out_, dx_, dw_;
-  std::vector<std::function<void()>> grouped_, dense_;
+  Tensor x_, w_, dy_, out_, dx_, dw_, offsets_;
+  std::vector<std::function<void()>> grouped_, device_sized_, dense_;
   std::vector<float> xv_, wv_, dyv_;
   std::string gpu_name_;
-  double total_grouped_ = 0, total_dense_ = 0, total_flop_ = 0;
-  int64_t total_wrong_ = 0;
+  // Per Sizes: milliseconds of the grouped and the dense products, their flops, #wrong.
+  struct Totals {
+    double grouped = 0, dense = 0, flop = 0;
+    int64_t wrong = 0;
+  };
+  Totals totals_[kSizes];
 };
 
 }  // namespace
@@ -317,6 +356,7 @@ class GroupedGemmGpuPerf final : public Benchmark {
 int main(int argc, char** argv) {
   return switchyard::bench::RunBenchmark<switchyard::bench::GroupedGemmGpuPerf>(
       argc, argv, "grouped_gemm_gpu_perf",
-      "MoE expert GEMMs on one GPU: grouped (one cuBLAS GEMM per expert) against one dense "
-      "GEMM of the same size, forward and backward.");
+      "MoE expert GEMMs on one GPU: grouped (one cuBLAS GEMM per expert, or one kernel with "
+      "the group sizes on the device) against one dense GEMM of the same size, forward and "
+      "backward.");
 }

@@ -3,6 +3,10 @@
 // are bf16 tensors already, k = 0 and empty outputs, and the grouped products with empty,
 // one-row and uneven groups. The row-exact product equals the CPU's bit for bit.
 //
+// The device-sized grouped products (offsets on the GPU, kernels/cuda/grouped_gemm.cu) are
+// checked against the CPU's host-sized ones on the same rows within a bound that holds by
+// construction (see DeviceSizedBound below), and leave the rows past offsets[G] untouched.
+//
 // Tolerance, per element: |gpu - cpu| <= kRel * (|alpha| sum_p |a_ip| |b_pj| + |beta| |c_ij|).
 // Both sides read the same values (in bf16 mode both round the operands to bf16 the same
 // way, and bf16 x bf16 products are exact in f32), so they differ only in the order of the
@@ -10,8 +14,11 @@
 // Where the magnitude is 0 (beta = 0 with k = 0) the results must be equal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -253,6 +260,188 @@ TEST(GroupedGemmGpuTest, EmptyInnerDimension) {
   SY_REQUIRE_GPU();
   CheckGrouped({2, 0, 3}, 0, 8, 1.0f, 0.5f, DType::kF32, DType::kF32, 800);
   CheckGrouped({2, 0, 3}, 0, 8, 1.0f, 0.0f, DType::kBF16, DType::kF32, 810);
+}
+
+// ---- The device-sized grouped products against the CPU's host-sized ones.
+//
+// DeviceSizedBound: both sides read the same operand values (bf16 mode rounds f32 operands to
+// bf16 the same way, and bf16 x bf16 products are exact in f32), so each is within
+// gamma(K + 2) (|alpha| sum_p |a_p b_p| + |beta c|) of the exact result, gamma(m) =
+// m u / (1 - m u), u = 2^-24 (K sums or fmas, then alpha, beta and their sum), and they differ
+// by at most twice that. K = k for the forward, the group's rows for dw. The magnitudes are
+// summed in double from the rounded operands; alpha is a power of two (exact scaling).
+
+constexpr uint32_t kSentinel = 0x7fc12345u;  // a NaN payload: out's rows past offsets[G]
+
+double Gamma(int64_t m) {
+  const double mu = static_cast<double>(m) * std::ldexp(1.0, -24);
+  return mu / (1.0 - mu);
+}
+
+// The values a product reads from host tensor t: bf16 widened, f32 rounded in bf16 mode.
+std::vector<double> ReadValues(const Tensor& t, DType mode) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t.dtype() == DType::kBF16) {
+      v[i] = static_cast<float>(t.data<BFloat16>()[i]);
+    } else {
+      const float f = t.data<float>()[i];
+      v[i] = mode == DType::kBF16 ? static_cast<float>(BFloat16(f)) : f;
+    }
+  }
+  return v;
+}
+
+// Rows from `from` on of a host 2-d tensor set to NaN (f32 or bf16): a kernel that reads them
+// shows it.
+void NanRowsFrom(Tensor& t, int64_t from) {
+  for (int64_t i = from * t.dim(1); i < t.numel(); ++i) {
+    if (t.dtype() == DType::kBF16) {
+      t.data<BFloat16>()[i] = BFloat16(NAN);
+    } else {
+      t.data<float>()[i] = NAN;
+    }
+  }
+}
+
+// got (device) against want (host) within bound[i] for i < checked (equal where the bound is
+// 0; NaN fails); from `checked` on got holds kSentinel's bits. Prints the fraction used.
+void ExpectWithinBound(const Tensor& got, const Tensor& want, const std::vector<double>& bound,
+                       int64_t checked, DeviceContext* ctx, const std::string& what) {
+  const Tensor host = got.To(Device::Cpu(), ctx);
+  const float* g = host.data<float>();
+  const float* w = want.data<float>();
+  double worst = 0.0;
+  int64_t bad = 0, first_bad = -1, written = 0;
+  for (int64_t i = 0; i < checked; ++i) {
+    const double err = std::fabs(static_cast<double>(g[i]) - w[i]);
+    if (!(err <= bound[i])) {
+      if (bad++ == 0) first_bad = i;
+    } else if (bound[i] > 0) {
+      worst = std::max(worst, err / bound[i]);
+    }
+  }
+  for (int64_t i = checked; i < host.numel(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &g[i], 4);
+    written += bits != kSentinel;
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside the bound, the first at "
+                    << first_bad;
+  EXPECT_EQ(written, 0) << what << ": rows past offsets[G] written";
+  std::printf("  %-90s bound used %.4f\n", what.c_str(), worst);
+}
+
+// Forward (both orientations of w) and weight gradient on the GPU with the offsets there,
+// against the CPU's host-sized products on the first offsets[G] rows of R = sum + extra.
+void CheckDeviceSized(const std::vector<int64_t>& rows, int64_t extra, int64_t k, int64_t n,
+                      float alpha, float beta, DType mode, DType operand_dtype, uint64_t seed) {
+  Contexts ctx(mode);
+  if (operand_dtype == DType::kBF16) mode = DType::kBF16;
+  const int64_t g = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> offsets(1, 0);
+  for (int64_t r : rows) offsets.push_back(offsets.back() + r);
+  const int64_t used = offsets.back(), r = used + extra;
+  const Tensor offsets_gpu = ctx.Up(Tensor::FromVector(offsets, {g + 1}));
+  std::string tag = " rows=";
+  for (int64_t x : rows) tag += std::to_string(x) + ",";
+  tag += " +" + std::to_string(extra) + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
+         " beta=" + std::to_string(beta) + " mode=" + std::string(DTypeName(mode)) +
+         " operands=" + std::string(DTypeName(operand_dtype));
+  Tensor x = RandomHost({r, k}, seed, operand_dtype);
+  NanRowsFrom(x, used);
+  const std::vector<double> xv = ReadValues(x, mode);
+  for (bool trans_w : {false, true}) {
+    const Tensor w =
+        RandomHost(trans_w ? Shape{g, n, k} : Shape{g, k, n}, seed + 1, operand_dtype);
+    const std::vector<double> wv = ReadValues(w, mode);
+    Tensor out0 = RandomHost({r, n}, seed + 2);
+    float* o0 = out0.data<float>();
+    for (int64_t i = 0; i < r * n; ++i) {
+      if (i >= used * n) std::memcpy(&o0[i], &kSentinel, 4);
+      else if (beta == 0.0f) o0[i] = NAN;  // beta = 0 must not read out
+    }
+    Tensor want = out0.Clone(), got = ctx.Up(out0), want_rows = want.Slice(0, used);
+    GroupedGemm(ctx.Up(x), offsets_gpu, ctx.Up(w), trans_w, got, alpha, beta, ctx.gpu.get());
+    GroupedGemm(x.Slice(0, used), rows, w, trans_w, want_rows, alpha, beta, ctx.cpu.get());
+    std::vector<double> bound(static_cast<size_t>(used * n));
+    for (int64_t e = 0; e < g; ++e) {
+      for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0.0;
+          for (int64_t p = 0; p < k; ++p) {
+            const int64_t at = trans_w ? (e * n + j) * k + p : (e * k + p) * n + j;
+            s += std::fabs(xv[i * k + p] * wv[at]);
+          }
+          const double c = beta == 0.0f ? 0.0 : std::fabs(beta * o0[i * n + j]);
+          bound[i * n + j] = 2.0 * Gamma(k + 2) * (std::fabs(alpha) * s + c);
+        }
+      }
+    }
+    ExpectWithinBound(got, want, bound, used * n, ctx.gpu.get(),
+                      "device-sized GroupedGemm trans_w=" + std::to_string(trans_w) + tag);
+  }
+  Tensor dy = RandomHost({r, n}, seed + 3, operand_dtype);
+  NanRowsFrom(dy, used);
+  const std::vector<double> dyv = ReadValues(dy, mode);
+  Tensor dw0 = RandomHost({g, k, n}, seed + 4);
+  float* d0 = dw0.data<float>();
+  for (int64_t i = 0; beta == 0.0f && i < dw0.numel(); ++i) d0[i] = NAN;  // not read
+  Tensor want = dw0.Clone(), got = ctx.Up(dw0);
+  GroupedGemmWeightGrad(ctx.Up(x), ctx.Up(dy), offsets_gpu, got, alpha, beta, ctx.gpu.get());
+  GroupedGemmWeightGrad(x.Slice(0, used), dy.Slice(0, used), rows, want, alpha, beta,
+                        ctx.cpu.get());
+  std::vector<double> bound(static_cast<size_t>(dw0.numel()));
+  for (int64_t e = 0; e < g; ++e) {
+    for (int64_t p = 0; p < k; ++p) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i) {
+          s += std::fabs(xv[i * k + p] * dyv[i * n + j]);
+        }
+        const int64_t at = (e * k + p) * n + j;
+        const double c = beta == 0.0f ? 0.0 : std::fabs(beta * d0[at]);
+        bound[at] = 2.0 * Gamma(rows[e] + 2) * (std::fabs(alpha) * s + c);
+      }
+    }
+  }
+  ExpectWithinBound(got, want, bound, dw0.numel(), ctx.gpu.get(),
+                    "device-sized GroupedGemmWeightGrad" + tag);
+}
+
+// Empty groups first, in the middle and last, one-row groups, groups smaller than a 128-row
+// tile and spanning several; k and n off the tiles (and off 4: element-wise loads) or on
+// them (16-byte loads); several column tiles and K steps.
+const std::vector<int64_t> kRaggedRows = {0, 1, 17, 0, 300, 3, 0};
+
+TEST(DeviceSizedGroupedGemmGpuTest, Bf16ModeMatchesCpu) {
+  SY_REQUIRE_GPU();
+  CheckDeviceSized(kRaggedRows, 5, 96, 80, 1.0f, 0.0f, DType::kBF16, DType::kF32, 1000);
+  CheckDeviceSized(kRaggedRows, 5, 70, 45, 0.5f, 1.0f, DType::kBF16, DType::kF32, 1010);
+  CheckDeviceSized({200, 0, 1, 333}, 0, 1000, 300, -2.0f, 0.25f, DType::kBF16, DType::kF32, 1020);
+}
+
+TEST(DeviceSizedGroupedGemmGpuTest, Bf16OperandsMatchCpu) {
+  SY_REQUIRE_GPU();
+  CheckDeviceSized(kRaggedRows, 5, 96, 80, 1.0f, 0.0f, DType::kF32, DType::kBF16, 1100);
+  CheckDeviceSized({5, 130}, 2, 33, 129, 0.5f, 1.0f, DType::kBF16, DType::kBF16, 1110);
+}
+
+TEST(DeviceSizedGroupedGemmGpuTest, F32ModeMatchesCpu) {
+  SY_REQUIRE_GPU();
+  CheckDeviceSized(kRaggedRows, 5, 96, 80, 1.0f, 0.0f, DType::kF32, DType::kF32, 1200);
+  CheckDeviceSized(kRaggedRows, 5, 70, 45, 0.5f, 1.0f, DType::kF32, DType::kF32, 1210);
+  CheckDeviceSized({200, 0, 1, 333}, 0, 1000, 300, -2.0f, 0.25f, DType::kF32, DType::kF32, 1220);
+}
+
+TEST(DeviceSizedGroupedGemmGpuTest, ManyGroupsEmptyRowsAndNoInnerDimension) {
+  SY_REQUIRE_GPU();
+  std::vector<int64_t> many(300, 0);  // the kernels scan the offsets 256 groups at a time
+  many[0] = 2, many[255] = 130, many[256] = 1, many[299] = 9;
+  CheckDeviceSized(many, 3, 40, 24, 1.0f, 0.0f, DType::kBF16, DType::kF32, 1300);
+  CheckDeviceSized(many, 3, 40, 24, 0.5f, 1.0f, DType::kF32, DType::kF32, 1310);
+  CheckDeviceSized({2, 0, 3}, 4, 0, 8, 1.0f, 0.5f, DType::kBF16, DType::kF32, 1320);  // k = 0
+  CheckDeviceSized({0, 0}, 6, 20, 12, 1.0f, 0.0f, DType::kF32, DType::kF32, 1330);    // no rows
 }
 
 }  // namespace

@@ -1,34 +1,18 @@
 // The fused attention kernel's device code (kernels/cuda/flash_attention_kernels.cuh) run on
 // the CPU, without a GPU, against the CPU twin (kernels/cpu/flash_attention.cc): its tiling,
 // indexing, masks, bounds checks for S not a multiple of the block, GQA sums, shared-memory
-// layout and barriers, executed. The same source as the CUDA build, compiled here against a
-// host model of what it uses:
-//  - a CTA is 128 std::threads; __syncthreads is a std::barrier of the 128, __shfl_xor_sync an
-//    exchange through memory between two barriers of the warp's 32; CTAs run one at a time,
-//    and shared memory is one buffer filled with 0xFF bytes (NaN) before each CTA, so a read
-//    of anything not written first shows;
-//  - nvcuda::wmma: a fragment holds its whole 16 x 16 tile; load_matrix_sync reads it as the
-//    layout says (row- or column-major, leading dimension ldm); an accumulator's row r belongs
-//    to lane r (lanes 16-31 own none), which alone computes it in mma_sync (f32 sums of the bf16
-//    products) and stores it in store_matrix_sync, so the kernel must keep the tile's other
-//    rows out of any lane's arithmetic, as on the GPU where the distribution is opaque;
-//  - __nv_bfloat16 is engine/core/dtype.h's BFloat16 (round to nearest even), expf/logf the C
-//    library's, the __f*_rn intrinsics plain f32 operations (this project compiles with
-//    -ffp-contract=off).
-// What the model cannot show: the real fragment layout, timing races the barriers would hide
-// on the GPU (the threads here do run concurrently, so a missing barrier is likely but not
-// certain to show), and anything about speed. tests/gpu/flash_attention_gpu_test.cc runs
-// the real kernel against the twin with the same tolerance.
+// layout and barriers, executed. The same source as the CUDA build, compiled here against the
+// host model of CUDA's threads, barriers, shuffles and wmma fragments in
+// tests/kernels/cuda_emulation.h (a CTA is 128 std::threads, CTAs run one at a time).
+// What the model cannot show is listed there; tests/gpu/flash_attention_gpu_test.cc runs the
+// real kernel against the twin with the same tolerance.
 //
 // Tolerance: tests/kernels/flash_attention_bound.h with operand_unit = 0 (the inputs are rounded
 // to bf16 first, so both sides read the same operands): |emulated - twin| <= 2 x the bound.
-#include <barrier>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -40,117 +24,14 @@
 #include "kernels/flash_attention.h"
 #include "kernels/random.h"
 #include "tests/kernels/flash_attention_bound.h"
+// Last: the host model defines CUDA's qualifiers as macros.
+#include "tests/kernels/cuda_emulation.h"
 
-// ---- The host model of the CUDA built-ins (global names, as CUDA's are).
-struct EmuDim3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-thread_local EmuDim3 threadIdx, blockIdx, gridDim;
-using __nv_bfloat16 = switchyard::BFloat16;
+namespace switchyard::kernels::cuda::flash {
+alignas(128) unsigned char smem[emu::kSharedBytes];  // the kernels' shared memory
+}  // namespace switchyard::kernels::cuda::flash
 
-namespace emu {
-constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr size_t kSharedBytes = 227 * 1024;  // sm_90's per-block limit
-std::barrier<>* block_barrier = nullptr;
-std::barrier<>* warp_barriers[kWarps] = {};
-float shuffle_slots[kWarps][32];
-}  // namespace emu
-
-inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  emu::shuffle_slots[warp][lane] = v;
-  emu::warp_barriers[warp]->arrive_and_wait();
-  const float other = emu::shuffle_slots[warp][lane ^ lane_mask];
-  emu::warp_barriers[warp]->arrive_and_wait();
-  return other;
-}
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline int min(int a, int b) { return a < b ? a : b; }
-
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-// The whole 16 x 16 tile, row-major (see the file comment for who owns what).
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-  static constexpr int num_elements = M * N;
-  float x[M * N];
-};
-
-template <typename Use, typename T, typename L>
-void fill_fragment(fragment<Use, 16, 16, 16, T, L>& f, float v) {
-  for (float& e : f.x) e = v;
-}
-
-template <typename Use, typename L>
-void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, L>& f, const __nv_bfloat16* p,
-                      unsigned ldm) {
-  static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>);
-  for (int r = 0; r < 16; ++r) {
-    for (int c = 0; c < 16; ++c) {
-      const __nv_bfloat16 e = std::is_same_v<L, row_major> ? p[r * ldm + c] : p[c * ldm + r];
-      f.x[r * 16 + c] = static_cast<float>(e);
-    }
-  }
-}
-
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
-                              unsigned ldm, layout_t layout) {
-  EXPECT_EQ(layout, mem_row_major);
-  const int r = threadIdx.x % 32;
-  if (r >= 16) return;
-  for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r * 16 + c];
-}
-
-template <typename LA, typename LB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
-              const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
-              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
-  const int r = threadIdx.x % 32;
-  if (r >= 16) return;
-  for (int col = 0; col < 16; ++col) {
-    float acc = c.x[r * 16 + col];
-    for (int k = 0; k < 16; ++k) acc += a.x[r * 16 + k] * b.x[k * 16 + col];
-    d.x[r * 16 + col] = acc;
-  }
-}
-}  // namespace nvcuda::wmma
-
-namespace switchyard::kernels::cuda {
-constexpr unsigned kFullMask = 0xffffffffu;
-inline __nv_bfloat16 ToBf16(float v) { return BFloat16(v); }
-namespace flash {
-alignas(128) unsigned char smem[emu::kSharedBytes];
-}  // namespace flash
-}  // namespace switchyard::kernels::cuda
-
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-#define __restrict__ __restrict
-#define __shared__
-#define __align__(n)
 #include "kernels/cuda/flash_attention_kernels.cuh"
-#undef __global__
-#undef __device__
-#undef __host__
-#undef __forceinline__
-#undef __launch_bounds__
-#undef __restrict__
-#undef __shared__
-#undef __align__
 
 namespace switchyard::kernels {
 namespace {
@@ -158,35 +39,10 @@ namespace {
 namespace flash = cuda::flash;
 using test_util::AttentionRef;
 
-// Runs `kernel` (a call of one __global__ function) over the grid, one CTA at a time, each as
-// 128 threads.
+// Runs `kernel` (a call of one __global__ function) over the grid, each CTA as 128 threads.
 template <typename Kernel>
 void Launch(EmuDim3 grid, int64_t shared_bytes, Kernel kernel) {
-  ASSERT_LE(shared_bytes, static_cast<int64_t>(emu::kSharedBytes));
-  std::barrier<> block(emu::kThreads);
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  for (int w = 0; w < emu::kWarps; ++w) {
-    warps.push_back(std::make_unique<std::barrier<>>(32));
-    emu::warp_barriers[w] = warps.back().get();
-  }
-  emu::block_barrier = &block;
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        std::memset(flash::smem, 0xFF, sizeof(flash::smem));
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < emu::kThreads; ++t) {
-          threads.emplace_back([&, t, x, y, z] {
-            threadIdx = {t, 0, 0};
-            blockIdx = {x, y, z};
-            gridDim = grid;
-            kernel();
-          });
-        }
-        for (std::thread& th : threads) th.join();
-      }
-    }
-  }
+  emu::Launch(grid, flash::kThreads, flash::smem, sizeof(flash::smem), shared_bytes, kernel);
 }
 
 struct Case {

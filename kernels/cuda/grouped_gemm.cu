@@ -1,0 +1,192 @@
+// CUDA implementation of kernels/gemm.h's device-sized grouped products: one tiled kernel per
+// call that reads the groups' offsets itself, so the host never waits for them (no copy, no
+// synchronisation). The device code is kernels/cuda/grouped_gemm_kernels.cuh.
+//
+// Tiles: a CTA of 256 threads (8 warps) computes a 128 x 128 tile of the output.
+//  - bf16 mode: tensor cores (nvcuda::wmma bf16 16x16x16, f32 accumulators), K steps of 32;
+//    warp w owns a 64 x 32 sub-tile (4 x 2 fragments). f32 operands are rounded to bf16 (nearest
+//    even) as they are stored into shared memory, bf16 ones copied: no converted copy in global
+//    memory.
+//  - f32 mode: f32 SIMT products (fmaf, no TF32), K steps of 16; each thread an 8 x 8 block.
+// Pipeline: the next K step's tiles are loaded from global memory into registers (16-byte
+// loads where the rows allow them, each warp reading whole rows or 512 contiguous bytes of
+// one, in the dimension that is contiguous: x along k, w along n, or along k when
+// transposed, dy along n) while the current step is multiplied from one of two shared stages;
+// then they are converted and stored into the other stage; one barrier per step. An edge tile
+// (the last K step or column tile when k or n is off the tile, or rows that 16-byte loads
+// cannot read) is read element by element as it is stored, without the prefetch. Shared rows
+// are padded (+8 bf16, +4 f32) against bank conflicts.
+//
+//   GroupedGemmKernel       grid MaxRowTiles x ceil(n / 128), in bands of 8 row tiles (the CTAs
+//                           running together share a few panels of x and w in L2). The host
+//                           does not know the group sizes, so it launches the most row tiles
+//                           any split can need, (R + min(G, R) (128 - 1)) / 128 (each group
+//                           wastes at most one partial tile); each CTA scans the offsets (256
+//                           groups at a time) for its (group, tile) and returns when it has
+//                           none. Rows from offsets[G] on are never written.
+//   GroupedWeightGradKernel grid (ceil(k / 128) ceil(n / 128) in bands, G): each CTA loops over
+//                           its group's rows (the product's K) in steps; a group with no rows
+//                           gets beta dw[g] (0 for beta = 0, dw not read).
+// ptxas (sm_90): the tensor-core kernels take 210-230 registers, so one 256-thread CTA runs
+// per SM (a cap of 128 registers, for two, spills), the SIMT ones 155-175; no local memory.
+// Every element of a tile is one f32 sum over K of exact bf16 products (or f32 fmas), so the
+// results differ from the CPU reference (kernels/cpu/gemm.cc) only in the summation order.
+#include <mma.h>
+
+#include <climits>
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grouped_gemm_kernels.cuh"
+#include "kernels/gemm.h"
+
+namespace switchyard::kernels::cuda {
+namespace {
+
+using grouped::CeilDiv;
+using grouped::Dims;
+using grouped::kBM;
+using grouped::kBN;
+using grouped::kThreads;
+template <bool kAKm, bool kBNk>
+using TensorCore = grouped::TensorCoreTiles<kAKm, kBNk>;
+template <bool kAKm, bool kBNk>
+using Simt = grouped::SimtTiles<kAKm, kBNk>;
+
+// The element pointer of a f32 or bf16 tensor as the kernels read it.
+template <typename T>
+const T* Elements(const Tensor& t) {
+  return static_cast<const T*>(t.raw_data());
+}
+
+// Shared memory of a kernel on policy P; all fit the default 48 KiB.
+template <class P>
+constexpr int SharedBytes() {
+  static_assert(grouped::Smem<P>::kBytes <= 48 * 1024, "no opt-in shared memory needed");
+  return grouped::Smem<P>::kBytes;
+}
+
+// The kernels index a tile in ints: kBM rows of the widest operand must fit one.
+void CheckWidths(const Dims& d, const char* op) {
+  SY_CHECK(d.k <= INT_MAX / kBM && d.n <= INT_MAX / kBM)
+      << op << ": k = " << d.k << " or n = " << d.n << " is too wide for the tiled kernel";
+}
+
+template <class P, typename TX, typename TW, bool kTransW>
+void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
+                   const Dims& d, float alpha, float beta, DeviceContext* ctx) {
+  const int64_t ctas = grouped::MaxRowTiles(d) * CeilDiv(d.n, kBN);
+  SY_CHECK(ctas <= INT_MAX) << "GroupedGemm: " << ctas << " CTAs exceed the grid's x limit";
+  CheckWidths(d, "GroupedGemm");
+  grouped::GroupedGemmKernel<P, TX, TW, kTransW>
+      <<<static_cast<unsigned>(ctas), kThreads, SharedBytes<P>(), StreamOf(ctx)>>>(
+          Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w), out.data<float>(), d, alpha,
+          beta);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+template <class P, typename TX, typename TD>
+void LaunchWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                      const Dims& d, float alpha, float beta, DeviceContext* ctx) {
+  const int64_t tiles = CeilDiv(d.k, kBM) * CeilDiv(d.n, kBN);
+  SY_CHECK(tiles <= INT_MAX && d.groups <= 65535)
+      << "GroupedGemmWeightGrad: " << tiles << " tiles of " << d.groups
+      << " groups exceed the grid's limits (x 2^31 - 1, y 65535)";
+  CheckWidths(d, "GroupedGemmWeightGrad");
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups));
+  grouped::GroupedWeightGradKernel<P, TX, TD>
+      <<<grid, kThreads, SharedBytes<P>(), StreamOf(ctx)>>>(
+          Elements<TX>(x), Elements<TD>(dy), offsets.data<int64_t>(), dw.data<float>(), d, alpha,
+          beta);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+// The forward for operand types TX, TW: tensor cores in bf16 mode, SIMT in f32 mode (both
+// operands f32 there: kernels/gemm.cc resolves a bf16 operand to bf16 mode).
+template <typename TX, typename TW>
+void Forward(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w, Tensor& out,
+             const Dims& d, float alpha, float beta, bool bf16, DeviceContext* ctx) {
+  if (bf16) {
+    if (trans_w) {
+      LaunchForward<TensorCore<false, true>, TX, TW, true>(x, offsets, w, out, d, alpha, beta,
+                                                           ctx);
+    } else {
+      LaunchForward<TensorCore<false, false>, TX, TW, false>(x, offsets, w, out, d, alpha, beta,
+                                                             ctx);
+    }
+    return;
+  }
+  if constexpr (std::is_same_v<TX, float> && std::is_same_v<TW, float>) {
+    if (trans_w) {
+      LaunchForward<Simt<false, true>, float, float, true>(x, offsets, w, out, d, alpha, beta,
+                                                           ctx);
+    } else {
+      LaunchForward<Simt<false, false>, float, float, false>(x, offsets, w, out, d, alpha, beta,
+                                                             ctx);
+    }
+  } else {
+    SY_LOG(FATAL) << "GroupedGemm: a bf16 operand in f32 mode (kernels/gemm.cc resolves it)";
+  }
+}
+
+template <typename TX, typename TD>
+void WeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                const Dims& d, float alpha, float beta, bool bf16, DeviceContext* ctx) {
+  if (bf16) {
+    LaunchWeightGrad<TensorCore<true, false>, TX, TD>(x, dy, offsets, dw, d, alpha, beta, ctx);
+    return;
+  }
+  if constexpr (std::is_same_v<TX, float> && std::is_same_v<TD, float>) {
+    LaunchWeightGrad<Simt<true, false>, float, float>(x, dy, offsets, dw, d, alpha, beta, ctx);
+  } else {
+    SY_LOG(FATAL) << "GroupedGemmWeightGrad: a bf16 operand in f32 mode";
+  }
+}
+
+struct F32Tag {
+  using type = float;
+};
+struct Bf16Tag {
+  using type = __nv_bfloat16;
+};
+
+// Calls fn(tag of a's element type, tag of b's): f32 or bf16.
+template <typename F>
+void ForTypes(const Tensor& a, const Tensor& b, F&& fn) {
+  const bool a16 = a.dtype() == DType::kBF16, b16 = b.dtype() == DType::kBF16;
+  if (a16 && b16) return fn(Bf16Tag{}, Bf16Tag{});
+  if (a16) return fn(Bf16Tag{}, F32Tag{});
+  if (b16) return fn(F32Tag{}, Bf16Tag{});
+  fn(F32Tag{}, F32Tag{});
+}
+
+}  // namespace
+
+void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w,
+                 Tensor& out, float alpha, float beta, DType matmul_dtype, DeviceContext* ctx) {
+  const Dims d{x.dim(0), x.dim(1), out.dim(1), w.dim(0)};
+  // No rows or no columns: nothing to write. k = 0 runs the kernel with no K step: it writes
+  // beta out on the groups' rows only (the host does not know where they end).
+  if (d.rows == 0 || d.n == 0 || d.groups == 0) return;
+  const bool bf16 = matmul_dtype == DType::kBF16;
+  ForTypes(x, w, [&](auto tx, auto tw) {
+    using TX = typename decltype(tx)::type;
+    using TW = typename decltype(tw)::type;
+    Forward<TX, TW>(x, offsets, w, trans_w, out, d, alpha, beta, bf16, ctx);
+  });
+}
+
+void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                           float alpha, float beta, DType matmul_dtype, DeviceContext* ctx) {
+  const Dims d{x.dim(0), x.dim(1), dy.dim(1), dw.dim(0)};
+  if (d.k == 0 || d.n == 0 || d.groups == 0) return;  // dw is empty
+  // R = 0 still launches: every group is empty and gets beta dw[g].
+  const bool bf16 = matmul_dtype == DType::kBF16;
+  ForTypes(x, dy, [&](auto tx, auto td) {
+    using TX = typename decltype(tx)::type;
+    using TD = typename decltype(td)::type;
+    WeightGrad<TX, TD>(x, dy, offsets, dw, d, alpha, beta, bf16, ctx);
+  });
+}
+
+}  // namespace switchyard::kernels::cuda

@@ -1,0 +1,489 @@
+// The device code of the grouped products whose group sizes live on the device
+// (kernels/cuda/grouped_gemm.cu launches it and describes the design): tile loads with the
+// bf16 rounding, the tensor-core (bf16) and SIMT (f32) main loops, the search of a CTA's row
+// tile in the offsets, and the epilogues with row bounds and alpha/beta. Include it after
+// <mma.h> and kernels/cuda/common.cuh (ToBf16); it uses nothing else of CUDA's but the
+// built-ins (threadIdx, blockIdx, __syncthreads, __syncwarp, fmaf, the __f*_rn intrinsics) and
+// nvcuda::wmma's fragments, so the same source also compiles against the host model of
+// tests/kernels/cuda_emulation.h (tests/kernels/grouped_gemm_emulation_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace switchyard::kernels::cuda::grouped {
+
+namespace wmma = nvcuda::wmma;
+using Bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 256;        // 8 warps
+constexpr int kBM = 128, kBN = 128;  // a CTA's output tile
+constexpr int kFrag = 16;            // wmma m = n = k
+constexpr int kBand = 8;             // row tiles per band of the CTA order
+
+// The sizes: x (rows, k), w (groups, k, n) or (groups, n, k), out (rows, n), dy (rows, n),
+// dw (groups, k, n); the offsets (groups + 1).
+struct Dims {
+  int64_t rows, k, n, groups;
+};
+
+__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The forward's row tiles a split of d.rows into d.groups can need: group g takes
+// ceil(rows_g / kBM) <= (rows_g + kBM - 1) / kBM, at most min(groups, rows) groups have rows,
+// so the sum is at most (rows + min(groups, rows) (kBM - 1)) / kBM.
+__host__ __device__ inline int64_t MaxRowTiles(const Dims& d) {
+  const int64_t busy = d.groups < d.rows ? d.groups : d.rows;
+  return (d.rows + busy * (kBM - 1)) / kBM;
+}
+
+// 16 bytes of T: the unit of a vectorised global load.
+template <typename T>
+struct alignas(16) Vec {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+
+// N values of S written to shared memory with one store.
+template <typename S, int N>
+struct alignas(sizeof(S) * N) Pack {
+  S v[N];
+};
+
+// v as the shared tile holds it: f32 rounded to bf16 (nearest even) for a bf16 tile.
+template <typename S, typename T>
+__device__ __forceinline__ S Convert(T v) {
+  if constexpr (std::is_same_v<S, T>) {
+    return v;
+  } else if constexpr (std::is_same_v<S, Bf16>) {
+    return ToBf16(v);
+  } else {
+    return static_cast<float>(v);
+  }
+}
+
+// v clamped to [0, most].
+__device__ __forceinline__ int Clamp(int64_t v, int most) {
+  return v < 0 ? 0 : v > most ? most : static_cast<int>(v);
+}
+
+// True when 16-byte loads of rows with leading dimension ld are aligned from p.
+template <typename T>
+__device__ __forceinline__ bool VecAligned(const T* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % Vec<T>::kN == 0;
+}
+
+// Where an operand's tiles come from. At K step s of bk the tile starts at base + s bk ld
+// (k_in_rows: K runs down the rows) or base + s bk (K runs along the columns); `rows` x `cols`
+// elements from base are in bounds, and the tile's elements outside load as zeros.
+template <typename T>
+struct Source {
+  const T* base;
+  int64_t ld;          // elements between rows (the columns are contiguous)
+  int64_t rows, cols;  // in bounds from base at step 0
+  bool k_in_rows;
+  bool vec;  // VecAligned(base, ld)
+};
+
+// A (ROWS, COLS) tile of T (COLS contiguous in global memory) on its way to shared memory.
+// Thread t moves the 16-byte chunks t, t + kThreads, ... in row-major order, so a warp reads
+// whole rows, or 512 contiguous bytes of one. Load() fetches the next K step's tile into
+// registers while the current one is multiplied, when its columns are all in bounds and
+// aligned (its rows may end early: a group's last rows, zeros past them); an edge tile (the
+// last K step, the last columns, unaligned rows) is read element by element in Store().
+template <typename T, int ROWS, int COLS>
+struct TileRegs {
+  static constexpr int kV = Vec<T>::kN;
+  static constexpr int kPerRow = COLS / kV;
+  static constexpr int kChunks = ROWS * kPerRow / kThreads;
+  static_assert(COLS % kV == 0 && ROWS * kPerRow % kThreads == 0, "whole chunks per thread");
+  Vec<T> chunk[kChunks];
+  bool fetched;  // chunk holds the tile
+
+  // The tile of `step`: its origin, its rows and columns in bounds (clamped to the tile, so
+  // ints) and the leading dimension (the launchers check that kBM times it fits an int).
+  struct Window {
+    const T* p;
+    int rows, cols, ld;
+  };
+  __device__ __forceinline__ static Window WindowOf(const Source<T>& src, int64_t step, int bk) {
+    const int64_t skip = step * bk;
+    return {src.base + (src.k_in_rows ? skip * src.ld : skip),
+            Clamp(src.k_in_rows ? src.rows - skip : src.rows, ROWS),
+            Clamp(src.k_in_rows ? src.cols : src.cols - skip, COLS), static_cast<int>(src.ld)};
+  }
+
+  __device__ __forceinline__ void Load(const Source<T>& src, int64_t step, int bk) {
+    const Window w = WindowOf(src, step, bk);
+    fetched = src.vec && w.cols == COLS;
+    if (!fetched) return;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kThreads, r = c / kPerRow;
+      if (r < w.rows) {
+        chunk[i] = *reinterpret_cast<const Vec<T>*>(w.p + (r * w.ld + c % kPerRow * kV));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) chunk[i].v[j] = T(0.0f);
+      }
+    }
+  }
+
+  // Into a shared tile of S with leading dimension ld, in the same orientation, or transposed
+  // (element (r, e) to tile[e * ld + r]).
+  template <bool kTransposed, typename S>
+  __device__ __forceinline__ void Store(const Source<T>& src, int64_t step, int bk, S* tile,
+                                        int ld) const {
+    const Window w = WindowOf(src, step, bk);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int r = c / kPerRow, e = c % kPerRow * kV;
+      Pack<S, kV> pack;
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        const T v = fetched                           ? chunk[i].v[j]
+                    : r < w.rows && e + j < w.cols ? w.p[r * w.ld + e + j]
+                                                   : T(0.0f);
+        pack.v[j] = Convert<S>(v);
+      }
+      if constexpr (kTransposed) {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) tile[(e + j) * ld + r] = pack.v[j];
+      } else {
+        *reinterpret_cast<Pack<S, kV>*>(tile + r * ld + e) = pack;
+      }
+    }
+  }
+};
+
+// Where a CTA writes: its tile's origin in the output, the output's leading dimension, and
+// the rows and columns in bounds from the origin.
+struct Output {
+  float* base;
+  int64_t ld;
+  int64_t rows, cols;
+};
+
+// *p = alpha acc + beta *p; beta = 0 never reads *p.
+__device__ __forceinline__ void Write(float* p, float acc, float alpha, float beta) {
+  const float v = __fmul_rn(alpha, acc);
+  *p = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, *p));
+}
+
+// Element (r, c) of a shared tile read as wmma layout L with leading dimension ld.
+template <typename L>
+__device__ __forceinline__ int At(int r, int c, int ld) {
+  return std::is_same_v<L, wmma::row_major> ? r * ld + c : c * ld + r;
+}
+
+// bf16 products on tensor cores, f32 accumulators. The shared tiles keep their global
+// orientation: A (kBM, kBK) row-major, or (kBK, kBM) when kAKm (the weight gradient's x^T:
+// its M is x's contiguous dimension), read by col_major fragments; B (kBK, kBN), or
+// (kBN, kBK) when kBNk (w transposed). Warp w computes rows [64 (w / 4), +64) and columns
+// [32 (w % 4), +32) of the CTA tile: 4 x 2 accumulator fragments.
+template <bool kAKm, bool kBNk>
+struct TensorCoreTiles {
+  using S = Bf16;
+  static constexpr int kBK = 32;
+  static constexpr int kLdA = kAKm ? kBM + 8 : kBK + 8;  // +8: no bank conflicts, 16-byte rows
+  static constexpr int kLdB = kBNk ? kBK + 8 : kBN + 8;
+  static constexpr int kABytes = (kAKm ? kBK : kBM) * kLdA * 2;
+  static constexpr int kBBytes = (kBNk ? kBN : kBK) * kLdB * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kLdStage = 2 * kFrag + 4;  // a warp's (16, 32) f32 epilogue staging
+  static_assert(kABytes % 128 == 0 && kBBytes % 128 == 0, "32-byte aligned fragments");
+  static_assert(8 * kFrag * kLdStage * 4 <= 2 * kStageBytes, "staging fits the stages");
+  using LayoutA = std::conditional_t<kAKm, wmma::col_major, wmma::row_major>;
+  using LayoutB = std::conditional_t<kBNk, wmma::col_major, wmma::row_major>;
+  using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, Bf16, LayoutA>;
+  using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, Bf16, LayoutB>;
+  using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+  template <typename T>
+  using ARegs = TileRegs<T, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
+  template <typename T>
+  using BRegs = TileRegs<T, kBNk ? kBN : kBK, kBNk ? kBK : kBN>;
+  struct Acc {
+    FragC c[4][2];
+  };
+
+  static constexpr bool kTransposeA = false, kTransposeB = false;
+
+  __device__ static void Zero(Acc& acc) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc.c[i][j], 0.0f);
+    }
+  }
+
+  // acc += a b over one K step.
+  __device__ static void Multiply(const S* a, const S* b, Acc& acc) {
+    const int warp = threadIdx.x / 32, m0 = warp / 4 * 64, n0 = warp % 4 * 32;
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += kFrag) {
+      FragB fb[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wmma::load_matrix_sync(fb[j], b + At<LayoutB>(kk, n0 + j * kFrag, kLdB), kLdB);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        FragA fa;
+        wmma::load_matrix_sync(fa, a + At<LayoutA>(m0 + i * kFrag, kk, kLdA), kLdA);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc.c[i][j], fa, fb[j], acc.c[i][j]);
+      }
+    }
+  }
+
+  // Each warp stages 16 rows x 32 columns of its result at a time in shared memory (`smem`, no
+  // longer read by the main loop), then lane l writes column l of them: 128-byte rows.
+  __device__ static void Epilogue(Acc& acc, const Output& out, float alpha, float beta,
+                                  unsigned char* smem) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m0 = warp / 4 * 64, col = warp % 4 * 32 + lane;
+    float* stage = reinterpret_cast<float*>(smem) + warp * kFrag * kLdStage;
+#pragma unroll  // constant fragment indices: the accumulators stay in registers
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wmma::store_matrix_sync(stage + j * kFrag, acc.c[i][j], kLdStage, wmma::mem_row_major);
+      }
+      __syncwarp();
+      for (int r = 0; r < kFrag; ++r) {
+        const int row = m0 + i * kFrag + r;
+        if (row < out.rows && col < out.cols) {
+          Write(out.base + row * out.ld + col, stage[r * kLdStage + lane], alpha, beta);
+        }
+      }
+      __syncwarp();  // the stage is read before the next fragments overwrite it
+    }
+  }
+};
+
+// f32 products on the CUDA cores (fmaf, no TF32). Both shared tiles K-major: A^T (kBK, kBM)
+// and B (kBK, kBN), f32 with leading dimension +4 (16-byte rows); an operand stored the
+// other way round in global memory is transposed as it is stored. Thread (ty, tx) =
+// (t / 16, t % 16) computes rows {4 ty + i, 64 + 4 ty + i} x columns {4 tx + j, 64 + 4 tx + j},
+// i, j < 4, reading each operand as two 16-byte vectors per k.
+template <bool kAKm, bool kBNk>
+struct SimtTiles {
+  using S = float;
+  static constexpr int kBK = 16;
+  static constexpr int kLdA = kBM + 4, kLdB = kBN + 4;
+  static constexpr int kABytes = kBK * kLdA * 4, kBBytes = kBK * kLdB * 4;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  template <typename T>
+  using ARegs = TileRegs<T, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
+  template <typename T>
+  using BRegs = TileRegs<T, kBNk ? kBN : kBK, kBNk ? kBK : kBN>;
+  struct Acc {
+    float c[8][8];
+  };
+
+  static constexpr bool kTransposeA = !kAKm, kTransposeB = kBNk;
+
+  __device__ static void Zero(Acc& acc) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc.c[i][j] = 0.0f;
+    }
+  }
+
+  // Row (or column) of a thread's i-th (j-th) value within the tile.
+  __device__ static int Line(int t, int i) { return (i < 4 ? 0 : 64 - 4) + 4 * t + i; }
+
+  __device__ static void Multiply(const S* a, const S* b, Acc& acc) {
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      const auto* ar = reinterpret_cast<const Pack<float, 4>*>(a + kk * kLdA + 4 * ty);
+      const auto* br = reinterpret_cast<const Pack<float, 4>*>(b + kk * kLdB + 4 * tx);
+      const Pack<float, 4> a0 = ar[0], a1 = ar[16], b0 = br[0], b1 = br[16];  // +64 floats
+      float av[8], bv[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        av[i] = a0.v[i], av[4 + i] = a1.v[i], bv[i] = b0.v[i], bv[4 + i] = b1.v[i];
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc.c[i][j] = fmaf(av[i], bv[j], acc.c[i][j]);
+      }
+    }
+  }
+
+  __device__ static void Epilogue(Acc& acc, const Output& out, float alpha, float beta,
+                                  unsigned char*) {
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = Line(ty, i);
+      if (row >= out.rows) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = Line(tx, j);
+        if (col < out.cols) Write(out.base + row * out.ld + col, acc.c[i][j], alpha, beta);
+      }
+    }
+  }
+};
+
+// Shared memory: two stages of P's tiles, then the row-tile search's scratch.
+template <class P>
+struct Smem {
+  static constexpr int kScan = 2 * P::kStageBytes;         // 2 kThreads ints
+  static constexpr int kFound = kScan + 2 * kThreads * 4;  // 3 int64
+  static constexpr int kBytes = kFound + 3 * 8;
+};
+
+// acc = A B over `steps` K steps of P::kBK: the next step's tiles load into registers while
+// the current ones are multiplied, two shared stages, one barrier per step. Ends with the
+// stages free for the epilogue (after a barrier, or never used when steps = 0).
+template <class P, typename TA, typename TB>
+__device__ void Accumulate(const Source<TA>& a, const Source<TB>& b, int64_t steps,
+                           unsigned char* smem, typename P::Acc& acc) {
+  using S = typename P::S;
+  P::Zero(acc);
+  if (steps <= 0) return;
+  typename P::template ARegs<TA> ra;
+  typename P::template BRegs<TB> rb;
+  auto tile_a = [smem](int64_t s) {
+    return reinterpret_cast<S*>(smem + s % 2 * P::kStageBytes);
+  };
+  auto tile_b = [smem](int64_t s) {
+    return reinterpret_cast<S*>(smem + s % 2 * P::kStageBytes + P::kABytes);
+  };
+  ra.Load(a, 0, P::kBK);
+  rb.Load(b, 0, P::kBK);
+  ra.template Store<P::kTransposeA>(a, 0, P::kBK, tile_a(0), P::kLdA);
+  rb.template Store<P::kTransposeB>(b, 0, P::kBK, tile_b(0), P::kLdB);
+  __syncthreads();
+  for (int64_t s = 0; s < steps; ++s) {
+    const bool next = s + 1 < steps;
+    if (next) {
+      ra.Load(a, s + 1, P::kBK);
+      rb.Load(b, s + 1, P::kBK);
+    }
+    P::Multiply(tile_a(s), tile_b(s), acc);
+    if (next) {
+      ra.template Store<P::kTransposeA>(a, s + 1, P::kBK, tile_a(s + 1), P::kLdA);
+      rb.template Store<P::kTransposeB>(b, s + 1, P::kBK, tile_b(s + 1), P::kLdB);
+    }
+    __syncthreads();  // stage s read by all; stage s + 1 written by all
+  }
+}
+
+// Inclusive sum of v over the CTA's threads in thread order (Hillis-Steele through `buf`,
+// 2 kThreads ints of shared memory); `total` gets the sum of all. Every thread calls it.
+__device__ inline int InclusiveScan(int v, int* buf, int& total) {
+  const int t = threadIdx.x;
+  int* src = buf;
+  int* dst = buf + kThreads;
+  src[t] = v;
+  __syncthreads();
+  for (int d = 1; d < kThreads; d *= 2) {
+    dst[t] = t >= d ? src[t] + src[t - d] : src[t];
+    __syncthreads();
+    int* swap = src;
+    src = dst;
+    dst = swap;
+  }
+  const int sum = src[t];
+  total = src[kThreads - 1];
+  __syncthreads();  // buf may be written again
+  return sum;
+}
+
+// The forward's row tile number `tile`: the groups' rows cut into tiles of kBM in group order
+// (group g has ceil(rows_g / kBM), the last one partial). group < 0: past the last tile.
+struct RowTile {
+  int64_t group, row0, row1;  // rows [row0, row1) of x and out; row1 - row0 <= kBM
+};
+
+// The groups are scanned kThreads at a time (any number of groups), stopping at the chunk
+// that holds the tile. Every thread calls it and gets the same answer.
+template <class P>
+__device__ RowTile FindRowTile(const int64_t* offsets, int64_t groups, int64_t tile,
+                               unsigned char* smem) {
+  int* scan = reinterpret_cast<int*>(smem + Smem<P>::kScan);
+  int64_t* found = reinterpret_cast<int64_t*>(smem + Smem<P>::kFound);
+  if (threadIdx.x == 0) found[0] = -1;
+  int64_t before = 0;  // tiles of the groups before this chunk
+  for (int64_t g0 = 0; g0 < groups && before <= tile; g0 += kThreads) {
+    const int64_t g = g0 + threadIdx.x;
+    int64_t begin = 0, end = 0;
+    if (g < groups) begin = offsets[g], end = offsets[g + 1];
+    const int count = static_cast<int>(CeilDiv(end - begin, kBM));
+    int total = 0;
+    const int64_t first = before + InclusiveScan(count, scan, total) - count;
+    if (tile >= first && tile < first + count) {
+      found[0] = g;
+      found[1] = begin + (tile - first) * kBM;
+      found[2] = end;
+    }
+    before += total;
+  }
+  __syncthreads();
+  const int64_t row0 = found[1];
+  const int64_t row1 = found[2] - row0 < kBM ? found[2] : row0 + kBM;
+  return {found[0], row0, row1};
+}
+
+// The CTA order over a (tiles_m, tiles_n) grid: bands of kBand row tiles, each band column by
+// column, so the CTAs running at once share a few panels of each operand in L2.
+struct TileCoord {
+  int64_t m, n;
+};
+__device__ inline TileCoord BandOrder(int64_t cta, int64_t tiles_m, int64_t tiles_n) {
+  const int64_t per_band = kBand * tiles_n, first = cta / per_band * kBand;
+  const int64_t height = tiles_m - first < kBand ? tiles_m - first : kBand;
+  const int64_t in_band = cta % per_band;
+  return {first + in_band % height, in_band / height};
+}
+
+// out[group rows] = alpha x[group rows] op(w[g]) + beta out[group rows]. Grid: MaxRowTiles(d)
+// x ceil(n / kBN) CTAs in band order; a CTA past the last row tile returns at once.
+template <class P, typename TX, typename TW, bool kTransW>
+__global__ void __launch_bounds__(kThreads)
+    GroupedGemmKernel(const TX* __restrict__ x, const int64_t* __restrict__ offsets,
+                      const TW* __restrict__ w, float* __restrict__ out, Dims d, float alpha,
+                      float beta) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const TileCoord tc = BandOrder(blockIdx.x, MaxRowTiles(d), CeilDiv(d.n, kBN));
+  const RowTile rt = FindRowTile<P>(offsets, d.groups, tc.m, smem);
+  if (rt.group < 0) return;
+  const int64_t n0 = tc.n * kBN, rows = rt.row1 - rt.row0;
+  const Source<TX> a{x + rt.row0 * d.k, d.k, rows, d.k, false, VecAligned(x, d.k)};
+  const TW* wg = w + rt.group * d.k * d.n;
+  const Source<TW> b =
+      kTransW ? Source<TW>{wg + n0 * d.k, d.k, d.n - n0, d.k, false, VecAligned(w, d.k)}
+              : Source<TW>{wg + n0, d.n, d.k, d.n - n0, true, VecAligned(w, d.n)};
+  typename P::Acc acc;
+  Accumulate<P>(a, b, CeilDiv(d.k, P::kBK), smem, acc);
+  P::Epilogue(acc, Output{out + rt.row0 * d.n + n0, d.n, rows, d.n - n0}, alpha, beta, smem);
+}
+
+// dw[g] = alpha x[group g]^T dy[group g] + beta dw[g]. Grid: (ceil(k / kBM) ceil(n / kBN)
+// in band order, groups); a CTA loops over its group's rows, the products' K.
+template <class P, typename TX, typename TD>
+__global__ void __launch_bounds__(kThreads)
+    GroupedWeightGradKernel(const TX* __restrict__ x, const TD* __restrict__ dy,
+                            const int64_t* __restrict__ offsets, float* __restrict__ dw, Dims d,
+                            float alpha, float beta) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int64_t g = blockIdx.y;
+  const TileCoord tc = BandOrder(blockIdx.x, CeilDiv(d.k, kBM), CeilDiv(d.n, kBN));
+  const int64_t m0 = tc.m * kBM, n0 = tc.n * kBN;
+  const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+  const Source<TX> a{x + r0 * d.k + m0, d.k, rows, d.k - m0, true, VecAligned(x, d.k)};
+  const Source<TD> b{dy + r0 * d.n + n0, d.n, rows, d.n - n0, true, VecAligned(dy, d.n)};
+  typename P::Acc acc;
+  Accumulate<P>(a, b, CeilDiv(rows, P::kBK), smem, acc);
+  const Output o{dw + g * d.k * d.n + m0 * d.n + n0, d.n, d.k - m0, d.n - n0};
+  P::Epilogue(acc, o, alpha, beta, smem);
+}
+
+}  // namespace switchyard::kernels::cuda::grouped

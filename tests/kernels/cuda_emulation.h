@@ -1,0 +1,202 @@
+// A host model of what the device code of kernels/cuda/*_kernels.cuh uses of CUDA, so that the
+// same source compiles and runs on the CPU without a GPU (the *_emulation_test.cc files):
+//  - a CTA is blockDim.x std::threads (a multiple of 32); __syncthreads is a std::barrier of
+//    them, __syncwarp and __shfl_xor_sync a barrier of the warp's 32 (the shuffle exchanges
+//    through memory between two of them); CTAs run one at a time (emu::Launch), and shared
+//    memory is one buffer filled with 0xFF bytes (NaN) before each CTA, so a read of anything
+//    not written first shows;
+//  - nvcuda::wmma 16 x 16 x 16: a fragment holds its whole tile; load_matrix_sync reads it as
+//    the layout says (row- or column-major, leading dimension ldm); an accumulator's row r
+//    belongs to lane r (lanes 16-31 own none), which alone computes it in mma_sync (f32 sums
+//    of the bf16 products, in k order) and loads and stores it, so a kernel must keep the
+//    tile's other rows out of any lane's arithmetic, as on the GPU where the distribution is
+//    opaque (element access is allowed only for an operation applied to every element);
+//  - __nv_bfloat16 is engine/core/dtype.h's BFloat16 (round to nearest even), expf/logf/fmaf
+//    the C library's, the __f*_rn intrinsics plain f32 operations (this project compiles with
+//    -ffp-contract=off); kernels/cuda/common.cuh's ToBf16, FromBf16 and kFullMask.
+// What the model cannot show: the real fragment layout, timing races the barriers would hide on
+// the GPU (the threads do run concurrently, so a missing barrier is likely but not certain to
+// show), and anything about speed.
+//
+// Use: include this after every other header (it defines CUDA's qualifiers, __global__,
+// __device__, __shared__ ..., as empty macros, and they stay defined), define the kernels'
+// shared-memory buffer in their namespace (`alignas(128) unsigned char smem[N];`, which the
+// kernels' `extern __shared__ unsigned char smem[]` then names), include the .cuh and run its
+// kernels with emu::Launch.
+#pragma once
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <math.h>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/core/dtype.h"
+
+// ---- The CUDA built-ins (global names, as CUDA's are).
+struct EmuDim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local EmuDim3 threadIdx, blockIdx, gridDim, blockDim;
+using __nv_bfloat16 = switchyard::BFloat16;
+
+namespace emu {
+constexpr int kMaxWarps = 1024 / 32;
+constexpr size_t kSharedBytes = 227 * 1024;  // sm_90's per-block limit
+inline std::barrier<>* block_barrier = nullptr;
+inline std::barrier<>* warp_barriers[kMaxWarps] = {};
+inline float shuffle_slots[kMaxWarps][32];
+}  // namespace emu
+
+inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  emu::warp_barriers[threadIdx.x / 32]->arrive_and_wait();
+}
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  emu::shuffle_slots[warp][lane] = v;
+  emu::warp_barriers[warp]->arrive_and_wait();
+  const float other = emu::shuffle_slots[warp][lane ^ lane_mask];
+  emu::warp_barriers[warp]->arrive_and_wait();
+  return other;
+}
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+
+// The qualifiers and attributes of device code.
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __shared__
+#define __align__(n)
+
+// ---- nvcuda::wmma, 16 x 16 x 16 (see the file comment for who owns what).
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+// The whole 16 x 16 tile, row-major, as f32 (bf16 values are exact in it).
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int num_elements = M * N;
+  float x[M * N];
+};
+
+template <typename Use, typename T, typename L>
+void fill_fragment(fragment<Use, 16, 16, 16, T, L>& f, float v) {
+  for (float& e : f.x) e = v;
+}
+
+// Element (r, c) of a tile at p: p[r * ldm + c] row-major, p[c * ldm + r] column-major.
+inline int64_t TileOffset(bool row_major_layout, int r, int c, unsigned ldm) {
+  return row_major_layout ? static_cast<int64_t>(r) * ldm + c : static_cast<int64_t>(c) * ldm + r;
+}
+
+// matrix_a / matrix_b: every lane reads the whole tile (bf16 or f32 memory).
+template <typename Use, typename T, typename L>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, const T* p, unsigned ldm) {
+  static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>);
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      f.x[r * 16 + c] = static_cast<float>(p[TileOffset(std::is_same_v<L, row_major>, r, c, ldm)]);
+    }
+  }
+}
+
+// An accumulator from f32 memory: lane r reads row r; the rows no lane owns stay NaN.
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+                             unsigned ldm, layout_t layout) {
+  const int r = threadIdx.x % 32;
+  for (float& e : f.x) e = NAN;
+  if (r >= 16) return;
+  for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[TileOffset(layout == mem_row_major, r, c, ldm)];
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+  const int r = threadIdx.x % 32;
+  if (r >= 16) return;
+  for (int c = 0; c < 16; ++c) p[TileOffset(layout == mem_row_major, r, c, ldm)] = f.x[r * 16 + c];
+}
+
+// d = a b + c on bf16 operands (f32 operands would be TF32 on the GPU: not modelled).
+template <typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  const int r = threadIdx.x % 32;
+  if (r >= 16) return;
+  for (int col = 0; col < 16; ++col) {
+    float acc = c.x[r * 16 + col];
+    for (int k = 0; k < 16; ++k) acc += a.x[r * 16 + k] * b.x[k * 16 + col];
+    d.x[r * 16 + col] = acc;
+  }
+}
+}  // namespace nvcuda::wmma
+
+// ---- What the kernels use of kernels/cuda/common.cuh.
+namespace switchyard::kernels::cuda {
+constexpr unsigned kFullMask = 0xffffffffu;
+inline __nv_bfloat16 ToBf16(float v) { return BFloat16(v); }
+inline float FromBf16(__nv_bfloat16 v) { return static_cast<float>(v); }
+}  // namespace switchyard::kernels::cuda
+
+namespace emu {
+
+// Runs `kernel` (a call of one __global__ function) over `grid`, one CTA at a time, on
+// `threads` std::threads (a multiple of 32, at most 1024) that live for the whole launch.
+// `smem` (`smem_bytes`) is the kernels' shared memory, refilled with 0xFF before each CTA;
+// `shared_bytes` is what the launch would ask for, at most the buffer.
+template <typename Kernel>
+void Launch(EmuDim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
+            int64_t shared_bytes, Kernel kernel) {
+  ASSERT_TRUE(threads > 0 && threads % 32 == 0 && threads <= 32 * kMaxWarps) << threads;
+  ASSERT_LE(shared_bytes, static_cast<int64_t>(smem_bytes));
+  ASSERT_LE(smem_bytes, kSharedBytes);
+  std::barrier<> block(threads);
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  for (int w = 0; w < threads / 32; ++w) {
+    warps.push_back(std::make_unique<std::barrier<>>(32));
+    warp_barriers[w] = warps.back().get();
+  }
+  block_barrier = &block;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      threadIdx = {static_cast<unsigned>(t), 0, 0};
+      blockDim = {static_cast<unsigned>(threads), 1, 1};
+      gridDim = grid;
+      for (unsigned z = 0; z < grid.z; ++z) {
+        for (unsigned y = 0; y < grid.y; ++y) {
+          for (unsigned x = 0; x < grid.x; ++x) {
+            if (t == 0) std::memset(smem, 0xFF, smem_bytes);
+            block.arrive_and_wait();  // shared memory refilled
+            blockIdx = {x, y, z};
+            kernel();
+            block.arrive_and_wait();  // every thread done with this CTA
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+}
+
+}  // namespace emu

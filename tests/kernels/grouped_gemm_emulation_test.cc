@@ -1,0 +1,384 @@
+// The device-sized grouped products' device code (kernels/cuda/grouped_gemm_kernels.cuh) run on
+// the CPU, without a GPU, through the host model of CUDA in tests/kernels/cuda_emulation.h (a
+// CTA is 256 std::threads, CTAs one at a time), against the CPU reference
+// (kernels::cpu::GroupedGemm / GroupedGemmWeightGrad with the offsets' differences as rows):
+// the CTA's search of its (group, row tile) in the offsets (also past 256 groups), ragged and
+// empty groups, groups smaller than a tile and spanning several, k, n and rows that are not
+// multiples of the tiles (the 16-byte and the element-wise loads), w transposed or not, bf16
+// mode on f32 and on bf16 operands (rounded as they are loaded) and f32 mode (SIMT), alpha
+// and beta (beta = 0 over NaN, beta = 1), k = 0, and the rows past offsets[G]: out's keep
+// their bits, and x's and dy's are NaN so that reading one shows.
+//
+// Tolerance, per element, by construction: both sides read the same operand values (bf16 mode
+// rounds them the same way and bf16 x bf16 products are exact in f32), so each is within
+// gamma(K + 2) (|alpha| sum_p |a_p b_p| + |beta c|) of the exact result, gamma(m) =
+// m u / (1 - m u), u = 2^-24 (K - 1 sums or K fmas, then alpha, beta and their sum), and they
+// differ by at most twice that. K = k for the forward, the group's rows for the weight
+// gradient; the magnitudes are summed in double from the rounded operands. alpha is a power of
+// two, so a BLAS that scales an operand by it first rounds nothing more.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/core/dtype.h"
+#include "engine/core/philox.h"
+#include "engine/core/tensor.h"
+#include "kernels/gemm.h"
+#include "kernels/random.h"
+// Last: the host model defines CUDA's qualifiers as macros.
+#include "tests/kernels/cuda_emulation.h"
+
+namespace switchyard::kernels::cuda::grouped {
+alignas(128) unsigned char smem[64 * 1024];  // the kernels' shared memory
+}  // namespace switchyard::kernels::cuda::grouped
+
+#include "kernels/cuda/grouped_gemm_kernels.cuh"
+
+namespace switchyard::kernels {
+namespace {
+
+namespace grouped = cuda::grouped;
+template <bool kAKm, bool kBNk>
+using TensorCore = grouped::TensorCoreTiles<kAKm, kBNk>;
+template <bool kAKm, bool kBNk>
+using Simt = grouped::SimtTiles<kAKm, kBNk>;
+
+constexpr uint32_t kSentinel = 0x7fc12345u;  // a NaN payload: out's rows past offsets[G]
+
+// ---- The launches, with grouped_gemm.cu's grids and early returns.
+
+template <typename F>
+void Launch(EmuDim3 grid, int64_t shared_bytes, F kernel) {
+  emu::Launch(grid, grouped::kThreads, grouped::smem, sizeof(grouped::smem), shared_bytes,
+              kernel);
+}
+
+template <typename T>
+const T* Elements(const Tensor& t) {
+  return static_cast<const T*>(t.raw_data());
+}
+
+template <class P, typename TX, typename TW, bool kTransW>
+void RunForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
+                const grouped::Dims& d, float alpha, float beta) {
+  const int64_t ctas = grouped::MaxRowTiles(d) * grouped::CeilDiv(d.n, grouped::kBN);
+  Launch({static_cast<unsigned>(ctas), 1, 1}, grouped::Smem<P>::kBytes, [&] {
+    grouped::GroupedGemmKernel<P, TX, TW, kTransW>(Elements<TX>(x), offsets.data<int64_t>(),
+                                                   Elements<TW>(w), out.data<float>(), d, alpha,
+                                                   beta);
+  });
+}
+
+template <class P, typename TX, typename TD>
+void RunWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                   const grouped::Dims& d, float alpha, float beta) {
+  const int64_t tiles = grouped::CeilDiv(d.k, grouped::kBM) * grouped::CeilDiv(d.n, grouped::kBN);
+  const EmuDim3 grid{static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups), 1};
+  Launch(grid, grouped::Smem<P>::kBytes, [&] {
+    grouped::GroupedWeightGradKernel<P, TX, TD>(Elements<TX>(x), Elements<TD>(dy),
+                                                offsets.data<int64_t>(), dw.data<float>(), d,
+                                                alpha, beta);
+  });
+}
+
+template <typename TX, typename TW>
+void ForwardOfTypes(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w,
+                    Tensor& out, const grouped::Dims& d, float alpha, float beta, bool bf16) {
+  if (bf16) {
+    if (trans_w) {
+      RunForward<TensorCore<false, true>, TX, TW, true>(x, offsets, w, out, d, alpha, beta);
+    } else {
+      RunForward<TensorCore<false, false>, TX, TW, false>(x, offsets, w, out, d, alpha, beta);
+    }
+  } else if constexpr (std::is_same_v<TX, float> && std::is_same_v<TW, float>) {
+    if (trans_w) {
+      RunForward<Simt<false, true>, float, float, true>(x, offsets, w, out, d, alpha, beta);
+    } else {
+      RunForward<Simt<false, false>, float, float, false>(x, offsets, w, out, d, alpha, beta);
+    }
+  } else {
+    FAIL() << "a bf16 operand in f32 mode";
+  }
+}
+
+template <typename TX, typename TD>
+void WeightGradOfTypes(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                       const grouped::Dims& d, float alpha, float beta, bool bf16) {
+  if (bf16) {
+    RunWeightGrad<TensorCore<true, false>, TX, TD>(x, dy, offsets, dw, d, alpha, beta);
+  } else if constexpr (std::is_same_v<TX, float> && std::is_same_v<TD, float>) {
+    RunWeightGrad<Simt<true, false>, float, float>(x, dy, offsets, dw, d, alpha, beta);
+  } else {
+    FAIL() << "a bf16 operand in f32 mode";
+  }
+}
+
+// Calls fn(a's element, b's element) with values of the tensors' element types.
+template <typename F>
+void ForTypes(const Tensor& a, const Tensor& b, F&& fn) {
+  const bool a16 = a.dtype() == DType::kBF16, b16 = b.dtype() == DType::kBF16;
+  if (a16 && b16) return fn(BFloat16(), BFloat16());
+  if (a16) return fn(BFloat16(), 0.0f);
+  if (b16) return fn(0.0f, BFloat16());
+  fn(0.0f, 0.0f);
+}
+
+void EmulatedGroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w,
+                         Tensor& out, float alpha, float beta, DType mode) {
+  const grouped::Dims d{x.dim(0), x.dim(1), out.dim(1), w.dim(0)};
+  if (d.rows == 0 || d.n == 0 || d.groups == 0) return;
+  ForTypes(x, w, [&](auto tx, auto tw) {
+    ForwardOfTypes<decltype(tx), decltype(tw)>(x, offsets, w, trans_w, out, d, alpha, beta,
+                                               mode == DType::kBF16);
+  });
+}
+
+void EmulatedWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                        float alpha, float beta, DType mode) {
+  const grouped::Dims d{x.dim(0), x.dim(1), dy.dim(1), dw.dim(0)};
+  if (d.k == 0 || d.n == 0 || d.groups == 0) return;
+  ForTypes(x, dy, [&](auto tx, auto td) {
+    WeightGradOfTypes<decltype(tx), decltype(td)>(x, dy, offsets, dw, d, alpha, beta,
+                                                  mode == DType::kBF16);
+  });
+}
+
+// ---- Inputs, magnitudes and the check.
+
+// Uniform [-1, 1), f32 or bf16; rows from `nan_from` on (of a 2-d tensor) NaN.
+Tensor Random(const Shape& shape, uint64_t stream, DType dtype, int64_t nan_from = -1) {
+  Tensor t = Tensor::Empty(shape, dtype);
+  FillUniform(t, RngKey{47, stream}, 0, -1.0f, 1.0f);
+  if (nan_from >= 0) {
+    const int64_t cols = shape[1];
+    for (int64_t i = nan_from * cols; i < t.numel(); ++i) {
+      if (dtype == DType::kBF16) {
+        t.data<BFloat16>()[i] = BFloat16(NAN);
+      } else {
+        t.data<float>()[i] = NAN;
+      }
+    }
+  }
+  return t;
+}
+
+// The values a product reads from t: bf16 widened, f32 rounded to bf16 in bf16 mode.
+std::vector<double> ReadValues(const Tensor& t, DType mode) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t.dtype() == DType::kBF16) {
+      v[i] = static_cast<float>(t.data<BFloat16>()[i]);
+    } else {
+      const float f = t.data<float>()[i];
+      v[i] = mode == DType::kBF16 ? static_cast<float>(BFloat16(f)) : f;
+    }
+  }
+  return v;
+}
+
+std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
+
+double Gamma(int64_t m) {
+  const double mu = static_cast<double>(m) * std::ldexp(1.0, -24);
+  return mu / (1.0 - mu);
+}
+
+// Offsets of consecutive groups of rows[g] rows.
+Tensor OffsetsOf(const std::vector<int64_t>& rows) {
+  std::vector<int64_t> o(1, 0);
+  for (int64_t r : rows) o.push_back(o.back() + r);
+  return Tensor::FromVector(o, {static_cast<int64_t>(o.size())});
+}
+
+// Expects |got - want| <= bound per element (equality where the bound is 0; NaN fails) on the
+// elements [begin, end); returns the largest fraction of the bound used.
+double ExpectWithin(const Tensor& got, const Tensor& want, const std::vector<double>& bound,
+                    int64_t begin, int64_t end, const std::string& what) {
+  const float* g = got.data<float>();
+  const float* w = want.data<float>();
+  double worst = 0.0;
+  int64_t bad = 0, first_bad = -1;
+  for (int64_t i = begin; i < end; ++i) {
+    const double err = std::fabs(static_cast<double>(g[i]) - w[i]);
+    const double b = bound[static_cast<size_t>(i)];
+    if (!(err <= b)) {
+      if (bad++ == 0) first_bad = i;
+      continue;
+    }
+    if (b > 0) worst = std::max(worst, err / b);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside the bound, the first at "
+                    << first_bad << ": " << (first_bad >= 0 ? g[first_bad] : 0.0f) << " vs "
+                    << (first_bad >= 0 ? w[first_bad] : 0.0f);
+  return worst;
+}
+
+// Expects out's elements from `from` on to hold the sentinel's bits.
+void ExpectSentinel(const Tensor& out, int64_t from, const std::string& what) {
+  const uint32_t* p = static_cast<const uint32_t*>(out.raw_data());
+  int64_t changed = 0;
+  for (int64_t i = from; i < out.numel(); ++i) changed += p[i] != kSentinel;
+  EXPECT_EQ(changed, 0) << what << ": rows past offsets[G] written";
+}
+
+double worst_used = 0.0;  // over the whole run, printed by the last test
+
+struct Split {
+  std::vector<int64_t> rows;  // per group
+  int64_t extra;              // rows past offsets[G]
+  // "rows=0,5,150, +7", or for many groups "G=300 rows=0:2,255:130, +3" (the non-empty).
+  std::string Name() const {
+    const bool many = rows.size() > 16;
+    std::string s = many ? "G=" + std::to_string(rows.size()) + " rows=" : "rows=";
+    for (size_t g = 0; g < rows.size(); ++g) {
+      if (many && rows[g] == 0) continue;
+      s += (many ? std::to_string(g) + ":" : "") + std::to_string(rows[g]) + ",";
+    }
+    return s + " +" + std::to_string(extra);
+  }
+};
+
+// The forward, both orientations of w, against the CPU.
+void CheckForward(const Split& split, int64_t k, int64_t n, float alpha, float beta, DType mode,
+                  DType x_dtype, DType w_dtype, uint64_t seed) {
+  const int64_t g = static_cast<int64_t>(split.rows.size());
+  const Tensor offsets = OffsetsOf(split.rows);
+  const int64_t used = offsets.data<int64_t>()[g], r = used + split.extra;
+  if (x_dtype == DType::kBF16 || w_dtype == DType::kBF16) mode = DType::kBF16;
+  const Tensor x = Random({r, k}, seed, x_dtype, used);
+  const std::vector<double> xv = ReadValues(x, mode);
+  for (bool trans_w : {false, true}) {
+    const std::string what = split.Name() + " k=" + std::to_string(k) + " n=" +
+                             std::to_string(n) + " trans_w=" + std::to_string(trans_w) +
+                             " alpha=" + std::to_string(alpha) + " beta=" +
+                             std::to_string(beta) + " mode=" + Name(mode) + " x " + Name(x_dtype) +
+                             " w " + Name(w_dtype);
+    const Tensor w = Random(trans_w ? Shape{g, n, k} : Shape{g, k, n}, seed + 1, w_dtype);
+    const std::vector<double> wv = ReadValues(w, mode);
+    Tensor out0 = Random({r, n}, seed + 2, DType::kF32);
+    float* o0 = out0.data<float>();
+    for (int64_t i = 0; i < used * n; ++i) o0[i] = beta == 0.0f ? NAN : o0[i];
+    for (int64_t i = used * n; i < r * n; ++i) std::memcpy(&o0[i], &kSentinel, 4);
+    Tensor got = out0.Clone(), want = out0.Clone();
+    EmulatedGroupedGemm(x, offsets, w, trans_w, got, alpha, beta, mode);
+    cpu::GroupedGemm(x, split.rows, w, trans_w, want, alpha, beta, mode, GroupSchedule::kSplit);
+    std::vector<double> bound(static_cast<size_t>(r * n), 0.0);
+    int64_t row = 0;
+    for (int64_t e = 0; e < g; ++e) {
+      for (int64_t i = row; i < row + split.rows[e]; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0.0;
+          for (int64_t p = 0; p < k; ++p) {
+            const int64_t at = trans_w ? (e * n + j) * k + p : (e * k + p) * n + j;
+            s += std::fabs(xv[i * k + p] * wv[at]);
+          }
+          const double c = beta == 0.0f ? 0.0 : std::fabs(beta * o0[i * n + j]);
+          bound[i * n + j] = 2.0 * Gamma(k + 2) * (std::fabs(alpha) * s + c);
+        }
+      }
+      row += split.rows[e];
+    }
+    const double used_frac = ExpectWithin(got, want, bound, 0, used * n, "GroupedGemm " + what);
+    ExpectSentinel(got, used * n, "GroupedGemm " + what);
+    worst_used = std::max(worst_used, used_frac);
+    std::printf("  GroupedGemm %-100s bound used %.4f\n", what.c_str(), used_frac);
+  }
+}
+
+// The weight gradient against the CPU.
+void CheckWeightGrad(const Split& split, int64_t k, int64_t n, float alpha, float beta,
+                     DType mode, DType dtype, uint64_t seed) {
+  const int64_t g = static_cast<int64_t>(split.rows.size());
+  const Tensor offsets = OffsetsOf(split.rows);
+  const int64_t used = offsets.data<int64_t>()[g], r = used + split.extra;
+  if (dtype == DType::kBF16) mode = DType::kBF16;
+  const std::string what = split.Name() + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
+                           " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta) +
+                           " mode=" + Name(mode) + " operands " + Name(dtype);
+  const Tensor x = Random({r, k}, seed, dtype, used), dy = Random({r, n}, seed + 1, dtype, used);
+  const std::vector<double> xv = ReadValues(x, mode), dyv = ReadValues(dy, mode);
+  Tensor dw0 = Random({g, k, n}, seed + 2, DType::kF32);
+  float* d0 = dw0.data<float>();
+  if (beta == 0.0f) {
+    for (int64_t i = 0; i < dw0.numel(); ++i) d0[i] = NAN;
+  }
+  Tensor got = dw0.Clone(), want = dw0.Clone();
+  EmulatedWeightGrad(x, dy, offsets, got, alpha, beta, mode);
+  cpu::GroupedGemmWeightGrad(x, dy, split.rows, want, alpha, beta, mode, GroupSchedule::kSplit);
+  std::vector<double> bound(static_cast<size_t>(dw0.numel()), 0.0);
+  int64_t row = 0;
+  for (int64_t e = 0; e < g; ++e) {
+    for (int64_t p = 0; p < k; ++p) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (int64_t i = row; i < row + split.rows[e]; ++i) {
+          s += std::fabs(xv[i * k + p] * dyv[i * n + j]);
+        }
+        const int64_t at = (e * k + p) * n + j;
+        const double c = beta == 0.0f ? 0.0 : std::fabs(beta * d0[at]);
+        bound[at] = 2.0 * Gamma(split.rows[e] + 2) * (std::fabs(alpha) * s + c);
+      }
+    }
+    row += split.rows[e];
+  }
+  const double used_frac = ExpectWithin(got, want, bound, 0, dw0.numel(), "WeightGrad " + what);
+  worst_used = std::max(worst_used, used_frac);
+  std::printf("  WeightGrad  %-100s bound used %.4f\n", what.c_str(), used_frac);
+}
+
+// Empty groups first, in the middle and last; groups of 5 and 40 rows (one partial tile) and
+// of 150 (two tiles); rows past offsets[G].
+const Split kRagged{{0, 5, 150, 0, 40, 0}, 7};
+
+TEST(GroupedGemmEmulationTest, Bf16ModeForward) {
+  // k, n not multiples of the tiles nor of 4 (element-wise loads), then multiples of 8 (16-byte
+  // loads; n = 136 leaves an 8-column edge tile), then whole tiles.
+  CheckForward(kRagged, 70, 150, 1.0f, 0.0f, DType::kBF16, DType::kF32, DType::kF32, 100);
+  CheckForward(kRagged, 96, 136, 0.5f, 1.0f, DType::kBF16, DType::kF32, DType::kF32, 110);
+  CheckForward({{300, 1}, 0}, 64, 128, -2.0f, 0.25f, DType::kBF16, DType::kF32, DType::kF32, 120);
+}
+
+TEST(GroupedGemmEmulationTest, Bf16OperandsForward) {
+  CheckForward(kRagged, 72, 40, 1.0f, 0.0f, DType::kF32, DType::kBF16, DType::kF32, 200);
+  CheckForward(kRagged, 72, 40, 0.5f, 1.0f, DType::kF32, DType::kF32, DType::kBF16, 210);
+  CheckForward(kRagged, 35, 19, 1.0f, 1.0f, DType::kBF16, DType::kBF16, DType::kBF16, 220);
+}
+
+TEST(GroupedGemmEmulationTest, F32ModeForward) {
+  CheckForward(kRagged, 70, 150, 1.0f, 0.0f, DType::kF32, DType::kF32, DType::kF32, 300);
+  CheckForward(kRagged, 96, 136, 0.5f, 1.0f, DType::kF32, DType::kF32, DType::kF32, 310);
+}
+
+TEST(GroupedGemmEmulationTest, ManyGroupsAndNoInnerDimension) {
+  // 300 groups, the CTAs' search crossing its 256-group chunks; rows in groups 0, 255, 256
+  // and 299 only.
+  Split many{std::vector<int64_t>(300, 0), 3};
+  many.rows[0] = 2, many.rows[255] = 130, many.rows[256] = 1, many.rows[299] = 9;
+  CheckForward(many, 40, 24, 1.0f, 0.0f, DType::kBF16, DType::kF32, DType::kF32, 400);
+  CheckForward(many, 40, 24, 1.0f, 0.0f, DType::kF32, DType::kF32, DType::kF32, 410);
+  // k = 0: out = beta out on the groups' rows (0 over NaN for beta = 0), the rest untouched.
+  CheckForward(kRagged, 0, 20, 1.0f, 0.5f, DType::kBF16, DType::kF32, DType::kF32, 420);
+  CheckForward(kRagged, 0, 20, 1.0f, 0.0f, DType::kF32, DType::kF32, DType::kF32, 430);
+}
+
+TEST(GroupedGemmEmulationTest, WeightGrad) {
+  const Split split{{0, 37, 130, 3, 0}, 9};
+  // k = 150: two k tiles, the second of 22; n = 70: one partial n tile.
+  CheckWeightGrad(split, 150, 70, 1.0f, 0.0f, DType::kBF16, DType::kF32, 500);
+  CheckWeightGrad(split, 150, 70, 0.5f, 1.0f, DType::kBF16, DType::kF32, 510);
+  CheckWeightGrad(split, 136, 64, 1.0f, 0.0f, DType::kBF16, DType::kBF16, 520);  // 16-byte loads
+  CheckWeightGrad(split, 150, 70, 1.0f, 0.0f, DType::kF32, DType::kF32, 530);
+  CheckWeightGrad(split, 136, 64, -2.0f, 1.0f, DType::kF32, DType::kF32, 540);
+  // No rows at all: every dw[g] = beta dw[g].
+  CheckWeightGrad({{0, 0}, 0}, 20, 12, 1.0f, 0.5f, DType::kBF16, DType::kF32, 550);
+  CheckWeightGrad({{0, 0}, 4}, 20, 12, 1.0f, 0.0f, DType::kF32, DType::kF32, 560);
+  std::printf("  largest fraction of the bound used: %.4f\n", worst_used);
+}
+
+}  // namespace
+}  // namespace switchyard::kernels
