@@ -188,13 +188,19 @@ class MoELayerPerf final : public Benchmark {
     const moe::Experts& ex = layer_->experts();
     const moe::ExpertsActivations& acts = first_->acts.experts;
     const int64_t rows = first_->acts.plan->num_received();
-    const std::span<const int64_t> per(acts.rows);
+    // Host-sized or device-sized experts (the dropless default): the counts either way.
+    std::vector<int64_t> counts = acts.rows;
+    if (acts.offsets.defined()) {
+      const int64_t* o = acts.offsets.data<int64_t>();
+      for (int64_t e = 0; e + 1 < acts.offsets.numel(); ++e) counts.push_back(o[e + 1] - o[e]);
+    }
     Tensor a = Tensor::Empty({rows, ffn_}, DType::kF32), y = Tensor::Empty({rows, hidden_}, DType::kF32);
     Tensor dx = Tensor::Empty({rows, hidden_}, DType::kF32), dye = Tensor::Empty({rows, hidden_}, DType::kF32);
     kernels::FillNormal(dye, {uint64_t(seed_), StreamId("bench.dye")}, 0, 0.0f, 1.0f);
     Tensor gw1 = Tensor::Zeros(ex.w1().shape(), DType::kF32),
            gw2 = Tensor::Zeros(ex.w2().shape(), DType::kF32);
     return [=, &ex, &acts]() mutable {
+      const std::span<const int64_t> per(counts);  // the lambda's own copy
       kernels::GroupedGemm(acts.x, per, ex.w1(), false, a);  // forward
       if (swiglu) kernels::GroupedGemm(acts.x, per, ex.w3(), false, a);
       kernels::GroupedGemm(acts.h, per, ex.w2(), false, y);

@@ -233,11 +233,12 @@ void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,
                      cuda::UpdateExpertBias(bias, counts, rate, ctx));
 }
 
-AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, const Tensor& keep,
-                                 int64_t num_experts, int64_t capacity, AdmissionOrder order,
-                                 std::span<const int64_t> offsets, Tensor& kept,
-                                 Tensor& position, DeviceContext* ctx) {
-  constexpr const char* kOp = "AdmitAssignments";
+namespace {
+
+// The arguments of both admissions (kernels/moe_routing.h).
+void CheckAdmission(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                    int64_t num_experts, AdmissionOrder order, std::span<const int64_t> offsets,
+                    const Tensor& kept, const Tensor& position, const char* kOp) {
   CheckMatrix(indices, DType::kI32, kOp, "indices");
   SY_CHECK(num_experts >= 1) << kOp << ": num_experts=" << num_experts;
   SY_CHECK(kept.defined()) << kOp << ": kept is undefined";
@@ -256,6 +257,16 @@ AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, con
         << "drop_policy=probability across split groups needs the whole group's gates";
     CheckLike(gates, DType::kF32, dev, shape, kOp, "gates");
   }
+}
+
+}  // namespace
+
+AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                                 int64_t num_experts, int64_t capacity, AdmissionOrder order,
+                                 std::span<const int64_t> offsets, Tensor& kept,
+                                 Tensor& position, DeviceContext* ctx) {
+  CheckAdmission(indices, gates, keep, num_experts, order, offsets, kept, position,
+                 "AdmitAssignments");
   AdmissionCounts counts;
   SY_DISPATCH_DEVICE(kept, ctx,
                      counts = cpu::AdmitAssignments(indices, gates, keep, num_experts, capacity,
@@ -265,6 +276,26 @@ AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, con
                                                      ctx));
   counters::CountReadback("moe.admission");
   return counts;
+}
+
+void AdmitAssignmentsInto(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                          int64_t num_experts, int64_t capacity, AdmissionOrder order,
+                          Tensor& kept, Tensor& position, Tensor& counts, DeviceContext* ctx) {
+  constexpr const char* kOp = "AdmitAssignmentsInto";
+  SY_CHECK(kept.defined() && counts.defined()) << kOp << ": kept or counts is undefined";
+  CheckLike(counts, DType::kF64, kept.device(), {num_experts + 1}, kOp, "counts");
+  auto on_cpu = [&] {
+    // The host-returning admission (no readback on the CPU), its counts written as doubles.
+    const AdmissionCounts c = cpu::AdmitAssignments(indices, gates, keep, num_experts, capacity,
+                                                    order, {}, kept, position);
+    double* out = counts.data<double>();
+    for (int64_t e = 0; e < num_experts; ++e) out[e] = static_cast<double>(c.after[e]);
+    out[num_experts] = 0.0;  // the CPU rejects an out-of-range index itself
+  };
+  CheckAdmission(indices, gates, keep, num_experts, order, {}, kept, position, kOp);
+  SY_DISPATCH_DEVICE(kept, ctx, on_cpu(),
+                     cuda::AdmitAssignmentsInto(indices, gates, keep, num_experts, capacity,
+                                                order, kept, position, counts, ctx));
 }
 
 }  // namespace switchyard::kernels

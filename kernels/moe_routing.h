@@ -152,6 +152,17 @@ AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, con
                                  std::span<const int64_t> offsets, Tensor& kept,
                                  Tensor& position, DeviceContext* ctx = nullptr);
 
+// AdmitAssignments of a whole group (no offsets) in a training step, its counts left on the
+// device for the step's readback (engine/core/step_readback.h): counts (E + 1) f64 on
+// kept's device gets each expert's admitted assignments (AdmissionCounts::after, exactly),
+// then the number of expert indices outside [0, E) (0 unless the routing is broken; the step
+// checks it when it reads the counts). kept and position as AdmitAssignments writes them.
+// Nothing is read back and nothing waits.
+void AdmitAssignmentsInto(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                          int64_t num_experts, int64_t capacity, AdmissionOrder order,
+                          Tensor& kept, Tensor& position, Tensor& counts,
+                          DeviceContext* ctx = nullptr);
+
 namespace cpu {
 void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
                 RngKey second_key, int64_t first_token, Tensor& probs, Tensor& indices,
@@ -206,6 +217,9 @@ AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, con
                                  int64_t num_experts, int64_t capacity, AdmissionOrder order,
                                  std::span<const int64_t> offsets, Tensor& kept,
                                  Tensor& position, DeviceContext* ctx);
+void AdmitAssignmentsInto(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                          int64_t num_experts, int64_t capacity, AdmissionOrder order,
+                          Tensor& kept, Tensor& position, Tensor& counts, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

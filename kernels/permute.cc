@@ -119,7 +119,7 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
 }
 
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
-                     Tensor& dout, Tensor& dgates, DeviceContext* ctx) {
+                     Tensor& dout, Tensor& dgates, DeviceContext* ctx, const Tensor& inverse) {
   constexpr const char* kOp = "CombineBackward";
   SY_CHECK(dout.defined()) << kOp << ": dout is undefined";
   const Device dev = dout.device();
@@ -135,8 +135,15 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
       << kOp << ": dy " << ShapeString(dy.shape()) << ", out " << ShapeString(out.shape())
       << ", gates " << ShapeString(gates.shape()) << ", slot " << ShapeString(slot.shape())
       << ", dout " << ShapeString(dout.shape()) << ", dgates " << ShapeString(dgates.shape());
-  SY_DISPATCH_DEVICE(dout, ctx, cpu::CombineBackward(dy, out, gates, slot, dout, dgates),
-                     cuda::CombineBackward(dy, out, gates, slot, dout, dgates, ctx));
+  if (inverse.defined()) {
+    CheckTensor(inverse, DType::kI64, 2, dev, kOp, "inverse");
+    SY_CHECK(inverse.shape() == gates.shape())
+        << kOp << ": inverse " << ShapeString(inverse.shape()) << ", gates "
+        << ShapeString(gates.shape());
+  }
+  SY_DISPATCH_DEVICE(dout, ctx,
+                     cpu::CombineBackward(dy, out, gates, slot, inverse, dout, dgates),
+                     cuda::CombineBackward(dy, out, gates, slot, inverse, dout, dgates, ctx));
 }
 
 double EntropySum(const Tensor& probs, DeviceContext* ctx) {

@@ -72,8 +72,13 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
 //   dgates[slot[a]] = dot(dy[t], out[a])      (N, k); zero for the dropped slots
 // dy (N, d) f32, out (A, d) f32, gates (N, k) f32, slot (A) i64 (the first A entries of
 // SortAssignments' slot). The dot is accumulated in double on both devices.
+// inverse: undefined, or (N, k) i64 (SortAssignments' inverse) when the rows may include
+// dropped assignments after the kept ones (a device-sized dispatch plan, whose host does not
+// know A): row a is kept iff inverse[slot[a]] == a; a dropped row gets dout[a] = 0 and its
+// out[a] (never written) is not read.
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
-                     Tensor& dout, Tensor& dgates, DeviceContext* ctx = nullptr);
+                     Tensor& dout, Tensor& dgates, DeviceContext* ctx = nullptr,
+                     const Tensor& inverse = Tensor());
 
 // The router-entropy statistic of the MoE layer: sum over the elements of probs (any
 // shape, f32) with p > 0 of -p * log(p), accumulated in double; a host value (on CUDA one
@@ -96,7 +101,7 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh);
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
              Tensor& y);
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
-                     Tensor& dout, Tensor& dgates);
+                     const Tensor& inverse, Tensor& dout, Tensor& dgates);
 double EntropySum(const Tensor& probs);
 }  // namespace cpu
 
@@ -112,7 +117,7 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Devi
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
              Tensor& y, DeviceContext* ctx);
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
-                     Tensor& dout, Tensor& dgates, DeviceContext* ctx);
+                     const Tensor& inverse, Tensor& dout, Tensor& dgates, DeviceContext* ctx);
 double EntropySum(const Tensor& probs, DeviceContext* ctx);
 void EntropySumInto(const Tensor& probs, Tensor& sum, DeviceContext* ctx);
 }  // namespace cuda

@@ -110,4 +110,26 @@ Admission AdmitToCapacity(const Tensor& indices, const Tensor& gates, const Tens
   return a;
 }
 
+Admission AdmitToCapacityInto(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                              int64_t num_experts, int64_t capacity, DropPolicy policy,
+                              StepReadback& readback, DeviceContext* ctx) {
+  SY_CHECK(indices.defined()) << "admission indices is undefined";
+  const Device dev = indices.device();
+  CheckMatrix(indices, DType::kI32, dev, "admission indices");
+  CheckKeep(keep, indices);
+  const int64_t T = indices.dim(0), k = indices.dim(1);
+  SY_CHECK_GE(num_experts, 1) << "admission num_experts";
+  const bool by_position = policy == DropPolicy::kPosition;
+  Admission a;
+  a.kept = Tensor::Empty({T, k}, DType::kU8, dev);
+  a.position = Tensor::Empty({T, k}, DType::kI64, dev);
+  StepReadback::Slots slots = readback.Reserve(num_experts + 1, dev, ctx);
+  kernels::AdmitAssignmentsInto(
+      indices, by_position ? Tensor() : gates, keep, num_experts, capacity,
+      by_position ? kernels::AdmissionOrder::kPosition : kernels::AdmissionOrder::kProbability,
+      a.kept, a.position, slots.values, ctx);
+  a.kept_slot = slots.first;
+  return a;
+}
+
 }  // namespace switchyard::moe

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "engine/core/device_context.h"
+#include "engine/core/step_readback.h"
 #include "engine/core/tensor.h"
 #include "moe/moe_config.h"
 
@@ -63,6 +64,11 @@ struct Admission {
   // Dropless admission of balance sums still on the device (a training step): the two
   // count vectors are empty and both are the step's readback slots [counts_slot, + E).
   int64_t counts_slot = -1;
+  // Capacity admission in a training step (AdmitToCapacityInto): counts_after, dropped and
+  // removed are not on the host; the admitted counts are the step's readback slots
+  // [kept_slot, + E), slot kept_slot + E the out-of-range count (0). counts_before are the
+  // balance sums' (its counts_slot).
+  int64_t kept_slot = -1;
   int64_t dropped = 0;                 // sum(counts_before) - sum(counts_after)
   int64_t removed = 0;                 // assignments with keep = 0 (never competed)
 };
@@ -74,6 +80,13 @@ struct Admission {
 Admission AdmitToCapacity(const Tensor& indices, const Tensor& gates, const Tensor& keep,
                           int64_t num_experts, int64_t capacity, DropPolicy policy,
                           std::span<const int64_t> offsets = {}, DeviceContext* ctx = nullptr);
+
+// AdmitToCapacity of a whole group in a training step, its counts left on the device for
+// the step's readback (no wait): kept and position as AdmitToCapacity's; kept_slot set, the
+// host counts empty (see Admission).
+Admission AdmitToCapacityInto(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                              int64_t num_experts, int64_t capacity, DropPolicy policy,
+                              StepReadback& readback, DeviceContext* ctx);
 
 // (k * E) counts of assignments with keep = 1, by slot j and expert e (index j * E + e).
 std::vector<int64_t> SlotExpertCounts(const Tensor& indices, const Tensor& keep,

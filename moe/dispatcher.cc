@@ -108,32 +108,38 @@ DispatchPlan DispatchPlan::Build(const Tensor& experts, const Tensor& kept, int6
 }
 
 DispatchPlan DispatchPlan::BuildDeviceSized(const Tensor& experts, const Tensor& kept,
-                                            int64_t num_experts, DeviceContext* ctx) {
+                                            int64_t num_experts, int64_t max_rows,
+                                            DeviceContext* ctx) {
   SY_CHECK(experts.defined() && experts.ndim() == 2)
       << "DispatchPlan: experts must be (N, k), got " << experts.DebugString();
   DispatchPlan plan(experts.dim(0), experts.dim(1), num_experts, /*ep_size=*/1);
   const int64_t nk = plan.num_tokens_ * plan.top_k_;
+  SY_CHECK(max_rows >= 0 && max_rows <= nk)
+      << "DispatchPlan: max_rows=" << max_rows << " outside [0, N * k = " << nk << "]";
   const Device dev = experts.device();
-  plan.token_tensor_ = Tensor::Empty({nk}, DType::kI64, dev);
-  plan.slot_tensor_ = Tensor::Empty({nk}, DType::kI64, dev);
+  Tensor token = Tensor::Empty({nk}, DType::kI64, dev);
+  Tensor slot = Tensor::Empty({nk}, DType::kI64, dev);
   Tensor inverse = Tensor::Empty({nk}, DType::kI64, dev);
   plan.offsets_ = Tensor::Empty({num_experts + 1}, DType::kI64, dev);
-  kernels::SortAssignmentsToOffsets(experts, kept, num_experts, plan.token_tensor_,
-                                    plan.slot_tensor_, inverse, plan.offsets_, ctx);
+  kernels::SortAssignmentsToOffsets(experts, kept, num_experts, token, slot, inverse,
+                                    plan.offsets_, ctx);
+  plan.token_tensor_ = token.Slice(0, max_rows);
+  plan.slot_tensor_ = slot.Slice(0, max_rows);
   plan.inverse_ = inverse.Reshape({plan.num_tokens_, plan.top_k_});
   if (dev.is_cpu()) {
     const int64_t kept_total = plan.offsets_.data<int64_t>()[num_experts];
-    SY_CHECK_EQ(kept_total, nk) << "a device-sized dispatch plan needs every assignment kept "
-                                   "(dropless routing): "
-                                << nk - kept_total << " of " << nk << " were dropped";
-    const int64_t* tp = plan.token_tensor_.data<int64_t>();
-    const int64_t* sp = plan.slot_tensor_.data<int64_t>();
-    plan.token_.assign(tp, tp + nk);
-    plan.slot_.assign(sp, sp + nk);
+    SY_CHECK_LE(kept_total, max_rows)
+        << "a device-sized dispatch plan of " << max_rows << " rows got " << kept_total
+        << " kept assignments";
+    const int64_t* tp = token.data<int64_t>();
+    const int64_t* sp = slot.data<int64_t>();
+    // The host copies hold the kept rows only, as a host-sized plan's do.
+    plan.token_.assign(tp, tp + kept_total);
+    plan.slot_.assign(sp, sp + kept_total);
   }
-  plan.send_rows_.assign(1, nk);
-  plan.recv_rows_.assign(1, nk);
-  plan.num_received_ = nk;
+  plan.send_rows_.assign(1, max_rows);
+  plan.recv_rows_.assign(1, max_rows);
+  plan.num_received_ = max_rows;
   plan.exchanged_ = true;
   return plan;
 }
@@ -305,8 +311,9 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, f
       << "CombineBackward dgates: expected " << ShapeString(gate_shape) << ", got "
       << dgates.DebugString();
   Tensor dg = dgates.Reshape(gate_shape);
+  // A device-sized plan's rows may end in dropped assignments: the inverse tells them apart.
   kernels::CombineBackward(dy, out, ScaledGates(gates, scale, gate_shape, ctx), plan.slot_tensor(),
-                           dout, dg, ctx);
+                           dout, dg, ctx, plan.device_sized() ? plan.inverse() : Tensor());
   // d/dg of s g: the scaled gates' gradient times s.
   if (scale != 1.0f) kernels::ScaleInPlace(dg, scale, ctx);
 }

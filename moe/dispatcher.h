@@ -50,15 +50,19 @@ class DispatchPlan {
   static DispatchPlan Build(const Tensor& experts, const Tensor& kept, int64_t num_experts,
                             int64_t ep_size, DeviceContext* ctx = nullptr);
 
-  // A plan whose per-expert counts stay on the device: ep = 1 and every assignment kept
-  // (dropless routing), so A = N * k is known on the host and only the split between the
-  // experts is not. The sort writes offsets() instead of host counts (no readback, no
-  // wait); the experts' grouped products read them there (Experts::Forward with offsets).
-  // The host counts (send_per_expert(), rows_per_local_expert(), ...) are empty. On the CPU
-  // a kept-everything check runs (a dropped assignment is a fatal error: the caller chose
-  // this plan for dropless routing); CUDA cannot check without a wait.
+  // A plan whose per-expert counts stay on the device (ep = 1): the sort writes offsets()
+  // instead of host counts (no readback, no wait), and the experts' grouped products read
+  // them there (Experts::Forward with offsets). The host does not know A, so the plan
+  // carries max_rows rows (a bound on A the caller knows: N * k, or the capacity's
+  // G * E * C when smaller): the A kept assignments in expert order, then dropped ones,
+  // which the phases tell apart by the inverse map (Combine skips them; CombineBackward
+  // gives them no gradient; the experts' rows end at offsets[E]). num_assignments() is
+  // max_rows; the host counts (send_per_expert(), rows_per_local_expert(), ...) are empty.
+  // On the CPU A > max_rows is a fatal error (CUDA cannot check it without a wait), and the
+  // host copies token() and slot() hold the A kept rows, as a host-sized plan's do.
   static DispatchPlan BuildDeviceSized(const Tensor& experts, const Tensor& kept,
-                                       int64_t num_experts, DeviceContext* ctx = nullptr);
+                                       int64_t num_experts, int64_t max_rows,
+                                       DeviceContext* ctx = nullptr);
   bool device_sized() const { return offsets_.defined(); }
   // (E + 1) i64 on device(): expert e's rows are [offsets[e], offsets[e + 1]) (device-sized
   // plans only; undefined otherwise).

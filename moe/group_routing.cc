@@ -155,6 +155,13 @@ void AdmitGroups(RoutedGroups& routed, double capacity_factor, const MoEConfig& 
       routed.admission.push_back(std::move(a));
       continue;
     }
+    StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
+    if (readback != nullptr && routed.balance[g].on_device()) {
+      // A training step: the admitted counts stay on the device until its readback.
+      routed.admission.push_back(AdmitToCapacityInto(r.indices, r.gates, r.keep, e, capacity,
+                                                     config.drop_policy, *readback, ctx));
+      continue;
+    }
     routed.admission.push_back(AdmitToCapacity(r.indices, r.gates, r.keep, e, capacity,
                                                config.drop_policy, {}, ctx));
   }

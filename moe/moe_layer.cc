@@ -2,11 +2,13 @@
 // Backward as one call per phase.
 #include "moe/moe_layer.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
 #include "engine/core/profile.h"
 #include "kernels/activation_storage.h"
+#include "moe/capacity.h"
 
 namespace switchyard::moe {
 
@@ -189,9 +191,20 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);
   const OwnRouting own = OwnRowsOf(routed, ctx);
+  // Dropless routing only for now (every assignment kept, so the plan's rows are exactly
+  // the kept ones); the plan itself also carries capacity mode's dropped rows.
   acts.device_counts = config_.dispatch_counts == DispatchCounts::kDevice &&
                        ep_->size() == 1 && !etp_ && !replicas_ && config_.overlap_chunks <= 1 &&
                        routed.all_admitted;
+  if (acts.device_counts) {
+    // At most C kept per expert and group, and never more than every assignment.
+    const int64_t capacity =
+        ExpertCapacity(training ? config_.capacity_factor : config_.eval_capacity_factor,
+                       routed.group_tokens, config_.top_k, config_.num_experts);
+    const int64_t all = own.experts.numel();
+    acts.device_rows =
+        capacity < 0 ? all : std::min(all, routed.groups * config_.num_experts * capacity);
+  }
   acts.experts_all = own.experts;
   acts.gates = own.gates;
   acts.kept_all = own.kept;
@@ -231,7 +244,7 @@ Tensor MoELayer::Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* 
   acts.plan = std::make_unique<DispatchPlan>(
       acts.device_counts
           ? DispatchPlan::BuildDeviceSized(acts.experts_all, acts.kept_all, config_.num_experts,
-                                           ctx)
+                                           acts.device_rows, ctx)
       : acts.destinations.defined()
           ? DispatchPlan::Build(acts.destinations, acts.kept_all,
                                 replica_plan_.virtual_experts(), ep_->size(), ctx)

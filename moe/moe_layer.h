@@ -76,8 +76,10 @@ struct MoEActivations {
   Tensor kept_all;                                 // (N, k) u8 admitted by capacity
   std::unique_ptr<DispatchPlan> plan;
   // The plan keeps its per-expert counts on the device (moe.dispatch_counts: device, one ep
-  // rank, no etp, dropless): DispatchPlan::BuildDeviceSized and the device-sized experts.
+  // rank, no etp): DispatchPlan::BuildDeviceSized with device_rows rows (a bound on the kept
+  // assignments) and the device-sized experts.
   bool device_counts = false;
+  int64_t device_rows = 0;
   ExpertsActivations experts;
   Tensor expert_out;                               // (A, d) expert outputs back in expert order
                                                    // (bf16 under bf16 activation storage)

@@ -47,6 +47,13 @@ void MoEStats::Resolve(std::span<const double> slots) {
       tokens_per_expert[i] += c;
       if (p.kept) tokens_per_expert_kept[i] += c;
     }
+    if (p.kept_first >= 0) {
+      SY_CHECK_LE(p.kept_first + e + 1, static_cast<int64_t>(slots.size())) << "MoEStats::Resolve";
+      SY_CHECK_EQ(slots[p.kept_first + e], 0.0) << "expert indices outside [0, " << e << ")";
+      for (int64_t i = 0; i < e; ++i) {
+        tokens_per_expert_kept[i] += static_cast<int64_t>(slots[p.kept_first + i]);
+      }
+    }
   }
   pending_counts.clear();
   entropy_sum.Resolve(slots);
@@ -199,8 +206,9 @@ MoEStats RoutingStats(const RoutedGroups& routed, const OwnRouting& own, int64_t
       const Admission& admission = routed.admission[g];
       if (balance.on_device()) {  // a training step: the counts come with its readback
         const bool kept = admission.counts_slot >= 0;
-        s.pending_counts.push_back({.first = balance.values_slot + 1, .kept = kept});
-        if (!kept) {
+        s.pending_counts.push_back({.first = balance.values_slot + 1, .kept = kept,
+                                    .kept_first = admission.kept_slot});
+        if (!kept && admission.kept_slot < 0) {
           for (int64_t i = 0; i < e; ++i) s.tokens_per_expert_kept[i] += admission.counts_after[i];
         }
         continue;
@@ -247,7 +255,8 @@ MoEGroupValues GroupValuesOf(const RoutedGroups& routed, int64_t top_k) {
   v.aux = routed.aux;
   v.z = routed.z;
   for (const Admission& a : routed.admission) {
-    if (a.counts_slot >= 0) return v;  // a training step's counts: in its readback
+    // A training step's counts: in its readback.
+    if (a.counts_slot >= 0 || a.kept_slot >= 0) return v;
   }
   for (int64_t g = 0; g < routed.groups; ++g) {
     const std::vector<int64_t>& kept = routed.admission[g].counts_after;

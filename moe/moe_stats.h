@@ -33,9 +33,12 @@ struct MoEStats {
   // step's dropless groups, moe/aux_loss.h LoadBalanceSumsInto): slots [first, + E) add to
   // tokens_per_expert, and to tokens_per_expert_kept too when `kept`; slot first + E is the
   // out-of-range count (0).
+  // kept_first >= 0 (capacity admission in a training step): slots [kept_first, + E) add
+  // to tokens_per_expert_kept instead, and slot kept_first + E is their out-of-range count.
   struct PendingCounts {
     int64_t first = 0;
     bool kept = false;
+    int64_t kept_first = -1;
   };
   std::vector<PendingCounts> pending_counts;
 

@@ -128,7 +128,7 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
 }
 
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
-                     Tensor& dout, Tensor& dgates) {
+                     const Tensor& inverse, Tensor& dout, Tensor& dgates) {
   const int64_t rows = out.dim(0), d = dy.dim(1), k = gates.dim(1), nk = gates.numel();
   const float* g = gates.data<float>();
   const float* dyp = dy.data<float>();
@@ -136,6 +136,7 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   const int64_t* sl = slot.data<int64_t>();
   float* dop = dout.data<float>();
   float* dg = dgates.data<float>();
+  const int64_t* inv = inverse.defined() ? inverse.data<int64_t>() : nullptr;
   std::memset(dg, 0, sizeof(float) * nk);
   for (int64_t a = 0; a < rows; ++a) {
     SY_CHECK(sl[a] >= 0 && sl[a] < nk) << "CombineBackward: slot " << sl[a] << " of row " << a
@@ -144,6 +145,10 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   // Every row has its own slot (the plan's permutation), so rows write disjoint gates.
   ParallelFor(rows, RowsPerChunk(d), [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
+      if (inv != nullptr && inv[sl[a]] != a) {  // a dropped row: no gradient either way
+        std::memset(dop + a * d, 0, sizeof(float) * d);
+        continue;
+      }
       const float w = g[sl[a]];
       const float* row = dyp + (sl[a] / k) * d;
       double dot = 0;

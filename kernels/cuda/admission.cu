@@ -172,6 +172,63 @@ Tensor AdmitOnDevice(const Tensor& indices, const Tensor& gates, const Tensor& k
 
 }  // namespace
 
+namespace {
+
+// out[e] = the admitted assignments of expert e (AdmitAssignments' host loop with no
+// offsets, one thread per expert), out[E] = the out-of-range count. c: the (k E + 2) class
+// counts of AdmitOnDevice.
+__global__ void AdmittedCountsKernel(const int64_t* __restrict__ c, int64_t E, int64_t k,
+                                     int64_t capacity, bool by_probability,
+                                     double* __restrict__ out) {
+  SY_GRID_STRIDE(e, E + 1) {
+    if (e == E) {
+      out[E] = static_cast<double>(c[k * E + 1]);
+      continue;
+    }
+    int64_t before = 0, after = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t len = c[e * k + j];
+      if (!by_probability) {
+        // Slot j's competitors for e hold ranks before, before + 1, ...; those below C stay.
+        after += capacity >= 0 ? min(max(capacity - before, int64_t{0}), len) : len;
+      }
+      before += len;
+    }
+    if (by_probability) after = capacity >= 0 ? min(before, capacity) : before;
+    out[e] = static_cast<double>(after);
+  }
+}
+
+}  // namespace
+
+void AdmitAssignmentsInto(const Tensor& indices, const Tensor& gates, const Tensor& keep,
+                          int64_t num_experts, int64_t capacity, AdmissionOrder order,
+                          Tensor& kept, Tensor& position, Tensor& counts, DeviceContext* ctx) {
+  const int64_t T = indices.dim(0), k = indices.dim(1), E = num_experts;
+  const int64_t n = T * k;
+  cudaStream_t stream = StreamOf(ctx);
+  if (n == 0) {
+    SY_CUDA_CHECK(cudaMemsetAsync(counts.raw_data(), 0, counts.nbytes(), stream));
+    return;
+  }
+  SY_CHECK(n <= INT32_MAX && k * E + 2 <= INT32_MAX)
+      << "AdmitAssignments on CUDA: T*k=" << n << ", k*E=" << k * E << " exceed int32";
+  SY_CUDA_CHECK(cudaMemsetAsync(kept.raw_data(), 0, kept.nbytes(), stream));
+  SY_CUDA_CHECK(cudaMemsetAsync(position.raw_data(), 0xFF, position.nbytes(), stream));  // -1
+  const bool by_probability = order == AdmissionOrder::kProbability;
+  const int e32 = static_cast<int>(E);
+  const Tensor no_offsets;
+  Tensor class_counts =
+      by_probability
+          ? AdmitOnDevice<true>(indices, gates, keep, e32, capacity, no_offsets, kept, position,
+                                ctx)
+          : AdmitOnDevice<false>(indices, gates, keep, e32, capacity, no_offsets, kept,
+                                 position, ctx);
+  AdmittedCountsKernel<<<GridFor(E + 1), 256, 0, stream>>>(
+      class_counts.data<int64_t>(), E, k, capacity, by_probability, counts.data<double>());
+  SY_CUDA_CHECK_LAUNCH();
+}
+
 AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, const Tensor& keep,
                                  int64_t num_experts, int64_t capacity, AdmissionOrder order,
                                  std::span<const int64_t> offsets, Tensor& kept,

@@ -140,6 +140,23 @@ TEST_F(DeviceCountsTest, ReadbacksPerStepBySite) {
   }
 }
 
+// Capacity routing (the tiny config's moe.capacity_factor 1.25): the admitted counts go to
+// the step's readback too (no "moe.admission" wait); the dispatch plan's counts are still
+// host sizes there, one wait per MoE layer and micro-batch.
+TEST_F(DeviceCountsTest, CapacityAdmissionReadsNothingBack) {
+  if (!is_root()) return;
+  auto trainer = TrainProfiled({}, dir("counts_capacity"), kSteps);
+  ASSERT_NE(trainer, nullptr);
+  const int64_t groups = kMoELayers * kMicroBatches;
+  const std::map<std::string, int64_t> want = {{"moe.sort_assignments", groups},
+                                               {"step_end", 1}};
+  for (const DeviceCounts& c : trainer->profile()->step_counts()) {
+    std::map<std::string, int64_t> sites = c.readback_sites;
+    sites.erase("routing_record");
+    EXPECT_EQ(sites, want) << Sites(c);
+  }
+}
+
 // The dispatch counts on the device or on the host: the same training, bit for bit (the CPU
 // runs the same products on the same rows either way), in f32 and in bf16 with gelu experts
 // with biases (the device-sized bias add and bias gradient) and swiglu experts.

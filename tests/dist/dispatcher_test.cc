@@ -147,5 +147,36 @@ TEST(DispatcherCombineTest, BackwardGivesGateAndRowGradients) {
   EXPECT_EQ(dgates.ToVector<float>(), (std::vector<float>{-1, -1, 8, 0}));
 }
 
+// The same case on a device-sized plan that carries all four rows (max_rows = N k): the
+// kept three first in expert order, with the offsets; the dropped slot's row after them,
+// whose expert output is never written (NaN here) and must not reach y, dgates or dout.
+TEST(DispatcherCombineTest, DeviceSizedPlanCarriesDroppedRowsHarmlessly) {
+  std::vector<int32_t> experts = {1, 0, 0, 1};
+  std::vector<uint8_t> kept = {1, 1, 1, 0};
+  DispatchPlan plan = DispatchPlan::BuildDeviceSized(Tensor::FromVector(experts, {2, 2}),
+                                                     Tensor::FromVector(kept, {2, 2}), 2, 4);
+  ASSERT_TRUE(plan.device_sized());
+  EXPECT_EQ(plan.num_assignments(), 4);
+  EXPECT_EQ(plan.offsets().ToVector<int64_t>(), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(plan.slot_tensor().ToVector<int64_t>(), (std::vector<int64_t>{1, 2, 0, 3}));
+  EXPECT_EQ(plan.slot(), (std::vector<int64_t>{1, 2, 0}));  // the host copy: kept rows only
+  Tensor h = Tensor::FromVector<float>({10, 20, 30, 40}, {2, 2});
+  EXPECT_EQ(Permute(h, plan).ToVector<float>(),
+            (std::vector<float>{10, 20, 30, 40, 10, 20, 30, 40}));
+  Tensor out = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6, NAN, NAN}, {4, 2});
+  Tensor gates = Tensor::FromVector<float>({0.5f, 0.25f, 2.0f, 9.0f}, {2, 2});
+  EXPECT_EQ(Combine(out, gates, 1.0f, plan).ToVector<float>(),
+            (std::vector<float>{2.75f, 3.5f, 6, 8}));
+  Tensor dy = Tensor::FromVector<float>({1, -1, 2, 0.5f}, {2, 2});
+  Tensor dout = Tensor::Empty({4, 2}, DType::kF32), dgates = Tensor::Empty({2, 2}, DType::kF32);
+  CombineBackward(dy, out, gates, 1.0f, plan, dout, dgates);
+  EXPECT_EQ(dout.ToVector<float>(), (std::vector<float>{0.25f, -0.25f, 4, 1, 0.5f, -0.5f, 0, 0}));
+  EXPECT_EQ(dgates.ToVector<float>(), (std::vector<float>{-1, -1, 8, 0}));
+  Tensor dh = Tensor::Zeros({2, 2}, DType::kF32);
+  Tensor drows = Tensor::FromVector<float>({1, 1, 2, 2, 4, 4, NAN, NAN}, {4, 2});
+  ScatterAdd(drows, plan, dh);  // t0 gets rows 0 and 2, t1 row 1; the dropped row nothing
+  EXPECT_EQ(dh.ToVector<float>(), (std::vector<float>{5, 5, 2, 2}));
+}
+
 }  // namespace
 }  // namespace switchyard::moe

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "engine/core/philox.h"
@@ -221,6 +222,36 @@ RandomRouting MakeRandomRouting(int64_t T, int64_t E, uint64_t seed) {
   }
   return {Tensor::FromVector(idx, {T, 2}), Tensor::FromVector(g, {T, 2}),
           Tensor::FromVector(keep, {T, 2})};
+}
+
+// In a training step the admitted counts go to the step's readback (no wait): the same
+// kept and position as AdmitToCapacity's, and its counts_after in the slots, with the
+// out-of-range count 0 after them; both policies, removed assignments, capacity and
+// dropless.
+TEST(AdmissionTest, IntoTheStepReadbackEqualsTheHostAdmission) {
+  const int64_t T = 40, E = 5;
+  const RandomRouting r = MakeRandomRouting(T, E, 11);
+  for (DropPolicy policy : {DropPolicy::kPosition, DropPolicy::kProbability}) {
+    for (int64_t capacity : {int64_t{3}, int64_t{9}, kDropless}) {
+      SCOPED_TRACE(std::string(DropPolicyName(policy)) + " C=" + std::to_string(capacity));
+      const Admission want = AdmitToCapacity(r.indices, r.gates, r.keep, E, capacity, policy);
+      StepReadback readback;
+      readback.Reserve(2, Device::Cpu(), nullptr);  // slots before the group's, as in a step
+      const Admission got =
+          AdmitToCapacityInto(r.indices, r.gates, r.keep, E, capacity, policy, readback, nullptr);
+      EXPECT_EQ(got.kept_slot, 2);
+      EXPECT_TRUE(got.counts_after.empty());
+      EXPECT_EQ(Kept(got), Kept(want));
+      EXPECT_EQ(got.position.ToVector<int64_t>(), want.position.ToVector<int64_t>());
+      const std::vector<double> slots = readback.ReadBack(nullptr);
+      ASSERT_EQ(slots.size(), static_cast<size_t>(2 + E + 1));
+      for (int64_t e = 0; e < E; ++e) {
+        EXPECT_EQ(slots[2 + e], static_cast<double>(want.counts_after[e])) << "expert " << e;
+      }
+      EXPECT_EQ(slots[2 + E], 0.0);
+      if (capacity == 3) EXPECT_GT(want.dropped, 0) << "the case drops";
+    }
+  }
 }
 
 TEST(AdmissionTest, SplitGroupWithOffsetsEqualsWholeGroup) {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/device_context.h"
+#include "engine/core/step_readback.h"
 #include "moe/router.h"
 #include "tests/moe/moe_layer_test_util.h"
 
@@ -107,6 +109,39 @@ TEST(MoELayerStatsTest, StatisticsAddUp) {
     } else {
       EXPECT_EQ(out.stats.dropped(), 0) << "dropless";
     }
+  }
+}
+
+// A training step's Forward leaves its values in the step's readback (balance sums, admitted
+// counts, entropy, aux, z); read back and resolved, the statistics are the ones a Forward
+// without the window computes at once, for capacity (both policies, the random second
+// choice) and dropless routing.
+TEST(MoELayerStatsTest, StatisticsFromTheStepReadbackEqualTheImmediateOnes) {
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE(StrCat("variant ", variant));
+    MoEConfig c = Config(8, variant == 0 ? 1 : 2, Activation::kGelu);
+    c.capacity_factor = variant == 2 ? 0.0f : 1.0f;
+    c.aux_loss_coef = 0.01f;
+    c.z_loss_coef = 0.001f;
+    if (variant == 1) c.drop_policy = DropPolicy::kProbability;
+    if (variant == 3) c.second_expert_policy = SecondExpertPolicy::kRandom;
+    LocalLayer local(c);
+    const int64_t G = 4, T = 24;
+    Tensor h = Normal({G * T, c.d_model}, 4, 1.0f);
+    const MoEForward want = local.layer.Forward(h, T, true, 0, 0);
+    auto ctx = DeviceContext::Create(Device::Cpu());
+    StepReadback readback;
+    ctx->set_step_readback(&readback);
+    MoEForward got = local.layer.Forward(h, T, true, 0, 0, ctx.get());
+    ctx->set_step_readback(nullptr);
+    EXPECT_FALSE(got.stats.pending_counts.empty()) << "the counts waited for the readback";
+    got.stats.Resolve(readback.ReadBack(nullptr));
+    EXPECT_EQ(got.stats.tokens_per_expert, want.stats.tokens_per_expert);
+    EXPECT_EQ(got.stats.tokens_per_expert_kept, want.stats.tokens_per_expert_kept);
+    EXPECT_EQ(got.stats.dropped(), want.stats.dropped());
+    EXPECT_EQ(static_cast<double>(got.stats.aux_sum), static_cast<double>(want.stats.aux_sum));
+    EXPECT_EQ(got.y.ToVector<float>(), want.y.ToVector<float>());
+    if (variant != 2) EXPECT_GT(want.stats.dropped(), 0);
   }
 }
 
