@@ -173,7 +173,7 @@ class MoELayerPerf final : public Benchmark {
  private:
   // The FLOPs of one iteration, summed over ranks (see the file comment).
   void CountFlops(Harness& h) {
-    const double rows = static_cast<double>(first_->acts.plan->num_received());  // R
+    const double rows = static_cast<double>(first_->acts.plan->received_rows());  // R
     const double d = hidden_, f = ffn_, m = act_ == moe::Activation::kSwiglu ? 3 : 2;
     expert_flops_ = h.Sum(3.0 * 2 * rows * d * f * m);
     router_flops_ = h.Sum(3.0 * 2 * double(tokens_) * d * experts_);
@@ -187,29 +187,31 @@ class MoELayerPerf final : public Benchmark {
     const bool swiglu = act_ == moe::Activation::kSwiglu;
     const moe::Experts& ex = layer_->experts();
     const moe::ExpertsActivations& acts = first_->acts.experts;
-    const int64_t rows = first_->acts.plan->num_received();
+    const int64_t rows = first_->acts.plan->received_rows();
     // Host-sized or device-sized experts (the dropless default): the counts either way.
     std::vector<int64_t> counts = acts.rows;
     if (acts.offsets.defined()) {
       const int64_t* o = acts.offsets.data<int64_t>();
       for (int64_t e = 0; e + 1 < acts.offsets.numel(); ++e) counts.push_back(o[e + 1] - o[e]);
     }
+    // The kept rows (a device-sized plan's operands carry its bound's rows).
+    const Tensor xs = acts.x.Slice(0, rows), hs = acts.h.Slice(0, rows);
     Tensor a = Tensor::Empty({rows, ffn_}, DType::kF32), y = Tensor::Empty({rows, hidden_}, DType::kF32);
     Tensor dx = Tensor::Empty({rows, hidden_}, DType::kF32), dye = Tensor::Empty({rows, hidden_}, DType::kF32);
     kernels::FillNormal(dye, {uint64_t(seed_), StreamId("bench.dye")}, 0, 0.0f, 1.0f);
     Tensor gw1 = Tensor::Zeros(ex.w1().shape(), DType::kF32),
            gw2 = Tensor::Zeros(ex.w2().shape(), DType::kF32);
-    return [=, &ex, &acts]() mutable {
+    return [=, &ex]() mutable {
       const std::span<const int64_t> per(counts);  // the lambda's own copy
-      kernels::GroupedGemm(acts.x, per, ex.w1(), false, a);  // forward
-      if (swiglu) kernels::GroupedGemm(acts.x, per, ex.w3(), false, a);
-      kernels::GroupedGemm(acts.h, per, ex.w2(), false, y);
-      kernels::GroupedGemmWeightGrad(acts.h, dye, per, gw2, 1.0f, 1.0f);  // backward
+      kernels::GroupedGemm(xs, per, ex.w1(), false, a);  // forward
+      if (swiglu) kernels::GroupedGemm(xs, per, ex.w3(), false, a);
+      kernels::GroupedGemm(hs, per, ex.w2(), false, y);
+      kernels::GroupedGemmWeightGrad(hs, dye, per, gw2, 1.0f, 1.0f);  // backward
       kernels::GroupedGemm(dye, per, ex.w2(), true, a);
-      kernels::GroupedGemmWeightGrad(acts.x, a, per, gw1, 1.0f, 1.0f);
+      kernels::GroupedGemmWeightGrad(xs, a, per, gw1, 1.0f, 1.0f);
       kernels::GroupedGemm(a, per, ex.w1(), true, dx);
       if (swiglu) {
-        kernels::GroupedGemmWeightGrad(acts.x, a, per, gw1, 1.0f, 1.0f);
+        kernels::GroupedGemmWeightGrad(xs, a, per, gw1, 1.0f, 1.0f);
         kernels::GroupedGemm(a, per, ex.w3(), true, dx, 1.0f, 1.0f);
       }
     };

@@ -181,6 +181,13 @@ const std::vector<int64_t>& DispatchPlan::slot() const {
   return slot_;
 }
 
+int64_t DispatchPlan::received_rows() const {
+  if (!device_sized()) return num_received_;
+  SY_CHECK(device().is_cpu()) << "DispatchPlan::received_rows(): a device-sized plan on "
+                              << device() << " keeps its counts there";
+  return offsets_.data<int64_t>()[num_experts_];
+}
+
 void DispatchPlan::ExchangeCounts(dist::Communicator& ep, DeviceContext* ctx) {
   SY_CHECK_EQ(ep.size(), ep_size_) << "plan built for a different ep group";
   if (device_sized()) return;  // one rank: nothing to exchange, the counts stay put

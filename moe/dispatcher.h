@@ -98,6 +98,10 @@ class DispatchPlan {
   const std::vector<int64_t>& recv_rows() const { return recv_rows_; }
   const std::vector<int64_t>& rows_per_local_expert() const { return rows_per_local_expert_; }
   int64_t num_received() const { return num_received_; }
+  // The rows the experts process: num_received(), or a device-sized plan's offsets[E] (its
+  // num_received() is the bound it carries), read on the host: fatal for a device-sized
+  // plan on CUDA, where it would be a wait (tests, benchmarks and tools on the CPU).
+  int64_t received_rows() const;
 
   // Phase 2: all_to_all of the per-expert counts over the ep group (none for ep = 1). A
   // communicator on a CUDA device exchanges them through device memory, ordered on ctx.

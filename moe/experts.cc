@@ -239,19 +239,19 @@ ExpertsActivations Experts::Forward(const Tensor& x, std::span<const int64_t> ro
   return acts;
 }
 
-ExpertsActivations Experts::Forward(const Tensor& x, const Tensor& offsets,
-                                    DeviceContext* ctx) const {
+ExpertsActivations Experts::Forward(const Tensor& x, const Tensor& offsets, DeviceContext* ctx,
+                                    bool zero_past_groups) const {
   SY_CHECK(offsets.defined() && offsets.numel() == options_.num_local + 1)
       << "Experts::Forward: offsets must hold num_local + 1 = " << options_.num_local + 1
       << " entries, got " << offsets.DebugString();
   ExpertsActivations acts;
   acts.offsets = offsets;
-  ForwardInto(x, acts, ctx, kernels::KeepInput::kOperand);
+  ForwardInto(x, acts, ctx, kernels::KeepInput::kOperand, zero_past_groups);
   return acts;
 }
 
 void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceContext* ctx,
-                          kernels::KeepInput keep) const {
+                          kernels::KeepInput keep, bool zero_past_groups) const {
   const int64_t d = options_.d_model, f = options_.d_hidden;
   SY_CHECK(x.ndim() == 2 && x.dim(1) == d)
       << "Experts::Forward: x " << ShapeString(x.shape()) << " for d_model=" << d;
@@ -293,7 +293,8 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
   if (acts.b.defined()) acts.b = kernels::KeepRounded(acts.b, ctx);
   acts.h = kernels::KeptOperand(h, ctx);
 
-  acts.y = Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
+  acts.y = zero_past_groups ? Tensor::Zeros({r, d}, DType::kF32, dev, ctx)
+                           : Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
   groups.Gemm(acts.h, w2_, /*trans_w=*/false, acts.y, 0.0f, ctx);
   if (options_.bias && options_.adds_output_bias) groups.AddBias(acts.y, b2_, ctx);
 }

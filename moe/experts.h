@@ -139,8 +139,10 @@ class Experts {
   // offsets[e + 1]) of x, as kernels/gemm.h's device-sized products take them. Rows from
   // offsets[num_local] on are in no group: y's are not written, Backward's dx's neither.
   // On the CPU the same bits as the host-sized Forward with kAuto (and its Backward).
-  ExpertsActivations Forward(const Tensor& x, const Tensor& offsets,
-                             DeviceContext* ctx = nullptr) const;
+  // zero_past_groups: y's rows past the groups are zeros instead of unwritten (the MoE layer's
+  // dropped rows, which the combine reads as it keeps its rows).
+  ExpertsActivations Forward(const Tensor& x, const Tensor& offsets, DeviceContext* ctx = nullptr,
+                             bool zero_past_groups = false) const;
   // dy (R, d) for acts.y. Adds into every parameter gradient; returns dx (R, d).
   Tensor Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
   // Sets every gradient to zero.
@@ -172,7 +174,7 @@ class Experts {
   Experts(const ExpertsOptions& options, ExpertsParams params, DeviceContext* ctx);
   // Forward's work once acts' groups (rows and schedule, or offsets) are set.
   void ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceContext* ctx,
-                   kernels::KeepInput keep) const;
+                   kernels::KeepInput keep, bool zero_past_groups = false) const;
 
   ExpertsOptions options_;
   Tensor w1_, w2_, w3_, b1_, b2_;

@@ -33,12 +33,12 @@ enum class Dispatcher { kFlat, kHierarchical };
 // (Wang et al.'s proportional variant, their update for softmax scores).
 enum class ExpertBiasUpdate { kSign, kProportional };
 
-// Where the dropless dispatch's per-expert row counts live on one expert-parallel rank
+// Where the dispatch's per-expert row counts live on one expert-parallel rank
 // (moe.dispatch_counts): on the device, read there by the experts' grouped products (no
 // host wait per layer; kernels/gemm.h's device-sized products), or copied to the host for
 // host-sized grouped products (cuBLAS on CUDA; one wait per layer and micro-batch). The
-// results are bit-identical on the CPU. Only one ep rank, no etp and dropless routing can
-// use the device; every other layout copies the counts whatever this says.
+// results are bit-identical on the CPU. Only one ep rank, no etp, no overlap chunks and no
+// replicas can use the device; every other layout copies the counts whatever this says.
 enum class DispatchCounts { kDevice, kHost };
 inline constexpr EnumName<DispatchCounts> kDispatchCountsNames[] = {
     {DispatchCounts::kDevice, "device"}, {DispatchCounts::kHost, "host"}};

@@ -191,12 +191,10 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);
   const OwnRouting own = OwnRowsOf(routed, ctx);
-  // Dropless routing only for now (every assignment kept, so the plan's rows are exactly
-  // the kept ones); the plan itself also carries capacity mode's dropped rows.
   acts.device_counts = config_.dispatch_counts == DispatchCounts::kDevice &&
-                       ep_->size() == 1 && !etp_ && !replicas_ && config_.overlap_chunks <= 1 &&
-                       routed.all_admitted;
+                       ep_->size() == 1 && !etp_ && !replicas_ && config_.overlap_chunks <= 1;
   if (acts.device_counts) {
+    acts.all_kept = routed.all_admitted;
     // At most C kept per expert and group, and never more than every assignment.
     const int64_t capacity =
         ExpertCapacity(training ? config_.capacity_factor : config_.eval_capacity_factor,
@@ -261,7 +259,11 @@ Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
                             DeviceContext* ctx) const {
   if (acts.destinations.defined()) return RunWithReplicas(grouped, acts, ctx);
   if (acts.plan->device_sized()) {
-    acts.experts = experts_.Forward(grouped, acts.plan->offsets(), ctx);
+    // Rows past the kept ones (dropped assignments the plan carries) get zero outputs, so
+    // the combine's kept rows hold no unwritten memory.
+    const bool may_drop = acts.device_rows < acts.plan->num_tokens() * acts.plan->top_k() ||
+                          !acts.all_kept;
+    acts.experts = experts_.Forward(grouped, acts.plan->offsets(), ctx, may_drop);
     return acts.experts.y;
   }
   const std::vector<int64_t>& rows = acts.plan->rows_per_local_expert();

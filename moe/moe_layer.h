@@ -80,6 +80,7 @@ struct MoEActivations {
   // assignments) and the device-sized experts.
   bool device_counts = false;
   int64_t device_rows = 0;
+  bool all_kept = false;  // dropless admission kept every assignment (RoutedGroups)
   ExpertsActivations experts;
   Tensor expert_out;                               // (A, d) expert outputs back in expert order
                                                    // (bf16 under bf16 activation storage)

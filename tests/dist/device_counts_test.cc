@@ -141,37 +141,44 @@ TEST_F(DeviceCountsTest, ReadbacksPerStepBySite) {
 }
 
 // Capacity routing (the tiny config's moe.capacity_factor 1.25): the admitted counts go to
-// the step's readback too (no "moe.admission" wait); the dispatch plan's counts are still
-// host sizes there, one wait per MoE layer and micro-batch.
-TEST_F(DeviceCountsTest, CapacityAdmissionReadsNothingBack) {
+// the step's readback too (no "moe.admission" wait), and the device-sized plan carries the
+// capacity's bound of rows: one readback per step. With the counts on the host, the plan's
+// sort waits once per MoE layer and micro-batch.
+TEST_F(DeviceCountsTest, CapacityRoutingReadsBackOncePerStep) {
   if (!is_root()) return;
-  auto trainer = TrainProfiled({}, dir("counts_capacity"), kSteps);
-  ASSERT_NE(trainer, nullptr);
   const int64_t groups = kMoELayers * kMicroBatches;
-  const std::map<std::string, int64_t> want = {{"moe.sort_assignments", groups},
-                                               {"step_end", 1}};
-  for (const DeviceCounts& c : trainer->profile()->step_counts()) {
-    std::map<std::string, int64_t> sites = c.readback_sites;
-    sites.erase("routing_record");
-    EXPECT_EQ(sites, want) << Sites(c);
+  for (const char* counts : {"device", "host"}) {
+    SCOPED_TRACE(counts);
+    auto trainer = TrainProfiled({StrCat("moe.dispatch_counts=", counts)},
+                                 dir(StrCat("counts_capacity_", counts)), kSteps);
+    ASSERT_NE(trainer, nullptr);
+    std::map<std::string, int64_t> want = {{"step_end", 1}};
+    if (std::string(counts) == "host") want["moe.sort_assignments"] = groups;
+    for (const DeviceCounts& c : trainer->profile()->step_counts()) {
+      std::map<std::string, int64_t> sites = c.readback_sites;
+      sites.erase("routing_record");
+      EXPECT_EQ(sites, want) << Sites(c);
+    }
   }
 }
 
 // The dispatch counts on the device or on the host: the same training, bit for bit (the CPU
-// runs the same products on the same rows either way), in f32 and in bf16 with gelu experts
-// with biases (the device-sized bias add and bias gradient) and swiglu experts.
+// runs the same products on the same rows either way), dropless in f32 and in bf16 with gelu
+// experts with biases (the device-sized bias add and bias gradient) and swiglu experts, and
+// top-2 at capacity 1 (dropped rows carried past the kept ones).
 TEST_F(DeviceCountsTest, DeviceDispatchCountsAreBitIdentical) {
   if (!is_root()) return;
   constexpr int64_t kBitSteps = 3;
   const std::vector<std::vector<std::string>> cases = {
-      {"runtime.precision=fp32", "moe.bias=true"},
-      {"runtime.precision=bf16", "moe.activation=swiglu", "model.activation=swiglu"},
+      {"runtime.precision=fp32", "moe.bias=true", "moe.capacity_factor=0"},
+      {"runtime.precision=bf16", "moe.activation=swiglu", "model.activation=swiglu",
+       "moe.capacity_factor=0"},
+      {"runtime.precision=bf16", "moe.top_k=2", "moe.capacity_factor=1", "moe.bias=true",
+       "moe.drop_policy=probability"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(StrCat("case ", i));
     std::vector<std::string> on = cases[i], off = cases[i];
-    on.push_back("moe.capacity_factor=0");
-    off.push_back("moe.capacity_factor=0");
     on.push_back("moe.dispatch_counts=device");
     off.push_back("moe.dispatch_counts=host");
     auto device = TrainProfiled(on, dir(StrCat("dispatch_device", i)), kBitSteps);
@@ -209,23 +216,31 @@ TEST_F(DeviceCountsTest, Bf16WeightsConvertedOncePerStep) {
   const int64_t elements = kMoELayers * (4 * d * d + 2 * experts * d * d_expert) + vocab * d;
   ASSERT_EQ(weights, 13);
   ASSERT_EQ(elements, 49152);
+  // The experts' weights alone: the device-sized products round them as they load them.
+  const int64_t expert_weights = kMoELayers * 2;
+  const int64_t expert_elements = kMoELayers * 2 * experts * d * d_expert;
+  for (const char* counts : {"host", "device"}) {
   for (bool shadows : {true, false}) {
-    SCOPED_TRACE(shadows ? "shadows on" : "shadows off");
-    auto trainer = TrainProfiled({"runtime.precision=bf16"},
-                                 dir(shadows ? "counts_bf16" : "counts_bf16_noshadow"), kSteps,
-                                 shadows);
+    SCOPED_TRACE(StrCat(shadows ? "shadows on" : "shadows off", ", moe.dispatch_counts=", counts));
+    const bool in_kernel = std::string(counts) == "device";
+    auto trainer = TrainProfiled({"runtime.precision=bf16", StrCat("moe.dispatch_counts=", counts)},
+                                 dir(StrCat(shadows ? "counts_bf16_" : "counts_bf16_noshadow_",
+                                            counts)),
+                                 kSteps, shadows);
     ASSERT_NE(trainer, nullptr);
     for (const DeviceCounts& c : trainer->profile()->step_counts()) {
       // Without shadows each micro-batch's forward product and input-gradient product
-      // convert the weight again.
+      // convert the weight again, but for the experts' under device-sized products.
       const int64_t uses = shadows ? 1 : 2 * kMicroBatches;
-      EXPECT_EQ(c.weight_conversion_calls, weights * uses);
-      EXPECT_EQ(c.weight_conversion_elements, elements * uses);
+      const bool skip = !shadows && in_kernel;
+      EXPECT_EQ(c.weight_conversion_calls, (weights - (skip ? expert_weights : 0)) * uses);
+      EXPECT_EQ(c.weight_conversion_elements, (elements - (skip ? expert_elements : 0)) * uses);
       // The other f32 -> bf16 conversions are the activations and gradients, the same
       // number either way.
       const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
       EXPECT_GT(c.conversion_calls[f32][bf16], c.weight_conversion_calls);
     }
+  }
   }
 }
 
@@ -267,29 +282,39 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 // backward (2; dlogits, the largest operand, was converted once per product, 3, before). bf16
 // storage reads each block's a and combine rows back as f32 once each (bf16 -> f32; the tiny
 // model's head_dim 16 keeps the exact attention, which never reads o.x back). Plus the 13
-// weight shadows.
+// weight shadows. That is with the host-sized expert products (moe.dispatch_counts: host);
+// the device-sized ones round f32 operands as they load them, so under f32 storage the
+// experts' forward converts nothing and their backward only dy and da (its MatmulOperands):
+// 4 + 0 + 2 + 8 per block; bf16 storage is unchanged.
 TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
   if (!is_root()) return;
   const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
   const int64_t weights = 13, head = 1 + 2;
   const int64_t per_mb_f32 = kMoELayers * (4 + 2 + 4 + 8) + head;
   const int64_t per_mb_bf16 = kMoELayers * (2 + 4 + 2 + 4) + head;
+  const int64_t per_mb_f32_device = kMoELayers * (4 + 0 + 2 + 8) + head;
   ASSERT_EQ(per_mb_f32, 39);
   ASSERT_EQ(per_mb_bf16, 27);
+  ASSERT_EQ(per_mb_f32_device, 31);
+  for (const char* counts : {"host", "device"}) {
   for (bool stored_bf16 : {false, true}) {
-    SCOPED_TRACE(stored_bf16 ? "bf16 storage" : "f32 storage");
-    std::vector<std::string> overrides = {"runtime.precision=bf16"};
+    SCOPED_TRACE(StrCat(stored_bf16 ? "bf16 storage" : "f32 storage", ", ", counts));
+    const bool in_kernel = std::string(counts) == "device";
+    std::vector<std::string> overrides = {"runtime.precision=bf16",
+                                          StrCat("moe.dispatch_counts=", counts)};
     if (stored_bf16) overrides.push_back("runtime.activation_dtype=bf16");
-    auto trainer = TrainProfiled(overrides, dir(stored_bf16 ? "storage_bf16" : "storage_f32"),
-                                 kSteps);
+    auto trainer = TrainProfiled(
+        overrides, dir(StrCat(stored_bf16 ? "storage_bf16_" : "storage_f32_", counts)), kSteps);
     ASSERT_NE(trainer, nullptr);
     ASSERT_EQ(trainer->profile()->step_counts().size(), static_cast<size_t>(kSteps));
     for (const DeviceCounts& c : trainer->profile()->step_counts()) {
       EXPECT_EQ(c.weight_conversion_calls, weights);
-      EXPECT_EQ(c.conversion_calls[f32][bf16],
-                weights + kMicroBatches * (stored_bf16 ? per_mb_bf16 : per_mb_f32));
+      const int64_t per_mb =
+          stored_bf16 ? per_mb_bf16 : (in_kernel ? per_mb_f32_device : per_mb_f32);
+      EXPECT_EQ(c.conversion_calls[f32][bf16], weights + kMicroBatches * per_mb);
       EXPECT_EQ(c.conversion_calls[bf16][f32], stored_bf16 ? 2 * kMicroBatches * kMoELayers : 0);
     }
+  }
   }
 }
 

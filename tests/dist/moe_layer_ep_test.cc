@@ -326,7 +326,7 @@ void CheckLayout(const Case& c, dist::Communicator& world, dist::Communicator& e
   }
 
   // Rows my experts received, summed over the ep groups (edp), are TokensPerEpRank's.
-  Tensor received = Tensor::FromVector<int64_t>({out.acts.plan->num_received()}, {1});
+  Tensor received = Tensor::FromVector<int64_t>({out.acts.plan->received_rows()}, {1});
   if (edp) edp->AllReduce(received, dist::ReduceOp::kSum);
   EXPECT_EQ(received.data<int64_t>()[0], stats.TokensPerEpRank(ep.size())[ep.rank()]);
   if (me == 0) {

@@ -27,9 +27,13 @@
 #include "kernels/gemm.h"
 #include "kernels/random.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/grouped_gemm_bound.h"
 
 namespace switchyard::kernels {
 namespace {
+
+using grouped_test::Gamma;
+using grouped_test::ReadValues;
 
 constexpr double kRel = 1e-5;  // of sum |a||b| (+ |beta c|): f32 sums in another order
 
@@ -273,24 +277,7 @@ TEST(GroupedGemmGpuTest, EmptyInnerDimension) {
 
 constexpr uint32_t kSentinel = 0x7fc12345u;  // a NaN payload: out's rows past offsets[G]
 
-double Gamma(int64_t m) {
-  const double mu = static_cast<double>(m) * std::ldexp(1.0, -24);
-  return mu / (1.0 - mu);
-}
 
-// The values a product reads from host tensor t: bf16 widened, f32 rounded in bf16 mode.
-std::vector<double> ReadValues(const Tensor& t, DType mode) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (t.dtype() == DType::kBF16) {
-      v[i] = static_cast<float>(t.data<BFloat16>()[i]);
-    } else {
-      const float f = t.data<float>()[i];
-      v[i] = mode == DType::kBF16 ? static_cast<float>(BFloat16(f)) : f;
-    }
-  }
-  return v;
-}
 
 // Rows from `from` on of a host 2-d tensor set to NaN (f32 or bf16): a kernel that reads them
 // shows it.

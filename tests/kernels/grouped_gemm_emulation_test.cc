@@ -30,6 +30,7 @@
 #include "engine/core/tensor.h"
 #include "kernels/gemm.h"
 #include "kernels/random.h"
+#include "tests/kernels/grouped_gemm_bound.h"
 // Last: the host model defines CUDA's qualifiers as macros.
 #include "tests/kernels/cuda_emulation.h"
 
@@ -41,6 +42,9 @@ alignas(128) unsigned char smem[64 * 1024];  // the kernels' shared memory
 
 namespace switchyard::kernels {
 namespace {
+
+using grouped_test::Gamma;
+using grouped_test::ReadValues;
 
 namespace grouped = cuda::grouped;
 template <bool kAKm, bool kBNk>
@@ -167,26 +171,9 @@ Tensor Random(const Shape& shape, uint64_t stream, DType dtype, int64_t nan_from
   return t;
 }
 
-// The values a product reads from t: bf16 widened, f32 rounded to bf16 in bf16 mode.
-std::vector<double> ReadValues(const Tensor& t, DType mode) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (t.dtype() == DType::kBF16) {
-      v[i] = static_cast<float>(t.data<BFloat16>()[i]);
-    } else {
-      const float f = t.data<float>()[i];
-      v[i] = mode == DType::kBF16 ? static_cast<float>(BFloat16(f)) : f;
-    }
-  }
-  return v;
-}
 
 std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
 
-double Gamma(int64_t m) {
-  const double mu = static_cast<double>(m) * std::ldexp(1.0, -24);
-  return mu / (1.0 - mu);
-}
 
 // Offsets of consecutive groups of rows[g] rows.
 Tensor OffsetsOf(const std::vector<int64_t>& rows) {
