@@ -116,6 +116,13 @@ struct MoEConfig {
   // overlap_chunks chunks of whole experts fit an ep-way split (at most E / ep); an error
   // naming moe.overlap_chunks, moe.num_experts and parallel.ep otherwise.
   Status CheckOverlapChunks(int64_t ep) const;
+  // Whether a layer's dispatch keeps its per-expert counts on the device (dispatch_counts,
+  // and a layout that allows it: one ep rank, no etp, no overlap chunks, no replicas). The
+  // MoE layer and the dry-run's memory estimate both ask this.
+  bool DeviceDispatchCounts(int64_t ep, int64_t etp) const {
+    return dispatch_counts == DispatchCounts::kDevice && ep == 1 && etp == 1 &&
+           overlap_chunks <= 1 && replicate_hot_experts == 0;
+  }
   // Whether decoder layer i is an MoE layer (MODEL.md section 1).
   bool IsMoELayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }

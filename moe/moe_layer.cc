@@ -191,8 +191,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);
   const OwnRouting own = OwnRowsOf(routed, ctx);
-  acts.device_counts = config_.dispatch_counts == DispatchCounts::kDevice &&
-                       ep_->size() == 1 && !etp_ && !replicas_ && config_.overlap_chunks <= 1;
+  acts.device_counts = config_.DeviceDispatchCounts(ep_->size(), etp_size()) && !replicas_;
   if (acts.device_counts) {
     acts.all_kept = routed.all_admitted;
     // At most C kept per expert and group, and never more than every assignment.

@@ -140,20 +140,25 @@ void AddLayers(const config::Config& c, const Shape& s, double bytes, Activation
     const double norm2 = s.bf16 && !is_moe ? stats_only : s.norm;
     const double kept = norm1 + attention.kept + residual + norm2 + (is_moe ? moe.kept : mlp.kept);
     const double scratch = std::max(attention.backward, is_moe ? moe.backward : mlp.backward);
+    // A device-sized dispatch plan also keeps its (E + 1) i64 offsets per micro-batch.
+    const double offsets =
+        is_moe && c.moe.DeviceDispatchCounts(c.parallel.ep, c.parallel.expert_tp())
+            ? 8.0 * double(c.moe.num_experts + 1)
+            : 0.0;
     switch (c.train.recompute) {
       case model::Recompute::kNone:
-        a.layer.push_back(bytes * kept);
+        a.layer.push_back(bytes * kept + offsets);
         a.layer_backward.push_back(bytes * scratch);
         break;
       case model::Recompute::kSelective:  // the core attention output and its lse go (and
                                           // come back in f32)
-        a.layer.push_back(bytes * (kept - s.half * s.q - s.hq / s.P));
+        a.layer.push_back(bytes * (kept - s.half * s.q - s.hq / s.P) + offsets);
         a.layer_backward.push_back(bytes * (scratch + s.q + s.hq / s.P));
         break;
       case model::Recompute::kFull:  // the layer's output (the next one's input) stays;
                                      // Backward rebuilds the rest one block at a time
         a.layer.push_back(bytes * s.d * s.rows);
-        a.layer_backward.push_back(bytes * (kept + scratch));
+        a.layer_backward.push_back(bytes * (kept + scratch) + offsets);
         break;
     }
   }

@@ -277,10 +277,12 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
 // and the output 2 x 32, the router's jittered input and noise 2 x 32, logits and probs
 // 2 x 8, k-sized routing tensors 8.5, one admitted row x a h and the combine's row 4 x 32
 // (o.y and the MoE output go once the residual has them); the embedding 32; the head 290
-// (final norm 34, logits gradient 256).
+// (final norm 34, logits gradient 256). Per micro-batch, a MoE layer's device-sized dispatch
+// plan also keeps its (E + 1) i64 offsets: 72 bytes.
 constexpr double kToken = 4.0 * 64;  // bytes per f32 element per token
-constexpr double kStage0 = (32 + 478.5) * kToken;  // embedding + layer 0: 130688
-constexpr double kStage1 = (478.5 + 290) * kToken;  // layer 1 + head: 196736
+constexpr double kOffsets = 8.0 * (8 + 1);
+constexpr double kStage0 = (32 + 478.5) * kToken + kOffsets;  // embedding + layer 0: 130760
+constexpr double kStage1 = (478.5 + 290) * kToken + kOffsets;  // layer 1 + head: 196808
 constexpr double kHidden = 32 * kToken;             // 8192
 constexpr double kTokens = 5 * 4.0 * 64;            // token ids on the CPU: 1280
 // Parameters: wte 8192, wpe 512; a layer 20992 (norms 128, attention 4096 + 128 bias,
@@ -388,7 +390,7 @@ TEST(DryRunTest, PipelineStepWorkspaceByHand) {
   auto single = dist::Mesh::Create(1, one.parallel.MeshSizes());
   ASSERT_TRUE(single.ok());
   EXPECT_DOUBLE_EQ(plan::PredictRankMemory(one, *single, 0).workspace,
-                   kTokens + (32 + 2 * 478.5 + 290) * kToken + 224 * kToken);
+                   kTokens + (32 + 2 * 478.5 + 290) * kToken + 2 * kOffsets + 224 * kToken);
 }
 
 TEST(DryRunTest, CheckCommunicatorOrderNamesTheFirstDifference) {
@@ -448,8 +450,8 @@ TEST(DryRunTest, ReportHasThePipelineSection) {
            "  bubble (analytic, (p-1)/(m+p-1)): 0.2000\n",
            "        0    0  embedding + layers 0-0         ",
            "        1    1  layers 1-1 + head              ",
-           "   127.62 KiB       255.25 KiB\n",  // stage 0: 2 in flight x 130688 B
-           "   192.12 KiB       192.12 KiB\n",  // stage 1: 1 x 196736 B
+           "   127.70 KiB       255.39 KiB\n",  // stage 0: 2 in flight x 130760 B
+           "   192.20 KiB       192.20 KiB\n",  // stage 1: 1 x 196808 B
        }) {
     EXPECT_NE(report.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << report;
   }
