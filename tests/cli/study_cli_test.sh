@@ -52,9 +52,10 @@ print('; '.join(errs) if errs else 'ok')" 2>&1)
 bash "$study" "${args[@]}" >"$tmp/again.out" 2>&1 || fail "second study call: $(tail -3 "$tmp/again.out")"
 [[ $(grep -c "already done" "$tmp/again.out") -eq 2 ]] || fail "second call retrained: $(cat "$tmp/again.out")"
 
-# Bad arguments: one line, exit 2.
+# Bad arguments: one line, exit 2 (with the binary under test, so that a build directory
+# other than build/ does not fail the binary check first).
 for bad in "--grid huge" "--steps 0" "--bogus"; do
-  bash "$study" $bad --out "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
+  bash "$study" --bin "$bin" $bad --out "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
   rc=$?
   [[ $rc -eq 2 && $(wc -l <"$tmp/err") -eq 1 ]] || fail "study $bad: exit $rc, stderr $(cat "$tmp/err")"
 done
