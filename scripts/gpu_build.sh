@@ -6,9 +6,11 @@
 #      built-in CPU sgemm (no OpenBLAS: 36 MiB), our sy_* libraries shared so the ~35 test
 #      binaries do not each carry the CUDA kernels, cudart shared, RPATH $ORIGIN/../lib and
 #      /usr/local/cuda/lib64 (no path of this machine);
-#   2. builds what gpu_run.sh and gpu_bench.sh run: switchyard, every test labelled gpu or unit
-#      (not the cli_ scripts), grouped_gemm_gpu_perf, permute_gpu_perf, attention_gpu_perf, train_batches and
-#      plan_calibrate_gpu;
+#   2. builds what gpu_run.sh and gpu_bench.sh run: switchyard, every test labelled gpu (and
+#      with GPU_PACK_UNIT=1 every one labelled unit, not the cli_ scripts: the CPU unit tests
+#      in the pack's configuration, which no longer fit the 48 MiB with the GPU tests;
+#      CI runs them), grouped_gemm_gpu_perf, permute_gpu_perf, attention_gpu_perf,
+#      train_batches and plan_calibrate_gpu;
 #   3. packs build-gpu/ (BUILD_DIR), the directory to carry: bin/ (stripped), lib/ (our .so
 #      files and every library they need that is not glibc, libgcc_s or CUDA: abseil,
 #      yaml-cpp, SentencePiece, protobuf-lite, zlib, zstd, libstdc++), the CTestTestfile.cmake
@@ -42,7 +44,10 @@ cmake -S . -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
 # The test binaries gpu_run.sh runs (ctest -L gpu; ctest -L unit without the cli_ scripts):
 # tests whose program is a target of ours (not built yet, ctest shows no command for them).
 ninja -C "$tree" -t targets all | sed -n 's/: phony$//p' | sort -u >"$tree/gpu_build.targets"
-mapfile -t tests < <(ctest --test-dir "$tree" --show-only=json-v1 -L 'gpu|unit' | python3 -c '
+pack_unit=${GPU_PACK_UNIT:-0}
+labels=gpu
+[ "$pack_unit" = 1 ] && labels='gpu|unit'
+mapfile -t tests < <(ctest --test-dir "$tree" --show-only=json-v1 -L "$labels" | python3 -c '
 import json, os, sys
 bin_dir, targets = sys.argv[1], set(open(sys.argv[2]).read().split())
 for t in json.load(sys.stdin)["tests"]:
@@ -84,7 +89,8 @@ strip --strip-unneeded "$pack"/bin/* "$pack"/lib/*.so* 2>/dev/null || true
 (cd "$tree" && find . -name CTestTestfile.cmake) | while read -r f; do
   mkdir -p "$pack/$(dirname "$f")" && cp "$tree/$f" "$pack/$f"
 done
-printf 'source=%s\nbuild=%s\narch=%s\n' "$root" "$root/$tree" "$arch" >"$pack/PREBUILT"
+printf 'source=%s\nbuild=%s\narch=%s\nunit=%s\n' "$root" "$root/$tree" "$arch" "$pack_unit" \
+  >"$pack/PREBUILT"
 # The corpus gpu_run.sh and gpu_bench.sh train on: a slice of the fortunes (at most
 # GPU_CORPUS_DOCS documents per file, vocabulary 2000), prepared once into data/fortunes-gpu
 # here with the pack's own switchyard, so the pack stays well under the device tool's limit
