@@ -351,20 +351,8 @@ void CheckDeviceSized(const std::vector<int64_t>& rows, int64_t extra, int64_t k
     Tensor want = out0.Clone(), got = ctx.Up(out0), want_rows = want.Slice(0, used);
     GroupedGemm(ctx.Up(x), offsets_gpu, ctx.Up(w), trans_w, got, alpha, beta, ctx.gpu.get());
     GroupedGemm(x.Slice(0, used), rows, w, trans_w, want_rows, alpha, beta, ctx.cpu.get());
-    std::vector<double> bound(static_cast<size_t>(used * n));
-    for (int64_t e = 0; e < g; ++e) {
-      for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          double s = 0.0;
-          for (int64_t p = 0; p < k; ++p) {
-            const int64_t at = trans_w ? (e * n + j) * k + p : (e * k + p) * n + j;
-            s += std::fabs(xv[i * k + p] * wv[at]);
-          }
-          const double c = beta == 0.0f ? 0.0 : std::fabs(beta * o0[i * n + j]);
-          bound[i * n + j] = 2.0 * Gamma(k + 2) * (std::fabs(alpha) * s + c);
-        }
-      }
-    }
+    const std::vector<double> bound =
+        grouped_test::ForwardBound(xv, wv, offsets, k, n, trans_w, alpha, beta, o0);
     ExpectWithinBound(got, want, bound, used * n, ctx.gpu.get(),
                       "device-sized GroupedGemm trans_w=" + std::to_string(trans_w) + tag);
   }

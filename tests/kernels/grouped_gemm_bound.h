@@ -35,4 +35,29 @@ inline std::vector<double> ReadValues(const Tensor& t, DType mode) {
   return v;
 }
 
+// The forward's bound for each element of out's grouped rows (offsets[G] x n, row-major):
+// groups [offsets[e], offsets[e + 1]), xv (rows, k) and wv (G, k, n), or (G, n, k) when
+// trans_w, as ReadValues gives them, out0 the output before the product (read for beta != 0).
+inline std::vector<double> ForwardBound(const std::vector<double>& xv,
+                                        const std::vector<double>& wv,
+                                        const std::vector<int64_t>& offsets, int64_t k, int64_t n,
+                                        bool trans_w, float alpha, float beta, const float* out0) {
+  const int64_t groups = static_cast<int64_t>(offsets.size()) - 1;
+  std::vector<double> bound(static_cast<size_t>(offsets.back() * n), 0.0);
+  for (int64_t e = 0; e < groups; ++e) {
+    for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (int64_t p = 0; p < k; ++p) {
+          const int64_t at = trans_w ? (e * n + j) * k + p : (e * k + p) * n + j;
+          s += std::fabs(xv[i * k + p] * wv[at]);
+        }
+        const double c = beta == 0.0f ? 0.0 : std::fabs(beta * out0[i * n + j]);
+        bound[i * n + j] = 2.0 * Gamma(k + 2) * (std::fabs(alpha) * s + c);
+      }
+    }
+  }
+  return bound;
+}
+
 }  // namespace switchyard::kernels::grouped_test

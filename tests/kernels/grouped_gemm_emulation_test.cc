@@ -254,22 +254,8 @@ void CheckForward(const Split& split, int64_t k, int64_t n, float alpha, float b
     Tensor got = out0.Clone(), want = out0.Clone();
     EmulatedGroupedGemm(x, offsets, w, trans_w, got, alpha, beta, mode);
     cpu::GroupedGemm(x, split.rows, w, trans_w, want, alpha, beta, mode, GroupSchedule::kSplit);
-    std::vector<double> bound(static_cast<size_t>(r * n), 0.0);
-    int64_t row = 0;
-    for (int64_t e = 0; e < g; ++e) {
-      for (int64_t i = row; i < row + split.rows[e]; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          double s = 0.0;
-          for (int64_t p = 0; p < k; ++p) {
-            const int64_t at = trans_w ? (e * n + j) * k + p : (e * k + p) * n + j;
-            s += std::fabs(xv[i * k + p] * wv[at]);
-          }
-          const double c = beta == 0.0f ? 0.0 : std::fabs(beta * o0[i * n + j]);
-          bound[i * n + j] = 2.0 * Gamma(k + 2) * (std::fabs(alpha) * s + c);
-        }
-      }
-      row += split.rows[e];
-    }
+    const std::vector<double> bound = grouped_test::ForwardBound(
+        xv, wv, offsets.ToVector<int64_t>(), k, n, trans_w, alpha, beta, o0);
     const double used_frac = ExpectWithin(got, want, bound, 0, used * n, "GroupedGemm " + what);
     ExpectSentinel(got, used * n, "GroupedGemm " + what);
     worst_used = std::max(worst_used, used_frac);
