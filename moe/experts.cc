@@ -301,9 +301,11 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
 
 Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, DeviceContext* ctx) {
   // The output itself is not read (the MoE layer lets it go once combined).
-  int64_t rows_total = acts.x.defined() ? acts.x.dim(0) : -1;
-  if (!acts.offsets.defined()) {
-    rows_total = 0;
+  // Device-sized groups: every row of x (those past the groups included); else the counts.
+  int64_t rows_total = 0;
+  if (acts.offsets.defined()) {
+    rows_total = acts.x.dim(0);
+  } else {
     for (int64_t n : acts.rows) rows_total += n;
   }
   SY_CHECK(acts.h.defined() && dy.shape() == (Shape{rows_total, options_.d_model}))

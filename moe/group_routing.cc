@@ -143,6 +143,7 @@ void AdmitGroups(RoutedGroups& routed, double capacity_factor, const MoEConfig& 
                             config.second_expert_policy != SecondExpertPolicy::kRandom &&
                             routed.balance.size() == routed.router.size();
   routed.all_admitted = all_admitted;
+  routed.capacity = capacity;
   for (size_t g = 0; g < routed.router.size(); ++g) {
     const RouterOutput& r = routed.router[g];
     if (all_admitted) {

@@ -84,6 +84,7 @@ struct RoutedGroups {
   std::vector<PendingSum> lse_sq;
   std::vector<Admission> admission;      // (G) the whole groups' admission (AdmitGroups)
   bool all_admitted = false;  // AdmitGroups kept every assignment without a pass (dropless)
+  int64_t capacity = 0;       // AdmitGroups' C per expert and group (kDropless: none)
   // A non-contiguous GroupLayout only: own_rows (T/P) i64, the group token of each of this
   // rank's rows (on `device`); undefined for contiguous groups.
   Tensor own_rows;

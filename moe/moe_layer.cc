@@ -8,7 +8,6 @@
 
 #include "engine/core/profile.h"
 #include "kernels/activation_storage.h"
-#include "moe/capacity.h"
 
 namespace switchyard::moe {
 
@@ -195,12 +194,10 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   if (acts.device_counts) {
     acts.all_kept = routed.all_admitted;
     // At most C kept per expert and group, and never more than every assignment.
-    const int64_t capacity =
-        ExpertCapacity(training ? config_.capacity_factor : config_.eval_capacity_factor,
-                       routed.group_tokens, config_.top_k, config_.num_experts);
     const int64_t all = own.experts.numel();
-    acts.device_rows =
-        capacity < 0 ? all : std::min(all, routed.groups * config_.num_experts * capacity);
+    acts.device_rows = routed.capacity < 0
+                           ? all
+                           : std::min(all, routed.groups * config_.num_experts * routed.capacity);
   }
   acts.experts_all = own.experts;
   acts.gates = own.gates;
@@ -258,11 +255,9 @@ Tensor MoELayer::RunExperts(const Tensor& grouped, MoEActivations& acts,
                             DeviceContext* ctx) const {
   if (acts.destinations.defined()) return RunWithReplicas(grouped, acts, ctx);
   if (acts.plan->device_sized()) {
-    // Rows past the kept ones (dropped assignments the plan carries) get zero outputs, so
-    // the combine's kept rows hold no unwritten memory.
-    const bool may_drop = acts.device_rows < acts.plan->num_tokens() * acts.plan->top_k() ||
-                          !acts.all_kept;
-    acts.experts = experts_.Forward(grouped, acts.plan->offsets(), ctx, may_drop);
+    // Unless every assignment was kept, rows past the kept ones (dropped assignments the
+    // plan carries) get zero outputs, so the combine's rows hold no unwritten memory.
+    acts.experts = experts_.Forward(grouped, acts.plan->offsets(), ctx, !acts.all_kept);
     return acts.experts.y;
   }
   const std::vector<int64_t>& rows = acts.plan->rows_per_local_expert();

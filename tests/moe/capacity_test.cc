@@ -249,7 +249,9 @@ TEST(AdmissionTest, IntoTheStepReadbackEqualsTheHostAdmission) {
         EXPECT_EQ(slots[2 + e], static_cast<double>(want.counts_after[e])) << "expert " << e;
       }
       EXPECT_EQ(slots[2 + E], 0.0);
-      if (capacity == 3) EXPECT_GT(want.dropped, 0) << "the case drops";
+      if (capacity == 3) {
+        EXPECT_GT(want.dropped, 0) << "the case drops";
+      }
     }
   }
 }
