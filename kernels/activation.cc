@@ -115,8 +115,8 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
 // The device-sized ops: the (G + 1) offsets checked (their values too on the CPU, where the
 // host-sized op then runs on the grouped rows).
 namespace {
-std::vector<int64_t> OffsetCounts(const char* op, const Tensor& rowwise, const Tensor& offsets,
-                                  const Tensor& bias, const Tensor& out) {
+void CheckOffsetArgs(const char* op, const Tensor& rowwise, const Tensor& offsets,
+                     const Tensor& bias, const Tensor& out) {
   SY_CHECK(out.defined()) << op << ": the output is undefined";
   CheckTensorOn(rowwise, DType::kF32, out.device(), op, "the row tensor");
   CheckTensorOn(bias, DType::kF32, out.device(), op, "the bias");
@@ -125,11 +125,16 @@ std::vector<int64_t> OffsetCounts(const char* op, const Tensor& rowwise, const T
            offsets.ndim() == 1 && offsets.numel() == bias.dim(0) + 1)
       << op << " shapes: rows-tensor " << ShapeString(rowwise.shape()) << ", bias "
       << ShapeString(bias.shape()) << ", offsets " << ShapeString(offsets.shape());
+}
+
+// The CPU's rows per group from the offsets' values, checked when the op runs (a recorded op
+// reads them at replay).
+std::vector<int64_t> OffsetCounts(const char* op, const Tensor& rowwise, const Tensor& offsets,
+                                  int64_t groups) {
   std::vector<int64_t> counts;
-  if (!out.device().is_cpu()) return counts;
   const int64_t* o = offsets.data<int64_t>();
   SY_CHECK_EQ(o[0], 0) << op << ": offsets[0] = " << o[0];
-  for (int64_t g = 0; g < bias.dim(0); ++g) {
+  for (int64_t g = 0; g < groups; ++g) {
     SY_CHECK(o[g + 1] >= o[g] && o[g + 1] <= rowwise.dim(0))
         << op << ": offsets[" << g + 1 << "] = " << o[g + 1] << " after " << o[g];
     counts.push_back(o[g + 1] - o[g]);
@@ -139,8 +144,9 @@ std::vector<int64_t> OffsetCounts(const char* op, const Tensor& rowwise, const T
 }  // namespace
 
 void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, DeviceContext* ctx) {
-  const std::vector<int64_t> rows = OffsetCounts("GroupedAddBias", out, offsets, bias, out);
-  auto on_cpu = [&] {
+  CheckOffsetArgs("GroupedAddBias", out, offsets, bias, out);
+  auto on_cpu = [=]() mutable {
+    const std::vector<int64_t> rows = OffsetCounts("GroupedAddBias", out, offsets, bias.dim(0));
     Tensor used = out.Slice(0, offsets.data<int64_t>()[bias.dim(0)]);
     cpu::GroupedAddBias(used, rows, bias);
   };
@@ -149,8 +155,9 @@ void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, Devi
 
 void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
                      DeviceContext* ctx) {
-  const std::vector<int64_t> rows = OffsetCounts("GroupedBiasGrad", dy, offsets, dbias, dbias);
-  auto on_cpu = [&] {
+  CheckOffsetArgs("GroupedBiasGrad", dy, offsets, dbias, dbias);
+  auto on_cpu = [=]() mutable {
+    const std::vector<int64_t> rows = OffsetCounts("GroupedBiasGrad", dy, offsets, dbias.dim(0));
     cpu::GroupedBiasGrad(dy.Slice(0, offsets.data<int64_t>()[dbias.dim(0)]), rows, dbias, beta);
   };
   SY_DISPATCH_DEVICE(dbias, ctx, on_cpu(),

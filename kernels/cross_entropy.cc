@@ -43,7 +43,7 @@ int64_t CountTargets(const Tensor& targets, int32_t ignore_index, DeviceContext*
   SY_CHECK(targets.defined()) << "CountTargets: targets is undefined";
   CheckTensorOn(targets, DType::kI32, targets.device(), "CountTargets", "targets", "targets");
   int64_t count = 0;
-  SY_DISPATCH_DEVICE(targets, ctx, count = cpu::CountTargets(targets, ignore_index),
+  SY_DISPATCH_DEVICE_NOW(targets, ctx, count = cpu::CountTargets(targets, ignore_index),
                      count = cuda::CountTargets(targets, ignore_index, ctx));
   counters::CountReadback("cross_entropy.count_targets");
   return count;
@@ -55,7 +55,7 @@ CrossEntropySums CrossEntropyForward(const Tensor& logits, const Tensor& targets
   SY_CHECK(logits.defined()) << kOp << ": logits is undefined";
   CheckArgs(logits, targets, nullptr, logits.device(), kOp);
   CrossEntropySums sums;
-  SY_DISPATCH_DEVICE(
+  SY_DISPATCH_DEVICE_NOW(
       logits, ctx, sums = cpu::CrossEntropy(logits, targets, nullptr, 0.0, ignore_index, kOp),
       sums = cuda::CrossEntropy(logits, targets, nullptr, 0.0, ignore_index, kOp, ctx));
   counters::CountReadback("cross_entropy");
@@ -69,7 +69,7 @@ CrossEntropySums CrossEntropyForwardBackward(const Tensor& logits, const Tensor&
   SY_CHECK(dlogits.defined()) << kOp << ": dlogits is undefined";
   CheckArgs(logits, targets, &dlogits, dlogits.device(), kOp);
   CrossEntropySums sums;
-  SY_DISPATCH_DEVICE(
+  SY_DISPATCH_DEVICE_NOW(
       dlogits, ctx,
       sums = cpu::CrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, kOp),
       sums = cuda::CrossEntropy(logits, targets, &dlogits, grad_scale, ignore_index, kOp, ctx));

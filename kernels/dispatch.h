@@ -17,10 +17,34 @@
 #endif
 
 // Runs `call_cpu` for a host tensor `out`, else `call_cuda` with a matching `ctx`; counts
-// one kernel dispatch (engine/core/counters.h) either way.
+// one kernel dispatch (engine/core/counters.h) either way. While a host `ctx` captures
+// (engine/core/captured_work.h), `call_cpu` is recorded with copies of what it names and
+// runs at each replay: so it may only write through tensors: an assignment to a host variable would be lost
+// (ops that return a host value use SY_DISPATCH_DEVICE_NOW; they are readbacks, which a
+// capture refuses anyway).
 #define SY_DISPATCH_DEVICE(out, ctx, call_cpu, call_cuda)                              \
   do {                                                                                 \
     ::switchyard::counters::CountDispatch();                                           \
+    if ((out).device().is_cpu()) {                                                     \
+      ::switchyard::DeviceContext* const sy_dispatch_ctx = (ctx);                      \
+      if (sy_dispatch_ctx != nullptr && sy_dispatch_ctx->capturing()) {               \
+        sy_dispatch_ctx->Record([=]() mutable { call_cpu; });                             \
+      } else {                                                                         \
+        call_cpu;                                                                      \
+      }                                                                                \
+    } else {                                                                           \
+      SY_CHECK((ctx) != nullptr && (ctx)->device() == (out).device())                  \
+          << "a CUDA kernel needs the DeviceContext of " << (out).device().ToString(); \
+      SY_CUDA_BRANCH(call_cuda);                                                       \
+    }                                                                                  \
+  } while (0)
+
+// SY_DISPATCH_DEVICE for an op whose result comes back to the host (it assigns a host
+// variable): never recorded; the op counts its readback, which a capture refuses.
+#define SY_DISPATCH_DEVICE_NOW(out, ctx, call_cpu, call_cuda)                          \
+  do {                                                                                 \
+    ::switchyard::counters::CountDispatch();                                           \
+    ::switchyard::capture::CheckNotCapturing("an op returning a host value");          \
     if ((out).device().is_cpu()) {                                                     \
       call_cpu;                                                                        \
     } else {                                                                           \

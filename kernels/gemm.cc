@@ -63,15 +63,19 @@ Tensor ResolveOperand(const Tensor& t, DType dtype, bool reads, DeviceContext* c
 // offsets: (groups + 1) i64 on `device`. On the CPU also its values: 0 first,
 // nondecreasing, the last at most `rows`; returns the counts (empty on CUDA, where the host
 // does not read them).
-std::vector<int64_t> CheckOffsets(const Tensor& offsets, int64_t groups, int64_t rows,
-                                  Device device, const char* op) {
+void CheckOffsets(const Tensor& offsets, int64_t groups, Device device, const char* op) {
   SY_CHECK(offsets.defined() && offsets.dtype() == DType::kI64 && offsets.ndim() == 1 &&
            offsets.numel() == groups + 1)
       << op << ": offsets must be (" << groups + 1 << ") i64, got " << offsets.DebugString();
   SY_CHECK(offsets.device() == device)
       << op << ": offsets are on " << offsets.device() << " but the output is on " << device;
+}
+
+// The rows of each group from host offsets, checked. Read when the op runs (inside the CPU
+// branch, so a recorded op reads them at replay).
+std::vector<int64_t> HostOffsetRows(const Tensor& offsets, int64_t groups, int64_t rows,
+                                    const char* op) {
   std::vector<int64_t> counts;
-  if (!device.is_cpu()) return counts;
   const int64_t* o = offsets.data<int64_t>();
   SY_CHECK_EQ(o[0], 0) << op << ": offsets[0] = " << o[0];
   for (int64_t g = 0; g < groups; ++g) {
@@ -208,12 +212,13 @@ void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool t
   SY_CHECK(trans_w ? (w.dim(1) == n && w.dim(2) == k) : (w.dim(1) == k && w.dim(2) == n))
       << "GroupedGemm: w " << ShapeString(w.shape()) << (trans_w ? "^T" : "") << " for k=" << k
       << ", n=" << n;
-  const std::vector<int64_t> rows = CheckOffsets(offsets, w.dim(0), x.dim(0), out.device(), kOp);
+  CheckOffsets(offsets, w.dim(0), out.device(), kOp);
   const DType dtype = MatmulDType(x, w, ctx);
   const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
   const Tensor rx = ResolveOperand(x, dtype, reads, ctx, /*in_kernel=*/true);
   const Tensor rw = ResolveOperand(w, dtype, reads, ctx, /*in_kernel=*/true);
-  auto on_cpu = [&] {
+  auto on_cpu = [=]() mutable {
+    const std::vector<int64_t> rows = HostOffsetRows(offsets, w.dim(0), x.dim(0), kOp);
     const int64_t used = offsets.data<int64_t>()[w.dim(0)];
     Tensor used_out = out.Slice(0, used);
     cpu::GroupedGemm(rx.Slice(0, used), rows, rw, trans_w, used_out, alpha, beta, dtype,
@@ -234,13 +239,13 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offs
   SY_CHECK(x.dim(0) == dy.dim(0) && dw.dim(1) == k && dw.dim(2) == n)
       << "GroupedGemmWeightGrad shapes: x " << ShapeString(x.shape()) << ", dy "
       << ShapeString(dy.shape()) << ", dw " << ShapeString(dw.shape());
-  const std::vector<int64_t> rows =
-      CheckOffsets(offsets, dw.dim(0), x.dim(0), dw.device(), kOp);
+  CheckOffsets(offsets, dw.dim(0), dw.device(), kOp);
   const DType dtype = MatmulDType(x, dy, ctx);
   const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
   const Tensor rx = ResolveOperand(x, dtype, reads, ctx, /*in_kernel=*/true);
   const Tensor rdy = ResolveOperand(dy, dtype, reads, ctx, /*in_kernel=*/true);
-  auto on_cpu = [&] {
+  auto on_cpu = [=]() mutable {
+    const std::vector<int64_t> rows = HostOffsetRows(offsets, dw.dim(0), x.dim(0), kOp);
     const int64_t used = offsets.data<int64_t>()[dw.dim(0)];
     cpu::GroupedGemmWeightGrad(rx.Slice(0, used), rdy.Slice(0, used), rows, dw, alpha, beta,
                                dtype, GroupSchedule::kAuto);

@@ -196,7 +196,7 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
                   Tensor* dlogits, DeviceContext* ctx) {
   CheckZLoss(logits, group_tokens, dlogits, "RouterZLoss");
   float z = 0.0f;
-  SY_DISPATCH_DEVICE(logits, ctx, z = cpu::RouterZLoss(logits, coef, grad, group_tokens, dlogits),
+  SY_DISPATCH_DEVICE_NOW(logits, ctx, z = cpu::RouterZLoss(logits, coef, grad, group_tokens, dlogits),
                      z = cuda::RouterZLoss(logits, coef, grad, group_tokens, dlogits,
                                            /*want_value=*/true, ctx));
   counters::CountReadback("moe.z_loss");
@@ -268,7 +268,7 @@ AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, con
   CheckAdmission(indices, gates, keep, num_experts, order, offsets, kept, position,
                  "AdmitAssignments");
   AdmissionCounts counts;
-  SY_DISPATCH_DEVICE(kept, ctx,
+  SY_DISPATCH_DEVICE_NOW(kept, ctx,
                      counts = cpu::AdmitAssignments(indices, gates, keep, num_experts, capacity,
                                                     order, offsets, kept, position),
                      counts = cuda::AdmitAssignments(indices, gates, keep, num_experts,
@@ -284,7 +284,7 @@ void AdmitAssignmentsInto(const Tensor& indices, const Tensor& gates, const Tens
   constexpr const char* kOp = "AdmitAssignmentsInto";
   SY_CHECK(kept.defined() && counts.defined()) << kOp << ": kept or counts is undefined";
   CheckLike(counts, DType::kF64, kept.device(), {num_experts + 1}, kOp, "counts");
-  auto on_cpu = [&] {
+  auto on_cpu = [=]() mutable {
     // The host-returning admission (no readback on the CPU), its counts written as doubles.
     const AdmissionCounts c = cpu::AdmitAssignments(indices, gates, keep, num_experts, capacity,
                                                     order, {}, kept, position);

@@ -86,7 +86,7 @@ double SumSquares(const Tensor& t, DeviceContext* ctx) {
   SY_CHECK(t.defined()) << "SumSquares: t is undefined";
   CheckTensorOn(t, DType::kF32, t.device(), "SumSquares", "t", "the first tensor");
   double sum = 0.0;
-  SY_DISPATCH_DEVICE(t, ctx, sum = cpu::SumSquares(t), sum = cuda::SumSquares(t, ctx));
+  SY_DISPATCH_DEVICE_NOW(t, ctx, sum = cpu::SumSquares(t), sum = cuda::SumSquares(t, ctx));
   counters::CountReadback("sum_squares");
   return sum;
 }
@@ -99,7 +99,7 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContex
     CheckTensorOn(t, DType::kF32, first.device(), "SumSquaresMany", "a tensor", "the first tensor");
   }
   std::vector<double> sums;
-  SY_DISPATCH_DEVICE(first, ctx, sums = cpu::SumSquaresMany(tensors),
+  SY_DISPATCH_DEVICE_NOW(first, ctx, sums = cpu::SumSquaresMany(tensors),
                      sums = cuda::SumSquaresMany(tensors, ctx));
   counters::CountReadback("sum_squares");
   return sums;

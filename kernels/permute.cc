@@ -49,7 +49,7 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
                                      Tensor& inverse, DeviceContext* ctx) {
   CheckSortArguments(experts, kept, num_experts, token, slot, inverse, "SortAssignments");
   std::vector<int64_t> counts;
-  SY_DISPATCH_DEVICE(
+  SY_DISPATCH_DEVICE_NOW(
       slot, ctx, counts = cpu::SortAssignments(experts, kept, num_experts, token, slot, inverse),
       counts = cuda::SortAssignments(experts, kept, num_experts, token, slot, inverse, ctx));
   counters::CountReadback("moe.sort_assignments");
@@ -150,7 +150,7 @@ double EntropySum(const Tensor& probs, DeviceContext* ctx) {
   SY_CHECK(probs.defined() && probs.dtype() == DType::kF32)
       << "EntropySum: probs must be f32, got " << probs.DebugString();
   double sum = 0;
-  SY_DISPATCH_DEVICE(probs, ctx, sum = cpu::EntropySum(probs), sum = cuda::EntropySum(probs, ctx));
+  SY_DISPATCH_DEVICE_NOW(probs, ctx, sum = cpu::EntropySum(probs), sum = cuda::EntropySum(probs, ctx));
   counters::CountReadback("moe.entropy_sum");
   return sum;
 }

@@ -127,15 +127,19 @@ DispatchPlan DispatchPlan::BuildDeviceSized(const Tensor& experts, const Tensor&
   plan.slot_tensor_ = slot.Slice(0, max_rows);
   plan.inverse_ = inverse.Reshape({plan.num_tokens_, plan.top_k_});
   if (dev.is_cpu()) {
-    const int64_t kept_total = plan.offsets_.data<int64_t>()[num_experts];
-    SY_CHECK_LE(kept_total, max_rows)
-        << "a device-sized dispatch plan of " << max_rows << " rows got " << kept_total
-        << " kept assignments";
-    const int64_t* tp = token.data<int64_t>();
-    const int64_t* sp = slot.data<int64_t>();
-    // The host copies hold the kept rows only, as a host-sized plan's do.
-    plan.token_.assign(tp, tp + kept_total);
-    plan.slot_.assign(sp, sp + kept_total);
+    // Checked when the sort has run: at once, or at each replay of a capture
+    // (engine/core/captured_work.h).
+    auto check = [offsets = plan.offsets_, num_experts, max_rows] {
+      const int64_t kept_total = offsets.data<int64_t>()[num_experts];
+      SY_CHECK_LE(kept_total, max_rows)
+          << "a device-sized dispatch plan of " << max_rows << " rows got " << kept_total
+          << " kept assignments";
+    };
+    if (ctx != nullptr && ctx->capturing()) {
+      ctx->Record(check);
+    } else {
+      check();
+    }
   }
   plan.send_rows_.assign(1, max_rows);
   plan.recv_rows_.assign(1, max_rows);
@@ -172,13 +176,27 @@ void DispatchPlan::Init(const Tensor& experts, const Tensor& kept, DeviceContext
 const std::vector<int64_t>& DispatchPlan::token() const {
   SY_CHECK(device().is_cpu()) << "DispatchPlan::token(): the plan lives on " << device()
                               << "; read token_tensor()";
+  ReadKeptRows();
   return token_;
 }
 
 const std::vector<int64_t>& DispatchPlan::slot() const {
   SY_CHECK(device().is_cpu()) << "DispatchPlan::slot(): the plan lives on " << device()
                               << "; read slot_tensor()";
+  ReadKeptRows();
   return slot_;
+}
+
+void DispatchPlan::ReadKeptRows() const {
+  // A device-sized plan's host copies are read from its tensors when first asked for (the
+  // sort may have been recorded rather than run when the plan was built).
+  if (!device_sized() || kept_rows_read_) return;
+  const int64_t kept = received_rows();
+  const int64_t* tp = token_tensor_.data<int64_t>();
+  const int64_t* sp = slot_tensor_.data<int64_t>();
+  token_.assign(tp, tp + kept);
+  slot_.assign(sp, sp + kept);
+  kept_rows_read_ = true;
 }
 
 int64_t DispatchPlan::received_rows() const {

@@ -59,7 +59,8 @@ class DispatchPlan {
   // gives them no gradient; the experts' rows end at offsets[E]). num_assignments() is
   // max_rows; the host counts (send_per_expert(), rows_per_local_expert(), ...) are empty.
   // On the CPU A > max_rows is a fatal error (CUDA cannot check it without a wait), and the
-  // host copies token() and slot() hold the A kept rows, as a host-sized plan's do.
+  // host copies token() and slot() hold the A kept rows, as a host-sized plan's do (read
+  // from the tensors when first asked for).
   static DispatchPlan BuildDeviceSized(const Tensor& experts, const Tensor& kept,
                                        int64_t num_experts, int64_t max_rows,
                                        DeviceContext* ctx = nullptr);
@@ -114,7 +115,11 @@ class DispatchPlan {
 
   int64_t num_tokens_, top_k_, num_experts_, ep_size_;
   Tensor token_tensor_, slot_tensor_, inverse_, offsets_;
-  std::vector<int64_t> token_, slot_, send_per_expert_, send_rows_;
+  // A device-sized plan fills token_ and slot_ on first use (ReadKeptRows).
+  void ReadKeptRows() const;
+  mutable std::vector<int64_t> token_, slot_;
+  mutable bool kept_rows_read_ = false;
+  std::vector<int64_t> send_per_expert_, send_rows_;
   bool exchanged_ = false;
   std::vector<int64_t> recv_per_source_expert_, recv_rows_, rows_per_local_expert_;
   int64_t num_received_ = 0;

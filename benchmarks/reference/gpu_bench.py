@@ -47,8 +47,16 @@ CASES = {  # name -> (config, overrides); the order they run in (the budget may 
     # wait per MoE layer) beside the default device-sized products: ours only.
     "d1024-e16-mb64-dropless-hostcounts": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
                                                    "moe.dispatch_counts=host"]),
+    # The micro-batches replayed as one CUDA graph (runtime.cuda_graphs; docs/gpu.md): without
+    # the router's jitter, which a replay cannot redraw. Ours only, beside the eager cases.
+    "switch-medium-mb64-graphs": ("configs/switch-medium.yaml", ["train.micro_batch_size=64",
+                                  "moe.jitter_eps=0", "runtime.cuda_graphs=true"]),
+    "d1024-e16-mb64-cf1.25-graphs": (D1024, ["train.micro_batch_size=64", "moe.jitter_eps=0",
+                                             "runtime.cuda_graphs=true"]),
 }
-OURS_ONLY = {"d1024-e16-mb64-dropless-hostcounts"}  # the reference's run is its case's twin
+# The reference's run is its case's twin.
+OURS_ONLY = {"d1024-e16-mb64-dropless-hostcounts", "switch-medium-mb64-graphs",
+             "d1024-e16-mb64-cf1.25-graphs"}
 # Not in the default list: a check of this driver on a CPU (--device cpu; tests/cli/gpu_bench_test.sh).
 SMOKE = {"switch-tiny-smoke": ("configs/switch-tiny.yaml", ["train.micro_batch_size=4"])}
 PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}

@@ -250,7 +250,8 @@ std::vector<Section> Sections(Config& c) {
       {"runtime",
        {BindRuntimeDevice("device", &c.runtime.device),
         BindNamed("precision", &c.runtime.precision, kPrecisionNames),
-        BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames)}},
+        BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames),
+        Bind("cuda_graphs", &c.runtime.cuda_graphs)}},
       {"plan", {Bind("world", &c.plan.world), Bind("device_memory_gib", &c.plan.device_memory_gib)}},
       {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };
@@ -410,7 +411,42 @@ Status Config::Validate(int world) const {
                            " must be >= 0 (0: only at the last step)");
   }
   SY_RETURN_IF_ERROR(CheckReplication(moe, parallel));
-  return parallel.Validate(model, moe, train.grad_accum, world);
+  SY_RETURN_IF_ERROR(parallel.Validate(model, moe, train.grad_accum, world));
+  return CheckCudaGraphs(*this, world);
+}
+
+Status CheckCudaGraphs(const Config& c, int world) {
+  if (!c.runtime.cuda_graphs) return OkStatus();
+  // A replay repeats the captured kernels with their arguments: the step may not wait for
+  // the device (one rank: the exchanges' sizes, ZeRO and the pipeline are host-driven) and
+  // may draw no per-step random numbers in its forward (their keys are kernel arguments).
+  if (world > 1) {
+    return InvalidArgument("runtime.cuda_graphs=true runs on one rank (this world has ", world,
+                           "); set runtime.cuda_graphs=false");
+  }
+  if (c.moe.num_experts > 0) {
+    if (c.moe.jitter_eps > 0.0f) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.jitter_eps=0 (the jitter noise "
+                             "is drawn each step with the step in its key), got ",
+                             c.moe.jitter_eps);
+    }
+    if (c.moe.top_k == 2 && c.moe.second_expert_policy == moe::SecondExpertPolicy::kRandom) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.second_expert_policy=all (the "
+                             "random second-expert draw is keyed by the step)");
+    }
+    if (c.moe.dispatch_counts != moe::DispatchCounts::kDevice) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.dispatch_counts=device (host "
+                             "counts are read back in the step)");
+    }
+    if (c.moe.aux_loss_scope != moe::AuxLossScope::kGroup) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.aux_loss_scope=group (the "
+                             "sequence and global scopes read balance sums back in the step)");
+    }
+    if (c.moe.overlap_chunks > 1) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.overlap_chunks=1");
+    }
+  }
+  return OkStatus();
 }
 
 std::string Config::ToYaml() const {

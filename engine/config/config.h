@@ -78,6 +78,12 @@ struct Config {
   std::string ToYaml() const;
 };
 
+// runtime.cuda_graphs=true: one rank (world <= 0 skips that check), and a step that neither
+// waits for the device nor draws per-step random numbers in its forward: moe.jitter_eps 0,
+// no random second expert, moe.dispatch_counts device, moe.aux_loss_scope group,
+// moe.overlap_chunks 1. One error naming the key otherwise. Part of Validate.
+Status CheckCudaGraphs(const Config& config, int world);
+
 // A key whose value differs between two configs, with both values as ToYaml prints them.
 struct KeyDifference {
   std::string key;  // "model.d_model"

@@ -51,6 +51,10 @@ struct RuntimeConfig {
   RuntimeDevice device;                    // cpu | cuda | cuda:N
   Precision precision = Precision::kAuto;  // auto | fp32 | bf16
   ActivationDtype activation_dtype = ActivationDtype::kFp32;  // fp32 | bf16
+  // The micro-batches' forward and backward captured once and replayed as a CUDA graph
+  // (docs/gpu.md, "CUDA graphs"); on the CPU the capture is emulated (the same numbers).
+  // Config::Validate says which layouts and routings can be captured.
+  bool cuda_graphs = false;
 
   // Whether the products run in bf16: precision bf16, or auto on a GPU.
   bool bf16_products() const {

@@ -25,6 +25,14 @@ class Allocator {
   virtual Stats stats() const = 0;
   // Returns cached blocks to the system (no-op for non-caching allocators).
   virtual void EmptyCache() {}
+
+  // Graph pools (engine/core/block_cache.h; the CUDA allocator's, no-ops elsewhere): a new
+  // pool id; while a pool captures, the blocks handed out and returned are the graph's and
+  // stay so until ReleaseGraphPool.
+  virtual int NewGraphPool() { return 0; }
+  virtual void BeginGraphPool(int /*pool*/) {}
+  virtual void EndGraphPool() {}
+  virtual void ReleaseGraphPool(int /*pool*/) {}
 };
 
 // The process-wide allocator of `device` (one per device, created on first use).

@@ -1,13 +1,12 @@
-// Caching allocator for CUDA device memory: freed blocks go to a size-ordered free list
-// and are reused by later requests of up to twice their size. Blocks are not split, and
-// all work is assumed ordered on one stream per device (the DeviceContext's), so a block
-// freed by the host can be handed out again at once.
-#include <map>
+// Caching allocator for CUDA device memory: the bookkeeping is BlockCache's
+// (engine/core/block_cache.h: a size-ordered free list, no splitting, and the graph pools
+// CUDA graphs need); this file adds cudaMalloc, cudaFree and the statistics.
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "engine/core/allocator.h"
+#include "engine/core/block_cache.h"
 #include "engine/core/counters.h"
 #include "engine/core/cuda_check.h"
 
@@ -18,67 +17,76 @@ constexpr size_t kRound = 512;
 
 class CudaCachingAllocator final : public Allocator {
  public:
-  explicit CudaCachingAllocator(int index) : index_(index) {}
+  explicit CudaCachingAllocator(int index)
+      : index_(index),
+        cache_(
+            [index](size_t bytes) -> void* {
+              SY_CUDA_CHECK(cudaSetDevice(index));
+              counters::CountCudaMalloc();
+              void* ptr = nullptr;
+              const cudaError_t err = cudaMalloc(&ptr, bytes);
+              if (err == cudaErrorMemoryAllocation) {
+                (void)cudaGetLastError();
+                return nullptr;
+              }
+              SY_CHECK(err == cudaSuccess) << "cudaMalloc of " << bytes << " bytes on cuda:"
+                                           << index << " failed: " << cudaGetErrorString(err);
+              return ptr;
+            },
+            [](void* ptr) { SY_CUDA_CHECK(cudaFree(ptr)); }) {}
 
   void* Allocate(size_t bytes) override {
-    size_t size = std::max(kRound, (bytes + kRound - 1) / kRound * kRound);
+    const size_t size = std::max(kRound, (bytes + kRound - 1) / kRound * kRound);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.lower_bound(size);
-    void* ptr = nullptr;
-    if (it != free_.end() && it->first <= 2 * size) {
-      size = it->first;
-      ptr = it->second;
-      free_.erase(it);
-      stats_.cached -= size;
-    } else {
-      SY_CUDA_CHECK(cudaSetDevice(index_));
-      counters::CountCudaMalloc();
-      cudaError_t err = cudaMalloc(&ptr, size);
-      if (err == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        ReleaseLocked();
-        err = cudaMalloc(&ptr, size);
-      }
-      SY_CHECK(err == cudaSuccess) << "cudaMalloc of " << size << " bytes on cuda:" << index_
-                                   << " failed: " << cudaGetErrorString(err);
-    }
-    sizes_[ptr] = size;
-    stats_.in_use += size;
+    size_t block = 0;
+    bool fresh = false;
+    void* ptr = cache_.Allocate(size, &block, &fresh);
+    SY_CHECK(ptr != nullptr) << "cudaMalloc of " << size << " bytes on cuda:" << index_
+                             << " failed: out of memory (" << stats_.in_use
+                             << " bytes in use)";
+    stats_.in_use += block;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
     return ptr;
   }
 
   void Deallocate(void* ptr, size_t /*bytes*/) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(ptr);
-    SY_CHECK(it != sizes_.end()) << "freeing a pointer this allocator did not hand out";
-    free_.emplace(it->second, ptr);
-    stats_.in_use -= it->second;
-    stats_.cached += it->second;
-    sizes_.erase(it);
+    stats_.in_use -= cache_.Deallocate(ptr);
   }
 
   Device device() const override { return Device::Cuda(index_); }
   Stats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    Stats s = stats_;
+    s.cached = cache_.cached();
+    return s;
   }
   void EmptyCache() override {
     std::lock_guard<std::mutex> lock(mu_);
-    ReleaseLocked();
+    cache_.ReleaseFree();
+  }
+
+  int NewGraphPool() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cache_.NewPool();
+  }
+  void BeginGraphPool(int pool) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.BeginPool(pool);
+  }
+  void EndGraphPool() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.EndPool();
+  }
+  void ReleaseGraphPool(int pool) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.ReleasePool(pool);
   }
 
  private:
-  void ReleaseLocked() {
-    for (auto& [size, ptr] : free_) SY_CUDA_CHECK(cudaFree(ptr));
-    free_.clear();
-    stats_.cached = 0;
-  }
-
   int index_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // size -> block
-  std::map<void*, size_t> sizes_;      // live block -> rounded size
+  BlockCache cache_;
   Stats stats_;
 };
 

@@ -1,6 +1,8 @@
 // The process-wide device counters of engine/core/counters.h.
 #include "engine/core/counters.h"
 
+#include "engine/core/captured_work.h"
+
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -132,6 +134,7 @@ DeviceCounts Snapshot() {
 void CountDispatch() { GetState().dispatches.fetch_add(1, kRelaxed); }
 
 void CountReadback(const char* site) {
+  capture::CheckNotCapturing(site);
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
   // Under the mutex with the site so a snapshot sees the total and the sites agree.

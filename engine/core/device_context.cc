@@ -1,5 +1,8 @@
 #include "engine/core/device_context.h"
 
+#include <utility>
+
+#include "engine/core/allocator.h"
 #include "engine/core/counters.h"
 
 #ifdef SY_HAVE_CUDA
@@ -60,6 +63,44 @@ void DeviceContext::set_activation_dtype(DType dtype) {
   SY_CHECK(dtype == DType::kF32 || matmul_dtype_ == DType::kBF16)
       << "bf16 activation storage needs bf16 matrix products (set_matmul_dtype first)";
   activation_dtype_ = dtype;
+}
+
+void DeviceContext::BeginCapture() {
+  SY_CHECK(!capturing_) << "BeginCapture: this context is capturing already";
+  SY_CHECK(capture::Current() == nullptr) << "BeginCapture: this thread is capturing already";
+  capturing_ = true;
+  capture::internal::SetCurrent(this);
+  if (device_.is_cuda()) {
+#ifdef SY_HAVE_CUDA
+    if (capture_pool_ == 0) capture_pool_ = GetAllocator(device_)->NewGraphPool();
+    capture::internal::BeginCudaCapture(this, capture_pool_);
+#endif
+  }
+}
+
+std::unique_ptr<CapturedWork> DeviceContext::EndCapture() {
+  SY_CHECK(capturing_) << "EndCapture without BeginCapture";
+  capturing_ = false;
+  capture::internal::SetCurrent(nullptr);
+  if (device_.is_cuda()) {
+#ifdef SY_HAVE_CUDA
+    // Each graph owns its pool: the next capture gets a new one.
+    const int pool = capture_pool_;
+    capture_pool_ = 0;
+    return capture::internal::EndCudaCapture(this, pool, std::exchange(recording_.keep, {}));
+#endif
+  }
+  return capture::internal::MakeHostWork(std::exchange(recording_, {}));
+}
+
+void DeviceContext::Record(std::function<void()> op) {
+  SY_CHECK(capturing_ && device_.is_cpu()) << "DeviceContext::Record outside a host capture";
+  recording_.ops.push_back(std::move(op));
+}
+
+void DeviceContext::KeepWithCapture(std::shared_ptr<void> memory) {
+  SY_CHECK(capturing_) << "DeviceContext::KeepWithCapture outside a capture";
+  recording_.keep.push_back(std::move(memory));
 }
 
 void DeviceContext::Synchronize() {

@@ -3,8 +3,10 @@
 // scratch workspace. On the CPU the stream and handle are null.
 #pragma once
 
+#include <functional>
 #include <memory>
 
+#include "engine/core/captured_work.h"
 #include "engine/core/device.h"
 #include "engine/core/tensor.h"
 #include "engine/core/weight_shadows.h"
@@ -59,6 +61,19 @@ class DeviceContext {
   StepReadback* step_readback() const { return step_readback_; }
   void set_step_readback(StepReadback* readback) { step_readback_ = readback; }
 
+  // Capture (engine/core/captured_work.h): between BeginCapture and EndCapture the work
+  // queued on this context is recorded, not run (a CUDA graph of the stream; on the CPU,
+  // closures), and nothing may wait for the device. One capture at a time per thread.
+  void BeginCapture();
+  std::unique_ptr<CapturedWork> EndCapture();
+  bool capturing() const { return capturing_; }
+  // The CPU emulation: records `op` (kernels/dispatch.h and the tensor copies and fills
+  // call it while capturing() on a host context).
+  void Record(std::function<void()> op);
+  // Host memory the captured work reads (a host source of a copy): it lives as long as the
+  // captured work.
+  void KeepWithCapture(std::shared_ptr<void> memory);
+
  private:
   explicit DeviceContext(Device device) : device_(device) {}
 
@@ -70,6 +85,9 @@ class DeviceContext {
   DType activation_dtype_ = DType::kF32;
   WeightShadows weight_shadows_;
   StepReadback* step_readback_ = nullptr;
+  bool capturing_ = false;
+  int capture_pool_ = 0;
+  capture::internal::HostRecording recording_;
 };
 
 }  // namespace switchyard

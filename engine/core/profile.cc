@@ -10,7 +10,7 @@ namespace {
 
 constexpr const char* kNames[] = {"embedding_head_loss", "attention", "norms", "dense_mlp",
                                   "router", "dispatch", "experts", "combine",
-                                  "communication", "optimizer"};
+                                  "communication", "optimizer", "graph_replay"};
 static_assert(std::size(kNames) == static_cast<size_t>(Phase::kCount));
 
 }  // namespace

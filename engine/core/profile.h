@@ -71,6 +71,8 @@ enum class Phase : int {
   kCommunication,      // gradient sync, ZeRO gathers, tied-embedding sums, step statistics,
                        // pipeline send/recv (with the wait for the peer: the bubble)
   kOptimizer,          // gradient clipping and the optimizer update
+  kGraphReplay,        // runtime.cuda_graphs: the micro-batches' forward and backward replayed
+                       // as one CUDA graph (the phases above then see none of them)
   kCount,
 };
 

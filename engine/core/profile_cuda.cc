@@ -7,6 +7,7 @@
 
 #include "engine/core/cuda_check.h"
 #include "engine/core/device_context.h"
+#include "engine/core/captured_work.h"
 #include "engine/core/profile.h"
 
 namespace switchyard::internal {
@@ -20,6 +21,9 @@ class CudaPhaseEvents final : public PhaseEvents {
   }
 
   void Record(int closing) override {
+    // A captured stretch (engine/core/captured_work.h) is not timed by phase: its events
+    // would be graph nodes, not timestamps. Its replay is.
+    if (capture::Current() != nullptr) return;
     if (used_ == pool_.size()) {
       cudaEvent_t e;
       SY_CUDA_CHECK(cudaEventCreate(&e));

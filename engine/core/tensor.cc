@@ -150,11 +150,28 @@ void Tensor::CopyFrom(const Tensor& src, DeviceContext* ctx) {
   size_t bytes = nbytes();
   if (bytes == 0 || raw_data() == src.raw_data()) return;
   if (device().is_cpu() && src.device().is_cpu()) {
+    if (ctx != nullptr && ctx->capturing()) {  // engine/core/captured_work.h
+      ctx->Record([dst = *this, src, bytes] { std::memmove(dst.raw_data(), src.raw_data(), bytes); });
+      return;
+    }
     std::memmove(raw_data(), src.raw_data(), bytes);
     return;
   }
 #ifdef SY_HAVE_CUDA
   cudaStream_t stream = ctx ? static_cast<cudaStream_t>(ctx->stream()) : nullptr;
+  if (ctx != nullptr && ctx->capturing()) {
+    // A CUDA graph records the source's address: a host source is copied into pinned memory
+    // the graph keeps (its value at capture is what every replay copies).
+    SY_CHECK(!device().is_cpu()) << "a device-to-host copy while the step is captured";
+    if (src.device().is_cpu()) {
+      void* pinned = nullptr;
+      SY_CUDA_CHECK(cudaMallocHost(&pinned, bytes));
+      std::memcpy(pinned, src.raw_data(), bytes);
+      ctx->KeepWithCapture(std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); }));
+      SY_CUDA_CHECK(cudaMemcpyAsync(raw_data(), pinned, bytes, cudaMemcpyHostToDevice, stream));
+      return;
+    }
+  }
   SY_CUDA_CHECK(cudaMemcpyAsync(raw_data(), src.raw_data(), bytes, cudaMemcpyDefault, stream));
   if (device().is_cpu()) SY_CUDA_CHECK(cudaStreamSynchronize(stream));
 #else
@@ -166,6 +183,10 @@ void Tensor::SetZero(DeviceContext* ctx) {
   size_t bytes = nbytes();
   if (bytes == 0) return;
   if (device().is_cpu()) {
+    if (ctx != nullptr && ctx->capturing()) {  // engine/core/captured_work.h
+      ctx->Record([t = *this] { Tensor(t).SetZero(nullptr); });
+      return;
+    }
     // Large tensors (the gradients zeroed every step) over the compute threads.
     char* p = static_cast<char*>(raw_data());
     ParallelFor(static_cast<int64_t>(bytes), int64_t{1} << 20, [p](int64_t b, int64_t e) {

@@ -92,6 +92,43 @@ struct Trainer::StepSums {
   std::vector<moe::MoEStats> stats;
 };
 
+// The captured micro-batches (runtime.cuda_graphs). What the host did while capturing is
+// kept for every replay: the inputs the captured kernels read, the readback slots they
+// write, and the sums that name those slots (the same slots every step).
+struct Trainer::StepGraph {
+  std::unique_ptr<CapturedWork> work;
+  std::vector<model::DecoderInput> inputs;  // each step's batches are copied into these
+  std::vector<int64_t> padding;             // the batches' padding at the capture
+  StepReadback readback;                    // the slots reserved while capturing
+  StepSums sums;
+  // Each forward's routing choices (chunk, micro-batch, layer): kept alive, so a replay
+  // leaves them there for the steps that record routing by language.
+  struct Choices {
+    int chunk = 0, micro = 0;
+    size_t layer = 0;
+    Tensor indices;
+  };
+  std::vector<Choices> choices;
+};
+
+// Here, where StepGraph is complete.
+Trainer::Trainer(const config::Config& config, const std::string& out_dir,
+                 dist::Communicator& world)
+    : config_(config),
+      out_dir_(out_dir),
+      world_(world),
+      sync_(config::SyncPolicyOf(config)),
+      checkpointer_(out_dir, config.train.checkpoint_every),
+      nonfinite_(config.train) {}
+Trainer::~Trainer() = default;
+
+void Trainer::ForgetGraph() {
+  graph_.reset();
+  eager_steps_ = 0;
+}
+
+int64_t Trainer::graph_operations() const { return graph_ ? graph_->work->operations() : 0; }
+
 StepMetrics Trainer::TrainStep(bool record_routing) {
   const auto start = std::chrono::steady_clock::now();
   if (profiler_) profiler_->BeginStep();
@@ -112,7 +149,9 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   // with the gradient norm (engine/core/step_readback.h).
   StepReadback readback;
   rt_.ctx->set_step_readback(&readback);
-  StepSums step = AccumulateGradients(record_routing, batches, grads);
+  StepSums step = config_.runtime.cuda_graphs
+                      ? GraphedMicroBatches(record_routing, batches, grads, readback)
+                      : AccumulateGradients(record_routing, batches, grads);
   rt_.ctx->weight_shadows().Deactivate();  // the weights change from here on
   SyncGradients();
   if (step_ == nan_step_) InjectNan();
@@ -157,9 +196,79 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   return m;
 }
 
+Trainer::StepSums Trainer::GraphedMicroBatches(bool record_routing,
+                                               std::vector<data::Batch>& batches,
+                                               dist::TreeAccumulator& grads,
+                                               StepReadback& readback) {
+  DeviceContext* ctx = rt_.ctx.get();
+  const int accum = config_.train.grad_accum;
+  // The first step warms the allocator and writes the weight shadows (so the capture
+  // allocates as a steady step does).
+  if (eager_steps_ == 0) {
+    ++eager_steps_;
+    return AccumulateGradients(record_routing, batches, grads);
+  }
+  for (int micro = 0; micro < accum; ++micro) batches[micro] = loader_->GetBatch(step_, micro);
+  if (graph_) {
+    for (int micro = 0; micro < accum; ++micro) {
+      // A batch padded differently from the captured ones (the statistics count its valid
+      // rows, a host value of the capture) runs eagerly.
+      if (batches[micro].padding != graph_->padding[micro]) {
+        return AccumulateGradients(record_routing, batches, grads);
+      }
+    }
+    for (int micro = 0; micro < accum; ++micro) {
+      model::DecoderInput in =
+          MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
+      graph_->inputs[micro].tokens.CopyFrom(in.tokens, ctx);
+      graph_->inputs[micro].targets.CopyFrom(in.targets, ctx);
+    }
+    readback = graph_->readback;  // the captured slots, then this step's own after them
+    ReplayGraph();
+    if (record_routing) RecordReplayedRouting(batches);
+    return graph_->sums;
+  }
+  // Capture: the inputs first (their copies from the host stay outside the graph), then the
+  // micro-batches with nothing run, then one replay for this step.
+  auto graph = std::make_unique<StepGraph>();
+  for (int micro = 0; micro < accum; ++micro) {
+    graph->inputs.push_back(
+        MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true));
+    graph->padding.push_back(batches[micro].padding);
+  }
+  ctx->BeginCapture();
+  capturing_ = graph.get();
+  StepSums sums = AccumulateGradients(/*record_routing=*/false, batches, grads, &graph->inputs);
+  capturing_ = nullptr;
+  graph->work = ctx->EndCapture();
+  graph->readback = readback;
+  graph->sums = sums;
+  graph_ = std::move(graph);
+  ReplayGraph();
+  if (record_routing) RecordReplayedRouting(batches);
+  return sums;
+}
+
+void Trainer::ReplayGraph() {
+  ScopedPhase phase(Phase::kGraphReplay);
+  graph_->work->Replay(rt_.ctx.get());
+  ++graph_replays_;
+}
+
+void Trainer::RecordReplayedRouting(const std::vector<data::Batch>& batches) {
+  // As AddForward records an eager forward's: tp/cp rank 0 of each group.
+  if (!routing_ || pc_->tp_cp().rank() != 0) return;
+  for (const StepGraph::Choices& c : graph_->choices) {
+    const data::Batch& batch = batches[c.micro];
+    routing_->Add(moe_slot_of_[c.chunk][c.layer], c.indices.ToHost("routing_record", rt_.ctx.get()),
+                  batch.labels.Reshape({batch.labels.numel()}));
+  }
+}
+
 Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
                                                std::vector<data::Batch>& batches,
-                                               dist::TreeAccumulator& grads) {
+                                               dist::TreeAccumulator& grads,
+                                               const std::vector<model::DecoderInput>* inputs) {
   const config::TrainConfig& tc = config_.train;
   const int64_t global_batch = int64_t{pc_->mesh().dp()} * tc.micro_batch_size * tc.grad_accum;
   const int64_t global_groups = int64_t{pc_->mesh().dp()} * tc.grad_accum;
@@ -174,9 +283,11 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
                 .stats = std::vector<moe::MoEStats>(moe_layer_ids_.size(), none)};
   PipelineRunner::Hooks hooks;
   hooks.input = [&](int micro) {
-    batches[micro] = loader_->GetBatch(step_, micro);
+    if (inputs == nullptr) batches[micro] = loader_->GetBatch(step_, micro);
     model::DecoderInput in =
-        MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
+        inputs != nullptr
+            ? (*inputs)[micro]
+            : MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
     in.ce_grad_scale = 1.0f / static_cast<float>(global_batch * config_.model.seq_len);
     in.aux_grad_scale = 1.0f / static_cast<float>(global_groups);
     return in;
@@ -209,6 +320,9 @@ void Trainer::AddForward(int c, int micro, const model::DecoderOutput& out,
   // From Forward's output, which activation recompute leaves whole.
   for (size_t layer = 0; layer < out.moe_stats.size(); ++layer) {
     step.stats[moe_slot_of_[c][layer]].Add(out.moe_stats[layer]);
+    if (capturing_ != nullptr) {
+      capturing_->choices.push_back({c, micro, layer, out.moe_indices[layer]});
+    }
     // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
     if (batch != nullptr && pc_->tp_cp().rank() == 0 && routing_) {
       routing_->Add(moe_slot_of_[c][layer], out.moe_indices[layer].ToHost("routing_record", rt_.ctx.get()),

@@ -24,7 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/captured_work.h"
 #include "engine/core/profile.h"
+#include "engine/core/step_readback.h"
 #include "engine/dist/ordered_sum.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/model/decoder.h"
@@ -58,6 +60,7 @@ class Trainer {
   static StatusOr<std::unique_ptr<Trainer>> Create(const config::Config& config,
                                                    const std::string& out_dir,
                                                    dist::Communicator& world);
+  ~Trainer();
 
   // Loads a checkpoint (a step directory, or an output directory: its latest), saved under
   // any layout; training continues at the step after it.
@@ -86,6 +89,10 @@ class Trainer {
     nan_expert_ = expert;
   }
 
+  // runtime.cuda_graphs: the steps whose micro-batches ran as a replay of the captured
+  // work (the capture's own step included), and the operations it holds (0 before it).
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_operations() const;
   // The next step to run (the steps run so far, counting those before a resume).
   int64_t step() const { return step_; }
   // `switchyard train --profile`: from now on every step's time is split into phases
@@ -127,13 +134,7 @@ class Trainer {
   Device device() const { return rt_.device(); }
 
  private:
-  Trainer(const config::Config& config, const std::string& out_dir, dist::Communicator& world)
-      : config_(config),
-        out_dir_(out_dir),
-        world_(world),
-        sync_(config::SyncPolicyOf(config)),
-        checkpointer_(out_dir, config.train.checkpoint_every),
-        nonfinite_(config.train) {}
+  Trainer(const config::Config& config, const std::string& out_dir, dist::Communicator& world);
 
   // Create's phases. BuildModel: the mesh, the groups, the runtime, this rank's model chunks
   // and registry_. BuildGradientSync: the parts (Parameter::part), the gradient sync, ZeRO
@@ -171,8 +172,23 @@ class Trainer {
   StepMetrics TrainStep(bool record_routing);
   // batches: filled with the step's micro-batches; grads: their gradients under ordered
   // accumulation (SyncPolicy::ordered_accum), each alone, summed in the tree order.
+  // inputs: the micro-batches' inputs to use instead of the loader's (a captured step).
   StepSums AccumulateGradients(bool record_routing, std::vector<data::Batch>& batches,
-                               dist::TreeAccumulator& grads);
+                               dist::TreeAccumulator& grads,
+                               const std::vector<model::DecoderInput>* inputs = nullptr);
+  // runtime.cuda_graphs: AccumulateGradients captured once (the second step this process
+  // runs: the first warms the allocator and writes the weight shadows) and replayed after,
+  // each step's batches copied into the inputs the capture read. Steps that record routing
+  // run eagerly. `readback` is the step's (the capture's slots, then the step's own).
+  struct StepGraph;
+  // Drops the captured work (the weights were loaded anew): the next steps capture again.
+  void ForgetGraph();
+  // Runs the captured micro-batches (charged to Phase::kGraphReplay).
+  void ReplayGraph();
+  // After a replay: the routing choices of its forwards into the routing-by-language counts.
+  void RecordReplayedRouting(const std::vector<data::Batch>& batches);
+  StepSums GraphedMicroBatches(bool record_routing, std::vector<data::Batch>& batches,
+                               dist::TreeAccumulator& grads, StepReadback& readback);
   // Chunk c's forward of micro-batch `micro` into step; batch: its labels when its routing
   // is recorded, else null.
   void AddForward(int c, int micro, const model::DecoderOutput& out, const data::Batch* batch,
@@ -235,6 +251,10 @@ class Trainer {
   std::vector<data::Batch> val_batches_;
   std::unique_ptr<RoutingByLabel> routing_;
   std::optional<moe::ReplicaPlanner> replica_planner_;  // moe.replicate_hot_experts > 0
+  std::unique_ptr<StepGraph> graph_;  // runtime.cuda_graphs, once captured
+  int64_t eager_steps_ = 0;           // steps run in this process before the capture
+  int64_t graph_replays_ = 0;
+  StepGraph* capturing_ = nullptr;    // the graph being captured (AddForward keeps choices)
   std::vector<moe::MoEStats> run_stats_;  // per MoE layer, summed over the run
   int64_t step_ = 0;                      // the next step to run
   std::vector<double> losses_;

@@ -143,14 +143,16 @@ __global__ void SumSquaresChunksKernel(const Span* chunks, double* partial) {
 
 // Copies a host table to new device memory (`holder` keeps it) on ctx's stream. The table
 // is pageable host memory, which cudaMemcpyAsync stages before returning, so the vector may
-// be freed at once; `holder` goes back to the stream-ordered caching allocator when dropped,
+// be freed at once (in a CUDA graph capture, Tensor::CopyFrom copies it into pinned memory
+// the graph keeps); `holder` goes back to the stream-ordered caching allocator when dropped,
 // after the launch that reads it has been queued.
 template <typename T>
 const T* Upload(const std::vector<T>& table, Tensor& holder, DeviceContext* ctx) {
-  const size_t bytes = table.size() * sizeof(T);
-  holder = Tensor::Empty({static_cast<int64_t>(bytes)}, DType::kU8, ctx->device());
-  SY_CUDA_CHECK(cudaMemcpyAsync(holder.raw_data(), table.data(), bytes, cudaMemcpyHostToDevice,
-                                StreamOf(ctx)));
+  const int64_t bytes = static_cast<int64_t>(table.size() * sizeof(T));
+  holder = Tensor::Empty({bytes}, DType::kU8, ctx->device());
+  const Tensor host =
+      Tensor::Wrap(const_cast<T*>(table.data()), {bytes}, DType::kU8, Device::Cpu());
+  holder.CopyFrom(host, ctx);
   return static_cast<const T*>(holder.raw_data());
 }
 

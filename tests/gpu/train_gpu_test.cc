@@ -12,6 +12,8 @@
 //    the operands the same way): losses to 1e-3 relative.
 //  - The head in chunks on the GPU against the CPU's whole head, to the f32 bounds.
 //  - A checkpoint saved from the GPU loads on the CPU bit for bit, and the other way round.
+//  - One micro-batch captured into a CUDA graph and replayed on another batch equals an
+//    eager step on that batch, bit for bit (runtime.cuda_graphs).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -22,7 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/captured_work.h"
 #include "engine/core/device_context.h"
+#include "engine/core/step_readback.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/mesh.h"
 #include "engine/model/decoder.h"
@@ -77,9 +81,9 @@ void CopyWeights(model::Decoder& from, Replica& to) {
 }
 
 // Random tokens and targets (a few masked), the same on every device.
-std::pair<Tensor, Tensor> Batch(int64_t vocab) {
+std::pair<Tensor, Tensor> Batch(int64_t vocab, uint32_t seed = 12345) {
   std::vector<int32_t> tokens(kBatch * kSeq), targets(kBatch * kSeq);
-  uint32_t state = 12345;
+  uint32_t state = seed;
   for (size_t i = 0; i < tokens.size(); ++i) {
     state = state * 1664525u + 1013904223u;
     tokens[i] = static_cast<int32_t>((state >> 8) % vocab);
@@ -198,6 +202,79 @@ TEST_F(TrainGpuTest, OneStepMatchesTheCpuInBf16) {
   // Same bf16 operands on both sides; only f32 summation order differs, but a routing
   // decision can flip where two probabilities are within that rounding.
   EXPECT_NEAR(g.ce_sum, c.ce_sum, 1e-3 * std::fabs(c.ce_sum));
+}
+
+// runtime.cuda_graphs' mechanism on a GPU (engine/core/captured_work.h): one micro-batch's
+// forward and backward captured into a CUDA graph (bf16 products, capacity routing, the
+// step's readback window open as in training, jitter off), then replayed on another batch
+// copied into the captured inputs: the loss sums and every gradient equal an eager step on
+// that batch, bit for bit (the same kernels in the same order).
+TEST_F(TrainGpuTest, ReplayedCudaGraphEqualsAnEagerStep) {
+  config::Config config = config_;
+  config.moe.jitter_eps = 0.0f;
+  Replica gpu = MakeReplica(config, Device::Cuda(0));
+  gpu.ctx->set_matmul_dtype(DType::kBF16);
+  DeviceContext* ctx = gpu.ctx.get();
+  const int64_t vocab = config.model.vocab_size;
+  auto [tokens1, targets1] = Batch(vocab, 12345);
+  auto [tokens2, targets2] = Batch(vocab, 777);
+  model::DecoderInput in{.tokens = tokens1.To(Device::Cuda(0), ctx),
+                         .targets = targets1.To(Device::Cuda(0), ctx),
+                         .step = 3,
+                         .training = true,
+                         .ids_checked = true,
+                         .ce_grad_scale = 1.0f / static_cast<float>(kBatch * kSeq),
+                         .aux_grad_scale = 1.0f};
+  auto run = [&](StepReadback& readback) {
+    ctx->set_step_readback(&readback);
+    gpu.decoder->registry().ZeroGrad(ctx);
+    model::DecoderOutput out = gpu.decoder->Forward(in);
+    gpu.decoder->Backward(in, out);
+    ctx->set_step_readback(nullptr);
+    return out;
+  };
+  auto grads = [&] {
+    std::vector<std::vector<float>> all;
+    for (const auto& p : gpu.decoder->registry().params()) all.push_back(p.grad.ToVector<float>());
+    return all;
+  };
+  {  // warm-up: the allocator's cache and cuBLAS's first calls
+    StepReadback warm;
+    run(warm);
+    (void)warm.ReadBack(ctx);
+  }
+  // The eager reference on the second batch.
+  in.tokens.CopyFrom(tokens2.To(Device::Cuda(0), ctx), ctx);
+  in.targets.CopyFrom(targets2.To(Device::Cuda(0), ctx), ctx);
+  StepReadback eager_rb;
+  model::DecoderOutput eager = run(eager_rb);
+  const std::vector<double> eager_slots = eager_rb.ReadBack(ctx);
+  const std::vector<std::vector<float>> eager_grads = grads();
+  // Captured on the first batch, replayed on the second.
+  in.tokens.CopyFrom(tokens1.To(Device::Cuda(0), ctx), ctx);
+  in.targets.CopyFrom(targets1.To(Device::Cuda(0), ctx), ctx);
+  StepReadback captured;
+  ctx->BeginCapture();
+  model::DecoderOutput graphed = run(captured);
+  std::unique_ptr<CapturedWork> work = ctx->EndCapture();
+  EXPECT_GT(work->operations(), 50);
+  in.tokens.CopyFrom(tokens2.To(Device::Cuda(0), ctx), ctx);
+  in.targets.CopyFrom(targets2.To(Device::Cuda(0), ctx), ctx);
+  work->Replay(ctx);
+  const std::vector<double> graph_slots = captured.ReadBack(ctx);
+  ASSERT_EQ(graph_slots.size(), eager_slots.size());
+  for (size_t i = 0; i < graph_slots.size(); ++i) {
+    EXPECT_EQ(graph_slots[i], eager_slots[i]) << "readback slot " << i;
+  }
+  PendingSum ce_eager = eager.ce_sum, ce_graph = graphed.ce_sum;
+  ce_eager.Resolve(eager_slots);
+  ce_graph.Resolve(graph_slots);
+  EXPECT_EQ(static_cast<double>(ce_graph), static_cast<double>(ce_eager));
+  const std::vector<std::vector<float>> graph_grads = grads();
+  ASSERT_EQ(graph_grads.size(), eager_grads.size());
+  for (size_t i = 0; i < graph_grads.size(); ++i) {
+    EXPECT_EQ(graph_grads[i], eager_grads[i]) << gpu.decoder->registry().params()[i].name;
+  }
 }
 
 TEST_F(TrainGpuTest, CheckpointsCrossBetweenGpuAndCpu) {

@@ -1,0 +1,130 @@
+// runtime.cuda_graphs on the CPU, where the capture is emulated (engine/core/captured_work.h):
+// every kernel and tensor copy of the micro-batches is recorded once, at the second step,
+// and replayed at the later ones with their batches copied into the captured inputs. A
+// replayed step runs no host code of the forward or backward, so any value the device work
+// took from the host at capture and that changes from step to step (a batch, a step count, a
+// size read back) would show as a difference here.
+//
+//  - ReplayedStepsAreBitIdentical: the tiny config (tests/data/train-tiny.yaml, jitter off) at
+//    capacity 1.25 and dropless, f32 and bf16 (with its weight shadows), with validation
+//    between steps: the losses of 6 steps, every weight after them and the routing-by-
+//    language counts (recorded in the run's second half from the choices a replay leaves)
+//    are the same with and without the graph, and 5 of the 6 steps were replays (the first
+//    warms up).
+//  - ConfigChecks: the switch refuses, each with one error naming its key, what a replay
+//    cannot repeat: more than one rank, jitter, a random second expert, host dispatch counts,
+//    the sequence/global aux-loss scopes, overlapped exchanges.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/dist/train_fixture.h"
+
+namespace switchyard::train::testing {
+namespace {
+
+class CudaGraphsTest : public TrainFixture {};
+
+std::unique_ptr<Trainer> TrainTiny(std::vector<std::string> overrides, const std::string& out,
+                                   int64_t steps) {
+  overrides.push_back("train.max_steps=" + std::to_string(steps));
+  overrides.push_back("moe.jitter_eps=0");
+  static std::unique_ptr<dist::Communicator> local =
+      dist::MakeLocalCommunicator(Device::Cpu(), 0);
+  auto trainer = TrainFixture::Train(TrainFixture::TinyConfig(overrides), out, *local);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  return trainer.ok() ? std::move(*trainer) : nullptr;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::map<std::string, std::vector<float>> Weights(Trainer& t) {
+  std::map<std::string, std::vector<float>> out;
+  for (const parallel::Parameter& p : t.registry().params()) out[p.name] = p.value.ToVector<float>();
+  return out;
+}
+
+TEST_F(CudaGraphsTest, ReplayedStepsAreBitIdentical) {
+  if (!is_root()) return;
+  constexpr int64_t kSteps = 6;
+  const std::vector<std::vector<std::string>> cases = {
+      {},                                   // capacity 1.25, fp32
+      {"moe.capacity_factor=0"},            // dropless
+      {"runtime.precision=bf16"},           // bf16 products, weight shadows
+      {"moe.capacity_factor=0", "runtime.precision=bf16", "train.eval_every=2",
+       "train.eval_batches=2"},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SCOPED_TRACE("case " + std::to_string(c));
+    std::vector<std::string> graphed = cases[c];
+    graphed.push_back("runtime.cuda_graphs=true");
+    auto eager = TrainTiny(cases[c], dir("eager" + std::to_string(c)), kSteps);
+    auto graph = TrainTiny(graphed, dir("graph" + std::to_string(c)), kSteps);
+    ASSERT_NE(eager, nullptr);
+    ASSERT_NE(graph, nullptr);
+    EXPECT_EQ(graph->graph_replays(), kSteps - 1);
+    EXPECT_GT(graph->graph_operations(), 100);
+    ASSERT_EQ(eager->losses().size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(graph->losses().size(), eager->losses().size());
+    for (int64_t s = 0; s < kSteps; ++s) {
+      EXPECT_EQ(std::memcmp(&graph->losses()[s], &eager->losses()[s], sizeof(double)), 0)
+          << "step " << s << ": " << graph->losses()[s] << " vs " << eager->losses()[s];
+    }
+    const auto a = Weights(*graph), b = Weights(*eager);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, values] : a) {
+      ASSERT_EQ(values.size(), b.at(name).size()) << name;
+      EXPECT_EQ(std::memcmp(values.data(), b.at(name).data(), values.size() * sizeof(float)), 0)
+          << name << " differs";
+    }
+    // The run's second half records routing by language: after a replay, from the choices
+    // the captured forwards left. The same counts as the eager forwards'.
+    const std::string routing = ReadFile(dir("eager" + std::to_string(c)) + "/routing_by_language.json");
+    EXPECT_FALSE(routing.empty());
+    EXPECT_EQ(ReadFile(dir("graph" + std::to_string(c)) + "/routing_by_language.json"), routing);
+  }
+}
+
+TEST_F(CudaGraphsTest, ConfigChecks) {
+  if (!is_root()) return;
+  struct Case {
+    std::vector<std::string> overrides;
+    int world;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {{}, 2, "runs on one rank"},
+      {{"moe.jitter_eps=0.01"}, 1, "moe.jitter_eps=0"},
+      {{"moe.top_k=2", "moe.second_expert_policy=random"}, 1, "moe.second_expert_policy=all"},
+      {{"moe.dispatch_counts=host"}, 1, "moe.dispatch_counts=device"},
+      {{"moe.aux_loss_scope=sequence"}, 1, "moe.aux_loss_scope=group"},
+      {{"moe.overlap_chunks=2"}, 1, "moe.overlap_chunks=1"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> overrides = c.overrides;
+    if (c.names != "moe.jitter_eps=0") overrides.push_back("moe.jitter_eps=0");
+    overrides.push_back("runtime.cuda_graphs=true");
+    const config::Config config = TinyConfig(overrides);
+    const Status s = config.Validate(c.world);
+    ASSERT_FALSE(s.ok()) << c.names;
+    EXPECT_NE(std::string(s.message()).find(c.names), std::string::npos) << s;
+    EXPECT_NE(std::string(s.message()).find("runtime.cuda_graphs"), std::string::npos) << s;
+    // Without the switch the same config is fine (on one rank).
+    overrides.back() = "runtime.cuda_graphs=false";
+    EXPECT_TRUE(TinyConfig(overrides).Validate(1).ok()) << c.names;
+  }
+}
+
+}  // namespace
+}  // namespace switchyard::train::testing
