@@ -48,11 +48,9 @@ void CheckBackward(const Tensor& probs, const Tensor& indices, const Tensor& gat
   }
 }
 
-}  // namespace
 
-void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
-                RngKey second_key, int64_t first_token, Tensor& probs, Tensor& indices,
-                Tensor& gates, Tensor& keep, DeviceContext* ctx) {
+void CheckTopK(const Tensor& logits, const Tensor& bias, bool random_second, const Tensor& probs,
+               const Tensor& indices, const Tensor& gates, const Tensor& keep) {
   constexpr const char* kOp = "RouterTopK";
   CheckMatrix(logits, DType::kF32, kOp, "logits");
   CheckMatrix(indices, DType::kI32, kOp, "indices");
@@ -67,6 +65,13 @@ void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool r
   CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
   CheckLike(keep, DType::kU8, dev, {T, k}, kOp, "keep");
   if (bias.defined()) CheckLike(bias, DType::kF32, dev, {E}, kOp, "expert bias");
+}
+}  // namespace
+
+void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
+                RngKey second_key, int64_t first_token, Tensor& probs, Tensor& indices,
+                Tensor& gates, Tensor& keep, DeviceContext* ctx) {
+  CheckTopK(logits, bias, random_second, probs, indices, gates, keep);
   SY_DISPATCH_DEVICE(indices, ctx,
                      cpu::RouterTopK(logits, bias, normalize, random_second, second_key,
                                      first_token, probs, indices, gates, keep),
@@ -105,8 +110,43 @@ void RouterTopKScored(const Tensor& logits, const Tensor& bias, const RouterScor
   CheckLike(gates, DType::kF32, dev, {T, k}, kOp, "gates");
   CheckLike(keep, DType::kU8, dev, {T, k}, kOp, "keep");
   if (bias.defined()) CheckLike(bias, DType::kF32, dev, {E}, kOp, "expert bias");
-  cpu::RouterTopKScored(logits, bias, scoring, random_second, second_key, first_token, probs,
-                        scores, indices, gates, keep);
+  SY_DISPATCH_DEVICE(indices, ctx,
+                     cpu::RouterTopKScored(logits, bias, scoring, random_second, second_key,
+                                           first_token, probs, scores, indices, gates, keep),
+                     SY_LOG(FATAL) << kOp << " on " << dev.ToString());
+}
+
+void RouterTopKScored(const Tensor& logits, const Tensor& bias, const RouterScoring& scoring,
+                      bool random_second, const DeviceRng& second, Tensor& probs,
+                      Tensor& scores, Tensor& indices, Tensor& gates, Tensor& keep,
+                      DeviceContext* ctx) {
+  SY_CHECK(second.values.defined() && second.values.dtype() == DType::kI64 &&
+           second.values.numel() == 2 && second.values.device() == indices.device())
+      << "RouterTopKScored: DeviceRng values must be (2) i64 on " << indices.device()
+      << ", got " << second.values.DebugString();
+  if (indices.device().is_cpu()) {
+    // The key read when the choice runs (at each replay of a capture), then the host-key op.
+    auto on_cpu = [=]() mutable {
+      const int64_t* v = second.values.data<int64_t>();
+      RouterTopKScored(logits, bias, scoring, random_second,
+                       RngKey{second.seed, static_cast<uint64_t>(v[0])},
+                       (v[1] + second.token_offset) * second.per_token, probs, scores, indices,
+                       gates, keep, nullptr);
+    };
+    if (ctx != nullptr && ctx->capturing()) {
+      ctx->Record(on_cpu);
+    } else {
+      on_cpu();
+    }
+    return;
+  }
+  SY_CHECK(!scoring.sigmoid && scoring.groups == 0 && !scores.defined())
+      << "moe.score=sigmoid and moe.route_groups run on the CPU only, got "
+      << indices.device().ToString();
+  CheckTopK(logits, bias, random_second, probs, indices, gates, keep);
+  SY_DISPATCH_DEVICE(indices, ctx, (void)0,
+                     cuda::RouterTopK(logits, bias, scoring.normalize, random_second, second,
+                                      probs, indices, gates, keep, ctx));
 }
 
 void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tensor& indices,
@@ -123,8 +163,10 @@ void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tenso
   const Device dev = dlogits.device();
   SY_CHECK(dev.is_cpu()) << "moe.score=sigmoid runs on the CPU only, got " << dev.ToString();
   CheckLike(scores, DType::kF32, dev, probs.shape(), kOp, "scores");
-  cpu::RouterBackwardScored(probs, scores, indices, gates, dgates, dprobs, dlogits_extra,
-                            scoring, dlogits);
+  SY_DISPATCH_DEVICE(dlogits, ctx,
+                     cpu::RouterBackwardScored(probs, scores, indices, gates, dgates, dprobs,
+                                               dlogits_extra, scoring, dlogits),
+                     SY_LOG(FATAL) << kOp << " on " << dev.ToString());
 }
 
 void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tensor& gates,

@@ -22,6 +22,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
+#include "kernels/random.h"
 
 namespace switchyard::kernels {
 
@@ -64,6 +65,13 @@ void RouterTopKScored(const Tensor& logits, const Tensor& bias, const RouterScor
                       bool random_second, RngKey second_key, int64_t first_token,
                       Tensor& probs, Tensor& scores, Tensor& indices, Tensor& gates,
                       Tensor& keep, DeviceContext* ctx = nullptr);
+// The same with the random second expert's key stream and first token read from device
+// memory when it runs (kernels/random.h's DeviceRng, per_token 1; runtime.cuda_graphs):
+// the bits of the host-key op with RngKey{seed, stream} and first_token + token_offset.
+void RouterTopKScored(const Tensor& logits, const Tensor& bias, const RouterScoring& scoring,
+                      bool random_second, const DeviceRng& second, Tensor& probs,
+                      Tensor& scores, Tensor& indices, Tensor& gates, Tensor& keep,
+                      DeviceContext* ctx = nullptr);
 
 // The backward of RouterTopKScored to the logits, per token, in double, rounded once:
 //   ds = the gates' share on the scores: ds[idx_j] += dg_j, or with normalize
@@ -197,6 +205,9 @@ namespace cuda {
 void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
                 RngKey second_key, int64_t first_token, Tensor& probs, Tensor& indices,
                 Tensor& gates, Tensor& keep, DeviceContext* ctx);
+void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
+                const DeviceRng& second, Tensor& probs, Tensor& indices, Tensor& gates,
+                Tensor& keep, DeviceContext* ctx);
 void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tensor& gates,
                           const Tensor& dgates, const Tensor& dprobs,
                           const Tensor& dlogits_extra, bool normalize, Tensor& dlogits,

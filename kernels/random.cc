@@ -12,6 +12,20 @@ void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float h
                      cuda::FillUniform(out, key, first_index, lo, hi, ctx));
 }
 
+void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi, DeviceContext* ctx) {
+  SY_CHECK(out.defined() && at.values.defined() && at.values.dtype() == DType::kI64 &&
+           at.values.numel() == 2 && at.values.device() == out.device())
+      << "FillUniform: DeviceRng values must be (2) i64 on " << out.device() << ", got "
+      << at.values.DebugString();
+  // The CPU reads the values when the fill runs (at each replay of a capture).
+  auto on_cpu = [=]() mutable {
+    const int64_t* v = at.values.data<int64_t>();
+    cpu::FillUniform(out, RngKey{at.seed, static_cast<uint64_t>(v[0])},
+                     (v[1] + at.token_offset) * at.per_token, lo, hi);
+  };
+  SY_DISPATCH_DEVICE(out, ctx, on_cpu(), cuda::FillUniform(out, at, lo, hi, ctx));
+}
+
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,
                 DeviceContext* ctx) {
   SY_DISPATCH_DEVICE(out, ctx, cpu::FillNormal(out, key, first_index, mean, std),

@@ -14,6 +14,20 @@ namespace switchyard::kernels {
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi,
                  DeviceContext* ctx = nullptr);
 
+// A draw whose key stream and first token are read from device memory when it runs
+// (runtime.cuda_graphs: a replay of captured work then draws the step's numbers, not the
+// capture's). values: (2) i64 on the output's device, {stream, first_token}; the draw's key
+// is RngKey{seed, stream} and element i draws at (first_token + token_offset) * per_token + i.
+struct DeviceRng {
+  uint64_t seed = 0;
+  Tensor values;
+  int64_t token_offset = 0;
+  int64_t per_token = 1;
+};
+// FillUniform at a DeviceRng: the same numbers as FillUniform with that key and first index.
+void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi,
+                 DeviceContext* ctx = nullptr);
+
 // out[i] = mean + std * NormalAt(key, first_index + i). out: f32 or bf16.
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,
                 DeviceContext* ctx = nullptr);
@@ -31,6 +45,7 @@ void FillRandomBits(Tensor& out, RngKey key, int64_t first_index);
 namespace cuda {
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi,
                  DeviceContext* ctx);
+void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi, DeviceContext* ctx);
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,
                 DeviceContext* ctx);
 void FillRandomBits(Tensor& out, RngKey key, int64_t first_index, DeviceContext* ctx);

@@ -168,7 +168,8 @@ void MoELayer::UpdateExpertLoad(std::span<const int64_t> counts, DeviceContext* 
 
 MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
                              int64_t first_token, DeviceContext* ctx,
-                             const GroupLayout& layout, int64_t valid_tokens) {
+                             const GroupLayout& layout, int64_t valid_tokens,
+                             const Tensor& rng_values) {
   const int64_t n = h.dim(0), d = config_.d_model;
   SY_CHECK(h.ndim() == 2 && h.dim(1) == d && group_tokens > 0 && n % group_tokens == 0)
       << "MoE input " << ShapeString(h.shape()) << " is not (G * " << group_tokens << ", " << d
@@ -182,10 +183,16 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
   std::vector<float> load;  // aux_loss_scope: global's f, on the host
   if (expert_load_.defined()) load = expert_load_.ToHost("moe.expert_load", ctx).ToVector<float>();
-  RoutedGroups routed =
-      RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_, training,
-                  RouterRng{config_.seed, step, layer_id_, first_token}, group_, ctx, layout,
-                  load);
+  RouterRng rng{config_.seed, step, layer_id_, first_token};
+  if (rng_values.defined()) {
+    SY_CHECK(rng_values.dtype() == DType::kI64 && rng_values.numel() >= 4 * (layer_id_ + 1) &&
+             rng_values.device() == device())
+        << "MoE layer " << layer_id_ << ": router rng values " << rng_values.DebugString();
+    rng.device_values = rng_values.View({4}, 4 * layer_id_);
+    rng.device_base = first_token;
+  }
+  RoutedGroups routed = RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_,
+                                    training, rng, group_, ctx, layout, load);
   // 2. Admit each whole group's assignments to capacity; keep this rank's rows.
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);

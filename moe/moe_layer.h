@@ -169,10 +169,13 @@ class MoELayer {
   // over the tp group when not in contiguous blocks (context parallelism,
   // moe/group_routing.h); first_token is then the group's first token. valid_tokens >= 0:
   // the statistics (MoEForward::stats) count only the first valid_tokens of the G x T
-  // group tokens, the rest being an evaluation's padding rows (RoutingStats).
+  // group tokens, the rest being an evaluation's padding rows (RoutingStats). rng_values:
+  // undefined, or every layer's RouterRngValues for this step and first_token on the
+  // layer's device (runtime.cuda_graphs: the router's draws read their keys there).
   MoEForward Forward(const Tensor& h, int64_t group_tokens, bool training, int64_t step,
                      int64_t first_token, DeviceContext* ctx = nullptr,
-                     const GroupLayout& layout = {}, int64_t valid_tokens = -1);
+                     const GroupLayout& layout = {}, int64_t valid_tokens = -1,
+                     const Tensor& rng_values = Tensor());
 
   // dy: (N, d). daux, dz: (G) dLoss/daux and dLoss/dz of each group (the same on every tp
   // rank). Returns dh (N, d) and adds into every parameter gradient (under tp the router's

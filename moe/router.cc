@@ -56,6 +56,19 @@ RngKey SecondExpertRngKey(uint64_t seed, int64_t step, int64_t layer) {
   return RngKey{seed, RouterStream("second_expert", step, layer)};
 }
 
+std::vector<int64_t> RouterRngValues(uint64_t seed, int64_t step, int64_t n_layers,
+                                     int64_t first_token) {
+  std::vector<int64_t> values;
+  values.reserve(4 * n_layers);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    values.push_back(static_cast<int64_t>(JitterRngKey(seed, step, l).stream));
+    values.push_back(first_token);
+    values.push_back(static_cast<int64_t>(SecondExpertRngKey(seed, step, l).stream));
+    values.push_back(first_token);
+  }
+  return values;
+}
+
 RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& config,
                           bool training, const RouterRng& rng, DeviceContext* ctx,
                           std::span<const TokenRun> runs) {
@@ -75,13 +88,26 @@ RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& co
     out.noise = Tensor::Empty({T, d}, DType::kF32, dev);
     const RngKey key = JitterRngKey(rng.seed, rng.step, rng.layer);
     const float lo = 1.0f - config.jitter_eps, hi = 1.0f + config.jitter_eps;
+    // Rows from `token` on: with the host's key, or the step's read from device memory.
+    auto fill = [&](Tensor& rows, int64_t token) {
+      if (rng.device_values.defined()) {
+        kernels::FillUniform(rows,
+                             kernels::DeviceRng{.seed = rng.seed,
+                                                .values = rng.device_values.Slice(0, 2),
+                                                .token_offset = token - rng.device_base,
+                                                .per_token = d},
+                             lo, hi, ctx);
+      } else {
+        kernels::FillUniform(rows, key, token * d, lo, hi, ctx);
+      }
+    };
     if (runs.empty()) {
-      kernels::FillUniform(out.noise, key, rng.first_token * d, lo, hi, ctx);
+      fill(out.noise, rng.first_token);
     } else {
       int64_t row = 0;
       for (const TokenRun& run : runs) {
         Tensor rows = out.noise.Slice(row, row + run.rows);
-        kernels::FillUniform(rows, key, (rng.first_token + run.token) * d, lo, hi, ctx);
+        fill(rows, rng.first_token + run.token);
         row += run.rows;
       }
       SY_CHECK_EQ(row, T) << "router runs cover " << row << " of " << T << " rows";
@@ -118,10 +144,18 @@ void RouterChoose(RouterOutput& out, const Tensor& expert_bias, const MoEConfig&
   out.indices = Tensor::Empty({T, k}, DType::kI32, dev);
   out.gates = Tensor::Empty({T, k}, DType::kF32, dev);
   out.keep = Tensor::Empty({T, k}, DType::kU8, dev);
-  kernels::RouterTopKScored(out.logits, expert_bias.defined() ? expert_bias.View({E}) : Tensor(),
-                            scoring, random_second,
-                            SecondExpertRngKey(rng.seed, rng.step, rng.layer), rng.first_token,
-                            out.probs, scores, out.indices, out.gates, out.keep, ctx);
+  const Tensor bias = expert_bias.defined() ? expert_bias.View({E}) : Tensor();
+  if (rng.device_values.defined()) {
+    kernels::RouterTopKScored(out.logits, bias, scoring, random_second,
+                              kernels::DeviceRng{.seed = rng.seed,
+                                                 .values = rng.device_values.Slice(2, 4),
+                                                 .token_offset = rng.first_token - rng.device_base},
+                              out.probs, scores, out.indices, out.gates, out.keep, ctx);
+  } else {
+    kernels::RouterTopKScored(out.logits, bias, scoring, random_second,
+                              SecondExpertRngKey(rng.seed, rng.step, rng.layer), rng.first_token,
+                              out.probs, scores, out.indices, out.gates, out.keep, ctx);
+  }
   out.scores = scoring.sigmoid ? scores : out.probs;
 }
 

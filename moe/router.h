@@ -42,7 +42,20 @@ struct RouterRng {
   int64_t step = 0;         // optimizer step
   int64_t layer = 0;        // layer id
   int64_t first_token = 0;  // global index of the group's first token
+  // runtime.cuda_graphs: the step's keys and first token read from device memory when the
+  // draws run, so that a replay draws the step's numbers (kernels/random.h, DeviceRng).
+  // (4) i64 on the layer's device, this layer's RouterRngValues: {jitter stream, base,
+  // second-expert stream, base}, base being the micro-batch's first token, which first_token
+  // is then an offset from (first_token - device_base is the same every step). Undefined:
+  // the keys are computed on the host from step and first_token.
+  Tensor device_values;
+  int64_t device_base = 0;
 };
+
+// The device values of every layer's RouterRng for a micro-batch whose first token is
+// first_token: 4 per layer (layer l at 4 l), as RouterRng::device_values describes.
+std::vector<int64_t> RouterRngValues(uint64_t seed, int64_t step, int64_t n_layers,
+                                     int64_t first_token);
 
 // Stream of the jitter noise: StreamId("layers.<layer>.moe.router.jitter.step.<step>").
 // Element global_token * d + j is the noise of feature j of that token.

@@ -47,11 +47,11 @@ CASES = {  # name -> (config, overrides); the order they run in (the budget may 
     # wait per MoE layer) beside the default device-sized products: ours only.
     "d1024-e16-mb64-dropless-hostcounts": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
                                                    "moe.dispatch_counts=host"]),
-    # The micro-batches replayed as one CUDA graph (runtime.cuda_graphs; docs/gpu.md): without
-    # the router's jitter, which a replay cannot redraw. Ours only, beside the eager cases.
+    # The micro-batches replayed as one CUDA graph (runtime.cuda_graphs; docs/gpu.md): ours
+    # only, beside the same cases run eagerly.
     "switch-medium-mb64-graphs": ("configs/switch-medium.yaml", ["train.micro_batch_size=64",
-                                  "moe.jitter_eps=0", "runtime.cuda_graphs=true"]),
-    "d1024-e16-mb64-cf1.25-graphs": (D1024, ["train.micro_batch_size=64", "moe.jitter_eps=0",
+                                  "runtime.cuda_graphs=true"]),
+    "d1024-e16-mb64-cf1.25-graphs": (D1024, ["train.micro_batch_size=64",
                                              "runtime.cuda_graphs=true"]),
 }
 # The reference's run is its case's twin.

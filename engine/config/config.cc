@@ -418,22 +418,13 @@ Status Config::Validate(int world) const {
 Status CheckCudaGraphs(const Config& c, int world) {
   if (!c.runtime.cuda_graphs) return OkStatus();
   // A replay repeats the captured kernels with their arguments: the step may not wait for
-  // the device (one rank: the exchanges' sizes, ZeRO and the pipeline are host-driven) and
-  // may draw no per-step random numbers in its forward (their keys are kernel arguments).
+  // the device (one rank: the exchanges' sizes, ZeRO and the pipeline are host-driven). The
+  // router's per-step random keys are read from device memory (moe::RouterRngValues).
   if (world > 1) {
     return InvalidArgument("runtime.cuda_graphs=true runs on one rank (this world has ", world,
                            "); set runtime.cuda_graphs=false");
   }
   if (c.moe.num_experts > 0) {
-    if (c.moe.jitter_eps > 0.0f) {
-      return InvalidArgument("runtime.cuda_graphs=true needs moe.jitter_eps=0 (the jitter noise "
-                             "is drawn each step with the step in its key), got ",
-                             c.moe.jitter_eps);
-    }
-    if (c.moe.top_k == 2 && c.moe.second_expert_policy == moe::SecondExpertPolicy::kRandom) {
-      return InvalidArgument("runtime.cuda_graphs=true needs moe.second_expert_policy=all (the "
-                             "random second-expert draw is keyed by the step)");
-    }
     if (c.moe.dispatch_counts != moe::DispatchCounts::kDevice) {
       return InvalidArgument("runtime.cuda_graphs=true needs moe.dispatch_counts=device (host "
                              "counts are read back in the step)");

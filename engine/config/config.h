@@ -78,9 +78,8 @@ struct Config {
   std::string ToYaml() const;
 };
 
-// runtime.cuda_graphs=true: one rank (world <= 0 skips that check), and a step that neither
-// waits for the device nor draws per-step random numbers in its forward: moe.jitter_eps 0,
-// no random second expert, moe.dispatch_counts device, moe.aux_loss_scope group,
+// runtime.cuda_graphs=true: one rank (world <= 0 skips that check), and a step that does not
+// wait for the device: moe.dispatch_counts device, moe.aux_loss_scope group,
 // moe.overlap_chunks 1. One error naming the key otherwise. Part of Validate.
 Status CheckCudaGraphs(const Config& config, int world);
 

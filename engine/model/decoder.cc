@@ -322,7 +322,7 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
     const int64_t seq = cp().active() ? model_.seq_len : in.tokens.dim(1);
     ba.moe = b.moe->Forward(MoERowsIn(ba.norm2.y), moe_rows, in.training, in.step,
                             in.first_token, ctx, MoEGroupLayout(batch),
-                            in.valid_rows >= 0 ? in.valid_rows * seq : -1);
+                            in.valid_rows >= 0 ? in.valid_rows * seq : -1, in.rng_values);
     ffn = MoERowsOut(ba.moe->y, x.shape());
   }
   // Under bf16 activation storage the products keep their bf16 operands of the norms'

@@ -69,6 +69,10 @@ struct DecoderInput {
   Tensor tokens;   // (B, S) i32, on the decoder's device
   Tensor targets;  // (B, S) i32, on the decoder's device; -1 masks a position
   int64_t first_token = 0;  // global index of tokens[0, 0] (keys routing noise)
+  // runtime.cuda_graphs: moe::RouterRngValues(seed, step, n_layers, first_token) on the
+  // decoder's device, which the routers' draws read their keys from (so a replay of a
+  // captured step draws that step's numbers); undefined: keys from step and first_token.
+  Tensor rng_values = Tensor();
   // Sequences of the micro-batch that are real (the first valid_rows; the rest pad an
   // evaluation's last micro-batches, data::Batch::padding): the MoE statistics count only
   // their tokens. -1: every sequence.

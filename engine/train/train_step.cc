@@ -21,6 +21,7 @@
 #include "engine/train/schedule.h"
 #include "engine/train/trainer.h"
 #include "kernels/elementwise.h"
+#include "moe/router.h"
 
 namespace switchyard::train {
 namespace {
@@ -196,6 +197,22 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   return m;
 }
 
+model::DecoderInput Trainer::TrainingInput(const data::Batch& batch) {
+  model::DecoderInput in =
+      MicroBatchInput(batch, pipeline_->chunk(0), *pc_, step_, /*training=*/true);
+  if (config_.runtime.cuda_graphs) {
+    // The routers read their keys from device memory: a replay's copy of the inputs brings
+    // the step's keys and first token along with its tokens.
+    const int64_t n = 4 * config_.model.n_layers;
+    in.rng_values = Tensor::FromVector(moe::RouterRngValues(config_.moe.seed, step_,
+                                                            config_.model.n_layers,
+                                                            in.first_token),
+                                       {n})
+                        .To(rt_.device(), rt_.ctx.get());
+  }
+  return in;
+}
+
 Trainer::StepSums Trainer::GraphedMicroBatches(bool record_routing,
                                                std::vector<data::Batch>& batches,
                                                dist::TreeAccumulator& grads,
@@ -218,10 +235,11 @@ Trainer::StepSums Trainer::GraphedMicroBatches(bool record_routing,
       }
     }
     for (int micro = 0; micro < accum; ++micro) {
-      model::DecoderInput in =
-          MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
-      graph_->inputs[micro].tokens.CopyFrom(in.tokens, ctx);
-      graph_->inputs[micro].targets.CopyFrom(in.targets, ctx);
+      const model::DecoderInput in = TrainingInput(batches[micro]);
+      model::DecoderInput& captured = graph_->inputs[micro];
+      captured.tokens.CopyFrom(in.tokens, ctx);
+      captured.targets.CopyFrom(in.targets, ctx);
+      captured.rng_values.CopyFrom(in.rng_values, ctx);
     }
     readback = graph_->readback;  // the captured slots, then this step's own after them
     ReplayGraph();
@@ -232,8 +250,7 @@ Trainer::StepSums Trainer::GraphedMicroBatches(bool record_routing,
   // micro-batches with nothing run, then one replay for this step.
   auto graph = std::make_unique<StepGraph>();
   for (int micro = 0; micro < accum; ++micro) {
-    graph->inputs.push_back(
-        MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true));
+    graph->inputs.push_back(TrainingInput(batches[micro]));
     graph->padding.push_back(batches[micro].padding);
   }
   ctx->BeginCapture();
@@ -284,10 +301,7 @@ Trainer::StepSums Trainer::AccumulateGradients(bool record_routing,
   PipelineRunner::Hooks hooks;
   hooks.input = [&](int micro) {
     if (inputs == nullptr) batches[micro] = loader_->GetBatch(step_, micro);
-    model::DecoderInput in =
-        inputs != nullptr
-            ? (*inputs)[micro]
-            : MicroBatchInput(batches[micro], pipeline_->chunk(0), *pc_, step_, /*training=*/true);
+    model::DecoderInput in = inputs != nullptr ? (*inputs)[micro] : TrainingInput(batches[micro]);
     in.ce_grad_scale = 1.0f / static_cast<float>(global_batch * config_.model.seq_len);
     in.aux_grad_scale = 1.0f / static_cast<float>(global_groups);
     return in;

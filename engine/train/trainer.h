@@ -181,6 +181,9 @@ class Trainer {
   // each step's batches copied into the inputs the capture read. Steps that record routing
   // run eagerly. `readback` is the step's (the capture's slots, then the step's own).
   struct StepGraph;
+  // A training micro-batch's decoder input (MicroBatchInput), with the routers' device rng
+  // values under runtime.cuda_graphs.
+  model::DecoderInput TrainingInput(const data::Batch& batch);
   // Drops the captured work (the weights were loaded anew): the next steps capture again.
   void ForgetGraph();
   // Runs the captured micro-batches (charged to Phase::kGraphReplay).

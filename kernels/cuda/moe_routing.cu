@@ -64,7 +64,14 @@ __global__ void RouterTopKKernel(const float* __restrict__ logits, const float* 
                                  int64_t T, int E, int k, bool normalize, bool random_second,
                                  RngKey key, int64_t first_token, float* __restrict__ probs,
                                  int32_t* __restrict__ indices, float* __restrict__ gates,
-                                 uint8_t* __restrict__ keep) {
+                                 uint8_t* __restrict__ keep, const int64_t* at = nullptr,
+                                 int64_t token_offset = 0) {
+  // at (kernels::DeviceRng's {stream, first_token}), when not null: the draw's stream and
+  // first token are read here (per_token is 1 for the second-expert draw).
+  if (at != nullptr) {
+    key.stream = static_cast<uint64_t>(at[0]);
+    first_token = at[1] + token_offset;
+  }
   const int64_t t = WarpToken();
   if (t >= T) return;
   const int lane = threadIdx.x & 31;
@@ -308,6 +315,23 @@ void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool r
       static_cast<int>(E), static_cast<int>(k), normalize, random_second, second_key,
       first_token, probs.data<float>(), indices.data<int32_t>(), gates.data<float>(),
       keep.data<uint8_t>());
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void RouterTopK(const Tensor& logits, const Tensor& bias, bool normalize, bool random_second,
+                const DeviceRng& second, Tensor& probs, Tensor& indices, Tensor& gates,
+                Tensor& keep, DeviceContext* ctx) {
+  const int64_t T = logits.dim(0), E = logits.dim(1), k = indices.dim(1);
+  SY_CHECK(E <= kMaxTopKExperts) << "RouterTopK on CUDA supports up to " << kMaxTopKExperts
+                                 << " experts, got " << E;
+  SY_CHECK_EQ(second.per_token, 1) << "RouterTopK: the second-expert draw is one per token";
+  if (T == 0) return;
+  RouterTopKKernel<<<TokenBlocks(T), kTokenThreads, 0, StreamOf(ctx)>>>(
+      logits.data<float>(), bias.defined() ? bias.data<float>() : nullptr, T,
+      static_cast<int>(E), static_cast<int>(k), normalize, random_second,
+      RngKey{second.seed, 0}, 0, probs.data<float>(), indices.data<int32_t>(),
+      gates.data<float>(), keep.data<uint8_t>(), second.values.data<int64_t>(),
+      second.token_offset);
   SY_CUDA_CHECK_LAUNCH();
 }
 

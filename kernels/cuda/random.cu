@@ -8,8 +8,16 @@ namespace {
 
 enum class Dist { kUniform, kNormal };
 
+// at (kernels::DeviceRng's values), when not null: the key's stream and the first index are
+// read here, {stream, first_token} -> (first_token + token_offset) * per_token.
 template <typename T, Dist D>
-__global__ void FillKernel(T* out, int64_t n, RngKey key, int64_t first, float a, float b) {
+__global__ void FillKernel(T* out, int64_t n, RngKey key, int64_t first, float a, float b,
+                           const int64_t* at = nullptr, int64_t token_offset = 0,
+                           int64_t per_token = 1) {
+  if (at != nullptr) {
+    key.stream = static_cast<uint64_t>(at[0]);
+    first = (at[1] + token_offset) * per_token;
+  }
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t g = static_cast<uint64_t>(first + i);
@@ -30,16 +38,18 @@ __global__ void BitsKernel(int32_t* out, int64_t n, RngKey key, int64_t first) {
 }
 
 template <Dist D>
-void Launch(Tensor& out, RngKey key, int64_t first, float a, float b, DeviceContext* ctx) {
+void Launch(Tensor& out, RngKey key, int64_t first, float a, float b, DeviceContext* ctx,
+            const int64_t* at = nullptr, int64_t token_offset = 0, int64_t per_token = 1) {
   int64_t n = out.numel();
   if (n == 0) return;
   if (out.dtype() == DType::kF32) {
     FillKernel<float, D><<<GridFor(n), 256, 0, StreamOf(ctx)>>>(
-        static_cast<float*>(out.raw_data()), n, key, first, a, b);
+        static_cast<float*>(out.raw_data()), n, key, first, a, b, at, token_offset, per_token);
   } else {
     SY_CHECK(out.dtype() == DType::kBF16) << "random fill of " << DTypeName(out.dtype());
     FillKernel<__nv_bfloat16, D><<<GridFor(n), 256, 0, StreamOf(ctx)>>>(
-        static_cast<__nv_bfloat16*>(out.raw_data()), n, key, first, a, b);
+        static_cast<__nv_bfloat16*>(out.raw_data()), n, key, first, a, b, at, token_offset,
+        per_token);
   }
   SY_CUDA_CHECK_LAUNCH();
 }
@@ -49,6 +59,11 @@ void Launch(Tensor& out, RngKey key, int64_t first, float a, float b, DeviceCont
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi,
                  DeviceContext* ctx) {
   Launch<Dist::kUniform>(out, key, first_index, lo, hi, ctx);
+}
+
+void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi, DeviceContext* ctx) {
+  Launch<Dist::kUniform>(out, RngKey{at.seed, 0}, 0, lo, hi, ctx, at.values.data<int64_t>(),
+                         at.token_offset, at.per_token);
 }
 
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,

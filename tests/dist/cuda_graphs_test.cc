@@ -5,15 +5,17 @@
 // took from the host at capture and that changes from step to step (a batch, a step count, a
 // size read back) would show as a difference here.
 //
-//  - ReplayedStepsAreBitIdentical: the tiny config (tests/data/train-tiny.yaml, jitter off) at
-//    capacity 1.25 and dropless, f32 and bf16 (with its weight shadows), with validation
+//  - ReplayedStepsAreBitIdentical: the tiny config (tests/data/train-tiny.yaml: jitter) at
+//    capacity 1.25 and dropless, f32 and bf16 (with its weight shadows), top-2 with GShard's
+//    random second expert, and without any draws, with validation
 //    between steps: the losses of 6 steps, every weight after them and the routing-by-
 //    language counts (recorded in the run's second half from the choices a replay leaves)
 //    are the same with and without the graph, and 5 of the 6 steps were replays (the first
-//    warms up).
+//    warms up). The router's per-step keys are read from device memory in graph mode
+//    (moe::RouterRngValues), from host arguments in eager mode: the same numbers.
 //  - ConfigChecks: the switch refuses, each with one error naming its key, what a replay
-//    cannot repeat: more than one rank, jitter, a random second expert, host dispatch counts,
-//    the sequence/global aux-loss scopes, overlapped exchanges.
+//    cannot repeat: more than one rank, host dispatch counts, the sequence/global aux-loss
+//    scopes, overlapped exchanges.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -34,7 +36,6 @@ class CudaGraphsTest : public TrainFixture {};
 std::unique_ptr<Trainer> TrainTiny(std::vector<std::string> overrides, const std::string& out,
                                    int64_t steps) {
   overrides.push_back("train.max_steps=" + std::to_string(steps));
-  overrides.push_back("moe.jitter_eps=0");
   static std::unique_ptr<dist::Communicator> local =
       dist::MakeLocalCommunicator(Device::Cpu(), 0);
   auto trainer = TrainFixture::Train(TrainFixture::TinyConfig(overrides), out, *local);
@@ -59,11 +60,13 @@ TEST_F(CudaGraphsTest, ReplayedStepsAreBitIdentical) {
   if (!is_root()) return;
   constexpr int64_t kSteps = 6;
   const std::vector<std::vector<std::string>> cases = {
-      {},                                   // capacity 1.25, fp32
+      {},                                   // capacity 1.25, jitter, fp32
       {"moe.capacity_factor=0"},            // dropless
       {"runtime.precision=bf16"},           // bf16 products, weight shadows
       {"moe.capacity_factor=0", "runtime.precision=bf16", "train.eval_every=2",
        "train.eval_batches=2"},
+      {"moe.top_k=2", "moe.second_expert_policy=random"},  // GShard's random second expert
+      {"moe.jitter_eps=0"},                 // no draws at all
   };
   for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
@@ -105,15 +108,12 @@ TEST_F(CudaGraphsTest, ConfigChecks) {
   };
   const std::vector<Case> cases = {
       {{}, 2, "runs on one rank"},
-      {{"moe.jitter_eps=0.01"}, 1, "moe.jitter_eps=0"},
-      {{"moe.top_k=2", "moe.second_expert_policy=random"}, 1, "moe.second_expert_policy=all"},
       {{"moe.dispatch_counts=host"}, 1, "moe.dispatch_counts=device"},
       {{"moe.aux_loss_scope=sequence"}, 1, "moe.aux_loss_scope=group"},
       {{"moe.overlap_chunks=2"}, 1, "moe.overlap_chunks=1"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> overrides = c.overrides;
-    if (c.names != "moe.jitter_eps=0") overrides.push_back("moe.jitter_eps=0");
     overrides.push_back("runtime.cuda_graphs=true");
     const config::Config config = TinyConfig(overrides);
     const Status s = config.Validate(c.world);

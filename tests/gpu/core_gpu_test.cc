@@ -38,6 +38,25 @@ TEST(CoreGpuTest, CachingAllocatorReusesFreedBlocks) {
   EXPECT_EQ(again.raw_data(), first);
 }
 
+// kernels::DeviceRng (runtime.cuda_graphs): the key's stream and first token read from device
+// memory give the CPU's host-keyed numbers, bit for bit.
+TEST(CoreGpuTest, DeviceKeyedFillMatchesTheCpu) {
+  SY_REQUIRE_GPU();
+  auto ctx = DeviceContext::Create(Device::Cuda(0));
+  const RngKey key{99, StreamId("gpu-test-device-key")};
+  const int64_t first_token = 37, offset = 5, per_token = 24, n = 24 * 50;
+  Tensor want = Tensor::Empty({n}, DType::kF32);
+  kernels::FillUniform(want, key, (first_token + offset) * per_token, 0.99f, 1.01f);
+  const Tensor values = Tensor::FromVector<int64_t>(
+      {static_cast<int64_t>(key.stream), first_token}, {2}).To(Device::Cuda(0), ctx.get());
+  Tensor got = Tensor::Empty({n}, DType::kF32, Device::Cuda(0));
+  kernels::FillUniform(got,
+                       kernels::DeviceRng{.seed = key.seed, .values = values,
+                                          .token_offset = offset, .per_token = per_token},
+                       0.99f, 1.01f, ctx.get());
+  EXPECT_EQ(got.ToVector<float>(), want.ToVector<float>());
+}
+
 TEST(CoreGpuTest, PhiloxFillsMatchTheCpuBitForBit) {
   SY_REQUIRE_GPU();
   auto ctx = DeviceContext::Create(Device::Cuda(0));

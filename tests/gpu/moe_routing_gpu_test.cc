@@ -248,6 +248,42 @@ TEST(MoERoutingGpuTest, RouterLogitsStayF32UnderBf16Matmuls) {
   EXPECT_EQ(bf16_context->matmul_dtype(), DType::kBF16) << "the context's setting is restored";
 }
 
+// The random second-expert draw keyed from device memory (kernels::DeviceRng,
+// runtime.cuda_graphs) on the GPU: the same outputs as the host-keyed draw on the GPU.
+TEST(MoERoutingGpuTest, DeviceKeyedSecondExpertEqualsHostKeyed) {
+  SY_REQUIRE_GPU();
+  auto ctx_owner = DeviceContext::Create(Device::Cuda(0));
+  DeviceContext* ctx = ctx_owner.get();
+  const int64_t T = 300, E = 8, k = 2, first_token = 4000, offset = 9;
+  const RngKey key{11, 22};
+  std::vector<float> l(T * E);
+  for (int64_t i = 0; i < T * E; ++i) l[i] = std::sin(0.41f * static_cast<float>(i));
+  const Tensor logits = Tensor::FromVector(l, {T, E}).To(Device::Cuda(0), ctx);
+  auto run = [&](bool device_key) {
+    const Device dev = Device::Cuda(0);
+    Tensor probs = Tensor::Empty({T, E}, DType::kF32, dev), scores;
+    Tensor indices = Tensor::Empty({T, k}, DType::kI32, dev);
+    Tensor gates = Tensor::Empty({T, k}, DType::kF32, dev);
+    Tensor keep = Tensor::Empty({T, k}, DType::kU8, dev);
+    const kernels::RouterScoring softmax{.normalize = true};
+    if (device_key) {
+      const Tensor values = Tensor::FromVector<int64_t>(
+          {static_cast<int64_t>(key.stream), first_token}, {2}).To(dev, ctx);
+      kernels::RouterTopKScored(logits, Tensor(), softmax, true,
+                                kernels::DeviceRng{.seed = key.seed, .values = values,
+                                                   .token_offset = offset},
+                                probs, scores, indices, gates, keep, ctx);
+    } else {
+      kernels::RouterTopKScored(logits, Tensor(), softmax, true, key, first_token + offset,
+                                probs, scores, indices, gates, keep, ctx);
+    }
+    return std::make_pair(indices.ToVector<int32_t>(), keep.ToVector<uint8_t>());
+  };
+  const auto host = run(false), device = run(true);
+  EXPECT_EQ(device.first, host.first);
+  EXPECT_EQ(device.second, host.second);
+}
+
 // RouterTopK on identical logits: ~1 ulp probs; exact ties (equal logits) resolved alike.
 TEST(MoERoutingGpuTest, RouterTopKOnSameLogits) {
   SY_REQUIRE_GPU();

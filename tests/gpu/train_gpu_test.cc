@@ -33,6 +33,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/config/config.h"
 #include "engine/train/optimizer.h"
+#include "moe/router.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace switchyard::train {
@@ -205,21 +206,26 @@ TEST_F(TrainGpuTest, OneStepMatchesTheCpuInBf16) {
 }
 
 // runtime.cuda_graphs' mechanism on a GPU (engine/core/captured_work.h): one micro-batch's
-// forward and backward captured into a CUDA graph (bf16 products, capacity routing, the
-// step's readback window open as in training, jitter off), then replayed on another batch
-// copied into the captured inputs: the loss sums and every gradient equal an eager step on
-// that batch, bit for bit (the same kernels in the same order).
+// forward and backward captured into a CUDA graph (bf16 products, capacity routing with
+// jitter, the step's readback window open as in training) on one batch at step 2, then
+// replayed on another batch and step 3's router keys copied into the captured inputs: the
+// readback slots, the loss sum and every gradient equal an eager step 3 on that batch with
+// the keys passed from the host, bit for bit (the same kernels in the same order).
 TEST_F(TrainGpuTest, ReplayedCudaGraphEqualsAnEagerStep) {
-  config::Config config = config_;
-  config.moe.jitter_eps = 0.0f;
-  Replica gpu = MakeReplica(config, Device::Cuda(0));
+  const Device cuda = Device::Cuda(0);
+  Replica gpu = MakeReplica(config_, cuda);
   gpu.ctx->set_matmul_dtype(DType::kBF16);
   DeviceContext* ctx = gpu.ctx.get();
-  const int64_t vocab = config.model.vocab_size;
+  const int64_t vocab = config_.model.vocab_size, layers = config_.model.n_layers;
   auto [tokens1, targets1] = Batch(vocab, 12345);
   auto [tokens2, targets2] = Batch(vocab, 777);
-  model::DecoderInput in{.tokens = tokens1.To(Device::Cuda(0), ctx),
-                         .targets = targets1.To(Device::Cuda(0), ctx),
+  auto rng_values = [&](int64_t step) {
+    return Tensor::FromVector(moe::RouterRngValues(config_.moe.seed, step, layers, 0),
+                              {4 * layers})
+        .To(cuda, ctx);
+  };
+  model::DecoderInput in{.tokens = tokens2.To(cuda, ctx),
+                         .targets = targets2.To(cuda, ctx),
                          .step = 3,
                          .training = true,
                          .ids_checked = true,
@@ -238,28 +244,26 @@ TEST_F(TrainGpuTest, ReplayedCudaGraphEqualsAnEagerStep) {
     for (const auto& p : gpu.decoder->registry().params()) all.push_back(p.grad.ToVector<float>());
     return all;
   };
-  {  // warm-up: the allocator's cache and cuBLAS's first calls
-    StepReadback warm;
-    run(warm);
-    (void)warm.ReadBack(ctx);
-  }
-  // The eager reference on the second batch.
-  in.tokens.CopyFrom(tokens2.To(Device::Cuda(0), ctx), ctx);
-  in.targets.CopyFrom(targets2.To(Device::Cuda(0), ctx), ctx);
+  // The eager reference (which also warms the allocator and cuBLAS): step 3, batch 2, keys
+  // from the host.
   StepReadback eager_rb;
   model::DecoderOutput eager = run(eager_rb);
   const std::vector<double> eager_slots = eager_rb.ReadBack(ctx);
   const std::vector<std::vector<float>> eager_grads = grads();
-  // Captured on the first batch, replayed on the second.
-  in.tokens.CopyFrom(tokens1.To(Device::Cuda(0), ctx), ctx);
-  in.targets.CopyFrom(targets1.To(Device::Cuda(0), ctx), ctx);
+  // Captured at step 2 on batch 1 with the keys in device memory ...
+  in.tokens.CopyFrom(tokens1.To(cuda, ctx), ctx);
+  in.targets.CopyFrom(targets1.To(cuda, ctx), ctx);
+  in.step = 2;
+  in.rng_values = rng_values(2);
   StepReadback captured;
   ctx->BeginCapture();
   model::DecoderOutput graphed = run(captured);
   std::unique_ptr<CapturedWork> work = ctx->EndCapture();
   EXPECT_GT(work->operations(), 50);
-  in.tokens.CopyFrom(tokens2.To(Device::Cuda(0), ctx), ctx);
-  in.targets.CopyFrom(targets2.To(Device::Cuda(0), ctx), ctx);
+  // ... replayed as step 3 on batch 2.
+  in.tokens.CopyFrom(tokens2.To(cuda, ctx), ctx);
+  in.targets.CopyFrom(targets2.To(cuda, ctx), ctx);
+  in.rng_values.CopyFrom(rng_values(3), ctx);
   work->Replay(ctx);
   const std::vector<double> graph_slots = captured.ReadBack(ctx);
   ASSERT_EQ(graph_slots.size(), eager_slots.size());

@@ -15,8 +15,11 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
+#include "engine/core/captured_work.h"
+#include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "kernels/random.h"
 
@@ -122,6 +125,61 @@ TEST(MoERoutingTest, WarpTopKFormulationEqualsPartialSort) {
       }
     }
   }
+}
+
+// kernels::DeviceRng (runtime.cuda_graphs): the second-expert draw and the jitter fill with
+// their key stream and first token read from a device tensor are the host-keyed ops' bits,
+// and a capture reads the values when it is replayed, not when it was recorded.
+TEST(MoERoutingTest, DeviceKeyedDrawsEqualHostKeyedOnes) {
+  const int64_t T = 40, E = 6, k = 2;
+  const RngKey key{1234, StreamId("device-keyed")};
+  const int64_t first_token = 1000, offset = 7;
+  std::vector<float> l(T * E);
+  for (int64_t i = 0; i < T * E; ++i) l[i] = std::sin(0.37f * static_cast<float>(i));
+  const Tensor logits = Tensor::FromVector(l, {T, E});
+  auto choose = [&](auto&& call) {
+    Tensor probs = Tensor::Empty({T, E}, DType::kF32), indices = Tensor::Empty({T, k}, DType::kI32);
+    Tensor gates = Tensor::Empty({T, k}, DType::kF32), keep = Tensor::Empty({T, k}, DType::kU8);
+    Tensor scores;
+    call(probs, scores, indices, gates, keep);
+    return std::make_tuple(probs.ToVector<float>(), indices.ToVector<int32_t>(),
+                           gates.ToVector<float>(), keep.ToVector<uint8_t>());
+  };
+  const kernels::RouterScoring softmax{.normalize = true};
+  const auto want = choose([&](Tensor& p, Tensor& s, Tensor& i, Tensor& g, Tensor& kp) {
+    kernels::RouterTopKScored(logits, Tensor(), softmax, true, key, first_token + offset, p, s,
+                              i, g, kp);
+  });
+  Tensor values = Tensor::FromVector<int64_t>({static_cast<int64_t>(key.stream), first_token}, {2});
+  const kernels::DeviceRng at{.seed = key.seed, .values = values, .token_offset = offset};
+  const auto got = choose([&](Tensor& p, Tensor& s, Tensor& i, Tensor& g, Tensor& kp) {
+    kernels::RouterTopKScored(logits, Tensor(), softmax, true, at, p, s, i, g, kp);
+  });
+  EXPECT_TRUE(got == want);
+  // Some second choices were dropped and some kept: the draw is exercised.
+  const std::vector<uint8_t>& keep = std::get<3>(want);
+  int kept = 0;
+  for (int64_t t = 0; t < T; ++t) kept += keep[t * k + 1];
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, T);
+
+  // The jitter fill, and a capture replayed after the values changed.
+  const int64_t d = 8, n = 5 * d;
+  Tensor fill_want = Tensor::Empty({n}, DType::kF32);
+  kernels::FillUniform(fill_want, RngKey{key.seed, key.stream + 1}, (first_token + 3 + offset) * d,
+                       0.9f, 1.1f);
+  auto ctx = DeviceContext::Create(Device::Cpu());
+  Tensor fill_got = Tensor::Empty({n}, DType::kF32);
+  ctx->BeginCapture();
+  kernels::FillUniform(fill_got,
+                       kernels::DeviceRng{.seed = key.seed, .values = values,
+                                          .token_offset = offset, .per_token = d},
+                       0.9f, 1.1f, ctx.get());
+  std::unique_ptr<CapturedWork> work = ctx->EndCapture();
+  values.data<int64_t>()[0] = static_cast<int64_t>(key.stream + 1);
+  values.data<int64_t>()[1] = first_token + 3;
+  work->Replay(ctx.get());
+  EXPECT_EQ(fill_got.ToVector<float>(), fill_want.ToVector<float>());
 }
 
 TEST(MoERoutingTest, RouterBackwardLogitsEdgeCases) {
