@@ -131,7 +131,11 @@ std::string Profiler::Table() const {
                   1e3 * s / steps, step_seconds_ > 0 ? 100.0 * s / step_seconds_ : 0.0);
     out += line;
   };
-  for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) row(kNames[i], seconds_[i]);
+  for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) {
+    // The graph replay's row only when the run replayed (runtime.cuda_graphs).
+    if (i == static_cast<int>(Phase::kGraphReplay) && seconds_[i] == 0.0) continue;
+    row(kNames[i], seconds_[i]);
+  }
   row("other", other_seconds());
   row("step", step_seconds_);
   // The token all-to-alls: in flight, waited for (exposed) and overlapped (hidden). Their

@@ -7,6 +7,7 @@
 // written once per step at their first use (engine/core/weight_shadows.h); the window closes
 // when the backward passes end, before anything changes a weight.
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <optional>
 #include <span>
@@ -260,6 +261,12 @@ Trainer::StepSums Trainer::GraphedMicroBatches(bool record_routing,
   graph->work = ctx->EndCapture();
   graph->readback = readback;
   graph->sums = sums;
+  if (is_root()) {
+    std::printf("cuda_graphs: step %lld's %d micro-batch(es) captured (%lld operations); the "
+                "later steps replay them\n",
+                static_cast<long long>(step_), accum,
+                static_cast<long long>(graph->work->operations()));
+  }
   graph_ = std::move(graph);
   ReplayGraph();
   if (record_routing) RecordReplayedRouting(batches);
