@@ -13,7 +13,8 @@
 //              kernels::AttentionForward on --attention-shape x the bf16 peak)
 //   overhead   op_latency: a step of --config at d_model 8 on the GPU (the work vanishes): the
 //              median step beyond the cost model's prediction for it, over the operations it
-//              counts (as plan_calibrate)
+//              counts (as plan_calibrate); graph_op_latency: the same with
+//              runtime.cuda_graphs=true (the micro-batches replayed as one CUDA graph)
 //   links      one GPU: nothing to measure; the copy's bandwidth and 5 us stand in (a plan for
 //              several GPUs should use a datasheet file such as h200 for the links)
 //
@@ -131,7 +132,8 @@ double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double pe
 }
 
 std::string Yaml(const GemmFit& bf16, const GemmFit& f32, double bandwidth, double attention,
-                 double memory, double op_latency, const std::string& gpu) {
+                 double memory, double op_latency, double graph_op_latency,
+                 const std::string& gpu) {
   std::ostringstream out;
   out.precision(4);
   out << "# This GPU (" << gpu << "), measured by plan_calibrate_gpu (docs/plan.md).\n"
@@ -144,17 +146,21 @@ std::string Yaml(const GemmFit& bf16, const GemmFit& f32, double bandwidth, doub
       << "gemm: {efficiency: 1, half_flops: " << bf16.half << "}\n"
       << "attention_efficiency: " << attention << "\n";
   if (op_latency > 0) out << "op_latency: " << op_latency << "\n";
+  if (graph_op_latency > 0) out << "graph_op_latency: " << graph_op_latency << "\n";
   return out.str();
 }
 
-// The fixed cost per operation, from a step of the config at a size where the work vanishes.
-StatusOr<double> MeasureOpLatency(Harness& h, TrainBench& bench, const std::string& yaml) {
+// The fixed cost per operation, from a step of the config at a size where the work vanishes;
+// graphs: with the micro-batches replayed as a CUDA graph (runtime.cuda_graphs).
+StatusOr<double> MeasureOpLatency(Harness& h, TrainBench& bench, const std::string& yaml,
+                                  bool graphs) {
   SY_RETURN_IF_ERROR(bench.Prepare(h, "plan_calibrate_gpu"));
   SY_ASSIGN_OR_RETURN(config::Config config,
                       bench.LoadConfig({"model.d_model=8", "model.n_heads=2", "model.d_ff=16",
                                         "moe.d_expert=8", "model.seq_len=8", "train.micro_batch_size=2",
                                         "logging.routing_every=0", "runtime.device=cuda",
-                                        "runtime.precision=bf16"}));
+                                        "runtime.precision=bf16",
+                                        graphs ? "runtime.cuda_graphs=true" : "runtime.cuda_graphs=false"}));
   SY_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> trainer, bench.StartTrainer(config, "overhead"));
   SY_ASSIGN_OR_RETURN(std::vector<double> step_s, bench.RunSteps(*trainer, [] {}, [] {}));
   bench.EndTrainer(std::move(trainer), "overhead");
@@ -168,13 +174,15 @@ StatusOr<double> MeasureOpLatency(Harness& h, TrainBench& bench, const std::stri
   in.global_batch = config.train.micro_batch_size * config.train.grad_accum;
   const plan::Layout layout = plan::LayoutOf(config);
   plan::CostCache cache;
-  hw.op_latency = 0;
+  // Whichever of the two latencies the step pays (graph_op_latency when graphed).
+  hw.op_latency = hw.graph_op_latency = 0;
   const double without = plan::PredictStepTime(in, layout, hw, cache).total();
-  hw.op_latency = 1;
+  hw.op_latency = hw.graph_op_latency = 1;
   const double ops = plan::PredictStepTime(in, layout, hw, cache).total() - without;
   const double latency = std::max(0.0, (measured - without) / ops);
-  h.Printf("# overhead: a step at d_model 8 on the GPU: %.1f us measured, %.1f us of work predicted, "
-           "%.0f operations: %.2f us each\n", measured * 1e6, without * 1e6, ops, latency * 1e6);
+  h.Printf("# overhead%s: a step at d_model 8 on the GPU: %.1f us measured, %.1f us of work "
+           "predicted, %.0f operations: %.2f us each\n", graphs ? " (CUDA graph)" : "",
+           measured * 1e6, without * 1e6, ops, latency * 1e6);
   return latency;
 }
 
@@ -221,15 +229,19 @@ int Main(int argc, char** argv) {
   h.Printf("# fitted: bf16 %.1f TFLOP/s (F_half %.3g), f32 %.1f TFLOP/s, %.0f GB/s\n", bf16.peak / 1e12,
            bf16.half, f32.peak / 1e12, bandwidth / 1e9);
   const double memory = static_cast<double>(total_bytes);
-  StatusOr<double> op_latency =
-      MeasureOpLatency(h, bench, Yaml(bf16, f32, bandwidth, attention, memory, 0, prop.name));
-  double latency = 0;
-  if (op_latency.ok()) {
-    latency = *op_latency;
-  } else {
-    h.Printf("# overhead run failed (op_latency left out): %s\n", op_latency.status().ToString().c_str());
+  const std::string partial = Yaml(bf16, f32, bandwidth, attention, memory, 0, 0, prop.name);
+  double latency = 0, graph_latency = 0;
+  for (bool graphs : {false, true}) {
+    StatusOr<double> measured = MeasureOpLatency(h, bench, partial, graphs);
+    const char* key = graphs ? "graph_op_latency" : "op_latency";
+    if (!measured.ok()) {
+      h.Printf("# overhead run failed (%s left out): %s\n", key, measured.status().ToString().c_str());
+      continue;
+    }
+    (graphs ? graph_latency : latency) = *measured;
   }
-  const std::string yaml = Yaml(bf16, f32, bandwidth, attention, memory, latency, prop.name);
+  const std::string yaml =
+      Yaml(bf16, f32, bandwidth, attention, memory, latency, graph_latency, prop.name);
   h.Printf("%s", yaml.c_str());
   if (!out.empty()) {
     std::ofstream file(out);
@@ -239,7 +251,8 @@ int Main(int argc, char** argv) {
   Table none({{}, {}}, false);
   return h.Finish(none, wrong, {{"peak_flops_bf16", bf16.peak}, {"half_flops_bf16", bf16.half},
                                 {"peak_flops_fp32", f32.peak}, {"memory_bandwidth", bandwidth},
-                                {"attention_efficiency", attention}, {"op_latency", latency}});
+                                {"attention_efficiency", attention}, {"op_latency", latency},
+                                {"graph_op_latency", graph_latency}});
 }
 
 }  // namespace

@@ -101,14 +101,18 @@ void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
 void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
                     DeviceContext* ctx) {
   CheckGroupedBias("GroupedAddBias", out, rows, bias, out);
-  SY_DISPATCH_DEVICE(out, ctx, cpu::GroupedAddBias(out, rows, bias),
+  // Host arguments the CPU op reads go into the recorded closure by value (kernels/dispatch.h).
+  const std::vector<int64_t> host_rows(rows.begin(), rows.end());
+  SY_DISPATCH_DEVICE(out, ctx, cpu::GroupedAddBias(out, host_rows, bias),
                      cuda::GroupedAddBias(out, rows, bias, ctx));
 }
 
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,
                      DeviceContext* ctx) {
   CheckGroupedBias("GroupedBiasGrad", dy, rows, dbias, dbias);
-  SY_DISPATCH_DEVICE(dbias, ctx, cpu::GroupedBiasGrad(dy, rows, dbias, beta),
+  // Host arguments the CPU op reads go into the recorded closure by value (kernels/dispatch.h).
+  const std::vector<int64_t> host_rows(rows.begin(), rows.end());
+  SY_DISPATCH_DEVICE(dbias, ctx, cpu::GroupedBiasGrad(dy, host_rows, dbias, beta),
                      cuda::GroupedBiasGrad(dy, rows, dbias, beta, ctx));
 }
 

@@ -16,26 +16,34 @@
   SY_LOG(FATAL) << "CUDA tensor in a build without the CUDA backend"
 #endif
 
+// The CUDA side of both dispatch macros: `call_cuda` with the DeviceContext of `out`.
+#define SY_DISPATCH_CUDA_(out, ctx, call_cuda)                                       \
+  do {                                                                               \
+    SY_CHECK((ctx) != nullptr && (ctx)->device() == (out).device())                  \
+        << "a CUDA kernel needs the DeviceContext of " << (out).device().ToString(); \
+    SY_CUDA_BRANCH(call_cuda);                                                       \
+  } while (0)
+
 // Runs `call_cpu` for a host tensor `out`, else `call_cuda` with a matching `ctx`; counts
 // one kernel dispatch (engine/core/counters.h) either way. While a host `ctx` captures
 // (engine/core/captured_work.h), `call_cpu` is recorded with copies of what it names and
-// runs at each replay: so it may only write through tensors: an assignment to a host variable would be lost
-// (ops that return a host value use SY_DISPATCH_DEVICE_NOW; they are readbacks, which a
-// capture refuses anyway).
+// runs at each replay. So it writes through tensors only (an assignment to a host variable
+// would be lost: ops that return a host value use SY_DISPATCH_DEVICE_NOW, readbacks that a
+// capture refuses anyway); a host array it reads is an owned copy (a std::vector made before
+// the dispatch, not a span of the caller's memory); and a value it takes from a tensor is
+// read inside call_cpu, not before the dispatch.
 #define SY_DISPATCH_DEVICE(out, ctx, call_cpu, call_cuda)                              \
   do {                                                                                 \
     ::switchyard::counters::CountDispatch();                                           \
     if ((out).device().is_cpu()) {                                                     \
       ::switchyard::DeviceContext* const sy_dispatch_ctx = (ctx);                      \
       if (sy_dispatch_ctx != nullptr && sy_dispatch_ctx->capturing()) {               \
-        sy_dispatch_ctx->Record([=]() mutable { call_cpu; });                             \
+        sy_dispatch_ctx->Record([=]() mutable { call_cpu; });                          \
       } else {                                                                         \
         call_cpu;                                                                      \
       }                                                                                \
     } else {                                                                           \
-      SY_CHECK((ctx) != nullptr && (ctx)->device() == (out).device())                  \
-          << "a CUDA kernel needs the DeviceContext of " << (out).device().ToString(); \
-      SY_CUDA_BRANCH(call_cuda);                                                       \
+      SY_DISPATCH_CUDA_(out, ctx, call_cuda);                                          \
     }                                                                                  \
   } while (0)
 
@@ -48,8 +56,6 @@
     if ((out).device().is_cpu()) {                                                     \
       call_cpu;                                                                        \
     } else {                                                                           \
-      SY_CHECK((ctx) != nullptr && (ctx)->device() == (out).device())                  \
-          << "a CUDA kernel needs the DeviceContext of " << (out).device().ToString(); \
-      SY_CUDA_BRANCH(call_cuda);                                                       \
+      SY_DISPATCH_CUDA_(out, ctx, call_cuda);                                          \
     }                                                                                  \
   } while (0)

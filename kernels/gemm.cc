@@ -167,8 +167,11 @@ void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w
   const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
   const Tensor rx = ResolveOperand(x, dtype, reads, ctx);
   const Tensor rw = ResolveOperand(w, dtype, reads, ctx);
+  // Host arguments the CPU op reads go into the recorded closure by value (kernels/dispatch.h).
+  const std::vector<int64_t> host_rows(rows.begin(), rows.end());
   SY_DISPATCH_DEVICE(out, ctx,
-                     cpu::GroupedGemm(rx, rows, rw, trans_w, out, alpha, beta, dtype, schedule),
+                     cpu::GroupedGemm(rx, host_rows, rw, trans_w, out, alpha, beta, dtype,
+                                      schedule),
                      cuda::GroupedGemm(rx, rows, rw, trans_w, out, alpha, beta, dtype, ctx));
 }
 
@@ -191,8 +194,11 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
   const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
   const Tensor rx = ResolveOperand(x, dtype, reads, ctx);
   const Tensor rdy = ResolveOperand(dy, dtype, reads, ctx);
+  // Host arguments the CPU op reads go into the recorded closure by value (kernels/dispatch.h).
+  const std::vector<int64_t> host_rows(rows.begin(), rows.end());
   SY_DISPATCH_DEVICE(dw, ctx,
-                     cpu::GroupedGemmWeightGrad(rx, rdy, rows, dw, alpha, beta, dtype, schedule),
+                     cpu::GroupedGemmWeightGrad(rx, rdy, host_rows, dw, alpha, beta, dtype,
+                                                schedule),
                      cuda::GroupedGemmWeightGrad(rx, rdy, rows, dw, alpha, beta, dtype, ctx));
 }
 

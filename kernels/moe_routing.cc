@@ -213,7 +213,9 @@ void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext*
   CheckMatrix(x, DType::kF32, kOp, "x");
   SY_CHECK(static_cast<int64_t>(column.size()) == x.dim(1))
       << kOp << ": " << column.size() << " column values for x " << ShapeString(x.shape());
-  SY_DISPATCH_DEVICE(x, ctx, cpu::AddColumnConstants(x, column),
+  // Host arguments the CPU op reads go into the recorded closure by value (kernels/dispatch.h).
+  const std::vector<float> host_column(column.begin(), column.end());
+  SY_DISPATCH_DEVICE(x, ctx, cpu::AddColumnConstants(x, host_column),
                      cuda::AddColumnConstants(x, column, ctx));
 }
 
@@ -271,7 +273,9 @@ void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate,
   CheckLike(bias, DType::kF32, bias.device(), {bias.numel()}, kOp, "bias");
   SY_CHECK(static_cast<int64_t>(counts.size()) == bias.numel())
       << kOp << ": " << counts.size() << " counts for " << bias.numel() << " experts";
-  SY_DISPATCH_DEVICE(bias, ctx, cpu::UpdateExpertBias(bias, counts, rate),
+  // Host arguments the CPU op reads go into the recorded closure by value (kernels/dispatch.h).
+  const std::vector<int64_t> host_counts(counts.begin(), counts.end());
+  SY_DISPATCH_DEVICE(bias, ctx, cpu::UpdateExpertBias(bias, host_counts, rate),
                      cuda::UpdateExpertBias(bias, counts, rate, ctx));
 }
 

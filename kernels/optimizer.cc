@@ -66,7 +66,9 @@ void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp, Devic
   for (const AdamWTensors& t : tensors) {
     CheckAdamW(t.param, t.grad, t.exp_avg, t.exp_avg_sq, first.device(), kOp);
   }
-  SY_DISPATCH_DEVICE(first, ctx, cpu::AdamWUpdateMany(tensors, hp),
+  // The table goes into a recorded closure by value (kernels/dispatch.h).
+  std::vector<AdamWTensors> table(tensors.begin(), tensors.end());
+  SY_DISPATCH_DEVICE(first, ctx, cpu::AdamWUpdateMany(table, hp),
                      cuda::AdamWUpdateMany(tensors, hp, ctx));
 }
 
@@ -126,7 +128,8 @@ void SumSquaresPartials(std::span<const Tensor> tensors, Tensor& partials, Devic
   }
   CheckTensorOn(partials, DType::kF64, first.device(), "SumSquaresPartials", "partials",
                 "the first tensor");
-  SY_DISPATCH_DEVICE(first, ctx, CpuSumSquaresPartials(tensors, partials),
+  const std::vector<Tensor> table(tensors.begin(), tensors.end());  // recorded by value
+  SY_DISPATCH_DEVICE(first, ctx, CpuSumSquaresPartials(table, partials),
                      cuda::SumSquaresPartials(tensors, partials, ctx));
 }
 
@@ -143,7 +146,8 @@ void ScaleMany(std::span<Tensor> tensors, float scale, DeviceContext* ctx) {
   for (const Tensor& t : tensors) {
     CheckTensorOn(t, DType::kF32, first.device(), "ScaleMany", "a tensor", "the first tensor");
   }
-  SY_DISPATCH_DEVICE(first, ctx, cpu::ScaleMany(tensors, scale),
+  std::vector<Tensor> table(tensors.begin(), tensors.end());  // recorded by value
+  SY_DISPATCH_DEVICE(first, ctx, cpu::ScaleMany(table, scale),
                      cuda::ScaleMany(tensors, scale, ctx));
 }
 

@@ -250,8 +250,7 @@ std::vector<Section> Sections(Config& c) {
       {"runtime",
        {BindRuntimeDevice("device", &c.runtime.device),
         BindNamed("precision", &c.runtime.precision, kPrecisionNames),
-        BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames),
-        Bind("cuda_graphs", &c.runtime.cuda_graphs)}},
+        BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames), Bind("cuda_graphs", &c.runtime.cuda_graphs)}},
       {"plan", {Bind("world", &c.plan.world), Bind("device_memory_gib", &c.plan.device_memory_gib)}},
       {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };
@@ -413,31 +412,6 @@ Status Config::Validate(int world) const {
   SY_RETURN_IF_ERROR(CheckReplication(moe, parallel));
   SY_RETURN_IF_ERROR(parallel.Validate(model, moe, train.grad_accum, world));
   return CheckCudaGraphs(*this, world);
-}
-
-Status CheckCudaGraphs(const Config& c, int world) {
-  if (!c.runtime.cuda_graphs) return OkStatus();
-  // A replay repeats the captured kernels with their arguments: the step may not wait for
-  // the device (one rank: the exchanges' sizes, ZeRO and the pipeline are host-driven). The
-  // router's per-step random keys are read from device memory (moe::RouterRngValues).
-  if (world > 1) {
-    return InvalidArgument("runtime.cuda_graphs=true runs on one rank (this world has ", world,
-                           "); set runtime.cuda_graphs=false");
-  }
-  if (c.moe.num_experts > 0) {
-    if (c.moe.dispatch_counts != moe::DispatchCounts::kDevice) {
-      return InvalidArgument("runtime.cuda_graphs=true needs moe.dispatch_counts=device (host "
-                             "counts are read back in the step)");
-    }
-    if (c.moe.aux_loss_scope != moe::AuxLossScope::kGroup) {
-      return InvalidArgument("runtime.cuda_graphs=true needs moe.aux_loss_scope=group (the "
-                             "sequence and global scopes read balance sums back in the step)");
-    }
-    if (c.moe.overlap_chunks > 1) {
-      return InvalidArgument("runtime.cuda_graphs=true needs moe.overlap_chunks=1");
-    }
-  }
-  return OkStatus();
 }
 
 std::string Config::ToYaml() const {

@@ -1,5 +1,7 @@
 #include "engine/config/runtime_config.h"
 
+#include "engine/config/config.h"
+
 namespace switchyard::config {
 
 StatusOr<RuntimeDevice> ParseRuntimeDevice(std::string_view text) {
@@ -29,6 +31,32 @@ Status RuntimeConfig::Validate() const {
                            "runtime.precision=", NameOf(kPrecisionNames, precision),
                            " resolves to fp32 on ", device,
                            "; set runtime.precision=bf16 or runtime.activation_dtype=fp32");
+  }
+  return OkStatus();
+}
+
+// config.h declares it (it reads the moe section too).
+Status CheckCudaGraphs(const Config& c, int world) {
+  if (!c.runtime.cuda_graphs) return OkStatus();
+  // A replay repeats the captured kernels with their arguments: the step may not wait for
+  // the device (one rank: the exchanges' sizes, ZeRO and the pipeline are host-driven). The
+  // router's per-step random keys are read from device memory (moe::RouterRngValues).
+  if (world > 1) {
+    return InvalidArgument("runtime.cuda_graphs=true runs on one rank (this world has ", world,
+                           "); set runtime.cuda_graphs=false");
+  }
+  if (c.moe.num_experts > 0) {
+    if (c.moe.dispatch_counts != moe::DispatchCounts::kDevice) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.dispatch_counts=device (host "
+                             "counts are read back in the step)");
+    }
+    if (c.moe.aux_loss_scope != moe::AuxLossScope::kGroup) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.aux_loss_scope=group (the "
+                             "sequence and global scopes read balance sums back in the step)");
+    }
+    if (c.moe.overlap_chunks > 1) {
+      return InvalidArgument("runtime.cuda_graphs=true needs moe.overlap_chunks=1");
+    }
   }
   return OkStatus();
 }

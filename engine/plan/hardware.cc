@@ -104,8 +104,10 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
       {"attention_efficiency", NumberOf(source, &h.attention_efficiency)},
       {"cores_per_node", NumberOf(source, &cores)},
       {"op_latency", NumberOf(source, &h.op_latency)},
+      {"graph_op_latency", NumberOf(source, &h.graph_op_latency)},
   };
-  SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys, {"source", "cores_per_node", "op_latency"}));
+  SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys,
+                             {"source", "cores_per_node", "op_latency", "graph_op_latency"}));
   if (cores != std::floor(cores)) {
     return InvalidArgument(source, ": cores_per_node=", cores, " must be a whole number");
   }

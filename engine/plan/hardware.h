@@ -13,9 +13,10 @@
 //   attention_efficiency: 0.45                       # share of the peak attention's core reaches
 //   cores_per_node: 2     # CPU machines only: the node's cores, which its ranks share
 //   op_latency: 4e-6      # optional: fixed seconds per operation (launch, bookkeeping)
+//   graph_op_latency: 1e-6  # optional: the same inside a replayed CUDA graph
 //
-// Every key is required except fp8, source, cores_per_node and
-// op_latency; an unknown or missing key, a value that is
+// Every key is required except fp8, source, cores_per_node, op_latency and
+// graph_op_latency; an unknown or missing key, a value that is
 // not a positive number, is one error line naming the file and the key.
 #pragma once
 
@@ -50,6 +51,10 @@ struct Hardware {
   // engine's per-operation bookkeeping); 0 when the file gives none. Time-sliced ranks
   // (ComputeShare < 1) pay it 1 / ComputeShare times.
   double op_latency = 0;
+  // The fixed seconds of an operation inside a replayed CUDA graph (runtime.cuda_graphs on
+  // one rank: one launch for the micro-batches, each kernel still a node the GPU schedules);
+  // < 0 when the file gives none, and op_latency stands in.
+  double graph_op_latency = -1;
 
   // cores_per_node / ranks on a node (min(world, gpus_per_node)); 1 without cores_per_node.
   double ComputeShare(int world) const;

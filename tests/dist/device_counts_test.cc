@@ -85,15 +85,6 @@ std::string Sites(const DeviceCounts& c) {
   return s;
 }
 
-// Every parameter's values, by name.
-std::map<std::string, std::vector<float>> Weights(Trainer& t) {
-  std::map<std::string, std::vector<float>> out;
-  for (const parallel::Parameter& p : t.registry().params()) {
-    out[p.name] = p.value.ToVector<float>();
-  }
-  return out;
-}
-
 // Dropless training on one rank: one readback per step, the step's end, when the dispatch
 // counts stay on the device (moe.dispatch_counts: device, the default); with them copied to
 // the host, one more per MoE layer and micro-batch.
@@ -186,17 +177,7 @@ TEST_F(DeviceCountsTest, DeviceDispatchCountsAreBitIdentical) {
     ASSERT_NE(device, nullptr);
     ASSERT_NE(host, nullptr);
     ASSERT_EQ(device->losses().size(), static_cast<size_t>(kBitSteps));
-    for (int64_t s = 0; s < kBitSteps; ++s) {
-      EXPECT_EQ(std::memcmp(&device->losses()[s], &host->losses()[s], sizeof(double)), 0)
-          << "step " << s << ": " << device->losses()[s] << " vs " << host->losses()[s];
-    }
-    const auto a = Weights(*device), b = Weights(*host);
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, values] : a) {
-      ASSERT_EQ(values.size(), b.at(name).size()) << name;
-      EXPECT_EQ(std::memcmp(values.data(), b.at(name).data(), values.size() * sizeof(float)), 0)
-          << name << " differs";
-    }
+    ExpectSameBits(*device, *host);
     // The device plan waited for nothing; the host plan once per layer and micro-batch.
     const auto& device_sites = device->profile()->total_counts().readback_sites;
     const auto& host_sites = host->profile()->total_counts().readback_sites;
@@ -252,18 +233,7 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
   ASSERT_NE(with, nullptr);
   ASSERT_NE(without, nullptr);
   ASSERT_EQ(with->losses().size(), static_cast<size_t>(kBitSteps));
-  ASSERT_EQ(with->losses().size(), without->losses().size());
-  for (int64_t s = 0; s < kBitSteps; ++s) {
-    EXPECT_EQ(std::memcmp(&with->losses()[s], &without->losses()[s], sizeof(double)), 0)
-        << "step " << s << ": " << with->losses()[s] << " vs " << without->losses()[s];
-  }
-  const auto a = Weights(*with), b = Weights(*without);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, values] : a) {
-    ASSERT_EQ(values.size(), b.at(name).size()) << name;
-    EXPECT_EQ(std::memcmp(values.data(), b.at(name).data(), values.size() * sizeof(float)), 0)
-        << name << " differs";
-  }
+  ExpectSameBits(*with, *without);
   // The shadows changed the counts, not the numbers.
   EXPECT_LT(with->profile()->total_counts().weight_conversion_calls,
             without->profile()->total_counts().weight_conversion_calls);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -184,6 +185,26 @@ class TrainFixture : public ::testing::Test {
     Status ran = (*t)->Run(0);
     EXPECT_TRUE(ran.ok()) << ran;
     return (*t)->losses();
+  }
+
+  // Two runs' losses and every weight are the same bits (the same steps, the same order of
+  // operations: e.g. eager against replayed steps, or shadowed against per-product bf16).
+  static void ExpectSameBits(Trainer& got, Trainer& want) {
+    ASSERT_EQ(got.losses().size(), want.losses().size());
+    for (size_t s = 0; s < want.losses().size(); ++s) {
+      EXPECT_EQ(std::memcmp(&got.losses()[s], &want.losses()[s], sizeof(double)), 0)
+          << "step " << s << ": " << got.losses()[s] << " vs " << want.losses()[s];
+    }
+    const auto& a = got.registry().params();
+    const auto& b = want.registry().params();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].name, b[i].name);
+      const std::vector<float> x = a[i].value.ToVector<float>(), y = b[i].value.ToVector<float>();
+      ASSERT_EQ(x.size(), y.size()) << a[i].name;
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0)
+          << a[i].name << " differs";
+    }
   }
 
   // Each run's losses (named, resumed at step `first`) equal `want`'s steps first.. within

@@ -397,6 +397,30 @@ TEST(PlannerTest, CpuNodeSharesCoresAndPaysPerOperation) {
   EXPECT_NEAR(compute(slow, 8) - compute(cpu, 8), 4 * ops * 1e-5, 1e-9 * ops * 1e-5);  // a quarter core
 }
 
+// runtime.cuda_graphs on one rank: each operation costs graph_op_latency instead of
+// op_latency (the micro-batches replay as a CUDA graph); without the key, or on several
+// ranks (where the switch does not apply), op_latency.
+TEST(PlannerTest, CudaGraphsPayTheGraphLatencyPerOperation) {
+  Hardware hw = Round();
+  hw.op_latency = 1e-5;
+  config::Config c = Parse(kMoE);
+  const Layout dp{.micro_batch_size = 2, .micro_batches = 2};
+  const auto compute = [&](const Hardware& h, const config::Config& conf, int world) {
+    CostCache cache;
+    return PredictStepTime(Inputs(conf, world, 4 * world), dp, h, cache).compute;
+  };
+  const double ops = 2 * 3 * 154;  // as CpuNodeSharesCoresAndPaysPerOperation counts them
+  config::Config graphed = c;
+  graphed.runtime.cuda_graphs = true;
+  EXPECT_EQ(compute(hw, graphed, 1), compute(hw, c, 1));  // no graph_op_latency: op_latency
+  Hardware with = hw;
+  with.graph_op_latency = 2e-6;
+  EXPECT_NEAR(compute(hw, c, 1) - compute(with, graphed, 1), ops * (1e-5 - 2e-6),
+              1e-9 * ops * 1e-5);
+  EXPECT_EQ(compute(with, c, 1), compute(hw, c, 1));          // the switch off
+  EXPECT_EQ(compute(with, graphed, 2), compute(hw, graphed, 2));  // two ranks: eager
+}
+
 TEST(HardwareTest, ShippedFilesParse) {
   for (const char* name : {"h100", "h200", "a100-80g", "a100-40g", "h800"}) {
     auto h = LoadHardware(name, SWITCHYARD_SOURCE_DIR "/configs/hardware");
@@ -430,6 +454,12 @@ TEST(HardwareTest, MistakesNameTheKey) {
   EXPECT_EQ(error(over), "hw.yaml: gemm.efficiency=1.5 must be at most 1 (a share of the peak)");
   EXPECT_EQ(error(good + "cores_per_node: 1.5\n"), "hw.yaml: cores_per_node=1.5 must be a whole number");
   EXPECT_EQ(error(good + "op_latency: 0\n"), "hw.yaml: op_latency=0 must be a positive number");
+  EXPECT_EQ(error(good + "graph_op_latency: -1\n"),
+            "hw.yaml: graph_op_latency=-1 must be a positive number");
+  auto graphs = ParseHardware(good + "op_latency: 9e-6\ngraph_op_latency: 2e-6\n", "g.yaml");
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  EXPECT_EQ(graphs->graph_op_latency, 2e-6);
+  EXPECT_LT(ParseHardware(good, "hw.yaml")->graph_op_latency, 0);  // absent
   auto cpu = ParseHardware(good + "cores_per_node: 2\nop_latency: 9e-6\n", "cpu.yaml");
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->cores_per_node, 2);
