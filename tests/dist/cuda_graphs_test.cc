@@ -7,12 +7,15 @@
 //
 //  - ReplayedStepsAreBitIdentical: the tiny config (tests/data/train-tiny.yaml: jitter) at
 //    capacity 1.25 and dropless, f32 and bf16 (with its weight shadows), top-2 with GShard's
-//    random second expert, and without any draws, with validation
+//    random second expert, without any draws, with the gradient sync's buckets marked
+//    during the backward (unordered accumulation) and with one micro-batch, with validation
 //    between steps: the losses of 6 steps, every weight after them and the routing-by-
 //    language counts (recorded in the run's second half from the choices a replay leaves)
 //    are the same with and without the graph, and 5 of the 6 steps were replays (the first
 //    warms up). The router's per-step keys are read from device memory in graph mode
 //    (moe::RouterRngValues), from host arguments in eager mode: the same numbers.
+//  - AResumedGraphedRunContinuesAsTheEagerOne: saved after 3 graphed steps and resumed
+//    graphed (captured again), the last 3 losses are the uninterrupted eager run's bits.
 //  - ConfigChecks: the switch refuses, each with one error naming its key, what a replay
 //    cannot repeat: more than one rank, host dispatch counts, the sequence/global aux-loss
 //    scopes, overlapped exchanges.
@@ -60,6 +63,8 @@ TEST_F(CudaGraphsTest, ReplayedStepsAreBitIdentical) {
        "train.eval_batches=2"},
       {"moe.top_k=2", "moe.second_expert_policy=random"},  // GShard's random second expert
       {"moe.jitter_eps=0"},                 // no draws at all
+      {"train.ordered_grad_accum=false"},   // gradients reduced during the last backward
+      {"train.grad_accum=1", "train.micro_batch_size=16"},  // one micro-batch
   };
   for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
@@ -78,6 +83,38 @@ TEST_F(CudaGraphsTest, ReplayedStepsAreBitIdentical) {
     const std::string routing = ReadFile(dir("eager" + std::to_string(c)) + "/routing_by_language.json");
     EXPECT_FALSE(routing.empty());
     EXPECT_EQ(ReadFile(dir("graph" + std::to_string(c)) + "/routing_by_language.json"), routing);
+  }
+}
+
+// A graphed run saved at step 3 and resumed graphed (the resume captures again) continues as
+// the uninterrupted eager run does: the same losses, bit for bit.
+TEST_F(CudaGraphsTest, AResumedGraphedRunContinuesAsTheEagerOne) {
+  if (!is_root()) return;
+  constexpr int64_t kTotal = 6, kFirst = 3;
+  auto eager = TrainTiny({}, dir("resume_eager"), kTotal);
+  ASSERT_NE(eager, nullptr);
+  const std::vector<std::string> graphed = {"runtime.cuda_graphs=true",
+                                            "train.max_steps=" + std::to_string(kTotal)};
+  static std::unique_ptr<dist::Communicator> local =
+      dist::MakeLocalCommunicator(Device::Cpu(), 0);
+  {
+    auto first = Train(TinyConfig(graphed), dir("resume_graph"), *local, kFirst);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ((*first)->graph_replays(), kFirst - 1);
+  }
+  QuietStdout quiet;
+  auto resumed = Trainer::Create(TinyConfig(graphed), dir("resume_graph2"), *local);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  const Status loaded = (*resumed)->Resume(dir("resume_graph"));
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  const Status ran = (*resumed)->Run(0);
+  ASSERT_TRUE(ran.ok()) << ran;
+  EXPECT_EQ((*resumed)->graph_replays(), kTotal - kFirst - 1);
+  const std::vector<double>& got = (*resumed)->losses();
+  ASSERT_EQ(got.size(), static_cast<size_t>(kTotal - kFirst));
+  for (int64_t s = kFirst; s < kTotal; ++s) {
+    EXPECT_EQ(std::memcmp(&got[s - kFirst], &eager->losses()[s], sizeof(double)), 0)
+        << "step " << s << ": " << got[s - kFirst] << " vs " << eager->losses()[s];
   }
 }
 
