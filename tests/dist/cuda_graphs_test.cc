@@ -8,7 +8,9 @@
 //  - ReplayedStepsAreBitIdentical: the tiny config (tests/data/train-tiny.yaml: jitter) at
 //    capacity 1.25 and dropless, f32 and bf16 (with its weight shadows), top-2 with GShard's
 //    random second expert, without any draws, with the gradient sync's buckets marked
-//    during the backward (unordered accumulation) and with one micro-batch, with validation
+//    during the backward (unordered accumulation), with one micro-batch, with bf16
+//    activation storage, full recompute and the head in chunks, and with swiglu experts
+//    with biases under rope and rmsnorm, with validation
 //    between steps: the losses of 6 steps, every weight after them and the routing-by-
 //    language counts (recorded in the run's second half from the choices a replay leaves)
 //    are the same with and without the graph, and 5 of the 6 steps were replays (the first
@@ -65,6 +67,10 @@ TEST_F(CudaGraphsTest, ReplayedStepsAreBitIdentical) {
       {"moe.jitter_eps=0"},                 // no draws at all
       {"train.ordered_grad_accum=false"},   // gradients reduced during the last backward
       {"train.grad_accum=1", "train.micro_batch_size=16"},  // one micro-batch
+      {"runtime.precision=bf16", "runtime.activation_dtype=bf16", "train.recompute=full",
+       "train.head_chunk_tokens=5"},        // bf16 storage, recompute, the head in chunks
+      {"moe.activation=swiglu", "model.activation=swiglu", "model.norm=rmsnorm",
+       "model.position=rope", "moe.bias=true"},  // swiglu experts with biases, rope
   };
   for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
