@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # AddressSanitizer + UndefinedBehaviorSanitizer build and run of the unit tests of the core,
-# config, checkpoint, data and optimizer code, a few multi-rank tests and the malformed-input
-# suites (docs/failures.md), into build-asan/ (CPU only: CUDA off). CI runs it after
+# config, checkpoint, data and optimizer code, a few multi-rank tests, the CPU emulation of
+# CUDA graph capture (recorded closures must not outlive what they read) and the
+# malformed-input suites (docs/failures.md), into build-asan/ (CPU only: CUDA off). CI runs it after
 # scripts/test.sh (.ci/run). Usage:
 #   bash scripts/sanitize.sh            # configure, build, run the default selection
 #   bash scripts/sanitize.sh -R config  # ctest arguments replace the default selection
@@ -20,12 +21,12 @@ cd "$(dirname "$0")/.."
 targets=(switchyard core_test config_test checkpoint_unit_test checkpoint_plan_test
          malformed_input_test data_errors_test metrics_writer_test optimizer_test data_test
          mesh_test communicator_test checkpoint_test checkpoint_failure_test trainer_test
-         head_chunk_test)
+         head_chunk_test captured_work_test block_cache_test cuda_graphs_test)
 # The tests to run.
 tests=(core_test config_test checkpoint_unit_test checkpoint_plan_test malformed_input_test
        data_errors_test metrics_writer_test optimizer_test data_test mesh_test
        cli_malformed_input cli_prep communicator_test_np2 checkpoint_test_np2 checkpoint_failure_test_np2 trainer_test_np2
-       head_chunk_test)
+       head_chunk_test captured_work_test block_cache_test cuda_graphs_test_np1)
 regex="^($(IFS='|'; echo "${tests[*]}"))\$"
 
 # Checks that the default selection names len(tests) tests of build dir $1, each of whose

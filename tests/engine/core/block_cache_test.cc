@@ -99,6 +99,7 @@ TEST(BlockCacheTest, GraphPoolKeepsWhatTheCaptureTouched) {
   EXPECT_EQ(cache.cached(), 2048u + 2048u + 4096u + 1024u);
   EXPECT_EQ(Get(cache, 4096, &fresh), outlives);
   EXPECT_FALSE(fresh);
+  cache.Deallocate(outlives);
 }
 
 TEST(BlockCacheTest, ALiveBlockOfAReleasedPoolReturnsToTheGeneralList) {
