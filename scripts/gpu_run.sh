@@ -9,7 +9,8 @@
 #      step against the CPU reference, checkpoints across devices), the CPU unit tests, and
 #      `switchyard moe-layer` on the GPU against the CPU (f32 and bf16);
 #   3. trains configs/switch-tiny.yaml on the GPU for STEPS steps (f32 and bf16 matrix
-#      products), resumes the bf16 run's checkpoint on the CPU for a few steps, and runs the
+#      products, and bf16 replayed as a CUDA graph, its losses against the eager run's),
+#      resumes the bf16 run's checkpoint on the CPU for a few steps, and runs the
 #      GPU benchmarks (grouped GEMM vs dense cuBLAS, permute bandwidth);
 #   4. prints a summary table (and writes it, the logs and the benchmark JSON to OUT_DIR).
 # Usage: bash scripts/gpu_build.sh  (on the Debian machine; carry build-gpu)
@@ -158,6 +159,30 @@ for precision in fp32 bf16; do
     row "train cuda $precision" FAILED "$(why "$out/train-$precision.log")"
   fi
 done
+
+# The same bf16 run with the micro-batches replayed as a CUDA graph (runtime.cuda_graphs):
+# its losses against the eager run's, step by step (the same kernels: expected equal).
+run="$out/train-bf16-graphs"
+rm -rf "$run"
+echo "== train switch-tiny on cuda, bf16, CUDA graphs, $steps steps"
+if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$run" \
+     --set runtime.device=cuda --set runtime.precision=bf16 --set runtime.cuda_graphs=true \
+     --set data.dir="$data" --set train.max_steps="$steps" --set train.eval_every="$steps" \
+     >"$out/train-bf16-graphs.log" 2>&1; then
+  same=$(python3 - "$out/train-bf16/metrics.jsonl" "$run/metrics.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
+eager, graphs = losses(sys.argv[1]), losses(sys.argv[2])
+diff = max((abs(a - b) for a, b in zip(eager, graphs)), default=float("nan"))
+print("%s; losses vs eager: %d steps, max |diff| %.3g%s" % (
+    sys.argv[2], len(graphs), diff, "" if len(eager) == len(graphs) and diff == 0 else " (NOT equal)"))
+PY
+  )
+  row "train cuda bf16 graphs" ok "$(losses "$run/metrics.jsonl"); ${same#*; }"
+else
+  row "train cuda bf16 graphs" FAILED "$(why "$out/train-bf16-graphs.log")"
+fi
 
 echo "== resume the GPU bf16 checkpoint on the CPU"
 if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$out/train-bf16" --resume "$out/train-bf16" \
