@@ -33,6 +33,11 @@ class Allocator {
   virtual void BeginGraphPool(int /*pool*/) {}
   virtual void EndGraphPool() {}
   virtual void ReleaseGraphPool(int /*pool*/) {}
+  // Between a graph's replays, other work borrows its pool's idle blocks (BlockCache loans);
+  // GraphLoansLive: borrowed blocks not yet returned.
+  virtual void BeginGraphLoan(int /*pool*/) {}
+  virtual void EndGraphLoan() {}
+  virtual int64_t GraphLoansLive(int /*pool*/) const { return 0; }
 };
 
 // The process-wide allocator of `device` (one per device, created on first use).

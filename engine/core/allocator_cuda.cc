@@ -82,6 +82,18 @@ class CudaCachingAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     cache_.ReleasePool(pool);
   }
+  void BeginGraphLoan(int pool) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.BeginLoan(pool);
+  }
+  void EndGraphLoan() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.EndLoan();
+  }
+  int64_t GraphLoansLive(int pool) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cache_.lent_live(pool);
+  }
 
  private:
   int index_;

@@ -24,6 +24,13 @@ void* BlockCache::Allocate(size_t size, size_t* block_size, bool* from_system) {
   *from_system = false;
   void* ptr = nullptr;
   if (capturing_ != 0) ptr = Take(pools_[capturing_], size, block_size);
+  if (capturing_ == 0 && lending_ != 0) {
+    ptr = Take(pools_[lending_], size, block_size);
+    if (ptr != nullptr) {
+      live_[ptr] = Live{*block_size, lending_, /*lent=*/true};
+      return ptr;
+    }
+  }
   if (ptr == nullptr) {
     ptr = Take(free_, size, block_size);
     if (ptr != nullptr) cached_ -= *block_size;
@@ -68,7 +75,23 @@ void BlockCache::BeginPool(int pool) {
   SY_CHECK(pool > 0 && pool < next_pool_) << "BeginPool: " << pool << " is not a pool id";
   SY_CHECK(capturing_ == 0) << "BeginPool(" << pool << ") while pool " << capturing_
                             << " captures";
+  SY_CHECK(lending_ == 0) << "BeginPool(" << pool << ") while pool " << lending_ << " lends";
   capturing_ = pool;
+}
+
+void BlockCache::BeginLoan(int pool) {
+  SY_CHECK(pool > 0 && pool < next_pool_) << "BeginLoan: " << pool << " is not a pool id";
+  SY_CHECK(capturing_ == 0 && lending_ == 0)
+      << "BeginLoan(" << pool << ") during a capture or another loan";
+  lending_ = pool;
+}
+
+void BlockCache::EndLoan() { lending_ = 0; }
+
+int64_t BlockCache::lent_live(int pool) const {
+  int64_t n = 0;
+  for (const auto& [ptr, block] : live_) n += block.lent && block.pool == pool ? 1 : 0;
+  return n;
 }
 
 void BlockCache::EndPool() {
@@ -78,6 +101,7 @@ void BlockCache::EndPool() {
 
 void BlockCache::ReleasePool(int pool) {
   SY_CHECK(pool != capturing_) << "ReleasePool(" << pool << ") while it captures";
+  if (lending_ == pool) lending_ = 0;
   auto it = pools_.find(pool);
   if (it != pools_.end()) {
     for (auto& [size, ptr] : it->second) {
@@ -87,7 +111,7 @@ void BlockCache::ReleasePool(int pool) {
     pools_.erase(it);
   }
   for (auto& [ptr, block] : live_) {
-    if (block.pool == pool) block.pool = 0;
+    if (block.pool == pool) block = Live{block.size, 0, false};
   }
 }
 

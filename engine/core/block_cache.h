@@ -13,9 +13,15 @@
 // Blocks the capture allocated and that outlive it (tensors the graph keeps) join the pool's
 // free list when they are freed, whenever that is. ReleasePool(id) (the graph destroyed)
 // gives the pool's blocks back to the general free list.
+//
+// Loans: between two replays the pool's free blocks are idle, and the work that runs there
+// (the update, validation) may borrow them (BeginLoan) so that graph mode needs no more
+// memory than eager steps. A lent block goes back to the pool when freed; lent_live(pool)
+// counts those not yet back, which must be none when the graph replays (it writes them).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 
@@ -48,8 +54,15 @@ class BlockCache {
   void EndPool();
   int capturing_pool() const { return capturing_; }
   // The pool's free blocks go back to the general free list; its live blocks join it when
-  // they are freed.
+  // they are freed (a loan from it ends).
   void ReleasePool(int pool);
+  // Outside a capture: allocations try pool `pool`'s free list first (lent blocks) until
+  // EndLoan. One loan at a time.
+  void BeginLoan(int pool);
+  void EndLoan();
+  int lending_pool() const { return lending_; }
+  // Lent blocks of `pool` still live.
+  int64_t lent_live(int pool) const;
 
   // Bytes in the general free list, and in pool `pool`'s.
   size_t cached() const { return cached_; }
@@ -61,6 +74,7 @@ class BlockCache {
   struct Live {
     size_t size = 0;
     int pool = 0;
+    bool lent = false;  // taken from the pool's free list during a loan
   };
   using FreeList = std::multimap<size_t, void*>;  // size -> block
   // A block of >= size and <= 2 size from `list`, or null.
@@ -73,6 +87,7 @@ class BlockCache {
   std::map<void*, Live> live_;
   size_t cached_ = 0;
   int capturing_ = 0;
+  int lending_ = 0;
   int next_pool_ = 1;
 };
 

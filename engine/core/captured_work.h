@@ -38,6 +38,11 @@ class CapturedWork {
   virtual void Replay(DeviceContext* ctx) = 0;
   // Operations recorded: closures on the CPU, graph nodes on CUDA.
   virtual int64_t operations() const = 0;
+  // Between replays, other work may borrow the memory the work owns while it is idle (CUDA:
+  // the graph pool's free blocks; nothing on the CPU). Reclaim ends the loan before the next
+  // replay: false when a borrowed block is still in use (the replay would overwrite it).
+  virtual void LendMemory() {}
+  virtual bool ReclaimMemory() { return true; }
 };
 
 namespace capture {

@@ -27,6 +27,12 @@ class CudaGraphWork final : public CapturedWork {
     SY_CHECK(!ctx->capturing()) << "replaying a CUDA graph inside a capture";
     SY_CUDA_CHECK(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(ctx->stream())));
   }
+  void LendMemory() override { GetAllocator(device_)->BeginGraphLoan(pool_); }
+  bool ReclaimMemory() override {
+    Allocator* allocator = GetAllocator(device_);
+    allocator->EndGraphLoan();
+    return allocator->GraphLoansLive(pool_) == 0;
+  }
   int64_t operations() const override {
     size_t nodes = 0;
     SY_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &nodes));

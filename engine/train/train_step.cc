@@ -242,6 +242,15 @@ Trainer::StepSums Trainer::GraphedMicroBatches(bool record_routing,
       captured.targets.CopyFrom(in.targets, ctx);
       captured.rng_values.CopyFrom(in.rng_values, ctx);
     }
+    // What borrowed the graph's idle memory since its last replay must have given it back.
+    if (!graph_->work->ReclaimMemory()) {
+      if (is_root()) {
+        std::printf("cuda_graphs: memory lent between replays is still in use at step %lld; "
+                    "capturing again\n", static_cast<long long>(step_));
+      }
+      ForgetGraph();
+      return AccumulateGradients(record_routing, batches, grads);
+    }
     readback = graph_->readback;  // the captured slots, then this step's own after them
     ReplayGraph();
     if (record_routing) RecordReplayedRouting(batches);
@@ -277,6 +286,9 @@ void Trainer::ReplayGraph() {
   ScopedPhase phase(Phase::kGraphReplay);
   graph_->work->Replay(rt_.ctx.get());
   ++graph_replays_;
+  // Until the next replay, the step's end, validation and the next step's inputs may use the
+  // graph's idle memory (so graph mode needs no more than eager steps).
+  graph_->work->LendMemory();
 }
 
 void Trainer::RecordReplayedRouting(const std::vector<data::Batch>& batches) {

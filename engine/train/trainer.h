@@ -186,7 +186,8 @@ class Trainer {
   model::DecoderInput TrainingInput(const data::Batch& batch);
   // Drops the captured work (the weights were loaded anew): the next steps capture again.
   void ForgetGraph();
-  // Runs the captured micro-batches (charged to Phase::kGraphReplay).
+  // Runs the captured micro-batches (charged to Phase::kGraphReplay), then lends the graph's
+  // idle memory until the next replay reclaims it.
   void ReplayGraph();
   // After a replay: the routing choices of its forwards into the routing-by-language counts.
   void RecordReplayedRouting(const std::vector<data::Batch>& batches);

@@ -1,5 +1,6 @@
 // BlockCache (engine/core/block_cache.h), the CUDA caching allocator's bookkeeping, driven
-// with malloc: reuse by size, and the graph pools a captured CUDA graph's memory lives in.
+// with malloc: reuse by size, the graph pools a captured CUDA graph's memory lives in, and
+// the loans of their idle blocks between replays.
 #include "engine/core/block_cache.h"
 
 #include <gtest/gtest.h>
@@ -116,6 +117,58 @@ TEST(BlockCacheTest, ALiveBlockOfAReleasedPoolReturnsToTheGeneralList) {
   EXPECT_EQ(cache.pool_free_bytes(pool), 0u);
 }
 
+// Between replays, other work borrows the pool's idle blocks and gives them back when it
+// frees them; a block still out is counted (the graph must not replay over it).
+TEST(BlockCacheTest, LoansBorrowThePoolsIdleBlocks) {
+  System sys;
+  BlockCache cache = sys.Make();
+  const int pool = cache.NewPool();
+  cache.BeginPool(pool);
+  void* a = Get(cache, 4096);
+  void* b = Get(cache, 1024);
+  cache.Deallocate(a);
+  cache.Deallocate(b);
+  cache.EndPool();
+  const int allocs = sys.allocs;
+  cache.BeginLoan(pool);
+  EXPECT_EQ(cache.lending_pool(), pool);
+  bool fresh = true;
+  void* borrowed = Get(cache, 3000, &fresh);  // the pool's 4096 block: no new memory
+  EXPECT_EQ(borrowed, a);
+  EXPECT_FALSE(fresh);
+  EXPECT_EQ(cache.lent_live(pool), 1);
+  void* other = Get(cache, 8192, &fresh);  // nothing in the pool fits: from the system
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ(cache.pool_of(other), 0);
+  EXPECT_EQ(cache.lent_live(pool), 1);
+  cache.Deallocate(borrowed);  // back to the pool, not the general list
+  EXPECT_EQ(cache.lent_live(pool), 0);
+  EXPECT_EQ(cache.pool_free_bytes(pool), 4096u + 1024u);
+  cache.Deallocate(other);
+  EXPECT_EQ(cache.cached(), 8192u);
+  void* kept = Get(cache, 1024);  // borrowed and still out when the loan ends
+  cache.EndLoan();
+  EXPECT_EQ(cache.lending_pool(), 0);
+  EXPECT_EQ(cache.lent_live(pool), 1);
+  // No loan: the pool's blocks are not handed out (the general list's 8192 is).
+  void* outside = Get(cache, 4096, &fresh);
+  EXPECT_EQ(outside, other);
+  EXPECT_FALSE(fresh);
+  EXPECT_EQ(sys.allocs, allocs + 1);
+  cache.Deallocate(kept);  // returns to the pool whenever it is freed
+  EXPECT_EQ(cache.lent_live(pool), 0);
+  EXPECT_EQ(cache.pool_free_bytes(pool), 4096u + 1024u);
+  cache.Deallocate(outside);
+  // Releasing the pool ends a loan from it.
+  cache.BeginLoan(pool);
+  void* last = Get(cache, 1024);
+  cache.ReleasePool(pool);
+  EXPECT_EQ(cache.lending_pool(), 0);
+  EXPECT_EQ(cache.pool_of(last), 0);
+  EXPECT_EQ(cache.lent_live(pool), 0);
+  cache.Deallocate(last);
+}
+
 TEST(BlockCacheDeathTest, MisuseIsFatal) {
   System sys;
   BlockCache cache = sys.Make();
@@ -125,7 +178,12 @@ TEST(BlockCacheDeathTest, MisuseIsFatal) {
   cache.BeginPool(pool);
   EXPECT_DEATH(cache.BeginPool(pool), "while pool");
   EXPECT_DEATH(cache.ReleasePool(pool), "while it captures");
+  EXPECT_DEATH(cache.BeginLoan(pool), "during a capture or another loan");
   cache.EndPool();
+  cache.BeginLoan(pool);
+  EXPECT_DEATH(cache.BeginLoan(pool), "during a capture or another loan");
+  EXPECT_DEATH(cache.BeginPool(pool), "lends");
+  cache.EndLoan();
   int x = 0;
   EXPECT_DEATH(cache.Deallocate(&x), "did not hand out");
 }
