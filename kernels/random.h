@@ -20,7 +20,7 @@ void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float h
 // is RngKey{seed, stream} and element i draws at (first_token + token_offset) * per_token + i.
 struct DeviceRng {
   uint64_t seed = 0;
-  Tensor values;
+  Tensor values = Tensor();
   int64_t token_offset = 0;
   int64_t per_token = 1;
 };

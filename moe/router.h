@@ -48,7 +48,7 @@ struct RouterRng {
   // second-expert stream, base}, base being the micro-batch's first token, which first_token
   // is then an offset from (first_token - device_base is the same every step). Undefined:
   // the keys are computed on the host from step and first_token.
-  Tensor device_values;
+  Tensor device_values = Tensor();
   int64_t device_base = 0;
 };
 
