@@ -317,9 +317,11 @@ StepTime PredictStepTime(const PlanInputs& in, const Layout& l, const Hardware& 
   Ctx c{.in = in, .l = l, .hw = hw};
   c.peak = hw.Peak(in.precision) * hw.ComputeShare(in.world);
   c.bandwidth = hw.memory_bandwidth * hw.ComputeShare(in.world);
-  // runtime.cuda_graphs on one rank: the micro-batches replay as a CUDA graph, whose
-  // operations cost the file's graph_op_latency each (op_latency when it gives none).
-  const bool graphed = in.config.runtime.cuda_graphs && in.world == 1 && hw.graph_op_latency >= 0;
+  // runtime.cuda_graphs where the runtime captures (config::CheckCudaGraphs, the one rule):
+  // the micro-batches replay as a CUDA graph, whose operations cost the file's
+  // graph_op_latency each (op_latency when it gives none).
+  const bool graphed = hw.graph_op_latency >= 0 && in.config.runtime.cuda_graphs &&
+                       config::CheckCudaGraphs(in.config, in.world).ok();
   c.op_s = (graphed ? hw.graph_op_latency : hw.op_latency) *
            std::max(1.0, 1.0 / hw.ComputeShare(in.world));
   c.b = in.precision == "fp32" ? 4 : 2;
