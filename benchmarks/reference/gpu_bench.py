@@ -13,7 +13,10 @@ Per case (a config and its --set overrides):
      this process over the rounds (compiled once), timed with CUDA events;
   4. per side the median tokens/s of the timed steps (min-max), MFU = FLOPs per token x tokens/s
      / the hardware file's bf16 peak, the fraction of assignments dropped by capacity, the
-     step-0 loss beside ln V; the planner's step beside ours measured.
+     step-0 loss beside ln V; the planner's step beside ours measured; peak memory per device:
+     ours from the trainer's memory record (the ledger's model states + workspace peak, and
+     the bytes the caching allocator held from the device) beside the dry-run's prediction,
+     and the reference's torch.cuda max allocated and reserved.
 A case is skipped, with the reason, once --budget_s has passed. Writes OUT/gpu_bench.json and
 OUT/gpu_bench.txt (the table).
 """
@@ -84,6 +87,27 @@ def flops_per_token(text):
     return float(m.group(1)) * PREFIX[m.group(2)] if m else None
 
 
+def dry_run_peak(text):
+    """The dry-run's peak per device in bytes ("peak / device (...): 21.28 MiB = ...")."""
+    m = re.search(r"^peak / device[^:]*:\s+([0-9.]+) ([KMGT]?i?B)", text, re.M)
+    if not m:
+        return None
+    unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}.get(m.group(2))
+    return float(m.group(1)) * unit if unit else None
+
+
+def measured_memory(rows):
+    """The trainer's memory record in metrics.jsonl (rank 0): the ledger's peak (model states +
+    workspace peak) and the allocator's peak held from the device."""
+    for r in rows:
+        ranks = r.get("memory", {}).get("ranks") if isinstance(r.get("memory"), dict) else None
+        if ranks:
+            x = ranks[0]
+            peak = sum(x.get(k, 0) for k in ("parameters", "gradients", "optimizer", "workspace_peak"))
+            return {"ledger_peak_bytes": peak, "held_peak_bytes": x.get("reserved_peak")}
+    return {}
+
+
 def peak_flops(hardware):
     """bf16 peak of a configs/hardware file (name or path)."""
     path = hardware if os.path.isfile(hardware) else os.path.join(ROOT, "configs", "hardware", hardware + ".yaml")
@@ -150,12 +174,13 @@ def ours_round(args, cfg_path, sets, work, tag, steps, profile):
     wall = time.perf_counter() - t0
     shutil.copy(f"{out_dir}/metrics.jsonl", f"{work}/ours-{tag}.metrics.jsonl")
     rows = [json.loads(line) for line in open(f"{out_dir}/metrics.jsonl") if line.strip()]
+    memory = measured_memory(rows)
     rows = [r for r in rows if "step_s" in r]
     timed = rows[args.warmup:]
     drops = [l.get("dropped_frac", 0.0) for r in timed for l in r.get("moe", [])]
     result = {"step_s": [r["step_s"] for r in timed], "first_loss": rows[0]["loss"] if rows else None,
               "dropped_frac": statistics.fmean(drops) if drops else 0.0, "wall_s": wall,
-              "profiled": profile}
+              "profiled": profile, **memory}
     ckpts = sorted(glob.glob(f"{out_dir}/step-*"))
     config = load_config(f"{ckpts[-1]}/config.yaml") if ckpts else None
     if profile and os.path.isfile(f"{out_dir}/profile.json"):
@@ -185,6 +210,7 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
     row = {"case": name, "config": cfg_path, "overrides": overrides}
     dry = run([args.switchyard, "train", "--config", cfg_path, "--dry-run"] + setflags, f"{work}/dry_run.log")
     row["flops_per_token"] = flops_per_token(dry)
+    row["dry_run_peak_bytes"] = dry_run_peak(dry)
     try:
         plan = json.loads(run([args.switchyard, "plan", "--config", cfg_path, "--gpus", "1", "--gpu",
                                args.hardware, "--config-layout", "--json"] + setflags, f"{work}/plan.json"))
@@ -241,12 +267,18 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
                  "from_profiled_round": not unprofiled})
     if profiled:
         ours["profiled_tokens_per_s"] = tokens / statistics.median(profiled)
+    for key in ("ledger_peak_bytes", "held_peak_bytes"):  # the largest over the rounds
+        vals = [rr[key] for rr in ours_rounds if rr.get(key) is not None]
+        ours[key] = max(vals) if vals else None
     prof = next((rr.get("profile") for rr in ours_rounds if rr.get("profile")), None)
     if prof:
         ours["profile"] = prof
     row["ours"] = ours
     if trainer is not None:
         tt = stats([x for rr in torch_rounds for x in rr["step_s"]], tokens)
+        for key in ("max_allocated_bytes", "max_reserved_bytes"):
+            vals = [rr[key] for rr in torch_rounds if rr.get(key) is not None]
+            tt[key] = max(vals) if vals else None
         tt.update({"rounds": torch_rounds, "first_loss": trainer.first_loss, "paths": trainer.paths.items,
                    "warmup_s_first_round": trainer.compile_s,
                    "dropped_frac": statistics.fmean(rr["dropped_frac"] for rr in torch_rounds)})
@@ -266,6 +298,29 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
 
 def fmt(v, spec, none="-"):
     return none if v is None else format(v, spec)
+
+
+def gib(v):
+    return fmt(None if v is None else v / (1 << 30), ".3f")
+
+
+def memory_line(r):
+    """Peak memory per device: ours (the ledger's peak and what the allocator held) beside the
+    dry-run's prediction, and the reference's (torch.cuda max allocated / reserved)."""
+    ours, torch_side, dry = r.get("ours") or {}, r.get("torch") or {}, r.get("dry_run_peak_bytes")
+    if ours.get("ledger_peak_bytes") is None and dry is None:
+        return ""
+    text = (f"memory GiB: ours {gib(ours.get('ledger_peak_bytes'))} (held {gib(ours.get('held_peak_bytes'))})"
+            f", dry-run {gib(dry)}")
+    if dry and ours.get("ledger_peak_bytes"):
+        text += f" (ours/dry-run {ours['ledger_peak_bytes'] / dry:.2f}"
+        if ours.get("held_peak_bytes"):
+            text += f", held/dry-run {ours['held_peak_bytes'] / dry:.2f}"
+        text += ")"
+    if torch_side.get("max_allocated_bytes") is not None:
+        text += (f", torch {gib(torch_side['max_allocated_bytes'])}"
+                 f" (reserved {gib(torch_side.get('max_reserved_bytes'))})")
+    return text
 
 
 def table(rows, meta):
@@ -299,6 +354,9 @@ def table(rows, meta):
                          if r["ours"].get("step_ms_median") else "")
         if r.get("plan_calibrated"):
             extra.append(f"calibrated plan {1e3 * r['plan_calibrated']['step_s']:.2f} ms/step")
+        mem = memory_line(r)
+        if mem:
+            extra.append(mem)
         if r.get("torch", {}).get("paths"):
             extra.append("torch paths: " + "; ".join(f"{k}={v}" for k, v in r["torch"]["paths"].items()))
         lines.append("    " + " | ".join(e for e in extra if e))

@@ -461,6 +461,8 @@ class Trainer:
     def run(self, warmup, steps):
         """warmup + steps steps; per-step seconds of the timed ones (CUDA events on a GPU)."""
         cuda = self.device.type == "cuda"
+        if cuda:  # this run's peak: the model states live now plus what the steps add
+            torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         for _ in range(warmup):
             self.one()
@@ -488,8 +490,12 @@ class Trainer:
         else:
             secs = marks
         assigned = self.model.assigned - a0
-        return {"step_s": secs, "warmup_s": warm_s, "last_loss": float(losses[-1]) if losses else None,
-                "dropped_frac": (float(self.model.dropped) - d0) / assigned if assigned else 0.0}
+        result = {"step_s": secs, "warmup_s": warm_s, "last_loss": float(losses[-1]) if losses else None,
+                  "dropped_frac": (float(self.model.dropped) - d0) / assigned if assigned else 0.0}
+        if cuda:
+            result["max_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            result["max_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
+        return result
 
 
 def summary(secs, tokens_per_step):

@@ -27,7 +27,10 @@ class CpuAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.in_use += bytes;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
-    if (bytes < kCacheMin) return AllocateBlock(std::max(kCpuAlignment, Round(bytes, kCpuAlignment)));
+    if (bytes < kCacheMin) {
+      NoteReserved();
+      return AllocateBlock(std::max(kCpuAlignment, Round(bytes, kCpuAlignment)));
+    }
     const size_t size = Round(bytes, kCacheGranule);
     // Reuse the smallest cached block that fits and wastes at most half of itself.
     auto it = free_.lower_bound(size);
@@ -42,6 +45,7 @@ class CpuAllocator final : public Allocator {
       ptr = AllocateBlock(size);
     }
     blocks_[ptr] = block;
+    NoteReserved();
     return ptr;
   }
 
@@ -68,7 +72,9 @@ class CpuAllocator final : public Allocator {
   Device device() const override { return Device::Cpu(); }
   Stats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    Stats s = stats_;
+    s.reserved = s.in_use + s.cached;
+    return s;
   }
   void EmptyCache() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -79,6 +85,9 @@ class CpuAllocator final : public Allocator {
 
  private:
   static size_t Round(size_t n, size_t to) { return (n + to - 1) / to * to; }
+  void NoteReserved() {
+    stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.in_use + stats_.cached);
+  }
   static void* AllocateBlock(size_t size) {
     void* ptr = std::aligned_alloc(kCpuAlignment, size);
     SY_CHECK(ptr != nullptr) << "host out of memory allocating " << size << " bytes";

@@ -15,6 +15,10 @@ class Allocator {
     size_t in_use = 0;  // bytes handed out and not yet returned
     size_t peak = 0;    // high-water mark of in_use
     size_t cached = 0;  // bytes held in free lists (caching allocators only)
+    // Bytes held from the system (cudaMalloc's segments; on the host in_use + cached), now
+    // and at their high-water mark: what the device must have.
+    size_t reserved = 0;
+    size_t reserved_peak = 0;
   };
 
   virtual ~Allocator() = default;

@@ -1,6 +1,6 @@
 // Caching allocator for CUDA device memory: the bookkeeping is BlockCache's
-// (engine/core/block_cache.h: a size-ordered free list, no splitting, and the graph pools
-// CUDA graphs need); this file adds cudaMalloc, cudaFree and the statistics.
+// (engine/core/block_cache.h: segments cut into blocks best fit, split and merged, and the
+// graph pools CUDA graphs need); this file adds cudaMalloc, cudaFree and the statistics.
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -12,8 +12,6 @@
 
 namespace switchyard::internal {
 namespace {
-
-constexpr size_t kRound = 512;
 
 class CudaCachingAllocator final : public Allocator {
  public:
@@ -36,14 +34,13 @@ class CudaCachingAllocator final : public Allocator {
             [](void* ptr) { SY_CUDA_CHECK(cudaFree(ptr)); }) {}
 
   void* Allocate(size_t bytes) override {
-    const size_t size = std::max(kRound, (bytes + kRound - 1) / kRound * kRound);
     std::lock_guard<std::mutex> lock(mu_);
     size_t block = 0;
     bool fresh = false;
-    void* ptr = cache_.Allocate(size, &block, &fresh);
-    SY_CHECK(ptr != nullptr) << "cudaMalloc of " << size << " bytes on cuda:" << index_
+    void* ptr = cache_.Allocate(bytes, &block, &fresh);
+    SY_CHECK(ptr != nullptr) << "cudaMalloc for " << bytes << " bytes on cuda:" << index_
                              << " failed: out of memory (" << stats_.in_use
-                             << " bytes in use)";
+                             << " bytes in use, " << cache_.reserved() << " held)";
     stats_.in_use += block;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
     return ptr;
@@ -59,6 +56,8 @@ class CudaCachingAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     Stats s = stats_;
     s.cached = cache_.cached();
+    s.reserved = cache_.reserved();
+    s.reserved_peak = cache_.reserved_peak();
     return s;
   }
   void EmptyCache() override {

@@ -217,28 +217,33 @@ Trainer::Memory Trainer::memory() const {
   return {.parameters = at(MemoryKind::kParameters),
           .gradients = at(MemoryKind::kGradients),
           .optimizer = at(MemoryKind::kOptimizer),
-          .workspace_peak = use.peak[static_cast<int>(MemoryKind::kWorkspace)]};
+          .workspace_peak = use.peak[static_cast<int>(MemoryKind::kWorkspace)],
+          .reserved_peak = static_cast<int64_t>(GetAllocator(device())->stats().reserved_peak)};
 }
 
 void Trainer::ReportMemory() {
   const Memory m = memory();
-  const std::vector<int64_t> mine = {m.parameters, m.gradients, m.optimizer, m.workspace_peak};
-  Tensor all = Tensor::Empty({world_.size() * 4}, DType::kI64);
-  world_.AllGather(Tensor::FromVector(mine, {4}), all);
+  constexpr int kFields = 5;
+  const std::vector<int64_t> mine = {m.parameters, m.gradients, m.optimizer, m.workspace_peak,
+                                     m.reserved_peak};
+  Tensor all = Tensor::Empty({world_.size() * kFields}, DType::kI64);
+  world_.AllGather(Tensor::FromVector(mine, {kFields}), all);
   if (!is_root()) return;
   const int64_t* v = all.data<int64_t>();
   nlohmann::json ranks = nlohmann::json::array();
-  std::printf("memory per rank (zero %d; model states held between steps, workspace peak):\n",
-              config_.parallel.zero_stage);
-  std::printf("  %4s %14s %14s %14s %14s %14s\n", "rank", "parameters", "gradients", "optimizer",
-              "model states", "workspace pk");
+  std::printf("memory per rank (zero %d; model states held between steps, workspace peak; "
+              "held: the %s allocator's peak from the system):\n",
+              config_.parallel.zero_stage, device().is_cuda() ? "CUDA" : "host");
+  std::printf("  %4s %14s %14s %14s %14s %14s %14s\n", "rank", "parameters", "gradients",
+              "optimizer", "model states", "workspace pk", "held pk");
   for (int r = 0; r < world_.size(); ++r) {
-    const int64_t* x = v + 4 * r;
-    std::printf("  %4d %14lld %14lld %14lld %14lld %14lld\n", r, static_cast<long long>(x[0]),
-                static_cast<long long>(x[1]), static_cast<long long>(x[2]),
-                static_cast<long long>(x[0] + x[1] + x[2]), static_cast<long long>(x[3]));
+    const int64_t* x = v + kFields * r;
+    std::printf("  %4d %14lld %14lld %14lld %14lld %14lld %14lld\n", r,
+                static_cast<long long>(x[0]), static_cast<long long>(x[1]),
+                static_cast<long long>(x[2]), static_cast<long long>(x[0] + x[1] + x[2]),
+                static_cast<long long>(x[3]), static_cast<long long>(x[4]));
     ranks.push_back({{"rank", r}, {"parameters", x[0]}, {"gradients", x[1]}, {"optimizer", x[2]},
-                     {"workspace_peak", x[3]}});
+                     {"workspace_peak", x[3]}, {"reserved_peak", x[4]}});
   }
   std::fflush(stdout);
   metrics_->Write(nlohmann::json{{"step", step_ - 1},
@@ -350,7 +355,12 @@ Status Trainer::Run(int64_t steps) {
     }
     LogStep(m);
     ++step_;
-    if (losses_.size() == 1) ReportMemory();  // after the first step: the peaks are in
+    // After the first step the peaks are in; under runtime.cuda_graphs after the second,
+    // which captured the graph (its pool included), or the run's only step.
+    const size_t report_at = config_.runtime.cuda_graphs ? 2 : 1;
+    if (losses_.size() == report_at || (step_ == end && losses_.size() < report_at)) {
+      ReportMemory();
+    }
     if (eval.ShouldEvaluate(step_, step_ == end)) LogValidation();
     // Every rank stops at the same step when any of them was signalled.
     stop_signal = signals.Agree(world_);

@@ -127,6 +127,10 @@ class Trainer {
   struct Memory {
     int64_t parameters = 0, gradients = 0, optimizer = 0;  // bytes held between steps
     int64_t workspace_peak = 0;  // activations, buckets, gathered ZeRO-3 parts, scratch
+    // Bytes the device's allocator has held from the system at its most (on a GPU the
+    // caching allocator's cudaMalloc'd segments, engine/core/block_cache.h): the ledger's
+    // peak plus what the cache's block sizes and segments add, what the device must have.
+    int64_t reserved_peak = 0;
     int64_t model_states() const { return parameters + gradients + optimizer; }
   };
   Memory memory() const;

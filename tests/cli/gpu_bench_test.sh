@@ -4,8 +4,9 @@
 # two alternating rounds of 3 timed steps. Checks that it runs end to end and writes what the
 # GPU run will be read for: per side tokens/s, the dropped fraction and the step-0 loss
 # (within 0.1 of ln V: both start from the same initialisation scheme), the planner's step,
-# the phases of `--profile`, the reference's paths (its CPU fallbacks named); and that the
-# table names the case. Never looks at the timings' values. Skipped (77) without
+# the phases of `--profile`, the reference's paths (its CPU fallbacks named), ours' peak
+# memory beside the dry-run's (within 2x: the units read right); and that the table names the
+# case. Never looks at the timings' values. Skipped (77) without
 # python3-torch.
 # Usage: gpu_bench_test.sh path/to/switchyard path/to/train_batches
 set -u
@@ -52,6 +53,14 @@ if not row.get("plan", {}).get("step_s", 0) > 0:
     bad.append(f"no plan: {row.get('plan_error')}")
 if not row.get("flops_per_token", 0) > 0:
     bad.append("no FLOPs per token from the dry run")
+ledger, held, dry = (row["ours"].get("ledger_peak_bytes"), row["ours"].get("held_peak_bytes"),
+                     row.get("dry_run_peak_bytes"))
+if not (ledger and held and dry):
+    bad.append(f"memory missing: ours {ledger} held {held} dry-run {dry}")
+elif not 0.5 < ledger / dry < 2:  # the dry-run's figure read in the wrong unit
+    bad.append(f"ours' peak {ledger} B against the dry-run's {dry} B")
+if "memory GiB: ours" not in open(sys.argv[2]).read():
+    bad.append("no memory line in the table")
 if "ms_per_step" not in row["ours"].get("profile", {}):
     bad.append("no profile phases")
 paths = row.get("torch", {}).get("paths", {})
