@@ -59,7 +59,8 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
 // device-sized GroupedGemm takes them (kernels/gemm.h); rows from offsets[G] on belong to no
 // group and are neither changed nor summed. The host never reads the offsets on CUDA; the
 // CPU runs the host-sized op on the grouped rows (the same bits). CUDA's GroupedBiasGrad
-// sums each column's rows in order, one thread per (group, column): the CPU's order.
+// sums the rows in the host-sized CUDA op's chunks, in parallel (so within the host-sized
+// op's bound of the CPU's running sum, not bit-identical to it).
 void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias,
                     DeviceContext* ctx = nullptr);
 void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta = 0.0f,

@@ -16,7 +16,13 @@
 //   2. one thread per (group, column) adds its group's chunk partials in chunk order and
 //      writes dbias = (beta == 0 ? 0 : beta * dbias) + sum.
 // The order of additions depends only on the shapes and the group sizes, so repeated runs
-// give identical bits.
+// give identical bits. With host-sized groups the host lists the chunks; with device-sized
+// ones (offsets on the device) each group's rows are cut the same way, the groups' chunks
+// one after another, and both stages find their chunk from the offsets (a scan of the G
+// groups): the same chunks, so the same bits as the host-sized op given a dy of the same
+// rows (K depends on dy's row count: 64 up to 65,536 rows). The
+// host launches the most chunks any split can need, R / K + G (each group ends at most one
+// partial chunk), and the chunks past the last group's do nothing.
 //
 // Fused bias + activation (the dense MLP): forward adds the bias and applies the activation
 // in one grid-stride kernel; backward computes the activation's gradient inside stage 1 of
@@ -166,19 +172,6 @@ __global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offs
   }
 }
 
-// dbias (G, n)[g, j] = beta * dbias[g, j] (0 for beta = 0) + dy[r, j] for r over group g's
-// rows [offsets[g], offsets[g + 1]) in order: one thread per (group, column), the CPU's
-// order (kernels/cpu/activation.cc), so the same bits.
-__global__ void OffsetBiasGradKernel(const float* __restrict__ dy, const int64_t* offsets,
-                                     int64_t n, float beta, float* __restrict__ dbias) {
-  const int64_t g = blockIdx.y;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= n) return;
-  float acc = beta == 0.0f ? 0.0f : __fmul_rn(beta, dbias[g * n + j]);
-  for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) acc = __fadd_rn(acc, dy[r * n + j]);
-  dbias[g * n + j] = acc;
-}
-
 constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
 constexpr int kRowLanes = 8;   // row lanes per stage-1 block
 
@@ -211,27 +204,77 @@ __device__ __forceinline__ float SummandAt(const float* dy, const FusedArgs& f, 
   }
 }
 
+// Where the chunks are. Host-listed: chunk c is rows [bounds[c], bounds[c + 1]), group g
+// owns chunks [chunk_begin[g], chunk_begin[g + 1]). Device-sized (offsets non-null): group
+// g's rows [offsets[g], offsets[g + 1]) in chunks of K, after the earlier groups' chunks.
+// Neither: one group of `rows` rows, chunk c is rows [c K, min(rows, (c + 1) K)).
+struct Chunks {
+  const int64_t* bounds = nullptr;
+  const int64_t* chunk_begin = nullptr;
+  const int64_t* offsets = nullptr;
+  int64_t groups = 1;
+  int64_t rows_per_chunk = 0;
+  int64_t rows = 0;
+  int64_t count = 0;  // chunks (device-sized: the most there can be)
+};
+
+__device__ __forceinline__ int64_t ChunksOfRows(int64_t rows, int64_t k) {
+  return (rows + k - 1) / k;
+}
+
+// Device-sized: group g's first chunk and its number of chunks.
+__device__ __forceinline__ void GroupChunks(const Chunks& ch, int64_t g, int64_t* first,
+                                            int64_t* count) {
+  int64_t c = 0;
+  for (int64_t h = 0; h < g; ++h) {
+    c += ChunksOfRows(ch.offsets[h + 1] - ch.offsets[h], ch.rows_per_chunk);
+  }
+  *first = c;
+  *count = ChunksOfRows(ch.offsets[g + 1] - ch.offsets[g], ch.rows_per_chunk);
+}
+
+// Rows [r0, r1) of chunk c; false for a device-sized slot past the last group's chunks.
+__device__ __forceinline__ bool ChunkRows(const Chunks& ch, int64_t c, int64_t* r0,
+                                          int64_t* r1) {
+  const int64_t k = ch.rows_per_chunk;
+  if (ch.bounds != nullptr) {
+    *r0 = ch.bounds[c];
+    *r1 = ch.bounds[c + 1];
+    return true;
+  }
+  if (ch.offsets != nullptr) {
+    int64_t first = 0;
+    for (int64_t g = 0; g < ch.groups; ++g) {
+      const int64_t begin = ch.offsets[g], end = ch.offsets[g + 1];
+      const int64_t count = ChunksOfRows(end - begin, k);
+      if (c < first + count) {
+        *r0 = begin + (c - first) * k;
+        *r1 = *r0 + k < end ? *r0 + k : end;
+        return true;
+      }
+      first += count;
+    }
+    return false;
+  }
+  *r0 = c * k;
+  *r1 = *r0 + k < ch.rows ? *r0 + k : ch.rows;
+  return true;
+}
+
 // Stage 1: partial (chunks, n)[c, j] = sum of dy[r, j] (or its fused gradient) over the rows
-// of chunk c. Chunk c is rows [bounds[c], bounds[c + 1]); null bounds: rows [c K, min(rows,
-// (c + 1) K)). Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over
+// of chunk c. Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over
 // chunks; every element is visited by exactly one thread.
 template <Fused F>
-__global__ void ChunkColumnSumKernel(const float* dy, int64_t n, const int64_t* bounds,
-                                     int64_t rows_per_chunk, int64_t rows, int64_t chunks,
-                                     float* partial, FusedArgs fused) {
+__global__ void ChunkColumnSumKernel(const float* dy, int64_t n, Chunks ch, float* partial,
+                                     FusedArgs fused) {
   __shared__ float lane_sums[kRowLanes][kTileCols];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
-  // The loop bounds depend on blockIdx only, so every thread reaches both barriers.
-  for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+  // The loop bounds and the chunk's rows depend on blockIdx only, so every thread reaches
+  // both barriers, or none.
+  for (int64_t c = blockIdx.y; c < ch.count; c += gridDim.y) {
     int64_t r0, r1;
-    if (bounds != nullptr) {
-      r0 = bounds[c];
-      r1 = bounds[c + 1];
-    } else {
-      r0 = c * rows_per_chunk;
-      r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-    }
+    if (!ChunkRows(ch, c, &r0, &r1)) continue;
     float sum = 0.0f;
     if (j < n) {
       for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
@@ -250,14 +293,20 @@ __global__ void ChunkColumnSumKernel(const float* dy, int64_t n, const int64_t* 
 }
 
 // Stage 2: dbias (G, n)[g, j] = (beta == 0 ? 0 : beta * dbias[g, j]) + the sum, in chunk
-// order, of partial[c, j] over group g's chunks [chunk_begin[g], chunk_begin[g + 1]).
-// Null chunk_begin: one group owning all `chunks`.
-__global__ void GroupSumKernel(const float* partial, const int64_t* chunk_begin, int64_t chunks,
-                               int64_t groups, int64_t n, float beta, float* dbias) {
-  SY_GRID_STRIDE(i, groups * n) {
+// order, of partial[c, j] over group g's chunks.
+__global__ void GroupSumKernel(const float* partial, Chunks ch, int64_t n, float beta,
+                               float* dbias) {
+  SY_GRID_STRIDE(i, ch.groups * n) {
     const int64_t g = i / n, j = i - g * n;
-    const int64_t c0 = chunk_begin != nullptr ? chunk_begin[g] : 0;
-    const int64_t c1 = chunk_begin != nullptr ? chunk_begin[g + 1] : chunks;
+    int64_t c0 = 0, c1 = ch.count;
+    if (ch.chunk_begin != nullptr) {
+      c0 = ch.chunk_begin[g];
+      c1 = ch.chunk_begin[g + 1];
+    } else if (ch.offsets != nullptr) {
+      int64_t count = 0;
+      GroupChunks(ch, g, &c0, &count);
+      c1 = c0 + count;
+    }
     float sum = 0.0f;
     for (int64_t c = c0; c < c1; ++c) sum = __fadd_rn(sum, partial[c * n + j]);
     const float base = beta == 0.0f ? 0.0f : __fmul_rn(beta, dbias[i]);
@@ -281,28 +330,32 @@ void LaunchAddBias(Tensor& out, const Tensor& bias, const int64_t* offsets, int6
   SY_CUDA_CHECK_LAUNCH();
 }
 
-// Both stages. bounds/chunk_begin null: one group of `rows` rows in uniform chunks.
+// Both stages over the chunks `ch` of dy's rows.
 template <Fused F = Fused::kNone>
-void LaunchBiasGrad(const Tensor& dy, Tensor& dbias, float beta, int64_t groups,
-                    const int64_t* bounds, const int64_t* chunk_begin, int64_t chunks,
-                    int64_t rows_per_chunk, DeviceContext* ctx, FusedArgs fused = {}) {
-  const int64_t rows = dy.dim(0), n = dy.dim(1);
-  if (n == 0 || groups == 0) return;
+void LaunchBiasGrad(const Tensor& dy, Tensor& dbias, float beta, Chunks ch, DeviceContext* ctx,
+                    FusedArgs fused = {}) {
+  const int64_t n = dy.dim(1);
+  if (n == 0 || ch.groups == 0) return;
   Tensor partial;
-  if (chunks > 0) {
-    partial = Tensor::Empty({chunks, n}, DType::kF32, ctx->device());
+  if (ch.count > 0) {
+    partial = Tensor::Empty({ch.count, n}, DType::kF32, ctx->device());
     const dim3 block(kTileCols, kRowLanes);
     const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols),
-                    static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
-    ChunkColumnSumKernel<F><<<grid, block, 0, StreamOf(ctx)>>>(
-        dy.data<float>(), n, bounds, rows_per_chunk, rows, chunks, partial.data<float>(), fused);
+                    static_cast<unsigned>(std::min<int64_t>(ch.count, 65535)));
+    ChunkColumnSumKernel<F><<<grid, block, 0, StreamOf(ctx)>>>(dy.data<float>(), n, ch,
+                                                                partial.data<float>(), fused);
     SY_CUDA_CHECK_LAUNCH();
   }
-  const int64_t outputs = groups * n;
+  const int64_t outputs = ch.groups * n;
   GroupSumKernel<<<GridFor(outputs, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      chunks > 0 ? partial.data<float>() : nullptr, chunk_begin, chunks, groups, n, beta,
-      dbias.data<float>());
+      ch.count > 0 ? partial.data<float>() : nullptr, ch, n, beta, dbias.data<float>());
   SY_CUDA_CHECK_LAUNCH();
+}
+
+// One group of all dy's rows in uniform chunks (BiasGrad and the fused backward ops).
+Chunks UniformChunks(int64_t rows) {
+  const int64_t k = RowsPerChunk(rows);
+  return Chunks{.rows_per_chunk = k, .rows = rows, .count = (rows + k - 1) / k};
 }
 
 }  // namespace
@@ -361,10 +414,7 @@ void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx) {
 }
 
 void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
-  const int64_t rows = dy.dim(0);
-  const int64_t k = RowsPerChunk(rows);
-  LaunchBiasGrad(dy, dbias, beta, /*groups=*/1, /*bounds=*/nullptr, /*chunk_begin=*/nullptr,
-                 /*chunks=*/(rows + k - 1) / k, k, ctx);
+  LaunchBiasGrad(dy, dbias, beta, UniformChunks(dy.dim(0)), ctx);
 }
 
 void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
@@ -395,7 +445,10 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
   table.insert(table.end(), bounds.begin(), bounds.end());
   const Tensor device_table = ToDevice(table, ctx);
   const int64_t* d_chunk_begin = device_table.data<int64_t>();
-  LaunchBiasGrad(dy, dbias, beta, groups, d_chunk_begin + groups + 1, d_chunk_begin, chunks, k,
+  LaunchBiasGrad(dy, dbias, beta,
+                 Chunks{.bounds = d_chunk_begin + groups + 1, .chunk_begin = d_chunk_begin,
+                        .groups = groups, .rows_per_chunk = k, .rows = dy.dim(0),
+                        .count = chunks},
                  ctx);
 }
 
@@ -406,13 +459,13 @@ void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, Devi
 
 void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
                      DeviceContext* ctx) {
-  const int64_t groups = dbias.dim(0), n = dbias.dim(1);
-  if (groups == 0 || n == 0) return;
-  const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(groups));
-  OffsetBiasGradKernel<<<grid, kThreads, 0, StreamOf(ctx)>>>(
-      dy.data<float>(), offsets.data<int64_t>(), n, beta, dbias.data<float>());
-  SY_CUDA_CHECK_LAUNCH();
+  const int64_t groups = dbias.dim(0), rows = dy.dim(0);
+  const int64_t k = RowsPerChunk(rows);  // the host-sized op's K for these rows
+  LaunchBiasGrad(dy, dbias, beta,
+                 Chunks{.offsets = offsets.data<int64_t>(), .groups = groups,
+                        .rows_per_chunk = k, .rows = rows,
+                        .count = (rows + groups * (k - 1)) / k},
+                 ctx);
 }
 
 void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {
@@ -436,25 +489,20 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
 // GeluBackward then BiasGrad, so the same bits, with one pass over the rows fewer.
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
                           float beta, DeviceContext* ctx) {
-  const int64_t rows = dx.dim(0);
-  const int64_t k = RowsPerChunk(rows);
   FusedArgs f;
   f.a = a.data<float>();
   f.dx = dx.data<float>();
-  LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta, 1, nullptr, nullptr, (rows + k - 1) / k, k, ctx, f);
+  LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta, UniformChunks(dx.dim(0)), ctx, f);
 }
 
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
                             Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
-  const int64_t rows = da.dim(0);
-  const int64_t k = RowsPerChunk(rows);
   FusedArgs f;
   f.a = a.data<float>();
   f.b = b.data<float>();
   f.dx = da.data<float>();
   f.db = db.data<float>();
-  LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta, 1, nullptr, nullptr, (rows + k - 1) / k, k,
-                                 ctx, f);
+  LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta, UniformChunks(da.dim(0)), ctx, f);
 }
 
 }  // namespace switchyard::kernels::cuda

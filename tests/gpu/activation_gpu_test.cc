@@ -2,7 +2,8 @@
 // relu and swiglu forward and backward (no elements, one, odd sizes, over a million; in
 // place), the bias add over rows and its gradient (flat and grouped, empty groups, no rows,
 // a tall input cut into many chunks, more rows than a grid's y-dimension, beta 0 over NaN,
-// 1 and 0.5), and run-to-run bit-identical bias gradients.
+// 1 and 0.5; grouped with host- and device-sized groups), and run-to-run bit-identical bias
+// gradients.
 //
 // Tolerances.
 //   relu, AddBias, GroupedAddBias: exact (a select, or one f32 addition, on both devices).
@@ -193,8 +194,24 @@ std::vector<double> BiasGradTolerance(const Tensor& dy, const std::vector<int64_
   return tol;
 }
 
+// The groups' offsets (G + 1) on the device, as the device-sized ops take them.
+Tensor DeviceOffsets(const std::vector<int64_t>& rows, DeviceContext* c) {
+  std::vector<int64_t> offsets(rows.size() + 1, 0);
+  for (size_t g = 0; g < rows.size(); ++g) offsets[g + 1] = offsets[g] + rows[g];
+  return Tensor::FromVector(offsets, {static_cast<int64_t>(offsets.size())}).To(kCuda, c);
+}
+
+// x (R, n) on the host followed by `extra` rows of NaN.
+constexpr int64_t kPadRows = 5;
+Tensor Padded(const Tensor& x, int64_t extra) {
+  std::vector<float> v = x.ToVector<float>();
+  v.resize(v.size() + extra * x.dim(1), std::numeric_limits<float>::quiet_NaN());
+  return Tensor::FromVector(v, {x.dim(0) + extra, x.dim(1)});
+}
+
 // One grouped case: GroupedAddBias exactly, GroupedBiasGrad within kSumRel for beta 0 (over
-// NaN), 1 and 0.5, and twice bit-identically.
+// NaN), 1 and 0.5, and twice bit-identically; the device-sized ops (offsets on the device,
+// rows past the groups) bit-identical to the host-sized ones.
 void CheckGrouped(const std::vector<int64_t>& rows, int64_t n, uint64_t seed, DeviceContext* c) {
   int64_t total = 0;
   for (int64_t r : rows) total += r;
@@ -224,7 +241,23 @@ void CheckGrouped(const std::vector<int64_t>& rows, int64_t n, uint64_t seed, De
     const std::string what = "GroupedBiasGrad beta " + std::to_string(beta) + " " + shape;
     ExpectWithin(ddb, db, BiasGradTolerance(dy, rows, dbias0, beta), c, what);
     ExpectBitEqual(again, ddb, c, what + " run to run");
+    if (groups == 0) continue;
+    // Device-sized groups: the host-sized op's chunks, so its bits; and rows past
+    // offsets[G] (NaN here) neither summed nor changed.
+    Tensor sized = dbias0.To(kCuda, c), padded_db = dbias0.To(kCuda, c);
+    GroupedBiasGrad(ddy, DeviceOffsets(rows, c), sized, beta, c);
+    ExpectBitEqual(sized, ddb, c, what + " device-sized");
+    GroupedBiasGrad(Padded(dy, kPadRows).To(kCuda, c), DeviceOffsets(rows, c), padded_db, beta, c);
+    ExpectWithin(padded_db, db, BiasGradTolerance(dy, rows, dbias0, beta), c,
+                 what + " device-sized, " + std::to_string(kPadRows) + " rows past the groups");
   }
+  if (groups == 0) return;
+  Tensor padded = Padded(out0, kPadRows).To(kCuda, c);
+  GroupedAddBias(padded, DeviceOffsets(rows, c), bias.To(kCuda, c), c);
+  ExpectBitEqual(padded.Slice(0, total), out, c, "GroupedAddBias device-sized " + shape);
+  const std::vector<float> tail =
+      gpu_test::ValuesOf<float>(padded.Slice(total, total + kPadRows), c);
+  for (float v : tail) ASSERT_TRUE(std::isnan(v)) << "GroupedAddBias wrote past offsets[G] " << shape;
 }
 
 TEST(ActivationGpuTest, BiasAddAndGradMatchTheCpu) {
