@@ -1,0 +1,398 @@
+// CUDA implementation of kernels/activation.h's bias ops: the bias add over rows and its
+// gradient, flat and grouped (host- or device-sized groups), and bias + activation fused.
+//
+// Bias add over rows: a 2-D grid, blockIdx.y over rows (grid-stride), x over columns; the
+// group of a row is a binary search in the block offsets (G + 1, copied from the host).
+//
+// Bias gradient (column sums, deterministic, no atomics), in two stages:
+//   1. rows are cut into chunks of at most K rows that never cross a group boundary;
+//      a (32, 8) block sums a 32-column tile of one chunk — 8 row lanes, each adding every
+//      8th row in order, then lane 0 adds the 8 lane sums in order — into partial (C, n).
+//   2. a (32, 32) block per (group, 32-column tile) adds the group's chunk partials: 32
+//      chunk lanes, each adding every 32nd chunk in order, then lane 0 the 32 lane sums in
+//      order, and writes dbias = (beta == 0 ? 0 : beta * dbias) + sum.
+// The order of additions depends only on the shapes and the group sizes, so repeated runs
+// give identical bits. With host-sized groups the host lists the chunks; with device-sized
+// ones (offsets on the device) each group's rows are cut the same way, the groups' chunks
+// one after another, and both stages find their chunk from the offsets (a scan of the G
+// groups): the same chunks, so the same bits as the host-sized op given a dy of the same
+// rows (K depends on dy's row count: 64 up to 65,536 rows). The host launches the most
+// chunks any split can need, R / K + G (each group ends at most one partial chunk), and the
+// chunks past the last group's do nothing.
+//
+// Fused bias + activation (the dense MLP): forward adds the bias and applies the activation
+// in one grid-stride kernel; backward computes the activation's gradient inside stage 1 of
+// the bias gradient (writing it as it sums it), so GeluBackward + BiasGrad become one pass
+// over the rows plus stage 2, with the very same bits as the two unfused ops.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/cuda/activation_math.cuh"
+#include "kernels/cuda/common.cuh"
+
+namespace switchyard::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Fused bias + activation over a (rows, n): a[i] += bias[i % n] (the bias add's __fadd_rn),
+// then the activation of the sum. Each element is read and written by one thread.
+__global__ void BiasGeluForwardKernel(float* a, const float* bias, float* h, int64_t total,
+                                      int64_t n) {
+  SY_GRID_STRIDE(i, total) {
+    const float v = __fadd_rn(a[i], bias[i % n]);
+    a[i] = v;
+    h[i] = Gelu(v);
+  }
+}
+
+__global__ void BiasSwigluForwardKernel(float* a, const float* bias, const float* b, float* out,
+                                        int64_t total, int64_t n) {
+  SY_GRID_STRIDE(i, total) {
+    const float v = __fadd_rn(a[i], bias[i % n]);
+    a[i] = v;
+    out[i] = Swiglu(v, b[i]);
+  }
+}
+
+// ---- bias over rows ----------------------------------------------------------------------
+
+// The group g of row r: the largest g in [0, groups) with offsets[g] <= r (an empty group
+// shares its offset with the next, so the search lands on the non-empty group holding r).
+// offsets: groups + 1 ascending entries, offsets[groups] = rows; null means one group.
+__device__ __forceinline__ int64_t GroupOfRow(const int64_t* offsets, int64_t groups, int64_t r) {
+  if (offsets == nullptr) return 0;
+  int64_t lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// out (rows, n)[r, :] += bias (G, n)[group of r, :].
+__global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offsets, int64_t groups,
+                              int64_t rows, int64_t n) {
+  // Device-sized groups may end before the tensor does (rows past offsets[groups]: no group).
+  if (offsets != nullptr && offsets[groups] < rows) rows = offsets[groups];
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* b = bias + GroupOfRow(offsets, groups, r) * n;
+    float* row = out + r * n;
+    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      row[j] = __fadd_rn(row[j], b[j]);
+    }
+  }
+}
+
+constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
+constexpr int kRowLanes = 8;   // row lanes per stage-1 block
+constexpr int kSumLanes = 32;  // chunk lanes per stage-2 block
+
+// What stage 1 sums: dy itself, or the gradient of a fused activation, which it also writes
+// (kGelu: dx = dy gelu'(a); kSwiglu: da and db of SwigluBackward, summing da).
+enum class Fused { kNone, kGelu, kSwiglu };
+
+struct FusedArgs {
+  const float* a = nullptr;  // the activation's input (kGelu, kSwiglu)
+  const float* b = nullptr;  // swiglu's gate input
+  float* dx = nullptr;       // dx (kGelu) or da (kSwiglu): may be dy's memory
+  float* db = nullptr;       // kSwiglu's db
+};
+
+// The value stage 1 adds for element i (and, fused, the gradient it writes there).
+template <Fused F>
+__device__ __forceinline__ float SummandAt(const float* dy, const FusedArgs& f, int64_t i) {
+  if constexpr (F == Fused::kNone) {
+    return dy[i];
+  } else if constexpr (F == Fused::kGelu) {
+    const float v = GeluGrad(f.a[i], dy[i]);
+    f.dx[i] = v;
+    return v;
+  } else {
+    float da, db;
+    SwigluGrad(f.a[i], f.b[i], dy[i], &da, &db);
+    f.dx[i] = da;
+    f.db[i] = db;
+    return da;
+  }
+}
+
+// Where the chunks are. Host-listed: chunk c is rows [bounds[c], bounds[c + 1]), group g
+// owns chunks [chunk_begin[g], chunk_begin[g + 1]). Device-sized (offsets non-null): group
+// g's rows [offsets[g], offsets[g + 1]) in chunks of K, after the earlier groups' chunks.
+// Neither: one group of `rows` rows, chunk c is rows [c K, min(rows, (c + 1) K)).
+struct Chunks {
+  const int64_t* bounds = nullptr;
+  const int64_t* chunk_begin = nullptr;
+  const int64_t* offsets = nullptr;
+  int64_t groups = 1;
+  int64_t rows_per_chunk = 0;
+  int64_t rows = 0;
+  int64_t count = 0;  // chunks (device-sized: the most there can be)
+};
+
+__device__ __forceinline__ int64_t ChunksOfRows(int64_t rows, int64_t k) {
+  return (rows + k - 1) / k;
+}
+
+// Device-sized: group g's first chunk and its number of chunks.
+__device__ __forceinline__ void GroupChunks(const Chunks& ch, int64_t g, int64_t* first,
+                                            int64_t* count) {
+  int64_t c = 0;
+  for (int64_t h = 0; h < g; ++h) {
+    c += ChunksOfRows(ch.offsets[h + 1] - ch.offsets[h], ch.rows_per_chunk);
+  }
+  *first = c;
+  *count = ChunksOfRows(ch.offsets[g + 1] - ch.offsets[g], ch.rows_per_chunk);
+}
+
+// Rows [r0, r1) of chunk c; false for a device-sized slot past the last group's chunks.
+__device__ __forceinline__ bool ChunkRows(const Chunks& ch, int64_t c, int64_t* r0,
+                                          int64_t* r1) {
+  const int64_t k = ch.rows_per_chunk;
+  if (ch.bounds != nullptr) {
+    *r0 = ch.bounds[c];
+    *r1 = ch.bounds[c + 1];
+    return true;
+  }
+  if (ch.offsets != nullptr) {
+    int64_t first = 0;
+    for (int64_t g = 0; g < ch.groups; ++g) {
+      const int64_t begin = ch.offsets[g], end = ch.offsets[g + 1];
+      const int64_t count = ChunksOfRows(end - begin, k);
+      if (c < first + count) {
+        *r0 = begin + (c - first) * k;
+        *r1 = *r0 + k < end ? *r0 + k : end;
+        return true;
+      }
+      first += count;
+    }
+    return false;
+  }
+  *r0 = c * k;
+  *r1 = *r0 + k < ch.rows ? *r0 + k : ch.rows;
+  return true;
+}
+
+// Stage 1: partial (chunks, n)[c, j] = sum of dy[r, j] (or its fused gradient) over the rows
+// of chunk c. Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over
+// chunks; every element is visited by exactly one thread.
+template <Fused F>
+__global__ void ChunkColumnSumKernel(const float* dy, int64_t n, Chunks ch, float* partial,
+                                     FusedArgs fused) {
+  __shared__ float lane_sums[kRowLanes][kTileCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
+  // The loop bounds and the chunk's rows depend on blockIdx only, so every thread reaches
+  // both barriers, or none.
+  for (int64_t c = blockIdx.y; c < ch.count; c += gridDim.y) {
+    int64_t r0, r1;
+    if (!ChunkRows(ch, c, &r0, &r1)) continue;
+    float sum = 0.0f;
+    if (j < n) {
+      for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
+        sum = __fadd_rn(sum, SummandAt<F>(dy, fused, r * n + j));
+      }
+    }
+    lane_sums[ty][tx] = sum;
+    __syncthreads();
+    if (ty == 0 && j < n) {
+      float total = lane_sums[0][tx];
+      for (int k = 1; k < kRowLanes; ++k) total = __fadd_rn(total, lane_sums[k][tx]);
+      partial[c * n + j] = total;
+    }
+    __syncthreads();  // lane_sums is rewritten by the next chunk
+  }
+}
+
+// Stage 2: dbias (G, n)[g, j] = (beta == 0 ? 0 : beta * dbias[g, j]) + the sum of
+// partial[c, j] over group g's chunks. Block (kTileCols, kSumLanes), grid (column tiles,
+// groups): lane ty adds chunks c0 + ty, c0 + ty + kSumLanes, ... in order, then lane 0 adds
+// the lane sums in lane order (a thread per column adding hundreds of partials one after
+// another would wait on each of them in turn).
+__global__ void GroupSumKernel(const float* partial, Chunks ch, int64_t n, float beta,
+                               float* dbias) {
+  __shared__ float lane_sums[kSumLanes][kTileCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
+  // The loop bounds depend on blockIdx only, so every thread reaches both barriers.
+  for (int64_t g = blockIdx.y; g < ch.groups; g += gridDim.y) {
+    int64_t c0 = 0, c1 = ch.count;
+    if (ch.chunk_begin != nullptr) {
+      c0 = ch.chunk_begin[g];
+      c1 = ch.chunk_begin[g + 1];
+    } else if (ch.offsets != nullptr) {
+      int64_t count = 0;
+      GroupChunks(ch, g, &c0, &count);
+      c1 = c0 + count;
+    }
+    float sum = 0.0f;
+    if (j < n) {
+#pragma unroll 4
+      for (int64_t c = c0 + ty; c < c1; c += kSumLanes) sum = __fadd_rn(sum, partial[c * n + j]);
+    }
+    lane_sums[ty][tx] = sum;
+    __syncthreads();
+    if (ty == 0 && j < n) {
+      float total = lane_sums[0][tx];
+      for (int k = 1; k < kSumLanes; ++k) total = __fadd_rn(total, lane_sums[k][tx]);
+      const int64_t i = g * n + j;
+      const float base = beta == 0.0f ? 0.0f : __fmul_rn(beta, dbias[i]);
+      dbias[i] = __fadd_rn(base, total);
+    }
+    __syncthreads();  // lane_sums is rewritten for the next group
+  }
+}
+
+// Rows per stage-1 chunk: at least 64 (8 per row lane), more for tall inputs so there are
+// about 1024 chunks at most (plus one per group) and stage 2 stays short.
+int64_t RowsPerChunk(int64_t rows) { return std::max<int64_t>(64, (rows + 1023) / 1024); }
+
+void LaunchAddBias(Tensor& out, const Tensor& bias, const int64_t* offsets, int64_t groups,
+                   DeviceContext* ctx) {
+  const int64_t rows = out.dim(0), n = out.dim(1);
+  if (rows == 0 || n == 0) return;
+  const int threads = static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kThreads));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 1024)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  AddBiasKernel<<<grid, threads, 0, StreamOf(ctx)>>>(out.data<float>(), bias.data<float>(), offsets,
+                                                     groups, rows, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+// Both stages over the chunks `ch` of dy's rows.
+template <Fused F = Fused::kNone>
+void LaunchBiasGrad(const Tensor& dy, Tensor& dbias, float beta, Chunks ch, DeviceContext* ctx,
+                    FusedArgs fused = {}) {
+  const int64_t n = dy.dim(1);
+  if (n == 0 || ch.groups == 0) return;
+  Tensor partial;
+  if (ch.count > 0) {
+    partial = Tensor::Empty({ch.count, n}, DType::kF32, ctx->device());
+    const dim3 block(kTileCols, kRowLanes);
+    const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols),
+                    static_cast<unsigned>(std::min<int64_t>(ch.count, 65535)));
+    ChunkColumnSumKernel<F><<<grid, block, 0, StreamOf(ctx)>>>(dy.data<float>(), n, ch,
+                                                                partial.data<float>(), fused);
+    SY_CUDA_CHECK_LAUNCH();
+  }
+  const dim3 block(kTileCols, kSumLanes);
+  const dim3 grid(static_cast<unsigned>((n + kTileCols - 1) / kTileCols),
+                  static_cast<unsigned>(std::min<int64_t>(ch.groups, 65535)));
+  GroupSumKernel<<<grid, block, 0, StreamOf(ctx)>>>(
+      ch.count > 0 ? partial.data<float>() : nullptr, ch, n, beta, dbias.data<float>());
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+// One group of all dy's rows in uniform chunks (BiasGrad and the fused backward ops).
+Chunks UniformChunks(int64_t rows) {
+  const int64_t k = RowsPerChunk(rows);
+  return Chunks{.rows_per_chunk = k, .rows = rows, .count = (rows + k - 1) / k};
+}
+
+}  // namespace
+
+void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx) {
+  LaunchAddBias(out, bias, /*offsets=*/nullptr, /*groups=*/1, ctx);
+}
+
+void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
+  LaunchBiasGrad(dy, dbias, beta, UniformChunks(dy.dim(0)), ctx);
+}
+
+void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
+                    DeviceContext* ctx) {
+  if (out.numel() == 0) return;
+  std::vector<int64_t> offsets(rows.size() + 1, 0);
+  for (size_t g = 0; g < rows.size(); ++g) offsets[g + 1] = offsets[g] + rows[g];
+  const Tensor device_offsets = ToDevice(offsets, ctx);
+  LaunchAddBias(out, bias, device_offsets.data<int64_t>(), static_cast<int64_t>(rows.size()), ctx);
+}
+
+void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,
+                     DeviceContext* ctx) {
+  const int64_t groups = static_cast<int64_t>(rows.size());
+  if (groups == 0 || dy.dim(1) == 0) return;
+  const int64_t k = RowsPerChunk(dy.dim(0));
+  // table = [chunk_begin (G + 1) | bounds (C + 1)]: group g owns chunks
+  // [chunk_begin[g], chunk_begin[g + 1]); chunk c is rows [bounds[c], bounds[c + 1]).
+  std::vector<int64_t> chunk_begin(groups + 1, 0), bounds(1, 0);
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t end = row + rows[g];
+    for (; row < end; row = std::min(end, row + k)) bounds.push_back(std::min(end, row + k));
+    chunk_begin[g + 1] = static_cast<int64_t>(bounds.size()) - 1;
+  }
+  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
+  std::vector<int64_t> table(chunk_begin);
+  table.insert(table.end(), bounds.begin(), bounds.end());
+  const Tensor device_table = ToDevice(table, ctx);
+  const int64_t* d_chunk_begin = device_table.data<int64_t>();
+  LaunchBiasGrad(dy, dbias, beta,
+                 Chunks{.bounds = d_chunk_begin + groups + 1, .chunk_begin = d_chunk_begin,
+                        .groups = groups, .rows_per_chunk = k, .rows = dy.dim(0),
+                        .count = chunks},
+                 ctx);
+}
+
+void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, DeviceContext* ctx) {
+  if (out.numel() == 0 || bias.dim(0) == 0) return;
+  LaunchAddBias(out, bias, offsets.data<int64_t>(), bias.dim(0), ctx);
+}
+
+void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
+                     DeviceContext* ctx) {
+  const int64_t groups = dbias.dim(0), rows = dy.dim(0);
+  const int64_t k = RowsPerChunk(rows);  // the host-sized op's K for these rows
+  LaunchBiasGrad(dy, dbias, beta,
+                 Chunks{.offsets = offsets.data<int64_t>(), .groups = groups,
+                        .rows_per_chunk = k, .rows = rows,
+                        .count = (rows + groups * (k - 1)) / k},
+                 ctx);
+}
+
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {
+  const int64_t total = a.numel();
+  if (total == 0) return;
+  BiasGeluForwardKernel<<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), bias.data<float>(), h.data<float>(), total, a.dim(1));
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
+                       DeviceContext* ctx) {
+  const int64_t total = a.numel();
+  if (total == 0) return;
+  BiasSwigluForwardKernel<<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), bias.data<float>(), b.data<float>(), out.data<float>(), total, a.dim(1));
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+// The gradient in stage 1 of the bias gradient: the same chunks, order and sums as
+// GeluBackward then BiasGrad, so the same bits, with one pass over the rows fewer.
+void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
+                          float beta, DeviceContext* ctx) {
+  FusedArgs f;
+  f.a = a.data<float>();
+  f.dx = dx.data<float>();
+  LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta, UniformChunks(dx.dim(0)), ctx, f);
+}
+
+void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
+                            Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
+  FusedArgs f;
+  f.a = a.data<float>();
+  f.b = b.data<float>();
+  f.dx = da.data<float>();
+  f.db = db.data<float>();
+  LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta, UniformChunks(da.dim(0)), ctx, f);
+}
+
+}  // namespace switchyard::kernels::cuda
