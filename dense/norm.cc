@@ -95,13 +95,26 @@ NormActivations Norm::AddForward(const Tensor& x, const Tensor& r, DeviceContext
 
 Tensor Norm::Backward(const NormActivations& acts, const Tensor& dy, DeviceContext* ctx) {
   Tensor dx = Tensor::Empty(acts.x.shape(), DType::kF32, acts.x.device());
+  RunBackward(acts, dy, dx, kernels::DxWrite::kOverwrite, ctx);
+  return dx;
+}
+
+void Norm::BackwardInto(const NormActivations& acts, const Tensor& dy, Tensor& into,
+                        DeviceContext* ctx) {
+  SY_CHECK_EQ(into.numel(), acts.x.numel()) << "Norm::BackwardInto: " << ShapeString(into.shape())
+                                            << " for x " << ShapeString(acts.x.shape());
+  Tensor dx = into.Reshape(acts.x.shape());
+  RunBackward(acts, dy, dx, kernels::DxWrite::kAdd, ctx);
+}
+
+void Norm::RunBackward(const NormActivations& acts, const Tensor& dy, Tensor& dx,
+                       kernels::DxWrite write, DeviceContext* ctx) {
   if (IsLayerNorm(options_)) {
     kernels::LayerNormBackward(acts.x, weight_, acts.mean, acts.rstd, dy, dx, grad_weight_,
-                               grad_bias_, ctx);
+                               grad_bias_, ctx, write);
   } else {
-    kernels::RmsNormBackward(acts.x, weight_, acts.rstd, dy, dx, grad_weight_, ctx);
+    kernels::RmsNormBackward(acts.x, weight_, acts.rstd, dy, dx, grad_weight_, ctx, write);
   }
-  return dx;
 }
 
 void Norm::ZeroGrad(DeviceContext* ctx) {

@@ -12,6 +12,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
+#include "kernels/norm.h"
 
 namespace switchyard::dense {
 
@@ -66,6 +67,11 @@ class Norm {
   NormActivations AddForward(const Tensor& x, const Tensor& r, DeviceContext* ctx = nullptr) const;
   // dy (..., d). Adds into the gradients; returns dx (..., d).
   Tensor Backward(const NormActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
+  // The same, with dx added into `into` (the residual stream's gradient, as many elements as
+  // x, not dy's memory) in the kernel that computes it: bit-identical to Backward and then
+  // kernels::Axpy(1, dx, into), one pass over the rows fewer.
+  void BackwardInto(const NormActivations& acts, const Tensor& dy, Tensor& into,
+                    DeviceContext* ctx = nullptr);
   void ZeroGrad(DeviceContext* ctx = nullptr);
 
   const NormOptions& options() const { return options_; }
@@ -78,6 +84,8 @@ class Norm {
 
  private:
   Norm(const NormOptions& options, NormParams params, DeviceContext* ctx);
+  void RunBackward(const NormActivations& acts, const Tensor& dy, Tensor& dx,
+                   kernels::DxWrite write, DeviceContext* ctx);
 
   NormOptions options_;
   Tensor weight_, bias_;

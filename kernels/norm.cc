@@ -30,6 +30,16 @@ void CheckSameShape(const Tensor& x, const Tensor& t, Device device, const char*
                                    << ", expected " << ShapeString(x.shape());
 }
 
+// DxWrite::kAdd reads dx while dy is read: they must not share memory.
+void CheckAddInto(const Tensor& dx, const Tensor& dy, DxWrite write, const char* op) {
+  if (write != DxWrite::kAdd) return;
+  const char* a = static_cast<const char*>(dx.raw_data());
+  const char* b = static_cast<const char*>(dy.raw_data());
+  const int64_t bytes = dx.numel() * static_cast<int64_t>(sizeof(float));
+  SY_CHECK(a + bytes <= b || b + bytes <= a)
+      << op << ": dx and dy share memory, which adding into dx (DxWrite::kAdd) cannot take";
+}
+
 }  // namespace
 
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -48,7 +58,7 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DeviceContext* ctx) {
+                       Tensor& dbias, DeviceContext* ctx, DxWrite write) {
   constexpr const char* kOp = "LayerNormBackward";
   SY_CHECK(dx.defined()) << kOp << ": dx is undefined";
   const Device dev = dx.device();
@@ -60,9 +70,10 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
   CheckSameShape(x, dx, dev, kOp, "dx");
   CheckVector(dweight, d, dev, kOp, "dweight");
   if (dbias.defined()) CheckVector(dbias, d, dev, kOp, "dbias");
+  CheckAddInto(dx, dy, write, kOp);
   SY_DISPATCH_DEVICE(
-      dx, ctx, cpu::LayerNormBackward(x, weight, mean, rstd, dy, dx, dweight, dbias),
-      cuda::LayerNormBackward(x, weight, mean, rstd, dy, dx, dweight, dbias, ctx));
+      dx, ctx, cpu::LayerNormBackward(x, weight, mean, rstd, dy, dx, dweight, dbias, write),
+      cuda::LayerNormBackward(x, weight, mean, rstd, dy, dx, dweight, dbias, write, ctx));
 }
 
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
@@ -78,7 +89,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DeviceContext* ctx) {
+                     Tensor& dx, Tensor& dweight, DeviceContext* ctx, DxWrite write) {
   constexpr const char* kOp = "RmsNormBackward";
   SY_CHECK(dx.defined()) << kOp << ": dx is undefined";
   const Device dev = dx.device();
@@ -87,8 +98,9 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
   CheckSameShape(x, dy, dev, kOp, "dy");
   CheckSameShape(x, dx, dev, kOp, "dx");
   CheckVector(dweight, weight.numel(), dev, kOp, "dweight");
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight),
-                     cuda::RmsNormBackward(x, weight, rstd, dy, dx, dweight, ctx));
+  CheckAddInto(dx, dy, write, kOp);
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight, write),
+                     cuda::RmsNormBackward(x, weight, rstd, dy, dx, dweight, write, ctx));
 }
 
 namespace {

@@ -17,6 +17,11 @@
 
 namespace switchyard::kernels {
 
+// How a backward writes dx: over what it held, or added to it (dx += the norm's gradient,
+// the residual stream's: bit-identical to writing a new tensor and then kernels::Axpy(1, ...)
+// into dx, in one pass fewer). With kAdd, dx must not be dy's memory.
+enum class DxWrite { kOverwrite, kAdd };
+
 // y = layernorm(x) with weight and bias (bias may be an undefined tensor: no bias).
 // Writes mean and rstd (N). y may be the same tensor as x.
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -25,10 +30,11 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 // With xhat = (x - mean) * rstd and g = dy * weight:
 //   dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))       (written)
 //   dweight += sum over rows of dy * xhat, dbias += sum over rows of dy   (accumulated)
-// dbias may be undefined (no bias). dx may be the same tensor as dy.
+// dbias may be undefined (no bias). dx may be the same tensor as dy (kOverwrite).
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DeviceContext* ctx = nullptr);
+                       Tensor& dbias, DeviceContext* ctx = nullptr,
+                       DxWrite write = DxWrite::kOverwrite);
 
 // y = rmsnorm(x) with weight; writes rstd (N). y may be the same tensor as x.
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
@@ -37,9 +43,10 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 // With g = dy * weight:
 //   dx = rstd * (g - x * rstd^2 * mean_j(g * x))      (written)
 //   dweight += sum over rows of dy * x * rstd          (accumulated)
-// dx may be the same tensor as dy.
+// dx may be the same tensor as dy (kOverwrite).
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DeviceContext* ctx = nullptr);
+                     Tensor& dx, Tensor& dweight, DeviceContext* ctx = nullptr,
+                     DxWrite write = DxWrite::kOverwrite);
 
 // ---- residual add + norm (a block's x + attention(...) then its next norm) -------------
 // sum = x + r (written: the residual stream, which the block goes on with), then
@@ -63,10 +70,10 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       Tensor& y, Tensor& mean, Tensor& rstd);
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias);
+                       Tensor& dbias, DxWrite write);
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd);
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight);
+                     Tensor& dx, Tensor& dweight, DxWrite write);
 }  // namespace cpu
 
 namespace cuda {
@@ -79,11 +86,11 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx);
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DeviceContext* ctx);
+                       Tensor& dbias, DxWrite write, DeviceContext* ctx);
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
                     DeviceContext* ctx);
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DeviceContext* ctx);
+                     Tensor& dx, Tensor& dweight, DxWrite write, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

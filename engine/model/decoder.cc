@@ -18,12 +18,6 @@ using parallel::PartId;
 
 namespace {
 
-// a += b, elementwise over equal numbers of elements.
-void AddInto(Tensor& a, const Tensor& b, DeviceContext* ctx) {
-  SY_CHECK_EQ(a.numel(), b.numel());
-  kernels::Axpy(1.0f, b.Reshape(a.shape()), a, ctx);
-}
-
 // A new tensor a + b.
 Tensor Sum(const Tensor& a, const Tensor& b, DeviceContext* ctx) {
   Tensor out = Tensor::Empty(a.shape(), a.dtype(), a.device());
@@ -357,7 +351,7 @@ Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
   Tensor dnorm1;
   {
     ScopedPhase phase(Phase::kNorms);
-    AddInto(dmid, b.norm2.Backward(ba.norm2, dnorm2, ctx), ctx);
+    b.norm2.BackwardInto(ba.norm2, dnorm2, dmid, ctx);  // dmid += the norm's dx
   }
   {
     ScopedPhase phase(Phase::kAttention);
@@ -365,7 +359,7 @@ Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
   }
   dx = dmid;
   ScopedPhase phase(Phase::kNorms);
-  AddInto(dx, b.norm1.Backward(ba.norm1, dnorm1, ctx), ctx);
+  b.norm1.BackwardInto(ba.norm1, dnorm1, dx, ctx);  // dx += the norm's dx
   return dx;
 }
 

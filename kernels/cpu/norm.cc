@@ -85,7 +85,7 @@ void AddRowsOf(const float* a, const float* b, float* sum, int64_t d) {
 // One row of the LayerNorm backward: dx, and the row's dweight / dbias terms added to pw / pb.
 SY_VECTOR_CLONES void LayerNormBackwardRow(const float* xr, const float* dyr, const float* w,
                                            float m, float s, int64_t d, float* dxr, double* pw,
-                                           double* pb) {
+                                           double* pb, bool add) {
   double glane[kLanes] = {}, gxlane[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= d; j += kLanes) {
@@ -110,6 +110,14 @@ SY_VECTOR_CLONES void LayerNormBackwardRow(const float* xr, const float* dyr, co
   }
   const float mean_g = static_cast<float>(sum_g / static_cast<double>(d));
   const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(d));
+  if (add) {  // dx += the gradient: kernels::Axpy(1, ...)'s one addition
+    for (j = 0; j < d; ++j) {
+      const float xhat = (xr[j] - m) * s;
+      const float v = s * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
+      dxr[j] = dxr[j] + v;
+    }
+    return;
+  }
   for (j = 0; j < d; ++j) {
     const float xhat = (xr[j] - m) * s;
     dxr[j] = s * (dyr[j] * w[j] - mean_g - xhat * mean_gx);
@@ -135,7 +143,7 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias) {
+                       Tensor& dbias, DxWrite write) {
   const int64_t d = weight.numel();
   const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
@@ -150,7 +158,7 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
     double* pb = db ? part_b.data() + (r / kChunkRows) * d : nullptr;
     LayerNormBackwardRow(x.data<float>() + r * d, dy.data<float>() + r * d, w,
                          mean.data<float>()[r], rstd.data<float>()[r], d,
-                         dx.data<float>() + r * d, pw, pb);
+                         dx.data<float>() + r * d, pw, pb, write == DxWrite::kAdd);
   }
   });
   AddChunkSums(part_w, chunks, d, dw);
@@ -202,7 +210,7 @@ void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, f
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight) {
+                     Tensor& dx, Tensor& dweight, DxWrite write) {
   const int64_t d = weight.numel();
   const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
@@ -222,7 +230,11 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
       pw[j] += static_cast<double>(dyr[j] * xr[j] * s);
     }
     const float c = static_cast<float>(sum_gx / static_cast<double>(d)) * s * s;
-    for (int64_t j = 0; j < d; ++j) dxr[j] = s * (dyr[j] * w[j] - xr[j] * c);
+    if (write == DxWrite::kAdd) {  // dx += the gradient: kernels::Axpy(1, ...)'s addition
+      for (int64_t j = 0; j < d; ++j) dxr[j] = dxr[j] + s * (dyr[j] * w[j] - xr[j] * c);
+    } else {
+      for (int64_t j = 0; j < d; ++j) dxr[j] = s * (dyr[j] * w[j] - xr[j] * c);
+    }
   }
   });
   AddChunkSums(part_w, chunks, d, dw);

@@ -80,7 +80,7 @@ __global__ void LayerNormForwardKernel(const float* x, const float* w, const flo
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) per row.
 __global__ void LayerNormDxKernel(const float* x, const float* w, const float* mean,
                                   const float* rstd, const float* dy, float* dx, int64_t n,
-                                  int64_t d) {
+                                  int64_t d, bool add) {
   __shared__ double shared[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const float* xr = x + r * d;
@@ -101,7 +101,8 @@ __global__ void LayerNormDxKernel(const float* x, const float* w, const float* m
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float xhat = __fmul_rn(__fsub_rn(xr[j], m), s);
       const float g = __fmul_rn(dyr[j], w[j]);
-      dxr[j] = __fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_gx)));
+      const float v = __fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_gx)));
+      dxr[j] = add ? __fadd_rn(dxr[j], v) : v;
     }
   }
 }
@@ -129,7 +130,7 @@ __global__ void RmsNormForwardKernel(const float* x, const float* w, float eps, 
 
 // dx = rstd * (g - x * rstd^2 * mean(g * x)) per row.
 __global__ void RmsNormDxKernel(const float* x, const float* w, const float* rstd, const float* dy,
-                                float* dx, int64_t n, int64_t d) {
+                                float* dx, int64_t n, int64_t d, bool add) {
   __shared__ double shared[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const float* xr = x + r * d;
@@ -143,7 +144,8 @@ __global__ void RmsNormDxKernel(const float* x, const float* w, const float* rst
     sum_gx = BlockSum(sum_gx, shared);
     const float c = __fmul_rn(__fmul_rn(static_cast<float>(sum_gx / static_cast<double>(d)), s), s);
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      dxr[j] = __fmul_rn(s, __fsub_rn(__fmul_rn(dyr[j], w[j]), __fmul_rn(xr[j], c)));
+      const float v = __fmul_rn(s, __fsub_rn(__fmul_rn(dyr[j], w[j]), __fmul_rn(xr[j], c)));
+      dxr[j] = add ? __fadd_rn(dxr[j], v) : v;
     }
   }
 }
@@ -235,7 +237,7 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DeviceContext* ctx) {
+                       Tensor& dbias, DxWrite write, DeviceContext* ctx) {
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
@@ -244,7 +246,7 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
                     dbias.defined() ? &dbias : nullptr, ctx);
   LayerNormDxKernel<<<RowBlocks(n), RowThreads(d), 0, StreamOf(ctx)>>>(
       x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(),
-      dy.data<float>(), dx.data<float>(), n, d);
+      dy.data<float>(), dx.data<float>(), n, d, write == DxWrite::kAdd);
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -259,7 +261,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DeviceContext* ctx) {
+                     Tensor& dx, Tensor& dweight, DxWrite write, DeviceContext* ctx) {
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
@@ -267,7 +269,7 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
   AccumulateColumns(x, dy, nullptr, rstd.data<float>(), n, d, dweight, nullptr, ctx);
   RmsNormDxKernel<<<RowBlocks(n), RowThreads(d), 0, StreamOf(ctx)>>>(
       x.data<float>(), weight.data<float>(), rstd.data<float>(), dy.data<float>(), dx.data<float>(),
-      n, d);
+      n, d, write == DxWrite::kAdd);
   SY_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "tests/kernels/grad_check.h"
 
 namespace switchyard::kernels {
@@ -145,6 +146,44 @@ TEST(NormTest, RmsNormGradientsMatchFiniteDifferences) {
   Tensor inplace = dyt.Clone();
   RmsNormBackward(x, w, rstd, inplace, inplace, dw);
   EXPECT_EQ(inplace.ToVector<float>(), dx.ToVector<float>());
+}
+
+// DxWrite::kAdd: dx += the gradient in the backward's own pass, the same bits as a fresh dx
+// then Axpy(1, dx, acc) (the decoder's residual gradient), with the weight gradients as a
+// fresh backward's; and refused when dx is dy's memory. 37 columns: the CPU's lane loop and
+// its tail.
+TEST(NormTest, BackwardAddingIntoDxEqualsBackwardThenAxpy) {
+  constexpr int64_t n = 9, d = 37;
+  const Tensor x = RandomTensor({n, d}, 20, -2.0f, 2.0f), w = RandomTensor({d}, 21, 0.5f, 1.5f);
+  const Tensor b = RandomTensor({d}, 22), dy = RandomTensor({n, d}, 23);
+  const Tensor acc0 = RandomTensor({n, d}, 24, -3.0f, 3.0f);
+  for (bool layer : {true, false}) {
+    Tensor y = F32({n, d}), mean = F32({n}), rstd = F32({n});
+    if (layer) {
+      LayerNormForward(x, w, b, kEps, y, mean, rstd);
+    } else {
+      RmsNormForward(x, w, kEps, y, rstd);
+    }
+    auto backward = [&](const Tensor& g, Tensor& dx, Tensor& dw, Tensor& db, DxWrite write) {
+      if (layer) {
+        LayerNormBackward(x, w, mean, rstd, g, dx, dw, db, nullptr, write);
+      } else {
+        RmsNormBackward(x, w, rstd, g, dx, dw, nullptr, write);
+      }
+    };
+    Tensor fresh = F32({n, d}), dw_fresh = F32({d}), db_fresh = F32({d});
+    backward(dy, fresh, dw_fresh, db_fresh, DxWrite::kOverwrite);
+    Tensor want = acc0.Clone();
+    Axpy(1.0f, fresh, want);
+    Tensor got = acc0.Clone(), dw = F32({d}), db = F32({d});
+    backward(dy, got, dw, db, DxWrite::kAdd);
+    const char* name = layer ? "layernorm" : "rmsnorm";
+    EXPECT_EQ(got.ToVector<float>(), want.ToVector<float>()) << name;
+    EXPECT_EQ(dw.ToVector<float>(), dw_fresh.ToVector<float>()) << name;
+    EXPECT_EQ(db.ToVector<float>(), db_fresh.ToVector<float>()) << name;
+    Tensor same = dy.Clone();
+    EXPECT_DEATH(backward(same, same, dw, db, DxWrite::kAdd), "share memory") << name;
+  }
 }
 
 TEST(NormTest, InPlaceForwardAndThreeDimensionalInput) {
