@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmark in one command, on the GPU machine, from the pack scripts/gpu_build.sh
 # made (build-gpu/: no configure, no compile), in under 6 minutes:
-#   `switchyard train` on CUDA (bf16) beside the strong PyTorch reference
+#   `switchyard train` on CUDA (bf16 products, bf16 activation storage, as autocast keeps its
+#   activations) beside the strong PyTorch reference
 #   (benchmarks/reference/train_torch_gpu.py: SDPA flash attention, experts by
 #   torch._grouped_mm, bf16 autocast, fused AdamW, torch.compile where it compiles) on the same
 #   config and the same batches of the pack's fortune corpus, for

@@ -56,10 +56,14 @@ CASES = {  # name -> (config, overrides); the order they run in (the budget may 
                                   "runtime.cuda_graphs=true"]),
     "d1024-e16-mb64-cf1.25-graphs": (D1024, ["train.micro_batch_size=64",
                                              "runtime.cuda_graphs=true"]),
+    # What f32 activation storage costs (each product converts its f32 input, twice for a
+    # weight's gradient): ours only, beside d1024-e16-mb64-dropless.
+    "d1024-e16-mb64-dropless-f32store": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
+                                                 "runtime.activation_dtype=fp32"]),
 }
 # The reference's run is its case's twin.
 OURS_ONLY = {"d1024-e16-mb64-dropless-hostcounts", "switch-medium-mb64-graphs",
-             "d1024-e16-mb64-cf1.25-graphs"}
+             "d1024-e16-mb64-cf1.25-graphs", "d1024-e16-mb64-dropless-f32store"}
 # Not in the default list: a check of this driver on a CPU (--device cpu; tests/cli/gpu_bench_test.sh).
 SMOKE = {"switch-tiny-smoke": ("configs/switch-tiny.yaml", ["train.micro_batch_size=4"])}
 PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -104,7 +108,8 @@ def measured_memory(rows):
         if ranks:
             x = ranks[0]
             peak = sum(x.get(k, 0) for k in ("parameters", "gradients", "optimizer", "workspace_peak"))
-            return {"ledger_peak_bytes": peak, "held_peak_bytes": x.get("reserved_peak")}
+            return {"ledger_peak_bytes": peak, "held_peak_bytes": x.get("reserved_peak"),
+                    "device_used_bytes": x.get("device_used")}
     return {}
 
 
@@ -202,8 +207,13 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
     work = os.path.join(args.out, name)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    precision = "bf16" if args.device == "cuda" else "fp32"
-    sets = [f"data.dir={args.data}", f"runtime.device={args.device}", f"runtime.precision={precision}",
+    # On the GPU ours runs as the reference does under autocast: bf16 products, and what the
+    # layers keep for backward in bf16 (runtime.activation_dtype; autocast keeps the products'
+    # bf16 inputs and its bf16 activations). A case may set activation_dtype=fp32 after this.
+    cuda = args.device == "cuda"
+    sets = [f"data.dir={args.data}", f"runtime.device={args.device}",
+            f"runtime.precision={'bf16' if cuda else 'fp32'}",
+            f"runtime.activation_dtype={'bf16' if cuda else 'fp32'}",
             "train.eval_every=0", "train.grad_accum=1", "parallel.ep=1",
             "train.checkpoint_every=0"] + overrides
     setflags = [x for s in sets for x in ("--set", s)]
@@ -267,7 +277,7 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
                  "from_profiled_round": not unprofiled})
     if profiled:
         ours["profiled_tokens_per_s"] = tokens / statistics.median(profiled)
-    for key in ("ledger_peak_bytes", "held_peak_bytes"):  # the largest over the rounds
+    for key in ("ledger_peak_bytes", "held_peak_bytes", "device_used_bytes"):  # the largest of the rounds
         vals = [rr[key] for rr in ours_rounds if rr.get(key) is not None]
         ours[key] = max(vals) if vals else None
     prof = next((rr.get("profile") for rr in ours_rounds if rr.get("profile")), None)
@@ -317,6 +327,8 @@ def memory_line(r):
         if ours.get("held_peak_bytes"):
             text += f", held/dry-run {ours['held_peak_bytes'] / dry:.2f}"
         text += ")"
+    if ours.get("device_used_bytes") is not None:
+        text += f", device in use {gib(ours['device_used_bytes'])} (cudaMemGetInfo)"
     if torch_side.get("max_allocated_bytes") is not None:
         text += (f", torch {gib(torch_side['max_allocated_bytes'])}"
                  f" (reserved {gib(torch_side.get('max_reserved_bytes'))})")

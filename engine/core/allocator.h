@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "engine/core/device.h"
 
@@ -29,6 +30,10 @@ class Allocator {
   virtual Stats stats() const = 0;
   // Returns cached blocks to the system (no-op for non-caching allocators).
   virtual void EmptyCache() {}
+  // Bytes in use on the whole device as its driver says (CUDA: cudaMemGetInfo's total -
+  // free: this allocator's segments plus the context, library workspaces such as cuBLAS's
+  // and NCCL's, and any other process's); -1 where there is no such figure (the host).
+  virtual int64_t DeviceUsed() const { return -1; }
 
   // Graph pools (engine/core/block_cache.h; the CUDA allocator's, no-ops elsewhere): a new
   // pool id; while a pool captures, the blocks handed out and returned are the graph's and

@@ -60,6 +60,12 @@ class CudaCachingAllocator final : public Allocator {
     s.reserved_peak = cache_.reserved_peak();
     return s;
   }
+  int64_t DeviceUsed() const override {
+    SY_CUDA_CHECK(cudaSetDevice(index_));
+    size_t free_bytes = 0, total = 0;
+    SY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return static_cast<int64_t>(total - free_bytes);
+  }
   void EmptyCache() override {
     std::lock_guard<std::mutex> lock(mu_);
     cache_.ReleaseFree();

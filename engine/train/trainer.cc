@@ -218,14 +218,15 @@ Trainer::Memory Trainer::memory() const {
           .gradients = at(MemoryKind::kGradients),
           .optimizer = at(MemoryKind::kOptimizer),
           .workspace_peak = use.peak[static_cast<int>(MemoryKind::kWorkspace)],
-          .reserved_peak = static_cast<int64_t>(GetAllocator(device())->stats().reserved_peak)};
+          .reserved_peak = static_cast<int64_t>(GetAllocator(device())->stats().reserved_peak),
+          .device_used = GetAllocator(device())->DeviceUsed()};
 }
 
 void Trainer::ReportMemory() {
   const Memory m = memory();
-  constexpr int kFields = 5;
+  constexpr int kFields = 6;
   const std::vector<int64_t> mine = {m.parameters, m.gradients, m.optimizer, m.workspace_peak,
-                                     m.reserved_peak};
+                                     m.reserved_peak, m.device_used};
   Tensor all = Tensor::Empty({world_.size() * kFields}, DType::kI64);
   world_.AllGather(Tensor::FromVector(mine, {kFields}), all);
   if (!is_root()) return;
@@ -244,6 +245,11 @@ void Trainer::ReportMemory() {
                 static_cast<long long>(x[3]), static_cast<long long>(x[4]));
     ranks.push_back({{"rank", r}, {"parameters", x[0]}, {"gradients", x[1]}, {"optimizer", x[2]},
                      {"workspace_peak", x[3]}, {"reserved_peak", x[4]}});
+    if (x[5] >= 0) ranks.back()["device_used"] = x[5];
+  }
+  if (v[5] >= 0) {
+    std::printf("  device memory in use now (rank 0; cudaMemGetInfo: the context and the "
+                "libraries' workspaces included): %lld\n", static_cast<long long>(v[5]));
   }
   std::fflush(stdout);
   metrics_->Write(nlohmann::json{{"step", step_ - 1},

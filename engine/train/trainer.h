@@ -131,6 +131,9 @@ class Trainer {
     // caching allocator's cudaMalloc'd segments, engine/core/block_cache.h): the ledger's
     // peak plus what the cache's block sizes and segments add, what the device must have.
     int64_t reserved_peak = 0;
+    // On a GPU, the bytes in use on the device when the report was made (Allocator::DeviceUsed:
+    // the context and the libraries' workspaces included); -1 on the host.
+    int64_t device_used = -1;
     int64_t model_states() const { return parameters + gradients + optimizer; }
   };
   Memory memory() const;
