@@ -213,4 +213,103 @@ void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout
                      cuda::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta, ctx));
 }
 
+namespace {
+// The grouped fused ops' groups checked against the row tensor (R, n) and the bias (G, n).
+void CheckRowGroups(const char* op, const Tensor& rowwise, const RowGroups& groups,
+                    const Tensor& bias, const Tensor& out) {
+  if (groups.offsets.defined()) {
+    CheckOffsetArgs(op, rowwise, groups.offsets, bias, out);
+  } else {
+    CheckGroupedBias(op, rowwise, groups.rows, bias, out);
+  }
+}
+
+// What the CPU runs a grouped op on: the counts and the rows [0, end) in groups (device-sized:
+// from the offsets' values, read as the op runs).
+struct CpuGroups {
+  std::vector<int64_t> rows;
+  int64_t end = 0;
+};
+CpuGroups CpuGroupsOf(const char* op, const Tensor& rowwise, std::vector<int64_t> host_rows,
+                      const Tensor& offsets, int64_t groups) {
+  if (!offsets.defined()) return {std::move(host_rows), rowwise.dim(0)};
+  return {OffsetCounts(op, rowwise, offsets, groups), offsets.data<int64_t>()[groups]};
+}
+
+std::vector<int64_t> HostRows(const RowGroups& groups) {
+  return std::vector<int64_t>(groups.rows.begin(), groups.rows.end());
+}
+}  // namespace
+
+// The CPU runs the unfused sequence (the bits the fused kernels reproduce); host arguments go
+// into the recorded closures by value (kernels/dispatch.h).
+void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
+                            DeviceContext* ctx) {
+  CheckElementwise("GroupedBiasGeluForward", h, {{&a, "a"}, {&h, "h"}});
+  CheckRowGroups("GroupedBiasGeluForward", a, groups, bias, h);
+  SY_CHECK(h.numel() == 0 || h.raw_data() != a.raw_data()) << "GroupedBiasGeluForward: h is a";
+  auto on_cpu = [a, bias, h, rows = HostRows(groups), offsets = groups.offsets]() mutable {
+    const CpuGroups g = CpuGroupsOf("GroupedBiasGeluForward", a, rows, offsets, bias.dim(0));
+    Tensor used = a.Slice(0, g.end);
+    cpu::GroupedAddBias(used, g.rows, bias);
+    cpu::GeluForward(a, h);
+  };
+  SY_DISPATCH_DEVICE(h, ctx, on_cpu(), cuda::GroupedBiasGeluForward(a, groups, bias, h, ctx));
+}
+
+void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
+                              const Tensor& b, Tensor& out, DeviceContext* ctx) {
+  CheckElementwise("GroupedBiasSwigluForward", out, {{&a, "a"}, {&b, "b"}, {&out, "out"}});
+  CheckRowGroups("GroupedBiasSwigluForward", a, groups, bias, out);
+  SY_CHECK(out.numel() == 0 || out.raw_data() != a.raw_data())
+      << "GroupedBiasSwigluForward: out is a";
+  auto on_cpu = [a, bias, b, out, rows = HostRows(groups), offsets = groups.offsets]() mutable {
+    const CpuGroups g = CpuGroupsOf("GroupedBiasSwigluForward", a, rows, offsets, bias.dim(0));
+    Tensor used = a.Slice(0, g.end);
+    cpu::GroupedAddBias(used, g.rows, bias);
+    cpu::SwigluForward(a, b, out);
+  };
+  SY_DISPATCH_DEVICE(out, ctx, on_cpu(),
+                     cuda::GroupedBiasSwigluForward(a, groups, bias, b, out, ctx));
+}
+
+void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
+                                 const RowGroups& groups, Tensor& dbias, float beta,
+                                 DeviceContext* ctx) {
+  CheckElementwise("GroupedGeluBackwardBiasGrad", dx, {{&a, "a"}, {&dy, "dy"}, {&dx, "dx"}});
+  CheckRowGroups("GroupedGeluBackwardBiasGrad", dx, groups, dbias, dbias);
+  auto on_cpu = [a, dy, dx, dbias, beta, rows = HostRows(groups),
+                 offsets = groups.offsets]() mutable {
+    const CpuGroups g =
+        CpuGroupsOf("GroupedGeluBackwardBiasGrad", dx, rows, offsets, dbias.dim(0));
+    Tensor used = dx.Slice(0, g.end);
+    cpu::GeluBackward(a.Slice(0, g.end), dy.Slice(0, g.end), used);
+    cpu::GroupedBiasGrad(used, g.rows, dbias, beta);
+  };
+  SY_DISPATCH_DEVICE(dx, ctx, on_cpu(),
+                     cuda::GroupedGeluBackwardBiasGrad(a, dy, dx, groups, dbias, beta, ctx));
+}
+
+void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout,
+                                   Tensor& da, Tensor& db, const RowGroups& groups,
+                                   Tensor& dbias, float beta, DeviceContext* ctx) {
+  CheckElementwise("GroupedSwigluBackwardBiasGrad", da,
+                   {{&a, "a"}, {&b, "b"}, {&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckRowGroups("GroupedSwigluBackwardBiasGrad", da, groups, dbias, dbias);
+  SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
+      << "GroupedSwigluBackwardBiasGrad: da and db are the same memory";
+  auto on_cpu = [a, b, dout, da, db, dbias, beta, rows = HostRows(groups),
+                 offsets = groups.offsets]() mutable {
+    const CpuGroups g =
+        CpuGroupsOf("GroupedSwigluBackwardBiasGrad", da, rows, offsets, dbias.dim(0));
+    Tensor used_da = da.Slice(0, g.end), used_db = db.Slice(0, g.end);
+    cpu::SwigluBackward(a.Slice(0, g.end), b.Slice(0, g.end), dout.Slice(0, g.end), used_da,
+                        used_db);
+    cpu::GroupedBiasGrad(used_da, g.rows, dbias, beta);
+  };
+  SY_DISPATCH_DEVICE(
+      da, ctx, on_cpu(),
+      cuda::GroupedSwigluBackwardBiasGrad(a, b, dout, da, db, groups, dbias, beta, ctx));
+}
+
 }  // namespace switchyard::kernels

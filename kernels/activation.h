@@ -87,6 +87,31 @@ void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor&
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
                             Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx = nullptr);
 
+// ---- the same, grouped (the experts' first projection) ----------------------------------
+// The row groups of a grouped op: host counts `rows` (summing to the rows), or, when
+// `offsets` is defined, the device-sized groups of kernels/gemm.h ((G + 1) i64 offsets on the
+// tensors' device; rows from offsets[G] on belong to no group).
+struct RowGroups {
+  std::span<const int64_t> rows;
+  Tensor offsets;
+};
+// One bias per group (bias (G, n), as GroupedAddBias). Bit-identical, on one device, to the
+// unfused sequences: forward GroupedAddBias then the activation (rows past the groups get the
+// activation of their a, without a bias, as there); backward the activation's backward then
+// GroupedBiasGrad, over the groups' rows (dx, da and db of rows past the groups are left as
+// they were). On CUDA one kernel forward; backward the grouped bias gradient's two stages
+// with the activation's gradient computed (and written) in the first.
+void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
+                            DeviceContext* ctx = nullptr);
+void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
+                              const Tensor& b, Tensor& out, DeviceContext* ctx = nullptr);
+void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
+                                 const RowGroups& groups, Tensor& dbias, float beta,
+                                 DeviceContext* ctx = nullptr);
+void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout,
+                                   Tensor& da, Tensor& db, const RowGroups& groups,
+                                   Tensor& dbias, float beta, DeviceContext* ctx = nullptr);
+
 namespace cpu {
 void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h);
 void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out);
@@ -129,6 +154,16 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
 void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, DeviceContext* ctx);
 void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
                      DeviceContext* ctx);
+void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
+                            DeviceContext* ctx);
+void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
+                              const Tensor& b, Tensor& out, DeviceContext* ctx);
+void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
+                                 const RowGroups& groups, Tensor& dbias, float beta,
+                                 DeviceContext* ctx);
+void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout,
+                                   Tensor& da, Tensor& db, const RowGroups& groups,
+                                   Tensor& dbias, float beta, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

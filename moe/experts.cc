@@ -223,6 +223,7 @@ struct Groups {
       kernels::GroupedBiasGrad(dy, rows, dbias, /*beta=*/1.0f, ctx);
     }
   }
+  kernels::RowGroups Kernel() const { return kernels::RowGroups{rows, offsets}; }
 };
 
 }  // namespace
@@ -271,20 +272,29 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
                           : acts.x;
   acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
   groups.Gemm(x_mm, w1_, /*trans_w=*/false, acts.a, 0.0f, ctx);
-  if (options_.bias) groups.AddBias(acts.a, b1_, ctx);
 
+  // a += b1 and the activation: one pass (the fused grouped ops, the same bits), but relu's.
   Tensor h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
   switch (options_.activation) {
     case Activation::kGelu:
-      kernels::GeluForward(acts.a, h, ctx);
+      if (options_.bias) {
+        kernels::GroupedBiasGeluForward(acts.a, groups.Kernel(), b1_, h, ctx);
+      } else {
+        kernels::GeluForward(acts.a, h, ctx);
+      }
       break;
     case Activation::kRelu:
+      if (options_.bias) groups.AddBias(acts.a, b1_, ctx);
       kernels::ReluForward(acts.a, h, ctx);
       break;
     case Activation::kSwiglu:
       acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
       groups.Gemm(x_mm, w3_, /*trans_w=*/false, acts.b, 0.0f, ctx);
-      kernels::SwigluForward(acts.a, acts.b, h, ctx);
+      if (options_.bias) {
+        kernels::GroupedBiasSwigluForward(acts.a, groups.Kernel(), b1_, acts.b, h, ctx);
+      } else {
+        kernels::SwigluForward(acts.a, acts.b, h, ctx);
+      }
       break;
   }
   // The activation's backward reads a (and b): kept rounded to bf16 under bf16 storage, once
@@ -326,21 +336,32 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   // h = act(a), or silu(a) * b; a and b as f32 (their rounded values under bf16 storage).
   Tensor db;
   const Tensor a = kernels::KeptAsF32(acts.a, ctx), b = kernels::KeptAsF32(acts.b, ctx);
+  // With b1's gradient in the same pass (the fused grouped ops), but relu's.
+  const bool bias = options_.bias;
   switch (options_.activation) {
     case Activation::kGelu:
-      kernels::GeluBackward(a, da, da, ctx);
+      if (bias) {
+        kernels::GroupedGeluBackwardBiasGrad(a, da, da, groups.Kernel(), grad_b1_, 1.0f, ctx);
+      } else {
+        kernels::GeluBackward(a, da, da, ctx);
+      }
       break;
     case Activation::kRelu:
       kernels::ReluBackward(a, da, da, ctx);
+      if (bias) groups.BiasGrad(da, grad_b1_, ctx);
       break;
     case Activation::kSwiglu:
       db = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-      kernels::SwigluBackward(a, b, da, da, db, ctx);
+      if (bias) {
+        kernels::GroupedSwigluBackwardBiasGrad(a, b, da, da, db, groups.Kernel(), grad_b1_, 1.0f,
+                                               ctx);
+      } else {
+        kernels::SwigluBackward(a, b, da, da, db, ctx);
+      }
       break;
   }
 
   // a = x @ W1 + b1 (and b = x @ W3).
-  if (options_.bias) groups.BiasGrad(da, grad_b1_, ctx);
   const Tensor x_mm = db.defined() ? kernels::MatmulOperand(acts.x, ctx) : acts.x;
   const Tensor da_mm = kernels::MatmulOperand(da, ctx);
   groups.WeightGrad(x_mm, da_mm, grad_w1_, ctx);

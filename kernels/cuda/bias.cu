@@ -91,6 +91,28 @@ __global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offs
   }
 }
 
+// Grouped bias + activation over a (rows, n): a row in a group gets a += bias[its group] (the
+// bias add's __fadd_rn), then every row out = act(a): gelu(a) (kGelu) or silu(a) b (kSwiglu).
+template <int kAct>
+__global__ void GroupedBiasActKernel(float* a, const float* bias, const float* b, float* out,
+                                     const int64_t* offsets, int64_t groups, int64_t rows,
+                                     int64_t n) {
+  const int64_t end = offsets[groups];
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* br = r < end ? bias + GroupOfRow(offsets, groups, r) * n : nullptr;
+    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t i = r * n + j;
+      float v = a[i];
+      if (br != nullptr) {
+        v = __fadd_rn(v, br[j]);
+        a[i] = v;
+      }
+      out[i] = kAct == 0 ? Gelu(v) : Swiglu(v, b[i]);
+    }
+  }
+}
+
 constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
 constexpr int kRowLanes = 8;   // row lanes per stage-1 block
 constexpr int kSumLanes = 32;  // chunk lanes per stage-2 block
@@ -255,16 +277,63 @@ __global__ void GroupSumKernel(const float* partial, Chunks ch, int64_t n, float
 // about 1024 chunks at most (plus one per group) and stage 2 stays short.
 int64_t RowsPerChunk(int64_t rows) { return std::max<int64_t>(64, (rows + 1023) / 1024); }
 
+// The bias add's launch shape over (rows, n): threads across a row's columns, grid.y rows.
+struct RowGrid {
+  dim3 grid;
+  int threads;
+};
+RowGrid RowGridOf(int64_t rows, int64_t n) {
+  const int threads = static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kThreads));
+  return {dim3(static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 1024)),
+               static_cast<unsigned>(std::min<int64_t>(rows, 65535))),
+          threads};
+}
+
 void LaunchAddBias(Tensor& out, const Tensor& bias, const int64_t* offsets, int64_t groups,
                    DeviceContext* ctx) {
   const int64_t rows = out.dim(0), n = out.dim(1);
   if (rows == 0 || n == 0) return;
-  const int threads = static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kThreads));
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 1024)),
-                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-  AddBiasKernel<<<grid, threads, 0, StreamOf(ctx)>>>(out.data<float>(), bias.data<float>(), offsets,
-                                                     groups, rows, n);
+  const RowGrid g = RowGridOf(rows, n);
+  AddBiasKernel<<<g.grid, g.threads, 0, StreamOf(ctx)>>>(out.data<float>(), bias.data<float>(),
+                                                         offsets, groups, rows, n);
   SY_CUDA_CHECK_LAUNCH();
+}
+
+// Host-sized groups' chunks: the table [chunk_begin (G + 1) | bounds (C + 1)] (group g owns
+// chunks [chunk_begin[g], chunk_begin[g + 1]); chunk c is rows [bounds[c], bounds[c + 1]))
+// copied to the device into *holder, which the caller keeps until the launches are queued.
+Chunks HostChunks(std::span<const int64_t> rows, int64_t total, DeviceContext* ctx,
+                  Tensor* holder) {
+  const int64_t groups = static_cast<int64_t>(rows.size());
+  const int64_t k = RowsPerChunk(total);
+  std::vector<int64_t> chunk_begin(groups + 1, 0), bounds(1, 0);
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t end = row + rows[g];
+    for (; row < end; row = std::min(end, row + k)) bounds.push_back(std::min(end, row + k));
+    chunk_begin[g + 1] = static_cast<int64_t>(bounds.size()) - 1;
+  }
+  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
+  std::vector<int64_t> table(chunk_begin);
+  table.insert(table.end(), bounds.begin(), bounds.end());
+  *holder = ToDevice(table, ctx);
+  const int64_t* d_table = holder->data<int64_t>();
+  return Chunks{.bounds = d_table + groups + 1, .chunk_begin = d_table, .groups = groups,
+                .rows_per_chunk = k, .rows = total, .count = chunks};
+}
+
+// Device-sized groups' chunks: found from the offsets by both stages; the most chunks any
+// split of `rows` rows into G groups can need.
+Chunks DeviceChunks(const Tensor& offsets, int64_t groups, int64_t rows) {
+  const int64_t k = RowsPerChunk(rows);  // the host-sized op's K for these rows
+  return Chunks{.offsets = offsets.data<int64_t>(), .groups = groups, .rows_per_chunk = k,
+                .rows = rows, .count = (rows + groups * (k - 1)) / k};
+}
+
+Chunks ChunksOf(const RowGroups& groups, int64_t n_groups, int64_t rows, DeviceContext* ctx,
+                Tensor* holder) {
+  return groups.offsets.defined() ? DeviceChunks(groups.offsets, n_groups, rows)
+                                  : HostChunks(groups.rows, rows, ctx, holder);
 }
 
 // Both stages over the chunks `ch` of dy's rows.
@@ -318,28 +387,9 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
 
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,
                      DeviceContext* ctx) {
-  const int64_t groups = static_cast<int64_t>(rows.size());
-  if (groups == 0 || dy.dim(1) == 0) return;
-  const int64_t k = RowsPerChunk(dy.dim(0));
-  // table = [chunk_begin (G + 1) | bounds (C + 1)]: group g owns chunks
-  // [chunk_begin[g], chunk_begin[g + 1]); chunk c is rows [bounds[c], bounds[c + 1]).
-  std::vector<int64_t> chunk_begin(groups + 1, 0), bounds(1, 0);
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t end = row + rows[g];
-    for (; row < end; row = std::min(end, row + k)) bounds.push_back(std::min(end, row + k));
-    chunk_begin[g + 1] = static_cast<int64_t>(bounds.size()) - 1;
-  }
-  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
-  std::vector<int64_t> table(chunk_begin);
-  table.insert(table.end(), bounds.begin(), bounds.end());
-  const Tensor device_table = ToDevice(table, ctx);
-  const int64_t* d_chunk_begin = device_table.data<int64_t>();
-  LaunchBiasGrad(dy, dbias, beta,
-                 Chunks{.bounds = d_chunk_begin + groups + 1, .chunk_begin = d_chunk_begin,
-                        .groups = groups, .rows_per_chunk = k, .rows = dy.dim(0),
-                        .count = chunks},
-                 ctx);
+  if (rows.empty() || dy.dim(1) == 0) return;
+  Tensor table;
+  LaunchBiasGrad(dy, dbias, beta, HostChunks(rows, dy.dim(0), ctx, &table), ctx);
 }
 
 void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, DeviceContext* ctx) {
@@ -349,13 +399,7 @@ void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, Devi
 
 void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
                      DeviceContext* ctx) {
-  const int64_t groups = dbias.dim(0), rows = dy.dim(0);
-  const int64_t k = RowsPerChunk(rows);  // the host-sized op's K for these rows
-  LaunchBiasGrad(dy, dbias, beta,
-                 Chunks{.offsets = offsets.data<int64_t>(), .groups = groups,
-                        .rows_per_chunk = k, .rows = rows,
-                        .count = (rows + groups * (k - 1)) / k},
-                 ctx);
+  LaunchBiasGrad(dy, dbias, beta, DeviceChunks(offsets, dbias.dim(0), dy.dim(0)), ctx);
 }
 
 void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {
@@ -393,6 +437,63 @@ void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout
   f.dx = da.data<float>();
   f.db = db.data<float>();
   LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta, UniformChunks(da.dim(0)), ctx, f);
+}
+
+namespace {
+// kAct 0: gelu, 1: swiglu (b its gate input).
+template <int kAct>
+void LaunchGroupedBiasAct(Tensor& a, const RowGroups& groups, const Tensor& bias,
+                          const float* b, Tensor& out, DeviceContext* ctx) {
+  const int64_t rows = a.dim(0), n = a.dim(1), g = bias.dim(0);
+  if (rows == 0 || n == 0 || g == 0) return;
+  Tensor offsets = groups.offsets;
+  if (!offsets.defined()) {  // host counts: their offsets on the device
+    std::vector<int64_t> o(g + 1, 0);
+    for (int64_t i = 0; i < g; ++i) o[i + 1] = o[i] + groups.rows[i];
+    offsets = ToDevice(o, ctx);
+  }
+  const RowGrid grid = RowGridOf(rows, n);
+  GroupedBiasActKernel<kAct><<<grid.grid, grid.threads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), bias.data<float>(), b, out.data<float>(), offsets.data<int64_t>(), g,
+      rows, n);
+  SY_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
+                            DeviceContext* ctx) {
+  LaunchGroupedBiasAct<0>(a, groups, bias, nullptr, h, ctx);
+}
+
+void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
+                              const Tensor& b, Tensor& out, DeviceContext* ctx) {
+  LaunchGroupedBiasAct<1>(a, groups, bias, b.data<float>(), out, ctx);
+}
+
+void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
+                                 const RowGroups& groups, Tensor& dbias, float beta,
+                                 DeviceContext* ctx) {
+  if (dbias.dim(0) == 0 || dx.dim(1) == 0) return;
+  FusedArgs f;
+  f.a = a.data<float>();
+  f.dx = dx.data<float>();
+  Tensor table;
+  LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta,
+                               ChunksOf(groups, dbias.dim(0), dx.dim(0), ctx, &table), ctx, f);
+}
+
+void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout,
+                                   Tensor& da, Tensor& db, const RowGroups& groups,
+                                   Tensor& dbias, float beta, DeviceContext* ctx) {
+  if (dbias.dim(0) == 0 || da.dim(1) == 0) return;
+  FusedArgs f;
+  f.a = a.data<float>();
+  f.b = b.data<float>();
+  f.dx = da.data<float>();
+  f.db = db.data<float>();
+  Tensor table;
+  LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta,
+                                 ChunksOf(groups, dbias.dim(0), da.dim(0), ctx, &table), ctx, f);
 }
 
 }  // namespace switchyard::kernels::cuda

@@ -16,6 +16,12 @@ TEST(FusedOpsGpuTest, BiasActivationsEqualTheUnfusedSequence) {
   fused_check::CheckBiasActivations(Device::Cuda(0), context.get());
 }
 
+TEST(FusedOpsGpuTest, GroupedBiasActivationsEqualTheUnfusedSequence) {
+  SY_REQUIRE_GPU();
+  auto context = DeviceContext::Create(Device::Cuda(0));
+  fused_check::CheckGroupedBiasActivations(Device::Cuda(0), context.get());
+}
+
 TEST(FusedOpsGpuTest, ResidualAddNormEqualsAddThenNorm) {
   SY_REQUIRE_GPU();
   auto context = DeviceContext::Create(Device::Cuda(0));

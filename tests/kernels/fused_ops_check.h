@@ -4,7 +4,8 @@
 // evaluate the same expressions in the same order (and the bias gradient sums in the same
 // chunks and order). Shared by tests/kernels/fused_ops_test.cc (CPU) and
 // tests/gpu/fused_ops_gpu_test.cc (CUDA). Shapes: no rows, one element, odd widths, a tall
-// input whose bias gradient is cut into many chunks; beta 0 over NaN, 1 and 0.5; in place.
+// input whose bias gradient is cut into many chunks; beta 0 over NaN, 1 and 0.5; in place;
+// the grouped ops over host counts and device offsets.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -85,6 +86,92 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
       gpu_test::ExpectBitEqual(da, da_ref, ctx, Name("SwigluBackwardBiasGrad da", s) + tag);
       gpu_test::ExpectBitEqual(dbm, dbm_ref, ctx, Name("SwigluBackwardBiasGrad db", s) + tag);
       gpu_test::ExpectBitEqual(sdb, sdb_ref, ctx, Name("SwigluBackwardBiasGrad dbias", s) + tag);
+    }
+  }
+}
+
+// The grouped fused ops (one bias per group: the experts' first projection) against
+// GroupedAddBias / GroupedBiasGrad and the activation, over host counts and device offsets
+// (with rows past the groups: the forward treats them as the unfused ops do, the backward
+// leaves them as they were). Empty groups, a group with no rows at all, a tall split whose
+// bias gradient is cut into many chunks; beta 0 over NaN and 1; dx over dy.
+inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    std::vector<int64_t> rows;
+    int64_t n, past;  // columns; rows past the groups (device offsets only)
+  };
+  const std::vector<Case> cases = {
+      {{3, 0, 70, 1}, 77, 6}, {{0, 0}, 5, 4}, {{40000, 25000, 5001}, 3, 9}, {{1}, 1, 0}};
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    const int64_t groups = static_cast<int64_t>(c.rows.size());
+    std::vector<int64_t> offsets(groups + 1, 0);
+    for (int64_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + c.rows[g];
+    const int64_t used = offsets[groups];
+    for (bool sized : {false, true}) {
+      const int64_t total = used + (sized ? c.past : 0);
+      const Shape s = {total, c.n};
+      const Tensor offs_host = Tensor::FromVector(offsets, {groups + 1});
+      const Tensor offs = dev.is_cpu() ? offs_host : offs_host.To(dev, ctx);
+      const RowGroups rg = sized ? RowGroups{{}, offs} : RowGroups{c.rows, Tensor()};
+      auto add_bias = [&](Tensor& t, const Tensor& bias) {
+        if (sized) {
+          GroupedAddBias(t, offs, bias, ctx);
+        } else {
+          GroupedAddBias(t, c.rows, bias, ctx);
+        }
+      };
+      auto bias_grad = [&](const Tensor& dy, Tensor& dbias, float beta) {
+        if (sized) {
+          GroupedBiasGrad(dy, offs, dbias, beta, ctx);
+        } else {
+          GroupedBiasGrad(dy, c.rows, dbias, beta, ctx);
+        }
+      };
+      const std::string tag = std::string(sized ? " offsets" : " counts") + " " + ShapeString(s);
+      const Tensor a0 = Uniform(s, ++seed, dev, ctx), b = Uniform(s, ++seed, dev, ctx);
+      const Tensor bias = Uniform({groups, c.n}, ++seed, dev, ctx, -1.0f, 1.0f);
+      Tensor a_ref = a0.Clone(ctx), h_ref = Tensor::Empty(s, DType::kF32, dev);
+      add_bias(a_ref, bias);
+      GeluForward(a_ref, h_ref, ctx);
+      Tensor a = a0.Clone(ctx), h = Tensor::Empty(s, DType::kF32, dev);
+      GroupedBiasGeluForward(a, rg, bias, h, ctx);
+      gpu_test::ExpectBitEqual(a, a_ref, ctx, "GroupedBiasGeluForward a" + tag);
+      gpu_test::ExpectBitEqual(h, h_ref, ctx, "GroupedBiasGeluForward h" + tag);
+      Tensor o_ref = Tensor::Empty(s, DType::kF32, dev), o = Tensor::Empty(s, DType::kF32, dev);
+      SwigluForward(a_ref, b, o_ref, ctx);  // a_ref holds a0 + bias
+      Tensor sa = a0.Clone(ctx);
+      GroupedBiasSwigluForward(sa, rg, bias, b, o, ctx);
+      gpu_test::ExpectBitEqual(sa, a_ref, ctx, "GroupedBiasSwigluForward a" + tag);
+      gpu_test::ExpectBitEqual(o, o_ref, ctx, "GroupedBiasSwigluForward out" + tag);
+
+      for (float beta : {0.0f, 1.0f}) {
+        const std::string bt = tag + (beta == 0.0f ? " beta 0" : " beta 1");
+        const Tensor dy = Uniform(s, ++seed, dev, ctx, -1.0f, 1.0f);
+        const Tensor db0 = beta == 0.0f ? Filled({groups, c.n}, nan, dev, ctx)
+                                        : Uniform({groups, c.n}, ++seed, dev, ctx);
+        // The reference over the groups' rows; past them the fused ops leave dy (and db).
+        Tensor dx_ref = dy.Clone(ctx), dbias_ref = db0.Clone(ctx);
+        Tensor used_ref = dx_ref.Slice(0, used);
+        GeluBackward(a_ref.Slice(0, used), dy.Slice(0, used), used_ref, ctx);
+        bias_grad(dx_ref, dbias_ref, beta);
+        Tensor dx = dy.Clone(ctx), dbias = db0.Clone(ctx);
+        GroupedGeluBackwardBiasGrad(a_ref, dx, dx, rg, dbias, beta, ctx);
+        gpu_test::ExpectBitEqual(dx, dx_ref, ctx, "GroupedGeluBackwardBiasGrad dx" + bt);
+        gpu_test::ExpectBitEqual(dbias, dbias_ref, ctx, "GroupedGeluBackwardBiasGrad dbias" + bt);
+
+        Tensor da_ref = dy.Clone(ctx), dbm_ref = Filled(s, 7.0f, dev, ctx), sdb_ref = db0.Clone(ctx);
+        Tensor da_used = da_ref.Slice(0, used), dbm_used = dbm_ref.Slice(0, used);
+        SwigluBackward(a_ref.Slice(0, used), b.Slice(0, used), dy.Slice(0, used), da_used,
+                       dbm_used, ctx);
+        bias_grad(da_ref, sdb_ref, beta);
+        Tensor da = dy.Clone(ctx), dbm = Filled(s, 7.0f, dev, ctx), sdb = db0.Clone(ctx);
+        GroupedSwigluBackwardBiasGrad(a_ref, b, da, da, dbm, rg, sdb, beta, ctx);
+        gpu_test::ExpectBitEqual(da, da_ref, ctx, "GroupedSwigluBackwardBiasGrad da" + bt);
+        gpu_test::ExpectBitEqual(dbm, dbm_ref, ctx, "GroupedSwigluBackwardBiasGrad db" + bt);
+        gpu_test::ExpectBitEqual(sdb, sdb_ref, ctx, "GroupedSwigluBackwardBiasGrad dbias" + bt);
+      }
     }
   }
 }
