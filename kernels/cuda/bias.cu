@@ -31,9 +31,19 @@
 #include "kernels/activation.h"
 #include "kernels/cuda/activation_math.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/bias_grad_kernels.cuh"
 
 namespace switchyard::kernels::cuda {
 namespace {
+
+using bias_grad::Chunks;
+using bias_grad::ChunkColumnSumKernel;
+using bias_grad::Fused;
+using bias_grad::FusedArgs;
+using bias_grad::GroupSumKernel;
+using bias_grad::kRowLanes;
+using bias_grad::kSumLanes;
+using bias_grad::kTileCols;
 
 constexpr int kThreads = 256;
 
@@ -110,166 +120,6 @@ __global__ void GroupedBiasActKernel(float* a, const float* bias, const float* b
       }
       out[i] = kAct == 0 ? Gelu(v) : Swiglu(v, b[i]);
     }
-  }
-}
-
-constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
-constexpr int kRowLanes = 8;   // row lanes per stage-1 block
-constexpr int kSumLanes = 32;  // chunk lanes per stage-2 block
-
-// What stage 1 sums: dy itself, or the gradient of a fused activation, which it also writes
-// (kGelu: dx = dy gelu'(a); kSwiglu: da and db of SwigluBackward, summing da).
-enum class Fused { kNone, kGelu, kSwiglu };
-
-struct FusedArgs {
-  const float* a = nullptr;  // the activation's input (kGelu, kSwiglu)
-  const float* b = nullptr;  // swiglu's gate input
-  float* dx = nullptr;       // dx (kGelu) or da (kSwiglu): may be dy's memory
-  float* db = nullptr;       // kSwiglu's db
-};
-
-// The value stage 1 adds for element i (and, fused, the gradient it writes there).
-template <Fused F>
-__device__ __forceinline__ float SummandAt(const float* dy, const FusedArgs& f, int64_t i) {
-  if constexpr (F == Fused::kNone) {
-    return dy[i];
-  } else if constexpr (F == Fused::kGelu) {
-    const float v = GeluGrad(f.a[i], dy[i]);
-    f.dx[i] = v;
-    return v;
-  } else {
-    float da, db;
-    SwigluGrad(f.a[i], f.b[i], dy[i], &da, &db);
-    f.dx[i] = da;
-    f.db[i] = db;
-    return da;
-  }
-}
-
-// Where the chunks are. Host-listed: chunk c is rows [bounds[c], bounds[c + 1]), group g
-// owns chunks [chunk_begin[g], chunk_begin[g + 1]). Device-sized (offsets non-null): group
-// g's rows [offsets[g], offsets[g + 1]) in chunks of K, after the earlier groups' chunks.
-// Neither: one group of `rows` rows, chunk c is rows [c K, min(rows, (c + 1) K)).
-struct Chunks {
-  const int64_t* bounds = nullptr;
-  const int64_t* chunk_begin = nullptr;
-  const int64_t* offsets = nullptr;
-  int64_t groups = 1;
-  int64_t rows_per_chunk = 0;
-  int64_t rows = 0;
-  int64_t count = 0;  // chunks (device-sized: the most there can be)
-};
-
-__device__ __forceinline__ int64_t ChunksOfRows(int64_t rows, int64_t k) {
-  return (rows + k - 1) / k;
-}
-
-// Device-sized: group g's first chunk and its number of chunks.
-__device__ __forceinline__ void GroupChunks(const Chunks& ch, int64_t g, int64_t* first,
-                                            int64_t* count) {
-  int64_t c = 0;
-  for (int64_t h = 0; h < g; ++h) {
-    c += ChunksOfRows(ch.offsets[h + 1] - ch.offsets[h], ch.rows_per_chunk);
-  }
-  *first = c;
-  *count = ChunksOfRows(ch.offsets[g + 1] - ch.offsets[g], ch.rows_per_chunk);
-}
-
-// Rows [r0, r1) of chunk c; false for a device-sized slot past the last group's chunks.
-__device__ __forceinline__ bool ChunkRows(const Chunks& ch, int64_t c, int64_t* r0,
-                                          int64_t* r1) {
-  const int64_t k = ch.rows_per_chunk;
-  if (ch.bounds != nullptr) {
-    *r0 = ch.bounds[c];
-    *r1 = ch.bounds[c + 1];
-    return true;
-  }
-  if (ch.offsets != nullptr) {
-    int64_t first = 0;
-    for (int64_t g = 0; g < ch.groups; ++g) {
-      const int64_t begin = ch.offsets[g], end = ch.offsets[g + 1];
-      const int64_t count = ChunksOfRows(end - begin, k);
-      if (c < first + count) {
-        *r0 = begin + (c - first) * k;
-        *r1 = *r0 + k < end ? *r0 + k : end;
-        return true;
-      }
-      first += count;
-    }
-    return false;
-  }
-  *r0 = c * k;
-  *r1 = *r0 + k < ch.rows ? *r0 + k : ch.rows;
-  return true;
-}
-
-// Stage 1: partial (chunks, n)[c, j] = sum of dy[r, j] (or its fused gradient) over the rows
-// of chunk c. Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over
-// chunks; every element is visited by exactly one thread.
-template <Fused F>
-__global__ void ChunkColumnSumKernel(const float* dy, int64_t n, Chunks ch, float* partial,
-                                     FusedArgs fused) {
-  __shared__ float lane_sums[kRowLanes][kTileCols];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
-  // The loop bounds and the chunk's rows depend on blockIdx only, so every thread reaches
-  // both barriers, or none.
-  for (int64_t c = blockIdx.y; c < ch.count; c += gridDim.y) {
-    int64_t r0, r1;
-    if (!ChunkRows(ch, c, &r0, &r1)) continue;
-    float sum = 0.0f;
-    if (j < n) {
-      for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
-        sum = __fadd_rn(sum, SummandAt<F>(dy, fused, r * n + j));
-      }
-    }
-    lane_sums[ty][tx] = sum;
-    __syncthreads();
-    if (ty == 0 && j < n) {
-      float total = lane_sums[0][tx];
-      for (int k = 1; k < kRowLanes; ++k) total = __fadd_rn(total, lane_sums[k][tx]);
-      partial[c * n + j] = total;
-    }
-    __syncthreads();  // lane_sums is rewritten by the next chunk
-  }
-}
-
-// Stage 2: dbias (G, n)[g, j] = (beta == 0 ? 0 : beta * dbias[g, j]) + the sum of
-// partial[c, j] over group g's chunks. Block (kTileCols, kSumLanes), grid (column tiles,
-// groups): lane ty adds chunks c0 + ty, c0 + ty + kSumLanes, ... in order, then lane 0 adds
-// the lane sums in lane order (a thread per column adding hundreds of partials one after
-// another would wait on each of them in turn).
-__global__ void GroupSumKernel(const float* partial, Chunks ch, int64_t n, float beta,
-                               float* dbias) {
-  __shared__ float lane_sums[kSumLanes][kTileCols];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
-  // The loop bounds depend on blockIdx only, so every thread reaches both barriers.
-  for (int64_t g = blockIdx.y; g < ch.groups; g += gridDim.y) {
-    int64_t c0 = 0, c1 = ch.count;
-    if (ch.chunk_begin != nullptr) {
-      c0 = ch.chunk_begin[g];
-      c1 = ch.chunk_begin[g + 1];
-    } else if (ch.offsets != nullptr) {
-      int64_t count = 0;
-      GroupChunks(ch, g, &c0, &count);
-      c1 = c0 + count;
-    }
-    float sum = 0.0f;
-    if (j < n) {
-#pragma unroll 4
-      for (int64_t c = c0 + ty; c < c1; c += kSumLanes) sum = __fadd_rn(sum, partial[c * n + j]);
-    }
-    lane_sums[ty][tx] = sum;
-    __syncthreads();
-    if (ty == 0 && j < n) {
-      float total = lane_sums[0][tx];
-      for (int k = 1; k < kSumLanes; ++k) total = __fadd_rn(total, lane_sums[k][tx]);
-      const int64_t i = g * n + j;
-      const float base = beta == 0.0f ? 0.0f : __fmul_rn(beta, dbias[i]);
-      dbias[i] = __fadd_rn(base, total);
-    }
-    __syncthreads();  // lane_sums is rewritten for the next group
   }
 }
 

@@ -1,8 +1,9 @@
 // A host model of what the device code of kernels/cuda/*_kernels.cuh uses of CUDA, so that the
 // same source compiles and runs on the CPU without a GPU (the *_emulation_test.cc files):
-//  - a CTA is blockDim.x std::threads (a multiple of 32); __syncthreads is a std::barrier of
-//    them, __syncwarp and __shfl_xor_sync a barrier of the warp's 32 (the shuffle exchanges
-//    through memory between two of them); CTAs run one at a time (emu::Launch), and shared
+//  - a CTA is blockDim.x * blockDim.y std::threads (a multiple of 32); __syncthreads is a
+//    std::barrier of them, __syncwarp and __shfl_xor_sync (1-D blocks) a barrier of the warp's
+//    32 (the shuffle exchanges through memory between two of them); CTAs run one at a time
+//    (emu::Launch), and shared
 //    memory is one buffer filled with 0xFF bytes (NaN) before each CTA, so a read of anything
 //    not written first shows;
 //  - nvcuda::wmma 16 x 16 x 16: a fragment holds its whole tile; load_matrix_sync reads it as
@@ -161,13 +162,17 @@ inline float FromBf16(__nv_bfloat16 v) { return static_cast<float>(v); }
 namespace emu {
 
 // Runs `kernel` (a call of one __global__ function) over `grid`, one CTA at a time, on
-// `threads` std::threads (a multiple of 32, at most 1024) that live for the whole launch.
+// block.x * block.y std::threads (a multiple of 32, at most 1024) that live for the whole
+// launch.
 // `smem` (`smem_bytes`) is the kernels' shared memory, refilled with 0xFF before each CTA;
 // `shared_bytes` is what the launch would ask for, at most the buffer.
+// A block of block.x * block.y threads (2-D: threadIdx.x fastest, as CUDA numbers them).
 template <typename Kernel>
-void Launch(EmuDim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
+void Launch(EmuDim3 grid, EmuDim3 block_dims, unsigned char* smem, size_t smem_bytes,
             int64_t shared_bytes, Kernel kernel) {
-  ASSERT_TRUE(threads > 0 && threads % 32 == 0 && threads <= 32 * kMaxWarps) << threads;
+  const int threads = static_cast<int>(block_dims.x * block_dims.y);
+  ASSERT_TRUE(block_dims.z == 1 && threads > 0 && threads % 32 == 0 && threads <= 32 * kMaxWarps)
+      << block_dims.x << " x " << block_dims.y << " x " << block_dims.z;
   ASSERT_LE(shared_bytes, static_cast<int64_t>(smem_bytes));
   ASSERT_LE(smem_bytes, kSharedBytes);
   std::barrier<> block(threads);
@@ -180,8 +185,8 @@ void Launch(EmuDim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      threadIdx = {static_cast<unsigned>(t), 0, 0};
-      blockDim = {static_cast<unsigned>(threads), 1, 1};
+      threadIdx = {t % block_dims.x, t / block_dims.x, 0};
+      blockDim = block_dims;
       gridDim = grid;
       for (unsigned z = 0; z < grid.z; ++z) {
         for (unsigned y = 0; y < grid.y; ++y) {
@@ -197,6 +202,13 @@ void Launch(EmuDim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
     });
   }
   for (std::thread& th : pool) th.join();
+}
+
+template <typename Kernel>
+void Launch(EmuDim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
+            int64_t shared_bytes, Kernel kernel) {
+  Launch(grid, EmuDim3{static_cast<unsigned>(threads), 1, 1}, smem, smem_bytes, shared_bytes,
+         kernel);
 }
 
 }  // namespace emu

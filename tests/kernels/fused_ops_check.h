@@ -159,9 +159,11 @@ inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
         Tensor dx = dy.Clone(ctx), dbias = db0.Clone(ctx);
         GroupedGeluBackwardBiasGrad(a_ref, dx, dx, rg, dbias, beta, ctx);
         gpu_test::ExpectBitEqual(dx, dx_ref, ctx, "GroupedGeluBackwardBiasGrad dx" + bt);
-        gpu_test::ExpectBitEqual(dbias, dbias_ref, ctx, "GroupedGeluBackwardBiasGrad dbias" + bt);
+        gpu_test::ExpectBitEqual(dbias, dbias_ref, ctx,
+                                 "GroupedGeluBackwardBiasGrad dbias" + bt);
 
-        Tensor da_ref = dy.Clone(ctx), dbm_ref = Filled(s, 7.0f, dev, ctx), sdb_ref = db0.Clone(ctx);
+        Tensor da_ref = dy.Clone(ctx), dbm_ref = Filled(s, 7.0f, dev, ctx);
+        Tensor sdb_ref = db0.Clone(ctx);
         Tensor da_used = da_ref.Slice(0, used), dbm_used = dbm_ref.Slice(0, used);
         SwigluBackward(a_ref.Slice(0, used), b.Slice(0, used), dy.Slice(0, used), da_used,
                        dbm_used, ctx);
