@@ -98,13 +98,20 @@ MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
   const Tensor x_mm = kernels::KeptOperand(x, ctx);
   const bool fuse = FusesBias();
   acts.fc1 = w1_.Forward(x_mm, ctx, /*add_bias=*/!fuse);  // a (..., f); + b1 below when fused
-  Tensor h = Tensor::Empty(acts.fc1.y.shape(), DType::kF32, x.device());
+  // Under bf16 storage the fused ops write h and what backward keeps of a (and b) in bf16 in
+  // their pass (kernels::KeptRounded): the bits of the f32 op, then KeptOperand / KeepRounded.
+  const bool kept16 = fuse && kernels::StoresBf16(ctx);
+  const Shape shape = acts.fc1.y.shape();
+  Tensor h = Tensor::Empty(shape, kept16 ? DType::kBF16 : DType::kF32, x.device());
+  Tensor kept_a = kept16 ? Rows2d(Tensor::Empty(shape, DType::kBF16, x.device())) : Tensor();
+  Tensor kept_b;
   {
     Tensor a2 = Rows2d(acts.fc1.y), h2 = Rows2d(h);
     switch (options_.activation) {
       case Activation::kGelu:
         if (fuse) {
-          kernels::BiasGeluForward(a2, w1_.bias(), h2, ctx);
+          kernels::BiasGeluForward(a2, w1_.bias(), h2, ctx,
+                                   {.a = kept16 ? &kept_a : nullptr});
         } else {
           kernels::GeluForward(acts.fc1.y, h, ctx);
         }
@@ -114,8 +121,11 @@ MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
         break;
       case Activation::kSwiglu:
         acts.fc3 = w3_->Forward(x_mm, ctx);  // b (..., f)
+        if (kept16) kept_b = Rows2d(Tensor::Empty(shape, DType::kBF16, x.device()));
         if (fuse) {
-          kernels::BiasSwigluForward(a2, w1_.bias(), Rows2d(acts.fc3.y), h2, ctx);
+          kernels::BiasSwigluForward(a2, w1_.bias(), Rows2d(acts.fc3.y), h2, ctx,
+                                     {.a = kept16 ? &kept_a : nullptr,
+                                      .b = kept16 ? &kept_b : nullptr});
         } else {
           kernels::SwigluForward(acts.fc1.y, acts.fc3.y, h, ctx);
         }
@@ -124,8 +134,13 @@ MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
   }
   // The activation's backward reads a (and b): kept rounded to bf16 under bf16 storage, once
   // h has been computed from their f32 values.
-  acts.fc1.y = kernels::KeepRounded(acts.fc1.y, ctx);
-  if (acts.fc3.y.defined()) acts.fc3.y = kernels::KeepRounded(acts.fc3.y, ctx);
+  if (kept16) {
+    acts.fc1.y = kept_a.Reshape(shape);
+    if (kept_b.defined()) acts.fc3.y = kept_b.Reshape(shape);
+  } else {
+    acts.fc1.y = kernels::KeepRounded(acts.fc1.y, ctx);
+    if (acts.fc3.y.defined()) acts.fc3.y = kernels::KeepRounded(acts.fc3.y, ctx);
+  }
   acts.fc2 = w2_.Forward(h, ctx);  // keeps h as W2's operand
   acts.out = LeaveTensorParallel(options_.tp, acts.fc2.y, ctx);
   return acts;

@@ -3,10 +3,12 @@
 #include "kernels/activation.h"
 
 #include <initializer_list>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "kernels/dispatch.h"
+#include "kernels/elementwise.h"
 
 namespace switchyard::kernels {
 namespace {
@@ -178,20 +180,68 @@ void CheckBiasRows(const char* op, const Tensor& rowwise, const Tensor& bias) {
 }
 }  // namespace
 
-void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {
-  CheckElementwise("BiasGeluForward", h, {{&a, "a"}, {&h, "h"}});
+namespace {
+// A forward op's outputs: the activation h (f32 or bf16) and the KeptRounded tensors (bf16),
+// each of a's shape on a's device; b only for swiglu. Returns the kept tensors as values
+// (undefined when not asked for) for the CPU's recorded closure.
+struct KeptValues {
+  Tensor a, b;
+};
+KeptValues CheckForwardOutputs(const char* op, const Tensor& a, const Tensor& h,
+                               KeptRounded kept, bool swiglu) {
+  CheckTensorOn(a, DType::kF32, h.device(), op, "a");
+  SY_CHECK(h.dtype() == DType::kF32 || h.dtype() == DType::kBF16)
+      << op << ": the activation's output is " << DTypeName(h.dtype()) << ", not f32 or bf16";
+  SY_CHECK(h.shape() == a.shape()) << op << ": output " << ShapeString(h.shape()) << ", a "
+                                   << ShapeString(a.shape());
+  SY_CHECK(h.numel() == 0 || h.raw_data() != a.raw_data()) << op << ": the output is a";
+  SY_CHECK(swiglu || kept.b == nullptr) << op << ": a kept b without swiglu";
+  KeptValues values;
+  for (auto [t, v, what] : {std::tuple{kept.a, &values.a, "kept a"},
+                            std::tuple{kept.b, &values.b, "kept b"}}) {
+    if (t == nullptr) continue;
+    CheckTensorOn(*t, DType::kBF16, h.device(), op, what);
+    SY_CHECK(t->shape() == a.shape()) << op << ": " << what << " " << ShapeString(t->shape());
+    *v = *t;
+  }
+  return values;
+}
+
+// The CPU's forward with bf16 outputs: the f32 op (`f32_op(a, h)`, on a copy of a when a is
+// not to be written) and then the roundings, the bits the CUDA kernels write in one pass.
+template <typename Op>
+void CpuForwardKept(Tensor& a, const Tensor& b, Tensor& h, KeptValues kept, Op f32_op) {
+  Tensor af = kept.a.defined() ? a.Clone() : a;
+  Tensor hf = h.dtype() == DType::kBF16 ? Tensor::Empty(h.shape(), DType::kF32) : h;
+  f32_op(af, hf);
+  if (kept.a.defined()) cpu::Cast(af, kept.a);
+  if (kept.b.defined()) cpu::Cast(b, kept.b);
+  if (h.dtype() == DType::kBF16) cpu::Cast(hf, h);
+}
+}  // namespace
+
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx,
+                     KeptRounded kept) {
+  const KeptValues values = CheckForwardOutputs("BiasGeluForward", a, h, kept, false);
   CheckBiasRows("BiasGeluForward", a, bias);
-  SY_CHECK(h.numel() == 0 || h.raw_data() != a.raw_data()) << "BiasGeluForward: h is a";
-  SY_DISPATCH_DEVICE(h, ctx, cpu::BiasGeluForward(a, bias, h), cuda::BiasGeluForward(a, bias, h, ctx));
+  auto on_cpu = [a, bias, h, values]() mutable {
+    CpuForwardKept(a, Tensor(), h, values,
+                   [&](Tensor& af, Tensor& hf) { cpu::BiasGeluForward(af, bias, hf); });
+  };
+  SY_DISPATCH_DEVICE(h, ctx, on_cpu(), cuda::BiasGeluForward(a, bias, h, kept, ctx));
 }
 
 void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
-                       DeviceContext* ctx) {
-  CheckElementwise("BiasSwigluForward", out, {{&a, "a"}, {&b, "b"}, {&out, "out"}});
+                       DeviceContext* ctx, KeptRounded kept) {
+  const KeptValues values = CheckForwardOutputs("BiasSwigluForward", a, out, kept, true);
+  CheckTensorOn(b, DType::kF32, out.device(), "BiasSwigluForward", "b");
+  SY_CHECK(b.shape() == a.shape()) << "BiasSwigluForward: b " << ShapeString(b.shape());
   CheckBiasRows("BiasSwigluForward", a, bias);
-  SY_CHECK(out.numel() == 0 || out.raw_data() != a.raw_data()) << "BiasSwigluForward: out is a";
-  SY_DISPATCH_DEVICE(out, ctx, cpu::BiasSwigluForward(a, bias, b, out),
-                     cuda::BiasSwigluForward(a, bias, b, out, ctx));
+  auto on_cpu = [a, bias, b, out, values]() mutable {
+    CpuForwardKept(a, b, out, values,
+                   [&](Tensor& af, Tensor& of) { cpu::BiasSwigluForward(af, bias, b, of); });
+  };
+  SY_DISPATCH_DEVICE(out, ctx, on_cpu(), cuda::BiasSwigluForward(a, bias, b, out, kept, ctx));
 }
 
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
@@ -244,33 +294,39 @@ std::vector<int64_t> HostRows(const RowGroups& groups) {
 // The CPU runs the unfused sequence (the bits the fused kernels reproduce); host arguments go
 // into the recorded closures by value (kernels/dispatch.h).
 void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
-                            DeviceContext* ctx) {
-  CheckElementwise("GroupedBiasGeluForward", h, {{&a, "a"}, {&h, "h"}});
+                            DeviceContext* ctx, KeptRounded kept) {
+  const KeptValues values = CheckForwardOutputs("GroupedBiasGeluForward", a, h, kept, false);
   CheckRowGroups("GroupedBiasGeluForward", a, groups, bias, h);
-  SY_CHECK(h.numel() == 0 || h.raw_data() != a.raw_data()) << "GroupedBiasGeluForward: h is a";
-  auto on_cpu = [a, bias, h, rows = HostRows(groups), offsets = groups.offsets]() mutable {
+  auto on_cpu = [a, bias, h, values, rows = HostRows(groups), offsets = groups.offsets]() mutable {
     const CpuGroups g = CpuGroupsOf("GroupedBiasGeluForward", a, rows, offsets, bias.dim(0));
-    Tensor used = a.Slice(0, g.end);
-    cpu::GroupedAddBias(used, g.rows, bias);
-    cpu::GeluForward(a, h);
+    CpuForwardKept(a, Tensor(), h, values, [&](Tensor& af, Tensor& hf) {
+      Tensor used = af.Slice(0, g.end);
+      cpu::GroupedAddBias(used, g.rows, bias);
+      cpu::GeluForward(af, hf);
+    });
   };
-  SY_DISPATCH_DEVICE(h, ctx, on_cpu(), cuda::GroupedBiasGeluForward(a, groups, bias, h, ctx));
+  SY_DISPATCH_DEVICE(h, ctx, on_cpu(),
+                     cuda::GroupedBiasGeluForward(a, groups, bias, h, kept, ctx));
 }
 
 void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
-                              const Tensor& b, Tensor& out, DeviceContext* ctx) {
-  CheckElementwise("GroupedBiasSwigluForward", out, {{&a, "a"}, {&b, "b"}, {&out, "out"}});
+                              const Tensor& b, Tensor& out, DeviceContext* ctx,
+                              KeptRounded kept) {
+  const KeptValues values = CheckForwardOutputs("GroupedBiasSwigluForward", a, out, kept, true);
+  CheckTensorOn(b, DType::kF32, out.device(), "GroupedBiasSwigluForward", "b");
+  SY_CHECK(b.shape() == a.shape()) << "GroupedBiasSwigluForward: b " << ShapeString(b.shape());
   CheckRowGroups("GroupedBiasSwigluForward", a, groups, bias, out);
-  SY_CHECK(out.numel() == 0 || out.raw_data() != a.raw_data())
-      << "GroupedBiasSwigluForward: out is a";
-  auto on_cpu = [a, bias, b, out, rows = HostRows(groups), offsets = groups.offsets]() mutable {
+  auto on_cpu = [a, bias, b, out, values, rows = HostRows(groups),
+                 offsets = groups.offsets]() mutable {
     const CpuGroups g = CpuGroupsOf("GroupedBiasSwigluForward", a, rows, offsets, bias.dim(0));
-    Tensor used = a.Slice(0, g.end);
-    cpu::GroupedAddBias(used, g.rows, bias);
-    cpu::SwigluForward(a, b, out);
+    CpuForwardKept(a, b, out, values, [&](Tensor& af, Tensor& of) {
+      Tensor used = af.Slice(0, g.end);
+      cpu::GroupedAddBias(used, g.rows, bias);
+      cpu::SwigluForward(af, b, of);
+    });
   };
   SY_DISPATCH_DEVICE(out, ctx, on_cpu(),
-                     cuda::GroupedBiasSwigluForward(a, groups, bias, b, out, ctx));
+                     cuda::GroupedBiasSwigluForward(a, groups, bias, b, out, kept, ctx));
 }
 
 void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,

@@ -72,12 +72,24 @@ void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, flo
 // expressions in the same order); on CUDA one kernel (forward) or one kernel plus the bias
 // gradient's short second stage (backward) instead of two or three.
 //
+// Under bf16 activation storage the forward ops also write what the layer keeps in bf16, in
+// the same pass: h (out) may be a bf16 tensor (the activation rounded to nearest even as it
+// is written: the bits of an f32 h then kernels::Cast), and with KeptRounded the
+// pre-activations the backward reads are written rounded to bf16 instead of back into a
+// (*a = bf16(a + bias); swiglu's *b = bf16(b)), a then only read: the bits of the f32 op then
+// KeepRounded (kernels/activation_storage.h). Each kept tensor is bf16 of a's shape.
+struct KeptRounded {
+  Tensor* a = nullptr;
+  Tensor* b = nullptr;
+};
+
 // a += bias (in place: a then holds x W1 + b1, what backward reads), h = gelu(a).
 // = AddBias(a, bias); GeluForward(a, h). h must not be a.
-void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx = nullptr);
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx = nullptr,
+                     KeptRounded kept = {});
 // a += bias, out = silu(a) * b.  = AddBias(a, bias); SwigluForward(a, b, out). out must not be a.
 void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
-                       DeviceContext* ctx = nullptr);
+                       DeviceContext* ctx = nullptr, KeptRounded kept = {});
 // dx = dy * gelu'(a) (dx may be dy), then dbias (n) = beta * dbias + column sums of dx
 // (R, n).  = GeluBackward(a, dy, dx); BiasGrad(dx, dbias, beta).
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
@@ -102,9 +114,10 @@ struct RowGroups {
 // they were). On CUDA one kernel forward; backward the grouped bias gradient's two stages
 // with the activation's gradient computed (and written) in the first.
 void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
-                            DeviceContext* ctx = nullptr);
+                            DeviceContext* ctx = nullptr, KeptRounded kept = {});
 void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
-                              const Tensor& b, Tensor& out, DeviceContext* ctx = nullptr);
+                              const Tensor& b, Tensor& out, DeviceContext* ctx = nullptr,
+                              KeptRounded kept = {});
 void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
                                  const RowGroups& groups, Tensor& dbias, float beta,
                                  DeviceContext* ctx = nullptr);
@@ -131,9 +144,10 @@ void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& db
 }  // namespace cpu
 
 namespace cuda {
-void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx);
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, KeptRounded kept,
+                     DeviceContext* ctx);
 void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
-                       DeviceContext* ctx);
+                       KeptRounded kept, DeviceContext* ctx);
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
                           float beta, DeviceContext* ctx);
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
@@ -155,9 +169,10 @@ void GroupedAddBias(Tensor& out, const Tensor& offsets, const Tensor& bias, Devi
 void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, float beta,
                      DeviceContext* ctx);
 void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
-                            DeviceContext* ctx);
+                            KeptRounded kept, DeviceContext* ctx);
 void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
-                              const Tensor& b, Tensor& out, DeviceContext* ctx);
+                              const Tensor& b, Tensor& out, KeptRounded kept,
+                              DeviceContext* ctx);
 void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
                                  const RowGroups& groups, Tensor& dbias, float beta,
                                  DeviceContext* ctx);

@@ -274,11 +274,17 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
   groups.Gemm(x_mm, w1_, /*trans_w=*/false, acts.a, 0.0f, ctx);
 
   // a += b1 and the activation: one pass (the fused grouped ops, the same bits), but relu's.
-  Tensor h = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+  // Under bf16 storage they write h and what backward keeps of a (and b) in bf16 in that
+  // pass (kernels::KeptRounded): the bits of the f32 op, then KeptOperand / KeepRounded.
+  const bool fuse = options_.bias && options_.activation != Activation::kRelu;
+  const bool kept16 = fuse && kernels::StoresBf16(ctx);
+  Tensor h = Tensor::Empty({r, f}, kept16 ? DType::kBF16 : DType::kF32, dev);  // (R, f)
+  Tensor kept_a = kept16 ? Tensor::Empty({r, f}, DType::kBF16, dev) : Tensor(), kept_b;
   switch (options_.activation) {
     case Activation::kGelu:
-      if (options_.bias) {
-        kernels::GroupedBiasGeluForward(acts.a, groups.Kernel(), b1_, h, ctx);
+      if (fuse) {
+        kernels::GroupedBiasGeluForward(acts.a, groups.Kernel(), b1_, h, ctx,
+                                        {.a = kept16 ? &kept_a : nullptr});
       } else {
         kernels::GeluForward(acts.a, h, ctx);
       }
@@ -290,8 +296,11 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
     case Activation::kSwiglu:
       acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
       groups.Gemm(x_mm, w3_, /*trans_w=*/false, acts.b, 0.0f, ctx);
-      if (options_.bias) {
-        kernels::GroupedBiasSwigluForward(acts.a, groups.Kernel(), b1_, acts.b, h, ctx);
+      if (kept16) kept_b = Tensor::Empty({r, f}, DType::kBF16, dev);
+      if (fuse) {
+        kernels::GroupedBiasSwigluForward(acts.a, groups.Kernel(), b1_, acts.b, h, ctx,
+                                          {.a = kept16 ? &kept_a : nullptr,
+                                           .b = kept16 ? &kept_b : nullptr});
       } else {
         kernels::SwigluForward(acts.a, acts.b, h, ctx);
       }
@@ -299,8 +308,13 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
   }
   // The activation's backward reads a (and b): kept rounded to bf16 under bf16 storage, once
   // h has been computed from their f32 values. h is kept as W2's operand.
-  acts.a = kernels::KeepRounded(acts.a, ctx);
-  if (acts.b.defined()) acts.b = kernels::KeepRounded(acts.b, ctx);
+  if (kept16) {
+    acts.a = kept_a;
+    if (acts.b.defined()) acts.b = kept_b;
+  } else {
+    acts.a = kernels::KeepRounded(acts.a, ctx);
+    if (acts.b.defined()) acts.b = kernels::KeepRounded(acts.b, ctx);
+  }
   acts.h = kernels::KeptOperand(h, ctx);
 
   acts.y = zero_past_groups ? Tensor::Zeros({r, d}, DType::kF32, dev, ctx)

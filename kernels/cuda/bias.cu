@@ -47,23 +47,60 @@ using bias_grad::kTileCols;
 
 constexpr int kThreads = 256;
 
-// Fused bias + activation over a (rows, n): a[i] += bias[i % n] (the bias add's __fadd_rn),
-// then the activation of the sum. Each element is read and written by one thread.
-__global__ void BiasGeluForwardKernel(float* a, const float* bias, float* h, int64_t total,
-                                      int64_t n) {
-  SY_GRID_STRIDE(i, total) {
-    const float v = __fadd_rn(a[i], bias[i % n]);
+// Where a forward op writes: the activation's output (f32 h, or bf16 h16), and, when kept_a
+// is set, bf16(a + bias) there instead of a + bias back into a (swiglu: kept_b = bf16(b)).
+struct ForwardOut {
+  float* h = nullptr;
+  __nv_bfloat16* h16 = nullptr;
+  __nv_bfloat16* kept_a = nullptr;
+  __nv_bfloat16* kept_b = nullptr;
+};
+
+ForwardOut OutOf(Tensor& h, KeptRounded kept) {
+  ForwardOut o;
+  if (h.dtype() == DType::kBF16) {
+    o.h16 = static_cast<__nv_bfloat16*>(h.raw_data());
+  } else {
+    o.h = h.data<float>();
+  }
+  if (kept.a != nullptr) o.kept_a = static_cast<__nv_bfloat16*>(kept.a->raw_data());
+  if (kept.b != nullptr) o.kept_b = static_cast<__nv_bfloat16*>(kept.b->raw_data());
+  return o;
+}
+
+// Element i of a forward: v (a[i], plus the bias when `biased`: the bias add's __fadd_rn)
+// kept rounded or written back into a, and the activation of v (kAct 0: gelu; 1: silu(v)
+// b[i]) stored, rounded when h16.
+template <int kAct>
+__device__ __forceinline__ void ForwardElement(float* a, const float* b, const ForwardOut& o,
+                                               int64_t i, float v, bool biased) {
+  if (o.kept_a != nullptr) {
+    o.kept_a[i] = ToBf16(v);
+  } else if (biased) {
     a[i] = v;
-    h[i] = Gelu(v);
+  }
+  float y;
+  if constexpr (kAct == 0) {
+    y = Gelu(v);
+  } else {
+    const float vb = b[i];
+    if (o.kept_b != nullptr) o.kept_b[i] = ToBf16(vb);
+    y = Swiglu(v, vb);
+  }
+  if (o.h16 != nullptr) {
+    o.h16[i] = ToBf16(y);
+  } else {
+    o.h[i] = y;
   }
 }
 
-__global__ void BiasSwigluForwardKernel(float* a, const float* bias, const float* b, float* out,
-                                        int64_t total, int64_t n) {
+// Fused bias + activation over a (rows, n), one bias: each element read and written by one
+// thread.
+template <int kAct>
+__global__ void BiasActForwardKernel(float* a, const float* bias, const float* b, ForwardOut o,
+                                     int64_t total, int64_t n) {
   SY_GRID_STRIDE(i, total) {
-    const float v = __fadd_rn(a[i], bias[i % n]);
-    a[i] = v;
-    out[i] = Swiglu(v, b[i]);
+    ForwardElement<kAct>(a, b, o, i, __fadd_rn(a[i], bias[i % n]), true);
   }
 }
 
@@ -101,10 +138,10 @@ __global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offs
   }
 }
 
-// Grouped bias + activation over a (rows, n): a row in a group gets a += bias[its group] (the
-// bias add's __fadd_rn), then every row out = act(a): gelu(a) (kGelu) or silu(a) b (kSwiglu).
+// Grouped bias + activation over a (rows, n): a row in a group adds its group's bias, a row
+// past the groups none; then ForwardElement.
 template <int kAct>
-__global__ void GroupedBiasActKernel(float* a, const float* bias, const float* b, float* out,
+__global__ void GroupedBiasActKernel(float* a, const float* bias, const float* b, ForwardOut o,
                                      const int64_t* offsets, int64_t groups, int64_t rows,
                                      int64_t n) {
   const int64_t end = offsets[groups];
@@ -113,12 +150,8 @@ __global__ void GroupedBiasActKernel(float* a, const float* bias, const float* b
     for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       const int64_t i = r * n + j;
-      float v = a[i];
-      if (br != nullptr) {
-        v = __fadd_rn(v, br[j]);
-        a[i] = v;
-      }
-      out[i] = kAct == 0 ? Gelu(v) : Swiglu(v, b[i]);
+      const float v = br != nullptr ? __fadd_rn(a[i], br[j]) : a[i];
+      ForwardElement<kAct>(a, b, o, i, v, br != nullptr);
     }
   }
 }
@@ -252,20 +285,21 @@ void GroupedBiasGrad(const Tensor& dy, const Tensor& offsets, Tensor& dbias, flo
   LaunchBiasGrad(dy, dbias, beta, DeviceChunks(offsets, dbias.dim(0), dy.dim(0)), ctx);
 }
 
-void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx) {
+void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, KeptRounded kept,
+                     DeviceContext* ctx) {
   const int64_t total = a.numel();
   if (total == 0) return;
-  BiasGeluForwardKernel<<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      a.data<float>(), bias.data<float>(), h.data<float>(), total, a.dim(1));
+  BiasActForwardKernel<0><<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), bias.data<float>(), nullptr, OutOf(h, kept), total, a.dim(1));
   SY_CUDA_CHECK_LAUNCH();
 }
 
 void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& out,
-                       DeviceContext* ctx) {
+                       KeptRounded kept, DeviceContext* ctx) {
   const int64_t total = a.numel();
   if (total == 0) return;
-  BiasSwigluForwardKernel<<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      a.data<float>(), bias.data<float>(), b.data<float>(), out.data<float>(), total, a.dim(1));
+  BiasActForwardKernel<1><<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+      a.data<float>(), bias.data<float>(), b.data<float>(), OutOf(out, kept), total, a.dim(1));
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -293,7 +327,7 @@ namespace {
 // kAct 0: gelu, 1: swiglu (b its gate input).
 template <int kAct>
 void LaunchGroupedBiasAct(Tensor& a, const RowGroups& groups, const Tensor& bias,
-                          const float* b, Tensor& out, DeviceContext* ctx) {
+                          const float* b, Tensor& out, KeptRounded kept, DeviceContext* ctx) {
   const int64_t rows = a.dim(0), n = a.dim(1), g = bias.dim(0);
   if (rows == 0 || n == 0 || g == 0) return;
   Tensor offsets = groups.offsets;
@@ -304,20 +338,21 @@ void LaunchGroupedBiasAct(Tensor& a, const RowGroups& groups, const Tensor& bias
   }
   const RowGrid grid = RowGridOf(rows, n);
   GroupedBiasActKernel<kAct><<<grid.grid, grid.threads, 0, StreamOf(ctx)>>>(
-      a.data<float>(), bias.data<float>(), b, out.data<float>(), offsets.data<int64_t>(), g,
+      a.data<float>(), bias.data<float>(), b, OutOf(out, kept), offsets.data<int64_t>(), g,
       rows, n);
   SY_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
 
 void GroupedBiasGeluForward(Tensor& a, const RowGroups& groups, const Tensor& bias, Tensor& h,
-                            DeviceContext* ctx) {
-  LaunchGroupedBiasAct<0>(a, groups, bias, nullptr, h, ctx);
+                            KeptRounded kept, DeviceContext* ctx) {
+  LaunchGroupedBiasAct<0>(a, groups, bias, nullptr, h, kept, ctx);
 }
 
 void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& bias,
-                              const Tensor& b, Tensor& out, DeviceContext* ctx) {
-  LaunchGroupedBiasAct<1>(a, groups, bias, b.data<float>(), out, ctx);
+                              const Tensor& b, Tensor& out, KeptRounded kept,
+                              DeviceContext* ctx) {
+  LaunchGroupedBiasAct<1>(a, groups, bias, b.data<float>(), out, kept, ctx);
 }
 
 void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,

@@ -7,6 +7,8 @@
 #include <cstdint>
 
 namespace switchyard::kernels::cuda::bias_grad {
+// Internal linkage: the emulation test compiles these kernels too, and links with bias.cu's.
+namespace {
 
 constexpr int kTileCols = 32;  // columns per stage-1 block (one warp across)
 constexpr int kRowLanes = 8;   // row lanes per stage-1 block
@@ -194,4 +196,5 @@ __global__ void GroupSumKernel(const float* partial, Chunks ch, int64_t n, float
   }
 }
 
+}  // namespace
 }  // namespace switchyard::kernels::cuda::bias_grad

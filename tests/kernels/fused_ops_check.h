@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -39,6 +40,17 @@ inline Tensor Filled(const Shape& shape, float v, Device dev, DeviceContext* ctx
 
 inline std::string Name(const char* op, const Shape& s) { return std::string(op) + " " + ShapeString(s); }
 
+// Two bf16 tensors of one shape, bit for bit.
+inline void ExpectBf16Equal(const Tensor& got, const Tensor& want, DeviceContext* ctx,
+                            const std::string& what) {
+  ASSERT_EQ(got.dtype(), DType::kBF16) << what;
+  ASSERT_EQ(want.dtype(), DType::kBF16) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const Tensor g = got.device().is_cpu() ? got : got.To(Device::Cpu(), ctx);
+  const Tensor w = want.device().is_cpu() ? want : want.To(Device::Cpu(), ctx);
+  EXPECT_EQ(0, std::memcmp(g.raw_data(), w.raw_data(), g.numel() * 2)) << what;
+}
+
 const std::vector<Shape> kRowShapes = {{0, 7}, {1, 1}, {5, 77}, {300, 1000}, {70001, 3}};
 
 inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
@@ -63,6 +75,25 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
     BiasSwigluForward(sa, bias, b, o, ctx);
     gpu_test::ExpectBitEqual(sa, sa_ref, ctx, Name("BiasSwigluForward a", s));
     gpu_test::ExpectBitEqual(o, o_ref, ctx, Name("BiasSwigluForward out", s));
+    // bf16 storage's outputs: h and the kept a (and b) rounded in the pass, a only read.
+    {
+      auto bf16_of = [&](const Tensor& t) {
+        Tensor r = Tensor::Empty(s, DType::kBF16, dev);
+        Cast(t, r, ctx);
+        return r;
+      };
+      Tensor ka = Tensor::Empty(s, DType::kBF16, dev), kb = Tensor::Empty(s, DType::kBF16, dev);
+      Tensor h16 = Tensor::Empty(s, DType::kBF16, dev), o16 = Tensor::Empty(s, DType::kBF16, dev);
+      Tensor ga = a0.Clone(ctx);
+      BiasGeluForward(ga, bias, h16, ctx, {.a = &ka});
+      gpu_test::ExpectBitEqual(ga, a0, ctx, Name("BiasGeluForward kept: a unchanged", s));
+      ExpectBf16Equal(ka, bf16_of(a_ref), ctx, Name("BiasGeluForward kept a", s));
+      ExpectBf16Equal(h16, bf16_of(h_ref), ctx, Name("BiasGeluForward bf16 h", s));
+      BiasSwigluForward(ga, bias, b, o16, ctx, {.a = &ka, .b = &kb});
+      ExpectBf16Equal(ka, bf16_of(sa_ref), ctx, Name("BiasSwigluForward kept a", s));
+      ExpectBf16Equal(kb, bf16_of(b), ctx, Name("BiasSwigluForward kept b", s));
+      ExpectBf16Equal(o16, bf16_of(o_ref), ctx, Name("BiasSwigluForward bf16 out", s));
+    }
     // backward, dx in place over dy as dense::Mlp runs it; beta 0 over NaN, 1, 0.5.
     for (float beta : {0.0f, 1.0f, 0.5f}) {
       const std::string tag = " beta " + std::to_string(beta).substr(0, 3);
@@ -145,6 +176,23 @@ inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
       GroupedBiasSwigluForward(sa, rg, bias, b, o, ctx);
       gpu_test::ExpectBitEqual(sa, a_ref, ctx, "GroupedBiasSwigluForward a" + tag);
       gpu_test::ExpectBitEqual(o, o_ref, ctx, "GroupedBiasSwigluForward out" + tag);
+      // bf16 storage's outputs: h and the kept a (and b) rounded in the pass, a only read.
+      auto bf16_of = [&](const Tensor& t) {
+        Tensor r = Tensor::Empty(s, DType::kBF16, dev);
+        Cast(t, r, ctx);
+        return r;
+      };
+      Tensor ka = Tensor::Empty(s, DType::kBF16, dev), kb = Tensor::Empty(s, DType::kBF16, dev);
+      Tensor h16 = Tensor::Empty(s, DType::kBF16, dev), o16 = Tensor::Empty(s, DType::kBF16, dev);
+      Tensor ga = a0.Clone(ctx);
+      GroupedBiasGeluForward(ga, rg, bias, h16, ctx, {.a = &ka});
+      gpu_test::ExpectBitEqual(ga, a0, ctx, "GroupedBiasGeluForward kept: a unchanged" + tag);
+      ExpectBf16Equal(ka, bf16_of(a_ref), ctx, "GroupedBiasGeluForward kept a" + tag);
+      ExpectBf16Equal(h16, bf16_of(h_ref), ctx, "GroupedBiasGeluForward bf16 h" + tag);
+      GroupedBiasSwigluForward(ga, rg, bias, b, o16, ctx, {.a = &ka, .b = &kb});
+      ExpectBf16Equal(ka, bf16_of(a_ref), ctx, "GroupedBiasSwigluForward kept a" + tag);
+      ExpectBf16Equal(kb, bf16_of(b), ctx, "GroupedBiasSwigluForward kept b" + tag);
+      ExpectBf16Equal(o16, bf16_of(o_ref), ctx, "GroupedBiasSwigluForward bf16 out" + tag);
 
       for (float beta : {0.0f, 1.0f}) {
         const std::string bt = tag + (beta == 0.0f ? " beta 0" : " beta 1");
