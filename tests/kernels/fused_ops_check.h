@@ -51,6 +51,31 @@ inline void ExpectBf16Equal(const Tensor& got, const Tensor& want, DeviceContext
   EXPECT_EQ(0, std::memcmp(g.raw_data(), w.raw_data(), g.numel() * 2)) << what;
 }
 
+// bf16 storage's outputs of a fused forward pair, gelu(a, h, kept) and swiglu(a, out, kept):
+// h and the kept a (and b) rounded in the pass, the bits of the f32 outputs then Cast (a_ref
+// = a + bias, h_ref, o_ref); a only read.
+template <typename Gelu, typename Swiglu>
+void CheckKeptForward(const Tensor& a0, const Tensor& b, const Tensor& a_ref, const Tensor& h_ref,
+                      const Tensor& o_ref, DeviceContext* ctx, const std::string& what,
+                      Gelu gelu, Swiglu swiglu) {
+  const Device dev = a0.device();
+  auto bf16 = [&]() { return Tensor::Empty(a0.shape(), DType::kBF16, dev); };
+  auto bf16_of = [&](const Tensor& t) {
+    Tensor r = bf16();
+    Cast(t, r, ctx);
+    return r;
+  };
+  Tensor ka = bf16(), kb = bf16(), h16 = bf16(), o16 = bf16(), ga = a0.Clone(ctx);
+  gelu(ga, h16, KeptRounded{.a = &ka});
+  gpu_test::ExpectBitEqual(ga, a0, ctx, "BiasGeluForward kept: a unchanged " + what);
+  ExpectBf16Equal(ka, bf16_of(a_ref), ctx, "BiasGeluForward kept a " + what);
+  ExpectBf16Equal(h16, bf16_of(h_ref), ctx, "BiasGeluForward bf16 h " + what);
+  swiglu(ga, o16, KeptRounded{.a = &ka, .b = &kb});
+  ExpectBf16Equal(ka, bf16_of(a_ref), ctx, "BiasSwigluForward kept a " + what);
+  ExpectBf16Equal(kb, bf16_of(b), ctx, "BiasSwigluForward kept b " + what);
+  ExpectBf16Equal(o16, bf16_of(o_ref), ctx, "BiasSwigluForward bf16 out " + what);
+}
+
 const std::vector<Shape> kRowShapes = {{0, 7}, {1, 1}, {5, 77}, {300, 1000}, {70001, 3}};
 
 inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
@@ -75,25 +100,13 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
     BiasSwigluForward(sa, bias, b, o, ctx);
     gpu_test::ExpectBitEqual(sa, sa_ref, ctx, Name("BiasSwigluForward a", s));
     gpu_test::ExpectBitEqual(o, o_ref, ctx, Name("BiasSwigluForward out", s));
-    // bf16 storage's outputs: h and the kept a (and b) rounded in the pass, a only read.
-    {
-      auto bf16_of = [&](const Tensor& t) {
-        Tensor r = Tensor::Empty(s, DType::kBF16, dev);
-        Cast(t, r, ctx);
-        return r;
-      };
-      Tensor ka = Tensor::Empty(s, DType::kBF16, dev), kb = Tensor::Empty(s, DType::kBF16, dev);
-      Tensor h16 = Tensor::Empty(s, DType::kBF16, dev), o16 = Tensor::Empty(s, DType::kBF16, dev);
-      Tensor ga = a0.Clone(ctx);
-      BiasGeluForward(ga, bias, h16, ctx, {.a = &ka});
-      gpu_test::ExpectBitEqual(ga, a0, ctx, Name("BiasGeluForward kept: a unchanged", s));
-      ExpectBf16Equal(ka, bf16_of(a_ref), ctx, Name("BiasGeluForward kept a", s));
-      ExpectBf16Equal(h16, bf16_of(h_ref), ctx, Name("BiasGeluForward bf16 h", s));
-      BiasSwigluForward(ga, bias, b, o16, ctx, {.a = &ka, .b = &kb});
-      ExpectBf16Equal(ka, bf16_of(sa_ref), ctx, Name("BiasSwigluForward kept a", s));
-      ExpectBf16Equal(kb, bf16_of(b), ctx, Name("BiasSwigluForward kept b", s));
-      ExpectBf16Equal(o16, bf16_of(o_ref), ctx, Name("BiasSwigluForward bf16 out", s));
-    }
+    CheckKeptForward(a0, b, a_ref, h_ref, o_ref, ctx, Name("", s),
+                     [&](Tensor& a, Tensor& h, KeptRounded k) {
+                       BiasGeluForward(a, bias, h, ctx, k);
+                     },
+                     [&](Tensor& a, Tensor& o, KeptRounded k) {
+                       BiasSwigluForward(a, bias, b, o, ctx, k);
+                     });
     // backward, dx in place over dy as dense::Mlp runs it; beta 0 over NaN, 1, 0.5.
     for (float beta : {0.0f, 1.0f, 0.5f}) {
       const std::string tag = " beta " + std::to_string(beta).substr(0, 3);
@@ -176,23 +189,13 @@ inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
       GroupedBiasSwigluForward(sa, rg, bias, b, o, ctx);
       gpu_test::ExpectBitEqual(sa, a_ref, ctx, "GroupedBiasSwigluForward a" + tag);
       gpu_test::ExpectBitEqual(o, o_ref, ctx, "GroupedBiasSwigluForward out" + tag);
-      // bf16 storage's outputs: h and the kept a (and b) rounded in the pass, a only read.
-      auto bf16_of = [&](const Tensor& t) {
-        Tensor r = Tensor::Empty(s, DType::kBF16, dev);
-        Cast(t, r, ctx);
-        return r;
-      };
-      Tensor ka = Tensor::Empty(s, DType::kBF16, dev), kb = Tensor::Empty(s, DType::kBF16, dev);
-      Tensor h16 = Tensor::Empty(s, DType::kBF16, dev), o16 = Tensor::Empty(s, DType::kBF16, dev);
-      Tensor ga = a0.Clone(ctx);
-      GroupedBiasGeluForward(ga, rg, bias, h16, ctx, {.a = &ka});
-      gpu_test::ExpectBitEqual(ga, a0, ctx, "GroupedBiasGeluForward kept: a unchanged" + tag);
-      ExpectBf16Equal(ka, bf16_of(a_ref), ctx, "GroupedBiasGeluForward kept a" + tag);
-      ExpectBf16Equal(h16, bf16_of(h_ref), ctx, "GroupedBiasGeluForward bf16 h" + tag);
-      GroupedBiasSwigluForward(ga, rg, bias, b, o16, ctx, {.a = &ka, .b = &kb});
-      ExpectBf16Equal(ka, bf16_of(a_ref), ctx, "GroupedBiasSwigluForward kept a" + tag);
-      ExpectBf16Equal(kb, bf16_of(b), ctx, "GroupedBiasSwigluForward kept b" + tag);
-      ExpectBf16Equal(o16, bf16_of(o_ref), ctx, "GroupedBiasSwigluForward bf16 out" + tag);
+      CheckKeptForward(a0, b, a_ref, h_ref, o_ref, ctx, "Grouped" + tag,
+                       [&](Tensor& a, Tensor& h, KeptRounded k) {
+                         GroupedBiasGeluForward(a, rg, bias, h, ctx, k);
+                       },
+                       [&](Tensor& a, Tensor& o, KeptRounded k) {
+                         GroupedBiasSwigluForward(a, rg, bias, b, o, ctx, k);
+                       });
 
       for (float beta : {0.0f, 1.0f}) {
         const std::string bt = tag + (beta == 0.0f ? " beta 0" : " beta 1");
