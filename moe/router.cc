@@ -204,7 +204,7 @@ Tensor RouterBackward(const RouterOutput& out, const Tensor& wr, const MoEConfig
   if (!out.noise.defined()) {
     RouterGemm(dlogits, false, wr, true, dh, 1.0f, 1.0f, ctx);
   } else {
-    Tensor dx = Tensor::Zeros({T, d}, DType::kF32, dev, ctx);
+    Tensor dx = Tensor::Empty({T, d}, DType::kF32, dev);  // beta 0: the product never reads it
     RouterGemm(dlogits, false, wr, true, dx, 1.0f, 0.0f, ctx);
     kernels::MulAdd(dx, out.noise, dh, ctx);
   }
