@@ -92,8 +92,11 @@ LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx, bool add_
   const Tensor x2 = Rows(acts.x, in, "Linear::Forward: x");
   acts.y = Tensor::Empty(WithLast(x.shape(), out), DType::kF32, x.device());
   Tensor y2 = acts.y.Reshape({x2.dim(0), out});  // (N, out)
-  kernels::Gemm(x2, false, weight_, false, y2, 1.0f, 0.0f, ctx);
-  if (add_bias && adds_bias()) kernels::AddBias(y2, bias_, ctx);
+  if (add_bias && adds_bias()) {
+    kernels::GemmBias(x2, false, weight_, false, bias_, y2, ctx);  // the bias in the product's pass
+  } else {
+    kernels::Gemm(x2, false, weight_, false, y2, 1.0f, 0.0f, ctx);
+  }
   return acts;
 }
 

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
 
@@ -99,26 +100,54 @@ void CheckRows(std::span<const int64_t> rows, int64_t total, const char* op) {
 
 }  // namespace
 
-void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
-          float beta, DeviceContext* ctx) {
-  constexpr const char* kOp = "Gemm";
-  SY_CHECK(c.defined()) << kOp << ": c is undefined";
-  CheckOperand(c, 2, false, c.device(), kOp, "c");
-  CheckOperand(a, 2, true, c.device(), kOp, "a");
-  CheckOperand(b, 2, true, c.device(), kOp, "b");
+namespace {
+// A product's checked operands as the backends read them (ResolveOperand) and its precision.
+struct Resolved {
+  Tensor a, b;
+  DType dtype;
+};
+Resolved CheckGemm(const char* op, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                   const Tensor& c, DeviceContext* ctx) {
+  SY_CHECK(c.defined()) << op << ": c is undefined";
+  CheckOperand(c, 2, false, c.device(), op, "c");
+  CheckOperand(a, 2, true, c.device(), op, "a");
+  CheckOperand(b, 2, true, c.device(), op, "b");
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
   const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
   const int64_t n = trans_b ? b.dim(0) : b.dim(1);
   SY_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n)
-      << "Gemm shapes: a " << ShapeString(a.shape()) << (trans_a ? "^T" : "") << ", b "
+      << op << " shapes: a " << ShapeString(a.shape()) << (trans_a ? "^T" : "") << ", b "
       << ShapeString(b.shape()) << (trans_b ? "^T" : "") << ", c " << ShapeString(c.shape());
   const DType dtype = MatmulDType(a, b, ctx);
   const bool reads = m > 0 && n > 0 && k > 0;
-  const Tensor ra = ResolveOperand(a, dtype, reads, ctx);
-  const Tensor rb = ResolveOperand(b, dtype, reads, ctx);
+  return {ResolveOperand(a, dtype, reads, ctx), ResolveOperand(b, dtype, reads, ctx), dtype};
+}
+}  // namespace
+
+void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+          float beta, DeviceContext* ctx) {
+  const Resolved r = CheckGemm("Gemm", a, trans_a, b, trans_b, c, ctx);
+  const Tensor ra = r.a, rb = r.b;
+  const DType dtype = r.dtype;
   SY_DISPATCH_DEVICE(c, ctx, cpu::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype),
                      cuda::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype, ctx));
+}
+
+void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+              Tensor& c, DeviceContext* ctx) {
+  const Resolved r = CheckGemm("GemmBias", a, trans_a, b, trans_b, c, ctx);
+  CheckOperand(bias, 1, false, c.device(), "GemmBias", "bias");
+  SY_CHECK_EQ(bias.dim(0), c.dim(1)) << "GemmBias: bias " << ShapeString(bias.shape())
+                                     << " for c " << ShapeString(c.shape());
+  const Tensor ra = r.a, rb = r.b;
+  const DType dtype = r.dtype;
+  auto on_cpu = [ra, rb, bias, c, trans_a, trans_b, dtype]() mutable {
+    cpu::Gemm(ra, trans_a, rb, trans_b, c, 1.0f, 0.0f, dtype);
+    cpu::AddBias(c, bias);
+  };
+  SY_DISPATCH_DEVICE(c, ctx, on_cpu(),
+                     cuda::GemmBias(ra, trans_a, rb, trans_b, bias, c, dtype, ctx));
 }
 
 void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx) {

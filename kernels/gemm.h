@@ -30,6 +30,14 @@ namespace switchyard::kernels {
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           float alpha = 1.0f, float beta = 0.0f, DeviceContext* ctx = nullptr);
 
+// c (m, n) = op(a) @ op(b) + bias (n) on every row (alpha 1, beta 0): a Linear layer's
+// forward. On the CPU Gemm then AddBias (the same bits). On CUDA one cuBLASLt product with
+// the bias added in its epilogue (one pass over c fewer; its sums may run in another order
+// than Gemm's, within the same bound of the exact product), or Gemm then AddBias where
+// cuBLASLt offers no algorithm for the shape (said once) or SWITCHYARD_CUBLASLT=0 asks so.
+void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+              Tensor& c, DeviceContext* ctx = nullptr);
+
 // How the CPU runs the groups of a grouped product: each group's product whole on one
 // compute thread, the groups spread over the threads (kWhole), or the groups one after
 // another with each large product split over the threads (kSplit). A product's last bits
@@ -122,6 +130,8 @@ void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 namespace cuda {
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
           float beta, DType matmul_dtype, DeviceContext* ctx);
+void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+              Tensor& c, DType matmul_dtype, DeviceContext* ctx);
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha, float beta, DType matmul_dtype, DeviceContext* ctx);
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const int64_t> rows,

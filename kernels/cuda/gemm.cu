@@ -5,8 +5,23 @@
 // CUBLAS_COMPUTE_32F (no TF32: the result matches sgemm to f32 rounding). bf16 mode: f32
 // operands are rounded to bf16 copies (stream-ordered temporaries, one per operand per
 // call), then bf16 x bf16 products summed in f32 into the f32 output.
-#include <climits>
+//
+// GemmBias (a Linear layer's forward) runs on cuBLASLt with the bias added in the product's
+// epilogue (CUBLASLT_EPILOGUE_BIAS: the bias is a vector over the rows of the column-major
+// c^T, i.e. over row-major c's columns). Each shape's plan (descriptors and the algorithm
+// the heuristic picks for the operands' alignment) is looked up once and kept; a shape
+// cuBLASLt offers nothing for runs as Gemm then the bias add, said once on stderr.
+#include <cublasLt.h>
 
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/activation.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/gemm.h"
 
@@ -116,7 +131,152 @@ __global__ void RowExactGemmKernel(const float* a, const float* b, float* c, int
   if (row < m && col < n) c[row * n + col] = acc;
 }
 
+// ---- cuBLASLt with the bias in the epilogue ---------------------------------------------
+
+constexpr size_t kLtWorkspace = size_t{4} << 20;  // bytes cuBLASLt may use (the context's)
+
+// The largest power of two (at most 256) dividing every address: what the heuristic may
+// assume of the operands' alignment.
+uint32_t AlignmentOf(std::initializer_list<const void*> ptrs) {
+  uint32_t align = 256;
+  for (const void* p : ptrs) {
+    while (align > 1 && reinterpret_cast<uintptr_t>(p) % align != 0) align /= 2;
+  }
+  return align;
+}
+
+struct LtKey {
+  int device;
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb;
+  cudaDataType_t type;
+  uint32_t align;
+  bool operator<(const LtKey& o) const {
+    return std::tie(device, trans_a, trans_b, m, n, k, lda, ldb, type, align) <
+           std::tie(o.device, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.type, o.align);
+  }
+};
+
+// One shape's product as cuBLASLt runs it: c^T (n, m) = op(b^T) op(a^T), b's matrix first.
+struct LtPlan {
+  bool ok = false;  // the heuristic offered an algorithm
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct LtState {
+  std::mutex mu;
+  std::map<int, cublasLtHandle_t> handles;  // per device, for the process's life
+  std::map<LtKey, LtPlan> plans;
+};
+LtState& Lt() {
+  static LtState* state = new LtState();
+  return *state;
+}
+
+bool LtEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SWITCHYARD_CUBLASLT");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+// The plan for `key` (made at its first use); call with Lt().mu held.
+LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
+  auto [it, fresh] = Lt().plans.try_emplace(key);
+  LtPlan& p = it->second;
+  if (!fresh) return p;
+  const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  SY_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                                 sizeof(op_first)));
+  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                 &op_second, sizeof(op_second)));
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                 sizeof(epilogue)));
+  const cudaDataType_t bias_type = CUDA_R_32F;
+  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                 &bias_type, sizeof(bias_type)));
+  // Column-major shapes: b (k, n) row-major is (n, k) with ld ldb, or b (n, k) is (k, n);
+  // a (m, k) row-major is (k, m) with ld lda, or a (k, m) is (m, k); c^T is (n, m), ld n.
+  SY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first, key.type, key.trans_b ? key.k : key.n,
+                                             key.trans_b ? key.n : key.k, key.ldb));
+  SY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second, key.type, key.trans_a ? key.m : key.k,
+                                             key.trans_a ? key.k : key.m, key.lda));
+  SY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out, CUDA_R_32F, key.n, key.m, key.n));
+  cublasLtMatmulPreference_t pref = nullptr;
+  SY_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t workspace = kLtWorkspace;
+  SY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    SY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.align, sizeof(key.align)));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, p.desc, p.first, p.second, p.out, p.out, pref, 1, &result, &found);
+  SY_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  p.ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p.ok) {
+    p.algo = result.algo;
+  } else {
+    std::fprintf(stderr,
+                 "GemmBias: cuBLASLt offers no algorithm for m %lld n %lld k %lld (%s); this "
+                 "shape runs as the product then the bias add\n",
+                 static_cast<long long>(key.m), static_cast<long long>(key.n),
+                 static_cast<long long>(key.k), cublasGetStatusName(status));
+  }
+  return p;
+}
+
+// c = op(a) op(b) + bias on cuBLASLt; false when it has no algorithm for the shape.
+bool LtGemmBias(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                const Operand& a, int64_t lda, const Operand& b, int64_t ldb, const float* bias,
+                float* c) {
+  void* workspace = ctx->Workspace(kLtWorkspace);
+  const LtKey key{ctx->device().index, trans_a, trans_b, m, n, k, lda, ldb, a.type,
+                  AlignmentOf({a.base, b.base, c, bias, workspace})};
+  LtState& lt = Lt();
+  std::lock_guard<std::mutex> lock(lt.mu);
+  cublasLtHandle_t& handle = lt.handles[key.device];
+  if (handle == nullptr) SY_CUBLAS_CHECK(cublasLtCreate(&handle));
+  LtPlan& plan = PlanFor(key, handle);
+  if (!plan.ok) return false;
+  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &bias, sizeof(bias)));
+  const float alpha = 1.0f, beta = 0.0f;
+  SY_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b.base, plan.first, a.base,
+                                 plan.second, &beta, c, plan.out, c, plan.out, &plan.algo,
+                                 workspace, kLtWorkspace, StreamOf(ctx)));
+  return true;
+}
+
 }  // namespace
+
+void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+              Tensor& c, DType matmul_dtype, DeviceContext* ctx) {
+  const int64_t m = c.dim(0), n = c.dim(1);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  if (m == 0 || n == 0) return;
+  if (k > 0 && LtEnabled()) {
+    const Operand pa = Prepare(a, matmul_dtype, ctx), pb = Prepare(b, matmul_dtype, ctx);
+    CheckSameType(pa, pb);
+    if (LtGemmBias(ctx, trans_a, trans_b, m, n, k, pa, a.dim(1), pb, b.dim(1),
+                   bias.data<float>(), c.data<float>())) {
+      return;
+    }
+  }
+  Gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f, matmul_dtype, ctx);
+  AddBias(c, bias, ctx);
+}
 
 void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx) {
   const int64_t m = a.dim(0), k = a.dim(1), n = b.dim(1);

@@ -1,7 +1,9 @@
 // kernels/gemm.h on CUDA (cuBLAS) against the CPU reference (OpenBLAS) on the same random
 // inputs: every transpose combination with alpha and beta, f32 and bf16 mode, operands that
 // are bf16 tensors already, k = 0 and empty outputs, and the grouped products with empty,
-// one-row and uneven groups. The row-exact product equals the CPU's bit for bit.
+// one-row and uneven groups. The row-exact product equals the CPU's bit for bit. GemmBias
+// (cuBLASLt with the bias in its epilogue) against the CPU's Gemm then AddBias, also on an
+// operand whose address is only 4-byte aligned.
 //
 // The device-sized grouped products (offsets on the GPU, kernels/cuda/grouped_gemm.cu) are
 // checked against the CPU's host-sized ones on the same rows within a bound that holds by
@@ -24,6 +26,7 @@
 
 #include "engine/core/device_context.h"
 #include "engine/core/philox.h"
+#include "kernels/activation.h"
 #include "kernels/gemm.h"
 #include "kernels/random.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -115,6 +118,46 @@ void CheckGemm(int64_t m, int64_t n, int64_t k, float alpha, float beta, DType m
       Gemm(Abs(a), ta, Abs(b), tb, mag, std::fabs(alpha), std::fabs(beta), ctx.cpu.get());
       ExpectWithin(c_gpu, c, mag, ctx.gpu.get(), what);
     }
+  }
+}
+
+// GemmBias (cuBLASLt, the bias in the epilogue) on the GPU vs the CPU's Gemm then AddBias,
+// every transpose combination, with mag = |a| |b| + |bias|; `offset` rows of a skipped (a
+// view whose address the heuristic may not assume 256-byte aligned).
+void CheckGemmBias(int64_t m, int64_t n, int64_t k, DType matmul_dtype, int64_t offset,
+                   uint64_t seed) {
+  Contexts ctx(matmul_dtype);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const std::string what = "GemmBias m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                               " k=" + std::to_string(k) + " ta=" + std::to_string(ta) +
+                               " tb=" + std::to_string(tb) + " offset=" + std::to_string(offset) +
+                               " mode=" + std::string(DTypeName(matmul_dtype));
+      const Shape sa = ta ? Shape{k, m} : Shape{m, k};
+      const Tensor a_all = RandomHost({sa[0] + offset, sa[1]}, seed);
+      const Tensor a = a_all.Slice(offset, offset + sa[0]);
+      const Tensor b = RandomHost(tb ? Shape{n, k} : Shape{k, n}, seed + 1);
+      const Tensor bias = RandomHost({n}, seed + 2);
+      Tensor c(Tensor::Empty({m, n}, DType::kF32)), c_gpu = ctx.Up(c);
+      const Tensor a_gpu = ctx.Up(a_all).Slice(offset, offset + sa[0]);
+      GemmBias(a_gpu, ta, ctx.Up(b), tb, ctx.Up(bias), c_gpu, ctx.gpu.get());
+      GemmBias(a, ta, b, tb, bias, c, ctx.cpu.get());
+      Tensor mag = Tensor::Empty({m, n}, DType::kF32);
+      Gemm(Abs(a), ta, Abs(b), tb, mag, 1.0f, 0.0f, ctx.cpu.get());
+      AddBias(mag, Abs(bias), ctx.cpu.get());
+      ExpectWithin(c_gpu, c, mag, ctx.gpu.get(), what);
+    }
+  }
+}
+
+TEST(GemmGpuTest, GemmBiasMatchesCpu) {
+  SY_REQUIRE_GPU();
+  uint64_t seed = 700;
+  for (DType mode : {DType::kF32, DType::kBF16}) {
+    CheckGemmBias(1, 1, 1, mode, 0, seed += 10);
+    CheckGemmBias(65, 129, 257, mode, 0, seed += 10);
+    CheckGemmBias(200, 300, 1000, mode, 1, seed += 10);  // a's address off by 1000 floats
+    CheckGemmBias(33, 37, 7, mode, 1, seed += 10);       // off by 7 floats: 4-byte aligned
   }
 }
 

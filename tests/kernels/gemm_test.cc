@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/core/device_context.h"
+#include "kernels/activation.h"
 #include "engine/core/philox.h"
 #include "kernels/random.h"
 #include "tests/testing/tolerance.h"
@@ -82,6 +83,29 @@ TEST(GemmTest, EmptyInnerDimensionScalesByBeta) {
   EXPECT_EQ(c.ToVector<float>(), (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
   Gemm(a, false, b, false, c, 1.0f, 0.0f);
   EXPECT_EQ(c.ToVector<float>(), std::vector<float>(6, 0.0f));
+}
+
+// GemmBias on the CPU is Gemm then AddBias, bit for bit, in f32 and bf16 mode (NaN in c not
+// read); a bias that does not fit c's columns is refused.
+TEST(GemmTest, GemmBiasIsGemmThenAddBias) {
+  for (DType mode : {DType::kF32, DType::kBF16}) {
+    auto ctx = DeviceContext::Create(Device::Cpu());
+    ctx->set_matmul_dtype(mode);
+    for (bool tb : {false, true}) {
+      const Tensor a = RandomTensor({6, 9}, 20), bias = RandomTensor({5}, 22);
+      const Tensor b = RandomTensor(tb ? Shape{5, 9} : Shape{9, 5}, 21);
+      Tensor want = Tensor::Empty({6, 5}, DType::kF32);
+      Gemm(a, false, b, tb, want, 1.0f, 0.0f, ctx.get());
+      AddBias(want, bias, ctx.get());
+      Tensor got = Tensor::FromVector(std::vector<float>(30, NAN), {6, 5});
+      GemmBias(a, false, b, tb, bias, got, ctx.get());
+      EXPECT_EQ(got.ToVector<float>(), want.ToVector<float>()) << DTypeName(mode) << " " << tb;
+    }
+  }
+  Tensor c = Tensor::Empty({2, 3}, DType::kF32);
+  EXPECT_DEATH(GemmBias(RandomTensor({2, 4}, 1), false, RandomTensor({4, 3}, 2), false,
+                        RandomTensor({4}, 3), c),
+               "GemmBias: bias");
 }
 
 // RowExactGemm is the f32 loop its contract spells out, bit for bit; every row of a call
