@@ -60,10 +60,15 @@ CASES = {  # name -> (config, overrides); the order they run in (the budget may 
     # weight's gradient): ours only, beside d1024-e16-mb64-dropless.
     "d1024-e16-mb64-dropless-f32store": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
                                                  "runtime.activation_dtype=fp32"]),
+    # The Linear layers' product and bias add apart (no cuBLASLt epilogue; kernels/gemm.h
+    # GemmBias): ours only, beside d1024-e16-mb64-dropless.
+    "d1024-e16-mb64-dropless-nolt": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
+                                             "env:SWITCHYARD_CUBLASLT=0"]),
 }
 # The reference's run is its case's twin.
 OURS_ONLY = {"d1024-e16-mb64-dropless-hostcounts", "switch-medium-mb64-graphs",
-             "d1024-e16-mb64-cf1.25-graphs", "d1024-e16-mb64-dropless-f32store"}
+             "d1024-e16-mb64-cf1.25-graphs", "d1024-e16-mb64-dropless-f32store",
+             "d1024-e16-mb64-dropless-nolt"}
 # Not in the default list: a check of this driver on a CPU (--device cpu; tests/cli/gpu_bench_test.sh).
 SMOKE = {"switch-tiny-smoke": ("configs/switch-tiny.yaml", ["train.micro_batch_size=4"])}
 PREFIX = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -170,12 +175,17 @@ def ours_round(args, cfg_path, sets, work, tag, steps, profile):
     out_dir = os.path.join(scratch_dir(args), f"gpu_bench-{os.getpid()}-{os.path.basename(work)}-{tag}")
     shutil.rmtree(out_dir, ignore_errors=True)
     cmd = [args.switchyard, "train", "--config", cfg_path, "--steps", str(steps), "--out", out_dir]
+    env = dict(os.environ)
     for s in sets:
-        cmd += ["--set", s]
+        if s.startswith("env:"):  # an environment variable of ours' run, not a config key
+            key, _, value = s[len("env:"):].partition("=")
+            env[key] = value
+        else:
+            cmd += ["--set", s]
     if profile:
         cmd.append("--profile")
     t0 = time.perf_counter()
-    run(cmd, f"{work}/ours-{tag}.log")
+    run(cmd, f"{work}/ours-{tag}.log", env=env)
     wall = time.perf_counter() - t0
     shutil.copy(f"{out_dir}/metrics.jsonl", f"{work}/ours-{tag}.metrics.jsonl")
     rows = [json.loads(line) for line in open(f"{out_dir}/metrics.jsonl") if line.strip()]
@@ -216,7 +226,7 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
             f"runtime.activation_dtype={'bf16' if cuda else 'fp32'}",
             "train.eval_every=0", "train.grad_accum=1", "parallel.ep=1",
             "train.checkpoint_every=0"] + overrides
-    setflags = [x for s in sets for x in ("--set", s)]
+    setflags = [x for s in sets if not s.startswith("env:") for x in ("--set", s)]
     row = {"case": name, "config": cfg_path, "overrides": overrides}
     dry = run([args.switchyard, "train", "--config", cfg_path, "--dry-run"] + setflags, f"{work}/dry_run.log")
     row["flops_per_token"] = flops_per_token(dry)
