@@ -241,15 +241,15 @@ LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
 bool LtGemmBias(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                 const Operand& a, int64_t lda, const Operand& b, int64_t ldb, const float* bias,
                 float* c) {
-  void* workspace = ctx->Workspace(kLtWorkspace);
   const LtKey key{ctx->device().index, trans_a, trans_b, m, n, k, lda, ldb, a.type,
-                  AlignmentOf({a.base, b.base, c, bias, workspace})};
+                  AlignmentOf({a.base, b.base, c, bias})};
   LtState& lt = Lt();
   std::lock_guard<std::mutex> lock(lt.mu);
   cublasLtHandle_t& handle = lt.handles[key.device];
   if (handle == nullptr) SY_CUBLAS_CHECK(cublasLtCreate(&handle));
   LtPlan& plan = PlanFor(key, handle);
   if (!plan.ok) return false;
+  void* workspace = ctx->Workspace(kLtWorkspace);
   SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                  &bias, sizeof(bias)));
   const float alpha = 1.0f, beta = 0.0f;

@@ -91,16 +91,22 @@ struct Contexts {
   Tensor Up(const Tensor& host) const { return host.To(Device::Cuda(0), gpu.get()); }
 };
 
+// "Op m=.. n=.. k=.. ta=.. tb=.. mode=..": one product's case in a failure message.
+std::string CaseName(const char* op, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                     DType mode) {
+  return std::string(op) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+         " k=" + std::to_string(k) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+         " mode=" + std::string(DTypeName(mode));
+}
+
 // Gemm on the GPU vs the CPU for one shape, every transpose combination.
 void CheckGemm(int64_t m, int64_t n, int64_t k, float alpha, float beta, DType matmul_dtype,
                DType operand_dtype, uint64_t seed) {
   Contexts ctx(matmul_dtype);
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      const std::string what = "Gemm m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                               " k=" + std::to_string(k) + " ta=" + std::to_string(ta) +
-                               " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta) +
-                               " mode=" + std::string(DTypeName(matmul_dtype)) +
+      const std::string what = CaseName("Gemm", m, n, k, ta, tb, matmul_dtype) +
+                               " beta=" + std::to_string(beta) +
                                " operands=" + std::string(DTypeName(operand_dtype));
       Tensor a = RandomHost(ta ? Shape{k, m} : Shape{m, k}, seed, operand_dtype);
       Tensor b = RandomHost(tb ? Shape{n, k} : Shape{k, n}, seed + 1, operand_dtype);
@@ -129,10 +135,8 @@ void CheckGemmBias(int64_t m, int64_t n, int64_t k, DType matmul_dtype, int64_t 
   Contexts ctx(matmul_dtype);
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      const std::string what = "GemmBias m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                               " k=" + std::to_string(k) + " ta=" + std::to_string(ta) +
-                               " tb=" + std::to_string(tb) + " offset=" + std::to_string(offset) +
-                               " mode=" + std::string(DTypeName(matmul_dtype));
+      const std::string what = CaseName("GemmBias", m, n, k, ta, tb, matmul_dtype) +
+                               " offset=" + std::to_string(offset);
       const Shape sa = ta ? Shape{k, m} : Shape{m, k};
       const Tensor a_all = RandomHost({sa[0] + offset, sa[1]}, seed);
       const Tensor a = a_all.Slice(offset, offset + sa[0]);

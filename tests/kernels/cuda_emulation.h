@@ -1,7 +1,7 @@
 // A host model of what the device code of kernels/cuda/*_kernels.cuh uses of CUDA, so that the
 // same source compiles and runs on the CPU without a GPU (the *_emulation_test.cc files):
 //  - a CTA is blockDim.x * blockDim.y std::threads (a multiple of 32); __syncthreads is a
-//    std::barrier of them, __syncwarp and __shfl_xor_sync (1-D blocks) a barrier of the warp's
+//    std::barrier of them, __syncwarp and __shfl_xor_sync a barrier of the warp's
 //    32 (the shuffle exchanges through memory between two of them); CTAs run one at a time
 //    (emu::Launch), and shared
 //    memory is one buffer filled with 0xFF bytes (NaN) before each CTA, so a read of anything
@@ -55,12 +55,17 @@ inline std::barrier<>* warp_barriers[kMaxWarps] = {};
 inline float shuffle_slots[kMaxWarps][32];
 }  // namespace emu
 
+namespace emu {
+// The thread's index in its CTA (threadIdx.x fastest), which numbers warps and lanes.
+inline int LinearThread() { return static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x); }
+}  // namespace emu
+
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
-  emu::warp_barriers[threadIdx.x / 32]->arrive_and_wait();
+  emu::warp_barriers[emu::LinearThread() / 32]->arrive_and_wait();
 }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = emu::LinearThread() / 32, lane = emu::LinearThread() % 32;
   emu::shuffle_slots[warp][lane] = v;
   emu::warp_barriers[warp]->arrive_and_wait();
   const float other = emu::shuffle_slots[warp][lane ^ lane_mask];
@@ -123,7 +128,7 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, const T* p, unsigned l
 // An accumulator from f32 memory: lane r reads row r; the rows no lane owns stay NaN.
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
                              unsigned ldm, layout_t layout) {
-  const int r = threadIdx.x % 32;
+  const int r = emu::LinearThread() % 32;
   for (float& e : f.x) e = NAN;
   if (r >= 16) return;
   for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[TileOffset(layout == mem_row_major, r, c, ldm)];
@@ -131,7 +136,7 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const 
 
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ldm, layout_t layout) {
-  const int r = threadIdx.x % 32;
+  const int r = emu::LinearThread() % 32;
   if (r >= 16) return;
   for (int c = 0; c < 16; ++c) p[TileOffset(layout == mem_row_major, r, c, ldm)] = f.x[r * 16 + c];
 }
@@ -142,7 +147,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
               const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
               const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
               const fragment<accumulator, 16, 16, 16, float>& c) {
-  const int r = threadIdx.x % 32;
+  const int r = emu::LinearThread() % 32;
   if (r >= 16) return;
   for (int col = 0; col < 16; ++col) {
     float acc = c.x[r * 16 + col];
