@@ -1,11 +1,11 @@
 // A host model of what the device code of kernels/cuda/*_kernels.cuh uses of CUDA, so that the
 // same source compiles and runs on the CPU without a GPU (the *_emulation_test.cc files):
 //  - a CTA is blockDim.x * blockDim.y std::threads (a multiple of 32); __syncthreads is a
-//    std::barrier of them, __syncwarp and __shfl_xor_sync a barrier of the warp's
-//    32 (the shuffle exchanges through memory between two of them); CTAs run one at a time
-//    (emu::Launch), and shared
-//    memory is one buffer filled with 0xFF bytes (NaN) before each CTA, so a read of anything
-//    not written first shows;
+//    std::barrier of them, __syncwarp a barrier of the warp's 32, and __shfl_sync and
+//    __shfl_xor_sync exchange any value of up to 8 bytes through memory between two barriers
+//    of the warp; atomicAdd and atomicMin are std::atomic_ref operations; CTAs run one at a
+//    time (emu::Launch), and shared memory is one buffer filled with 0xFF bytes (NaN) before
+//    each CTA, so a read of anything not written first shows;
 //  - nvcuda::wmma 16 x 16 x 16: a fragment holds its whole tile; load_matrix_sync reads it as
 //    the layout says (row- or column-major, leading dimension ldm); an accumulator's row r
 //    belongs to lane r (lanes 16-31 own none), which alone computes it in mma_sync (f32 sums
@@ -14,7 +14,8 @@
 //    opaque (element access is allowed only for an operation applied to every element);
 //  - __nv_bfloat16 is engine/core/dtype.h's BFloat16 (round to nearest even), expf/logf/fmaf
 //    the C library's, the __f*_rn intrinsics plain f32 operations (this project compiles with
-//    -ffp-contract=off); kernels/cuda/common.cuh's ToBf16, FromBf16 and kFullMask.
+//    -ffp-contract=off); the device helpers of kernels/cuda/device_common.cuh (reductions,
+//    grid-stride loops, ToBf16, FromBf16) are the real ones, compiled on the host.
 // What the model cannot show: the real fragment layout, timing races the barriers would hide on
 // the GPU (the threads do run concurrently, so a missing barrier is likely but not certain to
 // show), and anything about speed.
@@ -26,6 +27,7 @@
 // kernels with emu::Launch.
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -52,7 +54,7 @@ constexpr int kMaxWarps = 1024 / 32;
 constexpr size_t kSharedBytes = 227 * 1024;  // sm_90's per-block limit
 inline std::barrier<>* block_barrier = nullptr;
 inline std::barrier<>* warp_barriers[kMaxWarps] = {};
-inline float shuffle_slots[kMaxWarps][32];
+inline uint64_t shuffle_slots[kMaxWarps][32];
 }  // namespace emu
 
 namespace emu {
@@ -64,19 +66,57 @@ inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
   emu::warp_barriers[emu::LinearThread() / 32]->arrive_and_wait();
 }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-  const int warp = emu::LinearThread() / 32, lane = emu::LinearThread() % 32;
-  emu::shuffle_slots[warp][lane] = v;
+// Warp shuffles exchange through one 8-byte slot per lane (any T up to 8 bytes).
+template <typename T>
+T __shfl_sync(unsigned, T v, int src_lane) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
+  const int warp = emu::LinearThread() / 32;
+  std::memcpy(&emu::shuffle_slots[warp][emu::LinearThread() % 32], &v, sizeof(T));
   emu::warp_barriers[warp]->arrive_and_wait();
-  const float other = emu::shuffle_slots[warp][lane ^ lane_mask];
+  T other;
+  std::memcpy(&other, &emu::shuffle_slots[warp][src_lane & 31], sizeof(T));
   emu::warp_barriers[warp]->arrive_and_wait();
   return other;
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  return __shfl_sync(mask, v, (emu::LinearThread() % 32) ^ lane_mask);
 }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+// Atomics: the CTA's threads run concurrently, so these are real atomic operations (CTAs run
+// one at a time, which the device does not promise: a kernel must not depend on the order).
+template <typename T>
+T atomicAdd(T* address, T v) {
+  return std::atomic_ref<T>(*address).fetch_add(v);
+}
+template <typename T>
+T atomicMin(T* address, T v) {
+  std::atomic_ref<T> a(*address);
+  T old = a.load();
+  while (v < old && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
 
 // The qualifiers and attributes of device code.
 #define __global__
@@ -157,12 +197,12 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }
 }  // namespace nvcuda::wmma
 
-// ---- What the kernels use of kernels/cuda/common.cuh.
-namespace switchyard::kernels::cuda {
-constexpr unsigned kFullMask = 0xffffffffu;
-inline __nv_bfloat16 ToBf16(float v) { return BFloat16(v); }
-inline float FromBf16(__nv_bfloat16 v) { return static_cast<float>(v); }
-}  // namespace switchyard::kernels::cuda
+// ---- bf16 conversions (kernels/cuda/device_common.cuh's ToBf16 and FromBf16 use these).
+inline __nv_bfloat16 __float2bfloat16_rn(float v) { return switchyard::BFloat16(v); }
+inline float __bfloat162float(__nv_bfloat16 v) { return static_cast<float>(v); }
+
+// The device helpers every family shares (grid-stride loops, reductions, bf16 conversions).
+#include "kernels/cuda/device_common.cuh"
 
 namespace emu {
 
