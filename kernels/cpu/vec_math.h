@@ -2,13 +2,15 @@
 // loop over it into vector code: branch-free, no library calls. SY_VECTOR_CLONES compiles a
 // function for AVX-512, AVX2 and plain x86-64 and picks one at load time (GCC's
 // target_clones), so the build stays portable while the loops use the widest registers the
-// machine has.
+// machine has. Not under ThreadSanitizer, whose runtime is not yet set up when the loader
+// runs the clones' resolvers.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__) && \
+    !defined(__SANITIZE_THREAD__)
 #define SY_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SY_VECTOR_CLONES

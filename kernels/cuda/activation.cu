@@ -1,52 +1,25 @@
 // CUDA implementation of kernels/activation.h's elementwise activations (the bias ops, and
 // bias + activation fused, are kernels/cuda/bias.cu).
 //
-// Grid-stride kernels, 256 threads per block, GridFor(n) blocks. Each evaluates the CPU
-// reference's expression (kernels/cuda/activation_math.cuh), so the only difference from the
-// CPU is expf. Pointers are not __restrict__: outputs may be the inputs' memory.
+// Grid-stride kernels (kernels/cuda/activation_kernels.cuh), 256 threads per block, GridFor(n)
+// blocks. Each evaluates the CPU reference's expression (kernels/cuda/activation_math.cuh),
+// so the only difference from the CPU is expf. Outputs may be the inputs' memory.
 #include <cstdint>
 
 #include "kernels/activation.h"
 #include "kernels/cuda/activation_math.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/activation_kernels.cuh"
 
 namespace switchyard::kernels::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-__global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
-  SY_GRID_STRIDE(i, n) { y[i] = Gelu(x[i]); }
-}
-
-__global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dx[i] = GeluGrad(x[i], dy[i]); }
-}
-
-__global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
-  SY_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    y[i] = v > 0.0f ? v : 0.0f;
-  }
-}
-
-__global__ void ReluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; }
-}
-__global__ void SwigluForwardKernel(const float* a, const float* b, float* out, int64_t n) {
-  SY_GRID_STRIDE(i, n) { out[i] = Swiglu(a[i], b[i]); }
-}
-
-__global__ void SwigluBackwardKernel(const float* a, const float* b, const float* dout, float* da,
-                                     float* db, int64_t n) {
-  SY_GRID_STRIDE(i, n) {
-    float vda, vdb;
-    SwigluGrad(a[i], b[i], dout[i], &vda, &vdb);
-    da[i] = vda;
-    db[i] = vdb;
-  }
-}
-
+using activation::GeluBackwardKernel;
+using activation::GeluForwardKernel;
+using activation::kThreads;
+using activation::ReluBackwardKernel;
+using activation::ReluForwardKernel;
+using activation::SwigluBackwardKernel;
+using activation::SwigluForwardKernel;
 }  // namespace
 
 void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {

@@ -3,115 +3,29 @@
 // The (T * k) assignments are sorted with a stable cub::DeviceRadixSort on the fewest key
 // bits that order them (expert, slot) or (expert, decreasing gate); a rank is then the
 // sorted position minus the start of the expert's (or the (expert, slot)) segment, from an
-// exclusive scan of the per-key counts. Exact.
+// exclusive scan of the per-key counts. Exact. The kernels, and the classes and keys they
+// sort by, are in kernels/cuda/admission_kernels.cuh.
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
-#include <bit>
 #include <climits>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/admission_kernels.cuh"
 #include "kernels/moe_routing.h"
 
 namespace switchyard::kernels::cuda {
 namespace {
 
-// ---- Admission ------------------------------------------------------------------------
-//
-// Every assignment i = t * k + j (token-major; the sort's value) gets a class K:
-//   K = e * k + j  competing (keep = 1) for expert e in slot j
-//   K = k * E      removed (keep = 0)
-//   K = k * E + 1  expert index outside [0, E)
-// counts[K] (atomics) and their exclusive scan `starts` give each class's segment in K
-// order. The sort key orders the assignments:
-//   position    key = K (u32): by expert, then slot, then token (stable: values ascend);
-//   probability key = (e << 32) | ~Ordered(gate) (u64), removed/bad (E or E+1) << 32: by
-//               expert, then decreasing gate, then token and slot (stable).
-// Either way expert e's competitors form one segment starting at starts[e * k], and under
-// `position` its slot-j ones the sub-segment starting at starts[e * k + j].
-
-// Order-preserving unsigned image of a float (ascending), with -0 taken as +0 (the CPU
-// compares gates with >, which treats them as equal).
-__device__ __forceinline__ uint32_t OrderedBits(float g) {
-  if (g == 0.0f) g = 0.0f;
-  const uint32_t bits = __float_as_uint(g);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-template <bool kByProbability>
-using AdmissionKey = std::conditional_t<kByProbability, unsigned long long, uint32_t>;
-
-template <bool kByProbability>
-__global__ void AdmissionKeysKernel(const int32_t* __restrict__ indices,
-                                    const uint8_t* __restrict__ keep,
-                                    const float* __restrict__ gates, int64_t n, int k, int E,
-                                    AdmissionKey<kByProbability>* __restrict__ keys,
-                                    int32_t* __restrict__ values,
-                                    unsigned long long* __restrict__ counts) {
-  using Key = AdmissionKey<kByProbability>;
-  const int64_t removed = static_cast<int64_t>(k) * E;
-  SY_GRID_STRIDE(i, n) {
-    const int e = indices[i];
-    const int j = static_cast<int>(i % k);
-    int64_t cls;
-    Key key;
-    if (e < 0 || e >= E) {
-      cls = removed + 1;
-      if constexpr (kByProbability) key = static_cast<Key>(E + 1) << 32;
-      else key = static_cast<Key>(cls);
-    } else if (keep != nullptr && keep[i] == 0) {
-      cls = removed;
-      if constexpr (kByProbability) key = static_cast<Key>(E) << 32;
-      else key = static_cast<Key>(cls);
-    } else {
-      cls = static_cast<int64_t>(e) * k + j;
-      if constexpr (kByProbability) {
-        key = (static_cast<Key>(e) << 32) | static_cast<Key>(~OrderedBits(gates[i]));
-      } else {
-        key = static_cast<Key>(cls);
-      }
-    }
-    keys[i] = key;
-    values[i] = static_cast<int32_t>(i);
-    atomicAdd(&counts[cls], 1ull);
-  }
-}
-
-// For sorted position s holding assignment v = t * k + j of expert e: rank = s - (the start
-// of e's segment), or under `position` with offsets, s - starts[e * k + j] + offsets[j][e].
-template <bool kByProbability>
-__global__ void AdmissionRankKernel(const AdmissionKey<kByProbability>* __restrict__ keys,
-                                    const int32_t* __restrict__ values, int64_t n, int k, int E,
-                                    const long long* __restrict__ starts,
-                                    const int64_t* __restrict__ offsets, int64_t capacity,
-                                    uint8_t* __restrict__ kept, int64_t* __restrict__ position) {
-  SY_GRID_STRIDE(s, n) {
-    const auto key = keys[s];
-    const int32_t v = values[s];
-    int e, j;
-    if constexpr (kByProbability) {
-      e = static_cast<int>(key >> 32);
-      if (e >= E) continue;  // removed or bad: they sort after every competitor
-      j = v % k;
-    } else {
-      if (key >= static_cast<uint32_t>(k) * static_cast<uint32_t>(E)) continue;
-      e = static_cast<int>(key / k);
-      j = static_cast<int>(key % k);
-    }
-    const int64_t base = offsets != nullptr
-                             ? starts[static_cast<int64_t>(e) * k + j] -
-                                   offsets[static_cast<int64_t>(j) * E + e]
-                             : starts[static_cast<int64_t>(e) * k];
-    const int64_t rank = s - base;
-    if (capacity < 0 || rank < capacity) {
-      kept[v] = 1;
-      position[v] = rank;
-    }
-  }
-}
+using dispatch::admission::AdmissionKey;
+using dispatch::admission::AdmissionKeysKernel;
+using dispatch::admission::AdmissionRankKernel;
+using dispatch::admission::AdmittedCountsKernel;
+using dispatch::admission::kThreads;
+using dispatch::admission::SortEndBit;
 
 // The device part of admission: keys, counts, scan, sort, ranks. Returns the (k * E + 2)
 // class counts on the device.
@@ -143,15 +57,13 @@ Tensor AdmitOnDevice(const Tensor& indices, const Tensor& gates, const Tensor& k
   auto* cnt_ll = reinterpret_cast<long long*>(counts.data<int64_t>());
   auto* start_ll = reinterpret_cast<long long*>(starts.data<int64_t>());
 
-  AdmissionKeysKernel<kByProbability><<<GridFor(n), 256, 0, stream>>>(
+  AdmissionKeysKernel<kByProbability><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
       indices.data<int32_t>(), keep.defined() ? keep.data<uint8_t>() : nullptr,
       kByProbability ? gates.data<float>() : nullptr, n, k, E, kin, vin, cnt);
   SY_CUDA_CHECK_LAUNCH();
 
   // The fewest key bits that hold every key.
-  const int end_bit = kByProbability
-                          ? 32 + std::bit_width(static_cast<uint64_t>(E) + 1)
-                          : std::bit_width(static_cast<uint64_t>(classes - 1));
+  const int end_bit = SortEndBit(kByProbability, k, E);
   size_t sort_bytes = 0, scan_bytes = 0;
   SY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, kin, kout, vin, vout, n, 0,
                                                 end_bit, stream));
@@ -163,40 +75,11 @@ Tensor AdmitOnDevice(const Tensor& indices, const Tensor& gates, const Tensor& k
   SY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), sort_bytes, kin, kout, vin, vout,
                                                 n, 0, end_bit, stream));
 
-  AdmissionRankKernel<kByProbability><<<GridFor(n), 256, 0, stream>>>(
+  AdmissionRankKernel<kByProbability><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
       kout, vout, n, k, E, start_ll, offsets.defined() ? offsets.data<int64_t>() : nullptr,
       capacity, kept.data<uint8_t>(), position.data<int64_t>());
   SY_CUDA_CHECK_LAUNCH();
   return counts;
-}
-
-}  // namespace
-
-namespace {
-
-// out[e] = the admitted assignments of expert e (AdmitAssignments' host loop with no
-// offsets, one thread per expert), out[E] = the out-of-range count. c: the (k E + 2) class
-// counts of AdmitOnDevice.
-__global__ void AdmittedCountsKernel(const int64_t* __restrict__ c, int64_t E, int64_t k,
-                                     int64_t capacity, bool by_probability,
-                                     double* __restrict__ out) {
-  SY_GRID_STRIDE(e, E + 1) {
-    if (e == E) {
-      out[E] = static_cast<double>(c[k * E + 1]);
-      continue;
-    }
-    int64_t before = 0, after = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t len = c[e * k + j];
-      if (!by_probability) {
-        // Slot j's competitors for e hold ranks before, before + 1, ...; those below C stay.
-        after += capacity >= 0 ? min(max(capacity - before, int64_t{0}), len) : len;
-      }
-      before += len;
-    }
-    if (by_probability) after = capacity >= 0 ? min(before, capacity) : before;
-    out[e] = static_cast<double>(after);
-  }
 }
 
 }  // namespace
@@ -224,7 +107,7 @@ void AdmitAssignmentsInto(const Tensor& indices, const Tensor& gates, const Tens
                                 ctx)
           : AdmitOnDevice<false>(indices, gates, keep, e32, capacity, no_offsets, kept,
                                  position, ctx);
-  AdmittedCountsKernel<<<GridFor(E + 1), 256, 0, stream>>>(
+  AdmittedCountsKernel<<<GridFor(E + 1, kThreads), kThreads, 0, stream>>>(
       class_counts.data<int64_t>(), E, k, capacity, by_probability, counts.data<double>());
   SY_CUDA_CHECK_LAUNCH();
 }

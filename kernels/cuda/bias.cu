@@ -24,6 +24,9 @@
 // in one grid-stride kernel; backward computes the activation's gradient inside stage 1 of
 // the bias gradient (writing it as it sums it), so GeluBackward + BiasGrad become one pass
 // over the rows plus stage 2, with the very same bits as the two unfused ops.
+//
+// The device code: kernels/cuda/bias_kernels.cuh (the bias add, the fused forward, and the
+// row-wise launch shape) and kernels/cuda/bias_grad_kernels.cuh (the two stages).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -32,6 +35,7 @@
 #include "kernels/cuda/activation_math.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/bias_grad_kernels.cuh"
+#include "kernels/cuda/bias_kernels.cuh"
 
 namespace switchyard::kernels::cuda {
 namespace {
@@ -44,17 +48,13 @@ using bias_grad::GroupSumKernel;
 using bias_grad::kRowLanes;
 using bias_grad::kSumLanes;
 using bias_grad::kTileCols;
-
-constexpr int kThreads = 256;
-
-// Where a forward op writes: the activation's output (f32 h, or bf16 h16), and, when kept_a
-// is set, bf16(a + bias) there instead of a + bias back into a (swiglu: kept_b = bf16(b)).
-struct ForwardOut {
-  float* h = nullptr;
-  __nv_bfloat16* h16 = nullptr;
-  __nv_bfloat16* kept_a = nullptr;
-  __nv_bfloat16* kept_b = nullptr;
-};
+using bias_fwd::AddBiasKernel;
+using bias_fwd::BiasActForwardKernel;
+using bias_fwd::ForwardOut;
+using bias_fwd::GroupedBiasActKernel;
+using bias_fwd::kThreads;
+using bias_fwd::RowLaunch;
+using bias_fwd::RowLaunchOf;
 
 ForwardOut OutOf(Tensor& h, KeptRounded kept) {
   ForwardOut o;
@@ -68,108 +68,18 @@ ForwardOut OutOf(Tensor& h, KeptRounded kept) {
   return o;
 }
 
-// Element i of a forward: v (a[i], plus the bias when `biased`: the bias add's __fadd_rn)
-// kept rounded or written back into a, and the activation of v (kAct 0: gelu; 1: silu(v)
-// b[i]) stored, rounded when h16.
-template <int kAct>
-__device__ __forceinline__ void ForwardElement(float* a, const float* b, const ForwardOut& o,
-                                               int64_t i, float v, bool biased) {
-  if (o.kept_a != nullptr) {
-    o.kept_a[i] = ToBf16(v);
-  } else if (biased) {
-    a[i] = v;
-  }
-  float y;
-  if constexpr (kAct == 0) {
-    y = Gelu(v);
-  } else {
-    const float vb = b[i];
-    if (o.kept_b != nullptr) o.kept_b[i] = ToBf16(vb);
-    y = Swiglu(v, vb);
-  }
-  if (o.h16 != nullptr) {
-    o.h16[i] = ToBf16(y);
-  } else {
-    o.h[i] = y;
-  }
-}
-
-// Fused bias + activation over a (rows, n), one bias: each element read and written by one
-// thread.
-template <int kAct>
-__global__ void BiasActForwardKernel(float* a, const float* bias, const float* b, ForwardOut o,
-                                     int64_t total, int64_t n) {
-  SY_GRID_STRIDE(i, total) {
-    ForwardElement<kAct>(a, b, o, i, __fadd_rn(a[i], bias[i % n]), true);
-  }
-}
-
-// ---- bias over rows ----------------------------------------------------------------------
-
-// The group g of row r: the largest g in [0, groups) with offsets[g] <= r (an empty group
-// shares its offset with the next, so the search lands on the non-empty group holding r).
-// offsets: groups + 1 ascending entries, offsets[groups] = rows; null means one group.
-__device__ __forceinline__ int64_t GroupOfRow(const int64_t* offsets, int64_t groups, int64_t r) {
-  if (offsets == nullptr) return 0;
-  int64_t lo = 0, hi = groups - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (offsets[mid] <= r) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
-// out (rows, n)[r, :] += bias (G, n)[group of r, :].
-__global__ void AddBiasKernel(float* out, const float* bias, const int64_t* offsets, int64_t groups,
-                              int64_t rows, int64_t n) {
-  // Device-sized groups may end before the tensor does (rows past offsets[groups]: no group).
-  if (offsets != nullptr && offsets[groups] < rows) rows = offsets[groups];
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const float* b = bias + GroupOfRow(offsets, groups, r) * n;
-    float* row = out + r * n;
-    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
-         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      row[j] = __fadd_rn(row[j], b[j]);
-    }
-  }
-}
-
-// Grouped bias + activation over a (rows, n): a row in a group adds its group's bias, a row
-// past the groups none; then ForwardElement.
-template <int kAct>
-__global__ void GroupedBiasActKernel(float* a, const float* bias, const float* b, ForwardOut o,
-                                     const int64_t* offsets, int64_t groups, int64_t rows,
-                                     int64_t n) {
-  const int64_t end = offsets[groups];
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const float* br = r < end ? bias + GroupOfRow(offsets, groups, r) * n : nullptr;
-    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
-         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t i = r * n + j;
-      const float v = br != nullptr ? __fadd_rn(a[i], br[j]) : a[i];
-      ForwardElement<kAct>(a, b, o, i, v, br != nullptr);
-    }
-  }
-}
-
 // Rows per stage-1 chunk: at least 64 (8 per row lane), more for tall inputs so there are
 // about 1024 chunks at most (plus one per group) and stage 2 stays short.
 int64_t RowsPerChunk(int64_t rows) { return std::max<int64_t>(64, (rows + 1023) / 1024); }
 
-// The bias add's launch shape over (rows, n): threads across a row's columns, grid.y rows.
+// The row-wise kernels' launch over (rows, n), as a grid.
 struct RowGrid {
   dim3 grid;
   int threads;
 };
 RowGrid RowGridOf(int64_t rows, int64_t n) {
-  const int threads = static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, kThreads));
-  return {dim3(static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 1024)),
-               static_cast<unsigned>(std::min<int64_t>(rows, 65535))),
-          threads};
+  const RowLaunch l = RowLaunchOf(rows, n);
+  return {dim3(l.blocks_x, l.blocks_y), l.threads};
 }
 
 void LaunchAddBias(Tensor& out, const Tensor& bias, const int64_t* offsets, int64_t groups,
@@ -329,7 +239,9 @@ template <int kAct>
 void LaunchGroupedBiasAct(Tensor& a, const RowGroups& groups, const Tensor& bias,
                           const float* b, Tensor& out, KeptRounded kept, DeviceContext* ctx) {
   const int64_t rows = a.dim(0), n = a.dim(1), g = bias.dim(0);
-  if (rows == 0 || n == 0 || g == 0) return;
+  // No groups (device offsets {0}) still runs: every row is past the groups and gets the
+  // activation of its a, as on the CPU.
+  if (rows == 0 || n == 0) return;
   Tensor offsets = groups.offsets;
   if (!offsets.defined()) {  // host counts: their offsets on the device
     std::vector<int64_t> o(g + 1, 0);

@@ -1,5 +1,5 @@
-// Shared helpers for the CUDA kernels' host side: the context's stream and cuBLAS handle, grid
-// sizes, host<->device copies of small tables and scratch memory; with the device helpers of
+// Shared helpers for the CUDA kernels' host side: the context's stream and cuBLAS handle,
+// host<->device copies of small tables and scratch memory; with the device helpers of
 // kernels/cuda/device_common.cuh. Every kernel family in kernels/cuda/*.cu includes this and
 // nothing else of the backend's plumbing.
 #pragma once
@@ -23,14 +23,6 @@ inline cudaStream_t StreamOf(DeviceContext* ctx) {
 }
 inline cublasHandle_t CublasOf(DeviceContext* ctx) {
   return static_cast<cublasHandle_t>(ctx->cublas());
-}
-
-// Blocks of `threads` covering n elements, capped so grid-stride loops cover the rest.
-inline unsigned GridFor(int64_t n, int threads = 256) {
-  int64_t blocks = (n + threads - 1) / threads;
-  if (blocks < 1) blocks = 1;
-  if (blocks > 65535 * 8) blocks = 65535 * 8;
-  return static_cast<unsigned>(blocks);
 }
 
 // Copies a host vector to a new tensor on ctx's device (ordered on its stream; the host

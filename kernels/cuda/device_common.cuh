@@ -1,5 +1,5 @@
-// The device helpers every kernel family shares: grid-stride loops, warp and block reductions,
-// bf16 conversions. Nothing here names the CUDA runtime, so the host model of CUDA
+// The helpers every kernel family shares: grid sizes, grid-stride loops, warp and block
+// reductions, bf16 conversions. Nothing here names the CUDA runtime, so the host model of CUDA
 // (tests/kernels/cuda_emulation.h) compiles the same source; the *_kernels.cuh files that hold
 // a family's device code include this.
 #pragma once
@@ -11,6 +11,18 @@
 #endif
 
 namespace switchyard::kernels::cuda {
+
+// The most blocks a grid-stride launch asks for; the loops cover the rest.
+constexpr int64_t kMaxGridBlocks = 65535 * 8;
+
+// Blocks of `threads` covering n elements (at least one), at most max_blocks (the emulation
+// tests lower it so that the grid-stride loops run). Host code.
+inline unsigned GridFor(int64_t n, int threads = 256, int64_t max_blocks = kMaxGridBlocks) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > max_blocks) blocks = max_blocks;
+  return static_cast<unsigned>(blocks);
+}
 
 // for (int64_t i : grid-stride indices below n) — use as SY_GRID_STRIDE(i, n) { ... }.
 #define SY_GRID_STRIDE(i, n)                                                   \

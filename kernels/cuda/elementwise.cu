@@ -1,37 +1,25 @@
-// CUDA implementation of kernels/elementwise.h: one grid-stride kernel per op, 256 threads
-// per block, GridFor(n) blocks. Products and sums use __fmul_rn / __fadd_rn, which the
-// compiler never contracts into a fused multiply-add, so every result equals the CPU's bit
-// for bit. Pointers are not __restrict__: outputs may be the same memory as inputs (each
-// thread reads its element before writing it).
+// CUDA implementation of kernels/elementwise.h: one grid-stride kernel per op
+// (kernels/cuda/elementwise_kernels.cuh), 256 threads per block, GridFor(n, kThreads) blocks.
+// Products and sums use __fmul_rn / __fadd_rn, which the compiler never contracts into a
+// fused multiply-add, so every result equals the CPU's bit for bit. Pointers are not
+// __restrict__: outputs may be the same memory as inputs (each thread reads its element
+// before writing it).
 #include <cstdint>
 
 #include "engine/core/dtype.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/elementwise.h"
 
 namespace switchyard::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-enum class Op { kAdd, kMul, kAxpy, kMulAdd };
-
-// Op::kAdd:    out = a + b          Op::kMul:    out = a * b
-// Op::kAxpy:   out += alpha * a     Op::kMulAdd: out += a * b
-template <Op kOp>
-__global__ void ArithKernel(const float* a, const float* b, float* out, float alpha, int64_t n) {
-  SY_GRID_STRIDE(i, n) {
-    if constexpr (kOp == Op::kAdd) {
-      out[i] = __fadd_rn(a[i], b[i]);
-    } else if constexpr (kOp == Op::kMul) {
-      out[i] = __fmul_rn(a[i], b[i]);
-    } else if constexpr (kOp == Op::kAxpy) {
-      out[i] = __fadd_rn(out[i], __fmul_rn(alpha, a[i]));
-    } else {
-      out[i] = __fadd_rn(out[i], __fmul_rn(a[i], b[i]));
-    }
-  }
-}
+using elementwise::ArithKernel;
+using elementwise::Bf16ToF32Kernel;
+using elementwise::F32ToBf16Kernel;
+using elementwise::FillKernel;
+using elementwise::kThreads;
+using elementwise::Op;
 
 template <Op kOp>
 void LaunchArith(const float* a, const float* b, float* out, float alpha, int64_t n,
@@ -39,29 +27,6 @@ void LaunchArith(const float* a, const float* b, float* out, float alpha, int64_
   if (n == 0) return;
   ArithKernel<kOp><<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(a, b, out, alpha, n);
   SY_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T>
-__global__ void FillKernel(T* out, T value, int64_t n) {
-  SY_GRID_STRIDE(i, n) { out[i] = value; }
-}
-
-// f32 -> bf16 bits with the integer rounding of BFloat16::FromFloat (engine/core/dtype.h):
-// round to nearest even; a NaN keeps its sign and top payload bits and is made quiet.
-// (__float2bfloat16_rn rounds numbers the same way but returns one canonical NaN.)
-__device__ __forceinline__ uint16_t F32ToBf16Bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-__global__ void F32ToBf16Kernel(const float* src, uint16_t* dst, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dst[i] = F32ToBf16Bits(src[i]); }
-}
-
-__global__ void Bf16ToF32Kernel(const uint16_t* src, float* dst, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dst[i] = __uint_as_float(static_cast<uint32_t>(src[i]) << 16); }
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 // __fdiv_rn / __fsqrt_rn: every operation is a correctly rounded f32 operation and none is
 // contracted into a fused multiply-add, so the results equal the CPU's bit for bit.
 //
-// Single-tensor ops: grid-stride kernels, 256 threads, GridFor(n) blocks.
+// The device code and the launch shapes are kernels/cuda/optimizer_kernels.cuh.
+//
+// Single-tensor ops: grid-stride kernels, 256 threads, GridFor(n, kThreads) blocks.
 // Multi-tensor ops ("multi-tensor apply"): the host cuts every tensor into chunks of at
 // most kChunk elements and writes one descriptor per chunk (pointers already offset to the
 // chunk, its length, and per-tensor scalars); the table goes to the device in one
@@ -21,123 +23,28 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/optimizer_kernels.cuh"
 #include "kernels/optimizer.h"
 
 namespace switchyard::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;       // single-tensor kernels
-constexpr int kChunkThreads = 512;  // multi-tensor kernels: one block per chunk
-constexpr int64_t kChunk = 65536;   // elements per multi-tensor chunk
-constexpr int kMaxSumBlocks = 1024;
-
-// ---- AdamW ---------------------------------------------------------------------------------
-
-// The scalars shared by every element of one update (hp and AdamWScalarsOf, as the CPU).
-struct AdamWConsts {
-  float b1, b2, one_minus_b1, one_minus_b2, eps, step_size, bc2_sqrt, grad_scale;
-};
-
-AdamWConsts ConstsOf(const AdamWStep& hp) {
-  const AdamWScalars s = AdamWScalarsOf(hp, hp.weight_decay);
-  return {hp.beta1,  hp.beta2,    1.0f - hp.beta1, 1.0f - hp.beta2,
-          hp.eps,    s.step_size, s.bc2_sqrt,      hp.grad_scale};
-}
-
-// g <- grad_scale g; m <- b1 m + (1 - b1) g; v <- b2 v + ((1 - b2) g) g;
-// p <- p decay - (step_size m) / (sqrt(v) / bc2_sqrt + eps).
-__device__ __forceinline__ void AdamWElement(float* p, const float* g, float* m, float* v,
-                                             int64_t i, float decay, const AdamWConsts& c) {
-  const float gi = __fmul_rn(g[i], c.grad_scale);
-  const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
-  const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
-  m[i] = mi;
-  v[i] = vi;
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-  p[i] = __fsub_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
-}
-
-__global__ void AdamWKernel(float* p, const float* g, float* m, float* v, int64_t n, float decay,
-                            AdamWConsts c) {
-  SY_GRID_STRIDE(i, n) { AdamWElement(p, g, m, v, i, decay, c); }
-}
-
-struct AdamWChunk {
-  float* p;
-  const float* g;
-  float* m;
-  float* v;
-  int64_t n;    // elements in this chunk, 1..kChunk
-  float decay;  // 1 - lr * weight_decay of the chunk's tensor
-};
-
-__global__ void AdamWChunksKernel(const AdamWChunk* chunks, AdamWConsts c) {
-  const AdamWChunk ch = chunks[blockIdx.x];
-  for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
-    AdamWElement(ch.p, ch.g, ch.m, ch.v, i, ch.decay, c);
-  }
-}
-
-// ---- SGD and scale -------------------------------------------------------------------------
-
-// momentum == 0: p <- p - lr (g + wd p). Otherwise d = g + wd p; b <- momentum b + d;
-// p <- p - lr b.
-template <bool kMomentum>
-__global__ void SgdKernel(float* p, const float* g, float* b, int64_t n, float lr, float momentum,
-                          float weight_decay) {
-  SY_GRID_STRIDE(i, n) {
-    const float d = __fadd_rn(g[i], __fmul_rn(weight_decay, p[i]));
-    if constexpr (kMomentum) {
-      const float bi = __fadd_rn(__fmul_rn(momentum, b[i]), d);
-      b[i] = bi;
-      p[i] = __fsub_rn(p[i], __fmul_rn(lr, bi));
-    } else {
-      p[i] = __fsub_rn(p[i], __fmul_rn(lr, d));
-    }
-  }
-}
-
-__global__ void ScaleKernel(float* x, int64_t n, float scale) {
-  SY_GRID_STRIDE(i, n) { x[i] = __fmul_rn(x[i], scale); }
-}
-
-// One chunk of one tensor, for the scale and sum-of-squares tables.
-struct Span {
-  float* x;
-  int64_t n;  // 1..kChunk
-};
-
-__global__ void ScaleChunksKernel(const Span* chunks, float scale) {
-  const Span ch = chunks[blockIdx.x];
-  for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) ch.x[i] = __fmul_rn(ch.x[i], scale);
-}
-
-// ---- sums of squares -----------------------------------------------------------------------
-
-// partial[blockIdx.x] = sum over this block's grid-stride elements of x[i]^2.
-__global__ void SumSquaresKernel(const float* x, int64_t n, double* partial) {
-  __shared__ double shared[32];
-  double acc = 0.0;
-  SY_GRID_STRIDE(i, n) {
-    const double xi = x[i];
-    acc += xi * xi;
-  }
-  acc = BlockSum(acc, shared);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-
-// partial[c] = sum of the squares of chunk c.
-__global__ void SumSquaresChunksKernel(const Span* chunks, double* partial) {
-  __shared__ double shared[32];
-  const Span ch = chunks[blockIdx.x];
-  double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
-    const double xi = ch.x[i];
-    acc += xi * xi;
-  }
-  acc = BlockSum(acc, shared);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
+using optimizer::AdamWChunk;
+using optimizer::AdamWChunksKernel;
+using optimizer::AdamWKernel;
+using optimizer::AppendAdamWChunks;
+using optimizer::AppendSpans;
+using optimizer::ConstsOf;
+using optimizer::ForEachChunk;
+using optimizer::kChunkThreads;
+using optimizer::kThreads;
+using optimizer::ScaleChunksKernel;
+using optimizer::ScaleKernel;
+using optimizer::SgdKernel;
+using optimizer::Span;
+using optimizer::SumSquaresBlocks;
+using optimizer::SumSquaresChunksKernel;
+using optimizer::SumSquaresKernel;
 
 // ---- host helpers --------------------------------------------------------------------------
 
@@ -172,12 +79,6 @@ std::vector<double> Download(const double* device, int64_t count, DeviceContext*
   return host;
 }
 
-// Calls emit(offset, length) for the chunks of a tensor of n elements, in order.
-template <typename Emit>
-void ForEachChunk(int64_t n, Emit emit) {
-  for (int64_t offset = 0; offset < n; offset += kChunk) emit(offset, std::min(kChunk, n - offset));
-}
-
 }  // namespace
 
 void AdamWUpdate(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
@@ -199,9 +100,7 @@ void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp, Devic
     float* m = t.exp_avg.data<float>();
     float* v = t.exp_avg_sq.data<float>();
     const float decay = AdamWScalarsOf(hp, t.weight_decay).decay;
-    ForEachChunk(t.param.numel(), [&](int64_t offset, int64_t length) {
-      chunks.push_back({p + offset, g + offset, m + offset, v + offset, length, decay});
-    });
+    AppendAdamWChunks(p, g, m, v, t.param.numel(), decay, chunks);
   }
   if (chunks.empty()) return;
   Tensor table;
@@ -229,8 +128,7 @@ void SgdUpdate(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr
 double SumSquares(const Tensor& t, DeviceContext* ctx) {
   const int64_t n = t.numel();
   if (n == 0) return 0.0;
-  const int64_t blocks =
-      std::clamp<int64_t>((n + kThreads * 16 - 1) / (kThreads * 16), 1, kMaxSumBlocks);
+  const int64_t blocks = SumSquaresBlocks(n);
   Tensor holder;
   double* partial = DoubleBuffer(blocks, holder, ctx);
   SumSquaresKernel<<<static_cast<unsigned>(blocks), kThreads, 0, StreamOf(ctx)>>>(t.data<float>(),
@@ -255,12 +153,7 @@ std::vector<int64_t> SumSquaresPartition(std::span<const Tensor> tensors) {
 
 void SumSquaresPartials(std::span<const Tensor> tensors, Tensor& partials, DeviceContext* ctx) {
   std::vector<Span> chunks;
-  for (const Tensor& t : tensors) {
-    float* x = t.data<float>();
-    ForEachChunk(t.numel(), [&](int64_t offset, int64_t length) {
-      chunks.push_back({x + offset, length});
-    });
-  }
+  for (const Tensor& t : tensors) AppendSpans(t.data<float>(), t.numel(), chunks);
   SY_CHECK_EQ(partials.numel(), static_cast<int64_t>(chunks.size())) << "SumSquaresPartials";
   if (chunks.empty()) return;
   Tensor table;
@@ -276,10 +169,7 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors, DeviceContex
   first_chunk.reserve(tensors.size() + 1);
   for (const Tensor& t : tensors) {
     first_chunk.push_back(chunks.size());
-    float* x = t.data<float>();
-    ForEachChunk(t.numel(), [&](int64_t offset, int64_t length) {
-      chunks.push_back({x + offset, length});
-    });
+    AppendSpans(t.data<float>(), t.numel(), chunks);
   }
   first_chunk.push_back(chunks.size());
   std::vector<double> sums(tensors.size(), 0.0);
@@ -307,12 +197,7 @@ void ScaleInPlace(Tensor& t, float scale, DeviceContext* ctx) {
 
 void ScaleMany(std::span<Tensor> tensors, float scale, DeviceContext* ctx) {
   std::vector<Span> chunks;
-  for (Tensor& t : tensors) {
-    float* x = t.data<float>();
-    ForEachChunk(t.numel(), [&](int64_t offset, int64_t length) {
-      chunks.push_back({x + offset, length});
-    });
-  }
+  for (Tensor& t : tensors) AppendSpans(t.data<float>(), t.numel(), chunks);
   if (chunks.empty()) return;
   Tensor table;
   const Span* device_chunks = Upload(chunks, table, ctx);

@@ -9,56 +9,20 @@
 //                             the counts.
 //   SortAssignmentsToOffsets  the same sort; then offsets[e] = the number of sorted keys below
 //                             e, one binary search per entry, left on the device.
+// The device code is in kernels/cuda/sort_assignments_kernels.cuh.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/sort_assignments_kernels.cuh"
 #include "kernels/permute.h"
 
 namespace switchyard::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// ---- SortAssignments ------------------------------------------------------------------
-
-__global__ void MakeKeysKernel(const int32_t* __restrict__ experts,
-                               const uint8_t* __restrict__ kept, int64_t n, int32_t num_experts,
-                               uint32_t* __restrict__ keys, int32_t* __restrict__ values) {
-  SY_GRID_STRIDE(i, n) {
-    const int32_t e = experts[i];
-    uint32_t key = static_cast<uint32_t>(e);
-    if (!kept[i]) {
-      key = static_cast<uint32_t>(num_experts);  // dropped: after every expert
-    } else if (e < 0 || e >= num_experts) {
-      key = static_cast<uint32_t>(num_experts) + 1;  // invalid: counted, reported on the host
-    }
-    keys[i] = key;
-    values[i] = static_cast<int32_t>(i);
-  }
-}
-
-// keys/values: sorted. bounds: (2, E + 2) zeroed; row 0 gets each key's first position,
-// row 1 one past its last.
-__global__ void FinishSortKernel(const uint32_t* __restrict__ keys,
-                                 const int32_t* __restrict__ values, int64_t n, int64_t k,
-                                 uint32_t num_experts, int64_t* __restrict__ token,
-                                 int64_t* __restrict__ slot, int64_t* __restrict__ inverse,
-                                 int32_t* __restrict__ bounds) {
-  int32_t* begin = bounds;
-  int32_t* end = bounds + num_experts + 2;
-  SY_GRID_STRIDE(a, n) {
-    const uint32_t key = keys[a];
-    const int64_t s = values[a];
-    slot[a] = s;
-    token[a] = s / k;
-    inverse[s] = key < num_experts ? a : -1;
-    if (a == 0 || keys[a - 1] != key) begin[key] = static_cast<int32_t>(a);
-    if (a == n - 1 || keys[a + 1] != key) end[key] = static_cast<int32_t>(a + 1);
-  }
-}
 
 size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -73,9 +37,7 @@ Tensor SortOnDevice(const Tensor& experts, const Tensor& kept, int64_t num_exper
   cudaStream_t stream = StreamOf(ctx);
   const Device dev = slot.device();
 
-  // Key bits: enough for E + 1.
-  int end_bit = 1;
-  while ((uint64_t{1} << end_bit) <= static_cast<uint64_t>(e) + 1) ++end_bit;
+  const int end_bit = sort_dev::KeyBits(num_experts);
   const int items = static_cast<int>(n);
   size_t sort_bytes = 0;
   SY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
@@ -93,7 +55,7 @@ Tensor SortOnDevice(const Tensor& experts, const Tensor& kept, int64_t num_exper
   void* sort_temp = base + 4 * vec;
   Tensor bounds = Tensor::Empty({2, num_experts + 2}, DType::kI32, dev);
 
-  MakeKeysKernel<<<GridFor(n), kThreads, 0, stream>>>(experts.data<int32_t>(),
+  sort_dev::MakeKeysKernel<<<GridFor(n), kThreads, 0, stream>>>(experts.data<int32_t>(),
                                                       kept.data<uint8_t>(), n, e, keys_in,
                                                       values_in);
   SY_CUDA_CHECK_LAUNCH();
@@ -101,29 +63,12 @@ Tensor SortOnDevice(const Tensor& experts, const Tensor& kept, int64_t num_exper
                                                 values_in, values_out, items, 0, end_bit,
                                                 stream));
   SY_CUDA_CHECK(cudaMemsetAsync(bounds.raw_data(), 0, bounds.nbytes(), stream));
-  FinishSortKernel<<<GridFor(n), kThreads, 0, stream>>>(
+  sort_dev::FinishSortKernel<<<GridFor(n), kThreads, 0, stream>>>(
       keys_out, values_out, n, k, static_cast<uint32_t>(e), token.data<int64_t>(),
       slot.data<int64_t>(), inverse.data<int64_t>(), bounds.data<int32_t>());
   SY_CUDA_CHECK_LAUNCH();
   *sorted_keys = keys_out;
   return bounds;
-}
-
-// offsets[e] (e = 0..E) = the number of sorted keys below e: a binary search per entry.
-__global__ void OffsetsKernel(const uint32_t* __restrict__ keys, int64_t n, int64_t num_experts,
-                              int64_t* __restrict__ offsets) {
-  SY_GRID_STRIDE(e, num_experts + 1) {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (keys[mid] < static_cast<uint32_t>(e)) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    offsets[e] = lo;
-  }
 }
 
 }  // namespace
@@ -161,7 +106,7 @@ void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t
   Tensor scratch;
   const uint32_t* keys = nullptr;
   SortOnDevice(experts, kept, num_experts, token, slot, inverse, scratch, &keys, ctx);
-  OffsetsKernel<<<GridFor(num_experts + 1), kThreads, 0, stream>>>(keys, n, num_experts,
+  sort_dev::OffsetsKernel<<<GridFor(num_experts + 1), kThreads, 0, stream>>>(keys, n, num_experts,
                                                                    offsets.data<int64_t>());
   SY_CUDA_CHECK_LAUNCH();
 }

@@ -137,8 +137,8 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
 // The grouped fused ops (one bias per group: the experts' first projection) against
 // GroupedAddBias / GroupedBiasGrad and the activation, over host counts and device offsets
 // (with rows past the groups: the forward treats them as the unfused ops do, the backward
-// leaves them as they were). Empty groups, a group with no rows at all, a tall split whose
-// bias gradient is cut into many chunks; beta 0 over NaN and 1; dx over dy.
+// leaves them as they were). Empty groups, a group with no rows at all, no groups, a tall
+// split whose bias gradient is cut into many chunks; beta 0 over NaN and 1; dx over dy.
 inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   struct Case {
@@ -146,7 +146,8 @@ inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
     int64_t n, past;  // columns; rows past the groups (device offsets only)
   };
   const std::vector<Case> cases = {
-      {{3, 0, 70, 1}, 77, 6}, {{0, 0}, 5, 4}, {{40000, 25000, 5001}, 3, 9}, {{1}, 1, 0}};
+      {{3, 0, 70, 1}, 77, 6}, {{0, 0}, 5, 4}, {{40000, 25000, 5001}, 3, 9}, {{1}, 1, 0},
+      {{}, 6, 5}};  // no groups: every row past them
   uint64_t seed = 900;
   for (const Case& c : cases) {
     const int64_t groups = static_cast<int64_t>(c.rows.size());

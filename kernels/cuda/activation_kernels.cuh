@@ -1,0 +1,52 @@
+// The device code of kernels/cuda/activation.cu (which launches it): gelu, relu and swiglu,
+// forward and backward, one grid-stride kernel each over n elements. Each evaluates the CPU
+// reference's expression (kernels/cuda/activation_math.cuh). Pointers are not __restrict__:
+// an output may be an input's memory (each element is read, then written, by one thread).
+// Include after kernels/cuda/device_common.cuh and kernels/cuda/activation_math.cuh.
+#pragma once
+
+#include <cstdint>
+
+namespace switchyard::kernels::cuda::activation {
+// Internal linkage: the emulation test compiles these kernels too, and links with the .cu's.
+namespace {
+
+// Threads per block; the grid is device_common.cuh's GridFor(n, kThreads), and the loops cover any
+// grid.
+constexpr int kThreads = 256;
+
+__global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
+  SY_GRID_STRIDE(i, n) { y[i] = Gelu(x[i]); }
+}
+
+__global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) { dx[i] = GeluGrad(x[i], dy[i]); }
+}
+
+__global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
+  SY_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    y[i] = v > 0.0f ? v : 0.0f;
+  }
+}
+
+__global__ void ReluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+__global__ void SwigluForwardKernel(const float* a, const float* b, float* out, int64_t n) {
+  SY_GRID_STRIDE(i, n) { out[i] = Swiglu(a[i], b[i]); }
+}
+
+__global__ void SwigluBackwardKernel(const float* a, const float* b, const float* dout, float* da,
+                                     float* db, int64_t n) {
+  SY_GRID_STRIDE(i, n) {
+    float vda, vdb;
+    SwigluGrad(a[i], b[i], dout[i], &vda, &vdb);
+    da[i] = vda;
+    db[i] = vdb;
+  }
+}
+
+}  // namespace
+}  // namespace switchyard::kernels::cuda::activation

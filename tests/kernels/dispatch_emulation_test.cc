@@ -1,0 +1,669 @@
+// The dispatch family's device code run on the CPU, without a GPU, through the host model of
+// CUDA in tests/kernels/cuda_emulation.h, with the launch shapes of the .cu files (taken from
+// the .cuh helpers they launch with), against the CPU twins:
+//  - admission (kernels/cuda/admission_kernels.cuh): the keys kernel, then what admission.cu
+//    asks of CUB done here on the host (an exclusive scan of the class counts, and a stable
+//    sort of (key, value) pairs on key bits [0, SortEndBit): CUB's radix-sort order), then
+//    the rank kernel and the admitted-counts kernel. kept, position and the counts must be
+//    EXACTLY the CPU's AdmitAssignments / AdmitAssignmentsInto: both orders, top-1, top-2 and
+//    wider, gates full of ties (equal values, +0 and -0, subnormals: the CPU's stable sort by
+//    `>` breaks them by token then slot), capacity 0, below, at and above the demand and
+//    unlimited, keep masks, priority offsets, expert indices outside [0, E) (sorted after
+//    everything and counted apart), and a grid capped to one block (grid-stride loops);
+//  - permute (kernels/cuda/permute_kernels.cuh): GatherRows (f32 rows as float or float4,
+//    i32 rows as words, u8 rows as bytes, a misaligned view), ScatterAddRows, Combine (with
+//    and without extra, nothing kept) and CombineBackward (rows = A, and a device-sized plan
+//    whose rows past A are dropped, with NaN outputs there) on routings with dropped slots,
+//    widths not a multiple of 4 or 32 and wider than a block's 256 lanes, k <= 8 (the sorted
+//    sums) and k = 10, capped grids; outputs pre-filled with NaN, and what must not be
+//    written checked unchanged. Bit-equal to the CPU where permute.h says so (k <= 8, dout);
+//    otherwise bounds by construction: a sum of m f32 (or f64) terms in two orders differs by
+//    at most 2 gamma(m) sum|terms| (gamma(m) = m u / (1 - m u)), and dgates, an f64 dot
+//    rounded to f32 once, adds u_f32 (|gpu| + |cpu|) to that;
+//  - the entropy: EntropyKernel's partials (with its shape, and a grid capped at 3 blocks for
+//    the grid-stride loop past its 1024-block cap, too slow to emulate) summed in block order
+//    against the CPU's sequential sum (the same f64 terms: the bound above), and
+//    SumInOrderKernel bit-equal to EntropySum's host loop.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/core/tensor.h"
+#include "kernels/moe_routing.h"
+#include "kernels/permute.h"
+// Last: the host model defines CUDA's qualifiers as macros. EntropyKernel declares its shared
+// array inside the kernel: static, it is one array for the CTA's threads.
+#include "tests/kernels/cuda_emulation.h"
+#undef __shared__
+#define __shared__ static
+
+// CUDA built-ins the host model lacks: float4, and min / max of 64-bit integers.
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+#include "kernels/cuda/admission_kernels.cuh"
+#include "kernels/cuda/permute_kernels.cuh"
+
+namespace switchyard::kernels {
+namespace {
+
+namespace adm = cuda::dispatch::admission;
+namespace pm = cuda::dispatch::permute;
+
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+constexpr float kUnwritten = -777.0f;  // where a kernel must not write (NaN could be written)
+constexpr unsigned kNoCap = ~0u;
+unsigned char no_smem[1];  // no kernel of this family uses dynamic shared memory
+
+double Gamma(int64_t m, double u) { return m * u / (1.0 - m * u); }
+const double kU32 = std::ldexp(1.0, -24), kU64 = std::ldexp(1.0, -53);
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t seed) : g(seed) {}
+  int64_t Int(int64_t n) { return static_cast<int64_t>(g() % static_cast<uint64_t>(n)); }
+  float Uniform(float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(static_cast<double>(g() >> 40) * 0x1p-24);
+  }
+  std::vector<float> Floats(int64_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> v(n);
+    for (float& x : v) x = Uniform(lo, hi);
+    return v;
+  }
+};
+
+template <typename T>
+void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      FAIL() << what << ": element " << i << " of " << got.size() << " is " << +got[i]
+             << ", want " << +want[i];
+    }
+  }
+}
+
+// ---- Admission ----------------------------------------------------------------------------
+
+struct Routing {
+  int64_t T = 0, k = 0, E = 0;
+  std::vector<int32_t> indices;  // (T, k)
+  std::vector<uint8_t> keep;     // (T, k), or empty for all (keep undefined)
+  std::vector<float> gates;      // (T, k)
+};
+
+// T tokens, k distinct experts each (repeats when E < k), a third of them crowding onto
+// expert 0; gates drawn from a few values (ties, +-0, a subnormal) when `ties`.
+Routing MakeRouting(int64_t T, int64_t k, int64_t E, bool ties, bool with_keep, Rng& rng) {
+  static const float kTied[] = {0.5f, 0.25f, 0.0f, -0.0f, 0.125f, 1e-40f, -1e-40f, 0.75f, -0.3f};
+  Routing r{T, k, E, std::vector<int32_t>(T * k), {}, std::vector<float>(T * k)};
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e;
+      bool repeat;
+      do {
+        e = static_cast<int32_t>(j == 0 && rng.Int(3) == 0 ? 0 : rng.Int(E));
+        repeat = false;
+        for (int64_t i = 0; i < j && k <= E; ++i) repeat |= r.indices[t * k + i] == e;
+      } while (repeat);
+      r.indices[t * k + j] = e;
+      r.gates[t * k + j] = ties ? kTied[rng.Int(std::size(kTied))] : rng.Uniform(0.0f, 1.0f);
+    }
+  }
+  if (with_keep) {
+    r.keep.resize(T * k);
+    for (uint8_t& x : r.keep) x = rng.Int(5) != 0;
+  }
+  return r;
+}
+
+struct DeviceAdmission {
+  std::vector<uint8_t> kept;      // (T, k)
+  std::vector<int64_t> position;  // (T, k)
+  std::vector<int64_t> classes;   // (k E + 2) class counts
+  std::vector<double> admitted;   // (E + 1) AdmittedCountsKernel's (no offsets only)
+};
+
+// admission.cu's AdmitOnDevice (+ AdmittedCountsKernel without offsets) for one routing and
+// order, at several capacities, CUB's scan and sort done on the host.
+template <bool kByProbability>
+class DeviceAdmitter {
+ public:
+  using Key = adm::AdmissionKey<kByProbability>;
+
+  // The keys kernel, the scan of the class counts and the sort.
+  DeviceAdmitter(const Routing& r, unsigned grid_cap) : r_(r), n_(r.T * r.k) {
+    const int64_t classes = r.k * r.E + 2;
+    std::vector<Key> keys(n_, static_cast<Key>(0x5A5A5A5A));
+    std::vector<int32_t> values(n_, -7);
+    std::vector<unsigned long long> counts(classes, 0);  // Tensor::Zeros
+    blocks_ = std::min(cuda::GridFor(n_, adm::kThreads), grid_cap);
+    counts_blocks_ = std::min(cuda::GridFor(r.E + 1, adm::kThreads), grid_cap);
+    emu::Launch(EmuDim3{blocks_, 1, 1}, adm::kThreads, no_smem, 0, 0, [&] {
+      adm::AdmissionKeysKernel<kByProbability>(
+          r.indices.data(), r.keep.empty() ? nullptr : r.keep.data(),
+          kByProbability ? r.gates.data() : nullptr, n_, static_cast<int>(r.k),
+          static_cast<int>(r.E), keys.data(), values.data(), counts.data());
+    });
+    classes_.assign(counts.begin(), counts.end());
+    // cub::DeviceScan::ExclusiveSum of the class counts.
+    starts_.resize(classes);
+    long long run = 0;
+    for (int64_t c = 0; c < classes; ++c) starts_[c] = run, run += counts[c];
+    // cub::DeviceRadixSort::SortPairs on key bits [0, end_bit): stable, higher bits unseen.
+    const int end_bit = adm::SortEndBit(kByProbability, r.k, r.E);
+    EXPECT_LE(end_bit, static_cast<int>(8 * sizeof(Key)));
+    const Key mask = end_bit >= static_cast<int>(8 * sizeof(Key)) ? ~Key{0}
+                                                                  : (Key{1} << end_bit) - 1;
+    for (Key key : keys) EXPECT_EQ(key & ~mask, Key{0}) << "key bits past end_bit";
+    std::vector<int64_t> order(n_);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t x, int64_t y) { return (keys[x] & mask) < (keys[y] & mask); });
+    keys_.resize(n_);
+    values_.resize(n_);
+    for (int64_t s = 0; s < n_; ++s) keys_[s] = keys[order[s]], values_[s] = values[order[s]];
+  }
+
+  // The rank kernel (and the counts kernel without offsets) at this capacity.
+  DeviceAdmission Admit(int64_t capacity, const std::vector<int64_t>& offsets) const {
+    DeviceAdmission out{std::vector<uint8_t>(n_, 0), std::vector<int64_t>(n_, -1), classes_, {}};
+    emu::Launch(EmuDim3{blocks_, 1, 1}, adm::kThreads, no_smem, 0, 0, [&] {
+      adm::AdmissionRankKernel<kByProbability>(
+          keys_.data(), values_.data(), n_, static_cast<int>(r_.k), static_cast<int>(r_.E),
+          starts_.data(), offsets.empty() ? nullptr : offsets.data(), capacity,
+          out.kept.data(), out.position.data());
+    });
+    if (offsets.empty()) {
+      out.admitted.assign(r_.E + 1, kNan);
+      emu::Launch(EmuDim3{counts_blocks_, 1, 1}, adm::kThreads, no_smem, 0, 0, [&] {
+        adm::AdmittedCountsKernel(classes_.data(), r_.E, r_.k, capacity, kByProbability,
+                                  out.admitted.data());
+      });
+    }
+    return out;
+  }
+
+ private:
+  const Routing& r_;
+  int64_t n_;
+  unsigned blocks_ = 0, counts_blocks_ = 0;
+  std::vector<int64_t> classes_;
+  std::vector<long long> starts_;
+  std::vector<Key> keys_;  // sorted, with their values
+  std::vector<int32_t> values_;
+};
+
+// Compares one device admission with the CPU's. bad: slots whose expert index was put
+// outside [0, E) (the CPU, which rejects those, sees them with keep = 0 instead).
+void CheckAdmission(const Routing& r, const DeviceAdmission& got, int64_t capacity,
+                    AdmissionOrder order, const std::vector<int64_t>& offsets,
+                    const std::vector<int64_t>& bad, const std::string& what) {
+  const int64_t n = r.T * r.k, k = r.k, E = r.E;
+  Routing cpu_r = r;
+  if (!bad.empty() && cpu_r.keep.empty()) cpu_r.keep.assign(n, 1);
+  for (int64_t s : bad) cpu_r.indices[s] = 0, cpu_r.keep[s] = 0;
+  const Tensor indices = Tensor::FromVector(cpu_r.indices, {r.T, k});
+  const Tensor gates = Tensor::FromVector(cpu_r.gates, {r.T, k});
+  const Tensor keep = cpu_r.keep.empty() ? Tensor() : Tensor::FromVector(cpu_r.keep, {r.T, k});
+  Tensor kept = Tensor::Empty({r.T, k}, DType::kU8);
+  Tensor position = Tensor::Empty({r.T, k}, DType::kI64);
+  const AdmissionCounts want =
+      AdmitAssignments(indices, gates, keep, E, capacity, order, offsets, kept, position);
+  ExpectSameBits(got.kept, kept.ToVector<uint8_t>(), what + ": kept");
+  ExpectSameBits(got.position, position.ToVector<int64_t>(), what + ": position");
+  const int64_t num_bad = static_cast<int64_t>(bad.size());
+  EXPECT_EQ(got.classes[k * E + 1], num_bad) << what << ": out-of-range count";
+  EXPECT_EQ(got.classes[k * E], want.removed - num_bad) << what << ": removed";
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t before = 0;
+    for (int64_t j = 0; j < k; ++j) before += got.classes[e * k + j];
+    EXPECT_EQ(before, want.before[e]) << what << ": competitors of expert " << e;
+  }
+  if (!offsets.empty()) return;
+  // AdmitAssignmentsInto's counts: the CPU's after, then the out-of-range count.
+  Tensor counts = Tensor::Empty({E + 1}, DType::kF64);
+  AdmitAssignmentsInto(indices, gates, keep, E, capacity, order, kept, position, counts);
+  std::vector<double> want_counts = counts.ToVector<double>();
+  want_counts[E] = static_cast<double>(num_bad);
+  for (int64_t e = 0; e < E; ++e) ASSERT_EQ(want_counts[e], want.after[e]) << what;
+  ExpectSameBits(got.admitted, want_counts, what + ": admitted counts");
+}
+
+// Admits r at each capacity on the device (the keys and the sort once) and checks each.
+template <bool kByProbability>
+void CheckCapacities(const Routing& r, const std::vector<int64_t>& capacities,
+                     const std::vector<int64_t>& offsets, unsigned grid_cap,
+                     const std::vector<int64_t>& bad, const std::string& what) {
+  const AdmissionOrder order =
+      kByProbability ? AdmissionOrder::kProbability : AdmissionOrder::kPosition;
+  const DeviceAdmitter<kByProbability> device(r, grid_cap);
+  for (int64_t capacity : capacities) {
+    CheckAdmission(r, device.Admit(capacity, offsets), capacity, order, offsets, bad,
+                   what + (kByProbability ? " probability" : " position") + " C " +
+                       std::to_string(capacity));
+  }
+}
+
+TEST(DispatchEmulationTest, AdmissionIsTheCpuOrderExactly) {
+  struct Shape {
+    int64_t T, k, E;
+  };
+  // top-1 and top-2 over several blocks (600 assignments: 3 blocks), both slots on one expert,
+  // one token, more experts, a wider k (slot decoding).
+  const std::vector<Shape> shapes = {{300, 1, 7}, {300, 2, 7}, {1, 2, 1}, {257, 2, 33},
+                                     {64, 4, 5}};
+  Rng rng(11);
+  for (const Shape& sh : shapes) {
+    // Demand per expert is ~T k / E (expert 0's about twice that): capacity unlimited, 0,
+    // below, about at, above it and above every expert's demand.
+    const int64_t mean = std::max<int64_t>(1, sh.T * sh.k / sh.E), all = sh.T * sh.k;
+    const std::vector<std::vector<int64_t>> capacities = {
+        {-1, mean / 2, mean}, {0, mean, all}, {mean / 2, 3 * mean, all}};
+    for (int variant = 0; variant < 3; ++variant) {
+      // Tied gates, distinct gates, tied gates with a keep mask.
+      const Routing r = MakeRouting(sh.T, sh.k, sh.E, variant != 1, variant == 2, rng);
+      const std::string what = "T " + std::to_string(sh.T) + " k " + std::to_string(sh.k) +
+                               " E " + std::to_string(sh.E) + " variant " +
+                               std::to_string(variant);
+      CheckCapacities<false>(r, capacities[variant], {}, kNoCap, {}, what);
+      CheckCapacities<true>(r, capacities[variant], {}, kNoCap, {}, what);
+      if (variant == 2) {
+        CheckCapacities<false>(r, {mean}, {}, 1, {}, what + " grid 1");
+        CheckCapacities<true>(r, {mean}, {}, 1, {}, what + " grid 1");
+        std::vector<int64_t> offsets(sh.k * sh.E);
+        for (int64_t& o : offsets) o = rng.Int(mean + 2);
+        CheckCapacities<false>(r, {-1, mean}, offsets, kNoCap, {}, what + " offsets");
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(DispatchEmulationTest, AdmissionSortsOutOfRangeExpertsAfterEverything) {
+  Rng rng(12);
+  for (int64_t k : {1, 2}) {
+    Routing r = MakeRouting(200, k, 6, true, true, rng);
+    std::vector<int64_t> bad;
+    for (int64_t s = 3; s < r.T * k; s += 17) {
+      r.indices[s] = s % 2 == 0 ? -1 : 6 + static_cast<int32_t>(s % 3);  // below 0, E or above
+      bad.push_back(s);
+    }
+    const std::string what = "out of range, k " + std::to_string(k);
+    CheckCapacities<false>(r, {-1, 20}, {}, kNoCap, bad, what);
+    CheckCapacities<true>(r, {-1, 20}, {}, kNoCap, bad, what);
+  }
+}
+
+// ---- Permutation --------------------------------------------------------------------------
+
+// A routing of N tokens, k slots, E experts, and SortAssignments' permutation of it.
+struct Plan {
+  int64_t N = 0, k = 0, A = 0;
+  std::vector<int64_t> token, slot, inverse;  // (N k), (N k), (N, k)
+  std::vector<uint8_t> kept;                  // (N, k)
+};
+
+// keep_one_in: 0 keeps nothing, 1 everything, m > 1 drops about one slot in m.
+Plan MakePlan(int64_t N, int64_t k, int64_t E, int keep_one_in, Rng& rng) {
+  Plan p{N, k, 0, {}, {}, {}, std::vector<uint8_t>(N * k)};
+  std::vector<int32_t> experts(N * k);
+  for (int64_t i = 0; i < N * k; ++i) {
+    experts[i] = static_cast<int32_t>(rng.Int(E));
+    p.kept[i] = keep_one_in == 1 || (keep_one_in > 1 && rng.Int(keep_one_in) != 0);
+  }
+  Tensor token = Tensor::Empty({N * k}, DType::kI64), slot = Tensor::Empty({N * k}, DType::kI64);
+  Tensor inverse = Tensor::Empty({N * k}, DType::kI64);
+  const std::vector<int64_t> counts =
+      SortAssignments(Tensor::FromVector(experts, {N, k}), Tensor::FromVector(p.kept, {N, k}),
+                      E, token, slot, inverse);
+  p.A = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  p.token = token.ToVector<int64_t>();
+  p.slot = slot.ToVector<int64_t>();
+  p.inverse = inverse.ToVector<int64_t>();
+  return p;
+}
+
+// A row kernel over `rows` with permute.cu's layout for `width` vectors, its grid capped.
+template <typename Body>
+void LaunchRowKernel(int64_t rows, int64_t width, unsigned grid_cap, Body body) {
+  const pm::RowLayout l = pm::LayoutFor(rows, width);
+  emu::Launch(EmuDim3{std::min(l.blocks, grid_cap), 1, 1}, pm::kThreads, no_smem, 0, 0,
+              [&] { body(l.log2); });
+}
+
+// permute.cu's GatherRows; returns whether the rows moved as float4.
+bool RunGather(const void* src, const int64_t* index, void* dst, int64_t rows, int64_t d,
+               bool bytes, unsigned grid_cap) {
+  if (rows == 0 || d == 0) return false;
+  if (bytes) {
+    LaunchRowKernel(rows, d, grid_cap, [&](int log2) {
+      pm::GatherRowsKernel<uint8_t>(static_cast<const uint8_t*>(src), index,
+                                    static_cast<uint8_t*>(dst), rows, d, log2);
+    });
+    return false;
+  }
+  bool vec4 = false;
+  pm::LaunchRows(d, {src, dst}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    vec4 = std::is_same_v<V, float4>;
+    LaunchRowKernel(rows, width, grid_cap, [&](int log2) {
+      pm::GatherRowsKernel<V>(static_cast<const V*>(src), index, static_cast<V*>(dst), rows,
+                              width, log2);
+    });
+  });
+  return vec4;
+}
+
+// permute.cu's ScatterAddRows over the plan's A rows.
+bool RunScatterAdd(const Plan& p, const float* drows, float* dh, int64_t d, unsigned grid_cap) {
+  if (p.N == 0 || d == 0 || p.A == 0) return false;
+  const int k = static_cast<int>(p.k);
+  bool vec4 = false;
+  pm::LaunchRows(d, {drows, dh}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    vec4 = std::is_same_v<V, float4>;
+    auto* in = reinterpret_cast<const V*>(drows);
+    auto* out = reinterpret_cast<V*>(dh);
+    LaunchRowKernel(p.N, width, grid_cap, [&](int log2) {
+      if (k <= pm::kMaxSortedK) {
+        pm::ScatterAddKernel<V, true>(in, p.inverse.data(), out, p.N, k, width, log2);
+      } else {
+        pm::ScatterAddKernel<V, false>(in, p.inverse.data(), out, p.N, k, width, log2);
+      }
+    });
+  });
+  return vec4;
+}
+
+// permute.cu's Combine; out may be null (nothing kept), extra null (none).
+void RunCombine(const Plan& p, const float* out, const float* gates, const float* extra,
+                float* y, int64_t d, unsigned grid_cap) {
+  if (p.N == 0 || d == 0) return;
+  const int k = static_cast<int>(p.k);
+  pm::LaunchRows(d, {out, extra, y}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    auto* o = reinterpret_cast<const V*>(out);
+    auto* x = reinterpret_cast<const V*>(extra);
+    auto* dst = reinterpret_cast<V*>(y);
+    LaunchRowKernel(p.N, width, grid_cap, [&](int log2) {
+      if (k <= pm::kMaxSortedK) {
+        pm::CombineKernel<V, true>(o, gates, p.inverse.data(), x, dst, p.N, k, width, log2);
+      } else {
+        pm::CombineKernel<V, false>(o, gates, p.inverse.data(), x, dst, p.N, k, width, log2);
+      }
+    });
+  });
+}
+
+// permute.cu's CombineBackward over `rows` permuted rows (dgates' memset left out: the
+// caller fills it, to see which slots the kernel writes).
+void RunCombineBackward(const Plan& p, int64_t rows, const float* dy, const float* out,
+                        const float* gates, const int64_t* inverse, float* dout, float* dgates,
+                        int64_t d, unsigned grid_cap) {
+  if (rows == 0) return;
+  pm::LaunchRows(d, {dy, out, dout}, [&](auto tag, int64_t width) {
+    using V = decltype(tag);
+    const unsigned blocks = std::min(pm::CombineBackwardBlocks(rows), grid_cap);
+    emu::Launch(EmuDim3{blocks, 1, 1}, pm::kThreads, no_smem, 0, 0, [&] {
+      pm::CombineBackwardKernel<V>(reinterpret_cast<const V*>(dy),
+                                   reinterpret_cast<const V*>(out), gates, p.slot.data(),
+                                   inverse, reinterpret_cast<V*>(dout), dgates, rows, p.k,
+                                   width);
+    });
+  });
+}
+
+struct PlanCase {
+  int64_t N, k, E;
+  int keep_one_in;
+};
+const std::vector<PlanCase> kPlans = {
+    {37, 2, 5, 4},   // top-2 with drops
+    {300, 1, 8, 3},  // top-1 with drops, tokens past one block of narrow rows
+    {1, 2, 3, 1},    // one token, everything kept
+    {20, 2, 4, 0},   // nothing kept
+    {24, 10, 6, 4},  // k = 10: the slot-order sums
+    {16, 8, 3, 5},   // k = 8: the widest sorted sums
+};
+// Row widths: float rows (not multiples of 4 or 32, past the block's 256 lanes) and float4
+// rows (width d / 4: 1, 2, 16, 129).
+const std::vector<int64_t> kWidths = {1, 3, 4, 8, 33, 64, 130, 300, 516};
+
+std::string Name(const PlanCase& c, int64_t d) {
+  return "N " + std::to_string(c.N) + " k " + std::to_string(c.k) + " E " +
+         std::to_string(c.E) + " keep 1/" + std::to_string(c.keep_one_in) + " d " +
+         std::to_string(d);
+}
+
+TEST(DispatchEmulationTest, GatherRowsCopiesRowsExactly) {
+  Rng rng(21);
+  int vec4_runs = 0;
+  for (const PlanCase& c : kPlans) {
+    const Plan p = MakePlan(c.N, c.k, c.E, c.keep_one_in, rng);
+    for (int64_t d : kWidths) {
+      const std::string what = Name(c, d);
+      const unsigned cap = d % 2 == 0 ? 2u : kNoCap;  // some launches grid-stride
+      // The permute (h -> rows, index = token) of f32 rows.
+      const std::vector<float> h = rng.Floats(c.N * d);
+      std::vector<float> rows(p.A * d, kNan);
+      vec4_runs += RunGather(h.data(), p.token.data(), rows.data(), p.A, d, false, cap);
+      Tensor want = Tensor::Empty({p.A, d}, DType::kF32);
+      GatherRows(Tensor::FromVector(h, {c.N, d}),
+                 Tensor::FromVector(std::vector<int64_t>(p.token.begin(), p.token.begin() + p.A),
+                                    {p.A}),
+                 want);
+      ExpectSameBits(rows, want.ToVector<float>(), what + ": f32 gather");
+      // Any index (repeats, more rows than the source) of i32 and u8 rows.
+      const int64_t R = 2 * c.N + 1;
+      std::vector<int64_t> index(R);
+      for (int64_t& i : index) i = rng.Int(c.N);
+      std::vector<int32_t> words(c.N * d), got_words(R * d, -1);
+      for (int32_t& w : words) w = static_cast<int32_t>(rng.g());  // NaN patterns included
+      RunGather(words.data(), index.data(), got_words.data(), R, d, false, cap);
+      std::vector<uint8_t> bytes(c.N * d), got_bytes(R * d, 0xEE);
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng.g());
+      RunGather(bytes.data(), index.data(), got_bytes.data(), R, d, true, cap);
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t j = 0; j < d; ++j) {
+          ASSERT_EQ(got_words[r * d + j], words[index[r] * d + j]) << what << " i32 row " << r;
+          ASSERT_EQ(got_bytes[r * d + j], bytes[index[r] * d + j]) << what << " u8 row " << r;
+        }
+      }
+      // A misaligned view (one float in): float rows even when d % 4 == 0.
+      std::vector<float> shifted(c.N * d + 1, 0.0f), got_shifted(p.A * d + 1, kNan);
+      std::copy(h.begin(), h.end(), shifted.begin() + 1);
+      EXPECT_FALSE(RunGather(shifted.data() + 1, p.token.data(), got_shifted.data() + 1, p.A, d,
+                             false, cap));
+      EXPECT_TRUE(std::isnan(got_shifted[0])) << what << ": written before the view";
+      got_shifted.erase(got_shifted.begin());
+      ExpectSameBits(got_shifted, rows, what + ": misaligned gather");
+    }
+  }
+  EXPECT_GT(vec4_runs, 10) << "the float4 path was not exercised";
+}
+
+TEST(DispatchEmulationTest, ScatterAddAndCombineMatchTheCpu) {
+  Rng rng(22);
+  for (const PlanCase& c : kPlans) {
+    const Plan p = MakePlan(c.N, c.k, c.E, c.keep_one_in, rng);
+    const bool sorted = c.k <= pm::kMaxSortedK;
+    const std::vector<float> gates = rng.Floats(c.N * c.k, 0.0f, 1.0f);
+    for (int64_t d : kWidths) {
+      const std::string what = Name(c, d);
+      const unsigned cap = d % 3 == 0 ? 3u : kNoCap;
+      const std::vector<float> drows = rng.Floats(p.A * d), dh0 = rng.Floats(c.N * d);
+      const Tensor inverse = Tensor::FromVector(p.inverse, {c.N, c.k});
+
+      // ScatterAddRows: dh += each token's kept rows.
+      std::vector<float> dh = dh0;
+      RunScatterAdd(p, drows.empty() ? nullptr : drows.data(), dh.data(), d, cap);
+      Tensor want = Tensor::FromVector(dh0, {c.N, d});
+      ScatterAddRows(Tensor::FromVector(drows, {p.A, d}), inverse, want);
+      const std::vector<float> w = want.ToVector<float>();
+      for (int64_t t = 0; t < c.N; ++t) {
+        for (int64_t j = 0; j < d; ++j) {
+          const int64_t i = t * d + j;
+          double mag = std::fabs(dh0[i]);
+          int64_t terms = 1;
+          for (int64_t s = t * c.k; s < (t + 1) * c.k; ++s) {
+            if (p.inverse[s] >= 0) mag += std::fabs(drows[p.inverse[s] * d + j]), ++terms;
+          }
+          if (sorted || terms == 1) {  // nothing kept: the row is untouched
+            ASSERT_EQ(0, std::memcmp(&dh[i], &w[i], 4)) << what << " scatter " << t << "," << j
+                                                        << ": " << dh[i] << " vs " << w[i];
+          } else {
+            ASSERT_LE(std::fabs(double(dh[i]) - w[i]), 2 * Gamma(terms, kU32) * mag)
+                << what << " scatter " << t << "," << j;
+          }
+        }
+      }
+
+      // Combine, with and without extra: y written whole.
+      for (bool with_extra : {false, true}) {
+        const std::vector<float> out = rng.Floats(p.A * d);
+        const std::vector<float> extra = with_extra ? rng.Floats(c.N * d) : std::vector<float>();
+        std::vector<float> y(c.N * d, kNan);
+        RunCombine(p, p.A > 0 ? out.data() : nullptr, gates.data(),
+                   with_extra ? extra.data() : nullptr, y.data(), d, cap);
+        Tensor want_y = Tensor::Empty({c.N, d}, DType::kF32);
+        Combine(Tensor::FromVector(out, {p.A, d}), Tensor::FromVector(gates, {c.N, c.k}), inverse,
+                with_extra ? Tensor::FromVector(extra, {c.N, d}) : Tensor(), want_y);
+        const std::vector<float> wy = want_y.ToVector<float>();
+        const std::string cw = what + (with_extra ? " combine+extra " : " combine ");
+        if (sorted) {
+          ExpectSameBits(y, wy, cw);
+          continue;
+        }
+        for (int64_t t = 0; t < c.N; ++t) {
+          for (int64_t j = 0; j < d; ++j) {
+            const int64_t i = t * d + j;
+            double mag = with_extra ? std::fabs(extra[i]) : 0.0;
+            int64_t terms = 1;
+            for (int64_t s = t * c.k; s < (t + 1) * c.k; ++s) {
+              if (p.inverse[s] < 0) continue;
+              mag += std::fabs(gates[s] * out[p.inverse[s] * d + j]);
+              ++terms;
+            }
+            ASSERT_LE(std::fabs(double(y[i]) - wy[i]), 2 * Gamma(terms, kU32) * mag)
+                << cw << t << "," << j << ": " << y[i] << " vs " << wy[i];
+          }
+        }
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(DispatchEmulationTest, CombineBackwardMatchesTheCpu) {
+  Rng rng(23);
+  for (const PlanCase& c : kPlans) {
+    const Plan p = MakePlan(c.N, c.k, c.E, c.keep_one_in, rng);
+    const int64_t nk = c.N * c.k;
+    const std::vector<float> gates = rng.Floats(nk, 0.0f, 1.0f);
+    // One warp per row, whatever the width: fewer widths (float rows narrower than a warp
+    // and wider than 4 warps, float4 rows of 2 and of 129 vectors).
+    for (int64_t d : {3, 8, 130, 516}) {
+      const std::vector<float> dy = rng.Floats(c.N * d);
+      // rows = A (the host knows A), then every slot's row with the inverse (a device-sized
+      // plan: rows past A are dropped ones, their out never written: NaN).
+      for (bool device_sized : {false, true}) {
+        if (device_sized && (d == 3 || d == 516)) continue;  // run time: two widths suffice
+        const std::string what = Name(c, d) + (device_sized ? " device-sized" : " rows A");
+        const unsigned cap = d % 2 == 1 ? 2u : kNoCap;
+        const int64_t rows = device_sized ? nk : p.A;
+        std::vector<float> out = rng.Floats(rows * d);
+        std::fill(out.begin() + p.A * d, out.end(), kNan);
+        std::vector<float> dout(rows * d, kNan), dgates(nk, kUnwritten);
+        const std::vector<int64_t> slot(p.slot.begin(), p.slot.begin() + rows);
+        RunCombineBackward(p, rows, dy.data(), out.data(), gates.data(),
+                           device_sized ? p.inverse.data() : nullptr, dout.data(),
+                           dgates.data(), d, cap);
+        Tensor want_dout = Tensor::Empty({rows, d}, DType::kF32);
+        Tensor want_dg = Tensor::Empty({c.N, c.k}, DType::kF32);
+        CombineBackward(Tensor::FromVector(dy, {c.N, d}), Tensor::FromVector(out, {rows, d}),
+                        Tensor::FromVector(gates, {c.N, c.k}), Tensor::FromVector(slot, {rows}),
+                        want_dout, want_dg, nullptr,
+                        device_sized ? Tensor::FromVector(p.inverse, {c.N, c.k}) : Tensor());
+        ExpectSameBits(dout, want_dout.ToVector<float>(), what + ": dout");
+        const std::vector<float> wg = want_dg.ToVector<float>();
+        for (int64_t s = 0; s < nk; ++s) {
+          const int64_t a = p.inverse[s];
+          if (a < 0) {  // dropped: the kernel must not write it (the host zeroes it first)
+            ASSERT_EQ(dgates[s], kUnwritten) << what << ": dropped slot " << s << " written";
+            ASSERT_EQ(wg[s], 0.0f);
+            continue;
+          }
+          double mag = 0.0;
+          for (int64_t j = 0; j < d; ++j) {
+            mag += std::fabs(double(dy[(s / c.k) * d + j]) * out[a * d + j]);
+          }
+          const double bound = 2 * Gamma(d, kU64) * mag +
+                               kU32 / (1 - kU32) * (std::fabs(dgates[s]) + std::fabs(wg[s]));
+          ASSERT_LE(std::fabs(double(dgates[s]) - wg[s]), bound)
+              << what << " dgates " << s << ": " << dgates[s] << " vs " << wg[s];
+        }
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(DispatchEmulationTest, EntropyPartialsSumToTheCpuEntropy) {
+  Rng rng(24);
+  // Past the 1024-block cap the grid strides; emulating 1024 blocks takes too long here, so
+  // a grid capped at 3 blocks strides instead (n = 5000: 20 blocks uncapped).
+  EXPECT_EQ(pm::EntropyBlocks(int64_t{pm::kMaxEntropyBlocks} * pm::kThreads + 1),
+            pm::kMaxEntropyBlocks);
+  EXPECT_EQ(pm::EntropyBlocks(int64_t{pm::kMaxEntropyBlocks} * pm::kThreads),
+            pm::kMaxEntropyBlocks);
+  // One element, tails of a block, several blocks, and the capped grid.
+  for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{5000}, int64_t{-5000}}) {
+    const unsigned grid_cap = n < 0 ? 3u : kNoCap;
+    n = n < 0 ? -n : n;
+    std::vector<float> p = rng.Floats(n, 0.0f, 1.0f);
+    // Zeros, negatives (not summed), ones, subnormals and tiny values.
+    for (int64_t i = 0; i < n; i += 7) p[i] = 0.0f;
+    for (int64_t i = 3; i < n; i += 11) p[i] = -p[i];
+    for (int64_t i = 5; i < n; i += 13) p[i] = 1.0f;
+    for (int64_t i = 2; i < n; i += 17) p[i] = 1e-41f;
+    for (int64_t i = 9; i < n; i += 19) p[i] = 3e-30f;
+    EXPECT_EQ(pm::EntropyBlocks(n), (n + 255) / 256);
+    const unsigned blocks = std::min(pm::EntropyBlocks(n), grid_cap);
+    std::vector<double> partial(blocks, std::numeric_limits<double>::quiet_NaN());
+    emu::Launch(EmuDim3{blocks, 1, 1}, pm::kThreads, no_smem, 0, 0,
+                [&] { pm::EntropyKernel(p.data(), n, partial.data()); });
+    double sum = 0.0;  // EntropySum's host loop
+    for (unsigned b = 0; b < blocks; ++b) sum += partial[b];
+    // EntropySumInto's <<<1, 1>>> launch: one thread, which a launch of the host model
+    // (whole warps) cannot express, so called directly.
+    double into = std::numeric_limits<double>::quiet_NaN();
+    pm::SumInOrderKernel(partial.data(), blocks, &into);
+    EXPECT_EQ(0, std::memcmp(&into, &sum, sizeof(double)))
+        << "n " << n << ": " << into << " vs " << sum;
+
+    const double want = EntropySum(Tensor::FromVector(p, {n}));
+    double mag = 0.0;
+    for (float v : p) {
+      if (v > 0.0f) mag += std::fabs(static_cast<double>(v) * static_cast<double>(logf(v)));
+    }
+    EXPECT_LE(std::fabs(sum - want), 2 * Gamma(n + blocks, kU64) * mag)
+        << "n " << n << ": " << sum << " vs " << want;
+  }
+}
+
+}  // namespace
+}  // namespace switchyard::kernels

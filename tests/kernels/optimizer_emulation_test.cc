@@ -1,0 +1,561 @@
+// The device code of the optimizer and elementwise families (kernels/cuda/optimizer_kernels.cuh,
+// kernels/cuda/elementwise_kernels.cuh) run on the CPU, without a GPU, through the host model of
+// CUDA in tests/kernels/cuda_emulation.h, with the .cu files' launch shapes and chunk tables
+// (the .cuh helpers both use), against the CPU twins (kernels/optimizer.h, kernels/elementwise.h).
+//
+// What it checks:
+//  - AdamW (single tensor, and chunked over several tensors of one element, of sizes not a
+//    multiple of the block, of exactly one chunk and of three chunks, and empty), with and
+//    without weight decay, steps 1, 2, 3 and a later step with a clip factor; SGD with and
+//    without momentum and weight decay; scale (single and chunked): bit-equal to the CPU, as
+//    optimizer.cu promises (the same correctly rounded f32 operations in the same order);
+//  - single-tensor kernels also on grids capped below n / 256 blocks (the grid-stride loop);
+//  - the sums of squares (single: the real grid, up to its cap of 1024 blocks; chunked: one
+//    block per chunk, the host adding each tensor's partials in order): bit-equal to the CPU
+//    on values whose squares and sums are exact in double (so any element missed or added
+//    twice shows), and within a bound by construction on random values: both sum the same n
+//    non-negative exact products in double, so each is within gamma(n) S of the exact S
+//    (gamma(n) = n u / (1 - n u), u = 2^-53), and they differ by at most 2 gamma(n) S;
+//  - elementwise Add, Mul, Axpy, MulAdd (and Add in place), Fill (f32, bf16) and the f32 <->
+//    bf16 casts, with NaN payloads, infinities, rounding ties, negative zero and denormals
+//    (f32 -> bf16), and every bf16 bit pattern (bf16 -> f32): bit-equal to the CPU and to
+//    engine/core/dtype.h's BFloat16;
+//  - outputs pre-filled with NaN (every element written), exact-size buffers, and the chunked
+//    tensors laid out in one buffer with a guard element around each, checked unchanged.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/core/dtype.h"
+#include "engine/core/philox.h"
+#include "engine/core/tensor.h"
+#include "kernels/elementwise.h"
+#include "kernels/optimizer.h"
+#include "kernels/random.h"
+// Last: the host model defines CUDA's qualifiers as macros. The sum-of-squares kernels declare
+// their shared arrays inside the kernel: static, they are one array for the CTA's threads.
+#include "tests/kernels/cuda_emulation.h"
+#undef __shared__
+#define __shared__ static
+
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/optimizer_kernels.cuh"
+
+namespace switchyard::kernels {
+namespace {
+
+namespace opt = cuda::optimizer;
+namespace ew = cuda::elementwise;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> Uniform(int64_t n, uint64_t stream, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::Empty({n}, DType::kF32);
+  FillUniform(t, RngKey{57, stream}, 0, lo, hi);
+  return t.ToVector<float>();
+}
+
+// Values k / 16, k in [-64, 64]: their squares and any sum of up to 2^40 of them are exact.
+std::vector<float> Sixteenths(int64_t n, uint64_t stream) {
+  std::vector<float> x = Uniform(n, stream, -64.5f, 64.5f);
+  for (float& v : x) v = std::nearbyint(v) / 16.0f;
+  return x;
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// A CPU tensor over caller-owned f32 memory.
+Tensor Wrap(float* x, int64_t n) { return Tensor::Wrap(x, {n}, DType::kF32, Device::Cpu()); }
+
+// Runs `kernel` (a call of one __global__ function) over `blocks` CTAs of `threads`.
+template <typename Kernel>
+void Launch(unsigned blocks, int threads, Kernel kernel) {
+  unsigned char unused_smem[1];
+  emu::Launch(EmuDim3{blocks, 1, 1}, threads, unused_smem, 0, 0, kernel);
+}
+
+// Expects got and want of one size with the same bits everywhere; names the first difference.
+template <typename T>
+void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " of " << got.size() << " differs: "
+                    << double(got[i]) << " vs " << double(want[i]);
+      return;
+    }
+  }
+}
+
+// A single-tensor grid: the .cu's (max_blocks 0), or capped at max_blocks.
+unsigned OptGrid(int64_t n, int64_t max_blocks) {
+  return cuda::GridFor(n, opt::kThreads, max_blocks == 0 ? cuda::kMaxGridBlocks : max_blocks);
+}
+unsigned EwGrid(int64_t n, int64_t max_blocks) {
+  return cuda::GridFor(n, ew::kThreads, max_blocks == 0 ? cuda::kMaxGridBlocks : max_blocks);
+}
+
+// Sizes of the single-tensor cases and the grid caps they run under (0: the .cu's grid):
+// one element, a block less one, a block plus one, 3.9 blocks, and 6.3 blocks' worth on
+// three blocks (each thread loops two or three times).
+struct Sized {
+  int64_t n, max_blocks;
+};
+const std::vector<Sized> kSingle = {{1, 0}, {255, 0}, {257, 0}, {1000, 0}, {1613, 3}};
+
+std::string NameOf(const char* op, const Sized& s) {
+  return std::string(op) + " n " + std::to_string(s.n) + " grid " +
+         std::to_string(OptGrid(s.n, s.max_blocks));
+}
+
+// A gradient with some zeros.
+std::vector<float> Gradient(int64_t n, uint64_t stream) {
+  std::vector<float> g = Uniform(n, stream);
+  for (int64_t i = 0; i < n; i += 7) g[i] = 0.0f;
+  return g;
+}
+
+// One AdamW state: param, grad, m, v (v >= 0), with some zero moments.
+struct AdamWState {
+  std::vector<float> p, g, m, v;
+};
+AdamWState RandomState(int64_t n, uint64_t stream) {
+  AdamWState s{Uniform(n, stream), Gradient(n, stream + 1), Uniform(n, stream + 2, -0.1f, 0.1f),
+               Uniform(n, stream + 3, 0.0f, 1e-2f)};
+  for (int64_t i = 3; i < n; i += 11) s.m[i] = s.v[i] = 0.0f;
+  return s;
+}
+
+// The steps each AdamW case runs: 1, 2, 3 with new gradients, then step 1000 scaled by 0.5.
+std::vector<AdamWStep> Steps(float weight_decay) {
+  std::vector<AdamWStep> steps;
+  for (int64_t t : {1, 2, 3, 1000}) {
+    steps.push_back({.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                     .weight_decay = weight_decay, .step = t,
+                     .grad_scale = t == 1000 ? 0.5f : 1.0f});
+  }
+  return steps;
+}
+
+TEST(OptimizerEmulationTest, LaunchShapesAreGridFors) {
+  EXPECT_EQ(OptGrid(1, 0), 1u);
+  EXPECT_EQ(OptGrid(256, 0), 1u);
+  EXPECT_EQ(OptGrid(257, 0), 2u);
+  EXPECT_EQ(OptGrid(int64_t{1} << 40, 0), 65535u * 8);
+  EXPECT_EQ(EwGrid(1, 0), 1u);
+  EXPECT_EQ(EwGrid(513, 0), 3u);
+  EXPECT_EQ(EwGrid(int64_t{1} << 40, 0), 65535u * 8);
+  EXPECT_EQ(opt::SumSquaresBlocks(1), 1u);
+  EXPECT_EQ(opt::SumSquaresBlocks(4096), 1u);
+  EXPECT_EQ(opt::SumSquaresBlocks(4097), 2u);
+  EXPECT_EQ(opt::SumSquaresBlocks(int64_t{1} << 40), 1024u);
+  int64_t chunks = 0, covered = 0;
+  opt::ForEachChunk(2 * opt::kChunk + 3, [&](int64_t offset, int64_t length) {
+    EXPECT_EQ(offset, covered);
+    EXPECT_TRUE(length >= 1 && length <= opt::kChunk);
+    covered += length;
+    ++chunks;
+  });
+  EXPECT_EQ(chunks, 3);
+  EXPECT_EQ(covered, 2 * opt::kChunk + 3);
+}
+
+TEST(OptimizerEmulationTest, AdamWSingleTensorEqualsTheCpuBitForBit) {
+  uint64_t stream = 100;
+  for (const Sized& s : kSingle) {
+    for (float wd : {0.0f, 0.1f}) {
+      const std::string name = NameOf("AdamW", s) + " wd " + std::to_string(wd);
+      AdamWState emu = RandomState(s.n, stream), cpu = emu;
+      stream += 4;
+      for (const AdamWStep& hp : Steps(wd)) {
+        emu.g = cpu.g = Gradient(s.n, ++stream);
+        const float decay = AdamWScalarsOf(hp, hp.weight_decay).decay;
+        const opt::AdamWConsts c = opt::ConstsOf(hp);
+        Launch(OptGrid(s.n, s.max_blocks), opt::kThreads, [&] {
+          opt::AdamWKernel(emu.p.data(), emu.g.data(), emu.m.data(), emu.v.data(), s.n, decay, c);
+        });
+        Tensor p = Wrap(cpu.p.data(), s.n), m = Wrap(cpu.m.data(), s.n);
+        Tensor v = Wrap(cpu.v.data(), s.n);
+        AdamWUpdate(p, Wrap(cpu.g.data(), s.n), m, v, hp);
+        const std::string at = name + " step " + std::to_string(hp.step);
+        ExpectSameBits(emu.p, cpu.p, at + " param");
+        ExpectSameBits(emu.m, cpu.m, at + " exp_avg");
+        ExpectSameBits(emu.v, cpu.v, at + " exp_avg_sq");
+      }
+    }
+  }
+}
+
+// Several tensors of the given sizes back to back in one buffer, a guard element (kGuard)
+// before, between and after them.
+constexpr float kGuard = 1234.5f;  // any update or scaling changes it
+struct Packed {
+  std::vector<float> data;
+  std::vector<int64_t> at;  // tensor k starts at data[at[k]]
+};
+Packed Pack(const std::vector<std::vector<float>>& tensors) {
+  Packed b{{kGuard}, {}};
+  for (const std::vector<float>& t : tensors) {
+    b.at.push_back(static_cast<int64_t>(b.data.size()));
+    b.data.insert(b.data.end(), t.begin(), t.end());
+    b.data.push_back(kGuard);
+  }
+  return b;
+}
+std::vector<float> Unpack(const Packed& b, size_t k, int64_t n) {
+  return {b.data.begin() + b.at[k], b.data.begin() + b.at[k] + n};
+}
+void ExpectGuardsUnchanged(const Packed& b, const std::string& what) {
+  EXPECT_EQ(b.data[0], kGuard) << what << ": the guard before tensor 0 was written";
+  for (size_t k = 0; k < b.at.size(); ++k) {
+    const int64_t end = k + 1 < b.at.size() ? b.at[k + 1] - 1 : int64_t(b.data.size()) - 1;
+    EXPECT_EQ(b.data[end], kGuard) << what << ": the guard after tensor " << k;
+  }
+}
+
+// Tensors of the chunked cases: one element; two blocks' worth of a chunk and 3; empty;
+// exactly one chunk; three chunks, the last of 3 elements; 7. Seven chunks in all.
+const std::vector<int64_t> kChunked = {1, 1027, 0, opt::kChunk, 2 * opt::kChunk + 3, 7};
+
+TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
+  const size_t count = kChunked.size();
+  std::vector<AdamWState> cpu;
+  std::vector<float> decays;
+  for (size_t k = 0; k < count; ++k) {
+    cpu.push_back(RandomState(kChunked[k], 200 + 4 * k));
+    decays.push_back(k % 2 == 0 ? 0.0f : 0.05f * k);
+  }
+  auto role = [&](std::vector<float> AdamWState::*r) {
+    std::vector<std::vector<float>> t;
+    for (const AdamWState& s : cpu) t.push_back(s.*r);
+    return Pack(t);
+  };
+  Packed p = role(&AdamWState::p), m = role(&AdamWState::m), v = role(&AdamWState::v);
+  uint64_t stream = 300;
+  for (const AdamWStep& hp : Steps(/*ignored*/ 7.0f)) {
+    for (size_t k = 0; k < count; ++k) cpu[k].g = Gradient(kChunked[k], ++stream);
+    Packed g = role(&AdamWState::g);
+    std::vector<opt::AdamWChunk> chunks;
+    for (size_t k = 0; k < count; ++k) {
+      opt::AppendAdamWChunks(p.data.data() + p.at[k], g.data.data() + g.at[k],
+                             m.data.data() + m.at[k], v.data.data() + v.at[k], kChunked[k],
+                             AdamWScalarsOf(hp, decays[k]).decay, chunks);
+    }
+    ASSERT_EQ(chunks.size(), 7u);
+    const opt::AdamWConsts c = opt::ConstsOf(hp);
+    Launch(static_cast<unsigned>(chunks.size()), opt::kChunkThreads,
+           [&] { opt::AdamWChunksKernel(chunks.data(), c); });
+
+    std::vector<AdamWTensors> tensors;
+    for (size_t k = 0; k < count; ++k) {
+      const int64_t n = kChunked[k];
+      tensors.push_back({Wrap(cpu[k].p.data(), n), Wrap(cpu[k].g.data(), n),
+                         Wrap(cpu[k].m.data(), n), Wrap(cpu[k].v.data(), n), decays[k]});
+    }
+    AdamWUpdateMany(tensors, hp);
+    for (size_t k = 0; k < count; ++k) {
+      const std::string at = "AdamW chunked, tensor " + std::to_string(k) + " of " +
+                             std::to_string(kChunked[k]) + ", step " + std::to_string(hp.step);
+      ExpectSameBits(Unpack(p, k, kChunked[k]), cpu[k].p, at + " param");
+      ExpectSameBits(Unpack(m, k, kChunked[k]), cpu[k].m, at + " exp_avg");
+      ExpectSameBits(Unpack(v, k, kChunked[k]), cpu[k].v, at + " exp_avg_sq");
+    }
+    ExpectGuardsUnchanged(p, "AdamW param");
+    ExpectGuardsUnchanged(m, "AdamW exp_avg");
+    ExpectGuardsUnchanged(v, "AdamW exp_avg_sq");
+  }
+}
+
+TEST(OptimizerEmulationTest, SgdEqualsTheCpuBitForBit) {
+  uint64_t stream = 400;
+  for (const Sized& s : kSingle) {
+    for (float momentum : {0.0f, 0.9f}) {
+      for (float wd : {0.0f, 0.01f}) {
+        const std::string name = NameOf("SGD", s) + " momentum " + std::to_string(momentum) +
+                                 " wd " + std::to_string(wd);
+        std::vector<float> p = Uniform(s.n, ++stream), cpu_p = p;
+        std::vector<float> b(s.n, 0.0f), cpu_b = b;
+        for (int step = 0; step < 3; ++step) {
+          std::vector<float> g = Uniform(s.n, ++stream);
+          Launch(OptGrid(s.n, s.max_blocks), opt::kThreads, [&] {
+            if (momentum == 0.0f) {
+              opt::SgdKernel<false>(p.data(), g.data(), nullptr, s.n, 0.05f, momentum, wd);
+            } else {
+              opt::SgdKernel<true>(p.data(), g.data(), b.data(), s.n, 0.05f, momentum, wd);
+            }
+          });
+          Tensor tp = Wrap(cpu_p.data(), s.n), tb = Wrap(cpu_b.data(), s.n);
+          SgdUpdate(tp, Wrap(g.data(), s.n), tb, 0.05f, momentum, wd);
+          ExpectSameBits(p, cpu_p, name + " param");
+          ExpectSameBits(b, cpu_b, name + " buffer");
+        }
+      }
+    }
+  }
+}
+
+// Random values with infinities, zeros of both signs and denormals among them.
+std::vector<float> WithSpecials(int64_t n, uint64_t stream) {
+  std::vector<float> x = Uniform(n, stream, -3.0f, 3.0f);
+  const float specials[] = {kInf, -kInf, 0.0f, -0.0f, FromBits(1), FromBits(0x807fffffu),
+                            std::numeric_limits<float>::max(), 1e-39f};
+  for (int64_t i = 0; i < n; i += 13) x[i] = specials[(i / 13) % 8];
+  return x;
+}
+
+TEST(OptimizerEmulationTest, ScaleEqualsTheCpuBitForBit) {
+  uint64_t stream = 500;
+  for (const Sized& s : kSingle) {
+    std::vector<float> x = WithSpecials(s.n, ++stream), cpu = x;
+    Launch(OptGrid(s.n, s.max_blocks), opt::kThreads,
+           [&] { opt::ScaleKernel(x.data(), s.n, 0.37f); });
+    Tensor t = Wrap(cpu.data(), s.n);
+    ScaleInPlace(t, 0.37f);
+    ExpectSameBits(x, cpu, NameOf("Scale", s));
+  }
+  std::vector<std::vector<float>> tensors;
+  for (int64_t n : kChunked) tensors.push_back(WithSpecials(n, ++stream));
+  Packed packed = Pack(tensors);
+  std::vector<opt::Span> chunks;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    opt::AppendSpans(packed.data.data() + packed.at[k], kChunked[k], chunks);
+  }
+  Launch(static_cast<unsigned>(chunks.size()), opt::kChunkThreads,
+         [&] { opt::ScaleChunksKernel(chunks.data(), -0.25f); });
+  std::vector<Tensor> cpu;
+  for (std::vector<float>& t : tensors) cpu.push_back(Wrap(t.data(), int64_t(t.size())));
+  ScaleMany(cpu, -0.25f);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    ExpectSameBits(Unpack(packed, k, kChunked[k]), tensors[k],
+                     "ScaleChunks tensor " + std::to_string(k));
+  }
+  ExpectGuardsUnchanged(packed, "ScaleChunks");
+}
+
+double Gamma53(int64_t m) {
+  const double u = std::ldexp(1.0, -53);
+  return m * u / (1.0 - m * u);
+}
+
+// |got - want| within 2 gamma(n) of the exact sum (<= want / (1 - gamma(n))).
+void ExpectSumWithinBound(double got, double want, int64_t n, const std::string& what) {
+  const double bound = 2 * Gamma53(n) * want / (1 - Gamma53(n));
+  EXPECT_LE(std::fabs(got - want), bound) << what << ": " << got << " vs " << want;
+}
+
+// SumSquaresKernel on the .cu's grid (max_blocks 0) or a capped one, and the host's in-order
+// sum of its partials.
+double EmulatedSumSquares(const std::vector<float>& x, int64_t max_blocks) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  const unsigned blocks =
+      max_blocks == 0 ? opt::SumSquaresBlocks(n) : opt::SumSquaresBlocks(n, max_blocks);
+  std::vector<double> partial(blocks, std::numeric_limits<double>::quiet_NaN());
+  Launch(blocks, opt::kThreads, [&] { opt::SumSquaresKernel(x.data(), n, partial.data()); });
+  double sum = 0.0;
+  for (double s : partial) sum += s;
+  return sum;
+}
+
+TEST(OptimizerEmulationTest, SumSquaresEqualsTheCpu) {
+  // One element, a block less one, just past 16 elements per thread (two blocks), 18 blocks,
+  // and past a cap of 4 blocks (each thread loops 21 or 22 times; the .cu's cap of 1024
+  // blocks would take 1024 CTAs).
+  const std::vector<Sized> sizes = {
+      {1, 0}, {255, 0}, {opt::kThreads * 16 + 1, 0}, {70000, 0}, {opt::kThreads * 16 * 5 + 999, 4}};
+  uint64_t stream = 600;
+  for (const Sized& s : sizes) {
+    const int64_t n = s.n;
+    const std::string name = "SumSquares n " + std::to_string(n) + " cap " +
+                             std::to_string(s.max_blocks);
+    std::vector<float> exact = Sixteenths(n, ++stream);
+    EXPECT_EQ(EmulatedSumSquares(exact, s.max_blocks), SumSquares(Wrap(exact.data(), n)))
+        << name << " exact";
+    std::vector<float> x = Uniform(n, ++stream, -3.0f, 3.0f);
+    const double got = EmulatedSumSquares(x, s.max_blocks);
+    ExpectSumWithinBound(got, SumSquares(Wrap(x.data(), n)), n, name);
+    EXPECT_EQ(EmulatedSumSquares(x, s.max_blocks), got) << name << " run to run";
+  }
+}
+
+// SumSquaresChunksKernel over the chunks of tensors of kChunked's sizes; per tensor,
+// 0.0 + its partials in order (SumSquaresMany, and SumSquaresPartials' documented use).
+std::vector<double> EmulatedSumSquaresMany(std::vector<std::vector<float>>& tensors) {
+  std::vector<opt::Span> chunks;
+  std::vector<size_t> first{0};
+  for (std::vector<float>& t : tensors) {
+    opt::AppendSpans(t.data(), static_cast<int64_t>(t.size()), chunks);
+    first.push_back(chunks.size());
+  }
+  std::vector<double> partial(chunks.size(), std::numeric_limits<double>::quiet_NaN());
+  Launch(static_cast<unsigned>(chunks.size()), opt::kChunkThreads,
+         [&] { opt::SumSquaresChunksKernel(chunks.data(), partial.data()); });
+  std::vector<double> sums(tensors.size(), 0.0);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    for (size_t c = first[k]; c < first[k + 1]; ++c) sums[k] += partial[c];
+  }
+  return sums;
+}
+
+TEST(OptimizerEmulationTest, SumSquaresChunkedEqualsTheCpu) {
+  for (bool exact : {true, false}) {
+    std::vector<std::vector<float>> tensors;
+    std::vector<Tensor> cpu;
+    for (size_t k = 0; k < kChunked.size(); ++k) {
+      tensors.push_back(exact ? Sixteenths(kChunked[k], 700 + k)
+                              : Uniform(kChunked[k], 800 + k, -2.0f, 2.0f));
+      cpu.push_back(Wrap(tensors.back().data(), kChunked[k]));
+    }
+    const std::vector<double> got = EmulatedSumSquaresMany(tensors);
+    const std::vector<double> want = SumSquaresMany(cpu);
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const std::string name = "SumSquaresChunks tensor " + std::to_string(k);
+      if (exact) {
+        EXPECT_EQ(got[k], want[k]) << name << " exact";
+      } else {
+        ExpectSumWithinBound(got[k], want[k], kChunked[k], name);
+      }
+    }
+  }
+}
+
+// ---- elementwise ---------------------------------------------------------------------------
+
+TEST(ElementwiseEmulationTest, ArithmeticEqualsTheCpuBitForBit) {
+  uint64_t stream = 900;
+  for (const Sized& s : kSingle) {
+    const int64_t n = s.n;
+    const unsigned grid = EwGrid(n, s.max_blocks);
+    const std::string name = " n " + std::to_string(n) + " grid " + std::to_string(grid);
+    const std::vector<float> a = WithSpecials(n, ++stream), b = Uniform(n, ++stream, -3, 3);
+    std::vector<float> av = a, bv = b;  // the CPU ops take mutable tensors
+    const Tensor ta = Wrap(av.data(), n), tb = Wrap(bv.data(), n);
+    const std::vector<float> y0 = Uniform(n, ++stream, -3.0f, 3.0f);
+    auto run = [&](auto op, const float* b_or_null, float alpha, std::vector<float>& out) {
+      Launch(grid, ew::kThreads, [&] {
+        ew::ArithKernel<decltype(op)::value>(a.data(), b_or_null, out.data(), alpha, n);
+      });
+    };
+    using Add = std::integral_constant<ew::Op, ew::Op::kAdd>;
+    using Mul = std::integral_constant<ew::Op, ew::Op::kMul>;
+    using Axpy = std::integral_constant<ew::Op, ew::Op::kAxpy>;
+    using MulAdd = std::integral_constant<ew::Op, ew::Op::kMulAdd>;
+    std::vector<float> got(n, kNaN), want(n, kNaN);
+    Tensor tw = Wrap(want.data(), n);
+    run(Add{}, b.data(), 0.0f, got);
+    kernels::Add(ta, tb, tw);
+    ExpectSameBits(got, want, "Add" + name);
+    std::fill(got.begin(), got.end(), kNaN);
+    run(Mul{}, b.data(), 0.0f, got);
+    kernels::Mul(ta, tb, tw);
+    ExpectSameBits(got, want, "Mul" + name);
+    got = want = y0;
+    run(Axpy{}, nullptr, -1.7f, got);
+    kernels::Axpy(-1.7f, ta, tw);
+    ExpectSameBits(got, want, "Axpy" + name);
+    got = want = y0;
+    run(MulAdd{}, b.data(), 0.0f, got);
+    kernels::MulAdd(ta, tb, tw);
+    ExpectSameBits(got, want, "MulAdd" + name);
+    // In place: out is a's memory.
+    std::vector<float> in_place = a;
+    Launch(grid, ew::kThreads, [&] {
+      ew::ArithKernel<ew::Op::kAdd>(in_place.data(), b.data(), in_place.data(), 0.0f, n);
+    });
+    kernels::Add(ta, tb, tw);
+    ExpectSameBits(in_place, want, "Add in place" + name);
+  }
+}
+
+TEST(ElementwiseEmulationTest, FillEqualsTheCpuBitForBit) {
+  const float values[] = {1.0f / 3.0f, -0.0f, kNaN, -kInf, FromBits(0x3f818000u), 1e-40f};
+  for (const Sized& s : kSingle) {
+    const unsigned grid = EwGrid(s.n, s.max_blocks);
+    for (float value : values) {
+      const std::string name = "Fill " + std::to_string(value) + " n " + std::to_string(s.n);
+      std::vector<float> got(s.n, 1.0f), want(s.n, 2.0f);
+      Launch(grid, ew::kThreads, [&] { ew::FillKernel<float>(got.data(), value, s.n); });
+      Tensor tw = Wrap(want.data(), s.n);
+      Fill(tw, value);
+      ExpectSameBits(got, want, name + " f32");
+      // bf16: elementwise.cu passes BFloat16::FromFloat(value) as the bits.
+      std::vector<uint16_t> got16(s.n, 0x1234u), want16(s.n, 0x4321u);
+      Launch(grid, ew::kThreads, [&] {
+        ew::FillKernel<uint16_t>(got16.data(), BFloat16::FromFloat(value), s.n);
+      });
+      Tensor tw16 = Tensor::Wrap(want16.data(), {s.n}, DType::kBF16, Device::Cpu());
+      Fill(tw16, value);
+      ExpectSameBits(got16, want16, name + " bf16");
+    }
+  }
+}
+
+// f32 bit patterns the rounding to bf16 must get right, then random patterns.
+std::vector<float> CastInputs(int64_t random) {
+  const uint32_t bits[] = {
+      0x00000000u, 0x80000000u,                            // zeros
+      0x7f800000u, 0xff800000u,                            // infinities
+      0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,  // NaNs: quiet, signalling
+      0x7fbfffffu, 0x7fc12345u, 0xffffffffu, 0x7f80ffffu,  // NaN payloads
+      0x3f808000u, 0x3f818000u, 0xbf808000u, 0xbf818000u,  // ties: to even (down, up)
+      0x3f807fffu, 0x3f808001u, 0x3f80ffffu,               // below, above a tie
+      0x7f7fffffu, 0x7f7f8000u, 0x7f7f7fffu, 0xff7fffffu,  // the largest: to inf or not
+      0x00000001u, 0x00008000u, 0x00018000u, 0x00007fffu,  // denormals: ties, below
+      0x007fffffu, 0x807fffffu, 0x80008000u, 0x8000ffffu,  // largest denormal, negatives
+      0x00800000u, 0x007f8000u, 0x007f7fffu};              // smallest normal, the boundary
+  std::vector<float> x;
+  for (uint32_t b : bits) x.push_back(FromBits(b));
+  std::mt19937 rng(2024);
+  for (int64_t i = 0; i < random; ++i) x.push_back(FromBits(static_cast<uint32_t>(rng())));
+  return x;
+}
+
+TEST(ElementwiseEmulationTest, CastsEqualTheCpuAndBFloat16BitForBit) {
+  for (const Sized& s : std::vector<Sized>{{0, 0}, {5000, 0}, {5000, 3}}) {
+    const std::vector<float> src = CastInputs(s.n);
+    const int64_t n = static_cast<int64_t>(src.size());
+    const std::string name =
+        "f32 -> bf16 n " + std::to_string(n) + " grid " + std::to_string(EwGrid(n, s.max_blocks));
+    std::vector<uint16_t> got(n, 0xffffu), want(n, 0u);
+    Launch(EwGrid(n, s.max_blocks), ew::kThreads,
+           [&] { ew::F32ToBf16Kernel(src.data(), got.data(), n); });
+    std::vector<float> src_copy = src;
+    Tensor tw = Tensor::Wrap(want.data(), {n}, DType::kBF16, Device::Cpu());
+    Cast(Wrap(src_copy.data(), n), tw);
+    ExpectSameBits(got, want, name + " vs Cast");
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i], BFloat16::FromFloat(src[i])) << name << " element " << i;
+    }
+  }
+  // Every bf16 pattern, on the .cu's grid and on a capped one.
+  std::vector<uint16_t> all(65536);
+  for (uint32_t b = 0; b < all.size(); ++b) all[b] = static_cast<uint16_t>(b);
+  const int64_t n = static_cast<int64_t>(all.size());
+  std::vector<float> want(n, 1.0f);
+  Tensor tw = Wrap(want.data(), n);
+  Cast(Tensor::Wrap(all.data(), {n}, DType::kBF16, Device::Cpu()), tw);
+  for (int64_t max_blocks : {0, 5}) {
+    std::vector<float> got(n, kNaN);
+    Launch(EwGrid(n, max_blocks), ew::kThreads,
+           [&] { ew::Bf16ToF32Kernel(all.data(), got.data(), n); });
+    ExpectSameBits(got, want, "bf16 -> f32 grid " + std::to_string(EwGrid(n, max_blocks)));
+    for (int64_t i = 0; i < n; ++i) {
+      const float expected = BFloat16::ToFloat(all[i]);
+      ASSERT_EQ(std::memcmp(&got[i], &expected, 4), 0) << "bf16 -> f32 pattern " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchyard::kernels
