@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # AddressSanitizer + UndefinedBehaviorSanitizer build and run of the unit tests of the core,
 # config, checkpoint, data and optimizer code, a few multi-rank tests, the CPU emulation of
-# CUDA graph capture (recorded closures must not outlive what they read) and the
-# malformed-input suites (docs/failures.md), into build-asan/ (CPU only: CUDA off). CI runs it after
+# CUDA graph capture (recorded closures must not outlive what they read), the
+# malformed-input suites (docs/failures.md) and the CUDA kernels' device code on the host model
+# of CUDA (the *_emulation_test programs on exact-size buffers: an out-of-range read or write
+# of a kernel is reported here, as compute-sanitizer's memcheck would on a GPU), into
+# build-asan/ (CPU only: CUDA off). CI runs it after
 # scripts/test.sh (.ci/run). Usage:
 #   bash scripts/sanitize.sh            # configure, build, run the default selection
 #   bash scripts/sanitize.sh -R config  # ctest arguments replace the default selection
@@ -17,16 +20,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The device code's emulation tests (tests/kernels/CMakeLists.txt): program and test alike.
+emulated=(flash_attention_emulation_test grouped_gemm_emulation_test bias_grad_emulation_test
+          norm_emulation_test activation_emulation_test embedding_emulation_test
+          routing_emulation_test dispatch_emulation_test optimizer_emulation_test
+          sort_emulation_test)
 # The programs to build: every test below runs one of them (the cli_* scripts: switchyard).
 targets=(switchyard core_test config_test checkpoint_unit_test checkpoint_plan_test
          malformed_input_test data_errors_test metrics_writer_test optimizer_test data_test
          mesh_test communicator_test checkpoint_test checkpoint_failure_test trainer_test
-         head_chunk_test captured_work_test block_cache_test cuda_graphs_test)
+         head_chunk_test captured_work_test block_cache_test cuda_graphs_test
+         "${emulated[@]}")
 # The tests to run.
 tests=(core_test config_test checkpoint_unit_test checkpoint_plan_test malformed_input_test
        data_errors_test metrics_writer_test optimizer_test data_test mesh_test
        cli_malformed_input cli_prep communicator_test_np2 checkpoint_test_np2 checkpoint_failure_test_np2 trainer_test_np2
-       head_chunk_test captured_work_test block_cache_test cuda_graphs_test_np1)
+       head_chunk_test captured_work_test block_cache_test cuda_graphs_test_np1 "${emulated[@]}")
 regex="^($(IFS='|'; echo "${tests[*]}"))\$"
 
 # Checks that the default selection names len(tests) tests of build dir $1, each of whose
