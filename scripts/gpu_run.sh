@@ -13,6 +13,8 @@
 #      resumes the bf16 run's checkpoint on the CPU for a few steps, and runs the
 #      GPU benchmarks (grouped GEMM vs dense cuBLAS, permute bandwidth);
 #   4. prints a summary table (and writes it, the logs and the benchmark JSON to OUT_DIR).
+# MEMCHECK=1 adds compute-sanitizer's memcheck of every GPU test program after the GPU
+# tests; MEMCHECK=only runs just that (a second device call: it takes minutes).
 # Usage: bash scripts/gpu_build.sh  (on the Debian machine; carry build-gpu)
 #        bash scripts/gpu_run.sh    (on the GPU machine; OUT_DIR defaults to gpu-run/)
 #   or, to compile on the GPU machine: bash scripts/gpu_deps.sh here, carry .gpu-deps.
@@ -85,6 +87,34 @@ fi
 fi
 bin="$build/bin"
 
+# compute-sanitizer's memcheck over each GPU test program (death tests left out: their child
+# processes re-execute the program), MEMCHECK_TIMEOUT seconds each (memcheck slows kernels
+# many times; a program over it is reported as such, not as a failure).
+memcheck() {
+  echo "== compute-sanitizer memcheck of the GPU test programs"
+  local sanitizer prog name log rc
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for prog in "$bin"/*_gpu_test; do
+    name=$(basename "$prog")
+    log="$out/memcheck_$name.log"
+    prog=$(realpath "$prog")
+    (cd "$build" && timeout "${MEMCHECK_TIMEOUT:-60}" "$sanitizer" --tool memcheck \
+       --error-exitcode 9 "$prog" --gtest_filter='-*DeathTest*') >"$log" 2>&1
+    rc=$?
+    case $rc in
+      0) row "memcheck $name" ok "$(grep -m1 'ERROR SUMMARY' "$log")" ;;
+      124) row "memcheck $name" timeout "over ${MEMCHECK_TIMEOUT:-60} s (see $log)" ;;
+      *) row "memcheck $name" FAILED "$(grep -m1 -E 'Invalid|ERROR SUMMARY|FAILED' "$log")" ;;
+    esac
+  done
+}
+if [ "${MEMCHECK:-0}" = only ]; then
+  memcheck
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+  grep -q FAILED "$out/summary.txt" && exit 1
+  exit 0
+fi
+
 echo "== GPU tests"
 (cd "$build" && ctest -L gpu --output-on-failure) >"$out/gpu_tests.log" 2>&1
 rc=$?
@@ -95,6 +125,7 @@ result=$([ $rc = 0 ] && echo ok || echo FAILED)
 [ $rc = 0 ] && [ "$skipped" = "${total:-x}" ] && result=SKIPPED  # no GPU visible
 row "ctest -L gpu" "$result" "${passed:-no summary} ($skipped skipped)"
 [ $rc = 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$out/gpu_tests.log" | head -30
+[ "${MEMCHECK:-0}" = 1 ] && memcheck
 
 echo "== unit tests on this machine's CPU (same build)"
 if [ -f "$build/PREBUILT" ] && grep -qx 'unit=0' "$build/PREBUILT"; then
