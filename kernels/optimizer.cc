@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "engine/core/counters.h"
 #include "kernels/dispatch.h"
 
 namespace switchyard::kernels {
@@ -65,6 +66,13 @@ void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp, Devic
   SY_CHECK(first.defined()) << kOp << ": param 0 is undefined";
   for (const AdamWTensors& t : tensors) {
     CheckAdamW(t.param, t.grad, t.exp_avg, t.exp_avg_sq, first.device(), kOp);
+    if (!t.shadow.defined()) continue;
+    CheckTensorOn(t.shadow, DType::kBF16, first.device(), kOp, "shadow", "param 0");
+    SY_CHECK(t.shadow.shape() == t.param.shape())
+        << kOp << ": shadow " << ShapeString(t.shadow.shape()) << ", expected "
+        << ShapeString(t.param.shape());
+    counters::CountConversion(DType::kF32, DType::kBF16, t.param.numel());
+    counters::CountWeightConversion(t.param.numel());
   }
   // The table goes into a recorded closure by value (kernels/dispatch.h).
   std::vector<AdamWTensors> table(tensors.begin(), tensors.end());

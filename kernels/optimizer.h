@@ -55,10 +55,14 @@ struct AdamWStep {
 void AdamWUpdate(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                  const AdamWStep& hp, DeviceContext* ctx = nullptr);
 
-// One parameter of AdamWUpdateMany: the four tensors of AdamWUpdate and its weight decay.
+// One parameter of AdamWUpdateMany: the four tensors of AdamWUpdate and its weight decay;
+// and optionally its bf16 weight shadow (engine/core/weight_shadows.h), a bf16 tensor of
+// param's shape on its device that gets the new values rounded to nearest even in the same
+// pass: the bits kernels::Cast of the updated param gives (counted as a weight conversion).
 struct AdamWTensors {
   Tensor param, grad, exp_avg, exp_avg_sq;
   float weight_decay = 0.0f;
+  Tensor shadow;  // undefined: none
 };
 
 // AdamWUpdate on every entry, with hp except that each entry's own weight_decay replaces

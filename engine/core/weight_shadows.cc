@@ -28,7 +28,7 @@ void WeightShadows::Register(const Tensor& weight) {
         << "WeightShadows::Register: " << weight.DebugString()
         << " overlaps a registered weight";
   }
-  entries_.emplace(begin, Entry{weight, Tensor(), false});
+  entries_.emplace(begin, Entry{weight, Tensor(), false, false});
 }
 
 void WeightShadows::Clear() {
@@ -38,8 +38,25 @@ void WeightShadows::Clear() {
 
 void WeightShadows::Activate() {
   if (!enabled_) return;
-  for (auto& [begin, e] : entries_) e.fresh = false;
+  for (auto& [begin, e] : entries_) {
+    e.fresh = e.updated;
+    e.updated = false;
+  }
   active_ = true;
+}
+
+Tensor WeightShadows::UpdateTarget(const Tensor& weight) {
+  if (!enabled_ || !weight.defined() || weight.numel() == 0) return Tensor();
+  auto it = entries_.find(Begin(weight));
+  if (it == entries_.end()) return Tensor();
+  Entry& e = it->second;
+  if (e.weight.nbytes() != weight.nbytes() || !e.shadow.defined()) return Tensor();
+  e.updated = true;
+  return e.shadow;
+}
+
+void WeightShadows::Invalidate() {
+  for (auto& [begin, e] : entries_) e.updated = false;
 }
 
 void WeightShadows::Deactivate() {

@@ -13,6 +13,12 @@
 // shadow with kernels::Cast. A weight's values must not change inside a window (the
 // optimizer's update closes it first); weights whose storage is released between uses
 // (ZeRO stage 3) must not be registered.
+//
+// The optimizer's update can write a shadow in the pass that writes the new weights
+// (UpdateTarget; kernels::AdamWTensors::shadow): that shadow is fresh when the next window
+// opens, and no product converts the weight in that step. Whoever changes registered weights
+// otherwise between a step's update and the next window (a checkpoint load) calls
+// Invalidate.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +38,16 @@ class WeightShadows {
   bool empty() const { return entries_.empty(); }
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
 
-  // Opens a window: every shadow is stale (written again at its first use). No-op when
-  // disabled.
+  // Opens a window: every shadow is stale (written again at its first use) but those the
+  // last update wrote (UpdateTarget since the last window). No-op when disabled.
   void Activate();
+  // The shadow an update of the whole registered `weight` (the same storage) should write
+  // with the new values, marked to be fresh at the next Activate; undefined when the table
+  // is disabled, the weight is not registered, or its shadow was never allocated (no product
+  // has read it: it is written at its first use as before).
+  Tensor UpdateTarget(const Tensor& weight);
+  // Forgets what updates wrote: the next window writes every shadow at its first use.
+  void Invalidate();
   // Closes the window: products convert per call again; shadows keep their memory.
   void Deactivate();
   bool active() const { return active_; }
@@ -60,6 +73,7 @@ class WeightShadows {
     Tensor weight;
     Tensor shadow;  // bf16, allocated at the first use
     bool fresh = false;
+    bool updated = false;  // written by an update since the last window (UpdateTarget)
   };
   std::map<uintptr_t, Entry> entries_;  // by the weight's first byte
   bool active_ = false;

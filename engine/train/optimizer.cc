@@ -86,7 +86,11 @@ void Optimizer::Step(float lr, float grad_scale) {
     }
     const float wd = p.weight_decay ? options_.weight_decay : 0.0f;
     if (options_.kind == OptimizerKind::kAdamW) {
-      adamw[p.lr_scale].push_back({value, grad, slot.exp_avg, slot.exp_avg_sq, wd});
+      // The weight's bf16 shadow, when products read one (bf16 at ZeRO stage 0): written in
+      // the update's pass, so the next step converts nothing.
+      Tensor shadow =
+          update_ctx != nullptr ? update_ctx->weight_shadows().UpdateTarget(value) : Tensor();
+      adamw[p.lr_scale].push_back({value, grad, slot.exp_avg, slot.exp_avg_sq, wd, shadow});
     } else {
       if (grad_scale != 1.0f) kernels::ScaleInPlace(grad, grad_scale, update_ctx);
       kernels::SgdUpdate(value, grad, slot.exp_avg, lr * p.lr_scale, options_.momentum, wd, update_ctx);

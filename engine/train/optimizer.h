@@ -10,7 +10,8 @@
 //   "optimizer.momentum.<param>"                                    (SGD, momentum != 0)
 //   "optimizer.step"            the number of updates taken, a 0-d i64 host tensor
 // Parameters with trainable == false are skipped (no state, never updated); weight decay
-// applies only where Parameter::weight_decay is true.
+// applies only where Parameter::weight_decay is true. AdamW also writes the bf16 weight
+// shadow of each weight whose shadow the context holds (engine/core/weight_shadows.h).
 //
 //   Optimizer opt(model.registry(), OptimizerOptionsFor(config.train));
 //   ... backward, grad sync, clip ...

@@ -4,7 +4,8 @@
 // and the expert-bias update. Kept apart from trainer.cc (set-up, checkpoints, the run loop).
 //
 // runtime.precision=bf16: the micro-batches' products read bf16 shadows of the weights,
-// written once per step at their first use (engine/core/weight_shadows.h); the window closes
+// written once per step, by the last AdamW update or at their first use
+// (engine/core/weight_shadows.h); the window closes
 // when the backward passes end, before anything changes a weight.
 #include <chrono>
 #include <cstdio>
@@ -45,8 +46,9 @@ Tensor PackGrads(const parallel::ParameterRegistry& reg, DeviceContext* ctx) {
 // Opens the step's bf16 weight-shadow window (bf16 products at ZeRO stage 0 only: a shadow
 // holds 2 bytes per weight element on every rank, unsharded, the memory ZeRO stages 1-2 are
 // chosen to save, and stage 3 releases its parameters between uses): the trainable weights
-// (2-d and more) are registered at the first step, and every shadow is written again at its
-// first use. engine/plan/device_fit.cc counts the shadows in the predicted peak.
+// (2-d and more) are registered at the first step; a shadow the last AdamW update wrote is
+// fresh (engine/train/optimizer.cc), any other is written at its first use.
+// engine/plan/device_fit.cc counts the shadows in the predicted peak.
 void OpenWeightShadows(DeviceContext& ctx, const parallel::ParameterRegistry& reg,
                        int zero_stage) {
   if (ctx.matmul_dtype() != DType::kBF16 || zero_stage >= 1) return;

@@ -261,6 +261,8 @@ void Trainer::ReportMemory() {
 Status Trainer::Resume(const std::string& path) {
   // Captured work reads the weights it was captured with: capture again after a load.
   ForgetGraph();
+  // The shadows the last update wrote hold the weights being replaced.
+  rt_.ctx->weight_shadows().Invalidate();
   std::vector<parallel::Parameter> state = optimizer_->State();
   parallel::ParameterRegistry params = CheckpointRegistry();
   SY_ASSIGN_OR_RETURN(checkpoint::LoadedCheckpoint ck, checkpoint::LoadCheckpoint(path, params, &state, world_, /*require_finite=*/true));

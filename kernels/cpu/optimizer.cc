@@ -11,6 +11,7 @@
 
 #include "engine/core/thread_pool.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/elementwise.h"
 
 namespace switchyard::kernels::cpu {
 
@@ -79,6 +80,7 @@ void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp) {
     AdamWStep one = hp;
     one.weight_decay = t.weight_decay;
     cpu::AdamWUpdate(t.param, t.grad, t.exp_avg, t.exp_avg_sq, one);
+    if (t.shadow.defined()) cpu::Cast(t.param, t.shadow);  // CUDA writes it in the same pass
   }
 }
 

@@ -12,7 +12,8 @@
 // most kChunk elements and writes one descriptor per chunk (pointers already offset to the
 // chunk, its length, and per-tensor scalars); the table goes to the device in one
 // cudaMemcpyAsync and one launch runs a 512-thread block per chunk. AdamWUpdateMany and
-// AdamWUpdate share AdamWElement, so they agree bit for bit.
+// AdamWUpdate share AdamWElement, so they agree bit for bit; a chunk of a tensor with a bf16
+// weight shadow also stores the new value rounded there (ToBf16, Cast's rounding).
 //
 // Sums of squares: each thread accumulates x * x in double (exact products), a block sums
 // its threads (BlockSum<double>) into one partial per block (single tensor: grid-stride,
@@ -100,7 +101,8 @@ void AdamWUpdateMany(std::span<AdamWTensors> tensors, const AdamWStep& hp, Devic
     float* m = t.exp_avg.data<float>();
     float* v = t.exp_avg_sq.data<float>();
     const float decay = AdamWScalarsOf(hp, t.weight_decay).decay;
-    AppendAdamWChunks(p, g, m, v, t.param.numel(), decay, chunks);
+    auto* p16 = t.shadow.defined() ? static_cast<__nv_bfloat16*>(t.shadow.raw_data()) : nullptr;
+    AppendAdamWChunks(p, g, m, v, t.param.numel(), decay, p16, chunks);
   }
   if (chunks.empty()) return;
   Tensor table;

@@ -50,16 +50,18 @@ inline AdamWConsts ConstsOf(const AdamWStep& hp) {
 }
 
 // g <- grad_scale g; m <- b1 m + (1 - b1) g; v <- b2 v + ((1 - b2) g) g;
-// p <- p decay - (step_size m) / (sqrt(v) / bc2_sqrt + eps).
-__device__ __forceinline__ void AdamWElement(float* p, const float* g, float* m, float* v,
-                                             int64_t i, float decay, const AdamWConsts& c) {
+// p <- p decay - (step_size m) / (sqrt(v) / bc2_sqrt + eps). Returns the new p.
+__device__ __forceinline__ float AdamWElement(float* p, const float* g, float* m, float* v,
+                                              int64_t i, float decay, const AdamWConsts& c) {
   const float gi = __fmul_rn(g[i], c.grad_scale);
   const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
   const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
   m[i] = mi;
   v[i] = vi;
   const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-  p[i] = __fsub_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+  const float pi = __fsub_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+  p[i] = pi;
+  return pi;
 }
 
 // p, g, m, v (n): GridFor(n, kThreads) blocks of kThreads.
@@ -75,13 +77,16 @@ struct AdamWChunk {
   float* v;
   int64_t n;    // elements in this chunk, 1..kChunk
   float decay;  // 1 - lr * weight_decay of the chunk's tensor
+  __nv_bfloat16* p16;  // the tensor's bf16 weight shadow, which gets the new p; or null
 };
 
-// Appends the chunks of one tensor of n elements (decay: its AdamWScalarsOf(...).decay).
+// Appends the chunks of one tensor of n elements (decay: its AdamWScalarsOf(...).decay; p16:
+// its shadow or null).
 inline void AppendAdamWChunks(float* p, const float* g, float* m, float* v, int64_t n,
-                              float decay, std::vector<AdamWChunk>& chunks) {
+                              float decay, __nv_bfloat16* p16, std::vector<AdamWChunk>& chunks) {
   ForEachChunk(n, [&](int64_t offset, int64_t length) {
-    chunks.push_back({p + offset, g + offset, m + offset, v + offset, length, decay});
+    chunks.push_back({p + offset, g + offset, m + offset, v + offset, length, decay,
+                      p16 != nullptr ? p16 + offset : nullptr});
   });
 }
 
@@ -89,7 +94,8 @@ inline void AppendAdamWChunks(float* p, const float* g, float* m, float* v, int6
 __global__ void AdamWChunksKernel(const AdamWChunk* chunks, AdamWConsts c) {
   const AdamWChunk ch = chunks[blockIdx.x];
   for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
-    AdamWElement(ch.p, ch.g, ch.m, ch.v, i, ch.decay, c);
+    const float pi = AdamWElement(ch.p, ch.g, ch.m, ch.v, i, ch.decay, c);
+    if (ch.p16 != nullptr) ch.p16[i] = ToBf16(pi);
   }
 }
 

@@ -20,9 +20,10 @@
 //    why is in docs/gpu.md.
 //  - Bf16WeightsConvertedOncePerStep: runtime.precision=bf16 converts each weight a product
 //    reads once per step (its bf16 shadow, engine/core/weight_shadows.h): 13 weights (4
-//    projections + w1 + w2 per block, and the tied head), 49152 elements; with the shadows
-//    off, every product converts its weight again: twice per micro-batch (forward, and the
-//    input gradient's product), 104 conversions.
+//    projections + w1 + w2 per block, and the tied head), 49152 elements, written by the
+//    AdamW update in its pass (the first step's products also write them at their first
+//    use: twice that); with the shadows off, every product converts its weight again: twice
+//    per micro-batch (forward, and the input gradient's product), 104 conversions.
 //  - Bf16ShadowsAreBitIdentical: the losses and every weight after 4 bf16 steps are the
 //    same bits with and without the shadows (without them is the per-product conversion
 //    the engine had before), and fp32 training converts nothing.
@@ -209,10 +210,14 @@ TEST_F(DeviceCountsTest, Bf16WeightsConvertedOncePerStep) {
                                             counts)),
                                  kSteps, shadows);
     ASSERT_NE(trainer, nullptr);
-    for (const DeviceCounts& c : trainer->profile()->step_counts()) {
+    const std::vector<DeviceCounts>& steps = trainer->profile()->step_counts();
+    ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+    for (const DeviceCounts& c : steps) {
       // Without shadows each micro-batch's forward product and input-gradient product
-      // convert the weight again, but for the experts' under device-sized products.
-      const int64_t uses = shadows ? 1 : 2 * kMicroBatches;
+      // convert the weight again, but for the experts' under device-sized products. With
+      // them the update writes each one; the first step's products wrote them first.
+      const bool first = &c == &steps.front();
+      const int64_t uses = shadows ? (first ? 2 : 1) : 2 * kMicroBatches;
       const bool skip = !shadows && in_kernel;
       EXPECT_EQ(c.weight_conversion_calls, (weights - (skip ? expert_weights : 0)) * uses);
       EXPECT_EQ(c.weight_conversion_elements, (elements - (skip ? expert_elements : 0)) * uses);
@@ -252,7 +257,7 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 // backward (2; dlogits, the largest operand, was converted once per product, 3, before). bf16
 // storage reads each block's a and combine rows back as f32 once each (bf16 -> f32; the tiny
 // model's head_dim 16 keeps the exact attention, which never reads o.x back). Plus the 13
-// weight shadows. That is with the host-sized expert products (moe.dispatch_counts: host);
+// weight shadows (the update's; twice on the first step). That is with the host-sized expert products (moe.dispatch_counts: host);
 // the device-sized ones round f32 operands as they load them, so under f32 storage the
 // experts' forward converts nothing and their backward only dy and da (its MatmulOperands):
 // 4 + 0 + 2 + 8 per block; bf16 storage is unchanged.
@@ -278,10 +283,13 @@ TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
     ASSERT_NE(trainer, nullptr);
     ASSERT_EQ(trainer->profile()->step_counts().size(), static_cast<size_t>(kSteps));
     for (const DeviceCounts& c : trainer->profile()->step_counts()) {
-      EXPECT_EQ(c.weight_conversion_calls, weights);
+      // The update writes the shadows; the first step's products wrote them too.
+      const int64_t shadow_writes =
+          &c == &trainer->profile()->step_counts().front() ? 2 * weights : weights;
+      EXPECT_EQ(c.weight_conversion_calls, shadow_writes);
       const int64_t per_mb =
           stored_bf16 ? per_mb_bf16 : (in_kernel ? per_mb_f32_device : per_mb_f32);
-      EXPECT_EQ(c.conversion_calls[f32][bf16], weights + kMicroBatches * per_mb);
+      EXPECT_EQ(c.conversion_calls[f32][bf16], shadow_writes + kMicroBatches * per_mb);
       EXPECT_EQ(c.conversion_calls[bf16][f32], stored_bf16 ? 2 * kMicroBatches * kMoELayers : 0);
     }
   }

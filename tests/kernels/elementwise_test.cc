@@ -224,10 +224,12 @@ TEST(OptimizerManyTest, AdamWUpdateManyEqualsAdamWUpdatePerTensor) {
   for (size_t k = 0; k < shapes.size(); ++k) {
     AdamWTensors t{Random(shapes[k], 10 * k, -1, 1), Random(shapes[k], 10 * k + 1, -1, 1),
                    Random(shapes[k], 10 * k + 2, -0.1f, 0.1f),
-                   Random(shapes[k], 10 * k + 3, 0.0f, 0.01f), decays[k]};
+                   Random(shapes[k], 10 * k + 3, 0.0f, 0.01f), decays[k], Tensor()};
     single.push_back(t);
-    many.push_back(
-        {t.param.Clone(), t.grad.Clone(), t.exp_avg.Clone(), t.exp_avg_sq.Clone(), decays[k]});
+    // Every other tensor has a bf16 weight shadow, which gets the new values.
+    Tensor shadow = k % 2 == 0 ? Tensor::Zeros(shapes[k], DType::kBF16) : Tensor();
+    many.push_back({t.param.Clone(), t.grad.Clone(), t.exp_avg.Clone(), t.exp_avg_sq.Clone(),
+                    decays[k], shadow});
   }
   // Each entry's own weight_decay replaces hp's (123 would blow every parameter up).
   for (int step = 0; step < 2; ++step, ++hp.step) {
@@ -244,6 +246,16 @@ TEST(OptimizerManyTest, AdamWUpdateManyEqualsAdamWUpdatePerTensor) {
     EXPECT_EQ(Bits(many[k].exp_avg.ToVector<float>()), Bits(single[k].exp_avg.ToVector<float>()));
     EXPECT_EQ(Bits(many[k].exp_avg_sq.ToVector<float>()),
               Bits(single[k].exp_avg_sq.ToVector<float>()));
+    if (!many[k].shadow.defined()) continue;
+    // The shadow: the bits Cast gives of the updated parameter.
+    Tensor want = Tensor::Empty(shapes[k], DType::kBF16);
+    Cast(single[k].param, want);
+    const std::vector<BFloat16> got = many[k].shadow.ToVector<BFloat16>(),
+                                wanted = want.ToVector<BFloat16>();
+    ASSERT_EQ(got.size(), wanted.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].bits, wanted[i].bits) << "shadow " << k << " element " << i;
+    }
   }
 }
 
@@ -269,10 +281,16 @@ TEST(OptimizerManyTest, SumSquaresManyAndScaleManyEqualTheSingleForms) {
 TEST(OptimizerManyDeathTest, MismatchedTensorsAreFatal) {
   std::vector<AdamWTensors> list = {
       {Tensor::Zeros({2}, DType::kF32), Tensor::Zeros({3}, DType::kF32),
-       Tensor::Zeros({2}, DType::kF32), Tensor::Zeros({2}, DType::kF32), 0.0f}};
+       Tensor::Zeros({2}, DType::kF32), Tensor::Zeros({2}, DType::kF32), 0.0f, Tensor()}};
   EXPECT_DEATH(AdamWUpdateMany(list, AdamWStep{}),
                "AdamWUpdateMany: grad \\(3\\), expected \\(2\\)");
   list[0].grad = Tensor::Zeros({2}, DType::kF32);
+  list[0].shadow = Tensor::Zeros({2}, DType::kF32);
+  EXPECT_DEATH(AdamWUpdateMany(list, AdamWStep{}), "AdamWUpdateMany: shadow is f32");
+  list[0].shadow = Tensor::Zeros({3}, DType::kBF16);
+  EXPECT_DEATH(AdamWUpdateMany(list, AdamWStep{}),
+               "AdamWUpdateMany: shadow \\(3\\), expected \\(2\\)");
+  list[0].shadow = Tensor();
   AdamWStep zero_step;
   zero_step.step = 0;
   EXPECT_DEATH(AdamWUpdateMany(list, zero_step), "steps count from 1");

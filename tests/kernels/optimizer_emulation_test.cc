@@ -243,6 +243,18 @@ TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
     return Pack(t);
   };
   Packed p = role(&AdamWState::p), m = role(&AdamWState::m), v = role(&AdamWState::v);
+  // bf16 weight shadows on the tensors of odd index (each its own exact-size buffer, as the
+  // CPU's): the new values rounded in the update's pass.
+  auto shadowed = [](size_t k) { return k % 2 == 1; };
+  std::vector<std::vector<BFloat16>> p16(count), cpu_p16(count);
+  for (size_t k = 0; k < count; ++k) {
+    if (!shadowed(k)) continue;
+    p16[k].assign(kChunked[k], BFloat16(1234.5f));
+    cpu_p16[k] = p16[k];
+  }
+  auto bf16_of = [](std::vector<BFloat16>& b) {
+    return b.empty() ? nullptr : reinterpret_cast<__nv_bfloat16*>(b.data());
+  };
   uint64_t stream = 300;
   for (const AdamWStep& hp : Steps(/*ignored*/ 7.0f)) {
     for (size_t k = 0; k < count; ++k) cpu[k].g = Gradient(kChunked[k], ++stream);
@@ -251,7 +263,7 @@ TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
     for (size_t k = 0; k < count; ++k) {
       opt::AppendAdamWChunks(p.data.data() + p.at[k], g.data.data() + g.at[k],
                              m.data.data() + m.at[k], v.data.data() + v.at[k], kChunked[k],
-                             AdamWScalarsOf(hp, decays[k]).decay, chunks);
+                             AdamWScalarsOf(hp, decays[k]).decay, bf16_of(p16[k]), chunks);
     }
     ASSERT_EQ(chunks.size(), 7u);
     const opt::AdamWConsts c = opt::ConstsOf(hp);
@@ -262,7 +274,11 @@ TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
     for (size_t k = 0; k < count; ++k) {
       const int64_t n = kChunked[k];
       tensors.push_back({Wrap(cpu[k].p.data(), n), Wrap(cpu[k].g.data(), n),
-                         Wrap(cpu[k].m.data(), n), Wrap(cpu[k].v.data(), n), decays[k]});
+                         Wrap(cpu[k].m.data(), n), Wrap(cpu[k].v.data(), n), decays[k],
+                         Tensor()});
+      if (shadowed(k)) {
+        tensors.back().shadow = Tensor::Wrap(cpu_p16[k].data(), {n}, DType::kBF16, Device::Cpu());
+      }
     }
     AdamWUpdateMany(tensors, hp);
     for (size_t k = 0; k < count; ++k) {
@@ -271,6 +287,11 @@ TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
       ExpectSameBits(Unpack(p, k, kChunked[k]), cpu[k].p, at + " param");
       ExpectSameBits(Unpack(m, k, kChunked[k]), cpu[k].m, at + " exp_avg");
       ExpectSameBits(Unpack(v, k, kChunked[k]), cpu[k].v, at + " exp_avg_sq");
+      if (!shadowed(k)) continue;
+      for (int64_t i = 0; i < kChunked[k]; ++i) {
+        ASSERT_EQ(p16[k][i].bits, cpu_p16[k][i].bits) << at << " shadow " << i;
+        ASSERT_EQ(p16[k][i].bits, BFloat16(cpu[k].p[i]).bits) << at << " shadow " << i;
+      }
     }
     ExpectGuardsUnchanged(p, "AdamW param");
     ExpectGuardsUnchanged(m, "AdamW exp_avg");

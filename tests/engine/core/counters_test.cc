@@ -6,6 +6,8 @@
 //  - a registered weight read inside an open window is converted once (its shadow) however
 //    many products read it (slices included), and the products give the same bits as
 //    converting per product; outside the window every product converts it again;
+//  - a shadow the AdamW update wrote (WeightShadows::UpdateTarget) is fresh in the next window
+//    only (no conversion, the per-call product's bits); Invalidate forgets it;
 //  - Profiler: the first skip_steps steps are not profiled, and each profiled step records
 //    the counts between its BeginStep and EndStep.
 #include <cstring>
@@ -130,6 +132,53 @@ TEST(WeightShadowsTest, ConvertedOncePerWindowAndBitIdentical) {
   EXPECT_FALSE(shadows.active());
   shadows.Clear();
   EXPECT_TRUE(shadows.empty());
+}
+
+TEST(WeightShadowsTest, AnUpdateWrittenShadowIsFreshInTheNextWindowOnly) {
+  auto ctx = DeviceContext::Create(Device::Cpu());
+  ctx->set_matmul_dtype(DType::kBF16);
+  Tensor w = Ramp({6, 4}, 0.3f), x = Ramp({5, 6}, -0.7f);
+  WeightShadows& shadows = ctx->weight_shadows();
+  shadows.Register(w);
+  auto product = [&] {
+    Tensor out = Tensor::Empty({5, 4}, DType::kF32);
+    kernels::Gemm(x, false, w, false, out, 1.0f, 0.0f, ctx.get());
+    return out;
+  };
+  auto weight_conversions = [&](auto&& work) {
+    const DeviceCounts before = counters::Snapshot();
+    work();
+    return counters::Snapshot().Minus(before).weight_conversion_calls;
+  };
+  // Never read: no shadow for an update to write.
+  EXPECT_FALSE(shadows.UpdateTarget(w).defined());
+  shadows.Activate();
+  EXPECT_EQ(weight_conversions(product), 1);  // written at its first use
+  shadows.Deactivate();
+  EXPECT_FALSE(shadows.UpdateTarget(w.Slice(0, 3)).defined());  // not the whole weight
+  // An AdamW update writes the new values and their shadow in one pass.
+  Tensor grad = Ramp({6, 4}, 0.1f), m = Tensor::Zeros({6, 4}, DType::kF32),
+         v = Tensor::Zeros({6, 4}, DType::kF32);
+  std::vector<kernels::AdamWTensors> update = {{w, grad, m, v, 0.0f, shadows.UpdateTarget(w)}};
+  ASSERT_TRUE(update[0].shadow.defined());
+  EXPECT_EQ(weight_conversions([&] { kernels::AdamWUpdateMany(update, {.lr = 0.1f}); }), 1);
+  // The next window converts nothing, and its product is the per-call product's bits.
+  shadows.Activate();
+  Tensor through_shadow;
+  EXPECT_EQ(weight_conversions([&] { through_shadow = product(); }), 0);
+  shadows.Deactivate();
+  Tensor per_call = product();
+  EXPECT_EQ(std::memcmp(per_call.raw_data(), through_shadow.raw_data(), per_call.nbytes()), 0);
+  // Only that window: the one after writes it at its first use again.
+  shadows.Activate();
+  EXPECT_EQ(weight_conversions(product), 1);
+  shadows.Deactivate();
+  // Invalidate (weights loaded between the update and the window) forgets the update.
+  update[0].shadow = shadows.UpdateTarget(w);
+  kernels::AdamWUpdateMany(update, {.lr = 0.1f, .step = 2});
+  shadows.Invalidate();
+  shadows.Activate();
+  EXPECT_EQ(weight_conversions(product), 1);
 }
 
 TEST(WeightShadowsTest, FindsOnlyOperandsInsideAWeight) {
