@@ -10,7 +10,8 @@
 //     __fdiv_rn / __fsqrt_rn, never contracted into an FMA; the CPU build has no FMA), and
 //     neither flushes subnormals. A failure here means the expressions diverged.
 //   AdamWUpdateMany, ScaleMany on CUDA: bit-identical to the single-tensor CUDA kernels
-//     (the same per-element device function) and so to the CPU.
+//     (the same per-element device function) and so to the CPU; the bf16 weight shadows
+//     AdamWUpdateMany writes, bit-identical to the CPU's (the same rounding of the same bits).
 //   SumSquares, SumSquaresMany: both accumulate exact products in double, in different
 //     orders; the error of either is at most n * 2^-53 of the (non-negative) sum, so
 //     |gpu - cpu| <= 1e-9 |cpu| (kSumSqRel) for n up to a few million. Each GPU result is
@@ -57,12 +58,12 @@ void ExpectSumNear(double got, double want, const std::string& what) {
 AdamWTensors HostAdamW(const Shape& shape, uint64_t seed, float weight_decay) {
   return {HostUniform(shape, seed, -1.0f, 1.0f), HostUniform(shape, seed + 1, -1.0f, 1.0f),
           HostUniform(shape, seed + 2, -0.1f, 0.1f), HostUniform(shape, seed + 3, 0.0f, 1e-2f),
-          weight_decay};
+          weight_decay, Tensor()};
 }
 
 AdamWTensors ToDevice(const AdamWTensors& t, DeviceContext* c) {
   return {t.param.To(kCuda, c), t.grad.To(kCuda, c), t.exp_avg.To(kCuda, c),
-          t.exp_avg_sq.To(kCuda, c), t.weight_decay};
+          t.exp_avg_sq.To(kCuda, c), t.weight_decay, Tensor()};
 }
 
 void ExpectStateEqual(const AdamWTensors& got, const AdamWTensors& want, DeviceContext* c,
@@ -158,6 +159,11 @@ TEST(OptimizerGpuTest, ManyFormsMatchTheSingleForms) {
     seed += 4;
     many.push_back(ToDevice(cpu.back(), c));
     single.push_back(ToDevice(cpu.back(), c));
+    // Every other tensor with a bf16 weight shadow (the update writes the new values there).
+    if (k % 2 == 1) {
+      cpu.back().shadow = Tensor::Zeros(shapes[k], DType::kBF16);
+      many.back().shadow = Tensor::Zeros(shapes[k], DType::kBF16, kCuda, c);
+    }
   }
   AdamWStep hp{.lr = 1e-3f,
                .beta1 = 0.9f,
@@ -175,6 +181,14 @@ TEST(OptimizerGpuTest, ManyFormsMatchTheSingleForms) {
     }
   }
   for (size_t k = 0; k < shapes.size(); ++k) {
+    if (many[k].shadow.defined()) {
+      const std::vector<BFloat16> got16 = ValuesOf<BFloat16>(many[k].shadow, c),
+                                  want16 = cpu[k].shadow.ToVector<BFloat16>();
+      ASSERT_EQ(got16.size(), want16.size()) << "shadow " << k;
+      for (size_t i = 0; i < got16.size(); ++i) {
+        ASSERT_EQ(got16[i].bits, want16[i].bits) << "shadow " << k << " element " << i;
+      }
+    }
     if (!Printed(k)) {  // checked quietly (float == is bit equality here: no NaN)
       const std::vector<float> got = ValuesOf<float>(many[k].param, c);
       ASSERT_EQ(got, ValuesOf<float>(single[k].param, c)) << "tensor " << k;
