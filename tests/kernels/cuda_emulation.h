@@ -34,6 +34,7 @@
 #include <cstring>
 #include <math.h>
 #include <memory>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -254,6 +255,20 @@ void Launch(EmuDim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
             int64_t shared_bytes, Kernel kernel) {
   Launch(grid, EmuDim3{static_cast<unsigned>(threads), 1, 1}, smem, smem_bytes, shared_bytes,
          kernel);
+}
+
+// Expects got and want of one size with the same bits everywhere; names the first difference.
+template <typename T>
+void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " of " << got.size() << " differs: "
+                    << double(got[i]) << " vs " << double(want[i]);
+      return;
+    }
+  }
 }
 
 }  // namespace emu

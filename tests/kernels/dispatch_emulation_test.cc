@@ -84,17 +84,7 @@ struct Rng {
   }
 };
 
-template <typename T>
-void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
-                    const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      FAIL() << what << ": element " << i << " of " << got.size() << " is " << +got[i]
-             << ", want " << +want[i];
-    }
-  }
-}
+using emu::ExpectSameBits;
 
 // ---- Admission ----------------------------------------------------------------------------
 

@@ -85,19 +85,7 @@ void Launch(unsigned blocks, int threads, Kernel kernel) {
   emu::Launch(EmuDim3{blocks, 1, 1}, threads, unused_smem, 0, 0, kernel);
 }
 
-// Expects got and want of one size with the same bits everywhere; names the first difference.
-template <typename T>
-void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
-                    const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      ADD_FAILURE() << what << ": element " << i << " of " << got.size() << " differs: "
-                    << double(got[i]) << " vs " << double(want[i]);
-      return;
-    }
-  }
-}
+using emu::ExpectSameBits;
 
 // A single-tensor grid: the .cu's (max_blocks 0), or capped at max_blocks.
 unsigned OptGrid(int64_t n, int64_t max_blocks) {
