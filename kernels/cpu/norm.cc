@@ -1,7 +1,9 @@
 // CPU reference implementation of kernels/norm.h: one pass per row, statistics in double;
 // rows in parallel. dweight / dbias: each chunk of kChunkRows rows sums its columns in
-// double in row order, the chunks are added in order (as the CUDA kernels do), so the sums
-// do not depend on the thread count. Every row of x is read before the same row of y is
+// double in row order, the chunks are added in order, so the sums do not depend on the
+// thread count. (The CUDA kernels cut the rows into chunks too, but sum each in 8
+// interleaved row lanes and round once at the end: the two agree within a bound, not bit for
+// bit.) Every row of x is read before the same row of y is
 // written, so y may alias x (and dx dy). The arguments were checked by kernels/norm.cc.
 #include "kernels/norm.h"
 

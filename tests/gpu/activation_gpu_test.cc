@@ -8,8 +8,8 @@
 // Tolerances.
 //   relu, AddBias, GroupedAddBias: exact (a select, or one f32 addition, on both devices).
 //   gelu, swiglu: the kernels evaluate the CPU's f32 expression in its order without FMA
-//     contraction, so they differ only through expf: CUDA's is within 2 ulp, glibc's within
-//     1, i.e. 3.6e-7 relative, and each later rounding may then land on the other
+//     contraction, so they differ only through expf: CUDA's is within 2 ulp, the CPU's VecExp
+//     within 2, i.e. 4.8e-7 relative, and each later rounding may then land on the other
 //     neighbour (about 1.2e-7 each, four of them): |gpu - cpu| <= 2e-6 |cpu| (kActRel).
 //   gelu', swiglu' (da): where terms cancel (gelu' = s + 2 v s (1 - s) u', zero near
 //     x = -0.75; 1 + a (1 - s) near a = -1.28) the error is relative to the terms, not the
