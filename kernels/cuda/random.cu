@@ -1,3 +1,7 @@
+// CUDA random fills (kernels/random.h): Philox at each element's global index, as the CPU;
+// uniform fills are the CPU's bits (the scaling rounded step by step, never a fused
+// multiply-add, which nvcc would otherwise form), normal fills differ through the device's
+// log and cos.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common.cuh"
@@ -21,7 +25,10 @@ __global__ void FillKernel(T* out, int64_t n, RngKey key, int64_t first, float a
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t g = static_cast<uint64_t>(first + i);
-    float v = D == Dist::kUniform ? a + (b - a) * UniformAt(key, g) : a + b * NormalAt(key, g);
+    // Rounded as the CPU's lo + (hi - lo) u and mean + std z (no fused multiply-add).
+    float v = D == Dist::kUniform
+                  ? __fadd_rn(a, __fmul_rn(__fsub_rn(b, a), UniformAt(key, g)))
+                  : __fadd_rn(a, __fmul_rn(b, NormalAt(key, g)));
     if constexpr (sizeof(T) == 4) {
       out[i] = v;
     } else {
