@@ -11,11 +11,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 programs=("$@")
-if [ ${#programs[@]} -eq 0 ]; then
-  programs=(flash_attention_emulation_test grouped_gemm_emulation_test bias_grad_emulation_test
-            norm_emulation_test activation_emulation_test embedding_emulation_test
-            routing_emulation_test dispatch_emulation_test optimizer_emulation_test
-            sort_emulation_test)
+if [ ${#programs[@]} -eq 0 ]; then  # one per tests/kernels/*_emulation_test.cc
+  mapfile -t programs < <(cd tests/kernels && ls -- *_emulation_test.cc | sed 's/\.cc$//')
 fi
 dir=build-tsan
 launcher=()

@@ -20,11 +20,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The device code's emulation tests (tests/kernels/CMakeLists.txt): program and test alike.
-emulated=(flash_attention_emulation_test grouped_gemm_emulation_test bias_grad_emulation_test
-          norm_emulation_test activation_emulation_test embedding_emulation_test
-          routing_emulation_test dispatch_emulation_test optimizer_emulation_test
-          sort_emulation_test)
+# The device code's emulation tests, one per tests/kernels/*_emulation_test.cc (program and
+# test alike), so a new one is sanitized too.
+mapfile -t emulated < <(cd tests/kernels && ls -- *_emulation_test.cc | sed 's/\.cc$//')
 # The programs to build: every test below runs one of them (the cli_* scripts: switchyard).
 targets=(switchyard core_test config_test checkpoint_unit_test checkpoint_plan_test
          malformed_input_test data_errors_test metrics_writer_test optimizer_test data_test
