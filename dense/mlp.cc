@@ -98,9 +98,12 @@ MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
   const Tensor x_mm = kernels::KeptOperand(x, ctx);
   const bool fuse = FusesBias();
   acts.fc1 = w1_.Forward(x_mm, ctx, /*add_bias=*/!fuse);  // a (..., f); + b1 below when fused
-  // Under bf16 storage the fused ops write h and what backward keeps of a (and b) in bf16 in
-  // their pass (kernels::KeptRounded): the bits of the f32 op, then KeptOperand / KeepRounded.
-  const bool kept16 = fuse && kernels::StoresBf16(ctx);
+  // gelu and swiglu run as the fused ops, with the bias or without (an undefined one). Under
+  // bf16 storage they write h and what backward keeps of a (and b) in bf16 in their pass
+  // (kernels::KeptRounded): the bits of the f32 op, then KeptOperand / KeepRounded.
+  const bool fused_act = options_.activation != Activation::kRelu;
+  const Tensor b1 = fuse ? w1_.bias() : Tensor();
+  const bool kept16 = fused_act && kernels::StoresBf16(ctx);
   const Shape shape = acts.fc1.y.shape();
   Tensor h = Tensor::Empty(shape, kept16 ? DType::kBF16 : DType::kF32, x.device());
   Tensor kept_a = kept16 ? Rows2d(Tensor::Empty(shape, DType::kBF16, x.device())) : Tensor();
@@ -109,12 +112,7 @@ MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
     Tensor a2 = Rows2d(acts.fc1.y), h2 = Rows2d(h);
     switch (options_.activation) {
       case Activation::kGelu:
-        if (fuse) {
-          kernels::BiasGeluForward(a2, w1_.bias(), h2, ctx,
-                                   {.a = kept16 ? &kept_a : nullptr});
-        } else {
-          kernels::GeluForward(acts.fc1.y, h, ctx);
-        }
+        kernels::BiasGeluForward(a2, b1, h2, ctx, {.a = kept16 ? &kept_a : nullptr});
         break;
       case Activation::kRelu:
         kernels::ReluForward(acts.fc1.y, h, ctx);
@@ -122,13 +120,9 @@ MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
       case Activation::kSwiglu:
         acts.fc3 = w3_->Forward(x_mm, ctx);  // b (..., f)
         if (kept16) kept_b = Rows2d(Tensor::Empty(shape, DType::kBF16, x.device()));
-        if (fuse) {
-          kernels::BiasSwigluForward(a2, w1_.bias(), Rows2d(acts.fc3.y), h2, ctx,
-                                     {.a = kept16 ? &kept_a : nullptr,
-                                      .b = kept16 ? &kept_b : nullptr});
-        } else {
-          kernels::SwigluForward(acts.fc1.y, acts.fc3.y, h, ctx);
-        }
+        kernels::BiasSwigluForward(a2, b1, Rows2d(acts.fc3.y), h2, ctx,
+                                   {.a = kept16 ? &kept_a : nullptr,
+                                    .b = kept16 ? &kept_b : nullptr});
         break;
     }
   }
@@ -152,9 +146,9 @@ Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy_in, DeviceCont
   Tensor db;
   const bool fuse = FusesBias();
   Tensor grad_b1 = fuse ? w1_.grad_bias() : Tensor();
-  // a and b as f32 (their rounded values under bf16 storage).
-  const Tensor a = kernels::KeptAsF32(acts.fc1.y, ctx);
-  const Tensor b = kernels::KeptAsF32(acts.fc3.y, ctx);
+  // a and b as kept (bf16 under bf16 storage: the kernels read their rounded values as f32).
+  const Tensor& a = acts.fc1.y;
+  const Tensor& b = acts.fc3.y;
   Tensor a2 = Rows2d(a), da2 = Rows2d(da);
   switch (options_.activation) {
     case Activation::kGelu:

@@ -25,6 +25,32 @@ void CheckElementwise(const char* op, const Tensor& out, std::initializer_list<N
   }
 }
 
+// The forward's inputs a backward op reads (x; a and b): each f32 or bf16 (the values kept
+// under bf16 activation storage), all of one dtype, on out's device with out's shape.
+void CheckSaved(const char* op, const Tensor& out, std::initializer_list<Named> tensors) {
+  SY_CHECK(out.defined()) << op << ": the output is undefined";
+  const DType dtype = tensors.begin()->first->dtype();
+  for (const auto& [t, what] : tensors) {
+    SY_CHECK(t->defined()) << op << ": " << what << " is undefined";
+    SY_CHECK(t->dtype() == DType::kF32 || t->dtype() == DType::kBF16)
+        << op << ": " << what << " is " << DTypeName(t->dtype()) << ", not f32 or bf16";
+    SY_CHECK(t->dtype() == dtype) << op << ": " << what << " is " << DTypeName(t->dtype())
+                                  << ", the other saved input " << DTypeName(dtype);
+    CheckTensorOn(*t, t->dtype(), out.device(), op, what);
+    SY_CHECK(t->shape() == out.shape()) << op << ": " << what << " " << ShapeString(t->shape())
+                                        << ", output " << ShapeString(out.shape());
+  }
+}
+
+// A saved input as the CPU ops read it: t, or its bf16 values widened to f32 (exact, what the
+// CUDA kernels do as they load them; no conversion is counted).
+Tensor CpuF32(const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor f = Tensor::Empty(t.shape(), DType::kF32);
+  cpu::Cast(t, f);
+  return f;
+}
+
 // rowwise (R, n) against a per-group bias (G, n) and rows (G counts summing to R).
 // `out` is whichever of the two the op writes.
 void CheckGroupedBias(const char* op, const Tensor& rowwise, std::span<const int64_t> rows,
@@ -52,8 +78,10 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 }
 
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
-  CheckElementwise("GeluBackward", dx, {{&x, "x"}, {&dy, "dy"}, {&dx, "dx"}});
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackward(x, dy, dx), cuda::GeluBackward(x, dy, dx, ctx));
+  CheckElementwise("GeluBackward", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckSaved("GeluBackward", dx, {{&x, "x"}});
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackward(CpuF32(x), dy, dx),
+                     cuda::GeluBackward(x, dy, dx, ctx));
 }
 
 void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
@@ -62,8 +90,10 @@ void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 }
 
 void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
-  CheckElementwise("ReluBackward", dx, {{&x, "x"}, {&dy, "dy"}, {&dx, "dx"}});
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::ReluBackward(x, dy, dx), cuda::ReluBackward(x, dy, dx, ctx));
+  CheckElementwise("ReluBackward", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckSaved("ReluBackward", dx, {{&x, "x"}});
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::ReluBackward(CpuF32(x), dy, dx),
+                     cuda::ReluBackward(x, dy, dx, ctx));
 }
 
 void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) {
@@ -73,11 +103,11 @@ void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext*
 
 void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db,
                     DeviceContext* ctx) {
-  CheckElementwise("SwigluBackward", da,
-                   {{&a, "a"}, {&b, "b"}, {&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckElementwise("SwigluBackward", da, {{&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckSaved("SwigluBackward", da, {{&a, "a"}, {&b, "b"}});
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "SwigluBackward: da and db are the same memory";
-  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackward(a, b, dout, da, db),
+  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackward(CpuF32(a), CpuF32(b), dout, da, db),
                      cuda::SwigluBackward(a, b, dout, da, db, ctx));
 }
 
@@ -223,10 +253,15 @@ void CpuForwardKept(Tensor& a, const Tensor& b, Tensor& h, KeptValues kept, Op f
 void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx,
                      KeptRounded kept) {
   const KeptValues values = CheckForwardOutputs("BiasGeluForward", a, h, kept, false);
-  CheckBiasRows("BiasGeluForward", a, bias);
+  if (bias.defined()) CheckBiasRows("BiasGeluForward", a, bias);
   auto on_cpu = [a, bias, h, values]() mutable {
-    CpuForwardKept(a, Tensor(), h, values,
-                   [&](Tensor& af, Tensor& hf) { cpu::BiasGeluForward(af, bias, hf); });
+    CpuForwardKept(a, Tensor(), h, values, [&](Tensor& af, Tensor& hf) {
+      if (bias.defined()) {
+        cpu::BiasGeluForward(af, bias, hf);
+      } else {
+        cpu::GeluForward(af, hf);
+      }
+    });
   };
   SY_DISPATCH_DEVICE(h, ctx, on_cpu(), cuda::BiasGeluForward(a, bias, h, kept, ctx));
 }
@@ -236,30 +271,37 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
   const KeptValues values = CheckForwardOutputs("BiasSwigluForward", a, out, kept, true);
   CheckTensorOn(b, DType::kF32, out.device(), "BiasSwigluForward", "b");
   SY_CHECK(b.shape() == a.shape()) << "BiasSwigluForward: b " << ShapeString(b.shape());
-  CheckBiasRows("BiasSwigluForward", a, bias);
+  if (bias.defined()) CheckBiasRows("BiasSwigluForward", a, bias);
   auto on_cpu = [a, bias, b, out, values]() mutable {
-    CpuForwardKept(a, b, out, values,
-                   [&](Tensor& af, Tensor& of) { cpu::BiasSwigluForward(af, bias, b, of); });
+    CpuForwardKept(a, b, out, values, [&](Tensor& af, Tensor& of) {
+      if (bias.defined()) {
+        cpu::BiasSwigluForward(af, bias, b, of);
+      } else {
+        cpu::SwigluForward(af, b, of);
+      }
+    });
   };
   SY_DISPATCH_DEVICE(out, ctx, on_cpu(), cuda::BiasSwigluForward(a, bias, b, out, kept, ctx));
 }
 
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
                           float beta, DeviceContext* ctx) {
-  CheckElementwise("GeluBackwardBiasGrad", dx, {{&a, "a"}, {&dy, "dy"}, {&dx, "dx"}});
+  CheckElementwise("GeluBackwardBiasGrad", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckSaved("GeluBackwardBiasGrad", dx, {{&a, "a"}});
   CheckBiasRows("GeluBackwardBiasGrad", dx, dbias);
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackwardBiasGrad(a, dy, dx, dbias, beta),
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackwardBiasGrad(CpuF32(a), dy, dx, dbias, beta),
                      cuda::GeluBackwardBiasGrad(a, dy, dx, dbias, beta, ctx));
 }
 
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
                             Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
-  CheckElementwise("SwigluBackwardBiasGrad", da,
-                   {{&a, "a"}, {&b, "b"}, {&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckElementwise("SwigluBackwardBiasGrad", da, {{&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckSaved("SwigluBackwardBiasGrad", da, {{&a, "a"}, {&b, "b"}});
   CheckBiasRows("SwigluBackwardBiasGrad", da, dbias);
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "SwigluBackwardBiasGrad: da and db are the same memory";
-  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta),
+  SY_DISPATCH_DEVICE(da, ctx,
+                     cpu::SwigluBackwardBiasGrad(CpuF32(a), CpuF32(b), dout, da, db, dbias, beta),
                      cuda::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta, ctx));
 }
 
@@ -332,14 +374,15 @@ void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& 
 void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
                                  const RowGroups& groups, Tensor& dbias, float beta,
                                  DeviceContext* ctx) {
-  CheckElementwise("GroupedGeluBackwardBiasGrad", dx, {{&a, "a"}, {&dy, "dy"}, {&dx, "dx"}});
+  CheckElementwise("GroupedGeluBackwardBiasGrad", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckSaved("GroupedGeluBackwardBiasGrad", dx, {{&a, "a"}});
   CheckRowGroups("GroupedGeluBackwardBiasGrad", dx, groups, dbias, dbias);
   auto on_cpu = [a, dy, dx, dbias, beta, rows = HostRows(groups),
                  offsets = groups.offsets]() mutable {
     const CpuGroups g =
         CpuGroupsOf("GroupedGeluBackwardBiasGrad", dx, rows, offsets, dbias.dim(0));
     Tensor used = dx.Slice(0, g.end);
-    cpu::GeluBackward(a.Slice(0, g.end), dy.Slice(0, g.end), used);
+    cpu::GeluBackward(CpuF32(a.Slice(0, g.end)), dy.Slice(0, g.end), used);
     cpu::GroupedBiasGrad(used, g.rows, dbias, beta);
   };
   SY_DISPATCH_DEVICE(dx, ctx, on_cpu(),
@@ -350,7 +393,8 @@ void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tenso
                                    Tensor& da, Tensor& db, const RowGroups& groups,
                                    Tensor& dbias, float beta, DeviceContext* ctx) {
   CheckElementwise("GroupedSwigluBackwardBiasGrad", da,
-                   {{&a, "a"}, {&b, "b"}, {&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+                   {{&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckSaved("GroupedSwigluBackwardBiasGrad", da, {{&a, "a"}, {&b, "b"}});
   CheckRowGroups("GroupedSwigluBackwardBiasGrad", da, groups, dbias, dbias);
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "GroupedSwigluBackwardBiasGrad: da and db are the same memory";
@@ -359,8 +403,8 @@ void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tenso
     const CpuGroups g =
         CpuGroupsOf("GroupedSwigluBackwardBiasGrad", da, rows, offsets, dbias.dim(0));
     Tensor used_da = da.Slice(0, g.end), used_db = db.Slice(0, g.end);
-    cpu::SwigluBackward(a.Slice(0, g.end), b.Slice(0, g.end), dout.Slice(0, g.end), used_da,
-                        used_db);
+    cpu::SwigluBackward(CpuF32(a.Slice(0, g.end)), CpuF32(b.Slice(0, g.end)),
+                        dout.Slice(0, g.end), used_da, used_db);
     cpu::GroupedBiasGrad(used_da, g.rows, dbias, beta);
   };
   SY_DISPATCH_DEVICE(

@@ -2,7 +2,10 @@
 // passes, plus the bias add over rows and its gradient (column sums), flat and grouped by
 // contiguous row blocks like kernels/gemm.h.
 //
-// All tensors are contiguous f32 on one device (every tensor on the device of the output).
+// All tensors are contiguous f32 on one device (every tensor on the device of the output),
+// but the forward inputs a backward op reads (x; a and b): f32 or, under bf16 activation
+// storage, the kept bf16 values (both of one dtype), which the op widens as it reads them
+// (exact: the f32 op on the widened values, bit for bit).
 // Elementwise ops take any shape (inputs and outputs of equal shape) and may run in place
 // (an output may be the same tensor as an input; a partial overlap is not supported). The
 // CPU reference is kernels/cpu/activation.cc, the CUDA implementation
@@ -83,6 +86,10 @@ struct KeptRounded {
   Tensor* b = nullptr;
 };
 
+// The forward ops take an undefined bias for none: then only the activation (a is not
+// written), with the same outputs (bf16 h, KeptRounded): a layer without W1's bias keeps its
+// bf16 tensors in the activation's pass too.
+//
 // a += bias (in place: a then holds x W1 + b1, what backward reads), h = gelu(a).
 // = AddBias(a, bias); GeluForward(a, h). h must not be a.
 void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, DeviceContext* ctx = nullptr,

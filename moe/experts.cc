@@ -273,20 +273,21 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
   acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
   groups.Gemm(x_mm, w1_, /*trans_w=*/false, acts.a, 0.0f, ctx);
 
-  // a += b1 and the activation: one pass (the fused grouped ops, the same bits), but relu's.
-  // Under bf16 storage they write h and what backward keeps of a (and b) in bf16 in that
-  // pass (kernels::KeptRounded): the bits of the f32 op, then KeptOperand / KeepRounded.
-  const bool fuse = options_.bias && options_.activation != Activation::kRelu;
+  // a += b1 and the activation: one pass (the fused grouped ops, the same bits; without b1
+  // the flat fused op with no bias), but relu's. Under bf16 storage they write h and what
+  // backward keeps of a (and b) in bf16 in that pass (kernels::KeptRounded): the bits of the
+  // f32 op, then KeptOperand / KeepRounded.
+  const bool fuse = options_.activation != Activation::kRelu;
   const bool kept16 = fuse && kernels::StoresBf16(ctx);
   Tensor h = Tensor::Empty({r, f}, kept16 ? DType::kBF16 : DType::kF32, dev);  // (R, f)
   Tensor kept_a = kept16 ? Tensor::Empty({r, f}, DType::kBF16, dev) : Tensor(), kept_b;
   switch (options_.activation) {
     case Activation::kGelu:
-      if (fuse) {
+      if (options_.bias) {
         kernels::GroupedBiasGeluForward(acts.a, groups.Kernel(), b1_, h, ctx,
                                         {.a = kept16 ? &kept_a : nullptr});
       } else {
-        kernels::GeluForward(acts.a, h, ctx);
+        kernels::BiasGeluForward(acts.a, Tensor(), h, ctx, {.a = kept16 ? &kept_a : nullptr});
       }
       break;
     case Activation::kRelu:
@@ -297,12 +298,14 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
       acts.b = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
       groups.Gemm(x_mm, w3_, /*trans_w=*/false, acts.b, 0.0f, ctx);
       if (kept16) kept_b = Tensor::Empty({r, f}, DType::kBF16, dev);
-      if (fuse) {
+      if (options_.bias) {
         kernels::GroupedBiasSwigluForward(acts.a, groups.Kernel(), b1_, acts.b, h, ctx,
                                           {.a = kept16 ? &kept_a : nullptr,
                                            .b = kept16 ? &kept_b : nullptr});
       } else {
-        kernels::SwigluForward(acts.a, acts.b, h, ctx);
+        kernels::BiasSwigluForward(acts.a, Tensor(), acts.b, h, ctx,
+                                   {.a = kept16 ? &kept_a : nullptr,
+                                    .b = kept16 ? &kept_b : nullptr});
       }
       break;
   }
@@ -347,9 +350,11 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
   groups.Gemm(dy_mm, w2_, /*trans_w=*/true, da, 0.0f, ctx);
 
-  // h = act(a), or silu(a) * b; a and b as f32 (their rounded values under bf16 storage).
+  // h = act(a), or silu(a) * b; a and b as kept (bf16 under bf16 storage: the kernels read
+  // their rounded values as f32).
   Tensor db;
-  const Tensor a = kernels::KeptAsF32(acts.a, ctx), b = kernels::KeptAsF32(acts.b, ctx);
+  const Tensor& a = acts.a;
+  const Tensor& b = acts.b;
   // With b1's gradient in the same pass (the fused grouped ops), but relu's.
   const bool bias = options_.bias;
   switch (options_.activation) {

@@ -5,6 +5,7 @@
 // blocks. Each evaluates the CPU reference's expression (kernels/cuda/activation_math.cuh),
 // so the only difference from the CPU is expf. Outputs may be the inputs' memory.
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/activation.h"
 #include "kernels/cuda/activation_math.cuh"
@@ -20,6 +21,17 @@ using activation::ReluBackwardKernel;
 using activation::ReluForwardKernel;
 using activation::SwigluBackwardKernel;
 using activation::SwigluForwardKernel;
+
+// Calls launch with t's data as const float* or, for a bf16 t (a kept activation under bf16
+// storage), const __nv_bfloat16*.
+template <typename Launch>
+void WithSaved(const Tensor& t, Launch launch) {
+  if (t.dtype() == DType::kBF16) {
+    launch(static_cast<const __nv_bfloat16*>(t.raw_data()));
+  } else {
+    launch(t.data<float>());
+  }
+}
 }  // namespace
 
 void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
@@ -33,8 +45,10 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
   const int64_t n = dx.numel();
   if (n == 0) return;
-  GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), dy.data<float>(), dx.data<float>(), n);
+  WithSaved(x, [&](auto* xp) {
+    GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+        xp, dy.data<float>(), dx.data<float>(), n);
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -49,8 +63,10 @@ void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
   const int64_t n = dx.numel();
   if (n == 0) return;
-  ReluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), dy.data<float>(), dx.data<float>(), n);
+  WithSaved(x, [&](auto* xp) {
+    ReluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+        xp, dy.data<float>(), dx.data<float>(), n);
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -66,8 +82,12 @@ void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor
                     DeviceContext* ctx) {
   const int64_t n = da.numel();
   if (n == 0) return;
-  SwigluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      a.data<float>(), b.data<float>(), dout.data<float>(), da.data<float>(), db.data<float>(), n);
+  WithSaved(a, [&](auto* ap) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(ap)>>;
+    SwigluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+        ap, static_cast<const T*>(b.raw_data()), dout.data<float>(), da.data<float>(),
+        db.data<float>(), n);
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 

@@ -19,8 +19,11 @@ __global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
   SY_GRID_STRIDE(i, n) { y[i] = Gelu(x[i]); }
 }
 
-__global__ void GeluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dx[i] = GeluGrad(x[i], dy[i]); }
+// The backward kernels read the forward's input x (a, b) as T: f32, or bf16 (the values kept
+// under bf16 activation storage, widened as they are loaded).
+template <typename T>
+__global__ void GeluBackwardKernel(const T* x, const float* dy, float* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) { dx[i] = GeluGrad(LoadF32(x, i), dy[i]); }
 }
 
 __global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
@@ -30,19 +33,21 @@ __global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
   }
 }
 
-__global__ void ReluBackwardKernel(const float* x, const float* dy, float* dx, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; }
+template <typename T>
+__global__ void ReluBackwardKernel(const T* x, const float* dy, float* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) { dx[i] = LoadF32(x, i) > 0.0f ? dy[i] : 0.0f; }
 }
 
 __global__ void SwigluForwardKernel(const float* a, const float* b, float* out, int64_t n) {
   SY_GRID_STRIDE(i, n) { out[i] = Swiglu(a[i], b[i]); }
 }
 
-__global__ void SwigluBackwardKernel(const float* a, const float* b, const float* dout, float* da,
+template <typename T>
+__global__ void SwigluBackwardKernel(const T* a, const T* b, const float* dout, float* da,
                                      float* db, int64_t n) {
   SY_GRID_STRIDE(i, n) {
     float vda, vdb;
-    SwigluGrad(a[i], b[i], dout[i], &vda, &vdb);
+    SwigluGrad(LoadF32(a, i), LoadF32(b, i), dout[i], &vda, &vdb);
     da[i] = vda;
     db[i] = vdb;
   }

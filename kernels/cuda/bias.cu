@@ -68,6 +68,25 @@ ForwardOut OutOf(Tensor& h, KeptRounded kept) {
   return o;
 }
 
+// The fused backward's saved inputs a (and swiglu's b): f32, or the bf16 values kept under
+// bf16 activation storage (read by the kernels as f32).
+FusedArgs SavedArgs(const Tensor& a, const Tensor& b) {
+  FusedArgs f;
+  if (a.dtype() == DType::kBF16) {
+    f.a16 = static_cast<const __nv_bfloat16*>(a.raw_data());
+    if (b.defined()) f.b16 = static_cast<const __nv_bfloat16*>(b.raw_data());
+  } else {
+    f.a = a.data<float>();
+    if (b.defined()) f.b = b.data<float>();
+  }
+  return f;
+}
+
+// The fused forward's bias, null when there is none.
+const float* BiasOrNull(const Tensor& bias) {
+  return bias.defined() ? bias.data<float>() : nullptr;
+}
+
 // Rows per stage-1 chunk: at least 64 (8 per row lane), more for tall inputs so there are
 // about 1024 chunks at most (plus one per group) and stage 2 stays short.
 int64_t RowsPerChunk(int64_t rows) { return std::max<int64_t>(64, (rows + 1023) / 1024); }
@@ -200,7 +219,7 @@ void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h, KeptRounded kept,
   const int64_t total = a.numel();
   if (total == 0) return;
   BiasActForwardKernel<0><<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      a.data<float>(), bias.data<float>(), nullptr, OutOf(h, kept), total, a.dim(1));
+      a.data<float>(), BiasOrNull(bias), nullptr, OutOf(h, kept), total, a.dim(1));
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -209,7 +228,7 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
   const int64_t total = a.numel();
   if (total == 0) return;
   BiasActForwardKernel<1><<<GridFor(total, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-      a.data<float>(), bias.data<float>(), b.data<float>(), OutOf(out, kept), total, a.dim(1));
+      a.data<float>(), BiasOrNull(bias), b.data<float>(), OutOf(out, kept), total, a.dim(1));
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -217,17 +236,14 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
 // GeluBackward then BiasGrad, so the same bits, with one pass over the rows fewer.
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
                           float beta, DeviceContext* ctx) {
-  FusedArgs f;
-  f.a = a.data<float>();
+  FusedArgs f = SavedArgs(a, Tensor());
   f.dx = dx.data<float>();
   LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta, UniformChunks(dx.dim(0)), ctx, f);
 }
 
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
                             Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
-  FusedArgs f;
-  f.a = a.data<float>();
-  f.b = b.data<float>();
+  FusedArgs f = SavedArgs(a, b);
   f.dx = da.data<float>();
   f.db = db.data<float>();
   LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta, UniformChunks(da.dim(0)), ctx, f);
@@ -271,8 +287,7 @@ void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
                                  const RowGroups& groups, Tensor& dbias, float beta,
                                  DeviceContext* ctx) {
   if (dbias.dim(0) == 0 || dx.dim(1) == 0) return;
-  FusedArgs f;
-  f.a = a.data<float>();
+  FusedArgs f = SavedArgs(a, Tensor());
   f.dx = dx.data<float>();
   Tensor table;
   LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta,
@@ -283,9 +298,7 @@ void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tenso
                                    Tensor& da, Tensor& db, const RowGroups& groups,
                                    Tensor& dbias, float beta, DeviceContext* ctx) {
   if (dbias.dim(0) == 0 || da.dim(1) == 0) return;
-  FusedArgs f;
-  f.a = a.data<float>();
-  f.b = b.data<float>();
+  FusedArgs f = SavedArgs(a, b);
   f.dx = da.data<float>();
   f.db = db.data<float>();
   Tensor table;

@@ -23,6 +23,9 @@ struct FusedArgs {
   const float* b = nullptr;  // swiglu's gate input
   float* dx = nullptr;       // dx (kGelu) or da (kSwiglu): may be dy's memory
   float* db = nullptr;       // kSwiglu's db
+  // Or, under bf16 activation storage, the kept bf16 a and b (set instead of a and b).
+  const __nv_bfloat16* a16 = nullptr;
+  const __nv_bfloat16* b16 = nullptr;
 };
 
 // What stage 1 reads of element i, and the value it adds for it (fused: the gradient, which
@@ -34,8 +37,8 @@ template <Fused F>
 __device__ __forceinline__ Inputs LoadAt(const float* dy, const FusedArgs& f, int64_t i) {
   Inputs x;
   x.dy = dy[i];
-  if constexpr (F != Fused::kNone) x.a = f.a[i];
-  if constexpr (F == Fused::kSwiglu) x.b = f.b[i];
+  if constexpr (F != Fused::kNone) x.a = f.a16 != nullptr ? FromBf16(f.a16[i]) : f.a[i];
+  if constexpr (F == Fused::kSwiglu) x.b = f.b16 != nullptr ? FromBf16(f.b16[i]) : f.b[i];
   return x;
 }
 template <Fused F>

@@ -53,13 +53,14 @@ __device__ __forceinline__ void ForwardElement(float* a, const float* b, const F
   }
 }
 
-// Fused bias + activation over a (rows, n), one bias: each element read and written by one
-// thread.
+// Fused bias + activation over a (rows, n), one bias (or none: bias null, the activation of
+// a with the same outputs): each element read and written by one thread.
 template <int kAct>
 __global__ void BiasActForwardKernel(float* a, const float* bias, const float* b, ForwardOut o,
                                      int64_t total, int64_t n) {
   SY_GRID_STRIDE(i, total) {
-    ForwardElement<kAct>(a, b, o, i, __fadd_rn(a[i], bias[i % n]), true);
+    const float v = bias != nullptr ? __fadd_rn(a[i], bias[i % n]) : a[i];
+    ForwardElement<kAct>(a, b, o, i, v, bias != nullptr);
   }
 }
 

@@ -81,4 +81,11 @@ __device__ __forceinline__ T BlockMax(T v, T* shared, T lowest) {
 __device__ __forceinline__ __nv_bfloat16 ToBf16(float v) { return __float2bfloat16_rn(v); }
 __device__ __forceinline__ float FromBf16(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// Element i of an f32 or bf16 array as f32 (a bf16 value widened: exact). For kernels that read
+// a kept activation in either storage type.
+__device__ __forceinline__ float LoadF32(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float LoadF32(const __nv_bfloat16* p, int64_t i) {
+  return FromBf16(p[i]);
+}
+
 }  // namespace switchyard::kernels::cuda

@@ -240,6 +240,51 @@ TEST(ActivationEmulationTest, ElementwiseKernelsGiveTheCpuBits) {
   }
 }
 
+// The backward kernels reading the kept bf16 inputs (bf16 activation storage) against the
+// CPU op on the bf16 tensors: the bits of the f32 op on the widened values.
+TEST(ActivationEmulationTest, BackwardKernelsReadKeptBf16Inputs) {
+  uint64_t stream = 40;
+  for (int64_t n : {1, 77, 4099}) {
+    std::vector<Bf16> x16, b16;
+    for (float v : WithSpecials(n, ++stream)) x16.push_back(Bf16(v));
+    for (float v : Uniform(n, ++stream, -3.0f, 3.0f)) b16.push_back(Bf16(v));
+    const std::vector<float> dy = Uniform(n, ++stream, -1.0f, 1.0f);
+    const Tensor xt = Tensor::FromVector(x16, {n}), bt = Tensor::FromVector(b16, {n});
+    const Tensor dyt = Tensor::FromVector(dy, {n});
+    const std::string what = " n " + std::to_string(n);
+    auto run = [&](auto kernel) {
+      std::vector<float> o0(n, kNaN), o1(n, kNaN);
+      Elementwise(GridFor(n), [&] { kernel(o0.data(), o1.data()); });
+      return std::vector<std::vector<float>>{o0, o1};
+    };
+    Tensor w0 = Tensor::Empty({n}, DType::kF32), w1 = Tensor::Empty({n}, DType::kF32);
+    GeluBackward(xt, dyt, w0);
+    ExpectSameBits(run([&](float* o0, float*) {
+                     act::GeluBackwardKernel(x16.data(), dy.data(), o0, n);
+                   })[0],
+                   w0.ToVector<float>(), "GeluBackward bf16 x" + what);
+    ReluBackward(xt, dyt, w0);
+    ExpectSameBits(run([&](float* o0, float*) {
+                     act::ReluBackwardKernel(x16.data(), dy.data(), o0, n);
+                   })[0],
+                   w0.ToVector<float>(), "ReluBackward bf16 x" + what);
+    SwigluBackward(xt, bt, dyt, w0, w1);
+    const auto got = run([&](float* o0, float* o1) {
+      act::SwigluBackwardKernel(x16.data(), b16.data(), dy.data(), o0, o1, n);
+    });
+    ExpectSameBits(got[0], w0.ToVector<float>(), "SwigluBackward bf16 da" + what);
+    ExpectSameBits(got[1], w1.ToVector<float>(), "SwigluBackward bf16 db" + what);
+    // And the CPU op on bf16 tensors is the f32 op on their widened values.
+    std::vector<float> wide;
+    for (Bf16 v : x16) wide.push_back(float(v));
+    const Tensor xw = Tensor::FromVector(wide, {n});
+    Tensor v0 = Tensor::Empty({n}, DType::kF32);
+    GeluBackward(xw, dyt, v0);
+    GeluBackward(xt, dyt, w0);
+    ExpectSameBits(w0.ToVector<float>(), v0.ToVector<float>(), "CPU GeluBackward bf16 x" + what);
+  }
+}
+
 // ---- the GPU tests' bounds, with the C library's expf -------------------------------------
 
 constexpr double kActRel = 2e-6;     // gelu, swiglu, swiglu's db: relative
@@ -463,26 +508,33 @@ TEST(ActivationEmulationTest, BiasActForwardGivesTheCpuBits) {
     const std::vector<float> bias = Uniform(s.n, ++stream, -1.0f, 1.0f);
     const Tensor bias_t = HostTensor(bias, {s.n}), b_t = HostTensor(b, shape);
     const unsigned blocks = s.blocks != 0 ? s.blocks : GridFor(total);
-    for (const Outputs& o : kOutputs) {
-      const std::string what = ShapeString(shape) + OutputsName(o);
-      if (!o.kept_b) {
+    // With the bias, and without one (null on the device, undefined on the CPU: the
+    // activation alone, a not written).
+    for (bool biased : {true, false}) {
+      const float* dbias = biased ? bias.data() : nullptr;
+      const Tensor cbias = biased ? bias_t : Tensor();
+      for (const Outputs& o : kOutputs) {
+        const std::string what =
+            ShapeString(shape) + OutputsName(o) + (biased ? "" : ", no bias");
+        if (!o.kept_b) {
+          Forward got = Prepared(a0, o);
+          Elementwise(blocks, [&] {
+            bf::BiasActForwardKernel<0>(got.a.data(), dbias, nullptr, OutOf(got), total, s.n);
+          });
+          ExpectSameForward(got, OnCpu(a0, o, shape, [&](Tensor& a, Tensor& h, KeptRounded k) {
+                              BiasGeluForward(a, cbias, h, nullptr, k);
+                            }),
+                            "BiasGeluForward " + what);
+        }
         Forward got = Prepared(a0, o);
         Elementwise(blocks, [&] {
-          bf::BiasActForwardKernel<0>(got.a.data(), bias.data(), nullptr, OutOf(got), total, s.n);
+          bf::BiasActForwardKernel<1>(got.a.data(), dbias, b.data(), OutOf(got), total, s.n);
         });
         ExpectSameForward(got, OnCpu(a0, o, shape, [&](Tensor& a, Tensor& h, KeptRounded k) {
-                            BiasGeluForward(a, bias_t, h, nullptr, k);
+                            BiasSwigluForward(a, cbias, b_t, h, nullptr, k);
                           }),
-                          "BiasGeluForward " + what);
+                          "BiasSwigluForward " + what);
       }
-      Forward got = Prepared(a0, o);
-      Elementwise(blocks, [&] {
-        bf::BiasActForwardKernel<1>(got.a.data(), bias.data(), b.data(), OutOf(got), total, s.n);
-      });
-      ExpectSameForward(got, OnCpu(a0, o, shape, [&](Tensor& a, Tensor& h, KeptRounded k) {
-                          BiasSwigluForward(a, bias_t, b_t, h, nullptr, k);
-                        }),
-                        "BiasSwigluForward " + what);
     }
   }
 }

@@ -151,6 +151,24 @@ TEST(BiasGradEmulationTest, DeviceSizedChunksEqualTheListedOnesAndTheCpu) {
                                   bg::FusedArgs{a.data(), nullptr, dx_sized.data(), nullptr});
     ASSERT_EQ(0, std::memcmp(dx_list.data(), dx_sized.data(), dx_list.size() * 4)) << name;
     ASSERT_EQ(0, std::memcmp(db_list.data(), db_sized.data(), db_list.size() * 4)) << name;
+    // a kept in bf16 (FusedArgs::a16): the bits of the f32 kernel on the widened values.
+    {
+      std::vector<BFloat16> a16(a.size());
+      std::vector<float> a_wide(a.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        a16[i] = cuda::ToBf16(a[i]);
+        a_wide[i] = cuda::FromBf16(a16[i]);
+      }
+      std::vector<float> dx16 = dy, dxw = dy;
+      std::vector<float> db16(groups * n, 0.0f), dbw(groups * n, 0.0f);
+      bg::FusedArgs f16{nullptr, nullptr, dx16.data(), nullptr};
+      f16.a16 = a16.data();
+      RunBiasGrad<bg::Fused::kGelu>(dx16, n, sized, 0.0f, db16, f16);
+      RunBiasGrad<bg::Fused::kGelu>(dxw, n, sized, 0.0f, dbw,
+                                    bg::FusedArgs{a_wide.data(), nullptr, dxw.data(), nullptr});
+      ASSERT_EQ(0, std::memcmp(dx16.data(), dxw.data(), dxw.size() * 4)) << name << " bf16 a";
+      ASSERT_EQ(0, std::memcmp(db16.data(), dbw.data(), dbw.size() * 4)) << name << " bf16 a";
+    }
     Tensor want_dx = Tensor::Empty({used, n}, DType::kF32);
     const Tensor a_used = Tensor::FromVector(a, {total, n}).Slice(0, used);
     GeluBackward(a_used, Tensor::FromVector(dy, {total, n}).Slice(0, used), want_dx);

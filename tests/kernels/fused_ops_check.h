@@ -76,6 +76,27 @@ void CheckKeptForward(const Tensor& a0, const Tensor& b, const Tensor& a_ref, co
   ExpectBf16Equal(o16, bf16_of(o_ref), ctx, "BiasSwigluForward bf16 out " + what);
 }
 
+// A backward op on bf16 activation storage's kept inputs: op(a, b, outs...) with a and b
+// bf16 gives the bits of op on their values widened to f32. `run(a, b)` returns the outputs.
+template <typename Run>
+void CheckKeptBackward(const Tensor& a, const Tensor& b, DeviceContext* ctx,
+                       const std::string& what, Run run) {
+  const Device dev = a.device();
+  auto rounded = [&](const Tensor& t, DType dtype, const Tensor& from) {
+    Tensor r = Tensor::Empty(t.shape(), dtype, dev);
+    Cast(from, r, ctx);
+    return r;
+  };
+  const Tensor a16 = rounded(a, DType::kBF16, a), b16 = rounded(b, DType::kBF16, b);
+  const Tensor aw = rounded(a, DType::kF32, a16), bw = rounded(b, DType::kF32, b16);
+  const std::vector<Tensor> got = run(a16, b16), want = run(aw, bw);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    gpu_test::ExpectBitEqual(got[k], want[k], ctx,
+                             what + " on bf16 inputs, output " + std::to_string(k));
+  }
+}
+
 const std::vector<Shape> kRowShapes = {{0, 7}, {1, 1}, {5, 77}, {300, 1000}, {70001, 3}};
 
 inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
@@ -107,6 +128,27 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
                      [&](Tensor& a, Tensor& o, KeptRounded k) {
                        BiasSwigluForward(a, bias, b, o, ctx, k);
                      });
+    // No bias (undefined): the activation alone, a not written, with every kind of output.
+    {
+      Tensor nh_ref = Tensor::Empty(s, DType::kF32, dev), no_ref = Tensor::Empty(s, DType::kF32, dev);
+      GeluForward(a0, nh_ref, ctx);
+      SwigluForward(a0, b, no_ref, ctx);
+      Tensor na = a0.Clone(ctx), nh = Tensor::Empty(s, DType::kF32, dev);
+      BiasGeluForward(na, Tensor(), nh, ctx);
+      gpu_test::ExpectBitEqual(na, a0, ctx, Name("BiasGeluForward no bias: a", s));
+      gpu_test::ExpectBitEqual(nh, nh_ref, ctx, Name("BiasGeluForward no bias: h", s));
+      Tensor no = Tensor::Empty(s, DType::kF32, dev);
+      BiasSwigluForward(na, Tensor(), b, no, ctx);
+      gpu_test::ExpectBitEqual(na, a0, ctx, Name("BiasSwigluForward no bias: a", s));
+      gpu_test::ExpectBitEqual(no, no_ref, ctx, Name("BiasSwigluForward no bias: out", s));
+      CheckKeptForward(a0, b, a0, nh_ref, no_ref, ctx, Name(" no bias", s),
+                       [&](Tensor& a, Tensor& h, KeptRounded k) {
+                         BiasGeluForward(a, Tensor(), h, ctx, k);
+                       },
+                       [&](Tensor& a, Tensor& o, KeptRounded k) {
+                         BiasSwigluForward(a, Tensor(), b, o, ctx, k);
+                       });
+    }
     // backward, dx in place over dy as dense::Mlp runs it; beta 0 over NaN, 1, 0.5.
     for (float beta : {0.0f, 1.0f, 0.5f}) {
       const std::string tag = " beta " + std::to_string(beta).substr(0, 3);
@@ -130,7 +172,39 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
       gpu_test::ExpectBitEqual(da, da_ref, ctx, Name("SwigluBackwardBiasGrad da", s) + tag);
       gpu_test::ExpectBitEqual(dbm, dbm_ref, ctx, Name("SwigluBackwardBiasGrad db", s) + tag);
       gpu_test::ExpectBitEqual(sdb, sdb_ref, ctx, Name("SwigluBackwardBiasGrad dbias", s) + tag);
+
+      CheckKeptBackward(a, b, ctx, Name("GeluBackwardBiasGrad", s) + tag,
+                        [&](const Tensor& ka, const Tensor&) {
+                          Tensor kdx = dy.Clone(ctx), kdb = db0.Clone(ctx);
+                          GeluBackwardBiasGrad(ka, kdx, kdx, kdb, beta, ctx);
+                          return std::vector<Tensor>{kdx, kdb};
+                        });
+      CheckKeptBackward(sa, b, ctx, Name("SwigluBackwardBiasGrad", s) + tag,
+                        [&](const Tensor& ka, const Tensor& kb) {
+                          Tensor kda = dy.Clone(ctx), kdbm = Tensor::Empty(s, DType::kF32, dev);
+                          Tensor kdb = db0.Clone(ctx);
+                          SwigluBackwardBiasGrad(ka, kb, kda, kda, kdbm, kdb, beta, ctx);
+                          return std::vector<Tensor>{kda, kdbm, kdb};
+                        });
     }
+    // The unfused backward ops read the kept bf16 inputs too.
+    const Tensor g = Uniform(s, ++seed, dev, ctx, -1.0f, 1.0f);
+    CheckKeptBackward(a, b, ctx, Name("GeluBackward", s), [&](const Tensor& ka, const Tensor&) {
+      Tensor dx = g.Clone(ctx);
+      GeluBackward(ka, dx, dx, ctx);
+      return std::vector<Tensor>{dx};
+    });
+    CheckKeptBackward(a, b, ctx, Name("ReluBackward", s), [&](const Tensor& ka, const Tensor&) {
+      Tensor dx = g.Clone(ctx);
+      ReluBackward(ka, dx, dx, ctx);
+      return std::vector<Tensor>{dx};
+    });
+    CheckKeptBackward(a, b, ctx, Name("SwigluBackward", s),
+                      [&](const Tensor& ka, const Tensor& kb) {
+                        Tensor da = g.Clone(ctx), db = Tensor::Empty(s, DType::kF32, dev);
+                        SwigluBackward(ka, kb, da, da, db, ctx);
+                        return std::vector<Tensor>{da, db};
+                      });
   }
 }
 
@@ -225,6 +299,21 @@ inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
         gpu_test::ExpectBitEqual(da, da_ref, ctx, "GroupedSwigluBackwardBiasGrad da" + bt);
         gpu_test::ExpectBitEqual(dbm, dbm_ref, ctx, "GroupedSwigluBackwardBiasGrad db" + bt);
         gpu_test::ExpectBitEqual(sdb, sdb_ref, ctx, "GroupedSwigluBackwardBiasGrad dbias" + bt);
+
+        CheckKeptBackward(a_ref, b, ctx, "GroupedGeluBackwardBiasGrad" + bt,
+                          [&](const Tensor& ka, const Tensor&) {
+                            Tensor kdx = dy.Clone(ctx), kdb = db0.Clone(ctx);
+                            GroupedGeluBackwardBiasGrad(ka, kdx, kdx, rg, kdb, beta, ctx);
+                            return std::vector<Tensor>{kdx, kdb};
+                          });
+        CheckKeptBackward(a_ref, b, ctx, "GroupedSwigluBackwardBiasGrad" + bt,
+                          [&](const Tensor& ka, const Tensor& kb) {
+                            Tensor kda = dy.Clone(ctx), kdbm = Filled(s, 7.0f, dev, ctx);
+                            Tensor kdb = db0.Clone(ctx);
+                            GroupedSwigluBackwardBiasGrad(ka, kb, kda, kda, kdbm, rg, kdb, beta,
+                                                          ctx);
+                            return std::vector<Tensor>{kda, kdbm, kdb};
+                          });
       }
     }
   }
