@@ -56,13 +56,13 @@ StatusOr<Norm> Norm::FromTensors(const NormOptions& options, NormParams params,
   return Norm(options, std::move(params), ctx);
 }
 
-NormActivations Norm::Forward(const Tensor& x, DeviceContext* ctx) const {
+NormActivations Norm::Forward(const Tensor& x, DeviceContext* ctx, DType y_dtype) const {
   SY_CHECK(x.ndim() >= 1 && x.dim(-1) == options_.dim)
       << "Norm::Forward: x " << ShapeString(x.shape()) << " for dim=" << options_.dim;
   const int64_t n = x.numel() / options_.dim;
   NormActivations acts;
   acts.x = x;
-  acts.y = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  acts.y = Tensor::Empty(x.shape(), y_dtype, x.device());
   acts.rstd = Tensor::Empty({n}, DType::kF32, x.device());
   if (IsLayerNorm(options_)) {
     acts.mean = Tensor::Empty({n}, DType::kF32, x.device());
@@ -73,7 +73,8 @@ NormActivations Norm::Forward(const Tensor& x, DeviceContext* ctx) const {
   return acts;
 }
 
-NormActivations Norm::AddForward(const Tensor& x, const Tensor& r, DeviceContext* ctx) const {
+NormActivations Norm::AddForward(const Tensor& x, const Tensor& r, DeviceContext* ctx,
+                                 DType y_dtype) const {
   SY_CHECK(x.ndim() >= 1 && x.dim(-1) == options_.dim && r.numel() == x.numel())
       << "Norm::AddForward: x " << ShapeString(x.shape()) << ", r " << ShapeString(r.shape())
       << " for dim=" << options_.dim;
@@ -81,7 +82,7 @@ NormActivations Norm::AddForward(const Tensor& x, const Tensor& r, DeviceContext
   const Tensor r_as_x = r.Reshape(x.shape());
   NormActivations acts;
   acts.x = Tensor::Empty(x.shape(), DType::kF32, x.device());
-  acts.y = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  acts.y = Tensor::Empty(x.shape(), y_dtype, x.device());
   acts.rstd = Tensor::Empty({n}, DType::kF32, x.device());
   if (IsLayerNorm(options_)) {
     acts.mean = Tensor::Empty({n}, DType::kF32, x.device());

@@ -59,12 +59,15 @@ class Norm {
   Norm(const Norm&) = delete;
   Norm& operator=(const Norm&) = delete;
 
-  // x (..., d) -> acts.y (..., d).
-  NormActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr) const;
+  // x (..., d) -> acts.y (..., d). y_dtype bf16: y written as the bf16 operand of the
+  // products that read it (bf16 activation storage; the f32 y rounded, kernels/norm.h).
+  NormActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr,
+                          DType y_dtype = DType::kF32) const;
   // The residual add and this norm in one kernel (kernels::AddLayerNormForward /
   // AddRmsNormForward): acts.x = x + r (a new tensor, the residual stream the caller goes on
   // with), acts.y = norm(acts.x). Bit-identical to kernels::Add(x, r) then Forward.
-  NormActivations AddForward(const Tensor& x, const Tensor& r, DeviceContext* ctx = nullptr) const;
+  NormActivations AddForward(const Tensor& x, const Tensor& r, DeviceContext* ctx = nullptr,
+                             DType y_dtype = DType::kF32) const;
   // dy (..., d). Adds into the gradients; returns dx (..., d).
   Tensor Backward(const NormActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr);
   // The same, with dx added into `into` (the residual stream's gradient, as many elements as

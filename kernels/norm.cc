@@ -3,6 +3,7 @@
 #include "kernels/norm.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/elementwise.h"
 
 namespace switchyard::kernels {
 namespace {
@@ -30,6 +31,34 @@ void CheckSameShape(const Tensor& x, const Tensor& t, Device device, const char*
                                    << ", expected " << ShapeString(x.shape());
 }
 
+// A forward's output y: x's shape, f32 or bf16 (the products' operand, rounded as written).
+void CheckOutput(const Tensor& x, const Tensor& y, Device device, const char* op) {
+  SY_CHECK(y.dtype() == DType::kF32 || y.dtype() == DType::kBF16)
+      << op << ": y is " << DTypeName(y.dtype()) << ", not f32 or bf16";
+  CheckTensorOn(y, y.dtype(), device, op, "y");
+  SY_CHECK(x.shape() == y.shape()) << op << ": y " << ShapeString(y.shape()) << ", expected "
+                                   << ShapeString(x.shape());
+  if (y.dtype() == DType::kBF16 && y.numel() > 0) {
+    const char* xb = static_cast<const char*>(x.raw_data());
+    const char* yb = static_cast<const char*>(y.raw_data());
+    SY_CHECK(yb + y.numel() * 2 <= xb || xb + x.numel() * 4 <= yb)
+        << op << ": a bf16 y shares memory with x";
+  }
+}
+
+// The CPU's forward into y: `f32_op(y32)` on y, or for a bf16 y on an f32 tensor then rounded
+// into y (the bits the CUDA kernels store).
+template <typename Op>
+void CpuForwardInto(Tensor& y, Op f32_op) {
+  if (y.dtype() == DType::kF32) {
+    f32_op(y);
+    return;
+  }
+  Tensor y32 = Tensor::Empty(y.shape(), DType::kF32);
+  f32_op(y32);
+  cpu::Cast(y32, y);
+}
+
 // DxWrite::kAdd reads dx while dy is read: they must not share memory.
 void CheckAddInto(const Tensor& dx, const Tensor& dy, DxWrite write, const char* op) {
   if (write != DxWrite::kAdd) return;
@@ -49,10 +78,12 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Device dev = y.device();
   const int64_t n = CheckRows(x, weight, dev, kOp);
   if (bias.defined()) CheckVector(bias, weight.numel(), dev, kOp, "bias");
-  CheckSameShape(x, y, dev, kOp, "y");
+  CheckOutput(x, y, dev, kOp);
   CheckVector(mean, n, dev, kOp, "mean");
   CheckVector(rstd, n, dev, kOp, "rstd");
-  SY_DISPATCH_DEVICE(y, ctx, cpu::LayerNormForward(x, weight, bias, eps, y, mean, rstd),
+  SY_DISPATCH_DEVICE(y, ctx, CpuForwardInto(y, [&](Tensor& yo) {
+                       cpu::LayerNormForward(x, weight, bias, eps, yo, mean, rstd);
+                     }),
                      cuda::LayerNormForward(x, weight, bias, eps, y, mean, rstd, ctx));
 }
 
@@ -82,9 +113,11 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
   SY_CHECK(y.defined()) << kOp << ": y is undefined";
   const Device dev = y.device();
   const int64_t n = CheckRows(x, weight, dev, kOp);
-  CheckSameShape(x, y, dev, kOp, "y");
+  CheckOutput(x, y, dev, kOp);
   CheckVector(rstd, n, dev, kOp, "rstd");
-  SY_DISPATCH_DEVICE(y, ctx, cpu::RmsNormForward(x, weight, eps, y, rstd),
+  SY_DISPATCH_DEVICE(y, ctx, CpuForwardInto(y, [&](Tensor& yo) {
+                       cpu::RmsNormForward(x, weight, eps, yo, rstd);
+                     }),
                      cuda::RmsNormForward(x, weight, eps, y, rstd, ctx));
 }
 
@@ -109,7 +142,7 @@ void CheckResidual(const Tensor& x, const Tensor& r, const Tensor& sum, const Te
                    Device dev, const char* op) {
   CheckSameShape(x, r, dev, op, "r");
   CheckSameShape(x, sum, dev, op, "sum");
-  CheckSameShape(x, y, dev, op, "y");
+  CheckOutput(x, y, dev, op);
   SY_CHECK(y.numel() == 0 || (y.raw_data() != x.raw_data() && y.raw_data() != r.raw_data() &&
                               y.raw_data() != sum.raw_data()))
       << op << ": y must not share memory with x, r or sum";
@@ -127,7 +160,9 @@ void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
   CheckResidual(x, r, sum, y, dev, kOp);
   CheckVector(mean, n, dev, kOp, "mean");
   CheckVector(rstd, n, dev, kOp, "rstd");
-  SY_DISPATCH_DEVICE(y, ctx, cpu::AddLayerNormForward(x, r, weight, bias, eps, sum, y, mean, rstd),
+  SY_DISPATCH_DEVICE(y, ctx, CpuForwardInto(y, [&](Tensor& yo) {
+                       cpu::AddLayerNormForward(x, r, weight, bias, eps, sum, yo, mean, rstd);
+                     }),
                      cuda::AddLayerNormForward(x, r, weight, bias, eps, sum, y, mean, rstd, ctx));
 }
 
@@ -139,7 +174,9 @@ void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, f
   const int64_t n = CheckRows(x, weight, dev, kOp);
   CheckResidual(x, r, sum, y, dev, kOp);
   CheckVector(rstd, n, dev, kOp, "rstd");
-  SY_DISPATCH_DEVICE(y, ctx, cpu::AddRmsNormForward(x, r, weight, eps, sum, y, rstd),
+  SY_DISPATCH_DEVICE(y, ctx, CpuForwardInto(y, [&](Tensor& yo) {
+                       cpu::AddRmsNormForward(x, r, weight, eps, sum, yo, rstd);
+                     }),
                      cuda::AddRmsNormForward(x, r, weight, eps, sum, y, rstd, ctx));
 }
 

@@ -6,7 +6,10 @@
 // per row for Backward; row statistics are accumulated in double.
 //
 // Shapes: x, y, dy, dx (N, d) — any tensor whose last dimension is d is read as N = numel / d
-// rows; weight, bias (d); mean, rstd (N). All f32, contiguous, on one device. The public
+// rows; weight, bias (d); mean, rstd (N). All f32, contiguous, on one device, but a
+// forward's y, which may be bf16: the f32 values rounded to nearest even as they are stored
+// (the bits of an f32 y then kernels::Cast), for the products that read it as their operand
+// under bf16 activation storage (a bf16 y is never x's memory). The public
 // ops check the arguments (kernels/norm.cc) and run kernels/cpu/norm.cc (the reference) or
 // kernels/cuda/norm.cu, which reduces each row in double as well and sums dweight / dbias
 // over rows in a fixed order (deterministic, no atomics).

@@ -286,9 +286,14 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
   Block& b = blocks_[k];
   DeviceContext* ctx = ctx_;
   ba.x_in = x;
+  // Under bf16 activation storage without tp the norms write their outputs as the bf16
+  // operands of the products that read them (attention's q, k, v; the dense MLP's W1): no
+  // f32 copy and no conversion. Under tp the tp region's entry communicates them in f32;
+  // a MoE block's norm2 output is the router's f32 input.
+  const DType operand = kernels::StoresBf16(ctx) && !tp().active() ? DType::kBF16 : DType::kF32;
   {
     ScopedPhase phase(Phase::kNorms);
-    ba.norm1 = b.norm1.Forward(x, ctx);
+    ba.norm1 = b.norm1.Forward(x, ctx, operand);
   }
   {
     ScopedPhase phase(Phase::kAttention);
@@ -297,7 +302,7 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
   {
     // x_mid = x + attention, and norm2 of it, in one kernel (bit-identical to the two).
     ScopedPhase phase(Phase::kNorms);
-    ba.norm2 = b.norm2.AddForward(x, ba.attn.y(), ctx);
+    ba.norm2 = b.norm2.AddForward(x, ba.attn.y(), ctx, b.mlp ? operand : DType::kF32);
     ba.x_mid = ba.norm2.x;
   }
   Tensor ffn;

@@ -21,17 +21,6 @@ using activation::ReluBackwardKernel;
 using activation::ReluForwardKernel;
 using activation::SwigluBackwardKernel;
 using activation::SwigluForwardKernel;
-
-// Calls launch with t's data as const float* or, for a bf16 t (a kept activation under bf16
-// storage), const __nv_bfloat16*.
-template <typename Launch>
-void WithSaved(const Tensor& t, Launch launch) {
-  if (t.dtype() == DType::kBF16) {
-    launch(static_cast<const __nv_bfloat16*>(t.raw_data()));
-  } else {
-    launch(t.data<float>());
-  }
-}
 }  // namespace
 
 void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
@@ -45,7 +34,7 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
   const int64_t n = dx.numel();
   if (n == 0) return;
-  WithSaved(x, [&](auto* xp) {
+  WithF32OrBf16(x, [&](auto* xp) {
     GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
         xp, dy.data<float>(), dx.data<float>(), n);
   });
@@ -63,7 +52,7 @@ void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
   const int64_t n = dx.numel();
   if (n == 0) return;
-  WithSaved(x, [&](auto* xp) {
+  WithF32OrBf16(x, [&](auto* xp) {
     ReluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
         xp, dy.data<float>(), dx.data<float>(), n);
   });
@@ -82,7 +71,7 @@ void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor
                     DeviceContext* ctx) {
   const int64_t n = da.numel();
   if (n == 0) return;
-  WithSaved(a, [&](auto* ap) {
+  WithF32OrBf16(a, [&](auto* ap) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(ap)>>;
     SwigluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
         ap, static_cast<const T*>(b.raw_data()), dout.data<float>(), da.data<float>(),

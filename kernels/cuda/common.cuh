@@ -47,4 +47,24 @@ inline Tensor Scratch(size_t bytes, DeviceContext* ctx) {
                        ctx->device());
 }
 
+// Calls launch with t's data as float* or, for a bf16 t, __nv_bfloat16* (const for a const
+// t): the kernels templated on an f32-or-bf16 operand (kernels/cuda/device_common.cuh's
+// LoadF32 and StoreAs) take either.
+template <typename Launch>
+void WithF32OrBf16(const Tensor& t, Launch launch) {
+  if (t.dtype() == DType::kBF16) {
+    launch(static_cast<const __nv_bfloat16*>(t.raw_data()));
+  } else {
+    launch(t.data<float>());
+  }
+}
+template <typename Launch>
+void WithF32OrBf16(Tensor& t, Launch launch) {
+  if (t.dtype() == DType::kBF16) {
+    launch(static_cast<__nv_bfloat16*>(t.raw_data()));
+  } else {
+    launch(t.data<float>());
+  }
+}
+
 }  // namespace switchyard::kernels::cuda

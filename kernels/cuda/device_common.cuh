@@ -87,5 +87,10 @@ __device__ __forceinline__ float LoadF32(const float* p, int64_t i) { return p[i
 __device__ __forceinline__ float LoadF32(const __nv_bfloat16* p, int64_t i) {
   return FromBf16(p[i]);
 }
+// p[i] = v, rounded to nearest even when p is bf16 (a producer writing a bf16 operand).
+__device__ __forceinline__ void StoreAs(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void StoreAs(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = ToBf16(v);
+}
 
 }  // namespace switchyard::kernels::cuda

@@ -64,9 +64,11 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
   const RowShape rows = norm_dev::RowShapeOf(n, d);
-  norm_dev::LayerNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr, eps,
-      y.data<float>(), mean.data<float>(), rstd.data<float>(), n, d);
+  WithF32OrBf16(y, [&](auto* yp) {
+    norm_dev::LayerNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
+        x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+        eps, yp, mean.data<float>(), rstd.data<float>(), n, d);
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -92,8 +94,10 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
   const RowShape rows = norm_dev::RowShapeOf(n, d);
-  norm_dev::RmsNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), weight.data<float>(), eps, y.data<float>(), rstd.data<float>(), n, d);
+  WithF32OrBf16(y, [&](auto* yp) {
+    norm_dev::RmsNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
+        x.data<float>(), weight.data<float>(), eps, yp, rstd.data<float>(), n, d);
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -118,10 +122,12 @@ void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
   const RowShape rows = norm_dev::RowShapeOf(n, d);
-  norm_dev::LayerNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr, eps,
-      y.data<float>(), mean.data<float>(), rstd.data<float>(), n, d, r.data<float>(),
-      sum.data<float>());
+  WithF32OrBf16(y, [&](auto* yp) {
+    norm_dev::LayerNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
+        x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+        eps, yp, mean.data<float>(), rstd.data<float>(), n, d, r.data<float>(),
+        sum.data<float>());
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -131,9 +137,11 @@ void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, f
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
   const RowShape rows = norm_dev::RowShapeOf(n, d);
-  norm_dev::RmsNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), weight.data<float>(), eps, y.data<float>(), rstd.data<float>(), n, d,
-      r.data<float>(), sum.data<float>());
+  WithF32OrBf16(y, [&](auto* yp) {
+    norm_dev::RmsNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
+        x.data<float>(), weight.data<float>(), eps, yp, rstd.data<float>(), n, d,
+        r.data<float>(), sum.data<float>());
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 

@@ -66,14 +66,16 @@ __device__ __forceinline__ const float* ResidualRow(const float* x, const float*
 }
 
 // x, y (n, d); mean, rstd (n); bias may be null. res non-null: the row normalised is
-// x + res, written to sum (kernels::AddLayerNormForward).
+// x + res, written to sum (kernels::AddLayerNormForward). y: f32, or bf16 (each value
+// rounded as it is stored: the operand of the products that read it).
+template <typename TY>
 __global__ void LayerNormForwardKernel(const float* x, const float* w, const float* b, float eps,
-                                       float* y, float* mean, float* rstd, int64_t n, int64_t d,
+                                       TY* y, float* mean, float* rstd, int64_t n, int64_t d,
                                        const float* res = nullptr, float* sum_out = nullptr) {
   __shared__ double shared[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const float* xr = ResidualRow(x, res, sum_out, r, d);
-    float* yr = y + r * d;
+    TY* yr = y + r * d;
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += xr[j];
     const double mu = BlockSum(sum, shared) / static_cast<double>(d);
@@ -87,7 +89,7 @@ __global__ void LayerNormForwardKernel(const float* x, const float* w, const flo
     const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float v = __fmul_rn(__fmul_rn(__fsub_rn(xr[j], m), s), w[j]);
-      yr[j] = b ? __fadd_rn(v, b[j]) : v;
+      StoreAs(yr, j, b ? __fadd_rn(v, b[j]) : v);
     }
     if (threadIdx.x == 0) {
       mean[r] = m;
@@ -97,14 +99,15 @@ __global__ void LayerNormForwardKernel(const float* x, const float* w, const flo
 }
 
 // x, y (n, d); rstd (n). res non-null: the row normalised is x + res, written to sum
-// (kernels::AddRmsNormForward).
-__global__ void RmsNormForwardKernel(const float* x, const float* w, float eps, float* y,
+// (kernels::AddRmsNormForward). y: f32 or bf16, as LayerNormForwardKernel's.
+template <typename TY>
+__global__ void RmsNormForwardKernel(const float* x, const float* w, float eps, TY* y,
                                      float* rstd, int64_t n, int64_t d,
                                      const float* res = nullptr, float* sum_out = nullptr) {
   __shared__ double shared[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const float* xr = ResidualRow(x, res, sum_out, r, d);
-    float* yr = y + r * d;
+    TY* yr = y + r * d;
     double ss = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       ss += static_cast<double>(xr[j]) * xr[j];
@@ -113,7 +116,7 @@ __global__ void RmsNormForwardKernel(const float* x, const float* w, float eps, 
     const float s =
         static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      yr[j] = __fmul_rn(__fmul_rn(xr[j], s), w[j]);
+      StoreAs(yr, j, __fmul_rn(__fmul_rn(xr[j], s), w[j]));
     }
     if (threadIdx.x == 0) rstd[r] = s;
   }

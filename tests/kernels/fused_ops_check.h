@@ -342,6 +342,16 @@ inline void CheckAddNorms(Device dev, DeviceContext* ctx) {
       gpu_test::ExpectBitEqual(y, y_ref, ctx, Name("AddLayerNormForward y", s) + tag);
       gpu_test::ExpectBitEqual(m, m_ref, ctx, Name("AddLayerNormForward mean", s) + tag);
       gpu_test::ExpectBitEqual(rs, rs_ref, ctx, Name("AddLayerNormForward rstd", s) + tag);
+      // A bf16 y (the products' operand under bf16 storage): the f32 y rounded, from the
+      // plain and the residual forms.
+      Tensor y16_ref = Tensor::Empty(s, DType::kBF16, dev), y16 = Tensor::Empty(s, DType::kBF16, dev);
+      Cast(y_ref, y16_ref, ctx);
+      LayerNormForward(sum_ref, w, b, kEps, y16, m, rs, ctx);
+      ExpectBf16Equal(y16, y16_ref, ctx, Name("LayerNormForward bf16 y", s) + tag);
+      y16 = Tensor::Empty(s, DType::kBF16, dev);
+      AddLayerNormForward(x, r, w, b, kEps, sum, y16, m, rs, ctx);
+      ExpectBf16Equal(y16, y16_ref, ctx, Name("AddLayerNormForward bf16 y", s) + tag);
+      gpu_test::ExpectBitEqual(m, m_ref, ctx, Name("AddLayerNormForward bf16 y: mean", s) + tag);
     }
     Tensor y_ref = Tensor::Empty(s, DType::kF32, dev), rs_ref = Tensor::Empty({n}, DType::kF32, dev);
     RmsNormForward(sum_ref, w, kEps, y_ref, rs_ref, ctx);
@@ -351,6 +361,15 @@ inline void CheckAddNorms(Device dev, DeviceContext* ctx) {
     gpu_test::ExpectBitEqual(xs, sum_ref, ctx, Name("AddRmsNormForward sum (in place)", s));
     gpu_test::ExpectBitEqual(y, y_ref, ctx, Name("AddRmsNormForward y", s));
     gpu_test::ExpectBitEqual(rs, rs_ref, ctx, Name("AddRmsNormForward rstd", s));
+    Tensor y16_ref = Tensor::Empty(s, DType::kBF16, dev), y16 = Tensor::Empty(s, DType::kBF16, dev);
+    Cast(y_ref, y16_ref, ctx);
+    RmsNormForward(sum_ref, w, kEps, y16, rs, ctx);
+    ExpectBf16Equal(y16, y16_ref, ctx, Name("RmsNormForward bf16 y", s));
+    y16 = Tensor::Empty(s, DType::kBF16, dev);
+    Tensor sum16 = Tensor::Empty(s, DType::kF32, dev);
+    AddRmsNormForward(x, r, w, kEps, sum16, y16, rs, ctx);
+    ExpectBf16Equal(y16, y16_ref, ctx, Name("AddRmsNormForward bf16 y", s));
+    gpu_test::ExpectBitEqual(sum16, sum_ref, ctx, Name("AddRmsNormForward bf16 y: sum", s));
   }
 }
 

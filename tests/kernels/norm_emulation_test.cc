@@ -202,6 +202,55 @@ bool CheckForwardRow(const FwdIn& in, const float* xr, int64_t r, int64_t d, con
   return same_stats;
 }
 
+// A bf16 y (bf16 activation storage: the products' operand): the kernel stores the f32
+// kernel's y rounded, element for element; the CPU op the CPU's f32 y rounded.
+void CheckBf16Output(const FwdIn& in, const Rows& s, const FwdOut& got, const FwdOut& cpu,
+                     const std::string& name) {
+  const int64_t n = s.n, d = s.d;
+  std::vector<BFloat16> y16(n * d, BFloat16(kNaN));
+  std::vector<float> mean(n, kNaN), rstd(n, kNaN), sum(in.res.empty() ? 0 : n * d, kNaN);
+  const float* res = in.res.empty() ? nullptr : in.res.data();
+  float* sum_out = in.res.empty() ? nullptr : sum.data();
+  const float* b = in.b.empty() ? nullptr : in.b.data();
+  const nd::RowShape shape = nd::RowShapeOf(n, d, s.max_blocks);
+  emu::Launch(EmuDim3{shape.blocks, 1, 1}, static_cast<int>(shape.threads), unused_smem, 0, 0,
+              [&] {
+                if (in.layer) {
+                  nd::LayerNormForwardKernel(in.x.data(), in.w.data(), b, kEps, y16.data(),
+                                             mean.data(), rstd.data(), n, d, res, sum_out);
+                } else {
+                  nd::RmsNormForwardKernel(in.x.data(), in.w.data(), kEps, y16.data(),
+                                           rstd.data(), n, d, res, sum_out);
+                }
+              });
+  EXPECT_TRUE(SameBits(rstd.data(), got.rstd.data(), n)) << name << " bf16 y: rstd";
+  for (int64_t i = 0; i < n * d; ++i) {
+    if (y16[i].bits != BFloat16(got.y[i]).bits) {
+      ADD_FAILURE() << name << " bf16 y[" << i << "] " << float(y16[i]) << ", the f32 y "
+                    << got.y[i] << " rounded is " << float(BFloat16(got.y[i]));
+      break;
+    }
+  }
+  // The CPU op into a bf16 y.
+  const Tensor x = Tensor::FromVector(in.x, {n, d}), w = Tensor::FromVector(in.w, {d});
+  const Tensor bt = in.b.empty() ? Tensor() : Tensor::FromVector(in.b, {d});
+  const Tensor r = in.res.empty() ? Tensor() : Tensor::FromVector(in.res, {n, d});
+  Tensor yc = Tensor::Empty({n, d}, DType::kBF16), st = Tensor::Empty({n, d}, DType::kF32);
+  Tensor mt = Tensor::Empty({n}, DType::kF32), rt = Tensor::Empty({n}, DType::kF32);
+  if (in.res.empty() && in.layer) LayerNormForward(x, w, bt, kEps, yc, mt, rt);
+  if (in.res.empty() && !in.layer) RmsNormForward(x, w, kEps, yc, rt);
+  if (!in.res.empty() && in.layer) AddLayerNormForward(x, r, w, bt, kEps, st, yc, mt, rt);
+  if (!in.res.empty() && !in.layer) AddRmsNormForward(x, r, w, kEps, st, yc, rt);
+  const std::vector<BFloat16> yv = yc.ToVector<BFloat16>();
+  for (int64_t i = 0; i < n * d; ++i) {
+    if (yv[i].bits != BFloat16(cpu.y[i]).bits) {
+      ADD_FAILURE() << name << " CPU bf16 y[" << i << "] " << float(yv[i]) << ", want "
+                    << float(BFloat16(cpu.y[i]));
+      break;
+    }
+  }
+}
+
 // The kernel's forward against the CPU's; returns the rows whose statistics differ from the
 // CPU's (reduction order).
 int CheckForward(const FwdIn& in, const Rows& s, const std::string& name, bool in_place = true) {
@@ -211,6 +260,7 @@ int CheckForward(const FwdIn& in, const Rows& s, const std::string& name, bool i
   if (!in.res.empty()) {
     EXPECT_TRUE(SameBits(got.sum.data(), cpu.sum.data(), n * d)) << name << " sum";
   }
+  CheckBf16Output(in, s, got, cpu, name);
   const std::vector<float>& xn = in.res.empty() ? in.x : cpu.sum;  // the rows normalised
   int differ = 0;
   for (int64_t r = 0; r < n; ++r) differ += !CheckForwardRow(in, &xn[r * d], r, d, got, cpu, name);
