@@ -92,8 +92,18 @@ void CoreForward(const AttentionOptions& o, const Tensor& q, const Tensor& k, co
   kernels::AttentionForward(q, k, v, a, lse, ctx);
 }
 
-// `a` is the kept output: f32, or under bf16 activation storage its bf16 copy, which the
-// paths that read it (for delta) read back as f32.
+// The element type of the core attention's output a: under bf16 activation storage on the
+// fused path without cp, bf16 (the kernel rounds a as it stores it: o's operand, kept for o's
+// weight gradient and read for delta, with no f32 copy and no conversion); else f32 (the
+// ring merges its blocks in f32).
+DType CoreOutputDType(const AttentionOptions& o, int64_t head_dim, const DeviceContext* ctx) {
+  return kernels::StoresBf16(ctx) && !o.cp.active() && kernels::UseFlashAttention(ctx, head_dim)
+             ? DType::kBF16
+             : DType::kF32;
+}
+
+// `a` is the kept output: f32, or under bf16 activation storage bf16 (written so, or o's
+// kept operand), which the paths that read it (for delta) read as f32.
 void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& a, const Tensor& lse, const Tensor& da, Tensor& dq, Tensor& dk,
                   Tensor& dv, DeviceContext* ctx) {
@@ -105,7 +115,7 @@ void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, c
     // The fused bf16 kernel takes delta = rowsum(da * a) from the kept output (FlashAttention-2)
     // rather than recomputing the forward for it.
     Tensor delta = Tensor::Empty(lse.shape(), DType::kF32, q.device());
-    kernels::AttentionBackwardDelta(kernels::KeptAsF32(a, ctx), da, delta, ctx);
+    kernels::AttentionBackwardDelta(a, da, delta, ctx);
     return kernels::AttentionBackward(q, k, v, lse, da, dq, dk, dv, ctx,
                                       kernels::AttentionMask::kCausal, delta);
   }
@@ -215,11 +225,12 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
     Rotate(options_, q, /*backward=*/false, ctx);
     Rotate(options_, k, /*backward=*/false, ctx);
   }
-  Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
+  Tensor a = Tensor::Empty({b, s, hq, hd}, CoreOutputDType(options_, hd, ctx), x.device());
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
   CoreForward(options_, q, k, v, a, acts.lse, ctx);
-  // o keeps its input as its product's operand (bf16 under bf16 activation storage); the
-  // core attention's backward reads it too (delta, on the fused and ring paths), as f32.
+  // o keeps its input as its product's operand (bf16 under bf16 activation storage: a itself
+  // on the fused path, CoreOutputDType); the core attention's backward reads it too (delta,
+  // on the fused and ring paths), as f32.
   acts.o = o_.Forward(a.Reshape({b, s, hq * hd}), ctx);
   if (core == CoreAttention::kRecompute) {
     acts.o.x = Tensor();  // a and lse go with the last references to them
@@ -242,7 +253,7 @@ Tensor Attention::Backward(const AttentionActivations& acts, const Tensor& dy_in
   LinearActivations o = acts.o;
   Tensor lse = acts.lse;
   if (!lse.defined()) {
-    Tensor a = Tensor::Empty({b, s, hq, hd}, DType::kF32, x.device());
+    Tensor a = Tensor::Empty({b, s, hq, hd}, CoreOutputDType(options_, hd, ctx), x.device());
     lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());
     CoreForward(options_, Heads(acts.q.y, hq, hd), Heads(acts.k_heads, hkv, hd),
                 Heads(acts.v_heads, hkv, hd), a, lse, ctx);

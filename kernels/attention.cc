@@ -4,6 +4,7 @@
 #include "kernels/attention.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/elementwise.h"
 #include "kernels/flash_attention.h"
 
 namespace switchyard::kernels {
@@ -55,6 +56,24 @@ Tensor FlashDelta(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   return delta;
 }
 
+// out: f32, or bf16 (the output projection's operand under bf16 activation storage).
+void CheckOut(const Tensor& out, const Shape& want, Device device, const char* op) {
+  SY_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16)
+      << op << ": out is " << DTypeName(out.dtype()) << ", expected f32 or bf16";
+  SY_CHECK(out.device() == device) << op << ": out is on " << out.device()
+                                   << " but the output is on " << device;
+  SY_CHECK(out.shape() == want) << op << ": out " << ShapeString(out.shape()) << ", expected "
+                                << ShapeString(want);
+}
+
+// t, or its bf16 values widened to f32 (exact; the CUDA kernels widen as they read).
+Tensor CpuF32(const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor f = Tensor::Empty(t.shape(), DType::kF32);
+  cpu::Cast(t, f);
+  return f;
+}
+
 }  // namespace
 
 bool UseFlashAttention(const DeviceContext* ctx, int64_t head_dim) {
@@ -66,13 +85,24 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
   constexpr const char* kOp = "AttentionForward";
   SY_CHECK(out.defined()) << kOp << ": out is undefined";
   CheckInputs(q, k, v, lse, out.device(), kOp);
-  CheckTensor(out, q.shape(), out.device(), kOp, "out");
+  CheckOut(out, q.shape(), out.device(), kOp);
   CheckMask(mask, kOp);
   if (UseFlashAttention(ctx, q.dim(3))) {
-    SY_DISPATCH_DEVICE(out, ctx, cpu::FlashAttentionForward(q, k, v, out, lse, mask),
+    // A bf16 out: the fused kernel rounds its f32 out as it stores it; the CPU rounds its
+    // twin's.
+    auto on_cpu = [=]() mutable {
+      if (out.dtype() == DType::kF32) return cpu::FlashAttentionForward(q, k, v, out, lse, mask);
+      Tensor out32 = Tensor::Empty(out.shape(), DType::kF32);
+      cpu::FlashAttentionForward(q, k, v, out32, lse, mask);
+      cpu::Cast(out32, out);
+    };
+    SY_DISPATCH_DEVICE(out, ctx, on_cpu(),
                        cuda::FlashAttentionForward(q, k, v, out, lse, mask, ctx));
     return;
   }
+  SY_CHECK(out.dtype() == DType::kF32)
+      << kOp << ": a bf16 out needs the fused path (bf16 products, head_dim 64 or 128), got "
+      << "head_dim " << q.dim(3);
   SY_DISPATCH_DEVICE(out, ctx, cpu::AttentionForward(q, k, v, out, lse, mask),
                      cuda::AttentionForward(q, k, v, out, lse, mask, ctx));
 }
@@ -107,10 +137,10 @@ void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta
   SY_CHECK_EQ(out.ndim(), 4) << kOp << ": out is (B, S, Hq, hd), got "
                              << ShapeString(out.shape());
   const int64_t b = out.dim(0), s = out.dim(1), hq = out.dim(2);
-  CheckTensor(out, out.shape(), delta.device(), kOp, "out");
+  CheckOut(out, out.shape(), delta.device(), kOp);
   CheckTensor(dout, out.shape(), delta.device(), kOp, "dout");
   CheckTensor(delta, {b, hq, s}, delta.device(), kOp, "delta");
-  SY_DISPATCH_DEVICE(delta, ctx, cpu::AttentionBackwardDelta(out, dout, delta),
+  SY_DISPATCH_DEVICE(delta, ctx, cpu::AttentionBackwardDelta(CpuF32(out), dout, delta),
                      cuda::AttentionBackwardDelta(out, dout, delta, ctx));
 }
 

@@ -24,7 +24,9 @@
 //    sum to the whole softmax's dq. Without delta the block is the whole softmax.
 //
 // Shapes (all f32, contiguous): q, out, dq (B, S, Hq, hd); k, v, dk, dv (B, S, Hkv, hd);
-// lse, delta (B, Hq, S). Every matrix product reads the (B, S, H, hd) layout in place
+// lse, delta (B, Hq, S). On the fused path (below) AttentionForward's out may be bf16 (its f32
+// values rounded as stored: the output projection's operand under bf16 activation storage),
+// and AttentionBackwardDelta reads such an out as f32 (widened: exact). Every matrix product reads the (B, S, H, hd) layout in place
 // (leading dimension H * hd), so no head is ever copied out. The CPU implementation
 // (kernels/cpu/attention.cc) is one cpu::Sgemm per (batch, head); the CUDA one
 // (kernels/cuda/attention.cu) is cuBLAS strided-batched GEMMs over the batch, one call per

@@ -126,16 +126,18 @@ __global__ void MaskedSoftmaxBackwardKernel(const float* p, float* dp, const flo
 constexpr int kWarpsPerBlock = 8;
 
 // One warp per row (b, i, h) of out, dout (B, S, Hq, hd): delta[(b Hq + h) S + i] =
-// sum_e dout[row, e] out[row, e], summed in double as on the CPU.
-__global__ void DeltaKernel(const float* out, const float* dout, float* delta, int64_t s,
+// sum_e dout[row, e] out[row, e], summed in double as on the CPU. out: f32, or the bf16 out
+// kept under bf16 activation storage (widened as read).
+template <typename TO>
+__global__ void DeltaKernel(const TO* out, const float* dout, float* delta, int64_t s,
                             int64_t hq, int64_t hd, int64_t rows) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;  // the whole warp leaves together
-  const float* o = out + row * hd;
+  const TO* o = out + row * hd;
   const float* g = dout + row * hd;
   double dot = 0.0;
-  for (int64_t e = lane; e < hd; e += 32) dot += static_cast<double>(g[e]) * o[e];
+  for (int64_t e = lane; e < hd; e += 32) dot += static_cast<double>(g[e]) * LoadF32(o, e);
   dot = WarpSum(dot);
   if (lane == 0) {
     const int64_t h = row % hq, i = (row / hq) % s, b = row / (hq * s);
@@ -288,8 +290,10 @@ void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta
   const int64_t rows = out.dim(0) * s * hq;
   if (rows == 0) return;
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  DeltaKernel<<<Int(blocks, "delta blocks"), 32 * kWarpsPerBlock, 0, StreamOf(ctx)>>>(
-      out.data<float>(), dout.data<float>(), delta.data<float>(), s, hq, hd, rows);
+  WithF32OrBf16(out, [&](auto* op) {
+    DeltaKernel<<<Int(blocks, "delta blocks"), 32 * kWarpsPerBlock, 0, StreamOf(ctx)>>>(
+        op, dout.data<float>(), delta.data<float>(), s, hq, hd, rows);
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 

@@ -28,6 +28,7 @@
 
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention_kernels.cuh"
@@ -73,11 +74,14 @@ void LaunchForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
                    bool causal, DeviceContext* ctx) {
   const Dims d = DimsOf(q, k);
   const int bytes = Sizes<HD>::kForward;
-  AllowSharedMemory(flash::FlashForwardKernel<HD>, bytes);
-  flash::FlashForwardKernel<HD><<<GridOf((d.s + kBr - 1) / kBr, d.hq, q.dim(0)), kThreads, bytes,
-                           StreamOf(ctx)>>>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                            out.data<float>(), lse.data<float>(), d, causal,
-                                            ScaleOf(HD));
+  WithF32OrBf16(out, [&](auto* op) {
+    using TO = std::remove_pointer_t<decltype(op)>;
+    AllowSharedMemory(flash::FlashForwardKernel<HD, TO>, bytes);
+    flash::FlashForwardKernel<HD, TO>
+        <<<GridOf((d.s + kBr - 1) / kBr, d.hq, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
+            q.data<float>(), k.data<float>(), v.data<float>(), op, lse.data<float>(), d, causal,
+            ScaleOf(HD));
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 

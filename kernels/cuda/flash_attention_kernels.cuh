@@ -185,10 +185,12 @@ __device__ __forceinline__ float OnlineSoftmaxStep(const float* sf, Bf16* sp, in
   return alpha;
 }
 
-template <int HD>
+// out: f32, or bf16 (TO; each value rounded as stored: the output projection's operand under
+// bf16 activation storage).
+template <int HD, typename TO = float>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
-                       const float* __restrict__ v, float* __restrict__ out,
+                       const float* __restrict__ v, TO* __restrict__ out,
                        float* __restrict__ lse, Dims d, bool causal, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   using L = Ld<HD>;
@@ -240,10 +242,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (i < d.s) {
-    float* orow = out + static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(i) * ldq +
-                  static_cast<int64_t>(h) * HD + half * kOut;
+    TO* orow = out + static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(i) * ldq +
+               static_cast<int64_t>(h) * HD + half * kOut;
 #pragma unroll
-    for (int e = 0; e < kOut; ++e) orow[e] = __fdiv_rn(acc[e], l);
+    for (int e = 0; e < kOut; ++e) StoreAs(orow, e, __fdiv_rn(acc[e], l));
     if (half == 0) {
       lse[(static_cast<int64_t>(b) * d.hq + h) * d.s + i] = __fadd_rn(m, logf(l));
     }

@@ -20,6 +20,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "kernels/attention.h"
+#include "kernels/elementwise.h"
 #include "kernels/flash_attention.h"
 #include "kernels/random.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -90,6 +91,22 @@ void CheckCase(const Case& c, AttentionMask mask, uint64_t seed) {
   AttentionForward(q_d, k_d, v_d, out_d, lse_d, gpu, mask);
   ExpectTwice(out_d, out, ref.out_bound, gpu, name + " out");
   ExpectTwice(lse_d, lse, ref.lse_bound, gpu, name + " lse");
+  // A bf16 out (bf16 activation storage): the kernel's f32 out rounded, bit for bit, and the
+  // delta of it that of its widened values.
+  {
+    Tensor out16 = Tensor::Empty(q_shape, DType::kBF16, cuda), lse16 = NanFilled(l_shape, gpu);
+    AttentionForward(q_d, k_d, v_d, out16, lse16, gpu, mask);
+    Tensor want16 = Tensor::Empty(q_shape, DType::kBF16, cuda);
+    Cast(out_d, want16, gpu);
+    gpu_test::ExpectBitEqual(out16, want16, gpu, name + " bf16 out");
+    gpu_test::ExpectBitEqual(lse16, lse_d, gpu, name + " bf16 out: lse");
+    Tensor wide = Tensor::Empty(q_shape, DType::kF32, cuda);
+    Cast(out16, wide, gpu);
+    Tensor d16 = NanFilled(l_shape, gpu), dw = NanFilled(l_shape, gpu);
+    AttentionBackwardDelta(out16, dout_d, d16, gpu);
+    AttentionBackwardDelta(wide, dout_d, dw, gpu);
+    gpu_test::ExpectBitEqual(d16, dw, gpu, name + " delta of a bf16 out");
+  }
 
   // Backward from the twin's lse and delta: the backward kernels on their own.
   Tensor dq_d = NanFilled(q_shape, gpu), dk_d = NanFilled(kv_shape, gpu);

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -66,19 +67,20 @@ inline void ExpectNear(const Tensor& got, const Tensor& want, double atol, doubl
   std::printf("  %-56s tolerance used %.3f\n", what.c_str(), worst);
 }
 
-// Expects the same bits in every element (4-byte dtypes: f32, i32).
+// Expects the same bits in every element (2- or 4-byte dtypes: bf16, f32, i32).
 inline void ExpectBitEqual(const Tensor& got, const Tensor& want, DeviceContext* ctx,
                            const std::string& what) {
   ASSERT_EQ(got.dtype(), want.dtype()) << what;
   ASSERT_EQ(got.numel(), want.numel()) << what;
-  ASSERT_EQ(SizeOf(got.dtype()), sizeof(uint32_t)) << what;
+  const size_t size = SizeOf(got.dtype());
+  ASSERT_TRUE(size == 2 || size == 4) << what;
   const Tensor g = got.device().is_cpu() ? got : got.To(Device::Cpu(), ctx);
   const Tensor w = want.device().is_cpu() ? want : want.To(Device::Cpu(), ctx);
-  const uint32_t* gp = static_cast<const uint32_t*>(g.raw_data());
-  const uint32_t* wp = static_cast<const uint32_t*>(w.raw_data());
+  const char* gp = static_cast<const char*>(g.raw_data());
+  const char* wp = static_cast<const char*>(w.raw_data());
   int64_t mismatches = 0, first = -1;
   for (int64_t i = 0; i < g.numel(); ++i) {
-    if (gp[i] != wp[i] && mismatches++ == 0) first = i;
+    if (std::memcmp(gp + i * size, wp + i * size, size) != 0 && mismatches++ == 0) first = i;
   }
   EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " elements differ, the first at "
                            << first;

@@ -11,6 +11,7 @@
 // to bf16 first, so both sides read the same operands): |emulated - twin| <= 2 x the bound.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -20,7 +21,9 @@
 
 #include "engine/core/dtype.h"
 #include "engine/core/philox.h"
+#include "engine/core/device_context.h"
 #include "kernels/attention.h"
+#include "kernels/elementwise.h"
 #include "kernels/flash_attention.h"
 #include "kernels/random.h"
 #include "tests/kernels/flash_attention_bound.h"
@@ -66,6 +69,7 @@ Tensor NanFilled(const Shape& shape) {
   return t;
 }
 
+// out f32, or bf16 (the kernel's bf16 instance, as bf16 activation storage runs it).
 template <int HD>
 void EmulatedForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                      bool causal) {
@@ -75,8 +79,14 @@ void EmulatedForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& 
   const EmuDim3 grid{static_cast<unsigned>((d.s + flash::kBr - 1) / flash::kBr),
                      static_cast<unsigned>(d.hq), static_cast<unsigned>(q.dim(0))};
   Launch(grid, flash::Sizes<HD>::kForward, [&] {
-    flash::FlashForwardKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                  out.data<float>(), lse.data<float>(), d, causal, scale);
+    if (out.dtype() == DType::kBF16) {
+      flash::FlashForwardKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
+                                    static_cast<BFloat16*>(out.raw_data()), lse.data<float>(), d,
+                                    causal, scale);
+    } else {
+      flash::FlashForwardKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
+                                    out.data<float>(), lse.data<float>(), d, causal, scale);
+    }
   });
 }
 
@@ -130,6 +140,32 @@ void CheckCase(const Case& c, AttentionMask mask, uint64_t seed) {
   EmulatedForward<HD>(q, k, v, out_e, lse_e, causal);
   ExpectTwice(out_e, out, ref.out_bound, name + " out");
   ExpectTwice(lse_e, lse, ref.lse_bound, name + " lse");
+  // A bf16 out: the f32 out rounded, element for element, with the same lse; and the twin's
+  // bf16 out (the dispatch's) its f32 out rounded. delta reads a bf16 out widened.
+  {
+    Tensor out16 = Tensor::Empty(q_shape, DType::kBF16), lse16 = NanFilled(l_shape);
+    EmulatedForward<HD>(q, k, v, out16, lse16, causal);
+    Tensor want16 = Tensor::Empty(q_shape, DType::kBF16);
+    Cast(out_e, want16);
+    EXPECT_EQ(0, std::memcmp(out16.raw_data(), want16.raw_data(), out16.numel() * 2))
+        << name << " bf16 out";
+    EXPECT_EQ(0, std::memcmp(lse16.raw_data(), lse_e.raw_data(), lse16.numel() * 4))
+        << name << " bf16 out: lse";
+    auto bf16_ctx = DeviceContext::Create(Device::Cpu());
+    bf16_ctx->set_matmul_dtype(DType::kBF16);
+    Tensor twin16 = Tensor::Empty(q_shape, DType::kBF16), twin_lse = NanFilled(l_shape);
+    AttentionForward(q, k, v, twin16, twin_lse, bf16_ctx.get(), mask);
+    Cast(out, want16);
+    EXPECT_EQ(0, std::memcmp(twin16.raw_data(), want16.raw_data(), twin16.numel() * 2))
+        << name << " the twin's bf16 out";
+    Tensor wide = Tensor::Empty(q_shape, DType::kF32), d16 = NanFilled(l_shape);
+    Tensor dw = NanFilled(l_shape);
+    Cast(twin16, wide);
+    AttentionBackwardDelta(twin16, dout, d16);
+    AttentionBackwardDelta(wide, dout, dw);
+    EXPECT_EQ(0, std::memcmp(d16.raw_data(), dw.raw_data(), d16.numel() * 4))
+        << name << " delta of a bf16 out";
+  }
   Tensor dq_e = NanFilled(q_shape), dk_e = NanFilled(kv_shape), dv_e = NanFilled(kv_shape);
   EmulatedBackward<HD>(q, k, v, lse, dout, delta, dq_e, dk_e, dv_e, causal);
   ExpectTwice(dq_e, dq, ref.dq_bound, name + " dq");
