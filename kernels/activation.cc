@@ -42,15 +42,6 @@ void CheckSaved(const char* op, const Tensor& out, std::initializer_list<Named> 
   }
 }
 
-// A saved input as the CPU ops read it: t, or its bf16 values widened to f32 (exact, what the
-// CUDA kernels do as they load them; no conversion is counted).
-Tensor CpuF32(const Tensor& t) {
-  if (t.dtype() == DType::kF32) return t;
-  Tensor f = Tensor::Empty(t.shape(), DType::kF32);
-  cpu::Cast(t, f);
-  return f;
-}
-
 // rowwise (R, n) against a per-group bias (G, n) and rows (G counts summing to R).
 // `out` is whichever of the two the op writes.
 void CheckGroupedBias(const char* op, const Tensor& rowwise, std::span<const int64_t> rows,
@@ -80,7 +71,7 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
   CheckElementwise("GeluBackward", dx, {{&dy, "dy"}, {&dx, "dx"}});
   CheckSaved("GeluBackward", dx, {{&x, "x"}});
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackward(CpuF32(x), dy, dx),
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackward(x, dy, dx),
                      cuda::GeluBackward(x, dy, dx, ctx));
 }
 
@@ -92,7 +83,7 @@ void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
   CheckElementwise("ReluBackward", dx, {{&dy, "dy"}, {&dx, "dx"}});
   CheckSaved("ReluBackward", dx, {{&x, "x"}});
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::ReluBackward(CpuF32(x), dy, dx),
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::ReluBackward(x, dy, dx),
                      cuda::ReluBackward(x, dy, dx, ctx));
 }
 
@@ -107,7 +98,7 @@ void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor
   CheckSaved("SwigluBackward", da, {{&a, "a"}, {&b, "b"}});
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "SwigluBackward: da and db are the same memory";
-  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackward(CpuF32(a), CpuF32(b), dout, da, db),
+  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackward(a, b, dout, da, db),
                      cuda::SwigluBackward(a, b, dout, da, db, ctx));
 }
 
@@ -289,7 +280,7 @@ void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor&
   CheckElementwise("GeluBackwardBiasGrad", dx, {{&dy, "dy"}, {&dx, "dx"}});
   CheckSaved("GeluBackwardBiasGrad", dx, {{&a, "a"}});
   CheckBiasRows("GeluBackwardBiasGrad", dx, dbias);
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackwardBiasGrad(CpuF32(a), dy, dx, dbias, beta),
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackwardBiasGrad(a, dy, dx, dbias, beta),
                      cuda::GeluBackwardBiasGrad(a, dy, dx, dbias, beta, ctx));
 }
 
@@ -301,7 +292,7 @@ void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "SwigluBackwardBiasGrad: da and db are the same memory";
   SY_DISPATCH_DEVICE(da, ctx,
-                     cpu::SwigluBackwardBiasGrad(CpuF32(a), CpuF32(b), dout, da, db, dbias, beta),
+                     cpu::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta),
                      cuda::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta, ctx));
 }
 
@@ -382,7 +373,7 @@ void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
     const CpuGroups g =
         CpuGroupsOf("GroupedGeluBackwardBiasGrad", dx, rows, offsets, dbias.dim(0));
     Tensor used = dx.Slice(0, g.end);
-    cpu::GeluBackward(CpuF32(a.Slice(0, g.end)), dy.Slice(0, g.end), used);
+    cpu::GeluBackward(a.Slice(0, g.end), dy.Slice(0, g.end), used);
     cpu::GroupedBiasGrad(used, g.rows, dbias, beta);
   };
   SY_DISPATCH_DEVICE(dx, ctx, on_cpu(),
@@ -403,7 +394,7 @@ void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tenso
     const CpuGroups g =
         CpuGroupsOf("GroupedSwigluBackwardBiasGrad", da, rows, offsets, dbias.dim(0));
     Tensor used_da = da.Slice(0, g.end), used_db = db.Slice(0, g.end);
-    cpu::SwigluBackward(CpuF32(a.Slice(0, g.end)), CpuF32(b.Slice(0, g.end)),
+    cpu::SwigluBackward(a.Slice(0, g.end), b.Slice(0, g.end),
                         dout.Slice(0, g.end), used_da, used_db);
     cpu::GroupedBiasGrad(used_da, g.rows, dbias, beta);
   };

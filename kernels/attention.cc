@@ -66,14 +66,6 @@ void CheckOut(const Tensor& out, const Shape& want, Device device, const char* o
                                 << ShapeString(want);
 }
 
-// t, or its bf16 values widened to f32 (exact; the CUDA kernels widen as they read).
-Tensor CpuF32(const Tensor& t) {
-  if (t.dtype() == DType::kF32) return t;
-  Tensor f = Tensor::Empty(t.shape(), DType::kF32);
-  cpu::Cast(t, f);
-  return f;
-}
-
 }  // namespace
 
 bool UseFlashAttention(const DeviceContext* ctx, int64_t head_dim) {
@@ -140,7 +132,7 @@ void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta
   CheckOut(out, out.shape(), delta.device(), kOp);
   CheckTensor(dout, out.shape(), delta.device(), kOp, "dout");
   CheckTensor(delta, {b, hq, s}, delta.device(), kOp, "delta");
-  SY_DISPATCH_DEVICE(delta, ctx, cpu::AttentionBackwardDelta(CpuF32(out), dout, delta),
+  SY_DISPATCH_DEVICE(delta, ctx, cpu::AttentionBackwardDelta(out, dout, delta),
                      cuda::AttentionBackwardDelta(out, dout, delta, ctx));
 }
 

@@ -23,7 +23,10 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
   DecoderActivations& acts = out.acts;
   Acquire(PartId::NormF(), HeadPart());
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);  // the final norm, the head and the loss
-  acts.norm_f = norm_f_->Forward(x, ctx);
+  // Under bf16 activation storage without tp the final norm writes the head's bf16 operand,
+  // which its products read forward and backward (and keep): no f32 rows, no conversions.
+  acts.norm_f = norm_f_->Forward(
+      x, ctx, kernels::StoresBf16(ctx) && !tp.active() ? DType::kBF16 : DType::kF32);
   Release(PartId::NormF());
   Acquire(HeadPart(), PartId());
   acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)
@@ -94,7 +97,8 @@ bool Decoder::CrossEntropyOnDevice(const DecoderInput& in) const {
 
 Tensor Decoder::HeadLogits(const Tensor& rows, std::optional<dense::LinearActivations>* kept) const {
   if (head_) {
-    // The head keeps its f32 input (acts.head_in) under either activation storage.
+    // The head keeps its input as given (acts.head_in: the final norm's f32 output, or its
+    // bf16 operand under bf16 storage without tp).
     dense::LinearActivations a =
         head_->Forward(rows, ctx_, /*add_bias=*/true, kernels::KeepInput::kAsGiven);
     Tensor y = a.y;

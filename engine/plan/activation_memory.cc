@@ -5,6 +5,7 @@
 #include "engine/core/check.h"
 #include "engine/model/param_table.h"
 #include "engine/model/recompute.h"
+#include "kernels/flash_attention.h"
 #include "moe/capacity.h"
 
 namespace switchyard::plan {
@@ -23,12 +24,16 @@ struct Shape {
   double q, kv;              // q, and k and v, of this rank's heads
   double stats;              // a norm's statistics per row (mean and rstd, or rstd)
   // runtime.activation_dtype=bf16 (MODEL.md "Activation storage"): the products' inputs
-  // are kept as bf16 operands (the norms' f32 outputs then go, but MoE blocks' norm2), the
-  // MLPs' and experts' pre-activations and hidden activations, and the MoE combine's rows,
-  // in bf16: `half` (0.5) of an f32 element each; their backward reads a and b (and the
-  // rows) back as f32 copies.
+  // are kept as bf16 operands (without tp the norms write them: no f32 outputs, but MoE
+  // blocks' norm2's), the MLPs' and experts' pre-activations and hidden activations, and
+  // the MoE combine's rows, in bf16: `half` (0.5) of an f32 element each; the activations'
+  // backward reads a and b as they are kept, the combine's backward reads its rows back as
+  // an f32 copy.
   bool bf16 = false;
   double half = 1;
+  // The core attention writes its output in bf16 (bf16 storage on the fused path without
+  // cp: dense/attention.cc's CoreOutputDType), also when selective recompute rebuilds it.
+  bool core_bf16 = false;
 };
 
 Shape ShapeOf(const config::Config& c) {
@@ -45,6 +50,7 @@ Shape ShapeOf(const config::Config& c) {
   s.bf16 = c.runtime.activation_dtype == config::ActivationDtype::kBf16;
   s.half = s.bf16 ? 0.5 : 1.0;
   s.cp = p.cp;
+  s.core_bf16 = s.bf16 && p.cp == 1 && kernels::FlashAttentionSupports(s.hd);
   // q, k and v of this rank's heads (k and v whole, plus this rank's head, when tp does not
   // divide the kv heads).
   const bool kv_whole = model::KvReplicated(m, p.tp);
@@ -66,8 +72,8 @@ struct Piece {
 // key/value block in hand and the one arriving, with their gradients travelling alongside
 // (kv each), and the delta (Hq). Under bf16 storage
 // q, k and v keep one bf16 operand of the (gathered) input instead, and o.x is bf16; the
-// core attention's backward reads o.x back as an f32 copy (q) where it reads it (the fused
-// and ring paths), before dx (d >= q) exists, so the copy does not raise the peak.
+// ring path's backward reads o.x back as an f32 copy (q), before dx (d >= q) exists, so the
+// copy does not raise the peak (the fused path reads the bf16 o.x itself).
 Piece AttentionElements(const Shape& s) {
   const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
   const double attention = input + s.q + s.kv + s.hq / s.P + s.half * s.q;
@@ -79,13 +85,13 @@ Piece AttentionElements(const Shape& s) {
 // swiglu), the activation h (fc2's output, and the output after the tp reduction, go once
 // the residual has them).
 // Backward: dy and dh (and db). Under bf16 storage: x's bf16 operand (gathered or not), a,
-// (b) and h in bf16; backward also holds the f32 copies of a (and b).
+// (b) and h in bf16, which the activation's backward reads as they are.
 Piece MlpElements(const config::Config& c, const Shape& s) {
   const double f = double(c.model.ff_hidden()) / s.P;
   const double mats = double(model::MlpMatrices(c.model.activation));
   const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
   return {.kept = input + s.half * mats * f,
-          .backward = s.d * s.rows + s.d + (mats - 1) * f + (s.bf16 ? (mats - 1) * f : 0)};
+          .backward = s.d * s.rows + s.d + (mats - 1) * f};
 }
 
 // MoE (moe/moe_layer.h), per row this rank routes (its 1/tp of the tokens under tp):
@@ -104,8 +110,8 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // Backward: per admitted row dy, dx and dh (and db), a gate gradient per assignment, four
 // (E) router gradients. Under bf16 storage the expert input x, a, (b), h and the combine's
 // rows are bf16 (the shared experts' a, (b), h too; their input is the layer's, kept f32
-// for the router), and backward also holds f32 copies of a (and b) per admitted row (and,
-// before them, of the combine's rows: no more than the experts' backward holds).
+// for the router); backward reads a (and b) as kept, and holds an f32 copy of the combine's
+// rows before the experts' backward (no more than that holds).
 Piece MoEElements(const config::Config& c, const Shape& s) {
   const moe::MoEConfig& e = c.moe;
   const double d = s.d;
@@ -123,7 +129,7 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   return {.kept = whole_router + routed * (router_in + 4 * k + admitted * per_row +
                                            (shared_h > 0 ? s.half * emats * shared_h : 0)),
           .backward = d * s.rows +
-                      routed * (admitted * (2 * d + (emats - 1) * fe * (s.bf16 ? 2 : 1)) + k +
+                      routed * (admitted * (2 * d + (emats - 1) * fe) + k +
                                 4 * E)};
 }
 
@@ -151,9 +157,10 @@ void AddLayers(const config::Config& c, const Shape& s, double bytes, Activation
         a.layer_backward.push_back(bytes * scratch);
         break;
       case model::Recompute::kSelective:  // the core attention output and its lse go (and
-                                          // come back in f32)
+                                          // come back, in f32 or CoreOutputDType's bf16)
         a.layer.push_back(bytes * (kept - s.half * s.q - s.hq / s.P) + offsets);
-        a.layer_backward.push_back(bytes * (scratch + s.q + s.hq / s.P));
+        a.layer_backward.push_back(bytes * (scratch + (s.core_bf16 ? 0.5 : 1.0) * s.q +
+                                            s.hq / s.P));
         break;
       case model::Recompute::kFull:  // the layer's output (the next one's input) stays;
                                      // Backward rebuilds the rest one block at a time
@@ -179,13 +186,15 @@ ActivationBytes EstimateActivationBytes(const config::Config& c) {
   // Embedding (dense/embedding.h): its output; under tp the partial lookup and the reduced
   // (or reduce-scattered) rows.
   a.embedding = bytes * (s.tp ? d + d * rows : d);
-  // Head: the final norm, the gathered rows under sp, the logits' gradient (B*S, V/tp).
+  // Head: the final norm (under bf16 storage without tp its output is the head's bf16
+  // operand), the gathered rows under sp, the logits' gradient (B*S, V/tp).
   // Chunked (train.head_chunk_tokens), no logits are kept: Backward holds one chunk's
   // logits (its rows x V/tp) beside the input's gradient, before the final norm's backward.
   const int64_t head_rows = int64_t(group / s.cp);
   const int64_t chunk = c.train.head_rows(head_rows);
   const double vocab = double(c.model.vocab_size) / s.P;
-  a.head = bytes * (s.norm + (s.sp ? d : 0) + (chunk < head_rows ? 0 : vocab));
+  const double norm_f = s.bf16 && !s.tp ? (s.half * d + s.stats) * rows : s.norm;
+  a.head = bytes * (norm_f + (s.sp ? d : 0) + (chunk < head_rows ? 0 : vocab));
   a.head_backward = bytes * (d + d * rows);
   if (chunk < head_rows) a.head_backward = std::max(a.head_backward, bytes * d + 4.0 * double(chunk) * vocab);
   a.hidden = bytes * d * rows;

@@ -1,6 +1,7 @@
 // CPU reference implementation of kernels/activation.h: loops over f32 elements, vectorised
 // (kernels/cpu/vec_math.h) and split over the compute threads. Every element is read before
-// it is written, so outputs may alias inputs. Arguments are checked by kernels/activation.cc.
+// it is written, so outputs may alias inputs. The backward ops read bf16 saved inputs
+// widened a block at a time (ForWidened). Arguments are checked by kernels/activation.cc.
 #include "kernels/activation.h"
 
 #include <algorithm>
@@ -62,6 +63,32 @@ SY_VECTOR_CLONES void AddRow(float* y, const float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] += x[j];
 }
 
+// The backward ops' saved inputs (x; a and b) are f32 or bf16 (kernels/activation.h). A bf16
+// input is widened block by block into a local buffer (exact), so an elementwise range
+// function sees f32 either way and no full-size copy is made: f(offset, count, p0[, p1]) over
+// [b, e), with p0 (and p1) the f32 values of t0 (and t1) there.
+constexpr int64_t kWidenBlock = 1024;
+
+const float* WidenedAt(const Tensor& t, int64_t at, int64_t n, float* buffer) {
+  if (t.dtype() == DType::kF32) return t.data<float>() + at;
+  const BFloat16* p = static_cast<const BFloat16*>(t.raw_data()) + at;
+  for (int64_t i = 0; i < n; ++i) buffer[i] = static_cast<float>(p[i]);
+  return buffer;
+}
+
+template <typename F>
+void ForWidened(const Tensor& t0, const Tensor* t1, int64_t b, int64_t e, F f) {
+  if (t0.dtype() == DType::kF32) {
+    f(b, e - b, t0.data<float>() + b, t1 != nullptr ? t1->data<float>() + b : nullptr);
+    return;
+  }
+  float w0[kWidenBlock], w1[kWidenBlock];
+  for (int64_t at = b; at < e; at += kWidenBlock) {
+    const int64_t n = std::min(kWidenBlock, e - at);
+    f(at, n, WidenedAt(t0, at, n, w0), t1 != nullptr ? WidenedAt(*t1, at, n, w1) : nullptr);
+  }
+}
+
 }  // namespace
 
 void GeluForward(const Tensor& x, Tensor& y) {
@@ -71,11 +98,13 @@ void GeluForward(const Tensor& x, Tensor& y) {
 }
 
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  ParallelFor(x.numel(), kMinChunk,
-              [&](int64_t b, int64_t e) { GeluBackwardRange(px + b, pdy + b, pdx + b, e - b); });
+  ParallelFor(x.numel(), kMinChunk, [&](int64_t b, int64_t e) {
+    ForWidened(x, nullptr, b, e, [&](int64_t at, int64_t n, const float* px, const float*) {
+      GeluBackwardRange(px, pdy + at, pdx + at, n);
+    });
+  });
 }
 
 void ReluForward(const Tensor& x, Tensor& y) {
@@ -86,11 +115,11 @@ void ReluForward(const Tensor& x, Tensor& y) {
 }
 
 void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) pdx[i] = px[i] > 0.0f ? pdy[i] : 0.0f;
+  ForWidened(x, nullptr, 0, x.numel(), [&](int64_t at, int64_t n, const float* px, const float*) {
+    for (int64_t i = 0; i < n; ++i) pdx[at + i] = px[i] > 0.0f ? pdy[at + i] : 0.0f;
+  });
 }
 
 void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out) {
@@ -102,13 +131,13 @@ void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db) {
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
   const float* pdo = dout.data<float>();
   float* pda = da.data<float>();
   float* pdb = db.data<float>();
   ParallelFor(a.numel(), kMinChunk, [&](int64_t s, int64_t e) {
-    SwigluBackwardRange(pa + s, pb + s, pdo + s, pda + s, pdb + s, e - s);
+    ForWidened(a, &b, s, e, [&](int64_t at, int64_t n, const float* pa, const float* pb) {
+      SwigluBackwardRange(pa, pb, pdo + at, pda + at, pdb + at, n);
+    });
   });
 }
 

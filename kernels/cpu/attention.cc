@@ -138,9 +138,11 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   });
 }
 
-void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta) {
-  const int64_t b = out.dim(0), s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
-  const float* o = out.data<float>();
+namespace {
+// out f32 or bf16 (T; a bf16 value widened as read: exact).
+template <typename T>
+void DeltaRows(const T* o, const Tensor& dout, Tensor& delta, int64_t b, int64_t s, int64_t hq,
+               int64_t hd) {
   const float* g = dout.data<float>();
   float* dl = delta.data<float>();
   for (int64_t bi = 0; bi < b; ++bi) {
@@ -148,11 +150,22 @@ void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta
       for (int64_t h = 0; h < hq; ++h) {
         const int64_t at = ((bi * s + i) * hq + h) * hd;
         double dot = 0.0;
-        for (int64_t e = 0; e < hd; ++e) dot += static_cast<double>(g[at + e]) * o[at + e];
+        for (int64_t e = 0; e < hd; ++e) {
+          dot += static_cast<double>(g[at + e]) * static_cast<float>(o[at + e]);
+        }
         dl[(bi * hq + h) * s + i] = static_cast<float>(dot);
       }
     }
   }
+}
+}  // namespace
+
+void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta) {
+  const int64_t b = out.dim(0), s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
+  if (out.dtype() == DType::kBF16) {
+    return DeltaRows(static_cast<const BFloat16*>(out.raw_data()), dout, delta, b, s, hq, hd);
+  }
+  DeltaRows(out.data<float>(), dout, delta, b, s, hq, hd);
 }
 
 void AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {

@@ -257,23 +257,25 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 //   attention backward    dy of q, k, v, o and their      dy of q, k, v, o: 4 (their inputs
 //                         inputs again: 8                 are kept bf16)
 // and the tied head: its input forward (1), dlogits once for its two products and its input
-// backward (2; dlogits, the largest operand, was converted once per product, 3, before). bf16
-// storage reads each block's combine rows back as f32 once (bf16 -> f32; the activation's
-// backward reads the kept bf16 a itself; the tiny model's head_dim 16 keeps the exact
-// attention, which never reads o.x back). Plus the 13
-// weight shadows (the update's; twice on the first step). That is with the host-sized expert products (moe.dispatch_counts: host);
+// backward (2; dlogits, the largest operand, was converted once per product, 3, before);
+// under bf16 storage the final norm writes the head's input as its bf16 operand, so only
+// dlogits (1). bf16 storage reads each block's combine rows back as f32 once (bf16 -> f32;
+// the activation's backward reads the kept bf16 a itself; the tiny model's head_dim 16 keeps
+// the exact attention, which never reads o.x back). Plus the 13 weight shadows (the
+// update's; twice on the first step). That is with the host-sized expert products
+// (moe.dispatch_counts: host);
 // the device-sized ones round f32 operands as they load them, so under f32 storage the
 // experts' forward converts nothing and their backward only dy and da (its MatmulOperands):
 // 4 + 0 + 2 + 8 per block; bf16 storage is unchanged.
 TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
   if (!is_root()) return;
   const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
-  const int64_t weights = 13, head = 1 + 2;
+  const int64_t weights = 13, head = 1 + 2, head_bf16 = 1;
   const int64_t per_mb_f32 = kMoELayers * (4 + 2 + 4 + 8) + head;
-  const int64_t per_mb_bf16 = kMoELayers * (1 + 2 + 2 + 4) + head;
+  const int64_t per_mb_bf16 = kMoELayers * (1 + 2 + 2 + 4) + head_bf16;
   const int64_t per_mb_f32_device = kMoELayers * (4 + 0 + 2 + 8) + head;
   ASSERT_EQ(per_mb_f32, 39);
-  ASSERT_EQ(per_mb_bf16, 21);
+  ASSERT_EQ(per_mb_bf16, 19);
   ASSERT_EQ(per_mb_f32_device, 31);
   for (const char* counts : {"host", "device"}) {
   for (bool stored_bf16 : {false, true}) {
