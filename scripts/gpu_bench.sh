@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU benchmark in one command, on the GPU machine, from the pack scripts/gpu_build.sh
-# made (build-gpu/: no configure, no compile), in under 6 minutes:
+# made (build-gpu/: no configure, no compile), in under 6 minutes (8 with the kernel profile):
 #   `switchyard train` on CUDA (bf16 products, bf16 activation storage, as autocast keeps its
 #   activations) beside the strong PyTorch reference
 #   (benchmarks/reference/train_torch_gpu.py: SDPA flash attention, experts by
@@ -20,12 +20,15 @@
 # everything (gpu_bench.tar.gz) there: only 8 files come back.
 #
 #   bash scripts/gpu_build.sh                        # here
-#   run(command="bash scripts/gpu_bench.sh", carry=["build-gpu"], timeout_s=420)
+#   run(command="bash scripts/gpu_bench.sh", carry=["build-gpu"], timeout_s=540)
 #
 # CASES (comma-separated names, see benchmarks/reference/gpu_bench.py), ROUNDS (2), STEPS (15
 # timed steps per side per round), WARMUP (5), COMPILE (1), BUDGET_S (240: seconds from the
 # start after which no case starts; the cases run in gpu_bench.py's order, the d 1024 ones
-# first), HARDWARE (h200), CALIBRATE (1: run plan_calibrate_gpu when the pack has it).
+# first), HARDWARE (h200), CALIBRATE (1: run plan_calibrate_gpu when the pack has it),
+# KERNELS (1: the per-kernel GPU time of KERNEL_STEPS (3) steps under ncu at the end,
+# kernel_profile.txt; KERNEL_TIMEOUT 120 s; not started after KERNEL_BY_S, 330 s from the
+# start).
 set -uo pipefail
 started=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -83,10 +86,37 @@ python3 benchmarks/reference/gpu_bench.py --switchyard "$bin/switchyard" --train
   ${CASES:+--cases "$CASES"} "${calibration[@]}" 2>&1 | tee "$out_dir/gpu_bench.log"
 rc=${PIPESTATUS[0]}
 
+# Where the GPU time of a step goes, kernel by kernel: Nsight Compute times every launch of
+# KERNEL_STEPS steps of the d 1024 model (micro-batch 16, dropless; the bench's settings),
+# one launch at a time, and kernel_profile.py sums them by family and by kernel
+# (kernel_profile.txt / .json). KERNELS=0 leaves it out; it is skipped when ncu is missing.
+if [ "${KERNELS:-1}" = 1 ] && command -v ncu >/dev/null &&
+   [ $(( $(date +%s) - started )) -lt "${KERNEL_BY_S:-330}" ]; then
+  echo "== kernel profile (ncu, ${KERNEL_STEPS:-3} steps of configs/gpu-d1024-e16.yaml, micro-batch 16, dropless)"
+  kp="$out_dir/kernels"
+  rm -rf "$kp" && mkdir -p "$kp"
+  sets=(data.dir="$data" runtime.device=cuda runtime.precision=bf16 runtime.activation_dtype=bf16
+        train.eval_every=0 train.checkpoint_every=0 train.grad_accum=1 parallel.ep=1
+        train.micro_batch_size=16 moe.capacity_factor=0)
+  setflags=()
+  for s in "${sets[@]}"; do setflags+=(--set "$s"); done
+  if timeout "${KERNEL_TIMEOUT:-120}" ncu --clock-control none --cache-control none \
+       --metrics gpu__time_duration.sum -o "$kp/kernels" -f \
+       "$bin/switchyard" train --config configs/gpu-d1024-e16.yaml --steps "${KERNEL_STEPS:-3}" \
+       --out "$kp/run" "${setflags[@]}" >"$kp/train.log" 2>&1 &&
+     ncu --import "$kp/kernels.ncu-rep" --csv --page raw >"$kp/kernels.csv" 2>"$kp/import.log"; then
+    python3 benchmarks/reference/kernel_profile.py "$kp/kernels.csv" --steps "${KERNEL_STEPS:-3}" \
+      --json "$out_dir/kernel_profile.json" | tee "$out_dir/kernel_profile.txt"
+  else
+    echo "gpu_bench: the kernel profile failed: $(tail -2 "$kp/train.log")"
+  fi
+  rm -f "$kp/kernels.ncu-rep"
+fi
+
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   tar -czf "$OUT/gpu_bench.tar.gz" -C "$(dirname "$out_dir")" \
     --exclude='*.bin' --exclude='step-*' "$(basename "$out_dir")" 2>/dev/null
-  for f in gpu_bench.txt gpu_bench.json gpu-calibrated.yaml; do
+  for f in gpu_bench.txt gpu_bench.json gpu-calibrated.yaml kernel_profile.txt; do
     [ -f "$out_dir/$f" ] && cp "$out_dir/$f" "$OUT/"
   done
 fi
