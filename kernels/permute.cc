@@ -73,10 +73,13 @@ void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx) {
   constexpr const char* kOp = "GatherRows";
   SY_CHECK(dst.defined()) << kOp << ": dst is undefined";
-  SY_CHECK(dst.dtype() == DType::kF32 || dst.dtype() == DType::kI32 || dst.dtype() == DType::kU8)
-      << kOp << ": dst must be f32, i32 or u8, got " << dst.DebugString();
+  SY_CHECK(dst.dtype() == DType::kF32 || dst.dtype() == DType::kBF16 ||
+           dst.dtype() == DType::kI32 || dst.dtype() == DType::kU8)
+      << kOp << ": dst must be f32, bf16, i32 or u8, got " << dst.DebugString();
   CheckTensor(dst, dst.dtype(), 2, dst.device(), kOp, "dst");
-  CheckTensor(src, dst.dtype(), 2, dst.device(), kOp, "src");
+  // The same dtype, or f32 rows rounded into a bf16 dst.
+  const bool rounds = src.defined() && src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16;
+  CheckTensor(src, rounds ? DType::kF32 : dst.dtype(), 2, dst.device(), kOp, "src");
   CheckTensor(index, DType::kI64, 1, dst.device(), kOp, "index");
   SY_CHECK(src.dim(1) == dst.dim(1) && index.dim(0) == dst.dim(0))
       << kOp << ": src " << ShapeString(src.shape()) << ", index " << ShapeString(index.shape())

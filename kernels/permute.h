@@ -48,9 +48,10 @@ void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t
                               DeviceContext* ctx = nullptr);
 
 // dst[r] = src[index[r]]: src (N, d), index (R) i64 with values in [0, N), dst (R, d), src
-// and dst f32, i32 or u8 (the same dtype; rows are copied bit for bit). The permute (h ->
-// rows) and any other row permutation (regroup / ungroup, a routing group's rows put in
-// token order). CUDA does not check the index range: the index must come from
+// and dst f32, bf16, i32 or u8 (the same dtype; rows are copied bit for bit), or src f32 and
+// dst bf16 (each value rounded to nearest even: the bits of the f32 gather then Cast). The
+// permute (h -> rows, in bf16 the experts' operand under bf16 activation storage) and any
+// other row permutation (regroup / ungroup, a routing group's rows put in token order). CUDA does not check the index range: the index must come from
 // SortAssignments or be built valid.
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst,
                 DeviceContext* ctx = nullptr);

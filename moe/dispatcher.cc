@@ -12,8 +12,10 @@ namespace switchyard::moe {
 namespace {
 
 void CheckRows(const Tensor& t, int64_t rows, const DispatchPlan& plan, const char* what) {
-  SY_CHECK(t.defined() && t.dtype() == DType::kF32 && t.ndim() == 2 && t.dim(0) == rows)
-      << what << ": expected f32 (" << rows << ", d), got " << t.DebugString();
+  // f32, or the bf16 rows of a bf16 dispatch (Permute); the kernels check what each reads.
+  SY_CHECK(t.defined() && (t.dtype() == DType::kF32 || t.dtype() == DType::kBF16) &&
+           t.ndim() == 2 && t.dim(0) == rows)
+      << what << ": expected f32 or bf16 (" << rows << ", d), got " << t.DebugString();
   SY_CHECK(t.device() == plan.device())
       << what << ": rows on " << t.device() << " for a dispatch plan on " << plan.device();
 }
@@ -31,11 +33,11 @@ struct Block {
   int64_t src, dst, rows;
 };
 void CopyBlocks(const Tensor& src, Tensor& dst, const std::vector<Block>& blocks) {
-  const int64_t d = src.dim(1);
-  const float* s = src.data<float>();
-  float* t = dst.data<float>();
+  const int64_t row = src.dim(1) * static_cast<int64_t>(SizeOf(src.dtype()));  // bytes
+  const char* s = static_cast<const char*>(src.raw_data());
+  char* t = static_cast<char*>(dst.raw_data());
   for (const Block& b : blocks) {
-    if (b.rows) std::memcpy(t + b.dst * d, s + b.src * d, sizeof(float) * b.rows * d);
+    if (b.rows) std::memcpy(t + b.dst * row, s + b.src * row, b.rows * row);
   }
 }
 
@@ -66,7 +68,7 @@ std::vector<Block> RegroupBlocks(const DispatchPlan& plan, bool inverse) {
 Tensor PermuteBlocks(const Tensor& src, const DispatchPlan& plan, bool inverse,
                      DeviceContext* ctx) {
   const std::vector<Block> blocks = RegroupBlocks(plan, inverse);
-  Tensor out = Tensor::Empty(src.shape(), DType::kF32, src.device());
+  Tensor out = Tensor::Empty(src.shape(), src.dtype(), src.device());
   if (src.device().is_cpu()) {
     CopyBlocks(src, out, blocks);
     return out;
@@ -245,9 +247,11 @@ void DispatchPlan::ExchangeCounts(dist::Communicator& ep, DeviceContext* ctx) {
   exchanged_ = true;
 }
 
-Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx) {
+Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx, DType rows_dtype) {
   CheckRows(h, plan.num_tokens(), plan, "Permute input");
-  Tensor rows = Tensor::Empty({plan.num_assignments(), h.dim(1)}, DType::kF32, h.device());
+  SY_CHECK(rows_dtype == DType::kF32 || rows_dtype == DType::kBF16)
+      << "Permute: rows of " << DTypeName(rows_dtype) << " (f32 or bf16)";
+  Tensor rows = Tensor::Empty({plan.num_assignments(), h.dim(1)}, rows_dtype, h.device());
   kernels::GatherRows(h, plan.token_tensor(), rows, ctx);
   return rows;
 }
@@ -265,7 +269,7 @@ Tensor ExchangeRows(const Tensor& rows, const DispatchPlan& plan, dist::Communic
   SY_CHECK_EQ(ep.size(), plan.ep_size()) << "plan built for a different ep group";
   if (plan.ep_size() == 1) return rows;
   CheckCommunicatorDevice(rows, ep, "ExchangeRows");
-  Tensor recv = Tensor::Empty({plan.num_received(), rows.dim(1)}, DType::kF32, rows.device());
+  Tensor recv = Tensor::Empty({plan.num_received(), rows.dim(1)}, rows.dtype(), rows.device());
   ep.AllToAllV(rows, plan.send_rows(), recv, plan.recv_rows());
   return recv;
 }
@@ -277,7 +281,7 @@ Tensor ReturnRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicat
   SY_CHECK_EQ(ep.size(), plan.ep_size()) << "plan built for a different ep group";
   if (plan.ep_size() == 1) return rows;
   CheckCommunicatorDevice(rows, ep, "ReturnRows");
-  Tensor back = Tensor::Empty({plan.num_assignments(), rows.dim(1)}, DType::kF32, rows.device());
+  Tensor back = Tensor::Empty({plan.num_assignments(), rows.dim(1)}, rows.dtype(), rows.device());
   ep.AllToAllV(rows, plan.recv_rows(), back, plan.send_rows());
   return back;
 }

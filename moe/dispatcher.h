@@ -125,8 +125,12 @@ class DispatchPlan {
   int64_t num_received_ = 0;
 };
 
-// Phase 1. rows[a] = h[plan.token()[a]]; h: (N, d) -> (A, d).
-Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx = nullptr);
+// Phase 1. rows[a] = h[plan.token()[a]]; h: (N, d) -> (A, d), f32 or, with rows_dtype bf16,
+// rounded to bf16 as gathered (the experts' operand under bf16 activation storage: the rows
+// then travel, are regrouped and kept in bf16, which the expert products would read anyway;
+// the exchanges and regroupings below keep their input's dtype).
+Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx = nullptr,
+               DType rows_dtype = DType::kF32);
 // Backward of Permute: dh[plan.token()[a]] += drows[a]; drows: (A, d), dh: (N, d).
 // Deterministic on every device (per token, its rows in increasing a).
 void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh,

@@ -253,7 +253,13 @@ Tensor MoELayer::Dispatch(const Tensor& h, MoEActivations& acts, DeviceContext* 
                                 ep_->size(), ctx));
   DispatchPlan& plan = *acts.plan;
   plan.ExchangeCounts(*ep_, ctx);
-  Tensor rows = Permute(h, plan, ctx);
+  // Under bf16 activation storage the rows are gathered as the experts' bf16 operand (what
+  // their products read and keep), so they cross ep at 2 bytes an element; not under etp or
+  // replicas, whose paths move f32 rows.
+  const DType rows_dtype = kernels::StoresBf16(ctx) && !etp_ && !acts.destinations.defined()
+                               ? DType::kBF16
+                               : DType::kF32;
+  Tensor rows = Permute(h, plan, ctx, rows_dtype);
   const ScopedAllToAll timed(ep_->size() > 1);
   return Regroup(ExchangeRows(rows, plan, *ep_, ctx), plan, ctx);
 }

@@ -32,7 +32,7 @@ FAMILIES = [
     ("norms", r"^(LayerNorm|RmsNorm)\w*Kernel$|^Column(Partial|Finish)Kernel$"),
     ("activations, bias", r"^(Gelu|Relu|Swiglu)\w*Kernel$|Bias|^(ChunkColumnSum|ColumnPartialSums|"
                           r"ColumnFinalSums|AddColumn\w*)Kernel$"),
-    ("dispatch, combine", r"^(Gather|GatherRows|ScatterAdd|Combine\w*|Admission\w*|AdmittedCounts|"
+    ("dispatch, combine", r"^(Gather|GatherRows|GatherRowsToBf16|ScatterAdd|Combine\w*|Admission\w*|AdmittedCounts|"
                           r"MakeKeys|FinishSort|Offsets|Iota|Entropy|SumInOrder)Kernel$"),
     ("routing, sort", r"^(RouterTopK|RouterBackwardLogits|CountSlotAssignments|Balance\w*|ZLoss\w*|"
                 r"UpdateExpertBias|GroupSum)Kernel$|radix|onesweep|histogram|scan|select|sort"),

@@ -79,6 +79,17 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst) {
                                         << " outside [0, " << n << ")";
   }
   if (row_bytes == 0) return;
+  if (src.dtype() != dst.dtype()) {  // f32 rows rounded into bf16 (kernels/permute.h)
+    const int64_t d = dst.dim(1);
+    const float* sf = src.data<float>();
+    auto* tb = static_cast<BFloat16*>(dst.raw_data());
+    ParallelFor(rows, RowsPerChunk(d), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t j = 0; j < d; ++j) tb[r * d + j] = BFloat16(sf[idx[r] * d + j]);
+      }
+    });
+    return;
+  }
   ParallelFor(rows, RowsPerChunk(static_cast<int64_t>(row_bytes / 4)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) std::memcpy(t + r * row_bytes, s + idx[r] * row_bytes, row_bytes);
   });

@@ -10,6 +10,7 @@
 // The kernels and their launch shapes are in kernels/cuda/permute_kernels.cuh.
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -25,6 +26,7 @@ using dispatch::permute::CombineKernel;
 using dispatch::permute::EntropyBlocks;
 using dispatch::permute::EntropyKernel;
 using dispatch::permute::GatherRowsKernel;
+using dispatch::permute::GatherRowsToBf16Kernel;
 using dispatch::permute::kMaxSortedK;
 using dispatch::permute::kThreads;
 using dispatch::permute::LaunchRows;
@@ -39,11 +41,27 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceConte
   const int64_t rows = dst.dim(0), d = dst.dim(1);
   if (rows == 0 || d == 0) return;
   cudaStream_t stream = StreamOf(ctx);
-  if (dst.dtype() == DType::kU8) {  // bytes; f32 and i32 rows move as 4-byte words below
+  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {  // rounded as stored
     const RowLayout l = LayoutFor(rows, d);
-    GatherRowsKernel<uint8_t><<<l.blocks, kThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(src.raw_data()), index.data<int64_t>(),
-        static_cast<uint8_t*>(dst.raw_data()), rows, d, l.log2);
+    GatherRowsToBf16Kernel<<<l.blocks, kThreads, 0, stream>>>(
+        src.data<float>(), index.data<int64_t>(), static_cast<__nv_bfloat16*>(dst.raw_data()),
+        rows, d, l.log2);
+    SY_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (dst.dtype() == DType::kU8 || dst.dtype() == DType::kBF16) {  // bytes, 2-byte words; f32
+    const RowLayout l = LayoutFor(rows, d);                           // and i32 below
+    auto launch = [&](auto* tag) {
+      using E = std::remove_pointer_t<decltype(tag)>;
+      GatherRowsKernel<E><<<l.blocks, kThreads, 0, stream>>>(
+          static_cast<const E*>(src.raw_data()), index.data<int64_t>(),
+          static_cast<E*>(dst.raw_data()), rows, d, l.log2);
+    };
+    if (dst.dtype() == DType::kU8) {
+      launch(static_cast<uint8_t*>(nullptr));
+    } else {
+      launch(static_cast<uint16_t*>(nullptr));
+    }
     SY_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -96,6 +96,19 @@ __global__ void GatherRowsKernel(const V* __restrict__ src, const int64_t* __res
   }
 }
 
+// GatherRowsKernel rounding f32 rows into bf16 (kernels/permute.h).
+__global__ void GatherRowsToBf16Kernel(const float* __restrict__ src,
+                                       const int64_t* __restrict__ index,
+                                       __nv_bfloat16* __restrict__ dst, int64_t rows,
+                                       int64_t width, int log2) {
+  const int64_t group = int64_t{1} << log2, lane = threadIdx.x & (group - 1);
+  SY_ROW_LOOP(r, rows, log2) {
+    const float* in = src + index[r] * width;
+    __nv_bfloat16* out = dst + r * width;
+    for (int64_t c = lane; c < width; c += group) out[c] = ToBf16(in[c]);
+  }
+}
+
 // The kept rows of token t as keys (row << 32 | j), ascending; kNoRow fills the rest. Only
 // static indices into `keys`, so it stays in registers.
 __device__ __forceinline__ void SortedRowsOf(const int64_t* __restrict__ inverse, int64_t t,

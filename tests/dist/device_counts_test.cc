@@ -249,8 +249,9 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 //                         f32 storage                     bf16 storage
 //   attention forward     x for q, k, v; a for o: 4       a once: 1 (norm1 writes x as
 //                                                         the bf16 operand of q, k, v)
-//   experts forward       x, h (each product): 2          x kept as its operand, the
-//                                                         combine's rows rounded: 2 (the
+//   experts forward       x, h (each product): 2          the combine's rows rounded: 1
+//                                                         (the dispatch gathers x as the
+//                                                         experts' bf16 operand; the
 //                                                         activation's pass writes h and a
 //                                                         in bf16, no bias or not)
 //   experts backward      dy, da, and x, h again: 4       dy, da: 2 (x and h are kept bf16)
@@ -272,10 +273,10 @@ TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
   const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
   const int64_t weights = 13, head = 1 + 2, head_bf16 = 1;
   const int64_t per_mb_f32 = kMoELayers * (4 + 2 + 4 + 8) + head;
-  const int64_t per_mb_bf16 = kMoELayers * (1 + 2 + 2 + 4) + head_bf16;
+  const int64_t per_mb_bf16 = kMoELayers * (1 + 1 + 2 + 4) + head_bf16;
   const int64_t per_mb_f32_device = kMoELayers * (4 + 0 + 2 + 8) + head;
   ASSERT_EQ(per_mb_f32, 39);
-  ASSERT_EQ(per_mb_bf16, 19);
+  ASSERT_EQ(per_mb_bf16, 17);
   ASSERT_EQ(per_mb_f32_device, 31);
   for (const char* counts : {"host", "device"}) {
   for (bool stored_bf16 : {false, true}) {

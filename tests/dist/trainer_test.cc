@@ -14,7 +14,8 @@
 //    capacity drops and jitter (the config), top-2 with normalised gates, swiglu, expert
 //    biases and a random second choice, aux-loss-free balancing (expert_bias_rate > 0)
 //    with stronger jitter, a shared expert and dropless routing, and SGD without clipping
-//    (AdamW hides a wrong gradient scale; SGD does not).
+//    (AdamW hides a wrong gradient scale; SGD does not); and bf16 products with bf16
+//    activation storage (the experts' rows crossing ep in bf16).
 //
 //  - TensorParallelLayoutsMatchOneRank, PipelineLayoutsMatchOneRank: tables of tp/sp/etp
 //    and pp (gpipe, 1f1b; with tp, ep, dp; tied and untied) layouts against one rank.
@@ -116,6 +117,10 @@ struct Variant {
   std::string name;
   std::vector<std::string> overrides;
   bool expect_drops;
+  // Under ep against one rank: the losses' relative difference and the final weights'
+  // ||got - want|| / ||want|| per tensor; 0 means the test's f32 bounds (kLossTol,
+  // kWeightTol).
+  double loss_tol = 0, weight_tol = 0;
 };
 
 std::vector<Variant> Variants() {
@@ -132,6 +137,17 @@ std::vector<Variant> Variants() {
       // SGD without clipping: unlike AdamW, sensitive to the scale of every gradient
       // (a dp average instead of a sum, a micro-batch count instead of a global one).
       {"sgd_unclipped", {"train.optimizer=sgd", "train.lr=0.3", "train.grad_clip=0"}, true},
+      // bf16 products keeping bf16 activations: the dispatch gathers the experts' rows in
+      // bf16, and under ep they cross the all-to-all so. Those are the bits f32 rows would
+      // give (the products read them rounded anyway), but ep's other summation order (the
+      // expert weight gradients' rows) moves the f32 weights by ~1e-6, which flips a few bf16
+      // roundings of activations in the next steps: a measured exception to layout
+      // invariance, not a bound. Observed after 8 steps (ep 2 and 4, 2 and 4 ranks, Haswell,
+      // Zen, SkylakeX kernels; the same with the rows exchanged in f32): losses 1.1e-5,
+      // weights 4.2e-4, checkpoint (moments) 1.6e-3; a wrong scale or a lost shard is 1e-2
+      // or more.
+      {"bf16_storage", {"runtime.precision=bf16", "runtime.activation_dtype=bf16"}, true, 1e-4,
+       5e-3},
   };
 }
 
@@ -183,7 +199,8 @@ TEST_F(TrainerTest, LayoutInvariance) {
       ASSERT_TRUE(trainer.ok()) << trainer.status();
 
       const Distance d = CompareWithReference(**trainer, out, ref_ckpt, ref_losses, kSteps,
-                                              kLossTol, kWeightTol, *world_);
+                                              v.loss_tol > 0 ? v.loss_tol : kLossTol,
+                                              v.weight_tol > 0 ? v.weight_tol : kWeightTol, *world_);
       if (is_root()) {
         const std::vector<double>& losses = (*trainer)->losses();
         // Pure data parallelism sums the same micro-batch gradients in the same tree order

@@ -457,6 +457,37 @@ TEST(DispatchEmulationTest, GatherRowsCopiesRowsExactly) {
                                     {p.A}),
                  want);
       ExpectSameBits(rows, want.ToVector<float>(), what + ": f32 gather");
+      // The same rows rounded into bf16 (the experts' operand under bf16 storage): the f32
+      // gather's values rounded, and the CPU op's bits; then bf16 rows copied as 2-byte words.
+      if (p.A > 0) {
+        std::vector<BFloat16> rows16(p.A * d, BFloat16(kNan));
+        LaunchRowKernel(p.A, d, cap, [&](int log2) {
+          pm::GatherRowsToBf16Kernel(h.data(), p.token.data(), rows16.data(), p.A, d, log2);
+        });
+        Tensor want16 = Tensor::Empty({p.A, d}, DType::kBF16);
+        GatherRows(Tensor::FromVector(h, {c.N, d}),
+                   Tensor::FromVector(std::vector<int64_t>(p.token.begin(), p.token.begin() + p.A),
+                                      {p.A}),
+                   want16);
+        const std::vector<BFloat16> w16 = want16.ToVector<BFloat16>();
+        for (int64_t i = 0; i < p.A * d; ++i) {
+          ASSERT_EQ(rows16[i].bits, BFloat16(rows[i]).bits) << what << ": bf16 gather " << i;
+          ASSERT_EQ(rows16[i].bits, w16[i].bits) << what << ": the CPU's bf16 gather " << i;
+        }
+        std::vector<int64_t> reversed(p.A);  // the rows in reverse order
+        for (int64_t r = 0; r < p.A; ++r) reversed[r] = p.A - 1 - r;
+        std::vector<uint16_t> again(p.A * d, 0xEEEE);
+        LaunchRowKernel(p.A, d, cap, [&](int log2) {
+          pm::GatherRowsKernel<uint16_t>(reinterpret_cast<const uint16_t*>(rows16.data()),
+                                         reversed.data(), again.data(), p.A, d, log2);
+        });
+        for (int64_t r = 0; r < p.A; ++r) {
+          for (int64_t j = 0; j < d; ++j) {
+            ASSERT_EQ(again[r * d + j], rows16[reversed[r] * d + j].bits)
+                << what << ": bf16 copy row " << r;
+          }
+        }
+      }
       // Any index (repeats, more rows than the source) of i32 and u8 rows.
       const int64_t R = 2 * c.N + 1;
       std::vector<int64_t> index(R);
