@@ -102,7 +102,7 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Devi
 }
 
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
-             Tensor& y, DeviceContext* ctx) {
+             Tensor& y, DeviceContext* ctx, Tensor* kept) {
   constexpr const char* kOp = "Combine";
   SY_CHECK(y.defined()) << kOp << ": y is undefined";
   CheckTensor(y, DType::kF32, 2, y.device(), kOp, "y");
@@ -117,8 +117,19 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
     SY_CHECK(extra.shape() == y.shape())
         << kOp << ": extra " << ShapeString(extra.shape()) << " vs y " << ShapeString(y.shape());
   }
-  SY_DISPATCH_DEVICE(y, ctx, cpu::Combine(out, gates, inverse, extra, y),
-                     cuda::Combine(out, gates, inverse, extra, y, ctx));
+  // The kept rows by value (a recorded op runs later).
+  Tensor kept_rows = kept != nullptr ? *kept : Tensor();
+  if (kept != nullptr) {
+    CheckTensor(kept_rows, DType::kBF16, 2, y.device(), kOp, "kept");
+    SY_CHECK(kept_rows.shape() == out.shape())
+        << kOp << ": kept " << ShapeString(kept_rows.shape()) << ", out "
+        << ShapeString(out.shape());
+  }
+  SY_DISPATCH_DEVICE(
+      y, ctx,
+      cpu::Combine(out, gates, inverse, extra, y, kept_rows.defined() ? &kept_rows : nullptr),
+      cuda::Combine(out, gates, inverse, extra, y, kept_rows.defined() ? &kept_rows : nullptr,
+                    ctx));
 }
 
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
@@ -129,7 +140,7 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   CheckTensor(dout, DType::kF32, 2, dev, kOp, "dout");
   CheckTensor(dgates, DType::kF32, 2, dev, kOp, "dgates");
   CheckTensor(dy, DType::kF32, 2, dev, kOp, "dy");
-  CheckTensor(out, DType::kF32, 2, dev, kOp, "out");
+  CheckTensor(out, out.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32, 2, dev, kOp, "out");
   CheckTensor(gates, DType::kF32, 2, dev, kOp, "gates");
   CheckTensor(slot, DType::kI64, 1, dev, kOp, "slot");
   SY_CHECK(out.shape() == dout.shape() && dy.dim(1) == out.dim(1) &&

@@ -65,14 +65,18 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh,
 // row order, plus extra[t] when `extra` is defined (added last: the shared experts).
 // out (A, d) f32, gates (N, k) f32, inverse (N, k) i64, extra (N, d) f32 or undefined,
 // y (N, d) f32 (written whole; a token with nothing kept gets zero, or extra[t]).
+// kept: null, or (A, d) bf16 that gets every row some slot points to rounded to nearest even
+// (what CombineBackward reads under bf16 activation storage; rows no slot points to are not
+// written), in the same pass.
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
-             Tensor& y, DeviceContext* ctx = nullptr);
+             Tensor& y, DeviceContext* ctx = nullptr, Tensor* kept = nullptr);
 
 // The backward of Combine for the A kept rows, t = slot[a] / k:
 //   dout[a] = gates[slot[a]] * dy[t]          (A, d)
 //   dgates[slot[a]] = dot(dy[t], out[a])      (N, k); zero for the dropped slots
-// dy (N, d) f32, out (A, d) f32, gates (N, k) f32, slot (A) i64 (the first A entries of
-// SortAssignments' slot). The dot is accumulated in double on both devices.
+// dy (N, d) f32, out (A, d) f32 or bf16 (Combine's kept rows, widened as read), gates (N, k)
+// f32, slot (A) i64 (the first A entries of SortAssignments' slot). The dot is accumulated in
+// double on both devices.
 // inverse: undefined, or (N, k) i64 (SortAssignments' inverse) when the rows may include
 // dropped assignments after the kept ones (a device-sized dispatch plan, whose host does not
 // know A): row a is kept iff inverse[slot[a]] == a; a dropped row gets dout[a] = 0 and its
@@ -100,7 +104,7 @@ void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst);
 void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh);
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
-             Tensor& y);
+             Tensor& y, Tensor* kept);
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
                      const Tensor& inverse, Tensor& dout, Tensor& dgates);
 double EntropySum(const Tensor& probs);
@@ -116,7 +120,7 @@ void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx);
 void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx);
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
-             Tensor& y, DeviceContext* ctx);
+             Tensor& y, Tensor* kept, DeviceContext* ctx);
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
                      const Tensor& inverse, Tensor& dout, Tensor& dgates, DeviceContext* ctx);
 double EntropySum(const Tensor& probs, DeviceContext* ctx);

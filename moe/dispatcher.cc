@@ -315,14 +315,14 @@ Tensor ScaledGates(const Tensor& gates, float s, const Shape& shape, DeviceConte
 }  // namespace
 
 Tensor Combine(const Tensor& out, const Tensor& gates, float scale, const DispatchPlan& plan,
-               const Tensor& extra, DeviceContext* ctx) {
+               const Tensor& extra, DeviceContext* ctx, Tensor* kept) {
   CheckRows(out, plan.num_assignments(), plan, "Combine input");
   SY_CHECK(gates.defined() && gates.numel() == plan.num_tokens() * plan.top_k())
       << "Combine gates: expected (" << plan.num_tokens() << ", " << plan.top_k() << "), got "
       << gates.DebugString();
   Tensor y = Tensor::Empty({plan.num_tokens(), out.dim(1)}, DType::kF32, out.device());
   kernels::Combine(out, ScaledGates(gates, scale, {plan.num_tokens(), plan.top_k()}, ctx),
-                   plan.inverse(), extra, y, ctx);
+                   plan.inverse(), extra, y, ctx, kept);
   return y;
 }
 

@@ -154,11 +154,15 @@ Tensor Ungroup(const Tensor& grouped, const DispatchPlan& plan, DeviceContext* c
 // y (N, d) = sum over a of g[slot[a]] * out[a] with g = f32(scale * gates) (rows: (A, d) in
 // expert order; gates: (N, k) f32; scale: moe.routed_scaling_factor, 1 reads the gates as
 // they are), plus `extra` (N, d) when defined (the shared experts' output, added last).
-// Tokens with no kept assignment get zero (or extra).
+// Tokens with no kept assignment get zero (or extra). kept: null, or (A, d) bf16 that gets
+// the kept rows of out rounded in the same pass (what backward reads under bf16 activation
+// storage; kernels::Combine).
 Tensor Combine(const Tensor& out, const Tensor& gates, float scale, const DispatchPlan& plan,
-               const Tensor& extra = Tensor(), DeviceContext* ctx = nullptr);
+               const Tensor& extra = Tensor(), DeviceContext* ctx = nullptr,
+               Tensor* kept = nullptr);
 // Backward of Combine: dout[a] = g[slot[a]] * dy[token[a]] and
-// dgates[slot[a]] = scale * dot(dy[token[a]], out[a]) (zero for dropped slots).
+// dgates[slot[a]] = scale * dot(dy[token[a]], out[a]) (zero for dropped slots); out f32 or
+// Combine's kept bf16 rows.
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, float scale,
                      const DispatchPlan& plan, Tensor& dout, Tensor& dgates,
                      DeviceContext* ctx = nullptr);

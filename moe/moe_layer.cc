@@ -297,13 +297,20 @@ Tensor MoELayer::CombineOutputs(const Tensor& h, const Tensor& expert_y, MoEActi
 }
 
 Tensor MoELayer::CombineAndKeep(MoEActivations& acts, DeviceContext* ctx) const {
+  // Backward reads the returned rows for the gates' gradient only: under bf16 storage the
+  // combine keeps them rounded (kernels/activation_storage.h), in its own pass. Backward
+  // reads none of the experts' outputs (Experts::Backward): the routed experts' (per chunk
+  // under overlap; under etp the partial sums), the replica slots' and the shared experts'
+  // go.
+  // A device-sized plan's rows past the kept ones (dropped assignments: no slot points to
+  // them, so the combine does not write them) start at zero, as the experts' outputs there.
+  const bool unwritten_rows = acts.plan->device_sized() && !acts.all_kept;
+  Tensor kept = !kernels::StoresBf16(ctx) ? Tensor()
+                : unwritten_rows ? Tensor::Zeros(acts.expert_out.shape(), DType::kBF16, device(), ctx)
+                                 : Tensor::Empty(acts.expert_out.shape(), DType::kBF16, device());
   Tensor y = Combine(acts.expert_out, acts.gates, config_.routed_scaling_factor, *acts.plan,
-                     shared_ ? acts.shared->y : Tensor(), ctx);
-  // Backward reads the returned rows for the gates' gradient only: under bf16 storage they
-  // are kept rounded (kernels/activation_storage.h). It reads none of the experts' outputs
-  // (Experts::Backward): the routed experts' (per chunk under overlap; under etp the partial
-  // sums), the replica slots' and the shared experts' go.
-  acts.expert_out = kernels::KeepRounded(acts.expert_out, ctx);
+                     shared_ ? acts.shared->y : Tensor(), ctx, kept.defined() ? &kept : nullptr);
+  if (kept.defined()) acts.expert_out = kept;
   acts.experts.y = Tensor();
   for (ExpertsActivations& e : acts.chunk_experts) e.y = Tensor();
   if (acts.replica) acts.replica->y = Tensor();
@@ -358,8 +365,8 @@ Tensor MoELayer::CombineOutputsBackward(const MoEActivations& acts, const Tensor
                : Tensor::Zeros({n, d}, DType::kF32, device(), ctx);
   phase.emplace(Phase::kCombine);
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, device());
-  CombineBackward(dy, kernels::KeptAsF32(acts.expert_out, ctx), acts.gates,
-                  config_.routed_scaling_factor, plan, dout, dgates, ctx);
+  CombineBackward(dy, acts.expert_out, acts.gates, config_.routed_scaling_factor, plan, dout,
+                  dgates, ctx);
   Tensor dgrouped;
   {
     const ScopedAllToAll timed(ep_->size() > 1);

@@ -69,8 +69,8 @@ Tensor MoELayer::BackwardOverlapped(const MoEActivations& acts, const Tensor& dy
   const Device dev = device();
   std::optional<ScopedPhase> phase(Phase::kCombine);
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, DType::kF32, dev);
-  CombineBackward(dy, kernels::KeptAsF32(acts.expert_out, ctx), acts.gates,
-                  config_.routed_scaling_factor, plan, dout, dgates, ctx);
+  CombineBackward(dy, acts.expert_out, acts.gates, config_.routed_scaling_factor, plan, dout,
+                  dgates, ctx);
   auto compute = [&](int64_t c, const Tensor& dgrouped) -> Tensor {
     if (!etp_) return experts_.Backward(acts.chunk_experts[c], dgrouped, ctx);
     const EtpPlan& etp = acts.chunk_etp[c];

@@ -27,8 +27,7 @@ struct Shape {
   // are kept as bf16 operands (without tp the norms write them: no f32 outputs, but MoE
   // blocks' norm2's), the MLPs' and experts' pre-activations and hidden activations, and
   // the MoE combine's rows, in bf16: `half` (0.5) of an f32 element each; the activations'
-  // backward reads a and b as they are kept, the combine's backward reads its rows back as
-  // an f32 copy.
+  // and the combine's backward read them as they are kept.
   bool bf16 = false;
   double half = 1;
   // The core attention writes its output in bf16 (bf16 storage on the fused path without
@@ -110,8 +109,7 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // Backward: per admitted row dy, dx and dh (and db), a gate gradient per assignment, four
 // (E) router gradients. Under bf16 storage the expert input x, a, (b), h and the combine's
 // rows are bf16 (the shared experts' a, (b), h too; their input is the layer's, kept f32
-// for the router); backward reads a (and b) as kept, and holds an f32 copy of the combine's
-// rows before the experts' backward (no more than that holds).
+// for the router); backward reads a (and b) and the combine's rows as kept.
 Piece MoEElements(const config::Config& c, const Shape& s) {
   const moe::MoEConfig& e = c.moe;
   const double d = s.d;

@@ -114,13 +114,14 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh) {
 }
 
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
-             Tensor& y) {
+             Tensor& y, Tensor* kept) {
   const int64_t n = y.dim(0), d = y.dim(1), k = inverse.dim(1);
   const float* o = out.data<float>();
   const float* g = gates.data<float>();
   const int64_t* inv = inverse.data<int64_t>();
   const float* x = extra.defined() ? extra.data<float>() : nullptr;
   float* dst = y.data<float>();
+  BFloat16* kp = kept != nullptr ? static_cast<BFloat16*>(kept->raw_data()) : nullptr;
   ParallelFor(n, RowsPerChunk(d), [&](int64_t t0, int64_t t1) {
     std::vector<std::pair<int64_t, int64_t>> rows;
     for (int64_t t = t0; t < t1; ++t) {
@@ -130,6 +131,9 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
       for (const auto& [a, s] : rows) {
         const float w = g[s];
         for (int64_t j = 0; j < d; ++j) row[j] += w * o[a * d + j];
+        if (kp != nullptr) {
+          for (int64_t j = 0; j < d; ++j) kp[a * d + j] = BFloat16(o[a * d + j]);
+        }
       }
       if (x != nullptr) {
         for (int64_t j = 0; j < d; ++j) row[j] += x[t * d + j];
@@ -143,7 +147,9 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   const int64_t rows = out.dim(0), d = dy.dim(1), k = gates.dim(1), nk = gates.numel();
   const float* g = gates.data<float>();
   const float* dyp = dy.data<float>();
-  const float* o = out.data<float>();
+  // out f32, or the bf16 rows Combine kept (widened as read: exact).
+  const float* o = out.dtype() == DType::kF32 ? out.data<float>() : nullptr;
+  const BFloat16* o16 = o == nullptr ? static_cast<const BFloat16*>(out.raw_data()) : nullptr;
   const int64_t* sl = slot.data<int64_t>();
   float* dop = dout.data<float>();
   float* dg = dgates.data<float>();
@@ -165,7 +171,8 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
       double dot = 0;
       for (int64_t j = 0; j < d; ++j) {
         dop[a * d + j] = w * row[j];
-        dot += static_cast<double>(row[j]) * o[a * d + j];
+        const float oj = o != nullptr ? o[a * d + j] : static_cast<float>(o16[a * d + j]);
+        dot += static_cast<double>(row[j]) * oj;
       }
       dg[sl[a]] = static_cast<float>(dot);
     }

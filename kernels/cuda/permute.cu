@@ -97,7 +97,7 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Devi
 }
 
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
-             Tensor& y, DeviceContext* ctx) {
+             Tensor& y, Tensor* kept, DeviceContext* ctx) {
   const int64_t tokens = y.dim(0), d = y.dim(1);
   const int k = static_cast<int>(inverse.dim(1));
   if (tokens == 0 || d == 0) return;
@@ -111,12 +111,14 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
     auto* o = static_cast<const V*>(out_ptr);
     auto* x = static_cast<const V*>(extra_ptr);
     auto* dst = static_cast<V*>(y.raw_data());
+    __nv_bfloat16* kp =
+        kept != nullptr && kept->numel() > 0 ? static_cast<__nv_bfloat16*>(kept->raw_data()) : nullptr;
     if (k <= kMaxSortedK) {
       CombineKernel<V, true><<<l.blocks, kThreads, 0, stream>>>(
-          o, gates.data<float>(), inverse.data<int64_t>(), x, dst, tokens, k, width, l.log2);
+          o, gates.data<float>(), inverse.data<int64_t>(), x, dst, tokens, k, width, l.log2, kp);
     } else {
       CombineKernel<V, false><<<l.blocks, kThreads, 0, stream>>>(
-          o, gates.data<float>(), inverse.data<int64_t>(), x, dst, tokens, k, width, l.log2);
+          o, gates.data<float>(), inverse.data<int64_t>(), x, dst, tokens, k, width, l.log2, kp);
     }
     SY_CUDA_CHECK_LAUNCH();
   });
@@ -130,14 +132,23 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
     SY_CUDA_CHECK(cudaMemsetAsync(dgates.raw_data(), 0, dgates.nbytes(), stream));
   }
   if (rows == 0) return;
-  LaunchRows(d, {dy.raw_data(), out.raw_data(), dout.raw_data()}, [&](auto tag, int64_t width) {
+  // A bf16 out (the combine's kept rows) is read element by element: no float4 alignment.
+  const bool out16 = out.dtype() == DType::kBF16;
+  LaunchRows(d, {dy.raw_data(), out16 ? nullptr : out.raw_data(), dout.raw_data()},
+             [&](auto tag, int64_t width) {
     using V = decltype(tag);
     const unsigned blocks = CombineBackwardBlocks(rows);
-    CombineBackwardKernel<V><<<blocks, kThreads, 0, stream>>>(
-        static_cast<const V*>(dy.raw_data()), static_cast<const V*>(out.raw_data()),
-        gates.data<float>(), slot.data<int64_t>(),
-        inverse.defined() ? inverse.data<int64_t>() : nullptr, static_cast<V*>(dout.raw_data()),
-        dgates.data<float>(), rows, k, width);
+    auto launch = [&](const auto* o) {
+      CombineBackwardKernel<V><<<blocks, kThreads, 0, stream>>>(
+          static_cast<const V*>(dy.raw_data()), o, gates.data<float>(), slot.data<int64_t>(),
+          inverse.defined() ? inverse.data<int64_t>() : nullptr,
+          static_cast<V*>(dout.raw_data()), dgates.data<float>(), rows, k, width);
+    };
+    if (out16) {
+      launch(static_cast<const __nv_bfloat16*>(out.raw_data()));
+    } else {
+      launch(static_cast<const V*>(out.raw_data()));
+    }
     SY_CUDA_CHECK_LAUNCH();
   });
 }

@@ -45,6 +45,29 @@ __device__ __forceinline__ float Zero<float>() { return 0.0f; }
 template <>
 __device__ __forceinline__ float4 Zero<float4>() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 
+// Vector i (a float, or 4 floats for float4) of f32 rows, or of bf16 rows widened (exact);
+// and vector i stored rounded into bf16 rows. For the combine's kept rows (bf16 activation
+// storage); element by element, so bf16 rows need only their own alignment.
+template <typename V>
+__device__ __forceinline__ void LoadWidened(const V* p, int64_t i, V& v) { v = p[i]; }
+__device__ __forceinline__ void LoadWidened(const __nv_bfloat16* p, int64_t i, float& v) {
+  v = FromBf16(p[i]);
+}
+__device__ __forceinline__ void LoadWidened(const __nv_bfloat16* p, int64_t i, float4& v) {
+  const __nv_bfloat16* q = p + 4 * i;
+  v = make_float4(FromBf16(q[0]), FromBf16(q[1]), FromBf16(q[2]), FromBf16(q[3]));
+}
+__device__ __forceinline__ void StoreRounded(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = ToBf16(v);
+}
+__device__ __forceinline__ void StoreRounded(__nv_bfloat16* p, int64_t i, float4 v) {
+  __nv_bfloat16* q = p + 4 * i;
+  q[0] = ToBf16(v.x);
+  q[1] = ToBf16(v.y);
+  q[2] = ToBf16(v.z);
+  q[3] = ToBf16(v.w);
+}
+
 // Whether rows of d floats at these pointers can move as float4.
 bool CanUseFloat4(int64_t d, std::initializer_list<const void*> ptrs) {
   if (d % 4 != 0) return false;
@@ -164,11 +187,13 @@ __global__ void ScatterAddKernel(const V* __restrict__ drows, const int64_t* __r
   }
 }
 
-// y[t] = sum of gates[s] * out[a] over the token's kept slots (+ extra[t]).
+// y[t] = sum of gates[s] * out[a] over the token's kept slots (+ extra[t]); kept non-null:
+// each such row a also stored there rounded to bf16 (every row is some one slot's).
 template <typename V, bool kSorted>
 __global__ void CombineKernel(const V* __restrict__ out, const float* __restrict__ gates,
                               const int64_t* __restrict__ inverse, const V* __restrict__ extra,
-                              V* __restrict__ y, int64_t tokens, int k, int64_t width, int log2) {
+                              V* __restrict__ y, int64_t tokens, int k, int64_t width, int log2,
+                              __nv_bfloat16* __restrict__ kept = nullptr) {
   const int64_t group = int64_t{1} << log2, lane = threadIdx.x & (group - 1);
   SY_ROW_LOOP(t, tokens, log2) {
     V* dst = y + t * width;
@@ -186,7 +211,10 @@ __global__ void CombineKernel(const V* __restrict__ out, const float* __restrict
 #pragma unroll
         for (int i = 0; i < kMaxSortedK; ++i) {
           if (keys[i] == kNoRow) break;
-          acc = Add(acc, Scale(w[i], out[(keys[i] >> 32) * width + c]));
+          const int64_t at = (keys[i] >> 32) * width + c;
+          const V v = out[at];
+          acc = Add(acc, Scale(w[i], v));
+          if (kept != nullptr) StoreRounded(kept, at, v);
         }
         if (add != nullptr) acc = Add(acc, add[c]);
         dst[c] = acc;
@@ -196,7 +224,10 @@ __global__ void CombineKernel(const V* __restrict__ out, const float* __restrict
         V acc = Zero<V>();
         for (int j = 0; j < k; ++j) {
           const int64_t a = inverse[t * k + j];
-          if (a >= 0) acc = Add(acc, Scale(gates[t * k + j], out[a * width + c]));
+          if (a < 0) continue;
+          const V v = out[a * width + c];
+          acc = Add(acc, Scale(gates[t * k + j], v));
+          if (kept != nullptr) StoreRounded(kept, a * width + c, v);
         }
         if (add != nullptr) acc = Add(acc, add[c]);
         dst[c] = acc;
@@ -205,9 +236,10 @@ __global__ void CombineKernel(const V* __restrict__ out, const float* __restrict
   }
 }
 
-// One warp per permuted row a: dout[a] = w * dy[t], dgates[s] = dot(dy[t], out[a]).
-template <typename V>
-__global__ void CombineBackwardKernel(const V* __restrict__ dy, const V* __restrict__ out,
+// One warp per permuted row a: dout[a] = w * dy[t], dgates[s] = dot(dy[t], out[a]). out: V
+// rows, or the combine's kept bf16 rows (TO = __nv_bfloat16, widened as read).
+template <typename V, typename TO = V>
+__global__ void CombineBackwardKernel(const V* __restrict__ dy, const TO* __restrict__ out,
                                       const float* __restrict__ gates,
                                       const int64_t* __restrict__ slot,
                                       const int64_t* __restrict__ inverse, V* __restrict__ dout,
@@ -225,12 +257,13 @@ __global__ void CombineBackwardKernel(const V* __restrict__ dy, const V* __restr
     }
     const float w = gates[s];
     const V* g = dy + (s / k) * width;
-    const V* o = out + a * width;
     double dot = 0.0;
     for (int64_t c = lane; c < width; c += 32) {
       const V gv = g[c];
+      V ov;
+      LoadWidened(out, a * width + c, ov);
       d[c] = Scale(w, gv);
-      dot += Dot(gv, o[c]);
+      dot += Dot(gv, ov);
     }
     dot = WarpSum(dot);
     if (lane == 0) dgates[s] = static_cast<float>(dot);

@@ -379,9 +379,10 @@ bool RunScatterAdd(const Plan& p, const float* drows, float* dh, int64_t d, unsi
   return vec4;
 }
 
-// permute.cu's Combine; out may be null (nothing kept), extra null (none).
+// permute.cu's Combine; out may be null (nothing kept), extra null (none), kept null (no
+// bf16 copy of the rows).
 void RunCombine(const Plan& p, const float* out, const float* gates, const float* extra,
-                float* y, int64_t d, unsigned grid_cap) {
+                float* y, int64_t d, unsigned grid_cap, BFloat16* kept = nullptr) {
   if (p.N == 0 || d == 0) return;
   const int k = static_cast<int>(p.k);
   pm::LaunchRows(d, {out, extra, y}, [&](auto tag, int64_t width) {
@@ -391,28 +392,40 @@ void RunCombine(const Plan& p, const float* out, const float* gates, const float
     auto* dst = reinterpret_cast<V*>(y);
     LaunchRowKernel(p.N, width, grid_cap, [&](int log2) {
       if (k <= pm::kMaxSortedK) {
-        pm::CombineKernel<V, true>(o, gates, p.inverse.data(), x, dst, p.N, k, width, log2);
+        pm::CombineKernel<V, true>(o, gates, p.inverse.data(), x, dst, p.N, k, width, log2,
+                                   kept);
       } else {
-        pm::CombineKernel<V, false>(o, gates, p.inverse.data(), x, dst, p.N, k, width, log2);
+        pm::CombineKernel<V, false>(o, gates, p.inverse.data(), x, dst, p.N, k, width, log2,
+                                    kept);
       }
     });
   });
 }
 
 // permute.cu's CombineBackward over `rows` permuted rows (dgates' memset left out: the
-// caller fills it, to see which slots the kernel writes).
-void RunCombineBackward(const Plan& p, int64_t rows, const float* dy, const float* out,
+// caller fills it, to see which slots the kernel writes). out: f32 rows, or (O = BFloat16)
+// the combine's kept bf16 rows, which take no part in the float4 choice (as permute.cu).
+template <typename O>
+void RunCombineBackward(const Plan& p, int64_t rows, const float* dy, const O* out,
                         const float* gates, const int64_t* inverse, float* dout, float* dgates,
                         int64_t d, unsigned grid_cap) {
   if (rows == 0) return;
-  pm::LaunchRows(d, {dy, out, dout}, [&](auto tag, int64_t width) {
+  constexpr bool kOut16 = std::is_same_v<O, BFloat16>;
+  pm::LaunchRows(d, {dy, kOut16 ? nullptr : static_cast<const void*>(out), dout},
+                 [&](auto tag, int64_t width) {
     using V = decltype(tag);
     const unsigned blocks = std::min(pm::CombineBackwardBlocks(rows), grid_cap);
     emu::Launch(EmuDim3{blocks, 1, 1}, pm::kThreads, no_smem, 0, 0, [&] {
-      pm::CombineBackwardKernel<V>(reinterpret_cast<const V*>(dy),
-                                   reinterpret_cast<const V*>(out), gates, p.slot.data(),
-                                   inverse, reinterpret_cast<V*>(dout), dgates, rows, p.k,
-                                   width);
+      if constexpr (kOut16) {
+        pm::CombineBackwardKernel<V>(reinterpret_cast<const V*>(dy), out, gates, p.slot.data(),
+                                     inverse, reinterpret_cast<V*>(dout), dgates, rows, p.k,
+                                     width);
+      } else {
+        pm::CombineBackwardKernel<V>(reinterpret_cast<const V*>(dy),
+                                     reinterpret_cast<const V*>(out), gates, p.slot.data(),
+                                     inverse, reinterpret_cast<V*>(dout), dgates, rows, p.k,
+                                     width);
+      }
     });
   });
 }
@@ -637,6 +650,74 @@ TEST(DispatchEmulationTest, CombineBackwardMatchesTheCpu) {
           ASSERT_LE(std::fabs(double(dgates[s]) - wg[s]), bound)
               << what << " dgates " << s << ": " << dgates[s] << " vs " << wg[s];
         }
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+// bf16 activation storage: the combine keeps each kept row rounded in its pass (y
+// unchanged, rows no slot points to untouched), on the CPU as in the kernel; the backward
+// reads those bf16 rows as the f32 op reads their widened values (dout bit for bit, dgates
+// the CPU's own bits, the kernel's within CombineBackwardMatchesTheCpu's bound).
+TEST(DispatchEmulationTest, CombineKeepsItsRowsInBf16) {
+  Rng rng(25);
+  BFloat16 sentinel;
+  sentinel.bits = 0x7fc1;  // a NaN no rounding produces here
+  for (const PlanCase& c : kPlans) {
+    const Plan p = MakePlan(c.N, c.k, c.E, c.keep_one_in, rng);
+    const int64_t nk = c.N * c.k;
+    const std::vector<float> gates = rng.Floats(nk, 0.0f, 1.0f);
+    for (int64_t d : {3, 8, 130}) {
+      const std::string what = Name(c, d);
+      const unsigned cap = d % 2 == 1 ? 2u : kNoCap;
+      const int64_t rows = p.A + 1;  // one row no slot points to
+      const std::vector<float> out = rng.Floats(rows * d), dy = rng.Floats(c.N * d);
+      std::vector<float> y_plain(c.N * d, kNan), y_kept(c.N * d, kNan);
+      std::vector<BFloat16> kept(rows * d, sentinel);
+      RunCombine(p, out.data(), gates.data(), nullptr, y_plain.data(), d, cap);
+      RunCombine(p, out.data(), gates.data(), nullptr, y_kept.data(), d, cap, kept.data());
+      ExpectSameBits(y_kept, y_plain, what + ": y with kept rows");
+      for (int64_t i = 0; i < rows * d; ++i) {
+        const uint16_t want = i < p.A * d ? BFloat16(out[i]).bits : sentinel.bits;
+        ASSERT_EQ(kept[i].bits, want) << what << ": kept element " << i;
+      }
+      // The CPU op.
+      Tensor y_cpu = Tensor::Empty({c.N, d}, DType::kF32);
+      Tensor kept_cpu = Tensor::Zeros({rows, d}, DType::kBF16);
+      Combine(Tensor::FromVector(out, {rows, d}), Tensor::FromVector(gates, {c.N, c.k}),
+              Tensor::FromVector(p.inverse, {c.N, c.k}), Tensor(), y_cpu, nullptr, &kept_cpu);
+      const std::vector<BFloat16> kc = kept_cpu.ToVector<BFloat16>();
+      for (int64_t i = 0; i < p.A * d; ++i) {
+        ASSERT_EQ(kc[i].bits, kept[i].bits) << what << ": the CPU's kept element " << i;
+      }
+      // Backward on the kept rows (the first A: the host-sized plan's rows).
+      std::vector<float> wide(p.A * d);
+      for (int64_t i = 0; i < p.A * d; ++i) wide[i] = float(kept[i]);
+      const std::vector<int64_t> slot(p.slot.begin(), p.slot.begin() + p.A);
+      std::vector<float> dout(p.A * d, kNan), dgates(nk, kUnwritten);
+      RunCombineBackward(p, p.A, dy.data(), kept.data(), gates.data(), nullptr, dout.data(),
+                         dgates.data(), d, cap);
+      Tensor d16 = Tensor::Empty({p.A, d}, DType::kF32), g16 = Tensor::Empty({c.N, c.k}, DType::kF32);
+      Tensor dw = Tensor::Empty({p.A, d}, DType::kF32), gw = Tensor::Empty({c.N, c.k}, DType::kF32);
+      const Tensor dyt = Tensor::FromVector(dy, {c.N, d}), gt = Tensor::FromVector(gates, {c.N, c.k});
+      const Tensor st = Tensor::FromVector(slot, {p.A});
+      CombineBackward(dyt, Tensor::FromVector(std::vector<BFloat16>(kept.begin(), kept.begin() + p.A * d),
+                                              {p.A, d}),
+                      gt, st, d16, g16);
+      CombineBackward(dyt, Tensor::FromVector(wide, {p.A, d}), gt, st, dw, gw);
+      ExpectSameBits(d16.ToVector<float>(), dw.ToVector<float>(), what + ": CPU dout, bf16 rows");
+      ExpectSameBits(g16.ToVector<float>(), gw.ToVector<float>(), what + ": CPU dgates, bf16 rows");
+      ExpectSameBits(dout, dw.ToVector<float>(), what + ": dout, bf16 rows");
+      const std::vector<float> wg = gw.ToVector<float>();
+      for (int64_t s = 0; s < nk; ++s) {
+        const int64_t a = p.inverse[s];
+        if (a < 0) continue;
+        double mag = 0.0;
+        for (int64_t j = 0; j < d; ++j) mag += std::fabs(double(dy[(s / c.k) * d + j]) * wide[a * d + j]);
+        const double bound = 2 * Gamma(d, kU64) * mag +
+                             kU32 / (1 - kU32) * (std::fabs(dgates[s]) + std::fabs(wg[s]));
+        ASSERT_LE(std::fabs(double(dgates[s]) - wg[s]), bound) << what << " dgates " << s;
       }
       if (::testing::Test::HasFatalFailure()) return;
     }
