@@ -92,12 +92,10 @@ void CoreForward(const AttentionOptions& o, const Tensor& q, const Tensor& k, co
   kernels::AttentionForward(q, k, v, a, lse, ctx);
 }
 
-// The element type of the core attention's output a: under bf16 activation storage on the
-// fused path without cp, bf16 (the kernel rounds a as it stores it: o's operand, kept for o's
-// weight gradient and read for delta, with no f32 copy and no conversion); else f32 (the
-// ring merges its blocks in f32).
+// The element type of the core attention's output a (CoreOutputInBf16).
 DType CoreOutputDType(const AttentionOptions& o, int64_t head_dim, const DeviceContext* ctx) {
-  return kernels::StoresBf16(ctx) && !o.cp.active() && kernels::UseFlashAttention(ctx, head_dim)
+  const bool bf16_products = ctx != nullptr && ctx->matmul_dtype() == DType::kBF16;
+  return CoreOutputInBf16(kernels::StoresBf16(ctx), bf16_products, o.cp.active(), head_dim)
              ? DType::kBF16
              : DType::kF32;
 }
@@ -123,6 +121,10 @@ void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, c
 }
 
 }  // namespace
+
+bool CoreOutputInBf16(bool bf16_storage, bool bf16_products, bool cp, int64_t head_dim) {
+  return bf16_storage && bf16_products && !cp && kernels::FlashAttentionSupports(head_dim);
+}
 
 Status AttentionOptions::Validate() const {
   if (d_model <= 0) return InvalidArgument("attention.d_model=", d_model, " must be > 0");

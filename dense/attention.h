@@ -95,6 +95,13 @@ struct AttentionActivations {
   const Tensor& y() const { return out; }
 };
 
+// Whether the core attention writes its output in bf16 (the kernel rounds it as it stores
+// it: o's operand, kept for o's weight gradient and read for delta): under bf16 activation
+// storage and bf16 products, without cp (the ring merges f32 blocks), on the fused path
+// (kernels::FlashAttentionSupports(head_dim)). Attention and the dry-run's activation model
+// both ask this.
+bool CoreOutputInBf16(bool bf16_storage, bool bf16_products, bool cp, int64_t head_dim);
+
 class Attention {
  public:
   // Projections allocated and zeroed. Checks Validate().

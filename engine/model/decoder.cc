@@ -290,7 +290,8 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
   // operands of the products that read them (attention's q, k, v; the dense MLP's W1): no
   // f32 copy and no conversion. Under tp the tp region's entry communicates them in f32;
   // a MoE block's norm2 output is the router's f32 input.
-  const DType operand = kernels::StoresBf16(ctx) && !tp().active() ? DType::kBF16 : DType::kF32;
+  const DType operand =
+      NormsWriteBf16Operands(kernels::StoresBf16(ctx), tp().active()) ? DType::kBF16 : DType::kF32;
   {
     ScopedPhase phase(Phase::kNorms);
     ba.norm1 = b.norm1.Forward(x, ctx, operand);

@@ -26,7 +26,8 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
   // Under bf16 activation storage without tp the final norm writes the head's bf16 operand,
   // which its products read forward and backward (and keep): no f32 rows, no conversions.
   acts.norm_f = norm_f_->Forward(
-      x, ctx, kernels::StoresBf16(ctx) && !tp.active() ? DType::kBF16 : DType::kF32);
+      x, ctx,
+      NormsWriteBf16Operands(kernels::StoresBf16(ctx), tp.active()) ? DType::kBF16 : DType::kF32);
   Release(PartId::NormF());
   Acquire(HeadPart(), PartId());
   acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)

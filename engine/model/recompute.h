@@ -30,4 +30,10 @@ inline constexpr EnumName<Recompute> kRecomputeNames[] = {
 StatusOr<Recompute> ParseRecompute(const std::string& name);
 const char* RecomputeName(Recompute mode);
 
+// Whether the decoder's norms (norm1, a dense block's norm2, the final norm) write their
+// outputs as the bf16 operands of the products that read them: under bf16 activation storage
+// without tp (under tp the tp region's entry moves them in f32). The decoder and the dry-run's
+// activation model both ask this.
+inline bool NormsWriteBf16Operands(bool bf16_storage, bool tp) { return bf16_storage && !tp; }
+
 }  // namespace switchyard::model

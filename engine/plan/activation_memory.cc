@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
+#include "dense/attention.h"
 #include "engine/core/check.h"
 #include "engine/model/param_table.h"
 #include "engine/model/recompute.h"
-#include "kernels/flash_attention.h"
 #include "moe/capacity.h"
 
 namespace switchyard::plan {
@@ -30,9 +30,11 @@ struct Shape {
   // and the combine's backward read them as they are kept.
   bool bf16 = false;
   double half = 1;
-  // The core attention writes its output in bf16 (bf16 storage on the fused path without
-  // cp: dense/attention.cc's CoreOutputDType), also when selective recompute rebuilds it.
+  // The core attention writes its output in bf16 (dense::CoreOutputInBf16), also when
+  // selective recompute rebuilds it; the final norm writes the head's rows as its bf16
+  // operand (model::NormsWriteBf16Operands).
   bool core_bf16 = false;
+  bool norm_bf16 = false;
 };
 
 Shape ShapeOf(const config::Config& c) {
@@ -49,7 +51,9 @@ Shape ShapeOf(const config::Config& c) {
   s.bf16 = c.runtime.activation_dtype == config::ActivationDtype::kBf16;
   s.half = s.bf16 ? 0.5 : 1.0;
   s.cp = p.cp;
-  s.core_bf16 = s.bf16 && p.cp == 1 && kernels::FlashAttentionSupports(s.hd);
+  // bf16 storage needs bf16 products (config::RuntimeConfig::Validate).
+  s.core_bf16 = dense::CoreOutputInBf16(s.bf16, s.bf16, p.cp > 1, s.hd);
+  s.norm_bf16 = model::NormsWriteBf16Operands(s.bf16, s.tp);
   // q, k and v of this rank's heads (k and v whole, plus this rank's head, when tp does not
   // divide the kv heads).
   const bool kv_whole = model::KvReplicated(m, p.tp);
@@ -191,7 +195,7 @@ ActivationBytes EstimateActivationBytes(const config::Config& c) {
   const int64_t head_rows = int64_t(group / s.cp);
   const int64_t chunk = c.train.head_rows(head_rows);
   const double vocab = double(c.model.vocab_size) / s.P;
-  const double norm_f = s.bf16 && !s.tp ? (s.half * d + s.stats) * rows : s.norm;
+  const double norm_f = s.norm_bf16 ? (s.half * d + s.stats) * rows : s.norm;
   a.head = bytes * (norm_f + (s.sp ? d : 0) + (chunk < head_rows ? 0 : vocab));
   a.head_backward = bytes * (d + d * rows);
   if (chunk < head_rows) a.head_backward = std::max(a.head_backward, bytes * d + 4.0 * double(chunk) * vocab);

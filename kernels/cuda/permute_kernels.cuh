@@ -51,14 +51,14 @@ __device__ __forceinline__ float4 Zero<float4>() { return make_float4(0.0f, 0.0f
 template <typename V>
 __device__ __forceinline__ void LoadWidened(const V* p, int64_t i, V& v) { v = p[i]; }
 __device__ __forceinline__ void LoadWidened(const __nv_bfloat16* p, int64_t i, float& v) {
-  v = FromBf16(p[i]);
+  v = LoadF32(p, i);
 }
 __device__ __forceinline__ void LoadWidened(const __nv_bfloat16* p, int64_t i, float4& v) {
   const __nv_bfloat16* q = p + 4 * i;
   v = make_float4(FromBf16(q[0]), FromBf16(q[1]), FromBf16(q[2]), FromBf16(q[3]));
 }
 __device__ __forceinline__ void StoreRounded(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = ToBf16(v);
+  StoreAs(p, i, v);
 }
 __device__ __forceinline__ void StoreRounded(__nv_bfloat16* p, int64_t i, float4 v) {
   __nv_bfloat16* q = p + 4 * i;
