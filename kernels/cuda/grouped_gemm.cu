@@ -8,9 +8,15 @@
 //    even) as they are stored into shared memory, bf16 ones copied: no converted copy in global
 //    memory.
 //  - f32 mode: f32 SIMT products (fmaf, no TF32), K steps of 16; each thread an 8 x 8 block.
-// Pipeline: the next K step's tiles are loaded from global memory into registers (16-byte
-// loads where the rows allow them, each warp reading whole rows or 512 contiguous bytes of
-// one, in the dimension that is contiguous: x along k, w along n, or along k when
+// Pipeline, for two bf16 operands with 16-byte aligned rows (training under bf16 storage: the
+// gathered rows, the kept h, the once-converted gradients, the weights' shadows): cp.async
+// copies each K step's tiles straight into shared memory, 16 bytes a thread at a time and
+// zero-filling the chunks out of bounds, kStages = 3 stages deep (two steps in flight while
+// one is multiplied), one barrier per step; these kernels take 128 registers (ptxas, sm_90,
+// no spills), so two CTAs share an SM (__launch_bounds__(256, 2); 52-62 KiB of shared memory
+// each). Otherwise (an f32 operand, or rows cp.async cannot carry) the next K step's tiles are
+// loaded from global memory into registers (16-byte loads where the rows allow them, each
+// warp reading whole rows or 512 contiguous bytes of one, in the dimension that is contiguous: x along k, w along n, or along k when
 // transposed, dy along n) while the current step is multiplied from one of two shared stages;
 // then they are converted and stored into the other stage; one barrier per step. An edge tile
 // (the last K step or column tile when k or n is off the tile, or rows that 16-byte loads
@@ -27,10 +33,12 @@
 //   GroupedWeightGradKernel grid (ceil(k / 128) ceil(n / 128) in bands, G): each CTA loops over
 //                           its group's rows (the product's K) in steps; a group with no rows
 //                           gets beta dw[g] (0 for beta = 0, dw not read).
-// ptxas (sm_90): the tensor-core kernels take 210-230 registers, so one 256-thread CTA runs
-// per SM (a cap of 128 registers, for two, spills), the SIMT ones 155-175; no local memory.
+// ptxas (sm_90): the register-pipeline tensor-core kernels take 200-235 registers, so one
+// 256-thread CTA runs per SM (a cap of 128 registers, for two, spills: the prefetch registers),
+// the SIMT ones 155-175; no local memory.
 // Every element of a tile is one f32 sum over K of exact bf16 products (or f32 fmas), so the
 // results differ from the CPU reference (kernels/cpu/gemm.cc) only in the summation order.
+#include <cuda_pipeline_primitives.h>
 #include <mma.h>
 
 #include <climits>
@@ -59,11 +67,30 @@ const T* Elements(const Tensor& t) {
   return static_cast<const T*>(t.raw_data());
 }
 
-// Shared memory of a kernel on policy P; all fit the default 48 KiB.
-template <class P>
+// Shared memory of a kernel on policy P: the two-stage kernels fit the default 48 KiB, the
+// cp.async ones (kStages stages, up to 62 KiB) ask for more.
+template <class P, bool kAsync>
 constexpr int SharedBytes() {
-  static_assert(grouped::Smem<P>::kBytes <= 48 * 1024, "no opt-in shared memory needed");
-  return grouped::Smem<P>::kBytes;
+  static_assert(kAsync || grouped::Smem<P>::kBytes <= 48 * 1024, "no opt-in shared memory");
+  return grouped::Smem<P, kAsync>::kBytes;
+}
+
+template <typename Kernel>
+void AllowSharedMemory(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024) {
+    SY_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
+}
+
+// The cp.async kernels take two bf16 operands that grouped::CopiesAligned accepts (the
+// per-group and per-tile origins inherit it: every offset added to the base is a multiple of
+// the leading dimension or of a tile's width).
+template <typename TA, typename TB>
+constexpr bool kBothBf16 = std::is_same_v<TA, __nv_bfloat16> && std::is_same_v<TB, __nv_bfloat16>;
+template <typename T>
+bool UseCopies(const T* a, int64_t lda, const T* b, int64_t ldb) {
+  return grouped::CopiesAligned(a, lda, lda) && grouped::CopiesAligned(b, ldb, ldb);
 }
 
 // The kernels index a tile in ints: kBM rows of the widest operand must fit one.
@@ -72,16 +99,43 @@ void CheckWidths(const Dims& d, const char* op) {
       << op << ": k = " << d.k << " or n = " << d.n << " is too wide for the tiled kernel";
 }
 
+template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
+void LaunchForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
+                     const Dims& d, float alpha, float beta, unsigned ctas, DeviceContext* ctx) {
+  constexpr int bytes = SharedBytes<P, kAsync>();
+  const auto kernel = grouped::GroupedGemmKernel<P, TX, TW, kTransW, kAsync>;
+  AllowSharedMemory(kernel, bytes);
+  kernel<<<ctas, kThreads, bytes, StreamOf(ctx)>>>(Elements<TX>(x), offsets.data<int64_t>(),
+                                                   Elements<TW>(w), out.data<float>(), d, alpha,
+                                                   beta);
+  SY_CUDA_CHECK_LAUNCH();
+}
+
 template <class P, typename TX, typename TW, bool kTransW>
 void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
                    const Dims& d, float alpha, float beta, DeviceContext* ctx) {
   const int64_t ctas = grouped::MaxRowTiles(d) * CeilDiv(d.n, kBN);
   SY_CHECK(ctas <= INT_MAX) << "GroupedGemm: " << ctas << " CTAs exceed the grid's x limit";
   CheckWidths(d, "GroupedGemm");
-  grouped::GroupedGemmKernel<P, TX, TW, kTransW>
-      <<<static_cast<unsigned>(ctas), kThreads, SharedBytes<P>(), StreamOf(ctx)>>>(
-          Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w), out.data<float>(), d, alpha,
-          beta);
+  const auto grid = static_cast<unsigned>(ctas);
+  if constexpr (kBothBf16<TX, TW>) {
+    if (UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
+      return LaunchForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta, grid,
+                                                       ctx);
+    }
+  }
+  LaunchForwardOn<P, TX, TW, kTransW, false>(x, offsets, w, out, d, alpha, beta, grid, ctx);
+}
+
+template <class P, typename TX, typename TD, bool kAsync>
+void LaunchWeightGradOn(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                        const Dims& d, float alpha, float beta, dim3 grid, DeviceContext* ctx) {
+  constexpr int bytes = SharedBytes<P, kAsync>();
+  const auto kernel = grouped::GroupedWeightGradKernel<P, TX, TD, kAsync>;
+  AllowSharedMemory(kernel, bytes);
+  kernel<<<grid, kThreads, bytes, StreamOf(ctx)>>>(Elements<TX>(x), Elements<TD>(dy),
+                                                   offsets.data<int64_t>(), dw.data<float>(), d,
+                                                   alpha, beta);
   SY_CUDA_CHECK_LAUNCH();
 }
 
@@ -94,11 +148,12 @@ void LaunchWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, 
       << " groups exceed the grid's limits (x 2^31 - 1, y 65535)";
   CheckWidths(d, "GroupedGemmWeightGrad");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups));
-  grouped::GroupedWeightGradKernel<P, TX, TD>
-      <<<grid, kThreads, SharedBytes<P>(), StreamOf(ctx)>>>(
-          Elements<TX>(x), Elements<TD>(dy), offsets.data<int64_t>(), dw.data<float>(), d, alpha,
-          beta);
-  SY_CUDA_CHECK_LAUNCH();
+  if constexpr (kBothBf16<TX, TD>) {
+    if (UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
+      return LaunchWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta, grid, ctx);
+    }
+  }
+  LaunchWeightGradOn<P, TX, TD, false>(x, dy, offsets, dw, d, alpha, beta, grid, ctx);
 }
 
 // The forward for operand types TX, TW: tensor cores in bf16 mode, SIMT in f32 mode (both

@@ -1,161 +1,23 @@
 // The device code of the grouped products whose group sizes live on the device
-// (kernels/cuda/grouped_gemm.cu launches it and describes the design): tile loads with the
-// bf16 rounding, the tensor-core (bf16) and SIMT (f32) main loops, the search of a CTA's row
-// tile in the offsets, and the epilogues with row bounds and alpha/beta. Include it after
-// <mma.h> and kernels/cuda/common.cuh (ToBf16); it uses nothing else of CUDA's but the
-// built-ins (threadIdx, blockIdx, __syncthreads, __syncwarp, fmaf, the __f*_rn intrinsics) and
-// nvcuda::wmma's fragments, so the same source also compiles against the host model of
-// tests/kernels/cuda_emulation.h (tests/kernels/grouped_gemm_emulation_test.cc).
+// (kernels/cuda/grouped_gemm.cu launches it and describes the design): the tensor-core (bf16)
+// and SIMT (f32) main loops, their register and cp.async pipelines, the search of a CTA's row
+// tile in the offsets, and the epilogues with row bounds and alpha/beta; the tiles and their
+// loads are kernels/cuda/grouped_gemm_tiles.cuh. Include it after <mma.h>,
+// <cuda_pipeline_primitives.h> and kernels/cuda/common.cuh (ToBf16); it uses nothing else of
+// CUDA's but the built-ins (threadIdx, blockIdx, __syncthreads, __syncwarp, fmaf, the __f*_rn
+// intrinsics), nvcuda::wmma's fragments and the cp.async primitives (__pipeline_memcpy_async,
+// __pipeline_commit, __pipeline_wait_prior), so the same source also compiles against the
+// host model of tests/kernels/cuda_emulation.h (tests/kernels/grouped_gemm_emulation_test.cc).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/grouped_gemm_tiles.cuh"
+
 namespace switchyard::kernels::cuda::grouped {
 
 namespace wmma = nvcuda::wmma;
-using Bf16 = __nv_bfloat16;
-
-constexpr int kThreads = 256;        // 8 warps
-constexpr int kBM = 128, kBN = 128;  // a CTA's output tile
-constexpr int kFrag = 16;            // wmma m = n = k
-constexpr int kBand = 8;             // row tiles per band of the CTA order
-
-// The sizes: x (rows, k), w (groups, k, n) or (groups, n, k), out (rows, n), dy (rows, n),
-// dw (groups, k, n); the offsets (groups + 1).
-struct Dims {
-  int64_t rows, k, n, groups;
-};
-
-__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The forward's row tiles a split of d.rows into d.groups can need: group g takes
-// ceil(rows_g / kBM) <= (rows_g + kBM - 1) / kBM, at most min(groups, rows) groups have rows,
-// so the sum is at most (rows + min(groups, rows) (kBM - 1)) / kBM.
-__host__ __device__ inline int64_t MaxRowTiles(const Dims& d) {
-  const int64_t busy = d.groups < d.rows ? d.groups : d.rows;
-  return (d.rows + busy * (kBM - 1)) / kBM;
-}
-
-// 16 bytes of T: the unit of a vectorised global load.
-template <typename T>
-struct alignas(16) Vec {
-  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
-  T v[kN];
-};
-
-// N values of S written to shared memory with one store.
-template <typename S, int N>
-struct alignas(sizeof(S) * N) Pack {
-  S v[N];
-};
-
-// v as the shared tile holds it: f32 rounded to bf16 (nearest even) for a bf16 tile.
-template <typename S, typename T>
-__device__ __forceinline__ S Convert(T v) {
-  if constexpr (std::is_same_v<S, T>) {
-    return v;
-  } else if constexpr (std::is_same_v<S, Bf16>) {
-    return ToBf16(v);
-  } else {
-    return static_cast<float>(v);
-  }
-}
-
-// v clamped to [0, most].
-__device__ __forceinline__ int Clamp(int64_t v, int most) {
-  return v < 0 ? 0 : v > most ? most : static_cast<int>(v);
-}
-
-// True when 16-byte loads of rows with leading dimension ld are aligned from p.
-template <typename T>
-__device__ __forceinline__ bool VecAligned(const T* p, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % Vec<T>::kN == 0;
-}
-
-// Where an operand's tiles come from. At K step s of bk the tile starts at base + s bk ld
-// (k_in_rows: K runs down the rows) or base + s bk (K runs along the columns); `rows` x `cols`
-// elements from base are in bounds, and the tile's elements outside load as zeros.
-template <typename T>
-struct Source {
-  const T* base;
-  int64_t ld;          // elements between rows (the columns are contiguous)
-  int64_t rows, cols;  // in bounds from base at step 0
-  bool k_in_rows;
-  bool vec;  // VecAligned(base, ld)
-};
-
-// A (ROWS, COLS) tile of T (COLS contiguous in global memory) on its way to shared memory.
-// Thread t moves the 16-byte chunks t, t + kThreads, ... in row-major order, so a warp reads
-// whole rows, or 512 contiguous bytes of one. Load() fetches the next K step's tile into
-// registers while the current one is multiplied, when its columns are all in bounds and
-// aligned (its rows may end early: a group's last rows, zeros past them); an edge tile (the
-// last K step, the last columns, unaligned rows) is read element by element in Store().
-template <typename T, int ROWS, int COLS>
-struct TileRegs {
-  static constexpr int kV = Vec<T>::kN;
-  static constexpr int kPerRow = COLS / kV;
-  static constexpr int kChunks = ROWS * kPerRow / kThreads;
-  static_assert(COLS % kV == 0 && ROWS * kPerRow % kThreads == 0, "whole chunks per thread");
-  Vec<T> chunk[kChunks];
-  bool fetched;  // chunk holds the tile
-
-  // The tile of `step`: its origin, its rows and columns in bounds (clamped to the tile, so
-  // ints) and the leading dimension (the launchers check that kBM times it fits an int).
-  struct Window {
-    const T* p;
-    int rows, cols, ld;
-  };
-  __device__ __forceinline__ static Window WindowOf(const Source<T>& src, int64_t step, int bk) {
-    const int64_t skip = step * bk;
-    return {src.base + (src.k_in_rows ? skip * src.ld : skip),
-            Clamp(src.k_in_rows ? src.rows - skip : src.rows, ROWS),
-            Clamp(src.k_in_rows ? src.cols : src.cols - skip, COLS), static_cast<int>(src.ld)};
-  }
-
-  __device__ __forceinline__ void Load(const Source<T>& src, int64_t step, int bk) {
-    const Window w = WindowOf(src, step, bk);
-    fetched = src.vec && w.cols == COLS;
-    if (!fetched) return;
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = static_cast<int>(threadIdx.x) + i * kThreads, r = c / kPerRow;
-      if (r < w.rows) {
-        chunk[i] = *reinterpret_cast<const Vec<T>*>(w.p + (r * w.ld + c % kPerRow * kV));
-      } else {
-#pragma unroll
-        for (int j = 0; j < kV; ++j) chunk[i].v[j] = T(0.0f);
-      }
-    }
-  }
-
-  // Into a shared tile of S with leading dimension ld, in the same orientation, or transposed
-  // (element (r, e) to tile[e * ld + r]).
-  template <bool kTransposed, typename S>
-  __device__ __forceinline__ void Store(const Source<T>& src, int64_t step, int bk, S* tile,
-                                        int ld) const {
-    const Window w = WindowOf(src, step, bk);
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = static_cast<int>(threadIdx.x) + i * kThreads;
-      const int r = c / kPerRow, e = c % kPerRow * kV;
-      Pack<S, kV> pack;
-#pragma unroll
-      for (int j = 0; j < kV; ++j) {
-        const T v = fetched                           ? chunk[i].v[j]
-                    : r < w.rows && e + j < w.cols ? w.p[r * w.ld + e + j]
-                                                   : T(0.0f);
-        pack.v[j] = Convert<S>(v);
-      }
-      if constexpr (kTransposed) {
-#pragma unroll
-        for (int j = 0; j < kV; ++j) tile[(e + j) * ld + r] = pack.v[j];
-      } else {
-        *reinterpret_cast<Pack<S, kV>*>(tile + r * ld + e) = pack;
-      }
-    }
-  }
-};
 
 // Where a CTA writes: its tile's origin in the output, the output's leading dimension, and
 // the rows and columns in bounds from the origin.
@@ -203,6 +65,8 @@ struct TensorCoreTiles {
   using ARegs = TileRegs<T, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
   template <typename T>
   using BRegs = TileRegs<T, kBNk ? kBN : kBK, kBNk ? kBK : kBN>;
+  using ACopies = TileCopies<S, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
+  using BCopies = TileCopies<S, kBNk ? kBN : kBK, kBNk ? kBK : kBN>;
   struct Acc {
     FragC c[4][2];
   };
@@ -331,10 +195,11 @@ struct SimtTiles {
   }
 };
 
-// Shared memory: two stages of P's tiles, then the row-tile search's scratch.
-template <class P>
+// Shared memory: P's tiles in two stages (Accumulate) or kStages (AccumulateAsync), then the
+// row-tile search's scratch.
+template <class P, bool kAsync = false>
 struct Smem {
-  static constexpr int kScan = 2 * P::kStageBytes;         // 2 kThreads ints
+  static constexpr int kScan = (kAsync ? kStages : 2) * P::kStageBytes;  // 2 kThreads ints
   static constexpr int kFound = kScan + 2 * kThreads * 4;  // 3 int64
   static constexpr int kBytes = kFound + 3 * 8;
 };
@@ -376,6 +241,47 @@ __device__ void Accumulate(const Source<TA>& a, const Source<TB>& b, int64_t ste
   }
 }
 
+// Accumulate's result (the same shared tiles, so the same bits) for operands that TileCopies
+// carries (both in P's tile type, both CopiesAligned): the tiles of K step s go to stage
+// s % kStages by cp.async, kStages - 1 steps ahead of the products. Step s: wait for this
+// thread's copies of step s (all but the newest kStages - 2 groups), a barrier (everyone's
+// copies landed; everyone is done with step s - 1, whose stage the next copies overwrite),
+// issue step s + kStages - 1, multiply step s. Every thread commits one group per step, empty
+// past the last, so the wait counts stay uniform. Ends with no copy in flight and the stages
+// free for the epilogue.
+template <class P, typename T>
+__device__ void AccumulateAsync(const Source<T>& a, const Source<T>& b, int64_t steps,
+                                unsigned char* smem, typename P::Acc& acc) {
+  static_assert(std::is_same_v<T, typename P::S>, "cp.async copies the tiles as they are");
+  using CopiesA = typename P::ACopies;
+  using CopiesB = typename P::BCopies;
+  P::Zero(acc);
+  if (steps <= 0) return;
+  auto tile_a = [smem](int64_t s) {
+    return reinterpret_cast<T*>(smem + s % kStages * P::kStageBytes);
+  };
+  auto tile_b = [smem](int64_t s) {
+    return reinterpret_cast<T*>(smem + s % kStages * P::kStageBytes + P::kABytes);
+  };
+  auto issue = [&](int64_t s) {
+    if (s < steps) {
+      CopiesA::Issue(a, s, P::kBK, tile_a(s), P::kLdA);
+      CopiesB::Issue(b, s, P::kBK, tile_b(s), P::kLdB);
+    }
+    __pipeline_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int64_t s = 0; s < steps; ++s) {
+    __pipeline_wait_prior(kStages - 2);
+    __syncthreads();
+    issue(s + kStages - 1);
+    P::Multiply(tile_a(s), tile_b(s), acc);
+  }
+  __pipeline_wait_prior(0);  // only empty groups are left
+  __syncthreads();           // every warp is done with the stages
+}
+
 // Inclusive sum of v over the CTA's threads in thread order (Hillis-Steele through `buf`,
 // 2 kThreads ints of shared memory); `total` gets the sum of all. Every thread calls it.
 __device__ inline int InclusiveScan(int v, int* buf, int& total) {
@@ -405,11 +311,11 @@ struct RowTile {
 
 // The groups are scanned kThreads at a time (any number of groups), stopping at the chunk
 // that holds the tile. Every thread calls it and gets the same answer.
-template <class P>
+template <class P, bool kAsync>
 __device__ RowTile FindRowTile(const int64_t* offsets, int64_t groups, int64_t tile,
                                unsigned char* smem) {
-  int* scan = reinterpret_cast<int*>(smem + Smem<P>::kScan);
-  int64_t* found = reinterpret_cast<int64_t*>(smem + Smem<P>::kFound);
+  int* scan = reinterpret_cast<int*>(smem + Smem<P, kAsync>::kScan);
+  int64_t* found = reinterpret_cast<int64_t*>(smem + Smem<P, kAsync>::kFound);
   if (threadIdx.x == 0) found[0] = -1;
   int64_t before = 0;  // tiles of the groups before this chunk
   for (int64_t g0 = 0; g0 < groups && before <= tile; g0 += kThreads) {
@@ -446,14 +352,14 @@ __device__ inline TileCoord BandOrder(int64_t cta, int64_t tiles_m, int64_t tile
 
 // out[group rows] = alpha x[group rows] op(w[g]) + beta out[group rows]. Grid: MaxRowTiles(d)
 // x ceil(n / kBN) CTAs in band order; a CTA past the last row tile returns at once.
-template <class P, typename TX, typename TW, bool kTransW>
-__global__ void __launch_bounds__(kThreads)
+template <class P, typename TX, typename TW, bool kTransW, bool kAsync = false>
+__global__ void __launch_bounds__(kThreads, kAsync ? 2 : 1)
     GroupedGemmKernel(const TX* __restrict__ x, const int64_t* __restrict__ offsets,
                       const TW* __restrict__ w, float* __restrict__ out, Dims d, float alpha,
                       float beta) {
   extern __shared__ __align__(128) unsigned char smem[];
   const TileCoord tc = BandOrder(blockIdx.x, MaxRowTiles(d), CeilDiv(d.n, kBN));
-  const RowTile rt = FindRowTile<P>(offsets, d.groups, tc.m, smem);
+  const RowTile rt = FindRowTile<P, kAsync>(offsets, d.groups, tc.m, smem);
   if (rt.group < 0) return;
   const int64_t n0 = tc.n * kBN, rows = rt.row1 - rt.row0;
   const Source<TX> a{x + rt.row0 * d.k, d.k, rows, d.k, false, VecAligned(x, d.k)};
@@ -462,14 +368,18 @@ __global__ void __launch_bounds__(kThreads)
       kTransW ? Source<TW>{wg + n0 * d.k, d.k, d.n - n0, d.k, false, VecAligned(w, d.k)}
               : Source<TW>{wg + n0, d.n, d.k, d.n - n0, true, VecAligned(w, d.n)};
   typename P::Acc acc;
-  Accumulate<P>(a, b, CeilDiv(d.k, P::kBK), smem, acc);
+  if constexpr (kAsync) {
+    AccumulateAsync<P>(a, b, CeilDiv(d.k, P::kBK), smem, acc);
+  } else {
+    Accumulate<P>(a, b, CeilDiv(d.k, P::kBK), smem, acc);
+  }
   P::Epilogue(acc, Output{out + rt.row0 * d.n + n0, d.n, rows, d.n - n0}, alpha, beta, smem);
 }
 
 // dw[g] = alpha x[group g]^T dy[group g] + beta dw[g]. Grid: (ceil(k / kBM) ceil(n / kBN)
 // in band order, groups); a CTA loops over its group's rows, the products' K.
-template <class P, typename TX, typename TD>
-__global__ void __launch_bounds__(kThreads)
+template <class P, typename TX, typename TD, bool kAsync = false>
+__global__ void __launch_bounds__(kThreads, kAsync ? 2 : 1)
     GroupedWeightGradKernel(const TX* __restrict__ x, const TD* __restrict__ dy,
                             const int64_t* __restrict__ offsets, float* __restrict__ dw, Dims d,
                             float alpha, float beta) {
@@ -481,7 +391,11 @@ __global__ void __launch_bounds__(kThreads)
   const Source<TX> a{x + r0 * d.k + m0, d.k, rows, d.k - m0, true, VecAligned(x, d.k)};
   const Source<TD> b{dy + r0 * d.n + n0, d.n, rows, d.n - n0, true, VecAligned(dy, d.n)};
   typename P::Acc acc;
-  Accumulate<P>(a, b, CeilDiv(rows, P::kBK), smem, acc);
+  if constexpr (kAsync) {
+    AccumulateAsync<P>(a, b, CeilDiv(rows, P::kBK), smem, acc);
+  } else {
+    Accumulate<P>(a, b, CeilDiv(rows, P::kBK), smem, acc);
+  }
   const Output o{dw + g * d.k * d.n + m0 * d.n + n0, d.n, d.k - m0, d.n - n0};
   P::Epilogue(acc, o, alpha, beta, smem);
 }

@@ -12,6 +12,8 @@
 //    of the bf16 products, in k order) and loads and stores it, so a kernel must keep the
 //    tile's other rows out of any lane's arithmetic, as on the GPU where the distribution is
 //    opaque (element access is allowed only for an operation applied to every element);
+//  - cp.async (__pipeline_memcpy_async, __pipeline_commit, __pipeline_wait_prior): a copy
+//    poisons its destination with NaN when issued and lands at the wait that covers it;
 //  - __nv_bfloat16 is engine/core/dtype.h's BFloat16 (round to nearest even), expf/logf/fmaf
 //    the C library's, the __f*_rn intrinsics plain f32 operations (this project compiles with
 //    -ffp-contract=off); the device helpers of kernels/cuda/device_common.cuh (reductions,
@@ -117,6 +119,50 @@ T atomicMin(T* address, T v) {
   while (v < old && !a.compare_exchange_weak(old, v)) {
   }
   return old;
+}
+
+// cp.async (<cuda_pipeline_primitives.h>): a copy lands only when a wait covers its group, as
+// on the GPU where it may land any time before. So the model fills the destination with 0xFF
+// bytes (NaN) when the copy is issued, and writes it when this thread's
+// __pipeline_wait_prior(n) leaves fewer than n newer groups: a read before the wait and the
+// barrier that publishes it finds NaN, and so does a warp still reading a stage that a copy
+// is already refilling. A CTA that ends with copies in flight fails (emu::Launch).
+namespace emu {
+struct AsyncCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  int bytes, zfill;
+};
+inline thread_local std::vector<std::vector<AsyncCopy>> copy_groups;  // committed, oldest first
+inline thread_local std::vector<AsyncCopy> open_copies;               // not yet committed
+inline int CopiesInFlight() {
+  size_t n = open_copies.size();
+  for (const auto& g : copy_groups) n += g.size();
+  return static_cast<int>(n);
+}
+}  // namespace emu
+
+inline void __pipeline_memcpy_async(void* dst, const void* src, size_t bytes, size_t zfill = 0) {
+  EXPECT_TRUE((bytes == 4 || bytes == 8 || bytes == 16) && zfill <= bytes) << bytes << " " << zfill;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(dst) % bytes, 0u) << "cp.async destination alignment";
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(src) % bytes, 0u) << "cp.async source alignment";
+  std::memset(dst, 0xFF, bytes);
+  emu::open_copies.push_back({static_cast<unsigned char*>(dst),
+                              static_cast<const unsigned char*>(src), static_cast<int>(bytes),
+                              static_cast<int>(zfill)});
+}
+inline void __pipeline_commit() {
+  emu::copy_groups.push_back(std::move(emu::open_copies));
+  emu::open_copies.clear();
+}
+inline void __pipeline_wait_prior(size_t newer) {
+  while (emu::copy_groups.size() > newer) {
+    for (const emu::AsyncCopy& c : emu::copy_groups.front()) {
+      std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes - c.zfill));
+      std::memset(c.dst + (c.bytes - c.zfill), 0, static_cast<size_t>(c.zfill));
+    }
+    emu::copy_groups.erase(emu::copy_groups.begin());
+  }
 }
 
 // The qualifiers and attributes of device code.
@@ -241,6 +287,9 @@ void Launch(EmuDim3 grid, EmuDim3 block_dims, unsigned char* smem, size_t smem_b
             block.arrive_and_wait();  // shared memory refilled
             blockIdx = {x, y, z};
             kernel();
+            EXPECT_EQ(CopiesInFlight(), 0) << "a CTA ended with cp.async copies in flight";
+            copy_groups.clear();
+            open_copies.clear();
             block.arrive_and_wait();  // every thread done with this CTA
           }
         }

@@ -35,7 +35,7 @@
 #include "tests/kernels/cuda_emulation.h"
 
 namespace switchyard::kernels::cuda::grouped {
-alignas(128) unsigned char smem[64 * 1024];  // the kernels' shared memory
+alignas(128) unsigned char smem[80 * 1024];  // the kernels' shared memory
 }  // namespace switchyard::kernels::cuda::grouped
 
 #include "kernels/cuda/grouped_gemm_kernels.cuh"
@@ -67,27 +67,61 @@ const T* Elements(const Tensor& t) {
   return static_cast<const T*>(t.raw_data());
 }
 
+int async_launches = 0;  // launches of the cp.async kernels, which the tests expect to see
+
+// grouped_gemm.cu's choice: both operands bf16 and grouped::CopiesAligned.
+template <typename TA, typename TB>
+constexpr bool kBothBf16 = std::is_same_v<TA, BFloat16> && std::is_same_v<TB, BFloat16>;
+template <typename T>
+bool UseCopies(const T* a, int64_t lda, const T* b, int64_t ldb) {
+  return grouped::CopiesAligned(a, lda, lda) && grouped::CopiesAligned(b, ldb, ldb);
+}
+
+template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
+void RunForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
+                  const grouped::Dims& d, float alpha, float beta) {
+  const int64_t ctas = grouped::MaxRowTiles(d) * grouped::CeilDiv(d.n, grouped::kBN);
+  async_launches += kAsync;
+  Launch({static_cast<unsigned>(ctas), 1, 1}, grouped::Smem<P, kAsync>::kBytes, [&] {
+    grouped::GroupedGemmKernel<P, TX, TW, kTransW, kAsync>(
+        Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w), out.data<float>(), d, alpha,
+        beta);
+  });
+}
+
 template <class P, typename TX, typename TW, bool kTransW>
 void RunForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
                 const grouped::Dims& d, float alpha, float beta) {
-  const int64_t ctas = grouped::MaxRowTiles(d) * grouped::CeilDiv(d.n, grouped::kBN);
-  Launch({static_cast<unsigned>(ctas), 1, 1}, grouped::Smem<P>::kBytes, [&] {
-    grouped::GroupedGemmKernel<P, TX, TW, kTransW>(Elements<TX>(x), offsets.data<int64_t>(),
-                                                   Elements<TW>(w), out.data<float>(), d, alpha,
-                                                   beta);
+  if constexpr (kBothBf16<TX, TW>) {
+    if (UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
+      return RunForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta);
+    }
+  }
+  RunForwardOn<P, TX, TW, kTransW, false>(x, offsets, w, out, d, alpha, beta);
+}
+
+template <class P, typename TX, typename TD, bool kAsync>
+void RunWeightGradOn(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
+                     const grouped::Dims& d, float alpha, float beta) {
+  const int64_t tiles = grouped::CeilDiv(d.k, grouped::kBM) * grouped::CeilDiv(d.n, grouped::kBN);
+  const EmuDim3 grid{static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups), 1};
+  async_launches += kAsync;
+  Launch(grid, grouped::Smem<P, kAsync>::kBytes, [&] {
+    grouped::GroupedWeightGradKernel<P, TX, TD, kAsync>(Elements<TX>(x), Elements<TD>(dy),
+                                                        offsets.data<int64_t>(), dw.data<float>(),
+                                                        d, alpha, beta);
   });
 }
 
 template <class P, typename TX, typename TD>
 void RunWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
                    const grouped::Dims& d, float alpha, float beta) {
-  const int64_t tiles = grouped::CeilDiv(d.k, grouped::kBM) * grouped::CeilDiv(d.n, grouped::kBN);
-  const EmuDim3 grid{static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups), 1};
-  Launch(grid, grouped::Smem<P>::kBytes, [&] {
-    grouped::GroupedWeightGradKernel<P, TX, TD>(Elements<TX>(x), Elements<TD>(dy),
-                                                offsets.data<int64_t>(), dw.data<float>(), d,
-                                                alpha, beta);
-  });
+  if constexpr (kBothBf16<TX, TD>) {
+    if (UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
+      return RunWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta);
+    }
+  }
+  RunWeightGradOn<P, TX, TD, false>(x, dy, offsets, dw, d, alpha, beta);
 }
 
 template <typename TX, typename TW>
@@ -320,6 +354,61 @@ TEST(GroupedGemmEmulationTest, Bf16OperandsForward) {
   CheckForward(kRagged, 72, 40, 1.0f, 0.0f, DType::kF32, DType::kBF16, DType::kF32, 200);
   CheckForward(kRagged, 72, 40, 0.5f, 1.0f, DType::kF32, DType::kF32, DType::kBF16, 210);
   CheckForward(kRagged, 35, 19, 1.0f, 1.0f, DType::kBF16, DType::kBF16, DType::kBF16, 220);
+}
+
+// f32 copy of a bf16 tensor: the same values, which the register pipeline rounds exactly.
+Tensor Widened(const Tensor& t) {
+  Tensor f = Tensor::Empty(t.shape(), DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    f.data<float>()[i] = static_cast<float>(t.data<BFloat16>()[i]);
+  }
+  return f;
+}
+
+// The cp.async pipeline (both operands bf16, aligned) against the register pipeline on the
+// same values in f32 (rounded exactly as they are stored): the same shared tiles, so the same
+// bits, over one K step, fewer steps than the stages, many steps, a last step of one chunk
+// (k = 72), an 8-column edge tile (n = 136) and ragged groups; then against the CPU within
+// the bound, which also covers NaN rows past offsets[G] (never copied as in bounds).
+TEST(GroupedGemmEmulationTest, CopiesPipelineMatchesRegisterPipeline) {
+  const int before = async_launches;
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{16, 40}, {64, 136}, {72, 136}, {200, 24}}) {
+    const Tensor offsets = OffsetsOf(kRagged.rows);
+    const int64_t g = static_cast<int64_t>(kRagged.rows.size());
+    const int64_t used = offsets.data<int64_t>()[g], r = used + kRagged.extra;
+    const Tensor x = Random({r, k}, 600 + k, DType::kBF16, used);
+    for (bool trans_w : {false, true}) {
+      const Tensor w = Random(trans_w ? Shape{g, n, k} : Shape{g, k, n}, 601 + k, DType::kBF16);
+      Tensor got = Random({r, n}, 602, DType::kF32), want = got.Clone();
+      const int launches = async_launches;
+      EmulatedGroupedGemm(x, offsets, w, trans_w, got, 0.5f, 1.0f, DType::kBF16);
+      EXPECT_EQ(async_launches, launches + 1) << "k=" << k << " n=" << n;
+      EmulatedGroupedGemm(Widened(x), offsets, Widened(w), trans_w, want, 0.5f, 1.0f,
+                          DType::kBF16);
+      emu::ExpectSameBits(got.ToVector<float>(), want.ToVector<float>(),
+                          "forward k=" + std::to_string(k) + " n=" + std::to_string(n) +
+                              " trans_w=" + std::to_string(trans_w));
+    }
+    CheckForward(kRagged, k, n, 1.0f, 0.0f, DType::kBF16, DType::kBF16, DType::kBF16, 610 + k);
+  }
+  // The weight gradient: groups of 130 rows (5 K steps), 37 (2), 3 (1) and none.
+  const Split split{{0, 37, 130, 3, 0}, 9};
+  const Tensor offsets = OffsetsOf(split.rows);
+  const int64_t g = static_cast<int64_t>(split.rows.size());
+  const int64_t used = offsets.data<int64_t>()[g], r = used + split.extra;
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{136, 64}, {24, 200}}) {
+    const Tensor x = Random({r, k}, 620 + k, DType::kBF16, used);
+    const Tensor dy = Random({r, n}, 621 + k, DType::kBF16, used);
+    Tensor got = Random({g, k, n}, 622, DType::kF32), want = got.Clone();
+    EmulatedWeightGrad(x, dy, offsets, got, 1.0f, 1.0f, DType::kBF16);
+    EmulatedWeightGrad(Widened(x), Widened(dy), offsets, want, 1.0f, 1.0f, DType::kBF16);
+    emu::ExpectSameBits(got.ToVector<float>(), want.ToVector<float>(),
+                        "weight grad k=" + std::to_string(k) + " n=" + std::to_string(n));
+    CheckWeightGrad(split, k, n, -2.0f, 0.0f, DType::kBF16, DType::kBF16, 630 + k);
+  }
+  // Every bf16 launch here took the copies: 4 shapes x 2 orientations, twice (the bit check
+  // and CheckForward's), and 2 shapes of the weight gradient, twice.
+  EXPECT_EQ(async_launches - before, 4 * 2 * 2 + 2 * 2);
 }
 
 TEST(GroupedGemmEmulationTest, F32ModeForward) {
