@@ -5,6 +5,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/activation_storage.h"
+#include "kernels/gemm.h"
 
 namespace switchyard::dense {
 namespace {
@@ -142,36 +143,44 @@ MlpActivations Mlp::Forward(const Tensor& x_in, DeviceContext* ctx) const {
 
 Tensor Mlp::Backward(const MlpActivations& acts, const Tensor& dy_in, DeviceContext* ctx) {
   const Tensor dy = LeaveTensorParallelBackward(options_.tp, dy_in, ctx);
-  Tensor da = w2_.Backward(acts.fc2, dy, ctx);  // dh (..., f), then da in place
+  Tensor dh = w2_.Backward(acts.fc2, dy, ctx);  // (..., f)
   Tensor db;
   const bool fuse = FusesBias();
   Tensor grad_b1 = fuse ? w1_.grad_bias() : Tensor();
+  // The activation's pass writes da (and db) as W1's (W3's) products read them: bf16 in
+  // bf16 mode (no conversion), but when W1's own backward sums its bias gradient from da
+  // (relu's unfused bias); in f32 in place of dh.
+  const bool grads16 = kernels::HiddenGradsInBf16(
+      kernels::MatmulOperandDType(ctx) == DType::kBF16, !fuse && w1_.adds_bias());
+  const DType grad_dtype = grads16 ? DType::kBF16 : DType::kF32;
+  Tensor da = grads16 ? Tensor::Empty(dh.shape(), grad_dtype, dh.device()) : dh;
   // a and b as kept (bf16 under bf16 storage: the kernels read their rounded values as f32).
   const Tensor& a = acts.fc1.y;
   const Tensor& b = acts.fc3.y;
-  Tensor a2 = Rows2d(a), da2 = Rows2d(da);
+  Tensor a2 = Rows2d(a), dh2 = Rows2d(dh), da2 = Rows2d(da);
   switch (options_.activation) {
     case Activation::kGelu:
       if (fuse) {
-        kernels::GeluBackwardBiasGrad(a2, da2, da2, grad_b1, /*beta=*/1.0f, ctx);
+        kernels::GeluBackwardBiasGrad(a2, dh2, da2, grad_b1, /*beta=*/1.0f, ctx);
       } else {
-        kernels::GeluBackward(a, da, da, ctx);
+        kernels::GeluBackward(a, dh, da, ctx);
       }
       break;
     case Activation::kRelu:
-      kernels::ReluBackward(a, da, da, ctx);
+      kernels::ReluBackward(a, dh, da, ctx);
       break;
     case Activation::kSwiglu:
-      db = Tensor::Empty(da.shape(), DType::kF32, da.device());
+      db = Tensor::Empty(dh.shape(), grad_dtype, dh.device());
       if (fuse) {
         Tensor db2 = Rows2d(db);
-        kernels::SwigluBackwardBiasGrad(a2, Rows2d(b), da2, da2, db2, grad_b1,
+        kernels::SwigluBackwardBiasGrad(a2, Rows2d(b), dh2, da2, db2, grad_b1,
                                         /*beta=*/1.0f, ctx);
       } else {
-        kernels::SwigluBackward(a, b, da, da, db, ctx);
+        kernels::SwigluBackward(a, b, dh, da, db, ctx);
       }
       break;
   }
+  dh = dh2 = Tensor();  // da holds it now, or replaced it
   Tensor dx = w1_.Backward(acts.fc1, da, ctx, /*bias_grad=*/!fuse);
   if (db.defined()) w3_->BackwardInto(acts.fc3, db, dx, 1.0f, ctx);
   return EnterTensorParallelBackward(options_.tp, dx, ctx);

@@ -42,6 +42,25 @@ void CheckSaved(const char* op, const Tensor& out, std::initializer_list<Named> 
   }
 }
 
+// A backward op's gradients (dx; swiglu's da and db), of dy's shape on its device: f32 (and
+// then possibly dy's memory), or all bf16, the operands of the products that read them next:
+// the f32 results rounded to nearest even as they are stored (not dy's memory then).
+void CheckGrads(const char* op, const Tensor& dy, std::initializer_list<Named> grads) {
+  const DType dtype = grads.begin()->first->dtype();
+  for (const auto& [t, what] : grads) {
+    SY_CHECK(t->defined()) << op << ": " << what << " is undefined";
+    SY_CHECK(t->dtype() == DType::kF32 || t->dtype() == DType::kBF16)
+        << op << ": " << what << " is " << DTypeName(t->dtype()) << ", not f32 or bf16";
+    SY_CHECK(t->dtype() == dtype) << op << ": " << what << " is " << DTypeName(t->dtype())
+                                  << ", the other gradient " << DTypeName(dtype);
+    CheckTensorOn(*t, t->dtype(), dy.device(), op, what);
+    SY_CHECK(t->shape() == dy.shape()) << op << ": " << what << " " << ShapeString(t->shape())
+                                       << ", dy " << ShapeString(dy.shape());
+    SY_CHECK(dtype == DType::kF32 || t->numel() == 0 || t->raw_data() != dy.raw_data())
+        << op << ": a bf16 " << what << " cannot be dy's memory";
+  }
+}
+
 // rowwise (R, n) against a per-group bias (G, n) and rows (G counts summing to R).
 // `out` is whichever of the two the op writes.
 void CheckGroupedBias(const char* op, const Tensor& rowwise, std::span<const int64_t> rows,
@@ -69,10 +88,10 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 }
 
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
-  CheckElementwise("GeluBackward", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckElementwise("GeluBackward", dy, {{&dy, "dy"}});
+  CheckGrads("GeluBackward", dy, {{&dx, "dx"}});
   CheckSaved("GeluBackward", dx, {{&x, "x"}});
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackward(x, dy, dx),
-                     cuda::GeluBackward(x, dy, dx, ctx));
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackward(x, dy, dx), cuda::GeluBackward(x, dy, dx, ctx));
 }
 
 void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
@@ -81,10 +100,10 @@ void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx) {
 }
 
 void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx) {
-  CheckElementwise("ReluBackward", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckElementwise("ReluBackward", dy, {{&dy, "dy"}});
+  CheckGrads("ReluBackward", dy, {{&dx, "dx"}});
   CheckSaved("ReluBackward", dx, {{&x, "x"}});
-  SY_DISPATCH_DEVICE(dx, ctx, cpu::ReluBackward(x, dy, dx),
-                     cuda::ReluBackward(x, dy, dx, ctx));
+  SY_DISPATCH_DEVICE(dx, ctx, cpu::ReluBackward(x, dy, dx), cuda::ReluBackward(x, dy, dx, ctx));
 }
 
 void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) {
@@ -94,7 +113,8 @@ void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext*
 
 void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db,
                     DeviceContext* ctx) {
-  CheckElementwise("SwigluBackward", da, {{&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckElementwise("SwigluBackward", dout, {{&dout, "dout"}});
+  CheckGrads("SwigluBackward", dout, {{&da, "da"}, {&db, "db"}});
   CheckSaved("SwigluBackward", da, {{&a, "a"}, {&b, "b"}});
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "SwigluBackward: da and db are the same memory";
@@ -277,22 +297,23 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
 
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
                           float beta, DeviceContext* ctx) {
-  CheckElementwise("GeluBackwardBiasGrad", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckElementwise("GeluBackwardBiasGrad", dy, {{&dy, "dy"}});
+  CheckGrads("GeluBackwardBiasGrad", dy, {{&dx, "dx"}});
   CheckSaved("GeluBackwardBiasGrad", dx, {{&a, "a"}});
-  CheckBiasRows("GeluBackwardBiasGrad", dx, dbias);
+  CheckBiasRows("GeluBackwardBiasGrad", dy, dbias);
   SY_DISPATCH_DEVICE(dx, ctx, cpu::GeluBackwardBiasGrad(a, dy, dx, dbias, beta),
                      cuda::GeluBackwardBiasGrad(a, dy, dx, dbias, beta, ctx));
 }
 
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
                             Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
-  CheckElementwise("SwigluBackwardBiasGrad", da, {{&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckElementwise("SwigluBackwardBiasGrad", dout, {{&dout, "dout"}});
+  CheckGrads("SwigluBackwardBiasGrad", dout, {{&da, "da"}, {&db, "db"}});
   CheckSaved("SwigluBackwardBiasGrad", da, {{&a, "a"}, {&b, "b"}});
-  CheckBiasRows("SwigluBackwardBiasGrad", da, dbias);
+  CheckBiasRows("SwigluBackwardBiasGrad", dout, dbias);
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "SwigluBackwardBiasGrad: da and db are the same memory";
-  SY_DISPATCH_DEVICE(da, ctx,
-                     cpu::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta),
+  SY_DISPATCH_DEVICE(da, ctx, cpu::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta),
                      cuda::SwigluBackwardBiasGrad(a, b, dout, da, db, dbias, beta, ctx));
 }
 
@@ -365,16 +386,17 @@ void GroupedBiasSwigluForward(Tensor& a, const RowGroups& groups, const Tensor& 
 void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
                                  const RowGroups& groups, Tensor& dbias, float beta,
                                  DeviceContext* ctx) {
-  CheckElementwise("GroupedGeluBackwardBiasGrad", dx, {{&dy, "dy"}, {&dx, "dx"}});
+  CheckElementwise("GroupedGeluBackwardBiasGrad", dy, {{&dy, "dy"}});
+  CheckGrads("GroupedGeluBackwardBiasGrad", dy, {{&dx, "dx"}});
   CheckSaved("GroupedGeluBackwardBiasGrad", dx, {{&a, "a"}});
-  CheckRowGroups("GroupedGeluBackwardBiasGrad", dx, groups, dbias, dbias);
+  CheckRowGroups("GroupedGeluBackwardBiasGrad", dy, groups, dbias, dbias);
   auto on_cpu = [a, dy, dx, dbias, beta, rows = HostRows(groups),
                  offsets = groups.offsets]() mutable {
     const CpuGroups g =
-        CpuGroupsOf("GroupedGeluBackwardBiasGrad", dx, rows, offsets, dbias.dim(0));
+        CpuGroupsOf("GroupedGeluBackwardBiasGrad", dy, rows, offsets, dbias.dim(0));
     Tensor used = dx.Slice(0, g.end);
-    cpu::GeluBackward(a.Slice(0, g.end), dy.Slice(0, g.end), used);
-    cpu::GroupedBiasGrad(used, g.rows, dbias, beta);
+    cpu::GroupedActBackwardBiasGrad(a.Slice(0, g.end), nullptr, dy.Slice(0, g.end), used,
+                                    nullptr, g.rows, dbias, beta);
   };
   SY_DISPATCH_DEVICE(dx, ctx, on_cpu(),
                      cuda::GroupedGeluBackwardBiasGrad(a, dy, dx, groups, dbias, beta, ctx));
@@ -383,20 +405,20 @@ void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
 void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout,
                                    Tensor& da, Tensor& db, const RowGroups& groups,
                                    Tensor& dbias, float beta, DeviceContext* ctx) {
-  CheckElementwise("GroupedSwigluBackwardBiasGrad", da,
-                   {{&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  CheckElementwise("GroupedSwigluBackwardBiasGrad", dout, {{&dout, "dout"}});
+  CheckGrads("GroupedSwigluBackwardBiasGrad", dout, {{&da, "da"}, {&db, "db"}});
   CheckSaved("GroupedSwigluBackwardBiasGrad", da, {{&a, "a"}, {&b, "b"}});
-  CheckRowGroups("GroupedSwigluBackwardBiasGrad", da, groups, dbias, dbias);
+  CheckRowGroups("GroupedSwigluBackwardBiasGrad", dout, groups, dbias, dbias);
   SY_CHECK(da.numel() == 0 || da.raw_data() != db.raw_data())
       << "GroupedSwigluBackwardBiasGrad: da and db are the same memory";
   auto on_cpu = [a, b, dout, da, db, dbias, beta, rows = HostRows(groups),
                  offsets = groups.offsets]() mutable {
     const CpuGroups g =
-        CpuGroupsOf("GroupedSwigluBackwardBiasGrad", da, rows, offsets, dbias.dim(0));
+        CpuGroupsOf("GroupedSwigluBackwardBiasGrad", dout, rows, offsets, dbias.dim(0));
     Tensor used_da = da.Slice(0, g.end), used_db = db.Slice(0, g.end);
-    cpu::SwigluBackward(a.Slice(0, g.end), b.Slice(0, g.end),
-                        dout.Slice(0, g.end), used_da, used_db);
-    cpu::GroupedBiasGrad(used_da, g.rows, dbias, beta);
+    const Tensor used_b = b.Slice(0, g.end);
+    cpu::GroupedActBackwardBiasGrad(a.Slice(0, g.end), &used_b, dout.Slice(0, g.end), used_da,
+                                    &used_db, g.rows, dbias, beta);
   };
   SY_DISPATCH_DEVICE(
       da, ctx, on_cpu(),

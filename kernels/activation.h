@@ -27,6 +27,20 @@ void GeluForward(const Tensor& x, Tensor& y, DeviceContext* ctx = nullptr);
 // dx = dy * gelu'(x), with the derivative of the tanh form above.
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* ctx = nullptr);
 
+// Every backward op here (GeluBackward, ReluBackward, SwigluBackward and the fused
+// *BackwardBiasGrad below) writes its gradients (dx; da and db) in f32, which may be dy's
+// memory, or in bf16, the operands the next products read (in bf16 mode): the f32 result
+// rounded to nearest even as it is stored, the bits of the f32 op then kernels::Cast, with no
+// f32 copy (a fused bias gradient still sums the f32 values). A bf16 gradient is not dy's
+// memory; da and db are of one dtype.
+//
+// The layers' rule (dense::Mlp, moe::Experts, and the dry-run's memory model alike): the
+// hidden gradients are written in bf16 when the products are (bf16 mode), unless a bias
+// gradient is summed from da after the pass (relu's bias, not fused).
+inline bool HiddenGradsInBf16(bool bf16_products, bool unfused_bias_grad) {
+  return bf16_products && !unfused_bias_grad;
+}
+
 // ---- relu ---------------------------------------------------------------------------------
 // y = max(x, 0).
 void ReluForward(const Tensor& x, Tensor& y, DeviceContext* ctx = nullptr);
@@ -148,6 +162,11 @@ void AddBias(Tensor& out, const Tensor& bias);
 void BiasGrad(const Tensor& dy, Tensor& dbias, float beta);
 void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias);
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta);
+// The grouped fused backward over the rows in groups (sum of rows = dy.dim(0)): gelu's
+// (b null) or swiglu's gradient and the groups' bias gradients in one streaming pass.
+void GroupedActBackwardBiasGrad(const Tensor& a, const Tensor* b, const Tensor& dy, Tensor& dx,
+                                Tensor* db, std::span<const int64_t> rows, Tensor& dbias,
+                                float beta);
 }  // namespace cpu
 
 namespace cuda {

@@ -166,9 +166,12 @@ GroupSchedule GroupScheduleFor(std::span<const int64_t> rows) {
   return cpu::GroupScheduleFor(rows);
 }
 
+DType MatmulOperandDType(const DeviceContext* ctx) {
+  return ctx != nullptr && ctx->matmul_dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
 Tensor MatmulOperand(const Tensor& t, DeviceContext* ctx) {
-  if (ctx == nullptr || ctx->matmul_dtype() != DType::kBF16 || t.dtype() != DType::kF32 ||
-      t.numel() == 0) {
+  if (MatmulOperandDType(ctx) != DType::kBF16 || t.dtype() != DType::kF32 || t.numel() == 0) {
     return t;
   }
   Tensor out = Tensor::Empty(t.shape(), DType::kBF16, t.device());

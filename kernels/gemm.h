@@ -59,6 +59,10 @@ GroupSchedule GroupScheduleFor(std::span<const int64_t> rows);
 // gradient's product and the input gradient's) to convert it once instead of once per
 // product; the products see the same bf16 values either way.
 Tensor MatmulOperand(const Tensor& t, DeviceContext* ctx = nullptr);
+// The dtype of MatmulOperand's result for an f32 tensor: bf16 in bf16 mode, else f32. A
+// producer that can write its output in it (the activations' backward ops) hands the products
+// their operand with no conversion at all.
+DType MatmulOperandDType(const DeviceContext* ctx);
 
 // Grouped products over contiguous row blocks, one weight matrix per group (the expert
 // GEMMs). Rows of x are split into consecutive blocks of rows[g] rows (sum = x.dim(0));

@@ -347,38 +347,46 @@ Tensor Experts::Backward(const ExpertsActivations& acts, const Tensor& dy, Devic
   // An operand two products read is converted once for both in bf16 mode (MatmulOperand).
   const Tensor dy_mm = kernels::MatmulOperand(dy, ctx);
   groups.WeightGrad(acts.h, dy_mm, grad_w2_, ctx);
-  Tensor da = Tensor::Empty({r, f}, DType::kF32, dev);  // dh (R, f), then da in place
-  groups.Gemm(dy_mm, w2_, /*trans_w=*/true, da, 0.0f, ctx);
+  Tensor dh = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+  groups.Gemm(dy_mm, w2_, /*trans_w=*/true, dh, 0.0f, ctx);
 
   // h = act(a), or silu(a) * b; a and b as kept (bf16 under bf16 storage: the kernels read
-  // their rounded values as f32).
+  // their rounded values as f32). With b1's gradient in the same pass (the fused grouped
+  // ops), but relu's, which reads da after. The pass writes da (and db) as W1's (W3's)
+  // products read them, bf16 in bf16 mode (no conversion), but for relu's bias gradient;
+  // in f32 in place of dh.
+  const bool bias = options_.bias;
+  const bool grads16 =
+      kernels::HiddenGradsInBf16(kernels::MatmulOperandDType(ctx) == DType::kBF16,
+                                 options_.activation == Activation::kRelu && bias);
+  const DType grad_dtype = grads16 ? DType::kBF16 : DType::kF32;
+  Tensor da = grads16 ? Tensor::Empty({r, f}, grad_dtype, dev) : dh;
   Tensor db;
   const Tensor& a = acts.a;
   const Tensor& b = acts.b;
-  // With b1's gradient in the same pass (the fused grouped ops), but relu's.
-  const bool bias = options_.bias;
   switch (options_.activation) {
     case Activation::kGelu:
       if (bias) {
-        kernels::GroupedGeluBackwardBiasGrad(a, da, da, groups.Kernel(), grad_b1_, 1.0f, ctx);
+        kernels::GroupedGeluBackwardBiasGrad(a, dh, da, groups.Kernel(), grad_b1_, 1.0f, ctx);
       } else {
-        kernels::GeluBackward(a, da, da, ctx);
+        kernels::GeluBackward(a, dh, da, ctx);
       }
       break;
     case Activation::kRelu:
-      kernels::ReluBackward(a, da, da, ctx);
+      kernels::ReluBackward(a, dh, da, ctx);
       if (bias) groups.BiasGrad(da, grad_b1_, ctx);
       break;
     case Activation::kSwiglu:
-      db = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+      db = Tensor::Empty({r, f}, grad_dtype, dev);  // (R, f)
       if (bias) {
-        kernels::GroupedSwigluBackwardBiasGrad(a, b, da, da, db, groups.Kernel(), grad_b1_, 1.0f,
+        kernels::GroupedSwigluBackwardBiasGrad(a, b, dh, da, db, groups.Kernel(), grad_b1_, 1.0f,
                                                ctx);
       } else {
-        kernels::SwigluBackward(a, b, da, da, db, ctx);
+        kernels::SwigluBackward(a, b, dh, da, db, ctx);
       }
       break;
   }
+  dh = Tensor();  // da holds it now, or replaced it
 
   // a = x @ W1 + b1 (and b = x @ W3).
   const Tensor x_mm = db.defined() ? kernels::MatmulOperand(acts.x, ctx) : acts.x;

@@ -30,6 +30,16 @@ summary=()
 row() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
 # The first error line of a log, else its last line.
 why() { grep -m1 -E 'error|FAILED|Failure' "$1" || tail -1 "$1"; }
+# Runs a command for at most $1 seconds (a hung kernel or rank must not spend the session's
+# device time); past it, says so on stderr (the caller's log) and returns 124.
+limit() {
+  local s=$1
+  shift
+  timeout --kill-after=10 "$s" "$@"
+  local rc=$?
+  [ $rc = 124 ] && echo "error: timed out after $s s: $*" >&2
+  return $rc
+}
 
 deps="$root/.gpu-deps/root"
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_MPI=OFF -DSWITCHYARD_CUDA=ON
@@ -116,7 +126,8 @@ if [ "${MEMCHECK:-0}" = only ]; then
 fi
 
 echo "== GPU tests"
-(cd "$build" && ctest -L gpu --output-on-failure) >"$out/gpu_tests.log" 2>&1
+(cd "$build" && ctest -L gpu --output-on-failure --timeout "${GPU_TEST_TIMEOUT:-180}") \
+  >"$out/gpu_tests.log" 2>&1
 rc=$?
 passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/gpu_tests.log" | tail -1)
 total=$(grep -Eo 'out of [0-9]+' "$out/gpu_tests.log" | tail -1 | grep -Eo '[0-9]+')
@@ -132,7 +143,8 @@ if [ -f "$build/PREBUILT" ] && grep -qx 'unit=0' "$build/PREBUILT"; then
   # gpu_build.sh packs the CPU unit tests only with GPU_PACK_UNIT=1 (size); CI runs them.
   row "ctest -L unit (CPU)" skipped "not packed (GPU_PACK_UNIT=1 bash scripts/gpu_build.sh packs them)"
 else
-  (cd "$build" && ctest -L unit -E "cli_|tiny_configs|docs_model${unit_exclude:-}" --output-on-failure -j "$(nproc)") >"$out/unit_tests.log" 2>&1
+  (cd "$build" && ctest -L unit -E "cli_|tiny_configs|docs_model${unit_exclude:-}" --output-on-failure \
+     -j "$(nproc)" --timeout 300) >"$out/unit_tests.log" 2>&1
   rc=$?
   passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/unit_tests.log" | tail -1)
   row "ctest -L unit (CPU)" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-no summary}"
@@ -146,7 +158,7 @@ if python3 tests/cli/moe_layer_tool.py make --out "$ml/in.safetensors" --groups 
      --experts 8 --hidden 16 --activation swiglu --bias --shared-hidden 16 --expert-bias >"$ml/log" 2>&1; then
   for precision in fp32 bf16; do
     for device in cpu cuda; do
-      "$bin/switchyard" moe-layer --config configs/moe-layer-example.yaml --input "$ml/in.safetensors" \
+      limit 120 "$bin/switchyard" moe-layer --config configs/moe-layer-example.yaml --input "$ml/in.safetensors" \
         --out "$ml/$device-$precision.safetensors" --set runtime.device=$device \
         --set runtime.precision=$precision >>"$ml/log" 2>&1 || echo "moe-layer $device $precision failed" >>"$ml/log"
     done
@@ -182,7 +194,7 @@ for precision in fp32 bf16; do
   run="$out/train-$precision"
   rm -rf "$run"
   echo "== train switch-tiny on cuda, $precision, $steps steps"
-  if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$run" \
+  if limit "${TRAIN_TIMEOUT:-240}" "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$run" \
        --set runtime.device=cuda --set runtime.precision=$precision --set data.dir="$data" \
        --set train.max_steps="$steps" --set train.eval_every="$steps" >"$out/train-$precision.log" 2>&1; then
     row "train cuda $precision" ok "$(losses "$run/metrics.jsonl")"
@@ -196,7 +208,7 @@ done
 run="$out/train-bf16-graphs"
 rm -rf "$run"
 echo "== train switch-tiny on cuda, bf16, CUDA graphs, $steps steps"
-if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$run" \
+if limit "${TRAIN_TIMEOUT:-240}" "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$run" \
      --set runtime.device=cuda --set runtime.precision=bf16 --set runtime.cuda_graphs=true \
      --set data.dir="$data" --set train.max_steps="$steps" --set train.eval_every="$steps" \
      >"$out/train-bf16-graphs.log" 2>&1; then
@@ -216,7 +228,7 @@ else
 fi
 
 echo "== resume the GPU bf16 checkpoint on the CPU"
-if "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$out/train-bf16" --resume "$out/train-bf16" \
+if limit "${TRAIN_TIMEOUT:-240}" "$bin/switchyard" train --config configs/switch-tiny.yaml --out "$out/train-bf16" --resume "$out/train-bf16" \
      --set data.dir="$data" --set train.max_steps=$((steps + 10)) --set train.eval_every=0 \
      >"$out/resume-cpu.log" 2>&1; then
   row "resume on cpu (+10 steps)" ok "$(grep -o 'resumed from .*' "$out/resume-cpu.log" | head -1)"
@@ -228,7 +240,7 @@ echo "== benchmarks"
 for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf --json $out/permute.json" \
          "attention_gpu_perf --json $out/attention.json"; do
   name=${b%% *}
-  if "$bin"/$b >"$out/$name.log" 2>&1; then
+  if limit 180 "$bin"/$b >"$out/$name.log" 2>&1; then
     row "$name" ok "$(grep -iE 'ratio|of peak|summary' "$out/$name.log" | tail -1)"
   else
     row "$name" FAILED "$(why "$out/$name.log")"

@@ -78,10 +78,20 @@ def log(msg):
     print(f"gpu_bench: {msg}", file=sys.stderr, flush=True)
 
 
+# The most one of our commands may take (a hung run must not spend the GPU session).
+COMMAND_TIMEOUT_S = float(os.environ.get("COMMAND_TIMEOUT_S", "180"))
+
+
 def run(cmd, out_path, env=None):
-    """Runs cmd with its output in out_path; returns the output; raises with its tail on failure."""
+    """Runs cmd with its output in out_path; returns the output; raises with its tail on failure
+    (or when it runs past COMMAND_TIMEOUT_S)."""
     with open(out_path, "w") as out:
-        p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                               timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{' '.join(cmd[:2])} timed out after {COMMAND_TIMEOUT_S:.0f} s "
+                               f"({out_path})")
     text = open(out_path).read()
     if p.returncode != 0:
         lines = text.strip().splitlines()

@@ -6,6 +6,7 @@
 #include "engine/core/check.h"
 #include "engine/model/param_table.h"
 #include "engine/model/recompute.h"
+#include "kernels/activation.h"
 #include "moe/capacity.h"
 
 namespace switchyard::plan {
@@ -35,6 +36,10 @@ struct Shape {
   // operand (model::NormsWriteBf16Operands).
   bool core_bf16 = false;
   bool norm_bf16 = false;
+  // bf16 products (runtime.precision): the activations' backward writes the hidden layer's
+  // gradients as the bf16 operands W1's (W3's) products read, beside the f32 dh it reads,
+  // instead of in place over dh (HiddenGradients).
+  bool grads16 = false;
 };
 
 Shape ShapeOf(const config::Config& c) {
@@ -51,6 +56,7 @@ Shape ShapeOf(const config::Config& c) {
   s.bf16 = c.runtime.activation_dtype == config::ActivationDtype::kBf16;
   s.half = s.bf16 ? 0.5 : 1.0;
   s.cp = p.cp;
+  s.grads16 = c.runtime.bf16_products();
   // bf16 storage needs bf16 products (config::RuntimeConfig::Validate).
   s.core_bf16 = dense::CoreOutputInBf16(s.bf16, s.bf16, p.cp > 1, s.hd);
   s.norm_bf16 = model::NormsWriteBf16Operands(s.bf16, s.tp);
@@ -84,17 +90,29 @@ Piece AttentionElements(const Shape& s) {
   return {.kept = attention, .backward = 2 * s.d * s.rows + s.d + 2 * s.q + s.kv + ring_bwd};
 }
 
+// The scratch of an MLP's (or an expert's) backward beyond dy, per row of width d and hidden
+// width f with `grads` hidden gradients (da; and db under swiglu): in f32 they are written
+// over dh (and db beside it), then dx (d) comes; as the products' bf16 operands
+// (kernels::HiddenGradsInBf16: bf16 products, but relu's with a bias, whose bias gradient
+// reads an f32 da) dh (f) is held with them while the activation's backward runs and let go
+// before dx.
+double HiddenGradients(const Shape& s, double d, double f, double grads, bool relu_bias) {
+  if (!kernels::HiddenGradsInBf16(s.grads16, relu_bias)) return d + grads * f;
+  return 0.5 * grads * f + std::max(f, d);
+}
+
 // Dense MLP (dense/mlp.h): the gathered input under sp, fc1's output (and fc3's under
 // swiglu), the activation h (fc2's output, and the output after the tp reduction, go once
 // the residual has them).
-// Backward: dy and dh (and db). Under bf16 storage: x's bf16 operand (gathered or not), a,
-// (b) and h in bf16, which the activation's backward reads as they are.
+// Backward: dy, then HiddenGradients. Under bf16 storage: x's bf16 operand (gathered or not),
+// a, (b) and h in bf16, which the activation's backward reads as they are.
 Piece MlpElements(const config::Config& c, const Shape& s) {
   const double f = double(c.model.ff_hidden()) / s.P;
   const double mats = double(model::MlpMatrices(c.model.activation));
   const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
+  const bool relu_bias = c.model.activation == dense::Activation::kRelu && c.model.bias;
   return {.kept = input + s.half * mats * f,
-          .backward = s.d * s.rows + s.d + (mats - 1) * f};
+          .backward = s.d * s.rows + HiddenGradients(s, s.d, f, mats - 1, relu_bias)};
 }
 
 // MoE (moe/moe_layer.h), per row this rank routes (its 1/tp of the tokens under tp):
@@ -110,7 +128,7 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // token it holds), but every rank of the routing group keeps the whole group's routing:
 // logits and probabilities (E each) and two sets of choices, gates and keep masks (2.25 k
 // each), gathered over tp x cp.
-// Backward: per admitted row dy, dx and dh (and db), a gate gradient per assignment, four
+// Backward: per admitted row dy, then HiddenGradients, a gate gradient per assignment, four
 // (E) router gradients. Under bf16 storage the expert input x, a, (b), h and the combine's
 // rows are bf16 (the shared experts' a, (b), h too; their input is the layer's, kept f32
 // for the router); backward reads a (and b) and the combine's rows as kept.
@@ -128,11 +146,12 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   const double per_row = s.half * (2 * d + emats * fe);  // x, the combine's row; a, (b), h
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
   const double router_in = e.jitter_eps > 0 ? 2 * d : (s.tp && !s.sp ? d : 0);
+  const bool relu_bias = e.activation == dense::Activation::kRelu && e.bias;
   return {.kept = whole_router + routed * (router_in + 4 * k + admitted * per_row +
                                            (shared_h > 0 ? s.half * emats * shared_h : 0)),
           .backward = d * s.rows +
-                      routed * (admitted * (2 * d + (emats - 1) * fe) + k +
-                                4 * E)};
+                      routed * (admitted * (d + HiddenGradients(s, d, fe, emats - 1, relu_bias)) +
+                                k + 4 * E)};
 }
 
 // Each layer's kept bytes and Backward scratch under train.recompute.

@@ -1,7 +1,8 @@
 // CPU reference implementation of kernels/activation.h: loops over f32 elements, vectorised
 // (kernels/cpu/vec_math.h) and split over the compute threads. Every element is read before
 // it is written, so outputs may alias inputs. The backward ops read bf16 saved inputs
-// widened a block at a time (ForWidened). Arguments are checked by kernels/activation.cc.
+// widened a block at a time, and write bf16 gradients rounded a block at a time
+// (ForGradients), with no full-size f32 copy. Arguments are checked by kernels/activation.cc.
 #include "kernels/activation.h"
 
 #include <algorithm>
@@ -76,16 +77,38 @@ const float* WidenedAt(const Tensor& t, int64_t at, int64_t n, float* buffer) {
   return buffer;
 }
 
+// The gradients a backward range writes (kernels/activation.h): into an f32 gradient
+// itself, or into a block buffer whose values are then rounded into a bf16 one.
+float* GradAt(Tensor* g, int64_t at, float* buffer) {
+  if (g == nullptr) return nullptr;
+  return g->dtype() == DType::kF32 ? g->data<float>() + at : buffer;
+}
+void RoundInto(Tensor* g, int64_t at, const float* v, int64_t n) {
+  if (g == nullptr || g->dtype() == DType::kF32) return;
+  BFloat16* p = static_cast<BFloat16*>(g->raw_data()) + at;
+  for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(v[i]);
+}
+
+// f(offset, count, p0, p1, d0, d1) over [b, e): p0 (p1) the f32 values of the saved inputs t0
+// (t1) there, d0 (d1) where the gradients g0 (g1) go in f32 (GradAt); the whole range at
+// once when everything is f32, else blocks of kWidenBlock.
 template <typename F>
-void ForWidened(const Tensor& t0, const Tensor* t1, int64_t b, int64_t e, F f) {
-  if (t0.dtype() == DType::kF32) {
-    f(b, e - b, t0.data<float>() + b, t1 != nullptr ? t1->data<float>() + b : nullptr);
+void ForGradients(const Tensor& t0, const Tensor* t1, Tensor& g0, Tensor* g1, int64_t b,
+                  int64_t e, F f) {
+  if (t0.dtype() == DType::kF32 && g0.dtype() == DType::kF32) {
+    f(b, e - b, t0.data<float>() + b, t1 != nullptr ? t1->data<float>() + b : nullptr,
+      g0.data<float>() + b, g1 != nullptr ? g1->data<float>() + b : nullptr);
     return;
   }
-  float w0[kWidenBlock], w1[kWidenBlock];
+  float w0[kWidenBlock], w1[kWidenBlock], o0[kWidenBlock], o1[kWidenBlock];
   for (int64_t at = b; at < e; at += kWidenBlock) {
     const int64_t n = std::min(kWidenBlock, e - at);
-    f(at, n, WidenedAt(t0, at, n, w0), t1 != nullptr ? WidenedAt(*t1, at, n, w1) : nullptr);
+    float* d0 = GradAt(&g0, at, o0);
+    float* d1 = GradAt(g1, at, o1);
+    f(at, n, WidenedAt(t0, at, n, w0), t1 != nullptr ? WidenedAt(*t1, at, n, w1) : nullptr, d0,
+      d1);
+    RoundInto(&g0, at, d0, n);
+    RoundInto(g1, at, d1, n);
   }
 }
 
@@ -99,11 +122,11 @@ void GeluForward(const Tensor& x, Tensor& y) {
 
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float* pdy = dy.data<float>();
-  float* pdx = dx.data<float>();
   ParallelFor(x.numel(), kMinChunk, [&](int64_t b, int64_t e) {
-    ForWidened(x, nullptr, b, e, [&](int64_t at, int64_t n, const float* px, const float*) {
-      GeluBackwardRange(px, pdy + at, pdx + at, n);
-    });
+    ForGradients(x, nullptr, dx, nullptr, b, e,
+                 [&](int64_t at, int64_t n, const float* px, const float*, float* pdx, float*) {
+                   GeluBackwardRange(px, pdy + at, pdx, n);
+                 });
   });
 }
 
@@ -116,10 +139,10 @@ void ReluForward(const Tensor& x, Tensor& y) {
 
 void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float* pdy = dy.data<float>();
-  float* pdx = dx.data<float>();
-  ForWidened(x, nullptr, 0, x.numel(), [&](int64_t at, int64_t n, const float* px, const float*) {
-    for (int64_t i = 0; i < n; ++i) pdx[at + i] = px[i] > 0.0f ? pdy[at + i] : 0.0f;
-  });
+  ForGradients(x, nullptr, dx, nullptr, 0, x.numel(),
+               [&](int64_t at, int64_t n, const float* px, const float*, float* pdx, float*) {
+                 for (int64_t i = 0; i < n; ++i) pdx[i] = px[i] > 0.0f ? pdy[at + i] : 0.0f;
+               });
 }
 
 void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out) {
@@ -132,12 +155,10 @@ void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db) {
   const float* pdo = dout.data<float>();
-  float* pda = da.data<float>();
-  float* pdb = db.data<float>();
   ParallelFor(a.numel(), kMinChunk, [&](int64_t s, int64_t e) {
-    ForWidened(a, &b, s, e, [&](int64_t at, int64_t n, const float* pa, const float* pb) {
-      SwigluBackwardRange(pa, pb, pdo + at, pda + at, pdb + at, n);
-    });
+    ForGradients(a, &b, da, &db, s, e,
+                 [&](int64_t at, int64_t n, const float* pa, const float* pb, float* pda,
+                     float* pdb) { SwigluBackwardRange(pa, pb, pdo + at, pda, pdb, n); });
   });
 }
 
@@ -218,15 +239,63 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
   });
 }
 
+// Backward with the bias gradient: over column blocks in parallel (GroupedBiasGrad's), each
+// group's rows in order, a row's block gets the activation's gradient (the range functions
+// above, on a and b widened), which is added into the group's bias gradient (AddRow: the row
+// order of GroupedBiasGrad) and stored, in f32 or rounded into bf16 gradients. So every
+// element has the expression of GeluBackward / SwigluBackward and every column the sums of
+// GroupedBiasGrad: the unfused sequence's bits, with no full-size f32 copy of a bf16
+// gradient.
+void GroupedActBackwardBiasGrad(const Tensor& a, const Tensor* b, const Tensor& dy, Tensor& dx,
+                                Tensor* db, std::span<const int64_t> rows, Tensor& dbias,
+                                float beta) {
+  const int64_t n = dy.dim(1);
+  const float* pdy = dy.data<float>();
+  float* pdb = dbias.data<float>();
+  constexpr int64_t kColumns = 64;  // columns per block
+  const int64_t blocks = (n + kColumns - 1) / kColumns;
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  ParallelFor(blocks, RowsPerChunk(total * kColumns, kMinChunk), [&](int64_t cb, int64_t ce) {
+    const int64_t j0 = cb * kColumns, w = std::min(n, ce * kColumns) - j0;
+    std::vector<float> buffers(static_cast<size_t>(4 * w));
+    float* wa = buffers.data();
+    float* wb = wa + w;
+    float* o0 = wb + w;
+    float* o1 = o0 + w;
+    int64_t r = 0;
+    for (size_t g = 0; g < rows.size(); ++g) {
+      float* dg = pdb + static_cast<int64_t>(g) * n + j0;
+      for (int64_t j = 0; j < w; ++j) dg[j] = beta == 0.0f ? 0.0f : beta * dg[j];
+      for (int64_t end = r + rows[g]; r < end; ++r) {
+        const int64_t at = r * n + j0;
+        const float* pa = WidenedAt(a, at, w, wa);
+        float* d0 = GradAt(&dx, at, o0);
+        if (b != nullptr) {
+          float* d1 = GradAt(db, at, o1);
+          SwigluBackwardRange(pa, WidenedAt(*b, at, w, wb), pdy + at, d0, d1, w);
+          RoundInto(db, at, d1, w);
+        } else {
+          GeluBackwardRange(pa, pdy + at, d0, w);
+        }
+        AddRow(dg, d0, w);
+        RoundInto(&dx, at, d0, w);
+      }
+    }
+  });
+}
+
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias, float beta) {
-  cpu::GeluBackward(a, dy, dx);
-  cpu::BiasGrad(dx, dbias, beta);
+  const int64_t rows[1] = {dy.dim(0)};
+  Tensor grouped = dbias.Reshape({1, dbias.dim(0)});
+  GroupedActBackwardBiasGrad(a, nullptr, dy, dx, nullptr, rows, grouped, beta);
 }
 
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
                             Tensor& db, Tensor& dbias, float beta) {
-  cpu::SwigluBackward(a, b, dout, da, db);
-  cpu::BiasGrad(da, dbias, beta);
+  const int64_t rows[1] = {dout.dim(0)};
+  Tensor grouped = dbias.Reshape({1, dbias.dim(0)});
+  GroupedActBackwardBiasGrad(a, &b, dout, da, &db, rows, grouped, beta);
 }
 
 }  // namespace switchyard::kernels::cpu

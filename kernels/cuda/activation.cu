@@ -3,7 +3,8 @@
 //
 // Grid-stride kernels (kernels/cuda/activation_kernels.cuh), 256 threads per block, GridFor(n)
 // blocks. Each evaluates the CPU reference's expression (kernels/cuda/activation_math.cuh),
-// so the only difference from the CPU is expf. Outputs may be the inputs' memory.
+// so the only difference from the CPU is expf. Outputs may be the inputs' memory; a backward's
+// gradient may be bf16 (rounded as stored), then not dy's memory.
 #include <cstdint>
 #include <type_traits>
 
@@ -35,8 +36,10 @@ void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* 
   const int64_t n = dx.numel();
   if (n == 0) return;
   WithF32OrBf16(x, [&](auto* xp) {
-    GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-        xp, dy.data<float>(), dx.data<float>(), n);
+    WithF32OrBf16(dx, [&](auto* dxp) {
+      GeluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+          xp, dy.data<float>(), dxp, n);
+    });
   });
   SY_CUDA_CHECK_LAUNCH();
 }
@@ -53,8 +56,10 @@ void ReluBackward(const Tensor& x, const Tensor& dy, Tensor& dx, DeviceContext* 
   const int64_t n = dx.numel();
   if (n == 0) return;
   WithF32OrBf16(x, [&](auto* xp) {
-    ReluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-        xp, dy.data<float>(), dx.data<float>(), n);
+    WithF32OrBf16(dx, [&](auto* dxp) {
+      ReluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+          xp, dy.data<float>(), dxp, n);
+    });
   });
   SY_CUDA_CHECK_LAUNCH();
 }
@@ -73,9 +78,12 @@ void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor
   if (n == 0) return;
   WithF32OrBf16(a, [&](auto* ap) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(ap)>>;
-    SwigluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-        ap, static_cast<const T*>(b.raw_data()), dout.data<float>(), da.data<float>(),
-        db.data<float>(), n);
+    WithF32OrBf16(da, [&](auto* dap) {
+      using TO = std::remove_pointer_t<decltype(dap)>;
+      SwigluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
+          ap, static_cast<const T*>(b.raw_data()), dout.data<float>(), dap,
+          static_cast<TO*>(db.raw_data()), n);
+    });
   });
   SY_CUDA_CHECK_LAUNCH();
 }

@@ -20,10 +20,12 @@ __global__ void GeluForwardKernel(const float* x, float* y, int64_t n) {
 }
 
 // The backward kernels read the forward's input x (a, b) as T: f32, or bf16 (the values kept
-// under bf16 activation storage, widened as they are loaded).
-template <typename T>
-__global__ void GeluBackwardKernel(const T* x, const float* dy, float* dx, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dx[i] = GeluGrad(LoadF32(x, i), dy[i]); }
+// under bf16 activation storage, widened as they are loaded). They write the gradient as TO:
+// f32, or bf16 (rounded as stored: the bf16 operand of the products that read it next; then
+// it is not dy's memory).
+template <typename T, typename TO = float>
+__global__ void GeluBackwardKernel(const T* x, const float* dy, TO* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) { StoreAs(dx, i, GeluGrad(LoadF32(x, i), dy[i])); }
 }
 
 __global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
@@ -33,23 +35,23 @@ __global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
   }
 }
 
-template <typename T>
-__global__ void ReluBackwardKernel(const T* x, const float* dy, float* dx, int64_t n) {
-  SY_GRID_STRIDE(i, n) { dx[i] = LoadF32(x, i) > 0.0f ? dy[i] : 0.0f; }
+template <typename T, typename TO = float>
+__global__ void ReluBackwardKernel(const T* x, const float* dy, TO* dx, int64_t n) {
+  SY_GRID_STRIDE(i, n) { StoreAs(dx, i, LoadF32(x, i) > 0.0f ? dy[i] : 0.0f); }
 }
 
 __global__ void SwigluForwardKernel(const float* a, const float* b, float* out, int64_t n) {
   SY_GRID_STRIDE(i, n) { out[i] = Swiglu(a[i], b[i]); }
 }
 
-template <typename T>
-__global__ void SwigluBackwardKernel(const T* a, const T* b, const float* dout, float* da,
-                                     float* db, int64_t n) {
+template <typename T, typename TO = float>
+__global__ void SwigluBackwardKernel(const T* a, const T* b, const float* dout, TO* da, TO* db,
+                                     int64_t n) {
   SY_GRID_STRIDE(i, n) {
     float vda, vdb;
     SwigluGrad(LoadF32(a, i), LoadF32(b, i), dout[i], &vda, &vdb);
-    da[i] = vda;
-    db[i] = vdb;
+    StoreAs(da, i, vda);
+    StoreAs(db, i, vdb);
   }
 }
 

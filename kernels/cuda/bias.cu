@@ -23,7 +23,9 @@
 // Fused bias + activation (the dense MLP): forward adds the bias and applies the activation
 // in one grid-stride kernel; backward computes the activation's gradient inside stage 1 of
 // the bias gradient (writing it as it sums it), so GeluBackward + BiasGrad become one pass
-// over the rows plus stage 2, with the very same bits as the two unfused ops.
+// over the rows plus stage 2, with the very same bits as the two unfused ops. The gradient
+// is written in f32, or rounded into the products' bf16 operand (FusedArgs::dx16, db16),
+// summed as f32 either way.
 //
 // The device code: kernels/cuda/bias_kernels.cuh (the bias add, the fused forward, and the
 // row-wise launch shape) and kernels/cuda/bias_grad_kernels.cuh (the two stages).
@@ -69,8 +71,9 @@ ForwardOut OutOf(Tensor& h, KeptRounded kept) {
 }
 
 // The fused backward's saved inputs a (and swiglu's b): f32, or the bf16 values kept under
-// bf16 activation storage (read by the kernels as f32).
-FusedArgs SavedArgs(const Tensor& a, const Tensor& b) {
+// bf16 activation storage (read by the kernels as f32); and its outputs dx (da) and swiglu's
+// db: f32, or bf16 (the products' operands, rounded as stored).
+FusedArgs FusedArgsOf(const Tensor& a, const Tensor& b, Tensor& dx, Tensor* db) {
   FusedArgs f;
   if (a.dtype() == DType::kBF16) {
     f.a16 = static_cast<const __nv_bfloat16*>(a.raw_data());
@@ -78,6 +81,13 @@ FusedArgs SavedArgs(const Tensor& a, const Tensor& b) {
   } else {
     f.a = a.data<float>();
     if (b.defined()) f.b = b.data<float>();
+  }
+  if (dx.dtype() == DType::kBF16) {
+    f.dx16 = static_cast<__nv_bfloat16*>(dx.raw_data());
+    if (db != nullptr) f.db16 = static_cast<__nv_bfloat16*>(db->raw_data());
+  } else {
+    f.dx = dx.data<float>();
+    if (db != nullptr) f.db = db->data<float>();
   }
   return f;
 }
@@ -236,16 +246,13 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
 // GeluBackward then BiasGrad, so the same bits, with one pass over the rows fewer.
 void GeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx, Tensor& dbias,
                           float beta, DeviceContext* ctx) {
-  FusedArgs f = SavedArgs(a, Tensor());
-  f.dx = dx.data<float>();
+  const FusedArgs f = FusedArgsOf(a, Tensor(), dx, nullptr);
   LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta, UniformChunks(dx.dim(0)), ctx, f);
 }
 
 void SwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da,
                             Tensor& db, Tensor& dbias, float beta, DeviceContext* ctx) {
-  FusedArgs f = SavedArgs(a, b);
-  f.dx = da.data<float>();
-  f.db = db.data<float>();
+  const FusedArgs f = FusedArgsOf(a, b, da, &db);
   LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta, UniformChunks(da.dim(0)), ctx, f);
 }
 
@@ -287,8 +294,7 @@ void GroupedGeluBackwardBiasGrad(const Tensor& a, const Tensor& dy, Tensor& dx,
                                  const RowGroups& groups, Tensor& dbias, float beta,
                                  DeviceContext* ctx) {
   if (dbias.dim(0) == 0 || dx.dim(1) == 0) return;
-  FusedArgs f = SavedArgs(a, Tensor());
-  f.dx = dx.data<float>();
+  const FusedArgs f = FusedArgsOf(a, Tensor(), dx, nullptr);
   Tensor table;
   LaunchBiasGrad<Fused::kGelu>(dy, dbias, beta,
                                ChunksOf(groups, dbias.dim(0), dx.dim(0), ctx, &table), ctx, f);
@@ -298,9 +304,7 @@ void GroupedSwigluBackwardBiasGrad(const Tensor& a, const Tensor& b, const Tenso
                                    Tensor& da, Tensor& db, const RowGroups& groups,
                                    Tensor& dbias, float beta, DeviceContext* ctx) {
   if (dbias.dim(0) == 0 || da.dim(1) == 0) return;
-  FusedArgs f = SavedArgs(a, b);
-  f.dx = da.data<float>();
-  f.db = db.data<float>();
+  const FusedArgs f = FusedArgsOf(a, b, da, &db);
   Tensor table;
   LaunchBiasGrad<Fused::kSwiglu>(dout, dbias, beta,
                                  ChunksOf(groups, dbias.dim(0), da.dim(0), ctx, &table), ctx, f);

@@ -26,7 +26,20 @@ struct FusedArgs {
   // Or, under bf16 activation storage, the kept bf16 a and b (set instead of a and b).
   const __nv_bfloat16* a16 = nullptr;
   const __nv_bfloat16* b16 = nullptr;
+  // Or the gradients written rounded to bf16 (set instead of dx and db: the products'
+  // operands), summed as f32 all the same.
+  __nv_bfloat16* dx16 = nullptr;
+  __nv_bfloat16* db16 = nullptr;
 };
+
+// Writes a fused gradient's element: f32, or rounded into the bf16 output when that is set.
+__device__ __forceinline__ void WriteGrad(float* p, __nv_bfloat16* p16, int64_t i, float v) {
+  if (p16 != nullptr) {
+    p16[i] = ToBf16(v);
+  } else {
+    p[i] = v;
+  }
+}
 
 // What stage 1 reads of element i, and the value it adds for it (fused: the gradient, which
 // it also writes there).
@@ -47,13 +60,13 @@ __device__ __forceinline__ float SummandOf(const Inputs& x, const FusedArgs& f, 
     return x.dy;
   } else if constexpr (F == Fused::kGelu) {
     const float v = GeluGrad(x.a, x.dy);
-    f.dx[i] = v;
+    WriteGrad(f.dx, f.dx16, i, v);
     return v;
   } else {
     float da, db;
     SwigluGrad(x.a, x.b, x.dy, &da, &db);
-    f.dx[i] = da;
-    f.db[i] = db;
+    WriteGrad(f.dx, f.dx16, i, da);
+    WriteGrad(f.db, f.db16, i, db);
     return da;
   }
 }

@@ -447,6 +447,10 @@ TEST(DeviceSizedGroupedGemmGpuTest, Bf16OperandsMatchCpu) {
   SY_REQUIRE_GPU();
   CheckDeviceSized(kRaggedRows, 5, 96, 80, 1.0f, 0.0f, DType::kF32, DType::kBF16, 1100);
   CheckDeviceSized({5, 130}, 2, 33, 129, 0.5f, 1.0f, DType::kBF16, DType::kBF16, 1110);
+  // Both bf16 with 16-byte rows: the cp.async kernels (3 and 32 K steps, ragged groups).
+  CheckDeviceSized(kRaggedRows, 5, 96, 80, 1.0f, 0.0f, DType::kBF16, DType::kBF16, 1120);
+  CheckDeviceSized({200, 0, 1, 333}, 3, 1000, 304, -2.0f, 0.25f, DType::kBF16, DType::kBF16,
+                   1130);
 }
 
 TEST(DeviceSizedGroupedGemmGpuTest, F32ModeMatchesCpu) {

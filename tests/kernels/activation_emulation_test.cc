@@ -274,6 +274,30 @@ TEST(ActivationEmulationTest, BackwardKernelsReadKeptBf16Inputs) {
     });
     ExpectSameBits(got[0], w0.ToVector<float>(), "SwigluBackward bf16 da" + what);
     ExpectSameBits(got[1], w1.ToVector<float>(), "SwigluBackward bf16 db" + what);
+    // The gradients written in bf16 (the products' operands): the f32 kernels' values rounded.
+    {
+      auto rounded = [](const std::vector<float>& v) {
+        std::vector<Bf16> r;
+        for (float x : v) r.push_back(cuda::ToBf16(x));
+        return r;
+      };
+      std::vector<Bf16> h0(n, Bf16(kNaN)), h1(n, Bf16(kNaN));
+      const auto f32 = run([&](float* o0, float*) {
+        act::GeluBackwardKernel(x16.data(), dy.data(), o0, n);
+      });
+      Elementwise(GridFor(n), [&] { act::GeluBackwardKernel(x16.data(), dy.data(), h0.data(), n); });
+      ExpectSameBits(h0, rounded(f32[0]), "GeluBackward bf16 dx" + what);
+      const auto relu = run([&](float* o0, float*) {
+        act::ReluBackwardKernel(x16.data(), dy.data(), o0, n);
+      });
+      Elementwise(GridFor(n), [&] { act::ReluBackwardKernel(x16.data(), dy.data(), h0.data(), n); });
+      ExpectSameBits(h0, rounded(relu[0]), "ReluBackward bf16 dx" + what);
+      Elementwise(GridFor(n), [&] {
+        act::SwigluBackwardKernel(x16.data(), b16.data(), dy.data(), h0.data(), h1.data(), n);
+      });
+      ExpectSameBits(h0, rounded(got[0]), "SwigluBackward bf16 da out" + what);
+      ExpectSameBits(h1, rounded(got[1]), "SwigluBackward bf16 db out" + what);
+    }
     // And the CPU op on bf16 tensors is the f32 op on their widened values.
     std::vector<float> wide;
     for (Bf16 v : x16) wide.push_back(float(v));

@@ -168,6 +168,20 @@ TEST(BiasGradEmulationTest, DeviceSizedChunksEqualTheListedOnesAndTheCpu) {
                                     bg::FusedArgs{a_wide.data(), nullptr, dxw.data(), nullptr});
       ASSERT_EQ(0, std::memcmp(dx16.data(), dxw.data(), dxw.size() * 4)) << name << " bf16 a";
       ASSERT_EQ(0, std::memcmp(db16.data(), dbw.data(), dbw.size() * 4)) << name << " bf16 a";
+      // dx written in bf16 (FusedArgs::dx16, the products' operand) from the kept a: the
+      // f32 dx rounded, the same bias gradient (summed in f32); rows past the groups left.
+      std::vector<BFloat16> dxh(dy.size(), BFloat16(7.0f));
+      std::vector<float> dbh(groups * n, 0.0f);
+      bg::FusedArgs fh;
+      fh.a16 = a16.data();
+      fh.dx16 = dxh.data();
+      RunBiasGrad<bg::Fused::kGelu>(dy, n, sized, 0.0f, dbh, fh);
+      for (size_t i = 0; i < dy.size(); ++i) {
+        const BFloat16 want =
+            static_cast<int64_t>(i) < used * n ? cuda::ToBf16(dxw[i]) : BFloat16(7.0f);
+        ASSERT_EQ(0, std::memcmp(&dxh[i], &want, 2)) << name << " bf16 dx, element " << i;
+      }
+      ASSERT_EQ(0, std::memcmp(dbh.data(), dbw.data(), dbw.size() * 4)) << name << " bf16 dx";
     }
     Tensor want_dx = Tensor::Empty({used, n}, DType::kF32);
     const Tensor a_used = Tensor::FromVector(a, {total, n}).Slice(0, used);

@@ -97,6 +97,36 @@ void CheckKeptBackward(const Tensor& a, const Tensor& b, DeviceContext* ctx,
   }
 }
 
+// t rounded to bf16 (Cast).
+inline Tensor Bf16Of(const Tensor& t, DeviceContext* ctx) {
+  Tensor r = Tensor::Empty(t.shape(), DType::kBF16, t.device());
+  Cast(t, r, ctx);
+  return r;
+}
+
+// A gradient output in `dtype` that starts as `init`'s values (rounded in bf16), so the rows
+// an op leaves as they were compare too.
+inline Tensor GradOut(const Tensor& init, DType dtype, DeviceContext* ctx) {
+  return dtype == DType::kF32 ? init.Clone(ctx) : Bf16Of(init, ctx);
+}
+
+// A backward op writing its gradients in bf16, the products' operands (kernels/activation.h):
+// the bits of its f32 gradients then Cast, and its f32 outputs (the bias gradient) the same
+// bits. `run(dtype)` returns the gradients in dtype (the first `grads`), then the f32 outputs.
+template <typename Run>
+void CheckBf16Grads(size_t grads, DeviceContext* ctx, const std::string& what, Run run) {
+  const std::vector<Tensor> f = run(DType::kF32), h = run(DType::kBF16);
+  ASSERT_EQ(f.size(), h.size()) << what;
+  for (size_t k = 0; k < f.size(); ++k) {
+    const std::string w = what + ", output " + std::to_string(k);
+    if (k < grads) {
+      ExpectBf16Equal(h[k], Bf16Of(f[k], ctx), ctx, w + " in bf16");
+    } else {
+      gpu_test::ExpectBitEqual(h[k], f[k], ctx, w);
+    }
+  }
+}
+
 const std::vector<Shape> kRowShapes = {{0, 7}, {1, 1}, {5, 77}, {300, 1000}, {70001, 3}};
 
 inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
@@ -186,6 +216,24 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
                           SwigluBackwardBiasGrad(ka, kb, kda, kda, kdbm, kdb, beta, ctx);
                           return std::vector<Tensor>{kda, kdbm, kdb};
                         });
+      // The gradients written in bf16 (out of place; f32 in place), from f32 and from kept
+      // bf16 inputs.
+      for (bool kept : {false, true}) {
+        const Tensor ka = kept ? Bf16Of(a, ctx) : a, ksa = kept ? Bf16Of(sa, ctx) : sa;
+        const Tensor kb = kept ? Bf16Of(b, ctx) : b;
+        const std::string kt = tag + (kept ? " kept bf16" : "");
+        CheckBf16Grads(1, ctx, Name("GeluBackwardBiasGrad", s) + kt, [&](DType dt) {
+          Tensor gx = GradOut(dy, dt, ctx), gb = db0.Clone(ctx);
+          GeluBackwardBiasGrad(ka, dt == DType::kF32 ? gx : dy, gx, gb, beta, ctx);
+          return std::vector<Tensor>{gx, gb};
+        });
+        CheckBf16Grads(2, ctx, Name("SwigluBackwardBiasGrad", s) + kt, [&](DType dt) {
+          Tensor ga = GradOut(dy, dt, ctx), gm = GradOut(Filled(s, 7.0f, dev, ctx), dt, ctx);
+          Tensor gb = db0.Clone(ctx);
+          SwigluBackwardBiasGrad(ksa, kb, dt == DType::kF32 ? ga : dy, ga, gm, gb, beta, ctx);
+          return std::vector<Tensor>{ga, gm, gb};
+        });
+      }
     }
     // The unfused backward ops read the kept bf16 inputs too.
     const Tensor g = Uniform(s, ++seed, dev, ctx, -1.0f, 1.0f);
@@ -205,6 +253,26 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
                         SwigluBackward(ka, kb, da, da, db, ctx);
                         return std::vector<Tensor>{da, db};
                       });
+    // And their gradients written in bf16, from f32 and from kept bf16 inputs.
+    for (bool kept : {false, true}) {
+      const Tensor ka = kept ? Bf16Of(a, ctx) : a, kb = kept ? Bf16Of(b, ctx) : b;
+      const std::string kt = kept ? " kept bf16" : "";
+      CheckBf16Grads(1, ctx, Name("GeluBackward", s) + kt, [&](DType dt) {
+        Tensor gx = GradOut(g, dt, ctx);
+        GeluBackward(ka, dt == DType::kF32 ? gx : g, gx, ctx);
+        return std::vector<Tensor>{gx};
+      });
+      CheckBf16Grads(1, ctx, Name("ReluBackward", s) + kt, [&](DType dt) {
+        Tensor gx = GradOut(g, dt, ctx);
+        ReluBackward(ka, dt == DType::kF32 ? gx : g, gx, ctx);
+        return std::vector<Tensor>{gx};
+      });
+      CheckBf16Grads(2, ctx, Name("SwigluBackward", s) + kt, [&](DType dt) {
+        Tensor ga = GradOut(g, dt, ctx), gm = GradOut(Filled(s, 7.0f, dev, ctx), dt, ctx);
+        SwigluBackward(ka, kb, dt == DType::kF32 ? ga : g, ga, gm, ctx);
+        return std::vector<Tensor>{ga, gm};
+      });
+    }
   }
 }
 
@@ -314,6 +382,23 @@ inline void CheckGroupedBiasActivations(Device dev, DeviceContext* ctx) {
                                                           ctx);
                             return std::vector<Tensor>{kda, kdbm, kdb};
                           });
+        // The gradients written in bf16 (the rows past the groups keep their start values).
+        for (bool kept : {false, true}) {
+          const Tensor ka = kept ? Bf16Of(a_ref, ctx) : a_ref, kb = kept ? Bf16Of(b, ctx) : b;
+          const std::string kt = bt + (kept ? " kept bf16" : "");
+          CheckBf16Grads(1, ctx, "GroupedGeluBackwardBiasGrad" + kt, [&](DType dt) {
+            Tensor gx = GradOut(dy, dt, ctx), gb = db0.Clone(ctx);
+            GroupedGeluBackwardBiasGrad(ka, dt == DType::kF32 ? gx : dy, gx, rg, gb, beta, ctx);
+            return std::vector<Tensor>{gx, gb};
+          });
+          CheckBf16Grads(2, ctx, "GroupedSwigluBackwardBiasGrad" + kt, [&](DType dt) {
+            Tensor ga = GradOut(dy, dt, ctx), gm = GradOut(Filled(s, 7.0f, dev, ctx), dt, ctx);
+            Tensor gb = db0.Clone(ctx);
+            GroupedSwigluBackwardBiasGrad(ka, kb, dt == DType::kF32 ? ga : dy, ga, gm, rg, gb,
+                                          beta, ctx);
+            return std::vector<Tensor>{ga, gm, gb};
+          });
+        }
       }
     }
   }
