@@ -6,7 +6,8 @@
 # (within 0.1 of ln V: both start from the same initialisation scheme), the planner's step,
 # the phases of `--profile`, the reference's paths (its CPU fallbacks named), ours' peak
 # memory beside the dry-run's (within 2x: the units read right); and that the table names the
-# case. Never looks at the timings' values. Skipped (77) without
+# case; a second case with the eager reference (torch:compile=0), and the targets' summary
+# sorting the two ratios by reference. Never looks at the timings' values. Skipped (77) without
 # python3-torch.
 # Usage: gpu_bench_test.sh path/to/switchyard path/to/train_batches
 set -u
@@ -29,7 +30,8 @@ done
   "$tmp/corpus/en.txt" "$tmp/corpus/de.txt" >"$tmp/prep.out" 2>&1 ||
   { echo "FAIL: prep: $(cat "$tmp/prep.out")"; exit 1; }
 $python "$root/benchmarks/reference/gpu_bench.py" --switchyard "$bin" --train_batches "$batches_bin" \
-  --data "$tmp/data" --out "$tmp/out" --cases switch-tiny-smoke --device cpu --rounds 2 --steps 3 \
+  --data "$tmp/data" --out "$tmp/out" --cases switch-tiny-smoke,switch-tiny-smoke-eager --device cpu \
+  --rounds 2 --steps 3 \
   --warmup 1 >"$tmp/run.out" 2>&1 || { echo "FAIL: gpu_bench.py: $(tail -15 "$tmp/run.out")"; exit 1; }
 cat "$tmp/out/gpu_bench.txt"
 $python - "$tmp/out/gpu_bench.json" "$tmp/out/gpu_bench.txt" <<'PY' || exit 1
@@ -66,8 +68,22 @@ if "ms_per_step" not in row["ours"].get("profile", {}):
 paths = row.get("torch", {}).get("paths", {})
 if not all(k in paths for k in ("attention", "experts", "optimizer", "compile")):
     bad.append(f"reference paths missing: {paths}")
-if "switch-tiny-smoke" not in open(sys.argv[2]).read():
+text = open(sys.argv[2]).read()
+if "switch-tiny-smoke" not in text:
     bad.append("the table does not name the case")
+# The eager reference (torch:compile=0) and the targets' summary, which sorts the ratios by
+# the reference they are against.
+eager = j["cases"][1]
+if eager.get("case") != "switch-tiny-smoke-eager" or "skipped" in eager or not eager.get("torch_eager"):
+    bad.append(f"the eager case: {eager.get('case')} {eager.get('skipped')} torch_eager {eager.get('torch_eager')}")
+elif "eager reference" not in eager.get("torch", {}).get("paths", {}).get("compile", ""):
+    bad.append(f"the eager case's torch compiled: {eager.get('torch', {}).get('paths')}")
+lines = {l.split(":")[0].strip(): l for l in text.splitlines() if l.startswith("  ")}
+strong = lines.get("ours >= 1.2x the strong reference", "")
+weak = lines.get("ours >= 2.0x PyTorch eager at switch-medium", "")
+if "issue #36 targets:" not in text or "switch-tiny-smoke " not in strong or \
+        "switch-tiny-smoke-eager" in strong or "switch-tiny-smoke-eager" not in weak:
+    bad.append(f"the targets' lines: {strong!r} {weak!r}")
 for b in bad:
     print("FAIL:", b)
 sys.exit(1 if bad else 0)
