@@ -68,6 +68,9 @@ void* BlockCache::Allocate(size_t size, size_t* block_size, bool* from_system) {
   if (ptr == nullptr) ptr = Take(0, small, size);
   if (ptr == nullptr) {
     if (NewSegment(size) == nullptr) {
+      // Returning segments frees device memory, which synchronises the device: not while a
+      // stream is captured (the capture would be invalidated), where it is out of memory.
+      if (capturing_ != 0) return nullptr;
       ReleaseFree();
       if (NewSegment(size) == nullptr) return nullptr;
     }
@@ -110,8 +113,9 @@ size_t BlockCache::Deallocate(void* ptr) {
   SY_CHECK(it != blocks_.end() && !it->second.free)
       << "freeing a pointer this allocator did not hand out";
   const size_t size = it->second.size;
-  // Freed during a capture: the graph may touch it at replay, so the pool keeps it.
-  if (capturing_ != 0) it->second.pool = capturing_;
+  // Freed during a capture: the graph may touch it at replay, so the pool keeps it (a block
+  // of another graph's pool stays that graph's).
+  if (capturing_ != 0 && it->second.pool == 0) it->second.pool = capturing_;
   Free(it);
   return size;
 }

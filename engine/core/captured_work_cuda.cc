@@ -13,8 +13,11 @@ class CudaGraphWork final : public CapturedWork {
                 std::vector<std::shared_ptr<void>> keep)
       : device_(device), graph_(graph), exec_(exec), pool_(pool), keep_(std::move(keep)) {}
   ~CudaGraphWork() override {
-    // A replay may still be running: the pinned sources and the pool outlive it.
-    cudaDeviceSynchronize();
+    // A replay may still be running: the pinned sources and the pool outlive it. A fault in
+    // a replay is sticky: said here, where it shows, rather than at a later unrelated call.
+    if (const cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+      SY_LOG(ERROR) << "finishing the CUDA graph's last replay: " << cudaGetErrorString(err);
+    }
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
     // Work queued after a replay on the same stream is ordered after it, so the pool's

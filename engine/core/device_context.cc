@@ -32,11 +32,15 @@ std::unique_ptr<DeviceContext> DeviceContext::Create(Device device) {
 }
 
 DeviceContext::~DeviceContext() {
+#ifdef SY_HAVE_CUDA
+  // The stream's queued kernels may still use the shadows and the workspace: they go back to
+  // the allocator (which may hand them to another context's stream) only once it is done.
+  if (device_.is_cuda()) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+#endif
   weight_shadows_.Clear();  // before the stream goes
 #ifdef SY_HAVE_CUDA
   if (device_.is_cuda()) {
     workspace_ = Tensor();
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     cublasDestroy(static_cast<cublasHandle_t>(cublas_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }

@@ -172,8 +172,16 @@ void Tensor::CopyFrom(const Tensor& src, DeviceContext* ctx) {
       return;
     }
   }
+  // Without a context no stream orders the copy against the contexts' streams (created
+  // non-blocking: the legacy default stream does not wait for them, nor they for it), so the
+  // device is synchronised on both sides of it: checkpoint loads, tests.
+  if (ctx == nullptr) SY_CUDA_CHECK(cudaDeviceSynchronize());
   SY_CUDA_CHECK(cudaMemcpyAsync(raw_data(), src.raw_data(), bytes, cudaMemcpyDefault, stream));
-  if (device().is_cpu()) SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (ctx == nullptr) {
+    SY_CUDA_CHECK(cudaDeviceSynchronize());
+  } else if (device().is_cpu()) {
+    SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
 #else
   SY_LOG(FATAL) << "copy involving a CUDA tensor in a build without the CUDA backend";
 #endif
@@ -196,7 +204,9 @@ void Tensor::SetZero(DeviceContext* ctx) {
   }
 #ifdef SY_HAVE_CUDA
   cudaStream_t stream = ctx ? static_cast<cudaStream_t>(ctx->stream()) : nullptr;
+  if (ctx == nullptr) SY_CUDA_CHECK(cudaDeviceSynchronize());  // as CopyFrom without a context
   SY_CUDA_CHECK(cudaMemsetAsync(raw_data(), 0, bytes, stream));
+  if (ctx == nullptr) SY_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 }
 

@@ -52,6 +52,8 @@ void LaunchValidate(const Tensor& ids, int64_t v, Tensor& word, DeviceContext* c
 // Reads the word back (synchronising the stream) and fails naming the first bad id.
 void CheckBadIdWord(const Tensor& word, const Tensor& ids, int64_t v, const char* op,
                     DeviceContext* ctx) {
+  SY_CHECK(ctx == nullptr || !ctx->capturing())
+      << op << ": the id check reads its word back, which a captured step cannot";
   unsigned long long first = emb::kNoBadId;
   SY_CUDA_CHECK(cudaMemcpyAsync(&first, word.raw_data(), sizeof(first), cudaMemcpyDeviceToHost,
                                 StreamOf(ctx)));

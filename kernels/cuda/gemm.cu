@@ -253,9 +253,18 @@ bool LtGemmBias(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64
   SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                  &bias, sizeof(bias)));
   const float alpha = 1.0f, beta = 0.0f;
-  SY_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b.base, plan.first, a.base,
-                                 plan.second, &beta, c, plan.out, c, plan.out, &plan.algo,
-                                 workspace, kLtWorkspace, StreamOf(ctx)));
+  const cublasStatus_t status =
+      cublasLtMatmul(handle, plan.desc, &alpha, b.base, plan.first, a.base, plan.second, &beta,
+                     c, plan.out, c, plan.out, &plan.algo, workspace, kLtWorkspace, StreamOf(ctx));
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    // An algorithm the heuristic offered but the call refuses: this shape takes the product
+    // and the bias add apart from now on (said once), rather than ending the run.
+    plan.ok = false;
+    SY_LOG(WARNING) << "cuBLASLt refused the bias product " << m << " x " << n << " x " << k
+                    << " (" << cublasGetStatusString(status)
+                    << "): the product and the bias add run apart for this shape";
+    return false;
+  }
   return true;
 }
 
@@ -266,7 +275,10 @@ void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
   const int64_t m = c.dim(0), n = c.dim(1);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
   if (m == 0 || n == 0) return;
-  if (k > 0 && LtEnabled()) {
+  // cuBLASLt takes alignment hints for the matrices, not the bias: a bias off 16 bytes (a view
+  // into a larger tensor) takes the unfused path rather than risk a kernel that assumes it.
+  const bool bias_aligned = reinterpret_cast<uintptr_t>(bias.raw_data()) % 16 == 0;
+  if (k > 0 && LtEnabled() && bias_aligned) {
     const Operand pa = Prepare(a, matmul_dtype, ctx), pb = Prepare(b, matmul_dtype, ctx);
     CheckSameType(pa, pb);
     if (LtGemmBias(ctx, trans_a, trans_b, m, n, k, pa, a.dim(1), pb, b.dim(1),

@@ -13,6 +13,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cstdint>
+#include <climits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -38,6 +39,8 @@ Tensor SortOnDevice(const Tensor& experts, const Tensor& kept, int64_t num_exper
   const Device dev = slot.device();
 
   const int end_bit = sort_dev::KeyBits(num_experts);
+  SY_CHECK(n <= INT32_MAX) << "SortAssignments: " << n
+                           << " assignments exceed the sort's 32-bit item count";
   const int items = static_cast<int>(n);
   size_t sort_bytes = 0;
   SY_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(

@@ -129,7 +129,8 @@ void CheckGemm(int64_t m, int64_t n, int64_t k, float alpha, float beta, DType m
 
 // GemmBias (cuBLASLt, the bias in the epilogue) on the GPU vs the CPU's Gemm then AddBias,
 // every transpose combination, with mag = |a| |b| + |bias|; `offset` rows of a skipped (a
-// view whose address the heuristic may not assume 256-byte aligned).
+// view whose address the heuristic may not assume 256-byte aligned), and `offset` elements of
+// the bias (off 16 bytes: the product and the bias add apart).
 void CheckGemmBias(int64_t m, int64_t n, int64_t k, DType matmul_dtype, int64_t offset,
                    uint64_t seed) {
   Contexts ctx(matmul_dtype);
@@ -141,10 +142,12 @@ void CheckGemmBias(int64_t m, int64_t n, int64_t k, DType matmul_dtype, int64_t 
       const Tensor a_all = RandomHost({sa[0] + offset, sa[1]}, seed);
       const Tensor a = a_all.Slice(offset, offset + sa[0]);
       const Tensor b = RandomHost(tb ? Shape{n, k} : Shape{k, n}, seed + 1);
-      const Tensor bias = RandomHost({n}, seed + 2);
+      const Tensor bias_all = RandomHost({n + offset}, seed + 2);
+      const Tensor bias = bias_all.Slice(offset, offset + n);
       Tensor c(Tensor::Empty({m, n}, DType::kF32)), c_gpu = ctx.Up(c);
       const Tensor a_gpu = ctx.Up(a_all).Slice(offset, offset + sa[0]);
-      GemmBias(a_gpu, ta, ctx.Up(b), tb, ctx.Up(bias), c_gpu, ctx.gpu.get());
+      const Tensor bias_gpu = ctx.Up(bias_all).Slice(offset, offset + n);
+      GemmBias(a_gpu, ta, ctx.Up(b), tb, bias_gpu, c_gpu, ctx.gpu.get());
       GemmBias(a, ta, b, tb, bias, c, ctx.cpu.get());
       Tensor mag = Tensor::Empty({m, n}, DType::kF32);
       Gemm(Abs(a), ta, Abs(b), tb, mag, 1.0f, 0.0f, ctx.cpu.get());

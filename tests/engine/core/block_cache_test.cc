@@ -161,6 +161,26 @@ TEST(BlockCacheTest, OutOfMemoryReturnsWhollyFreeSegmentsAndRetries) {
   cache.Deallocate(y);
 }
 
+// Out of memory while a graph is captured: no segment goes back (freeing device memory would
+// synchronise the device, which invalidates the capture); the request fails at once.
+TEST(BlockCacheTest, OutOfMemoryDuringACaptureReturnsNothing) {
+  System sys;
+  sys.limit = 10 * kMiB;
+  BlockCache cache = sys.Make();
+  cache.Deallocate(Get(cache, 6 * kMiB));  // a wholly free 6 MiB segment
+  const int pool = cache.NewPool();
+  cache.BeginPool(pool);
+  EXPECT_EQ(Get(cache, 8 * kMiB), nullptr);
+  EXPECT_EQ(sys.frees, 0);
+  EXPECT_EQ(cache.reserved(), 6 * kMiB);
+  cache.EndPool();
+  char* y = Get(cache, 8 * kMiB);  // outside the capture the free segment goes back first
+  ASSERT_NE(y, nullptr);
+  EXPECT_EQ(sys.frees, 1);
+  cache.Deallocate(y);
+  cache.ReleasePool(pool);
+}
+
 // What a capture touches stays the graph's: blocks it allocates, and blocks allocated before
 // it that it frees, are handed to nothing outside the pool until the pool is released.
 TEST(BlockCacheTest, GraphPoolKeepsWhatTheCaptureTouched) {
