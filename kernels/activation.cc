@@ -25,38 +25,37 @@ void CheckElementwise(const char* op, const Tensor& out, std::initializer_list<N
   }
 }
 
-// The forward's inputs a backward op reads (x; a and b): each f32 or bf16 (the values kept
-// under bf16 activation storage), all of one dtype, on out's device with out's shape.
-void CheckSaved(const char* op, const Tensor& out, std::initializer_list<Named> tensors) {
-  SY_CHECK(out.defined()) << op << ": the output is undefined";
+// Each tensor defined, f32 or bf16, all of one dtype (`others` names the rest in the
+// message), on ref's device with ref's shape (`ref_name`).
+void CheckF32OrBf16(const char* op, const Tensor& ref, const char* ref_name,
+                    std::initializer_list<Named> tensors, const char* others) {
   const DType dtype = tensors.begin()->first->dtype();
   for (const auto& [t, what] : tensors) {
     SY_CHECK(t->defined()) << op << ": " << what << " is undefined";
     SY_CHECK(t->dtype() == DType::kF32 || t->dtype() == DType::kBF16)
         << op << ": " << what << " is " << DTypeName(t->dtype()) << ", not f32 or bf16";
     SY_CHECK(t->dtype() == dtype) << op << ": " << what << " is " << DTypeName(t->dtype())
-                                  << ", the other saved input " << DTypeName(dtype);
-    CheckTensorOn(*t, t->dtype(), out.device(), op, what);
-    SY_CHECK(t->shape() == out.shape()) << op << ": " << what << " " << ShapeString(t->shape())
-                                        << ", output " << ShapeString(out.shape());
+                                  << ", " << others << " " << DTypeName(dtype);
+    CheckTensorOn(*t, t->dtype(), ref.device(), op, what);
+    SY_CHECK(t->shape() == ref.shape()) << op << ": " << what << " " << ShapeString(t->shape())
+                                        << ", " << ref_name << " " << ShapeString(ref.shape());
   }
+}
+
+// The forward's inputs a backward op reads (x; a and b): each f32 or bf16 (the values kept
+// under bf16 activation storage), all of one dtype, on out's device with out's shape.
+void CheckSaved(const char* op, const Tensor& out, std::initializer_list<Named> tensors) {
+  SY_CHECK(out.defined()) << op << ": the output is undefined";
+  CheckF32OrBf16(op, out, "output", tensors, "the other saved input");
 }
 
 // A backward op's gradients (dx; swiglu's da and db), of dy's shape on its device: f32 (and
 // then possibly dy's memory), or all bf16, the operands of the products that read them next:
 // the f32 results rounded to nearest even as they are stored (not dy's memory then).
 void CheckGrads(const char* op, const Tensor& dy, std::initializer_list<Named> grads) {
-  const DType dtype = grads.begin()->first->dtype();
+  CheckF32OrBf16(op, dy, "dy", grads, "the other gradient");
   for (const auto& [t, what] : grads) {
-    SY_CHECK(t->defined()) << op << ": " << what << " is undefined";
-    SY_CHECK(t->dtype() == DType::kF32 || t->dtype() == DType::kBF16)
-        << op << ": " << what << " is " << DTypeName(t->dtype()) << ", not f32 or bf16";
-    SY_CHECK(t->dtype() == dtype) << op << ": " << what << " is " << DTypeName(t->dtype())
-                                  << ", the other gradient " << DTypeName(dtype);
-    CheckTensorOn(*t, t->dtype(), dy.device(), op, what);
-    SY_CHECK(t->shape() == dy.shape()) << op << ": " << what << " " << ShapeString(t->shape())
-                                       << ", dy " << ShapeString(dy.shape());
-    SY_CHECK(dtype == DType::kF32 || t->numel() == 0 || t->raw_data() != dy.raw_data())
+    SY_CHECK(t->dtype() == DType::kF32 || t->numel() == 0 || t->raw_data() != dy.raw_data())
         << op << ": a bf16 " << what << " cannot be dy's memory";
   }
 }

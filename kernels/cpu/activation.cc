@@ -186,24 +186,36 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
   });
 }
 
-// Rows are summed in order for each column, in parallel over column blocks, so the sums do
-// not depend on the thread count.
-void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta) {
-  const int64_t n = dy.dim(1);
-  const float* pdy = dy.data<float>();
+// The bias gradients' sums: over blocks of columns in parallel, for each group its rows in
+// order, `make_row(j0, w)` giving (once per block of columns [j0, j0 + w)) the function
+// row(r, dg) that adds row r's columns there into dg, group g's bias gradient from j0, which
+// starts as beta times itself (0 for beta 0). Each column's sums follow the rows' order alone,
+// whatever the thread count.
+template <typename MakeRow>
+void SumGroupColumns(int64_t n, std::span<const int64_t> rows, Tensor& dbias, float beta,
+                     MakeRow make_row) {
   float* pdb = dbias.data<float>();
   constexpr int64_t kColumns = 64;  // columns per block
   const int64_t blocks = (n + kColumns - 1) / kColumns;
   int64_t total = 0;
   for (int64_t r : rows) total += r;
-  ParallelFor(blocks, RowsPerChunk(total * kColumns, kMinChunk), [&](int64_t b, int64_t e) {
-    const int64_t j0 = b * kColumns, j1 = std::min(n, e * kColumns);
+  ParallelFor(blocks, RowsPerChunk(total * kColumns, kMinChunk), [&](int64_t cb, int64_t ce) {
+    const int64_t j0 = cb * kColumns, w = std::min(n, ce * kColumns) - j0;
+    auto row = make_row(j0, w);
     int64_t r = 0;
     for (size_t g = 0; g < rows.size(); ++g) {
-      float* dg = pdb + static_cast<int64_t>(g) * n;
-      for (int64_t j = j0; j < j1; ++j) dg[j] = beta == 0.0f ? 0.0f : beta * dg[j];
-      for (int64_t end = r + rows[g]; r < end; ++r) AddRow(dg + j0, pdy + r * n + j0, j1 - j0);
+      float* dg = pdb + static_cast<int64_t>(g) * n + j0;
+      for (int64_t j = 0; j < w; ++j) dg[j] = beta == 0.0f ? 0.0f : beta * dg[j];
+      for (int64_t end = r + rows[g]; r < end; ++r) row(r, dg);
     }
+  });
+}
+
+void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta) {
+  const int64_t n = dy.dim(1);
+  const float* pdy = dy.data<float>();
+  SumGroupColumns(n, rows, dbias, beta, [&](int64_t j0, int64_t w) {
+    return [=](int64_t r, float* dg) { AddRow(dg, pdy + r * n + j0, w); };
   });
 }
 
@@ -239,49 +251,37 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
   });
 }
 
-// Backward with the bias gradient: over column blocks in parallel (GroupedBiasGrad's), each
-// group's rows in order, a row's block gets the activation's gradient (the range functions
-// above, on a and b widened), which is added into the group's bias gradient (AddRow: the row
-// order of GroupedBiasGrad) and stored, in f32 or rounded into bf16 gradients. So every
-// element has the expression of GeluBackward / SwigluBackward and every column the sums of
-// GroupedBiasGrad: the unfused sequence's bits, with no full-size f32 copy of a bf16
-// gradient.
+// Backward with the bias gradient, in SumGroupColumns' order: a row's block gets the
+// activation's gradient (the range functions above, on a and b widened), added into the
+// group's bias gradient and stored, in f32 or rounded into bf16 gradients. So every element
+// has the expression of GeluBackward / SwigluBackward and every column the sums of
+// GroupedBiasGrad: the unfused sequence's bits, with no full-size f32 copy of a bf16 gradient.
 void GroupedActBackwardBiasGrad(const Tensor& a, const Tensor* b, const Tensor& dy, Tensor& dx,
                                 Tensor* db, std::span<const int64_t> rows, Tensor& dbias,
                                 float beta) {
   const int64_t n = dy.dim(1);
   const float* pdy = dy.data<float>();
-  float* pdb = dbias.data<float>();
-  constexpr int64_t kColumns = 64;  // columns per block
-  const int64_t blocks = (n + kColumns - 1) / kColumns;
-  int64_t total = 0;
-  for (int64_t r : rows) total += r;
-  ParallelFor(blocks, RowsPerChunk(total * kColumns, kMinChunk), [&](int64_t cb, int64_t ce) {
-    const int64_t j0 = cb * kColumns, w = std::min(n, ce * kColumns) - j0;
+  SumGroupColumns(n, rows, dbias, beta, [&](int64_t j0, int64_t w) {
+    // Per block of columns: the widened a (b) and the f32 gradients of a bf16 output.
     std::vector<float> buffers(static_cast<size_t>(4 * w));
-    float* wa = buffers.data();
-    float* wb = wa + w;
-    float* o0 = wb + w;
-    float* o1 = o0 + w;
-    int64_t r = 0;
-    for (size_t g = 0; g < rows.size(); ++g) {
-      float* dg = pdb + static_cast<int64_t>(g) * n + j0;
-      for (int64_t j = 0; j < w; ++j) dg[j] = beta == 0.0f ? 0.0f : beta * dg[j];
-      for (int64_t end = r + rows[g]; r < end; ++r) {
-        const int64_t at = r * n + j0;
-        const float* pa = WidenedAt(a, at, w, wa);
-        float* d0 = GradAt(&dx, at, o0);
-        if (b != nullptr) {
-          float* d1 = GradAt(db, at, o1);
-          SwigluBackwardRange(pa, WidenedAt(*b, at, w, wb), pdy + at, d0, d1, w);
-          RoundInto(db, at, d1, w);
-        } else {
-          GeluBackwardRange(pa, pdy + at, d0, w);
-        }
-        AddRow(dg, d0, w);
-        RoundInto(&dx, at, d0, w);
+    return [&, j0, w, buffers = std::move(buffers)](int64_t r, float* dg) mutable {
+      float* wa = buffers.data();
+      float* wb = wa + w;
+      float* o0 = wb + w;
+      float* o1 = o0 + w;
+      const int64_t at = r * n + j0;
+      const float* pa = WidenedAt(a, at, w, wa);
+      float* d0 = GradAt(&dx, at, o0);
+      if (b != nullptr) {
+        float* d1 = GradAt(db, at, o1);
+        SwigluBackwardRange(pa, WidenedAt(*b, at, w, wb), pdy + at, d0, d1, w);
+        RoundInto(db, at, d1, w);
+      } else {
+        GeluBackwardRange(pa, pdy + at, d0, w);
       }
-    }
+      AddRow(dg, d0, w);
+      RoundInto(&dx, at, d0, w);
+    };
   });
 }
 
