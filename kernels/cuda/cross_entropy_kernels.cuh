@@ -66,7 +66,10 @@ __global__ void CrossEntropyRowKernel(const float* logits, const int32_t* target
 }
 
 // One block of kSumThreads: out->loss_sum = sum of row_loss (null: 0), out->count = number
-// of targets != ignore_index; slots (or null) get the two as doubles too.
+// of targets != ignore_index; slots (or null) get the two as doubles too, the loss NaN when a
+// target was outside the vocabulary (out->first_bad_row set by the row kernel before it): the
+// step's readback carries no error word, and a NaN loss stops the step (the trainer's
+// non-finite check) where a bad target would otherwise train silently as an ignored one.
 __global__ void SumRowsKernel(const double* row_loss, const int32_t* targets, int64_t n,
                               int32_t ignore_index, DeviceSums* out, double* slots = nullptr) {
   __shared__ double shared_loss[32];
@@ -83,7 +86,7 @@ __global__ void SumRowsKernel(const double* row_loss, const int32_t* targets, in
     out->loss_sum = loss;
     out->count = count;
     if (slots) {
-      slots[0] = loss;
+      slots[0] = out->first_bad_row == kNoBadRow ? loss : static_cast<double>(NAN);
       slots[1] = static_cast<double>(count);
     }
   }

@@ -520,6 +520,15 @@ TEST(CrossEntropyEmulationTest, BadTargetsAndCountTargets) {
   EXPECT_EQ(clean_sums.loss_sum, sums.loss_sum);
   CheckAgainstCpu({n, v, 0.0, 3, 3}, logits, clean, 0.125, clean_loss, clean_dl, clean_sums,
                   "bad targets ignored");
+  // The step readback's slots (CrossEntropyInto, training): the loss slot is NaN with a bad
+  // target, so the step's non-finite check stops it; the clean targets' slots hold the sums.
+  double slots[2] = {-1.0, -1.0}, clean_slots[2] = {-1.0, -1.0};
+  RunCrossEntropy(logits.data(), targets, dl.data(), v, 0.125, 3, 3, row_loss, slots);
+  EXPECT_TRUE(std::isnan(slots[0])) << slots[0];
+  EXPECT_EQ(slots[1], 8.0);
+  RunCrossEntropy(logits.data(), clean, clean_dl.data(), v, 0.125, 3, 3, clean_loss, clean_slots);
+  EXPECT_EQ(clean_slots[0], clean_sums.loss_sum);
+  EXPECT_EQ(clean_slots[1], static_cast<double>(clean_sums.count));
 
   // CountTargets: the sum kernel without row losses.
   for (int64_t rows : {int64_t{1}, int64_t{1100}}) {
