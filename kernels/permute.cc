@@ -137,7 +137,7 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   constexpr const char* kOp = "CombineBackward";
   SY_CHECK(dout.defined()) << kOp << ": dout is undefined";
   const Device dev = dout.device();
-  CheckTensor(dout, DType::kF32, 2, dev, kOp, "dout");
+  CheckTensor(dout, dout.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32, 2, dev, kOp, "dout");
   CheckTensor(dgates, DType::kF32, 2, dev, kOp, "dgates");
   CheckTensor(dy, DType::kF32, 2, dev, kOp, "dy");
   CheckTensor(out, out.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32, 2, dev, kOp, "out");

@@ -76,7 +76,8 @@ void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, cons
 //   dgates[slot[a]] = dot(dy[t], out[a])      (N, k); zero for the dropped slots
 // dy (N, d) f32, out (A, d) f32 or bf16 (Combine's kept rows, widened as read), gates (N, k)
 // f32, slot (A) i64 (the first A entries of SortAssignments' slot). The dot is accumulated in
-// double on both devices.
+// double on both devices. dout f32, or bf16: each product rounded as stored (the experts'
+// bf16 operand in bf16 mode: the bits of the f32 dout then Cast, with no f32 copy).
 // inverse: undefined, or (N, k) i64 (SortAssignments' inverse) when the rows may include
 // dropped assignments after the kept ones (a device-sized dispatch plan, whose host does not
 // know A): row a is kept iff inverse[slot[a]] == a; a dropped row gets dout[a] = 0 and its

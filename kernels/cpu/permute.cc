@@ -151,7 +151,9 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   const float* o = out.dtype() == DType::kF32 ? out.data<float>() : nullptr;
   const BFloat16* o16 = o == nullptr ? static_cast<const BFloat16*>(out.raw_data()) : nullptr;
   const int64_t* sl = slot.data<int64_t>();
-  float* dop = dout.data<float>();
+  // dout f32, or bf16: each w * dy rounded as stored (the experts' bf16 operand).
+  float* dop = dout.dtype() == DType::kF32 ? dout.data<float>() : nullptr;
+  BFloat16* dop16 = dop == nullptr ? static_cast<BFloat16*>(dout.raw_data()) : nullptr;
   float* dg = dgates.data<float>();
   const int64_t* inv = inverse.defined() ? inverse.data<int64_t>() : nullptr;
   std::memset(dg, 0, sizeof(float) * nk);
@@ -163,14 +165,22 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
   ParallelFor(rows, RowsPerChunk(d), [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
       if (inv != nullptr && inv[sl[a]] != a) {  // a dropped row: no gradient either way
-        std::memset(dop + a * d, 0, sizeof(float) * d);
+        if (dop != nullptr) {
+          std::memset(dop + a * d, 0, sizeof(float) * d);
+        } else {
+          std::fill(dop16 + a * d, dop16 + (a + 1) * d, BFloat16(0.0f));
+        }
         continue;
       }
       const float w = g[sl[a]];
       const float* row = dyp + (sl[a] / k) * d;
       double dot = 0;
       for (int64_t j = 0; j < d; ++j) {
-        dop[a * d + j] = w * row[j];
+        if (dop != nullptr) {
+          dop[a * d + j] = w * row[j];
+        } else {
+          dop16[a * d + j] = BFloat16(w * row[j]);
+        }
         const float oj = o != nullptr ? o[a * d + j] : static_cast<float>(o16[a * d + j]);
         dot += static_cast<double>(row[j]) * oj;
       }

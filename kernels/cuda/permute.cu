@@ -132,22 +132,33 @@ void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, c
     SY_CUDA_CHECK(cudaMemsetAsync(dgates.raw_data(), 0, dgates.nbytes(), stream));
   }
   if (rows == 0) return;
-  // A bf16 out (the combine's kept rows) is read element by element: no float4 alignment.
-  const bool out16 = out.dtype() == DType::kBF16;
-  LaunchRows(d, {dy.raw_data(), out16 ? nullptr : out.raw_data(), dout.raw_data()},
+  // A bf16 out (the combine's kept rows) is read, and a bf16 dout written, element by element:
+  // no float4 alignment.
+  const bool out16 = out.dtype() == DType::kBF16, dout16 = dout.dtype() == DType::kBF16;
+  LaunchRows(d, {dy.raw_data(), out16 ? nullptr : out.raw_data(),
+                 dout16 ? nullptr : dout.raw_data()},
              [&](auto tag, int64_t width) {
     using V = decltype(tag);
     const unsigned blocks = CombineBackwardBlocks(rows);
-    auto launch = [&](const auto* o) {
-      CombineBackwardKernel<V><<<blocks, kThreads, 0, stream>>>(
+    auto launch = [&](const auto* o, auto* dst) {
+      using TO = std::remove_const_t<std::remove_pointer_t<decltype(o)>>;
+      using TD = std::remove_pointer_t<decltype(dst)>;
+      CombineBackwardKernel<V, TO, TD><<<blocks, kThreads, 0, stream>>>(
           static_cast<const V*>(dy.raw_data()), o, gates.data<float>(), slot.data<int64_t>(),
-          inverse.defined() ? inverse.data<int64_t>() : nullptr,
-          static_cast<V*>(dout.raw_data()), dgates.data<float>(), rows, k, width);
+          inverse.defined() ? inverse.data<int64_t>() : nullptr, dst, dgates.data<float>(), rows,
+          k, width);
+    };
+    auto with_dout = [&](const auto* o) {
+      if (dout16) {
+        launch(o, static_cast<__nv_bfloat16*>(dout.raw_data()));
+      } else {
+        launch(o, static_cast<V*>(dout.raw_data()));
+      }
     };
     if (out16) {
-      launch(static_cast<const __nv_bfloat16*>(out.raw_data()));
+      with_dout(static_cast<const __nv_bfloat16*>(out.raw_data()));
     } else {
-      launch(static_cast<const V*>(out.raw_data()));
+      with_dout(static_cast<const V*>(out.raw_data()));
     }
     SY_CUDA_CHECK_LAUNCH();
   });

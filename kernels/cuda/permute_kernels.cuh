@@ -67,6 +67,12 @@ __device__ __forceinline__ void StoreRounded(__nv_bfloat16* p, int64_t i, float4
   q[2] = ToBf16(v.z);
   q[3] = ToBf16(v.w);
 }
+// Vector i of rows stored as they are, or rounded into bf16 rows (the combine's backward
+// writing the experts' gradient as their products' bf16 operand).
+template <typename V>
+__device__ __forceinline__ void StoreRow(V* p, int64_t i, V v) { p[i] = v; }
+template <typename V>
+__device__ __forceinline__ void StoreRow(__nv_bfloat16* p, int64_t i, V v) { StoreRounded(p, i, v); }
 
 // Whether rows of d floats at these pointers can move as float4.
 bool CanUseFloat4(int64_t d, std::initializer_list<const void*> ptrs) {
@@ -237,12 +243,13 @@ __global__ void CombineKernel(const V* __restrict__ out, const float* __restrict
 }
 
 // One warp per permuted row a: dout[a] = w * dy[t], dgates[s] = dot(dy[t], out[a]). out: V
-// rows, or the combine's kept bf16 rows (TO = __nv_bfloat16, widened as read).
-template <typename V, typename TO = V>
+// rows, or the combine's kept bf16 rows (TO = __nv_bfloat16, widened as read); dout: V rows,
+// or bf16 rows (TD = __nv_bfloat16, each w * dy rounded as stored: the experts' operand).
+template <typename V, typename TO = V, typename TD = V>
 __global__ void CombineBackwardKernel(const V* __restrict__ dy, const TO* __restrict__ out,
                                       const float* __restrict__ gates,
                                       const int64_t* __restrict__ slot,
-                                      const int64_t* __restrict__ inverse, V* __restrict__ dout,
+                                      const int64_t* __restrict__ inverse, TD* __restrict__ dout,
                                       float* __restrict__ dgates, int64_t rows, int64_t k,
                                       int64_t width) {
   const int lane = threadIdx.x & 31;
@@ -250,9 +257,8 @@ __global__ void CombineBackwardKernel(const V* __restrict__ dy, const TO* __rest
   // shuffles in WarpSum see the whole warp.
   SY_ROW_LOOP(a, rows, 5) {
     const int64_t s = slot[a];
-    V* d = dout + a * width;
     if (inverse != nullptr && inverse[s] != a) {  // a dropped row (the same for the warp)
-      for (int64_t c = lane; c < width; c += 32) d[c] = Zero<V>();
+      for (int64_t c = lane; c < width; c += 32) StoreRow(dout, a * width + c, Zero<V>());
       continue;
     }
     const float w = gates[s];
@@ -262,7 +268,7 @@ __global__ void CombineBackwardKernel(const V* __restrict__ dy, const TO* __rest
       const V gv = g[c];
       V ov;
       LoadWidened(out, a * width + c, ov);
-      d[c] = Scale(w, gv);
+      StoreRow(dout, a * width + c, Scale(w, gv));
       dot += Dot(gv, ov);
     }
     dot = WarpSum(dot);

@@ -254,9 +254,11 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 //                                                         activation's pass writes h and a
 //                                                         in bf16, no bias or not, and the
 //                                                         combine keeps its rows rounded)
-//   experts backward      dy, and x, h again: 3           dy: 1 (x and h are kept bf16; the
-//                                                         activation's backward writes da as
-//                                                         W1's bf16 operand, both storages)
+//   experts backward      x, h again: 2                   none: 0 (x and h are kept bf16;
+//                                                         in both storages the combine's
+//                                                         backward writes dy and the
+//                                                         activation's backward da as the
+//                                                         products' bf16 operands)
 //   attention backward    dy of q, k, v, o and their      dy of q, k, v, o: 4 (their inputs
 //                         inputs again: 8                 are kept bf16)
 // and the tied head: its input forward (1), dlogits once for its two products and its input
@@ -268,18 +270,18 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 // update's; twice on the first step). That is with the host-sized expert products
 // (moe.dispatch_counts: host);
 // the device-sized ones round f32 operands as they load them, so under f32 storage the
-// experts' forward converts nothing and their backward only dy (its MatmulOperand):
-// 4 + 0 + 1 + 8 per block; bf16 storage is unchanged.
+// experts' forward converts nothing and neither does their backward: 4 + 0 + 0 + 8 per
+// block; bf16 storage is unchanged.
 TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
   if (!is_root()) return;
   const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
   const int64_t weights = 13, head = 1 + 2, head_bf16 = 1;
-  const int64_t per_mb_f32 = kMoELayers * (4 + 2 + 3 + 8) + head;
-  const int64_t per_mb_bf16 = kMoELayers * (1 + 0 + 1 + 4) + head_bf16;
-  const int64_t per_mb_f32_device = kMoELayers * (4 + 0 + 1 + 8) + head;
-  ASSERT_EQ(per_mb_f32, 37);
-  ASSERT_EQ(per_mb_bf16, 13);
-  ASSERT_EQ(per_mb_f32_device, 29);
+  const int64_t per_mb_f32 = kMoELayers * (4 + 2 + 2 + 8) + head;
+  const int64_t per_mb_bf16 = kMoELayers * (1 + 0 + 0 + 4) + head_bf16;
+  const int64_t per_mb_f32_device = kMoELayers * (4 + 0 + 0 + 8) + head;
+  ASSERT_EQ(per_mb_f32, 35);
+  ASSERT_EQ(per_mb_bf16, 11);
+  ASSERT_EQ(per_mb_f32_device, 27);
   for (const char* counts : {"host", "device"}) {
   for (bool stored_bf16 : {false, true}) {
     SCOPED_TRACE(StrCat(stored_bf16 ? "bf16 storage" : "f32 storage", ", ", counts));

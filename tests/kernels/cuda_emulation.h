@@ -306,6 +306,16 @@ void Launch(EmuDim3 grid, int threads, unsigned char* smem, size_t smem_bytes,
          kernel);
 }
 
+// A value for a message: bf16 widened first (it converts to float only).
+template <typename T>
+double AsDouble(const T& v) {
+  if constexpr (std::is_same_v<T, switchyard::BFloat16>) {
+    return static_cast<float>(v);
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
 // Expects got and want of one size with the same bits everywhere; names the first difference.
 template <typename T>
 void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
@@ -314,7 +324,7 @@ void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
       ADD_FAILURE() << what << ": element " << i << " of " << got.size() << " differs: "
-                    << double(got[i]) << " vs " << double(want[i]);
+                    << AsDouble(got[i]) << " vs " << AsDouble(want[i]);
       return;
     }
   }

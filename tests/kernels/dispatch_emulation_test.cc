@@ -404,28 +404,26 @@ void RunCombine(const Plan& p, const float* out, const float* gates, const float
 
 // permute.cu's CombineBackward over `rows` permuted rows (dgates' memset left out: the
 // caller fills it, to see which slots the kernel writes). out: f32 rows, or (O = BFloat16)
-// the combine's kept bf16 rows, which take no part in the float4 choice (as permute.cu).
-template <typename O>
+// the combine's kept bf16 rows; dout: f32, or (D = BFloat16) the experts' bf16 operand; bf16
+// rows take no part in the float4 choice (as permute.cu).
+template <typename O, typename D = float>
 void RunCombineBackward(const Plan& p, int64_t rows, const float* dy, const O* out,
-                        const float* gates, const int64_t* inverse, float* dout, float* dgates,
+                        const float* gates, const int64_t* inverse, D* dout, float* dgates,
                         int64_t d, unsigned grid_cap) {
   if (rows == 0) return;
-  constexpr bool kOut16 = std::is_same_v<O, BFloat16>;
-  pm::LaunchRows(d, {dy, kOut16 ? nullptr : static_cast<const void*>(out), dout},
+  constexpr bool kOut16 = std::is_same_v<O, BFloat16>, kDout16 = std::is_same_v<D, BFloat16>;
+  pm::LaunchRows(d, {dy, kOut16 ? nullptr : static_cast<const void*>(out),
+                     kDout16 ? nullptr : static_cast<const void*>(dout)},
                  [&](auto tag, int64_t width) {
     using V = decltype(tag);
+    using TO = std::conditional_t<kOut16, BFloat16, V>;
+    using TD = std::conditional_t<kDout16, BFloat16, V>;
     const unsigned blocks = std::min(pm::CombineBackwardBlocks(rows), grid_cap);
     emu::Launch(EmuDim3{blocks, 1, 1}, pm::kThreads, no_smem, 0, 0, [&] {
-      if constexpr (kOut16) {
-        pm::CombineBackwardKernel<V>(reinterpret_cast<const V*>(dy), out, gates, p.slot.data(),
-                                     inverse, reinterpret_cast<V*>(dout), dgates, rows, p.k,
-                                     width);
-      } else {
-        pm::CombineBackwardKernel<V>(reinterpret_cast<const V*>(dy),
-                                     reinterpret_cast<const V*>(out), gates, p.slot.data(),
-                                     inverse, reinterpret_cast<V*>(dout), dgates, rows, p.k,
-                                     width);
-      }
+      pm::CombineBackwardKernel<V, TO, TD>(reinterpret_cast<const V*>(dy),
+                                           reinterpret_cast<const TO*>(out), gates,
+                                           p.slot.data(), inverse, reinterpret_cast<TD*>(dout),
+                                           dgates, rows, p.k, width);
     });
   });
 }
@@ -633,6 +631,25 @@ TEST(DispatchEmulationTest, CombineBackwardMatchesTheCpu) {
                         want_dout, want_dg, nullptr,
                         device_sized ? Tensor::FromVector(p.inverse, {c.N, c.k}) : Tensor());
         ExpectSameBits(dout, want_dout.ToVector<float>(), what + ": dout");
+        // dout written as the experts' bf16 operand: the f32 dout rounded (dropped rows 0),
+        // on the CPU op as in the kernel; the same dgates.
+        {
+          std::vector<BFloat16> dout16(rows * d, BFloat16(kNan)), rounded;
+          std::vector<float> dgates16(nk, kUnwritten);
+          RunCombineBackward(p, rows, dy.data(), out.data(), gates.data(),
+                             device_sized ? p.inverse.data() : nullptr, dout16.data(),
+                             dgates16.data(), d, cap);
+          for (float v : dout) rounded.push_back(BFloat16(v));
+          ExpectSameBits(dout16, rounded, what + ": bf16 dout");
+          ExpectSameBits(dgates16, dgates, what + ": dgates with a bf16 dout");
+          Tensor cpu16 = Tensor::Empty({rows, d}, DType::kBF16);
+          Tensor cpu_dg = Tensor::Empty({c.N, c.k}, DType::kF32);
+          CombineBackward(Tensor::FromVector(dy, {c.N, d}), Tensor::FromVector(out, {rows, d}),
+                          Tensor::FromVector(gates, {c.N, c.k}), Tensor::FromVector(slot, {rows}),
+                          cpu16, cpu_dg, nullptr,
+                          device_sized ? Tensor::FromVector(p.inverse, {c.N, c.k}) : Tensor());
+          ExpectSameBits(cpu16.ToVector<BFloat16>(), rounded, what + ": CPU bf16 dout");
+        }
         const std::vector<float> wg = want_dg.ToVector<float>();
         for (int64_t s = 0; s < nk; ++s) {
           const int64_t a = p.inverse[s];
