@@ -123,6 +123,14 @@ struct MoEConfig {
     return dispatch_counts == DispatchCounts::kDevice && ep == 1 && etp == 1 &&
            overlap_chunks <= 1 && replicate_hot_experts == 0;
   }
+  // Whether the combine's backward writes the experts' incoming gradient rows in bf16, their
+  // products' operand (which also crosses ep back at 2 bytes): with bf16 products, when the
+  // experts read the rows only in products (no b2 gradient: bias off) and the rows take the
+  // plain path (no etp, no replicas, no overlap chunks). The MoE layer and the dry-run's
+  // memory estimate both ask this.
+  bool ExpertGradRowsInBf16(bool bf16_products, int64_t etp, bool replicas) const {
+    return bf16_products && !bias && etp == 1 && !replicas && overlap_chunks <= 1;
+  }
   // Whether decoder layer i is an MoE layer (MODEL.md section 1).
   bool IsMoELayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }

@@ -368,9 +368,10 @@ Tensor MoELayer::CombineOutputsBackward(const MoEActivations& acts, const Tensor
   // In bf16 mode the combine's backward writes the experts' incoming gradient as the bf16
   // operand their products read (no conversion there, and half the bytes back across ep);
   // not when the experts sum b2's gradient from it (moe.bias), nor under etp or replicas,
-  // whose paths move f32 rows (as the forward's).
-  const bool rows16 = kernels::MatmulOperandDType(ctx) == DType::kBF16 && !config_.bias &&
-                      !etp_ && !acts.destinations.defined();
+  // whose paths move f32 rows (as the forward's). The overlap chunks' backward is its own.
+  const bool rows16 = config_.ExpertGradRowsInBf16(
+      kernels::MatmulOperandDType(ctx) == DType::kBF16, etp_size(),
+      acts.destinations.defined());
   Tensor dout = Tensor::Empty({plan.num_assignments(), d}, rows16 ? DType::kBF16 : DType::kF32,
                               device());
   CombineBackward(dy, acts.expert_out, acts.gates, config_.routed_scaling_factor, plan, dout,

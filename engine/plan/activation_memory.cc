@@ -128,8 +128,8 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 // token it holds), but every rank of the routing group keeps the whole group's routing:
 // logits and probabilities (E each) and two sets of choices, gates and keep masks (2.25 k
 // each), gathered over tp x cp.
-// Backward: per admitted row dy, then HiddenGradients, a gate gradient per assignment, four
-// (E) router gradients. Under bf16 storage the expert input x, a, (b), h and the combine's
+// Backward: per admitted row dy (bf16 when ExpertGradRowsInBf16), then HiddenGradients, a
+// gate gradient per assignment, four (E) router gradients. Under bf16 storage the expert input x, a, (b), h and the combine's
 // rows are bf16 (the shared experts' a, (b), h too; their input is the layer's, kept f32
 // for the router); backward reads a (and b) and the combine's rows as kept.
 Piece MoEElements(const config::Config& c, const Shape& s) {
@@ -147,10 +147,17 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
   const double router_in = e.jitter_eps > 0 ? 2 * d : (s.tp && !s.sp ? d : 0);
   const bool relu_bias = e.activation == dense::Activation::kRelu && e.bias;
+  // The experts' incoming gradient rows: bf16 as the combine's backward writes them (replicas
+  // counted as on: a step may have them).
+  const double dy_rows =
+      e.ExpertGradRowsInBf16(s.grads16, c.parallel.expert_tp(), e.replicate_hot_experts > 0)
+          ? 0.5 * d
+          : d;
   return {.kept = whole_router + routed * (router_in + 4 * k + admitted * per_row +
                                            (shared_h > 0 ? s.half * emats * shared_h : 0)),
           .backward = d * s.rows +
-                      routed * (admitted * (d + HiddenGradients(s, d, fe, emats - 1, relu_bias)) +
+                      routed * (admitted * (dy_rows + HiddenGradients(s, d, fe, emats - 1,
+                                                                      relu_bias)) +
                                 k + 4 * E)};
 }
 
