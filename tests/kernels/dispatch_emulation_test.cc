@@ -624,13 +624,17 @@ TEST(DispatchEmulationTest, CombineBackwardMatchesTheCpu) {
         RunCombineBackward(p, rows, dy.data(), out.data(), gates.data(),
                            device_sized ? p.inverse.data() : nullptr, dout.data(),
                            dgates.data(), d, cap);
-        Tensor want_dout = Tensor::Empty({rows, d}, DType::kF32);
+        // The CPU op, its dout in `dtype`; returns dout, the gates' gradient filled in.
         Tensor want_dg = Tensor::Empty({c.N, c.k}, DType::kF32);
-        CombineBackward(Tensor::FromVector(dy, {c.N, d}), Tensor::FromVector(out, {rows, d}),
-                        Tensor::FromVector(gates, {c.N, c.k}), Tensor::FromVector(slot, {rows}),
-                        want_dout, want_dg, nullptr,
-                        device_sized ? Tensor::FromVector(p.inverse, {c.N, c.k}) : Tensor());
-        ExpectSameBits(dout, want_dout.ToVector<float>(), what + ": dout");
+        auto on_cpu = [&](DType dtype) {
+          Tensor dout_cpu = Tensor::Empty({rows, d}, dtype);
+          CombineBackward(Tensor::FromVector(dy, {c.N, d}), Tensor::FromVector(out, {rows, d}),
+                          Tensor::FromVector(gates, {c.N, c.k}), Tensor::FromVector(slot, {rows}),
+                          dout_cpu, want_dg, nullptr,
+                          device_sized ? Tensor::FromVector(p.inverse, {c.N, c.k}) : Tensor());
+          return dout_cpu;
+        };
+        ExpectSameBits(dout, on_cpu(DType::kF32).ToVector<float>(), what + ": dout");
         // dout written as the experts' bf16 operand: the f32 dout rounded (dropped rows 0),
         // on the CPU op as in the kernel; the same dgates.
         {
@@ -642,13 +646,8 @@ TEST(DispatchEmulationTest, CombineBackwardMatchesTheCpu) {
           for (float v : dout) rounded.push_back(BFloat16(v));
           ExpectSameBits(dout16, rounded, what + ": bf16 dout");
           ExpectSameBits(dgates16, dgates, what + ": dgates with a bf16 dout");
-          Tensor cpu16 = Tensor::Empty({rows, d}, DType::kBF16);
-          Tensor cpu_dg = Tensor::Empty({c.N, c.k}, DType::kF32);
-          CombineBackward(Tensor::FromVector(dy, {c.N, d}), Tensor::FromVector(out, {rows, d}),
-                          Tensor::FromVector(gates, {c.N, c.k}), Tensor::FromVector(slot, {rows}),
-                          cpu16, cpu_dg, nullptr,
-                          device_sized ? Tensor::FromVector(p.inverse, {c.N, c.k}) : Tensor());
-          ExpectSameBits(cpu16.ToVector<BFloat16>(), rounded, what + ": CPU bf16 dout");
+          ExpectSameBits(on_cpu(DType::kBF16).ToVector<BFloat16>(), rounded,
+                         what + ": CPU bf16 dout");
         }
         const std::vector<float> wg = want_dg.ToVector<float>();
         for (int64_t s = 0; s < nk; ++s) {
