@@ -41,6 +41,16 @@ inline std::vector<T> ToHost(const Tensor& t, DeviceContext* ctx) {
   return host.ToVector<T>();
 }
 
+// Lets `kernel` take `bytes` of dynamic shared memory: past the default 48 KiB a kernel must
+// opt in (cudaFuncAttributeMaxDynamicSharedMemorySize) before its launch.
+template <typename Kernel>
+void AllowSharedMemory(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024) {
+    SY_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
+}
+
 // Bytes of a u8 scratch tensor on ctx's device (at least 1).
 inline Tensor Scratch(size_t bytes, DeviceContext* ctx) {
   return Tensor::Empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::kU8,

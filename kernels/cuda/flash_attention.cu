@@ -57,11 +57,6 @@ dim3 GridOf(int64_t blocks, int64_t heads, int64_t batch) {
               static_cast<unsigned>(batch));
 }
 
-// Sets a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KiB).
-template <typename Kernel>
-void AllowSharedMemory(Kernel kernel, int bytes) {
-  SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
 
 Dims DimsOf(const Tensor& q, const Tensor& k) {
   return {Int(q.dim(1), "S"), Int(q.dim(2), "Hq"), Int(k.dim(2), "Hkv")};

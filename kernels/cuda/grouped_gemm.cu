@@ -16,7 +16,8 @@
 // no spills), so two CTAs share an SM (__launch_bounds__(256, 2); 52-62 KiB of shared memory
 // each). Otherwise (an f32 operand, or rows cp.async cannot carry) the next K step's tiles are
 // loaded from global memory into registers (16-byte loads where the rows allow them, each
-// warp reading whole rows or 512 contiguous bytes of one, in the dimension that is contiguous: x along k, w along n, or along k when
+// warp reading whole rows or 512 contiguous bytes of one, in the dimension that is
+// contiguous: x along k, w along n, or along k when
 // transposed, dy along n) while the current step is multiplied from one of two shared stages;
 // then they are converted and stored into the other stage; one barrier per step. An edge tile
 // (the last K step or column tile when k or n is off the tile, or rows that 16-byte loads
@@ -75,23 +76,6 @@ constexpr int SharedBytes() {
   return grouped::Smem<P, kAsync>::kBytes;
 }
 
-template <typename Kernel>
-void AllowSharedMemory(Kernel kernel, int bytes) {
-  if (bytes > 48 * 1024) {
-    SY_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  }
-}
-
-// The cp.async kernels take two bf16 operands that grouped::CopiesAligned accepts (the
-// per-group and per-tile origins inherit it: every offset added to the base is a multiple of
-// the leading dimension or of a tile's width).
-template <typename TA, typename TB>
-constexpr bool kBothBf16 = std::is_same_v<TA, __nv_bfloat16> && std::is_same_v<TB, __nv_bfloat16>;
-template <typename T>
-bool UseCopies(const T* a, int64_t lda, const T* b, int64_t ldb) {
-  return grouped::CopiesAligned(a, lda, lda) && grouped::CopiesAligned(b, ldb, ldb);
-}
 
 // The kernels index a tile in ints: kBM rows of the widest operand must fit one.
 void CheckWidths(const Dims& d, const char* op) {
@@ -118,8 +102,8 @@ void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tens
   SY_CHECK(ctas <= INT_MAX) << "GroupedGemm: " << ctas << " CTAs exceed the grid's x limit";
   CheckWidths(d, "GroupedGemm");
   const auto grid = static_cast<unsigned>(ctas);
-  if constexpr (kBothBf16<TX, TW>) {
-    if (UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
+  if constexpr (grouped::kBothBf16<TX, TW>) {
+    if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
       return LaunchForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta, grid,
                                                        ctx);
     }
@@ -148,8 +132,8 @@ void LaunchWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, 
       << " groups exceed the grid's limits (x 2^31 - 1, y 65535)";
   CheckWidths(d, "GroupedGemmWeightGrad");
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups));
-  if constexpr (kBothBf16<TX, TD>) {
-    if (UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
+  if constexpr (grouped::kBothBf16<TX, TD>) {
+    if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
       return LaunchWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta, grid, ctx);
     }
   }

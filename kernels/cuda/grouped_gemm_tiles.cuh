@@ -189,4 +189,15 @@ __host__ __device__ inline bool CopiesAligned(const T* p, int64_t ld, int64_t co
          cols % Vec<T>::kN == 0;
 }
 
+// The cp.async kernels' operands: both bf16 (kBothBf16), both CopiesAligned from their
+// bases (the per-group and per-tile origins inherit it: every offset added to a base is a
+// multiple of the leading dimension or of a tile's width). grouped_gemm.cu chooses its
+// kernels by these, and the emulation test as it does.
+template <typename TA, typename TB>
+constexpr bool kBothBf16 = std::is_same_v<TA, Bf16> && std::is_same_v<TB, Bf16>;
+template <typename T>
+bool UseCopies(const T* a, int64_t lda, const T* b, int64_t ldb) {
+  return CopiesAligned(a, lda, lda) && CopiesAligned(b, ldb, ldb);
+}
+
 }  // namespace switchyard::kernels::cuda::grouped

@@ -69,13 +69,6 @@ const T* Elements(const Tensor& t) {
 
 int async_launches = 0;  // launches of the cp.async kernels, which the tests expect to see
 
-// grouped_gemm.cu's choice: both operands bf16 and grouped::CopiesAligned.
-template <typename TA, typename TB>
-constexpr bool kBothBf16 = std::is_same_v<TA, BFloat16> && std::is_same_v<TB, BFloat16>;
-template <typename T>
-bool UseCopies(const T* a, int64_t lda, const T* b, int64_t ldb) {
-  return grouped::CopiesAligned(a, lda, lda) && grouped::CopiesAligned(b, ldb, ldb);
-}
 
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
 void RunForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
@@ -92,8 +85,8 @@ void RunForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tenso
 template <class P, typename TX, typename TW, bool kTransW>
 void RunForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
                 const grouped::Dims& d, float alpha, float beta) {
-  if constexpr (kBothBf16<TX, TW>) {
-    if (UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
+  if constexpr (grouped::kBothBf16<TX, TW>) {
+    if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
       return RunForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta);
     }
   }
@@ -116,8 +109,8 @@ void RunWeightGradOn(const Tensor& x, const Tensor& dy, const Tensor& offsets, T
 template <class P, typename TX, typename TD>
 void RunWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
                    const grouped::Dims& d, float alpha, float beta) {
-  if constexpr (kBothBf16<TX, TD>) {
-    if (UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
+  if constexpr (grouped::kBothBf16<TX, TD>) {
+    if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
       return RunWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta);
     }
   }
