@@ -96,7 +96,7 @@ if [ "${KERNELS:-1}" = 1 ] && command -v ncu >/dev/null &&
   kp="$out_dir/kernels"
   rm -rf "$kp" && mkdir -p "$kp"
   sets=(data.dir="$data" runtime.device=cuda runtime.precision=bf16 runtime.activation_dtype=bf16
-        train.eval_every=0 train.checkpoint_every=0 train.grad_accum=1 parallel.ep=1
+        train.eval_every=0 train.eval_batches=0 train.checkpoint_every=0 train.grad_accum=1 parallel.ep=1
         train.micro_batch_size=16 moe.capacity_factor=0)
   setflags=()
   for s in "${sets[@]}"; do setflags+=(--set "$s"); done

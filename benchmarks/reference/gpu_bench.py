@@ -236,7 +236,9 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
     sets = [f"data.dir={args.data}", f"runtime.device={args.device}",
             f"runtime.precision={'bf16' if cuda else 'fp32'}",
             f"runtime.activation_dtype={'bf16' if cuda else 'fp32'}",
-            "train.eval_every=0", "train.grad_accum=1", "parallel.ep=1",
+            # No evaluation (the pack's small validation split holds fewer windows than one
+            # micro-batch of 64 at seq 512 needs).
+            "train.eval_every=0", "train.eval_batches=0", "train.grad_accum=1", "parallel.ep=1",
             "train.checkpoint_every=0"] + overrides
     # "torch:compile=0": the reference's run without torch.compile (PyTorch eager), not ours'.
     eager_reference = "torch:compile=0" in sets

@@ -46,8 +46,9 @@ FAMILIES = [
 
 
 def short_name(name):
-    """The kernel's own name: `ns::(anonymous namespace)::Foo<float, 2>(float*, ...)` -> Foo."""
-    head = name
+    """The kernel's own name: `ns::(anonymous namespace)::Foo<float, 2>(float*, ...)` -> Foo
+    (Nsight Compute writes an anonymous namespace as `<unnamed>`)."""
+    head = name.replace("<unnamed>", "(anonymous namespace)")
     depth, cut = 0, len(head)
     for i, ch in enumerate(head):  # the parameter list: the first '(' outside template brackets
         if ch == "<":

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
@@ -92,5 +93,53 @@ __device__ __forceinline__ void StoreAs(float* p, int64_t i, float v) { p[i] = v
 __device__ __forceinline__ void StoreAs(__nv_bfloat16* p, int64_t i, float v) {
   p[i] = ToBf16(v);
 }
+
+// ---- Operands of the warp-level tensor-core product mma.sync.m16n8k16 (bf16 x bf16 + f32).
+// A register holds two bf16 values, the first in its low half. Lane l of a warp, g = l / 4,
+// t = l % 4, holds (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
+//   a (16 x 16, row-major): a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
+//                           a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9];
+//   b (16 x 8):             b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
+//   c, d (16 x 8, f32):     c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1].
+// So the accumulators of two neighbouring n = 8 tiles, rounded and packed, are the a operand
+// of the next product (the FlashAttention-2 trick: softmax weights stay in registers).
+
+// Two bf16 values at p (4-byte aligned) as one operand register.
+__device__ __forceinline__ uint32_t LoadBf16x2(const __nv_bfloat16* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+#endif
+}
+__device__ __forceinline__ void StoreBf16x2(__nv_bfloat16* p, uint32_t v) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint32_t*>(p) = v;
+#else
+  std::memcpy(static_cast<void*>(p), &v, sizeof(v));
+#endif
+}
+// bf16(lo) in the low half, bf16(hi) in the high half (round to nearest even).
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(ToBf16(lo))) |
+         static_cast<uint32_t>(__bfloat16_as_ushort(ToBf16(hi))) << 16;
+}
+
+#ifdef __CUDACC__
+// d += a b over one warp (every lane calls it, with the fragments above); sm_80 or later.
+// The host model of CUDA (tests/kernels/cuda_emulation.h) defines its own.
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[2]) {
+#ifdef __CUDA_ARCH__
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+#endif
 
 }  // namespace switchyard::kernels::cuda

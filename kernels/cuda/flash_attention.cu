@@ -1,31 +1,36 @@
 // CUDA implementation of kernels/flash_attention.h: fused attention on tensor cores
-// (nvcuda::wmma, bf16 16x16x16 fragments with f32 accumulators), FlashAttention-2 style.
-// This file launches the kernels; their device code is kernels/cuda/flash_attention_kernels.cuh.
-// Its CPU twin is kernels/cpu/flash_attention.cc; the formulas and rounding points are listed
-// in kernels/flash_attention.h and both files follow them line by line.
+// (mma.sync.m16n8k16, bf16 operands with f32 accumulators, in registers), FlashAttention-2
+// style. This file launches the kernels; their device code is
+// kernels/cuda/flash_attention_kernels.cuh. Its CPU twin is kernels/cpu/flash_attention.cc; the
+// formulas and rounding points are listed in kernels/flash_attention.h and both files follow
+// them.
 //
 // Blocks: 128 threads (4 warps) per CTA, tiles of kBr = 64 query rows and kBc = 64 keys.
-// Warp w owns rows [16 w, 16 w + 16) of every (64, *) tile it computes with wmma; in the
-// forward, thread t owns row t / 2 of the softmax and half (t % 2) of its columns, so the two
-// threads of a row combine their max and sum with one shuffle. Inputs are f32 in the
-// (B, S, H, hd) layout and are rounded to bf16 as they are loaded into shared memory; rows
-// past S load as zeros and are masked (keys) or not written (queries).
+// Warp w owns rows [16 w, 16 w + 16) of the tile (query rows, or keys in the dk/dv kernel) and
+// keeps its scores, softmax weights and output accumulators in registers in the m16n8k16
+// fragment layout (kernels/cuda/device_common.cuh): a row's values sit in the four lanes of a
+// quad, which combine a row's max and sum with two shuffles, and the accumulators of the
+// scores, rounded to bf16, are directly the first operand of the next product. Only the
+// operand tiles pass through shared memory: inputs are f32 in the (B, S, H, hd) layout and
+// are rounded to bf16 as they are loaded, row-major (q, k, v, dout) or transposed where the
+// tile is the second operand of a product over its rows (v in the forward, k for dq, q and
+// dout for dk and dv); rows past S load as zeros and are masked (keys) or not written
+// (queries).
 //
 //   FlashForwardKernel    grid (query blocks, Hq, B): online softmax over the key blocks,
 //                         out and lse written once.
 //   FlashBackwardKvKernel grid (key blocks, Hkv, B): dk and dv of the block's keys, summed over
 //                         the group's query heads and the query blocks that see the keys, kept
-//                         in wmma accumulators and written once (no atomics).
+//                         in registers and written once (no atomics).
 //   FlashBackwardQKernel  grid (query blocks, Hq, B): dq over the key blocks the rows see.
 // Both backward kernels recompute the tile's p = exp(s - lse) and ds = p (dp - delta) with
-// the same code (ComputeBackwardTile).
+// the same code (BackwardWeights).
 //
 // The f32 arithmetic that the twin does in two roundings (x * scale, then - lse; acc * a,
 // then + pv) is written with __fmul_rn / __fadd_rn so that nvcc does not contract it into
-// one fma; only the order of the sums inside a tensor-core product and the last ulp of expf
-// differ from the twin.
-#include <mma.h>
-
+// one fma; the order of the sums inside a tensor-core product (here acc * a is the product's
+// accumulator input), the order of a row's sum over its four lanes and the last ulp of expf
+// differ from the twin, all inside the bound of tests/kernels/flash_attention_bound.h.
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -85,16 +90,17 @@ void LaunchBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                     const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv,
                     bool causal, DeviceContext* ctx) {
   const Dims d = DimsOf(q, k);
-  const int bytes = Sizes<HD>::kBackward;
-  AllowSharedMemory(flash::FlashBackwardKvKernel<HD>, bytes);
-  AllowSharedMemory(flash::FlashBackwardQKernel<HD>, bytes);
+  AllowSharedMemory(flash::FlashBackwardKvKernel<HD>, Sizes<HD>::kBackwardKv);
+  AllowSharedMemory(flash::FlashBackwardQKernel<HD>, Sizes<HD>::kBackwardQ);
   const int64_t blocks = (d.s + kBr - 1) / kBr;
   const cudaStream_t stream = StreamOf(ctx);
-  flash::FlashBackwardKvKernel<HD><<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, bytes, stream>>>(
+  flash::FlashBackwardKvKernel<HD>
+      <<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, Sizes<HD>::kBackwardKv, stream>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
       delta.data<float>(), dk.data<float>(), dv.data<float>(), d, causal, ScaleOf(HD));
   SY_CUDA_CHECK_LAUNCH();
-  flash::FlashBackwardQKernel<HD><<<GridOf(blocks, d.hq, q.dim(0)), kThreads, bytes, stream>>>(
+  flash::FlashBackwardQKernel<HD>
+      <<<GridOf(blocks, d.hq, q.dim(0)), kThreads, Sizes<HD>::kBackwardQ, stream>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
       delta.data<float>(), dq.data<float>(), d, causal, ScaleOf(HD));
   SY_CUDA_CHECK_LAUNCH();

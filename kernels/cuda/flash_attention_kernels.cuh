@@ -1,60 +1,44 @@
-// The device code of the fused attention kernel (kernels/cuda/flash_attention.cu, which
-// launches it): tiles, tensor-core products, the forward and the two backward kernels. See
-// that file for the design. Include it after <mma.h> and kernels/cuda/common.cuh (ToBf16,
-// kFullMask); it uses nothing else of CUDA's but the built-ins (threadIdx, __syncthreads,
-// __shfl_xor_sync, expf, the __f*_rn intrinsics) and nvcuda::wmma's fragments, so the same
-// source can also be compiled against a host model of those
+// The device code of the fused attention kernels (kernels/cuda/flash_attention.cu launches
+// them; the design is there): tiles, register-level tensor-core products, the forward and the
+// two backward kernels. Include it after kernels/cuda/common.cuh (ToBf16, kFullMask, MmaBf16
+// and the fragment helpers of kernels/cuda/device_common.cuh); it uses nothing else of CUDA's
+// but the built-ins (threadIdx, __syncthreads, __shfl_xor_sync, expf, the __f*_rn
+// intrinsics), so the same source also compiles against the host model of those
 // (tests/kernels/flash_attention_emulation_test.cc).
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/flash_attention.h"
 
 namespace switchyard::kernels::cuda::flash {
 
-namespace wmma = nvcuda::wmma;
 using Bf16 = __nv_bfloat16;
 
 constexpr int kBr = static_cast<int>(kFlashBlockQ);  // query rows per tile
 constexpr int kBc = static_cast<int>(kFlashBlockK);  // keys per tile
 constexpr int kThreads = 128;                        // 4 warps
-constexpr int kFrag = 16;                            // wmma m = n = k
-static_assert(kBr == 4 * kFrag && kBc == 4 * kFrag, "warp w owns 16 rows of a 64-row tile");
-static_assert(kThreads == 2 * kBr, "two threads per softmax row");
+constexpr int kWarpRows = 16;                        // rows of a tile each warp owns (mma m)
+static_assert(kBr == 4 * kWarpRows && kBc == 4 * kWarpRows, "warp w owns 16 rows of a 64-row tile");
+static_assert(kBr == kBc, "a transposed tile holds 64 rows of either kind");
 
-using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, Bf16, wmma::row_major>;
-using FragAT = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, Bf16, wmma::col_major>;
-using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, Bf16, wmma::row_major>;
-using FragBT = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, Bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
-
-// Shared-memory leading dimensions (elements), padded against bank conflicts. wmma needs a
-// multiple of 8 for bf16 and of 4 for f32, and 32-byte aligned fragment pointers: every tile
-// below starts at a multiple of 32 bytes and 16 rows of any of them are a multiple of 32 bytes.
+// Shared-memory leading dimensions (bf16 elements), padded so that the fragment reads below
+// (lane g * 4 + t reads the 32-bit word at row g, column pair t) hit 32 different banks.
 template <int HD>
 struct Ld {
-  static constexpr int kH = HD + 8;   // bf16 (rows, HD) tiles: q, k, v, dout
-  static constexpr int kP = kBc + 8;  // bf16 (kBr, kBc) tiles: p, ds
-  static constexpr int kS = kBc + 4;  // f32 (kBr, kBc) tiles: scores, dp
-  static constexpr int kO = HD + 4;   // f32 (64, HD) staging of a product's result
+  static constexpr int kH = HD + 8;   // (64, HD) tiles, row-major: q, k, v, dout
+  static constexpr int kT = kBr + 8;  // (HD, 64) tiles, the transpose of one: k^T, q^T, dout^T
 };
 
-// Bytes of a bf16 (64, HD) tile, of a bf16 (64, 64) tile and of the f32 region.
+// Bytes of shared memory of each kernel.
 template <int HD>
 struct Sizes {
-  static constexpr int kHTile = kBr * Ld<HD>::kH * 2;
-  static constexpr int kPTile = kBr * Ld<HD>::kP * 2;
-  static constexpr int kSTile = kBr * Ld<HD>::kS * 4;
-  static constexpr int kOTile = kBr * Ld<HD>::kO * 4;
-  // Forward: q, k, v, p, then one f32 region for the scores and then the pv product.
-  static constexpr int kForward = 3 * kHTile + kPTile + (kSTile > kOTile ? kSTile : kOTile);
-  // Backward: q, dout, k, v, p, ds, the f32 region (scores and dp, or the staging of a
-  // result), then lse and delta of the query rows.
-  static constexpr int kF32Region = 2 * kSTile > kOTile ? 2 * kSTile : kOTile;
-  static constexpr int kBackward = 4 * kHTile + 2 * kPTile + kF32Region + 2 * kBr * 4;
-  static_assert(kHTile % 32 == 0 && kPTile % 32 == 0 && kSTile % 32 == 0, "alignment");
+  static constexpr int kRows = kBr * Ld<HD>::kH * 2;  // one (64, HD) tile
+  static constexpr int kCols = HD * Ld<HD>::kT * 2;   // one (HD, 64) tile
+  static constexpr int kForward = 2 * kRows + kCols;                   // q, k; v^T
+  static constexpr int kBackwardQ = 4 * kRows + kCols;                 // q, dout, k, v; k^T
+  static constexpr int kBackwardKv = 4 * kRows + 2 * kCols + 2 * kBr * 4;  // + lse, delta
+  static_assert(kRows % 16 == 0 && kCols % 16 == 0, "alignment");
 };
 
 struct Dims {
@@ -63,82 +47,124 @@ struct Dims {
 };
 
 // Rows [r0, r0 + 64) of one head of a (B, S, H, HD) f32 tensor, `base` at (b, 0, head, 0)
-// with row stride ld, into a bf16 (64, HD) tile (leading dimension Ld::kH); rows >= s are 0.
-// Consecutive threads read consecutive elements of a row.
+// with row stride ld, rounded to bf16 into a (64, HD) tile (row-major, Ld::kH); rows >= s are
+// 0. A thread takes two neighbouring elements: consecutive threads read consecutive pairs.
 template <int HD>
-__device__ void LoadTile(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
-  for (int idx = threadIdx.x; idx < kBr * HD; idx += kThreads) {
-    const int r = idx / HD, e = idx % HD;
-    const float x = r0 + r < s ? base[static_cast<int64_t>(r0 + r) * ld + e] : 0.0f;
-    tile[r * Ld<HD>::kH + e] = ToBf16(x);
+__device__ void LoadRows(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
+  for (int idx = threadIdx.x; idx < kBr * HD / 2; idx += kThreads) {
+    const int r = idx / (HD / 2), e = 2 * (idx % (HD / 2));
+    const float* src = base + static_cast<int64_t>(r0 + r) * ld + e;
+    const bool in = r0 + r < s;
+    StoreBf16x2(tile + r * Ld<HD>::kH + e, PackBf16x2(in ? src[0] : 0.0f, in ? src[1] : 0.0f));
   }
 }
 
-// c (64, 64) f32 = a (64, HD) b^T: warp w computes rows [16 w, 16 w + 16) of c, a and b
-// bf16 tiles with leading dimension Ld::kH, c with leading dimension Ld::kS.
+// The same rows transposed into an (HD, 64) tile (row e holds element e of the 64 rows,
+// Ld::kT): a thread packs element e of rows 2p and 2p + 1. Lane l of a warp takes column
+// e = 8 c + l / 4 and row pair p = 4 q + l % 4: its 32-bit store lands in bank
+// (e * Ld::kT / 2 + p) % 32 = (4 (l / 4) + l % 4 + const) % 32, so no two lanes share a bank,
+// and each global read covers 8 neighbouring elements of 4 rows (whole 32-byte sectors).
 template <int HD>
-__device__ void ProductABt(const Bf16* a, const Bf16* b, float* c) {
-  const int warp = threadIdx.x / 32;
-  FragC acc[kBc / kFrag];
-  for (int n = 0; n < kBc / kFrag; ++n) wmma::fill_fragment(acc[n], 0.0f);
-  for (int kk = 0; kk < HD; kk += kFrag) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, a + warp * kFrag * Ld<HD>::kH + kk, Ld<HD>::kH);
-    for (int n = 0; n < kBc / kFrag; ++n) {
-      FragBT fb;  // b^T (HD, 64) is b read column-major
-      wmma::load_matrix_sync(fb, b + n * kFrag * Ld<HD>::kH + kk, Ld<HD>::kH);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+__device__ void LoadRowsTransposed(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
+  for (int idx = threadIdx.x; idx < kBr / 2 * HD; idx += kThreads) {
+    const int lane = idx % 32, chunk = idx / 32;
+    const int p = 4 * (chunk % 8) + lane % 4, e = 8 * (chunk / 8) + lane / 4;
+    const int r = r0 + 2 * p;
+    const float lo = r < s ? base[static_cast<int64_t>(r) * ld + e] : 0.0f;
+    const float hi = r + 1 < s ? base[static_cast<int64_t>(r + 1) * ld + e] : 0.0f;
+    StoreBf16x2(tile + e * Ld<HD>::kT + 2 * p, PackBf16x2(lo, hi));
+  }
+}
+
+// The a fragment of rows [row0, row0 + 16), columns [col0, col0 + 16) of a row-major tile.
+__device__ __forceinline__ void LoadA(const Bf16* tile, int ld, int row0, int col0,
+                                      uint32_t (&a)[4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const Bf16* p = tile + (row0 + g) * ld + col0 + 2 * t;
+  a[0] = LoadBf16x2(p);
+  a[1] = LoadBf16x2(p + 8 * ld);
+  a[2] = LoadBf16x2(p + 8);
+  a[3] = LoadBf16x2(p + 8 * ld + 8);
+}
+
+// The b fragment B[k][n] = tile[n0 + n][k0 + k] (k < 16, n < 8) of a row-major tile: the
+// product's second operand is the tile's rows, as in q k^T (rows of k) or ds k (rows of k^T).
+__device__ __forceinline__ void LoadB(const Bf16* tile, int ld, int n0, int k0,
+                                      uint32_t (&b)[2]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const Bf16* p = tile + (n0 + g) * ld + k0 + 2 * t;
+  b[0] = LoadBf16x2(p);
+  b[1] = LoadBf16x2(p + 8);
+}
+
+// The a fragment of columns [16 kk, 16 kk + 16) of a warp's (16, N) f32 accumulators (n = 8
+// tiles c[2 kk] and c[2 kk + 1]), each value rounded to bf16.
+template <int N>
+__device__ __forceinline__ void PackA(const float (&c)[N][4], int kk, uint32_t (&a)[4]) {
+  a[0] = PackBf16x2(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = PackBf16x2(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = PackBf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = PackBf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+template <int N>
+__device__ __forceinline__ void Zero(float (&c)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+}
+
+// c (16 rows of the warp, 64 columns) += x y^T: x the warp's rows [row0, row0 + 16) of a
+// row-major (., HD) tile, y the 64 rows of another (its columns are the result's columns).
+template <int HD>
+__device__ __forceinline__ void ProductRows(const Bf16* x, int row0, const Bf16* y,
+                                            float (&c)[kBc / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    uint32_t a[4];
+    LoadA(x, Ld<HD>::kH, row0, 16 * kk, a);
+#pragma unroll
+    for (int n = 0; n < kBc / 8; ++n) {
+      uint32_t b[2];
+      LoadB(y, Ld<HD>::kH, 8 * n, 16 * kk, b);
+      MmaBf16(c[n], a, b);
     }
   }
-  for (int n = 0; n < kBc / kFrag; ++n) {
-    wmma::store_matrix_sync(c + warp * kFrag * Ld<HD>::kS + n * kFrag, acc[n], Ld<HD>::kS,
-                            wmma::mem_row_major);
-  }
 }
 
-// acc[n] (16 rows of warp w, columns [16 n, 16 n + 16) of a (64, HD) result) += x y, with
-// x (64, 64) bf16 (leading dimension Ld::kP) read row-major, or transposed (x^T) when
-// kTransX, and y (64, HD) bf16 (leading dimension Ld::kH).
-template <int HD, bool kTransX>
-__device__ void AccumulateXY(const Bf16* x, const Bf16* y, FragC (&acc)[HD / kFrag]) {
-  const int warp = threadIdx.x / 32;
-  for (int kk = 0; kk < kBc; kk += kFrag) {
-    // x: rows [16 w, 16 w + 16), columns [kk, kk + 16); x^T: x's rows [kk, kk + 16),
-    // columns [16 w, 16 w + 16).
-    using FragX = typename std::conditional<kTransX, FragAT, FragA>::type;
-    FragX fx;
-    if constexpr (kTransX) {
-      wmma::load_matrix_sync(fx, x + kk * Ld<HD>::kP + warp * kFrag, Ld<HD>::kP);
-    } else {
-      wmma::load_matrix_sync(fx, x + warp * kFrag * Ld<HD>::kP + kk, Ld<HD>::kP);
-    }
-    for (int n = 0; n < HD / kFrag; ++n) {
-      FragB fy;
-      wmma::load_matrix_sync(fy, y + kk * Ld<HD>::kH + n * kFrag, Ld<HD>::kH);
-      wmma::mma_sync(acc[n], fx, fy, acc[n]);
+// acc (16 rows, HD) += bf16(w) z: w the warp's (16, 64) f32 accumulators, z an (HD, 64)
+// transposed tile (row e of it is column e of the (64, HD) operand).
+template <int HD>
+__device__ __forceinline__ void ProductWeights(const float (&w)[kBc / 8][4], const Bf16* zt,
+                                               float (&acc)[HD / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    uint32_t a[4];
+    PackA(w, kk, a);
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      uint32_t b[2];
+      LoadB(zt, Ld<HD>::kT, 8 * n, 16 * kk, b);
+      MmaBf16(acc[n], a, b);
     }
   }
 }
 
-// Stores warp w's accumulators (rows [16 w, 16 w + 16) of a (64, HD) result) times `scale`
-// into an f32 staging tile (leading dimension Ld::kO).
-template <int HD>
-__device__ void StoreScaled(FragC (&acc)[HD / kFrag], float scale, float* staging) {
-  const int warp = threadIdx.x / 32;
-  for (int n = 0; n < HD / kFrag; ++n) {
-    for (int t = 0; t < acc[n].num_elements; ++t) acc[n].x[t] = __fmul_rn(acc[n].x[t], scale);
-    wmma::store_matrix_sync(staging + warp * kFrag * Ld<HD>::kO + n * kFrag, acc[n], Ld<HD>::kO,
-                            wmma::mem_row_major);
-  }
-}
-
-// Rows [r0, r0 + 64) of an f32 staging tile into one head of a (B, S, H, HD) tensor, `base` at
-// (b, 0, head, 0) with row stride ld; rows >= s are dropped. Call after a __syncthreads().
-template <int HD>
-__device__ void WriteRows(const float* staging, int r0, int s, float* base, int64_t ld) {
-  for (int idx = threadIdx.x; idx < kBr * HD; idx += kThreads) {
-    const int r = idx / HD, e = idx % HD;
-    if (r0 + r < s) base[static_cast<int64_t>(r0 + r) * ld + e] = staging[r * Ld<HD>::kO + e];
+// Writes a warp's (16, HD) accumulators times `scale` as rows [r0, r0 + 16) of one head of a
+// (B, S, H, HD) tensor (`base` at (b, 0, head, 0), row stride ld); rows >= s are dropped.
+template <int HD, typename TO>
+__device__ __forceinline__ void WriteAccumulators(const float (&acc)[HD / 8][4], const float (&scale)[2],
+                                                  int r0, int s, TO* base, int64_t ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + g + 8 * half;
+    if (r >= s) continue;
+    TO* row = base + static_cast<int64_t>(r) * ld;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      StoreAs(row, 8 * n + 2 * t, __fmul_rn(acc[n][2 * half], scale[half]));
+      StoreAs(row, 8 * n + 2 * t + 1, __fmul_rn(acc[n][2 * half + 1], scale[half]));
+    }
   }
 }
 
@@ -150,39 +176,49 @@ __device__ __forceinline__ int KeyBlocksOf(int s, bool causal, int i0) {
   return (keys + kBc - 1) / kBc;
 }
 
-// One thread pair's online-softmax step for query row `row` (global index i) over the key
-// block at j0, the thread owning columns [half 32, half 32 + 32) of the scores in sf: writes
-// bf16(exp(x - m_new)) into sp, updates the running max m and sum l, and returns the factor
-// alpha = exp(m_old - m_new) that rescales the row's earlier accumulators.
-template <int HD>
-__device__ __forceinline__ float OnlineSoftmaxStep(const float* sf, Bf16* sp, int row, int half,
-                                                   int i, int j0, int s, bool causal,
-                                                   float scale, float& m, float& l) {
-  using L = Ld<HD>;
-  constexpr int kCols = kBc / 2;
-  float x[kCols];
-  float block_max = -INFINITY;
+// The online-softmax step of the warp's query rows over the key block at j0. s holds the
+// rows' scores q^ k^T (row g in registers 0, 1 and row g + 8 in 2, 3 of every n tile; i the
+// two rows' global indices); on return it holds p = exp(x - m_new) in f32, the running max m
+// and sum l are updated, and alpha = exp(m_old - m_new) rescales the rows' accumulators. A
+// row's four lanes (t = 0..3) combine their max and sum with two shuffles.
+__device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const int (&i)[2],
+                                                  int j0, int seq, bool causal, float scale,
+                                                  float (&m)[2], float (&l)[2],
+                                                  float (&alpha)[2]) {
+  const int t = threadIdx.x % 4;
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) {
-    const int col = half * kCols + c, j = j0 + col;
-    x[c] = j < s && Sees(causal, i, j) ? __fmul_rn(sf[row * L::kS + col], scale) : -INFINITY;
-    block_max = fmaxf(block_max, x[c]);
-  }
-  block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
-  const float m_new = fmaxf(m, block_max);
-  const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-  const float alpha = expf(__fsub_rn(m, shift));
-  float row_sum = 0.0f;
+  for (int half = 0; half < 2; ++half) {
+    float block_max = -INFINITY;
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) {
-    const float e = expf(__fsub_rn(x[c], shift));
-    row_sum = __fadd_rn(row_sum, e);
-    sp[row * L::kP + half * kCols + c] = ToBf16(e);
+    for (int n = 0; n < kBc / 8; ++n) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int j = j0 + 8 * n + 2 * t + c;
+        float& x = s[n][2 * half + c];
+        x = j < seq && Sees(causal, i[half], j) ? __fmul_rn(x, scale) : -INFINITY;
+        block_max = fmaxf(block_max, x);
+      }
+    }
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
+    const float m_new = fmaxf(m[half], block_max);
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+    alpha[half] = expf(__fsub_rn(m[half], shift));
+    float row_sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kBc / 8; ++n) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& x = s[n][2 * half + c];
+        x = expf(__fsub_rn(x, shift));
+        row_sum = __fadd_rn(row_sum, x);
+      }
+    }
+    row_sum = __fadd_rn(row_sum, __shfl_xor_sync(kFullMask, row_sum, 1));
+    row_sum = __fadd_rn(row_sum, __shfl_xor_sync(kFullMask, row_sum, 2));
+    l[half] = __fadd_rn(__fmul_rn(l[half], alpha[half]), row_sum);
+    m[half] = m_new;
   }
-  row_sum = __fadd_rn(row_sum, __shfl_xor_sync(kFullMask, row_sum, 1));
-  l = __fadd_rn(__fmul_rn(l, alpha), row_sum);
-  m = m_new;
-  return alpha;
 }
 
 // out: f32, or bf16 (TO; each value rounded as stored: the output projection's operand under
@@ -193,13 +229,10 @@ __global__ void __launch_bounds__(kThreads)
                        const float* __restrict__ v, TO* __restrict__ out,
                        float* __restrict__ lse, Dims d, bool causal, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using L = Ld<HD>;
   using Z = Sizes<HD>;
   Bf16* sq = reinterpret_cast<Bf16*>(smem);
-  Bf16* sk = reinterpret_cast<Bf16*>(smem + Z::kHTile);
-  Bf16* sv = reinterpret_cast<Bf16*>(smem + 2 * Z::kHTile);
-  Bf16* sp = reinterpret_cast<Bf16*>(smem + 3 * Z::kHTile);
-  float* sf = reinterpret_cast<float*>(smem + 3 * Z::kHTile + Z::kPTile);  // scores, then pv
+  Bf16* sk = reinterpret_cast<Bf16*>(smem + Z::kRows);
+  Bf16* svt = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
 
   // The longest query blocks (causal) first.
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -209,109 +242,91 @@ __global__ void __launch_bounds__(kThreads)
   const float* kh = k + static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const float* vh = v + static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
 
-  const int row = threadIdx.x / 2, half = threadIdx.x % 2, i = i0 + row;
-  constexpr int kOut = HD / 2;  // a thread's out columns (and half the score columns)
-  float m = -INFINITY, l = 0.0f;
-  float acc[kOut];
-#pragma unroll
-  for (int e = 0; e < kOut; ++e) acc[e] = 0.0f;
+  const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32;
+  const int i[2] = {i0 + row0 + lane / 4, i0 + row0 + lane / 4 + 8};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[HD / 8][4];
+  Zero(acc);
 
-  LoadTile<HD>(qh, ldq, i0, d.s, sq);
+  LoadRows<HD>(qh, ldq, i0, d.s, sq);
+  __syncthreads();
+  uint32_t qa[HD / 16][4];  // the warp's q rows, kept as a fragments
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) LoadA(sq, Ld<HD>::kH, row0, 16 * kk, qa[kk]);
+
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
-    __syncthreads();  // the previous block's readers of sk, sv, sp and sf are done
-    LoadTile<HD>(kh, ldkv, j0, d.s, sk);
-    LoadTile<HD>(vh, ldkv, j0, d.s, sv);
+    __syncthreads();  // the previous block's readers of sk and svt are done
+    LoadRows<HD>(kh, ldkv, j0, d.s, sk);
+    LoadRowsTransposed<HD>(vh, ldkv, j0, d.s, svt);
     __syncthreads();
-    ProductABt<HD>(sq, sk, sf);  // (64, 64) q^ k^T
-    __syncthreads();
-    const float alpha = OnlineSoftmaxStep<HD>(sf, sp, row, half, i, j0, d.s, causal, scale, m, l);
-    __syncthreads();  // p written; the scores in sf are no longer read
-    // pv (64, HD) = bf16(p) v^, staged in sf.
-    {
-      FragC pv[HD / kFrag];
-      for (int n = 0; n < HD / kFrag; ++n) wmma::fill_fragment(pv[n], 0.0f);
-      AccumulateXY<HD, false>(sp, sv, pv);
-      StoreScaled<HD>(pv, 1.0f, sf);
-    }
-    __syncthreads();
+    float s[kBc / 8][4];  // (16, 64) q^ k^T
+    Zero(s);
 #pragma unroll
-    for (int e = 0; e < kOut; ++e) {
-      acc[e] = __fadd_rn(__fmul_rn(acc[e], alpha), sf[row * L::kO + half * kOut + e]);
-    }
-  }
-  if (i < d.s) {
-    TO* orow = out + static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(i) * ldq +
-               static_cast<int64_t>(h) * HD + half * kOut;
+    for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
-    for (int e = 0; e < kOut; ++e) StoreAs(orow, e, __fdiv_rn(acc[e], l));
-    if (half == 0) {
-      lse[(static_cast<int64_t>(b) * d.hq + h) * d.s + i] = __fadd_rn(m, logf(l));
+      for (int n = 0; n < kBc / 8; ++n) {
+        uint32_t bk[2];
+        LoadB(sk, Ld<HD>::kH, 8 * n, 16 * kk, bk);
+        MmaBf16(s[n], qa[kk], bk);
+      }
+    }
+    float alpha[2];
+    OnlineSoftmaxStep(s, i, j0, d.s, causal, scale, m, l, alpha);
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      acc[n][0] = __fmul_rn(acc[n][0], alpha[0]);
+      acc[n][1] = __fmul_rn(acc[n][1], alpha[0]);
+      acc[n][2] = __fmul_rn(acc[n][2], alpha[1]);
+      acc[n][3] = __fmul_rn(acc[n][3], alpha[1]);
+    }
+    ProductWeights<HD>(s, svt, acc);  // acc += bf16(p) v^
+  }
+  const float inv[2] = {1.0f, 1.0f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      acc[n][2 * half] = __fdiv_rn(acc[n][2 * half], l[half]);
+      acc[n][2 * half + 1] = __fdiv_rn(acc[n][2 * half + 1], l[half]);
+    }
+    if (lane % 4 == 0 && i[half] < d.s) {
+      lse[(static_cast<int64_t>(b) * d.hq + h) * d.s + i[half]] = __fadd_rn(m[half], logf(l[half]));
+    }
+  }
+  WriteAccumulators<HD>(acc, inv, i0 + row0, d.s,
+                        out + static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD,
+                        ldq);
+}
+
+// The backward's per-tile weights, for one warp's (16, 64) scores s and dp (rows and columns
+// as the caller's product made them; i and j of element (n, r) from `at`): s becomes
+// p = exp(s scale - lse) (0 where masked or past S) and dp becomes ds = p (dp - delta).
+template <typename At>
+__device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&dp)[kBc / 8][4],
+                                                int seq, bool causal, float scale, At at) {
+#pragma unroll
+  for (int n = 0; n < kBc / 8; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      int i, j;
+      float row_lse, row_delta;
+      at(n, r, i, j, row_lse, row_delta);
+      float p = 0.0f;
+      if (i < seq && j < seq && Sees(causal, i, j)) {
+        p = expf(__fsub_rn(__fmul_rn(s[n][r], scale), row_lse));
+      }
+      s[n][r] = p;
+      dp[n][r] = __fmul_rn(p, __fsub_rn(dp[n][r], row_delta));
     }
   }
 }
 
-// Shared-memory tiles of the backward kernels.
-template <int HD>
-struct BackwardSmem {
-  Bf16 *q, *dout, *k, *v, *p, *ds;
-  float *s, *dp, *staging, *lse, *delta;
-
-  __device__ explicit BackwardSmem(unsigned char* base) {
-    using Z = Sizes<HD>;
-    q = reinterpret_cast<Bf16*>(base);
-    dout = reinterpret_cast<Bf16*>(base + Z::kHTile);
-    k = reinterpret_cast<Bf16*>(base + 2 * Z::kHTile);
-    v = reinterpret_cast<Bf16*>(base + 3 * Z::kHTile);
-    p = reinterpret_cast<Bf16*>(base + 4 * Z::kHTile);
-    ds = reinterpret_cast<Bf16*>(base + 4 * Z::kHTile + Z::kPTile);
-    unsigned char* f32 = base + 4 * Z::kHTile + 2 * Z::kPTile;
-    s = reinterpret_cast<float*>(f32);
-    dp = reinterpret_cast<float*>(f32 + Z::kSTile);
-    staging = s;  // the result staging reuses the scores and dp once they are done
-    lse = reinterpret_cast<float*>(f32 + Z::kF32Region);
-    delta = lse + kBr;
-  }
-};
-
-// Loads the query block's q, dout (bf16), lse and delta (rows >= s: 0). `row_stats` points at
-// (b, h, 0) of the (B, Hq, S) lse and delta.
-template <int HD>
-__device__ void LoadQueryBlock(const BackwardSmem<HD>& t, const float* qh, const float* doh,
-                               int64_t ldq, const float* lse_bh, const float* delta_bh, int i0,
-                               int s) {
-  LoadTile<HD>(qh, ldq, i0, s, t.q);
-  LoadTile<HD>(doh, ldq, i0, s, t.dout);
-  for (int r = threadIdx.x; r < kBr; r += kThreads) {
-    t.lse[r] = i0 + r < s ? lse_bh[i0 + r] : 0.0f;
-    t.delta[r] = i0 + r < s ? delta_bh[i0 + r] : 0.0f;
-  }
-}
-
-// With q, dout, k, v, lse and delta of the tile loaded: s = q^ k^T, dp = do^ v^T, then
-//   p = exp(s scale - lse) (0 where masked or past S), t.p = bf16(p), t.ds = bf16(p (dp - delta)).
-// Begins and ends with the block's threads in step.
-template <int HD>
-__device__ void ComputeBackwardTile(const BackwardSmem<HD>& t, int i0, int j0, int s, bool causal,
-                                    float scale) {
-  using L = Ld<HD>;
-  __syncthreads();
-  ProductABt<HD>(t.q, t.k, t.s);
-  ProductABt<HD>(t.dout, t.v, t.dp);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kBr * kBc; idx += kThreads) {
-    const int r = idx / kBc, c = idx % kBc, i = i0 + r, j = j0 + c;
-    float p = 0.0f;
-    if (i < s && j < s && Sees(causal, i, j)) {
-      p = expf(__fsub_rn(__fmul_rn(t.s[r * L::kS + c], scale), t.lse[r]));
-    }
-    t.p[r * L::kP + c] = ToBf16(p);
-    t.ds[r * L::kP + c] = ToBf16(__fmul_rn(p, __fsub_rn(t.dp[r * L::kS + c], t.delta[r])));
-  }
-  __syncthreads();
-}
-
+// dk and dv of one key block (grid (key blocks, Hkv, B)): warp w owns keys [16 w, 16 w + 16)
+// of the block and computes, per query block of each query head of the group,
+//   s^T = k^ q^T, dp^T = v^ do^T (keys as rows), p^T and ds^T in registers, then
+//   dv += bf16(p^T) do^ and dk += bf16(ds^T) q^ (q^T and do^T tiles as the second operand).
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvKernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -320,17 +335,26 @@ __global__ void __launch_bounds__(kThreads)
                           float* __restrict__ dk, float* __restrict__ dv, Dims d, bool causal,
                           float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const BackwardSmem<HD> t(smem);
+  using Z = Sizes<HD>;
+  Bf16* sk = reinterpret_cast<Bf16*>(smem);
+  Bf16* sv = reinterpret_cast<Bf16*>(smem + Z::kRows);
+  Bf16* sq = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
+  Bf16* sdo = reinterpret_cast<Bf16*>(smem + 3 * Z::kRows);
+  Bf16* sqt = reinterpret_cast<Bf16*>(smem + 4 * Z::kRows);
+  Bf16* sdot = reinterpret_cast<Bf16*>(smem + 4 * Z::kRows + Z::kCols);
+  float* slse = reinterpret_cast<float*>(smem + 4 * Z::kRows + 2 * Z::kCols);
+  float* sdelta = slse + kBr;
+
   const int kb = blockIdx.x, g = blockIdx.y, b = blockIdx.z, j0 = kb * kBc;
   const int64_t ldq = static_cast<int64_t>(d.hq) * HD, ldkv = static_cast<int64_t>(d.hkv) * HD;
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
-  LoadTile<HD>(k + kv_off, ldkv, j0, d.s, t.k);
-  LoadTile<HD>(v + kv_off, ldkv, j0, d.s, t.v);
-  FragC dk_acc[HD / kFrag], dv_acc[HD / kFrag];
-  for (int n = 0; n < HD / kFrag; ++n) {
-    wmma::fill_fragment(dk_acc[n], 0.0f);
-    wmma::fill_fragment(dv_acc[n], 0.0f);
-  }
+  const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
+  const int j[2] = {j0 + row0 + lane / 4, j0 + row0 + lane / 4 + 8};
+  LoadRows<HD>(k + kv_off, ldkv, j0, d.s, sk);
+  LoadRows<HD>(v + kv_off, ldkv, j0, d.s, sv);
+  float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
+  Zero(dk_acc);
+  Zero(dv_acc);
   const int q_blocks = (d.s + kBr - 1) / kBr;
   const int first = causal ? j0 / kBr : 0;  // query blocks wholly above the diagonal skipped
   for (int h = g * d.group(); h < (g + 1) * d.group(); ++h) {
@@ -338,25 +362,41 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
     for (int qb = first; qb < q_blocks; ++qb) {
       const int i0 = qb * kBr;
-      __syncthreads();  // the previous tile's readers of q, dout, p, ds are done
-      LoadQueryBlock<HD>(t, q + q_off, dout + q_off, ldq, lse + stat_off, delta + stat_off, i0,
-                         d.s);
-      ComputeBackwardTile<HD>(t, i0, j0, d.s, causal, scale);
-      // dv (64 keys, HD) += bf16(p)^T do^;  dk += bf16(ds)^T q^.
-      AccumulateXY<HD, true>(t.p, t.dout, dv_acc);
-      AccumulateXY<HD, true>(t.ds, t.q, dk_acc);
+      __syncthreads();  // the previous tile's readers of sq, sdo, sqt, sdot, slse are done
+      LoadRows<HD>(q + q_off, ldq, i0, d.s, sq);
+      LoadRows<HD>(dout + q_off, ldq, i0, d.s, sdo);
+      LoadRowsTransposed<HD>(q + q_off, ldq, i0, d.s, sqt);
+      LoadRowsTransposed<HD>(dout + q_off, ldq, i0, d.s, sdot);
+      for (int r = threadIdx.x; r < kBr; r += kThreads) {
+        slse[r] = i0 + r < d.s ? lse[stat_off + i0 + r] : 0.0f;
+        sdelta[r] = i0 + r < d.s ? delta[stat_off + i0 + r] : 0.0f;
+      }
+      __syncthreads();
+      float st[kBr / 8][4], dpt[kBr / 8][4];  // (16 keys, 64 queries)
+      Zero(st);
+      Zero(dpt);
+      ProductRows<HD>(sk, row0, sq, st);
+      ProductRows<HD>(sv, row0, sdo, dpt);
+      BackwardWeights(st, dpt, d.s, causal, scale,
+                      [&](int n, int r, int& i, int& jj, float& row_lse, float& row_delta) {
+                        const int c = 8 * n + 2 * t + r % 2;  // the query's row in the block
+                        i = i0 + c;
+                        jj = j[r / 2];
+                        row_lse = slse[c];
+                        row_delta = sdelta[c];
+                      });
+      ProductWeights<HD>(st, sdot, dv_acc);   // dv += bf16(p)^T do^
+      ProductWeights<HD>(dpt, sqt, dk_acc);   // dk += bf16(ds)^T q^
     }
   }
-  __syncthreads();  // the last tile's s and dp are done: staging reuses them
-  StoreScaled<HD>(dk_acc, scale, t.staging);
-  __syncthreads();
-  WriteRows<HD>(t.staging, j0, d.s, dk + kv_off, ldkv);
-  __syncthreads();
-  StoreScaled<HD>(dv_acc, 1.0f, t.staging);
-  __syncthreads();
-  WriteRows<HD>(t.staging, j0, d.s, dv + kv_off, ldkv);
+  const float one[2] = {1.0f, 1.0f}, scaled[2] = {scale, scale};
+  WriteAccumulators<HD>(dk_acc, scaled, j0 + row0, d.s, dk + kv_off, ldkv);
+  WriteAccumulators<HD>(dv_acc, one, j0 + row0, d.s, dv + kv_off, ldkv);
 }
 
+// dq of one query block (grid (query blocks, Hq, B)): warp w owns rows [16 w, 16 w + 16) and
+// computes, per key block the rows see, s = q^ k^T and dp = do^ v^T, p and ds in registers,
+// then dq += bf16(ds) k^ (a k^T tile as the second operand).
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQKernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -364,30 +404,54 @@ __global__ void __launch_bounds__(kThreads)
                          const float* __restrict__ dout, const float* __restrict__ delta,
                          float* __restrict__ dq, Dims d, bool causal, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const BackwardSmem<HD> t(smem);
+  using Z = Sizes<HD>;
+  Bf16* sq = reinterpret_cast<Bf16*>(smem);
+  Bf16* sdo = reinterpret_cast<Bf16*>(smem + Z::kRows);
+  Bf16* sk = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
+  Bf16* sv = reinterpret_cast<Bf16*>(smem + 3 * Z::kRows);
+  Bf16* skt = reinterpret_cast<Bf16*>(smem + 4 * Z::kRows);
+
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int g = h / d.group(), i0 = qb * kBr;
   const int64_t ldq = static_cast<int64_t>(d.hq) * HD, ldkv = static_cast<int64_t>(d.hkv) * HD;
   const int64_t q_off = static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
-  LoadQueryBlock<HD>(t, q + q_off, dout + q_off, ldq, lse + stat_off, delta + stat_off, i0, d.s);
-  FragC dq_acc[HD / kFrag];
-  for (int n = 0; n < HD / kFrag; ++n) wmma::fill_fragment(dq_acc[n], 0.0f);
+  const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
+  const int i[2] = {i0 + row0 + lane / 4, i0 + row0 + lane / 4 + 8};
+  float row_lse[2], row_delta[2];
+  for (int half = 0; half < 2; ++half) {
+    row_lse[half] = i[half] < d.s ? lse[stat_off + i[half]] : 0.0f;
+    row_delta[half] = i[half] < d.s ? delta[stat_off + i[half]] : 0.0f;
+  }
+  LoadRows<HD>(q + q_off, ldq, i0, d.s, sq);
+  LoadRows<HD>(dout + q_off, ldq, i0, d.s, sdo);
+  float dq_acc[HD / 8][4];
+  Zero(dq_acc);
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
-    __syncthreads();  // the previous tile's readers of k, v, ds are done
-    LoadTile<HD>(k + kv_off, ldkv, j0, d.s, t.k);
-    LoadTile<HD>(v + kv_off, ldkv, j0, d.s, t.v);
-    ComputeBackwardTile<HD>(t, i0, j0, d.s, causal, scale);
-    // dq (64 rows, HD) += bf16(ds) k^.
-    AccumulateXY<HD, false>(t.ds, t.k, dq_acc);
+    __syncthreads();  // the previous tile's readers of sk, sv, skt are done
+    LoadRows<HD>(k + kv_off, ldkv, j0, d.s, sk);
+    LoadRows<HD>(v + kv_off, ldkv, j0, d.s, sv);
+    LoadRowsTransposed<HD>(k + kv_off, ldkv, j0, d.s, skt);
+    __syncthreads();
+    float s[kBc / 8][4], dp[kBc / 8][4];  // (16 rows, 64 keys)
+    Zero(s);
+    Zero(dp);
+    ProductRows<HD>(sq, row0, sk, s);
+    ProductRows<HD>(sdo, row0, sv, dp);
+    BackwardWeights(s, dp, d.s, causal, scale,
+                    [&](int n, int r, int& ii, int& jj, float& l, float& dl) {
+                      ii = i[r / 2];
+                      jj = j0 + 8 * n + 2 * t + r % 2;
+                      l = row_lse[r / 2];
+                      dl = row_delta[r / 2];
+                    });
+    ProductWeights<HD>(dp, skt, dq_acc);  // dq += bf16(ds) k^
   }
-  __syncthreads();
-  StoreScaled<HD>(dq_acc, scale, t.staging);
-  __syncthreads();
-  WriteRows<HD>(t.staging, i0, d.s, dq + q_off, ldq);
+  const float scaled[2] = {scale, scale};
+  WriteAccumulators<HD>(dq_acc, scaled, i0 + row0, d.s, dq + q_off, ldq);
 }
 
 }  // namespace switchyard::kernels::cuda::flash

@@ -62,6 +62,10 @@ for name, short, fam in [(NORM, "LayerNormForwardKernel", "norms"),
                          ("CastToBf16Kernel", "CastToBf16Kernel", "conversions"),
                          ("void at::native::vectorized_elementwise_kernel<4, F, A>(int, F, A)",
                           "vectorized_elementwise_kernel", "copies, fills"),
+                         # Nsight Compute's CSV names an anonymous namespace `<unnamed>`
+                         ("void switchyard::<unnamed>::FillKernel<float, 1>(T1 *, long, "
+                          "switchyard::RngKey, long, float, float, const long *, long, long)",
+                          "FillKernel", "copies, fills"),
                          ("mystery_kernel", "mystery_kernel", "other")]:
     check("short name of " + short, kp.short_name(name) == short, kp.short_name(name))
     check("family of " + short, kp.family(name) == fam, kp.family(name))

@@ -247,9 +247,49 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 // ---- bf16 conversions (kernels/cuda/device_common.cuh's ToBf16 and FromBf16 use these).
 inline __nv_bfloat16 __float2bfloat16_rn(float v) { return switchyard::BFloat16(v); }
 inline float __bfloat162float(__nv_bfloat16 v) { return static_cast<float>(v); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 v) { return v.bits; }
 
 // The device helpers every family shares (grid-stride loops, reductions, bf16 conversions).
 #include "kernels/cuda/device_common.cuh"
+
+// mma.sync.m16n8k16 bf16 (kernels/cuda/device_common.cuh's MmaBf16): the warp's lanes put their
+// fragments in per-warp slots, meet at the warp barrier, and each lane computes its own four
+// accumulators from the whole tile as the fragment layout there assigns them (f32 sums of the
+// exact bf16 products, in k order, onto c); a second barrier frees the slots. A lane that
+// skips the call, or a kernel that reads the fragments with another layout, shows as a hang or
+// as wrong values.
+namespace emu {
+inline uint32_t mma_a[kMaxWarps][32][4], mma_b[kMaxWarps][32][2];
+}  // namespace emu
+namespace switchyard::kernels::cuda {
+inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int warp = emu::LinearThread() / 32, lane = emu::LinearThread() % 32;
+  for (int r = 0; r < 4; ++r) emu::mma_a[warp][lane][r] = a[r];
+  for (int r = 0; r < 2; ++r) emu::mma_b[warp][lane][r] = b[r];
+  emu::warp_barriers[warp]->arrive_and_wait();
+  auto half = [](uint32_t reg, int k) {  // element k % 2 of a register: bf16 -> f32, exact
+    BFloat16 h;
+    h.bits = static_cast<uint16_t>(k % 2 ? reg >> 16 : reg & 0xffffu);
+    return static_cast<float>(h);
+  };
+  // A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8).
+  auto A = [&](int row, int k) {
+    return half(emu::mma_a[warp][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k);
+  };
+  // B[k][col]: lane col * 4 + (k % 8) / 2, register (k >= 8).
+  auto B = [&](int k, int col) { return half(emu::mma_b[warp][col * 4 + (k % 8) / 2][k >= 8], k); };
+  const int g = lane / 4, t = lane % 4;
+  float out[4];
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
+    float acc = d[r];
+    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    out[r] = acc;
+  }
+  emu::warp_barriers[warp]->arrive_and_wait();
+  for (int r = 0; r < 4; ++r) d[r] = out[r];
+}
+}  // namespace switchyard::kernels::cuda
 
 namespace emu {
 

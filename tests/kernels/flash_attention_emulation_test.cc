@@ -99,12 +99,12 @@ void EmulatedBackward(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)));
   const unsigned blocks = static_cast<unsigned>((d.s + flash::kBr - 1) / flash::kBr);
   const unsigned batch = static_cast<unsigned>(q.dim(0));
-  Launch({blocks, static_cast<unsigned>(d.hkv), batch}, flash::Sizes<HD>::kBackward, [&] {
+  Launch({blocks, static_cast<unsigned>(d.hkv), batch}, flash::Sizes<HD>::kBackwardKv, [&] {
     flash::FlashBackwardKvKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
                                      lse.data<float>(), dout.data<float>(), delta.data<float>(),
                                      dk.data<float>(), dv.data<float>(), d, causal, scale);
   });
-  Launch({blocks, static_cast<unsigned>(d.hq), batch}, flash::Sizes<HD>::kBackward, [&] {
+  Launch({blocks, static_cast<unsigned>(d.hq), batch}, flash::Sizes<HD>::kBackwardQ, [&] {
     flash::FlashBackwardQKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
                                     lse.data<float>(), dout.data<float>(), delta.data<float>(),
                                     dq.data<float>(), d, causal, scale);
