@@ -129,7 +129,7 @@ echo "== GPU tests"
 (cd "$build" && ctest -L gpu --output-on-failure --timeout "${GPU_TEST_TIMEOUT:-180}") \
   >"$out/gpu_tests.log" 2>&1
 rc=$?
-passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/gpu_tests.log" | tail -1)
+passed=$(grep -Eo "[0-9]+% tests passed(, [0-9]+ tests failed)? out of [0-9]+" "$out/gpu_tests.log" | tail -1)
 total=$(grep -Eo 'out of [0-9]+' "$out/gpu_tests.log" | tail -1 | grep -Eo '[0-9]+')
 skipped=$(grep -c '\*\*\*Skipped' "$out/gpu_tests.log")
 result=$([ $rc = 0 ] && echo ok || echo FAILED)
@@ -146,7 +146,7 @@ else
   (cd "$build" && ctest -L unit -E "cli_|tiny_configs|docs_model${unit_exclude:-}" --output-on-failure \
      -j "$(nproc)" --timeout 300) >"$out/unit_tests.log" 2>&1
   rc=$?
-  passed=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/unit_tests.log" | tail -1)
+  passed=$(grep -Eo "[0-9]+% tests passed(, [0-9]+ tests failed)? out of [0-9]+" "$out/unit_tests.log" | tail -1)
   row "ctest -L unit (CPU)" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${passed:-no summary}"
 fi
 

@@ -128,6 +128,27 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 }
 
 #ifdef __CUDACC__
+// ldmatrix.m8n8.x4 (bf16): lanes 8 i to 8 i + 7 give the addresses (shared memory, 16-byte
+// aligned) of rows 0-7 of matrix i (8 bf16 each); lane l receives in r[i] the pair at row l / 4,
+// columns 2 (l % 4), +1 of matrix i, or with Trans the pair at rows 2 (l % 4), +1, column l / 4
+// (the matrix transposed). The host model of CUDA defines its own.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+#ifdef __CUDA_ARCH__
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
+#ifdef __CUDA_ARCH__
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
 // d += a b over one warp (every lane calls it, with the fragments above); sm_80 or later.
 // The host model of CUDA (tests/kernels/cuda_emulation.h) defines its own.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4],

@@ -3,8 +3,9 @@
 // synchronisation). The device code is kernels/cuda/grouped_gemm_kernels.cuh.
 //
 // Tiles: a CTA of 256 threads (8 warps) computes a 128 x 128 tile of the output.
-//  - bf16 mode: tensor cores (nvcuda::wmma bf16 16x16x16, f32 accumulators), K steps of 32;
-//    warp w owns a 64 x 32 sub-tile (4 x 2 fragments). f32 operands are rounded to bf16 (nearest
+//  - bf16 mode: tensor cores (mma.sync.m16n8k16 on fragments that ldmatrix reads from the
+//    shared tiles, f32 accumulators in registers, written straight to global memory), K steps
+//    of 32; warp w owns a 64 x 32 sub-tile (4 x 4 tiles of 16 x 8). f32 operands are rounded to bf16 (nearest
 //    even) as they are stored into shared memory, bf16 ones copied: no converted copy in global
 //    memory.
 //  - f32 mode: f32 SIMT products (fmaf, no TF32), K steps of 16; each thread an 8 x 8 block.
@@ -40,7 +41,6 @@
 // Every element of a tile is one f32 sum over K of exact bf16 products (or f32 fmas), so the
 // results differ from the CPU reference (kernels/cpu/gemm.cc) only in the summation order.
 #include <cuda_pipeline_primitives.h>
-#include <mma.h>
 
 #include <climits>
 #include <type_traits>

@@ -2,10 +2,10 @@
 // (kernels/cuda/grouped_gemm.cu launches it and describes the design): the tensor-core (bf16)
 // and SIMT (f32) main loops, their register and cp.async pipelines, the search of a CTA's row
 // tile in the offsets, and the epilogues with row bounds and alpha/beta; the tiles and their
-// loads are kernels/cuda/grouped_gemm_tiles.cuh. Include it after <mma.h>,
-// <cuda_pipeline_primitives.h> and kernels/cuda/common.cuh (ToBf16); it uses nothing else of
-// CUDA's but the built-ins (threadIdx, blockIdx, __syncthreads, __syncwarp, fmaf, the __f*_rn
-// intrinsics), nvcuda::wmma's fragments and the cp.async primitives (__pipeline_memcpy_async,
+// loads are kernels/cuda/grouped_gemm_tiles.cuh. Include it after
+// <cuda_pipeline_primitives.h> and kernels/cuda/common.cuh (ToBf16, MmaBf16, LdMatrixX4); it
+// uses nothing else of CUDA's but the built-ins (threadIdx, blockIdx, __syncthreads,
+// __syncwarp, fmaf, the __f*_rn intrinsics) and the cp.async primitives (__pipeline_memcpy_async,
 // __pipeline_commit, __pipeline_wait_prior), so the same source also compiles against the
 // host model of tests/kernels/cuda_emulation.h (tests/kernels/grouped_gemm_emulation_test.cc).
 #pragma once
@@ -16,8 +16,6 @@
 #include "kernels/cuda/grouped_gemm_tiles.cuh"
 
 namespace switchyard::kernels::cuda::grouped {
-
-namespace wmma = nvcuda::wmma;
 
 // Where a CTA writes: its tile's origin in the output, the output's leading dimension, and
 // the rows and columns in bounds from the origin.
@@ -33,17 +31,15 @@ __device__ __forceinline__ void Write(float* p, float acc, float alpha, float be
   *p = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, *p));
 }
 
-// Element (r, c) of a shared tile read as wmma layout L with leading dimension ld.
-template <typename L>
-__device__ __forceinline__ int At(int r, int c, int ld) {
-  return std::is_same_v<L, wmma::row_major> ? r * ld + c : c * ld + r;
-}
-
-// bf16 products on tensor cores, f32 accumulators. The shared tiles keep their global
+// bf16 products on tensor cores (mma.sync.m16n8k16, f32 accumulators in registers; the
+// fragment layout is kernels/cuda/device_common.cuh's). The shared tiles keep their global
 // orientation: A (kBM, kBK) row-major, or (kBK, kBM) when kAKm (the weight gradient's x^T:
-// its M is x's contiguous dimension), read by col_major fragments; B (kBK, kBN), or
-// (kBN, kBK) when kBNk (w transposed). Warp w computes rows [64 (w / 4), +64) and columns
-// [32 (w % 4), +32) of the CTA tile: 4 x 2 accumulator fragments.
+// its M is x's contiguous dimension); B (kBK, kBN), or (kBN, kBK) when kBNk (w transposed).
+// ldmatrix reads the fragments, transposing (.trans) where a tile's rows run along K's
+// partner rather than K: A when kAKm, B unless kBNk. Each 8-row phase of an ldmatrix reads 8
+// rows of 16 bytes whose leading dimensions (+8 elements) put them in distinct banks. Warp w
+// computes rows [64 (w / 4), +64) and columns [32 (w % 4), +32) of the CTA tile: 4 x 4
+// accumulator tiles of 16 x 8.
 template <bool kAKm, bool kBNk>
 struct TensorCoreTiles {
   using S = Bf16;
@@ -53,14 +49,7 @@ struct TensorCoreTiles {
   static constexpr int kABytes = (kAKm ? kBK : kBM) * kLdA * 2;
   static constexpr int kBBytes = (kBNk ? kBN : kBK) * kLdB * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kLdStage = 2 * kFrag + 4;  // a warp's (16, 32) f32 epilogue staging
-  static_assert(kABytes % 128 == 0 && kBBytes % 128 == 0, "32-byte aligned fragments");
-  static_assert(8 * kFrag * kLdStage * 4 <= 2 * kStageBytes, "staging fits the stages");
-  using LayoutA = std::conditional_t<kAKm, wmma::col_major, wmma::row_major>;
-  using LayoutB = std::conditional_t<kBNk, wmma::col_major, wmma::row_major>;
-  using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, Bf16, LayoutA>;
-  using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, Bf16, LayoutB>;
-  using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+  static_assert(kABytes % 128 == 0 && kBBytes % 128 == 0, "16-byte aligned ldmatrix rows");
   template <typename T>
   using ARegs = TileRegs<T, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
   template <typename T>
@@ -68,7 +57,7 @@ struct TensorCoreTiles {
   using ACopies = TileCopies<S, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
   using BCopies = TileCopies<S, kBNk ? kBN : kBK, kBNk ? kBK : kBN>;
   struct Acc {
-    FragC c[4][2];
+    float c[4][4][4];  // [16-row tile i][8-column tile j][register]
   };
 
   static constexpr bool kTransposeA = false, kTransposeB = false;
@@ -77,51 +66,67 @@ struct TensorCoreTiles {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc.c[i][j], 0.0f);
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc.c[i][j][r] = 0.0f;
+      }
     }
   }
 
-  // acc += a b over one K step.
+  // acc += a b over one K step. Lane l addresses row l % 8 of matrix l / 8 of each ldmatrix.
   __device__ static void Multiply(const S* a, const S* b, Acc& acc) {
-    const int warp = threadIdx.x / 32, m0 = warp / 4 * 64, n0 = warp % 4 * 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m0 = warp / 4 * 64, n0 = warp % 4 * 32, mi = lane / 8, r8 = lane % 8;
 #pragma unroll
-    for (int kk = 0; kk < kBK; kk += kFrag) {
-      FragB fb[2];
+    for (int kk = 0; kk < kBK; kk += 16) {
+      uint32_t fb[4][2];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wmma::load_matrix_sync(fb[j], b + At<LayoutB>(kk, n0 + j * kFrag, kLdB), kLdB);
+      for (int jj = 0; jj < 2; ++jj) {  // the 8-column tiles 2 jj and 2 jj + 1
+        const int n = n0 + 16 * jj;
+        uint32_t r[4];
+        if constexpr (kBNk) {  // rows n: matrices (n, k), (n, k + 8), (n + 8, k), (n + 8, k + 8)
+          LdMatrixX4(r, b + (n + r8 + 8 * (mi >> 1)) * kLdB + kk + 8 * (mi & 1));
+        } else {  // rows k: matrices (k, n), (k + 8, n), (k, n + 8), (k + 8, n + 8), transposed
+          LdMatrixX4Trans(r, b + (kk + r8 + 8 * (mi & 1)) * kLdB + n + 8 * (mi >> 1));
+        }
+        fb[2 * jj][0] = r[0];
+        fb[2 * jj][1] = r[1];
+        fb[2 * jj + 1][0] = r[2];
+        fb[2 * jj + 1][1] = r[3];
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        FragA fa;
-        wmma::load_matrix_sync(fa, a + At<LayoutA>(m0 + i * kFrag, kk, kLdA), kLdA);
+        const int m = m0 + 16 * i;
+        uint32_t fa[4];
+        if constexpr (kAKm) {  // rows k: matrices (k, m), (k, m + 8), (k + 8, m), (k + 8, m + 8)
+          LdMatrixX4Trans(fa, a + (kk + r8 + 8 * (mi >> 1)) * kLdA + m + 8 * (mi & 1));
+        } else {  // rows m: matrices (m, k), (m + 8, k), (m, k + 8), (m + 8, k + 8)
+          LdMatrixX4(fa, a + (m + r8 + 8 * (mi & 1)) * kLdA + kk + 8 * (mi >> 1));
+        }
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc.c[i][j], fa, fb[j], acc.c[i][j]);
+        for (int j = 0; j < 4; ++j) MmaBf16(acc.c[i][j], fa, fb[j]);
       }
     }
   }
 
-  // Each warp stages 16 rows x 32 columns of its result at a time in shared memory (`smem`, no
-  // longer read by the main loop), then lane l writes column l of them: 128-byte rows.
+  // Lane (g, t) = (l / 4, l % 4) holds columns 2t, 2t + 1 of rows g and g + 8 of each 16 x 8
+  // tile and writes them straight to global memory: a lane quad writes 32 contiguous bytes.
   __device__ static void Epilogue(Acc& acc, const Output& out, float alpha, float beta,
-                                  unsigned char* smem) {
+                                  unsigned char*) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int m0 = warp / 4 * 64, col = warp % 4 * 32 + lane;
-    float* stage = reinterpret_cast<float*>(smem) + warp * kFrag * kLdStage;
-#pragma unroll  // constant fragment indices: the accumulators stay in registers
+    const int m0 = warp / 4 * 64 + lane / 4, n0 = warp % 4 * 32 + 2 * (lane % 4);
+#pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wmma::store_matrix_sync(stage + j * kFrag, acc.c[i][j], kLdStage, wmma::mem_row_major);
-      }
-      __syncwarp();
-      for (int r = 0; r < kFrag; ++r) {
-        const int row = m0 + i * kFrag + r;
-        if (row < out.rows && col < out.cols) {
-          Write(out.base + row * out.ld + col, stage[r * kLdStage + lane], alpha, beta);
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = m0 + 16 * i + 8 * (r / 2), col = n0 + 8 * j + r % 2;
+          if (row < out.rows && col < out.cols) {
+            Write(out.base + row * out.ld + col, acc.c[i][j][r], alpha, beta);
+          }
         }
       }
-      __syncwarp();  // the stage is read before the next fragments overwrite it
     }
   }
 };

@@ -260,8 +260,37 @@ inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 v) { return v.bits; }
 // as wrong values.
 namespace emu {
 inline uint32_t mma_a[kMaxWarps][32][4], mma_b[kMaxWarps][32][2];
+inline const switchyard::BFloat16* ldmatrix_rows[kMaxWarps][32];
 }  // namespace emu
 namespace switchyard::kernels::cuda {
+// ldmatrix.m8n8.x4 (device_common.cuh's LdMatrixX4 / LdMatrixX4Trans): the lanes publish their
+// row addresses, meet, and each lane packs its four pairs from the rows as the instruction
+// distributes them; a second barrier frees the slots.
+inline void EmuLdMatrixX4(uint32_t (&r)[4], const __nv_bfloat16* row, bool trans) {
+  const int warp = emu::LinearThread() / 32, lane = emu::LinearThread() % 32;
+  emu::ldmatrix_rows[warp][lane] = row;
+  emu::warp_barriers[warp]->arrive_and_wait();
+  uint32_t out[4];
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat16* const* rows = emu::ldmatrix_rows[warp] + 8 * i;
+    uint16_t lo, hi;
+    if (trans) {  // rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4
+      lo = rows[2 * (lane % 4)][lane / 4].bits;
+      hi = rows[2 * (lane % 4) + 1][lane / 4].bits;
+    } else {  // row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1
+      lo = rows[lane / 4][2 * (lane % 4)].bits;
+      hi = rows[lane / 4][2 * (lane % 4) + 1].bits;
+    }
+    out[i] = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
+  }
+  emu::warp_barriers[warp]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) r[i] = out[i];
+}
+inline void LdMatrixX4(uint32_t (&r)[4], const __nv_bfloat16* row) { EmuLdMatrixX4(r, row, false); }
+inline void LdMatrixX4Trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  EmuLdMatrixX4(r, row, true);
+}
+
 inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   const int warp = emu::LinearThread() / 32, lane = emu::LinearThread() % 32;
   for (int r = 0; r < 4; ++r) emu::mma_a[warp][lane][r] = a[r];
