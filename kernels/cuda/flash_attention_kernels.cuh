@@ -49,13 +49,31 @@ struct Dims {
 // Rows [r0, r0 + 64) of one head of a (B, S, H, HD) f32 tensor, `base` at (b, 0, head, 0)
 // with row stride ld, rounded to bf16 into a (64, HD) tile (row-major, Ld::kH); rows >= s are
 // 0. A thread takes two neighbouring elements: consecutive threads read consecutive pairs.
+// The loops run a constant number of times in batches of kBatch pairs (unrolled), so a batch's
+// loads are all issued before its first conversion waits for one (a tile costs kPairs /
+// kBatch memory latencies, not kPairs), with 2 kBatch registers in flight.
+constexpr int kBatch = 8;
 template <int HD>
 __device__ void LoadRows(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
-  for (int idx = threadIdx.x; idx < kBr * HD / 2; idx += kThreads) {
-    const int r = idx / (HD / 2), e = 2 * (idx % (HD / 2));
-    const float* src = base + static_cast<int64_t>(r0 + r) * ld + e;
-    const bool in = r0 + r < s;
-    StoreBf16x2(tile + r * Ld<HD>::kH + e, PackBf16x2(in ? src[0] : 0.0f, in ? src[1] : 0.0f));
+  constexpr int kPairs = kBr * HD / 2 / kThreads;
+  static_assert(kBr * HD / 2 % kThreads == 0, "whole passes");
+  static_assert(kPairs % kBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int b0 = 0; b0 < kPairs; b0 += kBatch) {
+    float lo[kBatch], hi[kBatch];
+#pragma unroll
+    for (int it = 0; it < kBatch; ++it) {
+      const int idx = (b0 + it) * kThreads + threadIdx.x, r = idx / (HD / 2);
+      const float* src = base + static_cast<int64_t>(r0 + r) * ld + 2 * (idx % (HD / 2));
+      const bool in = r0 + r < s;
+      lo[it] = in ? src[0] : 0.0f;
+      hi[it] = in ? src[1] : 0.0f;
+    }
+#pragma unroll
+    for (int it = 0; it < kBatch; ++it) {
+      const int idx = (b0 + it) * kThreads + threadIdx.x, r = idx / (HD / 2);
+      StoreBf16x2(tile + r * Ld<HD>::kH + 2 * (idx % (HD / 2)), PackBf16x2(lo[it], hi[it]));
+    }
   }
 }
 
@@ -66,13 +84,26 @@ __device__ void LoadRows(const float* base, int64_t ld, int r0, int s, Bf16* til
 // and each global read covers 8 neighbouring elements of 4 rows (whole 32-byte sectors).
 template <int HD>
 __device__ void LoadRowsTransposed(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
-  for (int idx = threadIdx.x; idx < kBr / 2 * HD; idx += kThreads) {
-    const int lane = idx % 32, chunk = idx / 32;
-    const int p = 4 * (chunk % 8) + lane % 4, e = 8 * (chunk / 8) + lane / 4;
-    const int r = r0 + 2 * p;
-    const float lo = r < s ? base[static_cast<int64_t>(r) * ld + e] : 0.0f;
-    const float hi = r + 1 < s ? base[static_cast<int64_t>(r + 1) * ld + e] : 0.0f;
-    StoreBf16x2(tile + e * Ld<HD>::kT + 2 * p, PackBf16x2(lo, hi));
+  constexpr int kPairs = kBr / 2 * HD / kThreads;
+  static_assert(kBr / 2 * HD % kThreads == 0, "whole passes");
+  static_assert(kPairs % kBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int b0 = 0; b0 < kPairs; b0 += kBatch) {
+    float lo[kBatch], hi[kBatch];
+#pragma unroll
+    for (int it = 0; it < kBatch; ++it) {
+      const int idx = (b0 + it) * kThreads + threadIdx.x, lane = idx % 32, chunk = idx / 32;
+      const int p = 4 * (chunk % 8) + lane % 4, e = 8 * (chunk / 8) + lane / 4;
+      const int r = r0 + 2 * p;
+      lo[it] = r < s ? base[static_cast<int64_t>(r) * ld + e] : 0.0f;
+      hi[it] = r + 1 < s ? base[static_cast<int64_t>(r + 1) * ld + e] : 0.0f;
+    }
+#pragma unroll
+    for (int it = 0; it < kBatch; ++it) {
+      const int idx = (b0 + it) * kThreads + threadIdx.x, lane = idx % 32, chunk = idx / 32;
+      const int p = 4 * (chunk % 8) + lane % 4, e = 8 * (chunk / 8) + lane / 4;
+      StoreBf16x2(tile + e * Ld<HD>::kT + 2 * p, PackBf16x2(lo[it], hi[it]));
+    }
   }
 }
 

@@ -43,6 +43,8 @@
 #include <cuda_pipeline_primitives.h>
 
 #include <climits>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -55,7 +57,6 @@ namespace {
 using grouped::CeilDiv;
 using grouped::Dims;
 using grouped::kBM;
-using grouped::kBN;
 using grouped::kThreads;
 template <bool kAKm, bool kBNk>
 using TensorCore = grouped::TensorCoreTiles<kAKm, kBNk>;
@@ -69,7 +70,8 @@ const T* Elements(const Tensor& t) {
 }
 
 // Shared memory of a kernel on policy P: the two-stage kernels fit the default 48 KiB, the
-// cp.async ones (kStages stages, up to 62 KiB) ask for more.
+// cp.async ones (P::kStages stages: up to 62 KiB for the 128 x 128 tiles, 120 KiB for the wide
+// ones) ask for more.
 template <class P, bool kAsync>
 constexpr int SharedBytes() {
   static_assert(kAsync || grouped::Smem<P>::kBytes <= 48 * 1024, "no opt-in shared memory");
@@ -83,37 +85,55 @@ void CheckWidths(const Dims& d, const char* op) {
       << op << ": k = " << d.k << " or n = " << d.n << " is too wide for the tiled kernel";
 }
 
+// The cp.async kernels' tiles: the wide ones (128 x 256, P::Wide) unless the environment says
+// SWITCHYARD_GROUPED_WIDE=0 (128 x 128, two CTAs per SM: for comparison, as
+// benchmarks/grouped_gemm_gpu_perf runs both). Read once.
+bool WideTiles() {
+  static const bool wide = [] {
+    const char* v = std::getenv("SWITCHYARD_GROUPED_WIDE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return wide;
+}
+
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
 void LaunchForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
-                     const Dims& d, float alpha, float beta, unsigned ctas, DeviceContext* ctx) {
+                     const Dims& d, float alpha, float beta, DeviceContext* ctx) {
+  const int64_t ctas = grouped::MaxRowTiles(d) * CeilDiv(d.n, P::kTileN);
+  SY_CHECK(ctas <= INT_MAX) << "GroupedGemm: " << ctas << " CTAs exceed the grid's x limit";
   constexpr int bytes = SharedBytes<P, kAsync>();
   const auto kernel = grouped::GroupedGemmKernel<P, TX, TW, kTransW, kAsync>;
   AllowSharedMemory(kernel, bytes);
-  kernel<<<ctas, kThreads, bytes, StreamOf(ctx)>>>(Elements<TX>(x), offsets.data<int64_t>(),
-                                                   Elements<TW>(w), out.data<float>(), d, alpha,
-                                                   beta);
+  kernel<<<static_cast<unsigned>(ctas), kThreads, bytes, StreamOf(ctx)>>>(
+      Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w), out.data<float>(), d, alpha,
+      beta);
   SY_CUDA_CHECK_LAUNCH();
 }
 
 template <class P, typename TX, typename TW, bool kTransW>
 void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
                    const Dims& d, float alpha, float beta, DeviceContext* ctx) {
-  const int64_t ctas = grouped::MaxRowTiles(d) * CeilDiv(d.n, kBN);
-  SY_CHECK(ctas <= INT_MAX) << "GroupedGemm: " << ctas << " CTAs exceed the grid's x limit";
   CheckWidths(d, "GroupedGemm");
-  const auto grid = static_cast<unsigned>(ctas);
   if constexpr (grouped::kBothBf16<TX, TW>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
-      return LaunchForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta, grid,
-                                                       ctx);
+      if (WideTiles()) {
+        return LaunchForwardOn<typename P::Wide, TX, TW, kTransW, true>(x, offsets, w, out, d,
+                                                                         alpha, beta, ctx);
+      }
+      return LaunchForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta, ctx);
     }
   }
-  LaunchForwardOn<P, TX, TW, kTransW, false>(x, offsets, w, out, d, alpha, beta, grid, ctx);
+  LaunchForwardOn<P, TX, TW, kTransW, false>(x, offsets, w, out, d, alpha, beta, ctx);
 }
 
 template <class P, typename TX, typename TD, bool kAsync>
 void LaunchWeightGradOn(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
-                        const Dims& d, float alpha, float beta, dim3 grid, DeviceContext* ctx) {
+                        const Dims& d, float alpha, float beta, DeviceContext* ctx) {
+  const int64_t tiles = CeilDiv(d.k, kBM) * CeilDiv(d.n, P::kTileN);
+  SY_CHECK(tiles <= INT_MAX && d.groups <= 65535)
+      << "GroupedGemmWeightGrad: " << tiles << " tiles of " << d.groups
+      << " groups exceed the grid's limits (x 2^31 - 1, y 65535)";
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups));
   constexpr int bytes = SharedBytes<P, kAsync>();
   const auto kernel = grouped::GroupedWeightGradKernel<P, TX, TD, kAsync>;
   AllowSharedMemory(kernel, bytes);
@@ -126,18 +146,17 @@ void LaunchWeightGradOn(const Tensor& x, const Tensor& dy, const Tensor& offsets
 template <class P, typename TX, typename TD>
 void LaunchWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
                       const Dims& d, float alpha, float beta, DeviceContext* ctx) {
-  const int64_t tiles = CeilDiv(d.k, kBM) * CeilDiv(d.n, kBN);
-  SY_CHECK(tiles <= INT_MAX && d.groups <= 65535)
-      << "GroupedGemmWeightGrad: " << tiles << " tiles of " << d.groups
-      << " groups exceed the grid's limits (x 2^31 - 1, y 65535)";
   CheckWidths(d, "GroupedGemmWeightGrad");
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups));
   if constexpr (grouped::kBothBf16<TX, TD>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
-      return LaunchWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta, grid, ctx);
+      if (WideTiles()) {
+        return LaunchWeightGradOn<typename P::Wide, TX, TD, true>(x, dy, offsets, dw, d, alpha,
+                                                                   beta, ctx);
+      }
+      return LaunchWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta, ctx);
     }
   }
-  LaunchWeightGradOn<P, TX, TD, false>(x, dy, offsets, dw, d, alpha, beta, grid, ctx);
+  LaunchWeightGradOn<P, TX, TD, false>(x, dy, offsets, dw, d, alpha, beta, ctx);
 }
 
 // The forward for operand types TX, TW: tensor cores in bf16 mode, SIMT in f32 mode (both

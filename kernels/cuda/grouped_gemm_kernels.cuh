@@ -34,30 +34,40 @@ __device__ __forceinline__ void Write(float* p, float acc, float alpha, float be
 // bf16 products on tensor cores (mma.sync.m16n8k16, f32 accumulators in registers; the
 // fragment layout is kernels/cuda/device_common.cuh's). The shared tiles keep their global
 // orientation: A (kBM, kBK) row-major, or (kBK, kBM) when kAKm (the weight gradient's x^T:
-// its M is x's contiguous dimension); B (kBK, kBN), or (kBN, kBK) when kBNk (w transposed).
-// ldmatrix reads the fragments, transposing (.trans) where a tile's rows run along K's
-// partner rather than K: A when kAKm, B unless kBNk. Each 8-row phase of an ldmatrix reads 8
-// rows of 16 bytes whose leading dimensions (+8 elements) put them in distinct banks. Warp w
-// computes rows [64 (w / 4), +64) and columns [32 (w % 4), +32) of the CTA tile: 4 x 4
-// accumulator tiles of 16 x 8.
-template <bool kAKm, bool kBNk>
+// its M is x's contiguous dimension); B (kBK, kTileN), or (kTileN, kBK) when kBNk (w
+// transposed). ldmatrix reads the fragments, transposing (.trans) where a tile's rows run
+// along K's partner rather than K: A when kAKm, B unless kBNk. Each 8-row phase of an
+// ldmatrix reads 8 rows of 16 bytes whose leading dimensions (+8 elements) put them in
+// distinct banks. Warp w computes rows [64 (w / 4), +64) and columns [kWarpN (w % 4), +kWarpN)
+// of the CTA tile: 4 x kWarpN / 8 accumulator tiles of 16 x 8.
+//   kWarpN = 32: 128 x 128 CTA tiles, 3 cp.async stages, two CTAs per SM (128 registers);
+//   kWarpN = 64 (Wide, the cp.async kernels' default): 128 x 256 tiles, 4 stages, one CTA per
+//   SM: half the fragment loads per product (a warp's 4 a and 4 b fragments feed 32
+//   products instead of 4 and 2 feeding 16) and half the barriers per flop.
+template <bool kAKm, bool kBNk, int kWarpN = 32>
 struct TensorCoreTiles {
+  static_assert(kWarpN == 32 || kWarpN == 64, "warp tiles 64 x 32 or 64 x 64");
   using S = Bf16;
+  using Wide = TensorCoreTiles<kAKm, kBNk, 64>;
   static constexpr int kBK = 32;
+  static constexpr int kTileN = 4 * kWarpN;
+  static constexpr int kStages = kWarpN == 64 ? 4 : 3;    // of the cp.async pipeline
+  static constexpr int kCtasPerSm = kWarpN == 64 ? 1 : 2;  // the cp.async kernels' bound
   static constexpr int kLdA = kAKm ? kBM + 8 : kBK + 8;  // +8: no bank conflicts, 16-byte rows
-  static constexpr int kLdB = kBNk ? kBK + 8 : kBN + 8;
+  static constexpr int kLdB = kBNk ? kBK + 8 : kTileN + 8;
   static constexpr int kABytes = (kAKm ? kBK : kBM) * kLdA * 2;
-  static constexpr int kBBytes = (kBNk ? kBN : kBK) * kLdB * 2;
+  static constexpr int kBBytes = (kBNk ? kTileN : kBK) * kLdB * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static_assert(kABytes % 128 == 0 && kBBytes % 128 == 0, "16-byte aligned ldmatrix rows");
   template <typename T>
   using ARegs = TileRegs<T, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
   template <typename T>
-  using BRegs = TileRegs<T, kBNk ? kBN : kBK, kBNk ? kBK : kBN>;
+  using BRegs = TileRegs<T, kBNk ? kTileN : kBK, kBNk ? kBK : kTileN>;
   using ACopies = TileCopies<S, kAKm ? kBK : kBM, kAKm ? kBM : kBK>;
-  using BCopies = TileCopies<S, kBNk ? kBN : kBK, kBNk ? kBK : kBN>;
+  using BCopies = TileCopies<S, kBNk ? kTileN : kBK, kBNk ? kBK : kTileN>;
+  static constexpr int kJ = kWarpN / 8;  // 8-column tiles per warp
   struct Acc {
-    float c[4][4][4];  // [16-row tile i][8-column tile j][register]
+    float c[4][kJ][4];  // [16-row tile i][8-column tile j][register]
   };
 
   static constexpr bool kTransposeA = false, kTransposeB = false;
@@ -66,7 +76,7 @@ struct TensorCoreTiles {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kJ; ++j) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc.c[i][j][r] = 0.0f;
       }
@@ -76,12 +86,12 @@ struct TensorCoreTiles {
   // acc += a b over one K step. Lane l addresses row l % 8 of matrix l / 8 of each ldmatrix.
   __device__ static void Multiply(const S* a, const S* b, Acc& acc) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int m0 = warp / 4 * 64, n0 = warp % 4 * 32, mi = lane / 8, r8 = lane % 8;
+    const int m0 = warp / 4 * 64, n0 = warp % 4 * kWarpN, mi = lane / 8, r8 = lane % 8;
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
-      uint32_t fb[4][2];
+      uint32_t fb[kJ][2];
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {  // the 8-column tiles 2 jj and 2 jj + 1
+      for (int jj = 0; jj < kJ / 2; ++jj) {  // the 8-column tiles 2 jj and 2 jj + 1
         const int n = n0 + 16 * jj;
         uint32_t r[4];
         if constexpr (kBNk) {  // rows n: matrices (n, k), (n, k + 8), (n + 8, k), (n + 8, k + 8)
@@ -104,7 +114,7 @@ struct TensorCoreTiles {
           LdMatrixX4(fa, a + (m + r8 + 8 * (mi & 1)) * kLdA + kk + 8 * (mi >> 1));
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) MmaBf16(acc.c[i][j], fa, fb[j]);
+        for (int j = 0; j < kJ; ++j) MmaBf16(acc.c[i][j], fa, fb[j]);
       }
     }
   }
@@ -114,11 +124,11 @@ struct TensorCoreTiles {
   __device__ static void Epilogue(Acc& acc, const Output& out, float alpha, float beta,
                                   unsigned char*) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int m0 = warp / 4 * 64 + lane / 4, n0 = warp % 4 * 32 + 2 * (lane % 4);
+    const int m0 = warp / 4 * 64 + lane / 4, n0 = warp % 4 * kWarpN + 2 * (lane % 4);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kJ; ++j) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int row = m0 + 16 * i + 8 * (r / 2), col = n0 + 8 * j + r % 2;
@@ -139,7 +149,9 @@ struct TensorCoreTiles {
 template <bool kAKm, bool kBNk>
 struct SimtTiles {
   using S = float;
+  using Wide = SimtTiles;  // no cp.async kernels: f32 operands take the register pipeline
   static constexpr int kBK = 16;
+  static constexpr int kTileN = kBN, kStages = 2, kCtasPerSm = 1;
   static constexpr int kLdA = kBM + 4, kLdB = kBN + 4;
   static constexpr int kABytes = kBK * kLdA * 4, kBBytes = kBK * kLdB * 4;
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -200,11 +212,11 @@ struct SimtTiles {
   }
 };
 
-// Shared memory: P's tiles in two stages (Accumulate) or kStages (AccumulateAsync), then the
+// Shared memory: P's tiles in two stages (Accumulate) or P::kStages (AccumulateAsync), then the
 // row-tile search's scratch.
 template <class P, bool kAsync = false>
 struct Smem {
-  static constexpr int kScan = (kAsync ? kStages : 2) * P::kStageBytes;  // 2 kThreads ints
+  static constexpr int kScan = (kAsync ? P::kStages : 2) * P::kStageBytes;  // 2 kThreads ints
   static constexpr int kFound = kScan + 2 * kThreads * 4;  // 3 int64
   static constexpr int kBytes = kFound + 3 * 8;
 };
@@ -248,10 +260,10 @@ __device__ void Accumulate(const Source<TA>& a, const Source<TB>& b, int64_t ste
 
 // Accumulate's result (the same shared tiles, so the same bits) for operands that TileCopies
 // carries (both in P's tile type, both CopiesAligned): the tiles of K step s go to stage
-// s % kStages by cp.async, kStages - 1 steps ahead of the products. Step s: wait for this
-// thread's copies of step s (all but the newest kStages - 2 groups), a barrier (everyone's
+// s % P::kStages by cp.async, P::kStages - 1 steps ahead of the products. Step s: wait for this
+// thread's copies of step s (all but the newest P::kStages - 2 groups), a barrier (everyone's
 // copies landed; everyone is done with step s - 1, whose stage the next copies overwrite),
-// issue step s + kStages - 1, multiply step s. Every thread commits one group per step, empty
+// issue step s + P::kStages - 1, multiply step s. Every thread commits one group per step, empty
 // past the last, so the wait counts stay uniform. Ends with no copy in flight and the stages
 // free for the epilogue.
 template <class P, typename T>
@@ -263,10 +275,10 @@ __device__ void AccumulateAsync(const Source<T>& a, const Source<T>& b, int64_t 
   P::Zero(acc);
   if (steps <= 0) return;
   auto tile_a = [smem](int64_t s) {
-    return reinterpret_cast<T*>(smem + s % kStages * P::kStageBytes);
+    return reinterpret_cast<T*>(smem + s % P::kStages * P::kStageBytes);
   };
   auto tile_b = [smem](int64_t s) {
-    return reinterpret_cast<T*>(smem + s % kStages * P::kStageBytes + P::kABytes);
+    return reinterpret_cast<T*>(smem + s % P::kStages * P::kStageBytes + P::kABytes);
   };
   auto issue = [&](int64_t s) {
     if (s < steps) {
@@ -276,11 +288,11 @@ __device__ void AccumulateAsync(const Source<T>& a, const Source<T>& b, int64_t 
     __pipeline_commit();
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int s = 0; s < P::kStages - 1; ++s) issue(s);
   for (int64_t s = 0; s < steps; ++s) {
-    __pipeline_wait_prior(kStages - 2);
+    __pipeline_wait_prior(P::kStages - 2);
     __syncthreads();
-    issue(s + kStages - 1);
+    issue(s + P::kStages - 1);
     P::Multiply(tile_a(s), tile_b(s), acc);
   }
   __pipeline_wait_prior(0);  // only empty groups are left
@@ -356,17 +368,17 @@ __device__ inline TileCoord BandOrder(int64_t cta, int64_t tiles_m, int64_t tile
 }
 
 // out[group rows] = alpha x[group rows] op(w[g]) + beta out[group rows]. Grid: MaxRowTiles(d)
-// x ceil(n / kBN) CTAs in band order; a CTA past the last row tile returns at once.
+// x ceil(n / P::kTileN) CTAs in band order; a CTA past the last row tile returns at once.
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync = false>
-__global__ void __launch_bounds__(kThreads, kAsync ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
     GroupedGemmKernel(const TX* __restrict__ x, const int64_t* __restrict__ offsets,
                       const TW* __restrict__ w, float* __restrict__ out, Dims d, float alpha,
                       float beta) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const TileCoord tc = BandOrder(blockIdx.x, MaxRowTiles(d), CeilDiv(d.n, kBN));
+  const TileCoord tc = BandOrder(blockIdx.x, MaxRowTiles(d), CeilDiv(d.n, P::kTileN));
   const RowTile rt = FindRowTile<P, kAsync>(offsets, d.groups, tc.m, smem);
   if (rt.group < 0) return;
-  const int64_t n0 = tc.n * kBN, rows = rt.row1 - rt.row0;
+  const int64_t n0 = tc.n * P::kTileN, rows = rt.row1 - rt.row0;
   const Source<TX> a{x + rt.row0 * d.k, d.k, rows, d.k, false, VecAligned(x, d.k)};
   const TW* wg = w + rt.group * d.k * d.n;
   const Source<TW> b =
@@ -381,17 +393,17 @@ __global__ void __launch_bounds__(kThreads, kAsync ? 2 : 1)
   P::Epilogue(acc, Output{out + rt.row0 * d.n + n0, d.n, rows, d.n - n0}, alpha, beta, smem);
 }
 
-// dw[g] = alpha x[group g]^T dy[group g] + beta dw[g]. Grid: (ceil(k / kBM) ceil(n / kBN)
+// dw[g] = alpha x[group g]^T dy[group g] + beta dw[g]. Grid: (ceil(k / kBM) ceil(n / P::kTileN)
 // in band order, groups); a CTA loops over its group's rows, the products' K.
 template <class P, typename TX, typename TD, bool kAsync = false>
-__global__ void __launch_bounds__(kThreads, kAsync ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
     GroupedWeightGradKernel(const TX* __restrict__ x, const TD* __restrict__ dy,
                             const int64_t* __restrict__ offsets, float* __restrict__ dw, Dims d,
                             float alpha, float beta) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int64_t g = blockIdx.y;
-  const TileCoord tc = BandOrder(blockIdx.x, CeilDiv(d.k, kBM), CeilDiv(d.n, kBN));
-  const int64_t m0 = tc.m * kBM, n0 = tc.n * kBN;
+  const TileCoord tc = BandOrder(blockIdx.x, CeilDiv(d.k, kBM), CeilDiv(d.n, P::kTileN));
+  const int64_t m0 = tc.m * kBM, n0 = tc.n * P::kTileN;
   const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
   const Source<TX> a{x + r0 * d.k + m0, d.k, rows, d.k - m0, true, VecAligned(x, d.k)};
   const Source<TD> b{dy + r0 * d.n + n0, d.n, rows, d.n - n0, true, VecAligned(dy, d.n)};

@@ -15,10 +15,9 @@ namespace switchyard::kernels::cuda::grouped {
 using Bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;        // 8 warps
-constexpr int kBM = 128, kBN = 128;  // a CTA's output tile
+constexpr int kBM = 128, kBN = 128;  // a CTA's output tile (the wide tensor-core tiles: 128 x 256)
 constexpr int kFrag = 16;            // wmma m = n = k
 constexpr int kBand = 8;             // row tiles per band of the CTA order
-constexpr int kStages = 3;           // shared stages of the cp.async pipeline (AccumulateAsync)
 
 // The sizes: x (rows, k), w (groups, k, n) or (groups, n, k), out (rows, n), dy (rows, n),
 // dw (groups, k, n); the offsets (groups + 1).

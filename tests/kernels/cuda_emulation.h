@@ -12,13 +12,18 @@
 //    of the bf16 products, in k order) and loads and stores it, so a kernel must keep the
 //    tile's other rows out of any lane's arithmetic, as on the GPU where the distribution is
 //    opaque (element access is allowed only for an operation applied to every element);
+//  - mma.sync.m16n8k16 bf16 (MmaBf16) and ldmatrix.x4 (LdMatrixX4, LdMatrixX4Trans): each lane
+//    publishes its registers (or row address) at a warp barrier, then computes or packs its own
+//    with the PTX ISA's fragment layout (kernels/cuda/device_common.cuh); f32 sums in k order;
 //  - cp.async (__pipeline_memcpy_async, __pipeline_commit, __pipeline_wait_prior): a copy
 //    poisons its destination with NaN when issued and lands at the wait that covers it;
 //  - __nv_bfloat16 is engine/core/dtype.h's BFloat16 (round to nearest even), expf/logf/fmaf
 //    the C library's, the __f*_rn intrinsics plain f32 operations (this project compiles with
 //    -ffp-contract=off); the device helpers of kernels/cuda/device_common.cuh (reductions,
 //    grid-stride loops, ToBf16, FromBf16) are the real ones, compiled on the host.
-// What the model cannot show: the real fragment layout, timing races the barriers would hide on
+// What the model cannot show: wmma's real fragment layout (opaque on the GPU; the model gives
+// each accumulator row to one lane), whether the mma.sync and ldmatrix layouts written here
+// are the hardware's (the GPU tests check that), timing races the barriers would hide on
 // the GPU (the threads do run concurrently, so a missing barrier is likely but not certain to
 // show), and anything about speed.
 //

@@ -35,7 +35,7 @@
 #include "tests/kernels/cuda_emulation.h"
 
 namespace switchyard::kernels::cuda::grouped {
-alignas(128) unsigned char smem[80 * 1024];  // the kernels' shared memory
+alignas(128) unsigned char smem[emu::kSharedBytes];  // the kernels' shared memory
 }  // namespace switchyard::kernels::cuda::grouped
 
 #include "kernels/cuda/grouped_gemm_kernels.cuh"
@@ -68,12 +68,14 @@ const T* Elements(const Tensor& t) {
 }
 
 int async_launches = 0;  // launches of the cp.async kernels, which the tests expect to see
+// The cp.async kernels' tiles, as grouped_gemm.cu's WideTiles(): P::Wide (128 x 256) or P.
+bool wide_tiles = true;
 
 
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
 void RunForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
                   const grouped::Dims& d, float alpha, float beta) {
-  const int64_t ctas = grouped::MaxRowTiles(d) * grouped::CeilDiv(d.n, grouped::kBN);
+  const int64_t ctas = grouped::MaxRowTiles(d) * grouped::CeilDiv(d.n, P::kTileN);
   async_launches += kAsync;
   Launch({static_cast<unsigned>(ctas), 1, 1}, grouped::Smem<P, kAsync>::kBytes, [&] {
     grouped::GroupedGemmKernel<P, TX, TW, kTransW, kAsync>(
@@ -87,6 +89,10 @@ void RunForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor&
                 const grouped::Dims& d, float alpha, float beta) {
   if constexpr (grouped::kBothBf16<TX, TW>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
+      if (wide_tiles) {
+        return RunForwardOn<typename P::Wide, TX, TW, kTransW, true>(x, offsets, w, out, d,
+                                                                      alpha, beta);
+      }
       return RunForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta);
     }
   }
@@ -96,7 +102,7 @@ void RunForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor&
 template <class P, typename TX, typename TD, bool kAsync>
 void RunWeightGradOn(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
                      const grouped::Dims& d, float alpha, float beta) {
-  const int64_t tiles = grouped::CeilDiv(d.k, grouped::kBM) * grouped::CeilDiv(d.n, grouped::kBN);
+  const int64_t tiles = grouped::CeilDiv(d.k, grouped::kBM) * grouped::CeilDiv(d.n, P::kTileN);
   const EmuDim3 grid{static_cast<unsigned>(tiles), static_cast<unsigned>(d.groups), 1};
   async_launches += kAsync;
   Launch(grid, grouped::Smem<P, kAsync>::kBytes, [&] {
@@ -111,6 +117,9 @@ void RunWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Ten
                    const grouped::Dims& d, float alpha, float beta) {
   if constexpr (grouped::kBothBf16<TX, TD>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
+      if (wide_tiles) {
+        return RunWeightGradOn<typename P::Wide, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta);
+      }
       return RunWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta);
     }
   }
@@ -363,9 +372,15 @@ Tensor Widened(const Tensor& t) {
 // bits, over one K step, fewer steps than the stages, many steps, a last step of one chunk
 // (k = 72), an 8-column edge tile (n = 136) and ragged groups; then against the CPU within
 // the bound, which also covers NaN rows past offsets[G] (never copied as in bounds).
-TEST(GroupedGemmEmulationTest, CopiesPipelineMatchesRegisterPipeline) {
+// Both tile shapes of the copies: the wide (128 x 256, 4 stages; n = 264 has a second column
+// tile with 8 columns) and the 128 x 128 (3 stages).
+class CopiesPipelineTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
+  wide_tiles = GetParam();
   const int before = async_launches;
-  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{16, 40}, {64, 136}, {72, 136}, {200, 24}}) {
+  for (const auto& [k, n] :
+       {std::pair<int64_t, int64_t>{16, 40}, {64, 136}, {72, 136}, {200, 24}, {40, 264}}) {
     const Tensor offsets = OffsetsOf(kRagged.rows);
     const int64_t g = static_cast<int64_t>(kRagged.rows.size());
     const int64_t used = offsets.data<int64_t>()[g], r = used + kRagged.extra;
@@ -389,7 +404,7 @@ TEST(GroupedGemmEmulationTest, CopiesPipelineMatchesRegisterPipeline) {
   const Tensor offsets = OffsetsOf(split.rows);
   const int64_t g = static_cast<int64_t>(split.rows.size());
   const int64_t used = offsets.data<int64_t>()[g], r = used + split.extra;
-  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{136, 64}, {24, 200}}) {
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{136, 64}, {24, 200}, {40, 264}}) {
     const Tensor x = Random({r, k}, 620 + k, DType::kBF16, used);
     const Tensor dy = Random({r, n}, 621 + k, DType::kBF16, used);
     Tensor got = Random({g, k, n}, 622, DType::kF32), want = got.Clone();
@@ -399,10 +414,16 @@ TEST(GroupedGemmEmulationTest, CopiesPipelineMatchesRegisterPipeline) {
                         "weight grad k=" + std::to_string(k) + " n=" + std::to_string(n));
     CheckWeightGrad(split, k, n, -2.0f, 0.0f, DType::kBF16, DType::kBF16, 630 + k);
   }
-  // Every bf16 launch here took the copies: 4 shapes x 2 orientations, twice (the bit check
-  // and CheckForward's), and 2 shapes of the weight gradient, twice.
-  EXPECT_EQ(async_launches - before, 4 * 2 * 2 + 2 * 2);
+  // Every bf16 launch here took the copies: 5 shapes x 2 orientations, twice (the bit check
+  // and CheckForward's), and 3 shapes of the weight gradient, twice.
+  EXPECT_EQ(async_launches - before, 5 * 2 * 2 + 3 * 2);
+  wide_tiles = true;
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiles, CopiesPipelineTest, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("Wide") : std::string("Narrow");
+                         });
 
 TEST(GroupedGemmEmulationTest, F32ModeForward) {
   CheckForward(kRagged, 70, 150, 1.0f, 0.0f, DType::kF32, DType::kF32, DType::kF32, 300);
