@@ -11,11 +11,11 @@
 // fragment layout (kernels/cuda/device_common.cuh): a row's values sit in the four lanes of a
 // quad, which combine a row's max and sum with two shuffles, and the accumulators of the
 // scores, rounded to bf16, are directly the first operand of the next product. Only the
-// operand tiles pass through shared memory: inputs are f32 in the (B, S, H, hd) layout and
-// are rounded to bf16 as they are loaded, row-major (q, k, v, dout) or transposed where the
-// tile is the second operand of a product over its rows (v in the forward, k for dq, q and
-// dout for dk and dv); rows past S load as zeros and are masked (keys) or not written
-// (queries).
+// operand tiles pass through shared memory: inputs are f32 in the (B, S, H, hd) layout, rounded
+// to bf16 as they are loaded into row-major (64, hd) tiles, each loaded once per use; ldmatrix
+// reads the fragments, transposed where a tile's rows are the product's K (v in the forward,
+// k for dq, q and dout for dk and dv). Rows past S load as zeros and are masked (keys) or not
+// written (queries).
 //
 //   FlashForwardKernel    grid (query blocks, Hq, B): online softmax over the key blocks,
 //                         out and lse written once.

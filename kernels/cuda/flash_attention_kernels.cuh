@@ -20,25 +20,23 @@ constexpr int kBc = static_cast<int>(kFlashBlockK);  // keys per tile
 constexpr int kThreads = 128;                        // 4 warps
 constexpr int kWarpRows = 16;                        // rows of a tile each warp owns (mma m)
 static_assert(kBr == 4 * kWarpRows && kBc == 4 * kWarpRows, "warp w owns 16 rows of a 64-row tile");
-static_assert(kBr == kBc, "a transposed tile holds 64 rows of either kind");
+static_assert(kBr == kBc, "a (64, HD) tile holds 64 rows of either kind");
 
-// Shared-memory leading dimensions (bf16 elements), padded so that the fragment reads below
-// (lane g * 4 + t reads the 32-bit word at row g, column pair t) hit 32 different banks.
+// Shared-memory leading dimension (bf16 elements) of the (64, HD) row-major tiles: q, k, v,
+// dout. +8: each 8-row phase of an ldmatrix reads 8 rows of 16 bytes in distinct banks.
 template <int HD>
 struct Ld {
-  static constexpr int kH = HD + 8;   // (64, HD) tiles, row-major: q, k, v, dout
-  static constexpr int kT = kBr + 8;  // (HD, 64) tiles, the transpose of one: k^T, q^T, dout^T
+  static constexpr int kH = HD + 8;
 };
 
 // Bytes of shared memory of each kernel.
 template <int HD>
 struct Sizes {
   static constexpr int kRows = kBr * Ld<HD>::kH * 2;  // one (64, HD) tile
-  static constexpr int kCols = HD * Ld<HD>::kT * 2;   // one (HD, 64) tile
-  static constexpr int kForward = 2 * kRows + kCols;                   // q, k; v^T
-  static constexpr int kBackwardQ = 4 * kRows + kCols;                 // q, dout, k, v; k^T
-  static constexpr int kBackwardKv = 4 * kRows + 2 * kCols + 2 * kBr * 4;  // + lse, delta
-  static_assert(kRows % 16 == 0 && kCols % 16 == 0, "alignment");
+  static constexpr int kForward = 3 * kRows;                  // q, k, v
+  static constexpr int kBackwardQ = 4 * kRows;                // q, dout, k, v
+  static constexpr int kBackwardKv = 4 * kRows + 2 * kBr * 4;  // k, v, q, dout; lse, delta
+  static_assert(kRows % 16 == 0, "alignment");
 };
 
 struct Dims {
@@ -77,55 +75,38 @@ __device__ void LoadRows(const float* base, int64_t ld, int r0, int s, Bf16* til
   }
 }
 
-// The same rows transposed into an (HD, 64) tile (row e holds element e of the 64 rows,
-// Ld::kT): a thread packs element e of rows 2p and 2p + 1. Lane l of a warp takes column
-// e = 8 c + l / 4 and row pair p = 4 q + l % 4: its 32-bit store lands in bank
-// (e * Ld::kT / 2 + p) % 32 = (4 (l / 4) + l % 4 + const) % 32, so no two lanes share a bank,
-// and each global read covers 8 neighbouring elements of 4 rows (whole 32-byte sectors).
-template <int HD>
-__device__ void LoadRowsTransposed(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
-  constexpr int kPairs = kBr / 2 * HD / kThreads;
-  static_assert(kBr / 2 * HD % kThreads == 0, "whole passes");
-  static_assert(kPairs % kBatch == 0, "whole batches");
-#pragma unroll 1
-  for (int b0 = 0; b0 < kPairs; b0 += kBatch) {
-    float lo[kBatch], hi[kBatch];
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int idx = (b0 + it) * kThreads + threadIdx.x, lane = idx % 32, chunk = idx / 32;
-      const int p = 4 * (chunk % 8) + lane % 4, e = 8 * (chunk / 8) + lane / 4;
-      const int r = r0 + 2 * p;
-      lo[it] = r < s ? base[static_cast<int64_t>(r) * ld + e] : 0.0f;
-      hi[it] = r + 1 < s ? base[static_cast<int64_t>(r + 1) * ld + e] : 0.0f;
-    }
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int idx = (b0 + it) * kThreads + threadIdx.x, lane = idx % 32, chunk = idx / 32;
-      const int p = 4 * (chunk % 8) + lane % 4, e = 8 * (chunk / 8) + lane / 4;
-      StoreBf16x2(tile + e * Ld<HD>::kT + 2 * p, PackBf16x2(lo[it], hi[it]));
-    }
-  }
-}
-
-// The a fragment of rows [row0, row0 + 16), columns [col0, col0 + 16) of a row-major tile.
+// Fragments from the row-major tiles by ldmatrix.x4: lane l gives the address of row l % 8 of
+// matrix l / 8 (mi, r8 below).
+// The a fragment of rows [row0, row0 + 16), columns [col0, col0 + 16): matrices (row0, col0),
+// (row0 + 8, col0), (row0, col0 + 8), (row0 + 8, col0 + 8).
 __device__ __forceinline__ void LoadA(const Bf16* tile, int ld, int row0, int col0,
                                       uint32_t (&a)[4]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const Bf16* p = tile + (row0 + g) * ld + col0 + 2 * t;
-  a[0] = LoadBf16x2(p);
-  a[1] = LoadBf16x2(p + 8 * ld);
-  a[2] = LoadBf16x2(p + 8);
-  a[3] = LoadBf16x2(p + 8 * ld + 8);
+  const int lane = threadIdx.x % 32, mi = lane / 8, r8 = lane % 8;
+  LdMatrixX4(a, tile + (row0 + r8 + 8 * (mi & 1)) * ld + col0 + 8 * (mi >> 1));
 }
 
-// The b fragment B[k][n] = tile[n0 + n][k0 + k] (k < 16, n < 8) of a row-major tile: the
-// product's second operand is the tile's rows, as in q k^T (rows of k) or ds k (rows of k^T).
-__device__ __forceinline__ void LoadB(const Bf16* tile, int ld, int n0, int k0,
-                                      uint32_t (&b)[2]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const Bf16* p = tile + (n0 + g) * ld + k0 + 2 * t;
-  b[0] = LoadBf16x2(p);
-  b[1] = LoadBf16x2(p + 8);
+// The b fragments of the 8-column tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]) where the
+// tile's rows are the product's columns, B[k][n] = tile[n0 + n][k0 + k]: k in q k^T.
+__device__ __forceinline__ void LoadBRows(const Bf16* tile, int ld, int n0, int k0,
+                                          uint32_t (&b)[4]) {
+  const int lane = threadIdx.x % 32, mi = lane / 8, r8 = lane % 8;
+  LdMatrixX4(b, tile + (n0 + r8 + 8 * (mi >> 1)) * ld + k0 + 8 * (mi & 1));
+}
+
+// The same where the tile's rows are the product's K, B[k][n] = tile[k0 + k][n0 + n]: v in
+// p v (ldmatrix transposes the 8 x 8 matrices).
+__device__ __forceinline__ void LoadBCols(const Bf16* tile, int ld, int k0, int n0,
+                                          uint32_t (&b)[4]) {
+  const int lane = threadIdx.x % 32, mi = lane / 8, r8 = lane % 8;
+  LdMatrixX4Trans(b, tile + (k0 + r8 + 8 * (mi & 1)) * ld + n0 + 8 * (mi >> 1));
+}
+
+// c[n] += a b for the two 8-column tiles of a LoadBRows / LoadBCols result.
+__device__ __forceinline__ void MmaPair(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[4]) {
+  const uint32_t lo[2] = {b[0], b[1]}, hi[2] = {b[2], b[3]};
+  MmaBf16(c0, a, lo);
+  MmaBf16(c1, a, hi);
 }
 
 // The a fragment of columns [16 kk, 16 kk + 16) of a warp's (16, N) f32 accumulators (n = 8
@@ -145,7 +126,7 @@ __device__ __forceinline__ void Zero(float (&c)[N][4]) {
 }
 
 // c (16 rows of the warp, 64 columns) += x y^T: x the warp's rows [row0, row0 + 16) of a
-// row-major (., HD) tile, y the 64 rows of another (its columns are the result's columns).
+// row-major (., HD) tile, y the 64 rows of another (its rows are the result's columns).
 template <int HD>
 __device__ __forceinline__ void ProductRows(const Bf16* x, int row0, const Bf16* y,
                                             float (&c)[kBc / 8][4]) {
@@ -154,28 +135,28 @@ __device__ __forceinline__ void ProductRows(const Bf16* x, int row0, const Bf16*
     uint32_t a[4];
     LoadA(x, Ld<HD>::kH, row0, 16 * kk, a);
 #pragma unroll
-    for (int n = 0; n < kBc / 8; ++n) {
-      uint32_t b[2];
-      LoadB(y, Ld<HD>::kH, 8 * n, 16 * kk, b);
-      MmaBf16(c[n], a, b);
+    for (int n = 0; n < kBc / 16; ++n) {
+      uint32_t b[4];
+      LoadBRows(y, Ld<HD>::kH, 16 * n, 16 * kk, b);
+      MmaPair(c[2 * n], c[2 * n + 1], a, b);
     }
   }
 }
 
-// acc (16 rows, HD) += bf16(w) z: w the warp's (16, 64) f32 accumulators, z an (HD, 64)
-// transposed tile (row e of it is column e of the (64, HD) operand).
+// acc (16 rows, HD) += bf16(w) z: w the warp's (16, 64) f32 accumulators, z a row-major
+// (64, HD) tile (its 64 rows are the product's K).
 template <int HD>
-__device__ __forceinline__ void ProductWeights(const float (&w)[kBc / 8][4], const Bf16* zt,
+__device__ __forceinline__ void ProductWeights(const float (&w)[kBc / 8][4], const Bf16* z,
                                                float (&acc)[HD / 8][4]) {
 #pragma unroll
   for (int kk = 0; kk < kBc / 16; ++kk) {
     uint32_t a[4];
     PackA(w, kk, a);
 #pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      uint32_t b[2];
-      LoadB(zt, Ld<HD>::kT, 8 * n, 16 * kk, b);
-      MmaBf16(acc[n], a, b);
+    for (int n = 0; n < HD / 16; ++n) {
+      uint32_t b[4];
+      LoadBCols(z, Ld<HD>::kH, 16 * kk, 16 * n, b);
+      MmaPair(acc[2 * n], acc[2 * n + 1], a, b);
     }
   }
 }
@@ -263,7 +244,7 @@ __global__ void __launch_bounds__(kThreads)
   using Z = Sizes<HD>;
   Bf16* sq = reinterpret_cast<Bf16*>(smem);
   Bf16* sk = reinterpret_cast<Bf16*>(smem + Z::kRows);
-  Bf16* svt = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
+  Bf16* sv = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
 
   // The longest query blocks (causal) first.
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -288,19 +269,19 @@ __global__ void __launch_bounds__(kThreads)
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
-    __syncthreads();  // the previous block's readers of sk and svt are done
+    __syncthreads();  // the previous block's readers of sk and sv are done
     LoadRows<HD>(kh, ldkv, j0, d.s, sk);
-    LoadRowsTransposed<HD>(vh, ldkv, j0, d.s, svt);
+    LoadRows<HD>(vh, ldkv, j0, d.s, sv);
     __syncthreads();
     float s[kBc / 8][4];  // (16, 64) q^ k^T
     Zero(s);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
-      for (int n = 0; n < kBc / 8; ++n) {
-        uint32_t bk[2];
-        LoadB(sk, Ld<HD>::kH, 8 * n, 16 * kk, bk);
-        MmaBf16(s[n], qa[kk], bk);
+      for (int n = 0; n < kBc / 16; ++n) {
+        uint32_t bk[4];
+        LoadBRows(sk, Ld<HD>::kH, 16 * n, 16 * kk, bk);
+        MmaPair(s[2 * n], s[2 * n + 1], qa[kk], bk);
       }
     }
     float alpha[2];
@@ -312,7 +293,7 @@ __global__ void __launch_bounds__(kThreads)
       acc[n][2] = __fmul_rn(acc[n][2], alpha[1]);
       acc[n][3] = __fmul_rn(acc[n][3], alpha[1]);
     }
-    ProductWeights<HD>(s, svt, acc);  // acc += bf16(p) v^
+    ProductWeights<HD>(s, sv, acc);  // acc += bf16(p) v^
   }
   const float inv[2] = {1.0f, 1.0f};
 #pragma unroll
@@ -357,7 +338,7 @@ __device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&
 // dk and dv of one key block (grid (key blocks, Hkv, B)): warp w owns keys [16 w, 16 w + 16)
 // of the block and computes, per query block of each query head of the group,
 //   s^T = k^ q^T, dp^T = v^ do^T (keys as rows), p^T and ds^T in registers, then
-//   dv += bf16(p^T) do^ and dk += bf16(ds^T) q^ (q^T and do^T tiles as the second operand).
+//   dv += bf16(p^T) do^ and dk += bf16(ds^T) q^ (the q and do tiles read transposed).
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvKernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -371,9 +352,7 @@ __global__ void __launch_bounds__(kThreads)
   Bf16* sv = reinterpret_cast<Bf16*>(smem + Z::kRows);
   Bf16* sq = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
   Bf16* sdo = reinterpret_cast<Bf16*>(smem + 3 * Z::kRows);
-  Bf16* sqt = reinterpret_cast<Bf16*>(smem + 4 * Z::kRows);
-  Bf16* sdot = reinterpret_cast<Bf16*>(smem + 4 * Z::kRows + Z::kCols);
-  float* slse = reinterpret_cast<float*>(smem + 4 * Z::kRows + 2 * Z::kCols);
+  float* slse = reinterpret_cast<float*>(smem + 4 * Z::kRows);
   float* sdelta = slse + kBr;
 
   const int kb = blockIdx.x, g = blockIdx.y, b = blockIdx.z, j0 = kb * kBc;
@@ -393,11 +372,9 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
     for (int qb = first; qb < q_blocks; ++qb) {
       const int i0 = qb * kBr;
-      __syncthreads();  // the previous tile's readers of sq, sdo, sqt, sdot, slse are done
+      __syncthreads();  // the previous tile's readers of sq, sdo, slse, sdelta are done
       LoadRows<HD>(q + q_off, ldq, i0, d.s, sq);
       LoadRows<HD>(dout + q_off, ldq, i0, d.s, sdo);
-      LoadRowsTransposed<HD>(q + q_off, ldq, i0, d.s, sqt);
-      LoadRowsTransposed<HD>(dout + q_off, ldq, i0, d.s, sdot);
       for (int r = threadIdx.x; r < kBr; r += kThreads) {
         slse[r] = i0 + r < d.s ? lse[stat_off + i0 + r] : 0.0f;
         sdelta[r] = i0 + r < d.s ? delta[stat_off + i0 + r] : 0.0f;
@@ -416,8 +393,8 @@ __global__ void __launch_bounds__(kThreads)
                         row_lse = slse[c];
                         row_delta = sdelta[c];
                       });
-      ProductWeights<HD>(st, sdot, dv_acc);   // dv += bf16(p)^T do^
-      ProductWeights<HD>(dpt, sqt, dk_acc);   // dk += bf16(ds)^T q^
+      ProductWeights<HD>(st, sdo, dv_acc);  // dv += bf16(p)^T do^
+      ProductWeights<HD>(dpt, sq, dk_acc);  // dk += bf16(ds)^T q^
     }
   }
   const float one[2] = {1.0f, 1.0f}, scaled[2] = {scale, scale};
@@ -427,7 +404,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // dq of one query block (grid (query blocks, Hq, B)): warp w owns rows [16 w, 16 w + 16) and
 // computes, per key block the rows see, s = q^ k^T and dp = do^ v^T, p and ds in registers,
-// then dq += bf16(ds) k^ (a k^T tile as the second operand).
+// then dq += bf16(ds) k^ (the k tile read transposed).
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQKernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -440,7 +417,6 @@ __global__ void __launch_bounds__(kThreads)
   Bf16* sdo = reinterpret_cast<Bf16*>(smem + Z::kRows);
   Bf16* sk = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
   Bf16* sv = reinterpret_cast<Bf16*>(smem + 3 * Z::kRows);
-  Bf16* skt = reinterpret_cast<Bf16*>(smem + 4 * Z::kRows);
 
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int g = h / d.group(), i0 = qb * kBr;
@@ -462,10 +438,9 @@ __global__ void __launch_bounds__(kThreads)
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
-    __syncthreads();  // the previous tile's readers of sk, sv, skt are done
+    __syncthreads();  // the previous tile's readers of sk and sv are done
     LoadRows<HD>(k + kv_off, ldkv, j0, d.s, sk);
     LoadRows<HD>(v + kv_off, ldkv, j0, d.s, sv);
-    LoadRowsTransposed<HD>(k + kv_off, ldkv, j0, d.s, skt);
     __syncthreads();
     float s[kBc / 8][4], dp[kBc / 8][4];  // (16 rows, 64 keys)
     Zero(s);
@@ -479,7 +454,7 @@ __global__ void __launch_bounds__(kThreads)
                       l = row_lse[r / 2];
                       dl = row_delta[r / 2];
                     });
-    ProductWeights<HD>(dp, skt, dq_acc);  // dq += bf16(ds) k^
+    ProductWeights<HD>(dp, sk, dq_acc);  // dq += bf16(ds) k^
   }
   const float scaled[2] = {scale, scale};
   WriteAccumulators<HD>(dq_acc, scaled, i0 + row0, d.s, dq + q_off, ldq);
