@@ -33,6 +33,8 @@
 // differ from the twin, all inside the bound of tests/kernels/flash_attention_bound.h.
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -69,38 +71,49 @@ Dims DimsOf(const Tensor& q, const Tensor& k) {
 
 float ScaleOf(int64_t hd) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))); }
 
-template <int HD>
+// Whether the HD = 64 kernels fetch the next block's tiles ahead (flash::kPrefetch, the
+// default) or load them as they store them (SWITCHYARD_FLASH_PREFETCH=0: for comparison, as
+// benchmarks/attention_gpu_perf runs both). Read once.
+bool FetchAhead() {
+  static const bool ahead = [] {
+    const char* v = std::getenv("SWITCHYARD_FLASH_PREFETCH");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return ahead;
+}
+
+template <int HD, bool kAhead>
 void LaunchForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                    bool causal, DeviceContext* ctx) {
   const Dims d = DimsOf(q, k);
   const int bytes = Sizes<HD>::kForward;
   WithF32OrBf16(out, [&](auto* op) {
     using TO = std::remove_pointer_t<decltype(op)>;
-    AllowSharedMemory(flash::FlashForwardKernel<HD, TO>, bytes);
-    flash::FlashForwardKernel<HD, TO>
-        <<<GridOf((d.s + kBr - 1) / kBr, d.hq, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
-            q.data<float>(), k.data<float>(), v.data<float>(), op, lse.data<float>(), d, causal,
-            ScaleOf(HD));
+    const auto kernel = flash::FlashForwardKernel<HD, TO, kAhead>;
+    AllowSharedMemory(kernel, bytes);
+    kernel<<<GridOf((d.s + kBr - 1) / kBr, d.hq, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
+        q.data<float>(), k.data<float>(), v.data<float>(), op, lse.data<float>(), d, causal,
+        ScaleOf(HD));
   });
   SY_CUDA_CHECK_LAUNCH();
 }
 
-template <int HD>
+template <int HD, bool kAhead>
 void LaunchBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                     const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv,
                     bool causal, DeviceContext* ctx) {
   const Dims d = DimsOf(q, k);
-  AllowSharedMemory(flash::FlashBackwardKvKernel<HD>, Sizes<HD>::kBackwardKv);
-  AllowSharedMemory(flash::FlashBackwardQKernel<HD>, Sizes<HD>::kBackwardQ);
+  const auto kv_kernel = flash::FlashBackwardKvKernel<HD, kAhead>;
+  const auto q_kernel = flash::FlashBackwardQKernel<HD, kAhead>;
+  AllowSharedMemory(kv_kernel, Sizes<HD>::kBackwardKv);
+  AllowSharedMemory(q_kernel, Sizes<HD>::kBackwardQ);
   const int64_t blocks = (d.s + kBr - 1) / kBr;
   const cudaStream_t stream = StreamOf(ctx);
-  flash::FlashBackwardKvKernel<HD>
-      <<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, Sizes<HD>::kBackwardKv, stream>>>(
+  kv_kernel<<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, Sizes<HD>::kBackwardKv, stream>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
       delta.data<float>(), dk.data<float>(), dv.data<float>(), d, causal, ScaleOf(HD));
   SY_CUDA_CHECK_LAUNCH();
-  flash::FlashBackwardQKernel<HD>
-      <<<GridOf(blocks, d.hq, q.dim(0)), kThreads, Sizes<HD>::kBackwardQ, stream>>>(
+  q_kernel<<<GridOf(blocks, d.hq, q.dim(0)), kThreads, Sizes<HD>::kBackwardQ, stream>>>(
       q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
       delta.data<float>(), dq.data<float>(), d, causal, ScaleOf(HD));
   SY_CUDA_CHECK_LAUNCH();
@@ -113,8 +126,10 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Te
   if (q.dim(0) == 0 || q.dim(1) == 0 || q.dim(2) == 0) return;
   const bool causal = mask == AttentionMask::kCausal;
   switch (q.dim(3)) {
-    case 64: return LaunchForward<64>(q, k, v, out, lse, causal, ctx);
-    case 128: return LaunchForward<128>(q, k, v, out, lse, causal, ctx);
+    case 64:
+      if (FetchAhead()) return LaunchForward<64, true>(q, k, v, out, lse, causal, ctx);
+      return LaunchForward<64, false>(q, k, v, out, lse, causal, ctx);
+    case 128: return LaunchForward<128, false>(q, k, v, out, lse, causal, ctx);
     default:
       SY_LOG(FATAL) << "FlashAttentionForward: head_dim " << q.dim(3)
                     << " has no instance (FlashAttentionSupports)";
@@ -132,8 +147,13 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
   }
   const bool causal = mask == AttentionMask::kCausal;
   switch (q.dim(3)) {
-    case 64: return LaunchBackward<64>(q, k, v, lse, dout, delta, dq, dk, dv, causal, ctx);
-    case 128: return LaunchBackward<128>(q, k, v, lse, dout, delta, dq, dk, dv, causal, ctx);
+    case 64:
+      if (FetchAhead()) {
+        return LaunchBackward<64, true>(q, k, v, lse, dout, delta, dq, dk, dv, causal, ctx);
+      }
+      return LaunchBackward<64, false>(q, k, v, lse, dout, delta, dq, dk, dv, causal, ctx);
+    case 128:
+      return LaunchBackward<128, false>(q, k, v, lse, dout, delta, dq, dk, dv, causal, ctx);
     default:
       SY_LOG(FATAL) << "FlashAttentionBackward: head_dim " << q.dim(3)
                     << " has no instance (FlashAttentionSupports)";

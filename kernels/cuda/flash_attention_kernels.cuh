@@ -75,6 +75,42 @@ __device__ void LoadRows(const float* base, int64_t ld, int r0, int s, Bf16* til
   }
 }
 
+// A (64, HD) tile's f32 values held in registers between their loads and their store into
+// shared memory (LoadRows' element order): the kernels fetch the next block's tiles before
+// computing on the current one, so the loads are in flight during the products (HD <= 64,
+// kPrefetch: 64 registers for two tiles; wider heads load as they store, LoadRows).
+template <int HD>
+struct RowsInFlight {
+  static constexpr int kPairs = kBr * HD / 2 / kThreads;
+  float lo[kPairs], hi[kPairs];
+
+  __device__ __forceinline__ void Fetch(const float* base, int64_t ld, int r0, int s) {
+#pragma unroll
+    for (int it = 0; it < kPairs; ++it) {
+      const int idx = it * kThreads + threadIdx.x, r = idx / (HD / 2);
+      const float* src = base + static_cast<int64_t>(r0 + r) * ld + 2 * (idx % (HD / 2));
+      const bool in = r0 + r < s;
+      lo[it] = in ? src[0] : 0.0f;
+      hi[it] = in ? src[1] : 0.0f;
+    }
+  }
+  __device__ __forceinline__ void Store(Bf16* tile) const {
+#pragma unroll
+    for (int it = 0; it < kPairs; ++it) {
+      const int idx = it * kThreads + threadIdx.x, r = idx / (HD / 2);
+      StoreBf16x2(tile + r * Ld<HD>::kH + 2 * (idx % (HD / 2)), PackBf16x2(lo[it], hi[it]));
+    }
+  }
+};
+// The kernels' kAhead parameter (default kPrefetch<HD>) says whether they fetch ahead.
+template <int HD>
+constexpr bool kPrefetch = HD <= 64;
+// The CTAs per SM each kernel's register budget is sized for (__launch_bounds__): 2 when
+// fetching ahead (ptxas, sm_90: 255 registers; a cap of 168, for 3, spills 200-400 bytes),
+// else no bound (HD 64: 128-185 registers).
+template <int HD, bool kAhead>
+constexpr int kCtasPerSm = kAhead ? 2 : 1;
+
 // Fragments from the row-major tiles by ldmatrix.x4: lane l gives the address of row l % 8 of
 // matrix l / 8 (mi, r8 below).
 // The a fragment of rows [row0, row0 + 16), columns [col0, col0 + 16): matrices (row0, col0),
@@ -235,8 +271,8 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const 
 
 // out: f32, or bf16 (TO; each value rounded as stored: the output projection's operand under
 // bf16 activation storage).
-template <int HD, typename TO = float>
-__global__ void __launch_bounds__(kThreads)
+template <int HD, typename TO = float, bool kAhead = kPrefetch<HD>>
+__global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
     FlashForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
                        const float* __restrict__ v, TO* __restrict__ out,
                        float* __restrict__ lse, Dims d, bool causal, float scale) {
@@ -267,12 +303,28 @@ __global__ void __launch_bounds__(kThreads)
   for (int kk = 0; kk < HD / 16; ++kk) LoadA(sq, Ld<HD>::kH, row0, 16 * kk, qa[kk]);
 
   const int blocks = KeyBlocksOf(d.s, causal, i0);
+  RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
+  if constexpr (kAhead) {
+    k_next.Fetch(kh, ldkv, 0, d.s);
+    v_next.Fetch(vh, ldkv, 0, d.s);
+  }
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous block's readers of sk and sv are done
-    LoadRows<HD>(kh, ldkv, j0, d.s, sk);
-    LoadRows<HD>(vh, ldkv, j0, d.s, sv);
+    if constexpr (kAhead) {
+      k_next.Store(sk);
+      v_next.Store(sv);
+    } else {
+      LoadRows<HD>(kh, ldkv, j0, d.s, sk);
+      LoadRows<HD>(vh, ldkv, j0, d.s, sv);
+    }
     __syncthreads();
+    if constexpr (kAhead) {
+      if (kb + 1 < blocks) {
+        k_next.Fetch(kh, ldkv, j0 + kBc, d.s);
+        v_next.Fetch(vh, ldkv, j0 + kBc, d.s);
+      }
+    }
     float s[kBc / 8][4];  // (16, 64) q^ k^T
     Zero(s);
 #pragma unroll
@@ -339,8 +391,8 @@ __device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&
 // of the block and computes, per query block of each query head of the group,
 //   s^T = k^ q^T, dp^T = v^ do^T (keys as rows), p^T and ds^T in registers, then
 //   dv += bf16(p^T) do^ and dk += bf16(ds^T) q^ (the q and do tiles read transposed).
-template <int HD>
-__global__ void __launch_bounds__(kThreads)
+template <int HD, bool kAhead = kPrefetch<HD>>
+__global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
     FlashBackwardKvKernel(const float* __restrict__ q, const float* __restrict__ k,
                           const float* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ dout, const float* __restrict__ delta,
@@ -367,35 +419,58 @@ __global__ void __launch_bounds__(kThreads)
   Zero(dv_acc);
   const int q_blocks = (d.s + kBr - 1) / kBr;
   const int first = causal ? j0 / kBr : 0;  // query blocks wholly above the diagonal skipped
-  for (int h = g * d.group(); h < (g + 1) * d.group(); ++h) {
-    const int64_t q_off = static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
+  // The (query head, query block) tiles in order: the group's heads, each over its blocks.
+  const int per_head = q_blocks - first, tiles = d.group() * per_head;
+  auto q_offset = [&](int tile) {
+    const int h = g * d.group() + tile / per_head;
+    return static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
+  };
+  auto first_row = [&](int tile) { return (first + tile % per_head) * kBr; };
+  RowsInFlight<HD> q_next, do_next;  // kAhead: the next tile's q and dout
+  if constexpr (kAhead) {
+    if (tiles > 0) {
+      q_next.Fetch(q + q_offset(0), ldq, first_row(0), d.s);
+      do_next.Fetch(dout + q_offset(0), ldq, first_row(0), d.s);
+    }
+  }
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int h = g * d.group() + tile / per_head, i0 = first_row(tile);
+    const int64_t q_off = q_offset(tile);
     const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
-    for (int qb = first; qb < q_blocks; ++qb) {
-      const int i0 = qb * kBr;
-      __syncthreads();  // the previous tile's readers of sq, sdo, slse, sdelta are done
+    __syncthreads();  // the previous tile's readers of sq, sdo, slse, sdelta are done
+    if constexpr (kAhead) {
+      q_next.Store(sq);
+      do_next.Store(sdo);
+    } else {
       LoadRows<HD>(q + q_off, ldq, i0, d.s, sq);
       LoadRows<HD>(dout + q_off, ldq, i0, d.s, sdo);
-      for (int r = threadIdx.x; r < kBr; r += kThreads) {
-        slse[r] = i0 + r < d.s ? lse[stat_off + i0 + r] : 0.0f;
-        sdelta[r] = i0 + r < d.s ? delta[stat_off + i0 + r] : 0.0f;
-      }
-      __syncthreads();
-      float st[kBr / 8][4], dpt[kBr / 8][4];  // (16 keys, 64 queries)
-      Zero(st);
-      Zero(dpt);
-      ProductRows<HD>(sk, row0, sq, st);
-      ProductRows<HD>(sv, row0, sdo, dpt);
-      BackwardWeights(st, dpt, d.s, causal, scale,
-                      [&](int n, int r, int& i, int& jj, float& row_lse, float& row_delta) {
-                        const int c = 8 * n + 2 * t + r % 2;  // the query's row in the block
-                        i = i0 + c;
-                        jj = j[r / 2];
-                        row_lse = slse[c];
-                        row_delta = sdelta[c];
-                      });
-      ProductWeights<HD>(st, sdo, dv_acc);  // dv += bf16(p)^T do^
-      ProductWeights<HD>(dpt, sq, dk_acc);  // dk += bf16(ds)^T q^
     }
+    for (int r = threadIdx.x; r < kBr; r += kThreads) {
+      slse[r] = i0 + r < d.s ? lse[stat_off + i0 + r] : 0.0f;
+      sdelta[r] = i0 + r < d.s ? delta[stat_off + i0 + r] : 0.0f;
+    }
+    __syncthreads();
+    if constexpr (kAhead) {
+      if (tile + 1 < tiles) {
+        q_next.Fetch(q + q_offset(tile + 1), ldq, first_row(tile + 1), d.s);
+        do_next.Fetch(dout + q_offset(tile + 1), ldq, first_row(tile + 1), d.s);
+      }
+    }
+    float st[kBr / 8][4], dpt[kBr / 8][4];  // (16 keys, 64 queries)
+    Zero(st);
+    Zero(dpt);
+    ProductRows<HD>(sk, row0, sq, st);
+    ProductRows<HD>(sv, row0, sdo, dpt);
+    BackwardWeights(st, dpt, d.s, causal, scale,
+                    [&](int n, int r, int& i, int& jj, float& row_lse, float& row_delta) {
+                      const int c = 8 * n + 2 * t + r % 2;  // the query's row in the block
+                      i = i0 + c;
+                      jj = j[r / 2];
+                      row_lse = slse[c];
+                      row_delta = sdelta[c];
+                    });
+    ProductWeights<HD>(st, sdo, dv_acc);  // dv += bf16(p)^T do^
+    ProductWeights<HD>(dpt, sq, dk_acc);  // dk += bf16(ds)^T q^
   }
   const float one[2] = {1.0f, 1.0f}, scaled[2] = {scale, scale};
   WriteAccumulators<HD>(dk_acc, scaled, j0 + row0, d.s, dk + kv_off, ldkv);
@@ -405,8 +480,8 @@ __global__ void __launch_bounds__(kThreads)
 // dq of one query block (grid (query blocks, Hq, B)): warp w owns rows [16 w, 16 w + 16) and
 // computes, per key block the rows see, s = q^ k^T and dp = do^ v^T, p and ds in registers,
 // then dq += bf16(ds) k^ (the k tile read transposed).
-template <int HD>
-__global__ void __launch_bounds__(kThreads)
+template <int HD, bool kAhead = kPrefetch<HD>>
+__global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
     FlashBackwardQKernel(const float* __restrict__ q, const float* __restrict__ k,
                          const float* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ dout, const float* __restrict__ delta,
@@ -436,12 +511,28 @@ __global__ void __launch_bounds__(kThreads)
   float dq_acc[HD / 8][4];
   Zero(dq_acc);
   const int blocks = KeyBlocksOf(d.s, causal, i0);
+  RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
+  if constexpr (kAhead) {
+    k_next.Fetch(k + kv_off, ldkv, 0, d.s);
+    v_next.Fetch(v + kv_off, ldkv, 0, d.s);
+  }
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous tile's readers of sk and sv are done
-    LoadRows<HD>(k + kv_off, ldkv, j0, d.s, sk);
-    LoadRows<HD>(v + kv_off, ldkv, j0, d.s, sv);
+    if constexpr (kAhead) {
+      k_next.Store(sk);
+      v_next.Store(sv);
+    } else {
+      LoadRows<HD>(k + kv_off, ldkv, j0, d.s, sk);
+      LoadRows<HD>(v + kv_off, ldkv, j0, d.s, sv);
+    }
     __syncthreads();
+    if constexpr (kAhead) {
+      if (kb + 1 < blocks) {
+        k_next.Fetch(k + kv_off, ldkv, j0 + kBc, d.s);
+        v_next.Fetch(v + kv_off, ldkv, j0 + kBc, d.s);
+      }
+    }
     float s[kBc / 8][4], dp[kBc / 8][4];  // (16 rows, 64 keys)
     Zero(s);
     Zero(dp);
