@@ -224,11 +224,20 @@ __device__ __forceinline__ int KeyBlocksOf(int s, bool causal, int i0) {
   return (keys + kBc - 1) / kBc;
 }
 
+// Whether keys [j0, j0 + keys) are all < s and seen by every query from i_lo on (then a warp's
+// tile needs no mask; the caller adds what it needs of the queries).
+__device__ __forceinline__ bool Unmasked(int s, bool causal, int i_lo, int j0, int keys) {
+  return j0 + keys <= s && (!causal || j0 + keys - 1 <= i_lo);
+}
+
 // The online-softmax step of the warp's query rows over the key block at j0. s holds the
 // rows' scores q^ k^T (row g in registers 0, 1 and row g + 8 in 2, 3 of every n tile; i the
 // two rows' global indices); on return it holds p = exp(x - m_new) in f32, the running max m
 // and sum l are updated, and alpha = exp(m_old - m_new) rescales the rows' accumulators. A
 // row's four lanes (t = 0..3) combine their max and sum with two shuffles.
+// kMasked = false: the caller knows that every key of the block is < seq and visible to every
+// row of the warp (Unmasked below), so no element is tested.
+template <bool kMasked>
 __device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const int (&i)[2],
                                                   int j0, int seq, bool causal, float scale,
                                                   float (&m)[2], float (&l)[2],
@@ -243,7 +252,7 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const 
       for (int c = 0; c < 2; ++c) {
         const int j = j0 + 8 * n + 2 * t + c;
         float& x = s[n][2 * half + c];
-        x = j < seq && Sees(causal, i[half], j) ? __fmul_rn(x, scale) : -INFINITY;
+        x = !kMasked || (j < seq && Sees(causal, i[half], j)) ? __fmul_rn(x, scale) : -INFINITY;
         block_max = fmaxf(block_max, x);
       }
     }
@@ -337,7 +346,12 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
       }
     }
     float alpha[2];
-    OnlineSoftmaxStep(s, i, j0, d.s, causal, scale, m, l, alpha);
+    // Rows past S need no mask (never written): the forward tests only the keys.
+    if (Unmasked(d.s, causal, i0 + row0, j0, kBc)) {
+      OnlineSoftmaxStep<false>(s, i, j0, d.s, causal, scale, m, l, alpha);
+    } else {
+      OnlineSoftmaxStep<true>(s, i, j0, d.s, causal, scale, m, l, alpha);
+    }
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
       acc[n][0] = __fmul_rn(acc[n][0], alpha[0]);
@@ -367,7 +381,8 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
 // The backward's per-tile weights, for one warp's (16, 64) scores s and dp (rows and columns
 // as the caller's product made them; i and j of element (n, r) from `at`): s becomes
 // p = exp(s scale - lse) (0 where masked or past S) and dp becomes ds = p (dp - delta).
-template <typename At>
+// kMasked = false: every (i, j) of the tile is in bounds and visible (no test).
+template <bool kMasked, typename At>
 __device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&dp)[kBc / 8][4],
                                                 int seq, bool causal, float scale, At at) {
 #pragma unroll
@@ -378,7 +393,7 @@ __device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&
       float row_lse, row_delta;
       at(n, r, i, j, row_lse, row_delta);
       float p = 0.0f;
-      if (i < seq && j < seq && Sees(causal, i, j)) {
+      if (!kMasked || (i < seq && j < seq && Sees(causal, i, j))) {
         p = expf(__fsub_rn(__fmul_rn(s[n][r], scale), row_lse));
       }
       s[n][r] = p;
@@ -461,14 +476,19 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
     Zero(dpt);
     ProductRows<HD>(sk, row0, sq, st);
     ProductRows<HD>(sv, row0, sdo, dpt);
-    BackwardWeights(st, dpt, d.s, causal, scale,
-                    [&](int n, int r, int& i, int& jj, float& row_lse, float& row_delta) {
-                      const int c = 8 * n + 2 * t + r % 2;  // the query's row in the block
-                      i = i0 + c;
-                      jj = j[r / 2];
-                      row_lse = slse[c];
-                      row_delta = sdelta[c];
-                    });
+    auto at = [&](int n, int r, int& i, int& jj, float& row_lse, float& row_delta) {
+      const int c = 8 * n + 2 * t + r % 2;  // the query's row in the block
+      i = i0 + c;
+      jj = j[r / 2];
+      row_lse = slse[c];
+      row_delta = sdelta[c];
+    };
+    // The warp's 16 keys against the block's 64 queries.
+    if (i0 + kBr <= d.s && Unmasked(d.s, causal, i0, j0 + row0, kWarpRows)) {
+      BackwardWeights<false>(st, dpt, d.s, causal, scale, at);
+    } else {
+      BackwardWeights<true>(st, dpt, d.s, causal, scale, at);
+    }
     ProductWeights<HD>(st, sdo, dv_acc);  // dv += bf16(p)^T do^
     ProductWeights<HD>(dpt, sq, dk_acc);  // dk += bf16(ds)^T q^
   }
@@ -538,13 +558,18 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
     Zero(dp);
     ProductRows<HD>(sq, row0, sk, s);
     ProductRows<HD>(sdo, row0, sv, dp);
-    BackwardWeights(s, dp, d.s, causal, scale,
-                    [&](int n, int r, int& ii, int& jj, float& l, float& dl) {
-                      ii = i[r / 2];
-                      jj = j0 + 8 * n + 2 * t + r % 2;
-                      l = row_lse[r / 2];
-                      dl = row_delta[r / 2];
-                    });
+    auto at = [&](int n, int r, int& ii, int& jj, float& l, float& dl) {
+      ii = i[r / 2];
+      jj = j0 + 8 * n + 2 * t + r % 2;
+      l = row_lse[r / 2];
+      dl = row_delta[r / 2];
+    };
+    // The warp's 16 queries against the block's 64 keys.
+    if (i0 + row0 + kWarpRows <= d.s && Unmasked(d.s, causal, i0 + row0, j0, kBc)) {
+      BackwardWeights<false>(s, dp, d.s, causal, scale, at);
+    } else {
+      BackwardWeights<true>(s, dp, d.s, causal, scale, at);
+    }
     ProductWeights<HD>(dp, sk, dq_acc);  // dq += bf16(ds) k^
   }
   const float scaled[2] = {scale, scale};
