@@ -70,7 +70,7 @@ const T* Elements(const Tensor& t) {
 }
 
 // Shared memory of a kernel on policy P: the two-stage kernels fit the default 48 KiB, the
-// cp.async ones (P::kStages stages: up to 62 KiB for the 128 x 128 tiles, 120 KiB for the wide
+// cp.async ones (P::kStages stages: up to 62 KiB for the 128 x 128 tiles, 156 KiB for the wide
 // ones) ask for more.
 template <class P, bool kAsync>
 constexpr int SharedBytes() {

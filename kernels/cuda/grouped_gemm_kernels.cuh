@@ -40,18 +40,20 @@ __device__ __forceinline__ void Write(float* p, float acc, float alpha, float be
 // ldmatrix reads 8 rows of 16 bytes whose leading dimensions (+8 elements) put them in
 // distinct banks. Warp w computes rows [64 (w / 4), +64) and columns [kWarpN (w % 4), +kWarpN)
 // of the CTA tile: 4 x kWarpN / 8 accumulator tiles of 16 x 8.
-//   kWarpN = 32: 128 x 128 CTA tiles, 3 cp.async stages, two CTAs per SM (128 registers);
-//   kWarpN = 64 (Wide, the cp.async kernels' default): 128 x 256 tiles, 4 stages, one CTA per
-//   SM: half the fragment loads per product (a warp's 4 a and 4 b fragments feed 32
-//   products instead of 4 and 2 feeding 16) and half the barriers per flop.
+//   kWarpN = 32: 128 x 128 CTA tiles, K steps of 32, 3 cp.async stages, two CTAs per SM
+//   (128 registers);
+//   kWarpN = 64 (Wide, the cp.async kernels' default): 128 x 256 tiles, K steps of 64, 3
+//   stages (156 KiB), one CTA per SM: half the fragment loads per product (a warp's 4 a and
+//   4 b fragments feed 32 products instead of 4 and 2 feeding 16) and a quarter of the
+//   barriers per flop.
 template <bool kAKm, bool kBNk, int kWarpN = 32>
 struct TensorCoreTiles {
   static_assert(kWarpN == 32 || kWarpN == 64, "warp tiles 64 x 32 or 64 x 64");
   using S = Bf16;
   using Wide = TensorCoreTiles<kAKm, kBNk, 64>;
-  static constexpr int kBK = 32;
+  static constexpr int kBK = kWarpN == 64 ? 64 : 32;
   static constexpr int kTileN = 4 * kWarpN;
-  static constexpr int kStages = kWarpN == 64 ? 4 : 3;    // of the cp.async pipeline
+  static constexpr int kStages = 3;                        // of the cp.async pipeline
   static constexpr int kCtasPerSm = kWarpN == 64 ? 1 : 2;  // the cp.async kernels' bound
   static constexpr int kLdA = kAKm ? kBM + 8 : kBK + 8;  // +8: no bank conflicts, 16-byte rows
   static constexpr int kLdB = kBNk ? kBK + 8 : kTileN + 8;
