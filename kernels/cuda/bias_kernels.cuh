@@ -58,8 +58,14 @@ __device__ __forceinline__ void ForwardElement(float* a, const float* b, const F
 template <int kAct>
 __global__ void BiasActForwardKernel(float* a, const float* bias, const float* b, ForwardOut o,
                                      int64_t total, int64_t n) {
+  // The bias column: a 32-bit remainder when the indices fit (a 64-bit one is a long
+  // software division per element).
+  const bool narrow = total <= static_cast<int64_t>(UINT32_MAX);
   SY_GRID_STRIDE(i, total) {
-    const float v = bias != nullptr ? __fadd_rn(a[i], bias[i % n]) : a[i];
+    const int64_t col = narrow ? static_cast<int64_t>(static_cast<uint32_t>(i) %
+                                                      static_cast<uint32_t>(n))
+                               : i % n;
+    const float v = bias != nullptr ? __fadd_rn(a[i], bias[col]) : a[i];
     ForwardElement<kAct>(a, b, o, i, v, bias != nullptr);
   }
 }
