@@ -42,7 +42,8 @@ __device__ __forceinline__ void Write(float* p, float acc, float alpha, float be
 // of the CTA tile: 4 x kWarpN / 8 accumulator tiles of 16 x 8.
 //   kWarpN = 32: 128 x 128 CTA tiles, K steps of 32, 3 cp.async stages, two CTAs per SM
 //   (128 registers);
-//   kWarpN = 64 (Wide, the cp.async kernels' default): 128 x 256 tiles, K steps of 64, 3
+//   kWarpN = 64 (Wide, SWITCHYARD_GROUPED_WIDE=1 for the cp.async kernels): 128 x 256 tiles,
+//   K steps of 64, 3
 //   stages (156 KiB), one CTA per SM: half the fragment loads per product (a warp's 4 a and
 //   4 b fragments feed 32 products instead of 4 and 2 feeding 16) and a quarter of the
 //   barriers per flop.

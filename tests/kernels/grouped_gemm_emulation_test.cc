@@ -68,8 +68,9 @@ const T* Elements(const Tensor& t) {
 }
 
 int async_launches = 0;  // launches of the cp.async kernels, which the tests expect to see
-// The cp.async kernels' tiles, as grouped_gemm.cu's WideTiles(): P::Wide (128 x 256) or P.
-bool wide_tiles = true;
+// The cp.async kernels' tiles, as grouped_gemm.cu's WideTiles(): P (128 x 128, the default)
+// or P::Wide (128 x 256).
+bool wide_tiles = false;
 
 
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
@@ -372,7 +373,7 @@ Tensor Widened(const Tensor& t) {
 // bits, over one K step, fewer steps than the stages, many steps, a last step of one chunk
 // (k = 72), an 8-column edge tile (n = 136) and ragged groups; then against the CPU within
 // the bound, which also covers NaN rows past offsets[G] (never copied as in bounds).
-// Both tile shapes of the copies: the wide (128 x 256, 4 stages; n = 264 has a second column
+// Both tile shapes of the copies: the wide (128 x 256, K steps of 64; n = 264 has a second column
 // tile with 8 columns) and the 128 x 128 (3 stages).
 class CopiesPipelineTest : public ::testing::TestWithParam<bool> {};
 
@@ -417,7 +418,7 @@ TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
   // Every bf16 launch here took the copies: 5 shapes x 2 orientations, twice (the bit check
   // and CheckForward's), and 3 shapes of the weight gradient, twice.
   EXPECT_EQ(async_launches - before, 5 * 2 * 2 + 3 * 2);
-  wide_tiles = true;
+  wide_tiles = false;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiles, CopiesPipelineTest, ::testing::Values(true, false),
