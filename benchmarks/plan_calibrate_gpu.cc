@@ -11,6 +11,12 @@
 //   memory     memory_bandwidth = 2 x bytes / time of one device-to-device copy (read + write)
 //   attention  attention_efficiency = 4 S^2 H hd (the cost model's count) / (time of
 //              kernels::AttentionForward on --attention-shape x the bf16 peak)
+//   grouped    grouped_gemm_efficiency: the experts' three products (forward, input
+//              gradient, weight gradient) on this engine's device-sized kernels
+//              (kernels::GroupedGemm / GroupedGemmWeightGrad with offsets on the device, bf16
+//              operands as training stores them) at --grouped-shape rows,d,f,experts, rows
+//              split evenly: their FLOPs over their time and the bf16 peak, divided by the
+//              F / (F + F_half) the cost model applies to one expert's product (capped at 1)
 //   overhead   op_latency: a step of --config at d_model 8 on the GPU (the work vanishes): the
 //              median step beyond the cost model's prediction for it, over the operations it
 //              counts (as plan_calibrate); graph_op_latency: the same with
@@ -36,6 +42,7 @@
 #include "engine/plan/hardware.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "kernels/random.h"
 
 namespace switchyard::bench {
 namespace {
@@ -131,8 +138,42 @@ double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double pe
   return std::min(1.0, eff);
 }
 
+// The device-sized grouped products of one MoE layer's experts (forward, input gradient,
+// weight gradient) at rows x d -> f over `experts` even groups; returns
+// grouped_gemm_efficiency for a file whose gemm.half_flops is `half`.
+double MeasureGroupedGemm(Harness& h, const std::vector<int64_t>& shape, const GemmFit& bf16,
+                          DeviceContext* ctx) {
+  const int64_t rows = shape[0], d = shape[1], f = shape[2], experts = shape[3];
+  const Device gpu = ctx->device();
+  Tensor x = Tensor::Empty({rows, d}, DType::kBF16, gpu), dy = Tensor::Empty({rows, f}, DType::kBF16, gpu);
+  Tensor w = Tensor::Empty({experts, d, f}, DType::kBF16, gpu);
+  kernels::FillUniform(x, RngKey{7, 1}, 0, -1.0f, 1.0f, ctx);
+  kernels::FillUniform(dy, RngKey{7, 2}, 0, -1.0f, 1.0f, ctx);
+  kernels::FillUniform(w, RngKey{7, 3}, 0, -1.0f, 1.0f, ctx);
+  Tensor out = Tensor::Empty({rows, f}, DType::kF32, gpu), dx = Tensor::Empty({rows, d}, DType::kF32, gpu);
+  Tensor dw = Tensor::Empty({experts, d, f}, DType::kF32, gpu);
+  std::vector<int64_t> offsets(1, 0);
+  for (int64_t e = 0; e < experts; ++e) offsets.push_back(rows * (e + 1) / experts);
+  const Tensor dev_offsets = Tensor::FromVector(offsets, {experts + 1}).To(gpu, ctx);
+  ctx->set_matmul_dtype(DType::kBF16);
+  const std::vector<double> ms = TimeGpuOps(
+      {[&] { kernels::GroupedGemm(x, dev_offsets, w, false, out, 1.0f, 0.0f, ctx); },
+       [&] { kernels::GroupedGemm(dy, dev_offsets, w, true, dx, 1.0f, 0.0f, ctx); },
+       [&] { kernels::GroupedGemmWeightGrad(x, dy, dev_offsets, dw, 1.0f, 0.0f, ctx); }},
+      h.options().iters, h.options().warmup, ctx);
+  ctx->set_matmul_dtype(DType::kF32);
+  const double t = (ms[0] + ms[1] + ms[2]) / 1e3, flops = 3 * 2.0 * rows * d * f;
+  const double share = flops / t / bf16.peak, expert_flops = flops / 3 / experts;
+  const double eff = std::min(1.0, share * (expert_flops + bf16.half) / expert_flops);
+  h.Printf("# grouped products %lld rows, d %lld, f %lld, %lld experts: %.1f us (%.1f TFLOP/s), "
+           "%.3f of the bf16 peak: grouped_gemm_efficiency %.3f\n",
+           static_cast<long long>(rows), static_cast<long long>(d), static_cast<long long>(f),
+           static_cast<long long>(experts), t * 1e6, flops / t / 1e12, share, eff);
+  return eff;
+}
+
 std::string Yaml(const GemmFit& bf16, const GemmFit& f32, double bandwidth, double attention,
-                 double memory, double op_latency, double graph_op_latency,
+                 double grouped, double memory, double op_latency, double graph_op_latency,
                  const std::string& gpu) {
   std::ostringstream out;
   out.precision(4);
@@ -144,7 +185,8 @@ std::string Yaml(const GemmFit& bf16, const GemmFit& f32, double bandwidth, doub
       << "intra_node: {bandwidth: " << bandwidth << ", latency: 5e-6}   # not measured (one GPU)\n"
       << "inter_node: {bandwidth: " << bandwidth << ", latency: 5e-6}   # not measured (one GPU)\n"
       << "gemm: {efficiency: 1, half_flops: " << bf16.half << "}\n"
-      << "attention_efficiency: " << attention << "\n";
+      << "attention_efficiency: " << attention << "\n"
+      << "grouped_gemm_efficiency: " << grouped << "\n";
   if (op_latency > 0) out << "op_latency: " << op_latency << "\n";
   if (graph_op_latency > 0) out << "graph_op_latency: " << graph_op_latency << "\n";
   return out.str();
@@ -190,21 +232,29 @@ int Main(int argc, char** argv) {
   Harness h("plan_calibrate_gpu", "this GPU's GEMM, memory, attention and per-operation "
             "parameters as a hardware file for `switchyard plan`.", {});
   std::string out, sizes_text = "512,1024,2048,4096,8192", attention_text = "512,16,64",
-                   copy_text = "1G";
+                   copy_text = "1G", grouped_text = "32768,1024,4096,16";
   h.flags().AddString("out", &out, "hardware YAML to write");
   h.flags().AddString("gemm-sizes", &sizes_text, "m and n = k of the GEMM grid (default 512,...,8192)");
   h.flags().AddString("copy-bytes", &copy_text, "bytes of the device copy (default 1G)");
   h.flags().AddString("attention-shape", &attention_text, "S,heads,head_dim (default 512,16,64)");
+  h.flags().AddString("grouped-shape", &grouped_text,
+                      "rows,d,f,experts of the expert products (default 32768,1024,4096,16)");
   TrainBench bench(/*steps=*/20, /*grad_accum=*/1);
   bench.AddFlags(h.flags(), "micro-batches a step of the overhead run (--config at d_model 8)");
   if (auto code = h.Start(argc, argv)) return *code;
   const std::vector<int64_t> sizes = ParseList(sizes_text), shape = ParseList(attention_text);
+  const std::vector<int64_t> grouped_shape = ParseList(grouped_text);
   for (int64_t n : sizes) {
     if (n < 1 || n > 32768) return h.Fail("--gemm-sizes: expected values in [1, 32768], got \"" + sizes_text + "\"");
   }
   if (sizes.size() < 2) return h.Fail("--gemm-sizes: give at least two sizes to fit a line");
   if (shape.size() != 3 || shape[0] < 1 || shape[1] < 1 || shape[2] < 1) {
     return h.Fail("--attention-shape: expected S,heads,head_dim, got \"" + attention_text + "\"");
+  }
+  if (grouped_shape.size() != 4 || grouped_shape[0] < 1 || grouped_shape[1] < 1 ||
+      grouped_shape[2] < 1 || grouped_shape[3] < 1 || grouped_shape[3] > grouped_shape[0]) {
+    return h.Fail("--grouped-shape: expected rows,d,f,experts (experts <= rows), got \"" +
+                  grouped_text + "\"");
   }
   StatusOr<int64_t> cb = ParseBytes(copy_text);
   if (!cb.ok() || *cb < 1024) return h.Fail("--copy-bytes: expected at least 1K, got \"" + copy_text + "\"");
@@ -226,10 +276,12 @@ int Main(int argc, char** argv) {
   const GemmFit f32 = MeasureGemms(h, sizes, DType::kF32, ctx, wrong);
   const double bandwidth = MeasureCopy(h, *cb, ctx);
   const double attention = MeasureAttention(h, shape, bf16.peak, ctx);
+  const double grouped = MeasureGroupedGemm(h, grouped_shape, bf16, ctx);
   h.Printf("# fitted: bf16 %.1f TFLOP/s (F_half %.3g), f32 %.1f TFLOP/s, %.0f GB/s\n", bf16.peak / 1e12,
            bf16.half, f32.peak / 1e12, bandwidth / 1e9);
   const double memory = static_cast<double>(total_bytes);
-  const std::string partial = Yaml(bf16, f32, bandwidth, attention, memory, 0, 0, prop.name);
+  const std::string partial =
+      Yaml(bf16, f32, bandwidth, attention, grouped, memory, 0, 0, prop.name);
   double latency = 0, graph_latency = 0;
   for (bool graphs : {false, true}) {
     StatusOr<double> measured = MeasureOpLatency(h, bench, partial, graphs);
@@ -241,7 +293,7 @@ int Main(int argc, char** argv) {
     (graphs ? graph_latency : latency) = *measured;
   }
   const std::string yaml =
-      Yaml(bf16, f32, bandwidth, attention, memory, latency, graph_latency, prop.name);
+      Yaml(bf16, f32, bandwidth, attention, grouped, memory, latency, graph_latency, prop.name);
   h.Printf("%s", yaml.c_str());
   if (!out.empty()) {
     std::ofstream file(out);
@@ -251,7 +303,8 @@ int Main(int argc, char** argv) {
   Table none({{}, {}}, false);
   return h.Finish(none, wrong, {{"peak_flops_bf16", bf16.peak}, {"half_flops_bf16", bf16.half},
                                 {"peak_flops_fp32", f32.peak}, {"memory_bandwidth", bandwidth},
-                                {"attention_efficiency", attention}, {"op_latency", latency},
+                                {"attention_efficiency", attention},
+                                {"grouped_gemm_efficiency", grouped}, {"op_latency", latency},
                                 {"graph_op_latency", graph_latency}});
 }
 

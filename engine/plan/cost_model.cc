@@ -65,13 +65,19 @@ constexpr double kFp8CastBytes = 2 + 1, kFp8CurrentScalingCastBytes = 2 + 2 + 1 
 // its operands' bytes at the memory bandwidth, whichever is longer. In fp8 the operands are
 // cast first (the activations and the weights, each once per product): a memory pass the
 // tensor cores' doubled rate does not shorten.
-double Gemm(const Ctx& c, double m, double n, double k) {
+// `efficiency`: the file's share of the peak for this kind of product (gemm_efficiency, or
+// grouped_gemm_efficiency for the device-sized expert products).
+double Gemm(const Ctx& c, double m, double n, double k, double efficiency) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   const double flops = 2 * m * n * k;
-  const double eff = c.hw.gemm_efficiency * flops / (flops + c.half_flops);
+  const double eff = efficiency * flops / (flops + c.half_flops);
   const double bytes = c.b * (m * k + k * n + m * n);
   const double cast = c.cast_bytes * (m * k + k * n) / c.bandwidth;
   return std::max(flops / (c.peak * eff), bytes / c.bandwidth) + cast;
+}
+
+double Gemm(const Ctx& c, double m, double n, double k) {
+  return Gemm(c, m, n, k, c.hw.gemm_efficiency);
 }
 
 double Elementwise(const Ctx& c, double elements) {
@@ -160,7 +166,13 @@ Pass MoeMlp(const Ctx& c) {
   const double rows = c.skew * c.t_moe * k * c.l.ep * c.l.etp / E;  // per local expert
   const double f = double(e.d_expert) / c.l.etp;
   Pass p;
-  const double experts = (E / c.l.ep) * (in_mats * Gemm(c, rows, f, d) + Gemm(c, rows, d, f));
+  // The engine's own grouped kernels where the dispatch keeps its counts on the device
+  // (grouped_gemm_efficiency, when the file has one), else cuBLAS's products.
+  const double eff = e.DeviceDispatchCounts(c.l.ep, c.l.etp) && c.hw.grouped_gemm_efficiency > 0
+                         ? c.hw.grouped_gemm_efficiency
+                         : c.hw.gemm_efficiency;
+  const double experts =
+      (E / c.l.ep) * (in_mats * Gemm(c, rows, f, d, eff) + Gemm(c, rows, d, f, eff));
   double shared = 0;
   if (e.num_shared_experts > 0) {
     const double s = double(e.num_shared_experts) * e.shared_hidden();

@@ -11,12 +11,13 @@
 //   inter_node: {bandwidth: 50e9, latency: 10e-6}
 //   gemm: {efficiency: 0.75, half_flops: 2e9}        # fitted: see GemmEfficiency
 //   attention_efficiency: 0.45                       # share of the peak attention's core reaches
+//   grouped_gemm_efficiency: 0.25  # optional: the engine's device-sized expert products
 //   cores_per_node: 2     # CPU machines only: the node's cores, which its ranks share
 //   op_latency: 4e-6      # optional: fixed seconds per operation (launch, bookkeeping)
 //   graph_op_latency: 1e-6  # optional: the same inside a replayed CUDA graph
 //
-// Every key is required except fp8, source, cores_per_node, op_latency and
-// graph_op_latency; an unknown or missing key, a value that is
+// Every key is required except fp8, source, cores_per_node, op_latency, graph_op_latency and
+// grouped_gemm_efficiency; an unknown or missing key, a value that is
 // not a positive number, is one error line naming the file and the key.
 #pragma once
 
@@ -42,6 +43,12 @@ struct Hardware {
   // of the peak (and no more than the memory bandwidth allows: roofline).
   double gemm_efficiency = 0, gemm_half_flops = 0;
   double attention_efficiency = 0;
+  // The experts' products when the dispatch keeps its counts on the device
+  // (MoEConfig::DeviceDispatchCounts: this engine's own grouped kernels,
+  // kernels/cuda/grouped_gemm.cu) reach grouped_gemm_efficiency in place of gemm_efficiency
+  // (the same F / (F + gemm_half_flops) shape); 0 when the file gives none, and the expert
+  // products then cost what dense ones of their shape do. plan_calibrate_gpu measures it.
+  double grouped_gemm_efficiency = 0;
   // 0 (devices): each rank has a device of its own. > 0 (a CPU node): peak_flops and
   // memory_bandwidth are one core's, and the ranks on a node share its cores evenly, so a
   // rank computes at ComputeShare times them (threads when the ranks are fewer than the

@@ -421,6 +421,36 @@ TEST(PlannerTest, CudaGraphsPayTheGraphLatencyPerOperation) {
   EXPECT_EQ(compute(with, graphed, 2), compute(hw, graphed, 2));  // two ranks: eager
 }
 
+// grouped_gemm_efficiency prices the experts' products where the dispatch keeps its counts on
+// the device (one ep rank, moe.dispatch_counts device), and only there. kMoE at ep 1: t = 2 x 64
+// tokens, 32 rows per expert (128 x top-2 / 8), two products of 2 x 32 x 96 x 64 FLOPs per
+// expert, each at efficiency x F / (F + 1e6) of 1e12 (compute-bound: 22528 bytes take
+// 2.3e-7 s); 8 experts, 2 MoE layers, 2 micro-batches, 3 passes (forward, backward twice).
+TEST(PlannerTest, DeviceSizedExpertProductsAtTheirOwnEfficiency) {
+  const config::Config c = Parse(kMoE);
+  const auto compute = [](const config::Config& conf, const Layout& l, const Hardware& hw,
+                          int world) {
+    CostCache cache;
+    return PredictStepTime(Inputs(conf, world, 4 * world / l.ep), l, hw, cache).compute;
+  };
+  const Layout one{.micro_batch_size = 2, .micro_batches = 2};
+  Hardware grouped = Round();
+  grouped.grouped_gemm_efficiency = 0.25;
+  const double flops = 2.0 * 32 * 96 * 64, shape = flops / (flops + 1e6);
+  const double per_product = flops / (1e12 * shape) * (1 / 0.25 - 1 / 0.5);
+  const double expected = per_product * 2 * 8 * 2 * 2 * 3;
+  const double base = compute(c, one, Round(), 1);
+  EXPECT_NEAR(compute(c, one, grouped, 1) - base, expected, 1e-9 * base);
+  Hardware same = Round();
+  same.grouped_gemm_efficiency = 0.5;  // gemm.efficiency: the same prediction
+  EXPECT_NEAR(compute(c, one, same, 1), base, 1e-12 * base);
+  config::Config host = c;
+  host.moe.dispatch_counts = moe::DispatchCounts::kHost;  // cuBLAS's products: gemm's rate
+  EXPECT_EQ(compute(host, one, grouped, 1), compute(host, one, Round(), 1));
+  const Layout ep2{.ep = 2, .micro_batch_size = 2, .micro_batches = 2};  // counts copied back
+  EXPECT_EQ(compute(c, ep2, grouped, 2), compute(c, ep2, Round(), 2));
+}
+
 TEST(HardwareTest, ShippedFilesParse) {
   for (const char* name : {"h100", "h200", "a100-80g", "a100-40g", "h800"}) {
     auto h = LoadHardware(name, SWITCHYARD_SOURCE_DIR "/configs/hardware");
@@ -453,6 +483,10 @@ TEST(HardwareTest, MistakesNameTheKey) {
   over.replace(over.find("efficiency: 0.5"), 15, "efficiency: 1.5");
   EXPECT_EQ(error(over), "hw.yaml: gemm.efficiency=1.5 must be at most 1 (a share of the peak)");
   EXPECT_EQ(error(good + "cores_per_node: 1.5\n"), "hw.yaml: cores_per_node=1.5 must be a whole number");
+  EXPECT_EQ(error(good + "grouped_gemm_efficiency: 1.5\n"),
+            "hw.yaml: grouped_gemm_efficiency=1.5 must be at most 1 (a share of the peak)");
+  EXPECT_EQ(ParseHardware(good + "grouped_gemm_efficiency: 0.3\n", "g.yaml")->grouped_gemm_efficiency, 0.3);
+  EXPECT_EQ(ParseHardware(good, "hw.yaml")->grouped_gemm_efficiency, 0);  // absent: gemm's
   EXPECT_EQ(error(good + "op_latency: 0\n"), "hw.yaml: op_latency=0 must be a positive number");
   EXPECT_EQ(error(good + "graph_op_latency: -1\n"),
             "hw.yaml: graph_op_latency=-1 must be a positive number");
