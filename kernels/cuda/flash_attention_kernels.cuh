@@ -1,220 +1,18 @@
 // The device code of the fused attention kernels (kernels/cuda/flash_attention.cu launches
-// them; the design is there): tiles, register-level tensor-core products, the forward and the
-// two backward kernels. Include it after kernels/cuda/common.cuh (ToBf16, kFullMask, MmaBf16
-// and the fragment helpers of kernels/cuda/device_common.cuh); it uses nothing else of CUDA's
-// but the built-ins (threadIdx, __syncthreads, __shfl_xor_sync, expf, the __f*_rn
-// intrinsics), so the same source also compiles against the host model of those
+// them; the design is there): the masks, the online softmax, the forward and the two backward
+// kernels; their tiles, fragments and products are kernels/cuda/flash_attention_tiles.cuh.
+// Include it after kernels/cuda/common.cuh (ToBf16, kFullMask, MmaBf16 and the fragment
+// helpers of kernels/cuda/device_common.cuh); it uses nothing else of CUDA's but the built-ins
+// (threadIdx, __syncthreads, __shfl_xor_sync, expf, the __f*_rn intrinsics), so the same
+// source also compiles against the host model of those
 // (tests/kernels/flash_attention_emulation_test.cc).
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/flash_attention.h"
+#include "kernels/cuda/flash_attention_tiles.cuh"
 
 namespace switchyard::kernels::cuda::flash {
-
-using Bf16 = __nv_bfloat16;
-
-constexpr int kBr = static_cast<int>(kFlashBlockQ);  // query rows per tile
-constexpr int kBc = static_cast<int>(kFlashBlockK);  // keys per tile
-constexpr int kThreads = 128;                        // 4 warps
-constexpr int kWarpRows = 16;                        // rows of a tile each warp owns (mma m)
-static_assert(kBr == 4 * kWarpRows && kBc == 4 * kWarpRows, "warp w owns 16 rows of a 64-row tile");
-static_assert(kBr == kBc, "a (64, HD) tile holds 64 rows of either kind");
-
-// Shared-memory leading dimension (bf16 elements) of the (64, HD) row-major tiles: q, k, v,
-// dout. +8: each 8-row phase of an ldmatrix reads 8 rows of 16 bytes in distinct banks.
-template <int HD>
-struct Ld {
-  static constexpr int kH = HD + 8;
-};
-
-// Bytes of shared memory of each kernel.
-template <int HD>
-struct Sizes {
-  static constexpr int kRows = kBr * Ld<HD>::kH * 2;  // one (64, HD) tile
-  static constexpr int kForward = 3 * kRows;                  // q, k, v
-  static constexpr int kBackwardQ = 4 * kRows;                // q, dout, k, v
-  static constexpr int kBackwardKv = 4 * kRows + 2 * kBr * 4;  // k, v, q, dout; lse, delta
-  static_assert(kRows % 16 == 0, "alignment");
-};
-
-struct Dims {
-  int s, hq, hkv;
-  __host__ __device__ int group() const { return hq / hkv; }
-};
-
-// Rows [r0, r0 + 64) of one head of a (B, S, H, HD) f32 tensor, `base` at (b, 0, head, 0)
-// with row stride ld, rounded to bf16 into a (64, HD) tile (row-major, Ld::kH); rows >= s are
-// 0. A thread takes two neighbouring elements: consecutive threads read consecutive pairs.
-// The loops run a constant number of times in batches of kBatch pairs (unrolled), so a batch's
-// loads are all issued before its first conversion waits for one (a tile costs kPairs /
-// kBatch memory latencies, not kPairs), with 2 kBatch registers in flight.
-constexpr int kBatch = 8;
-template <int HD>
-__device__ void LoadRows(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
-  constexpr int kPairs = kBr * HD / 2 / kThreads;
-  static_assert(kBr * HD / 2 % kThreads == 0, "whole passes");
-  static_assert(kPairs % kBatch == 0, "whole batches");
-#pragma unroll 1
-  for (int b0 = 0; b0 < kPairs; b0 += kBatch) {
-    float lo[kBatch], hi[kBatch];
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int idx = (b0 + it) * kThreads + threadIdx.x, r = idx / (HD / 2);
-      const float* src = base + static_cast<int64_t>(r0 + r) * ld + 2 * (idx % (HD / 2));
-      const bool in = r0 + r < s;
-      lo[it] = in ? src[0] : 0.0f;
-      hi[it] = in ? src[1] : 0.0f;
-    }
-#pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int idx = (b0 + it) * kThreads + threadIdx.x, r = idx / (HD / 2);
-      StoreBf16x2(tile + r * Ld<HD>::kH + 2 * (idx % (HD / 2)), PackBf16x2(lo[it], hi[it]));
-    }
-  }
-}
-
-// A (64, HD) tile's f32 values held in registers between their loads and their store into
-// shared memory (LoadRows' element order): the kernels fetch the next block's tiles before
-// computing on the current one, so the loads are in flight during the products (HD <= 64,
-// kPrefetch: 64 registers for two tiles; wider heads load as they store, LoadRows).
-template <int HD>
-struct RowsInFlight {
-  static constexpr int kPairs = kBr * HD / 2 / kThreads;
-  float lo[kPairs], hi[kPairs];
-
-  __device__ __forceinline__ void Fetch(const float* base, int64_t ld, int r0, int s) {
-#pragma unroll
-    for (int it = 0; it < kPairs; ++it) {
-      const int idx = it * kThreads + threadIdx.x, r = idx / (HD / 2);
-      const float* src = base + static_cast<int64_t>(r0 + r) * ld + 2 * (idx % (HD / 2));
-      const bool in = r0 + r < s;
-      lo[it] = in ? src[0] : 0.0f;
-      hi[it] = in ? src[1] : 0.0f;
-    }
-  }
-  __device__ __forceinline__ void Store(Bf16* tile) const {
-#pragma unroll
-    for (int it = 0; it < kPairs; ++it) {
-      const int idx = it * kThreads + threadIdx.x, r = idx / (HD / 2);
-      StoreBf16x2(tile + r * Ld<HD>::kH + 2 * (idx % (HD / 2)), PackBf16x2(lo[it], hi[it]));
-    }
-  }
-};
-// The kernels' kAhead parameter (default kPrefetch<HD>) says whether they fetch ahead.
-template <int HD>
-constexpr bool kPrefetch = HD <= 64;
-// The CTAs per SM each kernel's register budget is sized for (__launch_bounds__): 2 when
-// fetching ahead (ptxas, sm_90: 255 registers; a cap of 168, for 3, spills 200-400 bytes),
-// else no bound (HD 64: 128-185 registers).
-template <int HD, bool kAhead>
-constexpr int kCtasPerSm = kAhead ? 2 : 1;
-
-// Fragments from the row-major tiles by ldmatrix.x4: lane l gives the address of row l % 8 of
-// matrix l / 8 (mi, r8 below).
-// The a fragment of rows [row0, row0 + 16), columns [col0, col0 + 16): matrices (row0, col0),
-// (row0 + 8, col0), (row0, col0 + 8), (row0 + 8, col0 + 8).
-__device__ __forceinline__ void LoadA(const Bf16* tile, int ld, int row0, int col0,
-                                      uint32_t (&a)[4]) {
-  const int lane = threadIdx.x % 32, mi = lane / 8, r8 = lane % 8;
-  LdMatrixX4(a, tile + (row0 + r8 + 8 * (mi & 1)) * ld + col0 + 8 * (mi >> 1));
-}
-
-// The b fragments of the 8-column tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]) where the
-// tile's rows are the product's columns, B[k][n] = tile[n0 + n][k0 + k]: k in q k^T.
-__device__ __forceinline__ void LoadBRows(const Bf16* tile, int ld, int n0, int k0,
-                                          uint32_t (&b)[4]) {
-  const int lane = threadIdx.x % 32, mi = lane / 8, r8 = lane % 8;
-  LdMatrixX4(b, tile + (n0 + r8 + 8 * (mi >> 1)) * ld + k0 + 8 * (mi & 1));
-}
-
-// The same where the tile's rows are the product's K, B[k][n] = tile[k0 + k][n0 + n]: v in
-// p v (ldmatrix transposes the 8 x 8 matrices).
-__device__ __forceinline__ void LoadBCols(const Bf16* tile, int ld, int k0, int n0,
-                                          uint32_t (&b)[4]) {
-  const int lane = threadIdx.x % 32, mi = lane / 8, r8 = lane % 8;
-  LdMatrixX4Trans(b, tile + (k0 + r8 + 8 * (mi & 1)) * ld + n0 + 8 * (mi >> 1));
-}
-
-// c[n] += a b for the two 8-column tiles of a LoadBRows / LoadBCols result.
-__device__ __forceinline__ void MmaPair(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
-                                        const uint32_t (&b)[4]) {
-  const uint32_t lo[2] = {b[0], b[1]}, hi[2] = {b[2], b[3]};
-  MmaBf16(c0, a, lo);
-  MmaBf16(c1, a, hi);
-}
-
-// The a fragment of columns [16 kk, 16 kk + 16) of a warp's (16, N) f32 accumulators (n = 8
-// tiles c[2 kk] and c[2 kk + 1]), each value rounded to bf16.
-template <int N>
-__device__ __forceinline__ void PackA(const float (&c)[N][4], int kk, uint32_t (&a)[4]) {
-  a[0] = PackBf16x2(c[2 * kk][0], c[2 * kk][1]);
-  a[1] = PackBf16x2(c[2 * kk][2], c[2 * kk][3]);
-  a[2] = PackBf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-  a[3] = PackBf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-}
-
-template <int N>
-__device__ __forceinline__ void Zero(float (&c)[N][4]) {
-#pragma unroll
-  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
-}
-
-// c (16 rows of the warp, 64 columns) += x y^T: x the warp's rows [row0, row0 + 16) of a
-// row-major (., HD) tile, y the 64 rows of another (its rows are the result's columns).
-template <int HD>
-__device__ __forceinline__ void ProductRows(const Bf16* x, int row0, const Bf16* y,
-                                            float (&c)[kBc / 8][4]) {
-#pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) {
-    uint32_t a[4];
-    LoadA(x, Ld<HD>::kH, row0, 16 * kk, a);
-#pragma unroll
-    for (int n = 0; n < kBc / 16; ++n) {
-      uint32_t b[4];
-      LoadBRows(y, Ld<HD>::kH, 16 * n, 16 * kk, b);
-      MmaPair(c[2 * n], c[2 * n + 1], a, b);
-    }
-  }
-}
-
-// acc (16 rows, HD) += bf16(w) z: w the warp's (16, 64) f32 accumulators, z a row-major
-// (64, HD) tile (its 64 rows are the product's K).
-template <int HD>
-__device__ __forceinline__ void ProductWeights(const float (&w)[kBc / 8][4], const Bf16* z,
-                                               float (&acc)[HD / 8][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
-    uint32_t a[4];
-    PackA(w, kk, a);
-#pragma unroll
-    for (int n = 0; n < HD / 16; ++n) {
-      uint32_t b[4];
-      LoadBCols(z, Ld<HD>::kH, 16 * kk, 16 * n, b);
-      MmaPair(acc[2 * n], acc[2 * n + 1], a, b);
-    }
-  }
-}
-
-// Writes a warp's (16, HD) accumulators times `scale` as rows [r0, r0 + 16) of one head of a
-// (B, S, H, HD) tensor (`base` at (b, 0, head, 0), row stride ld); rows >= s are dropped.
-template <int HD, typename TO>
-__device__ __forceinline__ void WriteAccumulators(const float (&acc)[HD / 8][4], const float (&scale)[2],
-                                                  int r0, int s, TO* base, int64_t ld) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = r0 + g + 8 * half;
-    if (r >= s) continue;
-    TO* row = base + static_cast<int64_t>(r) * ld;
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      StoreAs(row, 8 * n + 2 * t, __fmul_rn(acc[n][2 * half], scale[half]));
-      StoreAs(row, 8 * n + 2 * t + 1, __fmul_rn(acc[n][2 * half + 1], scale[half]));
-    }
-  }
-}
 
 __device__ __forceinline__ bool Sees(bool causal, int i, int j) { return !causal || j <= i; }
 
@@ -281,7 +79,7 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const 
 // out: f32, or bf16 (TO; each value rounded as stored: the output projection's operand under
 // bf16 activation storage).
 template <int HD, typename TO = float, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     FlashForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
                        const float* __restrict__ v, TO* __restrict__ out,
                        float* __restrict__ lse, Dims d, bool causal, float scale) {
@@ -313,27 +111,13 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
 
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
-  if constexpr (kAhead) {
-    k_next.Fetch(kh, ldkv, 0, d.s);
-    v_next.Fetch(vh, ldkv, 0, d.s);
-  }
+  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous block's readers of sk and sv are done
-    if constexpr (kAhead) {
-      k_next.Store(sk);
-      v_next.Store(sv);
-    } else {
-      LoadRows<HD>(kh, ldkv, j0, d.s, sk);
-      LoadRows<HD>(vh, ldkv, j0, d.s, sv);
-    }
+    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, sk, sv);
     __syncthreads();
-    if constexpr (kAhead) {
-      if (kb + 1 < blocks) {
-        k_next.Fetch(kh, ldkv, j0 + kBc, d.s);
-        v_next.Fetch(vh, ldkv, j0 + kBc, d.s);
-      }
-    }
+    if (kb + 1 < blocks) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s);
     float s[kBc / 8][4];  // (16, 64) q^ k^T
     Zero(s);
 #pragma unroll
@@ -352,13 +136,7 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
     } else {
       OnlineSoftmaxStep<true>(s, i, j0, d.s, causal, scale, m, l, alpha);
     }
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      acc[n][0] = __fmul_rn(acc[n][0], alpha[0]);
-      acc[n][1] = __fmul_rn(acc[n][1], alpha[0]);
-      acc[n][2] = __fmul_rn(acc[n][2], alpha[1]);
-      acc[n][3] = __fmul_rn(acc[n][3], alpha[1]);
-    }
+    Rescale(acc, alpha);
     ProductWeights<HD>(s, sv, acc);  // acc += bf16(p) v^
   }
   const float inv[2] = {1.0f, 1.0f};
@@ -407,7 +185,7 @@ __device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&
 //   s^T = k^ q^T, dp^T = v^ do^T (keys as rows), p^T and ds^T in registers, then
 //   dv += bf16(p^T) do^ and dk += bf16(ds^T) q^ (the q and do tiles read transposed).
 template <int HD, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     FlashBackwardKvKernel(const float* __restrict__ q, const float* __restrict__ k,
                           const float* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ dout, const float* __restrict__ delta,
@@ -442,34 +220,24 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
   };
   auto first_row = [&](int tile) { return (first + tile % per_head) * kBr; };
   RowsInFlight<HD> q_next, do_next;  // kAhead: the next tile's q and dout
-  if constexpr (kAhead) {
-    if (tiles > 0) {
-      q_next.Fetch(q + q_offset(0), ldq, first_row(0), d.s);
-      do_next.Fetch(dout + q_offset(0), ldq, first_row(0), d.s);
-    }
+  if (tiles > 0) {
+    FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(0), dout + q_offset(0), ldq, first_row(0),
+                          d.s);
   }
   for (int tile = 0; tile < tiles; ++tile) {
     const int h = g * d.group() + tile / per_head, i0 = first_row(tile);
     const int64_t q_off = q_offset(tile);
     const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
     __syncthreads();  // the previous tile's readers of sq, sdo, slse, sdelta are done
-    if constexpr (kAhead) {
-      q_next.Store(sq);
-      do_next.Store(sdo);
-    } else {
-      LoadRows<HD>(q + q_off, ldq, i0, d.s, sq);
-      LoadRows<HD>(dout + q_off, ldq, i0, d.s, sdo);
-    }
+    StorePair<HD, kAhead>(q_next, do_next, q + q_off, dout + q_off, ldq, i0, d.s, sq, sdo);
     for (int r = threadIdx.x; r < kBr; r += kThreads) {
       slse[r] = i0 + r < d.s ? lse[stat_off + i0 + r] : 0.0f;
       sdelta[r] = i0 + r < d.s ? delta[stat_off + i0 + r] : 0.0f;
     }
     __syncthreads();
-    if constexpr (kAhead) {
-      if (tile + 1 < tiles) {
-        q_next.Fetch(q + q_offset(tile + 1), ldq, first_row(tile + 1), d.s);
-        do_next.Fetch(dout + q_offset(tile + 1), ldq, first_row(tile + 1), d.s);
-      }
+    if (tile + 1 < tiles) {
+      FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(tile + 1), dout + q_offset(tile + 1), ldq,
+                            first_row(tile + 1), d.s);
     }
     float st[kBr / 8][4], dpt[kBr / 8][4];  // (16 keys, 64 queries)
     Zero(st);
@@ -501,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
 // computes, per key block the rows see, s = q^ k^T and dp = do^ v^T, p and ds in registers,
 // then dq += bf16(ds) k^ (the k tile read transposed).
 template <int HD, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     FlashBackwardQKernel(const float* __restrict__ q, const float* __restrict__ k,
                          const float* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ dout, const float* __restrict__ delta,
@@ -532,27 +300,14 @@ __global__ void __launch_bounds__(kThreads, (kCtasPerSm<HD, kAhead>))
   Zero(dq_acc);
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
-  if constexpr (kAhead) {
-    k_next.Fetch(k + kv_off, ldkv, 0, d.s);
-    v_next.Fetch(v + kv_off, ldkv, 0, d.s);
-  }
+  const float *kh = k + kv_off, *vh = v + kv_off;
+  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous tile's readers of sk and sv are done
-    if constexpr (kAhead) {
-      k_next.Store(sk);
-      v_next.Store(sv);
-    } else {
-      LoadRows<HD>(k + kv_off, ldkv, j0, d.s, sk);
-      LoadRows<HD>(v + kv_off, ldkv, j0, d.s, sv);
-    }
+    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, sk, sv);
     __syncthreads();
-    if constexpr (kAhead) {
-      if (kb + 1 < blocks) {
-        k_next.Fetch(k + kv_off, ldkv, j0 + kBc, d.s);
-        v_next.Fetch(v + kv_off, ldkv, j0 + kBc, d.s);
-      }
-    }
+    if (kb + 1 < blocks) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s);
     float s[kBc / 8][4], dp[kBc / 8][4];  // (16 rows, 64 keys)
     Zero(s);
     Zero(dp);
