@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +19,17 @@
 #include "kernels/cuda/device_common.cuh"
 
 namespace switchyard::kernels::cuda {
+
+// A comparison switch from the environment (SWITCHYARD_CUBLASLT, SWITCHYARD_GROUPED_WIDE,
+// SWITCHYARD_FLASH_PREFETCH): "0" turns it off, "1" on, unset or anything else gives
+// `fallback`. Host code; callers read it once (a function-local static).
+inline bool EnvSwitch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  if (std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  return fallback;
+}
 
 inline cudaStream_t StreamOf(DeviceContext* ctx) {
   return static_cast<cudaStream_t>(ctx->stream());

@@ -33,8 +33,6 @@
 // differ from the twin, all inside the bound of tests/kernels/flash_attention_bound.h.
 #include <climits>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -75,10 +73,7 @@ float ScaleOf(int64_t hd) { return static_cast<float>(1.0 / std::sqrt(static_cas
 // default) or load them as they store them (SWITCHYARD_FLASH_PREFETCH=0: for comparison, as
 // benchmarks/attention_gpu_perf runs both). Read once.
 bool FetchAhead() {
-  static const bool ahead = [] {
-    const char* v = std::getenv("SWITCHYARD_FLASH_PREFETCH");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool ahead = EnvSwitch("SWITCHYARD_FLASH_PREFETCH", true);
   return ahead;
 }
 

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     Rescale(acc, alpha);
     ProductWeights<HD>(s, sv, acc);  // acc += bf16(p) v^
   }
-  const float inv[2] = {1.0f, 1.0f};
+  const float one[2] = {1.0f, 1.0f};  // acc already divided by l
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
       lse[(static_cast<int64_t>(b) * d.hq + h) * d.s + i[half]] = __fadd_rn(m[half], logf(l[half]));
     }
   }
-  WriteAccumulators<HD>(acc, inv, i0 + row0, d.s,
+  WriteAccumulators<HD>(acc, one, i0 + row0, d.s,
                         out + static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD,
                         ldq);
 }

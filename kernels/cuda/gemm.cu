@@ -176,10 +176,7 @@ LtState& Lt() {
 }
 
 bool LtEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("SWITCHYARD_CUBLASLT");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = EnvSwitch("SWITCHYARD_CUBLASLT", true);
   return enabled;
 }
 

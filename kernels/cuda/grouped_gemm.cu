@@ -43,8 +43,6 @@
 #include <cuda_pipeline_primitives.h>
 
 #include <climits>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -91,10 +89,7 @@ void CheckWidths(const Dims& d, const char* op) {
 // at Mixtral's, but the wide weight gradient 43% slower at 8192 rows (749 us against 523: its
 // K, a group's rows, is a few steps of 64 on one CTA per SM). Read once.
 bool WideTiles() {
-  static const bool wide = [] {
-    const char* v = std::getenv("SWITCHYARD_GROUPED_WIDE");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool wide = EnvSwitch("SWITCHYARD_GROUPED_WIDE", false);
   return wide;
 }
 
