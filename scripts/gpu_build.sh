@@ -2,7 +2,7 @@
 # Builds the GPU check here, on the Debian machine, for a GPU machine that has the CUDA 13
 # runtime libraries but no MPI and none of our Debian libraries, so that scripts/gpu_run.sh
 # there only runs (no configure, no compile):
-#   1. configures build-sm90/ (the CMake tree, stays here): sm_90 (CUDA_ARCH), MPI off, the
+#   1. configures build-sm90a/ (the CMake tree, stays here): sm_90a (CUDA_ARCH), MPI off, the
 #      built-in CPU sgemm (no OpenBLAS: 36 MiB), our sy_* libraries shared so the ~35 test
 #      binaries do not each carry the CUDA kernels, cudart shared, RPATH $ORIGIN/../lib and
 #      /usr/local/cuda/lib64 (no path of this machine);
@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-arch=${CUDA_ARCH:-90}
+arch=${CUDA_ARCH:-90a}
 tree=${GPU_BUILD_TREE:-build-sm$arch}
 pack=${BUILD_DIR:-build-gpu}
 jobs=${JOBS:-$(nproc)}

@@ -3,7 +3,7 @@
 # compiler but no MPI and no Debian libraries (the device machine):
 #   1. uses the build scripts/gpu_build.sh made on the Debian machine when build-gpu/PREBUILT
 #      is there (carried; no configure, no compile: ctest's files get this machine's paths);
-#      else builds for the GPU (sm_90 unless CUDA_ARCH says otherwise) without MPI, against the
+#      else builds for the GPU (sm_90a unless CUDA_ARCH says otherwise) without MPI, against the
 #      libraries scripts/gpu_deps.sh packed into .gpu-deps/ (or the system's when absent);
 #   2. runs the GPU tests (ctest -L gpu: every CUDA kernel, the MoE layer and one training
 #      step against the CPU reference, checkpoints across devices), the CPU unit tests, and
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 out=${OUT_DIR:-$root/gpu-run}
 steps=${STEPS:-200}
-arch=${CUDA_ARCH:-90}
+arch=${CUDA_ARCH:-90a}
 build=${BUILD_DIR:-build-gpu}
 mkdir -p "$out"
 summary=()
@@ -108,12 +108,12 @@ memcheck() {
     name=$(basename "$prog")
     log="$out/memcheck_$name.log"
     prog=$(realpath "$prog")
-    (cd "$build" && timeout "${MEMCHECK_TIMEOUT:-60}" "$sanitizer" --tool memcheck \
+    (cd "$build" && timeout "${MEMCHECK_TIMEOUT:-180}" "$sanitizer" --tool memcheck \
        --error-exitcode 9 "$prog" --gtest_filter='-*DeathTest*') >"$log" 2>&1
     rc=$?
     case $rc in
       0) row "memcheck $name" ok "$(grep -m1 'ERROR SUMMARY' "$log")" ;;
-      124) row "memcheck $name" timeout "over ${MEMCHECK_TIMEOUT:-60} s (see $log)" ;;
+      124) row "memcheck $name" timeout "over ${MEMCHECK_TIMEOUT:-180} s (see $log)" ;;
       *) row "memcheck $name" FAILED "$(grep -m1 -E 'Invalid|ERROR SUMMARY|FAILED' "$log")" ;;
     esac
   done
@@ -137,6 +137,25 @@ result=$([ $rc = 0 ] && echo ok || echo FAILED)
 row "ctest -L gpu" "$result" "${passed:-no summary} ($skipped skipped)"
 [ $rc = 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$out/gpu_tests.log" | head -30
 [ "${MEMCHECK:-0}" = 1 ] && memcheck
+
+# The grouped GEMMs' Hopper tiles (wgmma, SWITCHYARD_GROUPED_WGMMA=1; not the default until
+# they have passed here): the device-sized grouped GEMM tests, the MoE layer and the training
+# step against the CPU, in processes that read the switch.
+echo "== GPU tests on the wgmma grouped tiles"
+for t in "kernels_gpu_test --gtest_filter=DeviceSized*" moe_layer_gpu_test train_gpu_test; do
+  name=${t%% *}
+  log="$out/wgmma_$name.log"
+  (cd "$build" && SWITCHYARD_GROUPED_WGMMA=1 timeout "${GPU_TEST_TIMEOUT:-180}" \
+     "$bin/"$t) >"$log" 2>&1
+  rc=$?
+  if grep -q "SWITCHYARD_GROUPED_WGMMA=1 ignored" "$log"; then
+    row "wgmma $name" FAILED "not compiled for sm_90a (see $log)"
+  elif [ $rc = 0 ]; then
+    row "wgmma $name" ok "$(grep -m1 -Eo '[0-9]+ tests? from [0-9]+ test suites? ran' "$log")"
+  else
+    row "wgmma $name" FAILED "$(grep -m1 -E 'Failure|FAILED|error' "$log")"
+  fi
+done
 
 echo "== unit tests on this machine's CPU (same build)"
 if [ -f "$build/PREBUILT" ] && grep -qx 'unit=0' "$build/PREBUILT"; then
@@ -238,9 +257,13 @@ fi
 
 echo "== benchmarks"
 for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf --json $out/permute.json" \
-         "attention_gpu_perf --json $out/attention.json"; do
+         "attention_gpu_perf --json $out/attention.json" \
+         "wgmma grouped_gemm_gpu_perf --json $out/grouped_gemm_wgmma.json"; do
+  wgmma=0
+  [ "${b%% *}" = wgmma ] && wgmma=1 && b=${b#wgmma }
   name=${b%% *}
-  if limit 180 "$bin"/$b >"$out/$name.log" 2>&1; then
+  [ $wgmma = 1 ] && name=${name}_wgmma
+  if SWITCHYARD_GROUPED_WGMMA=$wgmma limit 180 "$bin"/$b >"$out/$name.log" 2>&1; then
     row "$name" ok "$(grep -iE 'ratio|of peak|summary' "$out/$name.log" | tail -1)"
   else
     row "$name" FAILED "$(why "$out/$name.log")"

@@ -43,6 +43,10 @@ D1024 = "configs/gpu-d1024-e16.yaml"
 CASES = {  # name -> (config, overrides); the order they run in (the budget may cut the last)
     "d1024-e16-mb64-cf1.25": (D1024, ["train.micro_batch_size=64"]),
     "d1024-e16-mb64-dropless": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0"]),
+    # The expert GEMMs on the Hopper tiles (wgmma; kernels/cuda/grouped_gemm_hopper.cuh), not
+    # yet the default: ours only, beside the case above.
+    "d1024-e16-mb64-dropless-wgmma": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
+                                              "env:SWITCHYARD_GROUPED_WGMMA=1"]),
     "d1024-e16-mb16-cf1.25": (D1024, ["train.micro_batch_size=16"]),
     "d1024-e16-mb16-dropless": (D1024, ["train.micro_batch_size=16", "moe.capacity_factor=0"]),
     "switch-medium-mb64": ("configs/switch-medium.yaml", ["train.micro_batch_size=64"]),
@@ -67,7 +71,7 @@ CASES = {  # name -> (config, overrides); the order they run in (the budget may 
                                              "env:SWITCHYARD_CUBLASLT=0"]),
 }
 # The reference's run is its case's twin.
-OURS_ONLY = {"d1024-e16-mb64-dropless-hostcounts", "d1024-e16-mb64-cf1.25-graphs",
+OURS_ONLY = {"d1024-e16-mb64-dropless-wgmma", "d1024-e16-mb64-dropless-hostcounts", "d1024-e16-mb64-cf1.25-graphs",
              "d1024-e16-mb64-dropless-f32store", "d1024-e16-mb64-dropless-nolt"}
 # Not in the default list: a check of this driver on a CPU (--device cpu; tests/cli/gpu_bench_test.sh).
 SMOKE = {"switch-tiny-smoke": ("configs/switch-tiny.yaml", ["train.micro_batch_size=4"]),

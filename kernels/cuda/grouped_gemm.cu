@@ -38,6 +38,10 @@
 // ptxas (sm_90): the register-pipeline tensor-core kernels take 200-235 registers, so one
 // 256-thread CTA runs per SM (a cap of 128 registers, for two, spills: the prefetch registers),
 // the SIMT ones 155-175; no local memory.
+// Hopper tiles (SWITCHYARD_GROUPED_WGMMA=1 in an sm_90a build; kernels/cuda/grouped_gemm_hopper.cuh):
+// the same grid and cp.async pipeline with 128 x 128 tiles, K steps of 64, the shared tiles
+// in wgmma's 128-byte swizzled layout, and each warpgroup's 64 x 128 half of the tile computed
+// by wgmma.mma_async.m64n128k16 from shared memory; 3 stages of 32 KiB, two CTAs per SM.
 // Every element of a tile is one f32 sum over K of exact bf16 products (or f32 fmas), so the
 // results differ from the CPU reference (kernels/cpu/gemm.cc) only in the summation order.
 #include <cuda_pipeline_primitives.h>
@@ -83,14 +87,32 @@ void CheckWidths(const Dims& d, const char* op) {
       << op << ": k = " << d.k << " or n = " << d.n << " is too wide for the tiled kernel";
 }
 
-// The cp.async kernels' tiles: 128 x 128 (two CTAs per SM), or the wide ones (128 x 256,
-// P::Wide) when the environment says SWITCHYARD_GROUPED_WIDE=1. Measured on the H200
-// (2026-11-30): the two within 2% at d 1024's expert shapes (32768 rows) and the wide 4% ahead
-// at Mixtral's, but the wide weight gradient 43% slower at 8192 rows (749 us against 523: its
-// K, a group's rows, is a few steps of 64 on one CTA per SM). Read once.
-bool WideTiles() {
-  static const bool wide = EnvSwitch("SWITCHYARD_GROUPED_WIDE", false);
-  return wide;
+// Whether this build holds the wgmma kernels: CMake defines SWITCHYARD_WGMMA=1 when it compiles
+// the CUDA code for sm_90a alone (the architecture-specific code wgmma needs).
+#ifndef SWITCHYARD_WGMMA
+#define SWITCHYARD_WGMMA 0
+#endif
+constexpr bool kWgmmaBuilt = SWITCHYARD_WGMMA != 0;
+
+// The cp.async kernels' tiles, read once from the environment:
+//  - kNarrow: 128 x 128 on mma.sync, two CTAs per SM (the default);
+//  - kWide (SWITCHYARD_GROUPED_WIDE=1): 128 x 256 on mma.sync, P::Wide. Measured on the H200
+//    (2026-11-30): within 2% of the narrow at d 1024's expert shapes (32768 rows) and 4% ahead
+//    at Mixtral's, but the weight gradient 43% slower at 8192 rows (749 us against 523: its K,
+//    a group's rows, is a few steps of 64 on one CTA per SM);
+//  - kHopper (SWITCHYARD_GROUPED_WGMMA=1, sm_90a builds): 128 x 128 on wgmma, P::Hopper
+//    (kernels/cuda/grouped_gemm_hopper.cuh). Not yet run on a GPU, so not the default.
+enum class CopyTiles { kNarrow, kWide, kHopper };
+CopyTiles ChosenCopyTiles() {
+  static const CopyTiles tiles = [] {
+    if (EnvSwitch("SWITCHYARD_GROUPED_WGMMA", false)) {
+      if (kWgmmaBuilt) return CopyTiles::kHopper;
+      SY_LOG(WARNING) << "SWITCHYARD_GROUPED_WGMMA=1 ignored: the CUDA code was not compiled for "
+                         "sm_90a alone (CMAKE_CUDA_ARCHITECTURES=90a)";
+    }
+    return EnvSwitch("SWITCHYARD_GROUPED_WIDE", false) ? CopyTiles::kWide : CopyTiles::kNarrow;
+  }();
+  return tiles;
 }
 
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
@@ -113,7 +135,13 @@ void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tens
   CheckWidths(d, "GroupedGemm");
   if constexpr (grouped::kBothBf16<TX, TW>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
-      if (WideTiles()) {
+      if constexpr (kWgmmaBuilt) {
+        if (ChosenCopyTiles() == CopyTiles::kHopper) {
+          return LaunchForwardOn<typename P::Hopper, TX, TW, kTransW, true>(x, offsets, w, out,
+                                                                             d, alpha, beta, ctx);
+        }
+      }
+      if (ChosenCopyTiles() == CopyTiles::kWide) {
         return LaunchForwardOn<typename P::Wide, TX, TW, kTransW, true>(x, offsets, w, out, d,
                                                                          alpha, beta, ctx);
       }
@@ -146,7 +174,13 @@ void LaunchWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, 
   CheckWidths(d, "GroupedGemmWeightGrad");
   if constexpr (grouped::kBothBf16<TX, TD>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
-      if (WideTiles()) {
+      if constexpr (kWgmmaBuilt) {
+        if (ChosenCopyTiles() == CopyTiles::kHopper) {
+          return LaunchWeightGradOn<typename P::Hopper, TX, TD, true>(x, dy, offsets, dw, d,
+                                                                       alpha, beta, ctx);
+        }
+      }
+      if (ChosenCopyTiles() == CopyTiles::kWide) {
         return LaunchWeightGradOn<typename P::Wide, TX, TD, true>(x, dy, offsets, dw, d, alpha,
                                                                    beta, ctx);
       }

@@ -2,34 +2,22 @@
 // (kernels/cuda/grouped_gemm.cu launches it and describes the design): the tensor-core (bf16)
 // and SIMT (f32) main loops, their register and cp.async pipelines, the search of a CTA's row
 // tile in the offsets, and the epilogues with row bounds and alpha/beta; the tiles and their
-// loads are kernels/cuda/grouped_gemm_tiles.cuh. Include it after
-// <cuda_pipeline_primitives.h> and kernels/cuda/common.cuh (ToBf16, MmaBf16, LdMatrixX4); it
-// uses nothing else of CUDA's but the built-ins (threadIdx, blockIdx, __syncthreads,
-// __syncwarp, fmaf, the __f*_rn intrinsics) and the cp.async primitives (__pipeline_memcpy_async,
-// __pipeline_commit, __pipeline_wait_prior), so the same source also compiles against the
-// host model of tests/kernels/cuda_emulation.h (tests/kernels/grouped_gemm_emulation_test.cc).
+// loads are kernels/cuda/grouped_gemm_tiles.cuh, the wgmma tiles grouped_gemm_hopper.cuh.
+// Include it after <cuda_pipeline_primitives.h> and kernels/cuda/common.cuh (ToBf16, MmaBf16,
+// LdMatrixX4); it uses nothing else of CUDA's but the built-ins (threadIdx, blockIdx,
+// __syncthreads, __syncwarp, fmaf, the __f*_rn intrinsics), the cp.async primitives
+// (__pipeline_memcpy_async, __pipeline_commit, __pipeline_wait_prior) and kernels/cuda/wgmma.cuh,
+// so the same source also compiles against the host model of tests/kernels/cuda_emulation.h
+// (tests/kernels/grouped_gemm_emulation_test.cc).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/grouped_gemm_hopper.cuh"
 #include "kernels/cuda/grouped_gemm_tiles.cuh"
 
 namespace switchyard::kernels::cuda::grouped {
-
-// Where a CTA writes: its tile's origin in the output, the output's leading dimension, and
-// the rows and columns in bounds from the origin.
-struct Output {
-  float* base;
-  int64_t ld;
-  int64_t rows, cols;
-};
-
-// *p = alpha acc + beta *p; beta = 0 never reads *p.
-__device__ __forceinline__ void Write(float* p, float acc, float alpha, float beta) {
-  const float v = __fmul_rn(alpha, acc);
-  *p = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, *p));
-}
 
 // bf16 products on tensor cores (mma.sync.m16n8k16, f32 accumulators in registers; the
 // fragment layout is kernels/cuda/device_common.cuh's). The shared tiles keep their global
@@ -52,6 +40,9 @@ struct TensorCoreTiles {
   static_assert(kWarpN == 32 || kWarpN == 64, "warp tiles 64 x 32 or 64 x 64");
   using S = Bf16;
   using Wide = TensorCoreTiles<kAKm, kBNk, 64>;
+  using Hopper = HopperTiles<kAKm, kBNk>;  // wgmma (grouped_gemm_hopper.cuh)
+  static constexpr int kAlign = 0;         // no alignment beyond the buffer's
+  static constexpr bool kWgmma = false;
   static constexpr int kBK = kWarpN == 64 ? 64 : 32;
   static constexpr int kTileN = 4 * kWarpN;
   static constexpr int kStages = 3;                        // of the cp.async pipeline
@@ -153,6 +144,9 @@ template <bool kAKm, bool kBNk>
 struct SimtTiles {
   using S = float;
   using Wide = SimtTiles;  // no cp.async kernels: f32 operands take the register pipeline
+  using Hopper = SimtTiles;
+  static constexpr int kAlign = 0;
+  static constexpr bool kWgmma = false;
   static constexpr int kBK = 16;
   static constexpr int kTileN = kBN, kStages = 2, kCtasPerSm = 1;
   static constexpr int kLdA = kBM + 4, kLdB = kBN + 4;
@@ -215,14 +209,25 @@ struct SimtTiles {
   }
 };
 
-// Shared memory: P's tiles in two stages (Accumulate) or P::kStages (AccumulateAsync), then the
-// row-tile search's scratch.
+// Shared memory: P's tiles in two stages (Accumulate) or P::kStages (AccumulateAsync), from the
+// first P::kAlign-aligned shared address (StagesOf), then the row-tile search's scratch.
 template <class P, bool kAsync = false>
 struct Smem {
-  static constexpr int kScan = (kAsync ? P::kStages : 2) * P::kStageBytes;  // 2 kThreads ints
+  // The scan's 2 kThreads ints follow the stages.
+  static constexpr int kScan = P::kAlign + (kAsync ? P::kStages : 2) * P::kStageBytes;
   static constexpr int kFound = kScan + 2 * kThreads * 4;  // 3 int64
   static constexpr int kBytes = kFound + 3 * 8;
 };
+
+// Where P's stages start in the kernels' shared memory.
+template <class P>
+__device__ __forceinline__ unsigned char* StagesOf(unsigned char* smem) {
+  if constexpr (P::kAlign > 1) {
+    return smem + (P::kAlign - SharedAddress(smem) % P::kAlign) % P::kAlign;
+  } else {
+    return smem;
+  }
+}
 
 // acc = A B over `steps` K steps of P::kBK: the next step's tiles load into registers while
 // the current ones are multiplied, two shared stages, one barrier per step. Ends with the
@@ -268,7 +273,8 @@ __device__ void Accumulate(const Source<TA>& a, const Source<TB>& b, int64_t ste
 // copies landed; everyone is done with step s - 1, whose stage the next copies overwrite),
 // issue step s + P::kStages - 1, multiply step s. Every thread commits one group per step, empty
 // past the last, so the wait counts stay uniform. Ends with no copy in flight and the stages
-// free for the epilogue.
+// free for the epilogue. Under wgmma (P::kWgmma) each thread also fences its landed copies
+// for the async proxy that the products read shared memory through, before the barrier.
 template <class P, typename T>
 __device__ void AccumulateAsync(const Source<T>& a, const Source<T>& b, int64_t steps,
                                 unsigned char* smem, typename P::Acc& acc) {
@@ -294,6 +300,7 @@ __device__ void AccumulateAsync(const Source<T>& a, const Source<T>& b, int64_t 
   for (int s = 0; s < P::kStages - 1; ++s) issue(s);
   for (int64_t s = 0; s < steps; ++s) {
     __pipeline_wait_prior(P::kStages - 2);
+    if constexpr (P::kWgmma) FenceProxyAsync();
     __syncthreads();
     issue(s + P::kStages - 1);
     P::Multiply(tile_a(s), tile_b(s), acc);
@@ -377,6 +384,7 @@ __global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
     GroupedGemmKernel(const TX* __restrict__ x, const int64_t* __restrict__ offsets,
                       const TW* __restrict__ w, float* __restrict__ out, Dims d, float alpha,
                       float beta) {
+  static_assert(kAsync || !P::kWgmma, "the wgmma tiles take the cp.async pipeline");
   extern __shared__ __align__(128) unsigned char smem[];
   const TileCoord tc = BandOrder(blockIdx.x, MaxRowTiles(d), CeilDiv(d.n, P::kTileN));
   const RowTile rt = FindRowTile<P, kAsync>(offsets, d.groups, tc.m, smem);
@@ -389,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
               : Source<TW>{wg + n0, d.n, d.k, d.n - n0, true, VecAligned(w, d.n)};
   typename P::Acc acc;
   if constexpr (kAsync) {
-    AccumulateAsync<P>(a, b, CeilDiv(d.k, P::kBK), smem, acc);
+    AccumulateAsync<P>(a, b, CeilDiv(d.k, P::kBK), StagesOf<P>(smem), acc);
   } else {
     Accumulate<P>(a, b, CeilDiv(d.k, P::kBK), smem, acc);
   }
@@ -403,6 +411,7 @@ __global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
     GroupedWeightGradKernel(const TX* __restrict__ x, const TD* __restrict__ dy,
                             const int64_t* __restrict__ offsets, float* __restrict__ dw, Dims d,
                             float alpha, float beta) {
+  static_assert(kAsync || !P::kWgmma, "the wgmma tiles take the cp.async pipeline");
   extern __shared__ __align__(128) unsigned char smem[];
   const int64_t g = blockIdx.y;
   const TileCoord tc = BandOrder(blockIdx.x, CeilDiv(d.k, kBM), CeilDiv(d.n, P::kTileN));
@@ -412,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
   const Source<TD> b{dy + r0 * d.n + n0, d.n, rows, d.n - n0, true, VecAligned(dy, d.n)};
   typename P::Acc acc;
   if constexpr (kAsync) {
-    AccumulateAsync<P>(a, b, CeilDiv(rows, P::kBK), smem, acc);
+    AccumulateAsync<P>(a, b, CeilDiv(rows, P::kBK), StagesOf<P>(smem), acc);
   } else {
     Accumulate<P>(a, b, CeilDiv(rows, P::kBK), smem, acc);
   }

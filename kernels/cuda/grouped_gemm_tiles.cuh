@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/wgmma.cuh"
+
 namespace switchyard::kernels::cuda::grouped {
 
 using Bf16 = __nv_bfloat16;
@@ -162,10 +164,15 @@ struct TileRegs {
 // That is exact only when every chunk of every step's window is wholly in or out of bounds,
 // which CopiesAligned checks: 16-byte aligned rows (src.vec) and columns in bounds a multiple
 // of a chunk (steps of bk move the column window by whole chunks).
-template <typename T, int ROWS, int COLS>
+// kSwizzled: the tile goes to wgmma's 128-byte swizzled layout (kernels/cuda/wgmma.cuh's
+// SwizzledOffset: COLS a multiple of 64, column blocks of 64 one after another, rows of 128
+// bytes, the tile 1024-byte aligned) instead of rows of leading dimension ld.
+template <typename T, int ROWS, int COLS, bool kSwizzled = false>
 struct TileCopies {
   using Regs = TileRegs<T, ROWS, COLS>;
   static constexpr int kV = Regs::kV, kPerRow = Regs::kPerRow, kChunks = Regs::kChunks;
+  static_assert(!kSwizzled || (sizeof(T) == 2 && COLS % 64 == 0 && ROWS % 8 == 0),
+                "swizzled tiles: bf16, whole 8 x 64 atoms");
 
   __device__ __forceinline__ static void Issue(const Source<T>& src, int64_t step, int bk, T* tile,
                                                int ld) {
@@ -175,11 +182,26 @@ struct TileCopies {
       const int c = static_cast<int>(threadIdx.x) + i * kThreads;
       const int r = c / kPerRow, e = c % kPerRow * kV;
       const bool in = r < w.rows && e < w.cols;
-      __pipeline_memcpy_async(tile + (r * ld + e), in ? w.p + (r * w.ld + e) : src.base, 16,
-                              in ? 0 : 16);
+      T* dst = kSwizzled ? tile + SwizzledOffset(ROWS, r, e / kV) / static_cast<int>(sizeof(T))
+                         : tile + (r * ld + e);
+      __pipeline_memcpy_async(dst, in ? w.p + (r * w.ld + e) : src.base, 16, in ? 0 : 16);
     }
   }
 };
+
+// Where a CTA writes: its tile's origin in the output, the output's leading dimension, and
+// the rows and columns in bounds from the origin.
+struct Output {
+  float* base;
+  int64_t ld;
+  int64_t rows, cols;
+};
+
+// *p = alpha acc + beta *p; beta = 0 never reads *p.
+__device__ __forceinline__ void Write(float* p, float acc, float alpha, float beta) {
+  const float v = __fmul_rn(alpha, acc);
+  *p = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, *p));
+}
 
 // True when TileCopies may carry this operand: see there.
 template <typename T>

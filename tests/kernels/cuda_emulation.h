@@ -17,6 +17,8 @@
 //    with the PTX ISA's fragment layout (kernels/cuda/device_common.cuh); f32 sums in k order;
 //  - cp.async (__pipeline_memcpy_async, __pipeline_commit, __pipeline_wait_prior): a copy
 //    poisons its destination with NaN when issued and lands at the wait that covers it;
+//  - wgmma.mma_async on swizzled shared operands (kernels/cuda/wgmma.cuh): computed when the
+//    wait that covers it comes (tests/kernels/cuda_emulation_wgmma.h);
 //  - __nv_bfloat16 is engine/core/dtype.h's BFloat16 (round to nearest even), expf/logf/fmaf
 //    the C library's, the __f*_rn intrinsics plain f32 operations (this project compiles with
 //    -ffp-contract=off); the device helpers of kernels/cuda/device_common.cuh (reductions,
@@ -325,6 +327,9 @@ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2
 }
 }  // namespace switchyard::kernels::cuda
 
+// wgmma.mma_async and its fences (kernels/cuda/wgmma.cuh).
+#include "tests/kernels/cuda_emulation_wgmma.h"
+
 namespace emu {
 
 // Runs `kernel` (a call of one __global__ function) over `grid`, one CTA at a time, on
@@ -357,13 +362,19 @@ void Launch(EmuDim3 grid, EmuDim3 block_dims, unsigned char* smem, size_t smem_b
       for (unsigned z = 0; z < grid.z; ++z) {
         for (unsigned y = 0; y < grid.y; ++y) {
           for (unsigned x = 0; x < grid.x; ++x) {
-            if (t == 0) std::memset(smem, 0xFF, smem_bytes);
+            if (t == 0) {
+              std::memset(smem, 0xFF, smem_bytes);
+              shared_base = smem;
+            }
             block.arrive_and_wait();  // shared memory refilled
             blockIdx = {x, y, z};
             kernel();
             EXPECT_EQ(CopiesInFlight(), 0) << "a CTA ended with cp.async copies in flight";
+            EXPECT_EQ(WgmmaPending(), 0) << "a CTA ended with wgmma products not waited for";
             copy_groups.clear();
             open_copies.clear();
+            wgmma_groups.clear();
+            wgmma_open.clear();
             block.arrive_and_wait();  // every thread done with this CTA
           }
         }

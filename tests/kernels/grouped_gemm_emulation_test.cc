@@ -68,9 +68,10 @@ const T* Elements(const Tensor& t) {
 }
 
 int async_launches = 0;  // launches of the cp.async kernels, which the tests expect to see
-// The cp.async kernels' tiles, as grouped_gemm.cu's WideTiles(): P (128 x 128, the default)
-// or P::Wide (128 x 256).
-bool wide_tiles = false;
+// The cp.async kernels' tiles, as grouped_gemm.cu's CopyTiles(): P (128 x 128 on mma.sync, the
+// default), P::Wide (128 x 256) or P::Hopper (128 x 128 on wgmma).
+enum class Tiles { kNarrow, kWide, kHopper };
+Tiles copy_tiles = Tiles::kNarrow;
 
 
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
@@ -90,9 +91,13 @@ void RunForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor&
                 const grouped::Dims& d, float alpha, float beta) {
   if constexpr (grouped::kBothBf16<TX, TW>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
-      if (wide_tiles) {
+      if (copy_tiles == Tiles::kWide) {
         return RunForwardOn<typename P::Wide, TX, TW, kTransW, true>(x, offsets, w, out, d,
                                                                       alpha, beta);
+      }
+      if (copy_tiles == Tiles::kHopper) {
+        return RunForwardOn<typename P::Hopper, TX, TW, kTransW, true>(x, offsets, w, out, d,
+                                                                        alpha, beta);
       }
       return RunForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta);
     }
@@ -118,8 +123,12 @@ void RunWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Ten
                    const grouped::Dims& d, float alpha, float beta) {
   if constexpr (grouped::kBothBf16<TX, TD>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
-      if (wide_tiles) {
+      if (copy_tiles == Tiles::kWide) {
         return RunWeightGradOn<typename P::Wide, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta);
+      }
+      if (copy_tiles == Tiles::kHopper) {
+        return RunWeightGradOn<typename P::Hopper, TX, TD, true>(x, dy, offsets, dw, d, alpha,
+                                                                  beta);
       }
       return RunWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta);
     }
@@ -373,19 +382,25 @@ Tensor Widened(const Tensor& t) {
 // bits, over one K step, fewer steps than the stages, many steps, a last step of one chunk
 // (k = 72), an 8-column edge tile (n = 136) and ragged groups; then against the CPU within
 // the bound, which also covers NaN rows past offsets[G] (never copied as in bounds).
-// Both tile shapes of the copies: the 128 x 128 (K steps of 32) on the shapes above, and the
-// wide (128 x 256, K steps of 64) on one step, a last step of 8 (k = 72), four steps, and a
-// second column tile of 8 columns (n = 264); the weight gradient likewise.
-class CopiesPipelineTest : public ::testing::TestWithParam<bool> {};
+// Every tile shape of the copies: the 128 x 128 (K steps of 32) on the shapes above; the wide
+// (128 x 256, K steps of 64) on one step, a last step of 8 (k = 72), four steps, and a second
+// column tile of 8 columns (n = 264); the weight gradient likewise. The Hopper tiles (wgmma on
+// swizzled tiles, K steps of 64, 128 x 128) on one step, a last step of 8, four steps and a
+// second column tile of 8 (n = 136); the weight gradient on a second row tile of 8 (k = 136,
+// the MN-major A's second column block empty) and a second column tile (n = 200); the ragged
+// groups put row tiles across groups and the weight gradient's last K steps part-empty.
+class CopiesPipelineTest : public ::testing::TestWithParam<Tiles> {};
 
 using Shapes = std::vector<std::pair<int64_t, int64_t>>;  // (k, n)
 
 TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
-  wide_tiles = GetParam();
+  copy_tiles = GetParam();
   const int before = async_launches;
-  const Shapes forward = wide_tiles ? Shapes{{16, 40}, {72, 136}, {200, 24}, {40, 264}}
-                                    : Shapes{{16, 40}, {64, 136}, {72, 136}, {200, 24}};
-  const Shapes weight_grad = wide_tiles ? Shapes{{24, 200}, {40, 264}} : Shapes{{136, 64}, {24, 200}};
+  const Shapes forward = copy_tiles == Tiles::kNarrow
+                             ? Shapes{{16, 40}, {64, 136}, {72, 136}, {200, 24}}
+                             : Shapes{{16, 40}, {72, 136}, {200, 24}, {40, 264}};
+  const Shapes weight_grad = copy_tiles == Tiles::kWide ? Shapes{{24, 200}, {40, 264}}
+                                                        : Shapes{{136, 64}, {24, 200}};
   for (const auto& [k, n] : forward) {
     const Tensor offsets = OffsetsOf(kRagged.rows);
     const int64_t g = static_cast<int64_t>(kRagged.rows.size());
@@ -423,12 +438,15 @@ TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
   // Every bf16 launch here took the copies: 4 shapes x 2 orientations, twice (the bit check
   // and CheckForward's), and 2 shapes of the weight gradient, twice.
   EXPECT_EQ(async_launches - before, 4 * 2 * 2 + 2 * 2);
-  wide_tiles = false;
+  copy_tiles = Tiles::kNarrow;
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiles, CopiesPipelineTest, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? std::string("Wide") : std::string("Narrow");
+INSTANTIATE_TEST_SUITE_P(Tiles, CopiesPipelineTest,
+                         ::testing::Values(Tiles::kWide, Tiles::kNarrow, Tiles::kHopper),
+                         [](const ::testing::TestParamInfo<Tiles>& info) {
+                           return info.param == Tiles::kWide     ? std::string("Wide")
+                                  : info.param == Tiles::kHopper ? std::string("Hopper")
+                                                                 : std::string("Narrow");
                          });
 
 TEST(GroupedGemmEmulationTest, F32ModeForward) {
