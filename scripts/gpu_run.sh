@@ -258,12 +258,17 @@ fi
 echo "== benchmarks"
 for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf --json $out/permute.json" \
          "attention_gpu_perf --json $out/attention.json" \
-         "wgmma grouped_gemm_gpu_perf --json $out/grouped_gemm_wgmma.json"; do
-  wgmma=0
-  [ "${b%% *}" = wgmma ] && wgmma=1 && b=${b#wgmma }
-  name=${b%% *}
-  [ $wgmma = 1 ] && name=${name}_wgmma
-  if SWITCHYARD_GROUPED_WGMMA=$wgmma limit 180 "$bin"/$b >"$out/$name.log" 2>&1; then
+         "wgmma grouped_gemm_gpu_perf --json $out/grouped_gemm_wgmma.json" \
+         "wgmma-wide grouped_gemm_gpu_perf --json $out/grouped_gemm_wgmma_wide.json"; do
+  # A leading "wgmma" / "wgmma-wide": the expert GEMMs on the Hopper tiles, 128 x 128 / 128 x 256.
+  wgmma=0 wide=0 tag=
+  case ${b%% *} in
+    wgmma) wgmma=1 tag=_wgmma b=${b#* } ;;
+    wgmma-wide) wgmma=1 wide=1 tag=_wgmma_wide b=${b#* } ;;
+  esac
+  name=${b%% *}$tag
+  if SWITCHYARD_GROUPED_WGMMA=$wgmma SWITCHYARD_GROUPED_WIDE=$wide limit 180 "$bin"/$b \
+       >"$out/$name.log" 2>&1; then
     row "$name" ok "$(grep -iE 'ratio|of peak|summary' "$out/$name.log" | tail -1)"
   else
     row "$name" FAILED "$(why "$out/$name.log")"

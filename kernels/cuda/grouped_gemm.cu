@@ -101,18 +101,42 @@ constexpr bool kWgmmaBuilt = SWITCHYARD_WGMMA != 0;
 //    at Mixtral's, but the weight gradient 43% slower at 8192 rows (749 us against 523: its K,
 //    a group's rows, is a few steps of 64 on one CTA per SM);
 //  - kHopper (SWITCHYARD_GROUPED_WGMMA=1, sm_90a builds): 128 x 128 on wgmma, P::Hopper
-//    (kernels/cuda/grouped_gemm_hopper.cuh). Not yet run on a GPU, so not the default.
-enum class CopyTiles { kNarrow, kWide, kHopper };
+//    (kernels/cuda/grouped_gemm_hopper.cuh), or with SWITCHYARD_GROUPED_WIDE=1 too, kHopperWide:
+//    128 x 256, P::Hopper::Wide. Not yet run on a GPU, so not the default.
+enum class CopyTiles { kNarrow, kWide, kHopper, kHopperWide };
 CopyTiles ChosenCopyTiles() {
   static const CopyTiles tiles = [] {
+    const bool wide = EnvSwitch("SWITCHYARD_GROUPED_WIDE", false);
     if (EnvSwitch("SWITCHYARD_GROUPED_WGMMA", false)) {
-      if (kWgmmaBuilt) return CopyTiles::kHopper;
+      if (kWgmmaBuilt) return wide ? CopyTiles::kHopperWide : CopyTiles::kHopper;
       SY_LOG(WARNING) << "SWITCHYARD_GROUPED_WGMMA=1 ignored: the CUDA code was not compiled for "
                          "sm_90a alone (CMAKE_CUDA_ARCHITECTURES=90a)";
     }
-    return EnvSwitch("SWITCHYARD_GROUPED_WIDE", false) ? CopyTiles::kWide : CopyTiles::kNarrow;
+    return wide ? CopyTiles::kWide : CopyTiles::kNarrow;
   }();
   return tiles;
+}
+
+// Calls fn(tag of the tiles chosen) for the cp.async kernels on the mma.sync tiles P.
+template <typename T>
+struct TilesTag {
+  using type = T;
+};
+template <class P, typename F>
+void WithCopyTiles(F&& fn) {
+  switch (ChosenCopyTiles()) {
+    case CopyTiles::kHopper:
+      if constexpr (kWgmmaBuilt) return fn(TilesTag<typename P::Hopper>{});
+      break;
+    case CopyTiles::kHopperWide:
+      if constexpr (kWgmmaBuilt) return fn(TilesTag<typename P::Hopper::Wide>{});
+      break;
+    case CopyTiles::kWide:
+      return fn(TilesTag<typename P::Wide>{});
+    case CopyTiles::kNarrow:
+      break;
+  }
+  fn(TilesTag<P>{});
 }
 
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
@@ -135,17 +159,10 @@ void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tens
   CheckWidths(d, "GroupedGemm");
   if constexpr (grouped::kBothBf16<TX, TW>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
-      if constexpr (kWgmmaBuilt) {
-        if (ChosenCopyTiles() == CopyTiles::kHopper) {
-          return LaunchForwardOn<typename P::Hopper, TX, TW, kTransW, true>(x, offsets, w, out,
-                                                                             d, alpha, beta, ctx);
-        }
-      }
-      if (ChosenCopyTiles() == CopyTiles::kWide) {
-        return LaunchForwardOn<typename P::Wide, TX, TW, kTransW, true>(x, offsets, w, out, d,
-                                                                         alpha, beta, ctx);
-      }
-      return LaunchForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta, ctx);
+      return WithCopyTiles<P>([&](auto tiles) {
+        using Q = typename decltype(tiles)::type;
+        LaunchForwardOn<Q, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta, ctx);
+      });
     }
   }
   LaunchForwardOn<P, TX, TW, kTransW, false>(x, offsets, w, out, d, alpha, beta, ctx);
@@ -174,17 +191,10 @@ void LaunchWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, 
   CheckWidths(d, "GroupedGemmWeightGrad");
   if constexpr (grouped::kBothBf16<TX, TD>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TD>(dy), d.n)) {
-      if constexpr (kWgmmaBuilt) {
-        if (ChosenCopyTiles() == CopyTiles::kHopper) {
-          return LaunchWeightGradOn<typename P::Hopper, TX, TD, true>(x, dy, offsets, dw, d,
-                                                                       alpha, beta, ctx);
-        }
-      }
-      if (ChosenCopyTiles() == CopyTiles::kWide) {
-        return LaunchWeightGradOn<typename P::Wide, TX, TD, true>(x, dy, offsets, dw, d, alpha,
-                                                                   beta, ctx);
-      }
-      return LaunchWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta, ctx);
+      return WithCopyTiles<P>([&](auto tiles) {
+        using Q = typename decltype(tiles)::type;
+        LaunchWeightGradOn<Q, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta, ctx);
+      });
     }
   }
   LaunchWeightGradOn<P, TX, TD, false>(x, dy, offsets, dw, d, alpha, beta, ctx);

@@ -12,19 +12,22 @@
 
 namespace switchyard::kernels::cuda::grouped {
 
-// 128 x 128 output tiles, K steps of 64, 3 cp.async stages of 32 KiB (two CTAs per SM). The
+// 128 x kN output tiles, K steps of 64, 3 cp.async stages: kN = 128, stages of 32 KiB, two
+// CTAs per SM; kN = 256 (Wide, SWITCHYARD_GROUPED_WIDE=1 with the wgmma tiles), 48 KiB, one. The
 // shared tiles are 128-byte swizzled (TileCopies<..., true>), in the orientation of their
 // global operand, which the instruction's transpose flags name: A (kBM rows, kBK) K-major, or
 // (kBK rows, kBM) MN-major when kAKm (the weight gradient's x^T); B (kTileN rows, kBK)
 // K-major when kBNk (w transposed), else (kBK rows, kTileN) MN-major. Warpgroup w (threads
-// 128 w to 128 w + 127) computes rows [64 w, +64) of the tile with m64n128k16 products, four
-// per K step; its accumulators are the instruction's 64 registers.
-template <bool kAKm, bool kBNk>
+// 128 w to 128 w + 127) computes rows [64 w, +64) of the tile with m64nNk16 products (N = kN),
+// four per K step; its accumulators are the instruction's kN / 2 registers.
+template <bool kAKm, bool kBNk, int kN = 128>
 struct HopperTiles {
+  static_assert(kN == 128 || kN == 256, "64 x 128 or 64 x 256 a warpgroup");
   using S = Bf16;
+  using Wide = HopperTiles<kAKm, kBNk, 256>;
   static constexpr int kBK = 64;
-  static constexpr int kTileN = 128;
-  static constexpr int kStages = 3, kCtasPerSm = 2;
+  static constexpr int kTileN = kN;
+  static constexpr int kStages = 3, kCtasPerSm = kN == 256 ? 1 : 2;
   static constexpr int kAlign = 1024;  // the stages' shared address: whole swizzle atoms
   static constexpr bool kWgmma = true;
   static constexpr int kLdA = 0, kLdB = 0;  // the swizzled layout has no leading dimension
@@ -38,12 +41,12 @@ struct HopperTiles {
   static constexpr uint32_t kGroupRows = 64 * kRowBytes;       // a warpgroup's 64 K-major rows
   static constexpr uint32_t kAtomBytes = 8 * kRowBytes;        // 8 rows
   struct Acc {
-    float c[64];
+    float c[kN / 2];
   };
 
   __device__ static void Zero(Acc& acc) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc.c[i] = 0.0f;
+    for (int i = 0; i < kN / 2; ++i) acc.c[i] = 0.0f;
   }
 
   // acc += a b over one K step: four products of K 16, then the wait (the stages are
@@ -57,11 +60,12 @@ struct HopperTiles {
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint64_t da = kAKm ? SwizzledDescriptor(sa + kk * 2 * kAtomBytes, kBlockBytes, kAtomBytes)
-                               : SwizzledDescriptor(sa + kk * 32, 16, kAtomBytes);
-      const uint64_t db = kBNk ? SwizzledDescriptor(sb + kk * 32, 16, kAtomBytes)
-                               : SwizzledDescriptor(sb + kk * 2 * kAtomBytes, kBlockBytes, kAtomBytes);
-      WgmmaM64N128<kAKm, !kBNk>(acc.c, da, db);
+      const uint32_t mn_step = kk * 2 * kAtomBytes, k_step = kk * 32;  // MN- / K-major
+      const uint64_t da = kAKm ? SwizzledDescriptor(sa + mn_step, kBlockBytes, kAtomBytes)
+                               : SwizzledDescriptor(sa + k_step, 16, kAtomBytes);
+      const uint64_t db = kBNk ? SwizzledDescriptor(sb + k_step, 16, kAtomBytes)
+                               : SwizzledDescriptor(sb + mn_step, kBlockBytes, kAtomBytes);
+      WgmmaM64N<kN, kAKm, !kBNk>(acc.c, da, db);
     }
     WgmmaCommit();
     WgmmaWait<0>();
@@ -75,7 +79,7 @@ struct HopperTiles {
     const int m0 = threadIdx.x / 128 * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4;
     const int n0 = 2 * (lane % 4);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = m0 + 8 * (r / 2), col = n0 + 8 * j + r % 2;

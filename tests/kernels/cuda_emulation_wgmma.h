@@ -1,6 +1,6 @@
 // The host model of kernels/cuda/wgmma.cuh (included by tests/kernels/cuda_emulation.h, after
-// its model of the rest of CUDA): wgmma.mma_async m64n128k16 bf16 on 128-byte swizzled shared
-// operands, and its fences.
+// its model of the rest of CUDA): wgmma.mma_async m64n128k16 and m64n256k16 bf16 on 128-byte
+// swizzled shared operands, and its fences.
 //  - A shared address is the byte offset from the start of the kernels' shared memory (the
 //    buffer emu::Launch runs the CTA on), so the swizzle, which acts on address bits, lands
 //    where the kernel's 1024-byte alignment put it.
@@ -8,7 +8,7 @@
 //    most N newer groups: it reads the shared tiles then, so a tile overwritten (or poisoned by
 //    a cp.async issued into it) before the wait shows as wrong values, and accumulators read
 //    before the wait hold the old sums. A CTA that ends with products pending fails.
-//  - Each thread computes its own 64 accumulators from the descriptors with the layout of
+//  - Each thread computes its own N / 2 accumulators from the descriptors with the layout of
 //    wgmma.cuh's comment: f32 sums of the exact bf16 products in k order onto d, as the
 //    mma.sync model does, so the same tiles give the same bits as the mma.sync kernels.
 // What it cannot show: whether that layout is the hardware's (the GPU tests check that), a
@@ -29,6 +29,7 @@ inline unsigned char* shared_base = nullptr;  // the running CTA's shared memory
 
 struct PendingWgmma {
   float* d;
+  int n;  // the instruction's N
   uint64_t a, b;
   bool trans_a, trans_b;
 };
@@ -46,7 +47,9 @@ inline void CheckDescriptor(uint64_t desc, bool mn_major) {
   EXPECT_EQ(desc >> 62, 1u) << "a 128-byte swizzled operand";
   EXPECT_EQ(desc >> 49 & 7u, 0u) << "base offset 0: aligned atoms";
   const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
-  if (!mn_major) EXPECT_LE(start % 128 + 32, 128u) << "K-major: one instruction's K in a row";
+  if (!mn_major) {
+    EXPECT_LE(start % 128 + 32, 128u) << "K-major: one instruction's K in a row";
+  }
 }
 
 // Element (mn, k) of the operand a descriptor describes, k < 16 (one instruction's K).
@@ -71,7 +74,7 @@ inline void RunWgmma(const PendingWgmma& p) {
   CheckDescriptor(p.b, p.trans_b);
   const int in_group = LinearThread() % 128, warp = in_group / 32, lane = in_group % 32;
   const int g = lane / 4, t = lane % 4;
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < p.n / 8; ++j) {
     for (int r = 0; r < 4; ++r) {
       const int row = 16 * warp + g + 8 * (r / 2), col = 8 * j + 2 * t + r % 2;
       float acc = p.d[4 * j + r];
@@ -104,8 +107,9 @@ void WgmmaWait() {
     emu::wgmma_groups.erase(emu::wgmma_groups.begin());
   }
 }
-template <bool kTransA, bool kTransB>
-void WgmmaM64N128(float (&d)[64], uint64_t a, uint64_t b) {
-  emu::wgmma_open.push_back({d, a, b, kTransA, kTransB});
+template <int N, bool kTransA, bool kTransB>
+void WgmmaM64N(float (&d)[N / 2], uint64_t a, uint64_t b) {
+  static_assert(N == 128 || N == 256, "m64n128k16 or m64n256k16");
+  emu::wgmma_open.push_back({d, N, a, b, kTransA, kTransB});
 }
 }  // namespace switchyard::kernels::cuda

@@ -69,8 +69,8 @@ const T* Elements(const Tensor& t) {
 
 int async_launches = 0;  // launches of the cp.async kernels, which the tests expect to see
 // The cp.async kernels' tiles, as grouped_gemm.cu's CopyTiles(): P (128 x 128 on mma.sync, the
-// default), P::Wide (128 x 256) or P::Hopper (128 x 128 on wgmma).
-enum class Tiles { kNarrow, kWide, kHopper };
+// default), P::Wide (128 x 256), P::Hopper (128 x 128 on wgmma) or P::Hopper::Wide (128 x 256).
+enum class Tiles { kNarrow, kWide, kHopper, kHopperWide };
 Tiles copy_tiles = Tiles::kNarrow;
 
 
@@ -98,6 +98,10 @@ void RunForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor&
       if (copy_tiles == Tiles::kHopper) {
         return RunForwardOn<typename P::Hopper, TX, TW, kTransW, true>(x, offsets, w, out, d,
                                                                         alpha, beta);
+      }
+      if (copy_tiles == Tiles::kHopperWide) {
+        return RunForwardOn<typename P::Hopper::Wide, TX, TW, kTransW, true>(x, offsets, w, out,
+                                                                              d, alpha, beta);
       }
       return RunForwardOn<P, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta);
     }
@@ -129,6 +133,10 @@ void RunWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Ten
       if (copy_tiles == Tiles::kHopper) {
         return RunWeightGradOn<typename P::Hopper, TX, TD, true>(x, dy, offsets, dw, d, alpha,
                                                                   beta);
+      }
+      if (copy_tiles == Tiles::kHopperWide) {
+        return RunWeightGradOn<typename P::Hopper::Wide, TX, TD, true>(x, dy, offsets, dw, d,
+                                                                        alpha, beta);
       }
       return RunWeightGradOn<P, TX, TD, true>(x, dy, offsets, dw, d, alpha, beta);
     }
@@ -388,7 +396,8 @@ Tensor Widened(const Tensor& t) {
 // swizzled tiles, K steps of 64, 128 x 128) on one step, a last step of 8, four steps and a
 // second column tile of 8 (n = 136); the weight gradient on a second row tile of 8 (k = 136,
 // the MN-major A's second column block empty) and a second column tile (n = 200); the ragged
-// groups put row tiles across groups and the weight gradient's last K steps part-empty.
+// groups put row tiles across groups and the weight gradient's last K steps part-empty. The
+// wide Hopper tiles (m64n256k16) on the wide ones' shapes.
 class CopiesPipelineTest : public ::testing::TestWithParam<Tiles> {};
 
 using Shapes = std::vector<std::pair<int64_t, int64_t>>;  // (k, n)
@@ -399,8 +408,8 @@ TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
   const Shapes forward = copy_tiles == Tiles::kNarrow
                              ? Shapes{{16, 40}, {64, 136}, {72, 136}, {200, 24}}
                              : Shapes{{16, 40}, {72, 136}, {200, 24}, {40, 264}};
-  const Shapes weight_grad = copy_tiles == Tiles::kWide ? Shapes{{24, 200}, {40, 264}}
-                                                        : Shapes{{136, 64}, {24, 200}};
+  const bool wide = copy_tiles == Tiles::kWide || copy_tiles == Tiles::kHopperWide;
+  const Shapes weight_grad = wide ? Shapes{{24, 200}, {40, 264}} : Shapes{{136, 64}, {24, 200}};
   for (const auto& [k, n] : forward) {
     const Tensor offsets = OffsetsOf(kRagged.rows);
     const int64_t g = static_cast<int64_t>(kRagged.rows.size());
@@ -442,11 +451,15 @@ TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiles, CopiesPipelineTest,
-                         ::testing::Values(Tiles::kWide, Tiles::kNarrow, Tiles::kHopper),
+                         ::testing::Values(Tiles::kWide, Tiles::kNarrow, Tiles::kHopper,
+                                           Tiles::kHopperWide),
                          [](const ::testing::TestParamInfo<Tiles>& info) {
-                           return info.param == Tiles::kWide     ? std::string("Wide")
-                                  : info.param == Tiles::kHopper ? std::string("Hopper")
-                                                                 : std::string("Narrow");
+                           switch (info.param) {
+                             case Tiles::kWide: return std::string("Wide");
+                             case Tiles::kHopper: return std::string("Hopper");
+                             case Tiles::kHopperWide: return std::string("HopperWide");
+                             default: return std::string("Narrow");
+                           }
                          });
 
 TEST(GroupedGemmEmulationTest, F32ModeForward) {
