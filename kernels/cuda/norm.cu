@@ -1,7 +1,8 @@
 // CUDA implementation of kernels/norm.h.
 //
-// Forward and dx: one block per row (grid-stride over rows), row statistics reduced in
-// double as on the CPU; the elementwise parts use the CPU's f32 expressions with explicit
+// Forward and dx: one warp per row with the row in registers (16-byte loads and stores) when
+// the row fits (d <= 2048, a multiple of 4, aligned operands: norm_dev::UseWarpRows), else one
+// block per row (grid-stride over rows); row statistics reduced in double as on the CPU; the elementwise parts use the CPU's f32 expressions with explicit
 // round-to-nearest intrinsics (no FMA contraction), so they differ from the CPU only
 // through the reduction order of the statistics. Each row is fully read by the reductions
 // (which end in a barrier) before any thread writes, and every element is then written by
@@ -16,6 +17,9 @@
 // (chunks, d); ColumnFinishKernel adds the chunks in order and accumulates into dweight.
 //
 // The device code and the launch shapes are in kernels/cuda/norm_kernels.cuh.
+
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
@@ -56,6 +60,20 @@ void AccumulateColumns(const Tensor& x, const Tensor& dy, const float* mean, con
   }
 }
 
+// Launches warp(vec, shape) (a warp-row kernel with vec quads per lane) when the rows of width
+// d with these operands fit it, else block(shape) (the block-per-row kernel).
+template <typename Warp, typename Block>
+void LaunchRows(int64_t n, int64_t d, std::initializer_list<const void*> operands, Warp&& warp,
+                Block&& block) {
+  if (norm_dev::UseWarpRows(d, operands)) {
+    const RowShape shape = norm_dev::WarpRowShapeOf(n);
+    norm_dev::WithWarpVec(norm_dev::WarpVecOf(d), [&](auto vec) { warp(vec, shape); });
+  } else {
+    block(norm_dev::RowShapeOf(n, d));
+  }
+  SY_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -63,13 +81,23 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
-  const RowShape rows = norm_dev::RowShapeOf(n, d);
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
   WithF32OrBf16(y, [&](auto* yp) {
-    norm_dev::LayerNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-        x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
-        eps, yp, mean.data<float>(), rstd.data<float>(), n, d);
+    using TY = std::remove_pointer_t<decltype(yp)>;
+    LaunchRows(
+        n, d, {x.raw_data(), weight.raw_data(), b, yp},
+        [&](auto vec, RowShape s) {
+          norm_dev::LayerNormForwardWarpKernel<decltype(vec)::value, TY>
+              <<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(x.data<float>(), weight.data<float>(),
+                                                          b, eps, yp, mean.data<float>(),
+                                                          rstd.data<float>(), n, d);
+        },
+        [&](RowShape s) {
+          norm_dev::LayerNormForwardKernel<<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+              x.data<float>(), weight.data<float>(), b, eps, yp, mean.data<float>(),
+              rstd.data<float>(), n, d);
+        });
   });
-  SY_CUDA_CHECK_LAUNCH();
 }
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -81,11 +109,20 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
   // The column sums read dy: they run before dx (which may alias dy) is written.
   AccumulateColumns(x, dy, mean.data<float>(), rstd.data<float>(), n, d, dweight,
                     dbias.defined() ? &dbias : nullptr, ctx);
-  const RowShape rows = norm_dev::RowShapeOf(n, d);
-  norm_dev::LayerNormDxKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(),
-      dy.data<float>(), dx.data<float>(), n, d, write == DxWrite::kAdd);
-  SY_CUDA_CHECK_LAUNCH();
+  const bool add = write == DxWrite::kAdd;
+  LaunchRows(
+      n, d, {x.raw_data(), weight.raw_data(), dy.raw_data(), dx.raw_data()},
+      [&](auto vec, RowShape s) {
+        norm_dev::LayerNormDxWarpKernel<decltype(vec)::value>
+            <<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+                x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(),
+                dy.data<float>(), dx.data<float>(), n, d, add);
+      },
+      [&](RowShape s) {
+        norm_dev::LayerNormDxKernel<<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+            x.data<float>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(),
+            dy.data<float>(), dx.data<float>(), n, d, add);
+      });
 }
 
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
@@ -93,12 +130,20 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
-  const RowShape rows = norm_dev::RowShapeOf(n, d);
   WithF32OrBf16(y, [&](auto* yp) {
-    norm_dev::RmsNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-        x.data<float>(), weight.data<float>(), eps, yp, rstd.data<float>(), n, d);
+    using TY = std::remove_pointer_t<decltype(yp)>;
+    LaunchRows(
+        n, d, {x.raw_data(), weight.raw_data(), yp},
+        [&](auto vec, RowShape s) {
+          norm_dev::RmsNormForwardWarpKernel<decltype(vec)::value, TY>
+              <<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(x.data<float>(), weight.data<float>(),
+                                                          eps, yp, rstd.data<float>(), n, d);
+        },
+        [&](RowShape s) {
+          norm_dev::RmsNormForwardKernel<<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+              x.data<float>(), weight.data<float>(), eps, yp, rstd.data<float>(), n, d);
+        });
   });
-  SY_CUDA_CHECK_LAUNCH();
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
@@ -108,11 +153,20 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
   if (n == 0) return;
   // The column sums read dy: they run before dx (which may alias dy) is written.
   AccumulateColumns(x, dy, nullptr, rstd.data<float>(), n, d, dweight, nullptr, ctx);
-  const RowShape rows = norm_dev::RowShapeOf(n, d);
-  norm_dev::RmsNormDxKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-      x.data<float>(), weight.data<float>(), rstd.data<float>(), dy.data<float>(), dx.data<float>(),
-      n, d, write == DxWrite::kAdd);
-  SY_CUDA_CHECK_LAUNCH();
+  const bool add = write == DxWrite::kAdd;
+  LaunchRows(
+      n, d, {x.raw_data(), weight.raw_data(), dy.raw_data(), dx.raw_data()},
+      [&](auto vec, RowShape s) {
+        norm_dev::RmsNormDxWarpKernel<decltype(vec)::value>
+            <<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(x.data<float>(), weight.data<float>(),
+                                                        rstd.data<float>(), dy.data<float>(),
+                                                        dx.data<float>(), n, d, add);
+      },
+      [&](RowShape s) {
+        norm_dev::RmsNormDxKernel<<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+            x.data<float>(), weight.data<float>(), rstd.data<float>(), dy.data<float>(),
+            dx.data<float>(), n, d, add);
+      });
 }
 
 void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
@@ -121,14 +175,23 @@ void AddLayerNormForward(const Tensor& x, const Tensor& r, const Tensor& weight,
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
-  const RowShape rows = norm_dev::RowShapeOf(n, d);
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
   WithF32OrBf16(y, [&](auto* yp) {
-    norm_dev::LayerNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-        x.data<float>(), weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
-        eps, yp, mean.data<float>(), rstd.data<float>(), n, d, r.data<float>(),
-        sum.data<float>());
+    using TY = std::remove_pointer_t<decltype(yp)>;
+    LaunchRows(
+        n, d, {x.raw_data(), r.raw_data(), weight.raw_data(), b, yp, sum.raw_data()},
+        [&](auto vec, RowShape s) {
+          norm_dev::LayerNormForwardWarpKernel<decltype(vec)::value, TY>
+              <<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+                  x.data<float>(), weight.data<float>(), b, eps, yp, mean.data<float>(),
+                  rstd.data<float>(), n, d, r.data<float>(), sum.data<float>());
+        },
+        [&](RowShape s) {
+          norm_dev::LayerNormForwardKernel<<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+              x.data<float>(), weight.data<float>(), b, eps, yp, mean.data<float>(),
+              rstd.data<float>(), n, d, r.data<float>(), sum.data<float>());
+        });
   });
-  SY_CUDA_CHECK_LAUNCH();
 }
 
 void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, float eps,
@@ -136,13 +199,22 @@ void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, f
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
-  const RowShape rows = norm_dev::RowShapeOf(n, d);
   WithF32OrBf16(y, [&](auto* yp) {
-    norm_dev::RmsNormForwardKernel<<<rows.blocks, rows.threads, 0, StreamOf(ctx)>>>(
-        x.data<float>(), weight.data<float>(), eps, yp, rstd.data<float>(), n, d,
-        r.data<float>(), sum.data<float>());
+    using TY = std::remove_pointer_t<decltype(yp)>;
+    LaunchRows(
+        n, d, {x.raw_data(), r.raw_data(), weight.raw_data(), yp, sum.raw_data()},
+        [&](auto vec, RowShape s) {
+          norm_dev::RmsNormForwardWarpKernel<decltype(vec)::value, TY>
+              <<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(x.data<float>(), weight.data<float>(),
+                                                          eps, yp, rstd.data<float>(), n, d,
+                                                          r.data<float>(), sum.data<float>());
+        },
+        [&](RowShape s) {
+          norm_dev::RmsNormForwardKernel<<<s.blocks, s.threads, 0, StreamOf(ctx)>>>(
+              x.data<float>(), weight.data<float>(), eps, yp, rstd.data<float>(), n, d,
+              r.data<float>(), sum.data<float>());
+        });
   });
-  SY_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace switchyard::kernels::cuda

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/device_common.cuh"
 
@@ -20,6 +22,8 @@ constexpr int64_t kMaxGridY = 65535;
 constexpr int kMaxRowThreads = 256;
 constexpr int64_t kMaxRowBlocks = 65535 * 16;
 constexpr int kFinishThreads = 256;
+constexpr int kWarpRows = 4;     // rows (warps) per block of the warp-row kernels
+constexpr int kMaxWarpVec = 16;  // their quads per lane: rows of up to 2048 columns
 
 // ---- launch shapes (host) ------------------------------------------------------------------
 
@@ -32,6 +36,37 @@ inline RowShape RowShapeOf(int64_t n, int64_t d, int64_t max_blocks = kMaxRowBlo
   const int64_t t = (d + 31) / 32 * 32;
   return {static_cast<unsigned>(std::min(n, max_blocks)),
           static_cast<unsigned>(std::clamp<int64_t>(t, 32, kMaxRowThreads))};
+}
+
+// The warp-row kernels (below): whether they take rows of width d with these operands (16-byte
+// aligned; null ones ignored), their quads per lane (the fewest of 1, 2, 4, 8, 16 that cover
+// d), and their grid (kWarpRows rows a block, capped at max_blocks blocks).
+inline bool UseWarpRows(int64_t d, std::initializer_list<const void*> operands) {
+  if (d <= 0 || d % 4 != 0 || d > 128 * kMaxWarpVec) return false;
+  for (const void* p : operands) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+inline int WarpVecOf(int64_t d) {
+  int vec = 1;
+  while (128 * vec < d) vec *= 2;
+  return vec;
+}
+inline RowShape WarpRowShapeOf(int64_t n, int64_t max_blocks = kMaxRowBlocks) {
+  return {static_cast<unsigned>(std::min((n + kWarpRows - 1) / kWarpRows, max_blocks)),
+          static_cast<unsigned>(32 * kWarpRows)};
+}
+// Calls fn(std::integral_constant<int, vec>) for the warp kernels' template argument.
+template <typename F>
+void WithWarpVec(int vec, F&& fn) {
+  switch (vec) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    default: return fn(std::integral_constant<int, 16>{});
+  }
 }
 
 // The column sums over n > 0 rows of width d: ColumnPartialKernel on (kColTile, kRowLanes)
@@ -172,6 +207,220 @@ __global__ void RmsNormDxKernel(const float* x, const float* w, const float* rst
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float v = __fmul_rn(s, __fsub_rn(__fmul_rn(dyr[j], w[j]), __fmul_rn(xr[j], c)));
       dxr[j] = add ? __fadd_rn(dxr[j], v) : v;
+    }
+  }
+}
+
+// ---- forward and dx, one warp per row -----------------------------------------------------
+// For rows of d <= 128 kMaxWarpVec columns, d a multiple of 4, every operand 16-byte aligned
+// (UseWarpRows): each warp holds its row in registers, lane l the 4-column quads at columns
+// 4 (l + 32 i), i < kVec, read and written with 16-byte accesses (8 bytes for a bf16 y); the
+// statistics are the block kernels' double sums (each lane's columns in order, then the
+// warp's butterfly) and the elementwise parts the same f32 expressions. One read of the row
+// and one write, no block barrier; kWarpRows rows (warps) per block, grid-striding. The whole
+// row is read before any of it is written, so y may alias x and dx may alias dy here too.
+struct alignas(16) Quad {
+  float v[4];
+};
+struct alignas(8) Bf16Quad {
+  uint32_t lo, hi;  // two bf16 pairs, the first column in the low half
+};
+__device__ __forceinline__ Quad LoadQuad(const float* p) {
+  return *reinterpret_cast<const Quad*>(p);
+}
+__device__ __forceinline__ void StoreQuad(float* p, const Quad& q) {
+  *reinterpret_cast<Quad*>(p) = q;
+}
+__device__ __forceinline__ void StoreQuad(__nv_bfloat16* p, const Quad& q) {
+  *reinterpret_cast<Bf16Quad*>(p) = {PackBf16x2(q.v[0], q.v[1]), PackBf16x2(q.v[2], q.v[3])};
+}
+
+// Lane threadIdx.x % 32's quads of a row; the ones at or past d are zeros, never stored.
+template <int kVec>
+struct RowQuads {
+  Quad q[kVec];
+  __device__ __forceinline__ static int64_t Column(int i) {
+    return 4 * (static_cast<int64_t>(threadIdx.x % 32) + 32 * i);
+  }
+  __device__ __forceinline__ void Load(const float* row, int64_t d) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) q[i] = Column(i) < d ? LoadQuad(row + Column(i)) : Quad{};
+  }
+  __device__ __forceinline__ void Store(float* row, int64_t d) const {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      if (Column(i) < d) StoreQuad(row + Column(i), q[i]);
+    }
+  }
+  // f(i, e, value) over the lane's columns in order.
+  template <typename F>
+  __device__ __forceinline__ void ForEach(int64_t d, F&& f) const {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      if (Column(i) >= d) break;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(i, e, q[i].v[e]);
+    }
+  }
+};
+
+// The forward's row (x's, or x + res written to sum_out first) and the warp's first row.
+template <int kVec>
+__device__ __forceinline__ void LoadNormRow(RowQuads<kVec>& xr, const float* x, const float* res,
+                                            float* sum_out, int64_t r, int64_t d) {
+  xr.Load(x + r * d, d);
+  if (res == nullptr) return;
+  RowQuads<kVec> rr;
+  rr.Load(res + r * d, d);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xr.q[i].v[e] = __fadd_rn(xr.q[i].v[e], rr.q[i].v[e]);
+  }
+  xr.Store(sum_out + r * d, d);
+}
+__device__ __forceinline__ int64_t FirstWarpRow() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+}
+
+template <int kVec, typename TY>
+__global__ void __launch_bounds__(32 * kWarpRows)
+    LayerNormForwardWarpKernel(const float* x, const float* w, const float* b, float eps, TY* y,
+                               float* mean, float* rstd, int64_t n, int64_t d,
+                               const float* res = nullptr, float* sum_out = nullptr) {
+  for (int64_t r = FirstWarpRow(); r < n; r += static_cast<int64_t>(gridDim.x) * kWarpRows) {
+    RowQuads<kVec> xr;
+    LoadNormRow(xr, x, res, sum_out, r, d);
+    double sum = 0.0;
+    xr.ForEach(d, [&](int, int, float v) { sum += v; });
+    const double mu = WarpSum(sum) / static_cast<double>(d);
+    double var = 0.0;
+    xr.ForEach(d, [&](int, int, float v) {
+      const double c = v - mu;
+      var += c * c;
+    });
+    var = WarpSum(var) / static_cast<double>(d);
+    const float m = static_cast<float>(mu);
+    const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int64_t c = RowQuads<kVec>::Column(i);
+      if (c >= d) break;
+      const Quad wq = LoadQuad(w + c), bq = b ? LoadQuad(b + c) : Quad{};
+      Quad out;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = __fmul_rn(__fmul_rn(__fsub_rn(xr.q[i].v[e], m), s), wq.v[e]);
+        out.v[e] = b ? __fadd_rn(v, bq.v[e]) : v;
+      }
+      StoreQuad(y + r * d + c, out);
+    }
+    if (threadIdx.x % 32 == 0) {
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  }
+}
+
+template <int kVec, typename TY>
+__global__ void __launch_bounds__(32 * kWarpRows)
+    RmsNormForwardWarpKernel(const float* x, const float* w, float eps, TY* y, float* rstd,
+                             int64_t n, int64_t d, const float* res = nullptr,
+                             float* sum_out = nullptr) {
+  for (int64_t r = FirstWarpRow(); r < n; r += static_cast<int64_t>(gridDim.x) * kWarpRows) {
+    RowQuads<kVec> xr;
+    LoadNormRow(xr, x, res, sum_out, r, d);
+    double ss = 0.0;
+    xr.ForEach(d, [&](int, int, float v) { ss += static_cast<double>(v) * v; });
+    ss = WarpSum(ss);
+    const float s =
+        static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + static_cast<double>(eps)));
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int64_t c = RowQuads<kVec>::Column(i);
+      if (c >= d) break;
+      const Quad wq = LoadQuad(w + c);
+      Quad out;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out.v[e] = __fmul_rn(__fmul_rn(xr.q[i].v[e], s), wq.v[e]);
+      StoreQuad(y + r * d + c, out);
+    }
+    if (threadIdx.x % 32 == 0) rstd[r] = s;
+  }
+}
+
+// dx's write: v, or added to what dx holds (add).
+__device__ __forceinline__ void WriteDx(float* p, Quad v, bool add) {
+  if (add) {
+    const Quad old = LoadQuad(p);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v.v[e] = __fadd_rn(old.v[e], v.v[e]);
+  }
+  StoreQuad(p, v);
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(32 * kWarpRows)
+    LayerNormDxWarpKernel(const float* x, const float* w, const float* mean, const float* rstd,
+                          const float* dy, float* dx, int64_t n, int64_t d, bool add) {
+  for (int64_t r = FirstWarpRow(); r < n; r += static_cast<int64_t>(gridDim.x) * kWarpRows) {
+    RowQuads<kVec> xr, gr;
+    xr.Load(x + r * d, d);
+    gr.Load(dy + r * d, d);
+    const float m = mean[r], s = rstd[r];
+    double sum_g = 0.0, sum_gx = 0.0;
+    xr.ForEach(d, [&](int i, int e, float xv) {
+      const float xhat = __fmul_rn(__fsub_rn(xv, m), s);
+      const float g = __fmul_rn(gr.q[i].v[e], w[RowQuads<kVec>::Column(i) + e]);
+      sum_g += g;
+      sum_gx += static_cast<double>(g) * xhat;
+    });
+    const float mean_g = static_cast<float>(WarpSum(sum_g) / static_cast<double>(d));
+    const float mean_gx = static_cast<float>(WarpSum(sum_gx) / static_cast<double>(d));
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int64_t c = RowQuads<kVec>::Column(i);
+      if (c >= d) break;
+      const Quad wq = LoadQuad(w + c);
+      Quad v;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float xhat = __fmul_rn(__fsub_rn(xr.q[i].v[e], m), s);
+        const float g = __fmul_rn(gr.q[i].v[e], wq.v[e]);
+        v.v[e] = __fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_gx)));
+      }
+      WriteDx(dx + r * d + c, v, add);
+    }
+  }
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(32 * kWarpRows)
+    RmsNormDxWarpKernel(const float* x, const float* w, const float* rstd, const float* dy,
+                        float* dx, int64_t n, int64_t d, bool add) {
+  for (int64_t r = FirstWarpRow(); r < n; r += static_cast<int64_t>(gridDim.x) * kWarpRows) {
+    RowQuads<kVec> xr, gr;
+    xr.Load(x + r * d, d);
+    gr.Load(dy + r * d, d);
+    const float s = rstd[r];
+    double sum_gx = 0.0;
+    xr.ForEach(d, [&](int i, int e, float xv) {
+      sum_gx += static_cast<double>(gr.q[i].v[e]) * w[RowQuads<kVec>::Column(i) + e] * xv;
+    });
+    const float c = __fmul_rn(
+        __fmul_rn(static_cast<float>(WarpSum(sum_gx) / static_cast<double>(d)), s), s);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int64_t col = RowQuads<kVec>::Column(i);
+      if (col >= d) break;
+      const Quad wq = LoadQuad(w + col);
+      Quad v;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v.v[e] = __fmul_rn(s, __fsub_rn(__fmul_rn(gr.q[i].v[e], wq.v[e]),
+                                        __fmul_rn(xr.q[i].v[e], c)));
+      }
+      WriteDx(dx + r * d + col, v, add);
     }
   }
 }

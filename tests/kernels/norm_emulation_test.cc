@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <string>
@@ -108,6 +109,27 @@ std::string NameOf(const char* what, const Rows& s) {
          " blocks " + std::to_string(nd::RowShapeOf(s.n, s.d, s.max_blocks).blocks);
 }
 
+// Launches as norm.cu's LaunchRows does: warp(vec) on the warp-row grid when the rows fit the
+// warp-row kernels (counted in warp_launches), else block() on the block-per-row grid.
+int warp_launches = 0, block_launches = 0;
+template <typename Warp, typename Block>
+void LaunchRows(const Rows& s, std::initializer_list<const void*> operands, Warp&& warp,
+                Block&& block) {
+  if (nd::UseWarpRows(s.d, operands)) {
+    ++warp_launches;
+    const nd::RowShape shape = nd::WarpRowShapeOf(s.n, s.max_blocks);
+    nd::WithWarpVec(nd::WarpVecOf(s.d), [&](auto vec) {
+      emu::Launch(EmuDim3{shape.blocks, 1, 1}, static_cast<int>(shape.threads), unused_smem, 0, 0,
+                  [&] { warp(vec); });
+    });
+  } else {
+    ++block_launches;
+    const nd::RowShape shape = nd::RowShapeOf(s.n, s.d, s.max_blocks);
+    emu::Launch(EmuDim3{shape.blocks, 1, 1}, static_cast<int>(shape.threads), unused_smem, 0, 0,
+                block);
+  }
+}
+
 // The operands of one forward: b empty (no bias) or (d); res empty (no residual) or (n, d).
 struct FwdIn {
   bool layer;
@@ -128,17 +150,26 @@ FwdOut RunForward(const FwdIn& in, const Rows& s, bool in_place) {
   float* sum = in.res.empty() ? nullptr : (in_place ? x.data() : o.sum.data());
   const float* res = in.res.empty() ? nullptr : in.res.data();
   const float* b = in.b.empty() ? nullptr : in.b.data();
-  const nd::RowShape shape = nd::RowShapeOf(n, d, s.max_blocks);
-  emu::Launch(EmuDim3{shape.blocks, 1, 1}, static_cast<int>(shape.threads), unused_smem, 0, 0,
-              [&] {
-                if (in.layer) {
-                  nd::LayerNormForwardKernel(x.data(), in.w.data(), b, kEps, y, o.mean.data(),
-                                             o.rstd.data(), n, d, res, sum);
-                } else {
-                  nd::RmsNormForwardKernel(x.data(), in.w.data(), kEps, y, o.rstd.data(), n, d,
-                                           res, sum);
-                }
-              });
+  LaunchRows(
+      s, {x.data(), in.w.data(), b, y, res, sum},
+      [&](auto vec) {
+        constexpr int kVec = decltype(vec)::value;
+        if (in.layer) {
+          nd::LayerNormForwardWarpKernel<kVec>(x.data(), in.w.data(), b, kEps, y, o.mean.data(),
+                                               o.rstd.data(), n, d, res, sum);
+        } else {
+          nd::RmsNormForwardWarpKernel<kVec>(x.data(), in.w.data(), kEps, y, o.rstd.data(), n, d,
+                                             res, sum);
+        }
+      },
+      [&] {
+        if (in.layer) {
+          nd::LayerNormForwardKernel(x.data(), in.w.data(), b, kEps, y, o.mean.data(),
+                                     o.rstd.data(), n, d, res, sum);
+        } else {
+          nd::RmsNormForwardKernel(x.data(), in.w.data(), kEps, y, o.rstd.data(), n, d, res, sum);
+        }
+      });
   if (!in_place) {
     EXPECT_TRUE(SameBits(x.data(), in.x.data(), n * d)) << "x was written";
   } else if (in.res.empty()) {
@@ -212,17 +243,27 @@ void CheckBf16Output(const FwdIn& in, const Rows& s, const FwdOut& got, const Fw
   const float* res = in.res.empty() ? nullptr : in.res.data();
   float* sum_out = in.res.empty() ? nullptr : sum.data();
   const float* b = in.b.empty() ? nullptr : in.b.data();
-  const nd::RowShape shape = nd::RowShapeOf(n, d, s.max_blocks);
-  emu::Launch(EmuDim3{shape.blocks, 1, 1}, static_cast<int>(shape.threads), unused_smem, 0, 0,
-              [&] {
-                if (in.layer) {
-                  nd::LayerNormForwardKernel(in.x.data(), in.w.data(), b, kEps, y16.data(),
-                                             mean.data(), rstd.data(), n, d, res, sum_out);
-                } else {
-                  nd::RmsNormForwardKernel(in.x.data(), in.w.data(), kEps, y16.data(),
-                                           rstd.data(), n, d, res, sum_out);
-                }
-              });
+  LaunchRows(
+      s, {in.x.data(), in.w.data(), b, y16.data(), res, sum_out},
+      [&](auto vec) {
+        constexpr int kVec = decltype(vec)::value;
+        if (in.layer) {
+          nd::LayerNormForwardWarpKernel<kVec>(in.x.data(), in.w.data(), b, kEps, y16.data(),
+                                               mean.data(), rstd.data(), n, d, res, sum_out);
+        } else {
+          nd::RmsNormForwardWarpKernel<kVec>(in.x.data(), in.w.data(), kEps, y16.data(),
+                                             rstd.data(), n, d, res, sum_out);
+        }
+      },
+      [&] {
+        if (in.layer) {
+          nd::LayerNormForwardKernel(in.x.data(), in.w.data(), b, kEps, y16.data(), mean.data(),
+                                     rstd.data(), n, d, res, sum_out);
+        } else {
+          nd::RmsNormForwardKernel(in.x.data(), in.w.data(), kEps, y16.data(), rstd.data(), n, d,
+                                   res, sum_out);
+        }
+      });
   EXPECT_TRUE(SameBits(rstd.data(), got.rstd.data(), n)) << name << " bf16 y: rstd";
   for (int64_t i = 0; i < n * d; ++i) {
     if (y16[i].bits != BFloat16(got.y[i]).bits) {
@@ -283,9 +324,12 @@ int CheckForward(const FwdIn& in, const Rows& s, const std::string& name, bool i
 
 // One row of one column; widths not multiples of 32; wider than the 256 threads of a block;
 // more rows than blocks (grid-stride); inputs on a grid (exact sums, forward only).
+// Widths off 4 (the block-per-row kernels) and on it (the warp-row ones: d 64, 300, 1000, 128,
+// 132 with one lane's quad past 128, 2048 the widest); caps that make either grid stride.
 const Rows kRowShapes[] = {
     {1, 1, nd::kMaxRowBlocks}, {7, 31, nd::kMaxRowBlocks}, {5, 33, 2}, {3, 300, nd::kMaxRowBlocks},
-    {2, 1000, 1},              {20, 64, 7},
+    {2, 1000, 1},              {20, 64, 7},                {37, 128, 2}, {9, 132, 2},
+    {3, 2048, 1},
 };
 const Rows kExactShapes[] = {{4, 256, nd::kMaxRowBlocks, 6}, {3, 4096, 2, 4}};
 
@@ -312,6 +356,8 @@ TEST(NormEmulationTest, ForwardIsTheCpuExpressionAtBoundedStatistics) {
     rows += static_cast<int>(s.n);
   }
   std::printf("  forward: %d of %d rows with statistics other than the CPU's\n", differ, rows);
+  EXPECT_GT(warp_launches, 0) << "no shape took the warp-row kernels";
+  EXPECT_GT(block_launches, 0) << "no shape took the block-per-row kernels";
 }
 
 // ---- backward ----------------------------------------------------------------------------
@@ -330,17 +376,27 @@ std::vector<float> RunDx(const BwdIn& in, const Rows& s, bool add, bool dx_is_dy
   std::vector<float> dx = dx_is_dy ? std::vector<float>()
                                    : (add ? in.dx0 : std::vector<float>(n * d, kNaN));
   float* out = dx_is_dy ? dy.data() : dx.data();
-  const nd::RowShape shape = nd::RowShapeOf(n, d, s.max_blocks);
-  emu::Launch(EmuDim3{shape.blocks, 1, 1}, static_cast<int>(shape.threads), unused_smem, 0, 0,
-              [&] {
-                if (in.layer) {
-                  nd::LayerNormDxKernel(in.x.data(), in.w.data(), in.mean.data(), in.rstd.data(),
-                                        dy.data(), out, n, d, add);
-                } else {
-                  nd::RmsNormDxKernel(in.x.data(), in.w.data(), in.rstd.data(), dy.data(), out, n,
-                                      d, add);
-                }
-              });
+  LaunchRows(
+      s, {in.x.data(), in.w.data(), dy.data(), out},
+      [&](auto vec) {
+        constexpr int kVec = decltype(vec)::value;
+        if (in.layer) {
+          nd::LayerNormDxWarpKernel<kVec>(in.x.data(), in.w.data(), in.mean.data(),
+                                          in.rstd.data(), dy.data(), out, n, d, add);
+        } else {
+          nd::RmsNormDxWarpKernel<kVec>(in.x.data(), in.w.data(), in.rstd.data(), dy.data(), out,
+                                        n, d, add);
+        }
+      },
+      [&] {
+        if (in.layer) {
+          nd::LayerNormDxKernel(in.x.data(), in.w.data(), in.mean.data(), in.rstd.data(),
+                                dy.data(), out, n, d, add);
+        } else {
+          nd::RmsNormDxKernel(in.x.data(), in.w.data(), in.rstd.data(), dy.data(), out, n, d,
+                              add);
+        }
+      });
   if (dx_is_dy) return dy;
   EXPECT_TRUE(SameBits(dy.data(), in.dy.data(), n * d)) << "dy was written";
   return dx;
@@ -501,6 +557,7 @@ std::vector<Backward> BackwardCases() {
 }
 
 TEST(NormEmulationTest, BackwardDxAndColumnSumsMatchTheCpu) {
+  const int warp_before = warp_launches, block_before = block_launches;
   uint64_t stream = 100;
   int differ = 0, rows = 0;
   for (const Backward& c : BackwardCases()) {
@@ -529,6 +586,8 @@ TEST(NormEmulationTest, BackwardDxAndColumnSumsMatchTheCpu) {
     CheckBackward(layer, no_bias, dw0, {}, false, "layernorm (no bias)" + shape);
   }
   std::printf("  dx: %d of %d rows other than the CPU's\n", differ, rows);
+  EXPECT_GT(warp_launches, warp_before) << "no shape took the warp-row dx kernels";
+  EXPECT_GT(block_launches, block_before) << "no shape took the block-per-row dx kernels";
 }
 
 }  // namespace
