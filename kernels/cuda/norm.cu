@@ -2,10 +2,11 @@
 //
 // Forward and dx: one warp per row with the row in registers (16-byte loads and stores) when
 // the row fits (d <= 2048, a multiple of 4, aligned operands: norm_dev::UseWarpRows), else one
-// block per row (grid-stride over rows); row statistics reduced in double as on the CPU; the elementwise parts use the CPU's f32 expressions with explicit
-// round-to-nearest intrinsics (no FMA contraction), so they differ from the CPU only
-// through the reduction order of the statistics. Each row is fully read by the reductions
-// (which end in a barrier) before any thread writes, and every element is then written by
+// block per row (grid-stride over rows); row statistics reduced in double as on the CPU; the
+// elementwise parts use the CPU's f32 expressions with explicit round-to-nearest intrinsics
+// (no FMA contraction), so they differ from the CPU only through the reduction order of the
+// statistics. Each row is fully read by the reductions (which end in a barrier, or in the
+// warp's registers) before any thread writes, and every element is then written by
 // the thread that reads it: y may alias x, dx may alias dy.
 //
 // The residual add + norm (AddLayerNormForward, AddRmsNormForward) is the same forward kernel
