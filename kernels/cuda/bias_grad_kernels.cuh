@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace switchyard::kernels::cuda::bias_grad {
 // Internal linkage: the emulation test compiles these kernels too, and links with bias.cu's.
@@ -32,43 +33,70 @@ struct FusedArgs {
   __nv_bfloat16* db16 = nullptr;
 };
 
-// Writes a fused gradient's element: f32, or rounded into the bf16 output when that is set.
-__device__ __forceinline__ void WriteGrad(float* p, __nv_bfloat16* p16, int64_t i, float v) {
+// Writes a fused gradient's elements [i, i + N): f32, or rounded into the bf16 output when
+// that is set.
+template <int N>
+__device__ __forceinline__ void WriteGrad(float* p, __nv_bfloat16* p16, int64_t i,
+                                          const Vals<N>& v) {
   if (p16 != nullptr) {
-    p16[i] = ToBf16(v);
+    StoreVals<N>(p16 + i, v);
   } else {
-    p[i] = v;
+    StoreVals<N>(p + i, v);
   }
 }
 
-// What stage 1 reads of element i, and the value it adds for it (fused: the gradient, which
-// it also writes there).
+// What stage 1 reads of elements [i, i + N) (N = 1, or 4 consecutive columns with 16-byte and
+// 8-byte accesses), and the values it adds for them (fused: the gradient, which it also
+// writes there).
+template <int N>
 struct Inputs {
-  float dy = 0.0f, a = 0.0f, b = 0.0f;
+  Vals<N> dy{}, a{}, b{};
 };
-template <Fused F>
-__device__ __forceinline__ Inputs LoadAt(const float* dy, const FusedArgs& f, int64_t i) {
-  Inputs x;
-  x.dy = dy[i];
-  if constexpr (F != Fused::kNone) x.a = f.a16 != nullptr ? FromBf16(f.a16[i]) : f.a[i];
-  if constexpr (F == Fused::kSwiglu) x.b = f.b16 != nullptr ? FromBf16(f.b16[i]) : f.b[i];
+template <Fused F, int N>
+__device__ __forceinline__ Inputs<N> LoadAt(const float* dy, const FusedArgs& f, int64_t i) {
+  Inputs<N> x;
+  x.dy = LoadVals<N>(dy + i);
+  if constexpr (F != Fused::kNone) {
+    x.a = f.a16 != nullptr ? LoadVals<N>(f.a16 + i) : LoadVals<N>(f.a + i);
+  }
+  if constexpr (F == Fused::kSwiglu) {
+    x.b = f.b16 != nullptr ? LoadVals<N>(f.b16 + i) : LoadVals<N>(f.b + i);
+  }
   return x;
 }
-template <Fused F>
-__device__ __forceinline__ float SummandOf(const Inputs& x, const FusedArgs& f, int64_t i) {
+template <Fused F, int N>
+__device__ __forceinline__ Vals<N> SummandsOf(const Inputs<N>& x, const FusedArgs& f,
+                                              int64_t i) {
   if constexpr (F == Fused::kNone) {
     return x.dy;
   } else if constexpr (F == Fused::kGelu) {
-    const float v = GeluGrad(x.a, x.dy);
-    WriteGrad(f.dx, f.dx16, i, v);
+    Vals<N> v;
+#pragma unroll
+    for (int e = 0; e < N; ++e) v.v[e] = GeluGrad(x.a.v[e], x.dy.v[e]);
+    WriteGrad<N>(f.dx, f.dx16, i, v);
     return v;
   } else {
-    float da, db;
-    SwigluGrad(x.a, x.b, x.dy, &da, &db);
-    WriteGrad(f.dx, f.dx16, i, da);
-    WriteGrad(f.db, f.db16, i, db);
+    Vals<N> da, db;
+#pragma unroll
+    for (int e = 0; e < N; ++e) SwigluGrad(x.a.v[e], x.b.v[e], x.dy.v[e], &da.v[e], &db.v[e]);
+    WriteGrad<N>(f.dx, f.dx16, i, da);
+    WriteGrad<N>(f.db, f.db16, i, db);
     return da;
   }
+}
+
+// True when stage 1 may take four columns a thread (N = 4): n a multiple of 4 and dy, the
+// partial sums and every array of `fused` 16-byte aligned. Host code.
+inline bool QuadsFit(int64_t n, const float* dy, const float* partial, const FusedArgs& f) {
+  if (n % 4 != 0) return false;
+  for (const void* p : {static_cast<const void*>(dy), static_cast<const void*>(partial),
+                        static_cast<const void*>(f.a), static_cast<const void*>(f.b),
+                        static_cast<const void*>(f.dx), static_cast<const void*>(f.db),
+                        static_cast<const void*>(f.a16), static_cast<const void*>(f.b16),
+                        static_cast<const void*>(f.dx16), static_cast<const void*>(f.db16)}) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 // Where the chunks are. Host-listed: chunk c is rows [bounds[c], bounds[c + 1]), group g
@@ -129,20 +157,26 @@ __device__ __forceinline__ bool ChunkRows(const Chunks& ch, int64_t c, int64_t* 
 }
 
 // Stage 1: partial (chunks, n)[c, j] = sum of dy[r, j] (or its fused gradient) over the rows
-// of chunk c. Block (kTileCols, kRowLanes); grid.x = column tiles, grid.y strides over
-// chunks; every element is visited by exactly one thread.
-template <Fused F>
+// of chunk c. Block (kTileCols, kRowLanes); grid.x = column tiles of kTileCols N columns,
+// thread tx columns [N tx, N tx + N) of its tile (QuadsFit for N = 4: each column's sums in
+// the same order, so the same bits as N = 1); grid.y strides over chunks; every element is
+// visited by exactly one thread.
+template <Fused F, int N = 1>
 __global__ void ChunkColumnSumKernel(const float* dy, int64_t n, Chunks ch, float* partial,
                                      FusedArgs fused) {
-  __shared__ float lane_sums[kRowLanes][kTileCols];
+  __shared__ float lane_sums[kRowLanes][kTileCols * N];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileCols) + tx;
+  const int64_t j = (blockIdx.x * static_cast<int64_t>(kTileCols) + tx) * N;
   // The loop bounds and the chunk's rows depend on blockIdx only, so every thread reaches
   // both barriers, or none.
   for (int64_t c = blockIdx.y; c < ch.count; c += gridDim.y) {
     int64_t r0, r1;
     if (!ChunkRows(ch, c, &r0, &r1)) continue;
-    float sum = 0.0f;
+    Vals<N> sum{};
+    auto add = [&](const Vals<N>& t) {
+#pragma unroll
+      for (int e = 0; e < N; ++e) sum.v[e] = __fadd_rn(sum.v[e], t.v[e]);
+    };
     if (j < n) {
       // Four rows' loads in flight at once: dx may be dy's (or a's) memory, so the compiler
       // may not move a later row's loads above an earlier row's store, but each element is
@@ -150,24 +184,29 @@ __global__ void ChunkColumnSumKernel(const float* dy, int64_t n, Chunks ch, floa
       // the row order (the same bits as one row at a time).
       int64_t r = r0 + ty;
       for (; r + 3 * kRowLanes < r1; r += 4 * kRowLanes) {
-        Inputs x[4];
+        Inputs<N> x[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = LoadAt<F>(dy, fused, (r + u * kRowLanes) * n + j);
+        for (int u = 0; u < 4; ++u) x[u] = LoadAt<F, N>(dy, fused, (r + u * kRowLanes) * n + j);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          sum = __fadd_rn(sum, SummandOf<F>(x[u], fused, (r + u * kRowLanes) * n + j));
-        }
+        for (int u = 0; u < 4; ++u) add(SummandsOf<F, N>(x[u], fused, (r + u * kRowLanes) * n + j));
       }
       for (; r < r1; r += kRowLanes) {
-        sum = __fadd_rn(sum, SummandOf<F>(LoadAt<F>(dy, fused, r * n + j), fused, r * n + j));
+        add(SummandsOf<F, N>(LoadAt<F, N>(dy, fused, r * n + j), fused, r * n + j));
       }
     }
-    lane_sums[ty][tx] = sum;
+#pragma unroll
+    for (int e = 0; e < N; ++e) lane_sums[ty][N * tx + e] = sum.v[e];
     __syncthreads();
     if (ty == 0 && j < n) {
-      float total = lane_sums[0][tx];
-      for (int k = 1; k < kRowLanes; ++k) total = __fadd_rn(total, lane_sums[k][tx]);
-      partial[c * n + j] = total;
+      Vals<N> total;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        total.v[e] = lane_sums[0][N * tx + e];
+        for (int k = 1; k < kRowLanes; ++k) {
+          total.v[e] = __fadd_rn(total.v[e], lane_sums[k][N * tx + e]);
+        }
+      }
+      StoreVals<N>(partial + c * n + j, total);
     }
     __syncthreads();  // lane_sums is rewritten by the next chunk
   }

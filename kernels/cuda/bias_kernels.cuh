@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 namespace switchyard::kernels::cuda::bias_fwd {
 // Internal linkage: the emulation test compiles these kernels too, and links with the .cu's.
@@ -27,46 +28,65 @@ struct ForwardOut {
   __nv_bfloat16* kept_b = nullptr;
 };
 
-// Element i of a forward: v (a[i], plus the bias when `biased`: the bias add's __fadd_rn)
-// kept rounded or written back into a, and the activation of v (kAct 0: gelu; 1: silu(v)
-// b[i]) stored, rounded when h16.
-template <int kAct>
-__device__ __forceinline__ void ForwardElement(float* a, const float* b, const ForwardOut& o,
-                                               int64_t i, float v, bool biased) {
+// Elements [i, i + N) of a forward (N = 1, or 4 with 16-byte and 8-byte accesses: Vals):
+// v (a's, plus the bias when `biased`: the bias add's __fadd_rn) kept rounded or written back
+// into a, and the activation of v (kAct 0: gelu; 1: silu(v) b) stored, rounded when h16.
+template <int kAct, int N>
+__device__ __forceinline__ void ForwardVals(float* a, const float* b, const ForwardOut& o,
+                                            int64_t i, const Vals<N>& v, bool biased) {
   if (o.kept_a != nullptr) {
-    o.kept_a[i] = ToBf16(v);
+    StoreVals<N>(o.kept_a + i, v);
   } else if (biased) {
-    a[i] = v;
+    StoreVals<N>(a + i, v);
   }
-  float y;
+  Vals<N> y;
   if constexpr (kAct == 0) {
-    y = Gelu(v);
+#pragma unroll
+    for (int e = 0; e < N; ++e) y.v[e] = Gelu(v.v[e]);
   } else {
-    const float vb = b[i];
-    if (o.kept_b != nullptr) o.kept_b[i] = ToBf16(vb);
-    y = Swiglu(v, vb);
+    const Vals<N> vb = LoadVals<N>(b + i);
+    if (o.kept_b != nullptr) StoreVals<N>(o.kept_b + i, vb);
+#pragma unroll
+    for (int e = 0; e < N; ++e) y.v[e] = Swiglu(v.v[e], vb.v[e]);
   }
   if (o.h16 != nullptr) {
-    o.h16[i] = ToBf16(y);
+    StoreVals<N>(o.h16 + i, y);
   } else {
-    o.h[i] = y;
+    StoreVals<N>(o.h + i, y);
   }
 }
 
+// True when the forward over (rows, n) may take N = 4: n a multiple of 4 and every array
+// aligned for the quads' accesses (16 bytes). Host code.
+inline bool ForwardQuadsFit(int64_t n, std::initializer_list<const void*> arrays) {
+  if (n % 4 != 0) return false;
+  for (const void* p : arrays) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
 // Fused bias + activation over a (rows, n), one bias (or none: bias null, the activation of
-// a with the same outputs): each element read and written by one thread.
-template <int kAct>
+// a with the same outputs): N consecutive elements (one row's: n a multiple of N) read and
+// written by one thread; the grid strides over total / N.
+template <int kAct, int N = 1>
 __global__ void BiasActForwardKernel(float* a, const float* bias, const float* b, ForwardOut o,
                                      int64_t total, int64_t n) {
   // The bias column: a 32-bit remainder when the indices fit (a 64-bit one is a long
   // software division per element).
   const bool narrow = total <= static_cast<int64_t>(UINT32_MAX);
-  SY_GRID_STRIDE(i, total) {
+  SY_GRID_STRIDE(q, total / N) {
+    const int64_t i = q * N;
     const int64_t col = narrow ? static_cast<int64_t>(static_cast<uint32_t>(i) %
                                                       static_cast<uint32_t>(n))
                                : i % n;
-    const float v = bias != nullptr ? __fadd_rn(a[i], bias[col]) : a[i];
-    ForwardElement<kAct>(a, b, o, i, v, bias != nullptr);
+    Vals<N> v = LoadVals<N>(a + i);
+    if (bias != nullptr) {
+      const Vals<N> bv = LoadVals<N>(bias + col);
+#pragma unroll
+      for (int e = 0; e < N; ++e) v.v[e] = __fadd_rn(v.v[e], bv.v[e]);
+    }
+    ForwardVals<kAct, N>(a, b, o, i, v, bias != nullptr);
   }
 }
 
@@ -116,8 +136,8 @@ __global__ void GroupedBiasActKernel(float* a, const float* bias, const float* b
     for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       const int64_t i = r * n + j;
-      const float v = br != nullptr ? __fadd_rn(a[i], br[j]) : a[i];
-      ForwardElement<kAct>(a, b, o, i, v, br != nullptr);
+      const Vals<1> v{{br != nullptr ? __fadd_rn(a[i], br[j]) : a[i]}};
+      ForwardVals<kAct, 1>(a, b, o, i, v, br != nullptr);
     }
   }
 }

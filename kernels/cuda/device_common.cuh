@@ -127,6 +127,53 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
          static_cast<uint32_t>(__bfloat16_as_ushort(ToBf16(hi))) << 16;
 }
 
+// ---- N consecutive values of an f32 or bf16 array as f32: N = 1, or N = 4 with one access
+// (16 bytes of f32, 8 of bf16; the caller checks the alignment). bf16 widens exactly and is
+// stored rounded to nearest even, as ToBf16.
+template <int N>
+struct alignas(N == 4 ? 16 : 4) Vals {
+  static_assert(N == 1 || N == 4, "one value or a 16-byte quad");
+  float v[N];
+};
+struct alignas(8) Bf16x4 {
+  uint32_t lo, hi;  // columns 0, 1 and 2, 3, the first of each pair in the low half
+};
+
+template <int N>
+__device__ __forceinline__ Vals<N> LoadVals(const float* p) {
+  if constexpr (N == 4) {
+    return *reinterpret_cast<const Vals<4>*>(p);
+  } else {
+    return Vals<1>{{*p}};
+  }
+}
+template <int N>
+__device__ __forceinline__ Vals<N> LoadVals(const __nv_bfloat16* p) {
+  if constexpr (N == 4) {
+    const Bf16x4 q = *reinterpret_cast<const Bf16x4*>(p);
+    return Vals<4>{{__uint_as_float(q.lo << 16), __uint_as_float(q.lo & 0xffff0000u),
+                    __uint_as_float(q.hi << 16), __uint_as_float(q.hi & 0xffff0000u)}};
+  } else {
+    return Vals<1>{{FromBf16(*p)}};
+  }
+}
+template <int N>
+__device__ __forceinline__ void StoreVals(float* p, const Vals<N>& v) {
+  if constexpr (N == 4) {
+    *reinterpret_cast<Vals<4>*>(p) = v;
+  } else {
+    *p = v.v[0];
+  }
+}
+template <int N>
+__device__ __forceinline__ void StoreVals(__nv_bfloat16* p, const Vals<N>& v) {
+  if constexpr (N == 4) {
+    *reinterpret_cast<Bf16x4*>(p) = Bf16x4{PackBf16x2(v.v[0], v.v[1]), PackBf16x2(v.v[2], v.v[3])};
+  } else {
+    *p = ToBf16(v.v[0]);
+  }
+}
+
 #ifdef __CUDACC__
 // ldmatrix.m8n8.x4 (bf16): lanes 8 i to 8 i + 7 give the addresses (shared memory, 16-byte
 // aligned) of rows 0-7 of matrix i (8 bf16 each); lane l receives in r[i] the pair at row l / 4,

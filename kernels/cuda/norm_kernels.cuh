@@ -219,21 +219,7 @@ __global__ void RmsNormDxKernel(const float* x, const float* w, const float* rst
 // warp's butterfly) and the elementwise parts the same f32 expressions. One read of the row
 // and one write, no block barrier; kWarpRows rows (warps) per block, grid-striding. The whole
 // row is read before any of it is written, so y may alias x and dx may alias dy here too.
-struct alignas(16) Quad {
-  float v[4];
-};
-struct alignas(8) Bf16Quad {
-  uint32_t lo, hi;  // two bf16 pairs, the first column in the low half
-};
-__device__ __forceinline__ Quad LoadQuad(const float* p) {
-  return *reinterpret_cast<const Quad*>(p);
-}
-__device__ __forceinline__ void StoreQuad(float* p, const Quad& q) {
-  *reinterpret_cast<Quad*>(p) = q;
-}
-__device__ __forceinline__ void StoreQuad(__nv_bfloat16* p, const Quad& q) {
-  *reinterpret_cast<Bf16Quad*>(p) = {PackBf16x2(q.v[0], q.v[1]), PackBf16x2(q.v[2], q.v[3])};
-}
+using Quad = Vals<4>;
 
 // Lane threadIdx.x % 32's quads of a row; the ones at or past d are zeros, never stored.
 template <int kVec>
@@ -244,12 +230,12 @@ struct RowQuads {
   }
   __device__ __forceinline__ void Load(const float* row, int64_t d) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) q[i] = Column(i) < d ? LoadQuad(row + Column(i)) : Quad{};
+    for (int i = 0; i < kVec; ++i) q[i] = Column(i) < d ? LoadVals<4>(row + Column(i)) : Quad{};
   }
   __device__ __forceinline__ void Store(float* row, int64_t d) const {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      if (Column(i) < d) StoreQuad(row + Column(i), q[i]);
+      if (Column(i) < d) StoreVals<4>(row + Column(i), q[i]);
     }
   }
   // f(i, e, value) over the lane's columns in order.
@@ -306,14 +292,14 @@ __global__ void __launch_bounds__(32 * kWarpRows)
     for (int i = 0; i < kVec; ++i) {
       const int64_t c = RowQuads<kVec>::Column(i);
       if (c >= d) break;
-      const Quad wq = LoadQuad(w + c), bq = b ? LoadQuad(b + c) : Quad{};
+      const Quad wq = LoadVals<4>(w + c), bq = b ? LoadVals<4>(b + c) : Quad{};
       Quad out;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float v = __fmul_rn(__fmul_rn(__fsub_rn(xr.q[i].v[e], m), s), wq.v[e]);
         out.v[e] = b ? __fadd_rn(v, bq.v[e]) : v;
       }
-      StoreQuad(y + r * d + c, out);
+      StoreVals<4>(y + r * d + c, out);
     }
     if (threadIdx.x % 32 == 0) {
       mean[r] = m;
@@ -339,11 +325,11 @@ __global__ void __launch_bounds__(32 * kWarpRows)
     for (int i = 0; i < kVec; ++i) {
       const int64_t c = RowQuads<kVec>::Column(i);
       if (c >= d) break;
-      const Quad wq = LoadQuad(w + c);
+      const Quad wq = LoadVals<4>(w + c);
       Quad out;
 #pragma unroll
       for (int e = 0; e < 4; ++e) out.v[e] = __fmul_rn(__fmul_rn(xr.q[i].v[e], s), wq.v[e]);
-      StoreQuad(y + r * d + c, out);
+      StoreVals<4>(y + r * d + c, out);
     }
     if (threadIdx.x % 32 == 0) rstd[r] = s;
   }
@@ -352,11 +338,11 @@ __global__ void __launch_bounds__(32 * kWarpRows)
 // dx's write: v, or added to what dx holds (add).
 __device__ __forceinline__ void WriteDx(float* p, Quad v, bool add) {
   if (add) {
-    const Quad old = LoadQuad(p);
+    const Quad old = LoadVals<4>(p);
 #pragma unroll
     for (int e = 0; e < 4; ++e) v.v[e] = __fadd_rn(old.v[e], v.v[e]);
   }
-  StoreQuad(p, v);
+  StoreVals<4>(p, v);
 }
 
 template <int kVec>
@@ -381,7 +367,7 @@ __global__ void __launch_bounds__(32 * kWarpRows)
     for (int i = 0; i < kVec; ++i) {
       const int64_t c = RowQuads<kVec>::Column(i);
       if (c >= d) break;
-      const Quad wq = LoadQuad(w + c);
+      const Quad wq = LoadVals<4>(w + c);
       Quad v;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -413,7 +399,7 @@ __global__ void __launch_bounds__(32 * kWarpRows)
     for (int i = 0; i < kVec; ++i) {
       const int64_t col = RowQuads<kVec>::Column(i);
       if (col >= d) break;
-      const Quad wq = LoadQuad(w + col);
+      const Quad wq = LoadVals<4>(w + col);
       Quad v;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -486,6 +487,23 @@ bf::ForwardOut OutOf(Forward& f) {
                         f.kept_b.empty() ? nullptr : f.kept_b.data()};
 }
 
+// The fused forward as bias.cu's LaunchBiasAct runs it: four elements a thread when the row
+// width and the arrays allow (counted in quad_launches), else one; `blocks` caps the grid
+// (0: GridFor of the threads' items).
+int quad_launches = 0;
+template <int kAct>
+void RunBiasAct(unsigned blocks, float* a, const float* bias, const float* b,
+                const bf::ForwardOut& o, int64_t total, int64_t n) {
+  if (bf::ForwardQuadsFit(n, {a, bias, b, o.h, o.h16, o.kept_a, o.kept_b})) {
+    ++quad_launches;
+    Elementwise(blocks != 0 ? blocks : GridFor(total / 4),
+                [&] { bf::BiasActForwardKernel<kAct, 4>(a, bias, b, o, total, n); });
+  } else {
+    Elementwise(blocks != 0 ? blocks : GridFor(total),
+                [&] { bf::BiasActForwardKernel<kAct, 1>(a, bias, b, o, total, n); });
+  }
+}
+
 // The CPU op's results: `op(a, h, kept)` on host tensors of the shapes of f.
 template <typename CpuOp>
 Forward OnCpu(const std::vector<float>& a0, const Outputs& o, const Shape& shape, CpuOp op) {
@@ -519,19 +537,20 @@ std::string OutputsName(const Outputs& o) {
 
 TEST(ActivationEmulationTest, BiasActForwardGivesTheCpuBits) {
   uint64_t stream = 200;
+  const int quads_before = quad_launches;
   struct Flat {
     int64_t rows, n;
     unsigned blocks;  // 0: GridFor(rows n)
   };
   for (const Flat& s : {Flat{1, 1, 0}, Flat{5, 77, 0}, Flat{3, 1000, 0}, Flat{17, 33, 0},
-                        Flat{9, 300, 2}}) {
+                        Flat{9, 300, 2}, Flat{6, 8, 1}}) {
     const int64_t total = s.rows * s.n;
     const Shape shape = {s.rows, s.n};
     const std::vector<float> a0 = WithSpecials(total, ++stream);
     const std::vector<float> b = Uniform(total, ++stream, -3.0f, 3.0f);
     const std::vector<float> bias = Uniform(s.n, ++stream, -1.0f, 1.0f);
     const Tensor bias_t = HostTensor(bias, {s.n}), b_t = HostTensor(b, shape);
-    const unsigned blocks = s.blocks != 0 ? s.blocks : GridFor(total);
+    const unsigned blocks = s.blocks;
     // With the bias, and without one (null on the device, undefined on the CPU: the
     // activation alone, a not written).
     for (bool biased : {true, false}) {
@@ -542,18 +561,14 @@ TEST(ActivationEmulationTest, BiasActForwardGivesTheCpuBits) {
             ShapeString(shape) + OutputsName(o) + (biased ? "" : ", no bias");
         if (!o.kept_b) {
           Forward got = Prepared(a0, o);
-          Elementwise(blocks, [&] {
-            bf::BiasActForwardKernel<0>(got.a.data(), dbias, nullptr, OutOf(got), total, s.n);
-          });
+          RunBiasAct<0>(blocks, got.a.data(), dbias, nullptr, OutOf(got), total, s.n);
           ExpectSameForward(got, OnCpu(a0, o, shape, [&](Tensor& a, Tensor& h, KeptRounded k) {
                               BiasGeluForward(a, cbias, h, nullptr, k);
                             }),
                             "BiasGeluForward " + what);
         }
         Forward got = Prepared(a0, o);
-        Elementwise(blocks, [&] {
-          bf::BiasActForwardKernel<1>(got.a.data(), dbias, b.data(), OutOf(got), total, s.n);
-        });
+        RunBiasAct<1>(blocks, got.a.data(), dbias, b.data(), OutOf(got), total, s.n);
         ExpectSameForward(got, OnCpu(a0, o, shape, [&](Tensor& a, Tensor& h, KeptRounded k) {
                             BiasSwigluForward(a, cbias, b_t, h, nullptr, k);
                           }),
@@ -561,6 +576,8 @@ TEST(ActivationEmulationTest, BiasActForwardGivesTheCpuBits) {
       }
     }
   }
+  // n = 1000 and 300 take the quads (the others one element a thread).
+  EXPECT_GT(quad_launches, quads_before) << "no shape took four elements a thread";
 }
 
 // The grouped fused forward of activation `kAct` over one case, every kind of output.
@@ -653,9 +670,7 @@ TEST(ActivationEmulationTest, WithTheLibraryExpFusedEqualsUnfused) {
                                           offsets.data(), groups, total, n);
             });
           } else {
-            Elementwise(GridFor(size), [&] {
-              bf::BiasActForwardKernel<k>(got.a.data(), bias.data(), gate, OutOf(got), size, n);
-            });
+            RunBiasAct<k>(0, got.a.data(), bias.data(), gate, OutOf(got), size, n);
           }
         };
         if (act_kind == 0) {

@@ -49,7 +49,10 @@ std::vector<float> Uniform(int64_t n, uint64_t stream) {
   return t.ToVector<float>();
 }
 
-// Both stages as bias.cu launches them; dbias (G, n) in and out.
+// Both stages as bias.cu launches them (stage 1 four columns a thread where QuadsFit, counted
+// in quad_launches, unless one_column); dbias (G, n) in and out.
+int quad_launches = 0;
+bool one_column = false;
 template <bg::Fused F>
 void RunBiasGrad(const std::vector<float>& dy, int64_t n, const bg::Chunks& ch, float beta,
                  std::vector<float>& dbias, bg::FusedArgs fused = {}) {
@@ -58,10 +61,21 @@ void RunBiasGrad(const std::vector<float>& dy, int64_t n, const bg::Chunks& ch, 
   unsigned char unused_smem[1];
   const unsigned tiles = static_cast<unsigned>((n + bg::kTileCols - 1) / bg::kTileCols);
   if (ch.count > 0) {
-    emu::Launch(EmuDim3{tiles, static_cast<unsigned>(ch.count), 1},
-                EmuDim3{bg::kTileCols, bg::kRowLanes, 1}, unused_smem, 0, 0, [&] {
-                  bg::ChunkColumnSumKernel<F>(dy.data(), n, ch, partial.data(), fused);
-                });
+    const EmuDim3 block{bg::kTileCols, bg::kRowLanes, 1};
+    if (!one_column && bg::QuadsFit(n, dy.data(), partial.data(), fused)) {
+      ++quad_launches;
+      const unsigned quad_tiles = static_cast<unsigned>((n + 4 * bg::kTileCols - 1) /
+                                                        (4 * bg::kTileCols));
+      emu::Launch(EmuDim3{quad_tiles, static_cast<unsigned>(ch.count), 1}, block, unused_smem, 0,
+                  0, [&] {
+                    bg::ChunkColumnSumKernel<F, 4>(dy.data(), n, ch, partial.data(), fused);
+                  });
+    } else {
+      emu::Launch(EmuDim3{tiles, static_cast<unsigned>(ch.count), 1}, block, unused_smem, 0, 0,
+                  [&] {
+                    bg::ChunkColumnSumKernel<F, 1>(dy.data(), n, ch, partial.data(), fused);
+                  });
+    }
   }
   emu::Launch(EmuDim3{tiles, static_cast<unsigned>(ch.groups), 1},
               EmuDim3{bg::kTileCols, bg::kSumLanes, 1}, unused_smem, 0, 0, [&] {
@@ -102,7 +116,8 @@ TEST(BiasGradEmulationTest, DeviceSizedChunksEqualTheListedOnesAndTheCpu) {
       {{0, 300, 1, 0, 2080, 7}, 77, 5, 40},
       {{3, 0}, 33, 2, 64},     // lanes of at most one row; the last group empty
       {{0, 0, 0}, 5, 3, 64},   // no rows in any group
-      {{129}, 1, 0, 32}};      // one column, lanes of four rows exactly
+      {{129}, 1, 0, 32},       // one column, lanes of four rows exactly
+      {{0, 300, 1, 0, 70, 7}, 136, 5, 40}};  // four columns a thread: a tile and 8 columns
   uint64_t stream = 1;
   for (const Case& c : cases) {
     const int64_t groups = static_cast<int64_t>(c.rows.size()), n = c.n, k = c.k;
@@ -206,6 +221,73 @@ TEST(BiasGradEmulationTest, DeviceSizedChunksEqualTheListedOnesAndTheCpu) {
             << name << " fused group " << g << " column " << j;
       }
     }
+  }
+}
+
+// Four columns a thread (stage 1's N = 4) against one: the same sums in the same order, so
+// the same bits, for the plain sums, gelu (f32 a and dx, bf16 a and dx) and swiglu, over a
+// partial column tile (n = 136) and a narrow one (n = 8), lanes with and without the batched
+// loads; rows past the groups left alone.
+TEST(BiasGradEmulationTest, FourColumnsAThreadGiveTheOneColumnBits) {
+  uint64_t stream = 900;
+  for (const int64_t n : {136, 8}) {
+    const std::vector<int64_t> rows = {0, 130, 3, 0, 41};
+    std::vector<int64_t> offsets{0};
+    for (int64_t r : rows) offsets.push_back(offsets.back() + r);
+    const int64_t groups = static_cast<int64_t>(rows.size()), used = offsets.back();
+    const int64_t total = used + 3, k = 40;
+    const bg::Chunks ch{.offsets = offsets.data(), .groups = groups, .rows_per_chunk = k,
+                        .rows = total, .count = (total + groups * (k - 1)) / k};
+    const std::vector<float> dy = Uniform(total * n, ++stream), a = Uniform(total * n, ++stream),
+                             b = Uniform(total * n, ++stream);
+    std::vector<BFloat16> a16(a.size()), b16(b.size());
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = cuda::ToBf16(a[i]), b16[i] = cuda::ToBf16(b[i]);
+    // Runs F both ways on copies of the outputs and expects the same bits everywhere.
+    auto both = [&](auto fused_kind, const char* what, auto make_args) {
+      constexpr bg::Fused F = decltype(fused_kind)::value;
+      std::vector<float> db[2], dx[2], dd[2];
+      std::vector<BFloat16> dx16[2], dd16[2];
+      const int before = quad_launches;
+      for (int way = 0; way < 2; ++way) {
+        db[way].assign(groups * n, 0.5f);
+        dx[way] = dy, dd[way] = dy;
+        dx16[way].assign(dy.size(), BFloat16(7.0f)), dd16[way].assign(dy.size(), BFloat16(7.0f));
+        one_column = way == 1;
+        RunBiasGrad<F>(dy, n, ch, 1.0f, db[way], make_args(dx[way], dd[way], dx16[way], dd16[way]));
+      }
+      one_column = false;
+      EXPECT_EQ(quad_launches, before + 1) << what;
+      const std::string name = std::string(what) + " n " + std::to_string(n);
+      EXPECT_EQ(0, std::memcmp(db[0].data(), db[1].data(), db[0].size() * 4)) << name << " dbias";
+      EXPECT_EQ(0, std::memcmp(dx[0].data(), dx[1].data(), dx[0].size() * 4)) << name << " dx";
+      EXPECT_EQ(0, std::memcmp(dd[0].data(), dd[1].data(), dd[0].size() * 4)) << name << " db";
+      EXPECT_EQ(0, std::memcmp(dx16[0].data(), dx16[1].data(), dx16[0].size() * 2)) << name;
+      EXPECT_EQ(0, std::memcmp(dd16[0].data(), dd16[1].data(), dd16[0].size() * 2)) << name;
+    };
+    using Kind = bg::Fused;
+    both(std::integral_constant<Kind, Kind::kNone>(), "sums", [](auto&, auto&, auto&, auto&) {
+      return bg::FusedArgs{};
+    });
+    both(std::integral_constant<Kind, Kind::kGelu>(), "gelu f32",
+         [&](std::vector<float>& dx, auto&, auto&, auto&) {
+           return bg::FusedArgs{a.data(), nullptr, dx.data(), nullptr};
+         });
+    both(std::integral_constant<Kind, Kind::kGelu>(), "gelu bf16",
+         [&](auto&, auto&, std::vector<BFloat16>& dx16, auto&) {
+           bg::FusedArgs f;
+           f.a16 = a16.data(), f.dx16 = dx16.data();
+           return f;
+         });
+    both(std::integral_constant<Kind, Kind::kSwiglu>(), "swiglu f32",
+         [&](std::vector<float>& da, std::vector<float>& db, auto&, auto&) {
+           return bg::FusedArgs{a.data(), b.data(), da.data(), db.data()};
+         });
+    both(std::integral_constant<Kind, Kind::kSwiglu>(), "swiglu bf16",
+         [&](auto&, auto&, std::vector<BFloat16>& da16, std::vector<BFloat16>& db16) {
+           bg::FusedArgs f;
+           f.a16 = a16.data(), f.b16 = b16.data(), f.dx16 = da16.data(), f.db16 = db16.data();
+           return f;
+         });
   }
 }
 
