@@ -89,10 +89,14 @@ rc=${PIPESTATUS[0]}
 # Where the GPU time of a step goes, kernel by kernel: Nsight Compute times every launch of
 # KERNEL_STEPS steps of the d 1024 model (micro-batch 16, dropless; the bench's settings),
 # one launch at a time, and kernel_profile.py sums them by family and by kernel
-# (kernel_profile.txt / .json). KERNELS=0 leaves it out; it is skipped when ncu is missing.
+# (kernel_profile.txt / .json). The run trains KERNEL_SKIP (2) steps more first, under
+# --profile --profile-skip, whose first profiled step calls cudaProfilerStart: with
+# --profile-from-start off, ncu records from there, so initialisation and warm-up are left
+# out. KERNELS=0 leaves it out; it is skipped when ncu is missing.
 if [ "${KERNELS:-1}" = 1 ] && command -v ncu >/dev/null &&
    [ $(( $(date +%s) - started )) -lt "${KERNEL_BY_S:-330}" ]; then
-  echo "== kernel profile (ncu, ${KERNEL_STEPS:-3} steps of configs/gpu-d1024-e16.yaml, micro-batch 16, dropless)"
+  kskip=${KERNEL_SKIP:-2}
+  echo "== kernel profile (ncu, ${KERNEL_STEPS:-3} steps after $kskip of configs/gpu-d1024-e16.yaml, micro-batch 16, dropless)"
   kp="$out_dir/kernels"
   rm -rf "$kp" && mkdir -p "$kp"
   sets=(data.dir="$data" runtime.device=cuda runtime.precision=bf16 runtime.activation_dtype=bf16
@@ -101,8 +105,9 @@ if [ "${KERNELS:-1}" = 1 ] && command -v ncu >/dev/null &&
   setflags=()
   for s in "${sets[@]}"; do setflags+=(--set "$s"); done
   if timeout "${KERNEL_TIMEOUT:-120}" ncu --clock-control none --cache-control none \
-       --metrics gpu__time_duration.sum -o "$kp/kernels" -f \
-       "$bin/switchyard" train --config configs/gpu-d1024-e16.yaml --steps "${KERNEL_STEPS:-3}" \
+       --profile-from-start off --metrics gpu__time_duration.sum -o "$kp/kernels" -f \
+       "$bin/switchyard" train --config configs/gpu-d1024-e16.yaml \
+       --steps $((kskip + ${KERNEL_STEPS:-3})) --profile --profile-skip "$kskip" \
        --out "$kp/run" "${setflags[@]}" >"$kp/train.log" 2>&1 &&
      ncu --import "$kp/kernels.ncu-rep" --csv --page raw >"$kp/kernels.csv" 2>"$kp/import.log"; then
     python3 benchmarks/reference/kernel_profile.py "$kp/kernels.csv" --steps "${KERNEL_STEPS:-3}" \

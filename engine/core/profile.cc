@@ -42,6 +42,10 @@ void Profiler::BeginStep() {
   recording_ = this;
   open_ = Phase::kCount;
   step_start_ = counters::Snapshot();
+  if (events_ && !external_started_) {
+    events_->StartExternalProfiler();
+    external_started_ = true;
+  }
   if (events_) events_->Record(static_cast<int>(Phase::kCount));
   since_ = Clock::now();
 }

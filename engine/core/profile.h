@@ -11,7 +11,9 @@
 // (UseDeviceTiming) every phase switch also records a CUDA event on the stream, and EndStep
 // waits for the step's last event and charges the GPU time between consecutive events to
 // the phase open between them: device_seconds(phase) is GPU time. The first
-// skip_steps() steps (warm-up: allocator misses, cuBLAS heuristics) are not profiled.
+// skip_steps() steps (warm-up: allocator misses, cuBLAS heuristics) are not profiled; on a GPU
+// the first profiled step also starts an attached external profiler (cudaProfilerStart), so
+// that Nsight Compute's kernel times skip them too (scripts/gpu_bench.sh's kernel profile).
 //
 // Each profiled step also records the device counts of engine/core/counters.h (kernel
 // dispatches, readbacks by site, dtype conversions, cudaMalloc calls): step_counts() per
@@ -52,6 +54,10 @@ class PhaseEvents {
   // Waits for the last event; adds each closed span's GPU seconds to seconds[phase] (spans
   // of no phase to seconds[kCount]) and the first-to-last time to *step; forgets the events.
   virtual void Collect(double* seconds, double* step) = 0;
+  // Tells an attached external profiler that the profiled steps begin (cudaProfilerStart:
+  // Nsight Compute run with --profile-from-start off records from here, so the warm-up steps
+  // and the initialisation before them stay out of its kernel times). Called once.
+  virtual void StartExternalProfiler() = 0;
 };
 // Null in a build without the CUDA backend or for a host context.
 std::unique_ptr<PhaseEvents> MakePhaseEvents(DeviceContext* ctx);
@@ -142,6 +148,7 @@ class Profiler {
 
   static inline Profiler* recording_ = nullptr;
   int64_t skip_steps_ = 0, skipped_ = 0;
+  bool external_started_ = false;  // StartExternalProfiler called
   bool skipping_ = false;  // inside a skipped step
   DeviceCounts step_start_;
   std::vector<DeviceCounts> step_counts_;

@@ -5,6 +5,8 @@
 // counted as a readback (engine/core/counters.h).
 #include <vector>
 
+#include <cuda_profiler_api.h>
+
 #include "engine/core/cuda_check.h"
 #include "engine/core/device_context.h"
 #include "engine/core/captured_work.h"
@@ -34,6 +36,8 @@ class CudaPhaseEvents final : public PhaseEvents {
     closing_[used_] = closing;  // the span ending at this event
     ++used_;
   }
+
+  void StartExternalProfiler() override { SY_CUDA_CHECK(cudaProfilerStart()); }
 
   void Collect(double* seconds, double* step) override {
     if (used_ == 0) return;

@@ -38,7 +38,9 @@ using norm_dev::RowShape;
 // dweight (and dbias when defined) += column sums of the norm's terms over the n rows.
 void AccumulateColumns(const Tensor& x, const Tensor& dy, const float* mean, const float* rstd,
                        int64_t n, int64_t d, Tensor& dweight, Tensor* dbias, DeviceContext* ctx) {
-  const ColumnShape shape = norm_dev::ColumnShapeOf(n, d);
+  const int cols = norm_dev::ColumnQuadsFit(d, x.data<float>(), dy.data<float>()) ? 4 : 1;
+  const ColumnShape shape =
+      norm_dev::ColumnShapeOf(n, d, norm_dev::kMaxGridY, kMaxGridBlocks, cols);
   const int64_t chunks = shape.chunks;
   const int64_t parts = dbias ? 2 : 1;
   Tensor scratch = Tensor::Empty({parts * chunks * d * static_cast<int64_t>(sizeof(double))},
@@ -47,9 +49,15 @@ void AccumulateColumns(const Tensor& x, const Tensor& dy, const float* mean, con
   double* partial_b = dbias ? partial_w + chunks * d : nullptr;   // (chunks, d)
   const dim3 block(kColTile, kRowLanes);
   const dim3 grid(shape.tiles, static_cast<unsigned>(chunks));
-  norm_dev::ColumnPartialKernel<<<grid, block, 0, StreamOf(ctx)>>>(
-      x.data<float>(), dy.data<float>(), mean, rstd, n, d, shape.chunk_rows, partial_w,
-      partial_b);
+  if (cols == 4) {
+    norm_dev::ColumnPartialKernel<4><<<grid, block, 0, StreamOf(ctx)>>>(
+        x.data<float>(), dy.data<float>(), mean, rstd, n, d, shape.chunk_rows, partial_w,
+        partial_b);
+  } else {
+    norm_dev::ColumnPartialKernel<1><<<grid, block, 0, StreamOf(ctx)>>>(
+        x.data<float>(), dy.data<float>(), mean, rstd, n, d, shape.chunk_rows, partial_w,
+        partial_b);
+  }
   SY_CUDA_CHECK_LAUNCH();
   norm_dev::ColumnFinishKernel<<<shape.finish_blocks, kFinishThreads, 0, StreamOf(ctx)>>>(
       partial_w, chunks, d, dweight.data<float>());

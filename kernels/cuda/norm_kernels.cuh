@@ -69,19 +69,27 @@ void WithWarpVec(int vec, F&& fn) {
   }
 }
 
-// The column sums over n > 0 rows of width d: ColumnPartialKernel on (kColTile, kRowLanes)
-// blocks over (tiles, chunks) of chunk_rows rows (more than kChunkRows when the chunks would
-// pass max_chunks), then ColumnFinishKernel on finish_blocks of kFinishThreads (GridFor(d)).
+// The column sums over n > 0 rows of width d: ColumnPartialKernel<cols> on (kColTile,
+// kRowLanes) blocks over (tiles of kColTile cols columns, chunks) of chunk_rows rows (more
+// than kChunkRows when the chunks would pass max_chunks), then ColumnFinishKernel on
+// finish_blocks of kFinishThreads (GridFor(d)). cols: 4 (a thread's 4 columns read with
+// 16-byte loads) when ColumnQuadsFit, else 1.
 struct ColumnShape {
   int64_t chunk_rows = 0, chunks = 0;
   unsigned tiles = 0, finish_blocks = 0;
+  int cols = 1;
 };
+inline bool ColumnQuadsFit(int64_t d, const float* x, const float* dy) {
+  return d % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(dy) % 16 == 0;
+}
 inline ColumnShape ColumnShapeOf(int64_t n, int64_t d, int64_t max_chunks = kMaxGridY,
-                                 int64_t max_finish_blocks = kMaxGridBlocks) {
+                                 int64_t max_finish_blocks = kMaxGridBlocks, int cols = 1) {
   ColumnShape s;
+  s.cols = cols;
   s.chunk_rows = std::max(kChunkRows, (n + max_chunks - 1) / max_chunks);
   s.chunks = (n + s.chunk_rows - 1) / s.chunk_rows;
-  s.tiles = static_cast<unsigned>((d + kColTile - 1) / kColTile);
+  s.tiles = static_cast<unsigned>((d + kColTile * cols - 1) / (kColTile * cols));
   s.finish_blocks = static_cast<unsigned>(
       std::clamp<int64_t>((d + kFinishThreads - 1) / kFinishThreads, 1, max_finish_blocks));
   return s;
@@ -418,36 +426,48 @@ __global__ void __launch_bounds__(32 * kWarpRows)
 // Sums in double, in a fixed order: lane k of the chunk's rows k, k + kRowLanes, ..., then the
 // lanes in order. mean null: RmsNorm, term dy * x * rstd (the CPU's f32 expression); else
 // LayerNorm, term dy * xhat rounded to f32 (the CPU multiplies in double).
+// N columns a thread (N = 4: ColumnQuadsFit, 16-byte loads; each column's sums in the same
+// order, so the same bits as N = 1).
+template <int N = 1>
 __global__ void ColumnPartialKernel(const float* x, const float* dy, const float* mean,
                                     const float* rstd, int64_t n, int64_t d, int64_t chunk_rows,
                                     double* partial_w, double* partial_b) {
-  __shared__ double lanes_w[kRowLanes][kColTile];
-  __shared__ double lanes_b[kRowLanes][kColTile];
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  __shared__ double lanes_w[kRowLanes][kColTile * N];
+  __shared__ double lanes_b[kRowLanes][kColTile * N];
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x) * N;
   const int64_t chunk = blockIdx.y;
   const int64_t r_end = min(n, (chunk + 1) * chunk_rows);
-  double acc_w = 0.0, acc_b = 0.0;
+  double acc_w[N] = {}, acc_b[N] = {};
   if (j < d) {
     for (int64_t r = chunk * chunk_rows + threadIdx.y; r < r_end; r += kRowLanes) {
-      const float g = dy[r * d + j];
-      if (mean == nullptr) {
-        acc_w += __fmul_rn(__fmul_rn(g, x[r * d + j]), rstd[r]);
-      } else {
-        acc_w += __fmul_rn(g, __fmul_rn(__fsub_rn(x[r * d + j], mean[r]), rstd[r]));
-        acc_b += g;
+      const Vals<N> g = LoadVals<N>(dy + r * d + j), xv = LoadVals<N>(x + r * d + j);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        if (mean == nullptr) {
+          acc_w[e] += __fmul_rn(__fmul_rn(g.v[e], xv.v[e]), rstd[r]);
+        } else {
+          acc_w[e] += __fmul_rn(g.v[e], __fmul_rn(__fsub_rn(xv.v[e], mean[r]), rstd[r]));
+          acc_b[e] += g.v[e];
+        }
       }
     }
   }
-  lanes_w[threadIdx.y][threadIdx.x] = acc_w;
-  lanes_b[threadIdx.y][threadIdx.x] = acc_b;
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    lanes_w[threadIdx.y][N * threadIdx.x + e] = acc_w[e];
+    lanes_b[threadIdx.y][N * threadIdx.x + e] = acc_b[e];
+  }
   __syncthreads();
   if (threadIdx.y == 0 && j < d) {
-    for (int k = 1; k < kRowLanes; ++k) {
-      acc_w += lanes_w[k][threadIdx.x];
-      acc_b += lanes_b[k][threadIdx.x];
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      for (int k = 1; k < kRowLanes; ++k) {
+        acc_w[e] += lanes_w[k][N * threadIdx.x + e];
+        acc_b[e] += lanes_b[k][N * threadIdx.x + e];
+      }
+      partial_w[chunk * d + j + e] = acc_w[e];
+      if (partial_b != nullptr) partial_b[chunk * d + j + e] = acc_b[e];
     }
-    partial_w[chunk * d + j] = acc_w;
-    if (partial_b != nullptr) partial_b[chunk * d + j] = acc_b;
   }
 }
 

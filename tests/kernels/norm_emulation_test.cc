@@ -492,6 +492,7 @@ struct Backward {
 
 // One backward, every output checked: dweight, dbias (db0 non-empty) and, when asked, dx.
 // Returns the dx rows other than the CPU's.
+int column_quads = 0;  // column-sum launches with four columns a thread
 int CheckBackward(const BwdIn& in, const Backward& c, const std::vector<float>& dw0,
                   const std::vector<float>& db0, bool add, const std::string& name) {
   const int64_t n = c.rows.n, d = c.rows.d;
@@ -507,16 +508,23 @@ int CheckBackward(const BwdIn& in, const Backward& c, const std::vector<float>& 
   }
 
   // Both stages as norm.cu launches them (its caps lowered as the case says).
-  const nd::ColumnShape cs = nd::ColumnShapeOf(n, d, c.max_chunks, c.max_finish);
+  const int cols = nd::ColumnQuadsFit(d, in.x.data(), in.dy.data()) ? 4 : 1;
+  const nd::ColumnShape cs = nd::ColumnShapeOf(n, d, c.max_chunks, c.max_finish, cols);
   std::vector<double> part_w(cs.chunks * d, std::numeric_limits<double>::quiet_NaN());
   std::vector<double> part_b(db0.empty() ? 0 : cs.chunks * d, part_w[0]);
   std::vector<float> got_w = dw0, got_b = db0;
+  column_quads += cols == 4;
   emu::Launch(EmuDim3{cs.tiles, static_cast<unsigned>(cs.chunks), 1},
               EmuDim3{nd::kColTile, nd::kRowLanes, 1}, unused_smem, 0, 0, [&] {
-                nd::ColumnPartialKernel(in.x.data(), in.dy.data(),
-                                        in.layer ? in.mean.data() : nullptr, in.rstd.data(), n, d,
-                                        cs.chunk_rows, part_w.data(),
-                                        db0.empty() ? nullptr : part_b.data());
+                const float* mean = in.layer ? in.mean.data() : nullptr;
+                double* pb = db0.empty() ? nullptr : part_b.data();
+                if (cols == 4) {
+                  nd::ColumnPartialKernel<4>(in.x.data(), in.dy.data(), mean, in.rstd.data(), n,
+                                             d, cs.chunk_rows, part_w.data(), pb);
+                } else {
+                  nd::ColumnPartialKernel<1>(in.x.data(), in.dy.data(), mean, in.rstd.data(), n,
+                                             d, cs.chunk_rows, part_w.data(), pb);
+                }
               });
   for (bool bias : {false, true}) {
     if (bias && db0.empty()) continue;
@@ -588,6 +596,7 @@ TEST(NormEmulationTest, BackwardDxAndColumnSumsMatchTheCpu) {
   std::printf("  dx: %d of %d rows other than the CPU's\n", differ, rows);
   EXPECT_GT(warp_launches, warp_before) << "no shape took the warp-row dx kernels";
   EXPECT_GT(block_launches, block_before) << "no shape took the block-per-row dx kernels";
+  EXPECT_GT(column_quads, 0) << "no shape took the four-column column sums";
 }
 
 }  // namespace
