@@ -12,8 +12,11 @@
 
 namespace switchyard::kernels::cuda::grouped {
 
-// 128 x kN output tiles, K steps of 64, 3 cp.async stages: kN = 128, stages of 32 KiB, two
-// CTAs per SM; kN = 256 (Wide, SWITCHYARD_GROUPED_WIDE=1 with the wgmma tiles), 48 KiB, one. The
+// 128 x kN output tiles, K steps of 64: kN = 128, 3 cp.async stages of 32 KiB, two CTAs per
+// SM (one CTA's barrier and copies while the other's products run), each K step's products
+// waited for before the next; kN = 256 (Wide, SWITCHYARD_GROUPED_WIDE=1 with the wgmma
+// tiles), 4 stages of 48 KiB, one CTA per SM, and a K step's products left in flight while the
+// next step's are issued (kInFlight = 1; AccumulateAsync copies a step less ahead). The
 // shared tiles are 128-byte swizzled (TileCopies<..., true>), in the orientation of their
 // global operand, which the instruction's transpose flags name: A (kBM rows, kBK) K-major, or
 // (kBK rows, kBM) MN-major when kAKm (the weight gradient's x^T); B (kTileN rows, kBK)
@@ -27,7 +30,8 @@ struct HopperTiles {
   using Wide = HopperTiles<kAKm, kBNk, 256>;
   static constexpr int kBK = 64;
   static constexpr int kTileN = kN;
-  static constexpr int kStages = 3, kCtasPerSm = kN == 256 ? 1 : 2;
+  static constexpr int kStages = kN == 256 ? 4 : 3, kCtasPerSm = kN == 256 ? 1 : 2;
+  static constexpr int kInFlight = kN == 256 ? 1 : 0;  // K steps of products left running
   static constexpr int kAlign = 1024;  // the stages' shared address: whole swizzle atoms
   static constexpr bool kWgmma = true;
   static constexpr int kLdA = 0, kLdB = 0;  // the swizzled layout has no leading dimension
@@ -49,8 +53,9 @@ struct HopperTiles {
     for (int i = 0; i < kN / 2; ++i) acc.c[i] = 0.0f;
   }
 
-  // acc += a b over one K step: four products of K 16, then the wait (the stages are
-  // refilled only after the barrier that follows). K-major operands move 32 bytes along their
+  // acc += a b over one K step: four products of K 16, then the wait until at most kInFlight
+  // steps' products run (their stages are refilled only after a later barrier; Finish waits
+  // for the rest). K-major operands move 32 bytes along their
   // rows per 16 of K, MN-major ones two atoms (16 rows of K); the warpgroup's A is its 64 rows
   // (K-major) or its 64-column block (MN-major), both kGroupRows = kBlockBytes bytes on.
   __device__ static void Multiply(const S* a, const S* b, Acc& acc) {
@@ -68,8 +73,9 @@ struct HopperTiles {
       WgmmaM64N<kN, kAKm, !kBNk>(acc.c, da, db);
     }
     WgmmaCommit();
-    WgmmaWait<0>();
+    WgmmaWait<kInFlight>();
   }
+  __device__ static void Finish(Acc&) { WgmmaWait<0>(); }
 
   // Thread (warpgroup w, warp v in it, lane 4 g + t) holds rows 64 w + 16 v + g (+8) and
   // columns 8 j + 2 t (+1): wgmma.cuh's accumulator layout, written straight to global memory.

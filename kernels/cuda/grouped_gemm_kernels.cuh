@@ -268,19 +268,31 @@ __device__ void Accumulate(const Source<TA>& a, const Source<TB>& b, int64_t ste
 
 // Accumulate's result (the same shared tiles, so the same bits) for operands that TileCopies
 // carries (both in P's tile type, both CopiesAligned): the tiles of K step s go to stage
-// s % P::kStages by cp.async, P::kStages - 1 steps ahead of the products. Step s: wait for this
-// thread's copies of step s (all but the newest P::kStages - 2 groups), a barrier (everyone's
-// copies landed; everyone is done with step s - 1, whose stage the next copies overwrite),
-// issue step s + P::kStages - 1, multiply step s. Every thread commits one group per step, empty
-// past the last, so the wait counts stay uniform. Ends with no copy in flight and the stages
-// free for the epilogue. Under wgmma (P::kWgmma) each thread also fences its landed copies
-// for the async proxy that the products read shared memory through, before the barrier.
+// s % P::kStages by cp.async, kAhead = P::kStages - 1 - kInFlight steps ahead of the products,
+// where kInFlight (0, or P::kInFlight for wgmma tiles) steps' products may still run when a
+// step ends. Step s: wait for this thread's copies of step s (all but the newest kAhead - 1
+// groups), a barrier (everyone's copies landed; everyone is done with step s - 1 - kInFlight,
+// whose stage the next copies overwrite), issue step s + kAhead, multiply step s. Every thread
+// commits one group per step, empty past the last, so the wait counts stay uniform. Ends with
+// no copy or product in flight and the stages free for the epilogue. Under wgmma (P::kWgmma)
+// each thread also fences its landed copies for the async proxy that the products read
+// shared memory through, before the barrier.
+template <class P>
+__host__ __device__ constexpr int InFlightOf() {
+  if constexpr (P::kWgmma) {
+    return P::kInFlight;
+  } else {
+    return 0;
+  }
+}
 template <class P, typename T>
 __device__ void AccumulateAsync(const Source<T>& a, const Source<T>& b, int64_t steps,
                                 unsigned char* smem, typename P::Acc& acc) {
   static_assert(std::is_same_v<T, typename P::S>, "cp.async copies the tiles as they are");
   using CopiesA = typename P::ACopies;
   using CopiesB = typename P::BCopies;
+  constexpr int kAhead = P::kStages - 1 - InFlightOf<P>();
+  static_assert(kAhead >= 1, "a stage for the copies in flight");
   P::Zero(acc);
   if (steps <= 0) return;
   auto tile_a = [smem](int64_t s) {
@@ -297,14 +309,15 @@ __device__ void AccumulateAsync(const Source<T>& a, const Source<T>& b, int64_t 
     __pipeline_commit();
   };
 #pragma unroll
-  for (int s = 0; s < P::kStages - 1; ++s) issue(s);
+  for (int s = 0; s < kAhead; ++s) issue(s);
   for (int64_t s = 0; s < steps; ++s) {
-    __pipeline_wait_prior(P::kStages - 2);
+    __pipeline_wait_prior(kAhead - 1);
     if constexpr (P::kWgmma) FenceProxyAsync();
     __syncthreads();
-    issue(s + P::kStages - 1);
+    issue(s + kAhead);
     P::Multiply(tile_a(s), tile_b(s), acc);
   }
+  if constexpr (P::kWgmma) P::Finish(acc);
   __pipeline_wait_prior(0);  // only empty groups are left
   __syncthreads();           // every warp is done with the stages
 }

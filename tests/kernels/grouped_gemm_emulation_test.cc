@@ -405,9 +405,13 @@ using Shapes = std::vector<std::pair<int64_t, int64_t>>;  // (k, n)
 TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
   copy_tiles = GetParam();
   const int before = async_launches;
-  const Shapes forward = copy_tiles == Tiles::kNarrow
-                             ? Shapes{{16, 40}, {64, 136}, {72, 136}, {200, 24}}
-                             : Shapes{{16, 40}, {72, 136}, {200, 24}, {40, 264}};
+  const bool hopper = copy_tiles == Tiles::kHopper || copy_tiles == Tiles::kHopperWide;
+  Shapes forward = copy_tiles == Tiles::kNarrow
+                       ? Shapes{{16, 40}, {64, 136}, {72, 136}, {200, 24}}
+                       : Shapes{{16, 40}, {72, 136}, {200, 24}, {40, 264}};
+  // wgmma: 7 K steps (the last of 8), more than the stages, so that a refill of a stage
+  // still read by products in flight would show.
+  if (hopper) forward[2] = {392, 24};
   const bool wide = copy_tiles == Tiles::kWide || copy_tiles == Tiles::kHopperWide;
   const Shapes weight_grad = wide ? Shapes{{24, 200}, {40, 264}} : Shapes{{136, 64}, {24, 200}};
   for (const auto& [k, n] : forward) {
@@ -429,8 +433,9 @@ TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
     }
     CheckForward(kRagged, k, n, 1.0f, 0.0f, DType::kBF16, DType::kBF16, DType::kBF16, 610 + k);
   }
-  // The weight gradient: groups of 130 rows (5 K steps), 37 (2), 3 (1) and none.
-  const Split split{{0, 37, 130, 3, 0}, 9};
+  // The weight gradient: groups of 130 rows (5 K steps of 32), 37 (2), 3 (1) and none; for
+  // wgmma (K steps of 64) 330 rows (6 steps) in place of 130.
+  const Split split{{0, 37, hopper ? 330 : 130, 3, 0}, 9};
   const Tensor offsets = OffsetsOf(split.rows);
   const int64_t g = static_cast<int64_t>(split.rows.size());
   const int64_t used = offsets.data<int64_t>()[g], r = used + split.extra;
