@@ -258,7 +258,7 @@ struct RowQuads {
   }
 };
 
-// The forward's row (x's, or x + res written to sum_out first) and the warp's first row.
+// The forward's row r: x's, or x + res, written to sum_out first.
 template <int kVec>
 __device__ __forceinline__ void LoadNormRow(RowQuads<kVec>& xr, const float* x, const float* res,
                                             float* sum_out, int64_t r, int64_t d) {
@@ -273,6 +273,7 @@ __device__ __forceinline__ void LoadNormRow(RowQuads<kVec>& xr, const float* x, 
   }
   xr.Store(sum_out + r * d, d);
 }
+// The first row of this warp; the warps stride by gridDim.x kWarpRows.
 __device__ __forceinline__ int64_t FirstWarpRow() {
   return static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
 }
