@@ -14,22 +14,26 @@
 // Numerics (docs/model.md, "Attention on the GPU"), per (batch, query head, query block of
 // kFlashBlockQ rows), key blocks of kFlashBlockK keys in increasing order:
 //   q^, k^, v^ = bf16(q), bf16(k), bf16(v)                        (round to nearest even)
-//   s = f32(q^ k^T) * scale                  bf16 x bf16 products, f32 accumulation
+//   x = f32(q^ k^T)                          bf16 x bf16 products, f32 accumulation
 //   masked: key j >= S, or j > i under kCausal -> -inf; blocks wholly above the diagonal
 //   are skipped
-//   m' = max(m, rowmax s);  a = exp(m - m');  p = exp(s - m')      (f32)
+// The softmax runs in base 2 on the unscaled scores, c = FlashScaleLog2(hd) = f32(scale log2 e)
+// folding 1/sqrt(hd) and 1/ln 2 into one factor, so that each weight is one fma and one exp2
+// (FlashAttention-2's form; the tensor cores outpace a full expf per score):
+//   m' = max(m, rowmax x);  a = exp2(f32(m - m') c);  p = exp2(fma(x, c, -f32(m' c)))
 //   l = l a + rowsum p                                              (f32 p)
 //   acc = acc a + f32(bf16(p) v^)                                   bf16 P in the product
-//   out = acc / l,  lse = m + log l                                 (f32)
+//   out = acc / l,  lse = f32(m scale) + log l                      (f32; lse in base e)
 // Backward (given lse and delta = rowsum(dout * out), AttentionBackwardDelta), with
-// do^ = bf16(dout):
-//   p = exp(s - lse), dp = f32(do^ v^T), ds = p (dp - delta)        (f32)
+// do^ = bf16(dout) and lse2 = f32(lse kLog2e) per row:
+//   p = exp2(fma(x, c, -lse2)), dp = f32(do^ v^T), ds = p (dp - delta)     (f32)
 //   dv = sum f32(bf16(p)^T do^),  dk = scale sum f32(bf16(ds)^T q^),
 //   dq = scale sum f32(bf16(ds) k^)
 // dk and dv sum the query heads of a kv head's group in one pass per key block (no
 // atomics), dq is a second pass per query block: both deterministic.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "engine/core/device_context.h"
@@ -41,6 +45,16 @@ namespace switchyard::kernels {
 // Query rows and keys per block, on both devices (the twin's blocks are the kernel's).
 inline constexpr int64_t kFlashBlockQ = 64;
 inline constexpr int64_t kFlashBlockK = 64;
+
+// log2 e in f32, and the scores' factor into the base-2 softmax: f32(1/sqrt(hd) log2 e), with
+// 1/sqrt(hd) first rounded to f32 (the scale both devices use) and the product rounded once.
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline float FlashScale(int64_t head_dim) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+inline float FlashScaleLog2(int64_t head_dim) {
+  return static_cast<float>(static_cast<double>(FlashScale(head_dim)) * 1.44269504088896341);
+}
 
 // Head widths the fused kernel is instantiated for. Others keep the exact path: its
 // tiles are (64, head_dim) bf16 in shared memory with head_dim a multiple of the 16-wide

@@ -3,8 +3,10 @@
 // keys), the same rounding points (q, k, v, dout to bf16 once; p and ds to bf16 before
 // their products), f32 accumulation, the same online-softmax order and formulas. Each block
 // product is one cpu::Sgemm on the bf16-rounded f32 values, so the twin and the kernel differ
-// only in f32 summation order inside a block product (and the last ulp of exp), never in
-// what is rounded where. The (B, S, H, hd) layout is read in place (leading dimension H hd).
+// only in f32 summation order inside a block product (and the last ulps of exp2: the kernel's
+// is the hardware's approximate one), never in what is rounded where or in the arguments of
+// exp2 (each an fma, kernels/flash_attention.h). The (B, S, H, hd) layout is read in place
+// (leading dimension H hd).
 //
 // Backward is the kernel's two passes: per (batch, kv head, key block) dk and dv summed over
 // the group's query heads and every query block that sees the keys; per (batch, query head,
@@ -47,8 +49,6 @@ Dims DimsOf(const Tensor& q, const Tensor& k) {
   return {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
 
-float ScaleOf(int64_t hd) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))); }
-
 // Whether query i sees key j (both < S).
 bool Sees(AttentionMask mask, int64_t i, int64_t j) {
   return mask == AttentionMask::kFull || j <= i;
@@ -73,17 +73,18 @@ struct BackwardTile {
 };
 
 // q, dout (rows, hd) at the block's first row (stride ldq), k, v (keys, hd) at its first key
-// (stride ldkv), all bf16-rounded; lse, delta: the block's rows.
-void ComputeTile(const Dims& d, AttentionMask mask, float scale, const float* q,
+// (stride ldkv), all bf16-rounded; lse, delta: the block's rows; c = FlashScaleLog2(hd).
+void ComputeTile(const Dims& d, AttentionMask mask, float c, const float* q,
                  const float* dout, const float* k, const float* v, const float* lse,
                  const float* delta, int64_t i0, int64_t rows, int64_t j0, int64_t keys,
                  BackwardTile& t) {
   Sgemm(false, true, rows, keys, d.hd, 1.0f, q, d.ldq(), k, d.ldkv(), 0.0f, t.s.data(), kBk);
   Sgemm(false, true, rows, keys, d.hd, 1.0f, dout, d.ldq(), v, d.ldkv(), 0.0f, t.dp.data(), kBk);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < keys; ++c) {
-      const int64_t at = r * kBk + c;
-      const float p = Sees(mask, i0 + r, j0 + c) ? std::exp(t.s[at] * scale - lse[r]) : 0.0f;
+    const float lse2 = lse[r] * kLog2e;
+    for (int64_t j = 0; j < keys; ++j) {
+      const int64_t at = r * kBk + j;
+      const float p = Sees(mask, i0 + r, j0 + j) ? std::exp2(std::fma(t.s[at], c, -lse2)) : 0.0f;
       t.p[at] = RoundBf16(p);
       t.ds[at] = RoundBf16(p * (t.dp[at] - delta[r]));
     }
@@ -96,7 +97,7 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Te
                            Tensor& lse, AttentionMask mask) {
   const Dims d = DimsOf(q, k);
   if (d.b == 0 || d.s == 0 || d.hq == 0) return;
-  const float scale = ScaleOf(d.hd);
+  const float scale = FlashScale(d.hd), c = FlashScaleLog2(d.hd);
   const std::vector<float> qr = Rounded(q), kr = Rounded(k), vr = Rounded(v);
   const int64_t hd = d.hd, tasks = d.b * d.hq * d.q_blocks();
   ParallelFor(tasks, 1, [&](int64_t t0, int64_t t1) {
@@ -114,24 +115,25 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Te
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t kb = 0; kb < KeyBlocksOf(d, mask, i0); ++kb) {
         const int64_t j0 = kb * kBk, keys = std::min(d.s, j0 + kBk) - j0;
-        // Scores (rows, keys) = q^ k^T, then scaled and masked.
+        // Scores (rows, keys) = q^ k^T, masked; the softmax in base 2 on them.
         Sgemm(false, true, rows, keys, hd, 1.0f, qp, d.ldq(), kp + j0 * d.ldkv(), d.ldkv(), 0.0f,
               sc.data(), kBk);
         for (int64_t r = 0; r < rows; ++r) {
           float* srow = sc.data() + r * kBk;
           float block_max = -INFINITY;
-          for (int64_t c = 0; c < keys; ++c) {
-            srow[c] = Sees(mask, i0 + r, j0 + c) ? srow[c] * scale : -INFINITY;
-            block_max = std::max(block_max, srow[c]);
+          for (int64_t j = 0; j < keys; ++j) {
+            if (!Sees(mask, i0 + r, j0 + j)) srow[j] = -INFINITY;
+            block_max = std::max(block_max, srow[j]);
           }
           const float m_new = std::max(m[r], block_max);
-          const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-          alpha[r] = std::exp(m[r] - shift);
+          const bool none = m_new == -INFINITY;  // a row with no key yet
+          const float mc = none ? 0.0f : m_new * c;
+          alpha[r] = none ? 0.0f : std::exp2((m[r] - m_new) * c);
           float row_sum = 0.0f;
-          for (int64_t c = 0; c < keys; ++c) {
-            const float e = std::exp(srow[c] - shift);
+          for (int64_t j = 0; j < keys; ++j) {
+            const float e = std::exp2(std::fma(srow[j], c, -mc));
             row_sum += e;
-            p[r * kBk + c] = RoundBf16(e);
+            p[r * kBk + j] = RoundBf16(e);
           }
           l[r] = l[r] * alpha[r] + row_sum;
           m[r] = m_new;
@@ -148,7 +150,7 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Te
       for (int64_t r = 0; r < rows; ++r) {
         float* orow = out.data<float>() + (b * d.s + i0 + r) * d.ldq() + h * hd;
         for (int64_t e = 0; e < hd; ++e) orow[e] = acc[r * hd + e] / l[r];
-        lse.data<float>()[(b * d.hq + h) * d.s + i0 + r] = m[r] + std::log(l[r]);
+        lse.data<float>()[(b * d.hq + h) * d.s + i0 + r] = m[r] * scale + std::log(l[r]);
       }
     }
   });
@@ -164,7 +166,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     dv.SetZero();
     return;
   }
-  const float scale = ScaleOf(d.hd);
+  const float scale = FlashScale(d.hd), c = FlashScaleLog2(d.hd);
   const int64_t hd = d.hd;
   const std::vector<float> qr = Rounded(q), kr = Rounded(k), vr = Rounded(v),
                            dor = Rounded(dout);
@@ -187,7 +189,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
         for (int64_t qb = FirstQueryBlockOf(mask, j0); qb < d.q_blocks(); ++qb) {
           const int64_t i0 = qb * kBq, rows = std::min(d.s, i0 + kBq) - i0;
           const int64_t qoff = (b * d.s + i0) * d.ldq() + h * hd, loff = (b * d.hq + h) * d.s + i0;
-          ComputeTile(d, mask, scale, qr.data() + qoff, dor.data() + qoff, kp, vp, pl + loff,
+          ComputeTile(d, mask, c, qr.data() + qoff, dor.data() + qoff, kp, vp, pl + loff,
                       pd + loff, i0, rows, j0, keys, tile);
           Sgemm(true, false, keys, hd, rows, 1.0f, tile.p.data(), kBk, dor.data() + qoff,
                 d.ldq(), 1.0f, dv_acc.data(), hd);
@@ -195,11 +197,11 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
                 d.ldq(), 1.0f, dk_acc.data(), hd);
         }
       }
-      for (int64_t c = 0; c < keys; ++c) {
-        const int64_t at = (b * d.s + j0 + c) * d.ldkv() + g * hd;
+      for (int64_t j = 0; j < keys; ++j) {
+        const int64_t at = (b * d.s + j0 + j) * d.ldkv() + g * hd;
         for (int64_t e = 0; e < hd; ++e) {
-          dk.data<float>()[at + e] = dk_acc[c * hd + e] * scale;
-          dv.data<float>()[at + e] = dv_acc[c * hd + e];
+          dk.data<float>()[at + e] = dk_acc[j * hd + e] * scale;
+          dv.data<float>()[at + e] = dv_acc[j * hd + e];
         }
       }
     }
@@ -218,7 +220,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
         const int64_t j0 = kb * kBk, keys = std::min(d.s, j0 + kBk) - j0;
         const float* kp = kr.data() + (b * d.s + j0) * d.ldkv() + g * hd;
         const float* vp = vr.data() + (b * d.s + j0) * d.ldkv() + g * hd;
-        ComputeTile(d, mask, scale, qr.data() + qoff, dor.data() + qoff, kp, vp, pl + loff,
+        ComputeTile(d, mask, c, qr.data() + qoff, dor.data() + qoff, kp, vp, pl + loff,
                     pd + loff, i0, rows, j0, keys, tile);
         Sgemm(false, false, rows, hd, keys, 1.0f, tile.ds.data(), kBk, kp, d.ldkv(), 1.0f,
               dq_acc.data(), hd);

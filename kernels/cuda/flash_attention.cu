@@ -23,15 +23,21 @@
 //                         the group's query heads and the query blocks that see the keys, kept
 //                         in registers and written once (no atomics).
 //   FlashBackwardQKernel  grid (query blocks, Hq, B): dq over the key blocks the rows see.
-// Both backward kernels recompute the tile's p = exp(s - lse) and ds = p (dp - delta) with
-// the same code (BackwardWeights).
+// Both backward kernels recompute the tile's p and ds = p (dp - delta) with the same code
+// (BackwardWeights).
 //
-// The f32 arithmetic that the twin does in two roundings (x * scale, then - lse; acc * a,
-// then + pv) is written with __fmul_rn / __fadd_rn so that nvcc does not contract it into
-// one fma; the order of the sums inside a tensor-core product (here acc * a is the product's
-// accumulator input), the order of a row's sum over its four lanes and the last ulp of expf
-// differ from the twin, all inside the bound of tests/kernels/flash_attention_bound.h.
+// The softmax is in base 2 on the unscaled scores (kernels/flash_attention.h): each weight is
+// one fmaf and one ex2.approx, where expf of a scaled and shifted score took about a dozen
+// instructions, which at these tile sizes issue as often as the tensor-core products. The f32
+// arithmetic that the twin does in two roundings (m * c, then the fma; acc * a, then + pv) is
+// written with __fmul_rn / __fadd_rn so that nvcc does not contract it into one fma; the order
+// of the sums inside a tensor-core product (here acc * a is the product's accumulator input),
+// the order of a row's sum over its four lanes and the last ulps of exp2 (the SFU's
+// approximation against the C library's) differ from the twin, all inside the bound of
+// tests/kernels/flash_attention_bound.h.
 #include <climits>
+#include <cstdint>
+#include <initializer_list>
 #include <cmath>
 #include <type_traits>
 
@@ -63,11 +69,20 @@ dim3 GridOf(int64_t blocks, int64_t heads, int64_t batch) {
 }
 
 
-Dims DimsOf(const Tensor& q, const Tensor& k) {
-  return {Int(q.dim(1), "S"), Int(q.dim(2), "Hq"), Int(k.dim(2), "Hkv")};
+// Whether every row of these (B, S, H, hd) tensors starts on 16 bytes: the tiles then load
+// a quad of f32 in one access (hd is a multiple of 4, so the base pointer decides).
+bool RowsAligned(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (reinterpret_cast<uintptr_t>(t->data<float>()) % 16 != 0) return false;
+  }
+  return true;
 }
 
-float ScaleOf(int64_t hd) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))); }
+Dims DimsOf(const Tensor& q, const Tensor& k, bool aligned) {
+  return {Int(q.dim(1), "S"), Int(q.dim(2), "Hq"), Int(k.dim(2), "Hkv"), aligned};
+}
+
+flash::Scale ScaleOf(int64_t hd) { return {FlashScale(hd), FlashScaleLog2(hd)}; }
 
 // Whether the HD = 64 kernels fetch the next block's tiles ahead (flash::kPrefetch, the
 // default) or load them as they store them (SWITCHYARD_FLASH_PREFETCH=0: for comparison, as
@@ -80,7 +95,7 @@ bool FetchAhead() {
 template <int HD, bool kAhead>
 void LaunchForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                    bool causal, DeviceContext* ctx) {
-  const Dims d = DimsOf(q, k);
+  const Dims d = DimsOf(q, k, RowsAligned({&q, &k, &v}));
   const int bytes = Sizes<HD>::kForward;
   WithF32OrBf16(out, [&](auto* op) {
     using TO = std::remove_pointer_t<decltype(op)>;
@@ -97,7 +112,7 @@ template <int HD, bool kAhead>
 void LaunchBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                     const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv,
                     bool causal, DeviceContext* ctx) {
-  const Dims d = DimsOf(q, k);
+  const Dims d = DimsOf(q, k, RowsAligned({&q, &k, &v, &dout}));
   const auto kv_kernel = flash::FlashBackwardKvKernel<HD, kAhead>;
   const auto q_kernel = flash::FlashBackwardQKernel<HD, kAhead>;
   AllowSharedMemory(kv_kernel, Sizes<HD>::kBackwardKv);

@@ -3,16 +3,30 @@
 // kernels; their tiles, fragments and products are kernels/cuda/flash_attention_tiles.cuh.
 // Include it after kernels/cuda/common.cuh (ToBf16, kFullMask, MmaBf16 and the fragment
 // helpers of kernels/cuda/device_common.cuh); it uses nothing else of CUDA's but the built-ins
-// (threadIdx, __syncthreads, __shfl_xor_sync, expf, the __f*_rn intrinsics), so the same
-// source also compiles against the host model of those
-// (tests/kernels/flash_attention_emulation_test.cc).
+// (threadIdx, __syncthreads, __shfl_xor_sync, fmaf, logf, the __f*_rn intrinsics, and the
+// ex2.approx instruction, which the host model replaces by exp2), so the same source also
+// compiles against the host model of those (tests/kernels/flash_attention_emulation_test.cc).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/flash_attention_tiles.cuh"
 
 namespace switchyard::kernels::cuda::flash {
+
+// 2^x by the SFU's approximation (PTX ex2.approx.ftz.f32: relative error within 2^-22, results
+// below 2^-126 flushed to 0): one instruction where expf takes about ten. The host model
+// computes exp2 in the C library.
+__device__ __forceinline__ float Exp2(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::exp2(x);
+#endif
+}
 
 __device__ __forceinline__ bool Sees(bool causal, int i, int j) { return !causal || j <= i; }
 
@@ -28,16 +42,18 @@ __device__ __forceinline__ bool Unmasked(int s, bool causal, int i_lo, int j0, i
   return j0 + keys <= s && (!causal || j0 + keys - 1 <= i_lo);
 }
 
-// The online-softmax step of the warp's query rows over the key block at j0. s holds the
-// rows' scores q^ k^T (row g in registers 0, 1 and row g + 8 in 2, 3 of every n tile; i the
-// two rows' global indices); on return it holds p = exp(x - m_new) in f32, the running max m
-// and sum l are updated, and alpha = exp(m_old - m_new) rescales the rows' accumulators. A
-// row's four lanes (t = 0..3) combine their max and sum with two shuffles.
+// The online-softmax step of the warp's query rows over the key block at j0, in base 2
+// (kernels/flash_attention.h). s holds the rows' unscaled scores x = q^ k^T (row g in
+// registers 0, 1 and row g + 8 in 2, 3 of every n tile; i the two rows' global indices); on
+// return it holds p = exp2(fma(x, c, -mc)) in f32 with mc = f32(m_new c), the running max m
+// (of x) and sum l are updated, and alpha = exp2(f32(m_old - m_new) c) rescales the rows'
+// accumulators (exactly 1 while the max stays, 0 before the row's first key). A row's four
+// lanes (t = 0..3) combine their max and sum with two shuffles.
 // kMasked = false: the caller knows that every key of the block is < seq and visible to every
 // row of the warp (Unmasked below), so no element is tested.
 template <bool kMasked>
 __device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const int (&i)[2],
-                                                  int j0, int seq, bool causal, float scale,
+                                                  int j0, int seq, bool causal, float c,
                                                   float (&m)[2], float (&l)[2],
                                                   float (&alpha)[2]) {
   const int t = threadIdx.x % 4;
@@ -47,25 +63,26 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const 
 #pragma unroll
     for (int n = 0; n < kBc / 8; ++n) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int j = j0 + 8 * n + 2 * t + c;
-        float& x = s[n][2 * half + c];
-        x = !kMasked || (j < seq && Sees(causal, i[half], j)) ? __fmul_rn(x, scale) : -INFINITY;
+      for (int e = 0; e < 2; ++e) {
+        const int j = j0 + 8 * n + 2 * t + e;
+        float& x = s[n][2 * half + e];
+        if (kMasked && !(j < seq && Sees(causal, i[half], j))) x = -INFINITY;
         block_max = fmaxf(block_max, x);
       }
     }
     block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
     block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
     const float m_new = fmaxf(m[half], block_max);
-    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-    alpha[half] = expf(__fsub_rn(m[half], shift));
+    const bool none = m_new == -INFINITY;  // a row with no key yet
+    const float mc = none ? 0.0f : __fmul_rn(m_new, c);
+    alpha[half] = none ? 0.0f : Exp2(__fmul_rn(__fsub_rn(m[half], m_new), c));
     float row_sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < kBc / 8; ++n) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float& x = s[n][2 * half + c];
-        x = expf(__fsub_rn(x, shift));
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[n][2 * half + e];
+        x = Exp2(fmaf(x, c, -mc));
         row_sum = __fadd_rn(row_sum, x);
       }
     }
@@ -82,7 +99,7 @@ template <int HD, typename TO = float, bool kAhead = kPrefetch<HD>>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     FlashForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
                        const float* __restrict__ v, TO* __restrict__ out,
-                       float* __restrict__ lse, Dims d, bool causal, float scale) {
+                       float* __restrict__ lse, Dims d, bool causal, Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
   using Z = Sizes<HD>;
   Bf16* sq = reinterpret_cast<Bf16*>(smem);
@@ -103,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   float acc[HD / 8][4];
   Zero(acc);
 
-  LoadRows<HD>(qh, ldq, i0, d.s, sq);
+  LoadRows<HD>(qh, ldq, i0, d.s, d.aligned, sq);
   __syncthreads();
   uint32_t qa[HD / 16][4];  // the warp's q rows, kept as a fragments
 #pragma unroll
@@ -111,13 +128,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
 
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
-  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s);
+  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous block's readers of sk and sv are done
-    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, sk, sv);
+    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, d.aligned, sk, sv);
     __syncthreads();
-    if (kb + 1 < blocks) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s);
+    if (kb + 1 < blocks) {
+      FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
+    }
     float s[kBc / 8][4];  // (16, 64) q^ k^T
     Zero(s);
 #pragma unroll
@@ -132,9 +151,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     float alpha[2];
     // Rows past S need no mask (never written): the forward tests only the keys.
     if (Unmasked(d.s, causal, i0 + row0, j0, kBc)) {
-      OnlineSoftmaxStep<false>(s, i, j0, d.s, causal, scale, m, l, alpha);
+      OnlineSoftmaxStep<false>(s, i, j0, d.s, causal, sc.c, m, l, alpha);
     } else {
-      OnlineSoftmaxStep<true>(s, i, j0, d.s, causal, scale, m, l, alpha);
+      OnlineSoftmaxStep<true>(s, i, j0, d.s, causal, sc.c, m, l, alpha);
     }
     Rescale(acc, alpha);
     ProductWeights<HD>(s, sv, acc);  // acc += bf16(p) v^
@@ -148,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
       acc[n][2 * half + 1] = __fdiv_rn(acc[n][2 * half + 1], l[half]);
     }
     if (lane % 4 == 0 && i[half] < d.s) {
-      lse[(static_cast<int64_t>(b) * d.hq + h) * d.s + i[half]] = __fadd_rn(m[half], logf(l[half]));
+      lse[(static_cast<int64_t>(b) * d.hq + h) * d.s + i[half]] =
+          __fadd_rn(__fmul_rn(m[half], sc.scale), logf(l[half]));
     }
   }
   WriteAccumulators<HD>(acc, one, i0 + row0, d.s,
@@ -158,21 +178,22 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
 
 // The backward's per-tile weights, for one warp's (16, 64) scores s and dp (rows and columns
 // as the caller's product made them; i and j of element (n, r) from `at`): s becomes
-// p = exp(s scale - lse) (0 where masked or past S) and dp becomes ds = p (dp - delta).
+// p = exp2(fma(s, c, -lse2)) (0 where masked or past S; `at` gives the row's lse2 =
+// f32(lse log2 e)) and dp becomes ds = p (dp - delta).
 // kMasked = false: every (i, j) of the tile is in bounds and visible (no test).
 template <bool kMasked, typename At>
 __device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&dp)[kBc / 8][4],
-                                                int seq, bool causal, float scale, At at) {
+                                                int seq, bool causal, float c, At at) {
 #pragma unroll
   for (int n = 0; n < kBc / 8; ++n) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       int i, j;
-      float row_lse, row_delta;
-      at(n, r, i, j, row_lse, row_delta);
+      float row_lse2, row_delta;
+      at(n, r, i, j, row_lse2, row_delta);
       float p = 0.0f;
       if (!kMasked || (i < seq && j < seq && Sees(causal, i, j))) {
-        p = expf(__fsub_rn(__fmul_rn(s[n][r], scale), row_lse));
+        p = Exp2(fmaf(s[n][r], c, -row_lse2));
       }
       s[n][r] = p;
       dp[n][r] = __fmul_rn(p, __fsub_rn(dp[n][r], row_delta));
@@ -190,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
                           const float* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ dout, const float* __restrict__ delta,
                           float* __restrict__ dk, float* __restrict__ dv, Dims d, bool causal,
-                          float scale) {
+                          Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
   using Z = Sizes<HD>;
   Bf16* sk = reinterpret_cast<Bf16*>(smem);
@@ -205,8 +226,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
   const int j[2] = {j0 + row0 + lane / 4, j0 + row0 + lane / 4 + 8};
-  LoadRows<HD>(k + kv_off, ldkv, j0, d.s, sk);
-  LoadRows<HD>(v + kv_off, ldkv, j0, d.s, sv);
+  LoadRows<HD>(k + kv_off, ldkv, j0, d.s, d.aligned, sk);
+  LoadRows<HD>(v + kv_off, ldkv, j0, d.s, d.aligned, sv);
   float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
   Zero(dk_acc);
   Zero(dv_acc);
@@ -222,45 +243,46 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   RowsInFlight<HD> q_next, do_next;  // kAhead: the next tile's q and dout
   if (tiles > 0) {
     FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(0), dout + q_offset(0), ldq, first_row(0),
-                          d.s);
+                          d.s, d.aligned);
   }
   for (int tile = 0; tile < tiles; ++tile) {
     const int h = g * d.group() + tile / per_head, i0 = first_row(tile);
     const int64_t q_off = q_offset(tile);
     const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
     __syncthreads();  // the previous tile's readers of sq, sdo, slse, sdelta are done
-    StorePair<HD, kAhead>(q_next, do_next, q + q_off, dout + q_off, ldq, i0, d.s, sq, sdo);
+    StorePair<HD, kAhead>(q_next, do_next, q + q_off, dout + q_off, ldq, i0, d.s, d.aligned, sq,
+                          sdo);
     for (int r = threadIdx.x; r < kBr; r += kThreads) {
-      slse[r] = i0 + r < d.s ? lse[stat_off + i0 + r] : 0.0f;
+      slse[r] = i0 + r < d.s ? __fmul_rn(lse[stat_off + i0 + r], kLog2e) : 0.0f;  // lse2
       sdelta[r] = i0 + r < d.s ? delta[stat_off + i0 + r] : 0.0f;
     }
     __syncthreads();
     if (tile + 1 < tiles) {
       FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(tile + 1), dout + q_offset(tile + 1), ldq,
-                            first_row(tile + 1), d.s);
+                            first_row(tile + 1), d.s, d.aligned);
     }
     float st[kBr / 8][4], dpt[kBr / 8][4];  // (16 keys, 64 queries)
     Zero(st);
     Zero(dpt);
     ProductRows<HD>(sk, row0, sq, st);
     ProductRows<HD>(sv, row0, sdo, dpt);
-    auto at = [&](int n, int r, int& i, int& jj, float& row_lse, float& row_delta) {
+    auto at = [&](int n, int r, int& i, int& jj, float& row_lse2, float& row_delta) {
       const int c = 8 * n + 2 * t + r % 2;  // the query's row in the block
       i = i0 + c;
       jj = j[r / 2];
-      row_lse = slse[c];
+      row_lse2 = slse[c];
       row_delta = sdelta[c];
     };
     // The warp's 16 keys against the block's 64 queries.
     if (i0 + kBr <= d.s && Unmasked(d.s, causal, i0, j0 + row0, kWarpRows)) {
-      BackwardWeights<false>(st, dpt, d.s, causal, scale, at);
+      BackwardWeights<false>(st, dpt, d.s, causal, sc.c, at);
     } else {
-      BackwardWeights<true>(st, dpt, d.s, causal, scale, at);
+      BackwardWeights<true>(st, dpt, d.s, causal, sc.c, at);
     }
     ProductWeights<HD>(st, sdo, dv_acc);  // dv += bf16(p)^T do^
     ProductWeights<HD>(dpt, sq, dk_acc);  // dk += bf16(ds)^T q^
   }
-  const float one[2] = {1.0f, 1.0f}, scaled[2] = {scale, scale};
+  const float one[2] = {1.0f, 1.0f}, scaled[2] = {sc.scale, sc.scale};
   WriteAccumulators<HD>(dk_acc, scaled, j0 + row0, d.s, dk + kv_off, ldkv);
   WriteAccumulators<HD>(dv_acc, one, j0 + row0, d.s, dv + kv_off, ldkv);
 }
@@ -273,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     FlashBackwardQKernel(const float* __restrict__ q, const float* __restrict__ k,
                          const float* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ dout, const float* __restrict__ delta,
-                         float* __restrict__ dq, Dims d, bool causal, float scale) {
+                         float* __restrict__ dq, Dims d, bool causal, Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
   using Z = Sizes<HD>;
   Bf16* sq = reinterpret_cast<Bf16*>(smem);
@@ -289,25 +311,27 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
   const int i[2] = {i0 + row0 + lane / 4, i0 + row0 + lane / 4 + 8};
-  float row_lse[2], row_delta[2];
+  float row_lse2[2], row_delta[2];
   for (int half = 0; half < 2; ++half) {
-    row_lse[half] = i[half] < d.s ? lse[stat_off + i[half]] : 0.0f;
+    row_lse2[half] = i[half] < d.s ? __fmul_rn(lse[stat_off + i[half]], kLog2e) : 0.0f;
     row_delta[half] = i[half] < d.s ? delta[stat_off + i[half]] : 0.0f;
   }
-  LoadRows<HD>(q + q_off, ldq, i0, d.s, sq);
-  LoadRows<HD>(dout + q_off, ldq, i0, d.s, sdo);
+  LoadRows<HD>(q + q_off, ldq, i0, d.s, d.aligned, sq);
+  LoadRows<HD>(dout + q_off, ldq, i0, d.s, d.aligned, sdo);
   float dq_acc[HD / 8][4];
   Zero(dq_acc);
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
   const float *kh = k + kv_off, *vh = v + kv_off;
-  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s);
+  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous tile's readers of sk and sv are done
-    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, sk, sv);
+    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, d.aligned, sk, sv);
     __syncthreads();
-    if (kb + 1 < blocks) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s);
+    if (kb + 1 < blocks) {
+      FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
+    }
     float s[kBc / 8][4], dp[kBc / 8][4];  // (16 rows, 64 keys)
     Zero(s);
     Zero(dp);
@@ -316,18 +340,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     auto at = [&](int n, int r, int& ii, int& jj, float& l, float& dl) {
       ii = i[r / 2];
       jj = j0 + 8 * n + 2 * t + r % 2;
-      l = row_lse[r / 2];
+      l = row_lse2[r / 2];
       dl = row_delta[r / 2];
     };
     // The warp's 16 queries against the block's 64 keys.
     if (i0 + row0 + kWarpRows <= d.s && Unmasked(d.s, causal, i0 + row0, j0, kBc)) {
-      BackwardWeights<false>(s, dp, d.s, causal, scale, at);
+      BackwardWeights<false>(s, dp, d.s, causal, sc.c, at);
     } else {
-      BackwardWeights<true>(s, dp, d.s, causal, scale, at);
+      BackwardWeights<true>(s, dp, d.s, causal, sc.c, at);
     }
     ProductWeights<HD>(dp, sk, dq_acc);  // dq += bf16(ds) k^
   }
-  const float scaled[2] = {scale, scale};
+  const float scaled[2] = {sc.scale, sc.scale};
   WriteAccumulators<HD>(dq_acc, scaled, i0 + row0, d.s, dq + q_off, ldq);
 }
 

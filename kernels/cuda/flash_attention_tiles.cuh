@@ -39,67 +39,102 @@ struct Sizes {
   static_assert(kRows % 16 == 0, "alignment");
 };
 
+// aligned: every row of q, k, v and dout starts on 16 bytes (the tiles load them a quad at a
+// time); the launch checks the pointers.
 struct Dims {
   int s, hq, hkv;
+  bool aligned;
   __host__ __device__ int group() const { return hq / hkv; }
 };
 
-// Rows [r0, r0 + 64) of one head of a (B, S, H, HD) f32 tensor, `base` at (b, 0, head, 0)
-// with row stride ld, rounded to bf16 into a (64, HD) tile (row-major, Ld::kH); rows >= s are
-// 0. A thread takes two neighbouring elements: consecutive threads read consecutive pairs.
-// The loops run a constant number of times in batches of kBatch pairs (unrolled), so a batch's
-// loads are all issued before its first conversion waits for one (a tile costs kPairs /
-// kBatch memory latencies, not kPairs), with 2 kBatch registers in flight.
-constexpr int kBatch = 8;
+// The scores' two factors (kernels/flash_attention.h): scale = 1/sqrt(hd), for lse and the
+// gradients, and c = f32(scale log2 e), for the base-2 softmax on the unscaled scores.
+struct Scale {
+  float scale, c;
+};
+
+// The f32 rows' way into a bf16 tile: a thread takes a quad, four neighbouring elements of a
+// row (consecutive threads, consecutive quads: a 64-wide row is 16 threads' 16-byte loads),
+// loaded by one 16-byte access when the launch says every row starts 16-byte aligned
+// (Dims::aligned), else by four, and stored rounded (round to nearest even) as one 8-byte
+// shared store. Rows >= s are 0. kQuads: a thread's quads of a (64, HD) tile.
 template <int HD>
-__device__ void LoadRows(const float* base, int64_t ld, int r0, int s, Bf16* tile) {
-  constexpr int kPairs = kBr * HD / 2 / kThreads;
-  static_assert(kBr * HD / 2 % kThreads == 0, "whole passes");
-  static_assert(kPairs % kBatch == 0, "whole batches");
+constexpr int kQuads = kBr * HD / 4 / kThreads;
+static_assert(kBr * 64 / 4 % kThreads == 0, "whole passes");
+
+template <int HD>
+__device__ __forceinline__ int QuadRow(int it) {
+  return (it * kThreads + static_cast<int>(threadIdx.x)) / (HD / 4);
+}
+template <int HD>
+__device__ __forceinline__ int QuadCol(int it) {
+  return 4 * ((it * kThreads + static_cast<int>(threadIdx.x)) % (HD / 4));
+}
+// The aligned load is written as the instruction (a read-only 16-byte load: the kernels never
+// write their inputs), since nvcc otherwise merges the two branches into the unaligned one.
+__device__ __forceinline__ Vals<4> LoadQuad(const float* src, bool in, bool aligned) {
+  if (!in) return Vals<4>{{0.0f, 0.0f, 0.0f, 0.0f}};
+  if (aligned) {
+#ifdef __CUDA_ARCH__
+    Vals<4> v;
+    asm("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(v.v[0]), "=f"(v.v[1]), "=f"(v.v[2]), "=f"(v.v[3])
+        : "l"(src));
+    return v;
+#else
+    return LoadVals<4>(src);
+#endif
+  }
+  return Vals<4>{{src[0], src[1], src[2], src[3]}};
+}
+template <int HD>
+__device__ __forceinline__ void StoreQuad(Bf16* tile, int it, const Vals<4>& v) {
+  StoreVals<4>(tile + QuadRow<HD>(it) * Ld<HD>::kH + QuadCol<HD>(it), v);
+}
+
+// Rows [r0, r0 + 64) of one head of a (B, S, H, HD) f32 tensor, `base` at (b, 0, head, 0)
+// with row stride ld, rounded to bf16 into a (64, HD) tile (row-major, Ld::kH). The loops run
+// a constant number of times in batches of kBatch quads (unrolled), so a batch's loads are
+// all issued before its first store waits for one (a tile costs kQuads / kBatch memory
+// latencies, not kQuads), with 4 kBatch registers in flight.
+constexpr int kBatch = 4;
+template <int HD>
+__device__ void LoadRows(const float* base, int64_t ld, int r0, int s, bool aligned, Bf16* tile) {
+  static_assert(kQuads<HD> % kBatch == 0, "whole batches");
 #pragma unroll 1
-  for (int b0 = 0; b0 < kPairs; b0 += kBatch) {
-    float lo[kBatch], hi[kBatch];
+  for (int b0 = 0; b0 < kQuads<HD>; b0 += kBatch) {
+    Vals<4> v[kBatch];
 #pragma unroll
     for (int it = 0; it < kBatch; ++it) {
-      const int idx = (b0 + it) * kThreads + threadIdx.x, r = idx / (HD / 2);
-      const float* src = base + static_cast<int64_t>(r0 + r) * ld + 2 * (idx % (HD / 2));
-      const bool in = r0 + r < s;
-      lo[it] = in ? src[0] : 0.0f;
-      hi[it] = in ? src[1] : 0.0f;
+      const int r = QuadRow<HD>(b0 + it);
+      v[it] = LoadQuad(base + static_cast<int64_t>(r0 + r) * ld + QuadCol<HD>(b0 + it), r0 + r < s,
+                       aligned);
     }
 #pragma unroll
-    for (int it = 0; it < kBatch; ++it) {
-      const int idx = (b0 + it) * kThreads + threadIdx.x, r = idx / (HD / 2);
-      StoreBf16x2(tile + r * Ld<HD>::kH + 2 * (idx % (HD / 2)), PackBf16x2(lo[it], hi[it]));
-    }
+    for (int it = 0; it < kBatch; ++it) StoreQuad<HD>(tile, b0 + it, v[it]);
   }
 }
 
 // A (64, HD) tile's f32 values held in registers between their loads and their store into
-// shared memory (LoadRows' element order): the kernels fetch the next block's tiles before
+// shared memory (LoadRows' quads): the kernels fetch the next block's tiles before
 // computing on the current one, so the loads are in flight during the products (HD <= 64,
 // kPrefetch: 64 registers for two tiles; wider heads load as they store, LoadRows).
 template <int HD>
 struct RowsInFlight {
-  static constexpr int kPairs = kBr * HD / 2 / kThreads;
-  float lo[kPairs], hi[kPairs];
+  Vals<4> v[kQuads<HD>];
 
-  __device__ __forceinline__ void Fetch(const float* base, int64_t ld, int r0, int s) {
+  __device__ __forceinline__ void Fetch(const float* base, int64_t ld, int r0, int s,
+                                        bool aligned) {
 #pragma unroll
-    for (int it = 0; it < kPairs; ++it) {
-      const int idx = it * kThreads + threadIdx.x, r = idx / (HD / 2);
-      const float* src = base + static_cast<int64_t>(r0 + r) * ld + 2 * (idx % (HD / 2));
-      const bool in = r0 + r < s;
-      lo[it] = in ? src[0] : 0.0f;
-      hi[it] = in ? src[1] : 0.0f;
+    for (int it = 0; it < kQuads<HD>; ++it) {
+      const int r = QuadRow<HD>(it);
+      v[it] = LoadQuad(base + static_cast<int64_t>(r0 + r) * ld + QuadCol<HD>(it), r0 + r < s,
+                       aligned);
     }
   }
   __device__ __forceinline__ void Store(Bf16* tile) const {
 #pragma unroll
-    for (int it = 0; it < kPairs; ++it) {
-      const int idx = it * kThreads + threadIdx.x, r = idx / (HD / 2);
-      StoreBf16x2(tile + r * Ld<HD>::kH + 2 * (idx % (HD / 2)), PackBf16x2(lo[it], hi[it]));
-    }
+    for (int it = 0; it < kQuads<HD>; ++it) StoreQuad<HD>(tile, it, v[it]);
   }
 };
 // The kernels' kAhead parameter (default kPrefetch<HD>) says whether they fetch ahead.
@@ -200,8 +235,9 @@ __device__ __forceinline__ void ProductWeights(const float (&w)[kBc / 8][4], con
 // Writes a warp's (16, HD) accumulators times `scale` as rows [r0, r0 + 16) of one head of a
 // (B, S, H, HD) tensor (`base` at (b, 0, head, 0), row stride ld); rows >= s are dropped.
 template <int HD, typename TO>
-__device__ __forceinline__ void WriteAccumulators(const float (&acc)[HD / 8][4], const float (&scale)[2],
-                                                  int r0, int s, TO* base, int64_t ld) {
+__device__ __forceinline__ void WriteAccumulators(const float (&acc)[HD / 8][4],
+                                                  const float (&scale)[2], int r0, int s,
+                                                  TO* base, int64_t ld) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -221,13 +257,13 @@ __device__ __forceinline__ void WriteAccumulators(const float (&acc)[HD / 8][4],
 template <int HD, bool kAhead>
 __device__ __forceinline__ void StorePair(const RowsInFlight<HD>& ra, const RowsInFlight<HD>& rb,
                                           const float* a, const float* b, int64_t ld, int r0,
-                                          int s, Bf16* sa, Bf16* sb) {
+                                          int s, bool aligned, Bf16* sa, Bf16* sb) {
   if constexpr (kAhead) {
     ra.Store(sa);
     rb.Store(sb);
   } else {
-    LoadRows<HD>(a, ld, r0, s, sa);
-    LoadRows<HD>(b, ld, r0, s, sb);
+    LoadRows<HD>(a, ld, r0, s, aligned, sa);
+    LoadRows<HD>(b, ld, r0, s, aligned, sb);
   }
 }
 
@@ -236,10 +272,10 @@ __device__ __forceinline__ void StorePair(const RowsInFlight<HD>& ra, const Rows
 template <int HD, bool kAhead>
 __device__ __forceinline__ void FetchPair(RowsInFlight<HD>& ra, RowsInFlight<HD>& rb,
                                           const float* a, const float* b, int64_t ld, int r0,
-                                          int s) {
+                                          int s, bool aligned) {
   if constexpr (kAhead) {
-    ra.Fetch(a, ld, r0, s);
-    rb.Fetch(b, ld, r0, s);
+    ra.Fetch(a, ld, r0, s, aligned);
+    rb.Fetch(b, ld, r0, s, aligned);
   }
 }
 

@@ -18,16 +18,26 @@
 //     |ds_j| <= delta = max_j scale A_ij ((1 + ub)^2 (1 + gamma_hd) (1 + u) - 1),
 //     A_ij = sum_e |q_ie k_je|;
 //   Lambda = 2 (max_j |s_j| + delta) + log n + 1 bounds |s - max|, |s - lse| and |lse|;
-//   weights w_j = bf16(exp(s_j - m)) a... / l: perturbing every score by delta moves the softmax
-//     by exp(2 delta) relative; the f32 work per key block (the argument s - m rounded, u
-//     Lambda; expf to 2 ulp; the rescale a = exp(m - m') likewise and its product), over at
-//     most nb + 2 rescales of numerator and sum, the sum l and the accumulation gamma_{n+nb},
-//     the division u: eps_w = 2 (nb + 2) (Lambda + 3) u + gamma_{n+nb} + u;
+//   weights w_j = bf16(exp2(fma(x_j, c, -f32(m c)))) a... / l, in base 2 on the unscaled scores
+//     x (kernels/flash_attention.h; c = f32(scale log2 e)): perturbing every score by delta
+//     moves the softmax by exp(2 delta) relative; the f32 work per key block: the argument,
+//     read in base e, is off by |s - s_m| u (c's rounding) + |s_m| u (m c's) + |s - s_m| u (the
+//     fma's), at most 3 Lambda u; ex2.approx within 2^-22 = 4 u relative, and the product 1 u;
+//     the rescale a = exp2(f32(m - m') c) likewise (2 |s_m - s_m'| u, the same bound). Over
+//     at most nb + 2 rescales of numerator and sum, the sum l and the accumulation
+//     gamma_{n+nb}, the division u:
+//     eps_w = 2 (nb + 2) (3 Lambda + 5) u + gamma_{n+nb} + u;
+//   the GPU's ex2.approx.ftz flushes a weight below 2^-126 (of the running max's 1) to 0:
+//     at most n 2^-126 max_j |v_je| on out (l >= 1) and n 2^-126 on lse;
 //   out_e = sum_j w_j v_je: |dout_e| <= (exp(2 delta) (1 + up) (1 + ub) (1 + eps_w)
-//     (1 + gamma_{n+nb}) - 1) sum_j p_j |v_je|;
-//   lse = m + log l: |dlse| <= delta + eps_w + 2 u (|lse| + Lambda + 1).
+//     (1 + gamma_{n+nb}) - 1) sum_j p_j |v_je| + n 2^-126 max_j |v_je|;
+//   lse = f32(m scale) + log l: |dlse| <= delta + eps_w + 3 u (|lse| + Lambda + 1) + n 2^-126.
 // Backward, from the evaluation's own lse and delta = rowsum(dout * out) of its own out:
-//   p = exp(s scale - lse): theta_p = exp(delta + lse_bound) (1 + (Lambda + 2) u) - 1 relative;
+//   p = exp2(fma(x, c, -f32(lse f32(log2 e)))): the argument, in base e, is off by |s| u (c)
+//     + 2 |lse| u (log2 e and the product) + |s - lse| u (the fma), at most 4 Lambda u, and
+//     ex2.approx 4 u: theta_p = exp(delta + lse_bound) (1 + (4 Lambda + 5) u) - 1 relative,
+//     and a p below 2^-126 may be flushed to 0 (ftz: 2^-126 absolute on p, on ds times
+//     |dp - D| and its error);
 //   dp_j = do^ . v^: |ddp_j| <= ((1 + ub)^2 (1 + gamma_hd) - 1) B_ij, B_ij = sum_e |do_ie v_je|;
 //   delta_i (double sum of the f32 out and dout, stored in f32):
 //     |dD| <= sum_e |do_ie| out_bound_ie + 2 u sum_e |do_ie out_ie| + u |D_i|;
@@ -63,6 +73,9 @@ namespace switchyard::test_util {
 
 // The bf16 unit roundoff (8 significant bits, round to nearest even).
 inline constexpr double kBf16Unit = 0x1p-8;
+
+// The largest weight the GPU's ex2.approx.ftz may flush to 0 (its subnormal results).
+inline constexpr double kFlushed = 0x1p-126;
 
 // A copy of t (f32) with every element rounded to bf16.
 inline Tensor RoundedToBf16(const Tensor& t) {
@@ -124,8 +137,9 @@ inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t
         const double lse = m + std::log(sum);
         const double lambda = 2 * (max_abs + delta) + std::log(static_cast<double>(n)) + 1;
         const double eps_w =
-            2.0 * static_cast<double>(nb + 2) * (lambda + 3) * u + gamma(n + nb) + u;
-        const double lse_round = eps_w + 2 * u * (std::abs(lse) + lambda + 1);
+            2.0 * static_cast<double>(nb + 2) * (3 * lambda + 5) * u + gamma(n + nb) + u;
+        const double flushed = static_cast<double>(n) * kFlushed;  // ex2.approx.ftz's zeros
+        const double lse_round = eps_w + 3 * u * (std::abs(lse) + lambda + 1) + flushed;
         const double lse_bound = second * (delta + lse_round + M * (2 * lambda + 8) * u);
         const double merge = 1 + M * (2 * lse_round + (2 * lambda + 8) * u);
         const int64_t li = (b * hq + h) * S + i;
@@ -134,18 +148,22 @@ inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t
         const double w_rel =
             std::exp(2 * delta) * (1 + up) * (1 + ub) * (1 + eps_w) * (1 + gamma(n + nb)) * merge -
             1;
-        std::vector<double> pv(hd, 0.0);
+        std::vector<double> pv(hd, 0.0), vmax(hd, 0.0);
         for (int64_t j = 0; j < n; ++j) {
           p[j] = std::exp(s[j] - lse);
           for (int64_t e = 0; e < hd; ++e) {
+            const double ve = std::abs(static_cast<double>(v[kv(j) + e]));
             r.out[qi + e] += p[j] * v[kv(j) + e];
-            pv[e] += p[j] * std::abs(static_cast<double>(v[kv(j) + e]));
+            pv[e] += p[j] * ve;
+            vmax[e] = std::max(vmax[e], ve);
           }
         }
-        for (int64_t e = 0; e < hd; ++e) r.out_bound[qi + e] = second * w_rel * pv[e];
+        for (int64_t e = 0; e < hd; ++e) {
+          r.out_bound[qi + e] = second * (w_rel * pv[e] + flushed * vmax[e]);
+        }
         if (!back) continue;
         const double theta_p =
-            std::exp(delta + lse_bound) * (1 + (lambda + 2) * u) - 1;
+            std::exp(delta + lse_bound) * (1 + (4 * lambda + 5) * u) - 1;
         double D = 0, dD = 0;
         for (int64_t e = 0; e < hd; ++e) {
           const double dd = go[qi + e];
@@ -162,7 +180,8 @@ inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t
           const double ds = p[j] * (dp - D);
           const double f = (1 + theta_p) * (1 + eta);
           const double dsb =
-              second * p[j] * ((f - 1) * std::abs(dp - D) + f * ((op2 - 1) * bdp + dD));
+              second * (p[j] * ((f - 1) * std::abs(dp - D) + f * ((op2 - 1) * bdp + dD)) +
+                        kFlushed * f * (std::abs(dp - D) + (op2 - 1) * bdp + dD));
           const double mag = std::abs(ds) + dsb;
           for (int64_t e = 0; e < hd; ++e) {
             const double kk = k[kv(j) + e], qq = q[qi + e], dd = go[qi + e];
@@ -175,9 +194,10 @@ inline AttentionRef FlashAttentionWithBound(const Tensor& q_t, const Tensor& k_t
                                      (mag * (1 + ub) * (1 + g_kv) * (1 + u) - std::abs(ds)) *
                                      std::abs(qq);
             r.dv[kv(j) + e] += p[j] * dd;
-            r.dv_bound[kv(j) + e] += second *
-                                     ((1 + theta_p) * (1 + up) * (1 + ub) * (1 + g_kv) - 1) *
-                                     p[j] * std::abs(dd);
+            r.dv_bound[kv(j) + e] +=
+                second * (((1 + theta_p) * (1 + up) * (1 + ub) * (1 + g_kv) - 1) * p[j] +
+                          kFlushed * (1 + up) * (1 + ub) * (1 + g_kv)) *
+                std::abs(dd);
           }
         }
       }

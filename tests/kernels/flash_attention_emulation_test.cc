@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -62,6 +63,16 @@ Tensor RandomBf16(const Shape& shape, uint64_t stream) {
   return test_util::RoundedToBf16(t);
 }
 
+// A copy of t whose data starts 4 bytes past a 16-byte boundary (a view one float into a
+// buffer): rows the kernels must load element by element (flash::Dims::aligned false).
+Tensor Unaligned(const Tensor& t) {
+  Tensor buf = Tensor::Empty({t.numel() + 1}, DType::kF32);
+  Tensor view = buf.Slice(1, t.numel() + 1).Reshape(t.shape());
+  view.CopyFrom(t);
+  EXPECT_NE(reinterpret_cast<uintptr_t>(view.data<float>()) % 16, 0u);
+  return view;
+}
+
 Tensor NanFilled(const Shape& shape) {
   Tensor t = Tensor::Empty(shape, DType::kF32);
   float* p = t.data<float>();
@@ -72,10 +83,10 @@ Tensor NanFilled(const Shape& shape) {
 // out f32, or bf16 (the kernel's bf16 instance, as bf16 activation storage runs it).
 template <int HD>
 void EmulatedForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                     bool causal) {
+                     bool causal, bool aligned = true) {
   const flash::Dims d{static_cast<int>(q.dim(1)), static_cast<int>(q.dim(2)),
-                      static_cast<int>(k.dim(2))};
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)));
+                      static_cast<int>(k.dim(2)), aligned};
+  const flash::Scale scale{FlashScale(HD), FlashScaleLog2(HD)};
   const EmuDim3 grid{static_cast<unsigned>((d.s + flash::kBr - 1) / flash::kBr),
                      static_cast<unsigned>(d.hq), static_cast<unsigned>(q.dim(0))};
   Launch(grid, flash::Sizes<HD>::kForward, [&] {
@@ -93,10 +104,10 @@ void EmulatedForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& 
 template <int HD>
 void EmulatedBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                       const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv,
-                      bool causal) {
+                      bool causal, bool aligned = true) {
   const flash::Dims d{static_cast<int>(q.dim(1)), static_cast<int>(q.dim(2)),
-                      static_cast<int>(k.dim(2))};
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)));
+                      static_cast<int>(k.dim(2)), aligned};
+  const flash::Scale scale{FlashScale(HD), FlashScaleLog2(HD)};
   const unsigned blocks = static_cast<unsigned>((d.s + flash::kBr - 1) / flash::kBr);
   const unsigned batch = static_cast<unsigned>(q.dim(0));
   Launch({blocks, static_cast<unsigned>(d.hkv), batch}, flash::Sizes<HD>::kBackwardKv, [&] {
@@ -171,6 +182,21 @@ void CheckCase(const Case& c, AttentionMask mask, uint64_t seed) {
   ExpectTwice(dq_e, dq, ref.dq_bound, name + " dq");
   ExpectTwice(dk_e, dk, ref.dk_bound, name + " dk");
   ExpectTwice(dv_e, dv, ref.dv_bound, name + " dv");
+
+  // Rows not on 16 bytes load element by element into the same quads: the same bits (the
+  // causal cases, which visit both the masked and the unmasked tiles).
+  if (!causal) return;
+  const Tensor qu = Unaligned(q), ku = Unaligned(k), vu = Unaligned(v), du = Unaligned(dout);
+  Tensor out_u = NanFilled(q_shape), lse_u = NanFilled(l_shape);
+  EmulatedForward<HD>(qu, ku, vu, out_u, lse_u, causal, /*aligned=*/false);
+  Tensor dq_u = NanFilled(q_shape), dk_u = NanFilled(kv_shape), dv_u = NanFilled(kv_shape);
+  EmulatedBackward<HD>(qu, ku, vu, lse, du, delta, dq_u, dk_u, dv_u, causal, /*aligned=*/false);
+  for (const auto& [got, want, what] : {std::tuple{&out_u, &out_e, "out"},
+                                        {&lse_u, &lse_e, "lse"}, {&dq_u, &dq_e, "dq"},
+                                        {&dk_u, &dk_e, "dk"}, {&dv_u, &dv_e, "dv"}}) {
+    EXPECT_EQ(0, std::memcmp(got->raw_data(), want->raw_data(), got->numel() * 4))
+        << name << " unaligned rows: " << what;
+  }
 }
 
 TEST(FlashAttentionEmulationTest, KernelsMatchTheTwinHeadDim64) {
