@@ -120,15 +120,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   float acc[HD / 8][4];
   Zero(acc);
 
+  // The first key block's k and v are fetched before q is loaded: their loads fly during q's.
+  const int blocks = KeyBlocksOf(d.s, causal, i0);
+  RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
+  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
   LoadRows<HD>(qh, ldq, i0, d.s, d.aligned, sq);
   __syncthreads();
   uint32_t qa[HD / 16][4];  // the warp's q rows, kept as a fragments
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) LoadA(sq, Ld<HD>::kH, row0, 16 * kk, qa[kk]);
 
-  const int blocks = KeyBlocksOf(d.s, causal, i0);
-  RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
-  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous block's readers of sk and sv are done
@@ -226,11 +227,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
   const int j[2] = {j0 + row0 + lane / 4, j0 + row0 + lane / 4 + 8};
-  LoadRows<HD>(k + kv_off, ldkv, j0, d.s, d.aligned, sk);
-  LoadRows<HD>(v + kv_off, ldkv, j0, d.s, d.aligned, sv);
-  float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
-  Zero(dk_acc);
-  Zero(dv_acc);
   const int q_blocks = (d.s + kBr - 1) / kBr;
   const int first = causal ? j0 / kBr : 0;  // query blocks wholly above the diagonal skipped
   // The (query head, query block) tiles in order: the group's heads, each over its blocks.
@@ -240,11 +236,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     return static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
   };
   auto first_row = [&](int tile) { return (first + tile % per_head) * kBr; };
+  // The first tile's q and dout are fetched before k and v are loaded: their loads fly
+  // during k's and v's.
   RowsInFlight<HD> q_next, do_next;  // kAhead: the next tile's q and dout
   if (tiles > 0) {
     FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(0), dout + q_offset(0), ldq, first_row(0),
                           d.s, d.aligned);
   }
+  LoadRows<HD>(k + kv_off, ldkv, j0, d.s, d.aligned, sk);
+  LoadRows<HD>(v + kv_off, ldkv, j0, d.s, d.aligned, sv);
+  float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
+  Zero(dk_acc);
+  Zero(dv_acc);
   for (int tile = 0; tile < tiles; ++tile) {
     const int h = g * d.group() + tile / per_head, i0 = first_row(tile);
     const int64_t q_off = q_offset(tile);
@@ -316,14 +319,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     row_lse2[half] = i[half] < d.s ? __fmul_rn(lse[stat_off + i[half]], kLog2e) : 0.0f;
     row_delta[half] = i[half] < d.s ? delta[stat_off + i[half]] : 0.0f;
   }
-  LoadRows<HD>(q + q_off, ldq, i0, d.s, d.aligned, sq);
-  LoadRows<HD>(dout + q_off, ldq, i0, d.s, d.aligned, sdo);
-  float dq_acc[HD / 8][4];
-  Zero(dq_acc);
+  // The first key block's k and v are fetched before q and dout are loaded (see the forward).
   const int blocks = KeyBlocksOf(d.s, causal, i0);
   RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
   const float *kh = k + kv_off, *vh = v + kv_off;
   FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
+  LoadRows<HD>(q + q_off, ldq, i0, d.s, d.aligned, sq);
+  LoadRows<HD>(dout + q_off, ldq, i0, d.s, d.aligned, sdo);
+  float dq_acc[HD / 8][4];
+  Zero(dq_acc);
   for (int kb = 0; kb < blocks; ++kb) {
     const int j0 = kb * kBc;
     __syncthreads();  // the previous tile's readers of sk and sv are done

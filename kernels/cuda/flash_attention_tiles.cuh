@@ -96,10 +96,11 @@ __device__ __forceinline__ void StoreQuad(Bf16* tile, int it, const Vals<4>& v) 
 // with row stride ld, rounded to bf16 into a (64, HD) tile (row-major, Ld::kH). The loops run
 // a constant number of times in batches of kBatch quads (unrolled), so a batch's loads are
 // all issued before its first store waits for one (a tile costs kQuads / kBatch memory
-// latencies, not kQuads), with 4 kBatch registers in flight.
-constexpr int kBatch = 4;
+// latencies, not kQuads), with 4 kBatch registers in flight: a 64-wide tile in one batch, a
+// 128-wide one in two (whose kernels have fewer registers to spare).
 template <int HD>
 __device__ void LoadRows(const float* base, int64_t ld, int r0, int s, bool aligned, Bf16* tile) {
+  constexpr int kBatch = 8;
   static_assert(kQuads<HD> % kBatch == 0, "whole batches");
 #pragma unroll 1
   for (int b0 = 0; b0 < kQuads<HD>; b0 += kBatch) {
