@@ -72,12 +72,23 @@ void Cast(const Tensor& src, Tensor& dst, DeviceContext* ctx) {
     }
     return;
   }
+  const cudaStream_t stream = StreamOf(ctx);
   if (src.dtype() == DType::kF32) {
-    F32ToBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-        src.data<float>(), static_cast<uint16_t*>(dst.raw_data()), n);
+    const float* f = src.data<float>();
+    uint16_t* h = static_cast<uint16_t*>(dst.raw_data());
+    if (elementwise::CastQuadsFit(f, h)) {
+      F32ToBf16Kernel<4><<<GridFor(n / 4, kThreads), kThreads, 0, stream>>>(f, h, n);
+    } else {
+      F32ToBf16Kernel<1><<<GridFor(n, kThreads), kThreads, 0, stream>>>(f, h, n);
+    }
   } else {
-    Bf16ToF32Kernel<<<GridFor(n, kThreads), kThreads, 0, StreamOf(ctx)>>>(
-        static_cast<const uint16_t*>(src.raw_data()), dst.data<float>(), n);
+    const uint16_t* h = static_cast<const uint16_t*>(src.raw_data());
+    float* f = dst.data<float>();
+    if (elementwise::CastQuadsFit(f, h)) {
+      Bf16ToF32Kernel<4><<<GridFor(n / 4, kThreads), kThreads, 0, stream>>>(h, f, n);
+    } else {
+      Bf16ToF32Kernel<1><<<GridFor(n, kThreads), kThreads, 0, stream>>>(h, f, n);
+    }
   }
   SY_CUDA_CHECK_LAUNCH();
 }

@@ -538,7 +538,7 @@ TEST(ElementwiseEmulationTest, CastsEqualTheCpuAndBFloat16BitForBit) {
         "f32 -> bf16 n " + std::to_string(n) + " grid " + std::to_string(EwGrid(n, s.max_blocks));
     std::vector<uint16_t> got(n, 0xffffu), want(n, 0u);
     Launch(EwGrid(n, s.max_blocks), ew::kThreads,
-           [&] { ew::F32ToBf16Kernel(src.data(), got.data(), n); });
+           [&] { ew::F32ToBf16Kernel<1>(src.data(), got.data(), n); });
     std::vector<float> src_copy = src;
     Tensor tw = Tensor::Wrap(want.data(), {n}, DType::kBF16, Device::Cpu());
     Cast(Wrap(src_copy.data(), n), tw);
@@ -546,6 +546,12 @@ TEST(ElementwiseEmulationTest, CastsEqualTheCpuAndBFloat16BitForBit) {
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(got[i], BFloat16::FromFloat(src[i])) << name << " element " << i;
     }
+    // Four a thread (the .cu's grid over n / 4 quads; n % 4 tail elements), the same bits.
+    ASSERT_TRUE(ew::CastQuadsFit(src.data(), got.data()));
+    std::fill(got.begin(), got.end(), 0xffffu);
+    Launch(EwGrid(n / 4, s.max_blocks), ew::kThreads,
+           [&] { ew::F32ToBf16Kernel<4>(src.data(), got.data(), n); });
+    ExpectSameBits(got, want, name + " four a thread, n % 4 = " + std::to_string(n % 4));
   }
   // Every bf16 pattern, on the .cu's grid and on a capped one.
   std::vector<uint16_t> all(65536);
@@ -557,11 +563,19 @@ TEST(ElementwiseEmulationTest, CastsEqualTheCpuAndBFloat16BitForBit) {
   for (int64_t max_blocks : {0, 5}) {
     std::vector<float> got(n, kNaN);
     Launch(EwGrid(n, max_blocks), ew::kThreads,
-           [&] { ew::Bf16ToF32Kernel(all.data(), got.data(), n); });
+           [&] { ew::Bf16ToF32Kernel<1>(all.data(), got.data(), n); });
     ExpectSameBits(got, want, "bf16 -> f32 grid " + std::to_string(EwGrid(n, max_blocks)));
     for (int64_t i = 0; i < n; ++i) {
       const float expected = BFloat16::ToFloat(all[i]);
       ASSERT_EQ(std::memcmp(&got[i], &expected, 4), 0) << "bf16 -> f32 pattern " << i;
+    }
+    // Four a thread, over every pattern and over a length with a tail (n - 3).
+    for (const int64_t m : {n, n - 3}) {
+      std::vector<float> got4(m, kNaN), want4(want.begin(), want.begin() + m);
+      ASSERT_TRUE(ew::CastQuadsFit(got4.data(), all.data()));
+      Launch(EwGrid(m / 4, max_blocks), ew::kThreads,
+             [&] { ew::Bf16ToF32Kernel<4>(all.data(), got4.data(), m); });
+      ExpectSameBits(got4, want4, "bf16 -> f32 four a thread, n " + std::to_string(m));
     }
   }
 }
