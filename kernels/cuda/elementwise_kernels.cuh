@@ -75,8 +75,8 @@ __global__ void F32ToBf16Kernel(const float* src, uint16_t* dst, int64_t n) {
       uint16_t b[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) b[e] = F32ToBf16Bits(v.v[e]);
-      *reinterpret_cast<Bf16x4*>(dst + i) =
-          Bf16x4{b[0] | static_cast<uint32_t>(b[1]) << 16, b[2] | static_cast<uint32_t>(b[3]) << 16};
+      *reinterpret_cast<Bf16x4*>(dst + i) = Bf16x4{b[0] | static_cast<uint32_t>(b[1]) << 16,
+                                                   b[2] | static_cast<uint32_t>(b[3]) << 16};
     } else {
       dst[i] = F32ToBf16Bits(src[i]);
     }
