@@ -266,6 +266,41 @@ void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool t
                      cuda::GroupedGemm(rx, offsets, rw, trans_w, out, alpha, beta, dtype, ctx));
 }
 
+void GroupedGemmBiasGelu(const Tensor& x, const Tensor& offsets, const Tensor& w,
+                         const Tensor& bias, Tensor& h, Tensor& kept, DeviceContext* ctx) {
+  constexpr const char* kOp = "GroupedGemmBiasGelu";
+  SY_CHECK(h.defined() && kept.defined()) << kOp << ": h and kept must be defined";
+  for (const Tensor* t : {&h, &kept}) {
+    SY_CHECK(t->dtype() == DType::kBF16 && t->shape() == h.shape())
+        << kOp << ": h and kept must be bf16 of one shape, got " << h.DebugString() << " and "
+        << kept.DebugString();
+  }
+  CheckOperand(h, 2, true, h.device(), kOp, "h");
+  CheckOperand(kept, 2, true, h.device(), kOp, "kept");
+  CheckOperand(x, 2, true, h.device(), kOp, "x");
+  CheckOperand(w, 3, true, h.device(), kOp, "w");
+  CheckOperand(bias, 2, false, h.device(), kOp, "bias");
+  const int64_t k = x.dim(1), n = h.dim(1);
+  SY_CHECK(h.dim(0) == x.dim(0) && w.dim(1) == k && w.dim(2) == n &&
+           bias.shape() == (Shape{w.dim(0), n}))
+      << kOp << " shapes: x " << ShapeString(x.shape()) << ", w " << ShapeString(w.shape())
+      << ", bias " << ShapeString(bias.shape()) << ", h " << ShapeString(h.shape());
+  CheckOffsets(offsets, w.dim(0), h.device(), kOp);
+  if (h.device().is_cpu()) {
+    // The two ops it fuses (the same bits): the product in f32, then bias + GELU with a kept.
+    Tensor a = Tensor::Empty(h.shape(), DType::kF32, h.device());
+    GroupedGemm(x, offsets, w, /*trans_w=*/false, a, 1.0f, 0.0f, ctx);
+    GroupedBiasGeluForward(a, RowGroups{{}, offsets}, bias, h, ctx, {.a = &kept});
+    return;
+  }
+  const DType dtype = MatmulDType(x, w, ctx);
+  const bool reads = x.dim(0) > 0 && n > 0 && k > 0;
+  const Tensor rx = ResolveOperand(x, dtype, reads, ctx, /*in_kernel=*/true);
+  const Tensor rw = ResolveOperand(w, dtype, reads, ctx, /*in_kernel=*/true);
+  SY_DISPATCH_DEVICE(h, ctx, (void)0,
+                     cuda::GroupedGemmBiasGelu(rx, offsets, rw, bias, h, kept, dtype, ctx));
+}
+
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
                            float alpha, float beta, DeviceContext* ctx) {
   constexpr const char* kOp = "GroupedGemmWeightGrad";

@@ -95,6 +95,17 @@ void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, std::span<const in
 void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w,
                  Tensor& out, float alpha = 1.0f, float beta = 0.0f,
                  DeviceContext* ctx = nullptr);
+// The device-sized product with W1's bias and GELU applied as it is written (the experts'
+// first projection under bf16 activation storage): for the groups' rows, a = x @ w[g] (f32,
+// GroupedGemm's bits), z = a + bias[g], kept = bf16(z), h = bf16(gelu(z)): the bits of
+// GroupedGemm then GroupedBiasGeluForward with KeptRounded (kernels/activation.h), without an
+// f32 a in memory. CUDA writes them from the product's tiles (one kernel instead of two, and
+// (R, n) f32 neither written nor read back); the CPU runs the two ops. Rows past the groups
+// are not read by anything: CUDA leaves them, the CPU's ops write there what the unfused ops
+// do. x (R, k), w (G, k, n): f32 or bf16; bias (G, n) f32; h and kept (R, n) bf16.
+void GroupedGemmBiasGelu(const Tensor& x, const Tensor& offsets, const Tensor& w,
+                         const Tensor& bias, Tensor& h, Tensor& kept,
+                         DeviceContext* ctx = nullptr);
 // dw[g] (k, n) = alpha * x[group g]^T @ dy[group g] + beta * dw[g], groups as above; a group
 // with no rows gets beta * dw[g].
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
@@ -148,6 +159,9 @@ void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool t
                  Tensor& out, float alpha, float beta, DType matmul_dtype, DeviceContext* ctx);
 void GroupedGemmWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, Tensor& dw,
                            float alpha, float beta, DType matmul_dtype, DeviceContext* ctx);
+void GroupedGemmBiasGelu(const Tensor& x, const Tensor& offsets, const Tensor& w,
+                         const Tensor& bias, Tensor& h, Tensor& kept, DType matmul_dtype,
+                         DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

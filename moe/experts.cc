@@ -270,9 +270,6 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
   const Tensor x_mm = options_.activation == Activation::kSwiglu
                           ? kernels::MatmulOperand(acts.x, ctx)
                           : acts.x;
-  acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
-  groups.Gemm(x_mm, w1_, /*trans_w=*/false, acts.a, 0.0f, ctx);
-
   // a += b1 and the activation: one pass (the fused grouped ops, the same bits; without b1
   // the flat fused op with no bias), but relu's. Under bf16 storage they write h and what
   // backward keeps of a (and b) in bf16 in that pass (kernels::KeptRounded): the bits of the
@@ -281,6 +278,17 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
   const bool kept16 = fuse && kernels::StoresBf16(ctx);
   Tensor h = Tensor::Empty({r, f}, kept16 ? DType::kBF16 : DType::kF32, dev);  // (R, f)
   Tensor kept_a = kept16 ? Tensor::Empty({r, f}, DType::kBF16, dev) : Tensor(), kept_b;
+  if (kept16 && options_.activation == Activation::kGelu && options_.bias &&
+      groups.offsets.defined()) {
+    // Device-sized GELU experts with b1: the product writes h and the kept a itself
+    // (kernels::GroupedGemmBiasGelu, the same bits; no f32 a in memory on CUDA).
+    kernels::GroupedGemmBiasGelu(x_mm, groups.offsets, w1_, b1_, h, kept_a, ctx);
+    acts.a = kept_a;
+    acts.h = kernels::KeptOperand(h, ctx);
+    return ForwardOutput(acts, zero_past_groups, ctx);
+  }
+  acts.a = Tensor::Empty({r, f}, DType::kF32, dev);  // (R, f)
+  groups.Gemm(x_mm, w1_, /*trans_w=*/false, acts.a, 0.0f, ctx);
   switch (options_.activation) {
     case Activation::kGelu:
       if (options_.bias) {
@@ -319,9 +327,16 @@ void Experts::ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceConte
     if (acts.b.defined()) acts.b = kernels::KeepRounded(acts.b, ctx);
   }
   acts.h = kernels::KeptOperand(h, ctx);
+  ForwardOutput(acts, zero_past_groups, ctx);
+}
 
-  acts.y = zero_past_groups ? Tensor::Zeros({r, d}, DType::kF32, dev, ctx)
-                           : Tensor::Empty({r, d}, DType::kF32, dev);  // (R, d)
+// y = h W2 (+ b2), from the kept h.
+void Experts::ForwardOutput(ExpertsActivations& acts, bool zero_past_groups,
+                            DeviceContext* ctx) const {
+  const Groups groups = Groups::Of(acts);
+  const int64_t r = acts.h.dim(0), d = options_.d_model;
+  acts.y = zero_past_groups ? Tensor::Zeros({r, d}, DType::kF32, acts.h.device(), ctx)
+                           : Tensor::Empty({r, d}, DType::kF32, acts.h.device());  // (R, d)
   groups.Gemm(acts.h, w2_, /*trans_w=*/false, acts.y, 0.0f, ctx);
   if (options_.bias && options_.adds_output_bias) groups.AddBias(acts.y, b2_, ctx);
 }

@@ -175,6 +175,8 @@ class Experts {
   // Forward's work once acts' groups (rows and schedule, or offsets) are set.
   void ForwardInto(const Tensor& x, ExpertsActivations& acts, DeviceContext* ctx,
                    kernels::KeepInput keep, bool zero_past_groups = false) const;
+  // Its last product, y = h W2 (+ b2), from acts.h.
+  void ForwardOutput(ExpertsActivations& acts, bool zero_past_groups, DeviceContext* ctx) const;
 
   ExpertsOptions options_;
   Tensor w1_, w2_, w3_, b1_, b2_;

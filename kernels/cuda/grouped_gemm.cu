@@ -5,9 +5,9 @@
 // Tiles: a CTA of 256 threads (8 warps) computes a 128 x 128 tile of the output.
 //  - bf16 mode: tensor cores (mma.sync.m16n8k16 on fragments that ldmatrix reads from the
 //    shared tiles, f32 accumulators in registers, written straight to global memory), K steps
-//    of 32; warp w owns a 64 x 32 sub-tile (4 x 4 tiles of 16 x 8). f32 operands are rounded to bf16 (nearest
-//    even) as they are stored into shared memory, bf16 ones copied: no converted copy in global
-//    memory.
+//    of 32; warp w owns a 64 x 32 sub-tile (4 x 4 tiles of 16 x 8). f32 operands are rounded
+//    to bf16 (nearest even) as they are stored into shared memory, bf16 ones copied: no
+//    converted copy in global memory.
 //  - f32 mode: f32 SIMT products (fmaf, no TF32), K steps of 16; each thread an 8 x 8 block.
 // Pipeline, for two bf16 operands with 16-byte aligned rows (training under bf16 storage: the
 // gathered rows, the kept h, the once-converted gradients, the weights' shadows): cp.async
@@ -38,12 +38,17 @@
 // ptxas (sm_90): the register-pipeline tensor-core kernels take 200-235 registers, so one
 // 256-thread CTA runs per SM (a cap of 128 registers, for two, spills: the prefetch registers),
 // the SIMT ones 155-175; no local memory.
-// Hopper tiles (SWITCHYARD_GROUPED_WGMMA=1 in an sm_90a build; kernels/cuda/grouped_gemm_hopper.cuh):
-// the same grid and cp.async pipeline with 128 x 128 tiles, K steps of 64, the shared tiles
+// Hopper tiles (SWITCHYARD_GROUPED_WGMMA=1 in an sm_90a build;
+// kernels/cuda/grouped_gemm_hopper.cuh): the same grid and cp.async pipeline with 128 x 128 tiles, K steps of 64, the shared tiles
 // in wgmma's 128-byte swizzled layout, and each warpgroup's 64 x 128 half of the tile computed
 // by wgmma.mma_async.m64n128k16 from shared memory; 3 stages of 32 KiB, two CTAs per SM.
 // Every element of a tile is one f32 sum over K of exact bf16 products (or f32 fmas), so the
 // results differ from the CPU reference (kernels/cpu/gemm.cc) only in the summation order.
+// GroupedGemmBiasGelu runs the forward kernels with a fused epilogue (grouped::BiasGelu): each
+// element, as it leaves the accumulators, gets its group's bias, and the tile writes bf16
+// GELU and bf16 pre-activation instead of f32: the experts' first projection under bf16
+// activation storage writes 4 bytes an element once, where the product then the bias kernel
+// wrote 4, read 4 and wrote 4 more.
 #include <cuda_pipeline_primitives.h>
 
 #include <climits>
@@ -139,33 +144,35 @@ void WithCopyTiles(F&& fn) {
   fn(TilesTag<P>{});
 }
 
+// out: f32, or unused (null) with the fused epilogue f.
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
-void LaunchForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
-                     const Dims& d, float alpha, float beta, DeviceContext* ctx) {
+void LaunchForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, float* out,
+                     const grouped::BiasGelu& f, const Dims& d, float alpha, float beta,
+                     DeviceContext* ctx) {
   const int64_t ctas = grouped::MaxRowTiles(d) * CeilDiv(d.n, P::kTileN);
   SY_CHECK(ctas <= INT_MAX) << "GroupedGemm: " << ctas << " CTAs exceed the grid's x limit";
   constexpr int bytes = SharedBytes<P, kAsync>();
   const auto kernel = grouped::GroupedGemmKernel<P, TX, TW, kTransW, kAsync>;
   AllowSharedMemory(kernel, bytes);
   kernel<<<static_cast<unsigned>(ctas), kThreads, bytes, StreamOf(ctx)>>>(
-      Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w), out.data<float>(), d, alpha,
-      beta);
+      Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w), out, d, alpha, beta, f);
   SY_CUDA_CHECK_LAUNCH();
 }
 
 template <class P, typename TX, typename TW, bool kTransW>
-void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, Tensor& out,
-                   const Dims& d, float alpha, float beta, DeviceContext* ctx) {
+void LaunchForward(const Tensor& x, const Tensor& offsets, const Tensor& w, float* out,
+                   const grouped::BiasGelu& f, const Dims& d, float alpha, float beta,
+                   DeviceContext* ctx) {
   CheckWidths(d, "GroupedGemm");
   if constexpr (grouped::kBothBf16<TX, TW>) {
     if (grouped::UseCopies(Elements<TX>(x), d.k, Elements<TW>(w), kTransW ? d.k : d.n)) {
       return WithCopyTiles<P>([&](auto tiles) {
         using Q = typename decltype(tiles)::type;
-        LaunchForwardOn<Q, TX, TW, kTransW, true>(x, offsets, w, out, d, alpha, beta, ctx);
+        LaunchForwardOn<Q, TX, TW, kTransW, true>(x, offsets, w, out, f, d, alpha, beta, ctx);
       });
     }
   }
-  LaunchForwardOn<P, TX, TW, kTransW, false>(x, offsets, w, out, d, alpha, beta, ctx);
+  LaunchForwardOn<P, TX, TW, kTransW, false>(x, offsets, w, out, f, d, alpha, beta, ctx);
 }
 
 template <class P, typename TX, typename TD, bool kAsync>
@@ -203,25 +210,26 @@ void LaunchWeightGrad(const Tensor& x, const Tensor& dy, const Tensor& offsets, 
 // The forward for operand types TX, TW: tensor cores in bf16 mode, SIMT in f32 mode (both
 // operands f32 there: kernels/gemm.cc resolves a bf16 operand to bf16 mode).
 template <typename TX, typename TW>
-void Forward(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w, Tensor& out,
-             const Dims& d, float alpha, float beta, bool bf16, DeviceContext* ctx) {
+void Forward(const Tensor& x, const Tensor& offsets, const Tensor& w, bool trans_w, float* out,
+             const grouped::BiasGelu& f, const Dims& d, float alpha, float beta, bool bf16,
+             DeviceContext* ctx) {
   if (bf16) {
     if (trans_w) {
-      LaunchForward<TensorCore<false, true>, TX, TW, true>(x, offsets, w, out, d, alpha, beta,
-                                                           ctx);
+      LaunchForward<TensorCore<false, true>, TX, TW, true>(x, offsets, w, out, f, d, alpha,
+                                                           beta, ctx);
     } else {
-      LaunchForward<TensorCore<false, false>, TX, TW, false>(x, offsets, w, out, d, alpha, beta,
-                                                             ctx);
+      LaunchForward<TensorCore<false, false>, TX, TW, false>(x, offsets, w, out, f, d, alpha,
+                                                             beta, ctx);
     }
     return;
   }
   if constexpr (std::is_same_v<TX, float> && std::is_same_v<TW, float>) {
     if (trans_w) {
-      LaunchForward<Simt<false, true>, float, float, true>(x, offsets, w, out, d, alpha, beta,
+      LaunchForward<Simt<false, true>, float, float, true>(x, offsets, w, out, f, d, alpha, beta,
                                                            ctx);
     } else {
-      LaunchForward<Simt<false, false>, float, float, false>(x, offsets, w, out, d, alpha, beta,
-                                                             ctx);
+      LaunchForward<Simt<false, false>, float, float, false>(x, offsets, w, out, f, d, alpha,
+                                                             beta, ctx);
     }
   } else {
     SY_LOG(FATAL) << "GroupedGemm: a bf16 operand in f32 mode (kernels/gemm.cc resolves it)";
@@ -271,7 +279,23 @@ void GroupedGemm(const Tensor& x, const Tensor& offsets, const Tensor& w, bool t
   ForTypes(x, w, [&](auto tx, auto tw) {
     using TX = typename decltype(tx)::type;
     using TW = typename decltype(tw)::type;
-    Forward<TX, TW>(x, offsets, w, trans_w, out, d, alpha, beta, bf16, ctx);
+    Forward<TX, TW>(x, offsets, w, trans_w, out.data<float>(), grouped::BiasGelu{}, d, alpha,
+                    beta, bf16, ctx);
+  });
+}
+
+void GroupedGemmBiasGelu(const Tensor& x, const Tensor& offsets, const Tensor& w,
+                         const Tensor& bias, Tensor& h, Tensor& kept, DType matmul_dtype,
+                         DeviceContext* ctx) {
+  const Dims d{x.dim(0), x.dim(1), h.dim(1), w.dim(0)};
+  if (d.rows == 0 || d.n == 0 || d.groups == 0) return;
+  const grouped::BiasGelu f{bias.data<float>(), static_cast<__nv_bfloat16*>(h.raw_data()),
+                            static_cast<__nv_bfloat16*>(kept.raw_data())};
+  const bool bf16 = matmul_dtype == DType::kBF16;
+  ForTypes(x, w, [&](auto tx, auto tw) {
+    using TX = typename decltype(tx)::type;
+    using TW = typename decltype(tw)::type;
+    Forward<TX, TW>(x, offsets, w, /*trans_w=*/false, nullptr, f, d, 1.0f, 0.0f, bf16, ctx);
   });
 }
 

@@ -90,7 +90,7 @@ struct HopperTiles {
       for (int r = 0; r < 4; ++r) {
         const int row = m0 + 8 * (r / 2), col = n0 + 8 * j + r % 2;
         if (row < out.rows && col < out.cols) {
-          Write(out.base + row * out.ld + col, acc.c[4 * j + r], alpha, beta);
+          Put(out, row, col, acc.c[4 * j + r], alpha, beta);
         }
       }
     }

@@ -127,7 +127,7 @@ struct TensorCoreTiles {
         for (int r = 0; r < 4; ++r) {
           const int row = m0 + 16 * i + 8 * (r / 2), col = n0 + 8 * j + r % 2;
           if (row < out.rows && col < out.cols) {
-            Write(out.base + row * out.ld + col, acc.c[i][j][r], alpha, beta);
+            Put(out, row, col, acc.c[i][j][r], alpha, beta);
           }
         }
       }
@@ -203,7 +203,7 @@ struct SimtTiles {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = Line(tx, j);
-        if (col < out.cols) Write(out.base + row * out.ld + col, acc.c[i][j], alpha, beta);
+        if (col < out.cols) Put(out, row, col, acc.c[i][j], alpha, beta);
       }
     }
   }
@@ -390,13 +390,14 @@ __device__ inline TileCoord BandOrder(int64_t cta, int64_t tiles_m, int64_t tile
   return {first + in_band % height, in_band / height};
 }
 
-// out[group rows] = alpha x[group rows] op(w[g]) + beta out[group rows]. Grid: MaxRowTiles(d)
-// x ceil(n / P::kTileN) CTAs in band order; a CTA past the last row tile returns at once.
+// out[group rows] = alpha x[group rows] op(w[g]) + beta out[group rows], or with f.h set the
+// fused bias + GELU epilogue into f.h and f.kept (out unused). Grid: MaxRowTiles(d) x
+// ceil(n / P::kTileN) CTAs in band order; a CTA past the last row tile returns at once.
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync = false>
 __global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
     GroupedGemmKernel(const TX* __restrict__ x, const int64_t* __restrict__ offsets,
                       const TW* __restrict__ w, float* __restrict__ out, Dims d, float alpha,
-                      float beta) {
+                      float beta, BiasGelu f) {
   static_assert(kAsync || !P::kWgmma, "the wgmma tiles take the cp.async pipeline");
   extern __shared__ __align__(128) unsigned char smem[];
   const TileCoord tc = BandOrder(blockIdx.x, MaxRowTiles(d), CeilDiv(d.n, P::kTileN));
@@ -414,7 +415,12 @@ __global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
   } else {
     Accumulate<P>(a, b, CeilDiv(d.k, P::kBK), smem, acc);
   }
-  P::Epilogue(acc, Output{out + rt.row0 * d.n + n0, d.n, rows, d.n - n0}, alpha, beta, smem);
+  const int64_t origin = rt.row0 * d.n + n0;
+  const Output o = f.h == nullptr
+                       ? Output{out + origin, d.n, rows, d.n - n0}
+                       : Output{nullptr, d.n, rows, d.n - n0, f.bias + rt.group * d.n + n0,
+                                f.h + origin, f.kept + origin};
+  P::Epilogue(acc, o, alpha, beta, smem);
 }
 
 // dw[g] = alpha x[group g]^T dy[group g] + beta dw[g]. Grid: (ceil(k / kBM) ceil(n / P::kTileN)

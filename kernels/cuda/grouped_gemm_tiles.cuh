@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/activation_math.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace switchyard::kernels::cuda::grouped {
@@ -189,18 +190,44 @@ struct TileCopies {
   }
 };
 
+// The forward's fused epilogue (kernels::GroupedGemmBiasGelu): W1's bias and GELU applied to
+// the product as its tiles are written, for the experts' first projection under bf16
+// activation storage. bias (G, n) f32; h and kept (R, n) bf16. Null: the plain product.
+struct BiasGelu {
+  const float* bias = nullptr;
+  Bf16* h = nullptr;
+  Bf16* kept = nullptr;
+};
+
 // Where a CTA writes: its tile's origin in the output, the output's leading dimension, and
-// the rows and columns in bounds from the origin.
+// the rows and columns in bounds from the origin. With the fused epilogue (h set), the tile's
+// origins in h and kept (leading dimension ld too) and its group's bias at the tile's first
+// column, and base unused.
 struct Output {
   float* base;
   int64_t ld;
   int64_t rows, cols;
+  const float* bias = nullptr;
+  Bf16* h = nullptr;
+  Bf16* kept = nullptr;
 };
 
 // *p = alpha acc + beta *p; beta = 0 never reads *p.
 __device__ __forceinline__ void Write(float* p, float acc, float alpha, float beta) {
   const float v = __fmul_rn(alpha, acc);
   *p = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, *p));
+}
+
+// Element (row, col) of a tile: Write into the output, or with the fused epilogue (beta 0)
+// z = alpha acc + bias[col], kept = bf16(z), h = bf16(gelu(z)): GroupedGemm's f32 value, then
+// GroupedBiasGeluForward's expressions (kernels/cuda/bias_kernels.cuh), so the same bits.
+__device__ __forceinline__ void Put(const Output& out, int row, int col, float acc, float alpha,
+                                    float beta) {
+  const int64_t at = row * out.ld + col;
+  if (out.h == nullptr) return Write(out.base + at, acc, alpha, beta);
+  const float z = __fadd_rn(__fmul_rn(alpha, acc), out.bias[col]);
+  out.kept[at] = ToBf16(z);
+  out.h[at] = ToBf16(Gelu(z));
 }
 
 // True when TileCopies may carry this operand: see there.

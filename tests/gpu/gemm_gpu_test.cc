@@ -439,6 +439,50 @@ void CheckDeviceSized(const std::vector<int64_t>& rows, int64_t extra, int64_t k
 // them (16-byte loads); several column tiles and K steps.
 const std::vector<int64_t> kRaggedRows = {0, 1, 17, 0, 300, 3, 0};
 
+// GroupedGemmBiasGelu (the product's tiles write h and the kept a) against the two ops it
+// fuses, GroupedGemm then GroupedBiasGeluForward, on the GPU: the same bits on the groups'
+// rows (the same sums, then the bias kernel's expressions); the fused op leaves the rows past
+// offsets[G]. bf16 operands (the cp.async tiles) and f32 x (the register pipeline).
+void CheckFusedBiasGelu(const std::vector<int64_t>& rows, int64_t extra, int64_t k, int64_t n,
+                        DType x_dtype, uint64_t seed) {
+  Contexts ctx(DType::kBF16);
+  const int64_t g = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> offsets(1, 0);
+  for (int64_t r : rows) offsets.push_back(offsets.back() + r);
+  const int64_t used = offsets.back(), r = used + extra;
+  const Tensor offsets_gpu = ctx.Up(Tensor::FromVector(offsets, {g + 1}));
+  const Tensor x = ctx.Up(RandomHost({r, k}, seed, x_dtype));
+  const Tensor w = ctx.Up(RandomHost({g, k, n}, seed + 1, DType::kBF16));
+  const Tensor bias = ctx.Up(RandomHost({g, n}, seed + 2));
+  Tensor sentinel = Tensor::Empty({r, n}, DType::kBF16);
+  std::memset(sentinel.raw_data(), 0xA5, sentinel.nbytes());
+  Tensor h = ctx.Up(sentinel), kept = ctx.Up(sentinel);
+  GroupedGemmBiasGelu(x, offsets_gpu, w, bias, h, kept, ctx.gpu.get());
+  Tensor a = Tensor::Empty({r, n}, DType::kF32, Device::Cuda(0));
+  Tensor h2 = ctx.Up(sentinel), kept2 = ctx.Up(sentinel);
+  GroupedGemm(x, offsets_gpu, w, false, a, 1.0f, 0.0f, ctx.gpu.get());
+  GroupedBiasGeluForward(a, RowGroups{{}, offsets_gpu}, bias, h2, ctx.gpu.get(), {.a = &kept2});
+  const std::string tag = "fused bias + gelu k=" + std::to_string(k) + " n=" +
+                          std::to_string(n) + " x " + std::string(DTypeName(x_dtype));
+  auto bits = [&](const Tensor& t) {
+    std::vector<uint16_t> out;
+    for (const BFloat16& v : gpu_test::ValuesOf<BFloat16>(t, ctx.gpu.get())) out.push_back(v.bits);
+    return out;
+  };
+  const std::vector<uint16_t> hv = bits(h), kv = bits(kept), h2v = bits(h2), k2v = bits(kept2);
+  int64_t differ = 0, past = 0;
+  for (int64_t i = 0; i < used * n; ++i) differ += hv[i] != h2v[i] || kv[i] != k2v[i];
+  for (int64_t i = used * n; i < r * n; ++i) past += hv[i] != 0xA5A5 || kv[i] != 0xA5A5;
+  EXPECT_EQ(differ, 0) << tag << ": elements of h or kept that differ from the two ops'";
+  EXPECT_EQ(past, 0) << tag << ": rows past offsets[G] written";
+}
+
+TEST(DeviceSizedGroupedGemmGpuTest, FusedBiasGeluEqualsTheTwoOps) {
+  CheckFusedBiasGelu(kRaggedRows, 5, 96, 80, DType::kBF16, 1400);
+  CheckFusedBiasGelu({200, 0, 1, 333}, 3, 1000, 304, DType::kBF16, 1410);
+  CheckFusedBiasGelu(kRaggedRows, 5, 70, 45, DType::kF32, 1420);
+}
+
 TEST(DeviceSizedGroupedGemmGpuTest, Bf16ModeMatchesCpu) {
   SY_REQUIRE_GPU();
   CheckDeviceSized(kRaggedRows, 5, 96, 80, 1.0f, 0.0f, DType::kBF16, DType::kF32, 1000);

@@ -72,6 +72,8 @@ int async_launches = 0;  // launches of the cp.async kernels, which the tests ex
 // default), P::Wide (128 x 256), P::Hopper (128 x 128 on wgmma) or P::Hopper::Wide (128 x 256).
 enum class Tiles { kNarrow, kWide, kHopper, kHopperWide };
 Tiles copy_tiles = Tiles::kNarrow;
+// The forward's fused bias + GELU epilogue (GroupedGemmBiasGelu) when its h is set.
+grouped::BiasGelu fused_epilogue;
 
 
 template <class P, typename TX, typename TW, bool kTransW, bool kAsync>
@@ -81,8 +83,9 @@ void RunForwardOn(const Tensor& x, const Tensor& offsets, const Tensor& w, Tenso
   async_launches += kAsync;
   Launch({static_cast<unsigned>(ctas), 1, 1}, grouped::Smem<P, kAsync>::kBytes, [&] {
     grouped::GroupedGemmKernel<P, TX, TW, kTransW, kAsync>(
-        Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w), out.data<float>(), d, alpha,
-        beta);
+        Elements<TX>(x), offsets.data<int64_t>(), Elements<TW>(w),
+        fused_epilogue.h != nullptr ? nullptr : out.data<float>(), d, alpha, beta,
+        fused_epilogue);
   });
 }
 
@@ -362,6 +365,50 @@ void CheckWeightGrad(const Split& split, int64_t k, int64_t n, float alpha, floa
 // of 150 (two tiles); rows past offsets[G].
 const Split kRagged{{0, 5, 150, 0, 40, 0}, 7};
 
+// The fused bias + GELU epilogue (w not transposed, as the experts' W1) against the plain
+// product then the bias kernels' expressions, computed here with the device's own Gelu and
+// rounding: kept = bf16(a + bias[g]) and h = bf16(gelu(a + bias[g])) bit for bit on the
+// groups' rows; the rows past offsets[G] keep their sentinel. Returns the kernels launched on
+// the cp.async path (0 or 2: the plain product and the fused).
+int CheckFusedBiasGelu(const Split& split, int64_t k, int64_t n, DType mode, DType x_dtype,
+                       uint64_t seed) {
+  const int launches = async_launches;
+  const int64_t g = static_cast<int64_t>(split.rows.size());
+  const Tensor offsets = OffsetsOf(split.rows);
+  const int64_t used = offsets.data<int64_t>()[g], r = used + split.extra;
+  const Tensor x = Random({r, k}, seed, x_dtype, used);
+  const Tensor w = Random({g, k, n}, seed + 1, x_dtype);
+  const Tensor bias = Random({g, n}, seed + 2, DType::kF32);
+  Tensor a = Tensor::Empty({r, n}, DType::kF32);
+  EmulatedGroupedGemm(x, offsets, w, false, a, 1.0f, 0.0f, mode);
+  Tensor h = Tensor::Empty({r, n}, DType::kBF16), kept = Tensor::Empty({r, n}, DType::kBF16);
+  std::memset(h.raw_data(), 0xA5, h.nbytes());
+  std::memset(kept.raw_data(), 0xA5, kept.nbytes());
+  fused_epilogue = {bias.data<float>(), static_cast<grouped::Bf16*>(h.raw_data()),
+                    static_cast<grouped::Bf16*>(kept.raw_data())};
+  EmulatedGroupedGemm(x, offsets, w, false, a, 1.0f, 0.0f, mode);
+  fused_epilogue = {};
+  const std::string what = "fused bias + gelu " + split.Name() + " k=" + std::to_string(k) +
+                           " n=" + std::to_string(n) + " mode=" + Name(mode) + " x " +
+                           Name(x_dtype);
+  const uint16_t* hb = static_cast<const uint16_t*>(h.raw_data());
+  const uint16_t* kb = static_cast<const uint16_t*>(kept.raw_data());
+  int64_t bad = 0, row = 0;
+  for (int64_t e = 0; e < g; ++e) {
+    for (int64_t i = row; i < row + split.rows[e]; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float z = a.data<float>()[i * n + j] + bias.data<float>()[e * n + j];
+        bad += kb[i * n + j] != __bfloat16_as_ushort(cuda::ToBf16(z));
+        bad += hb[i * n + j] != __bfloat16_as_ushort(cuda::ToBf16(cuda::Gelu(z)));
+      }
+    }
+    row += split.rows[e];
+  }
+  for (int64_t i = used * n; i < r * n; ++i) bad += hb[i] != 0xA5A5 || kb[i] != 0xA5A5;
+  EXPECT_EQ(bad, 0) << what;
+  return async_launches - launches;
+}
+
 TEST(GroupedGemmEmulationTest, Bf16ModeForward) {
   // k, n not multiples of the tiles nor of 4 (element-wise loads), then multiples of 8 (16-byte
   // loads; n = 136 leaves an 8-column edge tile), then whole tiles.
@@ -432,6 +479,7 @@ TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
                               " trans_w=" + std::to_string(trans_w));
     }
     CheckForward(kRagged, k, n, 1.0f, 0.0f, DType::kBF16, DType::kBF16, DType::kBF16, 610 + k);
+    EXPECT_EQ(CheckFusedBiasGelu(kRagged, k, n, DType::kBF16, DType::kBF16, 640 + k), 2);
   }
   // The weight gradient: groups of 130 rows (5 K steps of 32), 37 (2), 3 (1) and none; for
   // wgmma (K steps of 64) 330 rows (6 steps) in place of 130.
@@ -450,8 +498,9 @@ TEST_P(CopiesPipelineTest, MatchesRegisterPipeline) {
     CheckWeightGrad(split, k, n, -2.0f, 0.0f, DType::kBF16, DType::kBF16, 630 + k);
   }
   // Every bf16 launch here took the copies: 4 shapes x 2 orientations, twice (the bit check
-  // and CheckForward's), and 2 shapes of the weight gradient, twice.
-  EXPECT_EQ(async_launches - before, 4 * 2 * 2 + 2 * 2);
+  // and CheckForward's), 4 shapes of the fused epilogue, twice (plain and fused), and 2 shapes
+  // of the weight gradient, twice.
+  EXPECT_EQ(async_launches - before, 4 * 2 * 2 + 4 * 2 + 2 * 2);
   copy_tiles = Tiles::kNarrow;
 }
 
@@ -466,6 +515,14 @@ INSTANTIATE_TEST_SUITE_P(Tiles, CopiesPipelineTest,
                              default: return std::string("Narrow");
                            }
                          });
+
+// The fused epilogue on the register pipeline (an f32 operand, bf16 mode) and the SIMT
+// kernels (f32 mode): partial row and column tiles, ragged groups.
+TEST(GroupedGemmEmulationTest, FusedBiasGeluOnEveryPipeline) {
+  EXPECT_EQ(CheckFusedBiasGelu(kRagged, 70, 150, DType::kBF16, DType::kF32, 700), 0);
+  EXPECT_EQ(CheckFusedBiasGelu(kRagged, 96, 136, DType::kBF16, DType::kF32, 710), 0);
+  EXPECT_EQ(CheckFusedBiasGelu(kRagged, 70, 150, DType::kF32, DType::kF32, 720), 0);
+}
 
 TEST(GroupedGemmEmulationTest, F32ModeForward) {
   CheckForward(kRagged, 70, 150, 1.0f, 0.0f, DType::kF32, DType::kF32, DType::kF32, 300);
