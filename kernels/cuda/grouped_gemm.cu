@@ -39,9 +39,10 @@
 // 256-thread CTA runs per SM (a cap of 128 registers, for two, spills: the prefetch registers),
 // the SIMT ones 155-175; no local memory.
 // Hopper tiles (SWITCHYARD_GROUPED_WGMMA=1 in an sm_90a build;
-// kernels/cuda/grouped_gemm_hopper.cuh): the same grid and cp.async pipeline with 128 x 128 tiles, K steps of 64, the shared tiles
-// in wgmma's 128-byte swizzled layout, and each warpgroup's 64 x 128 half of the tile computed
-// by wgmma.mma_async.m64n128k16 from shared memory; 3 stages of 32 KiB, two CTAs per SM.
+// kernels/cuda/grouped_gemm_hopper.cuh): the same grid and cp.async pipeline with 128 x 128
+// tiles, K steps of 64, the shared tiles in wgmma's 128-byte swizzled layout, and each
+// warpgroup's 64 x 128 half of the tile computed by wgmma.mma_async.m64n128k16 from shared
+// memory; 3 stages of 32 KiB, two CTAs per SM.
 // Every element of a tile is one f32 sum over K of exact bf16 products (or f32 fmas), so the
 // results differ from the CPU reference (kernels/cpu/gemm.cc) only in the summation order.
 // GroupedGemmBiasGelu runs the forward kernels with a fused epilogue (grouped::BiasGelu): each
