@@ -50,16 +50,24 @@ inline AdamWConsts ConstsOf(const AdamWStep& hp) {
 }
 
 // g <- grad_scale g; m <- b1 m + (1 - b1) g; v <- b2 v + ((1 - b2) g) g;
-// p <- p decay - (step_size m) / (sqrt(v) / bc2_sqrt + eps). Returns the new p.
+// p <- p decay - (step_size m) / (sqrt(v) / bc2_sqrt + eps), on values: m and v updated in
+// place, the new p returned.
+__device__ __forceinline__ float AdamWValue(float p, float g, float& m, float& v, float decay,
+                                            const AdamWConsts& c) {
+  const float gi = __fmul_rn(g, c.grad_scale);
+  m = __fadd_rn(__fmul_rn(c.b1, m), __fmul_rn(c.one_minus_b1, gi));
+  v = __fadd_rn(__fmul_rn(c.b2, v), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
+  return __fsub_rn(__fmul_rn(p, decay), __fdiv_rn(__fmul_rn(c.step_size, m), denom));
+}
+
+// The same on element i of the arrays. Returns the new p.
 __device__ __forceinline__ float AdamWElement(float* p, const float* g, float* m, float* v,
                                               int64_t i, float decay, const AdamWConsts& c) {
-  const float gi = __fmul_rn(g[i], c.grad_scale);
-  const float mi = __fadd_rn(__fmul_rn(c.b1, m[i]), __fmul_rn(c.one_minus_b1, gi));
-  const float vi = __fadd_rn(__fmul_rn(c.b2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_b2, gi), gi));
+  float mi = m[i], vi = v[i];
+  const float pi = AdamWValue(p[i], g[i], mi, vi, decay, c);
   m[i] = mi;
   v[i] = vi;
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-  const float pi = __fsub_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
   p[i] = pi;
   return pi;
 }
@@ -90,9 +98,33 @@ inline void AppendAdamWChunks(float* p, const float* g, float* m, float* v, int6
   });
 }
 
-// One block of kChunkThreads per chunk.
+// Whether a chunk's arrays take four elements a thread: n a multiple of 4, p, g, m, v on 16
+// bytes and the shadow on 8 (the tensors' own alignment: a chunk starts kChunk elements on).
+__device__ __forceinline__ bool AdamWQuads(const AdamWChunk& ch) {
+  const uintptr_t f32 = reinterpret_cast<uintptr_t>(ch.p) | reinterpret_cast<uintptr_t>(ch.g) |
+                        reinterpret_cast<uintptr_t>(ch.m) | reinterpret_cast<uintptr_t>(ch.v);
+  return ch.n % 4 == 0 && f32 % 16 == 0 && reinterpret_cast<uintptr_t>(ch.p16) % 8 == 0;
+}
+
+// One block of kChunkThreads per chunk: four consecutive elements a thread (16-byte loads and
+// stores, 8-byte shadow stores) where AdamWQuads, else one; the same expressions either way.
 __global__ void AdamWChunksKernel(const AdamWChunk* chunks, AdamWConsts c) {
   const AdamWChunk ch = chunks[blockIdx.x];
+  if (AdamWQuads(ch)) {
+    for (int64_t i = 4 * static_cast<int64_t>(threadIdx.x); i < ch.n; i += 4 * blockDim.x) {
+      const Vals<4> p = LoadVals<4>(ch.p + i), g = LoadVals<4>(ch.g + i);
+      Vals<4> m = LoadVals<4>(ch.m + i), v = LoadVals<4>(ch.v + i), out;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        out.v[e] = AdamWValue(p.v[e], g.v[e], m.v[e], v.v[e], ch.decay, c);
+      }
+      StoreVals<4>(ch.m + i, m);
+      StoreVals<4>(ch.v + i, v);
+      StoreVals<4>(ch.p + i, out);
+      if (ch.p16 != nullptr) StoreVals<4>(ch.p16 + i, out);
+    }
+    return;
+  }
   for (int64_t i = threadIdx.x; i < ch.n; i += blockDim.x) {
     const float pi = AdamWElement(ch.p, ch.g, ch.m, ch.v, i, ch.decay, c);
     if (ch.p16 != nullptr) ch.p16[i] = ToBf16(pi);

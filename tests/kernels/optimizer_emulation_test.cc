@@ -187,15 +187,17 @@ TEST(OptimizerEmulationTest, AdamWSingleTensorEqualsTheCpuBitForBit) {
 }
 
 // Several tensors of the given sizes back to back in one buffer, a guard element (kGuard)
-// before, between and after them.
+// before, between and after them; with `align`, more guards so that each tensor starts on a
+// multiple of 4 elements (16 bytes: the buffer's start is).
 constexpr float kGuard = 1234.5f;  // any update or scaling changes it
 struct Packed {
   std::vector<float> data;
   std::vector<int64_t> at;  // tensor k starts at data[at[k]]
 };
-Packed Pack(const std::vector<std::vector<float>>& tensors) {
+Packed Pack(const std::vector<std::vector<float>>& tensors, bool align = false) {
   Packed b{{kGuard}, {}};
   for (const std::vector<float>& t : tensors) {
+    while (align && b.data.size() % 4 != 0) b.data.push_back(kGuard);
     b.at.push_back(static_cast<int64_t>(b.data.size()));
     b.data.insert(b.data.end(), t.begin(), t.end());
     b.data.push_back(kGuard);
@@ -205,11 +207,14 @@ Packed Pack(const std::vector<std::vector<float>>& tensors) {
 std::vector<float> Unpack(const Packed& b, size_t k, int64_t n) {
   return {b.data.begin() + b.at[k], b.data.begin() + b.at[k] + n};
 }
-void ExpectGuardsUnchanged(const Packed& b, const std::string& what) {
+void ExpectGuardsUnchanged(const Packed& b, const std::vector<int64_t>& sizes,
+                           const std::string& what) {
   EXPECT_EQ(b.data[0], kGuard) << what << ": the guard before tensor 0 was written";
   for (size_t k = 0; k < b.at.size(); ++k) {
-    const int64_t end = k + 1 < b.at.size() ? b.at[k + 1] - 1 : int64_t(b.data.size()) - 1;
-    EXPECT_EQ(b.data[end], kGuard) << what << ": the guard after tensor " << k;
+    const int64_t end = k + 1 < b.at.size() ? b.at[k + 1] : int64_t(b.data.size());
+    for (int64_t i = b.at[k] + sizes[k]; i < end; ++i) {
+      EXPECT_EQ(b.data[i], kGuard) << what << ": a guard after tensor " << k;
+    }
   }
 }
 
@@ -217,7 +222,9 @@ void ExpectGuardsUnchanged(const Packed& b, const std::string& what) {
 // exactly one chunk; three chunks, the last of 3 elements; 7. Seven chunks in all.
 const std::vector<int64_t> kChunked = {1, 1027, 0, opt::kChunk, 2 * opt::kChunk + 3, 7};
 
-TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
+// aligned: every tensor on 16 bytes, so that the chunks of a multiple of 4 elements take four
+// elements a thread (opt::AdamWQuads; 3 of the 7 chunks), else element by element.
+void CheckAdamWChunked(bool aligned) {
   const size_t count = kChunked.size();
   std::vector<AdamWState> cpu;
   std::vector<float> decays;
@@ -228,7 +235,7 @@ TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
   auto role = [&](std::vector<float> AdamWState::*r) {
     std::vector<std::vector<float>> t;
     for (const AdamWState& s : cpu) t.push_back(s.*r);
-    return Pack(t);
+    return Pack(t, aligned);
   };
   Packed p = role(&AdamWState::p), m = role(&AdamWState::m), v = role(&AdamWState::v);
   // bf16 weight shadows on the tensors of odd index (each its own exact-size buffer, as the
@@ -254,6 +261,15 @@ TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
                              AdamWScalarsOf(hp, decays[k]).decay, bf16_of(p16[k]), chunks);
     }
     ASSERT_EQ(chunks.size(), 7u);
+    int quads = 0;
+    for (const opt::AdamWChunk& ch : chunks) quads += opt::AdamWQuads(ch);
+    // Aligned: the three chunks of 65536 elements (the others' sizes are not multiples of 4);
+    // packed tightly, some of them start off 16 bytes and go element by element.
+    if (aligned) {
+      EXPECT_EQ(quads, 3) << "chunks taking four elements a thread";
+    } else {
+      EXPECT_LT(quads, 3) << "chunks taking four elements a thread";
+    }
     const opt::AdamWConsts c = opt::ConstsOf(hp);
     Launch(static_cast<unsigned>(chunks.size()), opt::kChunkThreads,
            [&] { opt::AdamWChunksKernel(chunks.data(), c); });
@@ -281,10 +297,15 @@ TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
         ASSERT_EQ(p16[k][i].bits, BFloat16(cpu[k].p[i]).bits) << at << " shadow " << i;
       }
     }
-    ExpectGuardsUnchanged(p, "AdamW param");
-    ExpectGuardsUnchanged(m, "AdamW exp_avg");
-    ExpectGuardsUnchanged(v, "AdamW exp_avg_sq");
+    ExpectGuardsUnchanged(p, kChunked, "AdamW param");
+    ExpectGuardsUnchanged(m, kChunked, "AdamW exp_avg");
+    ExpectGuardsUnchanged(v, kChunked, "AdamW exp_avg_sq");
   }
+}
+
+TEST(OptimizerEmulationTest, AdamWChunkedEqualsTheCpuBitForBit) {
+  CheckAdamWChunked(/*aligned=*/false);
+  CheckAdamWChunked(/*aligned=*/true);
 }
 
 TEST(OptimizerEmulationTest, SgdEqualsTheCpuBitForBit) {
@@ -350,7 +371,7 @@ TEST(OptimizerEmulationTest, ScaleEqualsTheCpuBitForBit) {
     ExpectSameBits(Unpack(packed, k, kChunked[k]), tensors[k],
                      "ScaleChunks tensor " + std::to_string(k));
   }
-  ExpectGuardsUnchanged(packed, "ScaleChunks");
+  ExpectGuardsUnchanged(packed, kChunked, "ScaleChunks");
 }
 
 double Gamma53(int64_t m) {
