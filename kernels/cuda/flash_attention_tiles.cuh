@@ -280,15 +280,20 @@ __device__ __forceinline__ void FetchPair(RowsInFlight<HD>& ra, RowsInFlight<HD>
   }
 }
 
-// acc *= alpha row by row (rows g: registers 0, 1; rows g + 8: 2, 3).
+// acc *= alpha row by row (rows g: registers 0, 1; rows g + 8: 2, 3). A row whose max did not
+// move has alpha exactly 1 (kernels/flash_attention.h), and multiplying by 1 changes no bit,
+// so those rows are skipped: after the first key blocks most are, and a warp whose 16 rows
+// all kept their max skips the multiplies altogether.
 template <int N>
 __device__ __forceinline__ void Rescale(float (&acc)[N][4], const float (&alpha)[2]) {
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
-    acc[n][0] = __fmul_rn(acc[n][0], alpha[0]);
-    acc[n][1] = __fmul_rn(acc[n][1], alpha[0]);
-    acc[n][2] = __fmul_rn(acc[n][2], alpha[1]);
-    acc[n][3] = __fmul_rn(acc[n][3], alpha[1]);
+  for (int half = 0; half < 2; ++half) {
+    if (alpha[half] == 1.0f) continue;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      acc[n][2 * half] = __fmul_rn(acc[n][2 * half], alpha[half]);
+      acc[n][2 * half + 1] = __fmul_rn(acc[n][2 * half + 1], alpha[half]);
+    }
   }
 }
 
