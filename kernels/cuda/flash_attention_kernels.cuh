@@ -227,18 +227,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
   const int j[2] = {j0 + row0 + lane / 4, j0 + row0 + lane / 4 + 8};
-  const int q_blocks = (d.s + kBr - 1) / kBr;
   const int first = causal ? j0 / kBr : 0;  // query blocks wholly above the diagonal skipped
   // The (query head, query block) tiles in order: the group's heads, each over its blocks.
-  const int per_head = q_blocks - first, tiles = d.group() * per_head;
+  const int per_head = (d.s + kBr - 1) / kBr - first, tiles = d.group() * per_head;
   auto q_offset = [&](int tile) {
     const int h = g * d.group() + tile / per_head;
     return static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
   };
   auto first_row = [&](int tile) { return (first + tile % per_head) * kBr; };
-  // The first tile's q and dout are fetched before k and v are loaded: their loads fly
-  // during k's and v's.
-  RowsInFlight<HD> q_next, do_next;  // kAhead: the next tile's q and dout
+  // kAhead: the next tile's q and dout; the first's are fetched before k and v are loaded.
+  RowsInFlight<HD> q_next, do_next;
   if (tiles > 0) {
     FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(0), dout + q_offset(0), ldq, first_row(0),
                           d.s, d.aligned);
