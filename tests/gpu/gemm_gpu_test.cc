@@ -478,6 +478,7 @@ void CheckFusedBiasGelu(const std::vector<int64_t>& rows, int64_t extra, int64_t
 }
 
 TEST(DeviceSizedGroupedGemmGpuTest, FusedBiasGeluEqualsTheTwoOps) {
+  SY_REQUIRE_GPU();
   CheckFusedBiasGelu(kRaggedRows, 5, 96, 80, DType::kBF16, 1400);
   CheckFusedBiasGelu({200, 0, 1, 333}, 3, 1000, 304, DType::kBF16, 1410);
   CheckFusedBiasGelu(kRaggedRows, 5, 70, 45, DType::kF32, 1420);
