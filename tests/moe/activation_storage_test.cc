@@ -205,6 +205,13 @@ TEST(ActivationStorageTest, ExpertsBackwardIsTheF32BackwardOfRoundedActivations)
       ExpectBf16Of(sa.h, ra.h, "h");
       ExpectBf16Of(sa.a, ra.a, "a");
       if (act == moe::Activation::kSwiglu) ExpectBf16Of(sa.b, ra.b, "b");
+      // The device-sized groups (offsets; GELU with a bias goes through GroupedGemmBiasGelu):
+      // the same forward, the same kept tensors.
+      const Tensor offsets = Tensor::FromVector(std::vector<int64_t>{0, 7, 7, 19}, {4});
+      const moe::ExpertsActivations so = sut.Forward(x, offsets, bf16s.get());
+      ExpectSameBits(so.y, ra.y, "y, device-sized groups");
+      ExpectBf16Of(so.h, ra.h, "h, device-sized groups");
+      ExpectBf16Of(so.a, ra.a, "a, device-sized groups");
       ra.a = RoundedByHand(ra.a);
       if (ra.b.defined()) ra.b = RoundedByHand(ra.b);
       ExpectSameBits(sut.Backward(sa, dy, bf16s.get()), ref.Backward(ra, dy, f32s.get()), "dx");
