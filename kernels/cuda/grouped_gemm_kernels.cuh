@@ -418,8 +418,8 @@ __global__ void __launch_bounds__(kThreads, kAsync ? P::kCtasPerSm : 1)
   const int64_t origin = rt.row0 * d.n + n0;
   const Output o = f.h == nullptr
                        ? Output{out + origin, d.n, rows, d.n - n0}
-                       : Output{nullptr, d.n, rows, d.n - n0, f.bias + rt.group * d.n + n0,
-                                f.h + origin, f.kept + origin};
+                       : Output{nullptr, d.n, rows, d.n - n0,
+                                {f.bias + rt.group * d.n + n0, f.h + origin, f.kept + origin}};
   P::Epilogue(acc, o, alpha, beta, smem);
 }
 

@@ -200,16 +200,14 @@ struct BiasGelu {
 };
 
 // Where a CTA writes: its tile's origin in the output, the output's leading dimension, and
-// the rows and columns in bounds from the origin. With the fused epilogue (h set), the tile's
-// origins in h and kept (leading dimension ld too) and its group's bias at the tile's first
-// column, and base unused.
+// the rows and columns in bounds from the origin. With the fused epilogue (fused.h set):
+// fused.h and fused.kept at the tile's origin (leading dimension ld too), fused.bias at its
+// group's bias for the tile's first column, and base unused.
 struct Output {
   float* base;
   int64_t ld;
   int64_t rows, cols;
-  const float* bias = nullptr;
-  Bf16* h = nullptr;
-  Bf16* kept = nullptr;
+  BiasGelu fused = {};
 };
 
 // *p = alpha acc + beta *p; beta = 0 never reads *p.
@@ -224,10 +222,11 @@ __device__ __forceinline__ void Write(float* p, float acc, float alpha, float be
 __device__ __forceinline__ void Put(const Output& out, int row, int col, float acc, float alpha,
                                     float beta) {
   const int64_t at = row * out.ld + col;
-  if (out.h == nullptr) return Write(out.base + at, acc, alpha, beta);
-  const float z = __fadd_rn(__fmul_rn(alpha, acc), out.bias[col]);
-  out.kept[at] = ToBf16(z);
-  out.h[at] = ToBf16(Gelu(z));
+  const BiasGelu& f = out.fused;
+  if (f.h == nullptr) return Write(out.base + at, acc, alpha, beta);
+  const float z = __fadd_rn(__fmul_rn(alpha, acc), f.bias[col]);
+  f.kept[at] = ToBf16(z);
+  f.h[at] = ToBf16(Gelu(z));
 }
 
 // True when TileCopies may carry this operand: see there.
