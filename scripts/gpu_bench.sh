@@ -24,8 +24,9 @@
 #
 # CASES (comma-separated names, see benchmarks/reference/gpu_bench.py), ROUNDS (2), STEPS (15
 # timed steps per side per round), WARMUP (5), COMPILE (1), BUDGET_S (240: seconds from the
-# start after which no case starts; the cases run in gpu_bench.py's order, the d 1024 ones
-# first), HARDWARE (h200), CALIBRATE (1: run plan_calibrate_gpu when the pack has it),
+# start after which no case starts; the cases run in gpu_bench.py's order: the targets'
+# cases and the expert-product choices first), HARDWARE (h200), CALIBRATE (1: run
+# plan_calibrate_gpu when the pack has it),
 # KERNELS (1: the per-kernel GPU time of KERNEL_STEPS (3) steps under ncu at the end,
 # kernel_profile.txt; KERNEL_TIMEOUT 120 s; not started after KERNEL_BY_S, 330 s from the
 # start).

@@ -41,24 +41,27 @@ from model_reference import load_config  # noqa: E402
 
 D1024 = "configs/gpu-d1024-e16.yaml"
 CASES = {  # name -> (config, overrides); the order they run in (the budget may cut the last)
-    "d1024-e16-mb64-cf1.25": (D1024, ["train.micro_batch_size=64"]),
+    # First what the issue's targets read and the two expert-product choices to settle: the
+    # d 1024 target case, then the same with the Hopper tiles and with host-sized cuBLAS products,
+    # then switch-medium strong and eager.
     "d1024-e16-mb64-dropless": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0"]),
     # The expert GEMMs on the Hopper tiles (wgmma; kernels/cuda/grouped_gemm_hopper.cuh), not
     # yet the default: ours only, beside the case above.
     "d1024-e16-mb64-dropless-wgmma": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
                                               "env:SWITCHYARD_GROUPED_WGMMA=1"]),
-    "d1024-e16-mb16-cf1.25": (D1024, ["train.micro_batch_size=16"]),
-    "d1024-e16-mb16-dropless": (D1024, ["train.micro_batch_size=16", "moe.capacity_factor=0"]),
-    "switch-medium-mb64": ("configs/switch-medium.yaml", ["train.micro_batch_size=64"]),
     # The dropless dispatch with its counts copied to the host (cuBLAS's grouped products, one
     # wait per MoE layer) beside the default device-sized products: ours only.
     "d1024-e16-mb64-dropless-hostcounts": (D1024, ["train.micro_batch_size=64", "moe.capacity_factor=0",
                                                    "moe.dispatch_counts=host"]),
+    "switch-medium-mb64": ("configs/switch-medium.yaml", ["train.micro_batch_size=64"]),
     # The micro-batches replayed as one CUDA graph (runtime.cuda_graphs; docs/gpu.md), beside
     # the same cases run eagerly. At switch-medium, where launches decide, against PyTorch
     # eager (torch:compile=0: the reference without torch.compile), issue #36's "2x eager".
     "switch-medium-mb64-graphs": ("configs/switch-medium.yaml", ["train.micro_batch_size=64",
                                   "runtime.cuda_graphs=true", "torch:compile=0"]),
+    "d1024-e16-mb64-cf1.25": (D1024, ["train.micro_batch_size=64"]),
+    "d1024-e16-mb16-dropless": (D1024, ["train.micro_batch_size=16", "moe.capacity_factor=0"]),
+    "d1024-e16-mb16-cf1.25": (D1024, ["train.micro_batch_size=16"]),
     "d1024-e16-mb64-cf1.25-graphs": (D1024, ["train.micro_batch_size=64",
                                              "runtime.cuda_graphs=true"]),
     # What f32 activation storage costs (each product converts its f32 input, twice for a
