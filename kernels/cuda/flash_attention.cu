@@ -15,7 +15,9 @@
 // to bf16 as they are loaded into row-major (64, hd) tiles, each loaded once per use; ldmatrix
 // reads the fragments, transposed where a tile's rows are the product's K (v in the forward,
 // k for dq, q and dout for dk and dv). Rows past S load as zeros and are masked (keys) or not
-// written (queries).
+// written (queries). The tiles a kernel loops over are double-buffered: each block's loop
+// stores the next block's pair into the buffers the warps are not reading and ends with one
+// barrier (two a block before: one before the store, one after).
 //
 //   FlashForwardKernel    grid (query blocks, Hq, B): online softmax over the key blocks,
 //                         out and lse written once.

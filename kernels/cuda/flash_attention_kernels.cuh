@@ -101,10 +101,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
                        const float* __restrict__ v, TO* __restrict__ out,
                        float* __restrict__ lse, Dims d, bool causal, Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using Z = Sizes<HD>;
-  Bf16* sq = reinterpret_cast<Bf16*>(smem);
-  Bf16* sk = reinterpret_cast<Bf16*>(smem + Z::kRows);
-  Bf16* sv = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
+  Bf16* sq = TileAt<HD>(smem, 0);  // then k, v of even key blocks (1, 2) and odd ones (3, 4)
 
   // The longest query blocks (causal) first.
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -125,30 +122,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
   FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
   LoadRows<HD>(qh, ldq, i0, d.s, d.aligned, sq);
+  StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned, TileAt<HD>(smem, 1),
+                        TileAt<HD>(smem, 2));
   __syncthreads();
   uint32_t qa[HD / 16][4];  // the warp's q rows, kept as a fragments
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) LoadA(sq, Ld<HD>::kH, row0, 16 * kk, qa[kk]);
 
   for (int kb = 0; kb < blocks; ++kb) {
-    const int j0 = kb * kBc;
-    __syncthreads();  // the previous block's readers of sk and sv are done
-    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, d.aligned, sk, sv);
-    __syncthreads();
-    if (kb + 1 < blocks) {
-      FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
-    }
+    const int j0 = kb * kBc, cur = 1 + 2 * (kb % 2), other = 4 - cur;
+    const Bf16 *sk = TileAt<HD>(smem, cur), *sv = TileAt<HD>(smem, cur + 1);
+    const bool more = kb + 1 < blocks;
+    if (more) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
     float s[kBc / 8][4];  // (16, 64) q^ k^T
     Zero(s);
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-#pragma unroll
-      for (int n = 0; n < kBc / 16; ++n) {
-        uint32_t bk[4];
-        LoadBRows(sk, Ld<HD>::kH, 16 * n, 16 * kk, bk);
-        MmaPair(s[2 * n], s[2 * n + 1], qa[kk], bk);
-      }
-    }
+    ProductFragments<HD>(qa, sk, s);
     float alpha[2];
     // Rows past S need no mask (never written): the forward tests only the keys.
     if (Unmasked(d.s, causal, i0 + row0, j0, kBc)) {
@@ -158,6 +146,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     }
     Rescale(acc, alpha);
     ProductWeights<HD>(s, sv, acc);  // acc += bf16(p) v^
+    // The next block's pair into the other buffers, last read in the previous block (before
+    // the last barrier); the barrier shows it to every warp and ends this block's reads.
+    if (more) {
+      StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned,
+                            TileAt<HD>(smem, other), TileAt<HD>(smem, other + 1));
+    }
+    __syncthreads();
   }
   const float one[2] = {1.0f, 1.0f};  // acc already divided by l
 #pragma unroll
@@ -202,6 +197,55 @@ __device__ __forceinline__ void BackwardWeights(float (&s)[kBc / 8][4], float (&
   }
 }
 
+// The dk/dv kernel's lse2 and delta of tile buffer buf (kBr each), after its six tiles.
+template <int HD>
+__device__ __forceinline__ float* StatsAt(unsigned char* smem, int buf) {
+  return reinterpret_cast<float*>(smem + 6 * Sizes<HD>::kRows + buf * Sizes<HD>::kStats);
+}
+
+// The query tiles the dk/dv kernel of key head g (batch b) walks: the group's query heads, each
+// over its query blocks from `first` (causal: the blocks wholly above the diagonal skipped).
+// Fetch(t) issues tile t's q and dout (kAhead: into registers, in flight during the previous
+// tile's products) and loads its lse and delta, row threadIdx.x's (threads < kBr; 0 past S);
+// Store(t, smem, buf) puts them into buffer buf: q, dout as tiles 2 + 2 buf and 3 + 2 buf,
+// lse as lse2 = f32(lse log2 e) and delta at StatsAt(buf).
+template <int HD, bool kAhead>
+struct QueryTiles {
+  const float *q, *dout, *lse, *delta;
+  Dims d;
+  int b, g, first;
+  RowsInFlight<HD> q_next{}, do_next{};
+  float lse_next = 0.0f, delta_next = 0.0f;
+
+  __device__ int PerHead() const { return (d.s + kBr - 1) / kBr - first; }
+  __device__ int Count() const { return d.group() * PerHead(); }
+  __device__ int Head(int tile) const { return g * d.group() + tile / PerHead(); }
+  __device__ int FirstRow(int tile) const { return (first + tile % PerHead()) * kBr; }
+  __device__ int64_t Offset(int tile) const {
+    return (static_cast<int64_t>(b) * d.s * d.hq + Head(tile)) * HD;
+  }
+  __device__ void Fetch(int tile) {
+    const int64_t ld = static_cast<int64_t>(d.hq) * HD;
+    FetchPair<HD, kAhead>(q_next, do_next, q + Offset(tile), dout + Offset(tile), ld,
+                          FirstRow(tile), d.s, d.aligned);
+    const int r = threadIdx.x, i = FirstRow(tile) + r;
+    const bool in = r < kBr && i < d.s;
+    const int64_t at = (static_cast<int64_t>(b) * d.hq + Head(tile)) * d.s + i;
+    lse_next = in ? lse[at] : 0.0f;
+    delta_next = in ? delta[at] : 0.0f;
+  }
+  __device__ void Store(int tile, unsigned char* smem, int buf) {
+    const int64_t ld = static_cast<int64_t>(d.hq) * HD;
+    StorePair<HD, kAhead>(q_next, do_next, q + Offset(tile), dout + Offset(tile), ld,
+                          FirstRow(tile), d.s, d.aligned, TileAt<HD>(smem, 2 + 2 * buf),
+                          TileAt<HD>(smem, 3 + 2 * buf));
+    if (threadIdx.x < kBr) {
+      StatsAt<HD>(smem, buf)[threadIdx.x] = __fmul_rn(lse_next, kLog2e);
+      StatsAt<HD>(smem, buf)[kBr + threadIdx.x] = delta_next;
+    }
+  }
+};
+
 // dk and dv of one key block (grid (key blocks, Hkv, B)): warp w owns keys [16 w, 16 w + 16)
 // of the block and computes, per query block of each query head of the group,
 //   s^T = k^ q^T, dp^T = v^ do^T (keys as rows), p^T and ds^T in registers, then
@@ -214,54 +258,32 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
                           float* __restrict__ dk, float* __restrict__ dv, Dims d, bool causal,
                           Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using Z = Sizes<HD>;
-  Bf16* sk = reinterpret_cast<Bf16*>(smem);
-  Bf16* sv = reinterpret_cast<Bf16*>(smem + Z::kRows);
-  Bf16* sq = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
-  Bf16* sdo = reinterpret_cast<Bf16*>(smem + 3 * Z::kRows);
-  float* slse = reinterpret_cast<float*>(smem + 4 * Z::kRows);
-  float* sdelta = slse + kBr;
+  // k, v, then q, dout of even tiles (2, 3) and odd ones (4, 5), then the two tiles' lse2 and
+  // delta (kBr each).
+  Bf16 *sk = TileAt<HD>(smem, 0), *sv = TileAt<HD>(smem, 1);
 
   const int kb = blockIdx.x, g = blockIdx.y, b = blockIdx.z, j0 = kb * kBc;
-  const int64_t ldq = static_cast<int64_t>(d.hq) * HD, ldkv = static_cast<int64_t>(d.hkv) * HD;
+  const int64_t ldkv = static_cast<int64_t>(d.hkv) * HD;
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
   const int j[2] = {j0 + row0 + lane / 4, j0 + row0 + lane / 4 + 8};
-  const int first = causal ? j0 / kBr : 0;  // query blocks wholly above the diagonal skipped
-  // The (query head, query block) tiles in order: the group's heads, each over its blocks.
-  const int per_head = (d.s + kBr - 1) / kBr - first, tiles = d.group() * per_head;
-  auto q_offset = [&](int tile) {
-    const int h = g * d.group() + tile / per_head;
-    return static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
-  };
-  auto first_row = [&](int tile) { return (first + tile % per_head) * kBr; };
-  // kAhead: the next tile's q and dout; the first's are fetched before k and v are loaded.
-  RowsInFlight<HD> q_next, do_next;
-  if (tiles > 0) {
-    FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(0), dout + q_offset(0), ldq, first_row(0),
-                          d.s, d.aligned);
-  }
+  QueryTiles<HD, kAhead> walk{q, dout, lse, delta, d, b, g, causal ? j0 / kBr : 0};
+  const int tiles = walk.Count();
+  // The first tile's q and dout are fetched before k and v are loaded.
+  if (tiles > 0) walk.Fetch(0);
   LoadRows<HD>(k + kv_off, ldkv, j0, d.s, d.aligned, sk);
   LoadRows<HD>(v + kv_off, ldkv, j0, d.s, d.aligned, sv);
+  if (tiles > 0) walk.Store(0, smem, 0);
+  __syncthreads();
   float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
   Zero(dk_acc);
   Zero(dv_acc);
   for (int tile = 0; tile < tiles; ++tile) {
-    const int h = g * d.group() + tile / per_head, i0 = first_row(tile);
-    const int64_t q_off = q_offset(tile);
-    const int64_t stat_off = (static_cast<int64_t>(b) * d.hq + h) * d.s;
-    __syncthreads();  // the previous tile's readers of sq, sdo, slse, sdelta are done
-    StorePair<HD, kAhead>(q_next, do_next, q + q_off, dout + q_off, ldq, i0, d.s, d.aligned, sq,
-                          sdo);
-    for (int r = threadIdx.x; r < kBr; r += kThreads) {
-      slse[r] = i0 + r < d.s ? __fmul_rn(lse[stat_off + i0 + r], kLog2e) : 0.0f;  // lse2
-      sdelta[r] = i0 + r < d.s ? delta[stat_off + i0 + r] : 0.0f;
-    }
-    __syncthreads();
-    if (tile + 1 < tiles) {
-      FetchPair<HD, kAhead>(q_next, do_next, q + q_offset(tile + 1), dout + q_offset(tile + 1), ldq,
-                            first_row(tile + 1), d.s, d.aligned);
-    }
+    const int i0 = walk.FirstRow(tile), buf = tile % 2;
+    const Bf16 *sq = TileAt<HD>(smem, 2 + 2 * buf), *sdo = TileAt<HD>(smem, 3 + 2 * buf);
+    const float *slse = StatsAt<HD>(smem, buf), *sdelta = slse + kBr;
+    const bool more = tile + 1 < tiles;
+    if (more) walk.Fetch(tile + 1);
     float st[kBr / 8][4], dpt[kBr / 8][4];  // (16 keys, 64 queries)
     Zero(st);
     Zero(dpt);
@@ -282,6 +304,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     }
     ProductWeights<HD>(st, sdo, dv_acc);  // dv += bf16(p)^T do^
     ProductWeights<HD>(dpt, sq, dk_acc);  // dk += bf16(ds)^T q^
+    // The next tile into the other buffers (as in the forward).
+    if (more) walk.Store(tile + 1, smem, 1 - buf);
+    __syncthreads();
   }
   const float one[2] = {1.0f, 1.0f}, scaled[2] = {sc.scale, sc.scale};
   WriteAccumulators<HD>(dk_acc, scaled, j0 + row0, d.s, dk + kv_off, ldkv);
@@ -298,11 +323,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
                          const float* __restrict__ dout, const float* __restrict__ delta,
                          float* __restrict__ dq, Dims d, bool causal, Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using Z = Sizes<HD>;
-  Bf16* sq = reinterpret_cast<Bf16*>(smem);
-  Bf16* sdo = reinterpret_cast<Bf16*>(smem + Z::kRows);
-  Bf16* sk = reinterpret_cast<Bf16*>(smem + 2 * Z::kRows);
-  Bf16* sv = reinterpret_cast<Bf16*>(smem + 3 * Z::kRows);
+  // q, dout, then k, v of even key blocks (2, 3) and odd ones (4, 5).
+  Bf16 *sq = TileAt<HD>(smem, 0), *sdo = TileAt<HD>(smem, 1);
 
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int g = h / d.group(), i0 = qb * kBr;
@@ -324,16 +346,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
   LoadRows<HD>(q + q_off, ldq, i0, d.s, d.aligned, sq);
   LoadRows<HD>(dout + q_off, ldq, i0, d.s, d.aligned, sdo);
+  StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned, TileAt<HD>(smem, 2),
+                        TileAt<HD>(smem, 3));
+  __syncthreads();
   float dq_acc[HD / 8][4];
   Zero(dq_acc);
   for (int kb = 0; kb < blocks; ++kb) {
-    const int j0 = kb * kBc;
-    __syncthreads();  // the previous tile's readers of sk and sv are done
-    StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0, d.s, d.aligned, sk, sv);
-    __syncthreads();
-    if (kb + 1 < blocks) {
-      FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
-    }
+    const int j0 = kb * kBc, cur = 2 + 2 * (kb % 2), other = 6 - cur;
+    const Bf16 *sk = TileAt<HD>(smem, cur), *sv = TileAt<HD>(smem, cur + 1);
+    const bool more = kb + 1 < blocks;
+    if (more) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
     float s[kBc / 8][4], dp[kBc / 8][4];  // (16 rows, 64 keys)
     Zero(s);
     Zero(dp);
@@ -352,6 +374,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
       BackwardWeights<true>(s, dp, d.s, causal, sc.c, at);
     }
     ProductWeights<HD>(dp, sk, dq_acc);  // dq += bf16(ds) k^
+    // The next block's pair into the other buffers (as in the forward).
+    if (more) {
+      StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned,
+                            TileAt<HD>(smem, other), TileAt<HD>(smem, other + 1));
+    }
+    __syncthreads();
   }
   const float scaled[2] = {sc.scale, sc.scale};
   WriteAccumulators<HD>(dq_acc, scaled, i0 + row0, d.s, dq + q_off, ldq);

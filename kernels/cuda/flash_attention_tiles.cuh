@@ -29,15 +29,24 @@ struct Ld {
   static constexpr int kH = HD + 8;
 };
 
-// Bytes of shared memory of each kernel.
+// Bytes of shared memory of each kernel. The tiles a kernel loops over (k and v, or q and dout
+// with their lse and delta) are double-buffered: the next block's pair is stored into one
+// buffer while the warps read the other, so a block costs one barrier, not two.
 template <int HD>
 struct Sizes {
   static constexpr int kRows = kBr * Ld<HD>::kH * 2;  // one (64, HD) tile
-  static constexpr int kForward = 3 * kRows;                  // q, k, v
-  static constexpr int kBackwardQ = 4 * kRows;                // q, dout, k, v
-  static constexpr int kBackwardKv = 4 * kRows + 2 * kBr * 4;  // k, v, q, dout; lse, delta
+  static constexpr int kStats = 2 * kBr * 4;          // a query block's lse and delta
+  static constexpr int kForward = 5 * kRows;          // q; k, v twice
+  static constexpr int kBackwardQ = 6 * kRows;        // q, dout; k, v twice
+  static constexpr int kBackwardKv = 6 * kRows + 2 * kStats;  // k, v; q, dout, lse, delta twice
   static_assert(kRows % 16 == 0, "alignment");
 };
+
+// Tile t of a kernel's shared memory (t kRows bytes in).
+template <int HD>
+__device__ __forceinline__ Bf16* TileAt(unsigned char* smem, int t) {
+  return reinterpret_cast<Bf16*>(smem + t * Sizes<HD>::kRows);
+}
 
 // aligned: every row of q, k, v and dout starts on 16 bytes (the tiles load them a quad at a
 // time); the launch checks the pointers.
@@ -215,6 +224,22 @@ __device__ __forceinline__ void ProductRows(const Bf16* x, int row0, const Bf16*
   }
 }
 
+// c (16 rows of the warp, 64 columns) += x y^T where x is held as the a fragments of the
+// warp's 16 rows (the forward's q) and y is a row-major (64, HD) tile.
+template <int HD>
+__device__ __forceinline__ void ProductFragments(const uint32_t (&x)[HD / 16][4], const Bf16* y,
+                                                 float (&c)[kBc / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+    for (int n = 0; n < kBc / 16; ++n) {
+      uint32_t b[4];
+      LoadBRows(y, Ld<HD>::kH, 16 * n, 16 * kk, b);
+      MmaPair(c[2 * n], c[2 * n + 1], x[kk], b);
+    }
+  }
+}
+
 // acc (16 rows, HD) += bf16(w) z: w the warp's (16, 64) f32 accumulators, z a row-major
 // (64, HD) tile (its 64 rows are the product's K).
 template <int HD>
@@ -254,7 +279,8 @@ __device__ __forceinline__ void WriteAccumulators(const float (&acc)[HD / 8][4],
 }
 
 // One pair of (64, HD) tiles (k and v, or q and dout) at rows r0 of a and b into sa and sb:
-// from the registers they were fetched into (kAhead), or loaded now. Call between barriers.
+// from the registers they were fetched into (kAhead), or loaded now. The caller's barrier
+// comes after it, before any warp reads sa or sb.
 template <int HD, bool kAhead>
 __device__ __forceinline__ void StorePair(const RowsInFlight<HD>& ra, const RowsInFlight<HD>& rb,
                                           const float* a, const float* b, int64_t ld, int r0,
