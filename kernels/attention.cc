@@ -10,21 +10,24 @@
 namespace switchyard::kernels {
 namespace {
 
-// t is defined, f32, on `device` (the output's) and of shape `want`.
+// t is defined, f32 (bf16 with `bf16`), on `device` (the output's) and of shape `want`.
 void CheckTensor(const Tensor& t, const Shape& want, Device device, const char* op,
-                 const char* what) {
+                 const char* what, bool bf16 = false) {
   SY_CHECK(t.defined()) << op << ": " << what << " is undefined";
   SY_CHECK(t.device() == device) << op << ": " << what << " is on " << t.device()
                                  << " but the output is on " << device;
-  SY_CHECK(t.dtype() == DType::kF32) << op << ": " << what << " is " << DTypeName(t.dtype())
-                                     << ", expected f32";
+  const DType dtype = bf16 ? DType::kBF16 : DType::kF32;
+  SY_CHECK(t.dtype() == dtype) << op << ": " << what << " is " << DTypeName(t.dtype())
+                               << ", expected " << DTypeName(dtype);
   SY_CHECK(t.shape() == want) << op << ": " << what << " " << ShapeString(t.shape())
                               << ", expected " << ShapeString(want);
 }
 
-// Checks q (B, S, Hq, hd), k and v (B, S, Hkv, hd) and lse (B, Hq, S) on `device`.
+// Checks q (B, S, Hq, hd), k and v (B, S, Hkv, hd) and lse (B, Hq, S) on `device`. q, k and v
+// are f32, or on the fused path (UseFlashAttention(ctx, hd)) all three bf16: the operands the
+// kernel would round them to.
 void CheckInputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                 Device device, const char* op) {
+                 Device device, const DeviceContext* ctx, const char* op) {
   SY_CHECK(q.defined() && k.defined()) << op << ": q or k is undefined";
   SY_CHECK_EQ(q.ndim(), 4) << op << ": q is (B, S, Hq, hd), got " << ShapeString(q.shape());
   SY_CHECK_EQ(k.ndim(), 4) << op << ": k is (B, S, Hkv, hd), got " << ShapeString(k.shape());
@@ -32,9 +35,13 @@ void CheckInputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   SY_CHECK_GE(hd, 1) << op << ": empty heads, q " << ShapeString(q.shape());
   SY_CHECK(hkv >= 1 && hq % hkv == 0) << op << ": Hq=" << hq << " is not a multiple of Hkv="
                                       << hkv;
-  CheckTensor(q, q.shape(), device, op, "q");
-  CheckTensor(k, {b, s, hkv, hd}, device, op, "k");
-  CheckTensor(v, {b, s, hkv, hd}, device, op, "v");
+  const bool bf16 = q.dtype() == DType::kBF16;
+  SY_CHECK(!bf16 || UseFlashAttention(ctx, hd))
+      << op << ": q, k and v in bf16 need the fused path (bf16 products, head_dim 64 or 128), "
+      << "got head_dim " << hd;
+  CheckTensor(q, q.shape(), device, op, "q", bf16);
+  CheckTensor(k, {b, s, hkv, hd}, device, op, "k", bf16);
+  CheckTensor(v, {b, s, hkv, hd}, device, op, "v", bf16);
   CheckTensor(lse, {b, hq, s}, device, op, "lse");
 }
 
@@ -76,7 +83,7 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
                       DeviceContext* ctx, AttentionMask mask) {
   constexpr const char* kOp = "AttentionForward";
   SY_CHECK(out.defined()) << kOp << ": out is undefined";
-  CheckInputs(q, k, v, lse, out.device(), kOp);
+  CheckInputs(q, k, v, lse, out.device(), ctx, kOp);
   CheckOut(out, q.shape(), out.device(), kOp);
   CheckMask(mask, kOp);
   if (UseFlashAttention(ctx, q.dim(3))) {
@@ -104,7 +111,7 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        AttentionMask mask, const Tensor& delta) {
   constexpr const char* kOp = "AttentionBackward";
   SY_CHECK(dq.defined()) << kOp << ": dq is undefined";
-  CheckInputs(q, k, v, lse, dq.device(), kOp);
+  CheckInputs(q, k, v, lse, dq.device(), ctx, kOp);
   CheckTensor(dout, q.shape(), dq.device(), kOp, "dout");
   CheckTensor(dq, q.shape(), dq.device(), kOp, "dq");
   CheckTensor(dk, k.shape(), dq.device(), kOp, "dk");

@@ -265,6 +265,8 @@ fi
 echo "== benchmarks"
 for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf --json $out/permute.json" \
          "attention_gpu_perf --json $out/attention.json" \
+         "attention_gpu_perf --head_dim 64 --seq_lens 512,2048 --json $out/attention_hd64.json" \
+         "attention_gpu_perf --head_dim 64 --seq_lens 512,2048 --bf16_inputs 1 --json $out/attention_hd64_bf16in.json" \
          "wgmma grouped_gemm_gpu_perf --json $out/grouped_gemm_wgmma.json" \
          "wgmma-wide grouped_gemm_gpu_perf --json $out/grouped_gemm_wgmma_wide.json"; do
   # A leading "wgmma" / "wgmma-wide": the expert GEMMs on the Hopper tiles, 128 x 128 / 128 x 256.
@@ -274,6 +276,9 @@ for b in "grouped_gemm_gpu_perf --json $out/grouped_gemm.json" "permute_gpu_perf
     wgmma-wide) wgmma=1 wide=1 tag=_wgmma_wide b=${b#* } ;;
   esac
   name=${b%% *}$tag
+  case $b in  # the attention rows' logs by their json's name
+    attention_gpu_perf*hd64*) name=$(basename "${b##* }" .json) ;;
+  esac
   if SWITCHYARD_GROUPED_WGMMA=$wgmma SWITCHYARD_GROUPED_WIDE=$wide limit 180 "$bin"/$b \
        >"$out/$name.log" 2>&1; then
     row "$name" ok "$(grep -iE 'ratio|of peak|summary' "$out/$name.log" | tail -1)"

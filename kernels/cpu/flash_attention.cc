@@ -28,10 +28,16 @@ constexpr int64_t kBq = kFlashBlockQ, kBk = kFlashBlockK;
 
 float RoundBf16(float x) { return BFloat16::ToFloat(BFloat16::FromFloat(x)); }
 
-// t's values rounded to bf16 (kept as f32).
+// t's values rounded to bf16 (kept as f32): an f32 t rounded, a bf16 t (q, k, v on the fused
+// path may come in bf16) widened, which is exact.
 std::vector<float> Rounded(const Tensor& t) {
-  const float* src = t.data<float>();
   std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.dtype() == DType::kBF16) {
+    const BFloat16* src = t.data<BFloat16>();
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = BFloat16::ToFloat(src[i].bits);
+    return out;
+  }
+  const float* src = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) out[i] = RoundBf16(src[i]);
   return out;
 }

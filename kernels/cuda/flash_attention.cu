@@ -43,6 +43,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include <cuda_pipeline_primitives.h>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention_kernels.cuh"
 #include "kernels/flash_attention.h"
@@ -72,16 +74,31 @@ dim3 GridOf(int64_t blocks, int64_t heads, int64_t batch) {
 
 
 // Whether every row of these (B, S, H, hd) tensors starts on 16 bytes: the tiles then load
-// a quad of f32 in one access (hd is a multiple of 4, so the base pointer decides).
+// a quad of f32 or a chunk of 8 bf16 in one access (hd is a multiple of 64, so the base
+// pointer decides).
 bool RowsAligned(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) {
-    if (reinterpret_cast<uintptr_t>(t->data<float>()) % 16 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
   }
   return true;
 }
 
-Dims DimsOf(const Tensor& q, const Tensor& k, bool aligned) {
-  return {Int(q.dim(1), "S"), Int(q.dim(2), "Hq"), Int(k.dim(2), "Hkv"), aligned};
+// dout: the backward's (f32); the forward has none.
+Dims DimsOf(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* dout = nullptr) {
+  return {Int(q.dim(1), "S"), Int(q.dim(2), "Hq"), Int(k.dim(2), "Hkv"),
+          RowsAligned({&q, &k, &v}), dout != nullptr && RowsAligned({dout})};
+}
+
+// Calls f with q, k and v's element pointer type: const float* or const Bf16* (all three of
+// q's dtype, which kernels/attention.cc checks).
+template <typename F>
+void WithInputs(const Tensor& q, F&& f) {
+  if (q.dtype() == DType::kBF16) return f(static_cast<const flash::Bf16*>(nullptr));
+  f(static_cast<const float*>(nullptr));
+}
+template <typename TI>
+const TI* In(const Tensor& t) {
+  return static_cast<const TI*>(t.raw_data());
 }
 
 flash::Scale ScaleOf(int64_t hd) { return {FlashScale(hd), FlashScaleLog2(hd)}; }
@@ -97,15 +114,17 @@ bool FetchAhead() {
 template <int HD, bool kAhead>
 void LaunchForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                    bool causal, DeviceContext* ctx) {
-  const Dims d = DimsOf(q, k, RowsAligned({&q, &k, &v}));
+  const Dims d = DimsOf(q, k, v);
   const int bytes = Sizes<HD>::kForward;
-  WithF32OrBf16(out, [&](auto* op) {
-    using TO = std::remove_pointer_t<decltype(op)>;
-    const auto kernel = flash::FlashForwardKernel<HD, TO, kAhead>;
-    AllowSharedMemory(kernel, bytes);
-    kernel<<<GridOf((d.s + kBr - 1) / kBr, d.hq, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
-        q.data<float>(), k.data<float>(), v.data<float>(), op, lse.data<float>(), d, causal,
-        ScaleOf(HD));
+  WithInputs(q, [&](auto* ip) {
+    using TI = std::remove_const_t<std::remove_pointer_t<decltype(ip)>>;
+    WithF32OrBf16(out, [&](auto* op) {
+      using TO = std::remove_pointer_t<decltype(op)>;
+      const auto kernel = flash::FlashForwardKernel<HD, TI, TO, kAhead>;
+      AllowSharedMemory(kernel, bytes);
+      kernel<<<GridOf((d.s + kBr - 1) / kBr, d.hq, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
+          In<TI>(q), In<TI>(k), In<TI>(v), op, lse.data<float>(), d, causal, ScaleOf(HD));
+    });
   });
   SY_CUDA_CHECK_LAUNCH();
 }
@@ -114,20 +133,23 @@ template <int HD, bool kAhead>
 void LaunchBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                     const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv,
                     bool causal, DeviceContext* ctx) {
-  const Dims d = DimsOf(q, k, RowsAligned({&q, &k, &v, &dout}));
-  const auto kv_kernel = flash::FlashBackwardKvKernel<HD, kAhead>;
-  const auto q_kernel = flash::FlashBackwardQKernel<HD, kAhead>;
-  AllowSharedMemory(kv_kernel, Sizes<HD>::kBackwardKv);
-  AllowSharedMemory(q_kernel, Sizes<HD>::kBackwardQ);
+  const Dims d = DimsOf(q, k, v, &dout);
   const int64_t blocks = (d.s + kBr - 1) / kBr;
   const cudaStream_t stream = StreamOf(ctx);
-  kv_kernel<<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, Sizes<HD>::kBackwardKv, stream>>>(
-      q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
-      delta.data<float>(), dk.data<float>(), dv.data<float>(), d, causal, ScaleOf(HD));
-  SY_CUDA_CHECK_LAUNCH();
-  q_kernel<<<GridOf(blocks, d.hq, q.dim(0)), kThreads, Sizes<HD>::kBackwardQ, stream>>>(
-      q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), dout.data<float>(),
-      delta.data<float>(), dq.data<float>(), d, causal, ScaleOf(HD));
+  WithInputs(q, [&](auto* ip) {
+    using TI = std::remove_const_t<std::remove_pointer_t<decltype(ip)>>;
+    const auto kv_kernel = flash::FlashBackwardKvKernel<HD, TI, kAhead>;
+    const auto q_kernel = flash::FlashBackwardQKernel<HD, TI, kAhead>;
+    AllowSharedMemory(kv_kernel, Sizes<HD>::kBackwardKv);
+    AllowSharedMemory(q_kernel, Sizes<HD>::kBackwardQ);
+    kv_kernel<<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, Sizes<HD>::kBackwardKv, stream>>>(
+        In<TI>(q), In<TI>(k), In<TI>(v), lse.data<float>(), dout.data<float>(),
+        delta.data<float>(), dk.data<float>(), dv.data<float>(), d, causal, ScaleOf(HD));
+    SY_CUDA_CHECK_LAUNCH();
+    q_kernel<<<GridOf(blocks, d.hq, q.dim(0)), kThreads, Sizes<HD>::kBackwardQ, stream>>>(
+        In<TI>(q), In<TI>(k), In<TI>(v), lse.data<float>(), dout.data<float>(),
+        delta.data<float>(), dq.data<float>(), d, causal, ScaleOf(HD));
+  });
   SY_CUDA_CHECK_LAUNCH();
 }
 

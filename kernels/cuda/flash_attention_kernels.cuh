@@ -93,12 +93,35 @@ __device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kBc / 8][4], const 
   }
 }
 
+// The k and v tiles a kernel walks over key blocks with (the forward's and dq's), on their way
+// into the shared tiles t and t + 1 (TileLoader): Start(j0, t) begins key block j0's (and
+// commits its copies), Finish(j0, t) ends it, before the barrier that shows them.
+template <int HD, typename TI, bool kAhead>
+struct KeyValueTiles {
+  const TI *k, *v;  // at (b, 0, kv head, 0)
+  int64_t ld;
+  int s;
+  bool aligned;
+  unsigned char* smem;
+  TileLoader<HD, TI, kAhead> k_in{}, v_in{};
+
+  __device__ __forceinline__ void Start(int j0, int t) {
+    k_in.Start(k, ld, j0, s, aligned, TileAt<HD>(smem, t));
+    v_in.Start(v, ld, j0, s, aligned, TileAt<HD>(smem, t + 1));
+    k_in.Commit();
+  }
+  __device__ __forceinline__ void Finish(int j0, int t) {
+    k_in.Finish(k, ld, j0, s, aligned, TileAt<HD>(smem, t));
+    v_in.Finish(v, ld, j0, s, aligned, TileAt<HD>(smem, t + 1));
+  }
+};
+
 // out: f32, or bf16 (TO; each value rounded as stored: the output projection's operand under
 // bf16 activation storage).
-template <int HD, typename TO = float, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
-    FlashForwardKernel(const float* __restrict__ q, const float* __restrict__ k,
-                       const float* __restrict__ v, TO* __restrict__ out,
+template <int HD, typename TI = float, typename TO = float, bool kAhead = kPrefetch<HD>>
+__global__ void __launch_bounds__(kThreads, kForwardCtasPerSm<HD, TI, kAhead>)
+    FlashForwardKernel(const TI* __restrict__ q, const TI* __restrict__ k,
+                       const TI* __restrict__ v, TO* __restrict__ out,
                        float* __restrict__ lse, Dims d, bool causal, Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
   Bf16* sq = TileAt<HD>(smem, 0);  // then k, v of even key blocks (1, 2) and odd ones (3, 4)
@@ -107,9 +130,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int g = h / d.group(), i0 = qb * kBr;
   const int64_t ldq = static_cast<int64_t>(d.hq) * HD, ldkv = static_cast<int64_t>(d.hkv) * HD;
-  const float* qh = q + static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
-  const float* kh = k + static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
-  const float* vh = v + static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
+  const TI* qh = q + static_cast<int64_t>(b) * d.s * ldq + static_cast<int64_t>(h) * HD;
+  const TI* kh = k + static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
+  const TI* vh = v + static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
 
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32;
   const int i[2] = {i0 + row0 + lane / 4, i0 + row0 + lane / 4 + 8};
@@ -119,11 +142,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
 
   // The first key block's k and v are fetched before q is loaded: their loads fly during q's.
   const int blocks = KeyBlocksOf(d.s, causal, i0);
-  RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
-  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
-  LoadRows<HD>(qh, ldq, i0, d.s, d.aligned, sq);
-  StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned, TileAt<HD>(smem, 1),
-                        TileAt<HD>(smem, 2));
+  KeyValueTiles<HD, TI, kAhead> kv{kh, vh, ldkv, d.s, d.aligned, smem};
+  kv.Start(0, 1);
+  LoadTile<HD>(qh, ldq, i0, d.s, d.aligned, sq);
+  kv.Finish(0, 1);
   __syncthreads();
   uint32_t qa[HD / 16][4];  // the warp's q rows, kept as a fragments
 #pragma unroll
@@ -133,7 +155,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     const int j0 = kb * kBc, cur = 1 + 2 * (kb % 2), other = 4 - cur;
     const Bf16 *sk = TileAt<HD>(smem, cur), *sv = TileAt<HD>(smem, cur + 1);
     const bool more = kb + 1 < blocks;
-    if (more) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
+    // The next block's pair into the other buffers, last read in the previous block (before
+    // the last barrier); the barrier below shows it to every warp and ends this block's reads.
+    if (more) kv.Start(j0 + kBc, other);
     float s[kBc / 8][4];  // (16, 64) q^ k^T
     Zero(s);
     ProductFragments<HD>(qa, sk, s);
@@ -146,12 +170,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     }
     Rescale(acc, alpha);
     ProductWeights<HD>(s, sv, acc);  // acc += bf16(p) v^
-    // The next block's pair into the other buffers, last read in the previous block (before
-    // the last barrier); the barrier shows it to every warp and ends this block's reads.
-    if (more) {
-      StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned,
-                            TileAt<HD>(smem, other), TileAt<HD>(smem, other + 1));
-    }
+    if (more) kv.Finish(j0 + kBc, other);
     __syncthreads();
   }
   const float one[2] = {1.0f, 1.0f};  // acc already divided by l
@@ -205,16 +224,18 @@ __device__ __forceinline__ float* StatsAt(unsigned char* smem, int buf) {
 
 // The query tiles the dk/dv kernel of key head g (batch b) walks: the group's query heads, each
 // over its query blocks from `first` (causal: the blocks wholly above the diagonal skipped).
-// Fetch(t) issues tile t's q and dout (kAhead: into registers, in flight during the previous
-// tile's products) and loads its lse and delta, row threadIdx.x's (threads < kBr; 0 past S);
-// Store(t, smem, buf) puts them into buffer buf: q, dout as tiles 2 + 2 buf and 3 + 2 buf,
-// lse as lse2 = f32(lse log2 e) and delta at StatsAt(buf).
-template <int HD, bool kAhead>
+// Fetch(t, smem, buf) starts tile t's q and dout on their way (TileLoader) into buffer buf,
+// tiles 2 + 2 buf and 3 + 2 buf, in flight during the previous tile's products, and loads its
+// lse and delta, row threadIdx.x's (threads < kBr; 0 past S); Store(t, smem, buf) finishes
+// them and stores lse as lse2 = f32(lse log2 e) and delta at StatsAt(buf).
+template <int HD, typename TI, bool kAhead>
 struct QueryTiles {
-  const float *q, *dout, *lse, *delta;
+  const TI* q;
+  const float *dout, *lse, *delta;
   Dims d;
   int b, g, first;
-  RowsInFlight<HD> q_next{}, do_next{};
+  TileLoader<HD, TI, kAhead> q_in{};
+  TileLoader<HD, float, kAhead> do_in{};
   float lse_next = 0.0f, delta_next = 0.0f;
 
   __device__ int PerHead() const { return (d.s + kBr - 1) / kBr - first; }
@@ -224,11 +245,13 @@ struct QueryTiles {
   __device__ int64_t Offset(int tile) const {
     return (static_cast<int64_t>(b) * d.s * d.hq + Head(tile)) * HD;
   }
-  __device__ void Fetch(int tile) {
+  __device__ void Fetch(int tile, unsigned char* smem, int buf) {
     const int64_t ld = static_cast<int64_t>(d.hq) * HD;
-    FetchPair<HD, kAhead>(q_next, do_next, q + Offset(tile), dout + Offset(tile), ld,
-                          FirstRow(tile), d.s, d.aligned);
-    const int r = threadIdx.x, i = FirstRow(tile) + r;
+    const int i0 = FirstRow(tile);
+    q_in.Start(q + Offset(tile), ld, i0, d.s, d.aligned, TileAt<HD>(smem, 2 + 2 * buf));
+    do_in.Start(dout + Offset(tile), ld, i0, d.s, d.aligned_dout, TileAt<HD>(smem, 3 + 2 * buf));
+    q_in.Commit();
+    const int r = threadIdx.x, i = i0 + r;
     const bool in = r < kBr && i < d.s;
     const int64_t at = (static_cast<int64_t>(b) * d.hq + Head(tile)) * d.s + i;
     lse_next = in ? lse[at] : 0.0f;
@@ -236,9 +259,9 @@ struct QueryTiles {
   }
   __device__ void Store(int tile, unsigned char* smem, int buf) {
     const int64_t ld = static_cast<int64_t>(d.hq) * HD;
-    StorePair<HD, kAhead>(q_next, do_next, q + Offset(tile), dout + Offset(tile), ld,
-                          FirstRow(tile), d.s, d.aligned, TileAt<HD>(smem, 2 + 2 * buf),
-                          TileAt<HD>(smem, 3 + 2 * buf));
+    const int i0 = FirstRow(tile);
+    q_in.Finish(q + Offset(tile), ld, i0, d.s, d.aligned, TileAt<HD>(smem, 2 + 2 * buf));
+    do_in.Finish(dout + Offset(tile), ld, i0, d.s, d.aligned_dout, TileAt<HD>(smem, 3 + 2 * buf));
     if (threadIdx.x < kBr) {
       StatsAt<HD>(smem, buf)[threadIdx.x] = __fmul_rn(lse_next, kLog2e);
       StatsAt<HD>(smem, buf)[kBr + threadIdx.x] = delta_next;
@@ -246,14 +269,15 @@ struct QueryTiles {
   }
 };
 
+
 // dk and dv of one key block (grid (key blocks, Hkv, B)): warp w owns keys [16 w, 16 w + 16)
 // of the block and computes, per query block of each query head of the group,
 //   s^T = k^ q^T, dp^T = v^ do^T (keys as rows), p^T and ds^T in registers, then
 //   dv += bf16(p^T) do^ and dk += bf16(ds^T) q^ (the q and do tiles read transposed).
-template <int HD, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
-    FlashBackwardKvKernel(const float* __restrict__ q, const float* __restrict__ k,
-                          const float* __restrict__ v, const float* __restrict__ lse,
+template <int HD, typename TI = float, bool kAhead = kPrefetch<HD>>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<TI, kAhead>)
+    FlashBackwardKvKernel(const TI* __restrict__ q, const TI* __restrict__ k,
+                          const TI* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ dout, const float* __restrict__ delta,
                           float* __restrict__ dk, float* __restrict__ dv, Dims d, bool causal,
                           Scale sc) {
@@ -267,12 +291,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
   const int j[2] = {j0 + row0 + lane / 4, j0 + row0 + lane / 4 + 8};
-  QueryTiles<HD, kAhead> walk{q, dout, lse, delta, d, b, g, causal ? j0 / kBr : 0};
+  QueryTiles<HD, TI, kAhead> walk{q, dout, lse, delta, d, b, g, causal ? j0 / kBr : 0};
   const int tiles = walk.Count();
   // The first tile's q and dout are fetched before k and v are loaded.
-  if (tiles > 0) walk.Fetch(0);
-  LoadRows<HD>(k + kv_off, ldkv, j0, d.s, d.aligned, sk);
-  LoadRows<HD>(v + kv_off, ldkv, j0, d.s, d.aligned, sv);
+  if (tiles > 0) walk.Fetch(0, smem, 0);
+  LoadTile<HD>(k + kv_off, ldkv, j0, d.s, d.aligned, sk);
+  LoadTile<HD>(v + kv_off, ldkv, j0, d.s, d.aligned, sv);
   if (tiles > 0) walk.Store(0, smem, 0);
   __syncthreads();
   float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
@@ -283,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     const Bf16 *sq = TileAt<HD>(smem, 2 + 2 * buf), *sdo = TileAt<HD>(smem, 3 + 2 * buf);
     const float *slse = StatsAt<HD>(smem, buf), *sdelta = slse + kBr;
     const bool more = tile + 1 < tiles;
-    if (more) walk.Fetch(tile + 1);
+    if (more) walk.Fetch(tile + 1, smem, 1 - buf);
     float st[kBr / 8][4], dpt[kBr / 8][4];  // (16 keys, 64 queries)
     Zero(st);
     Zero(dpt);
@@ -316,10 +340,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
 // dq of one query block (grid (query blocks, Hq, B)): warp w owns rows [16 w, 16 w + 16) and
 // computes, per key block the rows see, s = q^ k^T and dp = do^ v^T, p and ds in registers,
 // then dq += bf16(ds) k^ (the k tile read transposed).
-template <int HD, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
-    FlashBackwardQKernel(const float* __restrict__ q, const float* __restrict__ k,
-                         const float* __restrict__ v, const float* __restrict__ lse,
+template <int HD, typename TI = float, bool kAhead = kPrefetch<HD>>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<TI, kAhead>)
+    FlashBackwardQKernel(const TI* __restrict__ q, const TI* __restrict__ k,
+                         const TI* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ dout, const float* __restrict__ delta,
                          float* __restrict__ dq, Dims d, bool causal, Scale sc) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -341,13 +365,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
   }
   // The first key block's k and v are fetched before q and dout are loaded (see the forward).
   const int blocks = KeyBlocksOf(d.s, causal, i0);
-  RowsInFlight<HD> k_next, v_next;  // kAhead: the next key block's k and v
-  const float *kh = k + kv_off, *vh = v + kv_off;
-  FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned);
-  LoadRows<HD>(q + q_off, ldq, i0, d.s, d.aligned, sq);
-  LoadRows<HD>(dout + q_off, ldq, i0, d.s, d.aligned, sdo);
-  StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, 0, d.s, d.aligned, TileAt<HD>(smem, 2),
-                        TileAt<HD>(smem, 3));
+  KeyValueTiles<HD, TI, kAhead> kv{k + kv_off, v + kv_off, ldkv, d.s, d.aligned, smem};
+  kv.Start(0, 2);
+  LoadTile<HD>(q + q_off, ldq, i0, d.s, d.aligned, sq);
+  LoadTile<HD>(dout + q_off, ldq, i0, d.s, d.aligned_dout, sdo);
+  kv.Finish(0, 2);
   __syncthreads();
   float dq_acc[HD / 8][4];
   Zero(dq_acc);
@@ -355,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
     const int j0 = kb * kBc, cur = 2 + 2 * (kb % 2), other = 6 - cur;
     const Bf16 *sk = TileAt<HD>(smem, cur), *sv = TileAt<HD>(smem, cur + 1);
     const bool more = kb + 1 < blocks;
-    if (more) FetchPair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned);
+    if (more) kv.Start(j0 + kBc, other);  // into the other buffers (as in the forward)
     float s[kBc / 8][4], dp[kBc / 8][4];  // (16 rows, 64 keys)
     Zero(s);
     Zero(dp);
@@ -374,11 +396,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kAhead>)
       BackwardWeights<true>(s, dp, d.s, causal, sc.c, at);
     }
     ProductWeights<HD>(dp, sk, dq_acc);  // dq += bf16(ds) k^
-    // The next block's pair into the other buffers (as in the forward).
-    if (more) {
-      StorePair<HD, kAhead>(k_next, v_next, kh, vh, ldkv, j0 + kBc, d.s, d.aligned,
-                            TileAt<HD>(smem, other), TileAt<HD>(smem, other + 1));
-    }
+    if (more) kv.Finish(j0 + kBc, other);
     __syncthreads();
   }
   const float scaled[2] = {sc.scale, sc.scale};

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/flash_attention.h"
 
@@ -48,11 +49,12 @@ __device__ __forceinline__ Bf16* TileAt(unsigned char* smem, int t) {
   return reinterpret_cast<Bf16*>(smem + t * Sizes<HD>::kRows);
 }
 
-// aligned: every row of q, k, v and dout starts on 16 bytes (the tiles load them a quad at a
-// time); the launch checks the pointers.
+// aligned: every row of q, k and v starts on 16 bytes (their tiles load a 16-byte quad of f32
+// or chunk of bf16 at a time); aligned_dout: dout's rows do (f32, whatever q's type). The
+// launch checks the pointers.
 struct Dims {
   int s, hq, hkv;
-  bool aligned;
+  bool aligned, aligned_dout;
   __host__ __device__ int group() const { return hq / hkv; }
 };
 
@@ -147,14 +149,10 @@ struct RowsInFlight {
     for (int it = 0; it < kQuads<HD>; ++it) StoreQuad<HD>(tile, it, v[it]);
   }
 };
-// The kernels' kAhead parameter (default kPrefetch<HD>) says whether they fetch ahead.
+// The kernels' kAhead parameter (default kPrefetch<HD>) says whether they fetch f32 rows
+// ahead (TileLoader).
 template <int HD>
 constexpr bool kPrefetch = HD <= 64;
-// The CTAs per SM each kernel's register budget is sized for (__launch_bounds__): 2 when
-// fetching ahead (ptxas, sm_90: 255 registers; a cap of 168, for 3, spills 200-400 bytes),
-// else no bound (HD 64: 128-185 registers).
-template <bool kAhead>
-constexpr int kCtasPerSm = kAhead ? 2 : 1;
 
 // Fragments from the row-major tiles by ldmatrix.x4: lane l gives the address of row l % 8 of
 // matrix l / 8 (mi, r8 below).
@@ -278,33 +276,93 @@ __device__ __forceinline__ void WriteAccumulators(const float (&acc)[HD / 8][4],
   }
 }
 
-// One pair of (64, HD) tiles (k and v, or q and dout) at rows r0 of a and b into sa and sb:
-// from the registers they were fetched into (kAhead), or loaded now. The caller's barrier
-// comes after it, before any warp reads sa or sb.
+// A tile's way from global memory into its shared (64, HD) bf16 tile (rows [r0, r0 + 64) of
+// one head, `base` at (b, 0, head, 0), row stride ld; rows >= s are 0), begun a block ahead by
+// Start (then the caller's Commit) and ended by Finish, before the barrier that shows the tile:
+//   f32 rows, kAhead: Start loads the quads into registers (RowsInFlight), Finish rounds and
+//     stores them;
+//   f32 rows otherwise: Finish loads, rounds and stores them (LoadRows);
+//   bf16 rows starting on 16 bytes (aligned): Start issues cp.async copies of 16-byte chunks
+//     straight into the tile (no registers; rows >= s zero-filled), Commit closes them as one
+//     group, Finish waits for this thread's groups;
+//   bf16 rows otherwise: Finish copies them element by element.
+// The values are the same bits on every way: bf16 input is already what the f32 rows round to.
+template <int HD, typename T, bool kAhead>
+struct TileLoader;
+
 template <int HD, bool kAhead>
-__device__ __forceinline__ void StorePair(const RowsInFlight<HD>& ra, const RowsInFlight<HD>& rb,
-                                          const float* a, const float* b, int64_t ld, int r0,
-                                          int s, bool aligned, Bf16* sa, Bf16* sb) {
-  if constexpr (kAhead) {
-    ra.Store(sa);
-    rb.Store(sb);
-  } else {
-    LoadRows<HD>(a, ld, r0, s, aligned, sa);
-    LoadRows<HD>(b, ld, r0, s, aligned, sb);
+struct TileLoader<HD, float, kAhead> {
+  RowsInFlight<HD> regs{};  // kAhead only
+
+  __device__ __forceinline__ void Start(const float* base, int64_t ld, int r0, int s, bool aligned,
+                                        Bf16*) {
+    if constexpr (kAhead) regs.Fetch(base, ld, r0, s, aligned);
   }
+  __device__ __forceinline__ void Finish(const float* base, int64_t ld, int r0, int s,
+                                         bool aligned, Bf16* tile) const {
+    if constexpr (kAhead) {
+      regs.Store(tile);
+    } else {
+      LoadRows<HD>(base, ld, r0, s, aligned, tile);
+    }
+  }
+  __device__ __forceinline__ static void Commit() {}
+};
+
+template <int HD, bool kAhead>
+struct TileLoader<HD, Bf16, kAhead> {
+  static constexpr int kPerRow = HD / 8;                     // 16-byte chunks of a row
+  static constexpr int kChunks = kBr * kPerRow / kThreads;  // a thread's chunks of a tile
+  static_assert(kBr * kPerRow % kThreads == 0, "whole passes");
+
+  __device__ __forceinline__ void Start(const Bf16* base, int64_t ld, int r0, int s, bool aligned,
+                                        Bf16* tile) const {
+    if (!aligned) return;
+#pragma unroll
+    for (int it = 0; it < kChunks; ++it) {
+      const int c = it * kThreads + static_cast<int>(threadIdx.x);
+      const int r = c / kPerRow, e = 8 * (c % kPerRow);
+      const bool in = r0 + r < s;  // else zero-filled from a valid address
+      __pipeline_memcpy_async(tile + r * Ld<HD>::kH + e,
+                              in ? base + static_cast<int64_t>(r0 + r) * ld + e : base, 16,
+                              in ? 0 : 16);
+    }
+  }
+  __device__ __forceinline__ void Finish(const Bf16* base, int64_t ld, int r0, int s,
+                                         bool aligned, Bf16* tile) const {
+    if (aligned) return __pipeline_wait_prior(0);
+#pragma unroll 1
+    for (int it = 0; it < kChunks; ++it) {
+      const int c = it * kThreads + static_cast<int>(threadIdx.x);
+      const int r = c / kPerRow, e = 8 * (c % kPerRow);
+      const Bf16* row = base + static_cast<int64_t>(r0 + r) * ld + e;
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        tile[r * Ld<HD>::kH + e + x] = r0 + r < s ? row[x] : ToBf16(0.0f);
+      }
+    }
+  }
+  __device__ __forceinline__ static void Commit() { __pipeline_commit(); }
+};
+
+// A tile loaded now (Start, Commit, Finish): the tiles a kernel holds throughout.
+template <int HD, typename T>
+__device__ __forceinline__ void LoadTile(const T* base, int64_t ld, int r0, int s, bool aligned,
+                                         Bf16* tile) {
+  TileLoader<HD, T, false> loader;
+  loader.Start(base, ld, r0, s, aligned, tile);
+  loader.Commit();
+  loader.Finish(base, ld, r0, s, aligned, tile);
 }
 
-// kAhead: the next pair's loads into registers, issued now so that they fly while the current
-// pair is multiplied.
-template <int HD, bool kAhead>
-__device__ __forceinline__ void FetchPair(RowsInFlight<HD>& ra, RowsInFlight<HD>& rb,
-                                          const float* a, const float* b, int64_t ld, int r0,
-                                          int s, bool aligned) {
-  if constexpr (kAhead) {
-    ra.Fetch(a, ld, r0, s, aligned);
-    rb.Fetch(b, ld, r0, s, aligned);
-  }
-}
+// The CTAs per SM each kernel's register budget is sized for (__launch_bounds__): 2 when f32
+// rows are fetched ahead (ptxas, sm_90a: 255 registers; a cap of 168, for 3, spills 200-400
+// bytes) or bf16 rows are copied ahead, else no bound (f32 at HD 64: 128-185 registers). The
+// forward on bf16 rows at HD 64 holds no rows in registers and fits 168: 3 (12 warps an SM).
+template <typename T, bool kAhead>
+constexpr int kCtasPerSm = (kAhead || std::is_same_v<T, Bf16>) ? 2 : 1;
+template <int HD, typename T, bool kAhead>
+constexpr int kForwardCtasPerSm = std::is_same_v<T, Bf16> && HD == 64 ? 3 : kCtasPerSm<T, kAhead>;
 
 // acc *= alpha row by row (rows g: registers 0, 1; rows g + 8: 2, 3). A row whose max did not
 // move has alpha exactly 1 (kernels/flash_attention.h), and multiplying by 1 changes no bit,

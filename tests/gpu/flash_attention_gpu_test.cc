@@ -1,9 +1,9 @@
 // The fused bf16 attention kernel (kernels/cuda/flash_attention.cu) against its CPU twin
 // (kernels/cpu/flash_attention.cc), both selected through kernels/attention.h by a bf16
 // DeviceContext: forward out and lse, backward dq, dk, dv (from the twin's lse and delta, and
-// the GPU's own end to end), causal and kFull, multi-head, GQA and MQA, S = 1, S below, at
-// and past the 64-row block, head_dim 64 and 128, outputs NaN-filled first (written, not
-// accumulated).
+// the GPU's own end to end; from bf16 q, k and v the same bits), causal and kFull, multi-head,
+// GQA and MQA, S = 1, S below, at and past the 64-row block, head_dim 64 and 128, outputs
+// NaN-filled first (written, not accumulated).
 //
 // Tolerance, by construction (tests/kernels/flash_attention_bound.h): the inputs are rounded to
 // bf16 here, so the kernel and the twin read the same operands; each is within the bound
@@ -124,6 +124,25 @@ void CheckCase(const Case& c, AttentionMask mask, uint64_t seed) {
   ExpectTwice(dq_e, dq, ref.dq_bound, gpu, name + " dq (GPU lse and delta)");
   ExpectTwice(dk_e, dk, ref.dk_bound, gpu, name + " dk (GPU lse and delta)");
   ExpectTwice(dv_e, dv, ref.dv_bound, gpu, name + " dv (GPU lse and delta)");
+
+  // q, k and v in bf16 (the attention layer's under bf16 activation storage): the tiles are
+  // copied as they are (cp.async), the same operands as rounded f32 rows, so the same bits.
+  auto in_bf16 = [&](const Tensor& t) {
+    Tensor out16 = Tensor::Empty(t.shape(), DType::kBF16, cuda);
+    Cast(t, out16, gpu);
+    return out16;
+  };
+  const Tensor q16 = in_bf16(q_d), k16 = in_bf16(k_d), v16 = in_bf16(v_d);
+  Tensor out_b = NanFilled(q_shape, gpu), lse_b = NanFilled(l_shape, gpu);
+  AttentionForward(q16, k16, v16, out_b, lse_b, gpu, mask);
+  gpu_test::ExpectBitEqual(out_b, out_d, gpu, name + " bf16 inputs: out");
+  gpu_test::ExpectBitEqual(lse_b, lse_d, gpu, name + " bf16 inputs: lse");
+  Tensor dq_b = NanFilled(q_shape, gpu), dk_b = NanFilled(kv_shape, gpu);
+  Tensor dv_b = NanFilled(kv_shape, gpu);
+  AttentionBackward(q16, k16, v16, lse_d, dout_d, dq_b, dk_b, dv_b, gpu, mask);
+  gpu_test::ExpectBitEqual(dq_b, dq_e, gpu, name + " bf16 inputs: dq");
+  gpu_test::ExpectBitEqual(dk_b, dk_e, gpu, name + " bf16 inputs: dk");
+  gpu_test::ExpectBitEqual(dv_b, dv_e, gpu, name + " bf16 inputs: dv");
 }
 
 TEST(FlashAttentionGpuTest, MatchesTheCpuTwin) {

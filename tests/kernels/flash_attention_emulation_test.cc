@@ -63,14 +63,33 @@ Tensor RandomBf16(const Shape& shape, uint64_t stream) {
   return test_util::RoundedToBf16(t);
 }
 
-// A copy of t whose data starts 4 bytes past a 16-byte boundary (a view one float into a
-// buffer): rows the kernels must load element by element (flash::Dims::aligned false).
+// A copy of t whose data starts one element (4 bytes of f32, 2 of bf16) past a 16-byte
+// boundary (a view into a buffer): rows the kernels must load element by element
+// (flash::Dims::aligned false).
 Tensor Unaligned(const Tensor& t) {
-  Tensor buf = Tensor::Empty({t.numel() + 1}, DType::kF32);
+  Tensor buf = Tensor::Empty({t.numel() + 1}, t.dtype());
   Tensor view = buf.Slice(1, t.numel() + 1).Reshape(t.shape());
   view.CopyFrom(t);
-  EXPECT_NE(reinterpret_cast<uintptr_t>(view.data<float>()) % 16, 0u);
+  EXPECT_NE(reinterpret_cast<uintptr_t>(view.raw_data()) % 16, 0u);
   return view;
+}
+
+// t in bf16 (t's values are bf16 already: exact).
+Tensor InBf16(const Tensor& t) {
+  Tensor out = Tensor::Empty(t.shape(), DType::kBF16);
+  Cast(t, out);
+  return out;
+}
+
+// Calls f with a null pointer of q's element type (f32, or bf16: the kernels' TI).
+template <typename F>
+void WithInputs(const Tensor& q, F&& f) {
+  if (q.dtype() == DType::kBF16) return f(static_cast<const BFloat16*>(nullptr));
+  f(static_cast<const float*>(nullptr));
+}
+template <typename TI>
+const TI* In(const Tensor& t) {
+  return static_cast<const TI*>(t.raw_data());
 }
 
 Tensor NanFilled(const Shape& shape) {
@@ -80,24 +99,28 @@ Tensor NanFilled(const Shape& shape) {
   return t;
 }
 
-// out f32, or bf16 (the kernel's bf16 instance, as bf16 activation storage runs it).
+// q, k and v f32, or bf16 (the kernels' TI); out f32, or bf16 (the kernel's bf16 instance,
+// as bf16 activation storage runs it). aligned: every input's rows start on 16 bytes.
 template <int HD>
 void EmulatedForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                      bool causal, bool aligned = true) {
   const flash::Dims d{static_cast<int>(q.dim(1)), static_cast<int>(q.dim(2)),
-                      static_cast<int>(k.dim(2)), aligned};
+                      static_cast<int>(k.dim(2)), aligned, false};
   const flash::Scale scale{FlashScale(HD), FlashScaleLog2(HD)};
   const EmuDim3 grid{static_cast<unsigned>((d.s + flash::kBr - 1) / flash::kBr),
                      static_cast<unsigned>(d.hq), static_cast<unsigned>(q.dim(0))};
-  Launch(grid, flash::Sizes<HD>::kForward, [&] {
-    if (out.dtype() == DType::kBF16) {
-      flash::FlashForwardKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                    static_cast<BFloat16*>(out.raw_data()), lse.data<float>(), d,
-                                    causal, scale);
-    } else {
-      flash::FlashForwardKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                    out.data<float>(), lse.data<float>(), d, causal, scale);
-    }
+  WithInputs(q, [&](auto* ip) {
+    using TI = std::remove_const_t<std::remove_pointer_t<decltype(ip)>>;
+    Launch(grid, flash::Sizes<HD>::kForward, [&] {
+      if (out.dtype() == DType::kBF16) {
+        flash::FlashForwardKernel<HD, TI>(In<TI>(q), In<TI>(k), In<TI>(v),
+                                          static_cast<BFloat16*>(out.raw_data()),
+                                          lse.data<float>(), d, causal, scale);
+      } else {
+        flash::FlashForwardKernel<HD, TI>(In<TI>(q), In<TI>(k), In<TI>(v), out.data<float>(),
+                                          lse.data<float>(), d, causal, scale);
+      }
+    });
   });
 }
 
@@ -106,19 +129,22 @@ void EmulatedBackward(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv,
                       bool causal, bool aligned = true) {
   const flash::Dims d{static_cast<int>(q.dim(1)), static_cast<int>(q.dim(2)),
-                      static_cast<int>(k.dim(2)), aligned};
+                      static_cast<int>(k.dim(2)), aligned, aligned};
   const flash::Scale scale{FlashScale(HD), FlashScaleLog2(HD)};
   const unsigned blocks = static_cast<unsigned>((d.s + flash::kBr - 1) / flash::kBr);
   const unsigned batch = static_cast<unsigned>(q.dim(0));
-  Launch({blocks, static_cast<unsigned>(d.hkv), batch}, flash::Sizes<HD>::kBackwardKv, [&] {
-    flash::FlashBackwardKvKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                     lse.data<float>(), dout.data<float>(), delta.data<float>(),
-                                     dk.data<float>(), dv.data<float>(), d, causal, scale);
-  });
-  Launch({blocks, static_cast<unsigned>(d.hq), batch}, flash::Sizes<HD>::kBackwardQ, [&] {
-    flash::FlashBackwardQKernel<HD>(q.data<float>(), k.data<float>(), v.data<float>(),
-                                    lse.data<float>(), dout.data<float>(), delta.data<float>(),
-                                    dq.data<float>(), d, causal, scale);
+  WithInputs(q, [&](auto* ip) {
+    using TI = std::remove_const_t<std::remove_pointer_t<decltype(ip)>>;
+    Launch({blocks, static_cast<unsigned>(d.hkv), batch}, flash::Sizes<HD>::kBackwardKv, [&] {
+      flash::FlashBackwardKvKernel<HD, TI>(In<TI>(q), In<TI>(k), In<TI>(v), lse.data<float>(),
+                                           dout.data<float>(), delta.data<float>(),
+                                           dk.data<float>(), dv.data<float>(), d, causal, scale);
+    });
+    Launch({blocks, static_cast<unsigned>(d.hq), batch}, flash::Sizes<HD>::kBackwardQ, [&] {
+      flash::FlashBackwardQKernel<HD, TI>(In<TI>(q), In<TI>(k), In<TI>(v), lse.data<float>(),
+                                          dout.data<float>(), delta.data<float>(),
+                                          dq.data<float>(), d, causal, scale);
+    });
   });
 }
 
@@ -183,20 +209,28 @@ void CheckCase(const Case& c, AttentionMask mask, uint64_t seed) {
   ExpectTwice(dk_e, dk, ref.dk_bound, name + " dk");
   ExpectTwice(dv_e, dv, ref.dv_bound, name + " dv");
 
-  // Rows not on 16 bytes load element by element into the same quads: the same bits (the
-  // causal cases, which visit both the masked and the unmasked tiles).
+  // The same bits from every way the tiles come in: q, k and v in bf16 (cp.async copies), and
+  // (the causal cases, which visit both the masked and the unmasked tiles) rows not on 16
+  // bytes, loaded element by element, in f32 and in bf16.
+  auto expect_same = [&](const Tensor& qi, const Tensor& ki, const Tensor& vi, const Tensor& di,
+                         bool aligned, const std::string& how) {
+    Tensor out_u = NanFilled(q_shape), lse_u = NanFilled(l_shape);
+    EmulatedForward<HD>(qi, ki, vi, out_u, lse_u, causal, aligned);
+    Tensor dq_u = NanFilled(q_shape), dk_u = NanFilled(kv_shape), dv_u = NanFilled(kv_shape);
+    EmulatedBackward<HD>(qi, ki, vi, lse, di, delta, dq_u, dk_u, dv_u, causal, aligned);
+    for (const auto& [got, want, what] : {std::tuple{&out_u, &out_e, "out"},
+                                          {&lse_u, &lse_e, "lse"}, {&dq_u, &dq_e, "dq"},
+                                          {&dk_u, &dk_e, "dk"}, {&dv_u, &dv_e, "dv"}}) {
+      EXPECT_EQ(0, std::memcmp(got->raw_data(), want->raw_data(), got->numel() * 4))
+          << name << " " << how << ": " << what;
+    }
+  };
+  const Tensor q16 = InBf16(q), k16 = InBf16(k), v16 = InBf16(v);
+  expect_same(q16, k16, v16, dout, true, "bf16 inputs");
   if (!causal) return;
-  const Tensor qu = Unaligned(q), ku = Unaligned(k), vu = Unaligned(v), du = Unaligned(dout);
-  Tensor out_u = NanFilled(q_shape), lse_u = NanFilled(l_shape);
-  EmulatedForward<HD>(qu, ku, vu, out_u, lse_u, causal, /*aligned=*/false);
-  Tensor dq_u = NanFilled(q_shape), dk_u = NanFilled(kv_shape), dv_u = NanFilled(kv_shape);
-  EmulatedBackward<HD>(qu, ku, vu, lse, du, delta, dq_u, dk_u, dv_u, causal, /*aligned=*/false);
-  for (const auto& [got, want, what] : {std::tuple{&out_u, &out_e, "out"},
-                                        {&lse_u, &lse_e, "lse"}, {&dq_u, &dq_e, "dq"},
-                                        {&dk_u, &dk_e, "dk"}, {&dv_u, &dv_e, "dv"}}) {
-    EXPECT_EQ(0, std::memcmp(got->raw_data(), want->raw_data(), got->numel() * 4))
-        << name << " unaligned rows: " << what;
-  }
+  const Tensor du = Unaligned(dout);
+  expect_same(Unaligned(q), Unaligned(k), Unaligned(v), du, false, "unaligned rows");
+  expect_same(Unaligned(q16), Unaligned(k16), Unaligned(v16), du, false, "unaligned bf16 rows");
 }
 
 TEST(FlashAttentionEmulationTest, KernelsMatchTheTwinHeadDim64) {

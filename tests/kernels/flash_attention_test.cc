@@ -17,10 +17,12 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/core/device_context.h"
 #include "kernels/attention.h"
+#include "kernels/elementwise.h"
 #include "tests/kernels/attention_bound.h"
 #include "tests/kernels/flash_attention_bound.h"
 #include "tests/kernels/grad_check.h"
@@ -173,6 +175,44 @@ TEST(FlashAttentionTest, BackwardWithoutDeltaEqualsBackwardWithTheForwardsDelta)
     EXPECT_EQ(dk.ToVector<float>(), r.dk.ToVector<float>());
     EXPECT_EQ(dv.ToVector<float>(), r.dv.ToVector<float>());
   }
+}
+
+// q, k and v handed over in bf16 (the attention layer's, under bf16 activation storage) are
+// the operands the fused path rounds f32 inputs to: the same bits out, lse, dq, dk and dv as
+// from f32 inputs (here not bf16 values, so rounding happens on the f32 side).
+TEST(FlashAttentionTest, Bf16InputsGiveTheBitsOfTheirF32Values) {
+  const Case c{2, 70, 4, 2, 64};
+  Tensor q = RandomTensor({c.b, c.s, c.hq, c.hd}, 31);
+  Tensor k = RandomTensor({c.b, c.s, c.hkv, c.hd}, 32);
+  Tensor v = RandomTensor({c.b, c.s, c.hkv, c.hd}, 33);
+  Tensor dout = RandomTensor({c.b, c.s, c.hq, c.hd}, 34);
+  auto in_bf16 = [](const Tensor& t) {
+    Tensor out = Tensor::Empty(t.shape(), DType::kBF16);
+    Cast(t, out);
+    return out;
+  };
+  auto bf16 = Bf16Context();
+  for (AttentionMask mask : {AttentionMask::kCausal, AttentionMask::kFull}) {
+    const Result f32 = RunBoth(q, k, v, dout, mask, bf16.get());
+    const Result b16 = RunBoth(in_bf16(q), in_bf16(k), in_bf16(v), dout, mask, bf16.get());
+    for (const auto& [got, want, what] :
+         {std::tuple{&b16.out, &f32.out, "out"}, {&b16.lse, &f32.lse, "lse"},
+          {&b16.dq, &f32.dq, "dq"}, {&b16.dk, &f32.dk, "dk"}, {&b16.dv, &f32.dv, "dv"}}) {
+      EXPECT_EQ(got->ToVector<float>(), want->ToVector<float>()) << what;
+    }
+  }
+}
+
+TEST(FlashAttentionDeathTest, Bf16InputsOutsideTheFusedPathAreFatal) {
+  const Shape qs{1, 8, 2, 64}, kvs{1, 8, 2, 64};
+  Tensor q = Tensor::Zeros(qs, DType::kBF16), k = Tensor::Zeros(kvs, DType::kBF16);
+  Tensor v = Tensor::Zeros(kvs, DType::kBF16);
+  Tensor out = Tensor::Empty(qs, DType::kF32), lse = Tensor::Empty({1, 2, 8}, DType::kF32);
+  EXPECT_DEATH(AttentionForward(q, k, v, out, lse, nullptr),
+               "q, k and v in bf16 need the fused path");
+  auto bf16 = Bf16Context();
+  Tensor v32 = Tensor::Zeros(kvs, DType::kF32);
+  EXPECT_DEATH(AttentionForward(q, k, v32, out, lse, bf16.get()), "v is f32, expected bf16");
 }
 
 }  // namespace
