@@ -100,6 +100,12 @@ DType CoreOutputDType(const AttentionOptions& o, int64_t head_dim, const DeviceC
              : DType::kF32;
 }
 
+// Whether q, k and v are kept in bf16, the operands the fused kernels read: where the core's
+// output is bf16 (CoreOutputInBf16; the dry-run's activation model asks the same).
+bool KeepsQkvInBf16(const AttentionOptions& o, int64_t head_dim, const DeviceContext* ctx) {
+  return CoreOutputDType(o, head_dim, ctx) == DType::kBF16;
+}
+
 // `a` is the kept output: f32, or under bf16 activation storage bf16 (written so, or o's
 // kept operand), which the paths that read it (for delta) read as f32.
 void CoreBackward(const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -226,6 +232,16 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
   if (options_.rope) {
     Rotate(options_, q, /*backward=*/false, ctx);
     Rotate(options_, k, /*backward=*/false, ctx);
+  }
+  if (KeepsQkvInBf16(options_, hd, ctx)) {
+    // The fused kernels read q, k and v as bf16 operands: kept so (the same bits as their f32
+    // values rounded, kernels/flash_attention.h), the projections' f32 outputs go.
+    acts.q.y = kernels::KeepRounded(acts.q.y, ctx);
+    acts.k_heads = kernels::KeepRounded(acts.k_heads, ctx);
+    acts.v_heads = kernels::KeepRounded(acts.v_heads, ctx);
+    acts.k.y = acts.k_heads;
+    acts.v.y = acts.v_heads;
+    q = Heads(acts.q.y, hq, hd), k = Heads(acts.k_heads, hkv, hd), v = Heads(acts.v_heads, hkv, hd);
   }
   Tensor a = Tensor::Empty({b, s, hq, hd}, CoreOutputDType(options_, hd, ctx), x.device());
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());

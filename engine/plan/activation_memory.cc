@@ -23,6 +23,7 @@ struct Shape {
   double norm;               // a norm's y and statistics
   double cp;                 // context-parallel ranks
   double q, kv;              // q, and k and v, of this rank's heads
+  double qkv_kept;           // what attention keeps of them (below)
   double stats;              // a norm's statistics per row (mean and rstd, or rstd)
   // runtime.activation_dtype=bf16 (MODEL.md "Activation storage"): the products' inputs
   // are kept as bf16 operands (without tp the norms write them: no f32 outputs, but MoE
@@ -65,6 +66,9 @@ Shape ShapeOf(const config::Config& c) {
   const bool kv_whole = model::KvReplicated(m, p.tp);
   s.q = s.hq * s.hd / s.P;
   s.kv = kv_whole ? 2 * s.hkv * s.hd + 2 * s.hd : 2 * s.hkv * s.hd / s.P;
+  // Where the core attention's output is bf16, q, k and v are kept as the fused kernels' bf16
+  // operands too (k and v: this rank's heads only, also when the kv heads are replicated).
+  s.qkv_kept = s.core_bf16 ? 0.5 * (s.q + (kv_whole ? 2 * s.hd : s.kv)) : s.q + s.kv;
   return s;
 }
 
@@ -82,10 +86,11 @@ struct Piece {
 // (kv each), and the delta (Hq). Under bf16 storage
 // q, k and v keep one bf16 operand of the (gathered) input instead, and o.x is bf16; the
 // ring path's backward reads o.x back as an f32 copy (q), before dx (d >= q) exists, so the
-// copy does not raise the peak (the fused path reads the bf16 o.x itself).
+// copy does not raise the peak (the fused path reads the bf16 o.x itself, and q, k and v are
+// kept in bf16: Shape::qkv_kept).
 Piece AttentionElements(const Shape& s) {
   const double input = s.bf16 ? s.half * s.d : (s.sp ? s.d : 0);
-  const double attention = input + s.q + s.kv + s.hq / s.P + s.half * s.q;
+  const double attention = input + s.qkv_kept + s.hq / s.P + s.half * s.q;
   const double ring_bwd = s.cp > 1 ? 4 * s.kv + s.hq / s.P : 0;
   return {.kept = attention, .backward = 2 * s.d * s.rows + s.d + 2 * s.q + s.kv + ring_bwd};
 }

@@ -105,7 +105,8 @@ TEST(ActivationStorageTest, LinearWeightGradientsAreTheSameBits) {
 // Both paths of the core attention. The exact f32 kernel (head_dim 4) never reads the kept
 // output o.x, so there every gradient is the same bits as under f32 storage (lossless). The
 // fused bf16 one (head_dim 64) reads o.x back for delta = rowsum(da * o.x): its gradients
-// are those of f32 storage given o.x rounded to bf16 by hand.
+// are those of f32 storage given o.x rounded to bf16 by hand. It keeps q, k and v in bf16,
+// the operands its kernels round f32 ones to: no other change.
 TEST(ActivationStorageTest, AttentionGradientsAreTheF32GradientsOfTheKeptOperands) {
   auto f32s = Context(DType::kF32), bf16s = Context(DType::kBF16);
   dense::AttentionOptions options[2];
@@ -135,7 +136,17 @@ TEST(ActivationStorageTest, AttentionGradientsAreTheF32GradientsOfTheKeptOperand
     ExpectSameBits(sa.y(), ra.y(), "y");
     const bool fused = kernels::UseFlashAttention(bf16s.get(), o.head_dim());
     ASSERT_EQ(fused, o.head_dim() == 64);
-    if (fused) ra.o.x = RoundedByHand(ra.o.x);
+    if (fused) {
+      // q, k and v (after RoPE) kept as the kernels' bf16 operands, the f32 ones let go.
+      ExpectBf16Of(sa.q.y, ra.q.y, "q");
+      ExpectBf16Of(sa.k_heads, ra.k_heads, "k");
+      ExpectBf16Of(sa.v_heads, ra.v_heads, "v");
+      ra.o.x = RoundedByHand(ra.o.x);
+    } else {
+      for (const Tensor* t : {&sa.q.y, &sa.k_heads, &sa.v_heads}) {
+        EXPECT_EQ(t->dtype(), DType::kF32) << "the exact path keeps q, k, v in f32";
+      }
+    }
     ExpectSameBits(sut.Backward(sa, dy, bf16s.get()), ref.Backward(ra, dy, f32s.get()), "dx");
     const std::vector<dense::Parameter> rp = ref.Parameters(), sp = sut.Parameters();
     for (size_t i = 0; i < rp.size(); ++i) ExpectSameBits(sp[i].grad, rp[i].grad, rp[i].name);
