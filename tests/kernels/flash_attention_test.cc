@@ -51,6 +51,16 @@ const Case kCases[] = {
     {2, 70, 2, 1, 128},  // GQA 2:1, S past one block
 };
 
+// q, k, v and dout of a case, uniform, from streams seed .. seed + 3.
+struct Inputs {
+  Tensor q, k, v, dout;
+};
+Inputs RandomInputs(const Case& c, uint64_t seed) {
+  const Shape q{c.b, c.s, c.hq, c.hd}, kv{c.b, c.s, c.hkv, c.hd};
+  return {RandomTensor(q, seed), RandomTensor(kv, seed + 1), RandomTensor(kv, seed + 2),
+          RandomTensor(q, seed + 3)};
+}
+
 std::unique_ptr<DeviceContext> Bf16Context() {
   auto ctx = DeviceContext::Create(Device::Cpu());
   ctx->set_matmul_dtype(DType::kBF16);
@@ -158,11 +168,7 @@ TEST(FlashAttentionTest, TwinMatchesExactAttentionWithinTheBf16Bound) {
 }
 
 TEST(FlashAttentionTest, BackwardWithoutDeltaEqualsBackwardWithTheForwardsDelta) {
-  const Case c{1, 100, 4, 2, 128};
-  Tensor q = RandomTensor({c.b, c.s, c.hq, c.hd}, 21);
-  Tensor k = RandomTensor({c.b, c.s, c.hkv, c.hd}, 22);
-  Tensor v = RandomTensor({c.b, c.s, c.hkv, c.hd}, 23);
-  Tensor dout = RandomTensor({c.b, c.s, c.hq, c.hd}, 24);
+  const auto [q, k, v, dout] = RandomInputs({1, 100, 4, 2, 128}, 21);
   auto bf16 = Bf16Context();
   for (AttentionMask mask : {AttentionMask::kCausal, AttentionMask::kFull}) {
     const Result r = RunBoth(q, k, v, dout, mask, bf16.get());  // delta recomputed
@@ -181,11 +187,7 @@ TEST(FlashAttentionTest, BackwardWithoutDeltaEqualsBackwardWithTheForwardsDelta)
 // the operands the fused path rounds f32 inputs to: the same bits out, lse, dq, dk and dv as
 // from f32 inputs (here not bf16 values, so rounding happens on the f32 side).
 TEST(FlashAttentionTest, Bf16InputsGiveTheBitsOfTheirF32Values) {
-  const Case c{2, 70, 4, 2, 64};
-  Tensor q = RandomTensor({c.b, c.s, c.hq, c.hd}, 31);
-  Tensor k = RandomTensor({c.b, c.s, c.hkv, c.hd}, 32);
-  Tensor v = RandomTensor({c.b, c.s, c.hkv, c.hd}, 33);
-  Tensor dout = RandomTensor({c.b, c.s, c.hq, c.hd}, 34);
+  const auto [q, k, v, dout] = RandomInputs({2, 70, 4, 2, 64}, 31);
   auto in_bf16 = [](const Tensor& t) {
     Tensor out = Tensor::Empty(t.shape(), DType::kBF16);
     Cast(t, out);
