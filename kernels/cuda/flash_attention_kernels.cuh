@@ -119,7 +119,7 @@ struct KeyValueTiles {
 // out: f32, or bf16 (TO; each value rounded as stored: the output projection's operand under
 // bf16 activation storage).
 template <int HD, typename TI = float, typename TO = float, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, kForwardCtasPerSm<HD, TI, kAhead>)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<HD, TI, kAhead>)
     FlashForwardKernel(const TI* __restrict__ q, const TI* __restrict__ k,
                        const TI* __restrict__ v, TO* __restrict__ out,
                        float* __restrict__ lse, Dims d, bool causal, Scale sc) {
@@ -275,7 +275,7 @@ struct QueryTiles {
 //   s^T = k^ q^T, dp^T = v^ do^T (keys as rows), p^T and ds^T in registers, then
 //   dv += bf16(p^T) do^ and dk += bf16(ds^T) q^ (the q and do tiles read transposed).
 template <int HD, typename TI = float, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<TI, kAhead>)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<HD, TI, kAhead>)
     FlashBackwardKvKernel(const TI* __restrict__ q, const TI* __restrict__ k,
                           const TI* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ dout, const float* __restrict__ delta,
@@ -291,7 +291,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<TI, kAhead>)
   const int64_t kv_off = static_cast<int64_t>(b) * d.s * ldkv + static_cast<int64_t>(g) * HD;
   const int row0 = (threadIdx.x / 32) * kWarpRows, lane = threadIdx.x % 32, t = lane % 4;
   const int j[2] = {j0 + row0 + lane / 4, j0 + row0 + lane / 4 + 8};
-  QueryTiles<HD, TI, kAhead> walk{q, dout, lse, delta, d, b, g, causal ? j0 / kBr : 0};
+  // On bf16 rows dout (f32) is loaded as it is stored, not fetched ahead into registers: the
+  // kernel then fits 168 registers (3 CTAs an SM; ahead it spills 288 bytes at HD 64).
+  constexpr bool kDoutAhead = kAhead && !std::is_same_v<TI, Bf16>;
+  QueryTiles<HD, TI, kDoutAhead> walk{q, dout, lse, delta, d, b, g, causal ? j0 / kBr : 0};
   const int tiles = walk.Count();
   // The first tile's q and dout are fetched before k and v are loaded.
   if (tiles > 0) walk.Fetch(0, smem, 0);
@@ -341,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<TI, kAhead>)
 // computes, per key block the rows see, s = q^ k^T and dp = do^ v^T, p and ds in registers,
 // then dq += bf16(ds) k^ (the k tile read transposed).
 template <int HD, typename TI = float, bool kAhead = kPrefetch<HD>>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<TI, kAhead>)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<HD, TI, kAhead>)
     FlashBackwardQKernel(const TI* __restrict__ q, const TI* __restrict__ k,
                          const TI* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ dout, const float* __restrict__ delta,

@@ -355,14 +355,13 @@ __device__ __forceinline__ void LoadTile(const T* base, int64_t ld, int r0, int 
   loader.Finish(base, ld, r0, s, aligned, tile);
 }
 
-// The CTAs per SM each kernel's register budget is sized for (__launch_bounds__): 2 when f32
-// rows are fetched ahead (ptxas, sm_90a: 255 registers; a cap of 168, for 3, spills 200-400
-// bytes) or bf16 rows are copied ahead, else no bound (f32 at HD 64: 128-185 registers). The
-// forward on bf16 rows at HD 64 holds no rows in registers and fits 168: 3 (12 warps an SM).
-template <typename T, bool kAhead>
-constexpr int kCtasPerSm = (kAhead || std::is_same_v<T, Bf16>) ? 2 : 1;
+// The CTAs per SM each kernel's register budget is sized for (__launch_bounds__), T the type
+// of q, k and v. f32 rows: 2 when fetched ahead (ptxas, sm_90a: 255 registers; a cap of 168,
+// for 3, spills 200-400 bytes), else no bound (HD 64: 128-185 registers). bf16 rows hold no
+// tile in registers (cp.async; the dk/dv kernel loads dout as it stores it, kDoutAhead): at
+// HD 64 all three kernels fit 168 registers with no spills, so 3 (12 warps an SM); at HD 128, 2.
 template <int HD, typename T, bool kAhead>
-constexpr int kForwardCtasPerSm = std::is_same_v<T, Bf16> && HD == 64 ? 3 : kCtasPerSm<T, kAhead>;
+constexpr int kCtasPerSm = std::is_same_v<T, Bf16> ? (HD == 64 ? 3 : 2) : (kAhead ? 2 : 1);
 
 // acc *= alpha row by row (rows g: registers 0, 1; rows g + 8: 2, 3). A row whose max did not
 // move has alpha exactly 1 (kernels/flash_attention.h), and multiplying by 1 changes no bit,
