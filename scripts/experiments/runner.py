@@ -145,6 +145,14 @@ def check_inputs(a):
     return None
 
 
+def mpi_init_failed(log):
+    """Whether a run's log ends in Open MPI's start-up failure: a one-process run initialises
+    MPI as a singleton, which under a loaded machine sometimes aborts before MPI_Init
+    completes (seen with several runs starting at once); nothing of the run has happened."""
+    with open(log, errors="replace") as f:
+        return "before MPI_INIT completed" in f.read()
+
+
 def run_one(a, name, sets, seed, vocab, threads):
     """Trains and evaluates one (setting, seed) unless already done; returns a log line."""
     d = os.path.join(a.out, name, "seed%d" % seed)
@@ -168,8 +176,12 @@ def run_one(a, name, sets, seed, vocab, threads):
         start = time.time()
         log = os.path.join(a.out, name, "seed%d.log" % seed)
         os.makedirs(os.path.dirname(log), exist_ok=True)
-        with open(log, "w") as f:
-            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        for attempt in range(3):
+            with open(log, "w") as f:
+                rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+            if rc in (0, EXIT_NONFINITE) or not mpi_init_failed(log):
+                break
+            time.sleep(1 + attempt)  # MPI's start-up failed, not the run: try again
         if rc not in (0, EXIT_NONFINITE):
             with open(log) as f:
                 tail = f.read().strip().splitlines()[-3:]
