@@ -241,7 +241,9 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
     acts.v_heads = kernels::KeepRounded(acts.v_heads, ctx);
     acts.k.y = acts.k_heads;
     acts.v.y = acts.v_heads;
-    q = Heads(acts.q.y, hq, hd), k = Heads(acts.k_heads, hkv, hd), v = Heads(acts.v_heads, hkv, hd);
+    q = Heads(acts.q.y, hq, hd);
+    k = Heads(acts.k_heads, hkv, hd);
+    v = Heads(acts.v_heads, hkv, hd);
   }
   Tensor a = Tensor::Empty({b, s, hq, hd}, CoreOutputDType(options_, hd, ctx), x.device());
   acts.lse = Tensor::Empty({b, hq, s}, DType::kF32, x.device());

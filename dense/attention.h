@@ -84,7 +84,10 @@ struct AttentionActivations {
   LinearActivations q, k, v;  // q.x = k.x = v.x = x (B, S, d); q.y (B, S, Hq * hd) and
                               // k.y (B, S, Hkv * hd) hold q and k AFTER RoPE (rotated in place)
   Tensor k_heads, v_heads;    // (B, S, local kv heads * hd) what attention read (k after
-                              // RoPE); k.y / v.y themselves unless the kv heads are replicated
+                              // RoPE); k.y / v.y themselves unless the kv heads are replicated.
+                              // Where the core's output is bf16 (CoreOutputInBf16) q.y,
+                              // k_heads and v_heads are their bf16 roundings, and k.y / v.y
+                              // are k_heads / v_heads (the f32 projections let go)
   Tensor lse;                 // (B, Hq, S) from kernels::AttentionForward; undefined
                               // under CoreAttention::kRecompute
   LinearActivations o;        // o.x the attention output (B, S, Hq * hd) (undefined under

@@ -89,13 +89,8 @@ Dims DimsOf(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* dou
           RowsAligned({&q, &k, &v}), dout != nullptr && RowsAligned({dout})};
 }
 
-// Calls f with q, k and v's element pointer type: const float* or const Bf16* (all three of
-// q's dtype, which kernels/attention.cc checks).
-template <typename F>
-void WithInputs(const Tensor& q, F&& f) {
-  if (q.dtype() == DType::kBF16) return f(static_cast<const flash::Bf16*>(nullptr));
-  f(static_cast<const float*>(nullptr));
-}
+// k's or v's elements as TI, q's type (WithF32OrBf16 of q; kernels/attention.cc checks that
+// all three share it).
 template <typename TI>
 const TI* In(const Tensor& t) {
   return static_cast<const TI*>(t.raw_data());
@@ -116,14 +111,14 @@ void LaunchForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
                    bool causal, DeviceContext* ctx) {
   const Dims d = DimsOf(q, k, v);
   const int bytes = Sizes<HD>::kForward;
-  WithInputs(q, [&](auto* ip) {
-    using TI = std::remove_const_t<std::remove_pointer_t<decltype(ip)>>;
+  WithF32OrBf16(q, [&](auto* qp) {
+    using TI = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     WithF32OrBf16(out, [&](auto* op) {
       using TO = std::remove_pointer_t<decltype(op)>;
       const auto kernel = flash::FlashForwardKernel<HD, TI, TO, kAhead>;
       AllowSharedMemory(kernel, bytes);
       kernel<<<GridOf((d.s + kBr - 1) / kBr, d.hq, q.dim(0)), kThreads, bytes, StreamOf(ctx)>>>(
-          In<TI>(q), In<TI>(k), In<TI>(v), op, lse.data<float>(), d, causal, ScaleOf(HD));
+          qp, In<TI>(k), In<TI>(v), op, lse.data<float>(), d, causal, ScaleOf(HD));
     });
   });
   SY_CUDA_CHECK_LAUNCH();
@@ -136,18 +131,18 @@ void LaunchBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   const Dims d = DimsOf(q, k, v, &dout);
   const int64_t blocks = (d.s + kBr - 1) / kBr;
   const cudaStream_t stream = StreamOf(ctx);
-  WithInputs(q, [&](auto* ip) {
-    using TI = std::remove_const_t<std::remove_pointer_t<decltype(ip)>>;
+  WithF32OrBf16(q, [&](auto* qp) {
+    using TI = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     const auto kv_kernel = flash::FlashBackwardKvKernel<HD, TI, kAhead>;
     const auto q_kernel = flash::FlashBackwardQKernel<HD, TI, kAhead>;
     AllowSharedMemory(kv_kernel, Sizes<HD>::kBackwardKv);
     AllowSharedMemory(q_kernel, Sizes<HD>::kBackwardQ);
     kv_kernel<<<GridOf(blocks, d.hkv, q.dim(0)), kThreads, Sizes<HD>::kBackwardKv, stream>>>(
-        In<TI>(q), In<TI>(k), In<TI>(v), lse.data<float>(), dout.data<float>(),
+        qp, In<TI>(k), In<TI>(v), lse.data<float>(), dout.data<float>(),
         delta.data<float>(), dk.data<float>(), dv.data<float>(), d, causal, ScaleOf(HD));
     SY_CUDA_CHECK_LAUNCH();
     q_kernel<<<GridOf(blocks, d.hq, q.dim(0)), kThreads, Sizes<HD>::kBackwardQ, stream>>>(
-        In<TI>(q), In<TI>(k), In<TI>(v), lse.data<float>(), dout.data<float>(),
+        qp, In<TI>(k), In<TI>(v), lse.data<float>(), dout.data<float>(),
         delta.data<float>(), dq.data<float>(), d, causal, ScaleOf(HD));
   });
   SY_CUDA_CHECK_LAUNCH();
