@@ -37,7 +37,7 @@ Status CheckFreshOutput(const std::string& out) {
 
 int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),
                  const std::vector<std::string>& args) {
-  if (Status s = dist::InitProcess(nullptr, nullptr); !s.ok()) {
+  if (Status s = dist::InitProcess(nullptr, nullptr, dist::MpiStart::kIfLaunched); !s.ok()) {
     PrintError(command, std::string(s.message()));
     return kExitFailure;
   }

@@ -1,5 +1,7 @@
 #include "engine/dist/process.h"
 
+#include <cstdlib>
+
 #include "engine/core/check.h"
 #include "engine/core/device_context.h"
 #include "engine/core/logging.h"
@@ -15,22 +17,53 @@
 
 namespace switchyard::dist {
 
-#ifdef SY_HAVE_MPI
+bool LaunchedByMpiLauncher(const std::function<const char*(const char*)>& getenv) {
+  static constexpr const char* kNames[] = {
+      "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",           "PMI_RANK",     "PMI_SIZE", "PMI_FD",
+      "MPI_LOCALNRANKS",      "MV2_COMM_WORLD_RANK", "SLURM_PROCID",
+  };
+  for (const char* name : kNames) {
+    if (getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+StatusOr<bool> ShouldStartMpi(MpiStart start,
+                              const std::function<const char*(const char*)>& getenv) {
+  const char* forced = getenv("SWITCHYARD_MPI");
+  if (forced != nullptr) {
+    const std::string value = forced;
+    if (value == "1") return true;
+    if (value == "0") return false;
+    return InvalidArgument("SWITCHYARD_MPI=", value,
+                           ": takes 1 (start MPI) or 0 (one rank without MPI)");
+  }
+  return start == MpiStart::kAlways || LaunchedByMpiLauncher(getenv);
+}
 
 namespace {
 
-bool MpiActive() {
+const char* ProcessEnv(const char* name) { return std::getenv(name); }
+
+}  // namespace
+
+#ifdef SY_HAVE_MPI
+
+bool MpiStarted() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   return initialized && !finalized;
 }
 
-}  // namespace
-
-Status InitProcess(int* argc, char*** argv) {
+Status InitProcess(int* argc, char*** argv, MpiStart start) {
+  SY_ASSIGN_OR_RETURN(const bool start_mpi, ShouldStartMpi(start, ProcessEnv));
   int initialized = 0;
   MPI_Initialized(&initialized);
+  if (!initialized && !start_mpi) {
+    SetLogRank(0);
+    return OkStatus();
+  }
   if (!initialized) {
     int provided = 0;
     // MPI_THREAD_MULTIPLE where offered: the collective watchdog's thread (watchdog.h)
@@ -53,18 +86,18 @@ Status InitProcess(int* argc, char*** argv) {
 
 void FinalizeProcess() {
   StopCollectiveWatchdog();
-  if (MpiActive()) MPI_Finalize();
+  if (MpiStarted()) MPI_Finalize();
 }
 
 int WorldRank() {
-  if (!MpiActive()) return 0;
+  if (!MpiStarted()) return 0;
   int rank = 0;
   SY_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   return rank;
 }
 
 int WorldSize() {
-  if (!MpiActive()) return 1;
+  if (!MpiStarted()) return 1;
   int size = 1;
   SY_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   return size;
@@ -72,7 +105,7 @@ int WorldSize() {
 
 int DetectRanksPerNode() {
   const int world = WorldSize();
-  if (!MpiActive() || world == 1) return world;
+  if (!MpiStarted() || world == 1) return world;
   MPI_Comm node;
   SY_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, WorldRank(),
                                    MPI_INFO_NULL, &node));
@@ -90,7 +123,7 @@ int DetectRanksPerNode() {
 }
 
 bool MpiThreadMultiple() {
-  if (!MpiActive()) return false;
+  if (!MpiStarted()) return false;
   int level = 0;
   SY_MPI_CHECK(MPI_Query_thread(&level));
   return level >= MPI_THREAD_MULTIPLE;
@@ -98,10 +131,14 @@ bool MpiThreadMultiple() {
 
 #else  // !SY_HAVE_MPI
 
-Status InitProcess(int* argc, char*** argv) {
+Status InitProcess(int* argc, char*** argv, MpiStart start) {
+  SY_ASSIGN_OR_RETURN(const bool start_mpi, ShouldStartMpi(start, ProcessEnv));
+  (void)start_mpi;  // nothing to start in a build without MPI
   SetLogRank(0);
   return OkStatus();
 }
+
+bool MpiStarted() { return false; }
 
 void FinalizeProcess() {}
 int WorldRank() { return 0; }

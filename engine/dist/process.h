@@ -4,7 +4,9 @@
 // rank whose communicators do no communication.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "engine/core/device.h"
 #include "engine/core/status.h"
@@ -16,10 +18,34 @@ class DeviceContext;
 
 namespace switchyard::dist {
 
+// When InitProcess starts MPI. kAlways: every time (the test and benchmark programs, whose
+// one-process runs are MPI singletons on purpose). kIfLaunched: only when an MPI launcher
+// started this process (LaunchedByMpiLauncher) or SWITCHYARD_MPI=1 asks; a plain
+// `switchyard train` is then one rank without MPI, so it never depends on Open MPI's
+// singleton start-up (which spawns a daemon and, on a loaded machine, can abort "before
+// MPI_INIT completed"). SWITCHYARD_MPI=0 never starts it.
+enum class MpiStart { kAlways, kIfLaunched };
+
+// Whether the environment (`getenv`, absent names give nullptr) is that of a rank an MPI
+// launcher started: Open MPI's mpirun/prterun (OMPI_COMM_WORLD_SIZE, PMIX_RANK), MPICH's
+// and Intel MPI's Hydra (PMI_RANK, PMI_SIZE, PMI_FD, MPI_LOCALNRANKS), MVAPICH
+// (MV2_COMM_WORLD_RANK) and Slurm (SLURM_PROCID, also set in a batch script: a plain run
+// there starts MPI as before). Any of them set counts.
+bool LaunchedByMpiLauncher(const std::function<const char*(const char*)>& getenv);
+
+// Whether `start` and the environment ask InitProcess to start MPI; an error names a bad
+// SWITCHYARD_MPI (it takes 0 or 1).
+StatusOr<bool> ShouldStartMpi(MpiStart start,
+                              const std::function<const char*(const char*)>& getenv);
+
 // Initialises MPI (MPI_THREAD_FUNNELED: only the main thread calls MPI) when built with
-// it, makes MPI errors return to SY_MPI_CHECK, and sets the rank printed by every log
-// line. Without MPI: a single rank 0. Call once, first thing in main().
-Status InitProcess(int* argc, char*** argv);
+// it and `start` says so, makes MPI errors return to SY_MPI_CHECK, and sets the rank
+// printed by every log line. Without MPI (not built, or not started): a single rank 0.
+// Call once, first thing in main().
+Status InitProcess(int* argc, char*** argv, MpiStart start = MpiStart::kAlways);
+
+// Whether MPI is initialised and not yet finalised in this process.
+bool MpiStarted();
 
 // Finalises MPI. Destroy every communicator before calling it. Idempotent.
 void FinalizeProcess();
