@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/allocator.h"
 #include "engine/core/status.h"
 
 namespace switchyard::cli {
@@ -25,6 +26,8 @@ inline constexpr int kExitUsage = 2;    // bad flags or an impossible request
 inline constexpr int kExitNonFinite = 3;
 // A collective did not complete within train.collective_timeout_s (the watchdog).
 inline constexpr int kExitCollectiveTimeout = 4;
+// A device could not serve an allocation (engine/core/allocator.h, ExitOutOfMemory).
+inline constexpr int kExitOutOfMemory = ::switchyard::kExitOutOfMemory;
 // Stopped by SIGTERM/SIGINT after its checkpoint was saved: requeue and --resume
 // (sysexits' EX_TEMPFAIL, "try again later").
 inline constexpr int kExitPreempted = 75;

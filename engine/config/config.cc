@@ -174,9 +174,39 @@ struct Section {
   std::vector<Field> fields;
 };
 
+// The moe section's keys (Sections' longest list).
+Section MoESection(moe::MoEConfig& m) {
+  return {"moe",
+          {Bind("num_experts", &m.num_experts), Bind("layer_freq", &m.layer_freq),
+           Bind("top_k", &m.top_k), Bind("d_expert", &m.d_expert),
+           BindEnum("activation", &m.activation, moe::ParseActivation, moe::ActivationName),
+           Bind("bias", &m.bias), Bind("normalize_gates", &m.normalize_gates),
+           Bind("routed_scaling_factor", &m.routed_scaling_factor),
+           Bind("router_lr_scale", &m.router_lr_scale),
+           BindEnum("score", &m.score, moe::ParseScoreFunction, moe::ScoreFunctionName),
+           Bind("route_groups", &m.route_groups), Bind("route_group_topk", &m.route_group_topk),
+           BindEnum("second_expert_policy", &m.second_expert_policy,
+                    moe::ParseSecondExpertPolicy, moe::SecondExpertPolicyName),
+           Bind("jitter_eps", &m.jitter_eps), Bind("expert_bias_rate", &m.expert_bias_rate),
+           BindEnum("expert_bias_update", &m.expert_bias_update, moe::ParseExpertBiasUpdate,
+                    moe::ExpertBiasUpdateName),
+           Bind("capacity_factor", &m.capacity_factor),
+           Bind("eval_capacity_factor", &m.eval_capacity_factor),
+           BindEnum("drop_policy", &m.drop_policy, moe::ParseDropPolicy, moe::DropPolicyName),
+           Bind("aux_loss_coef", &m.aux_loss_coef),
+           BindEnum("aux_loss_scope", &m.aux_loss_scope, moe::ParseAuxLossScope,
+                    moe::AuxLossScopeName),
+           Bind("z_loss_coef", &m.z_loss_coef),
+           Bind("num_shared_experts", &m.num_shared_experts), Bind("d_shared", &m.d_shared),
+           Bind("seed", &m.seed),
+           BindEnum("dispatcher", &m.dispatcher, moe::ParseDispatcher, moe::DispatcherName),
+           Bind("replicate_hot_experts", &m.replicate_hot_experts),
+           Bind("replicate_every", &m.replicate_every), Bind("overlap_chunks", &m.overlap_chunks),
+           BindNamed("dispatch_counts", &m.dispatch_counts, moe::kDispatchCountsNames)}};
+}
+
 // The key tables: the single list of what a config may contain.
 std::vector<Section> Sections(Config& c) {
-  moe::MoEConfig& m = c.moe;
   ParallelConfig& p = c.parallel;
   TrainConfig& t = c.train;
   return {
@@ -192,33 +222,7 @@ std::vector<Section> Sections(Config& c) {
         BindEnum("activation", &c.model.activation, model::ParseActivation, dense::ActivationName),
         Bind("bias", &c.model.bias), Bind("tie_embeddings", &c.model.tie_embeddings),
         Bind("init_std", &c.model.init_std), Bind("scaled_init", &c.model.scaled_init)}},
-      {"moe",
-       {Bind("num_experts", &m.num_experts), Bind("layer_freq", &m.layer_freq), Bind("top_k", &m.top_k),
-        Bind("d_expert", &m.d_expert),
-        BindEnum("activation", &m.activation, moe::ParseActivation, moe::ActivationName),
-        Bind("bias", &m.bias), Bind("normalize_gates", &m.normalize_gates),
-        Bind("routed_scaling_factor", &m.routed_scaling_factor),
-        Bind("router_lr_scale", &m.router_lr_scale),
-        BindEnum("score", &m.score, moe::ParseScoreFunction, moe::ScoreFunctionName),
-        Bind("route_groups", &m.route_groups), Bind("route_group_topk", &m.route_group_topk),
-        BindEnum("second_expert_policy", &m.second_expert_policy, moe::ParseSecondExpertPolicy,
-                 moe::SecondExpertPolicyName),
-        Bind("jitter_eps", &m.jitter_eps), Bind("expert_bias_rate", &m.expert_bias_rate),
-        BindEnum("expert_bias_update", &m.expert_bias_update, moe::ParseExpertBiasUpdate,
-                 moe::ExpertBiasUpdateName),
-        Bind("capacity_factor", &m.capacity_factor),
-        Bind("eval_capacity_factor", &m.eval_capacity_factor),
-        BindEnum("drop_policy", &m.drop_policy, moe::ParseDropPolicy, moe::DropPolicyName),
-        Bind("aux_loss_coef", &m.aux_loss_coef),
-        BindEnum("aux_loss_scope", &m.aux_loss_scope, moe::ParseAuxLossScope,
-                 moe::AuxLossScopeName),
-        Bind("z_loss_coef", &m.z_loss_coef),
-        Bind("num_shared_experts", &m.num_shared_experts), Bind("d_shared", &m.d_shared),
-        Bind("seed", &m.seed),
-        BindEnum("dispatcher", &m.dispatcher, moe::ParseDispatcher, moe::DispatcherName),
-        Bind("replicate_hot_experts", &m.replicate_hot_experts),
-        Bind("replicate_every", &m.replicate_every), Bind("overlap_chunks", &m.overlap_chunks),
-        BindNamed("dispatch_counts", &m.dispatch_counts, moe::kDispatchCountsNames)}},
+      MoESection(c.moe),
       {"parallel",
        {Bind("tp", &p.tp), Bind("cp", &p.cp), Bind("ep", &p.ep), Bind("etp", &p.etp),
         Bind("pp", &p.pp),
@@ -250,7 +254,8 @@ std::vector<Section> Sections(Config& c) {
       {"runtime",
        {BindRuntimeDevice("device", &c.runtime.device),
         BindNamed("precision", &c.runtime.precision, kPrecisionNames),
-        BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames), Bind("cuda_graphs", &c.runtime.cuda_graphs)}},
+        BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames),
+        Bind("cuda_graphs", &c.runtime.cuda_graphs), Bind("memory_check", &c.runtime.memory_check)}},
       {"plan", {Bind("world", &c.plan.world), Bind("device_memory_gib", &c.plan.device_memory_gib)}},
       {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };

@@ -55,6 +55,10 @@ struct RuntimeConfig {
   // (docs/gpu.md, "CUDA graphs"); on the CPU the capture is emulated (the same numbers).
   // Config::Validate says which layouts and routings can be captured.
   bool cuda_graphs = false;
+  // Before building the model, training compares the dry-run's predicted peak of the ranks
+  // that share this rank's memory with what that memory has available, and stops with one
+  // error when it does not fit (engine/plan/device_fit.h, CheckMemoryFits).
+  bool memory_check = true;
 
   // Whether the products run in bf16: precision bf16, or auto on a GPU.
   bool bf16_products() const {

@@ -1,14 +1,21 @@
 #include "engine/core/allocator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <unordered_map>
 
 #include "engine/core/check.h"
+#include "engine/core/logging.h"
 
 namespace switchyard {
 namespace {
@@ -21,6 +28,8 @@ constexpr size_t kCacheMin = size_t{256} << 10;
 constexpr size_t kCacheGranule = size_t{4} << 10;
 constexpr size_t kCacheLimit = size_t{2} << 30;  // cached bytes kept at most
 
+int64_t HostAvailableBytes();
+
 class CpuAllocator final : public Allocator {
  public:
   void* Allocate(size_t bytes) override {
@@ -29,7 +38,7 @@ class CpuAllocator final : public Allocator {
     stats_.peak = std::max(stats_.peak, stats_.in_use);
     if (bytes < kCacheMin) {
       NoteReserved();
-      return AllocateBlock(std::max(kCpuAlignment, Round(bytes, kCpuAlignment)));
+      return AllocateBlock(std::max(kCpuAlignment, Round(bytes, kCpuAlignment)), bytes);
     }
     const size_t size = Round(bytes, kCacheGranule);
     // Reuse the smallest cached block that fits and wastes at most half of itself.
@@ -42,7 +51,7 @@ class CpuAllocator final : public Allocator {
       free_.erase(it);
       stats_.cached -= block;
     } else {
-      ptr = AllocateBlock(size);
+      ptr = AllocateBlock(size, bytes);
     }
     blocks_[ptr] = block;
     NoteReserved();
@@ -78,19 +87,42 @@ class CpuAllocator final : public Allocator {
   }
   void EmptyCache() override {
     std::lock_guard<std::mutex> lock(mu_);
+    ReleaseCached();
+  }
+  int64_t AvailableBytes() const override {
+    const int64_t system = HostAvailableBytes();
+    if (system < 0) return -1;
+    std::lock_guard<std::mutex> lock(mu_);
+    return system + static_cast<int64_t>(stats_.cached);
+  }
+
+ private:
+  void ReleaseCached() {
     for (auto& [size, ptr] : free_) std::free(ptr);
     free_.clear();
     stats_.cached = 0;
   }
-
- private:
   static size_t Round(size_t n, size_t to) { return (n + to - 1) / to * to; }
   void NoteReserved() {
     stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.in_use + stats_.cached);
   }
-  static void* AllocateBlock(size_t size) {
-    void* ptr = std::aligned_alloc(kCpuAlignment, size);
-    SY_CHECK(ptr != nullptr) << "host out of memory allocating " << size << " bytes";
+  // A block from the system; when it refuses, again after the cached blocks went back;
+  // then the process ends (ExitOutOfMemory). Tests cap the bytes in use with
+  // SWITCHYARD_TEST_HOST_MEMORY_LIMIT (a refusal beyond it, as the system's would be).
+  void* AllocateBlock(size_t size, size_t asked) {
+    static const int64_t limit = [] {
+      const char* v = std::getenv("SWITCHYARD_TEST_HOST_MEMORY_LIMIT");
+      return v == nullptr ? int64_t{-1} : std::atoll(v);
+    }();
+    const bool refused = limit >= 0 && stats_.in_use > static_cast<size_t>(limit);
+    void* ptr = refused ? nullptr : std::aligned_alloc(kCpuAlignment, size);
+    if (ptr == nullptr && !refused && !free_.empty()) {
+      ReleaseCached();
+      ptr = std::aligned_alloc(kCpuAlignment, size);
+    }
+    if (ptr == nullptr) {
+      ExitOutOfMemory(Device::Cpu(), asked, stats_.in_use - asked, stats_.in_use - asked + stats_.cached);
+    }
     return ptr;
   }
 
@@ -113,7 +145,50 @@ Ledger& LedgerOf(Device device) {
   return ledgers[slot];
 }
 
+// /proc/meminfo's MemAvailable, capped by the rest of a cgroup v2 memory.max; -1 unknown.
+int64_t HostAvailableBytes() {
+  int64_t available = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      available = std::atoll(line.c_str() + 13) * 1024;  // "MemAvailable:   123 kB"
+      break;
+    }
+  }
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  int64_t current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    const int64_t rest = std::max<int64_t>(0, std::atoll(max_text.c_str()) - current);
+    available = available < 0 ? rest : std::min(available, rest);
+  }
+  return available;
+}
+
 }  // namespace
+
+std::string FormatBytes(double v) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (v >= 1024 && i < 4) v /= 1024, ++i;
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.2f %s", v, units[i]);
+  return text;
+}
+
+void ExitOutOfMemory(Device device, size_t bytes, size_t in_use, size_t held) {
+  std::ostringstream line;
+  line << "switchyard: error: rank " << LogRank() << " ran out of memory on " << device.ToString()
+       << ": " << bytes
+       << " bytes (" << FormatBytes(double(bytes)) << ") could not be allocated with "
+       << FormatBytes(double(in_use)) << " in use and " << FormatBytes(double(held))
+       << " held; `switchyard train --dry-run` gives the peak a rank needs: lower "
+          "train.micro_batch_size or model.seq_len, or spread the model over more ranks";
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", line.str().c_str());
+  std::fflush(stderr);
+  ::_exit(kExitOutOfMemory);
+}
 
 const char* MemoryKindName(MemoryKind kind) {
   switch (kind) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "engine/core/device.h"
 
@@ -23,7 +24,8 @@ class Allocator {
   };
 
   virtual ~Allocator() = default;
-  // Never returns null: running out of memory is fatal with a message naming the size.
+  // Never returns null. When the device cannot serve `bytes`, even after the cached blocks
+  // went back to it, the process ends through ExitOutOfMemory.
   virtual void* Allocate(size_t bytes) = 0;
   virtual void Deallocate(void* ptr, size_t bytes) = 0;
   virtual Device device() const = 0;
@@ -34,6 +36,10 @@ class Allocator {
   // free: this allocator's segments plus the context, library workspaces such as cuBLAS's
   // and NCCL's, and any other process's); -1 where there is no such figure (the host).
   virtual int64_t DeviceUsed() const { return -1; }
+  // Bytes new buffers can still take: this allocator's cached blocks plus what the device has
+  // free (the host: the kernel's MemAvailable, and the rest of a cgroup v2 memory.max where
+  // one is set; CUDA: cudaMemGetInfo's free bytes); -1 where there is no such figure.
+  virtual int64_t AvailableBytes() const { return -1; }
 
   // Graph pools (engine/core/block_cache.h; the CUDA allocator's, no-ops elsewhere): a new
   // pool id; while a pool captures, the blocks handed out and returned are the graph's and
@@ -51,6 +57,16 @@ class Allocator {
 
 // The process-wide allocator of `device` (one per device, created on first use).
 Allocator* GetAllocator(Device device);
+
+// "1.50 MiB": bytes in powers of 1024, two decimals.
+std::string FormatBytes(double bytes);
+
+// The exit status of a process whose device could not serve an allocation (docs/failures.md).
+inline constexpr int kExitOutOfMemory = 5;
+// Ends the process after `device` could not serve `bytes` with `in_use` bytes handed out and
+// `held` held from the system: one line on stderr naming them and what to change, then
+// exit status kExitOutOfMemory. Nothing is written: the last checkpoint stays as it was.
+[[noreturn]] void ExitOutOfMemory(Device device, size_t bytes, size_t in_use, size_t held);
 
 // What a buffer's bytes are for, as the memory report splits them (ZeRO paper, section 3:
 // model states = parameters + gradients + optimizer states; the rest is residual memory).

@@ -38,9 +38,7 @@ class CudaCachingAllocator final : public Allocator {
     size_t block = 0;
     bool fresh = false;
     void* ptr = cache_.Allocate(bytes, &block, &fresh);
-    SY_CHECK(ptr != nullptr) << "cudaMalloc for " << bytes << " bytes on cuda:" << index_
-                             << " failed: out of memory (" << stats_.in_use
-                             << " bytes in use, " << cache_.reserved() << " held)";
+    if (ptr == nullptr) ExitOutOfMemory(device(), bytes, stats_.in_use, cache_.reserved());
     stats_.in_use += block;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
     return ptr;
@@ -65,6 +63,13 @@ class CudaCachingAllocator final : public Allocator {
     size_t free_bytes = 0, total = 0;
     SY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return static_cast<int64_t>(total - free_bytes);
+  }
+  int64_t AvailableBytes() const override {
+    SY_CUDA_CHECK(cudaSetDevice(index_));
+    size_t free_bytes = 0, total = 0;
+    SY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(free_bytes + cache_.cached());
   }
   void EmptyCache() override {
     std::lock_guard<std::mutex> lock(mu_);

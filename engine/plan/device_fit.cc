@@ -106,6 +106,39 @@ DeviceFit PredictDeviceFit(const config::Config& c, const dist::Mesh& mesh, std:
   return best;
 }
 
+Status CheckMemoryFits(const config::Config& c, const dist::Mesh& mesh, int rank,
+                       int64_t available, const std::string& source) {
+  if (available < 0) return OkStatus();
+  std::vector<int> sharing = {rank};
+  if (c.runtime.device.is_cpu()) {
+    sharing.clear();
+    const int node = rank / mesh.ranks_per_node();
+    for (int r = node * mesh.ranks_per_node(); r < (node + 1) * mesh.ranks_per_node(); ++r) {
+      sharing.push_back(r);
+    }
+  }
+  double need = 0;
+  for (int r : sharing) need += PredictRankPeak(c, mesh, r);
+  if (need <= double(available)) return OkStatus();
+  const DeviceFit f = PredictDeviceFit(c, mesh, sharing);
+  const RankMemory& m = f.memory;
+  std::ostringstream who;
+  if (sharing.size() == 1) {
+    who << "this rank needs " << FormatBytes(need);
+  } else {
+    who << "the " << sharing.size() << " ranks on this node need " << FormatBytes(need);
+  }
+  return FailedPrecondition(
+      "runtime.memory_check: ", who.str(), " (the dry-run's peak; the largest, rank ", f.rank,
+      ": ", FormatBytes(f.peak), " = model states ",
+      FormatBytes(m.parameters + m.gradients + m.optimizer), " + workspace ",
+      FormatBytes(m.workspace), " + operand copies ", FormatBytes(f.operand_copies),
+      "), more than the ", FormatBytes(double(available)), " ", c.runtime.device.is_cpu() ? "the host" : "the GPU",
+      " has available (", source, "); lower train.micro_batch_size or model.seq_len, set "
+      "train.head_chunk_tokens, spread the model over more ranks (`switchyard train --dry-run "
+      "--search` lists layouts that fit), or set runtime.memory_check=false to try anyway");
+}
+
 int64_t HeadRows(const config::Config& c) {
   return c.train.micro_batch_size * c.model.seq_len / c.parallel.cp;
 }

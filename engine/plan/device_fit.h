@@ -48,6 +48,15 @@ DeviceFit PredictDeviceFit(const config::Config& config, const dist::Mesh& mesh,
 int64_t HeadRows(const config::Config& config);
 int64_t SuggestedHeadChunk(const config::Config& config);
 
+// runtime.memory_check, before training builds its model: the predicted peaks (PredictRankPeak)
+// of the ranks that share `rank`'s memory against `available`, the bytes that memory can still
+// take (Allocator::AvailableBytes; `source` names where the figure came from). On the host the
+// ranks of rank's node share it (block placement, mesh.ranks_per_node()); a GPU is taken as
+// rank's alone. An error when they exceed it: the figures, the largest rank's terms and what
+// to change; OK when they fit or `available` < 0 (unknown).
+Status CheckMemoryFits(const config::Config& config, const dist::Mesh& mesh, int rank,
+                       int64_t available, const std::string& source);
+
 // The dry-run's lines: the peak broken into its terms, the device, the margin and
 // "fits: yes" or "fits: no".
 std::string DeviceFitReport(const config::Config& config, const DeviceFit& fit);

@@ -23,15 +23,6 @@ std::string Human(double v, const char* unit) {
 
 }  // namespace
 
-std::string FormatBytes(double v) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (v >= 1024 && i < 4) v /= 1024, ++i;
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.2f %s", v, units[i]);
-  return buf;
-}
-
 ModelCost EstimateCost(const config::Config& c) {
   const model::ParamTable table = model::ParamTable::Build(c.model, c.moe);
   const model::PieceParams& all = table.Total();

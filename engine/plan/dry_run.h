@@ -105,8 +105,8 @@ StepWorkspace PredictStepWorkspace(const config::Config& config, const dist::Mes
 StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& config, const dist::Mesh& mesh,
                                           int rank);
 
-// "1.50 MiB": bytes in powers of 1024, two decimals.
-std::string FormatBytes(double bytes);
+// "1.50 MiB": bytes in powers of 1024, two decimals (engine/core/allocator.h).
+using ::switchyard::FormatBytes;
 
 // The human-readable report: sizes, layout, counts, FLOPs, memory, and a table of the
 // parameter elements and bytes (weights + gradients + optimizer state, f32) every rank of

@@ -16,6 +16,7 @@
 #include "engine/dist/process.h"
 #include "engine/dist/watchdog.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/plan/device_fit.h"
 #include "engine/train/evaluator.h"
 
 namespace switchyard::train {
@@ -82,6 +83,14 @@ Status Trainer::BuildModel() {
   }
   SY_ASSIGN_OR_RETURN(pc_, dist::ParallelContext::Create(world_, mesh));
   SY_ASSIGN_OR_RETURN(rt_, MakeRuntime(config_.runtime, world_, mesh));
+  if (config_.runtime.memory_check) {
+    // Before anything the size of the model is allocated; one answer for every rank.
+    const int64_t available = GetAllocator(rt_.device())->AvailableBytes();
+    SY_RETURN_IF_ERROR(dist::AgreeOnStatus(
+        plan::CheckMemoryFits(config_, mesh, world_.rank(), available,
+                              rt_.device().is_cpu() ? "MemAvailable" : "cudaMemGetInfo"),
+        world_));
+  }
   SY_ASSIGN_OR_RETURN(chunks_, MakeStageDecoders(config_, rt_, *pc_));
   // The rank's parameters over its chunks (entries share the chunks' tensors).
   for (const auto& chunk : chunks_)

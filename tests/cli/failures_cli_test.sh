@@ -14,6 +14,10 @@
 #  - a token id outside the vocabulary with data.verify false (in the training split, on 1
 #    and 2 ranks, and in the validation split): one error line naming the shard, the token
 #    and the id, exit 1 on every rank;
+#  - memory: a layout the host cannot hold stops before allocating it (runtime.memory_check,
+#    exit 2 on 1 and 2 ranks, no output directory); memory running out later (a test cap on
+#    the host allocator, hit while resuming) ends with exit 5 and one line, the checkpoints
+#    untouched;
 #  - the temporary directories of a killed save are removed at the next start, one line
 #    each;
 #  - SIGTERM to the job of `mpirun -np 2` run by scripts/mpirun_job.sh: status 75 (every
@@ -240,6 +244,41 @@ assert sorted(got) == list(range(6)), sorted(got)
 assert got == want, (got, want)  # a bit-identical resume
 EOF
 echo "--- resume: one record per step, the same losses ($SECONDS s)"
+
+# ---- memory ----------------------------------------------------------------------------------
+# A layout the host cannot hold (runtime.memory_check): exit 2 on every rank before anything
+# the model's size is allocated, one line naming the need and the host's available memory,
+# no output directory. 1 rank, and 2 (the two ranks on this node are summed).
+for np in 1 2; do
+  out="$tmp/too-big-$np"
+  if [[ $np -eq 1 ]]; then args=("${one[@]}"); else args=("${two[@]}"); fi
+  run "$np" "${args[@]}" --out "$out" --set model.seq_len=100000000
+  [[ $rc -eq 2 ]] || fail "memory check np $np: exit status $rc, want 2: $(tail -3 "$tmp/err")"
+  every_rank "memory check np $np" "$np" 2
+  if [[ $np -eq 1 ]]; then who="this rank needs"; else who="the 2 ranks on this node need"; fi
+  one_error "memory check np $np" "runtime.memory_check: $who "
+  one_error "memory check np $np" "the host has available (MemAvailable)"
+  [[ ! -e $out ]] || fail "memory check np $np: $out was created"
+  echo "--- memory check np $np: exit 2 on every rank ($SECONDS s)"
+done
+# Memory running out after the check passed: a resume under a cap on the host allocator
+# (SWITCHYARD_TEST_HOST_MEMORY_LIMIT) of the model states plus half the step's workspace, less
+# than the run needs (it stops while loading the checkpoint, whose reads take more than that
+# at this size): exit 5, one line naming the rank and the sizes, the checkpoints untouched.
+out="$tmp/oom"
+run 1 "${one[@]}" --out "$out" --set train.max_steps=2
+[[ $rc -eq 0 ]] || fail "oom: the first run exited $rc: $(tail -3 "$tmp/err")"
+read -r states peak < <(awk '/model states +workspace pk/ {getline; print $5, $6; exit}' "$tmp/out")
+before=$(cd "$out" && find . -type f -exec sha256sum {} + | sort)
+SWITCHYARD_TEST_HOST_MEMORY_LIMIT=$((states + peak / 2)) run 1 "${one[@]}" --out "$out" \
+  --resume "$out" --set train.max_steps=4
+[[ $rc -eq 5 ]] || fail "oom: exit status $rc, want 5: $(tail -3 "$tmp/err")"
+[[ $(grep -c "^switchyard: error: rank 0 ran out of memory on cpu: " "$tmp/err") -eq 1 ]] ||
+  fail "oom: want one out-of-memory line: $(cat "$tmp/err")"
+[[ "$before" == "$(cd "$out" && find . -type f -exec sha256sum {} + | sort)" ]] ||
+  fail "oom: the output directory changed"
+"$bin" checkpoint verify "$out" >/dev/null 2>&1 || fail "oom: the latest checkpoint does not verify"
+echo "--- out of memory at a limit of $((states + peak / 2)) bytes: exit 5, checkpoints intact ($SECONDS s)"
 
 # ---- a killed save's temporary directories ------------------------------------------------
 out="$tmp/leftover"

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -154,6 +155,49 @@ TEST(DryRunTest, DeviceFitReportSuggestsHeadChunking) {
   EXPECT_EQ(report({"model.vocab_size=8192", "train.head_chunk_tokens=16"}).find("head_chunk_tokens"),
             std::string::npos);
   EXPECT_EQ(report({"model.vocab_size=16"}).find("head_chunk_tokens"), std::string::npos);
+}
+
+// runtime.memory_check's rule: the predicted peaks of the ranks sharing the memory (the node's
+// ranks on the host, the rank alone on a GPU) against what is available, exactly at the edge.
+TEST(DryRunTest, MemoryCheckSumsTheRanksThatShareTheMemory) {
+  const auto check = [](const config::Config& c, const dist::Mesh& mesh, int rank, double bytes) {
+    return plan::CheckMemoryFits(c, mesh, rank, static_cast<int64_t>(bytes), "test");
+  };
+  const config::Config one = Tiny();
+  auto single = dist::Mesh::Create(1, one.parallel.MeshSizes(), one.parallel.order);
+  SY_CHECK_OK(single.status());
+  const double p = std::ceil(plan::PredictRankPeak(one, *single, 0));
+  EXPECT_TRUE(check(one, *single, 0, p).ok());
+  EXPECT_TRUE(check(one, *single, 0, -1).ok());  // unknown: no check
+  const Status short_one = check(one, *single, 0, p - 1);
+  ASSERT_FALSE(short_one.ok());
+  EXPECT_NE(short_one.message().find("runtime.memory_check: this rank needs " + plan::FormatBytes(p)),
+            std::string::npos)
+      << short_one.message();
+  EXPECT_NE(short_one.message().find("than the " + plan::FormatBytes(p - 1) +
+                                     " the host has available (test)"),
+            std::string::npos)
+      << short_one.message();
+
+  // 4 ranks (ep 2 x dp 2), 2 a node: node 1 holds ranks 2 and 3.
+  const config::Config four = Tiny({"parallel.ep=2", "parallel.ranks_per_node=2"});
+  auto mesh = dist::Mesh::Create(4, four.parallel.MeshSizes(), four.parallel.order);
+  SY_CHECK_OK(mesh.status());
+  const double p2 = plan::PredictRankPeak(four, *mesh, 2), p3 = plan::PredictRankPeak(four, *mesh, 3);
+  const double node = std::ceil(p2 + p3);
+  EXPECT_TRUE(check(four, *mesh, 2, node).ok());
+  const Status short_node = check(four, *mesh, 3, node - 1);
+  ASSERT_FALSE(short_node.ok());
+  EXPECT_NE(short_node.message().find("the 2 ranks on this node need"), std::string::npos)
+      << short_node.message();
+  // On a GPU each rank has its own memory: its own peak is what must fit.
+  const config::Config gpu = Tiny({"parallel.ep=2", "parallel.ranks_per_node=2", "runtime.device=cuda"});
+  const double g2 = std::ceil(plan::PredictRankPeak(gpu, *mesh, 2));
+  EXPECT_TRUE(check(gpu, *mesh, 2, g2).ok());
+  const Status short_gpu = check(gpu, *mesh, 2, g2 - 1);
+  ASSERT_FALSE(short_gpu.ok());
+  EXPECT_NE(short_gpu.message().find("this rank needs"), std::string::npos) << short_gpu.message();
+  EXPECT_NE(short_gpu.message().find("the GPU has available"), std::string::npos) << short_gpu.message();
 }
 
 TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
