@@ -255,7 +255,8 @@ std::vector<Section> Sections(Config& c) {
        {BindRuntimeDevice("device", &c.runtime.device),
         BindNamed("precision", &c.runtime.precision, kPrecisionNames),
         BindNamed("activation_dtype", &c.runtime.activation_dtype, kActivationDtypeNames),
-        Bind("cuda_graphs", &c.runtime.cuda_graphs), Bind("memory_check", &c.runtime.memory_check)}},
+        Bind("cuda_graphs", &c.runtime.cuda_graphs),
+        Bind("memory_check", &c.runtime.memory_check)}},
       {"plan", {Bind("world", &c.plan.world), Bind("device_memory_gib", &c.plan.device_memory_gib)}},
       {"logging", {Bind("routing_every", &c.logging.routing_every)}},
   };

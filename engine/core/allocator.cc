@@ -121,7 +121,8 @@ class CpuAllocator final : public Allocator {
       ptr = std::aligned_alloc(kCpuAlignment, size);
     }
     if (ptr == nullptr) {
-      ExitOutOfMemory(Device::Cpu(), asked, stats_.in_use - asked, stats_.in_use - asked + stats_.cached);
+      const size_t before = stats_.in_use - asked;
+      ExitOutOfMemory(Device::Cpu(), asked, before, before + stats_.cached);
     }
     return ptr;
   }
@@ -155,7 +156,8 @@ int64_t HostAvailableBytes() {
       break;
     }
   }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::ifstream max_file("/sys/fs/cgroup/memory.max");
+  std::ifstream current_file("/sys/fs/cgroup/memory.current");
   std::string max_text;
   int64_t current = 0;
   if (max_file >> max_text && max_text != "max" && current_file >> current) {
@@ -179,9 +181,8 @@ std::string FormatBytes(double v) {
 void ExitOutOfMemory(Device device, size_t bytes, size_t in_use, size_t held) {
   std::ostringstream line;
   line << "switchyard: error: rank " << LogRank() << " ran out of memory on " << device.ToString()
-       << ": " << bytes
-       << " bytes (" << FormatBytes(double(bytes)) << ") could not be allocated with "
-       << FormatBytes(double(in_use)) << " in use and " << FormatBytes(double(held))
+       << ": " << bytes << " bytes (" << FormatBytes(double(bytes))
+       << ") could not be allocated with " << FormatBytes(double(in_use)) << " in use and " << FormatBytes(double(held))
        << " held; `switchyard train --dry-run` gives the peak a rank needs: lower "
           "train.micro_batch_size or model.seq_len, or spread the model over more ranks";
   std::fflush(stdout);

@@ -133,10 +133,11 @@ Status CheckMemoryFits(const config::Config& c, const dist::Mesh& mesh, int rank
       ": ", FormatBytes(f.peak), " = model states ",
       FormatBytes(m.parameters + m.gradients + m.optimizer), " + workspace ",
       FormatBytes(m.workspace), " + operand copies ", FormatBytes(f.operand_copies),
-      "), more than the ", FormatBytes(double(available)), " ", c.runtime.device.is_cpu() ? "the host" : "the GPU",
-      " has available (", source, "); lower train.micro_batch_size or model.seq_len, set "
-      "train.head_chunk_tokens, spread the model over more ranks (`switchyard train --dry-run "
-      "--search` lists layouts that fit), or set runtime.memory_check=false to try anyway");
+      "), more than the ", FormatBytes(double(available)), " ",
+      c.runtime.device.is_cpu() ? "the host" : "the GPU", " has available (", source,
+      "); lower train.micro_batch_size or model.seq_len, set train.head_chunk_tokens, spread "
+      "the model over more ranks (`switchyard train --dry-run --search` lists layouts that "
+      "fit), or set runtime.memory_check=false to try anyway");
 }
 
 int64_t HeadRows(const config::Config& c) {

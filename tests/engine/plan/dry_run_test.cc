@@ -171,8 +171,9 @@ TEST(DryRunTest, MemoryCheckSumsTheRanksThatShareTheMemory) {
   EXPECT_TRUE(check(one, *single, 0, -1).ok());  // unknown: no check
   const Status short_one = check(one, *single, 0, p - 1);
   ASSERT_FALSE(short_one.ok());
-  EXPECT_NE(short_one.message().find("runtime.memory_check: this rank needs " + plan::FormatBytes(p)),
-            std::string::npos)
+  EXPECT_NE(
+      short_one.message().find("runtime.memory_check: this rank needs " + plan::FormatBytes(p)),
+      std::string::npos)
       << short_one.message();
   EXPECT_NE(short_one.message().find("than the " + plan::FormatBytes(p - 1) +
                                      " the host has available (test)"),
@@ -183,7 +184,8 @@ TEST(DryRunTest, MemoryCheckSumsTheRanksThatShareTheMemory) {
   const config::Config four = Tiny({"parallel.ep=2", "parallel.ranks_per_node=2"});
   auto mesh = dist::Mesh::Create(4, four.parallel.MeshSizes(), four.parallel.order);
   SY_CHECK_OK(mesh.status());
-  const double p2 = plan::PredictRankPeak(four, *mesh, 2), p3 = plan::PredictRankPeak(four, *mesh, 3);
+  const double p2 = plan::PredictRankPeak(four, *mesh, 2);
+  const double p3 = plan::PredictRankPeak(four, *mesh, 3);
   const double node = std::ceil(p2 + p3);
   EXPECT_TRUE(check(four, *mesh, 2, node).ok());
   const Status short_node = check(four, *mesh, 3, node - 1);
@@ -191,13 +193,15 @@ TEST(DryRunTest, MemoryCheckSumsTheRanksThatShareTheMemory) {
   EXPECT_NE(short_node.message().find("the 2 ranks on this node need"), std::string::npos)
       << short_node.message();
   // On a GPU each rank has its own memory: its own peak is what must fit.
-  const config::Config gpu = Tiny({"parallel.ep=2", "parallel.ranks_per_node=2", "runtime.device=cuda"});
+  const config::Config gpu =
+      Tiny({"parallel.ep=2", "parallel.ranks_per_node=2", "runtime.device=cuda"});
   const double g2 = std::ceil(plan::PredictRankPeak(gpu, *mesh, 2));
   EXPECT_TRUE(check(gpu, *mesh, 2, g2).ok());
   const Status short_gpu = check(gpu, *mesh, 2, g2 - 1);
   ASSERT_FALSE(short_gpu.ok());
   EXPECT_NE(short_gpu.message().find("this rank needs"), std::string::npos) << short_gpu.message();
-  EXPECT_NE(short_gpu.message().find("the GPU has available"), std::string::npos) << short_gpu.message();
+  EXPECT_NE(short_gpu.message().find("the GPU has available"), std::string::npos)
+      << short_gpu.message();
 }
 
 TEST(DryRunTest, ActivationBytesAreWhatTheDecoderKeeps) {
