@@ -1,11 +1,13 @@
 #include "engine/core/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -133,6 +135,58 @@ Status PublishDirectory(const std::string& staging, const std::string& final_dir
   const Status synced = FsyncDir(Normal(final_dir).parent_path().string());
   if (!old.empty()) fs::remove_all(old, ec);
   return synced;
+}
+
+namespace {
+
+// The pid holding a flock on inode `ino` by /proc/locks ("1: FLOCK  ADVISORY  WRITE 123
+// 08:01:4567 0 EOF"), or -1 (not found, or not Linux).
+long FlockHolder(ino_t ino) {
+  std::ifstream locks("/proc/locks");
+  for (std::string line; std::getline(locks, line);) {
+    std::istringstream in(line);
+    std::string id, type, mode, access, device;
+    long pid = -1;
+    if (!(in >> id >> type >> mode >> access >> pid >> device) || type != "FLOCK") continue;
+    const size_t colon = device.rfind(':');
+    if (colon == std::string::npos) continue;
+    if (std::strtoull(device.c_str() + colon + 1, nullptr, 10) == static_cast<uint64_t>(ino)) {
+      return pid;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+StatusOr<DirectoryLock> DirectoryLock::Acquire(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return FailedPrecondition(dir, ": cannot open the output directory to lock it (",
+                              std::strerror(errno), ")");
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return DirectoryLock(fd);
+  const int err = errno;
+  struct stat st {};
+  const long holder = err == EWOULDBLOCK && ::fstat(fd, &st) == 0 ? FlockHolder(st.st_ino) : -1;
+  ::close(fd);
+  if (err != EWOULDBLOCK) return DirectoryLock();  // no flock here (ENOLCK...): go on without
+  const std::string who = holder > 0 ? "pid " + std::to_string(holder) : "its lock is held";
+  return FailedPrecondition(dir, ": another process is writing this output directory (", who,
+                            "); wait for it to end or choose another --out");
+}
+
+DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor lets go of the flock
 }
 
 }  // namespace switchyard

@@ -41,4 +41,30 @@ Status FsyncDir(const std::string& dir);
 // failure (an fsync included); until the rename, `final_dir` is left as it was.
 Status PublishDirectory(const std::string& staging, const std::string& final_dir);
 
+// An exclusive hold on a directory for one process: flock(2) on the directory itself, so
+// nothing is written into it. The kernel lets go when the process ends, however it ends, so a
+// lock is never stale. Two processes writing one output directory (two trainings given the
+// same --out, or ranks that a launcher started without MPI, each rank 0 of its own world)
+// would mix their checkpoints; the second gets an error instead.
+class DirectoryLock {
+ public:
+  // Takes the lock of the existing directory `dir`. FailedPrecondition when another process
+  // holds it, naming the directory and the holder's pid (from /proc/locks, when it shows
+  // it); on a filesystem without flock the directory is left unlocked (OK, `locked()` false).
+  static StatusOr<DirectoryLock> Acquire(const std::string& dir);
+
+  DirectoryLock() = default;
+  DirectoryLock(DirectoryLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  DirectoryLock& operator=(DirectoryLock&& other) noexcept;
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+  ~DirectoryLock();
+
+  bool locked() const { return fd_ >= 0; }
+
+ private:
+  explicit DirectoryLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
 }  // namespace switchyard

@@ -8,11 +8,13 @@
 
 namespace switchyard::train {
 
-Status Checkpointer::Prepare(bool is_root) const {
+Status Checkpointer::Prepare(bool is_root) {
   if (!is_root) return OkStatus();
   std::error_code ec;
   std::filesystem::create_directories(out_dir_, ec);
   if (ec) return FailedPrecondition(out_dir_, ": cannot create the output directory (", ec.message(), ")");
+  // Before the leftovers go: a temporary directory another live run is filling is not one.
+  SY_ASSIGN_OR_RETURN(lock_, DirectoryLock::Acquire(out_dir_));
   std::vector<std::string> removed;
   SY_RETURN_IF_ERROR(checkpoint::RemoveLeftoverTempDirs(out_dir_, &removed));
   for (const std::string& path : removed) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "engine/core/file.h"
 #include "engine/core/status.h"
 
 namespace switchyard::train {
@@ -20,9 +21,11 @@ class Checkpointer {
   // train.checkpoint_every (0: none but the last and the stopping step).
   Checkpointer(std::string out_dir, int64_t every) : out_dir_(std::move(out_dir)), every_(every) {}
 
-  // Creates the output directory and removes the temporary directories of saves that did
-  // not finish, printing each. Rank 0 only (the others do nothing).
-  Status Prepare(bool is_root) const;
+  // Creates the output directory, takes its lock for as long as this Checkpointer lives
+  // (DirectoryLock: a second process writing the same directory is refused) and removes the
+  // temporary directories of saves that did not finish, printing each. Rank 0 only (the
+  // others do nothing).
+  Status Prepare(bool is_root);
   // Whether the state after `steps_done` steps is saved: a multiple of every, the run's
   // last step (last_step), or the step a signal stopped the run at (stopped).
   bool ShouldSave(int64_t steps_done, bool last_step, bool stopped) const;
@@ -34,6 +37,7 @@ class Checkpointer {
  private:
   std::string out_dir_;
   int64_t every_;
+  DirectoryLock lock_;
 };
 
 }  // namespace switchyard::train

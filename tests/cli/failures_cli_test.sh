@@ -18,6 +18,8 @@
 #    exit 2 on 1 and 2 ranks, no output directory); memory running out later (a test cap on
 #    the host allocator, hit while resuming) ends with exit 5 and one line, the checkpoints
 #    untouched;
+#  - one writer per output directory: a second training into a live run's directory is
+#    refused (exit 2, naming the holder), and a killed holder leaves no stale lock;
 #  - the temporary directories of a killed save are removed at the next start, one line
 #    each;
 #  - SIGTERM to the job of `mpirun -np 2` run by scripts/mpirun_job.sh: status 75 (every
@@ -269,16 +271,37 @@ out="$tmp/oom"
 run 1 "${one[@]}" --out "$out" --set train.max_steps=2
 [[ $rc -eq 0 ]] || fail "oom: the first run exited $rc: $(tail -3 "$tmp/err")"
 read -r states peak < <(awk '/model states +workspace pk/ {getline; print $5, $6; exit}' "$tmp/out")
-before=$(cd "$out" && find . -type f -exec sha256sum {} + | sort)
+hashes() { (cd "$1" && find . -type f -exec sha256sum {} + | sort); }
+before=$(hashes "$out")
 SWITCHYARD_TEST_HOST_MEMORY_LIMIT=$((states + peak / 2)) run 1 "${one[@]}" --out "$out" \
   --resume "$out" --set train.max_steps=4
 [[ $rc -eq 5 ]] || fail "oom: exit status $rc, want 5: $(tail -3 "$tmp/err")"
 [[ $(grep -c "^switchyard: error: rank 0 ran out of memory on cpu: " "$tmp/err") -eq 1 ]] ||
   fail "oom: want one out-of-memory line: $(cat "$tmp/err")"
-[[ "$before" == "$(cd "$out" && find . -type f -exec sha256sum {} + | sort)" ]] ||
+[[ "$before" == "$(hashes "$out")" ]] ||
   fail "oom: the output directory changed"
 "$bin" checkpoint verify "$out" >/dev/null 2>&1 || fail "oom: the latest checkpoint does not verify"
 echo "--- out of memory at a limit of $((states + peak / 2)) bytes: exit 5, checkpoints intact ($SECONDS s)"
+
+# ---- one writer per output directory ------------------------------------------------------
+# A second training into the directory a live run writes is refused (exit 2, one line naming
+# the holder's pid), and the live run's files are left alone; once the holder is killed
+# (SIGKILL: no clean-up), the lock is gone with it and a new run proceeds.
+out="$tmp/busy"
+"$bin" train "${one[@]}" --out "$out" --set train.max_steps=1000000 --set train.checkpoint_every=0 \
+  >"$tmp/busy.out" 2>&1 &
+holder=$!
+for _ in $(seq 1 300); do [[ -s $out/metrics.jsonl ]] && break; sleep 0.1; done
+run 1 "${one[@]}" --out "$out" --set train.max_steps=2
+[[ $rc -eq 2 ]] || fail "busy output: exit status $rc, want 2: $(tail -3 "$tmp/err")"
+one_error "busy output" "$out: another process is writing this output directory (pid $holder)"
+[[ -z $(find "$out" -name 'step-*') ]] || fail "busy output: the refused run saved a checkpoint"
+kill -0 "$holder" 2>/dev/null || fail "busy output: the first run ended: $(tail -3 "$tmp/busy.out")"
+kill -9 "$holder"
+wait "$holder" 2>/dev/null
+run 1 "${one[@]}" --out "$out" --set train.max_steps=1
+[[ $rc -eq 0 ]] || fail "busy output: after the holder died, exit status $rc: $(tail -3 "$tmp/err")"
+echo "--- busy output directory: refused with exit 2 while held, free once its holder was killed ($SECONDS s)"
 
 # ---- a killed save's temporary directories ------------------------------------------------
 out="$tmp/leftover"

@@ -93,5 +93,28 @@ TEST_F(FileTest, AFailureLeavesTheOldDirectoryIntact) {
   EXPECT_EQ(Names(), (std::vector<std::string>{".file.tmp-1", "file", "out"}));
 }
 
+// One holder at a time: a second Acquire (another open file description, as another process
+// has) is refused naming the holder; the lock goes with its holder, moved or destroyed.
+TEST_F(FileTest, DirectoryLockHasOneHolder) {
+  const std::string dir = dir_.string();
+  StatusOr<DirectoryLock> first = DirectoryLock::Acquire(dir);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ASSERT_TRUE(first->locked());
+  const StatusOr<DirectoryLock> second = DirectoryLock::Acquire(dir);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find(dir + ": another process is writing this output "
+                                           "directory (pid " + std::to_string(::getpid()) + ")"),
+            std::string::npos)
+      << second.status().message();
+  DirectoryLock moved = std::move(*first);
+  EXPECT_FALSE(first->locked());
+  EXPECT_FALSE(DirectoryLock::Acquire(dir).ok());  // the moved-to object holds it
+  moved = DirectoryLock();                          // let go
+  StatusOr<DirectoryLock> third = DirectoryLock::Acquire(dir);
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  EXPECT_TRUE(third->locked());
+  EXPECT_TRUE(Names().empty());  // nothing written into the directory
+}
+
 }  // namespace
 }  // namespace switchyard
