@@ -50,8 +50,22 @@ nlohmann::ordered_json Json(const plan::Candidate& c, int world) {
                        {"dp", t.dp}, {"pp", t.pp}, {"bubble", t.bubble}}}};
 }
 
+// The config as the planned run would have it: on the hardware file's device (a GPU unless
+// the file is a cpu* calibration) and with --precision's products, so that a config whose
+// runtime section is valid there (activation_dtype bf16 with precision auto, say) is not
+// rejected for the CPU it names by default. The user's --set come after and win.
+std::vector<std::string> PlannedRunOverrides(const Flags& f, const plan::Hardware& hw) {
+  std::vector<std::string> out;
+  out.push_back(hw.name.rfind("cpu", 0) == 0 ? "runtime.device=cpu" : "runtime.device=cuda");
+  // fp8 products keep bf16 tensors. An fp32 plan of bf16 activations gets the plan's own error.
+  if (!f.precision.empty() && f.precision != "fp32") out.push_back("runtime.precision=bf16");
+  out.insert(out.end(), f.overrides.begin(), f.overrides.end());
+  return out;
+}
+
 StatusOr<plan::PlanInputs> Inputs(const Flags& f, const plan::Hardware& hw) {
-  SY_ASSIGN_OR_RETURN(config::Config config, config::LoadConfig(f.config, f.overrides));
+  SY_ASSIGN_OR_RETURN(config::Config config,
+                      config::LoadConfig(f.config, PlannedRunOverrides(f, hw)));
   plan::PlanInputs in;
   in.world = f.gpus;
   in.max_tp = hw.gpus_per_node;

@@ -59,6 +59,12 @@ for act in fp32 bf16; do
   eval "peak_$act=\$planned"
 done
 [[ "$peak_fp32" != "$peak_bf16" ]] || fail "memory: runtime.activation_dtype=bf16 left the planned peak at $peak_fp32"
+# The config is checked on the device the plan is for: bf16 activations with runtime.precision
+# auto are valid on a GPU (auto is bf16 there), though not on the CPU the config names by default.
+"$bin" plan --config "$cfg" --gpus 2 --config-layout --set parallel.ep=2 \
+  --set runtime.activation_dtype=bf16 >"$tmp/auto" 2>&1 || fail "precision auto: exit status $?: $(cat "$tmp/auto")"
+auto=$(grep -E '^ +1 tp ' "$tmp/auto" | grep -oE '[0-9.]+ [KMG]iB')
+[[ "$auto" == "$peak_bf16" ]] || fail "precision auto: peak '$auto', with bf16 named '$peak_bf16'"
 
 # A routing log whose expert 0 takes half the tokens: ep 2 is slower than with no skew.
 echo '{"step": 1, "layers": [1, 3], "tokens_per_expert": [[40,4,4,4,4,4,10,10], [10,10,10,10,10,10,10,10]]}' >"$tmp/routing.jsonl"
@@ -83,6 +89,8 @@ expect_usage_error "bad precision" "--precision fp16 is not one of bf16, fp32, f
   plan --config "$cfg" --gpus 8 --precision fp16
 expect_usage_error "bf16 activations, fp32 plan" "runtime.activation_dtype=bf16 needs bf16 matrix products, but the plan's precision is fp32" \
   plan --config "$cfg" --gpus 8 --precision fp32 --set runtime.precision=bf16 --set runtime.activation_dtype=bf16
+expect_usage_error "bf16 activations, fp32 plan, precision auto" "but the plan's precision is fp32" \
+  plan --config "$cfg" --gpus 8 --precision fp32 --set runtime.activation_dtype=bf16
 expect_usage_error "indivisible batch" "--gpus 3 is not a multiple of the config's tp*cp*pp = 2" \
   plan --config "$cfg" --gpus 3 --set parallel.tp=2
 expect_usage_error "bad config key" "unknown key 'train.nope'" plan --config "$cfg" --gpus 8 --set train.nope=1
