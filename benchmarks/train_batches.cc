@@ -40,9 +40,11 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (steps < 1) return cli::UsageError(kName, StrCat("--steps=", steps, " must be >= 1"));
-  data::LoaderOptions lo{.dir = dir, .seq_len = seq_len, .micro_batch_size = micro_batch_size,
-                         .global_batch_size = micro_batch_size, .dp_rank = 0, .dp_size = 1,
-                         .seed = static_cast<uint64_t>(seed)};
+  data::LoaderOptions lo;
+  lo.dir = dir;
+  lo.seq_len = seq_len;
+  lo.micro_batch_size = lo.global_batch_size = micro_batch_size;
+  lo.seed = static_cast<uint64_t>(seed);
   if (Status s = lo.Validate(); !s.ok()) return cli::UsageError(kName, bench::Message(s));
   StatusOr<data::DataLoader> loader = data::DataLoader::Open(lo);
   if (!loader.ok()) {
