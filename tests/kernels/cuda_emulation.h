@@ -1,11 +1,14 @@
 // A host model of what the device code of kernels/cuda/*_kernels.cuh uses of CUDA, so that the
 // same source compiles and runs on the CPU without a GPU (the *_emulation_test.cc files):
-//  - a CTA is blockDim.x * blockDim.y std::threads (a multiple of 32); __syncthreads is a
-//    std::barrier of them, __syncwarp a barrier of the warp's 32, and __shfl_sync and
-//    __shfl_xor_sync exchange any value of up to 8 bytes through memory between two barriers
-//    of the warp; atomicAdd and atomicMin are std::atomic_ref operations; CTAs run one at a
-//    time (emu::Launch), and shared memory is one buffer filled with 0xFF bytes (NaN) before
-//    each CTA, so a read of anything not written first shows;
+//  - a CTA is blockDim.x * blockDim.y threads (a multiple of 32), each a fiber (its own stack,
+//    ucontext) of the one host thread, which run in turns: a thread runs until it waits at a
+//    barrier, and the turns go up the thread indices on one pass and down on the next;
+//    __syncthreads is a barrier of them all, __syncwarp one of the warp's 32, and __shfl_sync
+//    and __shfl_xor_sync exchange any value of up to 8 bytes through memory between two
+//    barriers of the warp; atomicAdd and atomicMin are std::atomic_ref operations; CTAs run one
+//    at a time (emu::Launch), and shared memory is one buffer filled with 0xFF bytes (NaN)
+//    before each CTA, so a read of anything not written first shows; a barrier that not every
+//    thread reaches (which hangs a GPU) stops the test program with one line;
 //  - nvcuda::wmma 16 x 16 x 16: a fragment holds its whole tile; load_matrix_sync reads it as
 //    the layout says (row- or column-major, leading dimension ldm); an accumulator's row r
 //    belongs to lane r (lanes 16-31 own none), which alone computes it in mma_sync (f32 sums
@@ -25,9 +28,11 @@
 //    grid-stride loops, ToBf16, FromBf16) are the real ones, compiled on the host.
 // What the model cannot show: wmma's real fragment layout (opaque on the GPU; the model gives
 // each accumulator row to one lane), whether the mma.sync and ldmatrix layouts written here
-// are the hardware's (the GPU tests check that), timing races the barriers would hide on
-// the GPU (the threads do run concurrently, so a missing barrier is likely but not certain to
-// show), and anything about speed.
+// are the hardware's (the GPU tests check that), every interleaving of threads between two
+// barriers (a missing barrier shows when a reader's turn comes before the writer's, in one of
+// the two orders; fibers replaced std::threads, which on two cores made the device code's
+// tests a futex wake per thread per barrier, so several times slower), and anything about
+// speed.
 //
 // Use: include this after every other header (it defines CUDA's qualifiers, __global__,
 // __device__, __shared__ ..., as empty macros, and they stay defined), define the kernels'
@@ -36,19 +41,27 @@
 // kernels with emu::Launch.
 #pragma once
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <math.h>
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include "engine/core/dtype.h"
 
@@ -56,14 +69,216 @@
 struct EmuDim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local EmuDim3 threadIdx, blockIdx, gridDim, blockDim;
+// The running thread's: the scheduler (emu::fiber) swaps them with each thread's own copy at
+// every turn, as it does the other per-thread state of the model.
+inline EmuDim3 threadIdx, blockIdx, gridDim, blockDim;
 using __nv_bfloat16 = switchyard::BFloat16;
+
+// ---- The CTA's threads: fibers of the host thread, run in turns by a scheduler.
+// On x86-64 a switch saves the callee-saved registers on the stack it leaves and swaps stack
+// pointers (sy_emu_fiber_switch below): no system call, and nothing AddressSanitizer intercepts
+// (its swapcontext interceptor clears the shadow of the whole stack it enters, at every
+// switch), which the annotations in Switch replace. Elsewhere, swapcontext.
+#if defined(__x86_64__)
+// sy_emu_fiber_switch(void** save_sp, void* load_sp). Weak: each test program that includes
+// this header defines it once.
+asm(R"(
+  .text
+  .weak sy_emu_fiber_switch
+  .type sy_emu_fiber_switch, @function
+sy_emu_fiber_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size sy_emu_fiber_switch, .-sy_emu_fiber_switch
+)");
+extern "C" void sy_emu_fiber_switch(void** save_sp, void* load_sp);
+#endif
+
+namespace emu::fiber {
+struct Context {
+#if defined(__x86_64__)
+  void* sp = nullptr;  // the saved stack pointer, registers pushed below it
+#else
+  ucontext_t uc;
+#endif
+  void* fake_stack = nullptr;  // AddressSanitizer's, kept while the fiber is switched away
+  const void* stack_bottom = nullptr;
+  size_t stack_size = 0;
+};
+inline Context scheduler;             // the host thread's own stack
+inline std::vector<Context> threads;  // the running launch's
+inline std::vector<bool> done;
+inline int current = -1;
+// What each thread waits for: a barrier's phase counter to move past `seen` (none: runnable).
+struct Wait {
+  const uint64_t* phase = nullptr;
+  uint64_t seen = 0;
+};
+inline std::vector<Wait> waits;
+// The order of turns: the lowest-numbered thread that can run runs (up) or the highest, so one
+// warp runs ahead through its warp-level steps until it waits at __syncthreads, and then the
+// next; the direction is drawn anew (a fixed pseudo-random sequence) each time the whole CTA
+// passes a barrier, so each stretch between two __syncthreads runs its warps first to last in
+// some CTAs and last to first in others.
+inline bool up = true;
+inline bool phase_moved = false;  // a barrier completed in this turn (the scan starts over)
+inline uint64_t order_draws = 0x9e3779b97f4a7c15u;
+inline void DrawOrder() {
+  order_draws = order_draws * 6364136223846793005u + 1442695040888963407u;
+  up = (order_draws >> 63) != 0;
+}
+inline void (*body)(void* arg, int thread) = nullptr;
+inline void* body_arg = nullptr;
+inline void (*swap_state)(int thread) = nullptr;  // the model's per-thread globals <-> thread's
+
+// Switches the host thread from `from` to `to` (`from_ends`: never to be resumed), telling
+// AddressSanitizer which stack is live.
+inline void Switch(Context& from, Context& to, bool from_ends) {
+#ifdef __SANITIZE_ADDRESS__
+  __sanitizer_start_switch_fiber(from_ends ? nullptr : &from.fake_stack, to.stack_bottom,
+                                 to.stack_size);
+#endif
+#if defined(__x86_64__)
+  sy_emu_fiber_switch(&from.sp, to.sp);
+#else
+  swapcontext(&from.uc, &to.uc);
+#endif
+#ifdef __SANITIZE_ADDRESS__
+  __sanitizer_finish_switch_fiber(from.fake_stack, nullptr, nullptr);
+#endif
+}
+
+// The running thread's turn ends; it resumes here at its next one.
+inline void Yield() { Switch(threads[current], scheduler, false); }
+
+inline void Entry() {
+#ifdef __SANITIZE_ADDRESS__
+  __sanitizer_finish_switch_fiber(nullptr, &scheduler.stack_bottom, &scheduler.stack_size);
+#endif
+  body(body_arg, current);
+  done[current] = true;
+  Switch(threads[current], scheduler, true);
+  std::abort();  // an ended fiber is never resumed
+}
+
+inline constexpr size_t kStackBytes = size_t{1} << 20;  // AddressSanitizer's frames are large
+// Reused by every launch. When a thread ends, its frames have returned (AddressSanitizer
+// clears their markings as they do) except Entry's and the last switch's, at the top, whose
+// markings the next launch clears (kLiveTop bytes; the whole stack would cost more than the
+// tests).
+inline std::vector<unsigned char*> stacks;
+inline constexpr size_t kLiveTop = size_t{64} << 10;
+
+// Runs body(arg, t) for t in [0, n) as fibers in turns until every one has returned. When no
+// live thread can run, each waits for a barrier that those still to arrive will never reach:
+// one line and abort (a GPU would hang).
+inline void Run(int n, void (*fn)(void*, int), void* arg) {
+  while (static_cast<int>(stacks.size()) < n) {
+    void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "emu: mmap of a %zu-byte fiber stack failed\n", kStackBytes);
+      std::abort();
+    }
+    mprotect(p, 4096, PROT_NONE);  // a guard page below the stack
+    stacks.push_back(static_cast<unsigned char*>(p));
+  }
+  threads.assign(n, Context{});
+  done.assign(n, false);
+  waits.assign(n, Wait{});
+  body = fn;
+  body_arg = arg;
+  for (int t = 0; t < n; ++t) {
+    Context& c = threads[t];
+    c.stack_bottom = stacks[t] + 4096;
+    c.stack_size = kStackBytes - 4096;
+#ifdef __SANITIZE_ADDRESS__
+    __asan_unpoison_memory_region(stacks[t] + kStackBytes - kLiveTop, kLiveTop);
+#endif
+#if defined(__x86_64__)
+    // The first switch pops six zero registers and returns into Entry, with the stack
+    // pointer as a call leaves it (16-byte aligned before the return address).
+    auto* top = reinterpret_cast<void**>(stacks[t] + kStackBytes);
+    top[-1] = nullptr;  // Entry's own return address: it never returns
+    top[-2] = reinterpret_cast<void*>(&Entry);
+    for (int r = 3; r <= 8; ++r) top[-r] = nullptr;
+    c.sp = top - 8;
+#else
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = const_cast<void*>(c.stack_bottom);
+    c.uc.uc_stack.ss_size = c.stack_size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, &Entry, 0);
+#endif
+  }
+  // Threads before the last one to run could not run then, and still cannot unless a barrier
+  // completed in its turn: only then does the scan start over.
+  for (int live = n, from = 0; live > 0;) {
+    int t = -1;
+    for (int i = from; i < n && t < 0; ++i) {
+      const int c = up ? i : n - 1 - i;
+      if (!done[c] && (waits[c].phase == nullptr || *waits[c].phase != waits[c].seen)) t = c;
+    }
+    if (t < 0) {
+      std::fprintf(stderr, "emu: %d of the CTA's %d threads wait at barriers that the others "
+                   "never reach (a __syncthreads or warp operation not reached by every "
+                   "thread; a GPU would hang)\n", live, n);
+      std::abort();
+    }
+    current = t;
+    phase_moved = false;
+    swap_state(t);
+    Switch(scheduler, threads[t], false);
+    swap_state(t);
+    live -= done[t];
+    from = phase_moved ? 0 : (up ? t : n - 1 - t);
+  }
+  current = -1;
+}
+}  // namespace emu::fiber
 
 namespace emu {
 constexpr int kMaxWarps = 1024 / 32;
 constexpr size_t kSharedBytes = 227 * 1024;  // sm_90's per-block limit
-inline std::barrier<>* block_barrier = nullptr;
-inline std::barrier<>* warp_barriers[kMaxWarps] = {};
+
+// A barrier of `count` fibers: each arrival but the last ends the arriving thread's turn until
+// the last arrives.
+class Barrier {
+ public:
+  explicit Barrier(int count) : count_(count) {}
+  void arrive_and_wait() {
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++phase_;
+      fiber::phase_moved = true;
+      if (count_ == static_cast<int>(fiber::threads.size())) fiber::DrawOrder();
+      return;
+    }
+    fiber::waits[fiber::current] = {&phase_, phase_};
+    fiber::Yield();  // resumed once phase_ has moved
+    fiber::waits[fiber::current] = {};
+  }
+
+ private:
+  int count_, arrived_ = 0;
+  uint64_t phase_ = 0;
+};
+
+inline Barrier* block_barrier = nullptr;
+inline Barrier* warp_barriers[kMaxWarps] = {};
 inline uint64_t shuffle_slots[kMaxWarps][32];
 }  // namespace emu
 
@@ -113,8 +328,9 @@ inline float __uint_as_float(uint32_t u) {
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
-// Atomics: the CTA's threads run concurrently, so these are real atomic operations (CTAs run
-// one at a time, which the device does not promise: a kernel must not depend on the order).
+// Atomics (the CTA's threads take turns on one host thread, so these need no more than
+// atomic_ref; CTAs run one at a time, which the device does not promise: a kernel must not
+// depend on the order).
 template <typename T>
 T atomicAdd(T* address, T v) {
   return std::atomic_ref<T>(*address).fetch_add(v);
@@ -140,8 +356,8 @@ struct AsyncCopy {
   const unsigned char* src;
   int bytes, zfill;
 };
-inline thread_local std::vector<std::vector<AsyncCopy>> copy_groups;  // committed, oldest first
-inline thread_local std::vector<AsyncCopy> open_copies;               // not yet committed
+inline std::vector<std::vector<AsyncCopy>> copy_groups;  // committed, oldest first
+inline std::vector<AsyncCopy> open_copies;               // not yet committed
 inline int CopiesInFlight() {
   size_t n = open_copies.size();
   for (const auto& g : copy_groups) n += g.size();
@@ -332,9 +548,30 @@ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2
 
 namespace emu {
 
+// Each thread's copy of the model's per-thread globals while another thread has its turn.
+struct ThreadState {
+  EmuDim3 thread_idx, block_idx, grid_dim, block_dim;
+  std::vector<std::vector<AsyncCopy>> copy_groups;
+  std::vector<AsyncCopy> open_copies;
+  std::vector<PendingWgmma> wgmma_open;
+  std::vector<std::vector<PendingWgmma>> wgmma_groups;
+};
+inline std::vector<ThreadState> thread_states;
+inline void SwapThreadState(int thread) {
+  ThreadState& s = thread_states[thread];
+  std::swap(threadIdx, s.thread_idx);
+  std::swap(blockIdx, s.block_idx);
+  std::swap(gridDim, s.grid_dim);
+  std::swap(blockDim, s.block_dim);
+  std::swap(copy_groups, s.copy_groups);
+  std::swap(open_copies, s.open_copies);
+  std::swap(wgmma_open, s.wgmma_open);
+  std::swap(wgmma_groups, s.wgmma_groups);
+}
+
 // Runs `kernel` (a call of one __global__ function) over `grid`, one CTA at a time, on
-// block.x * block.y std::threads (a multiple of 32, at most 1024) that live for the whole
-// launch.
+// block.x * block.y threads (a multiple of 32, at most 1024: fibers, emu::fiber) that live for
+// the whole launch.
 // `smem` (`smem_bytes`) is the kernels' shared memory, refilled with 0xFF before each CTA;
 // `shared_bytes` is what the launch would ask for, at most the buffer.
 // A block of block.x * block.y threads (2-D: threadIdx.x fastest, as CUDA numbers them).
@@ -346,42 +583,51 @@ void Launch(EmuDim3 grid, EmuDim3 block_dims, unsigned char* smem, size_t smem_b
       << block_dims.x << " x " << block_dims.y << " x " << block_dims.z;
   ASSERT_LE(shared_bytes, static_cast<int64_t>(smem_bytes));
   ASSERT_LE(smem_bytes, kSharedBytes);
-  std::barrier<> block(threads);
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  Barrier block(threads);
+  std::vector<std::unique_ptr<Barrier>> warps;
   for (int w = 0; w < threads / 32; ++w) {
-    warps.push_back(std::make_unique<std::barrier<>>(32));
+    warps.push_back(std::make_unique<Barrier>(32));
     warp_barriers[w] = warps.back().get();
   }
   block_barrier = &block;
-  std::vector<std::thread> pool;
+  thread_states.assign(threads, ThreadState{});
   for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      threadIdx = {t % block_dims.x, t / block_dims.x, 0};
-      blockDim = block_dims;
-      gridDim = grid;
-      for (unsigned z = 0; z < grid.z; ++z) {
-        for (unsigned y = 0; y < grid.y; ++y) {
-          for (unsigned x = 0; x < grid.x; ++x) {
-            if (t == 0) {
-              std::memset(smem, 0xFF, smem_bytes);
-              shared_base = smem;
-            }
-            block.arrive_and_wait();  // shared memory refilled
-            blockIdx = {x, y, z};
-            kernel();
-            EXPECT_EQ(CopiesInFlight(), 0) << "a CTA ended with cp.async copies in flight";
-            EXPECT_EQ(WgmmaPending(), 0) << "a CTA ended with wgmma products not waited for";
-            copy_groups.clear();
-            open_copies.clear();
-            wgmma_groups.clear();
-            wgmma_open.clear();
-            block.arrive_and_wait();  // every thread done with this CTA
+    thread_states[t].thread_idx = {t % block_dims.x, t / block_dims.x, 0};
+    thread_states[t].block_dim = block_dims;
+    thread_states[t].grid_dim = grid;
+  }
+  struct Args {
+    EmuDim3 grid;
+    unsigned char* smem;
+    size_t smem_bytes;
+    Barrier* block;
+    Kernel* kernel;
+  } args{grid, smem, smem_bytes, &block, &kernel};
+  fiber::swap_state = &SwapThreadState;
+  fiber::Run(threads, [](void* p, int t) {
+    const Args& a = *static_cast<const Args*>(p);
+    for (unsigned z = 0; z < a.grid.z; ++z) {
+      for (unsigned y = 0; y < a.grid.y; ++y) {
+        for (unsigned x = 0; x < a.grid.x; ++x) {
+          if (t == 0) {
+            std::memset(a.smem, 0xFF, a.smem_bytes);
+            shared_base = a.smem;
           }
+          a.block->arrive_and_wait();  // shared memory refilled
+          blockIdx = {x, y, z};
+          (*a.kernel)();
+          EXPECT_EQ(CopiesInFlight(), 0) << "a CTA ended with cp.async copies in flight";
+          EXPECT_EQ(WgmmaPending(), 0) << "a CTA ended with wgmma products not waited for";
+          copy_groups.clear();
+          open_copies.clear();
+          wgmma_groups.clear();
+          wgmma_open.clear();
+          a.block->arrive_and_wait();  // every thread done with this CTA
         }
       }
-    });
-  }
-  for (std::thread& th : pool) th.join();
+    }
+  }, &args);
+  thread_states.clear();
 }
 
 template <typename Kernel>

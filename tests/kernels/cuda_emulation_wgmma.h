@@ -33,8 +33,9 @@ struct PendingWgmma {
   uint64_t a, b;
   bool trans_a, trans_b;
 };
-inline thread_local std::vector<PendingWgmma> wgmma_open;                 // not yet committed
-inline thread_local std::vector<std::vector<PendingWgmma>> wgmma_groups;  // oldest first
+// The running thread's (emu::Launch swaps them with each thread's own at every turn).
+inline std::vector<PendingWgmma> wgmma_open;                 // not yet committed
+inline std::vector<std::vector<PendingWgmma>> wgmma_groups;  // oldest first
 
 inline int WgmmaPending() {
   size_t n = wgmma_open.size();

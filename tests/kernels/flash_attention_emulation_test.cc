@@ -3,7 +3,7 @@
 // indexing, masks, bounds checks for S not a multiple of the block, GQA sums, shared-memory
 // layout and barriers, executed. The same source as the CUDA build, compiled here against the
 // host model of CUDA's threads, barriers, shuffles and mma.sync fragments in
-// tests/kernels/cuda_emulation.h (a CTA is 128 std::threads, CTAs run one at a time).
+// tests/kernels/cuda_emulation.h (a CTA is 128 threads taking turns, CTAs run one at a time).
 // What the model cannot show is listed there; tests/gpu/flash_attention_gpu_test.cc runs the
 // real kernel against the twin with the same tolerance.
 //

@@ -1,6 +1,6 @@
 // The device-sized grouped products' device code (kernels/cuda/grouped_gemm_kernels.cuh) run on
 // the CPU, without a GPU, through the host model of CUDA in tests/kernels/cuda_emulation.h (a
-// CTA is 256 std::threads, CTAs one at a time), against the CPU reference
+// CTA is 256 threads taking turns, CTAs one at a time), against the CPU reference
 // (kernels::cpu::GroupedGemm / GroupedGemmWeightGrad with the offsets' differences as rows):
 // the CTA's search of its (group, row tile) in the offsets (also past 256 groups), ragged and
 // empty groups, groups smaller than a tile and spanning several, k, n and rows that are not
