@@ -1,8 +1,9 @@
 // A host model of what the device code of kernels/cuda/*_kernels.cuh uses of CUDA, so that the
 // same source compiles and runs on the CPU without a GPU (the *_emulation_test.cc files):
-//  - a CTA is blockDim.x * blockDim.y threads (a multiple of 32), each a fiber (its own stack,
-//    ucontext) of the one host thread, which run in turns: a thread runs until it waits at a
-//    barrier, and the turns go up the thread indices on one pass and down on the next;
+//  - a CTA is blockDim.x * blockDim.y threads (a multiple of 32), each a fiber (its own stack)
+//    of the one host thread, which run in turns (emu::fiber): a thread runs until it waits at
+//    a barrier, then the lowest-numbered thread that can run (or the highest: the direction is
+//    drawn anew at each __syncthreads) runs, so a warp runs ahead to the next __syncthreads;
 //    __syncthreads is a barrier of them all, __syncwarp one of the warp's 32, and __shfl_sync
 //    and __shfl_xor_sync exchange any value of up to 8 bytes through memory between two
 //    barriers of the warp; atomicAdd and atomicMin are std::atomic_ref operations; CTAs run one
@@ -29,10 +30,10 @@
 // What the model cannot show: wmma's real fragment layout (opaque on the GPU; the model gives
 // each accumulator row to one lane), whether the mma.sync and ldmatrix layouts written here
 // are the hardware's (the GPU tests check that), every interleaving of threads between two
-// barriers (a missing barrier shows when a reader's turn comes before the writer's, in one of
-// the two orders; fibers replaced std::threads, which on two cores made the device code's
-// tests a futex wake per thread per barrier, so several times slower), and anything about
-// speed.
+// barriers (a missing barrier shows when a reader's warp runs ahead of the writer's, or a
+// writer's ahead of a reader's, as one of the two directions makes it; fibers replaced
+// std::threads, which on two cores cost the device code's tests a futex wake per thread per
+// barrier, several times their time now), and anything about speed.
 //
 // Use: include this after every other header (it defines CUDA's qualifiers, __global__,
 // __device__, __shared__ ..., as empty macros, and they stay defined), define the kernels'
