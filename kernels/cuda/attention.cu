@@ -8,16 +8,20 @@
 // softmax-backward row sum from `delta` when given (a block of a larger softmax), and sums
 // the Hq / Hkv query heads of a group into their kv head's dk and dv through GEMM beta: the
 // group's first head writes (beta = 0), the rest add. AttentionBackwardDelta and
-// AttentionMerge are one warp per (b, i, h) row.
+// AttentionMerge are one warp per (b, i, h) row. The device code is in
+// kernels/cuda/attention_kernels.cuh.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace switchyard::kernels::cuda {
 namespace {
+
+namespace ad = attention_dev;
 
 // Score scratch a call aims for: the batch is processed in chunks of batch elements whose
 // (Hq, S, S) matrices fit in this many bytes (at least one element at a time).
@@ -61,116 +65,6 @@ void BatchedGemm(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int6
       Int(batch, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// Threads per row block: a multiple of 32 (BlockSum/BlockMax), no more than the row needs.
-int RowThreads(int64_t s) { return s <= 32 ? 32 : s <= 64 ? 64 : s <= 128 ? 128 : 256; }
-
-// Keys row r of a chunk's (nb, Hq, S, S) scores sees: j < len, query position i = r % S.
-__device__ __forceinline__ int64_t VisibleKeys(int64_t r, int64_t s, bool causal) {
-  return causal ? r % s + 1 : s;
-}
-
-// One block per score row r of a chunk laid out (nb, Hq, S, S) as rows of S. In place:
-// p[r, j] = softmax over the visible j of the scores, 0 for the others; lse[r] = logsumexp
-// of the row (the chunk's lse rows are laid out the same way).
-__global__ void MaskedSoftmaxKernel(float* p, float* lse, int64_t s, bool causal) {
-  __shared__ float shared[32];
-  const int64_t r = blockIdx.x;
-  const int64_t len = VisibleKeys(r, s, causal);
-  float* row = p + r * s;
-  float row_max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) row_max = fmaxf(row_max, row[j]);
-  row_max = BlockMax(row_max, shared, -INFINITY);
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) sum += expf(row[j] - row_max);
-  sum = BlockSum(sum, shared);  // >= 1: the max term is exp(0)
-  const float inv = 1.0f / sum;
-  for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
-    row[j] = j < len ? expf(row[j] - row_max) * inv : 0.0f;
-  }
-  if (threadIdx.x == 0) lse[r] = row_max + logf(sum);
-}
-
-// Elementwise over a chunk's (nb, Hq, S, S) scores: p = exp(s - lse[row]) for the visible
-// keys, else 0.
-__global__ void MaskedExpKernel(float* p, const float* lse, int64_t s, int64_t n, bool causal) {
-  SY_GRID_STRIDE(idx, n) {
-    const int64_t r = idx / s, j = idx % s;
-    p[idx] = j < VisibleKeys(r, s, causal) ? expf(p[idx] - lse[r]) : 0.0f;
-  }
-}
-
-// One block per row: the softmax backward of row r over its visible keys, in place in dp:
-//   ds[r, j] = p[r, j] (dp[r, j] - dot[r]), 0 for the masked j,
-// with dot[r] = sum over the visible j' of p[r, j'] dp[r, j'], or delta[r] when delta is not
-// null (the row's softmax spans more keys than this block; delta is laid out like lse).
-__global__ void MaskedSoftmaxBackwardKernel(const float* p, float* dp, const float* delta,
-                                            int64_t s, bool causal) {
-  __shared__ float shared[32];
-  const int64_t r = blockIdx.x;
-  const int64_t len = VisibleKeys(r, s, causal);
-  const float* prow = p + r * s;
-  float* drow = dp + r * s;
-  float dot = 0.0f;
-  if (delta != nullptr) {  // uniform over the block
-    dot = delta[r];
-  } else {
-    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) dot += prow[j] * drow[j];
-    dot = BlockSum(dot, shared);
-  }
-  for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
-    drow[j] = j < len ? prow[j] * (drow[j] - dot) : 0.0f;
-  }
-}
-
-// Rows of (b, i, h) per block of the warp-per-row kernels below.
-constexpr int kWarpsPerBlock = 8;
-
-// One warp per row (b, i, h) of out, dout (B, S, Hq, hd): delta[(b Hq + h) S + i] =
-// sum_e dout[row, e] out[row, e], summed in double as on the CPU. out: f32, or the bf16 out
-// kept under bf16 activation storage (widened as read).
-template <typename TO>
-__global__ void DeltaKernel(const TO* out, const float* dout, float* delta, int64_t s,
-                            int64_t hq, int64_t hd, int64_t rows) {
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;  // the whole warp leaves together
-  const TO* o = out + row * hd;
-  const float* g = dout + row * hd;
-  double dot = 0.0;
-  for (int64_t e = lane; e < hd; e += 32) dot += static_cast<double>(g[e]) * LoadF32(o, e);
-  dot = WarpSum(dot);
-  if (lane == 0) {
-    const int64_t h = row % hq, i = (row / hq) % s, b = row / (hq * s);
-    delta[(b * hq + h) * s + i] = static_cast<float>(dot);
-  }
-}
-
-// One warp per row (b, i, h): the online-softmax merge of kernels/attention.h. Every lane
-// reads the row's lse before lane 0 overwrites it.
-__global__ void MergeKernel(float* out, float* lse, const float* out_b, const float* lse_b,
-                            int64_t s, int64_t hq, int64_t hd, int64_t rows) {
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int64_t h = row % hq, i = (row / hq) % s, b = row / (hq * s);
-  const int64_t r = (b * hq + h) * s + i;
-  const float la = lse[r], lb = lse_b[r];
-  float* o = out + row * hd;
-  const float* ob = out_b + row * hd;
-  float merged;
-  if (la == -INFINITY) {  // nothing seen yet: the block's values
-    for (int64_t e = lane; e < hd; e += 32) o[e] = ob[e];
-    merged = lb;
-  } else {
-    const float hi = fmaxf(la, lb), lo = fminf(la, lb);
-    merged = hi + log1pf(expf(lo - hi));
-    const float wa = expf(la - merged), wb = expf(lb - merged);
-    for (int64_t e = lane; e < hd; e += 32) o[e] = o[e] * wa + ob[e] * wb;
-  }
-  __syncwarp();
-  if (lane == 0) lse[r] = merged;
-}
-
 // Scores of the chunk's batch elements [b0, b0 + nb): p (nb, Hq, S, S) = scale q k^T, per
 // query head one batched GEMM (S, hd) @ (hd, S) over the nb elements.
 void Scores(const Dims& d, const float* q, const float* k, int64_t b0, int64_t nb, float scale,
@@ -205,7 +99,7 @@ void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
     const int64_t nb = std::min(chunk, d.b - b0);
     Scores(d, pq, pk, b0, nb, scale, p, ctx);
     const int64_t rows = nb * d.hq * s;
-    MaskedSoftmaxKernel<<<Int(rows, "score rows"), RowThreads(s), 0, StreamOf(ctx)>>>(
+    ad::MaskedSoftmaxKernel<<<Int(rows, "score rows"), ad::RowThreads(s), 0, StreamOf(ctx)>>>(
         p, pl + b0 * d.hq * s, s, causal);
     SY_CUDA_CHECK_LAUNCH();
     // out (S, hd) = p (S, S) @ v (S, hd), per query head over the chunk.
@@ -249,8 +143,8 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     const int64_t rows = nb * d.hq * s;
     // p = exp(scale q k^T - lse), masked.
     Scores(d, pq, pk, b0, nb, scale, p, ctx);
-    MaskedExpKernel<<<GridFor(rows * s), 256, 0, StreamOf(ctx)>>>(p, pl + b0 * d.hq * s, s,
-                                                                   rows * s, causal);
+    ad::MaskedExpKernel<<<GridFor(rows * s, ad::kThreads), ad::kThreads, 0, StreamOf(ctx)>>>(
+        p, pl + b0 * d.hq * s, s, rows * s, causal);
     SY_CUDA_CHECK_LAUNCH();
     // dp (S, S) = dout (S, hd) @ v^T (hd, S).
     for (int64_t h = 0; h < d.hq; ++h) {
@@ -259,7 +153,8 @@ void AttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const 
                   s * d.ldq(), pv + b0 * s * d.ldkv() + g * hd, d.ldkv(), s * d.ldkv(), 0.0f,
                   dp + h * s * s, s, d.per_b(), nb);
     }
-    MaskedSoftmaxBackwardKernel<<<Int(rows, "score rows"), RowThreads(s), 0, StreamOf(ctx)>>>(
+    ad::MaskedSoftmaxBackwardKernel<<<Int(rows, "score rows"), ad::RowThreads(s), 0,
+                                      StreamOf(ctx)>>>(
         p, dp, pdelta == nullptr ? nullptr : pdelta + b0 * d.hq * s, s, causal);
     SY_CUDA_CHECK_LAUNCH();
     for (int64_t h = 0; h < d.hq; ++h) {
@@ -289,9 +184,9 @@ void AttentionBackwardDelta(const Tensor& out, const Tensor& dout, Tensor& delta
   const int64_t s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
   const int64_t rows = out.dim(0) * s * hq;
   if (rows == 0) return;
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t blocks = (rows + ad::kWarpsPerBlock - 1) / ad::kWarpsPerBlock;
   WithF32OrBf16(out, [&](auto* op) {
-    DeltaKernel<<<Int(blocks, "delta blocks"), 32 * kWarpsPerBlock, 0, StreamOf(ctx)>>>(
+    ad::DeltaKernel<<<Int(blocks, "delta blocks"), 32 * ad::kWarpsPerBlock, 0, StreamOf(ctx)>>>(
         op, dout.data<float>(), delta.data<float>(), s, hq, hd, rows);
   });
   SY_CUDA_CHECK_LAUNCH();
@@ -302,8 +197,8 @@ void AttentionMerge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor&
   const int64_t s = out.dim(1), hq = out.dim(2), hd = out.dim(3);
   const int64_t rows = out.dim(0) * s * hq;
   if (rows == 0) return;
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  MergeKernel<<<Int(blocks, "merge blocks"), 32 * kWarpsPerBlock, 0, StreamOf(ctx)>>>(
+  const int64_t blocks = (rows + ad::kWarpsPerBlock - 1) / ad::kWarpsPerBlock;
+  ad::MergeKernel<<<Int(blocks, "merge blocks"), 32 * ad::kWarpsPerBlock, 0, StreamOf(ctx)>>>(
       out.data<float>(), lse.data<float>(), out_b.data<float>(), lse_b.data<float>(), s, hq, hd,
       rows);
   SY_CUDA_CHECK_LAUNCH();

@@ -61,7 +61,7 @@ struct Context {
 };
 inline Context scheduler;             // the host thread's own stack
 inline std::vector<Context> threads;  // the running launch's
-inline std::vector<bool> done;
+inline std::vector<char> done;  // not vector<bool>: its bit proxies are calls at -Og
 inline int current = -1;
 // What each thread waits for: a barrier's phase counter to move past `seen` (none: runnable).
 struct Wait {
