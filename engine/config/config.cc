@@ -1,5 +1,7 @@
 #include "engine/config/config.h"
 
+#include "engine/config/config_checks.h"
+#include "engine/config/yaml_scalar.h"
 #include "engine/core/file.h"
 
 #include <cmath>
@@ -8,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
@@ -22,37 +25,34 @@ struct Field {
   std::function<std::string()> show;
 };
 
-std::string Scalar(const YAML::Node& node) {
-  return node.IsScalar() ? node.Scalar() : std::string(node.IsSequence() ? "[...]" : "{...}");
-}
-
 template <typename T>
 Field Bind(const std::string& key, T* ptr) {
   Field f;
   f.key = key;
   f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
-    const std::string text = Scalar(node);
+    const char* kind = std::is_same_v<T, bool>                   ? "true or false"
+                       : std::is_same_v<T, std::string>          ? "a string"
+                       : std::is_same_v<T, std::vector<int64_t>> ? "a list of integers"
+                       : std::is_integral_v<T>                   ? "an integer"
+                                                                 : "a number";
     try {
       if constexpr (std::is_same_v<T, bool>) {
         *ptr = node.as<bool>();
       } else if constexpr (std::is_same_v<T, std::string>) {
-        if (!node.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
+        if (!node.IsScalar()) return ExpectedError(node, where, kind);
         *ptr = node.Scalar();
       } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-        if (!node.IsSequence()) throw YAML::Exception(YAML::Mark(), "not a list");
-        *ptr = node.as<std::vector<int64_t>>();
-      } else if constexpr (std::is_integral_v<T>) {
-        *ptr = node.as<T>();
+        if (!node.IsSequence()) return ExpectedError(node, where, kind);
+        std::vector<int64_t> list(node.size());
+        for (size_t i = 0; i < node.size(); ++i) {
+          SY_RETURN_IF_ERROR(ReadScalar(node[i], StrCat(where, "[", i, "]"), &list[i]));
+        }
+        *ptr = std::move(list);
       } else {
-        *ptr = node.as<T>();
+        SY_RETURN_IF_ERROR(ReadScalar(node, where, ptr));
       }
     } catch (const YAML::Exception&) {
-      const char* kind = std::is_same_v<T, bool>          ? "true or false"
-                         : std::is_same_v<T, std::string> ? "a string"
-                         : std::is_same_v<T, std::vector<int64_t>> ? "a list of integers"
-                         : std::is_integral_v<T>          ? "an integer"
-                                                          : "a number";
-      return InvalidArgument(where, ": expected ", kind, ", got '", text, "'");
+      return ExpectedError(node, where, kind);
     }
     return OkStatus();
   };
@@ -79,7 +79,7 @@ Field BindEnum(const std::string& key, E* ptr, StatusOr<E> (*parse)(const std::s
   Field f;
   f.key = key;
   f.set = [ptr, parse](const YAML::Node& node, const std::string& where) -> Status {
-    if (!node.IsScalar()) return InvalidArgument(where, ": expected a name, got '", Scalar(node), "'");
+    if (!node.IsScalar()) return ExpectedError(node, where, "a name");
     auto value = parse(node.Scalar());
     if (!value.ok()) return value.status();
     *ptr = *value;
@@ -96,9 +96,7 @@ Field BindNamed(const std::string& key, E* ptr, const EnumName<E> (&table)[N]) {
   Field f;
   f.key = key;
   f.set = [ptr, &table](const YAML::Node& node, const std::string& where) -> Status {
-    if (!node.IsScalar()) {
-      return InvalidArgument(where, ": expected a name, got '", Scalar(node), "'");
-    }
+    if (!node.IsScalar()) return ExpectedError(node, where, "a name");
     SY_ASSIGN_OR_RETURN(*ptr, ParseByName(table, node.Scalar(), where));
     return OkStatus();
   };
@@ -111,9 +109,7 @@ Field BindRuntimeDevice(const std::string& key, RuntimeDevice* ptr) {
   Field f;
   f.key = key;
   f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
-    if (!node.IsScalar()) {
-      return InvalidArgument(where, ": expected a name, got '", Scalar(node), "'");
-    }
+    if (!node.IsScalar()) return ExpectedError(node, where, "a name");
     SY_ASSIGN_OR_RETURN(*ptr, ParseRuntimeDevice(node.Scalar()));
     return OkStatus();
   };
@@ -128,7 +124,7 @@ Field BindDataPaths(const std::string& key, std::vector<data::DataPath>* ptr) {
   f.set = [ptr](const YAML::Node& node, const std::string& where) -> Status {
     if (!node.IsSequence()) {
       return InvalidArgument(where, ": expected a list of {dir: ..., weight: ...}, got '",
-                             Scalar(node), "'");
+                             ScalarText(node), "'");
     }
     std::vector<data::DataPath> paths;
     for (size_t i = 0; i < node.size(); ++i) {
@@ -140,11 +136,8 @@ Field BindDataPaths(const std::string& key, std::vector<data::DataPath>* ptr) {
         if (name == "dir" && kv.second.IsScalar()) {
           path.dir = kv.second.Scalar();
         } else if (name == "weight") {
-          try {
-            path.weight = kv.second.as<double>();
-          } catch (const YAML::Exception&) {
-            return InvalidArgument(at, ".weight: expected a number, got '", Scalar(kv.second), "'");
-          }
+          SY_ASSIGN_OR_RETURN(path.weight,
+                              ReadFiniteNumber(kv.second, StrCat(at, ".weight"), false));
         } else {
           return InvalidArgument(at, ": unknown key '", name, "' (expected dir and weight)");
         }
@@ -277,7 +270,8 @@ Status CheckKeys(const YAML::Node& map, const std::string& prefix, const std::st
       return InvalidArgument(source, ": ",
                              prefix.empty() ? std::string("a section name")
                                             : StrCat("a key of section '", prefix, "'"),
-                             LineOf(kv.first), " must be a plain word, not '", Scalar(kv.first), "'");
+                             LineOf(kv.first), " must be a plain word, not '", ScalarText(kv.first),
+                             "'");
     }
     const std::string key = kv.first.Scalar();
     auto [it, fresh] = seen.emplace(key, kv.first);
@@ -294,7 +288,9 @@ Status CheckKeys(const YAML::Node& map, const std::string& prefix, const std::st
   return OkStatus();
 }
 
-Status Apply(Config& config, const YAML::Node& root, const std::string& source) {
+// Sets the keys of `root` (a file or one --set), adding each key's name to `given`.
+Status Apply(Config& config, const YAML::Node& root, const std::string& source,
+             std::set<std::string>& given) {
   if (!root || root.IsNull()) return OkStatus();
   if (!root.IsMap()) return InvalidArgument(source, ": the top level must be a mapping of sections");
   SY_RETURN_IF_ERROR(CheckKeys(root, "", source));
@@ -316,6 +312,7 @@ Status Apply(Config& config, const YAML::Node& root, const std::string& source) 
       }
       Status s = field->set(kv.second, StrCat(name, ".", key));
       if (!s.ok()) return InvalidArgument(source, ": ", s.message());
+      given.insert(StrCat(name, ".", key));
     }
   }
   return OkStatus();
@@ -364,41 +361,16 @@ Status DataConfig::Validate() const {
   return OkStatus();
 }
 
-namespace {
-
-// moe.replicate_hot_experts spreads experts over the ranks of an ep group and copies whole
-// experts between them (moe/replication.h).
-Status CheckReplication(const moe::MoEConfig& moe, const ParallelConfig& parallel) {
-  if (moe.replicate_hot_experts == 0) return OkStatus();
-  if (parallel.ep <= 1) {
-    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
-                           " needs parallel.ep > 1 (replicas live on the other ranks of an ep "
-                           "group), got parallel.ep=", parallel.ep);
-  }
-  if (parallel.expert_tp() > 1) {
-    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
-                           " does not support split experts: expert tensor parallelism is ",
-                           parallel.expert_tp(), " (set parallel.etp=1)");
-  }
-  if (parallel.zero_stage >= 3) {
-    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
-                           " does not support parallel.zero_stage=3 (use 0, 1 or 2)");
-  }
-  if (moe.overlap_chunks > 1) {
-    return InvalidArgument("moe.replicate_hot_experts=", moe.replicate_hot_experts,
-                           " does not combine with moe.overlap_chunks=", moe.overlap_chunks,
-                           " yet (the chunks cut this rank's own experts; set one of them off)");
-  }
-  return OkStatus();
-}
-
-}  // namespace
-
 Status Config::Validate(int world) const {
   SY_RETURN_IF_ERROR(runtime.Validate());
   SY_RETURN_IF_ERROR(plan.Validate());
   SY_RETURN_IF_ERROR(data.Validate());
-  if (model.d_model <= 0) return InvalidArgument("model.d_model=", model.d_model, " must be positive");
+  if (model.d_model <= 0) {
+    SY_RETURN_IF_ERROR(CheckRequiredKey(*this, "model.d_model"));
+    return InvalidArgument("model.d_model=", model.d_model, " must be positive");
+  }
+  if (moe.d_expert <= 0) SY_RETURN_IF_ERROR(CheckRequiredKey(*this, "moe.d_expert"));
+  SY_RETURN_IF_ERROR(CheckModelLimits(*this));
   SY_RETURN_IF_ERROR(moe.Validate());
   // The CUDA router kernels implement softmax scores without group limits only.
   if (!runtime.device.is_cpu() && moe.score == moe::ScoreFunction::kSigmoid) {
@@ -416,6 +388,7 @@ Status Config::Validate(int world) const {
                            " must be >= 0 (0: only at the last step)");
   }
   SY_RETURN_IF_ERROR(CheckReplication(moe, parallel));
+  SY_RETURN_IF_ERROR(CheckSizeProducts(*this, world));
   SY_RETURN_IF_ERROR(parallel.Validate(model, moe, train.grad_accum, world));
   return CheckCudaGraphs(*this, world);
 }
@@ -448,20 +421,31 @@ std::optional<KeyDifference> FirstDifference(
 StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
                              const std::vector<std::string>& overrides) {
   Config config;
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(yaml);
+    documents = YAML::LoadAll(yaml);
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
   }
+  // A second document (after `---`) would be silently ignored: one config is one document.
+  for (size_t i = 1; i < documents.size(); ++i) {
+    if (documents[i].IsNull()) continue;
+    return InvalidArgument(source, ": holds a second YAML document", LineOf(documents[i]),
+                           "; a config is one document (remove the '---' and merge the keys)");
+  }
+  const YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
+  std::set<std::string> given;
   try {
-    SY_RETURN_IF_ERROR(Apply(config, root, source));
+    SY_RETURN_IF_ERROR(Apply(config, root, source, given));
   } catch (const YAML::Exception& e) {  // a conversion the tables did not foresee
     return InvalidArgument(source, ":", e.mark.line + 1, ": ", e.msg);
   }
   for (const std::string& text : overrides) {
     SY_ASSIGN_OR_RETURN(YAML::Node node, OverrideNode(text));
-    SY_RETURN_IF_ERROR(Apply(config, node, "--set"));
+    SY_RETURN_IF_ERROR(Apply(config, node, "--set", given));
+  }
+  for (const char* key : kRequiredKeys) {
+    if (!given.count(key)) config.unset_required.push_back(key);
   }
   config.moe.d_model = config.model.d_model;
   config.moe.seq_len = config.model.seq_len;

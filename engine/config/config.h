@@ -70,6 +70,9 @@ struct Config {
   RuntimeConfig runtime;
   PlanConfig plan;
   LoggingConfig logging;
+  // The required keys (docs/config.md) the parsed text and its overrides did not set;
+  // ParseConfig fills it and Validate names the first ("model.d_model is required").
+  std::vector<std::string> unset_required;
 
   // Sections and fields together, plus what the world size allows ("parallel.ep=3 does
   // not divide ..."). world <= 0 skips the layout checks.

@@ -1,5 +1,6 @@
 #include "engine/config/parallel_config.h"
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -92,6 +93,15 @@ Status CheckWorld(const ParallelConfig& p, int world) {
 // Pipeline: the schedule fits the micro-batches and the layers split into the stages.
 Status CheckPipeline(const ParallelConfig& p, const model::ModelConfig& model,
                      const moe::MoEConfig& moe, int64_t micro_batches) {
+  // The schedules' (and the dry-run's) bound on a step's forwards, checked in int64 before
+  // the schedule's int arguments: pp * virtual_stages * micro-batches.
+  const int64_t forwards = int64_t{p.pp} * std::max(p.virtual_stages, 1) * micro_batches;
+  if (forwards > parallel::kMaxScheduledForwards) {
+    return InvalidArgument("parallel.pp=", p.pp, " * parallel.virtual_stages=", p.virtual_stages,
+                           " * train.grad_accum=", micro_batches, " = ", forwards,
+                           " micro-batch forwards per step exceed the limit of ",
+                           parallel::kMaxScheduledForwards);
+  }
   if (p.pp > 1 || p.virtual_stages != 1) {
     const Status fits = parallel::CheckScheduleArgs(
         p.pipeline_schedule, p.pp, static_cast<int>(micro_batches), p.virtual_stages);
