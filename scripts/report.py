@@ -50,9 +50,13 @@ class ReportError(Exception):
 
 def read_jsonl(path):
     out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ReportError("%s:%d: not UTF-8 text (byte 0x%02x at column %d); is it a "
+                                  "metrics file?" % (path, n, raw[e.start], e.start + 1))
             if not line:
                 continue
             try:
@@ -62,35 +66,136 @@ def read_jsonl(path):
     return out
 
 
+def read_json(path):
+    """One JSON document; a file that is not UTF-8 JSON is one error naming it."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ReportError("%s: not UTF-8 text (byte 0x%02x at offset %d)"
+                          % (path, raw[e.start], e.start))
+    except ValueError as e:
+        raise ReportError("%s: not JSON (%s)" % (path, e))
+
+
+def is_num(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_list(x, n=None, item=None):
+    """x is a list (of n entries, each passing item, when given)."""
+    return (isinstance(x, list) and (n is None or len(x) == n)
+            and (item is None or all(item(v) for v in x)))
+
+
+def need(ok, where, what):
+    if not ok:
+        raise ReportError("%s: %s" % (where, what))
+
+
+def check_steps(path, steps):
+    """The fields of the training records the plots read: step, loss, tokens_per_s and
+    every MoE layer's scalars, the same layers in every record."""
+    layers = None
+    for d in steps:
+        where = "%s: the record of step %s" % (path, d.get("step"))
+        need(is_int(d["step"]), path,
+             "a training record's step is %r, not an integer" % (d["step"],))
+        need(is_num(d["loss"]) and is_num(d.get("tokens_per_s")), where,
+             "loss and tokens_per_s must be numbers")
+        moe = d["moe"]
+        need(is_list(moe, item=lambda m: isinstance(m, dict) and is_int(m.get("layer"))
+                     and all(is_num(m.get(k)) for k, _ in LAYER_SCALARS)), where,
+             "moe must be a list of layers, each with its layer number and %s"
+             % ", ".join(k for k, _ in LAYER_SCALARS))
+        ids = [m["layer"] for m in moe]
+        need(layers is None or ids == layers, where,
+             "its MoE layers %s are not those of the first record %s" % (ids, layers))
+        layers = ids
+
+
+def check_routing(path, records):
+    """routing.jsonl: every record's layers and per-layer expert counts of one width."""
+    first = None
+    for d in records:
+        where = "%s: the record of step %s" % (path, d.get("step"))
+        need(is_int(d.get("step")), path,
+             "a record's step is %r, not an integer" % (d.get("step"),))
+        layers = d.get("layers")
+        need(is_list(layers, item=is_int) and (first is None or layers == first), where,
+             "layers must be the list of MoE layer numbers of the first record")
+        first = layers
+        for key in ("tokens_per_expert", "tokens_per_expert_kept") + (
+                ("expert_bias",) if "expert_bias" in records[0] else ()):
+            rows = d.get(key)
+            need(is_list(rows, len(layers), lambda r: is_list(r, item=is_num) and len(r) > 0)
+                 and len({len(r) for r in rows}) <= 1, where,
+                 "%s must hold, for each of the %d layers, one number per expert"
+                 % (key, len(layers)))
+
+
+def check_lang(path, lang):
+    """routing_by_language.json: counts[layer][label] holds num_experts numbers."""
+    need(isinstance(lang, dict), path, "not a JSON object")
+    labels, layers, experts = lang.get("labels"), lang.get("layers"), lang.get("num_experts")
+    need(is_list(labels, item=lambda v: isinstance(v, str)), path,
+         "labels must be a list of strings")
+    need(is_list(layers, item=is_int), path, "layers must be a list of layer numbers")
+    need(is_int(experts) and experts >= 1, path, "num_experts must be an integer >= 1")
+    counts = lang.get("counts")
+    need(is_list(counts, len(layers), lambda per_layer: is_list(
+        per_layer, len(labels), lambda c: is_list(c, experts, lambda v: is_num(v) and v >= 0))),
+         path, "counts must hold, for each of the %d layers, %d labels of %d non-negative counts "
+         "(one per expert)" % (len(layers), len(labels), experts))
+
+
 def load_run(path):
     """A run's records: steps (the last record of each step wins, as after a resume),
-    validation losses, routing counts and the routing-by-language table (or None)."""
+    validation losses, routing counts and the routing-by-language table (or None). A file
+    whose content the plots cannot read is one ReportError naming it."""
     metrics = os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(metrics):
         raise ReportError("%s: no metrics.jsonl (not a training output directory)" % path)
     steps, val = {}, {}
     for d in read_jsonl(metrics):
+        need(isinstance(d, dict), metrics, "a line that is not a JSON object")
         if "moe" in d and "loss" in d:
-            steps[d["step"]] = d
+            steps[d.get("step")] = d
         elif "val_loss" in d:
-            val[d["step"]] = d["val_loss"]
+            val[d.get("step")] = d["val_loss"]
     if not steps:
         raise ReportError("%s: metrics.jsonl holds no training step" % metrics)
+    try:
+        check_steps(metrics, steps.values())
+    except KeyError as e:
+        raise ReportError("%s: a training record lacks the field %s" % (metrics, e))
+    need(all(is_int(s) and is_num(v) for s, v in val.items()), metrics,
+         "a validation record's step or val_loss is not a number")
     routing = {}
     rpath = os.path.join(path, "routing.jsonl")
     if os.path.isfile(rpath):
-        for d in read_jsonl(rpath):
+        records = read_jsonl(rpath)
+        need(all(isinstance(d, dict) for d in records), rpath, "a line that is not a JSON object")
+        check_routing(rpath, records)
+        for d in records:
             routing[d["step"]] = d
     lang = None
     lpath = os.path.join(path, "routing_by_language.json")
     if os.path.isfile(lpath):
-        with open(lpath) as f:
-            lang = json.load(f)
+        lang = read_json(lpath)
+        check_lang(lpath, lang)
     eval_loss = None  # the study's evaluation of the final checkpoint (study_load_balance.sh)
     epath = os.path.join(path, "eval.json")
     if os.path.isfile(epath):
-        with open(epath) as f:
-            eval_loss = json.load(f).get("loss")
+        doc = read_json(epath)
+        need(isinstance(doc, dict) and (doc.get("loss") is None or is_num(doc["loss"])), epath,
+             "not an object with a numeric loss")
+        eval_loss = doc.get("loss")
     return {
         "path": path,
         "eval_loss": eval_loss,
@@ -335,12 +440,21 @@ def main():
         runs = [load_run(p) for p in a.runs]
         route = None
         if a.route:
-            with open(a.route) as f:
-                route = json.load(f)
+            route = read_json(a.route)
         names = run_names(a.runs)
+    except ReportError as e:
+        sys.stderr.write("switchyard report: error: %s\n" % e)
+        return 1
+    except OSError as e:
+        sys.stderr.write("switchyard report: error: %s: cannot read (%s)\n"
+                         % (e.filename, e.strerror))
+        return 1
+    try:
         text = render(build(runs, names, route), runs, names, a.title)
-    except (ReportError, OSError, ValueError, KeyError) as e:
-        sys.stderr.write("switchyard report: error: %s\n" % (e if not isinstance(e, KeyError) else "missing field %s" % e))
+    except Exception as e:  # what the checks above let through: still one line, no traceback
+        sys.stderr.write("switchyard report: error: the report of %s%s cannot be drawn (%s: %s)\n"
+                         % (" ".join(a.runs), " with --route " + a.route if a.route else "",
+                            type(e).__name__, e))
         return 1
     tmp = a.out + ".tmp"
     try:

@@ -18,6 +18,10 @@ void FlagSet::AddString(std::string name, std::string* value, std::string help, 
   flags_.push_back({std::move(name), Kind::kString, value, std::move(help), required});
 }
 
+void FlagSet::AddPath(std::string name, std::string* value, std::string help, bool required) {
+  flags_.push_back({std::move(name), Kind::kPath, value, std::move(help), required});
+}
+
 void FlagSet::AddBool(std::string name, bool* value, std::string help) {
   flags_.push_back({std::move(name), Kind::kBool, value, std::move(help), false});
 }
@@ -37,7 +41,10 @@ bool FlagSet::IsSet(std::string_view name) const {
 }
 
 Status FlagSet::Assign(Flag& flag, const std::string& value) {
-  if (flag.kind == Kind::kString) {
+  if (flag.kind == Kind::kPath && value.empty()) {
+    return InvalidArgument("--", flag.name, " is empty; it needs a path");
+  }
+  if (flag.kind == Kind::kString || flag.kind == Kind::kPath) {
     *static_cast<std::string*>(flag.value) = value;
     return OkStatus();
   }
@@ -70,6 +77,11 @@ Status FlagSet::Parse(const std::vector<std::string>& args) {
                                                                         : equals - 2);
     Flag* flag = Find(name);
     if (flag == nullptr) return InvalidArgument("unknown flag --", name);
+    if (flag->set) {
+      return InvalidArgument("--", name,
+                             " is given twice; give it once (the last would have "
+                             "silently won)");
+    }
     flag->set = true;
     if (flag->kind == Kind::kBool) {
       if (equals != std::string::npos) {
@@ -102,12 +114,21 @@ std::string FlagSet::Usage() const {
     std::string spelled = "--" + flag.name;
     if (flag.kind == Kind::kInt) spelled += " N";
     if (flag.kind == Kind::kString) spelled += " S";
+    if (flag.kind == Kind::kPath) spelled += " PATH";
     synopsis += flag.required ? " " + spelled : " [" + spelled + "]";
     details += "  " + spelled;
     details += std::string(spelled.size() < 14 ? 14 - spelled.size() : 1, ' ');
     details += flag.help + "\n";
   }
   return synopsis + "\n\n" + summary_ + "\n\n" + details;
+}
+
+Status CheckWorldFlag(std::string_view name, int value) {
+  if (value >= 1 && value <= kMaxWorld) return OkStatus();
+  return InvalidArgument("--", name, "=", value, " must be between 1 and ", kMaxWorld,
+                         value < 1 ? ""
+                                   : " (2^17: above the largest training jobs, ~100k GPUs; "
+                                     "every rank is walked)");
 }
 
 int UsageError(std::string_view command, std::string_view message) {

@@ -32,6 +32,14 @@ inline constexpr int kExitOutOfMemory = ::switchyard::kExitOutOfMemory;
 // (sysexits' EX_TEMPFAIL, "try again later").
 inline constexpr int kExitPreempted = 75;
 
+// The most ranks `mesh --world`, `plan --gpus` and `train --dry-run --world` take: 2^17 =
+// 131072, above the largest training jobs run so far (about 100k GPUs) and still planned in
+// seconds (they walk every rank: `train --dry-run --world 131072` takes about 7 s on one core).
+inline constexpr int kMaxWorld = 1 << 17;
+
+// "--NAME=VALUE must be between 1 and kMaxWorld (...)" when value is outside that range.
+Status CheckWorldFlag(std::string_view name, int value);
+
 class FlagSet {
  public:
   // `command` prefixes messages ("switchyard mesh"); `summary` heads the usage text.
@@ -40,12 +48,16 @@ class FlagSet {
   // Declares --name. The pointee keeps its value (the default) unless the flag is given.
   void AddInt(std::string name, int* value, std::string help, bool required = false);
   void AddString(std::string name, std::string* value, std::string help, bool required = false);
+  // A string naming a file or directory: an empty value ("--out ''") is an error.
+  void AddPath(std::string name, std::string* value, std::string help, bool required = false);
   // A switch: "--name" sets *value to true; it takes no value.
   void AddBool(std::string name, bool* value, std::string help);
 
   // Parses `args` (without the program and subcommand names). "--help" / "-h" sets
   // help_requested() and stops. Errors: unknown flag, missing value, a value that is not an
-  // integer, a value given to a switch, a positional argument, a missing required flag.
+  // integer, a value given to a switch, an empty path, a flag given twice (each is
+  // single-valued; `--set` is taken out before, by TakeOverrides), a positional argument, a
+  // missing required flag.
   Status Parse(const std::vector<std::string>& args);
 
   bool help_requested() const { return help_requested_; }
@@ -55,7 +67,7 @@ class FlagSet {
   std::string Usage() const;
 
  private:
-  enum class Kind { kInt, kString, kBool };
+  enum class Kind { kInt, kString, kPath, kBool };
   struct Flag {
     std::string name;
     Kind kind;

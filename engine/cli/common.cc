@@ -39,7 +39,8 @@ int RunInProcess(const std::string& command, int (*run)(const std::vector<std::s
                  const std::vector<std::string>& args) {
   if (Status s = dist::InitProcess(nullptr, nullptr, dist::MpiStart::kIfLaunched); !s.ok()) {
     PrintError(command, std::string(s.message()));
-    return kExitFailure;
+    // A bad SWITCHYARD_MPI value is bad configuration (2); MPI failing to start is 1.
+    return s.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
   }
   const int rc = run(args);
   dist::FinalizeProcess();

@@ -46,10 +46,9 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                 "perplexity and each MoE layer's routing statistics in eval mode\n"
                 "(moe.eval_capacity_factor, no jitter). The model and the layout come from\n"
                 "the config saved with the checkpoint; launch many ranks with `mpirun -np N`.");
-  flags.AddString("checkpoint", &f->checkpoint,
-                  "a step-* checkpoint directory, or a training output directory (its latest)",
-                  true);
-  flags.AddString("data", &f->data, "a `switchyard prep` folder (default: the config's data.dir)");
+  flags.AddPath("checkpoint", &f->checkpoint,
+                "a step-* checkpoint directory, or a training output directory (its latest)", true);
+  flags.AddPath("data", &f->data, "a `switchyard prep` folder (default: the config's data.dir)");
   flags.AddInt("batches", &f->batches,
                "validation micro-batches per data-parallel rank; 0 = the whole split "
                "(default: the config's train.eval_batches, as the training run validated)");

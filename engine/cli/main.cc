@@ -1,6 +1,7 @@
 // The `switchyard` command: looks the subcommand up in kCommands and runs it.
 //   switchyard <command> [flags]      switchyard help [command]      switchyard --help
 // Adding a subcommand is one line in kCommands (and its Run function in commands.h).
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -8,6 +9,7 @@
 
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
+#include "engine/core/thread_pool.h"
 
 namespace switchyard::cli {
 namespace {
@@ -58,6 +60,10 @@ void PrintUsage() {
 }
 
 int Main(int argc, char** argv) {
+  // A write past a file-size limit (ulimit -f) fails with EFBIG and goes through the
+  // writer's error path (one line, a failed save's temporary removed) instead of SIGXFSZ
+  // killing the process with nothing said (docs/failures.md).
+  std::signal(SIGXFSZ, SIG_IGN);
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     return UsageError("switchyard", "no command given; run `switchyard --help` for the list");
@@ -79,6 +85,9 @@ int Main(int argc, char** argv) {
   if (command == nullptr) {
     return UsageError("switchyard",
                       "unknown command \"" + name + "\"; run `switchyard --help` for the list");
+  }
+  if (Status s = CheckThreadsEnv(); !s.ok()) {
+    return UsageError("switchyard " + name, std::string(s.message()));
   }
   return command->run(std::vector<std::string>(args.begin() + 1, args.end()));
 }

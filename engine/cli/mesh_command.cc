@@ -136,6 +136,9 @@ int RunMesh(const std::vector<std::string>& args) {
     std::fputs(flags.Usage().c_str(), stdout);
     return kExitOk;
   }
+  if (Status s = CheckWorldFlag("world", world); !s.ok()) {
+    return UsageError(kCommand, std::string(s.message()));
+  }
   dist::MeshSizes sizes{.tp = tp, .cp = cp, .ep = ep, .pp = pp, .ranks_per_node = ranks_per_node};
   if (flags.IsSet("etp")) sizes.etp = etp;
   StatusOr<Mesh> mesh = Mesh::Create(world, sizes, order);

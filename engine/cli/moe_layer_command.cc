@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,9 +63,9 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                 "file and writes y, every gradient, the aux and z losses and the routing counts\n"
                 "(rank 0 writes). Under `mpirun -np R` the ranks split the routing groups and,\n"
                 "by parallel.ep, the experts. See docs/moe-layer.md.");
-  flags.AddString("config", &f->config, "YAML config (model.d_model, moe.*, parallel.ep)", true);
-  flags.AddString("input", &f->input, "safetensors file: x, dy and the parameters", true);
-  flags.AddString("out", &f->out, "safetensors file to write (atomically, rank 0)", true);
+  flags.AddPath("config", &f->config, "YAML config (model.d_model, moe.*, parallel.ep)", true);
+  flags.AddPath("input", &f->input, "safetensors file: x, dy and the parameters", true);
+  flags.AddPath("out", &f->out, "safetensors file to write (atomically, rank 0)", true);
   flags.AddString("mode", &f->mode,
                   "train (capacity_factor, jitter on) or eval (eval_capacity_factor, no "
                   "jitter); default train");
@@ -79,6 +80,11 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   if (f->help) return OkStatus();
   if (f->mode != "train" && f->mode != "eval") {
     return InvalidArgument("--mode must be train or eval, got \"", f->mode, "\"");
+  }
+  std::error_code ec_out, ec_in;
+  const auto out = std::filesystem::weakly_canonical(f->out, ec_out);
+  if (!ec_out && out == std::filesystem::weakly_canonical(f->input, ec_in) && !ec_in) {
+    return InvalidArgument("--out ", f->out, " is the --input file; write the results elsewhere");
   }
   if (f->step < 0) return InvalidArgument("--step must be >= 0, got ", f->step);
   if (f->layer < 0) return InvalidArgument("--layer must be >= 0, got ", f->layer);
@@ -368,6 +374,23 @@ SafetensorsFile GatherOutputs(Communicator& world, dist::ParallelContext& pc,
   return out;
 }
 
+// The first output (y, a gradient, a loss) holding a NaN or Inf, named: finite inputs whose
+// forward overflows (a router weight of 3e38) are not written as results (exit 3, as eval).
+Status CheckFiniteOutputs(const SafetensorsFile& out, const std::string& input) {
+  for (const auto& [name, t] : out.tensors) {
+    if (t.dtype() != DType::kF32) continue;
+    const float* v = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (std::isfinite(v[i])) continue;
+      return FailedPrecondition(input, ": the layer's output '", name, "' is not finite (", v[i],
+                                " at flat index ", i,
+                                "): the inputs are finite but too large "
+                                "(a router weight of 3e38?); nothing written");
+    }
+  }
+  return OkStatus();
+}
+
 // Rank 0: the metadata, the summary on stdout and the output file.
 Status WriteOutputs(const Inputs& in, const config::Config& config, const Flags& f,
                     const dist::Mesh& mesh, int ranks, const moe::MoEStats& stats,
@@ -408,6 +431,13 @@ int Run(const std::vector<std::string>& args) {
                                  .ranks_per_node = p.ranks_per_node}, p.order);
   if (int rc = Agree(*world, mesh.status(), kExitUsage); rc != kExitOk) return rc;
 
+  // The directory of --out must exist (the error would otherwise name the temporary file).
+  const auto out_dir = std::filesystem::absolute(f.out).parent_path();
+  Status out_ok =
+      std::filesystem::is_directory(out_dir)
+          ? OkStatus()
+          : NotFound("--out ", f.out, ": the directory ", out_dir.string(), " does not exist");
+  if (int rc = Agree(*world, out_ok, kExitFailure); rc != kExitOk) return rc;
   // Every rank reads and checks the whole input the same way.
   StatusOr<Inputs> inputs = [&]() -> StatusOr<Inputs> {
     SY_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(f.input));
@@ -448,6 +478,8 @@ int Run(const std::vector<std::string>& args) {
   SafetensorsFile out = GatherOutputs(*world, pc, **layer, fwd, dh, g, gl, t, ctx);
   moe::MoEStats stats = fwd.stats;
   stats.AllReduce(*world);
+  Status finite = CheckFiniteOutputs(out, f.input);
+  if (int rc = Agree(*world, finite, kExitNonFinite); rc != kExitOk) return rc;
   Status written;
   if (rank == 0) written = WriteOutputs(in, *config, f, *mesh, ranks, stats, out);
   return Agree(*world, written, kExitFailure);

@@ -163,7 +163,7 @@ int RunPlan(const std::vector<std::string>& args_in) {
                 "Searches every valid layout (tp, cp, pp and schedule, ep, etp, ZeRO, micro-batch,\n"
                 "recompute) of a config on N devices, drops those the dry-run's memory model does not\n"
                 "fit, and prints the fastest by predicted step time. See docs/plan.md.");
-  flags.AddString("config", &f.config, "YAML config (configs/*.yaml)", true);
+  flags.AddPath("config", &f.config, "YAML config (configs/*.yaml)", true);
   flags.AddInt("gpus", &f.gpus, "number of devices (ranks)", true);
   flags.AddString("gpu", &f.gpu, "hardware: h100, h200, a100-80g, a100-40g, h800, a name in "
                   "configs/hardware or a YAML file (default h100)");
@@ -184,11 +184,21 @@ int RunPlan(const std::vector<std::string>& args_in) {
     std::fputs(flags.Usage().c_str(), stdout);
     return kExitOk;
   }
-  if (f.gpus < 1) return UsageError(kCommand, StrCat("--gpus ", f.gpus, " must be >= 1"));
+  if (Status s = CheckWorldFlag("gpus", f.gpus); !s.ok()) {
+    return UsageError(kCommand, std::string(s.message()));
+  }
   if (f.top < 1) return UsageError(kCommand, StrCat("--top ", f.top, " must be >= 1"));
   auto hw = plan::LoadHardware(f.gpu, HardwareDir());
   if (!hw.ok()) return UsageError(kCommand, std::string(hw.status().message()));
-  if (f.gpus_per_node < 0) return UsageError(kCommand, "--gpus-per-node must be >= 1");
+  // Nodes hold the same number of devices; a job smaller than one node uses part of it.
+  if (flags.IsSet("gpus-per-node") && f.gpus_per_node < 1) {
+    return UsageError(kCommand, StrCat("--gpus-per-node=", f.gpus_per_node, " must be >= 1"));
+  }
+  if (flags.IsSet("gpus-per-node") && f.gpus > f.gpus_per_node && f.gpus % f.gpus_per_node != 0) {
+    return UsageError(
+        kCommand, StrCat("--gpus-per-node=", f.gpus_per_node, " does not divide --gpus=", f.gpus,
+                         " (every node holds the same number of devices)"));
+  }
   if (f.gpus_per_node > 0) hw->gpus_per_node = f.gpus_per_node;
   auto in = Inputs(f, *hw);
   if (!in.ok()) return UsageError(kCommand, std::string(in.status().message()));

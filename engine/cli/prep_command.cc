@@ -92,7 +92,7 @@ struct PrepFlagText {
 
 // Declares every flag of `switchyard prep`, writing into options and text.
 void AddPrepFlags(FlagSet& flags, data::PrepOptions& options, PrepFlagText& text) {
-  flags.AddString("out", &options.out_dir, "output folder", /*required=*/true);
+  flags.AddPath("out", &options.out_dir, "output folder", /*required=*/true);
   flags.AddInt("vocab", &options.vocab_size, "vocabulary size (default 2000)");
   flags.AddString("val-fraction", &text.val_fraction,
                   "expected share of documents in validation (default 0.05)");
@@ -113,8 +113,8 @@ void AddPrepFlags(FlagSet& flags, data::PrepOptions& options, PrepFlagText& text
   flags.AddString("label-key", &options.read.label_key,
                   "JSONL: the key holding a document's label (default: the file's label)");
   flags.AddBool("strict", &options.read.strict, "a bad JSONL line is an error, not skipped");
-  flags.AddString("tokenizer", &options.tokenizer_path,
-                  "an existing SentencePiece model to use instead of training one");
+  flags.AddPath("tokenizer", &options.tokenizer_path,
+                "an existing SentencePiece model to use instead of training one");
   flags.AddString("tokenizer-sample-bytes", &text.sample_bytes,
                   "text the tokenizer is trained on, a seeded sample (default 16777216)");
   flags.AddInt("threads", &options.threads, "encoding threads (default 0: every core)");

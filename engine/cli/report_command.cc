@@ -21,6 +21,35 @@ namespace {
 
 constexpr char kCommand[] = "switchyard report";
 
+// The files the report reads: each run's directory and its metrics.jsonl, routing.jsonl,
+// routing_by_language.json and eval.json, and the --route file. --out must be none of them
+// (writing the HTML over a run's metrics would destroy them).
+Status CheckOutIsNoInput(const std::string& out, const std::vector<std::string>& runs,
+                         const std::string& route) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path target = fs::weakly_canonical(out, ec);
+  auto same = [&](const fs::path& input) {
+    std::error_code e;
+    return !ec && fs::weakly_canonical(input, e) == target && !e;
+  };
+  if (!route.empty() && same(route)) {
+    return InvalidArgument("--out ", out, " is the --route file; write the report elsewhere");
+  }
+  for (const std::string& run : runs) {
+    for (const char* name :
+         {"", "metrics.jsonl", "routing.jsonl", "routing_by_language.json", "eval.json"}) {
+      const fs::path input = *name ? fs::path(run) / name : fs::path(run);
+      if (same(input)) {
+        return InvalidArgument("--out ", out, " is ", *name ? "an input of the report (" : "",
+                               input.string(), *name ? ")" : ", a run directory",
+                               "; write the report elsewhere, e.g. report.html");
+      }
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 int RunReport(const std::vector<std::string>& args) {
@@ -30,8 +59,8 @@ int RunReport(const std::vector<std::string>& args) {
                 "training runs given as RUN directories (`switchyard train --out`): losses,\n"
                 "throughput and every MoE layer's routing over the steps, runs overlaid.\n"
                 "In full: switchyard report RUN [RUN ...] --out FILE.html");
-  flags.AddString("out", &out, "the HTML file to write", /*required=*/true);
-  flags.AddString("route", &route, "a `switchyard route --json` output to include as a sample");
+  flags.AddPath("out", &out, "the HTML file to write", /*required=*/true);
+  flags.AddPath("route", &route, "a `switchyard route --json` output to include as a sample");
   flags.AddString("title", &title, "the page's title");
   // Positional arguments are runs; the rest goes to the flag parser.
   std::vector<std::string> runs, rest;
@@ -57,6 +86,9 @@ int RunReport(const std::vector<std::string>& args) {
       PrintError(kCommand, run + ": no metrics.jsonl (not a `switchyard train` output directory)");
       return kExitFailure;
     }
+  }
+  if (Status s = CheckOutIsNoInput(out, runs, route); !s.ok()) {
+    return UsageError(kCommand, std::string(s.message()));
   }
   const fs::path parent = fs::absolute(out).parent_path();
   if (!fs::is_directory(parent)) {

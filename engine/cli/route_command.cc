@@ -50,11 +50,11 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                 "token and MoE layer, the chosen experts, their gates and whether capacity\n"
                 "dropped the assignment (the text is one routing group at\n"
                 "moe.eval_capacity_factor; longer than model.seq_len: one group per window).");
-  flags.AddString("checkpoint", &f->checkpoint,
-                  "a step-* checkpoint directory, or a training output directory (its latest)", true);
+  flags.AddPath("checkpoint", &f->checkpoint,
+                "a step-* checkpoint directory, or a training output directory (its latest)", true);
   flags.AddString("text", &f->text, "the text to route");
-  flags.AddString("file", &f->file, "a file holding the text to route");
-  flags.AddString("data", &f->data, "a `switchyard prep` folder (default: the config's data.dir)");
+  flags.AddPath("file", &f->file, "a file holding the text to route");
+  flags.AddPath("data", &f->data, "a `switchyard prep` folder (default: the config's data.dir)");
   flags.AddBool("json", &f->json, "print one JSON object instead of the coloured listing");
   flags.AddString("color", &f->color, "auto (when stdout is a terminal), always or never");
   std::string unused;

@@ -1,16 +1,20 @@
 // `switchyard train --config FILE [--out DIR] [--steps N] [--resume DIR] [--set k=v ...]
 //                   [--dry-run [--world N] [--search]] [--profile [--profile-skip N]]`: trains a model from a config on one rank or
 // under mpirun.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/common.h"
+#include "engine/core/file.h"
 #include "engine/dist/process.h"
 #include "engine/plan/device_fit.h"
 #include "engine/plan/dry_run.h"
@@ -46,13 +50,15 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                 "printing a line per step, writing DIR/metrics.jsonl and checkpoints into DIR.\n"
                 "Launch many ranks with `mpirun -np N`; the layout comes from the config's\n"
                 "parallel section (data parallelism is what remains).");
-  flags.AddString("config", &f->config, "YAML config (configs/*.yaml)", true);
-  flags.AddString("out", &f->out, "output directory: metrics.jsonl and step-* checkpoints "
-                                  "(default runs/<config name>)");
+  flags.AddPath("config", &f->config, "YAML config (configs/*.yaml)", true);
+  flags.AddPath("out", &f->out,
+                "output directory: metrics.jsonl and step-* checkpoints "
+                "(default runs/<config name>)");
   flags.AddInt("steps", &f->steps, "run at most N steps in this invocation (default: to "
                                    "train.max_steps)");
-  flags.AddString("resume", &f->resume, "continue from a checkpoint: a step-* directory or an "
-                                        "output directory (its latest); any layout");
+  flags.AddPath("resume", &f->resume,
+                "continue from a checkpoint: a step-* directory or an "
+                "output directory (its latest); any layout");
   flags.AddBool("dry-run", &f->dry_run, "print parameter counts, FLOPs per token and memory per "
                                         "rank, then exit");
   flags.AddBool("profile", &f->profile, "print where each step's time goes (attention, dense "
@@ -77,7 +83,7 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
     return InvalidArgument("--steps=", f->steps, " must be >= 1 (leave it out to train to "
                            "train.max_steps)");
   }
-  if (f->world < 0) return InvalidArgument("--world=", f->world, " must be >= 1");
+  if (flags.IsSet("world")) SY_RETURN_IF_ERROR(CheckWorldFlag("world", f->world));
   if (flags.IsSet("world") && !f->dry_run) return InvalidArgument("--world needs --dry-run");
   if (f->search && !f->dry_run) return InvalidArgument("--search needs --dry-run");
   if (f->profile && f->dry_run) return InvalidArgument("--profile needs training, not --dry-run");
@@ -95,6 +101,95 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   return OkStatus();
 }
 
+// What a run leaves in its output directory: metrics.jsonl, routing.jsonl, latest (files)
+// and step-* checkpoints. Training into it again without --resume would cut its metrics and
+// overwrite its checkpoints with another model's, so it is refused before anything is
+// written (docs/failures.md). A run still writing there is named as such (its lock).
+Status CheckNoPreviousRun(const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return OkStatus();
+  std::vector<std::string> found;
+  int64_t step_dirs = 0;
+  for (const auto& entry : fs::directory_iterator(out, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool step_dir = name.size() > 5 && name.compare(0, 5, "step-") == 0 &&
+                          name.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (step_dir && entry.is_directory(ec)) ++step_dirs;
+    const bool run_file = name == "metrics.jsonl" || name == "routing.jsonl" || name == "latest";
+    if (run_file && entry.is_regular_file(ec)) found.push_back(name);
+  }
+  if (found.empty() && step_dirs == 0) return OkStatus();
+  SY_RETURN_IF_ERROR(DirectoryLock::Acquire(out).status());  // released at once
+  std::sort(found.begin(), found.end());
+  if (step_dirs > 0) {
+    found.push_back(StrCat(step_dirs, " step-* checkpoint", step_dirs > 1 ? "s" : ""));
+  }
+  std::string listed;
+  for (const std::string& item : found) listed += (listed.empty() ? "" : ", ") + item;
+  return FailedPrecondition(out, ": holds a previous run (", listed,
+                            "); continue it with --resume ", out,
+                            ", train into another --out, or remove it first");
+}
+
+// The step a --resume path continues at, read from its step directory's name (the load
+// checks the trainer state against it); -1 when the path names none (the load says why).
+int64_t ResumeStep(const std::string& path) {
+  auto latest = checkpoint::LatestCheckpoint(path);
+  std::string dir = latest.ok() && latest->has_value() ? **latest : path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string name = dir.substr(dir.find_last_of('/') + 1);
+  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos) {
+    return -1;
+  }
+  return std::atoll(name.c_str() + 5);
+}
+
+// What this run trains: nothing when a resumed checkpoint is already at train.max_steps
+// (*done set, exit 0 as Megatron and torchtitan do); a --profile-skip that leaves no step
+// to profile is an error.
+Status PlanSteps(const Flags& f, const config::Config& config, int64_t start, bool* done) {
+  const int64_t max_steps = config.train.max_steps;
+  const int64_t end = f.steps > 0 ? std::min(max_steps, start + f.steps) : max_steps;
+  *done = start >= max_steps;
+  if (*done || !f.profile) return OkStatus();
+  const bool gpu = !config.runtime.device.is_cpu();
+  const int64_t skip = f.profile_skip >= 0 ? f.profile_skip
+                       : gpu               ? train::Trainer::kGpuProfileSkipSteps
+                                           : 0;
+  if (skip >= end - start) {
+    return InvalidArgument("--profile-skip=", skip, f.profile_skip < 0 ? " (the GPU default)" : "",
+                           " leaves nothing to profile: this run trains ", end - start,
+                           " step(s), ", start, " -> ", end, "; lower it or train more steps");
+  }
+  return OkStatus();
+}
+
+// Rank 0 says so when a resumed checkpoint is at train.max_steps already (*done; it is
+// verified first, as its load would be). Returns the exit code of a failure, else kExitOk.
+int CheckSteps(dist::Communicator& world, const Flags& f, const config::Config& config,
+               bool* done) {
+  int64_t start = f.resume.empty() ? 0 : std::max<int64_t>(ResumeStep(f.resume), 0);
+  if (!f.resume.empty() && start >= config.train.max_steps) {
+    auto report = checkpoint::VerifyCheckpoint(f.resume);
+    if (int rc = Agree(world, report.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
+    start = report->step;
+  }
+  if (int rc = Agree(world, PlanSteps(f, config, start, done), kExitUsage, kCommand);
+      rc != kExitOk || !*done) {
+    return rc;
+  }
+  if (world.rank() == 0) {
+    std::printf(
+        "nothing to train: %s is at step %lld and train.max_steps is %lld; set it "
+        "above %lld (--set train.max_steps=N) to train on\n",
+        f.resume.c_str(), static_cast<long long>(start),
+        static_cast<long long>(config.train.max_steps), static_cast<long long>(start));
+  }
+  return kExitOk;
+}
+
 // --dry-run: the report; with plan.device_memory_gib the fit of the largest rank (exit 1
 // when it does not fit) and, with --search or when it does not fit, the layouts that do.
 int DryRun(dist::Communicator& world, const Flags& f, const config::Config& config) {
@@ -102,7 +197,9 @@ int DryRun(dist::Communicator& world, const Flags& f, const config::Config& conf
                       : world.size() > 1 ? world.size()
                       : config.plan.world > 0 ? static_cast<int>(config.plan.world)
                                               : static_cast<int>(config.parallel.SmallestWorld());
-  Status valid = config.Validate(planned);
+  Status valid = planned <= kMaxWorld ? config.Validate(planned)
+                                      : InvalidArgument("plan.world=", planned, " is above ",
+                                                        kMaxWorld, " ranks (see --world)");
   if (valid.ok()) valid = config.model.Validate();
   if (valid.ok() && f.search && config.plan.device_memory_gib <= 0) {
     valid = InvalidArgument("--search needs plan.device_memory_gib > 0 (the memory of one device "
@@ -142,13 +239,25 @@ int Run(const std::vector<std::string>& args) {
   if (f.dry_run) {
     return DryRun(*world, f, *config);
   }
+  // Nothing is written into a previous run's directory unless it is resumed (after the
+  // config's own checks, which Trainer::Create repeats, so that a bad layout says so first).
+  Status fresh = config->Validate(world->size());
+  if (fresh.ok()) fresh = config->model.Validate();
+  if (fresh.ok() && f.resume.empty() && world->rank() == 0) fresh = CheckNoPreviousRun(f.out);
+  if (int rc = Agree(*world, fresh, kExitUsage, kCommand); rc != kExitOk) return rc;
+  bool done = false;
+  if (int rc = CheckSteps(*world, f, *config, &done); rc != kExitOk || done) return rc;
   if (world->rank() == 0) {
     std::printf("resolved config (%s):\n%s\n", f.config.c_str(), config->ToYaml().c_str());
   }
   auto trainer = train::Trainer::Create(*config, f.out, *world);
-  // Damaged data (a bad token id in the validation split, a checksum) is a failure, not usage.
+  // Missing or damaged data (no data dir, an unreadable shard, a bad token id in the
+  // validation split, a checksum) is a failure (exit 1, as in eval), not usage.
+  const absl::StatusCode create_status = trainer.status().code();
   const int create_code =
-      trainer.status().code() == absl::StatusCode::kDataLoss ? kExitFailure : kExitUsage;
+      create_status == absl::StatusCode::kDataLoss || create_status == absl::StatusCode::kNotFound
+          ? kExitFailure
+          : kExitUsage;
   if (int rc = Agree(*world, trainer.status(), create_code, kCommand); rc != kExitOk) return rc;
   if (f.profile) (*trainer)->EnableProfile(f.profile_skip);
   if (!f.resume.empty()) {

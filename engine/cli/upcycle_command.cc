@@ -56,10 +56,9 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
                 "whose routed experts start as copies of a trained checkpoint's MLPs (the\n"
                 "routers fresh, every other tensor copied, fresh optimizer state). The new\n"
                 "model is the checkpoint's config with the --set overrides (moe.* keys).");
-  flags.AddString("checkpoint", &f->checkpoint,
-                  "a step-* checkpoint directory, or a training output directory (its latest)",
-                  true);
-  flags.AddString("out", &f->out, "a new (or empty) directory for the upcycled checkpoint", true);
+  flags.AddPath("checkpoint", &f->checkpoint,
+                "a step-* checkpoint directory, or a training output directory (its latest)", true);
+  flags.AddPath("out", &f->out, "a new (or empty) directory for the upcycled checkpoint", true);
   std::string unused;
   flags.AddString("set", &unused,
                   "section.key=value on top of the checkpoint's config (moe.num_experts=8, "

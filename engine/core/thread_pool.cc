@@ -33,7 +33,7 @@ int EnvThreads(const char* name) {
   if (v == nullptr || *v == '\0') return 0;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  return (*end == '\0' && n > 0 && n <= 1024) ? static_cast<int>(n) : 0;
+  return (*end == '\0' && n > 0 && n <= kMaxComputeThreads) ? static_cast<int>(n) : 0;
 }
 
 int DefaultThreads() {
@@ -47,6 +47,19 @@ int DefaultThreads() {
 }
 
 thread_local bool t_in_region = false;
+
+}  // namespace
+
+Status CheckThreadsEnv() {
+  const char* v = std::getenv("SWITCHYARD_THREADS");
+  if (v == nullptr || *v == '\0' || EnvThreads("SWITCHYARD_THREADS") > 0) return OkStatus();
+  return InvalidArgument("SWITCHYARD_THREADS=", v,
+                         ": takes the number of compute threads, an "
+                         "integer from 1 to ",
+                         kMaxComputeThreads, " (unset: one per core)");
+}
+
+namespace {
 
 class Pool {
  public:

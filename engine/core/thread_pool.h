@@ -17,7 +17,16 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "engine/core/status.h"
+
 namespace switchyard {
+
+// SWITCHYARD_THREADS as the pool reads it: unset or empty (the default), or an integer in
+// [1, kMaxComputeThreads]. Anything else (abc, 0, -1, 2x, 1000000), which the pool would
+// ignore, is an error naming the value; `switchyard` refuses it at start-up (exit 2).
+// OPENBLAS_NUM_THREADS belongs to OpenBLAS and is not checked.
+inline constexpr int kMaxComputeThreads = 1024;
+Status CheckThreadsEnv();
 
 // The pool's thread count, the caller included (>= 1). Starts the pool on first use.
 int ComputeThreads();

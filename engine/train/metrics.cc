@@ -178,12 +178,18 @@ JsonlWriter::~JsonlWriter() {
 bool JsonlWriter::Write(const std::string& line) {
   const std::string record = line + "\n";
   const off_t before = ::lseek(fd_, 0, SEEK_END);
-  ssize_t done = -1;
-  do {
-    done = ::write(fd_, record.data(), record.size());
-  } while (done < 0 && errno == EINTR);
-  if (done == static_cast<ssize_t>(record.size())) return true;
-  const int err = done < 0 ? errno : ENOSPC;
+  // A short write (the disk or a file-size limit reached part way) is followed by a write
+  // of the rest, whose error is the cause (ENOSPC, EFBIG, ...).
+  size_t done = 0;
+  int err = 0;
+  while (done < record.size() && err == 0) {
+    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n == 0) err = ENOSPC;
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  if (done == record.size()) return true;
   // A short write leaves part of the record: cut the file back so no line is torn.
   if (done > 0 && before >= 0 && ::ftruncate(fd_, before) != 0) {
     std::fprintf(stderr, "warning: %s: could not remove a partly written record (%s)\n",

@@ -1,14 +1,32 @@
 #include "engine/train/run_policy.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 namespace switchyard::train {
 namespace {
 
 std::atomic<int> g_signal{0};
-extern "C" void OnStopSignal(int sig) { g_signal.store(sig); }
+// The line a second signal prints, in two buffers: the run loop writes the one not in use,
+// then publishes it, so the handler never reads a half-written line.
+char g_second_line[2][1024];
+std::atomic<int> g_second_index{0};
+
+// The first signal is noted (the step in progress ends, its checkpoint is saved); a second
+// one while it is pending ends the process at once: write(2) and _exit, both
+// async-signal-safe.
+extern "C" void OnStopSignal(int sig) {
+  int none = 0;
+  if (g_signal.compare_exchange_strong(none, sig)) return;
+  const char* line = g_second_line[g_second_index.load()];
+  ssize_t written = ::write(STDERR_FILENO, line, std::strlen(line));
+  (void)written;
+  ::_exit(128 + sig);
+}
 
 }  // namespace
 
@@ -50,9 +68,24 @@ Status NonFinitePolicy::StopError(const StepMetrics& m, const std::string& lates
 
 StopSignals::StopSignals() {
   g_signal.store(0);
+  SetLastCheckpoint("");
   old_term_ = std::signal(SIGTERM, OnStopSignal);
   old_int_ = std::signal(SIGINT, OnStopSignal);
   installed_ = true;
+}
+
+void StopSignals::SetLastCheckpoint(const std::string& dir) {
+  const std::string line =
+      dir.empty() ? std::string(
+                        "switchyard train: second signal: exiting without saving; "
+                        "there is no checkpoint yet\n")
+                  : StrCat(
+                        "switchyard train: second signal: exiting without saving; the last "
+                        "checkpoint ",
+                        dir, " is intact\n");
+  const int next = 1 - g_second_index.load();
+  std::snprintf(g_second_line[next], sizeof(g_second_line[next]), "%s", line.c_str());
+  g_second_index.store(next);
 }
 
 void StopSignals::Restore() {

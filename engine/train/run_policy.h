@@ -79,13 +79,18 @@ class NonFinitePolicy {
 };
 
 // SIGTERM and SIGINT are caught from construction to Restore() (or destruction), the
-// handlers found then put back; a caught signal lets the step finish.
+// handlers found then put back; a caught signal lets the step finish. A second one while
+// the first is pending ends the process at once, without saving: one line on stderr
+// naming the last checkpoint (SetLastCheckpoint), exit status 128 + the signal (130 for
+// SIGINT, 143 for SIGTERM, as shells report a death by it).
 class StopSignals {
  public:
   StopSignals();
   ~StopSignals() { Restore(); }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
+  // The checkpoint a second signal's line names as intact ("": none yet).
+  void SetLastCheckpoint(const std::string& dir);
   // Puts the previous handlers back (once).
   void Restore();
   // The signal any rank of world caught (the largest number), 0 for none: every rank stops

@@ -351,6 +351,8 @@ Status Trainer::Run(int64_t steps) {
     PrintBanner(model_params, end);
   }
   StopSignals signals;
+  auto latest = checkpoint::LatestCheckpoint(out_dir_);
+  signals.SetLastCheckpoint(latest.ok() && latest->has_value() ? **latest : std::string());
   nonfinite_.BeginRun();
   const EvalSchedule eval(tc.eval_every, !val_batches_.empty());
   const RoutingLogSchedule routing_log(config_.logging.routing_every);
@@ -386,7 +388,10 @@ Status Trainer::Run(int64_t steps) {
       const std::vector<std::vector<double>> bias = ExpertBiases();  // collective over pp
       if (is_root()) routing_log_->Write(RoutingJson(m, bias));
     }
-    if (checkpointer_.ShouldSave(step_, step_ == end, stopped)) SY_RETURN_IF_ERROR(Save());
+    if (checkpointer_.ShouldSave(step_, step_ == end, stopped)) {
+      SY_RETURN_IF_ERROR(Save());
+      signals.SetLastCheckpoint(out_dir_ + "/" + checkpoint::StepDirName(step_));
+    }
     if (stopped) break;
   }
   signals.Restore();

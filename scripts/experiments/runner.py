@@ -177,6 +177,8 @@ def run_one(a, name, sets, seed, vocab, threads):
         log = os.path.join(a.out, name, "seed%d.log" % seed)
         os.makedirs(os.path.dirname(log), exist_ok=True)
         for attempt in range(3):
+            # train refuses an --out holding a previous run: start each attempt clean.
+            shutil.rmtree(d, ignore_errors=True)
             with open(log, "w") as f:
                 rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
             if rc in (0, EXIT_NONFINITE) or not mpi_init_failed(log):

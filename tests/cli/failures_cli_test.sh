@@ -9,7 +9,8 @@
 #    metrics.jsonl, and training finishes (1 rank and 2 ranks); too many skips in a row
 #    stop with exit 3;
 #  - metrics: a full disk (metrics.jsonl is /dev/full): one warning, training finishes
-#    and saves (whole records under a file-size limit: metrics_writer_test); resuming from
+#    and saves (whole records under a file-size limit: metrics_writer_test); a file-size
+#    limit (ulimit -f): a failed save, exit 1, the real cause, nothing damaged; resuming from
 #    an earlier checkpoint leaves one record per step, with the losses of a straight run;
 #  - a token id outside the vocabulary with data.verify false (in the training split, on 1
 #    and 2 ranks, and in the validation split): one error line naming the shard, the token
@@ -19,9 +20,11 @@
 #    the host allocator, hit while resuming) ends with exit 5 and one line, the checkpoints
 #    untouched;
 #  - one writer per output directory: a second training into a live run's directory is
-#    refused (exit 2, naming the holder), and a killed holder leaves no stale lock;
+#    refused (exit 2, naming the holder), and a killed holder leaves no stale lock; a
+#    directory holding a previous run is refused without --resume (exit 2);
 #  - the temporary directories of a killed save are removed at the next start, one line
-#    each;
+#    each; a second SIGINT/SIGTERM while the first is pending ends the run at once (exit
+#    130/143, one line, the last checkpoint intact);
 #  - SIGTERM to the job of `mpirun -np 2` run by scripts/mpirun_job.sh: status 75 (every
 #    rank's too) and the step it stopped after saved;
 #  - the collective watchdog: one rank of 2 stopped (SIGSTOP) mid-run with a 3 s
@@ -93,6 +96,8 @@ one_error() {
   [[ $n -eq 1 ]] || fail "$1: $n error lines, want 1: $(cat "$tmp/err")"
   grep -qF -- "$2" "$tmp/err" || fail "$1: stderr lacks '$2': $(cat "$tmp/err")"
 }
+# hashes DIR: the sha256 of every file under DIR, sorted.
+hashes() { (cd "$1" && find . -type f -exec sha256sum {} + | sort); }
 # record OUT STEP: the metrics.jsonl line of step STEP's training record.
 record() { grep "^{\"step\":$2,\"loss\"" "$1/metrics.jsonl"; }
 
@@ -222,6 +227,62 @@ grep -q "^warning: [0-9]* metrics records could not be written to $out/metrics.j
 grep -q "^step 5 | loss" "$tmp/out" || fail "disk full: no step 5"
 echo "--- disk full for metrics: one warning, the run finished ($SECONDS s)"
 
+# A file-size limit (ulimit -f, in a subshell): writes fail with EFBIG (SIGXFSZ is ignored)
+# instead of the signal killing the process. A save past the limit fails as a save does:
+# exit 1, one line with the real cause, its temporary directory removed, the checkpoint
+# before it and `latest` unchanged. The metrics warning names the real cause too.
+out="$tmp/fsize"
+run 1 "${one[@]}" --out "$out" --set train.max_steps=2
+[[ $rc -eq 0 ]] || fail "file-size limit: the first run exited $rc: $(tail -3 "$tmp/err")"
+before=$(cd "$out" && find step-00000002 latest -type f -exec sha256sum {} + | sort)
+biggest=$(find "$out/step-00000002" -type f -printf '%s\n' | sort -n | tail -1)
+limit=$((biggest / 1024 / 2))  # ulimit -f counts 1024-byte blocks: half the largest file
+(ulimit -f "$limit"; run 1 "${one[@]}" --out "$out" --resume "$out" --set train.max_steps=4; exit $rc)
+rc=$?
+[[ $rc -eq 1 ]] || fail "file-size limit: exit status $rc, want 1 (153: killed by SIGXFSZ): $(cat "$tmp/err")"
+one_error "file-size limit" "(File too large)"
+[[ $(wc -l <"$tmp/err") -eq 1 ]] || fail "file-size limit: more than one stderr line: $(cat "$tmp/err")"
+[[ -z $(find "$out" -name '.step-*') ]] || fail "file-size limit: a temporary was left: $(ls -a "$out")"
+[[ "$before" == "$(cd "$out" && find step-00000002 latest -type f -exec sha256sum {} + | sort)" ]] ||
+  fail "file-size limit: step-00000002 or latest changed"
+(ulimit -f 1; run 1 "${one[@]}" --out "$tmp/fsize-metrics" --set train.checkpoint_every=0; exit $rc)
+rc=$?
+[[ $rc -eq 1 ]] || fail "file-size limit, metrics: exit status $rc, want 1: $(cat "$tmp/err")"
+grep -q "^warning: $tmp/fsize-metrics/metrics.jsonl: a metrics record could not be written (File too large); training goes on" "$tmp/err" ||
+  fail "file-size limit, metrics: want the real cause in the warning: $(cat "$tmp/err")"
+echo "--- file-size limit: a failed save (exit 1), the checkpoint before it intact ($SECONDS s)"
+
+# ---- a second signal ------------------------------------------------------------------------
+# The first SIGINT/SIGTERM lets the step in progress end and saves it; a second while it is
+# pending ends the process at once: one line naming the checkpoint left intact, exit 128 +
+# the signal (130, 143), nothing saved. A step of 10^6 micro-batches takes minutes.
+for sig in INT TERM; do
+  out="$tmp/second-$sig"
+  run 1 "${one[@]}" --out "$out" --set train.max_steps=1
+  before=$(hashes "$out")
+  "$bin" train "${one[@]}" --out "$out" --resume "$out" --set train.max_steps=3 \
+    --set train.grad_accum=1000000 >"$tmp/second.out" 2>"$tmp/second.err" &
+  pid=$!
+  running=$pid
+  for _ in $(seq 1 300); do grep -q "^resumed from" "$tmp/second.out" && break; sleep 0.1; done
+  sleep 0.5
+  kill -s "$sig" "$pid"
+  sleep 0.3
+  kill -s "$sig" "$pid"
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && { fail "second SIG$sig: still running after 10 s"; kill -9 "$pid"; }
+  wait "$pid"
+  rc=$?
+  running=""
+  want=$([[ $sig == INT ]] && echo 130 || echo 143)
+  [[ $rc -eq $want ]] || fail "second SIG$sig: exit status $rc, want $want: $(cat "$tmp/second.err")"
+  [[ "$(cat "$tmp/second.err")" == "switchyard train: second signal: exiting without saving; the last checkpoint $out/step-00000001 is intact" ]] ||
+    fail "second SIG$sig: stderr: $(cat "$tmp/second.err")"
+  # metrics.jsonl was rewritten at the resume (the records before step 1 kept): the same.
+  [[ "$before" == "$(hashes "$out")" ]] || fail "second SIG$sig: the output directory changed"
+  echo "--- a second SIG$sig: exit $rc at once, step-00000001 intact ($SECONDS s)"
+done
+
 # Resume from an earlier checkpoint of a finished run: the records after it are dropped.
 out="$tmp/resume"
 run 1 "${one[@]}" --out "$out" --set train.checkpoint_every=3
@@ -250,11 +311,12 @@ echo "--- resume: one record per step, the same losses ($SECONDS s)"
 # ---- memory ----------------------------------------------------------------------------------
 # A layout the host cannot hold (runtime.memory_check): exit 2 on every rank before anything
 # the model's size is allocated, one line naming the need and the host's available memory,
-# no output directory. 1 rank, and 2 (the two ranks on this node are summed).
+# no output directory. 1 rank, and 2 (the two ranks on this node are summed). seq_len 4e7:
+# about 775 GiB a rank, under the 2^53 attention scores a config may ask for.
 for np in 1 2; do
   out="$tmp/too-big-$np"
   if [[ $np -eq 1 ]]; then args=("${one[@]}"); else args=("${two[@]}"); fi
-  run "$np" "${args[@]}" --out "$out" --set model.seq_len=100000000
+  run "$np" "${args[@]}" --out "$out" --set model.seq_len=40000000
   [[ $rc -eq 2 ]] || fail "memory check np $np: exit status $rc, want 2: $(tail -3 "$tmp/err")"
   every_rank "memory check np $np" "$np" 2
   if [[ $np -eq 1 ]]; then who="this rank needs"; else who="the 2 ranks on this node need"; fi
@@ -271,7 +333,6 @@ out="$tmp/oom"
 run 1 "${one[@]}" --out "$out" --set train.max_steps=2
 [[ $rc -eq 0 ]] || fail "oom: the first run exited $rc: $(tail -3 "$tmp/err")"
 read -r states peak < <(awk '/model states +workspace pk/ {getline; print $5, $6; exit}' "$tmp/out")
-hashes() { (cd "$1" && find . -type f -exec sha256sum {} + | sort); }
 before=$(hashes "$out")
 SWITCHYARD_TEST_HOST_MEMORY_LIMIT=$((states + peak / 2)) run 1 "${one[@]}" --out "$out" \
   --resume "$out" --set train.max_steps=4
@@ -299,6 +360,12 @@ one_error "busy output" "$out: another process is writing this output directory 
 kill -0 "$holder" 2>/dev/null || fail "busy output: the first run ended: $(tail -3 "$tmp/busy.out")"
 kill -9 "$holder"
 wait "$holder" 2>/dev/null
+# The lock went with the holder: the directory is now a previous run's (no checkpoint), refused
+# as such, not as busy; cleared, a new run proceeds.
+run 1 "${one[@]}" --out "$out" --set train.max_steps=1
+[[ $rc -eq 2 ]] || fail "busy output: after the holder died, exit status $rc, want 2: $(tail -3 "$tmp/err")"
+one_error "busy output" "$out: holds a previous run (metrics.jsonl, routing.jsonl); continue it with --resume $out"
+rm -rf "$out"
 run 1 "${one[@]}" --out "$out" --set train.max_steps=1
 [[ $rc -eq 0 ]] || fail "busy output: after the holder died, exit status $rc: $(tail -3 "$tmp/err")"
 echo "--- busy output directory: refused with exit 2 while held, free once its holder was killed ($SECONDS s)"

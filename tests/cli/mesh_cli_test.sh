@@ -48,6 +48,17 @@ expect_usage_error "missing value before flag" "--tp needs a value" mesh --world
 expect_usage_error "not an integer" '--tp expects an integer, got "two"' mesh --world 8 --tp two
 expect_usage_error "not an integer (=)" '--pp expects an integer, got "2x"' mesh --world 8 --pp=2x
 expect_usage_error "missing --world" "--world is required" mesh --tp 2
+expect_usage_error "world 0" "--world=0 must be between 1 and 131072" mesh --world 0
+expect_usage_error "world above 2^17" "--world=2147483647 must be between 1 and 131072 (2^17" \
+  mesh --world 2147483647
+expect_usage_error "world twice" "--world is given twice; give it once" mesh --world 8 --world 4
+# SWITCHYARD_THREADS that the pool would ignore: refused at start-up, whatever the command.
+for v in abc -1 0 2x 1000000; do
+  SWITCHYARD_THREADS=$v expect_usage_error "SWITCHYARD_THREADS=$v" \
+    "SWITCHYARD_THREADS=$v: takes the number of compute threads, an integer from 1 to 1024" \
+    mesh --world 8
+done
+SWITCHYARD_THREADS=2 "$bin" mesh --world 8 >/dev/null 2>&1 || fail "SWITCHYARD_THREADS=2 refused"
 expect_usage_error "value for a switch" "--json takes no value" mesh --world 8 --json=yes
 expect_usage_error "unknown command" 'unknown command "bogus"' bogus
 expect_usage_error "no command" "no command given"

@@ -160,6 +160,30 @@ expect_error "bad precision" 2 "runtime.precision='half' is not one of auto, fp3
 expect_error "missing input file" 1 "nope.safetensors" 1 --config "$config" \
   --input "$tmp/nope.safetensors" "${bad_out[@]}"
 
+# A finite input whose forward is not (a router weight of 3e38): exit 3, one line, nothing
+# written (as eval does).
+$python - "$tool" "$tmp/in.safetensors" "$tmp/huge.safetensors" <<'PY' || fail "make huge input"
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("tool", sys.argv[1])
+tool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tool)
+tensors = tool.read_safetensors(sys.argv[2])  # name -> (dtype, shape, flat values)
+tensors["router.weight"][2][0] = 3e38
+tool.write_safetensors(sys.argv[3], tensors)
+PY
+expect_error "non-finite forward" 3 "huge.safetensors: the layer's output '" 1 --config "$config" \
+  --input "$tmp/huge.safetensors" "${bad_out[@]}"
+expect_error "non-finite forward, np 2" 3 "is not finite (" 2 --config "$config" \
+  --input "$tmp/huge.safetensors" "${bad_out[@]}"
+# --out the --input file: refused, the input unchanged.
+cp "$tmp/in.safetensors" "$tmp/same.safetensors"
+expect_error "--out is --input" 2 "--out $tmp/./same.safetensors is the --input file" 1 \
+  --config "$config" --input "$tmp/same.safetensors" --out "$tmp/./same.safetensors"
+cmp -s "$tmp/in.safetensors" "$tmp/same.safetensors" || fail "--out is --input: the input changed"
+expect_error "--out in a missing directory" 1 "--out $tmp/nodir/o.safetensors: the directory $tmp/nodir does not exist" 1 \
+  "${common[@]}" --out "$tmp/nodir/o.safetensors"
+expect_error "--out twice" 2 "--out is given twice" 1 "${common[@]}" "${bad_out[@]}" "${bad_out[@]}"
+
 "$bin" moe-layer --help >"$tmp/out" 2>&1 && grep -q -- "--input" "$tmp/out" || fail "moe-layer --help"
 "$bin" --help | grep -q "moe-layer" || fail "switchyard --help does not list moe-layer"
 

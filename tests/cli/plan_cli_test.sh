@@ -81,7 +81,15 @@ grep -q "no valid layout fits 40.00 GiB of memory per device; the smallest needs
 
 expect_usage_error "missing --gpus" "--gpus is required" plan --config "$cfg"
 expect_usage_error "missing --config" "--config is required" plan --gpus 8
-expect_usage_error "zero gpus" "--gpus 0 must be >= 1" plan --config "$cfg" --gpus 0
+expect_usage_error "zero gpus" "--gpus=0 must be between 1 and 131072" plan --config "$cfg" --gpus 0
+# Above 2^17 ranks: refused at once (every rank would be walked: hours, or out of memory).
+expect_usage_error "too many gpus" "--gpus=2147483647 must be between 1 and 131072 (2^17" \
+  plan --config "$cfg" --gpus 2147483647
+expect_usage_error "zero gpus per node" "--gpus-per-node=0 must be >= 1" \
+  plan --config "$cfg" --gpus 8 --gpus-per-node 0
+expect_usage_error "gpus per node not dividing" \
+  "--gpus-per-node=3 does not divide --gpus=8 (every node holds the same number of devices)" \
+  plan --config "$cfg" --gpus 8 --gpus-per-node 3
 expect_usage_error "unknown gpu" "--gpu b300: no such hardware (known in" plan --config "$cfg" --gpus 8 --gpu b300
 expect_usage_error "bad skew" "--skew 0.5: the busiest rank's load over the mean must be >= 1" \
   plan --config "$cfg" --gpus 8 --skew 0.5

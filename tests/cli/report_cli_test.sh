@@ -171,7 +171,27 @@ err_one_line "not a run" "$tmp/data: no metrics.jsonl" report "$tmp/biased" "$tm
 err_one_line "no directory" "does not exist" report "$tmp/biased" --out "$tmp/nodir/r.html"
 mkdir -p "$tmp/broken" && head -c 40 "$tmp/biased/metrics.jsonl" >"$tmp/broken/metrics.jsonl"
 err_one_line "corrupt metrics" "metrics.jsonl:1: not JSON" report "$tmp/broken" --out "$tmp/keep.html"
+# Damaged inputs: one line naming the file and what is wrong, exit 1, no traceback.
+mkdir -p "$tmp/badlang" && cp "$tmp/biased/metrics.jsonl" "$tmp/badlang/"
+echo '{"labels":["a"],"layers":[1],"num_experts":2,"counts":[]}' >"$tmp/badlang/routing_by_language.json"
+err_one_line "malformed routing_by_language.json" \
+  "$tmp/badlang/routing_by_language.json: counts must hold, for each of the 1 layers, 1 labels of 2 non-negative counts" \
+  report "$tmp/badlang" --out "$tmp/keep.html"
+mkdir -p "$tmp/binary" && printf '\xbf\x00\xff\n' >"$tmp/binary/metrics.jsonl"
+err_one_line "binary metrics.jsonl" "$tmp/binary/metrics.jsonl:1: not UTF-8 text (byte 0xbf at column 1)" \
+  report "$tmp/binary" --out "$tmp/keep.html"
+mkdir -p "$tmp/badstep" && echo '{"step":0,"loss":"x","moe":[]}' >"$tmp/badstep/metrics.jsonl"
+err_one_line "a record of the wrong type" "$tmp/badstep/metrics.jsonl: the record of step 0: loss and tokens_per_s must be numbers" \
+  report "$tmp/badstep" --out "$tmp/keep.html"
 cmp -s "$tmp/one.html" "$tmp/keep.html" || fail "a failed report changed the existing file"
+# --out one of the inputs: refused (exit 2), the run's files unchanged.
+sum_before=$(md5sum "$tmp/biased"/*.json*)
+expect_usage_error "--out is the run's metrics" "--out $tmp/biased/metrics.jsonl is an input of the report" \
+  report "$tmp/biased" --out "$tmp/biased/metrics.jsonl"
+expect_usage_error "--out is the run's routing table" "is an input of the report" \
+  report "$tmp/biased" --out "$tmp/biased/../biased/routing_by_language.json"
+expect_usage_error "--out is the run directory" "a run directory" report "$tmp/biased" --out "$tmp/biased"
+[[ "$sum_before" == "$(md5sum "$tmp/biased"/*.json*)" ]] || fail "a refused report changed the run's files"
 
 [[ $failures -eq 0 ]] && echo "report_cli_test: all checks passed"
 exit $((failures > 0))

@@ -20,8 +20,10 @@
 #    non-zero exit, and the existing checkpoints unchanged (checksums before/after):
 #    unknown keys, a wrong type, ep not dividing the experts, a world ep does not divide,
 #    parallel.cp=2 with seq_len not divisible by 2 cp, tp on one process, tp not dividing n_heads, etp not dividing d_expert,
-#    seq_len not divisible by tp, tp 4 on 2 ranks ("needs 4 ranks ... mpirun -np 4"), a missing data dir, a truncated checkpoint, another model's checkpoint,
-#    a missing checkpoint, a bad --steps;
+#    seq_len not divisible by tp, tp 4 on 2 ranks ("needs 4 ranks ... mpirun -np 4"), a missing data dir (exit 1), a truncated checkpoint, another model's checkpoint,
+#    a missing checkpoint, a bad --steps; a previous run in --out without --resume (exit
+#    2, on 1 and 2 ranks, the run byte-identical after), an empty --resume or --out, a
+#    flag given twice;
 #  - optional: the loss falls on the fortune corpus when it is installed.
 # Usage: train_cli_test.sh path/to/switchyard path/to/scripts/mpirun_test.sh
 set -u
@@ -378,7 +380,9 @@ expect_error "a layout needing more ranks" "needs 4 ranks (or a multiple), but 2
 expect_error "unknown precision" "runtime.precision='fp16' is not one of auto, fp32, bf16" 1 "${one[@]}" \
   --set runtime.precision=fp16
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-  expect_error "cuda without a GPU" "runtime.device=cuda: " 1 "${one[@]}" --set runtime.device=cuda
+  # (into a new --out: $good holds a run, refused before the device is looked at)
+  expect_error "cuda without a GPU" "runtime.device=cuda: " 1 --config "$config" \
+    --set "data.dir=$tmp/data" --set train.grad_accum=4 --out "$tmp/cuda-run" --set runtime.device=cuda
 fi
 expect_error "seq_len not divisible by 2 cp" \
   "model.seq_len=18 is not divisible by 2 * parallel.cp = 4" 2 "${two[@]}" \
@@ -393,8 +397,45 @@ expect_error "seq_len not divisible by tp" "model.seq_len=15 is not divisible by
   "${two[@]}" --set parallel.tp=2 --set model.seq_len=15
 expect_error "tp 4 on 2 ranks" "parallel.tp=4 cp=1 pp=1 ep=1 etp=4 needs 4 ranks (or a multiple), but 2 were launched; launch with mpirun -np 4 switchyard ..." 2 \
   "${two[@]}" --set parallel.tp=4 --set model.n_heads=4
-expect_error "missing data dir" "$tmp/no-data/index.json: cannot open" 1 "${one[@]}" \
-  --set "data.dir=$tmp/no-data"
+# A missing data dir is a missing file (exit 1), found before the output directory is made.
+expect_error "missing data dir" "$tmp/no-data/index.json: cannot open" 1 --config "$config" \
+  --set "data.dir=$tmp/no-data" --set train.grad_accum=4 --out "$tmp/no-data-run"
+[[ $rc -eq 1 ]] || fail "missing data dir: exit status $rc, want 1"
+[[ ! -e $tmp/no-data-run ]] || fail "missing data dir: $tmp/no-data-run was created"
+# A previous run in --out without --resume: refused before anything is written (exit 2),
+# even for another model (whose checkpoints would have replaced these); $good is compared
+# byte for byte below.
+for extra in "" "--set model.d_model=48"; do
+  # shellcheck disable=SC2086
+  expect_error "a previous run in --out ${extra:-(same model)}" \
+    "$good: holds a previous run (latest, metrics.jsonl, routing.jsonl, " 1 "${one[@]}" $extra
+  [[ $rc -eq 2 ]] || fail "a previous run in --out: exit status $rc, want 2"
+  grep -qF "; continue it with --resume $good, train into another --out, or remove it first" \
+    "$tmp/err" || fail "a previous run in --out: the ways on are missing: $(cat "$tmp/err")"
+done
+expect_error "a previous run in --out, np 2" "$good: holds a previous run" 2 "${two[@]}" \
+  --set parallel.ep=2
+expect_error "an empty --resume" "--resume is empty; it needs a path" 1 "${one[@]}" --resume ""
+[[ $rc -eq 2 ]] || fail "an empty --resume: exit status $rc, want 2"
+expect_error "an empty --out" "--out is empty; it needs a path" 1 --config "$config" --out ""
+expect_error "--steps twice" "--steps is given twice; give it once" 1 "${one[@]}" --steps 2 \
+  --steps 1
+expect_error "--config twice" "--config is given twice" 1 "${one[@]}" --config "$config"
+# Resuming a checkpoint already at train.max_steps: one line, exit 0 (as Megatron and
+# torchtitan), no output directory made.
+run 1 --config "$config" --set "data.dir=$tmp/data" --set train.grad_accum=4 --set train.max_steps=12 \
+  --resume "$good" --out "$tmp/nothing"
+[[ $rc -eq 0 ]] || fail "nothing to train: exit status $rc: $(cat "$tmp/err")"
+grep -qx "nothing to train: $good is at step 12 and train.max_steps is 12; set it above 12 (--set train.max_steps=N) to train on" \
+  "$tmp/out" || fail "nothing to train: no line: $(tail -2 "$tmp/out")"
+[[ ! -e $tmp/nothing ]] || fail "nothing to train: $tmp/nothing was created"
+expect_error "--profile-skip past the run" "--profile-skip=5 leaves nothing to profile: this run trains 2 step(s)" 1 \
+  --config "$config" --set "data.dir=$tmp/data" --out "$tmp/prof" --profile --profile-skip 5 --steps 2
+[[ $rc -eq 2 && ! -e $tmp/prof ]] || fail "--profile-skip past the run: exit status $rc, want 2, no $tmp/prof"
+expect_error "--dry-run --world 0" "--world=0 must be between 1 and 131072" 1 "${one[@]}" \
+  --dry-run --world 0
+expect_error "--dry-run --world 2^31-1" "--world=2147483647 must be between 1 and 131072" 1 \
+  "${one[@]}" --dry-run --world 2147483647
 expect_error "truncated checkpoint" "$tmp/corrupt/step-00000012/model.safetensors" 1 "${one[@]}" \
   --resume "$tmp/corrupt/step-00000012"
 expect_error "truncated checkpoint, np 2" "$tmp/corrupt/step-00000012/model.safetensors" 2 \
