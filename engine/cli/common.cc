@@ -1,6 +1,8 @@
 #include "engine/cli/common.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "engine/cli/args.h"
@@ -33,6 +35,28 @@ Status CheckFreshOutput(const std::string& out) {
     return FailedPrecondition(out, ": exists and is not an empty directory; choose a new output");
   }
   return OkStatus();
+}
+
+Status CheckSameConfig(dist::Communicator& world, const config::Config& config) {
+  if (world.size() == 1) return OkStatus();
+  const std::string mine = config.ToYaml();
+  Tensor length = Tensor::FromVector<int64_t>({static_cast<int64_t>(mine.size())}, {1});
+  world.Broadcast(length, 0);
+  const int64_t n = length.data<int64_t>()[0];
+  Tensor bytes = Tensor::Zeros({std::max<int64_t>(n, 1)}, DType::kU8);
+  if (world.rank() == 0) std::memcpy(bytes.raw_data(), mine.data(), mine.size());
+  world.Broadcast(bytes, 0);
+  const std::string first(static_cast<const char*>(bytes.raw_data()), n);
+  if (first == mine) return OkStatus();
+  std::string which;
+  if (auto theirs = config::ParseConfig(first, "rank 0's config"); theirs.ok()) {
+    const auto every = [](const std::string&, const std::string&) { return true; };
+    if (auto d = config::FirstDifference(config, *theirs, every)) {
+      which = StrCat(": ", d->key, " is ", d->a, " here, ", d->b, " on rank 0");
+    }
+  }
+  return InvalidArgument("rank ", world.rank(), "'s config differs from rank 0's", which,
+                         " (every rank must load the same config file and --set overrides)");
 }
 
 int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/config.h"
 #include "engine/core/status.h"
 #include "engine/dist/communicator.h"
 
@@ -28,6 +29,12 @@ int RunInProcess(const std::string& command, int (*run)(const std::vector<std::s
 // OK when `out` does not exist or is an empty directory; otherwise one error naming it
 // (the commands that write a new checkpoint or export overwrite nothing).
 Status CheckFreshOutput(const std::string& out);
+
+// OK when this rank loaded the config rank 0 did (ToYaml's text: every key after the
+// overrides); else the first key that differs, with both values. Ranks launched with different
+// configs (an MPMD launch, a node with another copy of the file) would otherwise end in a
+// collective's size mismatch or train different models in one job. Collective over world.
+Status CheckSameConfig(dist::Communicator& world, const config::Config& config);
 
 // Prints "<command>: error: <message>" to stderr.
 void PrintError(const std::string& command, const std::string& message);

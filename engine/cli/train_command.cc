@@ -236,6 +236,10 @@ int Run(const std::vector<std::string>& args) {
   }
   auto config = config::LoadConfig(f.config, f.overrides);
   if (int rc = Agree(*world, config.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
+  if (int rc = Agree(*world, CheckSameConfig(*world, *config), kExitUsage, kCommand);
+      rc != kExitOk) {
+    return rc;
+  }
   if (f.dry_run) {
     return DryRun(*world, f, *config);
   }

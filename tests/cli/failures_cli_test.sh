@@ -25,6 +25,8 @@
 #  - the temporary directories of a killed save are removed at the next start, one line
 #    each; a second SIGINT/SIGTERM while the first is pending ends the run at once (exit
 #    130/143, one line, the last checkpoint intact);
+#  - ranks launched with different configs (rank 1 with another moe.top_k): exit 2 on every
+#    rank, one line naming the key and both values, nothing written;
 #  - SIGTERM to the job of `mpirun -np 2` run by scripts/mpirun_job.sh: status 75 (every
 #    rank's too) and the step it stopped after saved;
 #  - the collective watchdog: one rank of 2 stopped (SIGSTOP) mid-run with a 3 s
@@ -382,6 +384,28 @@ for d in .step-00000002.old-77 .step-00000004.tmp-4242; do
   [[ ! -e $out/$d ]] || fail "leftovers: $d is still there"
 done
 echo "--- leftovers of a killed save removed ($SECONDS s)"
+
+# ---- ranks with different configs ---------------------------------------------------------
+# An MPMD launch, or a node with another copy of the file: the first key that differs, one
+# line (from the rank that differs), exit 2 on every rank, nothing written.
+cat >"$tmp/other_rank.sh" <<'EOF'
+#!/usr/bin/env bash
+# other_rank.sh BIN ARGS...: BIN ARGS, and on world rank 1 also --set moe.top_k=2.
+bin=$1; shift
+extra=()
+[[ ${OMPI_COMM_WORLD_RANK:-0} == 1 ]] && extra=(--set moe.top_k=2)
+exec "$bin" "$@" "${extra[@]}"
+EOF
+out="$tmp/two_configs"
+rm -rf "$tmp/rc" && mkdir -p "$tmp/rc"
+RC_DIR="$tmp/rc" timeout 300 bash "$mpirun_wrapper" 2 -x RC_DIR bash "$rank_rc" \
+  bash "$tmp/other_rank.sh" "$bin" train "${two[@]}" --out "$out" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 2 ]] || fail "two configs: mpirun exited $rc, want 2"
+every_rank "two configs" 2 2
+one_error "two configs" "rank 1's config differs from rank 0's: moe.top_k is 2 here, 1 on rank 0"
+[[ ! -e "$out" ]] || fail "two configs: $out was created"
+echo "--- ranks with different configs: exit 2 on every rank, the key named ($SECONDS s)"
 
 # ---- SIGTERM to a job under mpirun ----------------------------------------------------------
 # A scheduler signals the job, not a rank: SIGTERM to scripts/mpirun_job.sh running
