@@ -59,24 +59,14 @@
 #define __shared__ static
 
 #include "kernels/cuda/attention_kernels.cuh"
+#include "tests/kernels/emulation_test_util.h"
 
 namespace switchyard::kernels {
 namespace {
 
 namespace ad = cuda::attention_dev;
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr double kU = 0x1p-24, kUd = 0x1p-53;
-double Gamma(double m, double u = kU) { return m * u / (1.0 - m * u); }
-
-std::vector<float> Uniform(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> pick(lo, hi);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (float& e : x) e = pick(rng);
-  return x;
-}
 
 // Multiples of 2^-8 (products and sums of a few hundred of them are exact in f32).
 std::vector<float> OnGrid(std::vector<float> x) {
@@ -84,15 +74,6 @@ std::vector<float> OnGrid(std::vector<float> x) {
   return x;
 }
 
-template <typename Kernel>
-void RunKernel(unsigned blocks, int threads, Kernel kernel) {
-  unsigned char unused_smem[1];
-  emu::Launch(EmuDim3{blocks, 1, 1}, threads, unused_smem, 0, 0, kernel);
-}
-
-bool SameBits(const float* a, const float* b, int64_t n) {
-  return n == 0 || std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
-}
 bool IsPlusZero(float v) { return v == 0.0f && !std::signbit(v); }
 
 // ---- The score-row kernels: rows r of (nb, Hq, S, S), query position r % S.

@@ -48,29 +48,13 @@
 #define __shared__ static
 
 #include "kernels/cuda/vocab_parallel_kernels.cuh"
+#include "tests/kernels/emulation_test_util.h"
 
 namespace switchyard::kernels {
 namespace {
 
 namespace vd = cuda::vocab_dev;
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr double kU = 0x1p-24, kUd = 0x1p-53;
-double Gamma(double m, double u = kU) { return m * u / (1.0 - m * u); }
-
-std::vector<float> Uniform(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> pick(lo, hi);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (float& e : x) e = pick(rng);
-  return x;
-}
-
-template <typename Kernel>
-void RunKernel(unsigned blocks, int threads, Kernel kernel) {
-  unsigned char unused_smem[1];
-  emu::Launch(EmuDim3{blocks, 1, 1}, threads, unused_smem, 0, 0, kernel);
-}
 unsigned GridFor(int64_t n, int64_t cap) { return cuda::GridFor(n, vd::kThreads, cap); }
 
 template <typename T>
