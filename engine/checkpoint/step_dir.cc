@@ -50,10 +50,18 @@ std::string TempDirName(const std::string& out_dir, int64_t step, int64_t pid) {
   return (fs::path(out_dir) / StrCat(".", StepDirName(step), ".tmp-", pid)).string();
 }
 
+std::string CheckpointArgument(const std::string& path) {
+  std::error_code ec;
+  if (BaseName(path) != kLatestFile || !fs::is_regular_file(path, ec)) return path;
+  const std::string parent = fs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
 StatusOr<std::string> ResolveStepDir(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec))
     return NotFound(path, ": no such checkpoint (the path does not exist)");
+  if (CheckpointArgument(path) != path) return ResolveStepDir(CheckpointArgument(path));
   if (!fs::is_directory(path, ec)) return InvalidArgument(path, ": not a checkpoint directory");
   const std::string base = BaseName(path);
   if (IsTempDirName(base)) {

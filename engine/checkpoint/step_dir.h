@@ -20,6 +20,10 @@ bool IsTempDirName(const std::string& name);
 // The temporary directory every rank writes into: <out>/.step-XXXXXXXX.tmp-<pid of rank 0>.
 std::string TempDirName(const std::string& out_dir, int64_t step, int64_t pid);
 
+// The path a user's checkpoint argument stands for: an out directory's `latest` file (what
+// `ls` and shell completion offer) means the out directory; any other path is itself.
+std::string CheckpointArgument(const std::string& path);
+
 // The step directory `path` means (itself, or what its latest names), checked complete:
 // NotFound, InvalidArgument or FailedPrecondition naming the path and what is missing.
 StatusOr<std::string> ResolveStepDir(const std::string& path);

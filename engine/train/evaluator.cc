@@ -1,5 +1,6 @@
 #include "engine/train/evaluator.h"
 
+#include "engine/checkpoint/step_dir.h"
 #include "engine/core/file.h"
 #include "engine/dist/ordered_sum.h"
 
@@ -96,8 +97,9 @@ Status CheckFiniteResult(const EvalResult& r) {
   return OkStatus();
 }
 
-StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,
+StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& argument,
                                                 const std::vector<std::string>& overrides) {
+  const std::string path = checkpoint::CheckpointArgument(argument);
   std::error_code ec;
   if (!fs::exists(path, ec)) return NotFound(path, ": no such checkpoint (the path does not exist)");
   if (!fs::is_directory(path, ec)) return FailedPrecondition(path, ": not a checkpoint directory");

@@ -88,6 +88,11 @@ for layer in 0 1; do
     fail "eval report lacks the routing row of layer $layer: $(cat "$tmp/eval.out")"
 done
 
+# The out directory's `latest` file means the same checkpoint.
+"$bin" eval --checkpoint "$tmp/run/latest" >"$tmp/eval_latest.out" 2>"$tmp/eval.err" ||
+  fail "eval --checkpoint run/latest: exit status $? ($(cat "$tmp/eval.err"))"
+cmp -s "$tmp/eval.out" "$tmp/eval_latest.out" || fail "eval of run/latest differs from eval of run"
+
 # --- JSON: one object, the exact logged loss, consistent statistics. Step 3 and step 6.
 for step in 3 6; do
   dir="$tmp/run/step-0000000$step"
