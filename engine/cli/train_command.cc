@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/step_dir.h"
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/common.h"
@@ -113,10 +114,9 @@ Status CheckNoPreviousRun(const std::string& out) {
   int64_t step_dirs = 0;
   for (const auto& entry : fs::directory_iterator(out, ec)) {
     const std::string name = entry.path().filename().string();
-    const bool step_dir = name.size() > 5 && name.compare(0, 5, "step-") == 0 &&
-                          name.find_first_not_of("0123456789", 5) == std::string::npos;
-    if (step_dir && entry.is_directory(ec)) ++step_dirs;
-    const bool run_file = name == "metrics.jsonl" || name == "routing.jsonl" || name == "latest";
+    if (checkpoint::IsStepDirName(name) && entry.is_directory(ec)) ++step_dirs;
+    const bool run_file =
+        name == "metrics.jsonl" || name == "routing.jsonl" || name == checkpoint::kLatestFile;
     if (run_file && entry.is_regular_file(ec)) found.push_back(name);
   }
   if (found.empty() && step_dirs == 0) return OkStatus();
@@ -135,15 +135,12 @@ Status CheckNoPreviousRun(const std::string& out) {
 // The step a --resume path continues at, read from its step directory's name (the load
 // checks the trainer state against it); -1 when the path names none (the load says why).
 int64_t ResumeStep(const std::string& path) {
-  auto latest = checkpoint::LatestCheckpoint(path);
-  std::string dir = latest.ok() && latest->has_value() ? **latest : path;
+  const std::string argument = checkpoint::CheckpointArgument(path);
+  auto latest = checkpoint::LatestCheckpoint(argument);
+  std::string dir = latest.ok() && latest->has_value() ? **latest : argument;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string name = dir.substr(dir.find_last_of('/') + 1);
-  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0 ||
-      name.find_first_not_of("0123456789", 5) != std::string::npos) {
-    return -1;
-  }
-  return std::atoll(name.c_str() + 5);
+  return checkpoint::IsStepDirName(name) ? std::atoll(name.c_str() + 5) : -1;
 }
 
 // What this run trains: nothing when a resumed checkpoint is already at train.max_steps
