@@ -1,6 +1,7 @@
 #include "engine/parallel/sync_plan.h"
 
 #include <algorithm>
+#include <unordered_map>
 #include <utility>
 
 #include "engine/core/check.h"
@@ -108,11 +109,18 @@ std::vector<BucketRef> LaunchOrder(const std::vector<SyncGroup>& groups,
       pending[g].push_back(static_cast<int>(groups[g].buckets[b].params.size()));
     }
   }
+  // Each part's packed parameters in registration order, so a finished part costs its own
+  // parameters, not a pass over all of them (thousands of layers: quadratic otherwise).
+  std::unordered_map<int, std::vector<size_t>> of_part;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (where[i].group >= 0) of_part[params[i].part].push_back(i);
+  }
   std::vector<size_t> next(groups.size(), 0);
   std::vector<BucketRef> order;
   for (int part : part_done) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].part != part || where[i].group < 0) continue;
+    auto found = of_part.find(part);
+    if (found == of_part.end()) continue;
+    for (size_t i : found->second) {
       const int g = where[i].group;
       if (--pending[g][where[i].bucket] != 0) continue;
       while (next[g] < groups[g].buckets.size() && pending[g][next[g]] == 0) {

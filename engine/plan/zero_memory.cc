@@ -1,6 +1,7 @@
 #include "engine/plan/zero_memory.h"
 
 #include <algorithm>
+#include <map>
 
 #include "engine/config/sync_settings.h"
 #include "engine/model/param_table.h"
@@ -33,17 +34,14 @@ std::vector<Bucket> LaunchedBuckets(const RankSync& sync) {
 // streaming, stage 3). A part none of whose parameters is summed over more than one rank
 // has nothing to gather or send.
 std::vector<ZeroPart> PartsOf(const RankSync& sync) {
-  const std::vector<Bucket> buckets = LaunchedBuckets(sync);
+  std::vector<std::vector<double>> of_part(sync.parts.size());  // launch order within each
+  for (const Bucket& b : LaunchedBuckets(sync)) of_part[b.part].push_back(b.bytes);
   std::vector<ZeroPart> parts;
   for (int id : sync.backward) {
-    ZeroPart part;
-    part.name = sync.parts[id].Name();
-    for (const Bucket& b : buckets) {
-      if (b.part != id) continue;
-      part.bytes += b.bytes;
-      part.buckets.push_back(b.bytes);
-    }
-    if (!part.buckets.empty()) parts.push_back(part);
+    if (of_part[id].empty()) continue;
+    ZeroPart part{.name = sync.parts[id].Name(), .buckets = of_part[id]};
+    for (double b : part.buckets) part.bytes += b;
+    parts.push_back(part);
   }
   return parts;
 }
@@ -120,19 +118,19 @@ double StreamPeak(const std::vector<ZeroPart>& parts, bool stage3, bool tied) {
 
 RankSync PlanRankSync(const config::Config& c, const dist::Mesh& mesh, int rank) {
   RankSync r;
+  std::map<parallel::PartId, int> index;  // r.parts' positions
   for (const HeldParam& p : HeldParams(c, mesh, rank)) {
-    auto it = std::find(r.parts.begin(), r.parts.end(), p.shape.part);
-    if (it == r.parts.end()) it = r.parts.insert(it, p.shape.part);
+    auto [it, added] = index.try_emplace(p.shape.part, static_cast<int>(r.parts.size()));
+    if (added) r.parts.push_back(p.shape.part);
     r.params.push_back({.name = p.shape.Name(), .numel = p.numel, .view = p.shape.view(),
-                        .grad_sum = p.grad_sum, .part = static_cast<int>(it - r.parts.begin()),
-                        .tied = p.tied});
+                        .grad_sum = p.grad_sum, .part = it->second, .tied = p.tied});
   }
   const std::vector<model::Stage> chunks =
       RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp));
   for (const parallel::PartId& part :
        model::BackwardParts(chunks, c.model.n_layers, c.model.tie_embeddings)) {
-    auto it = std::find(r.parts.begin(), r.parts.end(), part);
-    if (it != r.parts.end()) r.backward.push_back(static_cast<int>(it - r.parts.begin()));
+    auto it = index.find(part);
+    if (it != index.end()) r.backward.push_back(it->second);
   }
   const parallel::SyncPolicy policy = config::SyncPolicyOf(c);
   r.groups = parallel::PackBuckets(
