@@ -29,19 +29,41 @@ bool IsFileName(const json& j) {
   return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos;
 }
 
-// A list of non-negative integers (dims, offsets) whose product fits in 62 bits.
-bool ReadDims(const json& j, std::vector<int64_t>& out) {
-  if (!j.is_array()) return false;
+// A list of non-negative integers of at most 2^62 into out (for a size, `dims`: also their
+// product); otherwise what is wrong with it ("is [-1,0], not a list of non-negative integers").
+std::string DimsProblem(const json& j, bool dims, std::vector<int64_t>& out) {
+  const std::string is = "is " + j.dump().substr(0, 80);
+  if (!j.is_array()) return is + ", not a list of non-negative integers";
   out.clear();
   uint64_t product = 1;
   for (const json& d : j) {
-    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 62)) return false;
+    if (!d.is_number_unsigned()) return is + ", not a list of non-negative integers";
+    if (d.get<uint64_t>() > (uint64_t{1} << 62)) return is + ", beyond 2^62";
+    if (dims && (__builtin_mul_overflow(product, d.get<uint64_t>(), &product) ||
+                 product > (uint64_t{1} << 62))) {
+      return is + ", more than 2^62 elements";
+    }
     out.push_back(d.get<int64_t>());
-    if (__builtin_mul_overflow(product, d.get<uint64_t>(), &product) || product > (uint64_t{1} << 62)) {
-      return false;
+  }
+  return "";
+}
+
+// Piece i's offset, box and elements [begin, end) into ip.piece, or what is wrong with them.
+std::string ReadPieceRange(const json& p, size_t i, IndexPiece& ip) {
+  std::vector<int64_t> range;
+  for (auto [key, out] : {std::pair<const char*, std::vector<int64_t>*>{"offset", &ip.piece.offset},
+                          {"box", &ip.piece.box}, {"elements", &range}}) {
+    if (!p.contains(key)) return StrCat("piece ", i, " has no ", key);
+    if (std::string bad = DimsProblem(p[key], out == &ip.piece.box, *out); !bad.empty()) {
+      return StrCat("piece ", i, ": ", key, " ", bad);
     }
   }
-  return true;
+  if (range.size() != 2 || range[0] > range[1]) {
+    return StrCat("piece ", i, ": elements ", p["elements"].dump(), " is not a range [begin, end)");
+  }
+  ip.piece.begin = range[0];
+  ip.piece.end = range[1];
+  return "";
 }
 
 // One tensor entry of "tensors"; `bad` says what is wrong.
@@ -59,22 +81,22 @@ bool ReadTensor(const json& j, IndexTensor& t, std::string& bad) {
   StatusOr<DType> dtype = ParseSafetensorsDType(j["dtype"].get<std::string>());
   if (!dtype.ok()) return fail(std::string(dtype.status().message()));
   t.dtype = *dtype;
-  if (!j.contains("shape") || !ReadDims(j["shape"], t.global)) return fail("a bad shape");
+  if (!j.contains("shape")) return fail("a bad shape (no shape)");
+  if (std::string bad = DimsProblem(j["shape"], true, t.global); !bad.empty()) {
+    return fail("a bad shape (shape " + bad + ")");
+  }
   if (!j.contains("pieces") || !j["pieces"].is_array()) return fail("no pieces");
-  for (const json& p : j["pieces"]) {
+  for (size_t i = 0; i < j["pieces"].size(); ++i) {
+    const json& p = j["pieces"][i];
     IndexPiece ip;
     if (!p.is_object() || !p.contains("file") || !IsFileName(p["file"])) {
-      return fail("a piece without a file name");
+      return fail(p.is_object() && p.contains("file")
+                      ? StrCat("piece ", i, ": file ", p["file"].dump().substr(0, 80),
+                               " is not a file name (a file of the step directory, without '/')")
+                      : StrCat("piece ", i, " has no file"));
     }
     ip.file = p["file"].get<std::string>();
-    std::vector<int64_t> range;
-    if (!p.contains("offset") || !ReadDims(p["offset"], ip.piece.offset) || !p.contains("box") ||
-        !ReadDims(p["box"], ip.piece.box) || !p.contains("elements") ||
-        !ReadDims(p["elements"], range) || range.size() != 2) {
-      return fail("a piece without offset, box and elements");
-    }
-    ip.piece.begin = range[0];
-    ip.piece.end = range[1];
+    if (std::string bad = ReadPieceRange(p, i, ip); !bad.empty()) return fail(bad);
     if (!PieceInside(ip.piece, t.global)) {
       return fail("a piece outside the tensor (" + PieceString(ip.piece, t.global) + ")");
     }
@@ -215,7 +237,11 @@ Status ParseFileSums(const json& index, const std::string& path, CheckpointIndex
     const json bytes = sum.is_object() && sum.contains("bytes") ? sum["bytes"] : json();
     std::string hex = crc.is_string() ? crc.get<std::string>() : "";
     const bool is_hex = hex.size() == 8 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
-    if (!IsFileName(json(name)) || !is_hex || !bytes.is_number_unsigned()) {
+    if (!IsFileName(json(name))) {
+      return DataLoss(path, ": files: '", name, "' is not a file name (the files of a step "
+                      "directory are listed by name, without '/')");
+    }
+    if (!is_hex || !bytes.is_number_unsigned()) {
       return DataLoss(path, ": files: entry '", name, "' is ", sum.dump(),
                       ", not {\"crc32\": 8 hex digits, \"bytes\": N}");
     }
@@ -274,6 +300,11 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& text, const std::string&
   if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
       !index["weight_map"].is_object()) {
     return DataLoss(path, ": not a safetensors index (no \"weight_map\" object)");
+  }
+  if (const std::vector<std::string> twice = DuplicateJsonKey(text); !twice.empty()) {
+    if (twice.size() == 1) return DataLoss(path, ": \"", twice[0], "\" is set twice");
+    if (twice.size() == 2) return DataLoss(path, ": \"", twice[0], "\" lists '", twice[1], "' twice");
+    return DataLoss(path, ": \"", twice[0], "\": '", twice[1], "' sets '", twice.back(), "' twice");
   }
   const json metadata = index.value("metadata", json::object());
   if (metadata.is_object() && metadata.contains("format_version")) {

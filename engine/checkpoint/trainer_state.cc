@@ -30,6 +30,78 @@ json LayoutJson(const dist::Mesh& mesh) {
           {"dp", mesh.dp()},       {"edp", mesh.edp()}, {"order", mesh.OrderString()}};
 }
 
+// The most ranks a saved layout may name: 2^17, as `--world` (above the largest jobs).
+constexpr int64_t kMaxRanks = int64_t{1} << 17;
+// The largest step or micro-batch count a data position may name: 2^53, the largest count
+// engine/config lets a run form.
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+
+// `key` of object j as an integer in [lo, hi] into *out (absent: *out unchanged), or an
+// error naming the file and the field ("layout.world=0 must be an integer in [1, 131072]").
+Status ReadInt(const json& j, const char* section, const char* key, int64_t lo, int64_t hi,
+               const std::string& path, int64_t* out) {
+  if (!j.contains(key)) return OkStatus();
+  const json& v = j[key];
+  // An unsigned value above 2^63 would wrap in get<int64_t>: compared unsigned first.
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                                                 v.get<int64_t>() >= lo
+                                           : v.is_number_integer() && v.get<int64_t>() >= lo &&
+                                                 v.get<int64_t>() <= hi;
+  if (!fits) {
+    return DataLoss(path, ": ", section, ".", key, "=", v.dump().substr(0, 40),
+                    " must be an integer in [", lo, ", ", hi, "]");
+  }
+  *out = v.get<int64_t>();
+  return OkStatus();
+}
+
+// "layout": every size in [1, 2^17] and both views of the world complete (tp * cp * pp * dp
+// and etp * ep * pp * edp are the world), into *l.
+Status ReadLayout(const json& j, const std::string& path, SavedLayout* l) {
+  if (!j.contains("layout")) return OkStatus();
+  const json& layout = j["layout"];
+  if (!layout.is_object()) {
+    return DataLoss(path, ": layout is ", layout.dump().substr(0, 40), ", not an object");
+  }
+  for (auto [key, field] : {std::pair{"world", &l->world}, {"tp", &l->tp}, {"cp", &l->cp},
+                            {"ep", &l->ep}, {"etp", &l->etp}, {"pp", &l->pp}, {"dp", &l->dp},
+                            {"edp", &l->edp}}) {
+    int64_t v = *field;
+    SY_RETURN_IF_ERROR(ReadInt(layout, "layout", key, 1, kMaxRanks, path, &v));
+    *field = static_cast<int>(v);
+  }
+  const int64_t dense = int64_t{l->tp} * l->cp * l->pp * l->dp;
+  const int64_t expert = int64_t{l->etp} * l->ep * l->pp * l->edp;
+  if (dense != l->world || expert != l->world) {
+    return DataLoss(path, ": layout.world=", l->world, " but tp ", l->tp, " x cp ", l->cp, " x pp ",
+                    l->pp, " x dp ", l->dp, " = ", dense, " and etp ", l->etp, " x ep ", l->ep,
+                    " x pp ", l->pp, " x edp ", l->edp, " = ", expert, " (both must be the world)");
+  }
+  l->order = layout.contains("order") && layout["order"].is_string()
+                 ? layout["order"].get<std::string>()
+                 : "";
+  return OkStatus();
+}
+
+// "data_position" (written by training; absent in imported checkpoints): next_step is the
+// saved step, micro_batches_per_step in [1, 2^53].
+Status CheckDataPosition(const json& j, const std::string& path, int64_t step) {
+  if (!j.contains("data_position")) return OkStatus();
+  const json& d = j["data_position"];
+  if (!d.is_object()) {
+    return DataLoss(path, ": data_position is ", d.dump().substr(0, 40), ", not an object");
+  }
+  int64_t next = step, per_step = 1;
+  SY_RETURN_IF_ERROR(ReadInt(d, "data_position", "next_step", 0, kMaxCount, path, &next));
+  SY_RETURN_IF_ERROR(ReadInt(d, "data_position", "micro_batches_per_step", 1, kMaxCount,
+                             path, &per_step));
+  if (next != step) {
+    return DataLoss(path, ": data_position.next_step=", next, " but the checkpoint is of step ",
+                    step, " (they must agree)");
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<std::string> TrainerStateText(const std::string& trainer_json, int64_t step,
@@ -81,20 +153,8 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir, int* version
                               "); this build reads up to ", kCheckpointFormatVersion);
   }
   out.step = j["step"].get<int64_t>();
-  const json layout = j.contains("layout") && j["layout"].is_object() ? j["layout"] : json::object();
-  SavedLayout& l = out.layout;
-  for (auto [key, field] : {std::pair{"world", &l.world},
-                            {"tp", &l.tp},
-                            {"cp", &l.cp},
-                            {"ep", &l.ep},
-                            {"etp", &l.etp},
-                            {"pp", &l.pp},
-                            {"dp", &l.dp},
-                            {"edp", &l.edp}}) {
-    if (layout.contains(key) && layout[key].is_number_integer()) *field = layout[key].get<int>();
-  }
-  l.order = layout.contains("order") && layout["order"].is_string() ? layout["order"].get<std::string>()
-                                                                      : "";
+  SY_RETURN_IF_ERROR(ReadLayout(j, path, &out.layout));
+  SY_RETURN_IF_ERROR(CheckDataPosition(j, path, out.step));
   const std::string config = (fs::path(dir) / kConfigFile).string();
   if (!fs::exists(config))
     return FailedPrecondition(dir, ": incomplete checkpoint (no ", kConfigFile, ")");

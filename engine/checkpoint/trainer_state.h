@@ -20,7 +20,9 @@ StatusOr<std::string> TrainerStateText(const std::string& trainer_json, int64_t 
 
 // trainer_state.json and config.yaml of `dir`; the format version into *version.
 // FailedPrecondition when either file is missing or the format is newer than this build,
-// DataLoss when the trainer state is not one.
+// DataLoss naming the file and the field when the trainer state is not one, or its layout
+// (sizes in [1, 2^17] whose two views make the world) or data position (next_step the step,
+// micro_batches_per_step >= 1) is out of range.
 StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir, int* version);
 
 }  // namespace switchyard::checkpoint

@@ -132,8 +132,9 @@ Status CheckWorldFlag(std::string_view name, int value) {
 }
 
 int UsageError(std::string_view command, std::string_view message) {
-  std::fprintf(stderr, "%.*s: error: %.*s\n", static_cast<int>(command.size()), command.data(),
-               static_cast<int>(message.size()), message.data());
+  const std::string printable = PrintableText(message);
+  std::fprintf(stderr, "%.*s: error: %s\n", static_cast<int>(command.size()), command.data(),
+               printable.c_str());
   return kExitUsage;
 }
 

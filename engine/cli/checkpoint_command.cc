@@ -1,8 +1,9 @@
 // `switchyard checkpoint verify DIR [--json]`: checks a checkpoint without building a
 // model (train::VerifyCheckpoint): the trainer state's step against its directory, the
-// index, the CRC-32 of every file, every tensor's pieces, every value finite. DIR is a
-// step-* directory or an output directory (its latest). One process; exit status 0 when
-// it is sound, 1 with one error line naming the damaged file, 2 for bad flags.
+// index, the CRC-32 of every file, every tensor's pieces, every value finite, and the values
+// of its config.yaml (train::CheckSavedConfig). DIR is a step-* directory or an output
+// directory (its latest). One process; exit status 0 when it is sound, 1 with one error
+// line naming the damaged file, 2 for bad flags.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "engine/cli/commands.h"
 #include "engine/cli/common.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/train/evaluator.h"
 
 namespace switchyard::cli {
 namespace {
@@ -30,8 +32,10 @@ constexpr char kSummary[] =
 
 int VerifyCheckpointDir(const std::string& command, const std::string& dir, bool json) {
   StatusOr<checkpoint::CheckpointReport> r = checkpoint::VerifyCheckpoint(dir);
-  if (!r.ok()) {
-    PrintError(command, std::string(r.status().message()));
+  // Its config.yaml too, as every command that reads it checks it (train::CheckSavedConfig).
+  const Status config = r.ok() ? train::ReadCheckpointConfig(r->dir).status() : r.status();
+  if (!config.ok()) {
+    PrintError(command, std::string(config.message()));
     return kExitFailure;
   }
   if (json) {

@@ -1,6 +1,10 @@
 #include "engine/cli/common.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -35,6 +39,20 @@ Status CheckFreshOutput(const std::string& out) {
     return FailedPrecondition(out, ": exists and is not an empty directory; choose a new output");
   }
   return OkStatus();
+}
+
+Status CheckOutputFile(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    return NotFound("--", flag, " ", path, ": is a directory; name the file to write");
+  }
+  const std::string dir = fs::absolute(path, ec).parent_path().string();
+  struct stat st;
+  int err = ::stat(dir.c_str(), &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+  if (err == 0 && ::access(dir.c_str(), W_OK | X_OK) != 0) err = errno;
+  if (err == 0) return OkStatus();
+  return NotFound("--", flag, " ", path, ": cannot create it (", dir, ": ", std::strerror(err), ")");
 }
 
 Status CheckSameConfig(dist::Communicator& world, const config::Config& config) {
@@ -72,7 +90,9 @@ int RunInProcess(const std::string& command, int (*run)(const std::vector<std::s
 }
 
 void PrintError(const std::string& command, const std::string& message) {
-  std::fprintf(stderr, "%s: error: %s\n", command.c_str(), message.c_str());
+  // A message may echo a file's bytes (a YAML value, a tensor name): no raw control byte
+  // reaches the terminal.
+  std::fprintf(stderr, "%s: error: %s\n", command.c_str(), PrintableText(message).c_str());
   std::fflush(stderr);
 }
 

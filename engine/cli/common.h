@@ -30,6 +30,12 @@ int RunInProcess(const std::string& command, int (*run)(const std::vector<std::s
 // (the commands that write a new checkpoint or export overwrite nothing).
 Status CheckFreshOutput(const std::string& out);
 
+// OK when `path` (the value of --`flag`) can be created as a file: not a directory, in a
+// directory that exists and may be written. Otherwise NotFound naming the flag, the path and
+// the system's reason ("--out /nonexistent/o.st: cannot create it (/nonexistent: No such
+// file or directory)"), so that a command says so before its work, not on its temporary file.
+Status CheckOutputFile(const std::string& flag, const std::string& path);
+
 // OK when this rank loaded the config rank 0 did (ToYaml's text: every key after the
 // overrides); else the first key that differs, with both values. Ranks launched with different
 // configs (an MPMD launch, a node with another copy of the file) would otherwise end in a

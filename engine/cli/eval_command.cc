@@ -158,7 +158,7 @@ int Run(const std::vector<std::string>& args) {
   }
   // The saved config (+ --set) against this world: a usage error, like a bad flag.
   Status valid = config.Validate(world->size());
-  if (valid.ok()) valid = config.model.Validate();
+  if (valid.ok()) valid = config.ValidateModel();
   if (!valid.ok() && config.parallel.ep > 1 && world->size() % config.parallel.ep != 0) {
     valid = InvalidArgument(valid.message(), " (the checkpoint's config has parallel.ep=",
                             config.parallel.ep, "; run under `mpirun -np ", config.parallel.ep,

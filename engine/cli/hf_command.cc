@@ -5,8 +5,10 @@
 // Import reads such a directory (model.safetensors, or the shards its
 // model.safetensors.index.json lists; float32) and writes a step-0 checkpoint in OUT (fresh
 // optimizer state), which `switchyard eval` evaluates and `switchyard train --resume`
-// continues. Exit status: 0 ok, 1 unreadable input, an inexpressible config or an OUT that
-// already holds something, 2 bad flags.
+// continues. Exit status: 0 ok; 1 unreadable input, a config.json value that is bad or that
+// changes the model in a way Switchyard does not compute (one line naming the file and
+// config.json's key), a config export cannot express or an OUT that already holds
+// something; 2 bad flags (a --set the config refuses).
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -161,14 +163,17 @@ int Import(const std::vector<std::string>& args) {
   if (!text.ok()) return Fail(kImport, text.status());
   nlohmann::json hf = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (hf.is_discarded() || !hf.is_object()) return Fail(kImport, InvalidArgument(source, ": not a JSON object"));
+  // config.json's values (exit 1, naming its keys), then the --set flags on top (exit 2).
   auto yaml = ConfigYamlFromMixtral(hf, source);
   if (!yaml.ok()) return Fail(kImport, yaml.status());
+  if (Status s = CheckMixtralValues(*yaml, source); !s.ok()) return Fail(kImport, s);
   auto config = config::ParseConfig(*yaml, source, a.overrides);
   if (!config.ok()) return UsageError(kImport, std::string(config.status().message()));
   Status valid = config->Validate(1);
-  if (valid.ok()) valid = config->model.Validate();
+  if (valid.ok()) valid = config->ValidateModel();
   if (valid.ok()) valid = CheckMixtralExpressible(*config);
   if (!valid.ok()) return UsageError(kImport, std::string(valid.message()));
+  if (Status s = CheckSlidingWindow(hf, *config, source); !s.ok()) return Fail(kImport, s);
   if (Status s = CheckFreshOutput(a.out); !s.ok()) return Fail(kImport, s);
   auto hf_tensors = ReadHfTensors(a.in);
   if (!hf_tensors.ok()) return Fail(kImport, hf_tensors.status());

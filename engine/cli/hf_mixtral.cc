@@ -1,8 +1,11 @@
 #include "engine/cli/hf_mixtral.h"
 
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
 
 namespace switchyard::cli {
 namespace {
@@ -114,46 +117,163 @@ nlohmann::ordered_json MixtralConfigJson(const config::Config& c) {
   return j;
 }
 
+namespace {
+
+// config.json's key for each Switchyard key an import sets from it, so that an error names
+// the key of the file ("hidden_size=0 must be positive", not "model.d_model=0 ...").
+constexpr std::pair<const char*, const char*> kHfKeys[] = {
+    {"model.vocab_size", "vocab_size"},         {"model.seq_len", "max_position_embeddings"},
+    {"model.d_model", "hidden_size"},           {"model.n_layers", "num_hidden_layers"},
+    {"model.n_kv_heads", "num_key_value_heads"}, {"model.n_heads", "num_attention_heads"},
+    {"model.head_dim", "head_dim"},             {"model.d_ff", "intermediate_size"},
+    {"model.norm_eps", "rms_norm_eps"},         {"model.rope_base", "rope_theta"},
+    {"model.init_std", "initializer_range"},    {"model.tie_embeddings", "tie_word_embeddings"},
+    {"moe.num_experts", "num_local_experts"},   {"moe.top_k", "num_experts_per_tok"},
+    {"moe.d_expert", "intermediate_size"},      {"moe.aux_loss_coef", "router_aux_loss_coef"}};
+
+// config.json's values by kind, or a default when absent or null (none: required); errors
+// name the file and the key.
+class HfReader {
+ public:
+  HfReader(const nlohmann::json& hf, const std::string& source) : hf_(hf), source_(source) {}
+  bool Has(const char* key) const { return hf_.contains(key) && !hf_[key].is_null(); }
+  Status Bad(const char* key, const std::string& why) const {
+    return InvalidArgument(source_, ": ", key, "=", hf_[key].dump().substr(0, 80), why);
+  }
+  StatusOr<int64_t> Int(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+    if (!Has(key)) return Missing(key, fallback);
+    const nlohmann::json& v = hf_[key];
+    if (!v.is_number_integer()) return Bad(key, " is not an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
+      return Bad(key, " is beyond 2^63 - 1");
+    }
+    return v.get<int64_t>();
+  }
+  StatusOr<double> Number(const char* key, double fallback) const {
+    if (!Has(key)) return fallback;
+    if (!hf_[key].is_number()) return Bad(key, " is not a number");
+    return hf_[key].get<double>();
+  }
+  StatusOr<bool> Bool(const char* key, bool fallback) const {
+    if (!Has(key)) return fallback;
+    if (!hf_[key].is_boolean()) return Bad(key, " is not true or false");
+    return hf_[key].get<bool>();
+  }
+
+ private:
+  template <typename T>
+  StatusOr<T> Missing(const char* key, std::optional<T> fallback) const {
+    if (!fallback) return InvalidArgument(source_, ": no '", key, "' (required)");
+    return *fallback;
+  }
+  const nlohmann::json& hf_;
+  const std::string& source_;
+};
+
+// config.json's keys that change what the model computes and that no Switchyard key
+// expresses: refused unless absent or at their neutral value. sliding_window depends on the
+// sequence length and is CheckSlidingWindow's.
+Status CheckUnsupportedKeys(const HfReader& r) {
+  const char* kNoScaling = " is not null: Switchyard's rotary positions are not scaled "
+                           "(only rope_scaling=null imports)";
+  if (r.Has("rope_scaling")) return r.Bad("rope_scaling", kNoScaling);
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    SY_ASSIGN_OR_RETURN(bool bias, r.Bool(key, false));
+    if (bias) return r.Bad(key, ": Switchyard's Mixtral has no linear biases (only false imports)");
+  }
+  return OkStatus();
+}
+
+// rope_theta, or (transformers 5's form) rope_parameters.rope_theta of the default rotary
+// type; 1e6 (MixtralConfig's default) when neither is given.
+StatusOr<double> RopeTheta(const nlohmann::json& hf, const HfReader& r, const std::string& source) {
+  if (r.Has("rope_theta") || !r.Has("rope_parameters")) return r.Number("rope_theta", 1e6);
+  const nlohmann::json& p = hf["rope_parameters"];
+  const nlohmann::json type =
+      p.is_object() ? p.value("rope_type", nlohmann::json("default")) : nlohmann::json();
+  if (type != "default") {
+    return r.Bad("rope_parameters", " is not the default rotary type: Switchyard's rotary "
+                                    "positions are not scaled (only rope_type=default imports)");
+  }
+  const HfReader params(p, source);
+  return params.Number("rope_theta", 1e6);
+}
+
+}  // namespace
+
 StatusOr<std::string> ConfigYamlFromMixtral(const nlohmann::json& hf, const std::string& source) {
-  auto get = [&](const char* key) -> StatusOr<nlohmann::json> {
-    if (!hf.contains(key) || hf[key].is_null()) return InvalidArgument(source, ": no '", key, "'");
-    return hf[key];
-  };
-  SY_ASSIGN_OR_RETURN(nlohmann::json type, get("model_type"));
-  if (type != "mixtral") return InvalidArgument(source, ": model_type=", type.dump(), ": only mixtral imports");
-  const std::string act = hf.value("hidden_act", "silu");
-  if (act != "silu") return InvalidArgument(source, ": hidden_act='", act, "': only silu (swiglu experts) imports");
+  const HfReader r(hf, source);
+  if (!r.Has("model_type")) return InvalidArgument(source, ": no 'model_type' (required)");
+  if (hf["model_type"] != "mixtral") return r.Bad("model_type", ": only mixtral imports");
+  if (r.Has("hidden_act") && hf["hidden_act"] != "silu") {
+    return r.Bad("hidden_act", ": only silu (swiglu experts) imports");
+  }
+  SY_RETURN_IF_ERROR(CheckUnsupportedKeys(r));
+  // Numbers as config.json holds them (the shortest text of the same double): a float key
+  // rounds to the f32 it would round to from the JSON.
+  const auto number = [](double v) { return nlohmann::json(v).dump(); };
   std::ostringstream y;
   y << "model:\n";
   for (auto [ours, theirs] : {std::pair<const char*, const char*>{"vocab_size", "vocab_size"},
                               {"seq_len", "max_position_embeddings"}, {"d_model", "hidden_size"},
                               {"n_layers", "num_hidden_layers"}, {"n_heads", "num_attention_heads"},
                               {"d_ff", "intermediate_size"}}) {
-    SY_ASSIGN_OR_RETURN(nlohmann::json v, get(theirs));
-    if (!v.is_number_integer()) return InvalidArgument(source, ": ", theirs, "=", v.dump(), " is not an integer");
-    y << "  " << ours << ": " << v.get<int64_t>() << "\n";
+    SY_ASSIGN_OR_RETURN(int64_t v, r.Int(theirs));
+    y << "  " << ours << ": " << v << "\n";
   }
-  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {  // 0 or absent: hidden / heads
-    if (!hf["head_dim"].is_number_integer() || hf["head_dim"].get<int64_t>() < 0) {
-      return InvalidArgument(source, ": head_dim=", hf["head_dim"].dump(), " is not an integer >= 0");
-    }
-    y << "  head_dim: " << hf["head_dim"].get<int64_t>() << "\n";
+  if (r.Has("head_dim")) {  // 0 or absent: hidden / heads
+    SY_ASSIGN_OR_RETURN(int64_t head_dim, r.Int("head_dim"));
+    y << "  head_dim: " << head_dim << "\n";
   }
-  y << "  n_kv_heads: " << hf.value("num_key_value_heads", hf.value("num_attention_heads", 0)) << "\n"
-    << "  norm: rmsnorm\n  norm_eps: " << hf.value("rms_norm_eps", 1e-5) << "\n"
-    << "  position: rope\n  rope_base: " << hf.value("rope_theta", 1e6) << "\n"
-    << "  activation: swiglu\n  bias: false\n"
-    << "  tie_embeddings: " << (hf.value("tie_word_embeddings", false) ? "true" : "false") << "\n"
-    << "  init_std: " << hf.value("initializer_range", 0.02) << "\n";
-  SY_ASSIGN_OR_RETURN(nlohmann::json experts, get("num_local_experts"));
-  SY_ASSIGN_OR_RETURN(nlohmann::json k, get("num_experts_per_tok"));
-  SY_ASSIGN_OR_RETURN(nlohmann::json f, get("intermediate_size"));
-  y << "moe:\n  num_experts: " << experts.dump() << "\n  layer_freq: 1\n  top_k: " << k.dump()
-    << "\n  d_expert: " << f.dump() << "\n  activation: swiglu\n  bias: false\n"
+  SY_ASSIGN_OR_RETURN(int64_t heads, r.Int("num_attention_heads"));
+  SY_ASSIGN_OR_RETURN(int64_t kv_heads, r.Int("num_key_value_heads", heads));
+  SY_ASSIGN_OR_RETURN(double eps, r.Number("rms_norm_eps", 1e-5));
+  SY_ASSIGN_OR_RETURN(double theta, RopeTheta(hf, r, source));
+  SY_ASSIGN_OR_RETURN(bool tied, r.Bool("tie_word_embeddings", false));
+  SY_ASSIGN_OR_RETURN(double init_std, r.Number("initializer_range", 0.02));
+  y << "  n_kv_heads: " << kv_heads << "\n  norm: rmsnorm\n  norm_eps: " << number(eps)
+    << "\n  position: rope\n  rope_base: " << number(theta)
+    << "\n  activation: swiglu\n  bias: false\n  tie_embeddings: " << (tied ? "true" : "false")
+    << "\n  init_std: " << number(init_std) << "\n";
+  SY_ASSIGN_OR_RETURN(int64_t experts, r.Int("num_local_experts"));
+  SY_ASSIGN_OR_RETURN(int64_t k, r.Int("num_experts_per_tok"));
+  SY_ASSIGN_OR_RETURN(int64_t f, r.Int("intermediate_size"));
+  SY_ASSIGN_OR_RETURN(double aux, r.Number("router_aux_loss_coef", 0.02));
+  y << "moe:\n  num_experts: " << experts << "\n  layer_freq: 1\n  top_k: " << k
+    << "\n  d_expert: " << f << "\n  activation: swiglu\n  bias: false\n"
     << "  normalize_gates: true\n  second_expert_policy: all\n  capacity_factor: 0\n"
-    << "  eval_capacity_factor: 0\n  aux_loss_coef: " << hf.value("router_aux_loss_coef", 0.02) << "\n"
-    << "  z_loss_coef: 0\n";
+    << "  eval_capacity_factor: 0\n  aux_loss_coef: " << number(aux) << "\n  z_loss_coef: 0\n";
   return y.str();
+}
+
+Status CheckMixtralValues(const std::string& yaml, const std::string& source) {
+  StatusOr<config::Config> config = config::ParseConfig(yaml, source);
+  Status s = config.status();
+  if (s.ok()) s = config->Validate(1);
+  if (s.ok()) s = config->ValidateModel();
+  if (s.ok()) return OkStatus();
+  std::string m(s.message());
+  for (auto [ours, theirs] : kHfKeys) {
+    const size_t n = std::strlen(ours), t = std::strlen(theirs);
+    for (size_t at = m.find(ours); at != std::string::npos; at = m.find(ours, at + t)) {
+      m.replace(at, n, theirs);
+    }
+  }
+  if (m.rfind(source + ":", 0) != 0) m = source + ": " + m;
+  return InvalidArgument(m);
+}
+
+Status CheckSlidingWindow(const nlohmann::json& hf, const config::Config& config,
+                          const std::string& source) {
+  const HfReader r(hf, source);
+  if (!r.Has("sliding_window")) return OkStatus();
+  SY_ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window"));
+  if (window < 1) return r.Bad("sliding_window", " must be a positive integer or null");
+  if (window >= config.model.seq_len) return OkStatus();  // every position sees all before it
+  return r.Bad("sliding_window", StrCat(" is below model.seq_len=", config.model.seq_len,
+                                        ": Switchyard attends to every earlier position, so the "
+                                        "model would change (import with --set model.seq_len=",
+                                        window, " or less)"));
 }
 
 std::map<std::string, Tensor> ToMixtral(const std::map<std::string, Tensor>& ours,

@@ -28,9 +28,22 @@ nlohmann::ordered_json MixtralConfigJson(const config::Config& config);
 
 // The YAML of a Switchyard config with config.json's model (the moe section Mixtral's:
 // top-k renormalised, dropless, swiglu experts in every layer); the train, data and
-// runtime sections keep their defaults. Errors name the file and the key ("config.json:
-// hidden_act='gelu': only silu (swiglu experts) imports").
+// runtime sections keep their defaults. Refused, naming the file and config.json's key: a
+// value of the wrong kind ("config.json: hidden_size=\"64\" is not an integer"), and keys
+// that change the model without a Switchyard equivalent (hidden_act other than silu,
+// rope_scaling not null, attention_bias or mlp_bias true, rope_parameters of another
+// rotary type: "config.json: hidden_act=\"gelu\": only silu (swiglu experts) imports").
 StatusOr<std::string> ConfigYamlFromMixtral(const nlohmann::json& hf, const std::string& source);
+
+// The YAML of ConfigYamlFromMixtral by itself (no --set): what the config layer refuses
+// (Config::Validate, Config::ValidateModel), with `source` and config.json's key named
+// ("config.json: hidden_size=0 must be positive").
+Status CheckMixtralValues(const std::string& yaml, const std::string& source);
+
+// config.json's sliding_window against the config imported (with --set): null, or at least
+// model.seq_len (then every position sees all before it, as Switchyard's attention does).
+Status CheckSlidingWindow(const nlohmann::json& hf, const config::Config& config,
+                          const std::string& source);
 
 // Our model tensors (checkpoint names, whole, f32 on the host) -> Mixtral's names.
 std::map<std::string, Tensor> ToMixtral(const std::map<std::string, Tensor>& ours,

@@ -431,13 +431,8 @@ int Run(const std::vector<std::string>& args) {
                                  .ranks_per_node = p.ranks_per_node}, p.order);
   if (int rc = Agree(*world, mesh.status(), kExitUsage); rc != kExitOk) return rc;
 
-  // The directory of --out must exist (the error would otherwise name the temporary file).
-  const auto out_dir = std::filesystem::absolute(f.out).parent_path();
-  Status out_ok =
-      std::filesystem::is_directory(out_dir)
-          ? OkStatus()
-          : NotFound("--out ", f.out, ": the directory ", out_dir.string(), " does not exist");
-  if (int rc = Agree(*world, out_ok, kExitFailure); rc != kExitOk) return rc;
+  // --out can be written: said now, before the layer runs.
+  if (int rc = Agree(*world, CheckOutputFile("out", f.out), kExitFailure); rc != kExitOk) return rc;
   // Every rank reads and checks the whole input the same way.
   StatusOr<Inputs> inputs = [&]() -> StatusOr<Inputs> {
     SY_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(f.input));

@@ -204,7 +204,7 @@ int RunPlan(const std::vector<std::string>& args_in) {
   if (!in.ok()) return UsageError(kCommand, std::string(in.status().message()));
   // The model as `train` checks it (a rope head of odd width plans nothing that could train).
   Status valid = in->config.Validate(0);
-  if (valid.ok()) valid = in->config.model.Validate();
+  if (valid.ok()) valid = in->config.ValidateModel();
   if (!valid.ok()) return UsageError(kCommand, std::string(valid.message()));
   return Report(f, *in, *hw);
 }

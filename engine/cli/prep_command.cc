@@ -178,7 +178,7 @@ int PrepareAndReport(const data::PrepOptions& options) {
   }
   if (!index.ok()) {
     std::fprintf(stderr, "%s: error: %s\n", kCommand,
-                 std::string(index.status().message()).c_str());
+                 PrintableText(std::string(index.status().message())).c_str());
     return kExitFailure;
   }
   const double seconds =

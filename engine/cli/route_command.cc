@@ -236,7 +236,7 @@ int Run(const std::vector<std::string>& args) {
   config::Config& config = cc->config;
   if (!f.data.empty()) config.data.dir = f.data;
   Status valid = config.Validate(1);
-  if (valid.ok()) valid = config.model.Validate();
+  if (valid.ok()) valid = config.ValidateModel();
   if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
   auto tok = data::Tokenizer::Load(config.data.dir + "/" + data::kTokenizerFile);
   if (int rc = Agree(*world, tok.status(), kExitFailure, kCommand); rc != kExitOk) return rc;

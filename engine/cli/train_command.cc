@@ -197,7 +197,7 @@ int DryRun(dist::Communicator& world, const Flags& f, const config::Config& conf
   Status valid = planned <= kMaxWorld ? config.Validate(planned)
                                       : InvalidArgument("plan.world=", planned, " is above ",
                                                         kMaxWorld, " ranks (see --world)");
-  if (valid.ok()) valid = config.model.Validate();
+  if (valid.ok()) valid = config.ValidateModel();
   if (valid.ok() && f.search && config.plan.device_memory_gib <= 0) {
     valid = InvalidArgument("--search needs plan.device_memory_gib > 0 (the memory of one device "
                             "in GiB, e.g. --set plan.device_memory_gib=80)");
@@ -243,7 +243,7 @@ int Run(const std::vector<std::string>& args) {
   // Nothing is written into a previous run's directory unless it is resumed (after the
   // config's own checks, which Trainer::Create repeats, so that a bad layout says so first).
   Status fresh = config->Validate(world->size());
-  if (fresh.ok()) fresh = config->model.Validate();
+  if (fresh.ok()) fresh = config->ValidateModel();
   if (fresh.ok() && f.resume.empty() && world->rank() == 0) fresh = CheckNoPreviousRun(f.out);
   if (int rc = Agree(*world, fresh, kExitUsage, kCommand); rc != kExitOk) return rc;
   bool done = false;

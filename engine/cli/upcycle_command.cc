@@ -111,7 +111,7 @@ StatusOr<config::Config> UpcycledConfig(const std::string& checkpoint,
   // The layout the checkpoint was trained under stays in the config (resume under it, or
   // any other); it is checked against its own smallest world, not this one process.
   SY_RETURN_IF_ERROR(cc.config.Validate(static_cast<int>(cc.config.parallel.SmallestWorld())));
-  SY_RETURN_IF_ERROR(cc.config.model.Validate());
+  SY_RETURN_IF_ERROR(cc.config.ValidateModel());
   return cc.config;
 }
 

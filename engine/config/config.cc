@@ -425,7 +425,7 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
   try {
     documents = YAML::LoadAll(yaml);
   } catch (const YAML::Exception& e) {
-    return InvalidArgument(source, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
+    return InvalidArgument(source, ":", e.mark.line + 1, ": YAML syntax error: ", PrintableText(e.msg));
   }
   // A second document (after `---`) would be silently ignored: one config is one document.
   for (size_t i = 1; i < documents.size(); ++i) {
@@ -435,14 +435,18 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
   }
   const YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
   std::set<std::string> given;
+  // Messages echo the file's keys and values: control bytes in them are escaped.
+  const auto printable = [](const Status& s) {
+    return Status(s.code(), PrintableText(std::string(s.message())));
+  };
   try {
-    SY_RETURN_IF_ERROR(Apply(config, root, source, given));
+    if (Status s = Apply(config, root, source, given); !s.ok()) return printable(s);
   } catch (const YAML::Exception& e) {  // a conversion the tables did not foresee
-    return InvalidArgument(source, ":", e.mark.line + 1, ": ", e.msg);
+    return InvalidArgument(source, ":", e.mark.line + 1, ": ", PrintableText(e.msg));
   }
   for (const std::string& text : overrides) {
     SY_ASSIGN_OR_RETURN(YAML::Node node, OverrideNode(text));
-    SY_RETURN_IF_ERROR(Apply(config, node, "--set", given));
+    if (Status s = Apply(config, node, "--set", given); !s.ok()) return printable(s);
   }
   for (const char* key : kRequiredKeys) {
     if (!given.count(key)) config.unset_required.push_back(key);

@@ -77,6 +77,10 @@ struct Config {
   // Sections and fields together, plus what the world size allows ("parallel.ep=3 does
   // not divide ..."). world <= 0 skips the layout checks.
   Status Validate(int world = 0) const;
+  // The decoder's sizes, for the commands that build one (`moe-layer` builds a layer only):
+  // a required key the config did not set is named ("model.seq_len is required"), a value
+  // given is ModelConfig::Validate's ("model.seq_len=0 must be positive").
+  Status ValidateModel() const;
   // The resolved config as YAML, every key with its value (defaults included).
   std::string ToYaml() const;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace switchyard::config {
 namespace {
@@ -45,6 +46,15 @@ Status CheckRequiredKey(const Config& config, const char* key) {
   const std::vector<std::string>& unset = config.unset_required;
   if (std::find(unset.begin(), unset.end(), key) == unset.end()) return OkStatus();
   return InvalidArgument(key, " is required (docs/config.md)");
+}
+
+Status Config::ValidateModel() const {
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"model.vocab_size", model.vocab_size},
+                        {"model.seq_len", model.seq_len}, {"model.d_model", model.d_model},
+                        {"model.n_layers", model.n_layers}, {"model.n_heads", model.n_heads}}) {
+    if (v <= 0) SY_RETURN_IF_ERROR(CheckRequiredKey(*this, key));
+  }
+  return model.Validate();
 }
 
 Status CheckModelLimits(const Config& config) {

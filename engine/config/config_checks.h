@@ -30,7 +30,7 @@ inline constexpr int64_t kMaxCount = int64_t{1} << 53;
 // "model.d_model is required" when ParseConfig saw no value for `key` (one of
 // kRequiredKeys), else OK. Validate asks where it checks the key's value, so that a key set
 // to 0 is "model.d_model=0 must be positive". The decoder's other sizes (vocab_size, seq_len,
-// n_layers, n_heads) are ModelConfig::Validate's: Config::Validate also takes configs of one
+// n_layers, n_heads) are Config::ValidateModel's: Config::Validate also takes configs of one
 // MoE layer (`switchyard moe-layer` reads model.d_model and the moe section only).
 Status CheckRequiredKey(const Config& config, const char* key);
 

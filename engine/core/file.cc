@@ -80,16 +80,17 @@ int WriteAll(int fd, const void* data, size_t n) {
 Status WriteFileThroughTemporary(const std::string& path, const std::function<int(int fd)>& write) {
   const std::string tmp = StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return FailedPrecondition(tmp, ": cannot create (", std::strerror(errno), ")");
+  // Errors name `path`, the file the caller asked for, not the temporary one.
+  if (fd < 0) return FailedPrecondition(path, ": cannot create (", std::strerror(errno), ")");
   if (const int err = write(fd); err != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
-    return FailedPrecondition(tmp, ": write failed (", std::strerror(err), ")");
+    return FailedPrecondition(path, ": write failed (", std::strerror(err), ")");
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    return FailedPrecondition(tmp, ": fsync/close failed (", std::strerror(err), ")");
+    return FailedPrecondition(path, ": fsync/close failed (", std::strerror(err), ")");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;

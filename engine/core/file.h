@@ -21,7 +21,8 @@ int WriteAll(int fd, const void* data, size_t n);
 
 // Writes `path` through "<path>.tmp.<pid>": `write(fd)` fills the temporary file (returning
 // 0, or an errno on failure), then fsync, close and rename over `path`. FailedPrecondition
-// naming the file and the system's reason on any failure, with the temporary file removed
+// naming `path` (not the temporary file) and the system's reason on any failure
+// ("out/o.st: cannot create (No such file or directory)"), with the temporary file removed
 // and `path` untouched.
 Status WriteFileThroughTemporary(const std::string& path, const std::function<int(int fd)>& write);
 

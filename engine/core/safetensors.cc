@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,32 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeader = 100u << 20;  // 100 MiB, as the reference implementation
 
 }  // namespace
+
+std::vector<std::string> DuplicateJsonKey(const std::string& text) {
+  std::vector<std::set<std::string>> keys;  // the keys seen in each open object or array
+  std::vector<std::string> path;            // the key last read at each open level
+  std::vector<std::string> twice;
+  json::parser_callback_t note = [&](int, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      keys.emplace_back();
+      path.emplace_back();
+    } else if (event == E::object_end || event == E::array_end) {
+      keys.pop_back();
+      path.pop_back();
+    } else if (event == E::key && twice.empty() && !keys.empty()) {
+      path.back() = parsed.get<std::string>();
+      if (!keys.back().insert(path.back()).second) {
+        for (const std::string& k : path) {
+          if (!k.empty()) twice.push_back(k);
+        }
+      }
+    }
+    return true;
+  };
+  if (json::parse(text, note, /*allow_exceptions=*/false).is_discarded()) return {};
+  return twice;
+}
 
 const char* SafetensorsDType(DType dtype) {
   switch (dtype) {
@@ -66,6 +93,11 @@ StatusOr<SafetensorsHeader> ParseHeader(const std::string& path, const std::stri
                                         uint64_t file_size, uint64_t data_start) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return DataLoss(path, ": header is not a JSON object");
+  if (const std::vector<std::string> twice = DuplicateJsonKey(text); !twice.empty()) {
+    const std::string what = twice[0] == "__metadata__" ? twice[0] : "tensor '" + twice[0] + "'";
+    if (twice.size() == 1) return DataLoss(path, ": the header lists ", what, " twice");
+    return DataLoss(path, ": the header sets '", twice.back(), "' twice in ", what);
+  }
   SafetensorsHeader out;
   out.file_size = file_size;
   out.data_start = data_start;

@@ -122,14 +122,23 @@ StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& argument,
     return FailedPrecondition(out.dir, ": incomplete checkpoint (no ", checkpoint::kConfigFile, ")");
   }
   SY_ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  SY_ASSIGN_OR_RETURN(const config::Config saved, config::ParseConfig(text, config_path));
+  SY_RETURN_IF_ERROR(CheckSavedConfig(saved, config_path));
   SY_ASSIGN_OR_RETURN(out.config, config::ParseConfig(text, config_path, overrides));
   return out;
+}
+
+Status CheckSavedConfig(const config::Config& saved, const std::string& path) {
+  Status s = saved.Validate();
+  if (s.ok()) s = saved.ValidateModel();
+  if (s.ok()) return OkStatus();
+  return DataLoss(path, ": ", s.message());
 }
 
 StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const config::Config& config,
                                                        dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
-  SY_RETURN_IF_ERROR(config.model.Validate());
+  SY_RETURN_IF_ERROR(config.ValidateModel());
   std::unique_ptr<Evaluator> ev(new Evaluator(config, world));
   const config::ParallelConfig& p = config.parallel;
   const config::TrainConfig& tc = config.train;

@@ -71,9 +71,17 @@ struct CheckpointConfig {
 // Resolves `path` (a step directory, or an output directory: its `latest`) and parses the
 // config.yaml saved there with `overrides` ("section.key=value") on top. Errors: the path
 // does not exist, is not a checkpoint, has no latest, or the step directory lacks
-// config.yaml (one line naming the path); a config error names the file and the key.
+// config.yaml (one line naming the path); a config error names the file and the key. The
+// saved config is checked by itself first (CheckSavedConfig), before the overrides.
 StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,
                                                 const std::vector<std::string>& overrides = {});
+
+// A checkpoint's config.yaml as saved (`path` names it), without overrides: its values
+// (Config::Validate with no layout, a checkpoint loads under any) and its model's sizes
+// (Config::ValidateModel). A config that fails is a damaged checkpoint: DataLoss naming the
+// file ("runs/x/step-00000006/config.yaml: train.lr=-1 must be > 0"), exit 1 in every
+// command that reads one (eval, route, upcycle, export, train --resume).
+Status CheckSavedConfig(const config::Config& saved, const std::string& path);
 
 // The model of a config on this world's layout, its weights from a checkpoint, and the
 // validation split of data.dir. No optimizer state is allocated.

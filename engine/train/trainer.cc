@@ -37,6 +37,7 @@ bool ModelKey(const std::string& section, const std::string& key) {
 Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const config::Config& now) {
   StatusOr<config::Config> saved = config::ParseConfig(saved_yaml, source);
   if (!saved.ok()) return DataLoss(saved.status().message());
+  SY_RETURN_IF_ERROR(CheckSavedConfig(*saved, source));
   if (const auto diff = config::FirstDifference(*saved, now, ModelKey)) {
     return InvalidArgument(source, ": the checkpoint's model has ", diff->key, ": ", diff->a,
                            ", this config ", diff->key, ": ", diff->b,
@@ -48,7 +49,7 @@ Status CheckSameModel(const std::string& saved_yaml, const std::string& source, 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const config::Config& config, const std::string& out_dir,
                                                    dist::Communicator& world) {
   SY_RETURN_IF_ERROR(config.Validate(world.size()));
-  SY_RETURN_IF_ERROR(config.model.Validate());
+  SY_RETURN_IF_ERROR(config.ValidateModel());
   // The watchdog asks the other ranks over a duplicate of the MPI world: only a trainer
   // over the whole world starts it (every rank gets here).
   if (world.size() > 1 && world.size() == dist::WorldSize()) {

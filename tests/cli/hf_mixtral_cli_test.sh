@@ -4,7 +4,8 @@
 # MixtralForCausalLM (4.38.2, pip-installed into a venv under the build directory that
 # uses Debian's torch) and give the validation loss `switchyard eval` prints (relative
 # 1e-5, fp32); `switchyard import` of the export reproduces every original tensor bit for
-# bit and the same eval loss. Configs Mixtral cannot express, and bad inputs, are one line.
+# bit and the same eval loss. Configs Mixtral cannot express, and bad inputs (config.json
+# values, keys that change the model without a Switchyard equivalent), are one line.
 # Exits 77 (skipped) with the reason when PyPI cannot be reached to install transformers.
 # Usage: hf_mixtral_cli_test.sh path/to/switchyard path/to/docs/model_reference.py
 set -u
@@ -113,6 +114,41 @@ py "import json; c = json.load(open('$tmp/untied-hf/config.json')); c['head_dim'
 err_one_line "head_dim 8" "the config.json implies (32, 16)" import --format hf-mixtral "$tmp/hd-hf" "$tmp/x7"
 grep -q "self_attn" "$tmp/err" || fail "head_dim 8: the refusal names no attention tensor: $(cat "$tmp/err")"
 [[ ! -e "$tmp/x4" && ! -e "$tmp/x5" && ! -e "$tmp/x7" ]] || fail "a refused import wrote its output"
+# config.json's values: one the config refuses, or a key that changes the model without a
+# Switchyard equivalent, is one line naming the file and config.json's key, exit 1, nothing
+# written; a --set the config refuses stays a usage error (2).
+hf_case() {  # NAME WANT PYTHON-EDITING-c [--set ...]
+  local name="$1" want="$2" edit="$3"; shift 3
+  rm -rf "$tmp/case-hf" "$tmp/case-out"
+  mkdir -p "$tmp/case-hf" && cp "$tmp/untied-hf/model.safetensors" "$tmp/case-hf/"
+  py "import json; c = json.load(open('$tmp/untied-hf/config.json')); $edit
+json.dump(c, open('$tmp/case-hf/config.json', 'w'))"
+  err_one_line "$name" "$want" import --format hf-mixtral "$tmp/case-hf" "$tmp/case-out" "$@"
+  grep -qF "import: error: $tmp/case-hf/config.json: " "$tmp/err" || fail "$name: the file is not named"
+  [[ ! -e "$tmp/case-out" ]] || fail "$name: a refused import wrote its output"
+}
+hf_case "hidden_size 0" "hidden_size=0 must be positive" "c['hidden_size'] = 0"
+hf_case "rope_theta -1" "rope_theta=-1 must be > 0" "c['rope_theta'] = -1"
+hf_case "num_key_value_heads 3" "num_key_value_heads=3 does not divide num_attention_heads=4" \
+  "c['num_key_value_heads'] = 3"
+hf_case "max_position_embeddings 2^63-1" "max_position_embeddings=9223372036854775807 is more than 2^53" \
+  "c['max_position_embeddings'] = 2**63 - 1"
+hf_case "a string for a number" 'rms_norm_eps="x" is not a number' "c['rms_norm_eps'] = 'x'"
+hf_case "hidden_act gelu" 'hidden_act="gelu": only silu (swiglu experts) imports' "c['hidden_act'] = 'gelu'"
+hf_case "sliding_window below seq_len" "sliding_window=8 is below model.seq_len=16" "c['sliding_window'] = 8"
+hf_case "rope_scaling" 'rope_scaling={"factor":4.0,"type":"yarn"} is not null' \
+  "c['rope_scaling'] = {'type': 'yarn', 'factor': 4.0}"
+hf_case "attention_bias" "attention_bias=true: Switchyard's Mixtral has no linear biases" "c['attention_bias'] = True"
+hf_case "mlp_bias" "mlp_bias=true: Switchyard's Mixtral has no linear biases" "c['mlp_bias'] = True"
+expect_usage_error "a --set the config refuses" "train.lr=-1 must be > 0" import --format hf-mixtral \
+  "$tmp/untied-hf" "$tmp/case-out" --set train.lr=-1
+# A window no smaller than the sequence used changes nothing: it imports.
+rm -rf "$tmp/case-hf" "$tmp/case-out"
+mkdir -p "$tmp/case-hf" && cp "$tmp/untied-hf/model.safetensors" "$tmp/case-hf/"
+py "import json; c = json.load(open('$tmp/untied-hf/config.json')); c['sliding_window'] = 8
+json.dump(c, open('$tmp/case-hf/config.json', 'w'))"
+"$bin" import --format hf-mixtral "$tmp/case-hf" "$tmp/case-out" --set model.seq_len=8 >"$tmp/out" 2>&1 ||
+  fail "sliding_window 8 with model.seq_len 8: $(cat "$tmp/out")"
 
 [[ $failures -eq 0 ]] && echo "hf_mixtral_cli_test: all checks passed"
 exit $((failures > 0))

@@ -4,15 +4,18 @@
 # naming the file (or key, or flag) and what is wrong, and changes nothing on disk (the
 # checksums of every file under the test's directories before and after).
 #  - moe-layer inputs: a shape whose byte size overflows 64 bits, offsets outside the file,
-#    a wrong dtype, truncated data, a NaN and an Inf in an input tensor;
+#    a wrong dtype, truncated data, a tensor listed twice, a NaN and an Inf in an input tensor;
 #  - checkpoints (one saved by `switchyard train` here): an index that is not JSON, an
-#    index shape that overflows, a flipped bit in a tensor file, a NaN written into tensor
-#    data (caught by the checksum; and with the checksums removed, as an older build wrote
-#    them, by the value check), a trainer state whose step is not its directory's, through
-#    `switchyard checkpoint verify`, `eval --verify`, `eval` and `train --resume`; a
-#    sound checkpoint verifies;
+#    index shape that overflows, a path in its files, a negative piece offset, a flipped
+#    bit in a tensor file, a NaN written into tensor data (caught by the checksum; and with
+#    the checksums removed, as an older build wrote them, by the value check), a trainer
+#    state whose step is not its directory's, whose layout or data position is out of
+#    range, through `switchyard checkpoint verify`, `eval --verify`, `eval` and `train
+#    --resume`; a config.yaml value its config refuses (checksums matching), through every
+#    reader of it (exit 1, the file named); a sound checkpoint verifies;
 #  - configs and flags: duplicate YAML keys (both lines named), a non-scalar key, an empty
-#    config file, a directory as --config, --steps 0;
+#    config file, a directory as --config, a NUL byte echoed (escaped), a required key
+#    missing, --steps 0;
 #  - randomized (a fixed seed): byte flips, overwrites and truncations of the moe-layer
 #    input and of the checkpoint's files, each ending in exit 0 or a clean error (status
 #    1 or 2, one error line), never a signal.
@@ -95,9 +98,11 @@ elif kind == "nan":
 elif kind == "inf":
     data[offset_of("experts.w1"):offset_of("experts.w1") + 4] = struct.pack("<f", math.inf)
 text = json.dumps(header).encode()
+if kind == "dup":  # "x" twice: a JSON reader would keep one silently
+    text = b'{"x": ' + json.dumps(header["x"]).encode() + b', ' + text[1:]
 open(out, "wb").write(struct.pack("<Q", len(text)) + text + bytes(data))
 EOF
-for kind in overflow outside dtype truncate nan inf; do
+for kind in overflow outside dtype truncate nan inf dup; do
   $python "$tmp/damage.py" "$tmp/in/good.safetensors" "$tmp/in/$kind.safetensors" "$kind"
 done
 in="$tmp/in"
@@ -111,6 +116,8 @@ expect_error "moe-layer: a wrong dtype" 1 \
   "${layer[@]}" --input "$in/dtype.safetensors"
 expect_error "moe-layer: truncated data" 1 "$in/truncate.safetensors: tensor '" \
   "${layer[@]}" --input "$in/truncate.safetensors"
+expect_error "moe-layer: a tensor listed twice" 1 "$in/dup.safetensors: the header lists tensor 'x' twice" \
+  "${layer[@]}" --input "$in/dup.safetensors"
 expect_error "moe-layer: a NaN input" 1 \
   "$in/nan.safetensors: tensor 'x' holds a non-finite value (nan at flat index 3 of (1, 4, 4))" \
   "${layer[@]}" --input "$in/nan.safetensors"
@@ -163,6 +170,30 @@ elif kind == "unchecked":  # the index of an older build: no checksums
     index = json.loads(raw)
     del index["files"]
     raw = json.dumps(index).encode()
+elif kind == "pathname":  # a files entry that is a path
+    index = json.loads(raw)
+    index["files"]["../../etc/passwd"] = index["files"].pop("config.yaml")
+    raw = json.dumps(index).encode()
+elif kind == "negoffset":
+    index = json.loads(raw)
+    piece = index["tensors"][sorted(index["tensors"])[0]]["pieces"][0]
+    piece["offset"] = [-1] + piece["offset"][1:]
+    raw = json.dumps(index).encode()
+elif kind in ("world0", "ep3", "nextstep"):  # trainer_state.json's layout, data position
+    state = json.loads(raw)
+    if kind == "world0": state["layout"]["world"] = 0
+    if kind == "ep3": state["layout"]["ep"] = 3
+    if kind == "nextstep": state["data_position"]["next_step"] = 2 ** 62
+    raw = json.dumps(state).encode()
+elif kind == "badlr":  # config.yaml with train.lr: -1, the index's checksums made to match
+    import os, zlib
+    raw = raw.replace(b"\n  lr: ", b"\n  lr: -1\n  old_lr: ", 1)
+    raw = b"\n".join(l for l in raw.split(b"\n") if not l.startswith(b"  old_lr: "))
+    open(path, "wb").write(bytes(raw))
+    index_path = os.path.join(os.path.dirname(path), "model.safetensors.index.json")
+    index = json.load(open(index_path))
+    index["files"]["config.yaml"] = {"crc32": "%08x" % (zlib.crc32(raw) & 0xffffffff), "bytes": len(raw)}
+    json.dump(index, open(index_path, "w"))
 open(path, "wb").write(bytes(raw))
 EOF
 poke() { $python "$tmp/poke.py" "$1" "$2"; }
@@ -187,6 +218,33 @@ poke "$step/model.safetensors.index.json" nojson
 checkpoint_case "an index that is not JSON" "$step/model.safetensors.index.json: not a safetensors index"
 poke "$step/model.safetensors.index.json" overflow
 checkpoint_case "an index shape that overflows" "$step/model.safetensors.index.json: tensor '"
+poke "$step/model.safetensors.index.json" pathname
+checkpoint_case "a path in the index's files" \
+  "$step/model.safetensors.index.json: files: '../../etc/passwd' is not a file name"
+poke "$step/model.safetensors.index.json" negoffset
+checkpoint_case "a negative piece offset" \
+  "piece 0: offset is [-1,0], not a list of non-negative integers"
+poke "$step/trainer_state.json" world0
+checkpoint_case "layout.world 0" "$step/trainer_state.json: layout.world=0 must be an integer in [1, 131072]"
+poke "$step/trainer_state.json" ep3
+checkpoint_case "layout.ep 3 of world 1" "$step/trainer_state.json: layout.world=1 but tp 1 x cp 1"
+poke "$step/trainer_state.json" nextstep
+checkpoint_case "data_position.next_step 2^62" \
+  "$step/trainer_state.json: data_position.next_step=4611686018427387904 must be an integer in [0, "
+# config.yaml with a value its config refuses (its checksum matching): a damaged checkpoint
+# for every command that reads it, exit 1 naming the file.
+poke "$step/config.yaml" badlr
+want_lr="$step/config.yaml: train.lr=-1 must be > 0"
+expect_error "config.yaml train.lr -1: checkpoint verify" 1 "$want_lr" checkpoint verify "$tmp/run"
+expect_error "config.yaml train.lr -1: eval" 1 "$want_lr" eval --checkpoint "$tmp/run"
+expect_error "config.yaml train.lr -1: route" 1 "$want_lr" route --checkpoint "$tmp/run" --text "the cat"
+expect_error "config.yaml train.lr -1: upcycle" 1 "$want_lr" upcycle --checkpoint "$tmp/run" \
+  --out "$tmp/upcycled"
+expect_error "config.yaml train.lr -1: export" 1 "$want_lr" export --format hf-mixtral "$tmp/run" "$tmp/hf"
+expect_error "config.yaml train.lr -1: train --resume" 1 "$want_lr" train --config "$tmp/in/tiny.yaml" \
+  --out "$tmp/run" --resume "$tmp/run" --set train.max_steps=3
+[[ ! -e $tmp/upcycled && ! -e $tmp/hf ]] || fail "config.yaml train.lr -1: an output was written"
+restore
 poke "$step/optimizer.safetensors" flip
 expect_error "a flipped bit in the optimizer: verify" 1 "$step/optimizer.safetensors: checksum mismatch" \
   checkpoint verify "$step"
@@ -219,6 +277,13 @@ expect_error "an empty config" 2 "$tmp/in/empty.yaml: the config file is empty (
   train --config "$tmp/in/empty.yaml" --out "$tmp/run"
 expect_error "a directory as --config" 2 "$tmp/in: is a directory, not a file" \
   train --config "$tmp/in" --out "$tmp/run"
+printf 'model:\n  norm: "\\\0"\n' >"$tmp/in/nul.yaml"
+expect_error "a NUL byte in a config" 2 "$tmp/in/nul.yaml:2: YAML syntax error: unknown escape character: \x00" \
+  train --config "$tmp/in/nul.yaml" --out "$tmp/run"
+LC_ALL=C grep -q '[[:cntrl:]]' <(tr -d '\n' <"$tmp/err") && fail "a NUL byte in a config: a raw control byte printed"
+sed 's/ seq_len: 8,//' "$tmp/in/tiny.yaml" >"$tmp/in/noseq.yaml"
+expect_error "a required key missing" 2 "model.seq_len is required (docs/config.md)" \
+  train --config "$tmp/in/noseq.yaml" --out "$tmp/run"
 expect_error "--steps 0" 2 "--steps=0 must be >= 1 (leave it out to train to train.max_steps)" \
   train --config "$tmp/in/tiny.yaml" --out "$tmp/run" --steps 0
 expect_error "checkpoint without a subcommand" 2 "expected a subcommand: verify DIR" checkpoint

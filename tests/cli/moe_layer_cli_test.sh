@@ -180,8 +180,16 @@ cp "$tmp/in.safetensors" "$tmp/same.safetensors"
 expect_error "--out is --input" 2 "--out $tmp/./same.safetensors is the --input file" 1 \
   --config "$config" --input "$tmp/same.safetensors" --out "$tmp/./same.safetensors"
 cmp -s "$tmp/in.safetensors" "$tmp/same.safetensors" || fail "--out is --input: the input changed"
-expect_error "--out in a missing directory" 1 "--out $tmp/nodir/o.safetensors: the directory $tmp/nodir does not exist" 1 \
+# --out that cannot be created: named as given, with the system's reason, before the layer runs.
+expect_error "--out in a missing directory" 1 \
+  "--out $tmp/nodir/o.safetensors: cannot create it ($tmp/nodir: No such file or directory)" 1 \
   "${common[@]}" --out "$tmp/nodir/o.safetensors"
+expect_error "--out under a file" 1 \
+  "--out $tmp/in.safetensors/o.safetensors: cannot create it ($tmp/in.safetensors: Not a directory)" 1 \
+  "${common[@]}" --out "$tmp/in.safetensors/o.safetensors"
+expect_error "--out a directory" 1 "--out $tmp: is a directory; name the file to write" 1 \
+  "${common[@]}" --out "$tmp"
+grep -q "\.tmp\." "$tmp/err" && fail "--out a directory: the error names a temporary file"
 expect_error "--out twice" 2 "--out is given twice" 1 "${common[@]}" "${bad_out[@]}" "${bad_out[@]}"
 
 "$bin" moe-layer --help >"$tmp/out" 2>&1 && grep -q -- "--input" "$tmp/out" || fail "moe-layer --help"

@@ -236,7 +236,9 @@ TEST_F(CheckpointUnitTest, AnIndexThatDisagreesWithItselfOrItsFileIsCorrupt) {
             std::string::npos);
   index = json::parse(good);
   index["tensors"]["b"]["pieces"][0]["file"] = "sub/model.safetensors";
-  EXPECT_NE(load_with(index).find("tensor 'b': a piece without a file name"), std::string::npos);
+  EXPECT_NE(load_with(index).find("tensor 'b': piece 0: file \"sub/model.safetensors\" is not a file "
+                                  "name (a file of the step directory, without '/')"),
+            std::string::npos);
   index = json::parse(good);
   index.erase("tensors");
   EXPECT_NE(load_with(index).find("no \"tensors\" object"), std::string::npos);

@@ -617,5 +617,36 @@ TEST(ConfigLimitsTest, RequiredEmptyRopeDocumentsAndMoELayers) {
   EXPECT_EQ(ModelError({"model.n_layers=1"}), "");
 }
 
+// The decoder's sizes (Config::ValidateModel): a key left out is named as required, a key
+// given as 0 is "must be positive", with or without the rest of the config.
+TEST(ConfigLimitsTest, TheDecoderSizesAreRequired) {
+  const std::string full = "model: {vocab_size: 64, seq_len: 8, d_model: 16, n_layers: 2, n_heads: 2}\n"
+                           "moe: {d_expert: 16}\n";
+  auto model_error = [](const std::string& yaml) {
+    auto c = config::ParseConfig(yaml, "x.yaml");
+    if (!c.ok()) return std::string(c.status().message());
+    Status s = c->Validate(1);
+    if (s.ok()) s = c->ValidateModel();
+    return s.ok() ? std::string() : std::string(s.message());
+  };
+  EXPECT_EQ(model_error(full), "");
+  for (const char* key : {"vocab_size", "seq_len", "n_layers", "n_heads"}) {
+    SCOPED_TRACE(key);
+    const std::string given = StrCat(key, ": ");
+    const size_t at = full.find(given);
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = full.find_first_of(",}", at);
+    std::string missing = full, zero = full;
+    missing.erase(at, end - at + (full[end] == ',' ? 2 : 0));
+    zero.replace(at + given.size(), end - at - given.size(), "0");
+    EXPECT_EQ(model_error(missing), StrCat("model.", key, " is required (docs/config.md)"));
+    EXPECT_EQ(model_error(zero), StrCat("model.", key, "=0 must be positive"));
+  }
+  // A layer-only config (moe-layer) needs none of them: Validate alone accepts it.
+  auto layer = config::ParseConfig("model: {d_model: 16}\nmoe: {d_expert: 16}\n", "x.yaml");
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_TRUE(layer->Validate(1).ok());
+}
+
 }  // namespace
 }  // namespace switchyard::train

@@ -39,6 +39,17 @@ TEST(StatusTest, StrCatTakesStringViews) {
   EXPECT_EQ(StrCat(name, "=", 4, ", ", 2.5), "tp=4, 2.5");
 }
 
+// Bytes a file held, echoed in a message: control bytes and invalid UTF-8 escaped, valid
+// UTF-8 kept, so no raw byte reaches the terminal.
+TEST(StatusTest, PrintableTextEscapesWhatATerminalWouldActOn) {
+  EXPECT_EQ(PrintableText("plain text, 1.5 [a] {b}"), "plain text, 1.5 [a] {b}");
+  EXPECT_EQ(PrintableText(std::string("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(PrintableText("\x1b[31mred\x7f\n\t\r"), "\\x1b[31mred\\x7f\\n\\t\\r");
+  EXPECT_EQ(PrintableText("caf\xc3\xa9 \xe2\x82\xac"), "caf\xc3\xa9 \xe2\x82\xac");  // é, €
+  EXPECT_EQ(PrintableText("\xff\xc3(\xe2\x82"), "\\xff\\xc3(\\xe2\\x82");  // not UTF-8
+  EXPECT_EQ(PrintableText(PrintableText("\x01")), "\\x01");  // escaping twice changes nothing
+}
+
 TEST(CheckDeathTest, FailedCheckNamesRankFileAndValues) {
   SetLogRank(3);
   int a = 1, b = 2;

@@ -138,6 +138,11 @@ TEST_F(MalformedInputTest, DamagedSafetensorsHeadersGetOneClearError) {
       {"metadata that is not an object", R"({"__metadata__": [1]})", "", "__metadata__ is not an object"},
       {"a metadata value that is not a string", R"({"__metadata__": {"k": 1}})", "",
        "__metadata__.k is not a string"},
+      {"a tensor listed twice (a JSON reader keeps one)",
+       R"({"x":{)" + f32x2 + R"(,"data_offsets":[0,8]},"x":{)" + f32x2 + R"(,"data_offsets":[8,16]}})",
+       std::string(16, 'x'), "the header lists tensor 'x' twice"},
+      {"a key set twice in one entry", R"({"x":{"dtype":"F64",)" + f32x2 + R"(,"data_offsets":[0,8]}})",
+       std::string(8, 'x'), "the header sets 'dtype' twice in tensor 'x'"},
   };
   for (const SafetensorsCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -204,12 +209,35 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
       {checkpoint::kModelIndexFile, replace(index, "\"dtype\":\"F32\"", "\"dtype\":\"Q8\""),
        "unsupported safetensors dtype 'Q8'"},
       {checkpoint::kModelIndexFile, replace(index, "\"file\":\"model.safetensors\"", "\"file\":\"../model.safetensors\""),
-       "a piece without a file name"},
+       "piece 0: file \"../model.safetensors\" is not a file name"},
+      // Each index message gives its real reason.
+      {checkpoint::kModelIndexFile, replace(index, "\"trainer_state.json\":", "\"../../etc/passwd\":"),
+       "files: '../../etc/passwd' is not a file name"},
+      {checkpoint::kModelIndexFile, replace(index, "\"offset\":[0,0]", "\"offset\":[-1,0]"),
+       "piece 0: offset is [-1,0], not a list of non-negative integers"},
+      {checkpoint::kModelIndexFile, replace(index, "\"box\":[2,3]", "\"box\":[4611686018427387904,3]"),
+       "piece 0: box is [4611686018427387904,3], more than 2^62 elements"},
+      {checkpoint::kModelIndexFile, replace(index, "\"elements\":[0,6]", "\"elements\":[6,0]"),
+       "piece 0: elements [6,0] is not a range [begin, end)"},
+      {checkpoint::kModelIndexFile, replace(index, "\"tensors\": {\n", "\"tensors\": {\n  \"layers.0.b\": 1,\n"),
+       "\"tensors\" lists 'layers.0.b' twice"},
       {checkpoint::kModelIndexFile, replace(index, "\"box\":[2,3]", "\"box\":[2,30]"), "a piece outside the tensor"},
       {checkpoint::kModelIndexFile, replace(index, "\"format_version\":2", "\"format_version\":\"two\""),
        "metadata.format_version is \"two\""},
       {checkpoint::kTrainerStateFile, "", "not a Switchyard trainer state"},
       {checkpoint::kTrainerStateFile, replace(state, "\"step\": 3", "\"step\": \"3\""), "not a Switchyard trainer state"},
+      // The layout and the data position, range-checked.
+      {checkpoint::kTrainerStateFile, replace(state, "\"world\": 1", "\"world\": 0"),
+       "layout.world=0 must be an integer in [1, 131072]"},
+      {checkpoint::kTrainerStateFile, replace(state, "\"ep\": 1", "\"ep\": 3"),
+       "layout.world=1 but tp 1 x cp 1 x pp 1 x dp 1 = 1 and etp 1 x ep 3 x pp 1 x edp 1 = 3"},
+      {checkpoint::kTrainerStateFile, replace(state, "\"loss\"", "\"data_position\": {\"next_step\": -5}, \"loss\""),
+       "data_position.next_step=-5 must be an integer in [0, 9007199254740992]"},
+      {checkpoint::kTrainerStateFile,
+       replace(state, "\"loss\"", "\"data_position\": {\"next_step\": 4611686018427387904}, \"loss\""),
+       "data_position.next_step=4611686018427387904 must be an integer in [0, 9007199254740992]"},
+      {checkpoint::kTrainerStateFile, replace(state, "\"loss\"", "\"data_position\": {\"next_step\": 2}, \"loss\""),
+       "data_position.next_step=2 but the checkpoint is of step 3"},
   };
   const std::vector<float> values = Values();
   MakeParams(100.0f);  // what loading must not change
@@ -255,6 +283,10 @@ TEST_F(MalformedInputTest, BadYamlGetsOneClearError) {
        "cfg.yaml: 'model.d_model' is set twice, on lines 2 and 4; keep one"},
       {"model:\n  d_model: 32\ntrain:\n  lr: 0.1\nmodel:\n  n_layers: 2\n",
        "cfg.yaml: 'model' is set twice, on lines 1 and 5; keep one"},
+      // Bytes of the file echoed in a message are escaped, never printed raw.
+      {std::string("a: \"\\\0\"\n", 8), "YAML syntax error: unknown escape character: \\x00"},
+      {"a: \"\\\xff\"\n", "YAML syntax error: unknown escape character: \\xff"},
+      {"model:\n  vocab_size: 20\x1b[31m\n", "model.vocab_size: expected an integer, got '20\\x1b[31m'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);
@@ -262,7 +294,7 @@ TEST_F(MalformedInputTest, BadYamlGetsOneClearError) {
     ASSERT_FALSE(r.ok());
     const std::string message(r.status().message());
     EXPECT_NE(message.find(c.want), std::string::npos) << message;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_EQ(message, PrintableText(message)) << "a raw control or non-UTF-8 byte";
   }
 }
 
