@@ -63,6 +63,9 @@ def read_jsonl(path):
                 out.append(json.loads(line))
             except ValueError as e:
                 raise ReportError("%s:%d: not JSON (%s)" % (path, n, e))
+            except RecursionError:
+                raise ReportError("%s:%d: JSON nested too deeply to read (arrays or objects "
+                                  "about %d levels deep)" % (path, n, sys.getrecursionlimit()))
     return out
 
 
@@ -77,6 +80,9 @@ def read_json(path):
                           % (path, raw[e.start], e.start))
     except ValueError as e:
         raise ReportError("%s: not JSON (%s)" % (path, e))
+    except RecursionError:
+        raise ReportError("%s: JSON nested too deeply to read (arrays or objects about %d "
+                          "levels deep)" % (path, sys.getrecursionlimit()))
 
 
 def is_num(x):
@@ -85,6 +91,11 @@ def is_num(x):
 
 def is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_count(x):
+    """A finite number >= 0 (NaN fails both comparisons)."""
+    return is_num(x) and 0 <= x < math.inf
 
 
 def is_list(x, n=None, item=None):
@@ -133,10 +144,12 @@ def check_routing(path, records):
         for key in ("tokens_per_expert", "tokens_per_expert_kept") + (
                 ("expert_bias",) if "expert_bias" in records[0] else ()):
             rows = d.get(key)
-            need(is_list(rows, len(layers), lambda r: is_list(r, item=is_num) and len(r) > 0)
+            counts = key != "expert_bias"
+            item = is_count if counts else is_num
+            need(is_list(rows, len(layers), lambda r: is_list(r, item=item) and len(r) > 0)
                  and len({len(r) for r in rows}) <= 1, where,
-                 "%s must hold, for each of the %d layers, one number per expert"
-                 % (key, len(layers)))
+                 "%s must hold, for each of the %d layers, one %s per expert"
+                 % (key, len(layers), "finite count >= 0" if counts else "number"))
 
 
 def check_lang(path, lang):
@@ -152,6 +165,28 @@ def check_lang(path, lang):
         per_layer, len(labels), lambda c: is_list(c, experts, lambda v: is_num(v) and v >= 0))),
          path, "counts must hold, for each of the %d layers, %d labels of %d non-negative counts "
          "(one per expert)" % (len(layers), len(labels), experts))
+
+
+def check_route(path, route):
+    """A `switchyard route --json` output: num_experts >= 1, the layers, and per token its
+    text and, per layer, its experts (integers in [0, num_experts)), as the sample plot
+    reads them."""
+    need(isinstance(route, dict), path, "not a JSON object (a `switchyard route --json` output)")
+    experts, layers, tokens = route.get("num_experts"), route.get("layers"), route.get("tokens")
+    need(is_int(experts) and experts >= 1, path, "num_experts must be an integer >= 1")
+    need(is_list(layers, item=is_int) and layers, path,
+         "layers must be a non-empty list of layer numbers")
+    need(is_list(tokens, item=lambda t: isinstance(t, dict)), path,
+         "tokens must be a list of objects")
+    for i, t in enumerate(tokens):
+        where = "%s: tokens[%d]" % (path, i)
+        need(isinstance(t.get("text"), str), where, "text must be a string")
+        need(is_list(t.get("layers"), len(layers), lambda l: isinstance(l, dict)), where,
+             "layers must hold one object per layer (%d)" % len(layers))
+        for li, l in enumerate(t["layers"]):
+            need(is_list(l.get("experts"), item=lambda e: is_int(e) and 0 <= e < experts)
+                 and l["experts"], "%s.layers[%d]" % (where, li),
+                 "experts must be a non-empty list of expert ids, integers in [0, %d)" % experts)
 
 
 def load_run(path):
@@ -241,14 +276,18 @@ class Page:
 
 def rolling_mean(y, w):
     """Mean of the last w values at each point (fewer at the start); None (a diverged
-    value) counts as missing."""
-    out, window = [], []
+    value) counts as missing. Prefix sums: linear in len(y) (summing each window again was
+    quadratic: 100000 steps, a window of 2000, took minutes)."""
+    total, count = [0.0], [0]
     for v in y:
-        window.append(v)
-        if len(window) > w:
-            window.pop(0)
-        vals = [u for u in window if u is not None and math.isfinite(u)]
-        out.append(sum(vals) / len(vals) if vals else float("nan"))
+        ok = v is not None and math.isfinite(v)
+        total.append(total[-1] + (v if ok else 0.0))
+        count.append(count[-1] + ok)
+    out = []
+    for i in range(1, len(y) + 1):
+        j = max(0, i - w)
+        n = count[i] - count[j]
+        out.append((total[i] - total[j]) / n if n else float("nan"))
     return out
 
 
@@ -368,13 +407,19 @@ def build(runs, names, route):
                 if sum(counts):
                     rows.append(label)
                     z.append([100.0 * c for c in shares(counts)])
+            if not rows:  # nothing to draw: say so rather than an empty image
+                page.note("layer %d: routing_by_language.json counts no assignment of any "
+                          "language" % layer)
+                continue
             heatmap(page, "lang_%d_L%d" % (ri, layer),
                     "%s, layer %d: %% of each language's assignments per expert" % (n, layer),
                     z, rows, list(range(lang["num_experts"])), "expert", "language", fmt="%.0f")
 
     if route:
         page.section("Token-level routing of a sample (switchyard route)")
-        for li, layer in enumerate(route["layers"]):
+        if not route["tokens"]:
+            page.note("the --route file holds no token")
+        for li, layer in enumerate(route["layers"] if route["tokens"] else []):
             toks = [t["text"] for t in route["tokens"]]
             k = len(route["tokens"][0]["layers"][li]["experts"]) if toks else 0
             z = [[t["layers"][li]["experts"][0] for t in route["tokens"]]]
@@ -441,6 +486,7 @@ def main():
         route = None
         if a.route:
             route = read_json(a.route)
+            check_route(a.route, route)
         names = run_names(a.runs)
     except ReportError as e:
         sys.stderr.write("switchyard report: error: %s\n" % e)

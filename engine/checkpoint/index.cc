@@ -235,8 +235,10 @@ Status ParseFileSums(const json& index, const std::string& path, CheckpointIndex
   for (const auto& [name, sum] : files.items()) {
     const json crc = sum.is_object() && sum.contains("crc32") ? sum["crc32"] : json();
     const json bytes = sum.is_object() && sum.contains("bytes") ? sum["bytes"] : json();
+    // Written in lower case (Crc32Hex); upper case is read too.
     std::string hex = crc.is_string() ? crc.get<std::string>() : "";
-    const bool is_hex = hex.size() == 8 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+    const bool is_hex =
+        hex.size() == 8 && hex.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
     if (!IsFileName(json(name))) {
       return DataLoss(path, ": files: '", name, "' is not a file name (the files of a step "
                       "directory are listed by name, without '/')");
@@ -292,6 +294,45 @@ Status ParseTensors(const json& index, const std::string& path, int format_versi
   return OkStatus();
 }
 
+// "metadata": format 2 writes {"format": "switchyard-checkpoint", "format_version": 2,
+// "total_size": N}, the version trainer_state.json gives (`format_version`); format 1 wrote
+// only total_size. A newer version is FailedPrecondition, anything else wrong DataLoss.
+Status CheckMetadata(const json& index, const std::string& path, int format_version) {
+  if (!index.contains("metadata")) {
+    if (format_version < 2) return OkStatus();
+    return DataLoss(path, ": no \"metadata\" object (format ", format_version,
+                    " writes format, format_version and total_size there)");
+  }
+  const json& metadata = index["metadata"];
+  if (!metadata.is_object()) return DataLoss(path, ": \"metadata\" is not an object");
+  if (metadata.contains("format_version")) {
+    const json& v = metadata["format_version"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1) {
+      return DataLoss(path, ": metadata.format_version is ", v.dump().substr(0, 80),
+                      ", not a format version (1 to ", kCheckpointFormatVersion, ")");
+    }
+    if (v.get<int64_t>() > kCheckpointFormatVersion) {
+      return FailedPrecondition(path, ": format version ", v.get<int64_t>(),
+                                "; this build reads up to ", kCheckpointFormatVersion);
+    }
+    if (v.get<int64_t>() != format_version) {
+      return DataLoss(path, ": metadata.format_version is ", v.get<int64_t>(), " but ",
+                      kTrainerStateFile, "'s is ", format_version, " (they are written together)");
+    }
+  } else if (format_version >= 2) {
+    return DataLoss(path, ": metadata has no format_version (format ", format_version,
+                    " writes it)");
+  }
+  if (metadata.contains("format") || format_version >= 2) {
+    const json format = metadata.value("format", json());
+    if (format != kFormat) {
+      return DataLoss(path, ": metadata.format is ", format.dump().substr(0, 80), ", not \"",
+                      kFormat, "\"");
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<CheckpointIndex> ParseIndex(const std::string& text, const std::string& path,
@@ -307,14 +348,7 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& text, const std::string&
     return DataLoss(path, ": \"", twice[0], "\": '", twice[1], "' sets '", twice.back(), "' twice");
   }
   const json metadata = index.value("metadata", json::object());
-  if (metadata.is_object() && metadata.contains("format_version")) {
-    const json& v = metadata["format_version"];
-    if (!v.is_number_integer()) return DataLoss(path, ": metadata.format_version is ", v.dump());
-    if (v.get<int64_t>() > kCheckpointFormatVersion) {
-      return FailedPrecondition(path, ": format version ", v.get<int64_t>(),
-                                "; this build reads up to ", kCheckpointFormatVersion);
-    }
-  }
+  SY_RETURN_IF_ERROR(CheckMetadata(index, path, format_version));
   CheckpointIndex out;
   SY_RETURN_IF_ERROR(ParseWeightMap(index, metadata, path, &out));
   SY_RETURN_IF_ERROR(ParseFileSums(index, path, &out));

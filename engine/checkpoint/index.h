@@ -73,8 +73,10 @@ struct CheckpointIndex {
 // "bytes": 1234}, ...}).
 std::string IndexText(const std::vector<SaveItem>& plan, int world, const FileSums& files = {});
 
-// Parses and checks an index (`path` names it in errors). "files" when present (file
-// names, eight-hex-digit crc32, bytes). Format 2: the weight_map and
+// Parses and checks an index (`path` names it in errors). "metadata": format 2 needs
+// "format": "switchyard-checkpoint" and `format_version` (trainer_state.json's); format 1
+// may leave them out. "files" when present (file names, eight-hex-digit crc32 in either
+// case, bytes). Format 2: the weight_map and
 // every tensor's pieces (kinds, dtypes, shapes, pieces inside their tensor, file names),
 // weight_map agreeing with the pieces and total_size with their bytes; a newer
 // metadata.format_version is FailedPrecondition, anything malformed DataLoss naming the

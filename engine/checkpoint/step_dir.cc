@@ -23,14 +23,26 @@ std::string BaseName(const std::string& path) {
   return p.filename().string();
 }
 
-// The step directory name in <out_dir>/latest.
+// What a valid latest holds, for its errors.
+constexpr char kLatestHolds[] =
+    "expected one line naming the step directory saved last, like step-00000100";
+
+// The step directory name in <out_dir>/latest. Its bytes are echoed escaped and cut to 80
+// (a latest overwritten with a page of HTML is one short error line).
 StatusOr<std::string> ReadLatestName(const std::string& out_dir) {
   const std::string path = (fs::path(out_dir) / kLatestFile).string();
-  SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  StatusOr<std::string> read = ReadFile(path, 4096);
+  if (read.status().code() == absl::StatusCode::kOutOfRange) {
+    return DataLoss(read.status().message(), "; ", kLatestHolds);
+  }
+  SY_ASSIGN_OR_RETURN(std::string text, std::move(read));
   const size_t end = text.find_last_not_of(" \t\r\n");
   text = end == std::string::npos ? "" : text.substr(0, end + 1);
   if (!IsStepDirName(text)) {
-    return DataLoss(path, ": expected a step directory name like step-00000100, got '", text, "'");
+    const std::string shown = PrintableText(text.substr(0, 80));
+    return DataLoss(path, ": ", kLatestHolds, ", got ",
+                    text.empty() ? std::string("nothing") : "'" + shown + "'",
+                    text.size() > 80 ? StrCat("... (", text.size(), " bytes)") : std::string());
   }
   return text;
 }
@@ -77,7 +89,8 @@ StatusOr<std::string> ResolveStepDir(const std::string& path) {
     SY_ASSIGN_OR_RETURN(std::string name, ReadLatestName(path));
     dir = (fs::path(path) / name).string();
     if (!fs::is_directory(dir, ec)) {
-      return NotFound(path, "/", kLatestFile, " names ", name, ", which does not exist");
+      return NotFound(path, "/", kLatestFile, " names ", name, fs::exists(dir, ec)
+                          ? ", which is not a directory" : ", which does not exist");
     }
   }
   if (has(dir, kModelIndexFile)) return dir;

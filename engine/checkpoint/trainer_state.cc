@@ -1,6 +1,7 @@
 // trainer_state.json written and read; see trainer_state.h.
 #include "engine/checkpoint/trainer_state.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <utility>
 
@@ -145,10 +146,15 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir, int* version
     return DataLoss(path, ": not a Switchyard trainer state (needs \"format\": \"", kFormat,
                     "\", \"format_version\" and \"step\")");
   }
-  *version = j["format_version"].get<int>();
-  if (*version > kCheckpointFormatVersion) {
+  const int64_t v = j["format_version"].get<int64_t>();
+  if (v < 1) {
+    return DataLoss(path, ": format_version ", v, " is not a format version (1 to ",
+                    kCheckpointFormatVersion, ")");
+  }
+  *version = static_cast<int>(std::min<int64_t>(v, kCheckpointFormatVersion + 1));
+  if (v > kCheckpointFormatVersion) {
     const json saver = j.contains("switchyard_version") ? j["switchyard_version"] : json("?");
-    return FailedPrecondition(path, ": format version ", *version, " (Switchyard ",
+    return FailedPrecondition(path, ": format version ", v, " (Switchyard ",
                               saver.is_string() ? saver.get<std::string>() : saver.dump(),
                               "); this build reads up to ", kCheckpointFormatVersion);
   }

@@ -70,9 +70,17 @@ FileSums ParseSums(const std::string& text) {
 Status VerifyFileSums(const std::string& dir, const CheckpointIndex& index, int rank, int world) {
   if (index.files.empty()) return OkStatus();
   const std::string index_path = (fs::path(dir) / kModelIndexFile).string();
+  // Every file the checkpoint is read from has its checksum: a table that leaves one out
+  // would let any change to it pass as verified.
   for (const auto& [file, pieces] : index.by_file) {
     if (!index.files.count(file)) {
       return DataLoss(index_path, ": lists pieces in ", file, " but no checksum for it");
+    }
+  }
+  for (const char* file : {kTrainerStateFile, kConfigFile}) {
+    if (!index.files.count(file)) {
+      return DataLoss(index_path, ": \"files\" has no checksum for ", file,
+                      " (the table covers every file of the step directory)");
     }
   }
   int i = 0;

@@ -20,7 +20,8 @@ FileSums ParseSums(const std::string& text);
 
 // Checks the files of `dir` against index.files, the share of rank `rank` of `world` (the
 // files at positions rank, rank + world, ... of the sorted list: every byte is read once
-// over the world). Every file a piece of the index names must be listed. Errors name the
+// over the world). Every file a piece of the index names, trainer_state.json and
+// config.yaml must be listed (DataLoss naming the index otherwise). Errors name the
 // file: missing (FailedPrecondition: incomplete checkpoint), another size or checksum
 // (DataLoss: damaged). An index without "files" (a checkpoint saved before checksums) is
 // not checked: OK.

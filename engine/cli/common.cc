@@ -55,16 +55,40 @@ Status CheckOutputFile(const std::string& flag, const std::string& path) {
   return NotFound("--", flag, " ", path, ": cannot create it (", dir, ": ", std::strerror(err), ")");
 }
 
-Status CheckSameConfig(dist::Communicator& world, const config::Config& config) {
-  if (world.size() == 1) return OkStatus();
-  const std::string mine = config.ToYaml();
-  Tensor length = Tensor::FromVector<int64_t>({static_cast<int64_t>(mine.size())}, {1});
+namespace {
+
+// Rank 0's `text` on every rank. Collective over world.
+std::string BroadcastText(dist::Communicator& world, const std::string& text) {
+  Tensor length = Tensor::FromVector<int64_t>({static_cast<int64_t>(text.size())}, {1});
   world.Broadcast(length, 0);
   const int64_t n = length.data<int64_t>()[0];
   Tensor bytes = Tensor::Zeros({std::max<int64_t>(n, 1)}, DType::kU8);
-  if (world.rank() == 0) std::memcpy(bytes.raw_data(), mine.data(), mine.size());
+  if (world.rank() == 0) std::memcpy(bytes.raw_data(), text.data(), text.size());
   world.Broadcast(bytes, 0);
-  const std::string first(static_cast<const char*>(bytes.raw_data()), n);
+  return std::string(static_cast<const char*>(bytes.raw_data()), n);
+}
+
+// The words of a command line joined by NUL (no argument holds one), and back.
+std::string JoinArgs(const std::vector<std::string>& words) {
+  std::string joined;
+  for (const std::string& w : words) joined += w + '\0';
+  return joined;
+}
+std::vector<std::string> SplitArgs(const std::string& joined) {
+  std::vector<std::string> words;
+  size_t begin = 0;
+  for (size_t end; (end = joined.find('\0', begin)) != std::string::npos; begin = end + 1) {
+    words.push_back(joined.substr(begin, end - begin));
+  }
+  return words;
+}
+
+}  // namespace
+
+Status CheckSameConfig(dist::Communicator& world, const config::Config& config) {
+  if (world.size() == 1) return OkStatus();
+  const std::string mine = config.ToYaml();
+  const std::string first = BroadcastText(world, mine);
   if (first == mine) return OkStatus();
   std::string which;
   if (auto theirs = config::ParseConfig(first, "rank 0's config"); theirs.ok()) {
@@ -77,6 +101,28 @@ Status CheckSameConfig(dist::Communicator& world, const config::Config& config) 
                          " (every rank must load the same config file and --set overrides)");
 }
 
+Status CheckSameArgs(dist::Communicator& world, const std::string& command,
+                     const std::vector<std::string>& args) {
+  if (world.size() == 1) return OkStatus();
+  std::vector<std::string> mine = {command};
+  mine.insert(mine.end(), args.begin(), args.end());
+  const std::vector<std::string> first = SplitArgs(BroadcastText(world, JoinArgs(mine)));
+  if (first == mine) return OkStatus();
+  const std::string why = StrCat("rank ", world.rank(), "'s command line differs from rank 0's: ");
+  const char* const kSame = " (every rank must be launched with the same command and flags)";
+  if (first.empty() || first[0] != command) {
+    return InvalidArgument(why, "this rank runs ", command, ", rank 0 ",
+                           first.empty() ? "nothing" : first[0], kSame);
+  }
+  size_t i = 1;
+  while (i < mine.size() && i < first.size() && mine[i] == first[i]) ++i;
+  const auto quoted = [](const std::vector<std::string>& words, size_t i) {
+    return i < words.size() ? StrCat("'", words[i], "'") : std::string("absent");
+  };
+  return InvalidArgument(why, "argument ", i, " is ", quoted(mine, i), " here, ",
+                         quoted(first, i), " on rank 0", kSame);
+}
+
 int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),
                  const std::vector<std::string>& args) {
   if (Status s = dist::InitProcess(nullptr, nullptr, dist::MpiStart::kIfLaunched); !s.ok()) {
@@ -84,7 +130,12 @@ int RunInProcess(const std::string& command, int (*run)(const std::vector<std::s
     // A bad SWITCHYARD_MPI value is bad configuration (2); MPI failing to start is 1.
     return s.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
   }
-  const int rc = run(args);
+  int rc = kExitOk;
+  if (dist::WorldSize() > 1) {  // every rank launched alike, before any work
+    auto world = dist::WorldCommunicator();
+    rc = Agree(*world, CheckSameArgs(*world, command, args), kExitUsage, command);
+  }
+  if (rc == kExitOk) rc = run(args);
   dist::FinalizeProcess();
   return rc;
 }

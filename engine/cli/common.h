@@ -1,4 +1,5 @@
-// Pieces shared by the multi-rank subcommands (train, eval, moe-layer).
+// Pieces shared by the subcommands that run under mpirun (train, eval, moe-layer, route,
+// upcycle, import, export, prep).
 #pragma once
 
 #include <string>
@@ -20,8 +21,10 @@ StatusOr<std::vector<std::string>> TakeOverrides(std::vector<std::string>& args)
 // in a later collective). code: kExitFailure or kExitUsage.
 int Agree(dist::Communicator& world, const Status& status, int code, const std::string& command);
 
-// Starts the process (MPI under mpirun), runs `run(args)`, finalizes, and returns its exit
-// code; a failed start is one error line and kExitFailure. Every communicator `run` made
+// Starts the process (MPI under mpirun), checks that every rank got the same command line
+// (CheckSameArgs: else exit kExitUsage on every rank, one line from the rank that differs),
+// runs `run(args)`, finalizes, and returns its exit code; a failed start is one error line
+// and kExitFailure (kExitUsage for a bad SWITCHYARD_MPI). Every communicator `run` made
 // must be gone when it returns.
 int RunInProcess(const std::string& command, int (*run)(const std::vector<std::string>&),
                  const std::vector<std::string>& args);
@@ -41,6 +44,15 @@ Status CheckOutputFile(const std::string& flag, const std::string& path);
 // configs (an MPMD launch, a node with another copy of the file) would otherwise end in a
 // collective's size mismatch or train different models in one job. Collective over world.
 Status CheckSameConfig(dist::Communicator& world, const config::Config& config);
+
+// OK when this rank was launched with the command line rank 0 was (`command` and `args`,
+// word for word); else InvalidArgument naming the first argument that differs, with both
+// values ("rank 1's command line differs from rank 0's: argument 3 is '--verify' here,
+// absent on rank 0 (...)"). Ranks given other flags (an MPMD launch, a wrapper that adds
+// flags on some ranks) would otherwise abort in a collective (a size mismatch) or, worse,
+// mix two inputs into one answer. Collective over world.
+Status CheckSameArgs(dist::Communicator& world, const std::string& command,
+                     const std::vector<std::string>& args);
 
 // Prints "<command>: error: <message>" to stderr.
 void PrintError(const std::string& command, const std::string& message);

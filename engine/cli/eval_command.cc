@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/common.h"
+#include "engine/data/index.h"
+#include "engine/data/tokenizer.h"
 #include "engine/dist/process.h"
 #include "engine/train/evaluator.h"
 #include "engine/train/metrics.h"
@@ -131,6 +134,25 @@ std::string Json(const train::EvalResult& r, const checkpoint::LoadedCheckpoint&
   return j.dump();
 }
 
+// --data against the data the checkpoint was trained on (`trained`, its config's data dir):
+// shards cut by another tokenizer hold other token ids, and their loss means nothing.
+// Compared when both folders hold a tokenizer.model; when the trained data is gone (or the
+// config names none) there is nothing to compare and --data is taken as it is.
+Status CheckSameTokenizer(const std::string& trained, const std::string& data) {
+  const std::string theirs = trained + "/" + data::kTokenizerFile;
+  const std::string mine = data + "/" + data::kTokenizerFile;
+  std::error_code ec;
+  if (trained.empty() || !std::filesystem::is_regular_file(theirs, ec) ||
+      !std::filesystem::is_regular_file(mine, ec)) {
+    return OkStatus();
+  }
+  StatusOr<std::string> a = data::ReadTokenizerModel(theirs), b = data::ReadTokenizerModel(mine);
+  if (!a.ok() || !b.ok() || *a == *b) return OkStatus();
+  return FailedPrecondition("--data ", data, ": its tokenizer ", mine, " is not the one the "
+                            "checkpoint's data was cut with, ", theirs, " (other token ids: the "
+                            "loss would mean nothing); prep the text with --tokenizer ", theirs);
+}
+
 int Run(const std::vector<std::string>& args) {
   auto world = dist::WorldCommunicator();
   Flags f;
@@ -153,6 +175,8 @@ int Run(const std::vector<std::string>& args) {
   if (int rc = Agree(*world, cc.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
   config::Config& config = cc->config;
   if (!f.data.empty()) {
+    const Status same = CheckSameTokenizer(config.data.FirstDir(), f.data);
+    if (int rc = Agree(*world, same, kExitFailure, kCommand); rc != kExitOk) return rc;
     config.data.dir = f.data;
     config.data.paths.clear();
   }

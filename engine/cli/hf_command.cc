@@ -2,16 +2,20 @@
 // hf-mixtral DIR OUT [--set k=v ...]`: the Hugging Face bridge (docs/hf.md). Export writes
 // OUT/config.json and OUT/model.safetensors that transformers' MixtralForCausalLM loads with
 // from_pretrained; a config Mixtral cannot express is refused with one line naming the key.
+// OUT is written whole or not at all (a temporary sibling renamed into place).
 // Import reads such a directory (model.safetensors, or the shards its
-// model.safetensors.index.json lists; float32) and writes a step-0 checkpoint in OUT (fresh
-// optimizer state), which `switchyard eval` evaluates and `switchyard train --resume`
-// continues. Exit status: 0 ok; 1 unreadable input, a config.json value that is bad or that
-// changes the model in a way Switchyard does not compute (one line naming the file and
-// config.json's key), a config export cannot express or an OUT that already holds
-// something; 2 bad flags (a --set the config refuses).
+// model.safetensors.index.json lists, checked against its weight_map; float32, finite) and
+// writes a step-0 checkpoint in OUT (fresh optimizer state), which `switchyard eval`
+// evaluates and `switchyard train --resume` continues. Both run on one rank. Exit status:
+// 0 ok; 1 unreadable input, a config.json value that is bad or that changes the model in a
+// way Switchyard does not compute (one line naming the file and config.json's key), a
+// tensor that is not finite, a config export cannot express or an OUT that already holds
+// something; 2 bad flags (an empty path, a --set the config refuses, mpirun).
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +47,7 @@ struct Args {
 
 Status ParseArgs(const std::string& command, const std::vector<std::string>& args, bool with_set,
                  const char* summary, Args* a, std::string* usage) {
+  const char* in_name = with_set ? "DIR" : "CHECKPOINT";  // import's input, export's
   std::vector<std::string> rest = args, positional, flags_only;
   if (with_set) {
     SY_ASSIGN_OR_RETURN(a->overrides, TakeOverrides(rest));
@@ -69,6 +74,9 @@ Status ParseArgs(const std::string& command, const std::vector<std::string>& arg
   }
   a->in = positional[0];
   a->out = positional[1];
+  // As for a flag naming a path: "" is not the current directory (nor "/config.json").
+  if (a->in.empty()) return InvalidArgument(in_name, " is empty; it needs a path");
+  if (a->out.empty()) return InvalidArgument("OUT is empty; it needs a path");
   return OkStatus();
 }
 
@@ -80,9 +88,37 @@ int Fail(const char* command, const Status& s) {
 constexpr char kExport[] = "switchyard export";
 constexpr char kImport[] = "switchyard import";
 
-}  // namespace
+// Writes OUT whole or not at all: into the sibling "<OUT>.tmp-<pid>", renamed into place at
+// the end (PublishDirectory, as prep does). A failure (a full disk) removes the temporary
+// and leaves OUT as it was, so that a retry is not refused; errors name OUT, not it.
+Status WriteExport(const std::string& out, const SafetensorsFile& file, const std::string& config) {
+  std::error_code ec;
+  // A symlink to an empty directory: the directory it names is replaced, the link kept.
+  const fs::path target = fs::is_symlink(out, ec) ? fs::canonical(out, ec) : fs::path(out);
+  const fs::path normal = target.lexically_normal();
+  const std::string base = (normal.has_filename() ? normal : normal.parent_path()).string();
+  const std::string staging = StrCat(base, ".tmp-", ::getpid());
+  fs::remove_all(staging, ec);
+  const fs::path parent = fs::absolute(base, ec).parent_path();
+  fs::create_directories(parent, ec);
+  Status s = ec ? FailedPrecondition(out, ": cannot create (", ec.message(), ")") : OkStatus();
+  if (s.ok() && !fs::create_directory(staging, ec)) {
+    s = FailedPrecondition(out, ": cannot create (", ec.message(), ")");
+  }
+  if (s.ok()) s = WriteSafetensors(staging + "/model.safetensors", file);
+  if (s.ok()) s = WriteFileAtomically(staging + "/config.json", config);
+  if (s.ok()) s = PublishDirectory(staging, base);
+  if (s.ok()) return s;
+  fs::remove_all(staging, ec);
+  std::string message(s.message());
+  for (size_t at = message.find(staging); at != std::string::npos;
+       at = message.find(staging, at + base.size())) {
+    message.replace(at, staging.size(), base);
+  }
+  return Status(s.code(), message);
+}
 
-int RunExport(const std::vector<std::string>& args) {
+int Export(const std::vector<std::string>& args) {
   Args a;
   std::string usage;
   Status parsed = ParseArgs(kExport, args, false,
@@ -95,6 +131,12 @@ int RunExport(const std::vector<std::string>& args) {
     std::printf("%s", usage.c_str());
     return kExitOk;
   }
+  // Ranks of one job would each write OUT: one process writes it.
+  auto world = dist::WorldCommunicator();
+  if (world->size() != 1) {
+    return Agree(*world, InvalidArgument("runs on one rank (launch it without mpirun)"),
+                 kExitUsage, kExport);
+  }
   auto cc = train::ReadCheckpointConfig(a.in);
   if (!cc.ok()) return Fail(kExport, cc.status());
   if (Status s = CheckMixtralExpressible(cc->config); !s.ok()) return Fail(kExport, s);
@@ -104,12 +146,7 @@ int RunExport(const std::vector<std::string>& args) {
   SafetensorsFile file;
   file.tensors = ToMixtral(*tensors, cc->config);
   file.metadata["format"] = "pt";  // what transformers requires of a safetensors file
-  std::error_code ec;
-  fs::create_directories(a.out, ec);
-  if (ec) return Fail(kExport, FailedPrecondition(a.out, ": cannot create (", ec.message(), ")"));
-  if (Status s = WriteSafetensors(a.out + "/model.safetensors", file); !s.ok()) return Fail(kExport, s);
-  if (Status s = WriteFileAtomically(a.out + "/config.json", MixtralConfigJson(cc->config).dump(2) + "\n");
-      !s.ok()) {
+  if (Status s = WriteExport(a.out, file, MixtralConfigJson(cc->config).dump(2) + "\n"); !s.ok()) {
     return Fail(kExport, s);
   }
   std::printf("exported %s to %s: %zu tensors, MixtralForCausalLM\n", cc->dir.c_str(),
@@ -117,28 +154,102 @@ int RunExport(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+}  // namespace
+
+int RunExport(const std::vector<std::string>& args) { return RunInProcess(kExport, Export, args); }
+
 namespace {
 
-// Every tensor of an HF directory: model.safetensors, or the files of its index.
-StatusOr<std::map<std::string, Tensor>> ReadHfTensors(const std::string& dir) {
-  std::vector<std::string> files;
-  const std::string index = dir + "/model.safetensors.index.json";
-  if (fs::exists(index)) {
-    SY_ASSIGN_OR_RETURN(std::string text, ReadFile(index));
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      return InvalidArgument(index, ": not a safetensors index (no weight_map)");
+// A NaN or Inf in an imported tensor: every reader of the checkpoint would refuse it
+// (checkpoint verify, eval, train --resume), so import refuses it, naming it (exit 1).
+Status CheckFinite(const SafetensorsFile& file, const std::string& path) {
+  for (const auto& [name, t] : file.tensors) {
+    if (t.dtype() != DType::kF32) continue;  // FromMixtral refuses it by name
+    const float* v = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (!std::isfinite(v[i])) {
+        return DataLoss(path, ": tensor '", name, "' holds a non-finite value (", v[i],
+                        " at flat index ", i, " of ", ShapeString(t.shape()), ")");
+      }
     }
-    std::set<std::string> names;
-    for (const auto& [tensor, file] : j["weight_map"].items()) names.insert(file.get<std::string>());
-    for (const std::string& f : names) files.push_back(dir + "/" + f);
-  } else {
-    files.push_back(dir + "/model.safetensors");
   }
+  return OkStatus();
+}
+
+// The weight_map of a sharded directory's index (tensor -> shard file name) and its
+// metadata.total_size (-1: absent).
+StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& index,
+                                                           int64_t* total_size) {
+  SY_ASSIGN_OR_RETURN(std::string text, ReadFile(index));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return DataLoss(index, ": not a safetensors index (no weight_map)");
+  }
+  if (const std::vector<std::string> twice = DuplicateJsonKey(text); !twice.empty()) {
+    return DataLoss(index, ": '", twice.back(), "' is set twice");
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    const std::string name = file.is_string() ? file.get<std::string>() : "";
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      return DataLoss(index, ": weight_map maps '", tensor, "' to ", file.dump().substr(0, 80),
+                      ", not the name of a file beside it");
+    }
+    out[tensor] = name;
+  }
+  if (out.empty()) return DataLoss(index, ": weight_map is empty");
+  const nlohmann::json metadata = j.value("metadata", nlohmann::json::object());
+  if (!metadata.is_object()) return DataLoss(index, ": metadata is not an object");
+  if (metadata.contains("total_size")) {
+    if (!metadata["total_size"].is_number_unsigned()) {
+      return DataLoss(index, ": metadata.total_size is ", metadata["total_size"].dump().substr(0, 80),
+                      ", not a byte count");
+    }
+    *total_size = metadata["total_size"].get<int64_t>();
+  }
+  return out;
+}
+
+// Every tensor of an HF directory: model.safetensors, or the shards its index lists, each
+// holding exactly the tensors the weight_map puts there, total_size their bytes. Every
+// value finite.
+StatusOr<std::map<std::string, Tensor>> ReadHfTensors(const std::string& dir) {
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::error_code ec;
+  if (!fs::exists(index, ec)) {
+    const std::string path = dir + "/model.safetensors";
+    SY_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(path));
+    SY_RETURN_IF_ERROR(CheckFinite(file, path));
+    return std::move(file.tensors);
+  }
+  int64_t total_size = -1;
+  SY_ASSIGN_OR_RETURN(const auto weight_map, ReadWeightMap(index, &total_size));
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (const auto& [tensor, file] : weight_map) by_file[file].push_back(tensor);
   std::map<std::string, Tensor> all;
-  for (const std::string& f : files) {
-    SY_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(f));
-    for (auto& [name, t] : file.tensors) all[name] = t;
+  uint64_t bytes = 0;
+  for (const auto& [file, names] : by_file) {
+    const std::string path = dir + "/" + file;
+    SY_ASSIGN_OR_RETURN(SafetensorsFile shard, ReadSafetensors(path));
+    for (const std::string& name : names) {
+      if (!shard.tensors.count(name)) {
+        return DataLoss(index, ": weight_map puts '", name, "' in ", file, ", which does not hold it");
+      }
+    }
+    for (auto& [name, t] : shard.tensors) {
+      const std::string& mapped = weight_map.count(name) ? weight_map.at(name) : "";
+      if (mapped != file) {
+        return DataLoss(path, ": holds '", name, "', which ", index, "'s weight_map ",
+                        mapped.empty() ? "does not list" : "puts in " + mapped);
+      }
+      bytes += t.nbytes();
+      all[name] = t;
+    }
+    SY_RETURN_IF_ERROR(CheckFinite(shard, path));
+  }
+  if (total_size >= 0 && static_cast<uint64_t>(total_size) != bytes) {
+    return DataLoss(index, ": metadata.total_size is ", total_size, " but the tensors of its ",
+                    "weight_map hold ", bytes, " bytes");
   }
   return all;
 }

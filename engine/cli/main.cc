@@ -3,6 +3,7 @@
 // Adding a subcommand is one line in kCommands (and its Run function in commands.h).
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
 #include "engine/core/thread_pool.h"
+#include "engine/dist/process.h"
 
 namespace switchyard::cli {
 namespace {
@@ -88,6 +90,12 @@ int Main(int argc, char** argv) {
   }
   if (Status s = CheckThreadsEnv(); !s.ok()) {
     return UsageError("switchyard " + name, std::string(s.message()));
+  }
+  // SWITCHYARD_MPI is read when a command starts MPI; checked here for every command, also
+  // those that never start it (mesh, plan, pipeline, report, checkpoint).
+  const auto env = [](const char* key) -> const char* { return std::getenv(key); };
+  if (StatusOr<bool> mpi = dist::ShouldStartMpi(dist::MpiStart::kIfLaunched, env); !mpi.ok()) {
+    return UsageError("switchyard " + name, std::string(mpi.status().message()));
   }
   return command->run(std::vector<std::string>(args.begin() + 1, args.end()));
 }

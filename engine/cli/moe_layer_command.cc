@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +18,7 @@
 #include "engine/cli/args.h"
 #include "engine/cli/common.h"
 #include "engine/cli/commands.h"
+#include "engine/core/file.h"
 #include "engine/core/safetensors.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/mesh.h"
@@ -81,10 +81,11 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   if (f->mode != "train" && f->mode != "eval") {
     return InvalidArgument("--mode must be train or eval, got \"", f->mode, "\"");
   }
-  std::error_code ec_out, ec_in;
-  const auto out = std::filesystem::weakly_canonical(f->out, ec_out);
-  if (!ec_out && out == std::filesystem::weakly_canonical(f->input, ec_in) && !ec_in) {
-    return InvalidArgument("--out ", f->out, " is the --input file; write the results elsewhere");
+  // Through a symlink or a hard link too: the atomic write would replace the file read.
+  for (const auto& [flag, path] : {std::pair{"input", f->input}, {"config", f->config}}) {
+    if (SameFile(f->out, path)) {
+      return InvalidArgument("--out ", f->out, " is the --", flag, " file; write the results elsewhere");
+    }
   }
   if (f->step < 0) return InvalidArgument("--step must be >= 0, got ", f->step);
   if (f->layer < 0) return InvalidArgument("--layer must be >= 0, got ", f->layer);

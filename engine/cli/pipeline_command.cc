@@ -4,6 +4,7 @@
 // With --actions, each rank's ordered action list follows. See docs/pipeline.md.
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cli/args.h"
@@ -17,6 +18,39 @@ namespace {
 using parallel::PipelineSchedule;
 
 constexpr char kCommand[] = "switchyard pipeline";
+
+// Bounds that keep the chart (one character per time unit and rank) and the memory small:
+// only the ratio of the costs matters, and the chart is read by eye.
+constexpr int kMaxCost = 1000;
+constexpr int kMaxPipelineRanks = 1024;
+constexpr long long kMaxChartCharacters = 1LL << 24;  // 16 MiB of chart
+
+// The flags' ranges (docs/pipeline.md); CheckScheduleArgs checks the rest.
+Status CheckRanges(int pp, int forward_cost, int backward_cost) {
+  if (pp > kMaxPipelineRanks) {
+    return InvalidArgument("--pp must be at most ", kMaxPipelineRanks,
+                           " (one chart line per rank), got ", pp);
+  }
+  for (const auto& [flag, cost] : {std::pair{"--forward-cost", forward_cost},
+                                   std::pair{"--backward-cost", backward_cost}}) {
+    if (cost < 1 || cost > kMaxCost) {
+      return InvalidArgument(flag, " must be in [1, ", kMaxCost,
+                             "] time units (only the ratio of the two costs matters), got ", cost);
+    }
+  }
+  return OkStatus();
+}
+
+// OK when the chart of `timeline` is at most kMaxChartCharacters.
+Status CheckChartSize(const parallel::Timeline& timeline) {
+  const long long lines = 1LL * timeline.pp * (timeline.virtual_stages > 1 ? 2 : 1);
+  const long long characters = lines * timeline.makespan;
+  if (characters <= kMaxChartCharacters) return OkStatus();
+  return InvalidArgument("the chart would be ", characters, " characters (", lines, " lines of ",
+                         timeline.makespan, " time units), more than ", kMaxChartCharacters,
+                         "; lower --forward-cost and --backward-cost (keep their ratio), "
+                         "--micro-batches or --pp");
+}
 
 // "rank  idle share  peak in flight" with one row per rank.
 std::string RankTable(const parallel::Timeline& timeline, const std::vector<int>& peaks) {
@@ -42,14 +76,16 @@ int RunPipeline(const std::vector<std::string>& args) {
                 "dependency order, messages matched in order, no deadlock) and prints its\n"
                 "timeline with unit costs, the bubble measured and analytic, and the peak\n"
                 "number of micro-batches each rank holds. See docs/pipeline.md.");
-  flags.AddInt("pp", &pp, "pipeline stages (ranks)", /*required=*/true);
+  flags.AddInt("pp", &pp, "pipeline stages (ranks), 1 to 1024", /*required=*/true);
   flags.AddInt("micro-batches", &micro_batches, "micro-batches per step (train.grad_accum)",
                /*required=*/true);
   flags.AddString("schedule", &schedule_name, "gpipe, 1f1b or interleaved (default 1f1b)");
   flags.AddInt("virtual-stages", &virtual_stages,
                "model chunks per rank, >= 2 for interleaved (default 1)");
-  flags.AddInt("forward-cost", &forward_cost, "time units of a forward (default 1)");
-  flags.AddInt("backward-cost", &backward_cost, "time units of a backward (default 2)");
+  flags.AddInt("forward-cost", &forward_cost, "time units of a forward, 1 to 1000 (default 1)");
+  flags.AddInt("backward-cost", &backward_cost,
+               "time units of a backward, 1 to 1000 (default 2); the chart, one character\n"
+               "per time unit and rank, may hold at most 16 MiB");
   flags.AddBool("actions", &actions, "also print every rank's ordered action list");
   if (Status status = flags.Parse(args); !status.ok()) {
     return UsageError(kCommand, std::string(status.message()));
@@ -60,14 +96,11 @@ int RunPipeline(const std::vector<std::string>& args) {
   }
   StatusOr<PipelineSchedule> schedule = parallel::ParsePipelineSchedule(schedule_name);
   if (!schedule.ok()) return UsageError(kCommand, std::string(schedule.status().message()));
-  if (forward_cost < 1) {
-    return UsageError(kCommand, StrCat("--forward-cost must be >= 1, got ", forward_cost));
+  Status args_ok = CheckRanges(pp, forward_cost, backward_cost);
+  if (args_ok.ok()) {
+    args_ok = parallel::CheckScheduleArgs(*schedule, pp, micro_batches, virtual_stages);
   }
-  if (backward_cost < 1) {
-    return UsageError(kCommand, StrCat("--backward-cost must be >= 1, got ", backward_cost));
-  }
-  if (Status status = parallel::CheckScheduleArgs(*schedule, pp, micro_batches, virtual_stages);
-      !status.ok()) {
+  if (Status status = args_ok; !status.ok()) {
     return UsageError(kCommand, std::string(status.message()));
   }
   // The lists are generated, so a failure here is a bug in the schedule, not a usage error.
@@ -79,6 +112,9 @@ int RunPipeline(const std::vector<std::string>& args) {
 
   const parallel::Timeline timeline = parallel::SimulateTimeline(
       *schedule, pp, micro_batches, virtual_stages, forward_cost, backward_cost);
+  if (Status status = CheckChartSize(timeline); !status.ok()) {
+    return UsageError(kCommand, std::string(status.message()));
+  }
   std::vector<std::vector<parallel::Action>> lists;
   std::vector<int> peaks;
   for (int r = 0; r < pp; ++r) {

@@ -96,8 +96,28 @@ StatusOr<plan::PlanInputs> Inputs(const Flags& f, const plan::Hardware& hw) {
                            "precision is fp32; plan with --precision bf16 or set runtime.activation_dtype=fp32");
   }
   SY_ASSIGN_OR_RETURN(in.skew, plan::ParseSkew(f.skew));
+  if (in.skew.expert_counts.empty() && in.skew.constant > f.gpus) {
+    return InvalidArgument("--skew ", f.skew, ": the busiest expert-parallel rank's load over the "
+                           "mean is at most ep (every token on that rank), and ep is at most "
+                           "--gpus ", f.gpus);
+  }
   in.config = std::move(config);
   return in;
+}
+
+// Why the search found no valid layout (every layout's check failed): a global batch that
+// no layout's data-parallel size divides, or the first layout's own error.
+std::string NoLayoutReason(const plan::PlanInputs& in, const plan::PlanResult& result) {
+  const std::string what = StrCat("no layout of ", in.world, " devices is valid for a global ",
+                                  "batch of ", in.global_batch, " sequences");
+  const std::vector<plan::Layout> space = plan::SearchSpace(in);
+  if (space.empty()) {
+    return StrCat(what, ": no layout's data-parallel size (devices / (tp x cp x pp)) divides it");
+  }
+  const config::Config c = space.front().Apply(in.config);
+  const Status s = c.parallel.Validate(c.model, c.moe, c.train.grad_accum, in.world);
+  return StrCat(what, " (", result.searched, " searched); the first, ",
+                space.front().Describe(in.world), ": ", s.message());
 }
 
 int Report(const Flags& f, const plan::PlanInputs& in, const plan::Hardware& hw) {
@@ -120,6 +140,7 @@ int Report(const Flags& f, const plan::PlanInputs& in, const plan::Hardware& hw)
     result.best.push_back(c1);
   } else {
     result = plan::Plan(in, hw, {.top = f.top});
+    if (result.valid == 0) return UsageError(kCommand, NoLayoutReason(in, result));
   }
   if (f.json) {
     nlohmann::ordered_json j = {{"gpus", in.world}, {"gpu", hw.name}, {"global_batch", in.global_batch},
@@ -139,15 +160,31 @@ int Report(const Flags& f, const plan::PlanInputs& in, const plan::Hardware& hw)
                 static_cast<long long>(result.memory_checked));
   }
   if (result.best.empty()) {
-    std::printf("no valid layout fits %s of memory per device; the smallest needs %s (%s)\n",
-                plan::FormatBytes(hw.memory_bytes).c_str(),
-                plan::FormatBytes(result.smallest.peak_bytes).c_str(),
-                result.smallest.layout.Describe(in.world).c_str());
+    std::fflush(stdout);
+    PrintError(kCommand, StrCat("no valid layout fits ", plan::FormatBytes(hw.memory_bytes),
+                                " of memory per device; the smallest needs ",
+                                plan::FormatBytes(result.smallest.peak_bytes), " (",
+                                result.smallest.layout.Describe(in.world), ")"));
     return kExitFailure;
   }
   std::fputs(plan::FormatCandidates(result.best, in.world).c_str(), stdout);
   if (f.config_layout && !result.best[0].fits) std::printf("note: the layout does not fit the device's memory\n");
   return kExitOk;
+}
+
+// Nodes hold the same number of devices (--gpus-per-node, else the hardware file's
+// gpus_per_node, already in hw); a job smaller than one node uses part of it.
+Status CheckNodes(const Flags& f, const plan::Hardware& hw) {
+  const std::string per_node = f.gpus_per_node > 0
+                                   ? StrCat("--gpus-per-node=", hw.gpus_per_node)
+                                   : StrCat("the hardware file's gpus_per_node=", hw.gpus_per_node,
+                                            " (", f.gpu, ")");
+  if (hw.gpus_per_node < 1) return InvalidArgument(per_node, " must be >= 1");
+  if (f.gpus > hw.gpus_per_node && f.gpus % hw.gpus_per_node != 0) {
+    return InvalidArgument(per_node, " does not divide --gpus=", f.gpus,
+                           " (every node holds the same number of devices)");
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -190,16 +227,15 @@ int RunPlan(const std::vector<std::string>& args_in) {
   if (f.top < 1) return UsageError(kCommand, StrCat("--top ", f.top, " must be >= 1"));
   auto hw = plan::LoadHardware(f.gpu, HardwareDir());
   if (!hw.ok()) return UsageError(kCommand, std::string(hw.status().message()));
-  // Nodes hold the same number of devices; a job smaller than one node uses part of it.
   if (flags.IsSet("gpus-per-node") && f.gpus_per_node < 1) {
     return UsageError(kCommand, StrCat("--gpus-per-node=", f.gpus_per_node, " must be >= 1"));
   }
-  if (flags.IsSet("gpus-per-node") && f.gpus > f.gpus_per_node && f.gpus % f.gpus_per_node != 0) {
-    return UsageError(
-        kCommand, StrCat("--gpus-per-node=", f.gpus_per_node, " does not divide --gpus=", f.gpus,
-                         " (every node holds the same number of devices)"));
+  if (flags.IsSet("global-batch") && f.global_batch < 1) {
+    return UsageError(kCommand, StrCat("--global-batch=", f.global_batch, " must be >= 1 (leave it "
+                                       "out for the config's)"));
   }
   if (f.gpus_per_node > 0) hw->gpus_per_node = f.gpus_per_node;
+  if (Status s = CheckNodes(f, *hw); !s.ok()) return UsageError(kCommand, std::string(s.message()));
   auto in = Inputs(f, *hw);
   if (!in.ok()) return UsageError(kCommand, std::string(in.status().message()));
   // The model as `train` checks it (a rope head of odd width plans nothing that could train).

@@ -13,7 +13,10 @@
 
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
+#include "engine/cli/common.h"
+#include "engine/data/corpus.h"
 #include "engine/data/prep.h"
+#include "engine/dist/process.h"
 
 namespace switchyard::cli {
 namespace {
@@ -114,7 +117,7 @@ void AddPrepFlags(FlagSet& flags, data::PrepOptions& options, PrepFlagText& text
                   "JSONL: the key holding a document's label (default: the file's label)");
   flags.AddBool("strict", &options.read.strict, "a bad JSONL line is an error, not skipped");
   flags.AddPath("tokenizer", &options.tokenizer_path,
-                "an existing SentencePiece model to use instead of training one");
+                "an existing SentencePiece model to use instead of training one (no --vocab)");
   flags.AddString("tokenizer-sample-bytes", &text.sample_bytes,
                   "text the tokenizer is trained on, a seeded sample (default 16777216)");
   flags.AddInt("threads", &options.threads, "encoding threads (default 0: every core)");
@@ -188,9 +191,34 @@ int PrepareAndReport(const data::PrepOptions& options) {
   return kExitOk;
 }
 
-}  // namespace
+// What FlagSet cannot see: a flag given with nothing to do, and the same file twice (each
+// of its documents would be read twice, into both splits). Usage errors.
+Status CheckFlagUse(const FlagSet& flags, const data::PrepOptions& options) {
+  if (flags.IsSet("label") && options.label.empty()) {
+    return InvalidArgument("--label is empty; give a label (non-empty, no whitespace) or leave "
+                           "it out for each file's stem");
+  }
+  if (flags.IsSet("tokenizer") && flags.IsSet("vocab")) {
+    return InvalidArgument("--vocab ", options.vocab_size, " and --tokenizer ",
+                           options.tokenizer_path, " are both given; the vocabulary is the "
+                           "tokenizer's: leave --vocab out");
+  }
+  if (options.files.empty()) return OkStatus();
+  // Missing files and the like are the run's to report (exit 1).
+  StatusOr<std::vector<data::CorpusFile>> files =
+      data::UserCorpusFiles(options.files, options.label);
+  return files.ok() ? data::CheckDistinctFiles(*files) : OkStatus();
+}
 
-int RunPrep(const std::vector<std::string>& args) {
+// The command on this process; RunPrep runs it under RunInProcess (one rank).
+int Run(const std::vector<std::string>& args) {
+  if (dist::WorldSize() > 1) {  // several ranks would all write --out
+    auto world = dist::WorldCommunicator();
+    return Agree(*world,
+                 InvalidArgument("runs on one rank (launch it without mpirun; it uses every "
+                                 "core by itself, see --threads)"),
+                 kExitUsage, kCommand);
+  }
   data::PrepOptions options;
   PrepFlagText text;
   text.shard_tokens = static_cast<int>(options.shard_tokens);
@@ -215,10 +243,14 @@ int RunPrep(const std::vector<std::string>& args) {
     std::fputs(flags.Usage().c_str(), stdout);
     return kExitOk;
   }
-  if (Status status = ApplyFlagText(text, &options); !status.ok()) {
-    return UsageError(kCommand, std::string(status.message()));
-  }
+  Status usage = ApplyFlagText(text, &options);
+  if (usage.ok()) usage = CheckFlagUse(flags, options);
+  if (!usage.ok()) return UsageError(kCommand, std::string(usage.message()));
   return PrepareAndReport(options);
 }
+
+}  // namespace
+
+int RunPrep(const std::vector<std::string>& args) { return RunInProcess(kCommand, Run, args); }
 
 }  // namespace switchyard::cli

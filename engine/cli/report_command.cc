@@ -6,9 +6,15 @@
 // docs/report.md. The plots are drawn by scripts/report.py (matplotlib); this command
 // checks the arguments and runs it. Exit status: 0 ok, 1 a run or the output cannot be
 // read or written, 2 bad flags.
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cli/args.h"
@@ -47,7 +53,64 @@ Status CheckOutIsNoInput(const std::string& out, const std::vector<std::string>&
       }
     }
   }
+  // Anything inside a run directory (its `latest`, a checkpoint's files) belongs to the run.
+  for (const std::string& run : runs) {
+    std::error_code e;
+    const fs::path dir = fs::weakly_canonical(run, e);
+    if (ec || e) continue;
+    const auto [d, t] = std::mismatch(dir.begin(), dir.end(), target.begin(), target.end());
+    if (d == dir.end()) {
+      return InvalidArgument("--out ", out, " is inside the run directory ", run,
+                             " (its checkpoints and logs); write the report elsewhere, e.g. "
+                             "report.html");
+    }
+  }
   return OkStatus();
+}
+
+// The interpreter's name for messages: "SWITCHYARD_PYTHON=/bin/false" or "/usr/bin/python3".
+std::string Interpreter() {
+  const char* py = std::getenv("SWITCHYARD_PYTHON");
+  return py != nullptr ? StrCat("SWITCHYARD_PYTHON=", py) : std::string("/usr/bin/python3");
+}
+
+// The identity of `path` (inode and modification time), or nullopt when there is none.
+std::optional<std::pair<ino_t, int64_t>> FileIdentity(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return std::pair(st.st_ino, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
+}
+
+// Runs scripts/report.py with `py_args`, which writes `out`. The script prints its own
+// error line; what it cannot say is said here: an interpreter that is not Python 3 (checked
+// first), one that stops without a line, or one that ends well without writing `out`.
+int RunReportScript(const std::string& out, const std::vector<std::string>& py_args) {
+  StatusOr<std::string> script = ProjectScript("report.py");
+  if (!script.ok()) {
+    PrintError(kCommand, std::string(script.status().message()));
+    return kExitFailure;
+  }
+  StatusOr<int> rc =
+      RunPython("-c", {"import sys; sys.exit(0 if sys.version_info[0] == 3 else 1)"});
+  if (rc.ok() && *rc != 0) {
+    PrintError(kCommand, StrCat(Interpreter(), ": not a Python 3 interpreter (`-c 'import sys'` ",
+                                "exited with status ", *rc, "); scripts/report.py needs one"));
+    return kExitFailure;
+  }
+  const auto before = FileIdentity(out);
+  if (rc.ok()) rc = RunPython(*script, py_args);
+  if (!rc.ok()) {
+    PrintError(kCommand, StrCat(Interpreter(), ": ", rc.status().message()));
+    return kExitFailure;
+  }
+  if (*rc != 0) return kExitFailure;  // report.py said what failed
+  const auto after = FileIdentity(out);
+  if (!after.has_value() || after == before) {
+    PrintError(kCommand, StrCat(Interpreter(), " ran ", *script, " with exit status 0 but --out ",
+                                out, " was not written"));
+    return kExitFailure;
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -99,21 +162,11 @@ int RunReport(const std::vector<std::string>& args) {
     PrintError(kCommand, "--route " + route + ": no such file");
     return kExitFailure;
   }
-  StatusOr<std::string> script = ProjectScript("report.py");
-  if (!script.ok()) {
-    PrintError(kCommand, std::string(script.status().message()));
-    return kExitFailure;
-  }
   std::vector<std::string> py_args = {"--out", out};
   if (!route.empty()) py_args.insert(py_args.end(), {"--route", route});
   if (!title.empty()) py_args.insert(py_args.end(), {"--title", title});
   py_args.insert(py_args.end(), runs.begin(), runs.end());
-  StatusOr<int> rc = RunPython(*script, py_args);
-  if (!rc.ok()) {
-    PrintError(kCommand, std::string(rc.status().message()));
-    return kExitFailure;
-  }
-  return *rc == 0 ? kExitOk : kExitFailure;
+  return RunReportScript(out, py_args);
 }
 
 }  // namespace switchyard::cli

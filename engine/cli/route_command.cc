@@ -8,8 +8,9 @@
 // Capacity: the text's tokens are one routing group at moe.eval_capacity_factor, C =
 // ceil(cf * T * k / E) with T the text's token count. A text longer than model.seq_len is
 // cut into windows of seq_len tokens, each its own sequence and routing group (as a
-// validation micro-batch of one sequence would be). One rank. Exit status: 0 ok, 1 a
-// missing or corrupt checkpoint, data directory or file, 2 bad flags.
+// validation micro-batch of one sequence would be). One rank; a text of at most 1 MiB.
+// Exit status: 0 ok, 1 a missing or corrupt checkpoint, data directory or file (a FIFO or
+// device refused), 2 bad flags or a text over 1 MiB.
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,11 @@ namespace switchyard::cli {
 namespace {
 
 constexpr char kCommand[] = "switchyard route";
+
+// The longest text routed: 1 MiB, a short book. The forward runs window by window (a
+// 2-layer toy model takes about 40 s per MiB on one core) and every token is a line of the
+// listing or an object of --json, so a larger text is refused (docs/route.md).
+constexpr uint64_t kMaxTextBytes = uint64_t{1} << 20;
 
 struct Flags {
   std::string checkpoint, text, file, data, color = "auto";
@@ -130,8 +136,10 @@ Routed Route(model::Decoder& decoder, const std::vector<int32_t>& ids, int64_t s
   return r;
 }
 
-std::string Json(const Routed& r, const data::Tokenizer& tok, const checkpoint::LoadedCheckpoint& ck,
-                 const std::vector<int64_t>& layer_ids, const moe::MoEConfig& mc) {
+// Prints the --json object token by token: the whole text's JSON tree at once took about
+// 800 bytes of memory per byte of text.
+void PrintJson(const Routed& r, const data::Tokenizer& tok, const checkpoint::LoadedCheckpoint& ck,
+               const std::vector<int64_t>& layer_ids, const moe::MoEConfig& mc) {
   nlohmann::ordered_json j;
   j["checkpoint"] = ck.dir;
   j["step"] = ck.step;
@@ -140,7 +148,10 @@ std::string Json(const Routed& r, const data::Tokenizer& tok, const checkpoint::
   j["num_experts"] = mc.num_experts;
   j["capacity"] = r.capacity;
   j["layers"] = layer_ids;
-  nlohmann::ordered_json tokens = nlohmann::ordered_json::array();
+  j["tokens"] = nlohmann::ordered_json::array();
+  std::string head = j.dump();
+  head.resize(head.size() - 2);  // "...,"tokens":[" without its "]}"
+  std::fputs(head.c_str(), stdout);
   for (size_t t = 0; t < r.ids.size(); ++t) {
     nlohmann::ordered_json tj;
     tj["id"] = r.ids[t];
@@ -152,10 +163,10 @@ std::string Json(const Routed& r, const data::Tokenizer& tok, const checkpoint::
       ls.push_back({{"experts", tr.experts}, {"gates", tr.gates}, {"dropped", tr.dropped}});
     }
     tj["layers"] = ls;
-    tokens.push_back(tj);
+    if (t > 0) std::fputc(',', stdout);
+    std::fputs(tj.dump().c_str(), stdout);
   }
-  j["tokens"] = tokens;
-  return j.dump();
+  std::fputs("]}\n", stdout);
 }
 
 // The listing: per layer, the text with each token in its first expert's colour (a dropped
@@ -206,6 +217,22 @@ std::string Listing(const Routed& r, const data::Tokenizer& tok, const checkpoin
   return out.str();
 }
 
+// --text, or the bytes of --file (a regular file). Longer than kMaxTextBytes: an error
+// with *code kExitUsage (the work and the output grow with the text; /dev/zero never ends).
+StatusOr<std::string> TextToRoute(const Flags& f, int* code) {
+  const std::string limit = StrCat("more than the ", kMaxTextBytes >> 20,
+                                   " MiB route takes; route a part of it (head -c 1M)");
+  if (f.text_set) {
+    if (f.text.size() <= kMaxTextBytes) return f.text;
+    *code = kExitUsage;
+    return InvalidArgument("--text: ", f.text.size(), " bytes, ", limit);
+  }
+  StatusOr<std::string> text = ReadFile(f.file, kMaxTextBytes);
+  if (text.status().code() != absl::StatusCode::kOutOfRange) return text;
+  *code = kExitUsage;
+  return InvalidArgument("--file ", text.status().message(), ", ", limit);
+}
+
 int Run(const std::vector<std::string>& args) {
   auto world = dist::WorldCommunicator();
   Flags f;
@@ -217,12 +244,9 @@ int Run(const std::vector<std::string>& args) {
   if (world->size() != 1) {
     return Agree(*world, InvalidArgument("runs on one rank (launch it without mpirun)"), kExitUsage, kCommand);
   }
-  std::string text = f.text;
-  if (!f.text_set) {
-    auto read = ReadFile(f.file);
-    if (!read.ok()) return Agree(*world, read.status(), kExitFailure, kCommand);
-    text = *read;
-  }
+  int code = kExitFailure;
+  StatusOr<std::string> text = TextToRoute(f, &code);
+  if (!text.ok()) return Agree(*world, text.status(), code, kCommand);
   auto saved = train::ReadCheckpointConfig(f.checkpoint);
   if (int rc = Agree(*world, saved.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
   // One rank: the saved layout folds onto it (a checkpoint loads under any layout).
@@ -240,7 +264,7 @@ int Run(const std::vector<std::string>& args) {
   if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
   auto tok = data::Tokenizer::Load(config.data.dir + "/" + data::kTokenizerFile);
   if (int rc = Agree(*world, tok.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
-  const std::vector<int32_t> ids = tok->Encode(text);
+  const std::vector<int32_t> ids = tok->Encode(*text);
   if (ids.empty()) return Agree(*world, InvalidArgument("the text has no tokens"), kExitUsage, kCommand);
   auto evaluator = train::Evaluator::Create(config, *world);
   if (int rc = Agree(*world, evaluator.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
@@ -249,7 +273,7 @@ int Run(const std::vector<std::string>& args) {
   model::Decoder& decoder = (*evaluator)->decoder();
   const Routed routed = Route(decoder, ids, ck->step);
   if (f.json) {
-    std::printf("%s\n", Json(routed, *tok, *ck, decoder.moe_layer_ids(), config.moe).c_str());
+    PrintJson(routed, *tok, *ck, decoder.moe_layer_ids(), config.moe);
   } else {
     const bool color = f.color == "always" || (f.color == "auto" && isatty(STDOUT_FILENO));
     std::printf("%s", Listing(routed, *tok, *ck, decoder.moe_layer_ids(), config.moe, color).c_str());

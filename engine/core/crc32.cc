@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/core/file.h"
+
 namespace switchyard {
 namespace {
 
@@ -58,8 +60,7 @@ std::string Crc32Hex(uint32_t crc) {
 }
 
 StatusOr<FileCrc> Crc32OfFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
+  SY_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));  // a FIFO would block forever
   std::vector<char> block(1 << 20);
   FileCrc out;
   while (true) {

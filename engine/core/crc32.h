@@ -20,8 +20,8 @@ uint32_t Crc32(uint32_t crc, const void* data, size_t n);
 // "cbf43926": eight lowercase hex digits.
 std::string Crc32Hex(uint32_t crc);
 
-// The CRC-32 and size of a whole file, read in 1 MiB blocks. NotFound / DataLoss naming
-// the path when it cannot be opened or read.
+// The CRC-32 and size of a whole regular file, read in 1 MiB blocks. NotFound / DataLoss
+// naming the path when it cannot be opened or read (OpenRegularFile: not a FIFO or device).
 struct FileCrc {
   uint32_t crc = 0;
   uint64_t bytes = 0;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace switchyard {
@@ -50,19 +51,78 @@ Status ReplaceDirectory(const std::string& staging, const std::string& final_dir
   return OkStatus();
 }
 
+// "x: is a FIFO (named pipe), not a regular file"; a directory: "x: is a directory, not a file".
+Status NotRegular(const std::string& path, mode_t mode) {
+  if (S_ISDIR(mode)) return InvalidArgument(path, ": is a directory, not a file");
+  const char* kind = S_ISFIFO(mode)   ? "a FIFO (named pipe)"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                     : S_ISSOCK(mode) ? "a socket"
+                                      : "something else";
+  return NotFound(path, ": is ", kind, ", not a regular file");
+}
+
 }  // namespace
 
-StatusOr<std::string> ReadFile(const std::string& path) {
+StatusOr<int> OpenRegularFile(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return InvalidArgument(path, ": is a directory, not a file");
+  // stat first: opening a socket fails (ENXIO) with a reason that does not say why.
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
+  // O_NONBLOCK: a FIFO put in place after the stat opens at once instead of waiting for a
+  // writer; fstat then refuses it. Reads of a regular file ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const int err = errno;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    if (!stat_ok) return NotFound(path, ": cannot stat (", std::strerror(err), ")");
+    return NotRegular(path, st.st_mode);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return DataLoss(path, ": read failed");
-  return s.str();
+  return fd;
+}
+
+StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) {
+  SY_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
+  struct stat st;
+  const uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  if (size > max_bytes) {
+    ::close(fd);
+    return absl::OutOfRangeError(StrCat(path, ": ", size, " bytes"));
+  }
+  std::string out;
+  out.reserve(static_cast<size_t>(size));
+  char block[1 << 16];
+  while (true) {
+    const ssize_t got = ::read(fd, block, sizeof(block));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int err = errno;
+      ::close(fd);
+      return DataLoss(path, ": read failed (", std::strerror(err), ")");
+    }
+    if (got == 0) break;
+    out.append(block, static_cast<size_t>(got));
+    if (out.size() > max_bytes) {  // it grew while being read
+      ::close(fd);
+      return absl::OutOfRangeError(StrCat(path, ": more than ", max_bytes, " bytes"));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  return ReadFile(path, std::numeric_limits<uint64_t>::max());
+}
+
+bool SameFile(const std::string& a, const std::string& b) {
+  std::error_code ec_a, ec_b;
+  const fs::path pa = fs::weakly_canonical(a, ec_a), pb = fs::weakly_canonical(b, ec_b);
+  if (!ec_a && !ec_b && pa == pb) return true;
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 int WriteAll(int fd, const void* data, size_t n) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -11,9 +12,25 @@
 
 namespace switchyard {
 
-// The bytes of `path`. NotFound (naming the path and the system's reason) when it cannot be
-// opened, InvalidArgument when it is a directory, DataLoss when the read fails part way.
+// Opens `path` for reading (O_CLOEXEC) when it is a regular file (a symlink to one is fine)
+// and returns the descriptor, which the caller closes. A FIFO, a device or a socket is
+// refused before any read: a reader would block forever (a FIFO without a writer) or never
+// see the end (/dev/zero). NotFound naming the path and the system's reason when it cannot
+// be opened, InvalidArgument "is a directory, not a file", NotFound "is a FIFO (named pipe),
+// not a regular file" (a character or block device, a socket likewise).
+StatusOr<int> OpenRegularFile(const std::string& path);
+
+// The bytes of the regular file `path` (OpenRegularFile's errors), DataLoss when the read
+// fails part way.
 StatusOr<std::string> ReadFile(const std::string& path);
+
+// The same, for a file that must hold at most `max_bytes`: OutOfRange naming the path and
+// its size when it holds more, read no further than that (the caller names its limit).
+StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
+
+// Whether `a` and `b` name one file: the same path once symlinks, "." and ".." are resolved
+// (neither needs to exist), or, both existing, the same device and inode (a hard link).
+bool SameFile(const std::string& a, const std::string& b);
 
 // Writes all `n` bytes of `data` to `fd`, retrying short writes and EINTR; 0, or the errno of
 // the failure.

@@ -155,8 +155,8 @@ StatusOr<SafetensorsHeader> ParseHeader(const std::string& path, const std::stri
 }  // namespace
 
 StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NotFound(path, ": cannot open (", std::strerror(errno), ")");
+  // A regular file only: a FIFO would block, a directory reads as "no header length".
+  SY_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   auto fail = [fd](Status s) {
     ::close(fd);
     return s;

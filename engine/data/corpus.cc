@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <system_error>
 #include <tuple>
 
@@ -115,6 +116,22 @@ std::string FileStem(const std::string& path) {
   }
   const size_t dot = name.rfind('.');
   return dot == std::string::npos || dot == 0 ? name : name.substr(0, dot);
+}
+
+Status CheckDistinctFiles(const std::vector<CorpusFile>& files) {
+  std::map<std::string, const std::string*> seen;  // real path -> the first mention
+  for (const CorpusFile& file : files) {
+    std::error_code ec;
+    const fs::path real = fs::canonical(file.path, ec);
+    if (ec) continue;  // reading it will say what is wrong
+    const auto [it, fresh] = seen.emplace(real.string(), &file.path);
+    if (!fresh) {
+      return InvalidArgument(file.path, " is given twice (also as ", *it->second,
+                             "); each of its documents would be read twice, into both splits; "
+                             "give each file once");
+    }
+  }
+  return OkStatus();
 }
 
 StatusOr<std::vector<CorpusFile>> UserCorpusFiles(const std::vector<std::string>& paths,

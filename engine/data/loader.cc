@@ -246,6 +246,13 @@ StatusOr<std::vector<Batch>> DataLoader::ValidationBatches(int64_t max_batches) 
   const int64_t per_batch = mbs * options_.dp_size;
   const bool whole = max_batches <= 0;
   int64_t count = whole ? (windows + per_batch - 1) / per_batch : windows / per_batch;
+  if (val_tokens() == 0) {
+    return FailedPrecondition(
+        datasets_.size() == 1 ? datasets_[0]->dir : std::string("the blend"),
+        ": the data has no validation split (0 tokens; `prep --val-fraction 0` writes none), "
+        "and validating needs one: prep with a --val-fraction above 0 (train runs without "
+        "validation with train.eval_every=0)");
+  }
   if (count == 0 || (whole && windows < per_batch)) {
     return FailedPrecondition(
         datasets_.size() == 1 ? datasets_[0]->dir : std::string("the blend"),

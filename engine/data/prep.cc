@@ -336,6 +336,7 @@ StatusOr<Survey> ReadCorpus(const PrepOptions& options, const PrepCallbacks& cal
     SY_ASSIGN_OR_RETURN(*files, FortuneCorpusFiles(options.fortune_root));
   } else {
     SY_ASSIGN_OR_RETURN(*files, UserCorpusFiles(options.files, options.label));
+    SY_RETURN_IF_ERROR(CheckDistinctFiles(*files));
   }
   SY_ASSIGN_OR_RETURN(Survey survey, SurveyCorpus(options, *files, callbacks, sample));
   if (survey.bad_lines > 0 && callbacks.warning) {
@@ -369,6 +370,11 @@ Status ProvideTokenizer(const PrepOptions& options, const PrepCallbacks& callbac
   const Clock::time_point start = Clock::now();
   if (!*tokenizer) {
     const uint64_t sampled = sample.kept(), sampled_bytes = sample.kept_bytes();
+    if (sampled == 0) {
+      return InvalidArgument("no training document fits in --tokenizer-sample-bytes ",
+                             options.tokenizer_sample_bytes, " (the tokenizer trains on whole "
+                             "documents); raise it");
+    }
     SY_ASSIGN_OR_RETURN(*model, TrainTokenizer(sample.TakeTexts(),
                                                TokenizerOptions{options.vocab_size, options.seed}));
     SY_ASSIGN_OR_RETURN(Tokenizer trained, Tokenizer::FromSerialized(*model));
@@ -408,6 +414,9 @@ Status PrepOptions::Validate() const {
     return InvalidArgument("--tokenizer-sample-bytes must be >= 1, got ", tokenizer_sample_bytes);
   }
   if (read.json_key.empty()) return InvalidArgument("--json-key must not be empty");
+  if (!label.empty() && !IsValidLabel(label)) {
+    return InvalidArgument("--label \"", label, "\" is not a label (non-empty, no whitespace)");
+  }
   return OkStatus();
 }
 
@@ -419,6 +428,7 @@ StatusOr<Index> Prepare(const PrepOptions& options, const PrepCallbacks& callbac
   SY_RETURN_IF_ERROR(options.Validate());
   const std::string out_dir = NormalizedOutDir(options.out_dir);
   SY_RETURN_IF_ERROR(CheckOutputDir(out_dir, options.force));
+  SY_RETURN_IF_ERROR(CheckOutputCreatable(options.out_dir));
 
   // An existing tokenizer is loaded first: a model that does not load fails fast.
   std::string model;

@@ -2,7 +2,11 @@
 // rename; see prep.h ("replaced whole or not at all").
 #include "engine/data/prep_output.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <regex>
@@ -29,6 +33,19 @@ Status Publish(const std::string& staging, const std::string& out, bool force) {
   return PublishDirectory(staging, out);
 }
 
+Status CheckOutputCreatable(const std::string& out_dir) {
+  std::error_code ec;
+  // The staging folder is a sibling of the output: out's parent (created when missing).
+  fs::path dir = fs::absolute(NormalizedOutDir(out_dir), ec).parent_path();
+  while (!fs::exists(dir, ec) && dir.has_relative_path()) dir = dir.parent_path();
+  struct stat st;
+  int err = ::stat(dir.c_str(), &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+  if (err == 0 && ::access(dir.c_str(), W_OK | X_OK) != 0) err = errno;
+  if (err == 0) return OkStatus();
+  return FailedPrecondition("--out ", out_dir, ": cannot create it (", dir.string(), ": ",
+                            std::strerror(err), ")");
+}
+
 StatusOr<std::string> CreateStaging(const std::string& out_dir) {
   const std::string staging = StrCat(out_dir, ".tmp-", ::getpid());
   std::error_code ec;
@@ -37,7 +54,8 @@ StatusOr<std::string> CreateStaging(const std::string& out_dir) {
     fs::create_directories(parent, ec);
   }
   if (!fs::create_directory(staging, ec) || ec) {
-    return FailedPrecondition(staging, ": cannot create (", ec.message(), ")");
+    return FailedPrecondition("--out ", out_dir, ": cannot create its temporary folder ",
+                              staging, " beside it (", ec.message(), ")");
   }
   return staging;
 }

@@ -11,7 +11,14 @@ namespace switchyard::data {
 // `out_dir` without a trailing "/" or "." parts.
 std::string NormalizedOutDir(const std::string& out_dir);
 
-// Creates the empty folder "<out_dir>.tmp-<pid>" (and out_dir's parent) and returns it.
+// OK when the folder `out_dir` (as given to --out) can be created: its closest existing
+// ancestor is a folder this process may write. Else FailedPrecondition naming --out and
+// the reason ("--out afile/sub: cannot create it (afile: Not a directory)"), so that a
+// run says so before reading the corpus, and never names its temporary folder.
+Status CheckOutputCreatable(const std::string& out_dir);
+
+// Creates the empty folder "<out_dir>.tmp-<pid>" (and out_dir's parent) and returns it;
+// an error names --out.
 StatusOr<std::string> CreateStaging(const std::string& out_dir);
 
 // Moves the finished `staging` folder to `out`, replacing a previous prep output (checked

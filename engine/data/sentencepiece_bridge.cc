@@ -54,6 +54,36 @@ std::string BreakLongRuns(const std::string& text) {
   return out;
 }
 
+// SentencePiece skips a sentence longer than max_sentence_length bytes (kMaxSentenceBytes)
+// and fails ("Internal: ... [!sentences_.empty()]") when it skipped them all: a corpus of
+// long JSONL records or minified text, one line per document. In the trainer's copy a
+// longer text is cut into pieces of at most kMaxPieceBytes (room for the space BreakLongRuns
+// may add per kMaxRun bytes),
+// each ending at the last line break, else the last space, else a UTF-8 character boundary
+// before the limit. Encoding still sees the whole text.
+constexpr size_t kMaxSentenceBytes = 65536;
+constexpr size_t kMaxPieceBytes = kMaxSentenceBytes - kMaxSentenceBytes / kMaxRun;
+
+std::vector<std::string> CutLongText(const std::string& text) {
+  std::vector<std::string> pieces;
+  size_t begin = 0;
+  while (text.size() - begin > kMaxPieceBytes) {
+    const size_t limit = begin + kMaxPieceBytes;  // the piece is [begin, end), end <= limit
+    size_t end = text.rfind('\n', limit - 1);
+    if (end == std::string::npos || end < begin) end = text.rfind(' ', limit - 1);
+    if (end == std::string::npos || end < begin) {
+      end = limit;
+      while (end > begin + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+    } else {
+      ++end;  // the separator ends its piece
+    }
+    pieces.push_back(text.substr(begin, end - begin));
+    begin = end;
+  }
+  pieces.push_back(text.substr(begin));
+  return pieces;
+}
+
 }  // namespace
 
 std::string TrainBpe(const std::vector<std::string>& texts, const BpeSpec& spec,
@@ -72,7 +102,7 @@ std::string TrainBpe(const std::vector<std::string>& texts, const BpeSpec& spec,
       {"add_dummy_prefix", "true"},
       {"split_digits", "true"},
       {"user_defined_symbols", "\n,\t"},
-      {"max_sentence_length", "65536"},
+      {"max_sentence_length", std::to_string(kMaxSentenceBytes)},
       {"input_sentence_size", "0"},
       {"shuffle_input_sentence", "false"},
       {"num_threads", "1"},
@@ -83,14 +113,17 @@ std::string TrainBpe(const std::vector<std::string>& texts, const BpeSpec& spec,
       {"minloglevel", "2"},
   };
   sentencepiece::SetRandomGeneratorSeed(spec.seed == static_cast<uint32_t>(-1) ? 0 : spec.seed);
-  std::vector<std::string> broken;  // only when some text has a run the trainer cannot take
+  // A copy only when some text is too long or has a run the trainer cannot take.
+  std::vector<std::string> broken;
+  bool copied = false;
   for (size_t i = 0; i < texts.size(); ++i) {
-    if (!broken.empty() || HasLongRun(texts[i])) {
-      if (broken.empty()) broken.assign(texts.begin(), texts.begin() + i);
-      broken.push_back(BreakLongRuns(texts[i]));
+    if (!copied && !HasLongRun(texts[i]) && texts[i].size() <= kMaxPieceBytes) continue;
+    if (!copied) broken.assign(texts.begin(), texts.begin() + i), copied = true;
+    for (const std::string& piece : CutLongText(texts[i])) {
+      broken.push_back(HasLongRun(piece) ? BreakLongRuns(piece) : piece);
     }
   }
-  VectorIterator iterator(broken.empty() ? texts : broken);
+  VectorIterator iterator(copied ? broken : texts);
   const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, &iterator, model);
   return status.ok() ? std::string() : std::string(status.ToString());
 }

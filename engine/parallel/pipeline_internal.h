@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,7 @@ std::string Where(int rank, const std::vector<Action>& list, size_t index);
 // Per rank and action of an execution: when the action ends (the rank's clock after it)
 // and, for a send, when the peer's recv took its message (-1 for other actions).
 struct ActionTimes {
-  std::vector<std::vector<int>> end, taken;
+  std::vector<std::vector<int64_t>> end, taken;
 };
 
 // The schedule's lists executed in order with posted sends and waiting recvs. When timeline

@@ -24,6 +24,7 @@
 // simulator, its chart and the bubble formulas in pipeline_timeline.cc.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -144,8 +145,8 @@ double LiteratureInterleavedBubble(int pp, int micro_batches, int virtual_stages
 // A compute action placed in time (unit-time simulation).
 struct TimedAction {
   Action action;  // kForward or kBackward
-  int start = 0;
-  int end = 0;
+  int64_t start = 0;  // time units; 64 bits: up to 2^20 actions of up to 2^31 - 1 units
+  int64_t end = 0;
 };
 
 // Every rank's forwards and backwards in time, as SimulateTimeline computes them.
@@ -157,7 +158,7 @@ struct Timeline {
   int forward_cost = 1;
   int backward_cost = 2;
   std::vector<std::vector<TimedAction>> ranks;  // ranks[r]: rank r's compute, in order
-  int makespan = 0;                             // end of the last action of any rank
+  int64_t makespan = 0;                         // end of the last action of any rank
   std::vector<double> idle_fraction;            // per rank: 1 - busy / makespan
   double bubble = 0;  // the mean idle fraction (all ranks do the same work, so every rank's)
 };

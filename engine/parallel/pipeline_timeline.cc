@@ -1,11 +1,13 @@
 // The unit-time pipeline simulator (SimulateTimeline), its text chart (RenderTimeline) and
 // the bubble formulas it is compared with; see pipeline_schedule.h.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <deque>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,34 @@ char MicroBatchLetter(int micro_batch, bool backward) {
 }  // namespace
 
 namespace pipeline_internal {
+namespace {
+
+// The messages posted on one channel (sender, receiver): post time and index in the
+// sender's list; `taken` of them received so far.
+struct Channel {
+  std::vector<std::pair<int64_t, size_t>> posted;
+  size_t taken = 0;
+};
+
+// The timeline's makespan (the last rank's clock), each rank's idle share and their mean.
+void FillIdle(const std::vector<int64_t>& clock, Timeline* timeline) {
+  const int pp = static_cast<int>(clock.size());
+  timeline->makespan = *std::max_element(clock.begin(), clock.end());
+  timeline->idle_fraction.assign(pp, 0.0);
+  double idle_sum = 0;
+  for (int r = 0; r < pp; ++r) {
+    int64_t busy = 0;
+    for (const TimedAction& t : timeline->ranks[r]) busy += t.end - t.start;
+    const double idle = timeline->makespan == 0
+                            ? 0.0
+                            : 1.0 - static_cast<double>(busy) / timeline->makespan;
+    timeline->idle_fraction[r] = idle;
+    idle_sum += idle;
+  }
+  timeline->bubble = idle_sum / pp;
+}
+
+}  // namespace
 
 // The schedule's lists executed in order with posted sends and waiting recvs. When timeline
 // is given, records every compute action's start and end (forward_cost / backward_cost
@@ -33,9 +63,6 @@ namespace pipeline_internal {
 Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
                int backward_cost, Timeline* timeline, ActionTimes* times) {
   const int pp = static_cast<int>(ranks.size());
-  // Channel (sender, receiver) -> its sends so far: post time, index in the sender's list.
-  const auto channel = [pp](int from, int to) { return from * pp + to; };
-  std::vector<std::vector<std::pair<int, size_t>>> posted(static_cast<size_t>(pp) * pp);
   if (times != nullptr) {
     times->end.assign(pp, {});
     times->taken.assign(pp, {});
@@ -44,32 +71,48 @@ Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
       times->taken[r].assign(ranks[r].size(), -1);
     }
   }
-  std::vector<size_t> taken(posted.size(), 0);
+  // Only the channels (sender, receiver) the lists use, keyed from * pp + to in 64 bits: a
+  // table of all pp * pp would be 10^10 entries for pp = 100000.
+  std::unordered_map<int64_t, Channel> channels;
+  const auto channel = [pp](int from, int to) { return int64_t{from} * pp + to; };
   std::vector<size_t> next(pp, 0);
-  std::vector<int> clock(pp, 0);
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int r = 0; r < pp; ++r) {
-      const std::vector<Action>& list = ranks[r];
-      for (; next[r] < list.size(); ++next[r]) {
-        const Action& a = list[next[r]];
-        if (IsCompute(a.kind)) {
-          const int cost = a.kind == ActionKind::kForward ? forward_cost : backward_cost;
-          if (timeline != nullptr) timeline->ranks[r].push_back({a, clock[r], clock[r] + cost});
-          clock[r] += cost;
-        } else if (IsSend(a.kind)) {
-          posted[channel(r, a.peer)].push_back({clock[r], next[r]});
-        } else {
-          const int c = channel(a.peer, r);
-          if (taken[c] == posted[c].size()) break;  // its send is not posted yet
-          const auto [post, send] = posted[c][taken[c]++];
-          clock[r] = std::max(clock[r], post);
-          if (times != nullptr) times->taken[a.peer][send] = clock[r];
+  std::vector<int64_t> clock(pp, 0);  // time units: a cost of up to 2^31 - 1 per action
+  std::vector<int64_t> blocked_on(pp, -1);  // the channel a rank's recv waits on
+  // Ranks that can make progress. A rank runs until its recv finds no message, and is woken
+  // by the send it waits for: every action is visited once (no sweep over all ranks per
+  // step, which was quadratic in pp). The times do not depend on this order: a rank's
+  // clock depends only on its own list and the post times of the messages it takes.
+  std::vector<int> ready(pp);
+  for (int r = 0; r < pp; ++r) ready[r] = pp - 1 - r;  // rank 0 first
+  while (!ready.empty()) {
+    const int r = ready.back();
+    ready.pop_back();
+    const std::vector<Action>& list = ranks[r];
+    for (; next[r] < list.size(); ++next[r]) {
+      const Action& a = list[next[r]];
+      if (IsCompute(a.kind)) {
+        const int64_t cost = a.kind == ActionKind::kForward ? forward_cost : backward_cost;
+        if (timeline != nullptr) timeline->ranks[r].push_back({a, clock[r], clock[r] + cost});
+        clock[r] += cost;
+      } else if (IsSend(a.kind)) {
+        const int64_t c = channel(r, a.peer);
+        channels[c].posted.push_back({clock[r], next[r]});
+        if (blocked_on[a.peer] == c) {
+          blocked_on[a.peer] = -1;
+          ready.push_back(a.peer);
         }
-        if (times != nullptr) times->end[r][next[r]] = clock[r];
-        progress = true;
+      } else {
+        const int64_t c = channel(a.peer, r);
+        Channel& ch = channels[c];
+        if (ch.taken == ch.posted.size()) {  // its send is not posted yet
+          blocked_on[r] = c;
+          break;
+        }
+        const auto [post, send] = ch.posted[ch.taken++];
+        clock[r] = std::max(clock[r], post);
+        if (times != nullptr) times->taken[a.peer][send] = clock[r];
       }
+      if (times != nullptr) times->end[r][next[r]] = clock[r];
     }
   }
   std::string waiting;
@@ -79,20 +122,7 @@ Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
     waiting += Where(r, ranks[r], next[r]) + " waits for a send that is never posted";
   }
   if (!waiting.empty()) return InvalidArgument("deadlock: ", waiting);
-  if (timeline != nullptr) {
-    timeline->makespan = *std::max_element(clock.begin(), clock.end());
-    timeline->idle_fraction.assign(pp, 0.0);
-    double idle_sum = 0;
-    for (int r = 0; r < pp; ++r) {
-      int busy = 0;
-      for (const TimedAction& t : timeline->ranks[r]) busy += t.end - t.start;
-      const double idle =
-          timeline->makespan == 0 ? 0.0 : 1.0 - static_cast<double>(busy) / timeline->makespan;
-      timeline->idle_fraction[r] = idle;
-      idle_sum += idle;
-    }
-    timeline->bubble = idle_sum / pp;
-  }
+  if (timeline != nullptr) FillIdle(clock, timeline);
   return OkStatus();
 }
 
@@ -220,11 +250,11 @@ std::string RenderTimeline(const Timeline& timeline) {
   out += StrCat(", forward ", timeline.forward_cost, " / backward ", timeline.backward_cost,
                 " time units per ", chunks ? "chunk" : "stage", "\n");
   for (int r = 0; r < timeline.pp; ++r) {
-    std::string line(timeline.makespan, '.');
-    std::string chunk_line(timeline.makespan, ' ');
+    std::string line(static_cast<size_t>(timeline.makespan), '.');
+    std::string chunk_line(static_cast<size_t>(timeline.makespan), ' ');
     for (const TimedAction& t : timeline.ranks[r]) {
       const bool backward = t.action.kind == ActionKind::kBackward;
-      for (int u = t.start; u < t.end; ++u) {
+      for (int64_t u = t.start; u < t.end; ++u) {
         line[u] = MicroBatchLetter(t.action.micro_batch, backward);
         chunk_line[u] = static_cast<char>('0' + t.action.chunk % 10);
       }
@@ -241,9 +271,9 @@ std::string RenderTimeline(const Timeline& timeline) {
                                          timeline.micro_batches, timeline.virtual_stages);
   char tail[256];
   std::snprintf(tail, sizeof(tail),
-                "makespan %d time units\n"
+                "makespan %lld time units\n"
                 "bubble (idle share of the step): measured %.4f, analytic %s = %.4f",
-                timeline.makespan, timeline.bubble,
+                static_cast<long long>(timeline.makespan), timeline.bubble,
                 interleaved ? "(p-1)/(v(m+p-1))" : "(p-1)/(m+p-1)", analytic);
   out += tail;
   if (interleaved) {

@@ -1,7 +1,9 @@
 // The pipeline schedule validator (ValidateActionLists, pipeline_schedule.h): (a) each
 // rank's list on its own, (b) the messages between each pair of ranks, (c) no deadlock.
 #include <algorithm>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/parallel/pipeline_internal.h"
@@ -142,46 +144,46 @@ Status CheckChannels(const StageMap& map, const std::vector<std::vector<Action>>
              from_stage == o.from_stage;
     }
   };
-  const int pp = map.pp;
-  // [from * pp + to]: the sends of `from` to `to`, and the recvs of `to` from `from`.
-  std::vector<std::vector<Message>> sends(static_cast<size_t>(pp) * pp), recvs(sends.size());
-  for (int r = 0; r < pp; ++r) {
+  // (from, to) -> the sends of `from` to `to` and the recvs of `to` from `from`, for the
+  // pairs the lists use, in (from, to) order (a table of all pp * pp pairs would not fit
+  // for a large pp).
+  std::map<std::pair<int, int>, std::pair<std::vector<Message>, std::vector<Message>>> pairs;
+  for (int r = 0; r < map.pp; ++r) {
     for (size_t j = 0; j < ranks[r].size(); ++j) {
       const Action& a = ranks[r][j];
       if (IsCompute(a.kind)) continue;
       const int stage = map.Stage(r, a.chunk);
       const bool activation = IsActivation(a.kind);
       if (IsSend(a.kind)) {
-        sends[r * pp + a.peer].push_back({activation, a.micro_batch, stage, j});
+        pairs[{r, a.peer}].first.push_back({activation, a.micro_batch, stage, j});
       } else {
         const int from = activation ? stage - 1 : stage + 1;
-        recvs[a.peer * pp + r].push_back({activation, a.micro_batch, from, j});
+        pairs[{a.peer, r}].second.push_back({activation, a.micro_batch, from, j});
       }
     }
   }
-  for (int from = 0; from < pp; ++from) {
-    for (int to = 0; to < pp; ++to) {
-      const std::vector<Message>& sent = sends[from * pp + to];
-      const std::vector<Message>& received = recvs[from * pp + to];
-      const size_t common = std::min(sent.size(), received.size());
-      for (size_t n = 0; n < common; ++n) {
-        const Message& got = sent[n];
-        if (got.SameAs(received[n])) continue;
-        return InvalidArgument(Where(to, ranks[to], received[n].index), ": message ", n,
-                               " from rank ", from, " is its ",
-                               FormatAction(ranks[from][got.index]), " (action ", got.index,
-                               "): the sends and recvs between the two ranks are in "
-                               "different orders");
-      }
-      if (received.size() > common) {
-        return InvalidArgument(Where(to, ranks[to], received[common].index), ": rank ", from,
-                               " sends only ", sent.size(), " messages to rank ", to);
-      }
-      if (sent.size() > common) {
-        return InvalidArgument(Where(from, ranks[from], sent[common].index),
-                               ": never received (rank ", to, " posts only ", received.size(),
-                               " recvs from rank ", from, ")");
-      }
+  for (const auto& [pair, messages] : pairs) {
+    const auto [from, to] = pair;
+    const std::vector<Message>& sent = messages.first;
+    const std::vector<Message>& received = messages.second;
+    const size_t common = std::min(sent.size(), received.size());
+    for (size_t n = 0; n < common; ++n) {
+      const Message& got = sent[n];
+      if (got.SameAs(received[n])) continue;
+      return InvalidArgument(Where(to, ranks[to], received[n].index), ": message ", n,
+                             " from rank ", from, " is its ",
+                             FormatAction(ranks[from][got.index]), " (action ", got.index,
+                             "): the sends and recvs between the two ranks are in "
+                             "different orders");
+    }
+    if (received.size() > common) {
+      return InvalidArgument(Where(to, ranks[to], received[common].index), ": rank ", from,
+                             " sends only ", sent.size(), " messages to rank ", to);
+    }
+    if (sent.size() > common) {
+      return InvalidArgument(Where(from, ranks[from], sent[common].index),
+                             ": never received (rank ", to, " posts only ", received.size(),
+                             " recvs from rank ", from, ")");
     }
   }
   return OkStatus();

@@ -1,5 +1,6 @@
 // The planner's layouts, routing skew and caches (cost_model.h).
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -54,7 +55,8 @@ Layout LayoutOf(const config::Config& c) {
 
 double Skew::ForEp(int ep) const {
   if (ep <= 1) return 1;
-  if (expert_counts.empty()) return constant;
+  // At most ep: the busiest of ep ranks takes at most every token, ep times the mean.
+  if (expert_counts.empty()) return std::min(constant, double(ep));
   // Each MoE layer's all-to-all waits for that layer's busiest rank, and the layers run one
   // after another: the step pays the mean over layers of each layer's busiest / mean.
   double sum = 0;
@@ -74,35 +76,72 @@ double Skew::ForEp(int ep) const {
   return layers > 0 ? std::max(1.0, sum / layers) : 1.0;
 }
 
+namespace {
+
+// The per-layer expert counts of a routing.jsonl line (its tokens_per_expert), or an error
+// saying what the line lacks; `where` names the flag and the file.
+StatusOr<std::vector<std::vector<double>>> ExpertCounts(const std::string& where,
+                                                         const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return InvalidArgument(where, ": not a number, and its last line is not JSON (a run's "
+                           "routing.jsonl holds one JSON record per line)");
+  }
+  if (!j.is_object() || !j.contains("tokens_per_expert")) {
+    return InvalidArgument(where, ": its last line has no tokens_per_expert; is it a run's "
+                           "routing.jsonl (metrics.jsonl is not)?");
+  }
+  std::vector<std::vector<double>> counts;
+  const nlohmann::json& layers = j["tokens_per_expert"];
+  bool ok = layers.is_array() && !layers.empty();
+  for (size_t i = 0; ok && i < layers.size(); ++i) {
+    const nlohmann::json& layer = layers[i];
+    ok = layer.is_array() && !layer.empty();
+    counts.emplace_back();
+    for (size_t e = 0; ok && e < layer.size(); ++e) {
+      ok = layer[e].is_number() && layer[e].get<double>() >= 0;
+      if (ok) counts.back().push_back(layer[e].get<double>());
+    }
+  }
+  if (!ok) {
+    return InvalidArgument(where, ": tokens_per_expert must hold, per MoE layer, a non-empty "
+                           "list of non-negative counts (one per expert)");
+  }
+  return counts;
+}
+
+}  // namespace
+
 StatusOr<Skew> ParseSkew(const std::string& text) {
   Skew skew;
+  if (text.empty()) {
+    return InvalidArgument("--skew is empty; give a load ratio >= 1 or a run's routing.jsonl");
+  }
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (!text.empty() && end == text.c_str() + text.size()) {
+  if (end == text.c_str() + text.size()) {
     if (!(v >= 1) || !std::isfinite(v)) {
       return InvalidArgument("--skew ", text, ": the busiest rank's load over the mean must be >= 1");
     }
     skew.constant = v;
     return skew;
   }
-  SY_ASSIGN_OR_RETURN(std::string body, ReadFile(text));
-  std::istringstream lines(body);
+  const std::string where = StrCat("--skew ", text);
+  StatusOr<std::string> body = ReadFile(text);
+  if (!body.ok()) {
+    return InvalidArgument(where, ": not a number, nor a file to read (", body.status().message(),
+                           ")");
+  }
+  std::istringstream lines(*body);
   std::string line, last;
   while (std::getline(lines, line)) {
     if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
   }
-  try {
-    const nlohmann::json j = nlohmann::json::parse(last);
-    for (const auto& layer : j.at("tokens_per_expert")) {
-      skew.expert_counts.push_back(layer.get<std::vector<double>>());
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument("--skew ", text, ": not a number, nor a routing.jsonl whose last line has "
-                           "tokens_per_expert (", e.what(), ")");
+  if (last.empty()) {
+    return InvalidArgument(where,
+                           ": the file is empty; give a load ratio >= 1 or a run's routing.jsonl");
   }
-  if (skew.expert_counts.empty()) {
-    return InvalidArgument("--skew ", text, ": the last line of the routing log lists no MoE layer");
-  }
+  SY_ASSIGN_OR_RETURN(skew.expert_counts, ExpertCounts(where, last));
   return skew;
 }
 

@@ -114,7 +114,9 @@ StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& argument,
     }
     out.dir = *latest;
     if (!fs::is_directory(out.dir, ec)) {
-      return NotFound(path, "/", checkpoint::kLatestFile, " names ", out.dir, ", which does not exist");
+      return NotFound(path, "/", checkpoint::kLatestFile, " names ",
+                      fs::path(out.dir).filename().string(),
+                      fs::exists(out.dir, ec) ? ", which is not a directory" : ", which does not exist");
     }
   }
   const std::string config_path = (fs::path(out.dir) / checkpoint::kConfigFile).string();

@@ -187,7 +187,14 @@ Status Trainer::OpenData() {
   }
   loader_ = std::make_unique<data::DataLoader>(std::move(loader));
   if (config.train.eval_every > 0 || config.train.eval_batches > 0) {
-    SY_ASSIGN_OR_RETURN(val_batches_, loader_->ValidationBatches(config.train.eval_batches));
+    // Read even without validation (eval_every 0), so a bad token there ends the run at the
+    // start; but then no validation split (prep --val-fraction 0) is no error.
+    auto batches = loader_->ValidationBatches(config.train.eval_batches);
+    if (batches.ok()) {
+      val_batches_ = *std::move(batches);
+    } else if (config.train.eval_every > 0 || loader_->val_tokens() > 0) {
+      return batches.status();
+    }
   }
   return OkStatus();
 }

@@ -175,6 +175,13 @@ expect_error "truncated weights" 1 "model.safetensors" --checkpoint "$tmp/trunca
 cp -r "$tmp/run/step-00000006" "$tmp/badyaml" && echo "moe: {top_k: two}" >"$tmp/badyaml/config.yaml"
 expect_error "corrupt config.yaml" 1 "moe.top_k: expected an integer, got 'two'" --checkpoint "$tmp/badyaml"
 expect_error "missing data" 1 "$tmp/nodata" --checkpoint "$tmp/run" --data "$tmp/nodata"
+# Shards cut by another tokenizer than the one of the checkpoint's data: refused, both named
+# (they were scored, exit 0, a loss of other token ids).
+"$bin" prep --out "$tmp/otherdata" --vocab 100 --val-fraction 0.2 "$tmp/corpus/en.txt" >/dev/null 2>&1 ||
+  fail "prep with another tokenizer"
+expect_error "another tokenizer" 1 \
+  "--data $tmp/otherdata: its tokenizer $tmp/otherdata/tokenizer.model is not the one the checkpoint's data was cut with, $tmp/data/tokenizer.model" \
+  --checkpoint "$tmp/run" --data "$tmp/otherdata"
 expect_error "layout for 2 ranks" 2 "--set parallel.ep=1" --checkpoint "$tmp/run" --set parallel.ep=2
 expect_error "model mismatch" 1 "layers.0.moe.router.weight" --checkpoint "$tmp/run" --set moe.num_experts=8
 

@@ -385,21 +385,75 @@ for d in .step-00000002.old-77 .step-00000004.tmp-4242; do
 done
 echo "--- leftovers of a killed save removed ($SECONDS s)"
 
-# ---- ranks with different configs ---------------------------------------------------------
-# An MPMD launch, or a node with another copy of the file: the first key that differs, one
-# line (from the rank that differs), exit 2 on every rank, nothing written.
+# ---- ranks with different command lines or configs ----------------------------------------
+# An MPMD launch, or a wrapper that adds a flag on some ranks: every command that runs under
+# mpirun compares each rank's command line with rank 0's before any work; the rank that
+# differs names the first argument that does, one line, exit 2 on every rank, nothing written.
 cat >"$tmp/other_rank.sh" <<'EOF'
 #!/usr/bin/env bash
-# other_rank.sh BIN ARGS...: BIN ARGS, and on world rank 1 also --set moe.top_k=2.
-bin=$1; shift
-extra=()
-[[ ${OMPI_COMM_WORLD_RANK:-0} == 1 ]] && extra=(--set moe.top_k=2)
-exec "$bin" "$@" "${extra[@]}"
+# other_rank.sh EXTRA BIN ARGS...: BIN ARGS, and on world rank 1 BIN ARGS EXTRA.
+extra=$1; shift
+[[ ${OMPI_COMM_WORLD_RANK:-0} == 1 ]] && exec "$@" "$extra"
+exec "$@"
 EOF
+# other_dir.sh DIR BIN ARGS...: BIN ARGS in DIR/r<world rank> (a relative path then names
+# another file on each rank, as on a node with another copy of the file).
+cat >"$tmp/other_dir.sh" <<'EOF'
+#!/usr/bin/env bash
+cd "$1/r${OMPI_COMM_WORLD_RANK:-0}" && shift && exec "$@"
+EOF
+# other_flags NAME EXTRA WANT CMD ARGS...: CMD ARGS on 2 ranks, rank 1 with EXTRA added: exit 2
+# on every rank and one "switchyard CMD: error:" line containing WANT.
+other_flags() {
+  local name=$1 extra=$2 want=$3 cmd=$4 n
+  shift 4
+  rm -rf "$tmp/rc" && mkdir -p "$tmp/rc"
+  RC_DIR="$tmp/rc" timeout 300 bash "$mpirun_wrapper" 2 -x RC_DIR bash "$rank_rc" \
+    bash "$tmp/other_rank.sh" "$extra" "$bin" "$cmd" "$@" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [[ $rc -eq 2 ]] || fail "$name: mpirun exited $rc, want 2"
+  every_rank "$name" 2 2
+  n=$(grep -c "^switchyard $cmd: error: " "$tmp/err")
+  [[ $n -eq 1 ]] || fail "$name: $n error lines, want 1: $(cat "$tmp/err")"
+  grep -qF -- "$want" "$tmp/err" || fail "$name: stderr lacks '$want': $(cat "$tmp/err")"
+}
+out="$tmp/two_flags"
+other_flags "train, --set on one rank" --set=moe.top_k=2 \
+  "rank 1's command line differs from rank 0's: argument 9 is '--set=moe.top_k=2' here, absent on rank 0" \
+  train "${two[@]}" --out "$out"
+[[ ! -e "$out" ]] || fail "train, --set on one rank: $out was created"
+# eval --verify on one rank aborted (MPI_ERR_TRUNCATE); another --checkpoint on one rank
+# averaged two models' losses (exit 0). Both are refused before a checkpoint is read.
+other_flags "eval, --verify on one rank" --verify \
+  "rank 1's command line differs from rank 0's: argument 3 is '--verify' here, absent on rank 0" \
+  eval --checkpoint "$tmp/no_checkpoint"
+other_flags "eval, --batches on one rank" --batches=5 \
+  "argument 3 is '--batches=5' here, absent on rank 0" eval --checkpoint "$tmp/no_checkpoint"
+echo "--- ranks with different command lines: exit 2 on every rank, the argument named ($SECONDS s)"
+
+# prep writes one folder: several ranks raced for --out (one wrote it, the others failed
+# and left temporary folders). It runs on one rank: exit 2 on every rank, one line.
+rm -rf "$tmp/rc" && mkdir -p "$tmp/rc"
+RC_DIR="$tmp/rc" timeout 300 bash "$mpirun_wrapper" 2 -x RC_DIR bash "$rank_rc" \
+  "$bin" prep --out "$tmp/pq" --vocab 128 "$tmp"/corpus/*.txt >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 2 ]] || fail "prep under mpirun: mpirun exited $rc, want 2"
+every_rank "prep under mpirun" 2 2
+[[ $(grep -c "^switchyard prep: error: runs on one rank (launch it without mpirun" "$tmp/err") -eq 1 ]] ||
+  fail "prep under mpirun: $(cat "$tmp/err")"
+ls -d "$tmp"/pq* >/dev/null 2>&1 && fail "prep under mpirun wrote $(ls -d "$tmp"/pq*)"
+echo "--- prep under mpirun: refused on every rank ($SECONDS s)"
+
+# The same command line but another config file behind it: train compares the resolved
+# configs; the first key that differs, with both values.
+mkdir -p "$tmp/r0" "$tmp/r1"
+cp "$tmp/tiny.yaml" "$tmp/r0/cfg.yaml"
+sed 's/top_k: 1/top_k: 2/' "$tmp/tiny.yaml" >"$tmp/r1/cfg.yaml"
 out="$tmp/two_configs"
 rm -rf "$tmp/rc" && mkdir -p "$tmp/rc"
 RC_DIR="$tmp/rc" timeout 300 bash "$mpirun_wrapper" 2 -x RC_DIR bash "$rank_rc" \
-  bash "$tmp/other_rank.sh" "$bin" train "${two[@]}" --out "$out" >"$tmp/out" 2>"$tmp/err"
+  bash "$tmp/other_dir.sh" "$tmp" "$bin" train --config cfg.yaml "${two[@]:2}" --out "$out" \
+  >"$tmp/out" 2>"$tmp/err"
 rc=$?
 [[ $rc -eq 2 ]] || fail "two configs: mpirun exited $rc, want 2"
 every_rank "two configs" 2 2

@@ -13,15 +13,23 @@
 #    range, through `switchyard checkpoint verify`, `eval --verify`, `eval` and `train
 #    --resume`; a config.yaml value its config refuses (checksums matching), through every
 #    reader of it (exit 1, the file named); a sound checkpoint verifies;
+#  - what is not a regular file (a FIFO, /dev/zero, a directory) in place of any file read:
+#    refused at once, never a hang; `latest` echoed escaped and cut short; a checksum table
+#    without config.yaml or trainer_state.json, an index without its metadata;
+#  - route: a --file over its 1 MiB limit (exit 2); moe-layer: --out the --config file;
+#  - export/import: empty paths (exit 2), an export failing on a file-size limit (nothing
+#    left, a retry works), under mpirun (exit 2); an imported NaN, a sharded directory whose
+#    weight_map disagrees with its shards (exit 1, naming the tensor);
 #  - configs and flags: duplicate YAML keys (both lines named), a non-scalar key, an empty
 #    config file, a directory as --config, a NUL byte echoed (escaped), a required key
 #    missing, --steps 0;
 #  - randomized (a fixed seed): byte flips, overwrites and truncations of the moe-layer
 #    input and of the checkpoint's files, each ending in exit 0 or a clean error (status
 #    1 or 2, one error line), never a signal.
-# Usage: malformed_input_test.sh path/to/switchyard
+# Usage: malformed_input_test.sh path/to/switchyard [path/to/scripts/mpirun_test.sh]
 set -u
 bin="$1"
+mpirun_sh="${2:-}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tool="$here/moe_layer_tool.py"
 python=/usr/bin/python3
@@ -124,6 +132,15 @@ expect_error "moe-layer: a NaN input" 1 \
 expect_error "moe-layer: an Inf weight" 1 \
   "$in/inf.safetensors: tensor 'experts.w1' holds a non-finite value (inf at flat index 0" \
   "${layer[@]}" --input "$in/inf.safetensors"
+mkfifo "$tmp/fifo"
+expect_error "moe-layer: a FIFO as --input" 1 "$tmp/fifo: is a FIFO (named pipe), not a regular file" \
+  "${layer[@]}" --input "$tmp/fifo"
+expect_error "moe-layer: /dev/zero as --input" 1 "/dev/zero: is a character device, not a regular file" \
+  "${layer[@]}" --input /dev/zero
+expect_error "moe-layer: a directory as --input" 1 "$tmp/in: is a directory, not a file" \
+  "${layer[@]}" --input "$tmp/in"
+expect_error "moe-layer: --out the --config file" 2 "--out $tmp/in/layer.yaml is the --config file" \
+  moe-layer --config "$tmp/in/layer.yaml" --input "$tmp/in/good.safetensors" --out "$tmp/in/layer.yaml"
 echo "--- moe-layer inputs ($SECONDS s)"
 
 # ---- a checkpoint -----------------------------------------------------------------------
@@ -179,6 +196,15 @@ elif kind == "negoffset":
     piece = index["tensors"][sorted(index["tensors"])[0]]["pieces"][0]
     piece["offset"] = [-1] + piece["offset"][1:]
     raw = json.dumps(index).encode()
+elif kind in ("nosum", "nometadata", "bogusformat", "version0", "uppercrc"):
+    index = json.loads(raw)
+    if kind == "nosum": del index["files"]["config.yaml"]
+    if kind == "nometadata": del index["metadata"]
+    if kind == "bogusformat": index["metadata"]["format"] = "bogus"
+    if kind == "version0": index["metadata"]["format_version"] = 0
+    if kind == "uppercrc":
+        for sum in index["files"].values(): sum["crc32"] = sum["crc32"].upper()
+    raw = json.dumps(index).encode()
 elif kind in ("world0", "ep3", "nextstep"):  # trainer_state.json's layout, data position
     state = json.loads(raw)
     if kind == "world0": state["layout"]["world"] = 0
@@ -231,6 +257,52 @@ checkpoint_case "layout.ep 3 of world 1" "$step/trainer_state.json: layout.world
 poke "$step/trainer_state.json" nextstep
 checkpoint_case "data_position.next_step 2^62" \
   "$step/trainer_state.json: data_position.next_step=4611686018427387904 must be an integer in [0, "
+# The checksum table covers every file read; the index's metadata is what format 2 writes.
+poke "$step/model.safetensors.index.json" nosum
+checkpoint_case "no checksum for config.yaml" \
+  "$step/model.safetensors.index.json: \"files\" has no checksum for config.yaml"
+poke "$step/model.safetensors.index.json" nometadata
+checkpoint_case "an index without metadata" "$step/model.safetensors.index.json: no \"metadata\" object"
+poke "$step/model.safetensors.index.json" bogusformat
+checkpoint_case "an index of another format" "metadata.format is \"bogus\", not \"switchyard-checkpoint\""
+poke "$step/model.safetensors.index.json" version0
+checkpoint_case "format_version 0" "metadata.format_version is 0, not a format version (1 to 2)"
+# Checksums in upper case (written in lower case): read.
+poke "$step/model.safetensors.index.json" uppercrc
+"$bin" checkpoint verify "$tmp/run" >"$tmp/out" 2>"$tmp/err" || fail "upper-case checksums: $(cat "$tmp/err")"
+restore
+# A FIFO (or any file that is not a regular one) in place of a file of the checkpoint: refused
+# at once by every reader, never a hang (expect_error's timeout would end one).
+for f in trainer_state.json config.yaml model.safetensors optimizer.safetensors model.safetensors.index.json; do
+  rm "$step/$f" && mkfifo "$step/$f"
+  checkpoint_case "a FIFO as $f" "$step/$f: is a FIFO (named pipe), not a regular file"
+done
+rm "$tmp/run/latest" && mkfifo "$tmp/run/latest"
+checkpoint_case "a FIFO as latest" "$tmp/run/latest: is a FIFO (named pipe), not a regular file"
+rm "$tmp/run/latest"
+# latest's bytes echoed escaped and cut to 80; what a valid one holds said.
+printf 'step-00000002\nstep-00000003\n\033[31mred\n' >"$tmp/run/latest"
+expect_error "latest of several lines" 1 \
+  "$tmp/run/latest: expected one line naming the step directory saved last, like step-00000100, got 'step-00000002\nstep-00000003\n\x1b[31mred'" \
+  checkpoint verify "$tmp/run"
+LC_ALL=C grep -q '[[:cntrl:]]' <(tr -d '\n' <"$tmp/err") && fail "latest of several lines: a raw control byte printed"
+head -c 300 /dev/zero | tr '\0' a >"$tmp/run/latest"
+expect_error "a long latest" 1 "got 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'... (300 bytes)" \
+  checkpoint verify "$tmp/run"
+head -c 10000000 /dev/zero | tr '\0' a >"$tmp/run/latest"
+expect_error "a 10 MB latest" 1 "$tmp/run/latest: 10000000 bytes; expected one line naming" checkpoint verify "$tmp/run"
+[[ $(wc -c <"$tmp/err") -lt 300 ]] || fail "a 10 MB latest: a $(wc -c <"$tmp/err")-byte error"
+echo step-00000002 >"$tmp/run/latest"
+rm -r "$step" && echo x >"$step"
+checkpoint_case "a step directory that is a file" "$tmp/run/latest names step-00000002, which is not a directory"
+# route's --file: a regular file of at most 1 MiB.
+expect_error "route: a FIFO as --file" 1 "$tmp/fifo: is a FIFO (named pipe), not a regular file" \
+  route --checkpoint "$tmp/run" --file "$tmp/fifo"
+expect_error "route: /dev/zero as --file" 1 "/dev/zero: is a character device, not a regular file" \
+  route --checkpoint "$tmp/run" --file /dev/zero
+head -c 1048577 /dev/zero | tr '\0' a >"$tmp/big.txt"
+expect_error "route: a --file over 1 MiB" 2 "--file $tmp/big.txt: 1048577 bytes, more than the 1 MiB route takes" \
+  route --checkpoint "$tmp/run" --file "$tmp/big.txt"
 # config.yaml with a value its config refuses (its checksum matching): a damaged checkpoint
 # for every command that reads it, exit 1 naming the file.
 poke "$step/config.yaml" badlr
@@ -264,6 +336,99 @@ poke "$step/model.safetensors.index.json" unchecked
 grep -q "no checksums: saved by an older build, files not verified" "$tmp/out" || fail "older: $(cat "$tmp/out")"
 restore
 echo "--- checkpoints ($SECONDS s)"
+
+# ---- export and import (the Hugging Face bridge) -----------------------------------------
+expect_error "export: an empty OUT" 2 "OUT is empty; it needs a path" export --format hf-mixtral "$tmp/run" ""
+expect_error "export: an empty CHECKPOINT" 2 "CHECKPOINT is empty; it needs a path" \
+  export --format hf-mixtral "" "$tmp/hf"
+expect_error "import: an empty DIR" 2 "DIR is empty; it needs a path" import --format hf-mixtral "" "$tmp/hf"
+cat >"$tmp/in/mix.yaml" <<EOF
+model: {vocab_size: 128, seq_len: 8, d_model: 16, n_layers: 1, n_heads: 2, norm: rmsnorm, position: rope, activation: swiglu, bias: false}
+moe: {num_experts: 2, layer_freq: 1, top_k: 2, d_expert: 8, activation: swiglu, normalize_gates: true, capacity_factor: 0, eval_capacity_factor: 0}
+train: {max_steps: 1, micro_batch_size: 2, eval_every: 0, eval_batches: 1}
+data: {dir: $tmp/data}
+EOF
+"$bin" train --config "$tmp/in/mix.yaml" --out "$tmp/mix" >"$tmp/train.out" 2>&1 ||
+  { cat "$tmp/train.out"; fail "train the Mixtral-style model"; exit 1; }
+# An export that fails part way (a file-size limit: EFBIG, as a full disk's ENOSPC) leaves
+# neither OUT nor its temporary, and names OUT; a retry then works.
+(ulimit -f 4; exec "$bin" export --format hf-mixtral "$tmp/mix" "$tmp/hf") >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] || fail "export past a file-size limit: exit $rc, $(cat "$tmp/err")"
+grep -qF "switchyard export: error: $tmp/hf/model.safetensors: write failed (File too large)" "$tmp/err" ||
+  fail "export past a file-size limit: $(cat "$tmp/err")"
+ls -d "$tmp"/hf* >/dev/null 2>&1 && fail "export past a file-size limit left $(ls -d "$tmp"/hf*)"
+"$bin" export --format hf-mixtral "$tmp/mix" "$tmp/hf" >"$tmp/out" 2>"$tmp/err" ||
+  fail "export after a failed one: $(cat "$tmp/err")"
+if [[ -n $mpirun_sh ]]; then
+  bash "$mpirun_sh" 2 "$bin" export --format hf-mixtral "$tmp/mix" "$tmp/hf2" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [[ $rc -eq 2 && $(grep -c "^switchyard export: error: runs on one rank" "$tmp/err") -eq 1 ]] ||
+    fail "export under mpirun -np 2: exit $rc, $(cat "$tmp/err")"
+  [[ ! -e $tmp/hf2 ]] || fail "export under mpirun -np 2 wrote its output"
+fi
+# hf.py SRC DST KIND: a copy of the export SRC in DST, damaged: a NaN in the first tensor, or
+# sharded in two files with an index whose weight_map (or total_size) disagrees with them.
+# Prints the name of the tensor damaged or moved.
+cat >"$tmp/hf.py" <<'EOF'
+import json, math, os, shutil, struct, sys
+src, dst, kind = sys.argv[1:]
+os.makedirs(dst)
+shutil.copy(os.path.join(src, "config.json"), dst)
+raw = open(os.path.join(src, "model.safetensors"), "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+header.pop("__metadata__", None)
+names = sorted(header)
+if kind == "nan":
+    first = min(names, key=lambda k: header[k]["data_offsets"][0])
+    at = header[first]["data_offsets"][0]
+    data = data[:at] + struct.pack("<f", math.nan) + data[at + 4:]
+    open(os.path.join(dst, "model.safetensors"), "wb").write(raw[:8 + n] + data)
+    print(first)
+    sys.exit()
+shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+          "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+weight_map, total = {}, 0
+for file, part in shards.items():
+    head, body = {}, b""
+    for k in part:
+        b, e = header[k]["data_offsets"]
+        head[k] = {"dtype": header[k]["dtype"], "shape": header[k]["shape"],
+                   "data_offsets": [len(body), len(body) + e - b]}
+        body += data[b:e]
+        weight_map[k] = file
+        total += e - b
+    text = json.dumps(head).encode()
+    open(os.path.join(dst, file), "wb").write(struct.pack("<Q", len(text)) + text + body)
+moved = names[0]  # in the first shard
+if kind == "wrongshard": weight_map[moved] = "model-00002-of-00002.safetensors"
+if kind == "missing": del weight_map[moved]
+if kind == "extra": weight_map["model.bogus"] = "model-00001-of-00002.safetensors"
+if kind == "number": weight_map[moved] = 1
+if kind == "total": total += 4
+json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
+          open(os.path.join(dst, "model.safetensors.index.json"), "w"))
+print(moved)
+EOF
+hf_case() {  # KIND WANT...: the import of hf.py's KIND, exit 1 with WANT (%s: the tensor's name)
+  local kind="$1" want="$2" name
+  name=$($python "$tmp/hf.py" "$tmp/hf" "$tmp/in/hf-$kind" "$kind") || { fail "hf.py $kind"; return; }
+  expect_error "import: $kind" 1 "${want//%s/$name}" import --format hf-mixtral "$tmp/in/hf-$kind" "$tmp/imported"
+  [[ ! -e $tmp/imported ]] || fail "import: $kind: wrote its output"
+}
+index=model.safetensors.index.json
+shard1=model-00001-of-00002.safetensors
+hf_case nan "$tmp/in/hf-nan/model.safetensors: tensor '%s' holds a non-finite value (nan at flat index 0 of ("
+hf_case wrongshard "$tmp/in/hf-wrongshard/$shard1: holds '%s', which $tmp/in/hf-wrongshard/$index's weight_map puts in model-00002-of-00002.safetensors"
+hf_case missing "$tmp/in/hf-missing/$shard1: holds '%s', which $tmp/in/hf-missing/$index's weight_map does not list"
+hf_case extra "$tmp/in/hf-extra/$index: weight_map puts 'model.bogus' in $shard1, which does not hold it"
+hf_case number "$tmp/in/hf-number/$index: weight_map maps '%s' to 1, not the name of a file beside it"
+hf_case total "$tmp/in/hf-total/$index: metadata.total_size is "
+$python "$tmp/hf.py" "$tmp/hf" "$tmp/in/hf-sharded" good >/dev/null
+"$bin" import --format hf-mixtral "$tmp/in/hf-sharded" "$tmp/imported" >"$tmp/out" 2>"$tmp/err" ||
+  fail "import of a sound sharded directory: $(cat "$tmp/err")"
+echo "--- export and import ($SECONDS s)"
 
 # ---- configs and flags ------------------------------------------------------------------
 printf 'model:\n  d_model: 16\n  n_layers: 1\n  d_model: 32\n' >"$tmp/in/dup.yaml"

@@ -59,6 +59,14 @@ for v in abc -1 0 2x 1000000; do
     mesh --world 8
 done
 SWITCHYARD_THREADS=2 "$bin" mesh --world 8 >/dev/null 2>&1 || fail "SWITCHYARD_THREADS=2 refused"
+# SWITCHYARD_MPI other than 0 or 1: refused at start-up by every command, also those that
+# never start MPI (it was ignored by mesh, prep and pipeline).
+for args in "mesh --world 8" "pipeline --pp 2 --micro-batches 2" "prep --out $tmp/p" "plan --help"; do
+  # shellcheck disable=SC2086
+  SWITCHYARD_MPI=abc expect_usage_error "SWITCHYARD_MPI=abc $args" \
+    "SWITCHYARD_MPI=abc: takes 1 (start MPI) or 0 (one rank without MPI)" $args
+done
+SWITCHYARD_MPI=0 "$bin" mesh --world 8 >/dev/null 2>&1 || fail "SWITCHYARD_MPI=0 refused"
 expect_usage_error "value for a switch" "--json takes no value" mesh --world 8 --json=yes
 expect_usage_error "unknown command" 'unknown command "bogus"' bogus
 expect_usage_error "no command" "no command given"

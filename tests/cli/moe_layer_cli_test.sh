@@ -180,6 +180,25 @@ cp "$tmp/in.safetensors" "$tmp/same.safetensors"
 expect_error "--out is --input" 2 "--out $tmp/./same.safetensors is the --input file" 1 \
   --config "$config" --input "$tmp/same.safetensors" --out "$tmp/./same.safetensors"
 cmp -s "$tmp/in.safetensors" "$tmp/same.safetensors" || fail "--out is --input: the input changed"
+# --out the --config file (or a hard link to it): refused, the config unchanged.
+cp "$config" "$tmp/layer.yaml"
+ln "$tmp/layer.yaml" "$tmp/layer-link.yaml"
+for out in "$tmp/layer.yaml" "$tmp/layer-link.yaml"; do
+  expect_error "--out is --config ($(basename "$out"))" 2 "--out $out is the --config file" 1 \
+    --config "$tmp/layer.yaml" --input "$tmp/in.safetensors" --out "$out"
+  cmp -s "$config" "$tmp/layer.yaml" || fail "--out is --config: the config changed"
+done
+# An --input that is not a regular file: said so (not "cannot read the header length"), the
+# same on one rank and on two; a FIFO does not hang the reader.
+mkfifo "$tmp/fifo"
+for np in 1 2; do
+  expect_error "--input a directory, np $np" 1 "$tmp: is a directory, not a file" "$np" \
+    --config "$config" --input "$tmp" "${bad_out[@]}"
+  expect_error "--input a FIFO, np $np" 1 "$tmp/fifo: is a FIFO (named pipe), not a regular file" \
+    "$np" --config "$config" --input "$tmp/fifo" "${bad_out[@]}"
+  expect_error "--input missing, np $np" 1 "$tmp/none.st: cannot open (No such file or directory)" \
+    "$np" --config "$config" --input "$tmp/none.st" "${bad_out[@]}"
+done
 # --out that cannot be created: named as given, with the system's reason, before the layer runs.
 expect_error "--out in a missing directory" 1 \
   "--out $tmp/nodir/o.safetensors: cannot create it ($tmp/nodir: No such file or directory)" 1 \

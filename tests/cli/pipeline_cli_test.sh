@@ -66,8 +66,19 @@ expect_usage_error "virtual stages without interleaving" \
 expect_usage_error "pp 0" "pp must be >= 1, got 0" pipeline --pp 0 --micro-batches 8
 expect_usage_error "no micro-batches" "micro-batches must be >= 1, got 0" \
   pipeline --pp 2 --micro-batches 0
-expect_usage_error "zero cost" "--backward-cost must be >= 1, got 0" \
+expect_usage_error "zero cost" "--backward-cost must be in [1, 1000] time units" \
   pipeline --pp 2 --micro-batches 2 --backward-cost 0
+# Costs near 2^31 once wrapped the 32-bit clock and crashed (double free); pp 30000 ran out
+# of memory. The ranges are bounded, and so is the chart (16 MiB).
+expect_usage_error "huge cost" \
+  "--forward-cost must be in [1, 1000] time units (only the ratio of the two costs matters), got 2147483647" \
+  pipeline --pp 4 --micro-batches 4 --forward-cost 2147483647 --backward-cost 2147483647
+expect_usage_error "too many stages" "--pp must be at most 1024" \
+  pipeline --pp 30000 --micro-batches 4
+expect_usage_error "chart too large" "the chart would be 32880000 characters (8 lines of 4110000 time units)" \
+  pipeline --pp 8 --micro-batches 2048 --forward-cost 1000 --backward-cost 1000
+"$bin" pipeline --pp 4 --micro-batches 4 --forward-cost 1000 --backward-cost 1000 >"$tmp/out" 2>&1 &&
+  grep -q "makespan 14000 time units" "$tmp/out" || fail "largest costs: $(tail -3 "$tmp/out")"
 expect_usage_error "missing --pp" "--pp is required" pipeline --micro-batches 8
 expect_usage_error "not an integer" '--micro-batches expects an integer, got "8x"' \
   pipeline --pp 2 --micro-batches 8x

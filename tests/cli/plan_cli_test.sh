@@ -76,7 +76,7 @@ python3 -c "assert $skewed > $even, ($skewed, $even)" || fail "skew: ep time $sk
 "$bin" plan --config "$repo/configs/mixtral-8x7b.yaml" --gpus 8 --gpu a100-40g >"$tmp/none" 2>&1
 rc=$?
 [[ $rc -eq 1 ]] || fail "nothing fits: exit status $rc, want 1"
-grep -q "no valid layout fits 40.00 GiB of memory per device; the smallest needs .* GiB (tp " "$tmp/none" ||
+grep -q "^switchyard plan: error: no valid layout fits 40.00 GiB of memory per device; the smallest needs .* GiB (tp " "$tmp/none" ||
   fail "nothing fits: $(cat "$tmp/none")"
 
 expect_usage_error "missing --gpus" "--gpus is required" plan --config "$cfg"
@@ -107,6 +107,29 @@ expect_usage_error "odd rope head" "model.position=rope needs an even head dim, 
 printf 'name: x\ncolour: red\n' >"$tmp/bad.yaml"
 expect_usage_error "bad hardware file" "$tmp/bad.yaml: unknown key 'colour'" plan --config "$cfg" --gpus 8 --gpu "$tmp/bad.yaml"
 expect_usage_error "config layout invalid" "parallel.ep=3" plan --config "$cfg" --gpus 3 --config-layout --set parallel.ep=3
+# A global batch given as 0 or -1 fell back to the config's; one no layout can split ended
+# with exit 1, nothing on stderr and "the smallest needs 0.00 B".
+expect_usage_error "zero global batch" "--global-batch=0 must be >= 1" plan --config "$cfg" --gpus 8 --global-batch 0
+expect_usage_error "negative global batch" "--global-batch=-1 must be >= 1" plan --config "$cfg" --gpus 8 --global-batch -1
+expect_usage_error "no layout splits the batch" \
+  "no layout of 8 devices is valid for a global batch of 2147483647 sequences" \
+  plan --config "$cfg" --gpus 8 --global-batch 2147483647
+# A hardware file's gpus_per_node is checked as the flag is.
+sed 's/^gpus_per_node: .*/gpus_per_node: 3/' "$repo/configs/hardware/h100.yaml" >"$tmp/three.yaml"
+expect_usage_error "hardware file's nodes not dividing" \
+  "the hardware file's gpus_per_node=3 ($tmp/three.yaml) does not divide --gpus=8" \
+  plan --config "$cfg" --gpus 8 --gpu "$tmp/three.yaml"
+# --skew above what any ep can reach (1e308 made the step 90x faster), and files that are
+# not a routing log: one line naming the file and what is missing.
+expect_usage_error "skew above the world" "--skew 1e308: the busiest expert-parallel rank's load over the mean is at most ep" \
+  plan --config "$cfg" --gpus 8 --skew 1e308
+echo '{"step": 1, "loss": 4.2}' >"$tmp/metrics.jsonl"
+expect_usage_error "skew from metrics.jsonl" "--skew $tmp/metrics.jsonl: its last line has no tokens_per_expert" \
+  plan --config "$cfg" --gpus 8 --skew "$tmp/metrics.jsonl"
+: >"$tmp/empty.jsonl"
+expect_usage_error "skew from an empty file" "--skew $tmp/empty.jsonl: the file is empty" \
+  plan --config "$cfg" --gpus 8 --skew "$tmp/empty.jsonl"
+expect_usage_error "empty skew" "--skew is empty" plan --config "$cfg" --gpus 8 --skew ""
 
 if [[ $failures -gt 0 ]]; then
   echo "plan_cli_test: $failures failure(s)"

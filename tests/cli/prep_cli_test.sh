@@ -119,6 +119,51 @@ expect_error "bad threads" 2 "--threads must be in [0, 4096] (0: every core), go
 [[ ! -e "$tmp/c" ]] || fail "a failed run created its output folder"
 ls -d "$tmp"/c.* >/dev/null 2>&1 && fail "temporary folders left behind: $(ls -d "$tmp"/c.*)"
 
+# Flags that would be ignored or read a file twice: usage errors (exit 2), nothing written.
+expect_error "same file twice" 2 "$tmp/corpus/../corpus/en.txt is given twice (also as $tmp/corpus/en.txt)" \
+  prep --out "$tmp/c" --vocab 100 "$tmp/corpus/en.txt" "$tmp/corpus/../corpus/en.txt"
+expect_error "a file and its folder" 2 "is given twice" \
+  prep --out "$tmp/c" --vocab 100 "$tmp/corpus" "$tmp/corpus/de.txt"
+expect_error "--vocab with --tokenizer" 2 "--vocab 50 and --tokenizer $tmp/a/tokenizer.model are both given" \
+  prep --out "$tmp/c" --tokenizer "$tmp/a/tokenizer.model" --vocab 50 "${corpus[@]}"
+expect_error "empty --label" 2 "--label is empty" prep --out "$tmp/c" --label "" "${corpus[@]}"
+expect_error "--label with a space" 2 '--label "a b" is not a label (non-empty, no whitespace)' \
+  prep --out "$tmp/c" --label "a b" "${corpus[@]}"
+# An --out that cannot be created is named as given (not prep's temporary folder), before
+# the corpus is read.
+echo f >"$tmp/afile"
+expect_error "--out under a file" 1 "--out $tmp/afile/sub: cannot create it ($tmp/afile: Not a directory)" \
+  prep --out "$tmp/afile/sub" --vocab 100 "${corpus[@]}"
+[[ ! -e "$tmp/c" ]] || fail "a refused run created its output folder"
+ls -d "$tmp"/afile* "$tmp"/c.* 2>/dev/null | grep -qv "^$tmp/afile$" && fail "temporary folders left behind"
+
+# Documents of one 120 KB line each (long JSONL records, minified text): SentencePiece
+# skips sentences over 64 KiB and failed with its internal "!sentences_.empty()"; the
+# tokenizer's copy of a long text is cut into pieces.
+py_long='import random; random.seed(1); w = ["alpha", "beta", "gamma"]
+for d in range(3): print(" ".join(random.choice(w) for _ in range(20000)) + "\n")'
+python3 -c "$py_long" >"$tmp/long.txt"
+"$bin" prep --out "$tmp/long" --vocab 60 "$tmp/long.txt" >"$tmp/out" 2>&1 ||
+  fail "documents over 64 KiB: $(tail -2 "$tmp/out")"
+grep -q "trained the tokenizer: [0-9]* pieces on 3 of 3 training documents" "$tmp/out" ||
+  fail "documents over 64 KiB: $(grep tokenizer "$tmp/out")"
+
+ALLOW_PROGRESS=1 expect_error "tokenizer sample too small" 1 \
+  "no training document fits in --tokenizer-sample-bytes 10 (the tokenizer trains on whole documents); raise it" \
+  prep --out "$tmp/c" --vocab 100 --tokenizer-sample-bytes 10 "${corpus[@]}"
+
+# --val-fraction 0: no validation split. Training without validation (eval_every 0, with
+# eval_batches 2) takes it; eval says the data has none (exit 1).
+"$bin" prep --out "$tmp/noval" --vocab 100 --val-fraction 0 "${corpus[@]}" >/dev/null 2>&1 ||
+  fail "prep --val-fraction 0"
+"$bin" train --config "$(dirname "$0")/../data/train-tiny.yaml" --set "data.dir=$tmp/noval" \
+  --set train.eval_every=0 --set train.eval_batches=2 --set train.max_steps=2 --out "$tmp/noval_run" \
+  >"$tmp/out" 2>"$tmp/err" || fail "train on data without a validation split: $(cat "$tmp/err")"
+"$bin" eval --checkpoint "$tmp/noval_run" --data "$tmp/noval" >"$tmp/out" 2>"$tmp/err"
+[[ $? -eq 1 ]] || fail "eval on data without a validation split: not exit 1"
+[[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qF "$tmp/noval: the data has no validation split" "$tmp/err" ||
+  fail "eval on data without a validation split: $(cat "$tmp/err")"
+
 # The data's vocabulary larger than model.vocab_size: training refuses at the start.
 config="$(dirname "$0")/../data/train-tiny.yaml"
 "$bin" train --config "$config" --set "data.dir=$tmp/a" --set model.vocab_size=64 \

@@ -183,6 +183,65 @@ err_one_line "binary metrics.jsonl" "$tmp/binary/metrics.jsonl:1: not UTF-8 text
 mkdir -p "$tmp/badstep" && echo '{"step":0,"loss":"x","moe":[]}' >"$tmp/badstep/metrics.jsonl"
 err_one_line "a record of the wrong type" "$tmp/badstep/metrics.jsonl: the record of step 0: loss and tokens_per_s must be numbers" \
   report "$tmp/badstep" --out "$tmp/keep.html"
+# JSON nested 1,500 deep on one line: one line naming the file and line (was a
+# RecursionError traceback).
+mkdir -p "$tmp/deep" && cp "$tmp/biased/metrics.jsonl" "$tmp/deep/"
+py "import sys; print('{\"d\":' + '[' * 1500 + ']' * 1500 + '}')" >>"$tmp/deep/metrics.jsonl"
+err_one_line "deeply nested JSON" \
+  "$tmp/deep/metrics.jsonl:$(wc -l <"$tmp/deep/metrics.jsonl"): JSON nested too deeply to read" \
+  report "$tmp/deep" --out "$tmp/keep.html"
+# routing.jsonl counts must be finite and >= 0 (routing_by_language.json's already were).
+for v in -1 NaN; do
+  rm -rf "$tmp/badcount" && mkdir -p "$tmp/badcount" && cp "$tmp/biased/metrics.jsonl" "$tmp/badcount/"
+  py "import json, sys
+lines = open(sys.argv[1]).read().splitlines(); d = json.loads(lines[0])
+d['tokens_per_expert'][0][0] = float(sys.argv[2]); lines[0] = json.dumps(d)
+print('\n'.join(lines))" "$tmp/biased/routing.jsonl" "$v" >"$tmp/badcount/routing.jsonl"
+  err_one_line "routing.jsonl count $v" \
+    "$tmp/badcount/routing.jsonl: the record of step $(head -1 "$tmp/biased/routing.jsonl" | sed 's/{"step":\([0-9]*\).*/\1/'): tokens_per_expert must hold, for each of the 2 layers, one finite count >= 0 per expert" \
+    report "$tmp/badcount" --out "$tmp/keep.html"
+done
+# --route: the ids the sample plot reads, checked (expert 99 of 4 was drawn; a string id or
+# a file that is not an object gave matplotlib's TypeError).
+py "import json
+tok = lambda e: {'text': 'a', 'layers': [{'experts': [e, 0]}, {'experts': [1, 0]}]}
+good = {'num_experts': 4, 'layers': [0, 1], 'tokens': [tok(2), tok(3)]}
+json.dump(good, open('$tmp/route.json', 'w'))
+for name, mut in (('99', lambda j: j['tokens'][1]['layers'][0].update(experts=[99])),
+                  ('bool', lambda j: j['tokens'][1]['layers'][0].update(experts=[True])),
+                  ('float', lambda j: j['tokens'][1]['layers'][0].update(experts=[1.0])),
+                  ('e0', lambda j: j.update(num_experts=0)),
+                  ('list', lambda j: j.clear())):
+    j = json.loads(json.dumps(good)); mut(j)
+    json.dump([1] if name == 'list' else j, open('$tmp/route_%s.json' % name, 'w'))"
+for bad in 99 bool float; do
+  err_one_line "--route expert $bad" \
+    "$tmp/route_$bad.json: tokens[1].layers[0]: experts must be a non-empty list of expert ids, integers in [0, 4)" \
+    report "$tmp/biased" --route "$tmp/route_$bad.json" --out "$tmp/keep.html"
+done
+err_one_line "--route num_experts 0" "$tmp/route_e0.json: num_experts must be an integer >= 1" \
+  report "$tmp/biased" --route "$tmp/route_e0.json" --out "$tmp/keep.html"
+err_one_line "--route not an object" "$tmp/route_list.json: not a JSON object" \
+  report "$tmp/biased" --route "$tmp/route_list.json" --out "$tmp/keep.html"
+"$bin" report "$tmp/biased" --route "$tmp/route.json" --out "$tmp/route.html" >"$tmp/report.out" 2>&1 &&
+  grep -q 'id="plot-route_L0"' "$tmp/route.html" || fail "a good --route: $(cat "$tmp/report.out")"
+# A layer of routing_by_language.json with no count at all: a line instead of a TypeError.
+mkdir -p "$tmp/zerolang" && cp "$tmp/biased/metrics.jsonl" "$tmp/zerolang/"
+py "import json
+j = json.load(open('$tmp/biased/routing_by_language.json'))
+j['counts'][0] = [[0] * j['num_experts'] for _ in j['labels']]
+json.dump(j, open('$tmp/zerolang/routing_by_language.json', 'w'))"
+"$bin" report "$tmp/zerolang" --out "$tmp/zerolang.html" >"$tmp/report.out" 2>&1 ||
+  fail "a language table with an empty layer: $(cat "$tmp/report.out")"
+grep -qF "layer 0: routing_by_language.json counts no assignment of any language" "$tmp/zerolang.html" ||
+  fail "a language table with an empty layer: no line saying so"
+# The interpreter: one that is not Python, or that writes nothing, is named (exit 1 with no
+# line, or exit 0 with no page, before).
+SWITCHYARD_PYTHON=/bin/false err_one_line "SWITCHYARD_PYTHON=/bin/false" \
+  "SWITCHYARD_PYTHON=/bin/false: not a Python 3 interpreter" report "$tmp/biased" --out "$tmp/keep.html"
+SWITCHYARD_PYTHON=/bin/true err_one_line "SWITCHYARD_PYTHON=/bin/true" \
+  "report.py with exit status 0 but --out $tmp/new.html was not written" \
+  report "$tmp/biased" --out "$tmp/new.html"
 cmp -s "$tmp/one.html" "$tmp/keep.html" || fail "a failed report changed the existing file"
 # --out one of the inputs: refused (exit 2), the run's files unchanged.
 sum_before=$(md5sum "$tmp/biased"/*.json*)
@@ -191,6 +250,19 @@ expect_usage_error "--out is the run's metrics" "--out $tmp/biased/metrics.jsonl
 expect_usage_error "--out is the run's routing table" "is an input of the report" \
   report "$tmp/biased" --out "$tmp/biased/../biased/routing_by_language.json"
 expect_usage_error "--out is the run directory" "a run directory" report "$tmp/biased" --out "$tmp/biased"
+# Anything inside a run directory: its `latest` or a checkpoint's config.yaml was replaced
+# by the page (exit 0), and the checkpoint no longer verified.
+latest_before=$(md5sum "$tmp/biased/latest" "$tmp/biased"/step-*/config.yaml)
+expect_usage_error "--out is the run's latest" "--out $tmp/biased/latest is inside the run directory $tmp/biased" \
+  report "$tmp/biased" --out "$tmp/biased/latest"
+step_dir=$(ls -d "$tmp/biased"/step-* | tail -1)
+expect_usage_error "--out is a checkpoint's config" "is inside the run directory" \
+  report "$tmp/biased" --out "$step_dir/config.yaml"
+expect_usage_error "--out is new inside the run" "is inside the run directory" \
+  report "$tmp/cf2" "$tmp/biased" --out "$tmp/biased/../biased/report.html"
+[[ "$latest_before" == "$(md5sum "$tmp/biased/latest" "$tmp/biased"/step-*/config.yaml)" ]] ||
+  fail "a refused report changed the run's checkpoint files"
+[[ ! -e "$tmp/biased/report.html" ]] || fail "a refused report was written inside the run"
 [[ "$sum_before" == "$(md5sum "$tmp/biased"/*.json*)" ]] || fail "a refused report changed the run's files"
 
 [[ $failures -eq 0 ]] && echo "report_cli_test: all checks passed"

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -198,6 +199,31 @@ TEST(PipelineScheduleTest, EveryScheduleValidatesWithKnownPeakAndMakespan) {
   EXPECT_EQ(cases, 2 * 5 * 16 + 2 * (8 + 5 + 4 + 2));
 }
 
+// Costs of 2^31 - 1 units: the clock and the makespan are 64-bit (a 32-bit clock wrapped
+// to a negative makespan, and the chart then wrote outside its lines: `switchyard pipeline
+// --forward-cost 2147483647` ended in a double free).
+TEST(PipelineScheduleTest, LargestCostsDoNotOverflow) {
+  const int big = std::numeric_limits<int>::max();
+  for (PipelineSchedule schedule : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB}) {
+    const Timeline t = SimulateTimeline(schedule, 4, 4, 1, big, big);
+    EXPECT_EQ(t.makespan, int64_t{4 + 4 - 1} * 2 * big);
+    EXPECT_NEAR(t.bubble, AnalyticBubble(schedule, 4, 4, 1), 1e-12);
+    for (const auto& rank : t.ranks) {
+      for (const TimedAction& a : rank) EXPECT_EQ(a.end - a.start, big);
+    }
+  }
+}
+
+// 30000 stages: the validator and the simulator keep only the channels the lists use (a
+// table of pp^2 channels needed 9 * 10^8 entries, 23 GB) and visit each action once.
+TEST(PipelineScheduleTest, ManyStagesValidateAndSimulate) {
+  const int pp = 30000, m = 4;
+  EXPECT_TRUE(ValidateSchedules(PipelineSchedule::kOneFOneB, pp, m, 1).ok());
+  const Timeline t = SimulateTimeline(PipelineSchedule::kOneFOneB, pp, m, 1);
+  EXPECT_EQ(t.makespan, int64_t{m + pp - 1} * 3);
+  EXPECT_NEAR(t.bubble, AnalyticBubble(PipelineSchedule::kOneFOneB, pp, m, 1), 1e-9);
+}
+
 // The figures the docs quote: simulated (forward 1, backward 2) against the formulas.
 TEST(PipelineScheduleTest, BubbleTable) {
   std::printf("schedule     pp   m  v  makespan  measured  analytic  literature\n");
@@ -210,8 +236,9 @@ TEST(PipelineScheduleTest, BubbleTable) {
         std::tuple{PipelineSchedule::kInterleaved, 8, 16, 2}}) {
     const Timeline t = SimulateTimeline(schedule, pp, m, v);
     const double literature = LiteratureInterleavedBubble(pp, m, v);
-    std::printf("%-11s %3d %3d %2d %9d  %8.4f  %8.4f  %10.4f\n",
-                std::string(PipelineScheduleName(schedule)).c_str(), pp, m, v, t.makespan,
+    std::printf("%-11s %3d %3d %2d %9lld  %8.4f  %8.4f  %10.4f\n",
+                std::string(PipelineScheduleName(schedule)).c_str(), pp, m, v,
+                static_cast<long long>(t.makespan),
                 t.bubble, AnalyticBubble(schedule, pp, m, v), literature);
     EXPECT_NEAR(t.bubble, literature, 1e-12);
   }

@@ -115,7 +115,28 @@ TEST_F(CheckpointUnitTest, LatestMustNameAStepDirectory) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
   Status s = Load(dir_.string());
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("expected a step directory name"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("expected one line naming the step directory saved last, like "
+                             "step-00000100, got '../elsewhere'"),
+            std::string::npos)
+      << s;
+  // Its bytes are echoed escaped and cut to 80: never a multi-line or 10 MB error.
+  WriteBytes((dir_ / "latest").string(), "step-00000001\nstep-2\n\x1b[31m" + std::string(200, 'a'));
+  s = Load(dir_.string());
+  EXPECT_NE(s.message().find("got 'step-00000001\\nstep-2\\n\\x1b[31maaa"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("a'... (226 bytes)"), std::string::npos) << s;
+  EXPECT_LT(s.message().size(), 300u) << s;
+  WriteBytes((dir_ / "latest").string(), std::string(10000, 'a'));
+  s = Load(dir_.string());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("latest: 10000 bytes; expected one line"), std::string::npos) << s;
+  // A step directory replaced by a file is said to be one.
+  WriteBytes((dir_ / "latest").string(), "step-00000001\n");
+  fs::remove_all(Step(1));
+  WriteBytes(Step(1), "x");
+  s = Load(dir_.string());
+  EXPECT_NE(s.message().find("latest names step-00000001, which is not a directory"),
+            std::string::npos)
+      << s;
 }
 
 TEST_F(CheckpointUnitTest, ANewerFormatIsRefused) {

@@ -1,5 +1,6 @@
 #include "engine/core/file.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "engine/core/crc32.h"
+#include "engine/core/safetensors.h"
 
 namespace switchyard {
 namespace {
@@ -51,6 +55,49 @@ TEST_F(FileTest, WritesAtomicallyAndReadsBack) {
   EXPECT_FALSE(missing.ok());
   // The file asked for, not its temporary "<path>.tmp.<pid>", with the system's reason.
   EXPECT_EQ(missing.message(), Path("no/such/dir/a.json") + ": cannot create (No such file or directory)");
+}
+
+// Every reader refuses what is not a regular file before reading: a FIFO without a writer
+// would block it forever, /dev/zero would never end. One error naming the path and what it is.
+TEST_F(FileTest, ReadersRefuseWhatIsNotARegularFile) {
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0644), 0);
+  auto fifo = ReadFile(Path("fifo"));
+  EXPECT_EQ(fifo.status().code(), absl::StatusCode::kNotFound) << fifo.status();
+  EXPECT_EQ(fifo.status().message(), Path("fifo") + ": is a FIFO (named pipe), not a regular file");
+  EXPECT_EQ(Crc32OfFile(Path("fifo")).status().message(), fifo.status().message());
+  EXPECT_EQ(ReadSafetensors(Path("fifo")).status().message(), fifo.status().message());
+  EXPECT_EQ(ReadFile("/dev/zero").status().message(),
+            "/dev/zero: is a character device, not a regular file");
+  auto dir = ReadFile(dir_.string());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dir.status().message(), dir_.string() + ": is a directory, not a file");
+  // A safetensors reader says so too, not "cannot read the header length".
+  EXPECT_EQ(ReadSafetensors(dir_.string()).status().message(), dir.status().message());
+  EXPECT_EQ(ReadFile(Path("missing")).status().message(),
+            Path("missing") + ": cannot open (No such file or directory)");
+  // Through a symlink to a regular file: read.
+  ASSERT_TRUE(WriteFileAtomically(Path("a.txt"), "abc").ok());
+  fs::create_symlink(Path("a.txt"), Path("link"));
+  EXPECT_EQ(*ReadFile(Path("link")), "abc");
+}
+
+TEST_F(FileTest, ReadFileWithALimitStopsAtIt) {
+  ASSERT_TRUE(WriteFileAtomically(Path("a.txt"), "abcdef").ok());
+  EXPECT_EQ(*ReadFile(Path("a.txt"), 6), "abcdef");
+  auto over = ReadFile(Path("a.txt"), 5);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kOutOfRange) << over.status();
+  EXPECT_EQ(over.status().message(), Path("a.txt") + ": 6 bytes");
+}
+
+TEST_F(FileTest, SameFileSeesThroughSymlinksAndHardLinks) {
+  ASSERT_TRUE(WriteFileAtomically(Path("a.txt"), "abc").ok());
+  fs::create_symlink(Path("a.txt"), Path("sym"));
+  fs::create_hard_link(Path("a.txt"), Path("hard"));
+  EXPECT_TRUE(SameFile(Path("a.txt"), Path("sym")));
+  EXPECT_TRUE(SameFile(Path("a.txt"), Path("hard")));
+  EXPECT_TRUE(SameFile(Path("a.txt"), dir_.string() + "/./x/../a.txt"));
+  EXPECT_TRUE(SameFile(Path("new"), Path("new")));  // neither needs to exist
+  EXPECT_FALSE(SameFile(Path("a.txt"), Path("new")));
 }
 
 TEST_F(FileTest, FsyncDirReportsAMissingDirectory) {

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "engine/config/config.h"
 #include "engine/dist/mesh.h"
@@ -306,6 +307,27 @@ TEST(PlannerTest, SkewFromRoutingLog) {
   EXPECT_NE(std::string(ParseSkew("0.5").status().message()).find("must be >= 1"), std::string::npos);
   EXPECT_NE(std::string(ParseSkew("/nonexistent/routing.jsonl").status().message()).find("routing.jsonl"),
             std::string::npos);
+  // A constant skew counts at most ep (every token on the busiest rank): 1e308 once made
+  // the step faster (an overflow).
+  auto huge = ParseSkew("1e308");
+  ASSERT_TRUE(huge.ok());
+  EXPECT_EQ(huge->ForEp(4), 4.0);
+  // Files without the routing log's last line: one line naming the file and what is missing,
+  // never the JSON library's text.
+  const std::string metrics = ::testing::TempDir() + "/metrics.jsonl";
+  std::ofstream(metrics) << R"({"step": 1, "loss": 4.2})" << "\n";
+  const std::string empty = ::testing::TempDir() + "/empty.jsonl";
+  std::ofstream(empty) << "\n";
+  const std::string negative = ::testing::TempDir() + "/negative.jsonl";
+  std::ofstream(negative) << R"({"tokens_per_expert": [[1, -1]]})" << "\n";
+  for (const auto& [text, want] : {std::pair{metrics, metrics + ": its last line has no tokens_per_expert"},
+                                   std::pair{empty, empty + ": the file is empty"},
+                                   std::pair{negative, negative + ": tokens_per_expert must hold"},
+                                   std::pair{std::string(), std::string("--skew is empty")}}) {
+    const std::string message(ParseSkew(text).status().message());
+    EXPECT_NE(message.find(want), std::string::npos) << message;
+    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+  }
 }
 
 TEST(PlannerTest, AllToAllCrossesNodesOnlyBeyondANode) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -224,6 +225,28 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
       {checkpoint::kModelIndexFile, replace(index, "\"box\":[2,3]", "\"box\":[2,30]"), "a piece outside the tensor"},
       {checkpoint::kModelIndexFile, replace(index, "\"format_version\":2", "\"format_version\":\"two\""),
        "metadata.format_version is \"two\""},
+      // The checksum table covers every file read, and the metadata is what format 2 writes.
+      {checkpoint::kModelIndexFile, replace(index, "\"config.yaml\":", "\"config.yml\":"),
+       "\"files\" has no checksum for config.yaml"},
+      {checkpoint::kModelIndexFile, replace(index, "\"trainer_state.json\":", "\"state.json\":"),
+       "\"files\" has no checksum for trainer_state.json"},
+      {checkpoint::kModelIndexFile, replace(index, "\"model.safetensors\": {", "\"model.st\": {"),
+       "lists pieces in model.safetensors but no checksum for it"},
+      {checkpoint::kModelIndexFile, replace(index, "{\"metadata\": {", "{\"meta\": {"),
+       "no \"metadata\" object (format 2 writes format, format_version and total_size there)"},
+      {checkpoint::kModelIndexFile, replace(index, "\"format_version\":2", "\"format_version\":0"),
+       "metadata.format_version is 0, not a format version (1 to 2)"},
+      {checkpoint::kModelIndexFile, replace(index, "\"format_version\":2", "\"format_version\":1"),
+       "metadata.format_version is 1 but trainer_state.json's is 2"},
+      {checkpoint::kModelIndexFile, replace(index, "\"format_version\":2,", ""),
+       "metadata has no format_version"},
+      {checkpoint::kModelIndexFile,
+       replace(index, "\"format\":\"switchyard-checkpoint\"", "\"format\":\"bogus\""),
+       "metadata.format is \"bogus\", not \"switchyard-checkpoint\""},
+      {checkpoint::kTrainerStateFile, replace(state, "\"format_version\": 2", "\"format_version\": 0"),
+       "format_version 0 is not a format version (1 to 2)"},
+      {checkpoint::kTrainerStateFile, replace(state, "\"format_version\": 2", "\"format_version\": 4294967298"),
+       "format version 4294967298"},
       {checkpoint::kTrainerStateFile, "", "not a Switchyard trainer state"},
       {checkpoint::kTrainerStateFile, replace(state, "\"step\": 3", "\"step\": \"3\""), "not a Switchyard trainer state"},
       // The layout and the data position, range-checked.
@@ -259,6 +282,15 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
   }
   ASSERT_TRUE(checkpoint::LoadCheckpoint(Path("run"), params_, &optimizer_, *world_).ok());
   EXPECT_EQ(Values(), values);
+  // Checksums are written in lower case and read in either.
+  std::string upper = index;
+  for (size_t at = upper.find("\"crc32\":\""); at != std::string::npos;
+       at = upper.find("\"crc32\":\"", at + 1)) {
+    for (size_t i = at + 9; i < at + 17; ++i) upper[i] = static_cast<char>(std::toupper(upper[i]));
+  }
+  ASSERT_NE(upper, index);
+  WriteBytes(step + "/" + checkpoint::kModelIndexFile, upper);
+  EXPECT_TRUE(checkpoint::LoadCheckpoint(Path("run"), params_, &optimizer_, *world_).ok());
 }
 
 TEST_F(MalformedInputTest, BadYamlGetsOneClearError) {
