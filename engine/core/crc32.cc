@@ -61,21 +61,12 @@ std::string Crc32Hex(uint32_t crc) {
 
 StatusOr<FileCrc> Crc32OfFile(const std::string& path) {
   SY_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));  // a FIFO would block forever
-  std::vector<char> block(1 << 20);
   FileCrc out;
-  while (true) {
-    const ssize_t got = ::read(fd, block.data(), block.size());
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      const int err = errno;
-      ::close(fd);
-      return DataLoss(path, ": read failed (", std::strerror(err), ")");
-    }
-    if (got == 0) break;
-    out.crc = Crc32(out.crc, block.data(), static_cast<size_t>(got));
-    out.bytes += static_cast<uint64_t>(got);
-  }
-  ::close(fd);
+  SY_RETURN_IF_ERROR(ReadBlocks(fd, path, 1 << 20, [&](const char* data, size_t n) {
+    out.crc = Crc32(out.crc, data, n);
+    out.bytes += n;
+    return OkStatus();
+  }));
   return out;
 }
 

@@ -92,24 +92,31 @@ StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) {
   }
   std::string out;
   out.reserve(static_cast<size_t>(size));
-  char block[1 << 16];
-  while (true) {
-    const ssize_t got = ::read(fd, block, sizeof(block));
+  SY_RETURN_IF_ERROR(ReadBlocks(fd, path, 1 << 16, [&](const char* data, size_t n) {
+    out.append(data, n);
+    if (out.size() <= max_bytes) return OkStatus();
+    return absl::OutOfRangeError(StrCat(path, ": more than ", max_bytes, " bytes"));  // it grew
+  }));
+  return out;
+}
+
+Status ReadBlocks(int fd, const std::string& path, size_t block,
+                  const std::function<Status(const char* data, size_t n)>& use) {
+  std::vector<char> buffer(block);
+  Status status = OkStatus();
+  while (status.ok()) {
+    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
-      const int err = errno;
-      ::close(fd);
-      return DataLoss(path, ": read failed (", std::strerror(err), ")");
-    }
-    if (got == 0) break;
-    out.append(block, static_cast<size_t>(got));
-    if (out.size() > max_bytes) {  // it grew while being read
-      ::close(fd);
-      return absl::OutOfRangeError(StrCat(path, ": more than ", max_bytes, " bytes"));
+      status = DataLoss(path, ": read failed (", std::strerror(errno), ")");
+    } else if (got == 0) {
+      break;
+    } else {
+      status = use(buffer.data(), static_cast<size_t>(got));
     }
   }
   ::close(fd);
-  return out;
+  return status;
 }
 
 StatusOr<std::string> ReadFile(const std::string& path) {

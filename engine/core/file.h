@@ -20,6 +20,11 @@ namespace switchyard {
 // not a regular file" (a character or block device, a socket likewise).
 StatusOr<int> OpenRegularFile(const std::string& path);
 
+// Reads the open descriptor `fd` of `path` to its end in blocks of `block` bytes, handing
+// each to `use`; closes fd. DataLoss naming path when a read fails; use's error stops it.
+Status ReadBlocks(int fd, const std::string& path, size_t block,
+                  const std::function<Status(const char* data, size_t n)>& use);
+
 // The bytes of the regular file `path` (OpenRegularFile's errors), DataLoss when the read
 // fails part way.
 StatusOr<std::string> ReadFile(const std::string& path);
