@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 
 #include "engine/core/crc32.h"
+#include "engine/core/json_check.h"
 #include "engine/checkpoint/checkpoint.h"
 
 namespace switchyard::checkpoint {
@@ -338,7 +339,8 @@ Status CheckMetadata(const json& index, const std::string& path, int format_vers
 StatusOr<CheckpointIndex> ParseIndex(const std::string& text, const std::string& path,
                                      int format_version) {
   json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+  if (index.is_discarded()) return DataLoss(path, ": not JSON (", JsonSyntaxError(text), ")");
+  if (!index.is_object() || !index.contains("weight_map") ||
       !index["weight_map"].is_object()) {
     return DataLoss(path, ": not a safetensors index (no \"weight_map\" object)");
   }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/file.h"
+#include "engine/core/json_check.h"
 
 #ifndef SWITCHYARD_VERSION
 #define SWITCHYARD_VERSION "0.1.0"
@@ -140,7 +141,10 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir, int* version
   out.dir = dir;
   SY_ASSIGN_OR_RETURN(out.trainer_state_json, ReadFile(path));
   json j = json::parse(out.trainer_state_json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("format") || j["format"] != kFormat ||
+  if (j.is_discarded()) {
+    return DataLoss(path, ": not JSON (", JsonSyntaxError(out.trainer_state_json), ")");
+  }
+  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat ||
       !j.contains("format_version") || !j["format_version"].is_number_integer() ||
       !j.contains("step") || !j["step"].is_number_integer()) {
     return DataLoss(path, ": not a Switchyard trainer state (needs \"format\": \"", kFormat,

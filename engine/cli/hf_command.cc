@@ -26,6 +26,7 @@
 #include "engine/cli/common.h"
 #include "engine/cli/hf_mixtral.h"
 #include "engine/core/file.h"
+#include "engine/core/json_check.h"
 #include "engine/core/safetensors.h"
 #include "engine/dist/process.h"
 #include "engine/model/decoder.h"
@@ -182,7 +183,8 @@ StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& in
                                                            int64_t* total_size) {
   SY_ASSIGN_OR_RETURN(std::string text, ReadFile(index));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+  if (j.is_discarded()) return DataLoss(index, ": not JSON (", JsonSyntaxError(text), ")");
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     return DataLoss(index, ": not a safetensors index (no weight_map)");
   }
   if (const std::vector<std::string> twice = DuplicateJsonKey(text); !twice.empty()) {
@@ -273,7 +275,10 @@ int Import(const std::vector<std::string>& args) {
   auto text = ReadFile(source);
   if (!text.ok()) return Fail(kImport, text.status());
   nlohmann::json hf = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (hf.is_discarded() || !hf.is_object()) return Fail(kImport, InvalidArgument(source, ": not a JSON object"));
+  if (hf.is_discarded()) {
+    return Fail(kImport, InvalidArgument(source, ": not JSON (", JsonSyntaxError(*text), ")"));
+  }
+  if (!hf.is_object()) return Fail(kImport, InvalidArgument(source, ": not a JSON object"));
   // config.json's values (exit 1, naming its keys), then the --set flags on top (exit 2).
   auto yaml = ConfigYamlFromMixtral(hf, source);
   if (!yaml.ok()) return Fail(kImport, yaml.status());

@@ -8,12 +8,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/core/crc32.h"
 #include "engine/core/file.h"
+#include "engine/core/json_check.h"
 
 namespace switchyard {
 namespace {
@@ -23,32 +23,6 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeader = 100u << 20;  // 100 MiB, as the reference implementation
 
 }  // namespace
-
-std::vector<std::string> DuplicateJsonKey(const std::string& text) {
-  std::vector<std::set<std::string>> keys;  // the keys seen in each open object or array
-  std::vector<std::string> path;            // the key last read at each open level
-  std::vector<std::string> twice;
-  json::parser_callback_t note = [&](int, json::parse_event_t event, json& parsed) {
-    using E = json::parse_event_t;
-    if (event == E::object_start || event == E::array_start) {
-      keys.emplace_back();
-      path.emplace_back();
-    } else if (event == E::object_end || event == E::array_end) {
-      keys.pop_back();
-      path.pop_back();
-    } else if (event == E::key && twice.empty() && !keys.empty()) {
-      path.back() = parsed.get<std::string>();
-      if (!keys.back().insert(path.back()).second) {
-        for (const std::string& k : path) {
-          if (!k.empty()) twice.push_back(k);
-        }
-      }
-    }
-    return true;
-  };
-  if (json::parse(text, note, /*allow_exceptions=*/false).is_discarded()) return {};
-  return twice;
-}
 
 const char* SafetensorsDType(DType dtype) {
   switch (dtype) {
@@ -92,7 +66,8 @@ bool PreadAll(int fd, uint64_t offset, uint64_t n, void* out) {
 StatusOr<SafetensorsHeader> ParseHeader(const std::string& path, const std::string& text,
                                         uint64_t file_size, uint64_t data_start) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return DataLoss(path, ": header is not a JSON object");
+  if (j.is_discarded()) return DataLoss(path, ": header is not JSON (", JsonSyntaxError(text), ")");
+  if (!j.is_object()) return DataLoss(path, ": header is not a JSON object");
   if (const std::vector<std::string> twice = DuplicateJsonKey(text); !twice.empty()) {
     const std::string what = twice[0] == "__metadata__" ? twice[0] : "tensor '" + twice[0] + "'";
     if (twice.size() == 1) return DataLoss(path, ": the header lists ", what, " twice");

@@ -74,12 +74,6 @@ class SafetensorsReader {
   SafetensorsHeader header_;
 };
 
-// The first key that one object of the JSON `text` sets twice, as the keys leading to it
-// ({"x"}: a top-level key; {"x", "dtype"}: "dtype" twice inside "x"), or {} when no key
-// repeats (or the text is not JSON). JSON readers keep one of the two silently, so a header
-// or index naming a tensor twice is refused with this instead.
-std::vector<std::string> DuplicateJsonKey(const std::string& text);
-
 // The safetensors dtype string ("F32", "BF16", "F16", "I32", "I64", "U8") and back.
 const char* SafetensorsDType(DType dtype);
 StatusOr<DType> ParseSafetensorsDType(const std::string& name);

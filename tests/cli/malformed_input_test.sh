@@ -241,7 +241,7 @@ poke "$step/model.safetensors" nan
 poke "$step/model.safetensors.index.json" unchecked
 checkpoint_case "a NaN in an older checkpoint without checksums" "holds a non-finite value (nan at element 0"
 poke "$step/model.safetensors.index.json" nojson
-checkpoint_case "an index that is not JSON" "$step/model.safetensors.index.json: not a safetensors index"
+checkpoint_case "an index that is not JSON" "$step/model.safetensors.index.json: not JSON (line "
 poke "$step/model.safetensors.index.json" overflow
 checkpoint_case "an index shape that overflows" "$step/model.safetensors.index.json: tensor '"
 poke "$step/model.safetensors.index.json" pathname
@@ -368,7 +368,8 @@ if [[ -n $mpirun_sh ]]; then
   [[ ! -e $tmp/hf2 ]] || fail "export under mpirun -np 2 wrote its output"
 fi
 # hf.py SRC DST KIND: a copy of the export SRC in DST, damaged: a NaN in the first tensor, or
-# sharded in two files with an index whose weight_map (or total_size) disagrees with them.
+# sharded in two files with an index whose weight_map (or total_size) disagrees with them, or
+# its config.json or index cut in half.
 # Prints the name of the tensor damaged or moved.
 cat >"$tmp/hf.py" <<'EOF'
 import json, math, os, shutil, struct, sys
@@ -380,6 +381,12 @@ n = struct.unpack("<Q", raw[:8])[0]
 header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
 header.pop("__metadata__", None)
 names = sorted(header)
+if kind == "config":  # config.json cut in half
+    text = open(os.path.join(src, "config.json")).read()
+    open(os.path.join(dst, "config.json"), "w").write(text[:len(text) // 2])
+    shutil.copy(os.path.join(src, "model.safetensors"), dst)
+    print("config.json")
+    sys.exit()
 if kind == "nan":
     first = min(names, key=lambda k: header[k]["data_offsets"][0])
     at = header[first]["data_offsets"][0]
@@ -407,8 +414,9 @@ if kind == "missing": del weight_map[moved]
 if kind == "extra": weight_map["model.bogus"] = "model-00001-of-00002.safetensors"
 if kind == "number": weight_map[moved] = 1
 if kind == "total": total += 4
-json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
-          open(os.path.join(dst, "model.safetensors.index.json"), "w"))
+text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+if kind == "cutindex": text = text[:len(text) // 2]
+open(os.path.join(dst, "model.safetensors.index.json"), "w").write(text)
 print(moved)
 EOF
 hf_case() {  # KIND WANT...: the import of hf.py's KIND, exit 1 with WANT (%s: the tensor's name)
@@ -425,6 +433,8 @@ hf_case missing "$tmp/in/hf-missing/$shard1: holds '%s', which $tmp/in/hf-missin
 hf_case extra "$tmp/in/hf-extra/$index: weight_map puts 'model.bogus' in $shard1, which does not hold it"
 hf_case number "$tmp/in/hf-number/$index: weight_map maps '%s' to 1, not the name of a file beside it"
 hf_case total "$tmp/in/hf-total/$index: metadata.total_size is "
+hf_case config "$tmp/in/hf-config/config.json: not JSON (line "
+hf_case cutindex "$tmp/in/hf-cutindex/$index: not JSON (line 1, column "
 $python "$tmp/hf.py" "$tmp/hf" "$tmp/in/hf-sharded" good >/dev/null
 "$bin" import --format hf-mixtral "$tmp/in/hf-sharded" "$tmp/imported" >"$tmp/out" 2>"$tmp/err" ||
   fail "import of a sound sharded directory: $(cat "$tmp/err")"

@@ -134,7 +134,8 @@ TEST_F(MalformedInputTest, DamagedSafetensorsHeadersGetOneClearError) {
       {"overlapping tensors",
        R"({"x":{)" + f32x2 + R"(,"data_offsets":[0,8]},"y":{)" + f32x2 + R"(,"data_offsets":[4,12]}})",
        std::string(12, 'x'), "tensors overlap"},
-      {"a header that is not JSON", "{\"x\": [", "", "header is not a JSON object"},
+      {"a header that is not JSON", "{\"x\": [", "",
+       "header is not JSON (line 1, column 8: syntax error while parsing value - unexpected end of input"},
       {"a header that is a list", "[1, 2]", "", "header is not a JSON object"},
       {"metadata that is not an object", R"({"__metadata__": [1]})", "", "__metadata__ is not an object"},
       {"a metadata value that is not a string", R"({"__metadata__": {"k": 1}})", "",
@@ -200,8 +201,8 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
     return s;
   };
   const std::vector<Case> cases = {
-      {checkpoint::kModelIndexFile, "", "not a safetensors index"},
-      {checkpoint::kModelIndexFile, "{\"weight_map\": {", "not a safetensors index"},
+      {checkpoint::kModelIndexFile, "", "not JSON (line 1, column 1: "},
+      {checkpoint::kModelIndexFile, "{\"weight_map\": {", "not JSON (line 1, column 17: "},
       {checkpoint::kModelIndexFile, "[]", "not a safetensors index"},
       {checkpoint::kModelIndexFile, replace(index, "\"shape\":[2,3]", "\"shape\":[4294967296,4294967296,4294967296]"),
        "tensor 'layers.0.w': a bad shape"},
@@ -247,7 +248,7 @@ TEST_F(MalformedInputTest, DamagedIndexAndTrainerStateGetOneClearError) {
        "format_version 0 is not a format version (1 to 2)"},
       {checkpoint::kTrainerStateFile, replace(state, "\"format_version\": 2", "\"format_version\": 4294967298"),
        "format version 4294967298"},
-      {checkpoint::kTrainerStateFile, "", "not a Switchyard trainer state"},
+      {checkpoint::kTrainerStateFile, "", "trainer_state.json: not JSON (line 1, column 1: "},
       {checkpoint::kTrainerStateFile, replace(state, "\"step\": 3", "\"step\": \"3\""), "not a Switchyard trainer state"},
       // The layout and the data position, range-checked.
       {checkpoint::kTrainerStateFile, replace(state, "\"world\": 1", "\"world\": 0"),

@@ -1,0 +1,54 @@
+#include "engine/core/json_check.h"
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace switchyard {
+
+using json = nlohmann::json;
+
+std::vector<std::string> DuplicateJsonKey(const std::string& text) {
+  std::vector<std::set<std::string>> keys;  // the keys seen in each open object or array
+  std::vector<std::string> path;            // the key last read at each open level
+  std::vector<std::string> twice;
+  json::parser_callback_t note = [&](int, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      keys.emplace_back();
+      path.emplace_back();
+    } else if (event == E::object_end || event == E::array_end) {
+      keys.pop_back();
+      path.pop_back();
+    } else if (event == E::key && twice.empty() && !keys.empty()) {
+      path.back() = parsed.get<std::string>();
+      if (!keys.back().insert(path.back()).second) {
+        for (const std::string& k : path) {
+          if (!k.empty()) twice.push_back(k);
+        }
+      }
+    }
+    return true;
+  };
+  if (json::parse(text, note, /*allow_exceptions=*/false).is_discarded()) return {};
+  return twice;
+}
+
+std::string JsonSyntaxError(const std::string& text) {
+  // The parser's own message names the line, the column and what it expected; the
+  // exception is the only place it gives them. The callback keeps nothing, so no tree is
+  // built.
+  json::parser_callback_t discard = [](int, json::parse_event_t, json&) { return false; };
+  try {
+    [[maybe_unused]] const json nothing = json::parse(text, discard);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    const std::string::size_type at = what.find("parse error at ");
+    if (at != std::string::npos) return what.substr(at + 15);
+    const std::string::size_type colon = what.find("] ");
+    return colon == std::string::npos ? what : what.substr(colon + 2);
+  }
+  return "";
+}
+
+}  // namespace switchyard

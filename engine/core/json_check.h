@@ -1,0 +1,22 @@
+// Checks of the JSON text of files a user hands us (safetensors headers, checkpoint and
+// Hugging Face indexes, config.json, trainer_state.json): what a parser that keeps the last
+// of two keys, or says only "not JSON", would not tell.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace switchyard {
+
+// The first key that one object of the JSON `text` sets twice, as the keys leading to it
+// ({"x"}: a top-level key; {"x", "dtype"}: "dtype" twice inside "x"), or {} when no key
+// repeats (or the text is not JSON). JSON readers keep one of the two silently, so a header
+// or index naming a tensor twice is refused with this instead.
+std::vector<std::string> DuplicateJsonKey(const std::string& text);
+
+// Where and why `text` is not JSON: "line 3, column 1: syntax error while parsing object -
+// unexpected end of input; expected '}'", or "" when it is JSON. Parses the text again, so
+// readers call it only once their own parse has failed.
+std::string JsonSyntaxError(const std::string& text);
+
+}  // namespace switchyard

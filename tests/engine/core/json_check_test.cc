@@ -1,0 +1,39 @@
+// The JSON text checks (engine/core/json_check.h) on hand-made texts.
+#include "engine/core/json_check.h"
+
+#include <gtest/gtest.h>
+
+namespace switchyard {
+namespace {
+
+using Keys = std::vector<std::string>;
+
+TEST(JsonCheckTest, DuplicateKeyNamesThePathToIt) {
+  EXPECT_EQ(DuplicateJsonKey(R"({"a": 1, "b": 2})"), Keys{});
+  EXPECT_EQ(DuplicateJsonKey(R"({"a": 1, "a": 2})"), Keys{"a"});
+  EXPECT_EQ(DuplicateJsonKey(R"({"x": {"dtype": "F32", "dtype": "F16"}})"), (Keys{"x", "dtype"}));
+  // The same key in two sibling objects is no repeat; the first repeat is the one named.
+  EXPECT_EQ(DuplicateJsonKey(R"([{"a": 1}, {"a": 2}])"), Keys{});
+  EXPECT_EQ(DuplicateJsonKey(R"({"m": {"k": 1, "k": 2}, "m": 3})"), (Keys{"m", "k"}));
+  EXPECT_EQ(DuplicateJsonKey(R"({"a": 1, "a": )"), Keys{});  // not JSON: nothing to say
+}
+
+TEST(JsonCheckTest, SyntaxErrorGivesLineColumnAndReason) {
+  EXPECT_EQ(JsonSyntaxError(R"({"a": [1, 2], "b": {"c": null}})"), "");
+  EXPECT_EQ(JsonSyntaxError("{\"a\": 1,\n \"b\" 2}"),
+            "line 2, column 6: syntax error while parsing object separator - unexpected number "
+            "literal; expected ':'");
+  EXPECT_EQ(JsonSyntaxError(""),
+            "line 1, column 1: syntax error while parsing value - unexpected end of input; "
+            "expected '[', '{', or a literal");
+  // A truncated file (9 bytes): the column just past its last byte.
+  EXPECT_EQ(JsonSyntaxError("{\"a\": [1,"),
+            "line 1, column 10: syntax error while parsing value - unexpected end of input; "
+            "expected '[', '{', or a literal");
+  EXPECT_EQ(JsonSyntaxError("{} x"),
+            "line 1, column 4: syntax error while parsing value - invalid literal; last read: "
+            "'{} x'; expected end of input");
+}
+
+}  // namespace
+}  // namespace switchyard
