@@ -48,6 +48,8 @@ namespace switchyard::checkpoint {
 // The on-disk format this code writes; a loader refuses a newer one and reads format 1 (one
 // model.safetensors of whole tensors, optimizer.safetensors beside it).
 inline constexpr int kCheckpointFormatVersion = 2;
+// The "format" value of format 2's index metadata and of trainer_state.json.
+inline constexpr const char* kCheckpointFormat = "switchyard-checkpoint";
 
 // The files of a step directory. kModelFile and kOptimizerFile are the tensor files of a
 // one-rank world (and of format 1); R ranks write "model-RRRRR-of-WWWWW.safetensors" and

@@ -19,7 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kFormat = "switchyard-checkpoint";
 // Reads of runs closer than this are merged into one; a merged read stays under kMaxBlock.
 constexpr int64_t kReadGap = 64 << 10;
 constexpr int64_t kMaxBlock = 64 << 20;
@@ -195,7 +194,7 @@ std::string IndexText(const std::vector<SaveItem>& plan, int world, const FileSu
     }
   }
   const json metadata = {{"total_size", total},
-                         {"format", kFormat},
+                         {"format", kCheckpointFormat},
                          {"format_version", kCheckpointFormatVersion}};
   std::vector<std::string> sums;
   for (const auto& [name, sum] : files) {
@@ -326,9 +325,9 @@ Status CheckMetadata(const json& index, const std::string& path, int format_vers
   }
   if (metadata.contains("format") || format_version >= 2) {
     const json format = metadata.value("format", json());
-    if (format != kFormat) {
+    if (format != kCheckpointFormat) {
       return DataLoss(path, ": metadata.format is ", format.dump().substr(0, 80), ", not \"",
-                      kFormat, "\"");
+                      kCheckpointFormat, "\"");
     }
   }
   return OkStatus();

@@ -20,7 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kFormat = "switchyard-checkpoint";
 // Keys of trainer_state.json that the checkpoint owns.
 constexpr const char* kReservedKeys[] = {"format", "format_version", "switchyard_version",
                                          "layout"};
@@ -124,7 +123,7 @@ StatusOr<std::string> TrainerStateText(const std::string& trainer_json, int64_t 
     return InvalidArgument("checkpoint: trainer_state_json has step ", j["step"].dump(),
                            " but step ", step, " is being saved");
   }
-  j["format"] = kFormat;
+  j["format"] = kCheckpointFormat;
   j["format_version"] = kCheckpointFormatVersion;
   j["switchyard_version"] = SWITCHYARD_VERSION;
   j["step"] = step;
@@ -144,10 +143,10 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir, int* version
   if (j.is_discarded()) {
     return DataLoss(path, ": not JSON (", JsonSyntaxError(out.trainer_state_json), ")");
   }
-  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat ||
+  if (!j.is_object() || !j.contains("format") || j["format"] != kCheckpointFormat ||
       !j.contains("format_version") || !j["format_version"].is_number_integer() ||
       !j.contains("step") || !j["step"].is_number_integer()) {
-    return DataLoss(path, ": not a Switchyard trainer state (needs \"format\": \"", kFormat,
+    return DataLoss(path, ": not a Switchyard trainer state (needs \"format\": \"", kCheckpointFormat,
                     "\", \"format_version\" and \"step\")");
   }
   const int64_t v = j["format_version"].get<int64_t>();

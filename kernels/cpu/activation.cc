@@ -20,7 +20,7 @@ constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
 // Elements per chunk handed to another thread.
-constexpr int64_t kMinChunk = 16384;
+constexpr int64_t kActivationChunk = 16384;
 
 SY_VECTOR_CLONES void GeluForwardRange(const float* px, float* py, int64_t n) {
   // 0.5 (1 + tanh u) = sigmoid(2 u).
@@ -117,12 +117,12 @@ void ForGradients(const Tensor& t0, const Tensor* t1, Tensor& g0, Tensor* g1, in
 void GeluForward(const Tensor& x, Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
-  ParallelFor(x.numel(), kMinChunk, [&](int64_t b, int64_t e) { GeluForwardRange(px + b, py + b, e - b); });
+  ParallelFor(x.numel(), kActivationChunk, [&](int64_t b, int64_t e) { GeluForwardRange(px + b, py + b, e - b); });
 }
 
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const float* pdy = dy.data<float>();
-  ParallelFor(x.numel(), kMinChunk, [&](int64_t b, int64_t e) {
+  ParallelFor(x.numel(), kActivationChunk, [&](int64_t b, int64_t e) {
     ForGradients(x, nullptr, dx, nullptr, b, e,
                  [&](int64_t at, int64_t n, const float* px, const float*, float* pdx, float*) {
                    GeluBackwardRange(px, pdy + at, pdx, n);
@@ -149,13 +149,13 @@ void SwigluForward(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
-  ParallelFor(a.numel(), kMinChunk,
+  ParallelFor(a.numel(), kActivationChunk,
               [&](int64_t s, int64_t e) { SwigluForwardRange(pa + s, pb + s, po + s, e - s); });
 }
 
 void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor& da, Tensor& db) {
   const float* pdo = dout.data<float>();
-  ParallelFor(a.numel(), kMinChunk, [&](int64_t s, int64_t e) {
+  ParallelFor(a.numel(), kActivationChunk, [&](int64_t s, int64_t e) {
     ForGradients(a, &b, da, &db, s, e,
                  [&](int64_t at, int64_t n, const float* pa, const float* pb, float* pda,
                      float* pdb) { SwigluBackwardRange(pa, pb, pdo + at, pda, pdb, n); });
@@ -181,7 +181,7 @@ void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bi
   int64_t r = 0;
   for (size_t g = 0; g < rows.size(); ++g)
     for (int64_t end = r + rows[g]; r < end; ++r) group_of[r] = static_cast<int64_t>(g);
-  ParallelFor(r, RowsPerChunk(n, kMinChunk), [&](int64_t b, int64_t e) {
+  ParallelFor(r, RowsPerChunk(n, kActivationChunk), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) AddRow(po + i * n, pb + group_of[i] * n, n);
   });
 }
@@ -199,7 +199,7 @@ void SumGroupColumns(int64_t n, std::span<const int64_t> rows, Tensor& dbias, fl
   const int64_t blocks = (n + kColumns - 1) / kColumns;
   int64_t total = 0;
   for (int64_t r : rows) total += r;
-  ParallelFor(blocks, RowsPerChunk(total * kColumns, kMinChunk), [&](int64_t cb, int64_t ce) {
+  ParallelFor(blocks, RowsPerChunk(total * kColumns, kActivationChunk), [&](int64_t cb, int64_t ce) {
     const int64_t j0 = cb * kColumns, w = std::min(n, ce * kColumns) - j0;
     auto row = make_row(j0, w);
     int64_t r = 0;
@@ -229,7 +229,7 @@ void BiasGeluForward(Tensor& a, const Tensor& bias, Tensor& h) {
   float* pa = a.data<float>();
   float* ph = h.data<float>();
   const float* pb = bias.data<float>();
-  ParallelFor(a.dim(0), RowsPerChunk(n, kMinChunk), [&](int64_t b, int64_t e) {
+  ParallelFor(a.dim(0), RowsPerChunk(n, kActivationChunk), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       AddRow(pa + r * n, pb, n);
       GeluForwardRange(pa + r * n, ph + r * n, n);
@@ -243,7 +243,7 @@ void BiasSwigluForward(Tensor& a, const Tensor& bias, const Tensor& b, Tensor& o
   const float* pbm = b.data<float>();
   float* po = out.data<float>();
   const float* pb = bias.data<float>();
-  ParallelFor(a.dim(0), RowsPerChunk(n, kMinChunk), [&](int64_t s, int64_t e) {
+  ParallelFor(a.dim(0), RowsPerChunk(n, kActivationChunk), [&](int64_t s, int64_t e) {
     for (int64_t r = s; r < e; ++r) {
       AddRow(pa + r * n, pb, n);
       SwigluForwardRange(pa + r * n, pbm + r * n, po + r * n, n);

@@ -42,7 +42,7 @@ std::vector<float> Rounded(const Tensor& t) {
   return out;
 }
 
-struct Dims {
+struct FlashDims {
   int64_t b, s, hq, hkv, hd;
   int64_t group() const { return hq / hkv; }
   int64_t ldq() const { return hq * hd; }    // row stride of q, out, dq, dout
@@ -51,7 +51,7 @@ struct Dims {
   int64_t k_blocks() const { return (s + kBk - 1) / kBk; }
 };
 
-Dims DimsOf(const Tensor& q, const Tensor& k) {
+FlashDims DimsOf(const Tensor& q, const Tensor& k) {
   return {q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
 
@@ -62,7 +62,7 @@ bool Sees(AttentionMask mask, int64_t i, int64_t j) {
 
 // Key blocks the query block starting at i0 visits, [0, n): under kCausal those holding a
 // key <= its last row, so the blocks wholly above the diagonal are skipped.
-int64_t KeyBlocksOf(const Dims& d, AttentionMask mask, int64_t i0) {
+int64_t KeyBlocksOf(const FlashDims& d, AttentionMask mask, int64_t i0) {
   const int64_t keys = mask == AttentionMask::kCausal ? std::min(d.s, i0 + kBq) : d.s;
   return (keys + kBk - 1) / kBk;
 }
@@ -80,7 +80,7 @@ struct BackwardTile {
 
 // q, dout (rows, hd) at the block's first row (stride ldq), k, v (keys, hd) at its first key
 // (stride ldkv), all bf16-rounded; lse, delta: the block's rows; c = FlashScaleLog2(hd).
-void ComputeTile(const Dims& d, AttentionMask mask, float c, const float* q,
+void ComputeTile(const FlashDims& d, AttentionMask mask, float c, const float* q,
                  const float* dout, const float* k, const float* v, const float* lse,
                  const float* delta, int64_t i0, int64_t rows, int64_t j0, int64_t keys,
                  BackwardTile& t) {
@@ -101,7 +101,7 @@ void ComputeTile(const Dims& d, AttentionMask mask, float c, const float* q,
 
 void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                            Tensor& lse, AttentionMask mask) {
-  const Dims d = DimsOf(q, k);
+  const FlashDims d = DimsOf(q, k);
   if (d.b == 0 || d.s == 0 || d.hq == 0) return;
   const float scale = FlashScale(d.hd), c = FlashScaleLog2(d.hd);
   const std::vector<float> qr = Rounded(q), kr = Rounded(k), vr = Rounded(v);
@@ -165,7 +165,7 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, Te
 void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                             const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk,
                             Tensor& dv, AttentionMask mask) {
-  const Dims d = DimsOf(q, k);
+  const FlashDims d = DimsOf(q, k);
   if (d.b == 0 || d.s == 0) return;
   if (d.hq == 0) {  // no query head reads k or v
     dk.SetZero();

@@ -36,27 +36,27 @@ void AddChunkSums(const std::vector<double>& partial, int64_t chunks, int64_t d,
 
 // Sums in 8 double lanes (one AVX-512 register), finished in order: vectorised, still in
 // double as MODEL.md asks of the statistics.
-constexpr int kLanes = 8;
+constexpr int kNormLanes = 8;
 
 SY_VECTOR_CLONES void LayerNormRow(const float* xr, const float* w, const float* b, float eps,
                                    int64_t d, float* yr, float* mean_out, float* rstd_out) {
-  double lane[kLanes] = {};
+  double lane[kNormLanes] = {};
   int64_t j = 0;
-  for (; j + kLanes <= d; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] += xr[j + l];
+  for (; j + kNormLanes <= d; j += kNormLanes)
+    for (int l = 0; l < kNormLanes; ++l) lane[l] += xr[j + l];
   double sum = 0.0;
-  for (int l = 0; l < kLanes; ++l) sum += lane[l];
+  for (int l = 0; l < kNormLanes; ++l) sum += lane[l];
   for (; j < d; ++j) sum += xr[j];
   const double mu = sum / static_cast<double>(d);
-  double vlane[kLanes] = {};
-  for (j = 0; j + kLanes <= d; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
+  double vlane[kNormLanes] = {};
+  for (j = 0; j + kNormLanes <= d; j += kNormLanes) {
+    for (int l = 0; l < kNormLanes; ++l) {
       const double c = xr[j + l] - mu;
       vlane[l] += c * c;
     }
   }
   double var = 0.0;
-  for (int l = 0; l < kLanes; ++l) var += vlane[l];
+  for (int l = 0; l < kNormLanes; ++l) var += vlane[l];
   for (; j < d; ++j) var += (xr[j] - mu) * (xr[j] - mu);
   var /= static_cast<double>(d);
   const float m = static_cast<float>(mu);
@@ -88,10 +88,10 @@ void AddRowsOf(const float* a, const float* b, float* sum, int64_t d) {
 SY_VECTOR_CLONES void LayerNormBackwardRow(const float* xr, const float* dyr, const float* w,
                                            float m, float s, int64_t d, float* dxr, double* pw,
                                            double* pb, bool add) {
-  double glane[kLanes] = {}, gxlane[kLanes] = {};
+  double glane[kNormLanes] = {}, gxlane[kNormLanes] = {};
   int64_t j = 0;
-  for (; j + kLanes <= d; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
+  for (; j + kNormLanes <= d; j += kNormLanes) {
+    for (int l = 0; l < kNormLanes; ++l) {
       const float xhat = (xr[j + l] - m) * s;
       const float g = dyr[j + l] * w[j + l];
       glane[l] += g;
@@ -99,7 +99,7 @@ SY_VECTOR_CLONES void LayerNormBackwardRow(const float* xr, const float* dyr, co
     }
   }
   double sum_g = 0.0, sum_gx = 0.0;
-  for (int l = 0; l < kLanes; ++l) sum_g += glane[l], sum_gx += gxlane[l];
+  for (int l = 0; l < kNormLanes; ++l) sum_g += glane[l], sum_gx += gxlane[l];
   for (; j < d; ++j) {
     const float xhat = (xr[j] - m) * s;
     const float g = dyr[j] * w[j];

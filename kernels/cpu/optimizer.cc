@@ -18,7 +18,7 @@ namespace switchyard::kernels::cpu {
 namespace {
 
 // Elements per chunk handed to another thread.
-constexpr int64_t kMinChunk = 32768;
+constexpr int64_t kAdamChunk = 32768;
 
 struct AdamWConsts {
   float decay, step_size, bc2_sqrt, b1, b2, eps, one_minus_b1, one_minus_b2, grad_scale;
@@ -70,7 +70,7 @@ void AdamWUpdate(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp
   const float* g = grad.data<float>();
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
-  ParallelFor(param.numel(), kMinChunk, [&](int64_t b, int64_t e) {
+  ParallelFor(param.numel(), kAdamChunk, [&](int64_t b, int64_t e) {
     AdamWRange(p + b, g + b, m + b, v + b, e - b, c);
   });
 }
@@ -125,7 +125,7 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors) {
 
 void ScaleInPlace(Tensor& t, float scale) {
   float* x = t.data<float>();
-  ParallelFor(t.numel(), kMinChunk, [&](int64_t b, int64_t e) { ScaleRange(x + b, scale, e - b); });
+  ParallelFor(t.numel(), kAdamChunk, [&](int64_t b, int64_t e) { ScaleRange(x + b, scale, e - b); });
 }
 
 void ScaleMany(std::span<Tensor> tensors, float scale) {

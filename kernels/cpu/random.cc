@@ -6,7 +6,7 @@ namespace switchyard::kernels::cpu {
 namespace {
 
 // Elements per chunk handed to another thread.
-constexpr int64_t kMinChunk = 16384;
+constexpr int64_t kRandomChunk = 16384;
 
 // Writes f(global_index) into out (f32 or bf16). Each value depends only on its index (a
 // counter-based generator), so the elements are filled in parallel.
@@ -15,13 +15,13 @@ void FillFloat(Tensor& out, int64_t first_index, F f) {
   const int64_t n = out.numel();
   if (out.dtype() == DType::kF32) {
     float* p = out.data<float>();
-    ParallelFor(n, kMinChunk, [&](int64_t b, int64_t e) {
+    ParallelFor(n, kRandomChunk, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) p[i] = f(static_cast<uint64_t>(first_index + i));
     });
   } else {
     SY_CHECK(out.dtype() == DType::kBF16) << "random fill of " << DTypeName(out.dtype());
     BFloat16* p = out.data<BFloat16>();
-    ParallelFor(n, kMinChunk, [&](int64_t b, int64_t e) {
+    ParallelFor(n, kRandomChunk, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) p[i] = BFloat16(f(static_cast<uint64_t>(first_index + i)));
     });
   }
@@ -36,7 +36,7 @@ void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float h
   }
   // The same values as UniformAt, one Philox block per 4 consecutive indices.
   float* p = out.data<float>();
-  ParallelFor(out.numel(), kMinChunk, [&](int64_t b, int64_t e) {
+  ParallelFor(out.numel(), kRandomChunk, [&](int64_t b, int64_t e) {
     uint64_t block = ~uint64_t{0};
     PhiloxBlock bits{};
     for (int64_t i = b; i < e; ++i) {

@@ -5,7 +5,7 @@
 
 namespace switchyard::kernels::cpu {
 namespace {
-constexpr int kLanes = 16;
+constexpr int kRowLanes = 16;
 }  // namespace
 
 SY_VECTOR_CLONES float RowMax(const float* x, int64_t n) {
@@ -15,17 +15,17 @@ SY_VECTOR_CLONES float RowMax(const float* x, int64_t n) {
 }
 
 SY_VECTOR_CLONES double ExpShiftRow(const float* x, float shift, float* e, int64_t n) {
-  float lane[kLanes] = {};
+  float lane[kRowLanes] = {};
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
+  for (; j + kRowLanes <= n; j += kRowLanes) {
+    for (int l = 0; l < kRowLanes; ++l) {
       const float y = VecExp(x[j + l] - shift);
       e[j + l] = y;
       lane[l] += y;
     }
   }
   double sum = 0.0;
-  for (int l = 0; l < kLanes; ++l) sum += lane[l];
+  for (int l = 0; l < kRowLanes; ++l) sum += lane[l];
   for (; j < n; ++j) {
     const float y = VecExp(x[j] - shift);
     e[j] = y;
@@ -39,13 +39,13 @@ SY_VECTOR_CLONES void ScaleRow(float* x, float scale, int64_t n) {
 }
 
 SY_VECTOR_CLONES double DotRow(const float* a, const float* b, int64_t n) {
-  float lane[kLanes] = {};
+  float lane[kRowLanes] = {};
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lane[l] += a[j + l] * b[j + l];
+  for (; j + kRowLanes <= n; j += kRowLanes) {
+    for (int l = 0; l < kRowLanes; ++l) lane[l] += a[j + l] * b[j + l];
   }
   double sum = 0.0;
-  for (int l = 0; l < kLanes; ++l) sum += lane[l];
+  for (int l = 0; l < kRowLanes; ++l) sum += lane[l];
   for (; j < n; ++j) sum += static_cast<double>(a[j]) * b[j];
   return sum;
 }
