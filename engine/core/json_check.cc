@@ -1,6 +1,7 @@
 #include "engine/core/json_check.h"
 
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -34,13 +35,15 @@ std::vector<std::string> DuplicateJsonKey(const std::string& text) {
   return twice;
 }
 
-std::string JsonSyntaxError(const std::string& text) {
-  // The parser's own message names the line, the column and what it expected; the
-  // exception is the only place it gives them. The callback keeps nothing, so no tree is
-  // built.
+namespace {
+
+// The parser's own message names the line, the column and what it expected; the exception is
+// the only place it gives them. The callback keeps nothing, so no tree is built.
+template <typename Input>
+std::string SyntaxError(Input&& input) {
   json::parser_callback_t discard = [](int, json::parse_event_t, json&) { return false; };
   try {
-    [[maybe_unused]] const json nothing = json::parse(text, discard);
+    [[maybe_unused]] const json nothing = json::parse(std::forward<Input>(input), discard);
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     const std::string::size_type at = what.find("parse error at ");
@@ -50,5 +53,11 @@ std::string JsonSyntaxError(const std::string& text) {
   }
   return "";
 }
+
+}  // namespace
+
+std::string JsonSyntaxError(const std::string& text) { return SyntaxError(text); }
+
+std::string JsonSyntaxError(std::istream& in) { return SyntaxError(in); }
 
 }  // namespace switchyard

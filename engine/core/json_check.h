@@ -3,6 +3,7 @@
 // of two keys, or says only "not JSON", would not tell.
 #pragma once
 
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -18,5 +19,8 @@ std::vector<std::string> DuplicateJsonKey(const std::string& text);
 // unexpected end of input; expected '}'", or "" when it is JSON. Parses the text again, so
 // readers call it only once their own parse has failed.
 std::string JsonSyntaxError(const std::string& text);
+// The same for text read from `in` to its end (a file too large to hold twice); nothing of
+// it is kept.
+std::string JsonSyntaxError(std::istream& in);
 
 }  // namespace switchyard

@@ -2,8 +2,11 @@
 #include "engine/data/index.h"
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+
+#include "engine/core/json_check.h"
 
 namespace switchyard::data {
 namespace {
@@ -111,7 +114,8 @@ class DocumentCollector {
 
 // ParseIndex on any input nlohmann reads (a string or a stream).
 template <typename Input>
-StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path);
+StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path,
+                               const std::function<std::string()>& why_not_json);
 
 }  // namespace
 
@@ -185,7 +189,7 @@ std::string IndexToJson(const Index& index) {
 }
 
 StatusOr<Index> ParseIndex(const std::string& text, const std::string& path) {
-  return ParseIndexFrom(text, path);
+  return ParseIndexFrom(text, path, [&text] { return JsonSyntaxError(text); });
 }
 
 namespace {
@@ -353,8 +357,10 @@ Status CheckTotals(const Fields& top, const std::string& path, const Index& inde
   return OkStatus();
 }
 
+// why_not_json: where and why the input is not JSON (JsonSyntaxError), asked only when not.
 template <typename Input>
-StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
+StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path,
+                               const std::function<std::string()>& why_not_json) {
   DocumentCollector collector(path);
   const json root = json::parse(
       std::forward<Input>(input),
@@ -362,9 +368,8 @@ StatusOr<Index> ParseIndexFrom(Input&& input, const std::string& path) {
         return collector(depth, event, parsed);
       },
       /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
-    return DataLoss(path, ": not a JSON object (is the file truncated?)");
-  }
+  if (root.is_discarded()) return DataLoss(path, ": not JSON (", why_not_json(), ")");
+  if (!root.is_object()) return DataLoss(path, ": not a JSON object");
   const Fields top(root, path, "");
   Index index;
   SY_RETURN_IF_ERROR(ParseHead(top, &index));
@@ -383,7 +388,10 @@ StatusOr<Index> ReadIndex(const std::string& dir) {
   const std::string path = dir + "/" + kIndexFile;
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound(path, ": cannot open (is ", dir, " the output of `switchyard prep`?)");
-  return ParseIndexFrom(in, path);
+  return ParseIndexFrom(in, path, [&path] {
+    std::ifstream again(path, std::ios::binary);
+    return JsonSyntaxError(again);
+  });
 }
 
 }  // namespace switchyard::data

@@ -1,6 +1,8 @@
 // The JSON text checks (engine/core/json_check.h) on hand-made texts.
 #include "engine/core/json_check.h"
 
+#include <sstream>
+
 #include <gtest/gtest.h>
 
 namespace switchyard {
@@ -30,6 +32,13 @@ TEST(JsonCheckTest, SyntaxErrorGivesLineColumnAndReason) {
   EXPECT_EQ(JsonSyntaxError("{\"a\": [1,"),
             "line 1, column 10: syntax error while parsing value - unexpected end of input; "
             "expected '[', '{', or a literal");
+  // From a stream, the same message.
+  std::istringstream stream("{\"a\": 1,\n \"b\" 2}");
+  EXPECT_EQ(JsonSyntaxError(stream),
+            "line 2, column 6: syntax error while parsing object separator - unexpected number "
+            "literal; expected ':'");
+  std::istringstream good("[1, {\"x\": true}]");
+  EXPECT_EQ(JsonSyntaxError(good), "");
   EXPECT_EQ(JsonSyntaxError("{} x"),
             "line 1, column 4: syntax error while parsing value - invalid literal; last read: "
             "'{} x'; expected end of input");

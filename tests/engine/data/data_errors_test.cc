@@ -228,7 +228,8 @@ TEST_F(DataErrorsTest, LoaderNamesEachDamagedFile) {
       {"missing shard", [&](const fs::path& d) { fs::remove(d / shard0); },
        shard0 + ": cannot open the token shard"},
       {"not JSON", [&](const fs::path& d) { WriteBytes(d / kIndexFile, "{\"format\": "); },
-       "index.json: not a JSON object (is the file truncated?)"},
+       "index.json: not JSON (line 1, column 12: syntax error while parsing value - unexpected "
+       "end of input; expected '[', '{', or a literal)"},
       {"format", [&](const fs::path& d) { EditIndex(d, "switchyard-tokens", "other"); },
        "index.json: format: expected \"switchyard-tokens\", got \"other\""},
       {"version 2", [&](const fs::path& d) { EditIndex(d, "\"version\": 1", "\"version\": 2"); },
