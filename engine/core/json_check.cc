@@ -45,11 +45,10 @@ std::string SyntaxError(Input&& input) {
   try {
     [[maybe_unused]] const json nothing = json::parse(std::forward<Input>(input), discard);
   } catch (const json::parse_error& e) {
-    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 9: ...": from "line".
+    const std::string what = e.what();
     const std::string::size_type at = what.find("parse error at ");
-    if (at != std::string::npos) return what.substr(at + 15);
-    const std::string::size_type colon = what.find("] ");
-    return colon == std::string::npos ? what : what.substr(colon + 2);
+    return at == std::string::npos ? what : what.substr(at + 15);
   }
   return "";
 }
