@@ -163,15 +163,21 @@ for np in 1 2; do
   echo "--- NaN skip np $np: step 3 skipped, weights unchanged over it, finished ($SECONDS s)"
 done
 
-# Too many skips in a row: a diverged model stays non-finite.
+# Too many skips in a row: a diverged model. A skipped step keeps the weights, so the next
+# batch's gradient may be finite again (it is on some CPUs and not on others) and the count
+# starts over; what must hold is that the run stops at the third non-finite step in a row,
+# after skipping the two before it.
 out="$tmp/skips"
 run 1 "${one[@]}" --out "$out" --set train.lr=1e4 --set train.max_steps=30 \
   --set train.on_nonfinite=skip --set train.max_nonfinite_skips=2
 [[ $rc -eq 3 ]] || fail "skips in a row: exit status $rc, want 3: $(tail -3 "$tmp/err")"
 one_error "skips in a row" "3 non-finite steps in a row (train.max_nonfinite_skips=2): nothing saved"
-[[ $(grep -c "train.on_nonfinite=skip: update skipped" "$tmp/out") -eq 2 ]] ||
-  fail "skips in a row: $(grep -c skipped "$tmp/out") skip lines, want 2"
-echo "--- skips in a row: exit 3 after 2 skips ($SECONDS s)"
+last=$(sed -n 's/^switchyard train: error: step \([0-9]*\): .*non-finite steps in a row.*/\1/p' "$tmp/err")
+skips=$(sed -n 's/^step \([0-9]*\): .*update skipped (\([0-9]*\) in a row, at most 2)$/\1:\2/p' "$tmp/out" |
+  tail -2 | tr '\n' ' ')
+[[ -n $last && $skips == "$((last - 2)):1 $((last - 1)):2 " ]] ||
+  fail "skips in a row: stopped at step '$last' after skips (step:in a row) '$skips'"
+echo "--- skips in a row: exit 3 at step $last after skipping steps $((last - 2)) and $((last - 1)) ($SECONDS s)"
 
 # ---- a bad token id with data.verify false ------------------------------------------------
 # Token 5 of a shard := 65535 (the vocabulary has 128 ids). Without verify the shards are
