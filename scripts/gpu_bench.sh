@@ -40,20 +40,12 @@ bin="$build/bin"
 mkdir -p "$out_dir"
 
 if [ -f "$build/PREBUILT" ]; then
-  export LD_LIBRARY_PATH="$root/$build/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # cuBLAS/cudart from PyTorch's nvidia wheels when the toolkit's are not found (as gpu_run.sh).
-  if ldd "$bin/switchyard" | grep -q 'not found'; then
-    for d in $(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \
-                 \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) -printf '%h\n' 2>/dev/null | sort -u); do
-      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-    done
-  fi
+  source scripts/gpu_libs.sh "$root" "$build"
 fi
 for b in switchyard train_batches; do
   [ -x "$bin/$b" ] || { echo "gpu_bench: $bin/$b not found: bash scripts/gpu_build.sh, carry $build"; exit 1; }
 done
-missing=$(ldd "$bin/switchyard" 2>/dev/null | grep 'not found' | tr -d '\t' | tr '\n' ' ')
-[ -z "$missing" ] || { echo "gpu_bench: libraries not found: $missing"; exit 1; }
+[ -z "${cuda_missing:-}" ] || { echo "gpu_bench: libraries not found: $cuda_missing"; exit 1; }
 # plan reads the hardware files from the source tree it was built in; point it at this copy.
 export SWITCHYARD_HARDWARE_DIR="$root/configs/hardware"
 

@@ -67,15 +67,8 @@ if [ -f "$build/PREBUILT" ]; then
     { mkdir -p "$(dirname "$old_source")" && ln -s "$root" "$old_source"; } 2>/dev/null ||
       unit_exclude="|malformed_input_test"
   fi
-  export LD_LIBRARY_PATH="$root/$build/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # cuBLAS/cudart from elsewhere (PyTorch's nvidia wheels) when the toolkit's are not found.
-  if ldd "$build/bin/switchyard" | grep -q 'not found'; then
-    for d in $(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \
-                 \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) -printf '%h\n' 2>/dev/null | sort -u); do
-      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-    done
-  fi
-  missing=$(ldd "$build/bin/switchyard" "$build"/lib/*.so* 2>/dev/null | grep 'not found' | sort -u | tr -d '\t' | tr '\n' ' ')
+  source scripts/gpu_libs.sh "$root" "$build"
+  missing=$cuda_missing
   echo "== prebuilt $build (sm_$(sed -n 's/^arch=//p' "$build/PREBUILT"), built on the Debian machine)"
   if [ -n "$missing" ]; then
     row "prebuilt (no MPI)" FAILED "libraries not found: $missing"

@@ -3,10 +3,10 @@
 // Only for translation units of the CUDA backend (needs the CUDA headers, not nvcc).
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "engine/core/check.h"
+#include "engine/core/cublas_api.h"
 
 #define SY_CUDA_CHECK(expr)                                                          \
   do {                                                                               \
@@ -19,12 +19,12 @@
 // After a kernel launch: catches bad launch configurations at the launch site.
 #define SY_CUDA_CHECK_LAUNCH() SY_CUDA_CHECK(cudaGetLastError())
 
-#define SY_CUBLAS_CHECK(expr)                                                        \
-  do {                                                                               \
-    cublasStatus_t sy_cublas_err_ = (expr);                                          \
-    SY_CHECK(sy_cublas_err_ == CUBLAS_STATUS_SUCCESS)                                \
-        << "cuBLAS error in " #expr ": " << cublasGetStatusName(sy_cublas_err_)      \
-        << ": " << cublasGetStatusString(sy_cublas_err_);                            \
+#define SY_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                           \
+    cublasStatus_t sy_cublas_err_ = (expr);                                                      \
+    SY_CHECK(sy_cublas_err_ == CUBLAS_STATUS_SUCCESS)                                            \
+        << "cuBLAS error in " #expr ": " << ::switchyard::Cublas().GetStatusName(sy_cublas_err_) \
+        << ": " << ::switchyard::Cublas().GetStatusString(sy_cublas_err_);                       \
   } while (0)
 
 #ifdef SY_HAVE_NCCL

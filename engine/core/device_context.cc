@@ -19,8 +19,8 @@ std::unique_ptr<DeviceContext> DeviceContext::Create(Device device) {
     cudaStream_t stream;
     SY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cublasHandle_t handle;
-    SY_CUBLAS_CHECK(cublasCreate(&handle));
-    SY_CUBLAS_CHECK(cublasSetStream(handle, stream));
+    SY_CUBLAS_CHECK(Cublas().Create(&handle));
+    SY_CUBLAS_CHECK(Cublas().SetStream(handle, stream));
     ctx->stream_ = stream;
     ctx->cublas_ = handle;
 #else
@@ -41,7 +41,7 @@ DeviceContext::~DeviceContext() {
 #ifdef SY_HAVE_CUDA
   if (device_.is_cuda()) {
     workspace_ = Tensor();
-    cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+    Cublas().Destroy(static_cast<cublasHandle_t>(cublas_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
 #endif

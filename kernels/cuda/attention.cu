@@ -58,7 +58,7 @@ void BatchedGemm(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int6
                  int64_t k, float alpha, const float* a, int64_t lda, int64_t stride_a,
                  const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
                  int64_t ldc, int64_t stride_c, int64_t batch) {
-  SY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+  SY_CUBLAS_CHECK(Cublas().GemmStridedBatchedEx(
       CublasOf(ctx), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       Int(n, "n"), Int(m, "m"), Int(k, "k"), &alpha, b, CUDA_R_32F, Int(ldb, "ldb"), stride_b, a,
       CUDA_R_32F, Int(lda, "lda"), stride_a, &beta, c, CUDA_R_32F, Int(ldc, "ldc"), stride_c,

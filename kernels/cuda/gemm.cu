@@ -94,11 +94,11 @@ int Int(int64_t v, const char* what) {
 void RowMajorGemm(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
                   int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
                   cudaDataType_t type, float beta, float* c, int64_t ldc) {
-  SY_CUBLAS_CHECK(cublasGemmEx(CublasOf(ctx), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, Int(n, "n"), Int(m, "m"),
-                               Int(k, "k"), &alpha, b, type, Int(ldb, "ldb"), a, type,
-                               Int(lda, "lda"), &beta, c, CUDA_R_32F, Int(ldc, "ldc"),
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  SY_CUBLAS_CHECK(Cublas().GemmEx(CublasOf(ctx), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, Int(n, "n"), Int(m, "m"),
+                                  Int(k, "k"), &alpha, b, type, Int(ldb, "ldb"), a, type,
+                                  Int(lda, "lda"), &beta, c, CUDA_R_32F, Int(ldc, "ldc"),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void CheckSameType(const Operand& a, const Operand& b) {
@@ -185,42 +185,43 @@ LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
   auto [it, fresh] = Lt().plans.try_emplace(key);
   LtPlan& p = it->second;
   if (!fresh) return p;
+  const CublasApi& api = Cublas();
   const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  SY_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                                 sizeof(op_first)));
-  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                 &op_second, sizeof(op_second)));
+  SY_CUBLAS_CHECK(api.LtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  SY_CUBLAS_CHECK(api.LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                               sizeof(op_first)));
+  SY_CUBLAS_CHECK(api.LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                               sizeof(op_second)));
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                 sizeof(epilogue)));
+  SY_CUBLAS_CHECK(api.LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                               sizeof(epilogue)));
   const cudaDataType_t bias_type = CUDA_R_32F;
-  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                 &bias_type, sizeof(bias_type)));
+  SY_CUBLAS_CHECK(api.LtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                               &bias_type, sizeof(bias_type)));
   // Column-major shapes: b (k, n) row-major is (n, k) with ld ldb, or b (n, k) is (k, n);
   // a (m, k) row-major is (k, m) with ld lda, or a (k, m) is (m, k); c^T is (n, m), ld n.
-  SY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first, key.type, key.trans_b ? key.k : key.n,
-                                             key.trans_b ? key.n : key.k, key.ldb));
-  SY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second, key.type, key.trans_a ? key.m : key.k,
-                                             key.trans_a ? key.k : key.m, key.lda));
-  SY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out, CUDA_R_32F, key.n, key.m, key.n));
+  SY_CUBLAS_CHECK(api.LtMatrixLayoutCreate(&p.first, key.type, key.trans_b ? key.k : key.n,
+                                           key.trans_b ? key.n : key.k, key.ldb));
+  SY_CUBLAS_CHECK(api.LtMatrixLayoutCreate(&p.second, key.type, key.trans_a ? key.m : key.k,
+                                           key.trans_a ? key.k : key.m, key.lda));
+  SY_CUBLAS_CHECK(api.LtMatrixLayoutCreate(&p.out, CUDA_R_32F, key.n, key.m, key.n));
   cublasLtMatmulPreference_t pref = nullptr;
-  SY_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  SY_CUBLAS_CHECK(api.LtMatmulPreferenceCreate(&pref));
   const uint64_t workspace = kLtWorkspace;
-  SY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  SY_CUBLAS_CHECK(api.LtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &workspace, sizeof(workspace)));
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    SY_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.align, sizeof(key.align)));
+    SY_CUBLAS_CHECK(api.LtMatmulPreferenceSetAttribute(pref, attr, &key.align, sizeof(key.align)));
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+  const cublasStatus_t status = api.LtMatmulAlgoGetHeuristic(
       handle, p.desc, p.first, p.second, p.out, p.out, pref, 1, &result, &found);
-  SY_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  SY_CUBLAS_CHECK(api.LtMatmulPreferenceDestroy(pref));
   p.ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
   if (p.ok) {
     p.algo = result.algo;
@@ -229,7 +230,7 @@ LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
                  "GemmBias: cuBLASLt offers no algorithm for m %lld n %lld k %lld (%s); this "
                  "shape runs as the product then the bias add\n",
                  static_cast<long long>(key.m), static_cast<long long>(key.n),
-                 static_cast<long long>(key.k), cublasGetStatusName(status));
+                 static_cast<long long>(key.k), api.GetStatusName(status));
   }
   return p;
 }
@@ -243,22 +244,22 @@ bool LtGemmBias(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64
   LtState& lt = Lt();
   std::lock_guard<std::mutex> lock(lt.mu);
   cublasLtHandle_t& handle = lt.handles[key.device];
-  if (handle == nullptr) SY_CUBLAS_CHECK(cublasLtCreate(&handle));
+  if (handle == nullptr) SY_CUBLAS_CHECK(Cublas().LtCreate(&handle));
   LtPlan& plan = PlanFor(key, handle);
   if (!plan.ok) return false;
   void* workspace = ctx->Workspace(kLtWorkspace);
-  SY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                 &bias, sizeof(bias)));
+  SY_CUBLAS_CHECK(Cublas().LtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof(bias)));
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t status =
-      cublasLtMatmul(handle, plan.desc, &alpha, b.base, plan.first, a.base, plan.second, &beta,
-                     c, plan.out, c, plan.out, &plan.algo, workspace, kLtWorkspace, StreamOf(ctx));
+  const cublasStatus_t status = Cublas().LtMatmul(
+      handle, plan.desc, &alpha, b.base, plan.first, a.base, plan.second, &beta, c, plan.out, c,
+      plan.out, &plan.algo, workspace, kLtWorkspace, StreamOf(ctx));
   if (status != CUBLAS_STATUS_SUCCESS) {
     // An algorithm the heuristic offered but the call refuses: this shape takes the product
     // and the bias add apart from now on (said once), rather than ending the run.
     plan.ok = false;
-    SY_LOG(WARNING) << "cuBLASLt refused the bias product " << m << " x " << n << " x " << k
-                    << " (" << cublasGetStatusString(status)
+    SY_LOG(WARNING) << "cuBLASLt refused the bias product " << m << " x " << n << " x " << k << " ("
+                    << Cublas().GetStatusString(status)
                     << "): the product and the bias add run apart for this shape";
     return false;
   }

@@ -1,0 +1,52 @@
+// cuBLAS is opened when a CUDA device first needs it (engine/core/cublas_api.h), not at
+// start-up: a process that uses no GPU never maps the library (linked, it cost every process
+// 0.2 s and 210 MB before main), and loading resolves every entry point the engine calls from
+// the library the build's headers describe. Runs without a GPU: nothing here touches one.
+#include "engine/core/cublas_api.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "engine/core/device_context.h"
+#include "engine/core/tensor.h"
+
+namespace switchyard {
+namespace {
+
+// Whether a file whose name contains `name` is mapped into this process.
+bool Mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::stringstream text;
+  text << maps.rdbuf();
+  return text.str().find(name) != std::string::npos;
+}
+
+TEST(CublasApiTest, OpenedOnFirstUseNotAtStartUp) {
+  // CPU work (a context, a tensor) asks nothing of cuBLAS.
+  auto ctx = DeviceContext::Create(Device::Cpu());
+  Tensor t = Tensor::Zeros({4, 4}, DType::kF32, Device::Cpu());
+  ASSERT_TRUE(t.defined());
+  EXPECT_FALSE(CublasLoaded());
+  EXPECT_FALSE(Mapped("libcublas")) << "cuBLAS is mapped before anything asked for it";
+
+  const absl::StatusOr<const CublasApi*>& api = LoadCublas();
+  ASSERT_TRUE(api.ok()) << api.status();
+  EXPECT_TRUE(CublasLoaded());
+  const std::string major = std::to_string(CUBLAS_VER_MAJOR);
+  EXPECT_TRUE(Mapped("libcublasLt.so." + major));
+  EXPECT_TRUE(Mapped("libcublas.so." + major));
+  // Entry points that need no device answer through the table: the library is the one the
+  // headers describe, and a status names itself.
+  EXPECT_EQ((*api)->LtGetVersion() / 10000, static_cast<size_t>(CUBLAS_VER_MAJOR));
+  EXPECT_STREQ((*api)->GetStatusName(CUBLAS_STATUS_NOT_INITIALIZED),
+               "CUBLAS_STATUS_NOT_INITIALIZED");
+  // Loaded once: the same table after.
+  EXPECT_EQ(&Cublas(), *api);
+  EXPECT_EQ(&LoadCublas(), &api);
+}
+
+}  // namespace
+}  // namespace switchyard
