@@ -22,6 +22,10 @@ import math
 import os
 import sys
 
+# The figures' arrays are small: OpenBLAS's threads (numpy's, loaded with matplotlib) would
+# only spin beside the one that works. Read when OpenBLAS loads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 try:
     import matplotlib
 

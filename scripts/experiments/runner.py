@@ -33,8 +33,13 @@ import subprocess
 import sys
 import time
 
-import measures
-import stats
+# scipy and numpy (stats.py, plots.py) work on a few hundred numbers here: OpenBLAS's threads
+# would only spin (sched_yield) beside the one that works, taking a core from the trainings.
+# Read when OpenBLAS loads; the trainings this starts take SWITCHYARD_THREADS, set for each.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import measures  # noqa: E402
+import stats  # noqa: E402
 
 EXIT_NONFINITE = 3  # switchyard train: stopped on a non-finite loss or gradient norm
 
