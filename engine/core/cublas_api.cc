@@ -19,25 +19,6 @@ namespace {
 
 std::atomic<bool> loaded{false};
 
-// The library's soname (the major version of the headers built against), from the toolkit's
-// directory, else wherever the dynamic loader finds it.
-absl::StatusOr<void*> Open(const std::string& name) {
-  const std::string soname = absl::StrCat(name, ".so.", CUBLAS_VER_MAJOR);
-  std::vector<std::string> paths = {soname};
-  if (const std::string dir = SWITCHYARD_CUDA_LIB_DIR; !dir.empty()) {
-    paths.insert(paths.begin(), absl::StrCat(dir, "/", soname));
-  }
-  std::string tried;
-  for (const std::string& path : paths) {
-    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
-    const char* why = dlerror();
-    absl::StrAppend(&tried, tried.empty() ? "" : "; ", why != nullptr ? why : path);
-  }
-  return FailedPrecondition("cannot load ", soname, " (", tried,
-                            "): the CUDA backend needs the cuBLAS of CUDA ", CUBLAS_VER_MAJOR,
-                            "; put its lib directory on LD_LIBRARY_PATH");
-}
-
 template <typename Fn>
 absl::Status Resolve(void* handle, const char* library, const char* symbol, Fn* fn) {
   dlerror();
@@ -50,8 +31,8 @@ absl::Status Resolve(void* handle, const char* library, const char* symbol, Fn* 
 absl::StatusOr<const CublasApi*> Load() {
   static CublasApi api;
   // cuBLAS needs cuBLASLt: loading it first keeps one copy of each in the process.
-  SY_ASSIGN_OR_RETURN(void* lt, Open("libcublasLt"));
-  SY_ASSIGN_OR_RETURN(void* blas, Open("libcublas"));
+  SY_ASSIGN_OR_RETURN(void* lt, internal::OpenLibrary("libcublasLt", SWITCHYARD_CUDA_LIB_DIR));
+  SY_ASSIGN_OR_RETURN(void* blas, internal::OpenLibrary("libcublas", SWITCHYARD_CUDA_LIB_DIR));
   // The names after the headers' macros (cublasCreate is cublasCreate_v2).
 #define SY_STRINGIZE(x) #x
 #define SY_NAME(x) SY_STRINGIZE(x)
@@ -96,5 +77,24 @@ const CublasApi& Cublas() {
 }
 
 bool CublasLoaded() { return loaded.load(); }
+
+namespace internal {
+
+absl::StatusOr<void*> OpenLibrary(const std::string& name, const std::string& dir) {
+  const std::string soname = absl::StrCat(name, ".so.", CUBLAS_VER_MAJOR);
+  std::vector<std::string> paths = {soname};
+  if (!dir.empty()) paths.insert(paths.begin(), absl::StrCat(dir, "/", soname));
+  std::string tried;
+  for (const std::string& path : paths) {
+    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+    const char* why = dlerror();
+    absl::StrAppend(&tried, tried.empty() ? "" : "; ", why != nullptr ? why : path);
+  }
+  return FailedPrecondition("cannot load ", soname, " (", tried,
+                            "): the CUDA backend needs the cuBLAS of CUDA ", CUBLAS_VER_MAJOR,
+                            "; put its lib directory on LD_LIBRARY_PATH");
+}
+
+}  // namespace internal
 
 }  // namespace switchyard

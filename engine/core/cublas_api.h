@@ -57,4 +57,10 @@ const CublasApi& Cublas();
 // Whether this process has loaded cuBLAS (CPU runs never do).
 bool CublasLoaded();
 
+namespace internal {
+// dlopen of NAME.so.<cuBLAS major> from DIR (when not empty), else wherever the loader finds
+// it; the error names each path tried and why it failed.
+absl::StatusOr<void*> OpenLibrary(const std::string& name, const std::string& dir);
+}  // namespace internal
+
 }  // namespace switchyard

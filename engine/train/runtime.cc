@@ -3,6 +3,9 @@
 #include <cstdlib>
 
 #include "engine/parallel/context_parallel.h"
+#ifdef SY_HAVE_CUDA
+#include "engine/core/cublas_api.h"
+#endif
 #include "kernels/cross_entropy.h"
 #include "engine/dist/process.h"
 
@@ -21,6 +24,13 @@ StatusOr<Device> RankDevice(const config::RuntimeConfig& runtime, int world_rank
                               ": this build has no CUDA backend (SWITCHYARD_CUDA=OFF or no nvcc)");
 #endif
   }
+#ifdef SY_HAVE_CUDA
+  // cuBLAS is opened at first use (engine/core/cublas_api.h): a missing one is this line, not
+  // an abort inside the first product.
+  if (const auto& blas = LoadCublas(); !blas.ok()) {
+    return FailedPrecondition("runtime.device=", runtime.device, ": ", blas.status().message());
+  }
+#endif
   if (runtime.device.is_local_cuda()) {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     const int local_rank = local ? std::atoi(local) : world_rank;

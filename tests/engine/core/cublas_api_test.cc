@@ -46,6 +46,31 @@ TEST(CublasApiTest, OpenedOnFirstUseNotAtStartUp) {
   // Loaded once: the same table after.
   EXPECT_EQ(&Cublas(), *api);
   EXPECT_EQ(&LoadCublas(), &api);
+  // A directory without the library falls back to the loader's search path (the test's
+  // runpath), which finds the one loaded: the same handle.
+  const absl::StatusOr<void*> found = internal::OpenLibrary("libcublasLt", "/nonexistent");
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, internal::OpenLibrary("libcublasLt", "").value());
+}
+
+// The error names the library, each path tried and what to do (nothing is loaded here).
+TEST(CublasApiTest, OpenLibraryNamesWhatItTried) {
+  const std::string major = std::to_string(CUBLAS_VER_MAJOR);
+  const absl::StatusOr<void*> missing =
+      internal::OpenLibrary("libswitchyard_absent", "/nonexistent/cuda/lib64");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(missing.status().message());
+  EXPECT_NE(message.find("cannot load libswitchyard_absent.so." + major + " ("), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("/nonexistent/cuda/lib64/libswitchyard_absent.so." + major + ": "),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("; libswitchyard_absent.so." + major + ": "), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("put its lib directory on LD_LIBRARY_PATH"), std::string::npos)
+      << message;
+
 }
 
 }  // namespace
