@@ -26,16 +26,22 @@ import sys
 # only spin beside the one that works. Read when OpenBLAS loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-try:
-    import matplotlib
+plt = None  # matplotlib.pyplot: load_pyplot(), once the inputs have passed their checks
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    plt.rcParams["svg.fonttype"] = "none"  # text stays text: smaller pages
-except ImportError:
-    sys.stderr.write("switchyard report: error: python3-matplotlib is not installed (scripts/setup.sh installs it)\n")
-    sys.exit(1)
+def load_pyplot():
+    """Imports matplotlib (most of a small report's time), so a bad input is refused without it."""
+    global plt
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as pyplot
+    except ImportError:
+        sys.stderr.write("switchyard report: error: python3-matplotlib is not installed (scripts/setup.sh installs it)\n")
+        sys.exit(1)
+    pyplot.rcParams["svg.fonttype"] = "none"  # text stays text: smaller pages
+    plt = pyplot
 
 # Per-layer scalars of metrics.jsonl plotted over the steps: (key, title).
 LAYER_SCALARS = [
@@ -499,6 +505,7 @@ def main():
         sys.stderr.write("switchyard report: error: %s: cannot read (%s)\n"
                          % (e.filename, e.strerror))
         return 1
+    load_pyplot()
     try:
         text = render(build(runs, names, route), runs, names, a.title)
     except Exception as e:  # what the checks above let through: still one line, no traceback
