@@ -22,5 +22,5 @@ if ldd "$gpu_libs_build/bin/switchyard" | grep -q 'not found' || ! have_cublas; 
   done
 fi
 cuda_missing=$(ldd "$gpu_libs_build/bin/switchyard" "$gpu_libs_build"/lib/*.so* 2>/dev/null |
-               grep 'not found' | sort -u | tr -d '\t' | tr '\n' ' ')
+               grep 'not found' | sort -u | tr -d '\t' | tr '\n' ' ' || true)
 have_cublas || cuda_missing+="libcublas.so.13 libcublasLt.so.13 (opened at first use) "
