@@ -146,8 +146,8 @@ StatusOr<LoadedCheckpoint> ReadTrainerState(const std::string& dir, int* version
   if (!j.is_object() || !j.contains("format") || j["format"] != kCheckpointFormat ||
       !j.contains("format_version") || !j["format_version"].is_number_integer() ||
       !j.contains("step") || !j["step"].is_number_integer()) {
-    return DataLoss(path, ": not a Switchyard trainer state (needs \"format\": \"", kCheckpointFormat,
-                    "\", \"format_version\" and \"step\")");
+    return DataLoss(path, ": not a Switchyard trainer state (needs \"format\": \"",
+                    kCheckpointFormat, "\", \"format_version\" and \"step\")");
   }
   const int64_t v = j["format_version"].get<int64_t>();
   if (v < 1) {

@@ -117,7 +117,8 @@ void ForGradients(const Tensor& t0, const Tensor* t1, Tensor& g0, Tensor* g1, in
 void GeluForward(const Tensor& x, Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
-  ParallelFor(x.numel(), kActivationChunk, [&](int64_t b, int64_t e) { GeluForwardRange(px + b, py + b, e - b); });
+  ParallelFor(x.numel(), kActivationChunk,
+              [&](int64_t b, int64_t e) { GeluForwardRange(px + b, py + b, e - b); });
 }
 
 void GeluBackward(const Tensor& x, const Tensor& dy, Tensor& dx) {
@@ -199,7 +200,8 @@ void SumGroupColumns(int64_t n, std::span<const int64_t> rows, Tensor& dbias, fl
   const int64_t blocks = (n + kColumns - 1) / kColumns;
   int64_t total = 0;
   for (int64_t r : rows) total += r;
-  ParallelFor(blocks, RowsPerChunk(total * kColumns, kActivationChunk), [&](int64_t cb, int64_t ce) {
+  const int64_t chunk = RowsPerChunk(total * kColumns, kActivationChunk);
+  ParallelFor(blocks, chunk, [&](int64_t cb, int64_t ce) {
     const int64_t j0 = cb * kColumns, w = std::min(n, ce * kColumns) - j0;
     auto row = make_row(j0, w);
     int64_t r = 0;

@@ -38,27 +38,31 @@ void Add(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
-  ParallelFor(out.numel(), kElementwiseChunk, [&](int64_t s, int64_t e) { AddRange(pa + s, pb + s, po + s, e - s); });
+  ParallelFor(out.numel(), kElementwiseChunk,
+              [&](int64_t s, int64_t e) { AddRange(pa + s, pb + s, po + s, e - s); });
 }
 
 void Axpy(float alpha, const Tensor& x, Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
-  ParallelFor(y.numel(), kElementwiseChunk, [&](int64_t s, int64_t e) { AxpyRange(alpha, px + s, py + s, e - s); });
+  ParallelFor(y.numel(), kElementwiseChunk,
+              [&](int64_t s, int64_t e) { AxpyRange(alpha, px + s, py + s, e - s); });
 }
 
 void Mul(const Tensor& a, const Tensor& b, Tensor& out) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
-  ParallelFor(out.numel(), kElementwiseChunk, [&](int64_t s, int64_t e) { MulRange(pa + s, pb + s, po + s, e - s); });
+  ParallelFor(out.numel(), kElementwiseChunk,
+              [&](int64_t s, int64_t e) { MulRange(pa + s, pb + s, po + s, e - s); });
 }
 
 void MulAdd(const Tensor& a, const Tensor& b, Tensor& y) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* py = y.data<float>();
-  ParallelFor(y.numel(), kElementwiseChunk, [&](int64_t s, int64_t e) { MulAddRange(pa + s, pb + s, py + s, e - s); });
+  ParallelFor(y.numel(), kElementwiseChunk,
+              [&](int64_t s, int64_t e) { MulAddRange(pa + s, pb + s, py + s, e - s); });
 }
 
 void Fill(Tensor& t, float value) {

@@ -125,7 +125,8 @@ std::vector<double> SumSquaresMany(std::span<const Tensor> tensors) {
 
 void ScaleInPlace(Tensor& t, float scale) {
   float* x = t.data<float>();
-  ParallelFor(t.numel(), kAdamChunk, [&](int64_t b, int64_t e) { ScaleRange(x + b, scale, e - b); });
+  ParallelFor(t.numel(), kAdamChunk,
+              [&](int64_t b, int64_t e) { ScaleRange(x + b, scale, e - b); });
 }
 
 void ScaleMany(std::span<Tensor> tensors, float scale) {
