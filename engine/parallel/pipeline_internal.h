@@ -39,6 +39,11 @@ inline bool IsActivation(ActionKind kind) {
   return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation;
 }
 
+// ScheduleActions appended to `out` (whose capacity a caller simulating many schedules
+// reuses).
+void AppendScheduleActions(PipelineSchedule schedule, int pp, int micro_batches,
+                           int virtual_stages, int rank, std::vector<Action>& out);
+
 // "rank 1, action 4 (recv-activation mb 0 chunk 0 from rank 0)": list[index] of `rank`.
 std::string Where(int rank, const std::vector<Action>& list, size_t index);
 
@@ -50,10 +55,12 @@ struct ActionTimes {
 
 // The schedule's lists executed in order with posted sends and waiting recvs. When timeline
 // is given, records every compute action's start and end (forward_cost / backward_cost
-// units); when times is given, every action's end and each send's taking. Messages must already match per channel (ValidateActionLists' check (b)); a recv
-// takes the next message of its channel. Returns InvalidArgument naming every rank left
-// waiting when the lists deadlock.
+// units); when times is given, every action's end and each send's taking; when makespan is
+// given, the last rank's clock. Messages must already match per channel
+// (ValidateActionLists' check (b)); a recv takes the next message of its channel. Returns
+// InvalidArgument naming every rank left waiting when the lists deadlock.
 Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
-               int backward_cost, Timeline* timeline, ActionTimes* times = nullptr);
+               int backward_cost, Timeline* timeline, ActionTimes* times = nullptr,
+               int64_t* makespan = nullptr);
 
 }  // namespace switchyard::parallel::pipeline_internal

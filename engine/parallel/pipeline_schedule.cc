@@ -42,25 +42,21 @@ void AppendBackward(const StageMap& map, int rank, int micro_batch, int chunk,
   }
 }
 
-std::vector<Action> GPipeActions(const StageMap& map, int m, int rank) {
-  std::vector<Action> out;
+void GPipeActions(const StageMap& map, int m, int rank, std::vector<Action>& out) {
   for (int i = 0; i < m; ++i) AppendForward(map, rank, i, 0, out);
   for (int i = 0; i < m; ++i) AppendBackward(map, rank, i, 0, out);
-  return out;
 }
 
 // PipeDream-flush: warm-up forwards, then forward i + warmup / backward i pairs, then the
 // backwards left.
-std::vector<Action> OneFOneBActions(const StageMap& map, int m, int rank) {
+void OneFOneBActions(const StageMap& map, int m, int rank, std::vector<Action>& out) {
   const int warmup = std::min(map.pp - rank - 1, m);
-  std::vector<Action> out;
   for (int i = 0; i < warmup; ++i) AppendForward(map, rank, i, 0, out);
   for (int i = 0; i < m - warmup; ++i) {
     AppendForward(map, rank, warmup + i, 0, out);
     AppendBackward(map, rank, i, 0, out);
   }
   for (int i = m - warmup; i < m; ++i) AppendBackward(map, rank, i, 0, out);
-  return out;
 }
 
 // Interleaved 1F1B. The k-th forward of a rank (k = 0 .. v*m - 1) runs micro-batch
@@ -68,13 +64,12 @@ std::vector<Action> OneFOneBActions(const StageMap& map, int m, int rank) {
 // the same pp through chunk 1, ..., then the next pp. The k-th backward runs the same
 // micro-batch on chunk v - 1 - (k % (pp v)) / pp. Warm-up (Megatron-LM's count):
 // (pp - rank - 1) * 2 + (v - 1) * pp forwards, at most v*m.
-std::vector<Action> InterleavedActions(const StageMap& map, int m, int rank) {
+void InterleavedActions(const StageMap& map, int m, int rank, std::vector<Action>& out) {
   const int pp = map.pp, v = map.chunks, total = v * m;
   const auto micro_batch = [&](int k) { return k / (pp * v) * pp + k % pp; };
   const auto forward_chunk = [&](int k) { return k % (pp * v) / pp; };
   const auto backward_chunk = [&](int k) { return v - 1 - forward_chunk(k); };
   const int warmup = std::min((pp - rank - 1) * 2 + (v - 1) * pp, total);
-  std::vector<Action> out;
   for (int k = 0; k < warmup; ++k) AppendForward(map, rank, micro_batch(k), forward_chunk(k), out);
   for (int k = 0; k < total - warmup; ++k) {
     const int f = warmup + k;
@@ -84,7 +79,6 @@ std::vector<Action> InterleavedActions(const StageMap& map, int m, int rank) {
   for (int k = total - warmup; k < total; ++k) {
     AppendBackward(map, rank, micro_batch(k), backward_chunk(k), out);
   }
-  return out;
 }
 
 }  // namespace
@@ -159,18 +153,9 @@ Status CheckScheduleArgs(PipelineSchedule schedule, int pp, int micro_batches,
 
 std::vector<Action> ScheduleActions(PipelineSchedule schedule, int pp, int micro_batches,
                                     int virtual_stages, int rank) {
-  SY_CHECK_OK(CheckScheduleArgs(schedule, pp, micro_batches, virtual_stages));
-  SY_CHECK(rank >= 0 && rank < pp) << "rank " << rank << ", pp " << pp;
-  const StageMap map{pp, virtual_stages};
-  switch (schedule) {
-    case PipelineSchedule::kGPipe:
-      return GPipeActions(map, micro_batches, rank);
-    case PipelineSchedule::kOneFOneB:
-      return OneFOneBActions(map, micro_batches, rank);
-    case PipelineSchedule::kInterleaved:
-      return InterleavedActions(map, micro_batches, rank);
-  }
-  return {};
+  std::vector<Action> out;
+  pipeline_internal::AppendScheduleActions(schedule, pp, micro_batches, virtual_stages, rank, out);
+  return out;
 }
 
 int MaxInFlight(const std::vector<Action>& actions) {
@@ -183,6 +168,24 @@ int MaxInFlight(const std::vector<Action>& actions) {
 }
 
 namespace pipeline_internal {
+
+void AppendScheduleActions(PipelineSchedule schedule, int pp, int micro_batches,
+                           int virtual_stages, int rank, std::vector<Action>& out) {
+  SY_CHECK_OK(CheckScheduleArgs(schedule, pp, micro_batches, virtual_stages));
+  SY_CHECK(rank >= 0 && rank < pp) << "rank " << rank << ", pp " << pp;
+  const StageMap map{pp, virtual_stages};
+  // Room for every micro-batch on every chunk: a forward and a backward, with a message
+  // either side of each.
+  out.reserve(out.size() + size_t{6} * micro_batches * virtual_stages);
+  switch (schedule) {
+    case PipelineSchedule::kGPipe:
+      return GPipeActions(map, micro_batches, rank, out);
+    case PipelineSchedule::kOneFOneB:
+      return OneFOneBActions(map, micro_batches, rank, out);
+    case PipelineSchedule::kInterleaved:
+      return InterleavedActions(map, micro_batches, rank, out);
+  }
+}
 
 std::string Where(int rank, const std::vector<Action>& list, size_t index) {
   return StrCat("rank ", rank, ", action ", index, " (", FormatAction(list[index]), ")");

@@ -170,6 +170,12 @@ struct Timeline {
 Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
                           int virtual_stages, int forward_cost = 1, int backward_cost = 2);
 
+// SimulateTimeline(...).bubble, bit for bit, without recording the timeline: what the
+// planner asks of every layout it times (thousands of schedules for a cluster of 256-2048
+// GPUs). Same checks.
+double SimulateBubble(PipelineSchedule schedule, int pp, int micro_batches, int virtual_stages,
+                      int forward_cost = 1, int backward_cost = 2);
+
 // When PipelineRunner releases each send of `rank` (it drops the completed sends after
 // every action and waits for the rest at the end of the step), in the timeline
 // SimulateTimeline runs with these costs: a send's message is taken when the peer's recv of
@@ -180,9 +186,9 @@ Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
 std::vector<int> SendReleases(PipelineSchedule schedule, int pp, int micro_batches,
                               int virtual_stages, int rank, int forward_cost = 1,
                               int backward_cost = 2);
-// ScheduleActions and SendReleases of `rank` from one execution of the lists, the last two
-// executions kept (the planner's walk of a step needs both, for every rank of every layout
-// it sizes).
+// ScheduleActions and SendReleases of `rank` from one execution of the lists, the most
+// recently used executions kept (the planner's walk of a step needs both, for every rank of
+// every layout it sizes).
 std::pair<std::vector<Action>, std::vector<int>> ScheduleWithReleases(
     PipelineSchedule schedule, int pp, int micro_batches, int virtual_stages, int rank,
     int forward_cost = 1, int backward_cost = 2);

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <deque>
+#include <list>
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -35,6 +34,17 @@ struct Channel {
   size_t taken = 0;
 };
 
+// One receiver's channel from one sender.
+struct Inbound {
+  int from;
+  Channel channel;
+};
+
+// The idle share of a step of `makespan` on a rank busy for `busy` of it.
+double IdleShare(int64_t busy, int64_t makespan) {
+  return makespan == 0 ? 0.0 : 1.0 - static_cast<double>(busy) / makespan;
+}
+
 // The timeline's makespan (the last rank's clock), each rank's idle share and their mean.
 void FillIdle(const std::vector<int64_t>& clock, Timeline* timeline) {
   const int pp = static_cast<int>(clock.size());
@@ -44,9 +54,7 @@ void FillIdle(const std::vector<int64_t>& clock, Timeline* timeline) {
   for (int r = 0; r < pp; ++r) {
     int64_t busy = 0;
     for (const TimedAction& t : timeline->ranks[r]) busy += t.end - t.start;
-    const double idle = timeline->makespan == 0
-                            ? 0.0
-                            : 1.0 - static_cast<double>(busy) / timeline->makespan;
+    const double idle = IdleShare(busy, timeline->makespan);
     timeline->idle_fraction[r] = idle;
     idle_sum += idle;
   }
@@ -61,7 +69,7 @@ void FillIdle(const std::vector<int64_t>& clock, Timeline* timeline) {
 // takes the next message of its channel. Returns InvalidArgument naming every rank left
 // waiting when the lists deadlock.
 Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
-               int backward_cost, Timeline* timeline, ActionTimes* times) {
+               int backward_cost, Timeline* timeline, ActionTimes* times, int64_t* makespan) {
   const int pp = static_cast<int>(ranks.size());
   if (times != nullptr) {
     times->end.assign(pp, {});
@@ -71,13 +79,20 @@ Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
       times->taken[r].assign(ranks[r].size(), -1);
     }
   }
-  // Only the channels (sender, receiver) the lists use, keyed from * pp + to in 64 bits: a
-  // table of all pp * pp would be 10^10 entries for pp = 100000.
-  std::unordered_map<int64_t, Channel> channels;
-  const auto channel = [pp](int from, int to) { return int64_t{from} * pp + to; };
+  // Each rank's channels by sender, only those its lists use: a schedule's rank hears from
+  // one or two neighbours, so a short scan finds one (a hash map of (sender, receiver) keys
+  // took most of a simulation; a table of all pp * pp would be 10^10 entries for pp = 10^5).
+  std::vector<std::vector<Inbound>> inbound(pp);
+  const auto channel = [&inbound](int from, int to) -> Channel& {
+    std::vector<Inbound>& in = inbound[to];
+    for (Inbound& i : in) {
+      if (i.from == from) return i.channel;
+    }
+    return in.emplace_back(Inbound{from, {}}).channel;
+  };
   std::vector<size_t> next(pp, 0);
   std::vector<int64_t> clock(pp, 0);  // time units: a cost of up to 2^31 - 1 per action
-  std::vector<int64_t> blocked_on(pp, -1);  // the channel a rank's recv waits on
+  std::vector<int> blocked_on(pp, -1);  // the sender a rank's recv waits on
   // Ranks that can make progress. A rank runs until its recv finds no message, and is woken
   // by the send it waits for: every action is visited once (no sweep over all ranks per
   // step, which was quadratic in pp). The times do not depend on this order: a rank's
@@ -95,17 +110,15 @@ Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
         if (timeline != nullptr) timeline->ranks[r].push_back({a, clock[r], clock[r] + cost});
         clock[r] += cost;
       } else if (IsSend(a.kind)) {
-        const int64_t c = channel(r, a.peer);
-        channels[c].posted.push_back({clock[r], next[r]});
-        if (blocked_on[a.peer] == c) {
+        channel(r, a.peer).posted.push_back({clock[r], next[r]});
+        if (blocked_on[a.peer] == r) {
           blocked_on[a.peer] = -1;
           ready.push_back(a.peer);
         }
       } else {
-        const int64_t c = channel(a.peer, r);
-        Channel& ch = channels[c];
+        Channel& ch = channel(a.peer, r);
         if (ch.taken == ch.posted.size()) {  // its send is not posted yet
-          blocked_on[r] = c;
+          blocked_on[r] = a.peer;
           break;
         }
         const auto [post, send] = ch.posted[ch.taken++];
@@ -123,6 +136,7 @@ Status Execute(const std::vector<std::vector<Action>>& ranks, int forward_cost,
   }
   if (!waiting.empty()) return InvalidArgument("deadlock: ", waiting);
   if (timeline != nullptr) FillIdle(clock, timeline);
+  if (makespan != nullptr) *makespan = pp == 0 ? 0 : *std::max_element(clock.begin(), clock.end());
   return OkStatus();
 }
 
@@ -158,6 +172,38 @@ Timeline SimulateTimeline(PipelineSchedule schedule, int pp, int micro_batches,
   return timeline;
 }
 
+double SimulateBubble(PipelineSchedule schedule, int pp, int micro_batches, int virtual_stages,
+                      int forward_cost, int backward_cost) {
+  SY_CHECK(forward_cost >= 1 && backward_cost >= 1)
+      << "forward_cost " << forward_cost << ", backward_cost " << backward_cost;
+  // The lists' memory is kept for the next call (the planner makes thousands, and fresh
+  // lists of a few MB each cost more in page faults than the simulation), unless large.
+  thread_local std::vector<std::vector<Action>> ranks;
+  ranks.resize(pp);
+  for (int r = 0; r < pp; ++r) {
+    ranks[r].clear();
+    pipeline_internal::AppendScheduleActions(schedule, pp, micro_batches, virtual_stages, r,
+                                             ranks[r]);
+  }
+  int64_t makespan = 0;
+  SY_CHECK_OK(
+      pipeline_internal::Execute(ranks, forward_cost, backward_cost, nullptr, nullptr, &makespan));
+  // As FillIdle sums a timeline's idle shares: in rank order, then over pp.
+  double idle_sum = 0;
+  for (const std::vector<Action>& list : ranks) {
+    int64_t busy = 0;
+    for (const Action& a : list) {
+      if (a.kind == ActionKind::kForward) busy += forward_cost;
+      if (a.kind == ActionKind::kBackward) busy += backward_cost;
+    }
+    idle_sum += pipeline_internal::IdleShare(busy, makespan);
+  }
+  size_t kept = 0;
+  for (const std::vector<Action>& list : ranks) kept += list.capacity();
+  if (kept * sizeof(Action) > (size_t{64} << 20)) ranks.clear();
+  return idle_sum / pp;
+}
+
 namespace {
 
 // Every rank's action list and send releases from one execution of the lists.
@@ -189,8 +235,19 @@ Executed ExecuteAll(PipelineSchedule schedule, int pp, int micro_batches, int vi
   return e;
 }
 
+// The actions an execution holds (its lists' lengths summed).
+size_t ActionCount(const Executed& e) {
+  size_t n = 0;
+  for (const std::vector<Action>& list : e.lists) n += list.size();
+  return n;
+}
+
 // `rank`'s list and releases. Pure, and asked for by the planner for every rank of every
-// layout it sizes, which it visits one layout at a time: the last two executions are kept.
+// layout whose memory it checks: it visits them fastest first, so the keys come back in no
+// order (about 5,000 executions for 180 distinct keys with only the last two kept, most of
+// `switchyard plan`'s time at 256-2048 GPUs). The executions are kept most recently used
+// first, up to kKeptActions actions in all (about 100 MB with the releases); one larger than
+// that is still kept, alone.
 std::pair<std::vector<Action>, std::vector<int>> RankOf(PipelineSchedule schedule, int pp,
                                                         int micro_batches, int virtual_stages,
                                                         int rank, int forward_cost,
@@ -198,20 +255,34 @@ std::pair<std::vector<Action>, std::vector<int>> RankOf(PipelineSchedule schedul
   SY_CHECK(forward_cost >= 1 && backward_cost >= 1 && rank >= 0 && rank < pp)
       << "forward_cost " << forward_cost << ", backward_cost " << backward_cost << ", rank "
       << rank << " of " << pp;
-  constexpr size_t kRecent = 2;
+  constexpr size_t kKeptActions = size_t{1} << 22;
   using Key = std::tuple<PipelineSchedule, int, int, int, int, int>;
+  struct Kept {
+    Key key;
+    Executed executed;
+    size_t actions;
+  };
   static std::mutex mu;
-  static std::deque<std::pair<Key, Executed>> recent;  // newest first
+  static std::list<Kept> kept;  // most recently used first
+  static size_t kept_actions = 0;
   const Key key{schedule, pp, micro_batches, virtual_stages, forward_cost, backward_cost};
   std::lock_guard<std::mutex> lock(mu);
-  auto it = std::find_if(recent.begin(), recent.end(), [&](const auto& e) { return e.first == key; });
-  if (it == recent.end()) {
-    recent.emplace_front(key, ExecuteAll(schedule, pp, micro_batches, virtual_stages, forward_cost,
-                                         backward_cost));
-    if (recent.size() > kRecent) recent.pop_back();
-    it = recent.begin();
+  auto it = std::find_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key == key; });
+  if (it != kept.end()) {
+    kept.splice(kept.begin(), kept, it);
+  } else {
+    Executed e =
+        ExecuteAll(schedule, pp, micro_batches, virtual_stages, forward_cost, backward_cost);
+    const size_t actions = ActionCount(e);
+    while (!kept.empty() && kept_actions + actions > kKeptActions) {
+      kept_actions -= kept.back().actions;
+      kept.pop_back();
+    }
+    kept.push_front({key, std::move(e), actions});
+    kept_actions += actions;
   }
-  return {it->second.lists[rank], it->second.release[rank]};
+  const Executed& e = kept.front().executed;
+  return {e.lists[rank], e.release[rank]};
 }
 
 }  // namespace

@@ -151,9 +151,8 @@ double CostCache::Bubble(parallel::PipelineSchedule schedule, int pp, int64_t m,
   const auto key = std::tuple(int(schedule), pp, m, v, backward_cost);
   auto it = bubbles_.find(key);
   if (it != bubbles_.end()) return it->second;
-  const parallel::Timeline t =
-      parallel::SimulateTimeline(schedule, pp, static_cast<int>(m), v, 1, backward_cost);
-  return bubbles_[key] = t.bubble;
+  return bubbles_[key] =
+             parallel::SimulateBubble(schedule, pp, static_cast<int>(m), v, 1, backward_cost);
 }
 
 const std::vector<std::vector<model::Stage>>& CostCache::Stages(const config::Config& c, int pp,

@@ -147,7 +147,7 @@ TEST(PipelineScheduleTest, InterleavedTwoStagesFourMicroBatchesTwoChunks) {
 // Every schedule, every pp in {1, 2, 3, 4, 8} and m in 1..16 (interleaved: v in {2, 3},
 // m a multiple of pp): the lists validate, hold the documented number of micro-batches at
 // their peak, and the simulated step takes (v m + pp - 1)(f + b) time units for uniform
-// costs f, b, i.e. a bubble of (pp - 1)(f + b) on every rank.
+// costs f, b, i.e. a bubble of (pp - 1)(f + b) on every rank; SimulateBubble agrees.
 TEST(PipelineScheduleTest, EveryScheduleValidatesWithKnownPeakAndMakespan) {
   int cases = 0;
   for (PipelineSchedule schedule : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB,
@@ -182,6 +182,9 @@ TEST(PipelineScheduleTest, EveryScheduleValidatesWithKnownPeakAndMakespan) {
           for (const auto& [f, b] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
             const Timeline t = SimulateTimeline(schedule, pp, m, v, f, b);
             EXPECT_EQ(t.makespan, (v * m + pp - 1) * (f + b)) << what << " f " << f << " b " << b;
+            // The planner's bubble (no timeline kept) is the timeline's, bit for bit.
+            EXPECT_EQ(SimulateBubble(schedule, pp, m, v, f, b), t.bubble)
+                << what << " f " << f << " b " << b;
             for (int r = 0; r < pp; ++r) {
               EXPECT_DOUBLE_EQ(t.idle_fraction[r], t.bubble) << what << " rank " << r;
             }
@@ -222,6 +225,7 @@ TEST(PipelineScheduleTest, ManyStagesValidateAndSimulate) {
   const Timeline t = SimulateTimeline(PipelineSchedule::kOneFOneB, pp, m, 1);
   EXPECT_EQ(t.makespan, int64_t{m + pp - 1} * 3);
   EXPECT_NEAR(t.bubble, AnalyticBubble(PipelineSchedule::kOneFOneB, pp, m, 1), 1e-9);
+  EXPECT_EQ(SimulateBubble(PipelineSchedule::kOneFOneB, pp, m, 1), t.bubble);
 }
 
 // The figures the docs quote: simulated (forward 1, backward 2) against the formulas.
