@@ -270,22 +270,32 @@ class WorkspaceWalk {
     activation_send_.assign(per_chunk, -1);
     send_owns_.assign(n, 0);
     send_open_.assign(n, false);
-    released_after_.resize(n);
     std::vector<bool> embedding;
     for (const model::Stage& s : in.chunks) embedding.push_back(s.embedding);
     frees_ = parallel::ActivationReleases(in.actions, embedding);
     SY_CHECK(in.send_release.empty() || in.send_release.size() == n)
         << in.send_release.size() << " send releases for " << n << " actions";
-    for (size_t i = 0; i < in.send_release.size(); ++i) {
-      const int j = in.send_release[i];
-      if (j >= 0 && static_cast<size_t>(j) < n) released_after_[j].push_back(static_cast<int>(i));
-    }
+    // The sends released after each action, by a counting sort of the releases (sends in
+    // list order within an action): two arrays, not a list per action (the planner walks
+    // thousands of steps).
+    released_start_.assign(n + 1, 0);
+    const auto releases = [&](auto each) {
+      for (size_t i = 0; i < in.send_release.size(); ++i) {
+        const int j = in.send_release[i];
+        if (j >= 0 && static_cast<size_t>(j) < n) each(static_cast<size_t>(j), static_cast<int>(i));
+      }
+    };
+    releases([&](size_t j, int) { ++released_start_[j + 1]; });
+    for (size_t j = 0; j < n; ++j) released_start_[j + 1] += released_start_[j];
+    released_.resize(released_start_[n]);
+    std::vector<int> filled(released_start_.begin(), released_start_.end() - 1);
+    releases([&](size_t j, int send) { released_[filled[j]++] = send; });
   }
 
   StepWorkspace Run() {
     for (size_t i = 0; i < in_.actions.size(); ++i) {
       Step(in_.actions[i], static_cast<int>(i));
-      for (int send : released_after_[i]) Release(send);
+      for (int k = released_start_[i]; k < released_start_[i + 1]; ++k) Release(released_[k]);
     }
     // The end of the step: the sends are waited for and the runner's inputs go; the tree's
     // buffers stay with its sum (one more copy), then the sync's buckets.
@@ -415,10 +425,11 @@ class WorkspaceWalk {
   std::vector<double> received_, grad_input_;
   std::vector<int> activation_send_;
   // Per action (sends): what only the send holds, whether it is still held, and the sends
-  // the runner releases after each action.
+  // the runner releases after each action: released_[released_start_[i] ..
+  // released_start_[i + 1]) after action i.
   std::vector<double> send_owns_;
   std::vector<bool> send_open_;
-  std::vector<std::vector<int>> released_after_;
+  std::vector<int> released_start_, released_;
   // Per action: it frees its micro-batch's activations (parallel::ActivationReleases).
   std::vector<bool> frees_;
 };
