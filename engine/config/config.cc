@@ -1,6 +1,7 @@
 #include "engine/config/config.h"
 
 #include "engine/config/config_checks.h"
+#include "engine/config/yaml_documents.h"
 #include "engine/config/yaml_scalar.h"
 #include "engine/core/file.h"
 
@@ -421,19 +422,20 @@ std::optional<KeyDifference> FirstDifference(
 StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
                              const std::vector<std::string>& overrides) {
   Config config;
-  std::vector<YAML::Node> documents;
+  SY_ASSIGN_OR_RETURN(const std::vector<YamlDocument> documents, ScanYamlDocuments(yaml, source));
+  // A second document (after `---`) would be silently ignored: one config is one document.
+  for (size_t i = 1; i < documents.size(); ++i) {
+    if (documents[i].null) continue;
+    return InvalidArgument(source, ": holds a second YAML document (line ",
+                           documents[i].mark.line + 1,
+                           "); a config is one document (remove the '---' and merge the keys)");
+  }
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(yaml);
+    if (!documents.empty()) root = YAML::Load(yaml);  // the first document
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source, ":", e.mark.line + 1, ": YAML syntax error: ", PrintableText(e.msg));
   }
-  // A second document (after `---`) would be silently ignored: one config is one document.
-  for (size_t i = 1; i < documents.size(); ++i) {
-    if (documents[i].IsNull()) continue;
-    return InvalidArgument(source, ": holds a second YAML document", LineOf(documents[i]),
-                           "; a config is one document (remove the '---' and merge the keys)");
-  }
-  const YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
   std::set<std::string> given;
   // Messages echo the file's keys and values: control bytes in them are escaped.
   const auto printable = [](const Status& s) {

@@ -49,6 +49,13 @@ std::string SyntaxError(Input&& input) {
     const std::string what = e.what();
     const std::string::size_type at = what.find("parse error at ");
     return at == std::string::npos ? what : what.substr(at + 15);
+  } catch (const json::exception& e) {
+    // A number beyond a double's range (out_of_range.406, which the non-throwing parse also
+    // refuses): "[json.exception.out_of_range.406] number overflow parsing '1e999'", from
+    // "number". It has no line or column.
+    const std::string what = e.what();
+    const std::string::size_type at = what.find("] ");
+    return at == std::string::npos ? what : what.substr(at + 2);
   }
   return "";
 }

@@ -16,8 +16,9 @@ namespace switchyard {
 std::vector<std::string> DuplicateJsonKey(const std::string& text);
 
 // Where and why `text` is not JSON: "line 3, column 1: syntax error while parsing object -
-// unexpected end of input; expected '}'", or "" when it is JSON. Parses the text again, so
-// readers call it only once their own parse has failed.
+// unexpected end of input; expected '}'", "number overflow parsing '1e999'" (a number no
+// double holds), or "" when it is JSON. Parses the text again, so readers call it only once
+// their own parse has failed; never throws.
 std::string JsonSyntaxError(const std::string& text);
 // The same for text read from `in` to its end (a file too large to hold twice); nothing of
 // it is kept.

@@ -178,6 +178,8 @@ elif kind == "nan":  # a NaN over the first four bytes of tensor data
     raw[8 + n:8 + n + 4] = struct.pack("<f", math.nan)
 elif kind == "nojson":
     raw = raw[:len(raw) // 2]
+elif kind == "bignumber":  # a number no double holds: the JSON parser throws out_of_range
+    raw = raw.replace(b'"format_version":', b'"format_version": 1e999, "x":', 1)
 elif kind == "overflow":
     index = json.loads(raw)
     name = sorted(index["tensors"])[0]
@@ -242,6 +244,9 @@ poke "$step/model.safetensors.index.json" unchecked
 checkpoint_case "a NaN in an older checkpoint without checksums" "holds a non-finite value (nan at element 0"
 poke "$step/model.safetensors.index.json" nojson
 checkpoint_case "an index that is not JSON" "$step/model.safetensors.index.json: not JSON (line "
+poke "$step/model.safetensors.index.json" bignumber
+checkpoint_case "an index with a number beyond a double" \
+  "$step/model.safetensors.index.json: not JSON (number overflow parsing '1e999')"
 poke "$step/model.safetensors.index.json" overflow
 checkpoint_case "an index shape that overflows" "$step/model.safetensors.index.json: tensor '"
 poke "$step/model.safetensors.index.json" pathname

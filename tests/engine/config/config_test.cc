@@ -612,6 +612,12 @@ TEST(ConfigLimitsTest, RequiredEmptyRopeDocumentsAndMoELayers) {
             "x.yaml: holds a second YAML document (line 4); a config is one document (remove the "
             "'---' and merge the keys)");
   EXPECT_EQ(Error("---\nmodel: {d_model: 0}\n---\n"), "model.d_model=0 must be positive");
+  // A document that starts with a flow indicator: yaml-cpp 0.7's LoadAll looped on it
+  // forever, growing (found by tests/fuzz/config_fuzz).
+  EXPECT_EQ(Error("model:\n  d_model: 8\n---\n,\n"),
+            "x.yaml:4: YAML syntax error: unexpected ',' where a value starts");
+  EXPECT_EQ(Error(","), "x.yaml:1: YAML syntax error: unexpected ',' where a value starts");
+  EXPECT_EQ(Error("model:\n  d_model: 8\n--- ]\n"), "x.yaml:3: YAML syntax error: illegal flow end");
   // A layer_freq above n_layers is a dense model (the experiments' baseline sets 1000).
   EXPECT_EQ(ModelError({"moe.layer_freq=5"}), "");
   EXPECT_EQ(ModelError({"model.n_layers=1"}), "");

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace switchyard {
 namespace {
@@ -42,6 +43,22 @@ TEST(JsonCheckTest, SyntaxErrorGivesLineColumnAndReason) {
   EXPECT_EQ(JsonSyntaxError("{} x"),
             "line 1, column 4: syntax error while parsing value - invalid literal; last read: "
             "'{} x'; expected end of input");
+}
+
+// A number no double holds is not JSON to the non-throwing parse the readers use; the
+// parser throws out_of_range (not parse_error) for it, which escaped as a terminate in every
+// reader of a user's JSON (found by tests/fuzz: checkpoint and corpus indexes holding -5e685).
+TEST(JsonCheckTest, NumberOverflowIsAnErrorNotAThrow) {
+  for (const std::string text : {"-5e685", "[1, 1e999]", "{\"a\": 4444444444447444e477777774444777}"}) {
+    SCOPED_TRACE(text);
+    EXPECT_TRUE(nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_discarded());
+    std::string why;
+    EXPECT_NO_THROW(why = JsonSyntaxError(text));
+    EXPECT_EQ(why.rfind("number overflow parsing '", 0), 0u) << why;
+    std::istringstream in(text);
+    EXPECT_EQ(JsonSyntaxError(in), why);
+  }
+  EXPECT_EQ(JsonSyntaxError("[1e308, -1e-400]"), "");  // the largest finite, an underflow to 0
 }
 
 }  // namespace
