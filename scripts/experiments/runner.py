@@ -25,6 +25,7 @@ figures into a docs folder (publish.py).
 """
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import os
 import shutil
@@ -478,6 +479,55 @@ def report(a, summary):
     return out
 
 
+def figures_stamp(a, summary):
+    """A digest of what the figures and report.html are drawn from: the summary, the drawing
+    code (this file, plots.py), the switchyard binary that writes the report (path, size,
+    modification time) and the files of every run directory (name, size, modification time)."""
+    h = hashlib.sha256()
+    h.update(json.dumps(summary, sort_keys=True, allow_nan=True).encode())
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("runner.py", "plots.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    st = os.stat(a.bin)
+    h.update(("%s %d %d %s" % (os.path.abspath(a.bin), st.st_size, st.st_mtime_ns, a.title)).encode())
+    for name in sorted(summary["runs"]):
+        for r in summary["runs"][name]:
+            run = os.path.join(a.out, name, "seed%d" % r["seed"])
+            for entry in sorted(os.scandir(run), key=lambda e: e.name) if os.path.isdir(run) else []:
+                if entry.is_file():
+                    est = entry.stat()
+                    h.update(("%s %d %d" % (entry.path, est.st_size, est.st_mtime_ns)).encode())
+    return h.hexdigest()
+
+
+def draw(a, summary):
+    """(figures, report page): plots.write_all and report(), unless the last call drew them
+    from the same inputs (figures_stamp, kept in OUT/.figures.json) and every one is still
+    there. A second call that trains nothing then redraws nothing (its 10 figures and the
+    report took about 9 s of the call's 10)."""
+    path = os.path.join(a.out, ".figures.json")
+    stamp = figures_stamp(a, summary)
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+        files = kept["figures"] + ([kept["page"]] if kept["page"] else [])
+        if kept["stamp"] == stamp and all(os.path.isfile(os.path.join(a.out, x)) for x in files):
+            print("%s: figures and report up to date (%s)" % (a.name, path), flush=True)
+            page = os.path.join(a.out, kept["page"]) if kept["page"] else None
+            return kept["figures"], page
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    import plots
+    figs = plots.write_all(summary, a.out)
+    page = report(a, summary)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"stamp": stamp, "figures": figs,
+                   "page": os.path.basename(page) if page else None}, f)
+    os.replace(path + ".tmp", path)
+    return figs, page
+
+
 def main(argv):
     prog = os.environ.get("SY_EXPERIMENT_PROG", "runner.py")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -540,9 +590,7 @@ def main(argv):
         import evidence
         evidence.write_per_seed_csv(summary, cols, a.stability, os.path.join(a.out, "per_seed.csv"))
         evidence.write_configs(summary, a.out)
-        import plots
-        figs = plots.write_all(summary, a.out)
-        page = report(a, summary)
+        figs, page = draw(a, summary)
         if a.publish:
             import publish
             files = publish.publish(a.out, a.publish)

@@ -7,7 +7,7 @@
 # own numbers (the same as summary.json's) and configs/<setting>.yaml each setting's resolved
 # config; the figures each grid can make exist; publish.py copies the evidence and packs the
 # runs' records (runs.tar.xz), which --restore turns back into the same summary elsewhere; the zloss grid at a diverging learning rate counts its runs as diverged
-# instead of failing; a second call trains nothing; bad arguments and a missing corpus are
+# instead of failing; a second call trains and draws nothing; bad arguments and a missing corpus are
 # one line. EXPERIMENTS_CI_JOBS sets --jobs (default 2).
 # Usage: experiments_cli_test.sh path/to/switchyard path/to/scripts/experiments
 set -u
@@ -231,10 +231,20 @@ evs = [json.load(open(p)) for p in glob.glob('$tmp/sampled/*/seed1/eval.json')]
 ok = s['val_sample_tokens'] == 256 and len(evs) == 2 and all(e['data'].endswith('val-sample') and 0 < e['tokens'] <= 256 for e in evs)
 sys.exit(0 if ok else 1)" || fail "val sample: $(grep -o '"val_sample_tokens": [0-9a-z]*' "$tmp/sampled/summary.json")"
 
-# A second call finds every run done.
+# A second call finds every run done and, its inputs unchanged, draws nothing again (the
+# figures and report.html keep their bytes and times); with a figure deleted, a third call
+# draws them again.
+stamp() { stat -c '%n %y %s' "$tmp"/capacity/*.png "$tmp/capacity/report.html" | md5sum; }
+before=$(stamp)
 bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/capacity" >"$tmp/again.out" 2>&1 || fail "second call: $(tail -3 "$tmp/again.out")"
 grep -q "timing round [0-9]" "$tmp/again.out" && fail "second call: timed again although timing.json matched"
 [[ $(grep -c "already done" "$tmp/again.out") -eq 4 ]] || fail "second call retrained: $(cat "$tmp/again.out")"
+grep -q "figures and report up to date" "$tmp/again.out" && [[ $(stamp) == "$before" ]] ||
+  fail "second call drew the figures again: $(tail -3 "$tmp/again.out")"
+rm "$tmp/capacity/load_heatmaps.png"
+bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/capacity" >"$tmp/again.out" 2>&1 || fail "third call: $(tail -3 "$tmp/again.out")"
+grep -q "figures and report up to date" "$tmp/again.out" && fail "third call kept a deleted figure missing"
+[[ -s "$tmp/capacity/load_heatmaps.png" ]] || fail "third call did not draw load_heatmaps.png again"
 
 # A diverging learning rate: both runs stop on a non-finite loss (exit 3), the experiment
 # finishes and counts them as diverged and unstable.
