@@ -481,12 +481,13 @@ def report(a, summary):
 
 def figures_stamp(a, summary):
     """A digest of what the figures and report.html are drawn from: the summary, the drawing
-    code (this file, plots.py), the switchyard binary that writes the report (path, size,
-    modification time) and the files of every run directory (name, size, modification time)."""
+    code (this file, plots.py, and scripts/report.py, which `switchyard report` runs), the
+    switchyard binary (path, size, modification time) and the files of every run directory
+    (name, size, modification time)."""
     h = hashlib.sha256()
     h.update(json.dumps(summary, sort_keys=True, allow_nan=True).encode())
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("runner.py", "plots.py"):
+    for name in ("runner.py", "plots.py", os.path.join("..", "report.py")):
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
     st = os.stat(a.bin)
