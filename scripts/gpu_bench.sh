@@ -46,6 +46,11 @@ for b in switchyard train_batches; do
   [ -x "$bin/$b" ] || { echo "gpu_bench: $bin/$b not found: bash scripts/gpu_build.sh, carry $build"; exit 1; }
 done
 [ -z "${cuda_missing:-}" ] || { echo "gpu_bench: libraries not found: $cuda_missing"; exit 1; }
+# The driver (gpu_bench.py) reads configs through docs/model_reference.py, which needs numpy.
+python3 -c "import numpy" 2>/dev/null || {
+  echo "gpu_bench: $(command -v python3) cannot import numpy, which the bench's driver needs ($(python3 -c 'import numpy' 2>&1 | tail -1)): put a python3 with numpy first on PATH"
+  exit 1
+}
 # plan reads the hardware files from the source tree it was built in; point it at this copy.
 export SWITCHYARD_HARDWARE_DIR="$root/configs/hardware"
 

@@ -461,7 +461,9 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
 
 StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
   SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  // A file without a single key is a mistake (every key would be its default).
+  // A file without a single key is a mistake (every key would be its default); a syntax
+  // error is reported as one first.
+  SY_ASSIGN_OR_RETURN(const std::vector<YamlDocument> documents, ScanYamlDocuments(text, path));
   bool empty = true;
   try {
     const YAML::Node root = YAML::Load(text);

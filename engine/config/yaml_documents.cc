@@ -58,10 +58,14 @@ StatusOr<std::vector<YamlDocument>> ScanYamlDocuments(const std::string& yaml,
     while (parser.HandleNextDocument(scan)) {
       const std::vector<YamlDocument>& d = scan.documents;
       const size_t n = d.size();
-      if (n >= 2 && d[n - 1].null && d[n - 2].null && d[n - 1].mark.pos == d[n - 2].mark.pos) {
-        const YAML::Mark& at = d[n - 1].mark;
-        const std::string what =
-            at.pos >= 0 && static_cast<size_t>(at.pos) < yaml.size() ? yaml.substr(at.pos, 1) : "";
+      const YAML::Mark& at = d[n - 1].mark;
+      const std::string what =
+          at.pos >= 0 && static_cast<size_t>(at.pos) < yaml.size() ? yaml.substr(at.pos, 1) : "";
+      // yaml-cpp reads a document that starts with ',' as null: a value that is not there
+      // (a second such document repeats forever, its LoadAll loop; a first one read as an
+      // empty config). A null document at the same place twice is that loop, whatever it saw.
+      const bool repeated = n >= 2 && d[n - 2].null && d[n - 2].mark.pos == at.pos;
+      if (d[n - 1].null && (what == "," || repeated)) {
         return InvalidArgument(source, ":", at.line + 1, ": YAML syntax error: unexpected '",
                                PrintableText(what), "' where a value starts");
       }

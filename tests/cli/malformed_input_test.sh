@@ -455,6 +455,12 @@ expect_error "a non-scalar key" 2 "$tmp/in/key.yaml: a key of section 'model' (l
 : >"$tmp/in/empty.yaml"
 expect_error "an empty config" 2 "$tmp/in/empty.yaml: the config file is empty (0 bytes)" \
   train --config "$tmp/in/empty.yaml" --out "$tmp/run"
+printf '# only a comment\n' >"$tmp/in/comment.yaml"
+expect_error "a config of only a comment" 2 "$tmp/in/comment.yaml: the config file is empty (no keys)" \
+  train --config "$tmp/in/comment.yaml" --out "$tmp/run"
+printf ',\n' >"$tmp/in/comma.yaml"
+expect_error "a config that is a comma" 2 "$tmp/in/comma.yaml:1: YAML syntax error: unexpected ',' where a value starts" \
+  train --config "$tmp/in/comma.yaml" --out "$tmp/run"
 expect_error "a directory as --config" 2 "$tmp/in: is a directory, not a file" \
   train --config "$tmp/in" --out "$tmp/run"
 printf 'model:\n  norm: "\\\0"\n' >"$tmp/in/nul.yaml"
