@@ -19,7 +19,7 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMP
   -DSWITCHYARD_CUDA=OFF -DSWITCHYARD_TESTS=OFF -DSWITCHYARD_BENCHMARKS=OFF -DSWITCHYARD_FUZZ=ON \
   >/dev/null
 all=(config_fuzz data_index_fuzz checkpoint_index_fuzz safetensors_fuzz shard_header_fuzz skew_fuzz
-     trainer_state_fuzz)
+     trainer_state_fuzz hf_config_fuzz)
 if [[ $# -gt 0 ]]; then targets=("$@"); else targets=("${all[@]}"); fi
 cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}"
 
@@ -36,6 +36,7 @@ seed() {
     shard_header_fuzz) cp "$v2/data/val-00000.bin" "$out"/ ;;
     skew_fuzz) cp configs/plan/published/*.jsonl "$out"/ ;;
     trainer_state_fuzz) cp "$v2/step-00000003/trainer_state.json" "$out"/ ;;
+    hf_config_fuzz) cp tests/fuzz/seeds/*-config.json "$out"/ ;;
   esac
 }
 export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1"

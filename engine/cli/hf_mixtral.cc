@@ -1,5 +1,6 @@
 #include "engine/cli/hf_mixtral.h"
 
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -88,6 +89,21 @@ Status CheckMixtralExpressible(const config::Config& c) {
   return OkStatus();
 }
 
+namespace {
+
+// An f32 as the double of its shortest decimal text (1e-06f as 1e-06, not the
+// 9.999999974752427e-07 it widens to): the text config.json shows, which reads back to the
+// same f32, as the import and PyTorch's float32 arithmetic read it.
+double ShortestF32(float v) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, v);
+  double shortest = v;
+  if (error == std::errc()) std::from_chars(text, end, shortest);
+  return shortest;
+}
+
+}  // namespace
+
 nlohmann::ordered_json MixtralConfigJson(const config::Config& c) {
   const model::ModelConfig& m = c.model;
   nlohmann::ordered_json j;
@@ -102,16 +118,16 @@ nlohmann::ordered_json MixtralConfigJson(const config::Config& c) {
   j["head_dim"] = m.head_dim();
   j["hidden_act"] = "silu";
   j["max_position_embeddings"] = m.seq_len;
-  j["rms_norm_eps"] = m.norm_eps;
-  j["rope_theta"] = m.rope_base;
+  j["rms_norm_eps"] = ShortestF32(m.norm_eps);
+  j["rope_theta"] = ShortestF32(m.rope_base);
   j["sliding_window"] = nullptr;
   j["attention_dropout"] = 0.0;
   j["num_local_experts"] = c.moe.num_experts;
   j["num_experts_per_tok"] = c.moe.top_k;
-  j["router_aux_loss_coef"] = c.moe.aux_loss_coef;
+  j["router_aux_loss_coef"] = ShortestF32(c.moe.aux_loss_coef);
   j["output_router_logits"] = false;
   j["tie_word_embeddings"] = m.tie_embeddings;
-  j["initializer_range"] = m.init_std;
+  j["initializer_range"] = ShortestF32(m.init_std);
   j["use_cache"] = true;
   j["torch_dtype"] = "float32";
   return j;

@@ -44,6 +44,10 @@ for variant in untied tied; do
   "$bin" eval --checkpoint "$tmp/$variant" --json >"$tmp/$variant.eval" 2>&1 || { fail "$variant: eval"; continue; }
   "$bin" export --format hf-mixtral "$tmp/$variant" "$tmp/$variant-hf" >"$tmp/export.out" 2>&1 ||
     { fail "$variant: export: $(cat "$tmp/export.out")"; continue; }
+  # Floats as their shortest text (the f32 1e-5 widened to a double is 9.99999974737875e-06).
+  for kv in '"rms_norm_eps": 1e-05' '"initializer_range": 0.02' '"router_aux_loss_coef": 0.01' '"rope_theta": 10000.0'; do
+    grep -qF "$kv" "$tmp/$variant-hf/config.json" || fail "$variant: config.json lacks $kv: $(cat "$tmp/$variant-hf/config.json")"
+  done
   check=$("$venv/bin/python" -c "import json, sys
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, '$(dirname "$reference")')
