@@ -29,7 +29,8 @@
 # plan_calibrate_gpu when the pack has it),
 # KERNELS (1: the per-kernel GPU time of KERNEL_STEPS (3) steps under ncu at the end,
 # kernel_profile.txt; KERNEL_TIMEOUT 120 s; not started after KERNEL_BY_S, 330 s from the
-# start).
+# start), KERNEL_DETAIL (1: Nsight Compute's sections for the grouped GEMM and flash launches
+# of one step, kernel_detail.txt; not started after KERNEL_DETAIL_BY_S, 420 s).
 set -uo pipefail
 started=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -116,10 +117,44 @@ if [ "${KERNELS:-1}" = 1 ] && command -v ncu >/dev/null &&
   rm -f "$kp/kernels.ncu-rep"
 fi
 
+# Why the two hand-written kernel families run at the speed they do: Nsight Compute's detail
+# sections (speed of light, occupancy, launch, warp states, scheduler, compute and memory
+# workloads, and the source lines where warps stall most) for every launch of the grouped expert
+# GEMMs and flash attention in one step of the same run (micro-batch 16, dropless; about 24
+# launches, each replayed for its sections), as text: kernel_detail.txt, which a session without
+# a GPU reads. KERNEL_DETAIL=0 leaves it out; not started after KERNEL_DETAIL_BY_S (420 s).
+if [ "${KERNEL_DETAIL:-1}" = 1 ] && command -v ncu >/dev/null &&
+   [ $(( $(date +%s) - started )) -lt "${KERNEL_DETAIL_BY_S:-420}" ]; then
+  echo "== kernel detail (ncu sections of the grouped GEMM and flash attention launches of one step)"
+  kd="$out_dir/kernel_detail"
+  rm -rf "$kd" && mkdir -p "$kd"
+  kskip=${KERNEL_SKIP:-2}
+  sets=(data.dir="$data" runtime.device=cuda runtime.precision=bf16 runtime.activation_dtype=bf16
+        train.eval_every=0 train.eval_batches=0 train.checkpoint_every=0 train.grad_accum=1 parallel.ep=1
+        train.micro_batch_size=16 moe.capacity_factor=0)
+  setflags=()
+  for s in "${sets[@]}"; do setflags+=(--set "$s"); done
+  sections=()
+  for s in SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats ComputeWorkloadAnalysis \
+           MemoryWorkloadAnalysis SourceCounters; do sections+=(--section "$s"); done
+  if timeout "${KERNEL_DETAIL_TIMEOUT:-120}" ncu --profile-from-start off "${sections[@]}" \
+       -k 'regex:Grouped(Gemm|WeightGrad)Kernel|Flash(Forward|BackwardKv|BackwardQ)Kernel' \
+       --launch-count "${KERNEL_DETAIL_LAUNCHES:-30}" -o "$kd/detail" -f \
+       "$bin/switchyard" train --config configs/gpu-d1024-e16.yaml --steps $((kskip + 1)) \
+       --profile --profile-skip "$kskip" --out "$kd/run" "${setflags[@]}" >"$kd/train.log" 2>&1 &&
+     ncu --import "$kd/detail.ncu-rep" --page details --print-units base \
+       >"$out_dir/kernel_detail.txt" 2>"$kd/import.log"; then
+    echo "gpu_bench: $(grep -c ', Context [0-9]*, Stream [0-9]*' "$out_dir/kernel_detail.txt") launches in kernel_detail.txt"
+  else
+    echo "gpu_bench: the kernel detail failed: $(tail -2 "$kd/train.log")"
+  fi
+  rm -f "$kd/detail.ncu-rep"
+fi
+
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   tar -czf "$OUT/gpu_bench.tar.gz" -C "$(dirname "$out_dir")" \
     --exclude='*.bin' --exclude='step-*' "$(basename "$out_dir")" 2>/dev/null
-  for f in gpu_bench.txt gpu_bench.json gpu-calibrated.yaml kernel_profile.txt; do
+  for f in gpu_bench.txt gpu_bench.json gpu-calibrated.yaml kernel_profile.txt kernel_detail.txt; do
     [ -f "$out_dir/$f" ] && cp "$out_dir/$f" "$OUT/"
   done
 fi
