@@ -9,8 +9,15 @@
 //              squares on the relative error (F = 2 m n k): peak_flops.bf16 = P, gemm.efficiency
 //              1, gemm.half_flops = F_half. The same with matmul_dtype f32 gives peak_flops.fp32.
 //   memory     memory_bandwidth = 2 x bytes / time of one device-to-device copy (read + write)
-//   attention  attention_efficiency = 4 S^2 H hd (the cost model's count) / (time of
-//              kernels::AttentionForward on --attention-shape x the bf16 peak)
+//   attention  attention_efficiency = 3 x 4 B S^2 H hd (the cost model's count of the forward
+//              and the backward it prices at twice the forward) / (time of
+//              kernels::AttentionForward, AttentionBackwardDelta and AttentionBackward on
+//              --attention-shape x the bf16 peak); q, k and v in bf16, as the fused path gets
+//              them under bf16 activation storage (f32 where the head width has no fused path)
+//   elementwise  elementwise_efficiency: the memory-bound kernels of a layer as training runs
+//              them (benchmarks/memory_mix.h) at --grouped-shape's rows, d and f: the elements
+//              the cost model counts for them, 2 bytes each, over their time and the copy's
+//              bandwidth (capped at 1)
 //   grouped    grouped_gemm_efficiency: the experts' three products (forward, input
 //              gradient, weight gradient) on this engine's device-sized kernels
 //              (kernels::GroupedGemm / GroupedGemmWeightGrad with offsets on the device, bf16
@@ -27,6 +34,7 @@
 // #wrong counts sampled GEMM entries that differ from the exact value (small integers in
 // bf16: exact). Needs a CUDA device; without one it says so and exits 1.
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -35,12 +43,14 @@
 
 #include "benchmarks/gpu_timing.h"
 #include "benchmarks/harness.h"
+#include "benchmarks/memory_mix.h"
 #include "benchmarks/train_bench.h"
 #include "engine/core/device.h"
 #include "engine/core/device_context.h"
 #include "engine/plan/cost_model.h"
 #include "engine/plan/hardware.h"
 #include "kernels/attention.h"
+#include "kernels/flash_attention.h"
 #include "kernels/gemm.h"
 #include "kernels/random.h"
 
@@ -124,18 +134,60 @@ double MeasureCopy(Harness& h, int64_t bytes, DeviceContext* ctx) {
 }
 
 double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double peak, DeviceContext* ctx) {
-  const int64_t S = shape[0], H = shape[1], hd = shape[2];
-  Tensor q = Pattern({1, S, H, hd}, 3, 13, ctx), k = q.Clone(ctx), v = q.Clone(ctx);
-  Tensor out = Tensor::Empty({1, S, H, hd}, DType::kF32, ctx->device());
-  Tensor lse = Tensor::Empty({1, H, S}, DType::kF32, ctx->device());
+  const int64_t B = shape[0], S = shape[1], H = shape[2], hd = shape[3];
   ctx->set_matmul_dtype(DType::kBF16);
-  auto call = [&] { kernels::AttentionForward(q, k, v, out, lse, ctx); };
-  const double t = TimeGpuOps({call}, h.options().iters, h.options().warmup, ctx)[0] / 1e3;
+  const DType in = kernels::UseFlashAttention(ctx, hd) ? DType::kBF16 : DType::kF32;
+  Tensor q = Tensor::Empty({B, S, H, hd}, in, ctx->device()), k = q.Clone(ctx), v = q.Clone(ctx);
+  kernels::FillUniform(q, RngKey{9, 1}, 0, -1.0f, 1.0f, ctx);
+  kernels::FillUniform(k, RngKey{9, 2}, 0, -1.0f, 1.0f, ctx);
+  kernels::FillUniform(v, RngKey{9, 3}, 0, -1.0f, 1.0f, ctx);
+  Tensor out = Tensor::Empty({B, S, H, hd}, in, ctx->device());
+  Tensor lse = Tensor::Empty({B, H, S}, DType::kF32, ctx->device()), delta = lse.Clone(ctx);
+  Tensor dout = Tensor::Empty({B, S, H, hd}, DType::kF32, ctx->device());
+  kernels::FillUniform(dout, RngKey{9, 4}, 0, -1.0f, 1.0f, ctx);
+  Tensor dq = dout.Clone(ctx), dk = dout.Clone(ctx), dv = dout.Clone(ctx);
+  kernels::AttentionForward(q, k, v, out, lse, ctx);  // lse for the backward
+  const std::vector<double> ms = TimeGpuOps(
+      {[&] { kernels::AttentionForward(q, k, v, out, lse, ctx); },
+       [&] {
+         kernels::AttentionBackwardDelta(out, dout, delta, ctx);
+         kernels::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, ctx,
+                                    kernels::AttentionMask::kCausal, delta);
+       }},
+      h.options().iters, h.options().warmup, ctx);
   ctx->set_matmul_dtype(DType::kF32);
-  const double eff = 4.0 * S * S * H * hd / t / peak;
-  h.Printf("# attention S %lld H %lld hd %lld: %.1f us, %.3f of the bf16 peak\n", static_cast<long long>(S),
-           static_cast<long long>(H), static_cast<long long>(hd), t * 1e6, eff);
+  const double forward = ms[0] / 1e3, backward = ms[1] / 1e3;
+  const double eff = 3 * 4.0 * B * S * S * H * hd / (forward + backward) / peak;
+  h.Printf("# attention B %lld S %lld H %lld hd %lld (%s q, k, v): forward %.1f us, backward %.1f us "
+           "(%.2fx), %.3f of the bf16 peak by the cost model's count\n",
+           static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(H),
+           static_cast<long long>(hd), std::string(DTypeName(in)).c_str(), forward * 1e6, backward * 1e6,
+           backward / forward, eff);
   return std::min(1.0, eff);
+}
+
+// The memory-bound kernels of a layer at rows x d (f) as training runs them: the elements
+// the cost model counts, 2 bytes each, over their time and `bandwidth` (the copy's).
+double MeasureElementwise(Harness& h, const std::vector<int64_t>& shape, double bandwidth,
+                          DeviceContext* ctx) {
+  ctx->set_matmul_dtype(DType::kBF16);  // bf16 storage: the bf16 outputs training writes
+  const std::vector<MemoryOp> ops = MemoryBoundOps(shape[0], shape[1], shape[2], ctx);
+  std::vector<std::function<void()>> calls;
+  for (const MemoryOp& op : ops) calls.push_back(op.run);
+  const std::vector<double> ms = TimeGpuOps(calls, h.options().iters, h.options().warmup, ctx);
+  ctx->set_matmul_dtype(DType::kF32);
+  double elements = 0, seconds = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const double t = ms[i] / 1e3;
+    h.Printf("# %-32s %8.1f us, %.3f of the copy's bandwidth by the cost model's count\n",
+             ops[i].name.c_str(), t * 1e6, 2 * ops[i].elements / t / bandwidth);
+    elements += ops[i].elements, seconds += t;
+  }
+  const double eff = std::min(1.0, 2 * elements / seconds / bandwidth);
+  h.Printf("# memory-bound kernels (%lld rows, d %lld, f %lld): elementwise_efficiency %.3f\n",
+           static_cast<long long>(shape[0]), static_cast<long long>(shape[1]),
+           static_cast<long long>(shape[2]), eff);
+  return eff;
 }
 
 // The device-sized grouped products of one MoE layer's experts (forward, input gradient,
@@ -173,8 +225,8 @@ double MeasureGroupedGemm(Harness& h, const std::vector<int64_t>& shape, const G
 }
 
 std::string Yaml(const GemmFit& bf16, const GemmFit& f32, double bandwidth, double attention,
-                 double grouped, double memory, double op_latency, double graph_op_latency,
-                 const std::string& gpu) {
+                 double grouped, double elementwise, double memory, double op_latency,
+                 double graph_op_latency, const std::string& gpu) {
   std::ostringstream out;
   out.precision(4);
   out << "# This GPU (" << gpu << "), measured by plan_calibrate_gpu (docs/plan.md).\n"
@@ -186,7 +238,8 @@ std::string Yaml(const GemmFit& bf16, const GemmFit& f32, double bandwidth, doub
       << "inter_node: {bandwidth: " << bandwidth << ", latency: 5e-6}   # not measured (one GPU)\n"
       << "gemm: {efficiency: 1, half_flops: " << bf16.half << "}\n"
       << "attention_efficiency: " << attention << "\n"
-      << "grouped_gemm_efficiency: " << grouped << "\n";
+      << "grouped_gemm_efficiency: " << grouped << "\n"
+      << "elementwise_efficiency: " << elementwise << "\n";
   if (op_latency > 0) out << "op_latency: " << op_latency << "\n";
   if (graph_op_latency > 0) out << "graph_op_latency: " << graph_op_latency << "\n";
   return out.str();
@@ -228,36 +281,54 @@ StatusOr<double> MeasureOpLatency(Harness& h, TrainBench& bench, const std::stri
   return latency;
 }
 
+// The flags' shapes, checked: an error names the flag and what it got.
+struct Shapes {
+  std::vector<int64_t> sizes, attention, grouped;
+  int64_t copy_bytes = 0;
+};
+StatusOr<Shapes> ParseShapes(const std::string& sizes_text, const std::string& attention_text,
+                             const std::string& grouped_text, const std::string& copy_text) {
+  Shapes s{ParseList(sizes_text), ParseList(attention_text), ParseList(grouped_text)};
+  for (int64_t n : s.sizes) {
+    if (n < 1 || n > 32768) {
+      return InvalidArgument("--gemm-sizes: expected values in [1, 32768], got \"", sizes_text, "\"");
+    }
+  }
+  if (s.sizes.size() < 2) return InvalidArgument("--gemm-sizes: give at least two sizes to fit a line");
+  const std::vector<int64_t>& a = s.attention;
+  if (a.size() != 4 || *std::min_element(a.begin(), a.end()) < 1) {
+    return InvalidArgument("--attention-shape: expected B,S,heads,head_dim, got \"", attention_text, "\"");
+  }
+  const std::vector<int64_t>& g = s.grouped;
+  if (g.size() != 4 || *std::min_element(g.begin(), g.end()) < 1 || g[3] > g[0]) {
+    return InvalidArgument("--grouped-shape: expected rows,d,f,experts (experts <= rows), got \"",
+                           grouped_text, "\"");
+  }
+  StatusOr<int64_t> cb = ParseBytes(copy_text);
+  if (!cb.ok() || *cb < 1024) return InvalidArgument("--copy-bytes: expected at least 1K, got \"", copy_text, "\"");
+  s.copy_bytes = *cb;
+  return s;
+}
+
 int Main(int argc, char** argv) {
   Harness h("plan_calibrate_gpu", "this GPU's GEMM, memory, attention and per-operation "
             "parameters as a hardware file for `switchyard plan`.", {});
-  std::string out, sizes_text = "512,1024,2048,4096,8192", attention_text = "512,16,64",
+  std::string out, sizes_text = "512,1024,2048,4096,8192", attention_text = "16,512,16,64",
                    copy_text = "1G", grouped_text = "32768,1024,4096,16";
   h.flags().AddString("out", &out, "hardware YAML to write");
   h.flags().AddString("gemm-sizes", &sizes_text, "m and n = k of the GEMM grid (default 512,...,8192)");
   h.flags().AddString("copy-bytes", &copy_text, "bytes of the device copy (default 1G)");
-  h.flags().AddString("attention-shape", &attention_text, "S,heads,head_dim (default 512,16,64)");
+  h.flags().AddString("attention-shape", &attention_text, "B,S,heads,head_dim (default 16,512,16,64)");
   h.flags().AddString("grouped-shape", &grouped_text,
                       "rows,d,f,experts of the expert products (default 32768,1024,4096,16)");
   TrainBench bench(/*steps=*/20, /*grad_accum=*/1);
   bench.AddFlags(h.flags(), "micro-batches a step of the overhead run (--config at d_model 8)");
   if (auto code = h.Start(argc, argv)) return *code;
-  const std::vector<int64_t> sizes = ParseList(sizes_text), shape = ParseList(attention_text);
-  const std::vector<int64_t> grouped_shape = ParseList(grouped_text);
-  for (int64_t n : sizes) {
-    if (n < 1 || n > 32768) return h.Fail("--gemm-sizes: expected values in [1, 32768], got \"" + sizes_text + "\"");
-  }
-  if (sizes.size() < 2) return h.Fail("--gemm-sizes: give at least two sizes to fit a line");
-  if (shape.size() != 3 || shape[0] < 1 || shape[1] < 1 || shape[2] < 1) {
-    return h.Fail("--attention-shape: expected S,heads,head_dim, got \"" + attention_text + "\"");
-  }
-  if (grouped_shape.size() != 4 || grouped_shape[0] < 1 || grouped_shape[1] < 1 ||
-      grouped_shape[2] < 1 || grouped_shape[3] < 1 || grouped_shape[3] > grouped_shape[0]) {
-    return h.Fail("--grouped-shape: expected rows,d,f,experts (experts <= rows), got \"" +
-                  grouped_text + "\"");
-  }
-  StatusOr<int64_t> cb = ParseBytes(copy_text);
-  if (!cb.ok() || *cb < 1024) return h.Fail("--copy-bytes: expected at least 1K, got \"" + copy_text + "\"");
+  StatusOr<Shapes> parsed = ParseShapes(sizes_text, attention_text, grouped_text, copy_text);
+  if (!parsed.ok()) return h.Fail(std::string(parsed.status().message()));
+  const std::vector<int64_t>& sizes = parsed->sizes;
+  const std::vector<int64_t>& shape = parsed->attention;
+  const std::vector<int64_t>& grouped_shape = parsed->grouped;
   if (!CudaAvailable()) {
     h.Printf("plan_calibrate_gpu: no CUDA device is visible (or the build has no CUDA backend); "
              "nothing was measured\n");
@@ -274,14 +345,16 @@ int Main(int argc, char** argv) {
   int64_t wrong = 0;
   const GemmFit bf16 = MeasureGemms(h, sizes, DType::kBF16, ctx, wrong);
   const GemmFit f32 = MeasureGemms(h, sizes, DType::kF32, ctx, wrong);
-  const double bandwidth = MeasureCopy(h, *cb, ctx);
+  const double bandwidth = MeasureCopy(h, parsed->copy_bytes, ctx);
   const double attention = MeasureAttention(h, shape, bf16.peak, ctx);
   const double grouped = MeasureGroupedGemm(h, grouped_shape, bf16, ctx);
+  const double elementwise = MeasureElementwise(h, {grouped_shape[0], grouped_shape[1], grouped_shape[2]},
+                                                bandwidth, ctx);
   h.Printf("# fitted: bf16 %.1f TFLOP/s (F_half %.3g), f32 %.1f TFLOP/s, %.0f GB/s\n", bf16.peak / 1e12,
            bf16.half, f32.peak / 1e12, bandwidth / 1e9);
   const double memory = static_cast<double>(total_bytes);
   const std::string partial =
-      Yaml(bf16, f32, bandwidth, attention, grouped, memory, 0, 0, prop.name);
+      Yaml(bf16, f32, bandwidth, attention, grouped, elementwise, memory, 0, 0, prop.name);
   double latency = 0, graph_latency = 0;
   for (bool graphs : {false, true}) {
     StatusOr<double> measured = MeasureOpLatency(h, bench, partial, graphs);
@@ -293,7 +366,8 @@ int Main(int argc, char** argv) {
     (graphs ? graph_latency : latency) = *measured;
   }
   const std::string yaml =
-      Yaml(bf16, f32, bandwidth, attention, grouped, memory, latency, graph_latency, prop.name);
+      Yaml(bf16, f32, bandwidth, attention, grouped, elementwise, memory, latency, graph_latency,
+           prop.name);
   h.Printf("%s", yaml.c_str());
   if (!out.empty()) {
     std::ofstream file(out);
@@ -304,7 +378,8 @@ int Main(int argc, char** argv) {
   return h.Finish(none, wrong, {{"peak_flops_bf16", bf16.peak}, {"half_flops_bf16", bf16.half},
                                 {"peak_flops_fp32", f32.peak}, {"memory_bandwidth", bandwidth},
                                 {"attention_efficiency", attention},
-                                {"grouped_gemm_efficiency", grouped}, {"op_latency", latency},
+                                {"grouped_gemm_efficiency", grouped},
+                                {"elementwise_efficiency", elementwise}, {"op_latency", latency},
                                 {"graph_op_latency", graph_latency}});
 }
 

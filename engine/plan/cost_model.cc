@@ -80,8 +80,10 @@ double Gemm(const Ctx& c, double m, double n, double k) {
   return Gemm(c, m, n, k, c.hw.gemm_efficiency);
 }
 
+// Memory-bound passes over `elements` activation elements (each read or write counted), at
+// the share of the bandwidth the engine's own such kernels reach (elementwise_efficiency).
 double Elementwise(const Ctx& c, double elements) {
-  return c.b * elements / c.bandwidth;
+  return c.b * elements / (c.bandwidth * c.hw.elementwise_efficiency);
 }
 
 // Attention: q/k/v and output projections split over tp, the core (scores and values,

@@ -103,13 +103,14 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
        }},
       {"attention_efficiency", NumberOf(source, &h.attention_efficiency)},
       {"grouped_gemm_efficiency", NumberOf(source, &h.grouped_gemm_efficiency)},
+      {"elementwise_efficiency", NumberOf(source, &h.elementwise_efficiency)},
       {"cores_per_node", NumberOf(source, &cores)},
       {"op_latency", NumberOf(source, &h.op_latency)},
       {"graph_op_latency", NumberOf(source, &h.graph_op_latency)},
   };
   SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys,
                              {"source", "cores_per_node", "op_latency", "graph_op_latency",
-                              "grouped_gemm_efficiency"}));
+                              "grouped_gemm_efficiency", "elementwise_efficiency"}));
   if (cores != std::floor(cores)) {
     return InvalidArgument(source, ": cores_per_node=", cores, " must be a whole number");
   }
@@ -120,7 +121,8 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
   h.gpus_per_node = static_cast<int>(per_node);
   for (auto [key, v] : {std::pair<const char*, double>{"gemm.efficiency", h.gemm_efficiency},
                         {"attention_efficiency", h.attention_efficiency},
-                        {"grouped_gemm_efficiency", h.grouped_gemm_efficiency}}) {
+                        {"grouped_gemm_efficiency", h.grouped_gemm_efficiency},
+                        {"elementwise_efficiency", h.elementwise_efficiency}}) {
     if (v > 1) return InvalidArgument(source, ": ", key, "=", v, " must be at most 1 (a share of the peak)");
   }
   return OkStatus();

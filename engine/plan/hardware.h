@@ -12,12 +12,13 @@
 //   gemm: {efficiency: 0.75, half_flops: 2e9}        # fitted: see GemmEfficiency
 //   attention_efficiency: 0.45                       # share of the peak attention's core reaches
 //   grouped_gemm_efficiency: 0.25  # optional: the engine's device-sized expert products
+//   elementwise_efficiency: 0.4  # optional: the engine's memory-bound kernels (default 1)
 //   cores_per_node: 2     # CPU machines only: the node's cores, which its ranks share
 //   op_latency: 4e-6      # optional: fixed seconds per operation (launch, bookkeeping)
 //   graph_op_latency: 1e-6  # optional: the same inside a replayed CUDA graph
 //
-// Every key is required except fp8, source, cores_per_node, op_latency, graph_op_latency and
-// grouped_gemm_efficiency; an unknown or missing key, a value that is
+// Every key is required except fp8, source, cores_per_node, op_latency, graph_op_latency,
+// grouped_gemm_efficiency and elementwise_efficiency; an unknown or missing key, a value that is
 // not a positive number, is one error line naming the file and the key.
 #pragma once
 
@@ -49,6 +50,12 @@ struct Hardware {
   // (the same F / (F + gemm_half_flops) shape); 0 when the file gives none, and the expert
   // products then cost what dense ones of their shape do. plan_calibrate_gpu measures it.
   double grouped_gemm_efficiency = 0;
+  // The engine's memory-bound kernels (norms, activations, casts, residual adds, the
+  // dispatch's row moves) pass 2 bytes per element the cost model counts at
+  // elementwise_efficiency * memory_bandwidth: 1 when the file gives none (a datasheet's
+  // bandwidth, bf16 activations). plan_calibrate_gpu measures it from those kernels as
+  // training runs them (f32 where they keep f32), against its device copy's bandwidth.
+  double elementwise_efficiency = 1;
   // 0 (devices): each rank has a device of its own. > 0 (a CPU node): peak_flops and
   // memory_bandwidth are one core's, and the ranks on a node share its cores evenly, so a
   // rank computes at ComputeShare times them (threads when the ranks are fewer than the

@@ -486,6 +486,29 @@ TEST(HardwareTest, ShippedFilesParse) {
   EXPECT_NE(std::string(missing.status().message()).find("no such hardware (known in"), std::string::npos);
 }
 
+// elementwise_efficiency prices the memory-bound passes only: at 0.5 they take twice as long,
+// the rest unchanged. Fp8CastsByHand's dense model (one layer, gelu MLP): a micro-batch of
+// t = 128 tokens passes 8 d t (attention) + t (8 d + 3 d_ff) (MLP) + 3 t V (head) + 2 t d
+// (embedding) = 442368 elements forward, 3 micro-batches x 3 passes, 2 bytes each at 1e11 B/s.
+TEST(PlannerTest, ElementwiseEfficiencyPricesTheMemoryBoundPasses) {
+  const config::Config c = Parse(R"(
+model: {vocab_size: 512, seq_len: 32, d_model: 64, n_layers: 1, n_heads: 4, d_ff: 256}
+moe: {num_experts: 1, layer_freq: 1000, top_k: 1, d_expert: 256}
+)");
+  const Layout l{.micro_batch_size = 4, .micro_batches = 3};
+  const auto compute = [&](const Hardware& hw) {
+    PlanInputs in = Inputs(c, 1, 12);
+    in.precision = "bf16";
+    CostCache cache;
+    return PredictStepTime(in, l, hw, cache).compute;
+  };
+  const double elements = 8.0 * 64 * 128 + 128.0 * (8 * 64 + 3 * 256) + 3.0 * 128 * 512 + 2.0 * 128 * 64;
+  ASSERT_EQ(elements, 442368);
+  Hardware half = Round();
+  half.elementwise_efficiency = 0.5;
+  EXPECT_NEAR(compute(half) - compute(Round()), 3 * 3 * elements * 2 / 1e11, 1e-9 * compute(Round()));
+}
+
 TEST(HardwareTest, MistakesNameTheKey) {
   const std::string good = kRoundHardware;
   const auto error = [](const std::string& yaml) {
@@ -509,6 +532,12 @@ TEST(HardwareTest, MistakesNameTheKey) {
             "hw.yaml: grouped_gemm_efficiency=1.5 must be at most 1 (a share of the peak)");
   EXPECT_EQ(ParseHardware(good + "grouped_gemm_efficiency: 0.3\n", "g.yaml")->grouped_gemm_efficiency, 0.3);
   EXPECT_EQ(ParseHardware(good, "hw.yaml")->grouped_gemm_efficiency, 0);  // absent: gemm's
+  EXPECT_EQ(error(good + "elementwise_efficiency: 2\n"),
+            "hw.yaml: elementwise_efficiency=2 must be at most 1 (a share of the peak)");
+  EXPECT_EQ(error(good + "elementwise_efficiency: 0\n"),
+            "hw.yaml: elementwise_efficiency=0 must be a positive number");
+  EXPECT_EQ(ParseHardware(good + "elementwise_efficiency: 0.4\n", "g.yaml")->elementwise_efficiency, 0.4);
+  EXPECT_EQ(ParseHardware(good, "hw.yaml")->elementwise_efficiency, 1);  // absent: the bandwidth's
   EXPECT_EQ(error(good + "op_latency: 0\n"), "hw.yaml: op_latency=0 must be a positive number");
   EXPECT_EQ(error(good + "graph_op_latency: -1\n"),
             "hw.yaml: graph_op_latency=-1 must be a positive number");
