@@ -40,15 +40,13 @@ std::vector<MemoryOp> MemoryBoundOps(int64_t tokens, int64_t d, int64_t ff, Devi
   // The MLP's activation: reads W1's f32 product, writes bf16 h and the kept bf16 a.
   auto a = filled({tokens, ff}, DType::kF32), b1 = filled({ff}, DType::kF32);
   auto h = filled({tokens, ff}, DType::kBF16), kept = filled({tokens, ff}, DType::kBF16);
-  ops.push_back({"bias + gelu forward", 3 * tf, [=] {
-                   kernels::BiasGeluForward(*a, *b1, *h, ctx, {.a = kept.get()});
-                 }});
+  ops.push_back({"bias + gelu forward", 3 * tf,
+                 [=] { kernels::BiasGeluForward(*a, *b1, *h, ctx, {.a = kept.get()}); }});
   // Its backward: reads the kept a and W2's f32 input gradient, writes bf16 da and db1.
   auto dh = filled({tokens, ff}, DType::kF32), da = filled({tokens, ff}, DType::kBF16);
   auto db1 = filled({ff}, DType::kF32);
-  ops.push_back({"gelu backward + bias gradient", 3 * tf, [=] {
-                   kernels::GeluBackwardBiasGrad(*kept, *dh, *da, *db1, 1.0f, ctx);
-                 }});
+  ops.push_back({"gelu backward + bias gradient", 3 * tf,
+                 [=] { kernels::GeluBackwardBiasGrad(*kept, *dh, *da, *db1, 1.0f, ctx); }});
   // A gradient converted for the products that read it.
   auto g = filled({tokens, d}, DType::kF32), g16 = filled({tokens, d}, DType::kBF16);
   ops.push_back({"cast f32 -> bf16", 2 * td, [=] { kernels::Cast(*g, *g16, ctx); }});

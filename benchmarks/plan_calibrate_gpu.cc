@@ -147,22 +147,23 @@ double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double pe
   kernels::FillUniform(dout, RngKey{9, 4}, 0, -1.0f, 1.0f, ctx);
   Tensor dq = dout.Clone(ctx), dk = dout.Clone(ctx), dv = dout.Clone(ctx);
   kernels::AttentionForward(q, k, v, out, lse, ctx);  // lse for the backward
-  const std::vector<double> ms = TimeGpuOps(
-      {[&] { kernels::AttentionForward(q, k, v, out, lse, ctx); },
-       [&] {
-         kernels::AttentionBackwardDelta(out, dout, delta, ctx);
-         kernels::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, ctx,
-                                    kernels::AttentionMask::kCausal, delta);
-       }},
-      h.options().iters, h.options().warmup, ctx);
+  const std::vector<double> ms =
+      TimeGpuOps({[&] { kernels::AttentionForward(q, k, v, out, lse, ctx); },
+                  [&] {
+                    kernels::AttentionBackwardDelta(out, dout, delta, ctx);
+                    kernels::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, ctx,
+                                               kernels::AttentionMask::kCausal, delta);
+                  }},
+                 h.options().iters, h.options().warmup, ctx);
   ctx->set_matmul_dtype(DType::kF32);
   const double forward = ms[0] / 1e3, backward = ms[1] / 1e3;
   const double eff = 3 * 4.0 * B * S * S * H * hd / (forward + backward) / peak;
-  h.Printf("# attention B %lld S %lld H %lld hd %lld (%s q, k, v): forward %.1f us, backward %.1f us "
-           "(%.2fx), %.3f of the bf16 peak by the cost model's count\n",
-           static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(H),
-           static_cast<long long>(hd), std::string(DTypeName(in)).c_str(), forward * 1e6, backward * 1e6,
-           backward / forward, eff);
+  h.Printf(
+      "# attention B %lld S %lld H %lld hd %lld (%s q, k, v): forward %.1f us, backward %.1f us "
+      "(%.2fx), %.3f of the bf16 peak by the cost model's count\n",
+      static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(H),
+      static_cast<long long>(hd), std::string(DTypeName(in)).c_str(), forward * 1e6, backward * 1e6,
+      backward / forward, eff);
   return std::min(1.0, eff);
 }
 
@@ -291,13 +292,16 @@ StatusOr<Shapes> ParseShapes(const std::string& sizes_text, const std::string& a
   Shapes s{ParseList(sizes_text), ParseList(attention_text), ParseList(grouped_text)};
   for (int64_t n : s.sizes) {
     if (n < 1 || n > 32768) {
-      return InvalidArgument("--gemm-sizes: expected values in [1, 32768], got \"", sizes_text, "\"");
+      return InvalidArgument("--gemm-sizes: expected values in [1, 32768], got \"", sizes_text,
+                             "\"");
     }
   }
-  if (s.sizes.size() < 2) return InvalidArgument("--gemm-sizes: give at least two sizes to fit a line");
+  if (s.sizes.size() < 2)
+    return InvalidArgument("--gemm-sizes: give at least two sizes to fit a line");
   const std::vector<int64_t>& a = s.attention;
   if (a.size() != 4 || *std::min_element(a.begin(), a.end()) < 1) {
-    return InvalidArgument("--attention-shape: expected B,S,heads,head_dim, got \"", attention_text, "\"");
+    return InvalidArgument("--attention-shape: expected B,S,heads,head_dim, got \"", attention_text,
+                           "\"");
   }
   const std::vector<int64_t>& g = s.grouped;
   if (g.size() != 4 || *std::min_element(g.begin(), g.end()) < 1 || g[3] > g[0]) {
@@ -305,7 +309,8 @@ StatusOr<Shapes> ParseShapes(const std::string& sizes_text, const std::string& a
                            grouped_text, "\"");
   }
   StatusOr<int64_t> cb = ParseBytes(copy_text);
-  if (!cb.ok() || *cb < 1024) return InvalidArgument("--copy-bytes: expected at least 1K, got \"", copy_text, "\"");
+  if (!cb.ok() || *cb < 1024)
+    return InvalidArgument("--copy-bytes: expected at least 1K, got \"", copy_text, "\"");
   s.copy_bytes = *cb;
   return s;
 }
@@ -318,7 +323,8 @@ int Main(int argc, char** argv) {
   h.flags().AddString("out", &out, "hardware YAML to write");
   h.flags().AddString("gemm-sizes", &sizes_text, "m and n = k of the GEMM grid (default 512,...,8192)");
   h.flags().AddString("copy-bytes", &copy_text, "bytes of the device copy (default 1G)");
-  h.flags().AddString("attention-shape", &attention_text, "B,S,heads,head_dim (default 16,512,16,64)");
+  h.flags().AddString("attention-shape", &attention_text,
+                      "B,S,heads,head_dim (default 16,512,16,64)");
   h.flags().AddString("grouped-shape", &grouped_text,
                       "rows,d,f,experts of the expert products (default 32768,1024,4096,16)");
   TrainBench bench(/*steps=*/20, /*grad_accum=*/1);
@@ -348,8 +354,8 @@ int Main(int argc, char** argv) {
   const double bandwidth = MeasureCopy(h, parsed->copy_bytes, ctx);
   const double attention = MeasureAttention(h, shape, bf16.peak, ctx);
   const double grouped = MeasureGroupedGemm(h, grouped_shape, bf16, ctx);
-  const double elementwise = MeasureElementwise(h, {grouped_shape[0], grouped_shape[1], grouped_shape[2]},
-                                                bandwidth, ctx);
+  const double elementwise =
+      MeasureElementwise(h, {grouped_shape[0], grouped_shape[1], grouped_shape[2]}, bandwidth, ctx);
   h.Printf("# fitted: bf16 %.1f TFLOP/s (F_half %.3g), f32 %.1f TFLOP/s, %.0f GB/s\n", bf16.peak / 1e12,
            bf16.half, f32.peak / 1e12, bandwidth / 1e9);
   const double memory = static_cast<double>(total_bytes);
@@ -365,9 +371,8 @@ int Main(int argc, char** argv) {
     }
     (graphs ? graph_latency : latency) = *measured;
   }
-  const std::string yaml =
-      Yaml(bf16, f32, bandwidth, attention, grouped, elementwise, memory, latency, graph_latency,
-           prop.name);
+  const std::string yaml = Yaml(bf16, f32, bandwidth, attention, grouped, elementwise, memory,
+                                latency, graph_latency, prop.name);
   h.Printf("%s", yaml.c_str());
   if (!out.empty()) {
     std::ofstream file(out);
@@ -375,12 +380,16 @@ int Main(int argc, char** argv) {
     if (!file) return h.Fail("--out " + out + ": cannot write");
   }
   Table none({{}, {}}, false);
-  return h.Finish(none, wrong, {{"peak_flops_bf16", bf16.peak}, {"half_flops_bf16", bf16.half},
-                                {"peak_flops_fp32", f32.peak}, {"memory_bandwidth", bandwidth},
-                                {"attention_efficiency", attention},
-                                {"grouped_gemm_efficiency", grouped},
-                                {"elementwise_efficiency", elementwise}, {"op_latency", latency},
-                                {"graph_op_latency", graph_latency}});
+  return h.Finish(none, wrong,
+                  {{"peak_flops_bf16", bf16.peak},
+                   {"half_flops_bf16", bf16.half},
+                   {"peak_flops_fp32", f32.peak},
+                   {"memory_bandwidth", bandwidth},
+                   {"attention_efficiency", attention},
+                   {"grouped_gemm_efficiency", grouped},
+                   {"elementwise_efficiency", elementwise},
+                   {"op_latency", latency},
+                   {"graph_op_latency", graph_latency}});
 }
 
 }  // namespace

@@ -72,7 +72,7 @@ if [ "${CALIBRATE:-1}" = 1 ] && [ -x "$bin/plan_calibrate_gpu" ]; then
   if timeout 90 "$bin/plan_calibrate_gpu" --out "$out_dir/gpu-calibrated.yaml" -n 10 -w 3 \
        --json "$out_dir/plan_calibrate.json" >"$out_dir/plan_calibrate.log" 2>&1; then
     calibration=(--calibration "$out_dir/gpu-calibrated.yaml")
-    grep -E 'peak|bandwidth|efficiency' "$out_dir/gpu-calibrated.yaml" | head -8
+    grep -E 'peak|bandwidth|efficiency' "$out_dir/gpu-calibrated.yaml" | head -12
   else
     echo "gpu_bench: plan_calibrate failed: $(tail -2 "$out_dir/plan_calibrate.log")"
   fi

@@ -27,10 +27,11 @@ TEST(MemoryMixTest, EveryOpRunsAndCountsTheModelsElements) {
     EXPECT_EQ(counters::Snapshot().Minus(before).dispatches, 2) << op.name << ": one kernel a call";
     elements[op.name] = op.elements;
   }
-  const std::map<std::string, double> want = {
-      {"add + layernorm forward", 4.0 * t * d},   {"layernorm backward (dx added)", 4.0 * t * d},
-      {"bias + gelu forward", 3.0 * t * ff},      {"gelu backward + bias gradient", 3.0 * t * ff},
-      {"cast f32 -> bf16", 2.0 * t * d}};
+  const std::map<std::string, double> want = {{"add + layernorm forward", 4.0 * t * d},
+                                              {"layernorm backward (dx added)", 4.0 * t * d},
+                                              {"bias + gelu forward", 3.0 * t * ff},
+                                              {"gelu backward + bias gradient", 3.0 * t * ff},
+                                              {"cast f32 -> bf16", 2.0 * t * d}};
   EXPECT_EQ(elements, want);
 }
 

@@ -50,13 +50,14 @@ int64_t Report(const std::string& what, const std::vector<float>& got,
                   decode(got[at]).c_str(), want[at], decode(want[at]).c_str());
     }
   }
-  std::printf("  %-58s %lld of %zu wrong\n", what.c_str(), static_cast<long long>(wrong), got.size());
+  std::printf("  %-58s %lld of %zu wrong\n", what.c_str(), static_cast<long long>(wrong),
+              got.size());
   return wrong;
 }
 
 // out = x @ w[g] (trans_w: w[g]^T) over groups of `rows`, on ctx's device.
-std::vector<float> Forward(const std::vector<int64_t>& rows, const std::vector<float>& w,
-                           int64_t n, bool trans_w, DeviceContext* ctx, Device device) {
+std::vector<float> Forward(const std::vector<int64_t>& rows, const std::vector<float>& w, int64_t n,
+                           bool trans_w, DeviceContext* ctx, Device device) {
   std::vector<int64_t> offsets(1, 0);
   for (int64_t r : rows) offsets.push_back(offsets.back() + r);
   const int64_t total = offsets.back(), g = static_cast<int64_t>(rows.size());
@@ -97,8 +98,12 @@ std::string KIndex(float v) {
   return "k " + std::to_string(k) + " of group " + std::to_string(p / kK) + ": row " +
          std::to_string(row) + " (mod 128)'s";
 }
-std::string Column(float v) { return v >= 1.0f ? "column " + std::to_string(static_cast<int64_t>(v) - 1) : "nothing"; }
-std::string GroupRow(float v) { return v >= 1.0f ? "group row " + std::to_string(static_cast<int64_t>(v) - 1) : "nothing"; }
+std::string Column(float v) {
+  return v >= 1.0f ? "column " + std::to_string(static_cast<int64_t>(v) - 1) : "nothing";
+}
+std::string GroupRow(float v) {
+  return v >= 1.0f ? "group row " + std::to_string(static_cast<int64_t>(v) - 1) : "nothing";
+}
 
 struct Probe {
   std::unique_ptr<DeviceContext> cpu = DeviceContext::Create(Device::Cpu());
@@ -144,14 +149,16 @@ TEST(DeviceSizedLayoutProbeGpuTest, ForwardNamesTheKIndexAndColumnOfEveryValue) 
       }
     }
     const std::string tag = trans_w ? " trans_w" : "";
-    probe.Check("forward k probe" + tag, want_k, n,
-                [&](DeviceContext* c, Device d) { return Forward(rows, wk, n, trans_w, c, d); },
-                KIndex);
-    probe.Check("forward column probe" + tag, want_j, n,
-                [&](DeviceContext* c, Device d) { return Forward(rows, wj, n, trans_w, c, d); },
-                Column);
+    probe.Check(
+        "forward k probe" + tag, want_k, n,
+        [&](DeviceContext* c, Device d) { return Forward(rows, wk, n, trans_w, c, d); }, KIndex);
+    probe.Check(
+        "forward column probe" + tag, want_j, n,
+        [&](DeviceContext* c, Device d) { return Forward(rows, wj, n, trans_w, c, d); }, Column);
   }
-  if (!probe.gpu) GTEST_SKIP() << "the probe's expectations hold on the CPU; no CUDA device visible for the GPU half";
+  if (!probe.gpu)
+    GTEST_SKIP()
+        << "the probe's expectations hold on the CPU; no CUDA device visible for the GPU half";
 }
 
 TEST(DeviceSizedLayoutProbeGpuTest, WeightGradNamesTheRowAndColumnOfEveryValue) {
@@ -172,11 +179,15 @@ TEST(DeviceSizedLayoutProbeGpuTest, WeightGradNamesTheRowAndColumnOfEveryValue) 
       want_col[at] = static_cast<float>(j + 1);
     }
   }
-  probe.Check("weight gradient row probe", want_row, n,
-              [&](DeviceContext* c, Device d) { return WeightGrad(g, dy_row, n, c, d); }, GroupRow);
-  probe.Check("weight gradient column probe", want_col, n,
-              [&](DeviceContext* c, Device d) { return WeightGrad(g, dy_col, n, c, d); }, Column);
-  if (!probe.gpu) GTEST_SKIP() << "the probe's expectations hold on the CPU; no CUDA device visible for the GPU half";
+  probe.Check(
+      "weight gradient row probe", want_row, n,
+      [&](DeviceContext* c, Device d) { return WeightGrad(g, dy_row, n, c, d); }, GroupRow);
+  probe.Check(
+      "weight gradient column probe", want_col, n,
+      [&](DeviceContext* c, Device d) { return WeightGrad(g, dy_col, n, c, d); }, Column);
+  if (!probe.gpu)
+    GTEST_SKIP()
+        << "the probe's expectations hold on the CPU; no CUDA device visible for the GPU half";
 }
 
 }  // namespace

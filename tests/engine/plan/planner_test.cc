@@ -502,11 +502,13 @@ moe: {num_experts: 1, layer_freq: 1000, top_k: 1, d_expert: 256}
     CostCache cache;
     return PredictStepTime(in, l, hw, cache).compute;
   };
-  const double elements = 8.0 * 64 * 128 + 128.0 * (8 * 64 + 3 * 256) + 3.0 * 128 * 512 + 2.0 * 128 * 64;
+  const double elements =
+      8.0 * 64 * 128 + 128.0 * (8 * 64 + 3 * 256) + 3.0 * 128 * 512 + 2.0 * 128 * 64;
   ASSERT_EQ(elements, 442368);
   Hardware half = Round();
   half.elementwise_efficiency = 0.5;
-  EXPECT_NEAR(compute(half) - compute(Round()), 3 * 3 * elements * 2 / 1e11, 1e-9 * compute(Round()));
+  EXPECT_NEAR(compute(half) - compute(Round()), 3 * 3 * elements * 2 / 1e11,
+              1e-9 * compute(Round()));
 }
 
 TEST(HardwareTest, MistakesNameTheKey) {
@@ -536,7 +538,8 @@ TEST(HardwareTest, MistakesNameTheKey) {
             "hw.yaml: elementwise_efficiency=2 must be at most 1 (a share of the peak)");
   EXPECT_EQ(error(good + "elementwise_efficiency: 0\n"),
             "hw.yaml: elementwise_efficiency=0 must be a positive number");
-  EXPECT_EQ(ParseHardware(good + "elementwise_efficiency: 0.4\n", "g.yaml")->elementwise_efficiency, 0.4);
+  EXPECT_EQ(ParseHardware(good + "elementwise_efficiency: 0.4\n", "g.yaml")->elementwise_efficiency,
+            0.4);
   EXPECT_EQ(ParseHardware(good, "hw.yaml")->elementwise_efficiency, 1);  // absent: the bandwidth's
   EXPECT_EQ(error(good + "op_latency: 0\n"), "hw.yaml: op_latency=0 must be a positive number");
   EXPECT_EQ(error(good + "graph_op_latency: -1\n"),
