@@ -188,11 +188,16 @@ bool KvReplicated(const ModelConfig& model, int64_t tp) {
 }
 
 ParamTable ParamTable::Build(const ModelConfig& m, const moe::MoEConfig& e, ParamLayout layout) {
+  return *Shared(m, e, layout);
+}
+
+std::shared_ptr<const ParamTable> ParamTable::Shared(const ModelConfig& m, const moe::MoEConfig& e,
+                                                     ParamLayout layout) {
   struct Entry {
     ModelConfig model;
     moe::MoEConfig moe;
     ParamLayout layout;
-    ParamTable table;
+    std::shared_ptr<const ParamTable> table;
   };
   static std::mutex mu;
   static std::deque<Entry> recent;  // newest first
@@ -202,7 +207,7 @@ ParamTable ParamTable::Build(const ModelConfig& m, const moe::MoEConfig& e, Para
       if (x.layout == layout && x.model == m && x.moe == e) return x.table;
     }
   }
-  ParamTable t = BuildUncached(m, e, layout);
+  auto t = std::make_shared<const ParamTable>(BuildUncached(m, e, layout));
   std::lock_guard<std::mutex> lock(mu);
   recent.push_front({m, e, layout, t});
   if (recent.size() > 16) recent.pop_back();

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,10 @@ class ParamTable {
   // one model's under many layouts, each for every rank).
   static ParamTable Build(const ModelConfig& model, const moe::MoEConfig& moe,
                           ParamLayout layout = {});
+  // The same table without the copy: the kept one itself (the planner's per-rank callers).
+  static std::shared_ptr<const ParamTable> Shared(const ModelConfig& model,
+                                                  const moe::MoEConfig& moe,
+                                                  ParamLayout layout = {});
 
   const std::vector<ParamShape>& params() const { return params_; }
   const ParamLayout& layout() const { return layout_; }

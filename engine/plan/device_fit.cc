@@ -28,8 +28,9 @@ double OperandCopies(const config::Config& c, const dist::Mesh& mesh, int rank) 
   const double bytes = OperandCopyBytes(c);
   if (bytes == 0) return 0;
   const bool shadows = c.parallel.zero_stage == 0;
-  const model::ParamTable table = model::ParamTable::Build(
+  const std::shared_ptr<const model::ParamTable> shared = model::ParamTable::Shared(
       c.model, c.moe, {.tp = mesh.tp(), .etp = mesh.etp(), .ep = mesh.ep()});
+  const model::ParamTable& table = *shared;
   const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
   const std::vector<model::Stage> stages = RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp));
   bool head = false;

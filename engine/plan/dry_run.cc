@@ -66,8 +66,9 @@ int64_t MoELayersHeld(const config::Config& c, const dist::Mesh& mesh, int rank)
 }  // namespace
 
 std::vector<HeldParam> HeldParams(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  const model::ParamTable table = model::ParamTable::Build(
+  const std::shared_ptr<const model::ParamTable> shared = model::ParamTable::Shared(
       c.model, c.moe, {.tp = mesh.tp(), .etp = mesh.etp(), .ep = mesh.ep()});
+  const model::ParamTable& table = *shared;
   const int tp_rank = mesh.Coord(rank, dist::View::kDense, dist::Axis::kTp);
   const bool sequence_parallel = mesh.tp() > 1 && c.parallel.sequence_parallel;
   std::vector<HeldParam> held;
@@ -87,11 +88,11 @@ namespace {
 
 // The parameter elements of a rank by the group their gradient is summed (and, under ZeRO,
 // partitioned) over: (elements, the group's size), groups in first-seen order.
-std::vector<std::pair<double, double>> GradientGroups(const config::Config& c, const dist::Mesh& mesh,
-                                                      int rank) {
+std::vector<std::pair<double, double>> GradientGroups(const std::vector<HeldParam>& held,
+                                                      const dist::Mesh& mesh) {
   std::vector<std::pair<dist::View, parallel::AxisSet>> keys;
   std::vector<std::pair<double, double>> groups;
-  for (const HeldParam& p : HeldParams(c, mesh, rank)) {
+  for (const HeldParam& p : held) {
     const std::pair key{p.shape.view(), p.grad_sum};
     auto it = std::find(keys.begin(), keys.end(), key);
     if (it == keys.end()) {
@@ -165,8 +166,9 @@ double GradientBytes(const std::vector<std::pair<double, double>>& groups) {
 }  // namespace
 
 StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::Mesh& mesh, int rank) {
-  return InputsWith(c, mesh, rank, GradientBytes(GradientGroups(c, mesh, rank)),
-                    PredictZeroWorkspace(c, mesh, rank).sync);
+  const std::vector<HeldParam> held = HeldParams(c, mesh, rank);
+  return InputsWith(c, mesh, rank, GradientBytes(GradientGroups(held, mesh)),
+                    PredictZeroWorkspace(c, mesh, rank, held).sync);
 }
 
 RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, int rank) {
@@ -176,7 +178,9 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
                         : c.train.momentum != 0.0f                  ? 1
                                                                     : 0;
   RankMemory r;
-  const std::vector<std::pair<double, double>> groups = GradientGroups(c, mesh, rank);
+  // The rank's parameters once, for its gradient groups and its sync's buckets.
+  const std::vector<HeldParam> held = HeldParams(c, mesh, rank);
+  const std::vector<std::pair<double, double>> groups = GradientGroups(held, mesh);
   for (auto [n, group] : groups) {
     r.parameters += 4.0 * n / (stage >= 3 ? group : 1);
     r.gradients += 4.0 * n / (stage >= 2 ? group : 1);
@@ -196,7 +200,7 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   // gathered stage-3 parts; or, if more, the all-gather after a stage 1-2 update.
   // zero_perf, tests/dist/zero_memory_test.cc and pipeline_memory_test.cc compare it with
   // the measured peak.
-  const ZeroWorkspace z = PredictZeroWorkspace(c, mesh, rank);
+  const ZeroWorkspace z = PredictZeroWorkspace(c, mesh, rank, held);
   const StepWorkspace step =
       SimulateStepWorkspace(InputsWith(c, mesh, rank, GradientBytes(groups), z.sync));
   r.workspace = step.peak + z.stream + z.materialized + z.gathered;

@@ -179,8 +179,9 @@ const std::vector<std::pair<double, double>>& CostCache::PieceParams(const confi
   const auto key = std::tuple(tp, etp, ep);
   auto it = pieces_.find(key);
   if (it != pieces_.end()) return it->second;
-  const model::ParamTable table =
-      model::ParamTable::Build(c.model, c.moe, {.tp = tp, .etp = etp, .ep = ep});
+  const std::shared_ptr<const model::ParamTable> shared =
+      model::ParamTable::Shared(c.model, c.moe, {.tp = tp, .etp = etp, .ep = ep});
+  const model::ParamTable& table = *shared;
   std::vector<std::pair<double, double>> pieces(c.model.n_layers + 2);
   for (const model::ParamShape& p : table.params()) {
     if (p.tied_copy) continue;  // RankElements adds it on a head stage without the embedding

@@ -117,9 +117,14 @@ double StreamPeak(const std::vector<ZeroPart>& parts, bool stage3, bool tied) {
 }  // namespace
 
 RankSync PlanRankSync(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  return PlanRankSync(c, mesh, rank, HeldParams(c, mesh, rank));
+}
+
+RankSync PlanRankSync(const config::Config& c, const dist::Mesh& mesh, int rank,
+                      const std::vector<HeldParam>& held) {
   RankSync r;
   std::map<parallel::PartId, int> index;  // r.parts' positions
-  for (const HeldParam& p : HeldParams(c, mesh, rank)) {
+  for (const HeldParam& p : held) {
     auto [it, added] = index.try_emplace(p.shape.part, static_cast<int>(r.parts.size()));
     if (added) r.parts.push_back(p.shape.part);
     r.params.push_back({.name = p.shape.Name(), .numel = p.numel, .view = p.shape.view(),
@@ -147,10 +152,15 @@ std::vector<ZeroPart> RankZeroParts(const config::Config& c, const dist::Mesh& m
 }
 
 ZeroWorkspace PredictZeroWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  return PredictZeroWorkspace(c, mesh, rank, HeldParams(c, mesh, rank));
+}
+
+ZeroWorkspace PredictZeroWorkspace(const config::Config& c, const dist::Mesh& mesh, int rank,
+                                   const std::vector<HeldParam>& held) {
   const int stage = c.parallel.zero_stage;
   const parallel::SyncPolicy policy = config::SyncPolicyOf(c);
   const bool stream = policy.stream;
-  const RankSync sync = PlanRankSync(c, mesh, rank);
+  const RankSync sync = PlanRankSync(c, mesh, rank, held);
   const std::vector<Bucket> buckets = LaunchedBuckets(sync);
   ZeroWorkspace w;
   if (buckets.empty()) return w;

@@ -33,6 +33,8 @@
 
 namespace switchyard::plan {
 
+struct HeldParam;  // engine/plan/dry_run.h
+
 // The rank's gradient sync as the runtime builds it (engine/parallel/sync_plan.h over the
 // parameter table): its parameters as SyncParams in registration order (HeldParams), parts
 // numbered in first-seen order as the trainer numbers them, packed under the config's
@@ -47,6 +49,9 @@ struct RankSync {
   std::vector<parallel::BucketRef> launch;  // every bucket, in launch order
 };
 RankSync PlanRankSync(const config::Config& config, const dist::Mesh& mesh, int rank);
+// The same from the rank's HeldParams, when the caller has them.
+RankSync PlanRankSync(const config::Config& config, const dist::Mesh& mesh, int rank,
+                      const std::vector<HeldParam>& held);
 
 // One part of the rank's model ("embed", "layers.<i>", "norm_f", "head"), in bytes of its
 // partitioned (bucketed) elements, f32.
@@ -72,5 +77,7 @@ std::vector<ZeroPart> RankZeroParts(const config::Config& config, const dist::Me
 // included.
 ZeroWorkspace PredictZeroWorkspace(const config::Config& config, const dist::Mesh& mesh,
                                    int rank);
+ZeroWorkspace PredictZeroWorkspace(const config::Config& config, const dist::Mesh& mesh, int rank,
+                                   const std::vector<HeldParam>& held);
 
 }  // namespace switchyard::plan
