@@ -78,12 +78,26 @@ if [ "${CALIBRATE:-1}" = 1 ] && [ -x "$bin/plan_calibrate_gpu" ]; then
   fi
 fi
 
+# Copies what is there so far to $OUT (the device tool), after each part: a run the tool's
+# time limit kills still brings back the parts before.
+publish() {
+  if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+    tar -czf "$OUT/gpu_bench.tar.gz" -C "$(dirname "$out_dir")" \
+      --exclude='*.bin' --exclude='step-*' --exclude='*.ncu-rep' "$(basename "$out_dir")" 2>/dev/null
+    for f in gpu_bench.txt gpu_bench.json gpu-calibrated.yaml kernel_profile.txt kernel_detail.txt; do
+      [ -f "$out_dir/$f" ] && cp "$out_dir/$f" "$OUT/"
+    done
+  fi
+  return 0
+}
+
 echo "== engine vs PyTorch reference"
 python3 benchmarks/reference/gpu_bench.py --switchyard "$bin/switchyard" --train_batches "$bin/train_batches" \
   --data "$data" --out "$out_dir" --rounds "${ROUNDS:-2}" --steps "${STEPS:-15}" --warmup "${WARMUP:-5}" \
   --compile "${COMPILE:-1}" --budget_s "$(( ${BUDGET_S:-240} - ($(date +%s) - started) ))" --hardware "${HARDWARE:-h200}" \
   ${CASES:+--cases "$CASES"} "${calibration[@]}" 2>&1 | tee "$out_dir/gpu_bench.log"
 rc=${PIPESTATUS[0]}
+publish
 
 # Where the GPU time of a step goes, kernel by kernel: Nsight Compute times every launch of
 # KERNEL_STEPS steps of the d 1024 model (micro-batch 16, dropless; the bench's settings),
@@ -116,6 +130,7 @@ if [ "${KERNELS:-1}" = 1 ] && command -v ncu >/dev/null &&
   fi
   rm -f "$kp/kernels.ncu-rep"
 fi
+publish
 
 # Why the two hand-written kernel families run at the speed they do: Nsight Compute's detail
 # sections (speed of light, occupancy, launch, warp states, scheduler, compute and memory
@@ -151,11 +166,5 @@ if [ "${KERNEL_DETAIL:-1}" = 1 ] && command -v ncu >/dev/null &&
   rm -f "$kd/detail.ncu-rep"
 fi
 
-if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  tar -czf "$OUT/gpu_bench.tar.gz" -C "$(dirname "$out_dir")" \
-    --exclude='*.bin' --exclude='step-*' "$(basename "$out_dir")" 2>/dev/null
-  for f in gpu_bench.txt gpu_bench.json gpu-calibrated.yaml kernel_profile.txt kernel_detail.txt; do
-    [ -f "$out_dir/$f" ] && cp "$out_dir/$f" "$OUT/"
-  done
-fi
+publish
 exit "$rc"
