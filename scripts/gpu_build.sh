@@ -126,4 +126,4 @@ fi
 size=$(du -sm "$pack" | cut -f1)
 echo "gpu_build: built in $((built - start)) s; $pack holds ${#targets[@]} programs, $(ls "$pack/lib" | wc -l) libraries, ${size} MiB"
 [ "$size" -le 48 ] || { echo "gpu_build: $pack is over 48 MiB (the device tool carries 64 MiB in all)"; exit 1; }
-echo "gpu_build: carry it: run(command=\"bash scripts/gpu_run.sh; cp gpu-run/* \$OUT/\", carry=[\"$pack\"])"
+echo "gpu_build: carry it: run(command=\"bash scripts/gpu_run.sh\", carry=[\"$pack\"], timeout_s=540) (summary.txt and gpu_run.tar.gz come back in \$OUT)"

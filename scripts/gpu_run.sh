@@ -16,7 +16,8 @@
 # MEMCHECK=1 adds compute-sanitizer's memcheck of every GPU test program after the GPU
 # tests; MEMCHECK=only runs just that (a second device call: it takes minutes).
 # Usage: bash scripts/gpu_build.sh  (on the Debian machine; carry build-gpu)
-#        bash scripts/gpu_run.sh    (on the GPU machine; OUT_DIR defaults to gpu-run/)
+#        bash scripts/gpu_run.sh    (on the GPU machine; OUT_DIR defaults to gpu-run/; with
+#                                   $OUT set, summary.txt and gpu_run.tar.gz land there)
 #   or, to compile on the GPU machine: bash scripts/gpu_deps.sh here, carry .gpu-deps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,17 @@ arch=${CUDA_ARCH:-90a}
 build=${BUILD_DIR:-build-gpu}
 mkdir -p "$out"
 summary=()
-row() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); }
+# With $OUT set (the device tool, which brings back 8 files), every row also copies the
+# summary so far (summary.txt) and OUT_DIR's logs and JSON (gpu_run.tar.gz, no checkpoints)
+# there: a run the tool's time limit stops still brings back the rows before.
+publish() {
+  [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] || return 0
+  printf '%s\n' "${summary[@]}" >"$OUT/summary.txt"
+  tar -czf "$OUT/gpu_run.tar.gz" -C "$(dirname "$out")" --exclude='step-*' --exclude='*.bin' \
+    "$(basename "$out")" 2>/dev/null
+  return 0
+}
+row() { summary+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")"); publish; }
 # The first error line of a log, else its last line.
 why() { grep -m1 -E 'error|FAILED|Failure' "$1" || tail -1 "$1"; }
 # Runs a command for at most $1 seconds (a hung kernel or rank must not spend the session's
