@@ -15,7 +15,7 @@
 //              --attention-shape x the bf16 peak); q, k and v in bf16, as the fused path gets
 //              them under bf16 activation storage (f32 where the head width has no fused path)
 //   elementwise  elementwise_efficiency: the memory-bound kernels of a layer as training runs
-//              them (benchmarks/memory_mix.h) at --grouped-shape's rows, d and f: the elements
+//              them (benchmarks/calibration_ops.h) at --grouped-shape's rows, d and f: the elements
 //              the cost model counts for them, 2 bytes each, over their time and the copy's
 //              bandwidth (capped at 1)
 //   grouped    grouped_gemm_efficiency: the experts' three products (forward, input
@@ -43,7 +43,7 @@
 
 #include "benchmarks/gpu_timing.h"
 #include "benchmarks/harness.h"
-#include "benchmarks/memory_mix.h"
+#include "benchmarks/calibration_ops.h"
 #include "benchmarks/train_bench.h"
 #include "engine/core/device.h"
 #include "engine/core/device_context.h"
@@ -136,25 +136,9 @@ double MeasureCopy(Harness& h, int64_t bytes, DeviceContext* ctx) {
 double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double peak, DeviceContext* ctx) {
   const int64_t B = shape[0], S = shape[1], H = shape[2], hd = shape[3];
   ctx->set_matmul_dtype(DType::kBF16);
-  const DType in = kernels::UseFlashAttention(ctx, hd) ? DType::kBF16 : DType::kF32;
-  Tensor q = Tensor::Empty({B, S, H, hd}, in, ctx->device()), k = q.Clone(ctx), v = q.Clone(ctx);
-  kernels::FillUniform(q, RngKey{9, 1}, 0, -1.0f, 1.0f, ctx);
-  kernels::FillUniform(k, RngKey{9, 2}, 0, -1.0f, 1.0f, ctx);
-  kernels::FillUniform(v, RngKey{9, 3}, 0, -1.0f, 1.0f, ctx);
-  Tensor out = Tensor::Empty({B, S, H, hd}, in, ctx->device());
-  Tensor lse = Tensor::Empty({B, H, S}, DType::kF32, ctx->device()), delta = lse.Clone(ctx);
-  Tensor dout = Tensor::Empty({B, S, H, hd}, DType::kF32, ctx->device());
-  kernels::FillUniform(dout, RngKey{9, 4}, 0, -1.0f, 1.0f, ctx);
-  Tensor dq = dout.Clone(ctx), dk = dout.Clone(ctx), dv = dout.Clone(ctx);
-  kernels::AttentionForward(q, k, v, out, lse, ctx);  // lse for the backward
-  const std::vector<double> ms =
-      TimeGpuOps({[&] { kernels::AttentionForward(q, k, v, out, lse, ctx); },
-                  [&] {
-                    kernels::AttentionBackwardDelta(out, dout, delta, ctx);
-                    kernels::AttentionBackward(q, k, v, lse, dout, dq, dk, dv, ctx,
-                                               kernels::AttentionMask::kCausal, delta);
-                  }},
-                 h.options().iters, h.options().warmup, ctx);
+  const AttentionOps ops = MakeAttentionOps(B, S, H, hd, ctx);
+  const std::vector<double> ms = TimeGpuOps({ops.forward.run, ops.backward.run},
+                                            h.options().iters, h.options().warmup, ctx);
   ctx->set_matmul_dtype(DType::kF32);
   const double forward = ms[0] / 1e3, backward = ms[1] / 1e3;
   const double eff = 3 * 4.0 * B * S * S * H * hd / (forward + backward) / peak;
@@ -162,7 +146,7 @@ double MeasureAttention(Harness& h, const std::vector<int64_t>& shape, double pe
       "# attention B %lld S %lld H %lld hd %lld (%s q, k, v): forward %.1f us, backward %.1f us "
       "(%.2fx), %.3f of the bf16 peak by the cost model's count\n",
       static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(H),
-      static_cast<long long>(hd), std::string(DTypeName(in)).c_str(), forward * 1e6, backward * 1e6,
+      static_cast<long long>(hd), ops.bf16_inputs ? "bf16" : "f32", forward * 1e6, backward * 1e6,
       backward / forward, eff);
   return std::min(1.0, eff);
 }

@@ -1,10 +1,12 @@
-#include "benchmarks/memory_mix.h"
+#include "benchmarks/calibration_ops.h"
 
 #include <memory>
 
 #include "engine/core/philox.h"
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/elementwise.h"
+#include "kernels/flash_attention.h"
 #include "kernels/norm.h"
 #include "kernels/random.h"
 
@@ -50,6 +52,33 @@ std::vector<MemoryOp> MemoryBoundOps(int64_t tokens, int64_t d, int64_t ff, Devi
   // A gradient converted for the products that read it.
   auto g = filled({tokens, d}, DType::kF32), g16 = filled({tokens, d}, DType::kBF16);
   ops.push_back({"cast f32 -> bf16", 2 * td, [=] { kernels::Cast(*g, *g16, ctx); }});
+  return ops;
+}
+
+AttentionOps MakeAttentionOps(int64_t B, int64_t S, int64_t H, int64_t hd, DeviceContext* ctx) {
+  const Device device = ctx->device();
+  AttentionOps ops;
+  ops.bf16_inputs = kernels::UseFlashAttention(ctx, hd);
+  const DType in = ops.bf16_inputs ? DType::kBF16 : DType::kF32;
+  uint64_t stream = 100;
+  const auto filled = [&](const Shape& shape, DType dtype) {
+    auto t = std::make_shared<Tensor>(Tensor::Empty(shape, dtype, device));
+    kernels::FillUniform(*t, RngKey{11, ++stream}, 0, -1.0f, 1.0f, ctx);
+    return t;
+  };
+  auto q = filled({B, S, H, hd}, in), k = filled({B, S, H, hd}, in), v = filled({B, S, H, hd}, in);
+  auto out = filled({B, S, H, hd}, in), lse = filled({B, H, S}, DType::kF32);
+  auto delta = filled({B, H, S}, DType::kF32), dout = filled({B, S, H, hd}, DType::kF32);
+  auto dq = filled({B, S, H, hd}, DType::kF32), dk = filled({B, S, H, hd}, DType::kF32);
+  auto dv = filled({B, S, H, hd}, DType::kF32);
+  kernels::AttentionForward(*q, *k, *v, *out, *lse, ctx);  // the lse the backward reads
+  ops.forward = {"attention forward", 0,
+                 [=] { kernels::AttentionForward(*q, *k, *v, *out, *lse, ctx); }};
+  ops.backward = {"attention backward", 0, [=] {
+                    kernels::AttentionBackwardDelta(*out, *dout, *delta, ctx);
+                    kernels::AttentionBackward(*q, *k, *v, *lse, *dout, *dq, *dk, *dv, ctx,
+                                               kernels::AttentionMask::kCausal, *delta);
+                  }};
   return ops;
 }
 
