@@ -11,15 +11,23 @@
 #include "kernels/random.h"
 
 namespace switchyard::bench {
+namespace {
 
-std::vector<MemoryOp> MemoryBoundOps(int64_t tokens, int64_t d, int64_t ff, DeviceContext* ctx) {
-  const Device device = ctx->device();
+// Tensors on ctx's device, uniform in [-1, 1) (a stream each), shared by the ops' closures.
+struct Filler {
+  DeviceContext* ctx;
   uint64_t stream = 0;
-  const auto filled = [&](const Shape& shape, DType dtype) {
-    auto t = std::make_shared<Tensor>(Tensor::Empty(shape, dtype, device));
+  std::shared_ptr<Tensor> operator()(const Shape& shape, DType dtype) {
+    auto t = std::make_shared<Tensor>(Tensor::Empty(shape, dtype, ctx->device()));
     kernels::FillUniform(*t, RngKey{11, ++stream}, 0, -1.0f, 1.0f, ctx);
     return t;
-  };
+  }
+};
+
+}  // namespace
+
+std::vector<MemoryOp> MemoryBoundOps(int64_t tokens, int64_t d, int64_t ff, DeviceContext* ctx) {
+  Filler filled{ctx};
   const double td = double(tokens) * d, tf = double(tokens) * ff;
   std::vector<MemoryOp> ops;
 
@@ -56,16 +64,10 @@ std::vector<MemoryOp> MemoryBoundOps(int64_t tokens, int64_t d, int64_t ff, Devi
 }
 
 AttentionOps MakeAttentionOps(int64_t B, int64_t S, int64_t H, int64_t hd, DeviceContext* ctx) {
-  const Device device = ctx->device();
   AttentionOps ops;
   ops.bf16_inputs = kernels::UseFlashAttention(ctx, hd);
   const DType in = ops.bf16_inputs ? DType::kBF16 : DType::kF32;
-  uint64_t stream = 100;
-  const auto filled = [&](const Shape& shape, DType dtype) {
-    auto t = std::make_shared<Tensor>(Tensor::Empty(shape, dtype, device));
-    kernels::FillUniform(*t, RngKey{11, ++stream}, 0, -1.0f, 1.0f, ctx);
-    return t;
-  };
+  Filler filled{ctx, 100};
   auto q = filled({B, S, H, hd}, in), k = filled({B, S, H, hd}, in), v = filled({B, S, H, hd}, in);
   auto out = filled({B, S, H, hd}, in), lse = filled({B, H, S}, DType::kF32);
   auto delta = filled({B, H, S}, DType::kF32), dout = filled({B, S, H, hd}, DType::kF32);
