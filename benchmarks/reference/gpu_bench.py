@@ -264,6 +264,18 @@ def bench_case(args, name, cfg_path, overrides, torch_mod, peak, started):
                                   args.calibration, "--config-layout", "--json"] + setflags,
                                  f"{work}/plan_calibrated.json"))
             row["plan_calibrated"] = cal["layouts"][0] if cal.get("layouts") else None
+            # The same file at elementwise_efficiency 1 (the key left out): what the measured
+            # memory-bound share changes, which the measured step judges.
+            text = open(args.calibration).read()
+            if "elementwise_efficiency" in text:
+                plain = f"{work}/hardware_elementwise1.yaml"
+                with open(plain, "w") as f:
+                    f.write("".join(l for l in text.splitlines(True)
+                                    if not l.startswith("elementwise_efficiency")))
+                cal1 = json.loads(run([args.switchyard, "plan", "--config", cfg_path, "--gpus", "1",
+                                       "--gpu", plain, "--config-layout", "--json"] + setflags,
+                                      f"{work}/plan_calibrated_elementwise1.json"))
+                row["plan_calibrated_elementwise1"] = cal1["layouts"][0] if cal1.get("layouts") else None
     except (RuntimeError, ValueError, KeyError) as err:
         row["plan_error"] = str(err)
     steps = args.warmup + args.steps
@@ -440,7 +452,9 @@ def table(rows, meta):
                          f"(measured/planned {r['ours']['step_ms_median'] / (1e3 * p['step_s']):.2f})"
                          if r["ours"].get("step_ms_median") else "")
         if r.get("plan_calibrated"):
-            extra.append(f"calibrated plan {1e3 * r['plan_calibrated']['step_s']:.2f} ms/step")
+            one = r.get("plan_calibrated_elementwise1")
+            extra.append(f"calibrated plan {1e3 * r['plan_calibrated']['step_s']:.2f} ms/step" +
+                         (f" ({1e3 * one['step_s']:.2f} at elementwise_efficiency 1)" if one else ""))
         mem = memory_line(r)
         if mem:
             extra.append(mem)

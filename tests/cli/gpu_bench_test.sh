@@ -29,9 +29,12 @@ done
 "$bin" prep --out "$tmp/data" --vocab 120 --val-fraction 0.1 --seed 1 \
   "$tmp/corpus/en.txt" "$tmp/corpus/de.txt" >"$tmp/prep.out" 2>&1 ||
   { echo "FAIL: prep: $(cat "$tmp/prep.out")"; exit 1; }
+# A calibrated file as plan_calibrate_gpu writes one: the bench plans with it, and again at
+# elementwise_efficiency 1.
+{ cat "$root/configs/hardware/h200.yaml"; echo "elementwise_efficiency: 0.25"; } >"$tmp/calibrated.yaml"
 $python "$root/benchmarks/reference/gpu_bench.py" --switchyard "$bin" --train_batches "$batches_bin" \
   --data "$tmp/data" --out "$tmp/out" --cases switch-tiny-smoke,switch-tiny-smoke-eager --device cpu \
-  --rounds 2 --steps 3 \
+  --rounds 2 --steps 3 --calibration "$tmp/calibrated.yaml" \
   --warmup 1 >"$tmp/run.out" 2>&1 || { echo "FAIL: gpu_bench.py: $(tail -15 "$tmp/run.out")"; exit 1; }
 cat "$tmp/out/gpu_bench.txt"
 $python - "$tmp/out/gpu_bench.json" "$tmp/out/gpu_bench.txt" <<'PY' || exit 1
@@ -53,6 +56,11 @@ if len(row.get("torch", {}).get("rounds", [])) != 2 or len(row.get("ours", {}).g
     bad.append("not two rounds per side")
 if not row.get("plan", {}).get("step_s", 0) > 0:
     bad.append(f"no plan: {row.get('plan_error')}")
+cal, one = row.get("plan_calibrated") or {}, row.get("plan_calibrated_elementwise1") or {}
+if not one.get("step_s", 0) > 0 or not cal.get("step_s", 0) > one["step_s"]:
+    bad.append(f"the calibrated plans: {cal.get('step_s')} s, at elementwise_efficiency 1 {one.get('step_s')} s")
+if "at elementwise_efficiency 1)" not in open(sys.argv[2]).read():
+    bad.append("no elementwise_efficiency 1 plan in the table")
 if not row.get("flops_per_token", 0) > 0:
     bad.append("no FLOPs per token from the dry run")
 ledger, held, dry = (row["ours"].get("ledger_peak_bytes"), row["ours"].get("held_peak_bytes"),
