@@ -99,6 +99,16 @@ python3 benchmarks/reference/gpu_bench.py --switchyard "$bin/switchyard" --train
 rc=${PIPESTATUS[0]}
 publish
 
+# The run both Nsight Compute parts profile: the d 1024 model at micro-batch 16, dropless, the
+# bench's settings, after KERNEL_SKIP (2) warm-up steps.
+kskip=${KERNEL_SKIP:-2}
+kernel_sets=()
+for s in data.dir="$data" runtime.device=cuda runtime.precision=bf16 runtime.activation_dtype=bf16 \
+         train.eval_every=0 train.eval_batches=0 train.checkpoint_every=0 train.grad_accum=1 \
+         parallel.ep=1 train.micro_batch_size=16 moe.capacity_factor=0; do
+  kernel_sets+=(--set "$s")
+done
+
 # Where the GPU time of a step goes, kernel by kernel: Nsight Compute times every launch of
 # KERNEL_STEPS steps of the d 1024 model (micro-batch 16, dropless; the bench's settings),
 # one launch at a time, and kernel_profile.py sums them by family and by kernel
@@ -108,20 +118,14 @@ publish
 # out. KERNELS=0 leaves it out; it is skipped when ncu is missing.
 if [ "${KERNELS:-1}" = 1 ] && command -v ncu >/dev/null &&
    [ $(( $(date +%s) - started )) -lt "${KERNEL_BY_S:-330}" ]; then
-  kskip=${KERNEL_SKIP:-2}
   echo "== kernel profile (ncu, ${KERNEL_STEPS:-3} steps after $kskip of configs/gpu-d1024-e16.yaml, micro-batch 16, dropless)"
   kp="$out_dir/kernels"
   rm -rf "$kp" && mkdir -p "$kp"
-  sets=(data.dir="$data" runtime.device=cuda runtime.precision=bf16 runtime.activation_dtype=bf16
-        train.eval_every=0 train.eval_batches=0 train.checkpoint_every=0 train.grad_accum=1 parallel.ep=1
-        train.micro_batch_size=16 moe.capacity_factor=0)
-  setflags=()
-  for s in "${sets[@]}"; do setflags+=(--set "$s"); done
   if timeout "${KERNEL_TIMEOUT:-120}" ncu --clock-control none --cache-control none \
        --profile-from-start off --metrics gpu__time_duration.sum -o "$kp/kernels" -f \
        "$bin/switchyard" train --config configs/gpu-d1024-e16.yaml \
        --steps $((kskip + ${KERNEL_STEPS:-3})) --profile --profile-skip "$kskip" \
-       --out "$kp/run" "${setflags[@]}" >"$kp/train.log" 2>&1 &&
+       --out "$kp/run" "${kernel_sets[@]}" >"$kp/train.log" 2>&1 &&
      ncu --import "$kp/kernels.ncu-rep" --csv --page raw >"$kp/kernels.csv" 2>"$kp/import.log"; then
     python3 benchmarks/reference/kernel_profile.py "$kp/kernels.csv" --steps "${KERNEL_STEPS:-3}" \
       --json "$out_dir/kernel_profile.json" | tee "$out_dir/kernel_profile.txt"
@@ -143,12 +147,6 @@ if [ "${KERNEL_DETAIL:-1}" = 1 ] && command -v ncu >/dev/null &&
   echo "== kernel detail (ncu sections of the grouped GEMM and flash attention launches of one step)"
   kd="$out_dir/kernel_detail"
   rm -rf "$kd" && mkdir -p "$kd"
-  kskip=${KERNEL_SKIP:-2}
-  sets=(data.dir="$data" runtime.device=cuda runtime.precision=bf16 runtime.activation_dtype=bf16
-        train.eval_every=0 train.eval_batches=0 train.checkpoint_every=0 train.grad_accum=1 parallel.ep=1
-        train.micro_batch_size=16 moe.capacity_factor=0)
-  setflags=()
-  for s in "${sets[@]}"; do setflags+=(--set "$s"); done
   sections=()
   for s in SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats ComputeWorkloadAnalysis \
            MemoryWorkloadAnalysis SourceCounters; do sections+=(--section "$s"); done
@@ -156,7 +154,7 @@ if [ "${KERNEL_DETAIL:-1}" = 1 ] && command -v ncu >/dev/null &&
        -k 'regex:Grouped(Gemm|WeightGrad)Kernel|Flash(Forward|BackwardKv|BackwardQ)Kernel' \
        --launch-count "${KERNEL_DETAIL_LAUNCHES:-30}" -o "$kd/detail" -f \
        "$bin/switchyard" train --config configs/gpu-d1024-e16.yaml --steps $((kskip + 1)) \
-       --profile --profile-skip "$kskip" --out "$kd/run" "${setflags[@]}" >"$kd/train.log" 2>&1 &&
+       --profile --profile-skip "$kskip" --out "$kd/run" "${kernel_sets[@]}" >"$kd/train.log" 2>&1 &&
      ncu --import "$kd/detail.ncu-rep" --page details --print-units base \
        >"$out_dir/kernel_detail.txt" 2>"$kd/import.log"; then
     echo "gpu_bench: $(grep -c ', Context [0-9]*, Stream [0-9]*' "$out_dir/kernel_detail.txt") launches in kernel_detail.txt"

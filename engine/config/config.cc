@@ -463,15 +463,8 @@ StatusOr<Config> LoadConfig(const std::string& path, const std::vector<std::stri
   SY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   // A file without a single key is a mistake (every key would be its default); a syntax
   // error is reported as one first.
-  SY_RETURN_IF_ERROR(ScanYamlDocuments(text, path).status());
-  bool empty = true;
-  try {
-    const YAML::Node root = YAML::Load(text);
-    empty = !root || root.IsNull();
-  } catch (const YAML::Exception&) {
-    empty = false;  // ParseConfig reports the syntax error
-  }
-  if (empty) {
+  SY_ASSIGN_OR_RETURN(const std::vector<YamlDocument> documents, ScanYamlDocuments(text, path));
+  if (documents.empty() || documents.front().null) {
     return InvalidArgument(path, ": the config file is empty (", text.empty() ? "0 bytes" : "no keys",
                            "); see configs/ and docs/config.md");
   }
