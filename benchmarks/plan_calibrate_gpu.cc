@@ -49,8 +49,6 @@
 #include "engine/core/device_context.h"
 #include "engine/plan/cost_model.h"
 #include "engine/plan/hardware.h"
-#include "kernels/attention.h"
-#include "kernels/flash_attention.h"
 #include "kernels/gemm.h"
 #include "kernels/random.h"
 
