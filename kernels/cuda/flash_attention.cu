@@ -11,8 +11,9 @@
 // fragment layout (kernels/cuda/device_common.cuh): a row's values sit in the four lanes of a
 // quad, which combine a row's max and sum with two shuffles, and the accumulators of the
 // scores, rounded to bf16, are directly the first operand of the next product. Only the
-// operand tiles pass through shared memory: inputs are f32 in the (B, S, H, hd) layout, rounded
-// to bf16 as they are loaded into row-major (64, hd) tiles, each loaded once per use; ldmatrix
+// operand tiles pass through shared memory: inputs are (B, S, H, hd), f32 rows rounded to bf16
+// as they are loaded into row-major (64, hd) tiles and bf16 rows (q, k, v from the attention
+// layer under bf16 storage) copied there by cp.async, each loaded once per use; ldmatrix
 // reads the fragments, transposed where a tile's rows are the product's K (v in the forward,
 // k for dq, q and dout for dk and dv). Rows past S load as zeros and are masked (keys) or not
 // written (queries). The tiles a kernel loops over are double-buffered: each block's loop
