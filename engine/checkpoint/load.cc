@@ -103,7 +103,7 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path, parallel::Par
     for (const SliceEntry& e : *mine) {
       Tensor t = Tensor::Empty({e.piece.numel()}, e.dtype);
       SY_RETURN_IF_ERROR(reader.Read(e.name, e.piece, t.raw_data()));
-      if (require_finite) SY_RETURN_IF_ERROR(CheckFiniteValues(t, e.name, dir));
+      if (require_finite) SY_RETURN_IF_ERROR(CheckTensorValues(t, e.name, dir, info.step));
       staged.push_back(std::move(t));
     }
     return info;
@@ -154,7 +154,7 @@ StatusOr<CheckpointReport> VerifyCheckpoint(const std::string& path) {
     Tensor whole = Tensor::Empty(t.global, t.dtype);
     SY_RETURN_IF_ERROR(reader.Read(name, BoxPiece(std::vector<int64_t>(t.global.size(), 0), t.global),
                                    whole.raw_data()));
-    SY_RETURN_IF_ERROR(CheckFiniteValues(whole, name, dir));
+    SY_RETURN_IF_ERROR(CheckTensorValues(whole, name, dir, info.step));
     ++report.tensors;
   }
   return report;

@@ -122,14 +122,29 @@ Status CheckStepOfDir(const std::string& dir, int64_t step) {
   return OkStatus();
 }
 
-Status CheckFiniteValues(const Tensor& t, const std::string& name, const std::string& dir) {
+Status CheckTensorValues(const Tensor& t, const std::string& name, const std::string& dir,
+                         int64_t step) {
   const DType d = t.dtype();
+  if (name == "optimizer.step" && d == DType::kI64 && t.numel() == 1) {
+    int64_t count;
+    std::memcpy(&count, t.raw_data(), 8);
+    if (count < 0 || count > step) {
+      return DataLoss(dir, ": tensor 'optimizer.step' is ", count, ", outside [0, ", step,
+                      "] (the checkpoint's step); the file is damaged");
+    }
+    return OkStatus();
+  }
   if (d != DType::kF32 && d != DType::kF64 && d != DType::kBF16 && d != DType::kF16) return OkStatus();
+  const bool second_moment = name.rfind("optimizer.exp_avg_sq.", 0) == 0;
   for (int64_t i = 0, n = t.numel(); i < n; ++i) {
     const double v = ValueAt(t, i);
     if (!std::isfinite(v)) {
       return DataLoss(dir, ": tensor '", name, "' holds a non-finite value (", v, " at element ",
                       i, " of the piece read); the run had diverged or the file is damaged");
+    }
+    if (second_moment && v < 0) {
+      return DataLoss(dir, ": tensor '", name, "' holds ", v, " at element ", i,
+                      " of the piece read, where a mean of squares is >= 0; the file is damaged");
     }
   }
   return OkStatus();

@@ -32,7 +32,11 @@ Status VerifyFileSums(const std::string& dir, const CheckpointIndex& index, int 
 Status CheckStepOfDir(const std::string& dir, int64_t step);
 
 // A loaded piece of tensor `name` (f32, bf16, f16 or f64; other dtypes pass) holds only
-// finite values; DataLoss naming the directory, the tensor and the first bad element.
-Status CheckFiniteValues(const Tensor& t, const std::string& name, const std::string& dir);
+// finite values; the optimizer's second moments (`optimizer.exp_avg_sq.*`) none below 0, and
+// its update count (`optimizer.step`, i64) is in [0, step], the checkpoint's step (below it
+// by the steps skipped as non-finite). DataLoss naming the directory, the tensor and the
+// first bad element.
+Status CheckTensorValues(const Tensor& t, const std::string& name, const std::string& dir,
+                         int64_t step);
 
 }  // namespace switchyard::checkpoint

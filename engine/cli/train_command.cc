@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/checkpoint/step_dir.h"
 #include "engine/cli/args.h"
@@ -35,6 +37,7 @@ void StopOnUsr1(int) { std::raise(SIGTERM); }
 
 struct Flags {
   std::string config, out, resume;
+  bool out_given = false;  // --out on the command line (else runs/<config name> or the resumed run's)
   int steps = 0;
   int world = 0;  // --world, for --dry-run
   int profile_skip = -1;  // --profile-skip (< 0: the default of the device)
@@ -42,6 +45,26 @@ struct Flags {
   std::vector<std::string> overrides;
   std::string usage;
 };
+
+// The directory `path` is in ("." for a bare name).
+std::string ParentDir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+}
+
+// The output directory of the run a --resume path continues: a step directory's parent, an
+// out directory (or its `latest` file) itself, also when its `latest` is damaged (the load
+// says how); "" for a directory that is neither (a copy of a step directory) or nothing.
+std::string ResumedRunDir(const std::string& path) {
+  std::string argument = checkpoint::CheckpointArgument(path);
+  while (argument.size() > 1 && argument.back() == '/') argument.pop_back();
+  if (checkpoint::IsStepDirName(argument.substr(argument.find_last_of('/') + 1))) {
+    return ParentDir(argument);
+  }
+  auto latest = checkpoint::LatestCheckpoint(argument);
+  if (!latest.ok()) return argument;
+  return latest->has_value() ? ParentDir(**latest) : "";
+}
 
 Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   std::vector<std::string> rest = args;
@@ -54,7 +77,7 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   flags.AddPath("config", &f->config, "YAML config (configs/*.yaml)", true);
   flags.AddPath("out", &f->out,
                 "output directory: metrics.jsonl and step-* checkpoints "
-                "(default runs/<config name>)");
+                "(default runs/<config name>; with --resume, the run it continues)");
   flags.AddInt("steps", &f->steps, "run at most N steps in this invocation (default: to "
                                    "train.max_steps)");
   flags.AddPath("resume", &f->resume,
@@ -94,6 +117,8 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   if (flags.IsSet("profile-skip") && f->profile_skip < 0) {
     return InvalidArgument("--profile-skip=", f->profile_skip, " must be >= 0");
   }
+  f->out_given = flags.IsSet("out");
+  if (f->out.empty() && !f->resume.empty()) f->out = ResumedRunDir(f->resume);
   if (f->out.empty()) {
     std::string stem = f->config.substr(f->config.find_last_of('/') + 1);
     stem = stem.substr(0, stem.find('.'));
@@ -105,11 +130,18 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
 // What a run leaves in its output directory: metrics.jsonl, routing.jsonl, latest (files)
 // and step-* checkpoints. Training into it again without --resume would cut its metrics and
 // overwrite its checkpoints with another model's, so it is refused before anything is
-// written (docs/failures.md). A run still writing there is named as such (its lock).
-Status CheckNoPreviousRun(const std::string& out) {
+// written (docs/failures.md). A run still writing there is named as such (its lock). With
+// --resume (`resume`), OUT may be the resumed run's own directory, where it goes on.
+Status CheckNoPreviousRun(const std::string& out, const std::string& resume) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(out, ec)) return OkStatus();
+  const std::string resumed = resume.empty() ? "" : ResumedRunDir(resume);
+  if (!resumed.empty() && fs::equivalent(out, resumed, ec)) return OkStatus();
+  // A --resume path that does not exist fails its load first (exit 1), writing nothing.
+  if (!resume.empty() && !fs::exists(checkpoint::CheckpointArgument(resume), ec)) {
+    return OkStatus();
+  }
   std::vector<std::string> found;
   int64_t step_dirs = 0;
   for (const auto& entry : fs::directory_iterator(out, ec)) {
@@ -127,20 +159,41 @@ Status CheckNoPreviousRun(const std::string& out) {
   }
   std::string listed;
   for (const std::string& item : found) listed += (listed.empty() ? "" : ", ") + item;
+  if (!resume.empty()) {
+    return FailedPrecondition(out, ": holds another run (", listed, ") than the one --resume ",
+                              resume, " continues",
+                              resumed.empty() ? "" : StrCat(" (", resumed, ")"), "; ",
+                              resumed.empty() ? "train" : "leave out --out to go on there, train",
+                              " into another --out, or remove it first");
+  }
+  const bool saved =
+      step_dirs > 0 || std::count(found.begin(), found.end(), checkpoint::kLatestFile) > 0;
+  if (!saved) {  // a run that stopped before its first checkpoint: nothing to resume
+    return FailedPrecondition(out, ": holds the logs of a run that saved no checkpoint (", listed,
+                              "), so there is nothing to resume; remove them or train into "
+                              "another --out");
+  }
   return FailedPrecondition(out, ": holds a previous run (", listed,
                             "); continue it with --resume ", out,
                             ", train into another --out, or remove it first");
 }
 
 // The step a --resume path continues at, read from its step directory's name (the load
-// checks the trainer state against it); -1 when the path names none (the load says why).
+// checks the trainer state against it), or for a directory named otherwise (a copy) from
+// its trainer_state.json; -1 when the path names none (the load says why).
 int64_t ResumeStep(const std::string& path) {
   const std::string argument = checkpoint::CheckpointArgument(path);
   auto latest = checkpoint::LatestCheckpoint(argument);
   std::string dir = latest.ok() && latest->has_value() ? **latest : argument;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string name = dir.substr(dir.find_last_of('/') + 1);
-  return checkpoint::IsStepDirName(name) ? std::atoll(name.c_str() + 5) : -1;
+  if (checkpoint::IsStepDirName(name)) return std::atoll(name.c_str() + 5);
+  auto text = ReadFile(dir + "/" + checkpoint::kTrainerStateFile);
+  if (!text.ok()) return -1;
+  const nlohmann::json state = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const bool has_step = state.is_object() && state.contains("step") &&
+                        state["step"].is_number_integer() && state["step"].get<int64_t>() >= 0;
+  return has_step ? state["step"].get<int64_t>() : -1;
 }
 
 // What this run trains: nothing when a resumed checkpoint is already at train.max_steps
@@ -240,11 +293,15 @@ int Run(const std::vector<std::string>& args) {
   if (f.dry_run) {
     return DryRun(*world, f, *config);
   }
+  // A scheduler's signal while the run starts stops it after its first step, saved.
+  train::StopSignals::CatchEarly(f.resume);
+  std::signal(SIGUSR1, StopOnUsr1);
+  if (std::getenv("SWITCHYARD_TEST_SIGNAL_AT_START") != nullptr) std::raise(SIGTERM);  // tests
   // Nothing is written into a previous run's directory unless it is resumed (after the
   // config's own checks, which Trainer::Create repeats, so that a bad layout says so first).
   Status fresh = config->Validate(world->size());
   if (fresh.ok()) fresh = config->ValidateModel();
-  if (fresh.ok() && f.resume.empty() && world->rank() == 0) fresh = CheckNoPreviousRun(f.out);
+  if (fresh.ok() && world->rank() == 0) fresh = CheckNoPreviousRun(f.out, f.resume);
   if (int rc = Agree(*world, fresh, kExitUsage, kCommand); rc != kExitOk) return rc;
   bool done = false;
   if (int rc = CheckSteps(*world, f, *config, &done); rc != kExitOk || done) return rc;
@@ -273,7 +330,6 @@ int Run(const std::vector<std::string>& args) {
                               text.substr(a + 1, b == std::string::npos ? b : b - a - 1),
                               b == std::string::npos ? -1 : std::atoll(text.substr(b + 1).c_str()));
   }
-  std::signal(SIGUSR1, StopOnUsr1);  // Run's SIGTERM handler takes it from there
   Status s = (*trainer)->Run(f.steps);
   using Reason = train::Trainer::StopReason;
   const Reason reason = (*trainer)->stop_reason();

@@ -38,7 +38,7 @@ Field Bind(const std::string& key, T* ptr) {
                                                                  : "a number";
     try {
       if constexpr (std::is_same_v<T, bool>) {
-        *ptr = node.as<bool>();
+        SY_ASSIGN_OR_RETURN(*ptr, ReadBool(node, where));
       } else if constexpr (std::is_same_v<T, std::string>) {
         if (!node.IsScalar()) return ExpectedError(node, where, kind);
         *ptr = node.Scalar();
@@ -61,6 +61,8 @@ Field Bind(const std::string& key, T* ptr) {
     std::ostringstream out;
     if constexpr (std::is_same_v<T, bool>) {
       out << (*ptr ? "true" : "false");
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      out << YamlString(*ptr);  // reads back as the same string (config.yaml)
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       out << "[";
       for (size_t i = 0; i < ptr->size(); ++i) out << (i ? ", " : "") << (*ptr)[i];
@@ -132,9 +134,18 @@ Field BindDataPaths(const std::string& key, std::vector<data::DataPath>* ptr) {
       const std::string at = StrCat(where, "[", i, "]");
       if (!node[i].IsMap()) return InvalidArgument(at, ": expected {dir: ..., weight: ...}");
       data::DataPath path;
+      std::set<std::string> seen;
       for (const auto& kv : node[i]) {
-        const std::string name = kv.first.as<std::string>();
-        if (name == "dir" && kv.second.IsScalar()) {
+        if (!kv.first.IsScalar()) {
+          return InvalidArgument(at, ": a key must be dir or weight, not '", ScalarText(kv.first),
+                                 "'");
+        }
+        const std::string name = kv.first.Scalar();
+        if (!seen.insert(name).second) {
+          return InvalidArgument(at, ": '", name, "' is set twice; keep one");
+        }
+        if (name == "dir") {
+          if (!kv.second.IsScalar()) return ExpectedError(kv.second, at + ".dir", "a string");
           path.dir = kv.second.Scalar();
         } else if (name == "weight") {
           SY_ASSIGN_OR_RETURN(path.weight,
@@ -153,11 +164,24 @@ Field BindDataPaths(const std::string& key, std::vector<data::DataPath>* ptr) {
     out.precision(std::numeric_limits<double>::max_digits10);
     out << "[";
     for (size_t i = 0; i < ptr->size(); ++i) {
-      out << (i ? ", " : "") << "{dir: \"";
-      for (char ch : (*ptr)[i].dir) out << (ch == '"' || ch == '\\' ? "\\" : "") << ch;
-      out << "\", weight: " << (*ptr)[i].weight << "}";
+      out << (i ? ", " : "") << "{dir: " << YamlString((*ptr)[i].dir, /*always_quote=*/true)
+          << ", weight: " << (*ptr)[i].weight << "}";
     }
     out << "]";
+    return out.str();
+  };
+  return f;
+}
+
+// train.min_lr: -1 (0.1 * lr) stays -1, so that a later --set train.lr (a resumed run's,
+// eval's) moves it too; the text shows what it resolves to, as a comment.
+Field BindMinLr(TrainConfig& t) {
+  Field f = Bind("min_lr", &t.min_lr);
+  f.show = [&t]() {
+    std::ostringstream out;
+    out.precision(std::numeric_limits<float>::max_digits10);
+    out << t.min_lr;
+    if (t.min_lr == -1.0f) out << "  # 0.1 * lr = " << t.resolved_min_lr();
     return out.str();
   };
   return f;
@@ -228,7 +252,7 @@ std::vector<Section> Sections(Config& c) {
         Bind("ranks_per_node", &p.ranks_per_node)}},
       {"train",
        {BindNamed("optimizer", &t.optimizer, kOptimizerKindNames),
-        Bind("lr", &t.lr), Bind("min_lr", &t.min_lr), Bind("warmup_steps", &t.warmup_steps),
+        Bind("lr", &t.lr), BindMinLr(t), Bind("warmup_steps", &t.warmup_steps),
         Bind("max_steps", &t.max_steps),
         BindNamed("lr_decay_style", &t.lr_decay_style, kLrDecayStyleNames),
         Bind("lr_decay_steps", &t.lr_decay_steps), Bind("weight_decay", &t.weight_decay),
@@ -455,7 +479,6 @@ StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& source,
   }
   config.moe.d_model = config.model.d_model;
   config.moe.seq_len = config.model.seq_len;
-  if (config.train.min_lr == -1.0f) config.train.min_lr = config.train.resolved_min_lr();
   return config;
 }
 

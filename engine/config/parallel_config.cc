@@ -1,6 +1,7 @@
 #include "engine/config/parallel_config.h"
 
 #include <algorithm>
+#include <climits>
 #include <numeric>
 #include <vector>
 
@@ -127,10 +128,19 @@ Status ParallelConfig::Validate(const model::ModelConfig& model, const moe::MoEC
   SY_RETURN_IF_ERROR(CheckModelSplits(*this, model, moe));
   if (world >= 1) SY_RETURN_IF_ERROR(CheckWorld(*this, world));
   SY_RETURN_IF_ERROR(CheckPipeline(*this, model, moe, micro_batches));
-  if (world >= 1 && ranks_per_node > 0) {
-    SY_ASSIGN_OR_RETURN(const dist::Mesh mesh, dist::Mesh::Create(world, MeshSizes(), order));
-    return CheckTopology(mesh, moe);
+  // The order, by the mesh it lays out: of this world, or (none given) of the smallest one
+  // the sizes allow, whose dp / edp ratio is every world's.
+  dist::MeshSizes sizes = MeshSizes();
+  if (world < 1) sizes.ranks_per_node = 0;
+  const int64_t mesh_world = world >= 1 ? world : SmallestWorld();
+  if (mesh_world > INT_MAX) return OkStatus();  // no world of int ranks: CheckWorld's to say
+  StatusOr<dist::Mesh> mesh = dist::Mesh::Create(static_cast<int>(mesh_world), sizes, order);
+  if (!mesh.ok()) {
+    const std::string message(mesh.status().message());
+    if (message.rfind("order ", 0) == 0) return InvalidArgument("parallel.", message);
+    return mesh.status();
   }
+  if (world >= 1 && ranks_per_node > 0) return CheckTopology(*mesh, moe);
   return OkStatus();
 }
 

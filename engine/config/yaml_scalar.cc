@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 namespace switchyard::config {
 namespace {
@@ -115,6 +116,46 @@ StatusOr<double> ReadFiniteNumber(const YAML::Node& node, const std::string& whe
                            std::numeric_limits<float>::denorm_min(), ")");
   }
   return v;
+}
+
+StatusOr<bool> ReadBool(const YAML::Node& node, const std::string& where) {
+  if (!node.IsScalar()) return ExpectedError(node, where, "true or false");
+  const std::string& text = node.Scalar();
+  if (text == "true" || text == "True" || text == "TRUE") return true;
+  if (text == "false" || text == "False" || text == "FALSE") return false;
+  return ExpectedError(node, where, "true or false");
+}
+
+std::string YamlString(const std::string& text, bool always_quote) {
+  bool plain = !always_quote && !text.empty() && text[0] != '-' && text != "null" &&
+               text != "Null" && text != "NULL";
+  for (char ch : text) {
+    const bool safe = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                      (ch >= '0' && ch <= '9') || std::string_view("_./+=-").find(ch) !=
+                                                      std::string_view::npos;
+    plain = plain && safe;
+  }
+  if (plain) return text;
+  std::string out = "\"";
+  for (char ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace switchyard::config

@@ -37,6 +37,15 @@ StatusOr<uint64_t> ReadUint64(const YAML::Node& node, const std::string& where);
 // rounding to 0 unless it is 0).
 StatusOr<double> ReadFiniteNumber(const YAML::Node& node, const std::string& where, bool f32);
 
+// Reads true or false (also True, TRUE, False, FALSE: YAML 1.2's core schema). YAML 1.1's
+// y, n, yes, no, on and off are refused: readers disagree on them, as on 010.
+StatusOr<bool> ReadBool(const YAML::Node& node, const std::string& where);
+
+// A string as a YAML value that reads back as the same string: plain when that is safe
+// (letters, digits and _ . / + = - , not starting with -), otherwise double-quoted with ", \
+// and control bytes escaped. `always_quote` quotes every string.
+std::string YamlString(const std::string& text, bool always_quote = false);
+
 // The integer and floating-point fields of the key tables.
 template <typename T>
 Status ReadScalar(const YAML::Node& node, const std::string& where, T* out) {

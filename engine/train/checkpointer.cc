@@ -31,7 +31,7 @@ bool Checkpointer::ShouldSave(int64_t steps_done, bool last_step, bool stopped) 
 std::string Checkpointer::Latest() const {
   auto latest = checkpoint::LatestCheckpoint(out_dir_);
   return latest.ok() && latest->has_value() ? StrCat("the latest checkpoint stays ", **latest)
-                                            : std::string("there is no checkpoint yet");
+                                            : std::string(kNoCheckpointYet);
 }
 
 }  // namespace switchyard::train

@@ -32,6 +32,8 @@ class Checkpointer {
   // What the output directory keeps: "the latest checkpoint stays DIR", or "there is no
   // checkpoint yet".
   std::string Latest() const;
+  // What Latest() says when nothing has been saved.
+  static constexpr const char* kNoCheckpointYet = "there is no checkpoint yet";
   const std::string& out_dir() const { return out_dir_; }
 
  private:

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/config/train_config.h"
 #include "engine/core/status.h"
 #include "engine/dist/communicator.h"
@@ -54,8 +56,12 @@ class RoutingLogSchedule {
 class NonFinitePolicy {
  public:
   explicit NonFinitePolicy(const config::TrainConfig& tc);
-  // A new run: no non-finite step in a row yet (the count of skips goes on).
-  void BeginRun() { in_row_ = 0; }
+  // The counts a checkpoint keeps (trainer_state.json's "nonfinite": in_row, skips), so that
+  // a resumed run decides each step as the uninterrupted one would.
+  nlohmann::json SavedState() const;
+  // Takes them back from a checkpoint's trainer state (none in one saved before they were
+  // kept: 0 and 0); a bad value is DataLoss naming `source` and the field.
+  Status Restore(const nlohmann::json& trainer_state, const std::string& source);
   // Decides step m: sets m.skipped and m.nonfinite_skips (the skips so far).
   void Decide(StepMetrics& m);
   // A decided step that stops the run: not finite and not skipped.
@@ -74,7 +80,7 @@ class NonFinitePolicy {
 
   bool skip_;            // train.on_nonfinite == skip
   int64_t max_in_row_;   // train.max_nonfinite_skips
-  int64_t in_row_ = 0;   // non-finite steps in a row, this run
+  int64_t in_row_ = 0;   // non-finite steps in a row
   int64_t skips_ = 0;
 };
 
@@ -87,6 +93,11 @@ class StopSignals {
  public:
   StopSignals();
   ~StopSignals() { Restore(); }
+  // Notes SIGTERM and SIGINT from now on, for a run still starting (loading a checkpoint,
+  // verifying data): the next StopSignals keeps a signal caught before it, so the run
+  // stops after its first step with that step saved (exit 75) instead of dying unsaved.
+  // last_checkpoint: what a second signal's line names as intact ("": none).
+  static void CatchEarly(const std::string& last_checkpoint);
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   // The checkpoint a second signal's line names as intact ("": none yet).

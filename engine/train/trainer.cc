@@ -284,6 +284,8 @@ Status Trainer::Resume(const std::string& path) {
   parallel::ParameterRegistry params = CheckpointRegistry();
   SY_ASSIGN_OR_RETURN(checkpoint::LoadedCheckpoint ck, checkpoint::LoadCheckpoint(path, params, &state, world_, /*require_finite=*/true));
   step_ = ck.step;
+  SY_RETURN_IF_ERROR(nonfinite_.Restore(nlohmann::json::parse(ck.trainer_state_json, nullptr, false),
+                                        ck.dir + "/" + checkpoint::kTrainerStateFile));
   // The saved model must be this one: shapes are checked tensor by tensor, but keys such as
   // model.n_heads or model.position change no shape.
   SY_RETURN_IF_ERROR(CheckSameModel(ck.config_yaml, ck.dir + "/" + checkpoint::kConfigFile, config_));
@@ -339,6 +341,7 @@ Status Trainer::Save() {
   state["seed"] = config_.train.seed;
   state["data_position"] = {{"next_step", step_}, {"micro_batches_per_step", config_.train.grad_accum}};
   state["loss"] = losses_.empty() ? 0.0 : losses_.back();
+  state["nonfinite"] = nonfinite_.SavedState();
   // Every rank writes what it owns: under ZeRO its ranges of the parameters (stage 3: its
   // shards) and of the optimizer state, so nothing is gathered for the save.
   const parallel::ParameterRegistry params = CheckpointRegistry();
@@ -361,7 +364,6 @@ Status Trainer::Run(int64_t steps) {
   StopSignals signals;
   auto latest = checkpoint::LatestCheckpoint(out_dir_);
   signals.SetLastCheckpoint(latest.ok() && latest->has_value() ? **latest : std::string());
-  nonfinite_.BeginRun();
   const EvalSchedule eval(tc.eval_every, !val_batches_.empty());
   const RoutingLogSchedule routing_log(config_.logging.routing_every);
   int stop_signal = 0;  // the signal any rank received (the largest number)

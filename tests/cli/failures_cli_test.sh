@@ -162,6 +162,22 @@ for np in 1 2; do
   [[ "$(cat "$out/latest")" == step-00000006 ]] || fail "NaN skip np $np: latest $(cat "$out/latest")"
   echo "--- NaN skip np $np: step 3 skipped, weights unchanged over it, finished ($SECONDS s)"
 done
+# The counts are saved with the checkpoint (trainer_state.json "nonfinite"): a run resumed
+# after the skip goes on counting it, as the run that was not interrupted did.
+out="$tmp/nan-skip-1"
+$python - "$out/step-00000004/trainer_state.json" <<'EOF2' || fail "NaN skip: trainer_state.json"
+import json, sys
+state = json.load(open(sys.argv[1]))
+assert state["nonfinite"] == {"in_row": 1, "skips": 1}, state.get("nonfinite")  # saved after step 3
+EOF2
+run 1 "${one[@]}" --out "$tmp/nan-skip-resumed" --resume "$out/step-00000004" \
+  --set train.on_nonfinite=skip
+[[ $rc -eq 0 ]] || fail "NaN skip resumed: exit status $rc: $(tail -3 "$tmp/err")"
+for s in 4 5; do
+  record "$tmp/nan-skip-resumed" "$s" | grep -q '"nonfinite_skips":1' ||
+    fail "NaN skip resumed: step $s does not count the skip before the resume"
+done
+echo "--- NaN skip: the count of skips resumes with the checkpoint ($SECONDS s)"
 
 # Too many skips in a row: a diverged model. A skipped step keeps the weights, so the next
 # batch's gradient may be finite again (it is on some CPUs and not on others) and the count
@@ -291,6 +307,19 @@ for sig in INT TERM; do
   echo "--- a second SIG$sig: exit $rc at once, step-00000001 intact ($SECONDS s)"
 done
 
+# A signal while the run starts (loading the checkpoint, verifying the data) is kept: the
+# run stops after its first step, saved, exit 75 (before, the process died unsaved, 143).
+# SWITCHYARD_TEST_SIGNAL_AT_START raises SIGTERM as soon as the handlers are in place.
+out="$tmp/signal-at-start"
+run 1 "${one[@]}" --out "$out" --set train.max_steps=1
+SWITCHYARD_TEST_SIGNAL_AT_START=1 run 1 "${one[@]}" --out "$out" --resume "$out" \
+  --set train.max_steps=3
+[[ $rc -eq 75 ]] || fail "signal at start: exit status $rc, want 75: $(tail -3 "$tmp/err")"
+grep -q "^stopped by signal 15 after step 1; resume with --resume $out$" "$tmp/out" ||
+  fail "signal at start: no 'stopped by signal' line: $(tail -3 "$tmp/out")"
+[[ "$(cat "$out/latest")" == step-00000002 ]] || fail "signal at start: latest $(cat "$out/latest")"
+echo "--- a signal while the run starts: one step, saved, exit 75 ($SECONDS s)"
+
 # Resume from an earlier checkpoint of a finished run: the records after it are dropped.
 out="$tmp/resume"
 run 1 "${one[@]}" --out "$out" --set train.checkpoint_every=3
@@ -368,11 +397,12 @@ one_error "busy output" "$out: another process is writing this output directory 
 kill -0 "$holder" 2>/dev/null || fail "busy output: the first run ended: $(tail -3 "$tmp/busy.out")"
 kill -9 "$holder"
 wait "$holder" 2>/dev/null
-# The lock went with the holder: the directory is now a previous run's (no checkpoint), refused
-# as such, not as busy; cleared, a new run proceeds.
+# The lock went with the holder: the directory now holds the logs of a run that saved no
+# checkpoint, refused as such (not as busy, and not pointing at a --resume that would find
+# nothing); cleared, a new run proceeds.
 run 1 "${one[@]}" --out "$out" --set train.max_steps=1
 [[ $rc -eq 2 ]] || fail "busy output: after the holder died, exit status $rc, want 2: $(tail -3 "$tmp/err")"
-one_error "busy output" "$out: holds a previous run (metrics.jsonl, routing.jsonl); continue it with --resume $out"
+one_error "busy output" "$out: holds the logs of a run that saved no checkpoint (metrics.jsonl, routing.jsonl), so there is nothing to resume; remove them or train into another --out"
 rm -rf "$out"
 run 1 "${one[@]}" --out "$out" --set train.max_steps=1
 [[ $rc -eq 0 ]] || fail "busy output: after the holder died, exit status $rc: $(tail -3 "$tmp/err")"

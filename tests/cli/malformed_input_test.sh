@@ -213,6 +213,14 @@ elif kind in ("world0", "ep3", "nextstep"):  # trainer_state.json's layout, data
     if kind == "ep3": state["layout"]["ep"] = 3
     if kind == "nextstep": state["data_position"]["next_step"] = 2 ** 62
     raw = json.dumps(state).encode()
+elif kind in ("negstep", "negsq"):  # optimizer.step -5, or a second moment -1
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    name = "optimizer.step" if kind == "negstep" else sorted(
+        k for k in header if k.startswith("optimizer.exp_avg_sq."))[0]
+    at = 8 + n + header[name]["data_offsets"][0]
+    value = struct.pack("<q", -5) if kind == "negstep" else struct.pack("<f", -1.0)
+    raw[at:at + len(value)] = value
 elif kind == "badlr":  # config.yaml with train.lr: -1, the index's checksums made to match
     import os, zlib
     raw = raw.replace(b"\n  lr: ", b"\n  lr: -1\n  old_lr: ", 1)
@@ -262,6 +270,22 @@ checkpoint_case "layout.ep 3 of world 1" "$step/trainer_state.json: layout.world
 poke "$step/trainer_state.json" nextstep
 checkpoint_case "data_position.next_step 2^62" \
   "$step/trainer_state.json: data_position.next_step=4611686018427387904 must be an integer in [0, "
+# Optimizer state no run writes, in a checkpoint without checksums (an older build's): a
+# negative update count (the learning-rate schedule's step) or second moment (a square root
+# of it divides the update). Refused by verify and by the resume; eval reads none of it.
+for kind in negstep negsq; do
+  poke "$step/optimizer.safetensors" "$kind"
+  poke "$step/model.safetensors.index.json" unchecked
+  if [[ $kind == negstep ]]; then
+    want="$step: tensor 'optimizer.step' is -5, outside [0, "
+  else
+    want="' holds -1 at element 0 of the piece read, where a mean of squares is >= 0"
+  fi
+  expect_error "$kind: checkpoint verify" 1 "$want" checkpoint verify "$tmp/run"
+  expect_error "$kind: train --resume" 1 "$want" train --config "$tmp/in/tiny.yaml" \
+    --out "$tmp/run" --resume "$tmp/run" --set train.max_steps=3
+  restore
+done
 # The checksum table covers every file read; the index's metadata is what format 2 writes.
 poke "$step/model.safetensors.index.json" nosum
 checkpoint_case "no checksum for config.yaml" \

@@ -176,8 +176,8 @@ for layout in "1 1" "2 2"; do
     fail "$tag: latest after 6 steps is '$(cat "$tmp/half-$tag/latest" 2>/dev/null)'"
   # The step-6 checkpoint for the cross-layout resumes below.
   cp -r "$tmp/half-$tag/step-00000006" "$tmp/ckpt6-$tag"
-  train_ok "$tag: --resume for the other 6" "$np" "$ep" "${steps12[@]}" --out "$tmp/half-$tag" \
-    --resume "$tmp/half-$tag"
+  # No --out: a resumed run goes on in its own directory.
+  train_ok "$tag: --resume for the other 6" "$np" "$ep" "${steps12[@]}" --resume "$tmp/half-$tag"
   grep -q "^resumed from .*step-00000006 at step 6 (saved with world $np, ep $ep" "$tmp/out" ||
     fail "$tag: no 'resumed from' line: $(grep resumed "$tmp/out")"
   compare_losses "$tag: straight vs resumed" exact "$tmp/half-$tag/metrics.jsonl" \
@@ -436,14 +436,22 @@ expect_error "--dry-run --world 0" "--world=0 must be between 1 and 131072" 1 "$
   --dry-run --world 0
 expect_error "--dry-run --world 2^31-1" "--world=2147483647 must be between 1 and 131072" 1 \
   "${one[@]}" --dry-run --world 2147483647
-expect_error "truncated checkpoint" "$tmp/corrupt/step-00000012/model.safetensors" 1 "${one[@]}" \
-  --resume "$tmp/corrupt/step-00000012"
+# --resume continues the run it names: another run's directory as --out is refused before
+# anything is read or written; without --out the damaged checkpoints' own directories are
+# the output (and their loads fail).
+expect_error "--resume into another run's --out" \
+  "$good: holds another run (latest, metrics.jsonl, routing.jsonl, 1 step-* checkpoint) than the one --resume $tmp/corrupt/step-00000012 continues ($tmp/corrupt); leave out --out to go on there, train into another --out, or remove it first" \
+  1 "${one[@]}" --resume "$tmp/corrupt/step-00000012"
+[[ $rc -eq 2 ]] || fail "--resume into another run's --out: exit status $rc, want 2"
+unout=(--config "$config" --set "data.dir=$tmp/data")
+expect_error "truncated checkpoint" "$tmp/corrupt/step-00000012/model.safetensors" 1 \
+  "${unout[@]}" --set train.grad_accum=4 --resume "$tmp/corrupt/step-00000012"
 expect_error "truncated checkpoint, np 2" "$tmp/corrupt/step-00000012/model.safetensors" 2 \
-  "${two[@]}" --resume "$tmp/corrupt"
+  "${unout[@]}" --set train.grad_accum=2 --resume "$tmp/corrupt"
 expect_error "a rank's file truncated, np 2" "$tmp/corrupt2/model-00001-of-00002.safetensors" 2 \
-  "${two[@]}" --resume "$tmp/corrupt2"
+  "${unout[@]}" --set train.grad_accum=2 --resume "$tmp/corrupt2"
 expect_error "a rank's file truncated, 1 rank" "$tmp/corrupt2/model-00001-of-00002.safetensors" 1 \
-  "${one[@]}" --resume "$tmp/corrupt2"
+  "${unout[@]}" --set train.grad_accum=4 --resume "$tmp/corrupt2"
 expect_error "another model's checkpoint" \
   "tensor 'embed.wte': the model has f32 (256, 48), the checkpoint f32 (256, 32)" 1 "${one[@]}" \
   --set model.d_model=48 --resume "$good"

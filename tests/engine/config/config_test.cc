@@ -201,7 +201,8 @@ TEST(ConfigTest, TrainDefaults) {
   const config::TrainConfig& t = c->train;
   EXPECT_EQ(t.optimizer, config::OptimizerKind::kAdamW);
   EXPECT_FLOAT_EQ(t.lr, 3e-4f);
-  EXPECT_FLOAT_EQ(t.min_lr, 3e-5f);  // unset: resolved to 0.1 * lr
+  EXPECT_FLOAT_EQ(t.min_lr, -1.0f);  // unset: 0.1 * lr
+  EXPECT_FLOAT_EQ(t.resolved_min_lr(), 3e-5f);
   EXPECT_EQ(t.warmup_steps, 0);
   EXPECT_EQ(t.max_steps, 1000);
   EXPECT_FLOAT_EQ(t.weight_decay, 0.1f);
@@ -298,14 +299,67 @@ TEST(ConfigTest, TrainMinLrFollowsOverriddenLrAndRoundTrips) {
   auto c = config::ParseConfig("train:\n  lr: 1.0e-3\n", "x.yaml", {"train.lr=0.02"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FLOAT_EQ(c->train.lr, 0.02f);
-  EXPECT_FLOAT_EQ(c->train.min_lr, 0.002f);
+  EXPECT_FLOAT_EQ(c->train.resolved_min_lr(), 0.002f);
   const std::string yaml = c->ToYaml();
-  EXPECT_NE(yaml.find("train:\n  optimizer: adamw\n  lr: 0.0199999996\n"), std::string::npos)
+  EXPECT_NE(yaml.find("train:\n  optimizer: adamw\n  lr: 0.0199999996\n"
+                      "  min_lr: -1  # 0.1 * lr = 0.00200000009\n"),
+            std::string::npos)
       << yaml;
   auto again = config::ParseConfig(yaml, "resolved");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->ToYaml(), yaml);
-  EXPECT_FLOAT_EQ(again->train.min_lr, 0.002f);
+  EXPECT_FLOAT_EQ(again->train.resolved_min_lr(), 0.002f);
+  // A saved config read with a lower lr (a resumed run's, eval's --set): min_lr follows it,
+  // where a resolved 0.002 would be above the new lr and refused.
+  auto lower = config::ParseConfig(yaml, "resolved", {"train.lr=0.0001"});
+  ASSERT_TRUE(lower.ok()) << lower.status();
+  EXPECT_TRUE(lower->train.Validate().ok()) << lower->train.Validate();
+  EXPECT_FLOAT_EQ(lower->train.resolved_min_lr(), 1e-5f);
+}
+
+// Every string a config holds is written so that it reads back the same: paths with ": ",
+// " #", quotes, backslashes, newlines, a leading space or dash, "null", the empty string.
+TEST(ConfigTest, StringValuesRoundTripThroughToYaml) {
+  for (const std::string dir :
+       {"data/fortunes", "corpus: v2", "data/x #1", "a \"quoted\" \\ path", "line\nbreak\ttab",
+        " leading", "-dash", "null", "~", "", "caf\xc3\xa9/\x01ctl", "[x]", "{a: b}", "*alias",
+        "&anchor", "!tag", "%percent", "@at", "`tick`", "'single'", "x,y", "?q", "|pipe"}) {
+    config::Config c;
+    c.data.dir = dir;
+    c.data.paths = {{.dir = dir, .weight = 2}};
+    const std::string yaml = c.ToYaml();
+    auto again = config::ParseConfig(yaml, "saved");
+    ASSERT_TRUE(again.ok()) << "'" << dir << "': " << again.status() << "\n" << yaml;
+    EXPECT_EQ(again->data.dir, dir);
+    ASSERT_EQ(again->data.paths.size(), 1u);
+    EXPECT_EQ(again->data.paths[0].dir, dir);
+    EXPECT_EQ(again->ToYaml(), yaml);
+  }
+  config::Config plain;
+  plain.data.dir = "data/fortunes";
+  EXPECT_NE(plain.ToYaml().find("\n  dir: data/fortunes\n"), std::string::npos);
+  EXPECT_NE(plain.ToYaml().find("\n  order: tp-cp-ep-dp-pp\n"), std::string::npos);
+}
+
+// Booleans are true or false (YAML 1.2's core schema: also True, TRUE, False, FALSE); YAML
+// 1.1's yes, no, on, off, y and n are refused, as 010 is.
+TEST(ConfigTest, BooleansAreTrueOrFalse) {
+  for (const char* text : {"true", "True", "TRUE"}) {
+    auto c = config::ParseConfig("", "x.yaml", {std::string("model.bias=") + text});
+    ASSERT_TRUE(c.ok()) << text << ": " << c.status();
+    EXPECT_TRUE(c->model.bias) << text;
+  }
+  for (const char* text : {"false", "False", "FALSE"}) {
+    auto c = config::ParseConfig("model:\n  bias: " + std::string(text) + "\n", "x.yaml");
+    ASSERT_TRUE(c.ok()) << text << ": " << c.status();
+    EXPECT_FALSE(c->model.bias) << text;
+  }
+  for (const char* text : {"y", "n", "yes", "no", "on", "off", "NO", "Yes", "1", "0"}) {
+    auto c = config::ParseConfig("", "x.yaml", {std::string("model.bias=") + text});
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().message(),
+              std::string("--set: model.bias: expected true or false, got '") + text + "'");
+  }
 }
 
 TEST(ConfigTest, BadTrainKeysNameTheKeyAndValue) {
@@ -537,6 +591,12 @@ TEST(ConfigLimitsTest, FloatKeysAreFiniteAndInTheirRange) {
   EXPECT_EQ(ModelError({"train.lr=0"}), "train.lr=0 must be > 0");  // 0 is not an underflow
   EXPECT_EQ(ModelError({"data.paths=[{dir: a, weight: .inf}]"}),
             "--set: data.paths[0].weight=.inf must be a finite number");
+  EXPECT_EQ(ModelError({"data.paths=[{dir: a, weight: 1, dir: b}]"}),
+            "--set: data.paths[0]: 'dir' is set twice; keep one");
+  EXPECT_EQ(ModelError({"data.paths=[{dir: a}, {dir: [b]}]"}),
+            "--set: data.paths[1].dir: expected a string, got '[...]'");
+  EXPECT_EQ(ModelError({"data.paths=[{? [x] : y}]"}),
+            "--set: data.paths[0]: a key must be dir or weight, not '[...]'");
   EXPECT_EQ(ModelError({"model.init_std=2"}),
             "model.init_std=2 must be at most 1 (a weight's standard deviation; 0.02 is usual)");
   EXPECT_EQ(ModelError({"model.init_std=1"}), "");

@@ -70,6 +70,29 @@ TEST(TopologyConfigTest, EveryBadInputNamesTheKey) {
             "that tp groups stay inside a node");
 }
 
+// parallel.order is checked with or without declared nodes, and with no world given (plan),
+// by the mesh of the smallest world the sizes allow.
+TEST(TopologyConfigTest, OrderIsCheckedForEveryWorld) {
+  for (int world : {8, 0}) {
+    EXPECT_EQ(Error({"parallel.order=tp-dp-pp"}, world),
+              "parallel.order \"tp-dp-pp\": axis \"cp\" is missing; expected a permutation of "
+              "tp-cp-ep-dp-pp")
+        << world;
+    EXPECT_EQ(Error({"parallel.order=tp-cp-ep-dp-xp"}, world),
+              "parallel.order \"tp-cp-ep-dp-xp\": unknown axis \"xp\"; expected a permutation "
+              "of tp-cp-ep-dp-pp")
+        << world;
+    EXPECT_EQ(Error({"parallel.order=dp-tp-cp-ep-pp"}, world), "") << world;
+    // pp not last: the views' pipeline groups differ (at world 8, the smallest these sizes
+    // allow, as at any: pp strides of 1 and ep = 4).
+    EXPECT_EQ(Error({"model.n_layers=2", "parallel.pp=2", "parallel.order=tp-cp-ep-pp-dp"}, world),
+              "parallel.order \"tp-cp-ep-pp-dp\" gives the dense and expert views different "
+              "pipeline groups (rank 0: [0, 1] dense vs [0, 4] expert); they must be equal, e.g. "
+              "with pp last in the order")
+        << world;
+  }
+}
+
 TEST(TopologyConfigTest, HierarchicalNeedsEvenEpNodes) {
   // world 12, ep 6 (dp 2), nodes of 4: the ep group [0..5] has 4 ranks on node 0, 2 on 1.
   auto c = ParseConfig(kYaml, "x.yaml",
