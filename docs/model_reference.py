@@ -72,6 +72,27 @@ def load_checkpoint_tensors(ckpt, kind="model"):
     return out
 
 
+def _yaml_value(text):
+    """One value as config.yaml writes it: a double-quoted string (escapes \\" \\\\ \\n \\t
+    \\xNN), or a plain scalar, either followed by an optional ' # comment'."""
+    if text.startswith('"'):
+        out, i = [], 1
+        while text[i] != '"':
+            if text[i] == "\\":
+                code = text[i + 1]
+                if code == "x":
+                    out.append(chr(int(text[i + 2:i + 4], 16)))
+                    i += 4
+                    continue
+                out.append({"n": "\n", "t": "\t"}.get(code, code))
+                i += 2
+                continue
+            out.append(text[i])
+            i += 1
+        return "".join(out), True
+    return text.split(" #", 1)[0].strip(), False
+
+
 def load_config(path):
     """config.yaml as saved with a checkpoint: 'section:' lines, then '  key: value'."""
     config, section = {}, None
@@ -82,8 +103,10 @@ def load_config(path):
             section = config.setdefault(line.strip().rstrip(":"), {})
             continue
         key, _, value = line.strip().partition(":")
-        value = value.strip()
-        if value in ("true", "false"):
+        value, quoted = _yaml_value(value.strip())
+        if quoted:
+            section[key] = value
+        elif value in ("true", "false"):
             section[key] = value == "true"
         else:
             try:

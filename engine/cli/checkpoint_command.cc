@@ -72,6 +72,7 @@ int RunCheckpoint(const std::vector<std::string>& args) {
   bool json = false;
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--json") {
+      if (json) return UsageError(kCommand, "--json is given twice; give it once");
       json = true;
     } else if (args[i] == "--help" || args[i] == "-h") {
       std::printf("%s", kSummary);

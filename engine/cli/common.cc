@@ -35,7 +35,10 @@ StatusOr<std::vector<std::string>> TakeOverrides(std::vector<std::string>& args)
 Status CheckFreshOutput(const std::string& out) {
   std::error_code ec;
   if (!std::filesystem::exists(out, ec)) return OkStatus();
-  if (!std::filesystem::is_directory(out, ec) || !std::filesystem::is_empty(out, ec)) {
+  if (!std::filesystem::is_directory(out, ec)) {
+    return FailedPrecondition(out, ": exists and is a file, not a directory; choose a new output");
+  }
+  if (!std::filesystem::is_empty(out, ec)) {
     return FailedPrecondition(out, ": exists and is not an empty directory; choose a new output");
   }
   return OkStatus();

@@ -197,8 +197,14 @@ int Run(const std::vector<std::string>& args) {
     return rc;
   }
   auto ck = (*evaluator)->Load(cc->dir);
-  // LoadCheckpoint already agrees over the world; this only prints the error once.
-  if (int rc = Agree(*world, ck.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
+  // LoadCheckpoint already agrees over the world; this only prints the error once. A load
+  // that a --set of the model's keys made fail is a usage error.
+  const Status load = train::BlameModelOverride(ck.status(), saved->config, config);
+  const bool blamed = load.message() != ck.status().message();
+  if (int rc = Agree(*world, load, blamed ? kExitUsage : kExitFailure, kCommand);
+      rc != kExitOk) {
+    return rc;
+  }
   const auto start = std::chrono::steady_clock::now();
   auto result =
       (*evaluator)->Run(f.batches_set ? f.batches : config.train.eval_batches, ck->step);

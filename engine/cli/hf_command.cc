@@ -270,7 +270,10 @@ int Import(const std::vector<std::string>& args) {
     return kExitOk;
   }
   auto world = dist::WorldCommunicator();
-  if (world->size() != 1) return UsageError(kImport, "runs on one rank (launch it without mpirun)");
+  if (world->size() != 1) {
+    return Agree(*world, InvalidArgument("runs on one rank (launch it without mpirun)"),
+                 kExitUsage, kImport);
+  }
   const std::string source = a.in + "/config.json";
   auto text = ReadFile(source);
   if (!text.ok()) return Fail(kImport, text.status());
@@ -285,7 +288,9 @@ int Import(const std::vector<std::string>& args) {
   if (Status s = CheckMixtralValues(*yaml, source); !s.ok()) return Fail(kImport, s);
   auto config = config::ParseConfig(*yaml, source, a.overrides);
   if (!config.ok()) return UsageError(kImport, std::string(config.status().message()));
-  Status valid = config->Validate(1);
+  // The layout is the saved config's, for the runs that load it (under any layout); the
+  // import itself writes from one rank.
+  Status valid = config->Validate();
   if (valid.ok()) valid = config->ValidateModel();
   if (valid.ok()) valid = CheckMixtralExpressible(*config);
   if (!valid.ok()) return UsageError(kImport, std::string(valid.message()));
@@ -305,7 +310,7 @@ int Import(const std::vector<std::string>& args) {
   }
   SY_CHECK_EQ(reg.params().size(), ours->size()) << "parameters vs mapped tensors";
   train::Optimizer optimizer(reg, train::OptimizerOptionsFor(config->train));
-  auto mesh = dist::Mesh::Create(1, config->parallel.MeshSizes(), config->parallel.order);
+  auto mesh = dist::Mesh::Create(1, dist::MeshSizes{}, config->parallel.order);
   if (!mesh.ok()) return Fail(kImport, mesh.status());
   nlohmann::json state{{"step", 0}, {"imported_from", a.in}};
   checkpoint::CheckpointContents contents{.params = &reg, .optimizer_state = optimizer.State(),

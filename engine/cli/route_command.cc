@@ -269,7 +269,12 @@ int Run(const std::vector<std::string>& args) {
   auto evaluator = train::Evaluator::Create(config, *world);
   if (int rc = Agree(*world, evaluator.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
   auto ck = (*evaluator)->Load(cc->dir);
-  if (int rc = Agree(*world, ck.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
+  const Status load = train::BlameModelOverride(ck.status(), saved->config, config);
+  const bool blamed = load.message() != ck.status().message();
+  if (int rc = Agree(*world, load, blamed ? kExitUsage : kExitFailure, kCommand);
+      rc != kExitOk) {
+    return rc;
+  }
   model::Decoder& decoder = (*evaluator)->decoder();
   const Routed routed = Route(decoder, ids, ck->step);
   if (f.json) {

@@ -110,6 +110,13 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   if (flags.IsSet("world")) SY_RETURN_IF_ERROR(CheckWorldFlag("world", f->world));
   if (flags.IsSet("world") && !f->dry_run) return InvalidArgument("--world needs --dry-run");
   if (f->search && !f->dry_run) return InvalidArgument("--search needs --dry-run");
+  // --dry-run trains nothing, reads no checkpoint and writes nothing: these would do nothing.
+  for (const char* flag : {"resume", "steps", "out"}) {
+    if (f->dry_run && flags.IsSet(flag)) {
+      return InvalidArgument("--", flag, " needs training, not --dry-run (which plans the config's "
+                             "layout and writes nothing)");
+    }
+  }
   if (f->profile && f->dry_run) return InvalidArgument("--profile needs training, not --dry-run");
   if (flags.IsSet("profile-skip") && !f->profile) {
     return InvalidArgument("--profile-skip needs --profile");

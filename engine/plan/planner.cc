@@ -133,12 +133,13 @@ double PeakMemory(const PlanInputs& in, const Layout& layout) {
   SY_CHECK_OK(c.runtime.Validate());
   auto mesh = dist::Mesh::Create(in.world, c.parallel.MeshSizes(), c.parallel.order);
   SY_CHECK_OK(mesh.status());
+  // Every pipeline stage: the ends hold the embedding and the head but fewer layers, so a
+  // middle stage (more layers, more micro-batches in flight) is often the largest.
   double peak = 0;
-  for (int want : {0, layout.pp - 1}) {
+  for (int want = 0; want < layout.pp; ++want) {
     int rank = 0;
     while (mesh->Coord(rank, dist::View::kDense, dist::Axis::kPp) != want) ++rank;
     peak = std::max(peak, PredictRankPeak(c, *mesh, rank));
-    if (layout.pp == 1) break;
   }
   return peak;
 }

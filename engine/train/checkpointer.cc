@@ -12,7 +12,8 @@ Status Checkpointer::Prepare(bool is_root) {
   if (!is_root) return OkStatus();
   std::error_code ec;
   std::filesystem::create_directories(out_dir_, ec);
-  if (ec) return FailedPrecondition(out_dir_, ": cannot create the output directory (", ec.message(), ")");
+  // Exit 1 as every output that cannot be created (docs/failures.md), as CheckOutputFile's.
+  if (ec) return NotFound(out_dir_, ": cannot create the output directory (", ec.message(), ")");
   // Before the leftovers go: a temporary directory another live run is filling is not one.
   SY_ASSIGN_OR_RETURN(lock_, DirectoryLock::Acquire(out_dir_));
   std::vector<std::string> removed;

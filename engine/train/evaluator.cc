@@ -3,6 +3,7 @@
 #include "engine/checkpoint/step_dir.h"
 #include "engine/core/file.h"
 #include "engine/dist/ordered_sum.h"
+#include "engine/train/trainer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -128,6 +129,15 @@ StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& argument,
   SY_RETURN_IF_ERROR(CheckSavedConfig(saved, config_path));
   SY_ASSIGN_OR_RETURN(out.config, config::ParseConfig(text, config_path, overrides));
   return out;
+}
+
+Status BlameModelOverride(const Status& load, const config::Config& saved,
+                          const config::Config& now) {
+  if (load.ok()) return load;
+  const auto diff = config::FirstDifference(saved, now, IsModelKey);
+  if (!diff) return load;
+  return InvalidArgument("--set ", diff->key, "=", diff->b, " changes the checkpoint's model (",
+                         diff->key, ": ", diff->a, "): ", load.message());
 }
 
 Status CheckSavedConfig(const config::Config& saved, const std::string& path) {

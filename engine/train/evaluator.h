@@ -83,6 +83,13 @@ StatusOr<CheckpointConfig> ReadCheckpointConfig(const std::string& path,
 // command that reads one (eval, route, upcycle, export, train --resume).
 Status CheckSavedConfig(const config::Config& saved, const std::string& path);
 
+// A checkpoint's load failed (`load`): when --set changed a key of the saved model (`saved`
+// is the config without overrides, `now` with them), the error names that override first
+// and is InvalidArgument (a usage error, exit 2: "--set model.d_model=32 changes the
+// checkpoint's model (model.d_model: 64): ..."); otherwise `load` as it is.
+Status BlameModelOverride(const Status& load, const config::Config& saved,
+                          const config::Config& now);
+
 // The model of a config on this world's layout, its weights from a checkpoint, and the
 // validation split of data.dir. No optimizer state is allocated.
 class Evaluator {

@@ -20,10 +20,8 @@
 #include "engine/train/evaluator.h"
 
 namespace switchyard::train {
-namespace {
 
-// The model's architecture: the model section and the MoE keys that shape or route it.
-bool ModelKey(const std::string& section, const std::string& key) {
+bool IsModelKey(const std::string& section, const std::string& key) {
   static const char* const kMoEKeys[] = {"num_experts", "layer_freq", "top_k", "d_expert",
                                          "activation", "bias", "normalize_gates",
                                          "routed_scaling_factor", "score",
@@ -32,13 +30,11 @@ bool ModelKey(const std::string& section, const std::string& key) {
          (section == "moe" && std::find(std::begin(kMoEKeys), std::end(kMoEKeys), key) != std::end(kMoEKeys));
 }
 
-}  // namespace
-
 Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const config::Config& now) {
   StatusOr<config::Config> saved = config::ParseConfig(saved_yaml, source);
   if (!saved.ok()) return DataLoss(saved.status().message());
   SY_RETURN_IF_ERROR(CheckSavedConfig(*saved, source));
-  if (const auto diff = config::FirstDifference(*saved, now, ModelKey)) {
+  if (const auto diff = config::FirstDifference(*saved, now, IsModelKey)) {
     return InvalidArgument(source, ": the checkpoint's model has ", diff->key, ": ", diff->a,
                            ", this config ", diff->key, ": ", diff->b,
                            "; resume with the model it was saved with");

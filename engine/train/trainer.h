@@ -51,6 +51,8 @@ namespace switchyard::train {
 // score, num_shared_experts, d_shared) must be equal; the first difference is one error
 // naming both values.
 Status CheckSameModel(const std::string& saved_yaml, const std::string& source, const config::Config& now);
+// Whether section.key is one of those keys.
+bool IsModelKey(const std::string& section, const std::string& key);
 
 class Trainer {
  public:

@@ -183,7 +183,13 @@ expect_error "another tokenizer" 1 \
   "--data $tmp/otherdata: its tokenizer $tmp/otherdata/tokenizer.model is not the one the checkpoint's data was cut with, $tmp/data/tokenizer.model" \
   --checkpoint "$tmp/run" --data "$tmp/otherdata"
 expect_error "layout for 2 ranks" 2 "--set parallel.ep=1" --checkpoint "$tmp/run" --set parallel.ep=2
-expect_error "model mismatch" 1 "layers.0.moe.router.weight" --checkpoint "$tmp/run" --set moe.num_experts=8
+# A --set that changes the saved model's shapes: a usage error naming the override first.
+expect_error "model mismatch" 2 "--set moe.num_experts=8 changes the checkpoint's model (moe.num_experts: " \
+  --checkpoint "$tmp/run" --set moe.num_experts=8
+grep -qF "layers.0.moe.router.weight" "$tmp/err" || fail "model mismatch: no tensor named: $(cat "$tmp/err")"
+# The learning rate is no model key, and a saved min_lr of -1 follows a lower one.
+"$bin" eval --checkpoint "$tmp/run" --set train.lr=1e-7 --batches 1 >/dev/null 2>"$tmp/err" ||
+  fail "eval --set train.lr=1e-7: $(cat "$tmp/err")"
 
 # --- Finite weights whose forward is not: one flipped exponent bit in a router weight
 # (3e38, as a writer bug would leave it) with the checksum recomputed, so the checkpoint

@@ -153,6 +153,13 @@ py "import json; c = json.load(open('$tmp/untied-hf/config.json')); c['sliding_w
 json.dump(c, open('$tmp/case-hf/config.json', 'w'))"
 "$bin" import --format hf-mixtral "$tmp/case-hf" "$tmp/case-out" --set model.seq_len=8 >"$tmp/out" 2>&1 ||
   fail "sliding_window 8 with model.seq_len 8: $(cat "$tmp/out")"
+# A layout for the runs that load it (expert parallelism over 2 ranks): the import runs on
+# one rank and saves it in config.yaml.
+rm -rf "$tmp/ep-out"
+"$bin" import --format hf-mixtral "$tmp/untied-hf" "$tmp/ep-out" --set parallel.ep=2 \
+  >"$tmp/out" 2>&1 || fail "import --set parallel.ep=2: $(cat "$tmp/out")"
+grep -q "^  ep: 2$" "$tmp/ep-out/step-00000000/config.yaml" ||
+  fail "import --set parallel.ep=2: config.yaml lacks ep: 2"
 
 [[ $failures -eq 0 ]] && echo "hf_mixtral_cli_test: all checks passed"
 exit $((failures > 0))
