@@ -3,6 +3,7 @@
 // [--config-layout] [--json] [--set k=v ...]`: the fastest layouts of a config
 // on N devices that fit their memory, with predicted step time, tokens/s, MFU, memory and
 // where the time goes (engine/plan/planner.h, docs/plan.md).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -100,6 +101,18 @@ StatusOr<plan::PlanInputs> Inputs(const Flags& f, const plan::Hardware& hw) {
     return InvalidArgument("--skew ", f.skew, ": the busiest expert-parallel rank's load over the "
                            "mean is at most ep (every token on that rank), and ep is at most "
                            "--gpus ", f.gpus);
+  }
+  for (size_t l = 0; l < in.skew.expert_counts.size(); ++l) {
+    const std::vector<double>& counts = in.skew.expert_counts[l];
+    if (static_cast<int64_t>(counts.size()) != config.moe.num_experts) {
+      return InvalidArgument("--skew ", f.skew, ": MoE layer ", l, " has ", counts.size(),
+                             " expert counts, but the model has moe.num_experts=",
+                             config.moe.num_experts, " (a log of another model?)");
+    }
+    if (std::all_of(counts.begin(), counts.end(), [](double n) { return n == 0; })) {
+      return InvalidArgument("--skew ", f.skew, ": MoE layer ", l, " routed no token, so it "
+                             "says nothing of the load");
+    }
   }
   in.config = std::move(config);
   return in;

@@ -350,7 +350,7 @@ StepTime PredictStepTime(const PlanInputs& in, const Layout& l, const Hardware& 
   c.sp = l.tp > 1 && in.config.parallel.sequence_parallel;
   c.t_moe = c.sp ? c.t / l.tp : c.t;
   c.skew = in.skew.ForEp(l.ep);
-  const auto& stages = cache.Stages(in.config, l.pp, l.virtual_stages);
+  const auto& stages = cache.Stages(in.config, l.pp, l.virtual_stages, l.pipeline_layers);
   const auto& pieces = cache.PieceParams(in.config, l.tp, l.etp, l.ep);
   // The slowest pipeline rank paces the pipeline; each rank then syncs its own gradients.
   StepTime slowest;

@@ -32,6 +32,9 @@ struct Layout {
   int64_t micro_batches = 1;     // per step and data-parallel rank (train.grad_accum)
   model::Recompute recompute = model::Recompute::kNone;
   int64_t head_chunk_tokens = 0;  // train.head_chunk_tokens (0: the head whole)
+  // parallel.pipeline_layers: a config's own split (--config-layout); empty, the balanced one
+  // (what the search plans).
+  std::vector<int64_t> pipeline_layers;
 
   int dp(int world) const { return world / (tp * cp * pp); }
   int edp(int world) const { return world / (etp * ep * pp); }
@@ -42,7 +45,8 @@ struct Layout {
   config::Config Apply(const config::Config& base) const;
   auto Key() const {
     return std::tuple(tp, cp, pp, ep, etp, int(schedule), virtual_stages, zero_stage,
-                      micro_batch_size, micro_batches, int(recompute), head_chunk_tokens);
+                      micro_batch_size, micro_batches, int(recompute), head_chunk_tokens,
+                      pipeline_layers);
   }
 };
 
@@ -106,7 +110,8 @@ class CostCache {
   // The simulator's idle share of a step (0 without a pipeline).
   double Bubble(parallel::PipelineSchedule schedule, int pp, int64_t m, int v, int backward_cost);
   // Per pipeline rank, its chunks' (first layer, end layer, embedding, head).
-  const std::vector<std::vector<model::Stage>>& Stages(const config::Config& c, int pp, int v);
+  const std::vector<std::vector<model::Stage>>& Stages(const config::Config& c, int pp, int v,
+                                                      const std::vector<int64_t>& layers);
   // Per piece (embedding, layers, head): elements one rank holds, dense and routed-expert.
   const std::vector<std::pair<double, double>>& PieceParams(const config::Config& c, int tp,
                                                             int etp, int ep);
@@ -116,7 +121,8 @@ class CostCache {
  private:
   double flops_per_token_ = -1;
   std::map<std::tuple<int, int, int64_t, int, int>, double> bubbles_;
-  std::map<std::pair<int, int>, std::vector<std::vector<model::Stage>>> stages_;
+  std::map<std::tuple<int, int, std::vector<int64_t>>, std::vector<std::vector<model::Stage>>>
+      stages_;
   std::map<std::tuple<int, int, int>, std::vector<std::pair<double, double>>> pieces_;
 };
 

@@ -114,9 +114,15 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
   if (cores != std::floor(cores)) {
     return InvalidArgument(source, ": cores_per_node=", cores, " must be a whole number");
   }
+  if (cores > 1 << 20) {
+    return InvalidArgument(source, ": cores_per_node=", cores, " is out of range (0 to 1048576)");
+  }
   h.cores_per_node = static_cast<int>(cores);
   if (per_node != std::floor(per_node)) {
     return InvalidArgument(source, ": gpus_per_node=", per_node, " must be a whole number");
+  }
+  if (per_node > 131072) {  // --gpus' bound too: a node of more GPUs than any job has
+    return InvalidArgument(source, ": gpus_per_node=", per_node, " is out of range (1 to 131072)");
   }
   h.gpus_per_node = static_cast<int>(per_node);
   for (auto [key, v] : {std::pair<const char*, double>{"gemm.efficiency", h.gemm_efficiency},

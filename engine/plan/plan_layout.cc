@@ -13,13 +13,25 @@
 
 namespace switchyard::plan {
 
+namespace {
+
+// "[4, 44]".
+std::string LayersText(const std::vector<int64_t>& layers) {
+  std::string out = "[";
+  for (size_t i = 0; i < layers.size(); ++i) out += StrCat(i ? ", " : "", layers[i]);
+  return out + "]";
+}
+
+}  // namespace
+
 std::string Layout::Describe(int world) const {
   std::string sched(parallel::PipelineScheduleName(schedule));
   if (virtual_stages > 1) sched += StrCat("x", virtual_stages);
   return StrCat("tp ", tp, " cp ", cp, " pp ", pp, pp > 1 ? " " + sched : std::string(), " ep ", ep,
                 " etp ", etp, " dp ", dp(world), " zero ", zero_stage, " mbs ", micro_batch_size,
                 " m ", micro_batches, " recompute ", model::RecomputeName(recompute),
-                head_chunk_tokens > 0 ? StrCat(" head chunk ", head_chunk_tokens) : std::string());
+                head_chunk_tokens > 0 ? StrCat(" head chunk ", head_chunk_tokens) : std::string(),
+                pipeline_layers.empty() ? std::string() : " layers " + LayersText(pipeline_layers));
 }
 
 config::Config Layout::Apply(const config::Config& base) const {
@@ -31,7 +43,7 @@ config::Config Layout::Apply(const config::Config& base) const {
   c.parallel.etp = etp;
   c.parallel.pipeline_schedule = schedule;
   c.parallel.virtual_stages = virtual_stages;
-  c.parallel.pipeline_layers.clear();
+  c.parallel.pipeline_layers = pipeline_layers;
   c.parallel.zero_stage = zero_stage;
   c.train.micro_batch_size = micro_batch_size;
   c.train.grad_accum = micro_batches;
@@ -50,6 +62,7 @@ Layout LayoutOf(const config::Config& c) {
   l.micro_batches = c.train.grad_accum;
   l.recompute = c.train.recompute;
   l.head_chunk_tokens = c.train.head_chunk_tokens;
+  l.pipeline_layers = p.pipeline_layers;
   return l;
 }
 
@@ -155,15 +168,15 @@ double CostCache::Bubble(parallel::PipelineSchedule schedule, int pp, int64_t m,
              parallel::SimulateBubble(schedule, pp, static_cast<int>(m), v, 1, backward_cost);
 }
 
-const std::vector<std::vector<model::Stage>>& CostCache::Stages(const config::Config& c, int pp,
-                                                                  int v) {
-  const auto key = std::pair(pp, v);
+const std::vector<std::vector<model::Stage>>& CostCache::Stages(
+    const config::Config& c, int pp, int v, const std::vector<int64_t>& layers) {
+  const auto key = std::tuple(pp, v, layers);
   auto it = stages_.find(key);
   if (it != stages_.end()) return it->second;
   config::Config copy = c;
   copy.parallel.pp = pp;
   copy.parallel.virtual_stages = v;
-  copy.parallel.pipeline_layers.clear();
+  copy.parallel.pipeline_layers = layers;
   std::vector<std::vector<model::Stage>> ranks;
   for (int r = 0; r < pp; ++r) ranks.push_back(RankStages(copy, r));
   return stages_[key] = std::move(ranks);

@@ -130,6 +130,13 @@ expect_usage_error "skew from metrics.jsonl" "--skew $tmp/metrics.jsonl: its las
 expect_usage_error "skew from an empty file" "--skew $tmp/empty.jsonl: the file is empty" \
   plan --config "$cfg" --gpus 8 --skew "$tmp/empty.jsonl"
 expect_usage_error "empty skew" "--skew is empty" plan --config "$cfg" --gpus 8 --skew ""
+# A log of another model (3 experts where the model has 8), and a layer that routed nothing.
+echo '{"step": 1, "layers": [1], "tokens_per_expert": [[5,5,5]]}' >"$tmp/three.jsonl"
+expect_usage_error "skew of another model" "--skew $tmp/three.jsonl: MoE layer 0 has 3 expert counts, but the model has moe.num_experts=8" \
+  plan --config "$cfg" --gpus 2 --skew "$tmp/three.jsonl"
+echo '{"step": 1, "layers": [1], "tokens_per_expert": [[0,0,0,0,0,0,0,0]]}' >"$tmp/zeros.jsonl"
+expect_usage_error "skew of no tokens" "--skew $tmp/zeros.jsonl: MoE layer 0 routed no token" \
+  plan --config "$cfg" --gpus 2 --skew "$tmp/zeros.jsonl"
 
 if [[ $failures -gt 0 ]]; then
   echo "plan_cli_test: $failures failure(s)"

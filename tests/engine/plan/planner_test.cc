@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -168,6 +169,34 @@ TEST(PlannerTest, PeakMemoryIsTheDryRunsOnTheDevice) {
   const PlanResult result = Plan(in, Round(), {.top = 5});
   ASSERT_EQ(result.best.size(), 5u);
   for (const Candidate& c : result.best) EXPECT_EQ(c.peak_bytes, PeakMemory(in, c.layout));
+}
+
+// A config's own layer split (parallel.pipeline_layers, --config-layout) is the one planned:
+// its peak is the dry-run's, and moving layers to a stage changes the predicted step.
+TEST(PlannerTest, ConfigLayerSplitIsPlanned) {
+  PlanInputs in = Inputs(Parse(kMoE), 2, 4);
+  std::map<std::vector<int64_t>, double> times;
+  for (const std::vector<int64_t>& layers :
+       std::vector<std::vector<int64_t>>{{1, 3}, {3, 1}, {2, 2}}) {
+    config::Config c = in.config;
+    c.parallel.pp = 2;
+    c.parallel.pipeline_layers = layers;
+    const Layout l = LayoutOf(c);
+    EXPECT_EQ(l.pipeline_layers, layers);
+    const config::Config device = DeviceConfig(in, l);
+    EXPECT_EQ(device.parallel.pipeline_layers, layers);
+    auto mesh = dist::Mesh::Create(in.world, device.parallel.MeshSizes(), device.parallel.order);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    EXPECT_EQ(PeakMemory(in, l), PredictDeviceFit(device, *mesh).peak) << l.Describe(2);
+    CostCache cache;
+    times[layers] = PredictStepTime(in, l, Round(), cache).total();
+    EXPECT_NE(l.Describe(2).find(StrCat(" layers [", layers[0], ", ", layers[1], "]")),
+              std::string::npos);
+  }
+  // The slowest stage paces the pipeline: three layers on one stage is slower than two.
+  const double even = times[{2, 2}];
+  EXPECT_GT((times[{1, 3}]), even);
+  EXPECT_GT((times[{3, 1}]), even);
 }
 
 // A vocabulary of 32768 on 64-token sequences: each micro-batch's f32 logits (mbs x 64 x 32768
@@ -529,6 +558,13 @@ TEST(HardwareTest, MistakesNameTheKey) {
   over.replace(over.find("efficiency: 0.5"), 15, "efficiency: 1.5");
   EXPECT_EQ(error(over), "hw.yaml: gemm.efficiency=1.5 must be at most 1 (a share of the peak)");
   EXPECT_EQ(error(good + "cores_per_node: 1.5\n"), "hw.yaml: cores_per_node=1.5 must be a whole number");
+  EXPECT_EQ(error(good + "cores_per_node: 3e9\n"),
+            "hw.yaml: cores_per_node=3e+09 is out of range (0 to 1048576)");
+  {  // a node beyond int (it read back as -2147483648)
+    std::string huge = good;
+    huge.replace(huge.find("gpus_per_node: 8"), 16, "gpus_per_node: 99999999999");
+    EXPECT_EQ(error(huge), "hw.yaml: gpus_per_node=1e+11 is out of range (1 to 131072)");
+  }
   EXPECT_EQ(error(good + "grouped_gemm_efficiency: 1.5\n"),
             "hw.yaml: grouped_gemm_efficiency=1.5 must be at most 1 (a share of the peak)");
   EXPECT_EQ(ParseHardware(good + "grouped_gemm_efficiency: 0.3\n", "g.yaml")->grouped_gemm_efficiency, 0.3);
