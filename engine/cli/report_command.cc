@@ -159,7 +159,11 @@ int RunReport(const std::vector<std::string>& args) {
     return kExitFailure;
   }
   if (!route.empty() && !fs::is_regular_file(route)) {
-    PrintError(kCommand, "--route " + route + ": no such file");
+    const std::string why = fs::is_directory(route) ? "a directory, not the file of a `switchyard "
+                                                      "route --json` output"
+                            : fs::exists(route)    ? "not a regular file"
+                                                   : "no such file";
+    PrintError(kCommand, "--route " + route + ": " + why);
     return kExitFailure;
   }
   std::vector<std::string> py_args = {"--out", out};
