@@ -67,6 +67,17 @@ Status ParseFlags(const std::vector<std::string>& args, Flags* f) {
   f->help = flags.help_requested();
   f->batches_set = flags.IsSet("batches");
   if (f->batches < 0) return InvalidArgument("--batches=", f->batches, " must be >= 0");
+  // --verify builds no model and reads no data: these would do nothing.
+  for (const char* flag : {"batches", "data"}) {
+    if (f->verify && flags.IsSet(flag)) {
+      return InvalidArgument("--", flag, " needs an evaluation, not --verify (which only checks "
+                             "the checkpoint's files)");
+    }
+  }
+  if (f->verify && !f->overrides.empty()) {
+    return InvalidArgument("--set needs an evaluation, not --verify (which checks the checkpoint "
+                           "as saved)");
+  }
   return OkStatus();
 }
 

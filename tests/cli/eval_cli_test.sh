@@ -162,6 +162,10 @@ expect_error() {
 expect_error "no --checkpoint" 2 "--checkpoint" --json
 expect_error "unknown flag" 2 "--bogus" --checkpoint "$tmp/run" --bogus
 expect_error "negative --batches" 2 "--batches=-1" --checkpoint "$tmp/run" --batches -1
+expect_error "--verify with --batches" 2 "--batches needs an evaluation, not --verify" \
+  --checkpoint "$tmp/run" --verify --batches 3
+expect_error "--verify with --set" 2 "--set needs an evaluation, not --verify" \
+  --checkpoint "$tmp/run" --verify --set parallel.ep=1
 expect_error "a file" 1 "not a checkpoint directory" --checkpoint "$tmp/run/step-00000006/config.yaml"
 expect_error "bad --set" 2 "unknown key 'moe.topk'" --checkpoint "$tmp/run" --set moe.topk=2
 expect_error "missing checkpoint" 1 "$tmp/nope: no such checkpoint" --checkpoint "$tmp/nope"

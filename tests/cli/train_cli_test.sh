@@ -436,6 +436,8 @@ expect_error "--dry-run --world 0" "--world=0 must be between 1 and 131072" 1 "$
   --dry-run --world 0
 expect_error "--dry-run --world 2^31-1" "--world=2147483647 must be between 1 and 131072" 1 \
   "${one[@]}" --dry-run --world 2147483647
+expect_error "--dry-run --resume" "--resume needs training, not --dry-run" 1 \
+  --config "$config" --set "data.dir=$tmp/data" --dry-run --resume "$good"
 # --resume continues the run it names: another run's directory as --out is refused before
 # anything is read or written; without --out the damaged checkpoints' own directories are
 # the output (and their loads fail).
