@@ -38,7 +38,7 @@ constexpr Row kRows[] = {
     {"megatron-530b", "a100-80g", 2520, "bf16", 163, false, -0.059, true},
     {"megatron-1t", "a100-80g", 3072, "bf16", 163, false, -0.052, true},
     {"glm-130b", "a100-40g", 768, "bf16", 135, false, +0.268, true},
-    {"opt-175b", "a100-80g", 992, "bf16", 147, false, +0.209, true},
+    {"opt-175b", "a100-80g", 992, "bf16", 147, false, +0.208, true},
     {"bloom-176b", "a100-80g", 384, "bf16", 150, false, +0.071, true},
     {"mt-nlg-530b", "a100-80g", 2240, "bf16", 126, false, +0.195, true},
     {"deepseek-v3", "h800", 2048, "fp8", 1543, true, -0.088, false},
