@@ -42,8 +42,8 @@ StatusOr<double> ReadFiniteNumber(const YAML::Node& node, const std::string& whe
 StatusOr<bool> ReadBool(const YAML::Node& node, const std::string& where);
 
 // A string as a YAML value that reads back as the same string: plain when that is safe
-// (letters, digits and _ . / + = - , not starting with -), otherwise double-quoted with ", \
-// and control bytes escaped. `always_quote` quotes every string.
+// (letters, digits and _ . / + = - , not starting with -), otherwise double-quoted with the
+// quote, the backslash and control bytes escaped. `always_quote` quotes every string.
 std::string YamlString(const std::string& text, bool always_quote = false);
 
 // The integer and floating-point fields of the key tables.

@@ -34,7 +34,7 @@ struct Layout {
   int64_t head_chunk_tokens = 0;  // train.head_chunk_tokens (0: the head whole)
   // parallel.pipeline_layers: a config's own split (--config-layout); empty, the balanced one
   // (what the search plans).
-  std::vector<int64_t> pipeline_layers;
+  std::vector<int64_t> pipeline_layers = {};
 
   int dp(int world) const { return world / (tp * cp * pp); }
   int edp(int world) const { return world / (etp * ep * pp); }
