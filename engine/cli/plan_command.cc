@@ -168,9 +168,13 @@ int Report(const Flags& f, const plan::PlanInputs& in, const plan::Hardware& hw)
               static_cast<long long>(in.global_batch), static_cast<long long>(in.config.model.seq_len),
               in.precision.c_str());
   if (!f.config_layout) {
-    std::printf("searched %lld layouts, %lld valid, memory checked for %lld\n",
+    std::printf("searched %lld layouts, %lld valid, memory checked for %lld%s\n",
                 static_cast<long long>(result.searched), static_cast<long long>(result.valid),
-                static_cast<long long>(result.memory_checked));
+                static_cast<long long>(result.memory_checked),
+                result.memory_skipped > 0
+                    ? StrCat(" (", result.memory_skipped, " more whose model states alone exceed "
+                             "the device)").c_str()
+                    : "");
   }
   if (result.best.empty()) {
     std::fflush(stdout);

@@ -171,16 +171,17 @@ StepWorkspaceInputs StepWorkspaceInputsOf(const config::Config& c, const dist::M
                     PredictZeroWorkspace(c, mesh, rank, held).sync);
 }
 
-RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, int rank) {
+namespace {
+
+// The model states of a rank holding `held`, whose gradient groups are `groups`.
+RankMemory StatesOf(const config::Config& c, const dist::Mesh& mesh, int rank,
+                    const std::vector<std::pair<double, double>>& groups) {
   const moe::MoEConfig& e = c.moe;
   const int stage = c.parallel.zero_stage;
   const double states = c.train.optimizer == config::OptimizerKind::kAdamW ? 2
                         : c.train.momentum != 0.0f                  ? 1
                                                                     : 0;
   RankMemory r;
-  // The rank's parameters once, for its gradient groups and its sync's buckets.
-  const std::vector<HeldParam> held = HeldParams(c, mesh, rank);
-  const std::vector<std::pair<double, double>> groups = GradientGroups(held, mesh);
   for (auto [n, group] : groups) {
     r.parameters += 4.0 * n / (stage >= 3 ? group : 1);
     r.gradients += 4.0 * n / (stage >= 2 ? group : 1);
@@ -194,6 +195,20 @@ RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, in
   if (e.aux_loss_scope == moe::AuxLossScope::kGlobal) {
     r.parameters += 4.0 * MoELayersHeld(c, mesh, rank) * e.num_experts;
   }
+  return r;
+}
+
+}  // namespace
+
+RankMemory PredictRankStates(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  return StatesOf(c, mesh, rank, GradientGroups(HeldParams(c, mesh, rank), mesh));
+}
+
+RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  // The rank's parameters once, for its gradient groups and its sync's buckets.
+  const std::vector<HeldParam> held = HeldParams(c, mesh, rank);
+  const std::vector<std::pair<double, double>> groups = GradientGroups(held, mesh);
+  RankMemory r = StatesOf(c, mesh, rank, groups);
   // Workspace: one step of the rank's schedule (PredictStepWorkspace, the sync's buckets
   // in flight included) plus what ZeRO adds (zero_memory.h): streamed gradients and stage-3
   // gathers, or under ordered accumulation the full gradients of stages 2-3 and the

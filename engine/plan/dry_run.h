@@ -97,6 +97,8 @@ struct RankMemory {
   double total() const { return model_states() + workspace; }
 };
 RankMemory PredictRankMemory(const config::Config& config, const dist::Mesh& mesh, int rank);
+// Its model states alone (no workspace, no walk of the step): a floor of its total.
+RankMemory PredictRankStates(const config::Config& config, const dist::Mesh& mesh, int rank);
 
 // The step's workspace of one rank as PredictRankMemory computes it (no ZeRO terms).
 StepWorkspace PredictStepWorkspace(const config::Config& config, const dist::Mesh& mesh, int rank);

@@ -144,6 +144,19 @@ double PeakMemory(const PlanInputs& in, const Layout& layout) {
   return peak;
 }
 
+double StatesFloor(const PlanInputs& in, const Layout& layout) {
+  const config::Config c = DeviceConfig(in, layout);
+  auto mesh = dist::Mesh::Create(in.world, c.parallel.MeshSizes(), c.parallel.order);
+  SY_CHECK_OK(mesh.status());
+  double floor = 0;
+  for (int want = 0; want < layout.pp; ++want) {
+    int rank = 0;
+    while (mesh->Coord(rank, dist::View::kDense, dist::Axis::kPp) != want) ++rank;
+    floor = std::max(floor, PredictRankStates(c, *mesh, rank).model_states());
+  }
+  return floor;
+}
+
 Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& hw, CostCache& cache) {
   Candidate c;
   c.layout = layout;
@@ -179,6 +192,17 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
     }
   };
   auto check = [&](Candidate& c) {
+    // A layout whose model states alone exceed the device, and the smallest peak seen so
+    // far, can neither fit nor be the smallest: its step's walk (most of a search where
+    // little fits) is skipped, and the result is the same.
+    if (result.smallest.peak_bytes > 0) {
+      const double floor = StatesFloor(in, c.layout);
+      if (floor > hw.memory_bytes && floor >= result.smallest.peak_bytes) {
+        c.fits = false;
+        ++result.memory_skipped;
+        return;
+      }
+    }
     c.peak_bytes = PeakMemory(in, c.layout);
     ++result.memory_checked;
     c.fits = c.peak_bytes <= hw.memory_bytes;

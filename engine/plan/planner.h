@@ -52,6 +52,9 @@ config::Config DeviceConfig(const PlanInputs& in, const Layout& layout);
 // PredictDeviceFit's model states, step workspace and operand copies (bf16 weight shadows
 // at ZeRO stage 0). One memory model for the planner, the dry-run and its layout search.
 double PeakMemory(const PlanInputs& in, const Layout& layout);
+// The largest pipeline stage's model states (PredictRankStates): at most PeakMemory, and
+// without its walk of the step.
+double StatesFloor(const PlanInputs& in, const Layout& layout);
 
 // Time, throughput and memory of one layout.
 Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& hw, CostCache& cache);
@@ -61,6 +64,9 @@ struct PlanResult {
   int64_t searched = 0;         // the search space's size
   int64_t valid = 0;            // accepted by the layout check
   int64_t memory_checked = 0;   // layouts whose memory was computed before `top` fit
+  // Layouts not walked: their model states alone exceed the device and the smallest peak
+  // seen before them (StatesFloor), so they could neither fit nor be `smallest`.
+  int64_t memory_skipped = 0;
   // When fewer than `top` fit: of the layouts checked, the one needing the least memory.
   Candidate smallest;
 };

@@ -219,6 +219,16 @@ TEST(PlannerTest, HeadChunksWhereTheWholeHeadDoesNotFit) {
   EXPECT_EQ(none_whole.smallest.layout.head_chunk_tokens, 0);
   EXPECT_GT(none_chunked.smallest.layout.head_chunk_tokens, 0);
   ASSERT_LT(least_chunked, 0.9 * least_whole);
+  // `smallest` is exact although layouts whose model states alone exceed the device and the
+  // smallest peak seen were not walked: the least PeakMemory of every layout, by brute force.
+  double brute = INFINITY;
+  for (const Layout& l : EnumerateLayouts(whole)) {
+    brute = std::min(brute, PeakMemory(whole, l));
+    EXPECT_LE(StatesFloor(whole, l), PeakMemory(whole, l)) << l.Describe(8);
+  }
+  EXPECT_EQ(least_whole, brute);
+  EXPECT_GT(none_whole.memory_skipped, 0);
+  EXPECT_EQ(none_whole.memory_checked + none_whole.memory_skipped, none_whole.valid);
 
   // Between the two: only chunked layouts fit, fastest first, each at the dry-run's peak and
   // slower than the same layout with the head whole (one more head forward).
