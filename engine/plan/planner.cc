@@ -128,33 +128,37 @@ config::Config DeviceConfig(const PlanInputs& in, const Layout& layout) {
   return c;
 }
 
-double PeakMemory(const PlanInputs& in, const Layout& layout) {
+namespace {
+
+// The largest of per_rank(config, mesh, rank) over the layout's pipeline stages (each stage's
+// first rank) on the device the plan is for. Every stage: the ends hold the embedding and
+// the head but fewer layers, so a middle stage (more layers, more micro-batches in flight)
+// is often the largest.
+template <typename F>
+double LargestStage(const PlanInputs& in, const Layout& layout, F&& per_rank) {
   const config::Config c = DeviceConfig(in, layout);
   SY_CHECK_OK(c.runtime.Validate());
   auto mesh = dist::Mesh::Create(in.world, c.parallel.MeshSizes(), c.parallel.order);
   SY_CHECK_OK(mesh.status());
-  // Every pipeline stage: the ends hold the embedding and the head but fewer layers, so a
-  // middle stage (more layers, more micro-batches in flight) is often the largest.
-  double peak = 0;
+  double largest = 0;
   for (int want = 0; want < layout.pp; ++want) {
     int rank = 0;
     while (mesh->Coord(rank, dist::View::kDense, dist::Axis::kPp) != want) ++rank;
-    peak = std::max(peak, PredictRankPeak(c, *mesh, rank));
+    largest = std::max(largest, per_rank(c, *mesh, rank));
   }
-  return peak;
+  return largest;
+}
+
+}  // namespace
+
+double PeakMemory(const PlanInputs& in, const Layout& layout) {
+  return LargestStage(in, layout, PredictRankPeak);
 }
 
 double StatesFloor(const PlanInputs& in, const Layout& layout) {
-  const config::Config c = DeviceConfig(in, layout);
-  auto mesh = dist::Mesh::Create(in.world, c.parallel.MeshSizes(), c.parallel.order);
-  SY_CHECK_OK(mesh.status());
-  double floor = 0;
-  for (int want = 0; want < layout.pp; ++want) {
-    int rank = 0;
-    while (mesh->Coord(rank, dist::View::kDense, dist::Axis::kPp) != want) ++rank;
-    floor = std::max(floor, PredictRankStates(c, *mesh, rank).model_states());
-  }
-  return floor;
+  return LargestStage(in, layout, [](const config::Config& c, const dist::Mesh& mesh, int rank) {
+    return PredictRankStates(c, mesh, rank).model_states();
+  });
 }
 
 Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& hw, CostCache& cache) {
