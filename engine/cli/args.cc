@@ -1,6 +1,7 @@
 // The subcommands' flag parser; see args.h.
 #include "engine/cli/args.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <utility>
@@ -76,7 +77,15 @@ Status FlagSet::Parse(const std::vector<std::string>& args) {
     const std::string name = arg.substr(2, equals == std::string::npos ? std::string::npos
                                                                         : equals - 2);
     Flag* flag = Find(name);
-    if (flag == nullptr) return InvalidArgument("unknown flag --", name);
+    if (flag == nullptr) {
+      // Flags are spelled with hyphens; a config key's underscores are the likely slip.
+      std::string hyphens = name;
+      std::replace(hyphens.begin(), hyphens.end(), '_', '-');
+      if (hyphens != name && Find(hyphens) != nullptr) {
+        return InvalidArgument("unknown flag --", name, " (did you mean --", hyphens, "?)");
+      }
+      return InvalidArgument("unknown flag --", name);
+    }
     if (flag->set) {
       return InvalidArgument("--", name,
                              " is given twice; give it once (the last would have "

@@ -1,6 +1,6 @@
 // `switchyard mesh`: prints every process group of a layout, in both views of the mesh
 // (dense: tp, cp, dp, pp; expert: etp, ep, edp, pp), whether each axis's groups cross
-// nodes, and the node of every rank (--ranks_per_node; default one node), as a table or
+// nodes, and the node of every rank (--ranks-per-node; default one node), as a table or
 // as one JSON object:
 //   {"dense": {"tp": [[0,1],...], "cp": ..., "dp": ..., "pp": ...},
 //    "expert": {"etp": ..., "ep": ..., "edp": ..., "pp": ...},
@@ -125,7 +125,7 @@ int RunMesh(const std::vector<std::string>& args) {
   flags.AddInt("ep", &ep, "expert parallel size (default 1)");
   flags.AddInt("etp", &etp, "expert tensor parallel size (default: same as --tp)");
   flags.AddInt("pp", &pp, "pipeline parallel size (default 1)");
-  flags.AddInt("ranks_per_node", &ranks_per_node,
+  flags.AddInt("ranks-per-node", &ranks_per_node,
                "ranks of one node, placed in blocks (default: one node holds the world)");
   flags.AddString("order", &order, "axis order, fastest first (default tp-cp-ep-dp-pp)");
   flags.AddBool("json", &json, "print one JSON object instead of the table");

@@ -30,7 +30,8 @@ inline void CpuRelax() {
 // A positive integer from the environment variable `name`, or 0 when unset or not one.
 int EnvThreads(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return 0;
+  // Digits only: strtol alone also takes leading spaces and a sign (" 4" was accepted, "4 " not).
+  if (v == nullptr || *v < '0' || *v > '9') return 0;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
   return (*end == '\0' && n > 0 && n <= kMaxComputeThreads) ? static_cast<int>(n) : 0;

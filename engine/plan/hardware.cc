@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -14,9 +15,25 @@
 namespace switchyard::plan {
 namespace {
 
-// A positive finite number at `node`, or an error naming `key`.
+// The values a key may take: wide enough for any device from a laptop's core to a future
+// accelerator, narrow enough that the model's products and quotients stay finite (a bandwidth
+// of 1e-300 bytes/s made every step time overflow and print NaN). Rates and shares divide, so
+// they have a floor; a latency or F_half near 0 is harmless (the calibrations fit ones that small).
+struct Range {
+  double lo, hi;
+  const char* unit;
+};
+constexpr Range kFlops{1e6, 1e19, " FLOP/s"};
+constexpr Range kBytes{1e6, 1e16, " bytes"};
+constexpr Range kBandwidth{1e3, 1e16, " bytes/s"};
+constexpr Range kLatency{0, 10, " s"};
+constexpr Range kHalfFlops{0, 1e18, " FLOP"};
+constexpr Range kShare{1e-6, 1, ": a share of the peak"};
+constexpr Range kCount{0, std::numeric_limits<double>::infinity(), ""};  // bounds checked after
+
+// A positive finite number at `node` within `range`, or an error naming `key`.
 Status Number(const YAML::Node& node, const std::string& source, const std::string& key,
-              double* out) {
+              Range range, double* out) {
   double v = 0;
   try {
     if (!node.IsScalar()) throw YAML::Exception(YAML::Mark(), "not a scalar");
@@ -26,6 +43,10 @@ Status Number(const YAML::Node& node, const std::string& source, const std::stri
   }
   if (!(v > 0) || !std::isfinite(v)) {
     return InvalidArgument(source, ": ", key, "=", node.Scalar(), " must be a positive number");
+  }
+  if (v < range.lo || v > range.hi) {
+    return InvalidArgument(source, ": ", key, "=", node.Scalar(), " is out of range (", range.lo,
+                           " to ", range.hi, range.unit, ")");
   }
   *out = v;
   return OkStatus();
@@ -57,15 +78,17 @@ Status ReadMap(const YAML::Node& map, const std::string& source, const std::stri
 
 using Setter = std::function<Status(const YAML::Node&, const std::string&)>;
 
-Setter NumberOf(const std::string& source, double* out) {
-  return [source, out](const YAML::Node& n, const std::string& key) { return Number(n, source, key, out); };
+Setter NumberOf(const std::string& source, Range range, double* out) {
+  return [source, range, out](const YAML::Node& n, const std::string& key) {
+    return Number(n, source, key, range, out);
+  };
 }
 
 Setter LinkOf(const std::string& source, Link* link) {
   return [source, link](const YAML::Node& n, const std::string& key) {
     return ReadMap(n, source, key,
-                   {{"bandwidth", NumberOf(source, &link->bandwidth)},
-                    {"latency", NumberOf(source, &link->latency)}},
+                   {{"bandwidth", NumberOf(source, kBandwidth, &link->bandwidth)},
+                    {"latency", NumberOf(source, kLatency, &link->latency)}},
                    {});
   };
 }
@@ -84,29 +107,29 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
       {"peak_flops",
        [&](const YAML::Node& n, const std::string& key) {
          return ReadMap(n, source, key,
-                        {{"bf16", NumberOf(source, &h.peak_bf16)},
-                         {"fp32", NumberOf(source, &h.peak_fp32)},
-                         {"fp8", NumberOf(source, &h.peak_fp8)}},
+                        {{"bf16", NumberOf(source, kFlops, &h.peak_bf16)},
+                         {"fp32", NumberOf(source, kFlops, &h.peak_fp32)},
+                         {"fp8", NumberOf(source, kFlops, &h.peak_fp8)}},
                         {"fp8"});
        }},
-      {"memory_bytes", NumberOf(source, &h.memory_bytes)},
-      {"memory_bandwidth", NumberOf(source, &h.memory_bandwidth)},
-      {"gpus_per_node", NumberOf(source, &per_node)},
+      {"memory_bytes", NumberOf(source, kBytes, &h.memory_bytes)},
+      {"memory_bandwidth", NumberOf(source, kBandwidth, &h.memory_bandwidth)},
+      {"gpus_per_node", NumberOf(source, kCount, &per_node)},
       {"intra_node", LinkOf(source, &h.intra_node)},
       {"inter_node", LinkOf(source, &h.inter_node)},
       {"gemm",
        [&](const YAML::Node& n, const std::string& key) {
          return ReadMap(n, source, key,
-                        {{"efficiency", NumberOf(source, &h.gemm_efficiency)},
-                         {"half_flops", NumberOf(source, &h.gemm_half_flops)}},
+                        {{"efficiency", NumberOf(source, kShare, &h.gemm_efficiency)},
+                         {"half_flops", NumberOf(source, kHalfFlops, &h.gemm_half_flops)}},
                         {});
        }},
-      {"attention_efficiency", NumberOf(source, &h.attention_efficiency)},
-      {"grouped_gemm_efficiency", NumberOf(source, &h.grouped_gemm_efficiency)},
-      {"elementwise_efficiency", NumberOf(source, &h.elementwise_efficiency)},
-      {"cores_per_node", NumberOf(source, &cores)},
-      {"op_latency", NumberOf(source, &h.op_latency)},
-      {"graph_op_latency", NumberOf(source, &h.graph_op_latency)},
+      {"attention_efficiency", NumberOf(source, kShare, &h.attention_efficiency)},
+      {"grouped_gemm_efficiency", NumberOf(source, kShare, &h.grouped_gemm_efficiency)},
+      {"elementwise_efficiency", NumberOf(source, kShare, &h.elementwise_efficiency)},
+      {"cores_per_node", NumberOf(source, kCount, &cores)},
+      {"op_latency", NumberOf(source, kLatency, &h.op_latency)},
+      {"graph_op_latency", NumberOf(source, kLatency, &h.graph_op_latency)},
   };
   SY_RETURN_IF_ERROR(ReadMap(root, source, "", keys,
                              {"source", "cores_per_node", "op_latency", "graph_op_latency",
@@ -125,12 +148,6 @@ Status Apply(Hardware& h, const YAML::Node& root, const std::string& source) {
     return InvalidArgument(source, ": gpus_per_node=", per_node, " is out of range (1 to 131072)");
   }
   h.gpus_per_node = static_cast<int>(per_node);
-  for (auto [key, v] : {std::pair<const char*, double>{"gemm.efficiency", h.gemm_efficiency},
-                        {"attention_efficiency", h.attention_efficiency},
-                        {"grouped_gemm_efficiency", h.grouped_gemm_efficiency},
-                        {"elementwise_efficiency", h.elementwise_efficiency}}) {
-    if (v > 1) return InvalidArgument(source, ": ", key, "=", v, " must be at most 1 (a share of the peak)");
-  }
   return OkStatus();
 }
 

@@ -26,16 +26,18 @@ done
 
 # Nodes: the node of every rank and which groups cross nodes (2 nodes of 4 ranks).
 nodes='{"dense":{"tp":[[0,1],[2,3],[4,5],[6,7]],"cp":[[0],[1],[2],[3],[4],[5],[6],[7]],"dp":[[0,2,4,6],[1,3,5,7]],"pp":[[0],[1],[2],[3],[4],[5],[6],[7]]},"expert":{"etp":[[0,1],[2,3],[4,5],[6,7]],"ep":[[0,2],[1,3],[4,6],[5,7]],"edp":[[0,4],[1,5],[2,6],[3,7]],"pp":[[0],[1],[2],[3],[4],[5],[6],[7]]},"nodes":[0,0,0,0,1,1,1,1],"crosses_nodes":{"dense":{"tp":false,"cp":false,"dp":true,"pp":false},"expert":{"etp":false,"ep":false,"edp":true,"pp":false}}}'
-expect_ok "json with nodes" "$nodes" mesh --world 8 --tp 2 --ep 2 --ranks_per_node 4 --json
-"$bin" mesh --world 8 --tp 2 --ep 2 --ranks_per_node 4 >"$tmp/table" 2>&1 || fail "nodes table: exit status $?"
+expect_ok "json with nodes" "$nodes" mesh --world 8 --tp 2 --ep 2 --ranks-per-node 4 --json
+"$bin" mesh --world 8 --tp 2 --ep 2 --ranks-per-node 4 >"$tmp/table" 2>&1 || fail "nodes table: exit status $?"
 for want in "2 nodes of 4 ranks" "  dp       4  crosses  [0, 2, 4, 6] [1, 3, 5, 7]" \
             "  tp       2  inside   [0, 1]" "EDP(1/2) | node 1"; do
   grep -qF -- "$want" "$tmp/table" || fail "nodes table lacks '$want'"
 done
-"$bin" mesh --world 8 --tp 4 --etp 1 --ranks_per_node 2 >"$tmp/table" 2>&1 || fail "note: exit status $?"
+"$bin" mesh --world 8 --tp 4 --etp 1 --ranks-per-node 2 >"$tmp/table" 2>&1 || fail "note: exit status $?"
 grep -qF "note: tp=4 does not fit in a node of 2 ranks" "$tmp/table" || fail "no note on tp across nodes"
+expect_usage_error "config key spelling" "unknown flag --ranks_per_node (did you mean --ranks-per-node?)" \
+  mesh --world 8 --ranks_per_node 4
 expect_usage_error "indivisible nodes" "world size 8 is not divisible by ranks_per_node = 3" \
-  mesh --world 8 --ranks_per_node 3
+  mesh --world 8 --ranks-per-node 3
 
 expect_usage_error "indivisible world" "world size 12 is not divisible by tp*cp*pp = 2*1*8 = 16" \
   mesh --world 12 --tp 2 --pp 8
@@ -53,7 +55,7 @@ expect_usage_error "world above 2^17" "--world=2147483647 must be between 1 and 
   mesh --world 2147483647
 expect_usage_error "world twice" "--world is given twice; give it once" mesh --world 8 --world 4
 # SWITCHYARD_THREADS that the pool would ignore: refused at start-up, whatever the command.
-for v in abc -1 0 2x 1000000; do
+for v in abc -1 0 2x 1000000 " 4" "4 " +4; do
   SWITCHYARD_THREADS=$v expect_usage_error "SWITCHYARD_THREADS=$v" \
     "SWITCHYARD_THREADS=$v: takes the number of compute threads, an integer from 1 to 1024" \
     mesh --world 8
