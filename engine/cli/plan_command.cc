@@ -172,8 +172,8 @@ int Report(const Flags& f, const plan::PlanInputs& in, const plan::Hardware& hw)
                 static_cast<long long>(result.searched), static_cast<long long>(result.valid),
                 static_cast<long long>(result.memory_checked),
                 result.memory_skipped > 0
-                    ? StrCat(" (", result.memory_skipped, " more whose model states alone exceed "
-                             "the device)").c_str()
+                    ? StrCat(" (", result.memory_skipped, " more whose model states and one "
+                             "micro-batch's activations exceed the device)").c_str()
                     : "");
   }
   if (result.best.empty()) {

@@ -204,6 +204,17 @@ RankMemory PredictRankStates(const config::Config& c, const dist::Mesh& mesh, in
   return StatesOf(c, mesh, rank, GradientGroups(HeldParams(c, mesh, rank), mesh));
 }
 
+double PredictRankFloor(const config::Config& c, const dist::Mesh& mesh, int rank) {
+  // Each backward in the walk of the step (SimulateStepWorkspace) sees at least the step's
+  // token ids, its micro-batch's kept activations on the chunk and the backward's transient.
+  const ActivationBytes acts = EstimateActivationBytes(c);
+  double backward = 0;
+  for (const model::Stage& s : RankStages(c, mesh.Coord(rank, dist::View::kDense, dist::Axis::kPp))) {
+    backward = std::max(backward, acts.Stage(s) + acts.StageBackward(s));
+  }
+  return PredictRankStates(c, mesh, rank).model_states() + acts.tokens + backward;
+}
+
 RankMemory PredictRankMemory(const config::Config& c, const dist::Mesh& mesh, int rank) {
   // The rank's parameters once, for its gradient groups and its sync's buckets.
   const std::vector<HeldParam> held = HeldParams(c, mesh, rank);

@@ -99,6 +99,9 @@ struct RankMemory {
 RankMemory PredictRankMemory(const config::Config& config, const dist::Mesh& mesh, int rank);
 // Its model states alone (no workspace, no walk of the step): a floor of its total.
 RankMemory PredictRankStates(const config::Config& config, const dist::Mesh& mesh, int rank);
+// A floor of its total without the walk of the step: the model states, the token ids and
+// the largest chunk's kept activations of one micro-batch with its backward's transient.
+double PredictRankFloor(const config::Config& config, const dist::Mesh& mesh, int rank);
 
 // The step's workspace of one rank as PredictRankMemory computes it (no ZeRO terms).
 StepWorkspace PredictStepWorkspace(const config::Config& config, const dist::Mesh& mesh, int rank);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <tuple>
 
 #include "engine/dist/mesh.h"
 #include "engine/plan/device_fit.h"
@@ -155,10 +156,8 @@ double PeakMemory(const PlanInputs& in, const Layout& layout) {
   return LargestStage(in, layout, PredictRankPeak);
 }
 
-double StatesFloor(const PlanInputs& in, const Layout& layout) {
-  return LargestStage(in, layout, [](const config::Config& c, const dist::Mesh& mesh, int rank) {
-    return PredictRankStates(c, mesh, rank).model_states();
-  });
+double PeakFloor(const PlanInputs& in, const Layout& layout) {
+  return LargestStage(in, layout, PredictRankFloor);
 }
 
 Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& hw, CostCache& cache) {
@@ -170,6 +169,58 @@ Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& h
   c.mfu = c.flops_per_gpu / hw.Peak(in.precision);
   return c;
 }
+
+namespace {
+
+// Layouts walked, none fitting, before the search asks whether any can fit at all.
+constexpr int64_t kWalksBeforeFloors = 64;
+
+// When even the least floor of all layouts (PeakFloor) exceeds the device, nothing fits, and
+// `smallest` (what the error names) is found in order of the floors: from the least, until
+// they pass the least peak found. Ties go to the faster layout and then to its whole head, as
+// in the search in time order, so the answer is that search's. A layout's floor is the lesser
+// of its head whole and in chunks (the chunks are workspace). Returns false, with `floors`
+// filled (index in `all`), when some layout's floor fits.
+bool SmallestWhenNoneCanFit(const PlanInputs& in, const Hardware& hw, const std::vector<Candidate>& all,
+                            CostCache& cache, std::vector<double>& floors, PlanResult& result) {
+  std::vector<std::pair<double, size_t>> order;
+  order.reserve(all.size());
+  floors.resize(all.size());
+  std::vector<Layout> chunked(all.size());  // each layout's head in chunks (0 tokens: none)
+  for (size_t i = 0; i < all.size(); ++i) {
+    floors[i] = PeakFloor(in, all[i].layout);
+    chunked[i] = all[i].layout;
+    if (chunked[i].head_chunk_tokens == 0) {
+      chunked[i].head_chunk_tokens = FallbackHeadChunk(in, chunked[i].Apply(in.config));
+    }
+    const bool chunks = chunked[i].head_chunk_tokens != all[i].layout.head_chunk_tokens;
+    order.push_back({chunks ? std::min(floors[i], PeakFloor(in, chunked[i])) : floors[i], i});
+  }
+  std::sort(order.begin(), order.end());
+  if (order.empty() || order.front().first <= hw.memory_bytes) return false;
+  result.floors_exceed_device = true;
+  result.memory_checked = 0;
+  std::tuple<double, size_t, int> least{INFINITY, 0, 0};  // (peak, index in all, head chunked)
+  const auto walk = [&](Candidate c, size_t i, int chunked) {
+    c.peak_bytes = PeakMemory(in, c.layout);
+    c.fits = false;
+    ++result.memory_checked;
+    if (std::tuple(c.peak_bytes, i, chunked) < least) least = {c.peak_bytes, i, chunked}, result.smallest = c;
+  };
+  int64_t walked = 0;
+  for (auto [floor, i] : order) {
+    if (floor > std::get<0>(least)) break;
+    ++walked;
+    walk(all[i], i, 0);
+    if (chunked[i].head_chunk_tokens != all[i].layout.head_chunk_tokens) {
+      walk(Evaluate(in, chunked[i], hw, cache), i, 1);
+    }
+  }
+  result.memory_skipped = static_cast<int64_t>(all.size()) - walked;
+  return true;
+}
+
+}  // namespace
 
 PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& options) {
   PlanResult result;
@@ -195,12 +246,13 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
       chunked.pop_back();
     }
   };
-  auto check = [&](Candidate& c) {
+  std::vector<double> floors;  // PeakFloor of all[i], once SmallestWhenNoneCanFit has run
+  auto check = [&](Candidate& c, size_t i) {
     // A layout whose model states alone exceed the device, and the smallest peak seen so
     // far, can neither fit nor be the smallest: its step's walk (most of a search where
     // little fits) is skipped, and the result is the same.
     if (result.smallest.peak_bytes > 0) {
-      const double floor = StatesFloor(in, c.layout);
+      const double floor = i < floors.size() ? floors[i] : PeakFloor(in, c.layout);
       if (floor > hw.memory_bytes && floor >= result.smallest.peak_bytes) {
         c.fits = false;
         ++result.memory_skipped;
@@ -212,10 +264,15 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
     c.fits = c.peak_bytes <= hw.memory_bytes;
     if (result.smallest.peak_bytes == 0 || c.peak_bytes < result.smallest.peak_bytes) result.smallest = c;
   };
-  for (Candidate& c : all) {
+  for (size_t i = 0; i < all.size(); ++i) {
+    Candidate& c = all[i];
     take_chunked_before(c.time.total());
     if (full()) break;
-    check(c);
+    if (result.memory_checked >= kWalksBeforeFloors && floors.empty() && result.best.empty() &&
+        chunked.empty() && SmallestWhenNoneCanFit(in, hw, all, cache, floors, result)) {
+      return result;
+    }
+    check(c, i);
     if (c.fits) {
       result.best.push_back(c);
       continue;
@@ -225,7 +282,7 @@ PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& opt
       l.head_chunk_tokens = FallbackHeadChunk(in, l.Apply(in.config));
       if (l.head_chunk_tokens == 0) continue;
       Candidate h = Evaluate(in, l, hw, cache);
-      check(h);
+      check(h, all.size());  // its own floor: the head's chunks are workspace
       if (!h.fits) continue;
       auto at = std::upper_bound(chunked.begin(), chunked.end(), h, [](const Candidate& a, const Candidate& b) {
         return a.time.total() > b.time.total();

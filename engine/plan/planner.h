@@ -52,9 +52,9 @@ config::Config DeviceConfig(const PlanInputs& in, const Layout& layout);
 // PredictDeviceFit's model states, step workspace and operand copies (bf16 weight shadows
 // at ZeRO stage 0). One memory model for the planner, the dry-run and its layout search.
 double PeakMemory(const PlanInputs& in, const Layout& layout);
-// The largest pipeline stage's model states (PredictRankStates): at most PeakMemory, and
-// without its walk of the step.
-double StatesFloor(const PlanInputs& in, const Layout& layout);
+// The largest pipeline stage's floor (PredictRankFloor: model states and one micro-batch's
+// activations): at most PeakMemory, and without its walk of the step.
+double PeakFloor(const PlanInputs& in, const Layout& layout);
 
 // Time, throughput and memory of one layout.
 Candidate Evaluate(const PlanInputs& in, const Layout& layout, const Hardware& hw, CostCache& cache);
@@ -64,11 +64,15 @@ struct PlanResult {
   int64_t searched = 0;         // the search space's size
   int64_t valid = 0;            // accepted by the layout check
   int64_t memory_checked = 0;   // layouts whose memory was computed before `top` fit
-  // Layouts not walked: their model states alone exceed the device and the smallest peak
-  // seen before them (StatesFloor), so they could neither fit nor be `smallest`.
+  // Layouts not walked: their floor (PeakFloor: model states and one micro-batch's
+  // activations) exceeds the device and the smallest peak seen, so they could neither fit nor
+  // be `smallest`.
   int64_t memory_skipped = 0;
   // When fewer than `top` fit: of the layouts checked, the one needing the least memory.
   Candidate smallest;
+  // Every layout's floor exceeds the device: nothing fits, and `smallest` was found in order
+  // of the floors (PeakFloor), not of the step time.
+  bool floors_exceed_device = false;
 };
 PlanResult Plan(const PlanInputs& in, const Hardware& hw, const PlanOptions& options);
 

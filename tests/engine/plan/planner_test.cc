@@ -219,14 +219,23 @@ TEST(PlannerTest, HeadChunksWhereTheWholeHeadDoesNotFit) {
   EXPECT_EQ(none_whole.smallest.layout.head_chunk_tokens, 0);
   EXPECT_GT(none_chunked.smallest.layout.head_chunk_tokens, 0);
   ASSERT_LT(least_chunked, 0.9 * least_whole);
-  // `smallest` is exact although layouts whose model states alone exceed the device and the
-  // smallest peak seen were not walked: the least PeakMemory of every layout, by brute force.
-  double brute = INFINITY;
+  // `smallest` is exact although layouts whose floor (model states and one micro-batch's
+  // activations) exceeds the device and the smallest peak seen were not walked: the least
+  // PeakMemory of every layout, by brute force. Both searches are past the point where the
+  // planner sees that no floor fits, and then walks the layouts in order of their floors.
+  EXPECT_TRUE(none_whole.floors_exceed_device);
+  EXPECT_TRUE(none_chunked.floors_exceed_device);
+  double brute = INFINITY, brute_chunked = INFINITY;
   for (const Layout& l : EnumerateLayouts(whole)) {
     brute = std::min(brute, PeakMemory(whole, l));
-    EXPECT_LE(StatesFloor(whole, l), PeakMemory(whole, l)) << l.Describe(8);
+    EXPECT_LE(PeakFloor(whole, l), PeakMemory(whole, l)) << l.Describe(8);
+    Layout h = l;
+    h.head_chunk_tokens = FallbackHeadChunk(chunked, h.Apply(chunked.config));
+    brute_chunked = std::min({brute_chunked, PeakMemory(chunked, l), PeakMemory(chunked, h)});
+    EXPECT_LE(PeakFloor(chunked, h), PeakMemory(chunked, h)) << h.Describe(8);
   }
   EXPECT_EQ(least_whole, brute);
+  EXPECT_EQ(least_chunked, brute_chunked);
   EXPECT_GT(none_whole.memory_skipped, 0);
   EXPECT_EQ(none_whole.memory_checked + none_whole.memory_skipped, none_whole.valid);
 
@@ -236,6 +245,7 @@ TEST(PlannerTest, HeadChunksWhereTheWholeHeadDoesNotFit) {
   EXPECT_TRUE(Plan(whole, hw, {.top = 5}).best.empty());
   const PlanResult fit = Plan(chunked, hw, {.top = 5});
   ASSERT_FALSE(fit.best.empty());
+  EXPECT_FALSE(fit.floors_exceed_device);
   CostCache cache;
   for (size_t i = 0; i < fit.best.size(); ++i) {
     const Candidate& got = fit.best[i];
