@@ -21,7 +21,8 @@
 #   --restore FILE     first unpack a runs archive (runs_archive.py; a published
 #                      runs.tar.xz) into --out: its runs count as done
 #   --publish DIR      at the end, copy the evidence and runs.tar.xz into DIR (publish.py)
-# Finished runs in --out are kept, so a stopped experiment resumes when run again.
+# Finished runs in --out are kept, so a stopped experiment resumes when run again; a kept run
+# trained with other steps, data or base config stops it (run.json records them).
 exp_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 exp_grid=full
 exp_args=("$@")

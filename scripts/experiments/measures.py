@@ -467,20 +467,43 @@ def summarise_setting(name, overrides, runs, baseline_runs=None):
     }
 
 
-def paired_tests(settings, alpha=0.05, key="delta_val_loss"):
-    """stats.pooled_paired_t on the Δ (key: delta_val_loss or delta_curve_end) of the settings
-    that have one (summarise_setting outputs): the variance pooled over them, each setting's
-    mean tested against 0."""
-    import stats
-    deltas = {s["name"]: s["metrics"][key]["values"] for s in settings if s["metrics"][key]["n"]}
-    return stats.pooled_paired_t(deltas, alpha) if deltas else None
+def _cells(runs_by_setting, baseline, key):
+    """{setting: {seed: value}} of the finished runs for stats.blocked_paired_t. key
+    "val_loss": each run's final validation loss. "curve_end": each run's validation curve's
+    last value, and the baseline's curve at that step, which must be one step for every
+    setting (moe_vs_dense: the dense baseline trains twice as long); None otherwise."""
+    ok = {n: [r for r in runs if r["status"] == "ok"] for n, runs in runs_by_setting.items()}
+    if key == "val_loss":
+        return {n: {r["seed"]: r["val_loss"] for r in rs} for n, rs in ok.items()}
+    ends = {r["curve_val"][-1][0] for n, rs in ok.items() if n != baseline for r in rs if r["curve_val"]}
+    if len(ends) != 1 or baseline not in ok:
+        return None
+    step = ends.pop()
+    cells = {n: {r["seed"]: r["curve_val"][-1][1] for r in rs if r["curve_val"]}
+             for n, rs in ok.items() if n != baseline}
+    cells[baseline] = {r["seed"]: curve_at(r["curve_val"], step) for r in ok[baseline]}
+    return cells
 
 
-def trend_in_experts(runs_by_setting, names):
-    """stats.trend of Δ val loss on log2 E (moe.num_experts) over the named settings' runs,
-    every seed one point. None when fewer than 3 points or one E."""
+def paired_tests(runs_by_setting, baseline, alpha=0.05, key="val_loss"):
+    """stats.blocked_paired_t of every setting against the baseline on the runs' key (see
+    _cells); None without a baseline or with fewer than two settings."""
     import stats
-    pts = [(math.log2(r["num_experts"]), r.get("delta_val_loss"))
-           for n in names for r in runs_by_setting.get(n, [])
-           if r["status"] == "ok" and r.get("num_experts")]
-    return stats.trend(pts)
+    if not baseline or baseline not in runs_by_setting or len(runs_by_setting) < 2:
+        return None
+    cells = _cells(runs_by_setting, baseline, key)
+    return stats.blocked_paired_t(cells, baseline, alpha) if cells else None
+
+
+def trend_in_experts(runs_by_setting, names, baseline):
+    """stats.blocked_trend of the named settings' effects on log2 E (moe.num_experts), in the
+    two-way fit of every setting's final validation loss (the baseline's and the others'
+    runs give the residual variance). None when fewer than 3 runs or one E."""
+    import stats
+    xs = {}
+    for n in names:
+        experts = {r["num_experts"] for r in runs_by_setting.get(n, []) if r["status"] == "ok" and r.get("num_experts")}
+        if len(experts) == 1:
+            xs[n] = math.log2(experts.pop())
+    cells = _cells(runs_by_setting, baseline, "val_loss") if baseline else None
+    return stats.blocked_trend(cells, xs) if cells and xs else None

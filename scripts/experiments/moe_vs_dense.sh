@@ -15,7 +15,8 @@
 # --grid gate: the gate-scale test (the page's "Why is the MoE behind?"): the full grid's
 #   16-expert run again with moe.routed_scaling_factor 16 (= E: top-1 gates start near 1/E,
 #   so the routed layer starts about E times smaller than the dense MLP), 3 seeds, in the
-#   full grid's directory beside its dense and 16-expert runs, which it reuses (a run with a
+#   full grid's directory (runs/experiments/moe_vs_dense unless --out says otherwise) beside
+#   its dense and 16-expert runs, which it reuses (a run with a
 #   run.json is never retrained), so the Δ is paired with the same seeds' dense runs.
 # --grid v1: the first two runs' grid (configs/experiments/base.yaml on data/code at
 #   vocabulary 8192: dense against top-1 over 4, 8, 16, 32 experts in layers 1 and 3 and
@@ -80,7 +81,8 @@ case "$exp_grid" in
       --setting "dense=moe.layer_freq=1000 train.max_steps=$((2 * n))" \
       --setting "top1-e16=moe.num_experts=16" \
       --setting "top1-e16-s16=moe.num_experts=16 moe.routed_scaling_factor=16" \
-      --baseline dense --default-steps 600 --default-seeds 3 --columns "$cols" "$@" ;;
+      --baseline dense --default-steps 600 --default-seeds 3 --columns "$cols" \
+      --out runs/experiments/moe_vs_dense "$@" ;;  # the full grid's directory (an --out given wins)
   v1)
     exp_data=data/code  # the first runs' corpus (vocabulary 8192)
     settings=(--setting "dense=moe.layer_freq=1000")  # no layer i with i % 1000 == 999

@@ -11,7 +11,10 @@ base config) times seeds. For every (setting, seed) the runner
   2. evaluates the final checkpoint on the whole validation split (`switchyard eval --json
      --batches 0`) into eval.json.
 A run whose run.json (and, when ok, eval.json) exists is kept: an interrupted experiment
-resumes where it stopped. --jobs N trains N runs at once, each with SWITCHYARD_THREADS =
+resumes where it stopped. run.json records what defines the run (overrides, steps, the
+corpus's index.json digest, the validation sample, the base config's digest, the binary);
+a kept run that differs from this call in any but the binary stops the experiment before
+anything trains (check_kept), another binary is a warning. --jobs N trains N runs at once, each with SWITCHYARD_THREADS =
 cores / N (the engine's compute pool; OpenBLAS stays on one thread).
 
 Then it writes OUT/summary.json and OUT/summary.md (per setting: mean ± standard deviation
@@ -52,6 +55,20 @@ class Usage(Exception):
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise Usage(message)
+
+
+# The keys the runner sets for every run (run_one): a --set of one would override the
+# runner's own value (user sets come last) and silently break the design, e.g. every seed
+# the same run. Refused at parsing, each pointing at the flag that controls it.
+RESERVED = {
+    "train.seed": "the runner sets each run's train.seed; use --seeds",
+    "train.max_steps": "the runner sets each run's train.max_steps; use --steps",
+    "data.dir": "the runner sets each run's data.dir; use --data",
+    "data.paths": "a blend would train on other data than --data, on which the runs are "
+                  "evaluated; use --data",
+    "model.vocab_size": "the runner sets each run's model.vocab_size to the prepared data's "
+                        "(its index.json); use --data",
+}
 
 
 def parse(argv):
@@ -126,6 +143,9 @@ def parse(argv):
     for kv in a.extra:
         if "=" not in kv or "." not in kv.split("=", 1)[0]:
             raise Usage("--set '%s': expected section.key=value" % kv)
+        key = kv.split("=", 1)[0].strip()
+        if key in RESERVED:
+            raise Usage("--set '%s': %s" % (kv, RESERVED[key]))
     a.settings = []
     for s in a.setting:
         name, _, sets = s.partition("=")
@@ -159,16 +179,132 @@ def mpi_init_failed(log):
         return "before MPI_INIT completed" in f.read()
 
 
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def config_digest(path):
+    """sha256 of the base config's content as parsed (canonical JSON: an edited comment or
+    layout keeps the runs), or of its bytes when it does not parse."""
+    try:
+        import yaml
+        with open(path) as f:
+            text = json.dumps(yaml.safe_load(f), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+    except Exception:  # not YAML PyYAML reads: the engine will say what is wrong
+        return sha256_file(path)
+
+
+def run_identity(a, val_tokens):
+    """What defines a run beyond its setting's overrides and its seed (the steps aside:
+    run_steps), written into every run.json and compared when a finished run is kept
+    (check_kept): the corpus (its index.json's digest; the path for messages), the
+    validation sample (blocks, tokens each; None: the whole split), the base config's content
+    and the switchyard binary (its digest; another binary only warns)."""
+    return {"data": os.path.abspath(a.source_data),
+            "data_index_sha256": sha256_file(os.path.join(a.source_data, "index.json")),
+            "val_sample": [a.val_blocks, a.val_block_tokens] if val_tokens else None,
+            "config": os.path.abspath(a.config), "config_sha256": config_digest(a.config),
+            "binary": os.path.abspath(a.bin), "binary_sha256": sha256_file(a.bin)}
+
+
+def run_steps(a, sets):
+    """A run's train.max_steps: its setting's own when it sets one (moe_vs_dense's dense
+    run trains twice as long), else --steps."""
+    steps = a.steps
+    for kv in sets + a.extra:
+        k, _, v = kv.partition("=")
+        if k.strip() == "train.max_steps":
+            try:
+                steps = int(v)
+            except ValueError:
+                steps = v.strip()
+    return steps
+
+
+def _runs_named(runs):
+    return runs[0] + (" and %d more" % (len(runs) - 1) if len(runs) > 1 else "")
+
+
+def check_kept(a):
+    """Before anything trains: every finished run in OUT (its run.json) must be the run this
+    call would train: the same overrides, steps, corpus, validation sample and base config;
+    else RuntimeError naming the run and what differs. Returns warning lines: runs trained
+    by another binary are kept (a rebuilt binary usually computes the same; run.json names
+    the one that trained each run), and so are runs whose run.json predates this record
+    (their steps checked against their config.yaml where they left one)."""
+    ident = a.identity
+    other_bin, old = [], []
+    for name, sets in a.settings:
+        for seed in a.seeds:
+            d = os.path.join(a.out, name, "seed%d" % seed)
+            path = os.path.join(d, "run.json")
+            if not os.path.isfile(path):
+                continue
+            with open(path) as f:
+                st = json.load(f)
+            if st.get("overrides") != sets + a.extra:
+                raise RuntimeError("%s was trained with the overrides %s, not this setting's %s "
+                                   "(remove it, or use another --out)" % (d, st.get("overrides"), sets + a.extra))
+            diffs = []
+            steps = st.get("steps")
+            if steps is None:  # run.json before the record: the checkpoint's config says
+                cfg = measures.resolved_config(d)
+                steps = (cfg.get("train") or {}).get("max_steps") if cfg else None
+            if steps is not None and steps != run_steps(a, sets):
+                diffs.append("was %s steps, now %s" % (steps, run_steps(a, sets)))
+            if "data_index_sha256" in st and st["data_index_sha256"] != ident["data_index_sha256"]:
+                diffs.append("was data %s (index.json sha256 %.12s), now %s (%.12s)"
+                             % (st.get("data"), st["data_index_sha256"], ident["data"], ident["data_index_sha256"]))
+            if "val_sample" in st and st["val_sample"] != ident["val_sample"]:
+                vs = lambda v: "%d blocks of %d tokens" % tuple(v) if v else "the whole split"
+                diffs.append("was validated on %s, now %s" % (vs(st["val_sample"]), vs(ident["val_sample"])))
+            if "config_sha256" in st and st["config_sha256"] != ident["config_sha256"]:
+                diffs.append("was base config %s (sha256 %.12s), now %s (%.12s)"
+                             % (st.get("config"), st["config_sha256"], ident["config"], ident["config_sha256"]))
+            if diffs:
+                raise RuntimeError("%s was trained with other inputs than this call's: %s "
+                                   "(remove it, or use another --out)" % (d, "; ".join(diffs)))
+            run = "%s/seed%d" % (name, seed)
+            if any(k not in st for k in ("steps", "data_index_sha256", "config_sha256", "binary_sha256")):
+                old.append(run)
+            elif st["binary_sha256"] != ident["binary_sha256"]:
+                other_bin.append((run, st))
+    warnings = []
+    if other_bin:
+        st = other_bin[0][1]
+        warnings.append("%d kept runs (%s) were trained by another switchyard binary (%s, sha256 %.12s; "
+                        "now %s, %.12s): kept, their numbers are that binary's"
+                        % (len(other_bin), _runs_named([r for r, _ in other_bin]), st.get("binary"),
+                           st["binary_sha256"], ident["binary"], ident["binary_sha256"]))
+    if old:
+        warnings.append("%d kept runs (%s) predate run.json's record of their data, base config and "
+                        "binary: kept unchecked but for their steps (their config.yaml)" % (len(old), _runs_named(old)))
+    return warnings
+
+
+def error_lines(log):
+    """What a failed run's log says went wrong: its lines with "error:" (the engine's
+    `switchyard train: error: ...` on stderr, which lands before the buffered config dump
+    on stdout), else its last 3 lines."""
+    with open(log, errors="replace") as f:
+        lines = f.read().strip().splitlines()
+    errors = [l.strip() for l in lines if "error:" in l]
+    return errors[-3:] if errors else lines[-3:]
+
+
 def run_one(a, name, sets, seed, vocab, threads):
-    """Trains and evaluates one (setting, seed) unless already done; returns a log line."""
+    """Trains and evaluates one (setting, seed) unless already done (check_kept has checked
+    a kept run against this call); returns a log line."""
     d = os.path.join(a.out, name, "seed%d" % seed)
     status_path, eval_path = os.path.join(d, "run.json"), os.path.join(d, "eval.json")
     if os.path.isfile(status_path):
         with open(status_path) as f:
             st = json.load(f)
-        if st.get("overrides") != sets + a.extra:
-            raise RuntimeError("%s was trained with the overrides %s, not this setting's %s "
-                               "(remove it, or use another --out)" % (d, st.get("overrides"), sets + a.extra))
         if st["status"] != "ok" or os.path.isfile(eval_path):
             return "%s/seed%d: already done (%s)" % (name, seed, st["status"])
     else:
@@ -191,12 +327,12 @@ def run_one(a, name, sets, seed, vocab, threads):
                 break
             time.sleep(1 + attempt)  # MPI's start-up failed, not the run: try again
         if rc not in (0, EXIT_NONFINITE):
-            with open(log) as f:
-                tail = f.read().strip().splitlines()[-3:]
             raise RuntimeError("training %s/seed%d failed (exit %d; %s): %s"
-                               % (name, seed, rc, log, " | ".join(tail)))
+                               % (name, seed, rc, log, " | ".join(error_lines(log))))
         st = {"status": "ok" if rc == 0 else "diverged", "exit": rc, "seed": seed,
-              "setting": name, "overrides": sets + a.extra, "wall_s": time.time() - start}
+              "setting": name, "overrides": sets + a.extra, "wall_s": time.time() - start,
+              "steps": run_steps(a, sets)}
+        st.update(a.identity)
     if st["status"] == "ok":
         cmd = [a.bin, "eval", "--checkpoint", d, "--json", "--batches", "0", "--data", a.data]
         r = subprocess.run(cmd, capture_output=True, text=True,
@@ -260,10 +396,10 @@ def time_all(a, vocab):
             cmd = [a.bin, "train", "--config", a.config, "--out", d, "--steps", str(TIME_SKIP + a.time_steps),
                    "--set", "train.seed=%d" % a.seeds[0],
                    "--set", "train.max_steps=%d" % max(a.steps, TIME_SKIP + a.time_steps),
-                   "--set", "data.dir=%s" % a.data, "--set", "model.vocab_size=%d" % vocab,
-                   "--set", "train.eval_every=0"]
+                   "--set", "data.dir=%s" % a.data, "--set", "model.vocab_size=%d" % vocab]
             for kv in sets + a.extra:
                 cmd += ["--set", kv]
+            cmd += ["--set", "train.eval_every=0"]  # after the sets: timing never validates
             res = subprocess.run(cmd, capture_output=True, text=True,
                                  env=dict(os.environ, SWITCHYARD_THREADS=str(threads)))
             if res.returncode != 0:
@@ -298,35 +434,42 @@ def summarise(a):
     base_runs = next((runs for n, _, runs in per_setting if n == a.baseline), None)
     settings = [measures.summarise_setting(n, s, runs, base_runs if n != a.baseline else None)
                 for n, s, runs in per_setting]
-    tests = measures.paired_tests(settings)
-    curve_tests = measures.paired_tests(settings, key="delta_curve_end")
-    for st in settings:
-        st["delta_test"] = tests["settings"].get(st["name"]) if tests else None
-        st["delta_curve_test"] = curve_tests["settings"].get(st["name"]) if curve_tests else None
-    trend = None
-    if a.trend:
-        trend = measures.trend_in_experts({n: runs for n, _, runs in per_setting}, a.trend)
-        if trend:
-            trend["settings"] = a.trend
-    power = None
-    if tests and tests["pooled_sd"] and tests["pooled_sd"] > 0:
-        power = {"pooled_sd": tests["pooled_sd"], "alpha": stats.ALPHA, "power": stats.POWER,
-                 "method": "noncentral t, df n - 1 (one setting's paired test)",
-                 "seeds": {str(e): stats.seeds_for_power(e, tests["pooled_sd"]) for e in a.power_effects}}
-    return {"experiment": a.name, "title": a.title, "grid": a.grid, "config": a.config,
+    runs_by_setting = {n: runs for n, _, runs in per_setting}
+    return dict({"experiment": a.name, "title": a.title, "grid": a.grid, "config": a.config,
             "data": a.source_data, "val_sample_tokens": a.val_tokens, "steps": a.steps, "seeds": a.seeds, "extra_sets": a.extra,
             "baseline": a.baseline or None,
             # The baseline's mean validation curve at its last evaluation (the plots' line).
             "baseline_final_val_curve": next((st["curve_val"][-1][1] for st in settings
                                               if st["name"] == a.baseline and st["curve_val"]), None),
-            "paired_test": {"pooled_sd": tests["pooled_sd"], "df": tests["df"], "alpha": tests["alpha"]} if tests else None,
-            "paired_test_curve_end": ({"pooled_sd": curve_tests["pooled_sd"], "df": curve_tests["df"]}
-                                      if curve_tests else None),
-            "trend": trend, "power": power,
             "spike_rule": {"window": measures.SPIKE_WINDOW, "ratio": measures.SPIKE_RATIO,
                            "step_ratio": measures.STEP_RATIO},
             "settings": settings,
-            "runs": {n: runs for n, _, runs in per_setting}}
+            "runs": runs_by_setting},
+        **tests_of(settings, runs_by_setting, a.baseline, a.trend, a.power_effects))
+
+
+def tests_of(settings, runs_by_setting, baseline, trend_names, power_effects):
+    """summary.json's tests (paired_test, paired_test_curve_end, trend, power) of the runs,
+    each setting's own results stored in its entry of `settings` (delta_test,
+    delta_curve_test). restat.py recomputes a published summary's with it."""
+    tests = measures.paired_tests(runs_by_setting, baseline)
+    curve_tests = measures.paired_tests(runs_by_setting, baseline, key="curve_end")
+    for st in settings:
+        st["delta_test"] = tests["settings"].get(st["name"]) if tests else None
+        st["delta_curve_test"] = curve_tests["settings"].get(st["name"]) if curve_tests else None
+    trend = measures.trend_in_experts(runs_by_setting, trend_names, baseline) if trend_names else None
+    if trend:
+        trend["settings"] = trend_names
+    power = None
+    if tests and tests["delta_sd"] and tests["delta_sd"] > 0:
+        power = {"delta_sd": tests["delta_sd"], "alpha": stats.ALPHA, "power": stats.POWER,
+                 "method": "noncentral t, df n - 1 (one setting's paired test)",
+                 "seeds": {str(e): stats.seeds_for_power(float(e), tests["delta_sd"]) for e in power_effects}}
+    return {"paired_test": ({"model": "two-way setting x seed", "sd": tests["sd"], "delta_sd": tests["delta_sd"],
+                             "df": tests["df"], "alpha": tests["alpha"]} if tests else None),
+            "paired_test_curve_end": ({"sd": curve_tests["sd"], "delta_sd": curve_tests["delta_sd"],
+                                       "df": curve_tests["df"]} if curve_tests else None),
+            "trend": trend, "power": power}
 
 
 # summary.md's columns: key -> (header, printf format, scale).
@@ -348,8 +491,8 @@ COLUMNS = {
     "lang_mi_norm": ("label MI / min(H(label), log2 E)", "%.3f", 1),
     "lang_top_share": ("label top share", "%.1f%%", 100),
     "speedup": ("speed-up (baseline steps to the run's final loss / run steps, same seed)", "%.2fx", 1),
-    "delta_val_loss": ("Δ val loss vs baseline, same seed (± pooled SE; p)", "%+.4f", 1),
-    "delta_curve_end": ("Δ validation curve at the run's last step vs the baseline's there, same seed (± pooled SE; p)", "%+.4f", 1),
+    "delta_val_loss": ("Δ val loss vs baseline, same seed (± SE; p, setting x seed)", "%+.4f", 1),
+    "delta_curve_end": ("Δ validation curve at the run's last step vs the baseline's there, same seed (± SE; p, setting x seed)", "%+.4f", 1),
 }
 
 
@@ -394,34 +537,39 @@ def tests_markdown(summary):
     pt = summary.get("paired_test")
     rows = [s for s in summary["settings"] if s.get("delta_test") and s["delta_test"]["mean"] is not None]
     if pt and pt["df"] and rows:
-        out += ["", "Paired t on Δ val loss (each run minus the %s run of the same seed): the "
-                "variance pooled over the %d settings below, s = %.4f nats on %d degrees of freedom "
-                "(sum of n - 1); SE = s / sqrt(n); p two-sided and the %d%% interval from t(%d)."
-                % (summary["baseline"], len(rows), pt["pooled_sd"], pt["df"],
-                   round(100 * (1 - pt["alpha"])), pt["df"]), "",
-                "| setting | n | mean Δ | SE | t | p | %d%% interval |" % round(100 * (1 - pt["alpha"])),
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        level = round(100 * (1 - pt["alpha"]))
+        out += ["", "Δ val loss of each setting against the %s run of the same seed, tested in the "
+                "two-way table setting x seed fitted by least squares (val loss = setting + seed + "
+                "error): residual s = %.4f nats on %d degrees of freedom (runs - settings - seeds + 1), "
+                "so a same-seed difference has SD s sqrt 2 = %.4f; SE = s sqrt(2 / n) with every seed "
+                "run; p two-sided and the %d%% interval from t(%d). Own p: the setting's paired t on its "
+                "own differences alone (n - 1 df), which does not assume every setting equally noisy."
+                % (summary["baseline"], pt["sd"], pt["df"], pt["delta_sd"], level, pt["df"]), "",
+                "| setting | n | mean Δ | SE | t | p | %d%% interval | own SD | own p |" % level,
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for s in rows:
             t = s["delta_test"]
-            out.append("| %s | %d | %+.4f | %.4f | %s | %s | [%+.4f, %+.4f] |"
+            out.append("| %s | %d | %+.4f | %.4f | %s | %s | [%+.4f, %+.4f] | %s | %s |"
                        % (s["name"], t["n"], t["mean"], t["se"],
                           "%.2f" % t["t"] if t["t"] is not None else "-", stats.fmt_p(t["p"]),
-                          t["lo"], t["hi"]))
+                          t["lo"], t["hi"], "%.4f" % t["own_sd"] if t.get("own_sd") is not None else "-",
+                          stats.fmt_p(t.get("own_p"))))
     pc = summary.get("paired_test_curve_end")
     if pc and pc["df"] and "delta_curve_end" in summary.get("columns", []):
         out += ["", "Δ at the run's last step (its curve minus the %s run's curve there, same seed): "
                 "the same test, s = %.4f nats on %d degrees of freedom; the column gives mean ± SE (p)."
-                % (summary["baseline"], pc["pooled_sd"], pc["df"])]
+                % (summary["baseline"], pc["sd"], pc["df"])]
     tr = summary.get("trend")
     if tr:
-        out += ["", "Trend of Δ in log2 E over %s (every seed a point): slope %+.4f nats per "
+        out += ["", "Trend in log2 E of the effects of %s (a linear contrast in the same two-way fit; "
+                "with every seed run, the least-squares slope of their Δ): slope %+.4f nats per "
                 "doubling, SE %.4f, t %.2f on %d df, p %s, 95%% interval [%+.4f, %+.4f]."
                 % (", ".join(tr["settings"]), tr["slope"], tr["se"], tr["t"] or 0.0, tr["df"],
                    stats.fmt_p(tr["p"]), tr["lo"], tr["hi"])]
     pw = summary.get("power")
     if pw:
-        out += ["", "Seeds per setting for %d%% power at alpha %g two-sided (%s, SD %.4f): %s."
-                % (round(100 * pw["power"]), pw["alpha"], pw["method"], pw["pooled_sd"],
+        out += ["", "Seeds per setting for %d%% power at alpha %g two-sided (%s, SD of a difference %.4f): %s."
+                % (round(100 * pw["power"]), pw["alpha"], pw["method"], pw["delta_sd"],
                    ", ".join("%s nats: %d" % (e, n) for e, n in pw["seeds"].items()))]
     return "\n".join(out) + ("\n" if out else "")
 
@@ -453,8 +601,8 @@ def markdown(summary, columns, stability):
         lines.append("| " + " | ".join(row) + " |")
     note = ("\n%s: %s grid, %d steps, seeds %s, config %s, data %s. Each cell: mean ± sample "
             "standard deviation over the seeds that finished (no ± with one; \"(n of m)\" where "
-            "only n of the m finished seeds have a value); Δ: mean ± pooled standard error and "
-            "the paired t's p (below).\n"
+            "only n of the m finished seeds have a value); Δ: mean ± standard error and p of "
+            "the test in the table setting x seed (below).\n"
             % (summary["title"], summary["grid"], summary["steps"],
                ",".join(map(str, summary["seeds"])), summary["config"], summary["data"]))
     return "\n".join(lines) + "\n" + note + tests_markdown(dict(summary, columns=columns))
@@ -562,10 +710,19 @@ def main(argv):
               % (a.name, len(restored), a.restore, len(kept), a.out), flush=True)
     with open(os.path.join(a.data, "index.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    os.makedirs(a.out, exist_ok=True)
     a.source_data, a.val_tokens = a.data, None
+    import val_sample
+    try:
+        planned = val_sample.sample_tokens(a.data, a.val_blocks, a.val_block_tokens) if a.val_blocks else None
+        a.identity = run_identity(a, planned)
+        # Before anything is written (the validation sample included): kept runs must match.
+        for w in check_kept(a):
+            sys.stderr.write("%s: warning: %s\n" % (prog, w))
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        sys.stderr.write("%s: error: %s\n" % (prog, e))
+        return 1
+    os.makedirs(a.out, exist_ok=True)
     if a.val_blocks:
-        import val_sample
         sample = os.path.join(a.out, "val-sample")
         try:
             a.val_tokens = val_sample.make(a.data, sample, a.val_blocks, a.val_block_tokens)
@@ -583,6 +740,7 @@ def main(argv):
         timing = time_all(a, vocab) if a.time_steps else None
         summary = summarise(a)
         summary["timing"] = timing
+        summary["columns"], summary["stability"] = cols, a.stability  # for restat.py
         with open(os.path.join(a.out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1, allow_nan=False)
         md = markdown(summary, cols, a.stability)

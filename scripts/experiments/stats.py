@@ -1,7 +1,10 @@
 """The tests the experiment pages' claims rest on (docs/experiments/README.md, "Seed noise"):
-the paired t on each setting's same-seed differences with the variance pooled across
-settings, the trend of those differences in log2 E, and the seeds a given effect needs for
-80% power. No files, no processes: numbers in, numbers out (tests/cli/experiments_stats_test.py
+each setting against the baseline in the two-way table setting x seed (blocked_paired_t: the
+residual variance of the additive fit, so the baseline's noise shared by every same-seed
+difference is counted once), beside each setting's own paired t; the trend of the settings'
+effects in log2 E in the same fit (blocked_trend); and the seeds a given effect needs for
+80% power. The earlier pooling of the differences' variances (pooled_paired_t, trend) stays
+for the pages' hand checks of older tables. No files, no processes: numbers in, numbers out (tests/cli/experiments_stats_test.py
 checks every function on hand-computed cases and the t distribution against table values).
 
 The t distribution comes from scipy.stats when it is importable, otherwise from the
@@ -157,6 +160,111 @@ def pooled_paired_t(deltas, alpha=ALPHA):
                 r["p"] = t_two_sided_p(r["t"], df)
         out[k] = r
     return {"pooled_sd": sd, "df": df or None, "alpha": alpha, "settings": out}
+
+
+def _two_way_fit(cells):
+    """Least squares of the additive model value = setting effect + seed effect over cells
+    [(setting, seed, value)] (the first seed's effect 0). Returns (setting index, the setting
+    block of (X'X)^+, the setting effects, residual variance, df = cells - rank); variance and
+    df None when no degree of freedom is left."""
+    import numpy as np
+    settings = list(dict.fromkeys(c[0] for c in cells))
+    seeds = list(dict.fromkeys(c[1] for c in cells))
+    col = {k: i for i, k in enumerate(settings)}
+    row_of_seed = {s: len(settings) + i - 1 for i, s in enumerate(seeds)}  # seeds[0]: none
+    x = np.zeros((len(cells), len(settings) + len(seeds) - 1))
+    y = np.array([c[2] for c in cells], dtype=float)
+    for i, (k, s, _) in enumerate(cells):
+        x[i, col[k]] = 1.0
+        if s != seeds[0]:
+            x[i, row_of_seed[s]] = 1.0
+    beta, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+    df = len(cells) - int(rank)
+    sse = float(np.sum((y - x @ beta) ** 2))
+    cov = np.linalg.pinv(x.T @ x)[:len(settings), :len(settings)]
+    return col, cov, beta[:len(settings)], (sse / df if df > 0 else None), (df if df > 0 else None)
+
+
+def _contrast(fit, weights):
+    """(estimate, its standard error or None) of sum_k weights[k] x setting effect k."""
+    col, cov, effects, var, _ = fit
+    import numpy as np
+    w = np.zeros(len(col))
+    for k, v in weights.items():
+        w[col[k]] = v
+    est = float(w @ effects)
+    return est, (math.sqrt(max(0.0, float(w @ cov @ w)) * var) if var is not None else None)
+
+
+def blocked_paired_t(cells, baseline, alpha=ALPHA):
+    """cells: {setting: {seed: value}}, the baseline among the settings. Every run of every
+    setting is one cell of the two-way table setting x seed, fitted by least squares as
+        value = setting effect + seed effect + error (errors independent, one variance s^2),
+    so the seed's common part cancels from each comparison and the baseline's own noise,
+    which every same-seed difference of a seed shares, is counted once, not once per setting
+    (pooling the variances of those differences as if independent made p too small: about
+    7% false positives at a nominal 5% with 9 settings). Each setting's Δ = its effect minus
+    the baseline's (with every seed run, the mean of its same-seed differences) is tested
+    against zero: SE from s^2 and the design (sqrt(2 / n) s when complete), t, p two-sided and
+    the interval from t(df), df = runs - settings - seeds + 1. Beside it the setting's own
+    paired t on its same-seed differences (df n - 1, no shared variance): "own_sd", "own_p".
+    Returns {"sd" (s), "delta_sd" (s sqrt 2, a difference's), "df", "alpha", "settings":
+    {setting: {"n", "mean", "se", "t", "p", "lo", "hi", "own_sd", "own_p"}}} (not the
+    baseline); values None where they cannot be computed."""
+    flat = [(k, s, v) for k, runs in cells.items() for s, v in runs.items()
+            if v is not None and math.isfinite(v)]
+    base = {s: v for k, s, v in flat if k == baseline}
+    fit = _two_way_fit(flat) if base and len({k for k, _, _ in flat}) > 1 else None
+    var, df = (fit[3], fit[4]) if fit else (None, None)
+    crit = t_ppf(1.0 - alpha / 2.0, df) if df else None
+    out = {}
+    for k, runs in cells.items():
+        if k == baseline:
+            continue
+        d = [v - base[s] for s, v in runs.items() if s in base and v is not None and math.isfinite(v)]
+        r = {"n": len(d), "mean": None, "se": None, "t": None, "p": None, "lo": None, "hi": None,
+             "own_sd": statistics.stdev(d) if len(d) > 1 else None, "own_p": None}
+        if d:
+            r["mean"], r["se"] = _contrast(fit, {k: 1.0, baseline: -1.0})
+        if r["se"] is not None:
+            r["lo"], r["hi"] = r["mean"] - crit * r["se"], r["mean"] + crit * r["se"]
+            if r["se"] > 0:
+                r["t"] = r["mean"] / r["se"]
+                r["p"] = t_two_sided_p(r["t"], df)
+        if r["own_sd"]:
+            r["own_p"] = t_two_sided_p(statistics.fmean(d) / (r["own_sd"] / math.sqrt(len(d))), len(d) - 1)
+        out[k] = r
+    sd = math.sqrt(var) if var is not None else None
+    return {"sd": sd, "delta_sd": sd * math.sqrt(2.0) if sd is not None else None, "df": df,
+            "alpha": alpha, "settings": out}
+
+
+def blocked_trend(cells, xs, alpha=ALPHA):
+    """The linear trend of the settings' effects in x (xs: {setting: x}, e.g. log2 E) in the
+    two-way fit of blocked_paired_t over every cell of `cells` (the baseline's included: it
+    gives the residual variance, not the trend): slope = sum_k w_k effect_k with w_k = n_k (x_k
+    - xbar) / sum_j n_j (x_j - xbar)^2 (n_k runs at x_k, xbar their mean), which with every
+    seed run is the least-squares slope of the same-seed differences on x; its SE from s^2,
+    t and p from t(df), the residual df of the fit. None with fewer than two x values."""
+    flat = [(k, s, v) for k, runs in cells.items() for s, v in runs.items()
+            if v is not None and math.isfinite(v)]
+    n = {k: sum(1 for c in flat if c[0] == k) for k in xs}
+    total = sum(n.values())
+    if total < 3 or len({xs[k] for k in xs if n[k]}) < 2:
+        return None
+    mx = sum(n[k] * xs[k] for k in xs) / total
+    sxx = sum(n[k] * (xs[k] - mx) ** 2 for k in xs)
+    fit = _two_way_fit(flat)
+    b, se = _contrast(fit, {k: n[k] * (xs[k] - mx) / sxx for k in xs if n[k]})
+    df = fit[4]
+    if se is None:
+        return {"n": total, "df": None, "slope": b, "se": None, "t": None, "p": None,
+                "lo": None, "hi": None, "alpha": alpha}
+    crit = t_ppf(1.0 - alpha / 2.0, df)
+    t = b / se if se > 0 else None
+    return {"n": total, "df": df, "slope": b, "se": se, "t": t,
+            "p": t_two_sided_p(t, df) if t is not None else None,
+            "lo": b - crit * se, "hi": b + crit * se, "alpha": alpha}
 
 
 def trend(points, alpha=ALPHA):

@@ -45,8 +45,18 @@ def _bitrev(i, bits):
     return int(format(i, "0%db" % bits)[::-1], 2) if bits else 0
 
 
+def sample_tokens(src, blocks=1024, block=1024):
+    """The number of validation tokens make() would give for SRC (writing nothing), or None
+    when the source split is not larger than the sample."""
+    with open(os.path.join(src, "index.json")) as f:
+        index = json.load(f)
+    total = sum(s["tokens"] for s in index["shards"] if s["split"] == "val")
+    return None if blocks & (blocks - 1) or total <= blocks * block else blocks * block
+
+
 def make(src, dst, blocks=1024, block=1024):
-    """Writes DST (once; an existing DST with the same source and sizes is kept). Returns
+    """Writes DST (once; an existing DST with the same source and sizes is kept, another is
+    rebuilt, its links to the old source's train shards and tokenizer replaced). Returns
     the number of validation tokens, or None when the source split is not larger than the
     sample (then the source is used as it is)."""
     with open(os.path.join(src, "index.json")) as f:
@@ -61,6 +71,7 @@ def make(src, dst, blocks=1024, block=1024):
         with open(stamp_path) as f:
             if json.load(f) == stamp:
                 return blocks * block
+        os.remove(stamp_path)  # first: a rebuild cut short is not taken for the old sample
     # The source's validation stream (its val shards in index order) and documents on it.
     stream = array("H")
     docs, base = [], 0
@@ -92,10 +103,18 @@ def make(src, dst, blocks=1024, block=1024):
             pos, k = end, k + 1
     _write_shard(os.path.join(dst, "val-00000.bin"), out)
     shards = [s for s in index["shards"] if s["split"] == "train"]
-    for s in shards + [{"name": index["tokenizer"]}]:
-        link = os.path.join(dst, s["name"])
-        if not os.path.lexists(link):
-            os.symlink(os.path.abspath(os.path.join(src, s["name"])), link)
+    names = [s["name"] for s in shards] + [index["tokenizer"]]
+    for entry in os.scandir(dst):  # links into a previous source (another corpus's shards)
+        if entry.is_symlink() and entry.name not in names:
+            os.remove(entry.path)
+    for name in names:
+        link = os.path.join(dst, name)
+        target = os.path.abspath(os.path.join(src, name))
+        if not (os.path.islink(link) and os.readlink(link) == target):
+            if os.path.lexists(link + ".tmp"):
+                os.remove(link + ".tmp")
+            os.symlink(target, link + ".tmp")
+            os.replace(link + ".tmp", link)
     totals = {}
     for lab in index["labels"]:
         totals[lab] = {"train": index["totals"][lab]["train"], "val": {"documents": 0, "tokens": 0}}

@@ -7,8 +7,12 @@
 # own numbers (the same as summary.json's) and configs/<setting>.yaml each setting's resolved
 # config; the figures each grid can make exist; publish.py copies the evidence and packs the
 # runs' records (runs.tar.xz), which --restore turns back into the same summary elsewhere; the zloss grid at a diverging learning rate counts its runs as diverged
-# instead of failing; a second call trains and draws nothing; bad arguments and a missing corpus are
-# one line. EXPERIMENTS_CI_JOBS sets --jobs (default 2).
+# instead of failing; a second call trains and draws nothing; a kept run trained with other
+# steps, data, validation sample or base config stops the experiment before anything is
+# written (another binary: one warning line); a failed training quotes the engine's error;
+# a validation sample rebuilt for another corpus links that corpus; bad arguments (a --set
+# of a key the runner sets among them) and a missing corpus are one line.
+# EXPERIMENTS_CI_JOBS sets --jobs (default 2).
 # Usage: experiments_cli_test.sh path/to/switchyard path/to/scripts/experiments
 set -u
 source "$(dirname "$0")/cli_test_lib.sh" "$1"
@@ -213,6 +217,17 @@ for bad in cut evil; do
   [[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 && ! -e "$tmp/unpacked-$bad" && ! -e "$tmp/escape.json" ]] ||
     fail "unpack $bad: exit $rc, $(cat "$tmp/err")"
 done
+# A run.json from before the record of steps, data, config and binary (the published
+# archives'): its steps are checked against its checkpoint's config.yaml.
+cp -r "$tmp/restored" "$tmp/oldrec"
+py "import glob, json
+for p in glob.glob('$tmp/oldrec/*/seed1/run.json'):
+    r = json.load(open(p))
+    json.dump({k: r[k] for k in ('status', 'exit', 'seed', 'setting', 'overrides', 'wall_s')}, open(p, 'w'))"
+bash "$dir/capacity.sh" "${common[@]}" --steps 5 --out "$tmp/oldrec" >"$tmp/out" 2>"$tmp/err" &&
+  fail "a run.json without steps: a 4-step run kept for --steps 5"
+[[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "error: .*top1-cf1.0/seed1 was trained with other inputs than this call's: was 4 steps, now 5 (remove it" "$tmp/err" ||
+  fail "old run.json, other steps: $(cat "$tmp/err")"
 py "import json
 p = '$tmp/restored/top1-cf1.0/seed1/run.json'; r = json.load(open(p)); r['overrides'] = ['moe.top_k=2']
 json.dump(r, open(p, 'w'))"
@@ -246,6 +261,54 @@ bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/capacity" >"$tmp/again.out" 2
 grep -q "figures and report up to date" "$tmp/again.out" && fail "third call kept a deleted figure missing"
 [[ -s "$tmp/capacity/load_heatmaps.png" ]] || fail "third call did not draw load_heatmaps.png again"
 
+# run.json records what defines the run beyond its overrides; a kept run that differs from
+# the call in steps, data, validation sample or base config stops it with one line (exit 1)
+# before anything trains or is written; another binary is one warning line, the runs kept.
+py "import json, sys
+r = json.load(open('$tmp/capacity/top1-cf1.0/seed1/run.json'))
+sys.exit(0 if r['steps'] == 4 and r['data'] == '$tmp/data' and r['config'].endswith('ci.yaml') and r['binary'] and
+         all(len(r[k]) == 64 for k in ('data_index_sha256', 'config_sha256', 'binary_sha256')) else 1)" ||
+  fail "run.json: $(cat "$tmp/capacity/top1-cf1.0/seed1/run.json")"
+bash "$dir/capacity.sh" "${common[@]}" --steps 5 --out "$tmp/capacity" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 && ! -s "$tmp/out" ]] &&
+  grep -q "^capacity.sh: error: .*/top1-cf1.0/seed1 was trained with other inputs than this call's: was 4 steps, now 5 (remove it, or use another --out)$" "$tmp/err" ||
+  fail "other steps: exit $rc, $(cat "$tmp/out" "$tmp/err")"
+"$bin" prep --out "$tmp/data2" --vocab 120 --val-fraction 0.2 --seed 2 "$tmp/corpus/en.txt" "$tmp/corpus/de.txt" \
+  >"$tmp/prep2.out" 2>&1 || fail "prep data2: $(cat "$tmp/prep2.out")"
+sed 's/^  lr: .*/  lr: 0.004/' "$dir/../../configs/experiments/ci.yaml" >"$tmp/ci2.yaml"
+bash "$dir/moe_vs_dense.sh" "${common[@]}" --out "$tmp/sampled" --data "$tmp/data2" --config "$tmp/ci2.yaml" \
+  >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] &&
+  grep -q "seed1 was trained with other inputs than this call's: was data $tmp/data (index.json sha256 [0-9a-f]*), now $tmp/data2 ([0-9a-f]*); was validated on 4 blocks of 64 tokens, now the whole split; was base config .*ci.yaml (sha256 [0-9a-f]*), now $tmp/ci2.yaml" "$tmp/err" ||
+  fail "other data, sample and config: exit $rc, $(cat "$tmp/err")"
+grep -q "\"source\": \"$tmp/data\"" "$tmp/sampled/val-sample/sample.json" || fail "a refused call rewrote the validation sample"
+cp "$bin" "$tmp/switchyard2" && printf x >>"$tmp/switchyard2"
+bash "$dir/capacity.sh" "${common[@]}" --bin "$tmp/switchyard2" --out "$tmp/capacity" >"$tmp/out" 2>"$tmp/err" ||
+  fail "another binary: exit $?: $(cat "$tmp/err")"
+[[ $(wc -l <"$tmp/err") -eq 1 && $(grep -c "already done" "$tmp/out") -eq 4 ]] &&
+  grep -q "^capacity.sh: warning: 4 kept runs (top1-cf1.0/seed1 and 3 more) were trained by another switchyard binary ($bin, sha256 [0-9a-f]*; now $tmp/switchyard2, [0-9a-f]*): kept" "$tmp/err" ||
+  fail "another binary: $(cat "$tmp/err" "$tmp/out")"
+
+# A failed training's error line quotes the engine's error, not the config dump after it.
+bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/failed" --set train.micro_batch_size=100000 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] &&
+  grep -q "^capacity.sh: error: training top[12]-[a-z0-9.]*/seed1 failed (exit 2; .*seed1.log): switchyard train: error: .*the validation split" "$tmp/err" ||
+  fail "failed training: exit $rc, $(cat "$tmp/err")"
+
+# A validation sample rebuilt for another corpus in the same place links that corpus's
+# train shards and tokenizer, not the first one's.
+py "import os, sys
+sys.path.insert(0, '$dir')
+import val_sample
+for src in ('$tmp/data', '$tmp/data2'):
+    n = val_sample.make(src, '$tmp/vs', 4, 64)
+links = sorted((e.name, os.readlink(e.path)) for e in os.scandir('$tmp/vs') if e.is_symlink())
+ok = n == 256 and links and all(t == os.path.join('$tmp/data2', name) for name, t in links)
+print(links); sys.exit(0 if ok else 1)" >"$tmp/vs.out" 2>&1 || fail "val sample for another corpus: $(cat "$tmp/vs.out")"
+
 # A diverging learning rate: both runs stop on a non-finite loss (exit 3), the experiment
 # finishes and counts them as diverged and unstable.
 bash "$dir/zloss.sh" "${common[@]}" --out "$tmp/diverge" --set train.lr=1e4 --set train.grad_clip=0 \
@@ -267,6 +330,14 @@ for bad in "--grid huge" "--steps 0" "--jobs 0" "--seeds x" "--set nokey" "--bog
   rc=$?
   [[ $rc -eq 2 && $(wc -l <"$tmp/err") -eq 1 ]] || fail "$bad: exit $rc, stderr $(cat "$tmp/err")"
   grep -q "^moe_vs_dense.sh: error: " "$tmp/err" || fail "$bad: $(cat "$tmp/err")"
+done
+# The keys the runner sets for every run are refused as --set, each pointing at its flag.
+for kv in train.seed=5:--seeds train.max_steps=3:--steps data.dir=x:--data data.paths=x:--data \
+          model.vocab_size=9:"the prepared data's"; do
+  bash "$dir/moe_vs_dense.sh" --set "${kv%%:*}" --bin "$bin" --out "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [[ $rc -eq 2 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "^moe_vs_dense.sh: error: --set '${kv%%:*}': .*${kv#*:}" "$tmp/err" ||
+    fail "--set ${kv%%:*}: exit $rc, stderr $(cat "$tmp/err")"
 done
 (cd "$tmp" && bash "$dir/loss_free.sh" --bin "$bin" --out "$tmp/bad" >"$tmp/out" 2>"$tmp/err")
 rc=$?

@@ -44,7 +44,7 @@ def attempt(fails, text):
         counter = os.path.join(d, "count")
         os.environ.update(COUNTER=counter, FAILS=str(fails), FAIL_TEXT=text)
         a = types.SimpleNamespace(out=os.path.join(d, "out"), bin=bin_path, config="c.yaml",
-                                  steps=2, data=d, extra=[])
+                                  steps=2, data=d, extra=[], identity={})
         try:
             runner.run_one(a, "setting", ["train.lr=0.1"], 1, 64, 1)
             error = None

@@ -2,7 +2,8 @@
 """scripts/experiments/stats.py on hand-computed cases: the t distribution (closed forms at
 df 1, 2 and 4, quantiles against the printed table), the paired t with the variance pooled
 across settings, the trend in log2 E, the seeds for 80% power (the normal approximation by
-hand, the noncentral t against Cohen's / G*Power's sample-size table), and the same tests
+hand, the noncentral t against Cohen's / G*Power's sample-size table), the two-way table
+setting x seed (by hand and against the closed form of a complete table), and the same tests
 as the runner applies them (measures.paired_tests, measures.trend_in_experts).
     experiments_stats_test.py path/to/scripts/experiments
 """
@@ -122,9 +123,77 @@ for es, want in [(0.2, 199), (0.5, 34), (0.8, 15), (1.0, 10)]:
 check("pooled df needs fewer", stats.seeds_for_power(0.5, 1.0, groups=4) <= 34)
 check("p format", (stats.fmt_p(0.0257), stats.fmt_p(0.0021), stats.fmt_p(3e-5)) == ("0.026", "0.0021", "< 1e-4"))
 
+# ---- Two-way table setting x seed (blocked_paired_t, blocked_trend) ---------------------------
+# base 3.00 3.00 3.00, A 3.01 3.03 3.02, B 2.99 3.01 3.00 (seeds 1-3). Setting means 3.00,
+# 3.02, 3.00; seed means 3.00, 3.013333, 3.006667; grand mean 3.006667. Residuals y - row -
+# column + grand: base +0.006667, -0.006667, 0; A and B -0.003333, +0.003333, 0 each. SSE =
+# 2 (0.006667)^2 + 4 (0.003333)^2 = 1.333333e-4 on (3 - 1)(3 - 1) = 4 df: s^2 = 1/30000.
+# A - base: 0.02, SE = s sqrt(2/3) = sqrt(2/90000), t = 3 sqrt 2; at df 4 the two-sided p is
+# 1 - u (3 - u^2) / 2 with u = t / sqrt(t^2 + 4) = 3 / sqrt 11: 1 - 36 / (11 sqrt 11). Own:
+# Δ 0.01 0.03 0.02, sd 0.01, t 2 sqrt 3 on 2 df: p = 1 - t / sqrt(t^2 + 2) = 1 - 2 sqrt 3 / sqrt 14.
+cells = {"base": {1: 3.0, 2: 3.0, 3: 3.0}, "A": {1: 3.01, 2: 3.03, 3: 3.02}, "B": {1: 2.99, 2: 3.01, 3: 3.0}}
+r = stats.blocked_paired_t(cells, "base")
+a, b = r["settings"]["A"], r["settings"]["B"]
+check("two-way s, df", near(r["sd"], math.sqrt(1 / 30000), 1e-12) and r["df"] == 4
+      and near(r["delta_sd"], math.sqrt(2 / 30000), 1e-12), r)
+check("two-way A", near(a["mean"], 0.02, 1e-12) and near(a["se"], math.sqrt(2 / 90000), 1e-12)
+      and near(a["t"], 3 * math.sqrt(2), 1e-9) and near(a["p"], 1 - 36 / (11 * math.sqrt(11)), 1e-9), a)
+check("two-way A own", near(a["own_sd"], 0.01, 1e-12) and near(a["own_p"], 1 - 2 * math.sqrt(3) / math.sqrt(14), 1e-9), a)
+check("two-way A interval", near(a["hi"] - a["lo"], 2 * 2.7764451 * math.sqrt(2 / 90000), 1e-8), a)
+check("two-way B", near(b["mean"], 0.0, 1e-12) and near(b["p"], 1.0, 1e-9) and "base" not in r["settings"], b)
+
+
+def two_way_reference(table):
+    """Residual variance and df of a complete two-way table {setting: [value per seed]} by
+    the closed form (y - row mean - column mean + grand mean), no least squares."""
+    rows = list(table.values())
+    g, n = len(rows), len(rows[0])
+    grand = sum(map(sum, rows)) / (g * n)
+    col = [sum(r[j] for r in rows) / g for j in range(n)]
+    sse = sum((r[j] - sum(r) / n - col[j] + grand) ** 2 for r in rows for j in range(n))
+    return sse / ((g - 1) * (n - 1)), (g - 1) * (n - 1)
+
+
+# A complete 4 x 5 table against the closed form: each setting's SE is s sqrt(2/5), and the
+# trend in x of three settings is the contrast sum w_k mean_k (w = (x - xbar) / sum (x - xbar)^2
+# with equal n) with SE s sqrt(sum w^2 / 5).
+vals = {"base": [3.0, 3.1, 2.9, 3.05, 3.02], "e2": [3.1, 3.15, 2.97, 3.1, 3.0],
+        "e4": [3.12, 3.3, 3.0, 3.2, 3.1], "e8": [3.3, 3.28, 3.1, 3.22, 3.3]}
+var, df = two_way_reference(vals)
+cells = {k: dict(zip(range(1, 6), v)) for k, v in vals.items()}
+r = stats.blocked_paired_t(cells, "base")
+check("complete table s, df", near(r["sd"] ** 2, var, 1e-13) and r["df"] == df == 12, (r["sd"] ** 2, var))
+for k in ("e2", "e4", "e8"):
+    want = sum(vals[k]) / 5 - sum(vals["base"]) / 5
+    t = r["settings"][k]
+    check("complete %s" % k, near(t["mean"], want, 1e-12) and near(t["se"], math.sqrt(var * 2 / 5), 1e-12)
+          and near(t["p"], stats.t_two_sided_p(want / math.sqrt(var * 2 / 5), 12), 1e-9), t)
+xs = {"e2": 1.0, "e4": 2.0, "e8": 3.0}
+w = {k: (x - 2.0) / 2.0 for k, x in xs.items()}
+slope = sum(w[k] * sum(vals[k]) / 5 for k in xs)
+tr = stats.blocked_trend(cells, xs)
+check("complete trend", near(tr["slope"], slope, 1e-12) and tr["df"] == 12
+      and near(tr["se"], math.sqrt(var * sum(v * v for v in w.values()) / 5), 1e-12), tr)
+# With every seed run the slope is the least-squares slope of the same-seed Δ on x.
+check("trend = slope of Δ", near(tr["slope"], stats.trend(
+    [(xs[k], vals[k][j] - vals["base"][j]) for k in xs for j in range(5)])["slope"], 1e-12))
+# A seed only one setting ran adds a seed effect that absorbs it: nothing changes. A run
+# missing from a setting leaves its contrast estimable, on one df fewer.
+more = {k: dict(v) for k, v in cells.items()}
+more["e4"][9] = 10.0
+r2 = stats.blocked_paired_t(more, "base")
+check("lone seed changes nothing", r2["df"] == 12 and near(r2["sd"], r["sd"], 1e-12)
+      and near(r2["settings"]["e4"]["mean"], r["settings"]["e4"]["mean"], 1e-12), r2)
+less = {k: dict(v) for k, v in cells.items()}
+del less["e8"][3]
+r3 = stats.blocked_paired_t(less, "base")
+check("missing run", r3["df"] == 11 and r3["settings"]["e8"]["n"] == 4 and r3["settings"]["e8"]["se"] > 0, r3)
+check("no baseline runs", stats.blocked_paired_t({"base": {}, "A": {1: 3.0}}, "base")["settings"]["A"]["mean"] is None)
+check("trend one x", stats.blocked_trend(cells, {"e2": 1.0}) is None)
+
 # ---- As the runner applies them -------------------------------------------------------------
-# Three settings' Δ through summarise_setting (values per seed as in case A / B above) give the
-# same pooled test; the trend over E = 2, 4, 8 is the hand case above (log2 E = 1, 2, 3).
+# The A / B table above through measures.paired_tests (runs as run_measures gives them) and the
+# same-seed Δ through summarise_setting.
 
 
 def run(seed, loss, experts=None):
@@ -133,31 +202,35 @@ def run(seed, loss, experts=None):
 
 
 base = [run(s, 3.0) for s in (1, 2, 3)]
-sa = measures.summarise_setting("A", [], [run(1, 3.01), run(2, 3.03), run(3, 3.02)], base)
-sb = measures.summarise_setting("B", [], [run(1, 2.99), run(2, 3.01), run(3, 3.0)], base)
-pt = measures.paired_tests([measures.summarise_setting("base", [], base), sa, sb])
-check("runner pooled", near(pt["pooled_sd"], 0.01, 1e-12) and pt["df"] == 4 and set(pt["settings"]) == {"A", "B"}, pt)
-check("runner A p", near(pt["settings"]["A"]["p"], 1 - 9 * math.sqrt(3) / 16, 1e-9), pt["settings"]["A"])
-by = {"e2": [run(1, 3.0, 2), run(2, 3.2, 2)], "e4": [run(1, 3.1, 4), run(2, 3.3, 4)],
-      "e8": [run(1, 3.2, 8), run(2, 3.4, 8)]}
-for n, rs in by.items():
-    measures.summarise_setting(n, [], rs, base)  # sets each run's delta_val_loss
-tr = measures.trend_in_experts(by, ["e2", "e4", "e8"])
-check("runner trend", near(tr["slope"], 0.1, 1e-12) and near(tr["p"], 1 - 1.5 * math.sqrt(0.4) * 13 / 15, 1e-9), tr)
+by = {"base": base, "A": [run(1, 3.01), run(2, 3.03), run(3, 3.02)], "B": [run(1, 2.99), run(2, 3.01), run(3, 3.0)]}
+sa = measures.summarise_setting("A", [], by["A"], base)
+sb = measures.summarise_setting("B", [], by["B"], base)
+pt = measures.paired_tests(by, "base")
+check("runner two-way", near(pt["sd"], math.sqrt(1 / 30000), 1e-12) and pt["df"] == 4 and set(pt["settings"]) == {"A", "B"}, pt)
+check("runner A p", near(pt["settings"]["A"]["p"], 1 - 36 / (11 * math.sqrt(11)), 1e-9), pt["settings"]["A"])
+check("runner A Δ", sa["metrics"]["delta_val_loss"]["values"] == [v - 3.0 for v in (3.01, 3.03, 3.02)], sa["metrics"])
+ct = measures.paired_tests(by, "base", key="curve_end")  # the curves end at the final loss
+check("runner curve end", near(ct["settings"]["A"]["p"], pt["settings"]["A"]["p"], 1e-12), ct)
+check("runner no baseline", measures.paired_tests(by, "") is None)
+by_e = {"base": [run(s + 1, vals["base"][s]) for s in range(5)]}
+for k, x in (("e2", 2), ("e4", 4), ("e8", 8)):
+    by_e[k] = [run(s + 1, vals[k][s], x) for s in range(5)]
+tr_runner = measures.trend_in_experts(by_e, ["e2", "e4", "e8"], "base")
+check("runner trend", near(tr_runner["slope"], slope, 1e-12) and near(tr_runner["p"], tr["p"], 1e-12), tr_runner)
 
-# summary.md's tests section for the hand case A / B (A's Δ +0.02: SE 0.0058, t 3.46, p 0.026,
-# interval 0.02 -+ 0.0160), the trend above and the power line (SD 0.01, 0.01 nats: 10 seeds).
+# summary.md's tests section for the A / B case (A: +0.0200, SE 0.0047, t 4.24, p 0.013, own SD
+# 0.0100, own p 0.074), the trend and the power line (SD 0.01, 0.01 nats: 10 seeds).
 import runner  # noqa: E402
 for st in (sa, sb):
     st["delta_test"] = pt["settings"][st["name"]]
 md = runner.tests_markdown({"baseline": "base", "settings": [sa, sb],
-                            "paired_test": {"pooled_sd": pt["pooled_sd"], "df": pt["df"], "alpha": 0.05},
-                            "trend": dict(tr, settings=["e2", "e4", "e8"]),
-                            "power": {"pooled_sd": 0.01, "alpha": 0.05, "power": 0.8, "method": "noncentral t",
+                            "paired_test": {"sd": pt["sd"], "delta_sd": pt["delta_sd"], "df": pt["df"], "alpha": 0.05},
+                            "trend": dict(tr_runner, settings=["e2", "e4", "e8"]),
+                            "power": {"delta_sd": 0.01, "alpha": 0.05, "power": 0.8, "method": "noncentral t",
                                       "seeds": {"0.01": stats.seeds_for_power(0.01, 0.01)}}})
-for want in ["s = 0.0100 nats on 4 degrees of freedom", "| A | 3 | +0.0200 | 0.0058 | 3.46 | 0.026 | [+0.0040, +0.0360] |",
-             "| B | 3 | +0.0000 | 0.0058 |", "slope +0.1000 nats per doubling, SE 0.0612, t 1.63 on 4 df, p 0.178",
-             "0.01 nats: 10."]:
+for want in ["residual s = 0.0058 nats on 4 degrees of freedom", "SD s sqrt 2 = 0.0082",
+             "| A | 3 | +0.0200 | 0.0047 | 4.24 | 0.013 | [+0.0069, +0.0331] | 0.0100 | 0.074 |",
+             "0.0000 | 0.0047 |", "on 12 df", "SD of a difference 0.0100", "0.01 nats: 10."]:
     check("summary.md: %s" % want, want in md, md)
 
 finish("experiments_stats_test: all checks passed")
