@@ -61,6 +61,10 @@ void AllowSharedMemory(Kernel kernel, int bytes) {
   if (bytes > 48 * 1024) {
     SY_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    // A hint that the SM's unified L1 / shared memory favour shared memory for this kernel,
+    // so that its launch bounds' CTAs an SM (2 of the 101 KB Hopper GEMM tiles) fit at once.
+    SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
   }
 }
 

@@ -87,9 +87,12 @@ constexpr int SharedBytes() {
 }
 
 
-// The kernels index a tile in ints: kBM rows of the widest operand must fit one.
+// The kernels index a tile in ints: the most rows a tile copies (256, the wide tiles' B of
+// the transposed weight, each k wide) of the widest operand must fit one.
+constexpr int kMostTileRows = 256;
+static_assert(kMostTileRows >= kBM && kMostTileRows >= grouped::kBN, "a tile of more rows than checked");
 void CheckWidths(const Dims& d, const char* op) {
-  SY_CHECK(d.k <= INT_MAX / kBM && d.n <= INT_MAX / kBM)
+  SY_CHECK(d.k <= INT_MAX / kMostTileRows && d.n <= INT_MAX / kMostTileRows)
       << op << ": k = " << d.k << " or n = " << d.n << " is too wide for the tiled kernel";
 }
 
