@@ -15,6 +15,9 @@
 #   4. prints a summary table (and writes it, the logs and the benchmark JSON to OUT_DIR).
 # MEMCHECK=1 adds compute-sanitizer's memcheck of every GPU test program after the GPU
 # tests; MEMCHECK=only runs just that (a second device call: it takes minutes).
+# SANITIZER_TOOL=racecheck (or synccheck, initcheck) runs that tool instead of memcheck, e.g.
+# MEMCHECK=only SANITIZER_TOOL=racecheck SWITCHYARD_GROUPED_WGMMA=1 for the shared-memory
+# hazards of the flash and Hopper tiles, which the host model of CUDA cannot see.
 # Usage: bash scripts/gpu_build.sh  (on the Debian machine; carry build-gpu)
 #        bash scripts/gpu_run.sh    (on the GPU machine; OUT_DIR defaults to gpu-run/; with
 #                                   $OUT set, summary.txt and gpu_run.tar.gz land there)
@@ -105,20 +108,21 @@ bin="$build/bin"
 # processes re-execute the program), MEMCHECK_TIMEOUT seconds each (memcheck slows kernels
 # many times; a program over it is reported as such, not as a failure).
 memcheck() {
-  echo "== compute-sanitizer memcheck of the GPU test programs"
+  local tool=${SANITIZER_TOOL:-memcheck}
+  echo "== compute-sanitizer $tool of the GPU test programs"
   local sanitizer prog name log rc
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for prog in "$bin"/*_gpu_test; do
     name=$(basename "$prog")
-    log="$out/memcheck_$name.log"
+    log="$out/${tool}_$name.log"
     prog=$(realpath "$prog")
-    (cd "$build" && timeout "${MEMCHECK_TIMEOUT:-180}" "$sanitizer" --tool memcheck \
+    (cd "$build" && timeout "${MEMCHECK_TIMEOUT:-180}" "$sanitizer" --tool "$tool" \
        --error-exitcode 9 "$prog" --gtest_filter='-*DeathTest*') >"$log" 2>&1
     rc=$?
     case $rc in
-      0) row "memcheck $name" ok "$(grep -m1 'ERROR SUMMARY' "$log")" ;;
-      124) row "memcheck $name" timeout "over ${MEMCHECK_TIMEOUT:-180} s (see $log)" ;;
-      *) row "memcheck $name" FAILED "$(grep -m1 -E 'Invalid|ERROR SUMMARY|FAILED' "$log")" ;;
+      0) row "$tool $name" ok "$(grep -m1 'ERROR SUMMARY' "$log")" ;;
+      124) row "$tool $name" timeout "over ${MEMCHECK_TIMEOUT:-180} s (see $log)" ;;
+      *) row "$tool $name" FAILED "$(grep -m1 -E 'Invalid|Race|ERROR SUMMARY|FAILED' "$log")" ;;
     esac
   done
 }

@@ -26,6 +26,10 @@
 
 namespace emu {
 inline unsigned char* shared_base = nullptr;  // the running CTA's shared memory (emu::Launch)
+// The shared address of shared_base: not on 1024 bytes, as a CTA's dynamic shared memory need
+// not be, so that the kernels' own placement of their 1024-byte swizzle atoms (StagesOf) and
+// the swizzle's use of the absolute address run as they would on a GPU.
+inline constexpr uint32_t kSharedWindow = 0x80;
 
 struct PendingWgmma {
   float* d;
@@ -60,13 +64,13 @@ inline float SwizzledElement(uint64_t desc, bool mn_major, int mn, int k) {
   const uint32_t sbo = static_cast<uint32_t>(desc >> 32 & 0x3FFFu) << 4;
   uint32_t at = mn_major ? start + mn / 64 * lbo + k / 8 * sbo + k % 8 * 128 + mn % 64 * 2
                          : start + mn / 8 * sbo + mn % 8 * 128 + k * 2;
-  at ^= (at >> 7 & 7u) << 4;
-  if (at + 2 > kSharedBytes) {
-    ADD_FAILURE() << "a wgmma operand outside shared memory: byte " << at;
+  at ^= (at >> 7 & 7u) << 4;  // on the absolute address
+  if (at < kSharedWindow || at - kSharedWindow + 2 > kSharedBytes) {
+    ADD_FAILURE() << "a wgmma operand outside shared memory: address " << at;
     return NAN;
   }
   switchyard::BFloat16 v;
-  std::memcpy(&v.bits, shared_base + at, 2);
+  std::memcpy(&v.bits, shared_base + (at - kSharedWindow), 2);
   return static_cast<float>(v);
 }
 
@@ -93,7 +97,7 @@ inline uint32_t SharedAddress(const void* p) {
   const auto* c = static_cast<const unsigned char*>(p);
   EXPECT_TRUE(c >= emu::shared_base && c < emu::shared_base + emu::kSharedBytes)
       << "SharedAddress of memory outside the kernels' shared memory";
-  return static_cast<uint32_t>(c - emu::shared_base);
+  return static_cast<uint32_t>(c - emu::shared_base) + emu::kSharedWindow;
 }
 inline void WgmmaFence() {}
 inline void FenceProxyAsync() {}

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -127,9 +128,9 @@ void EmulatedForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& 
 template <int HD>
 void EmulatedBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
                       const Tensor& dout, const Tensor& delta, Tensor& dq, Tensor& dk, Tensor& dv,
-                      bool causal, bool aligned = true) {
+                      bool causal, bool aligned = true, std::optional<bool> aligned_dout = {}) {
   const flash::Dims d{static_cast<int>(q.dim(1)), static_cast<int>(q.dim(2)),
-                      static_cast<int>(k.dim(2)), aligned, aligned};
+                      static_cast<int>(k.dim(2)), aligned, aligned_dout.value_or(aligned)};
   const flash::Scale scale{FlashScale(HD), FlashScaleLog2(HD)};
   const unsigned blocks = static_cast<unsigned>((d.s + flash::kBr - 1) / flash::kBr);
   const unsigned batch = static_cast<unsigned>(q.dim(0));
@@ -217,7 +218,9 @@ void CheckCase(const Case& c, AttentionMask mask, uint64_t seed) {
     Tensor out_u = NanFilled(q_shape), lse_u = NanFilled(l_shape);
     EmulatedForward<HD>(qi, ki, vi, out_u, lse_u, causal, aligned);
     Tensor dq_u = NanFilled(q_shape), dk_u = NanFilled(kv_shape), dv_u = NanFilled(kv_shape);
-    EmulatedBackward<HD>(qi, ki, vi, lse, di, delta, dq_u, dk_u, dv_u, causal, aligned);
+    // dout's alignment as it is (the kernels take it apart from q, k and v's).
+    const bool dout_aligned = reinterpret_cast<uintptr_t>(di.raw_data()) % 16 == 0;
+    EmulatedBackward<HD>(qi, ki, vi, lse, di, delta, dq_u, dk_u, dv_u, causal, aligned, dout_aligned);
     for (const auto& [got, want, what] : {std::tuple{&out_u, &out_e, "out"},
                                           {&lse_u, &lse_e, "lse"}, {&dq_u, &dq_e, "dq"},
                                           {&dk_u, &dk_e, "dk"}, {&dv_u, &dv_e, "dv"}}) {
@@ -231,6 +234,10 @@ void CheckCase(const Case& c, AttentionMask mask, uint64_t seed) {
   const Tensor du = Unaligned(dout);
   expect_same(Unaligned(q), Unaligned(k), Unaligned(v), du, false, "unaligned rows");
   expect_same(Unaligned(q16), Unaligned(k16), Unaligned(v16), du, false, "unaligned bf16 rows");
+  // One of the two on 16 bytes: bf16 q, k, v by cp.async with dout element by element, and
+  // the converse.
+  expect_same(q16, k16, v16, du, true, "bf16 rows on 16 bytes, dout not");
+  expect_same(Unaligned(q16), Unaligned(k16), Unaligned(v16), dout, false, "bf16 rows not on 16 bytes, dout on");
 }
 
 TEST(FlashAttentionEmulationTest, KernelsMatchTheTwinHeadDim64) {
