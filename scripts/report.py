@@ -103,6 +103,15 @@ def is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def is_num_or_null(x):
+    """A number, or null: what the trainer writes for a NaN or an infinity (a diverged run)."""
+    return x is None or is_num(x)
+
+
+def nan_for_null(x):
+    return float("nan") if x is None else x
+
+
 def is_count(x):
     """A finite number >= 0 (NaN fails both comparisons)."""
     return is_num(x) and 0 <= x < math.inf
@@ -121,19 +130,24 @@ def need(ok, where, what):
 
 def check_steps(path, steps):
     """The fields of the training records the plots read: step, loss, tokens_per_s and
-    every MoE layer's scalars, the same layers in every record."""
+    every MoE layer's scalars, the same layers in every record. A null (NaN or infinity
+    written by a diverged run) becomes NaN: a gap in the plots."""
     layers = None
     for d in steps:
         where = "%s: the record of step %s" % (path, d.get("step"))
         need(is_int(d["step"]), path,
              "a training record's step is %r, not an integer" % (d["step"],))
-        need(is_num(d["loss"]) and is_num(d.get("tokens_per_s")), where,
-             "loss and tokens_per_s must be numbers")
+        need(is_num_or_null(d["loss"]) and is_num(d.get("tokens_per_s")), where,
+             "loss must be a number (or null, diverged) and tokens_per_s a number")
         moe = d["moe"]
         need(is_list(moe, item=lambda m: isinstance(m, dict) and is_int(m.get("layer"))
-                     and all(is_num(m.get(k)) for k, _ in LAYER_SCALARS)), where,
-             "moe must be a list of layers, each with its layer number and %s"
-             % ", ".join(k for k, _ in LAYER_SCALARS))
+                     and all(k in m and is_num_or_null(m[k]) for k, _ in LAYER_SCALARS)), where,
+             "moe must be a list of layers, each with its layer number and %s (numbers, or "
+             "null where diverged)" % ", ".join(k for k, _ in LAYER_SCALARS))
+        d["loss"] = nan_for_null(d["loss"])
+        for m in moe:
+            for k, _ in LAYER_SCALARS:
+                m[k] = nan_for_null(m[k])
         ids = [m["layer"] for m in moe]
         need(layers is None or ids == layers, where,
              "its MoE layers %s are not those of the first record %s" % (ids, layers))
@@ -155,11 +169,13 @@ def check_routing(path, records):
                 ("expert_bias",) if "expert_bias" in records[0] else ()):
             rows = d.get(key)
             counts = key != "expert_bias"
-            item = is_count if counts else is_num
+            item = is_count if counts else is_num_or_null
             need(is_list(rows, len(layers), lambda r: is_list(r, item=item) and len(r) > 0)
                  and len({len(r) for r in rows}) <= 1, where,
                  "%s must hold, for each of the %d layers, one %s per expert"
-                 % (key, len(layers), "finite count >= 0" if counts else "number"))
+                 % (key, len(layers), "finite count >= 0" if counts else "number (or null)"))
+            if not counts:
+                d[key] = [[nan_for_null(v) for v in r] for r in rows]
 
 
 def check_lang(path, lang):
@@ -219,8 +235,9 @@ def load_run(path):
         check_steps(metrics, steps.values())
     except KeyError as e:
         raise ReportError("%s: a training record lacks the field %s" % (metrics, e))
-    need(all(is_int(s) and is_num(v) for s, v in val.items()), metrics,
-         "a validation record's step or val_loss is not a number")
+    need(all(is_int(s) and is_num_or_null(v) for s, v in val.items()), metrics,
+         "a validation record's step is not an integer or its val_loss not a number (or null)")
+    val = {s: nan_for_null(v) for s, v in val.items()}
     routing = {}
     rpath = os.path.join(path, "routing.jsonl")
     if os.path.isfile(rpath):

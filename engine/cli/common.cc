@@ -10,6 +10,8 @@
 #include <filesystem>
 
 #include "engine/cli/args.h"
+#include "engine/data/index.h"
+#include "engine/data/tokenizer.h"
 #include "engine/dist/process.h"
 
 namespace switchyard::cli {
@@ -160,6 +162,32 @@ int Agree(dist::Communicator& world, const Status& status, int code, const std::
   if (first == none) return kExitOk;
   if (first / 256 == world.rank()) PrintError(command, std::string(status.message()));
   return static_cast<int>(first % 256);
+}
+
+Status CheckSameTokenizer(const std::string& trained, const std::string& data) {
+  const std::string theirs = trained + "/" + data::kTokenizerFile;
+  const std::string mine = data + "/" + data::kTokenizerFile;
+  std::error_code ec;
+  if (trained.empty() || !std::filesystem::is_regular_file(theirs, ec) ||
+      !std::filesystem::is_regular_file(mine, ec)) {
+    return OkStatus();
+  }
+  StatusOr<std::string> a = data::ReadTokenizerModel(theirs), b = data::ReadTokenizerModel(mine);
+  if (!a.ok() || !b.ok() || *a == *b) return OkStatus();
+  return FailedPrecondition("--data ", data, ": its tokenizer ", mine, " is not the one the "
+                            "checkpoint's data was cut with, ", theirs, " (other token ids: the "
+                            "results would mean nothing); prep the text with --tokenizer ", theirs);
+}
+
+StatusOr<data::Tokenizer> LoadDataTokenizer(const std::string& dir, int64_t model_vocab) {
+  const std::string path = dir + "/" + data::kTokenizerFile;
+  SY_ASSIGN_OR_RETURN(data::Tokenizer tok, data::Tokenizer::Load(path));
+  if (tok.vocab_size() > model_vocab) {
+    return FailedPrecondition(path, ": ", tok.vocab_size(), " pieces, more than the model's "
+                              "model.vocab_size=", model_vocab, " (a tokenizer of other data: its "
+                              "larger ids have no embedding)");
+  }
+  return tok;
 }
 
 }  // namespace switchyard::cli

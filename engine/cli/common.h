@@ -7,6 +7,7 @@
 
 #include "engine/config/config.h"
 #include "engine/core/status.h"
+#include "engine/data/tokenizer.h"
 #include "engine/dist/communicator.h"
 
 namespace switchyard::cli {
@@ -56,5 +57,15 @@ Status CheckSameArgs(dist::Communicator& world, const std::string& command,
 
 // Prints "<command>: error: <message>" to stderr.
 void PrintError(const std::string& command, const std::string& message);
+
+// --data `data` against the data a checkpoint was trained on (`trained`, its config's data
+// dir): shards cut by another tokenizer hold other token ids, and the loss or routing of them
+// means nothing. Compared when both folders hold a tokenizer.model; when the trained data is
+// gone (or the config names none) there is nothing to compare and --data is taken as it is.
+Status CheckSameTokenizer(const std::string& trained, const std::string& data);
+
+// The tokenizer of data folder `dir`, refused (naming both) when it has more pieces than the
+// model's vocabulary: its larger ids would index past the embedding table.
+StatusOr<data::Tokenizer> LoadDataTokenizer(const std::string& dir, int64_t model_vocab);
 
 }  // namespace switchyard::cli

@@ -145,25 +145,6 @@ std::string Json(const train::EvalResult& r, const checkpoint::LoadedCheckpoint&
   return j.dump();
 }
 
-// --data against the data the checkpoint was trained on (`trained`, its config's data dir):
-// shards cut by another tokenizer hold other token ids, and their loss means nothing.
-// Compared when both folders hold a tokenizer.model; when the trained data is gone (or the
-// config names none) there is nothing to compare and --data is taken as it is.
-Status CheckSameTokenizer(const std::string& trained, const std::string& data) {
-  const std::string theirs = trained + "/" + data::kTokenizerFile;
-  const std::string mine = data + "/" + data::kTokenizerFile;
-  std::error_code ec;
-  if (trained.empty() || !std::filesystem::is_regular_file(theirs, ec) ||
-      !std::filesystem::is_regular_file(mine, ec)) {
-    return OkStatus();
-  }
-  StatusOr<std::string> a = data::ReadTokenizerModel(theirs), b = data::ReadTokenizerModel(mine);
-  if (!a.ok() || !b.ok() || *a == *b) return OkStatus();
-  return FailedPrecondition("--data ", data, ": its tokenizer ", mine, " is not the one the "
-                            "checkpoint's data was cut with, ", theirs, " (other token ids: the "
-                            "loss would mean nothing); prep the text with --tokenizer ", theirs);
-}
-
 int Run(const std::vector<std::string>& args) {
   auto world = dist::WorldCommunicator();
   Flags f;

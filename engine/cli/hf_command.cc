@@ -256,6 +256,14 @@ StatusOr<std::map<std::string, Tensor>> ReadHfTensors(const std::string& dir) {
   return all;
 }
 
+// What an imported config must pass: the config's own checks and Mixtral's.
+Status CheckImported(const config::Config& c) {
+  Status valid = c.Validate();
+  if (valid.ok()) valid = c.ValidateModel();
+  if (valid.ok()) valid = CheckMixtralExpressible(c);
+  return valid;
+}
+
 int Import(const std::vector<std::string>& args) {
   Args a;
   std::string usage;
@@ -286,14 +294,17 @@ int Import(const std::vector<std::string>& args) {
   auto yaml = ConfigYamlFromMixtral(hf, source);
   if (!yaml.ok()) return Fail(kImport, yaml.status());
   if (Status s = CheckMixtralValues(*yaml, source); !s.ok()) return Fail(kImport, s);
+  // config.json alone first: what it gets wrong is the file's fault (exit 1), not the
+  // --set flags' (exit 2). The layout is the saved config's, for the runs that load it (under
+  // any layout); the import itself writes from one rank.
+  auto from_file = config::ParseConfig(*yaml, source);
+  if (!from_file.ok()) return Fail(kImport, from_file.status());
+  if (Status s = CheckImported(*from_file); !s.ok()) {
+    return Fail(kImport, InvalidArgument(source, ": ", s.message()));
+  }
   auto config = config::ParseConfig(*yaml, source, a.overrides);
   if (!config.ok()) return UsageError(kImport, std::string(config.status().message()));
-  // The layout is the saved config's, for the runs that load it (under any layout); the
-  // import itself writes from one rank.
-  Status valid = config->Validate();
-  if (valid.ok()) valid = config->ValidateModel();
-  if (valid.ok()) valid = CheckMixtralExpressible(*config);
-  if (!valid.ok()) return UsageError(kImport, std::string(valid.message()));
+  if (Status s = CheckImported(*config); !s.ok()) return UsageError(kImport, std::string(s.message()));
   if (Status s = CheckSlidingWindow(hf, *config, source); !s.ok()) return Fail(kImport, s);
   if (Status s = CheckFreshOutput(a.out); !s.ok()) return Fail(kImport, s);
   auto hf_tensors = ReadHfTensors(a.in);

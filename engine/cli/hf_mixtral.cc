@@ -81,6 +81,12 @@ Status CheckMixtralExpressible(const config::Config& c) {
     return no("moe.second_expert_policy=", moe::SecondExpertPolicyName(e.second_expert_policy),
               ": Mixtral keeps every top-k choice");
   }
+  if (e.score != moe::ScoreFunction::kSoftmax) {
+    return no("moe.score=", moe::ScoreFunctionName(e.score), ": Mixtral's router takes a softmax");
+  }
+  if (e.route_groups > 0) {
+    return no("moe.route_groups=", e.route_groups, ": Mixtral routes over all experts, not groups");
+  }
   if (e.num_shared_experts > 0) return no("moe.num_shared_experts=", e.num_shared_experts, ": Mixtral has no shared experts");
   if (e.expert_bias_rate > 0) return no("moe.expert_bias_rate=", e.expert_bias_rate, ": Mixtral's router has no expert bias");
   if (e.eval_capacity_factor > 0) {

@@ -4,12 +4,14 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/cli/args.h"
 #include "engine/cli/commands.h"
+#include "engine/core/allocator.h"
 #include "engine/core/thread_pool.h"
 #include "engine/dist/process.h"
 
@@ -97,7 +99,13 @@ int Main(int argc, char** argv) {
   if (StatusOr<bool> mpi = dist::ShouldStartMpi(dist::MpiStart::kIfLaunched, env); !mpi.ok()) {
     return UsageError("switchyard " + name, std::string(mpi.status().message()));
   }
-  return command->run(std::vector<std::string>(args.begin() + 1, args.end()));
+  // A failed allocation outside the tensor allocator (a vector, a parsed file) is one line
+  // and exit 5 like the allocator's own, not std::terminate's abort.
+  try {
+    return command->run(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const std::bad_alloc&) {
+    ExitHostOutOfMemory(name.c_str());
+  }
 }
 
 }  // namespace

@@ -198,6 +198,11 @@ Status CheckFlagUse(const FlagSet& flags, const data::PrepOptions& options) {
     return InvalidArgument("--label is empty; give a label (non-empty, no whitespace) or leave "
                            "it out for each file's stem");
   }
+  if (flags.IsSet("label") && flags.IsSet("label-key")) {
+    return InvalidArgument("--label ", options.label, " and --label-key ", options.read.label_key,
+                           " are both given; --label-key reads each JSONL line's label, --label "
+                           "names every file's: give one");
+  }
   if (flags.IsSet("tokenizer") && flags.IsSet("vocab")) {
     return InvalidArgument("--vocab ", options.vocab_size, " and --tokenizer ",
                            options.tokenizer_path, " are both given; the vocabulary is the "

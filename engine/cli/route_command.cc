@@ -258,11 +258,16 @@ int Run(const std::vector<std::string>& args) {
   auto cc = train::ReadCheckpointConfig(f.checkpoint, overrides);
   if (int rc = Agree(*world, cc.status(), kExitUsage, kCommand); rc != kExitOk) return rc;
   config::Config& config = cc->config;
-  if (!f.data.empty()) config.data.dir = f.data;
+  if (!f.data.empty()) {
+    const Status same = CheckSameTokenizer(config.data.FirstDir(), f.data);
+    if (int rc = Agree(*world, same, kExitFailure, kCommand); rc != kExitOk) return rc;
+    config.data.dir = f.data;
+    config.data.paths.clear();
+  }
   Status valid = config.Validate(1);
   if (valid.ok()) valid = config.ValidateModel();
   if (int rc = Agree(*world, valid, kExitUsage, kCommand); rc != kExitOk) return rc;
-  auto tok = data::Tokenizer::Load(config.data.dir + "/" + data::kTokenizerFile);
+  auto tok = LoadDataTokenizer(config.data.FirstDir(), config.model.vocab_size);
   if (int rc = Agree(*world, tok.status(), kExitFailure, kCommand); rc != kExitOk) return rc;
   const std::vector<int32_t> ids = tok->Encode(*text);
   if (ids.empty()) return Agree(*world, InvalidArgument("the text has no tokens"), kExitUsage, kCommand);

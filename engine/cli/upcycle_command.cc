@@ -225,14 +225,17 @@ int Fail(const Status& s) {
 }
 
 int Upcycle(const std::vector<std::string>& args) {
+  // Under mpirun every rank agrees on one error, which rank 0 prints once.
+  auto world = dist::WorldCommunicator();
   Flags f;
-  if (Status s = ParseFlags(args, &f); !s.ok()) return UsageError(kCommand, std::string(s.message()));
+  if (int rc = Agree(*world, ParseFlags(args, &f), kExitUsage, kCommand); rc != kExitOk) return rc;
   if (f.help) {
-    std::printf("%s", f.usage.c_str());
+    if (world->rank() == 0) std::printf("%s", f.usage.c_str());
     return kExitOk;
   }
-  auto world = dist::WorldCommunicator();
-  if (world->size() != 1) return UsageError(kCommand, "runs on one rank (launch it without mpirun)");
+  if (world->size() != 1) {
+    return Agree(*world, InvalidArgument("runs on one rank (launch it without mpirun)"), kExitUsage, kCommand);
+  }
   auto dense = train::ReadCheckpointConfig(f.checkpoint);
   if (!dense.ok()) return Fail(dense.status());
   auto config = UpcycledConfig(f.checkpoint, f.overrides, dense->config);

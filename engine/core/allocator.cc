@@ -191,6 +191,19 @@ void ExitOutOfMemory(Device device, size_t bytes, size_t in_use, size_t held) {
   ::_exit(kExitOutOfMemory);
 }
 
+void ExitHostOutOfMemory(const char* where) {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "switchyard: error: rank %d ran out of host memory (in %s, an allocation outside "
+                "the tensor allocator failed): free memory on the machine, or run fewer ranks "
+                "on it\n",
+                LogRank(), where);
+  std::fflush(stdout);
+  std::fputs(line, stderr);
+  std::fflush(stderr);
+  ::_exit(kExitOutOfMemory);
+}
+
 const char* MemoryKindName(MemoryKind kind) {
   switch (kind) {
     case MemoryKind::kWorkspace: return "workspace";

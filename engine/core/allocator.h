@@ -67,6 +67,10 @@ inline constexpr int kExitOutOfMemory = 5;
 // `held` held from the system: one line on stderr naming them and what to change, then
 // exit status kExitOutOfMemory. Nothing is written: the last checkpoint stays as it was.
 [[noreturn]] void ExitOutOfMemory(Device device, size_t bytes, size_t in_use, size_t held);
+// Ends the process, as ExitOutOfMemory, after an allocation outside the allocators (a
+// std::vector, a string, a parsed file: std::bad_alloc) failed on the host; `where` names
+// what was running ("train", "a compute thread").
+[[noreturn]] void ExitHostOutOfMemory(const char* where);
 
 // What a buffer's bytes are for, as the memory report splits them (ZeRO paper, section 3:
 // model states = parameters + gradients + optimizer states; the rest is residual memory).

@@ -10,9 +10,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
+#include "engine/core/allocator.h"
 #include "engine/core/check.h"
 
 namespace switchyard {
@@ -104,7 +106,13 @@ class Pool {
     const int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
     const bool was = t_in_region;
     t_in_region = true;
-    if (begin < end) fn_(ctx_, begin, end);
+    // A chunk's std::bad_alloc ends the process with one line and exit 5: escaping a worker
+    // it would call std::terminate (an abort, nothing said), and half a job cannot be undone.
+    try {
+      if (begin < end) fn_(ctx_, begin, end);
+    } catch (const std::bad_alloc&) {
+      ExitHostOutOfMemory("a compute thread");
+    }
     t_in_region = was;
   }
 

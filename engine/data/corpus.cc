@@ -2,6 +2,7 @@
 #include "engine/data/corpus.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -119,12 +120,12 @@ std::string FileStem(const std::string& path) {
 }
 
 Status CheckDistinctFiles(const std::vector<CorpusFile>& files) {
-  std::map<std::string, const std::string*> seen;  // real path -> the first mention
+  // By device and inode: two paths of one file (a symbolic or a hard link, ./x and x) are one.
+  std::map<std::pair<dev_t, ino_t>, const std::string*> seen;  // the file -> its first mention
   for (const CorpusFile& file : files) {
-    std::error_code ec;
-    const fs::path real = fs::canonical(file.path, ec);
-    if (ec) continue;  // reading it will say what is wrong
-    const auto [it, fresh] = seen.emplace(real.string(), &file.path);
+    struct stat st;
+    if (::stat(file.path.c_str(), &st) != 0) continue;  // reading it will say what is wrong
+    const auto [it, fresh] = seen.emplace(std::make_pair(st.st_dev, st.st_ino), &file.path);
     if (!fresh) {
       return InvalidArgument(file.path, " is given twice (also as ", *it->second,
                              "); each of its documents would be read twice, into both splits; "

@@ -79,6 +79,7 @@ StatusOr<std::unique_ptr<InputFile>> InputFile::Open(const std::string& path) {
 
 StatusOr<bool> InputFile::ReadRaw() {
   if (raw_pos_ > 0) {
+    raw_offset_ += raw_pos_;
     raw_.erase(0, raw_pos_);
     raw_pos_ = 0;
   }
@@ -137,15 +138,17 @@ StatusOr<bool> InputFile::Fill() {
         d.in_frame = true;
       } else {
         return DataLoss(path_, ": corrupt gzip data (", z.msg != nullptr ? z.msg : "error",
-                        ", after ", text_offset_, " uncompressed bytes)");
+                        ", found by byte ", raw_offset_ + raw_pos_ + consumed, " of the file, after ",
+                        text_offset_ + produced, " uncompressed bytes)");
       }
     } else {
       ZSTD_inBuffer in{raw_.data() + raw_pos_, available, 0};
       ZSTD_outBuffer out{text_.data(), text_.size(), 0};
       const size_t ret = ZSTD_decompressStream(d.zstd, &out, &in);
       if (ZSTD_isError(ret)) {
-        return DataLoss(path_, ": corrupt zstd data (", ZSTD_getErrorName(ret), ", after ",
-                        text_offset_, " uncompressed bytes)");
+        return DataLoss(path_, ": corrupt zstd data (", ZSTD_getErrorName(ret), ", found by byte ",
+                        raw_offset_ + raw_pos_ + in.pos, " of the file, after ",
+                        text_offset_ + out.pos, " uncompressed bytes)");
       }
       consumed = in.pos;
       produced = out.pos;

@@ -56,6 +56,7 @@ class InputFile {
   std::unique_ptr<Decoder> decoder_;
   std::string raw_;       // compressed bytes not consumed yet: raw_[raw_pos_ ..]
   size_t raw_pos_ = 0;
+  uint64_t raw_offset_ = 0;  // file offset of raw_[0], for error messages
   bool raw_end_ = false;  // the file has no more bytes
   std::string text_;      // uncompressed bytes not returned yet: text_[text_pos_ ..]
   size_t text_pos_ = 0;

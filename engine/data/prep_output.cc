@@ -2,6 +2,7 @@
 // rename; see prep.h ("replaced whole or not at all").
 #include "engine/data/prep_output.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,23 @@ namespace fs = std::filesystem;
 bool IsPrepOutputName(const std::string& name) {
   static const std::regex kShard("(train|val)-[0-9]{5}\\.bin");
   return name == kIndexFile || name == kTokenizerFile || std::regex_match(name, kShard);
+}
+
+// The staging folders OUT.tmp-PID of earlier runs killed before they could remove theirs,
+// whose process is gone; a live one (another prep writing OUT now) is left alone.
+void RemoveStaleStaging(const std::string& out_dir) {
+  const fs::path out = fs::absolute(out_dir);
+  const std::string prefix = out.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(out.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove_all(entry.path(), rm);
+  }
 }
 
 }  // namespace
@@ -50,6 +68,7 @@ StatusOr<std::string> CreateStaging(const std::string& out_dir) {
   const std::string staging = StrCat(out_dir, ".tmp-", ::getpid());
   std::error_code ec;
   fs::remove_all(staging, ec);
+  RemoveStaleStaging(out_dir);
   if (fs::path parent = fs::absolute(out_dir).parent_path(); !fs::exists(parent, ec)) {
     fs::create_directories(parent, ec);
   }
@@ -67,6 +86,13 @@ std::string NormalizedOutDir(const std::string& out_dir) {
 
 Status CheckOutputDir(const std::string& dir, bool force) {
   std::error_code ec;
+  // Publishing renames a folder onto --out: a link there would be replaced by the folder and
+  // its target left as it was. Refused up front, before any work.
+  if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+    return FailedPrecondition("--out ", dir, " is a symbolic link (to ",
+                              fs::read_symlink(dir, ec).string(),
+                              "); prep replaces its folder whole: give the folder itself");
+  }
   if (!fs::exists(dir, ec)) return OkStatus();
   if (!fs::is_directory(dir, ec)) return FailedPrecondition(dir, " exists and is not a folder");
   if (fs::is_empty(dir, ec)) return OkStatus();

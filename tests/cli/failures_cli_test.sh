@@ -479,6 +479,17 @@ every_rank "prep under mpirun" 2 2
   fail "prep under mpirun: $(cat "$tmp/err")"
 ls -d "$tmp"/pq* >/dev/null 2>&1 && fail "prep under mpirun wrote $(ls -d "$tmp"/pq*)"
 echo "--- prep under mpirun: refused on every rank ($SECONDS s)"
+# upcycle too: one line (rank 0's), exit 2 on every rank, nothing written.
+rm -rf "$tmp/rc" && mkdir -p "$tmp/rc"
+RC_DIR="$tmp/rc" timeout 300 bash "$mpirun_wrapper" 2 -x RC_DIR bash "$rank_rc" \
+  "$bin" upcycle --checkpoint "$tmp/none" --out "$tmp/uq" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[[ $rc -eq 2 ]] || fail "upcycle under mpirun: mpirun exited $rc, want 2"
+every_rank "upcycle under mpirun" 2 2
+[[ $(grep -c "error" "$tmp/err") -eq 1 ]] &&
+  grep -q "^switchyard upcycle: error: runs on one rank (launch it without mpirun" "$tmp/err" ||
+  fail "upcycle under mpirun: $(cat "$tmp/err")"
+[[ ! -e "$tmp/uq" ]] || fail "upcycle under mpirun wrote $tmp/uq"
 
 # The same command line but another config file behind it: train compares the resolved
 # configs; the first key that differs, with both values.

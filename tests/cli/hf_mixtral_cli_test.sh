@@ -99,7 +99,13 @@ tiny_moe_config "$tmp/switch.yaml" "$tmp/data"
 "$bin" train --config "$tmp/switch.yaml" --out "$tmp/switch" --set train.max_steps=1 >/dev/null 2>&1
 "$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/biased" --set train.max_steps=1 --set moe.expert_bias_rate=0.01 >/dev/null 2>&1
 "$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/scaled" --set train.max_steps=1 --set moe.routed_scaling_factor=2.5 >/dev/null 2>&1
+"$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/sigmoid" --set train.max_steps=1 --set moe.score=sigmoid >/dev/null 2>&1
+"$bin" train --config "$tmp/mixtral.yaml" --out "$tmp/grouped" --set train.max_steps=1 --set moe.route_groups=2 \
+  --set moe.route_group_topk=1 >/dev/null 2>&1
 err_one_line "layernorm" "model.norm=layernorm: Mixtral uses RMSNorm" export --format hf-mixtral "$tmp/switch" "$tmp/x1"
+err_one_line "sigmoid scores" "moe.score=sigmoid: Mixtral's router takes a softmax" export --format hf-mixtral "$tmp/sigmoid" "$tmp/x8"
+err_one_line "route groups" "moe.route_groups=2: Mixtral routes over all experts" export --format hf-mixtral "$tmp/grouped" "$tmp/x9"
+[[ ! -e "$tmp/x8" && ! -e "$tmp/x9" ]] || fail "a refused export wrote its output"
 err_one_line "expert bias" "moe.expert_bias_rate=0.01" export --format hf-mixtral "$tmp/biased" "$tmp/x2"
 err_one_line "routed scaling" "moe.routed_scaling_factor=2.5: Mixtral does not scale its experts' output" export --format hf-mixtral "$tmp/scaled" "$tmp/x6"
 [[ ! -e "$tmp/x1" && ! -e "$tmp/x2" && ! -e "$tmp/x6" ]] || fail "a refused export wrote its output"
@@ -143,6 +149,9 @@ hf_case "sliding_window below seq_len" "sliding_window=8 is below model.seq_len=
 hf_case "rope_scaling" 'rope_scaling={"factor":4.0,"type":"yarn"} is not null' \
   "c['rope_scaling'] = {'type': 'yarn', 'factor': 4.0}"
 hf_case "attention_bias" "attention_bias=true: Switchyard's Mixtral has no linear biases" "c['attention_bias'] = True"
+# A value config.json's own checks pass but the model refuses: the file's fault (exit 1), not
+# a --set's (there is none).
+hf_case "head_dim 3" "model.position=rope needs an even head dim, got head_dim = 3" "c['head_dim'] = 3"
 hf_case "mlp_bias" "mlp_bias=true: Switchyard's Mixtral has no linear biases" "c['mlp_bias'] = True"
 expect_usage_error "a --set the config refuses" "train.lr=-1 must be > 0" import --format hf-mixtral \
   "$tmp/untied-hf" "$tmp/case-out" --set train.lr=-1

@@ -126,6 +126,11 @@ expect_error "a file and its folder" 2 "is given twice" \
   prep --out "$tmp/c" --vocab 100 "$tmp/corpus" "$tmp/corpus/de.txt"
 expect_error "--vocab with --tokenizer" 2 "--vocab 50 and --tokenizer $tmp/a/tokenizer.model are both given" \
   prep --out "$tmp/c" --tokenizer "$tmp/a/tokenizer.model" --vocab 50 "${corpus[@]}"
+ln "$tmp/corpus/en.txt" "$tmp/en-hardlink.txt"
+expect_error "a file and its hard link" 2 "$tmp/en-hardlink.txt is given twice (also as $tmp/corpus/en.txt)" \
+  prep --out "$tmp/c" --vocab 100 "$tmp/corpus/en.txt" "$tmp/en-hardlink.txt"
+expect_error "--label with --label-key" 2 "--label x and --label-key lang are both given" \
+  prep --out "$tmp/c" --label x --label-key lang "${corpus[@]}"
 expect_error "empty --label" 2 "--label is empty" prep --out "$tmp/c" --label "" "${corpus[@]}"
 expect_error "--label with a space" 2 '--label "a b" is not a label (non-empty, no whitespace)' \
   prep --out "$tmp/c" --label "a b" "${corpus[@]}"
@@ -136,6 +141,19 @@ expect_error "--out under a file" 1 "--out $tmp/afile/sub: cannot create it ($tm
   prep --out "$tmp/afile/sub" --vocab 100 "${corpus[@]}"
 [[ ! -e "$tmp/c" ]] || fail "a refused run created its output folder"
 ls -d "$tmp"/afile* "$tmp"/c.* 2>/dev/null | grep -qv "^$tmp/afile$" && fail "temporary folders left behind"
+# An --out that is a symbolic link: refused before any work (the rename would replace the
+# link, not fill its target); the link and its target stay as they were.
+mkdir -p "$tmp/target" && echo keep >"$tmp/target/note" && ln -s "$tmp/target" "$tmp/link"
+expect_error "--out a symbolic link" 1 "--out $tmp/link is a symbolic link (to $tmp/target)" \
+  prep --out "$tmp/link/" --vocab 100 "${corpus[@]}"
+[[ -L "$tmp/link" && $(cat "$tmp/target/note") == keep ]] || fail "a refused --out link was changed"
+# A staging folder left by a killed run (its process gone) is removed by the next run; a
+# live process's is left alone.
+mkdir -p "$tmp/stale.tmp-999999999" "$tmp/stale.tmp-$$"
+"$bin" prep --out "$tmp/stale" --vocab 100 "${corpus[@]}" >"$tmp/out" 2>&1 || fail "prep --out stale: $(cat "$tmp/out")"
+[[ ! -e "$tmp/stale.tmp-999999999" ]] || fail "a dead run's staging folder was left behind"
+[[ -d "$tmp/stale.tmp-$$" ]] || fail "a live process's staging folder was removed"
+rmdir "$tmp/stale.tmp-$$"
 
 # Documents of one 120 KB line each (long JSONL records, minified text): SentencePiece
 # skips sentences over 64 KiB and failed with its internal "!sentences_.empty()"; the

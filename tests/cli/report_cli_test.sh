@@ -181,8 +181,33 @@ mkdir -p "$tmp/binary" && printf '\xbf\x00\xff\n' >"$tmp/binary/metrics.jsonl"
 err_one_line "binary metrics.jsonl" "$tmp/binary/metrics.jsonl:1: not UTF-8 text (byte 0xbf at column 1)" \
   report "$tmp/binary" --out "$tmp/keep.html"
 mkdir -p "$tmp/badstep" && echo '{"step":0,"loss":"x","moe":[]}' >"$tmp/badstep/metrics.jsonl"
-err_one_line "a record of the wrong type" "$tmp/badstep/metrics.jsonl: the record of step 0: loss and tokens_per_s must be numbers" \
+err_one_line "a record of the wrong type" "$tmp/badstep/metrics.jsonl: the record of step 0: loss must be a number (or null, diverged) and tokens_per_s a number" \
   report "$tmp/badstep" --out "$tmp/keep.html"
+# A diverged run: the trainer writes NaN as null (loss, the layers' scalars, val_loss, an
+# expert bias). The page draws it (a gap) and its data keeps null there.
+rm -rf "$tmp/diverged" && cp -r "$tmp/biased" "$tmp/diverged"
+py "import json, sys
+run = sys.argv[1]
+lines = [json.loads(l) for l in open(run + '/metrics.jsonl')]
+last = [i for i, d in enumerate(lines) if 'moe' in d][-1]
+lines[last]['loss'] = None
+lines[last]['moe'][0]['router_entropy'] = None
+lines[[i for i, d in enumerate(lines) if 'val_loss' in d][-1]]['val_loss'] = None
+open(run + '/metrics.jsonl', 'w').write(''.join(json.dumps(d) + '\\n' for d in lines))
+rt = [json.loads(l) for l in open(run + '/routing.jsonl')]
+rt[-1]['expert_bias'][0][0] = None
+open(run + '/routing.jsonl', 'w').write(''.join(json.dumps(d) + '\\n' for d in rt))" "$tmp/diverged"
+"$bin" report "$tmp/diverged" --out "$tmp/diverged.html" >"$tmp/report.out" 2>&1 ||
+  fail "report of a diverged run (nulls): $(cat "$tmp/report.out")"
+py "import json, re, sys
+page = open(sys.argv[1]).read()
+P = json.loads(re.search(r'<script type=\"application/json\" id=\"switchyard-data\">(.*?)</script>', page, re.S).group(1).replace('<\\\\/', '</'))['plots']
+y = lambda pid, label: [s for s in P[pid]['series'] if s['label'] == label][0]['y']
+assert y('loss', 'diverged')[-1] is None and y('loss', 'diverged')[0] is not None, y('loss', 'diverged')
+assert y('layer_router_entropy', 'diverged L0')[-1] is None
+assert y('val_loss', 'diverged')[-1] is None
+assert y('bias_0_L0', 'e0')[-1] is None and y('bias_0_L0', 'e1')[-1] is not None" "$tmp/diverged.html" ||
+  fail "the diverged run's page does not keep its nulls"
 # JSON nested 1,500 deep on one line: one line naming the file and line (was a
 # RecursionError traceback).
 mkdir -p "$tmp/deep" && cp "$tmp/biased/metrics.jsonl" "$tmp/deep/"

@@ -105,6 +105,17 @@ expect_usage_error "color" "--color=pink is not one of" route --checkpoint "$tmp
 [[ $? -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "$tmp/nope" "$tmp/err" || fail "missing checkpoint: $(cat "$tmp/err")"
 "$bin" route --checkpoint "$tmp/top1" --file "$tmp/none.txt" >"$tmp/out" 2>"$tmp/err"
 [[ $? -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "none.txt" "$tmp/err" || fail "missing file: $(cat "$tmp/err")"
+# A tokenizer other than the checkpoint's data's: --data cut by another tokenizer is refused
+# (exit 1, naming both); one whose ids reach past model.vocab_size (128) is refused before
+# its ids index past the embedding.
+"$bin" prep --out "$tmp/big" --vocab 400 --seed 2 "$tmp/corpus/en.txt" "$tmp/corpus/de.txt" \
+  >"$tmp/prep.out" 2>&1 || fail "prep --vocab 400: $(cat "$tmp/prep.out")"
+"$bin" route --checkpoint "$tmp/top1" --text "the cat" --data "$tmp/big" >"$tmp/out" 2>"$tmp/err"
+[[ $? -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "is not the one the checkpoint's data was cut with" "$tmp/err" ||
+  fail "--data of another tokenizer: $(cat "$tmp/err")"
+"$bin" route --checkpoint "$tmp/top1" --text "the cat" --set data.dir="$tmp/big" >"$tmp/out" 2>"$tmp/err"
+[[ $? -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "pieces, more than the model's model.vocab_size=128" "$tmp/err" ||
+  fail "a tokenizer larger than the vocabulary: $(cat "$tmp/err")"
 
 [[ $failures -eq 0 ]] && echo "route_cli_test: all checks passed"
 exit $((failures > 0))

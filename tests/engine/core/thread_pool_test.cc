@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -90,6 +91,19 @@ TEST(ComputeThreadsTest, SetReplacesThePoolAndZeroIsRefused) {
   SetComputeThreads(1);
   EXPECT_EQ(ComputeThreads(), 1);
   EXPECT_DEATH(SetComputeThreads(0), "threads must be >= 1, got 0");
+}
+
+// A worker's chunk that runs out of memory (std::bad_alloc) ends the process with one line
+// and exit 5, the allocator's out-of-memory status, not std::terminate's abort.
+TEST(ComputeThreadsTest, AWorkersBadAllocEndsTheProcessWithExitFive) {
+  EXPECT_EXIT(
+      {
+        SetComputeThreads(2);
+        ParallelFor(2, 1, [](int64_t begin, int64_t) {
+          if (begin == 1) throw std::bad_alloc();
+        });
+      },
+      ::testing::ExitedWithCode(5), "ran out of host memory \\(in a compute thread");
 }
 
 }  // namespace
