@@ -377,16 +377,23 @@ def time_all(a, vocab):
     every core, the order rotated by one each round, so that no setting
     always goes first. Per run the median of its timed steps; per setting the median over
     the rounds and their range. Kept in timing.json and reused while the settings, step
-    count and rounds are the same."""
+    count and rounds are the same, and so are what else sets a step's time: the corpus (its
+    index.json), the base config's content, the binary and the machine's core count."""
     path = os.path.join(a.out, "timing.json")
+    threads = os.cpu_count() or 1
+    identity = run_identity(a, None)
     key = {"steps": a.time_steps, "skip": TIME_SKIP, "rounds": a.time_rounds,
-           "settings": [[n, s + a.extra] for n, s in a.settings]}
+           "settings": [[n, s + a.extra] for n, s in a.settings], "threads": threads,
+           "data_index_sha256": identity["data_index_sha256"],
+           "config_sha256": identity["config_sha256"], "binary_sha256": identity["binary_sha256"]}
     if os.path.isfile(path):
         with open(path) as f:
             old = json.load(f)
         if all(old.get(k) == v for k, v in key.items()):
             return old
-    threads = os.cpu_count() or 1
+        changed = [k for k, v in key.items() if old.get(k) != v]
+        print("%s: timing.json was measured otherwise (%s differ): timing again"
+              % (a.name, ", ".join(changed)), flush=True)
     per_round = {n: [] for n, _ in a.settings}
     for r in range(a.time_rounds):
         order = a.settings[r % len(a.settings):] + a.settings[:r % len(a.settings)]
@@ -413,7 +420,7 @@ def time_all(a, vocab):
             per_round[name].append(statistics.median(steps))
             shutil.rmtree(d, ignore_errors=True)
         print("%s: timing round %d/%d done" % (a.name, r + 1, a.time_rounds), flush=True)
-    timing = dict(key, threads=threads, per_setting={
+    timing = dict(key, per_setting={
         n: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v}
         for n, v in per_round.items()})
     with open(path + ".tmp", "w") as f:

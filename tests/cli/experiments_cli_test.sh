@@ -256,8 +256,14 @@ grep -q "timing round [0-9]" "$tmp/again.out" && fail "second call: timed again 
 [[ $(grep -c "already done" "$tmp/again.out") -eq 4 ]] || fail "second call retrained: $(cat "$tmp/again.out")"
 grep -q "figures and report up to date" "$tmp/again.out" && [[ $(stamp) == "$before" ]] ||
   fail "second call drew the figures again: $(tail -3 "$tmp/again.out")"
+# timing.json measured by another binary (as if): the settings are timed again.
 rm "$tmp/capacity/load_heatmaps.png"
+py "import json
+p = '$tmp/capacity/timing.json'; t = json.load(open(p)); t['binary_sha256'] = '0' * 64
+json.dump(t, open(p, 'w'))"
 bash "$dir/capacity.sh" "${common[@]}" --out "$tmp/capacity" >"$tmp/again.out" 2>&1 || fail "third call: $(tail -3 "$tmp/again.out")"
+grep -q "timing.json was measured otherwise (binary_sha256 differ): timing again" "$tmp/again.out" &&
+  grep -q "timing round 2/2 done" "$tmp/again.out" || fail "third call: timing.json of another binary reused: $(cat "$tmp/again.out")"
 grep -q "figures and report up to date" "$tmp/again.out" && fail "third call kept a deleted figure missing"
 [[ -s "$tmp/capacity/load_heatmaps.png" ]] || fail "third call did not draw load_heatmaps.png again"
 
