@@ -108,8 +108,19 @@ def is_num_or_null(x):
     return x is None or is_num(x)
 
 
-def nan_for_null(x):
-    return float("nan") if x is None else x
+def nans_for_nulls(steps, val, routing):
+    """The checked records' nulls (NaN or infinity written by a diverged run) as NaN: gaps in
+    the plots (the page's data writes them back as null)."""
+    nan = lambda x: float("nan") if x is None else x
+    for d in steps:
+        d["loss"] = nan(d["loss"])
+        for m in d["moe"]:
+            for k, _ in LAYER_SCALARS:
+                m[k] = nan(m[k])
+    for d in routing:
+        if "expert_bias" in d:
+            d["expert_bias"] = [[nan(v) for v in row] for row in d["expert_bias"]]
+    return {s: nan(v) for s, v in val.items()}
 
 
 def is_count(x):
@@ -130,8 +141,7 @@ def need(ok, where, what):
 
 def check_steps(path, steps):
     """The fields of the training records the plots read: step, loss, tokens_per_s and
-    every MoE layer's scalars, the same layers in every record. A null (NaN or infinity
-    written by a diverged run) becomes NaN: a gap in the plots."""
+    every MoE layer's scalars, the same layers in every record."""
     layers = None
     for d in steps:
         where = "%s: the record of step %s" % (path, d.get("step"))
@@ -144,10 +154,6 @@ def check_steps(path, steps):
                      and all(k in m and is_num_or_null(m[k]) for k, _ in LAYER_SCALARS)), where,
              "moe must be a list of layers, each with its layer number and %s (numbers, or "
              "null where diverged)" % ", ".join(k for k, _ in LAYER_SCALARS))
-        d["loss"] = nan_for_null(d["loss"])
-        for m in moe:
-            for k, _ in LAYER_SCALARS:
-                m[k] = nan_for_null(m[k])
         ids = [m["layer"] for m in moe]
         need(layers is None or ids == layers, where,
              "its MoE layers %s are not those of the first record %s" % (ids, layers))
@@ -174,8 +180,6 @@ def check_routing(path, records):
                  and len({len(r) for r in rows}) <= 1, where,
                  "%s must hold, for each of the %d layers, one %s per expert"
                  % (key, len(layers), "finite count >= 0" if counts else "number (or null)"))
-            if not counts:
-                d[key] = [[nan_for_null(v) for v in r] for r in rows]
 
 
 def check_lang(path, lang):
@@ -237,7 +241,6 @@ def load_run(path):
         raise ReportError("%s: a training record lacks the field %s" % (metrics, e))
     need(all(is_int(s) and is_num_or_null(v) for s, v in val.items()), metrics,
          "a validation record's step is not an integer or its val_loss not a number (or null)")
-    val = {s: nan_for_null(v) for s, v in val.items()}
     routing = {}
     rpath = os.path.join(path, "routing.jsonl")
     if os.path.isfile(rpath):
@@ -246,6 +249,7 @@ def load_run(path):
         check_routing(rpath, records)
         for d in records:
             routing[d["step"]] = d
+    val = nans_for_nulls(steps.values(), val, routing.values())
     lang = None
     lpath = os.path.join(path, "routing_by_language.json")
     if os.path.isfile(lpath):

@@ -56,8 +56,9 @@ StatusOr<std::vector<CorpusFile>> UserCorpusFiles(const std::vector<std::string>
                                                   const std::string& label);
 
 // OK when no file appears twice in `files` (the same file by device and inode: given twice,
-// through a symbolic or hard link, or in a folder also given); else InvalidArgument naming both mentions.
-// A file read twice would put every document in the corpus twice, in both splits.
+// through a symbolic or hard link, or in a folder also given); else InvalidArgument naming
+// both mentions. A file read twice would put every document in the corpus twice, in both
+// splits.
 Status CheckDistinctFiles(const std::vector<CorpusFile>& files);
 
 }  // namespace switchyard::data
