@@ -1,4 +1,6 @@
 // Argument checks and device dispatch for kernels/moe_routing.h.
+#include <cstdint>
+
 #include "kernels/check.h"
 #include "kernels/moe_routing.h"
 
@@ -195,6 +197,26 @@ void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num
   if (keep.defined()) CheckLike(keep, DType::kU8, dev, {T, k}, kOp, "keep");
   SY_DISPATCH_DEVICE(counts, ctx, cpu::CountSlotAssignments(indices, keep, num_experts, counts),
                      cuda::CountSlotAssignments(indices, keep, num_experts, counts, ctx));
+}
+
+void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
+                              int64_t num_experts, Tensor& counts, DeviceContext* ctx) {
+  constexpr const char* kOp = "AddLabelAssignmentCounts";
+  CheckMatrix(indices, DType::kI32, kOp, "indices");
+  SY_CHECK(num_labels >= 1 && num_experts >= 1 && num_labels <= INT32_MAX &&
+           num_experts <= INT32_MAX)
+      << kOp << ": num_labels=" << num_labels << " num_experts=" << num_experts;
+  SY_CHECK(counts.defined()) << kOp << ": counts is undefined";
+  const Device dev = counts.device();
+  const int64_t T = indices.dim(0);
+  CheckLike(indices, DType::kI32, dev, {T, indices.dim(1)}, kOp, "indices");
+  CheckLike(labels, DType::kI32, dev, {T}, kOp, "labels");
+  CheckLike(counts, DType::kF64, dev, {num_labels * num_experts + 1}, kOp, "counts");
+  SY_DISPATCH_DEVICE(counts, ctx,
+                     cpu::AddLabelAssignmentCounts(indices, labels, num_labels, num_experts,
+                                                   counts),
+                     cuda::AddLabelAssignmentCounts(indices, labels, num_labels, num_experts,
+                                                    counts, ctx));
 }
 
 void ProbColumnSums(const Tensor& probs, Tensor& sums, DeviceContext* ctx) {

@@ -105,6 +105,17 @@ void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tens
 void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num_experts,
                           Tensor& counts, DeviceContext* ctx = nullptr);
 
+// Assignment counts by (label, expert), added to what counts holds: the routing-by-language
+// record of a training step (engine/train/metrics.h RoutingByLabel), left on the device for
+// the step's readback (engine/core/step_readback.h). indices (T, k) i32; labels (T) i32, the
+// label id of each token (a token whose label is outside [0, L) is not counted); counts
+// (L * E + 1) f64: counts[l * E + e] += the assignments of label-l tokens to expert e, and
+// counts[L * E] += the counted tokens' indices outside [0, E) (0 unless the routing is
+// broken; the caller checks it). Integer sums in f64: exact below 2^53 in any order.
+// Nothing waits.
+void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
+                              int64_t num_experts, Tensor& counts, DeviceContext* ctx = nullptr);
+
 // sums[e] = sum over t of probs[t, e], accumulated in double and rounded to f32.
 // probs (T, E) f32; sums (E) f32 is overwritten. The CUDA sum is deterministic (a fixed
 // two-level order, no atomics).
@@ -189,6 +200,8 @@ void RouterBackwardScored(const Tensor& probs, const Tensor& scores, const Tenso
                           Tensor& dlogits);
 void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num_experts,
                           Tensor& counts);
+void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
+                              int64_t num_experts, Tensor& counts);
 void ProbColumnSums(const Tensor& probs, Tensor& sums);
 void AddColumnConstants(Tensor& x, std::span<const float> column);
 // dlogits may be null; RouterZLossBackward calls this and drops the value.
@@ -214,6 +227,8 @@ void RouterBackwardLogits(const Tensor& probs, const Tensor& indices, const Tens
                           DeviceContext* ctx);
 void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num_experts,
                           Tensor& counts, DeviceContext* ctx);
+void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
+                              int64_t num_experts, Tensor& counts, DeviceContext* ctx);
 void ProbColumnSums(const Tensor& probs, Tensor& sums, DeviceContext* ctx);
 void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext* ctx);
 // dlogits may be null. want_value: compute and copy back the loss (else returns 0).

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/file.h"
+#include "engine/core/step_readback.h"
+#include "kernels/moe_routing.h"
 
 namespace switchyard::train {
 namespace {
@@ -209,6 +211,8 @@ RoutingByLabel::RoutingByLabel(std::vector<std::string> labels, std::vector<int6
                                int64_t num_experts)
     : labels_(std::move(labels)), layer_ids_(std::move(layer_ids)), num_experts_(num_experts) {
   counts_.assign(layer_ids_.size(), std::vector<int64_t>(labels_.size() * num_experts_, 0));
+  pending_first_.assign(layer_ids_.size(), -1);
+  pending_values_.assign(layer_ids_.size(), Tensor());
 }
 
 void RoutingByLabel::Add(size_t layer, const Tensor& indices, const Tensor& labels) {
@@ -220,6 +224,42 @@ void RoutingByLabel::Add(size_t layer, const Tensor& indices, const Tensor& labe
   for (int64_t i = 0; i < t; ++i) {
     if (lp[i] < 0 || lp[i] >= static_cast<int32_t>(labels_.size())) continue;
     for (int64_t j = 0; j < k; ++j) ++c[lp[i] * num_experts_ + ip[i * k + j]];
+  }
+}
+
+void RoutingByLabel::AddInStep(size_t layer, const Tensor& indices, const Tensor& labels,
+                               DeviceContext* ctx) {
+  if (labels_.empty()) return;  // a corpus without labels: nothing to count
+  StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
+  if (readback == nullptr) {
+    Add(layer, indices.ToHost("routing_record", ctx), labels);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(labels_.size()) * num_experts_ + 1;
+  const Device device = indices.device();
+  if (pending_first_[layer] < 0) {
+    // A graph replay's readback reuses the slots after the captured ones: zeroed here.
+    StepReadback::Slots slots = readback->Reserve(n, device, ctx);
+    slots.values.SetZero(ctx);
+    pending_first_[layer] = slots.first;
+    pending_values_[layer] = slots.values;
+  }
+  const Tensor on_device = labels.device() == device ? labels : labels.To(device, ctx);
+  kernels::AddLabelAssignmentCounts(indices, on_device, static_cast<int64_t>(labels_.size()),
+                                    num_experts_, pending_values_[layer], ctx);
+}
+
+void RoutingByLabel::Resolve(std::span<const double> slots) {
+  const int64_t cells = static_cast<int64_t>(labels_.size()) * num_experts_;
+  for (size_t layer = 0; layer < pending_first_.size(); ++layer) {
+    const int64_t first = pending_first_[layer];
+    if (first < 0) continue;
+    SY_CHECK_LE(first + cells + 1, static_cast<int64_t>(slots.size())) << "RoutingByLabel::Resolve";
+    SY_CHECK_EQ(slots[first + cells], 0.0)
+        << "routing by label: expert indices outside [0, " << num_experts_ << ")";
+    for (int64_t i = 0; i < cells; ++i) counts_[layer][i] += static_cast<int64_t>(slots[first + i]);
+    pending_first_[layer] = -1;
+    pending_values_[layer] = Tensor();
   }
 }
 

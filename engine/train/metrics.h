@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/device_context.h"
 #include "engine/core/status.h"
 #include "moe/moe_layer.h"
 
@@ -99,6 +101,13 @@ class RoutingByLabel {
   // indices: (T, k) i32 router choices of one layer (by position in layer_ids);
   // labels: (T) label ids of the same tokens.
   void Add(size_t layer, const Tensor& indices, const Tensor& labels);
+  // Add in a training step, when ctx has the step's readback open: the counts are made on
+  // indices' device into the readback (one slot range per layer and step, which every
+  // micro-batch adds to), nothing waits, and Resolve adds them to the totals once the step's
+  // values are read back. Otherwise Add (which reads the indices back at once).
+  void AddInStep(size_t layer, const Tensor& indices, const Tensor& labels, DeviceContext* ctx);
+  // Adds the counts AddInStep left in the step's readback, whose values are `slots`.
+  void Resolve(std::span<const double> slots);
   // Sums over the ranks of comm (every rank ends with the totals).
   void AllReduce(dist::Communicator& comm);
   // Per layer: rows = labels, columns = experts, each cell the share (%) of that label's
@@ -114,6 +123,9 @@ class RoutingByLabel {
   std::vector<int64_t> layer_ids_;
   int64_t num_experts_;
   std::vector<std::vector<int64_t>> counts_;  // per layer: (labels, E)
+  // Per layer: the first of this step's (labels * E + 1) readback slots, or -1.
+  std::vector<int64_t> pending_first_;
+  std::vector<Tensor> pending_values_;  // per layer: those slots on the device
 };
 
 // Per MoE layer: tokens per expert (share of kept assignments), dropped fraction, router

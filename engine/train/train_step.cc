@@ -169,6 +169,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
                                 ResolvedTreeSum(step.aux, slots),
                                 ResolvedTreeSum(step.z, slots)};
   for (moe::MoEStats& s : step.stats) s.Resolve(slots);
+  if (routing_) routing_->Resolve(slots);
   const float clip_scale = parallel::ClipScale(norm, tc.grad_clip);
   const float lr = ScheduleFor(tc).LrAt(optimizer_->step());
   phase.emplace(Phase::kCommunication);
@@ -298,8 +299,8 @@ void Trainer::RecordReplayedRouting(const std::vector<data::Batch>& batches) {
   if (!routing_ || pc_->tp_cp().rank() != 0) return;
   for (const StepGraph::Choices& c : graph_->choices) {
     const data::Batch& batch = batches[c.micro];
-    routing_->Add(moe_slot_of_[c.chunk][c.layer], c.indices.ToHost("routing_record", rt_.ctx.get()),
-                  batch.labels.Reshape({batch.labels.numel()}));
+    routing_->AddInStep(moe_slot_of_[c.chunk][c.layer], c.indices,
+                        batch.labels.Reshape({batch.labels.numel()}), rt_.ctx.get());
   }
 }
 
@@ -360,8 +361,8 @@ void Trainer::AddForward(int c, int micro, const model::DecoderOutput& out,
     }
     // Under tp and cp every rank of tp_cp routed the whole group: its rank 0 records it.
     if (batch != nullptr && pc_->tp_cp().rank() == 0 && routing_) {
-      routing_->Add(moe_slot_of_[c][layer], out.moe_indices[layer].ToHost("routing_record", rt_.ctx.get()),
-                    batch->labels.Reshape({batch->labels.numel()}));
+      routing_->AddInStep(moe_slot_of_[c][layer], out.moe_indices[layer],
+                          batch->labels.Reshape({batch->labels.numel()}), rt_.ctx.get());
     }
   }
 }

@@ -84,6 +84,21 @@ void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num
   }
 }
 
+void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
+                              int64_t num_experts, Tensor& counts) {
+  const int64_t T = indices.dim(0), k = indices.dim(1), E = num_experts;
+  const int32_t* ip = indices.data<int32_t>();
+  const int32_t* lp = labels.data<int32_t>();
+  double* c = counts.data<double>();
+  for (int64_t t = 0; t < T; ++t) {
+    if (lp[t] < 0 || lp[t] >= num_labels) continue;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ip[t * k + j];
+      c[e < 0 || e >= E ? num_labels * E : lp[t] * E + e] += 1.0;
+    }
+  }
+}
+
 void ProbColumnSums(const Tensor& probs, Tensor& sums) {
   const int64_t T = probs.dim(0), E = probs.dim(1);
   std::vector<double> acc(E, 0.0);

@@ -24,6 +24,7 @@ namespace switchyard::kernels::cuda {
 namespace {
 
 using routing::AddColumnConstantsKernel;
+using routing::AddLabelAssignmentCountsKernel;
 using routing::ColumnFinalSumsKernel;
 using routing::ColumnPartialSumsKernel;
 using routing::ColumnSumShapeOf;
@@ -101,6 +102,16 @@ void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num
       indices.data<int32_t>(), keep.defined() ? keep.data<uint8_t>() : nullptr, n,
       static_cast<int>(indices.dim(1)), static_cast<int>(num_experts),
       reinterpret_cast<unsigned long long*>(counts.data<int64_t>()));
+  SY_CUDA_CHECK_LAUNCH();
+}
+
+void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
+                              int64_t num_experts, Tensor& counts, DeviceContext* ctx) {
+  const int64_t n = indices.numel();
+  if (n == 0) return;
+  AddLabelAssignmentCountsKernel<<<GridFor(n), 256, 0, StreamOf(ctx)>>>(
+      indices.data<int32_t>(), labels.data<int32_t>(), n, static_cast<int>(indices.dim(1)),
+      static_cast<int>(num_labels), static_cast<int>(num_experts), counts.data<double>());
   SY_CUDA_CHECK_LAUNCH();
 }
 

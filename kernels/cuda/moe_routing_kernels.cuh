@@ -200,6 +200,22 @@ __global__ void CountSlotAssignmentsKernel(const int32_t* __restrict__ indices,
   }
 }
 
+// counts (L * E + 1) f64: [l * E + e] += 1 per assignment of a label-l token (l in [0, L)),
+// [L * E] per such token's index outside [0, E). Integer sums in f64 atomics: exact.
+__global__ void AddLabelAssignmentCountsKernel(const int32_t* __restrict__ indices,
+                                               const int32_t* __restrict__ labels, int64_t n,
+                                               int k, int L, int E,
+                                               double* __restrict__ counts) {
+  SY_GRID_STRIDE(i, n) {
+    const int label = labels[i / k];
+    if (label < 0 || label >= L) continue;
+    const int e = indices[i];
+    atomicAdd(&counts[e < 0 || e >= E ? static_cast<int64_t>(L) * E
+                                      : static_cast<int64_t>(label) * E + e],
+              1.0);
+  }
+}
+
 // ---- ProbColumnSums -------------------------------------------------------------------
 
 constexpr int kSumCols = 32;      // columns per block (one per lane: coalesced rows)

@@ -81,8 +81,16 @@ for d in r:
         bias[i] += np.float32(0.01) * np.sign(c.sum() - 4 * c).astype(np.float32)
         if not np.array_equal(np.array(d['expert_bias'][i], np.float32), bias[i]): errs.append('bias at step %d layer %d: %r != %r' % (d['step'], i, d['expert_bias'][i], bias[i].tolist()))
 if not bias.any(): errs.append('the bias never moved')
+# routing_by_language.json, summed over the labels (every token is labelled), holds each
+# expert's assignments of steps 2 and 3 (the second half), expert by expert: its counts
+# are made on the device in the step's readback, these by the routing statistics.
+j = json.load(open('$tmp/every/routing_by_language.json'))
+for i in range(2):
+    got = np.array(j['counts'][i]).sum(axis=0)
+    want = sum(np.array(d['tokens_per_expert'][i]) for d in r if d['step'] >= 2)
+    if not np.array_equal(got, want): errs.append('layer %d by language %r != %r' % (i, got.tolist(), want.tolist()))
 print('; '.join(errs) if errs else 'ok')" 2>&1)
-[[ "$check" == ok ]] || fail "expert bias trajectory: $check"
+[[ "$check" == ok ]] || fail "expert bias trajectory, routing by language: $check"
 
 # --- routing_every=0: the last step alone; a run without the bias logs no expert_bias.
 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/end" --set logging.routing_every=0 \

@@ -11,6 +11,7 @@
 //    gradient column from the same sums (each double operation rounded once on both);
 //  - the embedding with ids checked on the host: the lookup and its backward as with the
 //    on-device check, without its readbacks;
+//  - AddLabelAssignmentCounts (routing by language in a training step): the CPU's counts;
 //  - StepReadback on the device: slots over several chunks read back in one copy.
 #include <gtest/gtest.h>
 
@@ -140,6 +141,32 @@ TEST(StepReadbackGpuTest, BalanceKernelsGiveTheCpuBits) {
     AddBalanceColumn(got_dp, counts, T, k, 0.01f, 0.37f, gpu);
     ExpectBitEqual(got_dp, want_dp, gpu, "dprobs");
   }
+}
+
+// The routing-by-language counts of a training step (RoutingByLabel::AddInStep): two
+// micro-batches added into one range on the device, starting from nonzero values, equal the
+// CPU's; labels -1 and L are not counted, a labelled bad index is counted apart.
+TEST(StepReadbackGpuTest, LabelCountsGiveTheCpuCounts) {
+  SY_REQUIRE_GPU();
+  auto context = DeviceContext::Create(kCuda);
+  DeviceContext* gpu = context.get();
+  const int64_t E = 12, k = 2, L = 3, T = 333;
+  std::vector<double> start(L * E + 1);
+  for (size_t i = 0; i < start.size(); ++i) start[i] = static_cast<double>(i % 5);
+  Tensor want = Tensor::FromVector(start, {L * E + 1});
+  Tensor got = want.To(kCuda, gpu);
+  for (int micro = 0; micro < 2; ++micro) {
+    std::vector<int32_t> idx(T * k), labels(T);
+    for (int64_t i = 0; i < T * k; ++i) idx[i] = static_cast<int32_t>((i * 7 + i / 5 + micro) % E);
+    for (int64_t t = 0; t < T; ++t) labels[t] = static_cast<int32_t>((t * 3 + micro) % (L + 2)) - 1;
+    idx[2 * 4] = static_cast<int32_t>(E);  // token 4: label (12 + micro) % 5 - 1, labelled
+    const Tensor i = Tensor::FromVector(idx, {T, k}), l = Tensor::FromVector(labels, {T});
+    AddLabelAssignmentCounts(i.To(kCuda, gpu), l.To(kCuda, gpu), L, E, got, gpu);
+    AddLabelAssignmentCounts(i, l, L, E, want);
+  }
+  const std::vector<double> cpu = want.ToVector<double>();
+  EXPECT_EQ(Doubles(got, gpu), cpu);
+  EXPECT_EQ(cpu.back(), start.back() + 2) << "the bad indices";
 }
 
 TEST(StepReadbackGpuTest, EmbeddingWithIdsCheckedOnTheHost) {

@@ -438,6 +438,57 @@ TEST(RoutingEmulationTest, SlotCountsEqualTheCpu) {
   }
 }
 
+// moe_routing.cu's AddLabelAssignmentCounts: the kernel adds to what the counts hold (a step's
+// micro-batches add into one range), so both start from the same nonzero values; labels
+// include -1 and L (not counted), the indices MakeAssignments' bad ones (counted apart).
+TEST(RoutingEmulationTest, LabelCountsEqualTheCpu) {
+  struct Case {
+    int64_t T, k, E, L;
+    unsigned blocks;  // 0: the .cu's GridFor(n)
+  };
+  const Case cases[] = {{0, 2, 8, 3, 0}, {1, 1, 1, 1, 0}, {333, 2, 12, 5, 0},
+                        {1000, 4, 40, 2, 3}, {77, 8, 300, 7, 1}};
+  uint64_t stream = 1900;
+  for (const Case& c : cases) {
+    const std::string name = "T=" + std::to_string(c.T) + " k=" + std::to_string(c.k) +
+                             " E=" + std::to_string(c.E) + " L=" + std::to_string(c.L);
+    std::vector<int32_t> idx;
+    std::vector<uint8_t> unused;
+    MakeAssignments(c.T, c.k, c.E, stream += 10, idx, unused);
+    std::vector<int32_t> labels(c.T);
+    const std::vector<float> u = Uniform(std::max<int64_t>(c.T, 1), stream + 1, 0.0f, 1.0f);
+    for (int64_t t = 0; t < c.T; ++t) {
+      labels[t] = static_cast<int32_t>(u[t] * (c.L + 2)) - 1;  // -1 .. L
+    }
+    std::vector<double> got(c.L * c.E + 1);
+    for (size_t i = 0; i < got.size(); ++i) got[i] = static_cast<double>(i % 7);
+    Tensor want = Tensor::FromVector(got, {c.L * c.E + 1});
+    const int64_t n = c.T * c.k;
+    if (n > 0) {
+      Launch(c.blocks > 0 ? c.blocks : GridFor(n), kThreads, [&] {
+        rt::AddLabelAssignmentCountsKernel(idx.data(), labels.data(), n, static_cast<int>(c.k),
+                                           static_cast<int>(c.L), static_cast<int>(c.E),
+                                           got.data());
+      });
+    }
+    AddLabelAssignmentCounts(Tensor::FromVector(idx, {c.T, c.k}),
+                             Tensor::FromVector(labels, {c.T}), c.L, c.E, want);
+    const std::vector<double> w = want.ToVector<double>();
+    ASSERT_EQ(got.size(), w.size());
+    double added = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_EQ(got[i], w[i]) << name << " count " << i;
+      added += w[i] - static_cast<double>(i % 7);
+    }
+    if (n > 100) {
+      const double bad_start = static_cast<double>((w.size() - 1) % 7);
+      EXPECT_GT(w.back(), bad_start) << name << ": a labelled bad index is counted apart";
+      EXPECT_LT(added, static_cast<double>(n)) << name << ": labels -1 and L are not counted";
+      EXPECT_GT(added, 0.0) << name;
+    }
+  }
+}
+
 // moe_routing.cu's ProbColumnSums: partial sums over the (capped) chunks, then the final sums
 // (on `final_blocks` blocks when not 0, else GridFor(E)).
 std::vector<float> RunColumnSums(const std::vector<float>& probs, int64_t T, int64_t E,
