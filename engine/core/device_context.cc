@@ -1,5 +1,8 @@
 #include "engine/core/device_context.h"
 
+#include <algorithm>
+#include <bit>
+#include <cstring>
 #include <utility>
 
 #include "engine/core/allocator.h"
@@ -40,10 +43,54 @@ DeviceContext::~DeviceContext() {
   weight_shadows_.Clear();  // before the stream goes
 #ifdef SY_HAVE_CUDA
   if (device_.is_cuda()) {
+    for (PinnedBlock& b : staging_) {  // the stream is done with them
+      cudaEventDestroy(static_cast<cudaEvent_t>(b.done));
+      cudaFreeHost(b.host);
+    }
     workspace_ = Tensor();
     Cublas().Destroy(static_cast<cublasHandle_t>(cublas_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
+#endif
+}
+
+bool DeviceContext::StageToDevice(void* dst, const void* src, size_t bytes) {
+#ifdef SY_HAVE_CUDA
+  if (!device_.is_cuda() || capturing_ || bytes == 0 || bytes > kMaxStagedBytes) return false;
+  // The smallest block whose last copy has run.
+  PinnedBlock* pick = nullptr;
+  for (PinnedBlock& b : staging_) {
+    if (b.bytes < bytes || (pick != nullptr && b.bytes >= pick->bytes)) continue;
+    if (b.in_flight) {
+      const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(b.done));
+      if (state == cudaErrorNotReady) continue;
+      SY_CUDA_CHECK(state);
+      b.in_flight = false;
+    }
+    pick = &b;
+  }
+  if (pick == nullptr) {
+    if (staging_.size() >= kMaxStagingBlocks) return false;
+    PinnedBlock b;
+    b.bytes = std::max<size_t>(std::bit_ceil(bytes), size_t{64} << 10);
+    SY_CUDA_CHECK(cudaMallocHost(&b.host, b.bytes));
+    cudaEvent_t done;
+    SY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    b.done = done;
+    staging_.push_back(b);
+    pick = &staging_.back();
+  }
+  std::memcpy(pick->host, src, bytes);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  SY_CUDA_CHECK(cudaMemcpyAsync(dst, pick->host, bytes, cudaMemcpyHostToDevice, stream));
+  SY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(pick->done), stream));
+  pick->in_flight = true;
+  return true;
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  return false;
 #endif
 }
 

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "engine/core/captured_work.h"
 #include "engine/core/device.h"
@@ -61,6 +62,21 @@ class DeviceContext {
   StepReadback* step_readback() const { return step_readback_; }
   void set_step_readback(StepReadback* readback) { step_readback_ = readback; }
 
+  // Queues a copy of `bytes` host bytes at src to device memory dst on the stream, and returns
+  // without waiting for the stream: the bytes go into pinned memory first (a pool of blocks,
+  // each reused once the copy that last read it has run). A copy straight from pageable memory
+  // may wait for the stream (CUDA's API synchronization behavior: the driver stages it and "may
+  // synchronize with the stream"), which stalls the host at every micro-batch's inputs while
+  // the device finishes the work queued before them. False, with nothing done, off CUDA, over
+  // kMaxStagedBytes (bulk loads: pinning them costs more than the wait) or with the pool at
+  // kMaxStagingBlocks blocks all in flight: the caller copies as before. Tensor::CopyFrom
+  // stages its host-to-device copies on a context here (not while capturing).
+  bool StageToDevice(void* dst, const void* src, size_t bytes);
+  static constexpr size_t kMaxStagedBytes = size_t{16} << 20;
+  static constexpr size_t kMaxStagingBlocks = 256;
+  // Pinned staging blocks held (for tests).
+  size_t staging_blocks() const { return staging_.size(); }
+
   // Capture (engine/core/captured_work.h): between BeginCapture and EndCapture the work
   // queued on this context is recorded, not run (a CUDA graph of the stream; on the CPU,
   // closures), and nothing may wait for the device. One capture at a time per thread.
@@ -88,6 +104,14 @@ class DeviceContext {
   bool capturing_ = false;
   int capture_pool_ = 0;
   capture::internal::HostRecording recording_;
+  // StageToDevice's pinned blocks; `done` is a cudaEvent_t recorded after the block's copy.
+  struct PinnedBlock {
+    void* host = nullptr;
+    size_t bytes = 0;
+    void* done = nullptr;
+    bool in_flight = false;
+  };
+  std::vector<PinnedBlock> staging_;
 };
 
 }  // namespace switchyard

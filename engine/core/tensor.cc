@@ -172,6 +172,11 @@ void Tensor::CopyFrom(const Tensor& src, DeviceContext* ctx) {
       return;
     }
   }
+  // From the host on a context: through pinned memory, so the host does not wait for the
+  // stream (DeviceContext::StageToDevice).
+  if (ctx != nullptr && src.device().is_cpu() && ctx->StageToDevice(raw_data(), src.raw_data(), bytes)) {
+    return;
+  }
   // Without a context no stream orders the copy against the contexts' streams (created
   // non-blocking: the legacy default stream does not wait for them, nor they for it), so the
   // device is synchronised on both sides of it: checkpoint loads, tests.

@@ -1,9 +1,19 @@
 // engine/core and the random kernels on a CUDA device against the host reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
 #include "engine/core/device_context.h"
 #include "kernels/random.h"
 #include "tests/gpu/gpu_test_util.h"
+
+#ifdef SY_HAVE_CUDA
+#include "engine/core/cuda_check.h"
+#endif
 
 namespace switchyard {
 namespace {
@@ -24,6 +34,71 @@ TEST(CoreGpuTest, TensorRoundTripsThroughTheDevice) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(back[i], 0.0f);
   for (int i = 100; i < 1000; ++i) EXPECT_EQ(back[i], values[i]);
 }
+
+#ifdef SY_HAVE_CUDA
+// A host-to-device copy on a context (Tensor::CopyFrom through DeviceContext::StageToDevice)
+// does not wait for the stream: with the stream held by a host function until the copy has
+// returned, it returns (a copy that waited would be freed only by the 10 s release below,
+// and the test fails instead of hanging); the device gets the bytes of the call even when
+// the host buffer changes right after; blocks are reused once their copy has run; a copy
+// over kMaxStagedBytes is not staged and still arrives.
+TEST(CoreGpuTest, HostToDeviceCopiesDoNotWaitForTheStream) {
+  SY_REQUIRE_GPU();
+  auto ctx = DeviceContext::Create(Device::Cuda(0));
+  cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream());
+  Tensor dev = Tensor::Empty({32768}, DType::kI32, Device::Cuda(0));
+  // The pool's first block (cudaMallocHost) before the stream is held: training has its
+  // blocks from the first step on.
+  dev.CopyFrom(Tensor::Zeros({32768}, DType::kI32), ctx.get());
+  ctx->Synchronize();
+  struct Gate {
+    std::atomic<bool> open{false};
+    std::atomic<bool> by_timeout{false};
+  } gate;
+  SY_CUDA_CHECK(cudaLaunchHostFunc(
+      stream,
+      [](void* arg) {
+        auto* g = static_cast<Gate*>(arg);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!g->open.load()) {
+          if (std::chrono::steady_clock::now() > until) {
+            g->by_timeout = true;
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      },
+      &gate));
+  std::vector<int32_t> values(32768);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i * 7 - 5);
+  const std::vector<int32_t> sent = values;
+  Tensor host = Tensor::FromVector(values, {32768});
+  dev.CopyFrom(host, ctx.get());
+  const bool returned_first = !gate.by_timeout.load();
+  std::fill(host.data<int32_t>(), host.data<int32_t>() + 32768, -1);  // after the call
+  gate.open = true;
+  EXPECT_TRUE(returned_first) << "the copy waited for the stream";
+  ctx->Synchronize();
+  EXPECT_FALSE(gate.by_timeout.load()) << "the copy waited for the stream";
+  EXPECT_EQ(dev.ToVector<int32_t>(), sent);
+  EXPECT_EQ(ctx->staging_blocks(), 1u);
+  // Done copies free their blocks: many more copies, one block.
+  for (int i = 0; i < 50; ++i) {
+    Tensor small = Tensor::FromVector(std::vector<int32_t>{i, i + 1, i + 2}, {3});
+    Tensor d = small.To(Device::Cuda(0), ctx.get());
+    ctx->Synchronize();
+    ASSERT_EQ(d.ToVector<int32_t>(), (std::vector<int32_t>{i, i + 1, i + 2}));
+  }
+  EXPECT_EQ(ctx->staging_blocks(), 1u);
+  // Past the staging limit: not staged, copied all the same.
+  const int64_t big = static_cast<int64_t>(DeviceContext::kMaxStagedBytes / 4) + 1;
+  Tensor large = Tensor::Zeros({big}, DType::kI32);
+  large.data<int32_t>()[big - 1] = 12345;
+  const Tensor large_dev = large.To(Device::Cuda(0), ctx.get());
+  EXPECT_EQ(large_dev.Slice(big - 1, big).ToVector<int32_t>(), std::vector<int32_t>{12345});
+  EXPECT_EQ(ctx->staging_blocks(), 1u);
+}
+#endif
 
 TEST(CoreGpuTest, CachingAllocatorReusesFreedBlocks) {
   SY_REQUIRE_GPU();
