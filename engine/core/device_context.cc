@@ -70,14 +70,18 @@ bool DeviceContext::StageToDevice(void* dst, const void* src, size_t bytes) {
     pick = &b;
   }
   if (pick == nullptr) {
-    if (staging_.size() >= kMaxStagingBlocks) return false;
+    const size_t block = std::max<size_t>(std::bit_ceil(bytes), size_t{64} << 10);
+    if (staging_.size() >= kMaxStagingBlocks || staging_bytes_ + block > kMaxStagingPool) {
+      return false;
+    }
     PinnedBlock b;
-    b.bytes = std::max<size_t>(std::bit_ceil(bytes), size_t{64} << 10);
+    b.bytes = block;
     SY_CUDA_CHECK(cudaMallocHost(&b.host, b.bytes));
     cudaEvent_t done;
     SY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     b.done = done;
     staging_.push_back(b);
+    staging_bytes_ += block;
     pick = &staging_.back();
   }
   std::memcpy(pick->host, src, bytes);

@@ -68,14 +68,18 @@ class DeviceContext {
   // may wait for the stream (CUDA's API synchronization behavior: the driver stages it and "may
   // synchronize with the stream"), which stalls the host at every micro-batch's inputs while
   // the device finishes the work queued before them. False, with nothing done, off CUDA, over
-  // kMaxStagedBytes (bulk loads: pinning them costs more than the wait) or with the pool at
-  // kMaxStagingBlocks blocks all in flight: the caller copies as before. Tensor::CopyFrom
-  // stages its host-to-device copies on a context here (not while capturing).
+  // kMaxStagedBytes (bulk loads: pinning them costs more than the wait) or when every block is
+  // in flight and another would take the pool past kMaxStagingBlocks blocks or
+  // kMaxStagingPool bytes (a burst of copies, as a model's parameters going to the device):
+  // the caller copies as before. Tensor::CopyFrom stages its host-to-device copies on a
+  // context here (not while capturing).
   bool StageToDevice(void* dst, const void* src, size_t bytes);
   static constexpr size_t kMaxStagedBytes = size_t{16} << 20;
   static constexpr size_t kMaxStagingBlocks = 256;
-  // Pinned staging blocks held (for tests).
+  static constexpr size_t kMaxStagingPool = size_t{64} << 20;
+  // Pinned staging blocks held, and their bytes (for tests).
   size_t staging_blocks() const { return staging_.size(); }
+  size_t staging_bytes() const { return staging_bytes_; }
 
   // Capture (engine/core/captured_work.h): between BeginCapture and EndCapture the work
   // queued on this context is recorded, not run (a CUDA graph of the stream; on the CPU,
@@ -112,6 +116,7 @@ class DeviceContext {
     bool in_flight = false;
   };
   std::vector<PinnedBlock> staging_;
+  size_t staging_bytes_ = 0;
 };
 
 }  // namespace switchyard

@@ -51,24 +51,23 @@ TEST(CoreGpuTest, HostToDeviceCopiesDoNotWaitForTheStream) {
   // blocks from the first step on.
   dev.CopyFrom(Tensor::Zeros({32768}, DType::kI32), ctx.get());
   ctx->Synchronize();
+  // Holds the stream until the gate opens (or 10 s pass: then by_timeout).
   struct Gate {
     std::atomic<bool> open{false};
     std::atomic<bool> by_timeout{false};
   } gate;
-  SY_CUDA_CHECK(cudaLaunchHostFunc(
-      stream,
-      [](void* arg) {
-        auto* g = static_cast<Gate*>(arg);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (!g->open.load()) {
-          if (std::chrono::steady_clock::now() > until) {
-            g->by_timeout = true;
-            break;
-          }
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
-      },
-      &gate));
+  const cudaHostFn_t hold = [](void* arg) {
+    auto* g = static_cast<Gate*>(arg);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!g->open.load()) {
+      if (std::chrono::steady_clock::now() > until) {
+        g->by_timeout = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  };
+  SY_CUDA_CHECK(cudaLaunchHostFunc(stream, hold, &gate));
   std::vector<int32_t> values(32768);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i * 7 - 5);
   const std::vector<int32_t> sent = values;
@@ -97,6 +96,29 @@ TEST(CoreGpuTest, HostToDeviceCopiesDoNotWaitForTheStream) {
   const Tensor large_dev = large.To(Device::Cuda(0), ctx.get());
   EXPECT_EQ(large_dev.Slice(big - 1, big).ToVector<int32_t>(), std::vector<int32_t>{12345});
   EXPECT_EQ(ctx->staging_blocks(), 1u);
+  // A burst of copies with the stream held (a model's parameters going to the device): the
+  // pool stops at kMaxStagingPool bytes, and the copies past it still arrive.
+  Gate burst;
+  SY_CUDA_CHECK(cudaLaunchHostFunc(stream, hold, &burst));
+  const int64_t n = static_cast<int64_t>(DeviceContext::kMaxStagedBytes / 4);  // 16 MiB each
+  std::vector<Tensor> sent_big;
+  for (int i = 0; i < 8; ++i) {
+    Tensor h = Tensor::Zeros({n}, DType::kI32);
+    h.data<int32_t>()[0] = i;
+    sent_big.push_back(h.To(Device::Cuda(0), ctx.get()));
+    // The next copy would not fit: it goes the pageable way, which may wait for the stream.
+    if (ctx->staging_bytes() + DeviceContext::kMaxStagedBytes > DeviceContext::kMaxStagingPool) {
+      burst.open = true;
+    }
+  }
+  burst.open = true;
+  ctx->Synchronize();
+  EXPECT_FALSE(burst.by_timeout);
+  EXPECT_GE(ctx->staging_bytes(), 3 * DeviceContext::kMaxStagedBytes);
+  EXPECT_LE(ctx->staging_bytes(), DeviceContext::kMaxStagingPool);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(sent_big[i].Slice(0, 1).ToVector<int32_t>(), std::vector<int32_t>{i});
+  }
 }
 #endif
 
