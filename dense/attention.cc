@@ -217,9 +217,17 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
   // q, k and v read x: under bf16 activation storage it is converted once for the three,
   // which keep that operand.
   const Tensor x_mm = kernels::KeptOperand(x, ctx);
-  acts.q = q_.Forward(x_mm, ctx);
-  acts.k = k_.Forward(x_mm, ctx);
-  acts.v = v_.Forward(x_mm, ctx);
+  // Where the fused kernels read q, k and v in bf16 (below), the projections write them so,
+  // unless RoPE (q, k) or a kv head's selection (k, v) reads them first in f32.
+  const bool bf16_qkv = KeepsQkvInBf16(options_, hd, ctx);
+  const auto y_dtype = [&](bool f32_reader) {
+    return bf16_qkv && !f32_reader ? DType::kBF16 : DType::kF32;
+  };
+  acts.q = q_.Forward(x_mm, ctx, true, kernels::KeepInput::kOperand, y_dtype(options_.rope));
+  acts.k = k_.Forward(x_mm, ctx, true, kernels::KeepInput::kOperand,
+                      y_dtype(options_.rope || options_.kv_replicated()));
+  acts.v = v_.Forward(x_mm, ctx, true, kernels::KeepInput::kOperand,
+                      y_dtype(options_.kv_replicated()));
   acts.k_heads = acts.k.y;
   acts.v_heads = acts.v.y;
   if (options_.kv_replicated()) {
@@ -233,9 +241,10 @@ AttentionActivations Attention::Forward(const Tensor& x_in, DeviceContext* ctx,
     Rotate(options_, q, /*backward=*/false, ctx);
     Rotate(options_, k, /*backward=*/false, ctx);
   }
-  if (KeepsQkvInBf16(options_, hd, ctx)) {
+  if (bf16_qkv) {
     // The fused kernels read q, k and v as bf16 operands: kept so (the same bits as their f32
-    // values rounded, kernels/flash_attention.h), the projections' f32 outputs go.
+    // values rounded, kernels/flash_attention.h), the f32 outputs (of RoPE, of a kv head's
+    // selection) go; the projections' bf16 outputs are kept as they are.
     acts.q.y = kernels::KeepRounded(acts.q.y, ctx);
     acts.k_heads = kernels::KeepRounded(acts.k_heads, ctx);
     acts.v_heads = kernels::KeepRounded(acts.v_heads, ctx);

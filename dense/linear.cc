@@ -85,12 +85,12 @@ StatusOr<Linear> Linear::FromTensors(const LinearOptions& options, LinearParams 
 }
 
 LinearActivations Linear::Forward(const Tensor& x, DeviceContext* ctx, bool add_bias,
-                                  kernels::KeepInput keep) const {
+                                  kernels::KeepInput keep, DType y_dtype) const {
   const int64_t in = options_.local_in(), out = options_.local_out();
   LinearActivations acts;
   acts.x = kernels::KeptOperand(x, ctx, keep);  // what the product reads and Backward keeps
   const Tensor x2 = Rows(acts.x, in, "Linear::Forward: x");
-  acts.y = Tensor::Empty(WithLast(x.shape(), out), DType::kF32, x.device());
+  acts.y = Tensor::Empty(WithLast(x.shape(), out), y_dtype, x.device());
   Tensor y2 = acts.y.Reshape({x2.dim(0), out});  // (N, out)
   if (add_bias && adds_bias()) {
     kernels::GemmBias(x2, false, weight_, false, bias_, y2, ctx);  // the bias in the product's pass

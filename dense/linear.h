@@ -85,8 +85,12 @@ class Linear {
   // product reads (one conversion for the forward and the weight gradient's products; x
   // itself when x is bf16 already, e.g. an operand several projections share), or x as given
   // (kAsGiven, for an input another backward reads in f32). acts.y is the same bits either way.
+  // y_dtype kBF16 (products in bf16 mode): acts.y is written in bf16, the f32 result rounded
+  // once (kernels::Gemm's bf16 c), for a consumer that reads it as a bf16 operand (attention's
+  // fused core): the bits of the f32 acts.y then KeepRounded, without the f32 tensor.
   LinearActivations Forward(const Tensor& x, DeviceContext* ctx = nullptr, bool add_bias = true,
-                            kernels::KeepInput keep = kernels::KeepInput::kOperand) const;
+                            kernels::KeepInput keep = kernels::KeepInput::kOperand,
+                            DType y_dtype = DType::kF32) const;
   // dy (..., out) for acts.y. Adds into the gradients; returns dx (..., in). bias_grad =
   // false leaves the bias gradient to the caller (who computed it fused with dy).
   Tensor Backward(const LinearActivations& acts, const Tensor& dy, DeviceContext* ctx = nullptr,

@@ -107,9 +107,9 @@ struct Resolved {
   DType dtype;
 };
 Resolved CheckGemm(const char* op, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                   const Tensor& c, DeviceContext* ctx) {
+                   const Tensor& c, float beta, DeviceContext* ctx) {
   SY_CHECK(c.defined()) << op << ": c is undefined";
-  CheckOperand(c, 2, false, c.device(), op, "c");
+  CheckOperand(c, 2, true, c.device(), op, "c");
   CheckOperand(a, 2, true, c.device(), op, "a");
   CheckOperand(b, 2, true, c.device(), op, "b");
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
@@ -120,31 +120,54 @@ Resolved CheckGemm(const char* op, const Tensor& a, bool trans_a, const Tensor& 
       << op << " shapes: a " << ShapeString(a.shape()) << (trans_a ? "^T" : "") << ", b "
       << ShapeString(b.shape()) << (trans_b ? "^T" : "") << ", c " << ShapeString(c.shape());
   const DType dtype = MatmulDType(a, b, ctx);
+  SY_CHECK(c.dtype() == DType::kF32 || (dtype == DType::kBF16 && beta == 0.0f))
+      << op << ": a bf16 c needs a product in bf16 mode with beta 0 (got "
+      << DTypeName(dtype) << " products, beta " << beta << ")";
   const bool reads = m > 0 && n > 0 && k > 0;
   return {ResolveOperand(a, dtype, reads, ctx), ResolveOperand(b, dtype, reads, ctx), dtype};
+}
+
+// The CPU's product into a bf16 c: the f32 result in a temporary (`finish` adds to it what
+// the op adds, the bias), then rounded once. Not counted as a conversion: CUDA writes bf16
+// from the product's accumulators.
+template <typename Finish>
+void CpuIntoBf16(Tensor& c, Finish finish) {
+  Tensor f32 = Tensor::Empty(c.shape(), DType::kF32, c.device());
+  finish(f32);
+  cpu::Cast(f32, c);
 }
 }  // namespace
 
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
           float beta, DeviceContext* ctx) {
-  const Resolved r = CheckGemm("Gemm", a, trans_a, b, trans_b, c, ctx);
+  const Resolved r = CheckGemm("Gemm", a, trans_a, b, trans_b, c, beta, ctx);
   const Tensor ra = r.a, rb = r.b;
   const DType dtype = r.dtype;
-  SY_DISPATCH_DEVICE(c, ctx, cpu::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype),
+  auto on_cpu = [ra, rb, c, trans_a, trans_b, alpha, beta, dtype]() mutable {
+    if (c.dtype() == DType::kF32) return cpu::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype);
+    CpuIntoBf16(c, [&](Tensor& f32) {
+      cpu::Gemm(ra, trans_a, rb, trans_b, f32, alpha, 0.0f, dtype);
+    });
+  };
+  SY_DISPATCH_DEVICE(c, ctx, on_cpu(),
                      cuda::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype, ctx));
 }
 
 void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
               Tensor& c, DeviceContext* ctx) {
-  const Resolved r = CheckGemm("GemmBias", a, trans_a, b, trans_b, c, ctx);
+  const Resolved r = CheckGemm("GemmBias", a, trans_a, b, trans_b, c, 0.0f, ctx);
   CheckOperand(bias, 1, false, c.device(), "GemmBias", "bias");
   SY_CHECK_EQ(bias.dim(0), c.dim(1)) << "GemmBias: bias " << ShapeString(bias.shape())
                                      << " for c " << ShapeString(c.shape());
   const Tensor ra = r.a, rb = r.b;
   const DType dtype = r.dtype;
   auto on_cpu = [ra, rb, bias, c, trans_a, trans_b, dtype]() mutable {
-    cpu::Gemm(ra, trans_a, rb, trans_b, c, 1.0f, 0.0f, dtype);
-    cpu::AddBias(c, bias);
+    auto product = [&](Tensor& out) {
+      cpu::Gemm(ra, trans_a, rb, trans_b, out, 1.0f, 0.0f, dtype);
+      cpu::AddBias(out, bias);
+    };
+    if (c.dtype() == DType::kF32) return product(c);
+    CpuIntoBf16(c, product);
   };
   SY_DISPATCH_DEVICE(c, ctx, on_cpu(),
                      cuda::GemmBias(ra, trans_a, rb, trans_b, bias, c, dtype, ctx));

@@ -3,7 +3,8 @@
 // (kernels/cuda/gemm.cu, cublasGemmEx; row-major C = op(A) op(B) is computed as the
 // column-major C^T = op(B)^T op(A)^T, so no data is ever transposed).
 //
-// Precision (MODEL.md section 1, DeviceContext::matmul_dtype): the output c is always f32.
+// Precision (MODEL.md section 1, DeviceContext::matmul_dtype): the output c is f32, or bf16
+// for a product in bf16 mode with beta 0 (below).
 //  - kF32 (the default, and a null context): f32 inputs, f32 products and sums (cuBLAS
 //    CUBLAS_COMPUTE_32F, no TF32), so the GPU matches the CPU to f32 rounding.
 //  - kBF16: both operands are rounded to bf16 (round to nearest even, engine/core/dtype.h)
@@ -13,6 +14,11 @@
 // Operands may also be bf16 tensors already (weights kept in bf16): they are read as they
 // are, and a product with any bf16 operand runs in bf16 mode whatever the context says
 // (the other operand is rounded too).
+// A bf16 c (Gemm and GemmBias, bf16 mode, beta 0): the f32 result (the sums, alpha, the
+// bias) rounded once to bf16, round to nearest even: the bits of the f32 product then Cast,
+// with no f32 c in memory on CUDA (cuBLAS writes bf16 from its f32 accumulators) and no
+// conversion counted. The producer of a bf16 operand (attention's q, k and v projections)
+// writes it so.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +31,8 @@ namespace switchyard::kernels {
 
 // c (m, n) = alpha * op(a) @ op(b) + beta * c, where op(a) is (m, k) — a is (m, k), or
 // (k, m) when trans_a — and op(b) is (k, n) — b is (k, n), or (n, k) when trans_b.
-// a and b: 2-d f32 or bf16; c: 2-d f32; all on one device. k = 0 gives c = beta * c; beta = 0
-// never reads c (NaN in c is overwritten).
+// a and b: 2-d f32 or bf16; c: 2-d f32, or bf16 in bf16 mode with beta 0; all on one device.
+// k = 0 gives c = beta * c; beta = 0 never reads c (NaN in c is overwritten).
 void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           float alpha = 1.0f, float beta = 0.0f, DeviceContext* ctx = nullptr);
 
@@ -35,6 +41,7 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 // the bias added in its epilogue (one pass over c fewer; its sums may run in another order
 // than Gemm's, within the same bound of the exact product), or Gemm then AddBias where
 // cuBLASLt offers no algorithm for the shape (said once) or SWITCHYARD_CUBLASLT=0 asks so.
+// A bf16 c (bf16 mode) holds the f32 op(a) @ op(b) + bias rounded once (see above).
 void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
               Tensor& c, DeviceContext* ctx = nullptr);
 

@@ -4,7 +4,8 @@
 // cublasGemmEx with the operands swapped and no data moved. f32 mode: f32 operands with
 // CUBLAS_COMPUTE_32F (no TF32: the result matches sgemm to f32 rounding). bf16 mode: f32
 // operands are rounded to bf16 copies (stream-ordered temporaries, one per operand per
-// call), then bf16 x bf16 products summed in f32 into the f32 output.
+// call), then bf16 x bf16 products summed in f32 into the f32 output, or into a bf16 output
+// (beta 0: cuBLAS rounds the f32 result once as it writes it).
 //
 // GemmBias (a Linear layer's forward) runs on cuBLASLt with the bias added in the product's
 // epilogue (CUBLASLT_EPILOGUE_BIAS: the bias is a vector over the rows of the column-major
@@ -23,6 +24,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 
 namespace switchyard::kernels::cuda {
@@ -90,14 +92,15 @@ int Int(int64_t v, const char* what) {
 
 // Row-major c (m, n) = alpha op(a) op(b) + beta c (m, n, k >= 1; leading dimensions in
 // elements), as the column-major c^T = op(b)^T op(a)^T. a and b of one type (f32 or
-// bf16), c f32, f32 accumulation.
+// bf16), c f32 (or bf16, with bf16 operands: c_type), f32 accumulation.
 void RowMajorGemm(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
                   int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
-                  cudaDataType_t type, float beta, float* c, int64_t ldc) {
+                  cudaDataType_t type, float beta, void* c, int64_t ldc,
+                  cudaDataType_t c_type = CUDA_R_32F) {
   SY_CUBLAS_CHECK(Cublas().GemmEx(CublasOf(ctx), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, Int(n, "n"), Int(m, "m"),
                                   Int(k, "k"), &alpha, b, type, Int(ldb, "ldb"), a, type,
-                                  Int(lda, "lda"), &beta, c, CUDA_R_32F, Int(ldc, "ldc"),
+                                  Int(lda, "lda"), &beta, c, c_type, Int(ldc, "ldc"),
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -149,11 +152,12 @@ struct LtKey {
   int device;
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb;
-  cudaDataType_t type;
+  cudaDataType_t type, out_type;  // the operands', and c's (f32, or bf16 with bf16 operands)
   uint32_t align;
   bool operator<(const LtKey& o) const {
-    return std::tie(device, trans_a, trans_b, m, n, k, lda, ldb, type, align) <
-           std::tie(o.device, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.type, o.align);
+    return std::tie(device, trans_a, trans_b, m, n, k, lda, ldb, type, out_type, align) <
+           std::tie(o.device, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.type,
+                    o.out_type, o.align);
   }
 };
 
@@ -205,7 +209,7 @@ LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
                                            key.trans_b ? key.n : key.k, key.ldb));
   SY_CUBLAS_CHECK(api.LtMatrixLayoutCreate(&p.second, key.type, key.trans_a ? key.m : key.k,
                                            key.trans_a ? key.k : key.m, key.lda));
-  SY_CUBLAS_CHECK(api.LtMatrixLayoutCreate(&p.out, CUDA_R_32F, key.n, key.m, key.n));
+  SY_CUBLAS_CHECK(api.LtMatrixLayoutCreate(&p.out, key.out_type, key.n, key.m, key.n));
   cublasLtMatmulPreference_t pref = nullptr;
   SY_CUBLAS_CHECK(api.LtMatmulPreferenceCreate(&pref));
   const uint64_t workspace = kLtWorkspace;
@@ -227,10 +231,11 @@ LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
     p.algo = result.algo;
   } else {
     std::fprintf(stderr,
-                 "GemmBias: cuBLASLt offers no algorithm for m %lld n %lld k %lld (%s); this "
-                 "shape runs as the product then the bias add\n",
+                 "GemmBias: cuBLASLt offers no algorithm for m %lld n %lld k %lld into %s (%s); "
+                 "this shape runs as the product then the bias add\n",
                  static_cast<long long>(key.m), static_cast<long long>(key.n),
-                 static_cast<long long>(key.k), api.GetStatusName(status));
+                 static_cast<long long>(key.k), key.out_type == CUDA_R_16BF ? "bf16" : "f32",
+                 api.GetStatusName(status));
   }
   return p;
 }
@@ -238,8 +243,8 @@ LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
 // c = op(a) op(b) + bias on cuBLASLt; false when it has no algorithm for the shape.
 bool LtGemmBias(DeviceContext* ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                 const Operand& a, int64_t lda, const Operand& b, int64_t ldb, const float* bias,
-                float* c) {
-  const LtKey key{ctx->device().index, trans_a, trans_b, m, n, k, lda, ldb, a.type,
+                void* c, cudaDataType_t c_type) {
+  const LtKey key{ctx->device().index, trans_a, trans_b, m, n, k, lda, ldb, a.type, c_type,
                   AlignmentOf({a.base, b.base, c, bias})};
   LtState& lt = Lt();
   std::lock_guard<std::mutex> lock(lt.mu);
@@ -280,12 +285,16 @@ void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
     const Operand pa = Prepare(a, matmul_dtype, ctx), pb = Prepare(b, matmul_dtype, ctx);
     CheckSameType(pa, pb);
     if (LtGemmBias(ctx, trans_a, trans_b, m, n, k, pa, a.dim(1), pb, b.dim(1),
-                   bias.data<float>(), c.data<float>())) {
+                   bias.data<float>(), c.raw_data(),
+                   c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F)) {
       return;
     }
   }
-  Gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f, matmul_dtype, ctx);
-  AddBias(c, bias, ctx);
+  // The product then the bias add, in f32 (a bf16 c: into a temporary, rounded once after).
+  Tensor f32 = c.dtype() == DType::kF32 ? c : Tensor::Empty(c.shape(), DType::kF32, c.device());
+  Gemm(a, trans_a, b, trans_b, f32, 1.0f, 0.0f, matmul_dtype, ctx);
+  AddBias(f32, bias, ctx);
+  if (c.dtype() == DType::kBF16) Cast(f32, c, ctx);
 }
 
 void RowExactGemm(const Tensor& a, const Tensor& b, Tensor& c, DeviceContext* ctx) {
@@ -306,15 +315,16 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const int64_t m = c.dim(0), n = c.dim(1);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
   if (m == 0 || n == 0) return;
-  float* pc = c.data<float>();
+  const bool bf16_c = c.dtype() == DType::kBF16;  // beta 0 (kernels/gemm.cc checks)
   if (k == 0) {
-    Scale(pc, m * n, beta, ctx);
+    if (bf16_c) return Fill(c, 0.0f, ctx);
+    Scale(c.data<float>(), m * n, beta, ctx);
     return;
   }
   const Operand pa = Prepare(a, matmul_dtype, ctx), pb = Prepare(b, matmul_dtype, ctx);
   CheckSameType(pa, pb);
   RowMajorGemm(ctx, trans_a, trans_b, m, n, k, alpha, pa.base, a.dim(1), pb.base, b.dim(1),
-               pa.type, beta, pc, n);
+               pa.type, beta, c.raw_data(), n, bf16_c ? CUDA_R_16BF : CUDA_R_32F);
 }
 
 void GroupedGemm(const Tensor& x, std::span<const int64_t> rows, const Tensor& w, bool trans_w,

@@ -320,6 +320,38 @@ TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
   }
 }
 
+// The same count on the fused attention path (head_dim 64: one head of d_model 64; the
+// core reads q, k and v as bf16 operands and writes a in bf16): the q, k and v projections
+// write their outputs in bf16 (kernels::Gemm's bf16 c) and the core writes a so, so the
+// attention forward converts nothing (it converted q, k and v after their projections, 3,
+// until 2026-12-04); the rest is as above: 2 * (0 + 0 + 0 + 4) + 1 per micro-batch. The
+// numbers are the f32 results rounded once, as the core read them before: the first step's
+// loss is the same bits as with f32 storage, where the core rounds f32 q, k and v itself.
+TEST_F(DeviceCountsTest, FusedAttentionProjectionsWriteBf16Operands) {
+  if (!is_root()) return;
+  const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
+  const int64_t weights = 13, per_mb = kMoELayers * (0 + 0 + 0 + 4) + 1;
+  ASSERT_EQ(per_mb, 9);
+  auto trainer = TrainProfiled({"runtime.precision=bf16", "runtime.activation_dtype=bf16",
+                                "model.d_model=64", "model.n_heads=1"},
+                               dir("fused_attention_bf16"), kSteps);
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_EQ(trainer->profile()->step_counts().size(), static_cast<size_t>(kSteps));
+  for (const DeviceCounts& c : trainer->profile()->step_counts()) {
+    const int64_t shadow_writes =
+        &c == &trainer->profile()->step_counts().front() ? 2 * weights : weights;
+    EXPECT_EQ(c.weight_conversion_calls, shadow_writes);
+    EXPECT_EQ(c.conversion_calls[f32][bf16], shadow_writes + kMicroBatches * per_mb);
+    EXPECT_EQ(c.conversion_calls[bf16][f32], 0);
+  }
+  auto f32_storage = TrainProfiled({"runtime.precision=bf16", "model.d_model=64",
+                                    "model.n_heads=1"},
+                                   dir("fused_attention_f32"), kSteps);
+  ASSERT_NE(f32_storage, nullptr);
+  const double first = trainer->losses().at(0), first_f32 = f32_storage->losses().at(0);
+  EXPECT_EQ(std::memcmp(&first, &first_f32, sizeof(double)), 0) << first << " vs " << first_f32;
+}
+
 // One rank's losses and its step's workspace peak over `steps` steps of bf16 products.
 struct StorageRun {
   std::vector<double> losses;

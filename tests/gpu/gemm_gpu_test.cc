@@ -27,6 +27,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "kernels/activation.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/random.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -166,6 +167,62 @@ TEST(GemmGpuTest, GemmBiasMatchesCpu) {
     CheckGemmBias(200, 300, 1000, mode, 1, seed += 10);  // a's address off by 1000 floats
     CheckGemmBias(33, 37, 7, mode, 1, seed += 10);       // off by 7 floats: 4-byte aligned
   }
+}
+
+// Gemm (alpha -0.5) and GemmBias into a bf16 c (bf16 mode: the f32 result rounded once, on
+// the GPU by cuBLAS as it writes) against the CPU's, every transpose combination. Each side
+// rounds its own f32 result, and those differ by at most kRel * mag; rounding to nearest
+// moves each by at most half a bf16 ulp, at most 2^-8 of |result| <= mag: so
+// |gpu - cpu| <= (kRel + 2^-7) * mag, checked as ExpectWithin's kRel * (scaled mag).
+void CheckBf16Output(int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  Contexts ctx(DType::kBF16);
+  const float scale = static_cast<float>(1.0 + std::ldexp(1.0, -7) / kRel);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Tensor a = RandomHost(ta ? Shape{k, m} : Shape{m, k}, seed);
+      const Tensor b = RandomHost(tb ? Shape{n, k} : Shape{k, n}, seed + 1);
+      const Tensor bias = RandomHost({n}, seed + 2);
+      for (bool with_bias : {false, true}) {
+        const std::string what =
+            CaseName(with_bias ? "GemmBias" : "Gemm", m, n, k, ta, tb, DType::kBF16) +
+            " into bf16";
+        Tensor c = Tensor::Empty({m, n}, DType::kBF16), c_gpu = ctx.Up(c);
+        Tensor mag = Tensor::Empty({m, n}, DType::kF32);
+        if (with_bias) {
+          GemmBias(ctx.Up(a), ta, ctx.Up(b), tb, ctx.Up(bias), c_gpu, ctx.gpu.get());
+          GemmBias(a, ta, b, tb, bias, c, ctx.cpu.get());
+          Gemm(Abs(a), ta, Abs(b), tb, mag, 1.0f, 0.0f, ctx.cpu.get());
+          AddBias(mag, Abs(bias), ctx.cpu.get());
+        } else {
+          Gemm(ctx.Up(a), ta, ctx.Up(b), tb, c_gpu, -0.5f, 0.0f, ctx.gpu.get());
+          Gemm(a, ta, b, tb, c, -0.5f, 0.0f, ctx.cpu.get());
+          Gemm(Abs(a), ta, Abs(b), tb, mag, 0.5f, 0.0f, ctx.cpu.get());
+        }
+        Tensor mag_scaled = Tensor::Empty({m, n}, DType::kF32);
+        Fill(mag_scaled, 0.0f);
+        Axpy(scale, mag, mag_scaled);
+        Tensor got = Tensor::Empty({m, n}, DType::kF32, c_gpu.device()), want = Tensor::Empty({m, n}, DType::kF32);
+        Cast(c_gpu, got, ctx.gpu.get());
+        Cast(c, want);
+        ExpectWithin(got, want, mag_scaled, ctx.gpu.get(), what);
+      }
+    }
+  }
+}
+
+TEST(GemmGpuTest, Bf16OutputMatchesCpu) {
+  SY_REQUIRE_GPU();
+  CheckBf16Output(1, 1, 1, 900);
+  CheckBf16Output(65, 129, 257, 910);
+  CheckBf16Output(256, 192, 1024, 920);  // attention's q, k, v projections' kind of shape
+  // k = 0: zeros, as on the CPU.
+  Contexts ctx(DType::kBF16);
+  Tensor c = ctx.Up(Tensor::Empty({3, 5}, DType::kBF16));
+  Gemm(ctx.Up(Tensor::Empty({3, 0}, DType::kF32)), false, ctx.Up(Tensor::Empty({0, 5}, DType::kF32)),
+       false, c, 1.0f, 0.0f, ctx.gpu.get());
+  Tensor c32 = Tensor::Empty({3, 5}, DType::kF32);
+  Cast(c.To(Device::Cpu(), ctx.gpu.get()), c32);
+  EXPECT_EQ(c32.ToVector<float>(), std::vector<float>(15, 0.0f));
 }
 
 struct GemmShape {

@@ -12,7 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/counters.h"
 #include "engine/core/device_context.h"
+#include "kernels/elementwise.h"
 #include "kernels/activation.h"
 #include "engine/core/philox.h"
 #include "kernels/random.h"
@@ -106,6 +108,54 @@ TEST(GemmTest, GemmBiasIsGemmThenAddBias) {
   EXPECT_DEATH(GemmBias(RandomTensor({2, 4}, 1), false, RandomTensor({4, 3}, 2), false,
                         RandomTensor({4}, 3), c),
                "GemmBias: bias");
+}
+
+// A bf16 tensor's bit patterns.
+std::vector<uint16_t> Bits(const Tensor& t) {
+  std::vector<uint16_t> out;
+  for (const BFloat16& v : t.ToVector<BFloat16>()) out.push_back(v.bits);
+  return out;
+}
+
+// A bf16 c (bf16 mode, beta 0) holds the f32 result rounded once: Gemm's (with alpha) and
+// GemmBias's (with the bias) bits, then Cast, exactly; nothing is counted as a conversion (on
+// CUDA the product writes bf16 itself); k = 0 gives zeros. A bf16 c in f32 mode, or with a
+// beta other than 0, is refused with one line naming why.
+TEST(GemmTest, Bf16OutputIsTheF32ResultRoundedOnce) {
+  auto ctx = DeviceContext::Create(Device::Cpu());
+  ctx->set_matmul_dtype(DType::kBF16);
+  for (bool tb : {false, true}) {
+    const Tensor a = RandomTensor({7, 33}, 30), bias = RandomTensor({6}, 32);
+    const Tensor b = RandomTensor(tb ? Shape{6, 33} : Shape{33, 6}, 31);
+    Tensor f32 = Tensor::Empty({7, 6}, DType::kF32), want = Tensor::Empty({7, 6}, DType::kBF16);
+    Tensor got = Tensor::Empty({7, 6}, DType::kBF16);
+    const DeviceCounts before = counters::Snapshot();
+    Gemm(a, false, b, tb, got, -0.75f, 0.0f, ctx.get());
+    EXPECT_EQ(counters::Snapshot().Minus(before).conversion_calls[static_cast<int>(DType::kF32)]
+                                                                  [static_cast<int>(DType::kBF16)],
+              2)
+        << "the product's two f32 operands, not its output";
+    Gemm(a, false, b, tb, f32, -0.75f, 0.0f, ctx.get());
+    Cast(f32, want, ctx.get());
+    EXPECT_EQ(Bits(got), Bits(want)) << "Gemm " << tb;
+    GemmBias(a, false, b, tb, bias, got, ctx.get());
+    GemmBias(a, false, b, tb, bias, f32, ctx.get());
+    Cast(f32, want, ctx.get());
+    EXPECT_EQ(Bits(got), Bits(want)) << "GemmBias " << tb;
+  }
+  Tensor c = Tensor::Empty({2, 3}, DType::kBF16);
+  Gemm(Tensor::Empty({2, 0}, DType::kF32), false, Tensor::Empty({0, 3}, DType::kF32), false, c,
+       1.0f, 0.0f, ctx.get());
+  Tensor c32 = Tensor::Empty({2, 3}, DType::kF32);
+  Cast(c, c32);
+  EXPECT_EQ(c32.ToVector<float>(), std::vector<float>(6, 0.0f));
+  EXPECT_DEATH(Gemm(RandomTensor({2, 4}, 1), false, RandomTensor({4, 3}, 2), false, c, 1.0f,
+                    1.0f, ctx.get()),
+               "Gemm: a bf16 c needs a product in bf16 mode with beta 0");
+  auto f32_ctx = DeviceContext::Create(Device::Cpu());
+  EXPECT_DEATH(GemmBias(RandomTensor({2, 4}, 1), false, RandomTensor({4, 3}, 2), false,
+                        RandomTensor({3}, 3), c, f32_ctx.get()),
+               "GemmBias: a bf16 c needs a product in bf16 mode with beta 0");
 }
 
 // RowExactGemm is the f32 loop its contract spells out, bit for bit; every row of a call
