@@ -140,6 +140,25 @@ void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
                      cuda::BiasGrad(dy, dbias, beta, ctx));
 }
 
+void BiasGradCast(const Tensor& dy, Tensor& dbias, float beta, Tensor& dy16,
+                  DeviceContext* ctx) {
+  SY_CHECK(dy.defined() && dbias.defined() && dy16.defined())
+      << "BiasGradCast: undefined tensor";
+  SY_CHECK_EQ(dbias.ndim(), 1) << "BiasGradCast: dbias " << ShapeString(dbias.shape());
+  SY_CHECK_EQ(dy.ndim(), 2) << "BiasGradCast: dy " << ShapeString(dy.shape());
+  SY_CHECK(dy16.dtype() == DType::kBF16 && dy16.shape() == dy.shape() &&
+           dy16.device() == dy.device())
+      << "BiasGradCast: dy16 must be bf16 of dy's shape and device, got " << dy16.DebugString();
+  const int64_t rows[1] = {dy.dim(0)};
+  CheckGroupedBias("BiasGradCast", dy, rows, dbias.Reshape({1, dbias.dim(0)}), dbias);
+  auto on_cpu = [dy, dbias, beta, dy16]() mutable {
+    cpu::BiasGrad(dy, dbias, beta);
+    cpu::Cast(dy, dy16);
+  };
+  SY_DISPATCH_DEVICE(dbias, ctx, on_cpu(), cuda::BiasGradCast(dy, dbias, beta, dy16, ctx));
+  if (dy.numel() > 0) counters::CountConversion(DType::kF32, DType::kBF16, dy.numel());
+}
+
 void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
                     DeviceContext* ctx) {
   CheckGroupedBias("GroupedAddBias", out, rows, bias, out);

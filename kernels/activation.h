@@ -61,6 +61,13 @@ void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx = nullptr);
 // dbias (n) = beta * dbias + sum over rows r of dy (R, n)[r, :]. beta = 1 accumulates;
 // beta = 0 overwrites (whatever dbias held, NaN included, is not read).
 void BiasGrad(const Tensor& dy, Tensor& dbias, float beta = 0.0f, DeviceContext* ctx = nullptr);
+// BiasGrad(dy, dbias, beta) and dy16 (R, n) bf16 = dy rounded to nearest even (Cast) in one
+// pass over dy: a Linear layer's incoming gradient as its products' bf16 operand beside its
+// bias gradient (dense::Linear::Backward in bf16 mode). The bits of BiasGrad then Cast on
+// each device (CUDA writes the copy in the bias gradient's first stage, which sums the same
+// values in the same order); one conversion counted.
+void BiasGradCast(const Tensor& dy, Tensor& dbias, float beta, Tensor& dy16,
+                  DeviceContext* ctx = nullptr);
 
 // Grouped over consecutive row blocks of rows[g] rows (sum = out.dim(0)), one bias per
 // group: out[block g] (rows[g], n) += bias[g] (n). bias: (G, n). `rows` is on the host
@@ -187,6 +194,7 @@ void SwigluBackward(const Tensor& a, const Tensor& b, const Tensor& dout, Tensor
                     DeviceContext* ctx);
 void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx);
 void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx);
+void BiasGradCast(const Tensor& dy, Tensor& dbias, float beta, Tensor& dy16, DeviceContext* ctx);
 void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,
                     DeviceContext* ctx);
 void GroupedBiasGrad(const Tensor& dy, std::span<const int64_t> rows, Tensor& dbias, float beta,

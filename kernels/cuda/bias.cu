@@ -25,7 +25,8 @@
 // the bias gradient (writing it as it sums it), so GeluBackward + BiasGrad become one pass
 // over the rows plus stage 2, with the very same bits as the two unfused ops. The gradient
 // is written in f32, or rounded into the products' bf16 operand (FusedArgs::dx16, db16),
-// summed as f32 either way.
+// summed as f32 either way. BiasGradCast is the same with no activation: stage 1 writes dy
+// rounded to bf16 as it sums it (a Linear's incoming gradient as its products' operand).
 //
 // The device code: kernels/cuda/bias_kernels.cuh (the bias add, the fused forward, and the
 // row-wise launch shape) and kernels/cuda/bias_grad_kernels.cuh (the two stages).
@@ -204,6 +205,13 @@ void AddBias(Tensor& out, const Tensor& bias, DeviceContext* ctx) {
 
 void BiasGrad(const Tensor& dy, Tensor& dbias, float beta, DeviceContext* ctx) {
   LaunchBiasGrad(dy, dbias, beta, UniformChunks(dy.dim(0)), ctx);
+}
+
+void BiasGradCast(const Tensor& dy, Tensor& dbias, float beta, Tensor& dy16,
+                  DeviceContext* ctx) {
+  FusedArgs f;
+  f.dx16 = static_cast<__nv_bfloat16*>(dy16.raw_data());
+  LaunchBiasGrad<Fused::kCast>(dy, dbias, beta, UniformChunks(dy.dim(0)), ctx, f);
 }
 
 void GroupedAddBias(Tensor& out, std::span<const int64_t> rows, const Tensor& bias,

@@ -16,8 +16,9 @@ constexpr int kRowLanes = 8;   // row lanes per stage-1 block
 constexpr int kSumLanes = 32;  // chunk lanes per stage-2 block
 
 // What stage 1 sums: dy itself, or the gradient of a fused activation, which it also writes
-// (kGelu: dx = dy gelu'(a); kSwiglu: da and db of SwigluBackward, summing da).
-enum class Fused { kNone, kGelu, kSwiglu };
+// (kGelu: dx = dy gelu'(a); kSwiglu: da and db of SwigluBackward, summing da). kCast sums dy
+// itself and writes it rounded to bf16 into dx16 (the products' operand: BiasGradCast).
+enum class Fused { kNone, kGelu, kSwiglu, kCast };
 
 struct FusedArgs {
   const float* a = nullptr;  // the activation's input (kGelu, kSwiglu)
@@ -56,7 +57,7 @@ template <Fused F, int N>
 __device__ __forceinline__ Inputs<N> LoadAt(const float* dy, const FusedArgs& f, int64_t i) {
   Inputs<N> x;
   x.dy = LoadVals<N>(dy + i);
-  if constexpr (F != Fused::kNone) {
+  if constexpr (F == Fused::kGelu || F == Fused::kSwiglu) {
     x.a = f.a16 != nullptr ? LoadVals<N>(f.a16 + i) : LoadVals<N>(f.a + i);
   }
   if constexpr (F == Fused::kSwiglu) {
@@ -68,6 +69,9 @@ template <Fused F, int N>
 __device__ __forceinline__ Vals<N> SummandsOf(const Inputs<N>& x, const FusedArgs& f,
                                               int64_t i) {
   if constexpr (F == Fused::kNone) {
+    return x.dy;
+  } else if constexpr (F == Fused::kCast) {
+    StoreVals<N>(f.dx16 + i, x.dy);
     return x.dy;
   } else if constexpr (F == Fused::kGelu) {
     Vals<N> v;

@@ -15,7 +15,8 @@
 //    sum (gamma(m) = m u / (1 - m u), u = 2^-24), and they differ by at most twice that
 //    (plus |beta dbias| rounding: the beta term enters both the same way);
 //  - fused gelu: dx written over dy on the groups' rows only, and dbias the column sums of
-//    exactly the dx written (same bound, against a double sum of those values).
+//    exactly the dx written (same bound, against a double sum of those values);
+//  - kCast (BiasGradCast): the plain sums' bits, and dy rounded to bf16 on the groups' rows.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -141,6 +142,20 @@ TEST(BiasGradEmulationTest, DeviceSizedChunksEqualTheListedOnesAndTheCpu) {
       RunBiasGrad<bg::Fused::kNone>(dy, n, listed, beta, by_list);
       RunBiasGrad<bg::Fused::kNone>(dy, n, sized, beta, by_offsets);
       ASSERT_EQ(0, std::memcmp(by_list.data(), by_offsets.data(), by_list.size() * 4)) << name;
+      // kCast (BiasGradCast): the same sums, and dy rounded to bf16 on the groups' rows.
+      {
+        std::vector<float> by_cast = d0;
+        std::vector<BFloat16> dy16(dy.size(), BFloat16(7.0f));
+        bg::FusedArgs f;
+        f.dx16 = dy16.data();
+        RunBiasGrad<bg::Fused::kCast>(dy, n, sized, beta, by_cast, f);
+        ASSERT_EQ(0, std::memcmp(by_cast.data(), by_offsets.data(), by_cast.size() * 4)) << name;
+        for (size_t i = 0; i < dy.size(); ++i) {
+          const BFloat16 want =
+              static_cast<int64_t>(i) < used * n ? cuda::ToBf16(dy[i]) : BFloat16(7.0f);
+          ASSERT_EQ(0, std::memcmp(&dy16[i], &want, 2)) << name << " kCast, element " << i;
+        }
+      }
 
       Tensor want = Tensor::FromVector(d0, {groups, n});
       GroupedBiasGrad(Tensor::FromVector(dy, {total, n}).Slice(0, used), c.rows, want, beta);
@@ -268,6 +283,12 @@ TEST(BiasGradEmulationTest, FourColumnsAThreadGiveTheOneColumnBits) {
     both(std::integral_constant<Kind, Kind::kNone>(), "sums", [](auto&, auto&, auto&, auto&) {
       return bg::FusedArgs{};
     });
+    both(std::integral_constant<Kind, Kind::kCast>(), "sums with a bf16 copy",
+         [&](auto&, auto&, std::vector<BFloat16>& dx16, auto&) {
+           bg::FusedArgs f;
+           f.dx16 = dx16.data();
+           return f;
+         });
     both(std::integral_constant<Kind, Kind::kGelu>(), "gelu f32",
          [&](std::vector<float>& dx, auto&, auto&, auto&) {
            return bg::FusedArgs{a.data(), nullptr, dx.data(), nullptr};

@@ -1,5 +1,5 @@
 // The fused elementwise ops (kernels/activation.h: bias + gelu / swiglu forward, their
-// backward with the bias gradient; kernels/norm.h: residual add + layernorm / rmsnorm)
+// backward with the bias gradient, the bias gradient with dy's bf16 copy; kernels/norm.h: residual add + layernorm / rmsnorm)
 // against the unfused sequence each replaces, on one device: the same bits, since they
 // evaluate the same expressions in the same order (and the bias gradient sums in the same
 // chunks and order). Shared by tests/kernels/fused_ops_test.cc (CPU) and
@@ -186,6 +186,16 @@ inline void CheckBiasActivations(Device dev, DeviceContext* ctx) {
       const Tensor dy = Uniform(s, ++seed, dev, ctx, -1.0f, 1.0f);
       const Tensor db0 = beta == 0.0f ? Filled(bias_shape, std::numeric_limits<float>::quiet_NaN(), dev, ctx)
                                       : Uniform(bias_shape, ++seed, dev, ctx);
+      // BiasGradCast: BiasGrad then Cast (a Linear's dy as its products' bf16 operand).
+      {
+        Tensor cast_ref = Tensor::Empty(s, DType::kBF16, dev), cast = Tensor::Empty(s, DType::kBF16, dev);
+        Tensor db_ref = db0.Clone(ctx), db = db0.Clone(ctx);
+        BiasGrad(dy, db_ref, beta, ctx);
+        Cast(dy, cast_ref, ctx);
+        BiasGradCast(dy, db, beta, cast, ctx);
+        gpu_test::ExpectBitEqual(db, db_ref, ctx, Name("BiasGradCast dbias", s) + tag);
+        ExpectBf16Equal(cast, cast_ref, ctx, Name("BiasGradCast dy16", s) + tag);
+      }
       Tensor dx_ref = dy.Clone(ctx), dbias_ref = db0.Clone(ctx);
       GeluBackward(a, dx_ref, dx_ref, ctx);
       BiasGrad(dx_ref, dbias_ref, beta, ctx);
