@@ -257,6 +257,21 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
             without->profile()->total_counts().weight_conversion_calls);
 }
 
+// Every profiled step of `trainer` (kSteps of them) converts `weights` weight shadows (the
+// update's; the first step's products wrote them too: twice that), `per_mb` other f32 -> bf16
+// operands per micro-batch, and nothing back to f32.
+void ExpectConversionsPerStep(const Trainer& trainer, int64_t weights, int64_t per_mb) {
+  const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
+  const std::vector<DeviceCounts>& steps = trainer.profile()->step_counts();
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  for (const DeviceCounts& c : steps) {
+    const int64_t shadow_writes = &c == &steps.front() ? 2 * weights : weights;
+    EXPECT_EQ(c.weight_conversion_calls, shadow_writes);
+    EXPECT_EQ(c.conversion_calls[f32][bf16], shadow_writes + kMicroBatches * per_mb);
+    EXPECT_EQ(c.conversion_calls[bf16][f32], 0);
+  }
+}
+
 // Per micro-batch and per MoE block (gelu experts, top-1, no shared experts), the f32 -> bf16
 // conversions of activations and gradients under bf16 products:
 //                         f32 storage                     bf16 storage
@@ -287,7 +302,6 @@ TEST_F(DeviceCountsTest, Bf16ShadowsAreBitIdentical) {
 // block; bf16 storage is unchanged.
 TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
   if (!is_root()) return;
-  const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
   const int64_t weights = 13, head = 1 + 2, head_bf16 = 1;
   const int64_t per_mb_f32 = kMoELayers * (4 + 2 + 2 + 8) + head;
   const int64_t per_mb_bf16 = kMoELayers * (1 + 0 + 0 + 4) + head_bf16;
@@ -305,17 +319,9 @@ TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
     auto trainer = TrainProfiled(
         overrides, dir(StrCat(stored_bf16 ? "storage_bf16_" : "storage_f32_", counts)), kSteps);
     ASSERT_NE(trainer, nullptr);
-    ASSERT_EQ(trainer->profile()->step_counts().size(), static_cast<size_t>(kSteps));
-    for (const DeviceCounts& c : trainer->profile()->step_counts()) {
-      // The update writes the shadows; the first step's products wrote them too.
-      const int64_t shadow_writes =
-          &c == &trainer->profile()->step_counts().front() ? 2 * weights : weights;
-      EXPECT_EQ(c.weight_conversion_calls, shadow_writes);
-      const int64_t per_mb =
-          stored_bf16 ? per_mb_bf16 : (in_kernel ? per_mb_f32_device : per_mb_f32);
-      EXPECT_EQ(c.conversion_calls[f32][bf16], shadow_writes + kMicroBatches * per_mb);
-      EXPECT_EQ(c.conversion_calls[bf16][f32], 0);
-    }
+    ExpectConversionsPerStep(
+        *trainer, weights,
+        stored_bf16 ? per_mb_bf16 : (in_kernel ? per_mb_f32_device : per_mb_f32));
   }
   }
 }
@@ -329,21 +335,13 @@ TEST_F(DeviceCountsTest, Bf16ActivationStorageConvertsEachOperandOnce) {
 // loss is the same bits as with f32 storage, where the core rounds f32 q, k and v itself.
 TEST_F(DeviceCountsTest, FusedAttentionProjectionsWriteBf16Operands) {
   if (!is_root()) return;
-  const int64_t f32 = static_cast<int>(DType::kF32), bf16 = static_cast<int>(DType::kBF16);
   const int64_t weights = 13, per_mb = kMoELayers * (0 + 0 + 0 + 4) + 1;
   ASSERT_EQ(per_mb, 9);
   auto trainer = TrainProfiled({"runtime.precision=bf16", "runtime.activation_dtype=bf16",
                                 "model.d_model=64", "model.n_heads=1"},
                                dir("fused_attention_bf16"), kSteps);
   ASSERT_NE(trainer, nullptr);
-  ASSERT_EQ(trainer->profile()->step_counts().size(), static_cast<size_t>(kSteps));
-  for (const DeviceCounts& c : trainer->profile()->step_counts()) {
-    const int64_t shadow_writes =
-        &c == &trainer->profile()->step_counts().front() ? 2 * weights : weights;
-    EXPECT_EQ(c.weight_conversion_calls, shadow_writes);
-    EXPECT_EQ(c.conversion_calls[f32][bf16], shadow_writes + kMicroBatches * per_mb);
-    EXPECT_EQ(c.conversion_calls[bf16][f32], 0);
-  }
+  ExpectConversionsPerStep(*trainer, weights, per_mb);
   auto f32_storage = TrainProfiled({"runtime.precision=bf16", "model.d_model=64",
                                     "model.n_heads=1"},
                                    dir("fused_attention_f32"), kSteps);
