@@ -232,10 +232,12 @@ LtPlan& PlanFor(const LtKey& key, cublasLtHandle_t handle) {
   } else {
     std::fprintf(stderr,
                  "GemmBias: cuBLASLt offers no algorithm for m %lld n %lld k %lld into %s (%s); "
-                 "this shape runs as the product then the bias add\n",
+                 "this shape runs %s\n",
                  static_cast<long long>(key.m), static_cast<long long>(key.n),
                  static_cast<long long>(key.k), key.out_type == CUDA_R_16BF ? "bf16" : "f32",
-                 api.GetStatusName(status));
+                 api.GetStatusName(status),
+                 key.out_type == CUDA_R_16BF ? "into f32, then a cast to bf16"
+                                             : "as the product then the bias add");
   }
   return p;
 }
@@ -288,6 +290,16 @@ void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
                    bias.data<float>(), c.raw_data(),
                    c.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F)) {
       return;
+    }
+    if (c.dtype() == DType::kBF16) {
+      // No bf16 output beside the f32 bias for this shape: the f32 epilogue, then the cast
+      // (the f32 result rounded once all the same).
+      Tensor f32 = Tensor::Empty(c.shape(), DType::kF32, c.device());
+      if (LtGemmBias(ctx, trans_a, trans_b, m, n, k, pa, a.dim(1), pb, b.dim(1),
+                     bias.data<float>(), f32.raw_data(), CUDA_R_32F)) {
+        Cast(f32, c, ctx);
+        return;
+      }
     }
   }
   // The product then the bias add, in f32 (a bf16 c: into a temporary, rounded once after).
