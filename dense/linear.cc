@@ -119,16 +119,9 @@ void Linear::BackwardInto(const LinearActivations& acts, const Tensor& dy, Tenso
   // dW (in, out) += x^T dy; db += column sums of dy; dx = beta dx + dy W^T. Both products
   // read dy: in bf16 mode it is converted once for the two, in the bias gradient's pass over
   // dy where there is one (the same bits as BiasGrad then the conversion).
-  const bool sums_bias = bias_grad && adds_bias();
-  Tensor dy_mm;
-  if (sums_bias && kernels::MatmulOperandDType(ctx) == DType::kBF16 &&
-      dy2.dtype() == DType::kF32 && dy2.numel() > 0) {
-    dy_mm = Tensor::Empty(dy2.shape(), DType::kBF16, dy2.device());
-    kernels::BiasGradCast(dy2, grad_bias_, /*beta=*/1.0f, dy_mm, ctx);
-  } else {
-    dy_mm = kernels::MatmulOperand(dy2, ctx);
-    if (sums_bias) kernels::BiasGrad(dy2, grad_bias_, /*beta=*/1.0f, ctx);
-  }
+  const Tensor dy_mm = bias_grad && adds_bias()
+                           ? kernels::MatmulOperandWithBiasGrad(dy2, grad_bias_, /*beta=*/1.0f, ctx)
+                           : kernels::MatmulOperand(dy2, ctx);
   kernels::Gemm(x2, true, dy_mm, false, grad_weight_, 1.0f, 1.0f, ctx);
   Tensor dx2 = dx.Reshape({x2.dim(0), in});
   kernels::Gemm(dy_mm, false, weight_, true, dx2, 1.0f, beta, ctx);

@@ -127,13 +127,14 @@ Resolved CheckGemm(const char* op, const Tensor& a, bool trans_a, const Tensor& 
   return {ResolveOperand(a, dtype, reads, ctx), ResolveOperand(b, dtype, reads, ctx), dtype};
 }
 
-// The CPU's product into a bf16 c: the f32 result in a temporary (`finish` adds to it what
-// the op adds, the bias), then rounded once. Not counted as a conversion: CUDA writes bf16
-// from the product's accumulators.
-template <typename Finish>
-void CpuIntoBf16(Tensor& c, Finish finish) {
+// The CPU's product `compute` (writing an f32 tensor of c's shape) into c: c itself when f32;
+// for a bf16 c, a temporary rounded once after. Not counted as a conversion: CUDA writes
+// bf16 from the product's accumulators.
+template <typename Compute>
+void CpuProductInto(Tensor& c, Compute compute) {
+  if (c.dtype() == DType::kF32) return compute(c);
   Tensor f32 = Tensor::Empty(c.shape(), DType::kF32, c.device());
-  finish(f32);
+  compute(f32);
   cpu::Cast(f32, c);
 }
 }  // namespace
@@ -144,9 +145,8 @@ void Gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const Tensor ra = r.a, rb = r.b;
   const DType dtype = r.dtype;
   auto on_cpu = [ra, rb, c, trans_a, trans_b, alpha, beta, dtype]() mutable {
-    if (c.dtype() == DType::kF32) return cpu::Gemm(ra, trans_a, rb, trans_b, c, alpha, beta, dtype);
-    CpuIntoBf16(c, [&](Tensor& f32) {
-      cpu::Gemm(ra, trans_a, rb, trans_b, f32, alpha, 0.0f, dtype);
+    CpuProductInto(c, [&](Tensor& out) {
+      cpu::Gemm(ra, trans_a, rb, trans_b, out, alpha, beta, dtype);  // bf16 c: beta is 0
     });
   };
   SY_DISPATCH_DEVICE(c, ctx, on_cpu(),
@@ -162,12 +162,10 @@ void GemmBias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
   const Tensor ra = r.a, rb = r.b;
   const DType dtype = r.dtype;
   auto on_cpu = [ra, rb, bias, c, trans_a, trans_b, dtype]() mutable {
-    auto product = [&](Tensor& out) {
+    CpuProductInto(c, [&](Tensor& out) {
       cpu::Gemm(ra, trans_a, rb, trans_b, out, 1.0f, 0.0f, dtype);
       cpu::AddBias(out, bias);
-    };
-    if (c.dtype() == DType::kF32) return product(c);
-    CpuIntoBf16(c, product);
+    });
   };
   SY_DISPATCH_DEVICE(c, ctx, on_cpu(),
                      cuda::GemmBias(ra, trans_a, rb, trans_b, bias, c, dtype, ctx));
@@ -199,6 +197,17 @@ Tensor MatmulOperand(const Tensor& t, DeviceContext* ctx) {
   }
   Tensor out = Tensor::Empty(t.shape(), DType::kBF16, t.device());
   Cast(t, out, ctx);  // counts the conversion
+  return out;
+}
+
+Tensor MatmulOperandWithBiasGrad(const Tensor& dy, Tensor& dbias, float beta,
+                                 DeviceContext* ctx) {
+  if (MatmulOperandDType(ctx) != DType::kBF16 || dy.dtype() != DType::kF32 || dy.numel() == 0) {
+    BiasGrad(dy, dbias, beta, ctx);
+    return dy;
+  }
+  Tensor out = Tensor::Empty(dy.shape(), DType::kBF16, dy.device());
+  BiasGradCast(dy, dbias, beta, out, ctx);  // counts the conversion
   return out;
 }
 

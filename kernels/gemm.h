@@ -66,6 +66,11 @@ GroupSchedule GroupScheduleFor(std::span<const int64_t> rows);
 // gradient's product and the input gradient's) to convert it once instead of once per
 // product; the products see the same bf16 values either way.
 Tensor MatmulOperand(const Tensor& t, DeviceContext* ctx = nullptr);
+// MatmulOperand(dy) with BiasGrad(dy, dbias, beta) (kernels/activation.h) in the same pass
+// over dy where it converts (kernels::BiasGradCast): a Linear layer's incoming gradient as
+// its products' operand beside its bias gradient. The same bits as the two calls.
+Tensor MatmulOperandWithBiasGrad(const Tensor& dy, Tensor& dbias, float beta,
+                                 DeviceContext* ctx = nullptr);
 // The dtype of MatmulOperand's result for an f32 tensor: bf16 in bf16 mode, else f32. A
 // producer that can write its output in it (the activations' backward ops) hands the products
 // their operand with no conversion at all.

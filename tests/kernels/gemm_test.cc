@@ -158,6 +158,29 @@ TEST(GemmTest, Bf16OutputIsTheF32ResultRoundedOnce) {
                "GemmBias: a bf16 c needs a product in bf16 mode with beta 0");
 }
 
+// MatmulOperandWithBiasGrad is MatmulOperand and BiasGrad, bit for bit: in f32 mode dy itself
+// and its bias gradient; in bf16 mode dy's bf16 copy (one conversion) and the same gradient.
+TEST(GemmTest, MatmulOperandWithBiasGradIsTheTwoCalls) {
+  for (DType mode : {DType::kF32, DType::kBF16}) {
+    auto ctx = DeviceContext::Create(Device::Cpu());
+    ctx->set_matmul_dtype(mode);
+    const Tensor dy = RandomTensor({70, 9}, 40), db0 = RandomTensor({9}, 41);
+    Tensor want_db = db0.Clone(), got_db = db0.Clone();
+    BiasGrad(dy, want_db, 1.0f, ctx.get());
+    const Tensor want = MatmulOperand(dy, ctx.get());
+    const DeviceCounts before = counters::Snapshot();
+    const Tensor got = MatmulOperandWithBiasGrad(dy, got_db, 1.0f, ctx.get());
+    EXPECT_EQ(counters::Snapshot().Minus(before).conversions(), mode == DType::kBF16 ? 1 : 0);
+    EXPECT_EQ(got_db.ToVector<float>(), want_db.ToVector<float>()) << DTypeName(mode);
+    ASSERT_EQ(got.dtype(), mode);
+    if (mode == DType::kF32) {
+      EXPECT_EQ(got.raw_data(), dy.raw_data()) << "f32 mode reads dy itself";
+    } else {
+      EXPECT_EQ(Bits(got), Bits(want));
+    }
+  }
+}
+
 // RowExactGemm is the f32 loop its contract spells out, bit for bit; every row of a call
 // over a block of rows equals that row of the call over all rows (what sgemm does not
 // promise); and it is sgemm's product to f32 rounding.
