@@ -1,6 +1,7 @@
 // Device dispatch shared by every kernel family: kernels/<family>.h declares the op and
 // its cpu:: and cuda:: implementations; kernels/<family>.cc picks one by the output
-// tensor's device. Each dispatch is counted, and an op that returns a host value counts a
+// tensor's device. Each dispatch is counted under the name of the function that dispatches
+// (__func__: the op's wrapper, "Gemm", "Cast", ...), and an op that returns a host value counts a
 // readback in its wrapper (engine/core/counters.h), so CPU and CUDA runs count alike. In a build without the CUDA backend the cuda:: branch is compiled out
 // and a CUDA tensor is a fatal error.
 #pragma once
@@ -34,7 +35,7 @@
 // read inside call_cpu, not before the dispatch.
 #define SY_DISPATCH_DEVICE(out, ctx, call_cpu, call_cuda)                              \
   do {                                                                                 \
-    ::switchyard::counters::CountDispatch();                                           \
+    ::switchyard::counters::CountDispatch(__func__);                                   \
     if ((out).device().is_cpu()) {                                                     \
       ::switchyard::DeviceContext* const sy_dispatch_ctx = (ctx);                      \
       if (sy_dispatch_ctx != nullptr && sy_dispatch_ctx->capturing()) {               \
@@ -51,7 +52,7 @@
 // variable): never recorded; the op counts its readback, which a capture refuses.
 #define SY_DISPATCH_DEVICE_NOW(out, ctx, call_cpu, call_cuda)                          \
   do {                                                                                 \
-    ::switchyard::counters::CountDispatch();                                           \
+    ::switchyard::counters::CountDispatch(__func__);                                   \
     ::switchyard::capture::CheckNotCapturing("an op returning a host value");          \
     if ((out).device().is_cpu()) {                                                     \
       call_cpu;                                                                        \

@@ -20,6 +20,10 @@ struct State {
   std::atomic<int64_t> weight_elements{0};
   std::mutex mu;
   std::map<std::string, int64_t> sites;  // guarded by mu
+  // Dispatches by op, keyed by the name's address (a literal or __func__: one per dispatching
+  // function, so a few dozen keys); guarded by mu. Names repeated at two addresses (an op
+  // overloaded in two files) merge in Snapshot.
+  std::map<const char*, int64_t> ops;
 };
 
 State& GetState() {
@@ -58,11 +62,18 @@ DeviceCounts DeviceCounts::Minus(const DeviceCounts& earlier) const {
   }
   d.weight_conversion_calls = weight_conversion_calls - earlier.weight_conversion_calls;
   d.weight_conversion_elements = weight_conversion_elements - earlier.weight_conversion_elements;
-  for (const auto& [site, n] : readback_sites) {
-    auto it = earlier.readback_sites.find(site);
-    const int64_t diff = n - (it == earlier.readback_sites.end() ? 0 : it->second);
-    if (diff != 0) d.readback_sites[site] = diff;
-  }
+  auto minus = [](const std::map<std::string, int64_t>& now,
+                  const std::map<std::string, int64_t>& before) {
+    std::map<std::string, int64_t> diff;
+    for (const auto& [name, n] : now) {
+      auto it = before.find(name);
+      const int64_t d = n - (it == before.end() ? 0 : it->second);
+      if (d != 0) diff[name] = d;
+    }
+    return diff;
+  };
+  d.readback_sites = minus(readback_sites, earlier.readback_sites);
+  d.dispatch_ops = minus(dispatch_ops, earlier.dispatch_ops);
   return d;
 }
 
@@ -79,6 +90,7 @@ void DeviceCounts::Add(const DeviceCounts& other) {
   weight_conversion_calls += other.weight_conversion_calls;
   weight_conversion_elements += other.weight_conversion_elements;
   for (const auto& [site, n] : other.readback_sites) readback_sites[site] += n;
+  for (const auto& [op, n] : other.dispatch_ops) dispatch_ops[op] += n;
 }
 
 std::string DeviceCounts::Json(int64_t divide_by) const {
@@ -88,10 +100,11 @@ std::string DeviceCounts::Json(int64_t divide_by) const {
     std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(v) / div);
     return std::string(buf);
   };
-  std::string sites;
-  for (const auto& [site, n] : readback_sites) {
-    sites += (sites.empty() ? "" : ", ") + ("\"" + site + "\": ") + num(n);
-  }
+  auto object = [&](const std::map<std::string, int64_t>& m) {
+    std::string out;
+    for (const auto& [name, n] : m) out += (out.empty() ? "" : ", ") + ("\"" + name + "\": ") + num(n);
+    return "{" + out + "}";
+  };
   std::string conv;
   for (int i = 0; i < kNumDTypes; ++i) {
     for (int j = 0; j < kNumDTypes; ++j) {
@@ -103,8 +116,9 @@ std::string DeviceCounts::Json(int64_t divide_by) const {
               num(conversion_elements[i][j]) + "}";
     }
   }
-  return "{\"dispatches\": " + num(dispatches) + ", \"readbacks\": " + num(readbacks) +
-         ", \"readback_sites\": {" + sites + "}, \"cuda_mallocs\": " + num(cuda_mallocs) +
+  return "{\"dispatches\": " + num(dispatches) + ", \"dispatch_ops\": " + object(dispatch_ops) +
+         ", \"readbacks\": " + num(readbacks) + ", \"readback_sites\": " +
+         object(readback_sites) + ", \"cuda_mallocs\": " + num(cuda_mallocs) +
          ", \"conversions\": {" + conv + "}, \"weight_conversions\": {\"calls\": " +
          num(weight_conversion_calls) + ", \"elements\": " + num(weight_conversion_elements) +
          "}}";
@@ -128,10 +142,17 @@ DeviceCounts Snapshot() {
   c.weight_conversion_calls = s.weight_calls.load(kRelaxed);
   c.weight_conversion_elements = s.weight_elements.load(kRelaxed);
   c.readback_sites = s.sites;
+  for (const auto& [op, n] : s.ops) c.dispatch_ops[op] += n;
   return c;
 }
 
-void CountDispatch() { GetState().dispatches.fetch_add(1, kRelaxed); }
+void CountDispatch(const char* op) {
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  // Under the mutex with the op so a snapshot sees the total and the ops agree.
+  s.dispatches.fetch_add(1, kRelaxed);
+  ++s.ops[op];
+}
 
 void CountReadback(const char* site) {
   capture::CheckNotCapturing(site);

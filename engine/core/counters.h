@@ -3,7 +3,8 @@
 // kernels/dispatch.h), device->host readbacks (every point where the host waits for a
 // device result: a kernel that returns a host value, Tensor::ToHost, DeviceContext::Synchronize),
 // dtype conversions by (from, to) pair (calls and elements), and on CUDA the cudaMalloc calls
-// of the caching allocator.
+// of the caching allocator. Dispatches are also counted by op (the kernels/<family>.cc
+// wrapper that dispatched: "Gemm", "Cast", ...), so a profile says which ops a step launches.
 //
 // Readbacks are counted at the logical points, not where a CUDA stream is synchronised, so a
 // CPU run counts the readbacks a GPU run of the same config does: a kernel that returns a
@@ -44,6 +45,8 @@ struct DeviceCounts {
   int64_t weight_conversion_elements = 0;
   // Readbacks by site name.
   std::map<std::string, int64_t> readback_sites;
+  // Dispatches by op name (they sum to `dispatches`).
+  std::map<std::string, int64_t> dispatch_ops;
 
   int64_t conversions() const;           // calls over every pair
   int64_t conversion_element_total() const;
@@ -51,7 +54,8 @@ struct DeviceCounts {
   DeviceCounts Minus(const DeviceCounts& earlier) const;
   // this + other.
   void Add(const DeviceCounts& other);
-  // {"dispatches": n, "readbacks": n, "readback_sites": {...}, "cuda_mallocs": n,
+  // {"dispatches": n, "dispatch_ops": {...}, "readbacks": n, "readback_sites": {...},
+  //  "cuda_mallocs": n,
   //  "conversions": {"f32->bf16": {"calls": n, "elements": n}, ...}, "weight_conversions":
   //  {"calls": n, "elements": n}}, each value divided by `divide_by` (a per-step mean when
   //  > 1; integers when 1).
@@ -63,7 +67,8 @@ namespace counters {
 // The counts since the process started.
 DeviceCounts Snapshot();
 
-void CountDispatch();
+// `op`: a string literal (or __func__) naming the op dispatched.
+void CountDispatch(const char* op);
 // `site`: a string literal naming the readback ("cross_entropy", "moe.admission", ...).
 void CountReadback(const char* site);
 void CountConversion(DType from, DType to, int64_t elements);

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <utility>
+#include <vector>
 
 #include "engine/core/check.h"
 
@@ -176,6 +179,21 @@ std::string Profiler::Table() const {
                 total.conversion_element_total() / steps, total.weight_conversion_calls / steps,
                 total.cuda_mallocs / steps);
   out += line;
+  // Dispatches by op, the most frequent first, a few to a line.
+  std::vector<std::pair<int64_t, std::string>> ops;
+  for (const auto& [op, n] : total.dispatch_ops) ops.emplace_back(-n, op);
+  std::sort(ops.begin(), ops.end());
+  std::string row_text = "  dispatches by op:";
+  for (size_t i = 0; i < ops.size(); ++i) {
+    std::snprintf(line, sizeof(line), " %s %.1f%s", ops[i].second.c_str(), -ops[i].first / steps,
+                  i + 1 < ops.size() ? "," : "");
+    if (row_text.size() + std::strlen(line) > 96) {
+      out += row_text + "\n";
+      row_text = "   ";
+    }
+    row_text += line;
+  }
+  if (!ops.empty()) out += row_text + "\n";
   for (const auto& [site, n] : total.readback_sites) {
     std::snprintf(line, sizeof(line), "  readback %-28s %8.2f per step\n", site.c_str(),
                   n / steps);

@@ -141,6 +141,13 @@ TEST_F(DeviceCountsTest, ReadbacksPerStepBySite) {
     // Every step dispatches the same kernels, and the recording steps one count kernel per
     // layer and micro-batch more.
     EXPECT_EQ(c.dispatches, steps[0].dispatches + (s >= kSteps / 2 ? groups : 0)) << "step " << s;
+    // By op: they add up to the total, and the extra ones are the label counts'.
+    int64_t by_op = 0;
+    for (const auto& [op, n] : c.dispatch_ops) by_op += n;
+    EXPECT_EQ(by_op, c.dispatches) << "step " << s;
+    std::map<std::string, int64_t> extra;
+    if (s >= kSteps / 2) extra["AddLabelAssignmentCounts"] = groups;
+    EXPECT_EQ(c.Minus(steps[0]).dispatch_ops, extra) << "step " << s;
   }
   }
   }

@@ -1,5 +1,5 @@
 // engine/core/counters.h, engine/core/weight_shadows.h and the profiler's counts:
-//  - each kernel call through kernels/dispatch.h counts one dispatch; an op that returns a
+//  - each kernel call through kernels/dispatch.h counts one dispatch, under the op's name; an op that returns a
 //    host value and Tensor::ToHost count one readback each, named by site, on the host too;
 //  - a bf16-mode product counts one f32 -> bf16 conversion per f32 operand (none in f32
 //    mode, none for an empty product); kernels::Cast counts its own;
@@ -11,6 +11,8 @@
 //  - Profiler: the first skip_steps steps are not profiled, and each profiled step records
 //    the counts between its BeginStep and EndStep.
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -45,6 +47,8 @@ TEST(CountersTest, DispatchesAndReadbacksBySite) {
   (void)x.ToHost("test.site");
   const DeviceCounts d = counters::Snapshot().Minus(before);
   EXPECT_EQ(d.dispatches, 2);  // Fill, SumSquares
+  const std::map<std::string, int64_t> ops = {{"Fill", 1}, {"SumSquares", 1}};
+  EXPECT_EQ(d.dispatch_ops, ops);
   EXPECT_EQ(d.readbacks, 3);
   EXPECT_EQ(d.readback_sites.at("sum_squares"), 1);
   EXPECT_EQ(d.readback_sites.at("test.site"), 2);
@@ -52,6 +56,8 @@ TEST(CountersTest, DispatchesAndReadbacksBySite) {
   const std::string json = d.Json();
   EXPECT_NE(json.find("\"readbacks\": 3"), std::string::npos) << json;
   EXPECT_NE(json.find("\"test.site\": 2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"dispatch_ops\": {\"Fill\": 1, \"SumSquares\": 1}"), std::string::npos)
+      << json;
 }
 
 TEST(CountersTest, Bf16ProductsCountTheirConversions) {
@@ -210,10 +216,12 @@ TEST(ProfilerCountsTest, SkipsWarmUpStepsAndCountsEachStep) {
   EXPECT_EQ(p.step_counts()[1].dispatches, 4);
   EXPECT_EQ(p.step_counts()[1].readbacks, 1);
   EXPECT_EQ(p.total_counts().dispatches, 7);
+  EXPECT_EQ(p.total_counts().dispatch_ops.at("Fill"), 7);
   const std::string json = p.Json();
   EXPECT_NE(json.find("\"skipped_steps\": 2"), std::string::npos) << json;
   EXPECT_NE(json.find("\"counts_per_step\": {\"dispatches\": 3.5"), std::string::npos) << json;
   EXPECT_NE(p.Table().find("the first 2 step(s) skipped"), std::string::npos);
+  EXPECT_NE(p.Table().find("dispatches by op: Fill 3.5"), std::string::npos) << p.Table();
 }
 
 }  // namespace
