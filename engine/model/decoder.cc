@@ -16,16 +16,17 @@ namespace switchyard::model {
 
 using parallel::PartId;
 
-namespace {
-
-// A new tensor a + b.
-Tensor Sum(const Tensor& a, const Tensor& b, DeviceContext* ctx) {
-  Tensor out = Tensor::Empty(a.shape(), a.dtype(), a.device());
-  kernels::Add(a, b.Reshape(a.shape()), out, ctx);
+Tensor ResidualStream::Sum(DeviceContext* ctx) const {
+  if (!add.defined()) return x;
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  kernels::Add(x, add.Reshape(x.shape()), out, ctx);
   return out;
 }
 
-}  // namespace
+dense::NormActivations ResidualStream::Norm(const dense::Norm& norm, DeviceContext* ctx,
+                                            DType y_dtype) const {
+  return add.defined() ? norm.AddForward(x, add, ctx, y_dtype) : norm.Forward(x, ctx, y_dtype);
+}
 
 StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const ModelConfig& model,
                                                    const moe::MoEConfig& moe_in, uint64_t seed,
@@ -229,14 +230,14 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
   const int64_t layers = static_cast<int64_t>(blocks_.size());
   const PartId after_layers = stage.head ? PartId::NormF() : PartId();
   // (B, S, d), or this rank's rows (N/tp, d) under sp
-  Tensor x = ForwardInput(in, layers > 0 ? LayerPart(0) : after_layers, acts);
+  ResidualStream x{ForwardInput(in, layers > 0 ? LayerPart(0) : after_layers, acts)};
   const dense::CoreAttention core = recompute_ == Recompute::kSelective
                                         ? dense::CoreAttention::kRecompute
                                         : dense::CoreAttention::kKeep;
   for (int64_t i = 0; i < layers; ++i) {
     Acquire(LayerPart(i), i + 1 < layers ? LayerPart(i + 1) : after_layers);
     BlockActivations ba;
-    Tensor y = ForwardBlock(i, x, in, core, ba);
+    ResidualStream y = ForwardBlock(i, x, in, core, ba);
     if (ba.moe) {
       if (cp.rank() == 0) {  // the cp ranks share each group: one reports its losses
         for (const PendingSum& a : ba.moe->groups.aux) out.aux_sum += a;
@@ -247,8 +248,9 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     }
     // Full recompute: the block's input alone; Backward runs the block again from it.
     if (recompute_ == Recompute::kFull) {
+      Tensor x_in = ba.x_in;
       ba = BlockActivations();
-      ba.x_in = x;
+      ba.x_in = x_in;
       ba.recompute = true;
     }
     acts.blocks.push_back(std::move(ba));
@@ -256,7 +258,7 @@ DecoderOutput Decoder::Forward(const DecoderInput& in) {
     Release(LayerPart(i));
   }
   if (!stage.head) {
-    out.hidden = x;
+    out.hidden = x.Sum(ctx_);
     return out;
   }
   ForwardHead(in, x, out);
@@ -281,11 +283,11 @@ Tensor Decoder::ForwardInput(const DecoderInput& in, const PartId& next,
   return acts.embed.y;
 }
 
-Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
-                             dense::CoreAttention core, BlockActivations& ba) {
+ResidualStream Decoder::ForwardBlock(int64_t k, const ResidualStream& stream,
+                                     const DecoderInput& in, dense::CoreAttention core,
+                                     BlockActivations& ba) {
   Block& b = blocks_[k];
   DeviceContext* ctx = ctx_;
-  ba.x_in = x;
   // Under bf16 activation storage without tp the norms write their outputs as the bf16
   // operands of the products that read them (attention's q, k, v; the dense MLP's W1): no
   // f32 copy and no conversion. Under tp the tp region's entry communicates them in f32;
@@ -293,9 +295,12 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
   const DType operand =
       NormsWriteBf16Operands(kernels::StoresBf16(ctx), tp().active()) ? DType::kBF16 : DType::kF32;
   {
+    // The previous block's residual add and norm1 in one kernel.
     ScopedPhase phase(Phase::kNorms);
-    ba.norm1 = b.norm1.Forward(x, ctx, operand);
+    ba.norm1 = stream.Norm(b.norm1, ctx, operand);
   }
+  const Tensor x = ba.norm1.x;  // the block's input, summed
+  ba.x_in = x;
   {
     ScopedPhase phase(Phase::kAttention);
     ba.attn = b.attn.Forward(ba.norm1.y, ctx, core);
@@ -332,13 +337,13 @@ Tensor Decoder::ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
     ba.norm1.y = Tensor();
     if (b.mlp) ba.norm2.y = Tensor();
   }
-  Tensor y = Sum(ba.x_mid, ffn, ctx);
-  // No backward reads the sublayers' outputs (the residual sums have used them): they go,
-  // with the attention's and the dense MLP's partial sums under tp.
+  // No backward reads the sublayers' outputs: they go (the attention's once the residual
+  // sum has it, the MLP's or MoE's once the next norm sums it in), with the attention's and
+  // the dense MLP's partial sums under tp.
   ba.attn.o.y = ba.attn.out = Tensor();
   if (ba.mlp) ba.mlp->fc2.y = ba.mlp->out = Tensor();
   if (ba.moe) ba.moe->y = Tensor();
-  return y;
+  return {ba.x_mid, ffn};
 }
 
 Tensor Decoder::BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,
@@ -417,7 +422,7 @@ void Decoder::Backward(const DecoderInput& in, DecoderOutput& out,
     const BlockActivations& kept = acts.blocks[i];
     BlockActivations again;  // full recompute: the block's forward once more, from its input
     if (kept.recompute) {
-      ForwardBlock(i, kept.x_in, in, dense::CoreAttention::kKeep, again);
+      ForwardBlock(i, ResidualStream{kept.x_in}, in, dense::CoreAttention::kKeep, again);
     }
     dx = BackwardBlock(i, again.x_in.defined() ? again : kept, dx, aux_scale);
     Release(LayerPart(i));

@@ -91,6 +91,19 @@ struct DecoderInput {
   Tensor hidden = Tensor();
 };
 
+// The residual stream between blocks: x plus `add`, the last sublayer's output, not yet
+// summed into it (undefined: x alone). The next norm sums the two in its own kernel
+// (dense::Norm::AddForward, bit-identical to the add and then the norm), so a block's end and
+// the next block's first norm are one pass over the rows, not an add and a norm.
+struct ResidualStream {
+  Tensor x;
+  Tensor add;
+  // x + add as one tensor (x when nothing is pending).
+  Tensor Sum(DeviceContext* ctx) const;
+  // The norm of x + add: its acts.x is the sum (the stream from here on).
+  dense::NormActivations Norm(const dense::Norm& norm, DeviceContext* ctx, DType y_dtype) const;
+};
+
 // One block's activations. Under Recompute::kFull Forward keeps x_in alone and Backward
 // rebuilds the rest from it.
 struct BlockActivations {
@@ -274,7 +287,7 @@ class Decoder {
                       DecoderActivations& acts);
   // The last stage: the final norm, the head and the cross-entropy of x (the last block's
   // output) into out (its gradient kept in acts.dlogits when training).
-  void ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out);
+  void ForwardHead(const DecoderInput& in, const ResidualStream& x, DecoderOutput& out);
   // The head's backward from Forward's activations: the head's (or the tied table's)
   // weight gradient added, the gradient of acts.head_in (N, d) returned.
   Tensor BackwardHead(const DecoderInput& in, const DecoderActivations& acts);
@@ -298,10 +311,11 @@ class Decoder {
   // The step readback keeps the cross-entropy sums on the device (a training step on
   // checked ids without tp); the head's loss paths branch on it.
   bool CrossEntropyOnDevice(const DecoderInput& in) const;
-  // Block k's forward from x (its input) into ba (x_in included); returns its output.
+  // Block k's forward from x (its input, the previous block's output still unsummed) into
+  // ba (x_in: the input summed); returns its output, x_mid + the MLP's or MoE's output, unsummed.
   // core: whether attention keeps its core output (selective recompute drops it).
-  Tensor ForwardBlock(int64_t k, const Tensor& x, const DecoderInput& in,
-                      dense::CoreAttention core, BlockActivations& ba);
+  ResidualStream ForwardBlock(int64_t k, const ResidualStream& x, const DecoderInput& in,
+                              dense::CoreAttention core, BlockActivations& ba);
   // Block k's backward from dx, the gradient of its output; returns that of its input.
   // aux_scale: dLoss/daux = dLoss/dz of the MoE layer's routing group.
   Tensor BackwardBlock(int64_t k, const BlockActivations& ba, Tensor dx,

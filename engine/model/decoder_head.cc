@@ -16,7 +16,8 @@ namespace switchyard::model {
 
 using parallel::PartId;
 
-void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput& out) {
+void Decoder::ForwardHead(const DecoderInput& in, const ResidualStream& stream,
+                          DecoderOutput& out) {
   const int64_t n = in.tokens.numel(), d = model_.d_model;
   const dense::TensorParallel tp = this->tp();
   DeviceContext* ctx = ctx_;
@@ -25,9 +26,11 @@ void Decoder::ForwardHead(const DecoderInput& in, const Tensor& x, DecoderOutput
   ScopedPhase phase(Phase::kEmbeddingHeadLoss);  // the final norm, the head and the loss
   // Under bf16 activation storage without tp the final norm writes the head's bf16 operand,
   // which its products read forward and backward (and keep): no f32 rows, no conversions.
-  acts.norm_f = norm_f_->Forward(
-      x, ctx,
+  // The last block's residual add and the final norm in one kernel.
+  acts.norm_f = stream.Norm(
+      *norm_f_, ctx,
       NormsWriteBf16Operands(kernels::StoresBf16(ctx), tp.active()) ? DType::kBF16 : DType::kF32);
+  const Tensor& x = acts.norm_f.x;
   Release(PartId::NormF());
   Acquire(HeadPart(), PartId());
   acts.head_in = dense::EnterTensorParallel(tp, acts.norm_f.y.Reshape({x.numel() / d, d}), ctx)

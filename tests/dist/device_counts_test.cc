@@ -19,6 +19,8 @@
 //    train.head_chunk_tokens). Issue #36's target is one readback per step;
 //    what is left (the dispatch plan's counts, host sizes of the grouped expert GEMMs) and
 //    why is in docs/gpu.md.
+//  - ResidualAddsRunInTheNextNorm: no residual add has a kernel of its own; each runs in the
+//    norm after it (counted by op), under every recompute mode, to the same bits.
 //  - Bf16WeightsConvertedOncePerStep: runtime.precision=bf16 converts each weight a product
 //    reads once per step (its bf16 shadow, engine/core/weight_shadows.h): 13 weights (4
 //    projections + w1 + w2 per block, and the tied head), 49152 elements, written by the
@@ -207,6 +209,34 @@ TEST_F(DeviceCountsTest, DeviceDispatchCountsAreBitIdentical) {
     EXPECT_EQ(host_sites.at("moe.sort_assignments"), kBitSteps * kMoELayers * kMicroBatches);
     EXPECT_EQ(device_sites.at("step_end"), kBitSteps);
   }
+}
+
+// A block's residual add runs in the next norm's kernel (model::ResidualStream,
+// Norm::AddForward): one plain LayerNorm (the first block's norm1, on the
+// embedding's output) and every other norm fused with the add before it (each block's norm2,
+// the next block's norm1, the final norm): 2 x 2 layers; no Add at all. Under full recompute
+// Backward runs each block again from its kept input (summed): its norm1 plain, its norm2
+// fused. The three recompute modes train to the same bits. One micro-batch a step, so that
+// no gradient accumulation adds (the micro-batches' tree sum, dist/ordered_sum.h) either.
+TEST_F(DeviceCountsTest, ResidualAddsRunInTheNextNorm) {
+  if (!is_root()) return;
+  constexpr int64_t kLayers = 2, kBitSteps = 2;
+  std::vector<std::unique_ptr<Trainer>> runs;
+  for (const char* recompute : {"none", "selective", "full"}) {
+    SCOPED_TRACE(recompute);
+    runs.push_back(TrainProfiled({"moe.capacity_factor=0", "train.grad_accum=1",
+                                  "train.micro_batch_size=16",
+                                  StrCat("train.recompute=", recompute)},
+                                 dir(StrCat("residual_", recompute)), kBitSteps));
+    ASSERT_NE(runs.back(), nullptr);
+    const bool full = std::string(recompute) == "full";
+    const std::map<std::string, int64_t>& ops = runs.back()->profile()->step_counts()[0].dispatch_ops;
+    EXPECT_EQ(ops.count("Add"), 0u);
+    EXPECT_EQ(ops.at("LayerNormForward"), full ? 1 + kLayers : 1);
+    EXPECT_EQ(ops.at("AddLayerNormForward"), full ? 3 * kLayers : 2 * kLayers);
+  }
+  ExpectSameBits(*runs[1], *runs[0]);
+  ExpectSameBits(*runs[2], *runs[0]);
 }
 
 TEST_F(DeviceCountsTest, Bf16WeightsConvertedOncePerStep) {
