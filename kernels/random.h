@@ -10,6 +10,9 @@
 
 namespace switchyard::kernels {
 
+// How MulUniform writes (below).
+enum class NoiseWrite { kSet, kAdd };
+
 // out[i] = lo + (hi - lo) * UniformAt(key, first_index + i). out: f32 or bf16.
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi,
                  DeviceContext* ctx = nullptr);
@@ -27,10 +30,22 @@ struct DeviceRng {
 // FillUniform at a DeviceRng: the same numbers as FillUniform with that key and first index.
 void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi,
                  DeviceContext* ctx = nullptr);
+// MulUniform at a DeviceRng: the same bits as MulUniform with that key and first index.
+void MulUniform(const Tensor& x, Tensor& out, const DeviceRng& at, float lo, float hi,
+                NoiseWrite write, DeviceContext* ctx = nullptr);
 
 // out[i] = mean + std * NormalAt(key, first_index + i). out: f32 or bf16.
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,
                 DeviceContext* ctx = nullptr);
+
+// x times uniform noise that is drawn where it is used and never stored (the router's
+// jitter, moe/router.h, draws it in its forward and again in its backward): with
+// u_i = lo + (hi - lo) * UniformAt(key, first_index + i), FillUniform's value,
+//   NoiseWrite::kSet: out[i] = x[i] * u_i    (the bits of FillUniform, then Mul)
+//   NoiseWrite::kAdd: out[i] += x[i] * u_i   (the bits of FillUniform, then MulAdd)
+// x, out: f32, as many elements.
+void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
+                float hi, NoiseWrite write, DeviceContext* ctx = nullptr);
 
 // out[i] = RandomBitsAt(key, first_index + i). out: i32 (bit pattern) — for tests and
 // for drawing integers.
@@ -38,6 +53,8 @@ void FillRandomBits(Tensor& out, RngKey key, int64_t first_index, DeviceContext*
 
 namespace cpu {
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi);
+void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
+                float hi, NoiseWrite write);
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std);
 void FillRandomBits(Tensor& out, RngKey key, int64_t first_index);
 }  // namespace cpu
@@ -46,6 +63,10 @@ namespace cuda {
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi,
                  DeviceContext* ctx);
 void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi, DeviceContext* ctx);
+void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
+                float hi, NoiseWrite write, DeviceContext* ctx);
+void MulUniform(const Tensor& x, Tensor& out, const DeviceRng& at, float lo, float hi,
+                NoiseWrite write, DeviceContext* ctx);
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,
                 DeviceContext* ctx);
 void FillRandomBits(Tensor& out, RngKey key, int64_t first_index, DeviceContext* ctx);

@@ -69,6 +69,50 @@ std::vector<int64_t> RouterRngValues(uint64_t seed, int64_t step, int64_t n_laye
   return values;
 }
 
+void MulJitter(const JitterDraw& draw, const Tensor& x, Tensor& out, kernels::NoiseWrite write,
+               DeviceContext* ctx) {
+  SY_CHECK(draw.on) << "MulJitter without a jitter draw";
+  SY_CHECK(x.ndim() == 2 && out.shape() == x.shape())
+      << "MulJitter: x " << ShapeString(x.shape()) << ", out " << ShapeString(out.shape());
+  const int64_t T = x.dim(0), d = x.dim(1);
+  const RouterRng& rng = draw.rng;
+  const RngKey key = JitterRngKey(rng.seed, rng.step, rng.layer);
+  // Rows from `token` on: with the host's key, or the step's read from device memory.
+  auto rows = [&](int64_t row, int64_t n, int64_t token) {
+    const Tensor in = x.Slice(row, row + n);
+    Tensor o = out.Slice(row, row + n);
+    if (rng.device_values.defined()) {
+      kernels::MulUniform(in, o,
+                          kernels::DeviceRng{.seed = rng.seed,
+                                             .values = rng.device_values.Slice(0, 2),
+                                             .token_offset = token - rng.device_base,
+                                             .per_token = d},
+                          draw.lo, draw.hi, write, ctx);
+    } else {
+      kernels::MulUniform(in, o, key, token * d, draw.lo, draw.hi, write, ctx);
+    }
+  };
+  if (draw.runs.empty()) {
+    rows(0, T, rng.first_token);
+    return;
+  }
+  int64_t row = 0;
+  for (const TokenRun& run : draw.runs) {
+    rows(row, run.rows, rng.first_token + run.token);
+    row += run.rows;
+  }
+  SY_CHECK_EQ(row, T) << "router runs cover " << row << " of " << T << " rows";
+}
+
+Tensor JitterNoise(const RouterOutput& out, DeviceContext* ctx) {
+  if (!out.jitter.on) return Tensor();
+  Tensor ones = Tensor::Empty(out.input.shape(), DType::kF32, out.input.device());
+  kernels::Fill(ones, 1.0f, ctx);
+  Tensor noise = Tensor::Empty(out.input.shape(), DType::kF32, out.input.device());
+  MulJitter(out.jitter, ones, noise, kernels::NoiseWrite::kSet, ctx);  // 1 * u = u exactly
+  return noise;
+}
+
 RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& config,
                           bool training, const RouterRng& rng, DeviceContext* ctx,
                           std::span<const TokenRun> runs) {
@@ -85,35 +129,13 @@ RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& co
   RouterOutput out;
   // x = h * noise, noise element (first_token + t) * d + j.
   if (training && config.jitter_eps > 0.0f) {
-    out.noise = Tensor::Empty({T, d}, DType::kF32, dev);
-    const RngKey key = JitterRngKey(rng.seed, rng.step, rng.layer);
-    const float lo = 1.0f - config.jitter_eps, hi = 1.0f + config.jitter_eps;
-    // Rows from `token` on: with the host's key, or the step's read from device memory.
-    auto fill = [&](Tensor& rows, int64_t token) {
-      if (rng.device_values.defined()) {
-        kernels::FillUniform(rows,
-                             kernels::DeviceRng{.seed = rng.seed,
-                                                .values = rng.device_values.Slice(0, 2),
-                                                .token_offset = token - rng.device_base,
-                                                .per_token = d},
-                             lo, hi, ctx);
-      } else {
-        kernels::FillUniform(rows, key, token * d, lo, hi, ctx);
-      }
-    };
-    if (runs.empty()) {
-      fill(out.noise, rng.first_token);
-    } else {
-      int64_t row = 0;
-      for (const TokenRun& run : runs) {
-        Tensor rows = out.noise.Slice(row, row + run.rows);
-        fill(rows, rng.first_token + run.token);
-        row += run.rows;
-      }
-      SY_CHECK_EQ(row, T) << "router runs cover " << row << " of " << T << " rows";
-    }
+    out.jitter = JitterDraw{.on = true,
+                            .lo = 1.0f - config.jitter_eps,
+                            .hi = 1.0f + config.jitter_eps,
+                            .rng = rng,
+                            .runs = std::vector<TokenRun>(runs.begin(), runs.end())};
     out.input = Tensor::Empty({T, d}, DType::kF32, dev);
-    kernels::Mul(h, out.noise, out.input, ctx);
+    MulJitter(out.jitter, h, out.input, kernels::NoiseWrite::kSet, ctx);
   } else {
     out.input = h;
   }
@@ -200,13 +222,13 @@ Tensor RouterBackward(const RouterOutput& out, const Tensor& wr, const MoEConfig
   if (T == 0) return dlogits;
   // dWr += x^T @ dlogits.
   RouterGemm(out.input, true, dlogits, false, dwr, 1.0f, 1.0f, ctx);
-  // dh += (dlogits @ Wr^T) * noise.
-  if (!out.noise.defined()) {
+  // dh += (dlogits @ Wr^T) * noise, the forward's noise drawn again.
+  if (!out.jitter.on) {
     RouterGemm(dlogits, false, wr, true, dh, 1.0f, 1.0f, ctx);
   } else {
     Tensor dx = Tensor::Empty({T, d}, DType::kF32, dev);  // beta 0: the product never reads it
     RouterGemm(dlogits, false, wr, true, dx, 1.0f, 0.0f, ctx);
-    kernels::MulAdd(dx, out.noise, dh, ctx);
+    MulJitter(out.jitter, dx, dh, kernels::NoiseWrite::kAdd, ctx);
   }
   return dlogits;
 }

@@ -32,6 +32,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
+#include "kernels/random.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::moe {
@@ -64,10 +65,40 @@ RngKey JitterRngKey(uint64_t seed, int64_t step, int64_t layer);
 // StreamId("layers.<layer>.moe.router.second_expert.step.<step>"); element = global token.
 RngKey SecondExpertRngKey(uint64_t seed, int64_t step, int64_t layer);
 
+// `rows` rows holding a routing group's tokens [token, token + rows) (indices within the
+// group; moe/group_routing.h's GroupLayout).
+struct TokenRun {
+  int64_t token = 0;
+  int64_t rows = 0;
+};
+
+// Where a block of rows' jitter noise comes from: row r's feature j draws U[lo, hi) at
+// element (its global token) * d + j of JitterRngKey's stream (or of the stream in
+// rng.device_values under runtime.cuda_graphs). The noise is drawn where it is used
+// (kernels::MulUniform): the forward's x = h * noise and the backward's dh += dx * noise draw
+// the same numbers, and no (T, d) noise is kept between them.
+struct JitterDraw {
+  bool on = false;  // training with moe.jitter_eps > 0
+  float lo = 1.0f, hi = 1.0f;
+  RouterRng rng;    // rng.first_token: the global index of the rows' first token
+  std::vector<TokenRun> runs;  // the rows' tokens, as group indices from rng.first_token;
+                               // empty: consecutive tokens from rng.first_token
+};
+
+// out (T, d) = x * noise (kSet) or out += x * noise (kAdd), x (T, d) f32, rows as `draw`
+// describes them (draw.on).
+void MulJitter(const JitterDraw& draw, const Tensor& x, Tensor& out, kernels::NoiseWrite write,
+               DeviceContext* ctx = nullptr);
+
+// The jitter noise of out's rows as a (T, d) tensor, drawn again (MulJitter of ones);
+// undefined without jitter. For tests and inspection: training never stores it.
+struct RouterOutput;
+Tensor JitterNoise(const RouterOutput& out, DeviceContext* ctx = nullptr);
+
 // Everything the router produces for one group; the backward reads it back.
 struct RouterOutput {
-  Tensor input;    // (T, d) f32: the router input x = h * noise; shares h when no jitter
-  Tensor noise;    // (T, d) f32: the jitter noise; undefined when no jitter was applied
+  Tensor input;       // (T, d) f32: the router input x = h * noise; shares h when no jitter
+  JitterDraw jitter;  // the noise's draw (off when no jitter was applied)
   Tensor logits;   // (T, E) f32
   Tensor probs;    // (T, E) f32: a distribution over the experts (the aux loss's P)
   Tensor scores;   // (T, E) f32: what gates and the choice read; the probs for softmax
@@ -85,15 +116,8 @@ RouterOutput RouterForward(const Tensor& h, const Tensor& wr, const Tensor& expe
                            const MoEConfig& config, bool training, const RouterRng& rng,
                            DeviceContext* ctx = nullptr);
 
-// `rows` rows holding a routing group's tokens [token, token + rows) (indices within the
-// group; moe/group_routing.h's GroupLayout).
-struct TokenRun {
-  int64_t token = 0;
-  int64_t rows = 0;
-};
-
 // The first half of RouterForward, for any block of rows (a tp rank's piece of a group):
-// fills input and noise (T, d) and logits (T, E); rng.first_token is the global index of
+// fills input (T, d), its jitter draw and logits (T, E); rng.first_token is the global index of
 // h's first row (keys the jitter). With runs (summing to T rows), h's rows are those runs
 // of the group whose first token is rng.first_token instead.
 RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& config,

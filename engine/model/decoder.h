@@ -96,8 +96,8 @@ struct DecoderInput {
 // (dense::Norm::AddForward, bit-identical to the add and then the norm), so a block's end and
 // the next block's first norm are one pass over the rows, not an add and a norm.
 struct ResidualStream {
-  Tensor x;
-  Tensor add;
+  Tensor x = Tensor();
+  Tensor add = Tensor();
   // x + add as one tensor (x when nothing is pending).
   Tensor Sum(DeviceContext* ctx) const;
   // The norm of x + add: its acts.x is the sum (the stream from here on).

@@ -121,8 +121,8 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 }
 
 // MoE (moe/moe_layer.h), per row this rank routes (its 1/tp of the tokens under tp):
-// the router's input (jittered: the noisy copy and the noise; unjittered it is the norm's
-// output, or under tp without sp this rank's copied rows), logits and probabilities (E
+// the router's input (jittered: the noisy copy, whose noise is drawn again in backward, not
+// kept; unjittered it is the norm's output, or under tp without sp this rank's copied rows), logits and probabilities (E
 // each), chosen experts, gates and keep masks (router and capacity: k each), the dispatch
 // plan (4 per assignment); per admitted assignment the expert input, a (and b under
 // swiglu), h and the combine's rows (d + 2..3 f / etp + d: the experts' output itself,
@@ -150,7 +150,7 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   const double fe = double(e.d_expert) / c.parallel.expert_tp();
   const double per_row = s.half * (2 * d + emats * fe);  // x, the combine's row; a, (b), h
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
-  const double router_in = e.jitter_eps > 0 ? 2 * d : (s.tp && !s.sp ? d : 0);
+  const double router_in = e.jitter_eps > 0 || (s.tp && !s.sp) ? d : 0;
   const bool relu_bias = e.activation == dense::Activation::kRelu && e.bias;
   // The experts' incoming gradient rows: bf16 as the combine's backward writes them (replicas
   // counted as on: a step may have them).

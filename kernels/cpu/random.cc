@@ -47,6 +47,28 @@ void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float h
   });
 }
 
+void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
+                float hi, NoiseWrite write) {
+  // FillUniform's f32 values (a Philox block per 4 consecutive indices), each multiplied into
+  // x's element as Mul / MulAdd do.
+  const float* px = x.data<float>();
+  float* p = out.data<float>();
+  ParallelFor(out.numel(), kRandomChunk, [&](int64_t b, int64_t e) {
+    uint64_t block = ~uint64_t{0};
+    PhiloxBlock bits{};
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t index = static_cast<uint64_t>(first_index + i);
+      if ((index >> 2) != block) block = index >> 2, bits = PhiloxAt(key, block);
+      const float u = lo + (hi - lo) * UniformFromBits(bits.v[index & 3]);
+      if (write == NoiseWrite::kSet) {
+        p[i] = px[i] * u;
+      } else {
+        p[i] += px[i] * u;
+      }
+    }
+  });
+}
+
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std) {
   FillFloat(out, first_index, [&](uint64_t i) { return mean + std * NormalAt(key, i); });
 }

@@ -42,6 +42,25 @@ __global__ void FillKernel(T* out, int64_t n, RngKey key, int64_t first, float a
   }
 }
 
+// x times FillKernel's uniform value (f32): out = x u (kAdd false) or out += x u (kAdd true),
+// each rounded as the CPU's Mul / MulAdd. `at` as FillKernel's.
+template <bool kAdd>
+__global__ void MulUniformKernel(const float* x, float* out, int64_t n, RngKey key, int64_t first,
+                                 float lo, float hi, const int64_t* at = nullptr,
+                                 int64_t token_offset = 0, int64_t per_token = 1) {
+  if (at != nullptr) {
+    key.stream = static_cast<uint64_t>(at[0]);
+    first = (at[1] + token_offset) * per_token;
+  }
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float u = __fadd_rn(lo, __fmul_rn(__fsub_rn(hi, lo),
+                                            UniformAt(key, static_cast<uint64_t>(first + i))));
+    const float v = __fmul_rn(x[i], u);
+    out[i] = kAdd ? __fadd_rn(out[i], v) : v;
+  }
+}
+
 __global__ void BitsKernel(int32_t* out, int64_t n, RngKey key, int64_t first) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -17,6 +17,8 @@
 //    past 32 bits; every grid the same bits;
 //  - the DeviceRng form (the stream and first token read from `at`, with token_offset and
 //    per_token): the same bits as the CPU's fill at that key and first index;
+//  - MulUniformKernel (x times the uniform value, set or added; the router's jitter drawn where
+//    it is used): the bits of the CPU's fill then Mul / MulAdd, which cpu::MulUniform equals;
 //  - a launch over zero elements writes nothing.
 #include <cstdint>
 #include <cstring>
@@ -28,6 +30,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
+#include "kernels/elementwise.h"
 #include "kernels/random.h"
 // Last: the host model defines CUDA's qualifiers as macros.
 #include "tests/kernels/cuda_emulation.h"
@@ -163,6 +166,51 @@ TEST(RandomEmulationTest, DeviceRngReadsItsStreamAndFirstToken) {
     EXPECT_TRUE(
         SameBits(got16, CpuFill<BFloat16, Dist::kUniform>(c.n, key, first, -1.0f, 1.0f)))
         << name << " bf16";
+  }
+}
+
+// MulUniform (the router's jitter): x times the uniform value, set or added, on the CPU the
+// bits of FillUniform then Mul / MulAdd (kernels/elementwise.h), and MulUniformKernel the
+// CPU's bits on every grid, with the key given or read from `at`.
+TEST(RandomEmulationTest, MulUniformIsTheFillThenTheProduct) {
+  for (const FillCase& c : kCases) {
+    const float lo = 0.9f, hi = 1.1f;
+    Tensor x = Tensor::Empty({c.n}, DType::kF32), y0 = Tensor::Empty({c.n}, DType::kF32);
+    cpu::FillUniform(x, RngKey{5, 6}, 0, -3.0f, 3.0f);
+    cpu::FillUniform(y0, RngKey{5, 7}, 0, -1.0f, 1.0f);
+    Tensor noise = Tensor::Empty({c.n}, DType::kF32);
+    cpu::FillUniform(noise, c.key, c.first, lo, hi);
+    Tensor want_set = Tensor::Empty({c.n}, DType::kF32), want_add = y0.Clone();
+    cpu::Mul(x, noise, want_set);
+    cpu::MulAdd(x, noise, want_add);
+    Tensor set = Tensor::Empty({c.n}, DType::kF32), add = y0.Clone();
+    cpu::MulUniform(x, set, c.key, c.first, lo, hi, NoiseWrite::kSet);
+    cpu::MulUniform(x, add, c.key, c.first, lo, hi, NoiseWrite::kAdd);
+    EXPECT_TRUE(SameBits(set.ToVector<float>(), want_set.ToVector<float>())) << Name(c, "mul set");
+    EXPECT_TRUE(SameBits(add.ToVector<float>(), want_add.ToVector<float>())) << Name(c, "mul add");
+    const std::vector<float> xv = x.ToVector<float>();
+    for (int64_t cap : {c.cap, int64_t{2}}) {
+      std::vector<float> got_set(static_cast<size_t>(c.n), -9.0f), got_add = y0.ToVector<float>();
+      RunKernel(c.n, cap, [&] {
+        rnd::MulUniformKernel<false>(xv.data(), got_set.data(), c.n, c.key, c.first, lo, hi);
+      });
+      RunKernel(c.n, cap, [&] {
+        rnd::MulUniformKernel<true>(xv.data(), got_add.data(), c.n, c.key, c.first, lo, hi);
+      });
+      EXPECT_TRUE(SameBits(got_set, want_set.ToVector<float>())) << Name(c, "kernel set") << cap;
+      EXPECT_TRUE(SameBits(got_add, want_add.ToVector<float>())) << Name(c, "kernel add") << cap;
+    }
+    // The key's stream and first token read from `at` (token_offset 2, per_token 1; the
+    // index arithmetic with per_token > 1 is FillKernel's, checked above).
+    if (c.first >= 2) {
+      const int64_t at[2] = {static_cast<int64_t>(c.key.stream), c.first - 2};
+      std::vector<float> got(static_cast<size_t>(c.n), -9.0f);
+      RunKernel(c.n, c.cap, [&] {
+        rnd::MulUniformKernel<false>(xv.data(), got.data(), c.n, RngKey{c.key.seed, 0}, 0, lo, hi,
+                                     at, 2, 1);
+      });
+      EXPECT_TRUE(SameBits(got, want_set.ToVector<float>())) << Name(c, "kernel at");
+    }
   }
 }
 

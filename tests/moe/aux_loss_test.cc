@@ -215,7 +215,7 @@ TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
       Tensor wrt = Tensor::FromVector(wr, {d, E});
       RouterOutput out = RouterForward(ht, wrt, Tensor(), config, /*training=*/true,
                                        RouterRng{config.seed, 3, 1, 40});
-      ASSERT_EQ(out.noise.defined(), jitter > 0.0f);
+      ASSERT_EQ(out.jitter.on, jitter > 0.0f);
 
       Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
       Tensor dlogits = Tensor::Zeros({T, E}, DType::kF32);
@@ -234,8 +234,8 @@ TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
       ref.sigmoid = score == ScoreFunction::kSigmoid;
       ref.seq_len = seq_len;
       ref.noise.assign(T * d, 1.0);
-      if (out.noise.defined()) {
-        const std::vector<float> n = out.noise.ToVector<float>();
+      if (out.jitter.on) {
+        const std::vector<float> n = JitterNoise(out).ToVector<float>();
         ref.noise.assign(n.begin(), n.end());
       }
       ref.idx = out.indices.ToVector<int32_t>();

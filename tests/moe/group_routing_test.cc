@@ -90,7 +90,7 @@ RouterTermScale RouterTerms(const RoutedGroups& whole, const Tensor& wr, const M
         r, wr, c, dgates.Slice(g * T, (g + 1) * T), dprobs, dlogits_extra, scratch_dh, scratch_dwr));
     const std::vector<double> dx = test_util::AbsProduct(dl, false, wr_v, true, T, d, E);
     const std::vector<float> noise =
-        r.noise.defined() ? Vec<float>(r.noise) : std::vector<float>(T * d, 1.0f);
+        r.jitter.on ? Vec<float>(JitterNoise(r)) : std::vector<float>(T * d, 1.0f);
     for (int64_t i = 0; i < T * d; ++i) s.dh.push_back(dx[i] * std::abs(double(noise[i])));
     const std::vector<float> x = Vec<float>(r.input);
     x_all.insert(x_all.end(), x.begin(), x.end());
@@ -154,8 +154,11 @@ TEST(GroupRoutingTest, LogitsOfPiecesThenChooseIsTheWholeGroup) {
     piece_rng.first_token += r * T / P;
     RouterOutput piece =
         RouterLogits(h.Slice(r * T / P, (r + 1) * T / P), wr, c, true, piece_rng);
-    EXPECT_EQ(Vec<float>(piece.noise), Vec<float>(whole.noise.Slice(r * T / P, (r + 1) * T / P)))
+    EXPECT_EQ(Vec<float>(JitterNoise(piece)),
+              Vec<float>(JitterNoise(whole).Slice(r * T / P, (r + 1) * T / P)))
         << "jitter of piece " << r;
+    EXPECT_EQ(Vec<float>(piece.input), Vec<float>(whole.input.Slice(r * T / P, (r + 1) * T / P)))
+        << "router input of piece " << r;
     gathered.logits.Slice(r * T / P, (r + 1) * T / P).CopyFrom(piece.logits);
   }
   ExpectNear(gathered.logits, whole.logits, 1e-6, "logits");
@@ -215,7 +218,9 @@ TEST(GroupRoutingTest, PiecesAddUpToTheWholeGroup) {
     std::vector<int64_t> rows;  // this piece's rows of h, group by group
     for (int64_t g = 0; g < G; ++g) {
       piece.router[g].input = whole.router[g].input.Slice(r * t, (r + 1) * t);
-      piece.router[g].noise = whole.router[g].noise.Slice(r * t, (r + 1) * t);
+      // Rows r t.. of the group: their noise is drawn from the tokens r t on.
+      ASSERT_TRUE(whole.router[g].jitter.runs.empty());
+      piece.router[g].jitter.rng.first_token += r * t;
       for (int64_t i = 0; i < t; ++i) rows.push_back(g * T + r * t + i);
     }
     const OwnRouting own = OwnRowsOf(piece);

@@ -141,8 +141,8 @@ TEST(RouterTest, JitterIsKeyedByTheGlobalTokenIndex) {
   Tensor wr = Tensor::FromVector(RandomValues(d * E, 4, 1.0f), {d, E});
   const RouterRng rng{config.seed, /*step=*/17, /*layer=*/3, /*first_token=*/100};
   RouterOutput group = RouterForward(h, wr, Tensor(), config, true, rng);
-  ASSERT_TRUE(group.noise.defined());
-  const std::vector<float> noise = group.noise.ToVector<float>();
+  ASSERT_TRUE(group.jitter.on);
+  const std::vector<float> noise = JitterNoise(group).ToVector<float>();
   const std::vector<float> x = group.input.ToVector<float>();
   const std::vector<float> hv = h.ToVector<float>();
   const RngKey key = JitterRngKey(config.seed, 17, 3);
@@ -165,7 +165,7 @@ TEST(RouterTest, JitterIsKeyedByTheGlobalTokenIndex) {
   RouterRng alone_rng = rng;
   alone_rng.first_token = 103;
   RouterOutput alone = RouterForward(h.Slice(3, 4), wr, Tensor(), config, true, alone_rng);
-  const std::vector<float> alone_noise = alone.noise.ToVector<float>();
+  const std::vector<float> alone_noise = JitterNoise(alone).ToVector<float>();
   for (int64_t j = 0; j < d; ++j) EXPECT_EQ(alone_noise[j], noise[3 * d + j]);
   for (int64_t e = 0; e < E; ++e) {
     EXPECT_NEAR(alone.logits.data<float>()[e], group.logits.data<float>()[3 * E + e], 1e-6f);
@@ -174,25 +174,25 @@ TEST(RouterTest, JitterIsKeyedByTheGlobalTokenIndex) {
   RouterRng piece_rng = rng;
   piece_rng.first_token = 102;
   RouterOutput piece = RouterForward(h.Slice(2, 5), wr, Tensor(), config, true, piece_rng);
-  const std::vector<float> piece_noise = piece.noise.ToVector<float>();
+  const std::vector<float> piece_noise = JitterNoise(piece).ToVector<float>();
   for (int64_t i = 0; i < 3 * d; ++i) EXPECT_EQ(piece_noise[i], noise[2 * d + i]);
 
   // Another step or layer draws other noise.
   RouterRng other = rng;
   other.step = 18;
-  EXPECT_NE(RouterForward(h, wr, Tensor(), config, true, other).noise.ToVector<float>(), noise);
+  EXPECT_NE(JitterNoise(RouterForward(h, wr, Tensor(), config, true, other)).ToVector<float>(), noise);
   other = rng;
   other.layer = 5;
-  EXPECT_NE(RouterForward(h, wr, Tensor(), config, true, other).noise.ToVector<float>(), noise);
+  EXPECT_NE(JitterNoise(RouterForward(h, wr, Tensor(), config, true, other)).ToVector<float>(), noise);
 
   // Not training: no noise, the input is h itself.
   RouterOutput eval = RouterForward(h, wr, Tensor(), config, false, rng);
-  EXPECT_FALSE(eval.noise.defined());
+  EXPECT_FALSE(eval.jitter.on);
   EXPECT_TRUE(eval.input.SharesStorageWith(h));
   EXPECT_EQ(eval.input.ToVector<float>(), hv);
   // jitter_eps = 0 in training: no noise either.
   config.jitter_eps = 0.0f;
-  EXPECT_FALSE(RouterForward(h, wr, Tensor(), config, true, rng).noise.defined());
+  EXPECT_FALSE(RouterForward(h, wr, Tensor(), config, true, rng).jitter.on);
 }
 
 TEST(RouterTest, RandomSecondExpertKeepsIffUBelowTwiceG2) {

@@ -321,16 +321,17 @@ TEST(DryRunTest, ActivationBytesWithBf16Storage) {
 }
 
 // The tiny config's pieces by hand (per token of the 64-token micro-batch, f32 elements):
-// a MoE layer keeps 478.5 — norms 2 x (32 + 2), q k v o.x 4 x 32 plus the lse 2, x_mid
-// and the output 2 x 32, the router's jittered input and noise 2 x 32, logits and probs
+// a MoE layer keeps 446.5 — norms 2 x (32 + 2), q k v o.x 4 x 32 plus the lse 2, x_mid
+// and the output 2 x 32, the router's jittered input 32 (its noise is drawn again in
+// backward), logits and probs
 // 2 x 8, k-sized routing tensors 8.5, one admitted row x a h and the combine's row 4 x 32
 // (o.y and the MoE output go once the residual has them); the embedding 32; the head 290
 // (final norm 34, logits gradient 256). Per micro-batch, a MoE layer's device-sized dispatch
 // plan also keeps its (E + 1) i64 offsets: 72 bytes.
 constexpr double kToken = 4.0 * 64;  // bytes per f32 element per token
 constexpr double kOffsets = 8.0 * (8 + 1);
-constexpr double kStage0 = (32 + 478.5) * kToken + kOffsets;  // embedding + layer 0: 130760
-constexpr double kStage1 = (478.5 + 290) * kToken + kOffsets;  // layer 1 + head: 196808
+constexpr double kStage0 = (32 + 446.5) * kToken + kOffsets;  // embedding + layer 0: 122568
+constexpr double kStage1 = (446.5 + 290) * kToken + kOffsets;  // layer 1 + head: 188616
 constexpr double kHidden = 32 * kToken;             // 8192
 constexpr double kTokens = 5 * 4.0 * 64;            // token ids on the CPU: 1280
 // Parameters: wte 8192, wpe 512; a layer 20992 (norms 128, attention 4096 + 128 bias,
@@ -438,7 +439,7 @@ TEST(DryRunTest, PipelineStepWorkspaceByHand) {
   auto single = dist::Mesh::Create(1, one.parallel.MeshSizes());
   ASSERT_TRUE(single.ok());
   EXPECT_DOUBLE_EQ(plan::PredictRankMemory(one, *single, 0).workspace,
-                   kTokens + (32 + 2 * 478.5 + 290) * kToken + 2 * kOffsets + 224 * kToken);
+                   kTokens + (32 + 2 * 446.5 + 290) * kToken + 2 * kOffsets + 224 * kToken);
 }
 
 TEST(DryRunTest, CheckCommunicatorOrderNamesTheFirstDifference) {
@@ -498,8 +499,8 @@ TEST(DryRunTest, ReportHasThePipelineSection) {
            "  bubble (analytic, (p-1)/(m+p-1)): 0.2000\n",
            "        0    0  embedding + layers 0-0         ",
            "        1    1  layers 1-1 + head              ",
-           "   127.70 KiB       255.39 KiB\n",  // stage 0: 2 in flight x 130760 B
-           "   192.20 KiB       192.20 KiB\n",  // stage 1: 1 x 196808 B
+           "   119.70 KiB       239.39 KiB\n",  // stage 0: 2 in flight x 122568 B
+           "   184.20 KiB       184.20 KiB\n",  // stage 1: 1 x 188616 B
        }) {
     EXPECT_NE(report.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << report;
   }
