@@ -16,6 +16,40 @@ constexpr const char* kNames[] = {"embedding_head_loss", "attention", "norms", "
                                   "communication", "optimizer", "graph_replay"};
 static_assert(std::size(kNames) == static_cast<size_t>(Phase::kCount));
 
+// The device counts (engine/core/counters.h) of `steps` steps, per step: the totals, the
+// dispatches by op (the most frequent first, a few to a line) and the readbacks by site.
+std::string CountsTable(const DeviceCounts& total, double steps) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "device counts per step: %.1f kernel dispatches, %.2f readbacks, %.1f dtype "
+                "conversions (%.4g elements; weights %.1f), %.1f cudaMalloc\n",
+                total.dispatches / steps, total.readbacks / steps, total.conversions() / steps,
+                total.conversion_element_total() / steps, total.weight_conversion_calls / steps,
+                total.cuda_mallocs / steps);
+  out += line;
+  std::vector<std::pair<int64_t, std::string>> ops;
+  for (const auto& [op, n] : total.dispatch_ops) ops.emplace_back(-n, op);
+  std::sort(ops.begin(), ops.end());
+  std::string row_text = "  dispatches by op:";
+  for (size_t i = 0; i < ops.size(); ++i) {
+    std::snprintf(line, sizeof(line), " %s %.1f%s", ops[i].second.c_str(), -ops[i].first / steps,
+                  i + 1 < ops.size() ? "," : "");
+    if (row_text.size() + std::strlen(line) > 96) {
+      out += row_text + "\n";
+      row_text = "   ";
+    }
+    row_text += line;
+  }
+  if (!ops.empty()) out += row_text + "\n";
+  for (const auto& [site, n] : total.readback_sites) {
+    std::snprintf(line, sizeof(line), "  readback %-28s %8.2f per step\n", site.c_str(),
+                  n / steps);
+    out += line;
+  }
+  return out;
+}
+
 }  // namespace
 
 #ifndef SY_HAVE_CUDA
@@ -170,35 +204,7 @@ std::string Profiler::Table() const {
                   1e3 * device_step_s_ / steps);
     out += line;
   }
-  // The device counts (engine/core/counters.h), per step.
-  const DeviceCounts total = total_counts();
-  std::snprintf(line, sizeof(line),
-                "device counts per step: %.1f kernel dispatches, %.2f readbacks, %.1f dtype "
-                "conversions (%.4g elements; weights %.1f), %.1f cudaMalloc\n",
-                total.dispatches / steps, total.readbacks / steps, total.conversions() / steps,
-                total.conversion_element_total() / steps, total.weight_conversion_calls / steps,
-                total.cuda_mallocs / steps);
-  out += line;
-  // Dispatches by op, the most frequent first, a few to a line.
-  std::vector<std::pair<int64_t, std::string>> ops;
-  for (const auto& [op, n] : total.dispatch_ops) ops.emplace_back(-n, op);
-  std::sort(ops.begin(), ops.end());
-  std::string row_text = "  dispatches by op:";
-  for (size_t i = 0; i < ops.size(); ++i) {
-    std::snprintf(line, sizeof(line), " %s %.1f%s", ops[i].second.c_str(), -ops[i].first / steps,
-                  i + 1 < ops.size() ? "," : "");
-    if (row_text.size() + std::strlen(line) > 96) {
-      out += row_text + "\n";
-      row_text = "   ";
-    }
-    row_text += line;
-  }
-  if (!ops.empty()) out += row_text + "\n";
-  for (const auto& [site, n] : total.readback_sites) {
-    std::snprintf(line, sizeof(line), "  readback %-28s %8.2f per step\n", site.c_str(),
-                  n / steps);
-    out += line;
-  }
+  out += CountsTable(total_counts(), steps);
   return out;
 }
 

@@ -330,13 +330,14 @@ ResidualStream Decoder::ForwardBlock(int64_t k, const ResidualStream& stream,
                             in.valid_rows >= 0 ? in.valid_rows * seq : -1, in.rng_values);
     ffn = MoERowsOut(ba.moe->y, x.shape());
   }
-  // Under bf16 activation storage the products keep their bf16 operands of the norms'
-  // outputs (dense/attention.h, dense/mlp.h); the norms' backward reads their inputs, so
-  // the f32 outputs go, except norm2's in a MoE block (the router keeps it as its input).
-  if (kernels::StoresBf16(ctx)) {
-    ba.norm1.y = Tensor();
-    if (b.mlp) ba.norm2.y = Tensor();
-  }
+  // The norms' backward reads their inputs, not their outputs: the block lets the outputs go,
+  // and each lives on only where a sublayer kept it (an f32 product input; under bf16
+  // activation storage the products keep bf16 operands instead, dense/attention.h,
+  // dense/mlp.h; in a MoE block the router's input when it is not jittered, and the shared
+  // experts' input). So a jittered router's h goes (it keeps h * noise), as does h under tp
+  // without sp (the layer keeps this rank's rows).
+  ba.norm1.y = Tensor();
+  ba.norm2.y = Tensor();
   // No backward reads the sublayers' outputs: they go (the attention's once the residual
   // sum has it, the MLP's or MoE's once the next norm sums it in), with the attention's and
   // the dense MLP's partial sums under tp.

@@ -26,8 +26,8 @@ struct Shape {
   double qkv_kept;           // what attention keeps of them (below)
   double stats;              // a norm's statistics per row (mean and rstd, or rstd)
   // runtime.activation_dtype=bf16 (MODEL.md "Activation storage"): the products' inputs
-  // are kept as bf16 operands (without tp the norms write them: no f32 outputs, but MoE
-  // blocks' norm2's), the MLPs' and experts' pre-activations and hidden activations, and
+  // are kept as bf16 operands (without tp the norms write them: no f32 outputs, but a MoE
+  // block's norm2's where the router or shared experts read it: MoENormKeepsOutput), the MLPs' and experts' pre-activations and hidden activations, and
   // the MoE combine's rows, in bf16: `half` (0.5) of an f32 element each; the activations'
   // and the combine's backward read them as they are kept.
   bool bf16 = false;
@@ -122,7 +122,8 @@ Piece MlpElements(const config::Config& c, const Shape& s) {
 
 // MoE (moe/moe_layer.h), per row this rank routes (its 1/tp of the tokens under tp):
 // the router's input (jittered: the noisy copy, whose noise is drawn again in backward, not
-// kept; unjittered it is the norm's output, or under tp without sp this rank's copied rows), logits and probabilities (E
+// kept; unjittered it is the norm's output, counted with the norm (MoENormKeepsOutput), or
+// under tp without sp this rank's copied rows, which the shared experts also read), logits and probabilities (E
 // each), chosen experts, gates and keep masks (router and capacity: k each), the dispatch
 // plan (4 per assignment); per admitted assignment the expert input, a (and b under
 // swiglu), h and the combine's rows (d + 2..3 f / etp + d: the experts' output itself,
@@ -150,7 +151,11 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   const double fe = double(e.d_expert) / c.parallel.expert_tp();
   const double per_row = s.half * (2 * d + emats * fe);  // x, the combine's row; a, (b), h
   const double shared_h = double(e.num_shared_experts) * e.shared_hidden();
-  const double router_in = e.jitter_eps > 0 || (s.tp && !s.sp) ? d : 0;
+  // The router's input: jittered, h * noise; under tp without sp, this rank's copy of its
+  // rows (kept for the router unjittered, and for the shared experts either way).
+  const bool jitter = e.jitter_eps > 0;
+  const double router_in = (jitter ? d : 0) +
+                           (s.tp && !s.sp && (!jitter || e.num_shared_experts > 0) ? d : 0);
   const bool relu_bias = e.activation == dense::Activation::kRelu && e.bias;
   // The experts' incoming gradient rows: bf16 as the combine's backward writes them (replicas
   // counted as on: a step may have them).
@@ -166,6 +171,14 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
                                 k + 4 * E)};
 }
 
+// Whether a MoE block's norm2 output (f32, (N, d) on this rank's rows) outlives the forward:
+// the block lets it go (Decoder::ForwardBlock), and the layer keeps it as the unjittered
+// router's input or the shared experts' input, unless under tp without sp the layer reads a
+// copy of this rank's rows instead.
+bool MoENormKeepsOutput(const config::Config& c, const Shape& s) {
+  return (!s.tp || s.sp) && (c.moe.jitter_eps <= 0 || c.moe.num_shared_experts > 0);
+}
+
 // Each layer's kept bytes and Backward scratch under train.recompute.
 void AddLayers(const config::Config& c, const Shape& s, double bytes, ActivationBytes& a) {
   const Piece attention = AttentionElements(s), mlp = MlpElements(c, s), moe = MoEElements(c, s);
@@ -176,7 +189,8 @@ void AddLayers(const config::Config& c, const Shape& s, double bytes, Activation
   for (int64_t i = 0; i < c.model.n_layers; ++i) {
     const bool is_moe = c.moe.IsMoELayer(i);
     const double norm1 = s.bf16 ? stats_only : s.norm;
-    const double norm2 = s.bf16 && !is_moe ? stats_only : s.norm;
+    const double norm2 = is_moe ? (MoENormKeepsOutput(c, s) ? s.norm : stats_only)
+                                : (s.bf16 ? stats_only : s.norm);
     const double kept = norm1 + attention.kept + residual + norm2 + (is_moe ? moe.kept : mlp.kept);
     const double scratch = std::max(attention.backward, is_moe ? moe.backward : mlp.backward);
     // A device-sized dispatch plan also keeps its (E + 1) i64 offsets per micro-batch.
