@@ -131,6 +131,11 @@ struct MoEConfig {
   bool ExpertGradRowsInBf16(bool bf16_products, int64_t etp, bool replicas) const {
     return bf16_products && !bias && etp == 1 && !replicas && overlap_chunks <= 1;
   }
+  // Whether a training forward keeps the layer's input h (what it was given) for the
+  // backward: as the router's input when it is not jittered (a jittered router keeps h *
+  // noise and draws the noise again, moe/router.h), and as the shared experts' input. The
+  // dry-run's memory estimate asks this; the layer holds what it reads.
+  bool KeepsLayerInput() const { return jitter_eps <= 0.0f || num_shared_experts > 0; }
   // Whether decoder layer i is an MoE layer (MODEL.md section 1).
   bool IsMoELayer(int64_t i) const { return i % layer_freq == layer_freq - 1; }
   int64_t shared_hidden() const { return d_shared > 0 ? d_shared : d_expert; }

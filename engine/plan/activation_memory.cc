@@ -154,8 +154,7 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
   // The router's input: jittered, h * noise; under tp without sp, this rank's copy of its
   // rows (kept for the router unjittered, and for the shared experts either way).
   const bool jitter = e.jitter_eps > 0;
-  const double router_in = (jitter ? d : 0) +
-                           (s.tp && !s.sp && (!jitter || e.num_shared_experts > 0) ? d : 0);
+  const double router_in = (jitter ? d : 0) + (s.tp && !s.sp && e.KeepsLayerInput() ? d : 0);
   const bool relu_bias = e.activation == dense::Activation::kRelu && e.bias;
   // The experts' incoming gradient rows: bf16 as the combine's backward writes them (replicas
   // counted as on: a step may have them).
@@ -176,7 +175,7 @@ Piece MoEElements(const config::Config& c, const Shape& s) {
 // router's input or the shared experts' input, unless under tp without sp the layer reads a
 // copy of this rank's rows instead.
 bool MoENormKeepsOutput(const config::Config& c, const Shape& s) {
-  return (!s.tp || s.sp) && (c.moe.jitter_eps <= 0 || c.moe.num_shared_experts > 0);
+  return (!s.tp || s.sp) && c.moe.KeepsLayerInput();
 }
 
 // Each layer's kept bytes and Backward scratch under train.recompute.
