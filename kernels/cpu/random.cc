@@ -27,6 +27,21 @@ void FillFloat(Tensor& out, int64_t first_index, F f) {
   }
 }
 
+// f(i, u) for i in [0, n), u = lo + (hi - lo) * UniformAt(key, first_index + i) as f32: the
+// same values as UniformAt, one Philox block per 4 consecutive indices, in parallel.
+template <typename F>
+void ForEachUniform(int64_t n, RngKey key, int64_t first_index, float lo, float hi, F f) {
+  ParallelFor(n, kRandomChunk, [&](int64_t b, int64_t e) {
+    uint64_t block = ~uint64_t{0};
+    PhiloxBlock bits{};
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t index = static_cast<uint64_t>(first_index + i);
+      if ((index >> 2) != block) block = index >> 2, bits = PhiloxAt(key, block);
+      f(i, lo + (hi - lo) * UniformFromBits(bits.v[index & 3]));
+    }
+  });
+}
+
 }  // namespace
 
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi) {
@@ -34,39 +49,22 @@ void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float h
     FillFloat(out, first_index, [&](uint64_t i) { return lo + (hi - lo) * UniformAt(key, i); });
     return;
   }
-  // The same values as UniformAt, one Philox block per 4 consecutive indices.
   float* p = out.data<float>();
-  ParallelFor(out.numel(), kRandomChunk, [&](int64_t b, int64_t e) {
-    uint64_t block = ~uint64_t{0};
-    PhiloxBlock bits{};
-    for (int64_t i = b; i < e; ++i) {
-      const uint64_t index = static_cast<uint64_t>(first_index + i);
-      if ((index >> 2) != block) block = index >> 2, bits = PhiloxAt(key, block);
-      p[i] = lo + (hi - lo) * UniformFromBits(bits.v[index & 3]);
-    }
-  });
+  ForEachUniform(out.numel(), key, first_index, lo, hi, [&](int64_t i, float u) { p[i] = u; });
 }
 
 void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
                 float hi, NoiseWrite write) {
-  // FillUniform's f32 values (a Philox block per 4 consecutive indices), each multiplied into
-  // x's element as Mul / MulAdd do.
+  // FillUniform's f32 values, each multiplied into x's element as Mul / MulAdd do.
   const float* px = x.data<float>();
   float* p = out.data<float>();
-  ParallelFor(out.numel(), kRandomChunk, [&](int64_t b, int64_t e) {
-    uint64_t block = ~uint64_t{0};
-    PhiloxBlock bits{};
-    for (int64_t i = b; i < e; ++i) {
-      const uint64_t index = static_cast<uint64_t>(first_index + i);
-      if ((index >> 2) != block) block = index >> 2, bits = PhiloxAt(key, block);
-      const float u = lo + (hi - lo) * UniformFromBits(bits.v[index & 3]);
-      if (write == NoiseWrite::kSet) {
-        p[i] = px[i] * u;
-      } else {
-        p[i] += px[i] * u;
-      }
-    }
-  });
+  if (write == NoiseWrite::kSet) {
+    ForEachUniform(out.numel(), key, first_index, lo, hi,
+                   [&](int64_t i, float u) { p[i] = px[i] * u; });
+  } else {
+    ForEachUniform(out.numel(), key, first_index, lo, hi,
+                   [&](int64_t i, float u) { p[i] += px[i] * u; });
+  }
 }
 
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std) {
