@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "kernels/dispatch.h"
 
@@ -52,6 +53,17 @@ void Fill(Tensor& t, float value, DeviceContext* ctx) {
   SY_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16)
       << "Fill: the tensor is " << DTypeName(t.dtype()) << ", expected f32 or bf16";
   SY_DISPATCH_DEVICE(t, ctx, cpu::Fill(t, value), cuda::Fill(t, value, ctx));
+}
+
+void ZeroMany(std::span<Tensor> tensors, DeviceContext* ctx) {
+  if (tensors.empty()) return;
+  Tensor& first = tensors[0];
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    CheckDefinedOn(tensors[i], first.device(), "ZeroMany", "a tensor");
+  }
+  // An owned copy of the handles: a capture replays the zeroing later.
+  std::vector<Tensor> all(tensors.begin(), tensors.end());
+  SY_DISPATCH_DEVICE(first, ctx, cpu::ZeroMany(all), cuda::ZeroMany(all, ctx));
 }
 
 void Cast(const Tensor& src, Tensor& dst, DeviceContext* ctx) {

@@ -10,6 +10,8 @@
 // once per operation (no fused multiply-add), so the CPU and CUDA agree bit for bit.
 #pragma once
 
+#include <span>
+
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
 
@@ -30,6 +32,12 @@ void MulAdd(const Tensor& a, const Tensor& b, Tensor& y, DeviceContext* ctx = nu
 // t[i] = value. t: f32, or bf16 (value rounded to nearest even).
 void Fill(Tensor& t, float value, DeviceContext* ctx = nullptr);
 
+// Every tensor's bytes set to 0 (any dtype, any size; all on one device) in one dispatch:
+// on CUDA one launch for every kZeroManyBatch tensors (their addresses and sizes passed by
+// value), where Tensor::SetZero is a memset each. The step's gradient zeroing
+// (parallel::ParameterRegistry::ZeroGrad: dozens of tensors a step).
+void ZeroMany(std::span<Tensor> tensors, DeviceContext* ctx = nullptr);
+
 // dst = src converted elementwise; src and dst have the same number of elements (shapes
 // may differ). f32 -> bf16 rounds to nearest even (NaN stays NaN) exactly as BFloat16 in
 // engine/core/dtype.h; bf16 -> f32 is exact; equal dtypes (any dtype) copy.
@@ -41,6 +49,7 @@ void Axpy(float alpha, const Tensor& x, Tensor& y);
 void Mul(const Tensor& a, const Tensor& b, Tensor& out);
 void MulAdd(const Tensor& a, const Tensor& b, Tensor& y);
 void Fill(Tensor& t, float value);
+void ZeroMany(std::span<Tensor> tensors);
 void Cast(const Tensor& src, Tensor& dst);
 }  // namespace cpu
 
@@ -50,6 +59,7 @@ void Axpy(float alpha, const Tensor& x, Tensor& y, DeviceContext* ctx);
 void Mul(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx);
 void MulAdd(const Tensor& a, const Tensor& b, Tensor& y, DeviceContext* ctx);
 void Fill(Tensor& t, float value, DeviceContext* ctx);
+void ZeroMany(std::span<Tensor> tensors, DeviceContext* ctx);
 void Cast(const Tensor& src, Tensor& dst, DeviceContext* ctx);
 }  // namespace cuda
 

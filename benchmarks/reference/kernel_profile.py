@@ -42,7 +42,8 @@ FAMILIES = [
     ("loss", r"^(CrossEntropyRow|ExpSum|TargetLogit|SumRows|SumDoubles)Kernel$"),
     ("embedding", r"^(EmbeddingForward|PositionBackward|AddPieces|ScatterAddPieces|"
                   r"ScatterAddRuns|AddPosition|LocalIds|ValidateIds)Kernel$"),
-    ("copies, fills", r"^(Fill|Arith|Bits)Kernel$|copy|fill|memset|elementwise|vectorized"),
+    ("copies, fills", r"^(Fill|Arith|Bits|ZeroMany)Kernel$|copy|fill|memset|elementwise|"
+                      r"vectorized"),
 ]
 
 

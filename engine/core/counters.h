@@ -1,6 +1,7 @@
 // Process-wide counts of the work the host hands to the device, the same on every device
 // (`switchyard train --profile` prints them per step): kernel dispatches (every call through
-// kernels/dispatch.h), device->host readbacks (every point where the host waits for a
+// kernels/dispatch.h, and the tensors' own memsets and copies, Tensor::SetZero and
+// Tensor::CopyFrom, which are device operations too), device->host readbacks (every point where the host waits for a
 // device result: a kernel that returns a host value, Tensor::ToHost, DeviceContext::Synchronize),
 // dtype conversions by (from, to) pair (calls and elements), and on CUDA the cudaMalloc calls
 // of the caching allocator. Dispatches are also counted by op (the kernels/<family>.cc

@@ -1,9 +1,11 @@
 #include "engine/parallel/parameter.h"
 
 #include <sstream>
+#include <vector>
 
 #include "engine/core/check.h"
 #include "engine/core/philox.h"
+#include "kernels/elementwise.h"
 #include "kernels/random.h"
 
 namespace switchyard::parallel {
@@ -151,8 +153,11 @@ const Parameter* ParameterRegistry::Find(const std::string& name) const {
 }
 
 void ParameterRegistry::ZeroGrad(DeviceContext* ctx) {
+  // One dispatch for all of them (on CUDA a launch for every 64, not a memset each).
+  std::vector<Tensor> grads;
   for (Parameter& p : params_)
-    if (p.grad.defined() && p.grad.buffer().resident()) p.grad.SetZero(ctx);
+    if (p.grad.defined() && p.grad.buffer().resident()) grads.push_back(p.grad);
+  kernels::ZeroMany(grads, ctx);
 }
 
 int64_t ParameterRegistry::GlobalElements(bool trainable_only) const {

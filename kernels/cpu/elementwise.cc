@@ -65,6 +65,15 @@ void MulAdd(const Tensor& a, const Tensor& b, Tensor& y) {
               [&](int64_t s, int64_t e) { MulAddRange(pa + s, pb + s, py + s, e - s); });
 }
 
+void ZeroMany(std::span<Tensor> tensors) {
+  for (Tensor& t : tensors) {
+    char* p = static_cast<char*>(t.raw_data());
+    ParallelFor(static_cast<int64_t>(t.nbytes()), int64_t{1} << 20, [p](int64_t b, int64_t e) {
+      std::memset(p + b, 0, static_cast<size_t>(e - b));
+    });
+  }
+}
+
 void Fill(Tensor& t, float value) {
   const int64_t n = t.numel();
   if (t.dtype() == DType::kBF16) {

@@ -4,6 +4,7 @@
 // fused multiply-add, so every result equals the CPU's bit for bit. Pointers are not
 // __restrict__: outputs may be the same memory as inputs (each thread reads its element
 // before writing it).
+#include <algorithm>
 #include <cstdint>
 
 #include "engine/core/dtype.h"
@@ -47,6 +48,25 @@ void Mul(const Tensor& a, const Tensor& b, Tensor& out, DeviceContext* ctx) {
 
 void MulAdd(const Tensor& a, const Tensor& b, Tensor& y, DeviceContext* ctx) {
   LaunchArith<Op::kMulAdd>(a.data<float>(), b.data<float>(), y.data<float>(), 0.0f, y.numel(), ctx);
+}
+
+void ZeroMany(std::span<Tensor> tensors, DeviceContext* ctx) {
+  using elementwise::kZeroManyBatch;
+  for (size_t first = 0; first < tensors.size(); first += kZeroManyBatch) {
+    elementwise::ZeroTable table;
+    int64_t most = 0;  // the largest tensor's 16-byte words: the x blocks' extent
+    for (size_t i = first; i < tensors.size() && table.count < kZeroManyBatch; ++i) {
+      if (tensors[i].nbytes() == 0) continue;
+      table.ptr[table.count] = tensors[i].raw_data();
+      table.bytes[table.count] = static_cast<int64_t>(tensors[i].nbytes());
+      most = std::max(most, (table.bytes[table.count] + 15) / 16);
+      ++table.count;
+    }
+    if (table.count == 0) continue;
+    const dim3 grid(GridFor(most, kThreads), static_cast<unsigned>(table.count));
+    elementwise::ZeroManyKernel<<<grid, kThreads, 0, StreamOf(ctx)>>>(table);
+    SY_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void Fill(Tensor& t, float value, DeviceContext* ctx) {

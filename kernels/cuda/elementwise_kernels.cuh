@@ -40,6 +40,38 @@ __global__ void FillKernel(T* out, T value, int64_t n) {
   SY_GRID_STRIDE(i, n) { out[i] = value; }
 }
 
+// ZeroManyKernel's table: up to kZeroManyBatch tensors' addresses and sizes, passed by value
+// (about 1 KB of the kernel's parameters).
+constexpr int kZeroManyBatch = 64;
+struct ZeroTable {
+  int count = 0;
+  void* ptr[kZeroManyBatch] = {};
+  int64_t bytes[kZeroManyBatch] = {};
+};
+
+struct alignas(16) Words16 {  // one 16-byte store
+  uint32_t w[4] = {};
+};
+
+// Tensor blockIdx.y of the table set to 0 by the x blocks, striding over it in 16-byte words
+// where its address and size allow, else 4-byte words, else bytes.
+__global__ void ZeroManyKernel(ZeroTable table) {
+  char* p = static_cast<char*>(table.ptr[blockIdx.y]);
+  const int64_t bytes = table.bytes[blockIdx.y];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t start = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  if (address % 16 == 0 && bytes % 16 == 0) {
+    Words16* w = reinterpret_cast<Words16*>(p);
+    for (int64_t i = start; i < bytes / 16; i += stride) w[i] = Words16{};
+  } else if (address % 4 == 0 && bytes % 4 == 0) {
+    uint32_t* w = reinterpret_cast<uint32_t*>(p);
+    for (int64_t i = start; i < bytes / 4; i += stride) w[i] = 0;
+  } else {
+    for (int64_t i = start; i < bytes; i += stride) p[i] = 0;
+  }
+}
+
 // f32 -> bf16 bits with the integer rounding of BFloat16::FromFloat (engine/core/dtype.h):
 // round to nearest even; a NaN keeps its sign and top payload bits and is made quiet.
 // (__float2bfloat16_rn rounds numbers the same way but returns one canonical NaN.)

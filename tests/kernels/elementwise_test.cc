@@ -1,6 +1,6 @@
 // kernels/elementwise.h on the CPU: hand-computed sums and products, in-place use, fills,
 // Cast against BFloat16 (engine/core/dtype.h) on rounding ties, NaN, infinities, subnormals
-// and the f32 maximum, and the argument checks. Also the multi-tensor optimizer kernels of
+// and the f32 maximum, ZeroMany over tensors of four dtypes, and the argument checks. Also the multi-tensor optimizer kernels of
 // kernels/optimizer.h (AdamWUpdateMany, SumSquaresMany, ScaleMany) against their
 // single-tensor forms, bit for bit.
 #include "kernels/elementwise.h"
@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "engine/core/counters.h"
 #include "engine/core/dtype.h"
 #include "engine/core/philox.h"
 #include "kernels/optimizer.h"
@@ -93,6 +94,34 @@ TEST(ElementwiseTest, EmptyTensorsAreNoOps) {
   Tensor h = Tensor::Empty({0}, DType::kBF16);
   Cast(a, h);
   EXPECT_EQ(a.numel(), 0);
+}
+
+// ZeroMany: each tensor's bytes 0 whatever its dtype (a view's only: its neighbours keep
+// theirs), empty tensors skipped, in one counted dispatch; no tensors, no dispatch.
+TEST(ElementwiseTest, ZeroManyZeroesEachTensorInOneDispatch) {
+  Tensor whole = F32({1, 2, 3, 4, 5, 6}, {6});
+  Tensor view = whole.Slice(2, 5);
+  Tensor h = Tensor::Empty({3}, DType::kBF16);
+  Fill(h, 7.0f);
+  Tensor bytes = Tensor::FromVector(std::vector<uint8_t>{9, 9, 9}, {3});
+  Tensor ints = Tensor::FromVector(std::vector<int64_t>{-1, 5}, {2});
+  Tensor empty = Tensor::Empty({0}, DType::kF32);
+  std::vector<Tensor> all = {view, h, bytes, empty, ints};
+  const DeviceCounts before = counters::Snapshot();
+  ZeroMany(all);
+  const DeviceCounts d = counters::Snapshot().Minus(before);
+  EXPECT_EQ(d.dispatches, 1);
+  EXPECT_EQ(d.dispatch_ops.at("ZeroMany"), 1);
+  EXPECT_EQ(whole.ToVector<float>(), (std::vector<float>{1, 2, 0, 0, 0, 6}));
+  Tensor h32 = Tensor::Empty({3}, DType::kF32);
+  Cast(h, h32);
+  EXPECT_EQ(h32.ToVector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(bytes.ToVector<uint8_t>(), (std::vector<uint8_t>{0, 0, 0}));
+  EXPECT_EQ(ints.ToVector<int64_t>(), (std::vector<int64_t>{0, 0}));
+  std::vector<Tensor> none;
+  const DeviceCounts before_none = counters::Snapshot();
+  ZeroMany(none);
+  EXPECT_EQ(counters::Snapshot().Minus(before_none).dispatches, 0);
 }
 
 TEST(ElementwiseTest, FillF32AndBf16) {

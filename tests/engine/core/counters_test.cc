@@ -1,5 +1,6 @@
 // engine/core/counters.h, engine/core/weight_shadows.h and the profiler's counts:
-//  - each kernel call through kernels/dispatch.h counts one dispatch, under the op's name; an op that returns a
+//  - each kernel call through kernels/dispatch.h counts one dispatch, under the op's name, and
+//    so does each Tensor::SetZero and Tensor::CopyFrom that moves bytes; an op that returns a
 //    host value and Tensor::ToHost count one readback each, named by site, on the host too;
 //  - a bf16-mode product counts one f32 -> bf16 conversion per f32 operand (none in f32
 //    mode, none for an empty product); kernels::Cast counts its own;
@@ -58,6 +59,22 @@ TEST(CountersTest, DispatchesAndReadbacksBySite) {
   EXPECT_NE(json.find("\"test.site\": 2"), std::string::npos) << json;
   EXPECT_NE(json.find("\"dispatch_ops\": {\"Fill\": 1, \"SumSquares\": 1}"), std::string::npos)
       << json;
+}
+
+// A tensor's memset and copy are device operations too (a GPU launches each): one dispatch
+// each, named SetZero and CopyFrom; an empty tensor's, or a copy onto itself, none.
+TEST(CountersTest, MemsetsAndCopiesCountAsDispatches) {
+  const DeviceCounts before = counters::Snapshot();
+  Tensor a = Tensor::Zeros({4, 8}, DType::kF32);  // one SetZero
+  Tensor b = Ramp({4, 8}, 2.0f);
+  a.CopyFrom(b);
+  a.CopyFrom(a);  // itself: nothing to do
+  Tensor empty = Tensor::Zeros({0}, DType::kF32);
+  b.SetZero();
+  const DeviceCounts d = counters::Snapshot().Minus(before);
+  const std::map<std::string, int64_t> ops = {{"CopyFrom", 1}, {"SetZero", 2}};
+  EXPECT_EQ(d.dispatch_ops, ops);
+  EXPECT_EQ(d.dispatches, 3);
 }
 
 TEST(CountersTest, Bf16ProductsCountTheirConversions) {
