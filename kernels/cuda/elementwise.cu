@@ -52,21 +52,21 @@ void MulAdd(const Tensor& a, const Tensor& b, Tensor& y, DeviceContext* ctx) {
 
 void ZeroMany(std::span<Tensor> tensors, DeviceContext* ctx) {
   using elementwise::kZeroManyBatch;
-  for (size_t first = 0; first < tensors.size(); first += kZeroManyBatch) {
-    elementwise::ZeroTable table;
-    int64_t most = 0;  // the largest tensor's 16-byte words: the x blocks' extent
-    for (size_t i = first; i < tensors.size() && table.count < kZeroManyBatch; ++i) {
-      if (tensors[i].nbytes() == 0) continue;
-      table.ptr[table.count] = tensors[i].raw_data();
-      table.bytes[table.count] = static_cast<int64_t>(tensors[i].nbytes());
-      most = std::max(most, (table.bytes[table.count] + 15) / 16);
-      ++table.count;
-    }
-    if (table.count == 0) continue;
-    const dim3 grid(GridFor(most, kThreads), static_cast<unsigned>(table.count));
-    elementwise::ZeroManyKernel<<<grid, kThreads, 0, StreamOf(ctx)>>>(table);
+  elementwise::ZeroTable table;
+  auto launch = [&] {
+    if (table.count == 0) return;
+    const unsigned blocks = elementwise::ZeroManyBlocks(table);
+    elementwise::ZeroManyKernel<<<blocks, kThreads, 0, StreamOf(ctx)>>>(table);
     SY_CUDA_CHECK_LAUNCH();
+    table.count = 0;
+  };
+  for (Tensor& t : tensors) {
+    if (t.nbytes() == 0) continue;
+    table.ptr[table.count] = t.raw_data();
+    table.bytes[table.count] = static_cast<int64_t>(t.nbytes());
+    if (++table.count == kZeroManyBatch) launch();
   }
+  launch();
 }
 
 void Fill(Tensor& t, float value, DeviceContext* ctx) {

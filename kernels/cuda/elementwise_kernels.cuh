@@ -41,25 +41,45 @@ __global__ void FillKernel(T* out, T value, int64_t n) {
 }
 
 // ZeroManyKernel's table: up to kZeroManyBatch tensors' addresses and sizes, passed by value
-// (about 1 KB of the kernel's parameters).
+// (about 1.5 KB of the kernel's parameters), and the blocks each one gets, laid end to end
+// (ZeroManyBlocks): as many as its 16-byte words need at kThreads a block, at most
+// kZeroMaxBlocks (the threads then stride), so that a bias takes one block and an expert
+// weight's gradient a thousand, not every tensor the largest one's grid.
 constexpr int kZeroManyBatch = 64;
+constexpr int64_t kZeroMaxBlocks = 1024;
 struct ZeroTable {
   int count = 0;
   void* ptr[kZeroManyBatch] = {};
   int64_t bytes[kZeroManyBatch] = {};
+  int64_t first_block[kZeroManyBatch + 1] = {};  // tensor i: [first_block[i], first_block[i + 1])
 };
+
+// Host code: fills table.first_block for its count tensors; returns the grid (the blocks in all).
+inline unsigned ZeroManyBlocks(ZeroTable& table, int64_t max_blocks = kZeroMaxBlocks) {
+  int64_t total = 0;
+  for (int i = 0; i < table.count; ++i) {
+    table.first_block[i] = total;
+    const int64_t words = (table.bytes[i] + 15) / 16;
+    total += std::clamp<int64_t>((words + kThreads - 1) / kThreads, 1, max_blocks);
+  }
+  table.first_block[table.count] = total;
+  return static_cast<unsigned>(total);
+}
 
 struct alignas(16) Words16 {  // one 16-byte store
   uint32_t w[4] = {};
 };
 
-// Tensor blockIdx.y of the table set to 0 by the x blocks, striding over it in 16-byte words
-// where its address and size allow, else 4-byte words, else bytes.
+// Each block zeroes its tensor's share (ZeroManyBlocks), the tensor's blocks striding over it
+// in 16-byte words where its address and size allow, else 4-byte words, else bytes.
 __global__ void ZeroManyKernel(ZeroTable table) {
-  char* p = static_cast<char*>(table.ptr[blockIdx.y]);
-  const int64_t bytes = table.bytes[blockIdx.y];
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t start = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  int t = 0;
+  while (static_cast<int64_t>(blockIdx.x) >= table.first_block[t + 1]) ++t;
+  char* p = static_cast<char*>(table.ptr[t]);
+  const int64_t bytes = table.bytes[t];
+  const int64_t blocks = table.first_block[t + 1] - table.first_block[t];
+  const int64_t stride = blocks * blockDim.x;
+  const int64_t start = (blockIdx.x - table.first_block[t]) * blockDim.x + threadIdx.x;
   const uintptr_t address = reinterpret_cast<uintptr_t>(p);
   if (address % 16 == 0 && bytes % 16 == 0) {
     Words16* w = reinterpret_cast<Words16*>(p);

@@ -116,42 +116,40 @@ TEST(ElementwiseEmulationTest, FillEqualsTheCpuBitForBit) {
 }
 
 // ZeroManyKernel over pieces of one buffer at offsets and sizes that take each of its three
-// paths (16-byte words, 4-byte words, bytes), on elementwise.cu's grid (x blocks for the
-// largest piece's 16-byte words, y one per piece) and on grids of 1 and 2 x blocks (the
-// stride): every byte of every piece becomes 0, and the bytes between them keep their 0xAB.
+// paths (16-byte words, 4-byte words, bytes), on elementwise.cu's blocks (ZeroManyBlocks: as
+// many as each piece's words need, at most kZeroMaxBlocks) and with at most 1 and 2 blocks a
+// piece (the stride): every byte of every piece becomes 0, and the bytes between them keep
+// their 0xAB.
 TEST(ElementwiseEmulationTest, ZeroManyZeroesEachPieceAndNothingElse) {
   struct Piece {
     int64_t offset, bytes;
   };
-  const Piece pieces[] = {{0, 4096 * 16},  // 16-byte words, 256 threads x 16 blocks of them
-                          {65600, 48},     // 16-byte aligned, 3 words
+  const Piece pieces[] = {{0, 4096 * 16},    // 16-byte words: 16 blocks of 256 threads
+                          {65600, 48},       // 16-byte aligned, 3 words
                           {65700, 4 * 999},  // 4-byte words (offset 4 mod 16)
                           {69700, 37},       // bytes (odd size)
-                          {69801, 64},       // bytes (odd offset)
-                          {70000, 0}};       // nothing
-  constexpr int64_t kBuffer = 70100;
-  for (int64_t max_blocks : {int64_t{0}, int64_t{1}, int64_t{2}}) {
+                          {69801, 64}};      // bytes (odd offset)
+  constexpr int64_t kBuffer = 70000;
+  for (int64_t max_blocks : {ew::kZeroMaxBlocks, int64_t{1}, int64_t{2}}) {
     // 16-byte aligned storage, so that the offsets decide the paths.
     std::vector<ew::Words16> storage(kBuffer / 16 + 1);
     unsigned char* buffer = reinterpret_cast<unsigned char*>(storage.data());
     std::memset(buffer, 0xAB, kBuffer);
     ew::ZeroTable table;
-    int64_t most = 0;
     for (const Piece& p : pieces) {
       table.ptr[table.count] = buffer + p.offset;
       table.bytes[table.count] = p.bytes;
-      most = std::max(most, (p.bytes + 15) / 16);
       ++table.count;
     }
-    const unsigned gx = EwGrid(most, max_blocks);
-    unsigned char unused_smem[1];
-    emu::Launch(EmuDim3{gx, static_cast<unsigned>(table.count), 1}, ew::kThreads, unused_smem, 0,
-                0, [&] { ew::ZeroManyKernel(table); });
+    const unsigned blocks = ew::ZeroManyBlocks(table, max_blocks);
+    // 4096 words over 256 threads, then one block each (250, 3 and fewer words).
+    EXPECT_EQ(blocks, max_blocks == ew::kZeroMaxBlocks ? 16u + 4 : max_blocks == 1 ? 5u : 6u);
+    Launch(blocks, ew::kThreads, [&] { ew::ZeroManyKernel(table); });
     int64_t zeroed = 0;
     for (int64_t i = 0; i < kBuffer; ++i) {
       bool inside = false;
       for (const Piece& p : pieces) inside = inside || (i >= p.offset && i < p.offset + p.bytes);
-      ASSERT_EQ(buffer[i], inside ? 0 : 0xAB) << "byte " << i << ", grid " << gx;
+      ASSERT_EQ(buffer[i], inside ? 0 : 0xAB) << "byte " << i << ", max blocks " << max_blocks;
       zeroed += inside;
     }
     EXPECT_EQ(zeroed, 4096 * 16 + 48 + 4 * 999 + 37 + 64);
