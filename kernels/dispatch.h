@@ -1,7 +1,8 @@
 // Device dispatch shared by every kernel family: kernels/<family>.h declares the op and
 // its cpu:: and cuda:: implementations; kernels/<family>.cc picks one by the output
 // tensor's device. Each dispatch is counted under the name of the function that dispatches
-// (__func__: the op's wrapper, "Gemm", "Cast", ...), and an op that returns a host value counts a
+// (__func__: the op's wrapper, "Gemm", "Cast", ...), once, whatever memsets and copies its
+// implementation makes (counters::DispatchScope), and an op that returns a host value counts a
 // readback in its wrapper (engine/core/counters.h), so CPU and CUDA runs count alike. In a build without the CUDA backend the cuda:: branch is compiled out
 // and a CUDA tensor is a fatal error.
 #pragma once
@@ -36,10 +37,14 @@
 #define SY_DISPATCH_DEVICE(out, ctx, call_cpu, call_cuda)                              \
   do {                                                                                 \
     ::switchyard::counters::CountDispatch(__func__);                                   \
+    const ::switchyard::counters::DispatchScope sy_dispatch_scope;                     \
     if ((out).device().is_cpu()) {                                                     \
       ::switchyard::DeviceContext* const sy_dispatch_ctx = (ctx);                      \
       if (sy_dispatch_ctx != nullptr && sy_dispatch_ctx->capturing()) {               \
-        sy_dispatch_ctx->Record([=]() mutable { call_cpu; });                          \
+        sy_dispatch_ctx->Record([=]() mutable {                                        \
+          const ::switchyard::counters::DispatchScope sy_replay_scope;                 \
+          call_cpu;                                                                    \
+        });                                                                            \
       } else {                                                                         \
         call_cpu;                                                                      \
       }                                                                                \
@@ -53,6 +58,7 @@
 #define SY_DISPATCH_DEVICE_NOW(out, ctx, call_cpu, call_cuda)                          \
   do {                                                                                 \
     ::switchyard::counters::CountDispatch(__func__);                                   \
+    const ::switchyard::counters::DispatchScope sy_dispatch_scope;                     \
     ::switchyard::capture::CheckNotCapturing("an op returning a host value");          \
     if ((out).device().is_cpu()) {                                                     \
       call_cpu;                                                                        \

@@ -154,6 +154,17 @@ void CountDispatch(const char* op) {
   ++s.ops[op];
 }
 
+namespace {
+thread_local int dispatch_depth = 0;  // dispatched ops running on this thread
+}  // namespace
+
+DispatchScope::DispatchScope() { ++dispatch_depth; }
+DispatchScope::~DispatchScope() { --dispatch_depth; }
+
+void CountTensorOp(const char* op) {
+  if (dispatch_depth == 0) CountDispatch(op);
+}
+
 void CountReadback(const char* site) {
   capture::CheckNotCapturing(site);
   State& s = GetState();

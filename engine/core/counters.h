@@ -1,7 +1,8 @@
 // Process-wide counts of the work the host hands to the device, the same on every device
 // (`switchyard train --profile` prints them per step): kernel dispatches (every call through
 // kernels/dispatch.h, and the tensors' own memsets and copies, Tensor::SetZero and
-// Tensor::CopyFrom, which are device operations too), device->host readbacks (every point where the host waits for a
+// Tensor::CopyFrom, which are device operations too, where no op dispatched them),
+// device->host readbacks (every point where the host waits for a
 // device result: a kernel that returns a host value, Tensor::ToHost, DeviceContext::Synchronize),
 // dtype conversions by (from, to) pair (calls and elements), and on CUDA the cudaMalloc calls
 // of the caching allocator. Dispatches are also counted by op (the kernels/<family>.cc
@@ -70,6 +71,19 @@ DeviceCounts Snapshot();
 
 // `op`: a string literal (or __func__) naming the op dispatched.
 void CountDispatch(const char* op);
+// Marks the running of one dispatched op (kernels/dispatch.h), on this thread: the tensors'
+// memsets and copies inside it (a CPU twin's scratch copy, a CUDA wrapper's memset) are the
+// op's own work, not dispatches of their own, so a CPU run and a GPU run count alike.
+class DispatchScope {
+ public:
+  DispatchScope();
+  ~DispatchScope();
+  DispatchScope(const DispatchScope&) = delete;
+  DispatchScope& operator=(const DispatchScope&) = delete;
+};
+// A Tensor::SetZero or CopyFrom that moves bytes: a dispatch named `op`, unless inside a
+// dispatched op (DispatchScope).
+void CountTensorOp(const char* op);
 // `site`: a string literal naming the readback ("cross_entropy", "moe.admission", ...).
 void CountReadback(const char* site);
 void CountConversion(DType from, DType to, int64_t elements);

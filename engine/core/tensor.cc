@@ -149,7 +149,7 @@ void Tensor::CopyFrom(const Tensor& src, DeviceContext* ctx) {
                                     << ShapeString(shape_);
   size_t bytes = nbytes();
   if (bytes == 0 || raw_data() == src.raw_data()) return;
-  counters::CountDispatch("CopyFrom");  // a memcpy on the device: counted as its launches are
+  counters::CountTensorOp("CopyFrom");  // a memcpy on the device: counted as launches are
   if (device().is_cpu() && src.device().is_cpu()) {
     if (ctx != nullptr && ctx->capturing()) {  // engine/core/captured_work.h
       ctx->Record([dst = *this, src, bytes] { std::memmove(dst.raw_data(), src.raw_data(), bytes); });
@@ -196,7 +196,7 @@ void Tensor::CopyFrom(const Tensor& src, DeviceContext* ctx) {
 void Tensor::SetZero(DeviceContext* ctx) {
   size_t bytes = nbytes();
   if (bytes == 0) return;
-  counters::CountDispatch("SetZero");  // a memset on the device: counted as its launches are
+  counters::CountTensorOp("SetZero");  // a memset on the device: counted as launches are
   if (device().is_cpu()) {
     if (ctx != nullptr && ctx->capturing()) {  // engine/core/captured_work.h
       ctx->Record([t = *this] { Tensor(t).SetZero(nullptr); });

@@ -62,7 +62,8 @@ TEST(CountersTest, DispatchesAndReadbacksBySite) {
 }
 
 // A tensor's memset and copy are device operations too (a GPU launches each): one dispatch
-// each, named SetZero and CopyFrom; an empty tensor's, or a copy onto itself, none.
+// each, named SetZero and CopyFrom; an empty tensor's, or a copy onto itself, none; inside a
+// dispatched op (counters::DispatchScope, which kernels/dispatch.h opens), none.
 TEST(CountersTest, MemsetsAndCopiesCountAsDispatches) {
   const DeviceCounts before = counters::Snapshot();
   Tensor a = Tensor::Zeros({4, 8}, DType::kF32);  // one SetZero
@@ -75,6 +76,16 @@ TEST(CountersTest, MemsetsAndCopiesCountAsDispatches) {
   const std::map<std::string, int64_t> ops = {{"CopyFrom", 1}, {"SetZero", 2}};
   EXPECT_EQ(d.dispatch_ops, ops);
   EXPECT_EQ(d.dispatches, 3);
+  // Inside a dispatched op they are the op's own work: only the op counts.
+  const DeviceCounts before_op = counters::Snapshot();
+  {
+    counters::CountDispatch("TestOp");
+    const counters::DispatchScope scope;
+    a.SetZero();
+    a.CopyFrom(b);
+  }
+  const std::map<std::string, int64_t> op_only = {{"TestOp", 1}};
+  EXPECT_EQ(counters::Snapshot().Minus(before_op).dispatch_ops, op_only);
 }
 
 TEST(CountersTest, Bf16ProductsCountTheirConversions) {
