@@ -73,7 +73,7 @@ struct RoutedGroups {
   int tp_rank = 0, tp_size = 1;
   Device device = Device::Cpu();  // h's
   // (G) each whole group's routing: logits, probs (T, E), indices, gates, keep (T, k); under
-  // tp, input and noise hold this rank's rows only (T/P, d).
+  // tp, input (and its jitter draw) hold this rank's rows only (T/P, d).
   std::vector<RouterOutput> router;
   std::vector<LoadBalanceSums> balance;  // (G) the whole groups' sums (before dropping)
   std::vector<BalanceTerms> terms;       // (G) the whole groups' aux-loss terms (its scope)

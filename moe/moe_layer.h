@@ -69,7 +69,7 @@ struct MoEActivations {
   int64_t groups = 0;                              // G
   int64_t group_tokens = 0;                        // T: the whole group's tokens
   std::vector<RouterOutput> router;                // (G) the whole groups' routing (under tp,
-                                                   // input and noise: this rank's rows)
+                                                   // input and its jitter draw: this rank's rows)
   std::vector<BalanceTerms> balance;               // (G) the whole groups' aux-loss terms
   Tensor gates;                                    // (N, k) router gates of this rank's rows
   Tensor experts_all;                              // (N, k) i32 chosen experts

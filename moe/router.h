@@ -99,12 +99,12 @@ Tensor JitterNoise(const RouterOutput& out, DeviceContext* ctx = nullptr);
 struct RouterOutput {
   Tensor input;       // (T, d) f32: the router input x = h * noise; shares h when no jitter
   JitterDraw jitter;  // the noise's draw (off when no jitter was applied)
-  Tensor logits;   // (T, E) f32
-  Tensor probs;    // (T, E) f32: a distribution over the experts (the aux loss's P)
-  Tensor scores;   // (T, E) f32: what gates and the choice read; the probs for softmax
-  Tensor indices;  // (T, k) i32: chosen experts, best first
-  Tensor gates;    // (T, k) f32: NOT masked by `keep`; the combine uses capacity's mask
-  Tensor keep;     // (T, k) u8: 0 where the random policy removed the second choice
+  Tensor logits;      // (T, E) f32
+  Tensor probs;       // (T, E) f32: a distribution over the experts (the aux loss's P)
+  Tensor scores;      // (T, E) f32: what gates and the choice read; the probs for softmax
+  Tensor indices;     // (T, k) i32: chosen experts, best first
+  Tensor gates;       // (T, k) f32: NOT masked by `keep`; the combine uses capacity's mask
+  Tensor keep;        // (T, k) u8: 0 where the random policy removed the second choice
 };
 
 // Routes one group. h: (T, d) f32; wr: (d, E) f32; expert_bias: (E) f32 or undefined
