@@ -45,7 +45,7 @@ std::vector<MemoryOp> MemoryBoundOps(int64_t tokens, int64_t d, int64_t ff, Devi
   auto dweight = filled({d}, DType::kF32), dbias = filled({d}, DType::kF32);
   ops.push_back({"layernorm backward (dx added)", 4 * td, [=] {
                    kernels::LayerNormBackward(*sum, *weight, *mean, *rstd, *dy, *dx, *dweight,
-                                              *dbias, ctx, kernels::DxWrite::kAdd);
+                                              *dbias, ctx, kernels::Write::kAdd);
                  }});
   // The MLP's activation: reads W1's f32 product, writes bf16 h and the kept bf16 a.
   auto a = filled({tokens, ff}, DType::kF32), b1 = filled({ff}, DType::kF32);

@@ -10,7 +10,8 @@
 //   permute      GatherRows h (N, d) -> rows (A, d)               A d 4 + A 8 + A d 4
 //   combine      Combine rows (A, d), gates -> y (N, d)           A d 4 + N k 12 + N d 4
 //   combine_bwd  CombineBackward: dout (A, d), dgates (N, k)      2 A d 4 + A 12 + A d 4 + N k 4
-//   permute_bwd  ScatterAddRows drows (A, d) into dh (N, d)       A d 4 + N d 4 + N k 8 + N d 4
+//   permute_bwd  ScatterAddRows drows (A, d) written into dh      A d 4 + N k 8 + N d 4
+//                (N, d) (Write::kSet, training's: dh not read)
 //   memcpy       cudaMemcpyAsync device to device of A d 4 bytes  2 A d 4 (the reference)
 //
 //   time     microseconds per call, CUDA events around -n calls in 5 blocks that alternate
@@ -205,8 +206,8 @@ class PermuteGpuPerf final : public Benchmark {
              [this, c] {
                kernels::CombineBackward(dy_dev_, rows_, gates_dev_, slot_a_, dout_, dgates_, c);
              }},
-            {"permute_bwd", rows_bytes + 2 * token_bytes + 8.0 * nk,
-             [this, c] { kernels::ScatterAddRows(rows_, inverse_nk_, dh_, c); }},
+            {"permute_bwd", rows_bytes + token_bytes + 8.0 * nk,
+             [this, c] { kernels::ScatterAddRows(rows_, inverse_nk_, dh_, kernels::Write::kSet, c); }},
             {"memcpy", 2 * rows_bytes, [this] { Copy(); }}};
   }
 
@@ -253,8 +254,8 @@ class PermuteGpuPerf final : public Benchmark {
 
     Tensor dh_c = dy_host_.Clone();
     Tensor dh_g = dy_dev_.Clone(ctx());
-    kernels::ScatterAddRows(rows_c, inv_c_nk, dh_c);
-    kernels::ScatterAddRows(rows_, inverse_nk_, dh_g, ctx());
+    kernels::ScatterAddRows(rows_c, inv_c_nk, dh_c, kernels::Write::kSet);
+    kernels::ScatterAddRows(rows_, inverse_nk_, dh_g, kernels::Write::kSet, ctx());
     wrong_[4] = CountWrong<float>(dh_g, dh_c, true, ctx());
 
     kernels::GatherRows(h_dev_, token_a_, rows_, ctx());

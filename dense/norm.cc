@@ -96,7 +96,7 @@ NormActivations Norm::AddForward(const Tensor& x, const Tensor& r, DeviceContext
 
 Tensor Norm::Backward(const NormActivations& acts, const Tensor& dy, DeviceContext* ctx) {
   Tensor dx = Tensor::Empty(acts.x.shape(), DType::kF32, acts.x.device());
-  RunBackward(acts, dy, dx, kernels::DxWrite::kOverwrite, ctx);
+  RunBackward(acts, dy, dx, kernels::Write::kSet, ctx);
   return dx;
 }
 
@@ -105,11 +105,11 @@ void Norm::BackwardInto(const NormActivations& acts, const Tensor& dy, Tensor& i
   SY_CHECK_EQ(into.numel(), acts.x.numel()) << "Norm::BackwardInto: " << ShapeString(into.shape())
                                             << " for x " << ShapeString(acts.x.shape());
   Tensor dx = into.Reshape(acts.x.shape());
-  RunBackward(acts, dy, dx, kernels::DxWrite::kAdd, ctx);
+  RunBackward(acts, dy, dx, kernels::Write::kAdd, ctx);
 }
 
 void Norm::RunBackward(const NormActivations& acts, const Tensor& dy, Tensor& dx,
-                       kernels::DxWrite write, DeviceContext* ctx) {
+                       kernels::Write write, DeviceContext* ctx) {
   if (IsLayerNorm(options_)) {
     kernels::LayerNormBackward(acts.x, weight_, acts.mean, acts.rstd, dy, dx, grad_weight_,
                                grad_bias_, ctx, write);

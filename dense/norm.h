@@ -88,7 +88,7 @@ class Norm {
  private:
   Norm(const NormOptions& options, NormParams params, DeviceContext* ctx);
   void RunBackward(const NormActivations& acts, const Tensor& dy, Tensor& dx,
-                   kernels::DxWrite write, DeviceContext* ctx);
+                   kernels::Write write, DeviceContext* ctx);
 
   NormOptions options_;
   Tensor weight_, bias_;

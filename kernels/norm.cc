@@ -59,14 +59,14 @@ void CpuForwardInto(Tensor& y, Op f32_op) {
   cpu::Cast(y32, y);
 }
 
-// DxWrite::kAdd reads dx while dy is read: they must not share memory.
-void CheckAddInto(const Tensor& dx, const Tensor& dy, DxWrite write, const char* op) {
-  if (write != DxWrite::kAdd) return;
+// Write::kAdd reads dx while dy is read: they must not share memory.
+void CheckAddInto(const Tensor& dx, const Tensor& dy, Write write, const char* op) {
+  if (write != Write::kAdd) return;
   const char* a = static_cast<const char*>(dx.raw_data());
   const char* b = static_cast<const char*>(dy.raw_data());
   const int64_t bytes = dx.numel() * static_cast<int64_t>(sizeof(float));
   SY_CHECK(a + bytes <= b || b + bytes <= a)
-      << op << ": dx and dy share memory, which adding into dx (DxWrite::kAdd) cannot take";
+      << op << ": dx and dy share memory, which adding into dx (Write::kAdd) cannot take";
 }
 
 }  // namespace
@@ -89,7 +89,7 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DeviceContext* ctx, DxWrite write) {
+                       Tensor& dbias, DeviceContext* ctx, Write write) {
   constexpr const char* kOp = "LayerNormBackward";
   SY_CHECK(dx.defined()) << kOp << ": dx is undefined";
   const Device dev = dx.device();
@@ -122,7 +122,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DeviceContext* ctx, DxWrite write) {
+                     Tensor& dx, Tensor& dweight, DeviceContext* ctx, Write write) {
   constexpr const char* kOp = "RmsNormBackward";
   SY_CHECK(dx.defined()) << kOp << ": dx is undefined";
   const Device dev = dx.device();

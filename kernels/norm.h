@@ -17,13 +17,9 @@
 
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
+#include "kernels/write.h"
 
 namespace switchyard::kernels {
-
-// How a backward writes dx: over what it held, or added to it (dx += the norm's gradient,
-// the residual stream's: bit-identical to writing a new tensor and then kernels::Axpy(1, ...)
-// into dx, in one pass fewer). With kAdd, dx must not be dy's memory.
-enum class DxWrite { kOverwrite, kAdd };
 
 // y = layernorm(x) with weight and bias (bias may be an undefined tensor: no bias).
 // Writes mean and rstd (N). y may be the same tensor as x.
@@ -31,25 +27,27 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx = nullptr);
 
 // With xhat = (x - mean) * rstd and g = dy * weight:
-//   dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))       (written)
+//   dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))       (written, or with Write::kAdd
+//        added into dx: the residual stream's gradient)
 //   dweight += sum over rows of dy * xhat, dbias += sum over rows of dy   (accumulated)
-// dbias may be undefined (no bias). dx may be the same tensor as dy (kOverwrite).
+// dbias may be undefined (no bias). dx may be the same tensor as dy under Write::kSet, not
+// under kAdd.
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
                        Tensor& dbias, DeviceContext* ctx = nullptr,
-                       DxWrite write = DxWrite::kOverwrite);
+                       Write write = Write::kSet);
 
 // y = rmsnorm(x) with weight; writes rstd (N). y may be the same tensor as x.
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
                     DeviceContext* ctx = nullptr);
 
 // With g = dy * weight:
-//   dx = rstd * (g - x * rstd^2 * mean_j(g * x))      (written)
+//   dx = rstd * (g - x * rstd^2 * mean_j(g * x))      (written, or added: Write::kAdd)
 //   dweight += sum over rows of dy * x * rstd          (accumulated)
-// dx may be the same tensor as dy (kOverwrite).
+// dx may be the same tensor as dy under Write::kSet, not under kAdd.
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                      Tensor& dx, Tensor& dweight, DeviceContext* ctx = nullptr,
-                     DxWrite write = DxWrite::kOverwrite);
+                     Write write = Write::kSet);
 
 // ---- residual add + norm (a block's x + attention(...) then its next norm) -------------
 // sum = x + r (written: the residual stream, which the block goes on with), then
@@ -73,10 +71,10 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       Tensor& y, Tensor& mean, Tensor& rstd);
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DxWrite write);
+                       Tensor& dbias, Write write);
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd);
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DxWrite write);
+                     Tensor& dx, Tensor& dweight, Write write);
 }  // namespace cpu
 
 namespace cuda {
@@ -89,11 +87,11 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       Tensor& y, Tensor& mean, Tensor& rstd, DeviceContext* ctx);
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DxWrite write, DeviceContext* ctx);
+                       Tensor& dbias, Write write, DeviceContext* ctx);
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd,
                     DeviceContext* ctx);
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DxWrite write, DeviceContext* ctx);
+                     Tensor& dx, Tensor& dweight, Write write, DeviceContext* ctx);
 }  // namespace cuda
 
 }  // namespace switchyard::kernels

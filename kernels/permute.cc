@@ -88,7 +88,8 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceConte
                      cuda::GatherRows(src, index, dst, ctx));
 }
 
-void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx) {
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Write write,
+                    DeviceContext* ctx) {
   constexpr const char* kOp = "ScatterAddRows";
   SY_CHECK(dh.defined()) << kOp << ": dh is undefined";
   CheckTensor(dh, DType::kF32, 2, dh.device(), kOp, "dh");
@@ -97,8 +98,8 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Devi
   SY_CHECK(drows.dim(1) == dh.dim(1) && inverse.dim(0) == dh.dim(0))
       << kOp << ": drows " << ShapeString(drows.shape()) << ", inverse "
       << ShapeString(inverse.shape()) << ", dh " << ShapeString(dh.shape());
-  SY_DISPATCH_DEVICE(dh, ctx, cpu::ScatterAddRows(drows, inverse, dh),
-                     cuda::ScatterAddRows(drows, inverse, dh, ctx));
+  SY_DISPATCH_DEVICE(dh, ctx, cpu::ScatterAddRows(drows, inverse, dh, write),
+                     cuda::ScatterAddRows(drows, inverse, dh, write, ctx));
 }
 
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,

@@ -19,6 +19,7 @@
 
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
+#include "kernels/write.h"
 
 namespace switchyard::kernels {
 
@@ -57,8 +58,10 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst,
                 DeviceContext* ctx = nullptr);
 
 // The backward of the permute: dh[t] += sum of drows[inverse[t, j]] over the kept slots j
-// of token t, in increasing row order. drows (A, d) f32, inverse (N, k) i64, dh (N, d) f32.
-void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh,
+// of token t, in increasing row order; with Write::kSet, dh[t] = that sum started at +0 (the
+// bits a zeroed dh would hold after the add; a token with nothing kept gets +0; dh is not
+// read, so it need not be initialised). drows (A, d) f32, inverse (N, k) i64, dh (N, d) f32.
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Write write,
                     DeviceContext* ctx = nullptr);
 
 // y[t] = sum over the kept slots s = t * k + j of gates[s] * out[inverse[s]], in increasing
@@ -103,7 +106,7 @@ std::vector<int64_t> SortAssignments(const Tensor& experts, const Tensor& kept,
 void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t num_experts,
                               Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets);
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst);
-void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh);
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Write write);
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
              Tensor& y, Tensor* kept);
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,
@@ -119,7 +122,8 @@ void SortAssignmentsToOffsets(const Tensor& experts, const Tensor& kept, int64_t
                               Tensor& token, Tensor& slot, Tensor& inverse, Tensor& offsets,
                               DeviceContext* ctx);
 void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceContext* ctx);
-void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx);
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Write write,
+                    DeviceContext* ctx);
 void Combine(const Tensor& out, const Tensor& gates, const Tensor& inverse, const Tensor& extra,
              Tensor& y, Tensor* kept, DeviceContext* ctx);
 void CombineBackward(const Tensor& dy, const Tensor& out, const Tensor& gates, const Tensor& slot,

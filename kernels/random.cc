@@ -39,14 +39,14 @@ void CheckMulUniform(const Tensor& x, const Tensor& out) {
 }  // namespace
 
 void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
-                float hi, NoiseWrite write, DeviceContext* ctx) {
+                float hi, Write write, DeviceContext* ctx) {
   CheckMulUniform(x, out);
   SY_DISPATCH_DEVICE(out, ctx, cpu::MulUniform(x, out, key, first_index, lo, hi, write),
                      cuda::MulUniform(x, out, key, first_index, lo, hi, write, ctx));
 }
 
 void MulUniform(const Tensor& x, Tensor& out, const DeviceRng& at, float lo, float hi,
-                NoiseWrite write, DeviceContext* ctx) {
+                Write write, DeviceContext* ctx) {
   CheckMulUniform(x, out);
   SY_CHECK(at.values.defined() && at.values.dtype() == DType::kI64 &&
            at.values.numel() == 2 && at.values.device() == out.device())

@@ -7,11 +7,9 @@
 #include "engine/core/device_context.h"
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
+#include "kernels/write.h"
 
 namespace switchyard::kernels {
-
-// How MulUniform writes (below).
-enum class NoiseWrite { kSet, kAdd };
 
 // out[i] = lo + (hi - lo) * UniformAt(key, first_index + i). out: f32 or bf16.
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi,
@@ -32,7 +30,7 @@ void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi,
                  DeviceContext* ctx = nullptr);
 // MulUniform at a DeviceRng: the same bits as MulUniform with that key and first index.
 void MulUniform(const Tensor& x, Tensor& out, const DeviceRng& at, float lo, float hi,
-                NoiseWrite write, DeviceContext* ctx = nullptr);
+                Write write, DeviceContext* ctx = nullptr);
 
 // out[i] = mean + std * NormalAt(key, first_index + i). out: f32 or bf16.
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,
@@ -41,11 +39,11 @@ void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float 
 // x times uniform noise that is drawn where it is used and never stored (the router's
 // jitter, moe/router.h, draws it in its forward and again in its backward): with
 // u_i = lo + (hi - lo) * UniformAt(key, first_index + i), FillUniform's value,
-//   NoiseWrite::kSet: out[i] = x[i] * u_i    (the bits of FillUniform, then Mul)
-//   NoiseWrite::kAdd: out[i] += x[i] * u_i   (the bits of FillUniform, then MulAdd)
+//   Write::kSet: out[i] = x[i] * u_i    (the bits of FillUniform, then Mul)
+//   Write::kAdd: out[i] += x[i] * u_i   (the bits of FillUniform, then MulAdd)
 // x, out: f32, as many elements.
 void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
-                float hi, NoiseWrite write, DeviceContext* ctx = nullptr);
+                float hi, Write write, DeviceContext* ctx = nullptr);
 
 // out[i] = RandomBitsAt(key, first_index + i). out: i32 (bit pattern) — for tests and
 // for drawing integers.
@@ -54,7 +52,7 @@ void FillRandomBits(Tensor& out, RngKey key, int64_t first_index, DeviceContext*
 namespace cpu {
 void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float hi);
 void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
-                float hi, NoiseWrite write);
+                float hi, Write write);
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std);
 void FillRandomBits(Tensor& out, RngKey key, int64_t first_index);
 }  // namespace cpu
@@ -64,9 +62,9 @@ void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float h
                  DeviceContext* ctx);
 void FillUniform(Tensor& out, const DeviceRng& at, float lo, float hi, DeviceContext* ctx);
 void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
-                float hi, NoiseWrite write, DeviceContext* ctx);
+                float hi, Write write, DeviceContext* ctx);
 void MulUniform(const Tensor& x, Tensor& out, const DeviceRng& at, float lo, float hi,
-                NoiseWrite write, DeviceContext* ctx);
+                Write write, DeviceContext* ctx);
 void FillNormal(Tensor& out, RngKey key, int64_t first_index, float mean, float std,
                 DeviceContext* ctx);
 void FillRandomBits(Tensor& out, RngKey key, int64_t first_index, DeviceContext* ctx);

@@ -256,10 +256,11 @@ Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx, DT
   return rows;
 }
 
-void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh, DeviceContext* ctx) {
+void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh, kernels::Write write,
+                DeviceContext* ctx) {
   CheckRows(drows, plan.num_assignments(), plan, "ScatterAdd input");
   CheckRows(dh, plan.num_tokens(), plan, "ScatterAdd output");
-  kernels::ScatterAddRows(drows, plan.inverse(), dh, ctx);
+  kernels::ScatterAddRows(drows, plan.inverse(), dh, write, ctx);
 }
 
 Tensor ExchangeRows(const Tensor& rows, const DispatchPlan& plan, dist::Communicator& ep,

@@ -34,6 +34,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
 #include "engine/dist/communicator.h"
+#include "kernels/write.h"
 
 namespace switchyard::moe {
 
@@ -131,9 +132,10 @@ class DispatchPlan {
 // the exchanges and regroupings below keep their input's dtype).
 Tensor Permute(const Tensor& h, const DispatchPlan& plan, DeviceContext* ctx = nullptr,
                DType rows_dtype = DType::kF32);
-// Backward of Permute: dh[plan.token()[a]] += drows[a]; drows: (A, d), dh: (N, d).
-// Deterministic on every device (per token, its rows in increasing a).
-void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh,
+// Backward of Permute: dh[plan.token()[a]] += drows[a] (Write::kAdd), or dh[t] = the sum of
+// token t's rows, not reading dh (Write::kSet: a fresh dh needs no zeroing); drows: (A, d),
+// dh: (N, d). Deterministic on every device (per token, its rows in increasing a).
+void ScatterAdd(const Tensor& drows, const DispatchPlan& plan, Tensor& dh, kernels::Write write,
                 DeviceContext* ctx = nullptr);
 
 // Phase 3. (A, d) in expert order -> (R, d) ordered by (source rank, local expert).

@@ -360,10 +360,11 @@ Tensor MoELayer::CombineOutputsBackward(const MoEActivations& acts, const Tensor
                                         Tensor& dgates, Tensor& dh, DeviceContext* ctx) {
   const DispatchPlan& plan = *acts.plan;
   const int64_t n = plan.num_tokens(), d = config_.d_model;
-  // The shared experts' dx starts dh (it is a fresh tensor); else zeros.
+  // The shared experts' dx starts dh (it is a fresh tensor); else DispatchBackward writes
+  // it whole (allocated here all the same, where the dry-run counts it).
   std::optional<ScopedPhase> phase(Phase::kExperts);
   dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
-               : Tensor::Zeros({n, d}, DType::kF32, device(), ctx);
+               : Tensor::Empty({n, d}, DType::kF32, device());
   phase.emplace(Phase::kCombine);
   // In bf16 mode the combine's backward writes the experts' incoming gradient as the bf16
   // operand their products read (no conversion there, and half the bytes back across ep);
@@ -412,7 +413,7 @@ void MoELayer::DispatchBackward(const Tensor& dgrouped_x, const MoEActivations& 
     const ScopedAllToAll timed(ep_->size() > 1);
     dx_rows = ReturnRows(dx_rows, plan, *ep_, ctx);
   }
-  ScatterAdd(dx_rows, plan, dh, ctx);
+  ScatterAdd(dx_rows, plan, dh, shared_ ? kernels::Write::kAdd : kernels::Write::kSet, ctx);
 }
 
 void MoELayer::ZeroGrad(DeviceContext* ctx) {

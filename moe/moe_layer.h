@@ -265,11 +265,13 @@ class MoELayer {
   Tensor CombineAndKeep(MoEActivations& acts, DeviceContext* ctx) const;
   // Backward runs the same helpers' mirrors in reverse order:
   //   CombineOutputsBackward -> RunExpertsBackward -> DispatchBackward -> RouteGroupsBackward
-  // CombineOutputs' mirror: dh (N, d) = the shared experts' dx (or zeros), dgates (N, k) the
-  // gate gradients; returns the experts' output gradient grouped by local expert (R, d).
+  // CombineOutputs' mirror: dh (N, d) = the shared experts' dx (or, without shared experts,
+  // allocated and not yet written: DispatchBackward sets it), dgates (N, k) the gate
+  // gradients; returns the experts' output gradient grouped by local expert (R, d).
   Tensor CombineOutputsBackward(const MoEActivations& acts, const Tensor& dy, Tensor& dgates,
                                 Tensor& dh, DeviceContext* ctx);
-  // Dispatch's mirror: the experts' input gradient (R, d) back over ep into dh (N, d).
+  // Dispatch's mirror: the experts' input gradient (R, d) back over ep into dh (N, d): added
+  // to the shared experts' dx, else written.
   void DispatchBackward(const Tensor& dgrouped_x, const MoEActivations& acts, Tensor& dh,
                         DeviceContext* ctx) const;
   // Dispatch, experts and combine in moe.overlap_chunks chunks (moe/overlap.h, in

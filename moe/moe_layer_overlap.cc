@@ -78,17 +78,17 @@ Tensor MoELayer::BackwardOverlapped(const MoEActivations& acts, const Tensor& dy
         experts_.Backward(acts.chunk_experts[c], EtpGather(dgrouped, etp, *etp_, ctx), ctx);
     return EtpReduceScatter(dx, etp, *etp_, ctx);
   };
-  // The shared experts' dx starts dh (a fresh tensor; else zeros), computed while the
-  // first chunks' gradients travel.
+  // The shared experts' dx starts dh (a fresh tensor, computed while the first chunks'
+  // gradients travel; else the scatter below writes dh whole).
   Tensor dh;
   auto shared = [&] {
     dh = shared_ ? shared_->Backward(*acts.shared, dy, ctx)
-                 : Tensor::Zeros({n, d}, DType::kF32, dev, ctx);
+                 : Tensor::Empty({n, d}, DType::kF32, dev);
   };
   Tensor drows = acts.chunks->Run(dout, *comm_thread_, compute, shared, ctx,
                                   Phase::kCombine, Phase::kDispatch);
   phase.emplace(Phase::kDispatch);
-  ScatterAdd(drows, plan, dh, ctx);
+  ScatterAdd(drows, plan, dh, shared_ ? kernels::Write::kAdd : kernels::Write::kSet, ctx);
   return dh;
 }
 

@@ -69,7 +69,7 @@ std::vector<int64_t> RouterRngValues(uint64_t seed, int64_t step, int64_t n_laye
   return values;
 }
 
-void MulJitter(const JitterDraw& draw, const Tensor& x, Tensor& out, kernels::NoiseWrite write,
+void MulJitter(const JitterDraw& draw, const Tensor& x, Tensor& out, kernels::Write write,
                DeviceContext* ctx) {
   SY_CHECK(draw.on) << "MulJitter without a jitter draw";
   SY_CHECK(x.ndim() == 2 && out.shape() == x.shape())
@@ -109,7 +109,7 @@ Tensor JitterNoise(const RouterOutput& out, DeviceContext* ctx) {
   Tensor ones = Tensor::Empty(out.input.shape(), DType::kF32, out.input.device());
   kernels::Fill(ones, 1.0f, ctx);
   Tensor noise = Tensor::Empty(out.input.shape(), DType::kF32, out.input.device());
-  MulJitter(out.jitter, ones, noise, kernels::NoiseWrite::kSet, ctx);  // 1 * u = u exactly
+  MulJitter(out.jitter, ones, noise, kernels::Write::kSet, ctx);  // 1 * u = u exactly
   return noise;
 }
 
@@ -135,7 +135,7 @@ RouterOutput RouterLogits(const Tensor& h, const Tensor& wr, const MoEConfig& co
                             .rng = rng,
                             .runs = std::vector<TokenRun>(runs.begin(), runs.end())};
     out.input = Tensor::Empty({T, d}, DType::kF32, dev);
-    MulJitter(out.jitter, h, out.input, kernels::NoiseWrite::kSet, ctx);
+    MulJitter(out.jitter, h, out.input, kernels::Write::kSet, ctx);
   } else {
     out.input = h;
   }
@@ -228,7 +228,7 @@ Tensor RouterBackward(const RouterOutput& out, const Tensor& wr, const MoEConfig
   } else {
     Tensor dx = Tensor::Empty({T, d}, DType::kF32, dev);  // beta 0: the product never reads it
     RouterGemm(dlogits, false, wr, true, dx, 1.0f, 0.0f, ctx);
-    MulJitter(out.jitter, dx, dh, kernels::NoiseWrite::kAdd, ctx);
+    MulJitter(out.jitter, dx, dh, kernels::Write::kAdd, ctx);
   }
   return dlogits;
 }

@@ -87,7 +87,7 @@ struct JitterDraw {
 
 // out (T, d) = x * noise (kSet) or out += x * noise (kAdd), x (T, d) f32, rows as `draw`
 // describes them (draw.on).
-void MulJitter(const JitterDraw& draw, const Tensor& x, Tensor& out, kernels::NoiseWrite write,
+void MulJitter(const JitterDraw& draw, const Tensor& x, Tensor& out, kernels::Write write,
                DeviceContext* ctx = nullptr);
 
 // The jitter noise of out's rows as a (T, d) tensor, drawn again (MulJitter of ones);

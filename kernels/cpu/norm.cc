@@ -145,7 +145,7 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DxWrite write) {
+                       Tensor& dbias, Write write) {
   const int64_t d = weight.numel();
   const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
@@ -160,7 +160,7 @@ void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean
     double* pb = db ? part_b.data() + (r / kChunkRows) * d : nullptr;
     LayerNormBackwardRow(x.data<float>() + r * d, dy.data<float>() + r * d, w,
                          mean.data<float>()[r], rstd.data<float>()[r], d,
-                         dx.data<float>() + r * d, pw, pb, write == DxWrite::kAdd);
+                         dx.data<float>() + r * d, pw, pb, write == Write::kAdd);
   }
   });
   AddChunkSums(part_w, chunks, d, dw);
@@ -212,7 +212,7 @@ void AddRmsNormForward(const Tensor& x, const Tensor& r, const Tensor& weight, f
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DxWrite write) {
+                     Tensor& dx, Tensor& dweight, Write write) {
   const int64_t d = weight.numel();
   const int64_t n = RowsOf(x, d);
   const float* w = weight.data<float>();
@@ -232,7 +232,7 @@ void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, 
       pw[j] += static_cast<double>(dyr[j] * xr[j] * s);
     }
     const float c = static_cast<float>(sum_gx / static_cast<double>(d)) * s * s;
-    if (write == DxWrite::kAdd) {  // dx += the gradient: kernels::Axpy(1, ...)'s addition
+    if (write == Write::kAdd) {  // dx += the gradient: kernels::Axpy(1, ...)'s addition
       for (int64_t j = 0; j < d; ++j) dxr[j] = dxr[j] + s * (dyr[j] * w[j] - xr[j] * c);
     } else {
       for (int64_t j = 0; j < d; ++j) dxr[j] = s * (dyr[j] * w[j] - xr[j] * c);

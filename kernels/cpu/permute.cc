@@ -95,7 +95,7 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst) {
   });
 }
 
-void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh) {
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Write write) {
   const int64_t n = dh.dim(0), d = dh.dim(1), k = inverse.dim(1);
   const float* src = drows.data<float>();
   const int64_t* inv = inverse.data<int64_t>();
@@ -105,6 +105,7 @@ void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh) {
     for (int64_t t = t0; t < t1; ++t) {
       KeptRowsOf(inv, t, k, drows.dim(0), rows);
       float* row = dst + t * d;
+      if (write == Write::kSet) std::fill(row, row + d, 0.0f);  // the sum starts at +0
       for (const auto& [a, s] : rows) {
         const float* g = src + a * d;
         for (int64_t j = 0; j < d; ++j) row[j] += g[j];

@@ -54,11 +54,11 @@ void FillUniform(Tensor& out, RngKey key, int64_t first_index, float lo, float h
 }
 
 void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
-                float hi, NoiseWrite write) {
+                float hi, Write write) {
   // FillUniform's f32 values, each multiplied into x's element as Mul / MulAdd do.
   const float* px = x.data<float>();
   float* p = out.data<float>();
-  if (write == NoiseWrite::kSet) {
+  if (write == Write::kSet) {
     ForEachUniform(out.numel(), key, first_index, lo, hi,
                    [&](int64_t i, float u) { p[i] = px[i] * u; });
   } else {

@@ -111,14 +111,14 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dweight,
-                       Tensor& dbias, DxWrite write, DeviceContext* ctx) {
+                       Tensor& dbias, Write write, DeviceContext* ctx) {
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
   // The column sums read dy: they run before dx (which may alias dy) is written.
   AccumulateColumns(x, dy, mean.data<float>(), rstd.data<float>(), n, d, dweight,
                     dbias.defined() ? &dbias : nullptr, ctx);
-  const bool add = write == DxWrite::kAdd;
+  const bool add = write == Write::kAdd;
   LaunchRows(
       n, d, {x.raw_data(), weight.raw_data(), dy.raw_data(), dx.raw_data()},
       [&](auto vec, RowShape s) {
@@ -156,13 +156,13 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
 }
 
 void RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                     Tensor& dx, Tensor& dweight, DxWrite write, DeviceContext* ctx) {
+                     Tensor& dx, Tensor& dweight, Write write, DeviceContext* ctx) {
   const int64_t d = weight.numel();
   const int64_t n = d == 0 ? 0 : x.numel() / d;
   if (n == 0) return;
   // The column sums read dy: they run before dx (which may alias dy) is written.
   AccumulateColumns(x, dy, nullptr, rstd.data<float>(), n, d, dweight, nullptr, ctx);
-  const bool add = write == DxWrite::kAdd;
+  const bool add = write == Write::kAdd;
   LaunchRows(
       n, d, {x.raw_data(), weight.raw_data(), dy.raw_data(), dx.raw_data()},
       [&](auto vec, RowShape s) {

@@ -75,23 +75,30 @@ void GatherRows(const Tensor& src, const Tensor& index, Tensor& dst, DeviceConte
   });
 }
 
-void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, DeviceContext* ctx) {
+void ScatterAddRows(const Tensor& drows, const Tensor& inverse, Tensor& dh, Write write,
+                    DeviceContext* ctx) {
   const int64_t tokens = dh.dim(0), d = dh.dim(1);
   const int k = static_cast<int>(inverse.dim(1));
-  if (tokens == 0 || d == 0 || drows.dim(0) == 0) return;
+  if (tokens == 0 || d == 0) return;
   cudaStream_t stream = StreamOf(ctx);
+  if (drows.dim(0) == 0) {  // no rows: nothing to add, or zeros to set
+    if (write == Write::kSet) dh.SetZero(ctx);
+    return;
+  }
   LaunchRows(d, {drows.raw_data(), dh.raw_data()}, [&](auto tag, int64_t width) {
     using V = decltype(tag);
     const RowLayout l = LayoutFor(tokens, width);
     auto* in = static_cast<const V*>(drows.raw_data());
     auto* out = static_cast<V*>(dh.raw_data());
-    if (k <= kMaxSortedK) {
-      ScatterAddKernel<V, true><<<l.blocks, kThreads, 0, stream>>>(
-          in, inverse.data<int64_t>(), out, tokens, k, width, l.log2);
-    } else {
-      ScatterAddKernel<V, false><<<l.blocks, kThreads, 0, stream>>>(
-          in, inverse.data<int64_t>(), out, tokens, k, width, l.log2);
-    }
+    const auto launch = [&](auto kernel) {
+      kernel<<<l.blocks, kThreads, 0, stream>>>(in, inverse.data<int64_t>(), out, tokens, k,
+                                                width, l.log2);
+    };
+    const bool sorted = k <= kMaxSortedK, set = write == Write::kSet;
+    if (sorted && set) launch(ScatterAddKernel<V, true, true>);
+    if (sorted && !set) launch(ScatterAddKernel<V, true, false>);
+    if (!sorted && set) launch(ScatterAddKernel<V, false, true>);
+    if (!sorted && !set) launch(ScatterAddKernel<V, false, false>);
     SY_CUDA_CHECK_LAUNCH();
   });
 }

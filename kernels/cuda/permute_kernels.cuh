@@ -160,8 +160,9 @@ __device__ __forceinline__ void SortedRowsOf(const int64_t* __restrict__ inverse
   }
 }
 
-// dh[t] += the token's rows of drows. kSorted: k <= kMaxSortedK, increasing row order.
-template <typename V, bool kSorted>
+// dh[t] += the token's rows of drows, or with kSet dh[t] = +0 + those rows (what a zeroed dh
+// would hold after the add: dh is not read). kSorted: k <= kMaxSortedK, increasing row order.
+template <typename V, bool kSorted, bool kSet>
 __global__ void ScatterAddKernel(const V* __restrict__ drows, const int64_t* __restrict__ inverse,
                                  V* __restrict__ dh, int64_t tokens, int k, int64_t width,
                                  int log2) {
@@ -172,7 +173,7 @@ __global__ void ScatterAddKernel(const V* __restrict__ drows, const int64_t* __r
       int64_t keys[kMaxSortedK];
       SortedRowsOf(inverse, t, k, keys);
       for (int64_t c = lane; c < width; c += group) {
-        V acc = out[c];
+        V acc = kSet ? Zero<V>() : out[c];
 #pragma unroll
         for (int i = 0; i < kMaxSortedK; ++i) {
           if (keys[i] == kNoRow) break;
@@ -182,7 +183,7 @@ __global__ void ScatterAddKernel(const V* __restrict__ drows, const int64_t* __r
       }
     } else {
       for (int64_t c = lane; c < width; c += group) {
-        V acc = out[c];
+        V acc = kSet ? Zero<V>() : out[c];
         for (int j = 0; j < k; ++j) {
           const int64_t a = inverse[t * k + j];
           if (a >= 0) acc = Add(acc, drows[a * width + c]);

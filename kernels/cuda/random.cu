@@ -33,14 +33,14 @@ void Launch(Tensor& out, RngKey key, int64_t first, float a, float b, DeviceCont
 }
 
 void LaunchMulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first, float lo,
-                      float hi, NoiseWrite write, DeviceContext* ctx, const int64_t* at = nullptr,
+                      float hi, Write write, DeviceContext* ctx, const int64_t* at = nullptr,
                       int64_t token_offset = 0, int64_t per_token = 1) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const unsigned grid = GridFor(n, rnd::kThreads);
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  if (write == NoiseWrite::kSet) {
+  if (write == Write::kSet) {
     rnd::MulUniformKernel<false><<<grid, rnd::kThreads, 0, StreamOf(ctx)>>>(
         px, po, n, key, first, lo, hi, at, token_offset, per_token);
   } else {
@@ -53,12 +53,12 @@ void LaunchMulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first, f
 }  // namespace
 
 void MulUniform(const Tensor& x, Tensor& out, RngKey key, int64_t first_index, float lo,
-                float hi, NoiseWrite write, DeviceContext* ctx) {
+                float hi, Write write, DeviceContext* ctx) {
   LaunchMulUniform(x, out, key, first_index, lo, hi, write, ctx);
 }
 
 void MulUniform(const Tensor& x, Tensor& out, const DeviceRng& at, float lo, float hi,
-                NoiseWrite write, DeviceContext* ctx) {
+                Write write, DeviceContext* ctx) {
   LaunchMulUniform(x, out, RngKey{at.seed, 0}, 0, lo, hi, write, ctx, at.values.data<int64_t>(),
                    at.token_offset, at.per_token);
 }

@@ -111,8 +111,8 @@ TEST_P(DispatcherTest, BackwardPhasesAreAdjoints) {
   Tensor fh = Regroup(ExchangeRows(Permute(h, plan), plan, *world), plan);
   Tensor z = Tensor::Empty(fh.shape(), DType::kF32);
   for (int64_t i = 0; i < z.numel(); ++i) z.data<float>()[i] = static_cast<float>((i * 7 + me) % 5) - 2;
-  Tensor ftz = Tensor::Zeros({n, d}, DType::kF32);
-  ScatterAdd(ReturnRows(Ungroup(z, plan), plan, *world), plan, ftz);
+  Tensor ftz = Tensor::FromVector(std::vector<float>(n * d, NAN), {n, d});  // written whole
+  ScatterAdd(ReturnRows(Ungroup(z, plan), plan, *world), plan, ftz, kernels::Write::kSet);
   double sums[2] = {0, 0};
   for (int64_t i = 0; i < fh.numel(); ++i) sums[0] += double(fh.data<float>()[i]) * z.data<float>()[i];
   for (int64_t i = 0; i < h.numel(); ++i) sums[1] += double(h.data<float>()[i]) * ftz.data<float>()[i];
@@ -172,9 +172,11 @@ TEST(DispatcherCombineTest, DeviceSizedPlanCarriesDroppedRowsHarmlessly) {
   CombineBackward(dy, out, gates, 1.0f, plan, dout, dgates);
   EXPECT_EQ(dout.ToVector<float>(), (std::vector<float>{0.25f, -0.25f, 4, 1, 0.5f, -0.5f, 0, 0}));
   EXPECT_EQ(dgates.ToVector<float>(), (std::vector<float>{-1, -1, 8, 0}));
-  Tensor dh = Tensor::Zeros({2, 2}, DType::kF32);
+  Tensor dh = Tensor::FromVector<float>({10, 20, 30, 40}, {2, 2});
   Tensor drows = Tensor::FromVector<float>({1, 1, 2, 2, 4, 4, NAN, NAN}, {4, 2});
-  ScatterAdd(drows, plan, dh);  // t0 gets rows 0 and 2, t1 row 1; the dropped row nothing
+  ScatterAdd(drows, plan, dh, kernels::Write::kAdd);  // t0 gets rows 0 and 2, t1 row 1; the
+  EXPECT_EQ(dh.ToVector<float>(), (std::vector<float>{15, 25, 32, 42}));  // dropped row nothing
+  ScatterAdd(drows, plan, dh, kernels::Write::kSet);
   EXPECT_EQ(dh.ToVector<float>(), (std::vector<float>{5, 5, 2, 2}));
 }
 

@@ -2,7 +2,7 @@
 // and without bias) and RmsNorm, forward and backward, on rows of width 1, 31, 33, 64, 1000
 // and 4096, one row to 1000 rows, a 3-d input, no rows at all, in place (y = x, dx = dy),
 // accumulation into non-zero dweight / dbias, run-to-run bit-identical gradients (the
-// column sums are deterministic), and dx added into a gradient (DxWrite::kAdd) bit for bit
+// column sums are deterministic), and dx added into a gradient (Write::kAdd) bit for bit
 // as dx then Axpy.
 //
 // Tolerances. Both devices reduce each row in double and round the statistics to f32, and
@@ -137,12 +137,12 @@ void CheckLayerNorm(const Shape& shape, bool with_bias, uint64_t seed) {
   ExpectBitEqual(dw2_d, dw_d, gpu, name + " dweight run to run");
   if (with_bias) ExpectBitEqual(db2_d, db_d, gpu, name + " dbias run to run");
 
-  // Added into a residual gradient (DxWrite::kAdd): the bits of dx then Axpy(1, dx, acc).
+  // Added into a residual gradient (Write::kAdd): the bits of dx then Axpy(1, dx, acc).
   const Tensor acc0 = HostUniform(shape, seed + 6, -3.0f, 3.0f);
   Tensor want_d = acc0.To(kCuda, gpu), added_d = acc0.To(kCuda, gpu);
   Axpy(1.0f, dx_d, want_d, gpu);
   Tensor dw3_d = dw0.To(kCuda, gpu), db3_d = with_bias ? db0.To(kCuda, gpu) : Tensor();
-  LayerNormBackward(x_d, w_d, mean_c, rstd_c, dy_d, added_d, dw3_d, db3_d, gpu, DxWrite::kAdd);
+  LayerNormBackward(x_d, w_d, mean_c, rstd_c, dy_d, added_d, dw3_d, db3_d, gpu, Write::kAdd);
   ExpectBitEqual(added_d, want_d, gpu, name + " dx added into a gradient vs Axpy");
   ExpectBitEqual(dw3_d, dw_d, gpu, name + " dweight, dx added");
 }
@@ -186,7 +186,7 @@ void CheckRmsNorm(const Shape& shape, uint64_t seed) {
   const Tensor acc0 = HostUniform(shape, seed + 6, -3.0f, 3.0f);
   Tensor want_d = acc0.To(kCuda, gpu), added_d = acc0.To(kCuda, gpu), dw3_d = dw0.To(kCuda, gpu);
   Axpy(1.0f, dx_d, want_d, gpu);
-  RmsNormBackward(x_d, w_d, rstd_c, dy_d, added_d, dw3_d, gpu, DxWrite::kAdd);
+  RmsNormBackward(x_d, w_d, rstd_c, dy_d, added_d, dw3_d, gpu, Write::kAdd);
   ExpectBitEqual(added_d, want_d, gpu, name + " dx added into a gradient vs Axpy");
   ExpectBitEqual(dw3_d, dw_d, gpu, name + " dweight, dx added");
 }

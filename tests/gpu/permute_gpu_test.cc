@@ -222,9 +222,14 @@ void CompareSums(int64_t n, int64_t k, int64_t e, int64_t d, Pattern p, uint64_t
   Tensor drows = HostNormal({a, d}, seed * 10 + 1);
   Tensor dh_cpu = HostNormal({n, d}, seed * 10 + 2);
   Tensor dh_gpu = dh_cpu.To(kCuda, ctx);
-  ScatterAddRows(drows, inv_cpu, dh_cpu);
-  ScatterAddRows(drows.To(kCuda, ctx), inv_gpu, dh_gpu, ctx);
+  Tensor drows_gpu = drows.To(kCuda, ctx);
+  ScatterAddRows(drows, inv_cpu, dh_cpu, Write::kAdd);
+  ScatterAddRows(drows_gpu, inv_gpu, dh_gpu, Write::kAdd, ctx);
   compare(dh_gpu, dh_cpu, "ScatterAddRows");
+  // Written, not added: what dh held (the sums above) is not read.
+  ScatterAddRows(drows, inv_cpu, dh_cpu, Write::kSet);
+  ScatterAddRows(drows_gpu, inv_gpu, dh_gpu, Write::kSet, ctx);
+  compare(dh_gpu, dh_cpu, "ScatterAddRows(set)");
 
   // Combine.
   Tensor out = HostNormal({a, d}, seed * 10 + 3);

@@ -359,8 +359,13 @@ bool RunGather(const void* src, const int64_t* index, void* dst, int64_t rows, i
 }
 
 // permute.cu's ScatterAddRows over the plan's A rows.
-bool RunScatterAdd(const Plan& p, const float* drows, float* dh, int64_t d, unsigned grid_cap) {
-  if (p.N == 0 || d == 0 || p.A == 0) return false;
+bool RunScatterAdd(const Plan& p, const float* drows, float* dh, int64_t d, unsigned grid_cap,
+                   bool set = false) {
+  if (p.N == 0 || d == 0) return false;
+  if (p.A == 0) {  // the host side's memset
+    if (set) std::fill(dh, dh + p.N * d, 0.0f);
+    return false;
+  }
   const int k = static_cast<int>(p.k);
   bool vec4 = false;
   pm::LaunchRows(d, {drows, dh}, [&](auto tag, int64_t width) {
@@ -369,11 +374,12 @@ bool RunScatterAdd(const Plan& p, const float* drows, float* dh, int64_t d, unsi
     auto* in = reinterpret_cast<const V*>(drows);
     auto* out = reinterpret_cast<V*>(dh);
     LaunchRowKernel(p.N, width, grid_cap, [&](int log2) {
-      if (k <= pm::kMaxSortedK) {
-        pm::ScatterAddKernel<V, true>(in, p.inverse.data(), out, p.N, k, width, log2);
-      } else {
-        pm::ScatterAddKernel<V, false>(in, p.inverse.data(), out, p.N, k, width, log2);
-      }
+      const auto run = [&](auto kernel) { kernel(in, p.inverse.data(), out, p.N, k, width, log2); };
+      const bool sorted = k <= pm::kMaxSortedK;
+      if (sorted && set) run(pm::ScatterAddKernel<V, true, true>);
+      if (sorted && !set) run(pm::ScatterAddKernel<V, true, false>);
+      if (!sorted && set) run(pm::ScatterAddKernel<V, false, true>);
+      if (!sorted && !set) run(pm::ScatterAddKernel<V, false, false>);
     });
   });
   return vec4;
@@ -540,26 +546,31 @@ TEST(DispatchEmulationTest, ScatterAddAndCombineMatchTheCpu) {
       const std::vector<float> drows = rng.Floats(p.A * d), dh0 = rng.Floats(c.N * d);
       const Tensor inverse = Tensor::FromVector(p.inverse, {c.N, c.k});
 
-      // ScatterAddRows: dh += each token's kept rows.
-      std::vector<float> dh = dh0;
-      RunScatterAdd(p, drows.empty() ? nullptr : drows.data(), dh.data(), d, cap);
-      Tensor want = Tensor::FromVector(dh0, {c.N, d});
-      ScatterAddRows(Tensor::FromVector(drows, {p.A, d}), inverse, want);
-      const std::vector<float> w = want.ToVector<float>();
-      for (int64_t t = 0; t < c.N; ++t) {
-        for (int64_t j = 0; j < d; ++j) {
-          const int64_t i = t * d + j;
-          double mag = std::fabs(dh0[i]);
-          int64_t terms = 1;
-          for (int64_t s = t * c.k; s < (t + 1) * c.k; ++s) {
-            if (p.inverse[s] >= 0) mag += std::fabs(drows[p.inverse[s] * d + j]), ++terms;
-          }
-          if (sorted || terms == 1) {  // nothing kept: the row is untouched
-            ASSERT_EQ(0, std::memcmp(&dh[i], &w[i], 4)) << what << " scatter " << t << "," << j
-                                                        << ": " << dh[i] << " vs " << w[i];
-          } else {
-            ASSERT_LE(std::fabs(double(dh[i]) - w[i]), 2 * Gamma(terms, kU32) * mag)
-                << what << " scatter " << t << "," << j;
+      // ScatterAddRows: dh += each token's kept rows, or (kSet) dh = them, dh not read.
+      for (Write write : {Write::kAdd, Write::kSet}) {
+        const bool set = write == Write::kSet;
+        const std::vector<float> before = set ? std::vector<float>(c.N * d, kNan) : dh0;
+        std::vector<float> dh = before;
+        RunScatterAdd(p, drows.empty() ? nullptr : drows.data(), dh.data(), d, cap, set);
+        Tensor want = Tensor::FromVector(before, {c.N, d});
+        ScatterAddRows(Tensor::FromVector(drows, {p.A, d}), inverse, want, write);
+        const std::vector<float> w = want.ToVector<float>();
+        const std::string sw = what + (set ? " scatter(set) " : " scatter ");
+        for (int64_t t = 0; t < c.N; ++t) {
+          for (int64_t j = 0; j < d; ++j) {
+            const int64_t i = t * d + j;
+            double mag = set ? 0.0 : std::fabs(dh0[i]);
+            int64_t terms = 1;
+            for (int64_t s = t * c.k; s < (t + 1) * c.k; ++s) {
+              if (p.inverse[s] >= 0) mag += std::fabs(drows[p.inverse[s] * d + j]), ++terms;
+            }
+            if (sorted || terms == 1) {  // nothing kept: the row untouched, or +0
+              ASSERT_EQ(0, std::memcmp(&dh[i], &w[i], 4)) << sw << t << "," << j << ": "
+                                                          << dh[i] << " vs " << w[i];
+            } else {
+              ASSERT_LE(std::fabs(double(dh[i]) - w[i]), 2 * Gamma(terms, kU32) * mag)
+                  << sw << t << "," << j;
+            }
           }
         }
       }

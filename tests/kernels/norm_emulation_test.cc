@@ -500,7 +500,7 @@ int CheckBackward(const BwdIn& in, const Backward& c, const std::vector<float>& 
   const Tensor rstd = Tensor::FromVector(in.rstd, {n}), dy = Tensor::FromVector(in.dy, {n, d});
   Tensor dx = Tensor::FromVector(in.dx0, {n, d}), dw = Tensor::FromVector(dw0, {d});
   Tensor db = db0.empty() ? Tensor() : Tensor::FromVector(db0, {d});
-  const DxWrite write = add ? DxWrite::kAdd : DxWrite::kOverwrite;
+  const Write write = add ? Write::kAdd : Write::kSet;
   if (in.layer) {
     LayerNormBackward(x, w, Tensor::FromVector(in.mean, {n}), rstd, dy, dx, dw, db, nullptr, write);
   } else {

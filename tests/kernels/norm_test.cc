@@ -148,7 +148,7 @@ TEST(NormTest, RmsNormGradientsMatchFiniteDifferences) {
   EXPECT_EQ(inplace.ToVector<float>(), dx.ToVector<float>());
 }
 
-// DxWrite::kAdd: dx += the gradient in the backward's own pass, the same bits as a fresh dx
+// Write::kAdd: dx += the gradient in the backward's own pass, the same bits as a fresh dx
 // then Axpy(1, dx, acc) (the decoder's residual gradient), with the weight gradients as a
 // fresh backward's; and refused when dx is dy's memory. 37 columns: the CPU's lane loop and
 // its tail.
@@ -164,7 +164,7 @@ TEST(NormTest, BackwardAddingIntoDxEqualsBackwardThenAxpy) {
     } else {
       RmsNormForward(x, w, kEps, y, rstd);
     }
-    auto backward = [&](const Tensor& g, Tensor& dx, Tensor& dw, Tensor& db, DxWrite write) {
+    auto backward = [&](const Tensor& g, Tensor& dx, Tensor& dw, Tensor& db, Write write) {
       if (layer) {
         LayerNormBackward(x, w, mean, rstd, g, dx, dw, db, nullptr, write);
       } else {
@@ -172,17 +172,17 @@ TEST(NormTest, BackwardAddingIntoDxEqualsBackwardThenAxpy) {
       }
     };
     Tensor fresh = F32({n, d}), dw_fresh = F32({d}), db_fresh = F32({d});
-    backward(dy, fresh, dw_fresh, db_fresh, DxWrite::kOverwrite);
+    backward(dy, fresh, dw_fresh, db_fresh, Write::kSet);
     Tensor want = acc0.Clone();
     Axpy(1.0f, fresh, want);
     Tensor got = acc0.Clone(), dw = F32({d}), db = F32({d});
-    backward(dy, got, dw, db, DxWrite::kAdd);
+    backward(dy, got, dw, db, Write::kAdd);
     const char* name = layer ? "layernorm" : "rmsnorm";
     EXPECT_EQ(got.ToVector<float>(), want.ToVector<float>()) << name;
     EXPECT_EQ(dw.ToVector<float>(), dw_fresh.ToVector<float>()) << name;
     EXPECT_EQ(db.ToVector<float>(), db_fresh.ToVector<float>()) << name;
     Tensor same = dy.Clone();
-    EXPECT_DEATH(backward(same, same, dw, db, DxWrite::kAdd), "share memory") << name;
+    EXPECT_DEATH(backward(same, same, dw, db, Write::kAdd), "share memory") << name;
   }
 }
 

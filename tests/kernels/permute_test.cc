@@ -98,8 +98,16 @@ TEST(PermuteTest, ScatterAddRowsHandCase) {
   Tensor drows = Tensor::FromVector<float>({1, 10, 2, 20, 3, 30, 4, 40, 5, 50}, {5, 2});
   Tensor inverse = Tensor::FromVector<int64_t>({3, 0, 1, -1, 2, 4}, {3, 2});
   Tensor dh = Tensor::FromVector<float>({100, 100, 200, 200, 300, 300}, {3, 2});
-  ScatterAddRows(drows, inverse, dh);
+  ScatterAddRows(drows, inverse, dh, Write::kAdd);
   EXPECT_EQ(dh.ToVector<float>(), (std::vector<float>{105, 150, 202, 220, 308, 380}));
+  // kSet: what was there is not read (NaN stays out); each token's sum starts at +0, so a
+  // -0 row gives +0, as adding it to a zeroed dh did.
+  Tensor rows0 = Tensor::FromVector<float>({1, 10, 2, 20, 3, 30, 4, 40, -0.0f, -0.0f}, {5, 2});
+  Tensor inverse0 = Tensor::FromVector<int64_t>({3, 0, 1, -1, 4, -1}, {3, 2});
+  Tensor set = Tensor::FromVector<float>({NAN, NAN, NAN, NAN, NAN, NAN}, {3, 2});
+  ScatterAddRows(rows0, inverse0, set, Write::kSet);
+  EXPECT_EQ(set.ToVector<float>(), (std::vector<float>{5, 50, 2, 20, 0, 0}));
+  EXPECT_FALSE(std::signbit(set.ToVector<float>()[4]));
 }
 
 TEST(PermuteTest, CombineHandCase) {
@@ -146,8 +154,10 @@ TEST(PermuteTest, NothingKept) {
   Combine(out, gates, inverse, Tensor(), y);
   EXPECT_EQ(y.ToVector<float>(), std::vector<float>(6, 0.0f));
   Tensor dh = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
-  ScatterAddRows(out, inverse, dh);
+  ScatterAddRows(out, inverse, dh, Write::kAdd);
   EXPECT_EQ(dh.ToVector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  ScatterAddRows(out, inverse, dh, Write::kSet);  // nothing kept: zeros
+  EXPECT_EQ(dh.ToVector<float>(), std::vector<float>(6, 0.0f));
 }
 
 TEST(PermuteTest, NoTokens) {
@@ -231,7 +241,7 @@ TEST(PermuteTest, RandomRoutingsMatchStableSortAndTheOriginalLoops) {
 
       std::vector<float> want_dh = dh.ToVector<float>();
       OldScatterAdd(rows.ToVector<float>(), token, d, want_dh);
-      ScatterAddRows(rows, inverse, dh);
+      ScatterAddRows(rows, inverse, dh, Write::kAdd);
       EXPECT_EQ(dh.ToVector<float>(), want_dh) << "k=" << k << " E=" << e;
 
       Tensor y = Tensor::Empty({n, d}, DType::kF32);

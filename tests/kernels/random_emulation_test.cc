@@ -184,8 +184,8 @@ TEST(RandomEmulationTest, MulUniformIsTheFillThenTheProduct) {
     cpu::Mul(x, noise, want_set);
     cpu::MulAdd(x, noise, want_add);
     Tensor set = Tensor::Empty({c.n}, DType::kF32), add = y0.Clone();
-    cpu::MulUniform(x, set, c.key, c.first, lo, hi, NoiseWrite::kSet);
-    cpu::MulUniform(x, add, c.key, c.first, lo, hi, NoiseWrite::kAdd);
+    cpu::MulUniform(x, set, c.key, c.first, lo, hi, Write::kSet);
+    cpu::MulUniform(x, add, c.key, c.first, lo, hi, Write::kAdd);
     EXPECT_TRUE(SameBits(set.ToVector<float>(), want_set.ToVector<float>())) << Name(c, "mul set");
     EXPECT_TRUE(SameBits(add.ToVector<float>(), want_add.ToVector<float>())) << Name(c, "mul add");
     const std::vector<float> xv = x.ToVector<float>();
