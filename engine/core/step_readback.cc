@@ -17,8 +17,9 @@ StepReadback::Slots StepReadback::Reserve(int64_t n, Device device, DeviceContex
         << chunks_.back().values.device();
   }
   if (chunks_.empty() || chunks_.back().used + n > chunks_.back().values.numel()) {
-    chunks_.push_back(
-        Chunk{Tensor::Zeros({std::max(n, kChunk)}, DType::kF64, device, ctx), 0});
+    // The first chunk sized for the slots expected (then the step's values are contiguous).
+    const int64_t want = std::max({n, kChunk, expected_ - size_});
+    chunks_.push_back(Chunk{Tensor::Zeros({want}, DType::kF64, device, ctx), 0});
   }
   Chunk& c = chunks_.back();
   Slots s{size_, c.values.View({n}, c.used)};
@@ -46,6 +47,7 @@ std::vector<double> StepReadback::ReadBack(DeviceContext* ctx) {
   out.resize(size_);
   std::memcpy(out.data(), host.raw_data(), size_ * sizeof(double));
   chunks_.clear();
+  last_read_ = size_;
   size_ = 0;
   return out;
 }

@@ -22,6 +22,11 @@ class DeviceContext;
 
 class StepReadback {
  public:
+  // expected_slots: about how many slots the step will reserve (the trainer passes the most
+  // an earlier step read back, last_read()), so that its first chunk holds them all and
+  // ReadBack copies once, without laying chunks side by side first; 0 when unknown.
+  explicit StepReadback(int64_t expected_slots = 0) : expected_(expected_slots) {}
+
   // n consecutive slots [first, first + n) of the buffer: values is their (n) f64 view on
   // the device, zeroed.
   struct Slots {
@@ -38,6 +43,8 @@ class StepReadback {
   // Every slot's value, in slot order, read back in one device->host copy (none when no
   // slot was reserved); the buffer is empty again afterwards.
   std::vector<double> ReadBack(DeviceContext* ctx);
+  // The number of slots the last ReadBack returned.
+  int64_t last_read() const { return last_read_; }
 
  private:
   static constexpr int64_t kChunk = 256;  // slots per allocation
@@ -47,6 +54,8 @@ class StepReadback {
   };
   std::vector<Chunk> chunks_;
   int64_t size_ = 0;
+  int64_t expected_ = 0;
+  int64_t last_read_ = 0;
 };
 
 }  // namespace switchyard

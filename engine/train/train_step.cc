@@ -7,6 +7,7 @@
 // written once per step, by the last AdamW update or at their first use
 // (engine/core/weight_shadows.h); the window closes
 // when the backward passes end, before anything changes a weight.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -151,7 +152,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   OpenWeightShadows(*rt_.ctx, registry_, config_.parallel.zero_stage);
   // The step's values the host needs at its end stay on the device until one readback,
   // with the gradient norm (engine/core/step_readback.h).
-  StepReadback readback;
+  StepReadback readback(readback_slots_);  // the most slots a step took yet: one chunk
   rt_.ctx->set_step_readback(&readback);
   StepSums step = config_.runtime.cuda_graphs
                       ? GraphedMicroBatches(record_routing, batches, grads, readback)
@@ -165,6 +166,7 @@ StepMetrics Trainer::TrainStep(bool record_routing) {
   const double norm =
       parallel::GlobalGradNormAtStepEnd(registry_, *pc_, rt_.ctx.get(), zero_.get(), &slots);
   rt_.ctx->set_step_readback(nullptr);
+  readback_slots_ = std::max(readback_slots_, readback.last_read());
   const double local_sums[3] = {ResolvedTreeSum(step.ce, slots),
                                 ResolvedTreeSum(step.aux, slots),
                                 ResolvedTreeSum(step.z, slots)};

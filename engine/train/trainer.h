@@ -266,6 +266,7 @@ class Trainer {
   std::optional<moe::ReplicaPlanner> replica_planner_;  // moe.replicate_hot_experts > 0
   std::unique_ptr<StepGraph> graph_;  // runtime.cuda_graphs, once captured
   int64_t eager_steps_ = 0;           // steps run in this process before the capture
+  int64_t readback_slots_ = 0;        // the most readback slots a step took (the next one's chunk)
   int64_t graph_replays_ = 0;
   StepGraph* capturing_ = nullptr;    // the graph being captured (AddForward keeps choices)
   std::vector<moe::MoEStats> run_stats_;  // per MoE layer, summed over the run

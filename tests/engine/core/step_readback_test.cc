@@ -5,7 +5,9 @@
 //    differently (1e16 + 1 + 1 differs from 1e16 + (1 + 1)), nested sums included;
 //  - reading a pending sum as a double is a fatal check; known sums read as doubles;
 //  - StepReadback hands out consecutive zeroed slots over several chunks and reads them all
-//    back in one counted readback ("step_end"), in slot order, then starts empty.
+//    back in one counted readback ("step_end"), in slot order, then starts empty;
+//  - told how many slots to expect (the last step's), its first chunk holds them all and
+//    ReadBack copies nothing but the one readback.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -89,6 +91,40 @@ TEST(StepReadbackTest, OneReadbackInSlotOrder) {
   const DeviceCounts again = counters::Snapshot();
   EXPECT_TRUE(readback.ReadBack(nullptr).empty());
   EXPECT_EQ(counters::Snapshot().Minus(again).readbacks, 0) << "nothing reserved: nothing read";
+}
+
+TEST(StepReadbackTest, ExpectedSlotsFitOneChunk) {
+  // The same reservations as a step that took 300 single slots and a block of 250.
+  const auto run = [](StepReadback& readback) {
+    std::vector<double> want;
+    for (int i = 0; i < 300; ++i) {
+      StepReadback::Slots s = readback.Reserve(1, Device::Cpu(), nullptr);
+      EXPECT_EQ(s.values.ToVector<double>(), std::vector<double>{0.0});
+      s.values.data<double>()[0] = 0.5 * i;
+      want.push_back(0.5 * i);
+    }
+    StepReadback::Slots block = readback.Reserve(250, Device::Cpu(), nullptr);
+    for (int i = 0; i < 250; ++i) {
+      block.values.data<double>()[i] = -1.0 * i;
+      want.push_back(-1.0 * i);
+    }
+    const DeviceCounts before = counters::Snapshot();
+    EXPECT_EQ(readback.ReadBack(nullptr), want);
+    return counters::Snapshot().Minus(before);
+  };
+  StepReadback first;
+  const DeviceCounts chunked = run(first);
+  EXPECT_EQ(first.last_read(), 550);
+  EXPECT_EQ(chunked.dispatch_ops.count("CopyFrom") ? chunked.dispatch_ops.at("CopyFrom") : 0, 3)
+      << "three chunks laid side by side";
+  StepReadback next(first.last_read());
+  const DeviceCounts whole = run(next);
+  EXPECT_EQ(whole.readbacks, 1);
+  EXPECT_EQ(whole.dispatch_ops.count("CopyFrom"), 0u) << "one chunk: read back as it is";
+  // More than expected still works: a second chunk after the first.
+  StepReadback small(10);
+  const DeviceCounts grown = run(small);
+  EXPECT_EQ(grown.readbacks, 1);
 }
 
 }  // namespace
