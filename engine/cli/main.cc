@@ -100,7 +100,8 @@ int Main(int argc, char** argv) {
     return UsageError("switchyard " + name, std::string(mpi.status().message()));
   }
   // A failed allocation outside the tensor allocator (a vector, a parsed file) is one line
-  // and exit 5 like the allocator's own, not std::terminate's abort.
+  // and exit 5 like the allocator's own, not std::terminate's abort (a thread the system
+  // refuses is too, where it is started: ExitNoThread).
   try {
     return command->run(std::vector<std::string>(args.begin() + 1, args.end()));
   } catch (const std::bad_alloc&) {

@@ -204,6 +204,19 @@ void ExitHostOutOfMemory(const char* where) {
   ::_exit(kExitOutOfMemory);
 }
 
+void ExitNoThread(const char* where, const char* why) {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "switchyard: error: rank %d could not start a thread (in %s: %s): the host is "
+                "out of memory or of threads (ulimit -v, ulimit -u); free memory, or run fewer "
+                "ranks or compute threads (SWITCHYARD_THREADS) on it\n",
+                LogRank(), where, why);
+  std::fflush(stdout);
+  std::fputs(line, stderr);
+  std::fflush(stderr);
+  ::_exit(kExitOutOfMemory);
+}
+
 const char* MemoryKindName(MemoryKind kind) {
   switch (kind) {
     case MemoryKind::kWorkspace: return "workspace";

@@ -71,6 +71,10 @@ inline constexpr int kExitOutOfMemory = 5;
 // std::vector, a string, a parsed file: std::bad_alloc) failed on the host; `where` names
 // what was running ("train", "a compute thread").
 [[noreturn]] void ExitHostOutOfMemory(const char* where);
+// The same exit after the system refused a thread (std::thread's std::system_error: out of
+// memory for its stack, or the process's thread limit); `where` names what was starting it,
+// `why` the system's reason.
+[[noreturn]] void ExitNoThread(const char* where, const char* why);
 
 // What a buffer's bytes are for, as the memory report splits them (ZeRO paper, section 3:
 // model states = parameters + gradients + optimizer states; the rest is residual memory).

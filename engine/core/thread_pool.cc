@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -67,7 +68,13 @@ namespace {
 class Pool {
  public:
   explicit Pool(int threads) : threads_(threads) {
-    for (int w = 1; w < threads_; ++w) workers_.emplace_back([this, w] { WorkerLoop(w); });
+    // A worker the system refuses ends the process with one line (the workers started hold
+    // no state worth keeping; a std::system_error escaping would abort).
+    try {
+      for (int w = 1; w < threads_; ++w) workers_.emplace_back([this, w] { WorkerLoop(w); });
+    } catch (const std::system_error& e) {
+      ExitNoThread("the compute thread pool", e.what());
+    }
   }
   ~Pool() {
     stop_.store(true, std::memory_order_relaxed);

@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
+#include "engine/core/allocator.h"
 #include "engine/core/check.h"
 #include "engine/dist/process.h"
 #include "engine/dist/watchdog.h"
@@ -103,7 +105,11 @@ class ThreadWork final : public TimedWork {
 
 CommThread::CommThread(Communicator& comm) : comm_(&comm) {
   if (comm.size() > 1 && comm.backend() == std::string_view("mpi") && MpiThreadMultiple()) {
-    thread_ = std::thread([this] { Run(); });
+    try {
+      thread_ = std::thread([this] { Run(); });
+    } catch (const std::system_error& e) {
+      ExitNoThread("the communication thread", e.what());
+    }
   }
 }
 

@@ -9,7 +9,10 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <system_error>
 #include <thread>
+
+#include "engine/core/allocator.h"
 
 #ifdef SY_HAVE_MPI
 #include <mpi.h>
@@ -269,7 +272,11 @@ void StartCollectiveWatchdog(double timeout_s) {
   w->can_ask = level >= MPI_THREAD_MULTIPLE;
   MPI_Comm_dup(MPI_COMM_WORLD, &w->comm);
   TheWatchdog() = w;
-  w->thread = std::thread(Loop, w);
+  try {
+    w->thread = std::thread(Loop, w);
+  } catch (const std::system_error& e) {
+    ExitNoThread("the collective watchdog", e.what());
+  }
 #endif
 }
 

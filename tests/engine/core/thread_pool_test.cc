@@ -3,10 +3,15 @@
 // two threads call it at once, and SetComputeThreads replaces the pool.
 #include "engine/core/thread_pool.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -39,7 +44,9 @@ TEST_P(ParallelForTest, CoversEveryIndexOnceInContiguousChunks) {
       EXPECT_EQ(static_cast<int64_t>(chunks.size()), most) << "n=" << n << " min_chunk=" << min_chunk;
       for (size_t c = 0; c < chunks.size(); ++c) {
         EXPECT_EQ(chunks[c].first, c == 0 ? 0 : chunks[c - 1].second);
-        if (chunks.size() > 1) EXPECT_GE(chunks[c].second - chunks[c].first, min_chunk);
+        if (chunks.size() > 1) {
+          EXPECT_GE(chunks[c].second - chunks[c].first, min_chunk);
+        }
       }
       EXPECT_EQ(chunks.back().second, n);
     }
@@ -104,6 +111,26 @@ TEST(ComputeThreadsTest, AWorkersBadAllocEndsTheProcessWithExitFive) {
         });
       },
       ::testing::ExitedWithCode(5), "ran out of host memory \\(in a compute thread");
+}
+
+// A worker the system refuses (no address space left for its stack) ends the process with
+// one line and exit 5, not std::terminate's abort: the address space is capped a few MiB
+// above what the process maps, so the 8 MiB stacks of new workers cannot be mapped.
+void StartWorkersWithoutAddressSpace() {
+  long pages = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr || std::fscanf(f, "%ld", &pages) != 1) std::_Exit(9);
+  std::fclose(f);
+  const rlim_t cap = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (4 << 20);
+  const rlimit limit{cap, cap};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(9);
+  SetComputeThreads(16);
+  ParallelFor(16, 1, [](int64_t, int64_t) {});
+}
+
+TEST(ComputeThreadsTest, ARefusedWorkerEndsTheProcessWithExitFive) {
+  EXPECT_EXIT(StartWorkersWithoutAddressSpace(), ::testing::ExitedWithCode(5),
+              "could not start a thread \\(in the compute thread pool: ");
 }
 
 }  // namespace
