@@ -230,15 +230,16 @@ void ProbColumnSums(const Tensor& probs, Tensor& sums, DeviceContext* ctx) {
                      cuda::ProbColumnSums(probs, sums, ctx));
 }
 
-void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext* ctx) {
+void AddColumnConstants(Tensor& x, std::span<const float> column, Write write,
+                        DeviceContext* ctx) {
   constexpr const char* kOp = "AddColumnConstants";
   CheckMatrix(x, DType::kF32, kOp, "x");
   SY_CHECK(static_cast<int64_t>(column.size()) == x.dim(1))
       << kOp << ": " << column.size() << " column values for x " << ShapeString(x.shape());
   // Host arguments the CPU op reads go into the recorded closure by value (kernels/dispatch.h).
   const std::vector<float> host_column(column.begin(), column.end());
-  SY_DISPATCH_DEVICE(x, ctx, cpu::AddColumnConstants(x, host_column),
-                     cuda::AddColumnConstants(x, column, ctx));
+  SY_DISPATCH_DEVICE(x, ctx, cpu::AddColumnConstants(x, host_column, write),
+                     cuda::AddColumnConstants(x, column, write, ctx));
 }
 
 namespace {
@@ -262,9 +263,10 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
                   Tensor* dlogits, DeviceContext* ctx) {
   CheckZLoss(logits, group_tokens, dlogits, "RouterZLoss");
   float z = 0.0f;
-  SY_DISPATCH_DEVICE_NOW(logits, ctx, z = cpu::RouterZLoss(logits, coef, grad, group_tokens, dlogits),
-                     z = cuda::RouterZLoss(logits, coef, grad, group_tokens, dlogits,
-                                           /*want_value=*/true, ctx));
+  SY_DISPATCH_DEVICE_NOW(
+      logits, ctx, z = cpu::RouterZLoss(logits, coef, grad, group_tokens, dlogits, Write::kAdd),
+      z = cuda::RouterZLoss(logits, coef, grad, group_tokens, dlogits, Write::kAdd,
+                            /*want_value=*/true, ctx));
   counters::CountReadback("moe.z_loss");
   return z;
 }
@@ -276,15 +278,17 @@ void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Ten
   SY_CHECK_EQ(value.numel(), 1) << "RouterZLossInto: value " << ShapeString(value.shape());
   SY_DISPATCH_DEVICE(
       logits, ctx,
-      value.data<double>()[0] = cpu::RouterZLoss(logits, coef, 0.0f, group_tokens, nullptr),
+      value.data<double>()[0] =
+          cpu::RouterZLoss(logits, coef, 0.0f, group_tokens, nullptr, Write::kAdd),
       cuda::RouterZLossInto(logits, coef, group_tokens, value, ctx));
 }
 
 void RouterZLossBackward(const Tensor& logits, float coef, float grad, int64_t group_tokens,
-                         Tensor& dlogits, DeviceContext* ctx) {
+                         Tensor& dlogits, Write write, DeviceContext* ctx) {
   CheckZLoss(logits, group_tokens, &dlogits, "RouterZLossBackward");
-  SY_DISPATCH_DEVICE(dlogits, ctx, cpu::RouterZLoss(logits, coef, grad, group_tokens, &dlogits),
-                     cuda::RouterZLoss(logits, coef, grad, group_tokens, &dlogits,
+  SY_DISPATCH_DEVICE(dlogits, ctx,
+                     cpu::RouterZLoss(logits, coef, grad, group_tokens, &dlogits, write),
+                     cuda::RouterZLoss(logits, coef, grad, group_tokens, &dlogits, write,
                                        /*want_value=*/false, ctx));
 }
 

@@ -23,6 +23,7 @@
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
 #include "kernels/random.h"
+#include "kernels/write.h"
 
 namespace switchyard::kernels {
 
@@ -121,8 +122,10 @@ void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64
 // two-level order, no atomics).
 void ProbColumnSums(const Tensor& probs, Tensor& sums, DeviceContext* ctx = nullptr);
 
-// x[t, e] += column[e] for x (T, E) f32; column (E) is on the host.
-void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext* ctx = nullptr);
+// x[t, e] += column[e] for x (T, E) f32 (kSet: x[t, e] = +0 + column[e], x unread); column
+// (E) is on the host.
+void AddColumnConstants(Tensor& x, std::span<const float> column, Write write,
+                        DeviceContext* ctx = nullptr);
 
 // The router z-loss (ST-MoE) of logits (T, E) f32, with n = group_tokens (<= 0: n = T):
 //   returns coef * (1 / n) * sum_t lse_t^2, lse_t = logsumexp(logits[t]) (in double), and
@@ -137,9 +140,10 @@ void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Ten
                      DeviceContext* ctx = nullptr);
 
 // RouterZLoss's gradient alone (the same values), without computing or copying back the
-// loss: on CUDA it does not wait for the stream.
+// loss: on CUDA it does not wait for the stream. kAdd adds it into dlogits as RouterZLoss
+// does; kSet writes +0 + it (the bits of adding into zeros), dlogits unread.
 void RouterZLossBackward(const Tensor& logits, float coef, float grad, int64_t group_tokens,
-                         Tensor& dlogits, DeviceContext* ctx = nullptr);
+                         Tensor& dlogits, Write write, DeviceContext* ctx = nullptr);
 
 // DeepSeek-V3 bias update: bias[i] += rate if sum_j c_j > E * c_i, -= rate if <, unchanged
 // if equal. bias (E) f32; counts (E) on the host.
@@ -203,10 +207,11 @@ void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num
 void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
                               int64_t num_experts, Tensor& counts);
 void ProbColumnSums(const Tensor& probs, Tensor& sums);
-void AddColumnConstants(Tensor& x, std::span<const float> column);
-// dlogits may be null; RouterZLossBackward calls this and drops the value.
+void AddColumnConstants(Tensor& x, std::span<const float> column, Write write);
+// dlogits may be null (then write is unused); RouterZLossBackward calls this and drops the
+// value.
 float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_tokens,
-                  Tensor* dlogits);
+                  Tensor* dlogits, Write write);
 void UpdateExpertBias(Tensor& bias, std::span<const int64_t> counts, float rate);
 AdmissionCounts AdmitAssignments(const Tensor& indices, const Tensor& gates, const Tensor& keep,
                                  int64_t num_experts, int64_t capacity, AdmissionOrder order,
@@ -230,10 +235,11 @@ void CountSlotAssignments(const Tensor& indices, const Tensor& keep, int64_t num
 void AddLabelAssignmentCounts(const Tensor& indices, const Tensor& labels, int64_t num_labels,
                               int64_t num_experts, Tensor& counts, DeviceContext* ctx);
 void ProbColumnSums(const Tensor& probs, Tensor& sums, DeviceContext* ctx);
-void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext* ctx);
+void AddColumnConstants(Tensor& x, std::span<const float> column, Write write,
+                        DeviceContext* ctx);
 // dlogits may be null. want_value: compute and copy back the loss (else returns 0).
 float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_tokens,
-                  Tensor* dlogits, bool want_value, DeviceContext* ctx);
+                  Tensor* dlogits, Write write, bool want_value, DeviceContext* ctx);
 // The value into value (1) f64 on the device, no copy back.
 void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Tensor& value,
                      DeviceContext* ctx);

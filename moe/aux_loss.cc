@@ -92,22 +92,25 @@ float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, flo
 }
 
 void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
-                               Tensor& dprobs, DeviceContext* ctx) {
+                               Tensor& dprobs, kernels::Write write, DeviceContext* ctx) {
   CheckMatrix(dprobs, DType::kF32, "aux dprobs");
   if (group.on_device()) {
-    kernels::AddBalanceColumn(dprobs, group.device_counts, group.tokens, top_k, coef, grad, ctx);
+    kernels::AddBalanceColumn(dprobs, group.device_counts, group.tokens, top_k, coef, grad,
+                              write, ctx);
     return;
   }
   const int64_t E = static_cast<int64_t>(group.assignments.size());
   SY_CHECK_EQ(dprobs.dim(1), E) << "aux dprobs";
-  if (group.tokens == 0) return;
-  const double T = static_cast<double>(group.tokens);
-  std::vector<float> col(E);
-  for (int64_t e = 0; e < E; ++e) {
-    const double f = group.assignments[e] / (T * top_k);
-    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
+  if (group.tokens == 0 && write == kernels::Write::kAdd) return;
+  std::vector<float> col(E, 0.0f);  // no tokens: kSet's zeros
+  if (group.tokens > 0) {
+    const double T = static_cast<double>(group.tokens);
+    for (int64_t e = 0; e < E; ++e) {
+      const double f = group.assignments[e] / (T * top_k);
+      col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
+    }
   }
-  kernels::AddColumnConstants(dprobs, col, ctx);
+  kernels::AddColumnConstants(dprobs, col, write, ctx);
 }
 
 float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, float grad,
@@ -116,7 +119,7 @@ float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, 
   const int64_t k = indices.dim(1);
   if (dprobs != nullptr) {
     SY_CHECK_EQ(dprobs->dim(0), probs.dim(0)) << "aux dprobs";
-    LoadBalancingLossBackward(sums, k, coef, grad, *dprobs, ctx);
+    LoadBalancingLossBackward(sums, k, coef, grad, *dprobs, kernels::Write::kAdd, ctx);
   }
   return LoadBalancingLossFromSums(sums, k, coef);
 }
@@ -144,8 +147,42 @@ BalanceTerms BalanceTermsOf(const Tensor& probs, const Tensor& indices,
   return terms;
 }
 
+BalanceTerms BalanceTermsInto(const Tensor& probs, const Tensor& indices,
+                              const LoadBalanceSums& group, AuxLossScope scope, int64_t seq_len,
+                              const Tensor& load, int64_t top_k, float coef,
+                              StepReadback& readback, DeviceContext* ctx) {
+  SY_CHECK(group.on_device()) << "BalanceTermsInto: the group's sums are on the host";
+  const int64_t T = probs.dim(0), E = probs.dim(1);
+  const Device dev = probs.device();
+  BalanceTerms terms;
+  terms.parts = {group};
+  terms.part_tokens = T;
+  terms.aux_slot = group.values_slot;
+  if (scope == AuxLossScope::kSequence && seq_len > 0 && seq_len < T) {
+    const int64_t parts = (T + seq_len - 1) / seq_len;
+    terms.part_tokens = seq_len;
+    terms.part_counts = Tensor::Empty({parts, top_k * E + 1}, DType::kI64, dev);
+    Tensor prob_sums = Tensor::Empty({parts, E}, DType::kF32, dev);
+    kernels::PartBalanceSums(probs, indices, seq_len, terms.part_counts, prob_sums, ctx);
+    StepReadback::Slots slot = readback.Reserve(1, dev, ctx);
+    kernels::PartBalanceValueInto(terms.part_counts, prob_sums, T, seq_len, top_k, coef,
+                                  slot.values, ctx);
+    terms.aux_slot = slot.first;
+  } else if (scope == AuxLossScope::kGlobal) {
+    SY_CHECK(load.defined() && load.numel() == E)
+        << "global aux loss: the expert load " << load.DebugString() << " for " << E
+        << " experts";
+    terms.device_load = load;
+    StepReadback::Slots slot = readback.Reserve(1, dev, ctx);
+    kernels::GlobalBalanceValueInto(load, group.device_prob_sums, T, coef, slot.values, ctx);
+    terms.aux_slot = slot.first;
+  }
+  return terms;
+}
+
 float BalanceLoss(const BalanceTerms& terms, int64_t top_k, float coef) {
   SY_CHECK(!terms.parts.empty()) << "aux loss of no tokens' sums";
+  SY_CHECK(terms.aux_slot < 0) << "the aux loss of terms still on the device";
   if (!terms.load.empty()) {
     // coef E sum_i load_i s_i / T.
     const LoadBalanceSums& g = terms.parts[0];
@@ -164,23 +201,35 @@ float BalanceLoss(const BalanceTerms& terms, int64_t top_k, float coef) {
 }
 
 void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, float grad,
-                         Tensor& dprobs, DeviceContext* ctx) {
+                         Tensor& dprobs, kernels::Write write, DeviceContext* ctx) {
   SY_CHECK(!terms.parts.empty()) << "aux loss of no tokens' sums";
   CheckMatrix(dprobs, DType::kF32, "aux dprobs");
+  if (terms.device_load.defined()) {
+    kernels::AddGlobalBalanceColumn(dprobs, terms.device_load, terms.parts[0].tokens, coef, grad,
+                                    write, ctx);
+    return;
+  }
+  if (terms.part_counts.defined()) {
+    SY_CHECK_EQ(dprobs.dim(0), terms.parts[0].tokens)
+        << "sequence aux loss: dprobs is not the whole group";
+    kernels::AddPartBalanceColumns(dprobs, terms.part_counts, terms.part_tokens, top_k, coef,
+                                   grad, write, ctx);
+    return;
+  }
   if (!terms.load.empty()) {
     const LoadBalanceSums& g = terms.parts[0];
     const int64_t E = static_cast<int64_t>(terms.load.size());
-    if (g.tokens == 0) return;
-    std::vector<float> col(E);
-    for (int64_t e = 0; e < E; ++e) {
+    if (g.tokens == 0 && write == kernels::Write::kAdd) return;
+    std::vector<float> col(E, 0.0f);  // no tokens: kSet's zeros
+    for (int64_t e = 0; e < E && g.tokens > 0; ++e) {
       col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * terms.load[e] /
                                   static_cast<double>(g.tokens));
     }
-    kernels::AddColumnConstants(dprobs, col, ctx);
+    kernels::AddColumnConstants(dprobs, col, write, ctx);
     return;
   }
   if (terms.parts.size() == 1) {
-    LoadBalancingLossBackward(terms.parts[0], top_k, coef, grad, dprobs, ctx);
+    LoadBalancingLossBackward(terms.parts[0], top_k, coef, grad, dprobs, write, ctx);
     return;
   }
   // Sequence scope: each part's rows get its own column, scaled by 1 / n.
@@ -189,7 +238,7 @@ void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, f
   int64_t row = 0;
   for (const LoadBalanceSums& part : terms.parts) {
     Tensor rows = dprobs.Slice(row, row + part.tokens);
-    LoadBalancingLossBackward(part, top_k, coef, part_grad, rows, ctx);
+    LoadBalancingLossBackward(part, top_k, coef, part_grad, rows, write, ctx);
     row += part.tokens;
   }
   SY_CHECK_EQ(row, dprobs.dim(0)) << "sequence aux loss: dprobs is not the whole group";
@@ -209,10 +258,10 @@ void ZLossInto(const Tensor& logits, float coef, Tensor& value, int64_t group_to
 }
 
 void ZLossBackward(const Tensor& logits, float coef, float grad, Tensor& dlogits,
-                   int64_t group_tokens, DeviceContext* ctx) {
+                   kernels::Write write, int64_t group_tokens, DeviceContext* ctx) {
   CheckMatrix(logits, DType::kF32, "z-loss logits");
   CheckMatrix(dlogits, DType::kF32, "z-loss dlogits");
-  kernels::RouterZLossBackward(logits, coef, grad, group_tokens, dlogits, ctx);
+  kernels::RouterZLossBackward(logits, coef, grad, group_tokens, dlogits, write, ctx);
 }
 
 }  // namespace switchyard::moe

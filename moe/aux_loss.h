@@ -36,6 +36,7 @@
 #include "engine/core/device_context.h"
 #include "engine/core/step_readback.h"
 #include "engine/core/tensor.h"
+#include "kernels/write.h"
 #include "moe/moe_config.h"
 
 namespace switchyard::moe {
@@ -72,8 +73,10 @@ float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, flo
 
 // dprobs (T_piece, E) += grad * coef * E * f_i / T, with f and T those of the whole group
 // (from the device counts for sums on the device: the same column, kernels/balance_loss.h).
+// kSet writes the column over dprobs instead (the bits of adding into zeros).
 void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
-                               Tensor& dprobs, DeviceContext* ctx = nullptr);
+                               Tensor& dprobs, kernels::Write write,
+                               DeviceContext* ctx = nullptr);
 
 // One whole group: returns aux; when dprobs (T, E) is given, adds grad * d aux / d probs.
 float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, float grad,
@@ -93,6 +96,17 @@ struct BalanceTerms {
   std::vector<float> load;  // (E) global scope; empty otherwise
   // The rows of part p of the group: [p * part_tokens, + parts[p].tokens).
   int64_t part_tokens = 0;
+  // In a training step (BalanceTermsInto) they stay on the device instead: parts = {the
+  // group's sums (LoadBalanceSumsInto)}, and
+  //   sequence  part_counts (P, k E + 1) i64, each part's slot counts
+  //             (kernels::PartBalanceSums), parts of part_tokens rows, the last possibly
+  //             shorter
+  //   global    device_load (E) f32 on the device (load stays empty)
+  // and aux waits in the step's readback at aux_slot.
+  Tensor part_counts, device_load;
+  int64_t aux_slot = -1;
+  // d aux / d probs is one constant row (the group and global scopes).
+  bool one_row() const { return parts.size() == 1 && !part_counts.defined(); }
 };
 
 // The terms of a whole group from its probs (T, E) and indices (T, k) (the whole group's
@@ -102,14 +116,24 @@ BalanceTerms BalanceTermsOf(const Tensor& probs, const Tensor& indices,
                             const LoadBalanceSums& group, AuxLossScope scope, int64_t seq_len,
                             std::span<const float> load, DeviceContext* ctx = nullptr);
 
-// aux of the group.
+// BalanceTermsOf in a training step, from `group` = LoadBalanceSumsInto(probs, indices):
+// nothing is read back, and no wait. The group scope's aux is group.values_slot; the sequence
+// scope's parts' sums and the global scope's (from load (E) f32 on the sums' device) are
+// written into one more slot of the readback. The terms' aux_slot says which.
+BalanceTerms BalanceTermsInto(const Tensor& probs, const Tensor& indices,
+                              const LoadBalanceSums& group, AuxLossScope scope, int64_t seq_len,
+                              const Tensor& load, int64_t top_k, float coef,
+                              StepReadback& readback, DeviceContext* ctx);
+
+// aux of the group (terms on the host).
 float BalanceLoss(const BalanceTerms& terms, int64_t top_k, float coef);
 
 // dprobs += grad * d aux / d probs. With one part (group and global scopes) dprobs may hold
 // any of the group's rows (the gradient is one constant row); with several (sequence scope)
-// it holds the whole group's T rows in token order.
+// it holds the whole group's T rows in token order. kSet writes every row of dprobs (which
+// need not be initialised) with the bits of adding into zeros.
 void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, float grad,
-                         Tensor& dprobs, DeviceContext* ctx = nullptr);
+                         Tensor& dprobs, kernels::Write write, DeviceContext* ctx = nullptr);
 
 // Returns z for logits (T, E) f32; when dlogits (T, E) is given, adds grad * dz / dlogits.
 // group_tokens: the group's token count when logits hold one piece of it (the result is
@@ -123,9 +147,11 @@ float ZLoss(const Tensor& logits, float coef, float grad, Tensor* dlogits,
 void ZLossInto(const Tensor& logits, float coef, Tensor& value, int64_t group_tokens = 0,
                DeviceContext* ctx = nullptr);
 
-// ZLoss's gradient alone: dlogits (T, E) += grad * dz / dlogits, the same values, without
-// computing the loss (so on CUDA without waiting for the stream). For the backward pass.
+// ZLoss's gradient alone: dlogits (T, E) += grad * dz / dlogits (kSet: written over
+// dlogits, the bits of adding into zeros), the same values, without computing the loss (so
+// on CUDA without waiting for the stream). For the backward pass.
 void ZLossBackward(const Tensor& logits, float coef, float grad, Tensor& dlogits,
-                   int64_t group_tokens = 0, DeviceContext* ctx = nullptr);
+                   kernels::Write write, int64_t group_tokens = 0,
+                   DeviceContext* ctx = nullptr);
 
 }  // namespace switchyard::moe

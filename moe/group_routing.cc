@@ -25,18 +25,19 @@ std::vector<int64_t> TokensOf(const GroupLayout& layout, int m, int64_t rows, in
 
 // d aux / d probs of this rank's t rows (of a group of t_whole): one constant row for one
 // part; per sequence, the whole group's rows then this rank's (rows [lo, lo + t) or
-// own_rows).
+// own_rows). Written whole (Write::kSet): no zeroing first.
 Tensor OwnBalanceGrad(const BalanceTerms& terms, const MoEConfig& config, float daux, int64_t t,
                       int64_t t_whole, int64_t lo, const Tensor& own_rows, Device dev,
                       DeviceContext* ctx) {
   const int64_t e = config.num_experts;
-  if (terms.parts.size() == 1 || t == t_whole) {
-    Tensor dprobs = Tensor::Zeros({t, e}, DType::kF32, dev, ctx);
-    BalanceLossBackward(terms, config.top_k, config.aux_loss_coef, daux, dprobs, ctx);
+  constexpr kernels::Write kSet = kernels::Write::kSet;
+  if (terms.one_row() || t == t_whole) {
+    Tensor dprobs = Tensor::Empty({t, e}, DType::kF32, dev);
+    BalanceLossBackward(terms, config.top_k, config.aux_loss_coef, daux, dprobs, kSet, ctx);
     return dprobs;
   }
-  Tensor whole = Tensor::Zeros({t_whole, e}, DType::kF32, dev, ctx);
-  BalanceLossBackward(terms, config.top_k, config.aux_loss_coef, daux, whole, ctx);
+  Tensor whole = Tensor::Empty({t_whole, e}, DType::kF32, dev);
+  BalanceLossBackward(terms, config.top_k, config.aux_loss_coef, daux, whole, kSet, ctx);
   return own_rows.defined() ? RowsAt(whole, own_rows, ctx) : whole.Slice(lo, lo + t);
 }
 
@@ -58,7 +59,7 @@ PendingSum ZLossValue(const Tensor& logits, float coef, DeviceContext* ctx) {
 RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
                          const Tensor& expert_bias, const MoEConfig& config, bool training,
                          const RouterRng& rng, dist::Communicator* tp, DeviceContext* ctx,
-                         const GroupLayout& layout, std::span<const float> expert_load) {
+                         const GroupLayout& layout, const Tensor& expert_load) {
   const int64_t n = h.dim(0), e = config.num_experts;
   SY_CHECK(local_tokens > 0 && n % local_tokens == 0)
       << "router input of " << n << " rows is not whole groups of " << local_tokens;
@@ -90,6 +91,7 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
   }
   const std::span<const TokenRun> own_runs =
       layout.contiguous() ? std::span<const TokenRun>() : layout.members[out.tp_rank];
+  std::vector<float> load;  // outside a training step: the global scope's f, read back once
   for (int64_t g = 0; g < out.groups; ++g) {
     Tensor hg = h.Slice(g * local_tokens, (g + 1) * local_tokens);  // (T/P, d)
     RouterRng group_rng = rng;
@@ -105,18 +107,24 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
     }
     RouterChoose(r, expert_bias, config, group_rng, ctx);
     StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
-    if (readback != nullptr && config.aux_loss_scope == AuxLossScope::kGroup) {
+    if (readback != nullptr) {
       // A training step: the sums, aux and counts stay on the device until its readback.
       LoadBalanceSums lb =
           LoadBalanceSumsInto(r.probs, r.indices, config.aux_loss_coef, *readback, ctx);
-      out.aux.push_back(PendingSum::Slot(lb.values_slot));
-      BalanceTerms terms{.parts = {lb}, .load = {}, .part_tokens = t_whole};
+      BalanceTerms terms =
+          BalanceTermsInto(r.probs, r.indices, lb, config.aux_loss_scope, config.seq_len,
+                           expert_load, config.top_k, config.aux_loss_coef, *readback, ctx);
+      out.aux.push_back(PendingSum::Slot(terms.aux_slot));
       out.terms.push_back(std::move(terms));
       out.balance.push_back(std::move(lb));
     } else {
+      if (load.empty() && expert_load.defined() &&
+          config.aux_loss_scope == AuxLossScope::kGlobal) {
+        load = expert_load.ToHost("moe.expert_load", ctx).ToVector<float>();
+      }
       LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
       BalanceTerms terms = BalanceTermsOf(r.probs, r.indices, lb, config.aux_loss_scope,
-                                          config.seq_len, expert_load, ctx);
+                                          config.seq_len, load, ctx);
       out.aux.push_back(
           static_cast<double>(BalanceLoss(terms, config.top_k, config.aux_loss_coef)));
       out.terms.push_back(std::move(terms));
@@ -234,9 +242,13 @@ void RouteGroupsBackward(std::span<const RouterOutput> router,
     }
     // The aux and z terms of these rows, with the whole group's f and T.
     Tensor dprobs = OwnBalanceGrad(terms[g], config, daux[g], t, t_whole, lo, own_rows, dev, ctx);
-    Tensor dlogits = Tensor::Zeros({t, e}, DType::kF32, dev, ctx);
-    ZLossBackward(own.logits, config.z_loss_coef, dz[g], dlogits, t == t_whole ? 0 : t_whole,
-                  ctx);
+    // The z-loss's gradient, written whole; none at coef 0 (RouterBackward then adds none).
+    Tensor dlogits;
+    if (config.z_loss_coef != 0.0f) {
+      dlogits = Tensor::Empty({t, e}, DType::kF32, dev);
+      ZLossBackward(own.logits, config.z_loss_coef, dz[g], dlogits, kernels::Write::kSet,
+                    t == t_whole ? 0 : t_whole, ctx);
+    }
     Tensor dh_g = dh.Slice(g * t, (g + 1) * t);
     RouterBackward(own, wr, config, dgates.Slice(g * t, (g + 1) * t), dprobs, dlogits, dh_g, dwr,
                    ctx);

@@ -97,13 +97,15 @@ struct RoutedGroups {
 // T/P; wr (d, E); expert_bias (E) or undefined. rng.first_token: the global index of group
 // 0's first token (the same on every tp rank); row i of this rank's piece of group g is
 // token rng.first_token + g * T + tp_rank * T/P + i (or as `layout` says). tp: null or
-// size 1 for whole groups. Collective over tp. expert_load: (E) host values, the f of
-// aux_loss_scope: global (MoELayer::expert_load); ignored by the other scopes.
+// size 1 for whole groups. Collective over tp. expert_load: (E) f32 on h's device, the f of
+// aux_loss_scope: global (MoELayer::expert_load); ignored by the other scopes. In a training
+// step (ctx has a StepReadback) the loss terms stay on the device (BalanceTermsInto);
+// otherwise they are read back.
 RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
                          const Tensor& expert_bias, const MoEConfig& config, bool training,
                          const RouterRng& rng, dist::Communicator* tp,
                          DeviceContext* ctx = nullptr, const GroupLayout& layout = {},
-                         std::span<const float> expert_load = {});
+                         const Tensor& expert_load = {});
 
 // Phase 2, admit: each whole group's assignments to C = ExpertCapacity(capacity_factor, T,
 // k, E) per expert under config.drop_policy (fills routed.admission). Dropless routing

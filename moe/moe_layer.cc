@@ -182,8 +182,6 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
   MoEActivations& acts = out.acts;
   std::optional<ScopedPhase> phase(Phase::kRouter);
   // 1. Route every group (whole groups: under tp the logits are gathered over tp).
-  std::vector<float> load;  // aux_loss_scope: global's f, on the host
-  if (expert_load_.defined()) load = expert_load_.ToHost("moe.expert_load", ctx).ToVector<float>();
   RouterRng rng{config_.seed, step, layer_id_, first_token};
   if (rng_values.defined()) {
     SY_CHECK(rng_values.dtype() == DType::kI64 && rng_values.numel() >= 4 * (layer_id_ + 1) &&
@@ -193,7 +191,7 @@ MoEForward MoELayer::Forward(const Tensor& h, int64_t group_tokens, bool trainin
     rng.device_base = first_token;
   }
   RoutedGroups routed = RouteGroups(h, group_tokens, router_weight_, expert_bias_, config_,
-                                    training, rng, group_, ctx, layout, load);
+                                    training, rng, group_, ctx, layout, expert_load_);
   // 2. Admit each whole group's assignments to capacity; keep this rank's rows.
   AdmitGroups(routed, training ? config_.capacity_factor : config_.eval_capacity_factor,
               config_, ctx);

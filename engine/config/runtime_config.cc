@@ -50,10 +50,6 @@ Status CheckCudaGraphs(const Config& c, int world) {
       return InvalidArgument("runtime.cuda_graphs=true needs moe.dispatch_counts=device (host "
                              "counts are read back in the step)");
     }
-    if (c.moe.aux_loss_scope != moe::AuxLossScope::kGroup) {
-      return InvalidArgument("runtime.cuda_graphs=true needs moe.aux_loss_scope=group (the "
-                             "sequence and global scopes read balance sums back in the step)");
-    }
     if (c.moe.overlap_chunks > 1) {
       return InvalidArgument("runtime.cuda_graphs=true needs moe.overlap_chunks=1");
     }

@@ -2,14 +2,16 @@
 // sums as they lie in (host) memory.
 #include "kernels/balance_loss.h"
 
+#include <algorithm>
 #include <vector>
+
+#include "kernels/moe_routing.h"
 
 namespace switchyard::kernels::cpu {
 namespace {
 
 // a_e = sum_j counts[j E + e].
-std::vector<int64_t> Assignments(const Tensor& counts, int64_t e, int64_t k) {
-  const int64_t* c = counts.data<int64_t>();
+std::vector<int64_t> Assignments(const int64_t* c, int64_t e, int64_t k) {
   std::vector<int64_t> a(e, 0);
   for (int64_t j = 0; j < k; ++j) {
     for (int64_t i = 0; i < e; ++i) a[i] += c[j * e + i];
@@ -17,41 +19,123 @@ std::vector<int64_t> Assignments(const Tensor& counts, int64_t e, int64_t k) {
   return a;
 }
 
+// moe::LoadBalancingLossFromSums' value: f32(coef (E dot / (T k T))), 0 when T = 0.
+float Aux(const std::vector<int64_t>& a, const float* s, int64_t tokens, int64_t top_k,
+          float coef) {
+  if (tokens == 0) return 0.0f;
+  const int64_t E = static_cast<int64_t>(a.size());
+  double dot = 0.0;
+  for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(a[e]) * s[e];
+  const double T = static_cast<double>(tokens);
+  return static_cast<float>(coef * (E * dot / (T * top_k * T)));
+}
+
+// moe::LoadBalancingLossBackward's column: f32(grad coef E f_e / T), f_e = a_e / (T k);
+// zeros when T = 0.
+std::vector<float> Column(const std::vector<int64_t>& a, int64_t tokens, int64_t top_k,
+                          float coef, float grad) {
+  const int64_t E = static_cast<int64_t>(a.size());
+  std::vector<float> col(E, 0.0f);
+  if (tokens == 0) return col;
+  const double T = static_cast<double>(tokens);
+  for (int64_t e = 0; e < E; ++e) {
+    const double f = a[e] / (T * top_k);
+    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
+  }
+  return col;
+}
+
+// rows [r0, r1) of x (, E) += col (kSet: +0 + col).
+void WriteColumn(float* x, int64_t r0, int64_t r1, const std::vector<float>& col, Write write) {
+  const int64_t E = static_cast<int64_t>(col.size());
+  const bool set = write == Write::kSet;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t e = 0; e < E; ++e) x[r * E + e] = (set ? 0.0f : x[r * E + e]) + col[e];
+  }
+}
+
 }  // namespace
 
 void BalanceValuesInto(const Tensor& counts, const Tensor& prob_sums, int64_t tokens,
                        int64_t top_k, float coef, Tensor& values) {
   const int64_t E = prob_sums.numel();
-  const std::vector<int64_t> a = Assignments(counts, E, top_k);
-  const float* s = prob_sums.data<float>();
+  const std::vector<int64_t> a = Assignments(counts.data<int64_t>(), E, top_k);
   double* out = values.data<double>();
-  float aux = 0.0f;
-  if (tokens != 0) {
-    double dot = 0.0;
-    for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(a[e]) * s[e];
-    const double T = static_cast<double>(tokens);
-    aux = static_cast<float>(coef * (E * dot / (T * top_k * T)));
-  }
-  out[0] = aux;
+  out[0] = Aux(a, prob_sums.data<float>(), tokens, top_k, coef);
   for (int64_t e = 0; e < E; ++e) out[1 + e] = static_cast<double>(a[e]);
   out[E + 1] = static_cast<double>(counts.data<int64_t>()[top_k * E]);
 }
 
 void AddBalanceColumn(Tensor& dprobs, const Tensor& counts, int64_t tokens, int64_t top_k,
-                      float coef, float grad) {
-  if (tokens == 0) return;
-  const int64_t R = dprobs.dim(0), E = dprobs.dim(1);
-  const std::vector<int64_t> a = Assignments(counts, E, top_k);
-  const double T = static_cast<double>(tokens);
-  std::vector<float> col(E);
-  for (int64_t e = 0; e < E; ++e) {
-    const double f = a[e] / (T * top_k);
-    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
+                      float coef, float grad, Write write) {
+  if (tokens == 0 && write == Write::kAdd) return;
+  const int64_t E = dprobs.dim(1);
+  WriteColumn(dprobs.data<float>(), 0, dprobs.dim(0),
+              Column(Assignments(counts.data<int64_t>(), E, top_k), tokens, top_k, coef, grad),
+              write);
+}
+
+void PartBalanceSums(const Tensor& probs, const Tensor& indices, int64_t part_tokens,
+                     Tensor& counts, Tensor& prob_sums) {
+  const int64_t T = probs.dim(0), E = probs.dim(1), P = counts.dim(0), width = counts.dim(1);
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t r0 = p * part_tokens, r1 = std::min(T, r0 + part_tokens);
+    Tensor c = counts.View({width}, p * width), s = prob_sums.View({E}, p * E);
+    CountSlotAssignments(indices.Slice(r0, r1), Tensor(), E, c);
+    ProbColumnSums(probs.Slice(r0, r1), s);
   }
-  float* dp = dprobs.data<float>();
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t e = 0; e < E; ++e) dp[r * E + e] += col[e];
+}
+
+void PartBalanceValueInto(const Tensor& counts, const Tensor& prob_sums, int64_t tokens,
+                          int64_t part_tokens, int64_t top_k, float coef, Tensor& value) {
+  const int64_t P = counts.dim(0), width = counts.dim(1), E = prob_sums.dim(1);
+  double sum = 0.0;
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t rows = std::min(tokens, (p + 1) * part_tokens) - p * part_tokens;
+    sum += Aux(Assignments(counts.data<int64_t>() + p * width, E, top_k),
+               prob_sums.data<float>() + p * E, rows, top_k, coef);
   }
+  value.data<double>()[0] = P == 0 ? 0.0 : static_cast<float>(sum / static_cast<double>(P));
+}
+
+void AddPartBalanceColumns(Tensor& dprobs, const Tensor& counts, int64_t part_tokens,
+                           int64_t top_k, float coef, float grad, Write write) {
+  const int64_t T = dprobs.dim(0), E = dprobs.dim(1), P = counts.dim(0), width = counts.dim(1);
+  const float part_grad = static_cast<float>(static_cast<double>(grad) / P);
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t r0 = p * part_tokens, r1 = std::min(T, r0 + part_tokens);
+    WriteColumn(dprobs.data<float>(), r0, r1,
+                Column(Assignments(counts.data<int64_t>() + p * width, E, top_k), r1 - r0,
+                       top_k, coef, part_grad),
+                write);
+  }
+}
+
+void GlobalBalanceValueInto(const Tensor& load, const Tensor& prob_sums, int64_t tokens,
+                            float coef, Tensor& value) {
+  const int64_t E = prob_sums.numel();
+  const float* f = load.data<float>();
+  const float* s = prob_sums.data<float>();
+  float aux = 0.0f;
+  if (tokens != 0) {
+    double dot = 0.0;
+    for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(f[e]) * s[e];
+    aux = static_cast<float>(coef * (E * dot / static_cast<double>(tokens)));
+  }
+  value.data<double>()[0] = aux;
+}
+
+void AddGlobalBalanceColumn(Tensor& dprobs, const Tensor& load, int64_t tokens, float coef,
+                            float grad, Write write) {
+  if (tokens == 0 && write == Write::kAdd) return;
+  const int64_t E = dprobs.dim(1);
+  const float* f = load.data<float>();
+  std::vector<float> col(E, 0.0f);
+  for (int64_t e = 0; e < E && tokens > 0; ++e) {
+    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f[e] /
+                                static_cast<double>(tokens));
+  }
+  WriteColumn(dprobs.data<float>(), 0, dprobs.dim(0), col, write);
 }
 
 }  // namespace switchyard::kernels::cpu

@@ -110,16 +110,17 @@ void ProbColumnSums(const Tensor& probs, Tensor& sums) {
   for (int64_t e = 0; e < E; ++e) s[e] = static_cast<float>(acc[e]);
 }
 
-void AddColumnConstants(Tensor& x, std::span<const float> column) {
+void AddColumnConstants(Tensor& x, std::span<const float> column, Write write) {
   const int64_t T = x.dim(0), E = x.dim(1);
   float* dp = x.data<float>();
+  const bool set = write == Write::kSet;
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) dp[t * E + e] += column[e];
+    for (int64_t e = 0; e < E; ++e) dp[t * E + e] = (set ? 0.0f : dp[t * E + e]) + column[e];
   }
 }
 
 float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_tokens,
-                  Tensor* dlogits) {
+                  Tensor* dlogits, Write write) {
   const int64_t T = logits.dim(0), E = logits.dim(1);
   const int64_t n = group_tokens > 0 ? group_tokens : T;
   float* dl = dlogits != nullptr ? dlogits->data<float>() : nullptr;
@@ -137,7 +138,8 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
       if (dl != nullptr) {
         const double scale = static_cast<double>(grad) * coef * 2.0 * lse / n;
         for (int64_t e = 0; e < E; ++e) {
-          dl[t * E + e] += static_cast<float>(scale * std::exp(l[e] - m) / sum);
+          const float base = write == Write::kSet ? 0.0f : dl[t * E + e];
+          dl[t * E + e] = base + static_cast<float>(scale * std::exp(l[e] - m) / sum);
         }
       }
     }

@@ -137,17 +137,18 @@ void ProbColumnSums(const Tensor& probs, Tensor& sums, DeviceContext* ctx) {
   SY_CUDA_CHECK_LAUNCH();
 }
 
-void AddColumnConstants(Tensor& x, std::span<const float> column, DeviceContext* ctx) {
+void AddColumnConstants(Tensor& x, std::span<const float> column, Write write,
+                        DeviceContext* ctx) {
   const int64_t n = x.numel();
   if (n == 0) return;
   Tensor col = ToDevice(std::vector<float>(column.begin(), column.end()), ctx);
   AddColumnConstantsKernel<<<GridFor(n), 256, 0, StreamOf(ctx)>>>(
-      x.data<float>(), col.data<float>(), n, static_cast<int>(x.dim(1)));
+      x.data<float>(), col.data<float>(), n, static_cast<int>(x.dim(1)), write);
   SY_CUDA_CHECK_LAUNCH();
 }
 
 float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_tokens,
-                  Tensor* dlogits, bool want_value, DeviceContext* ctx) {
+                  Tensor* dlogits, Write write, bool want_value, DeviceContext* ctx) {
   const int64_t T = logits.dim(0), E = logits.dim(1);
   const int64_t n = group_tokens > 0 ? group_tokens : T;
   if (T == 0) return 0.0f;
@@ -166,7 +167,7 @@ float RouterZLoss(const Tensor& logits, float coef, float grad, int64_t group_to
   const double grad_coef = ZLossGradCoef(grad, coef);
   ZLossKernel<<<TokenBlocks(T), kTokenThreads, 0, stream>>>(logits.data<float>(), T,
                                                             static_cast<int>(E), grad_coef, n,
-                                                            lp, dl);
+                                                            lp, dl, write);
   SY_CUDA_CHECK_LAUNCH();
   if (!want_value) return 0.0f;
   SumDoublesKernel<<<1, kSumDoublesThreads, 0, stream>>>(
@@ -191,7 +192,8 @@ void RouterZLossInto(const Tensor& logits, float coef, int64_t group_tokens, Ten
   Tensor total = Tensor::Empty({1}, DType::kF64, ctx->device());
   ZLossKernel<<<TokenBlocks(T), kTokenThreads, 0, stream>>>(logits.data<float>(), T,
                                                             static_cast<int>(E), 0.0, n,
-                                                            lse_sq.data<double>(), nullptr);
+                                                            lse_sq.data<double>(), nullptr,
+                                                            Write::kAdd);
   SY_CUDA_CHECK_LAUNCH();
   SumDoublesKernel<<<1, kSumDoublesThreads, 0, stream>>>(lse_sq.data<double>(), T,
                                                           total.data<double>());

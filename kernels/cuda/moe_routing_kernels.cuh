@@ -12,6 +12,7 @@
 
 #include "engine/core/philox.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/write.h"
 
 namespace switchyard::kernels::cuda::routing {
 // Internal linkage: the emulation test compiles these kernels too, and links with the .cu's.
@@ -271,9 +272,10 @@ __global__ void ColumnFinalSumsKernel(const double* __restrict__ partial, int64_
   }
 }
 
+// x[i] += column[i % E] (kSet: +0 + column[i % E], x unread).
 __global__ void AddColumnConstantsKernel(float* __restrict__ x, const float* __restrict__ column,
-                                         int64_t n, int E) {
-  SY_GRID_STRIDE(i, n) { x[i] += column[i % E]; }
+                                         int64_t n, int E, Write write) {
+  SY_GRID_STRIDE(i, n) { x[i] = (write == Write::kSet ? 0.0f : x[i]) + column[i % E]; }
 }
 
 // ---- Z-loss ---------------------------------------------------------------------------
@@ -284,10 +286,11 @@ inline double ZLossGradCoef(float grad, float coef) {
 }
 
 // Per token: lse = logsumexp in double; lse_sq[t] = lse^2 (when lse_sq is given) and
-// dlogits[t, e] += scale(lse) * softmax_e (when dlogits is given), the CPU's expressions.
+// dlogits[t, e] += scale(lse) * softmax_e (when dlogits is given; kSet: +0 + it, dlogits
+// unread), the CPU's expressions.
 __global__ void ZLossKernel(const float* __restrict__ logits, int64_t T, int E, double grad_coef,
-                            int64_t n, double* __restrict__ lse_sq,
-                            float* __restrict__ dlogits) {
+                            int64_t n, double* __restrict__ lse_sq, float* __restrict__ dlogits,
+                            Write write) {
   const int64_t t = WarpToken();
   if (t >= T) return;
   const int lane = threadIdx.x & 31;
@@ -305,7 +308,8 @@ __global__ void ZLossKernel(const float* __restrict__ logits, int64_t T, int E, 
     const double scale = __dmul_rn(grad_coef, lse) / static_cast<double>(n);
     for (int e = lane; e < E; e += 32) {
       const double v = __dmul_rn(scale, exp(static_cast<double>(l[e]) - m)) / sum;
-      dlogits[t * E + e] += static_cast<float>(v);
+      const float base = write == Write::kSet ? 0.0f : dlogits[t * E + e];
+      dlogits[t * E + e] = base + static_cast<float>(v);
     }
   }
 }

@@ -10,8 +10,9 @@
 //    random second expert, without any draws, with the gradient sync's buckets marked
 //    during the backward (unordered accumulation), with one micro-batch, with bf16
 //    activation storage, full recompute and the head in chunks, and with swiglu experts
-//    with biases under rope and rmsnorm, with validation
-//    between steps: the losses of 6 steps, every weight after them and the routing-by-
+//    with biases under rope and rmsnorm, with validation between steps, and with the
+//    sequence and global aux-loss scopes (their terms on the device; the global scope's
+//    load, which each step's update changes, read from its buffer at replay): the losses of 6 steps, every weight after them and the routing-by-
 //    language counts (recorded in the run's second half from the choices a replay leaves)
 //    are the same with and without the graph, and 5 of the 6 steps were replays (the first
 //    warms up). The router's per-step keys are read from device memory in graph mode
@@ -19,8 +20,7 @@
 //  - AResumedGraphedRunContinuesAsTheEagerOne: saved after 3 graphed steps and resumed
 //    graphed (captured again), the last 3 losses are the uninterrupted eager run's bits.
 //  - ConfigChecks: the switch refuses, each with one error naming its key, what a replay
-//    cannot repeat: more than one rank, host dispatch counts, the sequence/global aux-loss
-//    scopes, overlapped exchanges.
+//    cannot repeat: more than one rank, host dispatch counts, overlapped exchanges.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -71,6 +71,8 @@ TEST_F(CudaGraphsTest, ReplayedStepsAreBitIdentical) {
        "train.head_chunk_tokens=5"},        // bf16 storage, recompute, the head in chunks
       {"moe.activation=swiglu", "model.activation=swiglu", "model.norm=rmsnorm",
        "model.position=rope", "moe.bias=true"},  // swiglu experts with biases, rope
+      {"moe.aux_loss_scope=sequence"},      // each sequence's terms, on the device
+      {"moe.aux_loss_scope=global", "moe.capacity_factor=0"},  // the load, read at replay
   };
   for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
@@ -134,7 +136,6 @@ TEST_F(CudaGraphsTest, ConfigChecks) {
   const std::vector<Case> cases = {
       {{}, 2, "runs on one rank"},
       {{"moe.dispatch_counts=host"}, 1, "moe.dispatch_counts=device"},
-      {{"moe.aux_loss_scope=sequence"}, 1, "moe.aux_loss_scope=group"},
       {{"moe.overlap_chunks=2"}, 1, "moe.overlap_chunks=1"},
   };
   for (const Case& c : cases) {

@@ -189,6 +189,34 @@ TEST_F(DeviceCountsTest, CapacityRoutingReadsBackOncePerStep) {
   }
 }
 
+// The sequence and global aux-loss scopes keep their terms on the device too
+// (moe::BalanceTermsInto): one readback per step. They read back each sequence's sums
+// ("moe.balance_sums", 4 sequences a micro-batch here) and the global scope's load
+// ("moe.expert_load") for each layer and micro-batch until 2026-12-04. A group's sequences
+// take one dispatch for their sums, one for their mean loss and one for their gradient
+// columns, whatever their number.
+TEST_F(DeviceCountsTest, EveryAuxScopeReadsBackOncePerStep) {
+  if (!is_root()) return;
+  const int64_t groups = kMoELayers * kMicroBatches;
+  const std::map<std::string, std::vector<std::string>> ops = {
+      {"sequence", {"PartBalanceSums", "PartBalanceValueInto", "AddPartBalanceColumns"}},
+      {"global", {"GlobalBalanceValueInto", "AddGlobalBalanceColumn"}}};
+  for (const auto& [scope, scope_ops] : ops) {
+    SCOPED_TRACE(scope);
+    auto trainer = TrainProfiled({"moe.capacity_factor=0", "moe.aux_loss_scope=" + scope},
+                                 dir("counts_scope_" + scope), kSteps);
+    ASSERT_NE(trainer, nullptr);
+    const std::map<std::string, int64_t> want = {{"step_end", 1}};
+    for (const DeviceCounts& c : trainer->profile()->step_counts()) {
+      EXPECT_EQ(c.readback_sites, want) << Sites(c);
+      for (const std::string& op : scope_ops) {
+        EXPECT_EQ(c.dispatch_ops.count(op) ? c.dispatch_ops.at(op) : 0, groups) << op;
+      }
+      EXPECT_EQ(c.dispatch_ops.count("AddBalanceColumn"), 0u) << "the group scope's column";
+    }
+  }
+}
+
 // The dispatch counts on the device or on the host: the same training, bit for bit (the CPU
 // runs the same products on the same rows either way), dropless in f32 and in bf16 with gelu
 // experts with biases (the device-sized bias add and bias gradient) and swiglu experts, and

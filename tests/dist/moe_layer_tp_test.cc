@@ -43,7 +43,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/device_context.h"
 #include "engine/core/philox.h"
+#include "engine/core/step_readback.h"
 #include "engine/dist/mesh.h"
 #include "engine/dist/parallel_context.h"
 #include "engine/dist/process.h"
@@ -428,6 +430,36 @@ void CheckLayout(const Case& c, dist::Communicator& world, const Layout& layout)
     std::printf("    dropped %lld of %lld assignments, aux mean %.5f, z mean %.5f\n",
                 static_cast<long long>(want.dropped()), static_cast<long long>(want.assignments),
                 want.aux_mean(), want.z_mean());
+  }
+
+  // In a training step (a StepReadback open on the context) the sequence scope's terms stay
+  // on the device (moe::BalanceTermsInto), the whole group's columns cut to this rank's rows:
+  // the same aux, dh and gradients, bit for bit, as the host terms above on this layout.
+  if (config.aux_loss_scope != AuxLossScope::kGroup) {
+    std::vector<Tensor> grads;
+    for (const parallel::Parameter& p : params) {
+      grads.push_back(p.grad.defined() ? p.grad.Clone() : Tensor());
+    }
+    layer.ZeroGrad();
+    auto cpu = DeviceContext::Create(Device::Cpu());
+    StepReadback readback;
+    cpu->set_step_readback(&readback);
+    MoEForward step_out = layer.Forward(h, rows, true, kStep, g0 * kTokens, cpu.get());
+    Tensor step_dh = layer.Backward(step_out.acts, dy, daux, dz, cpu.get());
+    const std::vector<double> slots = readback.ReadBack(cpu.get());
+    cpu->set_step_readback(nullptr);
+    EXPECT_EQ(step_out.groups.aux.size(), out.groups.aux.size());
+    for (size_t g = 0; g < std::min(out.groups.aux.size(), step_out.groups.aux.size()); ++g) {
+      EXPECT_EQ(step_out.groups.aux[g].Value(slots), static_cast<double>(out.groups.aux[g]))
+          << "aux of group " << g0 + g << " in a step";
+    }
+    EXPECT_EQ(step_dh.ToVector<float>(), dh.ToVector<float>()) << "dh in a step";
+    for (size_t i = 0; i < np; ++i) {
+      if (grads[i].defined()) {
+        EXPECT_EQ(params[i].grad.ToVector<float>(), grads[i].ToVector<float>())
+            << "grad of " << params[i].Describe() << " in a step";
+      }
+    }
   }
 }
 

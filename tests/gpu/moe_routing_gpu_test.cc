@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -405,8 +406,15 @@ TEST(MoERoutingGpuTest, LoadBalanceAndZLossMatchCpu) {
     Tensor dprobs = HostUniform({c.T, c.E}, seed + 1);
     Tensor dprobs_d = dprobs.To(kCuda, gpu);
     const float aux = LoadBalancingLoss(probs, indices, 0.01f, 0.7f, &dprobs);
-    LoadBalancingLossBackward(s, c.k, 0.01f, 0.7f, dprobs_d, gpu);
+    LoadBalancingLossBackward(s, c.k, 0.01f, 0.7f, dprobs_d, kernels::Write::kAdd, gpu);
     ExpectBitEqual(dprobs_d, dprobs, gpu, name + " lb dprobs");
+    // kSet over NaN (never read): the CPU's kSet bits.
+    const Tensor nan_rows = Tensor::FromVector(
+        std::vector<float>(c.T * c.E, std::numeric_limits<float>::quiet_NaN()), {c.T, c.E});
+    Tensor set = nan_rows.Clone(), set_d = nan_rows.To(kCuda, gpu);
+    LoadBalancingLossBackward(s, c.k, 0.01f, 0.7f, set, kernels::Write::kSet);
+    LoadBalancingLossBackward(s, c.k, 0.01f, 0.7f, set_d, kernels::Write::kSet, gpu);
+    ExpectBitEqual(set_d, set, gpu, name + " lb dprobs kSet");
     const float aux_d = LoadBalancingLoss(probs_d, indices_d, 0.01f, 0.7f, nullptr, gpu);
     EXPECT_NEAR(aux_d, aux, 1e-6 * std::fabs(aux) + 1e-12) << name << " aux";
 
@@ -418,8 +426,15 @@ TEST(MoERoutingGpuTest, LoadBalanceAndZLossMatchCpu) {
       const float z_d = ZLoss(logits_d, 0.001f, 1.3f, &dl_d, group, gpu);
       EXPECT_NEAR(z_d, z, 1e-6 * std::fabs(z) + 1e-12) << name << " z, group " << group;
       ExpectNear(dl_d, dl, 1e-9, 1e-6, gpu, StrCat(name, " z dlogits, group ", group));
-      ZLossBackward(logits_d, 0.001f, 1.3f, dl2_d, group, gpu);
+      ZLossBackward(logits_d, 0.001f, 1.3f, dl2_d, kernels::Write::kAdd, group, gpu);
       ExpectBitEqual(dl2_d, dl_d, gpu, name + " ZLossBackward vs ZLoss");
+      // kSet over NaN: the bits of ZLoss's term added into zeros.
+      Tensor zeros_d = Tensor::Zeros({c.T, c.E}, DType::kF32, kCuda, gpu);
+      ZLoss(logits_d, 0.001f, 1.3f, &zeros_d, group, gpu);
+      Tensor set_dl_d = nan_rows.To(kCuda, gpu);
+      ZLossBackward(logits_d, 0.001f, 1.3f, set_dl_d, kernels::Write::kSet, group, gpu);
+      ExpectBitEqual(set_dl_d, zeros_d.To(Device::Cpu(), gpu), gpu,
+                     name + " ZLossBackward kSet vs into zeros");
       EXPECT_NEAR(ZLoss(logits_d, 0.001f, 0.0f, nullptr, group, gpu), z,
                   1e-6 * std::fabs(z) + 1e-12);
     }

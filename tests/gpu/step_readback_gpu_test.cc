@@ -8,7 +8,11 @@
 //  - SumSquaresPartials: SumSquaresMany once the host adds the partials in order (tensors
 //    of 0, 1, a few and several chunks' elements);
 //  - BalanceValuesInto and AddBalanceColumn: the CPU implementation's aux, counts and
-//    gradient column from the same sums (each double operation rounded once on both);
+//    gradient column from the same sums (each double operation rounded once on both), the
+//    column added or written (kSet);
+//  - the sequence and global scopes' kernels (PartBalanceSums, PartBalanceValueInto,
+//    AddPartBalanceColumns, GlobalBalanceValueInto, AddGlobalBalanceColumn): the CPU's
+//    bits, the part sums included (each column in double in row order on both);
 //  - the embedding with ids checked on the host: the lookup and its backward as with the
 //    on-device check, without its readbacks;
 //  - AddLabelAssignmentCounts (routing by language in a training step): the CPU's counts;
@@ -16,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "engine/core/counters.h"
@@ -136,10 +141,74 @@ TEST(StepReadbackGpuTest, BalanceKernelsGiveTheCpuBits) {
     EXPECT_EQ(Doubles(got, gpu), Doubles(want, gpu));
     const Tensor start = HostUniform({T, E}, 51);
     Tensor want_dp = start.Clone();
-    AddBalanceColumn(want_dp, host_counts, T, k, 0.01f, 0.37f);
+    AddBalanceColumn(want_dp, host_counts, T, k, 0.01f, 0.37f, Write::kAdd);
     Tensor got_dp = start.To(kCuda, gpu);
-    AddBalanceColumn(got_dp, counts, T, k, 0.01f, 0.37f, gpu);
+    AddBalanceColumn(got_dp, counts, T, k, 0.01f, 0.37f, Write::kAdd, gpu);
     ExpectBitEqual(got_dp, want_dp, gpu, "dprobs");
+    // kSet over NaN (never read), as the MoE layer's backward writes it.
+    const Tensor nan_rows = Tensor::FromVector(
+        std::vector<float>(T * E, std::numeric_limits<float>::quiet_NaN()), {T, E});
+    Tensor want_set = nan_rows.Clone(), got_set = nan_rows.To(kCuda, gpu);
+    AddBalanceColumn(want_set, host_counts, T, k, 0.01f, 0.37f, Write::kSet);
+    AddBalanceColumn(got_set, counts, T, k, 0.01f, 0.37f, Write::kSet, gpu);
+    ExpectBitEqual(got_set, want_set, gpu, "dprobs kSet");
+  }
+}
+
+// The sequence and global scopes' kernels (moe::BalanceTermsInto) give the CPU's bits: the
+// parts' counts and column sums (each column in double in row order), their mean aux, their
+// gradient columns in both writes, and the global scope's aux and column; part_tokens 64 over
+// 333 rows leaves a shorter last part.
+TEST(StepReadbackGpuTest, BalanceScopeKernelsGiveTheCpuBits) {
+  SY_REQUIRE_GPU();
+  auto context = DeviceContext::Create(kCuda);
+  DeviceContext* gpu = context.get();
+  const int64_t T = 333, E = 12, k = 2, part = 64, P = (T + part - 1) / part;
+  std::vector<int32_t> idx(T * k);
+  for (int64_t i = 0; i < T * k; ++i) idx[i] = static_cast<int32_t>((i * 7 + i / 5) % E);
+  idx[5] = static_cast<int32_t>(E);
+  const Tensor probs = HostUniform({T, E}, 52, 0.0f, 1.0f);
+  const Tensor indices = Tensor::FromVector(idx, {T, k});
+  Tensor counts = Tensor::Empty({P, k * E + 1}, DType::kI64);
+  Tensor sums = Tensor::Empty({P, E}, DType::kF32);
+  PartBalanceSums(probs, indices, part, counts, sums);
+  Tensor counts_d = Tensor::Empty({P, k * E + 1}, DType::kI64, kCuda);
+  Tensor sums_d = Tensor::Empty({P, E}, DType::kF32, kCuda);
+  PartBalanceSums(probs.To(kCuda, gpu), indices.To(kCuda, gpu), part, counts_d, sums_d, gpu);
+  EXPECT_EQ(ValuesOf<int64_t>(counts_d, gpu), counts.ToVector<int64_t>());
+  ExpectBitEqual(sums_d, sums, gpu, "part prob sums");
+
+  Tensor value = Tensor::Empty({1}, DType::kF64);
+  Tensor value_d = Tensor::Empty({1}, DType::kF64, kCuda);
+  PartBalanceValueInto(counts, sums, T, part, k, 0.01f, value);
+  PartBalanceValueInto(counts_d, sums_d, T, part, k, 0.01f, value_d, gpu);
+  EXPECT_EQ(Doubles(value_d, gpu), value.ToVector<double>());
+
+  const Tensor start = HostUniform({T, E}, 53);
+  const Tensor nan_rows = Tensor::FromVector(
+      std::vector<float>(T * E, std::numeric_limits<float>::quiet_NaN()), {T, E});
+  for (const Write write : {Write::kAdd, Write::kSet}) {
+    const Tensor& from = write == Write::kSet ? nan_rows : start;
+    Tensor want = from.Clone(), got = from.To(kCuda, gpu);
+    AddPartBalanceColumns(want, counts, part, k, 0.01f, 0.37f, write);
+    AddPartBalanceColumns(got, counts_d, part, k, 0.01f, 0.37f, write, gpu);
+    ExpectBitEqual(got, want, gpu, write == Write::kSet ? "part columns kSet" : "part columns");
+  }
+
+  const Tensor load = HostUniform({E}, 54, 0.0f, 1.0f);
+  const Tensor group_sums = HostUniform({E}, 55, 0.0f, 300.0f);
+  Tensor global = Tensor::Empty({1}, DType::kF64);
+  Tensor global_d = Tensor::Empty({1}, DType::kF64, kCuda);
+  GlobalBalanceValueInto(load, group_sums, T, 0.01f, global);
+  GlobalBalanceValueInto(load.To(kCuda, gpu), group_sums.To(kCuda, gpu), T, 0.01f, global_d,
+                         gpu);
+  EXPECT_EQ(Doubles(global_d, gpu), global.ToVector<double>());
+  for (const Write write : {Write::kAdd, Write::kSet}) {
+    const Tensor& from = write == Write::kSet ? nan_rows : start;
+    Tensor want = from.Clone(), got = from.To(kCuda, gpu);
+    AddGlobalBalanceColumn(want, load, T, 0.01f, 0.37f, write);
+    AddGlobalBalanceColumn(got, load.To(kCuda, gpu), T, 0.01f, 0.37f, write, gpu);
+    ExpectBitEqual(got, want, gpu, write == Write::kSet ? "global column kSet" : "global column");
   }
 }
 

@@ -224,8 +224,14 @@ TEST(MoERoutingTest, ColumnSumsAndConstants) {
   Tensor s2 = Tensor::Empty({2}, DType::kF32);
   ProbColumnSums(p, s2);
   EXPECT_EQ(s2.ToVector<float>(), (std::vector<float>{1.75f, 1.25f}));
-  AddColumnConstants(p, std::vector<float>{1.0f, -0.5f});
+  AddColumnConstants(p, std::vector<float>{1.0f, -0.5f}, Write::kAdd);
   EXPECT_EQ(p.ToVector<float>(), (std::vector<float>{1.25f, 0.25f, 1.5f, 0.0f, 2.0f, -0.5f}));
+  // kSet writes +0 + column over whatever p held (NaN here): -0 becomes +0.
+  Tensor q = Tensor::FromVector(std::vector<float>(4, std::nanf("")), {2, 2});
+  AddColumnConstants(q, std::vector<float>{-0.0f, 3.0f}, Write::kSet);
+  const std::vector<float> got = q.ToVector<float>();
+  EXPECT_EQ(got, (std::vector<float>{0.0f, 3.0f, 0.0f, 3.0f}));
+  EXPECT_FALSE(std::signbit(got[0]) || std::signbit(got[2])) << "kSet: +0 + -0 is +0";
 }
 
 TEST(MoERoutingTest, ZLossBackwardEqualsZLossGradient) {
@@ -233,8 +239,14 @@ TEST(MoERoutingTest, ZLossBackwardEqualsZLossGradient) {
   for (int64_t group : {0, 30}) {
     Tensor a = Uniform({11, 7}, 42), b = a.Clone();
     const float z = RouterZLoss(logits, 0.01f, 0.5f, group, &a);
-    RouterZLossBackward(logits, 0.01f, 0.5f, group, b);
+    RouterZLossBackward(logits, 0.01f, 0.5f, group, b, Write::kAdd);
     EXPECT_EQ(a.ToVector<float>(), b.ToVector<float>());
+    // kSet over NaN: RouterZLoss's term added into zeros, the same bits.
+    Tensor zeros = Tensor::Zeros({11, 7}, DType::kF32);
+    RouterZLoss(logits, 0.01f, 0.5f, group, &zeros);
+    Tensor set = Tensor::FromVector(std::vector<float>(77, std::nanf("")), {11, 7});
+    RouterZLossBackward(logits, 0.01f, 0.5f, group, set, Write::kSet);
+    EXPECT_EQ(std::memcmp(set.data<float>(), zeros.data<float>(), 77 * sizeof(float)), 0);
     EXPECT_EQ(RouterZLoss(logits, 0.01f, 0.0f, group, nullptr), z);
     EXPECT_GT(z, 0.0f);
   }

@@ -1,6 +1,7 @@
-// What the two emulation tests of the MoE routing kernels share (routing_emulation_test.cc:
-// the router's choice, its backward and the expert-bias update; routing_sums_emulation_test.cc:
-// the counts, column sums, z-loss and load-balancing loss): the includes of the device code
+// What the emulation tests of the MoE routing kernels share (routing_emulation_test.cc: the
+// router's choice, its backward and the expert-bias update; routing_sums_emulation_test.cc:
+// the counts, column sums, z-loss and load-balancing loss; balance_scopes_emulation_test.cc:
+// the load-balancing loss's sequence and global scopes): the includes of the device code
 // in the host model of CUDA (tests/kernels/cuda_emulation.h), the launch helpers with the
 // .cu files' block sizes, the error-bound constants and a bit-for-bit comparison.
 #pragma once

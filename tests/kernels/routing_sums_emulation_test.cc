@@ -211,6 +211,8 @@ TEST(RoutingSumsEmulationTest, ProbColumnSumsWithEmptyChunksPastTheCap) {
   ExpectBits(got, want.ToVector<float>(), "T=" + std::to_string(T));
 }
 
+// Both writes: kAdd into x0, kSet over NaN (never read), which gives the bits of adding into
+// zeros (a -0 column entry included: +0 + -0 = +0).
 TEST(RoutingSumsEmulationTest, AddColumnConstantsEqualsTheCpu) {
   struct Case {
     int64_t T, E;
@@ -218,17 +220,28 @@ TEST(RoutingSumsEmulationTest, AddColumnConstantsEqualsTheCpu) {
   };
   const Case cases[] = {{1, 1, 0}, {5, 7, 0}, {300, 33, 0}, {300, 33, 2}};
   for (const Case& c : cases) {
-    const std::vector<float> x0 = Uniform(c.T * c.E, 1700 + c.T + c.blocks, -1.0f, 1.0f);
-    const std::vector<float> column = Uniform(c.E, 1800 + c.E, -1.0f, 1.0f);
-    std::vector<float> got = x0;
+    std::vector<float> column = Uniform(c.E, 1800 + c.E, -1.0f, 1.0f);
+    column[0] = -0.0f;
     const int64_t n = c.T * c.E;
-    Launch(c.blocks > 0 ? c.blocks : GridFor(n), kThreads, [&] {
-      rt::AddColumnConstantsKernel(got.data(), column.data(), n, static_cast<int>(c.E));
-    });
-    Tensor want = Tensor::FromVector(x0, {c.T, c.E});
-    AddColumnConstants(want, column);
-    ExpectBits(got, want.ToVector<float>(),
-               "T=" + std::to_string(c.T) + " E=" + std::to_string(c.E));
+    for (const Write write : {Write::kAdd, Write::kSet}) {
+      const bool set = write == Write::kSet;
+      const std::string name = "T=" + std::to_string(c.T) + " E=" + std::to_string(c.E) +
+                               (set ? " kSet" : " kAdd");
+      const std::vector<float> x0 =
+          set ? std::vector<float>(n, kNaN) : Uniform(n, 1700 + c.T + c.blocks, -1.0f, 1.0f);
+      std::vector<float> got = x0;
+      Launch(c.blocks > 0 ? c.blocks : GridFor(n), kThreads, [&] {
+        rt::AddColumnConstantsKernel(got.data(), column.data(), n, static_cast<int>(c.E), write);
+      });
+      Tensor want = Tensor::FromVector(x0, {c.T, c.E});
+      AddColumnConstants(want, column, write);
+      ExpectBits(got, want.ToVector<float>(), name);
+      if (set) {
+        Tensor zeros = Tensor::Zeros({c.T, c.E}, DType::kF32);
+        AddColumnConstants(zeros, column, Write::kAdd);
+        ExpectBits(got, zeros.ToVector<float>(), name + " vs kAdd into zeros");
+      }
+    }
   }
 }
 
@@ -262,7 +275,7 @@ ZLossRun RunZLoss(const std::vector<float>& logits, int64_t T, int64_t E, float 
   const double grad_coef = dlogits != nullptr ? rt::ZLossGradCoef(grad, coef) : 0.0;
   Launch(rt::TokenBlocks(T), rt::kTokenThreads, [&] {
     rt::ZLossKernel(logits.data(), T, static_cast<int>(E), grad_coef, n, r.lse_sq.data(),
-                    dlogits != nullptr ? r.dlogits.data() : nullptr);
+                    dlogits != nullptr ? r.dlogits.data() : nullptr, Write::kAdd);
   });
   double total = std::numeric_limits<double>::quiet_NaN();
   Launch(1, rt::kSumDoublesThreads, [&] { rt::SumDoublesKernel(r.lse_sq.data(), T, &total); });
@@ -296,6 +309,10 @@ TEST(RoutingSumsEmulationTest, ZLossWithinTheOrderBound) {
       const Tensor l = Tensor::FromVector(logits, {c.T, c.E});
       const float z = RouterZLoss(l, coef, grad, group, &want);
       RouterZLoss(l, coef, grad, group, &alone);
+      // RouterZLossBackward's kSet over NaN: the added term's bits.
+      Tensor set = Tensor::FromVector(std::vector<float>(c.T * c.E, kNaN), {c.T, c.E});
+      RouterZLossBackward(l, coef, grad, group, set, Write::kSet);
+      ExpectBits(set.ToVector<float>(), alone.ToVector<float>(), name + " CPU kSet");
       const std::vector<float> w = want.ToVector<float>(), b = alone.ToVector<float>();
 
       // Per token: lse and its share of the error of the double sums (ordered differently).
@@ -326,13 +343,20 @@ TEST(RoutingSumsEmulationTest, ZLossWithinTheOrderBound) {
                             std::fabs(coef) * dsum / n * (1 + 1e-12) + kTiny;
       EXPECT_LE(std::fabs(got.value - z), zbound) << name << " value " << got.value << " vs " << z;
 
-      // RouterZLossBackward (no lse_sq) and RouterZLossInto (no dlogits): the same bits.
-      std::vector<float> grad_only = start;
-      Launch(rt::TokenBlocks(c.T), rt::kTokenThreads, [&] {
-        rt::ZLossKernel(logits.data(), c.T, static_cast<int>(c.E), rt::ZLossGradCoef(grad, coef),
-                        n, nullptr, grad_only.data());
-      });
-      ExpectBits(grad_only, got.dlogits, name + " gradient without the value");
+      // RouterZLossBackward (no lse_sq) and RouterZLossInto (no dlogits): the same bits; its
+      // kSet over NaN, the bits of adding into zeros.
+      const auto gradient_only = [&](std::vector<float> dl, Write write) {
+        Launch(rt::TokenBlocks(c.T), rt::kTokenThreads, [&] {
+          rt::ZLossKernel(logits.data(), c.T, static_cast<int>(c.E),
+                          rt::ZLossGradCoef(grad, coef), n, nullptr, dl.data(), write);
+        });
+        return dl;
+      };
+      ExpectBits(gradient_only(start, Write::kAdd), got.dlogits,
+                 name + " gradient without the value");
+      ExpectBits(gradient_only(std::vector<float>(c.T * c.E, kNaN), Write::kSet),
+                 gradient_only(std::vector<float>(c.T * c.E, 0.0f), Write::kAdd),
+                 name + " kSet vs kAdd into zeros");
       if (group == 0) {
         const ZLossRun value_only = RunZLoss(logits, c.T, c.E, coef, grad, n, nullptr);
         ExpectBits(value_only.lse_sq, got.lse_sq, name + " lse^2 without the gradient");
@@ -386,21 +410,33 @@ TEST(RoutingSumsEmulationTest, BalanceValuesAndColumnEqualTheCpu) {
       EXPECT_GT(values.back(), 0.0) << name << ": bad indices counted";
     }
 
-    // AddBalanceColumn: the column, then its add to every row (nothing when T = 0).
-    const std::vector<float> start = Uniform(c.T * c.E, stream + 2, -1.0f, 1.0f);
-    std::vector<float> got = start;
+    // AddBalanceColumn: the column, then its add to every row (nothing when T = 0); kSet
+    // over NaN, the bits of adding into zeros.
     const int64_t n = c.T * c.E;
+    std::vector<float> col(c.E, kNaN);
     if (c.T > 0) {
-      std::vector<float> col(c.E, kNaN);
       Launch(GridFor(c.E), kThreads, [&] {
         bl::BalanceColumnKernel(counts.data(), c.E, c.k, c.T, coef, grad, col.data());
       });
-      Launch(c.blocks > 0 ? c.blocks : GridFor(n), kThreads,
-             [&] { bl::AddColumnKernel(got.data(), col.data(), n, c.E); });
     }
-    Tensor want_dp = Tensor::FromVector(start, {c.T, c.E});
-    AddBalanceColumn(want_dp, counts_t, c.T, c.k, coef, grad);
-    ExpectBits(got, want_dp.ToVector<float>(), name + " dprobs");
+    for (const Write write : {Write::kAdd, Write::kSet}) {
+      const bool set = write == Write::kSet;
+      const std::vector<float> start =
+          set ? std::vector<float>(n, kNaN) : Uniform(n, stream + 2, -1.0f, 1.0f);
+      std::vector<float> got = start;
+      if (c.T > 0) {
+        Launch(c.blocks > 0 ? c.blocks : GridFor(n), kThreads,
+               [&] { bl::AddColumnKernel(got.data(), col.data(), n, c.E, write); });
+      }
+      Tensor want_dp = Tensor::FromVector(start, {c.T, c.E});
+      AddBalanceColumn(want_dp, counts_t, c.T, c.k, coef, grad, write);
+      ExpectBits(got, want_dp.ToVector<float>(), name + (set ? " dprobs kSet" : " dprobs"));
+      if (set) {
+        Tensor zeros = Tensor::Zeros({c.T, c.E}, DType::kF32);
+        AddBalanceColumn(zeros, counts_t, c.T, c.k, coef, grad, Write::kAdd);
+        ExpectBits(got, zeros.ToVector<float>(), name + " kSet vs kAdd into zeros");
+      }
+    }
   }
 }
 

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -19,6 +21,12 @@
 
 namespace switchyard::moe {
 namespace {
+
+// A (rows, cols) f32 of NaN: what a kSet write must cover, never read.
+Tensor NaNs(const Shape& shape) {
+  return Tensor::FromVector(
+      std::vector<float>(NumElements(shape), std::numeric_limits<float>::quiet_NaN()), shape);
+}
 
 TEST(AuxLossTest, BalancedRoutingGivesTheCoefficient) {
   const int64_t T = 8, E = 4, k = 2;
@@ -103,7 +111,7 @@ TEST(AuxLossTest, SplitGroupPiecesAddUpToTheGroup) {
   EXPECT_FLOAT_EQ(static_cast<float>(z_sum), z);
   for (int p = 0; p < 2; ++p) {
     Tensor piece = dp.Slice(cuts[p], cuts[p + 1]);
-    LoadBalancingLossBackward(group, k, 0.3f, 1.0f, piece);
+    LoadBalancingLossBackward(group, k, 0.3f, 1.0f, piece, kernels::Write::kAdd);
   }
   EXPECT_EQ(dp.ToVector<float>(), whole_dp.ToVector<float>());
   EXPECT_EQ(dl.ToVector<float>(), whole_dl.ToVector<float>());
@@ -217,14 +225,14 @@ TEST(AuxLossTest, RouterGradientsMatchFiniteDifferences) {
                                        RouterRng{config.seed, 3, 1, 40});
       ASSERT_EQ(out.jitter.on, jitter > 0.0f);
 
-      Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
+      Tensor dprobs = NaNs({T, E});  // written whole (kSet), as the MoE layer does
       Tensor dlogits = Tensor::Zeros({T, E}, DType::kF32);
       const BalanceTerms terms =
           BalanceTermsOf(out.probs, out.indices, LoadBalanceSumsOf(out.probs, out.indices),
                          config.aux_loss_scope, config.seq_len, {});
       ASSERT_EQ(terms.parts.size(), seq_len > 0 ? 3u : 1u);
       const float aux = BalanceLoss(terms, k, config.aux_loss_coef);
-      BalanceLossBackward(terms, k, config.aux_loss_coef, 1.0f, dprobs);
+      BalanceLossBackward(terms, k, config.aux_loss_coef, 1.0f, dprobs, kernels::Write::kSet);
       const float z = ZLoss(out.logits, config.z_loss_coef, 1.0f, &dlogits);
       Tensor dh = Tensor::Zeros({T, d}, DType::kF32);
       Tensor dwr = Tensor::Zeros({d, E}, DType::kF32);
@@ -297,8 +305,8 @@ TEST(AuxLossTest, SequenceScopeByHand) {
   EXPECT_FLOAT_EQ(BalanceLoss(seq, 1, coef), 1.125f * coef);
   const BalanceTerms whole = BalanceTermsOf(probs, idx, group, AuxLossScope::kGroup, 2, {});
   EXPECT_FLOAT_EQ(BalanceLoss(whole, 1, coef), coef);
-  Tensor dprobs = Tensor::Zeros({4, 2}, DType::kF32);
-  BalanceLossBackward(seq, 1, coef, 2.0f, dprobs);
+  Tensor dprobs = NaNs({4, 2});  // kSet: every part's rows written, nothing read
+  BalanceLossBackward(seq, 1, coef, 2.0f, dprobs, kernels::Write::kSet);
   const std::vector<float> want = {0.1f, 0.0f, 0.1f, 0.0f, 0.05f, 0.05f, 0.05f, 0.05f};
   const std::vector<float> got = dprobs.ToVector<float>();
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
@@ -319,8 +327,8 @@ TEST(AuxLossTest, GlobalScopeUsesTheGivenLoad) {
   const BalanceTerms terms =
       BalanceTermsOf(probs, idx, LoadBalanceSumsOf(probs, idx), AuxLossScope::kGlobal, 2, load);
   EXPECT_FLOAT_EQ(BalanceLoss(terms, 1, coef), coef);
-  Tensor dprobs = Tensor::Zeros({4, 2}, DType::kF32);
-  BalanceLossBackward(terms, 1, coef, 2.0f, dprobs);
+  Tensor dprobs = NaNs({4, 2});
+  BalanceLossBackward(terms, 1, coef, 2.0f, dprobs, kernels::Write::kSet);
   const std::vector<float> got = dprobs.ToVector<float>();
   for (int t = 0; t < 4; ++t) {
     EXPECT_FLOAT_EQ(got[2 * t], 0.025f);
@@ -354,7 +362,9 @@ TEST(AuxLossTest, SumsOnTheDeviceGiveTheHostBits) {
   const LoadBalanceSums host = LoadBalanceSumsOf(r.probs, r.indices);
   const float aux = LoadBalancingLossFromSums(host, k, coef);
   Tensor want = Tensor::FromVector(start, {T, E});
-  LoadBalancingLossBackward(host, k, coef, grad, want);
+  LoadBalancingLossBackward(host, k, coef, grad, want, kernels::Write::kAdd);
+  Tensor want_set = NaNs({T, E});
+  LoadBalancingLossBackward(host, k, coef, grad, want_set, kernels::Write::kSet);
 
   StepReadback readback;
   readback.Reserve(3, Device::Cpu(), nullptr);  // slots before the group's, as in a step
@@ -362,8 +372,14 @@ TEST(AuxLossTest, SumsOnTheDeviceGiveTheHostBits) {
   ASSERT_TRUE(device.on_device());
   EXPECT_EQ(device.values_slot, 3);
   Tensor got = Tensor::FromVector(start, {T, E});
-  LoadBalancingLossBackward(device, k, coef, grad, got);
+  LoadBalancingLossBackward(device, k, coef, grad, got, kernels::Write::kAdd);
   EXPECT_EQ(got.ToVector<float>(), want.ToVector<float>());
+  Tensor got_set = NaNs({T, E});
+  LoadBalancingLossBackward(device, k, coef, grad, got_set, kernels::Write::kSet);
+  EXPECT_EQ(got_set.ToVector<float>(), want_set.ToVector<float>());
+  Tensor zeros = Tensor::Zeros({T, E}, DType::kF32);  // kSet: the bits of adding into zeros
+  LoadBalancingLossBackward(host, k, coef, grad, zeros, kernels::Write::kAdd);
+  EXPECT_EQ(std::memcmp(got_set.data<float>(), zeros.data<float>(), T * E * sizeof(float)), 0);
   const std::vector<double> slots = readback.ReadBack(nullptr);
   ASSERT_EQ(slots.size(), static_cast<size_t>(3 + E + 2));
   EXPECT_EQ(slots[3], static_cast<double>(aux));
@@ -372,6 +388,72 @@ TEST(AuxLossTest, SumsOnTheDeviceGiveTheHostBits) {
     EXPECT_EQ(slots[4 + e], static_cast<double>(host.assignments[e])) << "expert " << e;
   }
   EXPECT_EQ(slots[4 + E], 0.0) << "no index outside [0, E)";
+}
+
+// A training step's terms (BalanceTermsInto: nothing read back) give the host terms' aux and
+// gradient, bit for bit, in every scope: the sequence scope's parts whole and with a shorter
+// last one, and the global scope's load.
+TEST(AuxLossTest, TermsOnTheDeviceGiveTheHostBits) {
+  const int64_t E = 6, k = 2;
+  MoEConfig config;
+  config.d_model = E;
+  config.num_experts = E;
+  config.top_k = k;
+  std::vector<float> eye(E * E, 0.0f);
+  for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
+  const std::vector<float> load = {0.05f, 0.3f, 0.1f, 0.25f, 0.2f, 0.1f};
+  struct Case {
+    AuxLossScope scope;
+    int64_t T, seq_len;
+  };
+  const Case cases[] = {{AuxLossScope::kGroup, 40, 8},     {AuxLossScope::kSequence, 40, 8},
+                        {AuxLossScope::kSequence, 37, 8},  {AuxLossScope::kSequence, 8, 8},
+                        {AuxLossScope::kGlobal, 37, 8}};
+  const float coef = 0.013f, grad = 0.7f;
+  for (const Case& c : cases) {
+    const std::string name = std::string(AuxLossScopeName(c.scope)) + " T=" +
+                             std::to_string(c.T) + " seq " + std::to_string(c.seq_len);
+    std::vector<float> logits(c.T * E);
+    for (int64_t i = 0; i < c.T * E; ++i) logits[i] = 4.0f * UniformAt({11, 12}, i) - 2.0f;
+    const RouterOutput r =
+        RouterForward(Tensor::FromVector(logits, {c.T, E}), Tensor::FromVector(eye, {E, E}),
+                      Tensor(), config, false, RouterRng{});
+    const std::vector<float> host_load =
+        c.scope == AuxLossScope::kGlobal ? load : std::vector<float>{};
+    const BalanceTerms host =
+        BalanceTermsOf(r.probs, r.indices, LoadBalanceSumsOf(r.probs, r.indices), c.scope,
+                       c.seq_len, host_load);
+    const float aux = BalanceLoss(host, k, coef);
+    Tensor want = NaNs({c.T, E});
+    BalanceLossBackward(host, k, coef, grad, want, kernels::Write::kSet);
+
+    StepReadback readback;
+    readback.Reserve(2, Device::Cpu(), nullptr);  // slots before the group's, as in a step
+    const LoadBalanceSums group = LoadBalanceSumsInto(r.probs, r.indices, coef, readback, nullptr);
+    const BalanceTerms device =
+        BalanceTermsInto(r.probs, r.indices, group, c.scope, c.seq_len,
+                         c.scope == AuxLossScope::kGlobal ? Tensor::FromVector(load, {E})
+                                                          : Tensor(),
+                         k, coef, readback, nullptr);
+    EXPECT_EQ(device.one_row(), host.parts.size() == 1) << name;
+    Tensor got = NaNs({c.T, E});
+    BalanceLossBackward(device, k, coef, grad, got, kernels::Write::kSet);
+    EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), c.T * E * sizeof(float)), 0)
+        << name << " dprobs";
+    Tensor added = Tensor::FromVector(std::vector<float>(c.T * E, 0.25f), {c.T, E});
+    Tensor added_host = added.Clone();
+    BalanceLossBackward(device, k, coef, grad, added, kernels::Write::kAdd);
+    BalanceLossBackward(host, k, coef, grad, added_host, kernels::Write::kAdd);
+    EXPECT_EQ(added.ToVector<float>(), added_host.ToVector<float>()) << name << " kAdd";
+    const std::vector<double> slots = readback.ReadBack(nullptr);
+    ASSERT_GT(static_cast<int64_t>(slots.size()), device.aux_slot) << name;
+    EXPECT_EQ(slots[device.aux_slot], static_cast<double>(aux)) << name << " aux";
+    EXPECT_NE(aux, 0.0f) << name;
+    // The group scope (and a sequence as long as the group) reuse the group's aux slot.
+    const bool own_slot = (c.scope == AuxLossScope::kSequence && c.seq_len < c.T) ||
+                          c.scope == AuxLossScope::kGlobal;
+    EXPECT_EQ(device.aux_slot != group.values_slot, own_slot) << name;
+  }
 }
 
 }  // namespace

@@ -82,9 +82,10 @@ RouterTermScale RouterTerms(const RoutedGroups& whole, const Tensor& wr, const M
     const int64_t T = r.input.dim(0);
     // RouteGroupsBackward's inputs to RouterBackward for a whole group, to get its dlogits.
     Tensor dprobs = Tensor::Zeros({T, E}, DType::kF32);
-    BalanceLossBackward(whole.terms[g], c.top_k, c.aux_loss_coef, daux[g], dprobs);
+    BalanceLossBackward(whole.terms[g], c.top_k, c.aux_loss_coef, daux[g], dprobs,
+                        kernels::Write::kAdd);
     Tensor dlogits_extra = Tensor::Zeros({T, E}, DType::kF32);
-    ZLossBackward(r.logits, c.z_loss_coef, dz[g], dlogits_extra, 0);
+    ZLossBackward(r.logits, c.z_loss_coef, dz[g], dlogits_extra, kernels::Write::kAdd, 0);
     Tensor scratch_dh = Tensor::Zeros({T, d}, DType::kF32), scratch_dwr = Tensor::Zeros({d, E}, DType::kF32);
     const std::vector<float> dl = Vec<float>(RouterBackward(
         r, wr, c, dgates.Slice(g * T, (g + 1) * T), dprobs, dlogits_extra, scratch_dh, scratch_dwr));
