@@ -19,6 +19,8 @@
 //    train.head_chunk_tokens). Issue #36's target is one readback per step;
 //    what is left (the dispatch plan's counts, host sizes of the grouped expert GEMMs) and
 //    why is in docs/gpu.md.
+//  - EveryAuxScopeReadsBackOncePerStep: the sequence and global aux-loss scopes too, their
+//    terms on the device, one dispatch per op and routing group whatever the sequences.
 //  - ResidualAddsRunInTheNextNorm: no residual add has a kernel of its own; each runs in the
 //    norm after it (counted by op), under every recompute mode, to the same bits.
 //  - Bf16WeightsConvertedOncePerStep: runtime.precision=bf16 converts each weight a product
