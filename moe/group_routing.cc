@@ -54,6 +54,34 @@ PendingSum ZLossValue(const Tensor& logits, float coef, DeviceContext* ctx) {
   return static_cast<double>(ZLoss(logits, coef, 0.0f, nullptr, 0, ctx));
 }
 
+// A routed group's load-balancing sums, loss terms and aux into out. In a training step they
+// stay on the device until its readback; otherwise they are read back (and the global
+// scope's f from expert_load into `load`, once for all groups).
+void AddBalanceTerms(const RouterOutput& r, const MoEConfig& config, const Tensor& expert_load,
+                     std::vector<float>& load, DeviceContext* ctx, RoutedGroups& out) {
+  StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
+  if (readback != nullptr) {
+    LoadBalanceSums lb =
+        LoadBalanceSumsInto(r.probs, r.indices, config.aux_loss_coef, *readback, ctx);
+    BalanceTerms terms =
+        BalanceTermsInto(r.probs, r.indices, lb, config.aux_loss_scope, config.seq_len,
+                         expert_load, config.top_k, config.aux_loss_coef, *readback, ctx);
+    out.aux.push_back(PendingSum::Slot(terms.aux_slot));
+    out.terms.push_back(std::move(terms));
+    out.balance.push_back(std::move(lb));
+    return;
+  }
+  if (load.empty() && expert_load.defined() && config.aux_loss_scope == AuxLossScope::kGlobal) {
+    load = expert_load.ToHost("moe.expert_load", ctx).ToVector<float>();
+  }
+  LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
+  BalanceTerms terms = BalanceTermsOf(r.probs, r.indices, lb, config.aux_loss_scope,
+                                      config.seq_len, load, ctx);
+  out.aux.push_back(static_cast<double>(BalanceLoss(terms, config.top_k, config.aux_loss_coef)));
+  out.terms.push_back(std::move(terms));
+  out.balance.push_back(std::move(lb));
+}
+
 }  // namespace
 
 RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr,
@@ -106,30 +134,7 @@ RoutedGroups RouteGroups(const Tensor& h, int64_t local_tokens, const Tensor& wr
       r.logits = token_order.defined() ? RowsAt(whole, token_order, ctx) : whole;
     }
     RouterChoose(r, expert_bias, config, group_rng, ctx);
-    StepReadback* readback = ctx != nullptr ? ctx->step_readback() : nullptr;
-    if (readback != nullptr) {
-      // A training step: the sums, aux and counts stay on the device until its readback.
-      LoadBalanceSums lb =
-          LoadBalanceSumsInto(r.probs, r.indices, config.aux_loss_coef, *readback, ctx);
-      BalanceTerms terms =
-          BalanceTermsInto(r.probs, r.indices, lb, config.aux_loss_scope, config.seq_len,
-                           expert_load, config.top_k, config.aux_loss_coef, *readback, ctx);
-      out.aux.push_back(PendingSum::Slot(terms.aux_slot));
-      out.terms.push_back(std::move(terms));
-      out.balance.push_back(std::move(lb));
-    } else {
-      if (load.empty() && expert_load.defined() &&
-          config.aux_loss_scope == AuxLossScope::kGlobal) {
-        load = expert_load.ToHost("moe.expert_load", ctx).ToVector<float>();
-      }
-      LoadBalanceSums lb = LoadBalanceSumsOf(r.probs, r.indices, ctx);
-      BalanceTerms terms = BalanceTermsOf(r.probs, r.indices, lb, config.aux_loss_scope,
-                                          config.seq_len, load, ctx);
-      out.aux.push_back(
-          static_cast<double>(BalanceLoss(terms, config.top_k, config.aux_loss_coef)));
-      out.terms.push_back(std::move(terms));
-      out.balance.push_back(std::move(lb));
-    }
+    AddBalanceTerms(r, config, expert_load, load, ctx, out);
     out.z.push_back(ZLossValue(r.logits, config.z_loss_coef, ctx));
     // The z-loss's statistic whatever its coefficient (coef 1: the same pass and rounding).
     out.lse_sq.push_back(config.z_loss_coef == 1.0f ? out.z.back()

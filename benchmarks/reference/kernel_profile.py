@@ -35,6 +35,7 @@ FAMILIES = [
     ("dispatch, combine", r"^(Gather|GatherRows|GatherRowsToBf16|ScatterAdd|Combine\w*|Admission\w*|AdmittedCounts|"
                           r"MakeKeys|FinishSort|Offsets|Iota|Entropy|SumInOrder)Kernel$"),
     ("routing, sort", r"^(RouterTopK|RouterBackwardLogits|CountSlotAssignments|Balance\w*|ZLoss\w*|"
+                r"Part(SlotCounts|ColumnSums|Balance\w*)|GlobalBalance\w*|AddPartColumns|"
                 r"AddLabelAssignmentCounts|UpdateExpertBias|GroupSum|MulUniform)Kernel$|"
                 r"radix|onesweep|histogram|scan|select|sort"),
     ("optimizer", r"^(AdamW\w*|Sgd|Scale\w*|SumSquares\w*)Kernel$"),

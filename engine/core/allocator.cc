@@ -204,6 +204,19 @@ void ExitHostOutOfMemory(const char* where) {
   ::_exit(kExitOutOfMemory);
 }
 
+void ExitNoWorkMemory(const char* what, size_t bytes) {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "switchyard: error: rank %d could not reserve %s of memory for %s: the "
+                "address-space limit (ulimit -v) or the host's memory refuses it; raise the "
+                "limit, or run fewer ranks or compute threads (SWITCHYARD_THREADS) on it\n",
+                LogRank(), FormatBytes(static_cast<double>(bytes)).c_str(), what);
+  std::fflush(stdout);
+  std::fputs(line, stderr);
+  std::fflush(stderr);
+  ::_exit(kExitOutOfMemory);
+}
+
 void ExitNoThread(const char* where, const char* why) {
   char line[512];
   std::snprintf(line, sizeof line,

@@ -75,6 +75,9 @@ inline constexpr int kExitOutOfMemory = 5;
 // memory for its stack, or the process's thread limit); `where` names what was starting it,
 // `why` the system's reason.
 [[noreturn]] void ExitNoThread(const char* where, const char* why);
+// The same exit when `bytes` of memory a library needs up front (`what` says for what: its
+// work buffers) cannot be had: the address-space limit (ulimit -v) or the host refuses them.
+[[noreturn]] void ExitNoWorkMemory(const char* what, size_t bytes);
 
 // What a buffer's bytes are for, as the memory report splits them (ZeRO paper, section 3:
 // model states = parameters + gradients + optimizer states; the rest is residual memory).

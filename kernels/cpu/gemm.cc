@@ -6,11 +6,20 @@
 #ifdef SY_HAVE_BLAS
 #include <cblas.h>
 extern "C" void openblas_set_num_threads(int num_threads);
+// OpenBLAS's work buffers (driver/others/memory.c), which its shared library exports; weak,
+// so that another BLAS links as well (then nothing is reserved).
+extern "C" void* blas_memory_alloc(int procpos) __attribute__((weak));
+extern "C" void blas_memory_free(void* buffer) __attribute__((weak));
 #endif
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "engine/core/allocator.h"
 #include "engine/core/thread_pool.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
@@ -64,6 +73,42 @@ void LoopSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 }
 #endif
 
+#ifdef SY_HAVE_BLAS
+// OpenBLAS (0.3.21, Debian 12) takes a work buffer of 128 MiB of address space for each
+// product that runs while others hold theirs, keeps it for later products, and retries
+// forever when the allocation fails: under an address-space limit (ulimit -v, a batch
+// system's virtual-memory limit) a product would hang. So before the first product of a
+// thread count, as many buffers as the compute threads can hold at once are taken and given
+// back (OpenBLAS keeps them), once the memory is known to be there: if it is not, the process
+// ends with one line and exit 5 (ExitNoWorkMemory) instead of hanging.
+constexpr size_t kBlasBufferProbe = (size_t{129} << 20);  // the buffer and its header
+std::atomic<int> g_blas_buffers{0};
+
+void ReserveBlasBuffers(int users) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (users <= g_blas_buffers.load(std::memory_order_relaxed)) return;
+  if (blas_memory_alloc != nullptr && blas_memory_free != nullptr) {
+    std::vector<void*> held;
+    for (int i = 0; i < users; ++i) {
+      void* p = std::malloc(kBlasBufferProbe);
+      if (p == nullptr) {
+        for (void* q : held) std::free(q);
+        const std::string what = "OpenBLAS's work buffers (128 MiB for each of " +
+                                 std::to_string(users) + " compute threads)";
+        ExitNoWorkMemory(what.c_str(), kBlasBufferProbe * users);
+      }
+      held.push_back(p);
+    }
+    for (void* p : held) std::free(p);
+    held.clear();
+    for (int i = 0; i < users; ++i) held.push_back(blas_memory_alloc(0));
+    for (void* p : held) blas_memory_free(p);
+  }
+  g_blas_buffers.store(users, std::memory_order_release);
+}
+#endif
+
 // One product on the calling thread.
 void SgemmOnThisThread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
@@ -73,6 +118,8 @@ void SgemmOnThisThread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   // the process's one set of threads, and it splits the large products below.
   static const bool single = (openblas_set_num_threads(1), true);
   (void)single;
+  const int users = ComputeThreads();
+  if (g_blas_buffers.load(std::memory_order_acquire) < users) ReserveBlasBuffers(users);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,

@@ -7,7 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +21,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/activation.h"
 #include "engine/core/philox.h"
+#include "engine/core/thread_pool.h"
 #include "kernels/random.h"
 #include "tests/testing/tolerance.h"
 
@@ -423,6 +428,36 @@ TEST(GemmBf16Test, GroupedBf16OperandsEqualBf16ModeAndRoundedSgemm) {
   GroupedGemmWeightGrad(ToBf16Tensor(x), ToBf16Tensor(dy), rows, dw_bf16, 1.0f, 1.0f);
   EXPECT_EQ(dw_bf16.ToVector<float>(), dw_mode.ToVector<float>());
 }
+
+#ifdef SY_HAVE_BLAS
+// OpenBLAS retries a work buffer the system refuses forever (a hang under `ulimit -v`), so
+// the first product checks that the compute threads' buffers fit first, and ends the process
+// with one line and exit 5 when they do not (kernels/cpu/gemm.cc): the address space is
+// capped 64 MiB above what the process maps once its compute threads run, less than one
+// 128 MiB buffer. A fresh process (the threadsafe death test) has reserved none yet.
+void ProductWithoutAddressSpace() {
+  alarm(30);  // a product that hangs (OpenBLAS retrying) ends in SIGALRM: the test fails
+  ComputeThreads();  // the workers' stacks, before the cap
+  long pages = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr || std::fscanf(f, "%ld", &pages) != 1) std::_Exit(9);
+  std::fclose(f);
+  const rlim_t cap = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (64 << 20);
+  const rlimit limit{cap, cap};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(9);
+  const float a = 2.0f, b = 3.0f;
+  float c = 0.0f;
+  cpu::Sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+  std::_Exit(c == 6.0f ? 0 : 8);  // reached only if the buffers fit after all
+}
+
+TEST(GemmTest, ARefusedBlasBufferEndsTheProcessWithExitFive) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ProductWithoutAddressSpace(), ::testing::ExitedWithCode(5),
+              "could not reserve .* of memory for OpenBLAS's work buffers \\(128 MiB for each "
+              "of [0-9]+ compute threads\\): the address-space limit \\(ulimit -v\\)");
+}
+#endif
 
 }  // namespace
 }  // namespace switchyard::kernels
