@@ -12,6 +12,7 @@ import os
 import sys
 
 import runner
+import summary_md
 
 
 def columns_of(summary, md_path):
@@ -21,7 +22,7 @@ def columns_of(summary, md_path):
         return summary["columns"], summary["stability"]
     with open(md_path) as f:
         head = [h.strip() for h in f.readline().strip().strip("|").split("|")]
-    by_header = {v[0]: k for k, v in runner.COLUMNS.items()}
+    by_header = {v[0]: k for k, v in summary_md.COLUMNS.items()}
     cols = []
     for h in head[3:]:
         if h in ("stable", "spiked", "diverged"):
@@ -46,7 +47,7 @@ def restat(folder):
     with open(path, "w") as f:
         json.dump(summary, f, indent=1, allow_nan=False)
     with open(os.path.join(folder, "summary.md"), "w") as f:
-        f.write(runner.markdown(summary, cols, stability))
+        f.write(summary_md.markdown(summary, cols, stability))
     print("%s: tests recomputed (%s)" % (folder, ", ".join(k for k in ("paired_test", "trend", "power")
                                                           if summary.get(k)) or "no tests"))
 

@@ -17,7 +17,7 @@ a kept run that differs from this call in any but the binary stops the experimen
 anything trains (check_kept), another binary is a warning. --jobs N trains N runs at once, each with SWITCHYARD_THREADS =
 cores / N (the engine's compute pool; OpenBLAS stays on one thread).
 
-Then it writes OUT/summary.json and OUT/summary.md (per setting: mean ± standard deviation
+Then it writes OUT/summary.json and OUT/summary.md (summary_md.py; per setting: mean ± std
 over the seeds that finished; with a baseline, the paired t on each setting's same-seed Δ
 with the variance pooled over the settings, the trend of Δ in log2 E (--trend) and the seeds
 an effect needs for 80% power (stats.py); measures.py says what each number is),
@@ -26,7 +26,6 @@ resolved config: evidence.py), the figures OUT/*.png (plots.py) and OUT/report.h
 (`switchyard report` of one seed per setting). --publish DIR then copies the evidence and the
 figures into a docs folder (publish.py).
 """
-import argparse
 import concurrent.futures
 import hashlib
 import json
@@ -44,131 +43,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import measures  # noqa: E402
 import stats  # noqa: E402
+from runner_args import Usage, check_inputs, parse  # noqa: E402
+from summary_md import COLUMNS, markdown  # noqa: E402
 
 EXIT_NONFINITE = 3  # switchyard train: stopped on a non-finite loss or gradient norm
-
-
-class Usage(Exception):
-    pass
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise Usage(message)
-
-
-# The keys the runner sets for every run (run_one): a --set of one would override the
-# runner's own value (user sets come last) and silently break the design, e.g. every seed
-# the same run. Refused at parsing, each pointing at the flag that controls it.
-RESERVED = {
-    "train.seed": "the runner sets each run's train.seed; use --seeds",
-    "train.max_steps": "the runner sets each run's train.max_steps; use --steps",
-    "data.dir": "the runner sets each run's data.dir; use --data",
-    "data.paths": "a blend would train on other data than --data, on which the runs are "
-                  "evaluated; use --data",
-    "model.vocab_size": "the runner sets each run's model.vocab_size to the prepared data's "
-                        "(its index.json); use --data",
-}
-
-
-def parse(argv):
-    p = Parser(add_help=False)
-    # What the experiment script fixes.
-    p.add_argument("--name", required=True)
-    p.add_argument("--title", required=True)
-    p.add_argument("--setting", action="append", default=[], metavar="NAME=K=V K=V")
-    p.add_argument("--columns", default="val_loss,perplexity,step_s")
-    p.add_argument("--baseline", default="", help="setting each run is paired with (same seed): Δ, speed-up")
-    p.add_argument("--stability", action="store_true", help="stable / spiked / diverged columns")
-    p.add_argument("--default-steps", type=int, default=100)
-    p.add_argument("--default-seeds", default="3")
-    p.add_argument("--default-data", default="data/code")
-    p.add_argument("--budget-note", default="")
-    p.add_argument("--trend", default="", help="settings whose Δ is regressed on log2 moe.num_experts")
-    p.add_argument("--power-effects", default="0.005,0.01,0.02",
-                   help="effects (nats of Δ val loss) to size seed counts for")
-    # What the user may change.
-    p.add_argument("--grid", default="full")
-    p.add_argument("--grids", default="full,ci", help="the grids the experiment script defines")
-    p.add_argument("--config")
-    p.add_argument("--out")
-    p.add_argument("--data")
-    p.add_argument("--seeds")
-    p.add_argument("--steps", type=int)
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--bin")
-    p.add_argument("--set", action="append", default=[], dest="extra")
-    p.add_argument("--time-steps", type=int, default=0,
-                   help="after training, time every setting alone for this many steps "
-                        "(timing.json; 0: no timing pass)")
-    p.add_argument("--time-rounds", type=int, default=3)
-    p.add_argument("--val-blocks", type=int, default=1024)
-    p.add_argument("--val-block-tokens", type=int, default=1024)
-    p.add_argument("--publish", default="", metavar="DIR",
-                   help="copy summary.*, per_seed.csv, configs/, the figures and runs.tar.xz into DIR")
-    p.add_argument("--restore", default="", metavar="FILE",
-                   help="first restore the runs of a runs archive (runs_archive.py) into --out")
-    a = p.parse_args(argv)
-    grids = a.grids.split(",")
-    if a.grid not in grids:
-        raise Usage("--grid '%s' is not one of %s" % (a.grid, ", ".join(grids)))
-    a.steps = a.default_steps if a.steps is None else a.steps
-    a.trend = a.trend.split()
-    try:
-        a.power_effects = [float(e) for e in a.power_effects.split(",")]
-    except ValueError:
-        raise Usage("--power-effects '%s' is not a list of numbers" % a.power_effects)
-    if any(not e > 0 for e in a.power_effects):
-        raise Usage("--power-effects '%s': every effect must be positive" % a.power_effects)
-    if a.steps < 1:
-        raise Usage("--steps %d must be a positive integer" % a.steps)
-    if a.jobs < 1:
-        raise Usage("--jobs %d must be a positive integer" % a.jobs)
-    if a.time_steps < 0 or a.time_rounds < 1:
-        raise Usage("--time-steps %d must be >= 0 and --time-rounds %d >= 1"
-                    % (a.time_steps, a.time_rounds))
-    if a.val_blocks < 0 or a.val_blocks & (a.val_blocks - 1) or a.val_block_tokens < 1:
-        raise Usage("--val-blocks %d must be 0 (the whole split) or a power of two, "
-                    "--val-block-tokens %d positive" % (a.val_blocks, a.val_block_tokens))
-    seeds = a.default_seeds if a.seeds is None else a.seeds
-    try:
-        if "," in seeds:
-            a.seeds = [int(s) for s in seeds.split(",")]
-        else:
-            a.seeds = list(range(1, int(seeds) + 1))
-    except ValueError:
-        raise Usage("--seeds '%s' is neither a count (3) nor a list (1,2,3)" % seeds)
-    if not a.seeds or min(a.seeds) < 0 or len(set(a.seeds)) != len(a.seeds):
-        raise Usage("--seeds '%s' must name at least one distinct non-negative seed" % seeds)
-    for kv in a.extra:
-        if "=" not in kv or "." not in kv.split("=", 1)[0]:
-            raise Usage("--set '%s': expected section.key=value" % kv)
-        key = kv.split("=", 1)[0].strip()
-        if key in RESERVED:
-            raise Usage("--set '%s': %s" % (kv, RESERVED[key]))
-    a.settings = []
-    for s in a.setting:
-        name, _, sets = s.partition("=")
-        a.settings.append((name, sets.split()))
-    a.data = a.data or a.default_data
-    a.out = a.out or os.path.join("runs", "experiments", a.name + ("" if a.grid == "full" else "-" + a.grid))
-    return a
-
-
-def check_inputs(a):
-    """Missing inputs are one line each (exit 1), before anything is created."""
-    if not os.access(a.bin, os.X_OK):
-        return "%s is not built (ninja -C build switchyard, or --bin PATH)" % a.bin
-    if not os.path.isfile(a.config):
-        return "--config %s: no such file" % a.config
-    if not os.path.isfile(os.path.join(a.data, "index.json")):
-        d = a.data.rstrip("/")
-        hint = ("python3 scripts/make_code_corpus.py builds it" if d.endswith("data/code")
-                else "python3 scripts/make_code_corpus.py --out %s --vocab 2048 builds it" % d
-                if d.endswith("data/code-v2048")
-                else "switchyard prep --out %s builds it" % a.data)
-        return "--data %s: no prepared corpus there (no index.json; %s, or pass --data DIR)" % (a.data, hint)
-    return None
 
 
 def mpi_init_failed(log):
@@ -477,142 +355,6 @@ def tests_of(settings, runs_by_setting, baseline, trend_names, power_effects):
             "paired_test_curve_end": ({"sd": curve_tests["sd"], "delta_sd": curve_tests["delta_sd"],
                                        "df": curve_tests["df"]} if curve_tests else None),
             "trend": trend, "power": power}
-
-
-# summary.md's columns: key -> (header, printf format, scale).
-COLUMNS = {
-    "val_loss": ("val loss", "%.4f", 1),
-    "perplexity": ("perplexity", "%.2f", 1),
-    "maxvio_global": ("MaxVio global (mean of layers)", "%.3f", 1),
-    "maxvio_global_max": ("MaxVio global (max layer)", "%.3f", 1),
-    "maxvio_batch": ("MaxVio per batch (last 10%)", "%.3f", 1),
-    "dropped_run": ("dropped (run)", "%.2f%%", 100),
-    "dropped_end": ("dropped (last 10%)", "%.2f%%", 100),
-    "dropped_start": ("dropped (first 10%: start-up)", "%.2f%%", 100),
-    "dropped_steady": ("dropped (steady: last 90%)", "%.2f%%", 100),
-    "step_s": ("step (ms, median)", "%.1f", 1000),
-    "step_alone": ("step alone (ms: median of the timing rounds [range])", "%.1f", 1000),
-    "flops_per_token": ("MFLOP / token", "%.3f", 1e-6),
-    "train_flops": ("training PFLOP", "%.4g", 1e-15),
-    "lang_mi_bits": ("label MI (bits)", "%.3f", 1),
-    "lang_mi_norm": ("label MI / min(H(label), log2 E)", "%.3f", 1),
-    "lang_top_share": ("label top share", "%.1f%%", 100),
-    "speedup": ("speed-up (baseline steps to the run's final loss / run steps, same seed)", "%.2fx", 1),
-    "delta_val_loss": ("Δ val loss vs baseline, same seed (± SE; p, setting x seed)", "%+.4f", 1),
-    "delta_curve_end": ("Δ validation curve at the run's last step vs the baseline's there, same seed (± SE; p, setting x seed)", "%+.4f", 1),
-}
-
-
-def cell(m, fmt, scale, ok):
-    """Mean ± std of one metric; "(n of ok)" when fewer seeds than finished have a value."""
-    if m["mean"] is None:
-        return "-"
-    s = fmt % (m["mean"] * scale)
-    if m["std"] is not None:
-        s += " ± " + (fmt % (m["std"] * scale)).rstrip("%x").lstrip("+")
-    if m["n"] < ok:
-        s += " (%d of %d)" % (m["n"], ok)
-    return s
-
-
-def delta_cell(t, fmt="%+.4f"):
-    """A setting's Δ: mean ± its pooled standard error, and the paired t's p-value."""
-    if t is None or t["mean"] is None:
-        return "-"
-    if t["se"] is None:
-        return fmt % t["mean"]
-    return "%s ± %s (p %s)" % (fmt % t["mean"], ("%.4f" % t["se"]), stats.fmt_p(t["p"]))
-
-
-def speedup_cell(m, ok):
-    """Same-seed speed-ups: mean ± std when every seed has a value; with censored seeds
-    (the baseline never reached the run's final loss) how many and their bound, and the
-    median over all seeds."""
-    if m["seeds"] == 0:
-        return "-"
-    if not m["censored"]:
-        return cell(m, "%.2fx", 1, ok)
-    med = ("median %.2fx" % m["median"]) if m["median"] is not None else "median > %.2fx" % m["bound"]
-    vals = ", ".join("%.2fx" % v for v in m["values"])
-    return "%s; %d of %d censored (> %.2fx)%s" % (med, m["censored"], m["seeds"], m["bound"],
-                                                 "; others " + vals if vals else "")
-
-
-def tests_markdown(summary):
-    """The paired tests, the trend and the seed counts under summary.md's table."""
-    out = []
-    pt = summary.get("paired_test")
-    rows = [s for s in summary["settings"] if s.get("delta_test") and s["delta_test"]["mean"] is not None]
-    if pt and pt["df"] and rows:
-        level = round(100 * (1 - pt["alpha"]))
-        out += ["", "Δ val loss of each setting against the %s run of the same seed, tested in the "
-                "two-way table setting x seed fitted by least squares (val loss = setting + seed + "
-                "error): residual s = %.4f nats on %d degrees of freedom (runs - settings - seeds + 1), "
-                "so a same-seed difference has SD s sqrt 2 = %.4f; SE = s sqrt(2 / n) with every seed "
-                "run; p two-sided and the %d%% interval from t(%d). Own p: the setting's paired t on its "
-                "own differences alone (n - 1 df), which does not assume every setting equally noisy."
-                % (summary["baseline"], pt["sd"], pt["df"], pt["delta_sd"], level, pt["df"]), "",
-                "| setting | n | mean Δ | SE | t | p | %d%% interval | own SD | own p |" % level,
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for s in rows:
-            t = s["delta_test"]
-            out.append("| %s | %d | %+.4f | %.4f | %s | %s | [%+.4f, %+.4f] | %s | %s |"
-                       % (s["name"], t["n"], t["mean"], t["se"],
-                          "%.2f" % t["t"] if t["t"] is not None else "-", stats.fmt_p(t["p"]),
-                          t["lo"], t["hi"], "%.4f" % t["own_sd"] if t.get("own_sd") is not None else "-",
-                          stats.fmt_p(t.get("own_p"))))
-    pc = summary.get("paired_test_curve_end")
-    if pc and pc["df"] and "delta_curve_end" in summary.get("columns", []):
-        out += ["", "Δ at the run's last step (its curve minus the %s run's curve there, same seed): "
-                "the same test, s = %.4f nats on %d degrees of freedom; the column gives mean ± SE (p)."
-                % (summary["baseline"], pc["sd"], pc["df"])]
-    tr = summary.get("trend")
-    if tr:
-        out += ["", "Trend in log2 E of the effects of %s (a linear contrast in the same two-way fit; "
-                "with every seed run, the least-squares slope of their Δ): slope %+.4f nats per "
-                "doubling, SE %.4f, t %.2f on %d df, p %s, 95%% interval [%+.4f, %+.4f]."
-                % (", ".join(tr["settings"]), tr["slope"], tr["se"], tr["t"] or 0.0, tr["df"],
-                   stats.fmt_p(tr["p"]), tr["lo"], tr["hi"])]
-    pw = summary.get("power")
-    if pw:
-        out += ["", "Seeds per setting for %d%% power at alpha %g two-sided (%s, SD of a difference %.4f): %s."
-                % (round(100 * pw["power"]), pw["alpha"], pw["method"], pw["delta_sd"],
-                   ", ".join("%s nats: %d" % (e, n) for e, n in pw["seeds"].items()))]
-    return "\n".join(out) + ("\n" if out else "")
-
-
-def markdown(summary, columns, stability):
-    head = ["setting", "overrides", "seeds ok"]
-    if stability:
-        head += ["stable", "spiked", "diverged"]
-    head += [COLUMNS[c][0] for c in columns]
-    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
-    for s in summary["settings"]:
-        row = [s["name"], " ".join("`%s`" % o for o in s["overrides"]) or "(base)",
-               "%d/%d" % (s["ok"], s["runs"])]
-        if stability:
-            row += ["%d/%d" % (s[k], s["runs"]) for k in ("stable", "spiked", "diverged")]
-        for c in columns:
-            if c == "delta_val_loss":
-                row.append(delta_cell(s.get("delta_test")))
-            elif c == "delta_curve_end":
-                row.append(delta_cell(s.get("delta_curve_test")))
-            elif c == "speedup":
-                row.append(speedup_cell(s["metrics"]["speedup"], s["ok"]))
-            elif c == "step_alone":
-                t = (summary.get("timing") or {}).get("per_setting", {}).get(s["name"])
-                row.append("%.1f [%.1f, %.1f]" % (1000 * t["median"], 1000 * t["min"], 1000 * t["max"])
-                           if t else "-")
-            else:
-                row.append(cell(s["metrics"][c], *COLUMNS[c][1:], s["ok"]))
-        lines.append("| " + " | ".join(row) + " |")
-    note = ("\n%s: %s grid, %d steps, seeds %s, config %s, data %s. Each cell: mean ± sample "
-            "standard deviation over the seeds that finished (no ± with one; \"(n of m)\" where "
-            "only n of the m finished seeds have a value); Δ: mean ± standard error and p of "
-            "the test in the table setting x seed (below).\n"
-            % (summary["title"], summary["grid"], summary["steps"],
-               ",".join(map(str, summary["seeds"])), summary["config"], summary["data"]))
-    return "\n".join(lines) + "\n" + note + tests_markdown(dict(summary, columns=columns))
 
 
 def report(a, summary):

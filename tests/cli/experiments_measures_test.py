@@ -154,20 +154,20 @@ check("small split kept whole", val_sample.make(src, os.path.join(src, "s2"), bl
 
 # summary.md's cells: mean ± std, and how many seeds a mean covers when not all of them
 # have a value (a speed-up exists only for the runs that reached the baseline's loss).
-import runner  # noqa: E402
+import summary_md  # noqa: E402
 m = measures.mean_std([1.5, None, 0.5])
-check("cell n of ok", runner.cell(m, "%.2fx", 1, 3) == "1.00x ± 0.71 (2 of 3)", runner.cell(m, "%.2fx", 1, 3))
-check("cell all seeds", runner.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2) == "50.00% ± 35.36",
-      runner.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2))
-check("cell none", runner.cell(measures.mean_std([None]), "%.4f", 1, 1) == "-")
+check("cell n of ok", summary_md.cell(m, "%.2fx", 1, 3) == "1.00x ± 0.71 (2 of 3)", summary_md.cell(m, "%.2fx", 1, 3))
+check("cell all seeds", summary_md.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2) == "50.00% ± 35.36",
+      summary_md.cell(measures.mean_std([0.25, 0.75]), "%.2f%%", 100, 2))
+check("cell none", summary_md.cell(measures.mean_std([None]), "%.4f", 1, 1) == "-")
 
 # The speed-up cell with a censored seed, and the Δ cell (mean ± pooled SE, p).
-check("speed-up cell", runner.speedup_cell(sp, 3) == "median 1.17x; 1 of 3 censored (> 1.50x); others 1.17x, 0.75x",
-      runner.speedup_cell(sp, 3))
-check("speed-up cell uncensored", runner.speedup_cell(measures.speedup_summary(
+check("speed-up cell", summary_md.speedup_cell(sp, 3) == "median 1.17x; 1 of 3 censored (> 1.50x); others 1.17x, 0.75x",
+      summary_md.speedup_cell(sp, 3))
+check("speed-up cell uncensored", summary_md.speedup_cell(measures.speedup_summary(
     [{"speedup": 1.0, "censored": False}, {"speedup": 1.5, "censored": False}]), 2) == "1.25x ± 0.35",
-    runner.speedup_cell(measures.speedup_summary([{"speedup": 1.0, "censored": False}, {"speedup": 1.5, "censored": False}]), 2))
-check("delta cell", runner.delta_cell({"mean": 0.02, "se": 0.0057735, "p": 0.0257}) == "+0.0200 ± 0.0058 (p 0.026)")
+    summary_md.speedup_cell(measures.speedup_summary([{"speedup": 1.0, "censored": False}, {"speedup": 1.5, "censored": False}]), 2))
+check("delta cell", summary_md.delta_cell({"mean": 0.02, "se": 0.0057735, "p": 0.0257}) == "+0.0200 ± 0.0058 (p 0.026)")
 
 # The start-up transient and the steady state of the dropped fraction: 10 steps, one MoE
 # layer of 100 assignments each, 50 dropped at step 0 and 10 at every other step: the first

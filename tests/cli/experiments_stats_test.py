@@ -220,14 +220,14 @@ check("runner trend", near(tr_runner["slope"], slope, 1e-12) and near(tr_runner[
 
 # summary.md's tests section for the A / B case (A: +0.0200, SE 0.0047, t 4.24, p 0.013, own SD
 # 0.0100, own p 0.074), the trend and the power line (SD 0.01, 0.01 nats: 10 seeds).
-import runner  # noqa: E402
+import summary_md  # noqa: E402
 for st in (sa, sb):
     st["delta_test"] = pt["settings"][st["name"]]
-md = runner.tests_markdown({"baseline": "base", "settings": [sa, sb],
-                            "paired_test": {"sd": pt["sd"], "delta_sd": pt["delta_sd"], "df": pt["df"], "alpha": 0.05},
-                            "trend": dict(tr_runner, settings=["e2", "e4", "e8"]),
-                            "power": {"delta_sd": 0.01, "alpha": 0.05, "power": 0.8, "method": "noncentral t",
-                                      "seeds": {"0.01": stats.seeds_for_power(0.01, 0.01)}}})
+md = summary_md.tests_markdown({"baseline": "base", "settings": [sa, sb],
+                                "paired_test": {"sd": pt["sd"], "delta_sd": pt["delta_sd"], "df": pt["df"], "alpha": 0.05},
+                                "trend": dict(tr_runner, settings=["e2", "e4", "e8"]),
+                                "power": {"delta_sd": 0.01, "alpha": 0.05, "power": 0.8, "method": "noncentral t",
+                                          "seeds": {"0.01": stats.seeds_for_power(0.01, 0.01)}}})
 for want in ["residual s = 0.0058 nats on 4 degrees of freedom", "SD s sqrt 2 = 0.0082",
              "| A | 3 | +0.0200 | 0.0047 | 4.24 | 0.013 | [+0.0069, +0.0331] | 0.0100 | 0.074 |",
              "0.0000 | 0.0047 |", "on 12 df", "SD of a difference 0.0100", "0.01 nats: 10."]:
