@@ -22,6 +22,19 @@
 namespace switchyard::moe {
 namespace {
 
+// The router's output for logits (T, E) themselves: an identity router (h = logits,
+// Wr = I), softmax top-k, no noise.
+RouterOutput IdentityRoute(const std::vector<float>& logits, int64_t T, int64_t E, int64_t k) {
+  MoEConfig config;
+  config.d_model = E;
+  config.num_experts = E;
+  config.top_k = k;
+  std::vector<float> eye(E * E, 0.0f);
+  for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
+  return RouterForward(Tensor::FromVector(logits, {T, E}), Tensor::FromVector(eye, {E, E}),
+                       Tensor(), config, false, RouterRng{});
+}
+
 // A (rows, cols) f32 of NaN: what a kSet write must cover, never read.
 Tensor NaNs(const Shape& shape) {
   return Tensor::FromVector(
@@ -74,16 +87,7 @@ TEST(AuxLossTest, SplitGroupPiecesAddUpToTheGroup) {
   const int64_t T = 9, E = 3, k = 2;
   std::vector<float> logits(T * E);
   for (int64_t i = 0; i < T * E; ++i) logits[i] = 3.0f * UniformAt({5, 6}, i) - 1.5f;
-  MoEConfig config;
-  config.d_model = E;
-  config.num_experts = E;
-  config.top_k = k;
-  // Identity router: h = logits, Wr = I.
-  std::vector<float> eye(E * E, 0.0f);
-  for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
-  RouterOutput r =
-      RouterForward(Tensor::FromVector(logits, {T, E}), Tensor::FromVector(eye, {E, E}), Tensor(),
-                    config, false, RouterRng{});
+  RouterOutput r = IdentityRoute(logits, T, E, k);
   Tensor whole_dp = Tensor::Zeros({T, E}, DType::kF32);
   Tensor whole_dl = Tensor::Zeros({T, E}, DType::kF32);
   const float aux = LoadBalancingLoss(r.probs, r.indices, 0.3f, 1.0f, &whole_dp);
@@ -349,15 +353,7 @@ TEST(AuxLossTest, SumsOnTheDeviceGiveTheHostBits) {
     logits[i] = 4.0f * UniformAt({7, 8}, i) - 2.0f;
     start[i] = UniformAt({9, 10}, i) - 0.5f;  // dprobs already holding a gradient
   }
-  MoEConfig config;
-  config.d_model = E;
-  config.num_experts = E;
-  config.top_k = k;
-  std::vector<float> eye(E * E, 0.0f);
-  for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
-  const RouterOutput r =
-      RouterForward(Tensor::FromVector(logits, {T, E}), Tensor::FromVector(eye, {E, E}), Tensor(),
-                    config, false, RouterRng{});
+  const RouterOutput r = IdentityRoute(logits, T, E, k);
   const float coef = 0.013f, grad = 0.7f;
   const LoadBalanceSums host = LoadBalanceSumsOf(r.probs, r.indices);
   const float aux = LoadBalancingLossFromSums(host, k, coef);
@@ -395,12 +391,6 @@ TEST(AuxLossTest, SumsOnTheDeviceGiveTheHostBits) {
 // last one, and the global scope's load.
 TEST(AuxLossTest, TermsOnTheDeviceGiveTheHostBits) {
   const int64_t E = 6, k = 2;
-  MoEConfig config;
-  config.d_model = E;
-  config.num_experts = E;
-  config.top_k = k;
-  std::vector<float> eye(E * E, 0.0f);
-  for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
   const std::vector<float> load = {0.05f, 0.3f, 0.1f, 0.25f, 0.2f, 0.1f};
   struct Case {
     AuxLossScope scope;
@@ -415,9 +405,7 @@ TEST(AuxLossTest, TermsOnTheDeviceGiveTheHostBits) {
                              std::to_string(c.T) + " seq " + std::to_string(c.seq_len);
     std::vector<float> logits(c.T * E);
     for (int64_t i = 0; i < c.T * E; ++i) logits[i] = 4.0f * UniformAt({11, 12}, i) - 2.0f;
-    const RouterOutput r =
-        RouterForward(Tensor::FromVector(logits, {c.T, E}), Tensor::FromVector(eye, {E, E}),
-                      Tensor(), config, false, RouterRng{});
+    const RouterOutput r = IdentityRoute(logits, c.T, E, k);
     const std::vector<float> host_load =
         c.scope == AuxLossScope::kGlobal ? load : std::vector<float>{};
     const BalanceTerms host =
