@@ -1,5 +1,5 @@
 # Shared by the CLI tests that start whole training runs in the background
-# (train_cli_test.sh, failures_cli_test.sh). Source it after setting tmp (a scratch
+# (train_cli_test.sh, and the failure tests through failures_lib.sh). Source it after setting tmp (a scratch
 # directory) and running (the pid of a run in flight, or empty); it defines:
 #   kill_tree PID   SIGCONT then SIGKILL PID and every process under it (a hung or stopped run)
 #   fail MESSAGE    count a failure (in failures) and print it
