@@ -7,11 +7,9 @@
 
 #include <gtest/gtest.h>
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +21,7 @@
 #include "engine/core/philox.h"
 #include "engine/core/thread_pool.h"
 #include "kernels/random.h"
+#include "tests/testing/address_space.h"
 #include "tests/testing/tolerance.h"
 
 namespace switchyard::kernels {
@@ -438,13 +437,7 @@ TEST(GemmBf16Test, GroupedBf16OperandsEqualBf16ModeAndRoundedSgemm) {
 void ProductWithoutAddressSpace() {
   alarm(30);  // a product that hangs (OpenBLAS retrying) ends in SIGALRM: the test fails
   ComputeThreads();  // the workers' stacks, before the cap
-  long pages = 0;
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr || std::fscanf(f, "%ld", &pages) != 1) std::_Exit(9);
-  std::fclose(f);
-  const rlim_t cap = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (64 << 20);
-  const rlimit limit{cap, cap};
-  if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(9);
+  test_util::CapAddressSpace(64 << 20);
   const float a = 2.0f, b = 3.0f;
   float c = 0.0f;
   cpu::Sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);

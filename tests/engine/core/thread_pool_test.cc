@@ -3,20 +3,18 @@
 // two threads call it at once, and SetComputeThreads replaces the pool.
 #include "engine/core/thread_pool.h"
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <new>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "tests/testing/address_space.h"
 
 namespace switchyard {
 namespace {
@@ -117,13 +115,7 @@ TEST(ComputeThreadsTest, AWorkersBadAllocEndsTheProcessWithExitFive) {
 // one line and exit 5, not std::terminate's abort: the address space is capped a few MiB
 // above what the process maps, so the 8 MiB stacks of new workers cannot be mapped.
 void StartWorkersWithoutAddressSpace() {
-  long pages = 0;
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr || std::fscanf(f, "%ld", &pages) != 1) std::_Exit(9);
-  std::fclose(f);
-  const rlim_t cap = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (4 << 20);
-  const rlimit limit{cap, cap};
-  if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(9);
+  test_util::CapAddressSpace(4 << 20);
   SetComputeThreads(16);
   ParallelFor(16, 1, [](int64_t, int64_t) {});
 }
