@@ -10,12 +10,35 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "engine/core/device_context.h"
 #include "engine/core/tensor.h"
 #include "kernels/write.h"
 
 namespace switchyard::kernels {
+
+// ---- The host's expressions --------------------------------------------------------------
+// The loss values and gradient columns from sums on the host, each double operation in this
+// order (moe/aux_loss.cc and the CPU ops below call them; the CUDA kernels round each
+// operation the same way).
+
+// f32(coef (E dot / (T k T))), dot = sum_e a_e s_e in double in expert order (a: the
+// assignments per expert, s: the prob sums); 0 when T = 0.
+float BalanceAuxOf(std::span<const int64_t> assignments, const float* prob_sums, int64_t tokens,
+                   int64_t top_k, float coef);
+// col_e = f32(grad coef E f_e / T) left to right in double, f_e = a_e / (T k); zeros when T = 0.
+std::vector<float> BalanceColumnOf(std::span<const int64_t> assignments, int64_t tokens,
+                                   int64_t top_k, float coef, float grad);
+// The global scope: f32(coef (E dot / T)), dot = sum_e load_e s_e; 0 when T = 0.
+float GlobalBalanceAuxOf(std::span<const float> load, const float* prob_sums, int64_t tokens,
+                         float coef);
+// col_e = f32(grad coef E load_e / T) left to right in double; zeros when T = 0.
+std::vector<float> GlobalBalanceColumnOf(std::span<const float> load, int64_t tokens, float coef,
+                                         float grad);
+
+// ---- The group scope, from sums on the device ------------------------------------------
 
 // values (E + 2) f64 on the sums' device gets {aux, a_0, ..., a_{E-1}, bad}: a_e = sum_j
 // counts[j E + e] (the top-k assignments to expert e), bad = counts[k E], and

@@ -82,13 +82,9 @@ float LoadBalancingLossFromSums(const LoadBalanceSums& group, int64_t top_k, flo
   SY_CHECK(!group.on_device()) << "the load-balancing loss of sums still on the device";
   const int64_t E = static_cast<int64_t>(group.assignments.size());
   SY_CHECK_EQ(static_cast<int64_t>(group.prob_sums.size()), E);
-  if (group.tokens == 0) return 0.0f;
   // E * sum_i (c_i / (T k)) (s_i / T).
-  double dot = 0.0;
-  for (int64_t e = 0; e < E; ++e)
-    dot += static_cast<double>(group.assignments[e]) * group.prob_sums[e];
-  const double T = static_cast<double>(group.tokens);
-  return static_cast<float>(coef * (E * dot / (T * top_k * T)));
+  return kernels::BalanceAuxOf(group.assignments, group.prob_sums.data(), group.tokens, top_k,
+                               coef);
 }
 
 void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, float coef, float grad,
@@ -102,15 +98,9 @@ void LoadBalancingLossBackward(const LoadBalanceSums& group, int64_t top_k, floa
   const int64_t E = static_cast<int64_t>(group.assignments.size());
   SY_CHECK_EQ(dprobs.dim(1), E) << "aux dprobs";
   if (group.tokens == 0 && write == kernels::Write::kAdd) return;
-  std::vector<float> col(E, 0.0f);  // no tokens: kSet's zeros
-  if (group.tokens > 0) {
-    const double T = static_cast<double>(group.tokens);
-    for (int64_t e = 0; e < E; ++e) {
-      const double f = group.assignments[e] / (T * top_k);
-      col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
-    }
-  }
-  kernels::AddColumnConstants(dprobs, col, write, ctx);
+  kernels::AddColumnConstants(
+      dprobs, kernels::BalanceColumnOf(group.assignments, group.tokens, top_k, coef, grad), write,
+      ctx);
 }
 
 float LoadBalancingLoss(const Tensor& probs, const Tensor& indices, float coef, float grad,
@@ -186,11 +176,8 @@ float BalanceLoss(const BalanceTerms& terms, int64_t top_k, float coef) {
   if (!terms.load.empty()) {
     // coef E sum_i load_i s_i / T.
     const LoadBalanceSums& g = terms.parts[0];
-    if (g.tokens == 0) return 0.0f;
-    const int64_t E = static_cast<int64_t>(g.prob_sums.size());
-    double dot = 0.0;
-    for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(terms.load[e]) * g.prob_sums[e];
-    return static_cast<float>(coef * (E * dot / static_cast<double>(g.tokens)));
+    SY_CHECK_EQ(terms.load.size(), g.prob_sums.size()) << "global aux loss: the expert load";
+    return kernels::GlobalBalanceAuxOf(terms.load, g.prob_sums.data(), g.tokens, coef);
   }
   if (terms.parts.size() == 1) return LoadBalancingLossFromSums(terms.parts[0], top_k, coef);
   double sum = 0.0;
@@ -218,14 +205,9 @@ void BalanceLossBackward(const BalanceTerms& terms, int64_t top_k, float coef, f
   }
   if (!terms.load.empty()) {
     const LoadBalanceSums& g = terms.parts[0];
-    const int64_t E = static_cast<int64_t>(terms.load.size());
     if (g.tokens == 0 && write == kernels::Write::kAdd) return;
-    std::vector<float> col(E, 0.0f);  // no tokens: kSet's zeros
-    for (int64_t e = 0; e < E && g.tokens > 0; ++e) {
-      col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * terms.load[e] /
-                                  static_cast<double>(g.tokens));
-    }
-    kernels::AddColumnConstants(dprobs, col, write, ctx);
+    kernels::AddColumnConstants(
+        dprobs, kernels::GlobalBalanceColumnOf(terms.load, g.tokens, coef, grad), write, ctx);
     return;
   }
   if (terms.parts.size() == 1) {

@@ -7,7 +7,52 @@
 
 #include "kernels/moe_routing.h"
 
-namespace switchyard::kernels::cpu {
+namespace switchyard::kernels {
+
+float BalanceAuxOf(std::span<const int64_t> assignments, const float* prob_sums, int64_t tokens,
+                   int64_t top_k, float coef) {
+  if (tokens == 0) return 0.0f;
+  const int64_t E = static_cast<int64_t>(assignments.size());
+  double dot = 0.0;
+  for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(assignments[e]) * prob_sums[e];
+  const double T = static_cast<double>(tokens);
+  return static_cast<float>(coef * (E * dot / (T * top_k * T)));
+}
+
+std::vector<float> BalanceColumnOf(std::span<const int64_t> assignments, int64_t tokens,
+                                   int64_t top_k, float coef, float grad) {
+  const int64_t E = static_cast<int64_t>(assignments.size());
+  std::vector<float> col(E, 0.0f);
+  if (tokens == 0) return col;
+  const double T = static_cast<double>(tokens);
+  for (int64_t e = 0; e < E; ++e) {
+    const double f = assignments[e] / (T * top_k);
+    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
+  }
+  return col;
+}
+
+float GlobalBalanceAuxOf(std::span<const float> load, const float* prob_sums, int64_t tokens,
+                         float coef) {
+  if (tokens == 0) return 0.0f;
+  const int64_t E = static_cast<int64_t>(load.size());
+  double dot = 0.0;
+  for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(load[e]) * prob_sums[e];
+  return static_cast<float>(coef * (E * dot / static_cast<double>(tokens)));
+}
+
+std::vector<float> GlobalBalanceColumnOf(std::span<const float> load, int64_t tokens, float coef,
+                                         float grad) {
+  const int64_t E = static_cast<int64_t>(load.size());
+  std::vector<float> col(E, 0.0f);
+  for (int64_t e = 0; e < E && tokens > 0; ++e) {
+    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * load[e] /
+                                static_cast<double>(tokens));
+  }
+  return col;
+}
+
+namespace cpu {
 namespace {
 
 // a_e = sum_j counts[j E + e].
@@ -17,32 +62,6 @@ std::vector<int64_t> Assignments(const int64_t* c, int64_t e, int64_t k) {
     for (int64_t i = 0; i < e; ++i) a[i] += c[j * e + i];
   }
   return a;
-}
-
-// moe::LoadBalancingLossFromSums' value: f32(coef (E dot / (T k T))), 0 when T = 0.
-float Aux(const std::vector<int64_t>& a, const float* s, int64_t tokens, int64_t top_k,
-          float coef) {
-  if (tokens == 0) return 0.0f;
-  const int64_t E = static_cast<int64_t>(a.size());
-  double dot = 0.0;
-  for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(a[e]) * s[e];
-  const double T = static_cast<double>(tokens);
-  return static_cast<float>(coef * (E * dot / (T * top_k * T)));
-}
-
-// moe::LoadBalancingLossBackward's column: f32(grad coef E f_e / T), f_e = a_e / (T k);
-// zeros when T = 0.
-std::vector<float> Column(const std::vector<int64_t>& a, int64_t tokens, int64_t top_k,
-                          float coef, float grad) {
-  const int64_t E = static_cast<int64_t>(a.size());
-  std::vector<float> col(E, 0.0f);
-  if (tokens == 0) return col;
-  const double T = static_cast<double>(tokens);
-  for (int64_t e = 0; e < E; ++e) {
-    const double f = a[e] / (T * top_k);
-    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f / T);
-  }
-  return col;
 }
 
 // rows [r0, r1) of x (, E) += col (kSet: +0 + col).
@@ -61,7 +80,7 @@ void BalanceValuesInto(const Tensor& counts, const Tensor& prob_sums, int64_t to
   const int64_t E = prob_sums.numel();
   const std::vector<int64_t> a = Assignments(counts.data<int64_t>(), E, top_k);
   double* out = values.data<double>();
-  out[0] = Aux(a, prob_sums.data<float>(), tokens, top_k, coef);
+  out[0] = BalanceAuxOf(a, prob_sums.data<float>(), tokens, top_k, coef);
   for (int64_t e = 0; e < E; ++e) out[1 + e] = static_cast<double>(a[e]);
   out[E + 1] = static_cast<double>(counts.data<int64_t>()[top_k * E]);
 }
@@ -71,7 +90,8 @@ void AddBalanceColumn(Tensor& dprobs, const Tensor& counts, int64_t tokens, int6
   if (tokens == 0 && write == Write::kAdd) return;
   const int64_t E = dprobs.dim(1);
   WriteColumn(dprobs.data<float>(), 0, dprobs.dim(0),
-              Column(Assignments(counts.data<int64_t>(), E, top_k), tokens, top_k, coef, grad),
+              BalanceColumnOf(Assignments(counts.data<int64_t>(), E, top_k), tokens, top_k, coef,
+                              grad),
               write);
 }
 
@@ -92,8 +112,8 @@ void PartBalanceValueInto(const Tensor& counts, const Tensor& prob_sums, int64_t
   double sum = 0.0;
   for (int64_t p = 0; p < P; ++p) {
     const int64_t rows = std::min(tokens, (p + 1) * part_tokens) - p * part_tokens;
-    sum += Aux(Assignments(counts.data<int64_t>() + p * width, E, top_k),
-               prob_sums.data<float>() + p * E, rows, top_k, coef);
+    sum += BalanceAuxOf(Assignments(counts.data<int64_t>() + p * width, E, top_k),
+                        prob_sums.data<float>() + p * E, rows, top_k, coef);
   }
   value.data<double>()[0] = P == 0 ? 0.0 : static_cast<float>(sum / static_cast<double>(P));
 }
@@ -105,37 +125,27 @@ void AddPartBalanceColumns(Tensor& dprobs, const Tensor& counts, int64_t part_to
   for (int64_t p = 0; p < P; ++p) {
     const int64_t r0 = p * part_tokens, r1 = std::min(T, r0 + part_tokens);
     WriteColumn(dprobs.data<float>(), r0, r1,
-                Column(Assignments(counts.data<int64_t>() + p * width, E, top_k), r1 - r0,
-                       top_k, coef, part_grad),
+                BalanceColumnOf(Assignments(counts.data<int64_t>() + p * width, E, top_k),
+                                r1 - r0, top_k, coef, part_grad),
                 write);
   }
 }
 
 void GlobalBalanceValueInto(const Tensor& load, const Tensor& prob_sums, int64_t tokens,
                             float coef, Tensor& value) {
-  const int64_t E = prob_sums.numel();
-  const float* f = load.data<float>();
-  const float* s = prob_sums.data<float>();
-  float aux = 0.0f;
-  if (tokens != 0) {
-    double dot = 0.0;
-    for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(f[e]) * s[e];
-    aux = static_cast<float>(coef * (E * dot / static_cast<double>(tokens)));
-  }
-  value.data<double>()[0] = aux;
+  value.data<double>()[0] = GlobalBalanceAuxOf(
+      std::span<const float>(load.data<float>(), load.numel()), prob_sums.data<float>(), tokens,
+      coef);
 }
 
 void AddGlobalBalanceColumn(Tensor& dprobs, const Tensor& load, int64_t tokens, float coef,
                             float grad, Write write) {
   if (tokens == 0 && write == Write::kAdd) return;
-  const int64_t E = dprobs.dim(1);
-  const float* f = load.data<float>();
-  std::vector<float> col(E, 0.0f);
-  for (int64_t e = 0; e < E && tokens > 0; ++e) {
-    col[e] = static_cast<float>(static_cast<double>(grad) * coef * E * f[e] /
-                                static_cast<double>(tokens));
-  }
-  WriteColumn(dprobs.data<float>(), 0, dprobs.dim(0), col, write);
+  WriteColumn(dprobs.data<float>(), 0, dprobs.dim(0),
+              GlobalBalanceColumnOf(std::span<const float>(load.data<float>(), load.numel()),
+                                    tokens, coef, grad),
+              write);
 }
 
-}  // namespace switchyard::kernels::cpu
+}  // namespace cpu
+}  // namespace switchyard::kernels
